@@ -1,0 +1,75 @@
+#include "kvd/common/hash.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+#include <vector>
+
+namespace kvd {
+
+std::string Hash128::ToHex() const {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    s[15 - i] = kDigits[(hi >> (4 * i)) & 0xf];
+    s[31 - i] = kDigits[(lo >> (4 * i)) & 0xf];
+  }
+  return s;
+}
+
+bool Hash128::FromHex(std::string_view hex, Hash128* out) {
+  if (hex.size() != 32) return false;
+  uint64_t words[2] = {0, 0};
+  for (size_t i = 0; i < 32; ++i) {
+    char c = hex[i];
+    int v;
+    if (c >= '0' && c <= '9') v = c - '0';
+    else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
+    else return false;
+    words[i / 16] = (words[i / 16] << 4) | static_cast<uint64_t>(v);
+  }
+  out->hi = words[0];
+  out->lo = words[1];
+  return true;
+}
+
+Hash128 HashBytes(const void* data, size_t size, uint64_t seed) {
+  XXH128_hash_t h = XXH3_128bits_withSeed(data, size, seed);
+  return Hash128{h.high64, h.low64};
+}
+
+Hash128 ChainHashBlock(uint64_t seed, const Hash128& prev, std::span<const int32_t> tokens,
+                       std::string_view extra) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_128bits_reset_withSeed(st, seed);
+  unsigned char prev_bytes[16];
+  for (int i = 0; i < 8; ++i) {
+    prev_bytes[i] = static_cast<unsigned char>(prev.hi >> (8 * i));
+    prev_bytes[8 + i] = static_cast<unsigned char>(prev.lo >> (8 * i));
+  }
+  XXH3_128bits_update(st, prev_bytes, sizeof prev_bytes);
+  // Token ids are hashed as little-endian int32 (x86 and arm64 are little-endian).
+  XXH3_128bits_update(st, tokens.data(), tokens.size_bytes());
+  if (!extra.empty()) XXH3_128bits_update(st, extra.data(), extra.size());
+  XXH128_hash_t h = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  return Hash128{h.high64, h.low64};
+}
+
+uint64_t Checksum64(const void* data, size_t size) { return XXH3_64bits(data, size); }
+
+Checksum64Stream::Checksum64Stream() : state_(XXH3_createState()) {
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+Checksum64Stream::~Checksum64Stream() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+void Checksum64Stream::Update(const void* data, size_t size) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, size);
+}
+uint64_t Checksum64Stream::Digest() const {
+  return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_));
+}
+
+uint64_t Digest64(std::string_view text) { return XXH3_64bits(text.data(), text.size()); }
+
+}  // namespace kvd
