@@ -1,0 +1,286 @@
+# kvd control-plane protocol, version 1. See docs/wire-format.md.
+#
+# Every control message travels as ONE frame over a TCP or unix-socket stream:
+#   [12-byte frame header: magic "KVDF" (u32 LE 0x4644564B), version u16 = 1, flags u16 = 0,
+#    payload length u32 LE] [payload: a Cap'n Proto flat message (Request or Response)]
+# Bulk KV bytes NEVER travel inside these messages: they move over the transport (UCX tag
+# messages) with the tags that these messages carry.
+@0x827d441651a507c8;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("kvd::proto");
+
+const protocolVersion :UInt32 = 1;
+
+enum DType {
+  float32 @0;
+  float16 @1;
+  bfloat16 @2;
+}
+
+struct RopeConfig {
+  theta @0 :Float64;
+  rotaryDim @1 :UInt32;              # 0 = head_dim
+  pairing @2 :Pairing;
+  scaling @3 :Scaling;
+  factor @4 :Float64 = 1.0;
+  lowFreqFactor @5 :Float64 = 1.0;
+  highFreqFactor @6 :Float64 = 4.0;
+  originalMaxPositions @7 :UInt32 = 8192;
+
+  enum Pairing {
+    interleaved @0;
+    halves @1;
+  }
+  enum Scaling {
+    none @0;
+    linear @1;
+    llama3 @2;
+  }
+}
+
+struct ModelLayout {
+  numLayers @0 :UInt32;
+  numKvHeads @1 :UInt32;
+  numQHeads @2 :UInt32;
+  headDim @3 :UInt32;
+  dtype @4 :DType;
+  tpRank @5 :UInt32;
+  tpSize @6 :UInt32 = 1;
+  rope @7 :RopeConfig;
+}
+
+struct Hash128 {
+  hi @0 :UInt64;
+  lo @1 :UInt64;
+}
+
+# A failed request. `code` is kvd::StatusCode (common/status.h); `message` says exactly what
+# was wrong (which field, which value, which limit).
+struct Error {
+  code @0 :UInt16;
+  message @1 :Text;
+}
+
+enum Role {
+  engine @0;   # puts and gets KV; needs a model, a layout and a transport address
+  admin @1;    # kvdctl: stats, ls, evict, health; no model needed
+}
+
+# First message on every connection. Refused (Error, then the daemon closes the connection) on:
+# unknown model, layout that differs from the registered one (the message names the first field
+# that differs), hash-seed digest mismatch, protocol version mismatch, chunk size mismatch.
+struct Hello {
+  protocolVersion @0 :UInt32;
+  clientId @1 :Text;
+  role @2 :Role;
+  namespace @3 :Text;                # tenant / cache namespace; "" = "default"
+  model @4 :Text;                    # must be one of the topology's models (engine role)
+  layout @5 :ModelLayout;            # must equal the registered layout for `model`
+  hashSeedDigest @6 :UInt64;         # kvd::Digest64(hash seed text): must equal the daemon's
+  chunkTokens @7 :UInt32;            # must equal the daemon's chunk size
+  workerAddress @8 :Data;            # the client's transport address (engine role)
+  codecId @9 :UInt32;                # 0 = raw (uncompressed)
+}
+
+struct HelloReply {
+  sessionId @0 :UInt64;
+  daemonVersion @1 :Text;
+  nodeName @2 :Text;
+  chunkTokens @3 :UInt32;
+  workerAddress @4 :Data;            # the daemon's transport address
+  maxFrameBytes @5 :UInt32;
+  maxChunkBytes @6 :UInt64;
+  transport @7 :Text;                # e.g. "ucx:tcp" / "ucx:sm,tcp"
+}
+
+# Longest stored prefix of a chain. `chain[i]` is the chain hash of the LAST block of chunk i
+# (chunk i covers tokens [i*chunkTokens, (i+1)*chunkTokens)). The reply's lease pins the matched
+# chunks until released, read, or expired.
+struct Lookup {
+  chain @0 :List(Hash128);
+  leaseTtlMs @1 :UInt32;             # 0 = the daemon's default
+}
+
+struct LookupReply {
+  matchedChunks @0 :UInt32;
+  matchedTokens @1 :UInt64;
+  leaseId @2 :UInt64;                # 0 when nothing matched
+  leaseTtlMs @3 :UInt32;
+}
+
+# Phase 1 of a put: allocate `bytes` for the chunk. The client then sends exactly `bytes` bytes
+# over the transport with tag `tag`, then sends Commit.
+struct Reserve {
+  chunkHash @0 :Hash128;
+  tokens @1 :UInt32;                 # tokens in this chunk (== chunkTokens except the last chunk)
+  bytes @2 :UInt64;                  # must equal layout.ChunkBytes(tokens) for raw chunks
+}
+
+struct ReserveReply {
+  reservationId @0 :UInt64;
+  tag @1 :UInt64;                    # transport tag to send the bytes with
+  alreadyStored @2 :Bool;            # the chunk exists: send nothing, no Commit needed
+  ttlMs @3 :UInt32;                  # the reservation is reclaimed after this long uncommitted
+}
+
+# Phase 2 of a put: verify and publish. Fails with DATA_LOSS on checksum mismatch (the space is
+# returned), NOT_FOUND for an unknown reservation, ABORTED for an expired one.
+struct Commit {
+  reservationId @0 :UInt64;
+  checksum @1 :UInt64;               # kvd::Checksum64 (xxh3-64) of the chunk bytes
+}
+
+struct CommitReply {
+  bytes @0 :UInt64;
+}
+
+struct Abort {
+  reservationId @0 :UInt64;
+}
+
+# Read chunk `chunkIndex` of a lease. The client has ALREADY posted a receive for `bytes` bytes
+# with tag `tag`; the daemon sends the bytes with that tag, then replies.
+struct Get {
+  leaseId @0 :UInt64;
+  chunkIndex @1 :UInt32;
+  tag @2 :UInt64;
+  bufferBytes @3 :UInt64;            # size of the client's receive buffer
+}
+
+struct GetReply {
+  bytes @0 :UInt64;
+  checksum @1 :UInt64;
+  tokens @2 :UInt32;
+}
+
+struct ReleaseLease {
+  leaseId @0 :UInt64;
+}
+
+struct TierStats {
+  name @0 :Text;                     # "host", "disk", "gpu"
+  capacityBytes @1 :UInt64;
+  usedBytes @2 :UInt64;              # committed chunks
+  reservedBytes @3 :UInt64;          # uncommitted reservations
+  pinnedBytes @4 :UInt64;            # chunks held by leases
+  chunks @5 :UInt64;
+  evictions @6 :UInt64;
+  hits @7 :UInt64;
+  misses @8 :UInt64;
+}
+
+struct GroupStats {
+  name @0 :Text;                     # model or namespace
+  chunks @1 :UInt64;
+  bytes @2 :UInt64;
+}
+
+struct ModelInfo {
+  name @0 :Text;
+  layout @1 :ModelLayout;
+  chunkBytes @2 :UInt64;             # raw bytes of a full chunk
+}
+
+struct StatsReply {
+  nodeName @0 :Text;
+  uptimeMs @1 :UInt64;
+  sessions @2 :UInt32;
+  tiers @3 :List(TierStats);
+  models @4 :List(GroupStats);
+  namespaces @5 :List(GroupStats);
+  registeredModels @6 :List(ModelInfo);
+  counters @7 :List(Counter);
+
+  struct Counter {
+    name @0 :Text;
+    value @1 :UInt64;
+  }
+}
+
+struct ListRequest {
+  namespace @0 :Text;                # "" = any
+  model @1 :Text;                    # "" = any
+  limit @2 :UInt32 = 100;
+}
+
+struct ChunkInfo {
+  namespace @0 :Text;
+  model @1 :Text;
+  hash @2 :Hash128;
+  tokens @3 :UInt32;
+  bytes @4 :UInt64;
+  tier @5 :Text;
+  ageMs @6 :UInt64;
+  idleMs @7 :UInt64;
+  leases @8 :UInt32;
+}
+
+struct ListReply {
+  chunks @0 :List(ChunkInfo);
+  total @1 :UInt64;                  # matching chunks (the list may be cut at `limit`)
+}
+
+struct EvictRequest {
+  union {
+    all @0 :Void;
+    namespace @1 :Text;
+    model @2 :Text;
+    chunk @3 :Hash128;
+  }
+}
+
+struct EvictReply {
+  chunks @0 :UInt64;
+  bytes @1 :UInt64;
+  skippedPinned @2 :UInt64;          # leased chunks are never evicted
+}
+
+struct HealthReply {
+  ok @0 :Bool;
+  status @1 :Text;
+  uptimeMs @2 :UInt64;
+  transport @3 :Text;
+  tiers @4 :List(TierHealth);
+
+  struct TierHealth {
+    name @0 :Text;
+    ok @1 :Bool;
+    detail @2 :Text;
+  }
+}
+
+struct Request {
+  requestId @0 :UInt64;              # echoed in the Response
+  union {
+    hello @1 :Hello;
+    lookup @2 :Lookup;
+    reserve @3 :Reserve;
+    commit @4 :Commit;
+    abort @5 :Abort;
+    get @6 :Get;
+    releaseLease @7 :ReleaseLease;
+    stats @8 :Void;
+    list @9 :ListRequest;
+    evict @10 :EvictRequest;
+    health @11 :Void;
+    bye @12 :Void;
+  }
+}
+
+struct Response {
+  requestId @0 :UInt64;
+  union {
+    error @1 :Error;
+    hello @2 :HelloReply;
+    lookup @3 :LookupReply;
+    reserve @4 :ReserveReply;
+    commit @5 :CommitReply;
+    ack @6 :Void;                    # abort, releaseLease, bye
+    get @7 :GetReply;
+    stats @8 :StatsReply;
+    list @9 :ListReply;
+    evict @10 :EvictReply;
+    health @11 :HealthReply;
+  }
+}

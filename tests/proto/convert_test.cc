@@ -1,0 +1,60 @@
+#include "kvd/proto/convert.h"
+
+#include <capnp/message.h>
+#include <gtest/gtest.h>
+
+namespace kvd::proto {
+namespace {
+
+kvd::ModelLayout SmolLayout() {
+  kvd::ModelLayout l;
+  l.num_layers = 30;
+  l.num_kv_heads = 3;
+  l.num_q_heads = 9;
+  l.head_dim = 64;
+  l.dtype = kvd::DType::kBFloat16;
+  l.rope.theta = 100000;
+  l.rope.pairing = kvd::RopePairing::kInterleaved;
+  l.rope.scaling = kvd::RopeScaling::kLlama3;
+  l.rope.factor = 8;
+  return l;
+}
+
+TEST(ConvertTest, LayoutRoundTripsAndDigestIsStable) {
+  capnp::MallocMessageBuilder b;
+  auto root = b.initRoot<ModelLayout>();
+  ToProto(SmolLayout(), root);
+  auto back = FromProto(root.asReader());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, SmolLayout());
+  EXPECT_EQ(back->Digest(), SmolLayout().Digest());
+  kvd::ModelLayout other = SmolLayout();
+  other.head_dim = 128;
+  EXPECT_NE(other.Digest(), SmolLayout().Digest());
+  EXPECT_EQ(SmolLayout().DescribeMismatch(other), "head_dim: registered 64, client sent 128");
+}
+
+TEST(ConvertTest, InvalidLayoutIsRejected) {
+  capnp::MallocMessageBuilder b;
+  auto root = b.initRoot<ModelLayout>();
+  auto l = SmolLayout();
+  l.num_q_heads = 10;  // not a multiple of 3
+  ToProto(l, root);
+  auto back = FromProto(root.asReader());
+  EXPECT_EQ(back.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(back.status().message().find("num_q_heads"), std::string::npos);
+}
+
+TEST(ConvertTest, StatusRoundTrip) {
+  capnp::MallocMessageBuilder b;
+  auto e = b.initRoot<Error>();
+  ToProto(kvd::Status::DataLoss("checksum mismatch"), e);
+  kvd::Status s = FromProto(e.asReader());
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(), "checksum mismatch");
+  e.setCode(999);
+  EXPECT_EQ(FromProto(e.asReader()).code(), StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace kvd::proto
