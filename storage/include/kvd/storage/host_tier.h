@@ -1,0 +1,211 @@
+// HostTier: the host-memory tier. Chunks live in ONE caller-provided region (an arena); the tier
+// is the chunk index for that memory, with LRU eviction, two-phase writes and read leases.
+//
+// Write protocol (DESIGN.md "Write and read protocol"):
+//   Reserve(key, bytes, ...) -> Reservation {id, offset, data}: space is taken, the chunk is
+//       INVISIBLE (Lookup/Get do not see it). The bytes are written at `data` (by memcpy or by a
+//       remote peer's RMA into the region at `offset`).
+//   Commit(id, checksum): Checksum64 of the bytes in place must equal `checksum`; then the chunk
+//       is published. Mismatch -> DATA_LOSS, the reservation is dropped and its space returned.
+//   Abort(id), ReclaimOwner(owner) (a client disconnected), ExpireReservations() (TTL, driven by
+//       the kvd::Clock) return the space of reservations that will never be committed.
+// Read protocol:
+//   Lookup(chain) -> number of leading chunks present + a lease pinning exactly those chunks
+//       until ReleaseLease or lease TTL. A pinned chunk is NEVER evicted.
+//   Get(lease, i) -> ReadView {pointer, offset, size, checksum}: the bytes stay valid and the chunk
+//       pinned until ReleaseRead(read_id) (or read TTL / ReclaimOwner), even if the lease ends.
+//
+// Eviction: when Reserve finds no free block large enough, it removes committed, unpinned chunks
+// in least-recently-used order (a Lookup hit or a Get makes a chunk most recent) until the
+// allocation fits. If even evicting everything unpinned cannot make room, Reserve fails with
+// RESOURCE_EXHAUSTED naming capacity, used, reserved and pinned bytes, and evicts nothing.
+//
+// Ids: reservation, lease and read ids are unique for the tier's life, never 0 (0 means "none").
+// An id that was retired (committed, aborted, expired, reclaimed) is remembered for a while
+// (HostTierOptions::retired_id_memory) so its late use gets ABORTED with the reason; an id never
+// issued (or long forgotten) gets NOT_FOUND.
+//
+// Thread safety: thread-safe. Every method may be called from any thread (the daemon calls from
+// its Asio thread and its UCX progress thread). One mutex (Impl::mu_) guards the index, the LRU
+// list, the arena allocator, reservations, leases, reads and counters; it is never held while
+// checksumming or copying chunk bytes, and no method calls out to user code while holding it.
+// Bytes of a reservation are written by the caller without any lock (only the reservation's owner
+// writes them); bytes of a committed chunk never change until it is freed, which cannot happen
+// while it is pinned.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvd/common/clock.h"
+#include "kvd/common/hash.h"
+#include "kvd/common/status.h"
+#include "kvd/storage/arena.h"
+#include "kvd/storage/chunk.h"
+#include "kvd/storage/options.h"
+#include "kvd/storage/stats.h"
+#include "kvd/storage/tier.h"
+
+namespace kvd::storage {
+
+using OwnerId = uint64_t;        // a client / connection; 0 = no owner (never reclaimed by owner)
+using ReservationId = uint64_t;  // 0 = none
+using LeaseId = uint64_t;        // 0 = none (nothing matched)
+using ReadId = uint64_t;         // 0 = none
+
+// Where to write a reserved chunk. `data` == region base + `offset`; valid (and exclusively the
+// reserver's to write) until Commit, Abort, expiry or ReclaimOwner.
+struct Reservation {
+  ReservationId id = 0;
+  uint64_t offset = 0;      // byte offset inside the region given to HostTier::Create
+  std::byte* data = nullptr;
+  uint64_t size_bytes = 0;  // exactly the bytes asked for (the arena block may be larger)
+  int64_t deadline_ns = 0;  // kvd::Clock time after which the reservation expires
+};
+
+struct LookupRequest {
+  std::string name_space;
+  std::string model;
+  uint64_t layout_digest = 0;
+  uint32_t codec_id = kRawCodecId;
+  // Chain hash of the LAST block of each successive chunk of the prompt, in prompt order.
+  std::vector<Hash128> chunk_hashes;
+  OwnerId owner = 0;  // the lease's owner (ReclaimOwner releases it)
+  // Lease TTL; 0 means HostTierOptions::lease_ttl.
+  std::chrono::milliseconds lease_ttl{0};
+
+  ChunkKey KeyAt(size_t i) const {
+    return ChunkKey{name_space, model, layout_digest, codec_id, chunk_hashes[i]};
+  }
+};
+
+struct LookupResult {
+  size_t matched_chunks = 0;   // leading chunks of the request that are stored and now pinned
+  uint64_t matched_tokens = 0; // sum of their tokens
+  LeaseId lease_id = 0;        // 0 iff matched_chunks == 0 (no lease is created for a miss)
+  int64_t lease_deadline_ns = 0;
+  std::vector<ChunkMeta> chunks;  // metadata of the matched chunks, in order
+};
+
+// A pinned, read-only view of a committed chunk. `data` stays valid until ReleaseRead(read_id).
+struct ReadView {
+  ReadId read_id = 0;
+  ChunkMeta meta;            // key, tokens, size_bytes, checksum
+  uint64_t offset = 0;       // byte offset inside the region (for RMA by a peer)
+  const std::byte* data = nullptr;
+};
+
+// What ReclaimOwner / expiry removed.
+struct ReclaimResult {
+  uint64_t reservations = 0;
+  uint64_t leases = 0;
+  uint64_t reads = 0;
+};
+
+// True for the ALREADY_EXISTS a Reserve/Commit/Insert returns when the key is already stored:
+// the client may skip sending the bytes, the chunk is there.
+bool IsDedup(const Status& status);
+
+class HostTier final : public Tier {
+ public:
+  // Creates a tier over `region` (not owned; must outlive the tier; start aligned to
+  // options.alignment). `clock` (not owned; nullptr = Clock::Real()) drives every TTL.
+  // Errors: INVALID_ARGUMENT (options.Validate(), misaligned region, capacity > region size,
+  // region smaller than one alignment unit).
+  static StatusOr<std::unique_ptr<HostTier>> Create(const HostTierOptions& options,
+                                                    std::span<std::byte> region,
+                                                    Clock* clock = nullptr);
+  ~HostTier() override;
+  HostTier(const HostTier&) = delete;
+  HostTier& operator=(const HostTier&) = delete;
+
+  // ---- writes ----
+
+  // Takes `bytes` of arena space for `key`, evicting LRU unpinned chunks if needed.
+  // `tokens` is recorded in the chunk's metadata. `ttl` 0 means options.reservation_ttl.
+  // Several reservations of the same key may be open at once (the first commit wins).
+  // Errors: ALREADY_EXISTS "dedup: ..." (key already committed; nothing reserved),
+  //   INVALID_ARGUMENT (bytes == 0 or > max_chunk_bytes, empty model),
+  //   RESOURCE_EXHAUSTED (cannot fit even after evicting every unpinned chunk; message names
+  //   capacity, used, reserved and pinned bytes).
+  StatusOr<Reservation> Reserve(const ChunkKey& key, uint64_t bytes, uint32_t tokens,
+                                OwnerId owner, std::chrono::milliseconds ttl = {});
+
+  // Verifies Checksum64 of the reservation's bytes == `checksum` and publishes the chunk.
+  // The checksum is computed without holding the tier's lock.
+  // Errors: NOT_FOUND (id never issued / forgotten), ABORTED (expired, aborted, reclaimed, or
+  //   expired while this commit was verifying; message says which), FAILED_PRECONDITION (already
+  //   committed, or a Commit of the same id is in progress), DATA_LOSS (checksum mismatch: the
+  //   reservation is dropped and its space returned; message gives both checksums),
+  //   ALREADY_EXISTS "dedup: ..." (another reservation of the key committed first; this one's
+  //   space is returned, the stored chunk is unchanged).
+  Status Commit(ReservationId id, uint64_t checksum);
+
+  // Drops an open reservation and returns its space. NOT_FOUND / ABORTED as for Commit.
+  // Aborting a reservation whose Commit is verifying makes that Commit return ABORTED.
+  Status Abort(ReservationId id);
+
+  // A client went away: drops all its open reservations, leases and reads (pins released).
+  ReclaimResult ReclaimOwner(OwnerId owner);
+
+  // Drops every reservation whose deadline is < Clock::NowNanos(). Returns how many.
+  uint64_t ExpireReservations();
+  // Releases every lease and read whose deadline passed. Late use gets ABORTED.
+  ReclaimResult ExpireLeases();
+
+  // ---- reads ----
+
+  // Longest stored prefix of `request.chunk_hashes`; pins the matched chunks under a new lease
+  // and makes them most recently used. Counts one lookup, and a hit iff matched_chunks > 0.
+  // Errors: INVALID_ARGUMENT (empty model).
+  StatusOr<LookupResult> Lookup(const LookupRequest& request);
+
+  // A read view of chunk `index` (0-based, < matched_chunks) of lease `lease`, pinned until
+  // ReleaseRead. The read's owner is the lease's owner. Makes the chunk most recently used.
+  // Errors: NOT_FOUND (lease never issued), ABORTED (lease released, expired or reclaimed),
+  //   OUT_OF_RANGE (index >= matched_chunks).
+  StatusOr<ReadView> Get(LeaseId lease, size_t index);
+
+  // A read view of `key` without a lease (admin reads, tests). NOT_FOUND naming the key.
+  StatusOr<ReadView> GetByKey(const ChunkKey& key, OwnerId owner);
+
+  // Ends a read. NOT_FOUND (unknown id), ABORTED (already expired or reclaimed).
+  Status ReleaseRead(ReadId read);
+  // Ends a lease (its pins go; reads already started keep theirs). NOT_FOUND / ABORTED.
+  Status ReleaseLease(LeaseId lease);
+
+  // ---- Tier ----
+  TierKind kind() const override { return TierKind::kHost; }
+  Status Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                std::span<const std::byte> bytes) override;
+  StatusOr<ChunkMeta> ReadInto(const ChunkKey& key, std::span<std::byte> out) override;
+  StatusOr<ChunkMeta> Describe(const ChunkKey& key) const override;
+  Status Remove(const ChunkKey& key) override;
+  std::vector<ChunkMeta> List(const ChunkFilter& filter, size_t limit) const override;
+  EvictResult Evict(const ChunkFilter& filter) override;
+  TierStats GetStats() const override;
+
+  // ---- for the TierManager ----
+
+  // Up to `max_chunks` committed, unpinned chunks in least-recently-used order (oldest first).
+  std::vector<ChunkMeta> LeastRecentlyUsed(size_t max_chunks) const;
+  // used_bytes + reserved bytes in arena terms (incl. padding) / capacity, in [0, 1].
+  double Occupancy() const;
+
+  ArenaStats GetArenaStats() const;
+  std::byte* region_base() const;
+  uint64_t capacity_bytes() const;
+  const HostTierOptions& options() const;
+
+ private:
+  class Impl;
+  explicit HostTier(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvd::storage

@@ -1,0 +1,74 @@
+// Options of the storage tiers. Plain structs; every field says its effect and default. The
+// topology file binds to these (daemon/), once. None can change at runtime: build a new tier.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "kvd/common/status.h"
+
+namespace kvd::storage {
+
+struct HostTierOptions {
+  // Bytes of the arena the tier may use. 0 (default) means the whole region passed to the
+  // HostTier constructor; otherwise it must be <= that region's size. Reaching it makes Reserve
+  // evict least-recently-used unpinned chunks.
+  uint64_t capacity_bytes = 0;
+  // Alignment of every chunk's offset and size in the arena (power of two, 8..1 MiB; default 64,
+  // a cache line). The region's start address must be aligned to it too.
+  uint64_t alignment = 64;
+  // How long a reservation may stay uncommitted before ExpireReservations reclaims its space
+  // (and a late Commit gets ABORTED). Default 30 s. Must be > 0.
+  std::chrono::milliseconds reservation_ttl{30000};
+  // How long a lease from Lookup pins its chunks if never released. Default 30 s. Must be > 0.
+  std::chrono::milliseconds lease_ttl{30000};
+  // How long a read view from Get pins its chunk if ReleaseRead is never called (a stuck peer).
+  // Default 60 s. Must be > 0.
+  std::chrono::milliseconds read_ttl{60000};
+  // Largest single chunk accepted by Reserve (bytes). 0 (default) means no limit beyond capacity.
+  uint64_t max_chunk_bytes = 0;
+  // How many retired reservation / lease ids are remembered so that a late Commit or Get can say
+  // "expired" / "reclaimed" (ABORTED) instead of "unknown" (NOT_FOUND). Default 65536.
+  uint32_t retired_id_memory = 65536;
+
+  // INVALID_ARGUMENT naming the first bad field.
+  Status Validate() const;
+};
+
+struct DiskTierOptions {
+  // Directory of the RocksDB database; created if missing. Required (no default).
+  std::string path;
+  // Payload bytes the tier may hold; Insert evicts least-recently-used chunks above it.
+  // Default 64 GiB. Must be > 0.
+  uint64_t capacity_bytes = 64ull << 30;
+  // Write-ahead log: true (default) makes every Insert durable against a process crash once it
+  // returns; false is ~2x faster for bulk puts but loses the last unflushed writes on a crash
+  // (the checksum still detects nothing partial is served: a lost chunk is simply absent).
+  bool use_wal = true;
+  // fsync the WAL on every write (durability against power loss). Default false. Requires use_wal.
+  bool sync_writes = false;
+  // Verify the stored checksum of a chunk on every read (DATA_LOSS on mismatch). Default true;
+  // false is only for benchmarks.
+  bool verify_checksums = true;
+  // RocksDB block cache bytes for the metadata column family and data. Default 64 MiB.
+  uint64_t block_cache_bytes = 64ull << 20;
+
+  Status Validate() const;
+};
+
+// TierManager: placement between the host tier and the disk tier.
+struct TierManagerOptions {
+  // When the host tier's used + reserved bytes exceed this fraction of its capacity, its
+  // least-recently-used unpinned chunks are copied to disk and dropped from host until usage is
+  // back under low_watermark. Default 0.90. Range (0, 1].
+  double high_watermark = 0.90;
+  // Target of a demotion pass. Default 0.75. Range [0, high_watermark].
+  double low_watermark = 0.75;
+  // Copy a chunk found only on disk back to host memory on a Lookup hit. Default true.
+  bool promote_on_hit = true;
+
+  Status Validate() const;
+};
+
+}  // namespace kvd::storage
