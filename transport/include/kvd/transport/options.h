@@ -1,0 +1,50 @@
+// Options of a Transport. Fixed at creation (none can change at runtime).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kvd/common/status.h"
+
+namespace kvd::transport {
+
+struct TransportOptions {
+  // Registry name of the backend: "ucx" (default) or "loopback" (in-process, for tests); others
+  // registered with RegisterTransportBackend.
+  std::string backend = "ucx";
+
+  // ---- ucx backend ----
+  // UCX transports, as UCX_TLS: e.g. "tcp", "sm", "posix,sysv,cma,self", "sm,tcp". Empty (the
+  // default) leaves UCX's own choice (its environment, else all transports). When set it
+  // overrides the environment (applied with ucp_config_modify).
+  std::string ucx_tls;
+  // Network devices, as UCX_NET_DEVICES: e.g. "lo" for loopback tests. Empty: UCX's choice.
+  std::string net_devices;
+  // Interval of UCX's keepalive probes, which detect a peer that vanished without closing its
+  // connection (UCX_KEEPALIVE_INTERVAL). 0 keeps UCX's default (20 s in UCX 1.13). Default 1000.
+  // Smaller detects faster and costs a tiny message per peer per interval.
+  int64_t keepalive_interval_ms = 1000;
+  // Expose RMA (Read/Write, Export/ImportRegion) and request UCP_FEATURE_RMA. Default true.
+  // Over tcp RMA put is pathological (see BUILD_NOTES): use tag messages for bulk there.
+  bool enable_rma = true;
+  // Request UCP_FEATURE_WAKEUP so WaitForEvents can sleep on the worker's event fd instead of
+  // polling. Default true; falls back to short sleeps if the worker has no event fd.
+  bool enable_wakeup = true;
+
+  // ---- loopback backend ----
+  // Transports with the same domain name in one process can Connect to each other. Default
+  // "default". Tests use distinct names to isolate themselves.
+  std::string loopback_domain = "default";
+
+  // ---- all backends ----
+  // How long Disconnect and the destructor wait for in-flight transfers to be cancelled and
+  // endpoints to close before giving up (and leaking the backend state rather than freeing
+  // memory UCX may still touch). Default 2000 ms.
+  int64_t close_timeout_ms = 2000;
+
+  // INVALID_ARGUMENT naming the field if a value is out of range (backend empty, negative
+  // intervals, a character outside [A-Za-z0-9_,:.-] in ucx_tls/net_devices).
+  Status Validate() const;
+};
+
+}  // namespace kvd::transport

@@ -1,0 +1,175 @@
+// The Transport contract: moves bulk bytes between processes, NIXL-style.
+//
+//   auto t = kvd::transport::CreateTransport(options);            // "ucx" or "loopback"
+//   std::string me = t->LocalAddress().value();                   // send over the control plane
+//   PeerHandle peer = t->Connect(peer_address_bytes).value();     // bytes from the other side
+//   Region arena = t->AllocateRegistered(1 << 30).value();        // RMA-able host memory
+//   TransferHandle h = t->PostRecv(peer, /*tag=*/reservation_id, arena.data + off, len).value();
+//   Status s = t->Wait(h, std::chrono::milliseconds(5000));       // every wait has a timeout
+//   t->Release(h);
+//
+// Bulk bytes travel only through a Transport; control messages carry addresses, tags and region
+// export bytes. Both directions work over one pair of Connects: each side Connects to the other's
+// LocalAddress (a daemon serving N clients holds N peers).
+//
+// THREAD SAFETY: every method of Transport is thread-safe. Backends serialize on one internal
+// mutex per Transport (the UCX worker is created UCS_THREAD_MODE_SERIALIZED and only touched
+// under that mutex) rather than UCS_THREAD_MODE_MULTI: the cost is one uncontended lock per call
+// (~20-50 ns) and, under contention, posters waiting for at most one ucp_worker_progress pass of
+// the progress thread. The intended daemon shape: one progress thread loops
+// { Progress(); if (nothing progressed) WaitForEvents(timeout); } while any thread (Asio) posts,
+// checks and releases. Wait() progresses by itself, so a program without a progress thread works.
+//
+// ERRORS: no exception leaves a Transport. UCX status codes are converted in one place
+// (ucx_status.cc) into kvd::Status codes with messages that name the UCX setting to change.
+// Unknown handle: NOT_FOUND. Invalid (0) handle, null buffer, bad length: INVALID_ARGUMENT.
+// An operation the backend lacks (see Capabilities): UNIMPLEMENTED.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvd/common/status.h"
+#include "kvd/transport/options.h"
+#include "kvd/transport/types.h"
+
+namespace kvd::transport {
+
+// A registered local region. `data` stays valid until DeregisterMemory (or the Transport's
+// destruction); for AllocateRegistered the Transport owns the bytes.
+struct Region {
+  RegionHandle handle;
+  void* data = nullptr;
+  size_t size = 0;
+  MemoryType memory_type = MemoryType::kHost;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  // ---- identity and capabilities ----
+  virtual const Capabilities& capabilities() const = 0;
+
+  // Opaque bytes another Transport of the same backend passes to Connect to reach this one.
+  // Stable for the life of the Transport. Carry them over the control connection as bytes.
+  virtual StatusOr<std::string> LocalAddress() = 0;
+
+  // ---- peers ----
+  // Creates an endpoint to the Transport whose LocalAddress() is `peer_address`.
+  // INVALID_ARGUMENT: empty or malformed bytes (or of another backend). UNAVAILABLE: the peer
+  // cannot be reached (UCX: no common transport; the message says which UCX_TLS to set).
+  // Connecting twice to one address gives two independent peers.
+  virtual StatusOr<PeerHandle> Connect(std::string_view peer_address) = 0;
+
+  // Fails the peer's in-flight transfers with CANCELLED (receives posted with kAnyPeer are not
+  // touched), closes the endpoint (waiting at most options.close_timeout_ms) and forgets the
+  // handle. Transfer handles stay valid until Released. NOT_FOUND for an unknown peer.
+  virtual Status Disconnect(PeerHandle peer) = 0;
+
+  // OK while the peer is usable; UNAVAILABLE once the backend saw it vanish (its transfers have
+  // then failed with UNAVAILABLE); NOT_FOUND for an unknown peer.
+  virtual Status PeerStatus(PeerHandle peer) = 0;
+
+  // ---- memory ----
+  // Allocates `bytes` of memory registered for transfers (UCX: ucp_mem_map with
+  // UCP_MEM_MAP_ALLOCATE, the only kind one-sided RMA is fast on) and owned by the Transport.
+  // INVALID_ARGUMENT for 0 bytes; UNIMPLEMENTED for a memory type the backend lacks;
+  // RESOURCE_EXHAUSTED if the allocation fails.
+  virtual StatusOr<Region> AllocateRegistered(size_t bytes,
+                                              MemoryType type = MemoryType::kHost) = 0;
+
+  // Registers caller-owned memory (the caller keeps it alive until DeregisterMemory).
+  // INVALID_ARGUMENT for a null pointer or 0 bytes; UNIMPLEMENTED for a memory type it lacks.
+  virtual StatusOr<Region> RegisterMemory(void* data, size_t bytes,
+                                          MemoryType type = MemoryType::kHost) = 0;
+
+  // Unregisters (and for AllocateRegistered frees) a region. REQUIRES: no in-flight transfer uses
+  // it, and imported copies on peers are no longer used. NOT_FOUND for an unknown region.
+  virtual Status DeregisterMemory(RegionHandle region) = 0;
+
+  // ---- one-sided access (optional: Capabilities::rma; else UNIMPLEMENTED) ----
+  // Opaque bytes (address, length, remote key) a peer passes to ImportRegion to Read/Write
+  // [0, size) of the region.
+  virtual StatusOr<std::string> ExportRegion(RegionHandle region);
+  // Binds a peer's exported region to `peer` for kRead/kWrite transfers.
+  virtual StatusOr<RemoteRegionHandle> ImportRegion(PeerHandle peer, std::string_view exported);
+  virtual Status ReleaseRemoteRegion(RemoteRegionHandle remote);
+
+  // ---- transfers ----
+  // Starts one transfer and returns at once (it may already be done). The caller must Release
+  // the handle exactly once. Errors here mean nothing was started: INVALID_ARGUMENT (null
+  // buffer with length > 0, length 0 for kRead/kWrite, invalid peer for kSend), NOT_FOUND
+  // (unknown peer or remote region), UNAVAILABLE (peer already known to have vanished),
+  // OUT_OF_RANGE (remote_offset + length beyond the remote region, length > max_message_bytes),
+  // UNIMPLEMENTED (op or memory type the backend lacks).
+  virtual StatusOr<TransferHandle> Post(const TransferRequest& request) = 0;
+
+  // The current state; does not progress the backend (call Progress or Wait for that).
+  // NOT_FOUND (as status, state kError) for an unknown handle.
+  virtual TransferStatus Check(TransferHandle transfer) = 0;
+
+  // Progresses until the transfer finishes or `timeout` passes. Returns OK when done, the
+  // transfer's error when it failed, DEADLINE_EXCEEDED (the transfer stays in flight: wait
+  // again, or Cancel) on timeout, NOT_FOUND for an unknown handle. timeout 0 = one poll.
+  virtual Status Wait(TransferHandle transfer, std::chrono::milliseconds timeout) = 0;
+
+  // Asks the backend to stop the transfer; it then ends with CANCELLED unless it already
+  // finished. An unmatched receive ends at once (e.g. a reservation expired). A send or a
+  // receive already moving bytes ends when the backend confirms (Wait for it). OK if the
+  // transfer already finished. NOT_FOUND for an unknown handle.
+  virtual Status Cancel(TransferHandle transfer) = 0;
+
+  // Forgets a finished transfer. FAILED_PRECONDITION if it is still kInProgress (Cancel and Wait
+  // first: the backend may still touch the buffer). NOT_FOUND for an unknown handle.
+  virtual Status Release(TransferHandle transfer) = 0;
+
+  // ---- progress ----
+  // Runs one non-blocking progress pass; returns how many events it handled (0 = idle).
+  virtual int Progress() = 0;
+
+  // Blocks until the backend may have work for Progress, or `timeout` passes (then OK too).
+  // Call after Progress() returned 0. Returns early when another thread posts. Never blocks
+  // longer than timeout.
+  virtual Status WaitForEvents(std::chrono::milliseconds timeout) = 0;
+
+  // ---- conveniences (non-virtual; build a TransferRequest and Post it) ----
+  StatusOr<TransferHandle> PostSend(PeerHandle peer, uint64_t tag, const void* data,
+                                    size_t length);
+  StatusOr<TransferHandle> PostRecv(PeerHandle peer, uint64_t tag, void* data, size_t length);
+  // Post + Wait + (Cancel + Wait on timeout) + Release: the blocking form, for tools and tests.
+  Status SendBlocking(PeerHandle peer, uint64_t tag, const void* data, size_t length,
+                      std::chrono::milliseconds timeout);
+  // On success *received (if not null) holds the message length.
+  Status RecvBlocking(PeerHandle peer, uint64_t tag, void* data, size_t length,
+                      std::chrono::milliseconds timeout, size_t* received = nullptr);
+
+ protected:
+  Transport() = default;
+};
+
+// ---- backend registry ----
+// A factory builds a Transport from validated options; it returns a Status, never throws.
+using TransportFactory =
+    std::function<StatusOr<std::unique_ptr<Transport>>(const TransportOptions& options)>;
+
+// Validates options and builds the named backend. INVALID_ARGUMENT for bad options;
+// NOT_FOUND (listing the registered names) for an unknown backend; the backend's own error
+// (UCX: UNAVAILABLE with a hint about UCX_TLS/UCX_NET_DEVICES) if it cannot start.
+StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options);
+
+// Adds a backend (e.g. a future "nccl") without editing this header. ALREADY_EXISTS if the name
+// is taken. Thread-safe. The built-in "ucx" and "loopback" are always registered.
+Status RegisterTransportBackend(const std::string& name, TransportFactory factory);
+
+// Registered backend names, sorted. Thread-safe.
+std::vector<std::string> RegisteredTransportBackends();
+
+}  // namespace kvd::transport
