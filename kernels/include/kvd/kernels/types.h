@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kvd/common/status.h"
@@ -63,5 +64,20 @@ bool CudaDeviceAvailable();
 
 // Returns INVALID_ARGUMENT naming `what` and the first bad index if any element is NaN or Inf.
 Status CheckFinite(ConstMatrixView m, const char* what);
+
+// Runs fn(i) for every i in [0, n) on up to `num_threads` threads (0 = all cores; 1 = the
+// calling thread only). Blocks until all calls returned. fn must be thread-safe for distinct i.
+// Used to parallelise ops over heads / layers; cheap enough to call once per op.
+void ParallelFor(int64_t n, int num_threads, const std::function<void(int64_t)>& fn);
+
+// Number of threads ParallelFor would use for `num_threads` (resolves 0 to the core count).
+int ResolveThreads(int num_threads);
+
+// Returns INVALID_ARGUMENT naming `what` if any element of data[0, n) is NaN or Inf.
+Status CheckFiniteSpan(const float* data, int64_t n, const char* what);
+
+// Returns INVALID_ARGUMENT unless head_dim is even and in [2, kMaxHeadDim].
+inline constexpr int kMaxHeadDim = 256;
+Status CheckHeadDim(int64_t head_dim);
 
 }  // namespace kvd::kernels

@@ -1,0 +1,168 @@
+// KVSlimmer key merging (ALGORITHMS.md 3): merge ADJACENT slots of one KV head, keys by a
+// closed-form weighted average in the pre-RoPE space, values by addition with a cardinality, in
+// rounds of disjoint pairs until an exact slot budget is met. Sinks and the window are never
+// merged. One SlotSet holds one KV head; the *Heads forms run heads in parallel.
+//
+// One round (KvSlimmerCompress):
+//  1. post-RoPE slot keys = RoPE(keys_pre, representative position)
+//  2. mass m_j = sum_{w,g} softmax_j(q.k_j/sqrt(d) + ln l_j)         (observation.h)
+//  3. over the mergeable slots M = [sinks, S - window):  a_j = m_j / G,  alpha_j = a_j / sum_M a,
+//     o = sum_M alpha_j Vsum_j / l_j                                   (ComputePairStatistics)
+//  4. pair rank w_j = (m_j + m_{j+1}) exp(-(j+1)/gamma) lambda_j, lambda_j = l_j + l_{j+1}
+//     (kAsymKv) or 1 (kConstant); j is the slot index in the current round
+//  5. the K smallest disjoint pairs (greedy ascending w, ties to the lower j), K = min(S - budget,
+//     as many as fit): SelectDisjointPairs
+//  6. weights per pair (ComputeMergeWeights), then ApplyMerges.
+// Rounds repeat (statistics recomputed) until S == budget.
+//
+// Merge weights (per pair (m, m+1), v_j = Vsum_j / l_j):
+//  kL2 (paper):  c11 = alpha_m (1-2 alpha_m)(v_m - o), c22 likewise, c12 = -alpha_m alpha_{m+1}
+//                (v_m + v_{m+1} - 2o); A = |c11| - |c12|, B = |c22| - |c12| (Euclidean norms).
+//  kL1Code (released code): d_j = |v_j - o|_1, h_j = alpha_j (1-2 alpha_j) d_j, smoothed as a
+//                running mean over the rounds/chunks that observed the slot (SlotSet::h and
+//                h_observations), H12 = alpha_m alpha_{m+1} (d_m + d_{m+1}), A = h_m - H12,
+//                B = h_{m+1} - H12; merged h = (A/D)^2 h_m + (B/D)^2 h_{m+1}.
+//  k* = (A k_m + B k_{m+1}) / D, D = A + B. Guard (kvd's, not in either source): if D <= 1e-30
+//  or not finite, both weights are 1/2 (guard_fallbacks += 1); else each weight is clamped to
+//  [0, 1] (they sum to 1, so one clamp fixes both; guard_clamps += 1 when it changed anything).
+//
+// Representative position of a merged slot: kLast = position of the later slot (original
+// positions are kept: the decode engine continues at N); kWeighted = llround(w_m p_m + w_{m+1}
+// p_{m+1}) with the merge weights (where the merged key "lives" between the two).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvd/kernels/observation.h"
+#include "kvd/kernels/rope.h"
+#include "kvd/kernels/types.h"
+
+namespace kvd::kernels {
+
+enum class MergeNorm : uint8_t { kL2 = 0, kL1Code = 1 };
+enum class PairLambda : uint8_t { kAsymKv = 0, kConstant = 1 };
+enum class RepresentativePosition : uint8_t { kLast = 0, kWeighted = 1 };
+
+inline const double kKvSlimmerDefaultGamma = 4096.0 / std::log(512.0);
+
+struct KvSlimmerOptions {
+  MergeNorm norm = MergeNorm::kL2;                                    // weight variant
+  PairLambda lambda = PairLambda::kAsymKv;                            // lambda_j of the ranking
+  RepresentativePosition position = RepresentativePosition::kLast;    // merged slot position
+  int64_t sinks = 4;          // first slots never merged, >= 0
+  int64_t window = 0;         // last slots never merged (one-shot: the observation window), >= 0
+  int group_size = 1;         // G query heads per KV head, >= 1
+  double gamma = kKvSlimmerDefaultGamma;  // recency discount of the ranking, > 0
+  // Observation visibility: kByPosition (query w sees slots at positions <= query_positions[w])
+  // or kNone (queries of the next chunk see all). kCausalWindow is rejected (slots != tokens).
+  MaskKind mask = MaskKind::kByPosition;
+  int max_rounds = 64;        // safety bound on rounds, >= 1 (each round at least halves slack)
+
+  Status Validate() const;
+};
+
+// The slots of one KV head.
+struct SlotSet {
+  Matrix keys_pre;                      // [S, d] pre-RoPE keys
+  Matrix value_sums;                    // [S, d] Vsum_j (sum of the original values)
+  std::vector<int32_t> cardinality;     // [S] l_j >= 1 (original tokens in slot j)
+  std::vector<int64_t> positions;       // [S] representative positions, >= 0
+  std::vector<float> h;                 // [S] kL1Code smoothed h_j; empty = never observed
+  std::vector<int32_t> h_observations;  // [S] observations averaged into h (same size as h)
+
+  int64_t size() const { return keys_pre.rows; }
+  // Checks consistent sizes, d == head_dim, l >= 1, positions >= 0, finite keys and values.
+  Status Validate(int64_t head_dim) const;
+};
+
+// Builds slots from raw tokens: keys_pre = RoPE^-1(keys_post, positions), Vsum = values, l = 1.
+// Errors: shape mismatch / NaN / Inf (INVALID_ARGUMENT), those of ApplyRope.
+StatusOr<SlotSet> SlotsFromTokens(const RopeTable& rope, ConstMatrixView keys_post,
+                                  ConstMatrixView values, std::span<const int64_t> positions,
+                                  const ExecOptions& exec = {});
+
+// out = RoPE(keys_pre, positions): the slot keys as a post-RoPE engine serves them.  // [S, d]
+Status RotateSlotKeys(const RopeTable& rope, const SlotSet& slots, MatrixView out,
+                      const ExecOptions& exec = {});
+
+// Step 3 for the mergeable range [begin, end) of `slots`.
+struct PairStatistics {
+  std::vector<double> alpha;  // [S] alpha_j inside [begin, end), 0 outside
+  std::vector<double> o;      // [d] mean attended value
+  std::vector<double> l1_dev; // [S] d_j = |v_j - o|_1 inside the range (kL1Code), 0 outside
+  std::vector<double> h;      // [S] smoothed h_j (kL1Code; before this round's merges)
+};
+// `mass` [S] from ComputeAttentionMass (with the ln l bias). When sum_M mass == 0 every alpha is
+// 1/|M|. Updates slots->h / h_observations (running mean) when norm == kL1Code.
+// Errors: INVALID_ARGUMENT on size mismatch or a bad range.
+Status ComputePairStatistics(std::span<const float> mass, int64_t begin, int64_t end,
+                             MergeNorm norm, SlotSet* slots, PairStatistics* stats);
+
+struct MergePair {
+  int64_t first = 0;     // merges slots first and first + 1
+  float w_first = 0.5f;  // weight of keys_pre[first]
+  float w_second = 0.5f; // weight of keys_pre[first + 1]
+  float h_merged = 0.0f; // kL1Code: h of the merged slot
+};
+
+struct MergeWeightResult {
+  MergePair pair;
+  bool guard_fallback = false;  // D <= 0 or non-finite: weights 1/2
+  bool guard_clamped = false;   // a weight was clamped into [0, 1]
+};
+// Step 6 for the pair (m, m+1) of `slots` with `stats` from ComputePairStatistics.
+MergeWeightResult ComputeMergeWeights(MergeNorm norm, const SlotSet& slots,
+                                      const PairStatistics& stats, int64_t m);
+
+// Step 4: rank[j] for pairs (j, j+1), j in [begin, end-1); +Inf outside.  // [S-1] (or empty)
+std::vector<double> RankPairs(std::span<const float> mass, const SlotSet& slots, int64_t begin,
+                              int64_t end, PairLambda lambda, double gamma);
+
+// Step 5: up to max_pairs disjoint pairs by ascending rank (+Inf never chosen), ties to the lower
+// index; returned sorted ascending by first index.
+std::vector<int64_t> SelectDisjointPairs(std::span<const double> rank, int64_t max_pairs);
+
+// Merges each pair (keys weighted, value sums and cardinalities added, position per
+// RepresentativePosition, h for kL1Code when slots->h is non-empty). The SlotSet shrinks by
+// pairs.size(). REQUIRES pairs sorted ascending and disjoint (INVALID_ARGUMENT otherwise).
+// kCuda: UNIMPLEMENTED without CUDA, UNAVAILABLE without a device.
+Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition position, SlotSet* slots,
+                   const ExecOptions& exec = {});
+
+struct KvSlimmerStats {
+  int64_t rounds = 0;
+  int64_t pairs_merged = 0;
+  int64_t guard_fallbacks = 0;  // pairs merged as the mean because D <= 0
+  int64_t guard_clamps = 0;     // pairs whose weights were clamped into [0, 1]
+  KvSlimmerStats& operator+=(const KvSlimmerStats& o);
+};
+
+// Smallest budget reachable for `slots` slots: sinks + window + (1 if any slot is mergeable).
+int64_t KvSlimmerMinBudget(int64_t slots, const KvSlimmerOptions& options);
+
+// Merges `slots` (one KV head) down to exactly `slot_budget` slots.
+// queries: [W*G, d] post-RoPE observation queries (row w*G+g); query_positions: [W] (kByPosition).
+// Errors: INVALID_ARGUMENT (bad option, shape, NaN/Inf in queries or slots, empty queries,
+// unsupported d); OUT_OF_RANGE "budget" when slot_budget > S or < KvSlimmerMinBudget;
+// INTERNAL if max_rounds pass without reaching the budget. budget == S is a no-op.
+Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
+                         std::span<const int64_t> query_positions, int64_t slot_budget,
+                         const KvSlimmerOptions& options, SlotSet* slots, KvSlimmerStats* stats,
+                         const ExecOptions& exec = {});
+
+// Per-head inputs for the batched form.
+struct KvSlimmerHead {
+  ConstMatrixView queries;                   // [W*G, d]
+  std::span<const int64_t> query_positions;  // [W]
+  SlotSet* slots = nullptr;
+};
+// Runs KvSlimmerCompress on each head in parallel (ExecOptions::num_threads); stats summed.
+// Returns the first error by head order (prefixed "head h: ").
+Status KvSlimmerCompressHeads(const RopeTable& rope, std::span<const KvSlimmerHead> heads,
+                              int64_t slot_budget, const KvSlimmerOptions& options,
+                              KvSlimmerStats* stats, const ExecOptions& exec = {});
+
+}  // namespace kvd::kernels
