@@ -1,0 +1,543 @@
+// HostTier: construction, the write protocol (reserve / commit / abort / reclaim / expiry) and
+// the read protocol (lookup / get / release).
+#include "kvd/storage/host_tier.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "host_tier_impl.h"
+
+namespace kvd::storage {
+namespace {
+
+int64_t Deadline(int64_t now, std::chrono::milliseconds ttl) {
+  return now + std::chrono::duration_cast<std::chrono::nanoseconds>(ttl).count();
+}
+
+Status DedupStatus(const ChunkKey& key) {
+  return Status::AlreadyExists("dedup: chunk " + key.ToString() +
+                               " is already stored; skip sending it");
+}
+
+}  // namespace
+
+bool IsDedup(const Status& status) {
+  return status.code() == StatusCode::kAlreadyExists && status.message().rfind("dedup:", 0) == 0;
+}
+
+// ---------------------------------------------------------------- Impl helpers
+
+HostTier::Impl::Impl(const HostTierOptions& options, std::byte* base, uint64_t capacity,
+                     Clock* clock)
+    : options_(options),
+      base_(base),
+      capacity_(capacity),
+      clock_(clock),
+      arena_(capacity, options.alignment) {
+  counters_.kind = TierKind::kHost;
+}
+
+void HostTier::Impl::RetireLocked(uint64_t id, RetireReason reason) {
+  if (options_.retired_id_memory == 0) return;
+  if (retired_.emplace(id, reason).second) retired_order_.push_back(id);
+  while (retired_order_.size() > options_.retired_id_memory) {
+    retired_.erase(retired_order_.front());
+    retired_order_.pop_front();
+  }
+}
+
+Status HostTier::Impl::UnknownIdLocked(const char* what, uint64_t id) const {
+  const std::string name = std::string(what) + " " + std::to_string(id);
+  auto it = retired_.find(id);
+  if (it == retired_.end()) {
+    return Status::NotFound(name + " is unknown (never issued, or retired long ago)");
+  }
+  switch (it->second) {
+    case RetireReason::kCommitted:
+      return Status::FailedPrecondition(name + " was already committed");
+    case RetireReason::kAborted:
+      return Status::Aborted(name + " was aborted");
+    case RetireReason::kExpired:
+      return Status::Aborted(name + " expired (its ttl passed before it was used)");
+    case RetireReason::kReclaimed:
+      return Status::Aborted(name + " was reclaimed: its owner disconnected");
+    case RetireReason::kDataLoss:
+      return Status::Aborted(name + " was dropped after a checksum mismatch");
+    case RetireReason::kDedup:
+      return Status::Aborted(name + " was dropped: its chunk was already stored (dedup)");
+    case RetireReason::kReleased:
+      return Status::Aborted(name + " was already released");
+  }
+  return Status::Internal(name + ": bad retire reason");
+}
+
+void HostTier::Impl::PinLocked(HostEntry* e) {
+  if (e->pins++ == 0 && e->visible) {
+    pinned_bytes_ += e->meta.size_bytes;
+    pinned_arena_bytes_ += e->arena_bytes;
+  }
+}
+
+void HostTier::Impl::UnpinLocked(HostEntry* e) {
+  if (--e->pins > 0) return;
+  if (e->visible) {
+    pinned_bytes_ -= e->meta.size_bytes;
+    pinned_arena_bytes_ -= e->arena_bytes;
+    return;
+  }
+  // A hidden entry's last pin: free it now.
+  arena_.Free(e->offset).IgnoreError();  // the offset is live by construction
+  hidden_arena_bytes_ -= e->arena_bytes;
+  hidden_.erase(e);
+}
+
+void HostTier::Impl::TouchLocked(HostEntry* e, int64_t now) {
+  e->meta.last_access_ns = now;
+  if (e->visible) lru_.splice(lru_.begin(), lru_, e->lru_it);
+}
+
+void HostTier::Impl::AccountLocked(const ChunkMeta& m, bool add) {
+  auto apply = [&](UsageStats& u) {
+    if (add) {
+      u.chunks += 1;
+      u.bytes += m.size_bytes;
+      u.tokens += m.tokens;
+    } else {
+      u.chunks -= 1;
+      u.bytes -= m.size_bytes;
+      u.tokens -= m.tokens;
+    }
+  };
+  apply(per_model_[m.key.model]);
+  apply(per_namespace_[m.key.name_space]);
+  if (!add) {
+    if (per_model_[m.key.model].chunks == 0) per_model_.erase(m.key.model);
+    if (per_namespace_[m.key.name_space].chunks == 0) per_namespace_.erase(m.key.name_space);
+  }
+}
+
+bool HostTier::Impl::DropEntryLocked(HostEntry* e) {
+  used_bytes_ -= e->meta.size_bytes;
+  used_arena_bytes_ -= e->arena_bytes;
+  if (e->pins > 0) {
+    pinned_bytes_ -= e->meta.size_bytes;
+    pinned_arena_bytes_ -= e->arena_bytes;
+  }
+  AccountLocked(e->meta, /*add=*/false);
+  lru_.erase(e->lru_it);
+  e->visible = false;
+  auto node = index_.extract(e->meta.key);
+  if (e->pins > 0) {
+    hidden_arena_bytes_ += e->arena_bytes;
+    hidden_.emplace(e, std::move(node.mapped()));
+    return false;
+  }
+  arena_.Free(e->offset).IgnoreError();  // the offset is live by construction
+  return true;  // `node` destroys the entry
+}
+
+void HostTier::Impl::DropReservationLocked(ReservationId id, RetireReason reason) {
+  auto it = reservations_.find(id);
+  if (it == reservations_.end()) return;
+  arena_.Free(it->second.offset).IgnoreError();
+  reserved_bytes_ -= it->second.size_bytes;
+  reserved_arena_bytes_ -= it->second.arena_bytes;
+  reservations_.erase(it);
+  RetireLocked(id, reason);
+}
+
+void HostTier::Impl::ReleaseLeaseLocked(LeaseId id, RetireReason reason) {
+  auto it = leases_.find(id);
+  if (it == leases_.end()) return;
+  for (HostEntry* e : it->second.entries) UnpinLocked(e);
+  leases_.erase(it);
+  RetireLocked(id, reason);
+}
+
+void HostTier::Impl::ReleaseReadLocked(ReadId id, RetireReason reason) {
+  auto it = reads_.find(id);
+  if (it == reads_.end()) return;
+  UnpinLocked(it->second.entry);
+  reads_.erase(it);
+  RetireLocked(id, reason);
+}
+
+std::string HostTier::Impl::OccupancyLocked() const {
+  return "capacity=" + std::to_string(capacity_) + " used=" + std::to_string(used_bytes_) +
+         " reserved=" + std::to_string(reserved_bytes_) +
+         " pinned=" + std::to_string(pinned_bytes_) +
+         " pinned_evicted=" + std::to_string(hidden_arena_bytes_) + " bytes";
+}
+
+Status HostTier::Impl::MakeRoomLocked(uint64_t bytes) {
+  if (arena_.CanAllocate(bytes)) return Status::Ok();
+  const uint64_t need = arena_.RoundUp(bytes);
+  const uint64_t evictable = used_arena_bytes_ - pinned_arena_bytes_;
+  const uint64_t free_bytes = arena_.capacity() - arena_.allocated_bytes();
+  if (free_bytes + evictable < need) {
+    return Status::ResourceExhausted(
+        "host tier full: cannot reserve " + std::to_string(bytes) + " bytes even after evicting " +
+        "every unpinned chunk (" + OccupancyLocked() + ")");
+  }
+  // Oldest first; pinned chunks are skipped, never evicted.
+  auto it = lru_.end();
+  while (!arena_.CanAllocate(bytes) && it != lru_.begin()) {
+    --it;
+    HostEntry* e = *it;
+    if (e->pins > 0) continue;
+    auto next = it;  // the element after `it` survives the erase
+    ++next;
+    DropEntryLocked(e);
+    counters_.evictions++;
+    it = next;
+  }
+  if (!arena_.CanAllocate(bytes)) {
+    const ArenaStats a = arena_.Stats();
+    return Status::ResourceExhausted(
+        "host tier full: " + std::to_string(bytes) + " bytes do not fit; free space is " +
+        "fragmented around pinned chunks and reservations (largest free block " +
+        std::to_string(a.largest_free_block) + ", " + OccupancyLocked() + ")");
+  }
+  return Status::Ok();
+}
+
+StatusOr<ReadView> HostTier::Impl::StartReadLocked(HostEntry* e, OwnerId owner, int64_t now) {
+  const ReadId id = NextIdLocked();
+  PinLocked(e);
+  TouchLocked(e, now);
+  reads_.emplace(id, ReadState{owner, Deadline(now, options_.read_ttl), e});
+  ReadView view;
+  view.read_id = id;
+  view.meta = e->meta;
+  view.offset = e->offset;
+  view.data = base_ + e->offset;
+  return view;
+}
+
+// ---------------------------------------------------------------- construction
+
+StatusOr<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& options,
+                                                     std::span<std::byte> region, Clock* clock) {
+  KVD_RETURN_IF_ERROR(options.Validate());
+  if (region.data() == nullptr || region.size() < options.alignment) {
+    return Status::InvalidArgument("host tier: region of " + std::to_string(region.size()) +
+                                   " bytes is smaller than one alignment unit (" +
+                                   std::to_string(options.alignment) + ")");
+  }
+  if (reinterpret_cast<uintptr_t>(region.data()) % options.alignment != 0) {
+    return Status::InvalidArgument("host tier: region start is not aligned to " +
+                                   std::to_string(options.alignment) + " bytes");
+  }
+  if (options.capacity_bytes > region.size()) {
+    return Status::InvalidArgument("host tier: capacity_bytes " +
+                                   std::to_string(options.capacity_bytes) +
+                                   " exceeds the region size " + std::to_string(region.size()));
+  }
+  const uint64_t capacity = options.capacity_bytes == 0 ? region.size() : options.capacity_bytes;
+  auto impl = std::make_unique<Impl>(options, region.data(), capacity,
+                                     clock != nullptr ? clock : Clock::Real());
+  return std::unique_ptr<HostTier>(new HostTier(std::move(impl)));
+}
+
+HostTier::HostTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HostTier::~HostTier() = default;
+
+// ---------------------------------------------------------------- writes
+
+StatusOr<Reservation> HostTier::Reserve(const ChunkKey& key, uint64_t bytes, uint32_t tokens,
+                                        OwnerId owner, std::chrono::milliseconds ttl) {
+  Impl& s = *impl_;
+  if (bytes == 0) return Status::InvalidArgument("reserve: bytes must be > 0");
+  if (key.model.empty()) return Status::InvalidArgument("reserve: the key's model is empty");
+  if (s.options_.max_chunk_bytes != 0 && bytes > s.options_.max_chunk_bytes) {
+    return Status::InvalidArgument("reserve: " + std::to_string(bytes) +
+                                   " bytes exceed max_chunk_bytes " +
+                                   std::to_string(s.options_.max_chunk_bytes));
+  }
+  if (ttl.count() <= 0) ttl = s.options_.reservation_ttl;
+  const int64_t now = s.clock_->NowNanos();
+  std::lock_guard<std::mutex> lock(s.mu_);
+  if (s.index_.count(key) != 0) {
+    s.counters_.dedup_puts++;
+    return DedupStatus(key);
+  }
+  if (s.arena_.RoundUp(bytes) > s.arena_.capacity()) {
+    return Status::ResourceExhausted("host tier: " + std::to_string(bytes) +
+                                     " bytes exceed the whole capacity (" + s.OccupancyLocked() +
+                                     ")");
+  }
+  KVD_RETURN_IF_ERROR(s.MakeRoomLocked(bytes));
+  const std::optional<uint64_t> offset = s.arena_.Allocate(bytes);
+  if (!offset) return Status::Internal("host tier: allocation failed after making room");
+  Impl::OpenReservation r;
+  r.key = key;
+  r.offset = *offset;
+  r.size_bytes = bytes;
+  r.arena_bytes = s.arena_.BlockSize(*offset);
+  r.tokens = tokens;
+  r.owner = owner;
+  r.deadline_ns = Deadline(now, ttl);
+  s.reserved_bytes_ += bytes;
+  s.reserved_arena_bytes_ += r.arena_bytes;
+  const ReservationId id = s.NextIdLocked();
+  Reservation out{id, r.offset, s.base_ + r.offset, bytes, r.deadline_ns};
+  s.reservations_.emplace(id, std::move(r));
+  return out;
+}
+
+Status HostTier::Commit(ReservationId id, uint64_t checksum) {
+  Impl& s = *impl_;
+  const std::byte* data = nullptr;
+  uint64_t size = 0;
+  {
+    std::lock_guard<std::mutex> lock(s.mu_);
+    auto it = s.reservations_.find(id);
+    if (it == s.reservations_.end()) return s.UnknownIdLocked("reservation", id);
+    Impl::OpenReservation& r = it->second;
+    if (r.committing) {
+      return Status::FailedPrecondition("reservation " + std::to_string(id) +
+                                        " is already being committed");
+    }
+    if (s.clock_->NowNanos() > r.deadline_ns) {
+      s.DropReservationLocked(id, RetireReason::kExpired);
+      s.counters_.reservations_expired++;
+      return s.UnknownIdLocked("reservation", id);
+    }
+    r.committing = true;
+    data = s.base_ + r.offset;
+    size = r.size_bytes;
+  }
+  // Verify without the lock: the bytes are the reserver's, and the block cannot be freed while
+  // `committing` is set (Abort / ReclaimOwner only mark it cancelled; expiry skips it).
+  const uint64_t actual = Checksum64(data, size);
+  const int64_t now = s.clock_->NowNanos();
+
+  std::lock_guard<std::mutex> lock(s.mu_);
+  auto it = s.reservations_.find(id);
+  if (it == s.reservations_.end()) {
+    return Status::Internal("reservation " + std::to_string(id) + " vanished while committing");
+  }
+  Impl::OpenReservation& r = it->second;
+  if (r.cancelled) {
+    const RetireReason reason = r.cancel_reason;
+    s.DropReservationLocked(id, reason);
+    return s.UnknownIdLocked("reservation", id);
+  }
+  if (actual != checksum) {
+    const std::string key = r.key.ToString();
+    s.DropReservationLocked(id, RetireReason::kDataLoss);
+    s.counters_.checksum_failures++;
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "expected %016llx, bytes have %016llx",
+                  static_cast<unsigned long long>(checksum),
+                  static_cast<unsigned long long>(actual));
+    return Status::DataLoss("commit of reservation " + std::to_string(id) + " (" + key +
+                            "): checksum mismatch: " + buf + "; reservation dropped");
+  }
+  if (s.index_.count(r.key) != 0) {
+    const ChunkKey key = r.key;
+    s.DropReservationLocked(id, RetireReason::kDedup);
+    s.counters_.dedup_puts++;
+    return DedupStatus(key);
+  }
+  auto entry = std::make_unique<HostEntry>();
+  HostEntry* e = entry.get();
+  e->meta.key = r.key;
+  e->meta.tokens = r.tokens;
+  e->meta.size_bytes = r.size_bytes;
+  e->meta.checksum = checksum;
+  e->meta.created_ns = now;
+  e->meta.last_access_ns = now;
+  e->meta.tier = TierKind::kHost;
+  e->offset = r.offset;
+  e->arena_bytes = r.arena_bytes;
+  s.reserved_bytes_ -= r.size_bytes;
+  s.reserved_arena_bytes_ -= r.arena_bytes;
+  s.used_bytes_ += e->meta.size_bytes;
+  s.used_arena_bytes_ += e->arena_bytes;
+  s.AccountLocked(e->meta, /*add=*/true);
+  s.lru_.push_front(e);
+  e->lru_it = s.lru_.begin();
+  s.index_.emplace(e->meta.key, std::move(entry));
+  s.reservations_.erase(it);
+  s.RetireLocked(id, RetireReason::kCommitted);
+  s.counters_.commits++;
+  return Status::Ok();
+}
+
+Status HostTier::Abort(ReservationId id) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu_);
+  auto it = s.reservations_.find(id);
+  if (it == s.reservations_.end()) return s.UnknownIdLocked("reservation", id);
+  if (it->second.committing) {
+    it->second.cancelled = true;
+    it->second.cancel_reason = RetireReason::kAborted;
+    return Status::Ok();
+  }
+  s.DropReservationLocked(id, RetireReason::kAborted);
+  return Status::Ok();
+}
+
+ReclaimResult HostTier::ReclaimOwner(OwnerId owner) {
+  Impl& s = *impl_;
+  ReclaimResult out;
+  std::lock_guard<std::mutex> lock(s.mu_);
+  std::vector<uint64_t> ids;
+  for (auto& [id, r] : s.reservations_) {
+    if (r.owner != owner) continue;
+    out.reservations++;
+    if (r.committing) {
+      r.cancelled = true;
+      r.cancel_reason = RetireReason::kReclaimed;
+    } else {
+      ids.push_back(id);
+    }
+  }
+  for (uint64_t id : ids) s.DropReservationLocked(id, RetireReason::kReclaimed);
+  s.counters_.reservations_reclaimed += out.reservations;
+  ids.clear();
+  for (const auto& [id, l] : s.leases_) {
+    if (l.owner == owner) ids.push_back(id);
+  }
+  for (uint64_t id : ids) s.ReleaseLeaseLocked(id, RetireReason::kReclaimed);
+  out.leases = ids.size();
+  ids.clear();
+  for (const auto& [id, r] : s.reads_) {
+    if (r.owner == owner) ids.push_back(id);
+  }
+  for (uint64_t id : ids) s.ReleaseReadLocked(id, RetireReason::kReclaimed);
+  out.reads = ids.size();
+  return out;
+}
+
+uint64_t HostTier::ExpireReservations() {
+  Impl& s = *impl_;
+  const int64_t now = s.clock_->NowNanos();
+  std::lock_guard<std::mutex> lock(s.mu_);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, r] : s.reservations_) {
+    // A reservation whose Commit is verifying was committed in time: let it finish.
+    if (!r.committing && now > r.deadline_ns) ids.push_back(id);
+  }
+  for (uint64_t id : ids) s.DropReservationLocked(id, RetireReason::kExpired);
+  s.counters_.reservations_expired += ids.size();
+  return ids.size();
+}
+
+ReclaimResult HostTier::ExpireLeases() {
+  Impl& s = *impl_;
+  const int64_t now = s.clock_->NowNanos();
+  ReclaimResult out;
+  std::lock_guard<std::mutex> lock(s.mu_);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, l] : s.leases_) {
+    if (now > l.deadline_ns) ids.push_back(id);
+  }
+  for (uint64_t id : ids) s.ReleaseLeaseLocked(id, RetireReason::kExpired);
+  out.leases = ids.size();
+  s.counters_.leases_expired += ids.size();
+  ids.clear();
+  for (const auto& [id, r] : s.reads_) {
+    if (now > r.deadline_ns) ids.push_back(id);
+  }
+  for (uint64_t id : ids) s.ReleaseReadLocked(id, RetireReason::kExpired);
+  out.reads = ids.size();
+  return out;
+}
+
+// ---------------------------------------------------------------- reads
+
+StatusOr<LookupResult> HostTier::Lookup(const LookupRequest& request) {
+  Impl& s = *impl_;
+  if (request.model.empty()) return Status::InvalidArgument("lookup: model is empty");
+  const std::chrono::milliseconds ttl =
+      request.lease_ttl.count() > 0 ? request.lease_ttl : s.options_.lease_ttl;
+  const int64_t now = s.clock_->NowNanos();
+  LookupResult out;
+  ChunkKey key{request.name_space, request.model, request.layout_digest, request.codec_id, {}};
+  std::lock_guard<std::mutex> lock(s.mu_);
+  std::vector<HostEntry*> matched;
+  for (const Hash128& h : request.chunk_hashes) {
+    key.chain_hash = h;
+    auto it = s.index_.find(key);
+    if (it == s.index_.end()) break;
+    matched.push_back(it->second.get());
+  }
+  s.counters_.lookups++;
+  s.counters_.chunks_requested += request.chunk_hashes.size();
+  s.counters_.chunks_matched += matched.size();
+  if (matched.empty()) {
+    s.counters_.misses++;
+    return out;
+  }
+  s.counters_.hits++;
+  // Touch in reverse so the first chunk of the prefix ends up most recent: a prefix is useless
+  // without its head, so the head should outlive the tail under pressure.
+  for (auto e = matched.rbegin(); e != matched.rend(); ++e) {
+    s.PinLocked(*e);
+    s.TouchLocked(*e, now);
+  }
+  out.matched_chunks = matched.size();
+  out.chunks.reserve(matched.size());
+  for (HostEntry* e : matched) {
+    out.matched_tokens += e->meta.tokens;
+    out.chunks.push_back(e->meta);
+  }
+  out.lease_id = s.NextIdLocked();
+  out.lease_deadline_ns = Deadline(now, ttl);
+  s.leases_.emplace(out.lease_id,
+                    Impl::LeaseState{request.owner, out.lease_deadline_ns, std::move(matched)});
+  return out;
+}
+
+StatusOr<ReadView> HostTier::Get(LeaseId lease, size_t index) {
+  Impl& s = *impl_;
+  const int64_t now = s.clock_->NowNanos();
+  std::lock_guard<std::mutex> lock(s.mu_);
+  auto it = s.leases_.find(lease);
+  if (it == s.leases_.end()) return s.UnknownIdLocked("lease", lease);
+  if (now > it->second.deadline_ns) {
+    s.ReleaseLeaseLocked(lease, RetireReason::kExpired);
+    s.counters_.leases_expired++;
+    return s.UnknownIdLocked("lease", lease);
+  }
+  if (index >= it->second.entries.size()) {
+    return Status::OutOfRange("get: lease " + std::to_string(lease) + " holds " +
+                              std::to_string(it->second.entries.size()) +
+                              " chunks, index " + std::to_string(index) + " asked");
+  }
+  return s.StartReadLocked(it->second.entries[index], it->second.owner, now);
+}
+
+StatusOr<ReadView> HostTier::GetByKey(const ChunkKey& key, OwnerId owner) {
+  Impl& s = *impl_;
+  const int64_t now = s.clock_->NowNanos();
+  std::lock_guard<std::mutex> lock(s.mu_);
+  auto it = s.index_.find(key);
+  if (it == s.index_.end()) {
+    return Status::NotFound("chunk " + key.ToString() + " is not stored (never put, or evicted)");
+  }
+  return s.StartReadLocked(it->second.get(), owner, now);
+}
+
+Status HostTier::ReleaseRead(ReadId read) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu_);
+  if (s.reads_.count(read) == 0) return s.UnknownIdLocked("read", read);
+  s.ReleaseReadLocked(read, RetireReason::kReleased);
+  return Status::Ok();
+}
+
+Status HostTier::ReleaseLease(LeaseId lease) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu_);
+  if (s.leases_.count(lease) == 0) return s.UnknownIdLocked("lease", lease);
+  s.ReleaseLeaseLocked(lease, RetireReason::kReleased);
+  return Status::Ok();
+}
+
+}  // namespace kvd::storage

@@ -1,0 +1,120 @@
+// Private state of HostTier (see host_tier.h for the contract). Split across host_tier.cc (the
+// write and read protocols) and host_tier_admin.cc (Tier interface, listing, eviction, stats).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvd/storage/host_tier.h"
+
+namespace kvd::storage {
+
+// A committed chunk in the arena.
+struct HostEntry {
+  ChunkMeta meta;
+  uint64_t offset = 0;       // arena offset
+  uint64_t arena_bytes = 0;  // arena block size (meta.size_bytes rounded up)
+  uint32_t pins = 0;         // leases + reads holding it
+  // false once evicted (Evict/Remove) while pinned: out of the index and LRU, freed at the last
+  // unpin. A hidden entry is owned by HostTier::Impl::hidden_.
+  bool visible = true;
+  std::list<HostEntry*>::iterator lru_it;  // valid iff visible
+};
+
+// Why an id stopped being live (remembered so late use gets a precise error).
+enum class RetireReason : uint8_t {
+  kCommitted,
+  kAborted,
+  kExpired,
+  kReclaimed,
+  kDataLoss,
+  kDedup,
+  kReleased,
+};
+
+class HostTier::Impl {
+ public:
+  Impl(const HostTierOptions& options, std::byte* base, uint64_t capacity, Clock* clock);
+
+  struct OpenReservation {
+    ChunkKey key;
+    uint64_t offset = 0;
+    uint64_t size_bytes = 0;
+    uint64_t arena_bytes = 0;
+    uint32_t tokens = 0;
+    OwnerId owner = 0;
+    int64_t deadline_ns = 0;
+    bool committing = false;  // a Commit is verifying the bytes without the lock
+    // Set when Abort / ReclaimOwner hit a committing reservation: that Commit then fails.
+    bool cancelled = false;
+    RetireReason cancel_reason = RetireReason::kAborted;
+  };
+  struct LeaseState {
+    OwnerId owner = 0;
+    int64_t deadline_ns = 0;
+    std::vector<HostEntry*> entries;  // each pinned once by this lease
+  };
+  struct ReadState {
+    OwnerId owner = 0;
+    int64_t deadline_ns = 0;
+    HostEntry* entry = nullptr;  // pinned once by this read
+  };
+
+  // ---- helpers; all REQUIRE mu_ held ----
+  uint64_t NextIdLocked() { return next_id_++; }
+  void RetireLocked(uint64_t id, RetireReason reason);
+  // The error for a late use of `id` of kind `what` ("reservation", "lease", "read").
+  Status UnknownIdLocked(const char* what, uint64_t id) const;
+  void PinLocked(HostEntry* e);
+  void UnpinLocked(HostEntry* e);
+  void TouchLocked(HostEntry* e, int64_t now);
+  // Removes a visible entry from index, LRU and accounting; frees it now if unpinned, otherwise
+  // moves it to hidden_. Returns true if freed now.
+  bool DropEntryLocked(HostEntry* e);
+  void DropReservationLocked(ReservationId id, RetireReason reason);
+  void ReleaseLeaseLocked(LeaseId id, RetireReason reason);
+  void ReleaseReadLocked(ReadId id, RetireReason reason);
+  // Evicts LRU unpinned chunks until `bytes` can be allocated. RESOURCE_EXHAUSTED if impossible.
+  Status MakeRoomLocked(uint64_t bytes);
+  std::string OccupancyLocked() const;
+  void AccountLocked(const ChunkMeta& m, bool add);
+  StatusOr<ReadView> StartReadLocked(HostEntry* e, OwnerId owner, int64_t now);
+
+  const HostTierOptions options_;
+  std::byte* const base_;
+  const uint64_t capacity_;
+  Clock* const clock_;
+
+  mutable std::mutex mu_;
+  // Everything below is guarded by mu_.
+  ArenaAllocator arena_;
+  std::unordered_map<ChunkKey, std::unique_ptr<HostEntry>, ChunkKeyHasher> index_;  // visible
+  std::unordered_map<HostEntry*, std::unique_ptr<HostEntry>> hidden_;  // evicted while pinned
+  std::list<HostEntry*> lru_;  // visible entries, most recently used first
+  std::unordered_map<ReservationId, OpenReservation> reservations_;
+  std::unordered_map<LeaseId, LeaseState> leases_;
+  std::unordered_map<ReadId, ReadState> reads_;
+  std::unordered_map<uint64_t, RetireReason> retired_;  // bounded by options_.retired_id_memory
+  std::deque<uint64_t> retired_order_;                  // FIFO of retired_ keys
+  uint64_t next_id_ = 1;  // one id space for reservations, leases and reads
+
+  // Accounting (payload bytes unless named arena_).
+  uint64_t used_bytes_ = 0;           // visible entries
+  uint64_t reserved_bytes_ = 0;       // open reservations
+  uint64_t pinned_bytes_ = 0;         // visible entries with pins > 0
+  uint64_t used_arena_bytes_ = 0;     // visible entries' arena blocks
+  uint64_t pinned_arena_bytes_ = 0;   // visible pinned entries' arena blocks
+  uint64_t reserved_arena_bytes_ = 0;
+  uint64_t hidden_arena_bytes_ = 0;
+  std::unordered_map<std::string, UsageStats> per_model_;
+  std::unordered_map<std::string, UsageStats> per_namespace_;
+  TierStats counters_;  // only the counter fields are used
+};
+
+}  // namespace kvd::storage
