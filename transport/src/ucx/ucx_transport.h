@@ -1,0 +1,116 @@
+// The UCX backend: one ucp_context and one ucp_worker per Transport; tag messages for bulk,
+// optional RMA on regions from ucp_mem_map. See kvd/transport/transport.h for the contract.
+//
+// Internals: every UCX call happens under mu_ (worker is UCS_THREAD_MODE_SERIALIZED). UCX
+// callbacks run inside ucp_worker_progress / ucp_request_cancel, hence also under mu_; they
+// find their transfer by the id passed as user_data, so a Released transfer whose UCX request
+// completes later is simply ignored.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvd/transport/transport.h"
+#include "ucx/ucx_status.h"
+
+namespace kvd::transport::ucx {
+
+// The transfer id kept in the user area of a UCX request (ucp_params_t::request_size).
+inline uint64_t& RequestId(void* request) { return *static_cast<uint64_t*>(request); }
+
+class UcxTransport final : public Transport {
+ public:
+  static StatusOr<std::unique_ptr<Transport>> Create(const TransportOptions& options);
+  ~UcxTransport() override;
+
+  const Capabilities& capabilities() const override { return caps_; }
+  StatusOr<std::string> LocalAddress() override;
+  StatusOr<PeerHandle> Connect(std::string_view peer_address) override;
+  Status Disconnect(PeerHandle peer) override;
+  Status PeerStatus(PeerHandle peer) override;
+  StatusOr<Region> AllocateRegistered(size_t bytes, MemoryType type) override;
+  StatusOr<Region> RegisterMemory(void* data, size_t bytes, MemoryType type) override;
+  Status DeregisterMemory(RegionHandle region) override;
+  StatusOr<std::string> ExportRegion(RegionHandle region) override;
+  StatusOr<RemoteRegionHandle> ImportRegion(PeerHandle peer, std::string_view exported) override;
+  Status ReleaseRemoteRegion(RemoteRegionHandle remote) override;
+  StatusOr<TransferHandle> Post(const TransferRequest& request) override;
+  TransferStatus Check(TransferHandle transfer) override;
+  Status Wait(TransferHandle transfer, std::chrono::milliseconds timeout) override;
+  Status Cancel(TransferHandle transfer) override;
+  Status Release(TransferHandle transfer) override;
+  int Progress() override;
+  Status WaitForEvents(std::chrono::milliseconds timeout) override;
+
+ private:
+  struct Peer {
+    ucp_ep_h ep = nullptr;
+    Status failure;                 // not OK once the peer vanished
+    std::set<uint64_t> transfers;   // in-flight transfer ids with this peer
+  };
+  struct RegionState {
+    ucp_mem_h memh = nullptr;
+    void* data = nullptr;
+    size_t size = 0;
+    bool owned = false;
+  };
+  struct RemoteRegion {
+    uint64_t peer = 0;
+    ucp_rkey_h rkey = nullptr;
+    uint64_t base = 0;
+    uint64_t size = 0;
+  };
+  struct Transfer {
+    TransferOp op = TransferOp::kSend;
+    uint64_t peer = 0;           // 0 for kAnyPeer receives
+    void* request = nullptr;     // the UCX request while in flight, else nullptr
+    TransferStatus status;
+  };
+
+  explicit UcxTransport(const TransportOptions& options);
+  Status Init();
+  Status Err(ucs_status_t s, std::string_view what) const { return UcxToStatus(s, what, env_); }
+
+  // All REQUIRE mu_ held.
+  void FinishLocked(uint64_t id, ucs_status_t status, size_t bytes);
+  void FailPeerLocked(uint64_t peer_id, const Status& why);
+  Status PostTagLocked(uint64_t id, Transfer& t, const TransferRequest& r);
+  Status PostRmaLocked(uint64_t id, Transfer& t, const TransferRequest& r);
+  Status CloseEndpointLocked(ucp_ep_h ep, bool force, std::unique_lock<std::mutex>& lock);
+  Status SleepOnEventFd(std::chrono::milliseconds timeout, std::unique_lock<std::mutex>& lock);
+
+  static void SendCallback(void* request, ucs_status_t status, void* user_data);
+  static void RecvCallback(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                           void* user_data);
+  static void ErrorHandler(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  const TransportOptions options_;
+  UcxEnvironment env_;
+  Capabilities caps_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string address_;          // "KVDUCX1" magic + worker address bytes
+  int event_fd_ = -1;            // -1: no wakeup support, WaitForEvents sleeps briefly
+
+  std::mutex mu_;
+  uint64_t next_id_ = 1;                                     // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, Peer> peers_;                 // GUARDED_BY(mu_)
+  std::unordered_map<ucp_ep_h, uint64_t> peer_by_ep_;        // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, RegionState> regions_;        // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, RemoteRegion> remotes_;       // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, Transfer> transfers_;         // GUARDED_BY(mu_)
+  std::vector<void*> closing_;     // ep close requests not yet done; GUARDED_BY(mu_)
+  std::atomic<int> sleepers_{0};   // threads blocked on event_fd_
+  bool work_posted_ = false;       // a Post since the last WaitForEvents; GUARDED_BY(mu_)
+};
+
+}  // namespace kvd::transport::ucx
