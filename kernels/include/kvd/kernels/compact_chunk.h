@@ -1,0 +1,102 @@
+// The compact chunk: what a compression plan (plan.h) produces from one raw chunk, and its
+// versioned, checksummed byte format (byte by byte in docs/chunk-format.md).
+//
+// Per (layer, KV head) a compact chunk holds S slots. Slot j has a post-RoPE key (as an engine
+// serves it, at the slot's representative position), a cardinality l_j >= 1 (original tokens it
+// stands for), a representative position, flags, and either a stored MEAN value Vsum_j / l_j or
+// the flag kSlotRebuildValue ("rebuild me": the value is W RoPE^-1(k_j, pos_j), VECTOR). Values
+// are stored as means, not sums, so they keep the model dtype's range (a float16 sum of l values
+// could overflow); Vsum_j = l_j * mean_j. Keys and values are in the model dtype.
+//
+// Half-pair accounting: every slot stores a key (half a pair); slots without the rebuild flag
+// also store a value (half a pair). HalfPairs() = S + (S - rebuild slots), summed over heads.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvd/common/dtype.h"
+#include "kvd/common/status.h"
+#include "kvd/kernels/kvslimmer.h"
+#include "kvd/kernels/types.h"
+
+namespace kvd::kernels {
+
+// Stages of a compression plan, as recorded in a compact chunk (values are on-disk codes).
+enum class ScoreStage : uint8_t { kNone = 0, kSnapKv = 1, kKeyDiff = 2, kPyramidKv = 3 };
+enum class MergeStage : uint8_t { kNone = 0, kKvSlimmer = 1 };
+enum class RouteStage : uint8_t { kNone = 0, kVector = 1 };
+
+// Slot flag bits.
+inline constexpr uint8_t kSlotRebuildValue = 0x01;  // value not stored: rebuild with VECTOR's W
+inline constexpr uint8_t kSlotKnownFlags = kSlotRebuildValue;
+
+// How a chunk was compressed (enough for a reader to serve it and for metrics to name it).
+struct CodecDescription {
+  ScoreStage score = ScoreStage::kNone;
+  MergeStage merge = MergeStage::kNone;
+  MergeNorm merge_norm = MergeNorm::kL2;  // meaningful when merge != kNone
+  RouteStage route = RouteStage::kNone;
+  RepresentativePosition position = RepresentativePosition::kLast;
+  double p_c = 0.0;                  // target compression ratio in [0, 1)
+  uint64_t calibration_version = 0;  // VectorWeights::version needed to rebuild values; 0 = none
+  bool operator==(const CodecDescription&) const = default;
+};
+
+// One (layer, KV head).
+struct CompactHead {
+  std::vector<uint8_t> keys;         // [S, d] post-RoPE keys, elements of the chunk dtype
+  std::vector<uint8_t> values;       // [V, d] mean values of the slots WITHOUT the rebuild flag, in
+                                     //        slot order, elements of the chunk dtype
+  std::vector<uint8_t> flags;        // [S] kSlot* bits
+  std::vector<int32_t> cardinality;  // [S] l_j >= 1
+  std::vector<int64_t> positions;    // [S] representative positions >= 0 (original numbering)
+
+  int64_t slots() const { return static_cast<int64_t>(flags.size()); }
+  int64_t value_slots() const;  // S minus the slots with kSlotRebuildValue
+  bool operator==(const CompactHead&) const = default;
+};
+
+struct CompactChunk {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  DType dtype = DType::kBFloat16;
+  int64_t original_tokens = 0;  // N of the raw chunk
+  uint64_t layout_digest = 0;   // ModelLayout::Digest() of the model it came from
+  CodecDescription codec;
+  std::vector<CompactHead> heads;  // [num_layers * num_kv_heads], index layer * H + head
+
+  // REQUIRES valid indices.
+  const CompactHead& Head(int layer, int head) const { return heads[layer * num_kv_heads + head]; }
+  CompactHead& Head(int layer, int head) { return heads[layer * num_kv_heads + head]; }
+
+  // Checks every invariant above (sizes vs S, V and d, cardinalities, positions, known flags,
+  // codec ranges). INVALID_ARGUMENT naming the first broken one.
+  Status Validate() const;
+  // Sum over heads of keys + stored values, each half a pair.
+  int64_t HalfPairs() const;
+  bool operator==(const CompactChunk&) const = default;
+};
+
+// Bytes of the format (docs/chunk-format.md). INVALID_ARGUMENT when Validate() fails.
+StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk);
+
+// Decodes and fully validates. Errors, in the order checked:
+//   DATA_LOSS "truncated" when shorter than the fixed header + trailer;
+//   INVALID_ARGUMENT "bad magic" / "unsupported version";
+//   DATA_LOSS "size mismatch" when the header's total size differs from the bytes given;
+//   DATA_LOSS "checksum mismatch";
+//   DATA_LOSS "corrupt ..." naming the inconsistent field (only reachable with a valid checksum,
+//   i.e. bytes written by a buggy or hostile encoder).
+// Never reads out of bounds, whatever the input.
+StatusOr<CompactChunk> DecodeCompactChunk(std::span<const uint8_t> bytes);
+
+// Name of a stage, e.g. "snapkv", "kvslimmer", "vector" (for logs and metrics).
+std::string_view ScoreStageName(ScoreStage s);
+std::string_view MergeStageName(MergeStage s);
+std::string_view RouteStageName(RouteStage s);
+
+}  // namespace kvd::kernels

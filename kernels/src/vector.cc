@@ -1,0 +1,399 @@
+// VECTOR public entries: validation, backend dispatch, calibration solve, serialisation.
+// Routing lives in vector_routing.cc.
+#include "kvd/kernels/vector.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "byte_io.h"
+#include "kvd/common/hash.h"
+#include "vector_backend.h"
+
+namespace kvd::kernels {
+namespace {
+
+constexpr uint32_t kCalibrationMagic = 0x41435656;  // "VVCA" little-endian: VECTOR accumulators
+constexpr uint32_t kWeightsMagic = 0x57565656;      // "VVVW" little-endian: VECTOR weights
+constexpr uint16_t kFormatVersion = 1;
+constexpr int kMaxCalibrationHeadDim = 1024;
+
+std::string HeadName(int layer, int head) {
+  return "layer " + std::to_string(layer) + " head " + std::to_string(head);
+}
+
+Status CheckView(ConstMatrixView m, int64_t rows, int64_t cols, const char* what) {
+  if (m.rows != rows || m.cols != cols) {
+    return Status::InvalidArgument(std::string(what) + ": shape [" + std::to_string(m.rows) + ", " +
+                                   std::to_string(m.cols) + "], expected [" +
+                                   std::to_string(rows) + ", " + std::to_string(cols) + "]");
+  }
+  if (m.ld < m.cols) return Status::InvalidArgument(std::string(what) + ": ld < cols");
+  if (m.rows > 0 && m.data == nullptr) return Status::InvalidArgument(std::string(what) + ": null data");
+  return Status::Ok();
+}
+
+// Appends the checksum trailer: xxh3-64 of every byte before it.
+void AppendChecksum(std::vector<uint8_t>* out) {
+  const uint64_t sum = Checksum64(out->data(), out->size());
+  internal::ByteWriter(out).Put(sum);
+}
+
+// Common prefix check of both formats: size, magic, version, checksum.
+Status CheckEnvelope(std::span<const uint8_t> bytes, uint32_t magic, const char* what) {
+  constexpr size_t kMin = 4 + 2 + 2 + 8;
+  if (bytes.size() < kMin) {
+    return Status::DataLoss(std::string(what) + ": truncated (" + std::to_string(bytes.size()) +
+                            " bytes)");
+  }
+  uint32_t got_magic;
+  uint16_t version;
+  std::memcpy(&got_magic, bytes.data(), 4);
+  std::memcpy(&version, bytes.data() + 4, 2);
+  if (got_magic != magic) return Status::InvalidArgument(std::string(what) + ": bad magic");
+  if (version != kFormatVersion) {
+    return Status::InvalidArgument(std::string(what) + ": unsupported version " +
+                                   std::to_string(version));
+  }
+  uint64_t stored;
+  std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
+  if (Checksum64(bytes.data(), bytes.size() - 8) != stored) {
+    return Status::DataLoss(std::string(what) + ": checksum mismatch");
+  }
+  return Status::Ok();
+}
+
+// In-place Cholesky A = L L^T (lower triangle of `a` [d, d] overwritten by L). Returns the index
+// of the first pivot <= tol, or -1 when A is positive definite.
+int Cholesky(std::vector<double>* a, int d, double tol) {
+  double* m = a->data();
+  for (int j = 0; j < d; ++j) {
+    double diag = m[j * d + j];
+    for (int k = 0; k < j; ++k) diag -= m[j * d + k] * m[j * d + k];
+    if (!(diag > tol)) return j;
+    const double ljj = std::sqrt(diag);
+    m[j * d + j] = ljj;
+    for (int i = j + 1; i < d; ++i) {
+      double s = m[i * d + j];
+      for (int k = 0; k < j; ++k) s -= m[i * d + k] * m[j * d + k];
+      m[i * d + j] = s / ljj;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+Status VectorSolveOptions::Validate() const {
+  if (!std::isfinite(ridge) || ridge < 0.0) {
+    return Status::InvalidArgument("VectorSolveOptions.ridge must be finite and >= 0, got " +
+                                   std::to_string(ridge));
+  }
+  if (min_tokens < 1) return Status::InvalidArgument("VectorSolveOptions.min_tokens must be >= 1");
+  return Status::Ok();
+}
+
+VectorCalibrator::VectorCalibrator(int num_layers, int num_kv_heads, int head_dim)
+    : num_layers_(num_layers), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {
+  const size_t dd = static_cast<size_t>(head_dim) * head_dim;
+  heads_.resize(static_cast<size_t>(num_layers) * num_kv_heads);
+  for (VectorHeadStats& h : heads_) {
+    h.gram.assign(dd, 0.0);
+    h.cross.assign(dd, 0.0);
+    h.value_sum.assign(static_cast<size_t>(head_dim), 0.0);
+  }
+}
+
+StatusOr<VectorCalibrator> VectorCalibrator::Create(int num_layers, int num_kv_heads,
+                                                    int head_dim) {
+  if (num_layers < 1 || num_kv_heads < 1) {
+    return Status::InvalidArgument("VectorCalibrator: num_layers and num_kv_heads must be >= 1");
+  }
+  if (head_dim < 1 || head_dim > kMaxCalibrationHeadDim) {
+    return Status::InvalidArgument("VectorCalibrator: head_dim " + std::to_string(head_dim) +
+                                   " not in [1, 1024]");
+  }
+  return VectorCalibrator(num_layers, num_kv_heads, head_dim);
+}
+
+Status VectorCalibrator::Add(int layer, int head, ConstMatrixView kpre, ConstMatrixView values,
+                             const ExecOptions& exec) {
+  if (layer < 0 || layer >= num_layers_ || head < 0 || head >= num_kv_heads_) {
+    return Status::InvalidArgument("VectorCalibrator::Add: " + HeadName(layer, head) +
+                                   " out of range");
+  }
+  KVD_RETURN_IF_ERROR(CheckView(kpre, kpre.rows, head_dim_, "kpre"));
+  KVD_RETURN_IF_ERROR(CheckView(values, kpre.rows, head_dim_, "values"));
+  KVD_RETURN_IF_ERROR(CheckFinite(kpre, "kpre"));
+  KVD_RETURN_IF_ERROR(CheckFinite(values, "values"));
+  VectorHeadStats* stats = &heads_[layer * num_kv_heads_ + head];
+  if (exec.backend == Backend::kCuda) {
+    KVD_RETURN_IF_ERROR(CudaBackendReady("VectorCalibrator::Add"));
+    return cuda::AccumulateVectorStats(kpre, values, stats, exec.cuda_stream);
+  }
+  cpu::AccumulateVectorStats(kpre, values, stats);
+  return Status::Ok();
+}
+
+Status VectorCalibrator::Merge(const VectorCalibrator& other) {
+  if (other.num_layers_ != num_layers_ || other.num_kv_heads_ != num_kv_heads_ ||
+      other.head_dim_ != head_dim_) {
+    return Status::FailedPrecondition("VectorCalibrator::Merge: shape mismatch");
+  }
+  for (size_t i = 0; i < heads_.size(); ++i) {
+    VectorHeadStats& a = heads_[i];
+    const VectorHeadStats& b = other.heads_[i];
+    for (size_t j = 0; j < a.gram.size(); ++j) a.gram[j] += b.gram[j];
+    for (size_t j = 0; j < a.cross.size(); ++j) a.cross[j] += b.cross[j];
+    for (size_t j = 0; j < a.value_sum.size(); ++j) a.value_sum[j] += b.value_sum[j];
+    a.value_sq_sum += b.value_sq_sum;
+    a.count += b.count;
+  }
+  return Status::Ok();
+}
+
+StatusOr<VectorWeights> VectorCalibrator::Solve(const VectorSolveOptions& options) const {
+  KVD_RETURN_IF_ERROR(options.Validate());
+  const int d = head_dim_;
+  VectorWeights out;
+  out.num_layers = num_layers_;
+  out.num_kv_heads = num_kv_heads_;
+  out.head_dim = d;
+  out.heads.resize(heads_.size());
+  std::vector<double> a(static_cast<size_t>(d) * d);
+  std::vector<double> b(a.size());   // B = W^T = (G + ridge I)^-1 C, [d, d]
+  std::vector<double> gb(a.size());  // G B
+  for (size_t idx = 0; idx < heads_.size(); ++idx) {
+    const int layer = static_cast<int>(idx) / num_kv_heads_;
+    const int head = static_cast<int>(idx) % num_kv_heads_;
+    const VectorHeadStats& s = heads_[idx];
+    if (s.count < options.min_tokens) {
+      return Status::FailedPrecondition("VECTOR solve: " + HeadName(layer, head) + " has " +
+                                        std::to_string(s.count) + " tokens, needs " +
+                                        std::to_string(options.min_tokens));
+    }
+    double trace = 0.0;
+    double max_diag = 0.0;
+    for (int i = 0; i < d; ++i) {
+      trace += s.gram[i * d + i];
+      max_diag = std::max(max_diag, s.gram[i * d + i]);
+    }
+    const double ridge = options.ridge_relative ? options.ridge * trace / d : options.ridge;
+    a = s.gram;
+    for (int i = 0; i < d; ++i) a[i * d + i] += ridge;
+    // A pivot this small relative to the largest diagonal is a rank deficiency up to rounding
+    // (d * 2^-52 ~ 3e-14 for d = 128), not information.
+    const double tol = 1e-12 * std::max(max_diag + ridge, 1e-300);
+    const int bad = Cholesky(&a, d, tol);
+    if (bad >= 0) {
+      return Status::FailedPrecondition("VECTOR solve: Gram of " + HeadName(layer, head) +
+                                        " is singular (pivot " + std::to_string(bad) +
+                                        "); add a ridge or more diverse tokens");
+    }
+    // Solve L L^T B = C column by column (forward then backward substitution).
+    b = s.cross;
+    for (int c = 0; c < d; ++c) {
+      for (int i = 0; i < d; ++i) {
+        double v = b[i * d + c];
+        for (int k = 0; k < i; ++k) v -= a[i * d + k] * b[k * d + c];
+        b[i * d + c] = v / a[i * d + i];
+      }
+      for (int i = d - 1; i >= 0; --i) {
+        double v = b[i * d + c];
+        for (int k = i + 1; k < d; ++k) v -= a[k * d + i] * b[k * d + c];
+        b[i * d + c] = v / a[i * d + i];
+      }
+    }
+    // R^2 from the accumulators: SSE = S_vv - 2 tr(B^T C) + tr(B^T G B).
+    cblas_dsymm(CblasRowMajor, CblasLeft, CblasUpper, d, d, 1.0, s.gram.data(), d, b.data(), d,
+                0.0, gb.data(), d);
+    double tr_bc = 0.0;
+    double tr_bgb = 0.0;
+    for (size_t j = 0; j < b.size(); ++j) {
+      tr_bc += b[j] * s.cross[j];
+      tr_bgb += b[j] * gb[j];
+    }
+    const double sse = std::max(0.0, s.value_sq_sum - 2.0 * tr_bc + tr_bgb);
+    double mean_sq = 0.0;
+    for (int c = 0; c < d; ++c) mean_sq += s.value_sum[c] * s.value_sum[c];
+    const double sst = s.value_sq_sum - mean_sq / static_cast<double>(s.count);
+    VectorHeadFit& fit = out.heads[idx];
+    fit.count = s.count;
+    if (sst > 1e-12 * std::max(s.value_sq_sum, 1e-300)) {
+      fit.r2 = 1.0 - sse / sst;
+    } else {
+      fit.r2 = sse <= 1e-12 * std::max(s.value_sq_sum, 1e-300) ? 1.0 : 0.0;
+    }
+    fit.w = Matrix(d, d);
+    for (int r = 0; r < d; ++r) {
+      for (int c = 0; c < d; ++c) fit.w.values[r * d + c] = static_cast<float>(b[c * d + r]);
+    }
+  }
+  out.version = out.ComputeVersion();
+  return out;
+}
+
+std::vector<uint8_t> VectorCalibrator::Serialize() const {
+  std::vector<uint8_t> out;
+  internal::ByteWriter w(&out);
+  w.Put(kCalibrationMagic);
+  w.Put(kFormatVersion);
+  w.Put(uint16_t{0});
+  w.Put(static_cast<uint32_t>(num_layers_));
+  w.Put(static_cast<uint32_t>(num_kv_heads_));
+  w.Put(static_cast<uint32_t>(head_dim_));
+  w.Put(uint32_t{0});
+  for (const VectorHeadStats& h : heads_) {
+    w.Put(h.count);
+    w.Put(h.value_sq_sum);
+    w.PutBytes(h.value_sum.data(), h.value_sum.size() * 8);
+    w.PutBytes(h.gram.data(), h.gram.size() * 8);
+    w.PutBytes(h.cross.data(), h.cross.size() * 8);
+  }
+  AppendChecksum(&out);
+  return out;
+}
+
+StatusOr<VectorCalibrator> VectorCalibrator::Deserialize(std::span<const uint8_t> bytes) {
+  KVD_RETURN_IF_ERROR(CheckEnvelope(bytes, kCalibrationMagic, "VECTOR calibration"));
+  internal::ByteReader r(bytes.first(bytes.size() - 8));
+  uint32_t magic, layers, heads, d, reserved32;
+  uint16_t version, reserved16;
+  r.Get(&magic), r.Get(&version), r.Get(&reserved16);
+  r.Get(&layers), r.Get(&heads), r.Get(&d), r.Get(&reserved32);
+  if (r.failed()) return Status::DataLoss("VECTOR calibration: truncated header");
+  if (layers < 1 || heads < 1 || d < 1 || d > kMaxCalibrationHeadDim || layers > 4096 ||
+      heads > 4096) {
+    return Status::DataLoss("VECTOR calibration: implausible shape in header");
+  }
+  const uint64_t per_head = 16 + 8ull * d + 16ull * d * d;
+  if (r.remaining() != per_head * layers * heads) {
+    return Status::DataLoss("VECTOR calibration: body size " + std::to_string(r.remaining()) +
+                            " does not match the header shape");
+  }
+  VectorCalibrator cal(static_cast<int>(layers), static_cast<int>(heads), static_cast<int>(d));
+  for (VectorHeadStats& h : cal.heads_) {
+    r.Get(&h.count);
+    r.Get(&h.value_sq_sum);
+    r.GetBytes(h.value_sum.data(), h.value_sum.size() * 8);
+    r.GetBytes(h.gram.data(), h.gram.size() * 8);
+    r.GetBytes(h.cross.data(), h.cross.size() * 8);
+    if (h.count < 0) return Status::DataLoss("VECTOR calibration: negative token count");
+  }
+  if (r.failed()) return Status::DataLoss("VECTOR calibration: truncated body");
+  return cal;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+uint64_t VectorWeights::ComputeVersion() const {
+  Checksum64Stream stream;
+  for (const VectorHeadFit& h : heads) {
+    stream.Update(h.w.values.data(), h.w.values.size() * sizeof(float));
+  }
+  return stream.Digest();
+}
+
+std::vector<uint8_t> VectorWeights::Serialize() const {
+  std::vector<uint8_t> out;
+  internal::ByteWriter w(&out);
+  w.Put(kWeightsMagic);
+  w.Put(kFormatVersion);
+  w.Put(uint16_t{0});
+  w.Put(static_cast<uint32_t>(num_layers));
+  w.Put(static_cast<uint32_t>(num_kv_heads));
+  w.Put(static_cast<uint32_t>(head_dim));
+  w.Put(uint32_t{0});
+  w.Put(version);
+  for (const VectorHeadFit& h : heads) {
+    w.Put(h.count);
+    w.Put(h.r2);
+    w.PutBytes(h.w.values.data(), h.w.values.size() * sizeof(float));
+  }
+  AppendChecksum(&out);
+  return out;
+}
+
+StatusOr<VectorWeights> VectorWeights::Deserialize(std::span<const uint8_t> bytes) {
+  KVD_RETURN_IF_ERROR(CheckEnvelope(bytes, kWeightsMagic, "VECTOR weights"));
+  internal::ByteReader r(bytes.first(bytes.size() - 8));
+  uint32_t magic, layers, heads, d, reserved32;
+  uint16_t version, reserved16;
+  VectorWeights out;
+  r.Get(&magic), r.Get(&version), r.Get(&reserved16);
+  r.Get(&layers), r.Get(&heads), r.Get(&d), r.Get(&reserved32), r.Get(&out.version);
+  if (r.failed()) return Status::DataLoss("VECTOR weights: truncated header");
+  if (layers < 1 || heads < 1 || d < 1 || d > kMaxCalibrationHeadDim || layers > 4096 ||
+      heads > 4096) {
+    return Status::DataLoss("VECTOR weights: implausible shape in header");
+  }
+  const uint64_t per_head = 16 + 4ull * d * d;
+  if (r.remaining() != per_head * layers * heads) {
+    return Status::DataLoss("VECTOR weights: body size does not match the header shape");
+  }
+  out.num_layers = static_cast<int>(layers);
+  out.num_kv_heads = static_cast<int>(heads);
+  out.head_dim = static_cast<int>(d);
+  out.heads.resize(static_cast<size_t>(layers) * heads);
+  for (VectorHeadFit& h : out.heads) {
+    r.Get(&h.count);
+    r.Get(&h.r2);
+    h.w = Matrix(d, d);
+    r.GetBytes(h.w.values.data(), h.w.values.size() * sizeof(float));
+  }
+  if (r.failed()) return Status::DataLoss("VECTOR weights: truncated body");
+  if (out.ComputeVersion() != out.version) {
+    return Status::DataLoss("VECTOR weights: version digest does not match the W bytes");
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Status VectorResiduals(ConstMatrixView kpre, ConstMatrixView values, ConstMatrixView w,
+                       std::span<float> residuals, const ExecOptions& exec) {
+  const int64_t d = kpre.cols;
+  if (d < 1) return Status::InvalidArgument("VectorResiduals: head_dim must be >= 1");
+  KVD_RETURN_IF_ERROR(CheckView(w, d, d, "w"));
+  KVD_RETURN_IF_ERROR(CheckView(kpre, kpre.rows, d, "kpre"));
+  KVD_RETURN_IF_ERROR(CheckView(values, kpre.rows, d, "values"));
+  if (static_cast<int64_t>(residuals.size()) != kpre.rows) {
+    return Status::InvalidArgument("VectorResiduals: residuals has " +
+                                   std::to_string(residuals.size()) + " entries, expected " +
+                                   std::to_string(kpre.rows));
+  }
+  KVD_RETURN_IF_ERROR(CheckFinite(kpre, "kpre"));
+  KVD_RETURN_IF_ERROR(CheckFinite(values, "values"));
+  KVD_RETURN_IF_ERROR(CheckFinite(w, "w"));
+  if (kpre.rows == 0) return Status::Ok();
+  if (exec.backend == Backend::kCuda) {
+    KVD_RETURN_IF_ERROR(CudaBackendReady("VectorResiduals"));
+    return cuda::VectorResiduals(kpre, values, w, residuals.data(), exec.cuda_stream);
+  }
+  cpu::VectorResiduals(kpre, values, w, residuals.data());
+  return Status::Ok();
+}
+
+Status RebuildValues(ConstMatrixView kpre, ConstMatrixView w, MatrixView out,
+                     const ExecOptions& exec) {
+  const int64_t d = kpre.cols;
+  if (d < 1) return Status::InvalidArgument("RebuildValues: head_dim must be >= 1");
+  KVD_RETURN_IF_ERROR(CheckView(w, d, d, "w"));
+  KVD_RETURN_IF_ERROR(CheckView(kpre, kpre.rows, d, "kpre"));
+  KVD_RETURN_IF_ERROR(CheckView(out, kpre.rows, d, "out"));
+  KVD_RETURN_IF_ERROR(CheckFinite(kpre, "kpre"));
+  KVD_RETURN_IF_ERROR(CheckFinite(w, "w"));
+  if (kpre.rows == 0) return Status::Ok();
+  if (exec.backend == Backend::kCuda) {
+    KVD_RETURN_IF_ERROR(CudaBackendReady("RebuildValues"));
+    return cuda::RebuildValues(kpre, w, out, exec.cuda_stream);
+  }
+  cpu::RebuildValues(kpre, w, out);
+  return Status::Ok();
+}
+
+}  // namespace kvd::kernels
