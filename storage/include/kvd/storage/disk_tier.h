@@ -1,0 +1,70 @@
+// DiskTier: the RocksDB tier. Chunks survive a restart: Open rebuilds the in-memory index from
+// the database's metadata column family and serves what is there.
+//
+// Storage format (one RocksDB database at DiskTierOptions::path, two column families):
+//   "default": key -> [u64 checksum][u32 tokens][u32 reserved][payload bytes]
+//   "meta":    key -> [u8 version=1][u32 tokens][u64 size][u64 checksum]  (index rebuild)
+// Both are written in one WriteBatch, so a chunk is either wholly present or absent. The key is
+// a length-prefixed encoding of every ChunkKey field. Each value carries its own checksum, so a
+// read is self-consistent and verified (DATA_LOSS on mismatch; the corrupt chunk is deleted).
+//
+// Eviction: least-recently-used (in-process order; after a restart, restored chunks start in
+// key order) when an Insert would exceed capacity_bytes. The disk tier has no leases: readers copy
+// out (ReadInto), and the TierManager promotes hits into the host tier where leases apply.
+//
+// Thread safety: thread-safe. mu_ (in Impl) guards the in-memory index, the LRU list and the
+// counters; RocksDB writes of a chunk happen under it (so index and database agree); RocksDB
+// reads and checksum verification happen without it.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kvd/common/clock.h"
+#include "kvd/common/status.h"
+#include "kvd/storage/chunk.h"
+#include "kvd/storage/options.h"
+#include "kvd/storage/stats.h"
+#include "kvd/storage/tier.h"
+
+namespace kvd::storage {
+
+class DiskTier final : public Tier {
+ public:
+  // Opens (creating if missing) the database at options.path and rebuilds the index.
+  // `clock` (not owned; nullptr = Clock::Real()) stamps created / last-access times.
+  // Errors: INVALID_ARGUMENT (options), UNAVAILABLE (RocksDB could not open: path, lock held by
+  // another process, ...; the message carries RocksDB's), DATA_LOSS (unreadable metadata entry).
+  static StatusOr<std::unique_ptr<DiskTier>> Open(const DiskTierOptions& options,
+                                                  Clock* clock = nullptr);
+  ~DiskTier() override;  // flushes nothing extra: with use_wal=false, unflushed writes are lost
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  TierKind kind() const override { return TierKind::kDisk; }
+  // Also: RESOURCE_EXHAUSTED when bytes > capacity_bytes; UNAVAILABLE on a RocksDB write error.
+  Status Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                std::span<const std::byte> bytes) override;
+  StatusOr<ChunkMeta> ReadInto(const ChunkKey& key, std::span<std::byte> out) override;
+  StatusOr<ChunkMeta> Describe(const ChunkKey& key) const override;
+  // The disk tier never pins: Remove deletes at once.
+  Status Remove(const ChunkKey& key) override;
+  std::vector<ChunkMeta> List(const ChunkFilter& filter, size_t limit) const override;
+  EvictResult Evict(const ChunkFilter& filter) override;
+  TierStats GetStats() const override;
+
+  // Whether the chunk is in the index (cheap; no I/O).
+  bool Contains(const ChunkKey& key) const;
+  // Chunks restored from the database by Open.
+  uint64_t restored_chunks() const;
+  // Flushes memtables to SST files (tests, clean shutdown with use_wal=false).
+  Status Flush();
+
+ private:
+  class Impl;
+  explicit DiskTier(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvd::storage
