@@ -1,0 +1,291 @@
+// libkvd_client: the C++ API engines and tools use to talk to a kvd daemon.
+//
+//   kvd::client::ClientOptions o;
+//   o.address = "127.0.0.1:7400";  o.model = "smollm2-135m";  o.layout = ...;
+//   auto c = kvd::client::Client::Connect(o).value();           // Hello: layout and seed checked
+//   auto chain = c->hasher().ChunkChain(tokens, /*include_partial_chunk=*/true);
+//   c->Put(chain[0], 256, chunk_bytes.data(), chunk_bytes.size());  // reserve, send, commit
+//   auto hit = c->Lookup(chain).value();                          // longest prefix + a lease
+//   c->Get(hit.lease_id, 0, out.data(), out.size());             // byte-exact, checksum verified
+//   c->ReleaseLease(hit.lease_id);
+//
+// Control messages travel as Cap'n Proto frames over one TCP or unix-socket connection; the
+// bulk bytes travel over the transport (UCX tag messages) and never inside a frame.
+//
+// THREAD SAFETY: every method is thread-safe; calls on one Client are serialised on an internal
+// mutex (one control connection, one transport). For parallelism use several Clients (one per
+// thread), or the batched PutChunks/GetChunks which keep up to options.max_in_flight chunks in
+// flight on one connection.
+//
+// ERRORS: every call returns Status/StatusOr and never throws. Every wait has a timeout.
+//   UNAVAILABLE       the daemon cannot be reached, closed the connection, or died (a dead
+//                     daemon never hangs a call: the socket reports it, or the timeout fires)
+//   DEADLINE_EXCEEDED the daemon or a transfer did not answer within the configured timeout
+//   DATA_LOSS         bytes received do not match the daemon's checksum
+//   anything else     the daemon's own error, as it sent it (code and message)
+// After UNAVAILABLE or DEADLINE_EXCEEDED on the control connection the Client is broken
+// (connected() == false) and every later call fails with UNAVAILABLE: make a new one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvd/client/hashing.h"
+#include "kvd/common/hash.h"
+#include "kvd/common/layout.h"
+#include "kvd/common/status.h"
+#include "kvd/transport/options.h"
+
+namespace kvd::client {
+
+enum class Role { kEngine, kAdmin };
+
+struct ClientOptions {
+  // Daemon control address: "host:port" (TCP) or "unix:/path/to.sock". Default the embedded
+  // default of `kvd`: "127.0.0.1:7400".
+  std::string address = "127.0.0.1:7400";
+  // Shown in the daemon's logs and stats. "" (default) = "<hostname>-<pid>".
+  std::string client_id;
+  // Cache namespace (tenant). "" (default) = the daemon's "default".
+  std::string name_space;
+  // kEngine (default): puts and gets; needs model, layout and a transport.
+  // kAdmin: stats, list, evict, health only; no model, no transport is created.
+  Role role = Role::kEngine;
+  // Engine role: a model registered in the daemon's topology, and this rank's layout of it
+  // (must equal the registered one; the daemon names the first field that differs).
+  std::string model;
+  ModelLayout layout;
+  // The deployment's hash seed text (the daemon checks its digest at the handshake). Default
+  // the daemon's default "kvd-default-seed".
+  std::string hash_seed = "kvd-default-seed";
+  // Tokens per chunk (must equal the daemon's; default 256) and per hashed block (default 16;
+  // chunk_tokens must be a multiple of it).
+  int chunk_tokens = 256;
+  int block_tokens = 16;
+  // 0 = raw (uncompressed) chunks.
+  uint32_t codec_id = 0;
+  // The bulk transport (engine role). Default: UCX with UCX's own transport choice.
+  transport::TransportOptions transport;
+  // Timeouts, milliseconds (> 0): connecting and the handshake (default 5000), one control
+  // request (default 10000), one bulk transfer (default 30000).
+  int64_t connect_timeout_ms = 5000;
+  int64_t request_timeout_ms = 10000;
+  int64_t transfer_timeout_ms = 30000;
+  // Lease TTL asked on Lookup; 0 (default) = the daemon's default.
+  uint32_t lease_ttl_ms = 0;
+  // Largest control frame accepted from the daemon (default 4 MiB).
+  uint32_t max_frame_bytes = 4u << 20;
+  // Chunks kept in flight by PutChunks/GetChunks (default 8; >= 1).
+  int max_in_flight = 8;
+
+  // ---- test seams (leave at the defaults) ----
+  // Check a raw put's byte count against the layout before asking the daemon (default true).
+  // Tests of the daemon's own checks turn it off.
+  bool verify_locally = true;
+  // XORed into every commit checksum (default 0). Tests of the daemon's DATA_LOSS path set it.
+  uint64_t test_corrupt_checksum = 0;
+
+  // INVALID_ARGUMENT naming the field and value (bad address form, chunk_tokens not a multiple
+  // of block_tokens, non-positive timeouts, engine role without model or with an invalid layout).
+  Status Validate() const;
+};
+
+// ---- results ----
+struct LookupResult {
+  uint32_t matched_chunks = 0;
+  uint64_t matched_tokens = 0;
+  uint64_t lease_id = 0;  // 0 when nothing matched (nothing to release)
+  uint32_t lease_ttl_ms = 0;
+};
+
+struct PutResult {
+  uint64_t bytes = 0;
+  bool already_stored = false;  // the daemon had the chunk: nothing was sent
+};
+
+struct GetResult {
+  uint64_t bytes = 0;
+  uint64_t checksum = 0;  // verified against the received bytes
+  uint32_t tokens = 0;
+};
+
+// One chunk to put: `bytes` bytes at `data` in the raw chunk layout (common/layout.h), which
+// must equal layout.ChunkBytes(tokens). The buffer is borrowed until the call returns.
+struct PutItem {
+  Hash128 hash;
+  int tokens = 0;
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// One chunk of a lease to read into [out, out + capacity).
+struct GetItem {
+  uint32_t chunk_index = 0;
+  void* out = nullptr;
+  size_t capacity = 0;
+};
+
+// One layer of a chunk as the engine holds it: K and V, each [tokens, num_kv_heads, head_dim]
+// of layout.dtype, row-major, contiguous.
+struct LayerKV {
+  const void* k = nullptr;
+  const void* v = nullptr;
+};
+struct MutableLayerKV {
+  void* k = nullptr;
+  void* v = nullptr;
+};
+
+// ---- admin views (mirror proto/kvd.capnp StatsReply etc.) ----
+struct TierStats {
+  std::string name;
+  uint64_t capacity_bytes = 0, used_bytes = 0, reserved_bytes = 0, pinned_bytes = 0;
+  uint64_t chunks = 0, evictions = 0, hits = 0, misses = 0;
+};
+struct GroupStats {
+  std::string name;
+  uint64_t chunks = 0, bytes = 0;
+};
+struct ModelInfo {
+  std::string name;
+  ModelLayout layout;
+  uint64_t chunk_bytes = 0;
+};
+struct Stats {
+  std::string node_name;
+  uint64_t uptime_ms = 0;
+  uint32_t sessions = 0;
+  std::vector<TierStats> tiers;
+  std::vector<GroupStats> models, namespaces;
+  std::vector<ModelInfo> registered_models;
+  std::vector<std::pair<std::string, uint64_t>> counters;
+};
+struct ListFilter {
+  std::string name_space;  // "" = any
+  std::string model;       // "" = any
+  uint32_t limit = 100;
+};
+struct ChunkInfo {
+  std::string name_space, model;
+  Hash128 hash;
+  uint32_t tokens = 0;
+  uint64_t bytes = 0;
+  std::string tier;
+  uint64_t age_ms = 0, idle_ms = 0;
+  uint32_t leases = 0;
+};
+struct ListResult {
+  std::vector<ChunkInfo> chunks;
+  uint64_t total = 0;  // matching chunks; `chunks` may be cut at the limit
+};
+struct EvictFilter {
+  enum class Kind { kAll, kNamespace, kModel, kChunk } kind = Kind::kAll;
+  std::string name;  // namespace or model
+  Hash128 chunk;
+};
+struct EvictResult {
+  uint64_t chunks = 0, bytes = 0, skipped_pinned = 0;
+};
+struct Health {
+  bool ok = false;
+  std::string status;
+  uint64_t uptime_ms = 0;
+  std::string transport;
+  struct Tier {
+    std::string name;
+    bool ok = false;
+    std::string detail;
+  };
+  std::vector<Tier> tiers;
+};
+
+// What the daemon said at the handshake.
+struct SessionInfo {
+  uint64_t session_id = 0;
+  std::string daemon_version;
+  std::string node_name;
+  uint32_t chunk_tokens = 0;
+  uint32_t max_frame_bytes = 0;
+  uint64_t max_chunk_bytes = 0;
+  std::string transport;
+};
+
+class Client {
+ public:
+  // Validates options, connects (within connect_timeout_ms), creates the transport (engine
+  // role), and runs the Hello handshake. Errors: INVALID_ARGUMENT (options), UNAVAILABLE
+  // (cannot connect: the message names the address), DEADLINE_EXCEEDED, or the daemon's refusal
+  // (FAILED_PRECONDITION for a layout / seed / chunk size mismatch, NOT_FOUND for an unknown
+  // model) with the daemon's message.
+  static StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+
+  virtual ~Client();  // sends Bye (best effort) and closes; never blocks past the timeouts
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const ClientOptions& options() const;
+  const SessionInfo& session() const;
+  const ChainHasher& hasher() const;
+  // false once the control connection broke (see ERRORS above).
+  bool connected() const;
+
+  // ---- engine role ----
+  // Longest stored prefix of `chain` (chunk keys, see hashing.h) and a lease pinning the
+  // matched chunks. Release the lease (ReleaseLease) when done; it expires otherwise.
+  StatusOr<LookupResult> Lookup(std::span<const Hash128> chain);
+  Status ReleaseLease(uint64_t lease_id);
+
+  // Puts one chunk from a contiguous raw chunk (reserve -> send -> commit with checksum).
+  StatusOr<PutResult> Put(const Hash128& hash, int tokens, const void* data, size_t bytes);
+  // Puts one chunk from per-layer K/V pointers (layers.size() == layout.num_layers), gathered
+  // into the raw chunk layout by the library (one staging copy).
+  StatusOr<PutResult> PutLayers(const Hash128& hash, int tokens, std::span<const LayerKV> layers);
+  // Puts several chunks with up to max_in_flight in flight. Stops at the first error and
+  // returns it (chunks before it are committed; in-flight ones are aborted).
+  StatusOr<std::vector<PutResult>> PutChunks(std::span<const PutItem> items);
+
+  // Reads chunk `chunk_index` of a lease into [out, out + capacity) and verifies its checksum.
+  // NOT_FOUND if the chunk is gone (evicted, lease expired); OUT_OF_RANGE if capacity is too
+  // small; DATA_LOSS on checksum mismatch.
+  StatusOr<GetResult> Get(uint64_t lease_id, uint32_t chunk_index, void* out, size_t capacity);
+  // Reads a chunk and scatters it into per-layer K/V buffers (each [tokens, kv_heads, head_dim];
+  // sized for at least the chunk's tokens, which the result reports).
+  StatusOr<GetResult> GetLayers(uint64_t lease_id, uint32_t chunk_index,
+                                std::span<const MutableLayerKV> layers, int capacity_tokens);
+  // Reads several chunks of one lease with up to max_in_flight in flight; stops at the first
+  // error.
+  StatusOr<std::vector<GetResult>> GetChunks(uint64_t lease_id, std::span<const GetItem> items);
+
+  // ---- any role ----
+  StatusOr<Stats> GetStats();
+  StatusOr<ListResult> List(const ListFilter& filter);
+  StatusOr<EvictResult> Evict(const EvictFilter& filter);
+  StatusOr<Health> GetHealth();
+
+ protected:
+  Client() = default;
+};
+
+// Bytes of a raw chunk of `tokens` tokens for `layout` (layout.ChunkBytes).
+size_t RawChunkBytes(const ModelLayout& layout, int tokens);
+// Gathers per-layer K/V into a raw chunk at `out` (REQUIRES: out has RawChunkBytes bytes).
+void GatherLayers(const ModelLayout& layout, int tokens, std::span<const LayerKV> layers,
+                  void* out);
+// Scatters a raw chunk into per-layer K/V buffers.
+void ScatterLayers(const ModelLayout& layout, int tokens, const void* raw,
+                   std::span<const MutableLayerKV> layers);
+
+// Parses "host:port" / "unix:/path" (what ClientOptions::address accepts).
+struct DaemonAddress {
+  bool is_unix = false;
+  std::string host;  // TCP
+  uint16_t port = 0;
+  std::string path;  // unix
+};
+StatusOr<DaemonAddress> ParseDaemonAddress(std::string_view address);
+
+}  // namespace kvd::client

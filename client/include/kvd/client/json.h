@@ -1,0 +1,27 @@
+// JSON forms of the admin views, shared by `kvdctl --json` and the C ABI's *_json calls.
+// Byte counts are integers in bytes, times in milliseconds, hashes 32 hex digits.
+// Pure functions: thread-safe.
+#pragma once
+
+#include <string>
+
+#include "kvd/client/client.h"
+
+namespace kvd::client {
+
+// {"node":..,"uptime_ms":..,"sessions":..,"tiers":[{"name","capacity_bytes","used_bytes",
+//  "reserved_bytes","pinned_bytes","chunks","evictions","hits","misses"}],"models":[{"name",
+//  "chunks","bytes"}],"namespaces":[...],"registered_models":[{"name","layout","chunk_bytes"}],
+//  "counters":{name: value}}
+std::string StatsToJson(const Stats& stats, int indent = 2);
+// {"total":..,"chunks":[{"namespace","model","hash","tokens","bytes","tier","age_ms","idle_ms",
+//  "leases"}]}
+std::string ListToJson(const ListResult& list, int indent = 2);
+// {"chunks":..,"bytes":..,"skipped_pinned":..}
+std::string EvictToJson(const EvictResult& evict, int indent = 2);
+// {"ok":..,"status":..,"uptime_ms":..,"transport":..,"tiers":[{"name","ok","detail"}]}
+std::string HealthToJson(const Health& health, int indent = 2);
+// {"code":"NOT_FOUND","message":...}
+std::string StatusToJson(const Status& status, int indent = 2);
+
+}  // namespace kvd::client

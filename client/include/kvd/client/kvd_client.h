@@ -1,0 +1,151 @@
+/* libkvd_client C ABI: for engines in C, Python (ctypes/cffi), Rust, Go.
+ *
+ * Opaque handles, plain C types, error codes. Every function returns KVD_OK (0) or an error
+ * code (the values of kvd::StatusCode); kvd_last_error() then describes the failure of the
+ * LAST failed call on the calling thread (a thread-local string, valid until the next call on
+ * that thread).
+ *
+ * Thread safety: a kvd_client may be used from several threads (calls are serialised inside);
+ * kvd_last_error is per thread. Ownership: kvd_client_connect hands out a client that the caller
+ * frees with kvd_client_close; strings from *_json calls are freed with kvd_free_string.
+ * No C++ exception ever crosses this boundary.
+ */
+#ifndef KVD_CLIENT_KVD_CLIENT_H_
+#define KVD_CLIENT_KVD_CLIENT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Error codes (kvd::StatusCode). */
+enum {
+  KVD_OK = 0,
+  KVD_INVALID_ARGUMENT = 1,
+  KVD_NOT_FOUND = 2,
+  KVD_ALREADY_EXISTS = 3,
+  KVD_OUT_OF_RANGE = 4,
+  KVD_FAILED_PRECONDITION = 5,
+  KVD_RESOURCE_EXHAUSTED = 6,
+  KVD_DEADLINE_EXCEEDED = 7,
+  KVD_UNAVAILABLE = 8,
+  KVD_DATA_LOSS = 9,
+  KVD_UNIMPLEMENTED = 10,
+  KVD_INTERNAL = 11,
+  KVD_CANCELLED = 12,
+  KVD_ABORTED = 13,
+};
+
+/* Element types of KV (kvd::DType). */
+enum { KVD_DTYPE_FLOAT32 = 0, KVD_DTYPE_FLOAT16 = 1, KVD_DTYPE_BFLOAT16 = 2 };
+/* RoPE pairing and scaling (kvd::RopePairing, kvd::RopeScaling). */
+enum { KVD_ROPE_INTERLEAVED = 0, KVD_ROPE_HALVES = 1 };
+enum { KVD_ROPE_SCALING_NONE = 0, KVD_ROPE_SCALING_LINEAR = 1, KVD_ROPE_SCALING_LLAMA3 = 2 };
+
+typedef struct kvd_client kvd_client; /* opaque */
+
+typedef struct kvd_hash128 {
+  uint64_t hi;
+  uint64_t lo;
+} kvd_hash128;
+
+typedef struct kvd_layout {
+  int32_t num_layers, num_kv_heads, num_q_heads, head_dim;
+  int32_t dtype; /* KVD_DTYPE_* */
+  int32_t tp_rank, tp_size;
+  double rope_theta;
+  int32_t rope_rotary_dim; /* 0 = head_dim */
+  int32_t rope_pairing;    /* KVD_ROPE_* */
+  int32_t rope_scaling;    /* KVD_ROPE_SCALING_* */
+  double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+  int32_t rope_original_max_positions;
+} kvd_layout;
+
+/* Connection settings. Zero / NULL fields take the C++ ClientOptions defaults (see
+ * kvd/client/client.h); call kvd_config_init first. */
+typedef struct kvd_config {
+  const char* address;     /* "host:port" or "unix:/path"; NULL = "127.0.0.1:7400" */
+  const char* client_id;   /* NULL = "<hostname>-<pid>" */
+  const char* name_space;  /* NULL = "default" */
+  const char* model;       /* required unless admin != 0 */
+  kvd_layout layout;
+  const char* hash_seed;   /* NULL = "kvd-default-seed" */
+  int32_t chunk_tokens;    /* 0 = 256 */
+  int32_t block_tokens;    /* 0 = 16 */
+  int32_t admin;           /* nonzero: admin role (stats/ls/evict/health only) */
+  const char* ucx_tls;     /* NULL = UCX's choice; e.g. "sm,tcp" or "tcp" */
+  const char* net_devices; /* NULL = UCX's choice; e.g. "lo" */
+  int64_t connect_timeout_ms, request_timeout_ms, transfer_timeout_ms; /* 0 = defaults */
+  int32_t max_in_flight;   /* 0 = 8 */
+} kvd_config;
+
+typedef struct kvd_lookup_result {
+  uint32_t matched_chunks;
+  uint64_t matched_tokens;
+  uint64_t lease_id; /* 0 when nothing matched */
+  uint32_t lease_ttl_ms;
+} kvd_lookup_result;
+
+typedef struct kvd_get_result {
+  uint64_t bytes;
+  uint64_t checksum;
+  uint32_t tokens;
+} kvd_get_result;
+
+/* Message of the last failed call on this thread ("" if none). */
+const char* kvd_last_error(void);
+/* Name of an error code, e.g. "NOT_FOUND". */
+const char* kvd_error_name(int code);
+
+/* Fills *config with defaults (all zero / NULL, layout zeroed with tp_size 1, rope_theta 10000,
+ * rope_pairing halves, rope_factor 1, low 1, high 4, original_max_positions 8192). */
+void kvd_config_init(kvd_config* config);
+
+/* Connects and runs the handshake. On success *out is a client to free with kvd_client_close. */
+int kvd_client_connect(const kvd_config* config, kvd_client** out);
+/* Says goodbye and frees the client. NULL is ignored. */
+void kvd_client_close(kvd_client* client);
+
+/* Chunk keys of a token sequence (see kvd/client/hashing.h). Writes at most `capacity` keys to
+ * `out` and the number of keys needed to *count. OUT_OF_RANGE when capacity is too small. */
+int kvd_client_chunk_chain(kvd_client* client, const int32_t* tokens, size_t num_tokens,
+                           int include_partial_chunk, kvd_hash128* out, size_t capacity,
+                           size_t* count);
+
+int kvd_client_lookup(kvd_client* client, const kvd_hash128* chain, size_t chain_length,
+                      kvd_lookup_result* out);
+int kvd_client_release_lease(kvd_client* client, uint64_t lease_id);
+
+/* Puts a raw chunk (layout of kvd/common/layout.h). *already_stored (may be NULL) is set to 1
+ * when the daemon already had it. */
+int kvd_client_put(kvd_client* client, kvd_hash128 hash, int32_t tokens, const void* data,
+                   size_t bytes, int* already_stored);
+/* Puts a chunk from per-layer K and V pointers (arrays of num_layers pointers, each to
+ * [tokens, num_kv_heads, head_dim] of the layout's dtype). */
+int kvd_client_put_layers(kvd_client* client, kvd_hash128 hash, int32_t tokens,
+                          const void* const* k_layers, const void* const* v_layers,
+                          int* already_stored);
+/* Reads chunk `chunk_index` of a lease into [out, out + capacity); verifies the checksum. */
+int kvd_client_get(kvd_client* client, uint64_t lease_id, uint32_t chunk_index, void* out,
+                   size_t capacity, kvd_get_result* result);
+/* Reads a chunk into per-layer K and V buffers sized for `capacity_tokens` tokens. */
+int kvd_client_get_layers(kvd_client* client, uint64_t lease_id, uint32_t chunk_index,
+                          void* const* k_layers, void* const* v_layers, int32_t capacity_tokens,
+                          kvd_get_result* result);
+
+/* Admin calls; JSON in the same shape as `kvdctl ... --json`. Free *json with kvd_free_string. */
+int kvd_client_stats_json(kvd_client* client, char** json);
+int kvd_client_health_json(kvd_client* client, char** json);
+/* Evicts everything (scope "all"), a namespace, a model, or one chunk (32 hex digits).
+ * *evicted_chunks may be NULL. */
+int kvd_client_evict(kvd_client* client, const char* scope, const char* value,
+                     uint64_t* evicted_chunks);
+void kvd_free_string(char* s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVD_CLIENT_KVD_CLIENT_H_ */

@@ -1,0 +1,280 @@
+// The C ABI (kvd/client/kvd_client.h) over the C++ Client. No exception crosses it.
+#include "kvd/client/kvd_client.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvd/client/client.h"
+#include "kvd/client/json.h"
+
+struct kvd_client {
+  std::unique_ptr<kvd::client::Client> impl;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+int Fail(const kvd::Status& s) {
+  g_last_error = s.ToString();
+  return static_cast<int>(s.code());
+}
+
+int Fail(int code, std::string message) {
+  g_last_error = std::move(message);
+  return code;
+}
+
+// Runs fn (returning int) with exceptions (std::bad_alloc, ...) turned into KVD_INTERNAL.
+template <typename Fn>
+int Guard(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return Fail(KVD_INTERNAL, std::string("INTERNAL: ") + e.what());
+  } catch (...) {
+    return Fail(KVD_INTERNAL, "INTERNAL: unknown exception");
+  }
+}
+
+kvd::Hash128 ToHash(kvd_hash128 h) { return kvd::Hash128{h.hi, h.lo}; }
+
+kvd::ModelLayout ToLayout(const kvd_layout& l) {
+  kvd::ModelLayout out;
+  out.num_layers = l.num_layers;
+  out.num_kv_heads = l.num_kv_heads;
+  out.num_q_heads = l.num_q_heads;
+  out.head_dim = l.head_dim;
+  out.dtype = static_cast<kvd::DType>(l.dtype);
+  out.tp_rank = l.tp_rank;
+  out.tp_size = l.tp_size;
+  out.rope.theta = l.rope_theta;
+  out.rope.rotary_dim = l.rope_rotary_dim;
+  out.rope.pairing = static_cast<kvd::RopePairing>(l.rope_pairing);
+  out.rope.scaling = static_cast<kvd::RopeScaling>(l.rope_scaling);
+  out.rope.factor = l.rope_factor;
+  out.rope.low_freq_factor = l.rope_low_freq_factor;
+  out.rope.high_freq_factor = l.rope_high_freq_factor;
+  out.rope.original_max_positions = l.rope_original_max_positions;
+  return out;
+}
+
+char* CopyString(const std::string& s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out != nullptr) std::memcpy(out, s.c_str(), s.size() + 1);
+  return out;
+}
+
+#define KVD_C_REQUIRE(cond, what) \
+  if (!(cond)) return Fail(KVD_INVALID_ARGUMENT, std::string("INVALID_ARGUMENT: ") + (what))
+
+}  // namespace
+
+extern "C" {
+
+const char* kvd_last_error(void) { return g_last_error.c_str(); }
+
+const char* kvd_error_name(int code) {
+  if (code < 0 || code > KVD_ABORTED) return "UNKNOWN";
+  return kvd::StatusCodeName(static_cast<kvd::StatusCode>(code)).data();
+}
+
+void kvd_config_init(kvd_config* c) {
+  if (c == nullptr) return;
+  std::memset(c, 0, sizeof *c);
+  kvd::ModelLayout d;
+  c->layout.tp_size = d.tp_size;
+  c->layout.dtype = static_cast<int32_t>(d.dtype);
+  c->layout.rope_theta = d.rope.theta;
+  c->layout.rope_pairing = static_cast<int32_t>(d.rope.pairing);
+  c->layout.rope_scaling = static_cast<int32_t>(d.rope.scaling);
+  c->layout.rope_factor = d.rope.factor;
+  c->layout.rope_low_freq_factor = d.rope.low_freq_factor;
+  c->layout.rope_high_freq_factor = d.rope.high_freq_factor;
+  c->layout.rope_original_max_positions = d.rope.original_max_positions;
+}
+
+int kvd_client_connect(const kvd_config* c, kvd_client** out) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(c != nullptr && out != nullptr, "config and out must not be NULL");
+    *out = nullptr;
+    kvd::client::ClientOptions o;
+    if (c->address) o.address = c->address;
+    if (c->client_id) o.client_id = c->client_id;
+    if (c->name_space) o.name_space = c->name_space;
+    if (c->model) o.model = c->model;
+    o.role = c->admin ? kvd::client::Role::kAdmin : kvd::client::Role::kEngine;
+    if (!c->admin) o.layout = ToLayout(c->layout);
+    if (c->hash_seed) o.hash_seed = c->hash_seed;
+    if (c->chunk_tokens) o.chunk_tokens = c->chunk_tokens;
+    if (c->block_tokens) o.block_tokens = c->block_tokens;
+    if (c->ucx_tls) o.transport.ucx_tls = c->ucx_tls;
+    if (c->net_devices) o.transport.net_devices = c->net_devices;
+    if (c->connect_timeout_ms) o.connect_timeout_ms = c->connect_timeout_ms;
+    if (c->request_timeout_ms) o.request_timeout_ms = c->request_timeout_ms;
+    if (c->transfer_timeout_ms) o.transfer_timeout_ms = c->transfer_timeout_ms;
+    if (c->max_in_flight) o.max_in_flight = c->max_in_flight;
+    auto client = kvd::client::Client::Connect(o);
+    if (!client.ok()) return Fail(client.status());
+    *out = new kvd_client{std::move(client).value()};
+    return KVD_OK;
+  });
+}
+
+void kvd_client_close(kvd_client* client) {
+  try {
+    delete client;
+  } catch (...) {
+  }
+}
+
+int kvd_client_chunk_chain(kvd_client* client, const int32_t* tokens, size_t num_tokens,
+                           int include_partial_chunk, kvd_hash128* out, size_t capacity,
+                           size_t* count) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && count != nullptr, "client and count must not be NULL");
+    KVD_C_REQUIRE(tokens != nullptr || num_tokens == 0, "tokens is NULL");
+    auto chain = client->impl->hasher().ChunkChain({tokens, num_tokens}, include_partial_chunk);
+    *count = chain.size();
+    if (chain.size() > capacity) {
+      return Fail(KVD_OUT_OF_RANGE, "OUT_OF_RANGE: " + std::to_string(chain.size()) +
+                                        " chunk keys, capacity " + std::to_string(capacity));
+    }
+    for (size_t i = 0; i < chain.size(); ++i) out[i] = kvd_hash128{chain[i].hi, chain[i].lo};
+    return KVD_OK;
+  });
+}
+
+int kvd_client_lookup(kvd_client* client, const kvd_hash128* chain, size_t chain_length,
+                      kvd_lookup_result* out) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && out != nullptr, "client and out must not be NULL");
+    KVD_C_REQUIRE(chain != nullptr || chain_length == 0, "chain is NULL");
+    std::vector<kvd::Hash128> c(chain_length);
+    for (size_t i = 0; i < chain_length; ++i) c[i] = ToHash(chain[i]);
+    auto r = client->impl->Lookup(c);
+    if (!r.ok()) return Fail(r.status());
+    *out = kvd_lookup_result{r->matched_chunks, r->matched_tokens, r->lease_id, r->lease_ttl_ms};
+    return KVD_OK;
+  });
+}
+
+int kvd_client_release_lease(kvd_client* client, uint64_t lease_id) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr, "client is NULL");
+    kvd::Status s = client->impl->ReleaseLease(lease_id);
+    return s.ok() ? KVD_OK : Fail(s);
+  });
+}
+
+int kvd_client_put(kvd_client* client, kvd_hash128 hash, int32_t tokens, const void* data,
+                   size_t bytes, int* already_stored) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr, "client is NULL");
+    auto r = client->impl->Put(ToHash(hash), tokens, data, bytes);
+    if (!r.ok()) return Fail(r.status());
+    if (already_stored) *already_stored = r->already_stored ? 1 : 0;
+    return KVD_OK;
+  });
+}
+
+int kvd_client_put_layers(kvd_client* client, kvd_hash128 hash, int32_t tokens,
+                          const void* const* k_layers, const void* const* v_layers,
+                          int* already_stored) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && k_layers != nullptr && v_layers != nullptr,
+                  "client, k_layers and v_layers must not be NULL");
+    int n = client->impl->options().layout.num_layers;
+    std::vector<kvd::client::LayerKV> layers(n);
+    for (int l = 0; l < n; ++l) layers[l] = {k_layers[l], v_layers[l]};
+    auto r = client->impl->PutLayers(ToHash(hash), tokens, layers);
+    if (!r.ok()) return Fail(r.status());
+    if (already_stored) *already_stored = r->already_stored ? 1 : 0;
+    return KVD_OK;
+  });
+}
+
+int kvd_client_get(kvd_client* client, uint64_t lease_id, uint32_t chunk_index, void* out,
+                   size_t capacity, kvd_get_result* result) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr, "client is NULL");
+    auto r = client->impl->Get(lease_id, chunk_index, out, capacity);
+    if (!r.ok()) return Fail(r.status());
+    if (result) *result = kvd_get_result{r->bytes, r->checksum, r->tokens};
+    return KVD_OK;
+  });
+}
+
+int kvd_client_get_layers(kvd_client* client, uint64_t lease_id, uint32_t chunk_index,
+                          void* const* k_layers, void* const* v_layers, int32_t capacity_tokens,
+                          kvd_get_result* result) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && k_layers != nullptr && v_layers != nullptr,
+                  "client, k_layers and v_layers must not be NULL");
+    int n = client->impl->options().layout.num_layers;
+    std::vector<kvd::client::MutableLayerKV> layers(n);
+    for (int l = 0; l < n; ++l) layers[l] = {k_layers[l], v_layers[l]};
+    auto r = client->impl->GetLayers(lease_id, chunk_index, layers, capacity_tokens);
+    if (!r.ok()) return Fail(r.status());
+    if (result) *result = kvd_get_result{r->bytes, r->checksum, r->tokens};
+    return KVD_OK;
+  });
+}
+
+int kvd_client_stats_json(kvd_client* client, char** json) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && json != nullptr, "client and json must not be NULL");
+    auto r = client->impl->GetStats();
+    if (!r.ok()) return Fail(r.status());
+    *json = CopyString(kvd::client::StatsToJson(*r));
+    return *json ? KVD_OK : Fail(KVD_RESOURCE_EXHAUSTED, "RESOURCE_EXHAUSTED: malloc failed");
+  });
+}
+
+int kvd_client_health_json(kvd_client* client, char** json) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && json != nullptr, "client and json must not be NULL");
+    auto r = client->impl->GetHealth();
+    if (!r.ok()) return Fail(r.status());
+    *json = CopyString(kvd::client::HealthToJson(*r));
+    return *json ? KVD_OK : Fail(KVD_RESOURCE_EXHAUSTED, "RESOURCE_EXHAUSTED: malloc failed");
+  });
+}
+
+int kvd_client_evict(kvd_client* client, const char* scope, const char* value,
+                     uint64_t* evicted_chunks) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && scope != nullptr, "client and scope must not be NULL");
+    kvd::client::EvictFilter f;
+    std::string s = scope;
+    if (s == "all") {
+      f.kind = kvd::client::EvictFilter::Kind::kAll;
+    } else if (s == "namespace" || s == "model" || s == "chunk") {
+      KVD_C_REQUIRE(value != nullptr, "evict scope '" + s + "' needs a value");
+      f.name = value;
+      if (s == "namespace") f.kind = kvd::client::EvictFilter::Kind::kNamespace;
+      if (s == "model") f.kind = kvd::client::EvictFilter::Kind::kModel;
+      if (s == "chunk") {
+        f.kind = kvd::client::EvictFilter::Kind::kChunk;
+        KVD_C_REQUIRE(kvd::Hash128::FromHex(value, &f.chunk),
+                      "chunk must be 32 hex digits, got '" + std::string(value) + "'");
+      }
+    } else {
+      return Fail(KVD_INVALID_ARGUMENT,
+                  "INVALID_ARGUMENT: evict scope must be all, namespace, model or chunk; got '" +
+                      s + "'");
+    }
+    auto r = client->impl->Evict(f);
+    if (!r.ok()) return Fail(r.status());
+    if (evicted_chunks) *evicted_chunks = r->chunks;
+    return KVD_OK;
+  });
+}
+
+void kvd_free_string(char* s) { std::free(s); }
+
+}  // extern "C"

@@ -1,0 +1,574 @@
+// Client: connection, handshake, lookup, put and get.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "client_impl.h"
+#include "kvd/common/logging.h"
+#include "kvd/proto/convert.h"
+
+namespace kvd::client {
+namespace {
+
+using internal::ClientImpl;
+using internal::DeadlineIn;
+using transport::TransferHandle;
+using transport::TransferState;
+
+std::string DefaultClientId() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  return std::string(host) + "-" + std::to_string(::getpid());
+}
+
+// Runs `fn(reader)` on a Response inside TryDecode (a hostile reply cannot throw out of here).
+template <typename Fn>
+Status ReadReply(proto::DecodedMessage& m, Fn&& fn) {
+  return proto::TryDecode([&]() -> Status { return fn(m.Root<proto::Response>()); });
+}
+
+Status WrongReply(const char* expected) {
+  return Status::Internal(std::string("kvd answered with an unexpected message (expected ") +
+                          expected + ")");
+}
+
+}  // namespace
+
+namespace internal {
+
+ClientImpl::~ClientImpl() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (channel_ && !channel_->broken()) {
+    auto id = channel_->Send([](proto::Request::Builder r) { r.setBye(); });
+    if (id.ok()) channel_->Await(*id, DeadlineIn(std::min<int64_t>(options_.request_timeout_ms,
+                                                                   1000))).status().IgnoreError();
+  }
+  if (transport_ && daemon_peer_.valid()) transport_->Disconnect(daemon_peer_).IgnoreError();
+  transport_.reset();
+  channel_.reset();
+}
+
+bool ClientImpl::connected() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return channel_ && !channel_->broken();
+}
+
+Status ClientImpl::CheckUsable(bool needs_transport) const {
+  if (channel_->broken()) {
+    return Status::Unavailable("connection to kvd at " + options_.address +
+                               " is broken: " + channel_->broken_status().message());
+  }
+  if (needs_transport && !transport_) {
+    return Status::FailedPrecondition("this client was connected with the admin role; put, get "
+                                      "and lookup need the engine role");
+  }
+  return Status::Ok();
+}
+
+Status ClientImpl::Handshake() {
+  std::string worker_address;
+  if (options_.role == Role::kEngine) {
+    auto t = transport::CreateTransport(options_.transport);
+    if (!t.ok()) return t.status().WithContext("creating the client transport");
+    transport_ = std::move(t).value();
+    KVD_ASSIGN_OR_RETURN(worker_address, transport_->LocalAddress());
+  }
+  std::string client_id = options_.client_id.empty() ? DefaultClientId() : options_.client_id;
+  auto id = channel_->Send([&](proto::Request::Builder r) {
+    auto h = r.initHello();
+    h.setProtocolVersion(proto::PROTOCOL_VERSION);
+    h.setClientId(client_id);
+    h.setRole(options_.role == Role::kEngine ? proto::Role::ENGINE : proto::Role::ADMIN);
+    h.setNamespace(options_.name_space);
+    h.setModel(options_.model);
+    if (options_.role == Role::kEngine) proto::ToProto(options_.layout, h.initLayout());
+    h.setHashSeedDigest(Digest64(options_.hash_seed));
+    h.setChunkTokens(static_cast<uint32_t>(options_.chunk_tokens));
+    h.setWorkerAddress(kj::arrayPtr(reinterpret_cast<const kj::byte*>(worker_address.data()),
+                                    worker_address.size()));
+    h.setCodecId(options_.codec_id);
+  });
+  if (!id.ok()) return id.status().WithContext("handshake");
+  auto reply = channel_->Await(*id, DeadlineIn(options_.connect_timeout_ms));
+  if (!reply.ok()) {
+    const Status& s = reply.status();
+    if (s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded) {
+      return s.WithContext("handshake");
+    }
+    return Status(s.code(), "kvd refused the handshake: " + s.message());
+  }
+  std::string daemon_address;
+  KVD_RETURN_IF_ERROR(ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
+    if (!r.isHello()) return WrongReply("hello");
+    auto h = r.getHello();
+    session_.session_id = h.getSessionId();
+    session_.daemon_version = h.getDaemonVersion().cStr();
+    session_.node_name = h.getNodeName().cStr();
+    session_.chunk_tokens = h.getChunkTokens();
+    session_.max_frame_bytes = h.getMaxFrameBytes();
+    session_.max_chunk_bytes = h.getMaxChunkBytes();
+    session_.transport = h.getTransport().cStr();
+    auto addr = h.getWorkerAddress();
+    daemon_address.assign(reinterpret_cast<const char*>(addr.begin()), addr.size());
+    return Status::Ok();
+  }));
+  if (options_.role == Role::kEngine) {
+    if (daemon_address.empty()) {
+      return Status::Internal("kvd accepted the engine handshake without a transport address");
+    }
+    auto peer = transport_->Connect(daemon_address);
+    if (!peer.ok()) return peer.status().WithContext("connecting the transport to kvd");
+    daemon_peer_ = *peer;
+  }
+  return Status::Ok();
+}
+
+StatusOr<LookupResult> ClientImpl::Lookup(std::span<const Hash128> chain) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KVD_RETURN_IF_ERROR(CheckUsable(true));
+  auto id = channel_->Send([&](proto::Request::Builder r) {
+    auto l = r.initLookup();
+    auto list = l.initChain(static_cast<unsigned>(chain.size()));
+    for (size_t i = 0; i < chain.size(); ++i) proto::ToProto(chain[i], list[i]);
+    l.setLeaseTtlMs(options_.lease_ttl_ms);
+  });
+  if (!id.ok()) return id.status();
+  KVD_ASSIGN_OR_RETURN(auto reply, channel_->Await(*id));
+  LookupResult out;
+  KVD_RETURN_IF_ERROR(ReadReply(*reply, [&](proto::Response::Reader r) -> Status {
+    if (!r.isLookup()) return WrongReply("lookup");
+    auto l = r.getLookup();
+    out.matched_chunks = l.getMatchedChunks();
+    out.matched_tokens = l.getMatchedTokens();
+    out.lease_id = l.getLeaseId();
+    out.lease_ttl_ms = l.getLeaseTtlMs();
+    return Status::Ok();
+  }));
+  return out;
+}
+
+Status ClientImpl::ReleaseLease(uint64_t lease_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KVD_RETURN_IF_ERROR(CheckUsable(false));
+  auto id = channel_->Send(
+      [&](proto::Request::Builder r) { r.initReleaseLease().setLeaseId(lease_id); });
+  if (!id.ok()) return id.status();
+  return channel_->Await(*id).status();
+}
+
+void ClientImpl::DropTransfer(TransferHandle transfer) {
+  transport_->Cancel(transfer).IgnoreError();
+  transport_->Wait(transfer, std::chrono::milliseconds(options_.transport.close_timeout_ms))
+      .IgnoreError();
+  transport_->Release(transfer).IgnoreError();
+}
+
+Status ClientImpl::FinishTransfer(TransferHandle transfer) {
+  auto deadline = DeadlineIn(options_.transfer_timeout_ms);
+  while (true) {
+    Status s = transport_->Wait(transfer, std::chrono::milliseconds(2));
+    if (s.ok()) {
+      transport_->Release(transfer).IgnoreError();
+      return s;
+    }
+    if (s.code() != StatusCode::kDeadlineExceeded) {
+      transport_->Release(transfer).IgnoreError();
+      return s.WithContext("bulk transfer");
+    }
+    Status c = channel_->Pump();  // a dead daemon shows on the control socket first
+    if (!c.ok() || internal::Clock::now() > deadline) {
+      DropTransfer(transfer);
+      return c.ok() ? Status::DeadlineExceeded("bulk transfer did not finish within " +
+                                               std::to_string(options_.transfer_timeout_ms) +
+                                               " ms")
+                    : c;
+    }
+  }
+}
+
+void ClientImpl::AbortReservationsLocked(const std::vector<uint64_t>& reservation_ids) {
+  for (uint64_t rid : reservation_ids) {
+    if (channel_->broken()) return;
+    auto id = channel_->Send([&](proto::Request::Builder r) { r.initAbort().setReservationId(rid); });
+    if (id.ok()) channel_->Await(*id).status().IgnoreError();
+  }
+}
+
+StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> items) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KVD_RETURN_IF_ERROR(CheckUsable(true));
+  std::vector<PutResult> out;
+  out.reserve(items.size());
+  for (size_t i = 0; i < items.size(); i += options_.max_in_flight) {
+    size_t n = std::min<size_t>(options_.max_in_flight, items.size() - i);
+    KVD_ASSIGN_OR_RETURN(auto part, PutWindowLocked(items.subspan(i, n)));
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const PutItem> items) {
+  const size_t n = items.size();
+  for (const PutItem& it : items) {
+    if (it.data == nullptr && it.bytes > 0) return Status::InvalidArgument("put: null data");
+    if (options_.verify_locally && options_.codec_id == 0 &&
+        it.bytes != options_.layout.ChunkBytes(it.tokens)) {
+      return Status::InvalidArgument(
+          "put: " + std::to_string(it.bytes) + " bytes given for a raw chunk of " +
+          std::to_string(it.tokens) + " tokens; the layout needs " +
+          std::to_string(options_.layout.ChunkBytes(it.tokens)));
+    }
+  }
+  // Phase 1: reserve every chunk of the window (pipelined frames).
+  std::vector<uint64_t> req(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto id = channel_->Send([&](proto::Request::Builder r) {
+      auto rv = r.initReserve();
+      proto::ToProto(items[i].hash, rv.initChunkHash());
+      rv.setTokens(static_cast<uint32_t>(items[i].tokens));
+      rv.setBytes(items[i].bytes);
+    });
+    if (!id.ok()) return id.status();
+    req[i] = *id;
+  }
+  std::vector<PutResult> out(n);
+  std::vector<uint64_t> reservation(n, 0), tag(n, 0);
+  std::vector<uint64_t> to_abort;
+  Status first_error;
+  for (size_t i = 0; i < n; ++i) {
+    auto reply = channel_->Await(req[i]);
+    if (!reply.ok()) {
+      if (first_error.ok()) first_error = reply.status().WithContext("reserve");
+      continue;
+    }
+    Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
+      if (!r.isReserve()) return WrongReply("reserve");
+      auto rv = r.getReserve();
+      out[i].already_stored = rv.getAlreadyStored();
+      out[i].bytes = items[i].bytes;
+      reservation[i] = rv.getReservationId();
+      tag[i] = rv.getTag();
+      return Status::Ok();
+    });
+    if (!s.ok() && first_error.ok()) first_error = s;
+    if (s.ok() && !out[i].already_stored) to_abort.push_back(reservation[i]);
+  }
+  if (!first_error.ok()) {
+    AbortReservationsLocked(to_abort);
+    return first_error;
+  }
+  // Phase 2: send the bytes of every reserved chunk, then wait for all sends.
+  std::vector<TransferHandle> sends(n);
+  std::vector<uint64_t> checksum(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (out[i].already_stored) continue;
+    checksum[i] = Checksum64(items[i].data, items[i].bytes);
+    auto h = transport_->PostSend(daemon_peer_, tag[i], items[i].data, items[i].bytes);
+    if (!h.ok()) {
+      first_error = h.status().WithContext("sending chunk bytes");
+      break;
+    }
+    sends[i] = *h;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (!sends[i].valid()) continue;
+    if (!first_error.ok()) {
+      DropTransfer(sends[i]);
+      continue;
+    }
+    Status s = FinishTransfer(sends[i]);
+    if (!s.ok()) first_error = s.WithContext("sending chunk bytes");
+  }
+  if (!first_error.ok()) {
+    AbortReservationsLocked(to_abort);
+    return first_error;
+  }
+  // Phase 3: commit with checksums (pipelined).
+  std::vector<uint64_t> commit_req(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (out[i].already_stored) continue;
+    auto id = channel_->Send([&](proto::Request::Builder r) {
+      auto c = r.initCommit();
+      c.setReservationId(reservation[i]);
+      c.setChecksum(checksum[i] ^ options_.test_corrupt_checksum);
+    });
+    if (!id.ok()) return id.status();
+    commit_req[i] = *id;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (commit_req[i] == 0) continue;
+    auto reply = channel_->Await(commit_req[i]);
+    if (!reply.ok()) {
+      if (first_error.ok()) first_error = reply.status().WithContext("commit");
+      continue;
+    }
+    Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
+      if (!r.isCommit()) return WrongReply("commit");
+      out[i].bytes = r.getCommit().getBytes();
+      return Status::Ok();
+    });
+    if (!s.ok() && first_error.ok()) first_error = s;
+  }
+  if (!first_error.ok()) return first_error;
+  return out;
+}
+
+StatusOr<std::vector<GetResult>> ClientImpl::GetChunks(uint64_t lease_id,
+                                                       std::span<const GetItem> items) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KVD_RETURN_IF_ERROR(CheckUsable(true));
+  std::vector<GetResult> out;
+  out.reserve(items.size());
+  for (size_t i = 0; i < items.size(); i += options_.max_in_flight) {
+    size_t n = std::min<size_t>(options_.max_in_flight, items.size() - i);
+    KVD_ASSIGN_OR_RETURN(auto part, GetWindowLocked(lease_id, items.subspan(i, n)));
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
+                                                             std::span<const GetItem> items) {
+  const size_t n = items.size();
+  struct Slot {
+    TransferHandle recv;
+    uint64_t request = 0;
+    bool transfer_done = false;
+    size_t received = 0;
+    std::unique_ptr<proto::DecodedMessage> reply;
+    bool finished = false;
+    Status status;
+  };
+  std::vector<Slot> slots(n);
+  std::vector<GetResult> out(n);
+  Status first_error;
+  // Post every receive first, then ask for the chunks: the daemon sends into posted buffers.
+  for (size_t i = 0; i < n && first_error.ok(); ++i) {
+    if (items[i].out == nullptr && items[i].capacity > 0) {
+      first_error = Status::InvalidArgument("get: null output buffer");
+      break;
+    }
+    uint64_t tag = next_tag_++;
+    auto h = transport_->PostRecv(daemon_peer_, tag, items[i].out, items[i].capacity);
+    if (!h.ok()) {
+      first_error = h.status().WithContext("posting a receive");
+      break;
+    }
+    slots[i].recv = *h;
+    auto id = channel_->Send([&](proto::Request::Builder r) {
+      auto g = r.initGet();
+      g.setLeaseId(lease_id);
+      g.setChunkIndex(items[i].chunk_index);
+      g.setTag(tag);
+      g.setBufferBytes(items[i].capacity);
+    });
+    if (!id.ok()) {
+      first_error = id.status();
+      break;
+    }
+    slots[i].request = *id;
+  }
+  if (!first_error.ok()) {
+    for (Slot& s : slots) {
+      if (s.recv.valid()) DropTransfer(s.recv);
+    }
+    return first_error;
+  }
+  // Drive transfers and replies together: an error reply (NOT_FOUND, ...) means no bytes come,
+  // so the receive is cancelled at once instead of waiting for its timeout.
+  auto deadline = DeadlineIn(options_.transfer_timeout_ms);
+  size_t remaining = n;
+  while (remaining > 0) {
+    size_t first_open = n;
+    for (size_t i = 0; i < n; ++i) {
+      if (!slots[i].finished && !slots[i].transfer_done) {
+        first_open = i;
+        break;
+      }
+    }
+    if (first_open < n) {
+      transport_->Wait(slots[first_open].recv, std::chrono::milliseconds(1)).IgnoreError();
+    }
+    for (size_t i = 0; i < n; ++i) {
+      Slot& s = slots[i];
+      if (s.finished) continue;
+      if (!s.transfer_done) {
+        auto st = transport_->Check(s.recv);
+        if (st.state == TransferState::kDone) {
+          s.transfer_done = true;
+          s.received = st.bytes;
+        } else if (st.state == TransferState::kError) {
+          s.transfer_done = true;
+          s.status = st.status.WithContext("receiving chunk bytes");
+        }
+      }
+      if (!s.reply) {
+        auto r = channel_->Poll(s.request);
+        if (!r.ok()) {
+          s.status = r.status();
+          if (!s.transfer_done) {
+            DropTransfer(s.recv);  // no bytes will come for a failed Get
+            s.transfer_done = true;
+            s.recv = {};
+          }
+          s.finished = true;
+          --remaining;
+          continue;
+        }
+        s.reply = std::move(r).value();
+      }
+      if (s.reply && s.transfer_done) {
+        s.finished = true;
+        --remaining;
+      }
+    }
+    if (remaining > 0 && internal::Clock::now() > deadline) {
+      for (Slot& s : slots) {
+        if (!s.finished) {
+          s.status = Status::DeadlineExceeded("get: no bytes or reply from kvd within " +
+                                              std::to_string(options_.transfer_timeout_ms) +
+                                              " ms");
+          if (!s.transfer_done) channel_->Break(s.status).IgnoreError();
+        }
+      }
+      break;
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    Slot& s = slots[i];
+    if (s.recv.valid()) {
+      if (s.transfer_done) transport_->Release(s.recv).IgnoreError();
+      else DropTransfer(s.recv);
+    }
+    if (!s.status.ok()) {
+      if (first_error.ok()) first_error = s.status;
+      continue;
+    }
+    Status st = ReadReply(*s.reply, [&](proto::Response::Reader r) -> Status {
+      if (!r.isGet()) return WrongReply("get");
+      auto g = r.getGet();
+      out[i].bytes = g.getBytes();
+      out[i].checksum = g.getChecksum();
+      out[i].tokens = g.getTokens();
+      return Status::Ok();
+    });
+    if (st.ok() && out[i].bytes != s.received) {
+      st = Status::DataLoss("get: kvd announced " + std::to_string(out[i].bytes) +
+                            " bytes but " + std::to_string(s.received) + " arrived");
+    }
+    if (st.ok() && Checksum64(items[i].out, s.received) != out[i].checksum) {
+      st = Status::DataLoss("get: checksum mismatch on chunk " +
+                            std::to_string(items[i].chunk_index) + " of lease " +
+                            std::to_string(lease_id));
+    }
+    if (!st.ok() && first_error.ok()) first_error = st;
+  }
+  if (!first_error.ok()) return first_error;
+  return out;
+}
+
+}  // namespace internal
+
+// ---- the public face: forwards to ClientImpl ----
+
+StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  KVD_RETURN_IF_ERROR(options.Validate());
+  KVD_ASSIGN_OR_RETURN(DaemonAddress addr, ParseDaemonAddress(options.address));
+  auto conn = internal::Connection::Open(addr, options.address,
+                                         DeadlineIn(options.connect_timeout_ms),
+                                         options.max_frame_bytes);
+  if (!conn.ok()) return conn.status();
+  auto channel =
+      std::make_unique<internal::Channel>(std::move(conn).value(), options.request_timeout_ms);
+  auto impl = std::make_unique<ClientImpl>(options, std::move(channel));
+  {
+    std::lock_guard<std::mutex> lock(impl->mu_);
+    KVD_RETURN_IF_ERROR(impl->Handshake());
+  }
+  return std::unique_ptr<Client>(std::move(impl));
+}
+
+Client::~Client() = default;
+
+static ClientImpl* Impl(Client* c) { return static_cast<ClientImpl*>(c); }
+static const ClientImpl* Impl(const Client* c) { return static_cast<const ClientImpl*>(c); }
+
+const ClientOptions& Client::options() const { return Impl(this)->options(); }
+const SessionInfo& Client::session() const { return Impl(this)->session(); }
+const ChainHasher& Client::hasher() const { return Impl(this)->hasher(); }
+bool Client::connected() const { return Impl(this)->connected(); }
+
+StatusOr<LookupResult> Client::Lookup(std::span<const Hash128> chain) {
+  return Impl(this)->Lookup(chain);
+}
+Status Client::ReleaseLease(uint64_t lease_id) { return Impl(this)->ReleaseLease(lease_id); }
+
+StatusOr<PutResult> Client::Put(const Hash128& hash, int tokens, const void* data, size_t bytes) {
+  PutItem item{hash, tokens, data, bytes};
+  KVD_ASSIGN_OR_RETURN(auto r, Impl(this)->PutChunks({&item, 1}));
+  return r[0];
+}
+
+StatusOr<PutResult> Client::PutLayers(const Hash128& hash, int tokens,
+                                      std::span<const LayerKV> layers) {
+  const ModelLayout& layout = options().layout;
+  if (static_cast<int>(layers.size()) != layout.num_layers) {
+    return Status::InvalidArgument("PutLayers: " + std::to_string(layers.size()) +
+                                   " layers given, the layout has " +
+                                   std::to_string(layout.num_layers));
+  }
+  for (const LayerKV& l : layers) {
+    if (l.k == nullptr || l.v == nullptr) return Status::InvalidArgument("PutLayers: null K/V");
+  }
+  std::vector<uint8_t> staging(layout.ChunkBytes(tokens));
+  GatherLayers(layout, tokens, layers, staging.data());
+  return Put(hash, tokens, staging.data(), staging.size());
+}
+
+StatusOr<std::vector<PutResult>> Client::PutChunks(std::span<const PutItem> items) {
+  return Impl(this)->PutChunks(items);
+}
+
+StatusOr<GetResult> Client::Get(uint64_t lease_id, uint32_t chunk_index, void* out,
+                                size_t capacity) {
+  GetItem item{chunk_index, out, capacity};
+  KVD_ASSIGN_OR_RETURN(auto r, Impl(this)->GetChunks(lease_id, {&item, 1}));
+  return r[0];
+}
+
+StatusOr<GetResult> Client::GetLayers(uint64_t lease_id, uint32_t chunk_index,
+                                      std::span<const MutableLayerKV> layers,
+                                      int capacity_tokens) {
+  const ModelLayout& layout = options().layout;
+  if (static_cast<int>(layers.size()) != layout.num_layers) {
+    return Status::InvalidArgument("GetLayers: " + std::to_string(layers.size()) +
+                                   " layers given, the layout has " +
+                                   std::to_string(layout.num_layers));
+  }
+  std::vector<uint8_t> staging(layout.ChunkBytes(capacity_tokens));
+  KVD_ASSIGN_OR_RETURN(GetResult r, Get(lease_id, chunk_index, staging.data(), staging.size()));
+  if (r.bytes != layout.ChunkBytes(static_cast<int>(r.tokens))) {
+    return Status::DataLoss("GetLayers: chunk of " + std::to_string(r.tokens) + " tokens has " +
+                            std::to_string(r.bytes) + " bytes, the layout needs " +
+                            std::to_string(layout.ChunkBytes(static_cast<int>(r.tokens))));
+  }
+  ScatterLayers(layout, static_cast<int>(r.tokens), staging.data(), layers);
+  return r;
+}
+
+StatusOr<std::vector<GetResult>> Client::GetChunks(uint64_t lease_id,
+                                                   std::span<const GetItem> items) {
+  return Impl(this)->GetChunks(lease_id, items);
+}
+
+StatusOr<Stats> Client::GetStats() { return Impl(this)->GetStats(); }
+StatusOr<ListResult> Client::List(const ListFilter& filter) { return Impl(this)->List(filter); }
+StatusOr<EvictResult> Client::Evict(const EvictFilter& filter) {
+  return Impl(this)->Evict(filter);
+}
+StatusOr<Health> Client::GetHealth() { return Impl(this)->GetHealth(); }
+
+}  // namespace kvd::client

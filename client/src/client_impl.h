@@ -1,0 +1,66 @@
+// The Client implementation (private to libkvd_client).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "connection.h"
+#include "kvd/client/client.h"
+#include "kvd/transport/transport.h"
+
+namespace kvd::client::internal {
+
+class ClientImpl final : public Client {
+ public:
+  ClientImpl(ClientOptions options, std::unique_ptr<Channel> channel)
+      : options_(std::move(options)),
+        hasher_(ChainHasherOptions{options_.block_tokens, options_.chunk_tokens},
+                options_.hash_seed),
+        channel_(std::move(channel)) {}
+  ~ClientImpl() override;
+
+  // Creates the transport (engine role) and runs Hello. Called once by Connect.
+  Status Handshake();
+
+  const ClientOptions& options() const { return options_; }
+  const SessionInfo& session() const { return session_; }
+  const ChainHasher& hasher() const { return hasher_; }
+  bool connected() const;
+
+  StatusOr<LookupResult> Lookup(std::span<const Hash128> chain);
+  Status ReleaseLease(uint64_t lease_id);
+  StatusOr<std::vector<PutResult>> PutChunks(std::span<const PutItem> items);
+  StatusOr<std::vector<GetResult>> GetChunks(uint64_t lease_id, std::span<const GetItem> items);
+  StatusOr<Stats> GetStats();
+  StatusOr<ListResult> List(const ListFilter& filter);
+  StatusOr<EvictResult> Evict(const EvictFilter& filter);
+  StatusOr<Health> GetHealth();
+
+ private:
+  // REQUIRES: mu_ held.
+  Status CheckUsable(bool needs_transport) const;
+  StatusOr<std::vector<PutResult>> PutWindowLocked(std::span<const PutItem> items);
+  StatusOr<std::vector<GetResult>> GetWindowLocked(uint64_t lease_id,
+                                                   std::span<const GetItem> items);
+  // Waits for `transfer` (progressing the transport) while watching the control connection,
+  // bounded by transfer_timeout_ms. On failure the transfer is cancelled. Always released.
+  Status FinishTransfer(transport::TransferHandle transfer);
+  // Cancels, waits (bounded) and releases a transfer; best effort.
+  void DropTransfer(transport::TransferHandle transfer);
+  void AbortReservationsLocked(const std::vector<uint64_t>& reservation_ids);
+
+  ClientOptions options_;
+  ChainHasher hasher_;
+  mutable std::mutex mu_;
+  std::unique_ptr<Channel> channel_;                  // GUARDED_BY(mu_)
+  std::unique_ptr<transport::Transport> transport_;   // engine role; GUARDED_BY(mu_)
+  transport::PeerHandle daemon_peer_;                 // GUARDED_BY(mu_)
+  uint64_t next_tag_ = 1;                             // GUARDED_BY(mu_)
+  SessionInfo session_;
+  std::vector<uint8_t> staging_;                      // PutLayers/GetLayers; GUARDED_BY(mu_)
+
+  friend class ::kvd::client::Client;
+};
+
+}  // namespace kvd::client::internal

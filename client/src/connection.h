@@ -1,0 +1,118 @@
+// A blocking control connection to kvd: framed Cap'n Proto messages over a TCP or unix socket,
+// every read and write bounded by a deadline (poll(2)). Private to libkvd_client.
+//
+// NOT thread-safe: the Client serialises access.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvd/client/client.h"
+#include "kvd/common/status.h"
+#include "kvd/proto/frame.h"
+#include "kvd/proto/kvd.capnp.h"
+
+namespace kvd::client::internal {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+inline Deadline DeadlineIn(int64_t ms) { return Clock::now() + std::chrono::milliseconds(ms); }
+
+class Connection {
+ public:
+  // UNAVAILABLE naming the address when it cannot connect; DEADLINE_EXCEEDED past `deadline`.
+  static StatusOr<std::unique_ptr<Connection>> Open(const DaemonAddress& address,
+                                                    std::string display, Deadline deadline,
+                                                    uint32_t max_frame_bytes);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Writes all bytes. UNAVAILABLE if the peer closed; DEADLINE_EXCEEDED.
+  Status WriteAll(std::span<const uint8_t> bytes, Deadline deadline);
+  // Reads one whole frame (header validated against the limit) and decodes its payload.
+  StatusOr<std::unique_ptr<proto::DecodedMessage>> ReadFrame(Deadline deadline);
+  // True when a frame (or EOF / an error) can be read without blocking past `deadline`.
+  // Uses buffered bytes first.
+  bool Readable(Deadline deadline);
+  const std::string& display() const { return display_; }
+
+ private:
+  Connection(int fd, std::string display, uint32_t max_frame_bytes)
+      : fd_(fd), display_(std::move(display)), max_frame_bytes_(max_frame_bytes) {}
+  // Appends what the socket has to buf_; blocks until some bytes or the deadline.
+  Status Fill(Deadline deadline);
+
+  int fd_;
+  std::string display_;
+  uint32_t max_frame_bytes_;
+  std::vector<uint8_t> buf_;
+  size_t begin_ = 0;  // first unread byte of buf_
+};
+
+// Request/response exchange over a Connection, matching replies by requestId. Replies that
+// arrive for another request are kept until asked for (pipelining).
+class Channel {
+ public:
+  Channel(std::unique_ptr<Connection> conn, int64_t request_timeout_ms)
+      : conn_(std::move(conn)), request_timeout_ms_(request_timeout_ms) {}
+
+  bool broken() const { return !broken_.ok(); }
+  const Status& broken_status() const { return broken_; }
+  Connection* connection() { return conn_.get(); }
+
+  // Builds a Request with a fresh requestId, lets `fill` set its union, sends it.
+  // Returns the requestId.
+  template <typename Fill>
+  StatusOr<uint64_t> Send(Fill&& fill) {
+    if (broken()) return broken_;
+    capnp::MallocMessageBuilder message;
+    auto req = message.initRoot<proto::Request>();
+    uint64_t id = next_request_id_++;
+    req.setRequestId(id);
+    fill(req);
+    auto frame = proto::EncodeFrame(message);
+    Status s = conn_->WriteAll(frame, DeadlineIn(request_timeout_ms_));
+    if (!s.ok()) return Break(s);
+    return id;
+  }
+
+  // Waits for the reply to `request_id`. A Response.error becomes its Status (the channel stays
+  // usable); a broken connection or a timeout breaks the channel.
+  StatusOr<std::unique_ptr<proto::DecodedMessage>> Await(uint64_t request_id, Deadline deadline);
+  StatusOr<std::unique_ptr<proto::DecodedMessage>> Await(uint64_t request_id) {
+    return Await(request_id, DeadlineIn(request_timeout_ms_));
+  }
+  // Non-blocking: the reply to `request_id` if it has arrived (reading what the socket has).
+  // Returns nullptr (and OK) if not yet.
+  StatusOr<std::unique_ptr<proto::DecodedMessage>> Poll(uint64_t request_id);
+
+  // Reads every frame the socket already has (non-blocking) and files it; surfaces a broken
+  // connection (the daemon died) as UNAVAILABLE.
+  Status Pump();
+
+  // Marks the channel broken with `s` (UNAVAILABLE / DEADLINE_EXCEEDED) and returns it.
+  Status Break(Status s);
+
+ private:
+  // Reads one frame and files it under its requestId. Breaks the channel on failure.
+  Status ReadOne(Deadline deadline);
+  StatusOr<std::unique_ptr<proto::DecodedMessage>> Take(uint64_t request_id);
+
+  std::unique_ptr<Connection> conn_;
+  int64_t request_timeout_ms_;
+  uint64_t next_request_id_ = 1;
+  std::map<uint64_t, std::unique_ptr<proto::DecodedMessage>> pending_;
+  Status broken_;
+};
+
+// The Status a Response carries: OK unless it is an Error.
+Status ResponseStatus(proto::DecodedMessage& msg);
+
+}  // namespace kvd::client::internal

@@ -1,0 +1,77 @@
+#include "kvd/client/json.h"
+
+#include <nlohmann/json.hpp>
+
+namespace kvd::client {
+namespace {
+using nlohmann::json;
+
+json Groups(const std::vector<GroupStats>& groups) {
+  json a = json::array();
+  for (const auto& g : groups) a.push_back({{"name", g.name}, {"chunks", g.chunks}, {"bytes", g.bytes}});
+  return a;
+}
+// Never throws on invalid UTF-8 from the daemon: bad bytes become U+FFFD.
+std::string Dump(const json& j, int indent) {
+  return j.dump(indent, ' ', false, json::error_handler_t::replace);
+}
+}  // namespace
+
+std::string StatsToJson(const Stats& s, int indent) {
+  json tiers = json::array();
+  for (const auto& t : s.tiers) {
+    tiers.push_back({{"name", t.name},
+                     {"capacity_bytes", t.capacity_bytes},
+                     {"used_bytes", t.used_bytes},
+                     {"reserved_bytes", t.reserved_bytes},
+                     {"pinned_bytes", t.pinned_bytes},
+                     {"chunks", t.chunks},
+                     {"evictions", t.evictions},
+                     {"hits", t.hits},
+                     {"misses", t.misses}});
+  }
+  json models = json::array();
+  for (const auto& m : s.registered_models) {
+    models.push_back({{"name", m.name}, {"layout", m.layout.ToString()}, {"chunk_bytes", m.chunk_bytes}});
+  }
+  json counters = json::object();
+  for (const auto& [name, value] : s.counters) counters[name] = value;
+  json j = {{"node", s.node_name},           {"uptime_ms", s.uptime_ms},
+            {"sessions", s.sessions},        {"tiers", tiers},
+            {"models", Groups(s.models)},    {"namespaces", Groups(s.namespaces)},
+            {"registered_models", models},   {"counters", counters}};
+  return Dump(j, indent);
+}
+
+std::string ListToJson(const ListResult& l, int indent) {
+  json chunks = json::array();
+  for (const auto& c : l.chunks) {
+    chunks.push_back({{"namespace", c.name_space}, {"model", c.model}, {"hash", c.hash.ToHex()},
+                      {"tokens", c.tokens},        {"bytes", c.bytes}, {"tier", c.tier},
+                      {"age_ms", c.age_ms},        {"idle_ms", c.idle_ms}, {"leases", c.leases}});
+  }
+  return Dump(json{{"total", l.total}, {"chunks", chunks}}, indent);
+}
+
+std::string EvictToJson(const EvictResult& e, int indent) {
+  return Dump(json{{"chunks", e.chunks}, {"bytes", e.bytes}, {"skipped_pinned", e.skipped_pinned}},
+              indent);
+}
+
+std::string HealthToJson(const Health& h, int indent) {
+  json tiers = json::array();
+  for (const auto& t : h.tiers) tiers.push_back({{"name", t.name}, {"ok", t.ok}, {"detail", t.detail}});
+  return Dump(json{{"ok", h.ok},
+                   {"status", h.status},
+                   {"uptime_ms", h.uptime_ms},
+                   {"transport", h.transport},
+                   {"tiers", tiers}},
+              indent);
+}
+
+std::string StatusToJson(const Status& s, int indent) {
+  return Dump(json{{"code", std::string(StatusCodeName(s.code()))}, {"message", s.message()}},
+              indent);
+}
+
+}  // namespace kvd::client

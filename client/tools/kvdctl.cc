@@ -1,0 +1,200 @@
+// kvdctl: inspect and manage a running kvd.
+//
+//   kvdctl [--addr ADDR] [--json] stats
+//   kvdctl [--addr ADDR] [--json] ls [--namespace N] [--model M] [--limit K]
+//   kvdctl [--addr ADDR] [--json] evict (--all | --namespace N | --model M | --chunk HEX)
+//   kvdctl [--addr ADDR] [--json] health
+//
+// ADDR is host:port or unix:/path (default $KVD_ADDR, else 127.0.0.1:7400).
+// Exit codes: 0 ok; 1 the daemon answered with an error (or health is not ok);
+//             2 usage error; 3 cannot connect to the daemon (or it died mid-call).
+#include <iostream>
+#include <string>
+
+#include "kvd/client/client.h"
+#include "kvd/client/json.h"
+#include "util.h"
+
+namespace {
+
+using kvd::Status;
+using kvd::StatusCode;
+using kvd::tools::HumanBytes;
+using kvd::tools::HumanDuration;
+using kvd::tools::PrintTable;
+
+constexpr int kExitOk = 0, kExitDaemonError = 1, kExitUsage = 2, kExitConnect = 3;
+
+const char* kUsage =
+    "usage: kvdctl [--addr ADDR] [--json] [--timeout-ms MS] COMMAND\n"
+    "  stats                                   per tier, per model and per namespace occupancy\n"
+    "  ls [--namespace N] [--model M] [--limit K]   list cached chunks (default limit 100)\n"
+    "  evict (--all | --namespace N | --model M | --chunk HEX)   evict unpinned chunks\n"
+    "  health                                  daemon and tier health\n"
+    "ADDR: host:port or unix:/path (default $KVD_ADDR, else 127.0.0.1:7400)\n"
+    "exit codes: 0 ok, 1 daemon error or unhealthy, 2 usage, 3 cannot connect\n";
+
+int Usage(const std::string& why) {
+  if (!why.empty()) std::cerr << "kvdctl: " << why << "\n";
+  std::cerr << kUsage;
+  return kExitUsage;
+}
+
+int Fail(const Status& s, bool json, bool connecting) {
+  bool conn = connecting || s.code() == StatusCode::kUnavailable ||
+              s.code() == StatusCode::kDeadlineExceeded;
+  if (json) std::cout << kvd::client::StatusToJson(s) << "\n";
+  std::cerr << "kvdctl: " << (connecting ? "cannot connect: " : "") << s.ToString() << "\n";
+  return conn ? kExitConnect : kExitDaemonError;
+}
+
+std::string Pct(uint64_t part, uint64_t whole) {
+  if (whole == 0) return "-";
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * part / whole);
+  return buf;
+}
+
+void PrintStats(const kvd::client::Stats& s) {
+  std::cout << "node " << s.node_name << "  uptime " << HumanDuration(s.uptime_ms)
+            << "  sessions " << s.sessions << "\n\nTiers\n";
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& t : s.tiers) {
+    uint64_t lookups = t.hits + t.misses;
+    rows.push_back({t.name, HumanBytes(t.capacity_bytes), HumanBytes(t.used_bytes),
+                    Pct(t.used_bytes, t.capacity_bytes), HumanBytes(t.reserved_bytes),
+                    HumanBytes(t.pinned_bytes), std::to_string(t.chunks),
+                    std::to_string(t.evictions), std::to_string(t.hits),
+                    std::to_string(t.misses), Pct(t.hits, lookups)});
+  }
+  PrintTable(std::cout,
+             {"TIER", "CAPACITY", "USED", "USE%", "RESERVED", "PINNED", "CHUNKS", "EVICTIONS",
+              "HITS", "MISSES", "HIT%"},
+             rows);
+  auto groups = [](const char* title, const std::vector<kvd::client::GroupStats>& g) {
+    std::cout << "\n" << title << "\n";
+    std::vector<std::vector<std::string>> r;
+    for (const auto& x : g) r.push_back({x.name, std::to_string(x.chunks), HumanBytes(x.bytes)});
+    if (r.empty()) r.push_back({"(none)", "0", "0 B"});
+    PrintTable(std::cout, {"NAME", "CHUNKS", "BYTES"}, r);
+  };
+  groups("Models (cached)", s.models);
+  groups("Namespaces", s.namespaces);
+  if (!s.registered_models.empty()) {
+    std::cout << "\nRegistered models\n";
+    std::vector<std::vector<std::string>> r;
+    for (const auto& m : s.registered_models) {
+      r.push_back({m.name, HumanBytes(m.chunk_bytes), m.layout.ToString()});
+    }
+    PrintTable(std::cout, {"MODEL", "CHUNK", "LAYOUT"}, r);
+  }
+  if (!s.counters.empty()) {
+    std::cout << "\nCounters\n";
+    std::vector<std::vector<std::string>> r;
+    for (const auto& [name, value] : s.counters) r.push_back({name, std::to_string(value)});
+    PrintTable(std::cout, {"COUNTER", "VALUE"}, r);
+  }
+}
+
+void PrintList(const kvd::client::ListResult& l) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& c : l.chunks) {
+    rows.push_back({c.hash.ToHex(), c.name_space, c.model, std::to_string(c.tokens),
+                    HumanBytes(c.bytes), c.tier, HumanDuration(c.age_ms),
+                    HumanDuration(c.idle_ms), std::to_string(c.leases)});
+  }
+  PrintTable(std::cout,
+             {"CHUNK", "NAMESPACE", "MODEL", "TOKENS", "BYTES", "TIER", "AGE", "IDLE", "LEASES"},
+             rows);
+  std::cout << l.chunks.size() << " of " << l.total << " matching chunks shown\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kvd::tools::Args args(argc, argv, {"--json", "--all", "--help"},
+                        {"--addr", "--namespace", "--model", "--limit", "--chunk",
+                         "--timeout-ms", "--client-id"});
+  if (args.Has("--help")) {
+    std::cout << kUsage;
+    return kExitOk;
+  }
+  if (!args.ok()) return Usage(args.error());
+  if (args.positionals().size() != 1) return Usage("expected exactly one command");
+  const std::string cmd = args.positionals()[0];
+  const bool json = args.Has("--json");
+
+  kvd::client::ClientOptions o;
+  o.role = kvd::client::Role::kAdmin;
+  o.connect_timeout_ms = 3000;
+  std::string ns = args.Get("--namespace");
+  kvd::tools::ApplyConnectionArgs(args, &o);
+  o.name_space.clear();  // --namespace is a filter here, not the session's namespace
+  int64_t limit = args.GetInt("--limit", 100);
+  if (!args.ok()) return Usage(args.error());
+
+  kvd::client::EvictFilter filter;
+  if (cmd == "evict") {
+    int scopes = args.Has("--all") + args.Has("--namespace") + args.Has("--model") +
+                 args.Has("--chunk");
+    if (scopes != 1) return Usage("evict needs exactly one of --all, --namespace, --model, --chunk");
+    if (args.Has("--namespace")) {
+      filter.kind = kvd::client::EvictFilter::Kind::kNamespace;
+      filter.name = ns;
+    } else if (args.Has("--model")) {
+      filter.kind = kvd::client::EvictFilter::Kind::kModel;
+      filter.name = args.Get("--model");
+    } else if (args.Has("--chunk")) {
+      filter.kind = kvd::client::EvictFilter::Kind::kChunk;
+      if (!kvd::Hash128::FromHex(args.Get("--chunk"), &filter.chunk)) {
+        return Usage("--chunk needs 32 hex digits, got '" + args.Get("--chunk") + "'");
+      }
+    }
+  } else if (cmd == "ls") {
+    if (limit < 0 || limit > UINT32_MAX) return Usage("--limit out of range");
+  } else if (cmd != "stats" && cmd != "health") {
+    return Usage("unknown command '" + cmd + "'");
+  }
+
+  auto client = kvd::client::Client::Connect(o);
+  if (!client.ok()) {
+    if (client.status().code() == StatusCode::kInvalidArgument) return Usage(client.status().message());
+    return Fail(client.status(), json, true);
+  }
+  auto& c = *client;
+  if (cmd == "stats") {
+    auto s = c->GetStats();
+    if (!s.ok()) return Fail(s.status(), json, false);
+    if (json) std::cout << kvd::client::StatsToJson(*s) << "\n";
+    else PrintStats(*s);
+  } else if (cmd == "ls") {
+    auto l = c->List({ns, args.Get("--model"), static_cast<uint32_t>(limit)});
+    if (!l.ok()) return Fail(l.status(), json, false);
+    if (json) std::cout << kvd::client::ListToJson(*l) << "\n";
+    else PrintList(*l);
+  } else if (cmd == "evict") {
+    auto e = c->Evict(filter);
+    if (!e.ok()) return Fail(e.status(), json, false);
+    if (json) {
+      std::cout << kvd::client::EvictToJson(*e) << "\n";
+    } else {
+      std::cout << "evicted " << e->chunks << " chunks (" << HumanBytes(e->bytes) << ")";
+      if (e->skipped_pinned) std::cout << "; " << e->skipped_pinned << " leased chunks kept";
+      std::cout << "\n";
+    }
+  } else {  // health
+    auto h = c->GetHealth();
+    if (!h.ok()) return Fail(h.status(), json, false);
+    if (json) {
+      std::cout << kvd::client::HealthToJson(*h) << "\n";
+    } else {
+      std::cout << (h->ok ? "OK" : "UNHEALTHY") << "  " << h->status << "  uptime "
+                << HumanDuration(h->uptime_ms) << "  transport " << h->transport << "\n";
+      std::vector<std::vector<std::string>> rows;
+      for (const auto& t : h->tiers) rows.push_back({t.name, t.ok ? "ok" : "FAIL", t.detail});
+      if (!rows.empty()) PrintTable(std::cout, {"TIER", "STATE", "DETAIL"}, rows);
+    }
+    if (!h->ok) return kExitDaemonError;
+  }
+  return kExitOk;
+}

@@ -1,0 +1,159 @@
+#include "util.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+
+namespace kvd::tools {
+
+Args::Args(int argc, char** argv, std::set<std::string> flags, std::set<std::string> valued) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (!a.starts_with("--")) {
+      positionals_.push_back(a);
+      continue;
+    }
+    std::string name = a, value;
+    bool has_value = false;
+    if (size_t eq = a.find('='); eq != std::string::npos) {
+      name = a.substr(0, eq);
+      value = a.substr(eq + 1);
+      has_value = true;
+    }
+    if (flags.count(name)) {
+      if (has_value) error_ = name + " takes no value";
+      values_[name] = "1";
+    } else if (valued.count(name)) {
+      if (!has_value) {
+        if (i + 1 >= argc) {
+          error_ = name + " needs a value";
+          return;
+        }
+        value = argv[++i];
+      }
+      values_[name] = value;
+    } else {
+      error_ = "unknown option " + name;
+      return;
+    }
+  }
+}
+
+std::string Args::Get(const std::string& name, const std::string& fallback) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? fallback : it->second;
+}
+
+int64_t Args::GetInt(const std::string& name, int64_t fallback) {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  const std::string& s = it->second;
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (end == s.c_str()) {
+    error_ = name + " needs an integer, got '" + s + "'";
+    return fallback;
+  }
+  std::string suffix(end);
+  if (suffix == "K" || suffix == "KiB" || suffix == "k") v <<= 10;
+  else if (suffix == "M" || suffix == "MiB") v <<= 20;
+  else if (suffix == "G" || suffix == "GiB") v <<= 30;
+  else if (!suffix.empty()) {
+    error_ = name + ": bad number '" + s + "'";
+    return fallback;
+  }
+  return v;
+}
+
+std::string HumanBytes(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 5) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  else std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
+  return buf;
+}
+
+std::string HumanDuration(uint64_t ms) {
+  char buf[48];
+  if (ms < 60'000) {
+    std::snprintf(buf, sizeof buf, "%.1f s", ms / 1000.0);
+    return buf;
+  }
+  uint64_t m = ms / 60'000, h = m / 60, d = h / 24;
+  if (d > 0) std::snprintf(buf, sizeof buf, "%llud %lluh %llum", (unsigned long long)d,
+                           (unsigned long long)(h % 24), (unsigned long long)(m % 60));
+  else if (h > 0) std::snprintf(buf, sizeof buf, "%lluh %llum", (unsigned long long)h,
+                                (unsigned long long)(m % 60));
+  else std::snprintf(buf, sizeof buf, "%llum %llus", (unsigned long long)m,
+                     (unsigned long long)((ms / 1000) % 60));
+  return buf;
+}
+
+void PrintTable(std::ostream& os, const std::vector<std::string>& header,
+                const std::vector<std::vector<std::string>>& rows) {
+  const size_t n = header.size();
+  std::vector<size_t> width(n);
+  std::vector<bool> right(n, !rows.empty());
+  for (size_t c = 0; c < n; ++c) {
+    width[c] = header[c].size();
+    for (const auto& r : rows) {
+      if (c >= r.size()) continue;
+      width[c] = std::max(width[c], r[c].size());
+      if (r[c].empty() || !std::isdigit(static_cast<unsigned char>(r[c][0]))) right[c] = false;
+    }
+  }
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string out;
+    for (size_t c = 0; c < n; ++c) {
+      std::string cell = c < cells.size() ? cells[c] : "";
+      std::string pad(width[c] - cell.size(), ' ');
+      out += right[c] ? pad + cell : cell + pad;
+      if (c + 1 < n) out += "  ";
+    }
+    while (!out.empty() && out.back() == ' ') out.pop_back();
+    os << out << "\n";
+  };
+  line(header);
+  for (const auto& r : rows) line(r);
+}
+
+void ApplyConnectionArgs(Args& args, client::ClientOptions* o) {
+  if (args.Has("--addr")) o->address = args.Get("--addr");
+  else if (const char* env = std::getenv("KVD_ADDR")) o->address = env;
+  if (args.Has("--ucx-tls")) o->transport.ucx_tls = args.Get("--ucx-tls");
+  if (args.Has("--net-devices")) o->transport.net_devices = args.Get("--net-devices");
+  if (args.Has("--namespace")) o->name_space = args.Get("--namespace");
+  if (args.Has("--hash-seed")) o->hash_seed = args.Get("--hash-seed");
+  if (args.Has("--client-id")) o->client_id = args.Get("--client-id");
+  if (args.Has("--timeout-ms")) {
+    int64_t t = args.GetInt("--timeout-ms", 10000);
+    o->connect_timeout_ms = o->request_timeout_ms = t;
+    o->transfer_timeout_ms = std::max<int64_t>(t, 30000);
+  }
+}
+
+StatusOr<client::ModelInfo> FindModel(const client::ClientOptions& base, const std::string& model,
+                                      uint32_t* chunk_tokens) {
+  client::ClientOptions admin = base;
+  admin.role = client::Role::kAdmin;
+  admin.model.clear();
+  KVD_ASSIGN_OR_RETURN(auto c, client::Client::Connect(admin));
+  KVD_ASSIGN_OR_RETURN(client::Stats stats, c->GetStats());
+  if (chunk_tokens) *chunk_tokens = c->session().chunk_tokens;
+  std::string names;
+  for (const auto& m : stats.registered_models) {
+    if (m.name == model) return m;
+    names += (names.empty() ? "" : ", ") + m.name;
+  }
+  return Status::NotFound("model '" + model + "' is not registered in kvd (registered: " +
+                          names + ")");
+}
+
+}  // namespace kvd::tools

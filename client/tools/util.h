@@ -1,0 +1,56 @@
+// Helpers shared by kvdctl, kvd-bench and kvd-roundtrip: argument parsing, human-readable units,
+// aligned tables, and option wiring. Not part of the library's API.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <ostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kvd/client/client.h"
+
+namespace kvd::tools {
+
+// "--name value", "--name=value" and bare "--flag" arguments, plus positionals.
+class Args {
+ public:
+  // `flags` take no value; every other "--x" takes one. Unknown names are errors (usage).
+  Args(int argc, char** argv, std::set<std::string> flags, std::set<std::string> valued);
+  bool ok() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+  bool Has(const std::string& name) const { return values_.count(name) > 0; }
+  std::string Get(const std::string& name, const std::string& fallback = "") const;
+  // Parses an integer value with optional K/M/G (1024-based) suffix; sets error() on failure.
+  int64_t GetInt(const std::string& name, int64_t fallback);
+  const std::vector<std::string>& positionals() const { return positionals_; }
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::vector<std::string> positionals_;
+  std::string error_;
+};
+
+// 1536 -> "1.5 KiB"; 0 -> "0 B".
+std::string HumanBytes(uint64_t bytes);
+// 90061000 ms -> "1d 1h 1m"; 1500 -> "1.5 s".
+std::string HumanDuration(uint64_t ms);
+
+// Prints rows under a header with columns padded to their widest cell; columns whose cells all
+// start with a digit are right-aligned.
+void PrintTable(std::ostream& os, const std::vector<std::string>& header,
+                const std::vector<std::vector<std::string>>& rows);
+
+// Common transport / connection flags: --addr, --ucx-tls, --net-devices, --namespace,
+// --hash-seed, --client-id, --timeout-ms.
+inline const std::set<std::string> kConnectionFlags = {
+    "--addr", "--ucx-tls", "--net-devices", "--namespace", "--hash-seed", "--client-id",
+    "--timeout-ms"};
+void ApplyConnectionArgs(Args& args, client::ClientOptions* options);
+
+// Asks the daemon (admin role) for a registered model's layout and chunk size.
+StatusOr<client::ModelInfo> FindModel(const client::ClientOptions& base, const std::string& model,
+                                      uint32_t* chunk_tokens);
+
+}  // namespace kvd::tools
