@@ -132,8 +132,12 @@ Status VectorCalibrator::Add(int layer, int head, ConstMatrixView kpre, ConstMat
   KVD_RETURN_IF_ERROR(CheckFinite(values, "values"));
   VectorHeadStats* stats = &heads_[layer * num_kv_heads_ + head];
   if (exec.backend == Backend::kCuda) {
+#ifdef KVD_HAVE_CUDA
     KVD_RETURN_IF_ERROR(CudaBackendReady("VectorCalibrator::Add"));
     return cuda::AccumulateVectorStats(kpre, values, stats, exec.cuda_stream);
+#else
+    return CudaBackendReady("VectorCalibrator::Add");
+#endif
   }
   cpu::AccumulateVectorStats(kpre, values, stats);
   return Status::Ok();
@@ -371,8 +375,12 @@ Status VectorResiduals(ConstMatrixView kpre, ConstMatrixView values, ConstMatrix
   KVD_RETURN_IF_ERROR(CheckFinite(w, "w"));
   if (kpre.rows == 0) return Status::Ok();
   if (exec.backend == Backend::kCuda) {
+#ifdef KVD_HAVE_CUDA
     KVD_RETURN_IF_ERROR(CudaBackendReady("VectorResiduals"));
     return cuda::VectorResiduals(kpre, values, w, residuals.data(), exec.cuda_stream);
+#else
+    return CudaBackendReady("VectorResiduals");
+#endif
   }
   cpu::VectorResiduals(kpre, values, w, residuals.data());
   return Status::Ok();
@@ -389,8 +397,12 @@ Status RebuildValues(ConstMatrixView kpre, ConstMatrixView w, MatrixView out,
   KVD_RETURN_IF_ERROR(CheckFinite(w, "w"));
   if (kpre.rows == 0) return Status::Ok();
   if (exec.backend == Backend::kCuda) {
+#ifdef KVD_HAVE_CUDA
     KVD_RETURN_IF_ERROR(CudaBackendReady("RebuildValues"));
     return cuda::RebuildValues(kpre, w, out, exec.cuda_stream);
+#else
+    return CudaBackendReady("RebuildValues");
+#endif
   }
   cpu::RebuildValues(kpre, w, out);
   return Status::Ok();
