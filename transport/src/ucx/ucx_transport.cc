@@ -108,7 +108,7 @@ Status UcxTransport::Init() {
   caps_.tag_messages = true;
   caps_.rma = options_.enable_rma;
   caps_.cancel_recv = true;
-  caps_.peer_failure_detection = true;
+  caps_.peer_failure_detection = options_.peer_failure_detection;
   caps_.max_message_bytes = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   caps_.transports = options_.ucx_tls.empty() ? "ucx default" : options_.ucx_tls;
   return Status::Ok();
@@ -169,15 +169,26 @@ StatusOr<PeerHandle> UcxTransport::Connect(std::string_view peer_address) {
   std::string worker_address(peer_address.substr(kAddressMagic.size()));
   std::lock_guard<std::mutex> lock(mu_);
   ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
   params.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  params.err_handler.cb = &UcxTransport::ErrorHandler;
-  params.err_handler.arg = this;
+  if (options_.peer_failure_detection) {
+    params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &UcxTransport::ErrorHandler;
+    params.err_handler.arg = this;
+  }
   ucp_ep_h ep = nullptr;
   ucs_status_t s = ucp_ep_create(worker_, &params, &ep);
-  if (s != UCS_OK) return Err(s, "ucp_ep_create (Connect)");
+  if (s != UCS_OK) {
+    Status st = Err(s, "ucp_ep_create (Connect)");
+    if (options_.peer_failure_detection && st.code() == StatusCode::kUnavailable) {
+      st = Status::Unavailable(st.message() +
+                               ". Note: peer failure detection is on, and UCX 1.13's shared-memory "
+                               "transports cannot detect peer failure: include tcp in UCX_TLS "
+                               "(e.g. sm,tcp)");
+    }
+    return st;
+  }
   uint64_t id = next_id_++;
   peers_[id].ep = ep;
   peer_by_ep_[ep] = id;
@@ -188,7 +199,8 @@ Status UcxTransport::CloseEndpointLocked(ucp_ep_h ep, bool force,
                                          std::unique_lock<std::mutex>& lock) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  // UCX allows a forced close only on endpoints with peer error handling.
+  param.flags = force && options_.peer_failure_detection ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &param);
   peer_by_ep_.erase(ep);
   if (req == nullptr) return Status::Ok();

@@ -24,6 +24,13 @@ struct TransportOptions {
   // connection (UCX_KEEPALIVE_INTERVAL). 0 keeps UCX's default (20 s in UCX 1.13). Default 1000.
   // Smaller detects faster and costs a tiny message per peer per interval.
   int64_t keepalive_interval_ms = 1000;
+  // Create endpoints with UCP_ERR_HANDLING_MODE_PEER, so a peer that vanishes fails its transfers
+  // with UNAVAILABLE instead of hanging (or aborting) the process. Default true. In UCX 1.13 the
+  // shared-memory transports (posix, sysv) have no peer-failure support, so with this on UCX
+  // carries messages and RMA over tcp (cma still moves large rendezvous payloads) and UCX_TLS
+  // must include tcp; RMA then needs the target to progress. Turn it off only between trusted
+  // processes that share a fate (e.g. a benchmark) to get posix/sysv eager and one-sided RMA.
+  bool peer_failure_detection = true;
   // Expose RMA (Read/Write, Export/ImportRegion) and request UCP_FEATURE_RMA. Default true.
   // Over tcp RMA put is pathological (see BUILD_NOTES): use tag messages for bulk there.
   bool enable_rma = true;

@@ -70,8 +70,11 @@ class Transport {
   virtual StatusOr<PeerHandle> Connect(std::string_view peer_address) = 0;
 
   // Fails the peer's in-flight transfers with CANCELLED (receives posted with kAnyPeer are not
-  // touched), closes the endpoint (waiting at most options.close_timeout_ms) and forgets the
-  // handle. Transfer handles stay valid until Released. NOT_FOUND for an unknown peer.
+  // touched), closes the endpoint (UCX: a forced close, waiting at most
+  // options.close_timeout_ms; bytes not yet delivered are dropped, and the peer may see this side
+  // vanish) and forgets the handle. Transfer handles stay valid until Released. Disconnect only
+  // after the peer confirmed (over the control plane) what it needed. NOT_FOUND for an unknown
+  // peer.
   virtual Status Disconnect(PeerHandle peer) = 0;
 
   // OK while the peer is usable; UNAVAILABLE once the backend saw it vanish (its transfers have
@@ -121,10 +124,11 @@ class Transport {
   // again, or Cancel) on timeout, NOT_FOUND for an unknown handle. timeout 0 = one poll.
   virtual Status Wait(TransferHandle transfer, std::chrono::milliseconds timeout) = 0;
 
-  // Asks the backend to stop the transfer; it then ends with CANCELLED unless it already
-  // finished. An unmatched receive ends at once (e.g. a reservation expired). A send or a
-  // receive already moving bytes ends when the backend confirms (Wait for it). OK if the
-  // transfer already finished. NOT_FOUND for an unknown handle.
+  // Asks the backend to stop the transfer. A receive no message has matched yet ends at once
+  // with CANCELLED (e.g. a reservation expired). A receive already taking a message, and a send
+  // (UCX cannot recall bytes handed to the wire; loopback cancels a send not yet matched), end
+  // on their own with their real outcome: Wait for it, or Disconnect the peer to stop all of its
+  // transfers. OK if the transfer already finished. NOT_FOUND for an unknown handle.
   virtual Status Cancel(TransferHandle transfer) = 0;
 
   // Forgets a finished transfer. FAILED_PRECONDITION if it is still kInProgress (Cancel and Wait

@@ -1,0 +1,402 @@
+// The Transport contract, run in one process over every backend configuration: loopback, UCX over
+// tcp and UCX over shared memory (two UCX contexts/workers talking to each other).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "kvd/transport/transport.h"
+#include "test_util.h"
+
+namespace kvd::transport {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::FillPattern;
+using testing::FirstMismatch;
+
+class TransportContractTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    TransportOptions o = testing::OptionsFor(GetParam());
+    o.loopback_domain = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    auto a = CreateTransport(o);
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto b = CreateTransport(o);
+    ASSERT_TRUE(b.ok()) << b.status();
+    a_ = std::move(a).value();
+    b_ = std::move(b).value();
+    auto a_addr = a_->LocalAddress();
+    auto b_addr = b_->LocalAddress();
+    ASSERT_TRUE(a_addr.ok() && b_addr.ok());
+    auto ab = a_->Connect(*b_addr);
+    ASSERT_TRUE(ab.ok()) << ab.status();
+    auto ba = b_->Connect(*a_addr);
+    ASSERT_TRUE(ba.ok()) << ba.status();
+    a_to_b_ = *ab;
+    b_to_a_ = *ba;
+  }
+
+  // Sends `n` pattern bytes a -> b with `tag` and checks them byte for byte.
+  void RoundTrip(size_t n, uint64_t tag) {
+    std::vector<uint8_t> src(n), dst(n + 16, 0xEE);
+    FillPattern(tag, src.data(), n);
+    auto recv = b_->PostRecv(b_to_a_, tag, dst.data(), n);
+    ASSERT_TRUE(recv.ok()) << recv.status();
+    auto send = a_->PostSend(a_to_b_, tag, src.data(), n);
+    ASSERT_TRUE(send.ok()) << send.status();
+    // Wait on both from one thread: UCX needs both workers progressed.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (b_->Check(*recv).state == TransferState::kInProgress ||
+           a_->Check(*send).state == TransferState::kInProgress) {
+      a_->Progress();
+      b_->Progress();
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "transfer of " << n << " bytes hung";
+    }
+    TransferStatus rs = b_->Check(*recv);
+    ASSERT_EQ(rs.state, TransferState::kDone) << rs.status;
+    EXPECT_EQ(rs.bytes, n);
+    EXPECT_EQ(a_->Check(*send).state, TransferState::kDone) << a_->Check(*send).status;
+    EXPECT_EQ(FirstMismatch(tag, dst.data(), n), n);
+    for (size_t i = n; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xEE) << "wrote past the buffer";
+    EXPECT_TRUE(b_->Release(*recv).ok());
+    EXPECT_TRUE(a_->Release(*send).ok());
+  }
+
+  std::unique_ptr<Transport> a_, b_;
+  PeerHandle a_to_b_, b_to_a_;
+};
+
+TEST_P(TransportContractTest, CapabilitiesNameTheBackend) {
+  const Capabilities& c = a_->capabilities();
+  EXPECT_EQ(c.backend, GetParam() == "loopback" ? "loopback" : "ucx");
+  EXPECT_TRUE(c.host_memory);
+  EXPECT_TRUE(c.tag_messages);
+  EXPECT_EQ(c.peer_failure_detection, GetParam() != "ucx-shm-trusted");
+  EXPECT_GE(c.max_message_bytes, uint64_t{1} << 32);
+}
+
+TEST_P(TransportContractTest, TagSendRecvIsByteExact) {
+  RoundTrip(1, 1);
+  RoundTrip(64 << 10, 2);
+  RoundTrip(8 << 20, 3);
+}
+
+TEST_P(TransportContractTest, ZeroLengthMessageIsAllowed) { RoundTrip(0, 4); }
+
+TEST_P(TransportContractTest, SendBeforeRecvIsMatchedLater) {
+  const size_t n = 100000;
+  std::vector<uint8_t> src(n), dst(n);
+  FillPattern(9, src.data(), n);
+  auto send = a_->PostSend(a_to_b_, 9, src.data(), n);
+  ASSERT_TRUE(send.ok()) << send.status();
+  for (int i = 0; i < 100; ++i) a_->Progress(), b_->Progress();
+  size_t got = 0;
+  std::thread sender([&] { (void)a_->Wait(*send, milliseconds(10000)); });
+  Status s = b_->RecvBlocking(b_to_a_, 9, dst.data(), n, milliseconds(10000), &got);
+  sender.join();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(got, n);
+  EXPECT_EQ(FirstMismatch(9, dst.data(), n), n);
+  EXPECT_EQ(a_->Check(*send).state, TransferState::kDone);
+  EXPECT_TRUE(a_->Release(*send).ok());
+}
+
+TEST_P(TransportContractTest, BothDirectionsWork) {
+  std::vector<uint8_t> x(4096), y(4096);
+  FillPattern(11, x.data(), x.size());
+  std::thread t([&] { EXPECT_TRUE(a_->SendBlocking(a_to_b_, 11, x.data(), x.size(),
+                                                    milliseconds(10000)).ok()); });
+  ASSERT_TRUE(b_->RecvBlocking(b_to_a_, 11, y.data(), y.size(), milliseconds(10000)).ok());
+  t.join();
+  FillPattern(12, y.data(), y.size());
+  std::thread t2([&] { EXPECT_TRUE(b_->SendBlocking(b_to_a_, 12, y.data(), y.size(),
+                                                     milliseconds(10000)).ok()); });
+  ASSERT_TRUE(a_->RecvBlocking(a_to_b_, 12, x.data(), x.size(), milliseconds(10000)).ok());
+  t2.join();
+  EXPECT_EQ(FirstMismatch(12, x.data(), x.size()), x.size());
+}
+
+TEST_P(TransportContractTest, RecvWithoutDataTimesOutThenCancels) {
+  std::vector<uint8_t> buf(1024);
+  auto recv = b_->PostRecv(b_to_a_, 77, buf.data(), buf.size());
+  ASSERT_TRUE(recv.ok());
+  auto start = std::chrono::steady_clock::now();
+  Status s = b_->Wait(*recv, milliseconds(100));
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("did not finish within 100 ms"), std::string::npos) << s;
+  EXPECT_LT(took, std::chrono::seconds(2));
+  EXPECT_EQ(b_->Check(*recv).state, TransferState::kInProgress);
+  Status early = b_->Release(*recv);
+  EXPECT_EQ(early.code(), StatusCode::kFailedPrecondition) << early;
+  ASSERT_TRUE(b_->Cancel(*recv).ok());
+  Status after = b_->Wait(*recv, milliseconds(1000));
+  EXPECT_EQ(after.code(), StatusCode::kCancelled) << after;
+  EXPECT_TRUE(b_->Release(*recv).ok());
+}
+
+TEST_P(TransportContractTest, LongerMessageThanBufferIsOutOfRange) {
+  std::vector<uint8_t> src(1000), dst(100);
+  auto recv = b_->PostRecv(b_to_a_, 5, dst.data(), dst.size());
+  ASSERT_TRUE(recv.ok());
+  std::thread t([&] { (void)a_->SendBlocking(a_to_b_, 5, src.data(), src.size(),
+                                             milliseconds(5000)); });
+  Status s = b_->Wait(*recv, milliseconds(5000));
+  t.join();
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s;
+  EXPECT_TRUE(b_->Release(*recv).ok());
+}
+
+TEST_P(TransportContractTest, InvalidArgumentsGiveSpecificErrors) {
+  TransferRequest r;
+  r.op = TransferOp::kSend;
+  r.peer = a_to_b_;
+  r.buffer = nullptr;
+  r.length = 10;
+  auto s = a_->Post(r);
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("buffer is null"), std::string::npos) << s.status();
+
+  uint8_t byte = 0;
+  auto no_peer = a_->PostSend(PeerHandle{}, 1, &byte, 1);
+  EXPECT_EQ(no_peer.status().code(), StatusCode::kInvalidArgument) << no_peer.status();
+  auto unknown_peer = a_->PostSend(PeerHandle{999999}, 1, &byte, 1);
+  EXPECT_EQ(unknown_peer.status().code(), StatusCode::kNotFound) << unknown_peer.status();
+
+  TransferHandle bogus{123456789};
+  EXPECT_EQ(a_->Check(bogus).status.code(), StatusCode::kNotFound);
+  EXPECT_EQ(a_->Wait(bogus, milliseconds(1)).code(), StatusCode::kNotFound);
+  EXPECT_EQ(a_->Cancel(bogus).code(), StatusCode::kNotFound);
+  EXPECT_EQ(a_->Release(bogus).code(), StatusCode::kNotFound);
+  EXPECT_EQ(a_->Disconnect(PeerHandle{424242}).code(), StatusCode::kNotFound);
+  EXPECT_EQ(a_->PeerStatus(PeerHandle{424242}).code(), StatusCode::kNotFound);
+  EXPECT_EQ(a_->DeregisterMemory(RegionHandle{424242}).code(), StatusCode::kNotFound);
+
+  EXPECT_EQ(a_->Connect("").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->Connect("garbage-address").status().code(), StatusCode::kInvalidArgument);
+
+  EXPECT_EQ(a_->AllocateRegistered(0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->RegisterMemory(nullptr, 10).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->RegisterMemory(&byte, 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->AllocateRegistered(10, MemoryType::kCuda).status().code(),
+            StatusCode::kUnimplemented);
+}
+
+TEST_P(TransportContractTest, AllocatedRegionIsUsableAndReleasable) {
+  auto region = b_->AllocateRegistered(1 << 20);
+  ASSERT_TRUE(region.ok()) << region.status();
+  ASSERT_NE(region->data, nullptr);
+  EXPECT_EQ(region->size, size_t{1} << 20);
+  std::memset(region->data, 0, region->size);
+  // Receive into a slice of the arena, as the daemon does for a put.
+  std::vector<uint8_t> src(300000);
+  FillPattern(21, src.data(), src.size());
+  uint8_t* slice = static_cast<uint8_t*>(region->data) + 4096;
+  std::thread t([&] { EXPECT_TRUE(a_->SendBlocking(a_to_b_, 21, src.data(), src.size(),
+                                                    milliseconds(10000)).ok()); });
+  ASSERT_TRUE(b_->RecvBlocking(b_to_a_, 21, slice, src.size(), milliseconds(10000)).ok());
+  t.join();
+  EXPECT_EQ(FirstMismatch(21, slice, src.size()), src.size());
+  EXPECT_EQ(static_cast<uint8_t*>(region->data)[4095], 0);
+
+  std::vector<uint8_t> own(8192);
+  auto reg = a_->RegisterMemory(own.data(), own.size());
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_EQ(reg->data, own.data());
+  EXPECT_TRUE(a_->DeregisterMemory(reg->handle).ok());
+  EXPECT_EQ(a_->DeregisterMemory(reg->handle).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(b_->DeregisterMemory(region->handle).ok());
+}
+
+TEST_P(TransportContractTest, RmaReadAndWriteOfAnExportedRegion) {
+  if (!a_->capabilities().rma) GTEST_SKIP() << "no RMA";
+  auto region = b_->AllocateRegistered(1 << 20);
+  ASSERT_TRUE(region.ok()) << region.status();
+  FillPattern(31, static_cast<uint8_t*>(region->data), region->size);
+  auto exported = b_->ExportRegion(region->handle);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  auto remote = a_->ImportRegion(a_to_b_, *exported);
+  ASSERT_TRUE(remote.ok()) << remote.status();
+
+  std::vector<uint8_t> local(65536);
+  TransferRequest read;
+  read.op = TransferOp::kRead;
+  read.peer = a_to_b_;
+  read.buffer = local.data();
+  read.length = local.size();
+  read.remote = *remote;
+  read.remote_offset = 0;
+  auto h = a_->Post(read);
+  ASSERT_TRUE(h.ok()) << h.status();
+  // Over tcp (and sm with peer failure detection) UCX emulates RMA with messages: the target
+  // must progress.
+  std::atomic<bool> stop{false};
+  std::thread progress_b([&] { while (!stop) b_->Progress(); });
+  Status s = a_->Wait(*h, milliseconds(10000));
+  stop = true;
+  progress_b.join();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(FirstMismatch(31, local.data(), local.size()), local.size());
+  EXPECT_TRUE(a_->Release(*h).ok());
+
+  FillPattern(32, local.data(), local.size());
+  TransferRequest write = read;
+  write.op = TransferOp::kWrite;
+  write.remote_offset = 1000;
+  h = a_->Post(write);
+  ASSERT_TRUE(h.ok()) << h.status();
+  stop = false;
+  std::thread progress_b2([&] { while (!stop) b_->Progress(); });
+  s = a_->Wait(*h, milliseconds(10000));
+  stop = true;
+  progress_b2.join();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(FirstMismatch(32, static_cast<uint8_t*>(region->data) + 1000, local.size()),
+            local.size());
+  EXPECT_TRUE(a_->Release(*h).ok());
+
+  TransferRequest beyond = read;
+  beyond.remote_offset = (1 << 20) - 10;
+  EXPECT_EQ(a_->Post(beyond).status().code(), StatusCode::kOutOfRange);
+  TransferRequest empty = read;
+  empty.length = 0;
+  EXPECT_EQ(a_->Post(empty).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->ImportRegion(a_to_b_, "nonsense").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(a_->ReleaseRemoteRegion(*remote).ok());
+  EXPECT_EQ(a_->ReleaseRemoteRegion(*remote).code(), StatusCode::kNotFound);
+}
+
+TEST_P(TransportContractTest, DisconnectCancelsThePeersTransfers) {
+  std::vector<uint8_t> buf(1024);
+  auto recv = b_->PostRecv(b_to_a_, 55, buf.data(), buf.size());
+  auto any = b_->PostRecv(kAnyPeer, 56, buf.data(), buf.size());
+  ASSERT_TRUE(recv.ok() && any.ok());
+  Status d = b_->Disconnect(b_to_a_);
+  ASSERT_TRUE(d.ok()) << d;
+  EXPECT_EQ(b_->Wait(*recv, milliseconds(1000)).code(), StatusCode::kCancelled);
+  EXPECT_EQ(b_->Check(*any).state, TransferState::kInProgress);  // kAnyPeer is not touched
+  EXPECT_EQ(b_->PeerStatus(b_to_a_).code(), StatusCode::kNotFound);
+  uint8_t byte = 0;
+  EXPECT_EQ(b_->PostSend(b_to_a_, 1, &byte, 1).status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(b_->Cancel(*any).ok());
+  EXPECT_EQ(b_->Wait(*any, milliseconds(1000)).code(), StatusCode::kCancelled);
+  EXPECT_TRUE(b_->Release(*recv).ok());
+  EXPECT_TRUE(b_->Release(*any).ok());
+}
+
+TEST_P(TransportContractTest, DestroyedPeerFailsItsReceivesWithUnavailable) {
+  if (!a_->capabilities().peer_failure_detection) GTEST_SKIP() << "no peer failure detection";
+  std::vector<uint8_t> buf(1024);
+  // Make sure the endpoints are wired up before the peer goes.
+  std::vector<uint8_t> x(16);
+  std::thread t([&] { EXPECT_TRUE(a_->SendBlocking(a_to_b_, 60, x.data(), x.size(),
+                                                    milliseconds(10000)).ok()); });
+  ASSERT_TRUE(b_->RecvBlocking(b_to_a_, 60, buf.data(), buf.size(), milliseconds(10000)).ok());
+  t.join();
+  auto recv = b_->PostRecv(b_to_a_, 61, buf.data(), buf.size());
+  ASSERT_TRUE(recv.ok());
+  a_.reset();
+  Status s = b_->Wait(*recv, milliseconds(10000));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_EQ(b_->PeerStatus(b_to_a_).code(), StatusCode::kUnavailable);
+  uint8_t byte = 0;
+  EXPECT_EQ(b_->PostSend(b_to_a_, 1, &byte, 1).status().code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(b_->Release(*recv).ok());
+}
+
+TEST_P(TransportContractTest, ProgressThreadAndPostingThreadCoexist) {
+  // The daemon's shape: one thread progresses and sleeps on events, another posts and waits.
+  std::atomic<bool> stop{false};
+  std::thread progress([&] {
+    while (!stop.load()) {
+      if (b_->Progress() == 0) (void)b_->WaitForEvents(milliseconds(5));
+    }
+  });
+  std::vector<uint8_t> src(2 << 20), dst(2 << 20);
+  for (uint64_t tag = 100; tag < 110; ++tag) {
+    FillPattern(tag, src.data(), src.size());
+    auto recv = b_->PostRecv(b_to_a_, tag, dst.data(), dst.size());
+    ASSERT_TRUE(recv.ok());
+    ASSERT_TRUE(a_->SendBlocking(a_to_b_, tag, src.data(), src.size(), milliseconds(10000)).ok());
+    ASSERT_TRUE(b_->Wait(*recv, milliseconds(10000)).ok());
+    EXPECT_EQ(FirstMismatch(tag, dst.data(), dst.size()), dst.size());
+    EXPECT_TRUE(b_->Release(*recv).ok());
+  }
+  stop = true;
+  progress.join();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TransportContractTest,
+                         ::testing::Values("loopback", "ucx-tcp", "ucx-sm", "ucx-shm-trusted"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n) c = c == '-' ? '_' : c;
+                           return n;
+                         });
+
+TEST(TransportRegistryTest, UnknownBackendListsTheRegisteredOnes) {
+  TransportOptions o;
+  o.backend = "nccl";
+  auto t = CreateTransport(o);
+  EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(t.status().message().find("loopback"), std::string::npos) << t.status();
+}
+
+TEST(TransportRegistryTest, NewBackendRegistersWithoutEditingTheBase) {
+  ASSERT_TRUE(RegisterTransportBackend("test-wrapper", [](const TransportOptions& o) {
+                TransportOptions inner = o;
+                inner.backend = "loopback";
+                return CreateTransport(inner);
+              }).ok());
+  EXPECT_EQ(RegisterTransportBackend("loopback", [](const TransportOptions&) {
+              return StatusOr<std::unique_ptr<Transport>>(Status::Internal("x"));
+            }).code(),
+            StatusCode::kAlreadyExists);
+  TransportOptions o;
+  o.backend = "test-wrapper";
+  auto t = CreateTransport(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->capabilities().backend, "loopback");
+  auto names = RegisteredTransportBackends();
+  EXPECT_NE(std::find(names.begin(), names.end(), "test-wrapper"), names.end());
+}
+
+TEST(TransportOptionsTest, ValidateNamesTheField) {
+  TransportOptions o;
+  o.ucx_tls = "tcp;rm -rf";
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(o.Validate().message().find("ucx_tls"), std::string::npos);
+  o = {};
+  o.keepalive_interval_ms = -1;
+  EXPECT_NE(o.Validate().message().find("keepalive_interval_ms"), std::string::npos);
+  o = {};
+  o.backend = "";
+  EXPECT_EQ(CreateTransport(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(UcxTransportTest, UnknownTransportNameIsExplained) {
+  TransportOptions o;
+  o.ucx_tls = "nosuchtransport";
+  auto t = CreateTransport(o);
+  if (t.ok()) {
+    // UCX 1.13 may accept unknown names and find no transport only when connecting.
+    auto addr = (*t)->LocalAddress();
+    ASSERT_TRUE(addr.ok());
+    auto peer = (*t)->Connect(*addr);
+    ASSERT_FALSE(peer.ok());
+    EXPECT_EQ(peer.status().code(), StatusCode::kUnavailable) << peer.status();
+    EXPECT_NE(peer.status().message().find("UCX_TLS=nosuchtransport"), std::string::npos);
+    return;
+  }
+  EXPECT_EQ(t.status().code(), StatusCode::kUnavailable) << t.status();
+  EXPECT_NE(t.status().message().find("UCX_TLS=nosuchtransport"), std::string::npos)
+      << t.status();
+}
+
+}  // namespace
+}  // namespace kvd::transport
