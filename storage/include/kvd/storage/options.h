@@ -37,7 +37,7 @@ struct HostTierOptions {
 };
 
 struct DiskTierOptions {
-  // Directory of the RocksDB database; created if missing. Required (no default).
+  // Directory of the RocksDB database; created (with its parents) if missing. Required.
   std::string path;
   // Payload bytes the tier may hold; Insert evicts least-recently-used chunks above it.
   // Default 64 GiB. Must be > 0.

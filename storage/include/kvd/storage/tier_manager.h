@@ -4,7 +4,9 @@
 // - MaybeDemote(): when the host tier's occupancy is above high_watermark, copies its
 //   least-recently-used unpinned chunks to disk and removes them from host until occupancy is
 //   at or below low_watermark. The daemon calls it from a timer and after commits. Without a
-//   disk tier it does nothing (the host tier's own LRU eviction then drops chunks).
+//   disk tier it does nothing. NOTE: the host tier's own eviction (a Reserve that finds it
+//   full) DROPS chunks without copying them to disk; call MaybeDemote often enough (and keep
+//   high_watermark below 1) that it rarely comes to that.
 // - Lookup(): the host tier's Lookup, after promoting into host the chunks of the requested
 //   prefix that are only on disk (when promote_on_hit), so the result and its lease cover both
 //   tiers. A chunk whose disk copy is corrupt stops the prefix there (it is dropped by the disk

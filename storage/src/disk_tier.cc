@@ -1,0 +1,339 @@
+// DiskTier: RocksDB-backed chunk storage with an in-memory index rebuilt at open.
+#include "kvd/storage/disk_tier.h"
+
+#include <rocksdb/cache.h>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/table.h>
+#include <rocksdb/write_batch.h>
+
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+#include <list>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "key_codec.h"
+#include "kvd/common/hash.h"
+
+namespace kvd::storage {
+namespace {
+
+constexpr char kMetaFamily[] = "meta";
+
+Status FromRocks(const rocksdb::Status& s, std::string_view what) {
+  if (s.ok()) return Status::Ok();
+  if (s.IsCorruption()) return Status::DataLoss("disk tier: " + std::string(what) + ": " + s.ToString());
+  return Status::Unavailable("disk tier: " + std::string(what) + ": " + s.ToString());
+}
+
+}  // namespace
+
+class DiskTier::Impl {
+ public:
+  struct Entry {
+    ChunkMeta meta;
+    std::list<Entry*>::iterator lru_it;
+  };
+
+  ~Impl() {
+    for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+  }
+
+  // REQUIRES mu_.
+  void AddLocked(std::unique_ptr<Entry> e) {
+    Entry* p = e.get();
+    used_bytes_ += p->meta.size_bytes;
+    Account(p->meta, true);
+    lru_.push_front(p);
+    p->lru_it = lru_.begin();
+    index_.emplace(p->meta.key, std::move(e));
+  }
+  // Removes from the index and the database. REQUIRES mu_.
+  Status DropLocked(Entry* e) {
+    const std::string k = codec::EncodeKey(e->meta.key);
+    rocksdb::WriteBatch batch;
+    batch.Delete(data_cf(), k);
+    batch.Delete(meta_cf(), k);
+    Status s = FromRocks(db_->Write(write_options_, &batch), "delete");
+    used_bytes_ -= e->meta.size_bytes;
+    Account(e->meta, false);
+    lru_.erase(e->lru_it);
+    index_.erase(e->meta.key);  // destroys e
+    return s;
+  }
+  void Account(const ChunkMeta& m, bool add) {
+    for (auto* map : {&per_model_, &per_namespace_}) {
+      const std::string& name = map == &per_model_ ? m.key.model : m.key.name_space;
+      UsageStats& u = (*map)[name];
+      if (add) {
+        u.chunks++;
+        u.bytes += m.size_bytes;
+        u.tokens += m.tokens;
+      } else {
+        u.chunks--;
+        u.bytes -= m.size_bytes;
+        u.tokens -= m.tokens;
+        if (u.chunks == 0) map->erase(name);
+      }
+    }
+  }
+  rocksdb::ColumnFamilyHandle* data_cf() const { return handles_[0]; }
+  rocksdb::ColumnFamilyHandle* meta_cf() const { return handles_[1]; }
+
+  DiskTierOptions options_;
+  Clock* clock_ = nullptr;
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // [default (data), meta]
+  rocksdb::WriteOptions write_options_;
+  rocksdb::ReadOptions read_options_;
+  uint64_t restored_ = 0;
+
+  mutable std::mutex mu_;
+  // Guarded by mu_:
+  std::unordered_map<ChunkKey, std::unique_ptr<Entry>, ChunkKeyHasher> index_;
+  std::list<Entry*> lru_;  // most recently used first
+  uint64_t used_bytes_ = 0;
+  std::unordered_map<std::string, UsageStats> per_model_;
+  std::unordered_map<std::string, UsageStats> per_namespace_;
+  TierStats counters_;
+};
+
+StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options, Clock* clock) {
+  KVD_RETURN_IF_ERROR(options.Validate());
+  std::error_code ec;
+  std::filesystem::create_directories(options.path, ec);
+  if (ec) {
+    return Status::Unavailable("disk tier: cannot create directory " + options.path + ": " +
+                               ec.message());
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options_ = options;
+  impl->clock_ = clock != nullptr ? clock : Clock::Real();
+  impl->counters_.kind = TierKind::kDisk;
+  impl->write_options_.disableWAL = !options.use_wal;
+  impl->write_options_.sync = options.sync_writes;
+  impl->read_options_.verify_checksums = options.verify_checksums;
+
+  rocksdb::Options db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  db_options.compression = rocksdb::kNoCompression;  // KV bytes barely compress; spend no CPU
+  db_options.max_background_jobs = 2;
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  rocksdb::ColumnFamilyOptions cf_options(db_options);
+  cf_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+      {rocksdb::kDefaultColumnFamilyName, cf_options}, {kMetaFamily, cf_options}};
+  rocksdb::DB* db = nullptr;
+  KVD_RETURN_IF_ERROR(FromRocks(
+      rocksdb::DB::Open(rocksdb::DBOptions(db_options), options.path, families, &impl->handles_, &db),
+      "open " + options.path));
+  impl->db_.reset(db);
+
+  // Rebuild the index from the metadata family.
+  const int64_t now = impl->clock_->NowNanos();
+  std::unique_ptr<rocksdb::Iterator> it(impl->db_->NewIterator(impl->read_options_, impl->meta_cf()));
+  std::lock_guard<std::mutex> lock(impl->mu_);
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    KVD_ASSIGN_OR_RETURN(ChunkKey key, codec::DecodeKey(std::string_view(it->key().data(), it->key().size())));
+    KVD_ASSIGN_OR_RETURN(codec::MetaRecord rec,
+                         codec::DecodeMeta(std::string_view(it->value().data(), it->value().size())));
+    auto e = std::make_unique<Impl::Entry>();
+    e->meta.key = std::move(key);
+    e->meta.tokens = rec.tokens;
+    e->meta.size_bytes = rec.size_bytes;
+    e->meta.checksum = rec.checksum;
+    e->meta.created_ns = now;
+    e->meta.last_access_ns = now;
+    e->meta.tier = TierKind::kDisk;
+    impl->AddLocked(std::move(e));
+    impl->restored_++;
+  }
+  KVD_RETURN_IF_ERROR(FromRocks(it->status(), "scan metadata"));
+  return std::unique_ptr<DiskTier>(new DiskTier(std::move(impl)));
+}
+
+DiskTier::DiskTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DiskTier::~DiskTier() = default;
+
+Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                        std::span<const std::byte> bytes) {
+  Impl& s = *impl_;
+  if (bytes.empty()) return Status::InvalidArgument("disk tier insert: no bytes");
+  if (key.model.empty() || key.model.size() > 0xffff || key.name_space.size() > 0xffff) {
+    return Status::InvalidArgument("disk tier insert: model must be 1..65535 bytes and namespace "
+                                   "<= 65535 bytes");
+  }
+  if (bytes.size() > s.options_.capacity_bytes) {
+    return Status::ResourceExhausted("disk tier: chunk of " + std::to_string(bytes.size()) +
+                                     " bytes exceeds the capacity " +
+                                     std::to_string(s.options_.capacity_bytes));
+  }
+  const uint64_t actual = Checksum64(bytes.data(), bytes.size());
+  if (actual != checksum) {
+    std::lock_guard<std::mutex> lock(s.mu_);
+    s.counters_.checksum_failures++;
+    return Status::DataLoss("disk tier insert of " + key.ToString() +
+                            ": checksum mismatch: expected " + std::to_string(checksum) +
+                            ", bytes have " + std::to_string(actual));
+  }
+  // Build the value outside the lock.
+  std::string value(codec::kValueHeaderBytes + bytes.size(), '\0');
+  codec::EncodeValueHeader({checksum, tokens}, value.data());
+  std::memcpy(value.data() + codec::kValueHeaderBytes, bytes.data(), bytes.size());
+  const std::string k = codec::EncodeKey(key);
+
+  std::lock_guard<std::mutex> lock(s.mu_);
+  if (s.index_.count(key) != 0) {
+    s.counters_.dedup_puts++;
+    return Status::AlreadyExists("dedup: chunk " + key.ToString() + " is already on disk");
+  }
+  while (s.used_bytes_ + bytes.size() > s.options_.capacity_bytes && !s.lru_.empty()) {
+    KVD_RETURN_IF_ERROR(s.DropLocked(s.lru_.back()));
+    s.counters_.evictions++;
+  }
+  rocksdb::WriteBatch batch;
+  batch.Put(s.data_cf(), k, value);
+  batch.Put(s.meta_cf(), k, codec::EncodeMeta({tokens, bytes.size(), checksum}));
+  KVD_RETURN_IF_ERROR(FromRocks(s.db_->Write(s.write_options_, &batch), "write " + key.ToString()));
+  auto e = std::make_unique<Impl::Entry>();
+  const int64_t now = s.clock_->NowNanos();
+  e->meta = ChunkMeta{key, tokens, bytes.size(), checksum, now, now, TierKind::kDisk};
+  s.AddLocked(std::move(e));
+  s.counters_.commits++;
+  return Status::Ok();
+}
+
+StatusOr<ChunkMeta> DiskTier::ReadInto(const ChunkKey& key, std::span<std::byte> out) {
+  Impl& s = *impl_;
+  ChunkMeta meta;
+  {
+    std::lock_guard<std::mutex> lock(s.mu_);
+    auto it = s.index_.find(key);
+    if (it == s.index_.end()) {
+      return Status::NotFound("chunk " + key.ToString() + " is not on disk (never stored, or evicted)");
+    }
+    meta = it->second->meta;
+  }
+  if (out.size() < meta.size_bytes) {
+    return Status::OutOfRange("read of " + key.ToString() + ": buffer of " +
+                              std::to_string(out.size()) + " bytes < chunk of " +
+                              std::to_string(meta.size_bytes));
+  }
+  rocksdb::PinnableSlice value;
+  rocksdb::Status rs = s.db_->Get(s.read_options_, s.data_cf(), codec::EncodeKey(key), &value);
+  if (rs.IsNotFound()) {
+    return Status::NotFound("chunk " + key.ToString() + " was removed from disk during the read");
+  }
+  Status status = FromRocks(rs, "read " + key.ToString());
+  if (status.ok()) {
+    if (value.size() != codec::kValueHeaderBytes + meta.size_bytes) {
+      status = Status::DataLoss("disk tier: chunk " + key.ToString() + " has " +
+                                std::to_string(value.size()) + " stored bytes, expected " +
+                                std::to_string(codec::kValueHeaderBytes + meta.size_bytes));
+    } else {
+      const codec::ValueHeader h = codec::DecodeValueHeader(value.data());
+      meta.tokens = h.tokens;
+      const char* payload = value.data() + codec::kValueHeaderBytes;
+      if (s.options_.verify_checksums) {
+        const uint64_t actual = Checksum64(payload, meta.size_bytes);
+        if (actual != h.checksum || h.checksum != meta.checksum) {
+          status = Status::DataLoss("disk tier: chunk " + key.ToString() +
+                                    " is corrupt: checksum " + std::to_string(actual) +
+                                    ", stored " + std::to_string(h.checksum) + ", indexed " +
+                                    std::to_string(meta.checksum) + "; chunk dropped");
+        }
+      }
+      if (status.ok()) std::memcpy(out.data(), payload, meta.size_bytes);
+    }
+  }
+  std::lock_guard<std::mutex> lock(s.mu_);
+  auto it = s.index_.find(key);
+  if (status.code() == StatusCode::kDataLoss) {
+    s.counters_.checksum_failures++;
+    if (it != s.index_.end() && it->second->meta.checksum == meta.checksum) {
+      s.DropLocked(it->second.get()).IgnoreError();  // the DATA_LOSS is what the caller needs
+    }
+    return status;
+  }
+  KVD_RETURN_IF_ERROR(status);
+  if (it != s.index_.end()) {
+    it->second->meta.last_access_ns = s.clock_->NowNanos();
+    s.lru_.splice(s.lru_.begin(), s.lru_, it->second->lru_it);
+    meta.last_access_ns = it->second->meta.last_access_ns;
+  }
+  return meta;
+}
+
+StatusOr<ChunkMeta> DiskTier::Describe(const ChunkKey& key) const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  auto it = impl_->index_.find(key);
+  if (it == impl_->index_.end()) {
+    return Status::NotFound("chunk " + key.ToString() + " is not on disk (never stored, or evicted)");
+  }
+  return it->second->meta;
+}
+
+bool DiskTier::Contains(const ChunkKey& key) const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->index_.count(key) != 0;
+}
+
+Status DiskTier::Remove(const ChunkKey& key) {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  auto it = impl_->index_.find(key);
+  if (it == impl_->index_.end()) {
+    return Status::NotFound("chunk " + key.ToString() + " is not on disk (never stored, or evicted)");
+  }
+  return impl_->DropLocked(it->second.get());
+}
+
+std::vector<ChunkMeta> DiskTier::List(const ChunkFilter& filter, size_t limit) const {
+  std::vector<ChunkMeta> out;
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  for (const Impl::Entry* e : impl_->lru_) {
+    if (limit != 0 && out.size() >= limit) break;
+    if (filter.Matches(e->meta.key)) out.push_back(e->meta);
+  }
+  return out;
+}
+
+EvictResult DiskTier::Evict(const ChunkFilter& filter) {
+  EvictResult out;
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  std::vector<Impl::Entry*> victims;
+  for (Impl::Entry* e : impl_->lru_) {
+    if (filter.Matches(e->meta.key)) victims.push_back(e);
+  }
+  for (Impl::Entry* e : victims) {
+    out.bytes += e->meta.size_bytes;
+    impl_->DropLocked(e).IgnoreError();  // a failed delete leaves garbage on disk, not in index
+    out.evicted++;
+  }
+  impl_->counters_.admin_evictions += out.evicted;
+  return out;
+}
+
+TierStats DiskTier::GetStats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  TierStats out = impl_->counters_;
+  out.kind = TierKind::kDisk;
+  out.capacity_bytes = impl_->options_.capacity_bytes;
+  out.used_bytes = impl_->used_bytes_;
+  out.chunk_count = impl_->index_.size();
+  out.per_model = {impl_->per_model_.begin(), impl_->per_model_.end()};
+  out.per_namespace = {impl_->per_namespace_.begin(), impl_->per_namespace_.end()};
+  return out;
+}
+
+uint64_t DiskTier::restored_chunks() const { return impl_->restored_; }
+
+Status DiskTier::Flush() {
+  return FromRocks(impl_->db_->Flush(rocksdb::FlushOptions(), impl_->handles_), "flush");
+}
+
+}  // namespace kvd::storage

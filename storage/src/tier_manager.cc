@@ -1,0 +1,131 @@
+#include "kvd/storage/tier_manager.h"
+
+#include <algorithm>
+
+namespace kvd::storage {
+
+StatusOr<std::unique_ptr<TierManager>> TierManager::Create(const TierManagerOptions& options,
+                                                           HostTier* host, DiskTier* disk) {
+  KVD_RETURN_IF_ERROR(options.Validate());
+  if (host == nullptr) return Status::InvalidArgument("tier manager: a host tier is required");
+  return std::unique_ptr<TierManager>(new TierManager(options, host, disk));
+}
+
+TierManager::TierManager(const TierManagerOptions& options, HostTier* host, DiskTier* disk)
+    : options_(options), host_(host), disk_(disk) {}
+
+Status TierManager::Promote(const ChunkKey& key) {
+  KVD_ASSIGN_OR_RETURN(ChunkMeta meta, disk_->Describe(key));
+  // Read straight into the host arena: reserve, fill from disk (verified), commit (verified).
+  KVD_ASSIGN_OR_RETURN(Reservation r, host_->Reserve(key, meta.size_bytes, meta.tokens, 0));
+  auto read = disk_->ReadInto(key, std::span<std::byte>(r.data, r.size_bytes));
+  if (!read.ok()) {
+    host_->Abort(r.id).IgnoreError();  // our own open reservation
+    return read.status();
+  }
+  Status s = host_->Commit(r.id, read->checksum);
+  if (!s.ok() && !IsDedup(s)) return s;
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  promotions_++;
+  return Status::Ok();
+}
+
+StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
+  if (disk_ == nullptr || !options_.promote_on_hit) return host_->Lookup(request);
+  // Walk the prefix: chunks in host are pinned by a short read, disk-only ones are promoted
+  // (and then pinned), so promoting chunk i cannot evict chunks 0..i-1 of the same prefix.
+  std::vector<ReadId> pins;
+  for (size_t i = 0; i < request.chunk_hashes.size(); ++i) {
+    const ChunkKey key = request.KeyAt(i);
+    auto view = host_->GetByKey(key, request.owner);
+    if (!view.ok()) {
+      if (!disk_->Contains(key)) break;
+      if (!Promote(key).ok()) break;  // no room in host, or corrupt on disk: the prefix ends
+      view = host_->GetByKey(key, request.owner);
+      if (!view.ok()) break;
+    }
+    pins.push_back(view->read_id);
+  }
+  StatusOr<LookupResult> result = host_->Lookup(request);  // the lease pins what it matched
+  for (ReadId id : pins) host_->ReleaseRead(id).IgnoreError();  // our own live reads
+  return result;
+}
+
+StatusOr<DemoteResult> TierManager::MaybeDemote() {
+  DemoteResult out;
+  std::lock_guard<std::mutex> pass(demote_mu_);
+  out.occupancy_before = host_->Occupancy();
+  out.occupancy_after = out.occupancy_before;
+  if (disk_ == nullptr || out.occupancy_before <= options_.high_watermark) return out;
+  while (host_->Occupancy() > options_.low_watermark) {
+    const std::vector<ChunkMeta> batch = host_->LeastRecentlyUsed(16);
+    if (batch.empty()) break;  // everything left is pinned
+    bool progressed = false;
+    for (const ChunkMeta& m : batch) {
+      if (host_->Occupancy() <= options_.low_watermark) break;
+      auto view = host_->GetByKey(m.key, 0);
+      if (!view.ok()) {
+        out.skipped++;
+        continue;
+      }
+      Status s = disk_->Insert(m.key, view->meta.tokens, view->meta.checksum,
+                               std::span<const std::byte>(view->data, view->meta.size_bytes));
+      host_->ReleaseRead(view->read_id).IgnoreError();  // our own live read
+      if (!s.ok() && !IsDedup(s)) {
+        out.occupancy_after = host_->Occupancy();
+        return s.WithContext("demote " + m.key.ToString());
+      }
+      // Copied: drop it from host unless somebody pinned it meanwhile (then it stays in both).
+      if (host_->Remove(m.key).ok()) {
+        out.demoted++;
+        out.bytes += m.size_bytes;
+        progressed = true;
+      } else {
+        out.skipped++;
+      }
+    }
+    if (!progressed) break;
+  }
+  out.occupancy_after = host_->Occupancy();
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  demotions_ += out.demoted;
+  return out;
+}
+
+std::vector<ChunkMeta> TierManager::List(const ChunkFilter& filter, size_t limit) const {
+  std::vector<ChunkMeta> out = host_->List(filter, limit);
+  if (disk_ != nullptr && (limit == 0 || out.size() < limit)) {
+    std::vector<ChunkMeta> more = disk_->List(filter, limit == 0 ? 0 : limit - out.size());
+    out.insert(out.end(), more.begin(), more.end());
+  }
+  return out;
+}
+
+EvictResult TierManager::Evict(const ChunkFilter& filter) {
+  EvictResult out = host_->Evict(filter);
+  if (disk_ != nullptr) {
+    const EvictResult d = disk_->Evict(filter);
+    out.evicted += d.evicted;
+    out.deferred += d.deferred;
+    out.bytes += d.bytes;
+  }
+  return out;
+}
+
+std::vector<TierStats> TierManager::GetStats() const {
+  std::vector<TierStats> out{host_->GetStats()};
+  if (disk_ != nullptr) out.push_back(disk_->GetStats());
+  return out;
+}
+
+uint64_t TierManager::promotions() const {
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  return promotions_;
+}
+
+uint64_t TierManager::demotions() const {
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  return demotions_;
+}
+
+}  // namespace kvd::storage

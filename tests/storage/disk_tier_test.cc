@@ -1,0 +1,202 @@
+// DiskTier (real RocksDB in a temp dir): round trip, restart, corruption, capacity, dedup.
+#include "kvd/storage/disk_tier.h"
+
+#include <gtest/gtest.h>
+#include <rocksdb/db.h>
+
+#include <filesystem>
+#include <random>
+
+#include "test_util.h"
+
+namespace kvd::storage {
+namespace {
+
+using testing::Contains;
+using testing::MakeKey;
+using testing::RandomBytes;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::random_device rd;
+    path_ = std::filesystem::temp_directory_path() /
+            ("kvd_disk_tier_test_" + std::to_string(rd()) + std::to_string(rd()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string path() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+class DiskTierTest : public ::testing::Test {
+ protected:
+  DiskTierOptions Options() const {
+    DiskTierOptions o;
+    o.path = dir_.path() + "/db";
+    o.capacity_bytes = 1 << 20;
+    o.use_wal = true;
+    return o;
+  }
+  std::unique_ptr<DiskTier> Open(DiskTierOptions o) {
+    auto t = DiskTier::Open(o);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? std::move(t).value() : nullptr;
+  }
+  Status Insert(DiskTier& t, uint64_t n, const std::vector<std::byte>& bytes) {
+    return t.Insert(MakeKey(n), 256, Checksum64(bytes.data(), bytes.size()), bytes);
+  }
+  TempDir dir_;
+};
+
+TEST_F(DiskTierTest, RejectsBadOptions) {
+  DiskTierOptions o;
+  auto t = DiskTier::Open(o);
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(t.status(), "path is required")) << t.status();
+  o = Options();
+  o.use_wal = false;
+  o.sync_writes = true;
+  EXPECT_EQ(DiskTier::Open(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(DiskTierTest, RoundTripAndErrors) {
+  auto tier = Open(Options());
+  ASSERT_TRUE(tier);
+  const auto bytes = RandomBytes(10000, 1);
+  ASSERT_TRUE(Insert(*tier, 1, bytes).ok());
+  std::vector<std::byte> out(bytes.size());
+  auto meta = tier->ReadInto(MakeKey(1), out);
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ(out, bytes);
+  EXPECT_EQ(meta->tokens, 256u);
+  EXPECT_EQ(meta->tier, TierKind::kDisk);
+  Status s = Insert(*tier, 1, bytes);
+  EXPECT_TRUE(IsDedup(s)) << s;
+  s = tier->Insert(MakeKey(2), 1, 12345, bytes);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_FALSE(tier->Contains(MakeKey(2)));
+  s = tier->ReadInto(MakeKey(3), out).status();
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(s, MakeKey(3).ToString())) << s;
+  std::vector<std::byte> small(5);
+  EXPECT_EQ(tier->ReadInto(MakeKey(1), small).status().code(), StatusCode::kOutOfRange);
+  ASSERT_TRUE(tier->Remove(MakeKey(1)).ok());
+  EXPECT_EQ(tier->ReadInto(MakeKey(1), out).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(tier->GetStats().used_bytes, 0u);
+}
+
+TEST_F(DiskTierTest, ChunksSurviveARestart) {
+  std::vector<std::vector<std::byte>> payloads;
+  {
+    auto tier = Open(Options());
+    ASSERT_TRUE(tier);
+    for (uint64_t n = 0; n < 5; ++n) {
+      payloads.push_back(RandomBytes(1000 + n * 100, static_cast<uint32_t>(n)));
+      ASSERT_TRUE(tier->Insert(MakeKey(n, n % 2 ? "qwen" : "llama"), static_cast<uint32_t>(n),
+                               Checksum64(payloads[n].data(), payloads[n].size()), payloads[n])
+                      .ok());
+    }
+    ASSERT_TRUE(tier->Remove(MakeKey(4)).ok());
+  }
+  auto tier = Open(Options());
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->restored_chunks(), 4u);
+  const TierStats s = tier->GetStats();
+  EXPECT_EQ(s.chunk_count, 4u);
+  EXPECT_EQ(s.used_bytes, 1000u + 1100 + 1200 + 1300);
+  EXPECT_EQ(s.per_model.at("qwen").chunks, 2u);
+  for (uint64_t n = 0; n < 4; ++n) {
+    std::vector<std::byte> out(payloads[n].size());
+    auto meta = tier->ReadInto(MakeKey(n, n % 2 ? "qwen" : "llama"), out);
+    ASSERT_TRUE(meta.ok()) << meta.status();
+    EXPECT_EQ(meta->tokens, n);
+    EXPECT_EQ(out, payloads[n]);
+  }
+  EXPECT_FALSE(tier->Contains(MakeKey(4)));
+}
+
+TEST_F(DiskTierTest, WalOffStillSurvivesACleanFlush) {
+  DiskTierOptions o = Options();
+  o.use_wal = false;
+  const auto bytes = RandomBytes(5000, 3);
+  {
+    auto tier = Open(o);
+    ASSERT_TRUE(tier);
+    ASSERT_TRUE(Insert(*tier, 7, bytes).ok());
+    ASSERT_TRUE(tier->Flush().ok());
+  }
+  auto tier = Open(o);
+  ASSERT_TRUE(tier);
+  std::vector<std::byte> out(bytes.size());
+  ASSERT_TRUE(tier->ReadInto(MakeKey(7), out).ok());
+  EXPECT_EQ(out, bytes);
+}
+
+TEST_F(DiskTierTest, CorruptValueIsDataLossAndDropped) {
+  const auto bytes = RandomBytes(4096, 4);
+  {
+    auto tier = Open(Options());
+    ASSERT_TRUE(tier);
+    ASSERT_TRUE(Insert(*tier, 1, bytes).ok());
+    ASSERT_TRUE(Insert(*tier, 2, bytes).ok());
+  }
+  {
+    // Flip one payload byte of chunk 1 behind the tier's back.
+    rocksdb::DB* raw = nullptr;
+    std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+        {rocksdb::kDefaultColumnFamilyName, {}}, {"meta", {}}};
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    ASSERT_TRUE(rocksdb::DB::Open({}, Options().path, families, &handles, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator({}, handles[0]));
+    it->SeekToFirst();
+    ASSERT_TRUE(it->Valid());
+    std::string key = it->key().ToString();
+    std::string value = it->value().ToString();
+    it.reset();
+    value[100] ^= 0x01;
+    ASSERT_TRUE(db->Put({}, handles[0], key, value).ok());
+    for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  }
+  auto tier = Open(Options());
+  ASSERT_TRUE(tier);
+  std::vector<std::byte> out(bytes.size());
+  auto r1 = tier->ReadInto(MakeKey(1), out);
+  auto r2 = tier->ReadInto(MakeKey(2), out);
+  // Exactly one of the two (the first in key order) was corrupted.
+  const bool first_bad = !r1.ok();
+  const Status bad = first_bad ? r1.status() : r2.status();
+  EXPECT_EQ(bad.code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(bad, "corrupt")) << bad;
+  EXPECT_TRUE(first_bad ? r2.ok() : r1.ok());
+  EXPECT_EQ(tier->GetStats().checksum_failures, 1u);
+  EXPECT_EQ(tier->GetStats().chunk_count, 1u);  // the corrupt one was dropped
+  EXPECT_EQ(tier->ReadInto(MakeKey(first_bad ? 1 : 2), out).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(DiskTierTest, CapacityEvictsLeastRecentlyUsed) {
+  DiskTierOptions o = Options();
+  o.capacity_bytes = 3000;
+  auto tier = Open(o);
+  ASSERT_TRUE(tier);
+  const auto bytes = RandomBytes(1000, 5);
+  for (uint64_t n = 0; n < 3; ++n) ASSERT_TRUE(Insert(*tier, n, bytes).ok());
+  std::vector<std::byte> out(1000);
+  ASSERT_TRUE(tier->ReadInto(MakeKey(0), out).ok());  // 1 is now the oldest
+  ASSERT_TRUE(Insert(*tier, 3, bytes).ok());
+  EXPECT_TRUE(tier->Contains(MakeKey(0)));
+  EXPECT_FALSE(tier->Contains(MakeKey(1)));
+  EXPECT_EQ(tier->GetStats().evictions, 1u);
+  Status s = tier->Insert(MakeKey(9), 1, 0, RandomBytes(3001, 6));
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  const EvictResult ev = tier->Evict(ChunkFilter::All());
+  EXPECT_EQ(ev.evicted, 3u);
+  EXPECT_EQ(tier->GetStats().used_bytes, 0u);
+}
+
+}  // namespace
+}  // namespace kvd::storage
