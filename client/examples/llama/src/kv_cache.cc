@@ -62,11 +62,6 @@ Status CompactKvCache::Validate(int num_layers, int num_kv_heads, int head_dim) 
                                        std::to_string(c.bias.size()) + " floats for " +
                                        std::to_string(c.num_slots) + " slots");
       }
-      if (c.num_slots > next_position) {
-        return Status::InvalidArgument(where + ": " + std::to_string(c.num_slots) +
-                                       " slots exceed next_position " +
-                                       std::to_string(next_position));
-      }
       for (float b : c.bias) {
         if (!std::isfinite(b)) return Status::InvalidArgument(where + ": non-finite bias");
       }
