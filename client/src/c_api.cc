@@ -112,6 +112,7 @@ int kvd_client_connect(const kvd_config* c, kvd_client** out) {
     if (c->hash_seed) o.hash_seed = c->hash_seed;
     if (c->chunk_tokens) o.chunk_tokens = c->chunk_tokens;
     if (c->block_tokens) o.block_tokens = c->block_tokens;
+    if (c->transport_backend) o.transport.backend = c->transport_backend;
     if (c->ucx_tls) o.transport.ucx_tls = c->ucx_tls;
     if (c->net_devices) o.transport.net_devices = c->net_devices;
     if (c->connect_timeout_ms) o.connect_timeout_ms = c->connect_timeout_ms;

@@ -75,6 +75,7 @@ typedef struct kvd_config {
   int32_t chunk_tokens;    /* 0 = 256 */
   int32_t block_tokens;    /* 0 = 16 */
   int32_t admin;           /* nonzero: admin role (stats/ls/evict/health only) */
+  const char* transport_backend; /* NULL = "ucx"; "loopback" only for in-process tests */
   const char* ucx_tls;     /* NULL = UCX's choice; e.g. "sm,tcp" or "tcp" */
   const char* net_devices; /* NULL = UCX's choice; e.g. "lo" */
   int64_t connect_timeout_ms, request_timeout_ms, transfer_timeout_ms; /* 0 = defaults */

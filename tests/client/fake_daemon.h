@@ -1,0 +1,58 @@
+// A scripted, in-process stand-in for kvd for the client's unit tests: speaks the real frame
+// protocol over a unix socket and moves bulk bytes over the loopback transport. It keeps chunks
+// in a map and lets a test inject misbehaviour (hang, close, error replies, corrupt bytes).
+// One connection at a time, served on its own thread.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvd/common/hash.h"
+#include "kvd/common/status.h"
+#include "kvd/transport/transport.h"
+
+namespace kvd::client::testing {
+
+struct FakeDaemonBehavior {
+  // Request kinds by name ("lookup", "reserve", "commit", "get", "stats", ...).
+  std::string hang_on;        // never answer this kind (the client must time out)
+  std::string close_on;       // close the connection on this kind (the daemon "died")
+  std::string refuse_hello;   // non-empty: refuse Hello with FAILED_PRECONDITION and this text
+  bool get_not_found = false;  // Get replies NOT_FOUND and sends nothing
+  bool corrupt_get = false;    // Get flips one byte of what it sends (checksum stays the true one)
+};
+
+class FakeDaemon {
+ public:
+  // Listens on a fresh unix socket; bulk bytes over loopback domain `domain`.
+  FakeDaemon(std::string domain, FakeDaemonBehavior behavior);
+  ~FakeDaemon();
+
+  std::string address() const { return "unix:" + path_; }
+  size_t stored_chunks() const;
+  // Number of requests of each kind seen.
+  int seen(const std::string& kind) const;
+  void Stop();
+
+ private:
+  void Serve();
+  void ServeConnection(int fd);
+
+  std::string domain_;
+  FakeDaemonBehavior behavior_;
+  std::string dir_, path_;
+  int listen_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::unique_ptr<transport::Transport> transport_;
+  mutable std::mutex mu_;
+  std::map<Hash128, std::vector<uint8_t>> chunks_;  // GUARDED_BY(mu_)
+  std::map<std::string, int> seen_;                 // GUARDED_BY(mu_)
+};
+
+}  // namespace kvd::client::testing
