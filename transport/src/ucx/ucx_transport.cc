@@ -3,6 +3,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -188,6 +189,9 @@ StatusOr<PeerHandle> UcxTransport::Connect(std::string_view peer_address) {
                                "(e.g. sm,tcp)");
     }
     return st;
+  }
+  if (const char* dump = std::getenv("KVD_UCX_PRINT_EP"); dump != nullptr && dump[0] == '1') {
+    ucp_ep_print_info(ep, stderr);  // which UCX transport carries which lane, for diagnosis
   }
   uint64_t id = next_id_++;
   peers_[id].ep = ep;
