@@ -46,8 +46,8 @@ std::optional<uint64_t> ArenaAllocator::Allocate(uint64_t bytes) {
 Status ArenaAllocator::Free(uint64_t offset) {
   auto live = live_.find(offset);
   if (live == live_.end()) {
-    return Status::NotFound("arena: no allocated block starts at offset " +
-                            std::to_string(offset) + " (double free or foreign offset)");
+    return Status::NotFound("arena: no allocated block starts at offset " + std::to_string(offset) +
+                            " (double free or foreign offset)");
   }
   uint64_t start = offset;
   uint64_t size = live->second;
@@ -101,8 +101,7 @@ Status ArenaAllocator::CheckConsistency() const {
   bool first = true;
   for (const auto& [offset, size] : free_by_offset_) {
     if (size == 0 || offset % alignment_ != 0 || size % alignment_ != 0) {
-      return Status::Internal("arena: misaligned or empty free block at " +
-                              std::to_string(offset));
+      return Status::Internal("arena: misaligned or empty free block at " + std::to_string(offset));
     }
     if (!first && offset < prev_end) {
       return Status::Internal("arena: overlapping free blocks at " + std::to_string(offset));
@@ -128,8 +127,7 @@ Status ArenaAllocator::CheckConsistency() const {
     live_total += size;
     auto next_free = free_by_offset_.lower_bound(offset);
     if (next_free != free_by_offset_.end() && next_free->first < offset + size) {
-      return Status::Internal("arena: live block overlaps free block at " +
-                              std::to_string(offset));
+      return Status::Internal("arena: live block overlaps free block at " + std::to_string(offset));
     }
     if (next_free != free_by_offset_.begin()) {
       auto prev = std::prev(next_free);
@@ -141,9 +139,8 @@ Status ArenaAllocator::CheckConsistency() const {
   }
   if (live_total != allocated_ || free_total + allocated_ != capacity_) {
     return Status::Internal("arena: accounting broken: live=" + std::to_string(live_total) +
-                            " allocated=" + std::to_string(allocated_) +
-                            " free=" + std::to_string(free_total) +
-                            " capacity=" + std::to_string(capacity_));
+                            " allocated=" + std::to_string(allocated_) + " free=" +
+                            std::to_string(free_total) + " capacity=" + std::to_string(capacity_));
   }
   return Status::Ok();
 }

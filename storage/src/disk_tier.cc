@@ -9,10 +9,10 @@
 
 #include <cstring>
 #include <filesystem>
-#include <system_error>
 #include <list>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <unordered_map>
 
 #include "key_codec.h"
@@ -25,7 +25,8 @@ constexpr char kMetaFamily[] = "meta";
 
 Status FromRocks(const rocksdb::Status& s, std::string_view what) {
   if (s.ok()) return Status::Ok();
-  if (s.IsCorruption()) return Status::DataLoss("disk tier: " + std::string(what) + ": " + s.ToString());
+  if (s.IsCorruption())
+    return Status::DataLoss("disk tier: " + std::string(what) + ": " + s.ToString());
   return Status::Unavailable("disk tier: " + std::string(what) + ": " + s.ToString());
 }
 
@@ -129,19 +130,21 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& option
   std::vector<rocksdb::ColumnFamilyDescriptor> families = {
       {rocksdb::kDefaultColumnFamilyName, cf_options}, {kMetaFamily, cf_options}};
   rocksdb::DB* db = nullptr;
-  KVD_RETURN_IF_ERROR(FromRocks(
-      rocksdb::DB::Open(rocksdb::DBOptions(db_options), options.path, families, &impl->handles_, &db),
-      "open " + options.path));
+  KVD_RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(rocksdb::DBOptions(db_options), options.path,
+                                                  families, &impl->handles_, &db),
+                                "open " + options.path));
   impl->db_.reset(db);
 
   // Rebuild the index from the metadata family.
   const int64_t now = impl->clock_->NowNanos();
-  std::unique_ptr<rocksdb::Iterator> it(impl->db_->NewIterator(impl->read_options_, impl->meta_cf()));
+  std::unique_ptr<rocksdb::Iterator> it(
+      impl->db_->NewIterator(impl->read_options_, impl->meta_cf()));
   std::lock_guard<std::mutex> lock(impl->mu_);
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    KVD_ASSIGN_OR_RETURN(ChunkKey key, codec::DecodeKey(std::string_view(it->key().data(), it->key().size())));
-    KVD_ASSIGN_OR_RETURN(codec::MetaRecord rec,
-                         codec::DecodeMeta(std::string_view(it->value().data(), it->value().size())));
+    KVD_ASSIGN_OR_RETURN(ChunkKey key,
+                         codec::DecodeKey(std::string_view(it->key().data(), it->key().size())));
+    KVD_ASSIGN_OR_RETURN(codec::MetaRecord rec, codec::DecodeMeta(std::string_view(
+                                                    it->value().data(), it->value().size())));
     auto e = std::make_unique<Impl::Entry>();
     e->meta.key = std::move(key);
     e->meta.tokens = rec.tokens;
@@ -165,8 +168,9 @@ Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
   Impl& s = *impl_;
   if (bytes.empty()) return Status::InvalidArgument("disk tier insert: no bytes");
   if (key.model.empty() || key.model.size() > 0xffff || key.name_space.size() > 0xffff) {
-    return Status::InvalidArgument("disk tier insert: model must be 1..65535 bytes and namespace "
-                                   "<= 65535 bytes");
+    return Status::InvalidArgument(
+        "disk tier insert: model must be 1..65535 bytes and namespace "
+        "<= 65535 bytes");
   }
   if (bytes.size() > s.options_.capacity_bytes) {
     return Status::ResourceExhausted("disk tier: chunk of " + std::to_string(bytes.size()) +
@@ -215,7 +219,8 @@ StatusOr<ChunkMeta> DiskTier::ReadInto(const ChunkKey& key, std::span<std::byte>
     std::lock_guard<std::mutex> lock(s.mu_);
     auto it = s.index_.find(key);
     if (it == s.index_.end()) {
-      return Status::NotFound("chunk " + key.ToString() + " is not on disk (never stored, or evicted)");
+      return Status::NotFound("chunk " + key.ToString() +
+                              " is not on disk (never stored, or evicted)");
     }
     meta = it->second->meta;
   }
@@ -242,10 +247,10 @@ StatusOr<ChunkMeta> DiskTier::ReadInto(const ChunkKey& key, std::span<std::byte>
       if (s.options_.verify_checksums) {
         const uint64_t actual = Checksum64(payload, meta.size_bytes);
         if (actual != h.checksum || h.checksum != meta.checksum) {
-          status = Status::DataLoss("disk tier: chunk " + key.ToString() +
-                                    " is corrupt: checksum " + std::to_string(actual) +
-                                    ", stored " + std::to_string(h.checksum) + ", indexed " +
-                                    std::to_string(meta.checksum) + "; chunk dropped");
+          status =
+              Status::DataLoss("disk tier: chunk " + key.ToString() + " is corrupt: checksum " +
+                               std::to_string(actual) + ", stored " + std::to_string(h.checksum) +
+                               ", indexed " + std::to_string(meta.checksum) + "; chunk dropped");
         }
       }
       if (status.ok()) std::memcpy(out.data(), payload, meta.size_bytes);
@@ -273,7 +278,8 @@ StatusOr<ChunkMeta> DiskTier::Describe(const ChunkKey& key) const {
   std::lock_guard<std::mutex> lock(impl_->mu_);
   auto it = impl_->index_.find(key);
   if (it == impl_->index_.end()) {
-    return Status::NotFound("chunk " + key.ToString() + " is not on disk (never stored, or evicted)");
+    return Status::NotFound("chunk " + key.ToString() +
+                            " is not on disk (never stored, or evicted)");
   }
   return it->second->meta;
 }
@@ -287,7 +293,8 @@ Status DiskTier::Remove(const ChunkKey& key) {
   std::lock_guard<std::mutex> lock(impl_->mu_);
   auto it = impl_->index_.find(key);
   if (it == impl_->index_.end()) {
-    return Status::NotFound("chunk " + key.ToString() + " is not on disk (never stored, or evicted)");
+    return Status::NotFound("chunk " + key.ToString() +
+                            " is not on disk (never stored, or evicted)");
   }
   return impl_->DropLocked(it->second.get());
 }

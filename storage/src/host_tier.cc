@@ -136,7 +136,7 @@ bool HostTier::Impl::DropEntryLocked(HostEntry* e) {
     return false;
   }
   arena_.Free(e->offset).IgnoreError();  // the offset is live by construction
-  return true;  // `node` destroys the entry
+  return true;                           // `node` destroys the entry
 }
 
 void HostTier::Impl::DropReservationLocked(ReservationId id, RetireReason reason) {
@@ -178,9 +178,9 @@ Status HostTier::Impl::MakeRoomLocked(uint64_t bytes) {
   const uint64_t evictable = used_arena_bytes_ - pinned_arena_bytes_;
   const uint64_t free_bytes = arena_.capacity() - arena_.allocated_bytes();
   if (free_bytes + evictable < need) {
-    return Status::ResourceExhausted(
-        "host tier full: cannot reserve " + std::to_string(bytes) + " bytes even after evicting " +
-        "every unpinned chunk (" + OccupancyLocked() + ")");
+    return Status::ResourceExhausted("host tier full: cannot reserve " + std::to_string(bytes) +
+                                     " bytes even after evicting " + "every unpinned chunk (" +
+                                     OccupancyLocked() + ")");
   }
   // Oldest first; pinned chunks are skipped, never evicted.
   auto it = lru_.end();
@@ -507,8 +507,8 @@ StatusOr<ReadView> HostTier::Get(LeaseId lease, size_t index) {
   }
   if (index >= it->second.entries.size()) {
     return Status::OutOfRange("get: lease " + std::to_string(lease) + " holds " +
-                              std::to_string(it->second.entries.size()) +
-                              " chunks, index " + std::to_string(index) + " asked");
+                              std::to_string(it->second.entries.size()) + " chunks, index " +
+                              std::to_string(index) + " asked");
   }
   return s.StartReadLocked(it->second.entries[index], it->second.owner, now);
 }

@@ -105,11 +105,11 @@ class HostTier::Impl {
   uint64_t next_id_ = 1;  // one id space for reservations, leases and reads
 
   // Accounting (payload bytes unless named arena_).
-  uint64_t used_bytes_ = 0;           // visible entries
-  uint64_t reserved_bytes_ = 0;       // open reservations
-  uint64_t pinned_bytes_ = 0;         // visible entries with pins > 0
-  uint64_t used_arena_bytes_ = 0;     // visible entries' arena blocks
-  uint64_t pinned_arena_bytes_ = 0;   // visible pinned entries' arena blocks
+  uint64_t used_bytes_ = 0;          // visible entries
+  uint64_t reserved_bytes_ = 0;      // open reservations
+  uint64_t pinned_bytes_ = 0;        // visible entries with pins > 0
+  uint64_t used_arena_bytes_ = 0;    // visible entries' arena blocks
+  uint64_t pinned_arena_bytes_ = 0;  // visible pinned entries' arena blocks
   uint64_t reserved_arena_bytes_ = 0;
   uint64_t hidden_arena_bytes_ = 0;
   std::unordered_map<std::string, UsageStats> per_model_;

@@ -6,8 +6,9 @@ namespace kvd::storage {
 
 Status HostTierOptions::Validate() const {
   if (alignment < 8 || alignment > (1u << 20) || (alignment & (alignment - 1)) != 0) {
-    return Status::InvalidArgument("host tier: alignment must be a power of two in [8, 1 MiB], got " +
-                                   std::to_string(alignment));
+    return Status::InvalidArgument(
+        "host tier: alignment must be a power of two in [8, 1 MiB], got " +
+        std::to_string(alignment));
   }
   if (reservation_ttl.count() <= 0) {
     return Status::InvalidArgument("host tier: reservation_ttl must be > 0 ms, got " +

@@ -46,7 +46,7 @@ StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
     }
     pins.push_back(view->read_id);
   }
-  StatusOr<LookupResult> result = host_->Lookup(request);  // the lease pins what it matched
+  StatusOr<LookupResult> result = host_->Lookup(request);       // the lease pins what it matched
   for (ReadId id : pins) host_->ReleaseRead(id).IgnoreError();  // our own live reads
   return result;
 }

@@ -174,8 +174,7 @@ TEST_F(DiskTierTest, CorruptValueIsDataLossAndDropped) {
   EXPECT_TRUE(first_bad ? r2.ok() : r1.ok());
   EXPECT_EQ(tier->GetStats().checksum_failures, 1u);
   EXPECT_EQ(tier->GetStats().chunk_count, 1u);  // the corrupt one was dropped
-  EXPECT_EQ(tier->ReadInto(MakeKey(first_bad ? 1 : 2), out).status().code(),
-            StatusCode::kNotFound);
+  EXPECT_EQ(tier->ReadInto(MakeKey(first_bad ? 1 : 2), out).status().code(), StatusCode::kNotFound);
 }
 
 TEST_F(DiskTierTest, CapacityEvictsLeastRecentlyUsed) {

@@ -26,11 +26,11 @@
 namespace kvd::storage {
 
 struct ArenaStats {
-  uint64_t capacity_bytes = 0;    // usable bytes (region size rounded down to the alignment)
-  uint64_t allocated_bytes = 0;   // sum of live block sizes (after rounding up to the alignment)
-  uint64_t free_bytes = 0;        // capacity_bytes - allocated_bytes
+  uint64_t capacity_bytes = 0;   // usable bytes (region size rounded down to the alignment)
+  uint64_t allocated_bytes = 0;  // sum of live block sizes (after rounding up to the alignment)
+  uint64_t free_bytes = 0;       // capacity_bytes - allocated_bytes
   uint64_t largest_free_block = 0;
-  uint64_t free_blocks = 0;       // number of (maximal, coalesced) free ranges
+  uint64_t free_blocks = 0;  // number of (maximal, coalesced) free ranges
   uint64_t allocated_blocks = 0;
   // 1 - largest_free_block / free_bytes: 0 when all free space is one block (or none is free),
   // towards 1 when free space is shattered into small pieces.

@@ -26,11 +26,11 @@ inline constexpr uint32_t kRawCodecId = 0;
 // The address of a chunk: (namespace, model, layout digest, codec id, chain hash of the chunk's
 // last block). A value type; cheap to copy for small strings. Thread-compatible.
 struct ChunkKey {
-  std::string name_space;       // tenant / namespace ("default" by convention)
-  std::string model;            // model name as registered in the topology
-  uint64_t layout_digest = 0;   // ModelLayout::Digest()
+  std::string name_space;      // tenant / namespace ("default" by convention)
+  std::string model;           // model name as registered in the topology
+  uint64_t layout_digest = 0;  // ModelLayout::Digest()
   uint32_t codec_id = kRawCodecId;
-  Hash128 chain_hash;           // chain hash of the LAST block of the chunk
+  Hash128 chain_hash;  // chain hash of the LAST block of the chunk
 
   bool operator==(const ChunkKey&) const = default;
   // "ns/model/layout=0123456789abcdef/codec=0/<32 hex digits>": stable, used in messages and logs.
@@ -47,11 +47,11 @@ struct ChunkKeyHasher {
 // process); `created_ns` of a chunk restored from disk is the time it was restored.
 struct ChunkMeta {
   ChunkKey key;
-  uint32_t tokens = 0;        // tokens of KV the chunk holds
-  uint64_t size_bytes = 0;    // payload bytes (not counting arena alignment padding)
-  uint64_t checksum = 0;      // Checksum64 (xxh3-64, seed 0) of the payload bytes
-  int64_t created_ns = 0;     // commit time
-  int64_t last_access_ns = 0; // last lookup hit or read
+  uint32_t tokens = 0;         // tokens of KV the chunk holds
+  uint64_t size_bytes = 0;     // payload bytes (not counting arena alignment padding)
+  uint64_t checksum = 0;       // Checksum64 (xxh3-64, seed 0) of the payload bytes
+  int64_t created_ns = 0;      // commit time
+  int64_t last_access_ns = 0;  // last lookup hit or read
   TierKind tier = TierKind::kHost;
 };
 

@@ -62,7 +62,7 @@ using ReadId = uint64_t;         // 0 = none
 // reserver's to write) until Commit, Abort, expiry or ReclaimOwner.
 struct Reservation {
   ReservationId id = 0;
-  uint64_t offset = 0;      // byte offset inside the region given to HostTier::Create
+  uint64_t offset = 0;  // byte offset inside the region given to HostTier::Create
   std::byte* data = nullptr;
   uint64_t size_bytes = 0;  // exactly the bytes asked for (the arena block may be larger)
   int64_t deadline_ns = 0;  // kvd::Clock time after which the reservation expires
@@ -85,9 +85,9 @@ struct LookupRequest {
 };
 
 struct LookupResult {
-  size_t matched_chunks = 0;   // leading chunks of the request that are stored and now pinned
-  uint64_t matched_tokens = 0; // sum of their tokens
-  LeaseId lease_id = 0;        // 0 iff matched_chunks == 0 (no lease is created for a miss)
+  size_t matched_chunks = 0;    // leading chunks of the request that are stored and now pinned
+  uint64_t matched_tokens = 0;  // sum of their tokens
+  LeaseId lease_id = 0;         // 0 iff matched_chunks == 0 (no lease is created for a miss)
   int64_t lease_deadline_ns = 0;
   std::vector<ChunkMeta> chunks;  // metadata of the matched chunks, in order
 };
@@ -95,8 +95,8 @@ struct LookupResult {
 // A pinned, read-only view of a committed chunk. `data` stays valid until ReleaseRead(read_id).
 struct ReadView {
   ReadId read_id = 0;
-  ChunkMeta meta;            // key, tokens, size_bytes, checksum
-  uint64_t offset = 0;       // byte offset inside the region (for RMA by a peer)
+  ChunkMeta meta;       // key, tokens, size_bytes, checksum
+  uint64_t offset = 0;  // byte offset inside the region (for RMA by a peer)
   const std::byte* data = nullptr;
 };
 
@@ -133,8 +133,8 @@ class HostTier final : public Tier {
   //   INVALID_ARGUMENT (bytes == 0 or > max_chunk_bytes, empty model),
   //   RESOURCE_EXHAUSTED (cannot fit even after evicting every unpinned chunk; message names
   //   capacity, used, reserved and pinned bytes).
-  StatusOr<Reservation> Reserve(const ChunkKey& key, uint64_t bytes, uint32_t tokens,
-                                OwnerId owner, std::chrono::milliseconds ttl = {});
+  StatusOr<Reservation> Reserve(const ChunkKey& key, uint64_t bytes, uint32_t tokens, OwnerId owner,
+                                std::chrono::milliseconds ttl = {});
 
   // Verifies Checksum64 of the reservation's bytes == `checksum` and publishes the chunk.
   // The checksum is computed without holding the tier's lock.

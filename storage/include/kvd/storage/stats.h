@@ -12,7 +12,7 @@ namespace kvd::storage {
 // Occupancy of one slice (a model or a namespace) of a tier.
 struct UsageStats {
   uint64_t chunks = 0;
-  uint64_t bytes = 0;   // payload bytes of committed chunks
+  uint64_t bytes = 0;  // payload bytes of committed chunks
   uint64_t tokens = 0;
   bool operator==(const UsageStats&) const = default;
 };
@@ -26,9 +26,9 @@ struct UsageStats {
 struct TierStats {
   TierKind kind = TierKind::kHost;
   uint64_t capacity_bytes = 0;
-  uint64_t used_bytes = 0;        // payload bytes of committed (visible) chunks
-  uint64_t reserved_bytes = 0;    // bytes held by open (uncommitted) reservations
-  uint64_t pinned_bytes = 0;      // payload bytes of committed chunks pinned by a lease or read
+  uint64_t used_bytes = 0;      // payload bytes of committed (visible) chunks
+  uint64_t reserved_bytes = 0;  // bytes held by open (uncommitted) reservations
+  uint64_t pinned_bytes = 0;    // payload bytes of committed chunks pinned by a lease or read
   uint64_t arena_allocated_bytes = 0;  // host: arena bytes in use incl. alignment padding
   uint64_t chunk_count = 0;
   uint64_t reservations_open = 0;
@@ -43,12 +43,12 @@ struct TierStats {
   uint64_t evictions = 0;         // chunks removed to make room (capacity pressure)
   uint64_t admin_evictions = 0;   // chunks removed by Evict(filter)
   uint64_t commits = 0;
-  uint64_t dedup_puts = 0;        // Reserve / Commit found the key already stored
-  uint64_t checksum_failures = 0; // Commit or read found the bytes corrupt
+  uint64_t dedup_puts = 0;         // Reserve / Commit found the key already stored
+  uint64_t checksum_failures = 0;  // Commit or read found the bytes corrupt
   uint64_t reservations_expired = 0;
   uint64_t reservations_reclaimed = 0;  // by ReclaimOwner
   uint64_t leases_expired = 0;
-  double fragmentation = 0.0;     // host: ArenaStats::fragmentation
+  double fragmentation = 0.0;  // host: ArenaStats::fragmentation
   std::map<std::string, UsageStats> per_model;
   std::map<std::string, UsageStats> per_namespace;
 };

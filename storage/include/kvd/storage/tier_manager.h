@@ -30,9 +30,9 @@
 namespace kvd::storage {
 
 struct DemoteResult {
-  uint64_t demoted = 0;        // chunks copied to disk and dropped from host
-  uint64_t bytes = 0;          // their payload bytes
-  uint64_t skipped = 0;        // chunks that became pinned or vanished meanwhile
+  uint64_t demoted = 0;  // chunks copied to disk and dropped from host
+  uint64_t bytes = 0;    // their payload bytes
+  uint64_t skipped = 0;  // chunks that became pinned or vanished meanwhile
   double occupancy_before = 0.0;
   double occupancy_after = 0.0;
 };
