@@ -17,6 +17,7 @@ Status RouteOptions::Validate() const {
     return Status::InvalidArgument("RouteOptions.eps must be in [0, 1), got " +
                                    std::to_string(eps));
   }
+  if (kept_pairs < -1) return Status::InvalidArgument("RouteOptions.kept_pairs must be >= -1");
   return Status::Ok();
 }
 
@@ -28,13 +29,23 @@ StatusOr<RouteBudget> ComputeRouteBudget(int64_t n, int64_t forced, const RouteO
   }
   RouteBudget b;
   b.tokens = n;
-  b.kept_pairs = std::llround((1.0 - options.p_c) * static_cast<double>(n));
+  double p_c = options.p_c;
+  if (options.kept_pairs >= 0) {
+    if (options.kept_pairs > n) {
+      return Status::InvalidArgument("RouteOptions.kept_pairs " + std::to_string(options.kept_pairs) +
+                                     " exceeds n " + std::to_string(n));
+    }
+    b.kept_pairs = options.kept_pairs;
+    p_c = n > 0 ? 1.0 - static_cast<double>(b.kept_pairs) / static_cast<double>(n) : 0.0;
+  } else {
+    b.kept_pairs = std::llround((1.0 - p_c) * static_cast<double>(n));
+  }
   if (b.kept_pairs < forced) {
     return Status::OutOfRange("VECTOR budget of " + std::to_string(b.kept_pairs) +
                               " pairs cannot keep the " + std::to_string(forced) +
-                              " forced (sink/window) tokens at p_c=" + std::to_string(options.p_c));
+                              " forced (sink/window) tokens at p_c=" + std::to_string(p_c));
   }
-  const double p_a = std::max(0.0, std::min(options.p_c / 2.0, (1.0 - options.p_c - options.eps) / 2.0));
+  const double p_a = std::max(0.0, std::min(p_c / 2.0, (1.0 - p_c - options.eps) / 2.0));
   int64_t a = std::llround(p_a * static_cast<double>(n));
   a = std::min({a, n - b.kept_pairs, b.kept_pairs - forced});
   a = std::max<int64_t>(a, 0);

@@ -140,7 +140,7 @@ enum class RouteDecision : uint8_t {
 // Integer counts of one head's routing. Invariant: keys + values == 2 * kept_pairs exactly.
 //
 // Rounding rule:
-//   kept_pairs M = llround((1 - p_c) * n)            (round half away from zero)
+//   kept_pairs M = llround((1 - p_c) * n)            (round half away from zero; or the override)
 //   p_a          = min(p_c / 2, (1 - p_c - eps) / 2)
 //   a            = min(llround(p_a * n), n - M, M - forced)   (clamped at 0)
 //   pool = M + a tokens get a key; key_only = 2a of them drop the value; key_value = M - a.
@@ -161,6 +161,9 @@ struct RouteBudget {
 struct RouteOptions {
   double p_c = 0.5;  // compression ratio in [0, 1): stored K+V bytes are (1 - p_c) of raw
   double eps = 0.0;  // p_a margin of section 4.2, in [0, 1); 0 reproduces the paper's p_a values
+  // Overrides M (e.g. a PyramidKV layer budget); -1 = llround((1 - p_c) n). When set, p_a uses
+  // the effective ratio 1 - M / n. Must be in [0, n].
+  int64_t kept_pairs = -1;
   Status Validate() const;
 };
 

@@ -1,0 +1,114 @@
+// Compression plans (ALGORITHMS.md 5): score -> select -> merge -> route, each stage optional,
+// turning one raw chunk (engine layout of common/layout.h) into a CompactChunk.
+//
+// Stages and what each combination does, per (layer, KV head) of N tokens:
+//   score  kNone (recency: the latest tokens win) | kSnapKv | kKeyDiff | kPyramidKv
+//   merge  kNone | kKvSlimmer
+//   route  kNone | kVector
+//   - merge kNone:        keep the top `pool` tokens by score (eviction; section 5.1/5.2).
+//   - score kNone + merge: KVSlimmer merges all N tokens down to `pool` slots (section 5.3).
+//   - score + merge:      the hybrid of section 5.4: the score picks the pool; every token outside
+//                         the pool is merged into its nearest pool neighbour that is not a sink or
+//                         window token (ties go left). A merged slot's pre-RoPE key is the
+//                         attention-mass-weighted mean of its tokens (uniform when the plan has no
+//                         queries or the masses are all 0), its value sum the sum, its position
+//                         per `position`. (The pairwise closed form of 3.1 is defined for pairs;
+//                         the weighted mean is its first-order form for groups.) Tokens with no
+//                         eligible neighbour (the pool is only sinks/window) are evicted.
+//   - route kVector:      among the slots of cardinality 1 that are not sinks/window, the ones
+//                         with the smallest |v - W kpre|^2 drop their value (section 4.2).
+//
+// Budget, in half-pairs, exact for every head: M = llround((1 - p_c) N) (PyramidKV: the layer
+// budget, see below); without routing pool = M slots with values (2M half-pairs); with routing
+// a = ComputeRouteBudget(...) and pool = M + a slots of which 2a drop their value: keys + values
+// == 2M. When merging leaves fewer than 2a eligible single slots, a is lowered (pool shrinks,
+// more tokens merge) until they suffice, so the total stays exactly 2M.
+// PyramidKV: per-layer budgets from PyramidKvLayerBudgets, then the rounding residue is spread
+// one token at a time (largest layers first when over, smallest first when under, within
+// [forced, N]) so that the sum over layers is exactly L * M: the chunk total is exact.
+//
+// Window and sinks: the first `sinks` tokens and, when window queries are given, the last
+// `window` tokens (the tokens whose queries they are) are never evicted, merged or routed.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvd/common/layout.h"
+#include "kvd/kernels/compact_chunk.h"
+#include "kvd/kernels/kvslimmer.h"
+#include "kvd/kernels/snapkv.h"
+#include "kvd/kernels/types.h"
+#include "kvd/kernels/vector.h"
+
+namespace kvd::kernels {
+
+struct CompressionPlanOptions {
+  ScoreStage score = ScoreStage::kSnapKv;  // which tokens matter (see file comment)
+  MergeStage merge = MergeStage::kNone;    // kKvSlimmer: merge instead of evicting
+  RouteStage route = RouteStage::kNone;    // kVector: drop predictable values (needs weights)
+  double p_c = 0.5;                        // compression ratio in [0, 1)
+  int64_t window = 32;     // W: window queries per chunk = the last W tokens; kept. >= 1
+  int64_t sinks = 4;       // first tokens never evicted/merged/routed, >= 0 (AsymKV: 32)
+  int pooling_kernel = 5;  // SnapKV/PyramidKV pooling kernel, odd >= 1
+  PoolingKind pooling = PoolingKind::kAvg;
+  int64_t keydiff_block = 0;  // KeyDiff: 0 = one-shot, else the block-wise block size (128)
+  double pyramid_beta = 20.0;  // PyramidKV beta, >= 1
+  MergeNorm merge_norm = MergeNorm::kL2;                            // KVSlimmer weight variant
+  PairLambda pair_lambda = PairLambda::kAsymKv;                     // KVSlimmer pair ranking
+  RepresentativePosition position = RepresentativePosition::kLast;  // merged slot position
+  double route_eps = 0.0;  // p_a margin (vector.h RouteOptions::eps), in [0, 1)
+
+  // INVALID_ARGUMENT (OUT_OF_RANGE for p_c) naming the field.
+  Status Validate() const;
+  // The codec description recorded in the chunk (calibration_version left 0).
+  CodecDescription Codec() const;
+};
+
+// Counters of one Compress call.
+struct CompressionStats {
+  int64_t heads = 0;
+  int64_t input_tokens = 0;       // N summed over heads
+  int64_t slots = 0;              // keys kept, summed over heads
+  int64_t rebuild_slots = 0;      // slots whose value was dropped (VECTOR)
+  int64_t merged_tokens = 0;      // tokens that ended in a slot of cardinality > 1
+  int64_t evicted_tokens = 0;     // tokens in no slot
+  int64_t budget_half_pairs = 0;  // sum of 2M
+  int64_t half_pairs = 0;         // keys + stored values (== budget_half_pairs)
+  int64_t route_reductions = 0;   // heads whose a was lowered for lack of single slots
+  KvSlimmerStats kvslimmer;       // guard counters of the merge stage
+};
+
+// Inputs of one chunk. Views are host memory.
+struct CompressionInput {
+  std::span<const uint8_t> raw;        // layout.ChunkBytes(N): per layer K[N,H,d] then V[N,H,d]
+  std::span<const int64_t> positions;  // [N] original positions, >= 0
+  // Optional observation queries, post-RoPE, one view per (layer, KV head) at index layer*H+h:
+  // [W*G, d] with row w*G+g = query head h*G+g of the w-th of the last W tokens (W = window).
+  // Empty = none (then scorers/mergers that need queries fail with FAILED_PRECONDITION).
+  std::span<const ConstMatrixView> window_queries;
+  const VectorWeights* weights = nullptr;  // required when route == kVector
+};
+
+// Compresses one chunk. Errors: INVALID_ARGUMENT for a bad layout, raw size, positions count or
+// option, non-finite K/V/queries, N smaller than sinks + window; FAILED_PRECONDITION when a stage
+// lacks its input (queries for SnapKV/PyramidKV/KVSlimmer, weights for VECTOR, weights of another
+// shape); OUT_OF_RANGE when the budget cannot hold the sinks and window; the errors of the
+// stages. Parallel over KV heads (exec.num_threads).
+StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const ModelLayout& layout,
+                                const CompressionInput& input, CompressionStats* stats = nullptr,
+                                const ExecOptions& exec = {});
+
+// Rearranges engine queries of one layer, Q[W, num_q_heads, d] of `dtype`, into the per-KV-head
+// [W*G, d] float32 matrices CompressionInput expects (H of them). INVALID_ARGUMENT on bad sizes.
+StatusOr<std::vector<Matrix>> GatherWindowQueries(const ModelLayout& layout, const void* q,
+                                                  int64_t window);
+
+// Streams one raw chunk into a VECTOR calibration: de-rotates K and adds (Kpre, V) of every
+// (layer, head). Errors of Compress's input checks and of VectorCalibrator::Add.
+Status CalibrateFromChunk(const ModelLayout& layout, std::span<const uint8_t> raw,
+                          std::span<const int64_t> positions, VectorCalibrator* calibrator,
+                          const ExecOptions& exec = {});
+
+}  // namespace kvd::kernels

@@ -1,0 +1,283 @@
+// Compression plan entry (plan.h): input checks, per-layer conversion, exact layer budgets,
+// parallel per-head pipelines (plan_head.cc).
+#include "kvd/kernels/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kvd/kernels/convert.h"
+#include "kvd/kernels/pyramidkv.h"
+#include "kvd/kernels/rope.h"
+#include "plan_internal.h"
+
+namespace kvd::kernels {
+namespace {
+
+std::string HeadName(int layer, int head) {
+  return "layer " + std::to_string(layer) + " head " + std::to_string(head);
+}
+
+// PyramidKV layer budgets adjusted so that they sum to exactly layers * m (see plan.h).
+StatusOr<std::vector<int64_t>> ExactPyramidBudgets(int64_t n, int layers, int64_t m,
+                                                   int64_t forced,
+                                                   const CompressionPlanOptions& o) {
+  KVD_ASSIGN_OR_RETURN(PyramidKvBudgets pb,
+                       PyramidKvLayerBudgets(n, layers, o.p_c,
+                                             {.window = o.window, .beta = o.pyramid_beta}));
+  std::vector<int64_t> b = pb.per_layer;
+  for (int64_t& x : b) x = std::clamp(x, forced, n);
+  int64_t diff = static_cast<int64_t>(layers) * m - std::accumulate(b.begin(), b.end(), int64_t{0});
+  std::vector<int> order(static_cast<size_t>(layers));
+  std::iota(order.begin(), order.end(), 0);
+  // Over budget: take from the largest layers first; under: give to the smallest first.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int x, int y) { return diff < 0 ? b[x] > b[y] : b[x] < b[y]; });
+  while (diff != 0) {
+    bool moved = false;
+    for (int l : order) {
+      if (diff == 0) break;
+      if (diff > 0 && b[l] < n) {
+        ++b[l];
+        --diff;
+        moved = true;
+      } else if (diff < 0 && b[l] > forced) {
+        --b[l];
+        ++diff;
+        moved = true;
+      }
+    }
+    if (!moved) {
+      return Status::OutOfRange("PyramidKV: layer budgets cannot sum to " +
+                                std::to_string(static_cast<int64_t>(layers) * m));
+    }
+  }
+  return b;
+}
+
+}  // namespace
+
+Status CompressionPlanOptions::Validate() const {
+  if (static_cast<uint8_t>(score) > static_cast<uint8_t>(ScoreStage::kPyramidKv) ||
+      static_cast<uint8_t>(merge) > static_cast<uint8_t>(MergeStage::kKvSlimmer) ||
+      static_cast<uint8_t>(route) > static_cast<uint8_t>(RouteStage::kVector)) {
+    return Status::InvalidArgument("plan: unknown stage");
+  }
+  if (!(p_c >= 0.0 && p_c < 1.0)) {
+    return Status::OutOfRange("plan: p_c must be in [0, 1), got " + std::to_string(p_c));
+  }
+  if (window < 1) return Status::InvalidArgument("plan: window must be >= 1");
+  if (sinks < 0) return Status::InvalidArgument("plan: sinks must be >= 0");
+  if (pooling_kernel < 1 || pooling_kernel % 2 == 0) {
+    return Status::InvalidArgument("plan: pooling_kernel must be odd and >= 1");
+  }
+  if (keydiff_block < 0) return Status::InvalidArgument("plan: keydiff_block must be >= 0");
+  if (!(pyramid_beta >= 1.0)) return Status::InvalidArgument("plan: pyramid_beta must be >= 1");
+  if (!(route_eps >= 0.0 && route_eps < 1.0)) {
+    return Status::InvalidArgument("plan: route_eps must be in [0, 1)");
+  }
+  return Status::Ok();
+}
+
+CodecDescription CompressionPlanOptions::Codec() const {
+  return {.score = score,
+          .merge = merge,
+          .merge_norm = merge_norm,
+          .route = route,
+          .position = position,
+          .p_c = p_c,
+          .calibration_version = 0};
+}
+
+StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const ModelLayout& layout,
+                                const CompressionInput& input, CompressionStats* stats,
+                                const ExecOptions& exec) {
+  KVD_RETURN_IF_ERROR(options.Validate());
+  KVD_RETURN_IF_ERROR(layout.Validate());
+  KVD_RETURN_IF_ERROR(CheckHeadDim(layout.head_dim).WithContext("plan"));
+  const int64_t n = static_cast<int64_t>(input.positions.size());
+  const int L = layout.num_layers;
+  const int H = layout.num_kv_heads;
+  const int64_t d = layout.head_dim;
+  if (n < 1) return Status::InvalidArgument("plan: the chunk has no tokens");
+  if (input.raw.size() != layout.ChunkBytes(static_cast<int>(n))) {
+    return Status::InvalidArgument("plan: raw chunk has " + std::to_string(input.raw.size()) +
+                                   " bytes, layout needs " +
+                                   std::to_string(layout.ChunkBytes(static_cast<int>(n))) +
+                                   " for " + std::to_string(n) + " tokens");
+  }
+  for (int64_t p : input.positions) {
+    if (p < 0) return Status::InvalidArgument("plan: negative position");
+  }
+  if (layout.num_q_heads % H != 0) {
+    return Status::InvalidArgument("plan: num_q_heads is not a multiple of num_kv_heads");
+  }
+  const int group = layout.num_q_heads / H;
+  const bool have_queries = !input.window_queries.empty();
+  const bool need_queries = options.score == ScoreStage::kSnapKv ||
+                            options.score == ScoreStage::kPyramidKv ||
+                            (options.merge == MergeStage::kKvSlimmer &&
+                             options.score == ScoreStage::kNone);
+  if (need_queries && !have_queries) {
+    return Status::FailedPrecondition(std::string("plan: ") +
+                                      (options.merge == MergeStage::kKvSlimmer &&
+                                               options.score == ScoreStage::kNone
+                                           ? "kvslimmer"
+                                           : ScoreStageName(options.score).data()) +
+                                      " needs window queries");
+  }
+  if (have_queries) {
+    if (input.window_queries.size() != static_cast<size_t>(L) * H) {
+      return Status::InvalidArgument("plan: window_queries must hold num_layers * num_kv_heads views");
+    }
+    for (size_t i = 0; i < input.window_queries.size(); ++i) {
+      const ConstMatrixView& q = input.window_queries[i];
+      if (q.rows != options.window * group || q.cols != d || q.ld < q.cols || q.data == nullptr) {
+        return Status::InvalidArgument("plan: window queries of " +
+                                       HeadName(static_cast<int>(i) / H, static_cast<int>(i) % H) +
+                                       " must be [window * G, d] = [" +
+                                       std::to_string(options.window * group) + ", " +
+                                       std::to_string(d) + "]");
+      }
+      KVD_RETURN_IF_ERROR(CheckFinite(q, "window queries"));
+    }
+  }
+  const VectorWeights* weights = nullptr;
+  if (options.route == RouteStage::kVector) {
+    weights = input.weights;
+    if (weights == nullptr) return Status::FailedPrecondition("plan: vector routing needs weights");
+    if (weights->num_layers != L || weights->num_kv_heads != H || weights->head_dim != d ||
+        weights->heads.size() != static_cast<size_t>(L) * H) {
+      return Status::FailedPrecondition("plan: VECTOR weights shape does not match the layout");
+    }
+  }
+  const int64_t window = have_queries ? options.window : 0;
+  const int64_t forced = std::min<int64_t>(n, options.sinks) + window;
+  if (n < options.sinks + window) {
+    return Status::InvalidArgument("plan: N=" + std::to_string(n) + " is smaller than sinks (" +
+                                   std::to_string(options.sinks) + ") + window (" +
+                                   std::to_string(window) + ")");
+  }
+  const int64_t m = std::llround((1.0 - options.p_c) * static_cast<double>(n));
+  std::vector<int64_t> layer_pairs(static_cast<size_t>(L), m);
+  if (options.score == ScoreStage::kPyramidKv) {
+    KVD_ASSIGN_OR_RETURN(layer_pairs, ExactPyramidBudgets(n, L, m, forced, options));
+  }
+  KVD_ASSIGN_OR_RETURN(RopeTable rope, RopeTable::Create(layout.rope, layout.head_dim));
+
+  CompactChunk chunk;
+  chunk.num_layers = L;
+  chunk.num_kv_heads = H;
+  chunk.head_dim = static_cast<int>(d);
+  chunk.dtype = layout.dtype;
+  chunk.original_tokens = n;
+  chunk.layout_digest = layout.Digest();
+  chunk.codec = options.Codec();
+  if (weights != nullptr) chunk.codec.calibration_version = weights->version;
+  chunk.heads.resize(static_cast<size_t>(L) * H);
+
+  const EngineTensorShape shape{.tokens = n, .num_heads = H, .head_dim = d, .dtype = layout.dtype};
+  const ExecOptions convert_exec{.backend = exec.backend, .num_threads = exec.num_threads,
+                                 .cuda_stream = exec.cuda_stream};
+  std::vector<CompressionStats> head_stats(static_cast<size_t>(H));
+  std::vector<Status> head_status(static_cast<size_t>(H));
+  CompressionStats total;
+  for (int layer = 0; layer < L; ++layer) {
+    const uint8_t* k_bytes = input.raw.data() + layout.LayerOffset(layer, static_cast<int>(n));
+    const uint8_t* v_bytes = k_bytes + static_cast<size_t>(n) * layout.TokenBytes();
+    KVD_ASSIGN_OR_RETURN(std::vector<Matrix> keys, GatherHeads(shape, k_bytes, convert_exec));
+    KVD_ASSIGN_OR_RETURN(std::vector<Matrix> values, GatherHeads(shape, v_bytes, convert_exec));
+    ParallelFor(H, exec.num_threads, [&](int64_t h) {
+      internal::HeadInput hi;
+      hi.options = &options;
+      hi.rope = &rope;
+      hi.keys = keys[h].View();
+      hi.values = values[h].View();
+      hi.positions = input.positions;
+      if (have_queries) hi.queries = input.window_queries[layer * H + h];
+      hi.group_size = group;
+      hi.window = window;
+      hi.kept_pairs = layer_pairs[layer];
+      hi.fit = weights != nullptr ? &weights->Head(layer, static_cast<int>(h)) : nullptr;
+      hi.dtype = layout.dtype;
+      head_stats[h] = CompressionStats{};
+      head_status[h] = internal::CompressHead(hi, &chunk.Head(layer, static_cast<int>(h)),
+                                              &head_stats[h]);
+    });
+    for (int h = 0; h < H; ++h) {
+      KVD_RETURN_IF_ERROR(head_status[h].WithContext("plan: " + HeadName(layer, h)));
+      const CompressionStats& s = head_stats[h];
+      total.heads += s.heads;
+      total.input_tokens += s.input_tokens;
+      total.slots += s.slots;
+      total.rebuild_slots += s.rebuild_slots;
+      total.merged_tokens += s.merged_tokens;
+      total.evicted_tokens += s.evicted_tokens;
+      total.budget_half_pairs += s.budget_half_pairs;
+      total.half_pairs += s.half_pairs;
+      total.route_reductions += s.route_reductions;
+      total.kvslimmer += s.kvslimmer;
+    }
+  }
+  if (stats != nullptr) *stats = total;
+  return chunk;
+}
+
+StatusOr<std::vector<Matrix>> GatherWindowQueries(const ModelLayout& layout, const void* q,
+                                                  int64_t window) {
+  KVD_RETURN_IF_ERROR(layout.Validate());
+  const int H = layout.num_kv_heads;
+  const int hq = layout.num_q_heads;
+  if (window < 1 || q == nullptr || hq % H != 0) {
+    return Status::InvalidArgument("GatherWindowQueries: need window >= 1, queries, and "
+                                   "num_q_heads a multiple of num_kv_heads");
+  }
+  const int g = hq / H;
+  const int64_t d = layout.head_dim;
+  const size_t e = DTypeSize(layout.dtype);
+  std::vector<Matrix> out(static_cast<size_t>(H), Matrix(window * g, d));
+  const auto* bytes = static_cast<const uint8_t*>(q);
+  for (int64_t w = 0; w < window; ++w) {
+    for (int qh = 0; qh < hq; ++qh) {
+      const uint8_t* src = bytes + (static_cast<size_t>(w) * hq + qh) * d * e;
+      ConvertToFloat(layout.dtype, src, out[qh / g].Row(w * g + qh % g), static_cast<size_t>(d));
+    }
+  }
+  for (const Matrix& m : out) KVD_RETURN_IF_ERROR(CheckFinite(m.View(), "window queries"));
+  return out;
+}
+
+Status CalibrateFromChunk(const ModelLayout& layout, std::span<const uint8_t> raw,
+                          std::span<const int64_t> positions, VectorCalibrator* calibrator,
+                          const ExecOptions& exec) {
+  KVD_RETURN_IF_ERROR(layout.Validate());
+  const int64_t n = static_cast<int64_t>(positions.size());
+  if (raw.size() != layout.ChunkBytes(static_cast<int>(n))) {
+    return Status::InvalidArgument("CalibrateFromChunk: raw size does not match the layout");
+  }
+  if (calibrator->num_layers() != layout.num_layers ||
+      calibrator->num_kv_heads() != layout.num_kv_heads ||
+      calibrator->head_dim() != layout.head_dim) {
+    return Status::FailedPrecondition("CalibrateFromChunk: calibrator shape differs from layout");
+  }
+  KVD_ASSIGN_OR_RETURN(RopeTable rope, RopeTable::Create(layout.rope, layout.head_dim));
+  const EngineTensorShape shape{.tokens = n, .num_heads = layout.num_kv_heads,
+                                .head_dim = layout.head_dim, .dtype = layout.dtype};
+  for (int layer = 0; layer < layout.num_layers; ++layer) {
+    const uint8_t* k_bytes = raw.data() + layout.LayerOffset(layer, static_cast<int>(n));
+    const uint8_t* v_bytes = k_bytes + static_cast<size_t>(n) * layout.TokenBytes();
+    KVD_ASSIGN_OR_RETURN(std::vector<Matrix> keys, GatherHeads(shape, k_bytes, exec));
+    KVD_ASSIGN_OR_RETURN(std::vector<Matrix> values, GatherHeads(shape, v_bytes, exec));
+    std::vector<MatrixView> views;
+    for (Matrix& k : keys) views.push_back(k.View());
+    KVD_RETURN_IF_ERROR(ApplyRope(rope, RopeDirection::kDerotate, positions, views, exec));
+    for (int h = 0; h < layout.num_kv_heads; ++h) {
+      KVD_RETURN_IF_ERROR(calibrator->Add(layer, h, keys[h].View(), values[h].View(), exec));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvd::kernels

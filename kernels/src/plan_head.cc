@@ -1,0 +1,358 @@
+// One (layer, KV head) of a compression plan: score -> select -> merge -> route -> encode.
+// The contract (stages, budget, hybrid merge) is the file comment of plan.h.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kvd/kernels/keydiff.h"
+#include "kvd/kernels/observation.h"
+#include "kvd/kernels/scorers.h"
+#include "kvd/kernels/snapkv.h"
+#include "plan_internal.h"
+
+namespace kvd::kernels::internal {
+namespace {
+
+// Slots of one head before encoding.
+struct SlotTable {
+  Matrix keys_post;                // [S, d]
+  Matrix keys_pre;                 // [S, d] (filled when routing)
+  Matrix value_sums;               // [S, d]
+  std::vector<int32_t> cardinality;
+  std::vector<int64_t> positions;
+  std::vector<uint8_t> forced;     // sink or window slot
+  std::vector<uint8_t> rebuild;    // VECTOR: value dropped
+  int64_t size() const { return static_cast<int64_t>(cardinality.size()); }
+  void Resize(int64_t s, int64_t d) {
+    keys_post = Matrix(s, d);
+    keys_pre = Matrix(s, d);
+    value_sums = Matrix(s, d);
+    cardinality.assign(s, 1);
+    positions.assign(s, 0);
+    forced.assign(s, 0);
+    rebuild.assign(s, 0);
+  }
+};
+
+void CopyRow(const float* src, float* dst, int64_t d) { std::memcpy(dst, src, d * sizeof(float)); }
+
+class HeadPipeline {
+ public:
+  explicit HeadPipeline(const HeadInput& in)
+      : in_(in), opt_(*in.options), n_(in.keys.rows), d_(in.keys.cols) {}
+
+  Status Run(CompactHead* out, CompressionStats* stats);
+
+ private:
+  bool IsForced(int64_t i) const { return i < opt_.sinks || i >= n_ - in_.window; }
+  Status EnsureKeysPre();
+  Status EnsureScores();
+  Status EnsureMass();
+  StatusOr<std::vector<int32_t>> SelectPool(int64_t pool);
+  Status BuildEviction(const std::vector<int32_t>& pool, SlotTable* t);
+  Status BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t);
+  Status BuildKvSlimmer(int64_t pool, SlotTable* t);
+  int64_t Eligible(const SlotTable& t) const;
+  Status Route(int64_t key_only, SlotTable* t);
+  void Encode(const SlotTable& t, CompactHead* out) const;
+
+  const HeadInput& in_;
+  const CompressionPlanOptions& opt_;
+  const int64_t n_;
+  const int64_t d_;
+  Matrix kpre_;                 // [N, d] de-rotated keys (lazy)
+  std::vector<float> scores_;   // [N] (lazy)
+  std::vector<float> mass_;     // [N] attention mass (lazy; empty without queries)
+  bool have_kpre_ = false, have_scores_ = false, have_mass_ = false;
+  SlotSet kvslimmer_;           // merge-only state, merged further on each retry
+  bool kvslimmer_started_ = false;
+  KvSlimmerStats merge_stats_;
+};
+
+Status HeadPipeline::EnsureKeysPre() {
+  if (have_kpre_) return Status::Ok();
+  kpre_ = Matrix(n_, d_);
+  KVD_RETURN_IF_ERROR(ApplyRope(*in_.rope, RopeDirection::kDerotate, in_.positions, in_.keys,
+                                kpre_.View(), {.num_threads = 1}));
+  have_kpre_ = true;
+  return Status::Ok();
+}
+
+Status HeadPipeline::EnsureScores() {
+  if (have_scores_) return Status::Ok();
+  scores_.assign(static_cast<size_t>(n_), 0.0f);
+  switch (opt_.score) {
+    case ScoreStage::kNone:  // recency: later tokens first
+      for (int64_t i = 0; i < n_; ++i) scores_[i] = static_cast<float>(i);
+      break;
+    case ScoreStage::kSnapKv:
+    case ScoreStage::kPyramidKv: {
+      SnapKvOptions so{.window = static_cast<int>(in_.window),
+                       .kernel_size = opt_.pooling_kernel,
+                       .pooling = opt_.pooling,
+                       .group_size = in_.group_size};
+      KVD_RETURN_IF_ERROR(SnapKvScores(in_.queries, in_.keys, so, scores_, {.num_threads = 1}));
+      break;
+    }
+    case ScoreStage::kKeyDiff:
+      KVD_RETURN_IF_ERROR(KeyDiffScores(in_.keys, scores_, {.num_threads = 1}));
+      break;
+  }
+  have_scores_ = true;
+  return Status::Ok();
+}
+
+Status HeadPipeline::EnsureMass() {
+  if (have_mass_) return Status::Ok();
+  have_mass_ = true;
+  if (in_.queries.rows == 0) return Status::Ok();
+  mass_.assign(static_cast<size_t>(n_), 0.0f);
+  ObservationHead head{.queries = in_.queries, .keys = in_.keys};
+  ObservationOptions oo{.mask = MaskKind::kCausalWindow, .group_size = in_.group_size};
+  return ComputeAttentionMass(head, oo, mass_, {.num_threads = 1});
+}
+
+StatusOr<std::vector<int32_t>> HeadPipeline::SelectPool(int64_t pool) {
+  SelectionOptions sel{.sinks = opt_.sinks, .window = in_.window};
+  if (opt_.score == ScoreStage::kKeyDiff && opt_.keydiff_block > 0) {
+    return KeyDiffBlockwiseSelect(in_.keys, pool, {.block_size = opt_.keydiff_block, .selection = sel},
+                                  {.num_threads = 1});
+  }
+  KVD_RETURN_IF_ERROR(EnsureScores());
+  return SelectTopK(scores_, pool, sel);
+}
+
+Status HeadPipeline::BuildEviction(const std::vector<int32_t>& pool, SlotTable* t) {
+  t->Resize(static_cast<int64_t>(pool.size()), d_);
+  for (size_t j = 0; j < pool.size(); ++j) {
+    const int64_t i = pool[j];
+    CopyRow(in_.keys.Row(i), t->keys_post.Row(j), d_);
+    CopyRow(in_.values.Row(i), t->value_sums.Row(j), d_);
+    if (have_kpre_) CopyRow(kpre_.Row(i), t->keys_pre.Row(j), d_);
+    t->positions[j] = in_.positions[i];
+    t->forced[j] = IsForced(i);
+  }
+  return Status::Ok();
+}
+
+Status HeadPipeline::BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t) {
+  KVD_RETURN_IF_ERROR(EnsureKeysPre());
+  KVD_RETURN_IF_ERROR(EnsureMass());
+  const int64_t s = static_cast<int64_t>(pool.size());
+  // owner[i] = slot index absorbing token i, or -1 (evicted).
+  std::vector<int64_t> owner(static_cast<size_t>(n_), -1);
+  std::vector<int64_t> absorber_slots;  // slot indices of non-forced pool tokens, ascending
+  for (int64_t j = 0; j < s; ++j) {
+    owner[pool[j]] = j;
+    if (!IsForced(pool[j])) absorber_slots.push_back(j);
+  }
+  for (int64_t i = 0; i < n_; ++i) {
+    if (owner[i] >= 0 || absorber_slots.empty()) continue;
+    // Nearest absorber by token distance, ties to the left.
+    auto right = std::lower_bound(absorber_slots.begin(), absorber_slots.end(), i,
+                                  [&](int64_t slot, int64_t tok) { return pool[slot] < tok; });
+    int64_t best = -1;
+    if (right != absorber_slots.begin()) best = *(right - 1);
+    if (right != absorber_slots.end() &&
+        (best < 0 || pool[*right] - i < i - pool[best])) {
+      best = *right;
+    }
+    owner[i] = best;
+  }
+  // Group members per slot, in token order.
+  std::vector<std::vector<int64_t>> members(static_cast<size_t>(s));
+  for (int64_t i = 0; i < n_; ++i) {
+    if (owner[i] >= 0) members[owner[i]].push_back(i);
+  }
+  t->Resize(s, d_);
+  std::vector<double> key(static_cast<size_t>(d_));
+  for (int64_t j = 0; j < s; ++j) {
+    const std::vector<int64_t>& g = members[j];
+    const int64_t head_token = pool[j];
+    t->forced[j] = IsForced(head_token);
+    t->cardinality[j] = static_cast<int32_t>(g.size());
+    if (g.size() == 1) {
+      CopyRow(in_.keys.Row(head_token), t->keys_post.Row(j), d_);
+      CopyRow(kpre_.Row(head_token), t->keys_pre.Row(j), d_);
+      CopyRow(in_.values.Row(head_token), t->value_sums.Row(j), d_);
+      t->positions[j] = in_.positions[head_token];
+      continue;
+    }
+    double total = 0.0;
+    for (int64_t i : g) total += mass_.empty() ? 0.0 : std::max(0.0f, mass_[i]);
+    std::fill(key.begin(), key.end(), 0.0);
+    std::vector<double> vsum(static_cast<size_t>(d_), 0.0);
+    double pos_weighted = 0.0;
+    int64_t pos_last = 0;
+    for (int64_t i : g) {
+      const double w = total > 0.0 ? std::max(0.0f, mass_[i]) / total : 1.0 / g.size();
+      for (int64_t c = 0; c < d_; ++c) {
+        key[c] += w * kpre_.Row(i)[c];
+        vsum[c] += in_.values.Row(i)[c];
+      }
+      pos_weighted += w * static_cast<double>(in_.positions[i]);
+      pos_last = std::max(pos_last, in_.positions[i]);
+    }
+    for (int64_t c = 0; c < d_; ++c) {
+      t->keys_pre.Row(j)[c] = static_cast<float>(key[c]);
+      t->value_sums.Row(j)[c] = static_cast<float>(vsum[c]);
+    }
+    t->positions[j] = opt_.position == RepresentativePosition::kLast ? pos_last
+                                                                    : std::llround(pos_weighted);
+    const int64_t p = t->positions[j];
+    KVD_RETURN_IF_ERROR(ApplyRope(*in_.rope, RopeDirection::kRotate, std::span(&p, 1),
+                                  ConstMatrixView{t->keys_pre.Row(j), 1, d_, d_},
+                                  MatrixView{t->keys_post.Row(j), 1, d_, d_}, {.num_threads = 1}));
+  }
+  return Status::Ok();
+}
+
+Status HeadPipeline::BuildKvSlimmer(int64_t pool, SlotTable* t) {
+  if (!kvslimmer_started_) {
+    KVD_ASSIGN_OR_RETURN(kvslimmer_, SlotsFromTokens(*in_.rope, in_.keys, in_.values,
+                                                     in_.positions, {.num_threads = 1}));
+    kvslimmer_started_ = true;
+  }
+  KvSlimmerOptions ko{.norm = opt_.merge_norm,
+                      .lambda = opt_.pair_lambda,
+                      .position = opt_.position,
+                      .sinks = opt_.sinks,
+                      .window = in_.window,
+                      .group_size = in_.group_size,
+                      .mask = MaskKind::kByPosition};
+  std::span<const int64_t> qpos = in_.positions.subspan(static_cast<size_t>(n_ - in_.window));
+  KVD_RETURN_IF_ERROR(KvSlimmerCompress(*in_.rope, in_.queries, qpos, pool, ko, &kvslimmer_,
+                                        &merge_stats_, {.num_threads = 1}));
+  const int64_t s = kvslimmer_.size();
+  t->Resize(s, d_);
+  KVD_RETURN_IF_ERROR(RotateSlotKeys(*in_.rope, kvslimmer_, t->keys_post.View(), {.num_threads = 1}));
+  t->keys_pre = kvslimmer_.keys_pre;
+  t->value_sums = kvslimmer_.value_sums;
+  t->cardinality = kvslimmer_.cardinality;
+  t->positions = kvslimmer_.positions;
+  for (int64_t j = 0; j < s; ++j) t->forced[j] = j < opt_.sinks || j >= s - in_.window;
+  return Status::Ok();
+}
+
+int64_t HeadPipeline::Eligible(const SlotTable& t) const {
+  int64_t e = 0;
+  for (int64_t j = 0; j < t.size(); ++j) e += !t.forced[j] && t.cardinality[j] == 1;
+  return e;
+}
+
+Status HeadPipeline::Route(int64_t key_only, SlotTable* t) {
+  if (key_only == 0) return Status::Ok();
+  std::vector<int64_t> eligible;
+  for (int64_t j = 0; j < t->size(); ++j) {
+    if (!t->forced[j] && t->cardinality[j] == 1) eligible.push_back(j);
+  }
+  const int64_t e = static_cast<int64_t>(eligible.size());
+  Matrix k(e, d_), v(e, d_);
+  for (int64_t r = 0; r < e; ++r) {
+    CopyRow(t->keys_pre.Row(eligible[r]), k.Row(r), d_);
+    CopyRow(t->value_sums.Row(eligible[r]), v.Row(r), d_);
+  }
+  std::vector<float> res(static_cast<size_t>(e));
+  KVD_RETURN_IF_ERROR(VectorResiduals(k.View(), v.View(), in_.fit->w.View(), res, {.num_threads = 1}));
+  std::vector<int64_t> order(static_cast<size_t>(e));
+  std::iota(order.begin(), order.end(), 0);
+  std::nth_element(order.begin(), order.begin() + (key_only - 1), order.end(),
+                   [&](int64_t x, int64_t y) { return res[x] != res[y] ? res[x] < res[y] : x < y; });
+  for (int64_t r = 0; r < key_only; ++r) t->rebuild[eligible[order[r]]] = 1;
+  return Status::Ok();
+}
+
+void HeadPipeline::Encode(const SlotTable& t, CompactHead* out) const {
+  const int64_t s = t.size();
+  const size_t e = DTypeSize(in_.dtype);
+  out->flags.assign(static_cast<size_t>(s), 0);
+  out->cardinality = t.cardinality;
+  out->positions = t.positions;
+  out->keys.resize(static_cast<size_t>(s * d_) * e);
+  ConvertFromFloat(in_.dtype, t.keys_post.values.data(), out->keys.data(), static_cast<size_t>(s * d_));
+  out->values.clear();
+  std::vector<float> mean(static_cast<size_t>(d_));
+  std::vector<uint8_t> row(static_cast<size_t>(d_) * e);
+  for (int64_t j = 0; j < s; ++j) {
+    if (t.rebuild[j]) {
+      out->flags[j] = kSlotRebuildValue;
+      continue;
+    }
+    const float inv = 1.0f / static_cast<float>(t.cardinality[j]);
+    for (int64_t c = 0; c < d_; ++c) mean[c] = t.value_sums.Row(j)[c] * inv;
+    ConvertFromFloat(in_.dtype, mean.data(), row.data(), static_cast<size_t>(d_));
+    out->values.insert(out->values.end(), row.begin(), row.end());
+  }
+}
+
+Status HeadPipeline::Run(CompactHead* out, CompressionStats* stats) {
+  const int64_t forced = std::min(n_, opt_.sinks) + in_.window;
+  if (n_ < opt_.sinks + in_.window) {
+    return Status::InvalidArgument("N=" + std::to_string(n_) + " is smaller than sinks (" +
+                                   std::to_string(opt_.sinks) + ") + window (" +
+                                   std::to_string(in_.window) + ")");
+  }
+  const int64_t m = in_.kept_pairs;
+  int64_t a = 0;
+  if (in_.fit != nullptr) {
+    RouteOptions ro{.p_c = opt_.p_c, .eps = opt_.route_eps, .kept_pairs = m};
+    KVD_ASSIGN_OR_RETURN(RouteBudget b, ComputeRouteBudget(n_, forced, ro));
+    a = b.key_only / 2;
+    KVD_RETURN_IF_ERROR(EnsureKeysPre());
+  } else if (m < forced) {
+    return Status::OutOfRange("budget of " + std::to_string(m) + " tokens cannot keep the " +
+                              std::to_string(forced) + " sink and window tokens");
+  }
+  SlotTable t;
+  bool reduced = false;
+  for (;;) {
+    const int64_t pool = m + a;
+    if (opt_.merge == MergeStage::kNone) {
+      KVD_ASSIGN_OR_RETURN(auto sel, SelectPool(pool));
+      KVD_RETURN_IF_ERROR(BuildEviction(sel, &t));
+    } else if (opt_.score == ScoreStage::kNone) {
+      KVD_RETURN_IF_ERROR(BuildKvSlimmer(pool, &t));
+    } else {
+      KVD_ASSIGN_OR_RETURN(auto sel, SelectPool(pool));
+      KVD_RETURN_IF_ERROR(BuildHybrid(sel, &t));
+    }
+    const int64_t eligible = Eligible(t);
+    if (2 * a <= eligible) break;
+    a -= (2 * a - eligible + 1) / 2;  // >= 1 step down; a == 0 always fits
+    reduced = true;
+  }
+  KVD_RETURN_IF_ERROR(Route(2 * a, &t));
+  Encode(t, out);
+
+  stats->heads += 1;
+  stats->input_tokens += n_;
+  stats->slots += t.size();
+  stats->rebuild_slots += 2 * a;
+  int64_t covered = 0;
+  for (int64_t j = 0; j < t.size(); ++j) {
+    covered += t.cardinality[j];
+    if (t.cardinality[j] > 1) stats->merged_tokens += t.cardinality[j];
+  }
+  stats->evicted_tokens += n_ - covered;
+  stats->budget_half_pairs += 2 * m;
+  stats->half_pairs += out->slots() + out->value_slots();
+  stats->route_reductions += reduced ? 1 : 0;
+  stats->kvslimmer += merge_stats_;
+  if (out->slots() + out->value_slots() != 2 * m) {
+    return Status::Internal("plan: head used " + std::to_string(out->slots() + out->value_slots()) +
+                            " half-pairs, budget " + std::to_string(2 * m));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CompressHead(const HeadInput& in, CompactHead* out, CompressionStats* stats) {
+  HeadPipeline pipeline(in);
+  return pipeline.Run(out, stats);
+}
+
+}  // namespace kvd::kernels::internal

@@ -1,0 +1,29 @@
+// Per-head pipeline of a compression plan (plan.h). Internal to kvd_kernels.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kvd/kernels/plan.h"
+#include "kvd/kernels/rope.h"
+
+namespace kvd::kernels::internal {
+
+struct HeadInput {
+  const CompressionPlanOptions* options = nullptr;
+  const RopeTable* rope = nullptr;
+  ConstMatrixView keys;                // [N, d] post-RoPE
+  ConstMatrixView values;              // [N, d]
+  std::span<const int64_t> positions;  // [N]
+  ConstMatrixView queries;             // [W*G, d] post-RoPE, or rows == 0
+  int group_size = 1;
+  int64_t window = 0;                  // effective window (0 without queries)
+  int64_t kept_pairs = 0;              // M of this head
+  const VectorHeadFit* fit = nullptr;  // non-null iff routing
+  DType dtype = DType::kBFloat16;
+};
+
+// Compresses one head into *out; adds its counters to *stats. Single-threaded.
+Status CompressHead(const HeadInput& in, CompactHead* out, CompressionStats* stats);
+
+}  // namespace kvd::kernels::internal

@@ -1,0 +1,294 @@
+// Compression plans: exact half-pair budgets for every composition, sinks/window kept, VECTOR
+// end to end (compress -> encode -> decode -> serve), and input errors.
+#include "kvd/kernels/plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "kvd/kernels/serving.h"
+#include "reference.h"
+
+namespace kvd::kernels {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::RandomCorrelatedKeys;
+using testing::RandomMatrix;
+
+// A synthetic chunk: per head, pre-RoPE keys as a random walk, values = A_h kpre + noise, keys
+// stored post-RoPE in the engine layout; window queries for the last W tokens.
+struct ChunkFixture {
+  ModelLayout layout;
+  int64_t n = 0;
+  int64_t window = 16;
+  std::vector<int64_t> positions;
+  std::vector<uint8_t> raw;
+  std::vector<Matrix> kpre;     // [L*H] of [N, d]
+  std::vector<Matrix> values;   // [L*H] of [N, d]
+  std::vector<Matrix> queries;  // [L*H] of [W*G, d]
+  std::vector<ConstMatrixView> query_views;
+  VectorWeights weights;
+
+  CompressionInput Input(bool with_queries = true) const {
+    CompressionInput in;
+    in.raw = raw;
+    in.positions = positions;
+    if (with_queries) in.window_queries = query_views;
+    in.weights = &weights;
+    return in;
+  }
+};
+
+ChunkFixture MakeChunk(int64_t n, int d, DType dtype, float noise, uint64_t seed) {
+  ChunkFixture f;
+  f.layout = {.num_layers = 2, .num_kv_heads = 2, .num_q_heads = 8, .head_dim = d, .dtype = dtype};
+  f.layout.rope.theta = 10000.0;
+  f.n = n;
+  f.positions = testing::SequentialPositions(n, 1000);
+  const int L = 2, H = 2, G = 4;
+  auto rope = RopeTable::Create(f.layout.rope, d);
+  f.raw.assign(f.layout.ChunkBytes(static_cast<int>(n)), 0);
+  const size_t e = DTypeSize(dtype);
+  for (int l = 0; l < L; ++l) {
+    for (int h = 0; h < H; ++h) {
+      const uint64_t s = seed * 100 + l * 10 + h;
+      Matrix kp = RandomCorrelatedKeys(n, d, s);
+      Matrix a = RandomMatrix(d, d, s + 1, 1.0f / std::sqrt(float(d)));
+      Matrix v(n, d);
+      Matrix eps = RandomMatrix(n, d, s + 2, noise);
+      for (int64_t i = 0; i < n; ++i)
+        for (int r = 0; r < d; ++r) {
+          double acc = 0;
+          for (int c = 0; c < d; ++c) acc += double(a.Row(r)[c]) * kp.Row(i)[c];
+          v.Row(i)[r] = static_cast<float>(acc) + eps.Row(i)[r];
+        }
+      Matrix kpost(n, d);
+      EXPECT_TRUE(ApplyRope(*rope, RopeDirection::kRotate, f.positions, kp.View(), kpost.View()).ok());
+      uint8_t* kb = f.raw.data() + f.layout.LayerOffset(l, static_cast<int>(n));
+      uint8_t* vb = kb + n * f.layout.TokenBytes();
+      for (int64_t i = 0; i < n; ++i) {
+        ConvertFromFloat(dtype, kpost.Row(i), kb + i * f.layout.TokenBytes() + h * d * e, d);
+        ConvertFromFloat(dtype, v.Row(i), vb + i * f.layout.TokenBytes() + h * d * e, d);
+      }
+      f.kpre.push_back(std::move(kp));
+      f.values.push_back(std::move(v));
+      f.queries.push_back(RandomMatrix(f.window * G, d, s + 3));
+    }
+  }
+  for (const Matrix& q : f.queries) f.query_views.push_back(q.View());
+  auto cal = VectorCalibrator::Create(L, H, d);
+  EXPECT_TRUE(CalibrateFromChunk(f.layout, f.raw, f.positions, &*cal).ok());
+  auto w = cal->Solve();
+  EXPECT_TRUE(w.ok()) << w.status();
+  f.weights = std::move(*w);
+  return f;
+}
+
+struct Composition {
+  const char* name;
+  ScoreStage score;
+  MergeStage merge;
+  int64_t keydiff_block;
+};
+
+const Composition kCompositions[] = {
+    {"snapkv", ScoreStage::kSnapKv, MergeStage::kNone, 0},
+    {"keydiff", ScoreStage::kKeyDiff, MergeStage::kNone, 0},
+    {"keydiff-block", ScoreStage::kKeyDiff, MergeStage::kNone, 64},
+    {"pyramidkv", ScoreStage::kPyramidKv, MergeStage::kNone, 0},
+    {"recency", ScoreStage::kNone, MergeStage::kNone, 0},
+    {"kvslimmer", ScoreStage::kNone, MergeStage::kKvSlimmer, 0},
+    {"hybrid-snapkv", ScoreStage::kSnapKv, MergeStage::kKvSlimmer, 0},
+    {"hybrid-keydiff", ScoreStage::kKeyDiff, MergeStage::kKvSlimmer, 0},
+};
+
+TEST(Plan, HalfPairBudgetIsExactForEveryComposition) {
+  const ChunkFixture f = MakeChunk(301, 64, DType::kBFloat16, 0.3f, 1);
+  for (double p_c : {0.25, 0.5, 0.75, 0.9}) {
+    const int64_t m = std::llround((1.0 - p_c) * f.n);
+    for (const Composition& c : kCompositions) {
+      for (RouteStage route : {RouteStage::kNone, RouteStage::kVector}) {
+        CompressionPlanOptions o{.score = c.score, .merge = c.merge, .route = route, .p_c = p_c,
+                                 .window = f.window, .keydiff_block = c.keydiff_block};
+        CompressionStats stats;
+        auto chunk = Compress(o, f.layout, f.Input(), &stats);
+        SCOPED_TRACE(std::string(c.name) + (route == RouteStage::kVector ? "+vector" : "") +
+                     " p_c=" + std::to_string(p_c));
+        ASSERT_TRUE(chunk.ok()) << chunk.status();
+        EXPECT_EQ(chunk->HalfPairs(), 2 * m * 4);
+        EXPECT_EQ(stats.half_pairs, stats.budget_half_pairs);
+        if (c.score != ScoreStage::kPyramidKv) {
+          for (const CompactHead& h : chunk->heads) EXPECT_EQ(h.slots() + h.value_slots(), 2 * m);
+        }
+        // Routing needs single (l = 1) slots; heavy merging can leave none, and then a shrinks
+        // (down to 0) while the budget stays exact.
+        if (route == RouteStage::kVector && c.merge == MergeStage::kNone) {
+          EXPECT_GT(stats.rebuild_slots, 0);
+          EXPECT_EQ(stats.route_reductions, 0);
+        }
+        if (route == RouteStage::kVector && stats.route_reductions == 0) {
+          EXPECT_GT(stats.rebuild_slots, 0);
+        }
+        if (c.merge != MergeStage::kNone) EXPECT_GT(stats.merged_tokens, 0);
+        // Sinks and the window are kept as single slots with their values, at their positions.
+        for (const CompactHead& h : chunk->heads) {
+          ASSERT_GE(h.slots(), 4 + f.window);
+          for (int j = 0; j < 4; ++j) {
+            EXPECT_EQ(h.positions[j], f.positions[j]);
+            EXPECT_EQ(h.cardinality[j], 1);
+            EXPECT_EQ(h.flags[j], 0);
+          }
+          for (int64_t w = 0; w < f.window; ++w) {
+            const int64_t j = h.slots() - f.window + w;
+            EXPECT_EQ(h.positions[j], f.positions[f.n - f.window + w]);
+            EXPECT_EQ(h.cardinality[j], 1);
+            EXPECT_EQ(h.flags[j], 0);
+          }
+          for (int64_t j = 1; j < h.slots(); ++j) EXPECT_LT(h.positions[j - 1], h.positions[j]);
+        }
+        auto bytes = EncodeCompactChunk(*chunk);
+        ASSERT_TRUE(bytes.ok());
+        auto back = DecodeCompactChunk(*bytes);
+        ASSERT_TRUE(back.ok());
+        EXPECT_TRUE(*back == *chunk);
+      }
+    }
+  }
+}
+
+TEST(Plan, NothingToCompressKeepsTheChunk) {
+  const ChunkFixture f = MakeChunk(64, 64, DType::kFloat32, 0.3f, 2);
+  CompressionPlanOptions o{.score = ScoreStage::kSnapKv, .p_c = 0.0, .window = f.window};
+  auto chunk = Compress(o, f.layout, f.Input());
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  int64_t tokens = 0;
+  auto dense = ExpandDenseChunk(*chunk, nullptr, nullptr, &tokens);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_EQ(tokens, 64);
+  EXPECT_EQ(*dense, f.raw);  // float32, all tokens kept: bit-identical engine bytes
+}
+
+// Values that are exactly linear in the pre-RoPE keys are rebuilt exactly after routing.
+TEST(Plan, VectorRoutedValuesAreRebuiltAtServeTime) {
+  for (int d : {64, 128}) {
+    const ChunkFixture f = MakeChunk(257, d, DType::kFloat32, 0.0f, 3);
+    EXPECT_GT(f.weights.Head(1, 1).r2, 1.0 - 1e-6);
+    CompressionPlanOptions o{.score = ScoreStage::kKeyDiff, .route = RouteStage::kVector,
+                             .p_c = 0.5, .window = f.window};
+    auto chunk = Compress(o, f.layout, f.Input(false));
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    auto rope = RopeTable::Create(f.layout.rope, d);
+    for (int l = 0; l < 2; ++l) {
+      for (int h = 0; h < 2; ++h) {
+        auto sh = BuildServingHead(*chunk, l, h, &*rope, &f.weights);
+        ASSERT_TRUE(sh.ok()) << sh.status();
+        const CompactHead& ch = chunk->Head(l, h);
+        int64_t rebuilt = 0;
+        for (int64_t j = 0; j < ch.slots(); ++j) {
+          const int64_t token = ch.positions[j] - 1000;
+          const Matrix& v = f.values[l * 2 + h];
+          double err = 0, mag = 0;
+          for (int c = 0; c < d; ++c) {
+            err = std::max(err, std::abs(double(sh->values.Row(j)[c]) - v.Row(token)[c]));
+            mag = std::max(mag, std::abs(double(v.Row(token)[c])));
+          }
+          // Rotation round trip + float32 solve: ~1e-5 relative to the value scale.
+          ASSERT_LT(err, 1e-3 * (1.0 + mag)) << "slot " << j;
+          rebuilt += (ch.flags[j] & kSlotRebuildValue) ? 1 : 0;
+        }
+        EXPECT_EQ(rebuilt, 2 * std::llround(0.25 * 257));
+      }
+    }
+    // The wrong W set is refused.
+    VectorWeights other = f.weights;
+    other.heads[0].w.values[0] += 1.0f;
+    other.version = other.ComputeVersion();
+    EXPECT_EQ(BuildServingHead(*chunk, 0, 0, &*rope, &other).status().code(),
+              StatusCode::kFailedPrecondition);
+  }
+}
+
+TEST(Plan, PyramidBudgetsDifferPerLayerButSumExactly) {
+  const ChunkFixture f = MakeChunk(301, 64, DType::kBFloat16, 0.3f, 4);
+  // beta = 2 keeps PyramidKV's min layer budget above the window (beta = 20 falls back to
+  // uniform budgets for 2 layers of 301 tokens).
+  CompressionPlanOptions o{.score = ScoreStage::kPyramidKv, .p_c = 0.75, .window = f.window,
+                           .pyramid_beta = 2.0};
+  auto chunk = Compress(o, f.layout, f.Input());
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_GT(chunk->Head(0, 0).slots(), chunk->Head(1, 0).slots());
+  EXPECT_EQ(chunk->HalfPairs(), 4 * 2 * std::llround(0.25 * 301));
+}
+
+TEST(Plan, RejectsBadInput) {
+  const ChunkFixture f = MakeChunk(40, 64, DType::kBFloat16, 0.3f, 5);
+  CompressionPlanOptions o{.score = ScoreStage::kSnapKv, .p_c = 0.5, .window = f.window};
+
+  auto no_q = Compress(o, f.layout, f.Input(false));
+  EXPECT_EQ(no_q.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(no_q.status().message(), HasSubstr("snapkv needs window queries"));
+
+  CompressionPlanOptions slim{.score = ScoreStage::kNone, .merge = MergeStage::kKvSlimmer,
+                              .window = f.window};
+  EXPECT_THAT(Compress(slim, f.layout, f.Input(false)).status().message(),
+              HasSubstr("kvslimmer needs window queries"));
+
+  CompressionPlanOptions route = o;
+  route.route = RouteStage::kVector;
+  CompressionInput in = f.Input();
+  in.weights = nullptr;
+  EXPECT_EQ(Compress(route, f.layout, in).status().code(), StatusCode::kFailedPrecondition);
+
+  in = f.Input();
+  in.raw = std::span(f.raw).first(f.raw.size() - 2);
+  EXPECT_THAT(Compress(o, f.layout, in).status().message(), HasSubstr("raw chunk has"));
+
+  CompressionPlanOptions tight = o;
+  tight.p_c = 0.9;  // M = 4 < 4 sinks + 16 window
+  auto oor = Compress(tight, f.layout, f.Input());
+  EXPECT_EQ(oor.status().code(), StatusCode::kOutOfRange);
+  EXPECT_THAT(oor.status().message(), HasSubstr("layer 0 head 0"));
+
+  CompressionPlanOptions wide = o;
+  wide.window = 40;
+  wide.sinks = 4;
+  std::vector<Matrix> big_q(4, Matrix(40 * 4, 64));
+  std::vector<ConstMatrixView> big_views;
+  for (const Matrix& m : big_q) big_views.push_back(m.View());
+  in = f.Input();
+  in.window_queries = big_views;
+  auto small = Compress(wide, f.layout, in);
+  EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(small.status().message(), HasSubstr("smaller than sinks"));
+
+  std::vector<uint8_t> nan_raw = f.raw;
+  const uint16_t nan_bf16 = 0x7fc0;
+  std::memcpy(nan_raw.data() + 10 * 2, &nan_bf16, 2);
+  in = f.Input();
+  in.raw = nan_raw;
+  auto nan = Compress(o, f.layout, in);
+  EXPECT_EQ(nan.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(nan.status().message(), HasSubstr("non-finite"));
+
+  CompressionPlanOptions bad_pc = o;
+  bad_pc.p_c = 1.0;
+  EXPECT_EQ(Compress(bad_pc, f.layout, f.Input()).status().code(), StatusCode::kOutOfRange);
+}
+
+TEST(Plan, GatherWindowQueriesGroupsQueryHeadsByKvHead) {
+  ModelLayout layout{.num_layers = 1, .num_kv_heads = 2, .num_q_heads = 4, .head_dim = 4,
+                     .dtype = DType::kFloat32};
+  std::vector<float> q(3 * 4 * 4);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(i);
+  auto out = GatherWindowQueries(layout, q.data(), 3);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 2u);
+  // KV head 1, window row 2, group member 1 = query head 3 of token 2.
+  EXPECT_EQ((*out)[1].Row(2 * 2 + 1)[0], q[(2 * 4 + 3) * 4]);
+}
+
+}  // namespace
+}  // namespace kvd::kernels
