@@ -1,0 +1,90 @@
+// CUDA gather/scatter between an engine tensor [N, H, d] and per-head float32 [H][N, d].
+// Host views are staged through device memory (convert.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <vector>
+
+#include "backend_a.h"
+#include "cuda/cuda_common.cuh"
+
+namespace kvd::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// src: [N, H, d] of dtype; dst: [H, N, d] float32.
+__global__ void GatherKernel(const void* __restrict__ src, float* __restrict__ dst, int64_t n, int64_t h,
+                             int64_t d, int dtype) {
+  const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (idx >= n * h * d) return;
+  const int64_t c = idx % d, head = (idx / d) % h, row = idx / (d * h);
+  float x;
+  if (dtype == static_cast<int>(DType::kFloat32)) {
+    x = static_cast<const float*>(src)[idx];
+  } else if (dtype == static_cast<int>(DType::kFloat16)) {
+    x = __half2float(static_cast<const __half*>(src)[idx]);
+  } else {
+    x = __bfloat162float(static_cast<const __nv_bfloat16*>(src)[idx]);
+  }
+  dst[(head * n + row) * d + c] = x;
+}
+
+__global__ void ScatterKernel(const float* __restrict__ src, void* __restrict__ dst, int64_t n, int64_t h,
+                              int64_t d, int dtype) {
+  const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (idx >= n * h * d) return;
+  const int64_t c = idx % d, head = (idx / d) % h, row = idx / (d * h);
+  const float x = src[(head * n + row) * d + c];
+  if (dtype == static_cast<int>(DType::kFloat32)) {
+    static_cast<float*>(dst)[idx] = x;
+  } else if (dtype == static_cast<int>(DType::kFloat16)) {
+    static_cast<__half*>(dst)[idx] = __float2half_rn(x);
+  } else {
+    static_cast<__nv_bfloat16*>(dst)[idx] = __float2bfloat16_rn(x);
+  }
+}
+
+}  // namespace
+
+Status GatherHeads(const EngineTensorShape& shape, const void* src, std::span<const MatrixView> heads,
+                   void* stream_ptr) {
+  cudaStream_t stream = AsStream(stream_ptr);
+  const int64_t n = shape.tokens, h = shape.num_heads, d = shape.head_dim, total = shape.Elements();
+  if (total == 0) return Status::Ok();
+  DeviceBuffer<unsigned char> dsrc;
+  DeviceBuffer<float> ddst;
+  KVD_RETURN_IF_ERROR(dsrc.Allocate(shape.Bytes()));
+  KVD_RETURN_IF_ERROR(ddst.Allocate(static_cast<size_t>(total)));
+  KVD_RETURN_IF_ERROR(dsrc.Upload(static_cast<const unsigned char*>(src), shape.Bytes(), stream));
+  GatherKernel<<<Blocks(total, kThreads), kThreads, 0, stream>>>(dsrc.get(), ddst.get(), n, h, d,
+                                                                 static_cast<int>(shape.dtype));
+  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "GatherKernel");
+  for (int64_t head = 0; head < h; ++head) {
+    const MatrixView& v = heads[static_cast<size_t>(head)];
+    KVD_RETURN_IF_ERROR(DownloadRows(ddst.get() + head * n * d, n, d, v.data, v.ld, stream));
+  }
+  return FinishLaunch(stream, "GatherHeads");
+}
+
+Status ScatterHeads(const EngineTensorShape& shape, std::span<const ConstMatrixView> heads, void* dst,
+                    void* stream_ptr) {
+  cudaStream_t stream = AsStream(stream_ptr);
+  const int64_t n = shape.tokens, h = shape.num_heads, d = shape.head_dim, total = shape.Elements();
+  if (total == 0) return Status::Ok();
+  DeviceBuffer<float> dsrc;
+  DeviceBuffer<unsigned char> ddst;
+  KVD_RETURN_IF_ERROR(dsrc.Allocate(static_cast<size_t>(total)));
+  KVD_RETURN_IF_ERROR(ddst.Allocate(shape.Bytes()));
+  for (int64_t head = 0; head < h; ++head) {
+    const ConstMatrixView& v = heads[static_cast<size_t>(head)];
+    KVD_RETURN_IF_ERROR(UploadRows(v.data, n, d, v.ld, dsrc.get() + head * n * d, stream));
+  }
+  ScatterKernel<<<Blocks(total, kThreads), kThreads, 0, stream>>>(dsrc.get(), ddst.get(), n, h, d,
+                                                                  static_cast<int>(shape.dtype));
+  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "ScatterKernel");
+  KVD_RETURN_IF_ERROR(ddst.Download(static_cast<unsigned char*>(dst), shape.Bytes(), stream));
+  return FinishLaunch(stream, "ScatterHeads");
+}
+
+}  // namespace kvd::kernels::cuda
