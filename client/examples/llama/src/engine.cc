@@ -76,6 +76,7 @@ void LlamaSession::Reset() {
   positions_.clear();
   cache_.assign(cfg_.num_layers, std::vector<HeadCache>(cfg_.num_kv_heads));
   captured_q_.clear();
+  captured_att_.clear();
   captured_count_ = 0;
 }
 
@@ -189,6 +190,7 @@ StatusOr<std::vector<float>> LlamaSession::Forward(std::span<const int32_t> toke
   const int W = std::min(opts.capture_queries, T);
   captured_count_ = W;
   captured_q_.assign(W > 0 ? cfg_.num_layers : 0, {});
+  captured_att_.assign(opts.capture_attention ? cfg_.num_layers : 0, {});
 
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const LayerWeights& w = model_.layers()[l];
@@ -212,6 +214,7 @@ StatusOr<std::vector<float>> LlamaSession::Forward(std::span<const int32_t> toke
     }
     if (W > 0) captured_q_[l].assign(q.end() - static_cast<ptrdiff_t>(W) * qd, q.end());
     Attention(l, q.data(), T, att.data());
+    if (opts.capture_attention) captured_att_[l] = att;
     MatMulWt(att.data(), w.wo.data(), tmp.data(), T, dim, qd);
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
 

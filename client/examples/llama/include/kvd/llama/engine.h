@@ -32,6 +32,9 @@ struct ForwardOptions {
   // Capture the post-RoPE queries of the last `capture_queries` tokens of this call per layer
   // (clamped to T); read them with captured_queries(). 0 (default) captures nothing.
   int capture_queries = 0;
+  // Capture every layer's attention output (before W_o) for the tokens of this call: per layer
+  // [T, num_q_heads * head_dim]; read with captured_attention(). Default false.
+  bool capture_attention = false;
 };
 
 class LlamaSession {
@@ -71,6 +74,8 @@ class LlamaSession {
   // per layer [W', num_q_heads, head_dim] with W' = min(W, T) (empty if none were captured).
   const std::vector<std::vector<float>>& captured_queries() const { return captured_q_; }
   int captured_query_count() const { return captured_count_; }
+  // Attention outputs captured by the last Forward with capture_attention (else empty).
+  const std::vector<std::vector<float>>& captured_attention() const { return captured_att_; }
 
   // Drops the cache; position() becomes 0.
   void Reset();
@@ -97,6 +102,7 @@ class LlamaSession {
   std::vector<std::vector<HeadCache>> cache_;      // [layer][kv_head]
   std::vector<double> inv_freq_;                   // [rotary_dim / 2]
   std::vector<std::vector<float>> captured_q_;
+  std::vector<std::vector<float>> captured_att_;
   int captured_count_ = 0;
 };
 

@@ -1,0 +1,106 @@
+// kvd-quality: the compression quality harness (see harness.h).
+//
+//   kvd-quality --model PATH [--manifest FILE] [--out DIR] [--quick] [--methods a,b]
+//               [--ratios 0.5,0.75,0.9] [--segments N] [--prefix N] [--continuation N]
+//               [--window W] [--passkey N] [--threads N]
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "harness.h"
+#include "kvd/llama/model.h"
+#include "report.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: kvd-quality --model PATH [--manifest FILE] [--out DIR] [--quick]\n"
+    "                   [--methods full,sink_recent] [--ratios 0.5,0.75,0.9] [--segments 8]\n"
+    "                   [--prefix 2048] [--continuation 256] [--window 64] [--passkey 1536]\n"
+    "                   [--threads N] [--list-methods]\n";
+
+std::vector<std::string> SplitCommas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path, out_dir = "quality-out";
+  kvd::quality::HarnessOptions o;
+  o.manifest_path = KVD_QUALITY_DEFAULT_MANIFEST;
+  std::string command = "kvd-quality";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  // --quick first, so that explicit flags override the preset.
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--quick") {
+      const std::string manifest = o.manifest_path;
+      o = kvd::quality::HarnessOptions::Quick();
+      o.manifest_path = manifest;
+    }
+  }
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto val = [&]() -> std::string {
+        if (i + 1 >= argc) throw std::invalid_argument("missing value for " + a);
+        return argv[++i];
+      };
+      if (a == "--model") model_path = val();
+      else if (a == "--manifest") o.manifest_path = val();
+      else if (a == "--out") out_dir = val();
+      else if (a == "--quick") continue;
+      else if (a == "--methods") o.methods = SplitCommas(val());
+      else if (a == "--ratios") {
+        o.ratios.clear();
+        for (const auto& r : SplitCommas(val())) o.ratios.push_back(std::stod(r));
+      } else if (a == "--segments") o.max_segments = std::stoi(val());
+      else if (a == "--prefix") o.prefix_tokens = std::stoi(val());
+      else if (a == "--continuation") o.continuation_tokens = std::stoi(val());
+      else if (a == "--window") o.window = std::stoi(val());
+      else if (a == "--passkey") o.passkey_filler_tokens = std::stoi(val());
+      else if (a == "--threads") o.threads = std::stoi(val());
+      else if (a == "--list-methods") {
+        for (const auto& n : kvd::quality::MethodRegistry::Global().Names()) std::cout << n << "\n";
+        return 0;
+      } else if (a == "--help" || a == "-h") {
+        std::cout << kUsage;
+        return 0;
+      } else {
+        throw std::invalid_argument("unknown argument " + a);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::cerr << kUsage << "kvd-quality: " << e.what() << "\n";
+    return 2;
+  }
+  if (model_path.empty()) {
+    std::cerr << kUsage << "kvd-quality: --model is required\n";
+    return 2;
+  }
+  auto model = kvd::llama::LlamaModel::Load(model_path);
+  if (!model.ok()) {
+    std::cerr << "kvd-quality: " << model.status() << "\n";
+    return 1;
+  }
+  auto rep = kvd::quality::RunHarness(**model, o);
+  if (!rep.ok()) {
+    std::cerr << "kvd-quality: " << rep.status() << "\n";
+    return 1;
+  }
+  kvd::Status w = kvd::quality::WriteReport(*rep, out_dir, command);
+  if (!w.ok()) {
+    std::cerr << "kvd-quality: " << w << "\n";
+    return 1;
+  }
+  std::cout << kvd::quality::ToMarkdown(*rep, command);
+  std::cerr << "kvd-quality: wrote " << out_dir << "/results.csv, layers.csv, results.md\n";
+  return 0;
+}

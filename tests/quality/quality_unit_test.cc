@@ -1,0 +1,169 @@
+// Harness pieces without a model: SHA-256, manifest parsing and verification, the method
+// registry and built-in methods, options, report formatting.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "harness.h"
+#include "manifest.h"
+#include "methods.h"
+#include "report.h"
+#include "sha256.h"
+
+namespace kvd::quality {
+namespace {
+
+TEST(Sha256Test, KnownVectors) {
+  EXPECT_EQ(Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Sha256Hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(Sha256Hex(std::string(1000000, 'a')),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(ManifestTest, ParsesAndRejectsMalformedLines) {
+  const std::string sha(64, 'a');
+  auto ok = ParseManifest("# comment\n\n" + sha + " eval /x\n" + sha + "  calib  /y\n");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ(ok->size(), 2u);
+  EXPECT_EQ((*ok)[1].role, "calib");
+  EXPECT_EQ((*ok)[1].path, "/y");
+  auto role = ParseManifest(sha + " train /x\n");
+  EXPECT_EQ(role.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(role.status().message().find("line 1"), std::string::npos);
+  auto hex = ParseManifest("abc eval /x\n");
+  EXPECT_EQ(hex.status().code(), StatusCode::kInvalidArgument);
+  auto extra = ParseManifest(sha + " eval /x trailing\n");
+  EXPECT_EQ(extra.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ManifestTest, VerifiesDigestsAndSkipsMismatches) {
+  const std::string path = ::testing::TempDir() + "/quality_text.txt";
+  std::ofstream(path) << "hello text";
+  std::vector<ManifestEntry> entries = {{Sha256Hex("hello text"), "eval", path},
+                                        {std::string(64, '0'), "eval", path},
+                                        {Sha256Hex("x"), "eval", "/nonexistent/file"}};
+  std::vector<std::string> warnings;
+  auto r = ReadVerified(entries, "eval", &warnings);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_EQ((*r)[0].text, "hello text");
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_NE(warnings[0].find("sha256"), std::string::npos);
+  auto none = ReadVerified(entries, "calib", &warnings);
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+}
+
+TEST(ManifestTest, ShippedManifestParsesWithEnoughEvalTexts) {
+  auto m = LoadManifest(KVD_QUALITY_DEFAULT_MANIFEST);
+  ASSERT_TRUE(m.ok()) << m.status();
+  int eval = 0, calib = 0;
+  for (const auto& e : *m) (e.role == "eval" ? eval : calib)++;
+  EXPECT_GE(eval, 4);
+  EXPECT_GE(calib, 1);
+}
+
+llama::LlamaConfig TinyConfig() {
+  llama::LlamaConfig c;
+  c.num_layers = 2;
+  c.num_kv_heads = 2;
+  c.num_q_heads = 4;
+  c.head_dim = 4;
+  c.dim = 16;
+  return c;
+}
+
+PrefixCapture TinyPrefix(const llama::LlamaConfig& c, int n) {
+  PrefixCapture p;
+  p.config = &c;
+  p.cache.num_tokens = n;
+  p.cache.next_position = n;
+  for (int i = 0; i < n; ++i) p.cache.positions.push_back(i);
+  p.cache.layers.resize(c.num_layers);
+  for (auto& l : p.cache.layers) {
+    for (int i = 0; i < n * c.num_kv_heads * c.head_dim; ++i) {
+      l.k.push_back(static_cast<float>(i));
+      l.v.push_back(static_cast<float>(-i));
+    }
+  }
+  return p;
+}
+
+TEST(MethodsTest, FullKeepsEverythingAndSinkRecentMeetsTheBudget) {
+  const llama::LlamaConfig c = TinyConfig();
+  const PrefixCapture p = TinyPrefix(c, 40);
+  auto full = MethodRegistry::Global().Create("full");
+  ASSERT_TRUE(full.ok());
+  auto fc = (*full)->Compress(p, 0.9);
+  ASSERT_TRUE(fc.ok());
+  EXPECT_EQ(AchievedCompression(*fc, 40), 0.0);
+  EXPECT_TRUE(fc->Validate(c.num_layers, c.num_kv_heads, c.head_dim).ok());
+  // Head 1 of layer 0, slot 5 is dense entry (5, head 1).
+  EXPECT_EQ(fc->layers[0][1].k[5 * 4], static_cast<float>((5 * 2 + 1) * 4));
+
+  auto sr = MethodRegistry::Global().Create("sink_recent");
+  ASSERT_TRUE(sr.ok());
+  auto sc = (*sr)->Compress(p, 0.75);
+  ASSERT_TRUE(sc.ok());
+  EXPECT_TRUE(sc->Validate(c.num_layers, c.num_kv_heads, c.head_dim).ok());
+  EXPECT_NEAR(AchievedCompression(*sc, 40), 0.75, 1e-9);
+  const auto& h = sc->layers[1][0];
+  ASSERT_EQ(h.num_slots, 10);
+  EXPECT_EQ(h.k[3 * 4], static_cast<float>(3 * 2 * 4));    // sink 3 = token 3
+  EXPECT_EQ(h.k[4 * 4], static_cast<float>(34 * 2 * 4));   // then tokens 34..39
+  EXPECT_EQ(sc->next_position, 40);
+  EXPECT_EQ((*sr)->Compress(p, 1.0).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(MethodsTest, RegistryErrors) {
+  MethodRegistry r;
+  auto f = []() -> StatusOr<std::unique_ptr<CompressionMethod>> {
+    return Status::Unimplemented("x");
+  };
+  ASSERT_TRUE(r.Register("a", f).ok());
+  EXPECT_EQ(r.Register("a", f).code(), StatusCode::kAlreadyExists);
+  auto missing = r.Create("snapkv");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("known: a"), std::string::npos);
+}
+
+TEST(HarnessOptionsTest, Validate) {
+  HarnessOptions o;
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);  // no manifest
+  o.manifest_path = "m";
+  EXPECT_TRUE(o.Validate().ok());
+  o.ratios = {1.0};
+  EXPECT_NE(o.Validate().message().find("outside [0, 1)"), std::string::npos);
+  HarnessOptions q = HarnessOptions::Quick();
+  q.manifest_path = "m";
+  EXPECT_TRUE(q.Validate().ok());
+  q.window = q.prefix_tokens + 1;
+  EXPECT_EQ(q.Validate().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ReportTest, CsvAndMarkdown) {
+  HarnessReport r;
+  r.engine_perplexity = 10;
+  r.engine_scored_tokens = 100;
+  MethodResult m;
+  m.method = "sink_recent";
+  m.p_c = 0.5;
+  m.perplexity = 12.5;
+  m.top1_agreement = 0.9;
+  m.layer_rel_error = {0.1, 0.3};
+  m.mean_rel_error = 0.2;
+  r.rows.push_back(m);
+  const std::string csv = ToCsv(r);
+  EXPECT_NE(csv.find("sink_recent,0.5000,0.0000,0,12.500000,1.250000,0.900000,0.200000"),
+            std::string::npos)
+      << csv;
+  EXPECT_NE(LayersToCsv(r).find("sink_recent,0.5000,1,0.300000"), std::string::npos);
+  const std::string md = ToMarkdown(r, "kvd-quality --quick");
+  EXPECT_NE(md.find("| sink_recent | 0.50 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("`kvd-quality --quick`"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvd::quality
