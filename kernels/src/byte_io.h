@@ -23,9 +23,8 @@ class ByteWriter {
   }
   void PutBytes(const void* data, size_t size) {
     if (size == 0) return;
-    size_t at = out_->size();
-    out_->resize(at + size);
-    std::memcpy(out_->data() + at, data, size);
+    const auto* p = static_cast<const uint8_t*>(data);
+    out_->insert(out_->end(), p, p + size);  // one pass (resize would zero-fill first)
   }
   // Zero bytes up to the next multiple of `alignment` (from the start of the buffer).
   void Align(size_t alignment) {

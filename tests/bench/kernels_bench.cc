@@ -1,0 +1,471 @@
+// Google Benchmark of every compression stage on Llama-3.1-8B-like shapes: 8 KV heads, d = 128,
+// N = 4096 tokens, G = 4 query heads per KV head, bf16 input; one layer per iteration, ONE core
+// (ExecOptions::num_threads = 1, OpenBLAS limited to 1 thread).
+//
+// Each stage reports its ratio against a limit measured in this same binary and run:
+//   x_memcpy: stage input bytes per second / memcpy bytes per second for a copy of the same
+//             number of bytes (bytes-bound stages; goal >= 0.5);
+//   x_sgemm:  stage useful FLOP/s / OpenBLAS sgemm FLOP/s on [N, d] x [d, d] (d x d stages;
+//             goal >= 0.5).
+// Both counters are printed for every stage; docs/benchmarks.md says which goal applies.
+// Flags: the usual --benchmark_* (e.g. --benchmark_min_time=0.2s); KVD_BENCH_TOKENS overrides N.
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <ctime>
+#include <functional>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "kvd/common/dtype.h"
+#include "kvd/kernels/compact_chunk.h"
+#include "kvd/kernels/convert.h"
+#include "kvd/kernels/keydiff.h"
+#include "kvd/kernels/kvslimmer.h"
+#include "kvd/kernels/plan.h"
+#include "kvd/kernels/rope.h"
+#include "kvd/kernels/serving.h"
+#include "kvd/kernels/snapkv.h"
+#include "kvd/kernels/vector.h"
+
+namespace kvd::kernels {
+namespace {
+
+constexpr int kHeads = 8;
+constexpr int kDim = 128;
+constexpr int kGroup = 4;
+constexpr int kWindow = 64;
+const ExecOptions kOneCore{.backend = Backend::kCpu, .num_threads = 1};
+
+int64_t Tokens() {
+  static const int64_t n = [] {
+    const char* env = std::getenv("KVD_BENCH_TOKENS");
+    return env != nullptr ? std::max<int64_t>(kWindow + 8, std::atoll(env)) : int64_t{4096};
+  }();
+  return n;
+}
+
+// Thread CPU seconds: Google Benchmark's rates (and so the stages' side of every ratio) use CPU
+// time, so the limits do too; wall time on a shared machine would inflate the ratios.
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// CPU seconds per call of fn, best of 5 batches of >= min_seconds / 5 each.
+double Seconds(const std::function<void()>& fn, double min_seconds) {
+  fn();  // warm up
+  double best = 1e30;
+  for (int batch = 0; batch < 5; ++batch) {
+    int64_t iters = 0;
+    const double start = ThreadCpuSeconds();
+    double elapsed = 0;
+    do {
+      fn();
+      ++iters;
+      elapsed = ThreadCpuSeconds() - start;
+    } while (elapsed < min_seconds / 5);
+    best = std::min(best, elapsed / static_cast<double>(iters));
+  }
+  return best;
+}
+
+// memcpy bytes/s for a copy of `bytes` bytes (cached per size).
+double MemcpyRate(size_t bytes) {
+  static std::map<size_t, double> cache;
+  auto it = cache.find(bytes);
+  if (it != cache.end()) return it->second;
+  std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
+  const double s = Seconds([&] {
+    std::memcpy(b.data(), a.data(), bytes);
+    benchmark::DoNotOptimize(b.data());
+    benchmark::ClobberMemory();
+  }, 0.2);
+  return cache[bytes] = static_cast<double>(bytes) / s;
+}
+
+// OpenBLAS sgemm FLOP/s on [N, d] x [d, d]^T (the shape of VECTOR's GEMMs).
+double SgemmRate() {
+  static const double rate = [] {
+    const int64_t n = Tokens();
+    std::vector<float> a(n * kDim, 0.5f), w(kDim * kDim, 0.25f), c(n * kDim);
+    const double s = Seconds([&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), kDim, kDim, 1.0f,
+                  a.data(), kDim, w.data(), kDim, 0.0f, c.data(), kDim);
+      benchmark::DoNotOptimize(c.data());
+    }, 0.3);
+    return 2.0 * n * kDim * kDim / s;
+  }();
+  return rate;
+}
+
+// Sets the ratio counters: per iteration the stage reads `bytes` and does `flops`.
+void Report(benchmark::State& state, double bytes, double flops) {
+  const double iters = static_cast<double>(state.iterations());
+  state.SetBytesProcessed(static_cast<int64_t>(bytes * iters));
+  // kIsRate divides by the measured time: (work / limit_rate) / time = stage_rate / limit_rate.
+  state.counters["x_memcpy"] =
+      benchmark::Counter(bytes * iters / MemcpyRate(static_cast<size_t>(bytes)),
+                         benchmark::Counter::kIsRate);
+  if (flops > 0) {
+    state.counters["GFLOPs"] = benchmark::Counter(flops * iters * 1e-9, benchmark::Counter::kIsRate);
+    state.counters["x_sgemm"] =
+        benchmark::Counter(flops * iters / SgemmRate(), benchmark::Counter::kIsRate);
+  }
+}
+
+// One layer of synthetic data: per head pre/post-RoPE keys, values, window queries, W.
+struct LayerData {
+  int64_t n = 0;
+  RopeConfig rope_config{.theta = 500000.0, .pairing = RopePairing::kHalves,
+                         .scaling = RopeScaling::kLlama3, .factor = 8.0};
+  std::vector<uint16_t> k_bf16, v_bf16;  // [N, H, d] engine layout
+  std::vector<int64_t> positions;
+  std::vector<Matrix> keys, kpre, values, queries;  // [H] of [N, d] / [W*G, d]
+  std::vector<Matrix> w;                             // [H] of [d, d]
+  RopeTable rope;
+
+  static const LayerData& Get() {
+    static const LayerData* data = [] {
+      auto* d = new LayerData();
+      d->Init();
+      return d;
+    }();
+    return *data;
+  }
+
+ private:
+  void Init() {
+    n = Tokens();
+    std::mt19937_64 rng(42);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    rope = *RopeTable::Create(rope_config, kDim);
+    positions.resize(n);
+    for (int64_t i = 0; i < n; ++i) positions[i] = i;
+    k_bf16.resize(n * kHeads * kDim);
+    v_bf16.resize(k_bf16.size());
+    for (auto& x : k_bf16) x = FloatToBFloat16(dist(rng));
+    for (auto& x : v_bf16) x = FloatToBFloat16(dist(rng));
+    EngineTensorShape shape{.tokens = n, .num_heads = kHeads, .head_dim = kDim};
+    keys = *GatherHeads(shape, k_bf16.data(), kOneCore);
+    values = *GatherHeads(shape, v_bf16.data(), kOneCore);
+    for (int h = 0; h < kHeads; ++h) {
+      Matrix kp(n, kDim);
+      (void)ApplyRope(rope, RopeDirection::kDerotate, positions, keys[h].View(), kp.View(), kOneCore);
+      kpre.push_back(std::move(kp));
+      Matrix q(kWindow * kGroup, kDim);
+      for (float& x : q.values) x = dist(rng);
+      queries.push_back(std::move(q));
+      Matrix wm(kDim, kDim);
+      for (float& x : wm.values) x = 0.1f * dist(rng);
+      w.push_back(std::move(wm));
+    }
+  }
+};
+
+// ---- limits, as benchmarks of their own (the ratios use the same measurements) ----
+
+void BM_Memcpy(benchmark::State& state) {
+  const size_t bytes = static_cast<size_t>(Tokens()) * kHeads * kDim * 2;
+  std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
+  for (auto _ : state) {
+    std::memcpy(b.data(), a.data(), bytes);
+    benchmark::DoNotOptimize(b.data());
+    benchmark::ClobberMemory();
+  }
+  Report(state, static_cast<double>(bytes), 0);
+}
+BENCHMARK(BM_Memcpy);
+
+void BM_Sgemm(benchmark::State& state) {
+  const int64_t n = Tokens();
+  std::vector<float> a(n * kDim, 0.5f), w(kDim * kDim, 0.25f), c(n * kDim);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), kDim, kDim, 1.0f,
+                a.data(), kDim, w.data(), kDim, 0.0f, c.data(), kDim);
+    benchmark::DoNotOptimize(c.data());
+  }
+  Report(state, static_cast<double>(n) * kDim * 4, 2.0 * n * kDim * kDim);
+}
+BENCHMARK(BM_Sgemm);
+
+// ---- bytes-bound stages (one layer: 8 heads) ----
+
+void BM_ConvertBf16(benchmark::State& state) {
+  const LayerData& d = LayerData::Get();
+  EngineTensorShape shape{.tokens = d.n, .num_heads = kHeads, .head_dim = kDim};
+  std::vector<Matrix> out(kHeads, Matrix(d.n, kDim));
+  std::vector<MatrixView> views;
+  for (Matrix& m : out) views.push_back(m.View());
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(GatherHeads(shape, d.k_bf16.data(), views, kOneCore, false));
+  }
+  Report(state, static_cast<double>(d.k_bf16.size()) * 2, 0);
+}
+BENCHMARK(BM_ConvertBf16);
+
+void BM_Derotate(benchmark::State& state) {
+  const LayerData& d = LayerData::Get();
+  std::vector<Matrix> work = d.keys;
+  std::vector<MatrixView> views;
+  for (Matrix& m : work) views.push_back(m.View());
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        ApplyRope(d.rope, RopeDirection::kDerotate, d.positions, views, kOneCore, false));
+  }
+  Report(state, static_cast<double>(d.n) * kHeads * kDim * 4, 0);
+}
+BENCHMARK(BM_Derotate);
+
+void BM_SnapKvScores(benchmark::State& state) {
+  const LayerData& d = LayerData::Get();
+  std::vector<float> scores(d.n);
+  SnapKvOptions o{.window = kWindow, .group_size = kGroup};
+  for (auto _ : state) {
+    for (int h = 0; h < kHeads; ++h) {
+      benchmark::DoNotOptimize(SnapKvScores(d.queries[h].View(), d.keys[h].View(), o, scores, kOneCore));
+    }
+  }
+  // Q K^T plus P's exp: the GEMM part is 2 * (W G) * N * d per head.
+  Report(state, static_cast<double>(d.n) * kHeads * kDim * 4,
+         2.0 * kWindow * kGroup * d.n * kDim * kHeads);
+}
+BENCHMARK(BM_SnapKvScores);
+
+void BM_KeyDiffScores(benchmark::State& state) {
+  const LayerData& d = LayerData::Get();
+  std::vector<float> scores(d.n);
+  for (auto _ : state) {
+    for (int h = 0; h < kHeads; ++h) {
+      benchmark::DoNotOptimize(KeyDiffScores(d.keys[h].View(), scores, kOneCore));
+    }
+  }
+  Report(state, static_cast<double>(d.n) * kHeads * kDim * 4, 0);
+}
+BENCHMARK(BM_KeyDiffScores);
+
+// KVSlimmer: N -> N/2 slots per head (one round of statistics and merges).
+void BM_KvSlimmerHalve(benchmark::State& state) {
+  const LayerData& d = LayerData::Get();
+  KvSlimmerOptions o{.sinks = 4, .window = kWindow, .group_size = kGroup};
+  std::span<const int64_t> qpos = std::span(d.positions).subspan(d.n - kWindow);
+  std::vector<SlotSet> base;
+  for (int h = 0; h < kHeads; ++h) {
+    base.push_back(*SlotsFromTokens(d.rope, d.keys[h].View(), d.values[h].View(), d.positions, kOneCore));
+  }
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::vector<SlotSet> slots = base;
+    state.ResumeTiming();
+    for (int h = 0; h < kHeads; ++h) {
+      KvSlimmerStats st;
+      benchmark::DoNotOptimize(KvSlimmerCompress(d.rope, d.queries[h].View(), qpos, d.n / 2, o,
+                                                 &slots[h], &st, kOneCore));
+    }
+  }
+  Report(state, static_cast<double>(d.n) * kHeads * kDim * 4 * 2,
+         2.0 * kWindow * kGroup * d.n * kDim * kHeads);
+}
+BENCHMARK(BM_KvSlimmerHalve);
+
+// ---- d x d stages (VECTOR) ----
+
+void BM_VectorCalibrate(benchmark::State& state) {
+  const LayerData& d = LayerData::Get();
+  auto cal = VectorCalibrator::Create(1, kHeads, kDim);
+  for (auto _ : state) {
+    for (int h = 0; h < kHeads; ++h) {
+      benchmark::DoNotOptimize(cal->Add(0, h, d.kpre[h].View(), d.values[h].View(), kOneCore));
+    }
+  }
+  // G (N d^2 multiply-adds) and C (N d^2): 4 N d^2 FLOP per head, done in float64.
+  Report(state, static_cast<double>(d.n) * kHeads * kDim * 8, 4.0 * d.n * kDim * kDim * kHeads);
+}
+BENCHMARK(BM_VectorCalibrate);
+
+void BM_VectorResiduals(benchmark::State& state) {
+  const LayerData& d = LayerData::Get();
+  std::vector<float> res(d.n);
+  for (auto _ : state) {
+    for (int h = 0; h < kHeads; ++h) {
+      benchmark::DoNotOptimize(
+          VectorResiduals(d.kpre[h].View(), d.values[h].View(), d.w[h].View(), res, kOneCore));
+    }
+  }
+  Report(state, static_cast<double>(d.n) * kHeads * kDim * 8, 2.0 * d.n * kDim * kDim * kHeads);
+}
+BENCHMARK(BM_VectorResiduals);
+
+void BM_VectorRebuild(benchmark::State& state) {
+  const LayerData& d = LayerData::Get();
+  Matrix out(d.n, kDim);
+  for (auto _ : state) {
+    for (int h = 0; h < kHeads; ++h) {
+      benchmark::DoNotOptimize(RebuildValues(d.kpre[h].View(), d.w[h].View(), out.View(), kOneCore));
+    }
+  }
+  Report(state, static_cast<double>(d.n) * kHeads * kDim * 4, 2.0 * d.n * kDim * kDim * kHeads);
+}
+BENCHMARK(BM_VectorRebuild);
+
+// Serve-time rebuild including the de-rotation of the stored keys (what BuildServingHead does).
+void BM_VectorRebuildWithDerotate(benchmark::State& state) {
+  const LayerData& d = LayerData::Get();
+  Matrix k(d.n, kDim), out(d.n, kDim);
+  for (auto _ : state) {
+    for (int h = 0; h < kHeads; ++h) {
+      (void)ApplyRope(d.rope, RopeDirection::kDerotate, d.positions, d.keys[h].View(), k.View(), kOneCore);
+      benchmark::DoNotOptimize(RebuildValues(k.View(), d.w[h].View(), out.View(), kOneCore));
+    }
+  }
+  Report(state, static_cast<double>(d.n) * kHeads * kDim * 4, 2.0 * d.n * kDim * kDim * kHeads);
+}
+BENCHMARK(BM_VectorRebuildWithDerotate);
+
+// ---- format ----
+
+CompactChunk LayerChunk() {
+  const LayerData& d = LayerData::Get();
+  CompactChunk c;
+  c.num_layers = 1;
+  c.num_kv_heads = kHeads;
+  c.head_dim = kDim;
+  c.dtype = DType::kBFloat16;
+  c.original_tokens = d.n;
+  c.codec.route = RouteStage::kVector;
+  c.codec.p_c = 0.5;
+  c.heads.resize(kHeads);
+  const int64_t s = d.n * 3 / 4;  // p_c = 0.5 with VECTOR: 0.75 N keys, 0.25 N values
+  for (CompactHead& h : c.heads) {
+    h.flags.assign(s, 0);
+    for (int64_t j = 0; j < s; j += 3) h.flags[j] = kSlotRebuildValue;
+    for (int64_t j = 1; j < s && h.value_slots() > d.n / 4; j += 3) h.flags[j] = kSlotRebuildValue;
+    h.cardinality.assign(s, 1);
+    h.positions.resize(s);
+    for (int64_t j = 0; j < s; ++j) h.positions[j] = j;
+    h.keys.assign(s * kDim * 2, 7);
+    h.values.assign(h.value_slots() * kDim * 2, 9);
+  }
+  return c;
+}
+
+void BM_EncodeCompactChunk(benchmark::State& state) {
+  const CompactChunk c = LayerChunk();
+  size_t bytes = 0;
+  for (auto _ : state) {
+    auto out = EncodeCompactChunk(c);
+    bytes = out->size();
+    benchmark::DoNotOptimize(out->data());
+  }
+  Report(state, static_cast<double>(bytes), 0);
+}
+BENCHMARK(BM_EncodeCompactChunk);
+
+void BM_DecodeCompactChunk(benchmark::State& state) {
+  const std::vector<uint8_t> bytes = *EncodeCompactChunk(LayerChunk());
+  for (auto _ : state) {
+    auto c = DecodeCompactChunk(bytes);
+    benchmark::DoNotOptimize(c->heads.data());
+  }
+  Report(state, static_cast<double>(bytes.size()), 0);
+}
+BENCHMARK(BM_DecodeCompactChunk);
+
+// ---- whole plans, one layer (for context; no goal) ----
+
+void BM_PlanOneLayer(benchmark::State& state, ScoreStage score, MergeStage merge, RouteStage route) {
+  const LayerData& d = LayerData::Get();
+  ModelLayout layout{.num_layers = 1, .num_kv_heads = kHeads, .num_q_heads = kHeads * kGroup,
+                     .head_dim = kDim, .dtype = DType::kBFloat16, .rope = d.rope_config};
+  std::vector<uint8_t> raw(layout.ChunkBytes(static_cast<int>(d.n)));
+  std::memcpy(raw.data(), d.k_bf16.data(), raw.size() / 2);
+  std::memcpy(raw.data() + raw.size() / 2, d.v_bf16.data(), raw.size() / 2);
+  std::vector<ConstMatrixView> qv;
+  for (const Matrix& q : d.queries) qv.push_back(q.View());
+  VectorWeights w;
+  w.num_layers = 1;
+  w.num_kv_heads = kHeads;
+  w.head_dim = kDim;
+  for (int h = 0; h < kHeads; ++h) w.heads.push_back({.w = d.w[h], .r2 = 0.5, .count = d.n});
+  w.version = w.ComputeVersion();
+  CompressionPlanOptions o{.score = score, .merge = merge, .route = route, .p_c = 0.5,
+                           .window = kWindow};
+  CompressionInput in{.raw = raw, .positions = d.positions, .window_queries = qv, .weights = &w};
+  for (auto _ : state) {
+    auto c = Compress(o, layout, in, nullptr, kOneCore);
+    if (!c.ok()) {
+      state.SkipWithError(c.status().ToString().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(c->heads.data());
+  }
+  Report(state, static_cast<double>(raw.size()), 0);
+}
+BENCHMARK_CAPTURE(BM_PlanOneLayer, snapkv, ScoreStage::kSnapKv, MergeStage::kNone, RouteStage::kNone);
+BENCHMARK_CAPTURE(BM_PlanOneLayer, keydiff_vector, ScoreStage::kKeyDiff, MergeStage::kNone,
+                  RouteStage::kVector);
+BENCHMARK_CAPTURE(BM_PlanOneLayer, hybrid_snapkv_vector, ScoreStage::kSnapKv, MergeStage::kKvSlimmer,
+                  RouteStage::kVector);
+
+// ---- CUDA twins (skipped without a device) ----
+
+void BM_CudaVectorResiduals(benchmark::State& state) {
+  if (!CudaDeviceAvailable()) {
+    state.SkipWithError("no CUDA device");
+    for (auto _ : state) {
+    }
+    return;
+  }
+  const LayerData& d = LayerData::Get();
+  std::vector<float> res(d.n);
+  const ExecOptions gpu{.backend = Backend::kCuda};
+  for (auto _ : state) {
+    for (int h = 0; h < kHeads; ++h) {
+      benchmark::DoNotOptimize(VectorResiduals(d.kpre[h].View(), d.values[h].View(), d.w[h].View(), res, gpu));
+    }
+  }
+  Report(state, static_cast<double>(d.n) * kHeads * kDim * 8, 2.0 * d.n * kDim * kDim * kHeads);
+}
+BENCHMARK(BM_CudaVectorResiduals)->UseRealTime();
+
+void BM_CudaVectorCalibrate(benchmark::State& state) {
+  if (!CudaDeviceAvailable()) {
+    state.SkipWithError("no CUDA device");
+    for (auto _ : state) {
+    }
+    return;
+  }
+  const LayerData& d = LayerData::Get();
+  auto cal = VectorCalibrator::Create(1, kHeads, kDim);
+  const ExecOptions gpu{.backend = Backend::kCuda};
+  for (auto _ : state) {
+    for (int h = 0; h < kHeads; ++h) {
+      benchmark::DoNotOptimize(cal->Add(0, h, d.kpre[h].View(), d.values[h].View(), gpu));
+    }
+  }
+  Report(state, static_cast<double>(d.n) * kHeads * kDim * 8, 4.0 * d.n * kDim * kDim * kHeads);
+}
+BENCHMARK(BM_CudaVectorCalibrate)->UseRealTime();
+
+}  // namespace
+}  // namespace kvd::kernels
+
+int main(int argc, char** argv) {
+  openblas_set_num_threads(1);  // per-core figures: the limits and the stages on one thread
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  std::printf("kvd kernels bench: N=%lld tokens, %d KV heads, d=%d, G=%d, W=%d, bf16, 1 core\n",
+              static_cast<long long>(kvd::kernels::Tokens()), kvd::kernels::kHeads,
+              kvd::kernels::kDim, kvd::kernels::kGroup, kvd::kernels::kWindow);
+  std::printf("limits: sgemm [N,d]x[d,d] %.1f GFLOP/s; memcpy of one layer's bf16 K %.2f GB/s\n",
+              kvd::kernels::SgemmRate() * 1e-9,
+              kvd::kernels::MemcpyRate(static_cast<size_t>(kvd::kernels::Tokens()) * 8 * 128 * 2) * 1e-9);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
