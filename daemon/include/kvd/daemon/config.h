@@ -1,0 +1,131 @@
+// The daemon's topology config: one options struct per component, bound once to a YAML file
+// (see deploy/configs/default.yaml, which is also compiled into the binary as the embedded
+// default) and to a few command-line flags (daemon/src/main.cc).
+//
+// Rules: an absent key keeps the struct's documented default; a present but invalid value (or an
+// unknown key, which is usually a typo) is an INVALID_ARGUMENT error naming the key path and the
+// value, e.g. `limits.max_sessions: "-3" is not a positive integer`. Nothing here can change at
+// runtime: the daemon reads the config once at start.
+//
+// Thread safety: plain value types (thread-compatible); the parse functions are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvd/common/layout.h"
+#include "kvd/common/status.h"
+#include "kvd/storage/options.h"
+#include "kvd/transport/options.h"
+
+namespace kvd::daemon {
+
+// Where the control plane listens.
+struct ListenOptions {
+  // TCP "host:port" (IPv4 literal, "localhost", or "[v6]:port"); port 0 = an ephemeral port.
+  // "" disables TCP. Default "127.0.0.1:7400".
+  std::string tcp = "127.0.0.1:7400";
+  // Unix-socket path. "auto" (default) = $XDG_RUNTIME_DIR/kvd.sock when that directory exists,
+  // else /tmp/kvd-<user>.sock. "" disables the unix socket. A stale socket file (nobody
+  // listening) is replaced; a live one is an error.
+  std::string unix_path = "auto";
+
+  // The path "auto" stands for on this machine.
+  static std::string DefaultUnixPath();
+  // `unix_path` with "auto" resolved.
+  std::string ResolvedUnixPath() const;
+  // INVALID_ARGUMENT naming the key: both disabled, malformed tcp address, path too long for
+  // sockaddr_un (107 bytes).
+  Status Validate() const;
+};
+
+// A registered model: the only layout clients of that model may use.
+struct ModelConfig {
+  std::string name;
+  ModelLayout layout;
+  // Compression policy placeholder: only "off" (raw chunks) exists in this version.
+  std::string compression = "off";
+
+  bool operator==(const ModelConfig&) const = default;
+};
+
+// Limits of the control plane and the put/get protocol.
+struct LimitsOptions {
+  // Largest control frame payload accepted (bytes). A bigger frame gets OUT_OF_RANGE and the
+  // connection is closed. Default 4 MiB. Range [4 KiB, 256 MiB].
+  uint32_t max_frame_bytes = 4u << 20;
+  // Largest chunk a Reserve may ask for (bytes). Default 256 MiB. Must be > 0.
+  uint64_t max_chunk_bytes = 256ull << 20;
+  // How long a reservation may stay uncommitted (its posted receive is then cancelled and its
+  // space returned; a late Commit gets ABORTED). Default 30000. Must be > 0.
+  int64_t reservation_ttl_ms = 30000;
+  // Default lease TTL of a Lookup (a client may ask for less or more, capped at 10x this).
+  // Default 30000. Must be > 0.
+  int64_t lease_ttl_ms = 30000;
+  // How long the daemon waits for the bytes of a put after the Commit arrives, and for the
+  // bytes of a get to reach the client. DEADLINE_EXCEEDED after that. Default 10000. Must be > 0.
+  int64_t transfer_timeout_ms = 10000;
+  // Concurrent control connections; more are refused (RESOURCE_EXHAUSTED, then closed).
+  // Default 1024. Must be > 0.
+  int max_sessions = 1024;
+  // Requests of one connection handled concurrently (pipelining); the daemon stops reading that
+  // connection while this many are in flight. Replies always go out in request order.
+  // Default 64. Must be > 0.
+  int max_inflight_per_session = 64;
+
+  Status Validate() const;
+  bool operator==(const LimitsOptions&) const = default;
+};
+
+// The whole topology of one kvd node.
+struct DaemonConfig {
+  // Name of this node (stats, health, logs). Default "kvd-local". Non-empty.
+  std::string node_name = "kvd-local";
+  ListenOptions listen;
+  // The bulk transport. Defaults here (differing from TransportOptions' own): backend "ucx",
+  // ucx_tls "sm,tcp" (shared memory carries the bytes on one machine; tcp otherwise),
+  // net_devices "lo" (the default config is localhost-only).
+  transport::TransportOptions transport = DefaultTransportOptions();
+  // Tokens per chunk; every client must use the same. Default 256. Range [1, 1048576].
+  int chunk_tokens = 256;
+  // Seed of the chain hashes (text; the handshake compares Digest64 of it). Default
+  // "kvd-default-seed". Non-empty.
+  std::string hash_seed = "kvd-default-seed";
+  // Registered models (names unique). Default: BuiltinModels().
+  std::vector<ModelConfig> models = BuiltinModels();
+  // The host-memory tier. `capacity_bytes` default 1 GiB (the daemon allocates that much
+  // registered memory at start). Its TTL fields are set by the daemon from `limits`.
+  storage::HostTierOptions host_tier = DefaultHostTierOptions();
+  LimitsOptions limits;
+
+  // Validates every component; INVALID_ARGUMENT naming the key (e.g. "models[1].layout: ...").
+  Status Validate() const;
+  // The model named `name`, or nullptr.
+  const ModelConfig* FindModel(std::string_view name) const;
+
+  static transport::TransportOptions DefaultTransportOptions();
+  static storage::HostTierOptions DefaultHostTierOptions();
+  // smollm2-135m, stories260k, llama-3.1-8b (see deploy/configs/default.yaml for the values).
+  static std::vector<ModelConfig> BuiltinModels();
+};
+
+// Parses a topology YAML document over the defaults. `source` names it in messages (a path).
+// Errors: INVALID_ARGUMENT "<source>: <key>: <what>" for YAML syntax errors (with line and
+// column), unknown keys, wrong types, values out of range, and Validate() failures.
+StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml, std::string_view source = "config");
+
+// Reads and parses a file. NOT_FOUND if it cannot be read; otherwise as ParseConfigYaml.
+StatusOr<DaemonConfig> LoadConfigFile(const std::string& path);
+
+// The YAML compiled into the binary (the content of deploy/configs/default.yaml).
+std::string_view EmbeddedDefaultConfigYaml();
+
+// Parses "1GiB", "512MiB", "4 KiB", "1.5GB", "4096" (bytes). Binary (KiB/MiB/GiB/TiB) and decimal
+// (KB/MB/GB/TB) units, case-insensitive, "B" optional. INVALID_ARGUMENT for anything else.
+StatusOr<uint64_t> ParseByteSize(std::string_view text);
+// 1073741824 -> "1GiB", 1536 -> "1536B" (exact units only).
+std::string FormatByteSize(uint64_t bytes);
+
+}  // namespace kvd::daemon

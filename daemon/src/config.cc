@@ -1,0 +1,233 @@
+// Defaults and validation of the daemon config (YAML binding in config_yaml.cc).
+#include <pwd.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+#include <string>
+
+#include "kvd/daemon/config.h"
+#include "listen_address.h"
+
+namespace kvd::daemon {
+
+std::string ListenOptions::DefaultUnixPath() {
+  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+  struct stat st {};
+  if (xdg != nullptr && xdg[0] != '\0' && ::stat(xdg, &st) == 0 && S_ISDIR(st.st_mode)) {
+    return std::string(xdg) + "/kvd.sock";
+  }
+  std::string user;
+  if (const char* u = std::getenv("USER"); u != nullptr && u[0] != '\0') {
+    user = u;
+  } else if (struct passwd* pw = ::getpwuid(::getuid()); pw != nullptr) {
+    user = pw->pw_name;
+  } else {
+    user = std::to_string(::getuid());
+  }
+  return "/tmp/kvd-" + user + ".sock";
+}
+
+std::string ListenOptions::ResolvedUnixPath() const {
+  return unix_path == "auto" ? DefaultUnixPath() : unix_path;
+}
+
+Status ListenOptions::Validate() const {
+  if (tcp.empty() && unix_path.empty()) {
+    return Status::InvalidArgument("listen: both tcp and unix are disabled; enable at least one");
+  }
+  if (!tcp.empty()) {
+    auto parsed = ParseHostPort(tcp);
+    if (!parsed.ok()) return parsed.status().WithContext("listen.tcp");
+  }
+  if (!unix_path.empty()) {
+    std::string path = ResolvedUnixPath();
+    if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+      return Status::InvalidArgument("listen.unix: path \"" + path + "\" is " +
+                                     std::to_string(path.size()) + " bytes, the limit is " +
+                                     std::to_string(sizeof(sockaddr_un{}.sun_path) - 1));
+    }
+  }
+  return Status::Ok();
+}
+
+Status LimitsOptions::Validate() const {
+  if (max_frame_bytes < 4096 || max_frame_bytes > (256u << 20)) {
+    return Status::InvalidArgument("limits.max_frame_bytes: " + std::to_string(max_frame_bytes) +
+                                   " is outside [4096, 268435456]");
+  }
+  if (max_chunk_bytes == 0) return Status::InvalidArgument("limits.max_chunk_bytes: must be > 0");
+  auto positive = [](const char* key, int64_t v) -> Status {
+    if (v <= 0) {
+      return Status::InvalidArgument(std::string("limits.") + key + ": " + std::to_string(v) +
+                                     " must be > 0");
+    }
+    return Status::Ok();
+  };
+  KVD_RETURN_IF_ERROR(positive("reservation_ttl_ms", reservation_ttl_ms));
+  KVD_RETURN_IF_ERROR(positive("lease_ttl_ms", lease_ttl_ms));
+  KVD_RETURN_IF_ERROR(positive("transfer_timeout_ms", transfer_timeout_ms));
+  KVD_RETURN_IF_ERROR(positive("max_sessions", max_sessions));
+  KVD_RETURN_IF_ERROR(positive("max_inflight_per_session", max_inflight_per_session));
+  return Status::Ok();
+}
+
+transport::TransportOptions DaemonConfig::DefaultTransportOptions() {
+  transport::TransportOptions t;
+  t.backend = "ucx";
+  t.ucx_tls = "sm,tcp";
+  t.net_devices = "lo";
+  return t;
+}
+
+storage::HostTierOptions DaemonConfig::DefaultHostTierOptions() {
+  storage::HostTierOptions h;
+  h.capacity_bytes = 1ull << 30;
+  return h;
+}
+
+std::vector<ModelConfig> DaemonConfig::BuiltinModels() {
+  std::vector<ModelConfig> models;
+  {
+    ModelConfig m;
+    m.name = "smollm2-135m";
+    m.layout.num_layers = 30;
+    m.layout.num_kv_heads = 3;
+    m.layout.num_q_heads = 9;
+    m.layout.head_dim = 64;
+    m.layout.dtype = DType::kBFloat16;
+    m.layout.rope.theta = 100000;
+    m.layout.rope.pairing = RopePairing::kInterleaved;
+    models.push_back(m);
+  }
+  {
+    ModelConfig m;
+    m.name = "stories260k";
+    m.layout.num_layers = 5;
+    m.layout.num_kv_heads = 4;
+    m.layout.num_q_heads = 8;
+    m.layout.head_dim = 8;
+    m.layout.dtype = DType::kFloat32;
+    m.layout.rope.theta = 10000;
+    m.layout.rope.pairing = RopePairing::kInterleaved;
+    models.push_back(m);
+  }
+  {
+    ModelConfig m;
+    m.name = "llama-3.1-8b";
+    m.layout.num_layers = 32;
+    m.layout.num_kv_heads = 8;
+    m.layout.num_q_heads = 32;
+    m.layout.head_dim = 128;
+    m.layout.dtype = DType::kBFloat16;
+    m.layout.rope.theta = 500000;
+    m.layout.rope.pairing = RopePairing::kHalves;
+    m.layout.rope.scaling = RopeScaling::kLlama3;
+    m.layout.rope.factor = 8;
+    m.layout.rope.low_freq_factor = 1;
+    m.layout.rope.high_freq_factor = 4;
+    m.layout.rope.original_max_positions = 8192;
+    models.push_back(m);
+  }
+  return models;
+}
+
+const ModelConfig* DaemonConfig::FindModel(std::string_view name) const {
+  for (const auto& m : models) {
+    if (m.name == name) return &m;
+  }
+  return nullptr;
+}
+
+Status DaemonConfig::Validate() const {
+  if (node_name.empty()) return Status::InvalidArgument("node: must not be empty");
+  KVD_RETURN_IF_ERROR(listen.Validate());
+  KVD_RETURN_IF_ERROR(transport.Validate().WithContext("transport"));
+  if (chunk_tokens < 1 || chunk_tokens > (1 << 20)) {
+    return Status::InvalidArgument("chunk_tokens: " + std::to_string(chunk_tokens) +
+                                   " is outside [1, 1048576]");
+  }
+  if (hash_seed.empty()) return Status::InvalidArgument("hash_seed: must not be empty");
+  if (models.empty()) return Status::InvalidArgument("models: at least one model is required");
+  std::set<std::string> names;
+  for (size_t i = 0; i < models.size(); ++i) {
+    const ModelConfig& m = models[i];
+    std::string key = "models[" + std::to_string(i) + "]";
+    if (m.name.empty()) return Status::InvalidArgument(key + ".name: must not be empty");
+    if (!names.insert(m.name).second) {
+      return Status::InvalidArgument(key + ".name: \"" + m.name + "\" is registered twice");
+    }
+    KVD_RETURN_IF_ERROR(m.layout.Validate().WithContext(key + " (" + m.name + ").layout"));
+    if (m.compression != "off") {
+      return Status::InvalidArgument(key + ".compression: \"" + m.compression +
+                                     "\" is not supported (only \"off\" in this version)");
+    }
+    uint64_t chunk = m.layout.ChunkBytes(chunk_tokens);
+    if (chunk > limits.max_chunk_bytes) {
+      return Status::InvalidArgument(key + " (" + m.name + "): a full chunk is " +
+                                     std::to_string(chunk) + " bytes, over limits.max_chunk_bytes " +
+                                     std::to_string(limits.max_chunk_bytes));
+    }
+  }
+  KVD_RETURN_IF_ERROR(host_tier.Validate().WithContext("tiers.host"));
+  if (host_tier.capacity_bytes == 0) {
+    return Status::InvalidArgument("tiers.host.capacity: must be > 0");
+  }
+  KVD_RETURN_IF_ERROR(limits.Validate());
+  return Status::Ok();
+}
+
+StatusOr<uint64_t> ParseByteSize(std::string_view text) {
+  std::string s;
+  for (char c : text) {
+    if (!std::isspace(static_cast<unsigned char>(c))) s.push_back(c);
+  }
+  auto bad = [&]() {
+    return Status::InvalidArgument("\"" + std::string(text) +
+                                   "\" is not a byte size (e.g. 4096, 512MiB, 1GiB, 2GB)");
+  };
+  if (s.empty()) return bad();
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return bad();
+  std::string number = s.substr(0, i);
+  std::string unit;
+  for (char c : s.substr(i)) unit.push_back(static_cast<char>(std::tolower(c)));
+  if (!unit.empty() && unit.back() == 'b') unit.pop_back();
+  double mult;
+  if (unit.empty()) {
+    mult = 1;
+  } else if (unit == "k" || unit == "ki") {
+    mult = unit.size() == 2 ? 1024.0 : 1e3;
+  } else if (unit == "m" || unit == "mi") {
+    mult = unit.size() == 2 ? 1048576.0 : 1e6;
+  } else if (unit == "g" || unit == "gi") {
+    mult = unit.size() == 2 ? 1073741824.0 : 1e9;
+  } else if (unit == "t" || unit == "ti") {
+    mult = unit.size() == 2 ? 1099511627776.0 : 1e12;
+  } else {
+    return bad();
+  }
+  char* end = nullptr;
+  double v = std::strtod(number.c_str(), &end);
+  if (end != number.c_str() + number.size() || !std::isfinite(v) || v < 0) return bad();
+  double bytes = v * mult;
+  if (bytes > 1.8e19 || bytes != std::floor(bytes)) return bad();
+  return static_cast<uint64_t>(bytes);
+}
+
+std::string FormatByteSize(uint64_t bytes) {
+  static const char* kUnits[] = {"TiB", "GiB", "MiB", "KiB"};
+  static const int kShifts[] = {40, 30, 20, 10};
+  for (int i = 0; i < 4; ++i) {
+    uint64_t unit = uint64_t{1} << kShifts[i];
+    if (bytes != 0 && bytes % unit == 0) return std::to_string(bytes / unit) + kUnits[i];
+  }
+  return std::to_string(bytes) + "B";
+}
+
+}  // namespace kvd::daemon

@@ -1,0 +1,297 @@
+// Binds the topology YAML to DaemonConfig. yaml-cpp throws; nothing thrown leaves this file.
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "kvd/daemon/config.h"
+
+namespace kvd::daemon {
+namespace {
+
+std::string Join(const std::string& path, const std::string& key) {
+  return path.empty() ? key : path + "." + key;
+}
+
+Status Bad(const std::string& key, const std::string& value, const std::string& what) {
+  return Status::InvalidArgument(key + ": \"" + value + "\" " + what);
+}
+
+// Requires `node` to be a map whose keys are all in `allowed`.
+Status CheckMap(const YAML::Node& node, const std::string& path,
+                std::initializer_list<const char*> allowed) {
+  if (!node.IsMap()) {
+    return Status::InvalidArgument((path.empty() ? "document" : path) + ": must be a mapping");
+  }
+  for (const auto& kv : node) {
+    std::string key = kv.first.as<std::string>();
+    bool known = false;
+    for (const char* a : allowed) known = known || key == a;
+    if (!known) {
+      std::string list;
+      for (const char* a : allowed) list += std::string(list.empty() ? "" : ", ") + a;
+      return Status::InvalidArgument(Join(path, key) + ": unknown key (known here: " + list + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+// Reads a scalar as text; false if the key is absent.
+StatusOr<bool> Scalar(const YAML::Node& map, const std::string& path, const char* key,
+                      std::string* out) {
+  YAML::Node n = map[key];
+  if (!n.IsDefined() || n.IsNull()) return false;
+  if (!n.IsScalar()) return Status::InvalidArgument(Join(path, key) + ": must be a scalar value");
+  *out = n.Scalar();
+  return true;
+}
+
+Status GetString(const YAML::Node& map, const std::string& path, const char* key,
+                 std::string* out) {
+  std::string text;
+  KVD_ASSIGN_OR_RETURN(bool present, Scalar(map, path, key, &text));
+  if (present) *out = text;
+  return Status::Ok();
+}
+
+template <typename Int>
+Status GetInt(const YAML::Node& map, const std::string& path, const char* key, Int* out,
+              int64_t min_value, int64_t max_value) {
+  std::string text;
+  KVD_ASSIGN_OR_RETURN(bool present, Scalar(map, path, key, &text));
+  if (!present) return Status::Ok();
+  int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || ptr != text.data() + text.size()) {
+    return Bad(Join(path, key), text, "is not an integer");
+  }
+  if (v < min_value || v > max_value) {
+    return Bad(Join(path, key), text,
+               "is outside [" + std::to_string(min_value) + ", " + std::to_string(max_value) + "]");
+  }
+  *out = static_cast<Int>(v);
+  return Status::Ok();
+}
+
+Status GetDouble(const YAML::Node& map, const std::string& path, const char* key, double* out) {
+  std::string text;
+  KVD_ASSIGN_OR_RETURN(bool present, Scalar(map, path, key, &text));
+  if (!present) return Status::Ok();
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v)) {
+    return Bad(Join(path, key), text, "is not a finite number");
+  }
+  *out = v;
+  return Status::Ok();
+}
+
+Status GetBool(const YAML::Node& map, const std::string& path, const char* key, bool* out) {
+  std::string text;
+  KVD_ASSIGN_OR_RETURN(bool present, Scalar(map, path, key, &text));
+  if (!present) return Status::Ok();
+  if (text == "true" || text == "yes" || text == "on") {
+    *out = true;
+  } else if (text == "false" || text == "no" || text == "off") {
+    *out = false;
+  } else {
+    return Bad(Join(path, key), text, "is not a boolean (true/false)");
+  }
+  return Status::Ok();
+}
+
+template <typename Int>
+Status GetBytes(const YAML::Node& map, const std::string& path, const char* key, Int* out) {
+  std::string text;
+  KVD_ASSIGN_OR_RETURN(bool present, Scalar(map, path, key, &text));
+  if (!present) return Status::Ok();
+  auto bytes = ParseByteSize(text);
+  if (!bytes.ok()) return Status::InvalidArgument(Join(path, key) + ": " + bytes.status().message());
+  if (*bytes > static_cast<uint64_t>(std::numeric_limits<Int>::max())) {
+    return Bad(Join(path, key), text, "is too large");
+  }
+  *out = static_cast<Int>(*bytes);
+  return Status::Ok();
+}
+
+Status BindRope(const YAML::Node& node, const std::string& path, RopeConfig* rope) {
+  KVD_RETURN_IF_ERROR(CheckMap(node, path,
+                               {"theta", "rotary_dim", "pairing", "scaling", "factor",
+                                "low_freq_factor", "high_freq_factor", "original_max_positions"}));
+  KVD_RETURN_IF_ERROR(GetDouble(node, path, "theta", &rope->theta));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "rotary_dim", &rope->rotary_dim, 0, 1024));
+  std::string text;
+  KVD_ASSIGN_OR_RETURN(bool has_pairing, Scalar(node, path, "pairing", &text));
+  if (has_pairing) {
+    if (text == "interleaved") {
+      rope->pairing = RopePairing::kInterleaved;
+    } else if (text == "halves") {
+      rope->pairing = RopePairing::kHalves;
+    } else {
+      return Bad(Join(path, "pairing"), text, "is not one of interleaved, halves");
+    }
+  }
+  KVD_ASSIGN_OR_RETURN(bool has_scaling, Scalar(node, path, "scaling", &text));
+  if (has_scaling) {
+    if (text == "none") {
+      rope->scaling = RopeScaling::kNone;
+    } else if (text == "linear") {
+      rope->scaling = RopeScaling::kLinear;
+    } else if (text == "llama3") {
+      rope->scaling = RopeScaling::kLlama3;
+    } else {
+      return Bad(Join(path, "scaling"), text, "is not one of none, linear, llama3");
+    }
+  }
+  KVD_RETURN_IF_ERROR(GetDouble(node, path, "factor", &rope->factor));
+  KVD_RETURN_IF_ERROR(GetDouble(node, path, "low_freq_factor", &rope->low_freq_factor));
+  KVD_RETURN_IF_ERROR(GetDouble(node, path, "high_freq_factor", &rope->high_freq_factor));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "original_max_positions", &rope->original_max_positions,
+                             1, 1 << 30));
+  return Status::Ok();
+}
+
+Status BindLayout(const YAML::Node& node, const std::string& path, ModelLayout* layout) {
+  KVD_RETURN_IF_ERROR(CheckMap(
+      node, path,
+      {"layers", "kv_heads", "q_heads", "head_dim", "dtype", "tp_rank", "tp_size", "rope"}));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "layers", &layout->num_layers, 1, 1024));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "kv_heads", &layout->num_kv_heads, 1, 1024));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "q_heads", &layout->num_q_heads, 1, 65536));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "head_dim", &layout->head_dim, 2, 1024));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "tp_rank", &layout->tp_rank, 0, 65535));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "tp_size", &layout->tp_size, 1, 65536));
+  std::string text;
+  KVD_ASSIGN_OR_RETURN(bool has_dtype, Scalar(node, path, "dtype", &text));
+  if (has_dtype) {
+    auto dtype = ParseDType(text);
+    if (!dtype.ok()) return Bad(Join(path, "dtype"), text, "is not float32, float16 or bfloat16");
+    layout->dtype = *dtype;
+  }
+  if (node["rope"].IsDefined()) {
+    KVD_RETURN_IF_ERROR(BindRope(node["rope"], Join(path, "rope"), &layout->rope));
+  }
+  return Status::Ok();
+}
+
+Status BindModels(const YAML::Node& node, std::vector<ModelConfig>* models) {
+  if (!node.IsSequence()) return Status::InvalidArgument("models: must be a list");
+  models->clear();
+  for (size_t i = 0; i < node.size(); ++i) {
+    std::string path = "models[" + std::to_string(i) + "]";
+    const YAML::Node m = node[i];
+    KVD_RETURN_IF_ERROR(CheckMap(m, path, {"name", "layout", "compression"}));
+    ModelConfig model;
+    KVD_RETURN_IF_ERROR(GetString(m, path, "name", &model.name));
+    if (model.name.empty()) return Status::InvalidArgument(path + ".name: required");
+    if (!m["layout"].IsDefined()) {
+      return Status::InvalidArgument(path + " (" + model.name + ").layout: required");
+    }
+    KVD_RETURN_IF_ERROR(BindLayout(m["layout"], path + ".layout", &model.layout));
+    KVD_RETURN_IF_ERROR(GetString(m, path, "compression", &model.compression));
+    models->push_back(std::move(model));
+  }
+  return Status::Ok();
+}
+
+Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
+  if (root.IsNull() || !root.IsDefined()) return Status::Ok();  // an empty file: all defaults
+  KVD_RETURN_IF_ERROR(CheckMap(
+      root, "", {"node", "listen", "transport", "chunk_tokens", "hash_seed", "models", "tiers",
+                 "limits"}));
+  KVD_RETURN_IF_ERROR(GetString(root, "", "node", &c->node_name));
+  if (YAML::Node n = root["listen"]; n.IsDefined()) {
+    KVD_RETURN_IF_ERROR(CheckMap(n, "listen", {"tcp", "unix"}));
+    KVD_RETURN_IF_ERROR(GetString(n, "listen", "tcp", &c->listen.tcp));
+    KVD_RETURN_IF_ERROR(GetString(n, "listen", "unix", &c->listen.unix_path));
+  }
+  if (YAML::Node n = root["transport"]; n.IsDefined()) {
+    KVD_RETURN_IF_ERROR(CheckMap(n, "transport",
+                                 {"backend", "ucx_tls", "net_devices", "keepalive_interval_ms",
+                                  "enable_rma", "enable_wakeup", "loopback_domain",
+                                  "close_timeout_ms"}));
+    auto& t = c->transport;
+    KVD_RETURN_IF_ERROR(GetString(n, "transport", "backend", &t.backend));
+    KVD_RETURN_IF_ERROR(GetString(n, "transport", "ucx_tls", &t.ucx_tls));
+    KVD_RETURN_IF_ERROR(GetString(n, "transport", "net_devices", &t.net_devices));
+    KVD_RETURN_IF_ERROR(GetInt(n, "transport", "keepalive_interval_ms", &t.keepalive_interval_ms,
+                               0, 3600000));
+    KVD_RETURN_IF_ERROR(GetBool(n, "transport", "enable_rma", &t.enable_rma));
+    KVD_RETURN_IF_ERROR(GetBool(n, "transport", "enable_wakeup", &t.enable_wakeup));
+    KVD_RETURN_IF_ERROR(GetString(n, "transport", "loopback_domain", &t.loopback_domain));
+    KVD_RETURN_IF_ERROR(
+        GetInt(n, "transport", "close_timeout_ms", &t.close_timeout_ms, 0, 3600000));
+  }
+  KVD_RETURN_IF_ERROR(GetInt(root, "", "chunk_tokens", &c->chunk_tokens, 1, 1 << 20));
+  KVD_RETURN_IF_ERROR(GetString(root, "", "hash_seed", &c->hash_seed));
+  if (YAML::Node n = root["models"]; n.IsDefined()) {
+    KVD_RETURN_IF_ERROR(BindModels(n, &c->models));
+  }
+  if (YAML::Node n = root["tiers"]; n.IsDefined()) {
+    KVD_RETURN_IF_ERROR(CheckMap(n, "tiers", {"host"}));
+    if (YAML::Node h = n["host"]; h.IsDefined()) {
+      KVD_RETURN_IF_ERROR(CheckMap(h, "tiers.host", {"capacity", "alignment", "read_ttl_ms"}));
+      KVD_RETURN_IF_ERROR(GetBytes(h, "tiers.host", "capacity", &c->host_tier.capacity_bytes));
+      KVD_RETURN_IF_ERROR(GetBytes(h, "tiers.host", "alignment", &c->host_tier.alignment));
+      int64_t read_ttl = c->host_tier.read_ttl.count();
+      KVD_RETURN_IF_ERROR(GetInt(h, "tiers.host", "read_ttl_ms", &read_ttl, 1, 86400000));
+      c->host_tier.read_ttl = std::chrono::milliseconds(read_ttl);
+    }
+  }
+  if (YAML::Node n = root["limits"]; n.IsDefined()) {
+    KVD_RETURN_IF_ERROR(CheckMap(n, "limits",
+                                 {"max_frame_bytes", "max_chunk_bytes", "reservation_ttl_ms",
+                                  "lease_ttl_ms", "transfer_timeout_ms", "max_sessions",
+                                  "max_inflight_per_session"}));
+    auto& l = c->limits;
+    KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_frame_bytes", &l.max_frame_bytes));
+    KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_chunk_bytes", &l.max_chunk_bytes));
+    constexpr int64_t kDay = 86400000;
+    KVD_RETURN_IF_ERROR(
+        GetInt(n, "limits", "reservation_ttl_ms", &l.reservation_ttl_ms, 1, kDay));
+    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "lease_ttl_ms", &l.lease_ttl_ms, 1, kDay));
+    KVD_RETURN_IF_ERROR(
+        GetInt(n, "limits", "transfer_timeout_ms", &l.transfer_timeout_ms, 1, kDay));
+    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "max_sessions", &l.max_sessions, 1, 1 << 20));
+    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "max_inflight_per_session",
+                               &l.max_inflight_per_session, 1, 1 << 16));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml, std::string_view source) {
+  DaemonConfig config;
+  Status status;
+  try {
+    YAML::Node root = YAML::Load(std::string(yaml));
+    status = BindDocument(root, &config);
+  } catch (const YAML::Exception& e) {
+    std::ostringstream os;
+    os << "YAML error at line " << e.mark.line + 1 << ", column " << e.mark.column + 1 << ": "
+       << e.msg;
+    status = Status::InvalidArgument(os.str());
+  } catch (const std::exception& e) {
+    status = Status::InvalidArgument(std::string("YAML error: ") + e.what());
+  }
+  if (status.ok()) status = config.Validate();
+  if (!status.ok()) return status.WithContext(source);
+  return config;
+}
+
+StatusOr<DaemonConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound("cannot read config file \"" + path + "\"");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseConfigYaml(ss.str(), path);
+}
+
+}  // namespace kvd::daemon

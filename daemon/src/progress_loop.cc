@@ -1,0 +1,141 @@
+#include "progress_loop.h"
+
+#include <utility>
+
+#include "kvd/common/logging.h"
+
+namespace kvd::daemon {
+
+using transport::TransferState;
+using transport::TransferStatus;
+
+ProgressLoop::ProgressLoop(transport::Transport* transport) : transport_(transport) {}
+
+ProgressLoop::~ProgressLoop() { Stop(); }
+
+void ProgressLoop::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (running_) return;
+  running_ = true;
+  stop_requested_ = false;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void ProgressLoop::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!running_) return;
+    stop_requested_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  running_ = false;
+}
+
+void ProgressLoop::Submit(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (running_ && !stop_requested_) {
+      tasks_.push_back(std::move(task));
+      return;
+    }
+  }
+  task();
+}
+
+void ProgressLoop::Watch(transport::TransferHandle transfer, SteadyTime deadline,
+                         WatchCallback done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (running_ && !stop_requested_) {
+      new_watches_.push_back(WatchEntry{transfer, deadline, std::move(done)});
+      ++watch_count_;
+      return;
+    }
+  }
+  TransferStatus st = transport_->Check(transfer);
+  if (st.state == TransferState::kInProgress) {
+    st.status = Status::Cancelled("daemon shutting down");
+  }
+  done(st);
+}
+
+size_t ProgressLoop::watch_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return watch_count_;
+}
+
+void ProgressLoop::Loop() {
+  std::deque<std::function<void()>> tasks;
+  std::vector<std::pair<WatchCallback, TransferStatus>> completed;
+  bool stopping = false;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks.swap(tasks_);
+      for (auto& w : new_watches_) watches_.push_back(std::move(w));
+      new_watches_.clear();
+      stopping = stop_requested_;
+    }
+    bool busy = !tasks.empty();
+    for (auto& task : tasks) task();
+    tasks.clear();
+    if (stopping) break;
+
+    int events = transport_->Progress();
+    if (!watches_.empty()) {
+      auto now = std::chrono::steady_clock::now();
+      size_t kept = 0;
+      for (size_t i = 0; i < watches_.size(); ++i) {
+        TransferStatus st = transport_->Check(watches_[i].transfer);
+        if (st.state == TransferState::kInProgress && now < watches_[i].deadline) {
+          if (kept != i) watches_[kept] = std::move(watches_[i]);
+          ++kept;
+          continue;
+        }
+        if (st.state == TransferState::kInProgress) {
+          st.status = Status::DeadlineExceeded("transfer did not finish in time");
+        }
+        completed.emplace_back(std::move(watches_[i].done), std::move(st));
+      }
+      watches_.resize(kept);
+    }
+    if (!completed.empty()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        watch_count_ -= completed.size();
+      }
+      for (auto& [done, st] : completed) done(st);
+      completed.clear();
+      busy = true;
+    }
+    if (events > 0 || busy) continue;
+    if (!watches_.empty()) {
+      // Transfers are moving: keep polling (shared-memory transports progress only when polled)
+      // but let other threads run.
+      std::this_thread::yield();
+      continue;
+    }
+    Status s = transport_->WaitForEvents(std::chrono::milliseconds(1));
+    if (!s.ok()) {
+      KVD_LOG(WARNING) << "transport WaitForEvents failed" << Kv("status", s);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  // Shutdown: every remaining watch completes; transfers still in flight say so.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& w : new_watches_) watches_.push_back(std::move(w));
+    new_watches_.clear();
+    watch_count_ = 0;
+  }
+  for (auto& w : watches_) {
+    TransferStatus st = transport_->Check(w.transfer);
+    if (st.state == TransferState::kInProgress) st.status = Status::Cancelled("daemon shutting down");
+    w.done(st);
+  }
+  watches_.clear();
+}
+
+}  // namespace kvd::daemon

@@ -1,0 +1,76 @@
+// The transport progress thread of the daemon, and its bridge to the Asio io_context.
+//
+// The transport's threading contract (transport.h): any thread may post, check and release; one
+// thread should loop { Progress(); if idle WaitForEvents(timeout); }. This loop is that thread.
+// It also
+//   - watches transfers for the io_context: Watch(handle, deadline, callback) calls the callback
+//     (on the progress thread) once the transfer is no longer in progress, or at the deadline
+//     (state still kInProgress, status DEADLINE_EXCEEDED) - so the io_context thread never waits
+//     on a transfer;
+//   - runs blocking transport calls (Connect, Disconnect) off the io_context thread (Submit).
+//
+// Thread safety: Submit and Watch are thread-safe. Start/Stop from one owner thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kvd/transport/transport.h"
+
+namespace kvd::daemon {
+
+class ProgressLoop {
+ public:
+  using SteadyTime = std::chrono::steady_clock::time_point;
+  using WatchCallback = std::function<void(const transport::TransferStatus&)>;
+
+  // `transport` is not owned and must outlive the loop.
+  explicit ProgressLoop(transport::Transport* transport);
+  ~ProgressLoop();  // Stop()s
+  ProgressLoop(const ProgressLoop&) = delete;
+  ProgressLoop& operator=(const ProgressLoop&) = delete;
+
+  void Start();
+  // Stops the thread: runs the tasks still queued, then completes every remaining watch with
+  // state kInProgress and CANCELLED "daemon shutting down" (the transfer may still be in flight:
+  // its buffer must not be freed). Idempotent.
+  void Stop();
+
+  // Runs `task` on the progress thread soon. After Stop, runs it on the caller's thread.
+  void Submit(std::function<void()> task);
+
+  // Calls `done` on the progress thread when `transfer` finishes (kDone / kError) or when
+  // `deadline` passes (kInProgress, DEADLINE_EXCEEDED). Never calls it twice. The caller keeps
+  // ownership of the handle (Release it after the callback).
+  void Watch(transport::TransferHandle transfer, SteadyTime deadline, WatchCallback done);
+
+  // Watches currently registered (for stats and tests).
+  size_t watch_count() const;
+
+ private:
+  struct WatchEntry {
+    transport::TransferHandle transfer;
+    SteadyTime deadline;
+    WatchCallback done;
+  };
+  void Loop();
+
+  transport::Transport* transport_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool running_ = false;                       // GUARDED_BY(mu_)
+  bool stop_requested_ = false;                // GUARDED_BY(mu_)
+  std::deque<std::function<void()>> tasks_;    // GUARDED_BY(mu_)
+  std::vector<WatchEntry> new_watches_;        // GUARDED_BY(mu_)
+  size_t watch_count_ = 0;                     // GUARDED_BY(mu_)
+  std::vector<WatchEntry> watches_;            // owned by the progress thread
+  std::thread thread_;
+};
+
+}  // namespace kvd::daemon

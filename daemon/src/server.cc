@@ -1,0 +1,314 @@
+// Server: listeners, sessions, timers, shutdown.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "kvd/common/logging.h"
+#include "kvd/daemon/server.h"
+#include "listen_address.h"
+#include "responses.h"
+#include "server_impl.h"
+#include "session.h"
+
+namespace kvd::daemon {
+
+namespace {
+constexpr size_t kRetiredReservationMemory = 65536;
+}  // namespace
+
+Server::Impl::Impl(DaemonConfig config, ServerDeps deps)
+    : config_(std::move(config)),
+      deps_(std::move(deps)),
+      clock_(deps_.clock != nullptr ? deps_.clock : Clock::Real()) {}
+
+Server::Impl::~Impl() {
+  if (progress_) progress_->Stop();
+  pool_.join();
+  tier_.reset();
+  if (transport_ && arena_.handle.valid()) {
+    transport_->DeregisterMemory(arena_.handle).IgnoreError();
+  }
+  if (!unix_path_.empty()) ::unlink(unix_path_.c_str());
+}
+
+Status Server::Impl::Init() {
+  KVD_RETURN_IF_ERROR(config_.Validate());
+  if (deps_.transport) {
+    transport_ = std::move(deps_.transport);
+  } else {
+    auto t = transport::CreateTransport(config_.transport);
+    if (!t.ok()) return t.status().WithContext("cannot start the transport");
+    transport_ = std::move(*t);
+  }
+  auto address = transport_->LocalAddress();
+  if (!address.ok()) return address.status().WithContext("transport address");
+  local_address_ = *address;
+  const auto& caps = transport_->capabilities();
+  transport_description_ = caps.backend + (caps.transports.empty() ? "" : ":" + caps.transports);
+
+  storage::HostTierOptions host = config_.host_tier;
+  host.max_chunk_bytes = config_.limits.max_chunk_bytes;
+  host.lease_ttl = std::chrono::milliseconds(config_.limits.lease_ttl_ms);
+  // One alignment unit of slack: not every backend returns aligned memory (loopback: new[]).
+  auto region = transport_->AllocateRegistered(host.capacity_bytes + host.alignment,
+                                               transport::MemoryType::kHost);
+  if (!region.ok()) {
+    return region.status().WithContext("cannot allocate the host tier (" +
+                                       FormatByteSize(host.capacity_bytes) + ")");
+  }
+  arena_ = *region;
+  const auto base = reinterpret_cast<uintptr_t>(arena_.data);
+  const uintptr_t aligned = (base + host.alignment - 1) & ~(uintptr_t{host.alignment} - 1);
+  auto tier = storage::HostTier::Create(
+      host, std::span<std::byte>(reinterpret_cast<std::byte*>(aligned), host.capacity_bytes),
+      clock_);
+  if (!tier.ok()) return tier.status().WithContext("host tier");
+  tier_ = std::move(*tier);
+  progress_ = std::make_unique<ProgressLoop>(transport_.get());
+  return Status::Ok();
+}
+
+Status Server::Impl::Start() {
+  boost::system::error_code ec;
+  if (!config_.listen.tcp.empty()) {
+    KVD_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(config_.listen.tcp));
+    asio::ip::tcp::resolver resolver(io_);
+    auto results = resolver.resolve(hp.host, std::to_string(hp.port), ec);
+    if (ec || results.empty()) {
+      return Status::InvalidArgument("listen.tcp: cannot resolve \"" + hp.host +
+                                     "\": " + ec.message());
+    }
+    asio::ip::tcp::endpoint endpoint = results.begin()->endpoint();
+    tcp_acceptor_.emplace(io_);
+    tcp_acceptor_->open(endpoint.protocol(), ec);
+    if (!ec) tcp_acceptor_->set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) tcp_acceptor_->bind(endpoint, ec);
+    if (!ec) tcp_acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return Status::Unavailable("cannot listen on tcp " + config_.listen.tcp + ": " +
+                                 ec.message());
+    }
+    auto bound = tcp_acceptor_->local_endpoint();
+    std::string host = bound.address().to_string();
+    if (bound.address().is_v6()) host = "[" + host + "]";
+    tcp_address_ = host + ":" + std::to_string(bound.port());
+  }
+  if (!config_.listen.unix_path.empty()) {
+    std::string path = config_.listen.ResolvedUnixPath();
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0) {
+      if (!S_ISSOCK(st.st_mode)) {
+        return Status::AlreadyExists("listen.unix: \"" + path + "\" exists and is not a socket");
+      }
+      asio::local::stream_protocol::socket probe(io_);
+      probe.connect(asio::local::stream_protocol::endpoint(path), ec);
+      if (!ec) {
+        return Status::AlreadyExists("listen.unix: another process (a running kvd?) listens on \"" +
+                                     path + "\"");
+      }
+      ::unlink(path.c_str());  // stale socket file of a dead daemon
+    }
+    unix_acceptor_.emplace(io_);
+    asio::local::stream_protocol::endpoint endpoint(path);
+    unix_acceptor_->open(endpoint.protocol(), ec);
+    if (!ec) unix_acceptor_->bind(endpoint, ec);
+    if (!ec) unix_acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return Status::Unavailable("cannot listen on unix socket \"" + path + "\": " + ec.message());
+    }
+    unix_path_ = path;
+  }
+  start_ns_ = clock_->NowNanos();
+  progress_->Start();
+  if (tcp_acceptor_) asio::co_spawn(io_, AcceptTcp(), asio::detached);
+  if (unix_acceptor_) asio::co_spawn(io_, AcceptUnix(), asio::detached);
+  expiry_timer_.emplace(io_);
+  asio::co_spawn(io_, ExpiryLoop(), asio::detached);
+  if (deps_.handle_signals) {
+    signals_.emplace(io_, SIGINT, SIGTERM);
+    signals_->async_wait([this](boost::system::error_code ec, int signal) {
+      if (ec) return;
+      KVD_LOG(INFO) << "signal received, shutting down" << Kv("signal", signal);
+      BeginShutdown();
+    });
+  }
+  return Status::Ok();
+}
+
+void Server::Impl::Run() {
+  if (shutdown_requested_.load()) asio::post(io_, [this] { BeginShutdown(); });
+  io_.run();
+  progress_->Stop();
+  if (!unix_path_.empty()) {
+    ::unlink(unix_path_.c_str());
+  }
+}
+
+void Server::Impl::Shutdown() {
+  shutdown_requested_.store(true);
+  asio::post(io_, [this] { BeginShutdown(); });
+}
+
+void Server::Impl::BeginShutdown() {
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  KVD_LOG(INFO) << "shutting down" << Kv("sessions", sessions_.size());
+  boost::system::error_code ec;
+  if (tcp_acceptor_) tcp_acceptor_->close(ec);
+  if (unix_acceptor_) unix_acceptor_->close(ec);
+  if (signals_) signals_->cancel(ec);
+  if (expiry_timer_) expiry_timer_->cancel();
+  auto sessions = sessions_;  // Close may re-enter SessionClosed later, not now
+  for (auto& [id, session] : sessions) session->Close("daemon shutting down");
+  // Sessions end on their own; if one cannot (a transfer that never ends), give up after 10 s.
+  shutdown_deadline_.emplace(io_, std::chrono::seconds(10));
+  shutdown_deadline_->async_wait([this](boost::system::error_code ec) {
+    if (ec) return;
+    KVD_LOG(WARNING) << "shutdown grace period over; stopping with sessions open"
+                     << Kv("sessions", sessions_.size());
+    io_.stop();
+  });
+  if (sessions_.empty()) shutdown_deadline_->cancel();
+}
+
+asio::awaitable<void> Server::Impl::AcceptTcp() {
+  while (!shutting_down_) {
+    boost::system::error_code ec;
+    asio::ip::tcp::socket socket(io_);
+    co_await tcp_acceptor_->async_accept(socket, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+      if (shutting_down_ || ec == asio::error::operation_aborted) break;
+      KVD_LOG(WARNING) << "tcp accept failed" << Kv("error", ec.message());
+      continue;
+    }
+    socket.set_option(asio::ip::tcp::no_delay(true), ec);
+    std::string peer = "tcp:?";
+    auto remote = socket.remote_endpoint(ec);
+    if (!ec) peer = "tcp:" + remote.address().to_string() + ":" + std::to_string(remote.port());
+    AddSession(asio::generic::stream_protocol::socket(std::move(socket)), peer);
+  }
+}
+
+asio::awaitable<void> Server::Impl::AcceptUnix() {
+  while (!shutting_down_) {
+    boost::system::error_code ec;
+    asio::local::stream_protocol::socket socket(io_);
+    co_await unix_acceptor_->async_accept(socket, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+      if (shutting_down_ || ec == asio::error::operation_aborted) break;
+      KVD_LOG(WARNING) << "unix accept failed" << Kv("error", ec.message());
+      continue;
+    }
+    AddSession(asio::generic::stream_protocol::socket(std::move(socket)), "unix:" + unix_path_);
+  }
+}
+
+void Server::Impl::AddSession(asio::generic::stream_protocol::socket socket, std::string peer) {
+  if (sessions_.size() >= static_cast<size_t>(config_.limits.max_sessions)) {
+    ++counters_.sessions_refused;
+    KVD_LOG(WARNING) << "refusing connection: too many sessions" << Kv("peer", peer)
+                     << Kv("max_sessions", config_.limits.max_sessions);
+    // One error frame, best effort, then close.
+    auto frame = std::make_shared<std::vector<uint8_t>>(
+        MakeError(0, Status::ResourceExhausted(
+                         "too many sessions: limits.max_sessions=" +
+                         std::to_string(config_.limits.max_sessions))));
+    auto s = std::make_shared<asio::generic::stream_protocol::socket>(std::move(socket));
+    asio::async_write(*s, asio::buffer(*frame), [s, frame](boost::system::error_code, size_t) {
+      boost::system::error_code ignored;
+      s->close(ignored);
+    });
+    return;
+  }
+  uint64_t id = next_session_id_++;
+  ++counters_.sessions_accepted;
+  auto session = std::make_shared<Session>(this, id, std::move(socket), peer);
+  sessions_[id] = session;
+  session_count_.store(sessions_.size());
+  KVD_LOG(DEBUG) << "connection accepted" << Kv("session", id) << Kv("peer", peer);
+  session->Start();
+}
+
+void Server::Impl::SessionClosed(uint64_t session_id) {
+  sessions_.erase(session_id);
+  session_count_.store(sessions_.size());
+  if (shutting_down_ && sessions_.empty() && shutdown_deadline_) shutdown_deadline_->cancel();
+}
+
+asio::awaitable<void> Server::Impl::ExpiryLoop() {
+  int64_t period = deps_.expiry_period_ms;
+  if (period <= 0) {
+    period = std::min(config_.limits.reservation_ttl_ms, config_.limits.lease_ttl_ms) / 4;
+    period = std::clamp<int64_t>(period, 10, 1000);
+  }
+  while (!shutting_down_) {
+    boost::system::error_code ec;
+    expiry_timer_->expires_after(std::chrono::milliseconds(period));
+    co_await expiry_timer_->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (ec || shutting_down_) break;
+    const int64_t now = clock_->NowNanos();
+    for (auto& [id, session] : sessions_) session->ExpireReservations(now);
+    storage::ReclaimResult leases = tier_->ExpireLeases();
+    uint64_t backstop = tier_->ExpireReservations();
+    if (backstop > 0) {
+      KVD_LOG(WARNING) << "host tier expired reservations the daemon had not"
+                       << Kv("reservations", backstop);
+    }
+    if (leases.leases + leases.reads > 0) {
+      KVD_LOG(DEBUG) << "leases expired" << Kv("leases", leases.leases)
+                     << Kv("reads", leases.reads);
+    }
+  }
+}
+
+int64_t Server::Impl::UptimeMs() const { return (clock_->NowNanos() - start_ns_) / 1000000; }
+
+void Server::Impl::RegisterReservation(uint64_t id, uint64_t session_id) {
+  open_reservations_[id] = session_id;
+}
+
+void Server::Impl::RetireReservation(uint64_t id, Status why) {
+  open_reservations_.erase(id);
+  if (retired_reservations_.emplace(id, std::move(why)).second) {
+    retired_order_.push_back(id);
+    while (retired_order_.size() > kRetiredReservationMemory) {
+      retired_reservations_.erase(retired_order_.front());
+      retired_order_.pop_front();
+    }
+  }
+}
+
+uint64_t Server::Impl::ReservationOwner(uint64_t id) const {
+  auto it = open_reservations_.find(id);
+  return it == open_reservations_.end() ? 0 : it->second;
+}
+
+std::optional<Status> Server::Impl::RetiredReason(uint64_t id) const {
+  auto it = retired_reservations_.find(id);
+  if (it == retired_reservations_.end()) return std::nullopt;
+  return it->second;
+}
+
+// ---- Server ----
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::~Server() = default;
+
+StatusOr<std::unique_ptr<Server>> Server::Create(DaemonConfig config, ServerDeps deps) {
+  auto impl = std::make_unique<Impl>(std::move(config), std::move(deps));
+  KVD_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Status Server::Start() { return impl_->Start(); }
+void Server::Run() { impl_->Run(); }
+void Server::Shutdown() { impl_->Shutdown(); }
+std::string Server::tcp_address() const { return impl_->tcp_address_; }
+std::string Server::unix_path() const { return impl_->unix_path_; }
+size_t Server::session_count() const { return impl_->session_count(); }
+storage::HostTier* Server::host_tier() { return impl_->tier(); }
+transport::Transport* Server::transport() { return impl_->transport(); }
+const DaemonConfig& Server::config() const { return impl_->config(); }
+
+}  // namespace kvd::daemon

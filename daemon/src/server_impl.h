@@ -1,0 +1,115 @@
+// Server::Impl: the state every session shares. Private to daemon/.
+//
+// Threading: everything here except the atomics, `tier_`, `transport_` and `progress_` is touched
+// only on the io_context thread (Run's caller).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "asio_util.h"
+#include "kvd/daemon/server.h"
+#include "progress_loop.h"
+
+namespace kvd::daemon {
+
+class Session;
+
+// Daemon-wide counters (StatsReply.counters). Touched on the io_context thread only.
+struct DaemonCounters {
+  uint64_t sessions_accepted = 0;
+  uint64_t sessions_refused = 0;
+  uint64_t frames_in = 0;
+  uint64_t frames_out = 0;
+  uint64_t bad_frames = 0;
+  uint64_t errors_sent = 0;
+  uint64_t puts_committed = 0;
+  uint64_t puts_deduplicated = 0;
+  uint64_t put_bytes = 0;
+  uint64_t gets = 0;
+  uint64_t get_bytes = 0;
+  uint64_t transfer_timeouts = 0;
+  uint64_t reservations_expired = 0;
+  uint64_t reservations_reclaimed = 0;
+};
+
+class Server::Impl {
+ public:
+  Impl(DaemonConfig config, ServerDeps deps);
+  ~Impl();
+
+  Status Init();   // transport, arena, tier
+  Status Start();  // listeners, progress thread
+  void Run();
+  void Shutdown();  // thread-safe
+
+  // ---- for sessions (io_context thread) ----
+  const DaemonConfig& config() const { return config_; }
+  asio::io_context& io() { return io_; }
+  asio::thread_pool& pool() { return pool_; }
+  storage::HostTier* tier() { return tier_.get(); }
+  transport::Transport* transport() { return transport_.get(); }
+  ProgressLoop& progress() { return *progress_; }
+  Clock* clock() { return clock_; }
+  DaemonCounters& counters() { return counters_; }
+  int64_t UptimeMs() const;
+  const std::string& transport_description() const { return transport_description_; }
+  const std::string& local_address() const { return local_address_; }
+
+  // Reservation ids are unique in the tier; sessions register the ones they hold so that a
+  // Commit from another connection, or a late one, gets a precise error.
+  void RegisterReservation(uint64_t id, uint64_t session_id);
+  // Forgets an open reservation and remembers why it ended (bounded memory).
+  void RetireReservation(uint64_t id, Status why);
+  // The session holding `id` (0 if none) and, if retired, why.
+  uint64_t ReservationOwner(uint64_t id) const;
+  std::optional<Status> RetiredReason(uint64_t id) const;
+
+  void SessionClosed(uint64_t session_id);
+  size_t session_count() const { return session_count_.load(); }
+
+  std::string tcp_address_;   // set by Start
+  std::string unix_path_;     // set by Start
+
+ private:
+  asio::awaitable<void> AcceptTcp();
+  asio::awaitable<void> AcceptUnix();
+  void AddSession(asio::generic::stream_protocol::socket socket, std::string peer);
+  asio::awaitable<void> ExpiryLoop();
+  void BeginShutdown();
+
+  DaemonConfig config_;
+  ServerDeps deps_;
+  Clock* clock_;
+  asio::io_context io_{1};
+  asio::thread_pool pool_{2};
+  std::unique_ptr<transport::Transport> transport_;
+  std::string local_address_;
+  std::string transport_description_;
+  transport::Region arena_;
+  std::unique_ptr<storage::HostTier> tier_;
+  std::unique_ptr<ProgressLoop> progress_;
+  std::optional<asio::ip::tcp::acceptor> tcp_acceptor_;
+  std::optional<asio::local::stream_protocol::acceptor> unix_acceptor_;
+  std::optional<asio::signal_set> signals_;
+  std::optional<asio::steady_timer> expiry_timer_;
+  std::optional<asio::steady_timer> shutdown_deadline_;
+  std::map<uint64_t, std::shared_ptr<Session>> sessions_;
+  std::atomic<size_t> session_count_{0};
+  uint64_t next_session_id_ = 1;
+  bool shutting_down_ = false;
+  std::atomic<bool> shutdown_requested_{false};
+  int64_t start_ns_ = 0;
+  DaemonCounters counters_;
+  std::unordered_map<uint64_t, uint64_t> open_reservations_;  // id -> session id
+  std::unordered_map<uint64_t, Status> retired_reservations_;
+  std::deque<uint64_t> retired_order_;
+};
+
+}  // namespace kvd::daemon

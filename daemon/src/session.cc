@@ -1,0 +1,264 @@
+// Session I/O: framing, ordered replies, teardown.
+#include "session.h"
+
+#include <array>
+
+#include "kvd/common/logging.h"
+#include "kvd/proto/convert.h"
+#include "responses.h"
+
+namespace kvd::daemon {
+
+using transport::TransferHandle;
+using transport::TransferState;
+using transport::TransferStatus;
+
+Session::Session(Server::Impl* server, uint64_t id, Socket socket, std::string peer)
+    : server_(server),
+      id_(id),
+      socket_(std::move(socket)),
+      peer_(std::move(peer)),
+      writer_event_(server->io()),
+      reader_event_(server->io()),
+      idle_event_(server->io()) {}
+
+Session::~Session() = default;
+
+void Session::Start() {
+  auto self = shared_from_this();
+  asio::co_spawn(server_->io(), [self]() -> asio::awaitable<void> { co_await self->ReadLoop(); },
+                 asio::detached);
+  asio::co_spawn(server_->io(), [self]() -> asio::awaitable<void> { co_await self->WriteLoop(); },
+                 asio::detached);
+}
+
+void Session::Close(const std::string& reason) {
+  if (closed_) return;
+  KVD_LOG(DEBUG) << "closing session" << Kv("session", id_) << Kv("reason", reason);
+  closed_ = true;
+  boost::system::error_code ec;
+  socket_.shutdown(asio::socket_base::shutdown_both, ec);
+  socket_.close(ec);
+  reader_event_.Notify();
+  writer_event_.Notify();
+}
+
+void Session::Complete(uint64_t seq, Frame frame) {
+  if (writer_done_) return;  // the connection is gone: nobody will read the reply
+  ready_[seq] = std::move(frame);
+  writer_event_.Notify();
+}
+
+void Session::CompleteError(uint64_t seq, uint64_t request_id, const Status& status) {
+  ++server_->counters().errors_sent;
+  KVD_LOG(DEBUG) << "request failed" << Kv("session", id_) << Kv("client", client_id_)
+                 << Kv("status", status);
+  Complete(seq, MakeError(request_id, status));
+}
+
+void Session::CloseAfter(uint64_t seq) {
+  if (!close_after_seq_ || seq < *close_after_seq_) close_after_seq_ = seq;
+  read_closed_ = true;
+  writer_event_.Notify();
+}
+
+void Session::SpawnHandler(asio::awaitable<void> body) {
+  ++handlers_running_;
+  auto self = shared_from_this();
+  asio::co_spawn(
+      server_->io(),
+      [self, body = std::move(body)]() mutable -> asio::awaitable<void> {
+        co_await std::move(body);
+        --self->handlers_running_;
+        self->idle_event_.Notify();
+      },
+      asio::detached);
+}
+
+asio::awaitable<TransferStatus> Session::AwaitTransfer(TransferHandle h, int64_t timeout_ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  ProgressLoop* progress = &server_->progress();
+  co_return co_await AwaitCallback<TransferStatus>(
+      server_->io(), [progress, h, deadline](std::function<void(TransferStatus)> complete) {
+        progress->Watch(h, deadline,
+                        [complete](const TransferStatus& st) { complete(st); });
+      });
+}
+
+asio::awaitable<bool> Session::CancelAndRelease(TransferHandle h) {
+  transport::Transport* t = server_->transport();
+  t->Cancel(h).IgnoreError();  // OK if it already finished
+  TransferStatus st = co_await AwaitTransfer(h, server_->config().transport.close_timeout_ms);
+  if (st.state == TransferState::kInProgress) {
+    KVD_LOG(ERROR) << "transfer did not end after cancel; its buffer stays reserved"
+                   << Kv("session", id_) << Kv("transfer", h.id);
+    co_return false;
+  }
+  t->Release(h).IgnoreError();
+  co_return true;
+}
+
+asio::awaitable<void> Session::ReadLoop() {
+  const uint32_t max_frame = server_->config().limits.max_frame_bytes;
+  const int max_inflight = server_->config().limits.max_inflight_per_session;
+  std::array<uint8_t, proto::kFrameHeaderBytes> header{};
+  std::vector<uint8_t> payload;
+  boost::system::error_code ec;
+  while (!read_closed_ && !closed_) {
+    while (static_cast<int64_t>(next_seq_ - next_write_seq_) >= max_inflight && !writer_done_ &&
+           !closed_) {
+      co_await reader_event_.Wait();
+    }
+    if (writer_done_ || closed_ || read_closed_) break;
+    co_await asio::async_read(socket_, asio::buffer(header),
+                              asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+      if (ec != asio::error::eof && ec != asio::error::operation_aborted) {
+        KVD_LOG(DEBUG) << "read failed" << Kv("session", id_) << Kv("error", ec.message());
+      }
+      break;
+    }
+    auto length = proto::ParseFrameHeader(header, max_frame);
+    if (!length.ok()) {
+      // The stream cannot be resynchronised: say why, then close.
+      ++server_->counters().bad_frames;
+      KVD_LOG(WARNING) << "bad frame header; closing" << Kv("session", id_)
+                       << Kv("peer", peer_) << Kv("status", length.status());
+      uint64_t seq = next_seq_++;
+      CompleteError(seq, 0, length.status());
+      CloseAfter(seq);
+      break;
+    }
+    payload.resize(*length);
+    co_await asio::async_read(socket_, asio::buffer(payload),
+                              asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+      ++server_->counters().bad_frames;
+      KVD_LOG(WARNING) << "connection ended inside a frame (truncated frame)"
+                       << Kv("session", id_) << Kv("peer", peer_)
+                       << Kv("payload_bytes", *length) << Kv("error", ec.message());
+      break;
+    }
+    ++server_->counters().frames_in;
+    auto message = proto::DecodePayload(payload);
+    if (!message.ok()) {
+      ++server_->counters().bad_frames;
+      CompleteError(next_seq_++, 0, message.status());
+      continue;
+    }
+    HandleFrame(std::move(*message));
+  }
+  read_closed_ = true;
+  co_await Teardown();
+}
+
+void Session::HandleFrame(std::unique_ptr<proto::DecodedMessage> message) {
+  uint64_t seq = next_seq_++;
+  uint64_t request_id = 0;
+  Status status = proto::TryDecode([&]() -> Status {
+    auto request = message->Root<proto::Request>();
+    request_id = request.getRequestId();
+    return Dispatch(seq, request);
+  });
+  if (!status.ok()) {
+    ++server_->counters().bad_frames;
+    CompleteError(seq, request_id, status);
+  }
+}
+
+asio::awaitable<void> Session::WriteLoop() {
+  Frame batch;
+  boost::system::error_code ec;
+  bool close_now = false;
+  while (true) {
+    batch.clear();
+    for (auto it = ready_.find(next_write_seq_); it != ready_.end();
+         it = ready_.find(next_write_seq_)) {
+      batch.insert(batch.end(), it->second.begin(), it->second.end());
+      ready_.erase(it);
+      ++server_->counters().frames_out;
+      if (close_after_seq_ && *close_after_seq_ == next_write_seq_) close_now = true;
+      ++next_write_seq_;
+      if (close_now) break;
+    }
+    if (!batch.empty() && !closed_) {
+      co_await asio::async_write(socket_, asio::buffer(batch),
+                                 asio::redirect_error(asio::use_awaitable, ec));
+      reader_event_.Notify();
+      if (ec) {
+        KVD_LOG(DEBUG) << "write failed" << Kv("session", id_) << Kv("error", ec.message());
+        break;
+      }
+    }
+    if (close_now || closed_) break;
+    if (read_closed_ && handlers_running_ == 0 && next_write_seq_ == next_seq_) break;
+    if (batch.empty()) co_await writer_event_.Wait();
+  }
+  writer_done_ = true;
+  // Replies that will never be written no longer hold pipelining slots.
+  ready_.clear();
+  next_write_seq_ = next_seq_;
+  // A refused Hello, a bad frame or Bye (the last reply is out), a write error, or the end of
+  // the session: the connection ends; a blocked read returns and the teardown runs.
+  Close(close_now ? "closed after reply" : "writer finished");
+  reader_event_.Notify();
+  idle_event_.Notify();
+}
+
+asio::awaitable<void> Session::Teardown() {
+  transport::Transport* t = server_->transport();
+  // 1. Stop this client's transfers; their handlers see CANCELLED and finish.
+  for (auto& [id, put] : pending_puts_) t->Cancel(put.recv).IgnoreError();
+  for (uint64_t send : active_sends_) t->Cancel(TransferHandle{send}).IgnoreError();
+  while (handlers_running_ > 0) co_await idle_event_.Wait();
+  // 2. Let the writer flush what is left (bounded), then close the socket.
+  if (!writer_done_ && !closed_) {
+    writer_event_.Notify();
+    asio::steady_timer grace(server_->io(), std::chrono::seconds(1));
+    auto self = shared_from_this();
+    grace.async_wait([self](boost::system::error_code ec) {
+      if (!ec) self->Close("flush timeout");
+    });
+    while (!writer_done_) co_await idle_event_.Wait();
+    grace.cancel();
+  }
+  Close("session ended");
+  while (!writer_done_) co_await idle_event_.Wait();
+  // 3. Close the transport endpoint off the io_context thread: it ends every transfer posted
+  //    with this peer, so the receives of uncommitted puts are finished afterwards.
+  if (transport_peer_.valid()) {
+    transport::PeerHandle peer = transport_peer_;
+    Status s = co_await OffloadTo<Status>(server_->pool(), server_->io(),
+                                          [t, peer] { return t->Disconnect(peer); });
+    if (!s.ok() && s.code() != StatusCode::kNotFound) {
+      KVD_LOG(WARNING) << "transport disconnect failed" << Kv("session", id_) << Kv("status", s);
+    }
+    transport_peer_ = {};
+  }
+  uint64_t leaked = 0;
+  for (auto& [reservation, put] : pending_puts_) {
+    bool ended = co_await CancelAndRelease(put.recv);
+    if (!ended) ++leaked;
+    server_->RetireReservation(
+        reservation, Status::Aborted("reservation " + std::to_string(reservation) +
+                                     " was reclaimed: its client disconnected"));
+  }
+  size_t open_puts = pending_puts_.size();
+  pending_puts_.clear();
+  // 4. Return everything the client held in the tier.
+  storage::ReclaimResult reclaimed;
+  if (leaked == 0) {
+    reclaimed = server_->tier()->ReclaimOwner(id_);
+  } else {
+    KVD_LOG(ERROR) << "not reclaiming a session's reservations: transfers still in flight"
+                   << Kv("session", id_) << Kv("transfers", leaked);
+  }
+  server_->counters().reservations_reclaimed += reclaimed.reservations;
+  KVD_LOG(INFO) << "session closed" << Kv("session", id_) << Kv("client", client_id_)
+                << Kv("peer", peer_) << Kv("open_puts", open_puts)
+                << Kv("reclaimed_reservations", reclaimed.reservations)
+                << Kv("released_leases", reclaimed.leases) << Kv("released_reads", reclaimed.reads);
+  server_->SessionClosed(id_);
+}
+
+}  // namespace kvd::daemon

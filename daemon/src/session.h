@@ -1,0 +1,142 @@
+// One control connection (TCP or unix socket). Private to daemon/.
+//
+// Requests are dispatched in arrival order on the io_context thread. Most complete at once; the
+// ones that wait for a transfer (Commit, Get, Abort) continue in a coroutine of their own while
+// the connection keeps reading (pipelining, at most limits.max_inflight_per_session at once).
+// Replies are written strictly in request order, whatever order their handlers finish in.
+//
+// Teardown (client gone, transport peer failed, Bye, refused Hello, bad frame, shutdown): stop
+// reading, cancel this connection's transfers, wait for its handlers, close its transport
+// endpoint (off the io_context thread), release its transfer handles, then reclaim its
+// reservations, leases and reads in the host tier (HostTier::ReclaimOwner with owner = session
+// id). Buffers a posted transfer may still write are never returned to the arena before the
+// transport says the transfer ended.
+//
+// Threading: every method runs on the io_context thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "asio_util.h"
+#include "kvd/common/layout.h"
+#include "kvd/proto/frame.h"
+#include "kvd/proto/kvd.capnp.h"
+#include "kvd/transport/types.h"
+#include "server_impl.h"
+
+namespace kvd::daemon {
+
+using Frame = std::vector<uint8_t>;
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  using Socket = asio::generic::stream_protocol::socket;
+
+  Session(Server::Impl* server, uint64_t id, Socket socket, std::string peer);
+  ~Session();
+
+  // Spawns the read and write loops.
+  void Start();
+  // Closes the connection now (shutdown): teardown follows as described above.
+  void Close(const std::string& reason);
+  // Expires this connection's reservations whose deadline (Clock ns) passed and that no
+  // Commit/Abort is working on: receive cancelled, space returned, late Commit gets ABORTED.
+  void ExpireReservations(int64_t now_ns);
+
+  uint64_t id() const { return id_; }
+
+ private:
+  struct PendingPut {
+    transport::TransferHandle recv;
+    uint64_t tag = 0;
+    uint64_t bytes = 0;
+    int64_t deadline_ns = 0;
+    bool busy = false;  // a Commit, Abort or expiry owns it
+  };
+
+  // ---- I/O (session.cc) ----
+  asio::awaitable<void> ReadLoop();
+  asio::awaitable<void> WriteLoop();
+  asio::awaitable<void> Teardown();
+  void HandleFrame(std::unique_ptr<proto::DecodedMessage> message);
+  // Stores the reply of request `seq`; the writer sends it in order.
+  void Complete(uint64_t seq, Frame frame);
+  void CompleteError(uint64_t seq, uint64_t request_id, const Status& status);
+  // Close the connection once the reply of `seq` is written; stop reading now.
+  void CloseAfter(uint64_t seq);
+  // Runs `body` as a handler coroutine (counted, so teardown waits for it).
+  void SpawnHandler(asio::awaitable<void> body);
+  // Waits for a transfer (on the progress thread) up to `timeout_ms`.
+  asio::awaitable<transport::TransferStatus> AwaitTransfer(transport::TransferHandle h,
+                                                           int64_t timeout_ms);
+  // Cancels a transfer and waits until the transport confirms it ended (up to the transport's
+  // close timeout); releases the handle if it did. Returns false if it is still in flight.
+  asio::awaitable<bool> CancelAndRelease(transport::TransferHandle h);
+
+  // ---- requests (session_data.cc) ----
+  Status Dispatch(uint64_t seq, proto::Request::Reader request);
+  void HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello);
+  void HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader lookup);
+  void HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader reserve);
+  void HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader commit);
+  void HandleAbort(uint64_t seq, uint64_t rid, proto::Abort::Reader abort);
+  void HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get);
+  void HandleReleaseLease(uint64_t seq, uint64_t rid, proto::ReleaseLease::Reader release);
+  asio::awaitable<void> FinishCommit(uint64_t seq, uint64_t rid, uint64_t reservation,
+                                     uint64_t checksum);
+  asio::awaitable<void> FinishAbort(uint64_t seq, uint64_t rid, uint64_t reservation);
+  asio::awaitable<void> FinishGet(uint64_t seq, uint64_t rid, storage::ReadView view,
+                                  transport::TransferHandle send);
+  asio::awaitable<void> ExpirePut(uint64_t reservation);
+  // Error for a Commit/Abort of a reservation this session does not hold.
+  Status UnknownReservation(uint64_t reservation) const;
+  // FAILED_PRECONDITION unless Hello (engine role) succeeded.
+  Status RequireEngine(const char* op) const;
+
+  // ---- admin (session_admin.cc) ----
+  void HandleStats(uint64_t seq, uint64_t rid);
+  void HandleList(uint64_t seq, uint64_t rid, proto::ListRequest::Reader list);
+  void HandleEvict(uint64_t seq, uint64_t rid, proto::EvictRequest::Reader evict);
+  void HandleHealth(uint64_t seq, uint64_t rid);
+
+  Server::Impl* server_;
+  const uint64_t id_;
+  Socket socket_;
+  const std::string peer_;  // remote socket address, for logs
+
+  // Handshake state.
+  bool hello_done_ = false;
+  bool engine_ = false;
+  std::string client_id_;
+  std::string name_space_ = "default";
+  const ModelConfig* model_ = nullptr;
+  uint64_t layout_digest_ = 0;
+  transport::PeerHandle transport_peer_;
+
+  // Puts between Reserve and Commit/Abort/expiry, by reservation id.
+  std::map<uint64_t, PendingPut> pending_puts_;
+  // Sends of Gets in flight (cancelled at teardown).
+  std::set<uint64_t> active_sends_;
+  uint64_t next_tag_ = 1;
+
+  // Request sequencing and the ordered writer.
+  uint64_t next_seq_ = 0;        // seq of the next request read
+  uint64_t next_write_seq_ = 0;  // seq of the next reply to write
+  std::map<uint64_t, Frame> ready_;
+  std::optional<uint64_t> close_after_seq_;
+  int handlers_running_ = 0;
+  bool read_closed_ = false;
+  bool writer_done_ = false;
+  bool closed_ = false;
+  Event writer_event_;
+  Event reader_event_;
+  Event idle_event_;
+};
+
+}  // namespace kvd::daemon

@@ -1,0 +1,513 @@
+// Session requests of the engine role: handshake, lookup, two-phase put, get.
+#include <cinttypes>
+#include <cstdio>
+
+#include "kvd/common/hash.h"
+#include "kvd/common/logging.h"
+#include "kvd/proto/convert.h"
+#include "kvd/storage/host_tier.h"
+#include "responses.h"
+#include "session.h"
+
+namespace kvd::daemon {
+
+using transport::TransferHandle;
+using transport::TransferState;
+using transport::TransferStatus;
+
+namespace {
+
+std::string Hex64(uint64_t v) {
+  char buf[19];
+  std::snprintf(buf, sizeof(buf), "0x%016" PRIx64, v);
+  return buf;
+}
+
+const char* kDaemonVersion = "kvd 0.1.0";
+
+}  // namespace
+
+Status Session::RequireEngine(const char* op) const {
+  if (!hello_done_) {
+    return Status::FailedPrecondition(std::string(op) + " before Hello: the first request must be Hello");
+  }
+  if (!engine_) {
+    return Status::FailedPrecondition(std::string(op) +
+                                      " needs the engine role (this connection said admin)");
+  }
+  return Status::Ok();
+}
+
+Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
+  uint64_t rid = request.getRequestId();
+  auto which = request.which();
+  if (which != proto::Request::HELLO && !hello_done_) {
+    CompleteError(seq, rid,
+                  Status::FailedPrecondition("the first request on a connection must be Hello"));
+    CloseAfter(seq);
+    return Status::Ok();
+  }
+  switch (which) {
+    case proto::Request::HELLO:
+      HandleHello(seq, rid, request.getHello());
+      break;
+    case proto::Request::LOOKUP:
+      HandleLookup(seq, rid, request.getLookup());
+      break;
+    case proto::Request::RESERVE:
+      HandleReserve(seq, rid, request.getReserve());
+      break;
+    case proto::Request::COMMIT:
+      HandleCommit(seq, rid, request.getCommit());
+      break;
+    case proto::Request::ABORT:
+      HandleAbort(seq, rid, request.getAbort());
+      break;
+    case proto::Request::GET:
+      HandleGet(seq, rid, request.getGet());
+      break;
+    case proto::Request::RELEASE_LEASE:
+      HandleReleaseLease(seq, rid, request.getReleaseLease());
+      break;
+    case proto::Request::STATS:
+      HandleStats(seq, rid);
+      break;
+    case proto::Request::LIST:
+      HandleList(seq, rid, request.getList());
+      break;
+    case proto::Request::EVICT:
+      HandleEvict(seq, rid, request.getEvict());
+      break;
+    case proto::Request::HEALTH:
+      HandleHealth(seq, rid);
+      break;
+    case proto::Request::BYE:
+      Complete(seq, MakeAck(rid));
+      CloseAfter(seq);
+      break;
+    default:
+      CompleteError(seq, rid,
+                    Status::InvalidArgument("unknown request kind " +
+                                            std::to_string(static_cast<int>(which)) +
+                                            " (newer client?)"));
+      break;
+  }
+  return Status::Ok();
+}
+
+void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello) {
+  // Read every field first (a hostile message throws here, before any state changes).
+  const uint32_t version = hello.getProtocolVersion();
+  std::string client_id = hello.getClientId();
+  const auto role = hello.getRole();
+  std::string name_space = hello.getNamespace();
+  std::string model_name = hello.getModel();
+  const uint64_t seed_digest = hello.getHashSeedDigest();
+  const uint32_t chunk_tokens = hello.getChunkTokens();
+  auto address = hello.getWorkerAddress();
+  std::string worker_address(reinterpret_cast<const char*>(address.begin()), address.size());
+  const uint32_t codec = hello.getCodecId();
+  StatusOr<ModelLayout> layout = Status::InvalidArgument("no layout");
+  if (role == proto::Role::ENGINE) layout = proto::FromProto(hello.getLayout());
+
+  const DaemonConfig& config = server_->config();
+  auto refuse = [&](Status status) {
+    KVD_LOG(WARNING) << "handshake refused" << Kv("session", id_) << Kv("client", client_id)
+                     << Kv("peer", peer_) << Kv("model", model_name) << Kv("status", status);
+    CompleteError(seq, rid, status);
+    CloseAfter(seq);
+  };
+  if (hello_done_) {
+    return refuse(Status::FailedPrecondition("Hello sent twice on one connection"));
+  }
+  if (version != proto::PROTOCOL_VERSION) {
+    return refuse(Status::FailedPrecondition(
+        "protocol version mismatch: client speaks " + std::to_string(version) +
+        ", daemon speaks " + std::to_string(proto::PROTOCOL_VERSION)));
+  }
+  if (role != proto::Role::ENGINE && role != proto::Role::ADMIN) {
+    return refuse(Status::InvalidArgument("unknown role " + std::to_string(static_cast<int>(role))));
+  }
+  if (role == proto::Role::ENGINE) {
+    const ModelConfig* model = config.FindModel(model_name);
+    if (model == nullptr) {
+      std::string names;
+      for (const auto& m : config.models) names += (names.empty() ? "" : ", ") + m.name;
+      return refuse(Status::NotFound("unknown model \"" + model_name +
+                                     "\": this daemon serves " + names));
+    }
+    if (!layout.ok()) {
+      return refuse(layout.status().WithContext("layout of model " + model_name));
+    }
+    if (!(*layout == model->layout)) {
+      return refuse(Status::FailedPrecondition(
+          "layout mismatch for model " + model_name + ": " +
+          model->layout.DescribeMismatch(*layout)));
+    }
+    const uint64_t daemon_digest = Digest64(config.hash_seed);
+    if (seed_digest != daemon_digest) {
+      return refuse(Status::FailedPrecondition(
+          "hash seed mismatch: client digest " + Hex64(seed_digest) + ", daemon digest " +
+          Hex64(daemon_digest) +
+          "; every client and daemon of a deployment must use the same seed"));
+    }
+    if (chunk_tokens != static_cast<uint32_t>(config.chunk_tokens)) {
+      return refuse(Status::FailedPrecondition(
+          "chunk size mismatch: client uses " + std::to_string(chunk_tokens) +
+          " tokens per chunk, daemon uses " + std::to_string(config.chunk_tokens)));
+    }
+    if (codec != storage::kRawCodecId) {
+      return refuse(Status::Unimplemented("codec " + std::to_string(codec) +
+                                          " is not supported; this daemon stores raw chunks "
+                                          "(codec 0)"));
+    }
+    if (worker_address.empty()) {
+      return refuse(Status::InvalidArgument(
+          "engine role needs workerAddress (the client's transport address)"));
+    }
+    auto peer = server_->transport()->Connect(worker_address);
+    if (!peer.ok()) {
+      return refuse(peer.status().WithContext("cannot reach the client's transport address"));
+    }
+    transport_peer_ = *peer;
+    model_ = model;
+    layout_digest_ = model->layout.Digest();
+    engine_ = true;
+  }
+  hello_done_ = true;
+  client_id_ = client_id;
+  name_space_ = name_space.empty() ? "default" : name_space;
+  KVD_LOG(INFO) << "session ready" << Kv("session", id_) << Kv("client", client_id_)
+                << Kv("peer", peer_) << Kv("role", engine_ ? "engine" : "admin")
+                << Kv("model", engine_ ? model_->name : "") << Kv("namespace", name_space_);
+  const uint64_t max_chunk = config.limits.max_chunk_bytes;
+  Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
+             auto reply = r.initHello();
+             reply.setSessionId(id_);
+             reply.setDaemonVersion(kDaemonVersion);
+             reply.setNodeName(config.node_name);
+             reply.setChunkTokens(static_cast<uint32_t>(config.chunk_tokens));
+             if (engine_) {
+               const std::string& addr = server_->local_address();
+               reply.setWorkerAddress(kj::arrayPtr(
+                   reinterpret_cast<const capnp::byte*>(addr.data()), addr.size()));
+             }
+             reply.setMaxFrameBytes(config.limits.max_frame_bytes);
+             reply.setMaxChunkBytes(max_chunk);
+             reply.setTransport(server_->transport_description());
+           }));
+}
+
+void Session::HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader lookup) {
+  storage::LookupRequest request;
+  auto chain = lookup.getChain();
+  request.chunk_hashes.reserve(chain.size());
+  for (auto h : chain) request.chunk_hashes.push_back(proto::FromProto(h));
+  const uint32_t ttl_ms = lookup.getLeaseTtlMs();
+  if (Status s = RequireEngine("Lookup"); !s.ok()) return CompleteError(seq, rid, s);
+
+  const auto& limits = server_->config().limits;
+  int64_t ttl = ttl_ms == 0 ? limits.lease_ttl_ms
+                            : std::min<int64_t>(ttl_ms, 10 * limits.lease_ttl_ms);
+  request.name_space = name_space_;
+  request.model = model_->name;
+  request.layout_digest = layout_digest_;
+  request.codec_id = storage::kRawCodecId;
+  request.owner = id_;
+  request.lease_ttl = std::chrono::milliseconds(ttl);
+  auto result = server_->tier()->Lookup(request);
+  if (!result.ok()) return CompleteError(seq, rid, result.status());
+  Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
+             auto reply = r.initLookup();
+             reply.setMatchedChunks(static_cast<uint32_t>(result->matched_chunks));
+             reply.setMatchedTokens(result->matched_tokens);
+             reply.setLeaseId(result->lease_id);
+             reply.setLeaseTtlMs(result->lease_id == 0 ? 0 : static_cast<uint32_t>(ttl));
+           }));
+}
+
+void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader reserve) {
+  const Hash128 hash = proto::FromProto(reserve.getChunkHash());
+  const uint32_t tokens = reserve.getTokens();
+  const uint64_t bytes = reserve.getBytes();
+  if (Status s = RequireEngine("Reserve"); !s.ok()) return CompleteError(seq, rid, s);
+
+  const DaemonConfig& config = server_->config();
+  if (tokens == 0 || tokens > static_cast<uint32_t>(config.chunk_tokens)) {
+    return CompleteError(seq, rid,
+                         Status::OutOfRange("tokens " + std::to_string(tokens) +
+                                            " is outside [1, chunk_tokens=" +
+                                            std::to_string(config.chunk_tokens) + "]"));
+  }
+  const uint64_t expected = model_->layout.ChunkBytes(static_cast<int>(tokens));
+  if (bytes != expected) {
+    return CompleteError(
+        seq, rid,
+        Status::InvalidArgument("bytes " + std::to_string(bytes) + " != " +
+                                std::to_string(expected) + " = layout.ChunkBytes(tokens=" +
+                                std::to_string(tokens) + ") of model " + model_->name +
+                                " (raw codec)"));
+  }
+  if (bytes > config.limits.max_chunk_bytes) {
+    return CompleteError(seq, rid,
+                         Status::OutOfRange("chunk of " + std::to_string(bytes) +
+                                            " bytes is over limits.max_chunk_bytes " +
+                                            std::to_string(config.limits.max_chunk_bytes)));
+  }
+  storage::ChunkKey key{name_space_, model_->name, layout_digest_, storage::kRawCodecId, hash};
+  // The tier's own TTL is a backstop well after the daemon's: the daemon must cancel the
+  // posted receive before the space can be reused.
+  const int64_t ttl_ms = config.limits.reservation_ttl_ms;
+  const auto tier_ttl = std::chrono::milliseconds(
+      ttl_ms + 2 * config.limits.transfer_timeout_ms + config.transport.close_timeout_ms + 60000);
+  auto reservation = server_->tier()->Reserve(key, bytes, tokens, id_, tier_ttl);
+  if (!reservation.ok()) {
+    if (storage::IsDedup(reservation.status())) {
+      ++server_->counters().puts_deduplicated;
+      return Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
+                        auto reply = r.initReserve();
+                        reply.setAlreadyStored(true);
+                      }));
+    }
+    return CompleteError(seq, rid, reservation.status());
+  }
+  const uint64_t tag = (id_ << 40) | (next_tag_++ & ((uint64_t{1} << 40) - 1));
+  auto recv = server_->transport()->PostRecv(transport_peer_, tag, reservation->data, bytes);
+  if (!recv.ok()) {
+    server_->tier()->Abort(reservation->id).IgnoreError();
+    return CompleteError(seq, rid, recv.status().WithContext("cannot post the receive of the put"));
+  }
+  PendingPut put;
+  put.recv = *recv;
+  put.tag = tag;
+  put.bytes = bytes;
+  put.deadline_ns = server_->clock()->NowNanos() + ttl_ms * 1000000;
+  pending_puts_[reservation->id] = put;
+  server_->RegisterReservation(reservation->id, id_);
+  Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
+             auto reply = r.initReserve();
+             reply.setReservationId(reservation->id);
+             reply.setTag(tag);
+             reply.setAlreadyStored(false);
+             reply.setTtlMs(static_cast<uint32_t>(ttl_ms));
+           }));
+}
+
+Status Session::UnknownReservation(uint64_t reservation) const {
+  if (reservation == 0) return Status::InvalidArgument("reservation id 0 (none)");
+  if (auto reason = server_->RetiredReason(reservation)) return *reason;
+  if (uint64_t owner = server_->ReservationOwner(reservation); owner != 0) {
+    return Status::NotFound("reservation " + std::to_string(reservation) +
+                            " belongs to another connection");
+  }
+  return Status::NotFound("unknown reservation " + std::to_string(reservation));
+}
+
+void Session::HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader commit) {
+  const uint64_t reservation = commit.getReservationId();
+  const uint64_t checksum = commit.getChecksum();
+  if (Status s = RequireEngine("Commit"); !s.ok()) return CompleteError(seq, rid, s);
+  auto it = pending_puts_.find(reservation);
+  if (it == pending_puts_.end()) return CompleteError(seq, rid, UnknownReservation(reservation));
+  if (it->second.busy) {
+    return CompleteError(seq, rid,
+                         Status::FailedPrecondition("reservation " + std::to_string(reservation) +
+                                                    " is already being committed or aborted"));
+  }
+  it->second.busy = true;
+  SpawnHandler(FinishCommit(seq, rid, reservation, checksum));
+}
+
+asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t reservation,
+                                            uint64_t checksum) {
+  auto self = shared_from_this();  // keep alive across suspension
+  PendingPut put = pending_puts_.at(reservation);
+  const int64_t timeout_ms = server_->config().limits.transfer_timeout_ms;
+  TransferStatus st = co_await AwaitTransfer(put.recv, timeout_ms);
+  Status status;
+  if (st.state == TransferState::kInProgress) {
+    ++server_->counters().transfer_timeouts;
+    status = Status::DeadlineExceeded(
+        "the bytes of reservation " + std::to_string(reservation) + " (" +
+        std::to_string(put.bytes) + " bytes, tag " + std::to_string(put.tag) +
+        ") did not arrive within limits.transfer_timeout_ms=" + std::to_string(timeout_ms));
+  } else if (st.state == TransferState::kError) {
+    status = st.status.WithContext("receive of reservation " + std::to_string(reservation));
+  } else if (st.bytes != put.bytes) {
+    status = Status::DataLoss("reservation " + std::to_string(reservation) + ": received " +
+                              std::to_string(st.bytes) + " bytes, expected " +
+                              std::to_string(put.bytes));
+  }
+  bool ended = true;
+  if (st.state == TransferState::kInProgress) {
+    ended = co_await CancelAndRelease(put.recv);
+  } else {
+    server_->transport()->Release(put.recv).IgnoreError();
+  }
+  pending_puts_.erase(reservation);
+  storage::HostTier* tier = server_->tier();
+  if (!status.ok()) {
+    if (ended) tier->Abort(reservation).IgnoreError();
+    server_->RetireReservation(reservation, Status::Aborted("reservation " +
+                                                            std::to_string(reservation) +
+                                                            " failed: " + status.ToString()));
+    CompleteError(seq, rid, status);
+    co_return;
+  }
+  // Verify the checksum off the io_context thread (it reads the whole chunk).
+  status = co_await OffloadTo<Status>(server_->pool(), server_->io(), [tier, reservation,
+                                                                       checksum] {
+    return tier->Commit(reservation, checksum);
+  });
+  if (status.ok() || storage::IsDedup(status)) {
+    if (status.ok()) {
+      ++server_->counters().puts_committed;
+      server_->counters().put_bytes += put.bytes;
+    } else {
+      ++server_->counters().puts_deduplicated;
+    }
+    server_->RetireReservation(reservation,
+                               Status::FailedPrecondition("reservation " +
+                                                          std::to_string(reservation) +
+                                                          " is already committed"));
+    Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
+               r.initCommit().setBytes(put.bytes);
+             }));
+    co_return;
+  }
+  server_->RetireReservation(reservation, Status::Aborted("reservation " +
+                                                          std::to_string(reservation) +
+                                                          " failed: " + status.ToString()));
+  CompleteError(seq, rid, status);
+}
+
+void Session::HandleAbort(uint64_t seq, uint64_t rid, proto::Abort::Reader abort) {
+  const uint64_t reservation = abort.getReservationId();
+  if (Status s = RequireEngine("Abort"); !s.ok()) return CompleteError(seq, rid, s);
+  auto it = pending_puts_.find(reservation);
+  if (it == pending_puts_.end()) return CompleteError(seq, rid, UnknownReservation(reservation));
+  if (it->second.busy) {
+    return CompleteError(seq, rid,
+                         Status::FailedPrecondition("reservation " + std::to_string(reservation) +
+                                                    " is already being committed or aborted"));
+  }
+  it->second.busy = true;
+  SpawnHandler(FinishAbort(seq, rid, reservation));
+}
+
+asio::awaitable<void> Session::FinishAbort(uint64_t seq, uint64_t rid, uint64_t reservation) {
+  auto self = shared_from_this();
+  PendingPut put = pending_puts_.at(reservation);
+  bool ended = co_await CancelAndRelease(put.recv);
+  pending_puts_.erase(reservation);
+  if (ended) server_->tier()->Abort(reservation).IgnoreError();
+  server_->RetireReservation(reservation, Status::Aborted("reservation " +
+                                                          std::to_string(reservation) +
+                                                          " was aborted by its client"));
+  Complete(seq, MakeAck(rid));
+}
+
+void Session::ExpireReservations(int64_t now_ns) {
+  std::vector<uint64_t> expired;
+  for (auto& [id, put] : pending_puts_) {
+    if (!put.busy && put.deadline_ns < now_ns) {
+      put.busy = true;
+      expired.push_back(id);
+    }
+  }
+  for (uint64_t id : expired) SpawnHandler(ExpirePut(id));
+}
+
+asio::awaitable<void> Session::ExpirePut(uint64_t reservation) {
+  auto self = shared_from_this();
+  PendingPut put = pending_puts_.at(reservation);
+  bool ended = co_await CancelAndRelease(put.recv);
+  pending_puts_.erase(reservation);
+  if (ended) server_->tier()->Abort(reservation).IgnoreError();
+  ++server_->counters().reservations_expired;
+  const int64_t ttl = server_->config().limits.reservation_ttl_ms;
+  KVD_LOG(INFO) << "reservation expired" << Kv("session", id_) << Kv("client", client_id_)
+                << Kv("reservation", reservation) << Kv("bytes", put.bytes);
+  server_->RetireReservation(reservation,
+                             Status::Aborted("reservation " + std::to_string(reservation) +
+                                             " expired: not committed within " +
+                                             std::to_string(ttl) + " ms"));
+}
+
+void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
+  const uint64_t lease = get.getLeaseId();
+  const uint32_t index = get.getChunkIndex();
+  const uint64_t tag = get.getTag();
+  const uint64_t buffer_bytes = get.getBufferBytes();
+  if (Status s = RequireEngine("Get"); !s.ok()) return CompleteError(seq, rid, s);
+  if (lease == 0) {
+    return CompleteError(seq, rid,
+                         Status::NotFound("lease 0: the lookup matched nothing, nothing to get"));
+  }
+  storage::HostTier* tier = server_->tier();
+  auto view = tier->Get(lease, index);
+  if (!view.ok()) return CompleteError(seq, rid, view.status());
+  if (buffer_bytes < view->meta.size_bytes) {
+    tier->ReleaseRead(view->read_id).IgnoreError();
+    return CompleteError(seq, rid,
+                         Status::OutOfRange("chunk " + std::to_string(index) + " of lease " +
+                                            std::to_string(lease) + " is " +
+                                            std::to_string(view->meta.size_bytes) +
+                                            " bytes; the client's buffer holds " +
+                                            std::to_string(buffer_bytes)));
+  }
+  auto send = server_->transport()->PostSend(transport_peer_, tag, view->data,
+                                             view->meta.size_bytes);
+  if (!send.ok()) {
+    tier->ReleaseRead(view->read_id).IgnoreError();
+    return CompleteError(seq, rid, send.status().WithContext("cannot send the chunk"));
+  }
+  active_sends_.insert(send->id);
+  SpawnHandler(FinishGet(seq, rid, *view, *send));
+}
+
+asio::awaitable<void> Session::FinishGet(uint64_t seq, uint64_t rid, storage::ReadView view,
+                                         TransferHandle send) {
+  auto self = shared_from_this();
+  const int64_t timeout_ms = server_->config().limits.transfer_timeout_ms;
+  TransferStatus st = co_await AwaitTransfer(send, timeout_ms);
+  Status status;
+  bool ended = true;
+  if (st.state == TransferState::kInProgress) {
+    ++server_->counters().transfer_timeouts;
+    status = Status::DeadlineExceeded(
+        "the client did not take the chunk (" + std::to_string(view.meta.size_bytes) +
+        " bytes) within limits.transfer_timeout_ms=" + std::to_string(timeout_ms) +
+        "; did it post a receive with the Get's tag?");
+    ended = co_await CancelAndRelease(send);
+  } else {
+    if (st.state == TransferState::kError) status = st.status.WithContext("send of the chunk");
+    server_->transport()->Release(send).IgnoreError();
+  }
+  active_sends_.erase(send.id);
+  // The pin goes only once the transport no longer reads the chunk's bytes.
+  if (ended) server_->tier()->ReleaseRead(view.read_id).IgnoreError();
+  if (!status.ok()) {
+    CompleteError(seq, rid, status);
+    co_return;
+  }
+  ++server_->counters().gets;
+  server_->counters().get_bytes += view.meta.size_bytes;
+  Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
+             auto reply = r.initGet();
+             reply.setBytes(view.meta.size_bytes);
+             reply.setChecksum(view.meta.checksum);
+             reply.setTokens(view.meta.tokens);
+           }));
+}
+
+void Session::HandleReleaseLease(uint64_t seq, uint64_t rid,
+                                 proto::ReleaseLease::Reader release) {
+  const uint64_t lease = release.getLeaseId();
+  if (Status s = RequireEngine("ReleaseLease"); !s.ok()) return CompleteError(seq, rid, s);
+  Status s = server_->tier()->ReleaseLease(lease);
+  if (!s.ok()) return CompleteError(seq, rid, s);
+  Complete(seq, MakeAck(rid));
+}
+
+}  // namespace kvd::daemon

@@ -1,0 +1,202 @@
+#include "kvd/daemon/config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace kvd::daemon {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Every field that the YAML binds, compared one by one (the option structs of other modules
+// have no operator==).
+void ExpectSameConfig(const DaemonConfig& a, const DaemonConfig& b) {
+  EXPECT_EQ(a.node_name, b.node_name);
+  EXPECT_EQ(a.listen.tcp, b.listen.tcp);
+  EXPECT_EQ(a.listen.unix_path, b.listen.unix_path);
+  EXPECT_EQ(a.transport.backend, b.transport.backend);
+  EXPECT_EQ(a.transport.ucx_tls, b.transport.ucx_tls);
+  EXPECT_EQ(a.transport.net_devices, b.transport.net_devices);
+  EXPECT_EQ(a.transport.keepalive_interval_ms, b.transport.keepalive_interval_ms);
+  EXPECT_EQ(a.transport.enable_rma, b.transport.enable_rma);
+  EXPECT_EQ(a.transport.close_timeout_ms, b.transport.close_timeout_ms);
+  EXPECT_EQ(a.chunk_tokens, b.chunk_tokens);
+  EXPECT_EQ(a.hash_seed, b.hash_seed);
+  EXPECT_EQ(a.models, b.models);
+  EXPECT_EQ(a.host_tier.capacity_bytes, b.host_tier.capacity_bytes);
+  EXPECT_EQ(a.host_tier.alignment, b.host_tier.alignment);
+  EXPECT_EQ(a.host_tier.read_ttl, b.host_tier.read_ttl);
+  EXPECT_EQ(a.limits, b.limits);
+}
+
+TEST(ConfigTest, EmbeddedDefaultEqualsDeployFileAndStructDefaults) {
+  auto embedded = ParseConfigYaml(EmbeddedDefaultConfigYaml(), "embedded");
+  ASSERT_TRUE(embedded.ok()) << embedded.status();
+  std::string file_text = ReadFile(std::string(KVD_SOURCE_DIR) + "/deploy/configs/default.yaml");
+  ASSERT_FALSE(file_text.empty());
+  EXPECT_EQ(file_text, EmbeddedDefaultConfigYaml());
+  auto file = ParseConfigYaml(file_text, "default.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  ExpectSameConfig(*embedded, *file);
+  ExpectSameConfig(*embedded, DaemonConfig{});
+}
+
+TEST(ConfigTest, EmbeddedDefaultRegistersTheThreeModels) {
+  auto c = ParseConfigYaml(EmbeddedDefaultConfigYaml()).value();
+  const ModelConfig* smol = c.FindModel("smollm2-135m");
+  ASSERT_NE(smol, nullptr);
+  EXPECT_EQ(smol->layout.num_layers, 30);
+  EXPECT_EQ(smol->layout.num_kv_heads, 3);
+  EXPECT_EQ(smol->layout.num_q_heads, 9);
+  EXPECT_EQ(smol->layout.head_dim, 64);
+  EXPECT_EQ(smol->layout.dtype, DType::kBFloat16);
+  EXPECT_EQ(smol->layout.rope.theta, 100000);
+  const ModelConfig* stories = c.FindModel("stories260k");
+  ASSERT_NE(stories, nullptr);
+  EXPECT_EQ(stories->layout.dtype, DType::kFloat32);
+  EXPECT_EQ(stories->layout.rope.pairing, RopePairing::kInterleaved);
+  EXPECT_EQ(stories->layout.head_dim, 8);
+  const ModelConfig* llama = c.FindModel("llama-3.1-8b");
+  ASSERT_NE(llama, nullptr);
+  EXPECT_EQ(llama->layout.rope.scaling, RopeScaling::kLlama3);
+  EXPECT_EQ(llama->layout.rope.factor, 8);
+  EXPECT_EQ(llama->layout.rope.original_max_positions, 8192);
+  EXPECT_EQ(llama->layout.rope.theta, 500000);
+  EXPECT_EQ(c.chunk_tokens, 256);
+  EXPECT_EQ(c.hash_seed, "kvd-default-seed");
+  EXPECT_EQ(c.host_tier.capacity_bytes, 1ull << 30);
+  EXPECT_EQ(c.listen.tcp, "127.0.0.1:7400");
+}
+
+TEST(ConfigTest, AbsentKeysKeepDefaults) {
+  auto c = ParseConfigYaml("node: n1\nlimits:\n  max_sessions: 7\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->node_name, "n1");
+  EXPECT_EQ(c->limits.max_sessions, 7);
+  EXPECT_EQ(c->limits.lease_ttl_ms, LimitsOptions{}.lease_ttl_ms);
+  EXPECT_EQ(c->models.size(), 3u);
+  auto empty = ParseConfigYaml("");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->chunk_tokens, 256);
+}
+
+TEST(ConfigTest, OverridesBind) {
+  auto c = ParseConfigYaml(R"(
+listen: {tcp: "0.0.0.0:9000", unix: ""}
+transport: {backend: loopback, ucx_tls: tcp}
+chunk_tokens: 64
+hash_seed: s3cret
+tiers: {host: {capacity: 512MiB}}
+limits: {max_frame_bytes: 1MiB, transfer_timeout_ms: 1234}
+models:
+  - name: tiny
+    layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 4, dtype: f16,
+             rope: {theta: 1e4, pairing: halves, scaling: linear, factor: 2}}
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->listen.tcp, "0.0.0.0:9000");
+  EXPECT_EQ(c->listen.unix_path, "");
+  EXPECT_EQ(c->transport.backend, "loopback");
+  EXPECT_EQ(c->chunk_tokens, 64);
+  EXPECT_EQ(c->hash_seed, "s3cret");
+  EXPECT_EQ(c->host_tier.capacity_bytes, 512ull << 20);
+  EXPECT_EQ(c->limits.max_frame_bytes, 1u << 20);
+  EXPECT_EQ(c->limits.transfer_timeout_ms, 1234);
+  ASSERT_EQ(c->models.size(), 1u);
+  EXPECT_EQ(c->models[0].layout.dtype, DType::kFloat16);
+  EXPECT_EQ(c->models[0].layout.rope.scaling, RopeScaling::kLinear);
+  EXPECT_EQ(c->models[0].layout.rope.factor, 2);
+}
+
+// Each bad input: the error is INVALID_ARGUMENT and names the key and the value.
+struct BadCase {
+  const char* yaml;
+  std::vector<const char*> fragments;
+};
+
+TEST(ConfigTest, InvalidValuesNameKeyAndValue) {
+  const BadCase cases[] = {
+      {"limits: {max_sessions: -3}", {"limits.max_sessions", "-3"}},
+      {"limits: {max_sessions: many}", {"limits.max_sessions", "many", "not an integer"}},
+      {"tiers: {host: {capacity: lots}}", {"tiers.host.capacity", "lots"}},
+      {"chunk_tokens: 0", {"chunk_tokens", "0"}},
+      {"listen: {tcp: 'localhost'}", {"listen.tcp", "localhost"}},
+      {"listen: {tcp: '127.0.0.1:70000'}", {"listen.tcp", "70000"}},
+      {"listen: {tpc: '127.0.0.1:1'}", {"listen.tpc", "unknown key"}},
+      {"colour: blue", {"colour", "unknown key"}},
+      {"models: [{name: m, layout: {layers: 2, kv_heads: 1, q_heads: 1, head_dim: 4, dtype: "
+       "int8}}]",
+       {"models[0].layout.dtype", "int8"}},
+      {"models: [{name: m, layout: {layers: 2, kv_heads: 2, q_heads: 3, head_dim: 4}}]",
+       {"models[0] (m).layout", "num_q_heads"}},
+      {"models: [{name: m, layout: {layers: 2, kv_heads: 1, q_heads: 1, head_dim: 4, rope: "
+       "{pairing: diagonal}}}]",
+       {"models[0].layout.rope.pairing", "diagonal"}},
+      {"models: [{name: m, layout: {layers: 1, kv_heads: 1, q_heads: 1, head_dim: 2}}, "
+       "{name: m, layout: {layers: 1, kv_heads: 1, q_heads: 1, head_dim: 2}}]",
+       {"models[1].name", "registered twice"}},
+      {"models: [{name: m, compression: kvslimmer, layout: {layers: 1, kv_heads: 1, q_heads: 1, "
+       "head_dim: 2}}]",
+       {"models[0].compression", "kvslimmer"}},
+      {"transport: {enable_rma: maybe}", {"transport.enable_rma", "maybe"}},
+      {"limits: {max_frame_bytes: 1KiB}", {"limits.max_frame_bytes", "1024"}},
+      {"hash_seed: ''", {"hash_seed"}},
+      {"listen: {tcp: '', unix: ''}", {"listen", "disabled"}},
+      {"node: [1, 2", {"YAML error", "line"}},
+  };
+  for (const auto& c : cases) {
+    auto parsed = ParseConfigYaml(c.yaml, "test.yaml");
+    ASSERT_FALSE(parsed.ok()) << c.yaml;
+    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << c.yaml;
+    EXPECT_THAT(parsed.status().message(), HasSubstr("test.yaml")) << c.yaml;
+    for (const char* f : c.fragments) {
+      EXPECT_THAT(parsed.status().message(), HasSubstr(f)) << c.yaml;
+    }
+  }
+}
+
+TEST(ConfigTest, MissingFileIsNotFound) {
+  auto c = LoadConfigFile("/nonexistent/kvd.yaml");
+  EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(c.status().message(), HasSubstr("/nonexistent/kvd.yaml"));
+}
+
+TEST(ConfigTest, ByteSizes) {
+  EXPECT_EQ(ParseByteSize("4096").value(), 4096u);
+  EXPECT_EQ(ParseByteSize("1GiB").value(), 1ull << 30);
+  EXPECT_EQ(ParseByteSize("512 MiB").value(), 512ull << 20);
+  EXPECT_EQ(ParseByteSize("4kib").value(), 4096u);
+  EXPECT_EQ(ParseByteSize("2GB").value(), 2000000000u);
+  EXPECT_EQ(ParseByteSize("1.5KiB").value(), 1536u);
+  EXPECT_EQ(ParseByteSize("7B").value(), 7u);
+  for (const char* bad : {"", "GiB", "-1", "1.3B", "12 parsecs", "1e3"}) {
+    auto r = ParseByteSize(bad);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(FormatByteSize(1ull << 30), "1GiB");
+  EXPECT_EQ(FormatByteSize(1536), "1536B");
+  EXPECT_EQ(FormatByteSize(3 << 20), "3MiB");
+}
+
+TEST(ConfigTest, UnixPathAutoResolves) {
+  ListenOptions l;
+  EXPECT_EQ(l.ResolvedUnixPath(), ListenOptions::DefaultUnixPath());
+  EXPECT_THAT(l.ResolvedUnixPath(), HasSubstr("kvd"));
+  l.unix_path = "/tmp/x.sock";
+  EXPECT_EQ(l.ResolvedUnixPath(), "/tmp/x.sock");
+  l.unix_path = "/tmp/" + std::string(200, 'a');
+  EXPECT_EQ(l.Validate().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvd::daemon
