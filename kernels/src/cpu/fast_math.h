@@ -88,4 +88,16 @@ inline float LaneSum(const float* x, int64_t n) {
   return s;
 }
 
+inline float LaneDot(const float* a, const float* b, int64_t n) {
+  float lanes[16] = {};
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    for (int l = 0; l < 16; ++l) lanes[l] += a[j + l] * b[j + l];
+  }
+  float s = 0.0f;
+  for (; j < n; ++j) s += a[j] * b[j];
+  for (float l : lanes) s += l;
+  return s;
+}
+
 }  // namespace kvd::kernels::cpu

@@ -3,8 +3,8 @@
 //
 // Zero-norm keys: REJECTED with INVALID_ARGUMENT "zero-norm key" (a key whose squared norm is
 // below 1e-30 carries no direction; an engine that writes such keys is broken or padded, and a
-// silent cos 0 would keep it at a neutral rank). If the anchor itself has zero norm (keys cancel
-// exactly) every score is 0 and ties keep the lower indices.
+// silent cos 0 would keep it at a neutral rank). If the anchor is numerically zero (the keys
+// cancel: |sum_i k_i/|k_i|| <= 1e-6 N) every score is 0 and ties keep the lower indices.
 #pragma once
 
 #include <cstdint>
