@@ -32,15 +32,17 @@ inline TransportOptions OptionsFor(const std::string& config) {
   TransportOptions o;
   if (config == "loopback") {
     o.backend = "loopback";
-  } else if (config == "ucx-tcp") {
+  } else if (config == "ucx-tcp") {  // everything through UCX over tcp
     o.ucx_tls = "tcp";
     o.net_devices = "lo";
-  } else if (config == "ucx-sm") {
+    o.cma_threshold_bytes = 0;
+  } else if (config == "ucx-sm") {  // the daemon's same-host setting: sm,tcp + the cma bulk path
     o.ucx_tls = "sm,tcp";
     o.net_devices = "lo";
-  } else if (config == "ucx-shm-trusted") {  // no peer-failure detection: posix/sysv + cma only
+  } else if (config == "ucx-shm-trusted") {  // UCX's own posix/sysv/cma, no peer-failure detection
     o.ucx_tls = "sm,self";
     o.peer_failure_detection = false;
+    o.cma_threshold_bytes = 0;
   }
   o.keepalive_interval_ms = 200;
   return o;

@@ -58,6 +58,10 @@ Status TransportOptions::Validate() const {
     return Status::InvalidArgument("TransportOptions.keepalive_interval_ms is negative: " +
                                    std::to_string(keepalive_interval_ms));
   }
+  if (cma_threshold_bytes < 0) {
+    return Status::InvalidArgument("TransportOptions.cma_threshold_bytes is negative: " +
+                                   std::to_string(cma_threshold_bytes));
+  }
   if (close_timeout_ms < 0) {
     return Status::InvalidArgument("TransportOptions.close_timeout_ms is negative: " +
                                    std::to_string(close_timeout_ms));

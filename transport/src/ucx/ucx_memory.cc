@@ -172,6 +172,7 @@ Status UcxTransport::PostRmaLocked(uint64_t id, Transfer& t, const TransferReque
     t.status = {TransferState::kDone, Status::Ok(), r.length};
     return Status::Ok();
   }
+  if (t.callback_ran) return Status::Ok();  // completed (and freed) inside the call
   RequestId(req) = id;
   t.request = req;
   return Status::Ok();

@@ -1,11 +1,13 @@
 #include "ucx/ucx_transport.h"
 
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -63,8 +65,9 @@ Status UcxTransport::Init() {
   }
 
   ucp_params_t params{};
-  params.field_mask =
-      UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE |
+                      UCP_PARAM_FIELD_REQUEST_INIT | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.request_init = [](void* request) { RequestId(request) = 0; };
   params.features = UCP_FEATURE_TAG;
   if (options_.enable_rma) params.features |= UCP_FEATURE_RMA;
   if (options_.enable_wakeup) params.features |= UCP_FEATURE_WAKEUP;
@@ -84,7 +87,13 @@ Status UcxTransport::Init() {
   size_t addr_len = 0;
   s = ucp_worker_get_address(worker_, &addr, &addr_len);
   if (s != UCS_OK) return Err(s, "ucp_worker_get_address");
+  std::random_device rd;
+  uuid_ = (uint64_t{rd()} << 32 | rd()) ^ static_cast<uint64_t>(getpid()) ^
+          static_cast<uint64_t>(steady_clock::now().time_since_epoch().count());
+  probe_word_ = uuid_;
+  host_id_ = HostId();
   address_.assign(kAddressMagic);
+  address_.append(AddressHeader());
   address_.append(reinterpret_cast<const char*>(addr), addr_len);
   ucp_worker_release_address(worker_, addr);
 
@@ -121,7 +130,7 @@ UcxTransport::~UcxTransport() {
     // Stop receives that are still waiting, then force-close every endpoint (that completes
     // their sends with an error), and let UCX run the callbacks.
     for (auto& [id, t] : transfers_) {
-      if (t.request != nullptr && t.op == TransferOp::kRecv) ucp_request_cancel(worker_, t.request);
+      if (t.request != nullptr && t.recv_request) ucp_request_cancel(worker_, t.request);
     }
     for (auto& [id, r] : remotes_) ucp_rkey_destroy(r.rkey);
     remotes_.clear();
@@ -161,13 +170,15 @@ UcxTransport::~UcxTransport() {
 StatusOr<std::string> UcxTransport::LocalAddress() { return address_; }
 
 StatusOr<PeerHandle> UcxTransport::Connect(std::string_view peer_address) {
-  if (peer_address.size() <= kAddressMagic.size() ||
+  const size_t prefix = kAddressMagic.size() + kAddressHeaderSize;
+  if (peer_address.size() <= prefix ||
       peer_address.substr(0, kAddressMagic.size()) != kAddressMagic) {
     return Status::InvalidArgument("not a UCX transport address (" +
                                    std::to_string(peer_address.size()) +
                                    " bytes without the KVDUCX1 prefix)");
   }
-  std::string worker_address(peer_address.substr(kAddressMagic.size()));
+  std::string_view header = peer_address.substr(kAddressMagic.size(), kAddressHeaderSize);
+  std::string worker_address(peer_address.substr(prefix));
   std::lock_guard<std::mutex> lock(mu_);
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
@@ -194,7 +205,9 @@ StatusOr<PeerHandle> UcxTransport::Connect(std::string_view peer_address) {
     ucp_ep_print_info(ep, stderr);  // which UCX transport carries which lane, for diagnosis
   }
   uint64_t id = next_id_++;
-  peers_[id].ep = ep;
+  Peer& peer = peers_[id];
+  peer.ep = ep;
+  ProbeCmaLocked(peer, header);
   peer_by_ep_[ep] = id;
   return PeerHandle{id};
 }
@@ -227,7 +240,7 @@ Status UcxTransport::Disconnect(PeerHandle peer) {
     if (t == transfers_.end() || t->second.status.state != TransferState::kInProgress) continue;
     t->second.status = {TransferState::kError,
                         Status::Cancelled("peer " + std::to_string(peer.id) + " disconnected"), 0};
-    if (t->second.request != nullptr && t->second.op == TransferOp::kRecv) {
+    if (t->second.request != nullptr && t->second.recv_request) {
       ucp_request_cancel(worker_, t->second.request);
     }
   }
@@ -290,13 +303,24 @@ void UcxTransport::FailPeerLocked(uint64_t peer_id, const Status& why) {
     // a send or a matched receive stays a UCX request until UCX completes it (it moves no more
     // bytes of a dead peer), and its callback then only frees the request.
     t->second.status = {TransferState::kError, why, 0};
-    if (t->second.request != nullptr && t->second.op == TransferOp::kRecv) {
+    if (t->second.request != nullptr && t->second.recv_request) {
       ucp_request_cancel(worker_, t->second.request);
     }
   }
 }
 
 void UcxTransport::FinishLocked(uint64_t id, ucs_status_t status, size_t bytes) {
+  auto it = transfers_.find(id);
+  if (it == transfers_.end()) return;
+  Status st;
+  if (status != UCS_OK) {
+    st = Err(status, std::string(TransferOpName(it->second.op)) + " transfer " +
+                         std::to_string(id));
+  }
+  CompleteLocked(id, std::move(st), bytes);
+}
+
+void UcxTransport::CompleteLocked(uint64_t id, Status status, size_t bytes) {
   auto it = transfers_.find(id);
   if (it == transfers_.end()) return;  // released after a peer failure: nothing to report
   Transfer& t = it->second;
@@ -306,23 +330,31 @@ void UcxTransport::FinishLocked(uint64_t id, ucs_status_t status, size_t bytes) 
     auto p = peers_.find(t.peer);
     if (p != peers_.end()) {
       p->second.transfers.erase(id);
-      if (status != UCS_OK && !p->second.failure.ok()) {
+      if (!status.ok() && !p->second.failure.ok()) {
         t.status = {TransferState::kError, p->second.failure, 0};
         return;
       }
     }
   }
-  if (status == UCS_OK) {
+  if (status.ok()) {
     t.status = {TransferState::kDone, Status::Ok(), bytes};
   } else {
-    std::string what = std::string(TransferOpName(t.op)) + " transfer " + std::to_string(id);
-    t.status = {TransferState::kError, Err(status, what), 0};
+    t.status = {TransferState::kError, std::move(status), 0};
   }
+}
+
+uint64_t UcxTransport::TakeRequestId(void* request) {
+  uint64_t id = RequestId(request);
+  if (id == 0) id = posting_id_;
+  RequestId(request) = 0;
+  auto it = transfers_.find(id);
+  if (it != transfers_.end()) it->second.callback_ran = true;
+  return id;
 }
 
 void UcxTransport::SendCallback(void* request, ucs_status_t status, void* user_data) {
   auto* self = static_cast<UcxTransport*>(user_data);
-  uint64_t id = RequestId(request);
+  uint64_t id = self->TakeRequestId(request);
   auto it = self->transfers_.find(id);
   size_t bytes = it == self->transfers_.end() ? 0 : it->second.status.bytes;
   self->FinishLocked(id, status, bytes);
@@ -332,7 +364,8 @@ void UcxTransport::SendCallback(void* request, ucs_status_t status, void* user_d
 void UcxTransport::RecvCallback(void* request, ucs_status_t status,
                                 const ucp_tag_recv_info_t* info, void* user_data) {
   auto* self = static_cast<UcxTransport*>(user_data);
-  self->FinishLocked(RequestId(request), status, info != nullptr ? info->length : 0);
+  ucp_tag_recv_info_t none{};
+  self->OnRecvDoneLocked(self->TakeRequestId(request), status, info != nullptr ? *info : none);
   ucp_request_free(request);
 }
 
@@ -353,6 +386,9 @@ StatusOr<TransferHandle> UcxTransport::Post(const TransferRequest& r) {
   if (r.op != TransferOp::kRecv && !r.peer.valid()) {
     return Status::InvalidArgument(std::string(TransferOpName(r.op)) + " needs a peer");
   }
+  if (!rma && r.tag > kMaxTag) {
+    return Status::InvalidArgument("tag " + std::to_string(r.tag) + " is above kMaxTag (2^62-1)");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (r.peer.valid()) {
     auto p = peers_.find(r.peer.id);
@@ -360,11 +396,23 @@ StatusOr<TransferHandle> UcxTransport::Post(const TransferRequest& r) {
     if (!p->second.failure.ok()) return p->second.failure;
   }
   uint64_t id = next_id_++;
+  posting_id_ = id;
   Transfer& t = transfers_[id];
   t.op = r.op;
   t.peer = r.peer.id;
   t.status.bytes = r.length;  // sends report this; receives overwrite it with the message length
-  Status st = rma ? PostRmaLocked(id, t, r) : PostTagLocked(id, t, r);
+  t.buffer = r.buffer;
+  t.capacity = r.length;
+  Status st;
+  if (rma) {
+    st = PostRmaLocked(id, t, r);
+  } else if (r.op == TransferOp::kSend && options_.cma_threshold_bytes > 0 &&
+             r.length >= static_cast<uint64_t>(options_.cma_threshold_bytes) &&
+             r.memory_type == MemoryType::kHost && peers_[r.peer.id].cma) {
+    st = PostCmaSendLocked(id, t, r);
+  } else {
+    st = PostTagLocked(id, t, r);
+  }
   if (!st.ok()) {
     transfers_.erase(id);
     return st;
@@ -387,21 +435,37 @@ Status UcxTransport::PostTagLocked(uint64_t id, Transfer& t, const TransferReque
     param.cb.send = &UcxTransport::SendCallback;
     req = ucp_tag_send_nbx(peers_[r.peer.id].ep, r.buffer, r.length, r.tag, &param);
   } else {
-    param.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO;
+    // Small receives land in a bounce buffer with room for a cma descriptor.
+    void* dest = r.buffer;
+    size_t room = r.length;
+    if (r.length < kDescriptorSize) {
+      t.bounce.reset(new uint8_t[kDescriptorSize]);
+      dest = t.bounce.get();
+      room = kDescriptorSize;
+    }
+    // UCX 1.13 leaves recv_info zeroed when a receive completes in place on an unexpected
+    // message, and the sender tag tells a descriptor from inline bytes: always complete
+    // through the callback.
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     param.cb.recv = &UcxTransport::RecvCallback;
     param.recv_info.tag_info = &info;
-    req = ucp_tag_recv_nbx(worker_, r.buffer, r.length, r.tag, ~ucp_tag_t{0}, &param);
+    req = ucp_tag_recv_nbx(worker_, dest, room, r.tag, ~kInternalTagBit, &param);
   }
   if (UCS_PTR_IS_ERR(req)) {
     return Err(UCS_PTR_STATUS(req), std::string(TransferOpName(r.op)) + " post");
   }
   if (req == nullptr) {  // completed in place
-    t.status = {TransferState::kDone, Status::Ok(),
-                r.op == TransferOp::kSend ? r.length : info.length};
+    if (r.op == TransferOp::kSend) {
+      t.status = {TransferState::kDone, Status::Ok(), r.length};
+    } else {
+      OnRecvDoneLocked(id, UCS_OK, info);
+    }
     return Status::Ok();
   }
+  if (t.callback_ran) return Status::Ok();  // completed (and freed) inside the call
   RequestId(req) = id;
   t.request = req;
+  t.recv_request = r.op == TransferOp::kRecv;
   return Status::Ok();
 }
 
@@ -453,7 +517,10 @@ Status UcxTransport::Cancel(TransferHandle transfer) {
     return Status::NotFound("unknown transfer " + std::to_string(transfer.id));
   }
   Transfer& t = it->second;
-  if (t.status.state != TransferState::kInProgress || t.request == nullptr) return Status::Ok();
+  if (t.status.state != TransferState::kInProgress || t.request == nullptr ||
+      t.op != TransferOp::kRecv) {
+    return Status::Ok();
+  }
   // UCX 1.13 cancels only receives that no message has matched yet (the callback then runs here
   // with UCS_ERR_CANCELED). Sends and matched receives finish on their own.
   ucp_request_cancel(worker_, t.request);

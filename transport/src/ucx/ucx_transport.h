@@ -24,8 +24,35 @@
 
 namespace kvd::transport::ucx {
 
-// The transfer id kept in the user area of a UCX request (ucp_params_t::request_size).
+// The transfer id kept in the user area of a UCX request (ucp_params_t::request_size). 0 until
+// assigned after the posting call returns; callbacks reset it to 0 before freeing the request
+// (UCX recycles requests, and its request_init runs only once per allocation).
 inline uint64_t& RequestId(void* request) { return *static_cast<uint64_t*>(request); }
+
+// Tag space. Callers use tags <= kMaxTag (bits 62, 63 clear). A caller's receive of tag T uses
+// mask ~kInternalTagBit, so it matches an inline message (tag T) and a cma descriptor
+// (kInternalTagBit | T); acks (kInternalTagBit | kAckTagBit | seq) never match a caller's receive.
+inline constexpr uint64_t kInternalTagBit = uint64_t{1} << 63;
+inline constexpr uint64_t kAckTagBit = uint64_t{1} << 62;
+
+// What a cma send puts on the wire instead of its bytes (48 bytes, host byte order: same host).
+struct CmaDescriptor {
+  uint64_t magic;        // kCmaMagic
+  uint64_t sender_uuid;  // to find the endpoint back to the sender for the ack
+  uint64_t seq;          // the sender's transfer id: the ack's tag
+  uint64_t address;      // the sender's buffer
+  uint64_t length;       // bytes
+  uint64_t pid;          // the sender process
+};
+inline constexpr uint64_t kCmaMagic = 0x31414D4344564BULL;  // "KVDCMA1"
+inline constexpr size_t kDescriptorSize = sizeof(CmaDescriptor);
+
+// Between the "KVDUCX1:" magic and the worker address: uuid, host id, pid, flags, probe address
+// (5 x uint64, host byte order).
+inline constexpr size_t kAddressHeaderSize = 40;
+inline constexpr uint64_t kAddressFlagCma = 1;
+// A hash of the kernel boot id (equal for processes on one host), or 0 if unreadable.
+uint64_t HostId();
 
 class UcxTransport final : public Transport {
  public:
@@ -56,6 +83,8 @@ class UcxTransport final : public Transport {
     ucp_ep_h ep = nullptr;
     Status failure;                 // not OK once the peer vanished
     std::set<uint64_t> transfers;   // in-flight transfer ids with this peer
+    uint64_t uuid = 0;              // the peer transport's uuid (from its address)
+    bool cma = false;               // large sends to it take the same-host cma path
   };
   struct RegionState {
     ucp_mem_h memh = nullptr;
@@ -73,6 +102,12 @@ class UcxTransport final : public Transport {
     TransferOp op = TransferOp::kSend;
     uint64_t peer = 0;           // 0 for kAnyPeer receives
     void* request = nullptr;     // the UCX request while in flight, else nullptr
+    bool recv_request = false;   // request is a tag receive (cancellable)
+    void* buffer = nullptr;      // the caller's buffer
+    size_t capacity = 0;         // its length
+    std::unique_ptr<uint8_t[]> bounce;  // small receives land here (room for a descriptor)
+    uint64_t ack[2] = {0, 0};    // cma send: the receiver's ack {status code, bytes}
+    bool callback_ran = false;   // a UCX callback ran inside the posting call (request freed)
     TransferStatus status;
   };
 
@@ -82,13 +117,29 @@ class UcxTransport final : public Transport {
 
   // All REQUIRE mu_ held.
   void FinishLocked(uint64_t id, ucs_status_t status, size_t bytes);
+  void CompleteLocked(uint64_t id, Status status, size_t bytes);
   void FailPeerLocked(uint64_t peer_id, const Status& why);
   Status PostTagLocked(uint64_t id, Transfer& t, const TransferRequest& r);
   Status PostRmaLocked(uint64_t id, Transfer& t, const TransferRequest& r);
   Status CloseEndpointLocked(ucp_ep_h ep, bool force, std::unique_lock<std::mutex>& lock);
   Status SleepOnEventFd(std::chrono::milliseconds timeout, std::unique_lock<std::mutex>& lock);
 
+  // Same-host cma path (ucx_cma.cc). REQUIRE mu_ held.
+  Status PostCmaSendLocked(uint64_t id, Transfer& t, const TransferRequest& r);
+  void OnRecvDoneLocked(uint64_t id, ucs_status_t status, const ucp_tag_recv_info_t& info);
+  void SendAckLocked(uint64_t sender_uuid, uint64_t seq, const Status& result, size_t bytes);
+  void ProbeCmaLocked(Peer& peer, std::string_view header);
+  std::string AddressHeader() const;
+
+  // The transfer id of a request in a callback: its RequestId, or posting_id_ when UCX calls back
+  // inside the posting call (UCX 1.13 does for a receive matching an unexpected message with
+  // NO_IMM_CMPL). Resets the RequestId and marks the transfer's callback_ran.
+  uint64_t TakeRequestId(void* request);
+
   static void SendCallback(void* request, ucs_status_t status, void* user_data);
+  static void AckCallback(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                          void* user_data);
+  static void FreeOnSendDone(void* request, ucs_status_t status, void* user_data);
   static void RecvCallback(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
                            void* user_data);
   static void ErrorHandler(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -98,7 +149,10 @@ class UcxTransport final : public Transport {
   Capabilities caps_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
-  std::string address_;          // "KVDUCX1" magic + worker address bytes
+  std::string address_;          // "KVDUCX1:" + AddressHeader() + worker address bytes
+  uint64_t uuid_ = 0;            // random; identifies this transport in descriptors and acks
+  uint64_t host_id_ = 0;         // hash of the boot id: equal on the same host
+  uint64_t probe_word_ = 0;      // = uuid_; peers read it to test process_vm_readv
   int event_fd_ = -1;            // -1: no wakeup support, WaitForEvents sleeps briefly
 
   std::mutex mu_;
@@ -110,6 +164,7 @@ class UcxTransport final : public Transport {
   std::unordered_map<uint64_t, Transfer> transfers_;         // GUARDED_BY(mu_)
   std::vector<void*> closing_;     // ep close requests not yet done; GUARDED_BY(mu_)
   std::atomic<int> sleepers_{0};   // threads blocked on event_fd_
+  uint64_t posting_id_ = 0;        // the transfer being posted; GUARDED_BY(mu_)
   bool work_posted_ = false;       // a Post since the last WaitForEvents; GUARDED_BY(mu_)
 };
 

@@ -62,6 +62,9 @@ struct Capabilities {
   std::string transports;           // what actually carries bytes, e.g. "posix,sysv,tcp" (info)
 };
 
+// The largest tag a caller may use (62 bits).
+inline constexpr uint64_t kMaxTag = (uint64_t{1} << 62) - 1;
+
 enum class TransferOp : int {
   kSend = 0,   // tagged two-sided send of [buffer, buffer+length) to `peer`
   kRecv = 1,   // tagged two-sided receive into [buffer, buffer+length)
@@ -78,7 +81,8 @@ struct TransferRequest {
   // kSend/kRead/kWrite: the destination/source peer (REQUIRES valid()).
   // kRecv: the expected sender (its loss fails the receive with UNAVAILABLE), or kAnyPeer.
   PeerHandle peer;
-  // kSend/kRecv: the 64-bit tag. A receive matches the first send with an equal tag arriving at
+  // kSend/kRecv: the tag, REQUIRES tag <= kMaxTag (INVALID_ARGUMENT otherwise; the top two
+  // bits are the backends' own). A receive matches the first send with an equal tag arriving at
   // this Transport, from any peer (the UCX backend matches on tag only). Callers keep the tags
   // of outstanding receives unique per Transport (e.g. reservation id or request id).
   uint64_t tag = 0;

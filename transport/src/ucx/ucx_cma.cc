@@ -1,0 +1,247 @@
+// UcxTransport: the same-host bulk path. A large send posts a receive for the ack and sends a
+// CmaDescriptor; the receiver's matching receive gets the descriptor, pulls the bytes with
+// process_vm_readv straight into the caller's buffer, and acks. See options.h
+// (cma_threshold_bytes) for why and when.
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <string>
+
+#include "kvd/common/logging.h"
+#include "ucx/ucx_transport.h"
+
+namespace kvd::transport::ucx {
+namespace {
+
+void PutU64(std::string& out, uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
+uint64_t GetU64(std::string_view in, size_t index) {
+  uint64_t v = 0;
+  std::memcpy(&v, in.data() + index * 8, 8);
+  return v;
+}
+
+// Copies `length` bytes at `remote` in process `pid` to `local`; returns bytes copied and sets
+// *err to errno on failure.
+size_t ReadRemote(pid_t pid, void* local, uint64_t remote, size_t length, int* err) {
+  size_t done = 0;
+  *err = 0;
+  while (done < length) {
+    iovec l{static_cast<char*>(local) + done, length - done};
+    iovec r{reinterpret_cast<void*>(remote + done), length - done};
+    ssize_t n = process_vm_readv(pid, &l, 1, &r, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      *err = errno;
+      return done;
+    }
+    if (n == 0) {
+      *err = EFAULT;
+      return done;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return done;
+}
+
+}  // namespace
+
+uint64_t HostId() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!(f >> id) || id.empty()) return 0;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (char c : id) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h == 0 ? 1 : h;
+}
+
+std::string UcxTransport::AddressHeader() const {
+  std::string h;
+  PutU64(h, uuid_);
+  PutU64(h, host_id_);
+  PutU64(h, static_cast<uint64_t>(getpid()));
+  PutU64(h, options_.cma_threshold_bytes > 0 ? kAddressFlagCma : 0);
+  PutU64(h, reinterpret_cast<uint64_t>(&probe_word_));
+  return h;
+}
+
+void UcxTransport::ProbeCmaLocked(Peer& peer, std::string_view header) {
+  peer.uuid = GetU64(header, 0);
+  const uint64_t host = GetU64(header, 1);
+  const auto pid = static_cast<pid_t>(GetU64(header, 2));
+  const uint64_t flags = GetU64(header, 3);
+  const uint64_t probe = GetU64(header, 4);
+  peer.cma = false;
+  if (options_.cma_threshold_bytes <= 0 || (flags & kAddressFlagCma) == 0 || host == 0 ||
+      host != host_id_) {
+    return;
+  }
+  uint64_t value = 0;
+  int err = 0;
+  if (ReadRemote(pid, &value, probe, sizeof(value), &err) == sizeof(value) &&
+      value == peer.uuid) {
+    peer.cma = true;
+  } else {
+    KVD_LOG(INFO) << "same-host peer but process_vm_readv is not allowed; large sends go "
+                     "through UCX"
+                  << Kv("peer_pid", pid) << Kv("errno", std::strerror(err));
+  }
+}
+
+Status UcxTransport::PostCmaSendLocked(uint64_t id, Transfer& t, const TransferRequest& r) {
+  // 1. The receive for the ack (so the ack can never arrive unexpected).
+  ucp_request_param_t ack_param{};
+  ack_param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  ack_param.user_data = this;
+  ack_param.cb.recv = &UcxTransport::AckCallback;
+  ucs_status_ptr_t ack = ucp_tag_recv_nbx(worker_, t.ack, sizeof(t.ack),
+                                          kInternalTagBit | kAckTagBit | id, ~ucp_tag_t{0},
+                                          &ack_param);
+  if (UCS_PTR_IS_ERR(ack)) return Err(UCS_PTR_STATUS(ack), "ack receive post");
+  if (ack == nullptr || t.callback_ran) {
+    return Status::Internal("cma ack completed before its descriptor was sent");
+  }
+  RequestId(ack) = id;
+  t.request = ack;
+  t.recv_request = true;
+
+  // 2. The descriptor (heap: it must outlive this call if UCX queues it).
+  auto* d = new (::operator new(sizeof(CmaDescriptor)))
+      CmaDescriptor{kCmaMagic,         uuid_,    id, reinterpret_cast<uint64_t>(r.buffer),
+                    r.length, static_cast<uint64_t>(getpid())};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.user_data = d;
+  param.cb.send = &UcxTransport::FreeOnSendDone;
+  ucs_status_ptr_t req =
+      ucp_tag_send_nbx(peers_[r.peer.id].ep, d, sizeof(*d), kInternalTagBit | r.tag, &param);
+  if (req == nullptr) {
+    ::operator delete(d);
+  } else if (UCS_PTR_IS_ERR(req)) {
+    ::operator delete(d);
+    t.request = nullptr;
+    ucp_request_cancel(worker_, ack);  // its callback finds the transfer gone (Post erases it)
+    return Err(UCS_PTR_STATUS(req), "cma descriptor send");
+  }
+  return Status::Ok();
+}
+
+void UcxTransport::FreeOnSendDone(void* request, ucs_status_t, void* user_data) {
+  // user_data is a CmaDescriptor or an ack payload (uint64_t[2]); both trivially destructible.
+  ::operator delete(user_data);
+  ucp_request_free(request);
+}
+
+void UcxTransport::AckCallback(void* request, ucs_status_t status, const ucp_tag_recv_info_t*,
+                               void* user_data) {
+  auto* self = static_cast<UcxTransport*>(user_data);
+  const uint64_t id = self->TakeRequestId(request);
+  ucp_request_free(request);
+  auto it = self->transfers_.find(id);
+  if (it == self->transfers_.end()) return;
+  Transfer& t = it->second;
+  if (status != UCS_OK) {
+    self->FinishLocked(id, status, 0);
+    return;
+  }
+  const auto code = static_cast<StatusCode>(t.ack[0]);
+  if (code == StatusCode::kOk) {
+    self->CompleteLocked(id, Status::Ok(), t.capacity);
+  } else {
+    self->CompleteLocked(id,
+                         Status(code, "send transfer " + std::to_string(id) +
+                                          ": the receiver could not take the bytes (" +
+                                          std::string(StatusCodeName(code)) + ")"),
+                         0);
+  }
+}
+
+void UcxTransport::SendAckLocked(uint64_t sender_uuid, uint64_t seq, const Status& result,
+                                 size_t bytes) {
+  Peer* back = nullptr;
+  for (auto& [pid, p] : peers_) {
+    if (p.uuid == sender_uuid && p.failure.ok()) back = &p;
+  }
+  if (back == nullptr) {
+    KVD_LOG(WARNING) << "cma receive from a peer this transport is not connected to: the sender "
+                        "will time out (Connect to the sender's address)"
+                     << Kv("seq", seq);
+    return;
+  }
+  auto* payload = static_cast<uint64_t*>(::operator new(2 * sizeof(uint64_t)));
+  payload[0] = static_cast<uint64_t>(result.code());
+  payload[1] = bytes;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.user_data = payload;
+  param.cb.send = &UcxTransport::FreeOnSendDone;
+  ucs_status_ptr_t req = ucp_tag_send_nbx(back->ep, payload, 2 * sizeof(uint64_t),
+                                          kInternalTagBit | kAckTagBit | seq, &param);
+  if (req == nullptr || UCS_PTR_IS_ERR(req)) ::operator delete(payload);
+}
+
+void UcxTransport::OnRecvDoneLocked(uint64_t id, ucs_status_t status,
+                                    const ucp_tag_recv_info_t& info) {
+  auto it = transfers_.find(id);
+  if (it == transfers_.end()) return;  // released after a peer failure
+  Transfer& t = it->second;
+  t.request = nullptr;
+  if (t.status.state != TransferState::kInProgress) return;
+  if (status != UCS_OK) {
+    FinishLocked(id, status, 0);
+    return;
+  }
+  const uint8_t* landed = t.bounce ? t.bounce.get() : static_cast<const uint8_t*>(t.buffer);
+  if ((info.sender_tag & kInternalTagBit) == 0) {  // an inline message
+    if (t.bounce) {
+      if (info.length > t.capacity) {
+        FinishLocked(id, UCS_ERR_MESSAGE_TRUNCATED, 0);
+        return;
+      }
+      if (info.length > 0) std::memcpy(t.buffer, landed, info.length);
+    }
+    CompleteLocked(id, Status::Ok(), info.length);
+    return;
+  }
+  CmaDescriptor d{};
+  if (info.length != kDescriptorSize) {
+    CompleteLocked(id, Status::DataLoss("malformed cma descriptor"), 0);
+    return;
+  }
+  std::memcpy(&d, landed, sizeof(d));
+  if (d.magic != kCmaMagic) {
+    CompleteLocked(id, Status::DataLoss("cma descriptor with a bad magic"), 0);
+    return;
+  }
+  Status result;
+  size_t moved = 0;
+  if (d.length > t.capacity) {
+    result = Status::OutOfRange("recv transfer " + std::to_string(id) + ": message of " +
+                                std::to_string(d.length) +
+                                " bytes is longer than the receive buffer of " +
+                                std::to_string(t.capacity));
+  } else {
+    int err = 0;
+    moved = ReadRemote(static_cast<pid_t>(d.pid), t.buffer, d.address, d.length, &err);
+    if (err == ESRCH) {
+      result = Status::Unavailable("recv transfer " + std::to_string(id) + ": sender process " +
+                                   std::to_string(d.pid) + " vanished during the copy");
+    } else if (err == EPERM) {
+      result = Status::FailedPrecondition(
+          "process_vm_readv of the sender is not permitted (different user or ptrace "
+          "restrictions): set TransportOptions.cma_threshold_bytes=0");
+    } else if (err != 0) {
+      result = Status::Unavailable("recv transfer " + std::to_string(id) +
+                                   ": reading the sender's buffer failed after " +
+                                   std::to_string(moved) + " bytes: " + std::strerror(err));
+    }
+  }
+  const size_t bytes = result.ok() ? moved : 0;
+  SendAckLocked(d.sender_uuid, d.seq, result, bytes);
+  CompleteLocked(id, std::move(result), bytes);
+}
+
+}  // namespace kvd::transport::ucx
