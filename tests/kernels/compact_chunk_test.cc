@@ -1,6 +1,8 @@
 // Compact chunk: validation, encode -> decode identity, and decode of damaged bytes (fuzz).
 #include "kvd/kernels/compact_chunk.h"
 
+#include "kvd/common/hash.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -65,6 +67,15 @@ TEST(CompactChunk, EncodeDecodeIsIdentity) {
       EXPECT_EQ(*EncodeCompactChunk(*back), *bytes);
     }
   }
+}
+
+TEST(CompactChunk, TrailerIsTheCommonChecksum) {
+  CompactChunk c = RandomChunk(2, 2, 128, DType::kFloat16, 12);
+  auto bytes = EncodeCompactChunk(c);
+  ASSERT_TRUE(bytes.ok());
+  uint64_t trailer;
+  std::memcpy(&trailer, bytes->data() + bytes->size() - 8, 8);
+  EXPECT_EQ(trailer, Checksum64(bytes->data(), bytes->size() - 8));
 }
 
 TEST(CompactChunk, SectionsAreAligned) {
