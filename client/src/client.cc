@@ -286,6 +286,7 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const Put
     AbortReservationsLocked(to_abort);
     return first_error;
   }
+  if (options_.test_before_commit) options_.test_before_commit();
   // Phase 3: commit with checksums (pipelined).
   std::vector<uint64_t> commit_req(n, 0);
   for (size_t i = 0; i < n; ++i) {

@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -88,6 +89,9 @@ struct ClientOptions {
   bool verify_locally = true;
   // XORed into every commit checksum (default 0). Tests of the daemon's DATA_LOSS path set it.
   uint64_t test_corrupt_checksum = 0;
+  // Called by PutChunks after the bytes of a window were sent and before its commits (default
+  // none). End-to-end tests use it to stop a client between reserve and commit.
+  std::function<void()> test_before_commit;
 
   // INVALID_ARGUMENT naming the field and value (bad address form, chunk_tokens not a multiple
   // of block_tokens, non-positive timeouts, engine role without model or with an invalid layout).
