@@ -116,7 +116,9 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& option
   impl->counters_.kind = TierKind::kDisk;
   impl->write_options_.disableWAL = !options.use_wal;
   impl->write_options_.sync = options.sync_writes;
-  impl->read_options_.verify_checksums = options.verify_checksums;
+  // kvd verifies every payload with its own xxh3 checksum (and the size); RocksDB's block
+  // checksums would read every byte a second time.
+  impl->read_options_.verify_checksums = false;
 
   rocksdb::Options db_options;
   db_options.create_if_missing = true;
@@ -127,8 +129,16 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& option
   table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
   rocksdb::ColumnFamilyOptions cf_options(db_options);
   cf_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  rocksdb::ColumnFamilyOptions data_options = cf_options;
+  data_options.write_buffer_size = options.write_buffer_bytes;
+  if (options.blob_files) {
+    data_options.enable_blob_files = true;
+    data_options.min_blob_size = 4096;
+    data_options.blob_file_size = 256ull << 20;
+    data_options.enable_blob_garbage_collection = true;
+  }
   std::vector<rocksdb::ColumnFamilyDescriptor> families = {
-      {rocksdb::kDefaultColumnFamilyName, cf_options}, {kMetaFamily, cf_options}};
+      {rocksdb::kDefaultColumnFamilyName, data_options}, {kMetaFamily, cf_options}};
   rocksdb::DB* db = nullptr;
   KVD_RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(rocksdb::DBOptions(db_options), options.path,
                                                   families, &impl->handles_, &db),
@@ -185,11 +195,14 @@ Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
                             ": checksum mismatch: expected " + std::to_string(checksum) +
                             ", bytes have " + std::to_string(actual));
   }
-  // Build the value outside the lock.
-  std::string value(codec::kValueHeaderBytes + bytes.size(), '\0');
-  codec::EncodeValueHeader({checksum, tokens}, value.data());
-  std::memcpy(value.data() + codec::kValueHeaderBytes, bytes.data(), bytes.size());
+  // The value is written as two parts (header, payload): no copy of the payload is made here.
+  char header[codec::kValueHeaderBytes];
+  codec::EncodeValueHeader({checksum, tokens}, header);
   const std::string k = codec::EncodeKey(key);
+  const rocksdb::Slice key_slice(k);
+  const rocksdb::Slice value_parts[2] = {
+      rocksdb::Slice(header, sizeof(header)),
+      rocksdb::Slice(reinterpret_cast<const char*>(bytes.data()), bytes.size())};
 
   std::lock_guard<std::mutex> lock(s.mu_);
   if (s.index_.count(key) != 0) {
@@ -201,7 +214,7 @@ Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
     s.counters_.evictions++;
   }
   rocksdb::WriteBatch batch;
-  batch.Put(s.data_cf(), k, value);
+  batch.Put(s.data_cf(), rocksdb::SliceParts(&key_slice, 1), rocksdb::SliceParts(value_parts, 2));
   batch.Put(s.meta_cf(), k, codec::EncodeMeta({tokens, bytes.size(), checksum}));
   KVD_RETURN_IF_ERROR(FromRocks(s.db_->Write(s.write_options_, &batch), "write " + key.ToString()));
   auto e = std::make_unique<Impl::Entry>();

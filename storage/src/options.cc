@@ -33,6 +33,10 @@ Status HostTierOptions::Validate() const {
 Status DiskTierOptions::Validate() const {
   if (path.empty()) return Status::InvalidArgument("disk tier: path is required");
   if (capacity_bytes == 0) return Status::InvalidArgument("disk tier: capacity_bytes must be > 0");
+  if (write_buffer_bytes < (1u << 20)) {
+    return Status::InvalidArgument("disk tier: write_buffer_bytes must be >= 1 MiB, got " +
+                                   std::to_string(write_buffer_bytes));
+  }
   if (sync_writes && !use_wal) {
     return Status::InvalidArgument("disk tier: sync_writes requires use_wal");
   }

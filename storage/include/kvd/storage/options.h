@@ -51,6 +51,11 @@ struct DiskTierOptions {
   // Verify the stored checksum of a chunk on every read (DATA_LOSS on mismatch). Default true;
   // false is only for benchmarks.
   bool verify_checksums = true;
+  // Store payloads in RocksDB blob files (integrated BlobDB) instead of SST blocks: no rewrite
+  // of large values by compaction. Default false (see storage_bench for the figures).
+  bool blob_files = false;
+  // RocksDB memtable size of the data column family (bytes). Default 128 MiB.
+  uint64_t write_buffer_bytes = 128ull << 20;
   // RocksDB block cache bytes for the metadata column family and data. Default 64 MiB.
   uint64_t block_cache_bytes = 64ull << 20;
 
