@@ -152,6 +152,39 @@ TEST_P(TransportContractTest, LongerMessageThanBufferIsOutOfRange) {
   EXPECT_TRUE(b_->Release(*recv).ok());
 }
 
+TEST_P(TransportContractTest, LargeMessageIntoSmallerBufferIsOutOfRange) {
+  // Above the cma threshold: on ucx-sm this takes the descriptor path.
+  std::vector<uint8_t> src(256 << 10), dst(100 << 10);
+  auto recv = b_->PostRecv(b_to_a_, 6, dst.data(), dst.size());
+  ASSERT_TRUE(recv.ok());
+  auto send = a_->PostSend(a_to_b_, 6, src.data(), src.size());
+  ASSERT_TRUE(send.ok());
+  std::thread t([&] { (void)a_->Wait(*send, milliseconds(5000)); });
+  Status s = b_->Wait(*recv, milliseconds(5000));
+  t.join();
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s;
+  EXPECT_NE(a_->Check(*send).state, TransferState::kInProgress);
+  EXPECT_TRUE(b_->Release(*recv).ok());
+  EXPECT_TRUE(a_->Release(*send).ok());
+}
+
+TEST_P(TransportContractTest, TinyReceiveBuffers) {
+  // Receives shorter than a cma descriptor go through a bounce buffer in the UCX backend.
+  std::vector<uint8_t> src(30), dst(20, 0xEE);
+  testing::FillPattern(7, src.data(), src.size());
+  std::thread t([&] { (void)a_->SendBlocking(a_to_b_, 7, src.data(), 10, milliseconds(5000)); });
+  size_t got = 0;
+  ASSERT_TRUE(b_->RecvBlocking(b_to_a_, 7, dst.data(), dst.size(), milliseconds(5000), &got).ok());
+  t.join();
+  EXPECT_EQ(got, 10u);
+  EXPECT_EQ(testing::FirstMismatch(7, dst.data(), 10), 10u);
+  EXPECT_EQ(dst[10], 0xEE);
+  std::thread t2([&] { (void)a_->SendBlocking(a_to_b_, 8, src.data(), 30, milliseconds(5000)); });
+  Status s = b_->RecvBlocking(b_to_a_, 8, dst.data(), dst.size(), milliseconds(5000));
+  t2.join();
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s;
+}
+
 TEST_P(TransportContractTest, InvalidArgumentsGiveSpecificErrors) {
   TransferRequest r;
   r.op = TransferOp::kSend;
@@ -163,6 +196,9 @@ TEST_P(TransportContractTest, InvalidArgumentsGiveSpecificErrors) {
   EXPECT_NE(s.status().message().find("buffer is null"), std::string::npos) << s.status();
 
   uint8_t byte = 0;
+  auto big_tag = a_->PostSend(a_to_b_, kMaxTag + 1, &byte, 1);
+  EXPECT_EQ(big_tag.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(big_tag.status().message().find("kMaxTag"), std::string::npos) << big_tag.status();
   auto no_peer = a_->PostSend(PeerHandle{}, 1, &byte, 1);
   EXPECT_EQ(no_peer.status().code(), StatusCode::kInvalidArgument) << no_peer.status();
   auto unknown_peer = a_->PostSend(PeerHandle{999999}, 1, &byte, 1);

@@ -282,6 +282,9 @@ StatusOr<TransferHandle> LoopbackTransport::Post(const TransferRequest& r) {
   if (r.op != TransferOp::kRecv && !r.peer.valid()) {
     return Status::InvalidArgument(std::string(TransferOpName(r.op)) + " needs a peer");
   }
+  if (!rma && r.tag > kMaxTag) {
+    return Status::InvalidArgument("tag " + std::to_string(r.tag) + " is above kMaxTag (2^62-1)");
+  }
   std::lock_guard<std::mutex> lock(domain_->mu);
   const Peer* peer = nullptr;
   if (r.peer.valid()) {
