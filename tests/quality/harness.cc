@@ -247,15 +247,18 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     rep.warnings.insert(rep.warnings.end(), calib_warnings.begin(), calib_warnings.end());
     std::vector<PrefixCapture> captures;
     if (calib.ok()) {
+      // The calib texts are short: cut prefixes from their concatenation.
+      std::vector<int32_t> ids;
       for (const ManifestText& t : *calib) {
-        const std::vector<int32_t> ids = tok->Encode(t.text);
-        for (size_t s = 0; s + o.prefix_tokens <= ids.size() &&
-                           static_cast<int>(captures.size()) < o.calibration_segments;
-             s += o.prefix_tokens) {
-          std::vector<int32_t> prefix(ids.begin() + s, ids.begin() + s + o.prefix_tokens);
-          KVD_ASSIGN_OR_RETURN(PrefixCapture p, Capture(session, model, prefix, o.window));
-          captures.push_back(std::move(p));
-        }
+        const std::vector<int32_t> part = tok->Encode(t.text);
+        ids.insert(ids.end(), part.begin(), part.end());
+      }
+      for (size_t s = 0; s + o.prefix_tokens <= ids.size() &&
+                         static_cast<int>(captures.size()) < o.calibration_segments;
+           s += o.prefix_tokens) {
+        std::vector<int32_t> prefix(ids.begin() + s, ids.begin() + s + o.prefix_tokens);
+        KVD_ASSIGN_OR_RETURN(PrefixCapture p, Capture(session, model, prefix, o.window));
+        captures.push_back(std::move(p));
       }
     }
     Progress(o, t0, "calibration prefixes: " + std::to_string(captures.size()));

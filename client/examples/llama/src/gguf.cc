@@ -60,18 +60,18 @@ Status ReadValue(Reader& r, GgufType type, GgufValue* out, int depth, const std:
   out->type = type;
   auto what = "value of " + key;
   switch (type) {
-    case GgufType::kUint8: { uint8_t v; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = uint64_t{v}; break; }
-    case GgufType::kInt8: { int8_t v; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = int64_t{v}; break; }
-    case GgufType::kUint16: { uint16_t v; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = uint64_t{v}; break; }
-    case GgufType::kInt16: { int16_t v; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = int64_t{v}; break; }
-    case GgufType::kUint32: { uint32_t v; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = uint64_t{v}; break; }
-    case GgufType::kInt32: { int32_t v; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = int64_t{v}; break; }
-    case GgufType::kUint64: { uint64_t v; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = v; break; }
-    case GgufType::kInt64: { int64_t v; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = v; break; }
-    case GgufType::kFloat32: { float v; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = double{v}; break; }
-    case GgufType::kFloat64: { double v; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = v; break; }
+    case GgufType::kUint8: { uint8_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = uint64_t{v}; break; }
+    case GgufType::kInt8: { int8_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = int64_t{v}; break; }
+    case GgufType::kUint16: { uint16_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = uint64_t{v}; break; }
+    case GgufType::kInt16: { int16_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = int64_t{v}; break; }
+    case GgufType::kUint32: { uint32_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = uint64_t{v}; break; }
+    case GgufType::kInt32: { int32_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = int64_t{v}; break; }
+    case GgufType::kUint64: { uint64_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = v; break; }
+    case GgufType::kInt64: { int64_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = v; break; }
+    case GgufType::kFloat32: { float v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = double{v}; break; }
+    case GgufType::kFloat64: { double v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = v; break; }
     case GgufType::kBool: {
-      uint8_t v;
+      uint8_t v = 0;
       KVD_RETURN_IF_ERROR(r.Read(&v, what));
       if (v > 1) return Status::DataLoss("GGUF bool " + key + " holds " + std::to_string(v));
       out->scalar = uint64_t{v};
