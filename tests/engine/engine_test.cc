@@ -82,6 +82,22 @@ TEST_F(EngineTest, PrefillThenDecodeEqualsTokenByToken) {
   }
 }
 
+TEST_F(EngineTest, ChunkedPrefillEqualsOneShot) {
+  // 300 tokens in one call (two 256-row attention blocks) against 3 calls of 100 (cache reuse).
+  const std::vector<int32_t> p = Prompt(300);
+  LlamaSession one(*model_), chunked(*model_);
+  auto a = one.Forward(p, {.all_logits = true});
+  ASSERT_TRUE(a.ok());
+  const int V = cfg().vocab_size;
+  for (int c = 0; c < 3; ++c) {
+    auto b = chunked.Forward(std::span<const int32_t>(p.data() + 100 * c, 100), {.all_logits = true});
+    ASSERT_TRUE(b.ok());
+    std::vector<float> rows(a->begin() + size_t(100) * c * V, a->begin() + size_t(100) * (c + 1) * V);
+    EXPECT_LT(MaxAbsDiff(*b, rows), 1e-4) << "chunk " << c;
+  }
+  EXPECT_LT(MaxAbsDiff(one.LayerKeys(4), chunked.LayerKeys(4)), 1e-5);
+}
+
 TEST_F(EngineTest, CacheShapesAndCapturedQueries) {
   const std::vector<int32_t> p = Prompt(20);
   LlamaSession s(*model_);

@@ -150,23 +150,31 @@ void LlamaSession::Attention(int layer, const float* q, int T, float* out) {
     });
     return;
   }
-  // Prefill: per query head, scores = Q_h K^T through sgemm, causal softmax, then P V.
+  // Prefill: per query head and block of query rows, scores = Q_h K^T through sgemm over the
+  // keys the block can see (causal), softmax, then P V. Blocks skip most of the masked triangle.
+  constexpr int kRowBlock = 256;
   std::vector<float> scores;
   for (int h = 0; h < nq; ++h) {
     const HeadCache& hc = heads[h / group];
     const int S = static_cast<int>(hc.k.size() / d);
     const int past = S - T;
-    scores.resize(static_cast<size_t>(T) * S);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, S, d, scale, q + static_cast<size_t>(h) * d,
-                qd, hc.k.data(), d, 0.0f, scores.data(), S);
-    internal::ParallelFor(T, threads_, [&](int t) {
-      float* row = scores.data() + static_cast<size_t>(t) * S;
-      const int visible = past + t + 1;
-      SoftmaxRow(row, hc.bias.empty() ? nullptr : hc.bias.data(), visible);
-      std::fill(row + visible, row + S, 0.0f);
-    });
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, d, S, 1.0f, scores.data(), S,
-                hc.v.data(), d, 0.0f, out + static_cast<size_t>(h) * d, qd);
+    for (int t0 = 0; t0 < T; t0 += kRowBlock) {
+      const int rows = std::min(kRowBlock, T - t0);
+      const int cols = past + t0 + rows;  // keys visible to the block's last row
+      scores.resize(static_cast<size_t>(rows) * cols);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d, scale,
+                  q + static_cast<size_t>(t0) * qd + static_cast<size_t>(h) * d, qd, hc.k.data(), d,
+                  0.0f, scores.data(), cols);
+      internal::ParallelFor(rows, threads_, [&](int r) {
+        float* row = scores.data() + static_cast<size_t>(r) * cols;
+        const int visible = past + t0 + r + 1;
+        SoftmaxRow(row, hc.bias.empty() ? nullptr : hc.bias.data(), visible);
+        std::fill(row + visible, row + cols, 0.0f);
+      });
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, cols, 1.0f, scores.data(),
+                  cols, hc.v.data(), d, 0.0f,
+                  out + static_cast<size_t>(t0) * qd + static_cast<size_t>(h) * d, qd);
+    }
   }
 }
 
