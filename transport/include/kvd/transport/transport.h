@@ -10,7 +10,16 @@
 //
 // Bulk bytes travel only through a Transport; control messages carry addresses, tags and region
 // export bytes. Both directions work over one pair of Connects: each side Connects to the other's
-// LocalAddress (a daemon serving N clients holds N peers).
+// LocalAddress (a daemon serving N clients holds N peers). Connect both ways: the UCX backend's
+// same-host bulk path (TransportOptions::cma_threshold_bytes) acks on the receiver's endpoint.
+//
+// BACKENDS: "ucx" (src/ucx/): tag messages over UCX; on one host, sends of >= 64 KiB to a peer
+// move by one process_vm_readv in the receiver (UCX 1.13 with peer error handling otherwise
+// carries everything over tcp); RMA on ucp_mem_map regions. "loopback" (src/loopback/): memcpy
+// between Transports of one process, same contract, for unit tests. FaultInjectingTransport
+// (fault_injection.h) wraps either. A new backend registers with RegisterTransportBackend.
+//
+// TAGS: callers use tags <= kMaxTag (2^62 - 1); the two top bits belong to the backends.
 //
 // THREAD SAFETY: every method of Transport is thread-safe. Backends serialize on one internal
 // mutex per Transport (the UCX worker is created UCS_THREAD_MODE_SERIALIZED and only touched
