@@ -97,8 +97,9 @@ Status CompactChunk::Validate() const {
                                      std::to_string(e));
     }
     if (h.values.size() != static_cast<size_t>(h.value_slots()) * head_dim * e) {
-      return Status::InvalidArgument("compact chunk: " + name +
-                                     ": values must hold one row per slot without the rebuild flag");
+      return Status::InvalidArgument(
+          "compact chunk: " + name +
+          ": values must hold one row per slot without the rebuild flag");
     }
     for (size_t j = 0; j < s; ++j) {
       if (h.flags[j] & ~kSlotKnownFlags) {
@@ -297,24 +298,32 @@ StatusOr<CompactChunk> DecodeCompactChunk(std::span<const uint8_t> bytes) {
 
 std::string_view ScoreStageName(ScoreStage s) {
   switch (s) {
-    case ScoreStage::kNone: return "none";
-    case ScoreStage::kSnapKv: return "snapkv";
-    case ScoreStage::kKeyDiff: return "keydiff";
-    case ScoreStage::kPyramidKv: return "pyramidkv";
+    case ScoreStage::kNone:
+      return "none";
+    case ScoreStage::kSnapKv:
+      return "snapkv";
+    case ScoreStage::kKeyDiff:
+      return "keydiff";
+    case ScoreStage::kPyramidKv:
+      return "pyramidkv";
   }
   return "unknown";
 }
 std::string_view MergeStageName(MergeStage s) {
   switch (s) {
-    case MergeStage::kNone: return "none";
-    case MergeStage::kKvSlimmer: return "kvslimmer";
+    case MergeStage::kNone:
+      return "none";
+    case MergeStage::kKvSlimmer:
+      return "kvslimmer";
   }
   return "unknown";
 }
 std::string_view RouteStageName(RouteStage s) {
   switch (s) {
-    case RouteStage::kNone: return "none";
-    case RouteStage::kVector: return "vector";
+    case RouteStage::kNone:
+      return "none";
+    case RouteStage::kVector:
+      return "vector";
   }
   return "unknown";
 }

@@ -21,12 +21,11 @@ std::string HeadName(int layer, int head) {
 }
 
 // PyramidKV layer budgets adjusted so that they sum to exactly layers * m (see plan.h).
-StatusOr<std::vector<int64_t>> ExactPyramidBudgets(int64_t n, int layers, int64_t m,
-                                                   int64_t forced,
+StatusOr<std::vector<int64_t>> ExactPyramidBudgets(int64_t n, int layers, int64_t m, int64_t forced,
                                                    const CompressionPlanOptions& o) {
-  KVD_ASSIGN_OR_RETURN(PyramidKvBudgets pb,
-                       PyramidKvLayerBudgets(n, layers, o.p_c,
-                                             {.window = o.window, .beta = o.pyramid_beta}));
+  KVD_ASSIGN_OR_RETURN(
+      PyramidKvBudgets pb,
+      PyramidKvLayerBudgets(n, layers, o.p_c, {.window = o.window, .beta = o.pyramid_beta}));
   std::vector<int64_t> b = pb.per_layer;
   for (int64_t& x : b) x = std::clamp(x, forced, n);
   int64_t diff = static_cast<int64_t>(layers) * m - std::accumulate(b.begin(), b.end(), int64_t{0});
@@ -116,21 +115,21 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
   }
   const int group = layout.num_q_heads / H;
   const bool have_queries = !input.window_queries.empty();
-  const bool need_queries = options.score == ScoreStage::kSnapKv ||
-                            options.score == ScoreStage::kPyramidKv ||
-                            (options.merge == MergeStage::kKvSlimmer &&
-                             options.score == ScoreStage::kNone);
+  const bool need_queries =
+      options.score == ScoreStage::kSnapKv || options.score == ScoreStage::kPyramidKv ||
+      (options.merge == MergeStage::kKvSlimmer && options.score == ScoreStage::kNone);
   if (need_queries && !have_queries) {
-    return Status::FailedPrecondition(std::string("plan: ") +
-                                      (options.merge == MergeStage::kKvSlimmer &&
-                                               options.score == ScoreStage::kNone
-                                           ? "kvslimmer"
-                                           : ScoreStageName(options.score).data()) +
-                                      " needs window queries");
+    return Status::FailedPrecondition(
+        std::string("plan: ") +
+        (options.merge == MergeStage::kKvSlimmer && options.score == ScoreStage::kNone
+             ? "kvslimmer"
+             : ScoreStageName(options.score).data()) +
+        " needs window queries");
   }
   if (have_queries) {
     if (input.window_queries.size() != static_cast<size_t>(L) * H) {
-      return Status::InvalidArgument("plan: window_queries must hold num_layers * num_kv_heads views");
+      return Status::InvalidArgument(
+          "plan: window_queries must hold num_layers * num_kv_heads views");
     }
     for (size_t i = 0; i < input.window_queries.size(); ++i) {
       const ConstMatrixView& q = input.window_queries[i];
@@ -179,8 +178,8 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
   chunk.heads.resize(static_cast<size_t>(L) * H);
 
   const EngineTensorShape shape{.tokens = n, .num_heads = H, .head_dim = d, .dtype = layout.dtype};
-  const ExecOptions convert_exec{.backend = exec.backend, .num_threads = exec.num_threads,
-                                 .cuda_stream = exec.cuda_stream};
+  const ExecOptions convert_exec{
+      .backend = exec.backend, .num_threads = exec.num_threads, .cuda_stream = exec.cuda_stream};
   std::vector<CompressionStats> head_stats(static_cast<size_t>(H));
   std::vector<Status> head_status(static_cast<size_t>(H));
   CompressionStats total;
@@ -203,8 +202,8 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
       hi.fit = weights != nullptr ? &weights->Head(layer, static_cast<int>(h)) : nullptr;
       hi.dtype = layout.dtype;
       head_stats[h] = CompressionStats{};
-      head_status[h] = internal::CompressHead(hi, &chunk.Head(layer, static_cast<int>(h)),
-                                              &head_stats[h]);
+      head_status[h] =
+          internal::CompressHead(hi, &chunk.Head(layer, static_cast<int>(h)), &head_stats[h]);
     });
     for (int h = 0; h < H; ++h) {
       KVD_RETURN_IF_ERROR(head_status[h].WithContext("plan: " + HeadName(layer, h)));
@@ -231,8 +230,9 @@ StatusOr<std::vector<Matrix>> GatherWindowQueries(const ModelLayout& layout, con
   const int H = layout.num_kv_heads;
   const int hq = layout.num_q_heads;
   if (window < 1 || q == nullptr || hq % H != 0) {
-    return Status::InvalidArgument("GatherWindowQueries: need window >= 1, queries, and "
-                                   "num_q_heads a multiple of num_kv_heads");
+    return Status::InvalidArgument(
+        "GatherWindowQueries: need window >= 1, queries, and "
+        "num_q_heads a multiple of num_kv_heads");
   }
   const int g = hq / H;
   const int64_t d = layout.head_dim;
@@ -263,8 +263,10 @@ Status CalibrateFromChunk(const ModelLayout& layout, std::span<const uint8_t> ra
     return Status::FailedPrecondition("CalibrateFromChunk: calibrator shape differs from layout");
   }
   KVD_ASSIGN_OR_RETURN(RopeTable rope, RopeTable::Create(layout.rope, layout.head_dim));
-  const EngineTensorShape shape{.tokens = n, .num_heads = layout.num_kv_heads,
-                                .head_dim = layout.head_dim, .dtype = layout.dtype};
+  const EngineTensorShape shape{.tokens = n,
+                                .num_heads = layout.num_kv_heads,
+                                .head_dim = layout.head_dim,
+                                .dtype = layout.dtype};
   for (int layer = 0; layer < layout.num_layers; ++layer) {
     const uint8_t* k_bytes = raw.data() + layout.LayerOffset(layer, static_cast<int>(n));
     const uint8_t* v_bytes = k_bytes + static_cast<size_t>(n) * layout.TokenBytes();

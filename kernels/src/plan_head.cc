@@ -18,13 +18,13 @@ namespace {
 
 // Slots of one head before encoding.
 struct SlotTable {
-  Matrix keys_post;                // [S, d]
-  Matrix keys_pre;                 // [S, d] (filled when routing)
-  Matrix value_sums;               // [S, d]
+  Matrix keys_post;   // [S, d]
+  Matrix keys_pre;    // [S, d] (filled when routing)
+  Matrix value_sums;  // [S, d]
   std::vector<int32_t> cardinality;
   std::vector<int64_t> positions;
-  std::vector<uint8_t> forced;     // sink or window slot
-  std::vector<uint8_t> rebuild;    // VECTOR: value dropped
+  std::vector<uint8_t> forced;   // sink or window slot
+  std::vector<uint8_t> rebuild;  // VECTOR: value dropped
   int64_t size() const { return static_cast<int64_t>(cardinality.size()); }
   void Resize(int64_t s, int64_t d) {
     keys_post = Matrix(s, d);
@@ -63,11 +63,11 @@ class HeadPipeline {
   const CompressionPlanOptions& opt_;
   const int64_t n_;
   const int64_t d_;
-  Matrix kpre_;                 // [N, d] de-rotated keys (lazy)
-  std::vector<float> scores_;   // [N] (lazy)
-  std::vector<float> mass_;     // [N] attention mass (lazy; empty without queries)
+  Matrix kpre_;                // [N, d] de-rotated keys (lazy)
+  std::vector<float> scores_;  // [N] (lazy)
+  std::vector<float> mass_;    // [N] attention mass (lazy; empty without queries)
   bool have_kpre_ = false, have_scores_ = false, have_mass_ = false;
-  SlotSet kvslimmer_;           // merge-only state, merged further on each retry
+  SlotSet kvslimmer_;  // merge-only state, merged further on each retry
   bool kvslimmer_started_ = false;
   KvSlimmerStats merge_stats_;
 };
@@ -118,8 +118,8 @@ Status HeadPipeline::EnsureMass() {
 StatusOr<std::vector<int32_t>> HeadPipeline::SelectPool(int64_t pool) {
   SelectionOptions sel{.sinks = opt_.sinks, .window = in_.window};
   if (opt_.score == ScoreStage::kKeyDiff && opt_.keydiff_block > 0) {
-    return KeyDiffBlockwiseSelect(in_.keys, pool, {.block_size = opt_.keydiff_block, .selection = sel},
-                                  {.num_threads = 1});
+    return KeyDiffBlockwiseSelect(
+        in_.keys, pool, {.block_size = opt_.keydiff_block, .selection = sel}, {.num_threads = 1});
   }
   KVD_RETURN_IF_ERROR(EnsureScores());
   return SelectTopK(scores_, pool, sel);
@@ -156,8 +156,7 @@ Status HeadPipeline::BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t)
                                   [&](int64_t slot, int64_t tok) { return pool[slot] < tok; });
     int64_t best = -1;
     if (right != absorber_slots.begin()) best = *(right - 1);
-    if (right != absorber_slots.end() &&
-        (best < 0 || pool[*right] - i < i - pool[best])) {
+    if (right != absorber_slots.end() && (best < 0 || pool[*right] - i < i - pool[best])) {
       best = *right;
     }
     owner[i] = best;
@@ -200,8 +199,8 @@ Status HeadPipeline::BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t)
       t->keys_pre.Row(j)[c] = static_cast<float>(key[c]);
       t->value_sums.Row(j)[c] = static_cast<float>(vsum[c]);
     }
-    t->positions[j] = opt_.position == RepresentativePosition::kLast ? pos_last
-                                                                    : std::llround(pos_weighted);
+    t->positions[j] =
+        opt_.position == RepresentativePosition::kLast ? pos_last : std::llround(pos_weighted);
     const int64_t p = t->positions[j];
     KVD_RETURN_IF_ERROR(ApplyRope(*in_.rope, RopeDirection::kRotate, std::span(&p, 1),
                                   ConstMatrixView{t->keys_pre.Row(j), 1, d_, d_},
@@ -212,8 +211,8 @@ Status HeadPipeline::BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t)
 
 Status HeadPipeline::BuildKvSlimmer(int64_t pool, SlotTable* t) {
   if (!kvslimmer_started_) {
-    KVD_ASSIGN_OR_RETURN(kvslimmer_, SlotsFromTokens(*in_.rope, in_.keys, in_.values,
-                                                     in_.positions, {.num_threads = 1}));
+    KVD_ASSIGN_OR_RETURN(kvslimmer_, SlotsFromTokens(*in_.rope, in_.keys, in_.values, in_.positions,
+                                                     {.num_threads = 1}));
     kvslimmer_started_ = true;
   }
   KvSlimmerOptions ko{.norm = opt_.merge_norm,
@@ -228,7 +227,8 @@ Status HeadPipeline::BuildKvSlimmer(int64_t pool, SlotTable* t) {
                                         &merge_stats_, {.num_threads = 1}));
   const int64_t s = kvslimmer_.size();
   t->Resize(s, d_);
-  KVD_RETURN_IF_ERROR(RotateSlotKeys(*in_.rope, kvslimmer_, t->keys_post.View(), {.num_threads = 1}));
+  KVD_RETURN_IF_ERROR(
+      RotateSlotKeys(*in_.rope, kvslimmer_, t->keys_post.View(), {.num_threads = 1}));
   t->keys_pre = kvslimmer_.keys_pre;
   t->value_sums = kvslimmer_.value_sums;
   t->cardinality = kvslimmer_.cardinality;
@@ -256,11 +256,13 @@ Status HeadPipeline::Route(int64_t key_only, SlotTable* t) {
     CopyRow(t->value_sums.Row(eligible[r]), v.Row(r), d_);
   }
   std::vector<float> res(static_cast<size_t>(e));
-  KVD_RETURN_IF_ERROR(VectorResiduals(k.View(), v.View(), in_.fit->w.View(), res, {.num_threads = 1}));
+  KVD_RETURN_IF_ERROR(
+      VectorResiduals(k.View(), v.View(), in_.fit->w.View(), res, {.num_threads = 1}));
   std::vector<int64_t> order(static_cast<size_t>(e));
   std::iota(order.begin(), order.end(), 0);
-  std::nth_element(order.begin(), order.begin() + (key_only - 1), order.end(),
-                   [&](int64_t x, int64_t y) { return res[x] != res[y] ? res[x] < res[y] : x < y; });
+  std::nth_element(
+      order.begin(), order.begin() + (key_only - 1), order.end(),
+      [&](int64_t x, int64_t y) { return res[x] != res[y] ? res[x] < res[y] : x < y; });
   for (int64_t r = 0; r < key_only; ++r) t->rebuild[eligible[order[r]]] = 1;
   return Status::Ok();
 }
@@ -272,7 +274,8 @@ void HeadPipeline::Encode(const SlotTable& t, CompactHead* out) const {
   out->cardinality = t.cardinality;
   out->positions = t.positions;
   out->keys.resize(static_cast<size_t>(s * d_) * e);
-  ConvertFromFloat(in_.dtype, t.keys_post.values.data(), out->keys.data(), static_cast<size_t>(s * d_));
+  ConvertFromFloat(in_.dtype, t.keys_post.values.data(), out->keys.data(),
+                   static_cast<size_t>(s * d_));
   out->values.clear();
   std::vector<float> mean(static_cast<size_t>(d_));
   std::vector<uint8_t> row(static_cast<size_t>(d_) * e);

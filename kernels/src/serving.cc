@@ -63,7 +63,8 @@ Status CheckServingHead(const ServingHead& h) {
   if (h.values.rows != s || h.values.cols != h.keys.cols ||
       static_cast<int64_t>(h.cardinality.size()) != s ||
       static_cast<int64_t>(h.positions.size()) != s) {
-    return Status::InvalidArgument("ExpandDense: keys, values, cardinality and positions differ in size");
+    return Status::InvalidArgument(
+        "ExpandDense: keys, values, cardinality and positions differ in size");
   }
   for (int64_t j = 0; j < s; ++j) {
     if (h.cardinality[j] < 1) {
@@ -146,8 +147,9 @@ StatusOr<std::vector<uint8_t>> ExpandDenseChunk(const CompactChunk& chunk, const
     int64_t sum = 0;
     for (int32_t l : h.cardinality) sum += l;
     if (t >= 0 && sum != t) {
-      return Status::FailedPrecondition("ExpandDenseChunk: heads expand to different token counts (" +
-                                        std::to_string(t) + " vs " + std::to_string(sum) + ")");
+      return Status::FailedPrecondition(
+          "ExpandDenseChunk: heads expand to different token counts (" + std::to_string(t) +
+          " vs " + std::to_string(sum) + ")");
     }
     t = sum;
   }
@@ -159,7 +161,8 @@ StatusOr<std::vector<uint8_t>> ExpandDenseChunk(const CompactChunk& chunk, const
     uint8_t* k_base = out.data() + 2 * static_cast<size_t>(layer) * t * token_bytes;
     uint8_t* v_base = k_base + static_cast<size_t>(t) * token_bytes;
     for (int head = 0; head < H; ++head) {
-      KVD_ASSIGN_OR_RETURN(ServingHead sh, BuildServingHead(chunk, layer, head, rope, weights, exec));
+      KVD_ASSIGN_OR_RETURN(ServingHead sh,
+                           BuildServingHead(chunk, layer, head, rope, weights, exec));
       KVD_ASSIGN_OR_RETURN(DenseHead dh, ExpandDense(sh, exec));
       for (int64_t i = 0; i < t; ++i) {
         ConvertFromFloat(chunk.dtype, dh.keys.Row(i), k_base + i * token_bytes + head * d * e, d);
@@ -173,8 +176,9 @@ StatusOr<std::vector<uint8_t>> ExpandDenseChunk(const CompactChunk& chunk, const
 Status SlotAttention(ConstMatrixView queries, ConstMatrixView keys, ConstMatrixView values,
                      std::span<const float> bias, float scale, MatrixView out) {
   const int64_t d = keys.cols;
-  if (queries.cols != d || values.cols != d || values.rows != keys.rows || out.rows != queries.rows ||
-      out.cols != d || (!bias.empty() && static_cast<int64_t>(bias.size()) != keys.rows)) {
+  if (queries.cols != d || values.cols != d || values.rows != keys.rows ||
+      out.rows != queries.rows || out.cols != d ||
+      (!bias.empty() && static_cast<int64_t>(bias.size()) != keys.rows)) {
     return Status::InvalidArgument("SlotAttention: shape mismatch");
   }
   if (!(scale >= 0.0f) || !std::isfinite(scale)) {

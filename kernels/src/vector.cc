@@ -28,11 +28,12 @@ std::string HeadName(int layer, int head) {
 Status CheckView(ConstMatrixView m, int64_t rows, int64_t cols, const char* what) {
   if (m.rows != rows || m.cols != cols) {
     return Status::InvalidArgument(std::string(what) + ": shape [" + std::to_string(m.rows) + ", " +
-                                   std::to_string(m.cols) + "], expected [" +
-                                   std::to_string(rows) + ", " + std::to_string(cols) + "]");
+                                   std::to_string(m.cols) + "], expected [" + std::to_string(rows) +
+                                   ", " + std::to_string(cols) + "]");
   }
   if (m.ld < m.cols) return Status::InvalidArgument(std::string(what) + ": ld < cols");
-  if (m.rows > 0 && m.data == nullptr) return Status::InvalidArgument(std::string(what) + ": null data");
+  if (m.rows > 0 && m.data == nullptr)
+    return Status::InvalidArgument(std::string(what) + ": null data");
   return Status::Ok();
 }
 
@@ -214,8 +215,8 @@ StatusOr<VectorWeights> VectorCalibrator::Solve(const VectorSolveOptions& option
       }
     }
     // R^2 from the accumulators: SSE = S_vv - 2 tr(B^T C) + tr(B^T G B).
-    cblas_dsymm(CblasRowMajor, CblasLeft, CblasUpper, d, d, 1.0, s.gram.data(), d, b.data(), d,
-                0.0, gb.data(), d);
+    cblas_dsymm(CblasRowMajor, CblasLeft, CblasUpper, d, d, 1.0, s.gram.data(), d, b.data(), d, 0.0,
+                gb.data(), d);
     double tr_bc = 0.0;
     double tr_bgb = 0.0;
     for (size_t j = 0; j < b.size(); ++j) {

@@ -15,11 +15,13 @@ namespace kvd::kernels {
 inline Status CudaBackendReady(const char* op) {
 #ifdef KVD_HAVE_CUDA
   if (!CudaDeviceAvailable()) {
-    return Status::Unavailable(std::string(op) + ": kCuda backend requested but no CUDA device is visible");
+    return Status::Unavailable(std::string(op) +
+                               ": kCuda backend requested but no CUDA device is visible");
   }
   return Status::Ok();
 #else
-  return Status::Unimplemented(std::string(op) + ": kCuda backend requested but this build has no CUDA kernels");
+  return Status::Unimplemented(std::string(op) +
+                               ": kCuda backend requested but this build has no CUDA kernels");
 #endif
 }
 

@@ -32,8 +32,9 @@ StatusOr<RouteBudget> ComputeRouteBudget(int64_t n, int64_t forced, const RouteO
   double p_c = options.p_c;
   if (options.kept_pairs >= 0) {
     if (options.kept_pairs > n) {
-      return Status::InvalidArgument("RouteOptions.kept_pairs " + std::to_string(options.kept_pairs) +
-                                     " exceeds n " + std::to_string(n));
+      return Status::InvalidArgument("RouteOptions.kept_pairs " +
+                                     std::to_string(options.kept_pairs) + " exceeds n " +
+                                     std::to_string(n));
     }
     b.kept_pairs = options.kept_pairs;
     p_c = n > 0 ? 1.0 - static_cast<double>(b.kept_pairs) / static_cast<double>(n) : 0.0;
@@ -56,14 +57,14 @@ StatusOr<RouteBudget> ComputeRouteBudget(int64_t n, int64_t forced, const RouteO
 }
 
 StatusOr<RouteBudget> RouteValues(std::span<const float> base_score,
-                                  std::span<const float> residuals,
-                                  std::span<const uint8_t> forced, const RouteOptions& options,
-                                  std::span<RouteDecision> decisions) {
+                                  std::span<const float> residuals, std::span<const uint8_t> forced,
+                                  const RouteOptions& options, std::span<RouteDecision> decisions) {
   const int64_t n = static_cast<int64_t>(base_score.size());
   if (static_cast<int64_t>(residuals.size()) != n || static_cast<int64_t>(decisions.size()) != n ||
       (!forced.empty() && static_cast<int64_t>(forced.size()) != n)) {
-    return Status::InvalidArgument("RouteValues: base_score, residuals, decisions (and forced "
-                                   "when given) must all have n entries");
+    return Status::InvalidArgument(
+        "RouteValues: base_score, residuals, decisions (and forced "
+        "when given) must all have n entries");
   }
   int64_t num_forced = 0;
   for (int64_t i = 0; i < n; ++i) {

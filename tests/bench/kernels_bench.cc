@@ -12,11 +12,11 @@
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
-#include <ctime>
-#include <functional>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <functional>
 #include <map>
 #include <random>
 #include <vector>
@@ -81,11 +81,13 @@ double MemcpyRate(size_t bytes) {
   auto it = cache.find(bytes);
   if (it != cache.end()) return it->second;
   std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
-  const double s = Seconds([&] {
-    std::memcpy(b.data(), a.data(), bytes);
-    benchmark::DoNotOptimize(b.data());
-    benchmark::ClobberMemory();
-  }, 0.2);
+  const double s = Seconds(
+      [&] {
+        std::memcpy(b.data(), a.data(), bytes);
+        benchmark::DoNotOptimize(b.data());
+        benchmark::ClobberMemory();
+      },
+      0.2);
   return cache[bytes] = static_cast<double>(bytes) / s;
 }
 
@@ -94,11 +96,13 @@ double SgemmRate() {
   static const double rate = [] {
     const int64_t n = Tokens();
     std::vector<float> a(n * kDim, 0.5f), w(kDim * kDim, 0.25f), c(n * kDim);
-    const double s = Seconds([&] {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), kDim, kDim, 1.0f,
-                  a.data(), kDim, w.data(), kDim, 0.0f, c.data(), kDim);
-      benchmark::DoNotOptimize(c.data());
-    }, 0.3);
+    const double s = Seconds(
+        [&] {
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), kDim, kDim,
+                      1.0f, a.data(), kDim, w.data(), kDim, 0.0f, c.data(), kDim);
+          benchmark::DoNotOptimize(c.data());
+        },
+        0.3);
     return 2.0 * n * kDim * kDim / s;
   }();
   return rate;
@@ -109,11 +113,11 @@ void Report(benchmark::State& state, double bytes, double flops) {
   const double iters = static_cast<double>(state.iterations());
   state.SetBytesProcessed(static_cast<int64_t>(bytes * iters));
   // kIsRate divides by the measured time: (work / limit_rate) / time = stage_rate / limit_rate.
-  state.counters["x_memcpy"] =
-      benchmark::Counter(bytes * iters / MemcpyRate(static_cast<size_t>(bytes)),
-                         benchmark::Counter::kIsRate);
+  state.counters["x_memcpy"] = benchmark::Counter(
+      bytes * iters / MemcpyRate(static_cast<size_t>(bytes)), benchmark::Counter::kIsRate);
   if (flops > 0) {
-    state.counters["GFLOPs"] = benchmark::Counter(flops * iters * 1e-9, benchmark::Counter::kIsRate);
+    state.counters["GFLOPs"] =
+        benchmark::Counter(flops * iters * 1e-9, benchmark::Counter::kIsRate);
     state.counters["x_sgemm"] =
         benchmark::Counter(flops * iters / SgemmRate(), benchmark::Counter::kIsRate);
   }
@@ -122,12 +126,14 @@ void Report(benchmark::State& state, double bytes, double flops) {
 // One layer of synthetic data: per head pre/post-RoPE keys, values, window queries, W.
 struct LayerData {
   int64_t n = 0;
-  RopeConfig rope_config{.theta = 500000.0, .pairing = RopePairing::kHalves,
-                         .scaling = RopeScaling::kLlama3, .factor = 8.0};
+  RopeConfig rope_config{.theta = 500000.0,
+                         .pairing = RopePairing::kHalves,
+                         .scaling = RopeScaling::kLlama3,
+                         .factor = 8.0};
   std::vector<uint16_t> k_bf16, v_bf16;  // [N, H, d] engine layout
   std::vector<int64_t> positions;
   std::vector<Matrix> keys, kpre, values, queries;  // [H] of [N, d] / [W*G, d]
-  std::vector<Matrix> w;                             // [H] of [d, d]
+  std::vector<Matrix> w;                            // [H] of [d, d]
   RopeTable rope;
 
   static const LayerData& Get() {
@@ -156,7 +162,8 @@ struct LayerData {
     values = *GatherHeads(shape, v_bf16.data(), kOneCore);
     for (int h = 0; h < kHeads; ++h) {
       Matrix kp(n, kDim);
-      (void)ApplyRope(rope, RopeDirection::kDerotate, positions, keys[h].View(), kp.View(), kOneCore);
+      (void)ApplyRope(rope, RopeDirection::kDerotate, positions, keys[h].View(), kp.View(),
+                      kOneCore);
       kpre.push_back(std::move(kp));
       Matrix q(kWindow * kGroup, kDim);
       for (float& x : q.values) x = dist(rng);
@@ -228,7 +235,8 @@ void BM_SnapKvScores(benchmark::State& state) {
   SnapKvOptions o{.window = kWindow, .group_size = kGroup};
   for (auto _ : state) {
     for (int h = 0; h < kHeads; ++h) {
-      benchmark::DoNotOptimize(SnapKvScores(d.queries[h].View(), d.keys[h].View(), o, scores, kOneCore));
+      benchmark::DoNotOptimize(
+          SnapKvScores(d.queries[h].View(), d.keys[h].View(), o, scores, kOneCore));
     }
   }
   // Q K^T plus P's exp: the GEMM part is 2 * (W G) * N * d per head.
@@ -256,7 +264,8 @@ void BM_KvSlimmerHalve(benchmark::State& state) {
   std::span<const int64_t> qpos = std::span(d.positions).subspan(d.n - kWindow);
   std::vector<SlotSet> base;
   for (int h = 0; h < kHeads; ++h) {
-    base.push_back(*SlotsFromTokens(d.rope, d.keys[h].View(), d.values[h].View(), d.positions, kOneCore));
+    base.push_back(
+        *SlotsFromTokens(d.rope, d.keys[h].View(), d.values[h].View(), d.positions, kOneCore));
   }
   for (auto _ : state) {
     state.PauseTiming();
@@ -306,7 +315,8 @@ void BM_VectorRebuild(benchmark::State& state) {
   Matrix out(d.n, kDim);
   for (auto _ : state) {
     for (int h = 0; h < kHeads; ++h) {
-      benchmark::DoNotOptimize(RebuildValues(d.kpre[h].View(), d.w[h].View(), out.View(), kOneCore));
+      benchmark::DoNotOptimize(
+          RebuildValues(d.kpre[h].View(), d.w[h].View(), out.View(), kOneCore));
     }
   }
   Report(state, static_cast<double>(d.n) * kHeads * kDim * 4, 2.0 * d.n * kDim * kDim * kHeads);
@@ -319,7 +329,8 @@ void BM_VectorRebuildWithDerotate(benchmark::State& state) {
   Matrix k(d.n, kDim), out(d.n, kDim);
   for (auto _ : state) {
     for (int h = 0; h < kHeads; ++h) {
-      (void)ApplyRope(d.rope, RopeDirection::kDerotate, d.positions, d.keys[h].View(), k.View(), kOneCore);
+      (void)ApplyRope(d.rope, RopeDirection::kDerotate, d.positions, d.keys[h].View(), k.View(),
+                      kOneCore);
       benchmark::DoNotOptimize(RebuildValues(k.View(), d.w[h].View(), out.View(), kOneCore));
     }
   }
@@ -378,10 +389,15 @@ BENCHMARK(BM_DecodeCompactChunk);
 
 // ---- whole plans, one layer (for context; no goal) ----
 
-void BM_PlanOneLayer(benchmark::State& state, ScoreStage score, MergeStage merge, RouteStage route) {
+void BM_PlanOneLayer(benchmark::State& state, ScoreStage score, MergeStage merge,
+                     RouteStage route) {
   const LayerData& d = LayerData::Get();
-  ModelLayout layout{.num_layers = 1, .num_kv_heads = kHeads, .num_q_heads = kHeads * kGroup,
-                     .head_dim = kDim, .dtype = DType::kBFloat16, .rope = d.rope_config};
+  ModelLayout layout{.num_layers = 1,
+                     .num_kv_heads = kHeads,
+                     .num_q_heads = kHeads * kGroup,
+                     .head_dim = kDim,
+                     .dtype = DType::kBFloat16,
+                     .rope = d.rope_config};
   std::vector<uint8_t> raw(layout.ChunkBytes(static_cast<int>(d.n)));
   std::memcpy(raw.data(), d.k_bf16.data(), raw.size() / 2);
   std::memcpy(raw.data() + raw.size() / 2, d.v_bf16.data(), raw.size() / 2);
@@ -393,8 +409,8 @@ void BM_PlanOneLayer(benchmark::State& state, ScoreStage score, MergeStage merge
   w.head_dim = kDim;
   for (int h = 0; h < kHeads; ++h) w.heads.push_back({.w = d.w[h], .r2 = 0.5, .count = d.n});
   w.version = w.ComputeVersion();
-  CompressionPlanOptions o{.score = score, .merge = merge, .route = route, .p_c = 0.5,
-                           .window = kWindow};
+  CompressionPlanOptions o{
+      .score = score, .merge = merge, .route = route, .p_c = 0.5, .window = kWindow};
   CompressionInput in{.raw = raw, .positions = d.positions, .window_queries = qv, .weights = &w};
   for (auto _ : state) {
     auto c = Compress(o, layout, in, nullptr, kOneCore);
@@ -406,11 +422,12 @@ void BM_PlanOneLayer(benchmark::State& state, ScoreStage score, MergeStage merge
   }
   Report(state, static_cast<double>(raw.size()), 0);
 }
-BENCHMARK_CAPTURE(BM_PlanOneLayer, snapkv, ScoreStage::kSnapKv, MergeStage::kNone, RouteStage::kNone);
+BENCHMARK_CAPTURE(BM_PlanOneLayer, snapkv, ScoreStage::kSnapKv, MergeStage::kNone,
+                  RouteStage::kNone);
 BENCHMARK_CAPTURE(BM_PlanOneLayer, keydiff_vector, ScoreStage::kKeyDiff, MergeStage::kNone,
                   RouteStage::kVector);
-BENCHMARK_CAPTURE(BM_PlanOneLayer, hybrid_snapkv_vector, ScoreStage::kSnapKv, MergeStage::kKvSlimmer,
-                  RouteStage::kVector);
+BENCHMARK_CAPTURE(BM_PlanOneLayer, hybrid_snapkv_vector, ScoreStage::kSnapKv,
+                  MergeStage::kKvSlimmer, RouteStage::kVector);
 
 // ---- CUDA twins (skipped without a device) ----
 
@@ -426,7 +443,8 @@ void BM_CudaVectorResiduals(benchmark::State& state) {
   const ExecOptions gpu{.backend = Backend::kCuda};
   for (auto _ : state) {
     for (int h = 0; h < kHeads; ++h) {
-      benchmark::DoNotOptimize(VectorResiduals(d.kpre[h].View(), d.values[h].View(), d.w[h].View(), res, gpu));
+      benchmark::DoNotOptimize(
+          VectorResiduals(d.kpre[h].View(), d.values[h].View(), d.w[h].View(), res, gpu));
     }
   }
   Report(state, static_cast<double>(d.n) * kHeads * kDim * 8, 2.0 * d.n * kDim * kDim * kHeads);
@@ -462,9 +480,10 @@ int main(int argc, char** argv) {
   std::printf("kvd kernels bench: N=%lld tokens, %d KV heads, d=%d, G=%d, W=%d, bf16, 1 core\n",
               static_cast<long long>(kvd::kernels::Tokens()), kvd::kernels::kHeads,
               kvd::kernels::kDim, kvd::kernels::kGroup, kvd::kernels::kWindow);
-  std::printf("limits: sgemm [N,d]x[d,d] %.1f GFLOP/s; memcpy of one layer's bf16 K %.2f GB/s\n",
-              kvd::kernels::SgemmRate() * 1e-9,
-              kvd::kernels::MemcpyRate(static_cast<size_t>(kvd::kernels::Tokens()) * 8 * 128 * 2) * 1e-9);
+  std::printf(
+      "limits: sgemm [N,d]x[d,d] %.1f GFLOP/s; memcpy of one layer's bf16 K %.2f GB/s\n",
+      kvd::kernels::SgemmRate() * 1e-9,
+      kvd::kernels::MemcpyRate(static_cast<size_t>(kvd::kernels::Tokens()) * 8 * 128 * 2) * 1e-9);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -1,13 +1,13 @@
 // Compact chunk: validation, encode -> decode identity, and decode of damaged bytes (fuzz).
 #include "kvd/kernels/compact_chunk.h"
 
-#include "kvd/common/hash.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <random>
+
+#include "kvd/common/hash.h"
 
 namespace kvd::kernels {
 namespace {
@@ -121,7 +121,8 @@ TEST(CompactChunk, DecodeRejectsDamage) {
 
   bad = good;
   bad[4] = 2;
-  EXPECT_THAT(DecodeCompactChunk(bad).status().message(), HasSubstr("unsupported compact chunk version 2"));
+  EXPECT_THAT(DecodeCompactChunk(bad).status().message(),
+              HasSubstr("unsupported compact chunk version 2"));
 
   auto cut = std::span(good).first(good.size() - 1);
   EXPECT_EQ(DecodeCompactChunk(cut).status().code(), StatusCode::kDataLoss);

@@ -66,7 +66,8 @@ ChunkFixture MakeChunk(int64_t n, int d, DType dtype, float noise, uint64_t seed
           v.Row(i)[r] = static_cast<float>(acc) + eps.Row(i)[r];
         }
       Matrix kpost(n, d);
-      EXPECT_TRUE(ApplyRope(*rope, RopeDirection::kRotate, f.positions, kp.View(), kpost.View()).ok());
+      EXPECT_TRUE(
+          ApplyRope(*rope, RopeDirection::kRotate, f.positions, kp.View(), kpost.View()).ok());
       uint8_t* kb = f.raw.data() + f.layout.LayerOffset(l, static_cast<int>(n));
       uint8_t* vb = kb + n * f.layout.TokenBytes();
       for (int64_t i = 0; i < n; ++i) {
@@ -111,8 +112,12 @@ TEST(Plan, HalfPairBudgetIsExactForEveryComposition) {
     const int64_t m = std::llround((1.0 - p_c) * f.n);
     for (const Composition& c : kCompositions) {
       for (RouteStage route : {RouteStage::kNone, RouteStage::kVector}) {
-        CompressionPlanOptions o{.score = c.score, .merge = c.merge, .route = route, .p_c = p_c,
-                                 .window = f.window, .keydiff_block = c.keydiff_block};
+        CompressionPlanOptions o{.score = c.score,
+                                 .merge = c.merge,
+                                 .route = route,
+                                 .p_c = p_c,
+                                 .window = f.window,
+                                 .keydiff_block = c.keydiff_block};
         CompressionStats stats;
         auto chunk = Compress(o, f.layout, f.Input(), &stats);
         SCOPED_TRACE(std::string(c.name) + (route == RouteStage::kVector ? "+vector" : "") +
@@ -176,8 +181,10 @@ TEST(Plan, VectorRoutedValuesAreRebuiltAtServeTime) {
   for (int d : {64, 128}) {
     const ChunkFixture f = MakeChunk(257, d, DType::kFloat32, 0.0f, 3);
     EXPECT_GT(f.weights.Head(1, 1).r2, 1.0 - 1e-6);
-    CompressionPlanOptions o{.score = ScoreStage::kKeyDiff, .route = RouteStage::kVector,
-                             .p_c = 0.5, .window = f.window};
+    CompressionPlanOptions o{.score = ScoreStage::kKeyDiff,
+                             .route = RouteStage::kVector,
+                             .p_c = 0.5,
+                             .window = f.window};
     auto chunk = Compress(o, f.layout, f.Input(false));
     ASSERT_TRUE(chunk.ok()) << chunk.status();
     auto rope = RopeTable::Create(f.layout.rope, d);
@@ -215,8 +222,8 @@ TEST(Plan, PyramidBudgetsDifferPerLayerButSumExactly) {
   const ChunkFixture f = MakeChunk(301, 64, DType::kBFloat16, 0.3f, 4);
   // beta = 2 keeps PyramidKV's min layer budget above the window (beta = 20 falls back to
   // uniform budgets for 2 layers of 301 tokens).
-  CompressionPlanOptions o{.score = ScoreStage::kPyramidKv, .p_c = 0.75, .window = f.window,
-                           .pyramid_beta = 2.0};
+  CompressionPlanOptions o{
+      .score = ScoreStage::kPyramidKv, .p_c = 0.75, .window = f.window, .pyramid_beta = 2.0};
   auto chunk = Compress(o, f.layout, f.Input());
   ASSERT_TRUE(chunk.ok()) << chunk.status();
   EXPECT_GT(chunk->Head(0, 0).slots(), chunk->Head(1, 0).slots());
@@ -231,8 +238,8 @@ TEST(Plan, RejectsBadInput) {
   EXPECT_EQ(no_q.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(no_q.status().message(), HasSubstr("snapkv needs window queries"));
 
-  CompressionPlanOptions slim{.score = ScoreStage::kNone, .merge = MergeStage::kKvSlimmer,
-                              .window = f.window};
+  CompressionPlanOptions slim{
+      .score = ScoreStage::kNone, .merge = MergeStage::kKvSlimmer, .window = f.window};
   EXPECT_THAT(Compress(slim, f.layout, f.Input(false)).status().message(),
               HasSubstr("kvslimmer needs window queries"));
 
@@ -279,7 +286,10 @@ TEST(Plan, RejectsBadInput) {
 }
 
 TEST(Plan, GatherWindowQueriesGroupsQueryHeadsByKvHead) {
-  ModelLayout layout{.num_layers = 1, .num_kv_heads = 2, .num_q_heads = 4, .head_dim = 4,
+  ModelLayout layout{.num_layers = 1,
+                     .num_kv_heads = 2,
+                     .num_q_heads = 4,
+                     .head_dim = 4,
                      .dtype = DType::kFloat32};
   std::vector<float> q(3 * 4 * 4);
   for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(i);

@@ -37,8 +37,9 @@ TEST(Serving, CompactBiasAndDenseExpansionGiveTheSameAttention) {
       const int64_t nq = 5;
       Matrix q = RandomMatrix(nq, d, 7 * s + d);
       Matrix compact(nq, d);
-      ASSERT_TRUE(SlotAttention(q.View(), h.keys.View(), h.values.View(), h.bias, 0.0f,
-                                compact.View()).ok());
+      ASSERT_TRUE(
+          SlotAttention(q.View(), h.keys.View(), h.values.View(), h.bias, 0.0f, compact.View())
+              .ok());
       auto dense = ExpandDense(h);
       ASSERT_TRUE(dense.ok()) << dense.status();
       int64_t t = 0;
@@ -46,7 +47,8 @@ TEST(Serving, CompactBiasAndDenseExpansionGiveTheSameAttention) {
       ASSERT_EQ(dense->keys.rows, t);
       Matrix expanded(nq, d);
       ASSERT_TRUE(SlotAttention(q.View(), dense->keys.View(), dense->values.View(), {}, 0.0f,
-                                expanded.View()).ok());
+                                expanded.View())
+                      .ok());
       // float64 reference from value SUMS (ALGORITHMS.md 1).
       RefMatrix sums = ToRef(h.values.View());
       std::vector<double> card(h.cardinality.begin(), h.cardinality.end());
@@ -185,7 +187,10 @@ TEST(Serving, DenseChunkUsesTheEngineLayout) {
   auto bytes = ExpandDenseChunk(f.chunk, &*table, &f.weights, &tokens);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   EXPECT_EQ(tokens, 13);
-  ModelLayout layout{.num_layers = 1, .num_kv_heads = 1, .num_q_heads = 1, .head_dim = 64,
+  ModelLayout layout{.num_layers = 1,
+                     .num_kv_heads = 1,
+                     .num_q_heads = 1,
+                     .head_dim = 64,
                      .dtype = DType::kFloat32};
   EXPECT_EQ(bytes->size(), layout.ChunkBytes(13));
   // Token 4 is the second copy of slot 3: same key bytes.

@@ -248,7 +248,8 @@ TEST(VectorResiduals, MatchFloat64Reference) {
 
 TEST(VectorResiduals, RejectBadInput) {
   std::mt19937_64 rng(2);
-  Matrix k = RandomMatrix(8, 64, &rng), v = RandomMatrix(8, 64, &rng), w = RandomMatrix(64, 64, &rng);
+  Matrix k = RandomMatrix(8, 64, &rng), v = RandomMatrix(8, 64, &rng),
+         w = RandomMatrix(64, 64, &rng);
   std::vector<float> res(7);
   EXPECT_THAT(VectorResiduals(k.View(), v.View(), w.View(), res).message(), HasSubstr("residuals"));
   res.resize(8);
@@ -325,9 +326,12 @@ TEST(VectorRouting, DecisionsFollowScoresAndResiduals) {
         }
         keys += dec[i] != RouteDecision::kEvict;
         values += dec[i] == RouteDecision::kKeyValue;
-        if (dec[i] == RouteDecision::kEvict) max_evicted_score = std::max(max_evicted_score, score[i]);
-        else min_pool_score = std::min(min_pool_score, score[i]);
-        if (dec[i] == RouteDecision::kKeyOnly) max_key_only_res = std::max(max_key_only_res, res[i]);
+        if (dec[i] == RouteDecision::kEvict)
+          max_evicted_score = std::max(max_evicted_score, score[i]);
+        else
+          min_pool_score = std::min(min_pool_score, score[i]);
+        if (dec[i] == RouteDecision::kKeyOnly)
+          max_key_only_res = std::max(max_key_only_res, res[i]);
         if (dec[i] == RouteDecision::kKeyValue) min_kv_res = std::min(min_kv_res, res[i]);
       }
       keys += sinks;

@@ -18,7 +18,8 @@ inline Status FromCuda(cudaError_t err, const char* what) {
                           cudaGetErrorString(err));
 }
 
-#define KVD_CUDA_RETURN_IF_ERROR(expr, what) KVD_RETURN_IF_ERROR(::kvd::kernels::cuda::FromCuda((expr), (what)))
+#define KVD_CUDA_RETURN_IF_ERROR(expr, what) \
+  KVD_RETURN_IF_ERROR(::kvd::kernels::cuda::FromCuda((expr), (what)))
 
 // Owning device allocation of `count` elements of T. Frees on destruction (errors ignored there).
 template <typename T>
@@ -47,9 +48,10 @@ class DeviceBuffer {
 inline Status UploadMatrix(ConstMatrixView m, DeviceBuffer<float>* buf, cudaStream_t stream) {
   KVD_RETURN_IF_ERROR(buf->Allocate(static_cast<size_t>(m.rows * m.cols)));
   if (m.rows == 0) return Status::Ok();
-  return FromCuda(cudaMemcpy2DAsync(buf->get(), m.cols * sizeof(float), m.data, m.ld * sizeof(float),
-                                    m.cols * sizeof(float), m.rows, cudaMemcpyHostToDevice, stream),
-                  "upload");
+  return FromCuda(
+      cudaMemcpy2DAsync(buf->get(), m.cols * sizeof(float), m.data, m.ld * sizeof(float),
+                        m.cols * sizeof(float), m.rows, cudaMemcpyHostToDevice, stream),
+      "upload");
 }
 
 // Copies a dense device buffer [rows, cols] into a host view.

@@ -17,7 +17,10 @@ __global__ void ExpandDenseKernel(const float* __restrict__ keys, const float* _
   int64_t lo = 0, hi = s;  // invariant: offsets[lo] <= t < offsets[hi]
   while (hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;
-    if (offsets[mid] <= t) lo = mid; else hi = mid;
+    if (offsets[mid] <= t)
+      lo = mid;
+    else
+      hi = mid;
   }
   for (int c = threadIdx.x; c < d; c += blockDim.x) {
     keys_out[t * d + c] = keys[lo * d + c];

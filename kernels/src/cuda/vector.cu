@@ -11,8 +11,8 @@
 namespace kvd::kernels::cuda {
 namespace {
 
-constexpr int kTile = 16;          // accumulation tile (kTile x kTile outputs per block)
-constexpr int kTokensPerBlock = 8; // residual / rebuild: tokens sharing one pass over W
+constexpr int kTile = 16;           // accumulation tile (kTile x kTile outputs per block)
+constexpr int kTokensPerBlock = 8;  // residual / rebuild: tokens sharing one pass over W
 
 // out[r, c] += sum_i kpre[i, r] * x[i, c] for r < d, c < 2d, where x = [kpre | values].
 // Products and sums in float64, as on the CPU.   // kpre, values: [n, d]; out: [d, 2d]
@@ -30,7 +30,8 @@ __global__ void GramCrossKernel(const float* __restrict__ kpre, const float* __r
     a[threadIdx.y][threadIdx.x] = (i < n && ar < d) ? static_cast<double>(kpre[i * d + ar]) : 0.0;
     double bv = 0.0;
     if (i < n && c < 2 * d) {
-      bv = c < d ? static_cast<double>(kpre[i * d + c]) : static_cast<double>(values[i * d + c - d]);
+      bv =
+          c < d ? static_cast<double>(kpre[i * d + c]) : static_cast<double>(values[i * d + c - d]);
     }
     b[threadIdx.y][threadIdx.x] = bv;
     __syncthreads();
@@ -132,9 +133,9 @@ Status Project(ConstMatrixView kpre, ConstMatrixView w, ConstMatrixView values, 
       kResidual ? dout.get() : nullptr);
   KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "VECTOR project kernel launch");
   if (kResidual) {
-    KVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(residuals, dout.get(), n * sizeof(float),
-                                             cudaMemcpyDeviceToHost, stream),
-                             "download residuals");
+    KVD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(residuals, dout.get(), n * sizeof(float), cudaMemcpyDeviceToHost, stream),
+        "download residuals");
   } else {
     KVD_RETURN_IF_ERROR(DownloadMatrix(dout.get(), out, stream));
   }

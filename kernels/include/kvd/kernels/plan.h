@@ -53,7 +53,7 @@ struct CompressionPlanOptions {
   int64_t sinks = 4;       // first tokens never evicted/merged/routed, >= 0 (AsymKV: 32)
   int pooling_kernel = 5;  // SnapKV/PyramidKV pooling kernel, odd >= 1
   PoolingKind pooling = PoolingKind::kAvg;
-  int64_t keydiff_block = 0;  // KeyDiff: 0 = one-shot, else the block-wise block size (128)
+  int64_t keydiff_block = 0;   // KeyDiff: 0 = one-shot, else the block-wise block size (128)
   double pyramid_beta = 20.0;  // PyramidKV beta, >= 1
   MergeNorm merge_norm = MergeNorm::kL2;                            // KVSlimmer weight variant
   PairLambda pair_lambda = PairLambda::kAsymKv;                     // KVSlimmer pair ranking

@@ -61,7 +61,9 @@ struct VectorWeights {
   std::vector<VectorHeadFit> heads;  // [num_layers * num_kv_heads], index layer * H + head
 
   // REQUIRES: 0 <= layer < num_layers, 0 <= head < num_kv_heads.
-  const VectorHeadFit& Head(int layer, int head) const { return heads[layer * num_kv_heads + head]; }
+  const VectorHeadFit& Head(int layer, int head) const {
+    return heads[layer * num_kv_heads + head];
+  }
   // Recomputes `version` from the W bytes.
   uint64_t ComputeVersion() const;
 
@@ -178,8 +180,7 @@ StatusOr<RouteBudget> ComputeRouteBudget(int64_t n, int64_t forced, const RouteO
 // forced tokens) or have n entries (nonzero = forced). Output `decisions` has n entries.
 // INVALID_ARGUMENT on size mismatch or NaN (Inf scores are allowed: +Inf ranks first).
 StatusOr<RouteBudget> RouteValues(std::span<const float> base_score,
-                                  std::span<const float> residuals,
-                                  std::span<const uint8_t> forced, const RouteOptions& options,
-                                  std::span<RouteDecision> decisions);
+                                  std::span<const float> residuals, std::span<const uint8_t> forced,
+                                  const RouteOptions& options, std::span<RouteDecision> decisions);
 
 }  // namespace kvd::kernels
