@@ -101,6 +101,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << kvd::quality::ToMarkdown(*rep, command);
-  std::cerr << "kvd-quality: wrote " << out_dir << "/results.csv, layers.csv, results.md\n";
+  std::cerr << "kvd-quality: wrote " << out_dir << "/results.csv, layers.csv, results.md, perplexity.png\n";
   return 0;
 }

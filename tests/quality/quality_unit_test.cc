@@ -8,6 +8,7 @@
 #include "harness.h"
 #include "manifest.h"
 #include "methods.h"
+#include "plot.h"
 #include "report.h"
 #include "sha256.h"
 
@@ -163,6 +164,51 @@ TEST(ReportTest, CsvAndMarkdown) {
   const std::string md = ToMarkdown(r, "kvd-quality --quick");
   EXPECT_NE(md.find("| sink_recent | 0.50 |"), std::string::npos) << md;
   EXPECT_NE(md.find("`kvd-quality --quick`"), std::string::npos);
+}
+
+TEST(ReportTest, WritesFilesAndAValidPng) {
+  HarnessReport r;
+  r.engine_perplexity = 10;
+  for (double pc : {0.5, 0.75, 0.9}) {
+    MethodResult m;
+    m.method = "sink_recent";
+    m.p_c = pc;
+    m.perplexity = 10 + 10 * pc;
+    r.rows.push_back(m);
+  }
+  MethodResult f;
+  f.method = "full";
+  f.perplexity = 10;
+  r.rows.insert(r.rows.begin(), f);
+  const std::string dir = ::testing::TempDir() + "/quality_report";
+  ASSERT_TRUE(WriteReport(r, dir, "cmd").ok());
+  std::ifstream in(dir + "/perplexity.png", std::ios::binary);
+  std::string png((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_GT(png.size(), 100u);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  EXPECT_EQ(png.substr(12, 4), "IHDR");
+  EXPECT_EQ(png.substr(png.size() - 8, 4), "IEND");
+  EXPECT_EQ(PlotLegend(r), (std::vector<std::string>{"full: black", "sink_recent: red"}));
+  for (const char* f : {"results.csv", "layers.csv", "results.md"}) {
+    EXPECT_TRUE(std::ifstream(dir + "/" + f).good()) << f;
+  }
+}
+
+TEST(PlotTest, PngOfATinyImageHasTheRightSizeAndChecksums) {
+  // 2x1 RGB: 2 rows of (filter byte + 6 bytes) = 14 raw bytes in one stored block.
+  const std::string png = EncodePng(2, 1, {255, 0, 0, 0, 255, 0});
+  // signature 8 + IHDR (12+13) + IDAT (12 + 2 zlib + 5 block header + 7 + 4 adler) + IEND 12
+  EXPECT_EQ(png.size(), 8u + 25u + 12u + 2u + 5u + 7u + 4u + 12u);
+  // Adler-32 of {0, 255, 0, 0, 0, 255, 0}: a = 1 + 510 = 511, b = sum of running a.
+  uint32_t a = 1, b = 0;
+  for (int c : {0, 255, 0, 0, 0, 255, 0}) {
+    a = (a + c) % 65521;
+    b = (b + a) % 65521;
+  }
+  const size_t adler_at = 8 + 25 + 8 + 2 + 5 + 7;
+  const uint32_t got = (uint32_t(uint8_t(png[adler_at])) << 24) | (uint32_t(uint8_t(png[adler_at + 1])) << 16) |
+                       (uint32_t(uint8_t(png[adler_at + 2])) << 8) | uint32_t(uint8_t(png[adler_at + 3]));
+  EXPECT_EQ(got, (b << 16) | a);
 }
 
 }  // namespace

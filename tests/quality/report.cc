@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "plot.h"
+
 namespace kvd::quality {
 namespace {
 
@@ -68,6 +70,9 @@ std::string ToMarkdown(const HarnessReport& r, const std::string& command) {
        << Fmt("%.3f", m.top1_agreement) << " | " << Fmt("%.4f", m.mean_rel_error) << " | "
        << m.passkey_correct << "/" << m.passkey_total << " |\n";
   }
+  os << "\nPlot (`perplexity.png`, perplexity against p_c; full = dashed level):";
+  for (const std::string& l : PlotLegend(r)) os << " " << l << ";";
+  os << "\n";
   if (!r.calibration_r2.empty()) {
     os << "\nCalibration R^2 per layer (calib texts, disjoint from eval):\n\n";
     for (const auto& [name, r2] : r.calibration_r2) {
@@ -91,7 +96,7 @@ Status WriteReport(const HarnessReport& r, const std::string& dir, const std::st
     out << body;
     if (!out) return Status::Internal("cannot write " + dir + "/" + name);
   }
-  return Status::Ok();
+  return WritePerplexityPlot(r, dir + "/perplexity.png");
 }
 
 }  // namespace kvd::quality

@@ -15,7 +15,7 @@ std::string LayersToCsv(const HarnessReport& r);
 // "# kvd quality" with the options, texts, the table, and calibration R^2 if any.
 std::string ToMarkdown(const HarnessReport& r, const std::string& command);
 
-// Writes results.csv, layers.csv and results.md under `dir` (created if missing).
+// Writes results.csv, layers.csv, results.md and perplexity.png under `dir` (created if missing).
 Status WriteReport(const HarnessReport& r, const std::string& dir, const std::string& command);
 
 }  // namespace kvd::quality

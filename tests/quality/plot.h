@@ -1,0 +1,28 @@
+// A dependency-free PNG line plot of perplexity against p_c, one line per method (the colours are
+// listed by PlotLegend and in results.md; tick labels are digits only, no font library).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "harness.h"
+
+namespace kvd::quality {
+
+// RGB colour of series i (cycled).
+struct Rgb {
+  unsigned char r, g, b;
+};
+Rgb SeriesColor(size_t i);
+const char* SeriesColorName(size_t i);
+
+// Methods in plot order with their colour names, e.g. {"full: black", "sink_recent: red"}.
+std::vector<std::string> PlotLegend(const HarnessReport& r);
+
+// Encodes an RGB image (row-major, 3 bytes per pixel) as PNG (stored deflate blocks).
+std::string EncodePng(int width, int height, const std::vector<unsigned char>& rgb);
+
+// Writes the plot to `path`. "full" (p_c 0 only) is drawn as a horizontal dashed line.
+Status WritePerplexityPlot(const HarnessReport& r, const std::string& path);
+
+}  // namespace kvd::quality
