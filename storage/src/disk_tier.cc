@@ -14,6 +14,7 @@
 #include <string>
 #include <system_error>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "key_codec.h"
 #include "kvd/common/hash.h"
@@ -97,6 +98,8 @@ class DiskTier::Impl {
   std::unordered_map<ChunkKey, std::unique_ptr<Entry>, ChunkKeyHasher> index_;
   std::list<Entry*> lru_;  // most recently used first
   uint64_t used_bytes_ = 0;
+  std::unordered_set<ChunkKey, ChunkKeyHasher> pending_;  // keys being written without mu_
+  uint64_t pending_bytes_ = 0;                            // their payload bytes
   std::unordered_map<std::string, UsageStats> per_model_;
   std::unordered_map<std::string, UsageStats> per_namespace_;
   TierStats counters_;
@@ -204,19 +207,37 @@ Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
       rocksdb::Slice(header, sizeof(header)),
       rocksdb::Slice(reinterpret_cast<const char*>(bytes.data()), bytes.size())};
 
-  std::lock_guard<std::mutex> lock(s.mu_);
-  if (s.index_.count(key) != 0) {
-    s.counters_.dedup_puts++;
-    return Status::AlreadyExists("dedup: chunk " + key.ToString() + " is already on disk");
-  }
-  while (s.used_bytes_ + bytes.size() > s.options_.capacity_bytes && !s.lru_.empty()) {
-    KVD_RETURN_IF_ERROR(s.DropLocked(s.lru_.back()));
-    s.counters_.evictions++;
+  {
+    // Claim the key and the space under the lock; write without it.
+    std::lock_guard<std::mutex> lock(s.mu_);
+    if (s.index_.count(key) != 0 || s.pending_.count(key) != 0) {
+      s.counters_.dedup_puts++;
+      return Status::AlreadyExists("dedup: chunk " + key.ToString() + " is already on disk");
+    }
+    while (s.used_bytes_ + s.pending_bytes_ + bytes.size() > s.options_.capacity_bytes &&
+           !s.lru_.empty()) {
+      KVD_RETURN_IF_ERROR(s.DropLocked(s.lru_.back()));
+      s.counters_.evictions++;
+    }
+    if (s.used_bytes_ + s.pending_bytes_ + bytes.size() > s.options_.capacity_bytes) {
+      return Status::ResourceExhausted(
+          "disk tier full: " + std::to_string(bytes.size()) + " bytes do not fit next to " +
+          std::to_string(s.pending_bytes_) + " bytes being written (capacity " +
+          std::to_string(s.options_.capacity_bytes) + ")");
+    }
+    s.pending_.insert(key);
+    s.pending_bytes_ += bytes.size();
   }
   rocksdb::WriteBatch batch;
   batch.Put(s.data_cf(), rocksdb::SliceParts(&key_slice, 1), rocksdb::SliceParts(value_parts, 2));
   batch.Put(s.meta_cf(), k, codec::EncodeMeta({tokens, bytes.size(), checksum}));
-  KVD_RETURN_IF_ERROR(FromRocks(s.db_->Write(s.write_options_, &batch), "write " + key.ToString()));
+  const Status written =
+      FromRocks(s.db_->Write(s.write_options_, &batch), "write " + key.ToString());
+
+  std::lock_guard<std::mutex> lock(s.mu_);
+  s.pending_.erase(key);
+  s.pending_bytes_ -= bytes.size();
+  KVD_RETURN_IF_ERROR(written);
   auto e = std::make_unique<Impl::Entry>();
   const int64_t now = s.clock_->NowNanos();
   e->meta = ChunkMeta{key, tokens, bytes.size(), checksum, now, now, TierKind::kDisk};

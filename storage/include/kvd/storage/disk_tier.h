@@ -12,9 +12,11 @@
 // key order) when an Insert would exceed capacity_bytes. The disk tier has no leases: readers copy
 // out (ReadInto), and the TierManager promotes hits into the host tier where leases apply.
 //
-// Thread safety: thread-safe. mu_ (in Impl) guards the in-memory index, the LRU list and the
-// counters; RocksDB writes of a chunk happen under it (so index and database agree); RocksDB
-// reads and checksum verification happen without it.
+// Thread safety: thread-safe. mu_ (in Impl) guards the in-memory index, the LRU list, the set
+// of keys being written and the counters. An Insert claims its key and space under mu_, writes
+// to RocksDB without it, then publishes under it (a concurrent Insert of the same key gets the
+// dedup ALREADY_EXISTS; the chunk is invisible until published). Deletes (Remove, eviction) are
+// small and run under mu_. Reads and checksum verification run without it.
 #pragma once
 
 #include <memory>
