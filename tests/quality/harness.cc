@@ -303,8 +303,16 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
       CompressionMethod& m = *methods[keys[k].method];
       auto cache = m.Compress(prefix, row.p_c);
       if (!cache.ok()) return cache.status().WithContext(m.name() + " p_c=" + std::to_string(row.p_c));
-      row.achieved_p_c += AchievedCompression(*cache, o.prefix_tokens) / segments.size();
-      Status ls = other.LoadCompact(*cache);
+      const double stored = cache->stored_fraction >= 0
+                                ? cache->stored_fraction
+                                : 1.0 - AchievedCompression(cache->cache, o.prefix_tokens);
+      row.achieved_p_c += (1.0 - stored) / segments.size();
+      if (cache->cache.next_position != o.prefix_tokens) {
+        return Status::Internal(m.name() + " returned next_position " +
+                                std::to_string(cache->cache.next_position) + ", expected " +
+                                std::to_string(o.prefix_tokens));
+      }
+      Status ls = other.LoadCompact(cache->cache);
       if (!ls.ok()) return ls.WithContext(m.name() + " returned an unusable cache");
       KVD_ASSIGN_OR_RETURN(Scores sc, ScoreContinuation(other, cfg, seg.continuation, &ref, nullptr));
       row.nll_sum += sc.nll;
@@ -330,7 +338,7 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
       CompressionMethod& m = *methods[keys[k].method];
       auto cache = m.Compress(prefix, row.p_c);
       if (!cache.ok()) return cache.status().WithContext(m.name() + " (passkey)");
-      KVD_RETURN_IF_ERROR(other.LoadCompact(*cache));
+      KVD_RETURN_IF_ERROR(other.LoadCompact(cache->cache));
       KVD_ASSIGN_OR_RETURN(bool ok, AnswerPasskey(other, *tok, p));
       row.passkey_correct += ok;
       ++row.passkey_total;

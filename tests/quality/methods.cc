@@ -9,8 +9,8 @@ namespace {
 class FullMethod : public CompressionMethod {
  public:
   std::string name() const override { return "full"; }
-  StatusOr<llama::CompactKvCache> Compress(const PrefixCapture& p, double) override {
-    return CompactFromDense(p.cache, p.config->num_kv_heads, p.config->head_dim);
+  StatusOr<CompressedPrefix> Compress(const PrefixCapture& p, double) override {
+    return CompressedPrefix{CompactFromDense(p.cache, p.config->num_kv_heads, p.config->head_dim)};
   }
 };
 
@@ -19,7 +19,7 @@ class SinkRecentMethod : public CompressionMethod {
  public:
   static constexpr int kSinks = 4;
   std::string name() const override { return "sink_recent"; }
-  StatusOr<llama::CompactKvCache> Compress(const PrefixCapture& p, double p_c) override {
+  StatusOr<CompressedPrefix> Compress(const PrefixCapture& p, double p_c) override {
     if (!(p_c >= 0 && p_c < 1)) return Status::InvalidArgument("p_c must be in [0, 1)");
     const int N = p.cache.num_tokens;
     const int keep = std::clamp(static_cast<int>(std::lround(N * (1.0 - p_c))), 1, N);
@@ -38,7 +38,7 @@ class SinkRecentMethod : public CompressionMethod {
         h.num_slots = keep;
       }
     }
-    return full;
+    return CompressedPrefix{std::move(full)};
   }
 };
 

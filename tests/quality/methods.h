@@ -30,6 +30,16 @@ struct PrefixCapture {
   int window = 0;
 };
 
+// A method's output: the cache the engine continues from, and what it costs to store.
+struct CompressedPrefix {
+  llama::CompactKvCache cache;
+  // Fraction of the raw K+V bytes the method stores, in half-pair units (a kept key is half a
+  // pair, a kept value half; ALGORITHMS.md s0). Negative (default) = count the cache's slots
+  // (right when every slot stores its key and value; VECTOR stores fewer values than keys and
+  // its rebuilt values are not stored, so it sets this itself).
+  double stored_fraction = -1;
+};
+
 class CompressionMethod {
  public:
   virtual ~CompressionMethod() = default;
@@ -39,10 +49,10 @@ class CompressionMethod {
   virtual Status Calibrate(const std::vector<PrefixCapture>& calibration) { return Status::Ok(); }
   // Per-layer calibration R^2 (VECTOR); empty when the method has none.
   virtual std::vector<double> CalibrationR2() const { return {}; }
-  // Returns a compact cache for the prefix keeping about (1 - p_c) of the raw K and V bytes
-  // (a kept key counts as half a KV pair, a kept value as half). next_position must be N.
+  // Returns a compact cache for the prefix storing about (1 - p_c) of the raw K and V bytes
+  // (a kept key counts as half a KV pair, a kept value as half). cache.next_position must be N.
   // p_c in [0, 1).
-  virtual StatusOr<llama::CompactKvCache> Compress(const PrefixCapture& prefix, double p_c) = 0;
+  virtual StatusOr<CompressedPrefix> Compress(const PrefixCapture& prefix, double p_c) = 0;
 };
 
 using MethodFactory = std::function<StatusOr<std::unique_ptr<CompressionMethod>>()>;

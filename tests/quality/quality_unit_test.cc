@@ -97,8 +97,10 @@ TEST(MethodsTest, FullKeepsEverythingAndSinkRecentMeetsTheBudget) {
   const PrefixCapture p = TinyPrefix(c, 40);
   auto full = MethodRegistry::Global().Create("full");
   ASSERT_TRUE(full.ok());
-  auto fc = (*full)->Compress(p, 0.9);
-  ASSERT_TRUE(fc.ok());
+  auto fr = (*full)->Compress(p, 0.9);
+  ASSERT_TRUE(fr.ok());
+  const llama::CompactKvCache* fc = &fr->cache;
+  EXPECT_LT(fr->stored_fraction, 0);  // counted from slots
   EXPECT_EQ(AchievedCompression(*fc, 40), 0.0);
   EXPECT_TRUE(fc->Validate(c.num_layers, c.num_kv_heads, c.head_dim).ok());
   // Head 1 of layer 0, slot 5 is dense entry (5, head 1).
@@ -106,8 +108,9 @@ TEST(MethodsTest, FullKeepsEverythingAndSinkRecentMeetsTheBudget) {
 
   auto sr = MethodRegistry::Global().Create("sink_recent");
   ASSERT_TRUE(sr.ok());
-  auto sc = (*sr)->Compress(p, 0.75);
-  ASSERT_TRUE(sc.ok());
+  auto sr_out = (*sr)->Compress(p, 0.75);
+  ASSERT_TRUE(sr_out.ok());
+  const llama::CompactKvCache* sc = &sr_out->cache;
   EXPECT_TRUE(sc->Validate(c.num_layers, c.num_kv_heads, c.head_dim).ok());
   EXPECT_NEAR(AchievedCompression(*sc, 40), 0.75, 1e-9);
   const auto& h = sc->layers[1][0];
