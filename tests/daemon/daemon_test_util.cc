@@ -37,6 +37,11 @@ RawClient::RawClient(const std::string& address) {
 
 RawClient::~RawClient() { Close(); }
 
+bool RawClient::Readable() {
+  pollfd p{fd_, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
 void RawClient::Close() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
@@ -222,10 +227,7 @@ const ModelLayout& DaemonTest::Layout(const std::string& model) const {
 
 std::unique_ptr<DaemonTest::Engine> DaemonTest::ConnectEngine(const std::string& model) {
   auto e = std::make_unique<Engine>();
-  transport::TransportOptions opts;
-  opts.backend = "loopback";
-  opts.loopback_domain = config_.transport.loopback_domain;
-  auto t = transport::CreateTransport(opts);
+  auto t = transport::CreateTransport(config_.transport);  // same backend and domain
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return nullptr;
   e->transport = std::move(*t);
@@ -267,9 +269,15 @@ Status DaemonTest::Put(Engine& e, Hash128 hash, uint32_t tokens,
   KVD_RETURN_IF_ERROR(send.status());
   capnp::MallocMessageBuilder commit;
   BuildCommit(commit, reservation, Checksum64(bytes.data(), bytes.size()));
-  auto creply = e.conn->Call(commit);
+  if (!e.conn->Send(commit)) return Status::Unavailable("cannot send Commit");
+  // This test client has no progress thread: Wait drives its transport until the bytes left.
   Status ws = e.transport->Wait(*send, std::chrono::milliseconds(2000));
+  if (!ws.ok()) {
+    e.transport->Cancel(*send).IgnoreError();
+    e.transport->Wait(*send, std::chrono::milliseconds(1000)).IgnoreError();
+  }
   e.transport->Release(*send).IgnoreError();
+  auto creply = e.conn->Read();
   if (creply == nullptr) return Status::Unavailable("no Commit reply");
   KVD_RETURN_IF_ERROR(ResponseStatus(*creply));
   return ws;

@@ -50,6 +50,8 @@ class RawClient {
   // True once the daemon closed the connection (EOF) within `timeout`.
   bool WaitClosed(std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
   void Close();
+  // True if a reply (or EOF) can be read now.
+  bool Readable();
 
  private:
   bool ReadExact(uint8_t* out, size_t n, std::chrono::steady_clock::time_point deadline);
