@@ -241,7 +241,9 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     methods.push_back(std::move(m));
   }
   LlamaSession session(model, {.threads = o.threads});
-  if (o.calibration_segments > 0) {
+  const bool need_calibration =
+      std::any_of(methods.begin(), methods.end(), [](const auto& m) { return m->NeedsCalibration(); });
+  if (o.calibration_segments > 0 && need_calibration) {
     std::vector<std::string> calib_warnings;
     auto calib = ReadVerified(manifest, "calib", &calib_warnings);
     rep.warnings.insert(rep.warnings.end(), calib_warnings.begin(), calib_warnings.end());
@@ -263,6 +265,7 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     }
     Progress(o, t0, "calibration prefixes: " + std::to_string(captures.size()));
     for (auto& m : methods) {
+      if (!m->NeedsCalibration()) continue;
       Status s = m->Calibrate(captures);
       if (!s.ok()) return s.WithContext("calibrating " + m->name());
       if (auto r2 = m->CalibrationR2(); !r2.empty()) rep.calibration_r2[m->name()] = r2;

@@ -44,8 +44,10 @@ class CompressionMethod {
  public:
   virtual ~CompressionMethod() = default;
   virtual std::string name() const = 0;
+  // Whether Calibrate needs prefixes (the harness skips their prefill otherwise). Default false.
+  virtual bool NeedsCalibration() const { return false; }
   // Optional: fit per-layer parameters on calibration prefixes (texts disjoint from the eval
-  // texts). Called once before any Compress. Default: nothing to fit.
+  // texts). Called once before any Compress (with no prefixes when none needs them).
   virtual Status Calibrate(const std::vector<PrefixCapture>& calibration) { return Status::Ok(); }
   // Per-layer calibration R^2 (VECTOR); empty when the method has none.
   virtual std::vector<double> CalibrationR2() const { return {}; }
