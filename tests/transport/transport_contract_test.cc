@@ -436,3 +436,43 @@ TEST(UcxTransportTest, UnknownTransportNameIsExplained) {
 
 }  // namespace
 }  // namespace kvd::transport
+
+namespace kvd::transport {
+namespace {
+
+// The same-host cma path reads a sender's memory only if the sender proves it holds the
+// receiver's secret nonce (handed out inside LocalAddress). A sender that connected with a
+// tampered address (wrong nonce) is refused: nothing is read, both sides fail.
+TEST(UcxCmaPathTest, SenderWithoutTheNonceIsRefused) {
+  TransportOptions o = testing::OptionsFor("ucx-sm");
+  auto a = CreateTransport(o);
+  auto b = CreateTransport(o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::string b_addr = *(*b)->LocalAddress();
+  const size_t nonce_at = 8 + 5 * 8;  // "KVDUCX1:" + uuid, host, pid, flags, probe
+  ASSERT_GT(b_addr.size(), nonce_at + 16);
+  b_addr[nonce_at] ^= 0x5A;
+  auto a_to_b = (*a)->Connect(b_addr);
+  ASSERT_TRUE(a_to_b.ok()) << a_to_b.status();
+  auto b_to_a = (*b)->Connect(*(*a)->LocalAddress());
+  ASSERT_TRUE(b_to_a.ok());
+
+  std::vector<uint8_t> src(1 << 20, 0xAB), dst(1 << 20, 0);
+  auto recv = (*b)->PostRecv(*b_to_a, 1, dst.data(), dst.size());
+  auto send = (*a)->PostSend(*a_to_b, 1, src.data(), src.size());
+  ASSERT_TRUE(recv.ok() && send.ok());
+  std::thread t([&] { (void)(*a)->Wait(*send, milliseconds(5000)); });
+  Status s = (*b)->Wait(*recv, milliseconds(5000));
+  t.join();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("could not prove"), std::string::npos) << s;
+  // (The first bytes hold the refused descriptor: a failed receive's buffer is undefined.)
+  EXPECT_EQ(dst[4096], 0);
+  EXPECT_EQ(dst.back(), 0);
+  EXPECT_EQ((*a)->Check(*send).status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE((*b)->Release(*recv).ok());
+  EXPECT_TRUE((*a)->Release(*send).ok());
+}
+
+}  // namespace
+}  // namespace kvd::transport

@@ -65,6 +65,8 @@ std::string UcxTransport::AddressHeader() const {
   PutU64(h, static_cast<uint64_t>(getpid()));
   PutU64(h, options_.cma_threshold_bytes > 0 ? kAddressFlagCma : 0);
   PutU64(h, reinterpret_cast<uint64_t>(&probe_word_));
+  PutU64(h, nonce_[0]);
+  PutU64(h, nonce_[1]);
   return h;
 }
 
@@ -84,6 +86,7 @@ void UcxTransport::ProbeCmaLocked(Peer& peer, std::string_view header) {
   if (ReadRemote(pid, &value, probe, sizeof(value), &err) == sizeof(value) &&
       value == peer.uuid) {
     peer.cma = true;
+    peer.proof.reset(new uint64_t[2]{GetU64(header, 5), GetU64(header, 6)});
   } else {
     KVD_LOG(INFO) << "same-host peer but process_vm_readv is not allowed; large sends go "
                      "through UCX"
@@ -110,8 +113,13 @@ Status UcxTransport::PostCmaSendLocked(uint64_t id, Transfer& t, const TransferR
 
   // 2. The descriptor (heap: it must outlive this call if UCX queues it).
   auto* d = new (::operator new(sizeof(CmaDescriptor)))
-      CmaDescriptor{kCmaMagic,         uuid_,    id, reinterpret_cast<uint64_t>(r.buffer),
-                    r.length, static_cast<uint64_t>(getpid())};
+      CmaDescriptor{kCmaMagic,
+                    uuid_,
+                    id,
+                    reinterpret_cast<uint64_t>(r.buffer),
+                    r.length,
+                    static_cast<uint64_t>(getpid()),
+                    reinterpret_cast<uint64_t>(peers_[r.peer.id].proof.get())};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.user_data = d;
@@ -183,6 +191,22 @@ void UcxTransport::SendAckLocked(uint64_t sender_uuid, uint64_t seq, const Statu
   if (req == nullptr || UCS_PTR_IS_ERR(req)) ::operator delete(payload);
 }
 
+Status UcxTransport::VerifyCmaSenderLocked(const CmaDescriptor& d) {
+  uint64_t proof[2] = {0, 0};
+  int err = 0;
+  if (ReadRemote(static_cast<pid_t>(d.pid), proof, d.proof, sizeof(proof), &err) !=
+          sizeof(proof) ||
+      proof[0] != nonce_[0] || proof[1] != nonce_[1]) {
+    KVD_LOG(WARNING) << "refused a cma descriptor whose sender does not hold this transport's "
+                        "nonce"
+                     << Kv("pid", d.pid) << Kv("errno", err);
+    return Status::FailedPrecondition(
+        "cma descriptor refused: the sending process could not prove it connected to this "
+        "transport");
+  }
+  return Status::Ok();
+}
+
 void UcxTransport::OnRecvDoneLocked(uint64_t id, ucs_status_t status,
                                     const ucp_tag_recv_info_t& info) {
   auto it = transfers_.find(id);
@@ -216,9 +240,11 @@ void UcxTransport::OnRecvDoneLocked(uint64_t id, ucs_status_t status,
     CompleteLocked(id, Status::DataLoss("cma descriptor with a bad magic"), 0);
     return;
   }
-  Status result;
+  Status result = VerifyCmaSenderLocked(d);
   size_t moved = 0;
-  if (d.length > t.capacity) {
+  if (!result.ok()) {
+    // refused: nothing read
+  } else if (d.length > t.capacity) {
     result = Status::OutOfRange("recv transfer " + std::to_string(id) + ": message of " +
                                 std::to_string(d.length) +
                                 " bytes is longer than the receive buffer of " +

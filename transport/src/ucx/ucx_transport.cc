@@ -91,6 +91,8 @@ Status UcxTransport::Init() {
   uuid_ = (uint64_t{rd()} << 32 | rd()) ^ static_cast<uint64_t>(getpid()) ^
           static_cast<uint64_t>(steady_clock::now().time_since_epoch().count());
   probe_word_ = uuid_;
+  nonce_[0] = uint64_t{rd()} << 32 | rd();
+  nonce_[1] = uint64_t{rd()} << 32 | rd();
   host_id_ = HostId();
   address_.assign(kAddressMagic);
   address_.append(AddressHeader());

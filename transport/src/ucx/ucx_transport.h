@@ -43,13 +43,20 @@ struct CmaDescriptor {
   uint64_t address;      // the sender's buffer
   uint64_t length;       // bytes
   uint64_t pid;          // the sender process
+  uint64_t proof;        // address in the sender of a copy of the receiver's secret nonce
 };
 inline constexpr uint64_t kCmaMagic = 0x31414D4344564BULL;  // "KVDCMA1"
 inline constexpr size_t kDescriptorSize = sizeof(CmaDescriptor);
 
-// Between the "KVDUCX1:" magic and the worker address: uuid, host id, pid, flags, probe address
-// (5 x uint64, host byte order).
-inline constexpr size_t kAddressHeaderSize = 40;
+// Between the "KVDUCX1:" magic and the worker address: uuid, host id, pid, flags, probe address,
+// nonce[0], nonce[1] (7 x uint64, host byte order).
+//
+// Trust: a receiver reads only a process that proves it holds this transport's nonce (a random
+// secret handed out only inside LocalAddress, i.e. to peers over the control plane): the sender
+// copies the nonce into its own memory at Connect, and each descriptor names that copy
+// (`proof`), which the receiver reads and compares before it reads the payload. So a peer
+// cannot point the receiver at some other process's memory.
+inline constexpr size_t kAddressHeaderSize = 56;
 inline constexpr uint64_t kAddressFlagCma = 1;
 // A hash of the kernel boot id (equal for processes on one host), or 0 if unreadable.
 uint64_t HostId();
@@ -85,6 +92,7 @@ class UcxTransport final : public Transport {
     std::set<uint64_t> transfers;   // in-flight transfer ids with this peer
     uint64_t uuid = 0;              // the peer transport's uuid (from its address)
     bool cma = false;               // large sends to it take the same-host cma path
+    std::unique_ptr<uint64_t[]> proof;  // cma: our copy of the peer's nonce (2 words)
   };
   struct RegionState {
     ucp_mem_h memh = nullptr;
@@ -113,6 +121,9 @@ class UcxTransport final : public Transport {
 
   explicit UcxTransport(const TransportOptions& options);
   Status Init();
+  // Checks a descriptor's proof (its pid holds nonce_ at its proof address). Not cached: a
+  // 16-byte read per descriptor, so a recycled pid cannot inherit a verdict.
+  Status VerifyCmaSenderLocked(const CmaDescriptor& d);
   Status Err(ucs_status_t s, std::string_view what) const { return UcxToStatus(s, what, env_); }
 
   // All REQUIRE mu_ held.
@@ -153,6 +164,7 @@ class UcxTransport final : public Transport {
   uint64_t uuid_ = 0;            // random; identifies this transport in descriptors and acks
   uint64_t host_id_ = 0;         // hash of the boot id: equal on the same host
   uint64_t probe_word_ = 0;      // = uuid_; peers read it to test process_vm_readv
+  uint64_t nonce_[2] = {0, 0};   // secret; cma senders must prove they hold it
   int event_fd_ = -1;            // -1: no wakeup support, WaitForEvents sleeps briefly
 
   std::mutex mu_;
