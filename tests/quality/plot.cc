@@ -7,6 +7,10 @@
 #include <fstream>
 #include <map>
 
+#ifdef KVD_QUALITY_HAVE_ZLIB
+#include <zlib.h>
+#endif
+
 namespace kvd::quality {
 namespace {
 
@@ -100,13 +104,39 @@ std::vector<std::string> PlotLegend(const HarnessReport& r) {
   return out;
 }
 
-std::string EncodePng(int width, int height, const std::vector<unsigned char>& rgb) {
+std::string EncodePng(int width, int height, const std::vector<unsigned char>& rgb, bool compress) {
   std::string raw;
   raw.reserve(static_cast<size_t>(height) * (width * 3 + 1));
   for (int y = 0; y < height; ++y) {
     raw.push_back('\0');  // filter: none
     raw.append(reinterpret_cast<const char*>(&rgb[static_cast<size_t>(y) * width * 3]), width * 3);
   }
+  std::string z;
+#ifdef KVD_QUALITY_HAVE_ZLIB
+  if (compress) {
+    uLongf len = compressBound(raw.size());
+    z.resize(len);
+    if (compress2(reinterpret_cast<Bytef*>(z.data()), &len,
+                  reinterpret_cast<const Bytef*>(raw.data()), raw.size(), 9) == Z_OK) {
+      z.resize(len);
+    } else {
+      z.clear();
+    }
+  }
+#endif
+  if (z.empty()) z = StoredZlib(raw);
+  std::string png = "\x89PNG\r\n\x1a\n";
+  std::string ihdr;
+  Put32(&ihdr, static_cast<uint32_t>(width));
+  Put32(&ihdr, static_cast<uint32_t>(height));
+  ihdr += std::string("\x08\x02\x00\x00\x00", 5);  // 8-bit RGB, no interlace
+  Chunk(&png, "IHDR", ihdr);
+  Chunk(&png, "IDAT", z);
+  Chunk(&png, "IEND", "");
+  return png;
+}
+
+std::string StoredZlib(const std::string& raw) {
   // zlib stream of stored (uncompressed) deflate blocks.
   std::string z = "\x78\x01";
   for (size_t off = 0; off < raw.size() || off == 0;) {
@@ -127,15 +157,7 @@ std::string EncodePng(int width, int height, const std::vector<unsigned char>& r
     b = (b + a) % 65521;
   }
   Put32(&z, (b << 16) | a);
-  std::string png = "\x89PNG\r\n\x1a\n";
-  std::string ihdr;
-  Put32(&ihdr, static_cast<uint32_t>(width));
-  Put32(&ihdr, static_cast<uint32_t>(height));
-  ihdr += std::string("\x08\x02\x00\x00\x00", 5);  // 8-bit RGB, no interlace
-  Chunk(&png, "IHDR", ihdr);
-  Chunk(&png, "IDAT", z);
-  Chunk(&png, "IEND", "");
-  return png;
+  return z;
 }
 
 Status WritePerplexityPlot(const HarnessReport& r, const std::string& path) {
@@ -192,7 +214,7 @@ Status WritePerplexityPlot(const HarnessReport& r, const std::string& path) {
     for (int dy = 0; dy < 12; ++dy)
       for (int dx = 0; dx < 24; ++dx) cv.Set(W - R - 30 + dx, T + 8 + static_cast<int>(i) * 18 + dy, c);
   }
-  const std::string png = EncodePng(W, H, cv.pixels());
+  const std::string png = EncodePng(W, H, cv.pixels(), /*compress=*/true);
   std::ofstream out(path, std::ios::binary);
   out.write(png.data(), static_cast<std::streamsize>(png.size()));
   if (!out) return Status::Internal("cannot write " + path);

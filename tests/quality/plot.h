@@ -19,8 +19,12 @@ const char* SeriesColorName(size_t i);
 // Methods in plot order with their colour names, e.g. {"full: black", "sink_recent: red"}.
 std::vector<std::string> PlotLegend(const HarnessReport& r);
 
-// Encodes an RGB image (row-major, 3 bytes per pixel) as PNG (stored deflate blocks).
-std::string EncodePng(int width, int height, const std::vector<unsigned char>& rgb);
+// Encodes an RGB image (row-major, 3 bytes per pixel) as PNG. With `compress` and zlib in the
+// build, IDAT is deflated by zlib; otherwise it holds stored (uncompressed) deflate blocks.
+std::string EncodePng(int width, int height, const std::vector<unsigned char>& rgb,
+                      bool compress = false);
+// A zlib stream of stored deflate blocks (no compression) with its Adler-32.
+std::string StoredZlib(const std::string& raw);
 
 // Writes the plot to `path`. "full" (p_c 0 only) is drawn as a horizontal dashed line.
 Status WritePerplexityPlot(const HarnessReport& r, const std::string& path);
