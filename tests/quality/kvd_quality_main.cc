@@ -4,12 +4,15 @@
 //               [--ratios 0.5,0.75,0.9] [--segments N] [--prefix N] [--continuation N]
 //               [--window W] [--passkey N] [--threads N]
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
 
 #include "harness.h"
 #include "kvd/llama/model.h"
+#include "plot.h"
 #include "report.h"
 
 namespace {
@@ -18,7 +21,8 @@ constexpr const char* kUsage =
     "usage: kvd-quality --model PATH [--manifest FILE] [--out DIR] [--quick]\n"
     "                   [--methods full,sink_recent] [--ratios 0.5,0.75,0.9] [--segments 8]\n"
     "                   [--prefix 2048] [--continuation 256] [--window 64] [--passkey 1536]\n"
-    "                   [--threads N] [--list-methods]\n";
+    "                   [--threads N] [--list-methods]\n"
+    "       kvd-quality --plot-from results.csv --out DIR   (re-draws DIR/perplexity.png)\n";
 
 std::vector<std::string> SplitCommas(const std::string& s) {
   std::vector<std::string> out;
@@ -33,7 +37,7 @@ std::vector<std::string> SplitCommas(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_path, out_dir = "quality-out";
+  std::string model_path, out_dir = "quality-out", plot_from;
   kvd::quality::HarnessOptions o;
   o.manifest_path = KVD_QUALITY_DEFAULT_MANIFEST;
   std::string command = "kvd-quality";
@@ -67,6 +71,7 @@ int main(int argc, char** argv) {
       else if (a == "--window") o.window = std::stoi(val());
       else if (a == "--passkey") o.passkey_filler_tokens = std::stoi(val());
       else if (a == "--threads") o.threads = std::stoi(val());
+      else if (a == "--plot-from") plot_from = val();
       else if (a == "--list-methods") {
         for (const auto& n : kvd::quality::MethodRegistry::Global().Names()) std::cout << n << "\n";
         return 0;
@@ -80,6 +85,25 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::cerr << kUsage << "kvd-quality: " << e.what() << "\n";
     return 2;
+  }
+  if (!plot_from.empty()) {
+    std::ifstream in(plot_from, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto rep = kvd::quality::FromCsv(ss.str());
+    if (!in || !rep.ok()) {
+      std::cerr << "kvd-quality: cannot re-plot " << plot_from << ": "
+                << (rep.ok() ? std::string("unreadable") : rep.status().ToString()) << "\n";
+      return 1;
+    }
+    std::filesystem::create_directories(out_dir);
+    kvd::Status s = kvd::quality::WritePerplexityPlot(*rep, out_dir + "/perplexity.png");
+    if (!s.ok()) {
+      std::cerr << "kvd-quality: " << s << "\n";
+      return 1;
+    }
+    for (const auto& l : kvd::quality::PlotLegend(*rep)) std::cout << l << "\n";
+    return 0;
   }
   if (model_path.empty()) {
     std::cerr << kUsage << "kvd-quality: --model is required\n";

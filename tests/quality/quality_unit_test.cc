@@ -164,6 +164,13 @@ TEST(ReportTest, CsvAndMarkdown) {
             std::string::npos)
       << csv;
   EXPECT_NE(LayersToCsv(r).find("sink_recent,0.5000,1,0.300000"), std::string::npos);
+  auto back = FromCsv(csv);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->rows.size(), 1u);
+  EXPECT_EQ(back->rows[0].method, "sink_recent");
+  EXPECT_DOUBLE_EQ(back->rows[0].perplexity, 12.5);
+  EXPECT_DOUBLE_EQ(back->engine_perplexity, 10.0);
+  EXPECT_EQ(FromCsv("header\nbad,row\n").status().code(), StatusCode::kInvalidArgument);
   const std::string md = ToMarkdown(r, "kvd-quality --quick");
   EXPECT_NE(md.find("| sink_recent | 0.50 |"), std::string::npos) << md;
   EXPECT_NE(md.find("`kvd-quality --quick`"), std::string::npos);

@@ -84,6 +84,49 @@ std::string ToMarkdown(const HarnessReport& r, const std::string& command) {
   return os.str();
 }
 
+StatusOr<HarnessReport> FromCsv(const std::string& csv) {
+  HarnessReport r;
+  std::istringstream in(csv);
+  std::string line;
+  int no = 0;
+  while (std::getline(in, line)) {
+    ++no;
+    if (no == 1 || line.empty()) continue;  // header
+    std::vector<std::string> f;
+    std::stringstream ls(line);
+    std::string cell;
+    while (std::getline(ls, cell, ',')) f.push_back(cell);
+    if (f.size() != 11) {
+      return Status::InvalidArgument("results CSV line " + std::to_string(no) + " has " +
+                                     std::to_string(f.size()) + " fields, expected 11");
+    }
+    try {
+      if (f[0] == "engine") {
+        r.engine_scored_tokens = std::stoll(f[3]);
+        r.engine_perplexity = std::stod(f[4]);
+        r.engine_passkey_correct = std::stoi(f[8]);
+        r.engine_passkey_total = std::stoi(f[9]);
+        continue;
+      }
+      MethodResult m;
+      m.method = f[0];
+      m.p_c = std::stod(f[1]);
+      m.achieved_p_c = std::stod(f[2]);
+      m.scored_tokens = std::stoll(f[3]);
+      m.perplexity = std::stod(f[4]);
+      m.top1_agreement = std::stod(f[6]);
+      m.mean_rel_error = std::stod(f[7]);
+      m.passkey_correct = std::stoi(f[8]);
+      m.passkey_total = std::stoi(f[9]);
+      m.seconds = std::stod(f[10]);
+      r.rows.push_back(m);
+    } catch (const std::exception&) {
+      return Status::InvalidArgument("results CSV line " + std::to_string(no) + " has a bad number");
+    }
+  }
+  return r;
+}
+
 Status WriteReport(const HarnessReport& r, const std::string& dir, const std::string& command) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

@@ -15,6 +15,10 @@ std::string LayersToCsv(const HarnessReport& r);
 // "# kvd quality" with the options, texts, the table, and calibration R^2 if any.
 std::string ToMarkdown(const HarnessReport& r, const std::string& command);
 
+// Parses the CSV written by ToCsv back into rows (engine row into engine_perplexity); for
+// re-plotting. INVALID_ARGUMENT naming the line on a malformed row.
+StatusOr<HarnessReport> FromCsv(const std::string& csv);
+
 // Writes results.csv, layers.csv, results.md and perplexity.png under `dir` (created if missing).
 Status WriteReport(const HarnessReport& r, const std::string& dir, const std::string& command);
 
