@@ -35,10 +35,10 @@ void ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition positi
 
 #if KVD_HAVE_CUDA
 namespace cuda {
-Status GatherHeads(const EngineTensorShape& shape, const void* src, std::span<const MatrixView> heads,
-                   void* stream);
-Status ScatterHeads(const EngineTensorShape& shape, std::span<const ConstMatrixView> heads, void* dst,
-                    void* stream);
+Status GatherHeads(const EngineTensorShape& shape, const void* src,
+                   std::span<const MatrixView> heads, void* stream);
+Status ScatterHeads(const EngineTensorShape& shape, std::span<const ConstMatrixView> heads,
+                    void* dst, void* stream);
 Status ApplyRope(const RopeTable& table, RopeDirection direction, const int64_t* positions,
                  std::span<const MatrixView> heads, void* stream);
 Status AttentionMass(const ObservationHead& head, const ObservationOptions& options, float* mass,
@@ -46,8 +46,8 @@ Status AttentionMass(const ObservationHead& head, const ObservationOptions& opti
 // Same zero-norm contract as cpu::KeyDiffScores; *zero_norm set instead of returning false.
 Status KeyDiffScores(ConstMatrixView keys, float* scores, bool* zero_norm, int64_t* bad_row,
                      void* stream);
-Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition position, SlotSet* slots,
-                   void* stream);
+Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition position,
+                   SlotSet* slots, void* stream);
 }  // namespace cuda
 #endif
 

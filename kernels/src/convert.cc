@@ -30,18 +30,23 @@ Status CheckHeadViews(const EngineTensorShape& shape, std::span<const View> head
 }  // namespace
 
 Status EngineTensorShape::Validate() const {
-  if (tokens < 0) return Status::InvalidArgument("convert: negative token count " + std::to_string(tokens));
-  if (num_heads < 1) return Status::InvalidArgument("convert: num_heads must be >= 1, got " + std::to_string(num_heads));
+  if (tokens < 0)
+    return Status::InvalidArgument("convert: negative token count " + std::to_string(tokens));
+  if (num_heads < 1)
+    return Status::InvalidArgument("convert: num_heads must be >= 1, got " +
+                                   std::to_string(num_heads));
   if (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16) {
-    return Status::InvalidArgument("convert: unknown dtype " + std::to_string(static_cast<int>(dtype)));
+    return Status::InvalidArgument("convert: unknown dtype " +
+                                   std::to_string(static_cast<int>(dtype)));
   }
   return CheckHeadDim(head_dim).WithContext("convert");
 }
 
-Status GatherHeads(const EngineTensorShape& shape, const void* src, std::span<const MatrixView> heads,
-                   const ExecOptions& exec, bool check_finite) {
+Status GatherHeads(const EngineTensorShape& shape, const void* src,
+                   std::span<const MatrixView> heads, const ExecOptions& exec, bool check_finite) {
   KVD_RETURN_IF_ERROR(shape.Validate());
-  if (src == nullptr && shape.tokens > 0) return Status::InvalidArgument("convert: null source tensor");
+  if (src == nullptr && shape.tokens > 0)
+    return Status::InvalidArgument("convert: null source tensor");
   KVD_RETURN_IF_ERROR(CheckHeadViews(shape, heads));
   switch (exec.backend) {
     case Backend::kCpu:
@@ -82,10 +87,11 @@ StatusOr<std::vector<Matrix>> GatherHeads(const EngineTensorShape& shape, const 
   return out;
 }
 
-Status ScatterHeads(const EngineTensorShape& shape, std::span<const ConstMatrixView> heads, void* dst,
-                    const ExecOptions& exec) {
+Status ScatterHeads(const EngineTensorShape& shape, std::span<const ConstMatrixView> heads,
+                    void* dst, const ExecOptions& exec) {
   KVD_RETURN_IF_ERROR(shape.Validate());
-  if (dst == nullptr && shape.tokens > 0) return Status::InvalidArgument("convert: null destination tensor");
+  if (dst == nullptr && shape.tokens > 0)
+    return Status::InvalidArgument("convert: null destination tensor");
   KVD_RETURN_IF_ERROR(CheckHeadViews(shape, heads));
   switch (exec.backend) {
     case Backend::kCpu:

@@ -10,7 +10,8 @@ namespace kvd::kernels {
 
 Status KeyDiffBlockOptions::Validate() const {
   if (block_size < 1) {
-    return Status::InvalidArgument("keydiff: block_size must be >= 1, got " + std::to_string(block_size));
+    return Status::InvalidArgument("keydiff: block_size must be >= 1, got " +
+                                   std::to_string(block_size));
   }
   return selection.Validate();
 }
@@ -22,7 +23,8 @@ Status KeyDiffScores(ConstMatrixView keys, std::span<float> scores, const ExecOp
                                    " entries for N=" + std::to_string(keys.rows));
   }
   if (keys.rows == 0) return Status::Ok();
-  if (keys.data == nullptr || keys.ld < keys.cols) return Status::InvalidArgument("keydiff: bad keys view");
+  if (keys.data == nullptr || keys.ld < keys.cols)
+    return Status::InvalidArgument("keydiff: bad keys view");
   KVD_RETURN_IF_ERROR(CheckFinite(keys, "keydiff: keys"));
   int64_t bad_row = -1;
   switch (exec.backend) {
@@ -33,7 +35,8 @@ Status KeyDiffScores(ConstMatrixView keys, std::span<float> scores, const ExecOp
 #if KVD_HAVE_CUDA
       KVD_RETURN_IF_ERROR(CheckCudaBackend("KeyDiffScores"));
       bool zero = false;
-      KVD_RETURN_IF_ERROR(cuda::KeyDiffScores(keys, scores.data(), &zero, &bad_row, exec.cuda_stream));
+      KVD_RETURN_IF_ERROR(
+          cuda::KeyDiffScores(keys, scores.data(), &zero, &bad_row, exec.cuda_stream));
       if (zero) break;
       return Status::Ok();
 #else
@@ -74,16 +77,18 @@ StatusOr<std::vector<int32_t>> KeyDiffBlockwiseSelect(ConstMatrixView keys, int6
     const int64_t c = static_cast<int64_t>(cand.size());
     cand_keys = Matrix(c, keys.cols);
     for (int64_t r = 0; r < c; ++r) {
-      std::copy(keys.Row(cand[static_cast<size_t>(r)]), keys.Row(cand[static_cast<size_t>(r)]) + keys.cols,
-                cand_keys.Row(r));
+      std::copy(keys.Row(cand[static_cast<size_t>(r)]),
+                keys.Row(cand[static_cast<size_t>(r)]) + keys.cols, cand_keys.Row(r));
     }
     scores.assign(static_cast<size_t>(c), 0.0f);
     Status st = KeyDiffScores(cand_keys.View(), scores, exec);
     if (!st.ok()) {
       // Rows of the candidate set are renumbered: name the original token instead.
-      return st.code() == StatusCode::kInvalidArgument && st.message().find("zero-norm") != std::string::npos
+      return st.code() == StatusCode::kInvalidArgument &&
+                     st.message().find("zero-norm") != std::string::npos
                  ? Status::InvalidArgument("keydiff: zero-norm key in block starting at token " +
-                                           std::to_string(b0) + " (" + st.message() + " of the candidates)")
+                                           std::to_string(b0) + " (" + st.message() +
+                                           " of the candidates)")
                  : st;
     }
     SelectionOptions sel;

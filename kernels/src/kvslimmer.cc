@@ -11,23 +11,29 @@
 namespace kvd::kernels {
 
 Status KvSlimmerOptions::Validate() const {
-  if (norm != MergeNorm::kL2 && norm != MergeNorm::kL1Code) return Status::InvalidArgument("kvslimmer: unknown norm");
+  if (norm != MergeNorm::kL2 && norm != MergeNorm::kL1Code)
+    return Status::InvalidArgument("kvslimmer: unknown norm");
   if (lambda != PairLambda::kAsymKv && lambda != PairLambda::kConstant) {
     return Status::InvalidArgument("kvslimmer: unknown lambda");
   }
   if (position != RepresentativePosition::kLast && position != RepresentativePosition::kWeighted) {
     return Status::InvalidArgument("kvslimmer: unknown representative position");
   }
-  if (sinks < 0) return Status::InvalidArgument("kvslimmer: sinks must be >= 0, got " + std::to_string(sinks));
-  if (window < 0) return Status::InvalidArgument("kvslimmer: window must be >= 0, got " + std::to_string(window));
+  if (sinks < 0)
+    return Status::InvalidArgument("kvslimmer: sinks must be >= 0, got " + std::to_string(sinks));
+  if (window < 0)
+    return Status::InvalidArgument("kvslimmer: window must be >= 0, got " + std::to_string(window));
   if (group_size < 1) {
-    return Status::InvalidArgument("kvslimmer: group_size must be >= 1, got " + std::to_string(group_size));
+    return Status::InvalidArgument("kvslimmer: group_size must be >= 1, got " +
+                                   std::to_string(group_size));
   }
   if (!(gamma > 0.0) || !std::isfinite(gamma)) {
-    return Status::InvalidArgument("kvslimmer: gamma must be finite and > 0, got " + std::to_string(gamma));
+    return Status::InvalidArgument("kvslimmer: gamma must be finite and > 0, got " +
+                                   std::to_string(gamma));
   }
   if (mask != MaskKind::kNone && mask != MaskKind::kByPosition) {
-    return Status::InvalidArgument("kvslimmer: mask must be kNone or kByPosition (slots are not tokens)");
+    return Status::InvalidArgument(
+        "kvslimmer: mask must be kNone or kByPosition (slots are not tokens)");
   }
   if (max_rounds < 1) return Status::InvalidArgument("kvslimmer: max_rounds must be >= 1");
   return Status::Ok();
@@ -36,25 +42,27 @@ Status KvSlimmerOptions::Validate() const {
 Status SlotSet::Validate(int64_t head_dim) const {
   const int64_t s = size();
   if (keys_pre.cols != head_dim || value_sums.cols != head_dim) {
-    return Status::InvalidArgument("slots: keys/values have d=" + std::to_string(keys_pre.cols) + "/" +
-                                   std::to_string(value_sums.cols) + ", expected " + std::to_string(head_dim));
+    return Status::InvalidArgument("slots: keys/values have d=" + std::to_string(keys_pre.cols) +
+                                   "/" + std::to_string(value_sums.cols) + ", expected " +
+                                   std::to_string(head_dim));
   }
   if (value_sums.rows != s || cardinality.size() != static_cast<size_t>(s) ||
       positions.size() != static_cast<size_t>(s) ||
       keys_pre.values.size() != static_cast<size_t>(s * head_dim) ||
       value_sums.values.size() != static_cast<size_t>(s * head_dim)) {
-    return Status::InvalidArgument("slots: inconsistent sizes (keys " + std::to_string(s) + ", values " +
-                                   std::to_string(value_sums.rows) + ", cardinality " +
-                                   std::to_string(cardinality.size()) + ", positions " +
-                                   std::to_string(positions.size()) + ")");
+    return Status::InvalidArgument("slots: inconsistent sizes (keys " + std::to_string(s) +
+                                   ", values " + std::to_string(value_sums.rows) +
+                                   ", cardinality " + std::to_string(cardinality.size()) +
+                                   ", positions " + std::to_string(positions.size()) + ")");
   }
   if (!h.empty() && (h.size() != static_cast<size_t>(s) || h_observations.size() != h.size())) {
-    return Status::InvalidArgument("slots: h state has " + std::to_string(h.size()) + " entries for " +
-                                   std::to_string(s) + " slots");
+    return Status::InvalidArgument("slots: h state has " + std::to_string(h.size()) +
+                                   " entries for " + std::to_string(s) + " slots");
   }
   for (int64_t j = 0; j < s; ++j) {
     if (cardinality[static_cast<size_t>(j)] < 1) {
-      return Status::InvalidArgument("slots: cardinality " + std::to_string(cardinality[static_cast<size_t>(j)]) +
+      return Status::InvalidArgument("slots: cardinality " +
+                                     std::to_string(cardinality[static_cast<size_t>(j)]) +
                                      " < 1 at slot " + std::to_string(j));
     }
     if (positions[static_cast<size_t>(j)] < 0) {
@@ -65,16 +73,17 @@ Status SlotSet::Validate(int64_t head_dim) const {
   return CheckFinite(value_sums.View(), "slots: values");
 }
 
-StatusOr<SlotSet> SlotsFromTokens(const RopeTable& rope, ConstMatrixView keys_post, ConstMatrixView values,
-                                  std::span<const int64_t> positions, const ExecOptions& exec) {
+StatusOr<SlotSet> SlotsFromTokens(const RopeTable& rope, ConstMatrixView keys_post,
+                                  ConstMatrixView values, std::span<const int64_t> positions,
+                                  const ExecOptions& exec) {
   const int64_t n = keys_post.rows, d = rope.head_dim();
   if (keys_post.cols != d || values.cols != d || values.rows != n ||
       positions.size() != static_cast<size_t>(n)) {
-    return Status::InvalidArgument("kvslimmer: tokens need keys [N, d], values [N, d] and N positions (d=" +
-                                   std::to_string(d) + "), got keys [" + std::to_string(n) + ", " +
-                                   std::to_string(keys_post.cols) + "], values [" +
-                                   std::to_string(values.rows) + ", " + std::to_string(values.cols) +
-                                   "], " + std::to_string(positions.size()) + " positions");
+    return Status::InvalidArgument(
+        "kvslimmer: tokens need keys [N, d], values [N, d] and N positions (d=" +
+        std::to_string(d) + "), got keys [" + std::to_string(n) + ", " +
+        std::to_string(keys_post.cols) + "], values [" + std::to_string(values.rows) + ", " +
+        std::to_string(values.cols) + "], " + std::to_string(positions.size()) + " positions");
   }
   KVD_RETURN_IF_ERROR(CheckFinite(keys_post, "kvslimmer: keys"));
   KVD_RETURN_IF_ERROR(CheckFinite(values, "kvslimmer: values"));
@@ -93,29 +102,31 @@ StatusOr<SlotSet> SlotsFromTokens(const RopeTable& rope, ConstMatrixView keys_po
   return slots;
 }
 
-Status RotateSlotKeys(const RopeTable& rope, const SlotSet& slots, MatrixView out, const ExecOptions& exec) {
+Status RotateSlotKeys(const RopeTable& rope, const SlotSet& slots, MatrixView out,
+                      const ExecOptions& exec) {
   if (out.rows != slots.size() || out.cols != slots.keys_pre.cols) {
     return Status::InvalidArgument("kvslimmer: output is [" + std::to_string(out.rows) + ", " +
-                                   std::to_string(out.cols) + "] for " + std::to_string(slots.size()) +
-                                   " slots");
+                                   std::to_string(out.cols) + "] for " +
+                                   std::to_string(slots.size()) + " slots");
   }
   return ApplyRope(rope, RopeDirection::kRotate, slots.positions, slots.keys_pre.View(), out, exec);
 }
 
-Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition position, SlotSet* slots,
-                   const ExecOptions& exec) {
+Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition position,
+                   SlotSet* slots, const ExecOptions& exec) {
   if (slots == nullptr) return Status::InvalidArgument("kvslimmer: null slots");
   const int64_t s = slots->size();
   int64_t next_free = 0;
   for (size_t p = 0; p < pairs.size(); ++p) {
     const MergePair& mp = pairs[p];
     if (mp.first < next_free || mp.first + 1 >= s) {
-      return Status::InvalidArgument("kvslimmer: merge pair " + std::to_string(p) + " (slot " +
-                                     std::to_string(mp.first) +
-                                     ") overlaps the previous pair, is unsorted or is out of range");
+      return Status::InvalidArgument(
+          "kvslimmer: merge pair " + std::to_string(p) + " (slot " + std::to_string(mp.first) +
+          ") overlaps the previous pair, is unsorted or is out of range");
     }
     if (!std::isfinite(mp.w_first) || !std::isfinite(mp.w_second)) {
-      return Status::InvalidArgument("kvslimmer: non-finite merge weight in pair " + std::to_string(p));
+      return Status::InvalidArgument("kvslimmer: non-finite merge weight in pair " +
+                                     std::to_string(p));
     }
     next_free = mp.first + 2;
   }
@@ -155,15 +166,16 @@ Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
                          const KvSlimmerOptions& options, SlotSet* slots, KvSlimmerStats* stats,
                          const ExecOptions& exec) {
   KVD_RETURN_IF_ERROR(options.Validate());
-  if (slots == nullptr || stats == nullptr) return Status::InvalidArgument("kvslimmer: null slots or stats");
+  if (slots == nullptr || stats == nullptr)
+    return Status::InvalidArgument("kvslimmer: null slots or stats");
   const int64_t d = rope.head_dim();
   KVD_RETURN_IF_ERROR(CheckHeadDim(d).WithContext("kvslimmer"));
   KVD_RETURN_IF_ERROR(slots->Validate(d));
   if (queries.cols != d || queries.rows < 1 || queries.rows % options.group_size != 0) {
-    return Status::InvalidArgument("kvslimmer: observation queries must be [W*G, d] with W >= 1, G=" +
-                                   std::to_string(options.group_size) + ", d=" + std::to_string(d) +
-                                   "; got [" + std::to_string(queries.rows) + ", " +
-                                   std::to_string(queries.cols) + "]");
+    return Status::InvalidArgument(
+        "kvslimmer: observation queries must be [W*G, d] with W >= 1, G=" +
+        std::to_string(options.group_size) + ", d=" + std::to_string(d) + "; got [" +
+        std::to_string(queries.rows) + ", " + std::to_string(queries.cols) + "]");
   }
   const int64_t w = queries.rows / options.group_size;
   if (options.mask == MaskKind::kByPosition && query_positions.size() != static_cast<size_t>(w)) {
@@ -173,20 +185,22 @@ Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
   KVD_RETURN_IF_ERROR(CheckFinite(queries, "kvslimmer: queries"));
   int64_t s = slots->size();
   if (s < options.sinks) {
-    return Status::InvalidArgument("kvslimmer: " + std::to_string(s) + " slots is smaller than the sinks (" +
+    return Status::InvalidArgument("kvslimmer: " + std::to_string(s) +
+                                   " slots is smaller than the sinks (" +
                                    std::to_string(options.sinks) + ")");
   }
   if (s < options.sinks + options.window) {
-    return Status::InvalidArgument("kvslimmer: " + std::to_string(s) + " slots is smaller than the window (" +
-                                   std::to_string(options.window) + ") + sinks (" +
-                                   std::to_string(options.sinks) + ")");
+    return Status::InvalidArgument(
+        "kvslimmer: " + std::to_string(s) + " slots is smaller than the window (" +
+        std::to_string(options.window) + ") + sinks (" + std::to_string(options.sinks) + ")");
   }
   const int64_t min_budget = KvSlimmerMinBudget(s, options);
   if (slot_budget > s || slot_budget < min_budget) {
     return Status::OutOfRange("kvslimmer: slot budget " + std::to_string(slot_budget) +
                               " is unreachable: must be in [" + std::to_string(min_budget) + ", " +
                               std::to_string(s) + "] (sinks " + std::to_string(options.sinks) +
-                              " and window " + std::to_string(options.window) + " are never merged)");
+                              " and window " + std::to_string(options.window) +
+                              " are never merged)");
   }
   ObservationOptions obs;
   obs.mask = options.mask;
@@ -198,19 +212,23 @@ Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
   KvSlimmerStats local;
   while (s > slot_budget) {
     if (local.rounds >= options.max_rounds) {
-      return Status::Internal("kvslimmer: budget " + std::to_string(slot_budget) + " not reached after " +
-                              std::to_string(local.rounds) + " rounds (" + std::to_string(s) + " slots)");
+      return Status::Internal("kvslimmer: budget " + std::to_string(slot_budget) +
+                              " not reached after " + std::to_string(local.rounds) + " rounds (" +
+                              std::to_string(s) + " slots)");
     }
     post = Matrix(s, d);
     KVD_RETURN_IF_ERROR(RotateSlotKeys(rope, *slots, post.View(), exec));
     bias.resize(static_cast<size_t>(s));
-    for (int64_t j = 0; j < s; ++j) bias[static_cast<size_t>(j)] = std::log(static_cast<float>(slots->cardinality[static_cast<size_t>(j)]));
+    for (int64_t j = 0; j < s; ++j)
+      bias[static_cast<size_t>(j)] =
+          std::log(static_cast<float>(slots->cardinality[static_cast<size_t>(j)]));
     mass.assign(static_cast<size_t>(s), 0.0f);
     ObservationHead head{queries, post.View(), bias, query_positions, slots->positions};
     KVD_RETURN_IF_ERROR(ComputeAttentionMass(head, obs, mass, exec));
     const int64_t begin = options.sinks, end = s - options.window;
     KVD_RETURN_IF_ERROR(ComputePairStatistics(mass, begin, end, options.norm, slots, &pair_stats));
-    const std::vector<double> rank = RankPairs(mass, *slots, begin, end, options.lambda, options.gamma);
+    const std::vector<double> rank =
+        RankPairs(mass, *slots, begin, end, options.lambda, options.gamma);
     const std::vector<int64_t> chosen = SelectDisjointPairs(rank, s - slot_budget);
     if (chosen.empty()) {
       return Status::Internal("kvslimmer: no mergeable pair among " + std::to_string(s) + " slots");
@@ -232,8 +250,8 @@ Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
 }
 
 Status KvSlimmerCompressHeads(const RopeTable& rope, std::span<const KvSlimmerHead> heads,
-                              int64_t slot_budget, const KvSlimmerOptions& options, KvSlimmerStats* stats,
-                              const ExecOptions& exec) {
+                              int64_t slot_budget, const KvSlimmerOptions& options,
+                              KvSlimmerStats* stats, const ExecOptions& exec) {
   if (stats == nullptr) return Status::InvalidArgument("kvslimmer: null stats");
   std::vector<Status> status(heads.size());
   std::vector<KvSlimmerStats> per_head(heads.size());
@@ -243,8 +261,8 @@ Status KvSlimmerCompressHeads(const RopeTable& rope, std::span<const KvSlimmerHe
   ParallelFor(static_cast<int64_t>(heads.size()), threads, [&](int64_t h) {
     const KvSlimmerHead& head = heads[static_cast<size_t>(h)];
     status[static_cast<size_t>(h)] =
-        KvSlimmerCompress(rope, head.queries, head.query_positions, slot_budget, options, head.slots,
-                          &per_head[static_cast<size_t>(h)], inner);
+        KvSlimmerCompress(rope, head.queries, head.query_positions, slot_budget, options,
+                          head.slots, &per_head[static_cast<size_t>(h)], inner);
   });
   for (size_t h = 0; h < heads.size(); ++h) {
     if (!status[h].ok()) return status[h].WithContext("head " + std::to_string(h));

@@ -24,7 +24,8 @@ Status ObservationOptions::Validate() const {
 
 namespace {
 
-Status ValidateHead(const ObservationHead& head, const ObservationOptions& options, size_t mass_size) {
+Status ValidateHead(const ObservationHead& head, const ObservationOptions& options,
+                    size_t mass_size) {
   const ConstMatrixView& q = head.queries;
   const ConstMatrixView& k = head.keys;
   KVD_RETURN_IF_ERROR(CheckHeadDim(k.cols).WithContext("observation: keys"));
@@ -68,9 +69,8 @@ Status ValidateHead(const ObservationHead& head, const ObservationOptions& optio
   KVD_RETURN_IF_ERROR(CheckFinite(q, "observation: queries"));
   KVD_RETURN_IF_ERROR(CheckFinite(k, "observation: keys"));
   if (!head.key_bias.empty()) {
-    KVD_RETURN_IF_ERROR(CheckFiniteSpan(head.key_bias.data(),
-                                        static_cast<int64_t>(head.key_bias.size()),
-                                        "observation: bias"));
+    KVD_RETURN_IF_ERROR(CheckFiniteSpan(
+        head.key_bias.data(), static_cast<int64_t>(head.key_bias.size()), "observation: bias"));
   }
   return Status::Ok();
 }
@@ -103,7 +103,8 @@ Status ComputeAttentionMass(const ObservationHead& head, const ObservationOption
   return DispatchOne(head, options, mass.data(), exec);
 }
 
-Status ComputeAttentionMass(std::span<const ObservationHead> heads, const ObservationOptions& options,
+Status ComputeAttentionMass(std::span<const ObservationHead> heads,
+                            const ObservationOptions& options,
                             std::vector<std::vector<float>>* masses, const ExecOptions& exec) {
   KVD_RETURN_IF_ERROR(options.Validate());
   if (masses == nullptr) return Status::InvalidArgument("observation: null output");
@@ -119,9 +120,8 @@ Status ComputeAttentionMass(std::span<const ObservationHead> heads, const Observ
     }
     return Status::Ok();
   }
-  ParallelFor(static_cast<int64_t>(heads.size()), exec.num_threads, [&](int64_t h) {
-    cpu::AttentionMass(heads[h], options, (*masses)[h].data());
-  });
+  ParallelFor(static_cast<int64_t>(heads.size()), exec.num_threads,
+              [&](int64_t h) { cpu::AttentionMass(heads[h], options, (*masses)[h].data()); });
   return Status::Ok();
 }
 

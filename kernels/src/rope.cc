@@ -101,23 +101,26 @@ Status Dispatch(const RopeTable& table, RopeDirection direction, const int64_t* 
 
 }  // namespace
 
-Status ApplyRope(const RopeTable& table, RopeDirection direction, std::span<const int64_t> positions,
-                 std::span<const MatrixView> heads, const ExecOptions& exec, bool check_finite) {
+Status ApplyRope(const RopeTable& table, RopeDirection direction,
+                 std::span<const int64_t> positions, std::span<const MatrixView> heads,
+                 const ExecOptions& exec, bool check_finite) {
   KVD_RETURN_IF_ERROR(ValidateRope(table, positions.size(), heads, check_finite));
   KVD_RETURN_IF_ERROR(CheckPositions(positions));
   return Dispatch(table, direction, positions.data(), heads, exec);
 }
 
-Status ApplyRope(const RopeTable& table, RopeDirection direction, std::span<const int32_t> positions,
-                 std::span<const MatrixView> heads, const ExecOptions& exec, bool check_finite) {
+Status ApplyRope(const RopeTable& table, RopeDirection direction,
+                 std::span<const int32_t> positions, std::span<const MatrixView> heads,
+                 const ExecOptions& exec, bool check_finite) {
   KVD_RETURN_IF_ERROR(ValidateRope(table, positions.size(), heads, check_finite));
   KVD_RETURN_IF_ERROR(CheckPositions(positions));
   std::vector<int64_t> wide(positions.begin(), positions.end());
   return Dispatch(table, direction, wide.data(), heads, exec);
 }
 
-Status ApplyRope(const RopeTable& table, RopeDirection direction, std::span<const int64_t> positions,
-                 ConstMatrixView in, MatrixView out, const ExecOptions& exec) {
+Status ApplyRope(const RopeTable& table, RopeDirection direction,
+                 std::span<const int64_t> positions, ConstMatrixView in, MatrixView out,
+                 const ExecOptions& exec) {
   if (in.rows != out.rows || in.cols != out.cols) {
     return Status::InvalidArgument("rope: input and output shapes differ");
   }

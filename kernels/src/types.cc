@@ -65,7 +65,8 @@ Status CheckFiniteSpan(const float* data, int64_t n, const char* what) {
 Status CheckHeadDim(int64_t head_dim) {
   if (head_dim < 2 || head_dim > kMaxHeadDim || head_dim % 2 != 0) {
     return Status::InvalidArgument("unsupported head_dim " + std::to_string(head_dim) +
-                                   ": must be even and in [2, " + std::to_string(kMaxHeadDim) + "]");
+                                   ": must be even and in [2, " + std::to_string(kMaxHeadDim) +
+                                   "]");
   }
   return Status::Ok();
 }

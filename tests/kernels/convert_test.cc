@@ -3,13 +3,13 @@
 // the common/dtype.h scalar rounding bit for bit (round to nearest even).
 #include "kvd/kernels/convert.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "reference.h"
 
@@ -25,7 +25,8 @@ std::vector<uint8_t> MakeEngineTensor(const EngineTensorShape& s, uint64_t seed)
   return bytes;
 }
 
-float ElementAt(const EngineTensorShape& s, const std::vector<uint8_t>& bytes, int64_t i, int64_t h, int64_t c) {
+float ElementAt(const EngineTensorShape& s, const std::vector<uint8_t>& bytes, int64_t i, int64_t h,
+                int64_t c) {
   const size_t idx = static_cast<size_t>((i * s.num_heads + h) * s.head_dim + c);
   float out;
   ConvertToFloat(s.dtype, bytes.data() + idx * DTypeSize(s.dtype), &out, 1);
@@ -46,7 +47,8 @@ TEST_P(ConvertTest, GatherMatchesScalarAndScatterRoundTrips) {
   for (int64_t h = 0; h < 8; ++h)
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < d; ++c)
-        ASSERT_EQ((*heads)[h].Row(i)[c], ElementAt(shape, bytes, i, h, c)) << h << " " << i << " " << c;
+        ASSERT_EQ((*heads)[h].Row(i)[c], ElementAt(shape, bytes, i, h, c))
+            << h << " " << i << " " << c;
   std::vector<ConstMatrixView> views;
   for (const Matrix& m : *heads) views.push_back(m.View());
   std::vector<uint8_t> back(shape.Bytes());
@@ -54,15 +56,17 @@ TEST_P(ConvertTest, GatherMatchesScalarAndScatterRoundTrips) {
   EXPECT_EQ(0, std::memcmp(back.data(), bytes.data(), bytes.size()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, ConvertTest,
-                         ::testing::Combine(::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16),
-                                            ::testing::Values(int64_t{1}, int64_t{7}, int64_t{513}),
-                                            ::testing::Values(int64_t{64}, int64_t{128})));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, ConvertTest,
+    ::testing::Combine(::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16),
+                       ::testing::Values(int64_t{1}, int64_t{7}, int64_t{64}, int64_t{513}),
+                       ::testing::Values(int64_t{64}, int64_t{128})));
 
 TEST(ConvertTest, ScatterRoundsLikeTheScalarConversion) {
   for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
     EngineTensorShape shape{33, 2, 64, dt};
-    std::vector<Matrix> heads{testing::RandomMatrix(33, 64, 1, 100.0f), testing::RandomMatrix(33, 64, 2, 1e-3f)};
+    std::vector<Matrix> heads{testing::RandomMatrix(33, 64, 1, 100.0f),
+                              testing::RandomMatrix(33, 64, 2, 1e-3f)};
     heads[0].Row(3)[5] = 1e6f;   // beyond float16 range: +Inf in float16, finite in bfloat16
     heads[1].Row(4)[6] = 3e-8f;  // float16 subnormal
     std::vector<ConstMatrixView> views{heads[0].View(), heads[1].View()};
@@ -130,7 +134,8 @@ TEST(ConvertCudaTest, MatchesCpu) {
     auto cpu = GatherHeads(shape, bytes.data());
     auto gpu = GatherHeads(shape, bytes.data(), ExecOptions{Backend::kCuda});
     ASSERT_TRUE(cpu.ok() && gpu.ok()) << gpu.status();
-    for (size_t h = 0; h < 8; ++h) EXPECT_EQ(testing::MaxAbsDiff((*cpu)[h].View(), (*gpu)[h].View()), 0.0);
+    for (size_t h = 0; h < 8; ++h)
+      EXPECT_EQ(testing::MaxAbsDiff((*cpu)[h].View(), (*gpu)[h].View()), 0.0);
     std::vector<ConstMatrixView> views;
     for (const Matrix& m : *gpu) views.push_back(m.View());
     std::vector<uint8_t> back(shape.Bytes());

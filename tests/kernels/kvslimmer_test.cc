@@ -6,15 +6,15 @@
 // original to float32 rounding of the merged key (1e-5 absolute on unit-scale values).
 #include "kvd/kernels/kvslimmer.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "reference.h"
 
@@ -48,7 +48,8 @@ TEST(KvSlimmerStatsTest, PairStatisticsMatchFloat64) {
   for (MergeNorm norm : {MergeNorm::kL2, MergeNorm::kL1Code}) {
     SlotSet slots = RandomSlots(s, d, 3);
     std::vector<float> mass(static_cast<size_t>(s));
-    for (int64_t j = 0; j < s; ++j) mass[static_cast<size_t>(j)] = 0.1f + 0.01f * static_cast<float>((j * 7) % 13);
+    for (int64_t j = 0; j < s; ++j)
+      mass[static_cast<size_t>(j)] = 0.1f + 0.01f * static_cast<float>((j * 7) % 13);
     PairStatistics st;
     ASSERT_TRUE(ComputePairStatistics(mass, begin, end, norm, &slots, &st).ok());
     double total = 0.0;
@@ -58,14 +59,17 @@ TEST(KvSlimmerStatsTest, PairStatisticsMatchFloat64) {
       const double a = (j >= begin && j < end) ? mass[static_cast<size_t>(j)] / total : 0.0;
       ASSERT_NEAR(st.alpha[static_cast<size_t>(j)], a, 1e-12);
       for (int64_t c = 0; c < d; ++c)
-        o[static_cast<size_t>(c)] += a * slots.value_sums.Row(j)[c] / slots.cardinality[static_cast<size_t>(j)];
+        o[static_cast<size_t>(c)] +=
+            a * slots.value_sums.Row(j)[c] / slots.cardinality[static_cast<size_t>(j)];
     }
-    for (int64_t c = 0; c < d; ++c) ASSERT_NEAR(st.o[static_cast<size_t>(c)], o[static_cast<size_t>(c)], 1e-9);
+    for (int64_t c = 0; c < d; ++c)
+      ASSERT_NEAR(st.o[static_cast<size_t>(c)], o[static_cast<size_t>(c)], 1e-9);
     if (norm == MergeNorm::kL1Code) {
       const int64_t j = 10;
       double dev = 0.0;
       for (int64_t c = 0; c < d; ++c)
-        dev += std::fabs(slots.value_sums.Row(j)[c] / double(slots.cardinality[j]) - o[static_cast<size_t>(c)]);
+        dev += std::fabs(slots.value_sums.Row(j)[c] / double(slots.cardinality[j]) -
+                         o[static_cast<size_t>(c)]);
       const double a = st.alpha[j];
       EXPECT_NEAR(st.l1_dev[j], dev, 1e-6);
       EXPECT_NEAR(st.h[j], a * (1 - 2 * a) * dev, 1e-7);
@@ -110,7 +114,8 @@ TEST(KvSlimmerStatsTest, MergeWeightsBothVariantsAndGuard) {
   r = ComputeMergeWeights(MergeNorm::kL1Code, slots, st, 0);
   const double h12 = 0.02 * 2.0, A = 0.12 - h12, B = 0.08 - h12;
   EXPECT_NEAR(r.pair.w_first, A / (A + B), 1e-6);
-  EXPECT_NEAR(r.pair.h_merged, (A / (A + B)) * (A / (A + B)) * 0.12 + (B / (A + B)) * (B / (A + B)) * 0.08, 1e-6);
+  EXPECT_NEAR(r.pair.h_merged,
+              (A / (A + B)) * (A / (A + B)) * 0.12 + (B / (A + B)) * (B / (A + B)) * 0.08, 1e-6);
   // Guard: D <= 0 (alpha = 0.5 zeroes c11 and c22) -> mean.
   st.alpha = {0.5, 0.5};
   r = ComputeMergeWeights(MergeNorm::kL2, slots, st, 0);
@@ -162,7 +167,8 @@ TEST(KvSlimmerStatsTest, RankAndDisjointSelection) {
 // Attention output of `slots` in the pre-RoPE space (queries pre-RoPE too), compact form.
 std::vector<double> CompactOutput(const SlotSet& slots, std::span<const double> q) {
   std::vector<double> l(slots.cardinality.begin(), slots.cardinality.end());
-  return testing::RefCompactAttention(q, testing::ToRef(slots.keys_pre.View()), testing::ToRef(slots.value_sums.View()), l);
+  return testing::RefCompactAttention(q, testing::ToRef(slots.keys_pre.View()),
+                                      testing::ToRef(slots.value_sums.View()), l);
 }
 
 TEST(KvSlimmerPropertyTest, IdenticalKeysMergeWithoutChangingAttention) {
@@ -176,7 +182,8 @@ TEST(KvSlimmerPropertyTest, IdenticalKeysMergeWithoutChangingAttention) {
   PairStatistics st;
   ASSERT_TRUE(ComputePairStatistics(mass, 0, n, MergeNorm::kL2, &slots, &st).ok());
   const MergeWeightResult w = ComputeMergeWeights(MergeNorm::kL2, slots, st, 10);
-  ASSERT_TRUE(ApplyMerges(std::vector<MergePair>{w.pair}, RepresentativePosition::kLast, &slots).ok());
+  ASSERT_TRUE(
+      ApplyMerges(std::vector<MergePair>{w.pair}, RepresentativePosition::kLast, &slots).ok());
   ASSERT_EQ(slots.size(), n - 1);
   EXPECT_EQ(slots.cardinality[10], 2);
   for (int trial = 0; trial < 5; ++trial) {
@@ -215,7 +222,8 @@ TEST(KvSlimmerPropertyTest, AllIdenticalKeysCompressWithoutChangingAttention) {
 }
 
 class KvSlimmerBudgetTest
-    : public ::testing::TestWithParam<std::tuple<double, MergeNorm, RepresentativePosition, int>> {};
+    : public ::testing::TestWithParam<std::tuple<double, MergeNorm, RepresentativePosition, int>> {
+};
 
 TEST_P(KvSlimmerBudgetTest, MeetsBudgetExactlyAndProtectsSinksAndWindow) {
   const auto [pc, norm, position, g] = GetParam();
@@ -229,7 +237,8 @@ TEST_P(KvSlimmerBudgetTest, MeetsBudgetExactlyAndProtectsSinksAndWindow) {
   const SlotSet original = *slots;
   Matrix q = testing::RandomMatrix(w * g, d, 7);
   std::vector<int64_t> qpos(static_cast<size_t>(w));
-  for (int64_t i = 0; i < w; ++i) qpos[static_cast<size_t>(i)] = 1000 + n - w + i;  // the last W tokens
+  for (int64_t i = 0; i < w; ++i)
+    qpos[static_cast<size_t>(i)] = 1000 + n - w + i;  // the last W tokens
   KvSlimmerOptions opt;
   opt.norm = norm;
   opt.position = position;
@@ -258,7 +267,8 @@ TEST_P(KvSlimmerBudgetTest, MeetsBudgetExactlyAndProtectsSinksAndWindow) {
     const int64_t src = sink ? j : n - (budget - j);
     EXPECT_EQ(slots->cardinality[static_cast<size_t>(j)], 1);
     EXPECT_EQ(slots->positions[static_cast<size_t>(j)], pos[static_cast<size_t>(src)]);
-    for (int64_t c = 0; c < d; ++c) ASSERT_EQ(slots->keys_pre.Row(j)[c], original.keys_pre.Row(src)[c]);
+    for (int64_t c = 0; c < d; ++c)
+      ASSERT_EQ(slots->keys_pre.Row(j)[c], original.keys_pre.Row(src)[c]);
   }
   // Positions stay within the merged span and increasing.
   for (int64_t j = 1; j < budget; ++j) EXPECT_LT(slots->positions[j - 1], slots->positions[j]);
@@ -268,7 +278,8 @@ TEST_P(KvSlimmerBudgetTest, MeetsBudgetExactlyAndProtectsSinksAndWindow) {
 INSTANTIATE_TEST_SUITE_P(Ratios, KvSlimmerBudgetTest,
                          ::testing::Combine(::testing::Values(0.25, 0.5, 0.75, 0.9),
                                             ::testing::Values(MergeNorm::kL2, MergeNorm::kL1Code),
-                                            ::testing::Values(RepresentativePosition::kLast, RepresentativePosition::kWeighted),
+                                            ::testing::Values(RepresentativePosition::kLast,
+                                                              RepresentativePosition::kWeighted),
                                             ::testing::Values(1, 4)));
 
 TEST(KvSlimmerTest, WeightedPositionAndHeadsBatch) {
@@ -296,7 +307,8 @@ TEST(KvSlimmerTest, WeightedPositionAndHeadsBatch) {
   std::vector<KvSlimmerHead> heads;
   for (int h = 0; h < 3; ++h) heads.push_back(KvSlimmerHead{qs[h].View(), qpos, &batch[h]});
   KvSlimmerStats bstats, sstats;
-  ASSERT_TRUE(KvSlimmerCompressHeads(rope, heads, 50, opt, &bstats, ExecOptions{Backend::kCpu, 2}).ok());
+  ASSERT_TRUE(
+      KvSlimmerCompressHeads(rope, heads, 50, opt, &bstats, ExecOptions{Backend::kCpu, 2}).ok());
   for (int h = 0; h < 3; ++h) {
     ASSERT_TRUE(KvSlimmerCompress(rope, qs[h].View(), qpos, 50, opt, &single[h], &sstats).ok());
     EXPECT_EQ(batch[h].positions, single[h].positions);
@@ -309,7 +321,8 @@ TEST(KvSlimmerTest, WeightedPositionAndHeadsBatch) {
 TEST(KvSlimmerTest, RejectsBadInput) {
   const int64_t d = 64, n = 32;
   const RopeTable rope = Table(d);
-  Matrix k = testing::RandomMatrix(n, d, 1), v = testing::RandomMatrix(n, d, 2), q = testing::RandomMatrix(4, d, 3);
+  Matrix k = testing::RandomMatrix(n, d, 1), v = testing::RandomMatrix(n, d, 2),
+         q = testing::RandomMatrix(4, d, 3);
   const std::vector<int64_t> pos = testing::SequentialPositions(n);
   std::vector<int64_t> qpos(4, n);
   v.Row(3)[3] = std::numeric_limits<float>::quiet_NaN();
@@ -327,14 +340,17 @@ TEST(KvSlimmerTest, RejectsBadInput) {
   Status r = KvSlimmerCompress(rope, q.View(), qpos, 12, opt, &s, &st);
   EXPECT_EQ(r.code(), StatusCode::kOutOfRange);
   EXPECT_THAT(r.message(), HasSubstr("slot budget 12 is unreachable: must be in [13, 32]"));
-  EXPECT_EQ(KvSlimmerCompress(rope, q.View(), qpos, 33, opt, &s, &st).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(KvSlimmerCompress(rope, q.View(), qpos, 33, opt, &s, &st).code(),
+            StatusCode::kOutOfRange);
   EXPECT_TRUE(KvSlimmerCompress(rope, q.View(), qpos, 32, opt, &s, &st).ok());  // no-op
   EXPECT_EQ(s.size(), 32);
   opt.sinks = 40;
-  EXPECT_THAT(KvSlimmerCompress(rope, q.View(), qpos, 20, opt, &s, &st).message(), HasSubstr("smaller than the sinks"));
+  EXPECT_THAT(KvSlimmerCompress(rope, q.View(), qpos, 20, opt, &s, &st).message(),
+              HasSubstr("smaller than the sinks"));
   opt.sinks = 4;
   opt.window = 30;
-  EXPECT_THAT(KvSlimmerCompress(rope, q.View(), qpos, 20, opt, &s, &st).message(), HasSubstr("smaller than the window"));
+  EXPECT_THAT(KvSlimmerCompress(rope, q.View(), qpos, 20, opt, &s, &st).message(),
+              HasSubstr("smaller than the window"));
   opt.window = 0;
   q.Row(1)[2] = std::numeric_limits<float>::infinity();
   r = KvSlimmerCompress(rope, q.View(), qpos, 20, opt, &s, &st);
@@ -344,19 +360,23 @@ TEST(KvSlimmerTest, RejectsBadInput) {
   EXPECT_THAT(KvSlimmerCompress(rope, Matrix(0, d).View(), {}, 20, opt, &s, &st).message(),
               HasSubstr("observation queries must be"));
   opt.mask = MaskKind::kCausalWindow;
-  EXPECT_THAT(KvSlimmerCompress(rope, q.View(), qpos, 20, opt, &s, &st).message(), HasSubstr("mask must be"));
+  EXPECT_THAT(KvSlimmerCompress(rope, q.View(), qpos, 20, opt, &s, &st).message(),
+              HasSubstr("mask must be"));
   opt.mask = MaskKind::kByPosition;
   const RopeTable rope128 = Table(128);
-  EXPECT_THAT(KvSlimmerCompress(rope128, q.View(), qpos, 20, opt, &s, &st).message(), HasSubstr("expected 128"));
+  EXPECT_THAT(KvSlimmerCompress(rope128, q.View(), qpos, 20, opt, &s, &st).message(),
+              HasSubstr("expected 128"));
   SlotSet broken = s;
   broken.keys_pre.Row(5)[0] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_THAT(KvSlimmerCompress(rope, q.View(), qpos, 20, opt, &broken, &st).message(), HasSubstr("slots: keys"));
+  EXPECT_THAT(KvSlimmerCompress(rope, q.View(), qpos, 20, opt, &broken, &st).message(),
+              HasSubstr("slots: keys"));
   std::vector<MergePair> overlap{{3, 0.5f, 0.5f, 0}, {4, 0.5f, 0.5f, 0}};
   Status o = ApplyMerges(overlap, RepresentativePosition::kLast, &s);
   EXPECT_EQ(o.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(o.message(), HasSubstr("overlaps"));
   std::vector<MergePair> tail{{31, 0.5f, 0.5f, 0}};
-  EXPECT_THAT(ApplyMerges(tail, RepresentativePosition::kLast, &s).message(), HasSubstr("out of range"));
+  EXPECT_THAT(ApplyMerges(tail, RepresentativePosition::kLast, &s).message(),
+              HasSubstr("out of range"));
 }
 
 TEST(KvSlimmerCudaTest, ApplyMergesMatchesCpu) {

@@ -5,13 +5,13 @@
 // catches a wrong mask (errors of O(1/N)) or a missing bias (O(mass)).
 #include "kvd/kernels/observation.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <limits>
 #include <numeric>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "reference.h"
 
@@ -49,14 +49,17 @@ TEST_P(ObservationTest, MatchesReferenceForEveryMask) {
   }
   const std::vector<int64_t> kpos = testing::RandomIncreasingPositions(n, 3, 0, 3);
   std::vector<int64_t> qpos(static_cast<size_t>(w));
-  for (int64_t i = 0; i < w; ++i) qpos[static_cast<size_t>(i)] = kpos[static_cast<size_t>(n / 2)] + i;  // half the keys in the future
+  for (int64_t i = 0; i < w; ++i)
+    qpos[static_cast<size_t>(i)] =
+        kpos[static_cast<size_t>(n / 2)] + i;  // half the keys in the future
   const testing::RefMatrix rq = testing::ToRef(q.View()), rk = testing::ToRef(k.View());
   ObservationOptions opt;
   opt.group_size = g;
   for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausalWindow, MaskKind::kByPosition}) {
     for (bool with_bias : {false, true}) {
       opt.mask = mask;
-      ObservationHead head{q.View(), k.View(), with_bias ? std::span<const float>(bias) : std::span<const float>(),
+      ObservationHead head{q.View(), k.View(),
+                           with_bias ? std::span<const float>(bias) : std::span<const float>(),
                            qpos, kpos};
       std::vector<float> mass(static_cast<size_t>(n));
       ASSERT_TRUE(ComputeAttentionMass(head, opt, mass).ok());
@@ -64,7 +67,8 @@ TEST_P(ObservationTest, MatchesReferenceForEveryMask) {
                             : mask == MaskKind::kCausalWindow ? testing::RefMask::kCausalWindow
                                                               : testing::RefMask::kByPosition;
       const std::vector<double> want = testing::RefAttentionMass(
-          rq, g, rk, with_bias ? std::span<const double>(bias64) : std::span<const double>(), ref_mask, qpos, kpos);
+          rq, g, rk, with_bias ? std::span<const double>(bias64) : std::span<const double>(),
+          ref_mask, qpos, kpos);
       ExpectMassNear(mass, want, w * g);
       // Property: each query row is a distribution, so the mass sums to W*G (every query sees a
       // key here: the first key is always visible).
@@ -76,7 +80,8 @@ TEST_P(ObservationTest, MatchesReferenceForEveryMask) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, ObservationTest,
                          ::testing::Combine(::testing::Values(64, 128),
-                                            ::testing::Values(int64_t{1}, int64_t{7}, int64_t{64}, int64_t{513}),
+                                            ::testing::Values(int64_t{1}, int64_t{7}, int64_t{64},
+                                                              int64_t{513}),
                                             ::testing::Values(1, 4, 8)));
 
 TEST(ObservationTest, LongContextBatchedOverHeads) {
@@ -88,14 +93,16 @@ TEST(ObservationTest, LongContextBatchedOverHeads) {
     qs.push_back(testing::RandomMatrix(w * g, d, 10 + h));
     ks.push_back(testing::RandomMatrix(n, d, 20 + h));
   }
-  for (int h = 0; h < 2; ++h) heads.push_back(ObservationHead{qs[h].View(), ks[h].View(), {}, {}, {}});
+  for (int h = 0; h < 2; ++h)
+    heads.push_back(ObservationHead{qs[h].View(), ks[h].View(), {}, {}, {}});
   ObservationOptions opt;
   opt.group_size = g;
   std::vector<std::vector<float>> masses;
   ASSERT_TRUE(ComputeAttentionMass(heads, opt, &masses, ExecOptions{Backend::kCpu, 2}).ok());
   for (int h = 0; h < 2; ++h) {
-    const auto want = testing::RefAttentionMass(testing::ToRef(qs[h].View()), g, testing::ToRef(ks[h].View()), {},
-                                                testing::RefMask::kCausalWindow);
+    const auto want =
+        testing::RefAttentionMass(testing::ToRef(qs[h].View()), g, testing::ToRef(ks[h].View()), {},
+                                  testing::RefMask::kCausalWindow);
     ExpectMassNear(masses[static_cast<size_t>(h)], want, w * g);
   }
 }
@@ -106,7 +113,8 @@ TEST(ObservationTest, QueryThatSeesNothingContributesNothing) {
   ObservationOptions opt;
   opt.mask = MaskKind::kByPosition;
   std::vector<float> mass(3);
-  ASSERT_TRUE(ComputeAttentionMass(ObservationHead{q.View(), k.View(), {}, qpos, kpos}, opt, mass).ok());
+  ASSERT_TRUE(
+      ComputeAttentionMass(ObservationHead{q.View(), k.View(), {}, qpos, kpos}, opt, mass).ok());
   EXPECT_NEAR(mass[0] + mass[1] + mass[2], 1.0, 1e-6);
 }
 
@@ -138,10 +146,13 @@ TEST(ObservationTest, RejectsBadInput) {
   EXPECT_THAT(ComputeAttentionMass(ObservationHead{q.View(), k.View(), bias}, opt, mass).message(),
               HasSubstr("bias: non-finite"));
   std::vector<float> short_bias(5, 0.0f);
-  EXPECT_THAT(ComputeAttentionMass(ObservationHead{q.View(), k.View(), short_bias}, opt, mass).message(),
-              HasSubstr("bias has 5 entries"));
+  EXPECT_THAT(
+      ComputeAttentionMass(ObservationHead{q.View(), k.View(), short_bias}, opt, mass).message(),
+      HasSubstr("bias has 5 entries"));
   Matrix q7 = testing::RandomMatrix(4, 70 + 1, 1), k7 = testing::RandomMatrix(4, 71, 2);
-  EXPECT_THAT(ComputeAttentionMass(ObservationHead{q7.View(), k7.View()}, opt, std::span<float>(mass.data(), 4)).message(),
+  EXPECT_THAT(ComputeAttentionMass(ObservationHead{q7.View(), k7.View()}, opt,
+                                   std::span<float>(mass.data(), 4))
+                  .message(),
               HasSubstr("unsupported head_dim 71"));
   opt.mask = MaskKind::kByPosition;
   EXPECT_THAT(ComputeAttentionMass(ObservationHead{q.View(), k.View()}, opt, mass).message(),
@@ -167,7 +178,9 @@ TEST(ObservationCudaTest, MatchesCpu) {
     ASSERT_TRUE(ComputeAttentionMass(head, opt, a).ok());
     Status s = ComputeAttentionMass(head, opt, b, ExecOptions{Backend::kCuda});
     ASSERT_TRUE(s.ok()) << s;
-    for (int64_t j = 0; j < n; ++j) ASSERT_NEAR(a[static_cast<size_t>(j)], b[static_cast<size_t>(j)], 1e-4 * a[static_cast<size_t>(j)] + 1e-5);
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_NEAR(a[static_cast<size_t>(j)], b[static_cast<size_t>(j)],
+                  1e-4 * a[static_cast<size_t>(j)] + 1e-5);
   }
 }
 

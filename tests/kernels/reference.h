@@ -96,7 +96,8 @@ inline double MaxAbsDiff(ConstMatrixView a, const RefMatrix& b) {
 inline double MaxAbsDiff(ConstMatrixView a, ConstMatrixView b) {
   double m = 0.0;
   for (int64_t i = 0; i < a.rows; ++i)
-    for (int64_t j = 0; j < a.cols; ++j) m = std::max(m, std::fabs(double(a.Row(i)[j]) - b.Row(i)[j]));
+    for (int64_t j = 0; j < a.cols; ++j)
+      m = std::max(m, std::fabs(double(a.Row(i)[j]) - b.Row(i)[j]));
   return m;
 }
 inline double MaxAbs(const RefMatrix& a) {
@@ -132,15 +133,16 @@ inline std::vector<double> RefInvFreq(const RopeConfig& c, int head_dim) {
 }
 
 // Rotates (sign = +1) or de-rotates (sign = -1) every row i of `in` at positions[i].
-inline RefMatrix RefRope(const RopeConfig& c, const RefMatrix& in, std::span<const int64_t> positions,
-                         int sign) {
+inline RefMatrix RefRope(const RopeConfig& c, const RefMatrix& in,
+                         std::span<const int64_t> positions, int sign) {
   const int d = static_cast<int>(in.cols);
   const int rd = c.rotary_dim == 0 ? d : c.rotary_dim;
   const std::vector<double> f = RefInvFreq(c, d);
   RefMatrix out = in;
   for (int64_t r = 0; r < in.rows; ++r) {
     for (int i = 0; i < rd / 2; ++i) {
-      const double ang = sign * static_cast<double>(positions[static_cast<size_t>(r)]) * f[static_cast<size_t>(i)];
+      const double ang =
+          sign * static_cast<double>(positions[static_cast<size_t>(r)]) * f[static_cast<size_t>(i)];
       const int ia = c.pairing == RopePairing::kInterleaved ? 2 * i : i;
       const int ib = c.pairing == RopePairing::kInterleaved ? 2 * i + 1 : i + rd / 2;
       const double a = in.at(r, ia), b = in.at(r, ib);
@@ -158,8 +160,9 @@ enum class RefMask { kNone, kCausalWindow, kByPosition };
 
 // mass[j] = sum_{w,g} softmax_j(q.k_j * scale + bias_j) over visible keys.
 // queries: [W*G, d] row w*G+g. scale 0 = 1/sqrt(d).
-inline std::vector<double> RefAttentionMass(const RefMatrix& queries, int group_size, const RefMatrix& keys,
-                                            std::span<const double> bias, RefMask mask,
+inline std::vector<double> RefAttentionMass(const RefMatrix& queries, int group_size,
+                                            const RefMatrix& keys, std::span<const double> bias,
+                                            RefMask mask,
                                             std::span<const int64_t> query_positions = {},
                                             std::span<const int64_t> key_positions = {},
                                             double scale = 0.0) {
@@ -174,10 +177,12 @@ inline std::vector<double> RefAttentionMass(const RefMatrix& queries, int group_
       for (int64_t j = 0; j < n; ++j) {
         if (mask == RefMask::kCausalWindow) vis[static_cast<size_t>(j)] = j <= n - wq + w;
         if (mask == RefMask::kByPosition)
-          vis[static_cast<size_t>(j)] = key_positions[static_cast<size_t>(j)] <= query_positions[static_cast<size_t>(w)];
+          vis[static_cast<size_t>(j)] =
+              key_positions[static_cast<size_t>(j)] <= query_positions[static_cast<size_t>(w)];
         double dot = 0.0;
         for (int64_t c = 0; c < d; ++c) dot += q[c] * keys.at(j, c);
-        s[static_cast<size_t>(j)] = dot * scale + (bias.empty() ? 0.0 : bias[static_cast<size_t>(j)]);
+        s[static_cast<size_t>(j)] =
+            dot * scale + (bias.empty() ? 0.0 : bias[static_cast<size_t>(j)]);
         if (vis[static_cast<size_t>(j)]) mx = std::max(mx, s[static_cast<size_t>(j)]);
       }
       if (!std::isfinite(mx)) continue;
@@ -185,7 +190,8 @@ inline std::vector<double> RefAttentionMass(const RefMatrix& queries, int group_
       for (int64_t j = 0; j < n; ++j)
         if (vis[static_cast<size_t>(j)]) sum += std::exp(s[static_cast<size_t>(j)] - mx);
       for (int64_t j = 0; j < n; ++j)
-        if (vis[static_cast<size_t>(j)]) mass[static_cast<size_t>(j)] += std::exp(s[static_cast<size_t>(j)] - mx) / sum;
+        if (vis[static_cast<size_t>(j)])
+          mass[static_cast<size_t>(j)] += std::exp(s[static_cast<size_t>(j)] - mx) / sum;
     }
   }
   return mass;
@@ -194,7 +200,8 @@ inline std::vector<double> RefAttentionMass(const RefMatrix& queries, int group_
 // Attention output over compressed slots, compact form (ALGORITHMS.md 1):
 //   o = sum_j exp(s_j) Vsum_j / sum_j l_j exp(s_j),  s_j = q.k_j * scale.
 inline std::vector<double> RefCompactAttention(std::span<const double> q, const RefMatrix& keys,
-                                               const RefMatrix& value_sums, std::span<const double> cardinality,
+                                               const RefMatrix& value_sums,
+                                               std::span<const double> cardinality,
                                                double scale = 0.0) {
   const int64_t n = keys.rows, d = keys.cols;
   if (scale == 0.0) scale = 1.0 / std::sqrt(static_cast<double>(d));
@@ -211,15 +218,16 @@ inline std::vector<double> RefCompactAttention(std::span<const double> q, const 
   for (int64_t j = 0; j < n; ++j) {
     const double e = std::exp(s[static_cast<size_t>(j)] - mx);
     den += cardinality[static_cast<size_t>(j)] * e;
-    for (int64_t c = 0; c < value_sums.cols; ++c) out[static_cast<size_t>(c)] += e * value_sums.at(j, c);
+    for (int64_t c = 0; c < value_sums.cols; ++c)
+      out[static_cast<size_t>(c)] += e * value_sums.at(j, c);
   }
   for (double& x : out) x /= den;
   return out;
 }
 
 // Plain attention output softmax(q K^T * scale) V (every slot of cardinality 1).
-inline std::vector<double> RefAttention(std::span<const double> q, const RefMatrix& keys, const RefMatrix& values,
-                                        double scale = 0.0) {
+inline std::vector<double> RefAttention(std::span<const double> q, const RefMatrix& keys,
+                                        const RefMatrix& values, double scale = 0.0) {
   std::vector<double> ones(static_cast<size_t>(keys.rows), 1.0);
   return RefCompactAttention(q, keys, values, ones, scale);
 }
@@ -233,7 +241,8 @@ inline std::vector<double> RefKeyDiffScores(const RefMatrix& keys) {
     double ss = 0.0;
     for (int64_t c = 0; c < d; ++c) ss += keys.at(i, c) * keys.at(i, c);
     norms[static_cast<size_t>(i)] = std::sqrt(ss);
-    for (int64_t c = 0; c < d; ++c) anchor[static_cast<size_t>(c)] += keys.at(i, c) / norms[static_cast<size_t>(i)];
+    for (int64_t c = 0; c < d; ++c)
+      anchor[static_cast<size_t>(c)] += keys.at(i, c) / norms[static_cast<size_t>(i)];
   }
   double an = 0.0;
   for (double a : anchor) an += a * a;

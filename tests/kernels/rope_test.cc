@@ -5,12 +5,12 @@
 // unit-scale inputs; we allow 2e-5 absolute on N(0, 1) inputs with positions up to ~1e5.
 #include "kvd/kernels/rope.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <limits>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "reference.h"
 
@@ -35,7 +35,8 @@ RopeConfig Config(RopePairing pairing, RopeScaling scaling, int rotary_dim = 0) 
   return c;
 }
 
-class RopeTest : public ::testing::TestWithParam<std::tuple<RopePairing, RopeScaling, int, int64_t>> {};
+class RopeTest
+    : public ::testing::TestWithParam<std::tuple<RopePairing, RopeScaling, int, int64_t>> {};
 
 TEST_P(RopeTest, MatchesFloat64ReferenceBothDirections) {
   const auto [pairing, scaling, d, n] = GetParam();
@@ -44,7 +45,8 @@ TEST_P(RopeTest, MatchesFloat64ReferenceBothDirections) {
     auto table = RopeTable::Create(cfg, d);
     ASSERT_TRUE(table.ok()) << table.status();
     const std::vector<double> ref_f = testing::RefInvFreq(cfg, d);
-    for (size_t i = 0; i < ref_f.size(); ++i) ASSERT_NEAR(table->inv_freq()[i], ref_f[i], 1e-15 * ref_f[0]);
+    for (size_t i = 0; i < ref_f.size(); ++i)
+      ASSERT_NEAR(table->inv_freq()[i], ref_f[i], 1e-15 * ref_f[0]);
 
     const std::vector<int64_t> pos = testing::RandomIncreasingPositions(n, 5 + n, 100, 200);
     Matrix k0 = testing::RandomMatrix(n, d, 42 + n);
@@ -54,13 +56,15 @@ TEST_P(RopeTest, MatchesFloat64ReferenceBothDirections) {
     Matrix orig0 = k0;
     std::vector<MatrixView> heads{k0.View(), k1.View()};
     ASSERT_TRUE(ApplyRope(*table, RopeDirection::kRotate, std::span<const int64_t>(pos), heads,
-                          ExecOptions{Backend::kCpu, 2}).ok());
+                          ExecOptions{Backend::kCpu, 2})
+                    .ok());
     EXPECT_LE(testing::MaxAbsDiff(k0.View(), ref0), 2e-5);
     EXPECT_LE(testing::MaxAbsDiff(k1.View(), ref1), 2e-5);
     // De-rotation: int32 positions, against the reference's rotation by -angle of the rotated keys.
     std::vector<int32_t> pos32(pos.begin(), pos.end());
     const testing::RefMatrix back_ref = testing::RefRope(cfg, testing::ToRef(k0.View()), pos, -1);
-    ASSERT_TRUE(ApplyRope(*table, RopeDirection::kDerotate, std::span<const int32_t>(pos32), heads).ok());
+    ASSERT_TRUE(
+        ApplyRope(*table, RopeDirection::kDerotate, std::span<const int32_t>(pos32), heads).ok());
     EXPECT_LE(testing::MaxAbsDiff(k0.View(), back_ref), 2e-5);
     EXPECT_LE(testing::MaxAbsDiff(k0.View(), orig0.View()), 4e-5);  // identity
     if (rotary != 0) {  // dims >= rotary_dim pass through bit-exactly
@@ -73,8 +77,10 @@ TEST_P(RopeTest, MatchesFloat64ReferenceBothDirections) {
 INSTANTIATE_TEST_SUITE_P(
     Configs, RopeTest,
     ::testing::Combine(::testing::Values(RopePairing::kInterleaved, RopePairing::kHalves),
-                       ::testing::Values(RopeScaling::kNone, RopeScaling::kLinear, RopeScaling::kLlama3),
-                       ::testing::Values(64, 128), ::testing::Values(int64_t{1}, int64_t{7}, int64_t{513})));
+                       ::testing::Values(RopeScaling::kNone, RopeScaling::kLinear,
+                                         RopeScaling::kLlama3),
+                       ::testing::Values(64, 128),
+                       ::testing::Values(int64_t{1}, int64_t{7}, int64_t{64}, int64_t{513})));
 
 TEST(RopeTest, LargePositionsStayAccurate) {
   const RopeConfig cfg = Config(RopePairing::kHalves, RopeScaling::kNone);
@@ -101,7 +107,8 @@ TEST(RopeTest, OutOfPlaceFormMatchesInPlace) {
 }
 
 TEST(RopeTest, RejectsBadInput) {
-  EXPECT_THAT(RopeTable::Create(RopeConfig{}, 100 + 1).status().message(), HasSubstr("unsupported head_dim 101"));
+  EXPECT_THAT(RopeTable::Create(RopeConfig{}, 100 + 1).status().message(),
+              HasSubstr("unsupported head_dim 101"));
   EXPECT_EQ(RopeTable::Create(RopeConfig{}, 512).status().code(), StatusCode::kInvalidArgument);
   RopeConfig bad;
   bad.rotary_dim = 30;
@@ -115,8 +122,9 @@ TEST(RopeTest, RejectsBadInput) {
   EXPECT_EQ(neg.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(neg.message(), HasSubstr("negative position -1 at row 1"));
   std::vector<int64_t> two{0, 1};
-  EXPECT_THAT(ApplyRope(*table, RopeDirection::kRotate, std::span<const int64_t>(two), heads).message(),
-              HasSubstr("expected [2, 64]"));
+  EXPECT_THAT(
+      ApplyRope(*table, RopeDirection::kRotate, std::span<const int64_t>(two), heads).message(),
+      HasSubstr("expected [2, 64]"));
   k.Row(2)[7] = std::numeric_limits<float>::infinity();
   std::vector<int64_t> ok_pos{0, 1, 2};
   Status inf = ApplyRope(*table, RopeDirection::kRotate, std::span<const int64_t>(ok_pos), heads);
@@ -124,9 +132,11 @@ TEST(RopeTest, RejectsBadInput) {
   EXPECT_THAT(inf.message(), HasSubstr("row 2 col 7"));
   ExecOptions cuda{Backend::kCuda};
   k.Row(2)[7] = 0.0f;
-  Status c = ApplyRope(*table, RopeDirection::kRotate, std::span<const int64_t>(ok_pos), heads, cuda);
+  Status c =
+      ApplyRope(*table, RopeDirection::kRotate, std::span<const int64_t>(ok_pos), heads, cuda);
   if (!CudaDeviceAvailable()) {
-    EXPECT_TRUE(c.code() == StatusCode::kUnavailable || c.code() == StatusCode::kUnimplemented) << c;
+    EXPECT_TRUE(c.code() == StatusCode::kUnavailable || c.code() == StatusCode::kUnimplemented)
+        << c;
   }
 }
 
@@ -139,8 +149,11 @@ TEST(RopeCudaTest, MatchesCpu) {
     const std::vector<int64_t> pos = testing::RandomIncreasingPositions(4096, 3, 0, 30);
     Matrix a = testing::RandomMatrix(4096, 128, 1), b = a;
     std::vector<MatrixView> ha{a.View()}, hb{b.View()};
-    ASSERT_TRUE(ApplyRope(*table, RopeDirection::kDerotate, std::span<const int64_t>(pos), ha).ok());
-    ASSERT_TRUE(ApplyRope(*table, RopeDirection::kDerotate, std::span<const int64_t>(pos), hb, ExecOptions{Backend::kCuda}).ok());
+    ASSERT_TRUE(
+        ApplyRope(*table, RopeDirection::kDerotate, std::span<const int64_t>(pos), ha).ok());
+    ASSERT_TRUE(ApplyRope(*table, RopeDirection::kDerotate, std::span<const int64_t>(pos), hb,
+                          ExecOptions{Backend::kCuda})
+                    .ok());
     EXPECT_LE(testing::MaxAbsDiff(a.View(), b.View()), 2e-5);
   }
 }

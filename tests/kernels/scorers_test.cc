@@ -3,18 +3,19 @@
 // Tolerances: SnapKV scores are means of attention probabilities (see observation_test.cc:
 // relative 1e-4); KeyDiff scores are cosines of float32 vectors accumulated in float32 over
 // d <= 128 terms: |err| <= ~d * 2^-24 ~ 1e-5 absolute.
+#include "kvd/kernels/scorers.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 #include <vector>
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include "kvd/kernels/keydiff.h"
 #include "kvd/kernels/pyramidkv.h"
-#include "kvd/kernels/scorers.h"
 #include "kvd/kernels/snapkv.h"
 #include "reference.h"
 
@@ -25,7 +26,8 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // Brute-force selection: sinks, window, then the best middle by (score desc, index asc).
-std::vector<int32_t> BruteSelect(const std::vector<double>& scores, int64_t budget, int64_t s, int64_t w) {
+std::vector<int32_t> BruteSelect(const std::vector<double>& scores, int64_t budget, int64_t s,
+                                 int64_t w) {
   const int64_t n = static_cast<int64_t>(scores.size());
   if (budget >= n) {
     std::vector<int32_t> all(static_cast<size_t>(n));
@@ -34,7 +36,8 @@ std::vector<int32_t> BruteSelect(const std::vector<double>& scores, int64_t budg
   }
   std::vector<int32_t> mid;
   for (int64_t i = s; i < n - w; ++i) mid.push_back(static_cast<int32_t>(i));
-  std::stable_sort(mid.begin(), mid.end(), [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+  std::stable_sort(mid.begin(), mid.end(),
+                   [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
   mid.resize(static_cast<size_t>(budget - s - w));
   for (int64_t i = 0; i < s; ++i) mid.push_back(static_cast<int32_t>(i));
   for (int64_t i = n - w; i < n; ++i) mid.push_back(static_cast<int32_t>(i));
@@ -47,7 +50,8 @@ TEST(SelectTopKTest, KeepsSinksWindowAndBestMiddleExactly) {
   SelectionOptions opt{2, 2};
   auto r = SelectTopK(scores, 6, opt);
   ASSERT_TRUE(r.ok());
-  EXPECT_THAT(*r, ElementsAre(0, 1, 2, 4, 6, 7));  // middle 2..5: best two are 4 (0.7) and 2 (tie 0.5, lower)
+  EXPECT_THAT(*r, ElementsAre(0, 1, 2, 4, 6,
+                              7));  // middle 2..5: best two are 4 (0.7) and 2 (tie 0.5, lower)
   auto all = SelectTopK(scores, 8, opt);
   EXPECT_EQ(all->size(), 8u);
   auto just = SelectTopK(scores, 4, opt);
@@ -78,7 +82,8 @@ TEST(SelectTopKTest, RejectsImpossibleRequests) {
   EXPECT_EQ(budget.status().code(), StatusCode::kOutOfRange);
   EXPECT_THAT(budget.status().message(), HasSubstr("cannot keep sinks + window"));
   scores[3] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_THAT(SelectTopK(scores, 8, SelectionOptions{}).status().message(), HasSubstr("NaN) at index 3"));
+  EXPECT_THAT(SelectTopK(scores, 8, SelectionOptions{}).status().message(),
+              HasSubstr("NaN) at index 3"));
   EXPECT_EQ(UniformBudget(10, 1.0).status().code(), StatusCode::kOutOfRange);
   EXPECT_EQ(*UniformBudget(10, 0.75), 3);  // 2.5 rounds away from zero
 }
@@ -96,8 +101,8 @@ TEST_P(SnapKvTest, ScoresMatchReference) {
   Matrix q = testing::RandomMatrix(w * g, d, 7 + n), k = testing::RandomMatrix(n, d, 8 + n);
   std::vector<float> scores(static_cast<size_t>(n));
   ASSERT_TRUE(SnapKvScores(q.View(), k.View(), opt, scores).ok());
-  std::vector<double> mean = testing::RefAttentionMass(testing::ToRef(q.View()), g, testing::ToRef(k.View()), {},
-                                                       testing::RefMask::kCausalWindow);
+  std::vector<double> mean = testing::RefAttentionMass(
+      testing::ToRef(q.View()), g, testing::ToRef(k.View()), {}, testing::RefMask::kCausalWindow);
   for (double& m : mean) m /= static_cast<double>(w * g);
   const int64_t mid = n - w, pad = opt.kernel_size / 2;
   for (int64_t j = 0; j < n; ++j) {
@@ -114,11 +119,12 @@ TEST_P(SnapKvTest, ScoresMatchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, SnapKvTest,
-                         ::testing::Combine(::testing::Values(64, 128),
-                                            ::testing::Values(int64_t{7}, int64_t{64}, int64_t{513}),
-                                            ::testing::Values(1, 4, 8),
-                                            ::testing::Values(PoolingKind::kAvg, PoolingKind::kMax)));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, SnapKvTest,
+    ::testing::Combine(::testing::Values(64, 128),
+                       ::testing::Values(int64_t{7}, int64_t{64}, int64_t{513}),
+                       ::testing::Values(1, 4, 8),
+                       ::testing::Values(PoolingKind::kAvg, PoolingKind::kMax)));
 
 TEST(SnapKvTest, SelectionKeepsSinksAndWindow) {
   const int64_t n = 300;
@@ -131,7 +137,8 @@ TEST(SnapKvTest, SelectionKeepsSinksAndWindow) {
   ASSERT_TRUE(kept.ok());
   EXPECT_EQ(kept->size(), 100u);
   for (int32_t i = 0; i < 4; ++i) EXPECT_TRUE(std::binary_search(kept->begin(), kept->end(), i));
-  for (int32_t i = n - 16; i < n; ++i) EXPECT_TRUE(std::binary_search(kept->begin(), kept->end(), i));
+  for (int32_t i = n - 16; i < n; ++i)
+    EXPECT_TRUE(std::binary_search(kept->begin(), kept->end(), i));
 }
 
 TEST(SnapKvTest, RejectsBadInput) {
@@ -143,10 +150,12 @@ TEST(SnapKvTest, RejectsBadInput) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("smaller than the window"));
   opt.kernel_size = 4;
-  EXPECT_THAT(SnapKvScores(q.View(), k.View(), opt, scores).message(), HasSubstr("kernel_size must be odd"));
+  EXPECT_THAT(SnapKvScores(q.View(), k.View(), opt, scores).message(),
+              HasSubstr("kernel_size must be odd"));
   opt.kernel_size = 5;
   opt.group_size = 2;
-  EXPECT_THAT(SnapKvScores(q.View(), k.View(), opt, scores).message(), HasSubstr("expected window*group_size = 16"));
+  EXPECT_THAT(SnapKvScores(q.View(), k.View(), opt, scores).message(),
+              HasSubstr("expected window*group_size = 16"));
   opt.group_size = 1;
   Matrix k2 = testing::RandomMatrix(20, 64, 2);
   k2.Row(11)[1] = std::numeric_limits<float>::infinity();
@@ -162,12 +171,14 @@ TEST_P(KeyDiffTest, ScoresMatchReference) {
   std::vector<float> scores(static_cast<size_t>(n));
   ASSERT_TRUE(KeyDiffScores(k.View(), scores).ok());
   const std::vector<double> want = testing::RefKeyDiffScores(testing::ToRef(k.View()));
-  for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(scores[static_cast<size_t>(i)], want[static_cast<size_t>(i)], 1e-5) << i;
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_NEAR(scores[static_cast<size_t>(i)], want[static_cast<size_t>(i)], 1e-5) << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, KeyDiffTest,
                          ::testing::Combine(::testing::Values(64, 128),
-                                            ::testing::Values(int64_t{1}, int64_t{7}, int64_t{513}, int64_t{4096})));
+                                            ::testing::Values(int64_t{1}, int64_t{7}, int64_t{513},
+                                                              int64_t{4096})));
 
 TEST(KeyDiffTest, BlockwiseMatchesBruteForceWalk) {
   const int64_t n = 700, budget = 200;
@@ -191,7 +202,8 @@ TEST(KeyDiffTest, BlockwiseMatchesBruteForceWalk) {
       for (int c = 0; c < 64; ++c) ck.at(static_cast<int64_t>(r), c) = k.Row(cand[r])[c];
     const std::vector<double> sc = testing::RefKeyDiffScores(ck);
     const int64_t s = std::count_if(cand.begin(), cand.end(), [](int32_t i) { return i < 4; });
-    const int64_t w = std::count_if(cand.begin(), cand.end(), [&](int32_t i) { return i >= n - 16; });
+    const int64_t w =
+        std::count_if(cand.begin(), cand.end(), [&](int32_t i) { return i >= n - 16; });
     std::vector<int32_t> local = BruteSelect(sc, budget, s, w);
     kept.clear();
     for (int32_t r : local) kept.push_back(cand[static_cast<size_t>(r)]);
@@ -199,7 +211,8 @@ TEST(KeyDiffTest, BlockwiseMatchesBruteForceWalk) {
   EXPECT_EQ(*got, kept);
   EXPECT_EQ(got->size(), static_cast<size_t>(budget));
   for (int32_t i = 0; i < 4; ++i) EXPECT_EQ((*got)[static_cast<size_t>(i)], i);
-  for (int32_t i = 0; i < 16; ++i) EXPECT_EQ((*got)[static_cast<size_t>(budget - 16 + i)], n - 16 + i);
+  for (int32_t i = 0; i < 16; ++i)
+    EXPECT_EQ((*got)[static_cast<size_t>(budget - 16 + i)], n - 16 + i);
 }
 
 TEST(KeyDiffTest, ZeroNormKeysAreRejectedAndCancellingKeysScoreZero) {
@@ -226,7 +239,8 @@ TEST(KeyDiffTest, RejectsBadInput) {
   Matrix k = testing::RandomMatrix(9, 64, 1);
   std::vector<float> scores(9);
   k.Row(2)[2] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_THAT(KeyDiffScores(k.View(), scores).message(), HasSubstr("keys: non-finite value (nan) at row 2 col 2"));
+  EXPECT_THAT(KeyDiffScores(k.View(), scores).message(),
+              HasSubstr("keys: non-finite value (nan) at row 2 col 2"));
   Matrix odd = testing::RandomMatrix(9, 33, 1);
   EXPECT_THAT(KeyDiffScores(odd.View(), scores).message(), HasSubstr("unsupported head_dim 33"));
   Matrix ok = testing::RandomMatrix(9, 64, 1);
@@ -234,7 +248,8 @@ TEST(KeyDiffTest, RejectsBadInput) {
   opt.selection = SelectionOptions{4, 4};
   auto r = KeyDiffBlockwiseSelect(ok.View(), 7, opt);
   EXPECT_EQ(r.status().code(), StatusCode::kOutOfRange);
-  auto small = KeyDiffBlockwiseSelect(ok.View(), 9, KeyDiffBlockOptions{128, SelectionOptions{10, 0}});
+  auto small =
+      KeyDiffBlockwiseSelect(ok.View(), 9, KeyDiffBlockOptions{128, SelectionOptions{10, 0}});
   EXPECT_THAT(small.status().message(), HasSubstr("smaller than the sinks"));
 }
 
@@ -246,7 +261,8 @@ TEST(KeyDiffCudaTest, MatchesCpu) {
   ASSERT_TRUE(KeyDiffScores(k.View(), b, ExecOptions{Backend::kCuda}).ok());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5);
   std::fill(k.Row(77), k.Row(77) + 128, 0.0f);
-  EXPECT_THAT(KeyDiffScores(k.View(), b, ExecOptions{Backend::kCuda}).message(), HasSubstr("zero-norm key at row 77"));
+  EXPECT_THAT(KeyDiffScores(k.View(), b, ExecOptions{Backend::kCuda}).message(),
+              HasSubstr("zero-norm key at row 77"));
 }
 
 TEST(PyramidKvTest, BudgetsFollowTheFormula) {
@@ -257,7 +273,8 @@ TEST(PyramidKvTest, BudgetsFollowTheFormula) {
   EXPECT_EQ(b->per_layer.back(), 102);    // min = 2048 / 20
   EXPECT_TRUE(std::is_sorted(b->per_layer.rbegin(), b->per_layer.rend()));
   const int64_t total = std::accumulate(b->per_layer.begin(), b->per_layer.end(), int64_t{0});
-  EXPECT_NEAR(static_cast<double>(total), 32 * 2048.0, 32.0);  // same total as uniform, up to rounding
+  EXPECT_NEAR(static_cast<double>(total), 32 * 2048.0,
+              32.0);  // same total as uniform, up to rounding
   // max capped at N - W: p_c = 0.1 -> max = 4032, min = 2 * 3686.4 - 4032 = 3340.8
   auto capped = PyramidKvLayerBudgets(4096, 32, 0.1, PyramidKvOptions{64, 20.0});
   ASSERT_TRUE(capped.ok());

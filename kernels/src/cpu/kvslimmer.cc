@@ -12,17 +12,19 @@
 
 namespace kvd::kernels {
 
-Status ComputePairStatistics(std::span<const float> mass, int64_t begin, int64_t end, MergeNorm norm,
-                             SlotSet* slots, PairStatistics* stats) {
-  if (slots == nullptr || stats == nullptr) return Status::InvalidArgument("kvslimmer: null output");
+Status ComputePairStatistics(std::span<const float> mass, int64_t begin, int64_t end,
+                             MergeNorm norm, SlotSet* slots, PairStatistics* stats) {
+  if (slots == nullptr || stats == nullptr)
+    return Status::InvalidArgument("kvslimmer: null output");
   const int64_t s = slots->size(), d = slots->keys_pre.cols;
   if (mass.size() != static_cast<size_t>(s)) {
     return Status::InvalidArgument("kvslimmer: mass has " + std::to_string(mass.size()) +
                                    " entries for " + std::to_string(s) + " slots");
   }
   if (begin < 0 || begin > end || end > s) {
-    return Status::InvalidArgument("kvslimmer: bad mergeable range [" + std::to_string(begin) + ", " +
-                                   std::to_string(end) + ") of " + std::to_string(s) + " slots");
+    return Status::InvalidArgument("kvslimmer: bad mergeable range [" + std::to_string(begin) +
+                                   ", " + std::to_string(end) + ") of " + std::to_string(s) +
+                                   " slots");
   }
   stats->alpha.assign(static_cast<size_t>(s), 0.0);
   stats->o.assign(static_cast<size_t>(d), 0.0);
@@ -37,7 +39,8 @@ Status ComputePairStatistics(std::span<const float> mass, int64_t begin, int64_t
   }
   // o = sum_j alpha_j Vsum_j / l_j
   for (int64_t j = begin; j < end; ++j) {
-    const double w = stats->alpha[static_cast<size_t>(j)] / slots->cardinality[static_cast<size_t>(j)];
+    const double w =
+        stats->alpha[static_cast<size_t>(j)] / slots->cardinality[static_cast<size_t>(j)];
     const float* v = slots->value_sums.Row(j);
     for (int64_t c = 0; c < d; ++c) stats->o[static_cast<size_t>(c)] += w * v[c];
   }
@@ -51,7 +54,8 @@ Status ComputePairStatistics(std::span<const float> mass, int64_t begin, int64_t
     const double inv_l = 1.0 / slots->cardinality[js];
     const float* v = slots->value_sums.Row(j);
     double dev = 0.0;
-    for (int64_t c = 0; c < d; ++c) dev += std::fabs(v[c] * inv_l - stats->o[static_cast<size_t>(c)]);
+    for (int64_t c = 0; c < d; ++c)
+      dev += std::fabs(v[c] * inv_l - stats->o[static_cast<size_t>(c)]);
     stats->l1_dev[js] = dev;
     const double a = stats->alpha[js];
     const double fresh = a * (1.0 - 2.0 * a) * dev;
@@ -64,8 +68,8 @@ Status ComputePairStatistics(std::span<const float> mass, int64_t begin, int64_t
   return Status::Ok();
 }
 
-MergeWeightResult ComputeMergeWeights(MergeNorm norm, const SlotSet& slots, const PairStatistics& stats,
-                                      int64_t m) {
+MergeWeightResult ComputeMergeWeights(MergeNorm norm, const SlotSet& slots,
+                                      const PairStatistics& stats, int64_t m) {
   const int64_t d = slots.keys_pre.cols;
   const size_t a = static_cast<size_t>(m), b = a + 1;
   const double alpha_a = stats.alpha[a], alpha_b = stats.alpha[b];
@@ -154,7 +158,8 @@ std::vector<int64_t> SelectDisjointPairs(std::span<const double> rank, int64_t m
 
 namespace cpu {
 
-void ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition position, SlotSet* slots) {
+void ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition position,
+                 SlotSet* slots) {
   const int64_t s = slots->size(), d = slots->keys_pre.cols;
   const bool has_h = slots->h.size() == static_cast<size_t>(s);
   size_t p = 0;
@@ -174,14 +179,15 @@ void ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition positi
         vo[c] = va[c] + vb[c];
       }
       const int64_t pa = slots->positions[is], pb = slots->positions[is + 1];
-      slots->positions[os] =
-          position == RepresentativePosition::kLast
-              ? std::max(pa, pb)
-              : std::llround(static_cast<double>(mp.w_first) * pa + static_cast<double>(mp.w_second) * pb);
+      slots->positions[os] = position == RepresentativePosition::kLast
+                                 ? std::max(pa, pb)
+                                 : std::llround(static_cast<double>(mp.w_first) * pa +
+                                                static_cast<double>(mp.w_second) * pb);
       slots->cardinality[os] = slots->cardinality[is] + slots->cardinality[is + 1];
       if (has_h) {
         slots->h[os] = mp.h_merged;
-        slots->h_observations[os] = std::max(slots->h_observations[is], slots->h_observations[is + 1]);
+        slots->h_observations[os] =
+            std::max(slots->h_observations[is], slots->h_observations[is + 1]);
       }
       i += 2;
     } else {

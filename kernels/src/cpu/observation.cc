@@ -1,6 +1,7 @@
 // CPU attention mass: per query head, S[W, N] = (scale Q_g) K^T by a register-blocked kernel
-// (keys transposed once into 16-key tiles; AVX-512: 8 queries x 16 keys per pass), then a masked softmax per row with a
-// branch-free exp, accumulated into the per-key mass. One [W, N] buffer per call.
+// (keys transposed once into 16-key tiles; AVX-512: 8 queries x 16 keys per pass), then a masked
+// softmax per row with a branch-free exp, accumulated into the per-key mass. One [W, N] buffer per
+// call.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -49,9 +50,11 @@ void QueryKeyScores(const float* q, int64_t num_q, int64_t d, const float* kt, i
       const float* q0 = q + w0 * d;
       for (int64_t k = 0; k < d; ++k) {
         const __m512 kv = _mm512_loadu_ps(tile + k * kKeyTile);
-        for (int r = 0; r < 8; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q0[r * d + k]), kv, acc[r]);
+        for (int r = 0; r < 8; ++r)
+          acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q0[r * d + k]), kv, acc[r]);
       }
-      for (int r = 0; r < 8; ++r) _mm512_mask_storeu_ps(s + (w0 + r) * lds + j0, store_mask, acc[r]);
+      for (int r = 0; r < 8; ++r)
+        _mm512_mask_storeu_ps(s + (w0 + r) * lds + j0, store_mask, acc[r]);
     }
 #endif
     for (; w0 < num_q; ++w0) {
@@ -73,7 +76,8 @@ void AttentionMass(const ObservationHead& head, const ObservationOptions& option
   const ConstMatrixView& keys = head.keys;
   const int64_t n = keys.rows, d = keys.cols, g_count = options.group_size;
   const int64_t w_count = head.queries.rows / g_count;
-  const float scale = options.scale > 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale =
+      options.scale > 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(d));
   const float* bias = head.key_bias.empty() ? nullptr : head.key_bias.data();
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 

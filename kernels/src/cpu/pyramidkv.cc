@@ -7,19 +7,23 @@
 namespace kvd::kernels {
 
 Status PyramidKvOptions::Validate() const {
-  if (window < 0) return Status::InvalidArgument("pyramidkv: window must be >= 0, got " + std::to_string(window));
+  if (window < 0)
+    return Status::InvalidArgument("pyramidkv: window must be >= 0, got " + std::to_string(window));
   if (!(beta >= 1.0) || !std::isfinite(beta)) {
-    return Status::InvalidArgument("pyramidkv: beta must be finite and >= 1, got " + std::to_string(beta));
+    return Status::InvalidArgument("pyramidkv: beta must be finite and >= 1, got " +
+                                   std::to_string(beta));
   }
   return Status::Ok();
 }
 
-StatusOr<PyramidKvBudgets> PyramidKvLayerBudgets(int64_t n, int num_layers, double compression_ratio,
+StatusOr<PyramidKvBudgets> PyramidKvLayerBudgets(int64_t n, int num_layers,
+                                                 double compression_ratio,
                                                  const PyramidKvOptions& options) {
   KVD_RETURN_IF_ERROR(options.Validate());
   if (n < 1) return Status::InvalidArgument("pyramidkv: N must be >= 1, got " + std::to_string(n));
   if (num_layers < 1) {
-    return Status::InvalidArgument("pyramidkv: num_layers must be >= 1, got " + std::to_string(num_layers));
+    return Status::InvalidArgument("pyramidkv: num_layers must be >= 1, got " +
+                                   std::to_string(num_layers));
   }
   if (!(compression_ratio >= 0.0 && compression_ratio < 1.0)) {
     return Status::OutOfRange("pyramidkv: compression ratio must be in [0, 1), got " +

@@ -9,8 +9,10 @@
 namespace kvd::kernels {
 
 Status SelectionOptions::Validate() const {
-  if (sinks < 0) return Status::InvalidArgument("selection: sinks must be >= 0, got " + std::to_string(sinks));
-  if (window < 0) return Status::InvalidArgument("selection: window must be >= 0, got " + std::to_string(window));
+  if (sinks < 0)
+    return Status::InvalidArgument("selection: sinks must be >= 0, got " + std::to_string(sinks));
+  if (window < 0)
+    return Status::InvalidArgument("selection: window must be >= 0, got " + std::to_string(window));
   return Status::Ok();
 }
 
@@ -21,12 +23,12 @@ StatusOr<std::vector<int32_t>> SelectTopK(std::span<const float> scores, int64_t
   const int64_t s = options.sinks, w = options.window;
   if (n > INT32_MAX) return Status::InvalidArgument("selection: N too large for int32 indices");
   if (n < s) {
-    return Status::InvalidArgument("selection: N=" + std::to_string(n) + " is smaller than the sinks (" +
-                                   std::to_string(s) + ")");
+    return Status::InvalidArgument("selection: N=" + std::to_string(n) +
+                                   " is smaller than the sinks (" + std::to_string(s) + ")");
   }
   if (n < w) {
-    return Status::InvalidArgument("selection: N=" + std::to_string(n) + " is smaller than the window (" +
-                                   std::to_string(w) + ")");
+    return Status::InvalidArgument("selection: N=" + std::to_string(n) +
+                                   " is smaller than the window (" + std::to_string(w) + ")");
   }
   if (n < s + w) {
     return Status::InvalidArgument("selection: N=" + std::to_string(n) +
@@ -40,7 +42,8 @@ StatusOr<std::vector<int32_t>> SelectTopK(std::span<const float> scores, int64_t
   }
   for (int64_t i = 0; i < n; ++i) {
     if (std::isnan(scores[static_cast<size_t>(i)])) {
-      return Status::InvalidArgument("selection: non-finite score (NaN) at index " + std::to_string(i));
+      return Status::InvalidArgument("selection: non-finite score (NaN) at index " +
+                                     std::to_string(i));
     }
   }
   std::vector<int32_t> kept;
@@ -59,7 +62,8 @@ StatusOr<std::vector<int32_t>> SelectTopK(std::span<const float> scores, int64_t
     return sa > sb || (sa == sb && a < b);
   };
   if (k < middle.size()) {
-    std::nth_element(middle.begin(), middle.begin() + static_cast<std::ptrdiff_t>(k), middle.end(), better);
+    std::nth_element(middle.begin(), middle.begin() + static_cast<std::ptrdiff_t>(k), middle.end(),
+                     better);
     middle.resize(k);
   }
   std::sort(middle.begin(), middle.end());
@@ -70,7 +74,8 @@ StatusOr<std::vector<int32_t>> SelectTopK(std::span<const float> scores, int64_t
 
 StatusOr<int64_t> UniformBudget(int64_t n, double compression_ratio) {
   if (!(compression_ratio >= 0.0 && compression_ratio < 1.0)) {
-    return Status::OutOfRange("compression ratio must be in [0, 1), got " + std::to_string(compression_ratio));
+    return Status::OutOfRange("compression ratio must be in [0, 1), got " +
+                              std::to_string(compression_ratio));
   }
   if (n < 0) return Status::InvalidArgument("negative token count " + std::to_string(n));
   return static_cast<int64_t>(std::llround(static_cast<double>(n) * (1.0 - compression_ratio)));

@@ -9,7 +9,8 @@
 namespace kvd::kernels {
 
 Status SnapKvOptions::Validate() const {
-  if (window < 1) return Status::InvalidArgument("snapkv: window must be >= 1, got " + std::to_string(window));
+  if (window < 1)
+    return Status::InvalidArgument("snapkv: window must be >= 1, got " + std::to_string(window));
   if (kernel_size < 1 || kernel_size % 2 == 0) {
     return Status::InvalidArgument("snapkv: kernel_size must be odd and >= 1, got " +
                                    std::to_string(kernel_size));
@@ -17,16 +18,22 @@ Status SnapKvOptions::Validate() const {
   if (pooling != PoolingKind::kAvg && pooling != PoolingKind::kMax) {
     return Status::InvalidArgument("snapkv: unknown pooling kind");
   }
-  if (group_size < 1) return Status::InvalidArgument("snapkv: group_size must be >= 1, got " + std::to_string(group_size));
+  if (group_size < 1)
+    return Status::InvalidArgument("snapkv: group_size must be >= 1, got " +
+                                   std::to_string(group_size));
   return Status::Ok();
 }
 
-Status Pool1d(std::span<const float> in, int kernel_size, PoolingKind pooling, std::span<float> out) {
+Status Pool1d(std::span<const float> in, int kernel_size, PoolingKind pooling,
+              std::span<float> out) {
   if (kernel_size < 1 || kernel_size % 2 == 0) {
-    return Status::InvalidArgument("pool1d: kernel_size must be odd and >= 1, got " + std::to_string(kernel_size));
+    return Status::InvalidArgument("pool1d: kernel_size must be odd and >= 1, got " +
+                                   std::to_string(kernel_size));
   }
-  if (in.size() != out.size()) return Status::InvalidArgument("pool1d: input and output sizes differ");
-  if (in.data() == out.data() && kernel_size > 1) return Status::InvalidArgument("pool1d: in and out alias");
+  if (in.size() != out.size())
+    return Status::InvalidArgument("pool1d: input and output sizes differ");
+  if (in.data() == out.data() && kernel_size > 1)
+    return Status::InvalidArgument("pool1d: in and out alias");
   const int64_t n = static_cast<int64_t>(in.size()), pad = kernel_size / 2;
   for (int64_t j = 0; j < n; ++j) {
     const int64_t lo = std::max<int64_t>(0, j - pad), hi = std::min<int64_t>(n - 1, j + pad);
@@ -48,13 +55,13 @@ Status SnapKvScores(ConstMatrixView queries, ConstMatrixView keys, const SnapKvO
   KVD_RETURN_IF_ERROR(options.Validate());
   const int64_t n = keys.rows, w = options.window;
   if (queries.rows != w * options.group_size) {
-    return Status::InvalidArgument("snapkv: queries have " + std::to_string(queries.rows) +
-                                   " rows, expected window*group_size = " +
-                                   std::to_string(w * options.group_size));
+    return Status::InvalidArgument(
+        "snapkv: queries have " + std::to_string(queries.rows) +
+        " rows, expected window*group_size = " + std::to_string(w * options.group_size));
   }
   if (n < w) {
-    return Status::InvalidArgument("snapkv: N=" + std::to_string(n) + " is smaller than the window (" +
-                                   std::to_string(w) + ")");
+    return Status::InvalidArgument("snapkv: N=" + std::to_string(n) +
+                                   " is smaller than the window (" + std::to_string(w) + ")");
   }
   if (scores.size() != static_cast<size_t>(n)) {
     return Status::InvalidArgument("snapkv: scores has " + std::to_string(scores.size()) +

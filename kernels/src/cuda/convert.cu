@@ -14,8 +14,8 @@ namespace {
 constexpr int kThreads = 256;
 
 // src: [N, H, d] of dtype; dst: [H, N, d] float32.
-__global__ void GatherKernel(const void* __restrict__ src, float* __restrict__ dst, int64_t n, int64_t h,
-                             int64_t d, int dtype) {
+__global__ void GatherKernel(const void* __restrict__ src, float* __restrict__ dst, int64_t n,
+                             int64_t h, int64_t d, int dtype) {
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (idx >= n * h * d) return;
   const int64_t c = idx % d, head = (idx / d) % h, row = idx / (d * h);
@@ -30,8 +30,8 @@ __global__ void GatherKernel(const void* __restrict__ src, float* __restrict__ d
   dst[(head * n + row) * d + c] = x;
 }
 
-__global__ void ScatterKernel(const float* __restrict__ src, void* __restrict__ dst, int64_t n, int64_t h,
-                              int64_t d, int dtype) {
+__global__ void ScatterKernel(const float* __restrict__ src, void* __restrict__ dst, int64_t n,
+                              int64_t h, int64_t d, int dtype) {
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (idx >= n * h * d) return;
   const int64_t c = idx % d, head = (idx / d) % h, row = idx / (d * h);
@@ -47,8 +47,8 @@ __global__ void ScatterKernel(const float* __restrict__ src, void* __restrict__ 
 
 }  // namespace
 
-Status GatherHeads(const EngineTensorShape& shape, const void* src, std::span<const MatrixView> heads,
-                   void* stream_ptr) {
+Status GatherHeads(const EngineTensorShape& shape, const void* src,
+                   std::span<const MatrixView> heads, void* stream_ptr) {
   cudaStream_t stream = AsStream(stream_ptr);
   const int64_t n = shape.tokens, h = shape.num_heads, d = shape.head_dim, total = shape.Elements();
   if (total == 0) return Status::Ok();
@@ -67,8 +67,8 @@ Status GatherHeads(const EngineTensorShape& shape, const void* src, std::span<co
   return FinishLaunch(stream, "GatherHeads");
 }
 
-Status ScatterHeads(const EngineTensorShape& shape, std::span<const ConstMatrixView> heads, void* dst,
-                    void* stream_ptr) {
+Status ScatterHeads(const EngineTensorShape& shape, std::span<const ConstMatrixView> heads,
+                    void* dst, void* stream_ptr) {
   cudaStream_t stream = AsStream(stream_ptr);
   const int64_t n = shape.tokens, h = shape.num_heads, d = shape.head_dim, total = shape.Elements();
   if (total == 0) return Status::Ok();

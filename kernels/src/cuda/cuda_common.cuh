@@ -15,9 +15,9 @@ namespace kvd::kernels::cuda {
 // RESOURCE_EXHAUSTED for out-of-memory, UNAVAILABLE for a missing/broken device.
 Status CudaStatus(cudaError_t err, const char* what);
 
-#define KVD_CUDA_RETURN_IF_ERROR(expr, what)                         \
-  do {                                                               \
-    cudaError_t kvd_cuda_err_ = (expr);                              \
+#define KVD_CUDA_RETURN_IF_ERROR(expr, what)                                  \
+  do {                                                                        \
+    cudaError_t kvd_cuda_err_ = (expr);                                       \
     if (kvd_cuda_err_ != cudaSuccess) return CudaStatus(kvd_cuda_err_, what); \
   } while (0)
 
@@ -65,17 +65,19 @@ class DeviceBuffer {
 inline Status UploadRows(const float* host, int64_t rows, int64_t cols, int64_t ld, float* device,
                          cudaStream_t stream) {
   if (rows == 0) return Status::Ok();
-  KVD_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(device, cols * sizeof(float), host, ld * sizeof(float),
-                                             cols * sizeof(float), rows, cudaMemcpyHostToDevice, stream),
-                           "cudaMemcpy2DAsync H2D");
+  KVD_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy2DAsync(device, cols * sizeof(float), host, ld * sizeof(float),
+                        cols * sizeof(float), rows, cudaMemcpyHostToDevice, stream),
+      "cudaMemcpy2DAsync H2D");
   return Status::Ok();
 }
 inline Status DownloadRows(const float* device, int64_t rows, int64_t cols, float* host, int64_t ld,
                            cudaStream_t stream) {
   if (rows == 0) return Status::Ok();
-  KVD_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(host, ld * sizeof(float), device, cols * sizeof(float),
-                                             cols * sizeof(float), rows, cudaMemcpyDeviceToHost, stream),
-                           "cudaMemcpy2DAsync D2H");
+  KVD_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy2DAsync(host, ld * sizeof(float), device, cols * sizeof(float),
+                        cols * sizeof(float), rows, cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpy2DAsync D2H");
   return Status::Ok();
 }
 

@@ -4,7 +4,8 @@
 namespace kvd::kernels::cuda {
 
 Status CudaStatus(cudaError_t err, const char* what) {
-  std::string msg = std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+  std::string msg =
+      std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
   switch (err) {
     case cudaErrorMemoryAllocation:
       return Status::ResourceExhausted(std::move(msg));

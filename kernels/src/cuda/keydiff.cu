@@ -47,8 +47,8 @@ __global__ void AnchorKernel(const float* __restrict__ k, const float* __restric
 }
 
 __global__ void ScoreKernel(const float* __restrict__ k, const float* __restrict__ inv_norm,
-                            const float* __restrict__ unit_anchor, float* __restrict__ scores, int64_t n,
-                            int d) {
+                            const float* __restrict__ unit_anchor, float* __restrict__ scores,
+                            int64_t n, int d) {
   const int64_t row = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n) return;
@@ -79,7 +79,8 @@ Status KeyDiffScores(ConstMatrixView keys, float* scores, bool* zero_norm, int64
   KVD_RETURN_IF_ERROR(UploadRows(keys.data, n, d, keys.ld, dk.get(), stream));
   const int no_bad = INT_MAX;
   KVD_RETURN_IF_ERROR(dbad.Upload(&no_bad, 1, stream));
-  NormKernel<<<Blocks(n * 32, kThreads), kThreads, 0, stream>>>(dk.get(), dinv.get(), dbad.get(), n, d);
+  NormKernel<<<Blocks(n * 32, kThreads), kThreads, 0, stream>>>(dk.get(), dinv.get(), dbad.get(), n,
+                                                                d);
   KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "NormKernel");
   AnchorKernel<<<Blocks(d, 128), 128, 0, stream>>>(dk.get(), dinv.get(), danchor.get(), n, d);
   KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "AnchorKernel");
@@ -101,7 +102,8 @@ Status KeyDiffScores(ConstMatrixView keys, float* scores, bool* zero_norm, int64
     return Status::Ok();
   }
   std::vector<float> unit(static_cast<size_t>(d));
-  for (int c = 0; c < d; ++c) unit[static_cast<size_t>(c)] = static_cast<float>(anchor[static_cast<size_t>(c)] / norm);
+  for (int c = 0; c < d; ++c)
+    unit[static_cast<size_t>(c)] = static_cast<float>(anchor[static_cast<size_t>(c)] / norm);
   KVD_RETURN_IF_ERROR(dunit.Upload(unit.data(), static_cast<size_t>(d), stream));
   ScoreKernel<<<Blocks(n * 32, kThreads), kThreads, 0, stream>>>(dk.get(), dinv.get(), dunit.get(),
                                                                  dscores.get(), n, d);

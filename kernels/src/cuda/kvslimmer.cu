@@ -15,8 +15,8 @@ namespace {
 __global__ void MergeKernel(const float* __restrict__ keys, const float* __restrict__ values,
                             const int64_t* __restrict__ src_a, const int64_t* __restrict__ src_b,
                             const float* __restrict__ w_a, const float* __restrict__ w_b,
-                            float* __restrict__ out_keys, float* __restrict__ out_values, int64_t out_rows,
-                            int64_t d) {
+                            float* __restrict__ out_keys, float* __restrict__ out_values,
+                            int64_t out_rows, int64_t d) {
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (idx >= out_rows * d) return;
   const int64_t o = idx / d, c = idx % d, a = src_a[o], b = src_b[o];
@@ -31,8 +31,8 @@ __global__ void MergeKernel(const float* __restrict__ keys, const float* __restr
 
 }  // namespace
 
-Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition position, SlotSet* slots,
-                   void* stream_ptr) {
+Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition position,
+                   SlotSet* slots, void* stream_ptr) {
   cudaStream_t stream = AsStream(stream_ptr);
   const int64_t s = slots->size(), d = slots->keys_pre.cols;
   const int64_t out_rows = s - static_cast<int64_t>(pairs.size());
@@ -58,7 +58,8 @@ Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition posi
       meta.cardinality.push_back(slots->cardinality[is] + slots->cardinality[is + 1]);
       if (has_h) {
         meta.h.push_back(mp.h_merged);
-        meta.h_observations.push_back(std::max(slots->h_observations[is], slots->h_observations[is + 1]));
+        meta.h_observations.push_back(
+            std::max(slots->h_observations[is], slots->h_observations[is + 1]));
       }
       i += 2;
     } else {
@@ -86,18 +87,21 @@ Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition posi
   KVD_RETURN_IF_ERROR(da.Allocate(src_a.size()));
   KVD_RETURN_IF_ERROR(db.Allocate(src_b.size()));
   KVD_RETURN_IF_ERROR(dk.Upload(slots->keys_pre.values.data(), static_cast<size_t>(s * d), stream));
-  KVD_RETURN_IF_ERROR(dv.Upload(slots->value_sums.values.data(), static_cast<size_t>(s * d), stream));
+  KVD_RETURN_IF_ERROR(
+      dv.Upload(slots->value_sums.values.data(), static_cast<size_t>(s * d), stream));
   KVD_RETURN_IF_ERROR(dwa.Upload(w_a.data(), w_a.size(), stream));
   KVD_RETURN_IF_ERROR(dwb.Upload(w_b.data(), w_b.size(), stream));
   KVD_RETURN_IF_ERROR(da.Upload(src_a.data(), src_a.size(), stream));
   KVD_RETURN_IF_ERROR(db.Upload(src_b.data(), src_b.size(), stream));
   constexpr int kThreads = 256;
   MergeKernel<<<Blocks(out_rows * d, kThreads), kThreads, 0, stream>>>(
-      dk.get(), dv.get(), da.get(), db.get(), dwa.get(), dwb.get(), dok.get(), dov.get(), out_rows, d);
+      dk.get(), dv.get(), da.get(), db.get(), dwa.get(), dwb.get(), dok.get(), dov.get(), out_rows,
+      d);
   KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "MergeKernel");
   Matrix keys(out_rows, d), values(out_rows, d);
   KVD_RETURN_IF_ERROR(dok.Download(keys.values.data(), static_cast<size_t>(out_rows * d), stream));
-  KVD_RETURN_IF_ERROR(dov.Download(values.values.data(), static_cast<size_t>(out_rows * d), stream));
+  KVD_RETURN_IF_ERROR(
+      dov.Download(values.values.data(), static_cast<size_t>(out_rows * d), stream));
   KVD_RETURN_IF_ERROR(FinishLaunch(stream, "ApplyMerges"));
   slots->keys_pre = std::move(keys);
   slots->value_sums = std::move(values);

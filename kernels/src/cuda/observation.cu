@@ -27,9 +27,9 @@ __global__ void MassKernel(const float* __restrict__ q, const float* __restrict_
                            const int64_t* __restrict__ kpos, float* __restrict__ mass, int64_t rows,
                            int64_t n, int d, int group, int mask, float scale) {
   extern __shared__ float smem[];
-  float* sq = smem;                               // [kWarps, d]
-  float* sk = sq + kWarps * d;                    // [kKeyTile, d + 1]
-  float* sm = sk + kKeyTile * (d + 1);            // [kKeyTile]
+  float* sq = smem;                     // [kWarps, d]
+  float* sk = sq + kWarps * d;          // [kKeyTile, d + 1]
+  float* sm = sk + kKeyTile * (d + 1);  // [kKeyTile]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarps) + warp;
   const bool active = row < rows;
@@ -82,7 +82,8 @@ __global__ void MassKernel(const float* __restrict__ q, const float* __restrict_
         const float l2 = __shfl_xor_sync(0xffffffffu, l, off);
         const float mm = fmaxf(m, m2);
         if (mm > -INFINITY) {
-          l = (m > -INFINITY ? l * expf(m - mm) : 0.0f) + (m2 > -INFINITY ? l2 * expf(m2 - mm) : 0.0f);
+          l = (m > -INFINITY ? l * expf(m - mm) : 0.0f) +
+              (m2 > -INFINITY ? l2 * expf(m2 - mm) : 0.0f);
         }
         m = mm;
       }
@@ -96,7 +97,8 @@ Status AttentionMass(const ObservationHead& head, const ObservationOptions& opti
                      void* stream_ptr) {
   cudaStream_t stream = AsStream(stream_ptr);
   const int64_t rows = head.queries.rows, n = head.keys.rows, d = head.keys.cols;
-  const float scale = options.scale > 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale =
+      options.scale > 0.0f ? options.scale : 1.0f / std::sqrt(static_cast<float>(d));
   DeviceBuffer<float> dq, dk, dbias, dmass;
   DeviceBuffer<int64_t> dqpos, dkpos;
   KVD_RETURN_IF_ERROR(dq.Allocate(static_cast<size_t>(rows * d)));
@@ -111,12 +113,15 @@ Status AttentionMass(const ObservationHead& head, const ObservationOptions& opti
   if (options.mask == MaskKind::kByPosition) {
     KVD_RETURN_IF_ERROR(dqpos.Allocate(head.query_positions.size()));
     KVD_RETURN_IF_ERROR(dkpos.Allocate(head.key_positions.size()));
-    KVD_RETURN_IF_ERROR(dqpos.Upload(head.query_positions.data(), head.query_positions.size(), stream));
+    KVD_RETURN_IF_ERROR(
+        dqpos.Upload(head.query_positions.data(), head.query_positions.size(), stream));
     KVD_RETURN_IF_ERROR(dkpos.Upload(head.key_positions.data(), head.key_positions.size(), stream));
   }
-  KVD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dmass.get(), 0, static_cast<size_t>(n) * sizeof(float), stream),
-                           "cudaMemsetAsync");
-  const size_t shared = static_cast<size_t>(kWarps * d + kKeyTile * (d + 1) + kKeyTile) * sizeof(float);
+  KVD_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(dmass.get(), 0, static_cast<size_t>(n) * sizeof(float), stream),
+      "cudaMemsetAsync");
+  const size_t shared =
+      static_cast<size_t>(kWarps * d + kKeyTile * (d + 1) + kKeyTile) * sizeof(float);
   MassKernel<<<Blocks(rows, kWarps), kWarps * 32, shared, stream>>>(
       dq.get(), dk.get(), dbias.get(), dqpos.get(), dkpos.get(), dmass.get(), rows, n,
       static_cast<int>(d), options.group_size, static_cast<int>(options.mask), scale);

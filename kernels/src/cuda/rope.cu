@@ -10,8 +10,8 @@ namespace {
 
 // x: [H, N, d] dense; inv_freq: [half].
 __global__ void RopeKernel(float* __restrict__ x, const int64_t* __restrict__ pos,
-                           const double* __restrict__ inv_freq, int64_t n, int64_t num_heads, int64_t d,
-                           int half, bool interleaved, float sign) {
+                           const double* __restrict__ inv_freq, int64_t n, int64_t num_heads,
+                           int64_t d, int half, bool interleaved, float sign) {
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (idx >= n * half) return;
   const int64_t row = idx / half;
@@ -51,7 +51,8 @@ Status ApplyRope(const RopeTable& table, RopeDirection direction, const int64_t*
   KVD_RETURN_IF_ERROR(dfreq.Upload(table.inv_freq().data(), static_cast<size_t>(half), stream));
   constexpr int kThreads = 256;
   RopeKernel<<<Blocks(n * half, kThreads), kThreads, 0, stream>>>(
-      dx.get(), dpos.get(), dfreq.get(), n, h, d, half, table.pairing() == RopePairing::kInterleaved,
+      dx.get(), dpos.get(), dfreq.get(), n, h, d, half,
+      table.pairing() == RopePairing::kInterleaved,
       direction == RopeDirection::kRotate ? 1.0f : -1.0f);
   KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "RopeKernel");
   for (int64_t i = 0; i < h; ++i) {

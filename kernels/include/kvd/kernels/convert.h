@@ -33,8 +33,9 @@ struct EngineTensorShape {
 // Errors: INVALID_ARGUMENT for a bad shape, a null pointer or a view of the wrong size;
 // INVALID_ARGUMENT "non-finite" if `check_finite` and a converted value is NaN/Inf (the first
 // bad head/row/col is named). kCuda: UNIMPLEMENTED without CUDA, UNAVAILABLE without a device.
-Status GatherHeads(const EngineTensorShape& shape, const void* src, std::span<const MatrixView> heads,
-                   const ExecOptions& exec = {}, bool check_finite = true);
+Status GatherHeads(const EngineTensorShape& shape, const void* src,
+                   std::span<const MatrixView> heads, const ExecOptions& exec = {},
+                   bool check_finite = true);
 
 // Convenience: allocates the H matrices.
 StatusOr<std::vector<Matrix>> GatherHeads(const EngineTensorShape& shape, const void* src,
@@ -43,7 +44,7 @@ StatusOr<std::vector<Matrix>> GatherHeads(const EngineTensorShape& shape, const 
 // Inverse of GatherHeads: writes heads[h] (// [N, d] float32) into `dst` (// [N, H, d] of
 // shape.dtype), rounding to nearest even for float16/bfloat16 (values beyond float16 range
 // become +-Inf, as the engine's own cast would). Same errors as GatherHeads (no finite check).
-Status ScatterHeads(const EngineTensorShape& shape, std::span<const ConstMatrixView> heads, void* dst,
-                    const ExecOptions& exec = {});
+Status ScatterHeads(const EngineTensorShape& shape, std::span<const ConstMatrixView> heads,
+                    void* dst, const ExecOptions& exec = {});
 
 }  // namespace kvd::kernels

@@ -22,7 +22,7 @@ namespace kvd::kernels {
 Status KeyDiffScores(ConstMatrixView keys, std::span<float> scores, const ExecOptions& exec = {});
 
 struct KeyDiffBlockOptions {
-  int64_t block_size = 128;  // tokens per block, >= 1
+  int64_t block_size = 128;    // tokens per block, >= 1
   SelectionOptions selection;  // sinks kept always; window kept always (from the last block)
 
   Status Validate() const;

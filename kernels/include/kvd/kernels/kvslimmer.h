@@ -49,17 +49,17 @@ enum class RepresentativePosition : uint8_t { kLast = 0, kWeighted = 1 };
 inline const double kKvSlimmerDefaultGamma = 4096.0 / std::log(512.0);
 
 struct KvSlimmerOptions {
-  MergeNorm norm = MergeNorm::kL2;                                    // weight variant
-  PairLambda lambda = PairLambda::kAsymKv;                            // lambda_j of the ranking
-  RepresentativePosition position = RepresentativePosition::kLast;    // merged slot position
-  int64_t sinks = 4;          // first slots never merged, >= 0
-  int64_t window = 0;         // last slots never merged (one-shot: the observation window), >= 0
-  int group_size = 1;         // G query heads per KV head, >= 1
+  MergeNorm norm = MergeNorm::kL2;                                  // weight variant
+  PairLambda lambda = PairLambda::kAsymKv;                          // lambda_j of the ranking
+  RepresentativePosition position = RepresentativePosition::kLast;  // merged slot position
+  int64_t sinks = 4;   // first slots never merged, >= 0
+  int64_t window = 0;  // last slots never merged (one-shot: the observation window), >= 0
+  int group_size = 1;  // G query heads per KV head, >= 1
   double gamma = kKvSlimmerDefaultGamma;  // recency discount of the ranking, > 0
   // Observation visibility: kByPosition (query w sees slots at positions <= query_positions[w])
   // or kNone (queries of the next chunk see all). kCausalWindow is rejected (slots != tokens).
   MaskKind mask = MaskKind::kByPosition;
-  int max_rounds = 64;        // safety bound on rounds, >= 1 (each round at least halves slack)
+  int max_rounds = 64;  // safety bound on rounds, >= 1 (each round at least halves slack)
 
   Status Validate() const;
 };
@@ -90,10 +90,10 @@ Status RotateSlotKeys(const RopeTable& rope, const SlotSet& slots, MatrixView ou
 
 // Step 3 for the mergeable range [begin, end) of `slots`.
 struct PairStatistics {
-  std::vector<double> alpha;  // [S] alpha_j inside [begin, end), 0 outside
-  std::vector<double> o;      // [d] mean attended value
-  std::vector<double> l1_dev; // [S] d_j = |v_j - o|_1 inside the range (kL1Code), 0 outside
-  std::vector<double> h;      // [S] smoothed h_j (kL1Code; before this round's merges)
+  std::vector<double> alpha;   // [S] alpha_j inside [begin, end), 0 outside
+  std::vector<double> o;       // [d] mean attended value
+  std::vector<double> l1_dev;  // [S] d_j = |v_j - o|_1 inside the range (kL1Code), 0 outside
+  std::vector<double> h;       // [S] smoothed h_j (kL1Code; before this round's merges)
 };
 // `mass` [S] from ComputeAttentionMass (with the ln l bias). When sum_M mass == 0 every alpha is
 // 1/|M|. Updates slots->h / h_observations (running mean) when norm == kL1Code.
@@ -102,10 +102,10 @@ Status ComputePairStatistics(std::span<const float> mass, int64_t begin, int64_t
                              MergeNorm norm, SlotSet* slots, PairStatistics* stats);
 
 struct MergePair {
-  int64_t first = 0;     // merges slots first and first + 1
-  float w_first = 0.5f;  // weight of keys_pre[first]
-  float w_second = 0.5f; // weight of keys_pre[first + 1]
-  float h_merged = 0.0f; // kL1Code: h of the merged slot
+  int64_t first = 0;      // merges slots first and first + 1
+  float w_first = 0.5f;   // weight of keys_pre[first]
+  float w_second = 0.5f;  // weight of keys_pre[first + 1]
+  float h_merged = 0.0f;  // kL1Code: h of the merged slot
 };
 
 struct MergeWeightResult {
@@ -129,8 +129,8 @@ std::vector<int64_t> SelectDisjointPairs(std::span<const double> rank, int64_t m
 // RepresentativePosition, h for kL1Code when slots->h is non-empty). The SlotSet shrinks by
 // pairs.size(). REQUIRES pairs sorted ascending and disjoint (INVALID_ARGUMENT otherwise).
 // kCuda: UNIMPLEMENTED without CUDA, UNAVAILABLE without a device.
-Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition position, SlotSet* slots,
-                   const ExecOptions& exec = {});
+Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition position,
+                   SlotSet* slots, const ExecOptions& exec = {});
 
 struct KvSlimmerStats {
   int64_t rounds = 0;

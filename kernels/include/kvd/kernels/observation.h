@@ -37,11 +37,11 @@ struct ObservationOptions {
 
 // One KV head's inputs. Views are host memory (kCuda stages them).
 struct ObservationHead {
-  ConstMatrixView queries;                  // [W*G, d] post-RoPE, row w*G + g
-  ConstMatrixView keys;                     // [N, d] post-RoPE
-  std::span<const float> key_bias;          // [N] additive bias (ln l_j) or empty = 0
-  std::span<const int64_t> query_positions; // [W], only for kByPosition
-  std::span<const int64_t> key_positions;   // [N], only for kByPosition
+  ConstMatrixView queries;                   // [W*G, d] post-RoPE, row w*G + g
+  ConstMatrixView keys;                      // [N, d] post-RoPE
+  std::span<const float> key_bias;           // [N] additive bias (ln l_j) or empty = 0
+  std::span<const int64_t> query_positions;  // [W], only for kByPosition
+  std::span<const int64_t> key_positions;    // [N], only for kByPosition
 };
 
 // Computes mass[j] (sum over the W*G queries of P[., j]) for one KV head into `mass` (size N).
@@ -53,7 +53,8 @@ Status ComputeAttentionMass(const ObservationHead& head, const ObservationOption
                             std::span<float> mass, const ExecOptions& exec = {});
 
 // Batched over KV heads (parallel over heads on CPU): masses[h] is resized to heads[h].keys.rows.
-Status ComputeAttentionMass(std::span<const ObservationHead> heads, const ObservationOptions& options,
+Status ComputeAttentionMass(std::span<const ObservationHead> heads,
+                            const ObservationOptions& options,
                             std::vector<std::vector<float>>* masses, const ExecOptions& exec = {});
 
 // mass / (W*G): the SnapKV score before pooling.

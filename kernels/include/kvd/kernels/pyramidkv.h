@@ -28,7 +28,8 @@ struct PyramidKvBudgets {
 
 // Errors: INVALID_ARGUMENT for n < 1 or num_layers < 1 or a bad option; OUT_OF_RANGE for
 // compression_ratio outside [0, 1).
-StatusOr<PyramidKvBudgets> PyramidKvLayerBudgets(int64_t n, int num_layers, double compression_ratio,
+StatusOr<PyramidKvBudgets> PyramidKvLayerBudgets(int64_t n, int num_layers,
+                                                 double compression_ratio,
                                                  const PyramidKvOptions& options = {});
 
 }  // namespace kvd::kernels

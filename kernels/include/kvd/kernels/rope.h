@@ -9,7 +9,8 @@
 //   kLinear: f_i / factor
 //   kLlama3: wavelen = 2 pi / f_i; low_wl = orig_max / low_freq_factor, high_wl = orig_max /
 //            high_freq_factor; wavelen < high_wl: f_i; wavelen > low_wl: f_i / factor; otherwise
-//            smooth = (orig_max / wavelen - low) / (high - low), f = (1-smooth) f/factor + smooth f.
+//            smooth = (orig_max / wavelen - low) / (high - low), f = (1-smooth) f/factor + smooth
+//            f.
 // (Same as HF transformers' `_compute_llama3_parameters` and Meta's reference.)
 // Angles are formed in float64 and reduced modulo 2 pi before a float32 sin/cos, so positions up
 // to 2^31 keep ~1e-6 relative accuracy.
@@ -52,15 +53,16 @@ class RopeTable {
 // Errors: INVALID_ARGUMENT on shape mismatch or a negative position; INVALID_ARGUMENT naming the
 // head and row when an input element is NaN/Inf (checked only if `check_finite`).
 // kCuda: UNIMPLEMENTED without CUDA, UNAVAILABLE without a device.
-Status ApplyRope(const RopeTable& table, RopeDirection direction, std::span<const int64_t> positions,
-                 std::span<const MatrixView> heads, const ExecOptions& exec = {},
-                 bool check_finite = true);
-Status ApplyRope(const RopeTable& table, RopeDirection direction, std::span<const int32_t> positions,
-                 std::span<const MatrixView> heads, const ExecOptions& exec = {},
-                 bool check_finite = true);
+Status ApplyRope(const RopeTable& table, RopeDirection direction,
+                 std::span<const int64_t> positions, std::span<const MatrixView> heads,
+                 const ExecOptions& exec = {}, bool check_finite = true);
+Status ApplyRope(const RopeTable& table, RopeDirection direction,
+                 std::span<const int32_t> positions, std::span<const MatrixView> heads,
+                 const ExecOptions& exec = {}, bool check_finite = true);
 
 // Out-of-place single-head form: out = R(+-angle) in. in and out may alias exactly.
-Status ApplyRope(const RopeTable& table, RopeDirection direction, std::span<const int64_t> positions,
-                 ConstMatrixView in, MatrixView out, const ExecOptions& exec = {});
+Status ApplyRope(const RopeTable& table, RopeDirection direction,
+                 std::span<const int64_t> positions, ConstMatrixView in, MatrixView out,
+                 const ExecOptions& exec = {});
 
 }  // namespace kvd::kernels

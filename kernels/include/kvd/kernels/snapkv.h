@@ -13,10 +13,10 @@ namespace kvd::kernels {
 enum class PoolingKind : uint8_t { kAvg = 0, kMax = 1 };
 
 struct SnapKvOptions {
-  int window = 64;       // W queries = the last W tokens (64 as kvpress; 32 in the paper), >= 1
-  int kernel_size = 5;   // pooling kernel, odd, >= 1 (1 = no pooling); padding = kernel_size/2
+  int window = 64;      // W queries = the last W tokens (64 as kvpress; 32 in the paper), >= 1
+  int kernel_size = 5;  // pooling kernel, odd, >= 1 (1 = no pooling); padding = kernel_size/2
   PoolingKind pooling = PoolingKind::kAvg;  // kAvg (kvpress) or kMax (original repo, kernel 7)
-  int group_size = 1;    // G query heads per KV head
+  int group_size = 1;                       // G query heads per KV head
 
   Status Validate() const;
 };
@@ -31,6 +31,7 @@ Status SnapKvScores(ConstMatrixView queries, ConstMatrixView keys, const SnapKvO
                     std::span<float> scores, const ExecOptions& exec = {});
 
 // The pooling step alone (exposed for tests and for PyramidKV): out[j] = pool(in)[j].
-Status Pool1d(std::span<const float> in, int kernel_size, PoolingKind pooling, std::span<float> out);
+Status Pool1d(std::span<const float> in, int kernel_size, PoolingKind pooling,
+              std::span<float> out);
 
 }  // namespace kvd::kernels
