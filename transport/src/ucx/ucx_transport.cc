@@ -137,6 +137,7 @@ UcxTransport::~UcxTransport() {
     for (auto& [id, r] : remotes_) ucp_rkey_destroy(r.rkey);
     remotes_.clear();
     for (auto& [id, p] : peers_) {
+      if (p.proof) p.proof[0] = p.proof[1] = 0;
       if (p.ep != nullptr) CloseEndpointLocked(p.ep, /*force=*/true, lock).IgnoreError();
     }
     auto deadline = steady_clock::now() + milliseconds(options_.close_timeout_ms);
@@ -255,6 +256,7 @@ Status UcxTransport::Disconnect(PeerHandle peer) {
     }
   }
   ucp_ep_h ep = p.ep;
+  if (p.proof) p.proof[0] = p.proof[1] = 0;  // a descriptor still queued at the peer now fails
   peers_.erase(it);
   Status st = CloseEndpointLocked(ep, /*force=*/true, lock);
   auto deadline = steady_clock::now() + milliseconds(options_.close_timeout_ms);

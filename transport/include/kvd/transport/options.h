@@ -26,20 +26,24 @@ struct TransportOptions {
   int64_t keepalive_interval_ms = 1000;
   // Create endpoints with UCP_ERR_HANDLING_MODE_PEER, so a peer that vanishes fails its transfers
   // with UNAVAILABLE instead of hanging (or aborting) the process. Default true. In UCX 1.13 the
-  // shared-memory transports (posix, sysv) have no peer-failure support, so with this on UCX
-  // carries messages and RMA over tcp (cma still moves large rendezvous payloads) and UCX_TLS
-  // must include tcp; RMA then needs the target to progress. Turn it off only between trusted
-  // processes that share a fate (e.g. a benchmark) to get posix/sysv eager and one-sided RMA.
+  // shared-memory transports (posix, sysv, cma) have no peer-failure support, so with this on
+  // UCX carries messages and RMA over tcp (see `KVD_UCX_PRINT_EP=1`), UCX_TLS must include tcp,
+  // and RMA needs the target to progress; cma_threshold_bytes restores memcpy-speed bulk. Turn
+  // it off only between processes that share a fate (a benchmark): UCX then uses posix/sysv/cma
+  // and one-sided RMA, but a peer dying mid-transfer ABORTS this process (UCX fatal error).
   bool peer_failure_detection = true;
   // Same-host bulk path: a send of at least this many bytes to a peer on the same host (same
   // boot id, and this process could read a probe word of the peer with process_vm_readv, i.e.
   // same user and ptrace allowed) moves by one process_vm_readv in the receiver (memcpy speed),
-  // while UCX carries only a 48-byte descriptor and a 16-byte ack. Exists because UCX 1.13 with
+  // while UCX carries only a 56-byte descriptor and a 16-byte ack. Exists because UCX 1.13 with
   // peer_failure_detection on carries everything over tcp (~0.7 GB/s on loopback) while a copy
   // runs at ~6-12 GB/s. A peer dying mid-copy gives UNAVAILABLE (no abort, unlike UCX's own cma
   // without error handling). Needs both sides Connected to each other (the ack goes back on the
   // receiver's endpoint). The receiver copies inside its progress call (holding the transport's
-  // lock for the copy: ~0.2 ms per 2 MiB). Default 64 KiB; 0 = off (everything through UCX).
+  // lock for the copy: ~0.2 ms per 2 MiB). The receiver reads only a sender that proves it holds
+  // the receiver's secret nonce (from LocalAddress, given out over the control plane), so a peer
+  // cannot aim it at another process's memory (a reader needs ptrace rights over the sender,
+  // which already let it read all of the sender). Default 64 KiB; 0 = off (all through UCX).
   int64_t cma_threshold_bytes = 64 << 10;
   // Expose RMA (Read/Write, Export/ImportRegion) and request UCP_FEATURE_RMA. Default true.
   // Over tcp RMA put is pathological (see BUILD_NOTES): use tag messages for bulk there.
