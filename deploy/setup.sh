@@ -30,6 +30,8 @@ fi
 BUILD_DIR=${KVD_BUILD_DIR:-build}
 JOBS=${KVD_JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvd-ccache}
+# Relative paths in the cache key: a fresh clone in another folder reuses the cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 # shellcheck disable=SC2086
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${KVD_BUILD_TYPE:-RelWithDebInfo}" \
   ${KVD_CMAKE_ARGS:-}
