@@ -129,6 +129,9 @@ class HostTier final : public Tier {
   // Takes `bytes` of arena space for `key`, evicting LRU unpinned chunks if needed.
   // `tokens` is recorded in the chunk's metadata. `ttl` 0 means options.reservation_ttl.
   // Several reservations of the same key may be open at once (the first commit wins).
+  // The writer MUST be done writing (a posted receive completed or cancelled) before the
+  // deadline: once expired or reclaimed, the space may at once be given to another reservation,
+  // and a late write would corrupt that one. Pick `ttl` well above the transfer timeout.
   // Errors: ALREADY_EXISTS "dedup: ..." (key already committed; nothing reserved),
   //   INVALID_ARGUMENT (bytes == 0 or > max_chunk_bytes, empty model),
   //   RESOURCE_EXHAUSTED (cannot fit even after evicting every unpinned chunk; message names
