@@ -103,8 +103,9 @@ TEST(DequantTest, Q4_K) {
     b[4 + j] = static_cast<uint8_t>(j + 1);
     b[4 + j + 4] = static_cast<uint8_t>(j);
   }
-  for (int j = 0; j < 4; ++j) b[4 + 8 + j] = static_cast<uint8_t>(0x20 | (j + 2));  // sc 4+j: j+2, m: 2
-  for (int i = 0; i < 128; ++i) b[16 + i] = 0x73;  // low nibble 3, high nibble 7
+  for (int j = 0; j < 4; ++j)
+    b[4 + 8 + j] = static_cast<uint8_t>(0x20 | (j + 2));  // sc 4+j: j+2, m: 2
+  for (int i = 0; i < 128; ++i) b[16 + i] = 0x73;         // low nibble 3, high nibble 7
   float y[256];
   ASSERT_TRUE(Dequantize(static_cast<uint32_t>(GgmlType::kQ4_K), b, y, 256).ok());
   for (int e = 0; e < 256; ++e) {

@@ -35,7 +35,8 @@ class EngineTest : public ::testing::Test {
   static double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
     EXPECT_EQ(a.size(), b.size());
     double m = 0;
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+      m = std::max(m, double(std::fabs(a[i] - b[i])));
     return m;
   }
 
@@ -44,10 +45,10 @@ class EngineTest : public ::testing::Test {
 
 // ../shared/models/README.md: an independent numpy implementation of run.c, greedy from BOS.
 TEST_F(EngineTest, GreedyFromBosMatchesReference) {
-  const std::vector<int32_t> want = {
-      461, 461, 401, 401, 401, 461, 378, 455, 473, 456, 435, 299, 362, 409, 283, 264,
-      283, 452, 288, 13,  431, 431, 431, 431, 431, 431, 431, 431, 431, 431, 431, 431,
-      431, 293, 430, 417, 363, 416, 315, 342, 418, 424, 400, 442, 402, 303, 266, 299};
+  const std::vector<int32_t> want = {461, 461, 401, 401, 401, 461, 378, 455, 473, 456, 435, 299,
+                                     362, 409, 283, 264, 283, 452, 288, 13,  431, 431, 431, 431,
+                                     431, 431, 431, 431, 431, 431, 431, 431, 431, 293, 430, 417,
+                                     363, 416, 315, 342, 418, 424, 400, 442, 402, 303, 266, 299};
   LlamaSession s(*model_);
   const std::vector<int32_t> bos = {1};
   auto r = GenerateGreedy(s, bos, 48);
@@ -90,9 +91,11 @@ TEST_F(EngineTest, ChunkedPrefillEqualsOneShot) {
   ASSERT_TRUE(a.ok());
   const int V = cfg().vocab_size;
   for (int c = 0; c < 3; ++c) {
-    auto b = chunked.Forward(std::span<const int32_t>(p.data() + 100 * c, 100), {.all_logits = true});
+    auto b =
+        chunked.Forward(std::span<const int32_t>(p.data() + 100 * c, 100), {.all_logits = true});
     ASSERT_TRUE(b.ok());
-    std::vector<float> rows(a->begin() + size_t(100) * c * V, a->begin() + size_t(100) * (c + 1) * V);
+    std::vector<float> rows(a->begin() + size_t(100) * c * V,
+                            a->begin() + size_t(100) * (c + 1) * V);
     EXPECT_LT(MaxAbsDiff(*b, rows), 1e-4) << "chunk " << c;
   }
   EXPECT_LT(MaxAbsDiff(one.LayerKeys(4), chunked.LayerKeys(4)), 1e-5);
@@ -171,7 +174,8 @@ TEST_F(EngineTest, CompactCacheWithUnitCardinalityEqualsDense) {
   auto dense = own.ExportDense();
   ASSERT_TRUE(dense.ok());
   LlamaSession compact(*model_);
-  ASSERT_TRUE(compact.LoadCompact(CompactFromDense(*dense, cfg().num_kv_heads, cfg().head_dim)).ok());
+  ASSERT_TRUE(
+      compact.LoadCompact(CompactFromDense(*dense, cfg().num_kv_heads, cfg().head_dim)).ok());
   EXPECT_FALSE(compact.is_dense());
   EXPECT_EQ(compact.ExportDense().status().code(), StatusCode::kFailedPrecondition);
   for (int32_t tok : {5, 300, 41}) {
@@ -296,8 +300,8 @@ TEST_F(EngineTest, RejectsBadTokensAndCaches) {
   EXPECT_EQ(s.LoadCompact(far).code(), StatusCode::kOutOfRange);
   CompactKvCache nan = far;
   nan.next_position = 4;
-  nan.layers[0][0] = {1, std::vector<float>(cfg().head_dim), std::vector<float>(cfg().head_dim),
-                      {NAN}};
+  nan.layers[0][0] = {
+      1, std::vector<float>(cfg().head_dim), std::vector<float>(cfg().head_dim), {NAN}};
   EXPECT_EQ(s.LoadCompact(nan).code(), StatusCode::kInvalidArgument);
 }
 

@@ -27,18 +27,66 @@ class GgufBuilder {
   }
 
   // Metadata key/values (type ids per GGUF).
-  void KvU32(const std::string& k, uint32_t v) { Key(k, 4); Put(v); ++n_kv_; }
-  void KvI32(const std::string& k, int32_t v) { Key(k, 5); Put(v); ++n_kv_; }
-  void KvF32(const std::string& k, float v) { Key(k, 6); Put(v); ++n_kv_; }
-  void KvBool(const std::string& k, bool v) { Key(k, 7); Put<uint8_t>(v); ++n_kv_; }
-  void KvStr(const std::string& k, const std::string& v) { Key(k, 8); PutStr(v); ++n_kv_; }
-  void KvU64(const std::string& k, uint64_t v) { Key(k, 10); Put(v); ++n_kv_; }
-  void KvI64(const std::string& k, int64_t v) { Key(k, 11); Put(v); ++n_kv_; }
-  void KvF64(const std::string& k, double v) { Key(k, 12); Put(v); ++n_kv_; }
-  void KvU8(const std::string& k, uint8_t v) { Key(k, 0); Put(v); ++n_kv_; }
-  void KvI8(const std::string& k, int8_t v) { Key(k, 1); Put(v); ++n_kv_; }
-  void KvU16(const std::string& k, uint16_t v) { Key(k, 2); Put(v); ++n_kv_; }
-  void KvI16(const std::string& k, int16_t v) { Key(k, 3); Put(v); ++n_kv_; }
+  void KvU32(const std::string& k, uint32_t v) {
+    Key(k, 4);
+    Put(v);
+    ++n_kv_;
+  }
+  void KvI32(const std::string& k, int32_t v) {
+    Key(k, 5);
+    Put(v);
+    ++n_kv_;
+  }
+  void KvF32(const std::string& k, float v) {
+    Key(k, 6);
+    Put(v);
+    ++n_kv_;
+  }
+  void KvBool(const std::string& k, bool v) {
+    Key(k, 7);
+    Put<uint8_t>(v);
+    ++n_kv_;
+  }
+  void KvStr(const std::string& k, const std::string& v) {
+    Key(k, 8);
+    PutStr(v);
+    ++n_kv_;
+  }
+  void KvU64(const std::string& k, uint64_t v) {
+    Key(k, 10);
+    Put(v);
+    ++n_kv_;
+  }
+  void KvI64(const std::string& k, int64_t v) {
+    Key(k, 11);
+    Put(v);
+    ++n_kv_;
+  }
+  void KvF64(const std::string& k, double v) {
+    Key(k, 12);
+    Put(v);
+    ++n_kv_;
+  }
+  void KvU8(const std::string& k, uint8_t v) {
+    Key(k, 0);
+    Put(v);
+    ++n_kv_;
+  }
+  void KvI8(const std::string& k, int8_t v) {
+    Key(k, 1);
+    Put(v);
+    ++n_kv_;
+  }
+  void KvU16(const std::string& k, uint16_t v) {
+    Key(k, 2);
+    Put(v);
+    ++n_kv_;
+  }
+  void KvI16(const std::string& k, int16_t v) {
+    Key(k, 3);
+    Put(v);
+    ++n_kv_;
+  }
   void KvStrArray(const std::string& k, const std::vector<std::string>& v) {
     Key(k, 9);
     Put<uint32_t>(8);

@@ -20,7 +20,8 @@ using testing::GgufBuilder;
 
 std::string WriteTemp(const std::string& name, const std::string& bytes) {
   const std::string path = ::testing::TempDir() + "/" + name;
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   return path;
 }
 
@@ -46,7 +47,8 @@ std::string Q8_0Bytes(const std::vector<float>& v) {  // ggml's quantize_row_q8_
     const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
     uint16_t h = FloatToHalf(d);
     s.append(reinterpret_cast<const char*>(&h), 2);
-    for (int j = 0; j < 32; ++j) s.push_back(static_cast<char>(static_cast<int8_t>(std::lround(v[b + j] * id))));
+    for (int j = 0; j < 32; ++j)
+      s.push_back(static_cast<char>(static_cast<int8_t>(std::lround(v[b + j] * id))));
   }
   return s;
 }

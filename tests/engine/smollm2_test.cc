@@ -68,9 +68,9 @@ TEST_F(SmolLM2Test, EncodesLikeHfTokenizers) {
   EXPECT_EQ(tok().Encode("Hello world"), (std::vector<int32_t>{19556, 905}));
   EXPECT_EQ(tok().Encode("Once upon a time"), (std::vector<int32_t>{6403, 1980, 253, 655}));
   EXPECT_EQ(tok().Encode("It's 2024, we'll see: naïve café — 日本語 😀!"),
-            (std::vector<int32_t>{1589, 506, 216, 34, 32, 34, 36, 28, 392, 3060, 963, 42, 15486,
-                                  46494, 37366, 1841, 17097, 241, 115, 40993, 179, 120, 248,
-                                  40303, 218, 17}));
+            (std::vector<int32_t>{1589, 506,   216, 34,    32,    34,    36,   28,    392,
+                                  3060, 963,   42,  15486, 46494, 37366, 1841, 17097, 241,
+                                  115,  40993, 179, 120,   248,   40303, 218,  17}));
   EXPECT_EQ(tok().Encode("  two  spaces\n\nand\ttab"),
             (std::vector<int32_t>{216, 827, 216, 5600, 198, 198, 397, 197, 15999}));
   EXPECT_EQ(tok().Encode("<|im_start|>user", /*parse_special=*/true),
@@ -82,7 +82,9 @@ TEST_F(SmolLM2Test, RoundTripsRealText) {
   std::ifstream in("/usr/share/common-licenses/GPL-3", std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), {});
   if (text.empty()) text = "The GNU General Public License is a free, copyleft license.\n";
-  text += "\nUTF-8: Ünïcödé ½ ⅷ 日本語のテキスト Αλφα βήτα ‘quoted’ 😀👍🏽\r\n\t end  ";
+  text +=
+      "\nUTF-8: Ünïcödé ½ ⅷ 日本語のテキスト Αλφα βήτα ‘quoted’ 😀👍🏽\r\n\t end "
+      " ";
   auto ids = tok().Encode(text);
   auto back = tok().Decode(ids);
   ASSERT_TRUE(back.ok());

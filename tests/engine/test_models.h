@@ -25,11 +25,11 @@ inline bool Exists(const std::string& p) { return std::filesystem::exists(p); }
 }  // namespace kvd::llama::testing
 
 #define KVD_REQUIRE_STORIES()                                                                 \
-  if (!::kvd::llama::testing::Exists(::kvd::llama::testing::Stories260KPath()))              \
+  if (!::kvd::llama::testing::Exists(::kvd::llama::testing::Stories260KPath()))               \
   GTEST_SKIP() << "stories260K.bin not found at " << ::kvd::llama::testing::Stories260KPath() \
                << " (set KVD_STORIES260K)"
 
-#define KVD_REQUIRE_SMOLLM2()                                                                 \
-  if (!::kvd::llama::testing::Exists(::kvd::llama::testing::SmolLM2Path()))                  \
-  GTEST_SKIP() << "SmolLM2 GGUF not found at " << ::kvd::llama::testing::SmolLM2Path()       \
+#define KVD_REQUIRE_SMOLLM2()                                                          \
+  if (!::kvd::llama::testing::Exists(::kvd::llama::testing::SmolLM2Path()))            \
+  GTEST_SKIP() << "SmolLM2 GGUF not found at " << ::kvd::llama::testing::SmolLM2Path() \
                << ": run deploy/fetch-models.sh (or set KVD_MODELS_DIR)"

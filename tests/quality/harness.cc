@@ -28,8 +28,8 @@ struct Segment {
 
 // What a method is scored against on one segment (the uncompressed engine).
 struct Reference {
-  std::vector<int32_t> argmax;                 // [C-1]
-  std::vector<std::vector<float>> attention;   // [layer][(C-1) * n_q * d]
+  std::vector<int32_t> argmax;                // [C-1]
+  std::vector<std::vector<float>> attention;  // [layer][(C-1) * n_q * d]
 };
 
 struct Scores {
@@ -114,8 +114,9 @@ std::vector<PasskeyPrompt> BuildPasskeyPrompts(const llama::Tokenizer& tok,
       p.key = std::to_string(digits(rng));
       const std::vector<int32_t> needle =
           tok.Encode(" The pass key is " + p.key + ". Remember it. " + p.key + " is the pass key.");
-      const int units = std::max(1, static_cast<int>((o.passkey_filler_tokens - intro.size() -
-                                                      needle.size()) / unit.size()));
+      const int units = std::max(
+          1,
+          static_cast<int>((o.passkey_filler_tokens - intro.size() - needle.size()) / unit.size()));
       const int at = static_cast<int>(std::lround(depth * units));
       p.context = intro;
       for (int u = 0; u <= units; ++u) {
@@ -189,7 +190,8 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
   KVD_RETURN_IF_ERROR(o.Validate());
   const auto t0 = Clock::now();
   const llama::Tokenizer* tok = model.tokenizer();
-  if (tok == nullptr) return Status::FailedPrecondition("the harness needs a model with a tokenizer");
+  if (tok == nullptr)
+    return Status::FailedPrecondition("the harness needs a model with a tokenizer");
   const llama::LlamaConfig& cfg = model.config();
   if (o.prefix_tokens + o.continuation_tokens > cfg.context_length ||
       o.passkey_filler_tokens + 64 > cfg.context_length) {
@@ -208,8 +210,9 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     const std::vector<int32_t> ids = tok->Encode(t.text);
     std::vector<Segment> segs;
     for (size_t s = 0; s + seg_len <= ids.size(); s += seg_len) {
-      segs.push_back({std::vector<int32_t>(ids.begin() + s, ids.begin() + s + o.prefix_tokens),
-                      std::vector<int32_t>(ids.begin() + s + o.prefix_tokens, ids.begin() + s + seg_len)});
+      segs.push_back(
+          {std::vector<int32_t>(ids.begin() + s, ids.begin() + s + o.prefix_tokens),
+           std::vector<int32_t>(ids.begin() + s + o.prefix_tokens, ids.begin() + s + seg_len)});
     }
     if (!segs.empty()) rep.texts.push_back(t.entry.path + " " + t.entry.sha256);
     per_text.push_back(std::move(segs));
@@ -230,9 +233,10 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
                                       std::to_string(seg_len) + " tokens");
   }
   rep.segments = static_cast<int>(segments.size());
-  Progress(o, t0, std::to_string(segments.size()) + " segments of " + std::to_string(o.prefix_tokens) +
-                      " + " + std::to_string(o.continuation_tokens) + " tokens from " +
-                      std::to_string(rep.texts.size()) + " texts");
+  Progress(o, t0,
+           std::to_string(segments.size()) + " segments of " + std::to_string(o.prefix_tokens) +
+               " + " + std::to_string(o.continuation_tokens) + " tokens from " +
+               std::to_string(rep.texts.size()) + " texts");
 
   // Methods (+ calibration on disjoint texts).
   std::vector<std::unique_ptr<CompressionMethod>> methods;
@@ -241,8 +245,8 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     methods.push_back(std::move(m));
   }
   LlamaSession session(model, {.threads = o.threads});
-  const bool need_calibration =
-      std::any_of(methods.begin(), methods.end(), [](const auto& m) { return m->NeedsCalibration(); });
+  const bool need_calibration = std::any_of(methods.begin(), methods.end(),
+                                            [](const auto& m) { return m->NeedsCalibration(); });
   if (o.calibration_segments > 0 && need_calibration) {
     std::vector<std::string> calib_warnings;
     auto calib = ReadVerified(manifest, "calib", &calib_warnings);
@@ -297,7 +301,8 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     const Segment& seg = segments[si];
     KVD_ASSIGN_OR_RETURN(PrefixCapture prefix, Capture(session, model, seg.prefix, o.window));
     Reference ref;
-    KVD_ASSIGN_OR_RETURN(Scores eng, ScoreContinuation(session, cfg, seg.continuation, nullptr, &ref));
+    KVD_ASSIGN_OR_RETURN(Scores eng,
+                         ScoreContinuation(session, cfg, seg.continuation, nullptr, &ref));
     rep.engine_nll_sum += eng.nll;
     rep.engine_scored_tokens += eng.n;
     for (size_t k = 0; k < keys.size(); ++k) {
@@ -305,7 +310,8 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
       MethodResult& row = rep.rows[k];
       CompressionMethod& m = *methods[keys[k].method];
       auto cache = m.Compress(prefix, row.p_c);
-      if (!cache.ok()) return cache.status().WithContext(m.name() + " p_c=" + std::to_string(row.p_c));
+      if (!cache.ok())
+        return cache.status().WithContext(m.name() + " p_c=" + std::to_string(row.p_c));
       const double stored = cache->stored_fraction >= 0
                                 ? cache->stored_fraction
                                 : 1.0 - AchievedCompression(cache->cache, o.prefix_tokens);
@@ -317,15 +323,18 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
       }
       Status ls = other.LoadCompact(cache->cache);
       if (!ls.ok()) return ls.WithContext(m.name() + " returned an unusable cache");
-      KVD_ASSIGN_OR_RETURN(Scores sc, ScoreContinuation(other, cfg, seg.continuation, &ref, nullptr));
+      KVD_ASSIGN_OR_RETURN(Scores sc,
+                           ScoreContinuation(other, cfg, seg.continuation, &ref, nullptr));
       row.nll_sum += sc.nll;
       row.scored_tokens += sc.n;
       row.top1_agreement += static_cast<double>(sc.agree);
-      for (int l = 0; l < cfg.num_layers; ++l) row.layer_rel_error[l] += sc.rel_err[l] / segments.size();
+      for (int l = 0; l < cfg.num_layers; ++l)
+        row.layer_rel_error[l] += sc.rel_err[l] / segments.size();
       row.seconds += Since(tr);
     }
-    Progress(o, t0, "segment " + std::to_string(si + 1) + "/" + std::to_string(segments.size()) +
-                        ": engine ppl " + std::to_string(std::exp(eng.nll / eng.n)));
+    Progress(o, t0,
+             "segment " + std::to_string(si + 1) + "/" + std::to_string(segments.size()) +
+                 ": engine ppl " + std::to_string(std::exp(eng.nll / eng.n)));
   }
 
   // Passkey retrieval.
@@ -346,9 +355,10 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
       row.passkey_correct += ok;
       ++row.passkey_total;
     }
-    Progress(o, t0, "passkey " + std::to_string(pi + 1) + "/" + std::to_string(prompts.size()) +
-                        " (" + std::to_string(p.context.size()) + " tokens): engine " +
-                        (engine_ok ? "correct" : "wrong"));
+    Progress(o, t0,
+             "passkey " + std::to_string(pi + 1) + "/" + std::to_string(prompts.size()) + " (" +
+                 std::to_string(p.context.size()) + " tokens): engine " +
+                 (engine_ok ? "correct" : "wrong"));
   }
 
   for (MethodResult& row : rep.rows) {
@@ -358,7 +368,8 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     for (double e : row.layer_rel_error) s += e;
     row.mean_rel_error = s / cfg.num_layers;
   }
-  rep.engine_perplexity = std::exp(rep.engine_nll_sum / static_cast<double>(rep.engine_scored_tokens));
+  rep.engine_perplexity =
+      std::exp(rep.engine_nll_sum / static_cast<double>(rep.engine_scored_tokens));
   rep.seconds = Since(t0);
   return rep;
 }

@@ -15,20 +15,20 @@
 namespace kvd::quality {
 
 struct HarnessOptions {
-  std::string manifest_path;                              // required
+  std::string manifest_path;                                   // required
   std::vector<std::string> methods = {"full", "sink_recent"};  // registry names
-  std::vector<double> ratios = {0.5, 0.75, 0.9};          // p_c values, each in [0, 1)
-  int prefix_tokens = 2048;        // compressed prefix length N
-  int continuation_tokens = 256;   // scored continuation C (C - 1 predictions per segment)
-  int max_segments = 8;            // eval segments (round-robin over the eval texts)
-  int window = 64;                 // observation window W handed to methods (post-RoPE queries)
-  int calibration_segments = 2;    // prefixes from calib texts for Calibrate()
+  std::vector<double> ratios = {0.5, 0.75, 0.9};               // p_c values, each in [0, 1)
+  int prefix_tokens = 2048;                                    // compressed prefix length N
+  int continuation_tokens = 256;     // scored continuation C (C - 1 predictions per segment)
+  int max_segments = 8;              // eval segments (round-robin over the eval texts)
+  int window = 64;                   // observation window W handed to methods (post-RoPE queries)
+  int calibration_segments = 2;      // prefixes from calib texts for Calibrate()
   int passkey_filler_tokens = 1536;  // passkey context length; 0 disables passkey
   std::vector<double> passkey_depths = {0.1, 0.5, 0.9};
-  int passkey_trials = 1;          // random keys per depth
-  uint32_t seed = 1234;            // passkey digits
-  int threads = 0;                 // engine threads; 0 = all cores
-  bool progress = true;            // progress lines on stderr
+  int passkey_trials = 1;  // random keys per depth
+  uint32_t seed = 1234;    // passkey digits
+  int threads = 0;         // engine threads; 0 = all cores
+  bool progress = true;    // progress lines on stderr
 
   // The --quick preset (< 3 minutes on 2 cores): 2 segments of 512 + 64, passkey 384 tokens.
   static HarnessOptions Quick();
@@ -38,12 +38,12 @@ struct HarnessOptions {
 // One (method, p_c) row, aggregated over segments.
 struct MethodResult {
   std::string method;
-  double p_c = 0;            // requested ("full" is reported at 0)
-  double achieved_p_c = 0;   // measured from the slots kept, averaged over segments
+  double p_c = 0;           // requested ("full" is reported at 0)
+  double achieved_p_c = 0;  // measured from the slots kept, averaged over segments
   int64_t scored_tokens = 0;
   double nll_sum = 0;
   double perplexity = 0;
-  double top1_agreement = 0;          // fraction of positions whose argmax equals the full cache's
+  double top1_agreement = 0;  // fraction of positions whose argmax equals the full cache's
   std::vector<double> layer_rel_error;  // [layers] mean over segments of |A_m - A_full| / |A_full|
   double mean_rel_error = 0;
   int passkey_correct = 0;
@@ -54,7 +54,7 @@ struct MethodResult {
 struct HarnessReport {
   HarnessOptions options;
   std::vector<MethodResult> rows;
-  double engine_perplexity = 0;   // the uncompressed engine on the same predictions
+  double engine_perplexity = 0;  // the uncompressed engine on the same predictions
   int64_t engine_scored_tokens = 0;
   double engine_nll_sum = 0;
   int engine_passkey_correct = 0;

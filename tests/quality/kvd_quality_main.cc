@@ -57,21 +57,33 @@ int main(int argc, char** argv) {
         if (i + 1 >= argc) throw std::invalid_argument("missing value for " + a);
         return argv[++i];
       };
-      if (a == "--model") model_path = val();
-      else if (a == "--manifest") o.manifest_path = val();
-      else if (a == "--out") out_dir = val();
-      else if (a == "--quick") continue;
-      else if (a == "--methods") o.methods = SplitCommas(val());
+      if (a == "--model")
+        model_path = val();
+      else if (a == "--manifest")
+        o.manifest_path = val();
+      else if (a == "--out")
+        out_dir = val();
+      else if (a == "--quick")
+        continue;
+      else if (a == "--methods")
+        o.methods = SplitCommas(val());
       else if (a == "--ratios") {
         o.ratios.clear();
         for (const auto& r : SplitCommas(val())) o.ratios.push_back(std::stod(r));
-      } else if (a == "--segments") o.max_segments = std::stoi(val());
-      else if (a == "--prefix") o.prefix_tokens = std::stoi(val());
-      else if (a == "--continuation") o.continuation_tokens = std::stoi(val());
-      else if (a == "--window") o.window = std::stoi(val());
-      else if (a == "--passkey") o.passkey_filler_tokens = std::stoi(val());
-      else if (a == "--threads") o.threads = std::stoi(val());
-      else if (a == "--plot-from") plot_from = val();
+      } else if (a == "--segments")
+        o.max_segments = std::stoi(val());
+      else if (a == "--prefix")
+        o.prefix_tokens = std::stoi(val());
+      else if (a == "--continuation")
+        o.continuation_tokens = std::stoi(val());
+      else if (a == "--window")
+        o.window = std::stoi(val());
+      else if (a == "--passkey")
+        o.passkey_filler_tokens = std::stoi(val());
+      else if (a == "--threads")
+        o.threads = std::stoi(val());
+      else if (a == "--plot-from")
+        plot_from = val();
       else if (a == "--list-methods") {
         for (const auto& n : kvd::quality::MethodRegistry::Global().Names()) std::cout << n << "\n";
         return 0;
@@ -125,6 +137,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cout << kvd::quality::ToMarkdown(*rep, command);
-  std::cerr << "kvd-quality: wrote " << out_dir << "/results.csv, layers.csv, results.md, perplexity.png\n";
+  std::cerr << "kvd-quality: wrote " << out_dir
+            << "/results.csv, layers.csv, results.md, perplexity.png\n";
   return 0;
 }

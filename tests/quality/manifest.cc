@@ -23,7 +23,8 @@ StatusOr<std::vector<ManifestEntry>> ParseManifest(const std::string& contents) 
       return Status::InvalidArgument("manifest line " + std::to_string(no) +
                                      ": expected 'sha256 role path'");
     }
-    if (e.sha256.size() != 64 || e.sha256.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    if (e.sha256.size() != 64 ||
+        e.sha256.find_first_not_of("0123456789abcdef") != std::string::npos) {
       return Status::InvalidArgument("manifest line " + std::to_string(no) +
                                      ": sha256 must be 64 lower-case hex digits");
     }
@@ -67,7 +68,8 @@ StatusOr<std::vector<ManifestText>> ReadVerified(const std::vector<ManifestEntry
     }
     out.push_back({e, std::move(text)});
   }
-  if (out.empty()) return Status::NotFound("no readable, verified '" + role + "' text in the manifest");
+  if (out.empty())
+    return Status::NotFound("no readable, verified '" + role + "' text in the manifest");
   return out;
 }
 

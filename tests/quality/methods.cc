@@ -25,15 +25,17 @@ class SinkRecentMethod : public CompressionMethod {
     const int keep = std::clamp(static_cast<int>(std::lround(N * (1.0 - p_c))), 1, N);
     const int sinks = std::min(kSinks, keep);
     const int recent = keep - sinks;
-    llama::CompactKvCache full = CompactFromDense(p.cache, p.config->num_kv_heads,
-                                                  p.config->head_dim);
+    llama::CompactKvCache full =
+        CompactFromDense(p.cache, p.config->num_kv_heads, p.config->head_dim);
     const int d = p.config->head_dim;
     for (auto& layer : full.layers) {
       for (auto& h : layer) {
         // Erase [sinks, N - recent).
         const int a = sinks, b = N - recent;
-        h.k.erase(h.k.begin() + static_cast<ptrdiff_t>(a) * d, h.k.begin() + static_cast<ptrdiff_t>(b) * d);
-        h.v.erase(h.v.begin() + static_cast<ptrdiff_t>(a) * d, h.v.begin() + static_cast<ptrdiff_t>(b) * d);
+        h.k.erase(h.k.begin() + static_cast<ptrdiff_t>(a) * d,
+                  h.k.begin() + static_cast<ptrdiff_t>(b) * d);
+        h.v.erase(h.v.begin() + static_cast<ptrdiff_t>(a) * d,
+                  h.v.begin() + static_cast<ptrdiff_t>(b) * d);
         h.bias.erase(h.bias.begin() + a, h.bias.begin() + b);
         h.num_slots = keep;
       }
@@ -47,19 +49,24 @@ class SinkRecentMethod : public CompressionMethod {
 MethodRegistry& MethodRegistry::Global() {
   static MethodRegistry* r = [] {
     auto* reg = new MethodRegistry();
-    reg->Register("full", []() -> StatusOr<std::unique_ptr<CompressionMethod>> {
-          return std::unique_ptr<CompressionMethod>(new FullMethod());
-        }).IgnoreError();
-    reg->Register("sink_recent", []() -> StatusOr<std::unique_ptr<CompressionMethod>> {
-          return std::unique_ptr<CompressionMethod>(new SinkRecentMethod());
-        }).IgnoreError();
+    reg->Register("full",
+                  []() -> StatusOr<std::unique_ptr<CompressionMethod>> {
+                    return std::unique_ptr<CompressionMethod>(new FullMethod());
+                  })
+        .IgnoreError();
+    reg->Register("sink_recent",
+                  []() -> StatusOr<std::unique_ptr<CompressionMethod>> {
+                    return std::unique_ptr<CompressionMethod>(new SinkRecentMethod());
+                  })
+        .IgnoreError();
     return reg;
   }();
   return *r;
 }
 
 Status MethodRegistry::Register(const std::string& name, MethodFactory factory) {
-  if (factories_.count(name) != 0) return Status::AlreadyExists("method " + name + " is registered");
+  if (factories_.count(name) != 0)
+    return Status::AlreadyExists("method " + name + " is registered");
   factories_[name] = std::move(factory);
   return Status::Ok();
 }

@@ -14,11 +14,11 @@
 namespace kvd::quality {
 namespace {
 
-constexpr Rgb kPalette[] = {{0, 0, 0},     {220, 30, 30},  {30, 90, 220},  {20, 150, 40},
-                            {230, 130, 0}, {140, 40, 170}, {0, 170, 170},  {120, 80, 40},
+constexpr Rgb kPalette[] = {{0, 0, 0},      {220, 30, 30},  {30, 90, 220}, {20, 150, 40},
+                            {230, 130, 0},  {140, 40, 170}, {0, 170, 170}, {120, 80, 40},
                             {240, 60, 160}, {110, 110, 110}};
-constexpr const char* kPaletteNames[] = {"black",  "red",    "blue",  "green", "orange",
-                                         "purple", "teal",   "brown", "pink",  "grey"};
+constexpr const char* kPaletteNames[] = {"black",  "red",  "blue",  "green", "orange",
+                                         "purple", "teal", "brown", "pink",  "grey"};
 
 uint32_t Crc32(const unsigned char* p, size_t n, uint32_t crc = 0) {
   crc = ~crc;
@@ -41,10 +41,9 @@ void Chunk(std::string* out, const char* type, const std::string& data) {
 }
 
 // 3x5 digit glyphs (and '.'), rows top to bottom, 3 bits each (MSB left).
-const uint8_t kGlyphs[11][5] = {
-    {7, 5, 5, 5, 7}, {2, 6, 2, 2, 7}, {7, 1, 7, 4, 7}, {7, 1, 7, 1, 7}, {5, 5, 7, 1, 1},
-    {7, 4, 7, 1, 7}, {7, 4, 7, 5, 7}, {7, 1, 1, 1, 1}, {7, 5, 7, 5, 7}, {7, 5, 7, 1, 7},
-    {0, 0, 0, 0, 2}};
+const uint8_t kGlyphs[11][5] = {{7, 5, 5, 5, 7}, {2, 6, 2, 2, 7}, {7, 1, 7, 4, 7}, {7, 1, 7, 1, 7},
+                                {5, 5, 7, 1, 1}, {7, 4, 7, 1, 7}, {7, 4, 7, 5, 7}, {7, 1, 1, 1, 1},
+                                {7, 5, 7, 5, 7}, {7, 5, 7, 1, 7}, {0, 0, 0, 0, 2}};
 
 class Canvas {
  public:
@@ -212,7 +211,8 @@ Status WritePerplexityPlot(const HarnessReport& r, const std::string& path) {
     }
     // Legend swatch (colour order = PlotLegend order), top right.
     for (int dy = 0; dy < 12; ++dy)
-      for (int dx = 0; dx < 24; ++dx) cv.Set(W - R - 30 + dx, T + 8 + static_cast<int>(i) * 18 + dy, c);
+      for (int dx = 0; dx < 24; ++dx)
+        cv.Set(W - R - 30 + dx, T + 8 + static_cast<int>(i) * 18 + dy, c);
   }
   const std::string png = EncodePng(W, H, cv.pixels(), /*compress=*/true);
   std::ofstream out(path, std::ios::binary);

@@ -115,8 +115,8 @@ TEST(MethodsTest, FullKeepsEverythingAndSinkRecentMeetsTheBudget) {
   EXPECT_NEAR(AchievedCompression(*sc, 40), 0.75, 1e-9);
   const auto& h = sc->layers[1][0];
   ASSERT_EQ(h.num_slots, 10);
-  EXPECT_EQ(h.k[3 * 4], static_cast<float>(3 * 2 * 4));    // sink 3 = token 3
-  EXPECT_EQ(h.k[4 * 4], static_cast<float>(34 * 2 * 4));   // then tokens 34..39
+  EXPECT_EQ(h.k[3 * 4], static_cast<float>(3 * 2 * 4));   // sink 3 = token 3
+  EXPECT_EQ(h.k[4 * 4], static_cast<float>(34 * 2 * 4));  // then tokens 34..39
   EXPECT_EQ(sc->next_position, 40);
   EXPECT_EQ((*sr)->Compress(p, 1.0).status().code(), StatusCode::kInvalidArgument);
 }
@@ -216,8 +216,9 @@ TEST(PlotTest, PngOfATinyImageHasTheRightSizeAndChecksums) {
     b = (b + a) % 65521;
   }
   const size_t adler_at = 8 + 25 + 8 + 2 + 5 + 7;
-  const uint32_t got = (uint32_t(uint8_t(png[adler_at])) << 24) | (uint32_t(uint8_t(png[adler_at + 1])) << 16) |
-                       (uint32_t(uint8_t(png[adler_at + 2])) << 8) | uint32_t(uint8_t(png[adler_at + 3]));
+  const uint32_t got =
+      (uint32_t(uint8_t(png[adler_at])) << 24) | (uint32_t(uint8_t(png[adler_at + 1])) << 16) |
+      (uint32_t(uint8_t(png[adler_at + 2])) << 8) | uint32_t(uint8_t(png[adler_at + 3]));
   EXPECT_EQ(got, (b << 16) | a);
 }
 

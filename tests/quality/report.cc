@@ -29,8 +29,8 @@ std::string ToCsv(const HarnessReport& r) {
     os << m.method << "," << Fmt("%.4f", m.p_c) << "," << Fmt("%.4f", m.achieved_p_c) << ","
        << m.scored_tokens << "," << Fmt("%.6f", m.perplexity) << ","
        << Fmt("%.6f", m.perplexity / r.engine_perplexity) << "," << Fmt("%.6f", m.top1_agreement)
-       << "," << Fmt("%.6f", m.mean_rel_error) << "," << m.passkey_correct << ","
-       << m.passkey_total << "," << Fmt("%.2f", m.seconds) << "\n";
+       << "," << Fmt("%.6f", m.mean_rel_error) << "," << m.passkey_correct << "," << m.passkey_total
+       << "," << Fmt("%.2f", m.seconds) << "\n";
   }
   return os.str();
 }
@@ -59,16 +59,18 @@ std::string ToMarkdown(const HarnessReport& r, const std::string& command) {
      << " s.\n\nEval texts (segments drawn round-robin, in this order):\n\n";
   for (const std::string& t : r.texts) os << "- `" << t << "`\n";
   for (const std::string& w : r.warnings) os << "- warning: " << w << "\n";
-  os << "\n| method | p_c | achieved p_c | perplexity | vs full | top-1 agreement | attn rel. error "
+  os << "\n| method | p_c | achieved p_c | perplexity | vs full | top-1 agreement | attn rel. "
+        "error "
         "| passkey |\n|---|---|---|---|---|---|---|---|\n";
-  os << "| engine (uncompressed) | 0 | 0 | " << Fmt("%.3f", r.engine_perplexity) << " | 1.000 | 1.000 | 0 | "
-     << r.engine_passkey_correct << "/" << r.engine_passkey_total << " |\n";
+  os << "| engine (uncompressed) | 0 | 0 | " << Fmt("%.3f", r.engine_perplexity)
+     << " | 1.000 | 1.000 | 0 | " << r.engine_passkey_correct << "/" << r.engine_passkey_total
+     << " |\n";
   for (const MethodResult& m : r.rows) {
     os << "| " << m.method << " | " << Fmt("%.2f", m.p_c) << " | " << Fmt("%.3f", m.achieved_p_c)
        << " | " << Fmt("%.3f", m.perplexity) << " | "
-       << Fmt("%.3f", m.perplexity / r.engine_perplexity) << " | "
-       << Fmt("%.3f", m.top1_agreement) << " | " << Fmt("%.4f", m.mean_rel_error) << " | "
-       << m.passkey_correct << "/" << m.passkey_total << " |\n";
+       << Fmt("%.3f", m.perplexity / r.engine_perplexity) << " | " << Fmt("%.3f", m.top1_agreement)
+       << " | " << Fmt("%.4f", m.mean_rel_error) << " | " << m.passkey_correct << "/"
+       << m.passkey_total << " |\n";
   }
   os << "\nPlot (`perplexity.png`, perplexity against p_c; full = dashed level):";
   for (const std::string& l : PlotLegend(r)) os << " " << l << ";";
@@ -121,7 +123,8 @@ StatusOr<HarnessReport> FromCsv(const std::string& csv) {
       m.seconds = std::stod(f[10]);
       r.rows.push_back(m);
     } catch (const std::exception&) {
-      return Status::InvalidArgument("results CSV line " + std::to_string(no) + " has a bad number");
+      return Status::InvalidArgument("results CSV line " + std::to_string(no) +
+                                     " has a bad number");
     }
   }
   return r;
@@ -131,9 +134,9 @@ Status WriteReport(const HarnessReport& r, const std::string& dir, const std::st
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::Internal("cannot create " + dir + ": " + ec.message());
-  const std::pair<std::string, std::string> files[] = {
-      {"results.csv", ToCsv(r)}, {"layers.csv", LayersToCsv(r)},
-      {"results.md", ToMarkdown(r, command)}};
+  const std::pair<std::string, std::string> files[] = {{"results.csv", ToCsv(r)},
+                                                       {"layers.csv", LayersToCsv(r)},
+                                                       {"results.md", ToMarkdown(r, command)}};
   for (const auto& [name, body] : files) {
     std::ofstream out(dir + "/" + name, std::ios::binary);
     out << body;

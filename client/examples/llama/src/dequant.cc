@@ -158,7 +158,9 @@ Status Dequantize(uint32_t type, const void* src, float* dst, int64_t n) {
   const int64_t blocks = n / be;
   void (*fn)(const uint8_t*, float*) = nullptr;
   switch (static_cast<GgmlType>(type)) {
-    case GgmlType::kF32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return Status::Ok();
+    case GgmlType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return Status::Ok();
     case GgmlType::kF16:
       for (int64_t i = 0; i < n; ++i) dst[i] = Half(p + 2 * i);
       return Status::Ok();
@@ -169,14 +171,30 @@ Status Dequantize(uint32_t type, const void* src, float* dst, int64_t n) {
         dst[i] = BFloat16ToFloat(h);
       }
       return Status::Ok();
-    case GgmlType::kQ4_0: fn = DequantQ4_0; break;
-    case GgmlType::kQ4_1: fn = DequantQ4_1; break;
-    case GgmlType::kQ5_0: fn = DequantQ5_0; break;
-    case GgmlType::kQ5_1: fn = DequantQ5_1; break;
-    case GgmlType::kQ8_0: fn = DequantQ8_0; break;
-    case GgmlType::kQ4_K: fn = DequantQ4_K; break;
-    case GgmlType::kQ5_K: fn = DequantQ5_K; break;
-    case GgmlType::kQ6_K: fn = DequantQ6_K; break;
+    case GgmlType::kQ4_0:
+      fn = DequantQ4_0;
+      break;
+    case GgmlType::kQ4_1:
+      fn = DequantQ4_1;
+      break;
+    case GgmlType::kQ5_0:
+      fn = DequantQ5_0;
+      break;
+    case GgmlType::kQ5_1:
+      fn = DequantQ5_1;
+      break;
+    case GgmlType::kQ8_0:
+      fn = DequantQ8_0;
+      break;
+    case GgmlType::kQ4_K:
+      fn = DequantQ4_K;
+      break;
+    case GgmlType::kQ5_K:
+      fn = DequantQ5_K;
+      break;
+    case GgmlType::kQ6_K:
+      fn = DequantQ6_K;
+      break;
     default:
       return Status::Unimplemented("no dequantiser for tensor type " + GgmlTypeName(type));
   }

@@ -55,8 +55,9 @@ Status SessionOptions::Validate() const {
 
 LlamaSession::LlamaSession(const LlamaModel& model, SessionOptions options)
     : model_(model), cfg_(model.config()), options_(options) {
-  threads_ = options_.threads > 0 ? options_.threads
-                                  : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads_ = options_.threads > 0
+                 ? options_.threads
+                 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   openblas_set_num_threads(threads_);
   const int rot = cfg_.rope.rotary_dim > 0 ? cfg_.rope.rotary_dim : cfg_.head_dim;
   inv_freq_.resize(rot / 2);
@@ -188,8 +189,8 @@ StatusOr<std::vector<float>> LlamaSession::Forward(std::span<const int32_t> toke
   const int qd = nq * d, kvd = nkv * d;
   const size_t Tz = static_cast<size_t>(T);
 
-  std::vector<float> x(Tz * dim), xn(Tz * dim), q(Tz * qd), k(Tz * kvd), v(Tz * kvd),
-      att(Tz * qd), tmp(Tz * dim), gate(Tz * hid), up(Tz * hid);
+  std::vector<float> x(Tz * dim), xn(Tz * dim), q(Tz * qd), k(Tz * kvd), v(Tz * kvd), att(Tz * qd),
+      tmp(Tz * dim), gate(Tz * hid), up(Tz * hid);
   const std::vector<float>& emb = model_.token_embedding();
   for (int t = 0; t < T; ++t) {
     std::memcpy(&x[t * static_cast<size_t>(dim)], &emb[static_cast<size_t>(tokens[t]) * dim],
@@ -297,8 +298,7 @@ Status LlamaSession::LoadDense(const DenseKvCache& cache) {
   KVD_RETURN_IF_ERROR(cache.Validate(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim));
   if (cache.next_position > cfg_.context_length) {
     return Status::OutOfRange("dense cache next_position " + std::to_string(cache.next_position) +
-                              " exceeds the context length " +
-                              std::to_string(cfg_.context_length));
+                              " exceeds the context length " + std::to_string(cfg_.context_length));
   }
   Reset();
   const int d = cfg_.head_dim, nkv = cfg_.num_kv_heads, N = cache.num_tokens;
@@ -322,9 +322,8 @@ Status LlamaSession::LoadDense(const DenseKvCache& cache) {
 Status LlamaSession::LoadCompact(const CompactKvCache& cache) {
   KVD_RETURN_IF_ERROR(cache.Validate(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim));
   if (cache.next_position > cfg_.context_length) {
-    return Status::OutOfRange("compact cache next_position " +
-                              std::to_string(cache.next_position) + " exceeds the context length " +
-                              std::to_string(cfg_.context_length));
+    return Status::OutOfRange("compact cache next_position " + std::to_string(cache.next_position) +
+                              " exceeds the context length " + std::to_string(cfg_.context_length));
   }
   Reset();
   dense_ = false;

@@ -52,8 +52,8 @@ StatusOr<PerplexityResult> Perplexity(const LlamaModel& model, std::span<const i
       for (size_t t = 0; t < blen; ++t) {
         const size_t pos = b + t;  // within the window
         if (pos + 1 >= len) break;
-        r.total_nll += NegLogLikelihood(
-            std::span<const float>(logits.data() + t * V, V), tokens[start + pos + 1]);
+        r.total_nll += NegLogLikelihood(std::span<const float>(logits.data() + t * V, V),
+                                        tokens[start + pos + 1]);
         ++r.scored_tokens;
       }
     }

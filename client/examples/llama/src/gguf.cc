@@ -46,12 +46,25 @@ class Reader {
 // Smallest encoded size of one value of type t (for sanity-checking array counts).
 size_t MinEncodedSize(GgufType t) {
   switch (t) {
-    case GgufType::kUint8: case GgufType::kInt8: case GgufType::kBool: return 1;
-    case GgufType::kUint16: case GgufType::kInt16: return 2;
-    case GgufType::kUint32: case GgufType::kInt32: case GgufType::kFloat32: return 4;
-    case GgufType::kUint64: case GgufType::kInt64: case GgufType::kFloat64: return 8;
-    case GgufType::kString: return 8;
-    case GgufType::kArray: return 12;
+    case GgufType::kUint8:
+    case GgufType::kInt8:
+    case GgufType::kBool:
+      return 1;
+    case GgufType::kUint16:
+    case GgufType::kInt16:
+      return 2;
+    case GgufType::kUint32:
+    case GgufType::kInt32:
+    case GgufType::kFloat32:
+      return 4;
+    case GgufType::kUint64:
+    case GgufType::kInt64:
+    case GgufType::kFloat64:
+      return 8;
+    case GgufType::kString:
+      return 8;
+    case GgufType::kArray:
+      return 12;
   }
   return 1;
 }
@@ -60,16 +73,66 @@ Status ReadValue(Reader& r, GgufType type, GgufValue* out, int depth, const std:
   out->type = type;
   auto what = "value of " + key;
   switch (type) {
-    case GgufType::kUint8: { uint8_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = uint64_t{v}; break; }
-    case GgufType::kInt8: { int8_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = int64_t{v}; break; }
-    case GgufType::kUint16: { uint16_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = uint64_t{v}; break; }
-    case GgufType::kInt16: { int16_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = int64_t{v}; break; }
-    case GgufType::kUint32: { uint32_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = uint64_t{v}; break; }
-    case GgufType::kInt32: { int32_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = int64_t{v}; break; }
-    case GgufType::kUint64: { uint64_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = v; break; }
-    case GgufType::kInt64: { int64_t v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = v; break; }
-    case GgufType::kFloat32: { float v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = double{v}; break; }
-    case GgufType::kFloat64: { double v = 0; KVD_RETURN_IF_ERROR(r.Read(&v, what)); out->scalar = v; break; }
+    case GgufType::kUint8: {
+      uint8_t v = 0;
+      KVD_RETURN_IF_ERROR(r.Read(&v, what));
+      out->scalar = uint64_t{v};
+      break;
+    }
+    case GgufType::kInt8: {
+      int8_t v = 0;
+      KVD_RETURN_IF_ERROR(r.Read(&v, what));
+      out->scalar = int64_t{v};
+      break;
+    }
+    case GgufType::kUint16: {
+      uint16_t v = 0;
+      KVD_RETURN_IF_ERROR(r.Read(&v, what));
+      out->scalar = uint64_t{v};
+      break;
+    }
+    case GgufType::kInt16: {
+      int16_t v = 0;
+      KVD_RETURN_IF_ERROR(r.Read(&v, what));
+      out->scalar = int64_t{v};
+      break;
+    }
+    case GgufType::kUint32: {
+      uint32_t v = 0;
+      KVD_RETURN_IF_ERROR(r.Read(&v, what));
+      out->scalar = uint64_t{v};
+      break;
+    }
+    case GgufType::kInt32: {
+      int32_t v = 0;
+      KVD_RETURN_IF_ERROR(r.Read(&v, what));
+      out->scalar = int64_t{v};
+      break;
+    }
+    case GgufType::kUint64: {
+      uint64_t v = 0;
+      KVD_RETURN_IF_ERROR(r.Read(&v, what));
+      out->scalar = v;
+      break;
+    }
+    case GgufType::kInt64: {
+      int64_t v = 0;
+      KVD_RETURN_IF_ERROR(r.Read(&v, what));
+      out->scalar = v;
+      break;
+    }
+    case GgufType::kFloat32: {
+      float v = 0;
+      KVD_RETURN_IF_ERROR(r.Read(&v, what));
+      out->scalar = double{v};
+      break;
+    }
+    case GgufType::kFloat64: {
+      double v = 0;
+      KVD_RETURN_IF_ERROR(r.Read(&v, what));
+      out->scalar = v;
+      break;
+    }
     case GgufType::kBool: {
       uint8_t v = 0;
       KVD_RETURN_IF_ERROR(r.Read(&v, what));
@@ -97,7 +160,8 @@ Status ReadValue(Reader& r, GgufType type, GgufValue* out, int depth, const std:
       }
       KVD_RETURN_IF_ERROR(r.Read(&n, what));
       auto etype = static_cast<GgufType>(et);
-      if (n > r.remaining() / MinEncodedSize(etype)) return r.Truncated(what + " (array of " + std::to_string(n) + ")");
+      if (n > r.remaining() / MinEncodedSize(etype))
+        return r.Truncated(what + " (array of " + std::to_string(n) + ")");
       out->array_type = etype;
       out->array.resize(n);
       for (uint64_t i = 0; i < n; ++i) {
@@ -116,27 +180,46 @@ Status ReadValue(Reader& r, GgufType type, GgufValue* out, int depth, const std:
 
 std::string_view GgufTypeName(GgufType t) {
   switch (t) {
-    case GgufType::kUint8: return "uint8";
-    case GgufType::kInt8: return "int8";
-    case GgufType::kUint16: return "uint16";
-    case GgufType::kInt16: return "int16";
-    case GgufType::kUint32: return "uint32";
-    case GgufType::kInt32: return "int32";
-    case GgufType::kFloat32: return "float32";
-    case GgufType::kBool: return "bool";
-    case GgufType::kString: return "string";
-    case GgufType::kArray: return "array";
-    case GgufType::kUint64: return "uint64";
-    case GgufType::kInt64: return "int64";
-    case GgufType::kFloat64: return "float64";
+    case GgufType::kUint8:
+      return "uint8";
+    case GgufType::kInt8:
+      return "int8";
+    case GgufType::kUint16:
+      return "uint16";
+    case GgufType::kInt16:
+      return "int16";
+    case GgufType::kUint32:
+      return "uint32";
+    case GgufType::kInt32:
+      return "int32";
+    case GgufType::kFloat32:
+      return "float32";
+    case GgufType::kBool:
+      return "bool";
+    case GgufType::kString:
+      return "string";
+    case GgufType::kArray:
+      return "array";
+    case GgufType::kUint64:
+      return "uint64";
+    case GgufType::kInt64:
+      return "int64";
+    case GgufType::kFloat64:
+      return "float64";
   }
   return "unknown";
 }
 
 bool GgufValue::IsInteger() const {
   switch (type) {
-    case GgufType::kUint8: case GgufType::kInt8: case GgufType::kUint16: case GgufType::kInt16:
-    case GgufType::kUint32: case GgufType::kInt32: case GgufType::kUint64: case GgufType::kInt64:
+    case GgufType::kUint8:
+    case GgufType::kInt8:
+    case GgufType::kUint16:
+    case GgufType::kInt16:
+    case GgufType::kUint32:
+    case GgufType::kInt32:
+    case GgufType::kUint64:
+    case GgufType::kInt64:
       return true;
     default:
       return false;
@@ -145,21 +228,36 @@ bool GgufValue::IsInteger() const {
 
 std::string GgmlTypeName(uint32_t type) {
   switch (static_cast<GgmlType>(type)) {
-    case GgmlType::kF32: return "F32";
-    case GgmlType::kF16: return "F16";
-    case GgmlType::kQ4_0: return "Q4_0";
-    case GgmlType::kQ4_1: return "Q4_1";
-    case GgmlType::kQ5_0: return "Q5_0";
-    case GgmlType::kQ5_1: return "Q5_1";
-    case GgmlType::kQ8_0: return "Q8_0";
-    case GgmlType::kQ8_1: return "Q8_1";
-    case GgmlType::kQ2_K: return "Q2_K";
-    case GgmlType::kQ3_K: return "Q3_K";
-    case GgmlType::kQ4_K: return "Q4_K";
-    case GgmlType::kQ5_K: return "Q5_K";
-    case GgmlType::kQ6_K: return "Q6_K";
-    case GgmlType::kQ8_K: return "Q8_K";
-    case GgmlType::kBF16: return "BF16";
+    case GgmlType::kF32:
+      return "F32";
+    case GgmlType::kF16:
+      return "F16";
+    case GgmlType::kQ4_0:
+      return "Q4_0";
+    case GgmlType::kQ4_1:
+      return "Q4_1";
+    case GgmlType::kQ5_0:
+      return "Q5_0";
+    case GgmlType::kQ5_1:
+      return "Q5_1";
+    case GgmlType::kQ8_0:
+      return "Q8_0";
+    case GgmlType::kQ8_1:
+      return "Q8_1";
+    case GgmlType::kQ2_K:
+      return "Q2_K";
+    case GgmlType::kQ3_K:
+      return "Q3_K";
+    case GgmlType::kQ4_K:
+      return "Q4_K";
+    case GgmlType::kQ5_K:
+      return "Q5_K";
+    case GgmlType::kQ6_K:
+      return "Q6_K";
+    case GgmlType::kQ8_K:
+      return "Q8_K";
+    case GgmlType::kBF16:
+      return "BF16";
   }
   return "type" + std::to_string(type);
 }
@@ -167,18 +265,52 @@ std::string GgmlTypeName(uint32_t type) {
 bool GgmlBlockInfo(uint32_t type, int64_t* block_elems, int64_t* block_bytes) {
   int64_t e = 0, b = 0;
   switch (static_cast<GgmlType>(type)) {
-    case GgmlType::kF32: e = 1; b = 4; break;
-    case GgmlType::kF16: e = 1; b = 2; break;
-    case GgmlType::kBF16: e = 1; b = 2; break;
-    case GgmlType::kQ4_0: e = 32; b = 18; break;
-    case GgmlType::kQ4_1: e = 32; b = 20; break;
-    case GgmlType::kQ5_0: e = 32; b = 22; break;
-    case GgmlType::kQ5_1: e = 32; b = 24; break;
-    case GgmlType::kQ8_0: e = 32; b = 34; break;
-    case GgmlType::kQ4_K: e = 256; b = 144; break;
-    case GgmlType::kQ5_K: e = 256; b = 176; break;
-    case GgmlType::kQ6_K: e = 256; b = 210; break;
-    default: return false;
+    case GgmlType::kF32:
+      e = 1;
+      b = 4;
+      break;
+    case GgmlType::kF16:
+      e = 1;
+      b = 2;
+      break;
+    case GgmlType::kBF16:
+      e = 1;
+      b = 2;
+      break;
+    case GgmlType::kQ4_0:
+      e = 32;
+      b = 18;
+      break;
+    case GgmlType::kQ4_1:
+      e = 32;
+      b = 20;
+      break;
+    case GgmlType::kQ5_0:
+      e = 32;
+      b = 22;
+      break;
+    case GgmlType::kQ5_1:
+      e = 32;
+      b = 24;
+      break;
+    case GgmlType::kQ8_0:
+      e = 32;
+      b = 34;
+      break;
+    case GgmlType::kQ4_K:
+      e = 256;
+      b = 144;
+      break;
+    case GgmlType::kQ5_K:
+      e = 256;
+      b = 176;
+      break;
+    case GgmlType::kQ6_K:
+      e = 256;
+      b = 210;
+      break;
+    default:
+      return false;
   }
   *block_elems = e;
   *block_bytes = b;
@@ -212,12 +344,14 @@ Status GgufFile::ParseAll() {
   if (magic != kGgufMagic) {
     char m[5] = {0};
     std::memcpy(m, &magic, 4);
-    for (char& c : m) if (c != 0 && (c < 32 || c > 126)) c = '?';
+    for (char& c : m)
+      if (c != 0 && (c < 32 || c > 126)) c = '?';
     return Status::InvalidArgument(std::string("not a GGUF file: magic '") + m +
                                    "', expected 'GGUF'");
   }
   KVD_RETURN_IF_ERROR(r.Read(&version_, "version"));
-  if (version_ == 1) return Status::InvalidArgument("GGUF version 1 is not supported (need 2 or 3)");
+  if (version_ == 1)
+    return Status::InvalidArgument("GGUF version 1 is not supported (need 2 or 3)");
   if (version_ == 0 || version_ > 3) {
     return Status::Unimplemented("GGUF version " + std::to_string(version_) +
                                  " is not supported (need 2 or 3)");
@@ -227,7 +361,8 @@ Status GgufFile::ParseAll() {
   KVD_RETURN_IF_ERROR(r.Read(&n_kv, "metadata count"));
   // Each KV takes at least 8 (key len) + 4 (type) + 1 bytes; each tensor info at least 8+4+8+4+8.
   if (n_kv > r.remaining() / 13) return r.Truncated("metadata (" + std::to_string(n_kv) + " keys)");
-  if (n_tensors > r.remaining() / 32) return r.Truncated("tensor infos (" + std::to_string(n_tensors) + ")");
+  if (n_tensors > r.remaining() / 32)
+    return r.Truncated("tensor infos (" + std::to_string(n_tensors) + ")");
 
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key;
@@ -243,8 +378,9 @@ Status GgufFile::ParseAll() {
   }
   if (const GgufValue* a = Find("general.alignment")) {
     if (!a->IsInteger()) return Status::InvalidArgument("general.alignment is not an integer");
-    uint64_t al = std::holds_alternative<uint64_t>(a->scalar) ? std::get<uint64_t>(a->scalar)
-                                                              : static_cast<uint64_t>(std::get<int64_t>(a->scalar));
+    uint64_t al = std::holds_alternative<uint64_t>(a->scalar)
+                      ? std::get<uint64_t>(a->scalar)
+                      : static_cast<uint64_t>(std::get<int64_t>(a->scalar));
     if (al == 0 || (al & (al - 1)) != 0 || al > (1u << 20)) {
       return Status::InvalidArgument("general.alignment " + std::to_string(al) +
                                      " is not a power of two <= 1 MiB");
@@ -259,8 +395,8 @@ Status GgufFile::ParseAll() {
     uint32_t nd = 0;
     KVD_RETURN_IF_ERROR(r.Read(&nd, "dims of " + ti.name));
     if (nd == 0 || nd > kMaxDims) {
-      return Status::OutOfRange("tensor " + ti.name + " has " + std::to_string(nd) +
-                                " dims (1.." + std::to_string(kMaxDims) + " allowed)");
+      return Status::OutOfRange("tensor " + ti.name + " has " + std::to_string(nd) + " dims (1.." +
+                                std::to_string(kMaxDims) + " allowed)");
     }
     ti.num_elements = 1;
     for (uint32_t d = 0; d < nd; ++d) {

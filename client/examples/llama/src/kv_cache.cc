@@ -17,8 +17,10 @@ Status DenseKvCache::Validate(int num_layers, int num_kv_heads, int head_dim) co
   }
   for (int i = 0; i < num_tokens; ++i) {
     if (positions[i] < 0 || (i > 0 && positions[i] <= positions[i - 1])) {
-      return Status::InvalidArgument("dense cache: positions must be >= 0 and strictly "
-                                     "increasing (entry " + std::to_string(i) + ")");
+      return Status::InvalidArgument(
+          "dense cache: positions must be >= 0 and strictly "
+          "increasing (entry " +
+          std::to_string(i) + ")");
     }
   }
   if (num_tokens > 0 && next_position <= positions.back()) {
@@ -52,8 +54,8 @@ Status CompactKvCache::Validate(int num_layers, int num_kv_heads, int head_dim) 
     }
     for (size_t h = 0; h < layers[l].size(); ++h) {
       const CompactHeadKv& c = layers[l][h];
-      const std::string where = "compact cache layer " + std::to_string(l) + " head " +
-                                std::to_string(h);
+      const std::string where =
+          "compact cache layer " + std::to_string(l) + " head " + std::to_string(h);
       const size_t want = static_cast<size_t>(c.num_slots) * head_dim;
       if (c.num_slots < 0 || c.k.size() != want || c.v.size() != want ||
           c.bias.size() != static_cast<size_t>(c.num_slots)) {

@@ -18,12 +18,12 @@ Status LlamaConfig::Validate() const {
     return bad("every size must be positive: " + ToString());
   }
   if (num_q_heads % num_kv_heads != 0) {
-    return bad("num_q_heads " + std::to_string(num_q_heads) + " is not a multiple of num_kv_heads " +
-               std::to_string(num_kv_heads));
+    return bad("num_q_heads " + std::to_string(num_q_heads) +
+               " is not a multiple of num_kv_heads " + std::to_string(num_kv_heads));
   }
   if (num_q_heads * head_dim != dim) {
-    return bad("num_q_heads * head_dim (" + std::to_string(num_q_heads * head_dim) +
-               ") != dim (" + std::to_string(dim) + ")");
+    return bad("num_q_heads * head_dim (" + std::to_string(num_q_heads * head_dim) + ") != dim (" +
+               std::to_string(dim) + ")");
   }
   if (!(norm_eps > 0)) return bad("norm_eps must be > 0");
   KVD_RETURN_IF_ERROR(rope.Validate(head_dim));
@@ -74,8 +74,8 @@ Status LoadTensor(const GgufFile& g, const std::string& name, std::vector<int64_
       for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
       return s + "]";
     };
-    return Status::InvalidArgument("tensor " + name + " has shape " + str(t->dims) +
-                                   ", expected " + str(want_dims));
+    return Status::InvalidArgument("tensor " + name + " has shape " + str(t->dims) + ", expected " +
+                                   str(want_dims));
   }
   out->resize(static_cast<size_t>(t->num_elements));
   (*type_counts)[GgmlTypeName(t->type)]++;
@@ -148,7 +148,8 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::LoadGguf(const std::string& pa
   std::map<std::string, int> types;
   const int64_t d = c.dim, hd = c.head_dim, h = c.hidden_dim;
   const int64_t qd = int64_t{c.num_q_heads} * hd, kvd = int64_t{c.num_kv_heads} * hd;
-  KVD_RETURN_IF_ERROR(LoadTensor(*g, "token_embd.weight", {d, c.vocab_size}, &m->token_embedding_, &types));
+  KVD_RETURN_IF_ERROR(
+      LoadTensor(*g, "token_embd.weight", {d, c.vocab_size}, &m->token_embedding_, &types));
   KVD_RETURN_IF_ERROR(LoadTensor(*g, "output_norm.weight", {d}, &m->output_norm_, &types));
   if (g->FindTensor("output.weight") != nullptr) {
     KVD_RETURN_IF_ERROR(LoadTensor(*g, "output.weight", {d, c.vocab_size}, &m->output_, &types));
@@ -212,7 +213,8 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::LoadLlama2c(const std::string&
   }
   c.head_dim = c.dim / c.num_q_heads;
   c.norm_eps = 1e-5f;
-  c.rope = RopeConfig{.theta = 10000.0, .rotary_dim = c.head_dim, .pairing = RopePairing::kInterleaved};
+  c.rope =
+      RopeConfig{.theta = 10000.0, .rotary_dim = c.head_dim, .pairing = RopePairing::kInterleaved};
   c.bos_token = 1;
   c.eos_token = 2;
   KVD_RETURN_IF_ERROR(c.Validate());

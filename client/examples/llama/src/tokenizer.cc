@@ -160,17 +160,17 @@ void GptSplit(const std::vector<Cp>& cps, size_t begin, size_t end, size_t text_
 }  // namespace
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& g) {
-  KVD_ASSIGN_OR_RETURN(std::string model, g.GetString("tokenizer.ggml.model"));
-  if (model != "gpt2") {
-    return Status::Unimplemented("tokenizer model '" + model +
+  const StatusOr<std::string> model = g.GetString("tokenizer.ggml.model");
+  if (!model.ok()) return model.status();
+  if (*model != "gpt2") {
+    return Status::Unimplemented("tokenizer model '" + *model +
                                  "' is not supported (only 'gpt2' byte-level BPE)");
   }
   std::string pre = "default";
   if (g.Find("tokenizer.ggml.pre") != nullptr) {
     KVD_ASSIGN_OR_RETURN(pre, g.GetString("tokenizer.ggml.pre"));
   }
-  auto strings = [&](const char* key, bool required,
-                     std::vector<std::string>* out) -> Status {
+  auto strings = [&](const char* key, bool required, std::vector<std::string>* out) -> Status {
     const GgufValue* v = g.Find(key);
     if (v == nullptr) {
       return required ? Status::InvalidArgument(std::string("GGUF lacks ") + key) : Status::Ok();
@@ -187,8 +187,8 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& g) {
   KVD_RETURN_IF_ERROR(strings("tokenizer.ggml.merges", true, &merges));
   std::vector<int32_t> types;
   if (const GgufValue* v = g.Find("tokenizer.ggml.token_type")) {
-    if (v->type != GgufType::kArray || !(v->array_type == GgufType::kInt32 ||
-                                         v->array_type == GgufType::kUint32)) {
+    if (v->type != GgufType::kArray ||
+        !(v->array_type == GgufType::kInt32 || v->array_type == GgufType::kUint32)) {
       return Status::InvalidArgument("tokenizer.ggml.token_type is not an int32 array");
     }
     for (const GgufValue& e : v->array) {

@@ -100,16 +100,18 @@ int main(int argc, char** argv) {
     }
     auto r = kvd::llama::Perplexity(model, ids, {.window = window, .threads = threads});
     if (!r.ok()) return Fail(r.status().ToString());
-    std::printf("file=%s tokens=%zu scored=%lld window=%d nll=%.4f ppl=%.3f seconds=%.2f tok/s=%.1f\n",
-                ppl_file.c_str(), ids.size(), static_cast<long long>(r->scored_tokens), window,
-                r->total_nll / r->scored_tokens, r->perplexity, r->seconds,
-                static_cast<double>(ids.size()) / r->seconds);
+    std::printf(
+        "file=%s tokens=%zu scored=%lld window=%d nll=%.4f ppl=%.3f seconds=%.2f tok/s=%.1f\n",
+        ppl_file.c_str(), ids.size(), static_cast<long long>(r->scored_tokens), window,
+        r->total_nll / r->scored_tokens, r->perplexity, r->seconds,
+        static_cast<double>(ids.size()) / r->seconds);
     return 0;
   }
 
   std::vector<int32_t> ids;
   if (!tokens_arg.empty()) {
-    for (char& c : tokens_arg) if (c == ',') c = ' ';
+    for (char& c : tokens_arg)
+      if (c == ',') c = ' ';
     std::istringstream is(tokens_arg);
     std::string t;
     while (is >> t) {
@@ -144,8 +146,10 @@ int main(int argc, char** argv) {
     if (p.ok() && g.ok()) std::cout << "text: " << *p << *g << "\n";
   }
   const int steps = static_cast<int>(r->tokens.size()) - 1;
-  std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s (%.1f tok/s)\n",
-               ids.size(), r->prefill_seconds, ids.size() / r->prefill_seconds, steps,
-               r->decode_seconds, steps > 0 ? steps / r->decode_seconds : 0.0);
+  std::fprintf(
+      stderr,
+      "prefill: %zu tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s (%.1f tok/s)\n",
+      ids.size(), r->prefill_seconds, ids.size() / r->prefill_seconds, steps, r->decode_seconds,
+      steps > 0 ? steps / r->decode_seconds : 0.0);
   return 0;
 }

@@ -98,9 +98,9 @@ class LlamaSession {
   int threads_;
   int position_ = 0;
   bool dense_ = true;
-  std::vector<int32_t> positions_;                 // dense entries' positions
-  std::vector<std::vector<HeadCache>> cache_;      // [layer][kv_head]
-  std::vector<double> inv_freq_;                   // [rotary_dim / 2]
+  std::vector<int32_t> positions_;             // dense entries' positions
+  std::vector<std::vector<HeadCache>> cache_;  // [layer][kv_head]
+  std::vector<double> inv_freq_;               // [rotary_dim / 2]
   std::vector<std::vector<float>> captured_q_;
   std::vector<std::vector<float>> captured_att_;
   int captured_count_ = 0;

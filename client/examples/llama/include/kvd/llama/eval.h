@@ -13,7 +13,7 @@ namespace kvd::llama {
 struct GenerateResult {
   std::vector<int32_t> tokens;  // generated ids (prompt excluded)
   double prefill_seconds = 0;
-  double decode_seconds = 0;    // for tokens.size() - 1 decode steps (the first comes from prefill)
+  double decode_seconds = 0;  // for tokens.size() - 1 decode steps (the first comes from prefill)
 };
 
 // Prefills `prompt` then greedily generates `n` tokens (stops early at `stop_token` if >= 0,

@@ -19,10 +19,10 @@ struct DenseLayerKv {
 };
 
 struct DenseKvCache {
-  int num_tokens = 0;                  // N
-  std::vector<int32_t> positions;      // [N] original position of each entry (strictly increasing)
-  int next_position = 0;               // position of the next token; >= positions.back() + 1
-  std::vector<DenseLayerKv> layers;    // [num_layers]
+  int num_tokens = 0;                // N
+  std::vector<int32_t> positions;    // [N] original position of each entry (strictly increasing)
+  int next_position = 0;             // position of the next token; >= positions.back() + 1
+  std::vector<DenseLayerKv> layers;  // [num_layers]
 
   // Shapes against the model's (layers, kv heads, head dim) and the position rules.
   Status Validate(int num_layers, int num_kv_heads, int head_dim) const;
@@ -32,15 +32,15 @@ struct DenseKvCache {
 // Slot j of head h attends as softmax_j(q.k_j / sqrt(d) + bias_j) . v_j, where bias_j = ln(l_j)
 // for a slot standing for l_j merged tokens and v_j is their MEAN value (ALGORITHMS.md section 1).
 struct CompactHeadKv {
-  int num_slots = 0;          // S (may differ between heads and layers; may be 0)
-  std::vector<float> k;       // [S, head_dim], post-RoPE
-  std::vector<float> v;       // [S, head_dim], mean values
-  std::vector<float> bias;    // [S], additive attention bias ln(l_j) (0 for a raw token)
+  int num_slots = 0;        // S (may differ between heads and layers; may be 0)
+  std::vector<float> k;     // [S, head_dim], post-RoPE
+  std::vector<float> v;     // [S, head_dim], mean values
+  std::vector<float> bias;  // [S], additive attention bias ln(l_j) (0 for a raw token)
 };
 
 struct CompactKvCache {
-  int next_position = 0;                             // position of the next token
-  std::vector<std::vector<CompactHeadKv>> layers;    // [num_layers][num_kv_heads]
+  int next_position = 0;                           // position of the next token
+  std::vector<std::vector<CompactHeadKv>> layers;  // [num_layers][num_kv_heads]
 
   Status Validate(int num_layers, int num_kv_heads, int head_dim) const;
 };

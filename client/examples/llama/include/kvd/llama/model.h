@@ -17,12 +17,12 @@ namespace kvd::llama {
 class Tokenizer;
 
 struct LlamaConfig {
-  int dim = 0;          // embedding width
-  int hidden_dim = 0;   // SwiGLU inner width
+  int dim = 0;         // embedding width
+  int hidden_dim = 0;  // SwiGLU inner width
   int num_layers = 0;
   int num_q_heads = 0;
-  int num_kv_heads = 0; // GQA: num_q_heads % num_kv_heads == 0
-  int head_dim = 0;     // dim / num_q_heads
+  int num_kv_heads = 0;  // GQA: num_q_heads % num_kv_heads == 0
+  int head_dim = 0;      // dim / num_q_heads
   int vocab_size = 0;
   int context_length = 0;  // maximum positions
   float norm_eps = 1e-5f;  // RMSNorm epsilon

@@ -27,8 +27,14 @@ class GgufFile;
 class Tokenizer {
  public:
   // Token types as GGUF stores them.
-  enum TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4,
-                             kUnused = 5, kByte = 6 };
+  enum TokenType : int32_t {
+    kNormal = 1,
+    kUnknown = 2,
+    kControl = 3,
+    kUserDefined = 4,
+    kUnused = 5,
+    kByte = 6
+  };
 
   // UNIMPLEMENTED for a tokenizer model other than "gpt2" or an unknown pre-tokenizer;
   // INVALID_ARGUMENT for missing or malformed token / merge arrays.
@@ -66,13 +72,13 @@ class Tokenizer {
   std::vector<std::string> tokens_;
   std::vector<int32_t> types_;
   std::unordered_map<std::string, int32_t> token_to_id_;
-  std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank
+  std::unordered_map<std::string, int32_t> merge_rank_;    // "left right" -> rank
   std::vector<std::pair<std::string, int32_t>> specials_;  // text -> id, longest first
   std::string pre_;
   bool split_digits_ = false;
   int bos_ = -1;
   int eos_ = -1;
-  std::string byte_to_unicode_[256];                // UTF-8 of the code point standing for a byte
+  std::string byte_to_unicode_[256];  // UTF-8 of the code point standing for a byte
   std::unordered_map<uint32_t, uint8_t> unicode_to_byte_;
 };
 
