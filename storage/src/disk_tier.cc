@@ -26,8 +26,9 @@ constexpr char kMetaFamily[] = "meta";
 
 Status FromRocks(const rocksdb::Status& s, std::string_view what) {
   if (s.ok()) return Status::Ok();
-  if (s.IsCorruption())
+  if (s.IsCorruption()) {
     return Status::DataLoss("disk tier: " + std::string(what) + ": " + s.ToString());
+  }
   return Status::Unavailable("disk tier: " + std::string(what) + ": " + s.ToString());
 }
 

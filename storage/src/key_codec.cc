@@ -8,8 +8,9 @@ namespace {
 template <typename T>
 void Put(std::string& out, T v) {
   char buf[sizeof(T)];
-  for (size_t i = 0; i < sizeof(T); ++i)
+  for (size_t i = 0; i < sizeof(T); ++i) {
     buf[i] = static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
+  }
   out.append(buf, sizeof(T));
 }
 
