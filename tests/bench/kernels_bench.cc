@@ -17,7 +17,6 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
-#include <map>
 #include <random>
 #include <vector>
 
@@ -75,11 +74,10 @@ double Seconds(const std::function<void()>& fn, double min_seconds) {
   return best;
 }
 
-// memcpy bytes/s for a copy of `bytes` bytes (cached per size).
-double MemcpyRate(size_t bytes) {
-  static std::map<size_t, double> cache;
-  auto it = cache.find(bytes);
-  if (it != cache.end()) return it->second;
+// memcpy bytes/s for a copy of `bytes` bytes, measured now (best of 5 short batches). The
+// machine is shared, so every stage re-measures its limits right after its own run: stage and
+// limit see the same load.
+double MemcpyRate(size_t bytes, double seconds = 0.1) {
   std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
   const double s = Seconds(
       [&] {
@@ -87,25 +85,22 @@ double MemcpyRate(size_t bytes) {
         benchmark::DoNotOptimize(b.data());
         benchmark::ClobberMemory();
       },
-      0.2);
-  return cache[bytes] = static_cast<double>(bytes) / s;
+      seconds);
+  return static_cast<double>(bytes) / s;
 }
 
-// OpenBLAS sgemm FLOP/s on [N, d] x [d, d]^T (the shape of VECTOR's GEMMs).
-double SgemmRate() {
-  static const double rate = [] {
-    const int64_t n = Tokens();
-    std::vector<float> a(n * kDim, 0.5f), w(kDim * kDim, 0.25f), c(n * kDim);
-    const double s = Seconds(
-        [&] {
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), kDim, kDim,
-                      1.0f, a.data(), kDim, w.data(), kDim, 0.0f, c.data(), kDim);
-          benchmark::DoNotOptimize(c.data());
-        },
-        0.3);
-    return 2.0 * n * kDim * kDim / s;
-  }();
-  return rate;
+// OpenBLAS sgemm FLOP/s on [N, d] x [d, d]^T (the shape of VECTOR's GEMMs), measured now.
+double SgemmRate(double seconds = 0.1) {
+  const int64_t n = Tokens();
+  std::vector<float> a(n * kDim, 0.5f), w(kDim * kDim, 0.25f), c(n * kDim);
+  const double s = Seconds(
+      [&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), kDim, kDim, 1.0f,
+                    a.data(), kDim, w.data(), kDim, 0.0f, c.data(), kDim);
+        benchmark::DoNotOptimize(c.data());
+      },
+      seconds);
+  return 2.0 * n * kDim * kDim / s;
 }
 
 // Sets the ratio counters: per iteration the stage reads `bytes` and does `flops`.
@@ -482,8 +477,9 @@ int main(int argc, char** argv) {
               kvd::kernels::kDim, kvd::kernels::kGroup, kvd::kernels::kWindow);
   std::printf(
       "limits: sgemm [N,d]x[d,d] %.1f GFLOP/s; memcpy of one layer's bf16 K %.2f GB/s\n",
-      kvd::kernels::SgemmRate() * 1e-9,
-      kvd::kernels::MemcpyRate(static_cast<size_t>(kvd::kernels::Tokens()) * 8 * 128 * 2) * 1e-9);
+      kvd::kernels::SgemmRate(0.3) * 1e-9,
+      kvd::kernels::MemcpyRate(static_cast<size_t>(kvd::kernels::Tokens()) * 8 * 128 * 2, 0.3) *
+          1e-9);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
