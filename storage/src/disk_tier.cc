@@ -129,6 +129,9 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& option
   db_options.create_missing_column_families = true;
   db_options.compression = rocksdb::kNoCompression;  // KV bytes barely compress; spend no CPU
   db_options.max_background_jobs = 2;
+  // Flush data and metadata together, so that without a WAL a crash cannot leave metadata
+  // without its value (or the reverse).
+  db_options.atomic_flush = true;
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
   rocksdb::ColumnFamilyOptions cf_options(db_options);
@@ -267,7 +270,13 @@ StatusOr<ChunkMeta> DiskTier::ReadInto(const ChunkKey& key, std::span<std::byte>
   rocksdb::PinnableSlice value;
   rocksdb::Status rs = s.db_->Get(s.read_options_, s.data_cf(), codec::EncodeKey(key), &value);
   if (rs.IsNotFound()) {
-    return Status::NotFound("chunk " + key.ToString() + " was removed from disk during the read");
+    // Either removed meanwhile, or indexed without its value (a ghost): forget it either way.
+    std::lock_guard<std::mutex> lock(s.mu_);
+    auto it = s.index_.find(key);
+    if (it != s.index_.end() && it->second->meta.checksum == meta.checksum) {
+      s.DropLocked(it->second.get()).IgnoreError();  // NOT_FOUND is what the caller needs
+    }
+    return Status::NotFound("chunk " + key.ToString() + " has no value on disk (removed)");
   }
   Status status = FromRocks(rs, "read " + key.ToString());
   if (status.ok()) {

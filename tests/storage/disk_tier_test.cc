@@ -179,6 +179,40 @@ TEST_F(DiskTierTest, CorruptValueIsDataLossAndDropped) {
   EXPECT_EQ(tier->ReadInto(MakeKey(first_bad ? 1 : 2), out).status().code(), StatusCode::kNotFound);
 }
 
+TEST_F(DiskTierTest, MetadataWithoutValueIsForgottenOnRead) {
+  const auto bytes = RandomBytes(2048, 8);
+  {
+    auto tier = Open(Options());
+    ASSERT_TRUE(tier);
+    ASSERT_TRUE(Insert(*tier, 1, bytes).ok());
+  }
+  {
+    // Delete the value but keep the metadata: the state a torn write would leave.
+    rocksdb::DB* raw = nullptr;
+    std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+        {rocksdb::kDefaultColumnFamilyName, {}}, {"meta", {}}};
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    ASSERT_TRUE(rocksdb::DB::Open({}, Options().path, families, &handles, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator({}, handles[0]));
+    it->SeekToFirst();
+    ASSERT_TRUE(it->Valid());
+    const std::string key = it->key().ToString();
+    it.reset();
+    ASSERT_TRUE(db->Delete({}, handles[0], key).ok());
+    for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  }
+  auto tier = Open(Options());
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->restored_chunks(), 1u);
+  std::vector<std::byte> out(bytes.size());
+  Status s = tier->ReadInto(MakeKey(1), out).status();
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(s, "no value on disk")) << s;
+  EXPECT_FALSE(tier->Contains(MakeKey(1)));
+  EXPECT_EQ(tier->GetStats().used_bytes, 0u);
+}
+
 TEST_F(DiskTierTest, CapacityEvictsLeastRecentlyUsed) {
   DiskTierOptions o = Options();
   o.capacity_bytes = 3000;
