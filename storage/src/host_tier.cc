@@ -40,22 +40,38 @@ HostTier::Impl::Impl(const HostTierOptions& options, std::byte* base, uint64_t c
   counters_.kind = TierKind::kHost;
 }
 
-void HostTier::Impl::RetireLocked(uint64_t id, RetireReason reason) {
+const char* IdKindName(IdKind kind) {
+  switch (kind) {
+    case IdKind::kReservation:
+      return "reservation";
+    case IdKind::kLease:
+      return "lease";
+    case IdKind::kRead:
+      return "read";
+  }
+  return "id";
+}
+
+void HostTier::Impl::RetireLocked(uint64_t id, IdKind kind, RetireReason reason) {
   if (options_.retired_id_memory == 0) return;
-  if (retired_.emplace(id, reason).second) retired_order_.push_back(id);
+  if (retired_.emplace(id, Retired{kind, reason}).second) retired_order_.push_back(id);
   while (retired_order_.size() > options_.retired_id_memory) {
     retired_.erase(retired_order_.front());
     retired_order_.pop_front();
   }
 }
 
-Status HostTier::Impl::UnknownIdLocked(const char* what, uint64_t id) const {
-  const std::string name = std::string(what) + " " + std::to_string(id);
+Status HostTier::Impl::UnknownIdLocked(IdKind kind, uint64_t id) const {
+  const std::string name = std::string(IdKindName(kind)) + " " + std::to_string(id);
   auto it = retired_.find(id);
   if (it == retired_.end()) {
     return Status::NotFound(name + " is unknown (never issued, or retired long ago)");
   }
-  switch (it->second) {
+  if (it->second.kind != kind) {
+    return Status::NotFound(name + " is unknown: id " + std::to_string(id) + " was a " +
+                            IdKindName(it->second.kind));
+  }
+  switch (it->second.reason) {
     case RetireReason::kCommitted:
       return Status::FailedPrecondition(name + " was already committed");
     case RetireReason::kAborted:
@@ -146,7 +162,7 @@ void HostTier::Impl::DropReservationLocked(ReservationId id, RetireReason reason
   reserved_bytes_ -= it->second.size_bytes;
   reserved_arena_bytes_ -= it->second.arena_bytes;
   reservations_.erase(it);
-  RetireLocked(id, reason);
+  RetireLocked(id, IdKind::kReservation, reason);
 }
 
 void HostTier::Impl::ReleaseLeaseLocked(LeaseId id, RetireReason reason) {
@@ -154,7 +170,7 @@ void HostTier::Impl::ReleaseLeaseLocked(LeaseId id, RetireReason reason) {
   if (it == leases_.end()) return;
   for (HostEntry* e : it->second.entries) UnpinLocked(e);
   leases_.erase(it);
-  RetireLocked(id, reason);
+  RetireLocked(id, IdKind::kLease, reason);
 }
 
 void HostTier::Impl::ReleaseReadLocked(ReadId id, RetireReason reason) {
@@ -162,7 +178,7 @@ void HostTier::Impl::ReleaseReadLocked(ReadId id, RetireReason reason) {
   if (it == reads_.end()) return;
   UnpinLocked(it->second.entry);
   reads_.erase(it);
-  RetireLocked(id, reason);
+  RetireLocked(id, IdKind::kRead, reason);
 }
 
 std::string HostTier::Impl::OccupancyLocked() const {
@@ -295,7 +311,7 @@ Status HostTier::Commit(ReservationId id, uint64_t checksum) {
   {
     std::lock_guard<std::mutex> lock(s.mu_);
     auto it = s.reservations_.find(id);
-    if (it == s.reservations_.end()) return s.UnknownIdLocked("reservation", id);
+    if (it == s.reservations_.end()) return s.UnknownIdLocked(IdKind::kReservation, id);
     Impl::OpenReservation& r = it->second;
     if (r.committing) {
       return Status::FailedPrecondition("reservation " + std::to_string(id) +
@@ -304,7 +320,7 @@ Status HostTier::Commit(ReservationId id, uint64_t checksum) {
     if (s.clock_->NowNanos() > r.deadline_ns) {
       s.DropReservationLocked(id, RetireReason::kExpired);
       s.counters_.reservations_expired++;
-      return s.UnknownIdLocked("reservation", id);
+      return s.UnknownIdLocked(IdKind::kReservation, id);
     }
     r.committing = true;
     data = s.base_ + r.offset;
@@ -324,7 +340,7 @@ Status HostTier::Commit(ReservationId id, uint64_t checksum) {
   if (r.cancelled) {
     const RetireReason reason = r.cancel_reason;
     s.DropReservationLocked(id, reason);
-    return s.UnknownIdLocked("reservation", id);
+    return s.UnknownIdLocked(IdKind::kReservation, id);
   }
   if (actual != checksum) {
     const std::string key = r.key.ToString();
@@ -363,7 +379,7 @@ Status HostTier::Commit(ReservationId id, uint64_t checksum) {
   e->lru_it = s.lru_.begin();
   s.index_.emplace(e->meta.key, std::move(entry));
   s.reservations_.erase(it);
-  s.RetireLocked(id, RetireReason::kCommitted);
+  s.RetireLocked(id, IdKind::kReservation, RetireReason::kCommitted);
   s.counters_.commits++;
   return Status::Ok();
 }
@@ -372,7 +388,7 @@ Status HostTier::Abort(ReservationId id) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mu_);
   auto it = s.reservations_.find(id);
-  if (it == s.reservations_.end()) return s.UnknownIdLocked("reservation", id);
+  if (it == s.reservations_.end()) return s.UnknownIdLocked(IdKind::kReservation, id);
   if (it->second.committing) {
     it->second.cancelled = true;
     it->second.cancel_reason = RetireReason::kAborted;
@@ -499,11 +515,11 @@ StatusOr<ReadView> HostTier::Get(LeaseId lease, size_t index) {
   const int64_t now = s.clock_->NowNanos();
   std::lock_guard<std::mutex> lock(s.mu_);
   auto it = s.leases_.find(lease);
-  if (it == s.leases_.end()) return s.UnknownIdLocked("lease", lease);
+  if (it == s.leases_.end()) return s.UnknownIdLocked(IdKind::kLease, lease);
   if (now > it->second.deadline_ns) {
     s.ReleaseLeaseLocked(lease, RetireReason::kExpired);
     s.counters_.leases_expired++;
-    return s.UnknownIdLocked("lease", lease);
+    return s.UnknownIdLocked(IdKind::kLease, lease);
   }
   if (index >= it->second.entries.size()) {
     return Status::OutOfRange("get: lease " + std::to_string(lease) + " holds " +
@@ -527,7 +543,7 @@ StatusOr<ReadView> HostTier::GetByKey(const ChunkKey& key, OwnerId owner) {
 Status HostTier::ReleaseRead(ReadId read) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mu_);
-  if (s.reads_.count(read) == 0) return s.UnknownIdLocked("read", read);
+  if (s.reads_.count(read) == 0) return s.UnknownIdLocked(IdKind::kRead, read);
   s.ReleaseReadLocked(read, RetireReason::kReleased);
   return Status::Ok();
 }
@@ -535,7 +551,7 @@ Status HostTier::ReleaseRead(ReadId read) {
 Status HostTier::ReleaseLease(LeaseId lease) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mu_);
-  if (s.leases_.count(lease) == 0) return s.UnknownIdLocked("lease", lease);
+  if (s.leases_.count(lease) == 0) return s.UnknownIdLocked(IdKind::kLease, lease);
   s.ReleaseLeaseLocked(lease, RetireReason::kReleased);
   return Status::Ok();
 }

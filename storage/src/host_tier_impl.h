@@ -27,6 +27,10 @@ struct HostEntry {
   std::list<HostEntry*>::iterator lru_it;  // valid iff visible
 };
 
+// The three kinds of ids (one id space).
+enum class IdKind : uint8_t { kReservation, kLease, kRead };
+const char* IdKindName(IdKind kind);
+
 // Why an id stopped being live (remembered so late use gets a precise error).
 enum class RetireReason : uint8_t {
   kCommitted,
@@ -68,9 +72,9 @@ class HostTier::Impl {
 
   // ---- helpers; all REQUIRE mu_ held ----
   uint64_t NextIdLocked() { return next_id_++; }
-  void RetireLocked(uint64_t id, RetireReason reason);
-  // The error for a late use of `id` of kind `what` ("reservation", "lease", "read").
-  Status UnknownIdLocked(const char* what, uint64_t id) const;
+  void RetireLocked(uint64_t id, IdKind kind, RetireReason reason);
+  // The error for a use of `id`, expected to be of `kind`, that is not live.
+  Status UnknownIdLocked(IdKind kind, uint64_t id) const;
   void PinLocked(HostEntry* e);
   void UnpinLocked(HostEntry* e);
   void TouchLocked(HostEntry* e, int64_t now);
@@ -100,8 +104,12 @@ class HostTier::Impl {
   std::unordered_map<ReservationId, OpenReservation> reservations_;
   std::unordered_map<LeaseId, LeaseState> leases_;
   std::unordered_map<ReadId, ReadState> reads_;
-  std::unordered_map<uint64_t, RetireReason> retired_;  // bounded by options_.retired_id_memory
-  std::deque<uint64_t> retired_order_;                  // FIFO of retired_ keys
+  struct Retired {
+    IdKind kind;
+    RetireReason reason;
+  };
+  std::unordered_map<uint64_t, Retired> retired_;  // bounded by options_.retired_id_memory
+  std::deque<uint64_t> retired_order_;             // FIFO of retired_ keys
   uint64_t next_id_ = 1;  // one id space for reservations, leases and reads
 
   // Accounting (payload bytes unless named arena_).

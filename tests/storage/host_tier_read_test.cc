@@ -182,6 +182,10 @@ TEST_F(HostTierReadTest, GetErrors) {
   EXPECT_EQ(s.code(), StatusCode::kAborted);
   EXPECT_TRUE(Contains(s, "already released")) << s;
   EXPECT_EQ(tier_->ReleaseRead(4242).code(), StatusCode::kNotFound);
+  // A retired lease id used as a reservation id is "unknown", not "aborted".
+  s = tier_->Commit(lease->lease_id, 0);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(s, "was a lease")) << s;
 }
 
 TEST_F(HostTierReadTest, AdminEvictOfPinnedChunkIsDeferredUntilItsReadEnds) {
