@@ -170,6 +170,31 @@ TEST_F(HostTierReadTest, StuckReadExpires) {
   EXPECT_EQ(tier_->GetStats().pinned_bytes, 0u);
 }
 
+TEST_F(HostTierReadTest, LookupHitMakesChunksRecent) {
+  for (uint64_t n = 0; n < 4; ++n) Put(n);
+  auto lease = tier_->Lookup(ChainRequest(0, 2));  // 0 and 1 become the most recent
+  ASSERT_EQ(lease->matched_chunks, 2u);
+  ASSERT_TRUE(tier_->ReleaseLease(lease->lease_id).ok());
+  Put(4);
+  Put(5);
+  EXPECT_TRUE(Stored(0) && Stored(1));
+  EXPECT_FALSE(Stored(2) || Stored(3));
+}
+
+TEST_F(HostTierReadTest, PerRequestLeaseTtlOverridesTheDefault) {
+  Put(0);
+  LookupRequest req = ChainRequest(0, 1);
+  req.lease_ttl = 500ms;  // default is 100 ms in this fixture
+  auto lease = tier_->Lookup(req);
+  ASSERT_EQ(lease->matched_chunks, 1u);
+  EXPECT_EQ(lease->lease_deadline_ns, clock_.NowNanos() + 500'000'000);
+  clock_.AdvanceMillis(200);
+  EXPECT_EQ(tier_->ExpireLeases().leases, 0u);
+  EXPECT_TRUE(tier_->Get(lease->lease_id, 0).ok());
+  clock_.AdvanceMillis(301);
+  EXPECT_EQ(tier_->ExpireLeases().leases, 1u);
+}
+
 TEST_F(HostTierReadTest, GetErrors) {
   Put(0);
   EXPECT_EQ(tier_->Get(777, 0).status().code(), StatusCode::kNotFound);
