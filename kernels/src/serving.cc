@@ -76,13 +76,11 @@ Status CheckServingHead(const ServingHead& h) {
 
 }  // namespace
 
-StatusOr<ServingHead> BuildServingHead(const CompactChunk& chunk, int layer, int head,
-                                       const RopeTable* rope, const VectorWeights* weights,
-                                       const ExecOptions& exec) {
-  if (layer < 0 || layer >= chunk.num_layers || head < 0 || head >= chunk.num_kv_heads) {
-    return Status::InvalidArgument("BuildServingHead: " + HeadName(layer, head) + " out of range");
-  }
-  KVD_RETURN_IF_ERROR(chunk.Validate());
+// BuildServingHead for a chunk that already passed Validate().
+static StatusOr<ServingHead> BuildValidatedServingHead(const CompactChunk& chunk, int layer,
+                                                       int head, const RopeTable* rope,
+                                                       const VectorWeights* weights,
+                                                       const ExecOptions& exec) {
   const CompactHead& src = chunk.Head(layer, head);
   const int64_t s = src.slots();
   const int64_t d = chunk.head_dim;
@@ -105,6 +103,16 @@ StatusOr<ServingHead> BuildServingHead(const CompactChunk& chunk, int layer, int
   KVD_RETURN_IF_ERROR(CheckFinite(out.keys.View(), "compact chunk keys"));
   KVD_RETURN_IF_ERROR(RebuildFlagged(chunk, src, layer, head, rope, weights, exec, &out));
   return out;
+}
+
+StatusOr<ServingHead> BuildServingHead(const CompactChunk& chunk, int layer, int head,
+                                       const RopeTable* rope, const VectorWeights* weights,
+                                       const ExecOptions& exec) {
+  if (layer < 0 || layer >= chunk.num_layers || head < 0 || head >= chunk.num_kv_heads) {
+    return Status::InvalidArgument("BuildServingHead: " + HeadName(layer, head) + " out of range");
+  }
+  KVD_RETURN_IF_ERROR(chunk.Validate());
+  return BuildValidatedServingHead(chunk, layer, head, rope, weights, exec);
 }
 
 StatusOr<DenseHead> ExpandDense(const ServingHead& head, const ExecOptions& exec) {
@@ -162,7 +170,7 @@ StatusOr<std::vector<uint8_t>> ExpandDenseChunk(const CompactChunk& chunk, const
     uint8_t* v_base = k_base + static_cast<size_t>(t) * token_bytes;
     for (int head = 0; head < H; ++head) {
       KVD_ASSIGN_OR_RETURN(ServingHead sh,
-                           BuildServingHead(chunk, layer, head, rope, weights, exec));
+                           BuildValidatedServingHead(chunk, layer, head, rope, weights, exec));
       KVD_ASSIGN_OR_RETURN(DenseHead dh, ExpandDense(sh, exec));
       for (int64_t i = 0; i < t; ++i) {
         ConvertFromFloat(chunk.dtype, dh.keys.Row(i), k_base + i * token_bytes + head * d * e, d);
