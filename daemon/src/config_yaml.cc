@@ -236,7 +236,9 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   if (YAML::Node n = root["tiers"]; n.IsDefined()) {
     KVD_RETURN_IF_ERROR(CheckMap(n, "tiers", {"host"}));
     if (YAML::Node h = n["host"]; h.IsDefined()) {
-      KVD_RETURN_IF_ERROR(CheckMap(h, "tiers.host", {"capacity", "alignment", "read_ttl_ms"}));
+      KVD_RETURN_IF_ERROR(
+          CheckMap(h, "tiers.host", {"capacity", "alignment", "read_ttl_ms", "prefault"}));
+      KVD_RETURN_IF_ERROR(GetBool(h, "tiers.host", "prefault", &c->host_prefault));
       KVD_RETURN_IF_ERROR(GetBytes(h, "tiers.host", "capacity", &c->host_tier.capacity_bytes));
       KVD_RETURN_IF_ERROR(GetBytes(h, "tiers.host", "alignment", &c->host_tier.alignment));
       int64_t read_ttl = c->host_tier.read_ttl.count();

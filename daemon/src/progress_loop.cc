@@ -46,6 +46,12 @@ void ProgressLoop::Submit(std::function<void()> task) {
 
 void ProgressLoop::Watch(transport::TransferHandle transfer, SteadyTime deadline,
                          WatchCallback done) {
+  // Often already finished (a put's bytes usually arrive before its Commit): answer at once
+  // rather than after the progress thread's next pass.
+  if (TransferStatus st = transport_->Check(transfer); st.state != TransferState::kInProgress) {
+    done(st);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (running_ && !stop_requested_) {

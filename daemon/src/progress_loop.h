@@ -45,9 +45,10 @@ class ProgressLoop {
   // Runs `task` on the progress thread soon. After Stop, runs it on the caller's thread.
   void Submit(std::function<void()> task);
 
-  // Calls `done` on the progress thread when `transfer` finishes (kDone / kError) or when
-  // `deadline` passes (kInProgress, DEADLINE_EXCEEDED). Never calls it twice. The caller keeps
-  // ownership of the handle (Release it after the callback).
+  // Calls `done` when `transfer` finishes (kDone / kError) or when `deadline` passes
+  // (kInProgress, DEADLINE_EXCEEDED): inline if it already finished, else on the progress
+  // thread. Calls it exactly once. The caller keeps ownership of the handle (Release it after
+  // the callback).
   void Watch(transport::TransferHandle transfer, SteadyTime deadline, WatchCallback done);
 
   // Watches currently registered (for stats and tests).

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 
 #include "asio_util.h"
@@ -83,6 +84,8 @@ class Server::Impl {
   void AddSession(asio::generic::stream_protocol::socket socket, std::string peer);
   asio::awaitable<void> ExpiryLoop();
   void BeginShutdown();
+  void StartPrefault();
+  void StopPrefault();
 
   DaemonConfig config_;
   ServerDeps deps_;
@@ -93,6 +96,9 @@ class Server::Impl {
   std::string local_address_;
   std::string transport_description_;
   transport::Region arena_;
+  std::byte* arena_base_ = nullptr;  // aligned start of the tier's span inside arena_
+  std::thread prefault_thread_;
+  std::atomic<bool> stop_prefault_{false};
   std::unique_ptr<storage::HostTier> tier_;
   std::unique_ptr<ProgressLoop> progress_;
   std::optional<asio::ip::tcp::acceptor> tcp_acceptor_;

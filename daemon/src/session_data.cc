@@ -408,6 +408,7 @@ asio::awaitable<void> Session::FinishAbort(uint64_t seq, uint64_t rid, uint64_t 
 }
 
 void Session::ExpireReservations(int64_t now_ns) {
+  if (read_closed_ || closed_) return;  // the teardown owns pending_puts_ now
   std::vector<uint64_t> expired;
   for (auto& [id, put] : pending_puts_) {
     if (!put.busy && put.deadline_ns < now_ns) {

@@ -36,6 +36,7 @@ void ExpectSameConfig(const DaemonConfig& a, const DaemonConfig& b) {
   EXPECT_EQ(a.host_tier.capacity_bytes, b.host_tier.capacity_bytes);
   EXPECT_EQ(a.host_tier.alignment, b.host_tier.alignment);
   EXPECT_EQ(a.host_tier.read_ttl, b.host_tier.read_ttl);
+  EXPECT_EQ(a.host_prefault, b.host_prefault);
   EXPECT_EQ(a.limits, b.limits);
 }
 

@@ -98,6 +98,11 @@ struct DaemonConfig {
   // The host-memory tier. `capacity_bytes` default 1 GiB (the daemon allocates that much
   // registered memory at start). Its TTL fields are set by the daemon from `limits`.
   storage::HostTierOptions host_tier = DefaultHostTierOptions();
+  // Fault in every page of the host arena in the background after start
+  // (tiers.host.prefault; MADV_POPULATE_WRITE, which never writes the bytes, so puts may run
+  // meanwhile), so that puts do not pay page faults on first use. The memory is resident from
+  // then on. Default true.
+  bool host_prefault = true;
   LimitsOptions limits;
 
   // Validates every component; INVALID_ARGUMENT naming the key (e.g. "models[1].layout: ...").
