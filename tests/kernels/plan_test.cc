@@ -42,13 +42,14 @@ struct ChunkFixture {
   }
 };
 
-ChunkFixture MakeChunk(int64_t n, int d, DType dtype, float noise, uint64_t seed) {
+ChunkFixture MakeChunk(int64_t n, int d, DType dtype, float noise, uint64_t seed, int G = 4) {
   ChunkFixture f;
-  f.layout = {.num_layers = 2, .num_kv_heads = 2, .num_q_heads = 8, .head_dim = d, .dtype = dtype};
+  f.layout = {
+      .num_layers = 2, .num_kv_heads = 2, .num_q_heads = 2 * G, .head_dim = d, .dtype = dtype};
   f.layout.rope.theta = 10000.0;
   f.n = n;
   f.positions = testing::SequentialPositions(n, 1000);
-  const int L = 2, H = 2, G = 4;
+  const int L = 2, H = 2;
   auto rope = RopeTable::Create(f.layout.rope, d);
   f.raw.assign(f.layout.ChunkBytes(static_cast<int>(n)), 0);
   const size_t e = DTypeSize(dtype);
@@ -215,6 +216,38 @@ TEST(Plan, VectorRoutedValuesAreRebuiltAtServeTime) {
     other.version = other.ComputeVersion();
     EXPECT_EQ(BuildServingHead(*chunk, 0, 0, &*rope, &other).status().code(),
               StatusCode::kFailedPrecondition);
+  }
+}
+
+TEST(Plan, GqaGroupSizes) {
+  for (int g : {1, 4, 8}) {
+    const ChunkFixture f = MakeChunk(129, 64, DType::kBFloat16, 0.3f, 20 + g, g);
+    for (const Composition& c : kCompositions) {
+      CompressionPlanOptions o{.score = c.score,
+                               .merge = c.merge,
+                               .route = RouteStage::kVector,
+                               .p_c = 0.5,
+                               .window = f.window,
+                               .keydiff_block = c.keydiff_block};
+      auto chunk = Compress(o, f.layout, f.Input());
+      ASSERT_TRUE(chunk.ok()) << chunk.status() << " G=" << g << " " << c.name;
+      EXPECT_EQ(chunk->HalfPairs(), 4 * 2 * std::llround(0.5 * 129)) << c.name;
+    }
+  }
+}
+
+TEST(Plan, TinyAndOddChunksMeetTheBudget) {
+  for (int64_t n : {1, 2, 7, 33}) {
+    const ChunkFixture f = MakeChunk(n, 64, DType::kFloat16, 0.3f, 10 + n);
+    for (double p_c : {0.25, 0.5, 0.75, 0.9}) {
+      for (ScoreStage score : {ScoreStage::kKeyDiff, ScoreStage::kNone}) {
+        CompressionPlanOptions o{
+            .score = score, .route = RouteStage::kVector, .p_c = p_c, .sinks = 0};
+        auto chunk = Compress(o, f.layout, f.Input(false));
+        ASSERT_TRUE(chunk.ok()) << chunk.status() << " n=" << n << " p_c=" << p_c;
+        EXPECT_EQ(chunk->HalfPairs(), 4 * 2 * std::llround((1.0 - p_c) * n)) << n << " " << p_c;
+      }
+    }
   }
 }
 
