@@ -30,11 +30,13 @@ Status CheckHeadViews(const EngineTensorShape& shape, std::span<const View> head
 }  // namespace
 
 Status EngineTensorShape::Validate() const {
-  if (tokens < 0)
+  if (tokens < 0) {
     return Status::InvalidArgument("convert: negative token count " + std::to_string(tokens));
-  if (num_heads < 1)
+  }
+  if (num_heads < 1) {
     return Status::InvalidArgument("convert: num_heads must be >= 1, got " +
                                    std::to_string(num_heads));
+  }
   if (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16) {
     return Status::InvalidArgument("convert: unknown dtype " +
                                    std::to_string(static_cast<int>(dtype)));
@@ -45,8 +47,9 @@ Status EngineTensorShape::Validate() const {
 Status GatherHeads(const EngineTensorShape& shape, const void* src,
                    std::span<const MatrixView> heads, const ExecOptions& exec, bool check_finite) {
   KVD_RETURN_IF_ERROR(shape.Validate());
-  if (src == nullptr && shape.tokens > 0)
+  if (src == nullptr && shape.tokens > 0) {
     return Status::InvalidArgument("convert: null source tensor");
+  }
   KVD_RETURN_IF_ERROR(CheckHeadViews(shape, heads));
   switch (exec.backend) {
     case Backend::kCpu:
@@ -90,8 +93,9 @@ StatusOr<std::vector<Matrix>> GatherHeads(const EngineTensorShape& shape, const 
 Status ScatterHeads(const EngineTensorShape& shape, std::span<const ConstMatrixView> heads,
                     void* dst, const ExecOptions& exec) {
   KVD_RETURN_IF_ERROR(shape.Validate());
-  if (dst == nullptr && shape.tokens > 0)
+  if (dst == nullptr && shape.tokens > 0) {
     return Status::InvalidArgument("convert: null destination tensor");
+  }
   KVD_RETURN_IF_ERROR(CheckHeadViews(shape, heads));
   switch (exec.backend) {
     case Backend::kCpu:

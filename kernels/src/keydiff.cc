@@ -23,8 +23,9 @@ Status KeyDiffScores(ConstMatrixView keys, std::span<float> scores, const ExecOp
                                    " entries for N=" + std::to_string(keys.rows));
   }
   if (keys.rows == 0) return Status::Ok();
-  if (keys.data == nullptr || keys.ld < keys.cols)
+  if (keys.data == nullptr || keys.ld < keys.cols) {
     return Status::InvalidArgument("keydiff: bad keys view");
+  }
   KVD_RETURN_IF_ERROR(CheckFinite(keys, "keydiff: keys"));
   int64_t bad_row = -1;
   switch (exec.backend) {

@@ -11,18 +11,21 @@
 namespace kvd::kernels {
 
 Status KvSlimmerOptions::Validate() const {
-  if (norm != MergeNorm::kL2 && norm != MergeNorm::kL1Code)
+  if (norm != MergeNorm::kL2 && norm != MergeNorm::kL1Code) {
     return Status::InvalidArgument("kvslimmer: unknown norm");
+  }
   if (lambda != PairLambda::kAsymKv && lambda != PairLambda::kConstant) {
     return Status::InvalidArgument("kvslimmer: unknown lambda");
   }
   if (position != RepresentativePosition::kLast && position != RepresentativePosition::kWeighted) {
     return Status::InvalidArgument("kvslimmer: unknown representative position");
   }
-  if (sinks < 0)
+  if (sinks < 0) {
     return Status::InvalidArgument("kvslimmer: sinks must be >= 0, got " + std::to_string(sinks));
-  if (window < 0)
+  }
+  if (window < 0) {
     return Status::InvalidArgument("kvslimmer: window must be >= 0, got " + std::to_string(window));
+  }
   if (group_size < 1) {
     return Status::InvalidArgument("kvslimmer: group_size must be >= 1, got " +
                                    std::to_string(group_size));
@@ -166,8 +169,9 @@ Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
                          const KvSlimmerOptions& options, SlotSet* slots, KvSlimmerStats* stats,
                          const ExecOptions& exec) {
   KVD_RETURN_IF_ERROR(options.Validate());
-  if (slots == nullptr || stats == nullptr)
+  if (slots == nullptr || stats == nullptr) {
     return Status::InvalidArgument("kvslimmer: null slots or stats");
+  }
   const int64_t d = rope.head_dim();
   KVD_RETURN_IF_ERROR(CheckHeadDim(d).WithContext("kvslimmer"));
   KVD_RETURN_IF_ERROR(slots->Validate(d));
@@ -219,9 +223,10 @@ Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
     post = Matrix(s, d);
     KVD_RETURN_IF_ERROR(RotateSlotKeys(rope, *slots, post.View(), exec));
     bias.resize(static_cast<size_t>(s));
-    for (int64_t j = 0; j < s; ++j)
+    for (int64_t j = 0; j < s; ++j) {
       bias[static_cast<size_t>(j)] =
           std::log(static_cast<float>(slots->cardinality[static_cast<size_t>(j)]));
+    }
     mass.assign(static_cast<size_t>(s), 0.0f);
     ObservationHead head{queries, post.View(), bias, query_positions, slots->positions};
     KVD_RETURN_IF_ERROR(ComputeAttentionMass(head, obs, mass, exec));

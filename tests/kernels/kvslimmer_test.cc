@@ -135,6 +135,7 @@ TEST(KvSlimmerStatsTest, RankAndDisjointSelection) {
   SlotSet slots = RandomSlots(10, 64, 1);
   std::vector<float> mass{5, 1, 2, 3, 1, 1, 4, 2, 2, 9};
   const double gamma = kKvSlimmerDefaultGamma;
+  EXPECT_NEAR(gamma, 4096.0 / std::log(512.0), 1e-9);
   std::vector<double> rank = RankPairs(mass, slots, 2, 8, PairLambda::kAsymKv, gamma);
   ASSERT_EQ(rank.size(), 9u);
   for (size_t j = 0; j < 9; ++j) {

@@ -40,9 +40,10 @@ bool KeyDiffScores(ConstMatrixView keys, float* scores, int64_t* bad_row) {
     return true;
   }
   std::vector<float> unit_anchor(static_cast<size_t>(d));
-  for (int64_t c = 0; c < d; ++c)
+  for (int64_t c = 0; c < d; ++c) {
     unit_anchor[static_cast<size_t>(c)] =
         static_cast<float>(anchor[static_cast<size_t>(c)] / anorm);
+  }
   const float* a = unit_anchor.data();
   for (int64_t i = 0; i < n; ++i) {
     const float* k = keys.Row(i);

@@ -14,8 +14,9 @@ namespace kvd::kernels {
 
 Status ComputePairStatistics(std::span<const float> mass, int64_t begin, int64_t end,
                              MergeNorm norm, SlotSet* slots, PairStatistics* stats) {
-  if (slots == nullptr || stats == nullptr)
+  if (slots == nullptr || stats == nullptr) {
     return Status::InvalidArgument("kvslimmer: null output");
+  }
   const int64_t s = slots->size(), d = slots->keys_pre.cols;
   if (mass.size() != static_cast<size_t>(s)) {
     return Status::InvalidArgument("kvslimmer: mass has " + std::to_string(mass.size()) +
@@ -54,8 +55,9 @@ Status ComputePairStatistics(std::span<const float> mass, int64_t begin, int64_t
     const double inv_l = 1.0 / slots->cardinality[js];
     const float* v = slots->value_sums.Row(j);
     double dev = 0.0;
-    for (int64_t c = 0; c < d; ++c)
+    for (int64_t c = 0; c < d; ++c) {
       dev += std::fabs(v[c] * inv_l - stats->o[static_cast<size_t>(c)]);
+    }
     stats->l1_dev[js] = dev;
     const double a = stats->alpha[js];
     const double fresh = a * (1.0 - 2.0 * a) * dev;

@@ -50,11 +50,13 @@ void QueryKeyScores(const float* q, int64_t num_q, int64_t d, const float* kt, i
       const float* q0 = q + w0 * d;
       for (int64_t k = 0; k < d; ++k) {
         const __m512 kv = _mm512_loadu_ps(tile + k * kKeyTile);
-        for (int r = 0; r < 8; ++r)
+        for (int r = 0; r < 8; ++r) {
           acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q0[r * d + k]), kv, acc[r]);
+        }
       }
-      for (int r = 0; r < 8; ++r)
+      for (int r = 0; r < 8; ++r) {
         _mm512_mask_storeu_ps(s + (w0 + r) * lds + j0, store_mask, acc[r]);
+      }
     }
 #endif
     for (; w0 < num_q; ++w0) {

@@ -7,8 +7,9 @@
 namespace kvd::kernels {
 
 Status PyramidKvOptions::Validate() const {
-  if (window < 0)
+  if (window < 0) {
     return Status::InvalidArgument("pyramidkv: window must be >= 0, got " + std::to_string(window));
+  }
   if (!(beta >= 1.0) || !std::isfinite(beta)) {
     return Status::InvalidArgument("pyramidkv: beta must be finite and >= 1, got " +
                                    std::to_string(beta));

@@ -9,10 +9,12 @@
 namespace kvd::kernels {
 
 Status SelectionOptions::Validate() const {
-  if (sinks < 0)
+  if (sinks < 0) {
     return Status::InvalidArgument("selection: sinks must be >= 0, got " + std::to_string(sinks));
-  if (window < 0)
+  }
+  if (window < 0) {
     return Status::InvalidArgument("selection: window must be >= 0, got " + std::to_string(window));
+  }
   return Status::Ok();
 }
 

@@ -9,8 +9,9 @@
 namespace kvd::kernels {
 
 Status SnapKvOptions::Validate() const {
-  if (window < 1)
+  if (window < 1) {
     return Status::InvalidArgument("snapkv: window must be >= 1, got " + std::to_string(window));
+  }
   if (kernel_size < 1 || kernel_size % 2 == 0) {
     return Status::InvalidArgument("snapkv: kernel_size must be odd and >= 1, got " +
                                    std::to_string(kernel_size));
@@ -18,9 +19,10 @@ Status SnapKvOptions::Validate() const {
   if (pooling != PoolingKind::kAvg && pooling != PoolingKind::kMax) {
     return Status::InvalidArgument("snapkv: unknown pooling kind");
   }
-  if (group_size < 1)
+  if (group_size < 1) {
     return Status::InvalidArgument("snapkv: group_size must be >= 1, got " +
                                    std::to_string(group_size));
+  }
   return Status::Ok();
 }
 
@@ -30,10 +32,12 @@ Status Pool1d(std::span<const float> in, int kernel_size, PoolingKind pooling,
     return Status::InvalidArgument("pool1d: kernel_size must be odd and >= 1, got " +
                                    std::to_string(kernel_size));
   }
-  if (in.size() != out.size())
+  if (in.size() != out.size()) {
     return Status::InvalidArgument("pool1d: input and output sizes differ");
-  if (in.data() == out.data() && kernel_size > 1)
+  }
+  if (in.data() == out.data() && kernel_size > 1) {
     return Status::InvalidArgument("pool1d: in and out alias");
+  }
   const int64_t n = static_cast<int64_t>(in.size()), pad = kernel_size / 2;
   for (int64_t j = 0; j < n; ++j) {
     const int64_t lo = std::max<int64_t>(0, j - pad), hi = std::min<int64_t>(n - 1, j + pad);

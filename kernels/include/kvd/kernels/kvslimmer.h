@@ -46,7 +46,8 @@ enum class MergeNorm : uint8_t { kL2 = 0, kL1Code = 1 };
 enum class PairLambda : uint8_t { kAsymKv = 0, kConstant = 1 };
 enum class RepresentativePosition : uint8_t { kLast = 0, kWeighted = 1 };
 
-inline const double kKvSlimmerDefaultGamma = 4096.0 / std::log(512.0);
+// gamma = 4096 / ln 512 (AsymKV), as a literal so it can be constexpr.
+inline constexpr double kKvSlimmerDefaultGamma = 656.586543053466;
 
 struct KvSlimmerOptions {
   MergeNorm norm = MergeNorm::kL2;                                  // weight variant
