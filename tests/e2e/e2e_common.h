@@ -1,0 +1,90 @@
+// Shared helpers of the e2e test files.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "kvd/client/client.h"
+#include "kvd_process.h"
+
+namespace kvd::e2e {
+
+inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
+  std::vector<uint8_t> v(n);
+  std::mt19937_64 rng(seed);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(&v[i], &x, 8);
+  }
+  for (; i < n; ++i) v[i] = static_cast<uint8_t>(rng());
+  return v;
+}
+
+inline std::vector<int32_t> RandomTokens(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng() % 32000);
+  return t;
+}
+
+inline std::unique_ptr<KvdProcess> StartKvd(const KvdConfig& config) {
+  auto k = KvdProcess::Start(config);
+  EXPECT_TRUE(k.ok()) << k.status();
+  return k.ok() ? std::move(k).value() : nullptr;
+}
+
+inline std::unique_ptr<client::Client> ConnectOrFail(const client::ClientOptions& o) {
+  auto c = client::Client::Connect(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+// Puts one full random chunk under `hash` and returns its bytes.
+inline std::vector<uint8_t> PutChunk(client::Client& c, const Hash128& hash, uint64_t seed,
+                                     int tokens = 256) {
+  auto data = RandomBytes(c.options().layout.ChunkBytes(tokens), seed);
+  auto r = c.Put(hash, tokens, data.data(), data.size());
+  EXPECT_TRUE(r.ok()) << r.status();
+  return data;
+}
+
+// Looks up one chunk; returns matched chunks (0 or 1) and releases the lease.
+inline uint32_t Present(client::Client& c, const Hash128& hash) {
+  auto r = c.Lookup({&hash, 1});
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return 0;
+  if (r->lease_id) EXPECT_TRUE(c.ReleaseLease(r->lease_id).ok());
+  return r->matched_chunks;
+}
+
+// A full put -> lookup -> get cycle with byte comparison; what "the daemon keeps serving other
+// clients" means in these tests.
+inline void ExpectServes(client::Client& c, uint64_t seed) {
+  Hash128 h{0xabcdef, seed};
+  auto data = PutChunk(c, h, seed, 64);
+  auto hit = c.Lookup({&h, 1});
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  ASSERT_EQ(hit->matched_chunks, 1u);
+  std::vector<uint8_t> out(data.size());
+  auto g = c.Get(hit->lease_id, 0, out.data(), out.size());
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(out, data);
+  EXPECT_TRUE(c.ReleaseLease(hit->lease_id).ok());
+}
+
+inline client::TierStats HostTier(client::Client& admin) {
+  auto s = admin.GetStats();
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (s.ok()) {
+    for (const auto& t : s->tiers) {
+      if (t.name == "host") return t;
+    }
+  }
+  ADD_FAILURE() << "no host tier in stats";
+  return {};
+}
+
+}  // namespace kvd::e2e

@@ -1,0 +1,386 @@
+#include "kvd_process.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "kvd/proto/convert.h"
+#include "kvd/proto/frame.h"
+#include "kvd/proto/kvd.capnp.h"
+
+extern char** environ;
+
+namespace kvd::e2e {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string Tail(const std::string& s, size_t n) { return s.size() > n ? s.substr(s.size() - n) : s; }
+
+// Waits for `pid` up to `timeout`; returns true and the status if it exited.
+bool WaitFor(pid_t pid, std::chrono::milliseconds timeout, int* status) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    pid_t r = ::waitpid(pid, status, WNOHANG);
+    if (r == pid) return true;
+    if (r < 0) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+int ExitCode(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return -WTERMSIG(status);
+  return -1;
+}
+
+std::vector<char*> Argv(const std::vector<std::string>& argv) {
+  std::vector<char*> out;
+  for (const auto& a : argv) out.push_back(const_cast<char*>(a.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+ModelLayout Stories260kLayout() {
+  ModelLayout l;
+  l.num_layers = 5;
+  l.num_kv_heads = 4;
+  l.num_q_heads = 8;
+  l.head_dim = 8;
+  l.dtype = DType::kFloat32;
+  l.rope.theta = 10000;
+  l.rope.pairing = RopePairing::kInterleaved;
+  return l;
+}
+
+ModelLayout Smollm2Layout() {
+  ModelLayout l;
+  l.num_layers = 30;
+  l.num_kv_heads = 3;
+  l.num_q_heads = 9;
+  l.head_dim = 64;
+  l.dtype = DType::kBFloat16;
+  l.rope.theta = 100000;
+  l.rope.pairing = RopePairing::kInterleaved;
+  return l;
+}
+
+StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Start(const KvdConfig& c) {
+  std::unique_ptr<KvdProcess> p(new KvdProcess());
+  p->config_ = c;
+  char tmpl[] = "/tmp/kvd-e2e-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return Status::Internal("mkdtemp failed");
+  p->dir_ = tmpl;
+  p->unix_ = p->dir_ + "/kvd.sock";
+  p->log_path_ = p->dir_ + "/kvd.log";
+  const std::string config_path = p->dir_ + "/topology.yaml", ready = p->dir_ + "/ready.json";
+  {
+    std::ofstream y(config_path);
+    y << "node: kvd-e2e\n"
+      << "transport:\n  backend: ucx\n  ucx_tls: \"" << c.ucx_tls << "\"\n  net_devices: lo\n"
+      << "  keepalive_interval_ms: 500\n"
+      << "chunk_tokens: " << c.chunk_tokens << "\n"
+      << "hash_seed: " << c.hash_seed << "\n"
+      << "models:\n"
+      << "  - name: stories260k\n    layout: {layers: 5, kv_heads: 4, q_heads: 8, head_dim: 8, "
+         "dtype: float32, rope: {theta: 10000, pairing: interleaved, scaling: none}}\n"
+      << "  - name: smollm2-135m\n    layout: {layers: 30, kv_heads: 3, q_heads: 9, head_dim: "
+         "64, dtype: bfloat16, rope: {theta: 100000, pairing: interleaved, scaling: none}}\n"
+      << "tiers:\n  host:\n    capacity: " << c.host_capacity << "\n"
+      << "limits:\n  max_frame_bytes: " << c.max_frame_bytes
+      << "\n  reservation_ttl_ms: " << c.reservation_ttl_ms
+      << "\n  lease_ttl_ms: " << c.lease_ttl_ms
+      << "\n  transfer_timeout_ms: " << c.transfer_timeout_ms << "\n";
+  }
+  std::vector<std::string> argv = {KVD_BINARY, "--config", config_path, "--listen",
+                                   "127.0.0.1:0", "--unix", p->unix_, "--ready-file", ready};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, p->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  auto args = Argv(argv);
+  int rc = ::posix_spawn(&p->pid_, KVD_BINARY, &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return Status::Internal(std::string("cannot spawn kvd: ") + std::strerror(rc));
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (true) {
+    if (std::filesystem::exists(ready)) {
+      auto j = nlohmann::json::parse(ReadFile(ready), nullptr, false);
+      if (!j.is_discarded() && j.contains("tcp")) {
+        p->tcp_ = j["tcp"].get<std::string>();
+        return p;
+      }
+    }
+    int status = 0;
+    if (::waitpid(p->pid_, &status, WNOHANG) == p->pid_) {
+      p->pid_ = -1;
+      return Status::Unavailable("kvd exited with " + std::to_string(ExitCode(status)) +
+                                 " before it was ready; log:\n" + Tail(p->Log(), 3000));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status::DeadlineExceeded("kvd not ready within 15 s; log:\n" + Tail(p->Log(), 3000));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+KvdProcess::~KvdProcess() {
+  if (pid_ > 0) Stop();
+  std::error_code ec;
+  if (!dir_.empty() && !std::getenv("KVD_E2E_KEEP")) std::filesystem::remove_all(dir_, ec);
+}
+
+bool KvdProcess::Alive() {
+  if (pid_ <= 0) return false;
+  int status;
+  if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+    pid_ = -1;
+    return false;
+  }
+  return true;
+}
+
+int KvdProcess::Stop() {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, SIGTERM);
+  int status = 0;
+  if (!WaitFor(pid_, std::chrono::seconds(10), &status)) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return -SIGKILL;
+  }
+  pid_ = -1;
+  return ExitCode(status);
+}
+
+void KvdProcess::Kill() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  int status;
+  ::waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+std::string KvdProcess::Log() const { return ReadFile(log_path_); }
+
+client::ClientOptions KvdProcess::EngineOptions(const std::string& client_id) const {
+  client::ClientOptions o;
+  o.address = tcp_;
+  o.client_id = client_id;
+  o.model = "stories260k";
+  o.layout = Stories260kLayout();
+  o.hash_seed = config_.hash_seed;
+  o.chunk_tokens = config_.chunk_tokens;
+  o.transport.ucx_tls = config_.ucx_tls;
+  o.transport.net_devices = "lo";
+  o.connect_timeout_ms = 5000;
+  o.request_timeout_ms = 5000;
+  o.transfer_timeout_ms = 5000;
+  return o;
+}
+
+client::ClientOptions KvdProcess::AdminOptions() const {
+  client::ClientOptions o;
+  o.address = tcp_;
+  o.role = client::Role::kAdmin;
+  o.client_id = "e2e-admin";
+  return o;
+}
+
+int RunProgram(const std::vector<std::string>& argv, std::string* out,
+               std::chrono::milliseconds timeout) {
+  int pipefd[2];
+  if (::pipe2(pipefd, O_CLOEXEC) != 0) return -1;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, pipefd[1], 1);
+  pid_t pid;
+  auto args = Argv(argv);
+  int rc = ::posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(pipefd[1]);
+  if (rc != 0) {
+    ::close(pipefd[0]);
+    return -1;
+  }
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  char buf[4096];
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      ::close(pipefd[0]);
+      return 124;
+    }
+    pollfd p{pipefd[0], POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    ssize_t n = ::read(pipefd[0], buf, sizeof buf);
+    if (n <= 0) break;
+    if (out) out->append(buf, static_cast<size_t>(n));
+  }
+  ::close(pipefd[0]);
+  int status = 0;
+  if (!WaitFor(pid, timeout, &status)) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    return 124;
+  }
+  return ExitCode(status);
+}
+
+StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(const std::vector<std::string>& argv) {
+  int pipefd[2];
+  if (::pipe2(pipefd, O_CLOEXEC) != 0) return Status::Internal("pipe failed");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, pipefd[1], 1);
+  auto c = std::unique_ptr<ChildProcess>(new ChildProcess());
+  auto args = Argv(argv);
+  int rc = ::posix_spawn(&c->pid_, argv[0].c_str(), &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(pipefd[1]);
+  if (rc != 0) {
+    ::close(pipefd[0]);
+    c->pid_ = -1;
+    return Status::Internal("cannot spawn " + argv[0] + ": " + std::strerror(rc));
+  }
+  c->out_fd_ = pipefd[0];
+  return c;
+}
+
+ChildProcess::~ChildProcess() {
+  Kill();
+  if (out_fd_ >= 0) ::close(out_fd_);
+}
+
+void ChildProcess::Kill() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+StatusOr<std::string> ChildProcess::ReadLine(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    if (size_t nl = buf_.find('\n'); nl != std::string::npos) {
+      std::string line = buf_.substr(0, nl);
+      buf_.erase(0, nl + 1);
+      return line;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return Status::DeadlineExceeded("child printed no line in time");
+    pollfd p{out_fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    char tmp[1024];
+    ssize_t n = ::read(out_fd_, tmp, sizeof tmp);
+    if (n <= 0) return Status::Unavailable("child closed its stdout");
+    buf_.append(tmp, static_cast<size_t>(n));
+  }
+}
+
+StatusOr<std::unique_ptr<RawConnection>> RawConnection::Open(const std::string& tcp_address) {
+  auto addr = client::ParseDaemonAddress(tcp_address);
+  if (!addr.ok()) return addr.status();
+  sockaddr_in sin{};
+  sin.sin_family = AF_INET;
+  sin.sin_port = htons(addr->port);
+  ::inet_pton(AF_INET, addr->host.c_str(), &sin.sin_addr);
+  auto c = std::unique_ptr<RawConnection>(new RawConnection());
+  c->fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (::connect(c->fd_, reinterpret_cast<sockaddr*>(&sin), sizeof sin) != 0) {
+    return Status::Unavailable(std::string("connect: ") + std::strerror(errno));
+  }
+  return c;
+}
+
+RawConnection::~RawConnection() { Close(); }
+
+void RawConnection::Close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+Status RawConnection::Write(const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::send(fd_, p, size, MSG_NOSIGNAL);
+    if (n <= 0) return Status::Unavailable("send failed");
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status RawConnection::ReadResponseStatus(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<uint8_t> buf;
+  auto fill = [&](size_t want) -> Status {
+    while (buf.size() < want) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return Status::DeadlineExceeded("no response in time");
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      uint8_t tmp[4096];
+      ssize_t n = ::recv(fd_, tmp, std::min(sizeof tmp, want - buf.size()), 0);
+      if (n <= 0) return Status::Unavailable("daemon closed the connection");
+      buf.insert(buf.end(), tmp, tmp + n);
+    }
+    return Status::Ok();
+  };
+  KVD_RETURN_IF_ERROR(fill(proto::kFrameHeaderBytes));
+  KVD_ASSIGN_OR_RETURN(uint32_t len, proto::ParseFrameHeader(buf, proto::kDefaultMaxFrameBytes));
+  KVD_RETURN_IF_ERROR(fill(proto::kFrameHeaderBytes + len));
+  KVD_ASSIGN_OR_RETURN(auto msg, proto::DecodePayload(std::span(buf).subspan(proto::kFrameHeaderBytes)));
+  Status result = Status::Internal("no status");
+  KVD_RETURN_IF_ERROR(proto::TryDecode([&]() -> Status {
+    auto r = msg->Root<proto::Response>();
+    result = r.isError() ? proto::FromProto(r.getError()) : Status::Ok();
+    return Status::Ok();
+  }));
+  return result;
+}
+
+bool RawConnection::ClosedByPeer(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    char tmp[4096];
+    ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+    if (n <= 0) return true;  // EOF or reset
+  }
+  return false;
+}
+
+}  // namespace kvd::e2e

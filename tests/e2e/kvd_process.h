@@ -1,0 +1,112 @@
+// End-to-end harness: a real `kvd` process on an ephemeral port with a temp topology, tool and
+// driver processes, and a raw frame connection for bad-input tests.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvd/client/client.h"
+#include "kvd/common/status.h"
+
+namespace kvd::e2e {
+
+struct KvdConfig {
+  std::string ucx_tls = "sm,tcp";
+  std::string host_capacity = "64MiB";
+  int64_t reservation_ttl_ms = 30000;
+  int64_t lease_ttl_ms = 30000;
+  int64_t transfer_timeout_ms = 10000;
+  std::string max_frame_bytes = "4MiB";
+  std::string hash_seed = "kvd-default-seed";
+  int chunk_tokens = 256;
+};
+
+// The stories260k layout registered in every e2e daemon (small chunks: 320 KiB per 256 tokens).
+ModelLayout Stories260kLayout();
+// The smollm2-135m layout (bf16, 5.6 MiB per 256-token chunk).
+ModelLayout Smollm2Layout();
+
+class KvdProcess {
+ public:
+  // Writes the config into a fresh temp dir, starts kvd with --listen 127.0.0.1:0 --unix
+  // <dir>/kvd.sock --ready-file, waits (10 s) for readiness. On failure the error carries the
+  // tail of kvd's log.
+  static StatusOr<std::unique_ptr<KvdProcess>> Start(const KvdConfig& config);
+  ~KvdProcess();  // Stop() if still running, then removes the temp dir
+
+  const std::string& tcp_address() const { return tcp_; }
+  std::string unix_address() const { return "unix:" + unix_; }
+  pid_t pid() const { return pid_; }
+  const KvdConfig& config() const { return config_; }
+  bool Alive();
+  // SIGTERM and wait (10 s) for exit; returns the exit code (or -signal).
+  int Stop();
+  void Kill();  // SIGKILL and reap
+  std::string Log() const;
+
+  // Client options for this daemon: engine role for stories260k over the daemon's ucx_tls.
+  client::ClientOptions EngineOptions(const std::string& client_id = "e2e") const;
+  client::ClientOptions AdminOptions() const;
+
+ private:
+  KvdProcess() = default;
+  KvdConfig config_;
+  std::string dir_, tcp_, unix_, log_path_;
+  pid_t pid_ = -1;
+};
+
+// Runs a program (argv[0] is its path) with a timeout; returns its exit code (-signal if killed,
+// 124 on timeout) and its stdout.
+int RunProgram(const std::vector<std::string>& argv, std::string* out,
+               std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// A child process whose stdout the test reads line by line.
+class ChildProcess {
+ public:
+  static StatusOr<std::unique_ptr<ChildProcess>> Spawn(const std::vector<std::string>& argv);
+  ~ChildProcess();  // SIGKILL + reap if still running
+  // Reads one line (without '\n') within the timeout. DEADLINE_EXCEEDED / UNAVAILABLE (EOF).
+  StatusOr<std::string> ReadLine(std::chrono::milliseconds timeout);
+  void Kill();
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  std::string buf_;
+};
+
+// A raw control connection that writes arbitrary bytes and reads frames (bad-input tests).
+class RawConnection {
+ public:
+  static StatusOr<std::unique_ptr<RawConnection>> Open(const std::string& tcp_address);
+  ~RawConnection();
+  Status Write(const void* data, size_t size);
+  // Reads one response frame within the timeout and returns its Status (OK unless it is an
+  // Error), or UNAVAILABLE if the daemon closed the connection first.
+  Status ReadResponseStatus(std::chrono::milliseconds timeout);
+  // True once the daemon closed the connection (EOF within the timeout).
+  bool ClosedByPeer(std::chrono::milliseconds timeout);
+  void Close();
+
+ private:
+  int fd_ = -1;
+};
+
+// Polls `pred` every 20 ms until it holds or the timeout passes.
+template <typename Pred>
+bool Eventually(Pred&& pred, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    struct timespec ts{0, 20'000'000};
+    nanosleep(&ts, nullptr);
+  }
+  return pred();
+}
+
+}  // namespace kvd::e2e
