@@ -241,33 +241,58 @@ void UcxTransport::OnRecvDoneLocked(uint64_t id, ucs_status_t status,
     return;
   }
   Status result = VerifyCmaSenderLocked(d);
-  size_t moved = 0;
-  if (!result.ok()) {
-    // refused: nothing read
-  } else if (d.length > t.capacity) {
+  if (result.ok() && d.length > t.capacity) {
     result = Status::OutOfRange("recv transfer " + std::to_string(id) + ": message of " +
                                 std::to_string(d.length) +
                                 " bytes is longer than the receive buffer of " +
                                 std::to_string(t.capacity));
-  } else {
-    int err = 0;
-    moved = ReadRemote(static_cast<pid_t>(d.pid), t.buffer, d.address, d.length, &err);
-    if (err == ESRCH) {
-      result = Status::Unavailable("recv transfer " + std::to_string(id) + ": sender process " +
-                                   std::to_string(d.pid) + " vanished during the copy");
-    } else if (err == EPERM) {
-      result = Status::FailedPrecondition(
-          "process_vm_readv of the sender is not permitted (different user or ptrace "
-          "restrictions): set TransportOptions.cma_threshold_bytes=0");
-    } else if (err != 0) {
-      result = Status::Unavailable("recv transfer " + std::to_string(id) +
-                                   ": reading the sender's buffer failed after " +
-                                   std::to_string(moved) + " bytes: " + std::strerror(err));
+  }
+  if (!result.ok()) {
+    SendAckLocked(d.sender_uuid, d.seq, result, 0);
+    CompleteLocked(id, std::move(result), 0);
+    return;
+  }
+  // The copy runs in RunCopies, outside mu_, so posting threads are not held up by it.
+  t.copying = true;
+  copy_jobs_.push_back(CopyJob{id, d, t.buffer, Status::Ok(), 0});
+}
+
+int UcxTransport::RunCopies(std::unique_lock<std::mutex>& lock) {
+  int done = 0;
+  while (!copy_jobs_.empty()) {
+    std::vector<CopyJob> jobs;
+    jobs.swap(copy_jobs_);
+    lock.unlock();
+    for (CopyJob& job : jobs) {
+      const CmaDescriptor& d = job.descriptor;
+      int err = 0;
+      job.moved = ReadRemote(static_cast<pid_t>(d.pid), job.buffer, d.address, d.length, &err);
+      if (err == ESRCH) {
+        job.result = Status::Unavailable("recv transfer " + std::to_string(job.id) +
+                                         ": sender process " + std::to_string(d.pid) +
+                                         " vanished during the copy");
+      } else if (err == EPERM) {
+        job.result = Status::FailedPrecondition(
+            "process_vm_readv of the sender is not permitted (different user or ptrace "
+            "restrictions): set TransportOptions.cma_threshold_bytes=0");
+      } else if (err != 0) {
+        job.result = Status::Unavailable("recv transfer " + std::to_string(job.id) +
+                                         ": reading the sender's buffer failed after " +
+                                         std::to_string(job.moved) + " bytes: " +
+                                         std::strerror(err));
+      }
+    }
+    lock.lock();
+    for (CopyJob& job : jobs) {
+      const size_t bytes = job.result.ok() ? job.moved : 0;
+      SendAckLocked(job.descriptor.sender_uuid, job.descriptor.seq, job.result, bytes);
+      auto it = transfers_.find(job.id);
+      if (it != transfers_.end()) it->second.copying = false;
+      CompleteLocked(job.id, std::move(job.result), bytes);
+      ++done;
     }
   }
-  const size_t bytes = result.ok() ? moved : 0;
-  SendAckLocked(d.sender_uuid, d.seq, result, bytes);
-  CompleteLocked(id, std::move(result), bytes);
+  return done;
 }
 
 }  // namespace kvd::transport::ucx

@@ -241,6 +241,7 @@ Status UcxTransport::Disconnect(PeerHandle peer) {
   for (uint64_t tid : ids) {
     auto t = transfers_.find(tid);
     if (t == transfers_.end() || t->second.status.state != TransferState::kInProgress) continue;
+    if (t->second.copying) continue;  // the copy into the caller's buffer ends by itself
     t->second.status = {TransferState::kError,
                         Status::Cancelled("peer " + std::to_string(peer.id) + " disconnected"), 0};
     if (t->second.request != nullptr && t->second.recv_request) {
@@ -303,6 +304,7 @@ void UcxTransport::FailPeerLocked(uint64_t peer_id, const Status& why) {
   for (uint64_t tid : ids) {
     auto t = transfers_.find(tid);
     if (t == transfers_.end() || t->second.status.state != TransferState::kInProgress) continue;
+    if (t->second.copying) continue;  // the copy reads the (dead) sender; it ends by itself
     // From here the transfer is failed for the caller. A receive waiting in UCX is cancelled;
     // a send or a matched receive stays a UCX request until UCX completes it (it moves no more
     // bytes of a dead peer), and its callback then only frees the request.
@@ -488,8 +490,9 @@ Status UcxTransport::Wait(TransferHandle transfer, milliseconds timeout) {
   int idle = 0;
   for (;;) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       unsigned n = ucp_worker_progress(worker_);
+      n += static_cast<unsigned>(RunCopies(lock));
       auto it = transfers_.find(transfer.id);
       if (it == transfers_.end()) {
         return Status::NotFound("unknown transfer " + std::to_string(transfer.id));
@@ -546,8 +549,9 @@ Status UcxTransport::Release(TransferHandle transfer) {
 }
 
 int UcxTransport::Progress() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int>(ucp_worker_progress(worker_));
+  std::unique_lock<std::mutex> lock(mu_);
+  int n = static_cast<int>(ucp_worker_progress(worker_));
+  return n + RunCopies(lock);
 }
 
 Status UcxTransport::WaitForEvents(milliseconds timeout) {

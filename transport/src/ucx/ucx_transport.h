@@ -116,6 +116,7 @@ class UcxTransport final : public Transport {
     std::unique_ptr<uint8_t[]> bounce;  // small receives land here (room for a descriptor)
     uint64_t ack[2] = {0, 0};    // cma send: the receiver's ack {status code, bytes}
     bool callback_ran = false;   // a UCX callback ran inside the posting call (request freed)
+    bool copying = false;        // a cma copy into buffer is queued or running (see CopyJob)
     TransferStatus status;
   };
 
@@ -134,6 +135,18 @@ class UcxTransport final : public Transport {
   Status PostRmaLocked(uint64_t id, Transfer& t, const TransferRequest& r);
   Status CloseEndpointLocked(ucp_ep_h ep, bool force, std::unique_lock<std::mutex>& lock);
   Status SleepOnEventFd(std::chrono::milliseconds timeout, std::unique_lock<std::mutex>& lock);
+
+  // A verified cma receive whose payload copy runs outside mu_ (RunCopies).
+  struct CopyJob {
+    uint64_t id = 0;
+    CmaDescriptor descriptor{};
+    void* buffer = nullptr;
+    Status result;
+    size_t moved = 0;
+  };
+  // Runs the queued copies with mu_ released, then acks and completes them. Returns how many.
+  // REQUIRES: lock holds mu_ (held again on return).
+  int RunCopies(std::unique_lock<std::mutex>& lock);
 
   // Same-host cma path (ucx_cma.cc). REQUIRE mu_ held.
   Status PostCmaSendLocked(uint64_t id, Transfer& t, const TransferRequest& r);
@@ -177,6 +190,7 @@ class UcxTransport final : public Transport {
   std::vector<void*> closing_;     // ep close requests not yet done; GUARDED_BY(mu_)
   std::atomic<int> sleepers_{0};   // threads blocked on event_fd_
   uint64_t posting_id_ = 0;        // the transfer being posted; GUARDED_BY(mu_)
+  std::vector<CopyJob> copy_jobs_;   // verified cma receives to copy; GUARDED_BY(mu_)
   bool work_posted_ = false;       // a Post since the last WaitForEvents; GUARDED_BY(mu_)
 };
 

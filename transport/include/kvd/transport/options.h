@@ -39,8 +39,9 @@ struct TransportOptions {
   // peer_failure_detection on carries everything over tcp (~0.7 GB/s on loopback) while a copy
   // runs at ~6-12 GB/s. A peer dying mid-copy gives UNAVAILABLE (no abort, unlike UCX's own cma
   // without error handling). Needs both sides Connected to each other (the ack goes back on the
-  // receiver's endpoint). The receiver copies inside its progress call (holding the transport's
-  // lock for the copy: ~0.2 ms per 2 MiB). The receiver reads only a sender that proves it holds
+  // receiver's endpoint). The receiver copies inside Progress()/Wait() of whichever thread
+  // calls them, with the transport's lock released (posting threads are not held up). The
+  // receiver reads only a sender that proves it holds
   // the receiver's secret nonce (from LocalAddress, given out over the control plane), so a peer
   // cannot aim it at another process's memory (a reader needs ptrace rights over the sender,
   // which already let it read all of the sender). Default 64 KiB; 0 = off (all through UCX).
