@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -161,6 +162,7 @@ void HostTier::Impl::DropReservationLocked(ReservationId id, RetireReason reason
   arena_.Free(it->second.offset).IgnoreError();
   reserved_bytes_ -= it->second.size_bytes;
   reserved_arena_bytes_ -= it->second.arena_bytes;
+  ReleaseNamespaceReservationLocked(it->second.key.name_space, it->second.size_bytes);
   reservations_.erase(it);
   RetireLocked(id, IdKind::kReservation, reason);
 }
@@ -218,6 +220,53 @@ Status HostTier::Impl::MakeRoomLocked(uint64_t bytes) {
         std::to_string(a.largest_free_block) + ", " + OccupancyLocked() + ")");
   }
   return Status::Ok();
+}
+
+void HostTier::Impl::ReleaseNamespaceReservationLocked(const std::string& ns, uint64_t bytes) {
+  auto it = ns_reserved_.find(ns);
+  if (it == ns_reserved_.end()) return;
+  it->second -= bytes;
+  if (it->second == 0) ns_reserved_.erase(it);
+}
+
+Status HostTier::Impl::EnforceQuotaLocked(const std::string& ns, uint64_t bytes) {
+  const uint64_t quota = options_.namespace_quota_bytes;
+  if (quota == 0) return Status::Ok();
+  auto held = [&] {
+    auto u = per_namespace_.find(ns);
+    auto r = ns_reserved_.find(ns);
+    return (u == per_namespace_.end() ? 0 : u->second.bytes) +
+           (r == ns_reserved_.end() ? 0 : r->second);
+  };
+  auto over_quota = [&](const std::string& why) {
+    return Status::ResourceExhausted(
+        "namespace \"" + ns + "\" quota: " + std::to_string(bytes) +
+        " more bytes would exceed namespace_quota_bytes=" + std::to_string(quota) + " (" +
+        std::to_string(held()) + " bytes held" + why + ")");
+  };
+  if (bytes > quota) return over_quota("");
+  if (held() + bytes <= quota) return Status::Ok();
+  // Feasible only if enough of the namespace's own chunks are unpinned.
+  uint64_t evictable = 0;
+  for (const HostEntry* e : lru_) {
+    if (e->pins == 0 && e->meta.key.name_space == ns) evictable += e->meta.size_bytes;
+  }
+  if (held() + bytes - evictable > quota) {
+    return over_quota(", the rest pinned or reserved");
+  }
+  // Evict the namespace's own least recently used chunks (never another namespace's).
+  auto it = lru_.end();
+  while (held() + bytes > quota && it != lru_.begin()) {
+    --it;
+    HostEntry* e = *it;
+    if (e->pins > 0 || e->meta.key.name_space != ns) continue;
+    auto next = std::next(it);
+    DropEntryLocked(e);
+    counters_.evictions++;
+    counters_.quota_evictions++;
+    it = next;
+  }
+  return held() + bytes <= quota ? Status::Ok() : over_quota("");
 }
 
 StatusOr<ReadView> HostTier::Impl::StartReadLocked(HostEntry* e, OwnerId owner, int64_t now) {
@@ -285,6 +334,7 @@ StatusOr<Reservation> HostTier::Reserve(const ChunkKey& key, uint64_t bytes, uin
                                      " bytes exceed the whole capacity (" + s.OccupancyLocked() +
                                      ")");
   }
+  KVD_RETURN_IF_ERROR(s.EnforceQuotaLocked(key.name_space, bytes));
   KVD_RETURN_IF_ERROR(s.MakeRoomLocked(bytes));
   const std::optional<uint64_t> offset = s.arena_.Allocate(bytes);
   if (!offset) return Status::Internal("host tier: allocation failed after making room");
@@ -298,6 +348,7 @@ StatusOr<Reservation> HostTier::Reserve(const ChunkKey& key, uint64_t bytes, uin
   r.deadline_ns = Deadline(now, ttl);
   s.reserved_bytes_ += bytes;
   s.reserved_arena_bytes_ += r.arena_bytes;
+  s.ns_reserved_[key.name_space] += bytes;
   const ReservationId id = s.NextIdLocked();
   Reservation out{id, r.offset, s.base_ + r.offset, bytes, r.deadline_ns};
   s.reservations_.emplace(id, std::move(r));
@@ -371,6 +422,7 @@ Status HostTier::Commit(ReservationId id, uint64_t checksum) {
   e->offset = r.offset;
   e->arena_bytes = r.arena_bytes;
   s.reserved_bytes_ -= r.size_bytes;
+  s.ReleaseNamespaceReservationLocked(r.key.name_space, r.size_bytes);
   s.reserved_arena_bytes_ -= r.arena_bytes;
   s.used_bytes_ += e->meta.size_bytes;
   s.used_arena_bytes_ += e->arena_bytes;

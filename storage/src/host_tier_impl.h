@@ -86,6 +86,10 @@ class HostTier::Impl {
   void ReleaseReadLocked(ReadId id, RetireReason reason);
   // Evicts LRU unpinned chunks until `bytes` can be allocated. RESOURCE_EXHAUSTED if impossible.
   Status MakeRoomLocked(uint64_t bytes);
+  // With a namespace quota, evicts the namespace's own LRU unpinned chunks until `bytes` more
+  // fit under it; RESOURCE_EXHAUSTED naming the namespace and quota if they cannot.
+  Status EnforceQuotaLocked(const std::string& ns, uint64_t bytes);
+  void ReleaseNamespaceReservationLocked(const std::string& ns, uint64_t bytes);
   std::string OccupancyLocked() const;
   void AccountLocked(const ChunkMeta& m, bool add);
   StatusOr<ReadView> StartReadLocked(HostEntry* e, OwnerId owner, int64_t now);
@@ -122,7 +126,8 @@ class HostTier::Impl {
   uint64_t hidden_arena_bytes_ = 0;
   std::unordered_map<std::string, UsageStats> per_model_;
   std::unordered_map<std::string, UsageStats> per_namespace_;
-  TierStats counters_;  // only the counter fields are used
+  std::unordered_map<std::string, uint64_t> ns_reserved_;  // open reservations' payload bytes
+  TierStats counters_;                                     // only the counter fields are used
 };
 
 }  // namespace kvd::storage

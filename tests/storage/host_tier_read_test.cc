@@ -195,6 +195,41 @@ TEST_F(HostTierReadTest, PerRequestLeaseTtlOverridesTheDefault) {
   EXPECT_EQ(tier_->ExpireLeases().leases, 1u);
 }
 
+TEST(HostTierQuotaTest, NamespaceQuotaEvictsOnlyThatNamespaceAndNamesIt) {
+  AlignedRegion region(8 * kChunk);
+  HostTierOptions options;
+  options.namespace_quota_bytes = 2 * kChunk;
+  auto tier_or = HostTier::Create(options, region.span());
+  ASSERT_TRUE(tier_or.ok());
+  HostTier& tier = **tier_or;
+  auto put = [&](uint64_t n, const std::string& ns) {
+    return PutChunk(tier, MakeKey(n, "llama", ns), RandomBytes(kChunk, static_cast<uint32_t>(n)));
+  };
+  ASSERT_TRUE(put(0, "b").ok());
+  ASSERT_TRUE(put(1, "a").ok());
+  ASSERT_TRUE(put(2, "a").ok());
+  ASSERT_TRUE(put(3, "a").ok());  // over quota: a's oldest (1) goes, b's chunk 0 stays
+  EXPECT_FALSE(tier.Describe(MakeKey(1, "llama", "a")).ok());
+  EXPECT_TRUE(tier.Describe(MakeKey(0, "llama", "b")).ok());
+  TierStats s = tier.GetStats();
+  EXPECT_EQ(s.per_namespace.at("a").bytes, 2 * kChunk);
+  EXPECT_EQ(s.quota_evictions, 1u);
+  EXPECT_EQ(s.evictions, 1u);
+
+  // Open reservations count too, and pinned chunks are never evicted for the quota.
+  auto lease = tier.Lookup(ChainRequest(2, 2, "llama", "a"));
+  ASSERT_EQ(lease->matched_chunks, 2u);
+  auto r = tier.Reserve(MakeKey(4, "llama", "a"), kChunk, 256, 1);
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Contains(r.status(), "namespace \"a\" quota")) << r.status();
+  EXPECT_TRUE(Contains(r.status(), "pinned or reserved")) << r.status();
+  EXPECT_TRUE(tier.Reserve(MakeKey(4, "llama", "b"), kChunk, 256, 1).ok());  // b has room
+  ASSERT_TRUE(tier.ReleaseLease(lease->lease_id).ok());
+  r = tier.Reserve(MakeKey(4, "llama", "a"), 3 * kChunk, 256, 1);
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Contains(r.status(), "namespace_quota_bytes=2048")) << r.status();
+}
+
 TEST_F(HostTierReadTest, GetErrors) {
   Put(0);
   EXPECT_EQ(tier_->Get(777, 0).status().code(), StatusCode::kNotFound);

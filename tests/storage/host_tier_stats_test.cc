@@ -40,7 +40,9 @@ void ExpectInvariants(const TierStats& s) {
 
 TEST(HostTierStatsTest, InvariantsHoldThroughARandomWorkload) {
   AlignedRegion region(64 * 1024);
-  auto tier_or = HostTier::Create(HostTierOptions{}, region.span());
+  HostTierOptions options;
+  options.namespace_quota_bytes = 24 * 1024;  // exercise quota evictions too
+  auto tier_or = HostTier::Create(options, region.span());
   ASSERT_TRUE(tier_or.ok());
   HostTier& tier = **tier_or;
   std::mt19937 rng(5);
@@ -82,6 +84,8 @@ TEST(HostTierStatsTest, InvariantsHoldThroughARandomWorkload) {
   TierStats s = tier.GetStats();
   ExpectInvariants(s);
   EXPECT_EQ(s.lookups, lookups);
+  EXPECT_GT(s.quota_evictions, 0u);
+  for (const auto& [ns, u] : s.per_namespace) EXPECT_LE(u.bytes, 24u * 1024) << ns;
   for (LeaseId l : leases) ASSERT_TRUE(tier.ReleaseLease(l).ok());
   EXPECT_EQ(tier.GetStats().pinned_bytes, 0u);
   tier.Evict(ChunkFilter::All());

@@ -135,7 +135,8 @@ class HostTier final : public Tier {
   // Errors: ALREADY_EXISTS "dedup: ..." (key already committed; nothing reserved),
   //   INVALID_ARGUMENT (bytes == 0 or > max_chunk_bytes, empty model),
   //   RESOURCE_EXHAUSTED (cannot fit even after evicting every unpinned chunk; message names
-  //   capacity, used, reserved and pinned bytes).
+  //   capacity, used, reserved and pinned bytes; or over options.namespace_quota_bytes, message
+  //   names the namespace).
   StatusOr<Reservation> Reserve(const ChunkKey& key, uint64_t bytes, uint32_t tokens, OwnerId owner,
                                 std::chrono::milliseconds ttl = {});
 

@@ -26,6 +26,10 @@ struct HostTierOptions {
   // How long a read view from Get pins its chunk if ReleaseRead is never called (a stuck peer).
   // Default 60 s. Must be > 0.
   std::chrono::milliseconds read_ttl{60000};
+  // Per-namespace cap on payload bytes held (stored + reserved). 0 (default) = no quota. A
+  // Reserve that would exceed it first evicts that namespace's own least-recently-used unpinned
+  // chunks (never another namespace's), else fails RESOURCE_EXHAUSTED naming the namespace.
+  uint64_t namespace_quota_bytes = 0;
   // Largest single chunk accepted by Reserve (bytes). 0 (default) means no limit beyond capacity.
   uint64_t max_chunk_bytes = 0;
   // How many retired reservation / lease ids are remembered so that a late Commit or Get can say

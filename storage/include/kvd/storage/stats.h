@@ -41,6 +41,7 @@ struct TierStats {
   uint64_t chunks_requested = 0;  // chunk hashes asked for by all lookups
   uint64_t chunks_matched = 0;    // chunks returned by all lookups
   uint64_t evictions = 0;         // chunks removed to make room (capacity pressure)
+  uint64_t quota_evictions = 0;   // of `evictions`, those made to keep a namespace quota
   uint64_t admin_evictions = 0;   // chunks removed by Evict(filter)
   uint64_t commits = 0;
   uint64_t dedup_puts = 0;         // Reserve / Commit found the key already stored
