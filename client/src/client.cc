@@ -392,6 +392,12 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
     }
     if (first_open < n) {
       transport_->Wait(slots[first_open].recv, std::chrono::milliseconds(1)).IgnoreError();
+    } else {
+      // Every transfer is over: sleep on the control socket until a reply arrives (no spinning,
+      // which would steal the CPU the daemon needs to answer).
+      bool buffered = false;
+      for (const Slot& s : slots) buffered |= !s.finished && channel_->HasReply(s.request);
+      if (!buffered) channel_->connection()->Readable(std::min(deadline, DeadlineIn(50)));
     }
     for (size_t i = 0; i < n; ++i) {
       Slot& s = slots[i];

@@ -93,6 +93,11 @@ class Channel {
   // Returns nullptr (and OK) if not yet.
   StatusOr<std::unique_ptr<proto::DecodedMessage>> Poll(uint64_t request_id);
 
+  // True when the reply to `request_id` (or an unaddressed error) is already buffered.
+  bool HasReply(uint64_t request_id) const {
+    return pending_.count(request_id) > 0 || pending_.count(0) > 0;
+  }
+
   // Reads every frame the socket already has (non-blocking) and files it; surfaces a broken
   // connection (the daemon died) as UNAVAILABLE.
   Status Pump();
