@@ -6,10 +6,13 @@
 #
 #   KVD_BUILD_DIR       build folder (default: build)
 #   KVD_QUICKSTART_TLS  UCX_TLS of the client (default sm,tcp, as the embedded default's daemon)
+#   KVD_SKIP_SETUP=1    use an existing build (needs kvd, kvdctl, kvd-roundtrip in KVD_BUILD_DIR)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-./deploy/setup.sh
+if [[ "${KVD_SKIP_SETUP:-0}" != 1 ]]; then
+  ./deploy/setup.sh
+fi
 BIN="${KVD_BUILD_DIR:-build}/bin"
 TLS=${KVD_QUICKSTART_TLS:-sm,tcp}
 
