@@ -367,6 +367,55 @@ TEST_P(TransportContractTest, ProgressThreadAndPostingThreadCoexist) {
   progress.join();
 }
 
+TEST_P(TransportContractTest, ManyThreadsPostWhileProgressThreadsRun) {
+  // The thread-safety contract: 4 threads each send 12 messages a -> b (sizes across the cma
+  // threshold) while 4 others receive them, with a progress thread on each side.
+  constexpr int kThreads = 4, kMessages = 12;
+  std::atomic<bool> stop{false};
+  auto progress = [&](Transport* t) {
+    while (!stop.load()) {
+      if (t->Progress() == 0) (void)t->WaitForEvents(milliseconds(2));
+    }
+  };
+  std::thread pa(progress, a_.get()), pb(progress, b_.get());
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kThreads; ++k) {
+    threads.emplace_back([&, k] {
+      std::vector<uint8_t> buf(300 << 10);
+      for (int m = 0; m < kMessages; ++m) {
+        const uint64_t tag = 1000 + k * 100 + m;
+        const size_t n = (m % 3 == 0) ? 100 : (m % 3 == 1) ? (70 << 10) : (300 << 10);
+        size_t got = 0;
+        Status s = b_->RecvBlocking(b_to_a_, tag, buf.data(), buf.size(), milliseconds(20000),
+                                    &got);
+        if (!s.ok() || got != n || FirstMismatch(tag, buf.data(), n) != n) {
+          ADD_FAILURE() << "message " << tag << ": " << s << " got " << got;
+          ++bad;
+        }
+      }
+    });
+    threads.emplace_back([&, k] {
+      std::vector<uint8_t> buf(300 << 10);
+      for (int m = 0; m < kMessages; ++m) {
+        const uint64_t tag = 1000 + k * 100 + m;
+        const size_t n = (m % 3 == 0) ? 100 : (m % 3 == 1) ? (70 << 10) : (300 << 10);
+        FillPattern(tag, buf.data(), n);
+        Status s = a_->SendBlocking(a_to_b_, tag, buf.data(), n, milliseconds(20000));
+        if (!s.ok()) {
+          ADD_FAILURE() << "send " << tag << ": " << s;
+          ++bad;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  stop = true;
+  pa.join();
+  pb.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, TransportContractTest,
                          ::testing::Values("loopback", "ucx-tcp", "ucx-sm", "ucx-shm-trusted"),
                          [](const auto& info) {
