@@ -1,5 +1,8 @@
 #include "kvd/common/hash.h"
 
+// Inline xxh3 so it compiles for this machine's vector unit (Debian's libxxhash is SSE2-only:
+// 5-7 GB/s vs 12-22 GB/s inlined with AVX2). The hash VALUES are identical on every path.
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <cstring>
