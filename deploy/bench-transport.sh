@@ -6,7 +6,9 @@
 #   deploy/bench-transport.sh [BUILD_DIR]      (default: build; binaries in BUILD_DIR/bin)
 #   KVD_BENCH_COUNT        chunks / messages per measurement (default 200)
 #   KVD_BENCH_TLS          UCX_TLS for both (default sm,tcp: shared memory carries the bytes)
-#   KVD_BENCH_DEPTHS       kvd-bench --depth values to try (default "1 8")
+#   KVD_BENCH_DEPTH        kvd-bench --depth: chunks in flight per client (default 8)
+#   KVD_BENCH_ROUNDS       interleaved rounds of (ucx_perftest, kvd-bench); medians reported
+#                          (default 3); interleaving makes both see the same machine load
 #   KVD_BENCH_CONCURRENCY  kvd-bench --concurrency (default 1)
 #
 # Needs: kvd, kvd-bench built; ucx_perftest (Debian ucx-utils). Exit 0 when every measurement ran.
@@ -16,7 +18,8 @@ BUILD_DIR=${1:-${KVD_BUILD_DIR:-build}}
 BIN="$BUILD_DIR/bin"
 COUNT=${KVD_BENCH_COUNT:-200}
 TLS=${KVD_BENCH_TLS:-sm,tcp}
-DEPTHS=${KVD_BENCH_DEPTHS:-1 8}
+DEPTH=${KVD_BENCH_DEPTH:-8}
+ROUNDS=${KVD_BENCH_ROUNDS:-3}
 CONC=${KVD_BENCH_CONCURRENCY:-1}
 SIZE=2097152
 
@@ -48,19 +51,22 @@ print(v)' "$1" "$2"
 }
 
 # ---- ucx_perftest: tag bandwidth, 2 MiB messages, same TLS, loopback ----
-port=$((20000 + RANDOM % 20000))
-UCX_TLS=$TLS UCX_NET_DEVICES=lo ucx_perftest -t tag_bw -s $SIZE -n "$COUNT" -p "$port" \
-  >"$work/perf-server.log" 2>&1 &
-perf_pid=$!
-sleep 1
-UCX_TLS=$TLS UCX_NET_DEVICES=lo ucx_perftest 127.0.0.1 -t tag_bw -s $SIZE -n "$COUNT" -p "$port" \
-  >"$work/perf-client.log" 2>&1 || { cat "$work/perf-client.log" >&2; exit 1; }
-wait "$perf_pid" || true
-perf_pid=""
-# "Final: iters  lat50 lat_avg lat_overall  bw_avg bw_overall  rate_avg rate_overall" (MB = MiB)
-perf_mibs=$(awk '/Final:/ {print $7}' "$work/perf-client.log")
-[[ -n "$perf_mibs" ]] || { cat "$work/perf-client.log" >&2; exit 1; }
-perf_gbps=$(awk -v m="$perf_mibs" 'BEGIN {printf "%.3f", m * 1048576 / 1e9}')
+run_perftest() {  # prints GB/s (ucx_perftest's MB/s are MiB/s)
+  local port=$((20000 + RANDOM % 20000)) mibs
+  UCX_TLS=$TLS UCX_NET_DEVICES=lo ucx_perftest -t tag_bw -s $SIZE -n "$COUNT" -p "$port" \
+    >"$work/perf-server.log" 2>&1 &
+  perf_pid=$!
+  sleep 1
+  UCX_TLS=$TLS UCX_NET_DEVICES=lo ucx_perftest 127.0.0.1 -t tag_bw -s $SIZE -n "$COUNT" \
+    -p "$port" >"$work/perf-client.log" 2>&1 || { cat "$work/perf-client.log" >&2; return 1; }
+  wait "$perf_pid" || true
+  perf_pid=""
+  # "Final: iters lat50 lat_avg lat_overall bw_avg bw_overall rate_avg rate_overall"
+  mibs=$(awk '/Final:/ {print $7}' "$work/perf-client.log")
+  [[ -n "$mibs" ]] || { cat "$work/perf-client.log" >&2; return 1; }
+  awk -v m="$mibs" 'BEGIN {printf "%.3f", m * 1048576 / 1e9}'
+}
+median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 # ---- kvd on its embedded default (llama-3.1-8b: 16 tokens = 2 MiB raw chunk) ----
 "$BIN/kvd" --listen 127.0.0.1:0 --unix "$work/kvd.sock" --ready-file "$work/ready.json" \
@@ -74,26 +80,29 @@ done
 [[ -s "$work/ready.json" ]] || { echo "[bench] kvd not ready" >&2; cat "$work/kvd.log" >&2; exit 1; }
 addr=$(json_field "$work/ready.json" tcp)
 
-echo "== same machine, same run: 2 MiB messages, UCX_TLS=$TLS, loopback, count $COUNT =="
-printf "%-44s %10s\n" "measurement" "GB/s"
-printf "%-44s %10s\n" "ucx_perftest tag_bw (one stream)" "$perf_gbps"
-best_put=0; best_get=0
-for d in $DEPTHS; do
+echo "== same machine, same run: 2 MiB messages, UCX_TLS=$TLS, loopback, count $COUNT," \
+     "$ROUNDS interleaved rounds, load average $(cut -d' ' -f1 /proc/loadavg) =="
+: >"$work/perf.txt"; : >"$work/put.txt"; : >"$work/get.txt"
+: >"$work/lookup50.txt"; : >"$work/lookup99.txt"
+for round in $(seq "$ROUNDS"); do
+  perf=$(run_perftest)
+  echo "$perf" >>"$work/perf.txt"
   "$BIN/kvd-bench" --addr "$addr" --model llama-3.1-8b --chunk-bytes $SIZE --count "$COUNT" \
-    --concurrency "$CONC" --depth "$d" --op both --ucx-tls "$TLS" --net-devices lo --json \
-    >"$work/bench-$d.json" || { cat "$work/bench-$d.json" >&2; cat "$work/kvd.log" | tail -20 >&2; exit 1; }
-  put=$(json_field "$work/bench-$d.json" put.gbps)
-  get=$(json_field "$work/bench-$d.json" get.gbps)
-  printf "%-44s %10.3f\n" "kvd put (concurrency $CONC, depth $d)" "$put"
-  printf "%-44s %10.3f\n" "kvd get (concurrency $CONC, depth $d)" "$get"
-  best_put=$(awk -v a="$best_put" -v b="$put" 'BEGIN {print (b > a) ? b : a}')
-  best_get=$(awk -v a="$best_get" -v b="$get" 'BEGIN {print (b > a) ? b : a}')
-  lookup_p50=$(json_field "$work/bench-$d.json" lookup.p50_us)
-  lookup_p99=$(json_field "$work/bench-$d.json" lookup.p99_us)
-  put_p50=$(json_field "$work/bench-$d.json" put.p50_us)
-  get_p50=$(json_field "$work/bench-$d.json" get.p50_us)
-  printf "  latency (us): put p50 %.0f, get p50 %.0f (per call of %d chunks); lookup p50 %.1f p99 %.1f\n" \
-    "$put_p50" "$get_p50" "$d" "$lookup_p50" "$lookup_p99"
+    --concurrency "$CONC" --depth "$DEPTH" --op both --ucx-tls "$TLS" --net-devices lo --json \
+    >"$work/bench.json" || { cat "$work/bench.json" >&2; tail -20 "$work/kvd.log" >&2; exit 1; }
+  put=$(json_field "$work/bench.json" put.gbps)
+  get=$(json_field "$work/bench.json" get.gbps)
+  echo "$put" >>"$work/put.txt"
+  echo "$get" >>"$work/get.txt"
+  json_field "$work/bench.json" lookup.p50_us >>"$work/lookup50.txt"
+  json_field "$work/bench.json" lookup.p99_us >>"$work/lookup99.txt"
+  printf "round %d: ucx_perftest %.3f GB/s  kvd put %.3f GB/s  kvd get %.3f GB/s  (put p50 %.0f us, get p50 %.0f us per %d chunks)\n" \
+    "$round" "$perf" "$put" "$get" "$(json_field "$work/bench.json" put.p50_us)" \
+    "$(json_field "$work/bench.json" get.p50_us)" "$DEPTH"
 done
-echo "ratio put/perftest: $(awk -v a="$best_put" -v b="$perf_gbps" 'BEGIN {printf "%.2f", a / b}')x" \
-     " get/perftest: $(awk -v a="$best_get" -v b="$perf_gbps" 'BEGIN {printf "%.2f", a / b}')x (goal >= 0.8x)"
+perf_m=$(median <"$work/perf.txt"); put_m=$(median <"$work/put.txt"); get_m=$(median <"$work/get.txt")
+printf "median: ucx_perftest tag_bw %.3f GB/s; kvd put %.3f GB/s (%.2fx); kvd get %.3f GB/s (%.2fx); goal >= 0.8x\n" \
+  "$perf_m" "$put_m" "$(awk -v a="$put_m" -v b="$perf_m" 'BEGIN {print a / b}')" \
+  "$get_m" "$(awk -v a="$get_m" -v b="$perf_m" 'BEGIN {print a / b}')"
+printf "lookup latency (1-chunk chain, loopback TCP control): median p50 %.1f us, median p99 %.1f us\n" \
+  "$(median <"$work/lookup50.txt")" "$(median <"$work/lookup99.txt")"

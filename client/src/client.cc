@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "client_impl.h"
+#include "fast_checksum.h"
 #include "kvd/common/logging.h"
 #include "kvd/proto/convert.h"
 
@@ -265,13 +266,14 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const Put
   std::vector<uint64_t> checksum(n, 0);
   for (size_t i = 0; i < n; ++i) {
     if (out[i].already_stored) continue;
-    checksum[i] = Checksum64(items[i].data, items[i].bytes);
     auto h = transport_->PostSend(daemon_peer_, tag[i], items[i].data, items[i].bytes);
     if (!h.ok()) {
       first_error = h.status().WithContext("sending chunk bytes");
       break;
     }
     sends[i] = *h;
+    // Computed while the bytes move (both only read the buffer).
+    checksum[i] = internal::FastChecksum64(items[i].data, items[i].bytes);
   }
   for (size_t i = 0; i < n; ++i) {
     if (!sends[i].valid()) continue;
@@ -466,7 +468,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
       st = Status::DataLoss("get: kvd announced " + std::to_string(out[i].bytes) +
                             " bytes but " + std::to_string(s.received) + " arrived");
     }
-    if (st.ok() && Checksum64(items[i].out, s.received) != out[i].checksum) {
+    if (st.ok() && internal::FastChecksum64(items[i].out, s.received) != out[i].checksum) {
       st = Status::DataLoss("get: checksum mismatch on chunk " +
                             std::to_string(items[i].chunk_index) + " of lease " +
                             std::to_string(lease_id));
