@@ -18,8 +18,8 @@ class FaultInjectionTest : public ::testing::Test {
   void SetUp() override {
     TransportOptions o;
     o.backend = "loopback";
-    o.loopback_domain = std::string("fault-") +
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    o.loopback_domain =
+        std::string("fault-") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     auto a = CreateTransport(o);
     auto b = CreateTransport(o);
     ASSERT_TRUE(a.ok() && b.ok());

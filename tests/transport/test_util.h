@@ -12,7 +12,8 @@ namespace kvd::transport::testing {
 
 // Deterministic bytes that differ per (seed, index), so a misplaced or stale byte shows.
 inline uint8_t PatternByte(uint64_t seed, size_t i) {
-  uint64_t x = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ (seed * 0xBF58476D1CE4E5B9ull);
+  uint64_t x =
+      (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ (seed * 0xBF58476D1CE4E5B9ull);
   x ^= x >> 29;
   return static_cast<uint8_t>(x >> 24);
 }

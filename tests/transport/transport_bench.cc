@@ -86,9 +86,8 @@ int RunChild(const std::string& config, size_t size, size_t window) {
   uint64_t base = 0;
   while (std::getline(std::cin, line) && line.rfind("GO ", 0) == 0) {
     const size_t count = std::stoull(line.substr(3));
-    Status s = Pipeline(*t, count, window, [&](size_t i) {
-      return t->PostRecv(*peer, base + i, region->data, size);
-    });
+    Status s = Pipeline(*t, count, window,
+                        [&](size_t i) { return t->PostRecv(*peer, base + i, region->data, size); });
     base += count;
     std::cout << (s.ok() ? std::string("DONE") : "ERR " + s.ToString()) << std::endl;
   }
@@ -116,8 +115,8 @@ int main(int argc, char** argv) {
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   std::string exe = n > 0 ? std::string(self, static_cast<size_t>(n)) : argv[0];
-  if (!child.Start({exe, "--child", "--config", config, "--size", std::to_string(size),
-                    "--window", std::to_string(window)})) {
+  if (!child.Start({exe, "--child", "--config", config, "--size", std::to_string(size), "--window",
+                    std::to_string(window)})) {
     std::cerr << "kvd-transport-bench: " << child.error() << "\n";
     return 1;
   }
@@ -148,9 +147,8 @@ int main(int argc, char** argv) {
   auto round = [&](size_t count) -> double {
     auto t0 = std::chrono::steady_clock::now();
     child.WriteLine("GO " + std::to_string(count));
-    Status s = Pipeline(*t, count, window, [&](size_t i) {
-      return t->PostSend(*peer, base + i, region->data, size);
-    });
+    Status s = Pipeline(*t, count, window,
+                        [&](size_t i) { return t->PostSend(*peer, base + i, region->data, size); });
     base += count;
     if (!s.ok()) {
       std::cerr << "kvd-transport-bench: send failed: " << s << "\n";

@@ -109,13 +109,15 @@ TEST_P(TransportContractTest, SendBeforeRecvIsMatchedLater) {
 TEST_P(TransportContractTest, BothDirectionsWork) {
   std::vector<uint8_t> x(4096), y(4096);
   FillPattern(11, x.data(), x.size());
-  std::thread t([&] { EXPECT_TRUE(a_->SendBlocking(a_to_b_, 11, x.data(), x.size(),
-                                                    milliseconds(10000)).ok()); });
+  std::thread t([&] {
+    EXPECT_TRUE(a_->SendBlocking(a_to_b_, 11, x.data(), x.size(), milliseconds(10000)).ok());
+  });
   ASSERT_TRUE(b_->RecvBlocking(b_to_a_, 11, y.data(), y.size(), milliseconds(10000)).ok());
   t.join();
   FillPattern(12, y.data(), y.size());
-  std::thread t2([&] { EXPECT_TRUE(b_->SendBlocking(b_to_a_, 12, y.data(), y.size(),
-                                                     milliseconds(10000)).ok()); });
+  std::thread t2([&] {
+    EXPECT_TRUE(b_->SendBlocking(b_to_a_, 12, y.data(), y.size(), milliseconds(10000)).ok());
+  });
   ASSERT_TRUE(a_->RecvBlocking(a_to_b_, 12, x.data(), x.size(), milliseconds(10000)).ok());
   t2.join();
   EXPECT_EQ(FirstMismatch(12, x.data(), x.size()), x.size());
@@ -144,8 +146,8 @@ TEST_P(TransportContractTest, LongerMessageThanBufferIsOutOfRange) {
   std::vector<uint8_t> src(1000), dst(100);
   auto recv = b_->PostRecv(b_to_a_, 5, dst.data(), dst.size());
   ASSERT_TRUE(recv.ok());
-  std::thread t([&] { (void)a_->SendBlocking(a_to_b_, 5, src.data(), src.size(),
-                                             milliseconds(5000)); });
+  std::thread t(
+      [&] { (void)a_->SendBlocking(a_to_b_, 5, src.data(), src.size(), milliseconds(5000)); });
   Status s = b_->Wait(*recv, milliseconds(5000));
   t.join();
   EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s;
@@ -233,8 +235,9 @@ TEST_P(TransportContractTest, AllocatedRegionIsUsableAndReleasable) {
   std::vector<uint8_t> src(300000);
   FillPattern(21, src.data(), src.size());
   uint8_t* slice = static_cast<uint8_t*>(region->data) + 4096;
-  std::thread t([&] { EXPECT_TRUE(a_->SendBlocking(a_to_b_, 21, src.data(), src.size(),
-                                                    milliseconds(10000)).ok()); });
+  std::thread t([&] {
+    EXPECT_TRUE(a_->SendBlocking(a_to_b_, 21, src.data(), src.size(), milliseconds(10000)).ok());
+  });
   ASSERT_TRUE(b_->RecvBlocking(b_to_a_, 21, slice, src.size(), milliseconds(10000)).ok());
   t.join();
   EXPECT_EQ(FirstMismatch(21, slice, src.size()), src.size());
@@ -272,7 +275,9 @@ TEST_P(TransportContractTest, RmaReadAndWriteOfAnExportedRegion) {
   // Over tcp (and sm with peer failure detection) UCX emulates RMA with messages: the target
   // must progress.
   std::atomic<bool> stop{false};
-  std::thread progress_b([&] { while (!stop) b_->Progress(); });
+  std::thread progress_b([&] {
+    while (!stop) b_->Progress();
+  });
   Status s = a_->Wait(*h, milliseconds(10000));
   stop = true;
   progress_b.join();
@@ -287,7 +292,9 @@ TEST_P(TransportContractTest, RmaReadAndWriteOfAnExportedRegion) {
   h = a_->Post(write);
   ASSERT_TRUE(h.ok()) << h.status();
   stop = false;
-  std::thread progress_b2([&] { while (!stop) b_->Progress(); });
+  std::thread progress_b2([&] {
+    while (!stop) b_->Progress();
+  });
   s = a_->Wait(*h, milliseconds(10000));
   stop = true;
   progress_b2.join();
@@ -330,8 +337,9 @@ TEST_P(TransportContractTest, DestroyedPeerFailsItsReceivesWithUnavailable) {
   std::vector<uint8_t> buf(1024);
   // Make sure the endpoints are wired up before the peer goes.
   std::vector<uint8_t> x(16);
-  std::thread t([&] { EXPECT_TRUE(a_->SendBlocking(a_to_b_, 60, x.data(), x.size(),
-                                                    milliseconds(10000)).ok()); });
+  std::thread t([&] {
+    EXPECT_TRUE(a_->SendBlocking(a_to_b_, 60, x.data(), x.size(), milliseconds(10000)).ok());
+  });
   ASSERT_TRUE(b_->RecvBlocking(b_to_a_, 60, buf.data(), buf.size(), milliseconds(10000)).ok());
   t.join();
   auto recv = b_->PostRecv(b_to_a_, 61, buf.data(), buf.size());
@@ -387,8 +395,8 @@ TEST_P(TransportContractTest, ManyThreadsPostWhileProgressThreadsRun) {
         const uint64_t tag = 1000 + k * 100 + m;
         const size_t n = (m % 3 == 0) ? 100 : (m % 3 == 1) ? (70 << 10) : (300 << 10);
         size_t got = 0;
-        Status s = b_->RecvBlocking(b_to_a_, tag, buf.data(), buf.size(), milliseconds(20000),
-                                    &got);
+        Status s =
+            b_->RecvBlocking(b_to_a_, tag, buf.data(), buf.size(), milliseconds(20000), &got);
         if (!s.ok() || got != n || FirstMismatch(tag, buf.data(), n) != n) {
           ADD_FAILURE() << "message " << tag << ": " << s << " got " << got;
           ++bad;
@@ -438,10 +446,13 @@ TEST(TransportRegistryTest, NewBackendRegistersWithoutEditingTheBase) {
                 inner.backend = "loopback";
                 return CreateTransport(inner);
               }).ok());
-  EXPECT_EQ(RegisterTransportBackend("loopback", [](const TransportOptions&) {
-              return StatusOr<std::unique_ptr<Transport>>(Status::Internal("x"));
-            }).code(),
-            StatusCode::kAlreadyExists);
+  EXPECT_EQ(
+      RegisterTransportBackend("loopback",
+                               [](const TransportOptions&) {
+                                 return StatusOr<std::unique_ptr<Transport>>(Status::Internal("x"));
+                               })
+          .code(),
+      StatusCode::kAlreadyExists);
   TransportOptions o;
   o.backend = "test-wrapper";
   auto t = CreateTransport(o);
@@ -479,8 +490,7 @@ TEST(UcxTransportTest, UnknownTransportNameIsExplained) {
     return;
   }
   EXPECT_EQ(t.status().code(), StatusCode::kUnavailable) << t.status();
-  EXPECT_NE(t.status().message().find("UCX_TLS=nosuchtransport"), std::string::npos)
-      << t.status();
+  EXPECT_NE(t.status().message().find("UCX_TLS=nosuchtransport"), std::string::npos) << t.status();
 }
 
 }  // namespace

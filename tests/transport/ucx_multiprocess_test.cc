@@ -121,8 +121,8 @@ TEST_P(UcxMultiProcessTest, KilledPeerFailsAWaitingReceive) {
 TEST_P(UcxMultiProcessTest, PeerKilledMidTransferDoesNotHang) {
   // 256 MiB takes ~100 ms or more on loopback; the sender dies 5 ms into it.
   const size_t n = size_t{256} << 20;
-  StartChild({"--role", "send", "--sizes", std::to_string(n), "--tag", "4000", "--die-after-ms",
-              "5"});
+  StartChild(
+      {"--role", "send", "--sizes", std::to_string(n), "--tag", "4000", "--die-after-ms", "5"});
   std::vector<uint8_t> buf(n);
   auto recv = t_->PostRecv(peer_, 4000, buf.data(), n);
   ASSERT_TRUE(recv.ok());

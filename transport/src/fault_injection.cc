@@ -98,9 +98,9 @@ StatusOr<TransferHandle> FaultInjectingTransport::Post(const TransferRequest& re
     if (it != peers_.end()) state = &it->second;
   }
   if (state != nullptr) {
-    const Status vanished = Status::Unavailable(
-        "injected fault: peer " + std::to_string(request.peer.id) + " vanished after " +
-        std::to_string(state->bytes_posted) + " bytes");
+    const Status vanished =
+        Status::Unavailable("injected fault: peer " + std::to_string(request.peer.id) +
+                            " vanished after " + std::to_string(state->bytes_posted) + " bytes");
     if (state->vanished) return vanished;
     if (plan_.vanish_after_bytes >= 0 &&
         state->bytes_posted + static_cast<int64_t>(request.length) > plan_.vanish_after_bytes) {

@@ -12,8 +12,8 @@ namespace kvd::transport::loopback {
 struct Domain {
   std::string name;
   std::mutex mu;
-  std::condition_variable cv;  // notified on every completion and post
-  uint64_t next_endpoint = 1;  // GUARDED_BY(mu)
+  std::condition_variable cv;                        // notified on every completion and post
+  uint64_t next_endpoint = 1;                        // GUARDED_BY(mu)
   std::map<uint64_t, LoopbackTransport*> endpoints;  // GUARDED_BY(mu)
 };
 

@@ -92,8 +92,8 @@ class LoopbackTransport final : public Transport {
   std::unordered_map<uint64_t, Transfer> transfers_;
   std::unordered_map<uint64_t, RegionState> regions_;
   std::unordered_map<uint64_t, RemoteRegion> remotes_;
-  std::deque<uint64_t> posted_recvs_;   // unmatched receive ids, in post order
-  std::deque<Unexpected> unexpected_;   // unmatched sends aimed here, in arrival order
+  std::deque<uint64_t> posted_recvs_;  // unmatched receive ids, in post order
+  std::deque<Unexpected> unexpected_;  // unmatched sends aimed here, in arrival order
 };
 
 }  // namespace kvd::transport::loopback

@@ -83,8 +83,7 @@ void UcxTransport::ProbeCmaLocked(Peer& peer, std::string_view header) {
   }
   uint64_t value = 0;
   int err = 0;
-  if (ReadRemote(pid, &value, probe, sizeof(value), &err) == sizeof(value) &&
-      value == peer.uuid) {
+  if (ReadRemote(pid, &value, probe, sizeof(value), &err) == sizeof(value) && value == peer.uuid) {
     peer.cma = true;
     peer.proof.reset(new uint64_t[2]{GetU64(header, 5), GetU64(header, 6)});
   } else {
@@ -100,9 +99,8 @@ Status UcxTransport::PostCmaSendLocked(uint64_t id, Transfer& t, const TransferR
   ack_param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   ack_param.user_data = this;
   ack_param.cb.recv = &UcxTransport::AckCallback;
-  ucs_status_ptr_t ack = ucp_tag_recv_nbx(worker_, t.ack, sizeof(t.ack),
-                                          kInternalTagBit | kAckTagBit | id, ~ucp_tag_t{0},
-                                          &ack_param);
+  ucs_status_ptr_t ack = ucp_tag_recv_nbx(
+      worker_, t.ack, sizeof(t.ack), kInternalTagBit | kAckTagBit | id, ~ucp_tag_t{0}, &ack_param);
   if (UCS_PTR_IS_ERR(ack)) return Err(UCS_PTR_STATUS(ack), "ack receive post");
   if (ack == nullptr || t.callback_ran) {
     return Status::Internal("cma ack completed before its descriptor was sent");
@@ -194,9 +192,11 @@ void UcxTransport::SendAckLocked(uint64_t sender_uuid, uint64_t seq, const Statu
 Status UcxTransport::VerifyCmaSenderLocked(const CmaDescriptor& d) {
   uint64_t proof[2] = {0, 0};
   int err = 0;
-  if (ReadRemote(static_cast<pid_t>(d.pid), proof, d.proof, sizeof(proof), &err) !=
-          sizeof(proof) ||
-      proof[0] != nonce_[0] || proof[1] != nonce_[1]) {
+  const size_t got = ReadRemote(static_cast<pid_t>(d.pid), proof, d.proof, sizeof(proof), &err);
+  if (err == ESRCH) {  // the sender died between its descriptor and our read
+    return Status::Unavailable("cma sender process " + std::to_string(d.pid) + " vanished");
+  }
+  if (got != sizeof(proof) || proof[0] != nonce_[0] || proof[1] != nonce_[1]) {
     KVD_LOG(WARNING) << "refused a cma descriptor whose sender does not hold this transport's "
                         "nonce"
                      << Kv("pid", d.pid) << Kv("errno", err);
@@ -242,10 +242,9 @@ void UcxTransport::OnRecvDoneLocked(uint64_t id, ucs_status_t status,
   }
   Status result = VerifyCmaSenderLocked(d);
   if (result.ok() && d.length > t.capacity) {
-    result = Status::OutOfRange("recv transfer " + std::to_string(id) + ": message of " +
-                                std::to_string(d.length) +
-                                " bytes is longer than the receive buffer of " +
-                                std::to_string(t.capacity));
+    result = Status::OutOfRange(
+        "recv transfer " + std::to_string(id) + ": message of " + std::to_string(d.length) +
+        " bytes is longer than the receive buffer of " + std::to_string(t.capacity));
   }
   if (!result.ok()) {
     SendAckLocked(d.sender_uuid, d.seq, result, 0);
@@ -268,18 +267,18 @@ int UcxTransport::RunCopies(std::unique_lock<std::mutex>& lock) {
       int err = 0;
       job.moved = ReadRemote(static_cast<pid_t>(d.pid), job.buffer, d.address, d.length, &err);
       if (err == ESRCH) {
-        job.result = Status::Unavailable("recv transfer " + std::to_string(job.id) +
-                                         ": sender process " + std::to_string(d.pid) +
-                                         " vanished during the copy");
+        job.result =
+            Status::Unavailable("recv transfer " + std::to_string(job.id) + ": sender process " +
+                                std::to_string(d.pid) + " vanished during the copy");
       } else if (err == EPERM) {
         job.result = Status::FailedPrecondition(
             "process_vm_readv of the sender is not permitted (different user or ptrace "
             "restrictions): set TransportOptions.cma_threshold_bytes=0");
       } else if (err != 0) {
-        job.result = Status::Unavailable("recv transfer " + std::to_string(job.id) +
-                                         ": reading the sender's buffer failed after " +
-                                         std::to_string(job.moved) + " bytes: " +
-                                         std::strerror(err));
+        job.result =
+            Status::Unavailable("recv transfer " + std::to_string(job.id) +
+                                ": reading the sender's buffer failed after " +
+                                std::to_string(job.moved) + " bytes: " + std::strerror(err));
       }
     }
     lock.lock();

@@ -48,8 +48,9 @@ Status UcxToStatus(ucs_status_t status, std::string_view what, const UcxEnvironm
     case UCS_ERR_NO_RESOURCE:
     case UCS_ERR_EXCEEDS_LIMIT:
       return Status::ResourceExhausted(
-          msg + ": out of memory or registration resources (check `ulimit -l` for locked "
-                "memory and /dev/shm space for shared-memory transports)");
+          msg +
+          ": out of memory or registration resources (check `ulimit -l` for locked "
+          "memory and /dev/shm space for shared-memory transports)");
     case UCS_ERR_TIMED_OUT:
       return Status::DeadlineExceeded(msg);
     case UCS_ERR_INVALID_PARAM:

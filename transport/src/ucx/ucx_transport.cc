@@ -320,8 +320,8 @@ void UcxTransport::FinishLocked(uint64_t id, ucs_status_t status, size_t bytes) 
   if (it == transfers_.end()) return;
   Status st;
   if (status != UCS_OK) {
-    st = Err(status, std::string(TransferOpName(it->second.op)) + " transfer " +
-                         std::to_string(id));
+    st =
+        Err(status, std::string(TransferOpName(it->second.op)) + " transfer " + std::to_string(id));
   }
   CompleteLocked(id, std::move(st), bytes);
 }
@@ -367,8 +367,8 @@ void UcxTransport::SendCallback(void* request, ucs_status_t status, void* user_d
   ucp_request_free(request);
 }
 
-void UcxTransport::RecvCallback(void* request, ucs_status_t status,
-                                const ucp_tag_recv_info_t* info, void* user_data) {
+void UcxTransport::RecvCallback(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                                void* user_data) {
   auto* self = static_cast<UcxTransport*>(user_data);
   ucp_tag_recv_info_t none{};
   self->OnRecvDoneLocked(self->TakeRequestId(request), status, info != nullptr ? *info : none);

@@ -88,10 +88,10 @@ class UcxTransport final : public Transport {
  private:
   struct Peer {
     ucp_ep_h ep = nullptr;
-    Status failure;                 // not OK once the peer vanished
-    std::set<uint64_t> transfers;   // in-flight transfer ids with this peer
-    uint64_t uuid = 0;              // the peer transport's uuid (from its address)
-    bool cma = false;               // large sends to it take the same-host cma path
+    Status failure;                     // not OK once the peer vanished
+    std::set<uint64_t> transfers;       // in-flight transfer ids with this peer
+    uint64_t uuid = 0;                  // the peer transport's uuid (from its address)
+    bool cma = false;                   // large sends to it take the same-host cma path
     std::unique_ptr<uint64_t[]> proof;  // cma: our copy of the peer's nonce (2 words)
   };
   struct RegionState {
@@ -108,15 +108,15 @@ class UcxTransport final : public Transport {
   };
   struct Transfer {
     TransferOp op = TransferOp::kSend;
-    uint64_t peer = 0;           // 0 for kAnyPeer receives
-    void* request = nullptr;     // the UCX request while in flight, else nullptr
-    bool recv_request = false;   // request is a tag receive (cancellable)
-    void* buffer = nullptr;      // the caller's buffer
-    size_t capacity = 0;         // its length
+    uint64_t peer = 0;                  // 0 for kAnyPeer receives
+    void* request = nullptr;            // the UCX request while in flight, else nullptr
+    bool recv_request = false;          // request is a tag receive (cancellable)
+    void* buffer = nullptr;             // the caller's buffer
+    size_t capacity = 0;                // its length
     std::unique_ptr<uint8_t[]> bounce;  // small receives land here (room for a descriptor)
-    uint64_t ack[2] = {0, 0};    // cma send: the receiver's ack {status code, bytes}
-    bool callback_ran = false;   // a UCX callback ran inside the posting call (request freed)
-    bool copying = false;        // a cma copy into buffer is queued or running (see CopyJob)
+    uint64_t ack[2] = {0, 0};           // cma send: the receiver's ack {status code, bytes}
+    bool callback_ran = false;  // a UCX callback ran inside the posting call (request freed)
+    bool copying = false;       // a cma copy into buffer is queued or running (see CopyJob)
     TransferStatus status;
   };
 
@@ -173,25 +173,25 @@ class UcxTransport final : public Transport {
   Capabilities caps_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
-  std::string address_;          // "KVDUCX1:" + AddressHeader() + worker address bytes
-  uint64_t uuid_ = 0;            // random; identifies this transport in descriptors and acks
-  uint64_t host_id_ = 0;         // hash of the boot id: equal on the same host
-  uint64_t probe_word_ = 0;      // = uuid_; peers read it to test process_vm_readv
-  uint64_t nonce_[2] = {0, 0};   // secret; cma senders must prove they hold it
-  int event_fd_ = -1;            // -1: no wakeup support, WaitForEvents sleeps briefly
+  std::string address_;         // "KVDUCX1:" + AddressHeader() + worker address bytes
+  uint64_t uuid_ = 0;           // random; identifies this transport in descriptors and acks
+  uint64_t host_id_ = 0;        // hash of the boot id: equal on the same host
+  uint64_t probe_word_ = 0;     // = uuid_; peers read it to test process_vm_readv
+  uint64_t nonce_[2] = {0, 0};  // secret; cma senders must prove they hold it
+  int event_fd_ = -1;           // -1: no wakeup support, WaitForEvents sleeps briefly
 
   std::mutex mu_;
-  uint64_t next_id_ = 1;                                     // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, Peer> peers_;                 // GUARDED_BY(mu_)
-  std::unordered_map<ucp_ep_h, uint64_t> peer_by_ep_;        // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, RegionState> regions_;        // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, RemoteRegion> remotes_;       // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, Transfer> transfers_;         // GUARDED_BY(mu_)
-  std::vector<void*> closing_;     // ep close requests not yet done; GUARDED_BY(mu_)
-  std::atomic<int> sleepers_{0};   // threads blocked on event_fd_
-  uint64_t posting_id_ = 0;        // the transfer being posted; GUARDED_BY(mu_)
-  std::vector<CopyJob> copy_jobs_;   // verified cma receives to copy; GUARDED_BY(mu_)
-  bool work_posted_ = false;       // a Post since the last WaitForEvents; GUARDED_BY(mu_)
+  uint64_t next_id_ = 1;                                // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, Peer> peers_;            // GUARDED_BY(mu_)
+  std::unordered_map<ucp_ep_h, uint64_t> peer_by_ep_;   // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, RegionState> regions_;   // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, RemoteRegion> remotes_;  // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, Transfer> transfers_;    // GUARDED_BY(mu_)
+  std::vector<void*> closing_;      // ep close requests not yet done; GUARDED_BY(mu_)
+  std::atomic<int> sleepers_{0};    // threads blocked on event_fd_
+  uint64_t posting_id_ = 0;         // the transfer being posted; GUARDED_BY(mu_)
+  std::vector<CopyJob> copy_jobs_;  // verified cma receives to copy; GUARDED_BY(mu_)
+  bool work_posted_ = false;        // a Post since the last WaitForEvents; GUARDED_BY(mu_)
 };
 
 }  // namespace kvd::transport::ucx

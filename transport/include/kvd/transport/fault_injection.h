@@ -58,9 +58,7 @@ class FaultInjectingTransport : public Transport {
   StatusOr<Region> RegisterMemory(void* data, size_t bytes, MemoryType type) override {
     return inner_->RegisterMemory(data, bytes, type);
   }
-  Status DeregisterMemory(RegionHandle region) override {
-    return inner_->DeregisterMemory(region);
-  }
+  Status DeregisterMemory(RegionHandle region) override { return inner_->DeregisterMemory(region); }
   StatusOr<std::string> ExportRegion(RegionHandle region) override {
     return inner_->ExportRegion(region);
   }
@@ -91,13 +89,13 @@ class FaultInjectingTransport : public Transport {
 
   std::unique_ptr<Transport> inner_;
   mutable std::mutex mu_;
-  FaultPlan plan_;                                // GUARDED_BY(mu_)
-  int64_t posts_ = 0;                             // GUARDED_BY(mu_)
-  std::map<uint64_t, PeerFaultState> peers_;      // GUARDED_BY(mu_)
-  std::map<uint64_t, uint64_t> transfer_peer_;    // inner transfer id -> peer id; GUARDED_BY(mu_)
-  std::set<uint64_t> vanished_transfers_;         // inner ids failed by a vanish; GUARDED_BY(mu_)
-  std::map<uint64_t, Status> injected_;           // injected handle id -> status; GUARDED_BY(mu_)
-  uint64_t next_injected_ = 1;                    // GUARDED_BY(mu_)
+  FaultPlan plan_;                              // GUARDED_BY(mu_)
+  int64_t posts_ = 0;                           // GUARDED_BY(mu_)
+  std::map<uint64_t, PeerFaultState> peers_;    // GUARDED_BY(mu_)
+  std::map<uint64_t, uint64_t> transfer_peer_;  // inner transfer id -> peer id; GUARDED_BY(mu_)
+  std::set<uint64_t> vanished_transfers_;       // inner ids failed by a vanish; GUARDED_BY(mu_)
+  std::map<uint64_t, Status> injected_;         // injected handle id -> status; GUARDED_BY(mu_)
+  uint64_t next_injected_ = 1;                  // GUARDED_BY(mu_)
 };
 
 }  // namespace kvd::transport

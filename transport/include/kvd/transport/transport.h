@@ -154,8 +154,7 @@ class Transport {
   virtual Status WaitForEvents(std::chrono::milliseconds timeout) = 0;
 
   // ---- conveniences (non-virtual; build a TransferRequest and Post it) ----
-  StatusOr<TransferHandle> PostSend(PeerHandle peer, uint64_t tag, const void* data,
-                                    size_t length);
+  StatusOr<TransferHandle> PostSend(PeerHandle peer, uint64_t tag, const void* data, size_t length);
   StatusOr<TransferHandle> PostRecv(PeerHandle peer, uint64_t tag, void* data, size_t length);
   // Post + Wait + (Cancel + Wait on timeout) + Release: the blocking form, for tools and tests.
   Status SendBlocking(PeerHandle peer, uint64_t tag, const void* data, size_t length,

@@ -51,15 +51,15 @@ std::string_view MemoryTypeName(MemoryType type);
 
 // What a backend can do. Constant for the life of a Transport.
 struct Capabilities {
-  std::string backend;              // registry name, e.g. "ucx", "loopback"
-  bool host_memory = true;          // buffers may be host memory
-  bool cuda_memory = false;         // buffers may be CUDA device pointers (no staging needed)
-  bool tag_messages = true;         // kSend / kRecv
-  bool rma = false;                 // kRead / kWrite + ExportRegion / ImportRegion
-  bool cancel_recv = true;          // Cancel() can end an unmatched receive
+  std::string backend;                  // registry name, e.g. "ucx", "loopback"
+  bool host_memory = true;              // buffers may be host memory
+  bool cuda_memory = false;             // buffers may be CUDA device pointers (no staging needed)
+  bool tag_messages = true;             // kSend / kRecv
+  bool rma = false;                     // kRead / kWrite + ExportRegion / ImportRegion
+  bool cancel_recv = true;              // Cancel() can end an unmatched receive
   bool peer_failure_detection = false;  // a vanished peer fails its transfers with UNAVAILABLE
-  uint64_t max_message_bytes = 0;   // largest single transfer length
-  std::string transports;           // what actually carries bytes, e.g. "posix,sysv,tcp" (info)
+  uint64_t max_message_bytes = 0;       // largest single transfer length
+  std::string transports;               // what actually carries bytes, e.g. "posix,sysv,tcp" (info)
 };
 
 // The largest tag a caller may use (62 bits).
