@@ -195,7 +195,7 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
       hi.keys = keys[h].View();
       hi.values = values[h].View();
       hi.positions = input.positions;
-      if (have_queries) hi.queries = input.window_queries[layer * H + h];
+      if (have_queries) hi.queries = input.window_queries[static_cast<size_t>(layer) * H + h];
       hi.group_size = group;
       hi.window = window;
       hi.kept_pairs = layer_pairs[layer];
@@ -273,6 +273,7 @@ Status CalibrateFromChunk(const ModelLayout& layout, std::span<const uint8_t> ra
     KVD_ASSIGN_OR_RETURN(std::vector<Matrix> keys, GatherHeads(shape, k_bytes, exec));
     KVD_ASSIGN_OR_RETURN(std::vector<Matrix> values, GatherHeads(shape, v_bytes, exec));
     std::vector<MatrixView> views;
+    views.reserve(keys.size());
     for (Matrix& k : keys) views.push_back(k.View());
     KVD_RETURN_IF_ERROR(ApplyRope(rope, RopeDirection::kDerotate, positions, views, exec));
     for (int h = 0; h < layout.num_kv_heads; ++h) {

@@ -32,8 +32,9 @@ Status CheckView(ConstMatrixView m, int64_t rows, int64_t cols, const char* what
                                    ", " + std::to_string(cols) + "]");
   }
   if (m.ld < m.cols) return Status::InvalidArgument(std::string(what) + ": ld < cols");
-  if (m.rows > 0 && m.data == nullptr)
+  if (m.rows > 0 && m.data == nullptr) {
     return Status::InvalidArgument(std::string(what) + ": null data");
+  }
   return Status::Ok();
 }
 
