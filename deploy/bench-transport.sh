@@ -6,7 +6,7 @@
 #   deploy/bench-transport.sh [BUILD_DIR]      (default: build; binaries in BUILD_DIR/bin)
 #   KVD_BENCH_COUNT        chunks / messages per measurement (default 200)
 #   KVD_BENCH_TLS          UCX_TLS for both (default sm,tcp: shared memory carries the bytes)
-#   KVD_BENCH_DEPTH        kvd-bench --depth: chunks in flight per client (default 8)
+#   KVD_BENCH_DEPTH        kvd-bench --depth: chunks in flight per client (default 1)
 #   KVD_BENCH_ROUNDS       interleaved rounds of (ucx_perftest, kvd-bench); medians reported
 #                          (default 3); interleaving makes both see the same machine load
 #   KVD_BENCH_CONCURRENCY  kvd-bench --concurrency (default 1)
@@ -18,7 +18,7 @@ BUILD_DIR=${1:-${KVD_BUILD_DIR:-build}}
 BIN="$BUILD_DIR/bin"
 COUNT=${KVD_BENCH_COUNT:-200}
 TLS=${KVD_BENCH_TLS:-sm,tcp}
-DEPTH=${KVD_BENCH_DEPTH:-8}
+DEPTH=${KVD_BENCH_DEPTH:-1}
 ROUNDS=${KVD_BENCH_ROUNDS:-3}
 CONC=${KVD_BENCH_CONCURRENCY:-1}
 SIZE=2097152
