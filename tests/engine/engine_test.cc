@@ -233,6 +233,48 @@ TEST_F(EngineTest, MergingTwoIdenticalKeysWithLogCardinalityBiasIsExact) {
   }
 }
 
+TEST_F(EngineTest, DenseExpansionOfAMergedSlotEqualsTheBiasedCompactForm) {
+  // ALGORITHMS.md s1: a slot with l = 2 served as two identical dense entries (same key, mean
+  // value, repeated position) attends exactly like one compact slot with bias ln 2.
+  const std::vector<int32_t> p = Prompt(16);
+  LlamaSession own(*model_);
+  ASSERT_TRUE(own.Forward(p).ok());
+  auto dense = own.ExportDense();
+  ASSERT_TRUE(dense.ok());
+  const int nkv = cfg().num_kv_heads, d = cfg().head_dim, j = 5;
+  const size_t row = size_t(nkv) * d;
+  DenseKvCache expanded = *dense;
+  expanded.num_tokens += 1;
+  expanded.positions.insert(expanded.positions.begin() + j + 1, expanded.positions[j]);
+  for (auto& layer : expanded.layers) {
+    std::vector<float> k(layer.k.begin() + j * row, layer.k.begin() + (j + 1) * row);
+    std::vector<float> v(layer.v.begin() + j * row, layer.v.begin() + (j + 1) * row);
+    layer.k.insert(layer.k.begin() + (j + 1) * row, k.begin(), k.end());
+    layer.v.insert(layer.v.begin() + (j + 1) * row, v.begin(), v.end());
+  }
+  CompactKvCache merged = CompactFromDense(*dense, nkv, d);
+  for (auto& layer : merged.layers) {
+    for (auto& hk : layer) hk.bias[j] = std::log(2.0f);
+  }
+  LlamaSession a(*model_), b(*model_);
+  ASSERT_TRUE(a.LoadDense(expanded).ok());
+  ASSERT_TRUE(b.LoadCompact(merged).ok());
+  EXPECT_TRUE(a.is_dense());
+  EXPECT_EQ(a.position(), 16);
+  for (int32_t tok : {3, 200}) {
+    auto la = a.Forward(std::span<const int32_t>(&tok, 1));
+    auto lb = b.Forward(std::span<const int32_t>(&tok, 1));
+    ASSERT_TRUE(la.ok() && lb.ok());
+    EXPECT_LT(MaxAbsDiff(*la, *lb), 1e-4);
+  }
+  // Decreasing positions are still rejected.
+  DenseKvCache bad = *dense;
+  std::swap(bad.positions[2], bad.positions[3]);
+  Status st = a.LoadDense(bad);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("non-decreasing"), std::string::npos);
+}
+
 TEST_F(EngineTest, ContinuesAtOriginalPositionsAfterEviction) {
   // Drop the middle third of a dense cache: the next token must still sit at position N, which
   // a session re-prefilled with only the kept tokens (positions renumbered) would not reproduce.

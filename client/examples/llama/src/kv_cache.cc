@@ -16,11 +16,10 @@ Status DenseKvCache::Validate(int num_layers, int num_kv_heads, int head_dim) co
                                    " positions for " + std::to_string(num_tokens) + " tokens");
   }
   for (int i = 0; i < num_tokens; ++i) {
-    if (positions[i] < 0 || (i > 0 && positions[i] <= positions[i - 1])) {
+    if (positions[i] < 0 || (i > 0 && positions[i] < positions[i - 1])) {
       return Status::InvalidArgument(
-          "dense cache: positions must be >= 0 and strictly "
-          "increasing (entry " +
-          std::to_string(i) + ")");
+          "dense cache: positions must be >= 0 and non-decreasing (entry " + std::to_string(i) +
+          ")");
     }
   }
   if (num_tokens > 0 && next_position <= positions.back()) {

@@ -20,7 +20,10 @@ struct DenseLayerKv {
 
 struct DenseKvCache {
   int num_tokens = 0;                // N
-  std::vector<int32_t> positions;    // [N] original position of each entry (strictly increasing)
+  // [N] original position of each entry, non-decreasing: a dense expansion of merged slots
+  // (ALGORITHMS.md s1: slot j repeated l_j times) repeats the slot's representative position.
+  // Informational for attention (keys are already rotated); checked against next_position.
+  std::vector<int32_t> positions;
   int next_position = 0;             // position of the next token; >= positions.back() + 1
   std::vector<DenseLayerKv> layers;  // [num_layers]
 
