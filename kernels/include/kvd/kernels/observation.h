@@ -5,16 +5,18 @@
 // merged slots, ALGORITHMS.md 1):
 //   P[w, g, j] = softmax_j( Q[w*G+g] . K[j] * scale + b[j] )   over the keys visible to query w
 //   mass[j]    = sum_{w, g} P[w, g, j]          (mean = mass / (W*G); see MassMean)
-// scale defaults to 1/sqrt(d). Visibility (ObservationMask):
+// scale defaults to 1/sqrt(d). Visibility (MaskKind):
 //   kNone:         every query sees every key (queries of the NEXT chunk, AsymKV/KVSlimmer).
 //   kCausalWindow: the queries are the LAST W tokens of the N keys: query w is at token N-W+w
 //                  and sees keys 0..N-W+w (SnapKV one-shot). REQUIRES W <= N.
 //   kByPosition:   query w sees key j iff key_positions[j] <= query_positions[w] (slots whose
 //                  representative position is in the query's past). A query that sees no key
 //                  contributes nothing.
-// Memory: at most one query row x N scores per worker thread are materialised (never W x N for
-// more than one head). Softmax is computed in float32 with the max subtracted; mass is
-// accumulated in float64 per head, returned as float32.
+// Memory (CPU): one query head's [W, N] score matrix and one transposed copy of K per call (never
+// the [W*G, N] matrix of a whole group). The CUDA twin streams keys and keeps no [W, N] matrix.
+// Softmax is computed in float32 with the max subtracted; mass is accumulated in float64 per
+// head, returned as float32. The single-head form runs on the calling thread; the batched form
+// runs heads in parallel (ExecOptions::num_threads).
 #pragma once
 
 #include <cstdint>

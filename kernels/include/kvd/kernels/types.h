@@ -9,6 +9,10 @@
 //   specific Status; kernels behind the entry assume valid input.
 // - `ExecOptions` picks the backend. kCpu is always available; kCuda returns UNIMPLEMENTED in a
 //   build without CUDA and UNAVAILABLE when no device is present at run time.
+// - The kCuda twins of convert.h, rope.h, observation.h, keydiff.h and ApplyMerges take HOST
+//   views like kCpu and stage them through device memory; they synchronise `cuda_stream` before
+//   returning. CUDA errors become Status in one place (src/cuda/device.cu: INTERNAL, or
+//   RESOURCE_EXHAUSTED for out-of-memory).
 #pragma once
 
 #include <cstdint>
