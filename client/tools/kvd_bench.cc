@@ -1,12 +1,13 @@
 // kvd-bench: put/get/lookup throughput and latency against a running kvd.
 //
 //   kvd-bench --addr ADDR --model M (--chunk-bytes B | --tokens T) --count N --concurrency C
-//             --op put|get|both [--depth D] [--ucx-tls TLS] [--net-devices DEV] [--verify]
-//             [--json]
+//             --op put|get|both [--depth D] [--lookup-batch L] [--ucx-tls TLS]
+//             [--net-devices DEV] [--verify] [--json]
 //
 // C client threads (one Client, one connection, one transport each) share N chunks of random
 // bytes. Phases: put (Reserve -> send -> Commit), lookup (one single-chunk Lookup per chunk),
-// get (Lookup of D chunks, then D Gets in flight, checksum-verified by the library). Throughput
+// get (one Lookup per L chunks (default 64), then Gets of D chunks in flight per call,
+// checksum-verified by the library). Throughput
 // is bytes / wall time of the phase across all threads (GB/s = 1e9 bytes/s); latencies are per
 // call (per batch of D with --depth > 1). --op get still stores the chunks first (untimed
 // output). Exit 0 on success, 1 on a failed operation, 2 usage, 3 cannot connect.
@@ -69,13 +70,13 @@ kvd::Hash128 ChunkHash(uint64_t run, uint64_t index) {
 
 int main(int argc, char** argv) {
   std::set<std::string> valued = {"--model", "--chunk-bytes", "--tokens", "--count",
-                                  "--concurrency", "--op", "--depth"};
+                                  "--concurrency", "--op", "--depth", "--lookup-batch"};
   valued.insert(kvd::tools::kConnectionFlags.begin(), kvd::tools::kConnectionFlags.end());
   kvd::tools::Args args(argc, argv, {"--json", "--verify", "--help"}, valued);
   const char* usage =
       "usage: kvd-bench --addr ADDR --model M (--chunk-bytes B | --tokens T) --count N\n"
-      "                 --concurrency C --op put|get|both [--depth D] [--ucx-tls TLS]\n"
-      "                 [--net-devices DEV] [--verify] [--json]\n";
+      "                 --concurrency C --op put|get|both [--depth D] [--lookup-batch L]\n"
+      "                 [--ucx-tls TLS] [--net-devices DEV] [--verify] [--json]\n";
   if (args.Has("--help")) {
     std::cout << usage;
     return 0;
@@ -87,6 +88,7 @@ int main(int argc, char** argv) {
   const int64_t count = args.GetInt("--count", 100);
   const int64_t concurrency = args.GetInt("--concurrency", 1);
   const int64_t depth = args.GetInt("--depth", 1);
+  const int64_t lookup_batch = args.GetInt("--lookup-batch", 64);
   int64_t tokens = args.GetInt("--tokens", 0);
   const int64_t chunk_bytes_arg = args.GetInt("--chunk-bytes", 0);
   const bool json = args.Has("--json"), verify = args.Has("--verify");
@@ -97,8 +99,8 @@ int main(int argc, char** argv) {
   if (!args.ok()) return usage_error(args.error());
   if (model.empty()) return usage_error("--model is required");
   if (op != "put" && op != "get" && op != "both") return usage_error("--op must be put, get or both");
-  if (count <= 0 || concurrency <= 0 || depth <= 0) {
-    return usage_error("--count, --concurrency and --depth must be > 0");
+  if (count <= 0 || concurrency <= 0 || depth <= 0 || lookup_batch <= 0) {
+    return usage_error("--count, --concurrency, --depth and --lookup-batch must be > 0");
   }
   if ((tokens > 0) == (chunk_bytes_arg > 0)) {
     return usage_error("give exactly one of --chunk-bytes and --tokens");
@@ -222,36 +224,44 @@ int main(int argc, char** argv) {
   if (op != "put" && first_error.ok()) {
     phases.push_back(run_phase("get", [&](int t, std::vector<double>& lat, uint64_t& ops,
                                           uint64_t& bytes) -> Status {
+      // As an engine reads a prompt: one Lookup (one lease) for a run of up to `lookup_batch`
+      // chunks, then Gets of `depth` chunks per call, then one ReleaseLease. The latency is
+      // per Get call; the throughput counts the whole phase (lookups and releases included).
       auto idx = indices(t);
       std::vector<std::vector<uint8_t>> bufs(depth, std::vector<uint8_t>(chunk_bytes));
       std::vector<uint8_t> expect(verify ? chunk_bytes : 0);
-      for (size_t i = 0; i < idx.size(); i += depth) {
-        size_t n = std::min<size_t>(depth, idx.size() - i);
-        std::vector<kvd::Hash128> chain(n);
-        for (size_t j = 0; j < n; ++j) chain[j] = ChunkHash(run, idx[i + j]);
-        auto t0 = Clock::now();
+      for (size_t b = 0; b < idx.size(); b += lookup_batch) {
+        size_t nb = std::min<size_t>(lookup_batch, idx.size() - b);
+        std::vector<kvd::Hash128> chain(nb);
+        for (size_t j = 0; j < nb; ++j) chain[j] = ChunkHash(run, idx[b + j]);
         auto l = clients[t]->Lookup(chain);
         if (!l.ok()) return l.status();
-        if (l->matched_chunks != n) {
+        if (l->matched_chunks != nb) {
           return Status::NotFound("only " + std::to_string(l->matched_chunks) + " of " +
-                                  std::to_string(n) + " chunks found at get");
+                                  std::to_string(nb) + " chunks found at get");
         }
-        std::vector<kvd::client::GetItem> items(n);
-        for (size_t j = 0; j < n; ++j) items[j] = {static_cast<uint32_t>(j), bufs[j].data(), chunk_bytes};
-        auto r = clients[t]->GetChunks(l->lease_id, items);
-        lat.push_back(us_since(t0));
-        if (!r.ok()) return r.status();
-        KVD_RETURN_IF_ERROR(clients[t]->ReleaseLease(l->lease_id));
-        if (verify) {
+        for (size_t i = 0; i < nb; i += depth) {
+          size_t n = std::min<size_t>(depth, nb - i);
+          std::vector<kvd::client::GetItem> items(n);
           for (size_t j = 0; j < n; ++j) {
-            FillChunk(expect.data(), chunk_bytes, run, idx[i + j]);
-            if (std::memcmp(expect.data(), bufs[j].data(), chunk_bytes) != 0) {
-              return Status::DataLoss("chunk " + std::to_string(idx[i + j]) + " differs");
+            items[j] = {static_cast<uint32_t>(i + j), bufs[j].data(), chunk_bytes};
+          }
+          auto t0 = Clock::now();
+          auto r = clients[t]->GetChunks(l->lease_id, items);
+          lat.push_back(us_since(t0));
+          if (!r.ok()) return r.status();
+          if (verify) {
+            for (size_t j = 0; j < n; ++j) {
+              FillChunk(expect.data(), chunk_bytes, run, idx[b + i + j]);
+              if (std::memcmp(expect.data(), bufs[j].data(), chunk_bytes) != 0) {
+                return Status::DataLoss("chunk " + std::to_string(idx[b + i + j]) + " differs");
+              }
             }
           }
+          ops += n;
+          bytes += n * chunk_bytes;
         }
-        ops += n;
-        bytes += n * chunk_bytes;
+        KVD_RETURN_IF_ERROR(clients[t]->ReleaseLease(l->lease_id));
       }
       return Status::Ok();
     }));
