@@ -177,6 +177,8 @@ Status DaemonConfig::Validate() const {
   if (host_tier.capacity_bytes == 0) {
     return Status::InvalidArgument("tiers.host.capacity: must be > 0");
   }
+  if (disk_tier) KVD_RETURN_IF_ERROR(disk_tier->Validate().WithContext("tiers.disk"));
+  KVD_RETURN_IF_ERROR(placement.Validate().WithContext("tiers.placement"));
   KVD_RETURN_IF_ERROR(limits.Validate());
   return Status::Ok();
 }

@@ -234,7 +234,31 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     KVD_RETURN_IF_ERROR(BindModels(n, &c->models));
   }
   if (YAML::Node n = root["tiers"]; n.IsDefined()) {
-    KVD_RETURN_IF_ERROR(CheckMap(n, "tiers", {"host"}));
+    KVD_RETURN_IF_ERROR(CheckMap(n, "tiers", {"host", "disk", "placement"}));
+    if (YAML::Node d = n["disk"]; d.IsDefined() && !d.IsNull()) {
+      KVD_RETURN_IF_ERROR(CheckMap(d, "tiers.disk",
+                                   {"path", "capacity", "use_wal", "sync_writes",
+                                    "verify_checksums", "block_cache"}));
+      storage::DiskTierOptions disk;
+      KVD_RETURN_IF_ERROR(GetString(d, "tiers.disk", "path", &disk.path));
+      if (disk.path.empty()) return Status::InvalidArgument("tiers.disk.path: required");
+      KVD_RETURN_IF_ERROR(GetBytes(d, "tiers.disk", "capacity", &disk.capacity_bytes));
+      KVD_RETURN_IF_ERROR(GetBool(d, "tiers.disk", "use_wal", &disk.use_wal));
+      KVD_RETURN_IF_ERROR(GetBool(d, "tiers.disk", "sync_writes", &disk.sync_writes));
+      KVD_RETURN_IF_ERROR(GetBool(d, "tiers.disk", "verify_checksums", &disk.verify_checksums));
+      KVD_RETURN_IF_ERROR(GetBytes(d, "tiers.disk", "block_cache", &disk.block_cache_bytes));
+      c->disk_tier = std::move(disk);
+    }
+    if (YAML::Node p = n["placement"]; p.IsDefined()) {
+      KVD_RETURN_IF_ERROR(CheckMap(p, "tiers.placement",
+                                   {"high_watermark", "low_watermark", "promote_on_hit"}));
+      KVD_RETURN_IF_ERROR(
+          GetDouble(p, "tiers.placement", "high_watermark", &c->placement.high_watermark));
+      KVD_RETURN_IF_ERROR(
+          GetDouble(p, "tiers.placement", "low_watermark", &c->placement.low_watermark));
+      KVD_RETURN_IF_ERROR(
+          GetBool(p, "tiers.placement", "promote_on_hit", &c->placement.promote_on_hit));
+    }
     if (YAML::Node h = n["host"]; h.IsDefined()) {
       KVD_RETURN_IF_ERROR(
           CheckMap(h, "tiers.host", {"capacity", "alignment", "read_ttl_ms", "prefault"}));

@@ -44,6 +44,8 @@ Server::Impl::~Impl() {
   StopPrefault();
   if (progress_) progress_->Stop();
   pool_.join();
+  manager_.reset();
+  disk_.reset();
   tier_.reset();
   if (transport_ && arena_.handle.valid()) {
     transport_->DeregisterMemory(arena_.handle).IgnoreError();
@@ -86,6 +88,17 @@ Status Server::Impl::Init() {
       clock_);
   if (!tier.ok()) return tier.status().WithContext("host tier");
   tier_ = std::move(*tier);
+  if (config_.disk_tier) {
+    auto disk = storage::DiskTier::Open(*config_.disk_tier, clock_);
+    if (!disk.ok()) return disk.status().WithContext("disk tier at " + config_.disk_tier->path);
+    disk_ = std::move(*disk);
+    KVD_LOG(INFO) << "disk tier open" << Kv("path", config_.disk_tier->path)
+                  << Kv("restored_chunks", disk_->restored_chunks())
+                  << Kv("capacity", FormatByteSize(config_.disk_tier->capacity_bytes));
+  }
+  auto manager = storage::TierManager::Create(config_.placement, tier_.get(), disk_.get());
+  if (!manager.ok()) return manager.status().WithContext("tiers.placement");
+  manager_ = std::move(*manager);
   progress_ = std::make_unique<ProgressLoop>(transport_.get());
   return Status::Ok();
 }
@@ -299,6 +312,7 @@ asio::awaitable<void> Server::Impl::ExpiryLoop() {
     if (ec || shutting_down_) break;
     const int64_t now = clock_->NowNanos();
     for (auto& [id, session] : sessions_) session->ExpireReservations(now);
+    MaybeDemote();
     storage::ReclaimResult leases = tier_->ExpireLeases();
     uint64_t backstop = tier_->ExpireReservations();
     if (backstop > 0) {
@@ -310,6 +324,29 @@ asio::awaitable<void> Server::Impl::ExpiryLoop() {
                      << Kv("reads", leases.reads);
     }
   }
+}
+
+void Server::Impl::MaybeDemote() {
+  if (!disk_ || demoting_ || shutting_down_) return;
+  if (tier_->Occupancy() <= config_.placement.high_watermark) return;
+  demoting_ = true;
+  storage::TierManager* manager = manager_.get();
+  asio::co_spawn(
+      io_,
+      [this, manager]() -> asio::awaitable<void> {
+        auto result = co_await OffloadTo<StatusOr<storage::DemoteResult>>(
+            pool_, io_, [manager] { return manager->MaybeDemote(); });
+        demoting_ = false;
+        if (!result.ok()) {
+          KVD_LOG(WARNING) << "demotion to disk failed" << Kv("status", result.status());
+        } else if (result->demoted > 0) {
+          KVD_LOG(DEBUG) << "demoted to disk" << Kv("chunks", result->demoted)
+                         << Kv("bytes", result->bytes)
+                         << Kv("occupancy_before", result->occupancy_before)
+                         << Kv("occupancy_after", result->occupancy_after);
+        }
+      },
+      asio::detached);
 }
 
 int64_t Server::Impl::UptimeMs() const { return (clock_->NowNanos() - start_ns_) / 1000000; }
@@ -358,6 +395,7 @@ std::string Server::tcp_address() const { return impl_->tcp_address_; }
 std::string Server::unix_path() const { return impl_->unix_path_; }
 size_t Server::session_count() const { return impl_->session_count(); }
 storage::HostTier* Server::host_tier() { return impl_->tier(); }
+storage::DiskTier* Server::disk_tier() { return impl_->disk(); }
 transport::Transport* Server::transport() { return impl_->transport(); }
 const DaemonConfig& Server::config() const { return impl_->config(); }
 

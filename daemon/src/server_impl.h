@@ -16,6 +16,8 @@
 
 #include "asio_util.h"
 #include "kvd/daemon/server.h"
+#include "kvd/storage/disk_tier.h"
+#include "kvd/storage/tier_manager.h"
 #include "progress_loop.h"
 
 namespace kvd::daemon {
@@ -55,6 +57,12 @@ class Server::Impl {
   asio::io_context& io() { return io_; }
   asio::thread_pool& pool() { return pool_; }
   storage::HostTier* tier() { return tier_.get(); }
+  // Host + optional disk: lookups (with promotion), list, evict, stats go through it.
+  storage::TierManager* tiers() { return manager_.get(); }
+  storage::DiskTier* disk() { return disk_.get(); }
+  // Starts a demotion pass on the pool if a disk tier exists, none is running and the host tier
+  // is above placement.high_watermark.
+  void MaybeDemote();
   transport::Transport* transport() { return transport_.get(); }
   ProgressLoop& progress() { return *progress_; }
   Clock* clock() { return clock_; }
@@ -100,6 +108,9 @@ class Server::Impl {
   std::thread prefault_thread_;
   std::atomic<bool> stop_prefault_{false};
   std::unique_ptr<storage::HostTier> tier_;
+  std::unique_ptr<storage::DiskTier> disk_;
+  std::unique_ptr<storage::TierManager> manager_;
+  bool demoting_ = false;
   std::unique_ptr<ProgressLoop> progress_;
   std::optional<asio::ip::tcp::acceptor> tcp_acceptor_;
   std::optional<asio::local::stream_protocol::acceptor> unix_acceptor_;

@@ -83,6 +83,11 @@ class Session : public std::enable_shared_from_this<Session> {
   Status Dispatch(uint64_t seq, proto::Request::Reader request);
   void HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello);
   void HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader lookup);
+  void CompleteLookup(uint64_t seq, uint64_t rid, const StatusOr<storage::LookupResult>& result,
+                      int64_t ttl);
+  asio::awaitable<void> FinishLookup(uint64_t seq, uint64_t rid,
+                                     std::shared_ptr<const storage::LookupRequest> request,
+                                     int64_t ttl);
   void HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader reserve);
   void HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader commit);
   void HandleAbort(uint64_t seq, uint64_t rid, proto::Abort::Reader abort);

@@ -2,6 +2,7 @@
 #include "kvd/common/logging.h"
 #include "kvd/proto/convert.h"
 #include "kvd/storage/host_tier.h"
+#include "kvd/storage/tier_manager.h"
 #include "responses.h"
 #include "session.h"
 
@@ -24,7 +25,20 @@ void FillGroups(const std::map<std::string, storage::UsageStats>& groups,
 
 void Session::HandleStats(uint64_t seq, uint64_t rid) {
   const DaemonConfig& config = server_->config();
-  storage::TierStats host = server_->tier()->GetStats();
+  std::vector<storage::TierStats> tiers = server_->tiers()->GetStats();
+  const storage::TierStats& host = tiers.front();
+  // Occupancy per model and namespace over every tier.
+  std::map<std::string, storage::UsageStats> per_model, per_namespace;
+  for (const auto& t : tiers) {
+    for (const auto& [name, u] : t.per_model) {
+      per_model[name].chunks += u.chunks;
+      per_model[name].bytes += u.bytes;
+    }
+    for (const auto& [name, u] : t.per_namespace) {
+      per_namespace[name].chunks += u.chunks;
+      per_namespace[name].bytes += u.bytes;
+    }
+  }
   const DaemonCounters& c = server_->counters();
   const std::vector<std::pair<const char*, uint64_t>> counters = {
       {"sessions_accepted", c.sessions_accepted},
@@ -53,25 +67,30 @@ void Session::HandleStats(uint64_t seq, uint64_t rid) {
       {"host_reads_open", host.reads_open},
       {"host_leases_expired", host.leases_expired},
       {"host_arena_allocated_bytes", host.arena_allocated_bytes},
+      {"promotions", server_->tiers()->promotions()},
+      {"demotions", server_->tiers()->demotions()},
   };
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initStats();
              reply.setNodeName(config.node_name);
              reply.setUptimeMs(static_cast<uint64_t>(server_->UptimeMs()));
              reply.setSessions(static_cast<uint32_t>(server_->session_count()));
-             auto tiers = reply.initTiers(1);
-             auto t = tiers[0];
-             t.setName("host");
-             t.setCapacityBytes(host.capacity_bytes);
-             t.setUsedBytes(host.used_bytes);
-             t.setReservedBytes(host.reserved_bytes);
-             t.setPinnedBytes(host.pinned_bytes);
-             t.setChunks(host.chunk_count);
-             t.setEvictions(host.evictions);
-             t.setHits(host.hits);
-             t.setMisses(host.misses);
-             FillGroups(host.per_model, reply.initModels(host.per_model.size()));
-             FillGroups(host.per_namespace, reply.initNamespaces(host.per_namespace.size()));
+             auto out_tiers = reply.initTiers(static_cast<unsigned>(tiers.size()));
+             for (unsigned i = 0; i < tiers.size(); ++i) {
+               const storage::TierStats& ts = tiers[i];
+               auto t = out_tiers[i];
+               t.setName(std::string(storage::TierKindName(ts.kind)));
+               t.setCapacityBytes(ts.capacity_bytes);
+               t.setUsedBytes(ts.used_bytes);
+               t.setReservedBytes(ts.reserved_bytes);
+               t.setPinnedBytes(ts.pinned_bytes);
+               t.setChunks(ts.chunk_count);
+               t.setEvictions(ts.evictions);
+               t.setHits(ts.hits);
+               t.setMisses(ts.misses);
+             }
+             FillGroups(per_model, reply.initModels(per_model.size()));
+             FillGroups(per_namespace, reply.initNamespaces(per_namespace.size()));
              auto models = reply.initRegisteredModels(config.models.size());
              for (unsigned i = 0; i < config.models.size(); ++i) {
                models[i].setName(config.models[i].name);
@@ -93,7 +112,7 @@ void Session::HandleList(uint64_t seq, uint64_t rid, proto::ListRequest::Reader 
   storage::ChunkFilter filter;
   if (!name_space.empty()) filter.name_space = name_space;
   if (!model.empty()) filter.model = model;
-  std::vector<storage::ChunkMeta> chunks = server_->tier()->List(filter, 0);
+  std::vector<storage::ChunkMeta> chunks = server_->tiers()->List(filter, 0);
   const int64_t now = server_->clock()->NowNanos();
   const size_t shown = limit == 0 ? chunks.size() : std::min<size_t>(limit, chunks.size());
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
@@ -118,7 +137,7 @@ void Session::HandleList(uint64_t seq, uint64_t rid, proto::ListRequest::Reader 
 }
 
 void Session::HandleEvict(uint64_t seq, uint64_t rid, proto::EvictRequest::Reader evict) {
-  storage::HostTier* tier = server_->tier();
+  storage::TierManager* tier = server_->tiers();
   storage::EvictResult total;
   std::string what;
   switch (evict.which()) {
@@ -168,20 +187,24 @@ void Session::HandleEvict(uint64_t seq, uint64_t rid, proto::EvictRequest::Reade
 }
 
 void Session::HandleHealth(uint64_t seq, uint64_t rid) {
-  storage::TierStats host = server_->tier()->GetStats();
-  const bool host_ok = host.capacity_bytes > 0;
+  std::vector<storage::TierStats> tiers = server_->tiers()->GetStats();
+  bool all_ok = true;
+  for (const auto& t : tiers) all_ok = all_ok && t.capacity_bytes > 0;
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initHealth();
-             reply.setOk(host_ok);
-             reply.setStatus(host_ok ? "serving" : "host tier unavailable");
+             reply.setOk(all_ok);
+             reply.setStatus(all_ok ? "serving" : "a tier has no capacity");
              reply.setUptimeMs(static_cast<uint64_t>(server_->UptimeMs()));
              reply.setTransport(server_->transport_description());
-             auto tiers = reply.initTiers(1);
-             tiers[0].setName("host");
-             tiers[0].setOk(host_ok);
-             tiers[0].setDetail(std::to_string(host.chunk_count) + " chunks, " +
-                                std::to_string(host.used_bytes) + "/" +
-                                std::to_string(host.capacity_bytes) + " bytes used");
+             auto out = reply.initTiers(static_cast<unsigned>(tiers.size()));
+             for (unsigned i = 0; i < tiers.size(); ++i) {
+               const auto& t = tiers[i];
+               out[i].setName(std::string(storage::TierKindName(t.kind)));
+               out[i].setOk(t.capacity_bytes > 0);
+               out[i].setDetail(std::to_string(t.chunk_count) + " chunks, " +
+                                std::to_string(t.used_bytes) + "/" +
+                                std::to_string(t.capacity_bytes) + " bytes used");
+             }
            }));
 }
 

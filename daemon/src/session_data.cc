@@ -215,7 +215,32 @@ void Session::HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader loo
   request.codec_id = storage::kRawCodecId;
   request.owner = id_;
   request.lease_ttl = std::chrono::milliseconds(ttl);
-  auto result = server_->tier()->Lookup(request);
+  storage::TierManager* tiers = server_->tiers();
+  if (server_->disk() == nullptr) {
+    // Host only: an in-memory index walk, answered inline.
+    CompleteLookup(seq, rid, tiers->Lookup(request), ttl);
+    return;
+  }
+  // A lookup may promote chunks from disk (RocksDB reads): off the io_context thread.
+  SpawnHandler(FinishLookup(seq, rid, std::make_shared<storage::LookupRequest>(std::move(request)),
+                            ttl));
+}
+
+asio::awaitable<void> Session::FinishLookup(uint64_t seq, uint64_t rid,
+                                            std::shared_ptr<const storage::LookupRequest> request,
+                                            int64_t ttl) {
+  auto self = shared_from_this();
+  storage::TierManager* tiers = server_->tiers();
+  // Only trivially destructible captures in a co_await expression: GCC 12 may destroy a
+  // temporary of such an expression twice.
+  const storage::LookupRequest* req = request.get();
+  auto result = co_await OffloadTo<StatusOr<storage::LookupResult>>(
+      server_->pool(), server_->io(), [tiers, req] { return tiers->Lookup(*req); });
+  CompleteLookup(seq, rid, result, ttl);
+}
+
+void Session::CompleteLookup(uint64_t seq, uint64_t rid,
+                             const StatusOr<storage::LookupResult>& result, int64_t ttl) {
   if (!result.ok()) return CompleteError(seq, rid, result.status());
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initLookup();
@@ -373,6 +398,7 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
     Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
                r.initCommit().setBytes(put.bytes);
              }));
+    server_->MaybeDemote();
     co_return;
   }
   server_->RetireReservation(reservation, Status::Aborted("reservation " +

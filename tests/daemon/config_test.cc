@@ -38,6 +38,10 @@ void ExpectSameConfig(const DaemonConfig& a, const DaemonConfig& b) {
   EXPECT_EQ(a.host_tier.read_ttl, b.host_tier.read_ttl);
   EXPECT_EQ(a.host_prefault, b.host_prefault);
   EXPECT_EQ(a.limits, b.limits);
+  EXPECT_EQ(a.disk_tier.has_value(), b.disk_tier.has_value());
+  EXPECT_EQ(a.placement.high_watermark, b.placement.high_watermark);
+  EXPECT_EQ(a.placement.low_watermark, b.placement.low_watermark);
+  EXPECT_EQ(a.placement.promote_on_hit, b.placement.promote_on_hit);
 }
 
 TEST(ConfigTest, EmbeddedDefaultEqualsDeployFileAndStructDefaults) {
@@ -163,6 +167,31 @@ TEST(ConfigTest, InvalidValuesNameKeyAndValue) {
     for (const char* f : c.fragments) {
       EXPECT_THAT(parsed.status().message(), HasSubstr(f)) << c.yaml;
     }
+  }
+}
+
+TEST(ConfigTest, DiskTierAndPlacement) {
+  EXPECT_FALSE(DaemonConfig{}.disk_tier.has_value());
+  auto c = ParseConfigYaml(
+      "tiers: {disk: {path: /tmp/x, capacity: 2GiB, use_wal: false}, placement: "
+      "{high_watermark: 0.8, low_watermark: 0.5}}");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->disk_tier.has_value());
+  EXPECT_EQ(c->disk_tier->path, "/tmp/x");
+  EXPECT_EQ(c->disk_tier->capacity_bytes, 2ull << 30);
+  EXPECT_FALSE(c->disk_tier->use_wal);
+  EXPECT_EQ(c->placement.high_watermark, 0.8);
+  EXPECT_EQ(c->placement.low_watermark, 0.5);
+  auto no_path = ParseConfigYaml("tiers: {disk: {capacity: 1GiB}}");
+  EXPECT_EQ(no_path.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_path.status().message(), HasSubstr("tiers.disk.path"));
+  auto bad = ParseConfigYaml("tiers: {placement: {high_watermark: 0.5, low_watermark: 0.7}}");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("tiers.placement"));
+  // The example topologies in deploy/configs parse.
+  for (const char* name : {"disk.yaml", "two-node.yaml"}) {
+    auto example = LoadConfigFile(std::string(KVD_SOURCE_DIR) + "/deploy/configs/" + name);
+    EXPECT_TRUE(example.ok()) << name << ": " << example.status();
   }
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -103,6 +104,13 @@ struct DaemonConfig {
   // meanwhile), so that puts do not pay page faults on first use. The memory is resident from
   // then on. Default true.
   bool host_prefault = true;
+  // The RocksDB disk tier (tiers.disk). Absent (default): host memory only. When present,
+  // `path` is required; least-recently-used host chunks are demoted to it above
+  // placement.high_watermark, and lookups promote disk-only chunks back (chunks survive a
+  // restart of kvd).
+  std::optional<storage::DiskTierOptions> disk_tier;
+  // Demotion / promotion between the tiers (tiers.placement). Used only with a disk tier.
+  storage::TierManagerOptions placement;
   LimitsOptions limits;
 
   // Validates every component; INVALID_ARGUMENT naming the key (e.g. "models[1].layout: ...").

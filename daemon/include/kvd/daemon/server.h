@@ -22,6 +22,7 @@
 #include "kvd/common/clock.h"
 #include "kvd/common/status.h"
 #include "kvd/daemon/config.h"
+#include "kvd/storage/disk_tier.h"
 #include "kvd/storage/host_tier.h"
 #include "kvd/transport/transport.h"
 
@@ -73,6 +74,8 @@ class Server {
   size_t session_count() const;
 
   storage::HostTier* host_tier();
+  // nullptr without tiers.disk.
+  storage::DiskTier* disk_tier();
   transport::Transport* transport();
   const DaemonConfig& config() const;
 
