@@ -9,7 +9,9 @@
 
 #include "parallel.h"
 
-extern "C" void openblas_set_num_threads(int num_threads);
+// OpenBLAS's thread control; weak so that another CBLAS still links (then BLAS threads are its
+// own).
+extern "C" void openblas_set_num_threads(int num_threads) __attribute__((weak));
 
 namespace kvd::llama {
 namespace {
@@ -58,7 +60,7 @@ LlamaSession::LlamaSession(const LlamaModel& model, SessionOptions options)
   threads_ = options_.threads > 0
                  ? options_.threads
                  : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  openblas_set_num_threads(threads_);
+  if (openblas_set_num_threads != nullptr) openblas_set_num_threads(threads_);
   const int rot = cfg_.rope.rotary_dim > 0 ? cfg_.rope.rotary_dim : cfg_.head_dim;
   inv_freq_.resize(rot / 2);
   const auto& ff = model.rope_freq_factors();
@@ -267,6 +269,7 @@ StatusOr<DenseKvCache> LlamaSession::ExportDense() const {
 }
 
 std::vector<float> LlamaSession::LayerKeys(int layer) const {
+  if (!dense_) return {};
   const int d = cfg_.head_dim, nkv = cfg_.num_kv_heads;
   const int N = num_slots(layer, 0);
   std::vector<float> out(static_cast<size_t>(N) * nkv * d);
@@ -281,6 +284,7 @@ std::vector<float> LlamaSession::LayerKeys(int layer) const {
 }
 
 std::vector<float> LlamaSession::LayerValues(int layer) const {
+  if (!dense_) return {};
   const int d = cfg_.head_dim, nkv = cfg_.num_kv_heads;
   const int N = num_slots(layer, 0);
   std::vector<float> out(static_cast<size_t>(N) * nkv * d);

@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   kvd::llama::LlamaSession session(model, {.threads = threads});
-  auto r = kvd::llama::GenerateGreedy(session, ids, n, chat ? tok->eos() : -1);
+  auto r = kvd::llama::GenerateGreedy(session, ids, n, chat && tok != nullptr ? tok->eos() : -1);
   if (!r.ok()) return Fail(r.status().ToString());
   std::cout << "prompt_ids:";
   for (int32_t id : ids) std::cout << " " << id;

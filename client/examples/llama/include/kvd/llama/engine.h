@@ -59,7 +59,7 @@ class LlamaSession {
   // Exports the cache in the dense layout (K[N, n_kv, d], V[N, n_kv, d] per layer).
   // FAILED_PRECONDITION when the session holds a compact cache.
   StatusOr<DenseKvCache> ExportDense() const;
-  // Layer `layer`'s keys or values as [N, n_kv, d] (REQUIRES: is_dense()).
+  // Layer `layer`'s keys or values as [N, n_kv, d]; empty when !is_dense().
   std::vector<float> LayerKeys(int layer) const;
   std::vector<float> LayerValues(int layer) const;
   // Original positions of the dense entries [N].
