@@ -2,8 +2,10 @@
 // and a one-thread event. Private to daemon/.
 #pragma once
 
-// Boost 1.74's asio/awaitable.hpp lacks #include <utility> under GCC 12.
+// Boost 1.74's asio/awaitable.hpp lacks #include <utility> under GCC 12: it must come first.
+// clang-format off
 #include <utility>
+// clang-format on
 
 #include <boost/asio.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -49,9 +51,8 @@ asio::awaitable<T> AwaitCallback(asio::io_context& io, Start start) {
 template <typename T, typename Fn>
 asio::awaitable<T> OffloadTo(asio::thread_pool& pool, asio::io_context& io, Fn fn) {
   return AwaitCallback<T>(io, [&pool, fn = std::move(fn)](std::function<void(T)> complete) mutable {
-    asio::post(pool, [fn = std::move(fn), complete = std::move(complete)]() mutable {
-      complete(fn());
-    });
+    asio::post(pool,
+               [fn = std::move(fn), complete = std::move(complete)]() mutable { complete(fn()); });
   });
 }
 

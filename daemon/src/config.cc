@@ -1,4 +1,6 @@
 // Defaults and validation of the daemon config (YAML binding in config_yaml.cc).
+#include "kvd/daemon/config.h"
+
 #include <pwd.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -10,7 +12,6 @@
 #include <set>
 #include <string>
 
-#include "kvd/daemon/config.h"
 #include "listen_address.h"
 
 namespace kvd::daemon {
@@ -168,9 +169,9 @@ Status DaemonConfig::Validate() const {
     }
     uint64_t chunk = m.layout.ChunkBytes(chunk_tokens);
     if (chunk > limits.max_chunk_bytes) {
-      return Status::InvalidArgument(key + " (" + m.name + "): a full chunk is " +
-                                     std::to_string(chunk) + " bytes, over limits.max_chunk_bytes " +
-                                     std::to_string(limits.max_chunk_bytes));
+      return Status::InvalidArgument(
+          key + " (" + m.name + "): a full chunk is " + std::to_string(chunk) +
+          " bytes, over limits.max_chunk_bytes " + std::to_string(limits.max_chunk_bytes));
     }
   }
   KVD_RETURN_IF_ERROR(host_tier.Validate().WithContext("tiers.host"));

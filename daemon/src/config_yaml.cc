@@ -112,7 +112,8 @@ Status GetBytes(const YAML::Node& map, const std::string& path, const char* key,
   KVD_ASSIGN_OR_RETURN(bool present, Scalar(map, path, key, &text));
   if (!present) return Status::Ok();
   auto bytes = ParseByteSize(text);
-  if (!bytes.ok()) return Status::InvalidArgument(Join(path, key) + ": " + bytes.status().message());
+  if (!bytes.ok())
+    return Status::InvalidArgument(Join(path, key) + ": " + bytes.status().message());
   if (*bytes > static_cast<uint64_t>(std::numeric_limits<Int>::max())) {
     return Bad(Join(path, key), text, "is too large");
   }
@@ -152,8 +153,8 @@ Status BindRope(const YAML::Node& node, const std::string& path, RopeConfig* rop
   KVD_RETURN_IF_ERROR(GetDouble(node, path, "factor", &rope->factor));
   KVD_RETURN_IF_ERROR(GetDouble(node, path, "low_freq_factor", &rope->low_freq_factor));
   KVD_RETURN_IF_ERROR(GetDouble(node, path, "high_freq_factor", &rope->high_freq_factor));
-  KVD_RETURN_IF_ERROR(GetInt(node, path, "original_max_positions", &rope->original_max_positions,
-                             1, 1 << 30));
+  KVD_RETURN_IF_ERROR(
+      GetInt(node, path, "original_max_positions", &rope->original_max_positions, 1, 1 << 30));
   return Status::Ok();
 }
 
@@ -203,8 +204,8 @@ Status BindModels(const YAML::Node& node, std::vector<ModelConfig>* models) {
 Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   if (root.IsNull() || !root.IsDefined()) return Status::Ok();  // an empty file: all defaults
   KVD_RETURN_IF_ERROR(CheckMap(
-      root, "", {"node", "listen", "transport", "chunk_tokens", "hash_seed", "models", "tiers",
-                 "limits"}));
+      root, "",
+      {"node", "listen", "transport", "chunk_tokens", "hash_seed", "models", "tiers", "limits"}));
   KVD_RETURN_IF_ERROR(GetString(root, "", "node", &c->node_name));
   if (YAML::Node n = root["listen"]; n.IsDefined()) {
     KVD_RETURN_IF_ERROR(CheckMap(n, "listen", {"tcp", "unix"}));
@@ -212,16 +213,16 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     KVD_RETURN_IF_ERROR(GetString(n, "listen", "unix", &c->listen.unix_path));
   }
   if (YAML::Node n = root["transport"]; n.IsDefined()) {
-    KVD_RETURN_IF_ERROR(CheckMap(n, "transport",
-                                 {"backend", "ucx_tls", "net_devices", "keepalive_interval_ms",
-                                  "enable_rma", "enable_wakeup", "loopback_domain",
-                                  "close_timeout_ms"}));
+    KVD_RETURN_IF_ERROR(
+        CheckMap(n, "transport",
+                 {"backend", "ucx_tls", "net_devices", "keepalive_interval_ms", "enable_rma",
+                  "enable_wakeup", "loopback_domain", "close_timeout_ms"}));
     auto& t = c->transport;
     KVD_RETURN_IF_ERROR(GetString(n, "transport", "backend", &t.backend));
     KVD_RETURN_IF_ERROR(GetString(n, "transport", "ucx_tls", &t.ucx_tls));
     KVD_RETURN_IF_ERROR(GetString(n, "transport", "net_devices", &t.net_devices));
-    KVD_RETURN_IF_ERROR(GetInt(n, "transport", "keepalive_interval_ms", &t.keepalive_interval_ms,
-                               0, 3600000));
+    KVD_RETURN_IF_ERROR(
+        GetInt(n, "transport", "keepalive_interval_ms", &t.keepalive_interval_ms, 0, 3600000));
     KVD_RETURN_IF_ERROR(GetBool(n, "transport", "enable_rma", &t.enable_rma));
     KVD_RETURN_IF_ERROR(GetBool(n, "transport", "enable_wakeup", &t.enable_wakeup));
     KVD_RETURN_IF_ERROR(GetString(n, "transport", "loopback_domain", &t.loopback_domain));
@@ -236,9 +237,9 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   if (YAML::Node n = root["tiers"]; n.IsDefined()) {
     KVD_RETURN_IF_ERROR(CheckMap(n, "tiers", {"host", "disk", "placement"}));
     if (YAML::Node d = n["disk"]; d.IsDefined() && !d.IsNull()) {
-      KVD_RETURN_IF_ERROR(CheckMap(d, "tiers.disk",
-                                   {"path", "capacity", "use_wal", "sync_writes",
-                                    "verify_checksums", "block_cache"}));
+      KVD_RETURN_IF_ERROR(CheckMap(
+          d, "tiers.disk",
+          {"path", "capacity", "use_wal", "sync_writes", "verify_checksums", "block_cache"}));
       storage::DiskTierOptions disk;
       KVD_RETURN_IF_ERROR(GetString(d, "tiers.disk", "path", &disk.path));
       if (disk.path.empty()) return Status::InvalidArgument("tiers.disk.path: required");
@@ -250,8 +251,8 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
       c->disk_tier = std::move(disk);
     }
     if (YAML::Node p = n["placement"]; p.IsDefined()) {
-      KVD_RETURN_IF_ERROR(CheckMap(p, "tiers.placement",
-                                   {"high_watermark", "low_watermark", "promote_on_hit"}));
+      KVD_RETURN_IF_ERROR(
+          CheckMap(p, "tiers.placement", {"high_watermark", "low_watermark", "promote_on_hit"}));
       KVD_RETURN_IF_ERROR(
           GetDouble(p, "tiers.placement", "high_watermark", &c->placement.high_watermark));
       KVD_RETURN_IF_ERROR(
@@ -271,22 +272,21 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     }
   }
   if (YAML::Node n = root["limits"]; n.IsDefined()) {
-    KVD_RETURN_IF_ERROR(CheckMap(n, "limits",
-                                 {"max_frame_bytes", "max_chunk_bytes", "reservation_ttl_ms",
-                                  "lease_ttl_ms", "transfer_timeout_ms", "max_sessions",
-                                  "max_inflight_per_session"}));
+    KVD_RETURN_IF_ERROR(
+        CheckMap(n, "limits",
+                 {"max_frame_bytes", "max_chunk_bytes", "reservation_ttl_ms", "lease_ttl_ms",
+                  "transfer_timeout_ms", "max_sessions", "max_inflight_per_session"}));
     auto& l = c->limits;
     KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_frame_bytes", &l.max_frame_bytes));
     KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_chunk_bytes", &l.max_chunk_bytes));
     constexpr int64_t kDay = 86400000;
-    KVD_RETURN_IF_ERROR(
-        GetInt(n, "limits", "reservation_ttl_ms", &l.reservation_ttl_ms, 1, kDay));
+    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "reservation_ttl_ms", &l.reservation_ttl_ms, 1, kDay));
     KVD_RETURN_IF_ERROR(GetInt(n, "limits", "lease_ttl_ms", &l.lease_ttl_ms, 1, kDay));
     KVD_RETURN_IF_ERROR(
         GetInt(n, "limits", "transfer_timeout_ms", &l.transfer_timeout_ms, 1, kDay));
     KVD_RETURN_IF_ERROR(GetInt(n, "limits", "max_sessions", &l.max_sessions, 1, 1 << 20));
-    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "max_inflight_per_session",
-                               &l.max_inflight_per_session, 1, 1 << 16));
+    KVD_RETURN_IF_ERROR(
+        GetInt(n, "limits", "max_inflight_per_session", &l.max_inflight_per_session, 1, 1 << 16));
   }
   return Status::Ok();
 }

@@ -164,8 +164,7 @@ int main(int argc, char** argv) {
   const std::string unix_socket = (*server)->unix_path();
   if (!ready_file.empty()) {
     std::string json = "{\"tcp\":\"" + JsonEscape(tcp) + "\",\"unix\":\"" +
-                       JsonEscape(unix_socket) + "\",\"pid\":" + std::to_string(::getpid()) +
-                       "}\n";
+                       JsonEscape(unix_socket) + "\",\"pid\":" + std::to_string(::getpid()) + "}\n";
     if (!WriteReadyFile(ready_file, json)) {
       KVD_LOG(ERROR) << "cannot write the ready file" << kvd::Kv("path", ready_file);
       return kExitRuntime;

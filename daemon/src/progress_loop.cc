@@ -138,7 +138,8 @@ void ProgressLoop::Loop() {
   }
   for (auto& w : watches_) {
     TransferStatus st = transport_->Check(w.transfer);
-    if (st.state == TransferState::kInProgress) st.status = Status::Cancelled("daemon shutting down");
+    if (st.state == TransferState::kInProgress)
+      st.status = Status::Cancelled("daemon shutting down");
     w.done(st);
   }
   watches_.clear();

@@ -65,12 +65,12 @@ class ProgressLoop {
   transport::Transport* transport_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool running_ = false;                       // GUARDED_BY(mu_)
-  bool stop_requested_ = false;                // GUARDED_BY(mu_)
-  std::deque<std::function<void()>> tasks_;    // GUARDED_BY(mu_)
-  std::vector<WatchEntry> new_watches_;        // GUARDED_BY(mu_)
-  size_t watch_count_ = 0;                     // GUARDED_BY(mu_)
-  std::vector<WatchEntry> watches_;            // owned by the progress thread
+  bool running_ = false;                     // GUARDED_BY(mu_)
+  bool stop_requested_ = false;              // GUARDED_BY(mu_)
+  std::deque<std::function<void()>> tasks_;  // GUARDED_BY(mu_)
+  std::vector<WatchEntry> new_watches_;      // GUARDED_BY(mu_)
+  size_t watch_count_ = 0;                   // GUARDED_BY(mu_)
+  std::vector<WatchEntry> watches_;          // owned by the progress thread
   std::thread thread_;
 };
 

@@ -1,4 +1,6 @@
 // Server: listeners, sessions, timers, shutdown.
+#include "kvd/daemon/server.h"
+
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -6,7 +8,6 @@
 #include <algorithm>
 
 #include "kvd/common/logging.h"
-#include "kvd/daemon/server.h"
 #include "listen_address.h"
 #include "responses.h"
 #include "server_impl.h"
@@ -179,7 +180,8 @@ void Server::Impl::StartPrefault() {
   prefault_thread_ = std::thread([this, data, bytes] {
     const int64_t start = Clock::Real()->NowNanos();
     const long page_size = ::sysconf(_SC_PAGESIZE);
-    auto [begin, end] = PageRange(data, bytes, static_cast<uintptr_t>(page_size > 0 ? page_size : 4096));
+    auto [begin, end] =
+        PageRange(data, bytes, static_cast<uintptr_t>(page_size > 0 ? page_size : 4096));
     constexpr uintptr_t kStep = uintptr_t{64} << 20;
     for (uintptr_t p = begin; p < end && !stop_prefault_.load(); p += kStep) {
       if (::madvise(reinterpret_cast<void*>(p), std::min(kStep, end - p), MADV_POPULATE_WRITE) !=
@@ -274,9 +276,8 @@ void Server::Impl::AddSession(asio::generic::stream_protocol::socket socket, std
                      << Kv("max_sessions", config_.limits.max_sessions);
     // One error frame, best effort, then close.
     auto frame = std::make_shared<std::vector<uint8_t>>(
-        MakeError(0, Status::ResourceExhausted(
-                         "too many sessions: limits.max_sessions=" +
-                         std::to_string(config_.limits.max_sessions))));
+        MakeError(0, Status::ResourceExhausted("too many sessions: limits.max_sessions=" +
+                                               std::to_string(config_.limits.max_sessions))));
     auto s = std::make_shared<asio::generic::stream_protocol::socket>(std::move(socket));
     asio::async_write(*s, asio::buffer(*frame), [s, frame](boost::system::error_code, size_t) {
       boost::system::error_code ignored;

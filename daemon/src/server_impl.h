@@ -83,8 +83,8 @@ class Server::Impl {
   void SessionClosed(uint64_t session_id);
   size_t session_count() const { return session_count_.load(); }
 
-  std::string tcp_address_;   // set by Start
-  std::string unix_path_;     // set by Start
+  std::string tcp_address_;  // set by Start
+  std::string unix_path_;    // set by Start
 
  private:
   asio::awaitable<void> AcceptTcp();

@@ -26,10 +26,12 @@ Session::~Session() = default;
 
 void Session::Start() {
   auto self = shared_from_this();
-  asio::co_spawn(server_->io(), [self]() -> asio::awaitable<void> { co_await self->ReadLoop(); },
-                 asio::detached);
-  asio::co_spawn(server_->io(), [self]() -> asio::awaitable<void> { co_await self->WriteLoop(); },
-                 asio::detached);
+  asio::co_spawn(
+      server_->io(), [self]() -> asio::awaitable<void> { co_await self->ReadLoop(); },
+      asio::detached);
+  asio::co_spawn(
+      server_->io(), [self]() -> asio::awaitable<void> { co_await self->WriteLoop(); },
+      asio::detached);
 }
 
 void Session::Close(const std::string& reason) {
@@ -80,8 +82,7 @@ asio::awaitable<TransferStatus> Session::AwaitTransfer(TransferHandle h, int64_t
   ProgressLoop* progress = &server_->progress();
   co_return co_await AwaitCallback<TransferStatus>(
       server_->io(), [progress, h, deadline](std::function<void(TransferStatus)> complete) {
-        progress->Watch(h, deadline,
-                        [complete](const TransferStatus& st) { complete(st); });
+        progress->Watch(h, deadline, [complete](const TransferStatus& st) { complete(st); });
       });
 }
 
@@ -122,8 +123,8 @@ asio::awaitable<void> Session::ReadLoop() {
     if (!length.ok()) {
       // The stream cannot be resynchronised: say why, then close.
       ++server_->counters().bad_frames;
-      KVD_LOG(WARNING) << "bad frame header; closing" << Kv("session", id_)
-                       << Kv("peer", peer_) << Kv("status", length.status());
+      KVD_LOG(WARNING) << "bad frame header; closing" << Kv("session", id_) << Kv("peer", peer_)
+                       << Kv("status", length.status());
       uint64_t seq = next_seq_++;
       CompleteError(seq, 0, length.status());
       CloseAfter(seq);
@@ -134,9 +135,9 @@ asio::awaitable<void> Session::ReadLoop() {
                               asio::redirect_error(asio::use_awaitable, ec));
     if (ec) {
       ++server_->counters().bad_frames;
-      KVD_LOG(WARNING) << "connection ended inside a frame (truncated frame)"
-                       << Kv("session", id_) << Kv("peer", peer_)
-                       << Kv("payload_bytes", *length) << Kv("error", ec.message());
+      KVD_LOG(WARNING) << "connection ended inside a frame (truncated frame)" << Kv("session", id_)
+                       << Kv("peer", peer_) << Kv("payload_bytes", *length)
+                       << Kv("error", ec.message());
       break;
     }
     ++server_->counters().frames_in;
@@ -239,9 +240,9 @@ asio::awaitable<void> Session::Teardown() {
   for (auto& [reservation, put] : pending_puts_) {
     bool ended = co_await CancelAndRelease(put.recv);
     if (!ended) ++leaked;
-    server_->RetireReservation(
-        reservation, Status::Aborted("reservation " + std::to_string(reservation) +
-                                     " was reclaimed: its client disconnected"));
+    server_->RetireReservation(reservation,
+                               Status::Aborted("reservation " + std::to_string(reservation) +
+                                               " was reclaimed: its client disconnected"));
   }
   size_t open_puts = pending_puts_.size();
   pending_puts_.clear();

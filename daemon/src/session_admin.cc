@@ -171,9 +171,10 @@ void Session::HandleEvict(uint64_t seq, uint64_t rid, proto::EvictRequest::Reade
       break;
     }
     default:
-      return CompleteError(seq, rid,
-                           Status::InvalidArgument("unknown evict selector " +
-                                                   std::to_string(static_cast<int>(evict.which()))));
+      return CompleteError(
+          seq, rid,
+          Status::InvalidArgument("unknown evict selector " +
+                                  std::to_string(static_cast<int>(evict.which()))));
   }
   KVD_LOG(INFO) << "evict" << Kv("session", id_) << Kv("client", client_id_) << Kv("filter", what)
                 << Kv("chunks", total.evicted) << Kv("bytes", total.bytes)

@@ -29,7 +29,8 @@ const char* kDaemonVersion = "kvd 0.1.0";
 
 Status Session::RequireEngine(const char* op) const {
   if (!hello_done_) {
-    return Status::FailedPrecondition(std::string(op) + " before Hello: the first request must be Hello");
+    return Status::FailedPrecondition(std::string(op) +
+                                      " before Hello: the first request must be Hello");
   }
   if (!engine_) {
     return Status::FailedPrecondition(std::string(op) +
@@ -86,10 +87,10 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
       CloseAfter(seq);
       break;
     default:
-      CompleteError(seq, rid,
-                    Status::InvalidArgument("unknown request kind " +
-                                            std::to_string(static_cast<int>(which)) +
-                                            " (newer client?)"));
+      CompleteError(
+          seq, rid,
+          Status::InvalidArgument("unknown request kind " +
+                                  std::to_string(static_cast<int>(which)) + " (newer client?)"));
       break;
   }
   return Status::Ok();
@@ -121,28 +122,28 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
     return refuse(Status::FailedPrecondition("Hello sent twice on one connection"));
   }
   if (version != proto::PROTOCOL_VERSION) {
-    return refuse(Status::FailedPrecondition(
-        "protocol version mismatch: client speaks " + std::to_string(version) +
-        ", daemon speaks " + std::to_string(proto::PROTOCOL_VERSION)));
+    return refuse(Status::FailedPrecondition("protocol version mismatch: client speaks " +
+                                             std::to_string(version) + ", daemon speaks " +
+                                             std::to_string(proto::PROTOCOL_VERSION)));
   }
   if (role != proto::Role::ENGINE && role != proto::Role::ADMIN) {
-    return refuse(Status::InvalidArgument("unknown role " + std::to_string(static_cast<int>(role))));
+    return refuse(
+        Status::InvalidArgument("unknown role " + std::to_string(static_cast<int>(role))));
   }
   if (role == proto::Role::ENGINE) {
     const ModelConfig* model = config.FindModel(model_name);
     if (model == nullptr) {
       std::string names;
       for (const auto& m : config.models) names += (names.empty() ? "" : ", ") + m.name;
-      return refuse(Status::NotFound("unknown model \"" + model_name +
-                                     "\": this daemon serves " + names));
+      return refuse(
+          Status::NotFound("unknown model \"" + model_name + "\": this daemon serves " + names));
     }
     if (!layout.ok()) {
       return refuse(layout.status().WithContext("layout of model " + model_name));
     }
     if (!(*layout == model->layout)) {
-      return refuse(Status::FailedPrecondition(
-          "layout mismatch for model " + model_name + ": " +
-          model->layout.DescribeMismatch(*layout)));
+      return refuse(Status::FailedPrecondition("layout mismatch for model " + model_name + ": " +
+                                               model->layout.DescribeMismatch(*layout)));
     }
     const uint64_t daemon_digest = Digest64(config.hash_seed);
     if (seed_digest != daemon_digest) {
@@ -189,8 +190,8 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
              reply.setChunkTokens(static_cast<uint32_t>(config.chunk_tokens));
              if (engine_) {
                const std::string& addr = server_->local_address();
-               reply.setWorkerAddress(kj::arrayPtr(
-                   reinterpret_cast<const capnp::byte*>(addr.data()), addr.size()));
+               reply.setWorkerAddress(
+                   kj::arrayPtr(reinterpret_cast<const capnp::byte*>(addr.data()), addr.size()));
              }
              reply.setMaxFrameBytes(config.limits.max_frame_bytes);
              reply.setMaxChunkBytes(max_chunk);
@@ -207,8 +208,8 @@ void Session::HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader loo
   if (Status s = RequireEngine("Lookup"); !s.ok()) return CompleteError(seq, rid, s);
 
   const auto& limits = server_->config().limits;
-  int64_t ttl = ttl_ms == 0 ? limits.lease_ttl_ms
-                            : std::min<int64_t>(ttl_ms, 10 * limits.lease_ttl_ms);
+  int64_t ttl =
+      ttl_ms == 0 ? limits.lease_ttl_ms : std::min<int64_t>(ttl_ms, 10 * limits.lease_ttl_ms);
   request.name_space = name_space_;
   request.model = model_->name;
   request.layout_digest = layout_digest_;
@@ -222,8 +223,8 @@ void Session::HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader loo
     return;
   }
   // A lookup may promote chunks from disk (RocksDB reads): off the io_context thread.
-  SpawnHandler(FinishLookup(seq, rid, std::make_shared<storage::LookupRequest>(std::move(request)),
-                            ttl));
+  SpawnHandler(
+      FinishLookup(seq, rid, std::make_shared<storage::LookupRequest>(std::move(request)), ttl));
 }
 
 asio::awaitable<void> Session::FinishLookup(uint64_t seq, uint64_t rid,
@@ -259,19 +260,18 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
 
   const DaemonConfig& config = server_->config();
   if (tokens == 0 || tokens > static_cast<uint32_t>(config.chunk_tokens)) {
-    return CompleteError(seq, rid,
-                         Status::OutOfRange("tokens " + std::to_string(tokens) +
-                                            " is outside [1, chunk_tokens=" +
-                                            std::to_string(config.chunk_tokens) + "]"));
+    return CompleteError(
+        seq, rid,
+        Status::OutOfRange("tokens " + std::to_string(tokens) + " is outside [1, chunk_tokens=" +
+                           std::to_string(config.chunk_tokens) + "]"));
   }
   const uint64_t expected = model_->layout.ChunkBytes(static_cast<int>(tokens));
   if (bytes != expected) {
-    return CompleteError(
-        seq, rid,
-        Status::InvalidArgument("bytes " + std::to_string(bytes) + " != " +
-                                std::to_string(expected) + " = layout.ChunkBytes(tokens=" +
-                                std::to_string(tokens) + ") of model " + model_->name +
-                                " (raw codec)"));
+    return CompleteError(seq, rid,
+                         Status::InvalidArgument(
+                             "bytes " + std::to_string(bytes) + " != " + std::to_string(expected) +
+                             " = layout.ChunkBytes(tokens=" + std::to_string(tokens) +
+                             ") of model " + model_->name + " (raw codec)"));
   }
   if (bytes > config.limits.max_chunk_bytes) {
     return CompleteError(seq, rid,
@@ -283,8 +283,8 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
   // The tier's own TTL is a backstop well after the daemon's: the daemon must cancel the
   // posted receive before the space can be reused.
   const int64_t ttl_ms = config.limits.reservation_ttl_ms;
-  const auto tier_ttl = std::chrono::milliseconds(
-      ttl_ms + 2 * config.limits.transfer_timeout_ms + config.transport.close_timeout_ms + 60000);
+  const auto tier_ttl = std::chrono::milliseconds(ttl_ms + 2 * config.limits.transfer_timeout_ms +
+                                                  config.transport.close_timeout_ms + 60000);
   auto reservation = server_->tier()->Reserve(key, bytes, tokens, id_, tier_ttl);
   if (!reservation.ok()) {
     if (storage::IsDedup(reservation.status())) {
@@ -373,17 +373,16 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
   storage::HostTier* tier = server_->tier();
   if (!status.ok()) {
     if (ended) tier->Abort(reservation).IgnoreError();
-    server_->RetireReservation(reservation, Status::Aborted("reservation " +
-                                                            std::to_string(reservation) +
-                                                            " failed: " + status.ToString()));
+    server_->RetireReservation(reservation,
+                               Status::Aborted("reservation " + std::to_string(reservation) +
+                                               " failed: " + status.ToString()));
     CompleteError(seq, rid, status);
     co_return;
   }
   // Verify the checksum off the io_context thread (it reads the whole chunk).
-  status = co_await OffloadTo<Status>(server_->pool(), server_->io(), [tier, reservation,
-                                                                       checksum] {
-    return tier->Commit(reservation, checksum);
-  });
+  status = co_await OffloadTo<Status>(
+      server_->pool(), server_->io(),
+      [tier, reservation, checksum] { return tier->Commit(reservation, checksum); });
   if (status.ok() || storage::IsDedup(status)) {
     if (status.ok()) {
       ++server_->counters().puts_committed;
@@ -391,19 +390,18 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
     } else {
       ++server_->counters().puts_deduplicated;
     }
-    server_->RetireReservation(reservation,
-                               Status::FailedPrecondition("reservation " +
-                                                          std::to_string(reservation) +
-                                                          " is already committed"));
+    server_->RetireReservation(
+        reservation, Status::FailedPrecondition("reservation " + std::to_string(reservation) +
+                                                " is already committed"));
     Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
                r.initCommit().setBytes(put.bytes);
              }));
     server_->MaybeDemote();
     co_return;
   }
-  server_->RetireReservation(reservation, Status::Aborted("reservation " +
-                                                          std::to_string(reservation) +
-                                                          " failed: " + status.ToString()));
+  server_->RetireReservation(reservation,
+                             Status::Aborted("reservation " + std::to_string(reservation) +
+                                             " failed: " + status.ToString()));
   CompleteError(seq, rid, status);
 }
 
@@ -427,9 +425,9 @@ asio::awaitable<void> Session::FinishAbort(uint64_t seq, uint64_t rid, uint64_t 
   bool ended = co_await CancelAndRelease(put.recv);
   pending_puts_.erase(reservation);
   if (ended) server_->tier()->Abort(reservation).IgnoreError();
-  server_->RetireReservation(reservation, Status::Aborted("reservation " +
-                                                          std::to_string(reservation) +
-                                                          " was aborted by its client"));
+  server_->RetireReservation(
+      reservation,
+      Status::Aborted("reservation " + std::to_string(reservation) + " was aborted by its client"));
   Complete(seq, MakeAck(rid));
 }
 
@@ -455,10 +453,10 @@ asio::awaitable<void> Session::ExpirePut(uint64_t reservation) {
   const int64_t ttl = server_->config().limits.reservation_ttl_ms;
   KVD_LOG(INFO) << "reservation expired" << Kv("session", id_) << Kv("client", client_id_)
                 << Kv("reservation", reservation) << Kv("bytes", put.bytes);
-  server_->RetireReservation(reservation,
-                             Status::Aborted("reservation " + std::to_string(reservation) +
-                                             " expired: not committed within " +
-                                             std::to_string(ttl) + " ms"));
+  server_->RetireReservation(
+      reservation,
+      Status::Aborted("reservation " + std::to_string(reservation) +
+                      " expired: not committed within " + std::to_string(ttl) + " ms"));
 }
 
 void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
@@ -476,15 +474,14 @@ void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
   if (!view.ok()) return CompleteError(seq, rid, view.status());
   if (buffer_bytes < view->meta.size_bytes) {
     tier->ReleaseRead(view->read_id).IgnoreError();
-    return CompleteError(seq, rid,
-                         Status::OutOfRange("chunk " + std::to_string(index) + " of lease " +
-                                            std::to_string(lease) + " is " +
-                                            std::to_string(view->meta.size_bytes) +
-                                            " bytes; the client's buffer holds " +
-                                            std::to_string(buffer_bytes)));
+    return CompleteError(
+        seq, rid,
+        Status::OutOfRange("chunk " + std::to_string(index) + " of lease " + std::to_string(lease) +
+                           " is " + std::to_string(view->meta.size_bytes) +
+                           " bytes; the client's buffer holds " + std::to_string(buffer_bytes)));
   }
-  auto send = server_->transport()->PostSend(transport_peer_, tag, view->data,
-                                             view->meta.size_bytes);
+  auto send =
+      server_->transport()->PostSend(transport_peer_, tag, view->data, view->meta.size_bytes);
   if (!send.ok()) {
     tier->ReleaseRead(view->read_id).IgnoreError();
     return CompleteError(seq, rid, send.status().WithContext("cannot send the chunk"));
@@ -528,8 +525,7 @@ asio::awaitable<void> Session::FinishGet(uint64_t seq, uint64_t rid, storage::Re
            }));
 }
 
-void Session::HandleReleaseLease(uint64_t seq, uint64_t rid,
-                                 proto::ReleaseLease::Reader release) {
+void Session::HandleReleaseLease(uint64_t seq, uint64_t rid, proto::ReleaseLease::Reader release) {
   const uint64_t lease = release.getLeaseId();
   if (Status s = RequireEngine("ReleaseLease"); !s.ok()) return CompleteError(seq, rid, s);
   Status s = server_->tier()->ReleaseLease(lease);

@@ -152,8 +152,7 @@ void BuildCommit(capnp::MallocMessageBuilder& mb, uint64_t reservation, uint64_t
   c.setChecksum(checksum);
 }
 
-void BuildLookup(capnp::MallocMessageBuilder& mb, const std::vector<Hash128>& chain,
-                 uint64_t rid) {
+void BuildLookup(capnp::MallocMessageBuilder& mb, const std::vector<Hash128>& chain, uint64_t rid) {
   auto req = mb.initRoot<proto::Request>();
   req.setRequestId(rid);
   auto l = req.initLookup();

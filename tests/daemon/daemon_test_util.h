@@ -6,10 +6,10 @@
 // anything (truncated frames, garbage) and see exactly what the daemon answers.
 #pragma once
 
+#include <capnp/message.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <capnp/message.h>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -43,8 +43,8 @@ class RawClient {
   // Sends one Request (fills requestId automatically from a counter unless set).
   bool Send(capnp::MallocMessageBuilder& request);
   // Reads one Response frame; nullptr on timeout, EOF or a bad frame.
-  std::unique_ptr<proto::DecodedMessage> Read(std::chrono::milliseconds timeout =
-                                                  std::chrono::milliseconds(5000));
+  std::unique_ptr<proto::DecodedMessage> Read(
+      std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
   // Sends and reads the reply.
   std::unique_ptr<proto::DecodedMessage> Call(capnp::MallocMessageBuilder& request);
   // True once the daemon closed the connection (EOF) within `timeout`.
@@ -104,8 +104,8 @@ class DaemonTest : public ::testing::Test {
   Status Put(Engine& e, Hash128 hash, uint32_t tokens, const std::vector<uint8_t>& bytes);
 
   // Host tier reserved bytes polled until == want (teardown is asynchronous).
-  bool WaitReservedBytes(uint64_t want, std::chrono::milliseconds timeout =
-                                            std::chrono::milliseconds(5000));
+  bool WaitReservedBytes(uint64_t want,
+                         std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
 
   const ModelLayout& Layout(const std::string& model = "stories260k") const;
   std::string TcpAddress() const { return server_->tcp_address(); }

@@ -51,8 +51,8 @@ class PutGetTest : public DaemonTest {
   }
 
   // Get into `out` (resized to `buffer`): posts the receive first, as the protocol requires.
-  Status Get(Engine& e, uint64_t lease, uint32_t index, std::vector<uint8_t>* out,
-             size_t buffer, uint64_t* checksum = nullptr, uint32_t* tokens = nullptr) {
+  Status Get(Engine& e, uint64_t lease, uint32_t index, std::vector<uint8_t>* out, size_t buffer,
+             uint64_t* checksum = nullptr, uint32_t* tokens = nullptr) {
     out->assign(buffer, 0);
     const uint64_t tag = 0xABC000 + index;
     auto recv = e.transport->PostRecv(e.daemon_peer, tag, out->data(), out->size());
@@ -137,8 +137,8 @@ TEST_F(PutGetTest, ReserveWithWrongSizesNamesTheNumbers) {
     ASSERT_NE(reply, nullptr);
     Status s = ResponseStatus(*reply);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-    EXPECT_THAT(s.message(), HasSubstr(std::to_string(right + 4) + " != " +
-                                       std::to_string(right) + " = layout.ChunkBytes(tokens=10)"));
+    EXPECT_THAT(s.message(), HasSubstr(std::to_string(right + 4) + " != " + std::to_string(right) +
+                                       " = layout.ChunkBytes(tokens=10)"));
   }
   {
     capnp::MallocMessageBuilder mb;
@@ -346,10 +346,10 @@ TEST_F(PutGetTest, PipelinedRequestsAreAnsweredInOrder) {
   }
   std::vector<transport::TransferHandle> sends;
   for (int i = kChunks - 1; i >= 0; --i) {
-    sends.push_back(e->transport
-                        ->PostSend(e->daemon_peer, reservations[i].second, chunks[i].data(),
-                                   chunks[i].size())
-                        .value());
+    sends.push_back(
+        e->transport
+            ->PostSend(e->daemon_peer, reservations[i].second, chunks[i].data(), chunks[i].size())
+            .value());
   }
   for (auto h : sends) ASSERT_TRUE(e->transport->Wait(h, std::chrono::seconds(2)).ok());
   for (int i = 0; i < kChunks; ++i) {
@@ -370,8 +370,7 @@ TEST_F(PutGetTest, InjectedPostFailureIsReportedAndNothingLeaks) {
   plan.fail_post_number = 1;  // the daemon's first Post: the receive of the first Reserve
   auto inner = transport::CreateTransport(opts);
   ASSERT_TRUE(inner.ok());
-  deps_.transport =
-      std::make_unique<transport::FaultInjectingTransport>(std::move(*inner), plan);
+  deps_.transport = std::make_unique<transport::FaultInjectingTransport>(std::move(*inner), plan);
   ASSERT_NO_FATAL_FAILURE(StartDaemon());
   auto e = ConnectEngine();
   ASSERT_NE(e, nullptr);
