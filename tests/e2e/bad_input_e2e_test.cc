@@ -25,7 +25,9 @@ class BadInputE2eTest : public ::testing::Test {
     ExpectServes(*good_, 100);
   }
   void TearDown() override {
-    if (good_) ExpectServes(*good_, 200);  // after the bad input, still served
+    if (good_) {
+      ExpectServes(*good_, 200);  // after the bad input, still served
+    }
     good_.reset();
     admin_.reset();
     if (kvd_) {

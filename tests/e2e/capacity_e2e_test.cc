@@ -21,7 +21,9 @@ class CapacityE2eTest : public ::testing::Test {
   void TearDown() override {
     engine_.reset();
     admin_.reset();
-    if (kvd_ && kvd_->Alive()) EXPECT_EQ(kvd_->Stop(), 0) << kvd_->Log();
+    if (kvd_ && kvd_->Alive()) {
+      EXPECT_EQ(kvd_->Stop(), 0) << kvd_->Log();
+    }
   }
   std::unique_ptr<KvdProcess> kvd_;
   std::unique_ptr<client::Client> engine_, admin_;

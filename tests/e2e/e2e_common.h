@@ -56,7 +56,9 @@ inline uint32_t Present(client::Client& c, const Hash128& hash) {
   auto r = c.Lookup({&hash, 1});
   EXPECT_TRUE(r.ok()) << r.status();
   if (!r.ok()) return 0;
-  if (r->lease_id) EXPECT_TRUE(c.ReleaseLease(r->lease_id).ok());
+  if (r->lease_id) {
+    EXPECT_TRUE(c.ReleaseLease(r->lease_id).ok());
+  }
   return r->matched_chunks;
 }
 

@@ -1,4 +1,9 @@
 // kvdctl against a real kvd: every command's --json parses and its exit codes are documented.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "e2e_common.h"
@@ -8,6 +13,27 @@ namespace {
 
 using nlohmann::json;
 
+// A TCP port bound (so nobody else takes it) but not listening: connecting is refused.
+class RefusingPort {
+ public:
+  RefusingPort() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sin{};
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&sin), sizeof sin);
+    socklen_t len = sizeof sin;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sin), &len);
+    address_ = "127.0.0.1:" + std::to_string(ntohs(sin.sin_port));
+  }
+  ~RefusingPort() { ::close(fd_); }
+  const std::string& address() const { return address_; }
+
+ private:
+  int fd_ = -1;
+  std::string address_;
+};
+
 class KvdctlE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -15,7 +41,9 @@ class KvdctlE2eTest : public ::testing::Test {
     ASSERT_NE(kvd_, nullptr);
   }
   void TearDown() override {
-    if (kvd_ && kvd_->Alive()) EXPECT_EQ(kvd_->Stop(), 0) << kvd_->Log();
+    if (kvd_ && kvd_->Alive()) {
+      EXPECT_EQ(kvd_->Stop(), 0) << kvd_->Log();
+    }
   }
   int Kvdctl(std::vector<std::string> args, std::string* out) {
     args.insert(args.begin(), {KVDCTL_BINARY, "--addr", kvd_->tcp_address()});
@@ -88,7 +116,8 @@ TEST_F(KvdctlE2eTest, ExitCodes) {
   EXPECT_EQ(Kvdctl({"ls", "--limit", "lots"}, &out), 2);
   EXPECT_EQ(Kvdctl({"evict", "--chunk", "xyz"}, &out), 2);
   out.clear();
-  EXPECT_EQ(RunProgram({KVDCTL_BINARY, "--addr", "127.0.0.1:1", "stats", "--json"}, &out), 3);
+  RefusingPort nobody;
+  EXPECT_EQ(RunProgram({KVDCTL_BINARY, "--addr", nobody.address(), "stats", "--json"}, &out), 3);
   EXPECT_EQ(json::parse(out)["code"], "UNAVAILABLE");
   kvd_->Kill();
   EXPECT_EQ(Kvdctl({"health"}, &out), 3);
