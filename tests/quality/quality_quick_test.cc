@@ -1,11 +1,15 @@
 // kvd-quality --quick on SmolLM2 (label quality): the full-cache row equals the uncompressed
-// engine exactly, budgets are met, and quality degrades in the expected order.
+// engine exactly, budgets are met, quality degrades as p_c rises, and the orderings the papers
+// predict at p_c = 0.9 are checked (the robust ones asserted, the rest printed with the numbers).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
 
 #include "harness.h"
+#include "kernel_methods.h"
 #include "kvd/llama/model.h"
 #include "report.h"
 
@@ -18,6 +22,23 @@ std::string ModelPath() {
          "/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
+const MethodResult* Row(const HarnessReport& r, const std::string& method, double p_c) {
+  for (const MethodResult& m : r.rows) {
+    if (m.method == method && std::abs(m.p_c - p_c) < 1e-9) return &m;
+  }
+  return nullptr;
+}
+
+// One of the orderings ALGORITHMS.md / the papers predict, checked on the quick run's data.
+struct Claim {
+  std::string text;
+  bool holds;
+  // Asserted only when it held with a margin in the measured quick runs (docs/quality.md); the
+  // others (e.g. the hybrid and KVSlimmer, which lose to eviction at p_c 0.9 on this model) are
+  // printed with the numbers, never silently dropped.
+  bool asserted;
+};
+
 TEST(QualityQuickTest, SanityOfTheQuickRun) {
   if (!std::filesystem::exists(ModelPath())) {
     GTEST_SKIP() << "SmolLM2 GGUF not found at " << ModelPath() << ": run deploy/fetch-models.sh";
@@ -26,12 +47,12 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
   ASSERT_TRUE(model.ok()) << model.status();
   HarnessOptions o = HarnessOptions::Quick();
   o.manifest_path = KVD_QUALITY_DEFAULT_MANIFEST;
-  o.methods = {"full", "sink_recent"};
+  o.methods = DefaultMethodList();
   auto rep = RunHarness(**model, o);
   ASSERT_TRUE(rep.ok()) << rep.status();
   std::cout << ToMarkdown(*rep, "quality_quick_test");
   ASSERT_EQ(rep->segments, o.max_segments);
-  ASSERT_EQ(rep->rows.size(), 1 + o.ratios.size());
+  ASSERT_EQ(rep->rows.size(), 1 + (o.methods.size() - 1) * o.ratios.size());
 
   const MethodResult& full = rep->rows[0];
   ASSERT_EQ(full.method, "full");
@@ -44,20 +65,79 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
   EXPECT_GT(rep->engine_perplexity, 1.5);
   EXPECT_LT(rep->engine_perplexity, 60.0);
 
-  const MethodResult* prev = &full;
-  for (size_t i = 1; i < rep->rows.size(); ++i) {
-    const MethodResult& m = rep->rows[i];
-    EXPECT_EQ(m.method, "sink_recent");
-    EXPECT_NEAR(m.achieved_p_c, m.p_c, 0.01) << "budget not met at p_c " << m.p_c;
-    // Ratios ascend: dropping more of the prefix moves the attention output and the argmax
-    // further from the full cache.
-    EXPECT_GT(m.mean_rel_error, prev->mean_rel_error) << "p_c " << m.p_c;
-    EXPECT_LT(m.top1_agreement, prev->top1_agreement) << "p_c " << m.p_c;
-    prev = &m;
+  // Budgets: every method stores (1 - p_c) of the raw K+V half-pairs.
+  for (const MethodResult& m : rep->rows) {
+    if (m.method != "full") {
+      EXPECT_NEAR(m.achieved_p_c, m.p_c, 0.01) << m.method << " budget not met at " << m.p_c;
+    }
   }
-  // At p_c = 0.9 the continuation is clearly harder to predict than with the full cache
-  // (measured: 1.25x in the quick run). At 0.5 sink_recent can tie the full cache on this text.
-  EXPECT_GT(rep->rows.back().perplexity, full.perplexity * 1.05);
+  // Calibration R^2 per layer for every VECTOR method, each in [0, 1] (values are reported).
+  for (const char* name : {"snapkv+vector", "keydiff+vector", "pyramidkv+vector", "hybrid"}) {
+    auto it = rep->calibration_r2.find(name);
+    ASSERT_NE(it, rep->calibration_r2.end()) << name << " reported no R^2";
+    ASSERT_EQ(it->second.size(), static_cast<size_t>((*model)->config().num_layers));
+    for (double r : it->second) {
+      EXPECT_GE(r, 0.0) << name;
+      EXPECT_LE(r, 1.0) << name;
+    }
+  }
+  // Every method moves the attention output further from the full cache as p_c rises, and
+  // sink_recent (no scoring) also loses top-1 agreement.
+  const double lo = o.ratios.front(), hi = o.ratios.back();
+  for (const std::string& name : o.methods) {
+    if (name == "full") continue;
+    const MethodResult* a = Row(*rep, name, lo);
+    const MethodResult* b = Row(*rep, name, hi);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    EXPECT_GT(a->mean_rel_error, 0.0) << name;
+    EXPECT_GT(b->mean_rel_error, a->mean_rel_error) << name;
+  }
+  EXPECT_LT(Row(*rep, "sink_recent", hi)->top1_agreement,
+            Row(*rep, "sink_recent", lo)->top1_agreement);
+  // At p_c = 0.9 the continuation is clearly harder to predict than with the full cache.
+  EXPECT_GT(Row(*rep, "sink_recent", hi)->perplexity, full.perplexity * 1.05);
+
+  // The paper orderings at the highest ratio.
+  constexpr double kVectorTolerance = 1.02;  // +VECTOR may cost at most 2% perplexity
+  auto ppl = [&](const std::string& m) { return Row(*rep, m, hi)->perplexity; };
+  auto err = [&](const std::string& m) { return Row(*rep, m, hi)->mean_rel_error; };
+  std::vector<Claim> claims;
+  claims.push_back(
+      {"snapkv attention error < sink_recent's", err("snapkv") < err("sink_recent"), true});
+  claims.push_back(
+      {"snapkv perplexity < sink_recent's", ppl("snapkv") < ppl("sink_recent"), false});
+  claims.push_back(
+      {"snapkv top-1 agreement > sink_recent's",
+       Row(*rep, "snapkv", hi)->top1_agreement > Row(*rep, "sink_recent", hi)->top1_agreement,
+       true});
+  claims.push_back(
+      {"hybrid attention error < sink_recent's", err("hybrid") < err("sink_recent"), false});
+  claims.push_back(
+      {"hybrid perplexity < sink_recent's", ppl("hybrid") < ppl("sink_recent"), false});
+  for (const std::string base : {"snapkv", "keydiff", "pyramidkv"}) {
+    claims.push_back({base + "+vector perplexity <= " + base + "'s x 1.02",
+                      ppl(base + "+vector") <= ppl(base) * kVectorTolerance, true});
+  }
+  std::string best_single;
+  for (const std::string& m : o.methods) {
+    if (m == "full" || m == "hybrid" || m == "sink_recent") continue;
+    if (best_single.empty() || ppl(m) < ppl(best_single)) best_single = m;
+  }
+  claims.push_back({"hybrid perplexity <= every single method's (best: " + best_single + ")",
+                    ppl("hybrid") <= ppl(best_single), false});
+  std::cout << "\nPaper orderings at p_c = " << hi << " (perplexity / attention error):\n";
+  for (const std::string& m : o.methods) {
+    if (m == "full") continue;
+    std::cout << "  " << m << ": " << ppl(m) << " / " << err(m) << "\n";
+  }
+  for (const Claim& c : claims) {
+    std::cout << "  [" << (c.holds ? "holds" : "DOES NOT HOLD") << "]"
+              << (c.asserted ? " (asserted) " : " (reported) ") << c.text << "\n";
+    if (c.asserted) {
+      EXPECT_TRUE(c.holds) << c.text;
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,214 @@
+#include "kernel_methods.h"
+
+#include <cstring>
+#include <numeric>
+#include <optional>
+
+#include "kvd/kernels/compact_chunk.h"
+#include "kvd/kernels/rope.h"
+#include "kvd/kernels/serving.h"
+#include "kvd/kernels/vector.h"
+
+namespace kvd::quality {
+namespace {
+
+using kernels::CompressionPlanOptions;
+using kernels::MergeNorm;
+using kernels::MergeStage;
+using kernels::RouteStage;
+using kernels::ScoreStage;
+
+struct MethodSpec {
+  const char* name;
+  ScoreStage score;
+  MergeStage merge;
+  MergeNorm norm;
+  RouteStage route;
+};
+
+constexpr MethodSpec kSpecs[] = {
+    {"snapkv", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2, RouteStage::kNone},
+    {"keydiff", ScoreStage::kKeyDiff, MergeStage::kNone, MergeNorm::kL2, RouteStage::kNone},
+    {"pyramidkv", ScoreStage::kPyramidKv, MergeStage::kNone, MergeNorm::kL2, RouteStage::kNone},
+    {"snapkv+vector", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2, RouteStage::kVector},
+    {"keydiff+vector", ScoreStage::kKeyDiff, MergeStage::kNone, MergeNorm::kL2,
+     RouteStage::kVector},
+    {"pyramidkv+vector", ScoreStage::kPyramidKv, MergeStage::kNone, MergeNorm::kL2,
+     RouteStage::kVector},
+    {"kvslimmer_l2", ScoreStage::kNone, MergeStage::kKvSlimmer, MergeNorm::kL2, RouteStage::kNone},
+    {"kvslimmer_l1_code", ScoreStage::kNone, MergeStage::kKvSlimmer, MergeNorm::kL1Code,
+     RouteStage::kNone},
+    {"hybrid", ScoreStage::kSnapKv, MergeStage::kKvSlimmer, MergeNorm::kL2, RouteStage::kVector},
+};
+
+// The prefix cache as one raw float32 chunk: per layer K[N, H, d] then V[N, H, d].
+std::vector<uint8_t> RawChunk(const llama::DenseKvCache& cache) {
+  std::vector<uint8_t> raw;
+  size_t total = 0;
+  for (const auto& l : cache.layers) total += (l.k.size() + l.v.size()) * sizeof(float);
+  raw.resize(total);
+  size_t off = 0;
+  for (const auto& l : cache.layers) {
+    std::memcpy(raw.data() + off, l.k.data(), l.k.size() * sizeof(float));
+    off += l.k.size() * sizeof(float);
+    std::memcpy(raw.data() + off, l.v.data(), l.v.size() * sizeof(float));
+    off += l.v.size() * sizeof(float);
+  }
+  return raw;
+}
+
+std::vector<int64_t> Positions(const llama::DenseKvCache& cache) {
+  return std::vector<int64_t>(cache.positions.begin(), cache.positions.end());
+}
+
+class KernelMethod : public CompressionMethod {
+ public:
+  explicit KernelMethod(const MethodSpec& spec) : spec_(spec) {}
+
+  std::string name() const override { return spec_.name; }
+  bool NeedsCalibration() const override { return spec_.route == RouteStage::kVector; }
+
+  Status Calibrate(const std::vector<PrefixCapture>& calibration) override {
+    if (!NeedsCalibration()) return Status::Ok();
+    if (calibration.empty()) {
+      return Status::FailedPrecondition(name() + " needs calibration prefixes (VECTOR), got none");
+    }
+    const llama::LlamaConfig& cfg = *calibration.front().config;
+    const ModelLayout layout = cfg.ToModelLayout();
+    KVD_ASSIGN_OR_RETURN(
+        kernels::VectorCalibrator cal,
+        kernels::VectorCalibrator::Create(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim));
+    for (const PrefixCapture& p : calibration) {
+      const std::vector<uint8_t> raw = RawChunk(p.cache);
+      const std::vector<int64_t> pos = Positions(p.cache);
+      KVD_RETURN_IF_ERROR(kernels::CalibrateFromChunk(layout, raw, pos, &cal));
+    }
+    kernels::VectorSolveOptions so;
+    so.ridge = kVectorRidge;
+    KVD_ASSIGN_OR_RETURN(weights_, cal.Solve(so));
+    r2_.assign(cfg.num_layers, 0.0);
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      for (int h = 0; h < cfg.num_kv_heads; ++h) r2_[l] += weights_->Head(l, h).r2;
+      r2_[l] /= cfg.num_kv_heads;
+    }
+    return Status::Ok();
+  }
+
+  std::vector<double> CalibrationR2() const override { return r2_; }
+
+  StatusOr<CompressedPrefix> Compress(const PrefixCapture& p, double p_c) override {
+    if (p.config == nullptr) return Status::InvalidArgument("prefix without a model config");
+    const llama::LlamaConfig& cfg = *p.config;
+    if (NeedsCalibration() && !weights_.has_value()) {
+      return Status::FailedPrecondition(name() + ": Compress before Calibrate (VECTOR weights)");
+    }
+    const ModelLayout layout = cfg.ToModelLayout();
+    const int L = cfg.num_layers, H = cfg.num_kv_heads, d = cfg.head_dim;
+    const int N = p.cache.num_tokens;
+
+    CompressionPlanOptions o;
+    o.score = spec_.score;
+    o.merge = spec_.merge;
+    o.merge_norm = spec_.norm;
+    o.route = spec_.route;
+    o.p_c = p_c;
+    o.window = p.window;
+    o.sinks = kSinks;
+    KVD_RETURN_IF_ERROR(o.Validate());
+
+    const std::vector<uint8_t> raw = RawChunk(p.cache);
+    const std::vector<int64_t> pos = Positions(p.cache);
+    // Window queries: per layer [W, n_q, d] -> per (layer, KV head) [W*G, d].
+    std::vector<kernels::Matrix> q_store;
+    q_store.reserve(static_cast<size_t>(L) * H);
+    if (static_cast<int>(p.window_queries.size()) != L) {
+      return Status::InvalidArgument("window queries for " +
+                                     std::to_string(p.window_queries.size()) +
+                                     " layers, model has " + std::to_string(L));
+    }
+    for (int l = 0; l < L; ++l) {
+      KVD_ASSIGN_OR_RETURN(
+          std::vector<kernels::Matrix> per_head,
+          kernels::GatherWindowQueries(layout, p.window_queries[l].data(), p.window));
+      for (auto& m : per_head) q_store.push_back(std::move(m));
+    }
+    std::vector<kernels::ConstMatrixView> q_views;
+    q_views.reserve(q_store.size());
+    for (const auto& m : q_store) q_views.push_back(m.View());
+
+    kernels::CompressionInput in;
+    in.raw = raw;
+    in.positions = pos;
+    in.window_queries = q_views;
+    in.weights = weights_.has_value() ? &*weights_ : nullptr;
+    kernels::CompressionStats stats;
+    KVD_ASSIGN_OR_RETURN(kernels::CompactChunk chunk, kernels::Compress(o, layout, in, &stats));
+
+    KVD_ASSIGN_OR_RETURN(kernels::RopeTable rope, kernels::RopeTable::Create(cfg.rope, d));
+    CompressedPrefix out;
+    out.cache.next_position = p.cache.next_position;
+    out.cache.layers.resize(L);
+    for (int l = 0; l < L; ++l) {
+      out.cache.layers[l].resize(H);
+      for (int h = 0; h < H; ++h) {
+        KVD_ASSIGN_OR_RETURN(kernels::ServingHead sh,
+                             kernels::BuildServingHead(chunk, l, h, &rope, in.weights));
+        llama::CompactHeadKv& hk = out.cache.layers[l][h];
+        hk.num_slots = static_cast<int>(sh.keys.rows);
+        hk.k = std::move(sh.keys.values);
+        hk.v = std::move(sh.values.values);
+        hk.bias = std::move(sh.bias);
+      }
+    }
+    // Stored fraction in half-pairs: keys + stored values over 2 N per (layer, head).
+    out.stored_fraction =
+        static_cast<double>(chunk.HalfPairs()) / (2.0 * static_cast<double>(N) * L * H);
+    return out;
+  }
+
+ private:
+  static constexpr int kSinks = 4;
+  MethodSpec spec_;
+  std::optional<kernels::VectorWeights> weights_;
+  std::vector<double> r2_;
+};
+
+// Registers the kernel methods in the global registry before main() runs.
+[[maybe_unused]] const bool kRegistered = [] {
+  Status s = RegisterKernelMethods(&MethodRegistry::Global());
+  return s.ok();
+}();
+
+}  // namespace
+
+const std::vector<std::string>& KernelMethodNames() {
+  static const std::vector<std::string>* names = [] {
+    auto* v = new std::vector<std::string>();
+    for (const MethodSpec& s : kSpecs) v->push_back(s.name);
+    return v;
+  }();
+  return *names;
+}
+
+StatusOr<std::unique_ptr<CompressionMethod>> CreateKernelMethod(const std::string& name) {
+  for (const MethodSpec& s : kSpecs) {
+    if (name == s.name) return std::unique_ptr<CompressionMethod>(new KernelMethod(s));
+  }
+  return Status::NotFound("no kernel method named '" + name + "'");
+}
+
+Status RegisterKernelMethods(MethodRegistry* registry) {
+  for (const MethodSpec& s : kSpecs) {
+    const std::string name = s.name;
+    KVD_RETURN_IF_ERROR(registry->Register(name, [name] { return CreateKernelMethod(name); }));
+  }
+  return Status::Ok();
+}
+
+std::vector<std::string> DefaultMethodList() {
+  std::vector<std::string> out = {"full", "sink_recent"};
+  for (const auto& n : KernelMethodNames()) out.push_back(n);
+  return out;
+}
+
+}  // namespace kvd::quality

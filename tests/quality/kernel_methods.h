@@ -1,0 +1,49 @@
+// Kernel-backed compression methods of the quality harness (issue 4; ALGORITHMS.md 2-5): each one
+// runs a kvd::kernels CompressionPlan (score -> select -> merge -> route) over the whole prefix as
+// one raw chunk, then serves the CompactChunk to the engine in its compact form (post-RoPE keys at
+// the representative position, mean values, bias ln l; VECTOR "rebuild me" values rebuilt as
+// W RoPE^-1(k, pos) with serving.h).
+//
+// Methods (names as registered):
+//   snapkv, keydiff, pyramidkv               evict-only baselines (section 5 item 1)
+//   snapkv+vector, keydiff+vector, pyramidkv+vector   + VECTOR value routing (item 2)
+//   kvslimmer_l2, kvslimmer_l1_code          KVSlimmer merging alone, both weight variants (item 3)
+//   hybrid                                   SnapKV pool + KVSlimmer merge of the rest + VECTOR
+//                                            (item 4, "the composed pipeline")
+// Every plan keeps 4 sinks and the W window tokens (W = the harness's window) and meets the
+// half-pair budget 2 M, M = llround((1 - p_c) N), exactly (PyramidKV: over the whole prefix).
+//
+// VECTOR methods calibrate on the harness's calibration prefixes (texts disjoint from the eval
+// texts): per (layer, KV head) the de-rotated keys and values are accumulated with
+// VectorCalibrator and solved with a relative ridge kVectorRidge; CalibrationR2() is the mean R^2
+// over the KV heads of each layer.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvd/common/status.h"
+#include "kvd/kernels/plan.h"
+#include "methods.h"
+
+namespace kvd::quality {
+
+// Relative ridge of the VECTOR solve (VectorSolveOptions::ridge, times trace(G)/d).
+inline constexpr double kVectorRidge = 1e-4;
+
+// Names of the kernel methods, in the order the report lists them.
+const std::vector<std::string>& KernelMethodNames();
+
+// The method `name` (one of KernelMethodNames()); NOT_FOUND otherwise.
+StatusOr<std::unique_ptr<CompressionMethod>> CreateKernelMethod(const std::string& name);
+
+// Registers every kernel method in `registry`. ALREADY_EXISTS if one of the names is taken.
+// (kernel_methods.cc also registers them in MethodRegistry::Global() at static-initialisation
+// time; it is linked as an object library so the registration is never dropped.)
+Status RegisterKernelMethods(MethodRegistry* registry);
+
+// Every method the default run compares: "full", "sink_recent", then KernelMethodNames().
+std::vector<std::string> DefaultMethodList();
+
+}  // namespace kvd::quality

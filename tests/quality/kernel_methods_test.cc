@@ -1,0 +1,183 @@
+// Kernel methods of the harness on a synthetic prefix (no model): registration, budgets in
+// half-pairs, the conversion to the engine's compact cache, VECTOR calibration and its errors.
+#include "kernel_methods.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "harness.h"
+
+namespace kvd::quality {
+namespace {
+
+constexpr int kLayers = 3, kKvHeads = 2, kQHeads = 4, kDim = 8, kTokens = 96, kWindow = 8;
+
+llama::LlamaConfig Config() {
+  llama::LlamaConfig c;
+  c.dim = kQHeads * kDim;
+  c.hidden_dim = 64;
+  c.num_layers = kLayers;
+  c.num_q_heads = kQHeads;
+  c.num_kv_heads = kKvHeads;
+  c.head_dim = kDim;
+  c.vocab_size = 32;
+  c.context_length = 512;
+  c.rope.theta = 10000.0;
+  return c;
+}
+
+// Random keys; values = a fixed linear map of the de-rotated keys plus `noise` (so VECTOR's fit
+// is exact when noise == 0). Keys are rotated here with the engine's interleaved RoPE.
+PrefixCapture MakePrefix(const llama::LlamaConfig* cfg, uint32_t seed, double noise) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  PrefixCapture p;
+  p.config = cfg;
+  p.cache.num_tokens = kTokens;
+  p.cache.next_position = kTokens;
+  for (int t = 0; t < kTokens; ++t) p.cache.positions.push_back(t);
+  p.cache.layers.resize(kLayers);
+  std::mt19937 wrng(7);  // same map for every seed
+  std::vector<float> w(kDim * kDim);
+  for (float& x : w) x = g(wrng) * 0.3f;
+  for (int l = 0; l < kLayers; ++l) {
+    auto& L = p.cache.layers[l];
+    L.k.resize(static_cast<size_t>(kTokens) * kKvHeads * kDim);
+    L.v.resize(L.k.size());
+    for (int t = 0; t < kTokens; ++t) {
+      for (int h = 0; h < kKvHeads; ++h) {
+        float kpre[kDim];
+        for (float& x : kpre) x = g(rng);
+        float* k = &L.k[(static_cast<size_t>(t) * kKvHeads + h) * kDim];
+        float* v = &L.v[(static_cast<size_t>(t) * kKvHeads + h) * kDim];
+        for (int r = 0; r < kDim; ++r) {
+          double s = 0;
+          for (int c = 0; c < kDim; ++c) s += w[r * kDim + c] * kpre[c];
+          v[r] = static_cast<float>(s + noise * g(rng));
+        }
+        for (int i = 0; i < kDim / 2; ++i) {
+          const double ang = t * std::pow(10000.0, -2.0 * i / kDim);
+          const double a = kpre[2 * i], b = kpre[2 * i + 1];
+          k[2 * i] = static_cast<float>(a * std::cos(ang) - b * std::sin(ang));
+          k[2 * i + 1] = static_cast<float>(a * std::sin(ang) + b * std::cos(ang));
+        }
+      }
+    }
+  }
+  p.window = kWindow;
+  p.window_queries.resize(kLayers);
+  for (auto& q : p.window_queries) {
+    q.resize(static_cast<size_t>(kWindow) * kQHeads * kDim);
+    for (float& x : q) x = g(rng);
+  }
+  return p;
+}
+
+TEST(KernelMethodsTest, AllIssueFourMethodsAreRegisteredGlobally) {
+  const std::vector<std::string> names = MethodRegistry::Global().Names();
+  for (const std::string& n : DefaultMethodList()) {
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  }
+  EXPECT_EQ(KernelMethodNames().size(), 9u);
+  // The harness default runs every method of issue 4.
+  EXPECT_EQ(HarnessOptions{}.methods, DefaultMethodList());
+}
+
+TEST(KernelMethodsTest, RegisteringTwiceIsAlreadyExists) {
+  MethodRegistry r;
+  ASSERT_TRUE(RegisterKernelMethods(&r).ok());
+  Status s = RegisterKernelMethods(&r);
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(s.message().find("snapkv"), std::string::npos) << s;
+}
+
+TEST(KernelMethodsTest, UnknownNameIsNotFound) {
+  auto m = CreateKernelMethod("snapkv+magic");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(m.status().message().find("snapkv+magic"), std::string::npos);
+}
+
+TEST(KernelMethodsTest, EveryMethodMeetsTheHalfPairBudgetAndKeepsPositions) {
+  const llama::LlamaConfig cfg = Config();
+  const PrefixCapture p = MakePrefix(&cfg, 1, 0.05);
+  const PrefixCapture calib = MakePrefix(&cfg, 2, 0.05);
+  for (const std::string& name : KernelMethodNames()) {
+    auto m = CreateKernelMethod(name);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE((*m)->Calibrate({calib}).ok()) << name;
+    for (double p_c : {0.5, 0.75}) {
+      auto c = (*m)->Compress(p, p_c);
+      ASSERT_TRUE(c.ok()) << name << " " << p_c << ": " << c.status();
+      ASSERT_TRUE(c->cache.Validate(kLayers, kKvHeads, kDim).ok()) << name;
+      EXPECT_EQ(c->cache.next_position, kTokens) << name;
+      const double m_pairs = std::llround((1 - p_c) * kTokens);
+      // The stored fraction is exact in half-pairs (2M per head).
+      EXPECT_NEAR(c->stored_fraction, m_pairs / kTokens, 1e-12) << name << " " << p_c;
+      int64_t slots = 0;
+      bool merged = false;
+      for (const auto& layer : c->cache.layers) {
+        for (const auto& h : layer) {
+          slots += h.num_slots;
+          for (float b : h.bias) merged |= b > 0.0f;
+        }
+      }
+      const bool vector = name.find("vector") != std::string::npos || name == "hybrid";
+      const int64_t budget = static_cast<int64_t>(m_pairs) * kLayers * kKvHeads;
+      if (vector) {
+        EXPECT_GT(slots, budget) << name << ": VECTOR keeps more keys than pairs";
+      } else {
+        EXPECT_EQ(slots, budget) << name;
+      }
+      // Only the merging methods produce slots with l > 1 (bias ln l > 0).
+      EXPECT_EQ(merged, name.find("kvslimmer") == 0 || name == "hybrid") << name;
+    }
+  }
+}
+
+TEST(KernelMethodsTest, VectorWithoutCalibrationIsFailedPrecondition) {
+  const llama::LlamaConfig cfg = Config();
+  auto m = CreateKernelMethod("snapkv+vector");
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE((*m)->NeedsCalibration());
+  auto c = (*m)->Compress(MakePrefix(&cfg, 1, 0.0), 0.5);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(c.status().message().find("Calibrate"), std::string::npos) << c.status();
+  Status s = (*m)->Calibrate({});
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(KernelMethodsTest, CalibrationR2IsPerLayerAndExactOnALinearMap) {
+  const llama::LlamaConfig cfg = Config();
+  auto m = CreateKernelMethod("hybrid");
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE((*m)->Calibrate({MakePrefix(&cfg, 3, 0.0)}).ok());
+  const std::vector<double> r2 = (*m)->CalibrationR2();
+  ASSERT_EQ(r2.size(), static_cast<size_t>(kLayers));
+  for (double r : r2) EXPECT_GT(r, 0.999);  // v = W kpre exactly: the de-rotation is right
+  // The rebuilt values of "rebuild me" slots then equal the true values: same cache as the
+  // same plan's stored values would give, so the output is finite and the budget exact.
+  auto c = (*m)->Compress(MakePrefix(&cfg, 4, 0.0), 0.75);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NEAR(c->stored_fraction, 0.25, 1e-12);
+
+  auto noisy = CreateKernelMethod("snapkv+vector");
+  ASSERT_TRUE((*noisy)->Calibrate({MakePrefix(&cfg, 3, 1.0)}).ok());
+  for (double r : (*noisy)->CalibrationR2()) EXPECT_LT(r, 0.9);
+  EXPECT_TRUE(CreateKernelMethod("snapkv").value()->CalibrationR2().empty());
+}
+
+TEST(KernelMethodsTest, BadRatioIsOutOfRange) {
+  const llama::LlamaConfig cfg = Config();
+  auto m = CreateKernelMethod("snapkv");
+  auto c = (*m)->Compress(MakePrefix(&cfg, 1, 0.0), 1.0);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kOutOfRange) << c.status();
+}
+
+}  // namespace
+}  // namespace kvd::quality
