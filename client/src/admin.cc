@@ -105,10 +105,18 @@ StatusOr<EvictResult> ClientImpl::Evict(const EvictFilter& filter) {
   auto id = channel_->Send([&](proto::Request::Builder r) {
     auto e = r.initEvict();
     switch (filter.kind) {
-      case EvictFilter::Kind::kAll: e.setAll(); break;
-      case EvictFilter::Kind::kNamespace: e.setNamespace(filter.name); break;
-      case EvictFilter::Kind::kModel: e.setModel(filter.name); break;
-      case EvictFilter::Kind::kChunk: proto::ToProto(filter.chunk, e.initChunk()); break;
+      case EvictFilter::Kind::kAll:
+        e.setAll();
+        break;
+      case EvictFilter::Kind::kNamespace:
+        e.setNamespace(filter.name);
+        break;
+      case EvictFilter::Kind::kModel:
+        e.setModel(filter.name);
+        break;
+      case EvictFilter::Kind::kChunk:
+        proto::ToProto(filter.chunk, e.initChunk());
+        break;
     }
   });
   if (!id.ok()) return id.status();
@@ -139,7 +147,8 @@ StatusOr<Health> ClientImpl::GetHealth() {
     out.status = h.getStatus().cStr();
     out.uptime_ms = h.getUptimeMs();
     out.transport = h.getTransport().cStr();
-    for (auto t : h.getTiers()) out.tiers.push_back({t.getName().cStr(), t.getOk(), t.getDetail().cStr()});
+    for (auto t : h.getTiers())
+      out.tiers.push_back({t.getName().cStr(), t.getOk(), t.getDetail().cStr()});
     return Status::Ok();
   }));
   return out;

@@ -1,6 +1,4 @@
 // The C ABI (kvd/client/kvd_client.h) over the C++ Client. No exception crosses it.
-#include "kvd/client/kvd_client.h"
-
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -10,6 +8,7 @@
 
 #include "kvd/client/client.h"
 #include "kvd/client/json.h"
+#include "kvd/client/kvd_client.h"
 
 struct kvd_client {
   std::unique_ptr<kvd::client::Client> impl;
@@ -265,9 +264,9 @@ int kvd_client_evict(kvd_client* client, const char* scope, const char* value,
                       "chunk must be 32 hex digits, got '" + std::string(value) + "'");
       }
     } else {
-      return Fail(KVD_INVALID_ARGUMENT,
-                  "INVALID_ARGUMENT: evict scope must be all, namespace, model or chunk; got '" +
-                      s + "'");
+      return Fail(
+          KVD_INVALID_ARGUMENT,
+          "INVALID_ARGUMENT: evict scope must be all, namespace, model or chunk; got '" + s + "'");
     }
     auto r = client->impl->Evict(f);
     if (!r.ok()) return Fail(r.status());

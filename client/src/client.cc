@@ -44,8 +44,10 @@ ClientImpl::~ClientImpl() {
   std::lock_guard<std::mutex> lock(mu_);
   if (channel_ && !channel_->broken()) {
     auto id = channel_->Send([](proto::Request::Builder r) { r.setBye(); });
-    if (id.ok()) channel_->Await(*id, DeadlineIn(std::min<int64_t>(options_.request_timeout_ms,
-                                                                   1000))).status().IgnoreError();
+    if (id.ok())
+      channel_->Await(*id, DeadlineIn(std::min<int64_t>(options_.request_timeout_ms, 1000)))
+          .status()
+          .IgnoreError();
   }
   if (transport_ && daemon_peer_.valid()) transport_->Disconnect(daemon_peer_).IgnoreError();
   transport_.reset();
@@ -63,8 +65,9 @@ Status ClientImpl::CheckUsable(bool needs_transport) const {
                                " is broken: " + channel_->broken_status().message());
   }
   if (needs_transport && !transport_) {
-    return Status::FailedPrecondition("this client was connected with the admin role; put, get "
-                                      "and lookup need the engine role");
+    return Status::FailedPrecondition(
+        "this client was connected with the admin role; put, get "
+        "and lookup need the engine role");
   }
   return Status::Ok();
 }
@@ -154,8 +157,8 @@ StatusOr<LookupResult> ClientImpl::Lookup(std::span<const Hash128> chain) {
 Status ClientImpl::ReleaseLease(uint64_t lease_id) {
   std::lock_guard<std::mutex> lock(mu_);
   KVD_RETURN_IF_ERROR(CheckUsable(false));
-  auto id = channel_->Send(
-      [&](proto::Request::Builder r) { r.initReleaseLease().setLeaseId(lease_id); });
+  auto id =
+      channel_->Send([&](proto::Request::Builder r) { r.initReleaseLease().setLeaseId(lease_id); });
   if (!id.ok()) return id.status();
   return channel_->Await(*id).status();
 }
@@ -183,8 +186,7 @@ Status ClientImpl::FinishTransfer(TransferHandle transfer) {
     if (!c.ok() || internal::Clock::now() > deadline) {
       DropTransfer(transfer);
       return c.ok() ? Status::DeadlineExceeded("bulk transfer did not finish within " +
-                                               std::to_string(options_.transfer_timeout_ms) +
-                                               " ms")
+                                               std::to_string(options_.transfer_timeout_ms) + " ms")
                     : c;
     }
   }
@@ -193,7 +195,8 @@ Status ClientImpl::FinishTransfer(TransferHandle transfer) {
 void ClientImpl::AbortReservationsLocked(const std::vector<uint64_t>& reservation_ids) {
   for (uint64_t rid : reservation_ids) {
     if (channel_->broken()) return;
-    auto id = channel_->Send([&](proto::Request::Builder r) { r.initAbort().setReservationId(rid); });
+    auto id =
+        channel_->Send([&](proto::Request::Builder r) { r.initAbort().setReservationId(rid); });
     if (id.ok()) channel_->Await(*id).status().IgnoreError();
   }
 }
@@ -217,10 +220,10 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const Put
     if (it.data == nullptr && it.bytes > 0) return Status::InvalidArgument("put: null data");
     if (options_.verify_locally && options_.codec_id == 0 &&
         it.bytes != options_.layout.ChunkBytes(it.tokens)) {
-      return Status::InvalidArgument(
-          "put: " + std::to_string(it.bytes) + " bytes given for a raw chunk of " +
-          std::to_string(it.tokens) + " tokens; the layout needs " +
-          std::to_string(options_.layout.ChunkBytes(it.tokens)));
+      return Status::InvalidArgument("put: " + std::to_string(it.bytes) +
+                                     " bytes given for a raw chunk of " +
+                                     std::to_string(it.tokens) + " tokens; the layout needs " +
+                                     std::to_string(options_.layout.ChunkBytes(it.tokens)));
     }
   }
   // Phase 1: reserve every chunk of the window (pipelined frames).
@@ -438,8 +441,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
       for (Slot& s : slots) {
         if (!s.finished) {
           s.status = Status::DeadlineExceeded("get: no bytes or reply from kvd within " +
-                                              std::to_string(options_.transfer_timeout_ms) +
-                                              " ms");
+                                              std::to_string(options_.transfer_timeout_ms) + " ms");
           if (!s.transfer_done) channel_->Break(s.status).IgnoreError();
         }
       }
@@ -449,8 +451,10 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
   for (size_t i = 0; i < n; ++i) {
     Slot& s = slots[i];
     if (s.recv.valid()) {
-      if (s.transfer_done) transport_->Release(s.recv).IgnoreError();
-      else DropTransfer(s.recv);
+      if (s.transfer_done)
+        transport_->Release(s.recv).IgnoreError();
+      else
+        DropTransfer(s.recv);
     }
     if (!s.status.ok()) {
       if (first_error.ok()) first_error = s.status;
@@ -465,8 +469,8 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
       return Status::Ok();
     });
     if (st.ok() && out[i].bytes != s.received) {
-      st = Status::DataLoss("get: kvd announced " + std::to_string(out[i].bytes) +
-                            " bytes but " + std::to_string(s.received) + " arrived");
+      st = Status::DataLoss("get: kvd announced " + std::to_string(out[i].bytes) + " bytes but " +
+                            std::to_string(s.received) + " arrived");
     }
     if (st.ok() && internal::FastChecksum64(items[i].out, s.received) != out[i].checksum) {
       st = Status::DataLoss("get: checksum mismatch on chunk " +
@@ -486,9 +490,8 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
 StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   KVD_RETURN_IF_ERROR(options.Validate());
   KVD_ASSIGN_OR_RETURN(DaemonAddress addr, ParseDaemonAddress(options.address));
-  auto conn = internal::Connection::Open(addr, options.address,
-                                         DeadlineIn(options.connect_timeout_ms),
-                                         options.max_frame_bytes);
+  auto conn = internal::Connection::Open(
+      addr, options.address, DeadlineIn(options.connect_timeout_ms), options.max_frame_bytes);
   if (!conn.ok()) return conn.status();
   auto channel =
       std::make_unique<internal::Channel>(std::move(conn).value(), options.request_timeout_ms);
@@ -549,8 +552,7 @@ StatusOr<GetResult> Client::Get(uint64_t lease_id, uint32_t chunk_index, void* o
 }
 
 StatusOr<GetResult> Client::GetLayers(uint64_t lease_id, uint32_t chunk_index,
-                                      std::span<const MutableLayerKV> layers,
-                                      int capacity_tokens) {
+                                      std::span<const MutableLayerKV> layers, int capacity_tokens) {
   const ModelLayout& layout = options().layout;
   if (static_cast<int>(layers.size()) != layout.num_layers) {
     return Status::InvalidArgument("GetLayers: " + std::to_string(layers.size()) +
@@ -575,9 +577,7 @@ StatusOr<std::vector<GetResult>> Client::GetChunks(uint64_t lease_id,
 
 StatusOr<Stats> Client::GetStats() { return Impl(this)->GetStats(); }
 StatusOr<ListResult> Client::List(const ListFilter& filter) { return Impl(this)->List(filter); }
-StatusOr<EvictResult> Client::Evict(const EvictFilter& filter) {
-  return Impl(this)->Evict(filter);
-}
+StatusOr<EvictResult> Client::Evict(const EvictFilter& filter) { return Impl(this)->Evict(filter); }
 StatusOr<Health> Client::GetHealth() { return Impl(this)->GetHealth(); }
 
 }  // namespace kvd::client

@@ -53,12 +53,12 @@ class ClientImpl final : public Client {
   ClientOptions options_;
   ChainHasher hasher_;
   mutable std::mutex mu_;
-  std::unique_ptr<Channel> channel_;                  // GUARDED_BY(mu_)
-  std::unique_ptr<transport::Transport> transport_;   // engine role; GUARDED_BY(mu_)
-  transport::PeerHandle daemon_peer_;                 // GUARDED_BY(mu_)
-  uint64_t next_tag_ = 1;                             // GUARDED_BY(mu_)
+  std::unique_ptr<Channel> channel_;                 // GUARDED_BY(mu_)
+  std::unique_ptr<transport::Transport> transport_;  // engine role; GUARDED_BY(mu_)
+  transport::PeerHandle daemon_peer_;                // GUARDED_BY(mu_)
+  uint64_t next_tag_ = 1;                            // GUARDED_BY(mu_)
   SessionInfo session_;
-  std::vector<uint8_t> staging_;                      // PutLayers/GetLayers; GUARDED_BY(mu_)
+  std::vector<uint8_t> staging_;  // PutLayers/GetLayers; GUARDED_BY(mu_)
 
   friend class ::kvd::client::Client;
 };

@@ -83,8 +83,7 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const DaemonAddress& addr
     }
     Status last = Status::Unavailable("no address for " + display);
     for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
-      fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                    ai->ai_protocol);
+      fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
       if (fd < 0) continue;
       last = ConnectFd(fd, ai->ai_addr, ai->ai_addrlen, display, deadline);
       if (last.ok()) break;
@@ -120,8 +119,8 @@ Status Connection::WriteAll(std::span<const uint8_t> bytes, Deadline deadline) {
       }
       continue;
     }
-    return Status::Unavailable("kvd at " + display_ + " closed the connection (" +
-                               Errno(errno) + ")");
+    return Status::Unavailable("kvd at " + display_ + " closed the connection (" + Errno(errno) +
+                               ")");
   }
   return Status::Ok();
 }
@@ -141,8 +140,7 @@ Status Connection::Fill(Deadline deadline) {
     if (n == 0) return Status::Unavailable("kvd at " + display_ + " closed the connection");
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      return Status::Unavailable("connection to kvd at " + display_ + " failed: " +
-                                 Errno(errno));
+      return Status::Unavailable("connection to kvd at " + display_ + " failed: " + Errno(errno));
     }
     pollfd p{fd_, POLLIN, 0};
     int r = ::poll(&p, 1, MsLeft(deadline));
@@ -155,8 +153,8 @@ Status Connection::Fill(Deadline deadline) {
 bool Connection::Readable(Deadline deadline) {
   size_t have = buf_.size() - begin_;
   if (have >= proto::kFrameHeaderBytes) {
-    auto len = proto::ParseFrameHeader({buf_.data() + begin_, proto::kFrameHeaderBytes},
-                                       max_frame_bytes_);
+    auto len =
+        proto::ParseFrameHeader({buf_.data() + begin_, proto::kFrameHeaderBytes}, max_frame_bytes_);
     if (!len.ok() || have >= proto::kFrameHeaderBytes + *len) return true;
   }
   pollfd p{fd_, POLLIN, 0};
@@ -166,8 +164,8 @@ bool Connection::Readable(Deadline deadline) {
 
 StatusOr<std::unique_ptr<proto::DecodedMessage>> Connection::ReadFrame(Deadline deadline) {
   while (buf_.size() - begin_ < proto::kFrameHeaderBytes) KVD_RETURN_IF_ERROR(Fill(deadline));
-  auto len = proto::ParseFrameHeader({buf_.data() + begin_, proto::kFrameHeaderBytes},
-                                     max_frame_bytes_);
+  auto len =
+      proto::ParseFrameHeader({buf_.data() + begin_, proto::kFrameHeaderBytes}, max_frame_bytes_);
   if (!len.ok()) {
     return Status(len.status().code(), "bad frame from kvd: " + len.status().message());
   }

@@ -6,8 +6,7 @@ namespace kvd::client {
 
 Status ChainHasherOptions::Validate() const {
   if (block_tokens <= 0) {
-    return Status::InvalidArgument("block_tokens must be > 0, got " +
-                                   std::to_string(block_tokens));
+    return Status::InvalidArgument("block_tokens must be > 0, got " + std::to_string(block_tokens));
   }
   if (chunk_tokens <= 0 || chunk_tokens % block_tokens != 0) {
     return Status::InvalidArgument("chunk_tokens must be a positive multiple of block_tokens (" +
@@ -37,20 +36,19 @@ std::vector<Hash128> ChainHasher::ChunkChain(std::span<const int32_t> tokens,
                                              bool include_partial_chunk,
                                              std::string_view extra) const {
   std::vector<Hash128> blocks = BlockHashes(tokens, extra);
-  auto chain = ChunkChainFromBlockHashes(blocks, static_cast<int64_t>(tokens.size()),
-                                         include_partial_chunk);
+  auto chain =
+      ChunkChainFromBlockHashes(blocks, static_cast<int64_t>(tokens.size()), include_partial_chunk);
   return std::move(chain).value();  // sizes agree by construction
 }
 
 StatusOr<std::vector<Hash128>> ChainHasher::ChunkChainFromBlockHashes(
-    std::span<const Hash128> block_hashes, int64_t total_tokens,
-    bool include_partial_chunk) const {
+    std::span<const Hash128> block_hashes, int64_t total_tokens, bool include_partial_chunk) const {
   const int64_t bt = options_.block_tokens;
   const int64_t expected = (total_tokens + bt - 1) / bt;
   if (total_tokens < 0 || static_cast<int64_t>(block_hashes.size()) != expected) {
-    return Status::InvalidArgument("expected " + std::to_string(expected) +
-                                   " block hashes for " + std::to_string(total_tokens) +
-                                   " tokens (block_tokens " + std::to_string(bt) + "), got " +
+    return Status::InvalidArgument("expected " + std::to_string(expected) + " block hashes for " +
+                                   std::to_string(total_tokens) + " tokens (block_tokens " +
+                                   std::to_string(bt) + "), got " +
                                    std::to_string(block_hashes.size()));
   }
   const int64_t per_chunk = options_.chunk_tokens / bt;

@@ -8,7 +8,8 @@ using nlohmann::json;
 
 json Groups(const std::vector<GroupStats>& groups) {
   json a = json::array();
-  for (const auto& g : groups) a.push_back({{"name", g.name}, {"chunks", g.chunks}, {"bytes", g.bytes}});
+  for (const auto& g : groups)
+    a.push_back({{"name", g.name}, {"chunks", g.chunks}, {"bytes", g.bytes}});
   return a;
 }
 // Never throws on invalid UTF-8 from the daemon: bad bytes become U+FFFD.
@@ -32,23 +33,30 @@ std::string StatsToJson(const Stats& s, int indent) {
   }
   json models = json::array();
   for (const auto& m : s.registered_models) {
-    models.push_back({{"name", m.name}, {"layout", m.layout.ToString()}, {"chunk_bytes", m.chunk_bytes}});
+    models.push_back(
+        {{"name", m.name}, {"layout", m.layout.ToString()}, {"chunk_bytes", m.chunk_bytes}});
   }
   json counters = json::object();
   for (const auto& [name, value] : s.counters) counters[name] = value;
-  json j = {{"node", s.node_name},           {"uptime_ms", s.uptime_ms},
-            {"sessions", s.sessions},        {"tiers", tiers},
-            {"models", Groups(s.models)},    {"namespaces", Groups(s.namespaces)},
-            {"registered_models", models},   {"counters", counters}};
+  json j = {{"node", s.node_name},         {"uptime_ms", s.uptime_ms},
+            {"sessions", s.sessions},      {"tiers", tiers},
+            {"models", Groups(s.models)},  {"namespaces", Groups(s.namespaces)},
+            {"registered_models", models}, {"counters", counters}};
   return Dump(j, indent);
 }
 
 std::string ListToJson(const ListResult& l, int indent) {
   json chunks = json::array();
   for (const auto& c : l.chunks) {
-    chunks.push_back({{"namespace", c.name_space}, {"model", c.model}, {"hash", c.hash.ToHex()},
-                      {"tokens", c.tokens},        {"bytes", c.bytes}, {"tier", c.tier},
-                      {"age_ms", c.age_ms},        {"idle_ms", c.idle_ms}, {"leases", c.leases}});
+    chunks.push_back({{"namespace", c.name_space},
+                      {"model", c.model},
+                      {"hash", c.hash.ToHex()},
+                      {"tokens", c.tokens},
+                      {"bytes", c.bytes},
+                      {"tier", c.tier},
+                      {"age_ms", c.age_ms},
+                      {"idle_ms", c.idle_ms},
+                      {"leases", c.leases}});
   }
   return Dump(json{{"total", l.total}, {"chunks", chunks}}, indent);
 }
@@ -60,7 +68,8 @@ std::string EvictToJson(const EvictResult& e, int indent) {
 
 std::string HealthToJson(const Health& h, int indent) {
   json tiers = json::array();
-  for (const auto& t : h.tiers) tiers.push_back({{"name", t.name}, {"ok", t.ok}, {"detail", t.detail}});
+  for (const auto& t : h.tiers)
+    tiers.push_back({{"name", t.name}, {"ok", t.ok}, {"detail", t.detail}});
   return Dump(json{{"ok", h.ok},
                    {"status", h.status},
                    {"uptime_ms", h.uptime_ms},

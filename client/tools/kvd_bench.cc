@@ -19,11 +19,10 @@
 #include <cstring>
 #include <iostream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "kvd/client/client.h"
 #include "util.h"
@@ -69,8 +68,8 @@ kvd::Hash128 ChunkHash(uint64_t run, uint64_t index) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::set<std::string> valued = {"--model", "--chunk-bytes", "--tokens", "--count",
-                                  "--concurrency", "--op", "--depth", "--lookup-batch"};
+  std::set<std::string> valued = {"--model",       "--chunk-bytes", "--tokens", "--count",
+                                  "--concurrency", "--op",          "--depth",  "--lookup-batch"};
   valued.insert(kvd::tools::kConnectionFlags.begin(), kvd::tools::kConnectionFlags.end());
   kvd::tools::Args args(argc, argv, {"--json", "--verify", "--help"}, valued);
   const char* usage =
@@ -98,7 +97,8 @@ int main(int argc, char** argv) {
   };
   if (!args.ok()) return usage_error(args.error());
   if (model.empty()) return usage_error("--model is required");
-  if (op != "put" && op != "get" && op != "both") return usage_error("--op must be put, get or both");
+  if (op != "put" && op != "get" && op != "both")
+    return usage_error("--op must be put, get or both");
   if (count <= 0 || concurrency <= 0 || depth <= 0 || lookup_batch <= 0) {
     return usage_error("--count, --concurrency, --depth and --lookup-batch must be > 0");
   }
@@ -180,100 +180,100 @@ int main(int argc, char** argv) {
   };
 
   std::vector<PhaseResult> phases;
-  phases.push_back(run_phase("put", [&](int t, std::vector<double>& lat, uint64_t& ops,
-                                        uint64_t& bytes) -> Status {
-    auto idx = indices(t);
-    std::vector<std::vector<uint8_t>> bufs(depth, std::vector<uint8_t>(chunk_bytes));
-    for (size_t i = 0; i < idx.size(); i += depth) {
-      size_t n = std::min<size_t>(depth, idx.size() - i);
-      std::vector<kvd::client::PutItem> items(n);
-      for (size_t j = 0; j < n; ++j) {
-        FillChunk(bufs[j].data(), chunk_bytes, run, idx[i + j]);
-        items[j] = {ChunkHash(run, idx[i + j]), static_cast<int>(tokens), bufs[j].data(),
-                    chunk_bytes};
-      }
-      auto t0 = Clock::now();
-      auto r = clients[t]->PutChunks(items);
-      lat.push_back(us_since(t0));
-      if (!r.ok()) return r.status();
-      ops += n;
-      bytes += n * chunk_bytes;
-    }
-    return Status::Ok();
-  }));
-
-  if (op != "put" && first_error.ok()) {
-    phases.push_back(run_phase("lookup", [&](int t, std::vector<double>& lat, uint64_t& ops,
-                                             uint64_t& bytes) -> Status {
-      for (uint64_t i : indices(t)) {
-        kvd::Hash128 h = ChunkHash(run, i);
-        auto t0 = Clock::now();
-        auto r = clients[t]->Lookup({&h, 1});
-        lat.push_back(us_since(t0));
-        if (!r.ok()) return r.status();
-        if (r->matched_chunks != 1) {
-          return Status::NotFound("chunk " + std::to_string(i) + " missing at lookup (evicted? "
-                                  "the host tier may be smaller than count x chunk bytes)");
-        }
-        ++ops;
-        KVD_RETURN_IF_ERROR(clients[t]->ReleaseLease(r->lease_id));
-      }
-      return Status::Ok();
-    }));
-  }
-  if (op != "put" && first_error.ok()) {
-    phases.push_back(run_phase("get", [&](int t, std::vector<double>& lat, uint64_t& ops,
-                                          uint64_t& bytes) -> Status {
-      // As an engine reads a prompt: one Lookup (one lease) for a run of up to `lookup_batch`
-      // chunks, then Gets of `depth` chunks per call, then one ReleaseLease. The latency is
-      // per Get call; the throughput counts the whole phase (lookups and releases included).
-      auto idx = indices(t);
-      std::vector<std::vector<uint8_t>> bufs(depth, std::vector<uint8_t>(chunk_bytes));
-      std::vector<uint8_t> expect(verify ? chunk_bytes : 0);
-      for (size_t b = 0; b < idx.size(); b += lookup_batch) {
-        size_t nb = std::min<size_t>(lookup_batch, idx.size() - b);
-        std::vector<kvd::Hash128> chain(nb);
-        for (size_t j = 0; j < nb; ++j) chain[j] = ChunkHash(run, idx[b + j]);
-        auto l = clients[t]->Lookup(chain);
-        if (!l.ok()) return l.status();
-        if (l->matched_chunks != nb) {
-          return Status::NotFound("only " + std::to_string(l->matched_chunks) + " of " +
-                                  std::to_string(nb) + " chunks found at get");
-        }
-        for (size_t i = 0; i < nb; i += depth) {
-          size_t n = std::min<size_t>(depth, nb - i);
-          std::vector<kvd::client::GetItem> items(n);
+  phases.push_back(run_phase(
+      "put", [&](int t, std::vector<double>& lat, uint64_t& ops, uint64_t& bytes) -> Status {
+        auto idx = indices(t);
+        std::vector<std::vector<uint8_t>> bufs(depth, std::vector<uint8_t>(chunk_bytes));
+        for (size_t i = 0; i < idx.size(); i += depth) {
+          size_t n = std::min<size_t>(depth, idx.size() - i);
+          std::vector<kvd::client::PutItem> items(n);
           for (size_t j = 0; j < n; ++j) {
-            items[j] = {static_cast<uint32_t>(i + j), bufs[j].data(), chunk_bytes};
+            FillChunk(bufs[j].data(), chunk_bytes, run, idx[i + j]);
+            items[j] = {ChunkHash(run, idx[i + j]), static_cast<int>(tokens), bufs[j].data(),
+                        chunk_bytes};
           }
           auto t0 = Clock::now();
-          auto r = clients[t]->GetChunks(l->lease_id, items);
+          auto r = clients[t]->PutChunks(items);
           lat.push_back(us_since(t0));
           if (!r.ok()) return r.status();
-          if (verify) {
-            for (size_t j = 0; j < n; ++j) {
-              FillChunk(expect.data(), chunk_bytes, run, idx[b + i + j]);
-              if (std::memcmp(expect.data(), bufs[j].data(), chunk_bytes) != 0) {
-                return Status::DataLoss("chunk " + std::to_string(idx[b + i + j]) + " differs");
-              }
-            }
-          }
           ops += n;
           bytes += n * chunk_bytes;
         }
-        KVD_RETURN_IF_ERROR(clients[t]->ReleaseLease(l->lease_id));
-      }
-      return Status::Ok();
-    }));
+        return Status::Ok();
+      }));
+
+  if (op != "put" && first_error.ok()) {
+    phases.push_back(run_phase(
+        "lookup", [&](int t, std::vector<double>& lat, uint64_t& ops, uint64_t& bytes) -> Status {
+          for (uint64_t i : indices(t)) {
+            kvd::Hash128 h = ChunkHash(run, i);
+            auto t0 = Clock::now();
+            auto r = clients[t]->Lookup({&h, 1});
+            lat.push_back(us_since(t0));
+            if (!r.ok()) return r.status();
+            if (r->matched_chunks != 1) {
+              return Status::NotFound("chunk " + std::to_string(i) +
+                                      " missing at lookup (evicted? "
+                                      "the host tier may be smaller than count x chunk bytes)");
+            }
+            ++ops;
+            KVD_RETURN_IF_ERROR(clients[t]->ReleaseLease(r->lease_id));
+          }
+          return Status::Ok();
+        }));
+  }
+  if (op != "put" && first_error.ok()) {
+    phases.push_back(run_phase(
+        "get", [&](int t, std::vector<double>& lat, uint64_t& ops, uint64_t& bytes) -> Status {
+          // As an engine reads a prompt: one Lookup (one lease) for a run of up to `lookup_batch`
+          // chunks, then Gets of `depth` chunks per call, then one ReleaseLease. The latency is
+          // per Get call; the throughput counts the whole phase (lookups and releases included).
+          auto idx = indices(t);
+          std::vector<std::vector<uint8_t>> bufs(depth, std::vector<uint8_t>(chunk_bytes));
+          std::vector<uint8_t> expect(verify ? chunk_bytes : 0);
+          for (size_t b = 0; b < idx.size(); b += lookup_batch) {
+            size_t nb = std::min<size_t>(lookup_batch, idx.size() - b);
+            std::vector<kvd::Hash128> chain(nb);
+            for (size_t j = 0; j < nb; ++j) chain[j] = ChunkHash(run, idx[b + j]);
+            auto l = clients[t]->Lookup(chain);
+            if (!l.ok()) return l.status();
+            if (l->matched_chunks != nb) {
+              return Status::NotFound("only " + std::to_string(l->matched_chunks) + " of " +
+                                      std::to_string(nb) + " chunks found at get");
+            }
+            for (size_t i = 0; i < nb; i += depth) {
+              size_t n = std::min<size_t>(depth, nb - i);
+              std::vector<kvd::client::GetItem> items(n);
+              for (size_t j = 0; j < n; ++j) {
+                items[j] = {static_cast<uint32_t>(i + j), bufs[j].data(), chunk_bytes};
+              }
+              auto t0 = Clock::now();
+              auto r = clients[t]->GetChunks(l->lease_id, items);
+              lat.push_back(us_since(t0));
+              if (!r.ok()) return r.status();
+              if (verify) {
+                for (size_t j = 0; j < n; ++j) {
+                  FillChunk(expect.data(), chunk_bytes, run, idx[b + i + j]);
+                  if (std::memcmp(expect.data(), bufs[j].data(), chunk_bytes) != 0) {
+                    return Status::DataLoss("chunk " + std::to_string(idx[b + i + j]) + " differs");
+                  }
+                }
+              }
+              ops += n;
+              bytes += n * chunk_bytes;
+            }
+            KVD_RETURN_IF_ERROR(clients[t]->ReleaseLease(l->lease_id));
+          }
+          return Status::Ok();
+        }));
   }
   clients.clear();
 
   if (json) {
-    nlohmann::json j = {{"model", model},         {"chunk_bytes", chunk_bytes},
-                        {"tokens", tokens},       {"count", count},
-                        {"concurrency", nthreads}, {"depth", depth},
-                        {"op", op},               {"ucx_tls", base.transport.ucx_tls},
-                        {"ok", first_error.ok()}};
+    nlohmann::json j = {
+        {"model", model}, {"chunk_bytes", chunk_bytes},        {"tokens", tokens},
+        {"count", count}, {"concurrency", nthreads},           {"depth", depth},
+        {"op", op},       {"ucx_tls", base.transport.ucx_tls}, {"ok", first_error.ok()}};
     for (const auto& p : phases) {
       if (op == "get" && p.name == "put") continue;
       j[p.name] = {{"ops", p.ops},

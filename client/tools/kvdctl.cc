@@ -56,16 +56,16 @@ std::string Pct(uint64_t part, uint64_t whole) {
 }
 
 void PrintStats(const kvd::client::Stats& s) {
-  std::cout << "node " << s.node_name << "  uptime " << HumanDuration(s.uptime_ms)
-            << "  sessions " << s.sessions << "\n\nTiers\n";
+  std::cout << "node " << s.node_name << "  uptime " << HumanDuration(s.uptime_ms) << "  sessions "
+            << s.sessions << "\n\nTiers\n";
   std::vector<std::vector<std::string>> rows;
   for (const auto& t : s.tiers) {
     uint64_t lookups = t.hits + t.misses;
     rows.push_back({t.name, HumanBytes(t.capacity_bytes), HumanBytes(t.used_bytes),
                     Pct(t.used_bytes, t.capacity_bytes), HumanBytes(t.reserved_bytes),
                     HumanBytes(t.pinned_bytes), std::to_string(t.chunks),
-                    std::to_string(t.evictions), std::to_string(t.hits),
-                    std::to_string(t.misses), Pct(t.hits, lookups)});
+                    std::to_string(t.evictions), std::to_string(t.hits), std::to_string(t.misses),
+                    Pct(t.hits, lookups)});
   }
   PrintTable(std::cout,
              {"TIER", "CAPACITY", "USED", "USE%", "RESERVED", "PINNED", "CHUNKS", "EVICTIONS",
@@ -100,8 +100,8 @@ void PrintList(const kvd::client::ListResult& l) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& c : l.chunks) {
     rows.push_back({c.hash.ToHex(), c.name_space, c.model, std::to_string(c.tokens),
-                    HumanBytes(c.bytes), c.tier, HumanDuration(c.age_ms),
-                    HumanDuration(c.idle_ms), std::to_string(c.leases)});
+                    HumanBytes(c.bytes), c.tier, HumanDuration(c.age_ms), HumanDuration(c.idle_ms),
+                    std::to_string(c.leases)});
   }
   PrintTable(std::cout,
              {"CHUNK", "NAMESPACE", "MODEL", "TOKENS", "BYTES", "TIER", "AGE", "IDLE", "LEASES"},
@@ -112,9 +112,9 @@ void PrintList(const kvd::client::ListResult& l) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  kvd::tools::Args args(argc, argv, {"--json", "--all", "--help"},
-                        {"--addr", "--namespace", "--model", "--limit", "--chunk",
-                         "--timeout-ms", "--client-id"});
+  kvd::tools::Args args(
+      argc, argv, {"--json", "--all", "--help"},
+      {"--addr", "--namespace", "--model", "--limit", "--chunk", "--timeout-ms", "--client-id"});
   if (args.Has("--help")) {
     std::cout << kUsage;
     return kExitOk;
@@ -135,9 +135,10 @@ int main(int argc, char** argv) {
 
   kvd::client::EvictFilter filter;
   if (cmd == "evict") {
-    int scopes = args.Has("--all") + args.Has("--namespace") + args.Has("--model") +
-                 args.Has("--chunk");
-    if (scopes != 1) return Usage("evict needs exactly one of --all, --namespace, --model, --chunk");
+    int scopes =
+        args.Has("--all") + args.Has("--namespace") + args.Has("--model") + args.Has("--chunk");
+    if (scopes != 1)
+      return Usage("evict needs exactly one of --all, --namespace, --model, --chunk");
     if (args.Has("--namespace")) {
       filter.kind = kvd::client::EvictFilter::Kind::kNamespace;
       filter.name = ns;
@@ -158,20 +159,25 @@ int main(int argc, char** argv) {
 
   auto client = kvd::client::Client::Connect(o);
   if (!client.ok()) {
-    if (client.status().code() == StatusCode::kInvalidArgument) return Usage(client.status().message());
+    if (client.status().code() == StatusCode::kInvalidArgument)
+      return Usage(client.status().message());
     return Fail(client.status(), json, true);
   }
   auto& c = *client;
   if (cmd == "stats") {
     auto s = c->GetStats();
     if (!s.ok()) return Fail(s.status(), json, false);
-    if (json) std::cout << kvd::client::StatsToJson(*s) << "\n";
-    else PrintStats(*s);
+    if (json)
+      std::cout << kvd::client::StatsToJson(*s) << "\n";
+    else
+      PrintStats(*s);
   } else if (cmd == "ls") {
     auto l = c->List({ns, args.Get("--model"), static_cast<uint32_t>(limit)});
     if (!l.ok()) return Fail(l.status(), json, false);
-    if (json) std::cout << kvd::client::ListToJson(*l) << "\n";
-    else PrintList(*l);
+    if (json)
+      std::cout << kvd::client::ListToJson(*l) << "\n";
+    else
+      PrintList(*l);
   } else if (cmd == "evict") {
     auto e = c->Evict(filter);
     if (!e.ok()) return Fail(e.status(), json, false);

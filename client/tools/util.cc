@@ -56,9 +56,12 @@ int64_t Args::GetInt(const std::string& name, int64_t fallback) {
     return fallback;
   }
   std::string suffix(end);
-  if (suffix == "K" || suffix == "KiB" || suffix == "k") v <<= 10;
-  else if (suffix == "M" || suffix == "MiB") v <<= 20;
-  else if (suffix == "G" || suffix == "GiB") v <<= 30;
+  if (suffix == "K" || suffix == "KiB" || suffix == "k")
+    v <<= 10;
+  else if (suffix == "M" || suffix == "MiB")
+    v <<= 20;
+  else if (suffix == "G" || suffix == "GiB")
+    v <<= 30;
   else if (!suffix.empty()) {
     error_ = name + ": bad number '" + s + "'";
     return fallback;
@@ -75,8 +78,10 @@ std::string HumanBytes(uint64_t bytes) {
     ++u;
   }
   char buf[32];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
-  else std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
   return buf;
 }
 
@@ -87,12 +92,15 @@ std::string HumanDuration(uint64_t ms) {
     return buf;
   }
   uint64_t m = ms / 60'000, h = m / 60, d = h / 24;
-  if (d > 0) std::snprintf(buf, sizeof buf, "%llud %lluh %llum", (unsigned long long)d,
-                           (unsigned long long)(h % 24), (unsigned long long)(m % 60));
-  else if (h > 0) std::snprintf(buf, sizeof buf, "%lluh %llum", (unsigned long long)h,
-                                (unsigned long long)(m % 60));
-  else std::snprintf(buf, sizeof buf, "%llum %llus", (unsigned long long)m,
-                     (unsigned long long)((ms / 1000) % 60));
+  if (d > 0)
+    std::snprintf(buf, sizeof buf, "%llud %lluh %llum", (unsigned long long)d,
+                  (unsigned long long)(h % 24), (unsigned long long)(m % 60));
+  else if (h > 0)
+    std::snprintf(buf, sizeof buf, "%lluh %llum", (unsigned long long)h,
+                  (unsigned long long)(m % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%llum %llus", (unsigned long long)m,
+                  (unsigned long long)((ms / 1000) % 60));
   return buf;
 }
 
@@ -125,8 +133,10 @@ void PrintTable(std::ostream& os, const std::vector<std::string>& header,
 }
 
 void ApplyConnectionArgs(Args& args, client::ClientOptions* o) {
-  if (args.Has("--addr")) o->address = args.Get("--addr");
-  else if (const char* env = std::getenv("KVD_ADDR")) o->address = env;
+  if (args.Has("--addr"))
+    o->address = args.Get("--addr");
+  else if (const char* env = std::getenv("KVD_ADDR"))
+    o->address = env;
   if (args.Has("--ucx-tls")) o->transport.ucx_tls = args.Get("--ucx-tls");
   if (args.Has("--net-devices")) o->transport.net_devices = args.Get("--net-devices");
   if (args.Has("--namespace")) o->name_space = args.Get("--namespace");
@@ -152,8 +162,8 @@ StatusOr<client::ModelInfo> FindModel(const client::ClientOptions& base, const s
     if (m.name == model) return m;
     names += (names.empty() ? "" : ", ") + m.name;
   }
-  return Status::NotFound("model '" + model + "' is not registered in kvd (registered: " +
-                          names + ")");
+  return Status::NotFound("model '" + model + "' is not registered in kvd (registered: " + names +
+                          ")");
 }
 
 }  // namespace kvd::tools

@@ -45,8 +45,8 @@ void PrintTable(std::ostream& os, const std::vector<std::string>& header,
 // Common transport / connection flags: --addr, --ucx-tls, --net-devices, --namespace,
 // --hash-seed, --client-id, --timeout-ms.
 inline const std::set<std::string> kConnectionFlags = {
-    "--addr", "--ucx-tls", "--net-devices", "--namespace", "--hash-seed", "--client-id",
-    "--timeout-ms"};
+    "--addr",      "--ucx-tls",   "--net-devices", "--namespace",
+    "--hash-seed", "--client-id", "--timeout-ms"};
 void ApplyConnectionArgs(Args& args, client::ClientOptions* options);
 
 // Asks the daemon (admin role) for a registered model's layout and chunk size.

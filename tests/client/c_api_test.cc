@@ -83,8 +83,7 @@ TEST(CApiTest, RoundTripThroughTheFakeDaemon) {
   std::vector<uint8_t> raw2(raw.size());
   ASSERT_EQ(kvd_client_get(client, hit.lease_id, 1, raw2.data(), raw2.size(), &got), KVD_OK);
   EXPECT_EQ(raw, raw2);
-  EXPECT_EQ(kvd_client_get(client, hit.lease_id, 5, raw2.data(), raw2.size(), &got),
-            KVD_NOT_FOUND);
+  EXPECT_EQ(kvd_client_get(client, hit.lease_id, 5, raw2.data(), raw2.size(), &got), KVD_NOT_FOUND);
   EXPECT_EQ(kvd_client_release_lease(client, hit.lease_id), KVD_OK);
 
   char* json = nullptr;

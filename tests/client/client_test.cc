@@ -1,5 +1,7 @@
 // The client against a scripted fake daemon (real frames over a unix socket, bulk bytes over
 // the loopback transport): round trips, pipelining, and every failure path a caller must see.
+#include "kvd/client/client.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -7,7 +9,6 @@
 #include <cstring>
 
 #include "fake_daemon.h"
-#include "kvd/client/client.h"
 
 namespace kvd::client {
 namespace {

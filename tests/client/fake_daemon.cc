@@ -38,18 +38,30 @@ void WriteFrame(int fd, capnp::MessageBuilder& m) {
 
 std::string Kind(proto::Request::Reader r) {
   switch (r.which()) {
-    case proto::Request::HELLO: return "hello";
-    case proto::Request::LOOKUP: return "lookup";
-    case proto::Request::RESERVE: return "reserve";
-    case proto::Request::COMMIT: return "commit";
-    case proto::Request::ABORT: return "abort";
-    case proto::Request::GET: return "get";
-    case proto::Request::RELEASE_LEASE: return "release";
-    case proto::Request::STATS: return "stats";
-    case proto::Request::LIST: return "list";
-    case proto::Request::EVICT: return "evict";
-    case proto::Request::HEALTH: return "health";
-    case proto::Request::BYE: return "bye";
+    case proto::Request::HELLO:
+      return "hello";
+    case proto::Request::LOOKUP:
+      return "lookup";
+    case proto::Request::RESERVE:
+      return "reserve";
+    case proto::Request::COMMIT:
+      return "commit";
+    case proto::Request::ABORT:
+      return "abort";
+    case proto::Request::GET:
+      return "get";
+    case proto::Request::RELEASE_LEASE:
+      return "release";
+    case proto::Request::STATS:
+      return "stats";
+    case proto::Request::LIST:
+      return "list";
+    case proto::Request::EVICT:
+      return "evict";
+    case proto::Request::HEALTH:
+      return "health";
+    case proto::Request::BYE:
+      return "bye";
   }
   return "?";
 }
@@ -161,7 +173,7 @@ void FakeDaemon::ServeConnection(int fd) {
         if (h.getRole() == proto::Role::ENGINE) {
           auto a = h.getWorkerAddress();
           peer = std::move(transport_->Connect(std::string_view(
-                     reinterpret_cast<const char*>(a.begin()), a.size())))
+                               reinterpret_cast<const char*>(a.begin()), a.size())))
                      .value();
         }
         auto r = resp.initHello();
@@ -187,9 +199,9 @@ void FakeDaemon::ServeConnection(int fd) {
         res->hash = h;
         res->bytes.resize(rv.getBytes());
         uint64_t id = next_id++;
-        res->recv = std::move(transport_->PostRecv(peer, 1000 + id, res->bytes.data(),
-                                                   res->bytes.size()))
-                        .value();
+        res->recv =
+            std::move(transport_->PostRecv(peer, 1000 + id, res->bytes.data(), res->bytes.size()))
+                .value();
         r.setReservationId(id);
         r.setTag(1000 + id);
         r.setTtlMs(1000);
@@ -205,8 +217,8 @@ void FakeDaemon::ServeConnection(int fd) {
         }
         Status s = transport_->Wait(it->second->recv, std::chrono::milliseconds(2000));
         transport_->Release(it->second->recv).IgnoreError();
-        if (s.ok() && Checksum64(it->second->bytes.data(), it->second->bytes.size()) !=
-                          c.getChecksum()) {
+        if (s.ok() &&
+            Checksum64(it->second->bytes.data(), it->second->bytes.size()) != c.getChecksum()) {
           s = Status::DataLoss("checksum mismatch at commit");
         }
         if (!s.ok()) {

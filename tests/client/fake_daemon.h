@@ -20,9 +20,9 @@ namespace kvd::client::testing {
 
 struct FakeDaemonBehavior {
   // Request kinds by name ("lookup", "reserve", "commit", "get", "stats", ...).
-  std::string hang_on;        // never answer this kind (the client must time out)
-  std::string close_on;       // close the connection on this kind (the daemon "died")
-  std::string refuse_hello;   // non-empty: refuse Hello with FAILED_PRECONDITION and this text
+  std::string hang_on;         // never answer this kind (the client must time out)
+  std::string close_on;        // close the connection on this kind (the daemon "died")
+  std::string refuse_hello;    // non-empty: refuse Hello with FAILED_PRECONDITION and this text
   bool get_not_found = false;  // Get replies NOT_FOUND and sends nothing
   bool corrupt_get = false;    // Get flips one byte of what it sends (checksum stays the true one)
 };

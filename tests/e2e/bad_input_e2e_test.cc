@@ -117,8 +117,7 @@ TEST_F(BadInputE2eTest, WrongPutByteCountAndChecksumMismatch) {
   auto data = RandomBytes(o.layout.ChunkBytes(256) - 64, 5);
   auto r = bad->Put({5, 5}, 256, data.data(), data.size());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
-  EXPECT_NE(r.status().message().find(std::to_string(o.layout.ChunkBytes(256))),
-            std::string::npos)
+  EXPECT_NE(r.status().message().find(std::to_string(o.layout.ChunkBytes(256))), std::string::npos)
       << r.status();
   ExpectServes(*good_, 5);
 
@@ -130,8 +129,8 @@ TEST_F(BadInputE2eTest, WrongPutByteCountAndChecksumMismatch) {
   r = corrupt->Put({6, 6}, 256, full.data(), full.size());
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
   EXPECT_EQ(Present(*good_, {6, 6}), 0u);
-  EXPECT_TRUE(Eventually([&] { return HostTier(*admin_).reserved_bytes == 0; },
-                         std::chrono::seconds(2)));
+  EXPECT_TRUE(
+      Eventually([&] { return HostTier(*admin_).reserved_bytes == 0; }, std::chrono::seconds(2)));
 }
 
 // A raw engine session (its own UCX worker for the address) to send what the library never does.
@@ -162,8 +161,8 @@ TEST_F(BadInputE2eTest, CommitOfAnUnknownReservationIsNotFound) {
                 proto::ToProto(Stories260kLayout(), h.initLayout());
                 h.setHashSeedDigest(Digest64("kvd-default-seed"));
                 h.setChunkTokens(256);
-                h.setWorkerAddress(kj::arrayPtr(
-                    reinterpret_cast<const kj::byte*>(addr->data()), addr->size()));
+                h.setWorkerAddress(
+                    kj::arrayPtr(reinterpret_cast<const kj::byte*>(addr->data()), addr->size()));
               }).ok());
   ASSERT_TRUE((*raw)->ReadResponseStatus(std::chrono::seconds(3)).ok());
   ASSERT_TRUE(send([](proto::Request::Builder r) {
@@ -187,8 +186,8 @@ TEST_F(BadInputE2eTest, ClientKilledMidPutHasItsReservationReclaimed) {
   EXPECT_GT(HostTier(*admin_).reserved_bytes, before.reserved_bytes);
   auto sessions_with_child = admin_->GetStats()->sessions;
   (*child)->Kill();  // SIGKILL between send and commit
-  EXPECT_TRUE(Eventually([&] { return HostTier(*admin_).reserved_bytes == 0; },
-                         std::chrono::seconds(5)))
+  EXPECT_TRUE(
+      Eventually([&] { return HostTier(*admin_).reserved_bytes == 0; }, std::chrono::seconds(5)))
       << "reserved bytes of the killed client were not reclaimed";
   EXPECT_TRUE(Eventually([&] { return admin_->GetStats()->sessions < sessions_with_child; },
                          std::chrono::seconds(5)));

@@ -100,8 +100,8 @@ TEST_F(CapacityE2eTest, UncommittedReservationIsReclaimedAndItsCommitAborted) {
   auto data = RandomBytes(o.layout.ChunkBytes(256), 9);
   auto r = slow->Put(h, 256, data.data(), data.size());
   EXPECT_EQ(r.status().code(), StatusCode::kAborted) << r.status();
-  EXPECT_TRUE(Eventually([&] { return HostTier(*admin_).reserved_bytes == 0; },
-                         std::chrono::seconds(3)));
+  EXPECT_TRUE(
+      Eventually([&] { return HostTier(*admin_).reserved_bytes == 0; }, std::chrono::seconds(3)));
   EXPECT_EQ(Present(*engine_, h), 0u) << "an expired reservation must never become visible";
   // Its space came back: three full chunks fit again.
   for (uint64_t i = 0; i < 3; ++i) PutChunk(*engine_, {20, i}, 20 + i);

@@ -15,10 +15,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "kvd/proto/convert.h"
 #include "kvd/proto/frame.h"
@@ -36,7 +35,9 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-std::string Tail(const std::string& s, size_t n) { return s.size() > n ? s.substr(s.size() - n) : s; }
+std::string Tail(const std::string& s, size_t n) {
+  return s.size() > n ? s.substr(s.size() - n) : s;
+}
 
 // Waits for `pid` up to `timeout`; returns true and the status if it exited.
 bool WaitFor(pid_t pid, std::chrono::milliseconds timeout, int* status) {
@@ -116,8 +117,9 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Start(const KvdConfig& c) {
       << "\n  lease_ttl_ms: " << c.lease_ttl_ms
       << "\n  transfer_timeout_ms: " << c.transfer_timeout_ms << "\n";
   }
-  std::vector<std::string> argv = {KVD_BINARY, "--config", config_path, "--listen",
-                                   "127.0.0.1:0", "--unix", p->unix_, "--ready-file", ready};
+  std::vector<std::string> argv = {KVD_BINARY, "--config",     config_path,
+                                   "--listen", "127.0.0.1:0",  "--unix",
+                                   p->unix_,   "--ready-file", ready};
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, p->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
@@ -361,7 +363,8 @@ Status RawConnection::ReadResponseStatus(std::chrono::milliseconds timeout) {
   KVD_RETURN_IF_ERROR(fill(proto::kFrameHeaderBytes));
   KVD_ASSIGN_OR_RETURN(uint32_t len, proto::ParseFrameHeader(buf, proto::kDefaultMaxFrameBytes));
   KVD_RETURN_IF_ERROR(fill(proto::kFrameHeaderBytes + len));
-  KVD_ASSIGN_OR_RETURN(auto msg, proto::DecodePayload(std::span(buf).subspan(proto::kFrameHeaderBytes)));
+  KVD_ASSIGN_OR_RETURN(auto msg,
+                       proto::DecodePayload(std::span(buf).subspan(proto::kFrameHeaderBytes)));
   Status result = Status::Internal("no status");
   KVD_RETURN_IF_ERROR(proto::TryDecode([&]() -> Status {
     auto r = msg->Root<proto::Response>();

@@ -103,7 +103,9 @@ bool Eventually(Pred&& pred, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     if (pred()) return true;
-    struct timespec ts{0, 20'000'000};
+    struct timespec ts {
+      0, 20'000'000
+    };
     nanosleep(&ts, nullptr);
   }
   return pred();

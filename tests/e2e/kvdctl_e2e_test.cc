@@ -111,7 +111,7 @@ TEST_F(KvdctlE2eTest, HumanOutputIsATableWithUnits) {
 TEST_F(KvdctlE2eTest, ExitCodes) {
   std::string out;
   EXPECT_EQ(Kvdctl({"frobnicate"}, &out), 2);
-  EXPECT_EQ(Kvdctl({"evict"}, &out), 2);                       // no scope
+  EXPECT_EQ(Kvdctl({"evict"}, &out), 2);                           // no scope
   EXPECT_EQ(Kvdctl({"evict", "--all", "--model", "m"}, &out), 2);  // two scopes
   EXPECT_EQ(Kvdctl({"ls", "--limit", "lots"}, &out), 2);
   EXPECT_EQ(Kvdctl({"evict", "--chunk", "xyz"}, &out), 2);

@@ -109,8 +109,8 @@ TEST_P(RoundTripE2eTest, PutLookupPartialPrefixGetByteExact) {
 TEST_P(RoundTripE2eTest, SecondClientProcessAndLargeChunks) {
   // kvd-roundtrip is a separate client process (smollm2: 5.6 MiB chunks, rendezvous sizes).
   std::string out;
-  int rc = RunProgram({KVD_ROUNDTRIP_BINARY, "--addr", kvd_->tcp_address(), "--ucx-tls",
-                       GetParam(), "--net-devices", "lo", "--tokens", "600"},
+  int rc = RunProgram({KVD_ROUNDTRIP_BINARY, "--addr", kvd_->tcp_address(), "--ucx-tls", GetParam(),
+                       "--net-devices", "lo", "--tokens", "600"},
                       &out, std::chrono::seconds(60));
   EXPECT_EQ(rc, 0) << out << "\nkvd log:\n" << kvd_->Log();
   EXPECT_NE(out.find("round trip OK"), std::string::npos) << out;

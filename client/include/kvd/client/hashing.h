@@ -21,8 +21,8 @@
 namespace kvd::client {
 
 struct ChainHasherOptions {
-  int block_tokens = 16;    // tokens per hashed block; > 0
-  int chunk_tokens = 256;   // tokens per chunk; a positive multiple of block_tokens
+  int block_tokens = 16;   // tokens per hashed block; > 0
+  int chunk_tokens = 256;  // tokens per chunk; a positive multiple of block_tokens
   // INVALID_ARGUMENT naming the field and value.
   Status Validate() const;
 };

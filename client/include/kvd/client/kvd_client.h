@@ -66,20 +66,20 @@ typedef struct kvd_layout {
 /* Connection settings. Zero / NULL fields take the C++ ClientOptions defaults (see
  * kvd/client/client.h); call kvd_config_init first. */
 typedef struct kvd_config {
-  const char* address;     /* "host:port" or "unix:/path"; NULL = "127.0.0.1:7400" */
-  const char* client_id;   /* NULL = "<hostname>-<pid>" */
-  const char* name_space;  /* NULL = "default" */
-  const char* model;       /* required unless admin != 0 */
+  const char* address;    /* "host:port" or "unix:/path"; NULL = "127.0.0.1:7400" */
+  const char* client_id;  /* NULL = "<hostname>-<pid>" */
+  const char* name_space; /* NULL = "default" */
+  const char* model;      /* required unless admin != 0 */
   kvd_layout layout;
-  const char* hash_seed;   /* NULL = "kvd-default-seed" */
-  int32_t chunk_tokens;    /* 0 = 256 */
-  int32_t block_tokens;    /* 0 = 16 */
-  int32_t admin;           /* nonzero: admin role (stats/ls/evict/health only) */
+  const char* hash_seed;         /* NULL = "kvd-default-seed" */
+  int32_t chunk_tokens;          /* 0 = 256 */
+  int32_t block_tokens;          /* 0 = 16 */
+  int32_t admin;                 /* nonzero: admin role (stats/ls/evict/health only) */
   const char* transport_backend; /* NULL = "ucx"; "loopback" only for in-process tests */
-  const char* ucx_tls;     /* NULL = UCX's choice; e.g. "sm,tcp" or "tcp" */
-  const char* net_devices; /* NULL = UCX's choice; e.g. "lo" */
+  const char* ucx_tls;           /* NULL = UCX's choice; e.g. "sm,tcp" or "tcp" */
+  const char* net_devices;       /* NULL = UCX's choice; e.g. "lo" */
   int64_t connect_timeout_ms, request_timeout_ms, transfer_timeout_ms; /* 0 = defaults */
-  int32_t max_in_flight;   /* 0 = 8 */
+  int32_t max_in_flight;                                               /* 0 = 8 */
 } kvd_config;
 
 typedef struct kvd_lookup_result {
