@@ -3,6 +3,8 @@
 // checksum mismatch, unknown reservations, and a client killed in the middle of a put.
 #include <capnp/message.h>
 
+#include <thread>
+
 #include "e2e_common.h"
 #include "kvd/proto/convert.h"
 #include "kvd/proto/frame.h"
@@ -192,6 +194,22 @@ TEST_F(BadInputE2eTest, ClientKilledMidPutHasItsReservationReclaimed) {
   EXPECT_TRUE(Eventually([&] { return admin_->GetStats()->sessions < sessions_with_child; },
                          std::chrono::seconds(5)));
   ExpectServes(*good_, 8);
+}
+
+TEST_F(BadInputE2eTest, ClientKilledWhileBytesMoveLeavesNoReservation) {
+  for (int delay_ms : {0, 3, 11}) {
+    auto child = ChildProcess::Spawn({KVD_E2E_DRIVER, "flood", kvd_->tcp_address(), "tcp"});
+    ASSERT_TRUE(child.ok()) << child.status();
+    auto line = (*child)->ReadLine(std::chrono::seconds(20));
+    ASSERT_TRUE(line.ok()) << line.status() << "\n" << kvd_->Log();
+    EXPECT_EQ(line->rfind("PUT ", 0), 0u) << *line;
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    (*child)->Kill();  // SIGKILL somewhere in reserve / send / commit of the next batch
+    EXPECT_TRUE(
+        Eventually([&] { return HostTier(*admin_).reserved_bytes == 0; }, std::chrono::seconds(5)))
+        << "delay " << delay_ms << " ms: reserved bytes were not reclaimed";
+    ExpectServes(*good_, 300 + delay_ms);
+  }
 }
 
 }  // namespace
