@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "client_impl.h"
-#include "fast_checksum.h"
+#include "kvd/common/hash.h"
 #include "kvd/common/logging.h"
 #include "kvd/proto/convert.h"
 
@@ -276,7 +276,7 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const Put
     }
     sends[i] = *h;
     // Computed while the bytes move (both only read the buffer).
-    checksum[i] = internal::FastChecksum64(items[i].data, items[i].bytes);
+    checksum[i] = Checksum64(items[i].data, items[i].bytes);
   }
   for (size_t i = 0; i < n; ++i) {
     if (!sends[i].valid()) continue;
@@ -472,7 +472,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
       st = Status::DataLoss("get: kvd announced " + std::to_string(out[i].bytes) + " bytes but " +
                             std::to_string(s.received) + " arrived");
     }
-    if (st.ok() && internal::FastChecksum64(items[i].out, s.received) != out[i].checksum) {
+    if (st.ok() && Checksum64(items[i].out, s.received) != out[i].checksum) {
       st = Status::DataLoss("get: checksum mismatch on chunk " +
                             std::to_string(items[i].chunk_index) + " of lease " +
                             std::to_string(lease_id));

@@ -7,7 +7,6 @@
 #include <string>
 
 #include "byte_io.h"
-#include "fast_checksum.h"
 #include "kvd/common/hash.h"
 
 namespace kvd::kernels {
@@ -190,7 +189,7 @@ StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk) {
   if (out.size() + kTrailerBytes != total) {
     return Status::Internal("EncodeCompactChunk: size bookkeeping is off");
   }
-  const uint64_t sum = internal::FastChecksum64(out.data(), out.size());
+  const uint64_t sum = Checksum64(out.data(), out.size());
   w.Put(sum);
   return out;
 }
@@ -230,7 +229,7 @@ StatusOr<CompactChunk> DecodeCompactChunk(std::span<const uint8_t> bytes) {
   }
   uint64_t stored_sum;
   std::memcpy(&stored_sum, bytes.data() + bytes.size() - kTrailerBytes, 8);
-  if (internal::FastChecksum64(bytes.data(), bytes.size() - kTrailerBytes) != stored_sum) {
+  if (Checksum64(bytes.data(), bytes.size() - kTrailerBytes) != stored_sum) {
     return Status::DataLoss("compact chunk checksum mismatch");
   }
   // From here the bytes are what an encoder wrote; inconsistencies mean a broken encoder.

@@ -9,7 +9,6 @@
 #include <string>
 
 #include "byte_io.h"
-#include "fast_checksum.h"
 #include "kvd/common/hash.h"
 #include "vector_backend.h"
 
@@ -40,7 +39,7 @@ Status CheckView(ConstMatrixView m, int64_t rows, int64_t cols, const char* what
 
 // Appends the checksum trailer: xxh3-64 of every byte before it.
 void AppendChecksum(std::vector<uint8_t>* out) {
-  const uint64_t sum = internal::FastChecksum64(out->data(), out->size());
+  const uint64_t sum = Checksum64(out->data(), out->size());
   internal::ByteWriter(out).Put(sum);
 }
 
@@ -62,7 +61,7 @@ Status CheckEnvelope(std::span<const uint8_t> bytes, uint32_t magic, const char*
   }
   uint64_t stored;
   std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
-  if (internal::FastChecksum64(bytes.data(), bytes.size() - 8) != stored) {
+  if (Checksum64(bytes.data(), bytes.size() - 8) != stored) {
     return Status::DataLoss(std::string(what) + ": checksum mismatch");
   }
   return Status::Ok();

@@ -146,22 +146,3 @@ TEST(LayersTest, GatherThenScatterRoundTrips) {
 
 }  // namespace
 }  // namespace kvd::client
-
-// The inlined (AVX2 when available) checksum must equal common's Checksum64 bit for bit: the
-// daemon verifies with the latter.
-#include "fast_checksum.h"
-
-namespace kvd::client {
-namespace {
-
-TEST(FastChecksumTest, EqualsChecksum64ForEverySizeClass) {
-  std::vector<uint8_t> buf((1 << 20) + 3);
-  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
-  for (size_t n : {size_t{0}, size_t{1}, size_t{3}, size_t{16}, size_t{17}, size_t{128},
-                   size_t{129}, size_t{240}, size_t{241}, size_t{1024}, size_t{4099}, buf.size()}) {
-    EXPECT_EQ(internal::FastChecksum64(buf.data(), n), Checksum64(buf.data(), n)) << n;
-  }
-}
-
-}  // namespace
-}  // namespace kvd::client

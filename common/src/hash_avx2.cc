@@ -1,0 +1,15 @@
+// Compiled with -mavx2 (common/CMakeLists.txt); called only when the CPU has AVX2.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvd::internal {
+
+uint64_t Checksum64Avx2(const void* data, size_t size) { return XXH3_64bits(data, size); }
+
+}  // namespace kvd::internal
