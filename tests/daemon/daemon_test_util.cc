@@ -110,6 +110,13 @@ bool RawClient::WaitClosed(std::chrono::milliseconds timeout) {
   }
 }
 
+namespace {
+const DaemonConfig& DefaultConfig() {
+  static const DaemonConfig* config = new DaemonConfig();
+  return *config;
+}
+}  // namespace
+
 void BuildHello(capnp::MallocMessageBuilder& mb, const HelloArgs& a, uint64_t rid) {
   auto req = mb.initRoot<proto::Request>();
   req.setRequestId(rid);
@@ -122,7 +129,7 @@ void BuildHello(capnp::MallocMessageBuilder& mb, const HelloArgs& a, uint64_t ri
   ModelLayout layout;
   if (a.layout) {
     layout = *a.layout;
-  } else if (const ModelConfig* m = DaemonConfig{}.FindModel(a.model)) {
+  } else if (const ModelConfig* m = DefaultConfig().FindModel(a.model)) {
     layout = m->layout;
   }
   proto::ToProto(layout, h.initLayout());
