@@ -1,5 +1,8 @@
 #include "kernel_methods.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <optional>
@@ -160,6 +163,7 @@ class KernelMethod : public CompressionMethod {
         hk.bias = std::move(sh.bias);
       }
     }
+    if (std::getenv("KVD_QUALITY_STATS") != nullptr) PrintStats(p_c, chunk, stats);
     // Stored fraction in half-pairs: keys + stored values over 2 N per (layer, head).
     out.stored_fraction =
         static_cast<double>(chunk.HalfPairs()) / (2.0 * static_cast<double>(N) * L * H);
@@ -168,6 +172,26 @@ class KernelMethod : public CompressionMethod {
 
  private:
   static constexpr int kSinks = 4;
+
+  // One diagnostic line on stderr (KVD_QUALITY_STATS set): what the plan did to the prefix.
+  void PrintStats(double p_c, const kernels::CompactChunk& chunk,
+                  const kernels::CompressionStats& st) const {
+    int32_t max_l = 0;
+    for (const auto& h : chunk.heads) {
+      for (int32_t l : h.cardinality) max_l = std::max(max_l, l);
+    }
+    std::fprintf(
+        stderr,
+        "[quality stats] %s p_c=%.2f slots=%lld rebuild=%lld merged_tokens=%lld "
+        "evicted=%lld max_l=%d route_reductions=%lld kvslimmer rounds=%lld pairs=%lld "
+        "guard_fallbacks=%lld guard_clamps=%lld\n",
+        spec_.name, p_c, static_cast<long long>(st.slots), static_cast<long long>(st.rebuild_slots),
+        static_cast<long long>(st.merged_tokens), static_cast<long long>(st.evicted_tokens), max_l,
+        static_cast<long long>(st.route_reductions), static_cast<long long>(st.kvslimmer.rounds),
+        static_cast<long long>(st.kvslimmer.pairs_merged),
+        static_cast<long long>(st.kvslimmer.guard_fallbacks),
+        static_cast<long long>(st.kvslimmer.guard_clamps));
+  }
   MethodSpec spec_;
   std::optional<kernels::VectorWeights> weights_;
   std::vector<double> r2_;
