@@ -117,7 +117,7 @@ void ProgressLoop::Loop() {
       busy = true;
     }
     if (events > 0 || busy) continue;
-    if (!watches_.empty()) {
+    if (!watches_.empty() || expected_.load(std::memory_order_relaxed) > 0) {
       // Transfers are moving: keep polling (shared-memory transports progress only when polled)
       // but let other threads run.
       std::this_thread::yield();

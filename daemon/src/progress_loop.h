@@ -12,6 +12,7 @@
 // Thread safety: Submit and Watch are thread-safe. Start/Stop from one owner thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -51,6 +52,13 @@ class ProgressLoop {
   // the callback).
   void Watch(transport::TransferHandle transfer, SteadyTime deadline, WatchCallback done);
 
+  // Transfers posted and expected to move soon without a Watch yet (a put's receive between
+  // Reserve and Commit). While any are expected, or any watch is registered, the loop polls the
+  // transport continuously (yielding the CPU between passes) instead of sleeping in
+  // WaitForEvents: shared-memory transports progress only when polled, and a sleep would add up
+  // to its 1 ms timeout to every put. Thread-safe.
+  void ExpectTransfers(int64_t delta) { expected_.fetch_add(delta); }
+
   // Watches currently registered (for stats and tests).
   size_t watch_count() const;
 
@@ -70,6 +78,7 @@ class ProgressLoop {
   std::deque<std::function<void()>> tasks_;  // GUARDED_BY(mu_)
   std::vector<WatchEntry> new_watches_;      // GUARDED_BY(mu_)
   size_t watch_count_ = 0;                   // GUARDED_BY(mu_)
+  std::atomic<int64_t> expected_{0};
   std::vector<WatchEntry> watches_;          // owned by the progress thread
   std::thread thread_;
 };

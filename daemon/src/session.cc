@@ -245,6 +245,7 @@ asio::awaitable<void> Session::Teardown() {
                                                " was reclaimed: its client disconnected"));
   }
   size_t open_puts = pending_puts_.size();
+  server_->progress().ExpectTransfers(-static_cast<int64_t>(open_puts));
   pending_puts_.clear();
   // 4. Return everything the client held in the tier.
   storage::ReclaimResult reclaimed;

@@ -99,6 +99,8 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::awaitable<void> FinishGet(uint64_t seq, uint64_t rid, storage::ReadView view,
                                   transport::TransferHandle send);
   asio::awaitable<void> ExpirePut(uint64_t reservation);
+  // Forgets a pending put (and its expected transfer).
+  void ErasePendingPut(uint64_t reservation);
   // Error for a Commit/Abort of a reservation this session does not hold.
   Status UnknownReservation(uint64_t reservation) const;
   // FAILED_PRECONDITION unless Hello (engine role) succeeded.

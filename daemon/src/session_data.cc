@@ -308,6 +308,7 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
   put.bytes = bytes;
   put.deadline_ns = server_->clock()->NowNanos() + ttl_ms * 1000000;
   pending_puts_[reservation->id] = put;
+  server_->progress().ExpectTransfers(1);  // its bytes are due: keep polling the transport
   server_->RegisterReservation(reservation->id, id_);
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initReserve();
@@ -316,6 +317,10 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
              reply.setAlreadyStored(false);
              reply.setTtlMs(static_cast<uint32_t>(ttl_ms));
            }));
+}
+
+void Session::ErasePendingPut(uint64_t reservation) {
+  if (pending_puts_.erase(reservation) > 0) server_->progress().ExpectTransfers(-1);
 }
 
 Status Session::UnknownReservation(uint64_t reservation) const {
@@ -369,7 +374,7 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
   } else {
     server_->transport()->Release(put.recv).IgnoreError();
   }
-  pending_puts_.erase(reservation);
+  ErasePendingPut(reservation);
   storage::HostTier* tier = server_->tier();
   if (!status.ok()) {
     if (ended) tier->Abort(reservation).IgnoreError();
@@ -423,7 +428,7 @@ asio::awaitable<void> Session::FinishAbort(uint64_t seq, uint64_t rid, uint64_t 
   auto self = shared_from_this();
   PendingPut put = pending_puts_.at(reservation);
   bool ended = co_await CancelAndRelease(put.recv);
-  pending_puts_.erase(reservation);
+  ErasePendingPut(reservation);
   if (ended) server_->tier()->Abort(reservation).IgnoreError();
   server_->RetireReservation(
       reservation,
@@ -447,7 +452,7 @@ asio::awaitable<void> Session::ExpirePut(uint64_t reservation) {
   auto self = shared_from_this();
   PendingPut put = pending_puts_.at(reservation);
   bool ended = co_await CancelAndRelease(put.recv);
-  pending_puts_.erase(reservation);
+  ErasePendingPut(reservation);
   if (ended) server_->tier()->Abort(reservation).IgnoreError();
   ++server_->counters().reservations_expired;
   const int64_t ttl = server_->config().limits.reservation_ttl_ms;
