@@ -140,7 +140,9 @@ struct Abort {
 }
 
 # Read chunk `chunkIndex` of a lease. The client has ALREADY posted a receive for `bytes` bytes
-# with tag `tag`; the daemon sends the bytes with that tag, then replies.
+# with tag `tag`; the daemon sends the bytes with that tag, then replies. Errors: NOT_FOUND (lease
+# 0 or never issued), ABORTED (the lease was released or expired: its chunks may have been evicted
+# since; look up again), OUT_OF_RANGE (chunkIndex >= matched chunks, or bufferBytes too small).
 struct Get {
   leaseId @0 :UInt64;
   chunkIndex @1 :UInt32;

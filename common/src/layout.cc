@@ -5,6 +5,12 @@
 #include "kvd/common/hash.h"
 
 namespace kvd {
+namespace {
+const char* PairingName(RopePairing p) { return p == RopePairing::kHalves ? "halves" : "interleaved"; }
+const char* ScalingName(RopeScaling s) {
+  return s == RopeScaling::kNone ? "none" : s == RopeScaling::kLinear ? "linear" : "llama3";
+}
+}  // namespace
 
 Status RopeConfig::Validate(int head_dim) const {
   if (!(theta > 0)) return Status::InvalidArgument("rope.theta must be > 0, got " + std::to_string(theta));
@@ -47,9 +53,8 @@ std::string ModelLayout::ToString() const {
   std::ostringstream os;
   os << "layers=" << num_layers << " kv_heads=" << num_kv_heads << " q_heads=" << num_q_heads
      << " head_dim=" << head_dim << " dtype=" << DTypeName(dtype) << " tp=" << tp_rank << "/"
-     << tp_size << " rope=" << (rope.pairing == RopePairing::kHalves ? "halves" : "interleaved")
-     << "/" << rope.theta << "/"
-     << (rope.scaling == RopeScaling::kNone ? "none" : rope.scaling == RopeScaling::kLinear ? "linear" : "llama3");
+     << tp_size << " rope=" << PairingName(rope.pairing) << "/" << rope.theta << "/"
+     << ScalingName(rope.scaling);
   return os.str();
 }
 
@@ -68,8 +73,8 @@ std::string ModelLayout::DescribeMismatch(const ModelLayout& o) const {
   if (tp_size != o.tp_size) return field("tp_size", tp_size, o.tp_size);
   if (rope.theta != o.rope.theta) return field("rope.theta", rope.theta, o.rope.theta);
   if (rope.rotary_dim != o.rope.rotary_dim) return field("rope.rotary_dim", rope.rotary_dim, o.rope.rotary_dim);
-  if (rope.pairing != o.rope.pairing) return field("rope.pairing", static_cast<int>(rope.pairing), static_cast<int>(o.rope.pairing));
-  if (rope.scaling != o.rope.scaling) return field("rope.scaling", static_cast<int>(rope.scaling), static_cast<int>(o.rope.scaling));
+  if (rope.pairing != o.rope.pairing) return field("rope.pairing", PairingName(rope.pairing), PairingName(o.rope.pairing));
+  if (rope.scaling != o.rope.scaling) return field("rope.scaling", ScalingName(rope.scaling), ScalingName(o.rope.scaling));
   if (!(rope == o.rope)) return "rope scaling parameters differ";
   return "";
 }

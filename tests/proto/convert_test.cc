@@ -32,6 +32,10 @@ TEST(ConvertTest, LayoutRoundTripsAndDigestIsStable) {
   other.head_dim = 128;
   EXPECT_NE(other.Digest(), SmolLayout().Digest());
   EXPECT_EQ(SmolLayout().DescribeMismatch(other), "head_dim: registered 64, client sent 128");
+  kvd::ModelLayout halves = SmolLayout();
+  halves.rope.pairing = kvd::RopePairing::kHalves;
+  EXPECT_EQ(SmolLayout().DescribeMismatch(halves),
+            "rope.pairing: registered interleaved, client sent halves");
 }
 
 TEST(ConvertTest, InvalidLayoutIsRejected) {
