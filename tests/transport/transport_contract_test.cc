@@ -225,6 +225,19 @@ TEST_P(TransportContractTest, InvalidArgumentsGiveSpecificErrors) {
             StatusCode::kUnimplemented);
 }
 
+TEST_P(TransportContractTest, AllocatedRegionsAreCacheLineAligned) {
+  // Odd sizes too: the daemon carves 64-byte aligned chunks from the start of its arena.
+  for (size_t bytes : {size_t{1}, size_t{100}, size_t{4097}, size_t{1} << 20}) {
+    auto region = b_->AllocateRegistered(bytes);
+    ASSERT_TRUE(region.ok()) << region.status();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(region->data) % kRegisteredAlignment, 0u)
+        << "region of " << bytes << " bytes at " << region->data;
+    EXPECT_EQ(region->size, bytes);
+    std::memset(region->data, 0xab, bytes);  // every byte is writable
+    EXPECT_TRUE(b_->DeregisterMemory(region->handle).ok());
+  }
+}
+
 TEST_P(TransportContractTest, AllocatedRegionIsUsableAndReleasable) {
   auto region = b_->AllocateRegistered(1 << 20);
   ASSERT_TRUE(region.ok()) << region.status();

@@ -181,7 +181,10 @@ StatusOr<Region> LoopbackTransport::AllocateRegistered(size_t bytes, MemoryType 
     return Status::Unimplemented("loopback backend moves host memory only, not " +
                                  std::string(MemoryTypeName(type)));
   }
-  std::unique_ptr<char[]> mem(new (std::nothrow) char[bytes]);
+  // aligned_alloc needs a size that is a multiple of the alignment.
+  const size_t rounded = (bytes + kRegisteredAlignment - 1) & ~(kRegisteredAlignment - 1);
+  std::unique_ptr<char, FreeDeleter> mem(
+      static_cast<char*>(std::aligned_alloc(kRegisteredAlignment, rounded)));
   if (mem == nullptr) {
     return Status::ResourceExhausted("cannot allocate " + std::to_string(bytes) + " bytes");
   }

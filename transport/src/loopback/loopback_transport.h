@@ -8,6 +8,7 @@
 // Progress() always returns 0. All Transports of a domain share one mutex.
 #pragma once
 
+#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <string>
@@ -63,10 +64,13 @@ class LoopbackTransport final : public Transport {
     uint64_t transfer = 0;
     uint64_t tag = 0;
   };
+  struct FreeDeleter {
+    void operator()(char* p) const { std::free(p); }
+  };
   struct RegionState {
     void* data = nullptr;
     size_t size = 0;
-    std::unique_ptr<char[]> owned;
+    std::unique_ptr<char, FreeDeleter> owned;  // aligned_alloc'ed (AllocateRegistered only)
   };
   struct RemoteRegion {
     uint64_t peer = 0;

@@ -49,6 +49,9 @@
 
 namespace kvd::transport {
 
+// Every AllocateRegistered region starts on a multiple of this many bytes (a cache line).
+inline constexpr size_t kRegisteredAlignment = 64;
+
 // A registered local region. `data` stays valid until DeregisterMemory (or the Transport's
 // destruction); for AllocateRegistered the Transport owns the bytes.
 struct Region {
@@ -94,7 +97,8 @@ class Transport {
   // Allocates `bytes` of memory registered for transfers (UCX: ucp_mem_map with
   // UCP_MEM_MAP_ALLOCATE, the only kind one-sided RMA is fast on) and owned by the Transport.
   // INVALID_ARGUMENT for 0 bytes; UNIMPLEMENTED for a memory type the backend lacks;
-  // RESOURCE_EXHAUSTED if the allocation fails.
+  // RESOURCE_EXHAUSTED if the allocation fails. The bytes start on a kRegisteredAlignment
+  // (64-byte) boundary in every backend (UCX: page-aligned mmap; loopback: aligned_alloc).
   virtual StatusOr<Region> AllocateRegistered(size_t bytes,
                                               MemoryType type = MemoryType::kHost) = 0;
 
