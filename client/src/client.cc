@@ -264,7 +264,7 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const Put
     AbortReservationsLocked(to_abort);
     return first_error;
   }
-  // Phase 2: send the bytes of every reserved chunk, then wait for all sends.
+  // Phase 2: post the send of every reserved chunk and checksum it while its bytes move.
   std::vector<TransferHandle> sends(n);
   std::vector<uint64_t> checksum(n, 0);
   for (size_t i = 0; i < n; ++i) {
@@ -278,21 +278,42 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const Put
     // Computed while the bytes move (both only read the buffer).
     checksum[i] = Checksum64(items[i].data, items[i].bytes);
   }
-  for (size_t i = 0; i < n; ++i) {
-    if (!sends[i].valid()) continue;
-    if (!first_error.ok()) {
-      DropTransfer(sends[i]);
-      continue;
+  auto drop_sends = [&] {
+    for (TransferHandle& h : sends) {
+      if (h.valid()) DropTransfer(h);
+      h = {};
     }
-    Status s = FinishTransfer(sends[i]);
-    if (!s.ok()) first_error = s.WithContext("sending chunk bytes");
-  }
+  };
+  // Waits for every posted send; the first failure goes to first_error.
+  auto finish_sends = [&] {
+    for (TransferHandle& h : sends) {
+      if (!h.valid()) continue;
+      if (!first_error.ok()) {
+        DropTransfer(h);
+      } else if (Status s = FinishTransfer(h); !s.ok()) {
+        first_error = s.WithContext("sending chunk bytes");
+      }
+      h = {};
+    }
+  };
   if (!first_error.ok()) {
+    drop_sends();
     AbortReservationsLocked(to_abort);
     return first_error;
   }
-  if (options_.test_before_commit) options_.test_before_commit();
-  // Phase 3: commit with checksums (pipelined).
+  // Phase 3: commit with checksums (pipelined). The commits go out while the bytes still move:
+  // the daemon's commit waits for its receive to end, so the client does not wait for each
+  // send's completion first (that would add a transport ack and a control round trip per
+  // window). With test_before_commit set, the sends finish before the hook and the commits.
+  const bool commit_early = !options_.test_before_commit;
+  if (!commit_early) {
+    finish_sends();
+    if (!first_error.ok()) {
+      AbortReservationsLocked(to_abort);
+      return first_error;
+    }
+    options_.test_before_commit();
+  }
   std::vector<uint64_t> commit_req(n, 0);
   for (size_t i = 0; i < n; ++i) {
     if (out[i].already_stored) continue;
@@ -301,9 +322,15 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const Put
       c.setReservationId(reservation[i]);
       c.setChecksum(checksum[i] ^ options_.test_corrupt_checksum);
     });
-    if (!id.ok()) return id.status();
+    if (!id.ok()) {
+      drop_sends();
+      return id.status();
+    }
     commit_req[i] = *id;
   }
+  // A failed send fails its commit at the daemon too (its receive errs or times out), so every
+  // commit reply is still awaited; the send's own error is the one returned.
+  if (commit_early) finish_sends();
   for (size_t i = 0; i < n; ++i) {
     if (commit_req[i] == 0) continue;
     auto reply = channel_->Await(commit_req[i]);
@@ -344,6 +371,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
     uint64_t request = 0;
     bool transfer_done = false;
     size_t received = 0;
+    uint64_t checksum = 0;  // of the received bytes, computed while the reply is on its way
     std::unique_ptr<proto::DecodedMessage> reply;
     bool finished = false;
     Status status;
@@ -412,6 +440,8 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
         if (st.state == TransferState::kDone) {
           s.transfer_done = true;
           s.received = st.bytes;
+          // The daemon answers only after it sees the transfer end: checksum meanwhile.
+          s.checksum = Checksum64(items[i].out, s.received);
         } else if (st.state == TransferState::kError) {
           s.transfer_done = true;
           s.status = st.status.WithContext("receiving chunk bytes");
@@ -472,7 +502,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
       st = Status::DataLoss("get: kvd announced " + std::to_string(out[i].bytes) + " bytes but " +
                             std::to_string(s.received) + " arrived");
     }
-    if (st.ok() && Checksum64(items[i].out, s.received) != out[i].checksum) {
+    if (st.ok() && s.checksum != out[i].checksum) {
       st = Status::DataLoss("get: checksum mismatch on chunk " +
                             std::to_string(items[i].chunk_index) + " of lease " +
                             std::to_string(lease_id));

@@ -72,8 +72,10 @@ Status Server::Impl::Init() {
   storage::HostTierOptions host = config_.host_tier;
   host.max_chunk_bytes = config_.limits.max_chunk_bytes;
   host.lease_ttl = std::chrono::milliseconds(config_.limits.lease_ttl_ms);
-  // One alignment unit of slack: not every backend returns aligned memory (loopback: new[]).
-  auto region = transport_->AllocateRegistered(host.capacity_bytes + host.alignment,
+  // AllocateRegistered returns kRegisteredAlignment-aligned memory; a coarser configured
+  // alignment (tiers.host.alignment, e.g. 4 KiB) needs one alignment unit of slack.
+  const uint64_t slack = host.alignment > transport::kRegisteredAlignment ? host.alignment : 0;
+  auto region = transport_->AllocateRegistered(host.capacity_bytes + slack,
                                                transport::MemoryType::kHost);
   if (!region.ok()) {
     return region.status().WithContext("cannot allocate the host tier (" +

@@ -90,7 +90,9 @@ struct ClientOptions {
   // XORed into every commit checksum (default 0). Tests of the daemon's DATA_LOSS path set it.
   uint64_t test_corrupt_checksum = 0;
   // Called by PutChunks after the bytes of a window were sent and before its commits (default
-  // none). End-to-end tests use it to stop a client between reserve and commit.
+  // none). End-to-end tests use it to stop a client between reserve and commit. Without it the
+  // commits go out while the bytes still move (the daemon's commit waits for them); with it the
+  // client first waits for every send to complete.
   std::function<void()> test_before_commit;
 
   // INVALID_ARGUMENT naming the field and value (bad address form, chunk_tokens not a multiple
