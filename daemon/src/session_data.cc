@@ -1,6 +1,8 @@
 // Session requests of the engine role: handshake, lookup, two-phase put, get.
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <optional>
 
 #include "kvd/common/hash.h"
 #include "kvd/common/logging.h"
@@ -353,7 +355,30 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
   auto self = shared_from_this();  // keep alive across suspension
   PendingPut put = pending_puts_.at(reservation);
   const int64_t timeout_ms = server_->config().limits.transfer_timeout_ms;
-  TransferStatus st = co_await AwaitTransfer(put.recv, timeout_ms);
+  storage::HostTier* tier = server_->tier();
+  // The checksum is verified on the pool straight from the receive's completion (progress
+  // thread -> pool -> io_context), not via the io_context thread first: one thread hand-off
+  // less on every put (it reads the whole chunk, so it stays off the io_context thread).
+  struct Landed {
+    TransferStatus st;
+    std::optional<Status> commit;  // set when the bytes arrived whole and Commit ran
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  ProgressLoop* progress = &server_->progress();
+  asio::thread_pool* pool = &server_->pool();
+  const TransferHandle recv = put.recv;
+  const uint64_t expected_bytes = put.bytes;
+  Landed landed = co_await AwaitCallback<Landed>(
+      server_->io(), [=](std::function<void(Landed)> complete) {
+        progress->Watch(recv, deadline, [=](const TransferStatus& st) {
+          if (st.state == TransferState::kDone && st.bytes == expected_bytes) {
+            asio::post(*pool, [=] { complete(Landed{st, tier->Commit(reservation, checksum)}); });
+          } else {
+            complete(Landed{st, std::nullopt});
+          }
+        });
+      });
+  const TransferStatus& st = landed.st;
   Status status;
   if (st.state == TransferState::kInProgress) {
     ++server_->counters().transfer_timeouts;
@@ -375,7 +400,6 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
     server_->transport()->Release(put.recv).IgnoreError();
   }
   ErasePendingPut(reservation);
-  storage::HostTier* tier = server_->tier();
   if (!status.ok()) {
     if (ended) tier->Abort(reservation).IgnoreError();
     server_->RetireReservation(reservation,
@@ -384,10 +408,7 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
     CompleteError(seq, rid, status);
     co_return;
   }
-  // Verify the checksum off the io_context thread (it reads the whole chunk).
-  status = co_await OffloadTo<Status>(
-      server_->pool(), server_->io(),
-      [tier, reservation, checksum] { return tier->Commit(reservation, checksum); });
+  status = *landed.commit;  // set: the transfer ended whole (else status was not OK above)
   if (status.ok() || storage::IsDedup(status)) {
     if (status.ok()) {
       ++server_->counters().puts_committed;
