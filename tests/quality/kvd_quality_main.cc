@@ -20,7 +20,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: kvd-quality --model PATH [--manifest FILE] [--out DIR] [--quick]\n"
     "                   [--methods full,sink_recent] [--ratios 0.5,0.75,0.9] [--segments 8]\n"
-    "                   [--prefix 1024] [--continuation 128] [--window 64] [--passkey 1024]\n"
+    "                   [--prefix 2048] [--continuation 256] [--window 64] [--passkey 1536]\n"
     "                   [--threads N] [--list-methods]\n"
     "       kvd-quality --plot-from results.csv --out DIR   (re-draws DIR/perplexity.png)\n";
 
