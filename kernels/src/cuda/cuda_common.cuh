@@ -1,4 +1,4 @@
-// Helpers shared by the part-A CUDA kernels: the one CUDA-error-to-Status conversion and an RAII
+// Helpers shared by every CUDA kernel: the one CUDA-error-to-Status conversion and an RAII
 // device buffer. Private to kernels/src/cuda.
 #pragma once
 
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kvd/common/status.h"
+#include "kvd/kernels/types.h"
 
 namespace kvd::kernels::cuda {
 
@@ -79,6 +80,16 @@ inline Status DownloadRows(const float* device, int64_t rows, int64_t cols, floa
                         cols * sizeof(float), rows, cudaMemcpyDeviceToHost, stream),
       "cudaMemcpy2DAsync D2H");
   return Status::Ok();
+}
+
+// Allocates `buf` as a dense [rows, cols] device matrix and uploads the host view into it.
+inline Status UploadMatrix(ConstMatrixView m, DeviceBuffer<float>* buf, cudaStream_t stream) {
+  KVD_RETURN_IF_ERROR(buf->Allocate(static_cast<size_t>(m.rows * m.cols)));
+  return UploadRows(m.data, m.rows, m.cols, m.ld, buf->get(), stream);
+}
+// Downloads a dense [rows, cols] device matrix into a host view.
+inline Status DownloadMatrix(const float* device, MatrixView m, cudaStream_t stream) {
+  return DownloadRows(device, m.rows, m.cols, m.data, m.ld, stream);
 }
 
 // Checks the last launch and waits for the stream.

@@ -1,7 +1,7 @@
 // CUDA twin of the dense expansion (serving_backend.h): host views in and out, staged on device.
 #include <cuda_runtime.h>
 
-#include "cuda/device_buffer_b.cuh"
+#include "cuda/cuda_common.cuh"
 #include "serving_backend.h"
 
 namespace kvd::kernels::cuda {
@@ -51,7 +51,8 @@ Status ExpandDense(ConstMatrixView keys, ConstMatrixView values, const int64_t* 
   KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "ExpandDenseKernel launch");
   KVD_RETURN_IF_ERROR(DownloadMatrix(dko.get(), keys_out, stream));
   KVD_RETURN_IF_ERROR(DownloadMatrix(dvo.get(), values_out, stream));
-  return FromCuda(cudaStreamSynchronize(stream), "ExpandDense");
+  KVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "ExpandDense");
+  return Status::Ok();
 }
 
 }  // namespace kvd::kernels::cuda

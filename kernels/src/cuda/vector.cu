@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "cuda/device_buffer_b.cuh"
+#include "cuda/cuda_common.cuh"
 #include "vector_backend.h"
 
 namespace kvd::kernels::cuda {
@@ -139,7 +139,8 @@ Status Project(ConstMatrixView kpre, ConstMatrixView w, ConstMatrixView values, 
   } else {
     KVD_RETURN_IF_ERROR(DownloadMatrix(dout.get(), out, stream));
   }
-  return FromCuda(cudaStreamSynchronize(stream), "VECTOR project");
+  KVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "VECTOR project");
+  return Status::Ok();
 }
 
 }  // namespace
@@ -156,9 +157,9 @@ Status AccumulateVectorStats(ConstMatrixView kpre, ConstMatrixView values, Vecto
   KVD_RETURN_IF_ERROR(UploadMatrix(values, &dv, stream));
   KVD_RETURN_IF_ERROR(dout.Allocate(static_cast<size_t>(d) * 2 * d));
   KVD_RETURN_IF_ERROR(dsums.Allocate(static_cast<size_t>(d) + 1));
-  KVD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dout.get(), 0, dout.count() * sizeof(double), stream),
+  KVD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dout.get(), 0, dout.size() * sizeof(double), stream),
                            "memset");
-  KVD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dsums.get(), 0, dsums.count() * sizeof(double), stream),
+  KVD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dsums.get(), 0, dsums.size() * sizeof(double), stream),
                            "memset");
   const dim3 block(kTile, kTile);
   const dim3 grid((2 * d + kTile - 1) / kTile, (d + kTile - 1) / kTile);
@@ -166,7 +167,7 @@ Status AccumulateVectorStats(ConstMatrixView kpre, ConstMatrixView values, Vecto
   KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "GramCrossKernel launch");
   ValueSumsKernel<<<(d + 127) / 128, 128, 0, stream>>>(dv.get(), n, d, dsums.get());
   KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "ValueSumsKernel launch");
-  std::vector<double> host(dout.count()), sums(dsums.count());
+  std::vector<double> host(dout.size()), sums(dsums.size());
   KVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), dout.get(), host.size() * sizeof(double),
                                            cudaMemcpyDeviceToHost, stream),
                            "download Gram");
