@@ -16,9 +16,13 @@ namespace {
 
 constexpr Rgb kPalette[] = {{0, 0, 0},      {220, 30, 30},  {30, 90, 220}, {20, 150, 40},
                             {230, 130, 0},  {140, 40, 170}, {0, 170, 170}, {120, 80, 40},
-                            {240, 60, 160}, {110, 110, 110}};
+                            {240, 60, 160}, {110, 110, 110}, {170, 170, 0},
+                            {0, 60, 110},   {250, 90, 60}};
 constexpr const char* kPaletteNames[] = {"black",  "red",  "blue",  "green", "orange",
-                                         "purple", "teal", "brown", "pink",  "grey"};
+                                         "purple", "teal", "brown", "pink",  "grey",
+                                         "olive",  "navy", "coral"};
+constexpr size_t kPaletteSize = sizeof(kPalette) / sizeof(kPalette[0]);
+static_assert(kPaletteSize == sizeof(kPaletteNames) / sizeof(kPaletteNames[0]));
 
 uint32_t Crc32(const unsigned char* p, size_t n, uint32_t crc = 0) {
   crc = ~crc;
@@ -91,8 +95,8 @@ class Canvas {
 
 }  // namespace
 
-Rgb SeriesColor(size_t i) { return kPalette[i % 10]; }
-const char* SeriesColorName(size_t i) { return kPaletteNames[i % 10]; }
+Rgb SeriesColor(size_t i) { return kPalette[i % kPaletteSize]; }
+const char* SeriesColorName(size_t i) { return kPaletteNames[i % kPaletteSize]; }
 
 std::vector<std::string> PlotLegend(const HarnessReport& r) {
   std::vector<std::string> names, out;
