@@ -30,10 +30,14 @@ bool Hash128::FromHex(std::string_view hex, Hash128* out) {
   for (size_t i = 0; i < 32; ++i) {
     char c = hex[i];
     int v;
-    if (c >= '0' && c <= '9') v = c - '0';
-    else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
-    else return false;
+    if (c >= '0' && c <= '9')
+      v = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      v = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F')
+      v = c - 'A' + 10;
+    else
+      return false;
     words[i / 16] = (words[i / 16] << 4) | static_cast<uint64_t>(v);
   }
   out->hi = words[0];

@@ -33,11 +33,16 @@ std::atomic<int>& Format() {
 
 char LevelChar(LogLevel l) {
   switch (l) {
-    case LogLevel::kDebug: return 'D';
-    case LogLevel::kInfo: return 'I';
-    case LogLevel::kWarning: return 'W';
-    case LogLevel::kError: return 'E';
-    case LogLevel::kFatal: return 'F';
+    case LogLevel::kDebug:
+      return 'D';
+    case LogLevel::kInfo:
+      return 'I';
+    case LogLevel::kWarning:
+      return 'W';
+    case LogLevel::kError:
+      return 'E';
+    case LogLevel::kFatal:
+      return 'F';
   }
   return '?';
 }
@@ -46,10 +51,18 @@ void AppendJsonString(std::string* out, std::string_view s) {
   out->push_back('"');
   for (char c : s) {
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\t': *out += "\\t"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -66,8 +79,8 @@ void AppendJsonString(std::string* out, std::string_view s) {
 std::string Timestamp() {
   auto now = std::chrono::system_clock::now();
   auto secs = std::chrono::system_clock::to_time_t(now);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() %
-            1000;
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
   std::tm tm{};
   gmtime_r(&secs, &tm);
   char buf[64];
@@ -88,11 +101,16 @@ LogLevel GetLogLevel() { return static_cast<LogLevel>(Level().load(std::memory_o
 void SetLogFormat(LogFormat format) { Format().store(static_cast<int>(format)); }
 
 bool ParseLogLevel(std::string_view name, LogLevel* level) {
-  if (name == "debug") *level = LogLevel::kDebug;
-  else if (name == "info") *level = LogLevel::kInfo;
-  else if (name == "warning" || name == "warn") *level = LogLevel::kWarning;
-  else if (name == "error") *level = LogLevel::kError;
-  else return false;
+  if (name == "debug")
+    *level = LogLevel::kDebug;
+  else if (name == "info")
+    *level = LogLevel::kInfo;
+  else if (name == "warning" || name == "warn")
+    *level = LogLevel::kWarning;
+  else if (name == "error")
+    *level = LogLevel::kError;
+  else
+    return false;
   return true;
 }
 

@@ -79,7 +79,7 @@ class ProgressLoop {
   std::vector<WatchEntry> new_watches_;      // GUARDED_BY(mu_)
   size_t watch_count_ = 0;                   // GUARDED_BY(mu_)
   std::atomic<int64_t> expected_{0};
-  std::vector<WatchEntry> watches_;          // owned by the progress thread
+  std::vector<WatchEntry> watches_;  // owned by the progress thread
   std::thread thread_;
 };
 

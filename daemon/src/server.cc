@@ -75,8 +75,8 @@ Status Server::Impl::Init() {
   // AllocateRegistered returns kRegisteredAlignment-aligned memory; a coarser configured
   // alignment (tiers.host.alignment, e.g. 4 KiB) needs one alignment unit of slack.
   const uint64_t slack = host.alignment > transport::kRegisteredAlignment ? host.alignment : 0;
-  auto region = transport_->AllocateRegistered(host.capacity_bytes + slack,
-                                               transport::MemoryType::kHost);
+  auto region =
+      transport_->AllocateRegistered(host.capacity_bytes + slack, transport::MemoryType::kHost);
   if (!region.ok()) {
     return region.status().WithContext("cannot allocate the host tier (" +
                                        FormatByteSize(host.capacity_bytes) + ")");

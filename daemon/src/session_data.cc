@@ -368,8 +368,8 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
   asio::thread_pool* pool = &server_->pool();
   const TransferHandle recv = put.recv;
   const uint64_t expected_bytes = put.bytes;
-  Landed landed = co_await AwaitCallback<Landed>(
-      server_->io(), [=](std::function<void(Landed)> complete) {
+  Landed landed =
+      co_await AwaitCallback<Landed>(server_->io(), [=](std::function<void(Landed)> complete) {
         progress->Watch(recv, deadline, [=](const TransferStatus& st) {
           if (st.state == TransferState::kDone && st.bytes == expected_bytes) {
             asio::post(*pool, [=] { complete(Landed{st, tier->Commit(reservation, checksum)}); });

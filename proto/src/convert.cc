@@ -27,7 +27,8 @@ void ToProto(const kvd::ModelLayout& l, ModelLayout::Builder out) {
 StatusOr<kvd::ModelLayout> FromProto(ModelLayout::Reader in) {
   kvd::ModelLayout l;
   auto small = [](uint32_t v, const char* name, int* out) -> Status {
-    if (v > 1u << 20) return Status::InvalidArgument(std::string(name) + " out of range: " + std::to_string(v));
+    if (v > 1u << 20)
+      return Status::InvalidArgument(std::string(name) + " out of range: " + std::to_string(v));
     *out = static_cast<int>(v);
     return Status::Ok();
   };
@@ -44,10 +45,12 @@ StatusOr<kvd::ModelLayout> FromProto(ModelLayout::Reader in) {
   l.rope.theta = r.getTheta();
   KVD_RETURN_IF_ERROR(small(r.getRotaryDim(), "rope.rotary_dim", &l.rope.rotary_dim));
   auto pairing = static_cast<uint16_t>(r.getPairing());
-  if (pairing > 1) return Status::InvalidArgument("unknown rope pairing enum " + std::to_string(pairing));
+  if (pairing > 1)
+    return Status::InvalidArgument("unknown rope pairing enum " + std::to_string(pairing));
   l.rope.pairing = pairing == 1 ? kvd::RopePairing::kHalves : kvd::RopePairing::kInterleaved;
   auto scaling = static_cast<uint16_t>(r.getScaling());
-  if (scaling > 2) return Status::InvalidArgument("unknown rope scaling enum " + std::to_string(scaling));
+  if (scaling > 2)
+    return Status::InvalidArgument("unknown rope scaling enum " + std::to_string(scaling));
   l.rope.scaling = static_cast<kvd::RopeScaling>(scaling);
   l.rope.factor = r.getFactor();
   l.rope.low_freq_factor = r.getLowFreqFactor();

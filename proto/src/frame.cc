@@ -25,8 +25,8 @@ void EncodeFrameHeader(uint32_t payload_bytes, uint8_t out[kFrameHeaderBytes]) {
 
 StatusOr<uint32_t> ParseFrameHeader(std::span<const uint8_t> h, uint32_t max_frame_bytes) {
   if (h.size() < kFrameHeaderBytes) {
-    return Status::InvalidArgument("truncated frame header: " + std::to_string(h.size()) +
-                                   " of " + std::to_string(kFrameHeaderBytes) + " bytes");
+    return Status::InvalidArgument("truncated frame header: " + std::to_string(h.size()) + " of " +
+                                   std::to_string(kFrameHeaderBytes) + " bytes");
   }
   uint32_t magic = LoadU32(h.data());
   if (magic != kFrameMagic) {
@@ -42,8 +42,9 @@ StatusOr<uint32_t> ParseFrameHeader(std::span<const uint8_t> h, uint32_t max_fra
   if (LoadU16(h.data() + 6) != 0) return Status::InvalidArgument("non-zero reserved frame flags");
   uint32_t length = LoadU32(h.data() + 8);
   if (length > max_frame_bytes) {
-    return Status::OutOfRange("frame of " + std::to_string(length) + " bytes exceeds the limit of " +
-                              std::to_string(max_frame_bytes) + " bytes");
+    return Status::OutOfRange("frame of " + std::to_string(length) +
+                              " bytes exceeds the limit of " + std::to_string(max_frame_bytes) +
+                              " bytes");
   }
   if (length == 0 || length % sizeof(capnp::word) != 0) {
     return Status::InvalidArgument("frame length " + std::to_string(length) +
@@ -73,10 +74,10 @@ StatusOr<std::unique_ptr<DecodedMessage>> DecodePayload(std::span<const uint8_t>
   options.traversalLimitInWords = payload.size() / sizeof(capnp::word) * 4 + 1024;
   options.nestingLimit = 16;
   Status status;
-  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
-                msg->reader_ = std::make_unique<capnp::FlatArrayMessageReader>(
-                    msg->words_.asPtr(), options);
-              })) {
+  KJ_IF_MAYBE (e, kj::runCatchingExceptions([&]() {
+                 msg->reader_ =
+                     std::make_unique<capnp::FlatArrayMessageReader>(msg->words_.asPtr(), options);
+               })) {
     return Status::InvalidArgument(std::string("malformed frame: ") + e->getDescription().cStr());
   }
   return msg;

@@ -30,7 +30,8 @@ TEST(DTypeTest, HalfRoundsToNearest) {
 TEST(DTypeTest, BFloat16) {
   EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.5f)), 1.5f);
   EXPECT_NEAR(BFloat16ToFloat(FloatToBFloat16(3.14159f)), 3.14159f, 0.02f);
-  EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(
+      std::isnan(BFloat16ToFloat(FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()))));
 }
 
 TEST(DTypeTest, Parse) {

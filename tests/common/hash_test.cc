@@ -14,7 +14,7 @@ TEST(HashTest, ChainIsDeterministicAndOrderSensitive) {
   EXPECT_NE(h1, ChainHashBlock(42, {}, b));
   EXPECT_NE(h1, ChainHashBlock(43, {}, a));  // seed matters
   Hash128 h2 = ChainHashBlock(42, h1, a);
-  EXPECT_NE(h2, h1);                          // the chain matters
+  EXPECT_NE(h2, h1);  // the chain matters
   EXPECT_NE(h2, ChainHashBlock(42, h1, a, "lora:7"));
 }
 
@@ -56,18 +56,12 @@ TEST(HashTest, Checksum64EqualsReferenceXxh3ForEverySizeClass) {
     uint64_t xxh3;
   };
   const Case cases[] = {
-{0, 0x2d06800538d394c2ull},
-{1, 0xc44bdff4074eecdbull},
-{3, 0x6811538b444fc6dcull},
-{16, 0x0a0ec5ae8679cb7full},
-{17, 0x57c52d21ce492c1eull},
-{128, 0x696069c4f1e6a91aull},
-{129, 0xb1ada52285757bebull},
-{240, 0xb80284837259eee4ull},
-{241, 0x44dbd3180a664e27ull},
-{1024, 0xcc338a494acf74beull},
-{4099, 0x113763146121c4b3ull},
-{1048579, 0x8af1459f490dbeb8ull},
+      {0, 0x2d06800538d394c2ull},    {1, 0xc44bdff4074eecdbull},
+      {3, 0x6811538b444fc6dcull},    {16, 0x0a0ec5ae8679cb7full},
+      {17, 0x57c52d21ce492c1eull},   {128, 0x696069c4f1e6a91aull},
+      {129, 0xb1ada52285757bebull},  {240, 0xb80284837259eee4ull},
+      {241, 0x44dbd3180a664e27ull},  {1024, 0xcc338a494acf74beull},
+      {4099, 0x113763146121c4b3ull}, {1048579, 0x8af1459f490dbeb8ull},
   };
   std::vector<uint8_t> buf((1 << 20) + 3);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 131 + (i >> 9));

@@ -83,7 +83,8 @@ TEST_F(SmolLM2Test, RoundTripsRealText) {
   std::string text((std::istreambuf_iterator<char>(in)), {});
   if (text.empty()) text = "The GNU General Public License is a free, copyleft license.\n";
   text +=
-      "\nUTF-8: Ünïcödé ½ ⅷ 日本語のテキスト Αλφα βήτα ‘quoted’ 😀👍🏽\r\n\t end "
+      "\nUTF-8: Ünïcödé ½ ⅷ 日本語のテキスト Αλφα βήτα ‘quoted’ 😀👍🏽\r\n\t "
+      "end "
       " ";
   auto ids = tok().Encode(text);
   auto back = tok().Decode(ids);

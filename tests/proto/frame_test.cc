@@ -41,10 +41,13 @@ TEST(FrameTest, RejectsBadHeaders) {
   auto frame = LookupFrame(1);
   auto bad = frame;
   bad[0] ^= 0xff;
-  EXPECT_EQ(ParseFrameHeader(bad, kDefaultMaxFrameBytes).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(ParseFrameHeader(bad, kDefaultMaxFrameBytes).status().message().find("magic"), std::string::npos);
+  EXPECT_EQ(ParseFrameHeader(bad, kDefaultMaxFrameBytes).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_NE(ParseFrameHeader(bad, kDefaultMaxFrameBytes).status().message().find("magic"),
+            std::string::npos);
   auto truncated = std::span(frame).first(5);
-  EXPECT_EQ(ParseFrameHeader(truncated, kDefaultMaxFrameBytes).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseFrameHeader(truncated, kDefaultMaxFrameBytes).status().code(),
+            StatusCode::kInvalidArgument);
   auto big = LookupFrame(1000);
   auto over = ParseFrameHeader(big, 1024);
   EXPECT_EQ(over.status().code(), StatusCode::kOutOfRange);
@@ -52,7 +55,8 @@ TEST(FrameTest, RejectsBadHeaders) {
   auto odd = frame;
   odd[8] = 13;  // length 13: not a multiple of 8
   odd[9] = odd[10] = odd[11] = 0;
-  EXPECT_EQ(ParseFrameHeader(odd, kDefaultMaxFrameBytes).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseFrameHeader(odd, kDefaultMaxFrameBytes).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(FrameTest, GarbagePayloadNeverCrashes) {
@@ -62,7 +66,8 @@ TEST(FrameTest, GarbagePayloadNeverCrashes) {
   for (int trial = 0; trial < 2000; ++trial) {
     std::vector<uint8_t> payload(frame.begin() + kFrameHeaderBytes, frame.end());
     int flips = 1 + trial % 8;
-    for (int f = 0; f < flips; ++f) payload[rng() % payload.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+    for (int f = 0; f < flips; ++f)
+      payload[rng() % payload.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
     size_t keep = (trial % 3 == 0) ? (rng() % payload.size()) & ~size_t{7} : payload.size();
     payload.resize(keep);
     auto msg = DecodePayload(payload);

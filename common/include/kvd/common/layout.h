@@ -20,13 +20,13 @@ enum class RopePairing : uint8_t {
 enum class RopeScaling : uint8_t { kNone = 0, kLinear = 1, kLlama3 = 2 };
 
 struct RopeConfig {
-  double theta = 10000.0;        // base
-  int rotary_dim = 0;            // rotated dims per head; 0 means head_dim
+  double theta = 10000.0;  // base
+  int rotary_dim = 0;      // rotated dims per head; 0 means head_dim
   RopePairing pairing = RopePairing::kHalves;
   RopeScaling scaling = RopeScaling::kNone;
-  double factor = 1.0;           // linear and llama3: position / frequency scaling factor
-  double low_freq_factor = 1.0;  // llama3 only
-  double high_freq_factor = 4.0; // llama3 only
+  double factor = 1.0;                // linear and llama3: position / frequency scaling factor
+  double low_freq_factor = 1.0;       // llama3 only
+  double high_freq_factor = 4.0;      // llama3 only
   int original_max_positions = 8192;  // llama3 only
 
   // Checks ranges (theta > 0, factor >= 1 for llama3, even rotary_dim <= head_dim, ...).
@@ -41,8 +41,8 @@ struct RopeConfig {
 // elements of `dtype`, row-major, no padding. See ChunkBytes / LayerOffset.
 struct ModelLayout {
   int num_layers = 0;
-  int num_kv_heads = 0;    // KV heads held by THIS tp rank
-  int num_q_heads = 0;     // query heads of this rank (GQA group = num_q_heads / num_kv_heads)
+  int num_kv_heads = 0;  // KV heads held by THIS tp rank
+  int num_q_heads = 0;   // query heads of this rank (GQA group = num_q_heads / num_kv_heads)
   int head_dim = 0;
   DType dtype = DType::kBFloat16;
   int tp_rank = 0;
@@ -58,11 +58,17 @@ struct ModelLayout {
   std::string DescribeMismatch(const ModelLayout& other) const;
 
   // Bytes of one token's K (or V) in one layer.
-  size_t TokenBytes() const { return static_cast<size_t>(num_kv_heads) * head_dim * DTypeSize(dtype); }
+  size_t TokenBytes() const {
+    return static_cast<size_t>(num_kv_heads) * head_dim * DTypeSize(dtype);
+  }
   // Bytes of a raw chunk of `tokens` tokens (all layers, K and V).
-  size_t ChunkBytes(int tokens) const { return 2 * static_cast<size_t>(num_layers) * tokens * TokenBytes(); }
+  size_t ChunkBytes(int tokens) const {
+    return 2 * static_cast<size_t>(num_layers) * tokens * TokenBytes();
+  }
   // Byte offset of layer `layer`'s K block inside a raw chunk; V follows at + tokens*TokenBytes().
-  size_t LayerOffset(int layer, int tokens) const { return 2 * static_cast<size_t>(layer) * tokens * TokenBytes(); }
+  size_t LayerOffset(int layer, int tokens) const {
+    return 2 * static_cast<size_t>(layer) * tokens * TokenBytes();
+  }
 
   bool operator==(const ModelLayout&) const = default;
 };

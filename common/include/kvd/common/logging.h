@@ -72,7 +72,7 @@ class LogMessage {
 #define KVD_LOG_LEVEL_ERROR ::kvd::LogLevel::kError
 #define KVD_LOG_LEVEL_FATAL ::kvd::LogLevel::kFatal
 
-#define KVD_LOG(severity)                                                  \
-  if (KVD_LOG_LEVEL_##severity < ::kvd::GetLogLevel()) {                   \
-  } else                                                                   \
+#define KVD_LOG(severity)                                \
+  if (KVD_LOG_LEVEL_##severity < ::kvd::GetLogLevel()) { \
+  } else                                                 \
     ::kvd::internal::LogMessage(KVD_LOG_LEVEL_##severity, __FILE__, __LINE__)

@@ -40,7 +40,9 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status Ok() { return Status(); }
-  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
   static Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
   static Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
   static Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
@@ -92,9 +94,18 @@ class [[nodiscard]] StatusOr {
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
   // REQUIRES: ok().
-  T& value() & { assert(ok()); return *value_; }
-  const T& value() const& { assert(ok()); return *value_; }
-  T&& value() && { assert(ok()); return std::move(*value_); }
+  T& value() & {
+    assert(ok());
+    return *value_;
+  }
+  const T& value() const& {
+    assert(ok());
+    return *value_;
+  }
+  T&& value() && {
+    assert(ok());
+    return std::move(*value_);
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }
@@ -111,9 +122,9 @@ class [[nodiscard]] StatusOr {
 #define KVD_CONCAT_(a, b) KVD_CONCAT_INNER_(a, b)
 
 // Returns the status from the enclosing function if it is not OK.
-#define KVD_RETURN_IF_ERROR(expr)            \
-  do {                                       \
-    ::kvd::Status kvd_status_ = (expr);      \
+#define KVD_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::kvd::Status kvd_status_ = (expr);        \
     if (!kvd_status_.ok()) return kvd_status_; \
   } while (0)
 

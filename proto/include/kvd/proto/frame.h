@@ -65,7 +65,7 @@ StatusOr<std::unique_ptr<DecodedMessage>> DecodePayload(std::span<const uint8_t>
 template <typename Fn>
 Status TryDecode(Fn&& fn) {
   Status result;
-  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() { result = fn(); })) {
+  KJ_IF_MAYBE (e, kj::runCatchingExceptions([&]() { result = fn(); })) {
     return Status::InvalidArgument(std::string("malformed frame: ") + e->getDescription().cStr());
   }
   return result;

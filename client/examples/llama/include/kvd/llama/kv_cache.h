@@ -19,7 +19,7 @@ struct DenseLayerKv {
 };
 
 struct DenseKvCache {
-  int num_tokens = 0;                // N
+  int num_tokens = 0;  // N
   // [N] original position of each entry, non-decreasing: a dense expansion of merged slots
   // (ALGORITHMS.md s1: slot j repeated l_j times) repeats the slot's representative position.
   // Informational for attention (keys are already rotated); checked against next_position.
