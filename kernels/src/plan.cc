@@ -77,6 +77,13 @@ Status CompressionPlanOptions::Validate() const {
   if (!(route_eps >= 0.0 && route_eps < 1.0)) {
     return Status::InvalidArgument("plan: route_eps must be in [0, 1)");
   }
+  if (hybrid_max_group < 1) {
+    return Status::InvalidArgument("plan: hybrid_max_group must be >= 1, got " +
+                                   std::to_string(hybrid_max_group));
+  }
+  if (!(hybrid_min_cos >= -1.0 && hybrid_min_cos <= 1.0)) {
+    return Status::InvalidArgument("plan: hybrid_min_cos must be in [-1, 1]");
+  }
   return Status::Ok();
 }
 

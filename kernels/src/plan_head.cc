@@ -161,10 +161,41 @@ Status HeadPipeline::BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t)
     }
     owner[i] = best;
   }
-  // Group members per slot, in token order.
+  // Similarity gate: a token joins its absorber only if cos(kpre_i, kpre_absorber) >= min_cos.
+  if (opt_.hybrid_min_cos > 0.0) {
+    auto norm = [&](int64_t i) {
+      double q = 0.0;
+      for (int64_t c = 0; c < d_; ++c) q += double(kpre_.Row(i)[c]) * kpre_.Row(i)[c];
+      return std::sqrt(q);
+    };
+    for (int64_t i = 0; i < n_; ++i) {
+      if (owner[i] < 0 || pool[owner[i]] == i) continue;
+      const int64_t a = pool[owner[i]];
+      double dot = 0.0;
+      for (int64_t c = 0; c < d_; ++c) dot += double(kpre_.Row(i)[c]) * kpre_.Row(a)[c];
+      const double den = norm(i) * norm(a);
+      if (!(den > 0.0 && dot / den >= opt_.hybrid_min_cos)) owner[i] = -1;
+    }
+  }
+  // Group members per slot (absorber first, then the others by token distance, ties left); the
+  // cap keeps the absorber and its (hybrid_max_group - 1) nearest members, evicting the rest.
   std::vector<std::vector<int64_t>> members(static_cast<size_t>(s));
+  for (int64_t j = 0; j < s; ++j) members[j].push_back(pool[j]);
   for (int64_t i = 0; i < n_; ++i) {
-    if (owner[i] >= 0) members[owner[i]].push_back(i);
+    if (owner[i] >= 0 && pool[owner[i]] != i) members[owner[i]].push_back(i);
+  }
+  for (int64_t j = 0; j < s; ++j) {
+    std::vector<int64_t>& g = members[j];
+    const int64_t a = pool[j];
+    const auto dist_less = [a](int64_t x, int64_t y) {
+      const int64_t dx = x < a ? a - x : x - a, dy = y < a ? a - y : y - a;
+      return dx != dy ? dx < dy : x < y;
+    };
+    if (static_cast<int64_t>(g.size()) > opt_.hybrid_max_group) {
+      std::sort(g.begin() + 1, g.end(), dist_less);
+      g.resize(static_cast<size_t>(opt_.hybrid_max_group));
+    }
+    std::sort(g.begin(), g.end());  // token order
   }
   t->Resize(s, d_);
   std::vector<double> key(static_cast<size_t>(d_));

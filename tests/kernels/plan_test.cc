@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -163,6 +164,122 @@ TEST(Plan, HalfPairBudgetIsExactForEveryComposition) {
       }
     }
   }
+}
+
+// The hybrid's group cap: no slot holds more than hybrid_max_group tokens, the budget stays exact,
+// and without the cap groups do grow past it (so the cap is what bounds them).
+TEST(Plan, HybridCapBoundsEverySlotAndKeepsTheBudget) {
+  const ChunkFixture f = MakeChunk(301, 64, DType::kBFloat16, 0.3f, 1);
+  for (double p_c : {0.25, 0.5, 0.75, 0.9}) {
+    const int64_t m = std::llround((1.0 - p_c) * f.n);
+    for (int64_t cap : {int64_t{2}, int64_t{4}, int64_t{8}, int64_t{1} << 40}) {
+      for (RouteStage route : {RouteStage::kNone, RouteStage::kVector}) {
+        CompressionPlanOptions o{.score = ScoreStage::kSnapKv,
+                                 .merge = MergeStage::kKvSlimmer,
+                                 .route = route,
+                                 .p_c = p_c,
+                                 .window = f.window};
+        o.hybrid_max_group = cap;
+        CompressionStats stats;
+        auto chunk = Compress(o, f.layout, f.Input(), &stats);
+        SCOPED_TRACE("cap=" + std::to_string(cap) + " p_c=" + std::to_string(p_c) +
+                     (route == RouteStage::kVector ? " +vector" : ""));
+        ASSERT_TRUE(chunk.ok()) << chunk.status();
+        EXPECT_EQ(chunk->HalfPairs(), 2 * m * 4);
+        EXPECT_EQ(stats.half_pairs, stats.budget_half_pairs);
+        int32_t max_l = 0;
+        int64_t covered = 0;
+        for (const CompactHead& h : chunk->heads) {
+          EXPECT_EQ(h.slots() + h.value_slots(), 2 * m);
+          for (int32_t l : h.cardinality) {
+            max_l = std::max(max_l, l);
+            covered += l;
+          }
+          for (int64_t j = 1; j < h.slots(); ++j) EXPECT_LT(h.positions[j - 1], h.positions[j]);
+        }
+        EXPECT_EQ(covered + stats.evicted_tokens, f.n * 4);
+        if (cap < 100) {
+          EXPECT_LE(max_l, cap);
+          EXPECT_GT(stats.merged_tokens, 0);
+        }
+        // Uncapped at 0.9 (M = 30 of 301, 20 forced): ~10 absorbers share ~270 tokens.
+        if (cap > 100 && p_c == 0.9) {
+          EXPECT_GT(max_l, 8);
+        }
+        if (cap == 2 && p_c >= 0.75) {
+          EXPECT_GT(stats.evicted_tokens, 0);
+        }
+      }
+    }
+  }
+}
+
+// Cap 1 = no merging: the same slots, keys and values as plain SnapKV eviction, all l = 1.
+TEST(Plan, HybridCapOneIsPlainEviction) {
+  const ChunkFixture f = MakeChunk(301, 64, DType::kBFloat16, 0.3f, 6);
+  for (double p_c : {0.5, 0.9}) {
+    CompressionPlanOptions evict{.score = ScoreStage::kSnapKv, .p_c = p_c, .window = f.window};
+    CompressionPlanOptions hybrid = evict;
+    hybrid.merge = MergeStage::kKvSlimmer;
+    hybrid.hybrid_max_group = 1;
+    CompressionStats hs;
+    auto a = Compress(evict, f.layout, f.Input());
+    auto b = Compress(hybrid, f.layout, f.Input(), &hs);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(hs.merged_tokens, 0);
+    ASSERT_EQ(a->heads.size(), b->heads.size());
+    for (size_t i = 0; i < a->heads.size(); ++i) {
+      SCOPED_TRACE("head " + std::to_string(i) + " p_c=" + std::to_string(p_c));
+      EXPECT_EQ(a->heads[i].positions, b->heads[i].positions);
+      EXPECT_EQ(b->heads[i].cardinality, std::vector<int32_t>(b->heads[i].slots(), 1));
+      EXPECT_EQ(a->heads[i].keys, b->heads[i].keys);
+      EXPECT_EQ(a->heads[i].values, b->heads[i].values);
+    }
+  }
+}
+
+// The similarity gate only removes members: fewer merged tokens, budget unchanged; a gate of 1
+// (cos >= 1 never holds for distinct random-walk keys) leaves only singles.
+TEST(Plan, HybridCosineGateRemovesDissimilarMembers) {
+  const ChunkFixture f = MakeChunk(301, 64, DType::kBFloat16, 0.3f, 7);
+  const int64_t m = std::llround(0.25 * f.n);
+  int64_t merged_prev = -1;
+  for (double gate : {0.0, 0.9, 1.0}) {
+    CompressionPlanOptions o{.score = ScoreStage::kSnapKv,
+                             .merge = MergeStage::kKvSlimmer,
+                             .p_c = 0.75,
+                             .window = f.window};
+    o.hybrid_min_cos = gate;
+    CompressionStats stats;
+    auto chunk = Compress(o, f.layout, f.Input(), &stats);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    EXPECT_EQ(chunk->HalfPairs(), 2 * m * 4);
+    if (merged_prev >= 0) {
+      EXPECT_LE(stats.merged_tokens, merged_prev) << gate;
+    }
+    if (gate == 0.0) {
+      EXPECT_GT(stats.merged_tokens, 0);
+    }
+    if (gate == 1.0) {
+      EXPECT_EQ(stats.merged_tokens, 0);
+    }
+    merged_prev = stats.merged_tokens;
+  }
+}
+
+TEST(Plan, ValidateRejectsBadHybridOptions) {
+  CompressionPlanOptions o;
+  EXPECT_EQ(o.hybrid_max_group, 4);
+  EXPECT_TRUE(o.Validate().ok());
+  o.hybrid_max_group = 0;
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(o.Validate().message(), HasSubstr("hybrid_max_group must be >= 1"));
+  o.hybrid_max_group = 1;
+  EXPECT_TRUE(o.Validate().ok());
+  o.hybrid_min_cos = 1.5;
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(o.Validate().message(), HasSubstr("hybrid_min_cos"));
 }
 
 TEST(Plan, NothingToCompressKeepsTheChunk) {

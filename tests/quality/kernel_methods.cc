@@ -117,6 +117,11 @@ class KernelMethod : public CompressionMethod {
     o.p_c = p_c;
     o.window = p.window;
     o.sinks = kSinks;
+    // Hybrid group cap: the plan default (4) unless KVD_HYBRID_MAX_GROUP overrides it (for
+    // comparison runs, e.g. 2, 8, or a huge value for the uncapped hybrid).
+    if (const char* g = std::getenv("KVD_HYBRID_MAX_GROUP"); g != nullptr && *g != '\0') {
+      o.hybrid_max_group = std::strtoll(g, nullptr, 10);
+    }
     KVD_RETURN_IF_ERROR(o.Validate());
 
     const std::vector<uint8_t> raw = RawChunk(p.cache);

@@ -14,7 +14,11 @@
 //                         queries or the masses are all 0), its value sum the sum, its position
 //                         per `position`. (The pairwise closed form of 3.1 is defined for pairs;
 //                         the weighted mean is its first-order form for groups.) Tokens with no
-//                         eligible neighbour (the pool is only sinks/window) are evicted.
+//                         eligible neighbour (the pool is only sinks/window) are evicted. Each
+//                         slot holds at most `hybrid_max_group` tokens: the absorber plus its
+//                         (hybrid_max_group - 1) assigned tokens nearest in token distance (ties
+//                         left); the other assigned tokens are evicted, as are tokens failing
+//                         the `hybrid_min_cos` gate. The slot count (budget) does not change.
 //   - route kVector:      among the slots of cardinality 1 that are not sinks/window, the ones
 //                         with the smallest |v - W kpre|^2 drop their value (section 4.2).
 //
@@ -59,6 +63,13 @@ struct CompressionPlanOptions {
   PairLambda pair_lambda = PairLambda::kAsymKv;                     // KVSlimmer pair ranking
   RepresentativePosition position = RepresentativePosition::kLast;  // merged slot position
   double route_eps = 0.0;  // p_a margin (vector.h RouteOptions::eps), in [0, 1)
+  // Hybrid only: the most tokens one merged slot may hold, absorber included (>= 1; 1 = no
+  // merging, i.e. plain eviction of the pool). Uncapped groups reach hundreds of tokens at high
+  // p_c and their mean key and ln(l) bias pull attention onto them (KVSlimmer's code caps at 5).
+  int64_t hybrid_max_group = 4;
+  // Hybrid only: a token joins its absorber only if cos(kpre_i, kpre_absorber) >= this; 0 = off
+  // (any value <= 0 disables the gate). In [-1, 1].
+  double hybrid_min_cos = 0.0;
 
   // INVALID_ARGUMENT (OUT_OF_RANGE for p_c) naming the field.
   Status Validate() const;
