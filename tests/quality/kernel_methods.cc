@@ -117,10 +117,13 @@ class KernelMethod : public CompressionMethod {
     o.p_c = p_c;
     o.window = p.window;
     o.sinks = kSinks;
-    // Hybrid group cap: the plan default (4) unless KVD_HYBRID_MAX_GROUP overrides it (for
-    // comparison runs, e.g. 2, 8, or a huge value for the uncapped hybrid).
+    // Hybrid group cap and cosine gate: the plan defaults (4, off) unless KVD_HYBRID_MAX_GROUP /
+    // KVD_HYBRID_MIN_COS override them (comparison runs; a huge cap = the uncapped hybrid).
     if (const char* g = std::getenv("KVD_HYBRID_MAX_GROUP"); g != nullptr && *g != '\0') {
       o.hybrid_max_group = std::strtoll(g, nullptr, 10);
+    }
+    if (const char* c = std::getenv("KVD_HYBRID_MIN_COS"); c != nullptr && *c != '\0') {
+      o.hybrid_min_cos = std::strtod(c, nullptr);
     }
     KVD_RETURN_IF_ERROR(o.Validate());
 
