@@ -268,34 +268,29 @@ StatusOr<DenseKvCache> LlamaSession::ExportDense() const {
   return c;
 }
 
-std::vector<float> LlamaSession::LayerKeys(int layer) const {
-  if (!dense_) return {};
-  const int d = cfg_.head_dim, nkv = cfg_.num_kv_heads;
-  const int N = num_slots(layer, 0);
-  std::vector<float> out(static_cast<size_t>(N) * nkv * d);
+std::vector<float> LlamaSession::InterleaveHeads(const std::vector<HeadCache>& heads,
+                                                 int num_tokens, int d,
+                                                 std::vector<float> HeadCache::*rows) {
+  const int nkv = static_cast<int>(heads.size());
+  std::vector<float> out(static_cast<size_t>(num_tokens) * nkv * d);
   for (int h = 0; h < nkv; ++h) {
-    const HeadCache& hc = cache_[layer][h];
-    for (int t = 0; t < N; ++t) {
-      std::memcpy(&out[(static_cast<size_t>(t) * nkv + h) * d], &hc.k[static_cast<size_t>(t) * d],
+    const std::vector<float>& src = heads[h].*rows;
+    for (int t = 0; t < num_tokens; ++t) {
+      std::memcpy(&out[(static_cast<size_t>(t) * nkv + h) * d], &src[static_cast<size_t>(t) * d],
                   d * sizeof(float));
     }
   }
   return out;
 }
 
+std::vector<float> LlamaSession::LayerKeys(int layer) const {
+  if (!dense_) return {};
+  return InterleaveHeads(cache_[layer], num_slots(layer, 0), cfg_.head_dim, &HeadCache::k);
+}
+
 std::vector<float> LlamaSession::LayerValues(int layer) const {
   if (!dense_) return {};
-  const int d = cfg_.head_dim, nkv = cfg_.num_kv_heads;
-  const int N = num_slots(layer, 0);
-  std::vector<float> out(static_cast<size_t>(N) * nkv * d);
-  for (int h = 0; h < nkv; ++h) {
-    const HeadCache& hc = cache_[layer][h];
-    for (int t = 0; t < N; ++t) {
-      std::memcpy(&out[(static_cast<size_t>(t) * nkv + h) * d], &hc.v[static_cast<size_t>(t) * d],
-                  d * sizeof(float));
-    }
-  }
-  return out;
+  return InterleaveHeads(cache_[layer], num_slots(layer, 0), cfg_.head_dim, &HeadCache::v);
 }
 
 Status LlamaSession::LoadDense(const DenseKvCache& cache) {

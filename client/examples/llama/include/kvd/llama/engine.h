@@ -86,6 +86,10 @@ class LlamaSession {
     std::vector<float> v;     // [S, d]
     std::vector<float> bias;  // [S] or empty when every bias is 0
   };
+  // Interleaves one layer's per-head rows (`rows` of each HeadCache, [N, d]) into the export
+  // layout [N, num_kv_heads, d].
+  static std::vector<float> InterleaveHeads(const std::vector<HeadCache>& heads, int num_tokens,
+                                            int d, std::vector<float> HeadCache::*rows);
   Status CheckTokens(std::span<const int32_t> tokens) const;
   void ApplyRope(float* x, int num_heads, int pos) const;
   // Causal attention of T new queries (q [T, n_q*d]) over head caches that already include the
