@@ -85,7 +85,7 @@ TEST(GgufTest, TypedGettersReportKindAndAbsence) {
 }
 
 TEST(GgufTest, RejectsNonGgufMagic) {
-  auto g = GgufFile::Parse(std::string("PK\x03\x04 this is a zip file, not a model", 40));
+  auto g = GgufFile::Parse(std::string("PK\x03\x04 this is a zip file, not a model"));
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(g.status().message().find("not a GGUF file"), std::string::npos);
