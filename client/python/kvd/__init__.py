@@ -1,0 +1,52 @@
+"""kvd: Python client of the kvd KV-cache daemon.
+
+    import numpy as np, kvd
+    c = kvd.connect("127.0.0.1:7400", model="stories260k")   # layout asked from the daemon
+    chain = c.hash(np.arange(512, dtype=np.int32))            # one key per 256-token chunk
+    c.put(chain[0], 256, chunk)                               # chunk: c.chunk_bytes bytes
+    hit = c.lookup(chain)                                     # longest stored prefix + a lease
+    out = np.empty(c.chunk_bytes, np.uint8)
+    c.get(hit.lease_id, 0, out)                               # byte-exact, checksum verified
+    c.release(hit.lease_id)
+
+Buffers are borrowed without copies: anything with the buffer protocol (numpy arrays, bytes,
+bytearray, memoryview) or DLPack (torch CPU tensors, ...) that is C-contiguous host memory.
+Every blocking call releases the GIL. A failure raises kvd.Error (or its subclass per status
+code, e.g. kvd.NotFoundError) with .code, .code_name and .message.
+
+The raw chunk layout (what put/get move): for each layer, K then V, each
+[tokens, num_kv_heads, head_dim] of the layout's dtype, row-major (put_layers/get_layers
+gather/scatter per-layer K/V arrays for you).
+"""
+
+from ._errors import *  # noqa: F401,F403
+from ._errors import Error, error_for_code  # noqa: F401
+from ._kvd import Client, GetResult, Hash128, LookupResult, PutResult  # noqa: F401
+
+__version__ = "0.1.0"
+
+
+def connect(address="127.0.0.1:7400", model="", **options):
+    """Connects to a kvd daemon (see Client.connect for every option).
+
+    address      "host:port" or "unix:/path" (default "127.0.0.1:7400")
+    model        a model registered in the daemon's topology (engine role)
+    layout       dict (num_layers, num_kv_heads, num_q_heads, head_dim, dtype, tp_rank, tp_size,
+                 rope_theta, rope_rotary_dim, rope_pairing); default: the registered layout
+    namespace, client_id, hash_seed, chunk_tokens, block_tokens, ucx_tls, net_devices,
+    admin (stats/health only), timeout_ms, max_in_flight
+    """
+    return Client.connect(address=address, model=model, **options)
+
+
+def _enter(self):
+    return self
+
+
+def _exit(self, *exc):
+    self.close()
+    return False
+
+
+Client.__enter__ = _enter
+Client.__exit__ = _exit

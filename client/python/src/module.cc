@@ -1,0 +1,422 @@
+// kvd._kvd: the Python binding of libkvd_client (the `kvd` package wraps it; see
+// client/python/kvd/__init__.py for the user-facing documentation).
+//
+// Every blocking call releases the GIL. Buffers are borrowed without copies (buffers.h) for
+// the duration of the call. A failed call raises kvd.Error (or its subclass for the status
+// code) carrying .code (int, kvd::StatusCode), .code_name ("NOT_FOUND") and .message.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "buffers.h"
+#include "kvd/client/client.h"
+#include "kvd/client/json.h"
+
+namespace py = pybind11;
+using kvd::Hash128;
+using kvd::Status;
+using kvd::StatusOr;
+using kvd::client::Client;
+using kvd::client::ClientOptions;
+using kvd::python::BufferView;
+
+namespace {
+
+[[noreturn]] void Raise(const Status& s) {
+  py::object error_for_code = py::module_::import("kvd._errors").attr("error_for_code");
+  py::object cls = error_for_code(static_cast<int>(s.code()));
+  py::object exc =
+      cls(static_cast<int>(s.code()), std::string(kvd::StatusCodeName(s.code())), s.message());
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+  throw py::error_already_set();
+}
+
+template <typename T>
+T Check(StatusOr<T> v) {
+  if (!v.ok()) Raise(v.status());
+  return std::move(v).value();
+}
+void Check(const Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+BufferView View(py::handle obj, bool writable, const char* what) {
+  return Check(BufferView::Of(obj, writable, what));
+}
+
+// Tokens from a buffer of int32 (numpy int32 array) or any sequence of ints.
+std::vector<int32_t> Tokens(py::handle obj) {
+  if (PyObject_CheckBuffer(obj.ptr())) {
+    py::buffer_info info = py::reinterpret_borrow<py::buffer>(obj).request();
+    if (info.itemsize == 4 &&
+        (info.format == "i" || info.format == "l" || info.format == "=i" || info.format == "<i") &&
+        info.ndim == 1) {
+      const auto* p = static_cast<const int32_t*>(info.ptr);
+      if (info.strides[0] == 4) return std::vector<int32_t>(p, p + info.shape[0]);
+    }
+  }
+  std::vector<int32_t> out;
+  for (py::handle t : py::iter(obj)) out.push_back(py::cast<int32_t>(t));
+  return out;
+}
+
+kvd::ModelLayout LayoutFromDict(const py::dict& d) {
+  kvd::ModelLayout l;
+  auto get_int = [&](const char* k, int fallback) {
+    return d.contains(k) ? py::cast<int>(d[k]) : fallback;
+  };
+  l.num_layers = get_int("num_layers", 0);
+  l.num_kv_heads = get_int("num_kv_heads", 0);
+  l.num_q_heads = get_int("num_q_heads", 0);
+  l.head_dim = get_int("head_dim", 0);
+  l.tp_rank = get_int("tp_rank", 0);
+  l.tp_size = get_int("tp_size", 1);
+  if (d.contains("dtype")) {
+    l.dtype = Check(kvd::ParseDType(py::cast<std::string>(d["dtype"])));
+  }
+  if (d.contains("rope_theta")) l.rope.theta = py::cast<double>(d["rope_theta"]);
+  l.rope.rotary_dim = get_int("rope_rotary_dim", 0);
+  if (d.contains("rope_pairing")) {
+    std::string p = py::cast<std::string>(d["rope_pairing"]);
+    if (p == "interleaved") {
+      l.rope.pairing = kvd::RopePairing::kInterleaved;
+    } else if (p == "halves") {
+      l.rope.pairing = kvd::RopePairing::kHalves;
+    } else {
+      Raise(Status::InvalidArgument("layout.rope_pairing: \"" + p +
+                                    "\" is not interleaved or halves"));
+    }
+  }
+  return l;
+}
+
+py::dict LayoutToDict(const kvd::ModelLayout& l) {
+  py::dict d;
+  d["num_layers"] = l.num_layers;
+  d["num_kv_heads"] = l.num_kv_heads;
+  d["num_q_heads"] = l.num_q_heads;
+  d["head_dim"] = l.head_dim;
+  d["dtype"] = std::string(kvd::DTypeName(l.dtype));
+  d["tp_rank"] = l.tp_rank;
+  d["tp_size"] = l.tp_size;
+  d["rope_theta"] = l.rope.theta;
+  d["rope_rotary_dim"] = l.rope.rotary_dim;
+  d["rope_pairing"] = l.rope.pairing == kvd::RopePairing::kInterleaved ? "interleaved" : "halves";
+  return d;
+}
+
+py::object JsonLoads(const std::string& s) { return py::module_::import("json").attr("loads")(s); }
+
+std::unique_ptr<Client> Connect(const ClientOptions& o) {
+  std::unique_ptr<Client> client;
+  Status status;
+  {
+    py::gil_scoped_release nogil;
+    auto c = Client::Connect(o);
+    if (c.ok()) {
+      client = std::move(c).value();
+    } else {
+      status = c.status();
+    }
+  }
+  Check(status);
+  return client;
+}
+
+// Layout of `model` as the daemon registered it (admin connection).
+kvd::ModelLayout RegisteredLayout(const ClientOptions& engine, const std::string& model) {
+  ClientOptions admin;
+  admin.address = engine.address;
+  admin.role = kvd::client::Role::kAdmin;
+  admin.client_id = engine.client_id;
+  admin.connect_timeout_ms = engine.connect_timeout_ms;
+  admin.request_timeout_ms = engine.request_timeout_ms;
+  auto a = Connect(admin);
+  StatusOr<kvd::client::Stats> stats = Status::Internal("no stats");
+  {
+    py::gil_scoped_release nogil;
+    stats = a->GetStats();
+  }
+  for (const auto& m : Check(std::move(stats)).registered_models) {
+    if (m.name == model) return m.layout;
+  }
+  Raise(Status::NotFound("model \"" + model + "\" is not registered in the daemon at " +
+                         engine.address));
+}
+
+// The Python object: close() drops the connection before the object is collected.
+struct PyClient {
+  std::unique_ptr<Client> client;
+  Client& get() {
+    if (!client) Raise(Status::FailedPrecondition("the client is closed"));
+    return *client;
+  }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_kvd, m) {
+  m.doc() = "Binding of libkvd_client (use the kvd package)";
+
+  py::class_<Hash128>(m, "Hash128")
+      .def(py::init([](uint64_t hi, uint64_t lo) {
+             return Hash128{hi, lo};
+           }),
+           py::arg("hi"), py::arg("lo"))
+      .def_static("from_hex",
+                  [](const std::string& hex) {
+                    Hash128 h;
+                    if (!Hash128::FromHex(hex, &h)) {
+                      Raise(Status::InvalidArgument("\"" + hex + "\" is not 32 hex digits"));
+                    }
+                    return h;
+                  })
+      .def_readonly("hi", &Hash128::hi)
+      .def_readonly("lo", &Hash128::lo)
+      .def("hex", &Hash128::ToHex)
+      .def("__repr__", [](const Hash128& h) { return "Hash128('" + h.ToHex() + "')"; })
+      .def("__eq__", [](const Hash128& a, const Hash128& b) { return a == b; })
+      .def("__hash__", [](const Hash128& h) { return kvd::Hash128Hasher()(h); });
+
+  py::class_<kvd::client::LookupResult>(m, "LookupResult")
+      .def_readonly("matched_chunks", &kvd::client::LookupResult::matched_chunks)
+      .def_readonly("matched_tokens", &kvd::client::LookupResult::matched_tokens)
+      .def_readonly("lease_id", &kvd::client::LookupResult::lease_id)
+      .def_readonly("lease_ttl_ms", &kvd::client::LookupResult::lease_ttl_ms)
+      .def("__repr__", [](const kvd::client::LookupResult& r) {
+        return "LookupResult(matched_chunks=" + std::to_string(r.matched_chunks) +
+               ", matched_tokens=" + std::to_string(r.matched_tokens) +
+               ", lease_id=" + std::to_string(r.lease_id) + ")";
+      });
+  py::class_<kvd::client::PutResult>(m, "PutResult")
+      .def_readonly("bytes", &kvd::client::PutResult::bytes)
+      .def_readonly("already_stored", &kvd::client::PutResult::already_stored);
+  py::class_<kvd::client::GetResult>(m, "GetResult")
+      .def_readonly("bytes", &kvd::client::GetResult::bytes)
+      .def_readonly("checksum", &kvd::client::GetResult::checksum)
+      .def_readonly("tokens", &kvd::client::GetResult::tokens);
+
+  py::class_<PyClient>(m, "Client")
+      .def_static(
+          "connect",
+          [](const std::string& address, const std::string& model, std::optional<py::dict> layout,
+             const std::string& name_space, const std::string& client_id,
+             const std::string& hash_seed, int chunk_tokens, int block_tokens,
+             const std::string& ucx_tls, const std::string& net_devices, bool admin,
+             int64_t timeout_ms, int max_in_flight) {
+            ClientOptions o;
+            o.address = address;
+            o.client_id = client_id;
+            o.name_space = name_space;
+            o.hash_seed = hash_seed;
+            o.chunk_tokens = chunk_tokens;
+            o.block_tokens = block_tokens;
+            o.transport.ucx_tls = ucx_tls;
+            o.transport.net_devices = net_devices;
+            o.max_in_flight = max_in_flight;
+            if (timeout_ms > 0) {
+              o.connect_timeout_ms = o.request_timeout_ms = o.transfer_timeout_ms = timeout_ms;
+            }
+            if (admin) {
+              o.role = kvd::client::Role::kAdmin;
+            } else {
+              if (model.empty()) {
+                Raise(
+                    Status::InvalidArgument("model: an engine connection needs a model name "
+                                            "(or admin=True)"));
+              }
+              o.model = model;
+              o.layout = layout ? LayoutFromDict(*layout) : RegisteredLayout(o, model);
+            }
+            return PyClient{Connect(o)};
+          },
+          py::arg("address") = "127.0.0.1:7400", py::arg("model") = "",
+          py::arg("layout") = py::none(), py::arg("namespace") = "", py::arg("client_id") = "",
+          py::arg("hash_seed") = "kvd-default-seed", py::arg("chunk_tokens") = 256,
+          py::arg("block_tokens") = 16, py::arg("ucx_tls") = "", py::arg("net_devices") = "",
+          py::arg("admin") = false, py::arg("timeout_ms") = 0, py::arg("max_in_flight") = 8)
+      .def_property_readonly("layout",
+                             [](PyClient& self) {
+                               Client& c = self.get();
+                               return LayoutToDict(c.options().layout);
+                             })
+      .def_property_readonly("chunk_bytes",
+                             [](PyClient& self) {
+                               Client& c = self.get();
+                               return c.options().layout.ChunkBytes(c.options().chunk_tokens);
+                             })
+      .def_property_readonly("chunk_tokens",
+                             [](PyClient& self) {
+                               Client& c = self.get();
+                               return c.options().chunk_tokens;
+                             })
+      .def_property_readonly("node_name",
+                             [](PyClient& self) {
+                               Client& c = self.get();
+                               return c.session().node_name;
+                             })
+      .def_property_readonly("connected",
+                             [](PyClient& self) { return self.client && self.client->connected(); })
+      .def(
+          "hash",
+          [](PyClient& self, py::handle tokens, bool include_partial_chunk,
+             const std::string& extra) {
+            Client& c = self.get();
+            std::vector<int32_t> t = Tokens(tokens);
+            return c.hasher().ChunkChain(t, include_partial_chunk, extra);
+          },
+          py::arg("tokens"), py::arg("include_partial_chunk") = true, py::arg("extra") = "")
+      .def(
+          "chunk_tokens_of",
+          [](PyClient& self, int64_t total_tokens, int64_t index) {
+            Client& c = self.get();
+            return c.hasher().ChunkTokens(total_tokens, index);
+          },
+          py::arg("total_tokens"), py::arg("index"))
+      .def(
+          "lookup",
+          [](PyClient& self, const std::vector<Hash128>& chain) {
+            Client& c = self.get();
+            StatusOr<kvd::client::LookupResult> r = Status::Internal("");
+            {
+              py::gil_scoped_release nogil;
+              r = c.Lookup(chain);
+            }
+            return Check(std::move(r));
+          },
+          py::arg("chain"))
+      .def(
+          "release",
+          [](PyClient& self, uint64_t lease_id) {
+            Client& c = self.get();
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = c.ReleaseLease(lease_id);
+            }
+            Check(s);
+          },
+          py::arg("lease_id"))
+      .def(
+          "put",
+          [](PyClient& self, const Hash128& hash, int tokens, py::handle data) {
+            Client& c = self.get();
+            BufferView v = View(data, /*writable=*/false, "data");
+            StatusOr<kvd::client::PutResult> r = Status::Internal("");
+            {
+              py::gil_scoped_release nogil;
+              r = c.Put(hash, tokens, v.data(), v.size());
+            }
+            return Check(std::move(r));
+          },
+          py::arg("hash"), py::arg("tokens"), py::arg("data"))
+      .def(
+          "put_layers",
+          [](PyClient& self, const Hash128& hash, int tokens, py::sequence k, py::sequence v) {
+            Client& c = self.get();
+            std::vector<BufferView> views;
+            std::vector<kvd::client::LayerKV> layers(py::len(k));
+            if (py::len(k) != py::len(v)) {
+              Raise(Status::InvalidArgument("put_layers: " + std::to_string(py::len(k)) +
+                                            " K layers but " + std::to_string(py::len(v)) +
+                                            " V layers"));
+            }
+            const size_t want = static_cast<size_t>(tokens) * c.options().layout.TokenBytes();
+            for (size_t i = 0; i < layers.size(); ++i) {
+              for (int kv = 0; kv < 2; ++kv) {
+                std::string what = std::string(kv ? "v[" : "k[") + std::to_string(i) + "]";
+                views.push_back(View(kv ? v[i] : k[i], false, what.c_str()));
+                if (views.back().size() != want) {
+                  Raise(Status::InvalidArgument(what + ": " + std::to_string(views.back().size()) +
+                                                " bytes, the layout needs " + std::to_string(want) +
+                                                " for " + std::to_string(tokens) + " tokens"));
+                }
+                (kv ? layers[i].v : layers[i].k) = views.back().data();
+              }
+            }
+            StatusOr<kvd::client::PutResult> r = Status::Internal("");
+            {
+              py::gil_scoped_release nogil;
+              r = c.PutLayers(hash, tokens, layers);
+            }
+            return Check(std::move(r));
+          },
+          py::arg("hash"), py::arg("tokens"), py::arg("k"), py::arg("v"))
+      .def(
+          "get",
+          [](PyClient& self, uint64_t lease_id, uint32_t chunk_index, py::handle out) {
+            Client& c = self.get();
+            BufferView v = View(out, /*writable=*/true, "out");
+            StatusOr<kvd::client::GetResult> r = Status::Internal("");
+            {
+              py::gil_scoped_release nogil;
+              r = c.Get(lease_id, chunk_index, v.data(), v.size());
+            }
+            return Check(std::move(r));
+          },
+          py::arg("lease_id"), py::arg("chunk_index"), py::arg("out"))
+      .def(
+          "get_layers",
+          [](PyClient& self, uint64_t lease_id, uint32_t chunk_index, py::sequence k,
+             py::sequence v, int capacity_tokens) {
+            Client& c = self.get();
+            std::vector<BufferView> views;
+            std::vector<kvd::client::MutableLayerKV> layers(py::len(k));
+            if (py::len(k) != py::len(v)) {
+              Raise(Status::InvalidArgument("get_layers: " + std::to_string(py::len(k)) +
+                                            " K layers but " + std::to_string(py::len(v)) +
+                                            " V layers"));
+            }
+            const size_t want =
+                static_cast<size_t>(capacity_tokens) * c.options().layout.TokenBytes();
+            for (size_t i = 0; i < layers.size(); ++i) {
+              for (int kv = 0; kv < 2; ++kv) {
+                std::string what = std::string(kv ? "v[" : "k[") + std::to_string(i) + "]";
+                views.push_back(View(kv ? v[i] : k[i], true, what.c_str()));
+                if (views.back().size() < want) {
+                  Raise(Status::InvalidArgument(what + ": " + std::to_string(views.back().size()) +
+                                                " bytes, " + std::to_string(capacity_tokens) +
+                                                " tokens need " + std::to_string(want)));
+                }
+                (kv ? layers[i].v : layers[i].k) = views.back().data();
+              }
+            }
+            StatusOr<kvd::client::GetResult> r = Status::Internal("");
+            {
+              py::gil_scoped_release nogil;
+              r = c.GetLayers(lease_id, chunk_index, layers, capacity_tokens);
+            }
+            return Check(std::move(r));
+          },
+          py::arg("lease_id"), py::arg("chunk_index"), py::arg("k"), py::arg("v"),
+          py::arg("capacity_tokens"))
+      .def("stats",
+           [](PyClient& self) {
+             Client& c = self.get();
+             StatusOr<kvd::client::Stats> r = Status::Internal("");
+             {
+               py::gil_scoped_release nogil;
+               r = c.GetStats();
+             }
+             return JsonLoads(kvd::client::StatsToJson(Check(std::move(r)), -1));
+           })
+      .def("health",
+           [](PyClient& self) {
+             Client& c = self.get();
+             StatusOr<kvd::client::Health> r = Status::Internal("");
+             {
+               py::gil_scoped_release nogil;
+               r = c.GetHealth();
+             }
+             return JsonLoads(kvd::client::HealthToJson(Check(std::move(r)), -1));
+           })
+      .def("close", [](PyClient& self) {
+        std::unique_ptr<Client> c = std::move(self.client);
+        py::gil_scoped_release nogil;
+        c.reset();  // says goodbye; bounded by the timeouts
+      });
+}

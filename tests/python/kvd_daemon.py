@@ -1,0 +1,65 @@
+"""A real kvd process for the Python tests: a temp topology, an ephemeral TCP port, and the
+ready file (`kvd --ready-file`). KVD_BINARY names the daemon (ctest sets it)."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+TOPOLOGY = """\
+node: {node}
+transport: {{backend: ucx, ucx_tls: "sm,tcp", net_devices: lo}}
+models:
+  - name: stories260k
+    layout: {{layers: 5, kv_heads: 4, q_heads: 8, head_dim: 8, dtype: float32,
+             rope: {{theta: 10000, pairing: interleaved, scaling: none}}}}
+  - name: tiny-bf16
+    layout: {{layers: 2, kv_heads: 2, q_heads: 4, head_dim: 16, dtype: bfloat16,
+             rope: {{theta: 10000, pairing: halves, scaling: none}}}}
+chunk_tokens: {chunk_tokens}
+tiers:
+  host: {{capacity: {capacity}, prefault: false}}
+{extra}
+"""
+
+
+class KvdDaemon:
+    def __init__(self, node="pytest", chunk_tokens=256, capacity="32MiB", extra=""):
+        self.binary = os.environ.get("KVD_BINARY", "kvd")
+        self.dir = tempfile.mkdtemp(prefix="kvd-pytest-")
+        self.config_path = os.path.join(self.dir, "topology.yaml")
+        with open(self.config_path, "w") as f:
+            f.write(TOPOLOGY.format(node=node, chunk_tokens=chunk_tokens, capacity=capacity,
+                                    extra=extra))
+        ready = os.path.join(self.dir, "ready.json")
+        self.log_path = os.path.join(self.dir, "kvd.log")
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [self.binary, "--config", self.config_path, "--listen", "127.0.0.1:0", "--unix",
+             "none", "--ready-file", ready], stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 15
+        while not os.path.exists(ready):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("kvd did not start:\n" + self.log())
+            time.sleep(0.05)
+        with open(ready) as f:
+            self.address = json.load(f)["tcp"]
+
+    def log(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

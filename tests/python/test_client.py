@@ -1,0 +1,177 @@
+"""The kvd Python package against a real kvd: connect, hash, lookup, put, get, release, stats,
+zero-copy buffers (buffer protocol and DLPack), and errors carrying the status code."""
+
+import numpy as np
+import pytest
+
+import kvd
+
+CHUNK_BYTES = 256 * 5 * 2 * 4 * 8 * 4  # stories260k: tokens x layers x (K,V) x heads x dim x f32
+
+
+def engine(daemon, **kw):
+    return kvd.connect(daemon.address, model="stories260k", ucx_tls="sm,tcp", net_devices="lo",
+                       **kw)
+
+
+def random_chunk(seed):
+    return np.random.default_rng(seed).integers(0, 256, CHUNK_BYTES, dtype=np.uint8)
+
+
+def test_connect_takes_the_registered_layout(daemon):
+    with engine(daemon) as c:
+        assert c.layout["num_layers"] == 5 and c.layout["dtype"] == "float32"
+        assert c.layout["rope_pairing"] == "interleaved"
+        assert c.chunk_bytes == CHUNK_BYTES and c.chunk_tokens == 256
+        assert c.node_name == "pytest" and c.connected
+
+
+def test_hash_accepts_numpy_and_lists(daemon):
+    with engine(daemon) as c:
+        tokens = np.arange(600, dtype=np.int32)
+        chain = c.hash(tokens)
+        assert len(chain) == 3  # 256 + 256 + 88
+        assert chain == c.hash(list(range(600)))
+        assert c.hash(tokens, include_partial_chunk=False) == chain[:2]
+        assert len(chain[0].hex()) == 32 and kvd.Hash128.from_hex(chain[0].hex()) == chain[0]
+        # A different prefix changes every later key (the chain).
+        other = tokens.copy()
+        other[0] = 99
+        assert all(a != b for a, b in zip(c.hash(other), chain))
+
+
+def test_put_lookup_get_release_round_trip(daemon):
+    with engine(daemon) as c:
+        tokens = np.arange(1000, 1512, dtype=np.int32)
+        chain = c.hash(tokens)
+        chunks = [random_chunk(1), random_chunk(2)]
+        for h, data in zip(chain, chunks):
+            r = c.put(h, 256, data)
+            assert r.bytes == CHUNK_BYTES and not r.already_stored
+        assert c.put(chain[0], 256, chunks[0]).already_stored
+        hit = c.lookup(chain)
+        assert hit.matched_chunks == 2 and hit.matched_tokens == 512 and hit.lease_id != 0
+        # get writes straight into a slice of a bigger array: no copy, no new object.
+        big = np.zeros(2 * CHUNK_BYTES + 64, np.uint8)
+        for i in range(2):
+            view = big[64 + i * CHUNK_BYTES:64 + (i + 1) * CHUNK_BYTES]
+            g = c.get(hit.lease_id, i, view)
+            assert g.bytes == CHUNK_BYTES and g.tokens == 256
+            np.testing.assert_array_equal(view, chunks[i])
+        assert not big[:64].any()
+        c.release(hit.lease_id)
+        # A prompt that diverges in its second chunk matches only the first.
+        tokens[300] += 1
+        miss = c.lookup(c.hash(tokens))
+        assert miss.matched_chunks == 1
+        c.release(miss.lease_id)
+
+
+def test_other_buffer_kinds(daemon):
+    with engine(daemon) as c:
+        chain = c.hash(np.arange(5000, 5256, dtype=np.int32))
+        data = bytes(random_chunk(3))
+        c.put(chain[0], 256, data)  # bytes (read-only is fine for put)
+        hit = c.lookup(chain)
+        out = bytearray(CHUNK_BYTES)
+        c.get(hit.lease_id, 0, out)
+        assert bytes(out) == data
+        mv = memoryview(bytearray(CHUNK_BYTES))
+        c.get(hit.lease_id, 0, mv)
+        assert mv.tobytes() == data
+        c.release(hit.lease_id)
+
+
+class DLPackOnly:
+    """Exposes an array through __dlpack__ alone (as torch tensors do), not the buffer protocol."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_dlpack_tensors_are_read_and_written_in_place(daemon):
+    with engine(daemon) as c:
+        chain = c.hash(np.arange(7000, 7256, dtype=np.int32))
+        src = random_chunk(4).view(np.float32).reshape(5, 2, 256, 4, 8)
+        c.put(chain[0], 256, DLPackOnly(src))
+        hit = c.lookup(chain)
+        dst = np.zeros_like(src)
+        c.get(hit.lease_id, 0, DLPackOnly(dst))
+        np.testing.assert_array_equal(dst, src)
+        c.release(hit.lease_id)
+
+
+def test_put_layers_get_layers(daemon):
+    with engine(daemon) as c:
+        chain = c.hash(np.arange(9000, 9100, dtype=np.int32))  # one partial chunk, 100 tokens
+        rng = np.random.default_rng(5)
+        k = [rng.standard_normal((100, 4, 8), dtype=np.float32) for _ in range(5)]
+        v = [rng.standard_normal((100, 4, 8), dtype=np.float32) for _ in range(5)]
+        c.put_layers(chain[0], 100, k, v)
+        hit = c.lookup(chain)
+        assert hit.matched_tokens == 100
+        k2 = [np.zeros((128, 4, 8), np.float32) for _ in range(5)]  # room for more tokens
+        v2 = [np.zeros((128, 4, 8), np.float32) for _ in range(5)]
+        g = c.get_layers(hit.lease_id, 0, k2, v2, 128)
+        assert g.tokens == 100
+        for i in range(5):
+            np.testing.assert_array_equal(k2[i][:100], k[i])
+            np.testing.assert_array_equal(v2[i][:100], v[i])
+            assert not k2[i][100:].any()
+        c.release(hit.lease_id)
+
+
+def test_stats_and_health(daemon):
+    with engine(daemon) as c:
+        before = c.stats()
+        chain = c.hash(np.arange(11000, 11256, dtype=np.int32))
+        c.put(chain[0], 256, random_chunk(6))
+        after = c.stats()
+        host = lambda s: next(t for t in s["tiers"] if t["name"] == "host")  # noqa: E731
+        assert host(after)["chunks"] == host(before)["chunks"] + 1
+        assert after["node"] == "pytest"
+    with kvd.connect(daemon.address, admin=True) as admin:
+        h = admin.health()
+        assert h["ok"] is True
+        assert any(m["name"] == "stories260k" for m in admin.stats()["registered_models"])
+
+
+def test_errors_carry_the_status_code(daemon):
+    with engine(daemon) as c:
+        chain = c.hash(np.arange(256, dtype=np.int32))
+        with pytest.raises(kvd.InvalidArgumentError) as e:
+            c.put(chain[0], 256, np.zeros(100, np.uint8))
+        assert e.value.code == 1 and e.value.code_name == "INVALID_ARGUMENT"
+        assert "100" in e.value.message and str(CHUNK_BYTES) in e.value.message
+        with pytest.raises(kvd.InvalidArgumentError, match="C-contiguous"):
+            c.put(chain[0], 256, np.zeros((CHUNK_BYTES, 2), np.uint8)[:, 0])
+        with pytest.raises(kvd.InvalidArgumentError, match="writable"):
+            c.get(1, 0, bytes(CHUNK_BYTES))
+        with pytest.raises(kvd.InvalidArgumentError, match="got int"):
+            c.put(chain[0], 256, 42)
+        with pytest.raises(kvd.Error) as e:
+            c.get(123456789, 0, np.zeros(CHUNK_BYTES, np.uint8))
+        assert e.value.code == 2 and isinstance(e.value, kvd.NotFoundError)
+        assert "123456789" in e.value.message
+        # The connection survives every refusal above.
+        assert c.connected
+    with pytest.raises(kvd.NotFoundError, match="no-such-model"):
+        kvd.connect(daemon.address, model="no-such-model")
+    with pytest.raises(kvd.InvalidArgumentError, match="model"):
+        kvd.connect(daemon.address)
+    c = engine(daemon)
+    c.close()
+    with pytest.raises(kvd.FailedPreconditionError, match="closed"):
+        c.lookup([])
+
+
+def test_unreachable_daemon_is_unavailable():
+    with pytest.raises(kvd.UnavailableError) as e:
+        kvd.connect("127.0.0.1:1", admin=True, timeout_ms=2000)
+    assert e.value.code == 8 and "127.0.0.1:1" in e.value.message
