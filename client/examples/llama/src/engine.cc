@@ -16,8 +16,14 @@ extern "C" void openblas_set_num_threads(int num_threads) __attribute__((weak));
 namespace kvd::llama {
 namespace {
 
-// y[M, N] = x[M, K] * W[N, K]^T  (W row-major [out, in]).
+// y[M, N] = x[M, K] * W[N, K]^T  (W row-major [out, in]). One row (decode) goes through sgemv:
+// OpenBLAS's sgemm with M = 1 packs W like a full matrix product and is several times slower
+// than the matrix-vector kernel on the same data (docs/benchmarks.md, reference engine decode).
 void MatMulWt(const float* x, const float* w, float* y, int M, int N, int K) {
+  if (M == 1) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w, K, x, 1, 0.0f, y, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
 }
 
