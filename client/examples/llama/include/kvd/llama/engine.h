@@ -49,6 +49,7 @@ class LlamaSession {
   // unchanged.
   StatusOr<std::vector<float>> Forward(std::span<const int32_t> tokens, ForwardOptions opts = {});
 
+  const LlamaModel& model() const { return model_; }
   // Position of the next token (not the number of cached entries once a cache was compacted).
   int position() const { return position_; }
   // Entries (slots) cached for (layer, kv_head).

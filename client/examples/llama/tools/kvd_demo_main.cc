@@ -1,0 +1,256 @@
+// kvd-demo: the reference engine as a disaggregated prefill / decode pair through kvd.
+//
+//   kvd-demo prefill --addr ADDR --model-file GGUF [text options]
+//       runs the prompt one chunk per forward pass and puts every full chunk's raw K/V to kvd.
+//   kvd-demo decode  --addr ADDR --model-file GGUF [text options] [--baseline]
+//       looks the prompt up in kvd, gets its chunks, builds the engine cache from them and
+//       continues: greedy continuation, perplexity and top-1 of a held-out continuation.
+//   kvd-demo local   --model-file GGUF [text options] [--p-c X]
+//       the same in one process without kvd: the full cache against the cache compressed chunk
+//       by chunk (kernels' plan, each chunk with only its own K/V and last-W queries).
+//
+// Text options: --text FILE (default deploy/demo/text.txt), --prompt-tokens N (default 808),
+// --heldout N (default 128), --generate N (default 24), --chunk-tokens N (default 256; prefill
+// and decode take the daemon's), --window W (default 32), --threads N (default all cores),
+// --model M (kvd model name, default smollm2-135m), --logits-out FILE (decode / local: the
+// held-out logits of the kvd / compressed cache as raw float32, for tests).
+//
+// Exit codes: 0 ok, 1 failure (the message says where), 2 usage, 3 kvd cannot be reached.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kvd/client/client.h"
+#include "kvd/common/dtype.h"
+#include "kvd/kernels/compact_chunk.h"
+#include "kvd/kernels/plan.h"
+#include "kvd/llama/disagg.h"
+#include "kvd/llama/model.h"
+#include "kvd/llama/tokenizer.h"
+#include "util.h"
+
+namespace {
+
+using kvd::Status;
+using kvd::StatusOr;
+namespace llama = kvd::llama;
+
+constexpr const char* kUsage =
+    "usage: kvd-demo prefill|decode|local --model-file GGUF [--addr ADDR] [--text FILE]\n"
+    "                [--prompt-tokens N] [--heldout N] [--generate N] [--chunk-tokens N]\n"
+    "                [--window W] [--threads N] [--model M] [--p-c X] [--baseline]\n"
+    "                [--logits-out FILE] [connection flags of kvdctl]\n";
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct Text {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> heldout;
+};
+
+struct Setup {
+  std::unique_ptr<llama::LlamaModel> model;
+  Text text;
+  int generate = 24;
+  int threads = 0;
+  int window = 32;
+  int chunk_tokens = 256;
+  std::string logits_out;
+};
+
+int Fail(const std::string& where, const Status& s) {
+  std::cerr << "kvd-demo: " << where << ": " << s << "\n";
+  return s.code() == kvd::StatusCode::kUnavailable ? 3 : 1;
+}
+
+std::string Quote(const llama::Tokenizer* tok, const std::vector<int32_t>& ids) {
+  if (tok == nullptr) return "(no tokenizer)";
+  auto s = tok->Decode(ids);
+  if (!s.ok()) return "(" + s.status().ToString() + ")";
+  std::string out;
+  for (char c : *s) out += c == '\n' ? ' ' : c;
+  return "\"" + out + "\"";
+}
+
+// The model and the tokenised text: prompt = the first --prompt-tokens ids, held-out = the next
+// --heldout.
+StatusOr<Setup> Load(kvd::tools::Args& args) {
+  Setup s;
+  const std::string path = args.Get("--model-file");
+  if (path.empty()) return Status::InvalidArgument("--model-file is required");
+  KVD_ASSIGN_OR_RETURN(s.model, llama::LlamaModel::Load(path));
+  const llama::Tokenizer* tok = s.model->tokenizer();
+  if (tok == nullptr) return Status::InvalidArgument(path + " has no tokenizer (needs a GGUF)");
+  const std::string text_path = args.Get("--text", "deploy/demo/text.txt");
+  std::ifstream in(text_path, std::ios::binary);
+  if (!in) return Status::NotFound("cannot read the text file " + text_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::vector<int32_t> ids = tok->Encode(ss.str());
+  const int64_t p = args.GetInt("--prompt-tokens", 808);
+  const int64_t h = args.GetInt("--heldout", 128);
+  s.generate = static_cast<int>(args.GetInt("--generate", 24));
+  s.threads = static_cast<int>(args.GetInt("--threads", 0));
+  s.window = static_cast<int>(args.GetInt("--window", 32));
+  s.chunk_tokens = static_cast<int>(args.GetInt("--chunk-tokens", 256));
+  s.logits_out = args.Get("--logits-out");
+  if (!args.ok()) return Status::InvalidArgument(args.error());
+  if (p < 2 || h < 1 || s.generate < 1 || s.threads < 0) {
+    return Status::InvalidArgument(
+        "--prompt-tokens must be >= 2, --heldout and --generate >= 1, --threads >= 0");
+  }
+  if (p + h > static_cast<int64_t>(ids.size())) {
+    return Status::InvalidArgument(text_path + " has " + std::to_string(ids.size()) +
+                                   " tokens; --prompt-tokens " + std::to_string(p) +
+                                   " + --heldout " + std::to_string(h) + " need more");
+  }
+  s.text.prompt.assign(ids.begin(), ids.begin() + p);
+  s.text.heldout.assign(ids.begin() + p, ids.begin() + p + h);
+  return s;
+}
+
+// Chunks a decode takes from the cache: the prompt's full chunks, leaving at least one prompt
+// token to run (its logits predict the first held-out token).
+int CachedChunks(const Setup& s) {
+  return static_cast<int>((s.text.prompt.size() - 1) / s.chunk_tokens);
+}
+
+Status WriteLogits(const std::string& path, const std::vector<float>& logits) {
+  if (path.empty()) return Status::Ok();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(logits.data()),
+            static_cast<std::streamsize>(logits.size() * sizeof(float)));
+  if (!out) return Status::Internal("cannot write " + path);
+  return Status::Ok();
+}
+
+void PrintScore(const char* name, const llama::ContinuationScore& r, const llama::Tokenizer* tok) {
+  std::printf("[demo] %s: ppl=%.4f first_token=%.3f s decode=%.1f tok/s\n", name, r.perplexity,
+              r.first_token_seconds, r.decode_tokens_per_s);
+  std::printf("[demo] %s continuation: %s\n", name, Quote(tok, r.generated).c_str());
+}
+
+void PrintLine(const std::string& model, double p_c, uint64_t raw, uint64_t stored,
+               const llama::ContinuationScore& full, const llama::ContinuationScore& comp) {
+  std::printf(
+      "kvd-demo: model=%s p_c=%.2f raw_bytes=%llu stored_bytes=%llu ppl_full=%.4f "
+      "ppl_compressed=%.4f top1_agree=%.4f\n",
+      model.c_str(), p_c, static_cast<unsigned long long>(raw),
+      static_cast<unsigned long long>(stored), full.perplexity, comp.perplexity,
+      llama::Agreement(full.heldout_top1, comp.heldout_top1));
+}
+
+// The full cache: one forward pass over the prompt's cached part in this process.
+StatusOr<llama::ContinuationScore> FullBaseline(const Setup& s, int chunks) {
+  const size_t cached = static_cast<size_t>(chunks) * s.chunk_tokens;
+  std::span<const int32_t> prompt(s.text.prompt);
+  llama::LlamaSession prefill(*s.model, {.threads = s.threads});
+  if (cached > 0) KVD_RETURN_IF_ERROR(prefill.Forward(prompt.first(cached)).status());
+  KVD_ASSIGN_OR_RETURN(llama::DenseKvCache dense, prefill.ExportDense());
+  return llama::ScoreContinuation(
+      *s.model, {.threads = s.threads},
+      [&](llama::LlamaSession& ses) { return ses.LoadDense(dense); }, prompt.subspan(cached),
+      s.text.heldout, s.generate);
+}
+
+// ---- local: in-process compression ----
+int RunLocal(kvd::tools::Args& args) {
+  auto setup = Load(args);
+  if (!setup.ok()) return Fail("setup", setup.status());
+  Setup& s = *setup;
+  const double p_c = std::strtod(args.Get("--p-c", "0.5").c_str(), nullptr);
+  const std::string model_name = args.Get("--model", "smollm2-135m");
+  kvd::ModelLayout layout = s.model->config().ToModelLayout();
+  layout.dtype = kvd::DType::kBFloat16;       // as kvd's topology registers the model
+  kvd::kernels::CompressionPlanOptions plan;  // the daemon's default policy: SnapKV
+  plan.p_c = p_c;
+  plan.window = s.window;
+  if (Status v = plan.Validate(); !v.ok()) return Fail("--p-c / --window", v);
+
+  const int chunks = CachedChunks(s);
+  std::span<const int32_t> prompt(s.text.prompt);
+  const size_t cached = static_cast<size_t>(chunks) * s.chunk_tokens;
+  std::printf(
+      "[demo] local: prompt %zu tokens (%d chunks of %d in the cache, %zu after), held-out %zu\n",
+      prompt.size(), chunks, s.chunk_tokens, prompt.size() - cached, s.text.heldout.size());
+  llama::LlamaSession ses(*s.model, {.threads = s.threads});
+  auto pre = llama::PrefillChunks(ses, prompt.first(cached), layout,
+                                  {.chunk_tokens = s.chunk_tokens, .window = s.window});
+  if (!pre.ok()) return Fail("prefill", pre.status());
+  std::printf("[demo] prefill: %zu tokens in %.3f s\n", cached, pre->seconds);
+
+  std::vector<kvd::kernels::CompactChunk> compact;
+  std::vector<llama::RawChunkView> raw_views;
+  uint64_t raw_bytes = 0, stored_bytes = 0;
+  for (size_t i = 0; i < pre->chunks.size(); ++i) {
+    const llama::PrefillChunk& c = pre->chunks[i];
+    const auto t0 = std::chrono::steady_clock::now();
+    auto cc = llama::CompressPrefillChunk(plan, layout, c, nullptr);
+    const double dt = Since(t0);
+    if (!cc.ok()) return Fail("compress chunk " + std::to_string(i), cc.status());
+    auto bytes = kvd::kernels::EncodeCompactChunk(*cc);
+    if (!bytes.ok()) return Fail("encode chunk " + std::to_string(i), bytes.status());
+    std::printf("[demo] chunk %zu: raw %zu B -> compact %zu B (%.4f), compress %.1f ms\n", i,
+                c.raw.size(), bytes->size(),
+                static_cast<double>(bytes->size()) / static_cast<double>(c.raw.size()), dt * 1e3);
+    raw_bytes += c.raw.size();
+    stored_bytes += bytes->size();
+    compact.push_back(std::move(*cc));
+    raw_views.push_back({c.tokens, c.raw});
+  }
+  // Full: the same raw chunks (layout dtype) the compressed path started from.
+  auto dense = llama::DenseFromRawChunks(layout, raw_views);
+  if (!dense.ok()) return Fail("dense cache", dense.status());
+  auto comp_cache =
+      llama::CompactFromChunks(compact, layout.rope, static_cast<int>(cached), nullptr);
+  if (!comp_cache.ok()) return Fail("compact cache", comp_cache.status());
+  const std::span<const int32_t> tail = prompt.subspan(cached);
+  auto full = llama::ScoreContinuation(
+      *s.model, {.threads = s.threads}, [&](llama::LlamaSession& x) { return x.LoadDense(*dense); },
+      tail, s.text.heldout, s.generate);
+  if (!full.ok()) return Fail("full cache", full.status());
+  auto comp = llama::ScoreContinuation(
+      *s.model, {.threads = s.threads},
+      [&](llama::LlamaSession& x) { return x.LoadCompact(*comp_cache); }, tail, s.text.heldout,
+      s.generate);
+  if (!comp.ok()) return Fail("compressed cache", comp.status());
+  if (Status w = WriteLogits(s.logits_out, comp->heldout_logits); !w.ok()) {
+    return Fail("--logits-out", w);
+  }
+  const llama::Tokenizer* tok = s.model->tokenizer();
+  PrintScore("full cache", *full, tok);
+  PrintScore("compressed cache", *comp, tok);
+  PrintLine(model_name, p_c, raw_bytes, stored_bytes, *full, *comp);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::set<std::string> valued = {"--model-file", "--text",    "--prompt-tokens", "--heldout",
+                                  "--generate",   "--threads", "--window",        "--chunk-tokens",
+                                  "--model",      "--p-c",     "--logits-out"};
+  valued.insert(kvd::tools::kConnectionFlags.begin(), kvd::tools::kConnectionFlags.end());
+  kvd::tools::Args args(argc, argv, {"--help", "--baseline"}, valued);
+  if (args.Has("--help")) {
+    std::cout << kUsage;
+    return 0;
+  }
+  if (!args.ok() || args.positionals().size() != 1) {
+    std::cerr << (args.ok() ? "kvd-demo: one mode: prefill, decode or local" : args.error()) << "\n"
+              << kUsage;
+    return 2;
+  }
+  const std::string mode = args.positionals()[0];
+  if (mode == "local") return RunLocal(args);
+  std::cerr << "kvd-demo: unknown mode '" << mode << "'\n" << kUsage;
+  return 2;
+}
