@@ -5,6 +5,10 @@
 #   KVD_BUILD_TYPE  CMake build type (default: RelWithDebInfo)
 #   KVD_JOBS        parallel build jobs (default: nproc)
 #   KVD_CMAKE_ARGS  extra CMake arguments (e.g. -DKVD_WITH_CUDA=OFF)
+#   KVD_UCX         system (default: Debian's UCX 1.13, host memory only) or wheel (UCX 1.22 with
+#                   CUDA transports from the libucx-cu13/cu12 wheel, installed under .cache/ucx/)
+#   KVD_UCX_WHEEL   auto (default: fetch the wheel when CUDA is present, so test.sh can exercise a
+#                   second build against it), 1 (always), 0 (never; KVD_UCX=wheel then needs it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +32,27 @@ else
   echo "[setup] all ${#PACKAGES[@]} packages present"
 fi
 
+# The CUDA-capable UCX, in a project-local prefix (deploy/fetch-ucx-wheel.sh). Not fatal unless
+# this build asks for it: a machine without PyPI access still builds against Debian's UCX.
+UCX_ARGS=()
+want_wheel=${KVD_UCX_WHEEL:-auto}
+if [[ $want_wheel == auto ]]; then
+  want_wheel=0
+  if [[ -x /usr/local/cuda/bin/nvcc ]] || command -v nvcc > /dev/null; then want_wheel=1; fi
+fi
+[[ ${KVD_UCX:-system} == wheel ]] && want_wheel=1
+if [[ $want_wheel == 1 ]]; then
+  if ucx_prefix=$(./deploy/fetch-ucx-wheel.sh); then
+    [[ ${KVD_UCX:-system} == wheel ]] && UCX_ARGS=(-DKVD_UCX=wheel "-DKVD_UCX_PREFIX=$ucx_prefix")
+  elif [[ ${KVD_UCX:-system} == wheel ]]; then
+    echo "[setup] KVD_UCX=wheel but the UCX wheel could not be installed (see above)" >&2
+    exit 1
+  else
+    echo "[setup] the CUDA-capable UCX wheel is not available; building against Debian's UCX"
+  fi
+fi
+[[ ${KVD_UCX:-system} == system ]] && UCX_ARGS=(-DKVD_UCX=system)
+
 BUILD_DIR=${KVD_BUILD_DIR:-build}
 JOBS=${KVD_JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvd-ccache}
@@ -35,6 +60,8 @@ export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvd-ccache}
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 # shellcheck disable=SC2086
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${KVD_BUILD_TYPE:-RelWithDebInfo}" \
-  ${KVD_CMAKE_ARGS:-}
-cmake --build "$BUILD_DIR" -j "$JOBS"
+  "${UCX_ARGS[@]}" ${KVD_CMAKE_ARGS:-}
+# KVD_BUILD_TARGETS: build only these targets (e.g. the second UCX build of test.sh).
+# shellcheck disable=SC2086
+cmake --build "$BUILD_DIR" -j "$JOBS" ${KVD_BUILD_TARGETS:+--target $KVD_BUILD_TARGETS}
 echo "[setup] binaries in $BUILD_DIR/bin"

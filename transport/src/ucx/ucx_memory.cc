@@ -157,11 +157,19 @@ Status UcxTransport::PostRmaLocked(uint64_t id, Transfer& t, const TransferReque
   param.cb.send = &UcxTransport::SendCallback;
   ucs_status_ptr_t req;
   if (r.op == TransferOp::kRead) {
+    if (r.memory_type == MemoryType::kCuda) {
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+      param.memory_type = UCS_MEMORY_TYPE_CUDA;
+    }
     req = ucp_get_nbx(ep, r.buffer, r.length, remote_addr, rr.rkey, &param);
   } else {
     // A put completes locally when the source may be reused; the flush after it completes when
     // the bytes are in the remote memory, which is what kDone promises.
     ucp_request_param_t put_param{};
+    if (r.memory_type == MemoryType::kCuda) {
+      put_param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+      put_param.memory_type = UCS_MEMORY_TYPE_CUDA;
+    }
     ucs_status_ptr_t put = ucp_put_nbx(ep, r.buffer, r.length, remote_addr, rr.rkey, &put_param);
     if (UCS_PTR_IS_ERR(put)) return Err(UCS_PTR_STATUS(put), "ucp_put_nbx");
     if (put != nullptr) ucp_request_free(put);

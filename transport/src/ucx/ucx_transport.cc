@@ -123,6 +123,7 @@ Status UcxTransport::Init() {
   caps_.peer_failure_detection = options_.peer_failure_detection;
   caps_.max_message_bytes = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   caps_.transports = options_.ucx_tls.empty() ? "ucx default" : options_.ucx_tls;
+  caps_.library = std::string("UCX ") + ucp_get_version_string();
   return Status::Ok();
 }
 
@@ -435,16 +436,23 @@ Status UcxTransport::PostTagLocked(uint64_t id, Transfer& t, const TransferReque
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.user_data = this;
+  const bool device = r.memory_type == MemoryType::kCuda;
+  if (device) {  // spares UCX its memory-type detection of the pointer
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    param.memory_type = UCS_MEMORY_TYPE_CUDA;
+  }
   ucs_status_ptr_t req;
   ucp_tag_recv_info_t info{};
   if (r.op == TransferOp::kSend) {
     param.cb.send = &UcxTransport::SendCallback;
     req = ucp_tag_send_nbx(peers_[r.peer.id].ep, r.buffer, r.length, r.tag, &param);
   } else {
-    // Small receives land in a bounce buffer with room for a cma descriptor.
+    // Small host receives land in a bounce buffer with room for a cma descriptor. A CUDA
+    // receive matches only UCX-carried messages (the exact tag): this process cannot read a
+    // descriptor out of device memory, so the same-host descriptor form never matches it.
     void* dest = r.buffer;
     size_t room = r.length;
-    if (r.length < kDescriptorSize) {
+    if (!device && r.length < kDescriptorSize) {
       t.bounce.reset(new uint8_t[kDescriptorSize]);
       dest = t.bounce.get();
       room = kDescriptorSize;
@@ -455,7 +463,8 @@ Status UcxTransport::PostTagLocked(uint64_t id, Transfer& t, const TransferReque
     param.op_attr_mask |= UCP_OP_ATTR_FIELD_RECV_INFO | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     param.cb.recv = &UcxTransport::RecvCallback;
     param.recv_info.tag_info = &info;
-    req = ucp_tag_recv_nbx(worker_, dest, room, r.tag, ~kInternalTagBit, &param);
+    req = ucp_tag_recv_nbx(worker_, dest, room, r.tag, device ? ~uint64_t{0} : ~kInternalTagBit,
+                           &param);
   }
   if (UCS_PTR_IS_ERR(req)) {
     return Err(UCS_PTR_STATUS(req), std::string(TransferOpName(r.op)) + " post");

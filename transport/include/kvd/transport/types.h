@@ -60,6 +60,7 @@ struct Capabilities {
   bool peer_failure_detection = false;  // a vanished peer fails its transfers with UNAVAILABLE
   uint64_t max_message_bytes = 0;       // largest single transfer length
   std::string transports;               // what actually carries bytes, e.g. "posix,sysv,tcp" (info)
+  std::string library;                  // the library under the backend, e.g. "UCX 1.22.0" (info)
 };
 
 // The largest tag a caller may use (62 bits).
@@ -92,6 +93,14 @@ struct TransferRequest {
   // Bytes. kSend/kRecv: 0 is allowed (an empty message). kRead/kWrite: REQUIRES > 0.
   // kRecv: the capacity of buffer; a longer message fails the receive with OUT_OF_RANGE.
   size_t length = 0;
+  // Where `buffer` lives. kCuda REQUIRES Capabilities::cuda_memory (else UNIMPLEMENTED: stage
+  // through host memory). UCX: cuda_memory is true only with a UCX built with CUDA (the
+  // libucx-cu1x wheel, KVD_UCX=wheel; Debian's 1.13 has none) whose CUDA module loaded (it
+  // needs the driver's libcuda.so.1); same node moves over cuda_ipc / cuda_copy, across nodes
+  // over GPUDirect RDMA where the fabric has it. A kCuda receive matches only messages UCX
+  // carries itself: a same-host host-memory send of >= cma_threshold_bytes travels as a
+  // descriptor that only a host receive can take, so a peer receiving into CUDA memory gets
+  // such bytes from CUDA-memory sends, or from a sender with cma_threshold_bytes = 0.
   MemoryType memory_type = MemoryType::kHost;
   // kRead/kWrite only: the remote region and the byte offset in it.
   RemoteRegionHandle remote;
