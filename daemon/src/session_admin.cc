@@ -27,9 +27,11 @@ void Session::HandleStats(uint64_t seq, uint64_t rid) {
   const DaemonConfig& config = server_->config();
   std::vector<storage::TierStats> tiers = server_->tiers()->GetStats();
   const storage::TierStats& host = tiers.front();
-  // Occupancy per model and namespace over every tier.
+  // Occupancy per model and namespace, each chunk once: with a disk tier every committed chunk is
+  // written through to disk (the host tier holds copies of some), so the disk tier's figures are
+  // the stored set; without one, the host tier's.
   std::map<std::string, storage::UsageStats> per_model, per_namespace;
-  for (const auto& t : tiers) {
+  for (const auto& t : {tiers.back()}) {
     for (const auto& [name, u] : t.per_model) {
       per_model[name].chunks += u.chunks;
       per_model[name].bytes += u.bytes;

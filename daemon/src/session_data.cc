@@ -356,6 +356,8 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
   PendingPut put = pending_puts_.at(reservation);
   const int64_t timeout_ms = server_->config().limits.transfer_timeout_ms;
   storage::HostTier* tier = server_->tier();
+  // Every store of a committed chunk goes through the tier manager (durable with a disk tier).
+  storage::TierManager* tiers = server_->tiers();
   // The checksum is verified on the pool straight from the receive's completion (progress
   // thread -> pool -> io_context), not via the io_context thread first: one thread hand-off
   // less on every put (it reads the whole chunk, so it stays off the io_context thread).
@@ -372,7 +374,7 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
       co_await AwaitCallback<Landed>(server_->io(), [=](std::function<void(Landed)> complete) {
         progress->Watch(recv, deadline, [=](const TransferStatus& st) {
           if (st.state == TransferState::kDone && st.bytes == expected_bytes) {
-            asio::post(*pool, [=] { complete(Landed{st, tier->Commit(reservation, checksum)}); });
+            asio::post(*pool, [=] { complete(Landed{st, tiers->Commit(reservation, checksum)}); });
           } else {
             complete(Landed{st, std::nullopt});
           }
@@ -496,7 +498,7 @@ void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
                          Status::NotFound("lease 0: the lookup matched nothing, nothing to get"));
   }
   storage::HostTier* tier = server_->tier();
-  auto view = tier->Get(lease, index);
+  auto view = tier->Get(lease, index, id_);  // a lease serves only the connection that took it
   if (!view.ok()) return CompleteError(seq, rid, view.status());
   if (buffer_bytes < view->meta.size_bytes) {
     tier->ReleaseRead(view->read_id).IgnoreError();
@@ -554,7 +556,7 @@ asio::awaitable<void> Session::FinishGet(uint64_t seq, uint64_t rid, storage::Re
 void Session::HandleReleaseLease(uint64_t seq, uint64_t rid, proto::ReleaseLease::Reader release) {
   const uint64_t lease = release.getLeaseId();
   if (Status s = RequireEngine("ReleaseLease"); !s.ok()) return CompleteError(seq, rid, s);
-  Status s = server_->tier()->ReleaseLease(lease);
+  Status s = server_->tier()->ReleaseLease(lease, id_);
   if (!s.ok()) return CompleteError(seq, rid, s);
   Complete(seq, MakeAck(rid));
 }

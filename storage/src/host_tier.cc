@@ -2,7 +2,10 @@
 // the read protocol (lookup / get / release).
 #include "kvd/storage/host_tier.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <iterator>
@@ -51,6 +54,35 @@ const char* IdKindName(IdKind kind) {
       return "read";
   }
   return "id";
+}
+
+uint64_t HostTier::Impl::NextIdLocked() {
+  while (true) {
+    if (random_left_ == 0) {
+      size_t got = 0;
+      auto* out = reinterpret_cast<char*>(random_ids_);
+      while (got < sizeof(random_ids_)) {
+        const ssize_t n = ::getrandom(out + got, sizeof(random_ids_) - got, 0);
+        if (n > 0) got += static_cast<size_t>(n);
+        // EINTR: retry. Other errors cannot happen with flags 0 on Linux >= 3.17.
+      }
+      random_left_ = std::size(random_ids_);
+    }
+    // 63 bits: ids stay positive in every signed representation a client may use.
+    const uint64_t id = random_ids_[--random_left_] >> 1;
+    if (id == 0 || reservations_.count(id) != 0 || leases_.count(id) != 0 ||
+        reads_.count(id) != 0 || retired_.count(id) != 0) {
+      continue;
+    }
+    return id;
+  }
+}
+
+Status HostTier::Impl::CheckLeaseOwnerLocked(LeaseId id, const LeaseState& lease,
+                                             OwnerId caller) const {
+  if (caller == kAnyOwner || caller == lease.owner) return Status::Ok();
+  // The same answer as for an id never issued, so a lease's existence does not leak.
+  return Status::NotFound("lease " + std::to_string(id) + " is not held by this client");
 }
 
 void HostTier::Impl::RetireLocked(uint64_t id, IdKind kind, RetireReason reason) {
@@ -356,6 +388,10 @@ StatusOr<Reservation> HostTier::Reserve(const ChunkKey& key, uint64_t bytes, uin
 }
 
 Status HostTier::Commit(ReservationId id, uint64_t checksum) {
+  return CommitPinned(id, checksum, nullptr);
+}
+
+Status HostTier::CommitPinned(ReservationId id, uint64_t checksum, ReadView* pinned) {
   Impl& s = *impl_;
   const std::byte* data = nullptr;
   uint64_t size = 0;
@@ -404,10 +440,14 @@ Status HostTier::Commit(ReservationId id, uint64_t checksum) {
     return Status::DataLoss("commit of reservation " + std::to_string(id) + " (" + key +
                             "): checksum mismatch: " + buf + "; reservation dropped");
   }
-  if (s.index_.count(r.key) != 0) {
+  if (auto stored = s.index_.find(r.key); stored != s.index_.end()) {
     const ChunkKey key = r.key;
+    HostEntry* existing = stored->second.get();
     s.DropReservationLocked(id, RetireReason::kDedup);
     s.counters_.dedup_puts++;
+    if (pinned != nullptr) {
+      KVD_ASSIGN_OR_RETURN(*pinned, s.StartReadLocked(existing, /*owner=*/0, now));
+    }
     return DedupStatus(key);
   }
   auto entry = std::make_unique<HostEntry>();
@@ -433,6 +473,9 @@ Status HostTier::Commit(ReservationId id, uint64_t checksum) {
   s.reservations_.erase(it);
   s.RetireLocked(id, IdKind::kReservation, RetireReason::kCommitted);
   s.counters_.commits++;
+  if (pinned != nullptr) {
+    KVD_ASSIGN_OR_RETURN(*pinned, s.StartReadLocked(e, /*owner=*/0, now));
+  }
   return Status::Ok();
 }
 
@@ -562,12 +605,13 @@ StatusOr<LookupResult> HostTier::Lookup(const LookupRequest& request) {
   return out;
 }
 
-StatusOr<ReadView> HostTier::Get(LeaseId lease, size_t index) {
+StatusOr<ReadView> HostTier::Get(LeaseId lease, size_t index, OwnerId caller) {
   Impl& s = *impl_;
   const int64_t now = s.clock_->NowNanos();
   std::lock_guard<std::mutex> lock(s.mu_);
   auto it = s.leases_.find(lease);
   if (it == s.leases_.end()) return s.UnknownIdLocked(IdKind::kLease, lease);
+  KVD_RETURN_IF_ERROR(s.CheckLeaseOwnerLocked(lease, it->second, caller));
   if (now > it->second.deadline_ns) {
     s.ReleaseLeaseLocked(lease, RetireReason::kExpired);
     s.counters_.leases_expired++;
@@ -600,10 +644,12 @@ Status HostTier::ReleaseRead(ReadId read) {
   return Status::Ok();
 }
 
-Status HostTier::ReleaseLease(LeaseId lease) {
+Status HostTier::ReleaseLease(LeaseId lease, OwnerId caller) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mu_);
-  if (s.leases_.count(lease) == 0) return s.UnknownIdLocked(IdKind::kLease, lease);
+  auto it = s.leases_.find(lease);
+  if (it == s.leases_.end()) return s.UnknownIdLocked(IdKind::kLease, lease);
+  KVD_RETURN_IF_ERROR(s.CheckLeaseOwnerLocked(lease, it->second, caller));
   s.ReleaseLeaseLocked(lease, RetireReason::kReleased);
   return Status::Ok();
 }

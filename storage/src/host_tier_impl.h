@@ -64,6 +64,8 @@ class HostTier::Impl {
     int64_t deadline_ns = 0;
     std::vector<HostEntry*> entries;  // each pinned once by this lease
   };
+  // NOT_FOUND for a lease that `caller` does not own (kAnyOwner: no check).
+  Status CheckLeaseOwnerLocked(LeaseId id, const LeaseState& lease, OwnerId caller) const;
   struct ReadState {
     OwnerId owner = 0;
     int64_t deadline_ns = 0;
@@ -71,7 +73,9 @@ class HostTier::Impl {
   };
 
   // ---- helpers; all REQUIRE mu_ held ----
-  uint64_t NextIdLocked() { return next_id_++; }
+  // A fresh id from the kernel's CSPRNG (getrandom), never 0 and never one live or remembered as
+  // retired: ids cannot be guessed from one another.
+  uint64_t NextIdLocked();
   void RetireLocked(uint64_t id, IdKind kind, RetireReason reason);
   // The error for a use of `id`, expected to be of `kind`, that is not live.
   Status UnknownIdLocked(IdKind kind, uint64_t id) const;
@@ -114,7 +118,9 @@ class HostTier::Impl {
   };
   std::unordered_map<uint64_t, Retired> retired_;  // bounded by options_.retired_id_memory
   std::deque<uint64_t> retired_order_;             // FIFO of retired_ keys
-  uint64_t next_id_ = 1;  // one id space for reservations, leases and reads
+  // One id space for reservations, leases and reads; random bits are drawn in batches.
+  uint64_t random_ids_[64] = {};
+  size_t random_left_ = 0;
 
   // Accounting (payload bytes unless named arena_).
   uint64_t used_bytes_ = 0;          // visible entries

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "kvd/common/logging.h"
+
 namespace kvd::storage {
 
 StatusOr<std::unique_ptr<TierManager>> TierManager::Create(const TierManagerOptions& options,
@@ -13,6 +15,38 @@ StatusOr<std::unique_ptr<TierManager>> TierManager::Create(const TierManagerOpti
 
 TierManager::TierManager(const TierManagerOptions& options, HostTier* host, DiskTier* disk)
     : options_(options), host_(host), disk_(disk) {}
+
+Status TierManager::Commit(ReservationId id, uint64_t checksum) {
+  if (disk_ == nullptr) return host_->Commit(id, checksum);
+  ReadView pinned;
+  Status s = host_->CommitPinned(id, checksum, &pinned);
+  if (pinned.read_id == 0) return s;  // failed (nothing stored), or dedup without a pin
+  // Pinned (our chunk, or on dedup the stored one): no Reserve can evict it while it has no
+  // disk copy. A dedup hit normally has one already (its writer wrote through).
+  const ChunkKey key = pinned.meta.key;
+  Status d = Status::Ok();
+  if (s.ok() || !disk_->Contains(key)) {
+    d = disk_->Insert(key, pinned.meta.tokens, pinned.meta.checksum,
+                      std::span<const std::byte>(pinned.data, pinned.meta.size_bytes));
+  }
+  host_->ReleaseRead(pinned.read_id).IgnoreError();  // our own live read
+  if (d.ok() || IsDedup(d)) return s;
+  if (!s.ok()) return d.WithContext("write-through of the already stored " + key.ToString());
+  // Not durable: not acknowledged either. Take it back out of host unless a reader pinned it.
+  host_->Remove(key).IgnoreError();
+  return d.WithContext("write-through of " + key.ToString() + " to the disk tier");
+}
+
+Status TierManager::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                           std::span<const std::byte> bytes) {
+  if (disk_ == nullptr) return host_->Insert(key, tokens, checksum, bytes);
+  Status d = disk_->Insert(key, tokens, checksum, bytes);
+  if (!d.ok() && !IsDedup(d)) return d.WithContext("insert of " + key.ToString());
+  Status h = host_->Insert(key, tokens, checksum, bytes);
+  if (h.ok() || IsDedup(h)) return IsDedup(d) && IsDedup(h) ? h : Status::Ok();
+  if (h.code() == StatusCode::kResourceExhausted) return Status::Ok();  // durable on disk
+  return h;
+}
 
 Status TierManager::Promote(const ChunkKey& key) {
   KVD_ASSIGN_OR_RETURN(ChunkMeta meta, disk_->Describe(key));
@@ -40,7 +74,16 @@ StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
     auto view = host_->GetByKey(key, request.owner);
     if (!view.ok()) {
       if (!disk_->Contains(key)) break;
-      if (!Promote(key).ok()) break;  // no room in host, or corrupt on disk: the prefix ends
+      if (Status p = Promote(key); !p.ok()) {
+        // No room in host, or corrupt / unreadable on disk: the prefix ends here.
+        {
+          std::lock_guard<std::mutex> lock(counters_mu_);
+          promote_failures_++;
+        }
+        KVD_LOG(WARNING) << "promotion from disk failed; lookup prefix shortened"
+                         << Kv("key", key.ToString()) << Kv("status", p);
+        break;
+      }
       view = host_->GetByKey(key, request.owner);
       if (!view.ok()) break;
     }
@@ -63,17 +106,19 @@ StatusOr<DemoteResult> TierManager::MaybeDemote() {
     bool progressed = false;
     for (const ChunkMeta& m : batch) {
       if (host_->Occupancy() <= options_.low_watermark) break;
-      auto view = host_->GetByKey(m.key, 0);
-      if (!view.ok()) {
-        out.skipped++;
-        continue;
-      }
-      Status s = disk_->Insert(m.key, view->meta.tokens, view->meta.checksum,
-                               std::span<const std::byte>(view->data, view->meta.size_bytes));
-      host_->ReleaseRead(view->read_id).IgnoreError();  // our own live read
-      if (!s.ok() && !IsDedup(s)) {
-        out.occupancy_after = host_->Occupancy();
-        return s.WithContext("demote " + m.key.ToString());
+      if (!disk_->Contains(m.key)) {  // written through already in the common case
+        auto view = host_->GetByKey(m.key, 0);
+        if (!view.ok()) {
+          out.skipped++;
+          continue;
+        }
+        Status s = disk_->Insert(m.key, view->meta.tokens, view->meta.checksum,
+                                 std::span<const std::byte>(view->data, view->meta.size_bytes));
+        host_->ReleaseRead(view->read_id).IgnoreError();  // our own live read
+        if (!s.ok() && !IsDedup(s)) {
+          out.occupancy_after = host_->Occupancy();
+          return s.WithContext("demote " + m.key.ToString());
+        }
       }
       // Copied: drop it from host unless somebody pinned it meanwhile (then it stays in both).
       if (host_->Remove(m.key).ok()) {
@@ -121,6 +166,11 @@ std::vector<TierStats> TierManager::GetStats() const {
 uint64_t TierManager::promotions() const {
   std::lock_guard<std::mutex> lock(counters_mu_);
   return promotions_;
+}
+
+uint64_t TierManager::promote_failures() const {
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  return promote_failures_;
 }
 
 uint64_t TierManager::demotions() const {

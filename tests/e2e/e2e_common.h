@@ -11,18 +11,6 @@
 
 namespace kvd::e2e {
 
-inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
-  std::vector<uint8_t> v(n);
-  std::mt19937_64 rng(seed);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t x = rng();
-    std::memcpy(&v[i], &x, 8);
-  }
-  for (; i < n; ++i) v[i] = static_cast<uint8_t>(rng());
-  return v;
-}
-
 inline std::vector<int32_t> RandomTokens(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<int32_t> t(n);

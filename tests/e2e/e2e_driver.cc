@@ -6,6 +6,11 @@
 //   kvd-e2e-driver flood ADDR UCX_TLS
 //     Puts 5.6 MiB smollm2-135m chunks in a loop (8 in flight), printing "PUT n" after each
 //     batch: the test kills it at an arbitrary point, usually while bytes are moving.
+//   kvd-e2e-driver chaos ADDR UCX_TLS FIRST
+//     Puts kChaosTokens-token stories260k chunks n = FIRST, FIRST+1, ... one at a time, hash
+//     {kChaosHi, n}, bytes
+//     RandomBytes(size, n); prints "SEND n" before and "ACK n" after each acknowledged put. The
+//     chaos test kills kvd under it (the driver then exits 1) and checks every ACKed chunk.
 // Exit 0 on success; 1 with the error on stderr.
 #include <unistd.h>
 
@@ -48,12 +53,42 @@ int Flood(const char* addr, const char* tls) {
   }
 }
 
+int Chaos(const char* addr, const char* tls, uint64_t first) {
+  kvd::client::ClientOptions o;
+  o.address = addr;
+  o.client_id = "e2e-chaos-" + std::to_string(::getpid());
+  o.model = "stories260k";
+  o.layout = kvd::e2e::Stories260kLayout();
+  o.transport.ucx_tls = tls;
+  o.transport.net_devices = "lo";
+  auto c = kvd::client::Client::Connect(o);
+  if (!c.ok()) {
+    std::cerr << c.status() << "\n";
+    return 1;
+  }
+  const size_t bytes = o.layout.ChunkBytes(kvd::e2e::kChaosTokens);
+  for (uint64_t n = first;; ++n) {
+    const auto data = kvd::e2e::RandomBytes(bytes, n);
+    std::cout << "SEND " << n << std::endl;
+    auto r = (*c)->Put(kvd::Hash128{kvd::e2e::kChaosHi, n}, kvd::e2e::kChaosTokens, data.data(),
+                       data.size());
+    if (!r.ok()) {
+      std::cerr << r.status() << "\n";
+      return 1;
+    }
+    std::cout << "ACK " << n << std::endl;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 4 && std::string(argv[1]) == "flood") return Flood(argv[2], argv[3]);
+  if (argc == 5 && std::string(argv[1]) == "chaos") {
+    return Chaos(argv[2], argv[3], std::stoull(argv[4]));
+  }
   if (argc != 4 || std::string(argv[1]) != "hold") {
-    std::cerr << "usage: kvd-e2e-driver (hold | flood) ADDR UCX_TLS\n";
+    std::cerr << "usage: kvd-e2e-driver (hold | flood) ADDR UCX_TLS | chaos ADDR UCX_TLS FIRST\n";
     return 2;
   }
   kvd::client::ClientOptions o;

@@ -112,6 +112,9 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Start(const KvdConfig& c) {
       << "  - name: smollm2-135m\n    layout: {layers: 30, kv_heads: 3, q_heads: 9, head_dim: "
          "64, dtype: bfloat16, rope: {theta: 100000, pairing: interleaved, scaling: none}}\n"
       << "tiers:\n  host:\n    capacity: " << c.host_capacity << "\n"
+      << (c.disk_path.empty() ? std::string()
+                              : "  disk:\n    path: \"" + c.disk_path +
+                                    "\"\n    capacity: " + c.disk_capacity + "\n")
       << "limits:\n  max_frame_bytes: " << c.max_frame_bytes
       << "\n  reservation_ttl_ms: " << c.reservation_ttl_ms
       << "\n  lease_ttl_ms: " << c.lease_ttl_ms

@@ -5,7 +5,9 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,23 @@
 #include "kvd/common/status.h"
 
 namespace kvd::e2e {
+
+// High half of the chunk hashes the chaos driver puts.
+inline constexpr uint64_t kChaosHi = 0xc4a05;
+// Tokens per chaos chunk (40 KiB of stories260k KV: many puts per cycle, small disk footprint).
+inline constexpr int kChaosTokens = 32;
+
+inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
+  std::vector<uint8_t> v(n);
+  std::mt19937_64 rng(seed);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(&v[i], &x, 8);
+  }
+  for (; i < n; ++i) v[i] = static_cast<uint8_t>(rng());
+  return v;
+}
 
 struct KvdConfig {
   std::string ucx_tls = "sm,tcp";
@@ -23,6 +42,10 @@ struct KvdConfig {
   std::string max_frame_bytes = "4MiB";
   std::string hash_seed = "kvd-default-seed";
   int chunk_tokens = 256;
+  // Non-empty: a disk tier (RocksDB, WAL on) at this directory, which outlives the process (a
+  // restarted KvdProcess with the same path finds the chunks again).
+  std::string disk_path;
+  std::string disk_capacity = "256MiB";
 };
 
 // The stories260k layout registered in every e2e daemon (small chunks: 320 KiB per 256 tokens).

@@ -1,6 +1,8 @@
 // HostTier read protocol and eviction: lookup prefixes, leases, read pins, LRU under pressure.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "kvd/common/clock.h"
 #include "kvd/storage/host_tier.h"
 #include "test_util.h"
@@ -41,6 +43,49 @@ class HostTierReadTest : public ::testing::Test {
   ManualClock clock_{1'000'000'000};
   std::unique_ptr<HostTier> tier_;
 };
+
+TEST_F(HostTierReadTest, LeaseServesOnlyItsOwner) {
+  const auto bytes = Put(0);
+  LookupRequest req = ChainRequest(0, 1);
+  req.owner = 7;
+  auto r = tier_->Lookup(req);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->matched_chunks, 1u);
+  // Another owner: the same answer as for an id never issued; the lease stays usable.
+  auto stolen = tier_->Get(r->lease_id, 0, /*caller=*/8);
+  EXPECT_EQ(stolen.status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Contains(stolen.status(), "is not held by this client")) << stolen.status();
+  Status release = tier_->ReleaseLease(r->lease_id, /*caller=*/8);
+  EXPECT_EQ(release.code(), StatusCode::kNotFound) << release;
+  auto view = tier_->Get(r->lease_id, 0, /*caller=*/7);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(std::memcmp(view->data, bytes.data(), kChunk), 0);
+  ASSERT_TRUE(tier_->ReleaseRead(view->read_id).ok());
+  EXPECT_TRUE(tier_->ReleaseLease(r->lease_id, /*caller=*/7).ok());
+}
+
+TEST_F(HostTierReadTest, IdsAreUnpredictable) {
+  // Ids come from the CSPRNG: consecutive ids are not neighbours, and they spread over 63 bits.
+  Put(0);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 64; ++i) {
+    auto r = tier_->Lookup(ChainRequest(0, 1));
+    ASSERT_TRUE(r.ok());
+    ids.push_back(r->lease_id);
+    ASSERT_TRUE(tier_->ReleaseLease(r->lease_id).ok());
+  }
+  uint64_t high = 0, neighbours = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_NE(ids[i], 0u);
+    EXPECT_LT(ids[i], uint64_t{1} << 63);
+    high += ids[i] >= (uint64_t{1} << 62);  // ~half of uniform 63-bit ids
+    if (i > 0 && (ids[i] - ids[i - 1] < 1024 || ids[i - 1] - ids[i] < 1024)) neighbours++;
+  }
+  // P(high outside [8, 56] | uniform) < 1e-9; P(any neighbours | uniform) < 64 * 2^-52.
+  EXPECT_GE(high, 8u);
+  EXPECT_LE(high, 56u);
+  EXPECT_EQ(neighbours, 0u);
+}
 
 TEST_F(HostTierReadTest, LookupReturnsTheLongestStoredPrefix) {
   for (uint64_t n : {0, 1, 2}) Put(n);

@@ -112,9 +112,12 @@ TEST_F(HostTierWriteTest, CommitOfUnknownReservationIsNotFound) {
 }
 
 TEST_F(HostTierWriteTest, CommitTwiceIsFailedPrecondition) {
-  ASSERT_TRUE(PutChunk(*tier_, MakeKey(0), RandomBytes(100, 3)).ok());
-  // The id of that reservation was 1 (first id issued by this tier).
-  Status s = tier_->Commit(1, 0);
+  const auto bytes = RandomBytes(100, 3);
+  auto r = tier_->Reserve(MakeKey(0), bytes.size(), 256, 1);
+  ASSERT_TRUE(r.ok());
+  std::memcpy(r->data, bytes.data(), bytes.size());
+  ASSERT_TRUE(tier_->Commit(r->id, Checksum64(bytes.data(), bytes.size())).ok());
+  Status s = tier_->Commit(r->id, 0);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(s, "already committed")) << s;
 }

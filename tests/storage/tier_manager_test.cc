@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -194,6 +195,97 @@ TEST_F(TierManagerTest, ConcurrentPutsLookupsAndDemotionKeepEveryChunkReadable) 
   EXPECT_EQ(stats[0].reads_open, 0u);
   EXPECT_EQ(stats[0].reservations_open, 0u);
   EXPECT_EQ(stats[1].checksum_failures, 0u);
+}
+
+// Reserve + write + commit through the manager (the daemon's put path).
+Status ManagerPut(TierManager& m, const ChunkKey& key, std::span<const std::byte> bytes) {
+  KVD_ASSIGN_OR_RETURN(Reservation r, m.host()->Reserve(key, bytes.size(), 256, /*owner=*/1));
+  std::memcpy(r.data, bytes.data(), bytes.size());
+  return m.Commit(r.id, Checksum64(bytes.data(), bytes.size()));
+}
+
+TEST_F(TierManagerTest, CommitIsOnDiskBeforeItReturns) {
+  const auto bytes = RandomBytes(kChunk, 7);
+  ASSERT_TRUE(ManagerPut(*manager_, MakeKey(0), bytes).ok());
+  EXPECT_TRUE(disk_->Contains(MakeKey(0)));
+  EXPECT_TRUE(host_->Describe(MakeKey(0)).ok());
+  EXPECT_EQ(host_->GetStats().reads_open, 0u);  // the write-through pin was released
+  // A re-put of the same key is the dedup answer, and stays durable.
+  EXPECT_TRUE(IsDedup(ManagerPut(*manager_, MakeKey(0), bytes)));
+  // Closing without a flush (the WAL is what keeps it) and reopening finds it.
+  manager_.reset();
+  disk_.reset();
+  OpenDisk();
+  std::vector<std::byte> out(kChunk);
+  auto meta = disk_->ReadInto(MakeKey(0), out);
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ(out, bytes);
+}
+
+TEST_F(TierManagerTest, HostPressureNeverLosesACommittedChunk) {
+  // 40 chunks through an 8-chunk host tier, no demotion pass at all: the host tier's own LRU
+  // eviction makes room, and every chunk is still served (from disk, promoted) afterwards.
+  constexpr uint64_t kChunks = 40;
+  for (uint64_t n = 0; n < kChunks; ++n) {
+    Status s = ManagerPut(*manager_, MakeKey(n), RandomBytes(kChunk, static_cast<uint32_t>(n)));
+    ASSERT_TRUE(s.ok()) << n << ": " << s;
+  }
+  EXPECT_GT(host_->GetStats().evictions, 0u);
+  for (uint64_t n = 0; n < kChunks; ++n) {
+    auto r = manager_->Lookup(ChainRequest(n, 1));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->matched_chunks, 1u) << "chunk " << n << " lost";
+    auto view = host_->Get(r->lease_id, 0);
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_EQ(std::memcmp(view->data, RandomBytes(kChunk, static_cast<uint32_t>(n)).data(), kChunk),
+              0)
+        << n;
+    ASSERT_TRUE(host_->ReleaseRead(view->read_id).ok());
+    ASSERT_TRUE(host_->ReleaseLease(r->lease_id).ok());
+  }
+  EXPECT_EQ(manager_->promote_failures(), 0u);
+}
+
+TEST_F(TierManagerTest, FailedDiskWriteFailsTheCommitAndLeavesNothingInHost) {
+  manager_.reset();
+  disk_.reset();
+  DiskTierOptions o;
+  o.path = (dir_ / "small").string();
+  o.capacity_bytes = kChunk / 2;  // every chunk is too large for it
+  auto d = DiskTier::Open(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  disk_ = std::move(d).value();
+  auto m = TierManager::Create({}, host_.get(), disk_.get());
+  ASSERT_TRUE(m.ok());
+  Status s = ManagerPut(**m, MakeKey(3), RandomBytes(kChunk, 3));
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_TRUE(Contains(s, "write-through of")) << s;
+  EXPECT_TRUE(Contains(s, "exceeds the capacity")) << s;
+  EXPECT_EQ(host_->Describe(MakeKey(3)).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(host_->GetStats().reads_open, 0u);
+}
+
+TEST_F(TierManagerTest, InsertIsDurableAndServedFromHost) {
+  const auto bytes = RandomBytes(kChunk, 9);
+  const uint64_t sum = Checksum64(bytes.data(), kChunk);
+  ASSERT_TRUE(manager_->Insert(MakeKey(5), 128, sum, bytes).ok());
+  EXPECT_TRUE(disk_->Contains(MakeKey(5)));
+  auto meta = host_->Describe(MakeKey(5));
+  ASSERT_TRUE(meta.ok());
+  EXPECT_EQ(meta->tokens, 128u);
+  EXPECT_TRUE(IsDedup(manager_->Insert(MakeKey(5), 128, sum, bytes)));
+  Status bad = manager_->Insert(MakeKey(6), 128, sum ^ 1, bytes);
+  EXPECT_EQ(bad.code(), StatusCode::kDataLoss) << bad;
+  EXPECT_FALSE(disk_->Contains(MakeKey(6)));
+  EXPECT_EQ(host_->Describe(MakeKey(6)).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(TierManagerTest, WithoutADiskTierCommitAndInsertAreTheHostTiers) {
+  auto m = TierManager::Create({}, host_.get(), nullptr);
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE(ManagerPut(**m, MakeKey(1), RandomBytes(kChunk, 1)).ok());
+  EXPECT_TRUE(host_->Describe(MakeKey(1)).ok());
+  EXPECT_FALSE(disk_->Contains(MakeKey(1)));
 }
 
 }  // namespace

@@ -20,7 +20,10 @@
 // allocation fits. If even evicting everything unpinned cannot make room, Reserve fails with
 // RESOURCE_EXHAUSTED naming capacity, used, reserved and pinned bytes, and evicts nothing.
 //
-// Ids: reservation, lease and read ids are unique for the tier's life, never 0 (0 means "none").
+// Ids: reservation, lease and read ids are drawn from the kernel's CSPRNG (getrandom), 63 bits,
+// never 0 (0 means "none"), never equal to a live or remembered id: one client cannot guess
+// another's. A lease belongs to the owner that took it: Get / ReleaseLease by another caller get
+// NOT_FOUND, exactly as for an id never issued.
 // An id that was retired (committed, aborted, expired, reclaimed) is remembered for a while
 // (HostTierOptions::retired_id_memory) so its late use gets ABORTED with the reason; an id never
 // issued (or long forgotten) gets NOT_FOUND.
@@ -57,6 +60,8 @@ using OwnerId = uint64_t;        // a client / connection; 0 = no owner (never r
 using ReservationId = uint64_t;  // 0 = none
 using LeaseId = uint64_t;        // 0 = none (nothing matched)
 using ReadId = uint64_t;         // 0 = none
+// "Any caller": the ownership check of Get / ReleaseLease is skipped (in-process users).
+inline constexpr OwnerId kAnyOwner = ~uint64_t{0};
 
 // Where to write a reserved chunk. `data` == region base + `offset`; valid (and exclusively the
 // reserver's to write) until Commit, Abort, expiry or ReclaimOwner.
@@ -149,6 +154,12 @@ class HostTier final : public Tier {
   //   ALREADY_EXISTS "dedup: ..." (another reservation of the key committed first; this one's
   //   space is returned, the stored chunk is unchanged).
   Status Commit(ReservationId id, uint64_t checksum);
+  // Commit, and on OK also a read (owner 0) pinning the new chunk, returned in `*pinned` under
+  // the same lock (so no Reserve can evict it before the caller is done): the TierManager copies
+  // it to disk, then calls ReleaseRead(pinned->read_id). Same errors as Commit; on the dedup
+  // ALREADY_EXISTS `*pinned` pins the chunk already stored instead; on other errors
+  // pinned->read_id stays 0.
+  Status CommitPinned(ReservationId id, uint64_t checksum, ReadView* pinned);
 
   // Drops an open reservation and returns its space. NOT_FOUND / ABORTED as for Commit.
   // Aborting a reservation whose Commit is verifying makes that Commit return ABORTED.
@@ -171,17 +182,19 @@ class HostTier final : public Tier {
 
   // A read view of chunk `index` (0-based, < matched_chunks) of lease `lease`, pinned until
   // ReleaseRead. The read's owner is the lease's owner. Makes the chunk most recently used.
-  // Errors: NOT_FOUND (lease never issued), ABORTED (lease released, expired or reclaimed),
-  //   OUT_OF_RANGE (index >= matched_chunks).
-  StatusOr<ReadView> Get(LeaseId lease, size_t index);
+  // `caller` must be the lease's owner (kAnyOwner skips the check).
+  // Errors: NOT_FOUND (lease never issued, or owned by another caller), ABORTED (lease released,
+  //   expired or reclaimed), OUT_OF_RANGE (index >= matched_chunks).
+  StatusOr<ReadView> Get(LeaseId lease, size_t index, OwnerId caller = kAnyOwner);
 
   // A read view of `key` without a lease (admin reads, tests). NOT_FOUND naming the key.
   StatusOr<ReadView> GetByKey(const ChunkKey& key, OwnerId owner);
 
   // Ends a read. NOT_FOUND (unknown id), ABORTED (already expired or reclaimed).
   Status ReleaseRead(ReadId read);
-  // Ends a lease (its pins go; reads already started keep theirs). NOT_FOUND / ABORTED.
-  Status ReleaseLease(LeaseId lease);
+  // Ends a lease (its pins go; reads already started keep theirs). NOT_FOUND (also: owned by
+  // another caller) / ABORTED.
+  Status ReleaseLease(LeaseId lease, OwnerId caller = kAnyOwner);
 
   // ---- Tier ----
   TierKind kind() const override { return TierKind::kHost; }

@@ -1,25 +1,44 @@
-// TierManager: placement across the host tier and (optionally) the disk tier.
+// TierManager: THE store path of committed chunks, and placement across the host tier and
+// (optionally) the disk tier.
 //
-// - Writes land in the host tier (the daemon uses HostTier's Reserve / Commit directly).
-// - MaybeDemote(): when the host tier's occupancy is above high_watermark, copies its
-//   least-recently-used unpinned chunks to disk and removes them from host until occupancy is
-//   at or below low_watermark. The daemon calls it from a timer and after commits. Without a
-//   disk tier it does nothing. NOTE: the host tier's own eviction (a Reserve that finds it
-//   full) DROPS chunks without copying them to disk; call MaybeDemote often enough (and keep
-//   high_watermark below 1) that it rarely comes to that.
+// Store contract (every store of a committed chunk goes through here):
+// - Commit(reservation, checksum): commit of a host reservation (bytes written in place by the
+//   caller or a peer). Insert(key, ...): a chunk produced inside the daemon (e.g. a compact chunk
+//   made by the ingest pipeline), copied in.
+// - Durability: with a disk tier, OK means the chunk was written to RocksDB (write-ahead log on)
+//   BEFORE the call returned: an acknowledgement sent after OK survives host-tier pressure and a
+//   kill -9 of the process (not a power loss unless DiskTierOptions::sync_writes). If the disk
+//   write fails the call fails (UNAVAILABLE naming the key) and the chunk is not acknowledged.
+//   Without a disk tier, OK means published in host memory; under pressure the host tier then
+//   evicts least-recently-used unpinned committed chunks (the documented policy).
+// - No silent loss under pressure: with a disk tier every committed chunk in host memory has a
+//   disk copy by the time its Commit/Insert returns (a chunk is pinned in host while its disk
+//   write runs, so a concurrent Reserve cannot evict it), so the host tier's LRU eviction for a
+//   reservation only ever drops copies. The disk tier's own capacity (DiskTierOptions::
+//   capacity_bytes) bounds what is kept: above it the disk tier evicts its least-recently-used
+//   chunks (documented policy, counted in its evictions).
+// - Dedup: a key already stored returns ALREADY_EXISTS "dedup:" (IsDedup); with a disk tier the
+//   stored chunk is copied to disk first if it has no disk copy yet.
+//
+// Placement:
+// - MaybeDemote(): when the host tier's occupancy is above high_watermark, drops its
+//   least-recently-used unpinned chunks from host (copying any without a disk copy first) until
+//   occupancy is at or below low_watermark, keeping room free for reservations. The daemon calls
+//   it from a timer and after commits. Without a disk tier it does nothing.
 // - Lookup(): the host tier's Lookup, after promoting into host the chunks of the requested
 //   prefix that are only on disk (when promote_on_hit), so the result and its lease cover both
 //   tiers. A chunk whose disk copy is corrupt stops the prefix there (it is dropped by the disk
-//   tier and counted in its checksum_failures).
+//   tier, counted in its checksum_failures, logged) and is counted in promote_failures().
 // - List / Evict / stats span both tiers.
 //
 // Thread safety: thread-safe (the tiers are). Demotion passes are serialized by demote_mu_;
-// lookups may run concurrently with a demotion: a chunk is copied to disk BEFORE it is removed
-// from host, so a concurrent lookup finds it in at least one tier.
+// lookups and commits may run concurrently with a demotion: a chunk is on disk BEFORE it is
+// removed from host, so a concurrent lookup finds it in at least one tier.
 #pragma once
 
 #include <cstdint>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "kvd/common/status.h"
@@ -44,6 +63,17 @@ class TierManager {
   static StatusOr<std::unique_ptr<TierManager>> Create(const TierManagerOptions& options,
                                                        HostTier* host, DiskTier* disk);
 
+  // Commit of host reservation `id` (HostTier::Commit's errors), then, with a disk tier, the
+  // durable disk write (UNAVAILABLE / RESOURCE_EXHAUSTED from the disk tier, with context; the
+  // chunk is then removed from host again unless a reader pinned it meanwhile).
+  Status Commit(ReservationId id, uint64_t checksum);
+
+  // Stores a chunk produced in the daemon (Tier::Insert's contract and errors). With a disk
+  // tier the disk copy is written first, then the host copy; a host tier too full to take it
+  // (everything pinned) still leaves it stored on disk (OK).
+  Status Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                std::span<const std::byte> bytes);
+
   // See the file comment. Errors are the host tier's Lookup errors; promotion failures (no room
   // in host, corrupt disk copy) shorten the match instead of failing the lookup.
   StatusOr<LookupResult> Lookup(const LookupRequest& request);
@@ -61,6 +91,8 @@ class TierManager {
 
   uint64_t promotions() const;
   uint64_t demotions() const;
+  // Promotions from disk that failed (corrupt disk copy, disk read error, no room in host).
+  uint64_t promote_failures() const;
 
   HostTier* host() const { return host_; }
   DiskTier* disk() const { return disk_; }
@@ -75,8 +107,9 @@ class TierManager {
   DiskTier* const disk_;
   std::mutex demote_mu_;  // serializes MaybeDemote passes; guards nothing else
   mutable std::mutex counters_mu_;
-  uint64_t promotions_ = 0;  // guarded by counters_mu_
-  uint64_t demotions_ = 0;   // guarded by counters_mu_
+  uint64_t promotions_ = 0;        // guarded by counters_mu_
+  uint64_t demotions_ = 0;         // guarded by counters_mu_
+  uint64_t promote_failures_ = 0;  // guarded by counters_mu_
 };
 
 }  // namespace kvd::storage
