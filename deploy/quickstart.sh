@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# kvd in one command: installs and builds (./deploy/setup.sh), starts build/bin/kvd on its
-# embedded default topology, runs a put / lookup / get round trip that verifies every byte
-# (kvd-roundtrip), prints `kvdctl stats`, stops kvd with SIGTERM and exits 0.
-# Any failure stops kvd, prints its log and exits non-zero.
+# kvd in one command: the disaggregated demo. Installs and builds (./deploy/setup.sh), fetches
+# the demo model (./deploy/fetch-models.sh: SmolLM2-135M-Instruct), starts build/bin/kvd on its
+# embedded default topology, then runs the reference engine as two separate processes:
+#   kvd-demo prefill  runs a real prompt (deploy/demo/text.txt) and pushes its KV to kvd;
+#   kvd-demo decode   looks the prompt up in kvd, gets the chunks, continues generating and
+#                     scores a held-out continuation (against a local prefill as the baseline);
+# then kvd-demo local compresses the same chunks chunk by chunk in-process (SnapKV, p_c 0.5,
+# each chunk with only its own K/V and last-32 queries) and compares full and compressed caches.
+# Prints `kvdctl stats`, stops kvd with SIGTERM, and ends with the line
+#   kvd-demo: model=M p_c=X raw_bytes=N stored_bytes=N ppl_full=F ppl_compressed=F top1_agree=F
+# When the model cannot be fetched it says so and runs the raw round trip of random bytes
+# (kvd-roundtrip) instead; exit 0 either way. Any failure stops kvd, prints its log and exits
+# non-zero.
 #
 #   KVD_BUILD_DIR       build folder (default: build)
-#   KVD_QUICKSTART_TLS  UCX_TLS of the client (default sm,tcp, as the embedded default's daemon)
-#   KVD_SKIP_SETUP=1    use an existing build (needs kvd, kvdctl, kvd-roundtrip in KVD_BUILD_DIR)
+#   KVD_QUICKSTART_TLS  UCX_TLS of the clients (default sm,tcp, as the embedded default's daemon)
+#   KVD_DEMO_THREADS    engine threads (default: all cores)
+#   KVD_SKIP_SETUP=1    use an existing build (needs kvd, kvdctl, kvd-roundtrip, kvd-demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,9 +74,22 @@ addr=$(sed -n 's/.*"tcp" *: *"\([^"]*\)".*/\1/p' "$work/ready.json")
 [[ -n "$addr" ]] || { echo "[quickstart] no tcp address in $(cat "$work/ready.json")" >&2; exit 1; }
 echo "[quickstart] kvd ready on $addr (pid $kvd_pid)"
 
-echo "[quickstart] put / lookup / get round trip"
-"$BIN/kvd-roundtrip" --addr "$addr" --model smollm2-135m --tokens 600 --ucx-tls "$TLS" \
-  --net-devices lo
+conn=(--addr "$addr" --ucx-tls "$TLS" --net-devices lo)
+demo_line=""
+if model=$(./deploy/fetch-models.sh); then
+  demo=(--model-file "$model" --text deploy/demo/text.txt --threads "${KVD_DEMO_THREADS:-0}")
+  echo "[quickstart] prefill process: the prompt's KV to kvd"
+  "$BIN/kvd-demo" prefill "${demo[@]}" "${conn[@]}"
+  echo "[quickstart] decode process: the prompt's cache from kvd, continue, score"
+  "$BIN/kvd-demo" decode "${demo[@]}" "${conn[@]}" --baseline
+  echo "[quickstart] full vs compressed cache (chunk-wise compression in-process, p_c 0.5)"
+  "$BIN/kvd-demo" local "${demo[@]}" --p-c 0.5 | tee "$work/local.txt"
+  demo_line=$(grep '^kvd-demo: ' "$work/local.txt")
+else
+  echo "[quickstart] the demo model could not be fetched (deploy/fetch-models.sh failed, see" \
+    "above): falling back to the raw round trip of random bytes"
+  "$BIN/kvd-roundtrip" "${conn[@]}" --model smollm2-135m --tokens 600
+fi
 
 echo "[quickstart] kvdctl stats"
 "$BIN/kvdctl" --addr "$addr" stats
@@ -77,3 +100,4 @@ if ! stop_kvd; then
   exit 1
 fi
 echo "[quickstart] done"
+if [[ -n "$demo_line" ]]; then echo "$demo_line"; fi

@@ -13,7 +13,8 @@
 // --heldout N (default 128), --generate N (default 24), --chunk-tokens N (default 256; prefill
 // and decode take the daemon's), --window W (default 32), --threads N (default all cores),
 // --model M (kvd model name, default smollm2-135m), --logits-out FILE (decode / local: the
-// held-out logits of the kvd / compressed cache as raw float32, for tests).
+// held-out logits of the kvd / compressed cache as raw float32, for tests), --full-logits-out
+// FILE (local: those of the full cache).
 //
 // Exit codes: 0 ok, 1 failure (the message says where), 2 usage, 3 kvd cannot be reached.
 #include <chrono>
@@ -45,7 +46,7 @@ constexpr const char* kUsage =
     "usage: kvd-demo prefill|decode|local --model-file GGUF [--addr ADDR] [--text FILE]\n"
     "                [--prompt-tokens N] [--heldout N] [--generate N] [--chunk-tokens N]\n"
     "                [--window W] [--threads N] [--model M] [--p-c X] [--baseline]\n"
-    "                [--logits-out FILE] [connection flags of kvdctl]\n";
+    "                [--logits-out FILE] [--full-logits-out FILE] [connection flags of kvdctl]\n";
 
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -225,6 +226,9 @@ int RunLocal(kvd::tools::Args& args) {
   if (Status w = WriteLogits(s.logits_out, comp->heldout_logits); !w.ok()) {
     return Fail("--logits-out", w);
   }
+  if (Status w = WriteLogits(args.Get("--full-logits-out"), full->heldout_logits); !w.ok()) {
+    return Fail("--full-logits-out", w);
+  }
   const llama::Tokenizer* tok = s.model->tokenizer();
   PrintScore("full cache", *full, tok);
   PrintScore("compressed cache", *comp, tok);
@@ -232,12 +236,128 @@ int RunLocal(kvd::tools::Args& args) {
   return 0;
 }
 
+// ---- prefill / decode through kvd ----
+
+// Connects as an engine for --model with the daemon's layout and chunk size.
+StatusOr<std::unique_ptr<kvd::client::Client>> ConnectEngine(kvd::tools::Args& args, Setup* s) {
+  kvd::client::ClientOptions o;
+  kvd::tools::ApplyConnectionArgs(args, &o);
+  o.model = args.Get("--model", "smollm2-135m");
+  uint32_t chunk_tokens = 0;
+  KVD_ASSIGN_OR_RETURN(kvd::client::ModelInfo info,
+                       kvd::tools::FindModel(o, o.model, &chunk_tokens));
+  o.layout = info.layout;
+  o.chunk_tokens = static_cast<int>(chunk_tokens);
+  o.block_tokens = std::gcd(16, o.chunk_tokens);
+  s->chunk_tokens = o.chunk_tokens;
+  return kvd::client::Client::Connect(o);
+}
+
+int RunPrefill(kvd::tools::Args& args) {
+  auto setup = Load(args);
+  if (!setup.ok()) return Fail("setup", setup.status());
+  Setup& s = *setup;
+  auto client = ConnectEngine(args, &s);
+  if (!client.ok()) return Fail("connect", client.status());
+  kvd::client::Client& c = **client;
+  const kvd::ModelLayout& layout = c.options().layout;
+  std::span<const int32_t> prompt(s.text.prompt);
+  std::printf("[prefill] kvd %s at %s, model %s (%s), chunks of %d tokens\n",
+              c.session().daemon_version.c_str(), c.options().address.c_str(),
+              c.options().model.c_str(), layout.ToString().c_str(), s.chunk_tokens);
+  llama::LlamaSession ses(*s.model, {.threads = s.threads});
+  auto pre = llama::PrefillChunks(ses, prompt, layout,
+                                  {.chunk_tokens = s.chunk_tokens, .window = s.window});
+  if (!pre.ok()) return Fail("prefill", pre.status());
+  std::printf("[prefill] %zu prompt tokens in %.3f s: %zu full chunks\n", prompt.size(),
+              pre->seconds, pre->chunks.size());
+  const std::vector<kvd::Hash128> chain = c.hasher().ChunkChain(prompt, false);
+  for (size_t i = 0; i < pre->chunks.size(); ++i) {
+    const llama::PrefillChunk& ch = pre->chunks[i];
+    const auto t0 = std::chrono::steady_clock::now();
+    auto put = c.Put(chain[i], ch.tokens, ch.raw.data(), ch.raw.size());
+    if (!put.ok()) return Fail("put chunk " + std::to_string(i), put.status());
+    std::printf("[prefill] chunk %zu: put %zu B raw in %.2f ms%s\n", i, ch.raw.size(),
+                Since(t0) * 1e3, put->already_stored ? " (already stored)" : "");
+  }
+  return 0;
+}
+
+int RunDecode(kvd::tools::Args& args) {
+  auto setup = Load(args);
+  if (!setup.ok()) return Fail("setup", setup.status());
+  Setup& s = *setup;
+  auto client = ConnectEngine(args, &s);
+  if (!client.ok()) return Fail("connect", client.status());
+  kvd::client::Client& c = **client;
+  const kvd::ModelLayout& layout = c.options().layout;
+  const int want = CachedChunks(s);
+  std::span<const int32_t> prompt(s.text.prompt);
+  const auto t_lookup = std::chrono::steady_clock::now();
+  const std::vector<kvd::Hash128> chain =
+      c.hasher().ChunkChain(prompt.first(static_cast<size_t>(want) * s.chunk_tokens), false);
+  auto hit = c.Lookup(chain);
+  if (!hit.ok()) return Fail("lookup", hit.status());
+  const double lookup_s = Since(t_lookup);
+  const int n = static_cast<int>(std::min<uint32_t>(hit->matched_chunks, want));
+  std::printf("[decode] lookup: %u of %d chunks of the prompt in kvd (%.2f ms)\n",
+              hit->matched_chunks, want, lookup_s * 1e3);
+  if (n == 0) {
+    return Fail("lookup", Status::NotFound("the prompt's first chunk is not in kvd (run "
+                                           "`kvd-demo prefill` with the same text first)"));
+  }
+  std::vector<std::vector<uint8_t>> bytes(n);
+  std::vector<llama::RawChunkView> views;
+  uint64_t got_bytes = 0;
+  double get_s = 0;
+  for (int i = 0; i < n; ++i) {
+    bytes[i].resize(layout.ChunkBytes(s.chunk_tokens));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto got = c.Get(hit->lease_id, static_cast<uint32_t>(i), bytes[i].data(), bytes[i].size());
+    const double dt = Since(t0);
+    if (!got.ok()) return Fail("get chunk " + std::to_string(i), got.status());
+    get_s += dt;
+    got_bytes += got->bytes;
+    std::printf("[decode] chunk %d: get %llu B in %.2f ms\n", i,
+                static_cast<unsigned long long>(got->bytes), dt * 1e3);
+    views.push_back({s.chunk_tokens, std::span<const uint8_t>(bytes[i].data(), got->bytes)});
+  }
+  (void)c.ReleaseLease(hit->lease_id);
+  const auto t_build = std::chrono::steady_clock::now();
+  auto dense = llama::DenseFromRawChunks(layout, views);
+  if (!dense.ok()) return Fail("cache from kvd chunks", dense.status());
+  const double build_s = Since(t_build);
+  std::printf("[decode] cache of %d tokens from kvd: get %.2f ms, build %.2f ms per chunk\n",
+              dense->num_tokens, get_s * 1e3 / n, build_s * 1e3 / n);
+  const size_t cached = static_cast<size_t>(n) * s.chunk_tokens;
+  auto served = llama::ScoreContinuation(
+      *s.model, {.threads = s.threads}, [&](llama::LlamaSession& x) { return x.LoadDense(*dense); },
+      prompt.subspan(cached), s.text.heldout, s.generate);
+  if (!served.ok()) return Fail("decode from the kvd cache", served.status());
+  if (Status w = WriteLogits(s.logits_out, served->heldout_logits); !w.ok()) {
+    return Fail("--logits-out", w);
+  }
+  const llama::Tokenizer* tok = s.model->tokenizer();
+  PrintScore("kvd cache", *served, tok);
+  std::printf("[decode] time to first token from kvd: %.3f s (lookup + get + build + tail)\n",
+              lookup_s + get_s + build_s + served->first_token_seconds);
+  if (args.Has("--baseline")) {
+    auto full = FullBaseline(s, n);
+    if (!full.ok()) return Fail("baseline", full.status());
+    PrintScore("local prefill (baseline)", *full, tok);
+    std::printf("[decode] top-1 agreement kvd cache vs local prefill: %.4f\n",
+                llama::Agreement(full->heldout_top1, served->heldout_top1));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::set<std::string> valued = {"--model-file", "--text",    "--prompt-tokens", "--heldout",
-                                  "--generate",   "--threads", "--window",        "--chunk-tokens",
-                                  "--model",      "--p-c",     "--logits-out"};
+  std::set<std::string> valued = {"--model-file", "--text",         "--prompt-tokens",
+                                  "--heldout",    "--generate",     "--threads",
+                                  "--window",     "--chunk-tokens", "--model",
+                                  "--p-c",        "--logits-out",   "--full-logits-out"};
   valued.insert(kvd::tools::kConnectionFlags.begin(), kvd::tools::kConnectionFlags.end());
   kvd::tools::Args args(argc, argv, {"--help", "--baseline"}, valued);
   if (args.Has("--help")) {
@@ -251,6 +371,8 @@ int main(int argc, char** argv) {
   }
   const std::string mode = args.positionals()[0];
   if (mode == "local") return RunLocal(args);
+  if (mode == "prefill") return RunPrefill(args);
+  if (mode == "decode") return RunDecode(args);
   std::cerr << "kvd-demo: unknown mode '" << mode << "'\n" << kUsage;
   return 2;
 }
