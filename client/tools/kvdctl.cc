@@ -1,6 +1,6 @@
 // kvdctl: inspect and manage a running kvd.
 //
-//   kvdctl [--addr ADDR] [--json] stats
+//   kvdctl [--addr ADDR] [--json] stats [--watch]
 //   kvdctl [--addr ADDR] [--json] ls [--namespace N] [--model M] [--limit K]
 //   kvdctl [--addr ADDR] [--json] evict (--all | --namespace N | --model M | --chunk HEX)
 //   kvdctl [--addr ADDR] [--json] health
@@ -8,8 +8,12 @@
 // ADDR is host:port or unix:/path (default $KVD_ADDR, else 127.0.0.1:7400).
 // Exit codes: 0 ok; 1 the daemon answered with an error (or health is not ok);
 //             2 usage error; 3 cannot connect to the daemon (or it died mid-call).
+#include <unistd.h>
+
+#include <chrono>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "kvd/client/client.h"
 #include "kvd/client/json.h"
@@ -27,7 +31,8 @@ constexpr int kExitOk = 0, kExitDaemonError = 1, kExitUsage = 2, kExitConnect = 
 
 const char* kUsage =
     "usage: kvdctl [--addr ADDR] [--json] [--timeout-ms MS] COMMAND\n"
-    "  stats                                   per tier, per model and per namespace occupancy\n"
+    "  stats [--watch]                         per tier, per model and per namespace occupancy\n"
+    "                                          (--watch: redraw every second until interrupted)\n"
     "  ls [--namespace N] [--model M] [--limit K]   list cached chunks (default limit 100)\n"
     "  evict (--all | --namespace N | --model M | --chunk HEX)   evict unpinned chunks\n"
     "  health                                  daemon and tier health\n"
@@ -113,7 +118,7 @@ void PrintList(const kvd::client::ListResult& l) {
 
 int main(int argc, char** argv) {
   kvd::tools::Args args(
-      argc, argv, {"--json", "--all", "--help"},
+      argc, argv, {"--json", "--all", "--help", "--watch"},
       {"--addr", "--namespace", "--model", "--limit", "--chunk", "--timeout-ms", "--client-id"});
   if (args.Has("--help")) {
     std::cout << kUsage;
@@ -153,6 +158,8 @@ int main(int argc, char** argv) {
     }
   } else if (cmd == "ls") {
     if (limit < 0 || limit > UINT32_MAX) return Usage("--limit out of range");
+  } else if (args.Has("--watch") && cmd != "stats") {
+    return Usage("--watch applies to stats only");
   } else if (cmd != "stats" && cmd != "health") {
     return Usage("unknown command '" + cmd + "'");
   }
@@ -165,12 +172,25 @@ int main(int argc, char** argv) {
   }
   auto& c = *client;
   if (cmd == "stats") {
-    auto s = c->GetStats();
-    if (!s.ok()) return Fail(s.status(), json, false);
-    if (json)
-      std::cout << kvd::client::StatsToJson(*s) << "\n";
-    else
-      PrintStats(*s);
+    // --watch: one frame per second (the screen is cleared first on a terminal; with --json one
+    // compact object per line) until interrupted or the daemon goes away.
+    const bool watch = args.Has("--watch");
+    const bool tty = ::isatty(STDOUT_FILENO) == 1;
+    for (;;) {
+      auto next = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      auto s = c->GetStats();
+      if (!s.ok()) return Fail(s.status(), json, false);
+      if (json) {
+        std::cout << kvd::client::StatsToJson(*s, watch ? -1 : 2) << std::endl;
+      } else {
+        if (watch && tty) std::cout << "\033[H\033[2J";
+        PrintStats(*s);
+        if (watch && !tty) std::cout << "--\n";
+        std::cout << std::flush;
+      }
+      if (!watch) break;
+      std::this_thread::sleep_until(next);
+    }
   } else if (cmd == "ls") {
     auto l = c->List({ns, args.Get("--model"), static_cast<uint32_t>(limit)});
     if (!l.ok()) return Fail(l.status(), json, false);

@@ -56,6 +56,12 @@ Status ListenOptions::Validate() const {
   return Status::Ok();
 }
 
+Status MetricsOptions::Validate() const {
+  if (listen.empty()) return Status::Ok();
+  auto parsed = ParseHostPort(listen);
+  return parsed.ok() ? Status::Ok() : parsed.status().WithContext("metrics.listen");
+}
+
 Status LimitsOptions::Validate() const {
   if (max_frame_bytes < 4096 || max_frame_bytes > (256u << 20)) {
     return Status::InvalidArgument("limits.max_frame_bytes: " + std::to_string(max_frame_bytes) +
@@ -147,6 +153,7 @@ const ModelConfig* DaemonConfig::FindModel(std::string_view name) const {
 Status DaemonConfig::Validate() const {
   if (node_name.empty()) return Status::InvalidArgument("node: must not be empty");
   KVD_RETURN_IF_ERROR(listen.Validate());
+  KVD_RETURN_IF_ERROR(metrics.Validate());
   KVD_RETURN_IF_ERROR(transport.Validate().WithContext("transport"));
   if (chunk_tokens < 1 || chunk_tokens > (1 << 20)) {
     return Status::InvalidArgument("chunk_tokens: " + std::to_string(chunk_tokens) +

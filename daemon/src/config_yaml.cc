@@ -203,14 +203,18 @@ Status BindModels(const YAML::Node& node, std::vector<ModelConfig>* models) {
 
 Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   if (root.IsNull() || !root.IsDefined()) return Status::Ok();  // an empty file: all defaults
-  KVD_RETURN_IF_ERROR(CheckMap(
-      root, "",
-      {"node", "listen", "transport", "chunk_tokens", "hash_seed", "models", "tiers", "limits"}));
+  KVD_RETURN_IF_ERROR(CheckMap(root, "",
+                               {"node", "listen", "metrics", "transport", "chunk_tokens",
+                                "hash_seed", "models", "tiers", "limits"}));
   KVD_RETURN_IF_ERROR(GetString(root, "", "node", &c->node_name));
   if (YAML::Node n = root["listen"]; n.IsDefined()) {
     KVD_RETURN_IF_ERROR(CheckMap(n, "listen", {"tcp", "unix"}));
     KVD_RETURN_IF_ERROR(GetString(n, "listen", "tcp", &c->listen.tcp));
     KVD_RETURN_IF_ERROR(GetString(n, "listen", "unix", &c->listen.unix_path));
+  }
+  if (YAML::Node n = root["metrics"]; n.IsDefined()) {
+    KVD_RETURN_IF_ERROR(CheckMap(n, "metrics", {"listen"}));
+    KVD_RETURN_IF_ERROR(GetString(n, "metrics", "listen", &c->metrics.listen));
   }
   if (YAML::Node n = root["transport"]; n.IsDefined()) {
     KVD_RETURN_IF_ERROR(

@@ -28,7 +28,7 @@ constexpr std::string_view kUsage = R"(usage: kvd [options]
   --listen HOST:PORT       TCP listen address (overrides listen.tcp; port 0 = ephemeral; "none" disables)
   --unix PATH              unix-socket path (overrides listen.unix; "auto", or "none" disables)
   --node NAME              node name (overrides node)
-  --ready-file PATH        once listening, write {"tcp":...,"unix":...,"pid":...} to PATH
+  --ready-file PATH        once listening, write {"tcp":...,"unix":...,"metrics":...,"pid":...} to PATH
   --log-format text|json   log record format (default text; env KVD_LOG_FORMAT)
   --log-level LEVEL        debug, info, warning, error (default info; env KVD_LOG_LEVEL)
   --print-default-config   print the embedded default topology and exit
@@ -164,7 +164,9 @@ int main(int argc, char** argv) {
   const std::string unix_socket = (*server)->unix_path();
   if (!ready_file.empty()) {
     std::string json = "{\"tcp\":\"" + JsonEscape(tcp) + "\",\"unix\":\"" +
-                       JsonEscape(unix_socket) + "\",\"pid\":" + std::to_string(::getpid()) + "}\n";
+                       JsonEscape(unix_socket) + "\",\"metrics\":\"" +
+                       JsonEscape((*server)->metrics_address()) +
+                       "\",\"pid\":" + std::to_string(::getpid()) + "}\n";
     if (!WriteReadyFile(ready_file, json)) {
       KVD_LOG(ERROR) << "cannot write the ready file" << kvd::Kv("path", ready_file);
       return kExitRuntime;
@@ -172,7 +174,7 @@ int main(int argc, char** argv) {
   }
   const auto& host = (*server)->config().host_tier;
   KVD_LOG(INFO) << "kvd ready" << kvd::Kv("node", config->node_name) << kvd::Kv("tcp", tcp)
-                << kvd::Kv("unix", unix_socket)
+                << kvd::Kv("unix", unix_socket) << kvd::Kv("metrics", (*server)->metrics_address())
                 << kvd::Kv("transport", (*server)->transport()->capabilities().backend)
                 << kvd::Kv("host_capacity", kvd::daemon::FormatByteSize(host.capacity_bytes))
                 << kvd::Kv("models", config->models.size())

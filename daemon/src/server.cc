@@ -156,6 +156,13 @@ Status Server::Impl::Start() {
     }
     unix_path_ = path;
   }
+  if (!config_.metrics.listen.empty()) {
+    auto endpoint = MetricsEndpoint::Start(
+        io_, config_.metrics.listen, [this] { return metrics_.RenderPrometheus(Snapshot()); });
+    if (!endpoint.ok()) return endpoint.status();
+    metrics_endpoint_ = std::move(*endpoint);
+    metrics_address_ = metrics_endpoint_->address();
+  }
   start_ns_ = clock_->NowNanos();
   progress_->Start();
   if (config_.host_prefault) StartPrefault();
@@ -224,6 +231,7 @@ void Server::Impl::BeginShutdown() {
   boost::system::error_code ec;
   if (tcp_acceptor_) tcp_acceptor_->close(ec);
   if (unix_acceptor_) unix_acceptor_->close(ec);
+  if (metrics_endpoint_) metrics_endpoint_->Close();
   if (signals_) signals_->cancel(ec);
   if (expiry_timer_) expiry_timer_->cancel();
   auto sessions = sessions_;  // Close may re-enter SessionClosed later, not now
@@ -396,6 +404,7 @@ void Server::Run() { impl_->Run(); }
 void Server::Shutdown() { impl_->Shutdown(); }
 std::string Server::tcp_address() const { return impl_->tcp_address_; }
 std::string Server::unix_path() const { return impl_->unix_path_; }
+std::string Server::metrics_address() const { return impl_->metrics_address_; }
 size_t Server::session_count() const { return impl_->session_count(); }
 storage::HostTier* Server::host_tier() { return impl_->tier(); }
 storage::DiskTier* Server::disk_tier() { return impl_->disk(); }

@@ -18,6 +18,8 @@
 #include "kvd/daemon/server.h"
 #include "kvd/storage/disk_tier.h"
 #include "kvd/storage/tier_manager.h"
+#include "metrics.h"
+#include "metrics_http.h"
 #include "progress_loop.h"
 
 namespace kvd::daemon {
@@ -67,6 +69,10 @@ class Server::Impl {
   ProgressLoop& progress() { return *progress_; }
   Clock* clock() { return clock_; }
   DaemonCounters& counters() { return counters_; }
+  // Request latencies and the Prometheus rendering (metrics.h).
+  Metrics& metrics() { return metrics_; }
+  // What `kvdctl stats` and /metrics show, now.
+  StatsSnapshot Snapshot();
   int64_t UptimeMs() const;
   const std::string& transport_description() const { return transport_description_; }
   const std::string& local_address() const { return local_address_; }
@@ -83,8 +89,9 @@ class Server::Impl {
   void SessionClosed(uint64_t session_id);
   size_t session_count() const { return session_count_.load(); }
 
-  std::string tcp_address_;  // set by Start
-  std::string unix_path_;    // set by Start
+  std::string tcp_address_;      // set by Start
+  std::string unix_path_;        // set by Start
+  std::string metrics_address_;  // set by Start when metrics.listen is set
 
  private:
   asio::awaitable<void> AcceptTcp();
@@ -124,6 +131,8 @@ class Server::Impl {
   std::atomic<bool> shutdown_requested_{false};
   int64_t start_ns_ = 0;
   DaemonCounters counters_;
+  Metrics metrics_;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   std::unordered_map<uint64_t, uint64_t> open_reservations_;  // id -> session id
   std::unordered_map<uint64_t, Status> retired_reservations_;
   std::deque<uint64_t> retired_order_;

@@ -46,6 +46,13 @@ void Session::Close(const std::string& reason) {
 }
 
 void Session::Complete(uint64_t seq, Frame frame) {
+  if (auto it = timed_.find(seq); it != timed_.end()) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    server_->metrics().Observe(static_cast<LatencyOp>(it->second.first), now - it->second.second);
+    timed_.erase(it);
+  }
   if (writer_done_) return;  // the connection is gone: nobody will read the reply
   ready_[seq] = std::move(frame);
   writer_event_.Notify();

@@ -137,6 +137,9 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t next_write_seq_ = 0;  // seq of the next reply to write
   std::map<uint64_t, Frame> ready_;
   std::optional<uint64_t> close_after_seq_;
+  // Lookup / Commit / Get requests in progress: seq -> (op, steady-clock start in ns), observed
+  // into the latency histograms when their reply is completed.
+  std::map<uint64_t, std::pair<int, int64_t>> timed_;
   int handlers_running_ = 0;
   bool read_closed_ = false;
   bool writer_done_ = false;

@@ -23,26 +23,28 @@ void FillGroups(const std::map<std::string, storage::UsageStats>& groups,
 
 }  // namespace
 
-void Session::HandleStats(uint64_t seq, uint64_t rid) {
-  const DaemonConfig& config = server_->config();
-  std::vector<storage::TierStats> tiers = server_->tiers()->GetStats();
-  const storage::TierStats& host = tiers.front();
+StatsSnapshot Server::Impl::Snapshot() {
+  StatsSnapshot s;
+  s.node_name = config_.node_name;
+  s.uptime_ms = UptimeMs();
+  s.sessions = session_count();
+  s.tiers = manager_->GetStats();
+  const storage::TierStats& host = s.tiers.front();
   // Occupancy per model and namespace, each chunk once: with a disk tier every committed chunk is
   // written through to disk (the host tier holds copies of some), so the disk tier's figures are
   // the stored set; without one, the host tier's.
-  std::map<std::string, storage::UsageStats> per_model, per_namespace;
-  for (const auto& t : {tiers.back()}) {
+  for (const auto& t : {s.tiers.back()}) {
     for (const auto& [name, u] : t.per_model) {
-      per_model[name].chunks += u.chunks;
-      per_model[name].bytes += u.bytes;
+      s.per_model[name].chunks += u.chunks;
+      s.per_model[name].bytes += u.bytes;
     }
     for (const auto& [name, u] : t.per_namespace) {
-      per_namespace[name].chunks += u.chunks;
-      per_namespace[name].bytes += u.bytes;
+      s.per_namespace[name].chunks += u.chunks;
+      s.per_namespace[name].bytes += u.bytes;
     }
   }
-  const DaemonCounters& c = server_->counters();
-  const std::vector<std::pair<const char*, uint64_t>> counters = {
+  const DaemonCounters& c = counters_;
+  s.counters = {
       {"sessions_accepted", c.sessions_accepted},
       {"sessions_refused", c.sessions_refused},
       {"frames_in", c.frames_in},
@@ -69,14 +71,22 @@ void Session::HandleStats(uint64_t seq, uint64_t rid) {
       {"host_reads_open", host.reads_open},
       {"host_leases_expired", host.leases_expired},
       {"host_arena_allocated_bytes", host.arena_allocated_bytes},
-      {"promotions", server_->tiers()->promotions()},
-      {"demotions", server_->tiers()->demotions()},
+      {"promotions", manager_->promotions()},
+      {"demotions", manager_->demotions()},
   };
+  return s;
+}
+
+void Session::HandleStats(uint64_t seq, uint64_t rid) {
+  const DaemonConfig& config = server_->config();
+  const StatsSnapshot snap = server_->Snapshot();
+  const auto& tiers = snap.tiers;
+  const auto& counters = snap.counters;
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initStats();
-             reply.setNodeName(config.node_name);
-             reply.setUptimeMs(static_cast<uint64_t>(server_->UptimeMs()));
-             reply.setSessions(static_cast<uint32_t>(server_->session_count()));
+             reply.setNodeName(snap.node_name);
+             reply.setUptimeMs(static_cast<uint64_t>(snap.uptime_ms));
+             reply.setSessions(static_cast<uint32_t>(snap.sessions));
              auto out_tiers = reply.initTiers(static_cast<unsigned>(tiers.size()));
              for (unsigned i = 0; i < tiers.size(); ++i) {
                const storage::TierStats& ts = tiers[i];
@@ -91,8 +101,8 @@ void Session::HandleStats(uint64_t seq, uint64_t rid) {
                t.setHits(ts.hits);
                t.setMisses(ts.misses);
              }
-             FillGroups(per_model, reply.initModels(per_model.size()));
-             FillGroups(per_namespace, reply.initNamespaces(per_namespace.size()));
+             FillGroups(snap.per_model, reply.initModels(snap.per_model.size()));
+             FillGroups(snap.per_namespace, reply.initNamespaces(snap.per_namespace.size()));
              auto models = reply.initRegisteredModels(config.models.size());
              for (unsigned i = 0; i < config.models.size(); ++i) {
                models[i].setName(config.models[i].name);

@@ -50,6 +50,15 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
     CloseAfter(seq);
     return Status::Ok();
   }
+  if (which == proto::Request::LOOKUP || which == proto::Request::COMMIT ||
+      which == proto::Request::GET) {
+    const LatencyOp op = which == proto::Request::LOOKUP   ? LatencyOp::kLookup
+                         : which == proto::Request::COMMIT ? LatencyOp::kPut
+                                                           : LatencyOp::kGet;
+    timed_[seq] = {static_cast<int>(op), std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             std::chrono::steady_clock::now().time_since_epoch())
+                                             .count()};
+  }
   switch (which) {
     case proto::Request::HELLO:
       HandleHello(seq, rid, request.getHello());

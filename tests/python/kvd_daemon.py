@@ -47,7 +47,9 @@ class KvdDaemon:
                 raise RuntimeError("kvd did not start:\n" + self.log())
             time.sleep(0.05)
         with open(ready) as f:
-            self.address = json.load(f)["tcp"]
+            info = json.load(f)
+        self.address = info["tcp"]
+        self.metrics_address = info.get("metrics", "")
 
     def log(self):
         with open(self.log_path) as f:

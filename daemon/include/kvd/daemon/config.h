@@ -42,6 +42,16 @@ struct ListenOptions {
   Status Validate() const;
 };
 
+// The Prometheus endpoint (HTTP GET /metrics, text format 0.0.4). Off by default.
+struct MetricsOptions {
+  // "host:port" to serve /metrics on (port 0 = ephemeral); "" (default) disables it. Serve it on
+  // localhost ("127.0.0.1:9464") unless a scraper on another host needs it: it is unauthenticated.
+  std::string listen;
+
+  // INVALID_ARGUMENT naming metrics.listen for a malformed address.
+  Status Validate() const;
+};
+
 // A registered model: the only layout clients of that model may use.
 struct ModelConfig {
   std::string name;
@@ -85,6 +95,8 @@ struct DaemonConfig {
   // Name of this node (stats, health, logs). Default "kvd-local". Non-empty.
   std::string node_name = "kvd-local";
   ListenOptions listen;
+  // The /metrics endpoint (metrics.listen). Default off.
+  MetricsOptions metrics;
   // The bulk transport. Defaults here (differing from TransportOptions' own): backend "ucx",
   // ucx_tls "sm,tcp" (shared memory carries the bytes on one machine; tcp otherwise),
   // net_devices "lo" (the default config is localhost-only).

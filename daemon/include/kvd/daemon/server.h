@@ -70,6 +70,8 @@ class Server {
   std::string tcp_address() const;
   // The unix-socket path as bound, or "" when disabled.
   std::string unix_path() const;
+  // The /metrics endpoint as bound ("127.0.0.1:9464"), or "" when metrics.listen is off.
+  std::string metrics_address() const;
   // Open control connections.
   size_t session_count() const;
 
