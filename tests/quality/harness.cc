@@ -7,6 +7,7 @@
 #include <memory>
 #include <random>
 
+#include "bootstrap.h"
 #include "kvd/llama/engine.h"
 #include "kvd/llama/tokenizer.h"
 #include "manifest.h"
@@ -92,57 +93,135 @@ StatusOr<Scores> ScoreContinuation(LlamaSession& s, const llama::LlamaConfig& cf
 }
 
 struct PasskeyPrompt {
-  std::vector<int32_t> context;   // filler with the key inside (compressed)
+  std::vector<int32_t> context;   // filler with the key(s) inside (compressed)
   std::vector<int32_t> question;  // fed after the (compressed) context
-  std::string key;
+  std::string key;                // the key asked for
+  std::vector<int32_t> answer;    // tokens of " <key>" (what greedy decoding must produce)
+  int depth_index = -1;           // single-key prompts: index into passkey_depths; -1 multi-key
 };
 
-std::vector<PasskeyPrompt> BuildPasskeyPrompts(const llama::Tokenizer& tok,
-                                               const HarnessOptions& o) {
-  std::vector<PasskeyPrompt> out;
-  if (o.passkey_filler_tokens <= 0) return out;
+// Filler of about `tokens` tokens with each needle inserted before filler unit
+// lround(depth * units) (needles in the order given; equal slots keep that order).
+std::vector<int32_t> BuildContext(
+    const llama::Tokenizer& tok, int tokens,
+    const std::vector<std::pair<double, std::vector<int32_t>>>& needles) {
   const std::vector<int32_t> intro = tok.Encode(
       "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
       "it. I will quiz you about the important information there.");
   const std::vector<int32_t> unit = tok.Encode(
       " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.");
+  size_t needle_tokens = 0;
+  for (const auto& [d, n] : needles) needle_tokens += n.size();
+  const int room = tokens - static_cast<int>(intro.size() + needle_tokens);
+  const int units = std::max(1, room / static_cast<int>(unit.size()));
+  std::vector<int32_t> ctx = intro;
+  for (int u = 0; u <= units; ++u) {
+    for (const auto& [depth, n] : needles) {
+      if (static_cast<int>(std::lround(depth * units)) == u)
+        ctx.insert(ctx.end(), n.begin(), n.end());
+    }
+    if (u < units) ctx.insert(ctx.end(), unit.begin(), unit.end());
+  }
+  return ctx;
+}
+
+std::vector<PasskeyPrompt> BuildPasskeyPrompts(const llama::Tokenizer& tok,
+                                               const HarnessOptions& o) {
+  std::vector<PasskeyPrompt> out;
+  if (o.passkey_filler_tokens <= 0) return out;
   std::mt19937 rng(o.seed);
   std::uniform_int_distribution<int> digits(10000, 99999);
-  for (double depth : o.passkey_depths) {
+  for (size_t di = 0; di < o.passkey_depths.size(); ++di) {
     for (int trial = 0; trial < o.passkey_trials; ++trial) {
       PasskeyPrompt p;
       p.key = std::to_string(digits(rng));
-      const std::vector<int32_t> needle =
-          tok.Encode(" The pass key is " + p.key + ". Remember it. " + p.key + " is the pass key.");
-      const int units = std::max(
-          1,
-          static_cast<int>((o.passkey_filler_tokens - intro.size() - needle.size()) / unit.size()));
-      const int at = static_cast<int>(std::lround(depth * units));
-      p.context = intro;
-      for (int u = 0; u <= units; ++u) {
-        if (u == at) p.context.insert(p.context.end(), needle.begin(), needle.end());
-        if (u < units) p.context.insert(p.context.end(), unit.begin(), unit.end());
-      }
+      p.depth_index = static_cast<int>(di);
+      p.context = BuildContext(
+          tok, o.passkey_filler_tokens,
+          {{o.passkey_depths[di], tok.Encode(" The pass key is " + p.key + ". Remember it. " +
+                                             p.key + " is the pass key.")}});
       p.question = tok.Encode(" What is the pass key? The pass key is");
+      p.answer = tok.Encode(" " + p.key);
       out.push_back(std::move(p));
     }
+  }
+  // Multi-key: `multikey_keys` keys behind labelled doors at uniform random depths; one asked.
+  static const char* kLabels[] = {"red",   "blue",  "green",  "yellow",
+                                  "white", "black", "orange", "grey"};
+  std::uniform_real_distribution<double> depth(0.0, 1.0);
+  for (int trial = 0; trial < o.multikey_trials; ++trial) {
+    std::vector<std::pair<double, std::vector<int32_t>>> needles;
+    std::vector<std::string> keys;
+    for (int k = 0; k < o.multikey_keys; ++k) {
+      keys.push_back(std::to_string(digits(rng)));
+      needles.push_back({depth(rng), tok.Encode(" The pass key for the " + std::string(kLabels[k]) +
+                                                " door is " + keys.back() + ". Remember it.")});
+    }
+    const int asked = std::uniform_int_distribution<int>(0, o.multikey_keys - 1)(rng);
+    PasskeyPrompt p;
+    p.key = keys[asked];
+    p.context = BuildContext(tok, o.passkey_filler_tokens, needles);
+    p.question = tok.Encode(" What is the pass key for the " + std::string(kLabels[asked]) +
+                            " door? The pass key for the " + kLabels[asked] + " door is");
+    p.answer = tok.Encode(" " + p.key);
+    out.push_back(std::move(p));
   }
   return out;
 }
 
-// Feeds the question on the session's cache, then greedily generates 8 tokens.
-StatusOr<bool> AnswerPasskey(LlamaSession& s, const llama::Tokenizer& tok, const PasskeyPrompt& p) {
-  KVD_ASSIGN_OR_RETURN(std::vector<float> logits, s.Forward(p.question));
-  std::vector<int32_t> gen;
-  for (int i = 0; i < 8; ++i) {
-    const int32_t next = llama::Argmax(logits);
-    gen.push_back(next);
-    if (i + 1 < 8) {
-      KVD_ASSIGN_OR_RETURN(logits, s.Forward(std::span<const int32_t>(&next, 1)));
+// The tokens [begin, end) of a prefix capture as a capture of their own (positions kept), with
+// `queries` (per layer [w, n_q, d]) as its window.
+PrefixCapture SliceCapture(const PrefixCapture& p, int begin, int end,
+                           std::vector<std::vector<float>> queries, int w) {
+  const llama::LlamaConfig& cfg = *p.config;
+  const size_t row = static_cast<size_t>(cfg.num_kv_heads) * cfg.head_dim;
+  PrefixCapture c;
+  c.config = p.config;
+  c.cache.num_tokens = end - begin;
+  c.cache.positions.assign(p.cache.positions.begin() + begin, p.cache.positions.begin() + end);
+  c.cache.next_position = p.cache.positions[end - 1] + 1;
+  c.cache.layers.resize(p.cache.layers.size());
+  for (size_t l = 0; l < p.cache.layers.size(); ++l) {
+    const auto& src = p.cache.layers[l];
+    c.cache.layers[l].k.assign(src.k.begin() + begin * row, src.k.begin() + end * row);
+    c.cache.layers[l].v.assign(src.v.begin() + begin * row, src.v.begin() + end * row);
+  }
+  c.window_queries = std::move(queries);
+  c.window = w;
+  return c;
+}
+
+// Appends the slots of `part` to `whole` per (layer, KV head).
+void AppendCompact(const llama::CompactKvCache& part, llama::CompactKvCache* whole) {
+  if (whole->layers.empty()) whole->layers.resize(part.layers.size());
+  for (size_t l = 0; l < part.layers.size(); ++l) {
+    if (whole->layers[l].empty()) whole->layers[l].resize(part.layers[l].size());
+    for (size_t h = 0; h < part.layers[l].size(); ++h) {
+      const llama::CompactHeadKv& src = part.layers[l][h];
+      llama::CompactHeadKv& dst = whole->layers[l][h];
+      dst.num_slots += src.num_slots;
+      dst.k.insert(dst.k.end(), src.k.begin(), src.k.end());
+      dst.v.insert(dst.v.end(), src.v.begin(), src.v.end());
+      dst.bias.insert(dst.bias.end(), src.bias.begin(), src.bias.end());
     }
   }
-  KVD_ASSIGN_OR_RETURN(std::string text, tok.Decode(gen, /*render_special=*/false));
-  return text.find(p.key) != std::string::npos;
+  whole->next_position = part.next_position;
+}
+
+// Whether greedy decoding after the question reproduces the key: the question and the key's
+// tokens are teacher-forced in ONE call and the argmax before each key token must be that token
+// (exactly what greedy generation of the key would produce, at 1 call instead of 1 per token).
+StatusOr<bool> AnswerPasskey(LlamaSession& s, const PasskeyPrompt& p) {
+  std::vector<int32_t> feed = p.question;
+  feed.insert(feed.end(), p.answer.begin(), p.answer.end() - 1);
+  KVD_ASSIGN_OR_RETURN(std::vector<float> logits, s.Forward(feed, {.all_logits = true}));
+  const size_t V = logits.size() / feed.size();
+  for (size_t i = 0; i < p.answer.size(); ++i) {
+    const size_t row = p.question.size() - 1 + i;
+    std::span<const float> r(logits.data() + row * V, V);
+    if (llama::Argmax(r) != p.answer[i]) return false;
+  }
+  return true;
 }
 
 void Progress(const HarnessOptions& o, Clock::time_point t0, const std::string& msg) {
@@ -157,9 +236,15 @@ HarnessOptions HarnessOptions::Quick() {
   o.continuation_tokens = 64;
   o.max_segments = 2;
   o.window = 32;
+  o.chunk_tokens = 256;
+  o.chunk_window = 16;
   o.calibration_segments = 1;
   o.passkey_filler_tokens = 384;
   o.passkey_depths = {0.1, 0.9};
+  o.passkey_trials = 1;
+  o.multikey_trials = 1;
+  o.multikey_keys = 2;
+  o.bootstrap_samples = 200;
   o.ratios = {0.5, 0.9};
   return o;
 }
@@ -172,18 +257,141 @@ Status HarnessOptions::Validate() const {
   for (double r : ratios) {
     if (!(r >= 0 && r < 1)) return bad("ratio " + std::to_string(r) + " outside [0, 1)");
   }
+  if (modes.empty()) return bad("no modes");
+  bool chunked = false;
+  for (const std::string& m : modes) {
+    if (m == kModeChunkWise) {
+      chunked = true;
+    } else if (m != kModeOneShot) {
+      return bad("unknown mode '" + m + "' (known: one-shot, chunk-wise)");
+    }
+  }
   if (prefix_tokens < 8) return bad("prefix_tokens must be >= 8");
   if (continuation_tokens < 2) return bad("continuation_tokens must be >= 2");
   if (max_segments < 1) return bad("max_segments must be >= 1");
   if (window < 1 || window > prefix_tokens) return bad("window must be in [1, prefix_tokens]");
-  if (calibration_segments < 0 || passkey_filler_tokens < 0 || passkey_trials < 0 || threads < 0) {
+  if (chunked) {
+    if (chunk_tokens < 8 || prefix_tokens % chunk_tokens != 0) {
+      return bad("chunk-wise mode needs chunk_tokens >= 8 dividing prefix_tokens (" +
+                 std::to_string(chunk_tokens) + " vs " + std::to_string(prefix_tokens) + ")");
+    }
+    if (chunk_window < 1 || chunk_window > chunk_tokens) {
+      return bad("chunk_window must be in [1, chunk_tokens]");
+    }
+    if (window > chunk_tokens) {
+      return bad(
+          "with chunk-wise mode the one-shot window must be <= chunk_tokens (the prefix "
+          "is prefilled chunk by chunk)");
+    }
+  }
+  if (calibration_segments < 0 || passkey_filler_tokens < 0 || passkey_trials < 0 ||
+      multikey_trials < 0 || bootstrap_samples < 0 || threads < 0) {
     return bad("counts must be >= 0");
+  }
+  if (multikey_trials > 0 && (multikey_keys < 2 || multikey_keys > 8)) {
+    return bad("multikey_keys must be in [2, 8]");
   }
   for (double d : passkey_depths) {
     if (!(d >= 0 && d <= 1)) return bad("passkey depth outside [0, 1]");
   }
   return Status::Ok();
 }
+
+namespace {
+
+// Cuts consecutive non-overlapping pieces of `len` tokens from each text and takes them
+// round-robin over the texts until `count` are taken (or the texts run out).
+std::vector<std::vector<int32_t>> RoundRobinCuts(const std::vector<std::vector<int32_t>>& texts,
+                                                 size_t len, int count) {
+  std::vector<std::vector<int32_t>> out;
+  for (size_t round = 0; static_cast<int>(out.size()) < count; ++round) {
+    bool any = false;
+    for (const auto& ids : texts) {
+      const size_t s = round * len;
+      if (s + len <= ids.size() && static_cast<int>(out.size()) < count) {
+        out.emplace_back(ids.begin() + s, ids.begin() + s + len);
+        any = true;
+      }
+    }
+    if (!any) break;
+  }
+  return out;
+}
+
+struct ChunkQueries {
+  std::vector<std::vector<float>> q;  // per layer [w, n_q, d]
+  int w = 0;
+};
+
+// Prefills `prefix` chunk by chunk (chunk_tokens each; one call when chunk-wise mode is off),
+// capturing each chunk's last chunk_window queries and the prefix's last `window` queries.
+StatusOr<PrefixCapture> CaptureChunked(LlamaSession& s, const llama::LlamaModel& model,
+                                       const std::vector<int32_t>& prefix, const HarnessOptions& o,
+                                       bool chunked, std::vector<ChunkQueries>* chunks) {
+  if (!chunked) return Capture(s, model, prefix, o.window);
+  s.Reset();
+  const llama::LlamaConfig& cfg = model.config();
+  const size_t qrow = static_cast<size_t>(cfg.num_q_heads) * cfg.head_dim;
+  const int n = static_cast<int>(prefix.size());
+  PrefixCapture p;
+  p.config = &cfg;
+  chunks->clear();
+  for (int b = 0; b < n; b += o.chunk_tokens) {
+    const int e = std::min(n, b + o.chunk_tokens);
+    const bool last = e == n;
+    const int want = last ? std::max(o.window, o.chunk_window) : o.chunk_window;
+    std::span<const int32_t> part(prefix.data() + b, e - b);
+    KVD_RETURN_IF_ERROR(s.Forward(part, {.capture_queries = want}).status());
+    const auto& q = s.captured_queries();
+    const int got = s.captured_query_count();
+    ChunkQueries cq;
+    cq.w = std::min(o.chunk_window, got);
+    cq.q.resize(q.size());
+    for (size_t l = 0; l < q.size(); ++l) {
+      cq.q[l].assign(q[l].end() - static_cast<ptrdiff_t>(cq.w * qrow), q[l].end());
+    }
+    chunks->push_back(std::move(cq));
+    if (last) {
+      p.window = std::min(o.window, got);
+      p.window_queries.resize(q.size());
+      for (size_t l = 0; l < q.size(); ++l) {
+        p.window_queries[l].assign(q[l].end() - static_cast<ptrdiff_t>(p.window * qrow),
+                                   q[l].end());
+      }
+    }
+  }
+  KVD_ASSIGN_OR_RETURN(p.cache, s.ExportDense());
+  return p;
+}
+
+// Runs `m` on the prefix in `mode`; the compact cache and the stored fraction of raw K+V bytes.
+StatusOr<CompressedPrefix> CompressInMode(CompressionMethod& m, const PrefixCapture& prefix,
+                                          const std::vector<ChunkQueries>& chunks,
+                                          const HarnessOptions& o, const std::string& mode,
+                                          double p_c) {
+  const int n = prefix.cache.num_tokens;
+  if (mode == kModeOneShot) {
+    KVD_ASSIGN_OR_RETURN(CompressedPrefix c, m.Compress(prefix, p_c));
+    if (c.stored_fraction < 0) c.stored_fraction = 1.0 - AchievedCompression(c.cache, n);
+    return c;
+  }
+  CompressedPrefix whole;
+  whole.stored_fraction = 0;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const int b = static_cast<int>(c) * o.chunk_tokens;
+    const int e = std::min(n, b + o.chunk_tokens);
+    PrefixCapture part = SliceCapture(prefix, b, e, chunks[c].q, chunks[c].w);
+    auto out = m.Compress(part, p_c);
+    if (!out.ok()) return out.status().WithContext("chunk " + std::to_string(c));
+    const double stored = out->stored_fraction >= 0 ? out->stored_fraction
+                                                    : 1.0 - AchievedCompression(out->cache, e - b);
+    whole.stored_fraction += stored * (e - b) / n;
+    AppendCompact(out->cache, &whole.cache);
+  }
+  return whole;
+}
+
+}  // namespace
 
 StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const HarnessOptions& o,
                                    const MethodRegistry& registry) {
@@ -198,35 +406,30 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     return Status::InvalidArgument("segments or passkey prompts exceed the model's context " +
                                    std::to_string(cfg.context_length));
   }
+  const bool chunked = std::find(o.modes.begin(), o.modes.end(), kModeChunkWise) != o.modes.end();
   HarnessReport rep;
   rep.options = o;
   KVD_ASSIGN_OR_RETURN(auto manifest, LoadManifest(o.manifest_path));
-  KVD_ASSIGN_OR_RETURN(auto eval_texts, ReadVerified(manifest, "eval", &rep.warnings));
+  std::vector<ManifestText> eval_texts;
+  if (o.text_files.empty()) {
+    KVD_ASSIGN_OR_RETURN(eval_texts, ReadVerified(manifest, "eval", &rep.warnings));
+  } else {
+    KVD_ASSIGN_OR_RETURN(eval_texts, ReadTextFiles(o.text_files));
+  }
 
   // Segments: consecutive non-overlapping (prefix, continuation) cuts, round-robin over texts.
   const int seg_len = o.prefix_tokens + o.continuation_tokens;
-  std::vector<std::vector<Segment>> per_text;
+  std::vector<std::vector<int32_t>> eval_ids;
   for (const ManifestText& t : eval_texts) {
-    const std::vector<int32_t> ids = tok->Encode(t.text);
-    std::vector<Segment> segs;
-    for (size_t s = 0; s + seg_len <= ids.size(); s += seg_len) {
-      segs.push_back(
-          {std::vector<int32_t>(ids.begin() + s, ids.begin() + s + o.prefix_tokens),
-           std::vector<int32_t>(ids.begin() + s + o.prefix_tokens, ids.begin() + s + seg_len)});
+    eval_ids.push_back(tok->Encode(t.text));
+    if (eval_ids.back().size() >= static_cast<size_t>(seg_len)) {
+      rep.texts.push_back(t.entry.path + " " + t.entry.sha256);
     }
-    if (!segs.empty()) rep.texts.push_back(t.entry.path + " " + t.entry.sha256);
-    per_text.push_back(std::move(segs));
   }
   std::vector<Segment> segments;
-  for (size_t round = 0; static_cast<int>(segments.size()) < o.max_segments; ++round) {
-    bool any = false;
-    for (auto& segs : per_text) {
-      if (round < segs.size() && static_cast<int>(segments.size()) < o.max_segments) {
-        segments.push_back(segs[round]);
-        any = true;
-      }
-    }
-    if (!any) break;
+  for (auto& cut : RoundRobinCuts(eval_ids, seg_len, o.max_segments)) {
+    segments.push_back({std::vector<int32_t>(cut.begin(), cut.begin() + o.prefix_tokens),
+                        std::vector<int32_t>(cut.begin() + o.prefix_tokens, cut.end())});
   }
   if (segments.empty()) {
     return Status::FailedPrecondition("no eval text is long enough for a segment of " +
@@ -253,16 +456,13 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     rep.warnings.insert(rep.warnings.end(), calib_warnings.begin(), calib_warnings.end());
     std::vector<PrefixCapture> captures;
     if (calib.ok()) {
-      // The calib texts are short: cut prefixes from their concatenation.
-      std::vector<int32_t> ids;
+      // One prefix per calib text in turn (round-robin), so that every domain is represented.
+      std::vector<std::vector<int32_t>> ids;
       for (const ManifestText& t : *calib) {
-        const std::vector<int32_t> part = tok->Encode(t.text);
-        ids.insert(ids.end(), part.begin(), part.end());
+        ids.push_back(tok->Encode(t.text));
+        rep.calib_texts.push_back(t.entry.path + " " + t.entry.sha256);
       }
-      for (size_t s = 0; s + o.prefix_tokens <= ids.size() &&
-                         static_cast<int>(captures.size()) < o.calibration_segments;
-           s += o.prefix_tokens) {
-        std::vector<int32_t> prefix(ids.begin() + s, ids.begin() + s + o.prefix_tokens);
+      for (auto& prefix : RoundRobinCuts(ids, o.prefix_tokens, o.calibration_segments)) {
         KVD_ASSIGN_OR_RETURN(PrefixCapture p, Capture(session, model, prefix, o.window));
         captures.push_back(std::move(p));
       }
@@ -276,46 +476,54 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     }
   }
 
-  // Rows: "full" once at p_c 0, every other method at every ratio.
+  // Rows: "full" once at p_c 0 (one-shot), every other method at every ratio in every mode.
   struct RowKey {
     size_t method;
     double p_c;
+    std::string mode;
   };
   std::vector<RowKey> keys;
-  for (size_t m = 0; m < methods.size(); ++m) {
-    if (methods[m]->name() == "full") {
-      keys.push_back({m, 0.0});
-    } else {
-      for (double r : o.ratios) keys.push_back({m, r});
+  for (const std::string& mode : o.modes) {
+    for (size_t m = 0; m < methods.size(); ++m) {
+      if (methods[m]->name() == "full") {
+        if (mode == o.modes.front()) keys.push_back({m, 0.0, kModeOneShot});
+      } else {
+        for (double r : o.ratios) keys.push_back({m, r, mode});
+      }
     }
   }
   rep.rows.resize(keys.size());
   for (size_t k = 0; k < keys.size(); ++k) {
     rep.rows[k].method = methods[keys[k].method]->name();
     rep.rows[k].p_c = keys[k].p_c;
+    rep.rows[k].mode = keys[k].mode;
     rep.rows[k].layer_rel_error.assign(cfg.num_layers, 0.0);
+    rep.rows[k].passkey_depth_correct.assign(o.passkey_depths.size(), 0);
+    rep.rows[k].passkey_depth_total.assign(o.passkey_depths.size(), 0);
   }
 
   LlamaSession other(model, {.threads = o.threads});
+  std::vector<ChunkQueries> chunk_queries;
   for (size_t si = 0; si < segments.size(); ++si) {
     const Segment& seg = segments[si];
-    KVD_ASSIGN_OR_RETURN(PrefixCapture prefix, Capture(session, model, seg.prefix, o.window));
+    KVD_ASSIGN_OR_RETURN(PrefixCapture prefix,
+                         CaptureChunked(session, model, seg.prefix, o, chunked, &chunk_queries));
     Reference ref;
     KVD_ASSIGN_OR_RETURN(Scores eng,
                          ScoreContinuation(session, cfg, seg.continuation, nullptr, &ref));
     rep.engine_nll_sum += eng.nll;
     rep.engine_scored_tokens += eng.n;
+    rep.engine_seg_nll.push_back(eng.nll);
     for (size_t k = 0; k < keys.size(); ++k) {
       const auto tr = Clock::now();
       MethodResult& row = rep.rows[k];
       CompressionMethod& m = *methods[keys[k].method];
-      auto cache = m.Compress(prefix, row.p_c);
-      if (!cache.ok())
-        return cache.status().WithContext(m.name() + " p_c=" + std::to_string(row.p_c));
-      const double stored = cache->stored_fraction >= 0
-                                ? cache->stored_fraction
-                                : 1.0 - AchievedCompression(cache->cache, o.prefix_tokens);
-      row.achieved_p_c += (1.0 - stored) / segments.size();
+      auto cache = CompressInMode(m, prefix, chunk_queries, o, row.mode, row.p_c);
+      if (!cache.ok()) {
+        return cache.status().WithContext(m.name() + " p_c=" + std::to_string(row.p_c) + " " +
+                                          row.mode);
+      }
+      row.achieved_p_c += (1.0 - cache->stored_fraction) / segments.size();
       if (cache->cache.next_position != o.prefix_tokens) {
         return Status::Internal(m.name() + " returned next_position " +
                                 std::to_string(cache->cache.next_position) + ", expected " +
@@ -328,6 +536,9 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
       row.nll_sum += sc.nll;
       row.scored_tokens += sc.n;
       row.top1_agreement += static_cast<double>(sc.agree);
+      row.seg_nll.push_back(sc.nll);
+      row.seg_n.push_back(sc.n);
+      row.seg_agree.push_back(sc.agree);
       for (int l = 0; l < cfg.num_layers; ++l)
         row.layer_rel_error[l] += sc.rel_err[l] / segments.size();
       row.seconds += Since(tr);
@@ -337,28 +548,42 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
                  ": engine ppl " + std::to_string(std::exp(eng.nll / eng.n)));
   }
 
-  // Passkey retrieval.
+  // Passkey retrieval (one-shot rows: the question comes after the compressed context).
   const std::vector<PasskeyPrompt> prompts = BuildPasskeyPrompts(*tok, o);
   for (size_t pi = 0; pi < prompts.size(); ++pi) {
     const PasskeyPrompt& p = prompts[pi];
     KVD_ASSIGN_OR_RETURN(PrefixCapture prefix, Capture(session, model, p.context, o.window));
-    KVD_ASSIGN_OR_RETURN(bool engine_ok, AnswerPasskey(session, *tok, p));
-    rep.engine_passkey_correct += engine_ok;
-    ++rep.engine_passkey_total;
+    KVD_ASSIGN_OR_RETURN(bool engine_ok, AnswerPasskey(session, p));
+    if (p.depth_index >= 0) {
+      rep.engine_passkey_correct += engine_ok;
+      ++rep.engine_passkey_total;
+    } else {
+      rep.engine_multikey_correct += engine_ok;
+      ++rep.engine_multikey_total;
+    }
     for (size_t k = 0; k < keys.size(); ++k) {
       MethodResult& row = rep.rows[k];
+      if (row.mode != kModeOneShot) continue;
       CompressionMethod& m = *methods[keys[k].method];
       auto cache = m.Compress(prefix, row.p_c);
       if (!cache.ok()) return cache.status().WithContext(m.name() + " (passkey)");
       KVD_RETURN_IF_ERROR(other.LoadCompact(cache->cache));
-      KVD_ASSIGN_OR_RETURN(bool ok, AnswerPasskey(other, *tok, p));
-      row.passkey_correct += ok;
-      ++row.passkey_total;
+      KVD_ASSIGN_OR_RETURN(bool ok, AnswerPasskey(other, p));
+      if (p.depth_index >= 0) {
+        row.passkey_correct += ok;
+        ++row.passkey_total;
+        row.passkey_depth_correct[p.depth_index] += ok;
+        ++row.passkey_depth_total[p.depth_index];
+      } else {
+        row.multikey_correct += ok;
+        ++row.multikey_total;
+      }
     }
-    Progress(o, t0,
-             "passkey " + std::to_string(pi + 1) + "/" + std::to_string(prompts.size()) + " (" +
-                 std::to_string(p.context.size()) + " tokens): engine " +
-                 (engine_ok ? "correct" : "wrong"));
+    if (pi + 1 == prompts.size() || (pi + 1) % 10 == 0) {
+      Progress(o, t0,
+               "passkey " + std::to_string(pi + 1) + "/" + std::to_string(prompts.size()) + " (" +
+                   std::to_string(p.context.size()) + " tokens)");
+    }
   }
 
   for (MethodResult& row : rep.rows) {
@@ -367,6 +592,12 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     double s = 0;
     for (double e : row.layer_rel_error) s += e;
     row.mean_rel_error = s / cfg.num_layers;
+    const BootstrapResult b = BootstrapSegments(
+        {row.seg_nll, rep.engine_seg_nll, row.seg_n, row.seg_agree}, o.bootstrap_samples);
+    row.ppl_ratio_lo = b.ppl_ratio.lo;
+    row.ppl_ratio_hi = b.ppl_ratio.hi;
+    row.top1_lo = b.top1.lo;
+    row.top1_hi = b.top1.hi;
   }
   rep.engine_perplexity =
       std::exp(rep.engine_nll_sum / static_cast<double>(rep.engine_scored_tokens));

@@ -14,8 +14,21 @@
 
 namespace kvd::quality {
 
+// Evaluation modes: how the prefix is handed to a method.
+//   "one-shot":   the whole prefix as one chunk, scored with its last `window` queries.
+//   "chunk-wise": the serving path. The prefix is cut into `chunk_tokens` chunks (the last one may
+//                 be shorter); each chunk is compressed on its own, with only its own K/V and the
+//                 queries of its own last `chunk_window` tokens (prefix-consistent: nothing after
+//                 the chunk is seen), and the compact chunks are concatenated.
+inline constexpr const char* kModeOneShot = "one-shot";
+inline constexpr const char* kModeChunkWise = "chunk-wise";
+
 struct HarnessOptions {
   std::string manifest_path;  // required
+  // Eval texts given by path (--text-file, repeatable): when non-empty they replace the
+  // manifest's `eval` texts (their sha256 is computed and reported); calibration still comes from
+  // the manifest's `calib` texts.
+  std::vector<std::string> text_files;
   // Registry names; the default is every method of issue 4 (kernel_methods.h registers all but
   // the built-in full and sink_recent).
   std::vector<std::string> methods = {
@@ -23,28 +36,34 @@ struct HarnessOptions {
       "pyramidkv",    "snapkv+vector",     "keydiff+vector", "pyramidkv+vector",
       "kvslimmer_l2", "kvslimmer_l1_code", "hybrid"};
   std::vector<double> ratios = {0.5, 0.75, 0.9};  // p_c values, each in [0, 1)
-  // Sizes of the default run (11 methods x 3 ratios): 872 s measured on 2 shared cores, within
-  // the 20-minute goal (docs/quality.md, "Sizes"); --prefix 1024 --continuation 128 halves it.
-  int prefix_tokens = 2048;          // compressed prefix length N
-  int continuation_tokens = 256;     // scored continuation C (C - 1 predictions per segment)
-  int max_segments = 8;              // eval segments (round-robin over the eval texts)
-  int window = 64;                   // observation window W handed to methods (post-RoPE queries)
-  int calibration_segments = 2;      // prefixes from calib texts for Calibrate()
-  int passkey_filler_tokens = 1536;  // passkey context length; 0 disables passkey
+  std::vector<std::string> modes = {kModeOneShot, kModeChunkWise};
+  // Sizes of the default run: docs/quality.md, "Sizes" (measured to fit 20 minutes on 2 cores).
+  int prefix_tokens = 1024;          // compressed prefix length N
+  int continuation_tokens = 128;     // scored continuation C (C - 1 predictions per segment)
+  int max_segments = 16;             // eval segments (round-robin over the eval texts)
+  int window = 64;                   // one-shot observation window W (post-RoPE queries)
+  int chunk_tokens = 256;            // chunk-wise: chunk length (the daemon's chunk)
+  int chunk_window = 16;             // chunk-wise: window queries per chunk (<= chunk_tokens)
+  int calibration_segments = 4;      // prefixes from calib texts for Calibrate() (round-robin)
+  int passkey_filler_tokens = 1024;  // passkey context length; 0 disables passkey
   std::vector<double> passkey_depths = {0.1, 0.5, 0.9};
-  int passkey_trials = 1;  // random keys per depth
-  uint32_t seed = 1234;    // passkey digits
-  int threads = 0;         // engine threads; 0 = all cores
-  bool progress = true;    // progress lines on stderr
+  int passkey_trials = 20;       // random keys per depth (single-key variant; one-shot mode)
+  int multikey_trials = 20;      // multi-key variant: prompts with `multikey_keys` labelled keys
+  int multikey_keys = 4;         // keys per multi-key prompt (one asked for), >= 2
+  int bootstrap_samples = 2000;  // bootstrap resamples of the segments for the 95% intervals
+  uint32_t seed = 1234;          // passkey digits and positions
+  int threads = 0;               // engine threads; 0 = all cores
+  bool progress = true;          // progress lines on stderr
 
-  // The --quick preset (< 3 minutes on 2 cores): 2 segments of 512 + 64, passkey 384 tokens.
+  // The --quick preset (< 2 minutes on 2 cores): 2 segments of 512 + 64, passkey 384 tokens.
   static HarnessOptions Quick();
   Status Validate() const;
 };
 
-// One (method, p_c) row, aggregated over segments.
+// One (method, p_c, mode) row, aggregated over segments.
 struct MethodResult {
   std::string method;
+  std::string mode = kModeOneShot;
   double p_c = 0;           // requested ("full" is reported at 0)
   double achieved_p_c = 0;  // measured from the slots kept, averaged over segments
   int64_t scored_tokens = 0;
@@ -53,8 +72,21 @@ struct MethodResult {
   double top1_agreement = 0;  // fraction of positions whose argmax equals the full cache's
   std::vector<double> layer_rel_error;  // [layers] mean over segments of |A_m - A_full| / |A_full|
   double mean_rel_error = 0;
+  // Per segment (for the bootstrap): NLL sums, scored tokens, top-1 agreements.
+  std::vector<double> seg_nll;
+  std::vector<int64_t> seg_n;
+  std::vector<int64_t> seg_agree;
+  // 95% bootstrap intervals over segments (paired with the engine on the same segments).
+  double ppl_ratio_lo = 0, ppl_ratio_hi = 0;
+  double top1_lo = 0, top1_hi = 0;
+  // Passkey (one-shot rows only): single key per depth (depth index as in passkey_depths), and
+  // the multi-key variant.
   int passkey_correct = 0;
   int passkey_total = 0;
+  std::vector<int> passkey_depth_correct;
+  std::vector<int> passkey_depth_total;
+  int multikey_correct = 0;
+  int multikey_total = 0;
   double seconds = 0;
 };
 
@@ -64,11 +96,15 @@ struct HarnessReport {
   double engine_perplexity = 0;  // the uncompressed engine on the same predictions
   int64_t engine_scored_tokens = 0;
   double engine_nll_sum = 0;
+  std::vector<double> engine_seg_nll;  // per segment
   int engine_passkey_correct = 0;
   int engine_passkey_total = 0;
+  int engine_multikey_correct = 0;
+  int engine_multikey_total = 0;
   int segments = 0;
-  std::vector<std::string> texts;     // "path sha256" of the eval texts used
-  std::vector<std::string> warnings;  // skipped manifest entries
+  std::vector<std::string> texts;        // "path sha256" of the eval texts used
+  std::vector<std::string> calib_texts;  // "path sha256" of the calibration texts used
+  std::vector<std::string> warnings;     // skipped manifest entries
   std::map<std::string, std::vector<double>> calibration_r2;  // method -> per layer
   double seconds = 0;
 };

@@ -116,7 +116,9 @@ class KernelMethod : public CompressionMethod {
     o.route = spec_.route;
     o.p_c = p_c;
     o.window = p.window;
-    o.sinks = kSinks;
+    // Sinks are the first tokens of the sequence: a chunk that does not start at position 0
+    // (chunk-wise mode) has none.
+    o.sinks = !p.cache.positions.empty() && p.cache.positions.front() == 0 ? kSinks : 0;
     // Hybrid group cap and cosine gate: the plan defaults (4, off) unless KVD_HYBRID_MAX_GROUP /
     // KVD_HYBRID_MIN_COS override them (comparison runs; a huge cap = the uncapped hybrid).
     if (const char* g = std::getenv("KVD_HYBRID_MAX_GROUP"); g != nullptr && *g != '\0') {

@@ -2,7 +2,9 @@
 //
 //   kvd-quality --model PATH [--manifest FILE] [--out DIR] [--quick] [--methods a,b]
 //               [--ratios 0.5,0.75,0.9] [--segments N] [--prefix N] [--continuation N]
-//               [--window W] [--passkey N] [--threads N]
+//               [--window W] [--passkey N] [--threads N] [--text-file PATH]... [--modes a,b]
+//               [--chunk N] [--chunk-window W] [--passkey-trials N] [--multikey-trials N]
+//               [--calib-segments N] [--bootstrap N]
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -20,9 +22,13 @@ namespace {
 constexpr const char* kUsage =
     "usage: kvd-quality --model PATH [--manifest FILE] [--out DIR] [--quick]\n"
     "                   [--methods full,sink_recent] [--ratios 0.5,0.75,0.9] [--segments 8]\n"
-    "                   [--prefix 2048] [--continuation 256] [--window 64] [--passkey 1536]\n"
-    "                   [--threads N] [--list-methods]\n"
-    "       kvd-quality --plot-from results.csv --out DIR   (re-draws DIR/perplexity.png)\n";
+    "                   [--prefix 1024] [--continuation 128] [--window 64] [--passkey 1024]\n"
+    "                   [--modes one-shot,chunk-wise] [--chunk 256] [--chunk-window 16]\n"
+    "                   [--passkey-trials 20] [--multikey-trials 20] [--calib-segments 4]\n"
+    "                   [--bootstrap 2000] [--text-file PATH]... [--threads N] [--list-methods]\n"
+    "  --text-file PATH (repeatable) evaluates these UTF-8 files instead of the manifest's eval\n"
+    "  texts (calibration still uses the manifest's calib texts).\n"
+    "       kvd-quality --plot-from results.csv --out DIR   (re-draws DIR/perplexity-<mode>.png)\n";
 
 std::vector<std::string> SplitCommas(const std::string& s) {
   std::vector<std::string> out;
@@ -80,6 +86,22 @@ int main(int argc, char** argv) {
         o.window = std::stoi(val());
       else if (a == "--passkey")
         o.passkey_filler_tokens = std::stoi(val());
+      else if (a == "--text-file")
+        o.text_files.push_back(val());
+      else if (a == "--modes")
+        o.modes = SplitCommas(val());
+      else if (a == "--chunk")
+        o.chunk_tokens = std::stoi(val());
+      else if (a == "--chunk-window")
+        o.chunk_window = std::stoi(val());
+      else if (a == "--passkey-trials")
+        o.passkey_trials = std::stoi(val());
+      else if (a == "--multikey-trials")
+        o.multikey_trials = std::stoi(val());
+      else if (a == "--calib-segments")
+        o.calibration_segments = std::stoi(val());
+      else if (a == "--bootstrap")
+        o.bootstrap_samples = std::stoi(val());
       else if (a == "--threads")
         o.threads = std::stoi(val());
       else if (a == "--plot-from")
@@ -109,7 +131,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::filesystem::create_directories(out_dir);
-    kvd::Status s = kvd::quality::WritePerplexityPlot(*rep, out_dir + "/perplexity.png");
+    kvd::Status s = kvd::quality::WritePlots(*rep, out_dir);
     if (!s.ok()) {
       std::cerr << "kvd-quality: " << s << "\n";
       return 1;
@@ -138,6 +160,6 @@ int main(int argc, char** argv) {
   }
   std::cout << kvd::quality::ToMarkdown(*rep, command);
   std::cerr << "kvd-quality: wrote " << out_dir
-            << "/results.csv, layers.csv, results.md, perplexity.png\n";
+            << "/results.csv, segments.csv, layers.csv, results.md, perplexity-<mode>.png\n";
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "manifest.h"
 
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -70,6 +71,59 @@ StatusOr<std::vector<ManifestText>> ReadVerified(const std::vector<ManifestEntry
   }
   if (out.empty())
     return Status::NotFound("no readable, verified '" + role + "' text in the manifest");
+  return out;
+}
+
+bool IsValidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    int len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > s.size()) return false;
+    for (int k = 1; k < len; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if ((b & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (b & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
+StatusOr<std::vector<ManifestText>> ReadTextFiles(const std::vector<std::string>& paths) {
+  std::vector<ManifestText> out;
+  for (const std::string& path : paths) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return Status::NotFound("cannot read text file " + path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    ManifestText t;
+    t.text = ss.str();
+    if (t.text.empty()) return Status::InvalidArgument("text file " + path + " is empty");
+    if (!IsValidUtf8(t.text)) {
+      return Status::InvalidArgument("text file " + path + " is not valid UTF-8");
+    }
+    t.entry = {Sha256Hex(t.text), "eval", path};
+    out.push_back(std::move(t));
+  }
   return out;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvd/common/status.h"
@@ -30,5 +31,13 @@ StatusOr<std::vector<ManifestEntry>> LoadManifest(const std::string& path);
 StatusOr<std::vector<ManifestText>> ReadVerified(const std::vector<ManifestEntry>& entries,
                                                  const std::string& role,
                                                  std::vector<std::string>* warnings);
+
+// Reads files given by path (kvd-quality --text-file) as eval texts, recording each file's sha256
+// (role "eval"). NOT_FOUND naming an unreadable file; INVALID_ARGUMENT naming a file that is empty
+// or not valid UTF-8.
+StatusOr<std::vector<ManifestText>> ReadTextFiles(const std::vector<std::string>& paths);
+
+// Whether `s` is well-formed UTF-8 (no overlongs, surrogates or code points above U+10FFFF).
+bool IsValidUtf8(std::string_view s);
 
 }  // namespace kvd::quality

@@ -23,7 +23,9 @@ class SinkRecentMethod : public CompressionMethod {
     if (!(p_c >= 0 && p_c < 1)) return Status::InvalidArgument("p_c must be in [0, 1)");
     const int N = p.cache.num_tokens;
     const int keep = std::clamp(static_cast<int>(std::lround(N * (1.0 - p_c))), 1, N);
-    const int sinks = std::min(kSinks, keep);
+    // A chunk that does not start the sequence (chunk-wise mode) has no sinks.
+    const bool first = !p.cache.positions.empty() && p.cache.positions.front() == 0;
+    const int sinks = first ? std::min(kSinks, keep) : 0;
     const int recent = keep - sinks;
     llama::CompactKvCache full =
         CompactFromDense(p.cache, p.config->num_kv_heads, p.config->head_dim);

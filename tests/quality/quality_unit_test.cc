@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 
+#include "bootstrap.h"
 #include "harness.h"
 #include "manifest.h"
 #include "methods.h"
@@ -145,6 +147,92 @@ TEST(HarnessOptionsTest, Validate) {
   EXPECT_TRUE(q.Validate().ok());
   q.window = q.prefix_tokens + 1;
   EXPECT_EQ(q.Validate().code(), StatusCode::kInvalidArgument);
+  HarnessOptions c;
+  c.manifest_path = "m";
+  c.chunk_tokens = 300;  // does not divide 1024
+  EXPECT_NE(c.Validate().message().find("chunk_tokens >= 8 dividing prefix_tokens"),
+            std::string::npos)
+      << c.Validate();
+  c.chunk_tokens = 256;
+  c.chunk_window = 257;
+  EXPECT_NE(c.Validate().message().find("chunk_window must be in [1, chunk_tokens]"),
+            std::string::npos);
+  c.chunk_window = 16;
+  c.modes = {"one-shot", "streaming"};
+  EXPECT_NE(c.Validate().message().find("unknown mode 'streaming'"), std::string::npos);
+  c.modes = {"one-shot"};
+  c.chunk_tokens = 300;  // irrelevant without chunk-wise mode
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate();
+  c.multikey_keys = 1;
+  EXPECT_NE(c.Validate().message().find("multikey_keys must be in [2, 8]"), std::string::npos);
+}
+
+TEST(ManifestTest, TextFilesAreHashedAndMustBeUtf8) {
+  const std::string dir = ::testing::TempDir();
+  const std::string good = dir + "/quality_text_good.txt", bad = dir + "/quality_text_bad.txt";
+  std::ofstream(good, std::ios::binary) << "abc";
+  std::ofstream(bad, std::ios::binary) << "ab\xC3(";
+  auto t = ReadTextFiles({good});
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 1u);
+  EXPECT_EQ((*t)[0].text, "abc");
+  EXPECT_EQ((*t)[0].entry.sha256,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  auto b = ReadTextFiles({good, bad});
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.status().message(), "text file " + bad + " is not valid UTF-8");
+  auto missing = ReadTextFiles({dir + "/quality_no_such_file"});
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("cannot read text file"), std::string::npos);
+  EXPECT_TRUE(IsValidUtf8("h\xC3\xA9llo \xE2\x82\xAC \xF0\x9F\x98\x80"));
+  EXPECT_FALSE(IsValidUtf8("\xC0\xAF"));          // overlong '/'
+  EXPECT_FALSE(IsValidUtf8("\xED\xA0\x80"));      // surrogate
+  EXPECT_FALSE(IsValidUtf8("\xF4\x90\x80\x80"));  // above U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("\xE2\x82"));          // truncated
+  std::remove(good.c_str());
+  std::remove(bad.c_str());
+}
+
+TEST(BootstrapTest, PointEstimateInsideAndIntervalsShrinkWithMoreSegments) {
+  // Segments whose method/engine NLL gap varies: ratio per segment exp(gap / n).
+  SegmentSums s;
+  for (int i = 0; i < 8; ++i) {
+    s.engine_nll.push_back(100.0);
+    s.nll.push_back(100.0 + (i % 4) * 2.0);  // gaps 0, 2, 4, 6 per 50 tokens
+    s.n.push_back(50);
+    s.agree.push_back(40 + i % 3);
+  }
+  const BootstrapResult b = BootstrapSegments(s, 2000);
+  const double point = std::exp(24.0 / 400.0);  // total gap 24 over 400 tokens
+  EXPECT_LT(b.ppl_ratio.lo, point);
+  EXPECT_GT(b.ppl_ratio.hi, point);
+  EXPECT_GE(b.ppl_ratio.lo, 1.0);                 // no resample has a negative gap
+  EXPECT_LE(b.ppl_ratio.hi, std::exp(6.0 / 50));  // nor one above the largest
+  EXPECT_LT(b.top1.lo, 327.0 / 400);
+  EXPECT_GT(b.top1.hi, 327.0 / 400);
+  // Same per-segment spread, 4x the segments: the interval narrows (about 2x).
+  SegmentSums big;
+  for (int r = 0; r < 4; ++r) {
+    big.nll.insert(big.nll.end(), s.nll.begin(), s.nll.end());
+    big.engine_nll.insert(big.engine_nll.end(), s.engine_nll.begin(), s.engine_nll.end());
+    big.n.insert(big.n.end(), s.n.begin(), s.n.end());
+    big.agree.insert(big.agree.end(), s.agree.begin(), s.agree.end());
+  }
+  const BootstrapResult bb = BootstrapSegments(big, 2000);
+  EXPECT_LT(bb.ppl_ratio.hi - bb.ppl_ratio.lo, 0.7 * (b.ppl_ratio.hi - b.ppl_ratio.lo));
+  // Deterministic for a seed.
+  const BootstrapResult again = BootstrapSegments(s, 2000);
+  EXPECT_EQ(again.ppl_ratio.lo, b.ppl_ratio.lo);
+  // One segment or no resamples: the point estimate; mismatched sizes: {0, 0}.
+  SegmentSums one{{102.0}, {100.0}, {50}, {40}};
+  const BootstrapResult b1 = BootstrapSegments(one, 100);
+  EXPECT_DOUBLE_EQ(b1.ppl_ratio.lo, std::exp(2.0 / 50));
+  EXPECT_DOUBLE_EQ(b1.ppl_ratio.hi, std::exp(2.0 / 50));
+  SegmentSums broken = s;
+  broken.n.pop_back();
+  EXPECT_EQ(BootstrapSegments(broken, 100).ppl_ratio.hi, 0.0);
+  EXPECT_TRUE((Interval{1.0, 1.1}).Disjoint(Interval{1.2, 1.3}));
+  EXPECT_FALSE((Interval{1.0, 1.25}).Disjoint(Interval{1.2, 1.3}));
 }
 
 TEST(ReportTest, CsvAndMarkdown) {
@@ -160,19 +248,44 @@ TEST(ReportTest, CsvAndMarkdown) {
   m.mean_rel_error = 0.2;
   r.rows.push_back(m);
   const std::string csv = ToCsv(r);
-  EXPECT_NE(csv.find("sink_recent,0.5000,0.0000,0,12.500000,1.250000,0.900000,0.200000"),
+  m.ppl_ratio_lo = 1.2;
+  m.ppl_ratio_hi = 1.3;
+  m.top1_lo = 0.85;
+  m.top1_hi = 0.95;
+  r.rows.back() = m;
+  const std::string csv2 = ToCsv(r);
+  EXPECT_NE(csv2.find("sink_recent,one-shot,0.5000,0.0000,0,12.500000,1.250000,1.200000,1.300000,"
+                      "0.900000,0.850000,0.950000,0.200000"),
             std::string::npos)
-      << csv;
-  EXPECT_NE(LayersToCsv(r).find("sink_recent,0.5000,1,0.300000"), std::string::npos);
-  auto back = FromCsv(csv);
+      << csv2;
+  EXPECT_NE(LayersToCsv(r).find("sink_recent,one-shot,0.5000,1,0.300000"), std::string::npos);
+  auto back = FromCsv(csv2);
   ASSERT_TRUE(back.ok()) << back.status();
   ASSERT_EQ(back->rows.size(), 1u);
   EXPECT_EQ(back->rows[0].method, "sink_recent");
+  EXPECT_EQ(back->rows[0].mode, "one-shot");
+  EXPECT_DOUBLE_EQ(back->rows[0].ppl_ratio_hi, 1.3);
+  EXPECT_DOUBLE_EQ(back->rows[0].top1_lo, 0.85);
+  // The 11-field layout of earlier runs still re-plots (as one-shot rows).
+  auto old = FromCsv(
+      "h\nengine,0,0,2040,14.054,1,1,0,3,3,0\nsnapkv,0.5000,0.5,2040,14.212,1.011,0.942,0.09,0,3,"
+      "12.5\n");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_DOUBLE_EQ(old->engine_perplexity, 14.054);
+  EXPECT_EQ(old->engine_passkey_total, 3);
+  ASSERT_EQ(old->rows.size(), 1u);
+  EXPECT_DOUBLE_EQ(old->rows[0].perplexity, 14.212);
+  EXPECT_DOUBLE_EQ(old->rows[0].top1_agreement, 0.942);
+  EXPECT_DOUBLE_EQ(old->rows[0].seconds, 12.5);
   EXPECT_DOUBLE_EQ(back->rows[0].perplexity, 12.5);
   EXPECT_DOUBLE_EQ(back->engine_perplexity, 10.0);
-  EXPECT_EQ(FromCsv("header\nbad,row\n").status().code(), StatusCode::kInvalidArgument);
+  auto bad = FromCsv("header\nbad,row\n");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("line 2 has 2 fields, expected 18"), std::string::npos)
+      << bad.status();
   const std::string md = ToMarkdown(r, "kvd-quality --quick");
   EXPECT_NE(md.find("| sink_recent | 0.50 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("1.250 [1.200, 1.300]"), std::string::npos) << md;
   EXPECT_NE(md.find("`kvd-quality --quick`"), std::string::npos);
 }
 
@@ -185,6 +298,9 @@ TEST(ReportTest, WritesFilesAndAValidPng) {
     m.p_c = pc;
     m.perplexity = 10 + 10 * pc;
     r.rows.push_back(m);
+    m.mode = kModeChunkWise;
+    m.perplexity = 11 + 10 * pc;
+    r.rows.push_back(m);
   }
   MethodResult f;
   f.method = "full";
@@ -192,14 +308,19 @@ TEST(ReportTest, WritesFilesAndAValidPng) {
   r.rows.insert(r.rows.begin(), f);
   const std::string dir = ::testing::TempDir() + "/quality_report";
   ASSERT_TRUE(WriteReport(r, dir, "cmd").ok());
-  std::ifstream in(dir + "/perplexity.png", std::ios::binary);
-  std::string png((std::istreambuf_iterator<char>(in)), {});
-  ASSERT_GT(png.size(), 100u);
-  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
-  EXPECT_EQ(png.substr(12, 4), "IHDR");
-  EXPECT_EQ(png.substr(png.size() - 8, 4), "IEND");
-  EXPECT_EQ(PlotLegend(r), (std::vector<std::string>{"full: black", "sink_recent: red"}));
-  for (const char* f : {"results.csv", "layers.csv", "results.md"}) {
+  EXPECT_EQ(ModesOf(r), (std::vector<std::string>{"one-shot", "chunk-wise"}));
+  for (const char* mode : {"one-shot", "chunk-wise"}) {
+    std::ifstream in(dir + "/" + PlotFileName(mode), std::ios::binary);
+    std::string png((std::istreambuf_iterator<char>(in)), {});
+    ASSERT_GT(png.size(), 100u) << mode;
+    EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+    EXPECT_EQ(png.substr(12, 4), "IHDR");
+    EXPECT_EQ(png.substr(png.size() - 8, 4), "IEND");
+    const HarnessReport one = RowsOfMode(r, mode);
+    ASSERT_EQ(one.rows.size(), 4u);  // full + 3 ratios of this mode
+    EXPECT_EQ(PlotLegend(one), (std::vector<std::string>{"full: black", "sink_recent: red"}));
+  }
+  for (const char* f : {"results.csv", "segments.csv", "layers.csv", "results.md"}) {
     EXPECT_TRUE(std::ifstream(dir + "/" + f).good()) << f;
   }
 }

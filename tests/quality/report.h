@@ -1,25 +1,45 @@
 // Writes a HarnessReport as CSV (one row per method x p_c), a per-layer CSV, and Markdown.
 #pragma once
 
+#include <cstddef>
 #include <string>
+#include <vector>
 
 #include "harness.h"
 
 namespace kvd::quality {
 
-// method,p_c,achieved_p_c,scored_tokens,perplexity,ppl_ratio_vs_full,top1_agreement,
-// mean_attn_rel_error,passkey_correct,passkey_total,seconds
+inline constexpr const char* kCsvHeader =
+    "method,mode,p_c,achieved_p_c,scored_tokens,perplexity,ppl_ratio_vs_full,ppl_ratio_lo,"
+    "ppl_ratio_hi,top1_agreement,top1_lo,top1_hi,mean_attn_rel_error,passkey_correct,"
+    "passkey_total,multikey_correct,multikey_total,seconds";
+inline constexpr size_t kCsvFields = 18;
+
+// One row per (method, mode, p_c) with the 95% bootstrap intervals (kCsvHeader), the engine first.
 std::string ToCsv(const HarnessReport& r);
-// method,p_c,layer,attn_rel_error
+// method,mode,p_c,segment,nll_sum,scored_tokens,top1_agree,engine_nll_sum (for paired analyses)
+std::string SegmentsToCsv(const HarnessReport& r);
+// method,mode,p_c,layer,attn_rel_error
 std::string LayersToCsv(const HarnessReport& r);
-// "# kvd quality" with the options, texts, the table, and calibration R^2 if any.
+// "# kvd quality" with the options, texts, one table per mode, and calibration R^2 if any.
 std::string ToMarkdown(const HarnessReport& r, const std::string& command);
 
-// Parses the CSV written by ToCsv back into rows (engine row into engine_perplexity); for
-// re-plotting. INVALID_ARGUMENT naming the line on a malformed row.
+// Parses the CSV written by ToCsv (or the older 11-field layout, read as one-shot rows) back into
+// rows (engine row into engine_perplexity); for re-plotting. INVALID_ARGUMENT naming the line on a
+// malformed row.
 StatusOr<HarnessReport> FromCsv(const std::string& csv);
 
-// Writes results.csv, layers.csv, results.md and perplexity.png under `dir` (created if missing).
+// The modes present in the rows (in order of appearance; "full" excluded), and the rows of one
+// mode plus the "full" row.
+std::vector<std::string> ModesOf(const HarnessReport& r);
+HarnessReport RowsOfMode(const HarnessReport& r, const std::string& mode);
+// "perplexity-<mode>.png"
+std::string PlotFileName(const std::string& mode);
+// One perplexity plot per mode under `dir`.
+Status WritePlots(const HarnessReport& r, const std::string& dir);
+
+// Writes results.csv, segments.csv, layers.csv, results.md and one perplexity-<mode>.png per mode
+// under `dir` (created if missing).
 Status WriteReport(const HarnessReport& r, const std::string& dir, const std::string& command);
 
 }  // namespace kvd::quality
