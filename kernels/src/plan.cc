@@ -84,6 +84,22 @@ Status CompressionPlanOptions::Validate() const {
   if (!(hybrid_min_cos >= -1.0 && hybrid_min_cos <= 1.0)) {
     return Status::InvalidArgument("plan: hybrid_min_cos must be in [-1, 1]");
   }
+  if (static_cast<uint8_t>(head_budget) > static_cast<uint8_t>(HeadBudget::kAdaptive)) {
+    return Status::InvalidArgument("plan: unknown head_budget");
+  }
+  if (!(adaptive_floor >= 0.0 && adaptive_floor <= 1.0)) {
+    return Status::InvalidArgument("plan: adaptive_floor must be in [0, 1]");
+  }
+  if (head_budget == HeadBudget::kAdaptive) {
+    if (score == ScoreStage::kNone) {
+      return Status::InvalidArgument(
+          "plan: head_budget kAdaptive needs a score stage (SnapKV, KeyDiff or PyramidKV)");
+    }
+    if (keydiff_block > 0) {
+      return Status::InvalidArgument(
+          "plan: head_budget kAdaptive is not supported with block-wise KeyDiff");
+    }
+  }
   return Status::Ok();
 }
 
@@ -195,6 +211,23 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
     const uint8_t* v_bytes = k_bytes + static_cast<size_t>(n) * layout.TokenBytes();
     KVD_ASSIGN_OR_RETURN(std::vector<Matrix> keys, GatherHeads(shape, k_bytes, convert_exec));
     KVD_ASSIGN_OR_RETURN(std::vector<Matrix> values, GatherHeads(shape, v_bytes, convert_exec));
+    std::vector<int64_t> head_pairs(static_cast<size_t>(H), layer_pairs[layer]);
+    if (options.head_budget == HeadBudget::kAdaptive) {
+      std::vector<std::vector<float>> scores(static_cast<size_t>(H));
+      ParallelFor(H, exec.num_threads, [&](int64_t h) {
+        const ConstMatrixView q = have_queries
+                                      ? input.window_queries[static_cast<size_t>(layer) * H + h]
+                                      : ConstMatrixView{};
+        head_status[h] =
+            internal::HeadScores(options, keys[h].View(), q, window, group, &scores[h]);
+      });
+      for (int h = 0; h < H; ++h) {
+        KVD_RETURN_IF_ERROR(head_status[h].WithContext("plan: scores of " + HeadName(layer, h)));
+      }
+      KVD_ASSIGN_OR_RETURN(head_pairs,
+                           AdaptiveHeadBudgets(scores, layer_pairs[layer], options.sinks, window,
+                                               options.adaptive_floor));
+    }
     ParallelFor(H, exec.num_threads, [&](int64_t h) {
       internal::HeadInput hi;
       hi.options = &options;
@@ -205,7 +238,7 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
       if (have_queries) hi.queries = input.window_queries[static_cast<size_t>(layer) * H + h];
       hi.group_size = group;
       hi.window = window;
-      hi.kept_pairs = layer_pairs[layer];
+      hi.kept_pairs = head_pairs[h];
       hi.fit = weights != nullptr ? &weights->Head(layer, static_cast<int>(h)) : nullptr;
       hi.dtype = layout.dtype;
       head_stats[h] = CompressionStats{};
@@ -229,6 +262,58 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
   }
   if (stats != nullptr) *stats = total;
   return chunk;
+}
+
+StatusOr<std::vector<int64_t>> AdaptiveHeadBudgets(std::span<const std::vector<float>> scores,
+                                                   int64_t kept, int64_t sinks, int64_t window,
+                                                   double floor) {
+  if (scores.empty()) return Status::InvalidArgument("AdaptiveHeadBudgets: no heads");
+  if (!(floor >= 0.0 && floor <= 1.0)) {
+    return Status::InvalidArgument("AdaptiveHeadBudgets: floor must be in [0, 1]");
+  }
+  const int64_t n = static_cast<int64_t>(scores[0].size());
+  const int64_t heads = static_cast<int64_t>(scores.size());
+  for (const auto& s : scores) {
+    if (static_cast<int64_t>(s.size()) != n) {
+      return Status::InvalidArgument("AdaptiveHeadBudgets: heads have different token counts");
+    }
+    for (float x : s) {
+      if (std::isnan(x)) return Status::InvalidArgument("AdaptiveHeadBudgets: NaN score");
+    }
+  }
+  const int64_t lo = std::min(n, std::max<int64_t>(0, sinks));
+  const int64_t hi = std::max(lo, n - std::max<int64_t>(0, window));
+  const int64_t forced = lo + (n - hi);
+  const int64_t share = kept - forced;
+  std::vector<int64_t> out(static_cast<size_t>(heads), kept);
+  if (share <= 0 || hi <= lo) return out;
+  const int64_t floor_n = std::min(hi - lo, static_cast<int64_t>(std::floor(floor * share)));
+  struct Cand {
+    float score;
+    int64_t head, index;
+  };
+  std::vector<Cand> rest;
+  rest.reserve(static_cast<size_t>(heads * (hi - lo)));
+  for (int64_t h = 0; h < heads; ++h) {
+    std::vector<int64_t> idx(static_cast<size_t>(hi - lo));
+    for (int64_t i = lo; i < hi; ++i) idx[i - lo] = i;
+    const auto& sc = scores[h];
+    std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return sc[a] > sc[b]; });
+    out[h] = forced + floor_n;
+    for (size_t k = static_cast<size_t>(floor_n); k < idx.size(); ++k) {
+      rest.push_back({sc[idx[k]], h, idx[k]});
+    }
+  }
+  const int64_t extra =
+      std::min<int64_t>(static_cast<int64_t>(rest.size()), heads * (share - floor_n));
+  std::nth_element(rest.begin(), rest.begin() + extra, rest.end(),
+                   [](const Cand& a, const Cand& b) {
+                     if (a.score != b.score) return a.score > b.score;
+                     if (a.index != b.index) return a.index < b.index;
+                     return a.head < b.head;
+                   });
+  for (int64_t k = 0; k < extra; ++k) ++out[rest[k].head];
+  return out;
 }
 
 StatusOr<std::vector<Matrix>> GatherWindowQueries(const ModelLayout& layout, const void* q,

@@ -83,24 +83,8 @@ Status HeadPipeline::EnsureKeysPre() {
 
 Status HeadPipeline::EnsureScores() {
   if (have_scores_) return Status::Ok();
-  scores_.assign(static_cast<size_t>(n_), 0.0f);
-  switch (opt_.score) {
-    case ScoreStage::kNone:  // recency: later tokens first
-      for (int64_t i = 0; i < n_; ++i) scores_[i] = static_cast<float>(i);
-      break;
-    case ScoreStage::kSnapKv:
-    case ScoreStage::kPyramidKv: {
-      SnapKvOptions so{.window = static_cast<int>(in_.window),
-                       .kernel_size = opt_.pooling_kernel,
-                       .pooling = opt_.pooling,
-                       .group_size = in_.group_size};
-      KVD_RETURN_IF_ERROR(SnapKvScores(in_.queries, in_.keys, so, scores_, {.num_threads = 1}));
-      break;
-    }
-    case ScoreStage::kKeyDiff:
-      KVD_RETURN_IF_ERROR(KeyDiffScores(in_.keys, scores_, {.num_threads = 1}));
-      break;
-  }
+  KVD_RETURN_IF_ERROR(
+      HeadScores(opt_, in_.keys, in_.queries, in_.window, in_.group_size, &scores_));
   have_scores_ = true;
   return Status::Ok();
 }
@@ -383,6 +367,31 @@ Status HeadPipeline::Run(CompactHead* out, CompressionStats* stats) {
 }
 
 }  // namespace
+
+Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,
+                  ConstMatrixView queries, int64_t window, int group_size,
+                  std::vector<float>* scores) {
+  const int64_t n = keys.rows;
+  scores->assign(static_cast<size_t>(n), 0.0f);
+  switch (options.score) {
+    case ScoreStage::kNone:  // recency: later tokens first
+      for (int64_t i = 0; i < n; ++i) (*scores)[i] = static_cast<float>(i);
+      break;
+    case ScoreStage::kSnapKv:
+    case ScoreStage::kPyramidKv: {
+      SnapKvOptions so{.window = static_cast<int>(window),
+                       .kernel_size = options.pooling_kernel,
+                       .pooling = options.pooling,
+                       .group_size = group_size};
+      KVD_RETURN_IF_ERROR(SnapKvScores(queries, keys, so, *scores, {.num_threads = 1}));
+      break;
+    }
+    case ScoreStage::kKeyDiff:
+      KVD_RETURN_IF_ERROR(KeyDiffScores(keys, *scores, {.num_threads = 1}));
+      break;
+  }
+  return Status::Ok();
+}
 
 Status CompressHead(const HeadInput& in, CompactHead* out, CompressionStats* stats) {
   HeadPipeline pipeline(in);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kvd/kernels/plan.h"
 #include "kvd/kernels/rope.h"
@@ -22,6 +23,11 @@ struct HeadInput {
   const VectorHeadFit* fit = nullptr;  // non-null iff routing
   DType dtype = DType::kBFloat16;
 };
+
+// The score stage of one head (plan.h: kNone = recency) into *scores [N]. Single-threaded.
+Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,
+                  ConstMatrixView queries, int64_t window, int group_size,
+                  std::vector<float>* scores);
 
 // Compresses one head into *out; adds its counters to *stats. Single-threaded.
 Status CompressHead(const HeadInput& in, CompactHead* out, CompressionStats* stats);

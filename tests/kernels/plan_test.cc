@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 
 #include "kvd/kernels/serving.h"
@@ -448,6 +450,143 @@ TEST(Plan, GatherWindowQueriesGroupsQueryHeadsByKvHead) {
   ASSERT_EQ(out->size(), 2u);
   // KV head 1, window row 2, group member 1 = query head 3 of token 2.
   EXPECT_EQ((*out)[1].Row(2 * 2 + 1)[0], q[(2 * 4 + 3) * 4]);
+}
+
+}  // namespace
+}  // namespace kvd::kernels
+
+namespace kvd::kernels {
+namespace {
+
+// An independent reference of the kAdaptive split: after the per-head floor, hand out the layer's
+// remaining slots one at a time to the head whose best unused candidate scores highest (ties:
+// lower index, then lower head), in float64.
+std::vector<int64_t> ReferenceAdaptive(const std::vector<std::vector<float>>& scores, int64_t kept,
+                                       int64_t sinks, int64_t window, double floor) {
+  const int64_t n = static_cast<int64_t>(scores[0].size()), heads = scores.size();
+  const int64_t forced = sinks + window, share = kept - forced;
+  const int64_t fl = static_cast<int64_t>(std::floor(floor * share));
+  std::vector<std::vector<std::pair<double, int64_t>>> order(heads);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = sinks; i < n - window; ++i) order[h].push_back({scores[h][i], i});
+    std::stable_sort(order[h].begin(), order[h].end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+  }
+  std::vector<int64_t> taken(heads, fl);
+  for (int64_t k = 0; k < heads * (share - fl); ++k) {
+    int64_t best = -1;
+    for (int64_t h = 0; h < heads; ++h) {
+      if (taken[h] >= static_cast<int64_t>(order[h].size())) continue;
+      if (best < 0) {
+        best = h;
+        continue;
+      }
+      const auto& a = order[h][taken[h]];
+      const auto& b = order[best][taken[best]];
+      if (a.first > b.first || (a.first == b.first && a.second < b.second)) best = h;
+    }
+    ++taken[best];
+  }
+  std::vector<int64_t> out(heads);
+  for (int64_t h = 0; h < heads; ++h) out[h] = forced + taken[h];
+  return out;
+}
+
+TEST(AdaptiveHeadBudgets, MatchesAGreedyReferenceAndSumsExactly) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int64_t heads = 1 + trial % 5, n = 40 + trial * 3, sinks = trial % 3, window = 4;
+    std::vector<std::vector<float>> scores(heads, std::vector<float>(n));
+    // Per-head scales differ (a peaky head and flat heads), and a few exact ties.
+    for (int64_t h = 0; h < heads; ++h) {
+      std::exponential_distribution<float> e(1.0f + h);
+      for (auto& x : scores[h]) x = std::round(e(rng) * 64.0f) / 64.0f;
+    }
+    for (double floor : {0.0, 0.2, 0.5, 1.0}) {
+      const int64_t kept = sinks + window + 1 + (trial * 7) % (n - sinks - window);
+      auto got = AdaptiveHeadBudgets(scores, kept, sinks, window, floor);
+      ASSERT_TRUE(got.ok()) << got.status();
+      SCOPED_TRACE("trial " + std::to_string(trial) + " floor " + std::to_string(floor));
+      EXPECT_EQ(*got, ReferenceAdaptive(scores, kept, sinks, window, floor));
+      EXPECT_EQ(std::accumulate(got->begin(), got->end(), int64_t{0}), heads * kept);
+      const int64_t fl = static_cast<int64_t>(std::floor(floor * (kept - sinks - window)));
+      for (int64_t m : *got) {
+        EXPECT_GE(m, sinks + window + fl);
+        EXPECT_LE(m, n);
+      }
+      if (floor == 1.0) {
+        EXPECT_EQ(*got, std::vector<int64_t>(heads, kept));
+      }
+    }
+  }
+  // Identical heads split evenly; a budget that cannot hold the forced tokens is passed through.
+  std::vector<std::vector<float>> same(3, std::vector<float>(50));
+  for (int i = 0; i < 50; ++i) same[0][i] = same[1][i] = same[2][i] = static_cast<float>(i % 7);
+  EXPECT_EQ(*AdaptiveHeadBudgets(same, 20, 4, 8, 0.0), std::vector<int64_t>(3, 20));
+  EXPECT_EQ(*AdaptiveHeadBudgets(same, 10, 4, 8, 0.2), std::vector<int64_t>(3, 10));
+  // Errors.
+  EXPECT_THAT(AdaptiveHeadBudgets({}, 10, 4, 8, 0.2).status().message(), HasSubstr("no heads"));
+  std::vector<std::vector<float>> ragged = {std::vector<float>(50), std::vector<float>(49)};
+  EXPECT_THAT(AdaptiveHeadBudgets(ragged, 20, 4, 8, 0.2).status().message(),
+              HasSubstr("different token counts"));
+  same[1][10] = std::nanf("");
+  EXPECT_THAT(AdaptiveHeadBudgets(same, 20, 4, 8, 0.2).status().message(), HasSubstr("NaN"));
+  EXPECT_THAT(AdaptiveHeadBudgets(ragged, 20, 4, 8, 1.5).status().message(),
+              HasSubstr("floor must be in [0, 1]"));
+}
+
+TEST(Plan, AdaptiveHeadBudgetsKeepTheLayerBudgetForEveryScorer) {
+  const ChunkFixture f = MakeChunk(301, 64, DType::kBFloat16, 0.3f, 9);
+  for (ScoreStage score : {ScoreStage::kSnapKv, ScoreStage::kKeyDiff, ScoreStage::kPyramidKv}) {
+    for (RouteStage route : {RouteStage::kNone, RouteStage::kVector}) {
+      for (double p_c : {0.5, 0.9}) {
+        SCOPED_TRACE("score " + std::to_string(int(score)) + " route " +
+                     std::to_string(int(route)) + " p_c " + std::to_string(p_c));
+        CompressionPlanOptions uni{.score = score, .route = route, .p_c = p_c, .window = f.window};
+        CompressionPlanOptions ada = uni;
+        ada.head_budget = HeadBudget::kAdaptive;
+        ada.adaptive_floor = 0.0;
+        auto u = Compress(uni, f.layout, f.Input());
+        auto a = Compress(ada, f.layout, f.Input());
+        ASSERT_TRUE(u.ok()) << u.status();
+        ASSERT_TRUE(a.ok()) << a.status();
+        EXPECT_EQ(a->HalfPairs(), u->HalfPairs());  // exact chunk budget
+        bool differs = false;
+        for (int l = 0; l < 2; ++l) {
+          // Per layer the same half-pairs; per head they may move.
+          int64_t hu = 0, ha = 0;
+          for (int h = 0; h < 2; ++h) {
+            const CompactHead& x = u->Head(l, h);
+            const CompactHead& y = a->Head(l, h);
+            hu += x.slots() + x.value_slots();
+            ha += y.slots() + y.value_slots();
+            differs |= x.slots() != y.slots();
+          }
+          EXPECT_EQ(ha, hu) << "layer " << l;
+        }
+        if (route == RouteStage::kNone) {
+          EXPECT_TRUE(differs);
+        }
+        // A floor of 1 is the uniform plan, slot for slot.
+        ada.adaptive_floor = 1.0;
+        auto one = Compress(ada, f.layout, f.Input());
+        ASSERT_TRUE(one.ok()) << one.status();
+        for (size_t i = 0; i < u->heads.size(); ++i) EXPECT_EQ(one->heads[i], u->heads[i]);
+      }
+    }
+  }
+}
+
+TEST(Plan, ValidateRejectsBadHeadBudgetOptions) {
+  CompressionPlanOptions o{.score = ScoreStage::kNone, .head_budget = HeadBudget::kAdaptive};
+  EXPECT_THAT(o.Validate().message(), HasSubstr("kAdaptive needs a score stage"));
+  o.score = ScoreStage::kKeyDiff;
+  o.keydiff_block = 64;
+  EXPECT_THAT(o.Validate().message(), HasSubstr("not supported with block-wise KeyDiff"));
+  o.keydiff_block = 0;
+  EXPECT_TRUE(o.Validate().ok());
+  o.adaptive_floor = -0.1;
+  EXPECT_THAT(o.Validate().message(), HasSubstr("adaptive_floor must be in [0, 1]"));
 }
 
 }  // namespace

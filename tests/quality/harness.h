@@ -29,12 +29,12 @@ struct HarnessOptions {
   // manifest's `eval` texts (their sha256 is computed and reported); calibration still comes from
   // the manifest's `calib` texts.
   std::vector<std::string> text_files;
-  // Registry names; the default is every method of issue 4 (kernel_methods.h registers all but
+  // Registry names; the default is every registered method (kernel_methods.h registers all but
   // the built-in full and sink_recent).
   std::vector<std::string> methods = {
-      "full",         "sink_recent",       "snapkv",         "keydiff",
-      "pyramidkv",    "snapkv+vector",     "keydiff+vector", "pyramidkv+vector",
-      "kvslimmer_l2", "kvslimmer_l1_code", "hybrid"};
+      "full",          "sink_recent",    "snapkv",           "keydiff",       "pyramidkv",
+      "snapkv+vector", "keydiff+vector", "pyramidkv+vector", "kvslimmer_l2",  "kvslimmer_l1_code",
+      "hybrid",        "adakv",          "keydiff_ada",      "pyramidkv_ada", "adakv+vector"};
   std::vector<double> ratios = {0.5, 0.75, 0.9};  // p_c values, each in [0, 1)
   std::vector<std::string> modes = {kModeOneShot, kModeChunkWise};
   // Sizes of the default run: docs/quality.md, "Sizes" (measured to fit 20 minutes on 2 cores).

@@ -27,7 +27,10 @@ struct MethodSpec {
   MergeStage merge;
   MergeNorm norm;
   RouteStage route;
+  kernels::HeadBudget budget = kernels::HeadBudget::kUniform;
 };
+
+constexpr kernels::HeadBudget kAda = kernels::HeadBudget::kAdaptive;
 
 constexpr MethodSpec kSpecs[] = {
     {"snapkv", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2, RouteStage::kNone},
@@ -42,6 +45,14 @@ constexpr MethodSpec kSpecs[] = {
     {"kvslimmer_l1_code", ScoreStage::kNone, MergeStage::kKvSlimmer, MergeNorm::kL1Code,
      RouteStage::kNone},
     {"hybrid", ScoreStage::kSnapKv, MergeStage::kKvSlimmer, MergeNorm::kL2, RouteStage::kVector},
+    // AdaKV-style head-wise budgets (plan.h kAdaptive, floor 0.2) on every scorer.
+    {"adakv", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2, RouteStage::kNone, kAda},
+    {"keydiff_ada", ScoreStage::kKeyDiff, MergeStage::kNone, MergeNorm::kL2, RouteStage::kNone,
+     kAda},
+    {"pyramidkv_ada", ScoreStage::kPyramidKv, MergeStage::kNone, MergeNorm::kL2, RouteStage::kNone,
+     kAda},
+    {"adakv+vector", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2, RouteStage::kVector,
+     kAda},
 };
 
 // The prefix cache as one raw float32 chunk: per layer K[N, H, d] then V[N, H, d].
@@ -114,6 +125,7 @@ class KernelMethod : public CompressionMethod {
     o.merge = spec_.merge;
     o.merge_norm = spec_.norm;
     o.route = spec_.route;
+    o.head_budget = spec_.budget;
     o.p_c = p_c;
     o.window = p.window;
     // Sinks are the first tokens of the sequence: a chunk that does not start at position 0

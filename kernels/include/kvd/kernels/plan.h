@@ -31,6 +31,15 @@
 // one token at a time (largest layers first when over, smallest first when under, within
 // [forced, N]) so that the sum over layers is exactly L * M: the chunk total is exact.
 //
+// Head budgets (`head_budget`): kUniform gives every head of a layer the same M. kAdaptive (AdaKV
+// style, for every scorer) shares the layer's H * M slots across its H heads by score: each head
+// keeps its sinks + window and floor(adaptive_floor * (M - forced)) of its best tokens; the rest of
+// the layer's non-forced budget goes to the highest scores over all heads of the layer (ties:
+// lower index, then lower head, so identical heads split evenly). Scores compare across heads
+// because SnapKV/PyramidKV scores are pooled attention probabilities and KeyDiff scores negative
+// cosines. Per-layer total exact (sum_h M_h == H * M); the compact chunk already stores a slot
+// count per head. See AdaptiveHeadBudgets.
+//
 // Window and sinks: the first `sinks` tokens and, when window queries are given, the last
 // `window` tokens (the tokens whose queries they are) are never evicted, merged or routed.
 #pragma once
@@ -47,6 +56,8 @@
 #include "kvd/kernels/vector.h"
 
 namespace kvd::kernels {
+
+enum class HeadBudget : uint8_t { kUniform = 0, kAdaptive = 1 };
 
 struct CompressionPlanOptions {
   ScoreStage score = ScoreStage::kSnapKv;  // which tokens matter (see file comment)
@@ -70,6 +81,13 @@ struct CompressionPlanOptions {
   // Hybrid only: a token joins its absorber only if cos(kpre_i, kpre_absorber) >= this; 0 = off
   // (any value <= 0 disables the gate). In [-1, 1].
   double hybrid_min_cos = 0.0;
+  // Per-head budgets within a layer (file comment). kAdaptive needs a score stage (not kNone) and
+  // one-shot KeyDiff (keydiff_block 0). Not recorded in CodecDescription: the chunk's per-head
+  // slot counts are all serving needs.
+  HeadBudget head_budget = HeadBudget::kUniform;
+  // kAdaptive: the fraction of its uniform non-forced share every head keeps (AdaKV's safeguard),
+  // in [0, 1]; 1 = uniform budgets. Default 0.2.
+  double adaptive_floor = 0.2;
 
   // INVALID_ARGUMENT (OUT_OF_RANGE for p_c) naming the field.
   Status Validate() const;
@@ -110,6 +128,14 @@ struct CompressionInput {
 StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const ModelLayout& layout,
                                 const CompressionInput& input, CompressionStats* stats = nullptr,
                                 const ExecOptions& exec = {});
+
+// The kAdaptive split of one layer: scores[h] [N] per head (higher = keep), M per head, `sinks`
+// and `window` forced. Returns M_h per head, sum == H * M, each M_h >= forced + floor(floor *
+// (M - forced)) and <= N. When M <= forced every M_h is M (the stages then report the budget
+// error). INVALID_ARGUMENT on empty or unequal score lengths, NaN scores, floor outside [0, 1].
+StatusOr<std::vector<int64_t>> AdaptiveHeadBudgets(std::span<const std::vector<float>> scores,
+                                                   int64_t kept, int64_t sinks, int64_t window,
+                                                   double floor);
 
 // Rearranges engine queries of one layer, Q[W, num_q_heads, d] of `dtype`, into the per-KV-head
 // [W*G, d] float32 matrices CompressionInput expects (H of them). INVALID_ARGUMENT on bad sizes.
