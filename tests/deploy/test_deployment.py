@@ -1,0 +1,178 @@
+"""Deployment files validated without a cluster or a container runtime."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+
+import pytest
+import yaml
+
+ROOT = os.environ.get("KVD_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+DEPLOY = os.path.join(ROOT, "deploy")
+KVD = os.environ.get("KVD_BINARY", "kvd")
+
+
+def read(*parts):
+    with open(os.path.join(DEPLOY, *parts)) as f:
+        return f.read()
+
+
+# ---- systemd ----
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_systemd_unit_verifies(tmp_path):
+    unit = read("systemd", "kvd.service")
+    assert "ExecStart=/usr/local/bin/kvd " in unit
+    for hardening in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes",
+                      "CapabilityBoundingSet=", "SystemCallFilter=@system-service",
+                      "RestartPreventExitStatus=2", "User=kvd"):
+        assert hardening in unit, hardening
+    # verify needs the binary to exist: point ExecStart at the build's kvd.
+    path = tmp_path / "kvd.service"
+    path.write_text(unit.replace("/usr/local/bin/kvd", os.path.abspath(KVD)))
+    r = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "" and r.stderr.strip() == "", r.stderr
+
+
+# ---- container ----
+
+def test_containerfile_is_multistage_portable_and_unprivileged():
+    text = read("Containerfile")
+    froms = re.findall(r"^FROM (\S+)", text, re.M)
+    assert froms == ["debian:12", "debian:12"]
+    assert "-DKVD_NATIVE=OFF" in text and "march=native" not in text
+    users = re.findall(r"^USER (\S+)", text, re.M)
+    assert users and users[-1] not in ("root", "0")
+    assert "COPY --from=build" in text
+    entry = json.loads(re.search(r"^ENTRYPOINT (.*)$", text, re.M).group(1))
+    assert entry[0] == "/usr/local/bin/kvd" and "--config" in entry
+
+
+# ---- Kubernetes (plain manifests and the Helm chart) ----
+
+def render_helm(chart_dir, release="kvd"):
+    """Renders the chart's templates for the constructs it uses ({{ .Values.x }}, .Release.Name,
+    quote, toYaml | nindent, include | sha256sum); anything else fails the test."""
+    with open(os.path.join(chart_dir, "values.yaml")) as f:
+        values = yaml.safe_load(f)
+
+    def lookup(path):
+        v = values
+        for part in path.split("."):
+            v = v[part]
+        return v
+
+    def expr(body, indent_hint):
+        body = body.strip()
+        m = re.fullmatch(r"toYaml \.Values\.([\w.]+) \| nindent (\d+)", body)
+        if m:
+            text = yaml.safe_dump(lookup(m.group(1)), default_flow_style=False).rstrip()
+            pad = " " * int(m.group(2))
+            return "\n" + "\n".join(pad + line for line in text.splitlines())
+        m = re.fullmatch(r"\.Values\.([\w.]+)( \| quote)?", body)
+        if m:
+            v = lookup(m.group(1))
+            return json.dumps(str(v)) if m.group(2) else str(v)
+        if body == ".Release.Name":
+            return release
+        if re.fullmatch(r'include \(print \$\.Template\.BasePath "/[\w.]+"\) \. \| sha256sum',
+                        body):
+            return "0" * 64
+        raise AssertionError(f"template construct not understood by the test: {{{{ {body} }}}}")
+
+    docs = []
+    for name in sorted(os.listdir(os.path.join(chart_dir, "templates"))):
+        with open(os.path.join(chart_dir, "templates", name)) as f:
+            text = f.read()
+        text = re.sub(r"\s*\{\{-(.*?)\}\}", lambda m: expr(m.group(1), 0), text)
+        text = re.sub(r"\{\{(.*?)\}\}", lambda m: expr(m.group(1), 0), text)
+        docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return docs
+
+
+def plain_manifests():
+    docs = []
+    for name in ("kvd-configmap.yaml", "kvd-daemonset.yaml"):
+        docs.extend(d for d in yaml.safe_load_all(read("kubernetes", name)) if d)
+    return docs
+
+
+def check_kvd_on_topology(topology_text, tmp):
+    """A real kvd accepts the topology (arena shrunk, addresses local and ephemeral)."""
+    topo = yaml.safe_load(topology_text)
+    topo["tiers"]["host"]["capacity"] = "16MiB"
+    topo["tiers"]["host"]["prefault"] = False
+    topo.setdefault("metrics", {})["listen"] = "127.0.0.1:0"
+    cfg = os.path.join(tmp, "topology.yaml")
+    ready = os.path.join(tmp, "ready.json")
+    with open(cfg, "w") as f:
+        yaml.safe_dump(topo, f)
+    p = subprocess.Popen([KVD, "--config", cfg, "--listen", "127.0.0.1:0", "--unix", "none",
+                          "--ready-file", ready], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        while not os.path.exists(ready):
+            assert p.poll() is None, "kvd refused the topology:\n" + p.stdout.read()
+            assert time.monotonic() < deadline, "kvd not ready"
+            time.sleep(0.05)
+    finally:
+        p.terminate()
+        p.wait(10)
+    assert p.returncode == 0
+
+
+@pytest.mark.parametrize("source", ["plain", "helm"])
+def test_daemonset_and_configmap(source):
+    docs = plain_manifests() if source == "plain" else render_helm(
+        os.path.join(DEPLOY, "helm", "kvd"))
+    by_kind = {}
+    for d in docs:
+        assert {"apiVersion", "kind", "metadata"} <= d.keys(), d
+        by_kind.setdefault(d["kind"], []).append(d)
+    (cm,) = by_kind["ConfigMap"]
+    (ds,) = by_kind["DaemonSet"]
+    assert ds["apiVersion"] == "apps/v1" and cm["apiVersion"] == "v1"
+    spec = ds["spec"]["template"]["spec"]
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert spec["hostIPC"] is True
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] != 0
+    (c,) = spec["containers"]
+    probe = c["readinessProbe"]["exec"]["command"]
+    assert probe[0].endswith("kvdctl") and probe[-1] == "health"
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    # The topology volume is this ConfigMap, mounted where --config points.
+    vol = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    topo_vol = next(n for n, v in vol.items() if "configMap" in v)
+    assert vol[topo_vol]["configMap"]["name"] == cm["metadata"]["name"]
+    config_arg = c["args"][c["args"].index("--config") + 1]
+    assert config_arg == os.path.join(mounts[topo_vol], "topology.yaml")
+    assert "topology.yaml" in cm["data"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    topo = yaml.safe_load(cm["data"]["topology.yaml"])
+    assert topo["listen"]["tcp"].endswith(f":{ports['control']}")
+    assert topo["metrics"]["listen"].endswith(f":{ports['metrics']}")
+    # The socket kvdctl probes is the one kvd listens on.
+    assert probe[probe.index("--addr") + 1] == "unix:" + topo["listen"]["unix"]
+    with tempfile.TemporaryDirectory() as tmp:
+        check_kvd_on_topology(cm["data"]["topology.yaml"], tmp)
+
+
+def test_helm_chart_metadata():
+    chart = yaml.safe_load(read("helm", "kvd", "Chart.yaml"))
+    assert chart["apiVersion"] == "v2" and chart["name"] == "kvd"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", chart["version"])
+
+
+def test_bad_topology_in_the_check_is_caught(tmp_path):
+    # The check above can fail: a topology with an unknown key is refused by kvd.
+    with pytest.raises(AssertionError, match="refused the topology"):
+        check_kvd_on_topology("tiers: {host: {capacity: 1GiB}}\nbogus_key: 1\n", str(tmp_path))
