@@ -81,6 +81,8 @@ struct Hello {
   chunkTokens @7 :UInt32;            # must equal the daemon's chunk size
   workerAddress @8 :Data;            # the client's transport address (engine role)
   codecId @9 :UInt32;                # 0 = raw (uncompressed)
+  authToken @10 :Text;               # the namespace's token (engine) or the admin token (admin);
+                                     # checked when the daemon has auth.tokens_file
 }
 
 struct HelloReply {

@@ -78,7 +78,7 @@ extern "C" {
 const char* kvd_last_error(void) { return g_last_error.c_str(); }
 
 const char* kvd_error_name(int code) {
-  if (code < 0 || code > KVD_ABORTED) return "UNKNOWN";
+  if (code < 0 || code > KVD_PERMISSION_DENIED) return "UNKNOWN";
   return kvd::StatusCodeName(static_cast<kvd::StatusCode>(code)).data();
 }
 

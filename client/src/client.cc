@@ -94,6 +94,7 @@ Status ClientImpl::Handshake() {
     h.setWorkerAddress(kj::arrayPtr(reinterpret_cast<const kj::byte*>(worker_address.data()),
                                     worker_address.size()));
     h.setCodecId(options_.codec_id);
+    h.setAuthToken(options_.auth_token);
   });
   if (!id.ok()) return id.status().WithContext("handshake");
   auto reply = channel_->Await(*id, DeadlineIn(options_.connect_timeout_ms));

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -37,6 +38,7 @@ const char* kUsage =
     "  evict (--all | --namespace N | --model M | --chunk HEX)   evict unpinned chunks\n"
     "  health                                  daemon and tier health\n"
     "ADDR: host:port or unix:/path (default $KVD_ADDR, else 127.0.0.1:7400)\n"
+    "over TCP to a daemon with auth.tokens_file, the admin token is read from $KVD_ADMIN_TOKEN\n"
     "exit codes: 0 ok, 1 daemon error or unhealthy, 2 usage, 3 cannot connect\n";
 
 int Usage(const std::string& why) {
@@ -135,6 +137,7 @@ int main(int argc, char** argv) {
   std::string ns = args.Get("--namespace");
   kvd::tools::ApplyConnectionArgs(args, &o);
   o.name_space.clear();  // --namespace is a filter here, not the session's namespace
+  if (const char* token = std::getenv("KVD_ADMIN_TOKEN")) o.auth_token = token;  // not argv: ps
   int64_t limit = args.GetInt("--limit", 100);
   if (!args.ok()) return Usage(args.error());
 

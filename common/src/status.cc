@@ -32,6 +32,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "CANCELLED";
     case StatusCode::kAborted:
       return "ABORTED";
+    case StatusCode::kPermissionDenied:
+      return "PERMISSION_DENIED";
   }
   return "UNKNOWN";
 }

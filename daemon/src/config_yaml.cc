@@ -205,7 +205,7 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   if (root.IsNull() || !root.IsDefined()) return Status::Ok();  // an empty file: all defaults
   KVD_RETURN_IF_ERROR(CheckMap(root, "",
                                {"node", "listen", "metrics", "transport", "chunk_tokens",
-                                "hash_seed", "models", "tiers", "limits"}));
+                                "hash_seed", "models", "tiers", "limits", "auth"}));
   KVD_RETURN_IF_ERROR(GetString(root, "", "node", &c->node_name));
   if (YAML::Node n = root["listen"]; n.IsDefined()) {
     KVD_RETURN_IF_ERROR(CheckMap(n, "listen", {"tcp", "unix"}));
@@ -274,6 +274,12 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
       KVD_RETURN_IF_ERROR(GetInt(h, "tiers.host", "read_ttl_ms", &read_ttl, 1, 86400000));
       c->host_tier.read_ttl = std::chrono::milliseconds(read_ttl);
     }
+  }
+  if (YAML::Node n = root["auth"]; n.IsDefined()) {
+    KVD_RETURN_IF_ERROR(CheckMap(n, "auth", {"tokens_file", "allow_unauthenticated"}));
+    KVD_RETURN_IF_ERROR(GetString(n, "auth", "tokens_file", &c->auth.tokens_file));
+    KVD_RETURN_IF_ERROR(
+        GetBool(n, "auth", "allow_unauthenticated", &c->auth.allow_unauthenticated));
   }
   if (YAML::Node n = root["limits"]; n.IsDefined()) {
     KVD_RETURN_IF_ERROR(

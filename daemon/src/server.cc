@@ -2,6 +2,7 @@
 #include "kvd/daemon/server.h"
 
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -56,6 +57,15 @@ Server::Impl::~Impl() {
 
 Status Server::Impl::Init() {
   KVD_RETURN_IF_ERROR(config_.Validate());
+  if (!config_.auth.tokens_file.empty()) {
+    KVD_ASSIGN_OR_RETURN(auth_, LoadAuthTokens(config_.auth.tokens_file));
+    if (auth_.loose_permissions) {
+      KVD_LOG(WARNING) << "auth.tokens_file is readable by group or others; chmod 600 it"
+                       << Kv("path", config_.auth.tokens_file);
+    }
+    KVD_LOG(INFO) << "auth on" << Kv("namespaces", auth_.namespaces.size())
+                  << Kv("admin_token", auth_.admin.empty() ? "no (unix socket only)" : "yes");
+  }
   if (deps_.transport) {
     transport_ = std::move(deps_.transport);
   } else {
@@ -117,6 +127,18 @@ Status Server::Impl::Start() {
                                      "\": " + ec.message());
     }
     asio::ip::tcp::endpoint endpoint = results.begin()->endpoint();
+    if (!endpoint.address().is_loopback() && !auth_.enabled) {
+      if (!config_.auth.allow_unauthenticated) {
+        return Status::PermissionDenied(
+            "listen.tcp " + config_.listen.tcp +
+            " reaches beyond loopback and auth.tokens_file is not set: anyone who reaches the "
+            "port could read, overwrite and evict every namespace. Set auth.tokens_file, or "
+            "auth.allow_unauthenticated: true to accept that");
+      }
+      KVD_LOG(WARNING) << "listening beyond loopback WITHOUT authentication "
+                          "(auth.allow_unauthenticated): any peer may use every namespace"
+                       << Kv("listen", config_.listen.tcp);
+    }
     tcp_acceptor_.emplace(io_);
     tcp_acceptor_->open(endpoint.protocol(), ec);
     if (!ec) tcp_acceptor_->set_option(asio::socket_base::reuse_address(true), ec);
@@ -260,8 +282,12 @@ asio::awaitable<void> Server::Impl::AcceptTcp() {
     socket.set_option(asio::ip::tcp::no_delay(true), ec);
     std::string peer = "tcp:?";
     auto remote = socket.remote_endpoint(ec);
-    if (!ec) peer = "tcp:" + remote.address().to_string() + ":" + std::to_string(remote.port());
-    AddSession(asio::generic::stream_protocol::socket(std::move(socket)), peer);
+    PeerInfo info;
+    if (!ec) {
+      peer = "tcp:" + remote.address().to_string() + ":" + std::to_string(remote.port());
+      info.loopback = remote.address().is_loopback();
+    }
+    AddSession(asio::generic::stream_protocol::socket(std::move(socket)), peer, info);
   }
 }
 
@@ -275,11 +301,20 @@ asio::awaitable<void> Server::Impl::AcceptUnix() {
       KVD_LOG(WARNING) << "unix accept failed" << Kv("error", ec.message());
       continue;
     }
-    AddSession(asio::generic::stream_protocol::socket(std::move(socket)), "unix:" + unix_path_);
+    PeerInfo info;
+    info.unix_socket = true;
+    struct ucred cred {};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      info.uid = cred.uid;
+    }
+    AddSession(asio::generic::stream_protocol::socket(std::move(socket)), "unix:" + unix_path_,
+               info);
   }
 }
 
-void Server::Impl::AddSession(asio::generic::stream_protocol::socket socket, std::string peer) {
+void Server::Impl::AddSession(asio::generic::stream_protocol::socket socket, std::string peer,
+                              PeerInfo info) {
   if (sessions_.size() >= static_cast<size_t>(config_.limits.max_sessions)) {
     ++counters_.sessions_refused;
     KVD_LOG(WARNING) << "refusing connection: too many sessions" << Kv("peer", peer)
@@ -298,6 +333,7 @@ void Server::Impl::AddSession(asio::generic::stream_protocol::socket socket, std
   uint64_t id = next_session_id_++;
   ++counters_.sessions_accepted;
   auto session = std::make_shared<Session>(this, id, std::move(socket), peer);
+  session->SetPeerInfo(info);
   sessions_[id] = session;
   session_count_.store(sessions_.size());
   KVD_LOG(DEBUG) << "connection accepted" << Kv("session", id) << Kv("peer", peer);

@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "asio_util.h"
+#include "auth.h"
 #include "kvd/daemon/server.h"
 #include "kvd/storage/disk_tier.h"
 #include "kvd/storage/tier_manager.h"
@@ -56,6 +57,7 @@ class Server::Impl {
 
   // ---- for sessions (io_context thread) ----
   const DaemonConfig& config() const { return config_; }
+  const AuthTokens& auth() const { return auth_; }
   asio::io_context& io() { return io_; }
   asio::thread_pool& pool() { return pool_; }
   storage::HostTier* tier() { return tier_.get(); }
@@ -96,13 +98,14 @@ class Server::Impl {
  private:
   asio::awaitable<void> AcceptTcp();
   asio::awaitable<void> AcceptUnix();
-  void AddSession(asio::generic::stream_protocol::socket socket, std::string peer);
+  void AddSession(asio::generic::stream_protocol::socket socket, std::string peer, PeerInfo info);
   asio::awaitable<void> ExpiryLoop();
   void BeginShutdown();
   void StartPrefault();
   void StopPrefault();
 
   DaemonConfig config_;
+  AuthTokens auth_;  // loaded by Init from config_.auth.tokens_file
   ServerDeps deps_;
   Clock* clock_;
   asio::io_context io_{1};

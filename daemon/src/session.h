@@ -39,6 +39,8 @@ class Session : public std::enable_shared_from_this<Session> {
   using Socket = asio::generic::stream_protocol::socket;
 
   Session(Server::Impl* server, uint64_t id, Socket socket, std::string peer);
+  // How the connection arrived (before Start): the handshake's authentication uses it.
+  void SetPeerInfo(PeerInfo info) { peer_info_ = info; }
   ~Session();
 
   // Spawns the read and write loops.
@@ -105,6 +107,10 @@ class Session : public std::enable_shared_from_this<Session> {
   Status UnknownReservation(uint64_t reservation) const;
   // FAILED_PRECONDITION unless Hello (engine role) succeeded.
   Status RequireEngine(const char* op) const;
+  // Admin requests (List, Evict) need the admin role.
+  Status RequireAdmin(const char* op) const;
+  // The handshake's token / peer check for `role` in `name_space` (see AuthOptions).
+  Status Authenticate(bool engine, const std::string& name_space, const std::string& token) const;
 
   // ---- admin (session_admin.cc) ----
   void HandleStats(uint64_t seq, uint64_t rid);
@@ -116,6 +122,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const uint64_t id_;
   Socket socket_;
   const std::string peer_;  // remote socket address, for logs
+  PeerInfo peer_info_;
 
   // Handshake state.
   bool hello_done_ = false;

@@ -121,6 +121,7 @@ void Session::HandleList(uint64_t seq, uint64_t rid, proto::ListRequest::Reader 
   std::string name_space = list.getNamespace();
   std::string model = list.getModel();
   const uint32_t limit = list.getLimit();
+  if (Status s = RequireAdmin("List"); !s.ok()) return CompleteError(seq, rid, s);
   storage::ChunkFilter filter;
   if (!name_space.empty()) filter.name_space = name_space;
   if (!model.empty()) filter.model = model;
@@ -149,6 +150,7 @@ void Session::HandleList(uint64_t seq, uint64_t rid, proto::ListRequest::Reader 
 }
 
 void Session::HandleEvict(uint64_t seq, uint64_t rid, proto::EvictRequest::Reader evict) {
+  if (Status s = RequireAdmin("Evict"); !s.ok()) return CompleteError(seq, rid, s);
   storage::TierManager* tier = server_->tiers();
   storage::EvictResult total;
   std::string what;

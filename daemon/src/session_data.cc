@@ -1,4 +1,6 @@
 // Session requests of the engine role: handshake, lookup, two-phase put, get.
+#include <unistd.h>
+
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -37,6 +39,52 @@ Status Session::RequireEngine(const char* op) const {
   if (!engine_) {
     return Status::FailedPrecondition(std::string(op) +
                                       " needs the engine role (this connection said admin)");
+  }
+  return Status::Ok();
+}
+
+Status Session::RequireAdmin(const char* op) const {
+  if (engine_) {
+    return Status::PermissionDenied(std::string(op) +
+                                    " is an admin request; this connection has the engine role");
+  }
+  return Status::Ok();
+}
+
+Status Session::Authenticate(bool engine, const std::string& name_space,
+                             const std::string& token) const {
+  const AuthTokens& auth = server_->auth();
+  if (engine) {
+    if (!auth.enabled) return Status::Ok();
+    auto it = auth.namespaces.find(name_space);
+    if (it == auth.namespaces.end()) {
+      return Status::PermissionDenied("namespace \"" + name_space +
+                                      "\" has no token in auth.tokens_file: not served");
+    }
+    if (!TokenEquals(it->second, token)) {
+      return Status::PermissionDenied(std::string(token.empty() ? "no" : "wrong") +
+                                      " token for namespace \"" + name_space + "\"");
+    }
+    return Status::Ok();
+  }
+  // Admin: the unix socket's peer credentials, else the admin token.
+  if (peer_info_.unix_socket) {
+    if (peer_info_.uid == 0 || peer_info_.uid == static_cast<int64_t>(::geteuid())) {
+      return Status::Ok();
+    }
+    if (!auth.admin.empty() && TokenEquals(auth.admin, token)) return Status::Ok();
+    return Status::PermissionDenied(
+        "admin role over the unix socket needs the daemon's user (uid " +
+        std::to_string(::geteuid()) + ") or root; peer uid " + std::to_string(peer_info_.uid));
+  }
+  if (!auth.enabled) return Status::Ok();  // only loopback, or allow_unauthenticated
+  if (auth.admin.empty()) {
+    return Status::PermissionDenied(
+        "admin role over TCP needs the admin token, and auth.tokens_file has no admin line; use "
+        "the unix socket");
+  }
+  if (!TokenEquals(auth.admin, token)) {
+    return Status::PermissionDenied(std::string(token.empty() ? "no" : "wrong") + " admin token");
   }
   return Status::Ok();
 }
@@ -119,6 +167,7 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
   auto address = hello.getWorkerAddress();
   std::string worker_address(reinterpret_cast<const char*>(address.begin()), address.size());
   const uint32_t codec = hello.getCodecId();
+  const std::string token = hello.getAuthToken();
   StatusOr<ModelLayout> layout = Status::InvalidArgument("no layout");
   if (role == proto::Role::ENGINE) layout = proto::FromProto(hello.getLayout());
 
@@ -140,6 +189,11 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
   if (role != proto::Role::ENGINE && role != proto::Role::ADMIN) {
     return refuse(
         Status::InvalidArgument("unknown role " + std::to_string(static_cast<int>(role))));
+  }
+  if (Status s = Authenticate(role == proto::Role::ENGINE,
+                              name_space.empty() ? "default" : name_space, token);
+      !s.ok()) {
+    return refuse(s);
   }
   if (role == proto::Role::ENGINE) {
     const ModelConfig* model = config.FindModel(model_name);

@@ -67,15 +67,56 @@ void ToProto(const kvd::Hash128& h, Hash128::Builder out) {
 }
 kvd::Hash128 FromProto(Hash128::Reader in) { return kvd::Hash128{in.getHi(), in.getLo()}; }
 
+std::string ValidUtf8(std::string_view in) {
+  std::string out;
+  out.reserve(in.size());
+  size_t i = 0;
+  while (i < in.size()) {
+    const auto c = static_cast<unsigned char>(in[i]);
+    size_t n = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    } else if (c >= 0xc2 && c <= 0xdf) {
+      n = 1, cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      n = 2, cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      n = 3, cp = c & 0x07;
+    }
+    bool ok = n > 0 && i + n < in.size();
+    for (size_t k = 1; ok && k <= n; ++k) {
+      const auto cc = static_cast<unsigned char>(in[i + k]);
+      ok = (cc & 0xc0) == 0x80;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are invalid too.
+    ok = ok && !(n == 2 && cp < 0x800) && !(n == 3 && cp < 0x10000) && cp <= 0x10ffff &&
+         !(cp >= 0xd800 && cp <= 0xdfff);
+    if (ok) {
+      out.append(in.substr(i, n + 1));
+      i += n + 1;
+    } else {
+      out += "\xef\xbf\xbd";  // U+FFFD for the one bad byte; resynchronise on the next
+      ++i;
+    }
+  }
+  return out;
+}
+
 void ToProto(const kvd::Status& s, Error::Builder out) {
   out.setCode(static_cast<uint16_t>(s.code()));
-  out.setMessage(s.message());
+  // Messages may echo client input (names, Cap'n Proto exception text): the wire carries valid
+  // UTF-8 only (Cap'n Proto Text), bad bytes become U+FFFD.
+  out.setMessage(ValidUtf8(s.message()));
 }
 
 kvd::Status FromProto(Error::Reader in) {
   uint16_t code = in.getCode();
   std::string message = in.getMessage();
-  if (code == 0 || code > static_cast<uint16_t>(kvd::StatusCode::kAborted)) {
+  if (code == 0 || code > static_cast<uint16_t>(kvd::StatusCode::kPermissionDenied)) {
     return kvd::Status::Internal("unknown error code " + std::to_string(code) + ": " + message);
   }
   return kvd::Status(static_cast<kvd::StatusCode>(code), message);

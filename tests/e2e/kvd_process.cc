@@ -112,6 +112,8 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Start(const KvdConfig& c) {
       << "  - name: smollm2-135m\n    layout: {layers: 30, kv_heads: 3, q_heads: 9, head_dim: "
          "64, dtype: bfloat16, rope: {theta: 100000, pairing: interleaved, scaling: none}}\n"
       << "tiers:\n  host:\n    capacity: " << c.host_capacity << "\n"
+      << (c.tokens_file.empty() ? std::string()
+                                : "auth:\n  tokens_file: \"" + c.tokens_file + "\"\n")
       << (c.disk_path.empty() ? std::string()
                               : "  disk:\n    path: \"" + c.disk_path +
                                     "\"\n    capacity: " + c.disk_capacity + "\n")
@@ -120,9 +122,8 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Start(const KvdConfig& c) {
       << "\n  lease_ttl_ms: " << c.lease_ttl_ms
       << "\n  transfer_timeout_ms: " << c.transfer_timeout_ms << "\n";
   }
-  std::vector<std::string> argv = {KVD_BINARY, "--config",     config_path,
-                                   "--listen", "127.0.0.1:0",  "--unix",
-                                   p->unix_,   "--ready-file", ready};
+  std::vector<std::string> argv = {KVD_BINARY, "--config", config_path,    "--listen", c.listen,
+                                   "--unix",   p->unix_,   "--ready-file", ready};
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, p->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,

@@ -46,6 +46,9 @@ struct KvdConfig {
   // restarted KvdProcess with the same path finds the chunks again).
   std::string disk_path;
   std::string disk_capacity = "256MiB";
+  // Non-empty: auth.tokens_file (see AuthOptions).
+  std::string tokens_file;
+  std::string listen = "127.0.0.1:0";
 };
 
 // The stories260k layout registered in every e2e daemon (small chunks: 320 KiB per 256 tokens).

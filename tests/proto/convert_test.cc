@@ -62,3 +62,36 @@ TEST(ConvertTest, StatusRoundTrip) {
 
 }  // namespace
 }  // namespace kvd::proto
+
+namespace kvd::proto {
+namespace {
+
+TEST(ValidUtf8Test, KeepsValidTextAndReplacesEveryBadByte) {
+  EXPECT_EQ(ValidUtf8("plain ascii"), "plain ascii");
+  EXPECT_EQ(ValidUtf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
+            "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  const std::string fffd = "\xef\xbf\xbd";
+  EXPECT_EQ(ValidUtf8("a\xff"
+                      "b"),
+            "a" + fffd + "b");                // never valid
+  EXPECT_EQ(ValidUtf8("a\xc3"), "a" + fffd);  // truncated at the end
+  EXPECT_EQ(ValidUtf8("\xe2\x82"
+                      "x"),
+            fffd + fffd + "x");                                         // truncated in the middle
+  EXPECT_EQ(ValidUtf8("\xc0\xaf"), fffd + fffd);                        // overlong '/'
+  EXPECT_EQ(ValidUtf8("\xe0\x80\xaf"), fffd + fffd + fffd);             // overlong, 3 bytes
+  EXPECT_EQ(ValidUtf8("\xed\xa0\x80"), fffd + fffd + fffd);             // surrogate U+D800
+  EXPECT_EQ(ValidUtf8("\xf4\x90\x80\x80"), fffd + fffd + fffd + fffd);  // > U+10FFFF
+}
+
+TEST(ValidUtf8Test, ErrorMessagesOnTheWireAreValidUtf8) {
+  capnp::MallocMessageBuilder mb;
+  auto e = mb.initRoot<Error>();
+  ToProto(Status::NotFound("unknown model \"\xff\xfe\""), e);
+  const std::string sent = e.asReader().getMessage();
+  EXPECT_EQ(sent, "unknown model \"\xef\xbf\xbd\xef\xbf\xbd\"");
+  EXPECT_EQ(FromProto(e.asReader()).code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kvd::proto

@@ -53,6 +53,10 @@ struct ClientOptions {
   std::string client_id;
   // Cache namespace (tenant). "" (default) = the daemon's "default".
   std::string name_space;
+  // Sent in the handshake: the namespace's token (engine role) or the admin token (admin role)
+  // when the daemon is configured with auth.tokens_file. "" (default) = none. A wrong or missing
+  // token fails Connect with PERMISSION_DENIED.
+  std::string auth_token;
   // kEngine (default): puts and gets; needs model, layout and a transport.
   // kAdmin: stats, list, evict, health only; no model, no transport is created.
   Role role = Role::kEngine;

@@ -36,6 +36,7 @@ enum {
   KVD_INTERNAL = 11,
   KVD_CANCELLED = 12,
   KVD_ABORTED = 13,
+  KVD_PERMISSION_DENIED = 14,
 };
 
 /* Element types of KV (kvd::DType). */

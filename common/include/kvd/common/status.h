@@ -29,6 +29,7 @@ enum class StatusCode : int {
   kInternal = 11,           // an invariant broke: a bug in kvd
   kCancelled = 12,          // the operation was cancelled (shutdown)
   kAborted = 13,            // a concurrent change made the operation fail (expired lease)
+  kPermissionDenied = 14,   // the caller may not do this (missing / wrong token, role, peer)
 };
 
 // Name of a code, e.g. "INVALID_ARGUMENT".
@@ -61,6 +62,9 @@ class [[nodiscard]] Status {
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
   static Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
   static Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
+  static Status PermissionDenied(std::string m) {
+    return {StatusCode::kPermissionDenied, std::move(m)};
+  }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

@@ -52,6 +52,21 @@ struct MetricsOptions {
   Status Validate() const;
 };
 
+// Who may talk to kvd (the `auth` section). See docs/reliability.md "Isolation".
+struct AuthOptions {
+  // File of tokens, one per line: "namespace NAME TOKEN" or "admin TOKEN"; '#' starts a comment.
+  // Set: an engine connection must present its namespace's token in Hello (a namespace without
+  // a line is refused), and an admin connection over TCP the admin token. Over the unix socket an
+  // admin connection is accepted from the daemon's own user (or root) without a token.
+  // "" (default): no tokens; then kvd refuses to listen on a TCP address beyond loopback unless
+  // allow_unauthenticated.
+  std::string tokens_file;
+  // Listen beyond loopback without tokens (a warning is logged). Default false.
+  bool allow_unauthenticated = false;
+
+  bool operator==(const AuthOptions&) const = default;
+};
+
 // A registered model: the only layout clients of that model may use.
 struct ModelConfig {
   std::string name;
@@ -124,6 +139,7 @@ struct DaemonConfig {
   // Demotion / promotion between the tiers (tiers.placement). Used only with a disk tier.
   storage::TierManagerOptions placement;
   LimitsOptions limits;
+  AuthOptions auth;
 
   // Validates every component; INVALID_ARGUMENT naming the key (e.g. "models[1].layout: ...").
   Status Validate() const;

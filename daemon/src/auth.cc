@@ -1,0 +1,58 @@
+#include "auth.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace kvd::daemon {
+
+StatusOr<AuthTokens> LoadAuthTokens(const std::string& path) {
+  std::ifstream in(path);
+  struct stat st {};
+  if (!in || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return Status::NotFound("auth.tokens_file: cannot read \"" + path + "\" (not a readable file)");
+  }
+  AuthTokens out;
+  out.enabled = true;
+  out.loose_permissions = (st.st_mode & (S_IRWXG | S_IRWXO)) != 0;
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    std::string kind, a, b, extra;
+    if (!(words >> kind)) continue;  // blank or comment
+    auto bad = [&](const std::string& why) {
+      return Status::InvalidArgument("auth.tokens_file " + path + " line " +
+                                     std::to_string(number) + ": " + why);
+    };
+    words >> a >> b >> extra;
+    if (kind == "namespace") {
+      if (a.empty() || b.empty() || !extra.empty()) {
+        return bad("expected \"namespace NAME TOKEN\"");
+      }
+      if (!out.namespaces.emplace(a, b).second) return bad("namespace \"" + a + "\" listed twice");
+    } else if (kind == "admin") {
+      if (a.empty() || !b.empty()) return bad("expected \"admin TOKEN\"");
+      if (!out.admin.empty()) return bad("a second admin line");
+      out.admin = a;
+    } else {
+      return bad("unknown entry \"" + kind + "\" (expected \"namespace\" or \"admin\")");
+    }
+  }
+  return out;
+}
+
+bool TokenEquals(std::string_view expected, std::string_view given) {
+  if (expected.empty()) return false;
+  unsigned diff = expected.size() != given.size() ? 1u : 0u;
+  for (size_t i = 0; i < given.size(); ++i) {
+    diff |= static_cast<unsigned char>(given[i]) ^
+            static_cast<unsigned char>(expected[i % expected.size()]);
+  }
+  return diff == 0;
+}
+
+}  // namespace kvd::daemon
