@@ -1,5 +1,6 @@
 #include "progress_loop.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "kvd/common/logging.h"
@@ -28,6 +29,7 @@ void ProgressLoop::Stop() {
     stop_requested_ = true;
   }
   cv_.notify_all();
+  transport_->Wakeup();
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
   running_ = false;
@@ -38,6 +40,7 @@ void ProgressLoop::Submit(std::function<void()> task) {
     std::lock_guard<std::mutex> lock(mu_);
     if (running_ && !stop_requested_) {
       tasks_.push_back(std::move(task));
+      transport_->Wakeup();
       return;
     }
   }
@@ -57,6 +60,7 @@ void ProgressLoop::Watch(transport::TransferHandle transfer, SteadyTime deadline
     if (running_ && !stop_requested_) {
       new_watches_.push_back(WatchEntry{transfer, deadline, std::move(done)});
       ++watch_count_;
+      transport_->Wakeup();
       return;
     }
   }
@@ -117,13 +121,19 @@ void ProgressLoop::Loop() {
       busy = true;
     }
     if (events > 0 || busy) continue;
-    if (!watches_.empty() || expected_.load(std::memory_order_relaxed) > 0) {
-      // Transfers are moving: keep polling (shared-memory transports progress only when polled)
-      // but let other threads run.
-      std::this_thread::yield();
-      continue;
+    // Nothing progressed: sleep in the kernel until the transport has events (UCX: its worker's
+    // event fd), another thread hands us work (Submit/Watch wake the transport), or the next
+    // watch deadline. While transfers are expected the sleep is capped at kBusySlice, for
+    // backends whose lanes have no event fd (UCX shared memory with peer_failure_detection off);
+    // with nothing in flight it is capped at kIdleSlice, so an idle daemon wakes once a second.
+    auto now = std::chrono::steady_clock::now();
+    auto slice = (!watches_.empty() || expected_.load(std::memory_order_relaxed) > 0) ? kBusySlice
+                                                                                      : kIdleSlice;
+    for (const auto& w : watches_) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(w.deadline - now);
+      slice = std::max(std::chrono::milliseconds(0), std::min(slice, left));
     }
-    Status s = transport_->WaitForEvents(std::chrono::milliseconds(1));
+    Status s = transport_->WaitForEvents(slice);
     if (!s.ok()) {
       KVD_LOG(WARNING) << "transport WaitForEvents failed" << Kv("status", s);
       std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -1,7 +1,9 @@
 // The transport progress thread of the daemon, and its bridge to the Asio io_context.
 //
 // The transport's threading contract (transport.h): any thread may post, check and release; one
-// thread should loop { Progress(); if idle WaitForEvents(timeout); }. This loop is that thread.
+// thread should loop { Progress(); if idle WaitForEvents(timeout); }. This loop is that thread:
+// it sleeps in WaitForEvents whenever a pass found nothing, and Submit/Watch wake it
+// (Transport::Wakeup).
 // It also
 //   - watches transfers for the io_context: Watch(handle, deadline, callback) calls the callback
 //     (on the progress thread) once the transfer is no longer in progress, or at the deadline
@@ -30,6 +32,10 @@ class ProgressLoop {
  public:
   using SteadyTime = std::chrono::steady_clock::time_point;
   using WatchCallback = std::function<void(const transport::TransferStatus&)>;
+  // Longest sleep with nothing in flight (an idle daemon wakes this often).
+  static constexpr std::chrono::milliseconds kIdleSlice{1000};
+  // Longest sleep while transfers are expected or watched.
+  static constexpr std::chrono::milliseconds kBusySlice{1};
 
   // `transport` is not owned and must outlive the loop.
   explicit ProgressLoop(transport::Transport* transport);
@@ -53,10 +59,10 @@ class ProgressLoop {
   void Watch(transport::TransferHandle transfer, SteadyTime deadline, WatchCallback done);
 
   // Transfers posted and expected to move soon without a Watch yet (a put's receive between
-  // Reserve and Commit). While any are expected, or any watch is registered, the loop polls the
-  // transport continuously (yielding the CPU between passes) instead of sleeping in
-  // WaitForEvents: shared-memory transports progress only when polled, and a sleep would add up
-  // to its 1 ms timeout to every put. Thread-safe.
+  // Reserve and Commit). While any are expected, or any watch is registered, the loop's sleeps in
+  // WaitForEvents are capped at kBusySlice (for lanes without an event fd); otherwise at
+  // kIdleSlice. Either way the loop sleeps in the kernel whenever a Progress pass found nothing:
+  // it never spins. Thread-safe.
   void ExpectTransfers(int64_t delta) { expected_.fetch_add(delta); }
 
   // Watches currently registered (for stats and tests).

@@ -434,8 +434,17 @@ Status LoopbackTransport::Release(TransferHandle transfer) {
 Status LoopbackTransport::WaitForEvents(milliseconds timeout) {
   if (timeout.count() <= 0) return Status::Ok();
   std::unique_lock<std::mutex> lock(domain_->mu);
-  domain_->cv.wait_for(lock, timeout);
+  if (!wake_pending_) domain_->cv.wait_for(lock, timeout);
+  wake_pending_ = false;
   return Status::Ok();
+}
+
+void LoopbackTransport::Wakeup() {
+  {
+    std::lock_guard<std::mutex> lock(domain_->mu);
+    wake_pending_ = true;
+  }
+  domain_->cv.notify_all();
 }
 
 }  // namespace kvd::transport::loopback

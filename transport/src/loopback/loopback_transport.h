@@ -44,6 +44,7 @@ class LoopbackTransport final : public Transport {
   Status Release(TransferHandle transfer) override;
   int Progress() override { return 0; }
   Status WaitForEvents(std::chrono::milliseconds timeout) override;
+  void Wakeup() override;
 
  private:
   struct Peer {
@@ -94,6 +95,7 @@ class LoopbackTransport final : public Transport {
   uint64_t next_id_ = 1;
   std::unordered_map<uint64_t, Peer> peers_;
   std::unordered_map<uint64_t, Transfer> transfers_;
+  bool wake_pending_ = false;  // a Wakeup not yet consumed by WaitForEvents
   std::unordered_map<uint64_t, RegionState> regions_;
   std::unordered_map<uint64_t, RemoteRegion> remotes_;
   std::deque<uint64_t> posted_recvs_;  // unmatched receive ids, in post order

@@ -1,6 +1,7 @@
 #include "ucx/ucx_transport.h"
 
-#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -104,6 +105,16 @@ Status UcxTransport::Init() {
     s = ucp_worker_get_efd(worker_, &fd);
     if (s == UCS_OK) {
       event_fd_ = fd;
+      wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+      epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      if (wake_fd_ < 0 || epoll_fd_ < 0 ||
+          epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event_fd_, &ev) != 0 ||
+          epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) {
+        return Status::Internal(std::string("cannot set up the wake-up epoll set: ") +
+                                std::strerror(errno));
+      }
     } else {
       KVD_LOG(WARNING) << "UCX worker has no event fd; WaitForEvents will poll"
                        << Kv("ucx_status", ucs_status_string(s));
@@ -169,6 +180,8 @@ UcxTransport::~UcxTransport() {
     worker_ = nullptr;
   }
   if (context_ != nullptr) ucp_cleanup(context_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
 }
 
 StatusOr<std::string> UcxTransport::LocalAddress() { return address_; }
@@ -428,7 +441,7 @@ StatusOr<TransferHandle> UcxTransport::Post(const TransferRequest& r) {
     peers_[t.peer].transfers.insert(id);
   }
   work_posted_ = true;
-  if (sleepers_.load(std::memory_order_relaxed) > 0) ucp_worker_signal(worker_);
+  if (sleepers_.load(std::memory_order_relaxed) > 0) Wakeup();
   return TransferHandle{id};
 }
 
@@ -583,13 +596,26 @@ Status UcxTransport::WaitForEvents(milliseconds timeout) {
     return Err(s, "ucp_worker_arm");
   }
   lock.unlock();
-  pollfd pfd{event_fd_, POLLIN, 0};
-  int rc = poll(&pfd, 1, static_cast<int>(std::min<int64_t>(timeout.count(), INT32_MAX)));
+  epoll_event events[2];
+  int rc = epoll_wait(epoll_fd_, events, 2,
+                      static_cast<int>(std::min<int64_t>(timeout.count(), INT32_MAX)));
   sleepers_.fetch_sub(1, std::memory_order_relaxed);
   if (rc < 0 && errno != EINTR) {
-    return Status::Internal(std::string("poll on the UCX event fd: ") + std::strerror(errno));
+    return Status::Internal(std::string("epoll_wait on the UCX event fd: ") + std::strerror(errno));
+  }
+  uint64_t drained = 0;
+  if (rc > 0 && read(wake_fd_, &drained, sizeof(drained)) < 0 && errno != EAGAIN) {
+    return Status::Internal(std::string("read of the wake-up eventfd: ") + std::strerror(errno));
   }
   return Status::Ok();
+}
+
+void UcxTransport::Wakeup() {
+  if (wake_fd_ < 0) return;
+  uint64_t one = 1;
+  // Nonblocking: EAGAIN means the counter is saturated, i.e. a wake-up is already pending.
+  ssize_t n = write(wake_fd_, &one, sizeof(one));
+  (void)n;
 }
 
 }  // namespace kvd::transport::ucx

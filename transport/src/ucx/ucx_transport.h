@@ -84,6 +84,7 @@ class UcxTransport final : public Transport {
   Status Release(TransferHandle transfer) override;
   int Progress() override;
   Status WaitForEvents(std::chrono::milliseconds timeout) override;
+  void Wakeup() override;
 
  private:
   struct Peer {
@@ -179,6 +180,8 @@ class UcxTransport final : public Transport {
   uint64_t probe_word_ = 0;     // = uuid_; peers read it to test process_vm_readv
   uint64_t nonce_[2] = {0, 0};  // secret; cma senders must prove they hold it
   int event_fd_ = -1;           // -1: no wakeup support, WaitForEvents sleeps briefly
+  int wake_fd_ = -1;            // eventfd written by Wakeup (and Post while someone sleeps)
+  int epoll_fd_ = -1;           // epoll over event_fd_ and wake_fd_
 
   std::mutex mu_;
   uint64_t next_id_ = 1;                                // GUARDED_BY(mu_)

@@ -75,6 +75,7 @@ class FaultInjectingTransport : public Transport {
   Status WaitForEvents(std::chrono::milliseconds timeout) override {
     return inner_->WaitForEvents(timeout);
   }
+  void Wakeup() override { inner_->Wakeup(); }
 
  private:
   static constexpr uint64_t kInjectedBit = uint64_t{1} << 63;

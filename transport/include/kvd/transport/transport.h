@@ -153,9 +153,17 @@ class Transport {
   virtual int Progress() = 0;
 
   // Blocks until the backend may have work for Progress, or `timeout` passes (then OK too).
-  // Call after Progress() returned 0. Returns early when another thread posts. Never blocks
-  // longer than timeout.
+  // Call after Progress() returned 0. Returns early when another thread posts or calls Wakeup.
+  // Never blocks longer than timeout. A progress thread with nothing in flight may pass a long
+  // timeout: the call sleeps in the kernel (UCX: ucp_worker_arm + epoll on the worker's event
+  // fd and a wake-up eventfd), costing no CPU while idle.
   virtual Status WaitForEvents(std::chrono::milliseconds timeout) = 0;
+
+  // Makes the current (or, if none is sleeping, the next) WaitForEvents return at once, from any
+  // thread: a progress loop calls it when it is handed new work that is not a Post (a task, a
+  // watch). Wake-ups do not accumulate beyond one. The default does nothing (a backend without
+  // it makes its callers wait up to their timeout).
+  virtual void Wakeup() {}
 
   // ---- conveniences (non-virtual; build a TransferRequest and Post it) ----
   StatusOr<TransferHandle> PostSend(PeerHandle peer, uint64_t tag, const void* data, size_t length);
