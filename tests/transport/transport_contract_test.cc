@@ -390,6 +390,34 @@ TEST_P(TransportContractTest, ProgressThreadAndPostingThreadCoexist) {
   progress.join();
 }
 
+TEST_P(TransportContractTest, WakeupEndsALongWaitForEvents) {
+  // An idle progress thread sleeps in WaitForEvents with a long timeout; Wakeup (new work that is
+  // not a Post) must end that sleep, whether it comes before the sleep or during it. Without it
+  // each wait below would last its whole 60 s timeout.
+  while (b_->Progress() > 0) {
+  }
+  const auto limit = std::chrono::seconds(30);
+  b_->Wakeup();  // before: the next wait returns at once
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(b_->WaitForEvents(milliseconds(60000)).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, limit);
+  std::atomic<bool> woke{false};
+  t0 = std::chrono::steady_clock::now();
+  std::thread sleeper([&] {
+    while (b_->Progress() > 0) {
+    }
+    (void)b_->WaitForEvents(milliseconds(60000));
+    woke = true;
+  });
+  while (!woke.load() && std::chrono::steady_clock::now() - t0 < limit) {
+    b_->Wakeup();  // during: repeated, since the sleeper may not be asleep yet
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  sleeper.join();
+  EXPECT_TRUE(woke.load());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, limit);
+}
+
 TEST_P(TransportContractTest, ManyThreadsPostWhileProgressThreadsRun) {
   // The thread-safety contract: 4 threads each send 12 messages a -> b (sizes across the cma
   // threshold) while 4 others receive them, with a progress thread on each side.
