@@ -35,12 +35,13 @@ bool IsDedup(const Status& status) {
 // ---------------------------------------------------------------- Impl helpers
 
 HostTier::Impl::Impl(const HostTierOptions& options, std::byte* base, uint64_t capacity,
-                     Clock* clock)
+                     Clock* clock, SegmentListener* listener)
     : options_(options),
       base_(base),
       capacity_(capacity),
       clock_(clock),
-      arena_(capacity, options.alignment) {
+      listener_(listener),
+      arena_(capacity, options.alignment, options.segment_bytes) {
   counters_.kind = TierKind::kHost;
 }
 
@@ -138,7 +139,7 @@ void HostTier::Impl::UnpinLocked(HostEntry* e) {
     return;
   }
   // A hidden entry's last pin: free it now.
-  arena_.Free(e->offset).IgnoreError();  // the offset is live by construction
+  FreeBlockLocked(e->offset);
   hidden_arena_bytes_ -= e->arena_bytes;
   hidden_.erase(e);
 }
@@ -184,14 +185,14 @@ bool HostTier::Impl::DropEntryLocked(HostEntry* e) {
     hidden_.emplace(e, std::move(node.mapped()));
     return false;
   }
-  arena_.Free(e->offset).IgnoreError();  // the offset is live by construction
-  return true;                           // `node` destroys the entry
+  FreeBlockLocked(e->offset);
+  return true;  // `node` destroys the entry
 }
 
 void HostTier::Impl::DropReservationLocked(ReservationId id, RetireReason reason) {
   auto it = reservations_.find(id);
   if (it == reservations_.end()) return;
-  arena_.Free(it->second.offset).IgnoreError();
+  FreeBlockLocked(it->second.offset);
   reserved_bytes_ -= it->second.size_bytes;
   reserved_arena_bytes_ -= it->second.arena_bytes;
   ReleaseNamespaceReservationLocked(it->second.key.name_space, it->second.size_bytes);
@@ -222,8 +223,14 @@ std::string HostTier::Impl::OccupancyLocked() const {
          " pinned_evicted=" + std::to_string(hidden_arena_bytes_) + " bytes";
 }
 
-Status HostTier::Impl::MakeRoomLocked(uint64_t bytes) {
-  if (arena_.CanAllocate(bytes)) return Status::Ok();
+void HostTier::Impl::FreeBlockLocked(uint64_t offset) {
+  std::optional<uint32_t> released;
+  arena_.Free(offset, &released).IgnoreError();  // the offset is live by construction
+  if (released && listener_ != nullptr) listener_->OnSegmentReleased(*released);
+}
+
+Status HostTier::Impl::MakeRoomLocked(uint64_t bytes, const std::string& ns) {
+  if (arena_.CanAllocate(bytes, ns)) return Status::Ok();
   const uint64_t need = arena_.RoundUp(bytes);
   const uint64_t evictable = used_arena_bytes_ - pinned_arena_bytes_;
   const uint64_t free_bytes = arena_.capacity() - arena_.allocated_bytes();
@@ -232,19 +239,22 @@ Status HostTier::Impl::MakeRoomLocked(uint64_t bytes) {
                                      " bytes even after evicting " + "every unpinned chunk (" +
                                      OccupancyLocked() + ")");
   }
-  // Oldest first; pinned chunks are skipped, never evicted.
-  auto it = lru_.end();
-  while (!arena_.CanAllocate(bytes) && it != lru_.begin()) {
-    --it;
-    HostEntry* e = *it;
-    if (e->pins > 0) continue;
-    auto next = it;  // the element after `it` survives the erase
-    ++next;
-    DropEntryLocked(e);
-    counters_.evictions++;
-    it = next;
+  // Oldest first; pinned chunks are skipped, never evicted. Segmented: a first pass over the
+  // namespace's own chunks (they make room in its segments), then everyone's (emptied segments).
+  for (int pass = arena_.segmented() ? 0 : 1; pass < 2; ++pass) {
+    auto it = lru_.end();
+    while (!arena_.CanAllocate(bytes, ns) && it != lru_.begin()) {
+      --it;
+      HostEntry* e = *it;
+      if (e->pins > 0 || (pass == 0 && e->meta.key.name_space != ns)) continue;
+      auto next = it;  // the element after `it` survives the erase
+      ++next;
+      DropEntryLocked(e);
+      counters_.evictions++;
+      it = next;
+    }
   }
-  if (!arena_.CanAllocate(bytes)) {
+  if (!arena_.CanAllocate(bytes, ns)) {
     const ArenaStats a = arena_.Stats();
     return Status::ResourceExhausted(
         "host tier full: " + std::to_string(bytes) + " bytes do not fit; free space is " +
@@ -317,7 +327,8 @@ StatusOr<ReadView> HostTier::Impl::StartReadLocked(HostEntry* e, OwnerId owner, 
 // ---------------------------------------------------------------- construction
 
 StatusOr<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& options,
-                                                     std::span<std::byte> region, Clock* clock) {
+                                                     std::span<std::byte> region, Clock* clock,
+                                                     SegmentListener* listener) {
   KVD_RETURN_IF_ERROR(options.Validate());
   if (region.data() == nullptr || region.size() < options.alignment) {
     return Status::InvalidArgument("host tier: region of " + std::to_string(region.size()) +
@@ -335,7 +346,7 @@ StatusOr<std::unique_ptr<HostTier>> HostTier::Create(const HostTierOptions& opti
   }
   const uint64_t capacity = options.capacity_bytes == 0 ? region.size() : options.capacity_bytes;
   auto impl = std::make_unique<Impl>(options, region.data(), capacity,
-                                     clock != nullptr ? clock : Clock::Real());
+                                     clock != nullptr ? clock : Clock::Real(), listener);
   return std::unique_ptr<HostTier>(new HostTier(std::move(impl)));
 }
 
@@ -361,14 +372,19 @@ StatusOr<Reservation> HostTier::Reserve(const ChunkKey& key, uint64_t bytes, uin
     s.counters_.dedup_puts++;
     return DedupStatus(key);
   }
+  if (s.arena_.segmented() && s.arena_.RoundUp(bytes) > s.arena_.max_block_bytes()) {
+    return Status::InvalidArgument("reserve: " + std::to_string(bytes) +
+                                   " bytes exceed one arena segment (segment_bytes " +
+                                   std::to_string(s.arena_.segment_bytes()) + ")");
+  }
   if (s.arena_.RoundUp(bytes) > s.arena_.capacity()) {
     return Status::ResourceExhausted("host tier: " + std::to_string(bytes) +
                                      " bytes exceed the whole capacity (" + s.OccupancyLocked() +
                                      ")");
   }
   KVD_RETURN_IF_ERROR(s.EnforceQuotaLocked(key.name_space, bytes));
-  KVD_RETURN_IF_ERROR(s.MakeRoomLocked(bytes));
-  const std::optional<uint64_t> offset = s.arena_.Allocate(bytes);
+  KVD_RETURN_IF_ERROR(s.MakeRoomLocked(bytes, key.name_space));
+  const std::optional<uint64_t> offset = s.arena_.Allocate(bytes, key.name_space);
   if (!offset) return Status::Internal("host tier: allocation failed after making room");
   Impl::OpenReservation r;
   r.key = key;

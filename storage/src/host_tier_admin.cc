@@ -143,4 +143,18 @@ std::byte* HostTier::region_base() const { return impl_->base_; }
 uint64_t HostTier::capacity_bytes() const { return impl_->capacity_; }
 const HostTierOptions& HostTier::options() const { return impl_->options_; }
 
+uint64_t HostTier::segment_bytes() const { return impl_->arena_.segment_bytes(); }
+uint32_t HostTier::segment_count() const { return impl_->arena_.segment_count(); }
+uint32_t HostTier::SegmentOf(uint64_t offset) const { return impl_->arena_.SegmentOf(offset); }
+uint64_t HostTier::SegmentStart(uint32_t segment) const {
+  return impl_->arena_.SegmentStart(segment);
+}
+uint64_t HostTier::SegmentSize(uint32_t segment) const {
+  return impl_->arena_.SegmentSize(segment);
+}
+std::string HostTier::SegmentOwner(uint32_t segment) const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return segment < impl_->arena_.segment_count() ? impl_->arena_.SegmentOwner(segment) : "";
+}
+
 }  // namespace kvd::storage

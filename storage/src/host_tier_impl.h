@@ -44,7 +44,8 @@ enum class RetireReason : uint8_t {
 
 class HostTier::Impl {
  public:
-  Impl(const HostTierOptions& options, std::byte* base, uint64_t capacity, Clock* clock);
+  Impl(const HostTierOptions& options, std::byte* base, uint64_t capacity, Clock* clock,
+       SegmentListener* listener);
 
   struct OpenReservation {
     ChunkKey key;
@@ -88,8 +89,12 @@ class HostTier::Impl {
   void DropReservationLocked(ReservationId id, RetireReason reason);
   void ReleaseLeaseLocked(LeaseId id, RetireReason reason);
   void ReleaseReadLocked(ReadId id, RetireReason reason);
-  // Evicts LRU unpinned chunks until `bytes` can be allocated. RESOURCE_EXHAUSTED if impossible.
-  Status MakeRoomLocked(uint64_t bytes);
+  // Evicts LRU unpinned chunks until `bytes` can be allocated for namespace `ns` (segmented: the
+  // namespace's own chunks first, they free room in its segments). RESOURCE_EXHAUSTED if
+  // impossible.
+  Status MakeRoomLocked(uint64_t bytes, const std::string& ns);
+  // Returns a block to the arena; tells the listener if its segment became free.
+  void FreeBlockLocked(uint64_t offset);
   // With a namespace quota, evicts the namespace's own LRU unpinned chunks until `bytes` more
   // fit under it; RESOURCE_EXHAUSTED naming the namespace and quota if they cannot.
   Status EnforceQuotaLocked(const std::string& ns, uint64_t bytes);
@@ -102,10 +107,11 @@ class HostTier::Impl {
   std::byte* const base_;
   const uint64_t capacity_;
   Clock* const clock_;
+  SegmentListener* const listener_;
 
   mutable std::mutex mu_;
   // Everything below is guarded by mu_.
-  ArenaAllocator arena_;
+  SegmentedArena arena_;
   std::unordered_map<ChunkKey, std::unique_ptr<HostEntry>, ChunkKeyHasher> index_;  // visible
   std::unordered_map<HostEntry*, std::unique_ptr<HostEntry>> hidden_;  // evicted while pinned
   std::list<HostEntry*> lru_;  // visible entries, most recently used first

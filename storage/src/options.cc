@@ -22,6 +22,11 @@ Status HostTierOptions::Validate() const {
     return Status::InvalidArgument("host tier: read_ttl must be > 0 ms, got " +
                                    std::to_string(read_ttl.count()));
   }
+  if (segment_bytes % alignment != 0) {
+    return Status::InvalidArgument("host tier: segment_bytes " + std::to_string(segment_bytes) +
+                                   " is not a multiple of the alignment (" +
+                                   std::to_string(alignment) + ")");
+  }
   if (capacity_bytes != 0 && capacity_bytes < alignment) {
     return Status::InvalidArgument("host tier: capacity_bytes " + std::to_string(capacity_bytes) +
                                    " is smaller than one alignment unit (" +

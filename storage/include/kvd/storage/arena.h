@@ -1,9 +1,21 @@
 // ArenaAllocator: offsets inside ONE contiguous region that the caller owns.
 //
-// The host tier stores chunk bytes in a single region provided by its owner (the daemon allocates
-// it through the transport so remote peers can RMA into it; tests pass an aligned buffer). The
-// allocator hands out [offset, offset + size) ranges of that region; it never touches the bytes
-// and never allocates memory for them (its own bookkeeping is a few map nodes per block).
+// The host tier stores chunk bytes in a single region provided by its owner; the allocators here
+// hand out [offset, offset + size) ranges of that region; they never touch the bytes and never
+// allocate memory for them (their own bookkeeping is a few map nodes per block).
+//
+// ARENA OWNERSHIP (the contract between the host tier and whoever provides its memory):
+//   - HostTier owns the allocation POLICY (these classes) over the region it is given, and is the
+//     only one that decides which offsets hold which chunk.
+//   - Where the region's memory comes from is the region owner's choice, invisible behind
+//     HostTier's Reserve / Commit / Lookup / Get / lease API (which everybody keeps calling
+//     unchanged): the daemon backs it with memfd shared memory, one memfd per segment (see
+//     SegmentedArena), so that same-node clients can map their namespace's segments and copy
+//     chunk bytes themselves; remote peers reach the same bytes through the transport; tests pass
+//     an aligned heap buffer.
+//   - With segments, the region owner may replace the memory behind a segment while the segment
+//     holds no block (HostTier tells it through SegmentListener): nothing of the tier's lives
+//     there at that moment.
 //
 // Policy: best fit (smallest free block that is large enough, lowest offset on ties); a freed
 // block is coalesced with its free neighbours at once, so two adjacent free blocks never exist.
@@ -18,8 +30,10 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "kvd/common/status.h"
 
@@ -85,6 +99,70 @@ class ArenaAllocator {
   std::map<uint64_t, uint64_t> free_by_offset_;           // offset -> size
   std::set<std::pair<uint64_t, uint64_t>> free_by_size_;  // (size, offset)
   std::unordered_map<uint64_t, uint64_t> live_;           // offset -> size
+};
+
+// SegmentedArena: the host tier's allocation policy, ArenaAllocator per SEGMENT.
+//
+// The region is cut into segments of `segment_bytes` (the last one may be shorter). Every block
+// lies inside one segment, and a segment holds blocks of ONE namespace only: it is assigned to a
+// namespace when the first block of that namespace lands in it and becomes free again (for any
+// namespace) when its last block is freed. This is what lets the region's owner back each
+// segment with its own memory object (the daemon: one memfd per segment) and hand a same-node
+// client the segments of its own namespace and nothing else: the bytes of another namespace are
+// never inside anything the client can map. With segment_bytes == 0 there is one segment
+// spanning the region and namespaces are ignored (plain best fit over the whole region).
+//
+// Policy: a block goes to the namespace's own segments first (first segment, in ascending
+// order, that has room; best fit inside it), then to the lowest free segment. A request larger
+// than a segment can never be satisfied (CanAllocate is false; callers say so).
+//
+// Thread safety: NOT thread-safe, like ArenaAllocator (HostTier calls it under its mutex).
+class SegmentedArena {
+ public:
+  // `segment_bytes` 0 = one segment; otherwise it must be a multiple of `alignment` (checked by
+  // HostTierOptions::Validate; an unaligned value is rounded down, a value 0 after rounding
+  // means one segment).
+  SegmentedArena(uint64_t capacity_bytes, uint64_t alignment, uint64_t segment_bytes);
+
+  // A block of `bytes` (rounded up to the alignment) for namespace `ns`; its offset in the
+  // region, or nullopt if no own or free segment has room.
+  std::optional<uint64_t> Allocate(uint64_t bytes, const std::string& ns);
+  // NOT_FOUND if no live block starts at `offset`. Returns the segment that became free (its
+  // last block went), if any, through `released_segment` (may be null).
+  Status Free(uint64_t offset, std::optional<uint32_t>* released_segment = nullptr);
+  bool CanAllocate(uint64_t bytes, const std::string& ns) const;
+  uint64_t BlockSize(uint64_t offset) const;
+  uint64_t RoundUp(uint64_t bytes) const { return segments_.front().RoundUp(bytes); }
+
+  // Sum over segments (largest_free_block: the largest anywhere; fragmentation from those).
+  ArenaStats Stats() const;
+  uint64_t capacity() const { return capacity_; }
+  uint64_t alignment() const { return segments_.front().alignment(); }
+  uint64_t allocated_bytes() const { return allocated_; }
+  // The largest block one segment can hold (a chunk above it can never be stored).
+  uint64_t max_block_bytes() const { return segments_.front().capacity(); }
+
+  bool segmented() const { return segment_bytes_ != 0; }
+  // segment_bytes as given (0: unsegmented), the number of segments, and segment i's range.
+  uint64_t segment_bytes() const { return segment_bytes_; }
+  uint32_t segment_count() const { return static_cast<uint32_t>(segments_.size()); }
+  uint32_t SegmentOf(uint64_t offset) const;
+  uint64_t SegmentStart(uint32_t segment) const;
+  uint64_t SegmentSize(uint32_t segment) const { return segments_.at(segment).capacity(); }
+  // The namespace a segment is assigned to; empty if free (or unsegmented).
+  const std::string& SegmentOwner(uint32_t segment) const { return owner_.at(segment); }
+
+  // Every segment's allocator consistent, ownership matching occupancy, totals adding up.
+  Status CheckConsistency() const;
+
+ private:
+  uint64_t segment_bytes_ = 0;  // 0: one segment
+  uint64_t capacity_ = 0;       // sum of the segments' capacities
+  uint64_t allocated_ = 0;
+  std::vector<ArenaAllocator> segments_;
+  std::vector<std::string> owner_;                         // "" = free
+  std::map<std::string, std::vector<uint32_t>> by_owner_;  // ascending segment indexes
+  std::set<uint32_t> free_segments_;                       // ascending
 };
 
 }  // namespace kvd::storage

@@ -15,6 +15,13 @@
 //   Get(lease, i) -> ReadView {pointer, offset, size, checksum}: the bytes stay valid and the chunk
 //       pinned until ReleaseRead(read_id) (or read TTL / ReclaimOwner), even if the lease ends.
 //
+// Arena and segments (see arena.h, ARENA OWNERSHIP): the tier owns the allocation policy over the
+// region it is given; the region's owner chooses the memory. With options.segment_bytes set, the
+// region is cut into segments, each holding chunks of one namespace only; when a segment's last
+// block is freed, SegmentListener::OnSegmentReleased lets the owner replace its memory (the
+// daemon swaps in a fresh memfd, so a client that mapped the segment for its namespace can never
+// see what another namespace stores there next).
+//
 // Eviction: when Reserve finds no free block large enough, it removes committed, unpinned chunks
 // in least-recently-used order (a Lookup hit or a Get makes a chunk most recent) until the
 // allocation fits. If even evicting everything unpinned cannot make room, Reserve fails with
@@ -112,6 +119,16 @@ struct ReclaimResult {
   uint64_t reads = 0;
 };
 
+// Told when a segment of a segmented arena becomes free (its last block was freed: no chunk,
+// reservation or read lives in it). Called with the tier's lock held, from whichever thread
+// freed the block: it must be quick (a few system calls), must not call the tier, and must not
+// fail (it may log). Until it returns, nothing can be allocated in the segment.
+class SegmentListener {
+ public:
+  virtual ~SegmentListener() = default;
+  virtual void OnSegmentReleased(uint32_t segment) = 0;
+};
+
 // True for the ALREADY_EXISTS a Reserve/Commit/Insert returns when the key is already stored:
 // the client may skip sending the bytes, the chunk is there.
 bool IsDedup(const Status& status);
@@ -120,11 +137,13 @@ class HostTier final : public Tier {
  public:
   // Creates a tier over `region` (not owned; must outlive the tier; start aligned to
   // options.alignment). `clock` (not owned; nullptr = Clock::Real()) drives every TTL.
+  // `listener` (not owned; may be null) hears of segments becoming free (segmented arenas only).
   // Errors: INVALID_ARGUMENT (options.Validate(), misaligned region, capacity > region size,
-  // region smaller than one alignment unit).
+  //   region smaller than one alignment unit).
   static StatusOr<std::unique_ptr<HostTier>> Create(const HostTierOptions& options,
                                                     std::span<std::byte> region,
-                                                    Clock* clock = nullptr);
+                                                    Clock* clock = nullptr,
+                                                    SegmentListener* listener = nullptr);
   ~HostTier() override;
   HostTier(const HostTier&) = delete;
   HostTier& operator=(const HostTier&) = delete;
@@ -139,6 +158,7 @@ class HostTier final : public Tier {
   // and a late write would corrupt that one. Pick `ttl` well above the transfer timeout.
   // Errors: ALREADY_EXISTS "dedup: ..." (key already committed; nothing reserved),
   //   INVALID_ARGUMENT (bytes == 0 or > max_chunk_bytes, empty model),
+  //   INVALID_ARGUMENT also when bytes exceed one segment (segmented arenas),
   //   RESOURCE_EXHAUSTED (cannot fit even after evicting every unpinned chunk; message names
   //   capacity, used, reserved and pinned bytes; or over options.namespace_quota_bytes, message
   //   names the namespace).
@@ -215,6 +235,15 @@ class HostTier final : public Tier {
   double Occupancy() const;
 
   ArenaStats GetArenaStats() const;
+  // Segments (options.segment_bytes; 0 = one segment spanning the arena). A chunk at region
+  // offset `o` lies in segment SegmentOf(o), i.e. [SegmentStart(s), SegmentStart(s) +
+  // SegmentSize(s)); SegmentOwner is the namespace the segment holds ("" = free).
+  uint64_t segment_bytes() const;
+  uint32_t segment_count() const;
+  uint32_t SegmentOf(uint64_t offset) const;
+  uint64_t SegmentStart(uint32_t segment) const;
+  uint64_t SegmentSize(uint32_t segment) const;
+  std::string SegmentOwner(uint32_t segment) const;
   std::byte* region_base() const;
   uint64_t capacity_bytes() const;
   const HostTierOptions& options() const;

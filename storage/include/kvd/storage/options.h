@@ -30,6 +30,13 @@ struct HostTierOptions {
   // Reserve that would exceed it first evicts that namespace's own least-recently-used unpinned
   // chunks (never another namespace's), else fails RESOURCE_EXHAUSTED naming the namespace.
   uint64_t namespace_quota_bytes = 0;
+  // Cut the arena into segments of this many bytes (a multiple of `alignment`); every chunk lies
+  // inside one segment and a segment holds chunks of ONE namespace only (assigned on first use,
+  // free again once empty; see SegmentedArena). The daemon sets it to back each segment with its
+  // own memfd, so a same-node client maps only its namespace's bytes. Costs: no chunk may exceed
+  // a segment, and a namespace's free space is only in its own (or free) segments. 0 (default):
+  // one segment spanning the arena, namespaces share it.
+  uint64_t segment_bytes = 0;
   // Largest single chunk accepted by Reserve (bytes). 0 (default) means no limit beyond capacity.
   uint64_t max_chunk_bytes = 0;
   // How many retired reservation / lease ids are remembered so that a late Commit or Get can say
