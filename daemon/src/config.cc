@@ -80,6 +80,18 @@ Status LimitsOptions::Validate() const {
   KVD_RETURN_IF_ERROR(positive("transfer_timeout_ms", transfer_timeout_ms));
   KVD_RETURN_IF_ERROR(positive("max_sessions", max_sessions));
   KVD_RETURN_IF_ERROR(positive("max_inflight_per_session", max_inflight_per_session));
+  KVD_RETURN_IF_ERROR(positive("max_leases_per_session", max_leases_per_session));
+  KVD_RETURN_IF_ERROR(positive("max_chain_chunks", max_chain_chunks));
+  KVD_RETURN_IF_ERROR(positive("handshake_timeout_ms", handshake_timeout_ms));
+  KVD_RETURN_IF_ERROR(positive("frame_timeout_ms", frame_timeout_ms));
+  KVD_RETURN_IF_ERROR(positive("max_sessions_per_peer", max_sessions_per_peer));
+  if (max_lease_ttl_ms < lease_ttl_ms) {
+    return Status::InvalidArgument("limits.max_lease_ttl_ms: " + std::to_string(max_lease_ttl_ms) +
+                                   " is below limits.lease_ttl_ms " + std::to_string(lease_ttl_ms));
+  }
+  if (admin_reserve_sessions < 0) {
+    return Status::InvalidArgument("limits.admin_reserve_sessions: must be >= 0");
+  }
   return Status::Ok();
 }
 

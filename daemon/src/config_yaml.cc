@@ -282,10 +282,12 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
         GetBool(n, "auth", "allow_unauthenticated", &c->auth.allow_unauthenticated));
   }
   if (YAML::Node n = root["limits"]; n.IsDefined()) {
-    KVD_RETURN_IF_ERROR(
-        CheckMap(n, "limits",
-                 {"max_frame_bytes", "max_chunk_bytes", "reservation_ttl_ms", "lease_ttl_ms",
-                  "transfer_timeout_ms", "max_sessions", "max_inflight_per_session"}));
+    KVD_RETURN_IF_ERROR(CheckMap(
+        n, "limits",
+        {"max_frame_bytes", "max_chunk_bytes", "reservation_ttl_ms", "lease_ttl_ms",
+         "transfer_timeout_ms", "max_sessions", "max_inflight_per_session", "max_lease_ttl_ms",
+         "max_leases_per_session", "max_chain_chunks", "handshake_timeout_ms", "frame_timeout_ms",
+         "max_sessions_per_peer", "admin_reserve_sessions"}));
     auto& l = c->limits;
     KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_frame_bytes", &l.max_frame_bytes));
     KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_chunk_bytes", &l.max_chunk_bytes));
@@ -297,6 +299,17 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     KVD_RETURN_IF_ERROR(GetInt(n, "limits", "max_sessions", &l.max_sessions, 1, 1 << 20));
     KVD_RETURN_IF_ERROR(
         GetInt(n, "limits", "max_inflight_per_session", &l.max_inflight_per_session, 1, 1 << 16));
+    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "max_lease_ttl_ms", &l.max_lease_ttl_ms, 1, kDay));
+    KVD_RETURN_IF_ERROR(
+        GetInt(n, "limits", "max_leases_per_session", &l.max_leases_per_session, 1, 1 << 24));
+    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "max_chain_chunks", &l.max_chain_chunks, 1, 1 << 24));
+    KVD_RETURN_IF_ERROR(
+        GetInt(n, "limits", "handshake_timeout_ms", &l.handshake_timeout_ms, 1, kDay));
+    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "frame_timeout_ms", &l.frame_timeout_ms, 1, kDay));
+    KVD_RETURN_IF_ERROR(
+        GetInt(n, "limits", "max_sessions_per_peer", &l.max_sessions_per_peer, 1, 1 << 20));
+    KVD_RETURN_IF_ERROR(
+        GetInt(n, "limits", "admin_reserve_sessions", &l.admin_reserve_sessions, 0, 1 << 16));
   }
   return Status::Ok();
 }

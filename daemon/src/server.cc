@@ -82,6 +82,7 @@ Status Server::Impl::Init() {
   storage::HostTierOptions host = config_.host_tier;
   host.max_chunk_bytes = config_.limits.max_chunk_bytes;
   host.lease_ttl = std::chrono::milliseconds(config_.limits.lease_ttl_ms);
+  host.max_leases_per_owner = static_cast<uint32_t>(config_.limits.max_leases_per_session);
   // AllocateRegistered returns kRegisteredAlignment-aligned memory; a coarser configured
   // alignment (tiers.host.alignment, e.g. 4 KiB) needs one alignment unit of slack.
   const uint64_t slack = host.alignment > transport::kRegisteredAlignment ? host.alignment : 0;
@@ -315,20 +316,36 @@ asio::awaitable<void> Server::Impl::AcceptUnix() {
 
 void Server::Impl::AddSession(asio::generic::stream_protocol::socket socket, std::string peer,
                               PeerInfo info) {
-  if (sessions_.size() >= static_cast<size_t>(config_.limits.max_sessions)) {
+  const LimitsOptions& limits = config_.limits;
+  // The unix socket (kvdctl on the node) has admin_reserve_sessions slots TCP clients cannot take.
+  const size_t cap = static_cast<size_t>(limits.max_sessions) +
+                     (info.unix_socket ? static_cast<size_t>(limits.admin_reserve_sessions) : 0);
+  // TCP: one remote address may hold max_sessions_per_peer connections.
+  std::string peer_key;
+  if (!info.unix_socket) peer_key = peer.substr(0, peer.rfind(':'));
+  std::string refusal;
+  if (sessions_.size() >= cap) {
+    refusal = "too many sessions: limits.max_sessions=" + std::to_string(limits.max_sessions);
+  } else if (!peer_key.empty() && peer_sessions_[peer_key] >= limits.max_sessions_per_peer) {
+    refusal = "too many sessions from " + peer_key +
+              ": limits.max_sessions_per_peer=" + std::to_string(limits.max_sessions_per_peer);
+  }
+  if (!refusal.empty()) {
     ++counters_.sessions_refused;
-    KVD_LOG(WARNING) << "refusing connection: too many sessions" << Kv("peer", peer)
-                     << Kv("max_sessions", config_.limits.max_sessions);
+    KVD_LOG(WARNING) << "refusing connection" << Kv("peer", peer) << Kv("why", refusal);
     // One error frame, best effort, then close.
-    auto frame = std::make_shared<std::vector<uint8_t>>(
-        MakeError(0, Status::ResourceExhausted("too many sessions: limits.max_sessions=" +
-                                               std::to_string(config_.limits.max_sessions))));
+    auto frame =
+        std::make_shared<std::vector<uint8_t>>(MakeError(0, Status::ResourceExhausted(refusal)));
     auto s = std::make_shared<asio::generic::stream_protocol::socket>(std::move(socket));
     asio::async_write(*s, asio::buffer(*frame), [s, frame](boost::system::error_code, size_t) {
       boost::system::error_code ignored;
       s->close(ignored);
     });
     return;
+  }
+  if (!peer_key.empty()) {
+    peer_sessions_[peer_key]++;
+    session_peer_key_[next_session_id_] = peer_key;
   }
   uint64_t id = next_session_id_++;
   ++counters_.sessions_accepted;
@@ -342,6 +359,12 @@ void Server::Impl::AddSession(asio::generic::stream_protocol::socket socket, std
 
 void Server::Impl::SessionClosed(uint64_t session_id) {
   sessions_.erase(session_id);
+  if (auto k = session_peer_key_.find(session_id); k != session_peer_key_.end()) {
+    if (auto n = peer_sessions_.find(k->second); n != peer_sessions_.end() && --n->second <= 0) {
+      peer_sessions_.erase(n);
+    }
+    session_peer_key_.erase(k);
+  }
   session_count_.store(sessions_.size());
   if (shutting_down_ && sessions_.empty() && shutdown_deadline_) shutdown_deadline_->cancel();
 }

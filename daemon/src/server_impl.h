@@ -31,6 +31,7 @@ class Session;
 struct DaemonCounters {
   uint64_t sessions_accepted = 0;
   uint64_t sessions_refused = 0;
+  uint64_t read_timeouts = 0;  // connections closed by the handshake / frame deadline
   uint64_t frames_in = 0;
   uint64_t frames_out = 0;
   uint64_t bad_frames = 0;
@@ -129,6 +130,8 @@ class Server::Impl {
   std::optional<asio::steady_timer> shutdown_deadline_;
   std::map<uint64_t, std::shared_ptr<Session>> sessions_;
   std::atomic<size_t> session_count_{0};
+  std::unordered_map<std::string, int> peer_sessions_;          // TCP sessions per remote address
+  std::unordered_map<uint64_t, std::string> session_peer_key_;  // session id -> that address
   uint64_t next_session_id_ = 1;
   bool shutting_down_ = false;
   std::atomic<bool> shutdown_requested_{false};

@@ -18,6 +18,7 @@ Session::Session(Server::Impl* server, uint64_t id, Socket socket, std::string p
       id_(id),
       socket_(std::move(socket)),
       peer_(std::move(peer)),
+      read_deadline_(server->io()),
       writer_event_(server->io()),
       reader_event_(server->io()),
       idle_event_(server->io()) {}
@@ -32,6 +33,20 @@ void Session::Start() {
   asio::co_spawn(
       server_->io(), [self]() -> asio::awaitable<void> { co_await self->WriteLoop(); },
       asio::detached);
+}
+
+void Session::ArmReadDeadline(int64_t ms, const char* why) {
+  read_deadline_.expires_after(std::chrono::milliseconds(ms));  // cancels the previous wait
+  std::weak_ptr<Session> weak = weak_from_this();
+  read_deadline_.async_wait([weak, why, ms](const boost::system::error_code& ec) {
+    if (ec) return;  // re-armed or cancelled
+    auto self = weak.lock();
+    if (self == nullptr || self->closed_) return;
+    ++self->server_->counters().read_timeouts;
+    KVD_LOG(WARNING) << "closing connection: " << why << Kv("session", self->id_)
+                     << Kv("peer", self->peer_) << Kv("timeout_ms", ms);
+    self->Close(why);
+  });
 }
 
 void Session::Close(const std::string& reason) {
@@ -109,6 +124,8 @@ asio::awaitable<bool> Session::CancelAndRelease(TransferHandle h) {
 asio::awaitable<void> Session::ReadLoop() {
   const uint32_t max_frame = server_->config().limits.max_frame_bytes;
   const int max_inflight = server_->config().limits.max_inflight_per_session;
+  const LimitsOptions& limits = server_->config().limits;
+  ArmReadDeadline(limits.handshake_timeout_ms, "no Hello within limits.handshake_timeout_ms");
   std::array<uint8_t, proto::kFrameHeaderBytes> header{};
   std::vector<uint8_t> payload;
   boost::system::error_code ec;
@@ -137,9 +154,23 @@ asio::awaitable<void> Session::ReadLoop() {
       CloseAfter(seq);
       break;
     }
-    payload.resize(*length);
-    co_await asio::async_read(socket_, asio::buffer(payload),
-                              asio::redirect_error(asio::use_awaitable, ec));
+    // After Hello the connection may idle between frames, but never stall inside one. Before
+    // Hello the handshake deadline keeps running.
+    if (hello_done_) {
+      ArmReadDeadline(limits.frame_timeout_ms,
+                      "frame payload not complete within limits.frame_timeout_ms");
+    }
+    // The buffer grows as bytes arrive (a header alone reserves nothing): steps double from
+    // 64 KiB, so a frame costs at most twice its received bytes.
+    payload.clear();
+    while (payload.size() < *length && !ec) {
+      const size_t have = payload.size();
+      const size_t step = std::min<size_t>(*length - have, std::max<size_t>(have, 64 << 10));
+      payload.resize(have + step);
+      co_await asio::async_read(socket_, asio::buffer(payload.data() + have, step),
+                                asio::redirect_error(asio::use_awaitable, ec));
+    }
+    if (hello_done_) read_deadline_.cancel();
     if (ec) {
       ++server_->counters().bad_frames;
       KVD_LOG(WARNING) << "connection ended inside a frame (truncated frame)" << Kv("session", id_)
@@ -155,7 +186,14 @@ asio::awaitable<void> Session::ReadLoop() {
       continue;
     }
     HandleFrame(std::move(*message));
+    if (hello_done_ && !handshake_deadline_done_) {
+      handshake_deadline_done_ = true;
+      read_deadline_.cancel();
+    }
+    // Large frames are rare: give their memory back instead of keeping the high-water mark.
+    if (payload.capacity() > (1u << 20)) std::vector<uint8_t>().swap(payload);
   }
+  read_deadline_.cancel();
   read_closed_ = true;
   co_await Teardown();
 }

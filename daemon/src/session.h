@@ -123,6 +123,7 @@ class Session : public std::enable_shared_from_this<Session> {
   Socket socket_;
   const std::string peer_;  // remote socket address, for logs
   PeerInfo peer_info_;
+  bool handshake_deadline_done_ = false;  // the handshake deadline was cancelled (Hello done)
 
   // Handshake state.
   bool hello_done_ = false;
@@ -151,6 +152,11 @@ class Session : public std::enable_shared_from_this<Session> {
   bool read_closed_ = false;
   bool writer_done_ = false;
   bool closed_ = false;
+  // Closes the connection when a deadline passes: the handshake (no Hello within
+  // limits.handshake_timeout_ms) and a frame's payload (limits.frame_timeout_ms after its
+  // header). Re-armed / cancelled by ReadLoop.
+  asio::steady_timer read_deadline_;
+  void ArmReadDeadline(int64_t ms, const char* why);
   Event writer_event_;
   Event reader_event_;
   Event idle_event_;

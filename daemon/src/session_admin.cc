@@ -47,6 +47,7 @@ StatsSnapshot Server::Impl::Snapshot() {
   s.counters = {
       {"sessions_accepted", c.sessions_accepted},
       {"sessions_refused", c.sessions_refused},
+      {"read_timeouts", c.read_timeouts},
       {"frames_in", c.frames_in},
       {"frames_out", c.frames_out},
       {"bad_frames", c.bad_frames},

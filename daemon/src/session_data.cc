@@ -273,8 +273,16 @@ void Session::HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader loo
   if (Status s = RequireEngine("Lookup"); !s.ok()) return CompleteError(seq, rid, s);
 
   const auto& limits = server_->config().limits;
+  if (request.chunk_hashes.size() > static_cast<size_t>(limits.max_chain_chunks)) {
+    return CompleteError(
+        seq, rid,
+        Status::OutOfRange("lookup chain of " + std::to_string(request.chunk_hashes.size()) +
+                           " chunks is over limits.max_chain_chunks " +
+                           std::to_string(limits.max_chain_chunks)));
+  }
+  // A longer lease than max_lease_ttl_ms is cut to it (the reply carries the TTL granted).
   int64_t ttl =
-      ttl_ms == 0 ? limits.lease_ttl_ms : std::min<int64_t>(ttl_ms, 10 * limits.lease_ttl_ms);
+      ttl_ms == 0 ? limits.lease_ttl_ms : std::min<int64_t>(ttl_ms, limits.max_lease_ttl_ms);
   request.name_space = name_space_;
   request.model = model_->name;
   request.layout_digest = layout_digest_;

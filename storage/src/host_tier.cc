@@ -204,6 +204,11 @@ void HostTier::Impl::ReleaseLeaseLocked(LeaseId id, RetireReason reason) {
   auto it = leases_.find(id);
   if (it == leases_.end()) return;
   for (HostEntry* e : it->second.entries) UnpinLocked(e);
+  if (const OwnerId owner = it->second.owner; owner != 0) {
+    if (auto n = leases_per_owner_.find(owner); n != leases_per_owner_.end() && --n->second == 0) {
+      leases_per_owner_.erase(n);
+    }
+  }
   leases_.erase(it);
   RetireLocked(id, IdKind::kLease, reason);
 }
@@ -601,6 +606,14 @@ StatusOr<LookupResult> HostTier::Lookup(const LookupRequest& request) {
     s.counters_.misses++;
     return out;
   }
+  if (const uint32_t cap = s.options_.max_leases_per_owner; cap != 0 && request.owner != 0) {
+    auto held = s.leases_per_owner_.find(request.owner);
+    if (held != s.leases_per_owner_.end() && held->second >= cap) {
+      return Status::ResourceExhausted("lookup: this client already holds " +
+                                       std::to_string(held->second) + " leases (limit " +
+                                       std::to_string(cap) + "); release some first");
+    }
+  }
   s.counters_.hits++;
   // Touch in reverse so the first chunk of the prefix ends up most recent: a prefix is useless
   // without its head, so the head should outlive the tail under pressure.
@@ -618,6 +631,7 @@ StatusOr<LookupResult> HostTier::Lookup(const LookupRequest& request) {
   out.lease_deadline_ns = Deadline(now, ttl);
   s.leases_.emplace(out.lease_id,
                     Impl::LeaseState{request.owner, out.lease_deadline_ns, std::move(matched)});
+  if (request.owner != 0) s.leases_per_owner_[request.owner]++;
   return out;
 }
 

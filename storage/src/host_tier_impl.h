@@ -117,6 +117,7 @@ class HostTier::Impl {
   std::list<HostEntry*> lru_;  // visible entries, most recently used first
   std::unordered_map<ReservationId, OpenReservation> reservations_;
   std::unordered_map<LeaseId, LeaseState> leases_;
+  std::unordered_map<OwnerId, uint32_t> leases_per_owner_;  // open leases by owner (owner != 0)
   std::unordered_map<ReadId, ReadState> reads_;
   struct Retired {
     IdKind kind;

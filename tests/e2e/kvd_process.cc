@@ -121,6 +121,7 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Start(const KvdConfig& c) {
       << "\n  reservation_ttl_ms: " << c.reservation_ttl_ms
       << "\n  lease_ttl_ms: " << c.lease_ttl_ms
       << "\n  transfer_timeout_ms: " << c.transfer_timeout_ms << "\n";
+    for (const std::string& l : c.extra_limits) y << "  " << l << "\n";
   }
   std::vector<std::string> argv = {KVD_BINARY, "--config", config_path,    "--listen", c.listen,
                                    "--unix",   p->unix_,   "--ready-file", ready};

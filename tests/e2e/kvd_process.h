@@ -49,6 +49,8 @@ struct KvdConfig {
   // Non-empty: auth.tokens_file (see AuthOptions).
   std::string tokens_file;
   std::string listen = "127.0.0.1:0";
+  // Appended to the `limits:` section, one "key: value" per line (e.g. "max_sessions: 16").
+  std::vector<std::string> extra_limits;
 };
 
 // The stories260k layout registered in every e2e daemon (small chunks: 320 KiB per 256 tokens).

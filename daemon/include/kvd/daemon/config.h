@@ -87,9 +87,28 @@ struct LimitsOptions {
   // How long a reservation may stay uncommitted (its posted receive is then cancelled and its
   // space returned; a late Commit gets ABORTED). Default 30000. Must be > 0.
   int64_t reservation_ttl_ms = 30000;
-  // Default lease TTL of a Lookup (a client may ask for less or more, capped at 10x this).
+  // Default lease TTL of a Lookup (a client may ask for less, or more up to max_lease_ttl_ms).
   // Default 30000. Must be > 0.
   int64_t lease_ttl_ms = 30000;
+  // Longest lease a client may ask for; a longer request gets this (the reply says so).
+  // Default 60000. Must be >= lease_ttl_ms.
+  int64_t max_lease_ttl_ms = 60000;
+  // Leases one connection may hold at once; a Lookup beyond gets RESOURCE_EXHAUSTED until it
+  // releases some (or they expire). Default 1024. Must be > 0.
+  int max_leases_per_session = 1024;
+  // Chunks in one Lookup chain; a longer chain gets OUT_OF_RANGE. Default 65536. Must be > 0.
+  int max_chain_chunks = 65536;
+  // A new connection must complete its Hello within this; else it is closed. Default 10000.
+  int64_t handshake_timeout_ms = 10000;
+  // Once a frame's header arrived, its whole payload must arrive within this; else the
+  // connection is closed (a peer that stalls mid-frame holds nothing for long). Default 10000.
+  int64_t frame_timeout_ms = 10000;
+  // Connections from one TCP address (IP) at once; more are refused (RESOURCE_EXHAUSTED).
+  // Default 256. Must be > 0.
+  int max_sessions_per_peer = 256;
+  // Unix-socket connections accepted beyond max_sessions, so that kvdctl on the node still gets
+  // in when TCP clients took every slot. Default 16. Must be >= 0.
+  int admin_reserve_sessions = 16;
   // How long the daemon waits for the bytes of a put after the Commit arrives, and for the
   // bytes of a get to reach the client. DEADLINE_EXCEEDED after that. Default 10000. Must be > 0.
   int64_t transfer_timeout_ms = 10000;

@@ -37,6 +37,9 @@ struct HostTierOptions {
   // a segment, and a namespace's free space is only in its own (or free) segments. 0 (default):
   // one segment spanning the arena, namespaces share it.
   uint64_t segment_bytes = 0;
+  // Leases one owner (a connection; owner 0 is never limited) may hold at once: a Lookup that
+  // would create one more fails RESOURCE_EXHAUSTED. 0 (default) = no limit.
+  uint32_t max_leases_per_owner = 0;
   // Largest single chunk accepted by Reserve (bytes). 0 (default) means no limit beyond capacity.
   uint64_t max_chunk_bytes = 0;
   // How many retired reservation / lease ids are remembered so that a late Commit or Get can say
