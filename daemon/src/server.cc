@@ -108,6 +108,7 @@ Status Server::Impl::Init() {
     disk_ = std::move(*disk);
     KVD_LOG(INFO) << "disk tier open" << Kv("path", config_.disk_tier->path)
                   << Kv("restored_chunks", disk_->restored_chunks())
+                  << Kv("quarantined_records", disk_->quarantined_records())
                   << Kv("capacity", FormatByteSize(config_.disk_tier->capacity_bytes));
   }
   auto manager = storage::TierManager::Create(config_.placement, tier_.get(), disk_.get());

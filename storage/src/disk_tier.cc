@@ -18,6 +18,7 @@
 
 #include "key_codec.h"
 #include "kvd/common/hash.h"
+#include "kvd/common/logging.h"
 
 namespace kvd::storage {
 namespace {
@@ -93,6 +94,7 @@ class DiskTier::Impl {
   rocksdb::WriteOptions write_options_;
   rocksdb::ReadOptions read_options_;
   uint64_t restored_ = 0;
+  uint64_t quarantined_ = 0;  // malformed metadata records skipped by Open
 
   mutable std::mutex mu_;
   // Guarded by mu_:
@@ -120,13 +122,15 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& option
   impl->counters_.kind = TierKind::kDisk;
   impl->write_options_.disableWAL = !options.use_wal;
   impl->write_options_.sync = options.sync_writes;
-  // kvd verifies every payload with its own xxh3 checksum (and the size); RocksDB's block
-  // checksums would read every byte a second time.
-  impl->read_options_.verify_checksums = false;
+  // RocksDB's block checksums are verified on every read (a corrupt block is a DATA_LOSS error,
+  // never bytes), on top of kvd's own xxh3 checksum of each payload; paranoid checks stop a
+  // corrupt database from being opened silently.
+  impl->read_options_.verify_checksums = true;
 
   rocksdb::Options db_options;
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
+  db_options.paranoid_checks = true;
   db_options.compression = rocksdb::kNoCompression;  // KV bytes barely compress; spend no CPU
   db_options.max_background_jobs = 2;
   // Flush data and metadata together, so that without a WAL a crash cannot leave metadata
@@ -158,15 +162,25 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& option
       impl->db_->NewIterator(impl->read_options_, impl->meta_cf()));
   std::lock_guard<std::mutex> lock(impl->mu_);
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    KVD_ASSIGN_OR_RETURN(ChunkKey key,
-                         codec::DecodeKey(std::string_view(it->key().data(), it->key().size())));
-    KVD_ASSIGN_OR_RETURN(codec::MetaRecord rec, codec::DecodeMeta(std::string_view(
-                                                    it->value().data(), it->value().size())));
+    StatusOr<ChunkKey> key = codec::DecodeKey(std::string_view(it->key().data(), it->key().size()));
+    StatusOr<codec::MetaRecord> rec =
+        key.ok() ? codec::DecodeMeta(std::string_view(it->value().data(), it->value().size()))
+                 : StatusOr<codec::MetaRecord>(key.status());
+    if (!rec.ok()) {
+      // Quarantined: left in the database untouched (for inspection), not indexed, counted.
+      // One bad record must not keep every good chunk from being served.
+      if (impl->quarantined_++ < 10) {
+        KVD_LOG(WARNING) << "disk tier: malformed metadata record quarantined"
+                         << Kv("path", options.path) << Kv("key_bytes", it->key().size())
+                         << Kv("status", rec.status());
+      }
+      continue;
+    }
     auto e = std::make_unique<Impl::Entry>();
-    e->meta.key = std::move(key);
-    e->meta.tokens = rec.tokens;
-    e->meta.size_bytes = rec.size_bytes;
-    e->meta.checksum = rec.checksum;
+    e->meta.key = std::move(*key);
+    e->meta.tokens = rec->tokens;
+    e->meta.size_bytes = rec->size_bytes;
+    e->meta.checksum = rec->checksum;
     e->meta.created_ns = now;
     e->meta.last_access_ns = now;
     e->meta.tier = TierKind::kDisk;
@@ -382,6 +396,7 @@ TierStats DiskTier::GetStats() const {
 }
 
 uint64_t DiskTier::restored_chunks() const { return impl_->restored_; }
+uint64_t DiskTier::quarantined_records() const { return impl_->quarantined_; }
 
 Status DiskTier::Flush() {
   return FromRocks(impl_->db_->Flush(rocksdb::FlushOptions(), impl_->handles_), "flush");

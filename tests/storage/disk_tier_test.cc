@@ -179,6 +179,43 @@ TEST_F(DiskTierTest, CorruptValueIsDataLossAndDropped) {
   EXPECT_EQ(tier->ReadInto(MakeKey(first_bad ? 1 : 2), out).status().code(), StatusCode::kNotFound);
 }
 
+TEST_F(DiskTierTest, MalformedMetadataRecordIsQuarantinedNotFatal) {
+  const auto bytes = RandomBytes(4096, 5);
+  {
+    auto tier = Open(Options());
+    ASSERT_TRUE(tier);
+    ASSERT_TRUE(Insert(*tier, 1, bytes).ok());
+    ASSERT_TRUE(Insert(*tier, 2, bytes).ok());
+  }
+  {
+    // Two malformed metadata records behind the tier's back: an undecodable key, and a good key
+    // with a truncated value.
+    rocksdb::DB* raw = nullptr;
+    std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+        {rocksdb::kDefaultColumnFamilyName, {}}, {"meta", {}}};
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    ASSERT_TRUE(rocksdb::DB::Open({}, Options().path, families, &handles, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    ASSERT_TRUE(db->Put({}, handles[1], "\xff garbage key", "\x01value").ok());
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator({}, handles[1]));
+    it->SeekToFirst();
+    ASSERT_TRUE(it->Valid());
+    const std::string first_key = it->key().ToString();
+    it.reset();
+    ASSERT_TRUE(db->Put({}, handles[1], first_key, "\x01").ok());
+    for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  }
+  auto tier = Open(Options());  // opens: the bad records do not stop the good chunk
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->quarantined_records(), 2u);
+  EXPECT_EQ(tier->restored_chunks(), 1u);
+  std::vector<std::byte> out(bytes.size());
+  const bool one = tier->ReadInto(MakeKey(1), out).ok();
+  const bool two = tier->ReadInto(MakeKey(2), out).ok();
+  EXPECT_NE(one, two);  // exactly the chunk whose record was intact is served
+  EXPECT_EQ(out, bytes);
+}
+
 TEST_F(DiskTierTest, MetadataWithoutValueIsForgottenOnRead) {
   const auto bytes = RandomBytes(2048, 8);
   {

@@ -37,7 +37,8 @@ class DiskTier final : public Tier {
   // Opens (creating if missing) the database at options.path and rebuilds the index.
   // `clock` (not owned; nullptr = Clock::Real()) stamps created / last-access times.
   // Errors: INVALID_ARGUMENT (options), UNAVAILABLE (RocksDB could not open: path, lock held by
-  // another process, ...; the message carries RocksDB's), DATA_LOSS (unreadable metadata entry).
+  // another process, ...; the message carries RocksDB's), DATA_LOSS (RocksDB reports corruption
+  // of the database itself). A malformed metadata record is quarantined, not an error.
   static StatusOr<std::unique_ptr<DiskTier>> Open(const DiskTierOptions& options,
                                                   Clock* clock = nullptr);
   ~DiskTier() override;  // flushes nothing extra: with use_wal=false, unflushed writes are lost
@@ -60,6 +61,9 @@ class DiskTier final : public Tier {
   bool Contains(const ChunkKey& key) const;
   // Chunks restored from the database by Open.
   uint64_t restored_chunks() const;
+  // Metadata records Open could not decode: logged, left in the database untouched and not
+  // served (a malformed record is never fatal to Open).
+  uint64_t quarantined_records() const;
   // Flushes memtables to SST files (tests, clean shutdown with use_wal=false).
   Status Flush();
 
