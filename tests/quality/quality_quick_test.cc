@@ -48,7 +48,11 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
   ASSERT_TRUE(model.ok()) << model.status();
   HarnessOptions o = HarnessOptions::Quick();
   o.manifest_path = KVD_QUALITY_DEFAULT_MANIFEST;
-  o.methods = DefaultMethodList();
+  // A representative subset (every scorer, each +VECTOR, AdaKV, KVSlimmer, the hybrid) keeps the
+  // quick run short; quality_kernel_methods_test covers every registered method without a model.
+  o.methods = {"full",  "sink_recent",   "snapkv",         "keydiff",          "pyramidkv",
+               "adakv", "snapkv+vector", "keydiff+vector", "pyramidkv+vector", "kvslimmer_l2",
+               "hybrid"};
   auto rep = RunHarness(**model, o);
   ASSERT_TRUE(rep.ok()) << rep.status();
   std::cout << ToMarkdown(*rep, "quality_quick_test");
