@@ -4,11 +4,14 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "kvd/daemon/config.h"
 
@@ -316,12 +319,41 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
 
 }  // namespace
 
+// yaml-cpp keeps the first of two equal keys silently: refuse any map with a key twice.
+Status CheckNoDuplicateKeys(const YAML::Node& node, const std::string& path) {
+  if (node.IsMap()) {
+    std::set<std::string> seen;
+    for (const auto& kv : node) {
+      const std::string key = kv.first.Scalar();
+      const std::string here = path.empty() ? key : path + "." + key;
+      if (!seen.insert(key).second) {
+        return Status::InvalidArgument(here + ": duplicate key (line " +
+                                       std::to_string(kv.first.Mark().line + 1) +
+                                       "); each key may appear once");
+      }
+      KVD_RETURN_IF_ERROR(CheckNoDuplicateKeys(kv.second, here));
+    }
+  } else if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) {
+      KVD_RETURN_IF_ERROR(CheckNoDuplicateKeys(node[i], path + "[" + std::to_string(i) + "]"));
+    }
+  }
+  return Status::Ok();
+}
+
 StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml, std::string_view source) {
   DaemonConfig config;
   Status status;
   try {
-    YAML::Node root = YAML::Load(std::string(yaml));
-    status = BindDocument(root, &config);
+    const std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml));
+    if (docs.size() > 1) {
+      status = Status::InvalidArgument("the file holds " + std::to_string(docs.size()) +
+                                       " YAML documents (a second \"---\"); a topology is one");
+    } else {
+      YAML::Node root = docs.empty() ? YAML::Node() : docs[0];
+      status = CheckNoDuplicateKeys(root, "");
+      if (status.ok()) status = BindDocument(root, &config);
+    }
   } catch (const YAML::Exception& e) {
     std::ostringstream os;
     os << "YAML error at line " << e.mark.line + 1 << ", column " << e.mark.column + 1 << ": "
@@ -336,6 +368,11 @@ StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml, std::string_view s
 }
 
 StatusOr<DaemonConfig> LoadConfigFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return Status::InvalidArgument("config file \"" + path +
+                                   "\" is a directory; give the topology YAML file");
+  }
   std::ifstream in(path);
   if (!in) return Status::NotFound("cannot read config file \"" + path + "\"");
   std::stringstream ss;

@@ -230,3 +230,30 @@ TEST(ConfigTest, UnixPathAutoResolves) {
 
 }  // namespace
 }  // namespace kvd::daemon
+
+namespace kvd::daemon {
+namespace {
+
+TEST(ConfigHardeningTest, DuplicateKeysSecondDocumentAndDirectoryAreRefused) {
+  auto dup = ParseConfigYaml("chunk_tokens: 256\nlimits:\n  max_sessions: 4\n  max_sessions: 8\n",
+                             "t.yaml");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_EQ(dup.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(dup.status().message().find("limits.max_sessions: duplicate key (line 4)"),
+            std::string::npos)
+      << dup.status();
+  auto top = ParseConfigYaml("node: a\nnode: b\n", "t.yaml");
+  EXPECT_NE(top.status().message().find("node: duplicate key (line 2)"), std::string::npos)
+      << top.status();
+  auto two = ParseConfigYaml("node: a\n---\nnode: b\n", "t.yaml");
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("2 YAML documents"), std::string::npos) << two.status();
+  EXPECT_TRUE(ParseConfigYaml("---\nnode: a\n", "t.yaml").ok());  // one explicit document
+  auto dir = LoadConfigFile("/tmp");
+  ASSERT_FALSE(dir.ok());
+  EXPECT_EQ(dir.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(dir.status().message().find("is a directory"), std::string::npos) << dir.status();
+}
+
+}  // namespace
+}  // namespace kvd::daemon
