@@ -70,7 +70,10 @@ Status Server::Impl::Init() {
     transport_ = std::move(deps_.transport);
   } else {
     auto t = transport::CreateTransport(config_.transport);
-    if (!t.ok()) return t.status().WithContext("cannot start the transport");
+    if (!t.ok()) {
+      return t.status().WithContext("cannot start the transport (transport.backend \"" +
+                                    config_.transport.backend + "\")");
+    }
     transport_ = std::move(*t);
   }
   auto address = transport_->LocalAddress();

@@ -116,6 +116,14 @@ TEST_F(DiskTierDaemonTest, DemotesPromotesAndSurvivesRestart) {
   EXPECT_EQ(got, chunks[1]);
 }
 
+TEST_F(DiskTierDaemonTest, UnknownTransportBackendNamesTheKey) {
+  config_.transport.backend = "rdma";
+  auto server = Server::Create(config_, ServerDeps{});
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), ::testing::HasSubstr("transport.backend \"rdma\""));
+  EXPECT_THAT(server.status().message(), ::testing::HasSubstr("unknown transport backend 'rdma'"));
+}
+
 TEST_F(DiskTierDaemonTest, BadDiskPathFailsCreate) {
   config_.disk_tier->path = "/proc/kvd-cannot-create-this";
   auto server = Server::Create(config_, std::move(deps_));
