@@ -198,6 +198,11 @@ Status DaemonConfig::Validate() const {
     return Status::InvalidArgument("tiers.host.capacity: must be > 0");
   }
   if (disk_tier) KVD_RETURN_IF_ERROR(disk_tier->Validate().WithContext("tiers.disk"));
+  if (gpu_tier) KVD_RETURN_IF_ERROR(gpu_tier->Validate().WithContext("tiers.gpu"));
+  if (gpu_device < 0) {
+    return Status::InvalidArgument("tiers.gpu.device: must be >= 0, got " +
+                                   std::to_string(gpu_device));
+  }
   KVD_RETURN_IF_ERROR(placement.Validate().WithContext("tiers.placement"));
   KVD_RETURN_IF_ERROR(limits.Validate());
   return Status::Ok();

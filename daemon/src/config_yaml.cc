@@ -242,7 +242,18 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     KVD_RETURN_IF_ERROR(BindModels(n, &c->models));
   }
   if (YAML::Node n = root["tiers"]; n.IsDefined()) {
-    KVD_RETURN_IF_ERROR(CheckMap(n, "tiers", {"host", "disk", "placement"}));
+    KVD_RETURN_IF_ERROR(CheckMap(n, "tiers", {"host", "disk", "gpu", "placement"}));
+    if (YAML::Node g = n["gpu"]; g.IsDefined() && !g.IsNull()) {
+      KVD_RETURN_IF_ERROR(
+          CheckMap(g, "tiers.gpu", {"capacity", "device", "alignment", "verify_checksums"}));
+      storage::GpuTierOptions gpu;
+      KVD_RETURN_IF_ERROR(GetBytes(g, "tiers.gpu", "capacity", &gpu.capacity_bytes));
+      if (gpu.capacity_bytes == 0) return Status::InvalidArgument("tiers.gpu.capacity: required");
+      KVD_RETURN_IF_ERROR(GetBytes(g, "tiers.gpu", "alignment", &gpu.alignment));
+      KVD_RETURN_IF_ERROR(GetBool(g, "tiers.gpu", "verify_checksums", &gpu.verify_checksums));
+      KVD_RETURN_IF_ERROR(GetInt(g, "tiers.gpu", "device", &c->gpu_device, 0, 1023));
+      c->gpu_tier = gpu;
+    }
     if (YAML::Node d = n["disk"]; d.IsDefined() && !d.IsNull()) {
       KVD_RETURN_IF_ERROR(CheckMap(
           d, "tiers.disk",

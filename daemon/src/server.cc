@@ -114,7 +114,17 @@ Status Server::Impl::Init() {
                   << Kv("quarantined_records", disk_->quarantined_records())
                   << Kv("capacity", FormatByteSize(config_.disk_tier->capacity_bytes));
   }
-  auto manager = storage::TierManager::Create(config_.placement, tier_.get(), disk_.get());
+  if (config_.gpu_tier) {
+    auto device = storage::CreateCudaDeviceMemory(config_.gpu_device);
+    if (!device.ok()) return device.status().WithContext("tiers.gpu");
+    auto gpu = storage::GpuTier::Create(*config_.gpu_tier, std::move(*device), clock_);
+    if (!gpu.ok()) return gpu.status().WithContext("tiers.gpu");
+    gpu_ = std::move(*gpu);
+    KVD_LOG(INFO) << "gpu tier allocated" << Kv("device", gpu_->device_name())
+                  << Kv("capacity", FormatByteSize(config_.gpu_tier->capacity_bytes));
+  }
+  auto manager =
+      storage::TierManager::Create(config_.placement, tier_.get(), disk_.get(), gpu_.get());
   if (!manager.ok()) return manager.status().WithContext("tiers.placement");
   manager_ = std::move(*manager);
   progress_ = std::make_unique<ProgressLoop>(transport_.get());
@@ -401,8 +411,9 @@ asio::awaitable<void> Server::Impl::ExpiryLoop() {
 }
 
 void Server::Impl::MaybeDemote() {
-  if (!disk_ || demoting_ || shutting_down_) return;
-  if (tier_->Occupancy() <= config_.placement.high_watermark) return;
+  if ((!disk_ && !gpu_) || demoting_ || shutting_down_) return;
+  const double high = config_.placement.high_watermark;
+  if (tier_->Occupancy() <= high && (!gpu_ || gpu_->Occupancy() <= high)) return;
   demoting_ = true;
   storage::TierManager* manager = manager_.get();
   asio::co_spawn(
@@ -413,7 +424,8 @@ void Server::Impl::MaybeDemote() {
         demoting_ = false;
         if (!result.ok()) {
           KVD_LOG(WARNING) << "demotion to disk failed" << Kv("status", result.status());
-        } else if (result->demoted > 0) {
+        } else if (result->gpu_demoted > 0 || result->demoted > 0) {
+          KVD_LOG(DEBUG) << "gpu tier demoted to host" << Kv("chunks", result->gpu_demoted);
           KVD_LOG(DEBUG) << "demoted to disk" << Kv("chunks", result->demoted)
                          << Kv("bytes", result->bytes)
                          << Kv("occupancy_before", result->occupancy_before)

@@ -120,6 +120,7 @@ class Server::Impl {
   std::atomic<bool> stop_prefault_{false};
   std::unique_ptr<storage::HostTier> tier_;
   std::unique_ptr<storage::DiskTier> disk_;
+  std::unique_ptr<storage::GpuTier> gpu_;  // tiers.gpu; declared before manager_ (outlives it)
   std::unique_ptr<storage::TierManager> manager_;
   bool demoting_ = false;
   std::unique_ptr<ProgressLoop> progress_;

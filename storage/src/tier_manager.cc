@@ -7,14 +7,16 @@
 namespace kvd::storage {
 
 StatusOr<std::unique_ptr<TierManager>> TierManager::Create(const TierManagerOptions& options,
-                                                           HostTier* host, DiskTier* disk) {
+                                                           HostTier* host, DiskTier* disk,
+                                                           GpuTier* gpu) {
   KVD_RETURN_IF_ERROR(options.Validate());
   if (host == nullptr) return Status::InvalidArgument("tier manager: a host tier is required");
-  return std::unique_ptr<TierManager>(new TierManager(options, host, disk));
+  return std::unique_ptr<TierManager>(new TierManager(options, host, disk, gpu));
 }
 
-TierManager::TierManager(const TierManagerOptions& options, HostTier* host, DiskTier* disk)
-    : options_(options), host_(host), disk_(disk) {}
+TierManager::TierManager(const TierManagerOptions& options, HostTier* host, DiskTier* disk,
+                         GpuTier* gpu)
+    : options_(options), host_(host), disk_(disk), gpu_(gpu) {}
 
 Status TierManager::Commit(ReservationId id, uint64_t checksum) {
   if (disk_ == nullptr) return host_->Commit(id, checksum);
@@ -37,8 +39,45 @@ Status TierManager::Commit(ReservationId id, uint64_t checksum) {
   return d.WithContext("write-through of " + key.ToString() + " to the disk tier");
 }
 
+Status TierManager::InsertIntoGpu(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                                  std::span<const std::byte> bytes) {
+  while (!gpu_->HasRoomFor(bytes.size())) {
+    const std::vector<ChunkMeta> lru = gpu_->LeastRecentlyUsed(1);
+    if (lru.empty()) break;  // everything left is being read: Insert says RESOURCE_EXHAUSTED
+    KVD_RETURN_IF_ERROR(DemoteFromGpu(lru.front()));
+  }
+  return gpu_->Insert(key, tokens, checksum, bytes);
+}
+
+Status TierManager::DemoteFromGpu(const ChunkMeta& meta) {
+  // Through a host reservation: the GPU copies straight into the host arena (verified), and
+  // Commit verifies again; only then does the GPU copy go.
+  Status moved = PromoteToHost(*gpu_, meta.key);
+  if (!moved.ok() && !IsDedup(moved)) return moved.WithContext("demote from the gpu tier");
+  Status r = gpu_->Remove(meta.key);
+  if (!r.ok()) return r;  // being read (FAILED_PRECONDITION) or already gone: not a demotion
+  gpu_->CountDemotion();
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  demotions_++;
+  return Status::Ok();
+}
+
 Status TierManager::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
                            std::span<const std::byte> bytes) {
+  if (gpu_ != nullptr && !host_->Describe(key).ok()) {
+    Status g = InsertIntoGpu(key, tokens, checksum, bytes);
+    if (g.code() == StatusCode::kDataLoss || g.code() == StatusCode::kInvalidArgument) return g;
+    if (g.ok() || IsDedup(g)) {
+      if (disk_ == nullptr) return g;
+      Status d = disk_->Insert(key, tokens, checksum, bytes);
+      if (d.ok() || IsDedup(d)) return IsDedup(g) && IsDedup(d) ? g : Status::Ok();
+      if (g.ok()) gpu_->Remove(key).IgnoreError();  // not durable: not acknowledged either
+      return d.WithContext("insert of " + key.ToString());
+    }
+    // No room even after demoting, or the device failed: the host path below.
+    KVD_LOG(WARNING) << "gpu tier could not take a chunk; storing it in host"
+                     << Kv("key", key.ToString()) << Kv("status", g);
+  }
   if (disk_ == nullptr) return host_->Insert(key, tokens, checksum, bytes);
   Status d = disk_->Insert(key, tokens, checksum, bytes);
   if (!d.ok() && !IsDedup(d)) return d.WithContext("insert of " + key.ToString());
@@ -48,11 +87,11 @@ Status TierManager::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checks
   return h;
 }
 
-Status TierManager::Promote(const ChunkKey& key) {
-  KVD_ASSIGN_OR_RETURN(ChunkMeta meta, disk_->Describe(key));
-  // Read straight into the host arena: reserve, fill from disk (verified), commit (verified).
+Status TierManager::PromoteToHost(Tier& from, const ChunkKey& key) {
+  KVD_ASSIGN_OR_RETURN(ChunkMeta meta, from.Describe(key));
+  // Read straight into the host arena: reserve, fill from the tier (verified), commit (verified).
   KVD_ASSIGN_OR_RETURN(Reservation r, host_->Reserve(key, meta.size_bytes, meta.tokens, 0));
-  auto read = disk_->ReadInto(key, std::span<std::byte>(r.data, r.size_bytes));
+  auto read = from.ReadInto(key, std::span<std::byte>(r.data, r.size_bytes));
   if (!read.ok()) {
     host_->Abort(r.id).IgnoreError();  // our own open reservation
     return read.status();
@@ -65,7 +104,8 @@ Status TierManager::Promote(const ChunkKey& key) {
 }
 
 StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
-  if (disk_ == nullptr || !options_.promote_on_hit) return host_->Lookup(request);
+  const bool from_disk = disk_ != nullptr && options_.promote_on_hit;
+  if (!from_disk && gpu_ == nullptr) return host_->Lookup(request);
   // Walk the prefix: chunks in host are pinned by a short read, disk-only ones are promoted
   // (and then pinned), so promoting chunk i cannot evict chunks 0..i-1 of the same prefix.
   std::vector<ReadId> pins;
@@ -73,19 +113,33 @@ StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
     const ChunkKey key = request.KeyAt(i);
     auto view = host_->GetByKey(key, request.owner);
     if (!view.ok()) {
-      if (!disk_->Contains(key)) break;
-      if (Status p = Promote(key); !p.ok()) {
-        // No room in host, or corrupt / unreadable on disk: the prefix ends here.
+      Tier* from = nullptr;
+      if (gpu_ != nullptr && gpu_->Touch(key)) {
+        from = gpu_;  // copied down for the serve path; the GPU keeps it
+      } else if (from_disk && disk_->Contains(key)) {
+        from = disk_;
+      } else {
+        break;
+      }
+      if (Status p = PromoteToHost(*from, key); !p.ok() && !IsDedup(p)) {
+        // No room in host, or corrupt / unreadable in that tier: the prefix ends here.
         {
           std::lock_guard<std::mutex> lock(counters_mu_);
           promote_failures_++;
         }
-        KVD_LOG(WARNING) << "promotion from disk failed; lookup prefix shortened"
-                         << Kv("key", key.ToString()) << Kv("status", p);
+        KVD_LOG(WARNING) << "copy into host failed; lookup prefix shortened"
+                         << Kv("from", TierKindName(from->kind())) << Kv("key", key.ToString())
+                         << Kv("status", p);
         break;
       }
       view = host_->GetByKey(key, request.owner);
       if (!view.ok()) break;
+    } else if (gpu_ != nullptr && options_.promote_on_hit && !gpu_->Touch(key) &&
+               gpu_->HasRoomFor(view->meta.size_bytes)) {
+      // A host hit goes up into the GPU tier when it has room now (best effort).
+      gpu_->Insert(key, view->meta.tokens, view->meta.checksum,
+                   std::span<const std::byte>(view->data, view->meta.size_bytes))
+          .IgnoreError();
     }
     pins.push_back(view->read_id);
   }
@@ -97,6 +151,13 @@ StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
 StatusOr<DemoteResult> TierManager::MaybeDemote() {
   DemoteResult out;
   std::lock_guard<std::mutex> pass(demote_mu_);
+  if (gpu_ != nullptr && gpu_->Occupancy() > options_.high_watermark) {
+    while (gpu_->Occupancy() > options_.low_watermark) {
+      const std::vector<ChunkMeta> lru = gpu_->LeastRecentlyUsed(1);
+      if (lru.empty() || !DemoteFromGpu(lru.front()).ok()) break;  // all read, or host full
+      out.gpu_demoted++;
+    }
+  }
   out.occupancy_before = host_->Occupancy();
   out.occupancy_after = out.occupancy_before;
   if (disk_ == nullptr || out.occupancy_before <= options_.high_watermark) return out;
@@ -138,7 +199,12 @@ StatusOr<DemoteResult> TierManager::MaybeDemote() {
 }
 
 std::vector<ChunkMeta> TierManager::List(const ChunkFilter& filter, size_t limit) const {
-  std::vector<ChunkMeta> out = host_->List(filter, limit);
+  std::vector<ChunkMeta> out =
+      gpu_ != nullptr ? gpu_->List(filter, limit) : std::vector<ChunkMeta>{};
+  if (limit == 0 || out.size() < limit) {
+    std::vector<ChunkMeta> more = host_->List(filter, limit == 0 ? 0 : limit - out.size());
+    out.insert(out.end(), more.begin(), more.end());
+  }
   if (disk_ != nullptr && (limit == 0 || out.size() < limit)) {
     std::vector<ChunkMeta> more = disk_->List(filter, limit == 0 ? 0 : limit - out.size());
     out.insert(out.end(), more.begin(), more.end());
@@ -148,8 +214,9 @@ std::vector<ChunkMeta> TierManager::List(const ChunkFilter& filter, size_t limit
 
 EvictResult TierManager::Evict(const ChunkFilter& filter) {
   EvictResult out = host_->Evict(filter);
-  if (disk_ != nullptr) {
-    const EvictResult d = disk_->Evict(filter);
+  for (Tier* t : {static_cast<Tier*>(disk_), static_cast<Tier*>(gpu_)}) {
+    if (t == nullptr) continue;
+    const EvictResult d = t->Evict(filter);
     out.evicted += d.evicted;
     out.deferred += d.deferred;
     out.bytes += d.bytes;
@@ -158,7 +225,9 @@ EvictResult TierManager::Evict(const ChunkFilter& filter) {
 }
 
 std::vector<TierStats> TierManager::GetStats() const {
-  std::vector<TierStats> out{host_->GetStats()};
+  std::vector<TierStats> out;
+  if (gpu_ != nullptr) out.push_back(gpu_->GetStats());
+  out.push_back(host_->GetStats());
   if (disk_ != nullptr) out.push_back(disk_->GetStats());
   return out;
 }

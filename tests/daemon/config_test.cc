@@ -188,6 +188,23 @@ TEST(ConfigTest, DiskTierAndPlacement) {
   auto bad = ParseConfigYaml("tiers: {placement: {high_watermark: 0.5, low_watermark: 0.7}}");
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("tiers.placement"));
+  // The GPU tier: parsed here, allocated (or refused with the reason) when kvd starts.
+  EXPECT_FALSE(DaemonConfig{}.gpu_tier.has_value());
+  auto gpu = ParseConfigYaml("tiers: {gpu: {capacity: 8GiB, device: 1, verify_checksums: false}}");
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_TRUE(gpu->gpu_tier.has_value());
+  EXPECT_EQ(gpu->gpu_tier->capacity_bytes, 8ull << 30);
+  EXPECT_FALSE(gpu->gpu_tier->verify_checksums);
+  EXPECT_EQ(gpu->gpu_device, 1);
+  auto no_capacity = ParseConfigYaml("tiers: {gpu: {device: 0}}");
+  EXPECT_EQ(no_capacity.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_capacity.status().message(), HasSubstr("tiers.gpu.capacity"));
+  auto bad_key = ParseConfigYaml("tiers: {gpu: {capacity: 1GiB, devices: 2}}");
+  EXPECT_EQ(bad_key.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_key.status().message(), HasSubstr("devices"));
+  auto bad_alignment = ParseConfigYaml("tiers: {gpu: {capacity: 1GiB, alignment: 100}}");
+  EXPECT_EQ(bad_alignment.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_alignment.status().message(), HasSubstr("tiers.gpu"));
   // The example topologies in deploy/configs parse.
   for (const char* name : {"disk.yaml", "two-node.yaml"}) {
     auto example = LoadConfigFile(std::string(KVD_SOURCE_DIR) + "/deploy/configs/" + name);

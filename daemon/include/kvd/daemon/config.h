@@ -18,6 +18,7 @@
 
 #include "kvd/common/layout.h"
 #include "kvd/common/status.h"
+#include "kvd/storage/gpu_tier.h"
 #include "kvd/storage/options.h"
 #include "kvd/transport/options.h"
 
@@ -155,6 +156,13 @@ struct DaemonConfig {
   // placement.high_watermark, and lookups promote disk-only chunks back (chunks survive a
   // restart of kvd).
   std::optional<storage::DiskTierOptions> disk_tier;
+  // The GPU tier (tiers.gpu: capacity, device, alignment, verify_checksums). Absent (default):
+  // none. When present, kvd allocates `capacity` on CUDA device `gpu_device` at start (and fails
+  // to start, naming the reason, without such a device); chunks the daemon produces (compact
+  // chunks) land there, demote to host above placement.high_watermark of the GPU tier, and
+  // host hits are promoted into it (see storage/tier_manager.h).
+  std::optional<storage::GpuTierOptions> gpu_tier;
+  int gpu_device = 0;  // tiers.gpu.device: CUDA device ordinal, default 0
   // Demotion / promotion between the tiers (tiers.placement). Used only with a disk tier.
   storage::TierManagerOptions placement;
   LimitsOptions limits;

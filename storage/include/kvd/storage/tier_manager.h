@@ -31,6 +31,18 @@
 //   tier, counted in its checksum_failures, logged) and is counted in promote_failures().
 // - List / Evict / stats span both tiers.
 //
+// GPU tier (optional, above host; a node with a GPU and tiers.gpu in its topology):
+// - Insert puts a chunk produced in the daemon (compact chunks) into the GPU tier (plus the disk
+//   write-through above, when there is a disk tier), not into host. A GPU tier without room
+//   first moves its least-recently-used chunks down to host (copy to host, then drop from the
+//   GPU: never a drop without a copy); if it still cannot take the chunk (or its device fails),
+//   the chunk takes the host path instead. A key already in host is a dedup, as before.
+// - Lookup: a chunk of the prefix that is only in the GPU tier is copied into host (the serve
+//   path reads host memory) and stays in the GPU, most recently used; with promote_on_hit a host
+//   hit is also copied up into the GPU tier when it has room now (no demotion for it).
+// - MaybeDemote first moves GPU chunks down to host while the GPU tier is above high_watermark
+//   (to low_watermark), then runs the host pass.
+//
 // Thread safety: thread-safe (the tiers are). Demotion passes are serialized by demote_mu_;
 // lookups and commits may run concurrently with a demotion: a chunk is on disk BEFORE it is
 // removed from host, so a concurrent lookup finds it in at least one tier.
@@ -43,25 +55,28 @@
 
 #include "kvd/common/status.h"
 #include "kvd/storage/disk_tier.h"
+#include "kvd/storage/gpu_tier.h"
 #include "kvd/storage/host_tier.h"
 #include "kvd/storage/options.h"
 
 namespace kvd::storage {
 
 struct DemoteResult {
-  uint64_t demoted = 0;  // chunks copied to disk and dropped from host
-  uint64_t bytes = 0;    // their payload bytes
-  uint64_t skipped = 0;  // chunks that became pinned or vanished meanwhile
+  uint64_t gpu_demoted = 0;  // chunks copied from the GPU tier to host and dropped from the GPU
+  uint64_t demoted = 0;      // chunks copied to disk and dropped from host
+  uint64_t bytes = 0;        // their payload bytes
+  uint64_t skipped = 0;      // chunks that became pinned or vanished meanwhile
   double occupancy_before = 0.0;
   double occupancy_after = 0.0;
 };
 
 class TierManager {
  public:
-  // `host` is required; `disk` may be null (host only). Neither is owned; both outlive this.
+  // `host` is required; `disk` and `gpu` may be null. None is owned; all outlive this.
   // Errors: INVALID_ARGUMENT (options.Validate(), null host).
   static StatusOr<std::unique_ptr<TierManager>> Create(const TierManagerOptions& options,
-                                                       HostTier* host, DiskTier* disk);
+                                                       HostTier* host, DiskTier* disk,
+                                                       GpuTier* gpu = nullptr);
 
   // Commit of host reservation `id` (HostTier::Commit's errors), then, with a disk tier, the
   // durable disk write (UNAVAILABLE / RESOURCE_EXHAUSTED from the disk tier, with context; the
@@ -86,7 +101,7 @@ class TierManager {
   std::vector<ChunkMeta> List(const ChunkFilter& filter, size_t limit) const;
   // Evicts matching chunks from both tiers; results summed.
   EvictResult Evict(const ChunkFilter& filter);
-  // Host stats first, then disk if present.
+  // GPU stats first if present, then host, then disk if present.
   std::vector<TierStats> GetStats() const;
 
   uint64_t promotions() const;
@@ -96,15 +111,22 @@ class TierManager {
 
   HostTier* host() const { return host_; }
   DiskTier* disk() const { return disk_; }
+  GpuTier* gpu() const { return gpu_; }
 
  private:
-  TierManager(const TierManagerOptions& options, HostTier* host, DiskTier* disk);
-  // Copies `key` from disk into host. REQUIRES: disk_ != nullptr.
-  Status Promote(const ChunkKey& key);
+  TierManager(const TierManagerOptions& options, HostTier* host, DiskTier* disk, GpuTier* gpu);
+  // Copies `key` from `from` (disk or GPU) into host. REQUIRES: `from` holds it (else NOT_FOUND).
+  Status PromoteToHost(Tier& from, const ChunkKey& key);
+  // Insert into the GPU tier, first moving its LRU chunks to host until the chunk fits.
+  Status InsertIntoGpu(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                       std::span<const std::byte> bytes);
+  // Moves one GPU chunk to host (copy, then drop from the GPU). OK if moved; else why not.
+  Status DemoteFromGpu(const ChunkMeta& meta);
 
   const TierManagerOptions options_;
   HostTier* const host_;
   DiskTier* const disk_;
+  GpuTier* const gpu_;
   std::mutex demote_mu_;  // serializes MaybeDemote passes; guards nothing else
   mutable std::mutex counters_mu_;
   uint64_t promotions_ = 0;        // guarded by counters_mu_
