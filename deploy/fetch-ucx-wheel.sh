@@ -91,6 +91,21 @@ if [[ -d $tmp/x/libucx_cu$major.libs ]]; then
   mv "$tmp/x/libucx_cu$major.libs" "$(dirname "$prefix")/libucx_cu$major.libs"
 fi
 chmod +x "$prefix"/bin/*  # zip extraction drops the mode bits
+# Zip has no symlinks: libucp.so, .so.0 and .so.0.0.0 arrive as three copies. Make the short names
+# links again, and drop the static archives (a build links the shared libraries): 147 -> ~45 MB.
+find "$prefix/lib" \( -name '*.a' -o -name '*.la' \) -delete
+"$py" - "$prefix/lib" "$prefix/lib/ucx" << 'PY'
+import filecmp, os, re, sys
+for d in sys.argv[1:]:
+    names = sorted(os.listdir(d), key=len, reverse=True)
+    for real in [n for n in names if re.search(r"\.so\.\d+\.\d+\.\d+$", n)]:
+        stem = real.split(".so.")[0] + ".so"
+        for short in (stem, stem + "." + real.split(".so.")[1].split(".")[0]):
+            p = os.path.join(d, short)
+            if os.path.isfile(p) and not os.path.islink(p) and filecmp.cmp(p, os.path.join(d, real), shallow=False):
+                os.remove(p)
+                os.symlink(real, p)
+PY
 for pc in "$prefix"/lib/pkgconfig/*.pc; do
   sed -i "s#^prefix = .*#prefix = $prefix#" "$pc"
 done

@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# Builds and runs every CUDA kernel test and the kernel benchmarks on a GPU machine, in < 5 min,
-# and prints a short table last.
+# Every GPU check of kvd in one run on a GPU machine (budget: < 8 min on one GPU, 16 cores), one
+# table at the end, exit status 1 when any check failed (or nothing passed).
 #
 #   tests/gpu/run_device_checks.sh            # from the repository root
-#   KVD_GPU_BUILD_DIR=build-gpu  (default)    build folder
+#   KVD_GPU_BUILD_DIR=build-gpu  (default)    build folder (Release, CUDA on)
 #   KVD_GPU_JOBS=16              (default)    parallel build jobs
-#   KVD_GPU_BENCH_MIN_TIME=0.2   (default)    --benchmark_min_time per benchmark (seconds)
-#   KVD_GPU_OUT=$OUT             (optional)   where to copy the logs (e.g. the device tool's $OUT)
+#   KVD_GPU_BENCH_MIN_TIME=0.2   (default)    --benchmark_min_time per kernel benchmark (seconds)
+#   KVD_GPU_OUT=$OUT             (optional)   where to copy the logs and the table
+#   KVD_CUDA_ARCHS=90            (default)    CMAKE_CUDA_ARCHITECTURES
 #
-# Configures the whole project (Release) when every dependency is present; when the machine lacks
-# some (UCX, RocksDB, ...: the kernels need none of them) it configures a kernels-only project
-# with the same kernels/ and tests/ CMake files. Exit status: 0 when the build and every CUDA
-# test passed (and at least one CUDA test really ran), 1 otherwise.
+# Checks (rows of the table):
+#   kernels        every CPU-vs-CUDA kernel test (*Cuda*), then the whole kernel suite
+#   gpu-tier       GpuTier over CUDA device memory (storage_gpu_tier_test GpuTierCuda*)
+#   ucx-cuda       CUDA memory through UCX 1.22 (cuda_ipc/cuda_copy: send/recv, RMA), when the
+#                  libucx wheel is in .cache/ucx (carry it: deploy/fetch-ucx-wheel.sh, ~46 MB)
+#   nccl           the nccl backend: bootstrap, device-to-device send/recv (NcclCuda*)
+#   kernels-bench  the kernel benchmarks (x_memcpy = stage bytes/s over host memcpy bytes/s)
+#   MISSING rows   what is not written yet (device-resident plan vs CPU plan, kvd put/get of
+#                  device memory over cuda_ipc / NCCL between processes, a D2D copy baseline)
+#
+# The whole project is configured when its Debian dependencies are present; otherwise a
+# kernels-only project (only the kernel rows run, the others are MISSING with the reason).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
@@ -20,31 +29,40 @@ JOBS=${KVD_GPU_JOBS:-16}
 MIN_TIME=${KVD_GPU_BENCH_MIN_TIME:-0.2}
 LOG=$BUILD/device-checks
 mkdir -p "$LOG"
+TABLE=$LOG/table.tsv
+: > "$TABLE"
+# shellcheck source=tests/gpu/device_table.sh
+source "$ROOT/tests/gpu/device_table.sh"
 start=$(date +%s)
-say() { echo "[device-checks $(( $(date +%s) - start ))s] $*"; }
+say() { echo "[device-checks $(($(date +%s) - start))s] $*"; }
 
 say "nvidia-smi: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
 NVCC=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 [[ -x $NVCC ]] || { say "no nvcc found"; exit 1; }
-GEN=(); command -v ninja > /dev/null && GEN=(-G Ninja)
+GEN=()
+command -v ninja > /dev/null && GEN=(-G Ninja)
+UCX_PREFIX=$(ls -d "$ROOT"/.cache/ucx/libucx-cu*-* 2> /dev/null | sort -r | head -1)
+UCX_ARGS=(-DKVD_UCX=system)
+[[ -n $UCX_PREFIX ]] && UCX_ARGS=(-DKVD_UCX=wheel "-DKVD_UCX_PREFIX=$UCX_PREFIX")
+COMMON=(-DCMAKE_BUILD_TYPE=Release -DKVD_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER="$NVCC"
+  -DCMAKE_CUDA_ARCHITECTURES="${KVD_CUDA_ARCHS:-90}")
 
 configure_full() {
-  cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DKVD_WITH_CUDA=ON \
-    -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="${KVD_CUDA_ARCHS:-90}" \
-    > "$LOG/configure.log" 2>&1
+  cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" "${COMMON[@]}" "${UCX_ARGS[@]}" > "$LOG/configure.log" 2>&1
 }
 configure_kernels_only() {
   local shim=$BUILD/kernels-only-src
   mkdir -p "$shim"
   # The top-level CMakeLists.txt with only common/ and kernels/, and only the kernel tests.
   sed -e 's/^foreach(dir common proto kernels transport storage daemon client)/foreach(dir common kernels)/' \
-      -e "s#if(EXISTS \${CMAKE_CURRENT_SOURCE_DIR}/\${dir}/CMakeLists.txt)#if(EXISTS $ROOT/\${dir}/CMakeLists.txt)#" \
-      -e "s#    add_subdirectory(\${dir})#    add_subdirectory($ROOT/\${dir} \${dir})#" \
-      -e '/^find_package(ucx/d; /^find_package(RocksDB/d; /^find_package(zstd/d' \
-      -e '/^find_package(CapnProto/d; /^find_package(Boost/d; /^find_package(yaml-cpp/d' \
-      -e '/^find_package(nlohmann_json/d' \
-      -e '/^if(KVD_BUILD_TESTS AND EXISTS/,$d' "$ROOT/CMakeLists.txt" > "$shim/CMakeLists.txt"
-  cat >> "$shim/CMakeLists.txt" <<EOF
+    -e "s#if(EXISTS \${CMAKE_CURRENT_SOURCE_DIR}/\${dir}/CMakeLists.txt)#if(EXISTS $ROOT/\${dir}/CMakeLists.txt)#" \
+    -e "s#    add_subdirectory(\${dir})#    add_subdirectory($ROOT/\${dir} \${dir})#" \
+    -e '/^# UCX: Debian/,/^message(STATUS "kvd: UCX/d' \
+    -e '/^find_package(RocksDB/d; /^find_package(zstd/d' \
+    -e '/^find_package(CapnProto/d; /^find_package(Boost/d; /^find_package(yaml-cpp/d' \
+    -e '/^find_package(nlohmann_json/d' \
+    -e '/^if(KVD_BUILD_TESTS AND EXISTS/,$d' "$ROOT/CMakeLists.txt" > "$shim/CMakeLists.txt"
+  cat >> "$shim/CMakeLists.txt" << EOF
 include(GoogleTest)
 function(kvd_add_test)
   cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" \${ARGN})
@@ -54,62 +72,78 @@ endfunction()
 add_subdirectory($ROOT/tests/kernels tests/kernels)
 add_subdirectory($ROOT/tests/bench tests/bench)
 EOF
-  cmake -S "$shim" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DKVD_WITH_CUDA=ON \
-    -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="${KVD_CUDA_ARCHS:-90}" \
-    > "$LOG/configure-kernels-only.log" 2>&1
+  cmake -S "$shim" -B "$BUILD" "${GEN[@]}" "${COMMON[@]}" > "$LOG/configure-kernels-only.log" 2>&1
 }
 
+FULL=1
 if [[ -f $BUILD/CMakeCache.txt ]]; then
   say "reusing $BUILD"
+  grep -q kernels-only-src "$BUILD/CMakeCache.txt" && FULL=0
 elif configure_full; then
-  say "configured the full project"
+  say "configured the full project (UCX: ${UCX_PREFIX:-Debian system UCX})"
 else
   say "full configure failed (see $LOG/configure.log); trying kernels-only"
   rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
-  configure_kernels_only || { say "configure failed: $LOG/configure-kernels-only.log"; tail -20 "$LOG/configure-kernels-only.log"; exit 1; }
+  configure_kernels_only || {
+    say "configure failed: $LOG/configure-kernels-only.log"
+    tail -20 "$LOG/configure-kernels-only.log"
+    exit 1
+  }
+  FULL=0
   say "configured kernels-only"
 fi
-grep -q "CUDA kernels ON" "$LOG"/configure*.log 2> /dev/null || say "warning: configure did not report 'CUDA kernels ON'"
 
-if ! cmake --build "$BUILD" -j "$JOBS" --target kernels_test kernels_bench > "$LOG/build.log" 2>&1; then
-  say "build FAILED"; grep -E "error|Error" "$LOG/build.log" | head -30; exit 1
+TARGETS=(kernels_test kernels_bench)
+((FULL)) && TARGETS+=(storage_gpu_tier_test transport_ucx_cuda_memory_test transport_nccl_test)
+if ! cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" > "$LOG/build.log" 2>&1; then
+  say "build FAILED"
+  grep -E "error|Error" "$LOG/build.log" | head -30
+  exit 1
 fi
-say "built kernels_test and kernels_bench"
+say "built ${TARGETS[*]}"
 BIN=$BUILD/bin
 
-# 1. Every CUDA test (CPU vs CUDA on the same inputs), then the whole kernel suite once.
-timeout 150 "$BIN/kernels_test" --gtest_filter='*Cuda*' --gtest_brief=0 > "$LOG/cuda_tests.log" 2>&1
-cuda_rc=$?
-timeout 120 "$BIN/kernels_test" --gtest_brief=1 > "$LOG/all_tests.log" 2>&1
-all_rc=$?
-say "CUDA tests rc=$cuda_rc, all kernel tests rc=$all_rc"
+# run CHECK LOGNAME TIMEOUT BINARY ARGS...: runs a gtest binary and adds its rows.
+run() {
+  local check=$1 name=$2 limit=$3
+  shift 3
+  timeout "$limit" "$@" > "$LOG/$name.log" 2>&1
+  local rc=$?
+  gtest_rows "$check" "$LOG/$name.log" "$rc"
+  say "$check: rc=$rc"
+}
 
-# 2. Benchmarks: the CPU stages on one core and the CUDA twins.
-timeout 120 "$BIN/kernels_bench" --benchmark_min_time="$MIN_TIME" \
-  --benchmark_format=console > "$LOG/bench.log" 2>&1
+run kernels cuda_kernels 150 "$BIN/kernels_test" --gtest_filter='*Cuda*'
+run kernels all_kernels 120 "$BIN/kernels_test" --gtest_brief=1
+if ((FULL)); then
+  run gpu-tier gpu_tier 60 "$BIN/storage_gpu_tier_test" --gtest_filter='GpuTierCuda*'
+  run ucx-cuda ucx_cuda 60 "$BIN/transport_ucx_cuda_memory_test"
+  [[ -z $UCX_PREFIX ]] && missing_row ucx-cuda "UCX with CUDA" \
+    "no .cache/ucx/libucx-cu*: built against Debian's UCX (no CUDA); carry the wheel's prefix"
+  run nccl nccl 90 "$BIN/transport_nccl_test"
+else
+  for c in gpu-tier ucx-cuda nccl; do missing_row "$c" "(all)" "kernels-only build: $LOG/configure.log"; done
+fi
+missing_row plan "device-resident plan vs CPU plan" "not written: the CUDA twins still copy host<->device per stage"
+missing_row kvd "GPU-tier put/get over UCX cuda_ipc, 2 processes" "not written: the daemon serves host memory only"
+missing_row kvd "GPU-tier put/get over NCCL, 2 processes" "not written: the daemon has no nccl session path"
+
+timeout 120 "$BIN/kernels_bench" --benchmark_min_time="$MIN_TIME" --benchmark_format=console \
+  > "$LOG/bench.log" 2>&1
 bench_rc=$?
-say "bench rc=$bench_rc"
-[[ -n ${KVD_GPU_OUT:-} ]] && cp -r "$LOG" "$KVD_GPU_OUT/" 2> /dev/null
+say "kernels-bench rc=$bench_rc"
+grep -E '^BM_' "$LOG/bench.log" | awk -v rc="$bench_rc" '{
+  xm = "-"
+  for (i = 1; i <= NF; i++) if ($i ~ /^x_memcpy=/) { split($i, a, "="); xm = a[2] }
+  if ($0 ~ /ERROR/) printf "kernels-bench\t%s\tSKIP\t%s\n", $1, $0
+  else printf "kernels-bench\t%s\tPASS\t%s %s x_memcpy=%s\n", $1, $2, $3, xm
+}' >> "$TABLE"
+[[ $bench_rc -ne 0 ]] && printf 'kernels-bench\t(binary)\tERROR\texit status %s\n' "$bench_rc" >> "$TABLE"
+missing_row kernels-bench "device kernels vs cudaMemcpy D2D" "not written: needs device-resident kernel entry points"
 
-# 3. The table.
 echo
-echo "==== device checks: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) ===="
-printf "%-46s %s\n" "CUDA test" "result"
-grep -E '^\[ +(OK|FAILED|SKIPPED) +\] [A-Za-z0-9_]+\.[A-Za-z0-9_]+' "$LOG/cuda_tests.log" |
-  sed -E 's/^\[ *([A-Z]+) *\] ([^ ]+).*/\2 \1/' | sort -u > "$LOG/cuda_table.txt"
-awk '{ printf "%-46s %s\n", $1, $2 }' "$LOG/cuda_table.txt"
-ran=$(grep -c 'MatchesCpu OK$' "$LOG/cuda_table.txt")  # CPU-vs-CUDA comparisons that really ran
-echo
-printf "%-40s %14s %10s %10s\n" "benchmark" "time/iter" "x_memcpy" "x_sgemm"
-grep -E '^BM_' "$LOG/bench.log" | awk '{
-  xm = "-"; xs = "-";
-  for (i = 1; i <= NF; i++) {
-    if ($i ~ /^x_memcpy=/) { split($i, a, "="); xm = a[2]; sub("/s", "", xm) }
-    if ($i ~ /^x_sgemm=/) { split($i, a, "="); xs = a[2]; sub("/s", "", xs) }
-  }
-  if ($0 ~ /ERROR/) { printf "%-40s %14s\n", $1, "skipped" } else { printf "%-40s %11s %s %10s %10s\n", $1, $2, $3, xm, xs }
-}'
-echo
-echo "CUDA tests passed: $ran; failed: $(grep -c ' FAILED$' "$LOG/cuda_table.txt"); elapsed $(( $(date +%s) - start )) s"
-[[ $cuda_rc -eq 0 && $all_rc -eq 0 && $ran -gt 0 ]] && exit 0
-exit 1
+echo "==== device checks: $(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1), $(($(date +%s) - start)) s ===="
+print_table | tee "$LOG/table.txt"
+status=${PIPESTATUS[0]}
+[[ -n ${KVD_GPU_OUT:-} ]] && cp -r "$LOG" "$KVD_GPU_OUT/" 2> /dev/null
+exit "$status"

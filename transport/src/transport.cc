@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "loopback/loopback_transport.h"
+#include "nccl/nccl_transport.h"
 #include "ucx/ucx_transport.h"
 
 namespace kvd::transport {
@@ -66,6 +67,14 @@ Status TransportOptions::Validate() const {
     return Status::InvalidArgument("TransportOptions.close_timeout_ms is negative: " +
                                    std::to_string(close_timeout_ms));
   }
+  if (nccl_device < 0) {
+    return Status::InvalidArgument("TransportOptions.nccl_device is negative: " +
+                                   std::to_string(nccl_device));
+  }
+  if (nccl_init_timeout_ms <= 0) {
+    return Status::InvalidArgument("TransportOptions.nccl_init_timeout_ms must be > 0, got " +
+                                   std::to_string(nccl_init_timeout_ms));
+  }
   if (loopback_domain.empty()) {
     return Status::InvalidArgument("TransportOptions.loopback_domain is empty");
   }
@@ -83,6 +92,7 @@ StatusOr<RemoteRegionHandle> Transport::ImportRegion(PeerHandle, std::string_vie
 Status Transport::ReleaseRemoteRegion(RemoteRegionHandle) {
   return Status::Unimplemented(capabilities().backend + " backend has no RMA");
 }
+StatusOr<std::string> Transport::PeerBootstrap(PeerHandle) { return std::string(); }
 
 // ---- conveniences ----
 
@@ -152,6 +162,7 @@ Registry& GetRegistry() {
     auto* r = new Registry();
     r->factories["ucx"] = &ucx::UcxTransport::Create;
     r->factories["loopback"] = &loopback::LoopbackTransport::Create;
+    r->factories["nccl"] = &nccl::CreateNcclTransport;  // UNAVAILABLE without NCCL or a GPU
     return r;
   }();
   return *registry;

@@ -52,6 +52,9 @@ class FaultInjectingTransport : public Transport {
   StatusOr<PeerHandle> Connect(std::string_view peer_address) override;
   Status Disconnect(PeerHandle peer) override;
   Status PeerStatus(PeerHandle peer) override;
+  StatusOr<std::string> PeerBootstrap(PeerHandle peer) override {
+    return inner_->PeerBootstrap(peer);
+  }
   StatusOr<Region> AllocateRegistered(size_t bytes, MemoryType type) override {
     return inner_->AllocateRegistered(bytes, type);
   }

@@ -58,6 +58,13 @@ struct TransportOptions {
   // "default". Tests use distinct names to isolate themselves.
   std::string loopback_domain = "default";
 
+  // ---- nccl backend (GPU to GPU; see transport/README.md) ----
+  // CUDA device the transport's communicators, streams and allocations use. Default 0.
+  int nccl_device = 0;
+  // How long a peer's communicators may take to form (both sides Connected, see PeerBootstrap)
+  // before the peer fails with UNAVAILABLE. Default 30000. Must be > 0.
+  int64_t nccl_init_timeout_ms = 30000;
+
   // ---- all backends ----
   // How long Disconnect and the destructor wait for in-flight transfers to be cancelled and
   // endpoints to close before giving up (and leaking the backend state rather than freeing

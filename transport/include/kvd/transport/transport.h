@@ -111,6 +111,13 @@ class Transport {
   // it, and imported copies on peers are no longer used. NOT_FOUND for an unknown region.
   virtual Status DeregisterMemory(RegionHandle region) = 0;
 
+  // Bytes the OTHER side of `peer` must pass to its Connect to finish the pair, sent over the
+  // control connection; empty when the backend needs none (ucx, loopback: both sides Connect to
+  // each other's LocalAddress). nccl: after Connect(peer's LocalAddress) this side returns the
+  // communicators' unique ids ("KVDNCCLB..."), and the other side Connects with those bytes
+  // instead of an address. NOT_FOUND for an unknown peer (in backends that need bytes).
+  virtual StatusOr<std::string> PeerBootstrap(PeerHandle peer);
+
   // ---- one-sided access (optional: Capabilities::rma; else UNIMPLEMENTED) ----
   // Opaque bytes (address, length, remote key) a peer passes to ImportRegion to Read/Write
   // [0, size) of the region.
