@@ -8,6 +8,8 @@
 
 #if KVD_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "kvd/common/cuda_device.h"
 #endif
 
 namespace kvd::storage {
@@ -95,19 +97,7 @@ class CudaDeviceMemory final : public DeviceMemory {
 
 }  // namespace
 
-std::string CudaDeviceUnavailableReason(int device) {
-  int count = 0;  // cudaGetDeviceCount leaves it unwritten without a driver
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return std::string("no CUDA device (cudaGetDeviceCount: ") + cudaGetErrorName(e) + ")";
-  }
-  if (device < 0 || device >= count) {
-    return "no CUDA device " + std::to_string(device) + " (this machine has " +
-           std::to_string(count) + ")";
-  }
-  return "";
-}
+std::string CudaDeviceUnavailableReason(int device) { return CudaDeviceUnavailable(device); }
 
 StatusOr<std::unique_ptr<DeviceMemory>> CreateCudaDeviceMemory(int device) {
   if (std::string why = CudaDeviceUnavailableReason(device); !why.empty()) {

@@ -14,6 +14,8 @@
 
 #if KVD_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "kvd/common/cuda_device.h"
 #endif
 
 #include "kvd/transport/transport.h"
@@ -57,9 +59,7 @@ std::string DeviceSkipReason(const Transport& t) {
            " reports no CUDA memory type (Debian's UCX has none; the libucx-cu1x wheel, "
            "KVD_UCX=wheel, needs the NVIDIA driver)";
   }
-  int count = 0;  // left unwritten without a driver
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return "no CUDA device";
-  return "";
+  return CudaDeviceUnavailable(0);
 #else
   return "built without CUDA (KVD_WITH_CUDA=OFF or no nvcc)";
 #endif

@@ -20,6 +20,8 @@
 #include <random>
 #include <thread>
 #include <unordered_map>
+
+#include "kvd/common/cuda_device.h"
 #endif
 
 namespace kvd::transport::nccl {
@@ -569,19 +571,7 @@ class NcclTransport final : public Transport {
 
 }  // namespace
 
-std::string NcclUnavailableReason(int device) {
-  int count = 0;  // left unwritten without a driver
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return std::string("no CUDA device (cudaGetDeviceCount: ") + cudaGetErrorName(e) + ")";
-  }
-  if (device < 0 || device >= count) {
-    return "no CUDA device " + std::to_string(device) + " (this machine has " +
-           std::to_string(count) + ")";
-  }
-  return "";
-}
+std::string NcclUnavailableReason(int device) { return CudaDeviceUnavailable(device); }
 
 StatusOr<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options) {
   if (std::string why = NcclUnavailableReason(options.nccl_device); !why.empty()) {
