@@ -16,7 +16,7 @@ PACKAGES=(build-essential cmake ninja-build pkg-config ccache git
   libucx-dev ucx-utils librocksdb-dev capnproto libcapnp-dev libboost-dev libyaml-cpp-dev
   nlohmann-json3-dev libzstd-dev liblz4-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev unzip python3
-  python3-dev pybind11-dev python3-numpy python3-pytest python3-yaml)
+  python3-dev pybind11-dev python3-numpy python3-pytest python3-yaml libcli11-dev)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

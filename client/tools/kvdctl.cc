@@ -10,6 +10,7 @@
 //             2 usage error; 3 cannot connect to the daemon (or it died mid-call).
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -30,20 +31,8 @@ using kvd::tools::PrintTable;
 
 constexpr int kExitOk = 0, kExitDaemonError = 1, kExitUsage = 2, kExitConnect = 3;
 
-const char* kUsage =
-    "usage: kvdctl [--addr ADDR] [--json] [--timeout-ms MS] COMMAND\n"
-    "  stats [--watch]                         per tier, per model and per namespace occupancy\n"
-    "                                          (--watch: redraw every second until interrupted)\n"
-    "  ls [--namespace N] [--model M] [--limit K]   list cached chunks (default limit 100)\n"
-    "  evict (--all | --namespace N | --model M | --chunk HEX)   evict unpinned chunks\n"
-    "  health                                  daemon and tier health\n"
-    "ADDR: host:port or unix:/path (default $KVD_ADDR, else 127.0.0.1:7400)\n"
-    "over TCP to a daemon with auth.tokens_file, the admin token is read from $KVD_ADMIN_TOKEN\n"
-    "exit codes: 0 ok, 1 daemon error or unhealthy, 2 usage, 3 cannot connect\n";
-
 int Usage(const std::string& why) {
-  if (!why.empty()) std::cerr << "kvdctl: " << why << "\n";
-  std::cerr << kUsage;
+  std::cerr << "kvdctl: " << why << "\nRun kvdctl --help for the commands and options.\n";
   return kExitUsage;
 }
 
@@ -119,52 +108,78 @@ void PrintList(const kvd::client::ListResult& l) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  kvd::tools::Args args(
-      argc, argv, {"--json", "--all", "--help", "--watch"},
-      {"--addr", "--namespace", "--model", "--limit", "--chunk", "--timeout-ms", "--client-id"});
-  if (args.Has("--help")) {
-    std::cout << kUsage;
-    return kExitOk;
+  CLI::App app{"kvdctl: inspect and manage a running kvd", "kvdctl"};
+  app.fallthrough();  // global options may follow the command
+  app.require_subcommand(1);
+  app.footer(
+      "ADDR: host:port or unix:/path (default $KVD_ADDR, else 127.0.0.1:7400)\n"
+      "over TCP to a daemon with auth.tokens_file, the admin token is read from $KVD_ADMIN_TOKEN\n"
+      "exit codes: 0 ok, 1 daemon error or unhealthy, 2 usage, 3 cannot connect");
+  std::string addr, client_id;
+  int64_t timeout_ms = 0;
+  bool json = false;
+  app.add_option("--addr", addr, "daemon address (ADDR)");
+  app.add_flag("--json", json, "print one JSON object");
+  app.add_option("--timeout-ms", timeout_ms, "connect and request timeout")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--client-id", client_id, "name shown in the daemon's logs");
+
+  bool watch = false;
+  app.add_subcommand("stats", "per tier, per model and per namespace occupancy")
+      ->add_flag("--watch", watch, "redraw every second until interrupted");
+  std::string ns, model, chunk;
+  int64_t limit = 100;
+  CLI::App* ls = app.add_subcommand("ls", "list cached chunks, most recent first");
+  ls->add_option("--namespace", ns, "only this namespace");
+  ls->add_option("--model", model, "only this model");
+  ls->add_option("--limit", limit, "at most this many (default 100; 0 = all)")
+      ->check(CLI::Range(int64_t{0}, int64_t{UINT32_MAX}));
+  bool all = false;
+  CLI::App* evict = app.add_subcommand("evict", "evict unpinned chunks (exactly one scope)");
+  evict->add_flag("--all", all, "every chunk");
+  evict->add_option("--namespace", ns, "the chunks of a namespace");
+  evict->add_option("--model", model, "the chunks of a model");
+  evict->add_option("--chunk", chunk, "one chunk (32 hex digits)");
+  app.add_subcommand("health", "daemon and tier health");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    return Usage(e.what());
   }
-  if (!args.ok()) return Usage(args.error());
-  if (args.positionals().size() != 1) return Usage("expected exactly one command");
-  const std::string cmd = args.positionals()[0];
-  const bool json = args.Has("--json");
+  const std::string cmd = app.get_subcommands().front()->get_name();
 
   kvd::client::ClientOptions o;
   o.role = kvd::client::Role::kAdmin;
   o.connect_timeout_ms = 3000;
-  std::string ns = args.Get("--namespace");
-  kvd::tools::ApplyConnectionArgs(args, &o);
-  o.name_space.clear();  // --namespace is a filter here, not the session's namespace
-  if (const char* token = std::getenv("KVD_ADMIN_TOKEN")) o.auth_token = token;  // not argv: ps
-  int64_t limit = args.GetInt("--limit", 100);
-  if (!args.ok()) return Usage(args.error());
+  if (!addr.empty()) {
+    o.address = addr;
+  } else if (const char* env = std::getenv("KVD_ADDR")) {
+    o.address = env;
+  }
+  if (!client_id.empty()) o.client_id = client_id;
+  if (timeout_ms > 0) o.connect_timeout_ms = o.request_timeout_ms = timeout_ms;
+  // Over TCP to a daemon with auth.tokens_file: the admin token (from the environment, not
+  // argv, where ps would show it).
+  if (const char* token = std::getenv("KVD_ADMIN_TOKEN")) o.auth_token = token;
 
   kvd::client::EvictFilter filter;
   if (cmd == "evict") {
-    int scopes =
-        args.Has("--all") + args.Has("--namespace") + args.Has("--model") + args.Has("--chunk");
+    int scopes = all + !ns.empty() + !model.empty() + !chunk.empty();
     if (scopes != 1)
       return Usage("evict needs exactly one of --all, --namespace, --model, --chunk");
-    if (args.Has("--namespace")) {
+    if (!ns.empty()) {
       filter.kind = kvd::client::EvictFilter::Kind::kNamespace;
       filter.name = ns;
-    } else if (args.Has("--model")) {
+    } else if (!model.empty()) {
       filter.kind = kvd::client::EvictFilter::Kind::kModel;
-      filter.name = args.Get("--model");
-    } else if (args.Has("--chunk")) {
+      filter.name = model;
+    } else if (!chunk.empty()) {
       filter.kind = kvd::client::EvictFilter::Kind::kChunk;
-      if (!kvd::Hash128::FromHex(args.Get("--chunk"), &filter.chunk)) {
-        return Usage("--chunk needs 32 hex digits, got '" + args.Get("--chunk") + "'");
+      if (!kvd::Hash128::FromHex(chunk, &filter.chunk)) {
+        return Usage("--chunk needs 32 hex digits, got '" + chunk + "'");
       }
     }
-  } else if (cmd == "ls") {
-    if (limit < 0 || limit > UINT32_MAX) return Usage("--limit out of range");
-  } else if (args.Has("--watch") && cmd != "stats") {
-    return Usage("--watch applies to stats only");
-  } else if (cmd != "stats" && cmd != "health") {
-    return Usage("unknown command '" + cmd + "'");
   }
 
   auto client = kvd::client::Client::Connect(o);
@@ -177,7 +192,6 @@ int main(int argc, char** argv) {
   if (cmd == "stats") {
     // --watch: one frame per second (the screen is cleared first on a terminal; with --json one
     // compact object per line) until interrupted or the daemon goes away.
-    const bool watch = args.Has("--watch");
     const bool tty = ::isatty(STDOUT_FILENO) == 1;
     for (;;) {
       auto next = std::chrono::steady_clock::now() + std::chrono::seconds(1);
@@ -195,7 +209,7 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_until(next);
     }
   } else if (cmd == "ls") {
-    auto l = c->List({ns, args.Get("--model"), static_cast<uint32_t>(limit)});
+    auto l = c->List({ns, model, static_cast<uint32_t>(limit)});
     if (!l.ok()) return Fail(l.status(), json, false);
     if (json)
       std::cout << kvd::client::ListToJson(*l) << "\n";

@@ -1,12 +1,14 @@
 // kvd: the KV-cache daemon.
 //
-//   kvd [--config FILE] [--listen HOST:PORT] [--unix PATH|none] [--ready-file PATH]
+//   kvd [--config FILE] [--listen HOST:PORT] [--unix PATH|none] [--node NAME] [--ready-file PATH]
 //       [--log-format text|json] [--log-level debug|info|warning|error] [--print-default-config]
+// (`kvd --help` lists them; parsed with CLI11.)
 //
 // Exit codes: 0 clean shutdown (SIGINT/SIGTERM), 1 cannot start (transport, memory, address in
 // use), 2 bad command line or config (the message names the flag or key and the value).
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -22,23 +24,6 @@ namespace {
 
 constexpr int kExitRuntime = 1;
 constexpr int kExitUsage = 2;
-
-constexpr std::string_view kUsage = R"(usage: kvd [options]
-  --config FILE            topology YAML (default: the embedded default, see --print-default-config)
-  --listen HOST:PORT       TCP listen address (overrides listen.tcp; port 0 = ephemeral; "none" disables)
-  --unix PATH              unix-socket path (overrides listen.unix; "auto", or "none" disables)
-  --node NAME              node name (overrides node)
-  --ready-file PATH        once listening, write {"tcp":...,"unix":...,"metrics":...,"pid":...} to PATH
-  --log-format text|json   log record format (default text; env KVD_LOG_FORMAT)
-  --log-level LEVEL        debug, info, warning, error (default info; env KVD_LOG_LEVEL)
-  --print-default-config   print the embedded default topology and exit
-  --help                   this text
-)";
-
-int Usage(const std::string& error) {
-  std::cerr << "kvd: " << error << "\n" << kUsage;
-  return kExitUsage;
-}
 
 std::string JsonEscape(const std::string& s) {
   std::string out;
@@ -71,67 +56,49 @@ bool WriteReadyFile(const std::string& path, const std::string& content) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string config_path, listen, unix_path, node, ready_file;
-  bool has_listen = false, has_unix = false, has_node = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    auto take = [&](std::string* out) -> bool {
-      if (has_value) {
-        *out = value;
-        return true;
-      }
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage;
-      return 0;
-    } else if (arg == "--print-default-config") {
-      std::cout << kvd::daemon::EmbeddedDefaultConfigYaml();
-      return 0;
-    } else if (arg == "--config") {
-      if (!take(&config_path)) return Usage("--config needs a file");
-    } else if (arg == "--listen") {
-      if (!take(&listen)) return Usage("--listen needs HOST:PORT");
-      has_listen = true;
-    } else if (arg == "--unix") {
-      if (!take(&unix_path)) return Usage("--unix needs a path");
-      has_unix = true;
-    } else if (arg == "--node") {
-      if (!take(&node)) return Usage("--node needs a name");
-      has_node = true;
-    } else if (arg == "--ready-file") {
-      if (!take(&ready_file)) return Usage("--ready-file needs a path");
-    } else if (arg == "--log-format") {
-      std::string f;
-      if (!take(&f)) return Usage("--log-format needs text or json");
-      if (f == "json") {
-        kvd::SetLogFormat(kvd::LogFormat::kJson);
-      } else if (f == "text") {
-        kvd::SetLogFormat(kvd::LogFormat::kText);
-      } else {
-        return Usage("--log-format: \"" + f + "\" is not text or json");
-      }
-    } else if (arg == "--log-level") {
-      std::string l;
-      kvd::LogLevel level;
-      if (!take(&l)) return Usage("--log-level needs a level");
-      if (!kvd::ParseLogLevel(l, &level)) {
-        return Usage("--log-level: \"" + l + "\" is not debug, info, warning or error");
-      }
-      kvd::SetLogLevel(level);
-    } else {
-      return Usage("unknown argument \"" + std::string(argv[i]) + "\"");
-    }
+  CLI::App app{"kvd: the KV-cache daemon", "kvd"};
+  app.footer("exit codes: 0 clean shutdown, 1 cannot start, 2 bad command line or config");
+  std::string config_path, listen, unix_path, node, ready_file, log_format, log_level;
+  bool print_default = false;
+  app.add_option("--config", config_path,
+                 "topology YAML (default: the embedded default, see --print-default-config)");
+  auto* listen_opt = app.add_option(
+      "--listen", listen,
+      "TCP listen address HOST:PORT (overrides listen.tcp; port 0 = ephemeral; none disables)");
+  auto* unix_opt = app.add_option("--unix", unix_path,
+                                  "unix-socket path (overrides listen.unix; auto, or none)");
+  auto* node_opt = app.add_option("--node", node, "node name (overrides node)");
+  app.add_option("--ready-file", ready_file,
+                 "once listening, write {\"tcp\",\"unix\",\"metrics\",\"pid\"} JSON here");
+  app.add_option("--log-format", log_format, "log record format (default text; env KVD_LOG_FORMAT)")
+      ->check(CLI::IsMember({"text", "json"}));
+  app.add_option("--log-level", log_level,
+                 "debug, info, warning, error (default info; env "
+                 "KVD_LOG_LEVEL)")
+      ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
+  app.add_flag("--print-default-config", print_default,
+               "print the embedded default topology and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::cerr << "kvd: " << e.what() << "\nRun kvd --help for the options.\n";
+    return kExitUsage;
   }
+  if (print_default) {
+    std::cout << kvd::daemon::EmbeddedDefaultConfigYaml();
+    return 0;
+  }
+  if (!log_format.empty()) {
+    kvd::SetLogFormat(log_format == "json" ? kvd::LogFormat::kJson : kvd::LogFormat::kText);
+  }
+  if (!log_level.empty()) {
+    kvd::LogLevel level;
+    kvd::ParseLogLevel(log_level, &level);  // IsMember above admits only valid levels
+    kvd::SetLogLevel(level);
+  }
+  const bool has_listen = listen_opt->count() > 0, has_unix = unix_opt->count() > 0,
+             has_node = node_opt->count() > 0;
 
   auto config = config_path.empty()
                     ? kvd::daemon::ParseConfigYaml(kvd::daemon::EmbeddedDefaultConfigYaml(),
