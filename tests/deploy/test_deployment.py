@@ -103,17 +103,23 @@ def plain_manifests():
 
 
 def check_kvd_on_topology(topology_text, tmp):
-    """A real kvd accepts the topology (arena shrunk, addresses local and ephemeral)."""
+    """A real kvd accepts the topology: the same hosts (kvd refuses a TCP address beyond
+    loopback without tokens), ports made ephemeral, the socket in a temp dir, the arena shrunk."""
     topo = yaml.safe_load(topology_text)
     topo["tiers"]["host"]["capacity"] = "16MiB"
     topo["tiers"]["host"]["prefault"] = False
-    topo.setdefault("metrics", {})["listen"] = "127.0.0.1:0"
+    listen = topo.setdefault("listen", {})
+    if listen.get("tcp"):
+        listen["tcp"] = listen["tcp"].rsplit(":", 1)[0] + ":0"
+    if listen.get("unix"):
+        listen["unix"] = os.path.join(tmp, "kvd.sock")
+    if topo.get("metrics", {}).get("listen"):
+        topo["metrics"]["listen"] = topo["metrics"]["listen"].rsplit(":", 1)[0] + ":0"
     cfg = os.path.join(tmp, "topology.yaml")
     ready = os.path.join(tmp, "ready.json")
     with open(cfg, "w") as f:
         yaml.safe_dump(topo, f)
-    p = subprocess.Popen([KVD, "--config", cfg, "--listen", "127.0.0.1:0", "--unix", "none",
-                          "--ready-file", ready], stdout=subprocess.PIPE,
+    p = subprocess.Popen([KVD, "--config", cfg, "--ready-file", ready], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 15
@@ -176,3 +182,6 @@ def test_bad_topology_in_the_check_is_caught(tmp_path):
     # The check above can fail: a topology with an unknown key is refused by kvd.
     with pytest.raises(AssertionError, match="refused the topology"):
         check_kvd_on_topology("tiers: {host: {capacity: 1GiB}}\nbogus_key: 1\n", str(tmp_path))
+    with pytest.raises(AssertionError, match="refused the topology"):
+        check_kvd_on_topology("listen: {tcp: 0.0.0.0:7400}\ntiers: {host: {capacity: 1GiB}}\n",
+                              str(tmp_path))
