@@ -83,6 +83,7 @@ struct Hello {
   codecId @9 :UInt32;                # 0 = raw (uncompressed)
   authToken @10 :Text;               # the namespace's token (engine) or the admin token (admin);
                                      # checked when the daemon has auth.tokens_file
+  sharedMemory @11 :Bool;            # ask for the same-node shared-memory path (unix socket only)
 }
 
 struct HelloReply {
@@ -94,6 +95,20 @@ struct HelloReply {
   maxFrameBytes @5 :UInt32;
   maxChunkBytes @6 :UInt64;
   transport @7 :Text;                # e.g. "ucx:tcp" / "ucx:sm,tcp"
+  sharedMemory @8 :Bool;             # granted: puts and gets of this session use ShmSlot
+}
+
+# Where the bytes of a reservation or read lie in the daemon's shared-memory arena (sessions with
+# HelloReply.sharedMemory). The arena is cut into segments, each a memfd holding one namespace's
+# chunks; `offset` is relative to the segment's start. When `fdAttached`, the frame carrying this
+# message also carries (SCM_RIGHTS, on its first byte) the segment's memfd: the client maps it
+# and replaces any older mapping of that segment (a segment's memory is replaced when it falls
+# empty: `generation` grows).
+struct ShmSlot {
+  segment @0 :UInt32;
+  offset @1 :UInt64;
+  generation @2 :UInt64;
+  fdAttached @3 :Bool;
 }
 
 # Longest stored prefix of a chain. `chain[i]` is the chain hash of the LAST block of chunk i
@@ -124,6 +139,7 @@ struct ReserveReply {
   tag @1 :UInt64;                    # transport tag to send the bytes with
   alreadyStored @2 :Bool;            # the chunk exists: send nothing, no Commit needed
   ttlMs @3 :UInt32;                  # the reservation is reclaimed after this long uncommitted
+  shm @4 :ShmSlot;                   # shared-memory sessions: write the bytes here, then Commit
 }
 
 # Phase 2 of a put: verify and publish. Fails with DATA_LOSS on checksum mismatch (the space is
@@ -156,6 +172,13 @@ struct GetReply {
   bytes @0 :UInt64;
   checksum @1 :UInt64;
   tokens @2 :UInt32;
+  shm @3 :ShmSlot;                   # shared-memory sessions: the bytes lie here (read-only) ...
+  readId @4 :UInt64;                 # ... pinned until ReleaseRead(readId) (or the read TTL)
+}
+
+# Ends a shared-memory read (GetReply.readId): the chunk may be evicted again. Ack.
+struct ReleaseRead {
+  readId @0 :UInt64;
 }
 
 struct ReleaseLease {
@@ -269,6 +292,7 @@ struct Request {
     evict @10 :EvictRequest;
     health @11 :Void;
     bye @12 :Void;
+    releaseRead @13 :ReleaseRead;
   }
 }
 

@@ -50,6 +50,7 @@ ClientImpl::~ClientImpl() {
           .IgnoreError();
   }
   if (transport_ && daemon_peer_.valid()) transport_->Disconnect(daemon_peer_).IgnoreError();
+  UnmapSegmentsLocked();
   transport_.reset();
   channel_.reset();
 }
@@ -95,6 +96,8 @@ Status ClientImpl::Handshake() {
                                     worker_address.size()));
     h.setCodecId(options_.codec_id);
     h.setAuthToken(options_.auth_token);
+    auto parsed = ParseDaemonAddress(options_.address);
+    h.setSharedMemory(options_.shared_memory && parsed.ok() && parsed->is_unix);
   });
   if (!id.ok()) return id.status().WithContext("handshake");
   auto reply = channel_->Await(*id, DeadlineIn(options_.connect_timeout_ms));
@@ -116,6 +119,7 @@ Status ClientImpl::Handshake() {
     session_.max_frame_bytes = h.getMaxFrameBytes();
     session_.max_chunk_bytes = h.getMaxChunkBytes();
     session_.transport = h.getTransport().cStr();
+    session_.shared_memory = h.getSharedMemory();
     auto addr = h.getWorkerAddress();
     daemon_address.assign(reinterpret_cast<const char*>(addr.begin()), addr.size());
     return Status::Ok();
@@ -216,6 +220,7 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> 
 }
 
 StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const PutItem> items) {
+  if (session_.shared_memory) return PutWindowShmLocked(items);
   const size_t n = items.size();
   for (const PutItem& it : items) {
     if (it.data == nullptr && it.bytes > 0) return Status::InvalidArgument("put: null data");
@@ -366,6 +371,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetChunks(uint64_t lease_id,
 
 StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
                                                              std::span<const GetItem> items) {
+  if (session_.shared_memory) return GetWindowShmLocked(lease_id, items);
   const size_t n = items.size();
   struct Slot {
     TransferHandle recv;
@@ -610,5 +616,6 @@ StatusOr<Stats> Client::GetStats() { return Impl(this)->GetStats(); }
 StatusOr<ListResult> Client::List(const ListFilter& filter) { return Impl(this)->List(filter); }
 StatusOr<EvictResult> Client::Evict(const EvictFilter& filter) { return Impl(this)->Evict(filter); }
 StatusOr<Health> Client::GetHealth() { return Impl(this)->GetHealth(); }
+std::vector<SharedSegment> Client::SharedSegments() const { return Impl(this)->SharedSegments(); }
 
 }  // namespace kvd::client

@@ -1,6 +1,7 @@
 // The Client implementation (private to libkvd_client).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -36,6 +37,7 @@ class ClientImpl final : public Client {
   StatusOr<ListResult> List(const ListFilter& filter);
   StatusOr<EvictResult> Evict(const EvictFilter& filter);
   StatusOr<Health> GetHealth();
+  std::vector<SharedSegment> SharedSegments() const;
 
  private:
   // REQUIRES: mu_ held.
@@ -49,6 +51,22 @@ class ClientImpl final : public Client {
   // Cancels, waits (bounded) and releases a transfer; best effort.
   void DropTransfer(transport::TransferHandle transfer);
   void AbortReservationsLocked(const std::vector<uint64_t>& reservation_ids);
+
+  // ---- shared-memory path (shm.cc) ----
+  StatusOr<std::vector<PutResult>> PutWindowShmLocked(std::span<const PutItem> items);
+  StatusOr<std::vector<GetResult>> GetWindowShmLocked(uint64_t lease_id,
+                                                      std::span<const GetItem> items);
+  // The address of `bytes` at a slot of a reply to `request_id`, mapping the segment's memfd if
+  // the reply carried one. INTERNAL if the slot lies outside what is mapped.
+  StatusOr<std::byte*> SlotLocked(uint64_t request_id, uint32_t segment, uint64_t offset,
+                                  uint64_t generation, bool fd_attached, uint64_t bytes);
+  void UnmapSegmentsLocked();
+  struct MappedSegment {
+    uint64_t generation = 0;
+    std::byte* data = nullptr;
+    uint64_t size = 0;
+  };
+  std::map<uint32_t, MappedSegment> segments_;  // GUARDED_BY(mu_)
 
   ClientOptions options_;
   ChainHasher hasher_;

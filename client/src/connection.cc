@@ -98,7 +98,15 @@ StatusOr<std::unique_ptr<Connection>> Connection::Open(const DaemonAddress& addr
   return std::unique_ptr<Connection>(new Connection(fd, std::move(display), max_frame_bytes));
 }
 
+int Connection::TakeFd() {
+  if (fds_.empty()) return -1;
+  int fd = fds_.front();
+  fds_.pop_front();
+  return fd;
+}
+
 Connection::~Connection() {
+  for (int fd : fds_) ::close(fd);
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -132,7 +140,29 @@ Status Connection::Fill(Deadline deadline) {
   }
   uint8_t tmp[64 * 1024];
   while (true) {
-    ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+    // recvmsg: a shared-memory reply carries the daemon's memfd (SCM_RIGHTS) on its first byte.
+    iovec iov{tmp, sizeof tmp};
+    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+    if (n >= 0) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+          int received = -1;
+          std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+          fds_.push_back(received);
+        }
+      }
+      if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+        return Status::Internal("kvd at " + display_ + " sent more descriptors than expected");
+      }
+    }
     if (n > 0) {
       buf_.insert(buf_.end(), tmp, tmp + n);
       return Status::Ok();
@@ -195,8 +225,36 @@ Status Channel::ReadOne(Deadline deadline) {
     return Status::Ok();
   });
   if (!s.ok()) return Break(s);
+  // A shared-memory slot with fdAttached: its memfd came with this frame's first byte.
+  bool carries_fd = false;
+  proto::TryDecode([&]() {
+    auto r = m->Root<proto::Response>();
+    if (r.isReserve() && r.getReserve().hasShm()) {
+      carries_fd = r.getReserve().getShm().getFdAttached();
+    } else if (r.isGet() && r.getGet().hasShm()) {
+      carries_fd = r.getGet().getShm().getFdAttached();
+    }
+    return Status::Ok();
+  }).IgnoreError();
+  if (carries_fd) {
+    int fd = conn_->TakeFd();
+    if (fd < 0) return Break(Status::Internal("kvd announced a memfd that did not arrive"));
+    fds_[id] = fd;
+  }
   pending_[id] = std::move(m);
   return Status::Ok();
+}
+
+int Channel::TakeFd(uint64_t request_id) {
+  auto it = fds_.find(request_id);
+  if (it == fds_.end()) return -1;
+  int fd = it->second;
+  fds_.erase(it);
+  return fd;
+}
+
+Channel::~Channel() {
+  for (auto& [id, fd] : fds_) ::close(fd);
 }
 
 StatusOr<std::unique_ptr<proto::DecodedMessage>> Channel::Take(uint64_t request_id) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <span>
@@ -42,6 +43,9 @@ class Connection {
   // Uses buffered bytes first.
   bool Readable(Deadline deadline);
   const std::string& display() const { return display_; }
+  // The oldest file descriptor received (SCM_RIGHTS) and not yet taken, or -1. The caller owns
+  // it. Descriptors arrive with the first byte of the frame that announces them.
+  int TakeFd();
 
  private:
   Connection(int fd, std::string display, uint32_t max_frame_bytes)
@@ -53,7 +57,8 @@ class Connection {
   std::string display_;
   uint32_t max_frame_bytes_;
   std::vector<uint8_t> buf_;
-  size_t begin_ = 0;  // first unread byte of buf_
+  size_t begin_ = 0;     // first unread byte of buf_
+  std::deque<int> fds_;  // received descriptors not yet taken (closed by the destructor)
 };
 
 // Request/response exchange over a Connection, matching replies by requestId. Replies that
@@ -105,6 +110,10 @@ class Channel {
   // Marks the channel broken with `s` (UNAVAILABLE / DEADLINE_EXCEEDED) and returns it.
   Status Break(Status s);
 
+  // The memfd that came with the reply to `request_id` (a shared-memory Reserve or Get reply
+  // whose slot says fdAttached), or -1. The caller owns it.
+  int TakeFd(uint64_t request_id);
+
  private:
   // Reads one frame and files it under its requestId. Breaks the channel on failure.
   Status ReadOne(Deadline deadline);
@@ -114,7 +123,13 @@ class Channel {
   int64_t request_timeout_ms_;
   uint64_t next_request_id_ = 1;
   std::map<uint64_t, std::unique_ptr<proto::DecodedMessage>> pending_;
+  std::map<uint64_t, int> fds_;  // request id -> memfd of its reply (closed if never taken)
   Status broken_;
+
+ public:
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
 };
 
 // The Status a Response carries: OK unless it is an Error.

@@ -2,8 +2,10 @@
 //
 //   kvd-bench --addr ADDR --model M (--chunk-bytes B | --tokens T) --count N --concurrency C
 //             --op put|get|both [--depth D] [--lookup-batch L] [--ucx-tls TLS]
-//             [--net-devices DEV] [--verify] [--json]
+//             [--net-devices DEV] [--no-shm] [--verify] [--json]
 //
+// Over a unix-socket address the clients use the shared-memory path when kvd grants it
+// (reported as "shared_memory" in the output); --no-shm forces the transport (UCX) path.
 // C client threads (one Client, one connection, one transport each) share N chunks of random
 // bytes. Phases: put (Reserve -> send -> Commit), lookup (one single-chunk Lookup per chunk),
 // get (one Lookup per L chunks (default 64), then Gets of D chunks in flight per call,
@@ -75,11 +77,11 @@ int main(int argc, char** argv) {
   std::set<std::string> valued = {"--model",       "--chunk-bytes", "--tokens", "--count",
                                   "--concurrency", "--op",          "--depth",  "--lookup-batch"};
   valued.insert(kvd::tools::kConnectionFlags.begin(), kvd::tools::kConnectionFlags.end());
-  kvd::tools::Args args(argc, argv, {"--json", "--verify", "--help"}, valued);
+  kvd::tools::Args args(argc, argv, {"--json", "--verify", "--no-shm", "--help"}, valued);
   const char* usage =
       "usage: kvd-bench --addr ADDR --model M (--chunk-bytes B | --tokens T) --count N\n"
       "                 --concurrency C --op put|get|both [--depth D] [--lookup-batch L]\n"
-      "                 [--ucx-tls TLS] [--net-devices DEV] [--verify] [--json]\n";
+      "                 [--ucx-tls TLS] [--net-devices DEV] [--no-shm] [--verify] [--json]\n";
   if (args.Has("--help")) {
     std::cout << usage;
     return 0;
@@ -136,6 +138,7 @@ int main(int argc, char** argv) {
   base.chunk_tokens = static_cast<int>(chunk_tokens);
   base.block_tokens = std::gcd(16, static_cast<int>(chunk_tokens));
   base.max_in_flight = static_cast<int>(depth);
+  base.shared_memory = !args.Has("--no-shm");
 
   const uint64_t run = static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
                        (static_cast<uint64_t>(::getpid()) << 32);
@@ -280,6 +283,7 @@ int main(int argc, char** argv) {
           return Status::Ok();
         }));
   }
+  const bool shm_used = !clients.empty() && clients[0] && clients[0]->session().shared_memory;
   clients.clear();
 
   if (json) {
@@ -287,6 +291,7 @@ int main(int argc, char** argv) {
         {"model", model}, {"chunk_bytes", chunk_bytes},        {"tokens", tokens},
         {"count", count}, {"concurrency", nthreads},           {"depth", depth},
         {"op", op},       {"ucx_tls", base.transport.ucx_tls}, {"ok", first_error.ok()}};
+    j["shared_memory"] = shm_used;
     for (const auto& p : phases) {
       if (op == "get" && p.name == "put") continue;
       j[p.name] = {{"ops", p.ops},

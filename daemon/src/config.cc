@@ -106,6 +106,7 @@ transport::TransportOptions DaemonConfig::DefaultTransportOptions() {
 storage::HostTierOptions DaemonConfig::DefaultHostTierOptions() {
   storage::HostTierOptions h;
   h.capacity_bytes = 1ull << 30;
+  h.segment_bytes = 64ull << 20;
   return h;
 }
 
@@ -194,6 +195,22 @@ Status DaemonConfig::Validate() const {
     }
   }
   KVD_RETURN_IF_ERROR(host_tier.Validate().WithContext("tiers.host"));
+  if (host_shared_memory && host_tier.segment_bytes < host_tier.capacity_bytes) {
+    if (host_tier.segment_bytes == 0 || host_tier.segment_bytes % 4096 != 0) {
+      return Status::InvalidArgument(
+          "tiers.host.segment: " + std::to_string(host_tier.segment_bytes) +
+          " must be a non-zero multiple of the page size (4096)");
+    }
+    for (const auto& m : models) {
+      const uint64_t chunk = m.layout.ChunkBytes(chunk_tokens);
+      if (chunk > host_tier.segment_bytes) {
+        return Status::InvalidArgument(
+            "tiers.host.segment: " + std::to_string(host_tier.segment_bytes) +
+            " bytes is smaller than a full chunk of model " + m.name + " (" +
+            std::to_string(chunk) + " bytes); raise it or set tiers.host.shared_memory: false");
+      }
+    }
+  }
   if (host_tier.capacity_bytes == 0) {
     return Status::InvalidArgument("tiers.host.capacity: must be > 0");
   }

@@ -86,23 +86,48 @@ Status Server::Impl::Init() {
   host.max_chunk_bytes = config_.limits.max_chunk_bytes;
   host.lease_ttl = std::chrono::milliseconds(config_.limits.lease_ttl_ms);
   host.max_leases_per_owner = static_cast<uint32_t>(config_.limits.max_leases_per_session);
-  // AllocateRegistered returns kRegisteredAlignment-aligned memory; a coarser configured
-  // alignment (tiers.host.alignment, e.g. 4 KiB) needs one alignment unit of slack.
-  const uint64_t slack = host.alignment > transport::kRegisteredAlignment ? host.alignment : 0;
-  auto region =
-      transport_->AllocateRegistered(host.capacity_bytes + slack, transport::MemoryType::kHost);
-  if (!region.ok()) {
-    return region.status().WithContext("cannot allocate the host tier (" +
-                                       FormatByteSize(host.capacity_bytes) + ")");
+  uintptr_t aligned = 0;
+  const uint64_t page = static_cast<uint64_t>(std::max<long>(::sysconf(_SC_PAGESIZE), 4096));
+  const uint64_t segment = config_.host_shared_memory ? host.segment_bytes : 0;
+  if (segment != 0 && segment < host.capacity_bytes) {
+    // Shared memory: one memfd per segment (same-node clients map their namespace's segments);
+    // registered with the transport so remote peers use the same bytes.
+    const uint64_t mapped = (host.capacity_bytes + page - 1) / page * page;
+    auto shm = ShmArena::Create(mapped, segment);
+    if (!shm.ok()) return shm.status().WithContext("cannot create the shared-memory host tier");
+    shm_ = std::move(*shm);
+    auto region = transport_->RegisterMemory(shm_->base(), mapped, transport::MemoryType::kHost);
+    if (!region.ok()) return region.status().WithContext("registering the host tier");
+    arena_ = *region;
+    aligned = reinterpret_cast<uintptr_t>(shm_->base());
+    arena_base_ = shm_->base();
+    KVD_LOG(INFO) << "host tier in shared memory"
+                  << Kv("segments", mapped / segment + (mapped % segment != 0))
+                  << Kv("segment", FormatByteSize(segment));
+  } else {
+    if (config_.host_shared_memory) {
+      KVD_LOG(INFO) << "shared-memory path off: tiers.host.segment is not below the capacity "
+                       "(one segment would hold every namespace)";
+    }
+    host.segment_bytes = 0;
+    // AllocateRegistered returns kRegisteredAlignment-aligned memory; a coarser configured
+    // alignment (tiers.host.alignment, e.g. 4 KiB) needs one alignment unit of slack.
+    const uint64_t slack = host.alignment > transport::kRegisteredAlignment ? host.alignment : 0;
+    auto region =
+        transport_->AllocateRegistered(host.capacity_bytes + slack, transport::MemoryType::kHost);
+    if (!region.ok()) {
+      return region.status().WithContext("cannot allocate the host tier (" +
+                                         FormatByteSize(host.capacity_bytes) + ")");
+    }
+    arena_ = *region;
+    const auto base = reinterpret_cast<uintptr_t>(arena_.data);
+    aligned = (base + host.alignment - 1) & ~(uintptr_t{host.alignment} - 1);
+    arena_base_ = reinterpret_cast<std::byte*>(aligned);
+    AdviseHugePages(arena_base_, host.capacity_bytes);
   }
-  arena_ = *region;
-  const auto base = reinterpret_cast<uintptr_t>(arena_.data);
-  const uintptr_t aligned = (base + host.alignment - 1) & ~(uintptr_t{host.alignment} - 1);
-  arena_base_ = reinterpret_cast<std::byte*>(aligned);
-  AdviseHugePages(arena_base_, host.capacity_bytes);
   auto tier = storage::HostTier::Create(
       host, std::span<std::byte>(reinterpret_cast<std::byte*>(aligned), host.capacity_bytes),
-      clock_);
+      clock_, shm_.get());
   if (!tier.ok()) return tier.status().WithContext("host tier");
   tier_ = std::move(*tier);
   if (config_.disk_tier) {

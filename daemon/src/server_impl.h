@@ -22,6 +22,7 @@
 #include "metrics.h"
 #include "metrics_http.h"
 #include "progress_loop.h"
+#include "shm_arena.h"
 
 namespace kvd::daemon {
 
@@ -79,6 +80,9 @@ class Server::Impl {
   int64_t UptimeMs() const;
   const std::string& transport_description() const { return transport_description_; }
   const std::string& local_address() const { return local_address_; }
+  // The memfd-backed arena, or null when the shared-memory path is off (tiers.host.shared_memory
+  // false, or the arena has a single segment, which would put every namespace in one memfd).
+  ShmArena* shm() { return shm_.get(); }
 
   // Reservation ids are unique in the tier; sessions register the ones they hold so that a
   // Commit from another connection, or a late one, gets a precise error.
@@ -115,6 +119,7 @@ class Server::Impl {
   std::string local_address_;
   std::string transport_description_;
   transport::Region arena_;
+  std::unique_ptr<ShmArena> shm_;    // declared before tier_: destroyed after it
   std::byte* arena_base_ = nullptr;  // aligned start of the tier's span inside arena_
   std::thread prefault_thread_;
   std::atomic<bool> stop_prefault_{false};

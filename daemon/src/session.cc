@@ -1,7 +1,12 @@
 // Session I/O: framing, ordered replies, teardown.
 #include "session.h"
 
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <array>
+#include <cerrno>
+#include <cstring>
 
 #include "kvd/common/logging.h"
 #include "kvd/proto/convert.h"
@@ -71,6 +76,49 @@ void Session::Complete(uint64_t seq, Frame frame) {
   if (writer_done_) return;  // the connection is gone: nobody will read the reply
   ready_[seq] = std::move(frame);
   writer_event_.Notify();
+}
+
+void Session::CompleteWithFd(uint64_t seq, Frame frame, int fd) {
+  if (writer_done_) {
+    ::close(fd);
+    return;
+  }
+  ready_fds_[seq] = fd;
+  Complete(seq, std::move(frame));
+}
+
+asio::awaitable<boost::system::error_code> Session::WriteWithFd(const Frame& frame, int fd) {
+  boost::system::error_code ec;
+  size_t sent = 0;
+  while (sent == 0) {
+    iovec iov{const_cast<uint8_t*>(frame.data()), frame.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      sent = static_cast<size_t>(n);
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      co_await socket_.async_wait(asio::socket_base::wait_write,
+                                  asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) co_return ec;
+    } else {
+      co_return boost::system::error_code(n < 0 ? errno : EPIPE, boost::system::system_category());
+    }
+  }
+  if (sent < frame.size()) {  // the fd went with the first bytes; the rest is plain
+    co_await asio::async_write(socket_, asio::buffer(frame.data() + sent, frame.size() - sent),
+                               asio::redirect_error(asio::use_awaitable, ec));
+  }
+  co_return ec;
 }
 
 void Session::CompleteError(uint64_t seq, uint64_t request_id, const Status& status) {
@@ -218,16 +266,30 @@ asio::awaitable<void> Session::WriteLoop() {
   bool close_now = false;
   while (true) {
     batch.clear();
+    int fd = -1;  // a reply carrying a memfd goes alone, by sendmsg
     for (auto it = ready_.find(next_write_seq_); it != ready_.end();
          it = ready_.find(next_write_seq_)) {
+      if (auto f = ready_fds_.find(next_write_seq_); f != ready_fds_.end()) {
+        if (!batch.empty()) break;  // flush what is before it first
+        fd = f->second;
+        ready_fds_.erase(f);
+      }
       batch.insert(batch.end(), it->second.begin(), it->second.end());
       ready_.erase(it);
       ++server_->counters().frames_out;
       if (close_after_seq_ && *close_after_seq_ == next_write_seq_) close_now = true;
       ++next_write_seq_;
-      if (close_now) break;
+      if (close_now || fd >= 0) break;
     }
-    if (!batch.empty() && !closed_) {
+    if (fd >= 0) {
+      if (!closed_) ec = co_await WriteWithFd(batch, fd);
+      ::close(fd);
+      reader_event_.Notify();
+      if (ec) {
+        KVD_LOG(DEBUG) << "write failed" << Kv("session", id_) << Kv("error", ec.message());
+        break;
+      }
+    } else if (!batch.empty() && !closed_) {
       co_await asio::async_write(socket_, asio::buffer(batch),
                                  asio::redirect_error(asio::use_awaitable, ec));
       reader_event_.Notify();
@@ -243,6 +305,8 @@ asio::awaitable<void> Session::WriteLoop() {
   writer_done_ = true;
   // Replies that will never be written no longer hold pipelining slots.
   ready_.clear();
+  for (auto& [seq, fd] : ready_fds_) ::close(fd);
+  ready_fds_.clear();
   next_write_seq_ = next_seq_;
   // A refused Hello, a bad frame or Bye (the last reply is out), a write error, or the end of
   // the session: the connection ends; a blocked read returns and the teardown runs.
@@ -254,7 +318,9 @@ asio::awaitable<void> Session::WriteLoop() {
 asio::awaitable<void> Session::Teardown() {
   transport::Transport* t = server_->transport();
   // 1. Stop this client's transfers; their handlers see CANCELLED and finish.
-  for (auto& [id, put] : pending_puts_) t->Cancel(put.recv).IgnoreError();
+  for (auto& [id, put] : pending_puts_) {
+    if (put.recv.valid()) t->Cancel(put.recv).IgnoreError();
+  }
   for (uint64_t send : active_sends_) t->Cancel(TransferHandle{send}).IgnoreError();
   while (handlers_running_ > 0) co_await idle_event_.Wait();
   // 2. Let the writer flush what is left (bounded), then close the socket.
@@ -282,15 +348,21 @@ asio::awaitable<void> Session::Teardown() {
     transport_peer_ = {};
   }
   uint64_t leaked = 0;
+  int64_t expected = 0;
   for (auto& [reservation, put] : pending_puts_) {
-    bool ended = co_await CancelAndRelease(put.recv);
+    // A shared-memory put has no transfer: a client killed while writing leaves its reservation
+    // here, reclaimed below (never committed, so never visible).
+    if (put.recv.valid()) ++expected;
+    bool ended = true;
+    if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv);
     if (!ended) ++leaked;
     server_->RetireReservation(reservation,
                                Status::Aborted("reservation " + std::to_string(reservation) +
                                                " was reclaimed: its client disconnected"));
   }
   size_t open_puts = pending_puts_.size();
-  server_->progress().ExpectTransfers(-static_cast<int64_t>(open_puts));
+  server_->progress().ExpectTransfers(-expected);
+  shm_reads_.clear();  // ReclaimOwner below ends them
   pending_puts_.clear();
   // 4. Return everything the client held in the tier.
   storage::ReclaimResult reclaimed;

@@ -55,7 +55,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   struct PendingPut {
-    transport::TransferHandle recv;
+    transport::TransferHandle recv;  // invalid for a shared-memory put (the client copies)
     uint64_t tag = 0;
     uint64_t bytes = 0;
     int64_t deadline_ns = 0;
@@ -69,6 +69,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void HandleFrame(std::unique_ptr<proto::DecodedMessage> message);
   // Stores the reply of request `seq`; the writer sends it in order.
   void Complete(uint64_t seq, Frame frame);
+  // The same, and the frame's first byte carries `fd` (SCM_RIGHTS; unix socket). Takes the fd
+  // (closed once sent, or when the reply is dropped).
+  void CompleteWithFd(uint64_t seq, Frame frame, int fd);
+  // Sends one whole frame whose first byte carries `fd`.
+  asio::awaitable<boost::system::error_code> WriteWithFd(const Frame& frame, int fd);
   void CompleteError(uint64_t seq, uint64_t request_id, const Status& status);
   // Close the connection once the reply of `seq` is written; stop reading now.
   void CloseAfter(uint64_t seq);
@@ -103,6 +108,19 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::awaitable<void> ExpirePut(uint64_t reservation);
   // Forgets a pending put (and its expected transfer).
   void ErasePendingPut(uint64_t reservation);
+  // Shared-memory sessions: where region offset `offset` lies (segment, offset in it,
+  // generation), and the segment's memfd if this client has not got its current generation yet
+  // (fd -1 otherwise). INTERNAL if the segment does not belong to this session's namespace.
+  struct ShmRef {
+    uint32_t segment = 0;
+    uint64_t offset = 0;
+    uint64_t generation = 0;
+    int fd = -1;
+  };
+  StatusOr<ShmRef> PrepareShm(uint64_t offset);
+  // Completes `seq` with `frame`, attaching ref.fd if set (and remembering what the client has).
+  void CompleteShm(uint64_t seq, Frame frame, const ShmRef& ref);
+  void HandleReleaseRead(uint64_t seq, uint64_t rid, proto::ReleaseRead::Reader release);
   // Error for a Commit/Abort of a reservation this session does not hold.
   Status UnknownReservation(uint64_t reservation) const;
   // FAILED_PRECONDITION unless Hello (engine role) succeeded.
@@ -133,6 +151,10 @@ class Session : public std::enable_shared_from_this<Session> {
   const ModelConfig* model_ = nullptr;
   uint64_t layout_digest_ = 0;
   transport::PeerHandle transport_peer_;
+  // Shared-memory path (Hello asked for it on a unix socket and the daemon has a ShmArena).
+  bool shm_ = false;
+  std::map<uint32_t, uint64_t> shm_sent_;  // segment -> generation whose memfd the client got
+  std::set<uint64_t> shm_reads_;           // reads of shared-memory Gets not yet released
 
   // Puts between Reserve and Commit/Abort/expiry, by reservation id.
   std::map<uint64_t, PendingPut> pending_puts_;
@@ -144,6 +166,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t next_seq_ = 0;        // seq of the next request read
   uint64_t next_write_seq_ = 0;  // seq of the next reply to write
   std::map<uint64_t, Frame> ready_;
+  std::map<uint64_t, int> ready_fds_;  // seq -> fd its reply carries
   std::optional<uint64_t> close_after_seq_;
   // Lookup / Commit / Get requests in progress: seq -> (op, steady-clock start in ns), observed
   // into the latency histograms when their reply is completed.

@@ -1,4 +1,5 @@
 // Session requests of the engine role: handshake, lookup, two-phase put, get.
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -141,6 +142,9 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
     case proto::Request::HEALTH:
       HandleHealth(seq, rid);
       break;
+    case proto::Request::RELEASE_READ:
+      HandleReleaseRead(seq, rid, request.getReleaseRead());
+      break;
     case proto::Request::BYE:
       Complete(seq, MakeAck(rid));
       CloseAfter(seq);
@@ -167,6 +171,7 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
   auto address = hello.getWorkerAddress();
   std::string worker_address(reinterpret_cast<const char*>(address.begin()), address.size());
   const uint32_t codec = hello.getCodecId();
+  const bool wants_shm = hello.getSharedMemory();
   const std::string token = hello.getAuthToken();
   StatusOr<ModelLayout> layout = Status::InvalidArgument("no layout");
   if (role == proto::Role::ENGINE) layout = proto::FromProto(hello.getLayout());
@@ -236,6 +241,10 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
       return refuse(peer.status().WithContext("cannot reach the client's transport address"));
     }
     transport_peer_ = *peer;
+    // The shared-memory path needs a client on this host: a unix-socket connection.
+    boost::system::error_code ec;
+    const bool on_unix = socket_.local_endpoint(ec).protocol().family() == AF_UNIX && !ec;
+    shm_ = wants_shm && on_unix && server_->shm() != nullptr;
     model_ = model;
     layout_digest_ = model->layout.Digest();
     engine_ = true;
@@ -245,7 +254,8 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
   name_space_ = name_space.empty() ? "default" : name_space;
   KVD_LOG(INFO) << "session ready" << Kv("session", id_) << Kv("client", client_id_)
                 << Kv("peer", peer_) << Kv("role", engine_ ? "engine" : "admin")
-                << Kv("model", engine_ ? model_->name : "") << Kv("namespace", name_space_);
+                << Kv("model", engine_ ? model_->name : "") << Kv("namespace", name_space_)
+                << Kv("shared_memory", shm_);
   const uint64_t max_chunk = config.limits.max_chunk_bytes;
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initHello();
@@ -261,7 +271,49 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
              reply.setMaxFrameBytes(config.limits.max_frame_bytes);
              reply.setMaxChunkBytes(max_chunk);
              reply.setTransport(server_->transport_description());
+             reply.setSharedMemory(shm_);
            }));
+}
+
+StatusOr<Session::ShmRef> Session::PrepareShm(uint64_t offset) {
+  storage::HostTier* tier = server_->tier();
+  ShmRef ref;
+  ref.segment = tier->SegmentOf(offset);
+  ref.offset = offset - tier->SegmentStart(ref.segment);
+  // Defence in depth: the tier never puts another namespace's block in a segment it assigned to
+  // ours (and the block held by the caller keeps the assignment), but a memfd is a capability.
+  if (std::string owner = tier->SegmentOwner(ref.segment); owner != name_space_) {
+    return Status::Internal("arena segment " + std::to_string(ref.segment) +
+                            " belongs to namespace \"" + owner + "\", not \"" + name_space_ + "\"");
+  }
+  KVD_ASSIGN_OR_RETURN(ShmArena::SegmentFd seg, server_->shm()->DupSegment(ref.segment));
+  ref.generation = seg.generation;
+  auto sent = shm_sent_.find(ref.segment);
+  if (sent != shm_sent_.end() && sent->second == seg.generation) {
+    ::close(seg.fd);
+  } else {
+    ref.fd = seg.fd;
+  }
+  return ref;
+}
+
+void Session::CompleteShm(uint64_t seq, Frame frame, const ShmRef& ref) {
+  if (ref.fd < 0) return Complete(seq, std::move(frame));
+  shm_sent_[ref.segment] = ref.generation;
+  CompleteWithFd(seq, std::move(frame), ref.fd);
+}
+
+void Session::HandleReleaseRead(uint64_t seq, uint64_t rid, proto::ReleaseRead::Reader release) {
+  const uint64_t read = release.getReadId();
+  if (Status s = RequireEngine("ReleaseRead"); !s.ok()) return CompleteError(seq, rid, s);
+  if (shm_reads_.erase(read) == 0) {
+    return CompleteError(seq, rid,
+                         Status::NotFound("read " + std::to_string(read) +
+                                          " is not an open shared-memory read of this connection"));
+  }
+  Status s = server_->tier()->ReleaseRead(read);
+  if (!s.ok()) return CompleteError(seq, rid, s);
+  Complete(seq, MakeAck(rid));
 }
 
 void Session::HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader lookup) {
@@ -369,6 +421,34 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
     }
     return CompleteError(seq, rid, reservation.status());
   }
+  if (shm_) {
+    // The client writes the bytes into the slot itself; nothing to receive.
+    auto ref = PrepareShm(reservation->offset);
+    if (!ref.ok()) {
+      server_->tier()->Abort(reservation->id).IgnoreError();
+      return CompleteError(seq, rid, ref.status());
+    }
+    PendingPut put;
+    put.bytes = bytes;
+    put.deadline_ns = server_->clock()->NowNanos() + ttl_ms * 1000000;
+    pending_puts_[reservation->id] = put;
+    server_->RegisterReservation(reservation->id, id_);
+    CompleteShm(seq,
+                MakeResponse(rid,
+                             [&](proto::Response::Builder r) {
+                               auto reply = r.initReserve();
+                               reply.setReservationId(reservation->id);
+                               reply.setAlreadyStored(false);
+                               reply.setTtlMs(static_cast<uint32_t>(ttl_ms));
+                               auto slot = reply.initShm();
+                               slot.setSegment(ref->segment);
+                               slot.setOffset(ref->offset);
+                               slot.setGeneration(ref->generation);
+                               slot.setFdAttached(ref->fd >= 0);
+                             }),
+                *ref);
+    return;
+  }
   const uint64_t tag = (id_ << 40) | (next_tag_++ & ((uint64_t{1} << 40) - 1));
   auto recv = server_->transport()->PostRecv(transport_peer_, tag, reservation->data, bytes);
   if (!recv.ok()) {
@@ -393,7 +473,10 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
 }
 
 void Session::ErasePendingPut(uint64_t reservation) {
-  if (pending_puts_.erase(reservation) > 0) server_->progress().ExpectTransfers(-1);
+  auto it = pending_puts_.find(reservation);
+  if (it == pending_puts_.end()) return;
+  if (it->second.recv.valid()) server_->progress().ExpectTransfers(-1);
+  pending_puts_.erase(it);
 }
 
 Status Session::UnknownReservation(uint64_t reservation) const {
@@ -441,16 +524,28 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
   asio::thread_pool* pool = &server_->pool();
   const TransferHandle recv = put.recv;
   const uint64_t expected_bytes = put.bytes;
-  Landed landed =
-      co_await AwaitCallback<Landed>(server_->io(), [=](std::function<void(Landed)> complete) {
-        progress->Watch(recv, deadline, [=](const TransferStatus& st) {
-          if (st.state == TransferState::kDone && st.bytes == expected_bytes) {
-            asio::post(*pool, [=] { complete(Landed{st, tiers->Commit(reservation, checksum)}); });
-          } else {
-            complete(Landed{st, std::nullopt});
-          }
+  Landed landed;
+  if (!recv.valid()) {
+    // Shared memory: the client wrote the bytes in place before sending Commit.
+    landed.st.state = TransferState::kDone;
+    landed.st.bytes = expected_bytes;
+    landed.commit = co_await OffloadTo<Status>(*pool, server_->io(), [tier, reservation, checksum] {
+      return tier->Commit(reservation, checksum);
+    });
+  } else {
+    landed =
+        co_await AwaitCallback<Landed>(server_->io(), [=](std::function<void(Landed)> complete) {
+          progress->Watch(recv, deadline, [=](const TransferStatus& st) {
+            if (st.state == TransferState::kDone && st.bytes == expected_bytes) {
+              asio::post(*pool, [=] {
+                complete(Landed{st, tiers->Commit(reservation, checksum)});
+              });
+            } else {
+              complete(Landed{st, std::nullopt});
+            }
+          });
         });
-      });
+  }
   const TransferStatus& st = landed.st;
   Status status;
   if (st.state == TransferState::kInProgress) {
@@ -469,7 +564,7 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
   bool ended = true;
   if (st.state == TransferState::kInProgress) {
     ended = co_await CancelAndRelease(put.recv);
-  } else {
+  } else if (put.recv.valid()) {
     server_->transport()->Release(put.recv).IgnoreError();
   }
   ErasePendingPut(reservation);
@@ -521,7 +616,8 @@ void Session::HandleAbort(uint64_t seq, uint64_t rid, proto::Abort::Reader abort
 asio::awaitable<void> Session::FinishAbort(uint64_t seq, uint64_t rid, uint64_t reservation) {
   auto self = shared_from_this();
   PendingPut put = pending_puts_.at(reservation);
-  bool ended = co_await CancelAndRelease(put.recv);
+  bool ended = true;
+  if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv);
   ErasePendingPut(reservation);
   if (ended) server_->tier()->Abort(reservation).IgnoreError();
   server_->RetireReservation(
@@ -545,7 +641,8 @@ void Session::ExpireReservations(int64_t now_ns) {
 asio::awaitable<void> Session::ExpirePut(uint64_t reservation) {
   auto self = shared_from_this();
   PendingPut put = pending_puts_.at(reservation);
-  bool ended = co_await CancelAndRelease(put.recv);
+  bool ended = true;
+  if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv);
   ErasePendingPut(reservation);
   if (ended) server_->tier()->Abort(reservation).IgnoreError();
   ++server_->counters().reservations_expired;
@@ -578,6 +675,33 @@ void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
         Status::OutOfRange("chunk " + std::to_string(index) + " of lease " + std::to_string(lease) +
                            " is " + std::to_string(view->meta.size_bytes) +
                            " bytes; the client's buffer holds " + std::to_string(buffer_bytes)));
+  }
+  if (shm_) {
+    // The client copies from (or reads in place) the pinned slot, then sends ReleaseRead.
+    auto ref = PrepareShm(view->offset);
+    if (!ref.ok()) {
+      tier->ReleaseRead(view->read_id).IgnoreError();
+      return CompleteError(seq, rid, ref.status());
+    }
+    shm_reads_.insert(view->read_id);
+    ++server_->counters().gets;
+    server_->counters().get_bytes += view->meta.size_bytes;
+    CompleteShm(seq,
+                MakeResponse(rid,
+                             [&](proto::Response::Builder r) {
+                               auto reply = r.initGet();
+                               reply.setBytes(view->meta.size_bytes);
+                               reply.setChecksum(view->meta.checksum);
+                               reply.setTokens(view->meta.tokens);
+                               reply.setReadId(view->read_id);
+                               auto slot = reply.initShm();
+                               slot.setSegment(ref->segment);
+                               slot.setOffset(ref->offset);
+                               slot.setGeneration(ref->generation);
+                               slot.setFdAttached(ref->fd >= 0);
+                             }),
+                *ref);
+    return;
   }
   auto send =
       server_->transport()->PostSend(transport_peer_, tag, view->data, view->meta.size_bytes);

@@ -112,6 +112,7 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Start(const KvdConfig& c) {
       << "  - name: smollm2-135m\n    layout: {layers: 30, kv_heads: 3, q_heads: 9, head_dim: "
          "64, dtype: bfloat16, rope: {theta: 100000, pairing: interleaved, scaling: none}}\n"
       << "tiers:\n  host:\n    capacity: " << c.host_capacity << "\n"
+      << (c.host_segment.empty() ? "" : "    segment: " + c.host_segment + "\n")
       << (c.tokens_file.empty() ? std::string()
                                 : "auth:\n  tokens_file: \"" + c.tokens_file + "\"\n")
       << (c.disk_path.empty() ? std::string()

@@ -36,6 +36,9 @@ inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
 struct KvdConfig {
   std::string ucx_tls = "sm,tcp";
   std::string host_capacity = "64MiB";
+  // tiers.host.segment ("" = the default, 64 MiB: with the 64 MiB capacity above, the
+  // shared-memory path is off). The shared-memory tests set a smaller one.
+  std::string host_segment;
   int64_t reservation_ttl_ms = 30000;
   int64_t lease_ttl_ms = 30000;
   int64_t transfer_timeout_ms = 10000;

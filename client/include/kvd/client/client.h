@@ -86,6 +86,12 @@ struct ClientOptions {
   uint32_t max_frame_bytes = 4u << 20;
   // Chunks kept in flight by PutChunks/GetChunks (default 8; >= 1).
   int max_in_flight = 8;
+  // Same-node shared-memory path (default true): connected over a unix socket ("unix:/path"),
+  // the client asks kvd for it at the handshake; if granted (SessionInfo::shared_memory), puts
+  // copy the bytes straight into the daemon's arena slot and gets copy them out of it (the
+  // arena's segments of this client's namespace are mapped into this process); the transport
+  // carries no bytes. false forces the transport (UCX) path.
+  bool shared_memory = true;
 
   // ---- test seams (leave at the defaults) ----
   // Check a raw put's byte count against the layout before asking the daemon (default true).
@@ -222,6 +228,16 @@ struct SessionInfo {
   uint32_t max_frame_bytes = 0;
   uint64_t max_chunk_bytes = 0;
   std::string transport;
+  // The daemon granted the shared-memory path (see ClientOptions::shared_memory).
+  bool shared_memory = false;
+};
+
+// A segment of the daemon's shared-memory arena mapped into this process (diagnostics, tests).
+struct SharedSegment {
+  uint32_t index = 0;
+  uint64_t generation = 0;
+  const std::byte* data = nullptr;
+  uint64_t size = 0;
 };
 
 class Client {
@@ -272,6 +288,9 @@ class Client {
 
   // ---- any role ----
   StatusOr<Stats> GetStats();
+  // The arena segments this client has mapped (shared-memory sessions; empty otherwise). Each
+  // holds chunks of this client's namespace only.
+  std::vector<SharedSegment> SharedSegments() const;
   StatusOr<ListResult> List(const ListFilter& filter);
   StatusOr<EvictResult> Evict(const EvictFilter& filter);
   StatusOr<Health> GetHealth();

@@ -143,7 +143,8 @@ struct DaemonConfig {
   std::string hash_seed = "kvd-default-seed";
   // Registered models (names unique). Default: BuiltinModels().
   std::vector<ModelConfig> models = BuiltinModels();
-  // The host-memory tier. `capacity_bytes` default 1 GiB (the daemon allocates that much
+  // The host-memory tier. `segment_bytes` default 64 MiB (see host_shared_memory).
+  // `capacity_bytes` default 1 GiB (the daemon allocates that much
   // registered memory at start). Its TTL fields are set by the daemon from `limits`.
   storage::HostTierOptions host_tier = DefaultHostTierOptions();
   // Fault in every page of the host arena in the background after start
@@ -151,6 +152,14 @@ struct DaemonConfig {
   // meanwhile), so that puts do not pay page faults on first use. The memory is resident from
   // then on. Default true.
   bool host_prefault = true;
+  // Same-node shared-memory data path (tiers.host.shared_memory). Default true: the host arena
+  // lives in memfd shared memory cut into segments of host_tier.segment_bytes
+  // (tiers.host.segment, default 64 MiB, a multiple of the page size, at least the largest full
+  // chunk of every model); each segment holds one namespace's chunks, and a client connected
+  // over the unix socket maps only its namespace's segments and copies chunk bytes itself (no
+  // daemon thread touches them). At most capacity / segment namespaces hold chunks at once. If
+  // the segment is not below the capacity, the path is off (sessions use the transport).
+  bool host_shared_memory = true;
   // The RocksDB disk tier (tiers.disk). Absent (default): host memory only. When present,
   // `path` is required; least-recently-used host chunks are demoted to it above
   // placement.high_watermark, and lookups promote disk-only chunks back (chunks survive a

@@ -1,0 +1,273 @@
+// Client: the same-node shared-memory path (puts and gets copy straight into / out of the
+// daemon's arena slots; see ClientOptions::shared_memory and the ShmSlot message).
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "client_impl.h"
+#include "kvd/common/hash.h"
+#include "kvd/proto/convert.h"
+
+namespace kvd::client::internal {
+namespace {
+
+template <typename Fn>
+Status ReadReply(proto::DecodedMessage& m, Fn&& fn) {
+  return proto::TryDecode([&]() -> Status { return fn(m.Root<proto::Response>()); });
+}
+
+Status WrongReply(const char* expected) {
+  return Status::Internal(std::string("kvd answered with an unexpected message (expected ") +
+                          expected + ")");
+}
+
+}  // namespace
+
+void ClientImpl::UnmapSegmentsLocked() {
+  for (auto& [index, seg] : segments_) ::munmap(seg.data, seg.size);
+  segments_.clear();
+}
+
+std::vector<SharedSegment> ClientImpl::SharedSegments() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SharedSegment> out;
+  for (const auto& [index, seg] : segments_) {
+    out.push_back(SharedSegment{index, seg.generation, seg.data, seg.size});
+  }
+  return out;
+}
+
+StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segment, uint64_t offset,
+                                            uint64_t generation, bool fd_attached, uint64_t bytes) {
+  if (fd_attached) {
+    int fd = channel_->TakeFd(request_id);
+    if (fd < 0) return Status::Internal("kvd announced an arena memfd that did not arrive");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
+      ::close(fd);
+      return Status::Internal("the arena memfd from kvd has no size");
+    }
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    // MAP_POPULATE: the page tables are filled once here, not by a fault per page on each copy.
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    if (p == MAP_FAILED) {
+      return Status::ResourceExhausted(std::string("mapping an arena segment of kvd: ") +
+                                       std::strerror(err));
+    }
+    auto old = segments_.find(segment);
+    if (old != segments_.end()) ::munmap(old->second.data, old->second.size);
+    segments_[segment] = MappedSegment{generation, static_cast<std::byte*>(p), size};
+  }
+  auto it = segments_.find(segment);
+  if (it == segments_.end() || it->second.generation != generation) {
+    return Status::Internal("kvd named arena segment " + std::to_string(segment) + " (generation " +
+                            std::to_string(generation) + ") that this client has not mapped");
+  }
+  if (offset > it->second.size || bytes > it->second.size - offset) {
+    return Status::Internal("kvd named a slot outside arena segment " + std::to_string(segment));
+  }
+  return it->second.data + offset;
+}
+
+StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const PutItem> items) {
+  const size_t n = items.size();
+  for (const PutItem& it : items) {
+    if (it.data == nullptr && it.bytes > 0) return Status::InvalidArgument("put: null data");
+    if (options_.verify_locally && options_.codec_id == 0 &&
+        it.bytes != options_.layout.ChunkBytes(it.tokens)) {
+      return Status::InvalidArgument("put: " + std::to_string(it.bytes) +
+                                     " bytes given for a raw chunk of " +
+                                     std::to_string(it.tokens) + " tokens; the layout needs " +
+                                     std::to_string(options_.layout.ChunkBytes(it.tokens)));
+    }
+  }
+  // Phase 1: reserve every chunk of the window (pipelined frames).
+  std::vector<uint64_t> req(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto id = channel_->Send([&](proto::Request::Builder r) {
+      auto rv = r.initReserve();
+      proto::ToProto(items[i].hash, rv.initChunkHash());
+      rv.setTokens(static_cast<uint32_t>(items[i].tokens));
+      rv.setBytes(items[i].bytes);
+    });
+    if (!id.ok()) return id.status();
+    req[i] = *id;
+  }
+  // Phase 2: as each reservation comes back, copy the chunk into its slot and checksum it.
+  std::vector<PutResult> out(n);
+  std::vector<uint64_t> reservation(n, 0), checksum(n, 0);
+  std::vector<uint64_t> to_abort;
+  Status first_error;
+  for (size_t i = 0; i < n; ++i) {
+    auto reply = channel_->Await(req[i]);
+    if (!reply.ok()) {
+      if (first_error.ok()) first_error = reply.status().WithContext("reserve");
+      continue;
+    }
+    uint32_t segment = 0;
+    uint64_t offset = 0, generation = 0;
+    bool fd_attached = false, has_slot = false;
+    Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
+      if (!r.isReserve()) return WrongReply("reserve");
+      auto rv = r.getReserve();
+      out[i].already_stored = rv.getAlreadyStored();
+      out[i].bytes = items[i].bytes;
+      reservation[i] = rv.getReservationId();
+      has_slot = rv.hasShm();
+      if (has_slot) {
+        segment = rv.getShm().getSegment();
+        offset = rv.getShm().getOffset();
+        generation = rv.getShm().getGeneration();
+        fd_attached = rv.getShm().getFdAttached();
+      }
+      return Status::Ok();
+    });
+    if (!s.ok()) {
+      if (first_error.ok()) first_error = s;
+      continue;
+    }
+    if (out[i].already_stored) continue;
+    to_abort.push_back(reservation[i]);
+    if (!has_slot) {
+      if (first_error.ok()) first_error = Status::Internal("kvd reserved without a memory slot");
+      continue;
+    }
+    auto slot = SlotLocked(req[i], segment, offset, generation, fd_attached, items[i].bytes);
+    if (!slot.ok()) {
+      if (first_error.ok()) first_error = slot.status();
+      continue;
+    }
+    if (!first_error.ok()) continue;
+    std::memcpy(*slot, items[i].data, items[i].bytes);
+    checksum[i] = Checksum64(items[i].data, items[i].bytes);
+  }
+  if (!first_error.ok()) {
+    AbortReservationsLocked(to_abort);
+    return first_error;
+  }
+  if (options_.test_before_commit) options_.test_before_commit();
+  // Phase 3: commit with checksums (pipelined).
+  std::vector<uint64_t> commit_req(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (out[i].already_stored) continue;
+    auto id = channel_->Send([&](proto::Request::Builder r) {
+      auto c = r.initCommit();
+      c.setReservationId(reservation[i]);
+      c.setChecksum(checksum[i] ^ options_.test_corrupt_checksum);
+    });
+    if (!id.ok()) return id.status();
+    commit_req[i] = *id;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (commit_req[i] == 0) continue;
+    auto reply = channel_->Await(commit_req[i]);
+    if (!reply.ok()) {
+      if (first_error.ok()) first_error = reply.status().WithContext("commit");
+      continue;
+    }
+    Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
+      if (!r.isCommit()) return WrongReply("commit");
+      out[i].bytes = r.getCommit().getBytes();
+      return Status::Ok();
+    });
+    if (!s.ok() && first_error.ok()) first_error = s;
+  }
+  if (!first_error.ok()) return first_error;
+  return out;
+}
+
+StatusOr<std::vector<GetResult>> ClientImpl::GetWindowShmLocked(uint64_t lease_id,
+                                                                std::span<const GetItem> items) {
+  const size_t n = items.size();
+  std::vector<uint64_t> req(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (items[i].out == nullptr && items[i].capacity > 0) {
+      return Status::InvalidArgument("get: null output buffer");
+    }
+  }
+  // Ask for every chunk (pipelined); each reply names the pinned slot.
+  for (size_t i = 0; i < n; ++i) {
+    auto id = channel_->Send([&](proto::Request::Builder r) {
+      auto g = r.initGet();
+      g.setLeaseId(lease_id);
+      g.setChunkIndex(items[i].chunk_index);
+      g.setBufferBytes(items[i].capacity);
+    });
+    if (!id.ok()) return id.status();
+    req[i] = *id;
+  }
+  std::vector<GetResult> out(n);
+  std::vector<uint64_t> reads;
+  Status first_error;
+  for (size_t i = 0; i < n; ++i) {
+    auto reply = channel_->Await(req[i]);
+    if (!reply.ok()) {
+      if (first_error.ok()) first_error = reply.status();
+      continue;
+    }
+    uint32_t segment = 0;
+    uint64_t offset = 0, generation = 0, read_id = 0;
+    bool fd_attached = false, has_slot = false;
+    Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
+      if (!r.isGet()) return WrongReply("get");
+      auto g = r.getGet();
+      out[i].bytes = g.getBytes();
+      out[i].checksum = g.getChecksum();
+      out[i].tokens = g.getTokens();
+      read_id = g.getReadId();
+      has_slot = g.hasShm();
+      if (has_slot) {
+        segment = g.getShm().getSegment();
+        offset = g.getShm().getOffset();
+        generation = g.getShm().getGeneration();
+        fd_attached = g.getShm().getFdAttached();
+      }
+      return Status::Ok();
+    });
+    if (s.ok() && read_id != 0) reads.push_back(read_id);
+    if (s.ok() && !has_slot) s = Status::Internal("kvd answered a get without a memory slot");
+    if (s.ok() && out[i].bytes > items[i].capacity) {
+      s = Status::OutOfRange("get: chunk of " + std::to_string(out[i].bytes) +
+                             " bytes, buffer of " + std::to_string(items[i].capacity));
+    }
+    if (!s.ok()) {
+      if (int fd = fd_attached ? channel_->TakeFd(req[i]) : -1; fd >= 0) ::close(fd);
+      if (first_error.ok()) first_error = s;
+      continue;
+    }
+    auto slot = SlotLocked(req[i], segment, offset, generation, fd_attached, out[i].bytes);
+    if (!slot.ok()) {
+      if (first_error.ok()) first_error = slot.status();
+      continue;
+    }
+    std::memcpy(items[i].out, *slot, out[i].bytes);
+    // End to end: the copy must match the checksum the writer committed.
+    if (Checksum64(items[i].out, out[i].bytes) != out[i].checksum && first_error.ok()) {
+      first_error = Status::DataLoss("get: checksum mismatch on chunk " +
+                                     std::to_string(items[i].chunk_index) + " of lease " +
+                                     std::to_string(lease_id));
+    }
+  }
+  // The bytes are ours now: release the reads (pipelined) so the chunks may be evicted again.
+  std::vector<uint64_t> release_req;
+  for (uint64_t read : reads) {
+    auto id =
+        channel_->Send([&](proto::Request::Builder r) { r.initReleaseRead().setReadId(read); });
+    if (!id.ok()) break;
+    release_req.push_back(*id);
+  }
+  for (uint64_t id : release_req) {
+    auto r = channel_->Await(id);
+    if (!r.ok() && first_error.ok()) first_error = r.status().WithContext("release of a read");
+  }
+  if (!first_error.ok()) return first_error;
+  return out;
+}
+
+}  // namespace kvd::client::internal
