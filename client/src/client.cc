@@ -219,8 +219,7 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> 
   return out;
 }
 
-StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const PutItem> items) {
-  if (session_.shared_memory) return PutWindowShmLocked(items);
+StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const PutItem> items) {
   const size_t n = items.size();
   for (const PutItem& it : items) {
     if (it.data == nullptr && it.bytes > 0) return Status::InvalidArgument("put: null data");
@@ -244,6 +243,13 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const Put
     if (!id.ok()) return id.status();
     req[i] = *id;
   }
+  return req;
+}
+
+StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const PutItem> items) {
+  if (session_.shared_memory) return PutWindowShmLocked(items);
+  const size_t n = items.size();
+  KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> req, SendReservesLocked(items));
   std::vector<PutResult> out(n);
   std::vector<uint64_t> reservation(n, 0), tag(n, 0);
   std::vector<uint64_t> to_abort;

@@ -43,6 +43,10 @@ class ClientImpl final : public Client {
   // REQUIRES: mu_ held.
   Status CheckUsable(bool needs_transport) const;
   StatusOr<std::vector<PutResult>> PutWindowLocked(std::span<const PutItem> items);
+  // Phase 1 of a put window, shared by the UCX and shared-memory paths: checks every item
+  // (INVALID_ARGUMENT for null data or a raw byte count the layout does not give) and sends
+  // one Reserve per item without waiting. Returns the request ids, in item order.
+  StatusOr<std::vector<uint64_t>> SendReservesLocked(std::span<const PutItem> items);
   StatusOr<std::vector<GetResult>> GetWindowLocked(uint64_t lease_id,
                                                    std::span<const GetItem> items);
   // Waits for `transfer` (progressing the transport) while watching the control connection,

@@ -77,28 +77,7 @@ StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segmen
 
 StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const PutItem> items) {
   const size_t n = items.size();
-  for (const PutItem& it : items) {
-    if (it.data == nullptr && it.bytes > 0) return Status::InvalidArgument("put: null data");
-    if (options_.verify_locally && options_.codec_id == 0 &&
-        it.bytes != options_.layout.ChunkBytes(it.tokens)) {
-      return Status::InvalidArgument("put: " + std::to_string(it.bytes) +
-                                     " bytes given for a raw chunk of " +
-                                     std::to_string(it.tokens) + " tokens; the layout needs " +
-                                     std::to_string(options_.layout.ChunkBytes(it.tokens)));
-    }
-  }
-  // Phase 1: reserve every chunk of the window (pipelined frames).
-  std::vector<uint64_t> req(n);
-  for (size_t i = 0; i < n; ++i) {
-    auto id = channel_->Send([&](proto::Request::Builder r) {
-      auto rv = r.initReserve();
-      proto::ToProto(items[i].hash, rv.initChunkHash());
-      rv.setTokens(static_cast<uint32_t>(items[i].tokens));
-      rv.setBytes(items[i].bytes);
-    });
-    if (!id.ok()) return id.status();
-    req[i] = *id;
-  }
+  KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> req, SendReservesLocked(items));
   // Phase 2: as each reservation comes back, copy the chunk into its slot and checksum it.
   std::vector<PutResult> out(n);
   std::vector<uint64_t> reservation(n, 0), checksum(n, 0);
