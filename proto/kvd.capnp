@@ -80,10 +80,18 @@ struct Hello {
   hashSeedDigest @6 :UInt64;         # kvd::Digest64(hash seed text): must equal the daemon's
   chunkTokens @7 :UInt32;            # must equal the daemon's chunk size
   workerAddress @8 :Data;            # the client's transport address (engine role)
-  codecId @9 :UInt32;                # 0 = raw (uncompressed)
+  codecId @9 :UInt32;                # 0 = whatever the model's policy stores (raw without one);
+                                     # else must equal the model's current codec id
   authToken @10 :Text;               # the namespace's token (engine) or the admin token (admin);
                                      # checked when the daemon has auth.tokens_file
   sharedMemory @11 :Bool;            # ask for the same-node shared-memory path (unix socket only)
+}
+
+# The form of a stored chunk: raw (common/layout.h) or compact (docs/chunk-format.md).
+enum ChunkForm {
+  asStored @0;                       # Get only: whatever the chunk is stored as
+  raw @1;
+  compact @2;
 }
 
 struct HelloReply {
@@ -96,6 +104,12 @@ struct HelloReply {
   maxChunkBytes @6 :UInt64;
   transport @7 :Text;                # e.g. "ucx:tcp" / "ucx:sm,tcp"
   sharedMemory @8 :Bool;             # granted: puts and gets of this session use ShmSlot
+  codecId @9 :UInt32;                # codec id lookups/gets of this session use; 0 = raw
+  policyDigest @10 :UInt64;          # Digest64 of the policy's canonical form; 0 = no policy
+  policy @11 :Text;                 # the policy's canonical form; "" = no policy (raw)
+  windowTokens @12 :UInt32;         # W the policy wants with each put (0 = no policy)
+  needsQueries @13 :Bool;           # puts without window queries are refused
+  calibrationVersion @14 :UInt64;   # VECTOR weights the codec id includes; 0 = none
 }
 
 # Where the bytes of a reservation or read lie in the daemon's shared-memory arena (sessions with
@@ -131,7 +145,10 @@ struct LookupReply {
 struct Reserve {
   chunkHash @0 :Hash128;
   tokens @1 :UInt32;                 # tokens in this chunk (== chunkTokens except the last chunk)
-  bytes @2 :UInt64;                  # must equal layout.ChunkBytes(tokens) for raw chunks
+  bytes @2 :UInt64;                  # layout.ChunkBytes(tokens) + the window queries' bytes
+  firstPosition @3 :UInt64;          # position of the chunk's first token in its sequence
+  windowTokens @4 :UInt32;           # W: 0 (none) or the policy's window; the bytes then end with
+                                     # W * numQHeads * headDim float32 per layer (wire-format.md)
 }
 
 struct ReserveReply {
@@ -150,7 +167,9 @@ struct Commit {
 }
 
 struct CommitReply {
-  bytes @0 :UInt64;
+  bytes @0 :UInt64;                  # bytes received
+  storedBytes @1 :UInt64;            # bytes stored (the compact chunk for a model with a policy)
+  codecId @2 :UInt32;                # the key's codec id the chunk was stored under
 }
 
 struct Abort {
@@ -166,6 +185,7 @@ struct Get {
   chunkIndex @1 :UInt32;
   tag @2 :UInt64;
   bufferBytes @3 :UInt64;            # size of the client's receive buffer
+  form @4 :ChunkForm;                # the form wanted; one the chunk cannot give: FAILED_PRECONDITION
 }
 
 struct GetReply {
@@ -174,6 +194,42 @@ struct GetReply {
   tokens @2 :UInt32;
   shm @3 :ShmSlot;                   # shared-memory sessions: the bytes lie here (read-only) ...
   readId @4 :UInt64;                 # ... pinned until ReleaseRead(readId) (or the read TTL)
+  codecId @5 :UInt32;                # the stored chunk's codec id (0 = raw)
+  form @6 :ChunkForm;                # raw or compact
+}
+
+# VECTOR calibration of one model (admin or engine role).
+struct CalibrationRequest {
+  model @0 :Text;                    # "" = every model whose policy routes values
+}
+
+struct CalibrationReply {
+  models @0 :List(ModelCalibration);
+
+  struct ModelCalibration {
+    model @0 :Text;
+    state @1 :Text;                  # "collecting", "calibrated", "not-routing"
+    tokensSeen @2 :UInt64;           # tokens per (layer, head) accumulated so far
+    tokensNeeded @3 :UInt64;
+    version @4 :UInt64;              # VectorWeights::version, 0 until calibrated
+    codecId @5 :UInt32;              # the codec id chunks are stored under now
+    r2 @6 :List(Float64);            # [layers * kvHeads], layer-major; empty until calibrated
+    routes @7 :List(Bool);           # per head: R^2 >= the policy's threshold
+    numLayers @8 :UInt32;
+    numKvHeads @9 :UInt32;
+    r2Threshold @10 :Float64;
+  }
+}
+
+# The serialized VECTOR weights of `version` for the session's model (engine role): what the
+# client needs to rebuild routed values. NOT_FOUND when the daemon does not hold that version.
+struct WeightsRequest {
+  version @0 :UInt64;
+}
+
+struct WeightsReply {
+  version @0 :UInt64;
+  weights @1 :Data;                  # VectorWeights::Serialize() (docs/chunk-format.md)
 }
 
 # Ends a shared-memory read (GetReply.readId): the chunk may be evicted again. Ack.
@@ -293,6 +349,8 @@ struct Request {
     health @11 :Void;
     bye @12 :Void;
     releaseRead @13 :ReleaseRead;
+    calibration @14 :CalibrationRequest;
+    weights @15 :WeightsRequest;
   }
 }
 
@@ -310,5 +368,7 @@ struct Response {
     list @9 :ListReply;
     evict @10 :EvictReply;
     health @11 :HealthReply;
+    calibration @12 :CalibrationReply;
+    weights @13 :WeightsReply;
   }
 }

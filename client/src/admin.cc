@@ -154,4 +154,52 @@ StatusOr<Health> ClientImpl::GetHealth() {
   return out;
 }
 
+StatusOr<std::vector<CalibrationInfo>> ClientImpl::GetCalibration(const std::string& model) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KVD_RETURN_IF_ERROR(CheckUsable(false));
+  auto id = channel_->Send([&](proto::Request::Builder r) { r.initCalibration().setModel(model); });
+  if (!id.ok()) return id.status();
+  KVD_ASSIGN_OR_RETURN(auto reply, channel_->Await(*id));
+  std::vector<CalibrationInfo> out;
+  KVD_RETURN_IF_ERROR(ReadReply(*reply, [&](proto::Response::Reader r) -> Status {
+    if (!r.isCalibration()) return WrongReply("calibration");
+    for (auto m : r.getCalibration().getModels()) {
+      CalibrationInfo c;
+      c.model = m.getModel().cStr();
+      c.state = m.getState().cStr();
+      c.tokens_seen = m.getTokensSeen();
+      c.tokens_needed = m.getTokensNeeded();
+      c.version = m.getVersion();
+      c.codec_id = m.getCodecId();
+      c.num_layers = m.getNumLayers();
+      c.num_kv_heads = m.getNumKvHeads();
+      c.r2_threshold = m.getR2Threshold();
+      for (double v : m.getR2()) c.r2.push_back(v);
+      for (bool v : m.getRoutes()) c.routes.push_back(v);
+      out.push_back(std::move(c));
+    }
+    return Status::Ok();
+  }));
+  return out;
+}
+
+StatusOr<std::shared_ptr<const std::vector<uint8_t>>> ClientImpl::GetVectorWeights(
+    uint64_t version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KVD_RETURN_IF_ERROR(CheckUsable(true));
+  if (auto it = weights_.find(version); it != weights_.end()) return it->second;
+  auto id = channel_->Send([&](proto::Request::Builder r) { r.initWeights().setVersion(version); });
+  if (!id.ok()) return id.status();
+  KVD_ASSIGN_OR_RETURN(auto reply, channel_->Await(*id));
+  std::shared_ptr<const std::vector<uint8_t>> out;
+  KVD_RETURN_IF_ERROR(ReadReply(*reply, [&](proto::Response::Reader r) -> Status {
+    if (!r.isWeights()) return WrongReply("weights");
+    auto w = r.getWeights().getWeights();
+    out = std::make_shared<const std::vector<uint8_t>>(w.begin(), w.end());
+    return Status::Ok();
+  }));
+  weights_[version] = out;
+  return out;
+}
+
 }  // namespace kvd::client::internal

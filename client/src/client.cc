@@ -120,6 +120,12 @@ Status ClientImpl::Handshake() {
     session_.max_chunk_bytes = h.getMaxChunkBytes();
     session_.transport = h.getTransport().cStr();
     session_.shared_memory = h.getSharedMemory();
+    session_.codec_id = h.getCodecId();
+    session_.policy_digest = h.getPolicyDigest();
+    session_.policy = h.getPolicy().cStr();
+    session_.window_tokens = h.getWindowTokens();
+    session_.needs_queries = h.getNeedsQueries();
+    session_.calibration_version = h.getCalibrationVersion();
     auto addr = h.getWorkerAddress();
     daemon_address.assign(reinterpret_cast<const char*>(addr.begin()), addr.size());
     return Status::Ok();
@@ -213,7 +219,28 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> 
   out.reserve(items.size());
   for (size_t i = 0; i < items.size(); i += options_.max_in_flight) {
     size_t n = std::min<size_t>(options_.max_in_flight, items.size() - i);
-    KVD_ASSIGN_OR_RETURN(auto part, PutWindowLocked(items.subspan(i, n)));
+    // Items with separate window queries are staged (raw + queries in one buffer: the daemon
+    // receives one message per put).
+    std::vector<PutItem> window(items.begin() + i, items.begin() + i + n);
+    std::vector<std::vector<uint8_t>> staged;
+    for (PutItem& it : window) {
+      if (it.window_queries.empty()) continue;
+      const size_t qbytes = it.window_queries.size() * sizeof(float);
+      if (qbytes != WindowQueryBytes(options_.layout, it.window)) {
+        return Status::InvalidArgument(
+            "put: " + std::to_string(it.window_queries.size()) + " window-query floats for " +
+            "window " + std::to_string(it.window) + "; the layout needs " +
+            std::to_string(WindowQueryBytes(options_.layout, it.window) / sizeof(float)) +
+            " (layers x window x q_heads x head_dim)");
+      }
+      auto& buf = staged.emplace_back(it.bytes + qbytes);
+      if (it.bytes > 0) std::memcpy(buf.data(), it.data, it.bytes);
+      std::memcpy(buf.data() + it.bytes, it.window_queries.data(), qbytes);
+      it.data = buf.data();
+      it.bytes = buf.size();
+      it.window_queries = {};
+    }
+    KVD_ASSIGN_OR_RETURN(auto part, PutWindowLocked(window));
     out.insert(out.end(), part.begin(), part.end());
   }
   return out;
@@ -223,12 +250,17 @@ StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const P
   const size_t n = items.size();
   for (const PutItem& it : items) {
     if (it.data == nullptr && it.bytes > 0) return Status::InvalidArgument("put: null data");
-    if (options_.verify_locally && options_.codec_id == 0 &&
-        it.bytes != options_.layout.ChunkBytes(it.tokens)) {
-      return Status::InvalidArgument("put: " + std::to_string(it.bytes) +
-                                     " bytes given for a raw chunk of " +
-                                     std::to_string(it.tokens) + " tokens; the layout needs " +
-                                     std::to_string(options_.layout.ChunkBytes(it.tokens)));
+    if (it.window < 0) {
+      return Status::InvalidArgument("put: window " + std::to_string(it.window) + " < 0");
+    }
+    const size_t expected =
+        options_.layout.ChunkBytes(it.tokens) + WindowQueryBytes(options_.layout, it.window);
+    if (options_.verify_locally && it.bytes != expected) {
+      return Status::InvalidArgument(
+          "put: " + std::to_string(it.bytes) + " bytes given for a raw chunk of " +
+          std::to_string(it.tokens) + " tokens" +
+          (it.window > 0 ? " with " + std::to_string(it.window) + " window-query tokens" : "") +
+          "; the layout needs " + std::to_string(expected));
     }
   }
   // Phase 1: reserve every chunk of the window (pipelined frames).
@@ -239,6 +271,8 @@ StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const P
       proto::ToProto(items[i].hash, rv.initChunkHash());
       rv.setTokens(static_cast<uint32_t>(items[i].tokens));
       rv.setBytes(items[i].bytes);
+      rv.setFirstPosition(items[i].first_position);
+      rv.setWindowTokens(static_cast<uint32_t>(items[i].window));
     });
     if (!id.ok()) return id.status();
     req[i] = *id;
@@ -352,7 +386,10 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const Put
     }
     Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
       if (!r.isCommit()) return WrongReply("commit");
-      out[i].bytes = r.getCommit().getBytes();
+      auto c = r.getCommit();
+      out[i].bytes = c.getBytes();
+      out[i].stored_bytes = c.getStoredBytes();
+      out[i].codec_id = c.getCodecId();
       return Status::Ok();
     });
     if (!s.ok() && first_error.ok()) first_error = s;
@@ -411,6 +448,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
       g.setChunkIndex(items[i].chunk_index);
       g.setTag(tag);
       g.setBufferBytes(items[i].capacity);
+      g.setForm(static_cast<proto::ChunkForm>(items[i].form));
     });
     if (!id.ok()) {
       first_error = id.status();
@@ -509,6 +547,9 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
       out[i].bytes = g.getBytes();
       out[i].checksum = g.getChecksum();
       out[i].tokens = g.getTokens();
+      out[i].codec_id = g.getCodecId();
+      out[i].form =
+          g.getForm() == proto::ChunkForm::COMPACT ? ChunkForm::kCompact : ChunkForm::kRaw;
       return Status::Ok();
     });
     if (st.ok() && out[i].bytes != s.received) {
@@ -562,7 +603,11 @@ StatusOr<LookupResult> Client::Lookup(std::span<const Hash128> chain) {
 Status Client::ReleaseLease(uint64_t lease_id) { return Impl(this)->ReleaseLease(lease_id); }
 
 StatusOr<PutResult> Client::Put(const Hash128& hash, int tokens, const void* data, size_t bytes) {
-  PutItem item{hash, tokens, data, bytes};
+  PutItem item;
+  item.hash = hash;
+  item.tokens = tokens;
+  item.data = data;
+  item.bytes = bytes;
   KVD_ASSIGN_OR_RETURN(auto r, Impl(this)->PutChunks({&item, 1}));
   return r[0];
 }
@@ -589,7 +634,10 @@ StatusOr<std::vector<PutResult>> Client::PutChunks(std::span<const PutItem> item
 
 StatusOr<GetResult> Client::Get(uint64_t lease_id, uint32_t chunk_index, void* out,
                                 size_t capacity) {
-  GetItem item{chunk_index, out, capacity};
+  GetItem item;
+  item.chunk_index = chunk_index;
+  item.out = out;
+  item.capacity = capacity;
   KVD_ASSIGN_OR_RETURN(auto r, Impl(this)->GetChunks(lease_id, {&item, 1}));
   return r[0];
 }
@@ -603,7 +651,10 @@ StatusOr<GetResult> Client::GetLayers(uint64_t lease_id, uint32_t chunk_index,
                                    std::to_string(layout.num_layers));
   }
   std::vector<uint8_t> staging(layout.ChunkBytes(capacity_tokens));
-  KVD_ASSIGN_OR_RETURN(GetResult r, Get(lease_id, chunk_index, staging.data(), staging.size()));
+  // The raw form: a compact chunk is FAILED_PRECONDITION from the daemon (expand it instead).
+  GetItem item{chunk_index, staging.data(), staging.size(), ChunkForm::kRaw};
+  KVD_ASSIGN_OR_RETURN(auto got, Impl(this)->GetChunks(lease_id, {&item, 1}));
+  GetResult r = got[0];
   if (r.bytes != layout.ChunkBytes(static_cast<int>(r.tokens))) {
     return Status::DataLoss("GetLayers: chunk of " + std::to_string(r.tokens) + " tokens has " +
                             std::to_string(r.bytes) + " bytes, the layout needs " +
@@ -616,6 +667,18 @@ StatusOr<GetResult> Client::GetLayers(uint64_t lease_id, uint32_t chunk_index,
 StatusOr<std::vector<GetResult>> Client::GetChunks(uint64_t lease_id,
                                                    std::span<const GetItem> items) {
   return Impl(this)->GetChunks(lease_id, items);
+}
+
+StatusOr<std::shared_ptr<const std::vector<uint8_t>>> Client::GetVectorWeights(uint64_t version) {
+  return Impl(this)->GetVectorWeights(version);
+}
+StatusOr<std::vector<CalibrationInfo>> Client::GetCalibration(const std::string& model) {
+  return Impl(this)->GetCalibration(model);
+}
+
+size_t WindowQueryBytes(const ModelLayout& layout, int window) {
+  return static_cast<size_t>(window) * layout.num_layers * layout.num_q_heads * layout.head_dim *
+         sizeof(float);
 }
 
 StatusOr<Stats> Client::GetStats() { return Impl(this)->GetStats(); }

@@ -38,6 +38,8 @@ class ClientImpl final : public Client {
   StatusOr<EvictResult> Evict(const EvictFilter& filter);
   StatusOr<Health> GetHealth();
   std::vector<SharedSegment> SharedSegments() const;
+  StatusOr<std::vector<CalibrationInfo>> GetCalibration(const std::string& model);
+  StatusOr<std::shared_ptr<const std::vector<uint8_t>>> GetVectorWeights(uint64_t version);
 
  private:
   // REQUIRES: mu_ held.
@@ -81,6 +83,8 @@ class ClientImpl final : public Client {
   uint64_t next_tag_ = 1;                            // GUARDED_BY(mu_)
   SessionInfo session_;
   std::vector<uint8_t> staging_;  // PutLayers/GetLayers; GUARDED_BY(mu_)
+  // VECTOR weights by version (GetVectorWeights); GUARDED_BY(mu_)
+  std::map<uint64_t, std::shared_ptr<const std::vector<uint8_t>>> weights_;
 
   friend class ::kvd::client::Client;
 };

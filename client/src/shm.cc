@@ -152,7 +152,10 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
     }
     Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
       if (!r.isCommit()) return WrongReply("commit");
-      out[i].bytes = r.getCommit().getBytes();
+      auto c = r.getCommit();
+      out[i].bytes = c.getBytes();
+      out[i].stored_bytes = c.getStoredBytes();
+      out[i].codec_id = c.getCodecId();
       return Status::Ok();
     });
     if (!s.ok() && first_error.ok()) first_error = s;
@@ -177,6 +180,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowShmLocked(uint64_t lease_i
       g.setLeaseId(lease_id);
       g.setChunkIndex(items[i].chunk_index);
       g.setBufferBytes(items[i].capacity);
+      g.setForm(static_cast<proto::ChunkForm>(items[i].form));
     });
     if (!id.ok()) return id.status();
     req[i] = *id;
@@ -199,6 +203,9 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowShmLocked(uint64_t lease_i
       out[i].bytes = g.getBytes();
       out[i].checksum = g.getChecksum();
       out[i].tokens = g.getTokens();
+      out[i].codec_id = g.getCodecId();
+      out[i].form =
+          g.getForm() == proto::ChunkForm::COMPACT ? ChunkForm::kCompact : ChunkForm::kRaw;
       read_id = g.getReadId();
       has_slot = g.hasShm();
       if (has_slot) {

@@ -156,6 +156,12 @@ std::vector<ModelConfig> DaemonConfig::BuiltinModels() {
   return models;
 }
 
+std::string DaemonConfig::ResolvedStateDir() const {
+  if (!state_dir.empty()) return state_dir;
+  if (disk_tier) return disk_tier->path;
+  return config_dir;
+}
+
 const ModelConfig* DaemonConfig::FindModel(std::string_view name) const {
   for (const auto& m : models) {
     if (m.name == name) return &m;
@@ -183,9 +189,8 @@ Status DaemonConfig::Validate() const {
       return Status::InvalidArgument(key + ".name: \"" + m.name + "\" is registered twice");
     }
     KVD_RETURN_IF_ERROR(m.layout.Validate().WithContext(key + " (" + m.name + ").layout"));
-    if (m.compression != "off") {
-      return Status::InvalidArgument(key + ".compression: \"" + m.compression +
-                                     "\" is not supported (only \"off\" in this version)");
+    if (m.compression) {
+      KVD_RETURN_IF_ERROR(m.compression->Validate(key + ".compression", chunk_tokens));
     }
     uint64_t chunk = m.layout.ChunkBytes(chunk_tokens);
     if (chunk > limits.max_chunk_bytes) {

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvd/daemon/config.h"
@@ -184,6 +185,88 @@ Status BindLayout(const YAML::Node& node, const std::string& path, ModelLayout* 
   return Status::Ok();
 }
 
+// `compression: off` (raw) or a policy mapping (compression_policy.h). Stage order and method
+// names are checked here (they are YAML-level facts); the rest by CompressionPolicy::Validate.
+Status BindCompression(const YAML::Node& node, const std::string& path,
+                       std::optional<CompressionPolicy>* out) {
+  if (node.IsScalar()) {
+    const std::string text = node.Scalar();
+    if (text == "off" || text == "false" || text == "none") {
+      out->reset();
+      return Status::Ok();
+    }
+    return Bad(path, text,
+               "is not \"off\" or a policy mapping (e.g. {stages: [snapkv], p_c: 0.5})");
+  }
+  KVD_RETURN_IF_ERROR(
+      CheckMap(node, path,
+               {"stages", "p_c", "window", "sinks", "pooling", "pooling_kernel", "keydiff_block",
+                "pyramid_beta", "merge_norm", "position", "max_group", "min_cos", "route_eps",
+                "r2_threshold", "calibration_tokens", "worker_threads", "queue_depth"}));
+  CompressionPolicy p;
+  const YAML::Node stages = node["stages"];
+  if (!stages.IsDefined() || !stages.IsSequence() || stages.size() == 0) {
+    return Status::InvalidArgument(path +
+                                   ".stages: required, a non-empty list of methods in the order "
+                                   "score, merge, route (e.g. [snapkv], [snapkv, vector])");
+  }
+  p.score = "none";
+  int last_stage = -1;
+  const char* kStageNames[] = {"score", "merge", "route"};
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const std::string key = path + ".stages[" + std::to_string(i) + "]";
+    if (!stages[i].IsScalar()) return Status::InvalidArgument(key + ": must be a method name");
+    std::string method = stages[i].Scalar();
+    std::vector<std::pair<int, std::string>> parts;  // (stage, method)
+    if (method == "snapkv" || method == "keydiff" || method == "pyramidkv") {
+      parts = {{0, method}};
+    } else if (method == "kvslimmer") {
+      parts = {{1, method}};
+    } else if (method == "vector") {
+      parts = {{2, method}};
+    } else if (method == "hybrid") {
+      parts = {{0, "snapkv"}, {1, "kvslimmer"}};
+    } else {
+      return Bad(key, method,
+                 "is not a method (score: snapkv, keydiff, pyramidkv; merge: kvslimmer; route: "
+                 "vector; hybrid = snapkv + kvslimmer)");
+    }
+    for (const auto& [stage, name] : parts) {
+      if (stage == last_stage) {
+        return Bad(key, method,
+                   std::string("is a second ") + kStageNames[stage] + " method (one per stage)");
+      }
+      if (stage < last_stage) {
+        return Bad(key, method,
+                   std::string("is a ") + kStageNames[stage] + " method listed after the " +
+                       kStageNames[last_stage] +
+                       " stage; stages run in the order score, merge, route");
+      }
+      last_stage = stage;
+      (stage == 0 ? p.score : stage == 1 ? p.merge : p.route) = name;
+    }
+  }
+  KVD_RETURN_IF_ERROR(GetDouble(node, path, "p_c", &p.p_c));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "window", &p.window, 1, 1 << 20));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "sinks", &p.sinks, 0, 1 << 20));
+  KVD_RETURN_IF_ERROR(GetString(node, path, "pooling", &p.pooling));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "pooling_kernel", &p.pooling_kernel, 1, 1023));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "keydiff_block", &p.keydiff_block, 0, 1 << 20));
+  KVD_RETURN_IF_ERROR(GetDouble(node, path, "pyramid_beta", &p.pyramid_beta));
+  KVD_RETURN_IF_ERROR(GetString(node, path, "merge_norm", &p.merge_norm));
+  KVD_RETURN_IF_ERROR(GetString(node, path, "position", &p.position));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "max_group", &p.max_group, 1, 1 << 20));
+  KVD_RETURN_IF_ERROR(GetDouble(node, path, "min_cos", &p.min_cos));
+  KVD_RETURN_IF_ERROR(GetDouble(node, path, "route_eps", &p.route_eps));
+  KVD_RETURN_IF_ERROR(GetDouble(node, path, "r2_threshold", &p.r2_threshold));
+  KVD_RETURN_IF_ERROR(
+      GetInt(node, path, "calibration_tokens", &p.calibration_tokens, 1, int64_t{1} << 40));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "worker_threads", &p.worker_threads, 1, 256));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "queue_depth", &p.queue_depth, 1, 65536));
+  *out = p;
+  return Status::Ok();
+}
+
 Status BindModels(const YAML::Node& node, std::vector<ModelConfig>* models) {
   if (!node.IsSequence()) return Status::InvalidArgument("models: must be a list");
   models->clear();
@@ -198,7 +281,9 @@ Status BindModels(const YAML::Node& node, std::vector<ModelConfig>* models) {
       return Status::InvalidArgument(path + " (" + model.name + ").layout: required");
     }
     KVD_RETURN_IF_ERROR(BindLayout(m["layout"], path + ".layout", &model.layout));
-    KVD_RETURN_IF_ERROR(GetString(m, path, "compression", &model.compression));
+    if (YAML::Node c = m["compression"]; c.IsDefined() && !c.IsNull()) {
+      KVD_RETURN_IF_ERROR(BindCompression(c, path + ".compression", &model.compression));
+    }
     models->push_back(std::move(model));
   }
   return Status::Ok();
@@ -208,7 +293,8 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   if (root.IsNull() || !root.IsDefined()) return Status::Ok();  // an empty file: all defaults
   KVD_RETURN_IF_ERROR(CheckMap(root, "",
                                {"node", "listen", "metrics", "transport", "chunk_tokens",
-                                "hash_seed", "models", "tiers", "limits", "auth"}));
+                                "hash_seed", "models", "tiers", "limits", "auth", "state_dir"}));
+  KVD_RETURN_IF_ERROR(GetString(root, "", "state_dir", &c->state_dir));
   KVD_RETURN_IF_ERROR(GetString(root, "", "node", &c->node_name));
   if (YAML::Node n = root["listen"]; n.IsDefined()) {
     KVD_RETURN_IF_ERROR(CheckMap(n, "listen", {"tcp", "unix"}));

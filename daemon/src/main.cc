@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -111,6 +112,9 @@ int main(int argc, char** argv) {
   if (has_listen) config->listen.tcp = listen == "none" ? "" : listen;
   if (has_unix) config->listen.unix_path = unix_path == "none" ? "" : unix_path;
   if (has_node) config->node_name = node;
+  if (!config_path.empty()) {
+    config->config_dir = std::filesystem::absolute(config_path).parent_path().string();
+  }
   if (kvd::Status s = config->Validate(); !s.ok()) {
     std::cerr << "kvd: " << s.message() << "\n";
     return kExitUsage;

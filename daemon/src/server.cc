@@ -153,7 +153,22 @@ Status Server::Impl::Init() {
   if (!manager.ok()) return manager.status().WithContext("tiers.placement");
   manager_ = std::move(*manager);
   progress_ = std::make_unique<ProgressLoop>(transport_.get());
+  for (const ModelConfig& m : config_.models) {
+    if (!m.compression) continue;
+    auto codec = ChunkCodec::Create(m, config_.chunk_tokens, config_.ResolvedStateDir());
+    if (!codec.ok()) return codec.status().WithContext("model " + m.name);
+    KVD_LOG(INFO) << "compression policy" << Kv("model", m.name)
+                  << Kv("stages", m.compression->StagesName()) << Kv("p_c", m.compression->p_c)
+                  << Kv("codec_id", (*codec)->codec_id())
+                  << Kv("workers", m.compression->worker_threads);
+    codecs_[m.name] = std::move(*codec);
+  }
   return Status::Ok();
+}
+
+ChunkCodec* Server::Impl::codec(const std::string& model) const {
+  auto it = codecs_.find(model);
+  return it == codecs_.end() ? nullptr : it->second.get();
 }
 
 Status Server::Impl::Start() {

@@ -16,6 +16,7 @@
 
 #include "asio_util.h"
 #include "auth.h"
+#include "kvd/daemon/chunk_codec.h"
 #include "kvd/daemon/server.h"
 #include "kvd/storage/disk_tier.h"
 #include "kvd/storage/tier_manager.h"
@@ -45,6 +46,11 @@ struct DaemonCounters {
   uint64_t transfer_timeouts = 0;
   uint64_t reservations_expired = 0;
   uint64_t reservations_reclaimed = 0;
+  uint64_t chunks_compressed = 0;     // puts stored as compact chunks
+  uint64_t compressed_raw_bytes = 0;  // their raw K/V bytes (without window queries)
+  uint64_t compressed_bytes = 0;      // their compact bytes
+  uint64_t compress_us = 0;           // time in ChunkCodec::Encode
+  uint64_t ingest_rejected = 0;       // Reserves refused: ingest queue full
 };
 
 class Server::Impl {
@@ -66,6 +72,9 @@ class Server::Impl {
   // Host + optional disk: lookups (with promotion), list, evict, stats go through it.
   storage::TierManager* tiers() { return manager_.get(); }
   storage::DiskTier* disk() { return disk_.get(); }
+  // The ingest/serve codec of a model with a compression policy; nullptr for a raw model.
+  ChunkCodec* codec(const std::string& model) const;
+  const std::map<std::string, std::unique_ptr<ChunkCodec>>& codecs() const { return codecs_; }
   // Starts a demotion pass on the pool if a disk tier exists, none is running and the host tier
   // is above placement.high_watermark.
   void MaybeDemote();
@@ -127,6 +136,9 @@ class Server::Impl {
   std::unique_ptr<storage::DiskTier> disk_;
   std::unique_ptr<storage::GpuTier> gpu_;  // tiers.gpu; declared before manager_ (outlives it)
   std::unique_ptr<storage::TierManager> manager_;
+  // One per model with a compression policy. Declared after the tiers: destroyed (pool threads
+  // joined) before them.
+  std::map<std::string, std::unique_ptr<ChunkCodec>> codecs_;
   bool demoting_ = false;
   std::unique_ptr<ProgressLoop> progress_;
   std::optional<asio::ip::tcp::acceptor> tcp_acceptor_;

@@ -60,6 +60,13 @@ class Session : public std::enable_shared_from_this<Session> {
     uint64_t bytes = 0;
     int64_t deadline_ns = 0;
     bool busy = false;  // a Commit, Abort or expiry owns it
+    // Set for a model with a compression policy: the put is compressed on Commit.
+    std::shared_ptr<void> ticket;  // ChunkCodec admission, held until the put ends
+    std::byte* data = nullptr;     // the reservation's bytes
+    storage::ChunkKey key;         // as reserved (codec id at Reserve time)
+    uint32_t tokens = 0;
+    uint64_t first_position = 0;
+    uint32_t window = 0;
   };
 
   // ---- I/O (session.cc) ----
@@ -102,6 +109,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void HandleReleaseLease(uint64_t seq, uint64_t rid, proto::ReleaseLease::Reader release);
   asio::awaitable<void> FinishCommit(uint64_t seq, uint64_t rid, uint64_t reservation,
                                      uint64_t checksum);
+  // The codec id lookups and gets of this session use now (0 = raw).
+  uint32_t ServedCodecId() const;
   asio::awaitable<void> FinishAbort(uint64_t seq, uint64_t rid, uint64_t reservation);
   asio::awaitable<void> FinishGet(uint64_t seq, uint64_t rid, storage::ReadView view,
                                   transport::TransferHandle send);
@@ -135,6 +144,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void HandleList(uint64_t seq, uint64_t rid, proto::ListRequest::Reader list);
   void HandleEvict(uint64_t seq, uint64_t rid, proto::EvictRequest::Reader evict);
   void HandleHealth(uint64_t seq, uint64_t rid);
+  void HandleCalibration(uint64_t seq, uint64_t rid, proto::CalibrationRequest::Reader request);
+  void HandleWeights(uint64_t seq, uint64_t rid, proto::WeightsRequest::Reader request);
 
   Server::Impl* server_;
   const uint64_t id_;
@@ -150,6 +161,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string name_space_ = "default";
   const ModelConfig* model_ = nullptr;
   uint64_t layout_digest_ = 0;
+  ChunkCodec* codec_ = nullptr;  // the model's codec when it has a compression policy
   transport::PeerHandle transport_peer_;
   // Shared-memory path (Hello asked for it on a unix socket and the daemon has a ShmArena).
   bool shm_ = false;

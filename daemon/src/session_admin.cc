@@ -60,6 +60,11 @@ StatsSnapshot Server::Impl::Snapshot() {
       {"transfer_timeouts", c.transfer_timeouts},
       {"reservations_expired", c.reservations_expired},
       {"reservations_reclaimed", c.reservations_reclaimed},
+      {"chunks_compressed", c.chunks_compressed},
+      {"compressed_raw_bytes", c.compressed_raw_bytes},
+      {"compressed_bytes", c.compressed_bytes},
+      {"compress_us", c.compress_us},
+      {"ingest_rejected", c.ingest_rejected},
       {"host_lookups", host.lookups},
       {"host_chunks_requested", host.chunks_requested},
       {"host_chunks_matched", host.chunks_matched},
@@ -199,6 +204,82 @@ void Session::HandleEvict(uint64_t seq, uint64_t rid, proto::EvictRequest::Reade
              reply.setChunks(total.evicted);
              reply.setBytes(total.bytes);
              reply.setSkippedPinned(total.deferred);
+           }));
+}
+
+void Session::HandleCalibration(uint64_t seq, uint64_t rid,
+                                proto::CalibrationRequest::Reader request) {
+  const std::string model = request.getModel();
+  struct Row {
+    std::string model;
+    const ModelConfig* config;
+    ChunkCodec* codec;
+    CalibrationStatus status;
+  };
+  std::vector<Row> rows;
+  for (const ModelConfig& m : server_->config().models) {
+    if (!model.empty() && m.name != model) continue;
+    ChunkCodec* codec = server_->codec(m.name);
+    if (codec == nullptr) {
+      if (!model.empty()) {
+        return CompleteError(
+            seq, rid,
+            Status::FailedPrecondition("model " + model +
+                                       " has no compression policy: nothing to calibrate"));
+      }
+      continue;
+    }
+    if (model.empty() && codec->policy().route != "vector") continue;
+    rows.push_back({m.name, &m, codec, codec->Calibration()});
+  }
+  if (!model.empty() && rows.empty()) {
+    return CompleteError(seq, rid, Status::NotFound("unknown model \"" + model + "\""));
+  }
+  Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
+             auto out = r.initCalibration().initModels(static_cast<unsigned>(rows.size()));
+             for (unsigned i = 0; i < rows.size(); ++i) {
+               const Row& row = rows[i];
+               out[i].setModel(row.model);
+               out[i].setState(row.status.state);
+               out[i].setTokensSeen(row.status.tokens_seen);
+               out[i].setTokensNeeded(row.status.tokens_needed);
+               out[i].setVersion(row.status.version);
+               out[i].setCodecId(row.codec->codec_id());
+               out[i].setNumLayers(static_cast<uint32_t>(row.config->layout.num_layers));
+               out[i].setNumKvHeads(static_cast<uint32_t>(row.config->layout.num_kv_heads));
+               out[i].setR2Threshold(row.codec->policy().r2_threshold);
+               auto r2 = out[i].initR2(static_cast<unsigned>(row.status.r2.size()));
+               for (unsigned j = 0; j < row.status.r2.size(); ++j) r2.set(j, row.status.r2[j]);
+               auto routes = out[i].initRoutes(static_cast<unsigned>(row.status.routes.size()));
+               for (unsigned j = 0; j < row.status.routes.size(); ++j) {
+                 routes.set(j, row.status.routes[j]);
+               }
+             }
+           }));
+}
+
+void Session::HandleWeights(uint64_t seq, uint64_t rid, proto::WeightsRequest::Reader request) {
+  const uint64_t version = request.getVersion();
+  if (Status s = RequireEngine("Weights"); !s.ok()) return CompleteError(seq, rid, s);
+  if (codec_ == nullptr) {
+    return CompleteError(seq, rid,
+                         Status::FailedPrecondition("model " + model_->name +
+                                                    " has no compression policy: no weights"));
+  }
+  auto bytes = codec_->Weights(version);
+  if (!bytes.ok()) return CompleteError(seq, rid, bytes.status());
+  const uint64_t limit = server_->config().limits.max_frame_bytes;
+  if (bytes->size() + 1024 > limit) {
+    return CompleteError(seq, rid,
+                         Status::OutOfRange("VECTOR weights are " + std::to_string(bytes->size()) +
+                                            " bytes, over limits.max_frame_bytes " +
+                                            std::to_string(limit) + " (raise it)"));
+  }
+  Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
+             auto reply = r.initWeights();
+             reply.setVersion(version);
+             reply.setWeights(
+                 kj::arrayPtr(reinterpret_cast<const capnp::byte*>(bytes->data()), bytes->size()));
            }));
 }
 

@@ -30,6 +30,53 @@ std::string Hex64(uint64_t v) {
 
 const char* kDaemonVersion = "kvd 0.1.0";
 
+// What the ingest pool did with a compressing put.
+struct Stored {
+  Status status;
+  uint64_t bytes = 0;        // compact bytes stored
+  uint32_t codec_id = 0;     // the key's codec id
+  uint64_t raw_bytes = 0;    // raw K/V bytes (without window queries)
+  double compress_ms = 0.0;  // ChunkCodec::Encode time
+};
+
+// On an ingest pool thread: verifies the put's checksum in place, compresses it, returns the raw
+// reservation's space, and stores the compact chunk through the tier manager. The raw bytes are
+// never published.
+Stored CompressAndStore(ChunkCodec* codec, storage::HostTier* host, storage::TierManager* tiers,
+                        uint64_t reservation, const storage::ChunkKey& reserved_key,
+                        const std::byte* data, uint64_t bytes, uint32_t tokens,
+                        uint64_t first_position, uint32_t window, uint64_t checksum) {
+  Stored out;
+  const uint64_t actual = Checksum64(data, bytes);
+  if (actual != checksum) {
+    host->Abort(reservation).IgnoreError();
+    out.status = Status::DataLoss("checksum mismatch for reservation " +
+                                  std::to_string(reservation) + ": client said " + Hex64(checksum) +
+                                  ", bytes received hash to " + Hex64(actual));
+    return out;
+  }
+  auto encoded =
+      codec->Encode(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(data), bytes), tokens,
+                    first_position, window);
+  host->Abort(reservation).IgnoreError();  // the raw bytes are no longer needed
+  if (!encoded.ok()) {
+    out.status =
+        encoded.status().WithContext("compressing reservation " + std::to_string(reservation));
+    return out;
+  }
+  storage::ChunkKey key = reserved_key;
+  key.codec_id = encoded->codec_id;
+  const auto* compact = reinterpret_cast<const std::byte*>(encoded->bytes.data());
+  Status s = tiers->Insert(key, tokens, Checksum64(encoded->bytes.data(), encoded->bytes.size()),
+                           std::span<const std::byte>(compact, encoded->bytes.size()));
+  out.status = storage::IsDedup(s) ? Status::Ok() : s;
+  out.bytes = encoded->bytes.size();
+  out.codec_id = encoded->codec_id;
+  out.raw_bytes = bytes - codec->QueryBytes(window);
+  out.compress_ms = encoded->compress_ms;
+  return out;
+}
+
 }  // namespace
 
 Status Session::RequireEngine(const char* op) const {
@@ -145,6 +192,12 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
     case proto::Request::RELEASE_READ:
       HandleReleaseRead(seq, rid, request.getReleaseRead());
       break;
+    case proto::Request::CALIBRATION:
+      HandleCalibration(seq, rid, request.getCalibration());
+      break;
+    case proto::Request::WEIGHTS:
+      HandleWeights(seq, rid, request.getWeights());
+      break;
     case proto::Request::BYE:
       Complete(seq, MakeAck(rid));
       CloseAfter(seq);
@@ -227,10 +280,17 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
           "chunk size mismatch: client uses " + std::to_string(chunk_tokens) +
           " tokens per chunk, daemon uses " + std::to_string(config.chunk_tokens)));
     }
-    if (codec != storage::kRawCodecId) {
-      return refuse(Status::Unimplemented("codec " + std::to_string(codec) +
-                                          " is not supported; this daemon stores raw chunks "
-                                          "(codec 0)"));
+    ChunkCodec* model_codec = server_->codec(model->name);
+    if (codec != storage::kRawCodecId && model_codec == nullptr) {
+      return refuse(Status::FailedPrecondition(
+          "codec " + std::to_string(codec) + " asked, but model " + model_name +
+          " has no compression policy: its chunks are raw (codec 0)"));
+    }
+    if (codec != storage::kRawCodecId && codec != model_codec->codec_id()) {
+      return refuse(Status::FailedPrecondition(
+          "codec " + std::to_string(codec) + " asked, but model " + model_name +
+          "'s compression policy (" + model_codec->policy().StagesName() + ") is codec " +
+          std::to_string(model_codec->codec_id()) + " now; send codec 0 to follow the policy"));
     }
     if (worker_address.empty()) {
       return refuse(Status::InvalidArgument(
@@ -246,6 +306,7 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
     const bool on_unix = socket_.local_endpoint(ec).protocol().family() == AF_UNIX && !ec;
     shm_ = wants_shm && on_unix && server_->shm() != nullptr;
     model_ = model;
+    codec_ = model_codec;
     layout_digest_ = model->layout.Digest();
     engine_ = true;
   }
@@ -272,6 +333,15 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
              reply.setMaxChunkBytes(max_chunk);
              reply.setTransport(server_->transport_description());
              reply.setSharedMemory(shm_);
+             if (codec_ != nullptr) {
+               const CompressionPolicy& p = codec_->policy();
+               reply.setCodecId(codec_->codec_id());
+               reply.setPolicyDigest(p.Digest());
+               reply.setPolicy(p.CanonicalForm());
+               reply.setWindowTokens(static_cast<uint32_t>(p.window));
+               reply.setNeedsQueries(p.NeedsQueries());
+               reply.setCalibrationVersion(codec_->calibration_version());
+             }
            }));
 }
 
@@ -316,6 +386,10 @@ void Session::HandleReleaseRead(uint64_t seq, uint64_t rid, proto::ReleaseRead::
   Complete(seq, MakeAck(rid));
 }
 
+uint32_t Session::ServedCodecId() const {
+  return codec_ != nullptr ? codec_->codec_id() : storage::kRawCodecId;
+}
+
 void Session::HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader lookup) {
   storage::LookupRequest request;
   auto chain = lookup.getChain();
@@ -338,7 +412,7 @@ void Session::HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader loo
   request.name_space = name_space_;
   request.model = model_->name;
   request.layout_digest = layout_digest_;
-  request.codec_id = storage::kRawCodecId;
+  request.codec_id = ServedCodecId();
   request.owner = id_;
   request.lease_ttl = std::chrono::milliseconds(ttl);
   storage::TierManager* tiers = server_->tiers();
@@ -381,6 +455,8 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
   const Hash128 hash = proto::FromProto(reserve.getChunkHash());
   const uint32_t tokens = reserve.getTokens();
   const uint64_t bytes = reserve.getBytes();
+  const uint64_t first_position = reserve.getFirstPosition();
+  const uint32_t window = reserve.getWindowTokens();
   if (Status s = RequireEngine("Reserve"); !s.ok()) return CompleteError(seq, rid, s);
 
   const DaemonConfig& config = server_->config();
@@ -390,13 +466,30 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
         Status::OutOfRange("tokens " + std::to_string(tokens) + " is outside [1, chunk_tokens=" +
                            std::to_string(config.chunk_tokens) + "]"));
   }
-  const uint64_t expected = model_->layout.ChunkBytes(static_cast<int>(tokens));
-  if (bytes != expected) {
+  if (codec_ == nullptr && window != 0) {
     return CompleteError(seq, rid,
-                         Status::InvalidArgument(
-                             "bytes " + std::to_string(bytes) + " != " + std::to_string(expected) +
-                             " = layout.ChunkBytes(tokens=" + std::to_string(tokens) +
-                             ") of model " + model_->name + " (raw codec)"));
+                         Status::FailedPrecondition(
+                             "windowTokens " + std::to_string(window) + ": model " + model_->name +
+                             " has no compression policy (raw chunks), so it takes no "
+                             "window queries; put the raw chunk alone"));
+  }
+  if (codec_ != nullptr) {
+    if (Status s = codec_->CheckPut(tokens, window); !s.ok()) return CompleteError(seq, rid, s);
+  }
+  const uint64_t raw_expected = model_->layout.ChunkBytes(static_cast<int>(tokens));
+  const uint64_t query_bytes = codec_ != nullptr ? codec_->QueryBytes(window) : 0;
+  const uint64_t expected = raw_expected + query_bytes;
+  if (bytes != expected) {
+    return CompleteError(
+        seq, rid,
+        Status::InvalidArgument(
+            "bytes " + std::to_string(bytes) + " != " + std::to_string(expected) +
+            " = layout.ChunkBytes(tokens=" + std::to_string(tokens) + ") of model " + model_->name +
+            (codec_ == nullptr
+                 ? " (raw codec)"
+                 : " + " + std::to_string(query_bytes) + " bytes of " + std::to_string(window) +
+                       " window-query tokens (float32, layers x q_heads x "
+                       "head_dim each)")));
   }
   if (bytes > config.limits.max_chunk_bytes) {
     return CompleteError(seq, rid,
@@ -404,7 +497,16 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
                                             " bytes is over limits.max_chunk_bytes " +
                                             std::to_string(config.limits.max_chunk_bytes)));
   }
-  storage::ChunkKey key{name_space_, model_->name, layout_digest_, storage::kRawCodecId, hash};
+  std::shared_ptr<void> ticket;
+  if (codec_ != nullptr) {
+    auto admitted = codec_->Admit();
+    if (!admitted.ok()) {
+      ++server_->counters().ingest_rejected;
+      return CompleteError(seq, rid, admitted.status());
+    }
+    ticket = std::move(*admitted);
+  }
+  storage::ChunkKey key{name_space_, model_->name, layout_digest_, ServedCodecId(), hash};
   // The tier's own TTL is a backstop well after the daemon's: the daemon must cancel the
   // posted receive before the space can be reused.
   const int64_t ttl_ms = config.limits.reservation_ttl_ms;
@@ -421,6 +523,15 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
     }
     return CompleteError(seq, rid, reservation.status());
   }
+  PendingPut put;
+  put.bytes = bytes;
+  put.deadline_ns = server_->clock()->NowNanos() + ttl_ms * 1000000;
+  put.ticket = std::move(ticket);
+  put.data = reservation->data;
+  put.key = key;
+  put.tokens = tokens;
+  put.first_position = first_position;
+  put.window = window;
   if (shm_) {
     // The client writes the bytes into the slot itself; nothing to receive.
     auto ref = PrepareShm(reservation->offset);
@@ -428,9 +539,6 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
       server_->tier()->Abort(reservation->id).IgnoreError();
       return CompleteError(seq, rid, ref.status());
     }
-    PendingPut put;
-    put.bytes = bytes;
-    put.deadline_ns = server_->clock()->NowNanos() + ttl_ms * 1000000;
     pending_puts_[reservation->id] = put;
     server_->RegisterReservation(reservation->id, id_);
     CompleteShm(seq,
@@ -455,11 +563,8 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
     server_->tier()->Abort(reservation->id).IgnoreError();
     return CompleteError(seq, rid, recv.status().WithContext("cannot post the receive of the put"));
   }
-  PendingPut put;
   put.recv = *recv;
   put.tag = tag;
-  put.bytes = bytes;
-  put.deadline_ns = server_->clock()->NowNanos() + ttl_ms * 1000000;
   pending_puts_[reservation->id] = put;
   server_->progress().ExpectTransfers(1);  // its bytes are due: keep polling the transport
   server_->RegisterReservation(reservation->id, id_);
@@ -518,30 +623,51 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
   struct Landed {
     TransferStatus st;
     std::optional<Status> commit;  // set when the bytes arrived whole and Commit ran
+    Stored stored;                 // compressing puts: what the ingest pool stored
   };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   ProgressLoop* progress = &server_->progress();
   asio::thread_pool* pool = &server_->pool();
   const TransferHandle recv = put.recv;
   const uint64_t expected_bytes = put.bytes;
+  // A model with a compression policy: the ingest pool verifies, compresses and stores.
+  ChunkCodec* codec = put.ticket ? codec_ : nullptr;
+  // Only trivially destructible captures in a co_await expression (see FinishLookup): the
+  // put is read through a pointer into this coroutine's frame, which outlives the callback.
+  const PendingPut* pput = &put;
+  // Runs once the bytes are complete in the reserved slot: compress and store (codec), or verify
+  // and commit through the tier manager; either way on a worker thread, never the io thread.
+  auto land = [=](const TransferStatus& st, std::function<void(Landed)> complete) {
+    if (codec != nullptr) {
+      codec->Submit(pput->ticket, [=] {
+        const PendingPut& p = *pput;
+        Stored stored = CompressAndStore(codec, tier, tiers, reservation, p.key, p.data, p.bytes,
+                                         p.tokens, p.first_position, p.window, checksum);
+        Status status = stored.status;
+        complete(Landed{st, status, std::move(stored)});
+      });
+    } else {
+      asio::post(*pool, [=] { complete(Landed{st, tiers->Commit(reservation, checksum), {}}); });
+    }
+  };
   Landed landed;
   if (!recv.valid()) {
     // Shared memory: the client wrote the bytes in place before sending Commit.
-    landed.st.state = TransferState::kDone;
-    landed.st.bytes = expected_bytes;
-    landed.commit = co_await OffloadTo<Status>(*pool, server_->io(), [tier, reservation, checksum] {
-      return tier->Commit(reservation, checksum);
-    });
+    landed =
+        co_await AwaitCallback<Landed>(server_->io(), [=](std::function<void(Landed)> complete) {
+          TransferStatus done;
+          done.state = TransferState::kDone;
+          done.bytes = expected_bytes;
+          land(done, std::move(complete));
+        });
   } else {
     landed =
         co_await AwaitCallback<Landed>(server_->io(), [=](std::function<void(Landed)> complete) {
           progress->Watch(recv, deadline, [=](const TransferStatus& st) {
             if (st.state == TransferState::kDone && st.bytes == expected_bytes) {
-              asio::post(*pool, [=] {
-                complete(Landed{st, tiers->Commit(reservation, checksum)});
-              });
+              land(st, complete);
             } else {
-              complete(Landed{st, std::nullopt});
+              complete(Landed{st, std::nullopt, {}});
             }
           });
         });
@@ -581,6 +707,13 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
     if (status.ok()) {
       ++server_->counters().puts_committed;
       server_->counters().put_bytes += put.bytes;
+      if (codec != nullptr) {
+        ++server_->counters().chunks_compressed;
+        server_->counters().compressed_raw_bytes += landed.stored.raw_bytes;
+        server_->counters().compressed_bytes += landed.stored.bytes;
+        server_->counters().compress_us +=
+            static_cast<uint64_t>(landed.stored.compress_ms * 1000.0);
+      }
     } else {
       ++server_->counters().puts_deduplicated;
     }
@@ -588,7 +721,10 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
         reservation, Status::FailedPrecondition("reservation " + std::to_string(reservation) +
                                                 " is already committed"));
     Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
-               r.initCommit().setBytes(put.bytes);
+               auto reply = r.initCommit();
+               reply.setBytes(put.bytes);
+               reply.setStoredBytes(codec != nullptr ? landed.stored.bytes : put.bytes);
+               reply.setCodecId(codec != nullptr ? landed.stored.codec_id : put.key.codec_id);
              }));
     server_->MaybeDemote();
     co_return;
@@ -660,6 +796,7 @@ void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
   const uint32_t index = get.getChunkIndex();
   const uint64_t tag = get.getTag();
   const uint64_t buffer_bytes = get.getBufferBytes();
+  const proto::ChunkForm form = get.getForm();
   if (Status s = RequireEngine("Get"); !s.ok()) return CompleteError(seq, rid, s);
   if (lease == 0) {
     return CompleteError(seq, rid,
@@ -668,6 +805,27 @@ void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
   storage::HostTier* tier = server_->tier();
   auto view = tier->Get(lease, index, id_);  // a lease serves only the connection that took it
   if (!view.ok()) return CompleteError(seq, rid, view.status());
+  const bool compact = view->meta.key.codec_id != storage::kRawCodecId;
+  if ((form == proto::ChunkForm::RAW && compact) ||
+      (form == proto::ChunkForm::COMPACT && !compact)) {
+    tier->ReleaseRead(view->read_id).IgnoreError();
+    return CompleteError(
+        seq, rid,
+        Status::FailedPrecondition(
+            "chunk " + std::to_string(index) + " of lease " + std::to_string(lease) +
+            " is stored " +
+            (compact ? "compact (codec " + std::to_string(view->meta.key.codec_id) +
+                           "); the daemon does not expand chunks: get it as stored and expand "
+                           "it with the client library (kvd/client/expand.h)"
+                     : std::string("raw (codec 0): it has no compact form"))));
+  }
+  if (form != proto::ChunkForm::AS_STORED && form != proto::ChunkForm::RAW &&
+      form != proto::ChunkForm::COMPACT) {
+    tier->ReleaseRead(view->read_id).IgnoreError();
+    return CompleteError(
+        seq, rid,
+        Status::InvalidArgument("unknown chunk form " + std::to_string(static_cast<int>(form))));
+  }
   if (buffer_bytes < view->meta.size_bytes) {
     tier->ReleaseRead(view->read_id).IgnoreError();
     return CompleteError(
@@ -694,6 +852,10 @@ void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
                                reply.setChecksum(view->meta.checksum);
                                reply.setTokens(view->meta.tokens);
                                reply.setReadId(view->read_id);
+                               reply.setCodecId(view->meta.key.codec_id);
+                               reply.setForm(view->meta.key.codec_id == storage::kRawCodecId
+                                                 ? proto::ChunkForm::RAW
+                                                 : proto::ChunkForm::COMPACT);
                                auto slot = reply.initShm();
                                slot.setSegment(ref->segment);
                                slot.setOffset(ref->offset);
@@ -745,6 +907,10 @@ asio::awaitable<void> Session::FinishGet(uint64_t seq, uint64_t rid, storage::Re
              reply.setBytes(view.meta.size_bytes);
              reply.setChecksum(view.meta.checksum);
              reply.setTokens(view.meta.tokens);
+             reply.setCodecId(view.meta.key.codec_id);
+             reply.setForm(view.meta.key.codec_id == storage::kRawCodecId
+                               ? proto::ChunkForm::RAW
+                               : proto::ChunkForm::COMPACT);
            }));
 }
 

@@ -62,6 +62,10 @@ std::string Kind(proto::Request::Reader r) {
       return "health";
     case proto::Request::BYE:
       return "bye";
+    case proto::Request::CALIBRATION:
+      return "calibration";
+    case proto::Request::WEIGHTS:
+      return "weights";
   }
   return "?";
 }

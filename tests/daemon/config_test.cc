@@ -272,5 +272,83 @@ TEST(ConfigHardeningTest, DuplicateKeysSecondDocumentAndDirectoryAreRefused) {
   EXPECT_NE(dir.status().message().find("is a directory"), std::string::npos) << dir.status();
 }
 
+std::string PolicyYaml(const std::string& policy) {
+  return "models: [{name: m, layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 8}, "
+         "compression: " +
+         policy + "}]";
+}
+
+TEST(ConfigPolicyTest, ParsesStagesAndParameters) {
+  auto c =
+      ParseConfigYaml(PolicyYaml("{stages: [snapkv, vector], p_c: 0.75, window: 16, sinks: "
+                                 "2, r2_threshold: 0.3, calibration_tokens: 4096, "
+                                 "worker_threads: 3, queue_depth: 7}"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const CompressionPolicy& p = *c->models[0].compression;
+  EXPECT_EQ(p.score, "snapkv");
+  EXPECT_EQ(p.merge, "none");
+  EXPECT_EQ(p.route, "vector");
+  EXPECT_EQ(p.p_c, 0.75);
+  EXPECT_EQ(p.window, 16);
+  EXPECT_EQ(p.worker_threads, 3);
+  EXPECT_EQ(p.queue_depth, 7);
+  EXPECT_TRUE(p.NeedsQueries());
+  EXPECT_EQ(p.StagesName(), "snapkv+vector");
+
+  auto hybrid = ParseConfigYaml(PolicyYaml("{stages: [hybrid]}")).value();
+  EXPECT_EQ(hybrid.models[0].compression->score, "snapkv");
+  EXPECT_EQ(hybrid.models[0].compression->merge, "kvslimmer");
+  auto keydiff = ParseConfigYaml(PolicyYaml("{stages: [keydiff]}")).value();
+  EXPECT_FALSE(keydiff.models[0].compression->NeedsQueries());
+  auto off = ParseConfigYaml(PolicyYaml("off")).value();
+  EXPECT_FALSE(off.models[0].compression.has_value());
+}
+
+TEST(ConfigPolicyTest, CodecIdFollowsEveryByteChangingParameterAndCalibration) {
+  CompressionPolicy a;
+  CompressionPolicy b = a;
+  b.p_c = 0.75;
+  CompressionPolicy threads = a;
+  threads.worker_threads = 9;  // not part of the stored bytes
+  EXPECT_NE(a.CodecId(0), 0u);
+  EXPECT_NE(a.CodecId(0), b.CodecId(0));
+  EXPECT_NE(a.CodecId(0), a.CodecId(42));
+  EXPECT_EQ(a.CodecId(0), threads.CodecId(0));
+  EXPECT_EQ(a.CodecId(7), CompressionPolicy{}.CodecId(7));
+  EXPECT_NE(a.Digest(), b.Digest());
+}
+
+TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
+  struct Case {
+    std::string policy;
+    std::vector<const char*> fragments;
+  };
+  const std::vector<Case> cases = {
+      {"{stages: [snapkvv]}", {"models[0].compression.stages[0]", "snapkvv", "is not a method"}},
+      {"{stages: [vector, snapkv]}",
+       {"stages[1]", "snapkv", "listed after the route stage", "score, merge, route"}},
+      {"{stages: [snapkv, keydiff]}", {"stages[1]", "keydiff", "second score method"}},
+      {"{stages: [vector]}", {"models[0].compression.stages", "vector", "needs a score or merge"}},
+      {"{stages: []}", {"models[0].compression.stages", "required"}},
+      {"{p_c: 0.5}", {"models[0].compression.stages", "required"}},
+      {"{stages: [snapkv], p_c: 1}", {"models[0].compression.p_c", "\"1\"", "[0, 1)"}},
+      {"{stages: [snapkv], p_c: -0.1}", {"models[0].compression.p_c", "-0.1"}},
+      {"{stages: [snapkv], p_c: 0.9}",
+       {"models[0].compression.p_c", "0.9", "fewer than sinks (4) + window (32)"}},
+      {"{stages: [snapkv], pooling: median}", {"models[0].compression.pooling", "median"}},
+      {"{stages: [snapkv], queue_depth: 0}", {"models[0].compression.queue_depth", "\"0\""}},
+      {"{stages: [snapkv], colour: red}", {"models[0].compression.colour", "unknown key"}},
+      {"lossy", {"models[0].compression", "lossy", "policy mapping"}},
+  };
+  for (const auto& c : cases) {
+    auto parsed = ParseConfigYaml(PolicyYaml(c.policy), "p.yaml");
+    ASSERT_FALSE(parsed.ok()) << c.policy;
+    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << c.policy;
+    for (const char* f : c.fragments) {
+      EXPECT_THAT(parsed.status().message(), HasSubstr(f)) << c.policy;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvd::daemon

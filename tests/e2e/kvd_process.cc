@@ -111,13 +111,14 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Start(const KvdConfig& c) {
          "dtype: float32, rope: {theta: 10000, pairing: interleaved, scaling: none}}\n"
       << "  - name: smollm2-135m\n    layout: {layers: 30, kv_heads: 3, q_heads: 9, head_dim: "
          "64, dtype: bfloat16, rope: {theta: 100000, pairing: interleaved, scaling: none}}\n"
-      << "tiers:\n  host:\n    capacity: " << c.host_capacity << "\n"
+      << c.extra_models << c.extra_yaml << "tiers:\n  host:\n    capacity: " << c.host_capacity
+      << "\n"
       << (c.host_segment.empty() ? "" : "    segment: " + c.host_segment + "\n")
-      << (c.tokens_file.empty() ? std::string()
-                                : "auth:\n  tokens_file: \"" + c.tokens_file + "\"\n")
       << (c.disk_path.empty() ? std::string()
                               : "  disk:\n    path: \"" + c.disk_path +
                                     "\"\n    capacity: " + c.disk_capacity + "\n")
+      << (c.tokens_file.empty() ? std::string()
+                                : "auth:\n  tokens_file: \"" + c.tokens_file + "\"\n")
       << "limits:\n  max_frame_bytes: " << c.max_frame_bytes
       << "\n  reservation_ttl_ms: " << c.reservation_ttl_ms
       << "\n  lease_ttl_ms: " << c.lease_ttl_ms

@@ -54,6 +54,10 @@ struct KvdConfig {
   std::string listen = "127.0.0.1:0";
   // Appended to the `limits:` section, one "key: value" per line (e.g. "max_sessions: 16").
   std::vector<std::string> extra_limits;
+  // Appended verbatim to the `models:` list (more models, e.g. with a compression policy).
+  std::string extra_models;
+  // Appended verbatim at the top level of the topology (e.g. state_dir).
+  std::string extra_yaml;
 };
 
 // The stories260k layout registered in every e2e daemon (small chunks: 320 KiB per 256 tokens).

@@ -71,7 +71,9 @@ struct ClientOptions {
   // chunk_tokens must be a multiple of it).
   int chunk_tokens = 256;
   int block_tokens = 16;
-  // 0 = raw (uncompressed) chunks.
+  // 0 (default) = follow the daemon: raw chunks for a model without a compression policy, the
+  // policy's compact chunks otherwise (SessionInfo says which). Nonzero = this exact codec id
+  // (the handshake is refused when the model's policy is another one, or there is none).
   uint32_t codec_id = 0;
   // The bulk transport (engine role). Default: UCX with UCX's own transport choice.
   transport::TransportOptions transport;
@@ -119,23 +121,48 @@ struct LookupResult {
 };
 
 struct PutResult {
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;           // bytes sent (raw chunk + window queries)
   bool already_stored = false;  // the daemon had the chunk: nothing was sent
+  uint64_t stored_bytes = 0;    // bytes the daemon stored (the compact chunk under a policy)
+  uint32_t codec_id = 0;        // codec id of the stored chunk's key (0 = raw)
+};
+
+// The form of a chunk (proto ChunkForm).
+enum class ChunkForm : uint8_t {
+  kAsStored = 0,  // Get only: whatever the chunk is stored as
+  kRaw = 1,       // the raw chunk layout (common/layout.h)
+  kCompact = 2,   // the compact chunk (docs/chunk-format.md); expand with kvd/client/expand.h
 };
 
 struct GetResult {
   uint64_t bytes = 0;
   uint64_t checksum = 0;  // verified against the received bytes
-  uint32_t tokens = 0;
+  uint32_t tokens = 0;    // tokens of the original (raw) chunk
+  uint32_t codec_id = 0;  // the stored chunk's codec id (0 = raw)
+  ChunkForm form = ChunkForm::kRaw;
 };
 
+// Bytes of W window-query tokens for `layout`: W * num_layers * num_q_heads * head_dim float32.
+size_t WindowQueryBytes(const ModelLayout& layout, int window);
+
 // One chunk to put: `bytes` bytes at `data` in the raw chunk layout (common/layout.h), which
-// must equal layout.ChunkBytes(tokens). The buffer is borrowed until the call returns.
+// must equal layout.ChunkBytes(tokens). The buffers are borrowed until the call returns.
+//
+// For a model with a compression policy (SessionInfo::codec_id != 0) a put may carry the
+// post-RoPE queries of the chunk's LAST `window` tokens (window = SessionInfo::window_tokens):
+// per layer, [window, num_q_heads, head_dim] float32 row-major, layer after layer
+// (WindowQueryBytes floats in all). Either in `window_queries` (the library stages raw + queries
+// in one buffer: one copy), or already appended to `data` (then `bytes` covers both, no copy).
+// `first_position` is the position of the chunk's first token in its sequence (RoPE
+// de-rotation and merged-slot positions need it).
 struct PutItem {
   Hash128 hash;
   int tokens = 0;
   const void* data = nullptr;
   size_t bytes = 0;
+  uint64_t first_position = 0;
+  int window = 0;
+  std::span<const float> window_queries = {};
 };
 
 // One chunk of a lease to read into [out, out + capacity).
@@ -143,6 +170,22 @@ struct GetItem {
   uint32_t chunk_index = 0;
   void* out = nullptr;
   size_t capacity = 0;
+  // The form wanted; a form the stored chunk cannot give is FAILED_PRECONDITION (the daemon
+  // stores one form and does not convert).
+  ChunkForm form = ChunkForm::kAsStored;
+};
+
+// VECTOR calibration of a model (Client::GetCalibration, kvdctl calibration).
+struct CalibrationInfo {
+  std::string model;
+  std::string state;  // "collecting", "calibrated", "not-routing"
+  uint64_t tokens_seen = 0, tokens_needed = 0;
+  uint64_t version = 0;
+  uint32_t codec_id = 0;
+  uint32_t num_layers = 0, num_kv_heads = 0;
+  double r2_threshold = 0;
+  std::vector<double> r2;    // [layers * kv heads] once calibrated
+  std::vector<bool> routes;  // r2 >= r2_threshold
 };
 
 // One layer of a chunk as the engine holds it: K and V, each [tokens, num_kv_heads, head_dim]
@@ -230,6 +273,15 @@ struct SessionInfo {
   std::string transport;
   // The daemon granted the shared-memory path (see ClientOptions::shared_memory).
   bool shared_memory = false;
+  // Compression (engine role): the codec id lookups and gets use (0 = raw), the policy's digest
+  // and canonical form ("" = none), the window W puts should carry, whether puts without window
+  // queries are refused, and the VECTOR calibration version the codec id includes (0 = none).
+  uint32_t codec_id = 0;
+  uint64_t policy_digest = 0;
+  std::string policy;
+  uint32_t window_tokens = 0;
+  bool needs_queries = false;
+  uint64_t calibration_version = 0;
 };
 
 // A segment of the daemon's shared-memory arena mapped into this process (diagnostics, tests).
@@ -286,7 +338,13 @@ class Client {
   // error.
   StatusOr<std::vector<GetResult>> GetChunks(uint64_t lease_id, std::span<const GetItem> items);
 
+  // VECTOR weights of `version` (VectorWeights::Serialize bytes), fetched once per version and
+  // cached by the client. NOT_FOUND when the daemon does not hold that version.
+  StatusOr<std::shared_ptr<const std::vector<uint8_t>>> GetVectorWeights(uint64_t version);
+
   // ---- any role ----
+  // VECTOR calibration of `model` ("" = every model whose policy routes values).
+  StatusOr<std::vector<CalibrationInfo>> GetCalibration(const std::string& model);
   StatusOr<Stats> GetStats();
   // The arena segments this client has mapped (shared-memory sessions; empty otherwise). Each
   // holds chunks of this client's namespace only.

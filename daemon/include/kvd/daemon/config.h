@@ -18,6 +18,7 @@
 
 #include "kvd/common/layout.h"
 #include "kvd/common/status.h"
+#include "kvd/daemon/compression_policy.h"
 #include "kvd/storage/gpu_tier.h"
 #include "kvd/storage/options.h"
 #include "kvd/transport/options.h"
@@ -72,8 +73,9 @@ struct AuthOptions {
 struct ModelConfig {
   std::string name;
   ModelLayout layout;
-  // Compression policy placeholder: only "off" (raw chunks) exists in this version.
-  std::string compression = "off";
+  // Compression policy (compression_policy.h); absent (YAML `compression: off` or no key) = raw
+  // chunks, stored and served as put.
+  std::optional<CompressionPolicy> compression;
 
   bool operator==(const ModelConfig&) const = default;
 };
@@ -176,6 +178,14 @@ struct DaemonConfig {
   storage::TierManagerOptions placement;
   LimitsOptions limits;
   AuthOptions auth;
+  // Where daemon state other than chunks lives (VECTOR calibration weights). YAML `state_dir`.
+  // "" (default) = the disk tier's path when there is one, else the directory of the config file
+  // kvd was started with (`config_dir`, set by kvd), else nothing is persisted.
+  std::string state_dir;
+  // Directory of the --config file (set by kvd's main, not a YAML key); "" = embedded default.
+  std::string config_dir;
+  // state_dir with the rules above applied.
+  std::string ResolvedStateDir() const;
 
   // Validates every component; INVALID_ARGUMENT naming the key (e.g. "models[1].layout: ...").
   Status Validate() const;

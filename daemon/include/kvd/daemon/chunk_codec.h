@@ -1,0 +1,110 @@
+// The daemon's compression seam: the ONLY daemon file family that uses kvd_kernels (this header
+// and daemon/src/codec/). The rest of the daemon sees chunks as bytes plus a codec id.
+//
+// One ChunkCodec per model with a compression policy (compression_policy.h):
+//
+//   put bytes = raw chunk (layout.ChunkBytes(tokens), common/layout.h)
+//               + W window queries: for each layer, W * num_q_heads * head_dim float32 (row
+//                 w * num_q_heads + q = query head q of the w-th of the chunk's last W tokens,
+//                 post-RoPE), layer after layer. W is 0 or the policy's window.
+//   Encode()  -> the compact chunk (kernels/compact_chunk.h format) of exactly the policy's
+//                budget, computed from that chunk's own K/V and its own last W queries only
+//                (prefix-consistent: the same chunk always compresses to the same bytes,
+//                whatever prompt it is part of).
+//
+// A chunk too short for the policy (fewer than sinks + window + 1 tokens, or a budget that cannot
+// hold sinks + window: e.g. the last, partial chunk of a prompt) is stored losslessly in the
+// same compact format (every token a slot of cardinality 1, codec stages "none", p_c 0), so
+// every chunk under a compact codec id has one format.
+//
+// Ingest pool: `worker_threads` threads and at most `queue_depth` admitted chunks per model.
+// Admission happens at Reserve (before any bytes move): Admit() fails with RESOURCE_EXHAUSTED
+// and a retry hint when the pool is full, so a Commit never waits for queue space and nothing
+// acknowledged is ever dropped. Work runs on the pool threads, never on the control plane.
+//
+// Codec id: policy.CodecId(calibration version in use), see compression_policy.h. Until VECTOR
+// calibration completes (or for a policy that does not route) the version is 0 and chunks are
+// compressed without routing.
+//
+// Thread safety: every method is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvd/common/status.h"
+#include "kvd/daemon/config.h"
+
+namespace kvd::daemon {
+
+// What Encode produced.
+struct EncodedChunk {
+  std::vector<uint8_t> bytes;  // the compact chunk
+  uint32_t codec_id = 0;       // the codec id it must be stored under
+  bool lossless = false;       // the chunk was too short for the policy (see the file comment)
+  int64_t half_pairs = 0;      // keys + stored values, summed over heads
+  int64_t raw_half_pairs = 0;  // 2 * tokens * layers * kv heads
+  double compress_ms = 0;      // time spent in Encode
+};
+
+// Calibration state of a model (kvdctl calibration).
+struct CalibrationStatus {
+  std::string state;  // "collecting", "calibrated", "not-routing"
+  uint64_t tokens_seen = 0;
+  uint64_t tokens_needed = 0;
+  uint64_t version = 0;
+  std::vector<double> r2;    // [layers * kv heads] once calibrated
+  std::vector<bool> routes;  // r2 >= threshold
+};
+
+class ChunkCodec {
+ public:
+  // A held admission (see the file comment); releasing it (destruction) frees the slot.
+  using Ticket = std::shared_ptr<void>;
+
+  // REQUIRES: model.compression is set and the config validated. `state_dir` is where VECTOR
+  // calibration is persisted ("" = not persisted). Errors: INVALID_ARGUMENT for a policy the
+  // kernels refuse; DATA_LOSS for a corrupt persisted calibration.
+  static StatusOr<std::unique_ptr<ChunkCodec>> Create(const ModelConfig& model, int chunk_tokens,
+                                                      std::string state_dir);
+  ~ChunkCodec();
+
+  const CompressionPolicy& policy() const;
+  // The codec id chunks are stored under and served from now.
+  uint32_t codec_id() const;
+  uint64_t calibration_version() const;
+
+  // Bytes of W window-query tokens (all layers).
+  uint64_t QueryBytes(uint32_t window) const;
+  // Checks a put before bytes move: W must be 0 or the policy's window (INVALID_ARGUMENT naming
+  // both), a policy that needs queries refuses W == 0 (FAILED_PRECONDITION naming the missing
+  // queries), W <= tokens.
+  Status CheckPut(uint32_t tokens, uint32_t window) const;
+
+  // Takes an admission slot or returns RESOURCE_EXHAUSTED with a retry hint.
+  StatusOr<Ticket> Admit();
+  // Runs `job` on the pool; the ticket is released after it ran.
+  void Submit(Ticket ticket, std::function<void()> job);
+
+  // Compresses one put (raw chunk + window queries, see the file comment). Feeds VECTOR
+  // calibration first when the policy routes and calibration is still collecting.
+  // Errors: INVALID_ARGUMENT (sizes, NaN/Inf in K/V/queries), the kernels' errors.
+  StatusOr<EncodedChunk> Encode(std::span<const uint8_t> put_bytes, uint32_t tokens,
+                                uint64_t first_position, uint32_t window);
+
+  CalibrationStatus Calibration() const;
+  // Serialized VECTOR weights of `version`; NOT_FOUND unless that is the calibrated version.
+  StatusOr<std::vector<uint8_t>> Weights(uint64_t version) const;
+
+  struct Impl;
+
+ private:
+  explicit ChunkCodec(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvd::daemon

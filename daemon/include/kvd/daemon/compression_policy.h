@@ -1,0 +1,93 @@
+// The compression policy of one model (topology key `models[i].compression`): which stages of
+// the kernels' compression plan run on the chunks kvd stores for that model, and how.
+//
+// A model without a policy stays raw: its chunks are stored and served byte for byte as the
+// engine put them. A model with a policy gets its raw puts compressed by the daemon into compact
+// chunks (docs/chunk-format.md) that Lookup/Get then serve.
+//
+// Stages run in the fixed order score -> merge -> route (the kernels' plan order). The YAML names
+// them as an ordered list of methods, e.g. `stages: [snapkv]`, `[snapkv, vector]`,
+// `[snapkv, kvslimmer]` (the hybrid; `hybrid` is an alias), `[kvslimmer]`, `[keydiff]`:
+//   score:  snapkv | keydiff | pyramidkv   (absent = recency: the latest tokens win)
+//   merge:  kvslimmer
+//   route:  vector                          (needs a score or merge stage before it: routing
+//                                            picks among the slots an earlier stage kept)
+// Refused (INVALID_ARGUMENT naming the key and value, kvd exits 2): an unknown method, two
+// methods of one stage, a method listed after a later stage (e.g. [vector, snapkv]), an empty
+// list, a lone `vector`, p_c outside [0, 1), a budget that cannot hold the sinks and window of a
+// full chunk (llround((1 - p_c) * chunk_tokens) < sinks + window).
+//
+// Codec id: the 32-bit digest of CanonicalForm() and the calibration version (0 before VECTOR
+// calibration completes, or when the policy does not route). It is part of every chunk key, so a
+// changed policy (or a new calibration) never serves a chunk made under another one. Never 0
+// (0 is raw).
+//
+// Thread safety: plain value type.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kvd/common/layout.h"
+#include "kvd/common/status.h"
+
+namespace kvd::daemon {
+
+struct CompressionPolicy {
+  // ---- stages (see the file comment) ----
+  std::string score = "snapkv";  // none | snapkv | keydiff | pyramidkv
+  std::string merge = "none";    // none | kvslimmer
+  std::string route = "none";    // none | vector
+  // Fraction of the chunk's K/V half-pairs removed, in [0, 1). Default 0.5.
+  double p_c = 0.5;
+  // Window queries per chunk: the last `window` tokens of the chunk, whose post-RoPE queries the
+  // prefill engine sends with the put (kept uncompressed). Default 32, >= 1.
+  int window = 32;
+  // First tokens of every chunk never evicted/merged/routed. Default 4, >= 0.
+  int sinks = 4;
+  // SnapKV/PyramidKV score pooling: "avg" (default) or "max", kernel odd >= 1 (default 5).
+  std::string pooling = "avg";
+  int pooling_kernel = 5;
+  // KeyDiff block size; 0 (default) = one-shot.
+  int keydiff_block = 0;
+  // PyramidKV beta, >= 1. Default 20.
+  double pyramid_beta = 20.0;
+  // KVSlimmer weight variant: "l2" (default) or "l1code".
+  std::string merge_norm = "l2";
+  // Representative position of a merged slot: "last" (default) or "weighted".
+  std::string position = "last";
+  // Hybrid: most tokens per merged slot (>= 1, default 4) and the cosine gate (0 = off,
+  // in [-1, 1]).
+  int max_group = 4;
+  double min_cos = 0.0;
+  // VECTOR: p_a margin in [0, 1) (default 0); heads whose calibration R^2 is below
+  // `r2_threshold` (default 0.5, in [0, 1]) route nothing; `calibration_tokens` (default 65536,
+  // >= 1) raw tokens per (layer, head) are accumulated before W is solved.
+  double route_eps = 0.0;
+  double r2_threshold = 0.5;
+  int64_t calibration_tokens = 65536;
+  // Ingest worker pool of this model: threads compressing chunks (default 2, >= 1) and chunks
+  // admitted but not yet compressed (default 16, >= 1; a Reserve beyond it gets
+  // RESOURCE_EXHAUSTED with a retry hint).
+  int worker_threads = 2;
+  int queue_depth = 16;
+
+  // INVALID_ARGUMENT naming `key` + ".<field>" and the value (see the file comment).
+  Status Validate(const std::string& key, int chunk_tokens) const;
+  // True when a stage needs the window queries (snapkv, pyramidkv, kvslimmer).
+  bool NeedsQueries() const;
+  // The stages and every parameter that changes the stored bytes, as one line (worker_threads
+  // and queue_depth are not part of it), e.g.
+  // "v1 score=snapkv merge=none route=none p_c=0.5 window=32 sinks=4 ...".
+  std::string CanonicalForm() const;
+  // 64-bit digest of CanonicalForm() (HelloReply.policyDigest).
+  uint64_t Digest() const;
+  // The codec id of chunks made under this policy with `calibration_version` (see above).
+  uint32_t CodecId(uint64_t calibration_version) const;
+  // "snapkv", "snapkv+vector", "snapkv+kvslimmer", ...: for logs and kvdctl.
+  std::string StagesName() const;
+
+  bool operator==(const CompressionPolicy&) const = default;
+};
+
+}  // namespace kvd::daemon

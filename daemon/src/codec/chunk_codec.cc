@@ -1,0 +1,412 @@
+// ChunkCodec: policy -> kernels plan options, Encode, the ingest pool, VECTOR calibration.
+#include "kvd/daemon/chunk_codec.h"
+
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "kvd/common/logging.h"
+#include "kvd/kernels/compact_chunk.h"
+#include "kvd/kernels/plan.h"
+#include "kvd/kernels/vector.h"
+
+namespace kvd::daemon {
+
+namespace kk = kvd::kernels;
+
+namespace {
+
+kk::CompressionPlanOptions PlanOptions(const CompressionPolicy& p) {
+  kk::CompressionPlanOptions o;
+  o.score = p.score == "snapkv"      ? kk::ScoreStage::kSnapKv
+            : p.score == "keydiff"   ? kk::ScoreStage::kKeyDiff
+            : p.score == "pyramidkv" ? kk::ScoreStage::kPyramidKv
+                                     : kk::ScoreStage::kNone;
+  o.merge = p.merge == "kvslimmer" ? kk::MergeStage::kKvSlimmer : kk::MergeStage::kNone;
+  o.route = p.route == "vector" ? kk::RouteStage::kVector : kk::RouteStage::kNone;
+  o.p_c = p.p_c;
+  o.window = p.window;
+  o.sinks = p.sinks;
+  o.pooling_kernel = p.pooling_kernel;
+  o.pooling = p.pooling == "max" ? kk::PoolingKind::kMax : kk::PoolingKind::kAvg;
+  o.keydiff_block = p.keydiff_block;
+  o.pyramid_beta = p.pyramid_beta;
+  o.merge_norm = p.merge_norm == "l1code" ? kk::MergeNorm::kL1Code : kk::MergeNorm::kL2;
+  o.position = p.position == "weighted" ? kk::RepresentativePosition::kWeighted
+                                        : kk::RepresentativePosition::kLast;
+  o.route_eps = p.route_eps;
+  o.hybrid_max_group = p.max_group;
+  o.hybrid_min_cos = p.min_cos;
+  return o;
+}
+
+std::string Hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+  return buf;
+}
+
+// Every token a slot of cardinality 1 (see the header: chunks too short for the policy).
+kk::CompactChunk LosslessChunk(const ModelLayout& layout, std::span<const uint8_t> raw, int64_t n,
+                               uint64_t first_position) {
+  kk::CompactChunk c;
+  c.num_layers = layout.num_layers;
+  c.num_kv_heads = layout.num_kv_heads;
+  c.head_dim = layout.head_dim;
+  c.dtype = layout.dtype;
+  c.original_tokens = n;
+  c.layout_digest = layout.Digest();
+  const int H = layout.num_kv_heads;
+  const size_t row = static_cast<size_t>(layout.head_dim) * DTypeSize(layout.dtype);
+  const size_t half = static_cast<size_t>(n) * H * row;  // K (or V) of one layer
+  c.heads.resize(static_cast<size_t>(layout.num_layers) * H);
+  for (int l = 0; l < layout.num_layers; ++l) {
+    const uint8_t* k = raw.data() + 2 * half * l;
+    const uint8_t* v = k + half;
+    for (int h = 0; h < H; ++h) {
+      kk::CompactHead& head = c.Head(l, h);
+      head.keys.resize(n * row);
+      head.values.resize(n * row);
+      head.flags.assign(n, 0);
+      head.cardinality.assign(n, 1);
+      head.positions.resize(n);
+      for (int64_t i = 0; i < n; ++i) {
+        std::memcpy(head.keys.data() + i * row, k + (i * H + h) * row, row);
+        std::memcpy(head.values.data() + i * row, v + (i * H + h) * row, row);
+        head.positions[i] = static_cast<int64_t>(first_position) + i;
+      }
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+struct ChunkCodec::Impl {
+  ModelConfig model;
+  CompressionPolicy policy;
+  kk::CompressionPlanOptions plan;
+  std::string state_path;  // "" = not persisted
+
+  // ---- pool ----
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> queue;  // guarded by mu
+  bool stopping = false;                    // guarded by mu
+  std::atomic<int> admitted{0};
+  std::vector<std::thread> threads;
+
+  // ---- calibration (route == vector) ----
+  mutable std::mutex cal_mu;
+  std::optional<kk::VectorCalibrator> calibrator;    // guarded by cal_mu; while collecting
+  std::shared_ptr<const kk::VectorWeights> weights;  // guarded by cal_mu; once calibrated
+  std::vector<uint8_t> weights_bytes;                // guarded by cal_mu
+  std::atomic<uint32_t> codec_id{0};
+  std::atomic<uint64_t> version{0};
+
+  void WorkerLoop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;  // stopping and drained
+        job = std::move(queue.front());
+        queue.pop_front();
+      }
+      job();
+    }
+  }
+
+  Status Persist() {
+    if (state_path.empty()) return Status::Ok();
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(state_path).parent_path(), ec);
+    const std::string tmp = state_path + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out.write(reinterpret_cast<const char*>(weights_bytes.data()),
+                static_cast<std::streamsize>(weights_bytes.size()));
+      if (!out) return Status::Unavailable("cannot write VECTOR calibration to " + tmp);
+    }
+    std::filesystem::rename(tmp, state_path, ec);
+    if (ec) return Status::Unavailable("cannot rename " + tmp + ": " + ec.message());
+    return Status::Ok();
+  }
+
+  // REQUIRES cal_mu held.
+  void Install(kk::VectorWeights w) {
+    weights_bytes = w.Serialize();
+    version = w.version;
+    codec_id = policy.CodecId(w.version);
+    weights = std::make_shared<const kk::VectorWeights>(std::move(w));
+    calibrator.reset();
+  }
+
+  // Feeds calibration (route == vector, still collecting) and solves when enough tokens.
+  void Calibrate(std::span<const uint8_t> raw, std::span<const int64_t> positions) {
+    std::lock_guard lock(cal_mu);
+    if (!calibrator) return;
+    kk::ExecOptions exec;
+    exec.num_threads = 1;
+    Status s = kk::CalibrateFromChunk(model.layout, raw, positions, &*calibrator, exec);
+    if (!s.ok()) {
+      KVD_LOG(WARNING) << "calibration skipped a chunk" << Kv("model", model.name)
+                       << Kv("status", s);
+      return;
+    }
+    if (calibrator->Head(0, 0).count < policy.calibration_tokens) return;
+    auto solved = calibrator->Solve();
+    if (!solved.ok()) {
+      KVD_LOG(WARNING) << "calibration solve failed; collecting more" << Kv("model", model.name)
+                       << Kv("status", solved.status());
+      return;
+    }
+    Install(std::move(*solved));
+    Status p = Persist();
+    KVD_LOG(INFO) << "VECTOR calibration complete" << Kv("model", model.name)
+                  << Kv("version", Hex64(version.load())) << Kv("codec_id", codec_id.load())
+                  << Kv("persisted", p.ok() ? state_path : p.ToString());
+  }
+};
+
+ChunkCodec::ChunkCodec(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ChunkCodec::~ChunkCodec() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  for (auto& t : impl_->threads) t.join();
+}
+
+StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(const ModelConfig& model, int chunk_tokens,
+                                                         std::string state_dir) {
+  if (!model.compression) {
+    return Status::InvalidArgument("model " + model.name + " has no compression policy");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->model = model;
+  impl->policy = *model.compression;
+  impl->plan = PlanOptions(impl->policy);
+  KVD_RETURN_IF_ERROR(impl->plan.Validate().WithContext("compression policy of " + model.name));
+  (void)chunk_tokens;
+  impl->codec_id = impl->policy.CodecId(0);
+  if (impl->policy.route == "vector") {
+    if (!state_dir.empty()) {
+      impl->state_path =
+          state_dir + "/vector-" + model.name + "-" + Hex64(impl->policy.Digest()) + ".weights";
+    }
+    std::ifstream in(impl->state_path, std::ios::binary);
+    if (!impl->state_path.empty() && in) {
+      std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                 std::istreambuf_iterator<char>());
+      auto w = kk::VectorWeights::Deserialize(bytes);
+      if (!w.ok()) return w.status().WithContext("VECTOR calibration " + impl->state_path);
+      if (w->num_layers != model.layout.num_layers ||
+          w->num_kv_heads != model.layout.num_kv_heads || w->head_dim != model.layout.head_dim) {
+        return Status::DataLoss("VECTOR calibration " + impl->state_path +
+                                " has another shape than model " + model.name);
+      }
+      std::lock_guard lock(impl->cal_mu);
+      impl->Install(std::move(*w));
+      KVD_LOG(INFO) << "VECTOR calibration reloaded" << Kv("model", model.name)
+                    << Kv("path", impl->state_path) << Kv("version", Hex64(impl->version.load()));
+    } else {
+      KVD_ASSIGN_OR_RETURN(
+          auto cal, kk::VectorCalibrator::Create(model.layout.num_layers, model.layout.num_kv_heads,
+                                                 model.layout.head_dim));
+      impl->calibrator = std::move(cal);
+    }
+  }
+  for (int i = 0; i < impl->policy.worker_threads; ++i) {
+    impl->threads.emplace_back([p = impl.get()] { p->WorkerLoop(); });
+  }
+  return std::unique_ptr<ChunkCodec>(new ChunkCodec(std::move(impl)));
+}
+
+const CompressionPolicy& ChunkCodec::policy() const { return impl_->policy; }
+uint32_t ChunkCodec::codec_id() const { return impl_->codec_id.load(); }
+uint64_t ChunkCodec::calibration_version() const { return impl_->version.load(); }
+
+uint64_t ChunkCodec::QueryBytes(uint32_t window) const {
+  const ModelLayout& l = impl_->model.layout;
+  return uint64_t{window} * l.num_layers * l.num_q_heads * l.head_dim * sizeof(float);
+}
+
+Status ChunkCodec::CheckPut(uint32_t tokens, uint32_t window) const {
+  const CompressionPolicy& p = impl_->policy;
+  if (window != 0 && window != static_cast<uint32_t>(p.window)) {
+    return Status::InvalidArgument("windowTokens " + std::to_string(window) +
+                                   " is neither 0 nor the policy's window " +
+                                   std::to_string(p.window) + " of model " + impl_->model.name);
+  }
+  if (window > tokens) {
+    return Status::InvalidArgument("windowTokens " + std::to_string(window) + " > tokens " +
+                                   std::to_string(tokens));
+  }
+  if (window == 0 && p.NeedsQueries()) {
+    return Status::FailedPrecondition(
+        "model " + impl_->model.name + "'s compression policy (" + p.StagesName() +
+        ") needs the window queries: send the post-RoPE queries of the chunk's last " +
+        std::to_string(p.window) +
+        " tokens with the put (windowTokens=" + std::to_string(p.window) + ")");
+  }
+  return Status::Ok();
+}
+
+StatusOr<ChunkCodec::Ticket> ChunkCodec::Admit() {
+  const int depth = impl_->policy.queue_depth;
+  int cur = impl_->admitted.load();
+  while (true) {
+    if (cur >= depth) {
+      return Status::ResourceExhausted("ingest queue of model " + impl_->model.name + " is full (" +
+                                       std::to_string(cur) + " chunks admitted, queue_depth " +
+                                       std::to_string(depth) + "); retry the put after ~50 ms");
+    }
+    if (impl_->admitted.compare_exchange_weak(cur, cur + 1)) break;
+  }
+  Impl* impl = impl_.get();
+  return Ticket(static_cast<void*>(impl), [impl](void*) { impl->admitted.fetch_sub(1); });
+}
+
+void ChunkCodec::Submit(Ticket ticket, std::function<void()> job) {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->queue.push_back([ticket = std::move(ticket), job = std::move(job)]() mutable {
+      job();
+      ticket.reset();
+    });
+  }
+  impl_->cv.notify_one();
+}
+
+StatusOr<EncodedChunk> ChunkCodec::Encode(std::span<const uint8_t> put_bytes, uint32_t tokens,
+                                          uint64_t first_position, uint32_t window) {
+  const auto start = std::chrono::steady_clock::now();
+  const ModelLayout& layout = impl_->model.layout;
+  const uint64_t raw_bytes = layout.ChunkBytes(static_cast<int>(tokens));
+  if (put_bytes.size() != raw_bytes + QueryBytes(window)) {
+    return Status::InvalidArgument("put of " + std::to_string(put_bytes.size()) +
+                                   " bytes != " + std::to_string(raw_bytes) + " raw + " +
+                                   std::to_string(QueryBytes(window)) + " window-query bytes");
+  }
+  KVD_RETURN_IF_ERROR(CheckPut(tokens, window));
+  const std::span<const uint8_t> raw = put_bytes.first(raw_bytes);
+  const int64_t n = tokens;
+  std::vector<int64_t> positions(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int64_t>(first_position) + i;
+
+  if (impl_->policy.route == "vector") impl_->Calibrate(raw, positions);
+  std::shared_ptr<const kk::VectorWeights> weights;
+  {
+    std::lock_guard lock(impl_->cal_mu);
+    weights = impl_->weights;
+  }
+  const uint64_t version = weights ? weights->version : 0;
+
+  EncodedChunk out;
+  out.codec_id = impl_->policy.CodecId(version);
+  const CompressionPolicy& p = impl_->policy;
+  const int64_t forced = p.sinks + (window > 0 ? p.window : 0);
+  const int64_t kept = std::llround((1.0 - p.p_c) * static_cast<double>(n));
+  kk::CompactChunk chunk;
+  if (n < p.sinks + p.window + 1 || kept < forced) {
+    chunk = LosslessChunk(layout, raw, n, first_position);
+    out.lossless = true;
+  } else {
+    // Window queries: float32 on the wire, rearranged per (layer, KV head).
+    ModelLayout f32 = layout;
+    f32.dtype = DType::kFloat32;
+    std::vector<kk::Matrix> queries;
+    std::vector<kk::ConstMatrixView> views;
+    if (window > 0) {
+      const uint64_t per_layer = QueryBytes(window) / layout.num_layers;
+      const uint8_t* q = put_bytes.data() + raw_bytes;
+      for (int l = 0; l < layout.num_layers; ++l) {
+        KVD_ASSIGN_OR_RETURN(auto m, kk::GatherWindowQueries(f32, q + per_layer * l, window));
+        for (auto& mat : m) queries.push_back(std::move(mat));
+      }
+      for (const auto& m : queries) views.push_back(m.View());
+    }
+    kk::CompressionInput input;
+    input.raw = raw;
+    input.positions = positions;
+    input.window_queries = views;
+    input.weights = weights.get();
+    kk::CompressionPlanOptions plan = impl_->plan;
+    if (!weights) plan.route = kk::RouteStage::kNone;
+    kk::ExecOptions exec;
+    exec.num_threads = 1;  // the pool's threads are the parallelism
+    KVD_ASSIGN_OR_RETURN(chunk, kk::Compress(plan, layout, input, nullptr, exec));
+    if (weights) {
+      // Heads whose calibration fit is below the threshold route nothing: take them from the
+      // same plan without routing (each head meets its budget on its own, so the total stays).
+      std::vector<size_t> weak;
+      for (size_t i = 0; i < weights->heads.size(); ++i) {
+        if (weights->heads[i].r2 < p.r2_threshold) weak.push_back(i);
+      }
+      if (!weak.empty()) {
+        plan.route = kk::RouteStage::kNone;
+        input.weights = nullptr;
+        KVD_ASSIGN_OR_RETURN(auto plain, kk::Compress(plan, layout, input, nullptr, exec));
+        for (size_t i : weak) chunk.heads[i] = std::move(plain.heads[i]);
+      }
+      chunk.codec.calibration_version = version;
+    }
+  }
+  out.half_pairs = chunk.HalfPairs();
+  out.raw_half_pairs = 2 * n * layout.num_layers * layout.num_kv_heads;
+  KVD_ASSIGN_OR_RETURN(out.bytes, kk::EncodeCompactChunk(chunk));
+  out.compress_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+CalibrationStatus ChunkCodec::Calibration() const {
+  CalibrationStatus s;
+  const CompressionPolicy& p = impl_->policy;
+  s.tokens_needed = static_cast<uint64_t>(p.calibration_tokens);
+  std::lock_guard lock(impl_->cal_mu);
+  if (p.route != "vector") {
+    s.state = "not-routing";
+    return s;
+  }
+  if (impl_->weights) {
+    s.state = "calibrated";
+    s.version = impl_->weights->version;
+    for (const auto& h : impl_->weights->heads) {
+      s.r2.push_back(h.r2);
+      s.routes.push_back(h.r2 >= p.r2_threshold);
+    }
+    s.tokens_seen = impl_->weights->heads.empty() ? 0 : impl_->weights->heads[0].count;
+  } else {
+    s.state = "collecting";
+    s.tokens_seen = impl_->calibrator ? impl_->calibrator->Head(0, 0).count : 0;
+  }
+  return s;
+}
+
+StatusOr<std::vector<uint8_t>> ChunkCodec::Weights(uint64_t version) const {
+  std::lock_guard lock(impl_->cal_mu);
+  if (!impl_->weights || impl_->weights->version != version) {
+    return Status::NotFound(
+        "model " + impl_->model.name + " has no VECTOR weights of version " + Hex64(version) +
+        " (current: " + (impl_->weights ? Hex64(impl_->weights->version) : "none") + ")");
+  }
+  return impl_->weights_bytes;
+}
+
+}  // namespace kvd::daemon

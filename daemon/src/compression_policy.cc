@@ -1,0 +1,138 @@
+// Validation, canonical form and codec id of a compression policy.
+#include "kvd/daemon/compression_policy.h"
+
+#include <cmath>
+#include <cstdio>
+#include <initializer_list>
+
+#include "kvd/common/hash.h"
+
+namespace kvd::daemon {
+namespace {
+
+bool OneOf(const std::string& v, std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed) {
+    if (v == a) return true;
+  }
+  return false;
+}
+
+std::string Num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+Status Bad(const std::string& key, const std::string& value, const std::string& what) {
+  return Status::InvalidArgument(key + ": \"" + value + "\" " + what);
+}
+
+}  // namespace
+
+bool CompressionPolicy::NeedsQueries() const {
+  return score == "snapkv" || score == "pyramidkv" || merge == "kvslimmer";
+}
+
+std::string CompressionPolicy::StagesName() const {
+  std::string out;
+  auto add = [&](const std::string& s) {
+    if (s == "none") return;
+    out += (out.empty() ? "" : "+") + s;
+  };
+  add(score);
+  add(merge);
+  add(route);
+  return out.empty() ? "recency" : out;
+}
+
+Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) const {
+  if (!OneOf(score, {"none", "snapkv", "keydiff", "pyramidkv"})) {
+    return Bad(key + ".stages", score, "is not a score method (snapkv, keydiff, pyramidkv)");
+  }
+  if (!OneOf(merge, {"none", "kvslimmer"})) {
+    return Bad(key + ".stages", merge, "is not a merge method (kvslimmer)");
+  }
+  if (!OneOf(route, {"none", "vector"})) {
+    return Bad(key + ".stages", route, "is not a route method (vector)");
+  }
+  if (score == "none" && merge == "none" && route == "none") {
+    return Status::InvalidArgument(key +
+                                   ".stages: no stage; omit `compression` (or write "
+                                   "`compression: off`) for a raw model");
+  }
+  if (route != "none" && score == "none" && merge == "none") {
+    return Bad(key + ".stages", route,
+               "needs a score or merge stage before it (routing picks among the slots an "
+               "earlier stage kept)");
+  }
+  if (!(p_c >= 0.0 && p_c < 1.0)) return Bad(key + ".p_c", Num(p_c), "is outside [0, 1)");
+  if (window < 1) return Bad(key + ".window", std::to_string(window), "must be >= 1");
+  if (sinks < 0) return Bad(key + ".sinks", std::to_string(sinks), "must be >= 0");
+  if (!OneOf(pooling, {"avg", "max"})) return Bad(key + ".pooling", pooling, "is not avg or max");
+  if (pooling_kernel < 1 || pooling_kernel % 2 == 0) {
+    return Bad(key + ".pooling_kernel", std::to_string(pooling_kernel), "must be odd and >= 1");
+  }
+  if (keydiff_block < 0) {
+    return Bad(key + ".keydiff_block", std::to_string(keydiff_block), "must be >= 0");
+  }
+  if (!(pyramid_beta >= 1.0)) {
+    return Bad(key + ".pyramid_beta", Num(pyramid_beta), "must be >= 1");
+  }
+  if (!OneOf(merge_norm, {"l2", "l1code"})) {
+    return Bad(key + ".merge_norm", merge_norm, "is not l2 or l1code");
+  }
+  if (!OneOf(position, {"last", "weighted"})) {
+    return Bad(key + ".position", position, "is not last or weighted");
+  }
+  if (max_group < 1) return Bad(key + ".max_group", std::to_string(max_group), "must be >= 1");
+  if (!(min_cos >= -1.0 && min_cos <= 1.0)) {
+    return Bad(key + ".min_cos", Num(min_cos), "is outside [-1, 1]");
+  }
+  if (!(route_eps >= 0.0 && route_eps < 1.0)) {
+    return Bad(key + ".route_eps", Num(route_eps), "is outside [0, 1)");
+  }
+  if (!(r2_threshold >= 0.0 && r2_threshold <= 1.0)) {
+    return Bad(key + ".r2_threshold", Num(r2_threshold), "is outside [0, 1]");
+  }
+  if (calibration_tokens < 1) {
+    return Bad(key + ".calibration_tokens", std::to_string(calibration_tokens), "must be >= 1");
+  }
+  if (worker_threads < 1 || worker_threads > 256) {
+    return Bad(key + ".worker_threads", std::to_string(worker_threads), "is outside [1, 256]");
+  }
+  if (queue_depth < 1 || queue_depth > 65536) {
+    return Bad(key + ".queue_depth", std::to_string(queue_depth), "is outside [1, 65536]");
+  }
+  const long long kept = std::llround((1.0 - p_c) * chunk_tokens);
+  if (kept < static_cast<long long>(sinks) + window) {
+    return Bad(key + ".p_c", Num(p_c),
+               "keeps " + std::to_string(kept) + " of a full chunk's " +
+                   std::to_string(chunk_tokens) + " tokens, fewer than sinks (" +
+                   std::to_string(sinks) + ") + window (" + std::to_string(window) +
+                   "): lower p_c, sinks or window");
+  }
+  return Status::Ok();
+}
+
+std::string CompressionPolicy::CanonicalForm() const {
+  return "v1 score=" + score + " merge=" + merge + " route=" + route + " p_c=" + Num(p_c) +
+         " window=" + std::to_string(window) + " sinks=" + std::to_string(sinks) +
+         " pooling=" + pooling + "/" + std::to_string(pooling_kernel) +
+         " keydiff_block=" + std::to_string(keydiff_block) + " pyramid_beta=" + Num(pyramid_beta) +
+         " merge_norm=" + merge_norm + " position=" + position +
+         " max_group=" + std::to_string(max_group) + " min_cos=" + Num(min_cos) +
+         " route_eps=" + Num(route_eps) + " r2_threshold=" + Num(r2_threshold) +
+         " calibration_tokens=" + std::to_string(calibration_tokens);
+}
+
+uint64_t CompressionPolicy::Digest() const { return Digest64(CanonicalForm()); }
+
+uint32_t CompressionPolicy::CodecId(uint64_t calibration_version) const {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(calibration_version));
+  const uint64_t d = Digest64(CanonicalForm() + " calibration=" + buf);
+  uint32_t id = static_cast<uint32_t>(d ^ (d >> 32));
+  return id == 0 ? 1u : id;
+}
+
+}  // namespace kvd::daemon

@@ -1,0 +1,426 @@
+// The compression serving path through real kvd processes (label `serving`): the daemon
+// compresses raw puts of a model with a compression policy and serves compact chunks that the
+// client library expands. Small float32 stories260k-shaped chunks keep every case fast.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvd/client/client.h"
+#include "kvd/client/expand.h"
+#include "kvd/kernels/compact_chunk.h"
+#include "kvd/kernels/plan.h"
+#include "kvd/kernels/serving.h"
+#include "kvd/kernels/vector.h"
+#include "kvd_process.h"
+
+namespace kvd::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+namespace kk = kvd::kernels;
+
+constexpr int kTokens = 256;
+constexpr int kWindow = 32;
+
+// A model with the stories260k layout and `policy` (a YAML flow mapping).
+std::string PolicyModel(const std::string& name, const std::string& policy) {
+  return "  - name: " + name +
+         "\n    layout: {layers: 5, kv_heads: 4, q_heads: 8, head_dim: 8, dtype: float32, rope: "
+         "{theta: 10000, pairing: interleaved, scaling: none}}\n    compression: " +
+         policy + "\n";
+}
+
+const char* kSnapKv =
+    "{stages: [snapkv], p_c: 0.5, window: 32, sinks: 4, worker_threads: 2, queue_depth: 4}";
+
+// One put: raw K/V of `tokens` tokens (normal values, as a model's K/V are roughly) and the
+// window queries of its last kWindow tokens, per layer [W, q_heads, d] float32.
+struct Chunk {
+  std::vector<uint8_t> raw;
+  std::vector<float> queries;
+};
+
+Chunk MakeChunk(const ModelLayout& layout, int tokens, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  Chunk c;
+  std::vector<float> raw(layout.ChunkBytes(tokens) / sizeof(float));
+  for (float& v : raw) v = dist(rng);
+  c.raw.resize(raw.size() * sizeof(float));
+  std::memcpy(c.raw.data(), raw.data(), c.raw.size());
+  c.queries.resize(client::WindowQueryBytes(layout, kWindow) / sizeof(float));
+  for (float& v : c.queries) v = dist(rng);
+  return c;
+}
+
+client::PutItem Item(const Hash128& hash, const Chunk& c, uint64_t first_position,
+                     bool with_queries = true) {
+  client::PutItem it;
+  it.hash = hash;
+  it.tokens = static_cast<int>(c.raw.size() / (5 * 2 * 4 * 8 * sizeof(float)));
+  it.data = c.raw.data();
+  it.bytes = c.raw.size();
+  it.first_position = first_position;
+  if (with_queries) {
+    it.window = kWindow;
+    it.window_queries = c.queries;
+  }
+  return it;
+}
+
+// The same compression in-process (what the daemon must store byte for byte).
+StatusOr<std::vector<uint8_t>> InProcess(const ModelLayout& layout, const Chunk& c,
+                                         uint64_t first_position, kk::CompressionPlanOptions o,
+                                         const kk::VectorWeights* weights = nullptr) {
+  const int64_t n = static_cast<int64_t>(c.raw.size() / layout.ChunkBytes(1));
+  std::vector<int64_t> positions(n);
+  for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int64_t>(first_position) + i;
+  ModelLayout f32 = layout;
+  f32.dtype = DType::kFloat32;
+  std::vector<kk::Matrix> q;
+  std::vector<kk::ConstMatrixView> views;
+  if (o.score == kk::ScoreStage::kSnapKv) {
+    const size_t per_layer = c.queries.size() / layout.num_layers;
+    for (int l = 0; l < layout.num_layers; ++l) {
+      KVD_ASSIGN_OR_RETURN(auto m,
+                           kk::GatherWindowQueries(f32, c.queries.data() + per_layer * l, kWindow));
+      for (auto& x : m) q.push_back(std::move(x));
+    }
+    for (const auto& m : q) views.push_back(m.View());
+  }
+  kk::CompressionInput in;
+  in.raw = c.raw;
+  in.positions = positions;
+  in.window_queries = views;
+  in.weights = weights;
+  kk::ExecOptions exec;
+  exec.num_threads = 1;
+  KVD_ASSIGN_OR_RETURN(auto chunk, kk::Compress(o, layout, in, nullptr, exec));
+  return kk::EncodeCompactChunk(chunk);
+}
+
+class ServingE2eTest : public ::testing::Test {
+ protected:
+  void StartKvd(const std::string& extra_models, const std::string& extra_yaml = "",
+                const std::string& disk = "") {
+    KvdConfig c;
+    c.extra_models = extra_models;
+    c.extra_yaml = extra_yaml;
+    c.disk_path = disk;
+    auto kvd = KvdProcess::Start(c);
+    ASSERT_TRUE(kvd.ok()) << kvd.status();
+    kvd_ = std::move(*kvd);
+  }
+  std::unique_ptr<client::Client> Connect(const std::string& model, uint32_t codec = 0) {
+    auto o = kvd_->EngineOptions("serving-" + model);
+    o.model = model;
+    o.codec_id = codec;
+    auto c = client::Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status() << "\n" << kvd_->Log();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  // Gets chunk `index` of a lease in its stored (compact) form.
+  static std::vector<uint8_t> GetCompact(client::Client& c, uint64_t lease, uint32_t index,
+                                         client::GetResult* result = nullptr) {
+    std::vector<uint8_t> buf(client::MaxCompactChunkBytes(c.options().layout, kTokens));
+    client::GetItem it;
+    it.chunk_index = index;
+    it.out = buf.data();
+    it.capacity = buf.size();
+    auto r = c.GetChunks(lease, {&it, 1});
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+    buf.resize((*r)[0].bytes);
+    if (result != nullptr) *result = (*r)[0];
+    return buf;
+  }
+  std::unique_ptr<KvdProcess> kvd_;
+};
+
+kk::CompressionPlanOptions SnapKvOptions() {
+  kk::CompressionPlanOptions o;
+  o.score = kk::ScoreStage::kSnapKv;
+  o.p_c = 0.5;
+  o.window = kWindow;
+  o.sinks = 4;
+  return o;
+}
+
+TEST_F(ServingE2eTest, StoredChunkIsTheKernelsBytesAndExpandsLikeThem) {
+  StartKvd(PolicyModel("stories-snapkv", kSnapKv));
+  auto c = Connect("stories-snapkv");
+  ASSERT_NE(c, nullptr);
+  const ModelLayout layout = c->options().layout;
+  EXPECT_NE(c->session().codec_id, 0u);
+  EXPECT_EQ(c->session().window_tokens, static_cast<uint32_t>(kWindow));
+  EXPECT_TRUE(c->session().needs_queries);
+  EXPECT_THAT(c->session().policy, HasSubstr("score=snapkv"));
+
+  // Chunk 1 of a prompt (positions 256..511).
+  Chunk chunk = MakeChunk(layout, kTokens, 7);
+  const Hash128 hash{11, 12};
+  auto put = c->PutChunks(std::vector<client::PutItem>{Item(hash, chunk, 256)});
+  ASSERT_TRUE(put.ok()) << put.status() << "\n" << kvd_->Log();
+  EXPECT_EQ((*put)[0].codec_id, c->session().codec_id);
+  EXPECT_LT((*put)[0].stored_bytes, chunk.raw.size());
+
+  auto hit = c->Lookup(std::vector<Hash128>{hash});
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  ASSERT_EQ(hit->matched_chunks, 1u);
+  client::GetResult got;
+  std::vector<uint8_t> stored = GetCompact(*c, hit->lease_id, 0, &got);
+  EXPECT_EQ(got.form, client::ChunkForm::kCompact);
+  EXPECT_EQ(got.codec_id, c->session().codec_id);
+  EXPECT_EQ(got.tokens, static_cast<uint32_t>(kTokens));
+  EXPECT_EQ(got.bytes, (*put)[0].stored_bytes);
+
+  // Byte for byte what the kernels produce in-process for the same input and policy.
+  auto expected = InProcess(layout, chunk, 256, SnapKvOptions());
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_TRUE(stored == *expected) << stored.size() << " vs " << expected->size();
+
+  // The stored ratio is the policy's: half-pairs kept = (1 - p_c) of the raw ones, within 1%.
+  auto reader = client::CompactChunkReader::Open(stored, layout);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const double raw_half_pairs = 2.0 * kTokens * layout.num_layers * layout.num_kv_heads;
+  EXPECT_NEAR((*reader)->half_pairs() / raw_half_pairs, 0.5, 0.005);
+  EXPECT_EQ((*reader)->required_weights_version(), 0u);
+
+  // Expansion: the reader's dense chunk == the kernels' ExpandDenseChunk of the in-process chunk.
+  auto decoded = kk::DecodeCompactChunk(*expected);
+  ASSERT_TRUE(decoded.ok());
+  int64_t t_kernels = 0, t_reader = 0;
+  auto dense_kernels = kk::ExpandDenseChunk(*decoded, nullptr, nullptr, &t_kernels);
+  ASSERT_TRUE(dense_kernels.ok()) << dense_kernels.status();
+  auto dense_reader = (*reader)->DenseChunk(&t_reader);
+  ASSERT_TRUE(dense_reader.ok()) << dense_reader.status();
+  EXPECT_EQ(t_reader, t_kernels);
+  EXPECT_TRUE(*dense_reader == *dense_kernels);
+
+  // Layer-wise get: every layer lands in the caller's buffers, in order, with the same bytes.
+  const size_t layer_bytes =
+      static_cast<size_t>(t_kernels) * layout.num_kv_heads * layout.head_dim * sizeof(float);
+  std::vector<std::vector<uint8_t>> k(layout.num_layers, std::vector<uint8_t>(layer_bytes));
+  std::vector<std::vector<uint8_t>> v(layout.num_layers, std::vector<uint8_t>(layer_bytes));
+  std::vector<client::MutableLayerKV> layers;
+  for (int l = 0; l < layout.num_layers; ++l) layers.push_back({k[l].data(), v[l].data()});
+  std::vector<int> order;
+  int64_t tokens = 0;
+  Status s = client::GetDenseLayerwise(
+      *c, hit->lease_id, 1, layers, static_cast<int>(t_kernels),
+      [&](int layer) { order.push_back(layer); }, &tokens);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(tokens, t_kernels);
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
+  for (int l = 0; l < layout.num_layers; ++l) {
+    EXPECT_EQ(std::memcmp(k[l].data(), dense_kernels->data() + 2 * l * layer_bytes, layer_bytes), 0)
+        << "layer " << l;
+    EXPECT_EQ(
+        std::memcmp(v[l].data(), dense_kernels->data() + (2 * l + 1) * layer_bytes, layer_bytes), 0)
+        << "layer " << l;
+  }
+  ASSERT_TRUE(c->ReleaseLease(hit->lease_id).ok());
+}
+
+TEST_F(ServingE2eTest, PrefixIsReusedBitIdenticalAndShortChunksAreLossless) {
+  StartKvd(PolicyModel("stories-snapkv", kSnapKv));
+  auto a = Connect("stories-snapkv");
+  auto b = Connect("stories-snapkv");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const ModelLayout layout = a->options().layout;
+  // Prompt P = chunks 0, 1, then a 40-token tail (too short for sinks + window: lossless).
+  std::vector<Chunk> p = {MakeChunk(layout, kTokens, 1), MakeChunk(layout, kTokens, 2),
+                          MakeChunk(layout, 40, 3)};
+  std::vector<Hash128> chain = {{1, 1}, {1, 2}, {1, 3}};
+  std::vector<client::PutItem> items;
+  for (int i = 0; i < 3; ++i) items.push_back(Item(chain[i], p[i], i * kTokens));
+  auto put = a->PutChunks(items);
+  ASSERT_TRUE(put.ok()) << put.status() << "\n" << kvd_->Log();
+
+  auto hit_a = a->Lookup(chain);
+  ASSERT_TRUE(hit_a.ok());
+  ASSERT_EQ(hit_a->matched_chunks, 3u);
+  EXPECT_EQ(hit_a->matched_tokens, 2u * kTokens + 40u);
+  std::vector<std::vector<uint8_t>> first;
+  for (uint32_t i = 0; i < 3; ++i) first.push_back(GetCompact(*a, hit_a->lease_id, i));
+
+  // The tail chunk is stored losslessly: its dense form is the raw chunk, byte for byte.
+  auto tail = client::CompactChunkReader::Open(first[2], layout);
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  int64_t t = 0;
+  auto dense = (*tail)->DenseChunk(&t);
+  ASSERT_TRUE(dense.ok());
+  EXPECT_EQ(t, 40);
+  EXPECT_TRUE(*dense == p[2].raw);
+
+  // Prompt Q shares P's first two chunks: another engine finds and reads them, bit-identical;
+  // putting them again stores nothing new.
+  std::vector<Hash128> q_chain = {chain[0], chain[1], {2, 3}};
+  auto again = b->PutChunks(std::vector<client::PutItem>{Item(chain[0], p[0], 0)});
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE((*again)[0].already_stored);
+  auto hit_b = b->Lookup(q_chain);
+  ASSERT_TRUE(hit_b.ok());
+  ASSERT_EQ(hit_b->matched_chunks, 2u);
+  for (uint32_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(GetCompact(*b, hit_b->lease_id, i) == first[i]) << "chunk " << i;
+  }
+}
+
+TEST_F(ServingE2eTest, BadInputsGetSpecificErrorsWhileOthersAreServed) {
+  StartKvd(PolicyModel("stories-snapkv", kSnapKv));
+  auto c = Connect("stories-snapkv");
+  ASSERT_NE(c, nullptr);
+  const ModelLayout layout = c->options().layout;
+  Chunk good = MakeChunk(layout, kTokens, 5);
+
+  // Window queries of the wrong shape (W != the policy's window).
+  {
+    client::PutItem it = Item({3, 1}, good, 0, false);
+    std::vector<uint8_t> buf(good.raw.size() + client::WindowQueryBytes(layout, 16));
+    std::memcpy(buf.data(), good.raw.data(), good.raw.size());
+    it.data = buf.data();
+    it.bytes = buf.size();
+    it.window = 16;
+    auto r = c->PutChunks({&it, 1});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("neither 0 nor the policy's window 32"));
+  }
+  // A put without the queries the policy needs.
+  {
+    auto r = c->PutChunks(std::vector<client::PutItem>{Item({3, 2}, good, 0, false)});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("needs the window queries"));
+  }
+  // Non-finite K: the commit fails with the kernels' finite check, nothing is stored.
+  {
+    Chunk bad = good;
+    const float nan = std::nanf("");
+    std::memcpy(bad.raw.data() + 64, &nan, sizeof(nan));
+    auto r = c->PutChunks(std::vector<client::PutItem>{Item({3, 3}, bad, 0)});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("compressing reservation"));
+    auto miss = c->Lookup(std::vector<Hash128>{{3, 3}});
+    ASSERT_TRUE(miss.ok());
+    EXPECT_EQ(miss->matched_chunks, 0u);
+  }
+  // A compressed put (window queries) for a model without a policy.
+  {
+    auto raw = Connect("stories260k");
+    ASSERT_NE(raw, nullptr);
+    EXPECT_EQ(raw->session().codec_id, 0u);
+    auto r = raw->PutChunks(std::vector<client::PutItem>{Item({3, 4}, good, 0)});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("has no compression policy"));
+    // The raw form of a raw chunk works; its compact form does not exist.
+    auto ok = raw->Put({3, 5}, kTokens, good.raw.data(), good.raw.size());
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    auto hit = raw->Lookup(std::vector<Hash128>{{3, 5}});
+    ASSERT_TRUE(hit.ok());
+    std::vector<uint8_t> buf(good.raw.size() * 2);
+    client::GetItem it;
+    it.out = buf.data();
+    it.capacity = buf.size();
+    it.form = client::ChunkForm::kCompact;
+    auto g = raw->GetChunks(hit->lease_id, {&it, 1});
+    ASSERT_FALSE(g.ok());
+    EXPECT_EQ(g.status().code(), StatusCode::kFailedPrecondition) << g.status();
+    EXPECT_THAT(g.status().message(), HasSubstr("stored raw (codec 0)"));
+  }
+  // A codec id asked for a raw model, and a stale codec id for the policy model.
+  {
+    auto o = kvd_->EngineOptions("codec-raw");
+    o.codec_id = 1234;
+    auto r = client::Client::Connect(o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_THAT(r.status().message(), HasSubstr("has no compression policy"));
+    auto o2 = kvd_->EngineOptions("codec-stale");
+    o2.model = "stories-snapkv";
+    o2.codec_id = c->session().codec_id + 1;
+    auto r2 = client::Client::Connect(o2);
+    ASSERT_FALSE(r2.ok());
+    EXPECT_EQ(r2.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_THAT(r2.status().message(), HasSubstr("send codec 0 to follow the policy"));
+  }
+  // The daemon still serves: a good put, then a get asking the raw form of a compact chunk (a
+  // form it cannot give), then the compact form.
+  auto put = c->PutChunks(std::vector<client::PutItem>{Item({3, 6}, good, 0)});
+  ASSERT_TRUE(put.ok()) << put.status();
+  auto hit = c->Lookup(std::vector<Hash128>{{3, 6}});
+  ASSERT_TRUE(hit.ok());
+  ASSERT_EQ(hit->matched_chunks, 1u);
+  std::vector<uint8_t> buf(client::MaxCompactChunkBytes(layout, kTokens));
+  client::GetItem it;
+  it.out = buf.data();
+  it.capacity = buf.size();
+  it.form = client::ChunkForm::kRaw;
+  auto g = c->GetChunks(hit->lease_id, {&it, 1});
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kFailedPrecondition) << g.status();
+  EXPECT_THAT(g.status().message(), HasSubstr("is stored compact"));
+  EXPECT_FALSE(GetCompact(*c, hit->lease_id, 0).empty());
+}
+
+TEST_F(ServingE2eTest, FullIngestQueueIsResourceExhaustedWhileGetsGoOn) {
+  StartKvd(PolicyModel("stories-q2",
+                       "{stages: [snapkv], p_c: 0.5, worker_threads: 1, "
+                       "queue_depth: 2}"));
+  auto c = Connect("stories-q2");
+  auto reader = Connect("stories-q2");
+  ASSERT_NE(c, nullptr);
+  ASSERT_NE(reader, nullptr);
+  const ModelLayout layout = c->options().layout;
+  Chunk first = MakeChunk(layout, kTokens, 9);
+  ASSERT_TRUE(c->PutChunks(std::vector<client::PutItem>{Item({4, 0}, first, 0)}).ok());
+  auto hit = reader->Lookup(std::vector<Hash128>{{4, 0}});
+  ASSERT_TRUE(hit.ok());
+  std::vector<uint8_t> before = GetCompact(*reader, hit->lease_id, 0);
+
+  // A window of 8 puts reserves 8 chunks at once: the third Reserve finds 2 admitted.
+  std::vector<Chunk> flood;
+  for (int i = 0; i < 8; ++i) flood.push_back(MakeChunk(layout, kTokens, 100 + i));
+  std::vector<client::PutItem> items;
+  for (int i = 0; i < 8; ++i) items.push_back(Item({4, 1 + static_cast<uint64_t>(i)}, flood[i], 0));
+  auto r = c->PutChunks(items);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("ingest queue of model stories-q2 is full"));
+  EXPECT_THAT(r.status().message(), HasSubstr("retry"));
+
+  // Gets go on meanwhile and read the same bytes.
+  EXPECT_TRUE(GetCompact(*reader, hit->lease_id, 0) == before);
+  // The refused puts were never acknowledged; retried one at a time, they all store.
+  for (const auto& it : items) {
+    auto one = c->PutChunks({&it, 1});
+    ASSERT_TRUE(one.ok()) << one.status();
+  }
+  std::vector<Hash128> all;
+  for (const auto& it : items) all.push_back(it.hash);
+  auto every = reader->Lookup(std::vector<Hash128>{all.front()});
+  ASSERT_TRUE(every.ok());
+  EXPECT_EQ(every->matched_chunks, 1u);
+  auto stats = reader->GetStats();
+  ASSERT_TRUE(stats.ok());
+  uint64_t rejected = 0, compressed = 0;
+  for (const auto& [name, value] : stats->counters) {
+    if (name == "ingest_rejected") rejected = value;
+    if (name == "chunks_compressed") compressed = value;
+  }
+  EXPECT_GE(rejected, 1u);
+  EXPECT_EQ(compressed, 9u);
+}
+
+}  // namespace
+}  // namespace kvd::e2e
