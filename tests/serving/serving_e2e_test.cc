@@ -108,8 +108,9 @@ StatusOr<std::vector<uint8_t>> InProcess(const ModelLayout& layout, const Chunk&
 class ServingE2eTest : public ::testing::Test {
  protected:
   void StartKvd(const std::string& extra_models, const std::string& extra_yaml = "",
-                const std::string& disk = "") {
+                const std::string& disk = "", const std::string& host_segment = "") {
     KvdConfig c;
+    c.host_segment = host_segment;
     c.extra_models = extra_models;
     c.extra_yaml = extra_yaml;
     c.disk_path = disk;
@@ -420,6 +421,46 @@ TEST_F(ServingE2eTest, FullIngestQueueIsResourceExhaustedWhileGetsGoOn) {
   }
   EXPECT_GE(rejected, 1u);
   EXPECT_EQ(compressed, 9u);
+}
+
+// The same-node shared-memory path feeds the same ingest: a put written into the arena slot is
+// compressed and stored like a transport put, and its compact form comes back through the slot.
+TEST_F(ServingE2eTest, SharedMemoryPutsAreCompressedLikeTransportPuts) {
+  StartKvd(PolicyModel("stories-snapkv", kSnapKv), "", "", "8MiB");
+  auto o = kvd_->EngineOptions("serving-shm");
+  o.model = "stories-snapkv";
+  o.address = kvd_->unix_address();
+  auto shm = client::Client::Connect(o);
+  ASSERT_TRUE(shm.ok()) << shm.status() << "\n" << kvd_->Log();
+  ASSERT_TRUE((*shm)->session().shared_memory) << kvd_->Log();
+  auto tcp = Connect("stories-snapkv");
+  ASSERT_NE(tcp, nullptr);
+  const ModelLayout layout = tcp->options().layout;
+
+  Chunk chunk = MakeChunk(layout, kTokens, 21);
+  auto expected = InProcess(layout, chunk, 0, SnapKvOptions());
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  const Hash128 via_shm{31, 1}, via_tcp{31, 2};
+  auto put_shm = (*shm)->PutChunks(std::vector<client::PutItem>{Item(via_shm, chunk, 0)});
+  ASSERT_TRUE(put_shm.ok()) << put_shm.status() << "\n" << kvd_->Log();
+  auto put_tcp = tcp->PutChunks(std::vector<client::PutItem>{Item(via_tcp, chunk, 0)});
+  ASSERT_TRUE(put_tcp.ok()) << put_tcp.status();
+  EXPECT_EQ((*put_shm)[0].codec_id, tcp->session().codec_id);
+  EXPECT_EQ((*put_shm)[0].stored_bytes, expected->size());
+  EXPECT_EQ((*put_tcp)[0].stored_bytes, expected->size());
+
+  // Each chunk read back through the other path is the kernels' bytes.
+  for (auto [reader, hash] : {std::pair{shm->get(), via_tcp}, std::pair{tcp.get(), via_shm}}) {
+    auto hit = reader->Lookup(std::vector<Hash128>{hash});
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    ASSERT_EQ(hit->matched_chunks, 1u);
+    client::GetResult got;
+    std::vector<uint8_t> stored = GetCompact(*reader, hit->lease_id, 0, &got);
+    EXPECT_EQ(got.form, client::ChunkForm::kCompact);
+    EXPECT_EQ(got.codec_id, tcp->session().codec_id);
+    EXPECT_TRUE(stored == *expected) << stored.size() << " vs " << expected->size();
+    ASSERT_TRUE(reader->ReleaseLease(hit->lease_id).ok());
+  }
 }
 
 }  // namespace
