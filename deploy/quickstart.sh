@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # kvd in one command: the disaggregated demo. Installs and builds (./deploy/setup.sh), fetches
 # the demo model (./deploy/fetch-models.sh: SmolLM2-135M-Instruct), starts build/bin/kvd on its
-# embedded default topology, then runs the reference engine as two separate processes:
-#   kvd-demo prefill  runs a real prompt (deploy/demo/text.txt) and pushes its KV to kvd;
-#   kvd-demo decode   looks the prompt up in kvd, gets the chunks, continues generating and
-#                     scores a held-out continuation (against a local prefill as the baseline);
-# then kvd-demo local compresses the same chunks chunk by chunk in-process (SnapKV, p_c 0.5,
-# each chunk with only its own K/V and last-32 queries) and compares full and compressed caches.
-# Prints `kvdctl stats`, stops kvd with SIGTERM, and ends with the line
+# embedded default topology with a compression policy for smollm2-135m (SnapKV, p_c 0.5,
+# window 32, sinks 4), then runs the reference engine as two separate processes:
+#   kvd-demo prefill  runs a real prompt (deploy/demo/text.txt) one chunk per forward pass and
+#                     puts each full chunk's raw K/V plus its last 32 post-RoPE queries to kvd,
+#                     which compresses the chunk before acknowledging it;
+#   kvd-demo decode   looks the prompt up, gets the compact chunks, expands them (bias form),
+#                     continues generating and scores a held-out continuation, against a local
+#                     prefill with the full cache;
+# prints `kvdctl stats`, stops kvd with SIGTERM, and ends with the line
 #   kvd-demo: model=M p_c=X raw_bytes=N stored_bytes=N ppl_full=F ppl_compressed=F top1_agree=F
 # When the model cannot be fetched it says so and runs the raw round trip of random bytes
-# (kvd-roundtrip) instead; exit 0 either way. Any failure stops kvd, prints its log and exits
-# non-zero.
+# (kvd-roundtrip, embedded default without the policy) instead; exit 0 either way. Any failure
+# stops kvd, prints its log and exits non-zero.
 #
 #   KVD_BUILD_DIR       build folder (default: build)
 #   KVD_QUICKSTART_TLS  UCX_TLS of the clients (default sm,tcp, as the embedded default's daemon)
 #   KVD_DEMO_THREADS    engine threads (default: all cores)
+#   KVD_DEMO_POLICY     the compression policy (YAML flow map, default above)
 #   KVD_SKIP_SETUP=1    use an existing build (needs kvd, kvdctl, kvd-roundtrip, kvd-demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,10 +58,26 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+model=""
+if ! model=$(./deploy/fetch-models.sh); then
+  model=""
+  echo "[quickstart] the demo model could not be fetched (deploy/fetch-models.sh failed, see" \
+    "above): falling back to the raw round trip of random bytes"
+fi
 # The embedded default, on an ephemeral port and a private unix socket so that a kvd already
-# running on 127.0.0.1:7400 does not get in the way.
-echo "[quickstart] starting $BIN/kvd (embedded default topology)"
-"$BIN/kvd" --listen 127.0.0.1:0 --unix "$work/kvd.sock" --ready-file "$work/ready.json" \
+# running on 127.0.0.1:7400 does not get in the way; with the model, smollm2-135m (the first
+# model of the embedded default) gets the compression policy.
+policy=${KVD_DEMO_POLICY:-"{stages: [snapkv], p_c: 0.5, window: 32, sinks: 4}"}
+config=()
+if [[ -n "$model" ]]; then
+  "$BIN/kvd" --print-default-config |
+    sed "0,/^    compression: off/s//    compression: $policy/" >"$work/kvd.yaml"
+  grep -q "compression: {" "$work/kvd.yaml" ||
+    { echo "[quickstart] could not set the policy in the topology" >&2; exit 1; }
+  config=(--config "$work/kvd.yaml")
+  echo "[quickstart] smollm2-135m compression policy: $policy"
+fi
+"$BIN/kvd" "${config[@]}" --listen 127.0.0.1:0 --unix "$work/kvd.sock" --ready-file "$work/ready.json" \
   >"$work/kvd.log" 2>&1 &
 kvd_pid=$!
 for _ in $(seq 300); do
@@ -76,18 +95,14 @@ echo "[quickstart] kvd ready on $addr (pid $kvd_pid)"
 
 conn=(--addr "$addr" --ucx-tls "$TLS" --net-devices lo)
 demo_line=""
-if model=$(./deploy/fetch-models.sh); then
+if [[ -n "$model" ]]; then
   demo=(--model-file "$model" --text deploy/demo/text.txt --threads "${KVD_DEMO_THREADS:-0}")
-  echo "[quickstart] prefill process: the prompt's KV to kvd"
+  echo "[quickstart] prefill process: the prompt's KV and window queries to kvd"
   "$BIN/kvd-demo" prefill "${demo[@]}" "${conn[@]}"
-  echo "[quickstart] decode process: the prompt's cache from kvd, continue, score"
-  "$BIN/kvd-demo" decode "${demo[@]}" "${conn[@]}" --baseline
-  echo "[quickstart] full vs compressed cache (chunk-wise compression in-process, p_c 0.5)"
-  "$BIN/kvd-demo" local "${demo[@]}" --p-c 0.5 | tee "$work/local.txt"
-  demo_line=$(grep '^kvd-demo: ' "$work/local.txt")
+  echo "[quickstart] decode process: the compressed cache from kvd, continue, score"
+  "$BIN/kvd-demo" decode "${demo[@]}" "${conn[@]}" --baseline | tee "$work/decode.txt"
+  demo_line=$(grep '^kvd-demo: ' "$work/decode.txt")
 else
-  echo "[quickstart] the demo model could not be fetched (deploy/fetch-models.sh failed, see" \
-    "above): falling back to the raw round trip of random bytes"
   "$BIN/kvd-roundtrip" "${conn[@]}" --model smollm2-135m --tokens 600
 fi
 

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The disaggregated demo through a real kvd process, on a short prompt (ctest label `serving`):
-#   1. kvd-demo prefill (one process) pushes the prompt's full chunks to kvd;
-#   2. kvd-demo decode (another process) looks the prompt up, gets the chunks and decodes;
-#   3. kvd-demo local builds the same cache in-process from the same inputs;
-# checks that decode from the kvd-served cache gives exactly the logits of the in-process cache
-# (byte-identical float32 files), and that the `kvd-demo:` line's stored/raw ratio matches p_c.
+# The disaggregated demo through a real kvd process, on a short prompt (ctest label `serving`).
+# kvd runs the embedded default with a SnapKV p_c 0.5 policy for smollm2-135m (as the quickstart):
+#   1. kvd-demo prefill (one process) puts the prompt's full chunks with their window queries;
+#      kvd compresses them at ingest;
+#   2. kvd-demo decode (another process) looks the prompt up, gets the compact chunks, expands
+#      them with the client library (expand.h) and decodes; prints the `kvd-demo:` line;
+#   3. kvd-demo local compresses the same chunks in-process (kernels' Compress on the same
+#      inputs) and decodes from that cache;
+# checks that decode from the kvd-served cache gives exactly the logits of the in-process
+# compressed cache (byte-identical float32 files), and the line's stored/raw ratio against p_c.
 # Skips (exit 77) without the SmolLM2 model.
 #
 #   demo_serving_test.sh BIN_DIR REPO_ROOT
@@ -27,11 +31,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The embedded default with a small arena (the test holds two 5.6 MiB chunks).
+# The embedded default with a small arena (the test holds two compact chunks) and the policy.
 "$bin/kvd" --print-default-config |
   sed -e 's/^\(    capacity:\) 1GiB.*/\1 64MiB/' -e 's/^\(    prefault:\) true.*/\1 false/' \
+    -e '0,/^    compression: off/s//    compression: {stages: [snapkv], p_c: 0.5, window: 32, sinks: 4}/' \
     >"$work/kvd.yaml"
 grep -q "capacity: 64MiB" "$work/kvd.yaml" || { echo "FAIL: could not shrink the arena"; exit 1; }
+grep -q "compression: {" "$work/kvd.yaml" || { echo "FAIL: could not set the policy"; exit 1; }
 "$bin/kvd" --config "$work/kvd.yaml" --listen 127.0.0.1:0 --unix "$work/kvd.sock" \
   --ready-file "$work/ready.json" >"$work/kvd.log" 2>&1 &
 kvd_pid=$!
@@ -46,15 +52,16 @@ common=(--model-file "$model" --text "$root/deploy/demo/text.txt" --prompt-token
   --heldout 16 --generate 4 --threads 2)
 conn=(--addr "$addr" --ucx-tls sm,tcp --net-devices lo)
 "$bin/kvd-demo" prefill "${common[@]}" "${conn[@]}" | tee "$work/prefill.txt"
-"$bin/kvd-demo" decode "${common[@]}" "${conn[@]}" --logits-out "$work/served.f32" |
+"$bin/kvd-demo" decode "${common[@]}" "${conn[@]}" --baseline --logits-out "$work/served.f32" |
   tee "$work/decode.txt"
 "$bin/kvd-demo" local "${common[@]}" --p-c 0.5 --logits-out "$work/local_compressed.f32" \
   --full-logits-out "$work/local_full.f32" | tee "$work/local.txt"
 
-# kvd stores the chunks raw (no compression policy in this build): the kvd-served cache must be
-# the in-process full cache, bit for bit (same bf16 chunk bytes, same engine code).
-cmp "$work/served.f32" "$work/local_full.f32" ||
-  { echo "FAIL: logits from the kvd-served cache differ from the in-process cache"; exit 1; }
+grep -q "(compact)" "$work/decode.txt" || { echo "FAIL: kvd did not serve compact chunks"; exit 1; }
+# kvd compressed the chunks as kernels' Compress does in-process, the client library expanded
+# them as the kernels' serving code does: the same floats, bit for bit.
+cmp "$work/served.f32" "$work/local_compressed.f32" ||
+  { echo "FAIL: logits from the kvd-served cache differ from the in-process compressed cache"; exit 1; }
 [[ $(stat -c %s "$work/served.f32") -eq $((16 * 49152 * 4)) ]] ||
   { echo "FAIL: unexpected logits size"; exit 1; }
 
@@ -62,7 +69,7 @@ cmp "$work/served.f32" "$work/local_full.f32" ||
 # cardinality (4 B) and flags (1 B) to the 2 x 64 bf16 (256 B) of key and value, plus 64-byte
 # section padding per head and a header: 5.1% over the KV payload at head_dim 64. The check
 # allows 2% on top of that overhead.
-line=$(grep '^kvd-demo: ' "$work/local.txt")
+line=$(grep '^kvd-demo: ' "$work/decode.txt")
 echo "$line"
 python3 - "$line" <<'PY'
 import sys

@@ -1,13 +1,18 @@
 // kvd-demo: the reference engine as a disaggregated prefill / decode pair through kvd.
 //
 //   kvd-demo prefill --addr ADDR --model-file GGUF [text options]
-//       runs the prompt one chunk per forward pass and puts every full chunk's raw K/V to kvd.
+//       runs the prompt one chunk per forward pass and puts every full chunk's raw K/V to kvd;
+//       when the model has a compression policy in kvd, with the post-RoPE queries of the
+//       chunk's own last W tokens and its first position (kvd compresses it before the ack).
 //   kvd-demo decode  --addr ADDR --model-file GGUF [text options] [--baseline]
-//       looks the prompt up in kvd, gets its chunks, builds the engine cache from them and
-//       continues: greedy continuation, perplexity and top-1 of a held-out continuation.
+//       looks the prompt up in kvd, gets its chunks (compact ones are expanded into the bias form
+//       with kvd/client/expand.h; raw ones are the dense cache), continues: greedy continuation,
+//       perplexity and top-1 of a held-out continuation. --baseline: also the full cache from a
+//       local prefill (K/V rounded to the model's kvd dtype), the times to first token, and for
+//       compact chunks the `kvd-demo:` line.
 //   kvd-demo local   --model-file GGUF [text options] [--p-c X]
 //       the same in one process without kvd: the full cache against the cache compressed chunk
-//       by chunk (kernels' plan, each chunk with only its own K/V and last-W queries).
+//       by chunk (kernels' plan, SnapKV, each chunk with only its own K/V and last-W queries).
 //
 // Text options: --text FILE (default deploy/demo/text.txt), --prompt-tokens N (default 808),
 // --heldout N (default 128), --generate N (default 24), --chunk-tokens N (default 256; prefill
@@ -23,11 +28,13 @@
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "kvd/client/client.h"
+#include "kvd/client/expand.h"
 #include "kvd/common/dtype.h"
 #include "kvd/kernels/compact_chunk.h"
 #include "kvd/kernels/plan.h"
@@ -149,17 +156,36 @@ void PrintLine(const std::string& model, double p_c, uint64_t raw, uint64_t stor
       llama::Agreement(full.heldout_top1, comp.heldout_top1));
 }
 
-// The full cache: one forward pass over the prompt's cached part in this process.
-StatusOr<llama::ContinuationScore> FullBaseline(const Setup& s, int chunks) {
+// The full cache: one forward pass over the prompt's cached part in this process, its K/V
+// rounded to the layout's dtype (what kvd would hold raw). *prefill_s = that forward pass.
+StatusOr<llama::ContinuationScore> FullBaseline(const Setup& s, const kvd::ModelLayout& layout,
+                                                int chunks, double* prefill_s) {
   const size_t cached = static_cast<size_t>(chunks) * s.chunk_tokens;
   std::span<const int32_t> prompt(s.text.prompt);
   llama::LlamaSession prefill(*s.model, {.threads = s.threads});
+  const auto t0 = std::chrono::steady_clock::now();
   if (cached > 0) KVD_RETURN_IF_ERROR(prefill.Forward(prompt.first(cached)).status());
+  *prefill_s = Since(t0);
   KVD_ASSIGN_OR_RETURN(llama::DenseKvCache dense, prefill.ExportDense());
+  const size_t elem = kvd::DTypeSize(layout.dtype);
+  std::vector<uint8_t> tmp;
+  for (llama::DenseLayerKv& l : dense.layers) {
+    for (std::vector<float>* x : {&l.k, &l.v}) {
+      tmp.resize(x->size() * elem);
+      kvd::ConvertFromFloat(layout.dtype, x->data(), tmp.data(), x->size());
+      kvd::ConvertToFloat(layout.dtype, tmp.data(), x->data(), x->size());
+    }
+  }
   return llama::ScoreContinuation(
       *s.model, {.threads = s.threads},
       [&](llama::LlamaSession& ses) { return ses.LoadDense(dense); }, prompt.subspan(cached),
       s.text.heldout, s.generate);
+}
+
+// p_c of a policy's canonical form ("v1 score=snapkv ... p_c=0.5 ..."); 0 when absent.
+double PolicyRatio(const std::string& policy) {
+  const size_t at = policy.find(" p_c=");
+  return at == std::string::npos ? 0.0 : std::strtod(policy.c_str() + at + 5, nullptr);
 }
 
 // ---- local: in-process compression ----
@@ -265,6 +291,10 @@ int RunPrefill(kvd::tools::Args& args) {
   std::printf("[prefill] kvd %s at %s, model %s (%s), chunks of %d tokens\n",
               c.session().daemon_version.c_str(), c.options().address.c_str(),
               c.options().model.c_str(), layout.ToString().c_str(), s.chunk_tokens);
+  // Under a policy the daemon says how many window queries a put carries.
+  if (c.session().codec_id != 0 && c.session().window_tokens > 0) {
+    s.window = static_cast<int>(c.session().window_tokens);
+  }
   llama::LlamaSession ses(*s.model, {.threads = s.threads});
   auto pre = llama::PrefillChunks(ses, prompt, layout,
                                   {.chunk_tokens = s.chunk_tokens, .window = s.window});
@@ -272,15 +302,78 @@ int RunPrefill(kvd::tools::Args& args) {
   std::printf("[prefill] %zu prompt tokens in %.3f s: %zu full chunks\n", prompt.size(),
               pre->seconds, pre->chunks.size());
   const std::vector<kvd::Hash128> chain = c.hasher().ChunkChain(prompt, false);
+  const bool compressed = c.session().codec_id != 0;
+  if (compressed) {
+    std::printf("[prefill] kvd compresses this model's chunks at ingest (codec %08x: %s)\n",
+                c.session().codec_id, c.session().policy.c_str());
+  }
   for (size_t i = 0; i < pre->chunks.size(); ++i) {
     const llama::PrefillChunk& ch = pre->chunks[i];
+    kvd::client::PutItem item{.hash = chain[i],
+                              .tokens = ch.tokens,
+                              .data = ch.raw.data(),
+                              .bytes = ch.raw.size(),
+                              .first_position = static_cast<uint64_t>(ch.first_position)};
+    if (compressed) {
+      item.window = ch.window;
+      item.window_queries = ch.window_queries;
+    }
     const auto t0 = std::chrono::steady_clock::now();
-    auto put = c.Put(chain[i], ch.tokens, ch.raw.data(), ch.raw.size());
+    auto put = c.PutChunks(std::span<const kvd::client::PutItem>(&item, 1));
     if (!put.ok()) return Fail("put chunk " + std::to_string(i), put.status());
-    std::printf("[prefill] chunk %zu: put %zu B raw in %.2f ms%s\n", i, ch.raw.size(),
-                Since(t0) * 1e3, put->already_stored ? " (already stored)" : "");
+    const kvd::client::PutResult& r = put->front();
+    std::printf("[prefill] chunk %zu: put %zu B raw%s in %.2f ms%s, kvd stored %llu B\n", i,
+                ch.raw.size(),
+                compressed ? (" + " + std::to_string(ch.window_queries.size() * 4) +
+                              " B window queries (compressed by kvd before the ack)")
+                                 .c_str()
+                           : "",
+                Since(t0) * 1e3, r.already_stored ? " (already stored)" : "",
+                static_cast<unsigned long long>(r.stored_bytes));
   }
   return 0;
+}
+
+// The compact cache from compact chunks through the client's expansion library (expand.h):
+// per layer and chunk, CompactLayer into per-head slot buffers, appended in chunk order.
+StatusOr<llama::CompactKvCache> CacheFromCompact(kvd::client::Client& c,
+                                                 const kvd::ModelLayout& layout,
+                                                 const std::vector<std::vector<uint8_t>>& bytes,
+                                                 int next_position) {
+  using kvd::client::CompactChunkReader;
+  std::vector<std::unique_ptr<CompactChunkReader>> readers;
+  for (const auto& b : bytes) {
+    KVD_ASSIGN_OR_RETURN(auto r, CompactChunkReader::Open(b, layout));
+    if (const uint64_t v = r->required_weights_version(); v != 0) {
+      KVD_ASSIGN_OR_RETURN(auto w, c.GetVectorWeights(v));
+      KVD_RETURN_IF_ERROR(r->SetWeights(*w));
+    }
+    readers.push_back(std::move(r));
+  }
+  const int L = layout.num_layers, H = layout.num_kv_heads, d = layout.head_dim;
+  llama::CompactKvCache cache;
+  cache.next_position = next_position;
+  cache.layers.assign(L, std::vector<llama::CompactHeadKv>(H));
+  for (int l = 0; l < L; ++l) {
+    for (const auto& r : readers) {
+      std::vector<kvd::client::CompactHeadOut> outs(H);
+      for (int h = 0; h < H; ++h) {
+        llama::CompactHeadKv& dst = cache.layers[l][h];
+        const int64_t S = r->Slots(l, h);
+        const size_t at = static_cast<size_t>(dst.num_slots);
+        dst.num_slots += static_cast<int>(S);
+        dst.k.resize((at + S) * d);
+        dst.v.resize((at + S) * d);
+        dst.bias.resize(at + S);
+        outs[h] = {.keys = dst.k.data() + at * d,
+                   .values = dst.v.data() + at * d,
+                   .bias = dst.bias.data() + at,
+                   .capacity_slots = S};
+      }
+      KVD_RETURN_IF_ERROR(r->CompactLayer(l, outs));
+    }
+  }
+  return cache;
 }
 
 int RunDecode(kvd::tools::Args& args) {
@@ -306,32 +399,49 @@ int RunDecode(kvd::tools::Args& args) {
     return Fail("lookup", Status::NotFound("the prompt's first chunk is not in kvd (run "
                                            "`kvd-demo prefill` with the same text first)"));
   }
+  const bool compressed = c.session().codec_id != 0;
+  const size_t capacity = compressed ? kvd::client::MaxCompactChunkBytes(layout, s.chunk_tokens)
+                                     : layout.ChunkBytes(s.chunk_tokens);
   std::vector<std::vector<uint8_t>> bytes(n);
   std::vector<llama::RawChunkView> views;
   uint64_t got_bytes = 0;
   double get_s = 0;
   for (int i = 0; i < n; ++i) {
-    bytes[i].resize(layout.ChunkBytes(s.chunk_tokens));
+    bytes[i].resize(capacity);
     const auto t0 = std::chrono::steady_clock::now();
     auto got = c.Get(hit->lease_id, static_cast<uint32_t>(i), bytes[i].data(), bytes[i].size());
     const double dt = Since(t0);
     if (!got.ok()) return Fail("get chunk " + std::to_string(i), got.status());
     get_s += dt;
     got_bytes += got->bytes;
-    std::printf("[decode] chunk %d: get %llu B in %.2f ms\n", i,
-                static_cast<unsigned long long>(got->bytes), dt * 1e3);
-    views.push_back({s.chunk_tokens, std::span<const uint8_t>(bytes[i].data(), got->bytes)});
+    bytes[i].resize(got->bytes);
+    std::printf("[decode] chunk %d: get %llu B (%s) in %.2f ms\n", i,
+                static_cast<unsigned long long>(got->bytes),
+                got->form == kvd::client::ChunkForm::kCompact ? "compact" : "raw", dt * 1e3);
+    views.push_back({s.chunk_tokens, bytes[i]});
   }
   (void)c.ReleaseLease(hit->lease_id);
-  const auto t_build = std::chrono::steady_clock::now();
-  auto dense = llama::DenseFromRawChunks(layout, views);
-  if (!dense.ok()) return Fail("cache from kvd chunks", dense.status());
-  const double build_s = Since(t_build);
-  std::printf("[decode] cache of %d tokens from kvd: get %.2f ms, build %.2f ms per chunk\n",
-              dense->num_tokens, get_s * 1e3 / n, build_s * 1e3 / n);
   const size_t cached = static_cast<size_t>(n) * s.chunk_tokens;
+  const auto t_build = std::chrono::steady_clock::now();
+  std::optional<llama::DenseKvCache> dense;
+  std::optional<llama::CompactKvCache> compact;
+  if (compressed) {
+    auto cc = CacheFromCompact(c, layout, bytes, static_cast<int>(cached));
+    if (!cc.ok()) return Fail("expand the compact chunks", cc.status());
+    compact = std::move(*cc);
+  } else {
+    auto dc = llama::DenseFromRawChunks(layout, views);
+    if (!dc.ok()) return Fail("cache from kvd chunks", dc.status());
+    dense = std::move(*dc);
+  }
+  const double build_s = Since(t_build);
+  std::printf("[decode] cache of %zu tokens from kvd: get %.2f ms, %s %.2f ms per chunk\n", cached,
+              get_s * 1e3 / n, compressed ? "expand" : "build", build_s * 1e3 / n);
   auto served = llama::ScoreContinuation(
-      *s.model, {.threads = s.threads}, [&](llama::LlamaSession& x) { return x.LoadDense(*dense); },
+      *s.model, {.threads = s.threads},
+      [&](llama::LlamaSession& x) {
+        return compressed ? x.LoadCompact(*compact) : x.LoadDense(*dense);
+      },
       prompt.subspan(cached), s.text.heldout, s.generate);
   if (!served.ok()) return Fail("decode from the kvd cache", served.status());
   if (Status w = WriteLogits(s.logits_out, served->heldout_logits); !w.ok()) {
@@ -339,14 +449,21 @@ int RunDecode(kvd::tools::Args& args) {
   }
   const llama::Tokenizer* tok = s.model->tokenizer();
   PrintScore("kvd cache", *served, tok);
-  std::printf("[decode] time to first token from kvd: %.3f s (lookup + get + build + tail)\n",
-              lookup_s + get_s + build_s + served->first_token_seconds);
+  const double ttft = lookup_s + get_s + build_s + served->first_token_seconds;
   if (args.Has("--baseline")) {
-    auto full = FullBaseline(s, n);
+    double prefill_s = 0;
+    auto full = FullBaseline(s, layout, n, &prefill_s);
     if (!full.ok()) return Fail("baseline", full.status());
-    PrintScore("local prefill (baseline)", *full, tok);
-    std::printf("[decode] top-1 agreement kvd cache vs local prefill: %.4f\n",
+    PrintScore("local prefill (full cache)", *full, tok);
+    std::printf("[decode] time to first token: %.3f s from kvd, %.3f s with a local prefill\n",
+                ttft, prefill_s + full->first_token_seconds);
+    std::printf("[decode] top-1 agreement kvd cache vs full cache: %.4f\n",
                 llama::Agreement(full->heldout_top1, served->heldout_top1));
+    if (compressed) {
+      PrintLine(c.options().model, PolicyRatio(c.session().policy),
+                static_cast<uint64_t>(n) * layout.ChunkBytes(s.chunk_tokens), got_bytes, *full,
+                *served);
+    }
   }
   return 0;
 }
