@@ -36,7 +36,7 @@ for p_c in ${KVD_BENCH_RATIOS:-off 0.5 0.75 0.9}; do
     policy="{stages: [snapkv], p_c: $p_c, window: $window, sinks: 4}"
   fi
   "$BIN/kvd" --print-default-config |
-    sed "0,/^    compression: off/s//    compression: $policy/" >"$work/kvd.yaml"
+    sed "0,/^    compression: {.*/s//    compression: $policy/" >"$work/kvd.yaml"
   rm -f "$work/ready.json"
   "$BIN/kvd" --config "$work/kvd.yaml" --listen 127.0.0.1:0 --unix "$work/kvd.sock" \
     --ready-file "$work/ready.json" >"$work/kvd.log" 2>&1 &

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kvd in one command: the disaggregated demo. Installs and builds (./deploy/setup.sh), fetches
 # the demo model (./deploy/fetch-models.sh: SmolLM2-135M-Instruct), starts build/bin/kvd on its
-# embedded default topology with a compression policy for smollm2-135m (SnapKV, p_c 0.5,
+# embedded default topology, whose smollm2-135m entry has a compression policy (SnapKV, p_c 0.5,
 # window 32, sinks 4), then runs the reference engine as two separate processes:
 #   kvd-demo prefill  runs a real prompt (deploy/demo/text.txt) one chunk per forward pass and
 #                     puts each full chunk's raw K/V plus its last 32 post-RoPE queries to kvd,
@@ -12,13 +12,13 @@
 # prints `kvdctl stats`, stops kvd with SIGTERM, and ends with the line
 #   kvd-demo: model=M p_c=X raw_bytes=N stored_bytes=N ppl_full=F ppl_compressed=F top1_agree=F
 # When the model cannot be fetched it says so and runs the raw round trip of random bytes
-# (kvd-roundtrip, embedded default without the policy) instead; exit 0 either way. Any failure
+# (kvd-roundtrip with stories260k, a raw model of the embedded default) instead; exit 0 either way. Any failure
 # stops kvd, prints its log and exits non-zero.
 #
 #   KVD_BUILD_DIR       build folder (default: build)
 #   KVD_QUICKSTART_TLS  UCX_TLS of the clients (default sm,tcp, as the embedded default's daemon)
 #   KVD_DEMO_THREADS    engine threads (default: all cores)
-#   KVD_DEMO_POLICY     the compression policy (YAML flow map, default above)
+#   KVD_DEMO_POLICY     another compression policy for smollm2-135m (YAML flow map)
 #   KVD_SKIP_SETUP=1    use an existing build (needs kvd, kvdctl, kvd-roundtrip, kvd-demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,18 +64,20 @@ if ! model=$(./deploy/fetch-models.sh); then
   echo "[quickstart] the demo model could not be fetched (deploy/fetch-models.sh failed, see" \
     "above): falling back to the raw round trip of random bytes"
 fi
-# The embedded default, on an ephemeral port and a private unix socket so that a kvd already
-# running on 127.0.0.1:7400 does not get in the way; with the model, smollm2-135m (the first
-# model of the embedded default) gets the compression policy.
-policy=${KVD_DEMO_POLICY:-"{stages: [snapkv], p_c: 0.5, window: 32, sinks: 4}"}
+# The embedded default (its smollm2-135m entry carries the demo's compression policy), on an
+# ephemeral port and a private unix socket so that a kvd already running on 127.0.0.1:7400 does
+# not get in the way. KVD_DEMO_POLICY replaces that policy.
 config=()
-if [[ -n "$model" ]]; then
+if [[ -n "$model" && -n "${KVD_DEMO_POLICY:-}" ]]; then
   "$BIN/kvd" --print-default-config |
-    sed "0,/^    compression: off/s//    compression: $policy/" >"$work/kvd.yaml"
-  grep -q "compression: {" "$work/kvd.yaml" ||
+    sed "0,/^    compression: {.*/s//    compression: $KVD_DEMO_POLICY/" >"$work/kvd.yaml"
+  grep -qF "compression: $KVD_DEMO_POLICY" "$work/kvd.yaml" ||
     { echo "[quickstart] could not set the policy in the topology" >&2; exit 1; }
   config=(--config "$work/kvd.yaml")
-  echo "[quickstart] smollm2-135m compression policy: $policy"
+fi
+if [[ -n "$model" ]]; then
+  echo "[quickstart] smollm2-135m compression policy:" \
+    "${KVD_DEMO_POLICY:-$("$BIN/kvd" --print-default-config | sed -n 's/^    compression: \({.*\)/\1/p' | head -n 1)}"
 fi
 "$BIN/kvd" "${config[@]}" --listen 127.0.0.1:0 --unix "$work/kvd.sock" --ready-file "$work/ready.json" \
   >"$work/kvd.log" 2>&1 &
@@ -103,7 +105,7 @@ if [[ -n "$model" ]]; then
   "$BIN/kvd-demo" decode "${demo[@]}" "${conn[@]}" --baseline | tee "$work/decode.txt"
   demo_line=$(grep '^kvd-demo: ' "$work/decode.txt")
 else
-  "$BIN/kvd-roundtrip" "${conn[@]}" --model smollm2-135m --tokens 600
+  "$BIN/kvd-roundtrip" "${conn[@]}" --model stories260k --tokens 600
 fi
 
 echo "[quickstart] kvdctl stats"

@@ -122,6 +122,7 @@ std::vector<ModelConfig> DaemonConfig::BuiltinModels() {
     m.layout.dtype = DType::kBFloat16;
     m.layout.rope.theta = 100000;
     m.layout.rope.pairing = RopePairing::kInterleaved;
+    m.compression = CompressionPolicy{};  // SnapKV, p_c 0.5, window 32, sinks 4: the demo's
     models.push_back(m);
   }
   {

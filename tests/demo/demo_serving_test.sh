@@ -31,13 +31,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The embedded default with a small arena (the test holds two compact chunks) and the policy.
+# The embedded default (smollm2-135m: SnapKV p_c 0.5, window 32, sinks 4) with a small arena
+# (the test holds two compact chunks).
 "$bin/kvd" --print-default-config |
   sed -e 's/^\(    capacity:\) 1GiB.*/\1 64MiB/' -e 's/^\(    prefault:\) true.*/\1 false/' \
-    -e '0,/^    compression: off/s//    compression: {stages: [snapkv], p_c: 0.5, window: 32, sinks: 4}/' \
     >"$work/kvd.yaml"
 grep -q "capacity: 64MiB" "$work/kvd.yaml" || { echo "FAIL: could not shrink the arena"; exit 1; }
-grep -q "compression: {" "$work/kvd.yaml" || { echo "FAIL: could not set the policy"; exit 1; }
+grep -q "compression: {stages: \[snapkv\], p_c: 0.5, window: 32, sinks: 4}" "$work/kvd.yaml" ||
+  { echo "FAIL: the embedded default lost the demo policy"; exit 1; }
 "$bin/kvd" --config "$work/kvd.yaml" --listen 127.0.0.1:0 --unix "$work/kvd.sock" \
   --ready-file "$work/ready.json" >"$work/kvd.log" 2>&1 &
 kvd_pid=$!
