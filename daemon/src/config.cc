@@ -159,7 +159,6 @@ std::vector<ModelConfig> DaemonConfig::BuiltinModels() {
 
 std::string DaemonConfig::ResolvedStateDir() const {
   if (!state_dir.empty()) return state_dir;
-  if (disk_tier) return disk_tier->path;
   return config_dir;
 }
 

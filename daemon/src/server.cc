@@ -155,7 +155,15 @@ Status Server::Impl::Init() {
   progress_ = std::make_unique<ProgressLoop>(transport_.get());
   for (const ModelConfig& m : config_.models) {
     if (!m.compression) continue;
-    auto codec = ChunkCodec::Create(m, config_.chunk_tokens, config_.ResolvedStateDir());
+    // VECTOR weights are saved with the chunks when there is a disk tier, else as files in the
+    // state directory (config.h: state_dir), else not at all.
+    std::unique_ptr<CalibrationStore> store;
+    if (disk_ != nullptr) {
+      store = MakeDiskCalibrationStore(disk_.get());
+    } else if (!config_.ResolvedStateDir().empty()) {
+      store = MakeFileCalibrationStore(config_.ResolvedStateDir());
+    }
+    auto codec = ChunkCodec::Create(m, config_.chunk_tokens, std::move(store));
     if (!codec.ok()) return codec.status().WithContext("model " + m.name);
     KVD_LOG(INFO) << "compression policy" << Kv("model", m.name)
                   << Kv("stages", m.compression->StagesName()) << Kv("p_c", m.compression->p_c)

@@ -24,6 +24,7 @@ namespace kvd::storage {
 namespace {
 
 constexpr char kMetaFamily[] = "meta";
+constexpr char kStateFamily[] = "state";
 
 Status FromRocks(const rocksdb::Status& s, std::string_view what) {
   if (s.ok()) return Status::Ok();
@@ -86,11 +87,12 @@ class DiskTier::Impl {
   }
   rocksdb::ColumnFamilyHandle* data_cf() const { return handles_[0]; }
   rocksdb::ColumnFamilyHandle* meta_cf() const { return handles_[1]; }
+  rocksdb::ColumnFamilyHandle* state_cf() const { return handles_[2]; }
 
   DiskTierOptions options_;
   Clock* clock_ = nullptr;
   std::unique_ptr<rocksdb::DB> db_;
-  std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // [default (data), meta]
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // [default (data), meta, state]
   rocksdb::WriteOptions write_options_;
   rocksdb::ReadOptions read_options_;
   uint64_t restored_ = 0;
@@ -149,7 +151,9 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& option
     data_options.enable_blob_garbage_collection = true;
   }
   std::vector<rocksdb::ColumnFamilyDescriptor> families = {
-      {rocksdb::kDefaultColumnFamilyName, data_options}, {kMetaFamily, cf_options}};
+      {rocksdb::kDefaultColumnFamilyName, data_options},
+      {kMetaFamily, cf_options},
+      {kStateFamily, cf_options}};
   rocksdb::DB* db = nullptr;
   KVD_RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(rocksdb::DBOptions(db_options), options.path,
                                                   families, &impl->handles_, &db),
@@ -400,6 +404,52 @@ uint64_t DiskTier::quarantined_records() const { return impl_->quarantined_; }
 
 Status DiskTier::Flush() {
   return FromRocks(impl_->db_->Flush(rocksdb::FlushOptions(), impl_->handles_), "flush");
+}
+
+}  // namespace kvd::storage
+
+namespace kvd::storage {
+
+Status DiskTier::PutState(std::string_view name, std::span<const uint8_t> bytes) {
+  if (name.empty()) return Status::InvalidArgument("disk tier state: empty name");
+  char header[8];
+  const uint64_t checksum = Checksum64(bytes.data(), bytes.size());
+  std::memcpy(header, &checksum, sizeof(header));
+  const rocksdb::Slice key(name.data(), name.size());
+  const rocksdb::Slice parts[2] = {
+      rocksdb::Slice(header, sizeof(header)),
+      rocksdb::Slice(reinterpret_cast<const char*>(bytes.data()), bytes.size())};
+  rocksdb::WriteBatch batch;
+  KVD_RETURN_IF_ERROR(FromRocks(
+      batch.Put(impl_->state_cf(), rocksdb::SliceParts(&key, 1), rocksdb::SliceParts(parts, 2)),
+      "state " + std::string(name)));
+  rocksdb::WriteOptions durable;  // WAL on and synced: state is rare and must survive a crash
+  durable.sync = true;
+  return FromRocks(impl_->db_->Write(durable, &batch), "write state " + std::string(name));
+}
+
+StatusOr<std::vector<uint8_t>> DiskTier::GetState(std::string_view name) const {
+  std::string value;
+  rocksdb::Status s = impl_->db_->Get(impl_->read_options_, impl_->state_cf(),
+                                      rocksdb::Slice(name.data(), name.size()), &value);
+  if (s.IsNotFound()) {
+    return Status::NotFound("disk tier state " + std::string(name) + ": not stored");
+  }
+  KVD_RETURN_IF_ERROR(FromRocks(s, "read state " + std::string(name)));
+  if (value.size() < 8) {
+    return Status::DataLoss("disk tier state " + std::string(name) + ": record of " +
+                            std::to_string(value.size()) + " bytes is shorter than its checksum");
+  }
+  uint64_t expected = 0;
+  std::memcpy(&expected, value.data(), sizeof(expected));
+  std::vector<uint8_t> out(value.begin() + 8, value.end());
+  const uint64_t actual = Checksum64(out.data(), out.size());
+  if (actual != expected) {
+    return Status::DataLoss("disk tier state " + std::string(name) +
+                            ": checksum mismatch (stored " + std::to_string(expected) +
+                            ", bytes have " + std::to_string(actual) + ")");
+  }
+  return out;
 }
 
 }  // namespace kvd::storage

@@ -33,6 +33,30 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// The tier's database opened directly, to damage it behind the tier's back. handles():
+// [0] data ("default"), [1] "meta", [2] "state". Closed at scope end.
+class RawDb {
+ public:
+  explicit RawDb(const std::string& path) {
+    std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+        {rocksdb::kDefaultColumnFamilyName, {}}, {"meta", {}}, {"state", {}}};
+    rocksdb::DB* raw = nullptr;
+    const rocksdb::Status s = rocksdb::DB::Open({}, path, families, &handles_, &raw);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    db_.reset(raw);
+  }
+  ~RawDb() {
+    for (auto* h : handles_) EXPECT_TRUE(db_->DestroyColumnFamilyHandle(h).ok());
+  }
+  bool ok() const { return db_ != nullptr; }
+  rocksdb::DB* db() const { return db_.get(); }
+  const std::vector<rocksdb::ColumnFamilyHandle*>& handles() const { return handles_; }
+
+ private:
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+};
+
 class DiskTierTest : public ::testing::Test {
  protected:
   DiskTierOptions Options() const {
@@ -147,12 +171,10 @@ TEST_F(DiskTierTest, CorruptValueIsDataLossAndDropped) {
   }
   {
     // Flip one payload byte of chunk 1 behind the tier's back.
-    rocksdb::DB* raw = nullptr;
-    std::vector<rocksdb::ColumnFamilyDescriptor> families = {
-        {rocksdb::kDefaultColumnFamilyName, {}}, {"meta", {}}};
-    std::vector<rocksdb::ColumnFamilyHandle*> handles;
-    ASSERT_TRUE(rocksdb::DB::Open({}, Options().path, families, &handles, &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
+    RawDb raw(Options().path);
+    ASSERT_TRUE(raw.ok());
+    rocksdb::DB* db = raw.db();
+    const auto& handles = raw.handles();
     std::unique_ptr<rocksdb::Iterator> it(db->NewIterator({}, handles[0]));
     it->SeekToFirst();
     ASSERT_TRUE(it->Valid());
@@ -161,7 +183,6 @@ TEST_F(DiskTierTest, CorruptValueIsDataLossAndDropped) {
     it.reset();
     value[100] ^= 0x01;
     ASSERT_TRUE(db->Put({}, handles[0], key, value).ok());
-    for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
   }
   auto tier = Open(Options());
   ASSERT_TRUE(tier);
@@ -190,12 +211,10 @@ TEST_F(DiskTierTest, MalformedMetadataRecordIsQuarantinedNotFatal) {
   {
     // Two malformed metadata records behind the tier's back: an undecodable key, and a good key
     // with a truncated value.
-    rocksdb::DB* raw = nullptr;
-    std::vector<rocksdb::ColumnFamilyDescriptor> families = {
-        {rocksdb::kDefaultColumnFamilyName, {}}, {"meta", {}}};
-    std::vector<rocksdb::ColumnFamilyHandle*> handles;
-    ASSERT_TRUE(rocksdb::DB::Open({}, Options().path, families, &handles, &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
+    RawDb raw(Options().path);
+    ASSERT_TRUE(raw.ok());
+    rocksdb::DB* db = raw.db();
+    const auto& handles = raw.handles();
     ASSERT_TRUE(db->Put({}, handles[1], "\xff garbage key", "\x01value").ok());
     std::unique_ptr<rocksdb::Iterator> it(db->NewIterator({}, handles[1]));
     it->SeekToFirst();
@@ -203,7 +222,6 @@ TEST_F(DiskTierTest, MalformedMetadataRecordIsQuarantinedNotFatal) {
     const std::string first_key = it->key().ToString();
     it.reset();
     ASSERT_TRUE(db->Put({}, handles[1], first_key, "\x01").ok());
-    for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
   }
   auto tier = Open(Options());  // opens: the bad records do not stop the good chunk
   ASSERT_TRUE(tier);
@@ -225,19 +243,16 @@ TEST_F(DiskTierTest, MetadataWithoutValueIsForgottenOnRead) {
   }
   {
     // Delete the value but keep the metadata: the state a torn write would leave.
-    rocksdb::DB* raw = nullptr;
-    std::vector<rocksdb::ColumnFamilyDescriptor> families = {
-        {rocksdb::kDefaultColumnFamilyName, {}}, {"meta", {}}};
-    std::vector<rocksdb::ColumnFamilyHandle*> handles;
-    ASSERT_TRUE(rocksdb::DB::Open({}, Options().path, families, &handles, &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
+    RawDb raw(Options().path);
+    ASSERT_TRUE(raw.ok());
+    rocksdb::DB* db = raw.db();
+    const auto& handles = raw.handles();
     std::unique_ptr<rocksdb::Iterator> it(db->NewIterator({}, handles[0]));
     it->SeekToFirst();
     ASSERT_TRUE(it->Valid());
     const std::string key = it->key().ToString();
     it.reset();
     ASSERT_TRUE(db->Delete({}, handles[0], key).ok());
-    for (auto* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
   }
   auto tier = Open(Options());
   ASSERT_TRUE(tier);
@@ -312,6 +327,62 @@ TEST_F(DiskTierTest, ConcurrentInsertsOfOneKeyStoreItOnce) {
   EXPECT_LE(st.used_bytes, o.capacity_bytes);
   EXPECT_EQ(st.used_bytes, st.chunk_count * 4096);
   EXPECT_EQ(st.commits, ok.load());
+}
+
+}  // namespace
+}  // namespace kvd::storage
+
+namespace kvd::storage {
+namespace {
+
+TEST_F(DiskTierTest, StateRecordsSurviveARestartAndADamagedOneIsDataLoss) {
+  const auto bytes = RandomBytes(3000, 8);
+  const std::vector<uint8_t> state(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                   reinterpret_cast<const uint8_t*>(bytes.data()) + bytes.size());
+  {
+    auto tier = Open(Options());
+    ASSERT_TRUE(tier);
+    EXPECT_EQ(tier->GetState("weights/a").status().code(), StatusCode::kNotFound);
+    EXPECT_EQ(tier->PutState("", state).code(), StatusCode::kInvalidArgument);
+    ASSERT_TRUE(tier->PutState("weights/a", std::vector<uint8_t>{1, 2, 3}).ok());
+    ASSERT_TRUE(tier->PutState("weights/a", state).ok());  // replaces
+    ASSERT_TRUE(tier->PutState("weights/b", {}).ok());     // empty bytes are a value too
+    ASSERT_TRUE(Insert(*tier, 1, bytes).ok());
+  }
+  {
+    auto tier = Open(Options());
+    ASSERT_TRUE(tier);
+    auto a = tier->GetState("weights/a");
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_TRUE(*a == state);
+    auto b = tier->GetState("weights/b");
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_TRUE(b->empty());
+    // State is not a chunk: not indexed, not counted.
+    EXPECT_EQ(tier->restored_chunks(), 1u);
+    EXPECT_EQ(tier->quarantined_records(), 0u);
+    EXPECT_EQ(tier->GetStats().chunk_count, 1u);
+  }
+  {
+    // Flip one byte of record a behind the tier's back; cut record b below its checksum.
+    RawDb raw(Options().path);
+    ASSERT_TRUE(raw.ok());
+    rocksdb::DB* db = raw.db();
+    const auto& handles = raw.handles();
+    std::string value;
+    ASSERT_TRUE(db->Get({}, handles[2], "weights/a", &value).ok());
+    value[200] ^= 0x01;
+    ASSERT_TRUE(db->Put({}, handles[2], "weights/a", value).ok());
+    ASSERT_TRUE(db->Put({}, handles[2], "weights/b", "abc").ok());
+  }
+  auto tier = Open(Options());
+  ASSERT_TRUE(tier);
+  auto a = tier->GetState("weights/a");
+  EXPECT_EQ(a.status().code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(a.status(), "checksum mismatch")) << a.status();
+  auto b = tier->GetState("weights/b");
+  EXPECT_EQ(b.status().code(), StatusCode::kDataLoss);
+  EXPECT_TRUE(Contains(b.status(), "shorter than its checksum")) << b.status();
 }
 
 }  // namespace

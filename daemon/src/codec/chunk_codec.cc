@@ -9,14 +9,14 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
 
+#include "hex.h"
 #include "kvd/common/logging.h"
+#include "kvd/daemon/calibration_store.h"
 #include "kvd/kernels/compact_chunk.h"
 #include "kvd/kernels/plan.h"
 #include "kvd/kernels/vector.h"
@@ -49,12 +49,6 @@ kk::CompressionPlanOptions PlanOptions(const CompressionPolicy& p) {
   o.hybrid_max_group = p.max_group;
   o.hybrid_min_cos = p.min_cos;
   return o;
-}
-
-std::string Hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
-  return buf;
 }
 
 // Every token a slot of cardinality 1 (see the header: chunks too short for the policy).
@@ -97,7 +91,8 @@ struct ChunkCodec::Impl {
   ModelConfig model;
   CompressionPolicy policy;
   kk::CompressionPlanOptions plan;
-  std::string state_path;  // "" = not persisted
+  std::unique_ptr<CalibrationStore> store;  // nullptr = not persisted
+  std::string record;                       // CalibrationRecordName() of this model and policy
 
   // ---- pool ----
   std::mutex mu;
@@ -130,19 +125,47 @@ struct ChunkCodec::Impl {
   }
 
   Status Persist() {
-    if (state_path.empty()) return Status::Ok();
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(state_path).parent_path(), ec);
-    const std::string tmp = state_path + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      out.write(reinterpret_cast<const char*>(weights_bytes.data()),
-                static_cast<std::streamsize>(weights_bytes.size()));
-      if (!out) return Status::Unavailable("cannot write VECTOR calibration to " + tmp);
+    if (store == nullptr) return Status::Ok();
+    return store->Save(record, weights_bytes);
+  }
+
+  // Installs the saved weights of this model and policy when there are usable ones. A record
+  // that cannot be read, fails its checksums or has another shape is refused with one ERROR
+  // line naming it and the reason: calibration then starts again (and its result replaces the
+  // record). Never fatal, never used when refused.
+  void LoadSaved() {
+    if (store == nullptr) return;
+    const std::string where = store->Where(record);
+    auto bytes = store->Load(record);
+    if (!bytes.ok()) {
+      if (bytes.status().code() != StatusCode::kNotFound) {
+        KVD_LOG(ERROR) << "saved VECTOR calibration refused, calibrating again"
+                       << Kv("model", model.name) << Kv("record", where)
+                       << Kv("status", bytes.status());
+      }
+      return;
     }
-    std::filesystem::rename(tmp, state_path, ec);
-    if (ec) return Status::Unavailable("cannot rename " + tmp + ": " + ec.message());
-    return Status::Ok();
+    auto w = kk::VectorWeights::Deserialize(*bytes);
+    Status bad = w.ok() ? Status::Ok() : w.status();
+    if (bad.ok() &&
+        (w->num_layers != model.layout.num_layers || w->num_kv_heads != model.layout.num_kv_heads ||
+         w->head_dim != model.layout.head_dim)) {
+      bad = Status::DataLoss("saved weights are for " + std::to_string(w->num_layers) +
+                             " layers x " + std::to_string(w->num_kv_heads) +
+                             " KV heads x head_dim " + std::to_string(w->head_dim) +
+                             ", the model's layout has " + std::to_string(model.layout.num_layers) +
+                             " x " + std::to_string(model.layout.num_kv_heads) + " x " +
+                             std::to_string(model.layout.head_dim));
+    }
+    if (!bad.ok()) {
+      KVD_LOG(ERROR) << "saved VECTOR calibration refused, calibrating again"
+                     << Kv("model", model.name) << Kv("record", where) << Kv("status", bad);
+      return;
+    }
+    std::lock_guard lock(cal_mu);
+    Install(std::move(*w));
+    KVD_LOG(INFO) << "VECTOR calibration reloaded" << Kv("model", model.name) << Kv("record", where)
+                  << Kv("version", Hex64(version.load())) << Kv("codec_id", codec_id.load());
   }
 
   // REQUIRES cal_mu held.
@@ -177,7 +200,13 @@ struct ChunkCodec::Impl {
     Status p = Persist();
     KVD_LOG(INFO) << "VECTOR calibration complete" << Kv("model", model.name)
                   << Kv("version", Hex64(version.load())) << Kv("codec_id", codec_id.load())
-                  << Kv("persisted", p.ok() ? state_path : p.ToString());
+                  << Kv("saved", store == nullptr ? std::string("no (no disk tier, no state_dir)")
+                                 : p.ok()         ? store->Where(record)
+                                                  : p.ToString());
+    if (!p.ok()) {
+      KVD_LOG(ERROR) << "VECTOR calibration not saved: a restart calibrates again"
+                     << Kv("model", model.name) << Kv("status", p);
+    }
   }
 };
 
@@ -193,7 +222,7 @@ ChunkCodec::~ChunkCodec() {
 }
 
 StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(const ModelConfig& model, int chunk_tokens,
-                                                         std::string state_dir) {
+                                                         std::unique_ptr<CalibrationStore> store) {
   if (!model.compression) {
     return Status::InvalidArgument("model " + model.name + " has no compression policy");
   }
@@ -205,26 +234,10 @@ StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(const ModelConfig& mode
   (void)chunk_tokens;
   impl->codec_id = impl->policy.CodecId(0);
   if (impl->policy.route == "vector") {
-    if (!state_dir.empty()) {
-      impl->state_path =
-          state_dir + "/vector-" + model.name + "-" + Hex64(impl->policy.Digest()) + ".weights";
-    }
-    std::ifstream in(impl->state_path, std::ios::binary);
-    if (!impl->state_path.empty() && in) {
-      std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                                 std::istreambuf_iterator<char>());
-      auto w = kk::VectorWeights::Deserialize(bytes);
-      if (!w.ok()) return w.status().WithContext("VECTOR calibration " + impl->state_path);
-      if (w->num_layers != model.layout.num_layers ||
-          w->num_kv_heads != model.layout.num_kv_heads || w->head_dim != model.layout.head_dim) {
-        return Status::DataLoss("VECTOR calibration " + impl->state_path +
-                                " has another shape than model " + model.name);
-      }
-      std::lock_guard lock(impl->cal_mu);
-      impl->Install(std::move(*w));
-      KVD_LOG(INFO) << "VECTOR calibration reloaded" << Kv("model", model.name)
-                    << Kv("path", impl->state_path) << Kv("version", Hex64(impl->version.load()));
-    } else {
+    impl->store = std::move(store);
+    impl->record = CalibrationRecordName(model.name, model.layout.Digest(), impl->policy.Digest());
+    impl->LoadSaved();
+    if (impl->weights == nullptr) {
       KVD_ASSIGN_OR_RETURN(
           auto cal, kk::VectorCalibrator::Create(model.layout.num_layers, model.layout.num_kv_heads,
                                                  model.layout.head_dim));

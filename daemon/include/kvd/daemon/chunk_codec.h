@@ -26,6 +26,13 @@
 // calibration completes (or for a policy that does not route) the version is 0 and chunks are
 // compressed without routing.
 //
+// VECTOR calibration (policy route = vector): every raw put feeds streaming Gram/cross
+// accumulators per (layer, KV head) before it is compressed; once `calibration_tokens` tokens
+// per head were seen, W is solved, R^2 recorded per head (a head below `r2_threshold` routes
+// nothing), the weights are saved (calibration_store.h) and the codec id changes to the new
+// calibration version: chunks stored before are never served under it. The accumulators are not
+// saved: a restart before calibration completes starts collecting from zero.
+//
 // Thread safety: every method is thread-safe.
 #pragma once
 
@@ -37,6 +44,7 @@
 #include <vector>
 
 #include "kvd/common/status.h"
+#include "kvd/daemon/calibration_store.h"
 #include "kvd/daemon/config.h"
 
 namespace kvd::daemon {
@@ -66,11 +74,13 @@ class ChunkCodec {
   // A held admission (see the file comment); releasing it (destruction) frees the slot.
   using Ticket = std::shared_ptr<void>;
 
-  // REQUIRES: model.compression is set and the config validated. `state_dir` is where VECTOR
-  // calibration is persisted ("" = not persisted). Errors: INVALID_ARGUMENT for a policy the
-  // kernels refuse; DATA_LOSS for a corrupt persisted calibration.
+  // REQUIRES: model.compression is set and the config validated. `store` is where solved VECTOR
+  // weights are saved and, at Create, reloaded from (nullptr = not saved: a restart calibrates
+  // again). A saved record that cannot be read, fails its checksums or has another shape is
+  // refused with an ERROR log line naming it and the reason, and calibration starts again (never
+  // an error of Create, never used). Errors: INVALID_ARGUMENT for a policy the kernels refuse.
   static StatusOr<std::unique_ptr<ChunkCodec>> Create(const ModelConfig& model, int chunk_tokens,
-                                                      std::string state_dir);
+                                                      std::unique_ptr<CalibrationStore> store);
   ~ChunkCodec();
 
   const CompressionPolicy& policy() const;

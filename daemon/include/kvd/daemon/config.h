@@ -178,13 +178,15 @@ struct DaemonConfig {
   storage::TierManagerOptions placement;
   LimitsOptions limits;
   AuthOptions auth;
-  // Where daemon state other than chunks lives (VECTOR calibration weights). YAML `state_dir`.
-  // "" (default) = the disk tier's path when there is one, else the directory of the config file
-  // kvd was started with (`config_dir`, set by kvd), else nothing is persisted.
+  // Where daemon state other than chunks (VECTOR calibration weights) is saved WITHOUT a disk
+  // tier: files in this directory. YAML `state_dir`. "" (default) = the directory of the config
+  // file kvd was started with (`config_dir`, set by kvd); with neither (embedded default config)
+  // nothing is saved and a restart calibrates again. With a disk tier the state is stored in its
+  // RocksDB database instead (kvd/daemon/calibration_store.h) and state_dir is not used.
   std::string state_dir;
   // Directory of the --config file (set by kvd's main, not a YAML key); "" = embedded default.
   std::string config_dir;
-  // state_dir with the rules above applied.
+  // The state directory without a disk tier: state_dir, else config_dir ("" = not saved).
   std::string ResolvedStateDir() const;
 
   // Validates every component; INVALID_ARGUMENT naming the key (e.g. "models[1].layout: ...").

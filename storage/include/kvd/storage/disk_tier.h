@@ -1,12 +1,14 @@
 // DiskTier: the RocksDB tier. Chunks survive a restart: Open rebuilds the in-memory index from
 // the database's metadata column family and serves what is there.
 //
-// Storage format (one RocksDB database at DiskTierOptions::path, two column families):
+// Storage format (one RocksDB database at DiskTierOptions::path, three column families):
 //   "default": key -> [u64 checksum][u32 tokens][u32 reserved][payload bytes]
 //   "meta":    key -> [u8 version=1][u32 tokens][u64 size][u64 checksum]  (index rebuild)
-// Both are written in one WriteBatch, so a chunk is either wholly present or absent. The key is
-// a length-prefixed encoding of every ChunkKey field. Each value carries its own checksum, so a
-// read is self-consistent and verified (DATA_LOSS on mismatch; the corrupt chunk is deleted).
+//   "state":   name -> [u64 checksum of the bytes][bytes]   (daemon state other than chunks, e.g.
+//              VECTOR calibration weights: PutState / GetState; never evicted, not a chunk)
+// The first two are written in one WriteBatch, so a chunk is either wholly present or absent. The
+// key is a length-prefixed encoding of every ChunkKey field. Each value carries its own checksum,
+// so a read is self-consistent and verified (DATA_LOSS on mismatch; the corrupt chunk is deleted).
 //
 // Eviction: least-recently-used (in-process order; after a restart, restored chunks start in
 // key order) when an Insert would exceed capacity_bytes. The disk tier has no leases: readers copy
@@ -21,6 +23,7 @@
 
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "kvd/common/clock.h"
@@ -66,6 +69,15 @@ class DiskTier final : public Tier {
   uint64_t quarantined_records() const;
   // Flushes memtables to SST files (tests, clean shutdown with use_wal=false).
   Status Flush();
+
+  // Daemon state stored next to the chunks (the "state" family), keyed by a non-empty name.
+  // PutState replaces the value; it is written with the WAL and synced whatever use_wal and
+  // sync_writes say, so it is durable once PutState returns OK. State bytes count against no
+  // capacity and are never evicted. Errors: INVALID_ARGUMENT (empty name), UNAVAILABLE (write).
+  Status PutState(std::string_view name, std::span<const uint8_t> bytes);
+  // NOT_FOUND when `name` was never put; DATA_LOSS when the stored bytes fail their checksum
+  // (or the record is shorter than its checksum); UNAVAILABLE on a read error.
+  StatusOr<std::vector<uint8_t>> GetState(std::string_view name) const;
 
  private:
   class Impl;

@@ -1,0 +1,17 @@
+// 16 lowercase hex digits of a 64-bit value (calibration versions and digests in names and logs).
+#pragma once
+
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace kvd::daemon {
+
+inline std::string Hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+  return buf;
+}
+
+}  // namespace kvd::daemon
