@@ -1,46 +1,153 @@
-// Compact chunk validation and the v1 byte format (docs/chunk-format.md is the spec; keep both in
-// step).
+// Compact chunk validation and the v2 byte format (docs/chunk-format.md is the spec; keep both in
+// step). Version 1 chunks are read by compact_chunk_v1.cc; the slot metadata of v2 is coded by
+// slot_metadata.cc.
 #include "kvd/kernels/compact_chunk.h"
 
-#include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <string>
 
+#include "bit_io.h"
 #include "byte_io.h"
+#include "compact_chunk_internal.h"
 #include "kvd/common/hash.h"
+#include "slot_metadata.h"
 
 namespace kvd::kernels {
+
+using internal::HeadName;
+using internal::kMaxHeadDimInFormat;
+using internal::ValidateCodec;
+
 namespace {
 
-constexpr uint8_t kMagic[4] = {'K', 'V', 'C', 'C'};
-constexpr uint16_t kVersion = 1;
-constexpr size_t kHeaderBytes = 128;
-constexpr size_t kTableEntryBytes = 32;
-constexpr size_t kAlign = 64;
-constexpr size_t kTrailerBytes = 8;
-constexpr int kMaxHeadDimInFormat = 1024;
-constexpr uint32_t kMaxHeadsInFormat = 1u << 20;
+constexpr uint16_t kVersion = 2;
+constexpr size_t kHeaderBytes = 80;
+constexpr size_t kDataAlign = 64;
+constexpr size_t kTrailerBytes = internal::kCompactChunkTrailerBytes;
 
-size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-// Byte sizes of the five sections of a head with S slots, V stored values.
-struct SectionSizes {
-  size_t flags, cardinality, positions, keys, values;
-  size_t Total() const {
-    return AlignUp(flags) + AlignUp(cardinality) + AlignUp(positions) + AlignUp(keys) +
-           AlignUp(values);
+bool ValidDType(uint8_t v) { return v <= static_cast<uint8_t>(DType::kBFloat16); }
+
+// The first token the chunk's slots stand for: min over slots of (position - cardinality + 1);
+// 0 without slots. Slot positions are coded relative to it.
+int64_t PositionBase(const CompactChunk& chunk) {
+  bool any = false;
+  int64_t base = 0;
+  for (const CompactHead& h : chunk.heads) {
+    for (size_t j = 0; j < h.positions.size(); ++j) {
+      const int64_t first = h.positions[j] - h.cardinality[j] + 1;
+      base = any ? std::min(base, first) : first;
+      any = true;
+    }
   }
-};
-SectionSizes Sizes(uint64_t s, uint64_t v, uint64_t d, DType dtype) {
-  const size_t e = DTypeSize(dtype);
-  return {s, 4 * s, 8 * s, s * d * e, v * d * e};
+  return base;
 }
+
+StatusOr<CompactChunk> DecodeV2(std::span<const uint8_t> bytes) {
+  internal::ByteReader r(bytes);
+  uint8_t magic[4];
+  uint16_t version = 0, header_bytes = 0, reserved16 = 0;
+  uint32_t meta_bytes = 0;
+  internal::ChunkHeaderFields f;
+  CompactChunk c;
+  int64_t position_base = 0;
+  uint64_t total = 0;  // the size check is first: the 88 bytes checked by the caller hold it
+  r.GetBytes(magic, 4), r.Get(&version), r.Get(&header_bytes);
+  r.Get(&f.layers), r.Get(&f.kv_heads), r.Get(&f.head_dim), r.Get(&f.dtype);
+  r.GetBytes(f.stages, 5);
+  r.Get(&reserved16), r.Get(&meta_bytes);
+  r.Get(&c.codec.p_c), r.Get(&c.codec.calibration_version), r.Get(&c.original_tokens);
+  r.Get(&c.layout_digest), r.Get(&position_base), r.Get(&total);
+  if (total != bytes.size()) {
+    return Status::DataLoss("compact chunk size mismatch: header says " + std::to_string(total) +
+                            " bytes, got " + std::to_string(bytes.size()) + " (truncated?)");
+  }
+  uint64_t stored_sum;
+  std::memcpy(&stored_sum, bytes.data() + bytes.size() - kTrailerBytes, 8);
+  if (Checksum64(bytes.data(), bytes.size() - kTrailerBytes) != stored_sum) {
+    return Status::DataLoss("compact chunk checksum mismatch");
+  }
+  // From here the bytes are what an encoder wrote; inconsistencies mean a broken encoder.
+  if (header_bytes != kHeaderBytes) return Status::DataLoss("corrupt compact chunk: header size");
+  if (reserved16 != 0) return Status::DataLoss("corrupt compact chunk: reserved bytes not zero");
+  KVD_RETURN_IF_ERROR(internal::SetChunkHeader(f, &c));
+  const size_t body_end = bytes.size() - kTrailerBytes;
+  const size_t meta_end = kHeaderBytes + static_cast<size_t>(meta_bytes);
+  const size_t data_start = AlignUp(meta_end, kDataAlign);
+  if (data_start > body_end) {
+    return Status::DataLoss("corrupt compact chunk: " + std::to_string(meta_bytes) +
+                            " bytes of slot metadata run past the end");
+  }
+  if (std::any_of(bytes.begin() + meta_end, bytes.begin() + data_start,
+                  [](uint8_t b) { return b != 0; })) {
+    return Status::DataLoss("corrupt compact chunk: nonzero padding before the data section");
+  }
+  const size_t num_heads = static_cast<size_t>(f.layers) * f.kv_heads;
+  if (num_heads > 4 * static_cast<size_t>(meta_bytes)) {  // every head takes >= 2 bits
+    return Status::DataLoss("corrupt compact chunk: " + std::to_string(num_heads) +
+                            " heads cannot fit in " + std::to_string(meta_bytes) +
+                            " bytes of slot metadata");
+  }
+  const size_t row = static_cast<size_t>(c.head_dim) * DTypeSize(c.dtype);
+  size_t data_left = body_end - data_start;
+  internal::BitReader meta(bytes.subspan(kHeaderBytes, meta_bytes));
+  internal::SlotCodingState state;
+  const bool has_route = c.codec.route != RouteStage::kNone;
+  c.heads.resize(num_heads);
+  for (size_t i = 0; i < num_heads; ++i) {
+    CompactHead& h = c.heads[i];
+    Status s =
+        internal::DecodeSlotMetadata(&meta, has_route, position_base, data_left / row, &state, &h);
+    if (!s.ok()) {
+      return Status::DataLoss(
+          "corrupt compact chunk: " + HeadName(static_cast<int64_t>(i), c.num_kv_heads) + ": " +
+          s.message());
+    }
+    const size_t need = static_cast<size_t>(h.slots() + h.value_slots()) * row;
+    if (need > data_left) {
+      return Status::DataLoss(
+          "corrupt compact chunk: " + HeadName(static_cast<int64_t>(i), c.num_kv_heads) +
+          ": its keys and values need " + std::to_string(need) + " bytes, the data section has " +
+          std::to_string(data_left) + " left");
+    }
+    data_left -= need;
+  }
+  const uint64_t used_bytes = (meta.bit_pos() + 7) / 8;
+  if (used_bytes != meta_bytes) {
+    return Status::DataLoss("corrupt compact chunk: slot metadata ends after " +
+                            std::to_string(used_bytes) + " bytes, the header says " +
+                            std::to_string(meta_bytes));
+  }
+  uint64_t pad_bits = 0;
+  if (!meta.Get(static_cast<int>(meta.bits_left()), &pad_bits) || pad_bits != 0) {
+    return Status::DataLoss("corrupt compact chunk: nonzero bits after the slot metadata");
+  }
+  if (data_left != 0) {
+    return Status::DataLoss("corrupt compact chunk: " + std::to_string(data_left) +
+                            " bytes of data beyond what the slots hold");
+  }
+  const uint8_t* p = bytes.data() + data_start;
+  for (CompactHead& h : c.heads) {
+    h.keys.assign(p, p + h.slots() * row);
+    p += h.keys.size();
+    h.values.assign(p, p + h.value_slots() * row);
+    p += h.values.size();
+  }
+  if (Status s = c.Validate(); !s.ok()) {
+    return Status::DataLoss("corrupt compact chunk: " + s.message());
+  }
+  return c;
+}
+
+}  // namespace
+
+namespace internal {
 
 std::string HeadName(int64_t idx, int heads) {
   return "layer " + std::to_string(idx / heads) + " head " + std::to_string(idx % heads);
 }
-
-bool ValidDType(uint8_t v) { return v <= static_cast<uint8_t>(DType::kBFloat16); }
 
 Status ValidateCodec(const CodecDescription& c) {
   if (static_cast<uint8_t>(c.score) > static_cast<uint8_t>(ScoreStage::kPyramidKv) ||
@@ -56,7 +163,28 @@ Status ValidateCodec(const CodecDescription& c) {
   return Status::Ok();
 }
 
-}  // namespace
+Status SetChunkHeader(const ChunkHeaderFields& f, CompactChunk* c) {
+  if (!ValidDType(f.dtype)) return Status::DataLoss("corrupt compact chunk: dtype");
+  if (f.layers < 1 || f.kv_heads < 1 || f.head_dim < 1 || f.head_dim > kMaxHeadDimInFormat ||
+      static_cast<uint64_t>(f.layers) * f.kv_heads > kMaxHeadsInFormat) {
+    return Status::DataLoss("corrupt compact chunk: shape");
+  }
+  c->num_layers = static_cast<int>(f.layers);
+  c->num_kv_heads = static_cast<int>(f.kv_heads);
+  c->head_dim = static_cast<int>(f.head_dim);
+  c->dtype = static_cast<DType>(f.dtype);
+  c->codec.score = static_cast<ScoreStage>(f.stages[0]);
+  c->codec.merge = static_cast<MergeStage>(f.stages[1]);
+  c->codec.merge_norm = static_cast<MergeNorm>(f.stages[2]);
+  c->codec.route = static_cast<RouteStage>(f.stages[3]);
+  c->codec.position = static_cast<RepresentativePosition>(f.stages[4]);
+  if (Status s = ValidateCodec(c->codec); !s.ok()) {
+    return Status::DataLoss("corrupt compact chunk: " + s.message());
+  }
+  return Status::Ok();
+}
+
+}  // namespace internal
 
 int64_t CompactHead::value_slots() const {
   int64_t v = 0;
@@ -130,21 +258,29 @@ int64_t CompactChunk::HalfPairs() const {
 
 StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk) {
   KVD_RETURN_IF_ERROR(chunk.Validate());
-  const size_t num_heads = chunk.heads.size();
-  const size_t table_end = AlignUp(kHeaderBytes + num_heads * kTableEntryBytes);
-  std::vector<size_t> offsets(num_heads);
-  size_t at = table_end;
-  for (size_t i = 0; i < num_heads; ++i) {
-    offsets[i] = at;
-    const CompactHead& h = chunk.heads[i];
-    at += Sizes(h.slots(), h.value_slots(), chunk.head_dim, chunk.dtype).Total();
+  const int64_t position_base = PositionBase(chunk);
+  std::vector<uint8_t> meta;
+  {
+    internal::BitWriter bits(&meta);
+    internal::SlotCodingState state;
+    const bool has_route = chunk.codec.route != RouteStage::kNone;
+    for (const CompactHead& h : chunk.heads) {
+      internal::EncodeSlotMetadata(h, has_route, position_base, &state, &bits);
+    }
   }
-  const uint64_t total = at + kTrailerBytes;
+  if (meta.size() > UINT32_MAX) {
+    return Status::InvalidArgument("compact chunk: " + std::to_string(meta.size()) +
+                                   " bytes of slot metadata exceed the format's 4 GiB");
+  }
+  size_t data_bytes = 0;
+  for (const CompactHead& h : chunk.heads) data_bytes += h.keys.size() + h.values.size();
+  const size_t data_start = AlignUp(kHeaderBytes + meta.size(), kDataAlign);
+  const uint64_t total = data_start + data_bytes + kTrailerBytes;
 
   std::vector<uint8_t> out;
   out.reserve(total);
   internal::ByteWriter w(&out);
-  w.PutBytes(kMagic, 4);
+  w.PutBytes(internal::kCompactChunkMagic, 4);
   w.Put(kVersion);
   w.Put(static_cast<uint16_t>(kHeaderBytes));
   w.Put(static_cast<uint32_t>(chunk.num_layers));
@@ -157,34 +293,18 @@ StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk) {
   w.Put(static_cast<uint8_t>(chunk.codec.route));
   w.Put(static_cast<uint8_t>(chunk.codec.position));
   w.Put(uint16_t{0});
-  w.Put(uint32_t{0});
+  w.Put(static_cast<uint32_t>(meta.size()));
   w.Put(chunk.codec.p_c);
   w.Put(chunk.codec.calibration_version);
   w.Put(chunk.original_tokens);
   w.Put(chunk.layout_digest);
+  w.Put(position_base);
   w.Put(total);
-  w.Align(kHeaderBytes);  // bytes 72..127 reserved, zero
-  for (size_t i = 0; i < num_heads; ++i) {
-    const CompactHead& h = chunk.heads[i];
-    w.Put(static_cast<uint64_t>(offsets[i]));
-    w.Put(static_cast<uint32_t>(h.slots()));
-    w.Put(static_cast<uint32_t>(h.value_slots()));
-    w.Put(static_cast<uint64_t>(
-        Sizes(h.slots(), h.value_slots(), chunk.head_dim, chunk.dtype).Total()));
-    w.Put(uint64_t{0});
-  }
-  w.Align(kAlign);
+  w.PutBytes(meta.data(), meta.size());
+  w.Align(kDataAlign);
   for (const CompactHead& h : chunk.heads) {
-    w.PutBytes(h.flags.data(), h.flags.size());
-    w.Align(kAlign);
-    w.PutBytes(h.cardinality.data(), h.cardinality.size() * 4);
-    w.Align(kAlign);
-    w.PutBytes(h.positions.data(), h.positions.size() * 8);
-    w.Align(kAlign);
     w.PutBytes(h.keys.data(), h.keys.size());
-    w.Align(kAlign);
     w.PutBytes(h.values.data(), h.values.size());
-    w.Align(kAlign);
   }
   if (out.size() + kTrailerBytes != total) {
     return Status::Internal("EncodeCompactChunk: size bookkeeping is off");
@@ -200,99 +320,17 @@ StatusOr<CompactChunk> DecodeCompactChunk(std::span<const uint8_t> bytes) {
                             " bytes, the header and trailer alone need " +
                             std::to_string(kHeaderBytes + kTrailerBytes));
   }
-  if (std::memcmp(bytes.data(), kMagic, 4) != 0) {
+  if (std::memcmp(bytes.data(), internal::kCompactChunkMagic, 4) != 0) {
     return Status::InvalidArgument("not a kvd compact chunk: bad magic");
   }
-  internal::ByteReader r(bytes);
-  uint8_t magic[4];
-  uint16_t version, header_bytes;
-  r.GetBytes(magic, 4);
-  r.Get(&version);
+  uint16_t version;
+  std::memcpy(&version, bytes.data() + 4, 2);
+  if (version == 1) return internal::DecodeCompactChunkV1(bytes);
   if (version != kVersion) {
     return Status::InvalidArgument("unsupported compact chunk version " + std::to_string(version) +
-                                   " (this build reads " + std::to_string(kVersion) + ")");
+                                   " (this build reads 1 and 2)");
   }
-  r.Get(&header_bytes);
-  uint32_t layers, kv_heads, head_dim, reserved32;
-  uint8_t dtype, score, merge, norm, route, position;
-  uint16_t reserved16;
-  CompactChunk c;
-  uint64_t total;
-  r.Get(&layers), r.Get(&kv_heads), r.Get(&head_dim);
-  r.Get(&dtype), r.Get(&score), r.Get(&merge), r.Get(&norm), r.Get(&route), r.Get(&position);
-  r.Get(&reserved16), r.Get(&reserved32);
-  r.Get(&c.codec.p_c), r.Get(&c.codec.calibration_version), r.Get(&c.original_tokens);
-  r.Get(&c.layout_digest), r.Get(&total);
-  if (total != bytes.size()) {
-    return Status::DataLoss("compact chunk size mismatch: header says " + std::to_string(total) +
-                            " bytes, got " + std::to_string(bytes.size()) + " (truncated?)");
-  }
-  uint64_t stored_sum;
-  std::memcpy(&stored_sum, bytes.data() + bytes.size() - kTrailerBytes, 8);
-  if (Checksum64(bytes.data(), bytes.size() - kTrailerBytes) != stored_sum) {
-    return Status::DataLoss("compact chunk checksum mismatch");
-  }
-  // From here the bytes are what an encoder wrote; inconsistencies mean a broken encoder.
-  if (header_bytes != kHeaderBytes) return Status::DataLoss("corrupt compact chunk: header size");
-  if (!ValidDType(dtype)) return Status::DataLoss("corrupt compact chunk: dtype");
-  if (layers < 1 || kv_heads < 1 || head_dim < 1 || head_dim > kMaxHeadDimInFormat ||
-      static_cast<uint64_t>(layers) * kv_heads > kMaxHeadsInFormat) {
-    return Status::DataLoss("corrupt compact chunk: shape");
-  }
-  c.num_layers = static_cast<int>(layers);
-  c.num_kv_heads = static_cast<int>(kv_heads);
-  c.head_dim = static_cast<int>(head_dim);
-  c.dtype = static_cast<DType>(dtype);
-  c.codec.score = static_cast<ScoreStage>(score);
-  c.codec.merge = static_cast<MergeStage>(merge);
-  c.codec.merge_norm = static_cast<MergeNorm>(norm);
-  c.codec.route = static_cast<RouteStage>(route);
-  c.codec.position = static_cast<RepresentativePosition>(position);
-  if (Status s = ValidateCodec(c.codec); !s.ok()) {
-    return Status::DataLoss("corrupt compact chunk: " + s.message());
-  }
-  const size_t num_heads = static_cast<size_t>(layers) * kv_heads;
-  const size_t body_end = bytes.size() - kTrailerBytes;
-  if (kHeaderBytes + num_heads * kTableEntryBytes > body_end) {
-    return Status::DataLoss("corrupt compact chunk: offset table beyond the end");
-  }
-  c.heads.resize(num_heads);
-  const size_t e = DTypeSize(c.dtype);
-  for (size_t i = 0; i < num_heads; ++i) {
-    internal::ByteReader t(bytes.subspan(kHeaderBytes + i * kTableEntryBytes, kTableEntryBytes));
-    uint64_t offset, section_bytes, reserved;
-    uint32_t slots, value_slots;
-    t.Get(&offset), t.Get(&slots), t.Get(&value_slots), t.Get(&section_bytes), t.Get(&reserved);
-    const SectionSizes z = Sizes(slots, value_slots, head_dim, c.dtype);
-    if (value_slots > slots || offset % kAlign != 0 || section_bytes != z.Total() ||
-        offset > body_end || section_bytes > body_end - offset) {
-      return Status::DataLoss("corrupt compact chunk: offset table entry of " +
-                              HeadName(static_cast<int64_t>(i), c.num_kv_heads));
-    }
-    CompactHead& h = c.heads[i];
-    const uint8_t* p = bytes.data() + offset;
-    h.flags.assign(p, p + z.flags);
-    p += AlignUp(z.flags);
-    h.cardinality.resize(slots);
-    std::memcpy(h.cardinality.data(), p, z.cardinality);
-    p += AlignUp(z.cardinality);
-    h.positions.resize(slots);
-    std::memcpy(h.positions.data(), p, z.positions);
-    p += AlignUp(z.positions);
-    h.keys.assign(p, p + z.keys);
-    p += AlignUp(z.keys);
-    h.values.assign(p, p + z.values);
-    if (h.value_slots() != value_slots) {
-      return Status::DataLoss("corrupt compact chunk: value count of " +
-                              HeadName(static_cast<int64_t>(i), c.num_kv_heads) +
-                              " disagrees with its flags");
-    }
-    (void)e;
-  }
-  if (Status s = c.Validate(); !s.ok()) {
-    return Status::DataLoss("corrupt compact chunk: " + s.message());
-  }
-  return c;
+  return DecodeV2(bytes);
 }
 
 std::string_view ScoreStageName(ScoreStage s) {

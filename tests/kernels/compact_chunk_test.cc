@@ -1,12 +1,17 @@
-// Compact chunk: validation, encode -> decode identity, and decode of damaged bytes (fuzz).
+// Compact chunk: validation, encode -> decode identity (random and plan-shaped chunks, extreme
+// values), format v1 still read, and decode of damaged bytes: truncation at every byte, trailing
+// bytes, and metadata corrupted behind a valid checksum (what a buggy or hostile writer makes).
 #include "kvd/kernels/compact_chunk.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <random>
 
+#include "compact_chunk_v1_golden.h"
 #include "kvd/common/hash.h"
 
 namespace kvd::kernels {
@@ -50,23 +55,134 @@ CompactChunk RandomChunk(int layers, int heads, int d, DType dtype, uint64_t see
   return c;
 }
 
+// A chunk shaped like a plan's output: per head, ascending disjoint groups of tokens starting at
+// `first` (some evicted between them, position = last token or a token inside the group),
+// cardinalities 1 for eviction, a few rebuild flags on single slots with a route stage; some
+// heads without slots.
+CompactChunk PlanShapedChunk(int layers, int heads, int d, bool merge, bool route, bool weighted,
+                             int64_t first, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  CompactChunk c;
+  c.num_layers = layers;
+  c.num_kv_heads = heads;
+  c.head_dim = d;
+  c.dtype = DType::kBFloat16;
+  c.original_tokens = 256;
+  c.layout_digest = rng();
+  c.codec = {
+      .score = ScoreStage::kSnapKv,
+      .merge = merge ? MergeStage::kKvSlimmer : MergeStage::kNone,
+      .route = route ? RouteStage::kVector : RouteStage::kNone,
+      .position = weighted ? RepresentativePosition::kWeighted : RepresentativePosition::kLast,
+      .p_c = 0.5,
+      .calibration_version = route ? rng() : 0};
+  c.heads.resize(static_cast<size_t>(layers) * heads);
+  for (CompactHead& h : c.heads) {
+    if (rng() % 7 == 0) continue;  // no slots
+    int64_t token = first;
+    while (token < first + 256) {
+      token += static_cast<int64_t>(rng() % 4 == 0 ? rng() % 9 : 0);  // evicted tokens
+      const int32_t l = merge ? 1 + static_cast<int32_t>(rng() % 4) : 1;
+      const int64_t last = token + l - 1;
+      h.positions.push_back(weighted ? token + static_cast<int64_t>(rng() % l) : last);
+      h.cardinality.push_back(l);
+      h.flags.push_back(route && l == 1 && rng() % 3 == 0 ? kSlotRebuildValue : 0);
+      token = last + 1;
+    }
+    h.keys.resize(h.slots() * d * 2);
+    for (auto& b : h.keys) b = static_cast<uint8_t>(rng());
+    h.values.resize(h.value_slots() * d * 2);
+    for (auto& b : h.values) b = static_cast<uint8_t>(rng());
+  }
+  return c;
+}
+
+uint32_t MetadataBytes(const std::vector<uint8_t>& bytes) {
+  uint32_t meta;
+  std::memcpy(&meta, bytes.data() + 28, 4);
+  return meta;
+}
+
+// `body` (a chunk without its trailer) with the header's total size and the trailer made to match,
+// so that decoding gets past the size and checksum checks to the structure.
+std::vector<uint8_t> Restamp(std::vector<uint8_t> body) {
+  const uint64_t total = body.size() + 8;
+  std::memcpy(body.data() + 72, &total, 8);
+  const uint64_t sum = Checksum64(body.data(), body.size());
+  body.resize(body.size() + 8);
+  std::memcpy(body.data() + body.size() - 8, &sum, 8);
+  return body;
+}
+
+// The bytes of a chunk decode to an equal chunk and encode back to the same bytes.
+void ExpectRoundTrip(const CompactChunk& c) {
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+  auto bytes = EncodeCompactChunk(c);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto back = DecodeCompactChunk(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == c);
+  EXPECT_EQ(back->HalfPairs(), c.HalfPairs());
+  EXPECT_EQ(*EncodeCompactChunk(*back), *bytes);  // deterministic
+}
+
 TEST(CompactChunk, EncodeDecodeIsIdentity) {
   uint64_t seed = 1;
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     for (int d : {64, 128}) {
-      CompactChunk c = RandomChunk(3, 2, d, dtype, seed++);
-      ASSERT_TRUE(c.Validate().ok()) << c.Validate();
-      auto bytes = EncodeCompactChunk(c);
-      ASSERT_TRUE(bytes.ok()) << bytes.status();
-      EXPECT_EQ(bytes->size() % 64, 8u);  // sections padded to 64, then the 8-byte trailer
-      auto back = DecodeCompactChunk(*bytes);
-      ASSERT_TRUE(back.ok()) << back.status();
-      EXPECT_TRUE(*back == c);
-      EXPECT_EQ(back->HalfPairs(), c.HalfPairs());
-      // Encoding is deterministic.
-      EXPECT_EQ(*EncodeCompactChunk(*back), *bytes);
+      SCOPED_TRACE(seed);
+      ExpectRoundTrip(RandomChunk(3, 2, d, dtype, seed++));  // unordered positions
     }
   }
+  for (bool merge : {false, true}) {
+    for (bool route : {false, true}) {
+      for (bool weighted : {false, true}) {
+        for (int64_t first : {int64_t{0}, int64_t{4096}, int64_t{1} << 40}) {
+          SCOPED_TRACE(seed);
+          ExpectRoundTrip(PlanShapedChunk(4, 3, 16, merge, route, weighted, first, seed++));
+        }
+      }
+    }
+  }
+}
+
+TEST(CompactChunk, ExtremeValuesRoundTrip) {
+  CompactChunk c = PlanShapedChunk(1, 3, 8, true, true, false, 0, 5);
+  for (CompactHead& h : c.heads) {
+    if (h.slots() < 3) continue;
+    h.positions[0] = 0;
+    h.cardinality[0] = std::numeric_limits<int32_t>::max();  // position base far below 0
+    h.positions[1] = std::numeric_limits<int64_t>::max();
+    h.positions[2] = 0;
+  }
+  ExpectRoundTrip(c);
+  c.heads[0] = {};  // first head empty, then one with every slot flagged
+  CompactHead& h = c.heads[1];
+  h.cardinality.assign(h.slots(), 1);
+  h.flags.assign(h.slots(), kSlotRebuildValue);
+  h.values.clear();
+  ExpectRoundTrip(c);
+}
+
+TEST(CompactChunk, LayoutIsHeaderMetadataThenAlignedKeysAndValues) {
+  const CompactChunk c = PlanShapedChunk(2, 2, 64, true, true, false, 512, 9);
+  auto bytes = EncodeCompactChunk(c);
+  ASSERT_TRUE(bytes.ok());
+  uint16_t version;
+  std::memcpy(&version, bytes->data() + 4, 2);
+  EXPECT_EQ(version, 2);
+  int64_t base;
+  std::memcpy(&base, bytes->data() + 64, 8);
+  EXPECT_EQ(base, 512);  // the first token a slot stands for
+  size_t at = (80 + MetadataBytes(*bytes) + 63) / 64 * 64;
+  for (const CompactHead& h : c.heads) {
+    ASSERT_LE(at + h.keys.size() + h.values.size(), bytes->size());
+    EXPECT_TRUE(std::equal(h.keys.begin(), h.keys.end(), bytes->begin() + at));
+    at += h.keys.size();
+    EXPECT_TRUE(std::equal(h.values.begin(), h.values.end(), bytes->begin() + at));
+    at += h.values.size();
+  }
+  EXPECT_EQ(at + 8, bytes->size());
 }
 
 TEST(CompactChunk, TrailerIsTheCommonChecksum) {
@@ -78,18 +194,51 @@ TEST(CompactChunk, TrailerIsTheCommonChecksum) {
   EXPECT_EQ(trailer, Checksum64(bytes->data(), bytes->size() - 8));
 }
 
-TEST(CompactChunk, SectionsAreAligned) {
-  CompactChunk c = RandomChunk(1, 2, 64, DType::kBFloat16, 9);
-  auto bytes = EncodeCompactChunk(c);
-  ASSERT_TRUE(bytes.ok());
-  for (int i = 0; i < 2; ++i) {
-    uint64_t offset;
-    std::memcpy(&offset, bytes->data() + 128 + 32 * i, 8);
-    EXPECT_EQ(offset % 64, 0u);
-    uint32_t slots;
-    std::memcpy(&slots, bytes->data() + 128 + 32 * i + 8, 4);
-    EXPECT_EQ(slots, c.heads[i].slots());
+// Chunks written by earlier builds (format v1) still decode.
+TEST(CompactChunk, ReadsFormatVersion1) {
+  CompactChunk c;
+  c.num_layers = 1;
+  c.num_kv_heads = 2;
+  c.head_dim = 4;
+  c.dtype = DType::kFloat16;
+  c.original_tokens = 16;
+  c.layout_digest = 0x0123456789abcdefull;
+  c.codec = {.score = ScoreStage::kSnapKv,
+             .merge = MergeStage::kKvSlimmer,
+             .merge_norm = MergeNorm::kL2,
+             .route = RouteStage::kVector,
+             .position = RepresentativePosition::kLast,
+             .p_c = 0.75,
+             .calibration_version = 0xfeedbeefull};
+  c.heads.resize(2);
+  c.heads[0].flags = {0, kSlotRebuildValue, 0};
+  c.heads[0].cardinality = {1, 1, 5};
+  c.heads[0].positions = {1000, 1007, 1015};
+  c.heads[1].flags = {0, 0};
+  c.heads[1].cardinality = {3, 1};
+  c.heads[1].positions = {1002, 1015};
+  uint8_t b = 1;
+  for (CompactHead& h : c.heads) {
+    h.keys.resize(h.slots() * 4 * 2);
+    for (auto& x : h.keys) x = b++;
+    h.values.resize(h.value_slots() * 4 * 2);
+    for (auto& x : h.values) x = b++;
   }
+  const std::span<const uint8_t> v1(testing::kCompactChunkV1Golden);
+  auto decoded = DecodeCompactChunk(v1);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_TRUE(*decoded == c);
+  // Re-encoding writes v2, which reads back the same.
+  auto v2 = EncodeCompactChunk(*decoded);
+  ASSERT_TRUE(v2.ok());
+  EXPECT_LT(v2->size(), v1.size());
+  EXPECT_TRUE(*DecodeCompactChunk(*v2) == c);
+
+  std::vector<uint8_t> bad(v1.begin(), v1.end());
+  bad[200] ^= 1;
+  EXPECT_THAT(DecodeCompactChunk(bad).status().message(), HasSubstr("checksum mismatch"));
+  EXPECT_THAT(DecodeCompactChunk(v1.first(100)).status().message(),
+              HasSubstr("truncated: 100 bytes, the v1 header"));
 }
 
 TEST(CompactChunk, ValidateNamesTheBrokenField) {
@@ -120,9 +269,10 @@ TEST(CompactChunk, DecodeRejectsDamage) {
   EXPECT_THAT(DecodeCompactChunk(bad).status().message(), HasSubstr("bad magic"));
 
   bad = good;
-  bad[4] = 2;
+  bad[4] = 3;
+  EXPECT_EQ(DecodeCompactChunk(bad).status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(DecodeCompactChunk(bad).status().message(),
-              HasSubstr("unsupported compact chunk version 2"));
+              HasSubstr("unsupported compact chunk version 3 (this build reads 1 and 2)"));
 
   auto cut = std::span(good).first(good.size() - 1);
   EXPECT_EQ(DecodeCompactChunk(cut).status().code(), StatusCode::kDataLoss);
@@ -158,6 +308,103 @@ TEST(CompactChunk, FuzzTruncationsAndBitFlips) {
     ASSERT_FALSE(r.ok()) << "iter " << iter;
     ASSERT_EQ(r.status().code(), expected) << r.status() << " iter " << iter;
   }
+}
+
+// Every prefix of a chunk is refused as truncated (or with a size mismatch), never a crash; every
+// prefix re-stamped with a matching size and checksum is refused as corrupt.
+TEST(CompactChunk, TruncationAtEveryByteIsAnError) {
+  const CompactChunk c = PlanShapedChunk(2, 3, 8, true, true, false, 256, 41);
+  const std::vector<uint8_t> good = *EncodeCompactChunk(c);
+  for (size_t n = 0; n < good.size(); ++n) {
+    auto r = DecodeCompactChunk(std::span(good).first(n));
+    ASSERT_FALSE(r.ok()) << n;
+    ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << n << " " << r.status();
+    ASSERT_THAT(r.status().message(), ::testing::AnyOf(HasSubstr("compact chunk truncated"),
+                                                       HasSubstr("compact chunk size mismatch")))
+        << n;
+  }
+  for (size_t n = 80; n < good.size() - 8; ++n) {
+    auto r = DecodeCompactChunk(Restamp({good.begin(), good.begin() + n}));
+    ASSERT_FALSE(r.ok()) << n;
+    ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << n << " " << r.status();
+    ASSERT_THAT(r.status().message(), HasSubstr("corrupt compact chunk")) << n;
+  }
+}
+
+TEST(CompactChunk, OverlongInputIsAnError) {
+  const CompactChunk c = PlanShapedChunk(2, 2, 8, false, false, false, 0, 43);
+  const std::vector<uint8_t> good = *EncodeCompactChunk(c);
+  std::vector<uint8_t> body(good.begin(), good.end() - 8);
+
+  auto longer = good;
+  longer.push_back(0);
+  EXPECT_THAT(DecodeCompactChunk(longer).status().message(), HasSubstr("size mismatch"));
+
+  auto extra = body;
+  extra.insert(extra.end(), 16, 0);  // data the slots do not account for
+  auto r = DecodeCompactChunk(Restamp(extra));
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("corrupt compact chunk: 16 bytes of data beyond what the slots hold"));
+
+  // The header claims one more byte of metadata than the heads use.
+  auto meta = body;
+  const uint32_t m = MetadataBytes(good) + 1;
+  std::memcpy(meta.data() + 28, &m, 4);
+  r = DecodeCompactChunk(Restamp(meta));
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(r.status().message(), HasSubstr("corrupt compact chunk"));
+
+  auto padding = body;
+  padding[80 + MetadataBytes(good)] = 1;  // the zero bytes between metadata and data
+  ASSERT_LT(80 + MetadataBytes(good), (80 + MetadataBytes(good) + 63) / 64 * 64);
+  EXPECT_THAT(DecodeCompactChunk(Restamp(padding)).status().message(),
+              HasSubstr("nonzero padding before the data section"));
+
+  auto reserved = body;
+  reserved[26] = 1;
+  EXPECT_THAT(DecodeCompactChunk(Restamp(reserved)).status().message(),
+              HasSubstr("reserved bytes not zero"));
+}
+
+// Bit flips and random bytes in the slot metadata behind a valid checksum: each decode either
+// fails with DATA_LOSS "corrupt compact chunk: ..." or yields a chunk that passes Validate().
+TEST(CompactChunk, CorruptMetadataBehindAValidChecksumIsAnError) {
+  const CompactChunk c = PlanShapedChunk(3, 2, 8, true, true, true, 300, 47);
+  const std::vector<uint8_t> good = *EncodeCompactChunk(c);
+  const std::vector<uint8_t> body(good.begin(), good.end() - 8);
+  const size_t meta = MetadataBytes(good);
+  auto check = [](const std::vector<uint8_t>& bytes, const std::string& what) {
+    auto r = DecodeCompactChunk(bytes);
+    if (r.ok()) {
+      EXPECT_TRUE(r->Validate().ok()) << what;
+    } else {
+      EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << what << " " << r.status();
+      EXPECT_THAT(r.status().message(), HasSubstr("corrupt compact chunk")) << what;
+    }
+    return r.ok();
+  };
+  int decoded = 0;
+  for (size_t bit = 0; bit < meta * 8; ++bit) {
+    auto bytes = body;
+    bytes[80 + bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+    decoded += check(Restamp(bytes), "bit " + std::to_string(bit));
+  }
+  std::mt19937_64 rng(53);
+  for (int iter = 0; iter < 3000; ++iter) {
+    auto bytes = body;
+    const size_t from = 80 + rng() % meta, n = 1 + rng() % 8;
+    for (size_t i = from; i < std::min(from + n, 80 + meta); ++i) {
+      bytes[i] = static_cast<uint8_t>(rng());
+    }
+    if (iter % 3 == 0) {  // and a random metadata length
+      const uint32_t m = static_cast<uint32_t>(rng() % (meta + 16));
+      std::memcpy(bytes.data() + 28, &m, 4);
+    }
+    decoded += check(Restamp(bytes), "iter " + std::to_string(iter));
+  }
+  // Most damage is caught; what decodes is still a valid chunk (a flipped key bit would be too).
+  EXPECT_LT(decoded, 3000);
 }
 
 }  // namespace
