@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -58,37 +59,56 @@ inline int BestRiceParameter(std::span<const uint64_t> values, int64_t* bits) {
 
 class BitWriter {
  public:
+  // Appends to `*out`; the last partial byte is appended by Finish().
   explicit BitWriter(std::vector<uint8_t>* out) : out_(out) {}
+  BitWriter(const BitWriter&) = delete;
+  BitWriter& operator=(const BitWriter&) = delete;
+
   // Appends the low `n` bits of `value`, n in [0, 64].
   void Put(uint64_t value, int n) {
-    for (int i = 0; i < n; ++i) PutBit((value >> i) & 1);
+    if (n == 0) return;
+    if (n < 64) value &= (uint64_t{1} << n) - 1;
+    acc_ |= value << used_;
+    if (used_ + n < 64) {
+      used_ += n;
+      return;
+    }
+    PutBytes(acc_, 8);
+    acc_ = used_ == 0 ? 0 : value >> (64 - used_);
+    used_ = used_ + n - 64;
   }
-  void PutBit(uint64_t bit) {
-    if (used_ == 0) out_->push_back(0);
-    out_->back() |= static_cast<uint8_t>(bit << used_);
-    used_ = (used_ + 1) % 8;
-  }
+  void PutBit(uint64_t bit) { Put(bit, 1); }
   void PutGamma(uint64_t x) {
-    const int n = std::bit_width(x + 1) - 1;
-    for (int i = 0; i < n; ++i) PutBit(1);
-    PutBit(0);
+    const int n = std::bit_width(x + 1) - 1;  // <= 63
+    Put((uint64_t{1} << n) - 1, n + 1);       // n ones, then a zero
     Put(x + 1, n);
   }
   void PutRice(uint64_t x, int k) {
     const uint64_t q = x >> k;
     if (q < static_cast<uint64_t>(kRiceEscape)) {
-      for (uint64_t i = 0; i < q; ++i) PutBit(1);
-      PutBit(0);
+      Put((uint64_t{1} << q) - 1, static_cast<int>(q) + 1);  // q ones, then a zero
       Put(x, k);
     } else {
-      for (int i = 0; i < kRiceEscape; ++i) PutBit(1);
+      Put((uint64_t{1} << kRiceEscape) - 1, kRiceEscape);
       Put(x, 64);
     }
   }
+  // Appends the bits still held, zero-padded to a whole byte. Call once, after the last Put.
+  void Finish() {
+    PutBytes(acc_, (used_ + 7) / 8);
+    acc_ = 0;
+    used_ = 0;
+  }
 
  private:
+  void PutBytes(uint64_t word, int n) {
+    uint8_t b[8];
+    std::memcpy(b, &word, 8);  // little-endian (byte_io.h asserts it)
+    out_->insert(out_->end(), b, b + n);
+  }
   std::vector<uint8_t>* out_;
-  int used_ = 0;  // bits used in out_->back(); 0 = a new byte starts with the next bit
+  uint64_t acc_ = 0;  // bits not yet appended, the oldest in bit 0
+  int used_ = 0;      // valid bits in acc_, < 64
 };
 
 // Every read checks bounds: past the end it sets failed() and returns false, never overruns.
@@ -96,13 +116,16 @@ class BitReader {
  public:
   explicit BitReader(std::span<const uint8_t> bytes) : bytes_(bytes) {}
 
+  // Reads n bits, n in [0, 64].
   bool Get(int n, uint64_t* value) {
     if (failed_ || static_cast<uint64_t>(n) > bits_left()) return Fail();
-    uint64_t v = 0;
-    for (int i = 0; i < n; ++i, ++pos_) {
-      v |= static_cast<uint64_t>((bytes_[pos_ / 8] >> (pos_ % 8)) & 1) << i;
+    if (n == 0) {
+      *value = 0;
+      return true;
     }
-    *value = v;
+    const uint64_t w = Peek64();
+    *value = n < 64 ? w & ((uint64_t{1} << n) - 1) : w;
+    pos_ += static_cast<uint64_t>(n);
     return true;
   }
   bool GetBit(bool* bit) {
@@ -113,12 +136,8 @@ class BitReader {
   }
   // False also for n > 62 (a value >= 2^63, never written by BitWriter::PutGamma's callers).
   bool GetGamma(uint64_t* x) {
-    int n = 0;
-    for (bool one = true;;) {
-      if (!GetBit(&one)) return false;
-      if (!one) break;
-      if (++n > 62) return Fail();
-    }
+    int n;
+    if (!GetUnary(63, &n) || n > 62) return Fail();
     uint64_t low;
     if (!Get(n, &low)) return false;
     *x = ((uint64_t{1} << n) | low) - 1;
@@ -126,16 +145,14 @@ class BitReader {
   }
   // False also when q << k overflows 64 bits (never written by PutRice).
   bool GetRice(int k, uint64_t* x) {
-    uint64_t q = 0;
-    for (bool one = true;;) {
-      if (!GetBit(&one)) return false;
-      if (!one) break;
-      if (++q == static_cast<uint64_t>(kRiceEscape)) return Get(64, x);
-    }
+    int q;
+    if (!GetUnary(kRiceEscape, &q)) return false;
+    if (q == kRiceEscape) return Get(64, x);
     uint64_t low;
     if (!Get(k, &low)) return false;
-    if (q != 0 && k > std::countl_zero(q)) return Fail();  // q << k needs > 64 bits
-    *x = (q << k) | low;
+    const uint64_t uq = static_cast<uint64_t>(q);
+    if (uq != 0 && k > std::countl_zero(uq)) return Fail();  // q << k needs > 64 bits
+    *x = (uq << k) | low;
     return true;
   }
 
@@ -148,6 +165,40 @@ class BitReader {
     failed_ = true;
     return false;
   }
+  // Counts one-bits up to `max` (<= 64): `max` ones are consumed as they are (no terminating
+  // zero); fewer are consumed with the zero that ends them.
+  bool GetUnary(int max, int* ones) {
+    if (failed_) return false;
+    int n = std::countr_one(Peek64());  // past the end reads as zeros: checked below
+    if (n >= max) {
+      if (bits_left() < static_cast<uint64_t>(max)) return Fail();
+      pos_ += static_cast<uint64_t>(max);
+      *ones = max;
+      return true;
+    }
+    if (bits_left() < static_cast<uint64_t>(n) + 1) return Fail();
+    pos_ += static_cast<uint64_t>(n) + 1;
+    *ones = n;
+    return true;
+  }
+  // The next 64 bits from pos_, oldest in bit 0; bits past the end are 0.
+  uint64_t Peek64() const {
+    const size_t byte = pos_ / 8;
+    const int shift = static_cast<int>(pos_ % 8);
+    uint64_t lo = Load(byte);
+    if (shift == 0) return lo;
+    const uint64_t next = byte + 8 < bytes_.size() ? bytes_[byte + 8] : 0;
+    return (lo >> shift) | (next << (64 - shift));
+  }
+  // 8 bytes from `byte` as a little-endian word, zero past the end.
+  uint64_t Load(size_t byte) const {
+    uint64_t w = 0;
+    if (byte < bytes_.size()) {
+      std::memcpy(&w, bytes_.data() + byte, std::min<size_t>(8, bytes_.size() - byte));
+    }
+    return w;
+  }
+
   std::span<const uint8_t> bytes_;
   uint64_t pos_ = 0;
   bool failed_ = false;

@@ -267,6 +267,7 @@ StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk) {
     for (const CompactHead& h : chunk.heads) {
       internal::EncodeSlotMetadata(h, has_route, position_base, &state, &bits);
     }
+    bits.Finish();
   }
   if (meta.size() > UINT32_MAX) {
     return Status::InvalidArgument("compact chunk: " + std::to_string(meta.size()) +

@@ -11,7 +11,7 @@
 #include <limits>
 #include <random>
 
-#include "compact_chunk_v1_golden.h"
+#include "compact_chunk_golden.h"
 #include "kvd/common/hash.h"
 
 namespace kvd::kernels {
@@ -194,8 +194,8 @@ TEST(CompactChunk, TrailerIsTheCommonChecksum) {
   EXPECT_EQ(trailer, Checksum64(bytes->data(), bytes->size() - 8));
 }
 
-// Chunks written by earlier builds (format v1) still decode.
-TEST(CompactChunk, ReadsFormatVersion1) {
+// The chunk of compact_chunk_golden.h.
+CompactChunk GoldenChunk() {
   CompactChunk c;
   c.num_layers = 1;
   c.num_kv_heads = 2;
@@ -224,6 +224,25 @@ TEST(CompactChunk, ReadsFormatVersion1) {
     h.values.resize(h.value_slots() * 4 * 2);
     for (auto& x : h.values) x = b++;
   }
+  return c;
+}
+
+// The v2 bytes are pinned: a change to the writer that changes them is a format change.
+TEST(CompactChunk, FormatVersion2BytesAreStable) {
+  const CompactChunk c = GoldenChunk();
+  const std::span<const uint8_t> golden(testing::kCompactChunkV2Golden);
+  auto bytes = EncodeCompactChunk(c);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_TRUE(std::equal(bytes->begin(), bytes->end(), golden.begin(), golden.end()));
+  EXPECT_EQ(MetadataBytes(*bytes), 9u);
+  auto decoded = DecodeCompactChunk(golden);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_TRUE(*decoded == c);
+}
+
+// Chunks written by earlier builds (format v1) still decode.
+TEST(CompactChunk, ReadsFormatVersion1) {
+  const CompactChunk c = GoldenChunk();
   const std::span<const uint8_t> v1(testing::kCompactChunkV1Golden);
   auto decoded = DecodeCompactChunk(v1);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
