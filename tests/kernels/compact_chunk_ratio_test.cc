@@ -97,6 +97,7 @@ struct Policy {
   MergeStage merge;
   RouteStage route;
   RepresentativePosition position = RepresentativePosition::kLast;
+  HeadBudget head_budget = HeadBudget::kUniform;
 };
 
 const Policy kPolicies[] = {
@@ -104,6 +105,8 @@ const Policy kPolicies[] = {
     {"snapkv", ScoreStage::kSnapKv, MergeStage::kNone, RouteStage::kNone},
     {"keydiff", ScoreStage::kKeyDiff, MergeStage::kNone, RouteStage::kNone},
     {"pyramidkv", ScoreStage::kPyramidKv, MergeStage::kNone, RouteStage::kNone},
+    {"snapkv-adaptive", ScoreStage::kSnapKv, MergeStage::kNone, RouteStage::kNone,
+     RepresentativePosition::kLast, HeadBudget::kAdaptive},  // slot counts differ per head
     {"recency", ScoreStage::kNone, MergeStage::kNone, RouteStage::kNone},
     // merging
     {"kvslimmer", ScoreStage::kNone, MergeStage::kKvSlimmer, RouteStage::kNone},
@@ -130,7 +133,8 @@ TEST(CompactChunkRatio, EncodedSizeIsWithinTwoPercentOfOneMinusPc) {
                                .route = p.route,
                                .p_c = p_c,
                                .window = kWindow,
-                               .position = p.position};
+                               .position = p.position,
+                               .head_budget = p.head_budget};
       CompressionStats stats;
       auto chunk = Compress(o, raw.layout, raw.Input(), &stats);
       ASSERT_TRUE(chunk.ok()) << chunk.status();
