@@ -1,5 +1,6 @@
 #include "kvd/client/json.h"
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 namespace kvd::client {
@@ -76,6 +77,43 @@ std::string HealthToJson(const Health& h, int indent) {
                    {"transport", h.transport},
                    {"tiers", tiers}},
               indent);
+}
+
+std::string CalibrationToJson(const std::vector<CalibrationInfo>& models, int indent) {
+  json out = json::array();
+  for (const auto& m : models) {
+    json r2 = json::array(), routes = json::array();
+    uint64_t routing = 0;
+    const size_t heads = m.num_kv_heads;
+    for (size_t l = 0; heads > 0 && (l + 1) * heads <= m.r2.size(); ++l) {
+      json r2_row = json::array(), routes_row = json::array();
+      for (size_t h = 0; h < heads; ++h) {
+        const size_t i = l * heads + h;
+        const bool route = i < m.routes.size() && m.routes[i];
+        r2_row.push_back(m.r2[i]);
+        routes_row.push_back(route);
+        routing += route;
+      }
+      r2.push_back(std::move(r2_row));
+      routes.push_back(std::move(routes_row));
+    }
+    char version[17] = "";
+    if (m.version != 0)
+      std::snprintf(version, sizeof version, "%016llx", static_cast<unsigned long long>(m.version));
+    out.push_back({{"model", m.model},
+                   {"state", m.state},
+                   {"tokens_seen", m.tokens_seen},
+                   {"tokens_needed", m.tokens_needed},
+                   {"version", version},
+                   {"codec_id", m.codec_id},
+                   {"num_layers", m.num_layers},
+                   {"num_kv_heads", m.num_kv_heads},
+                   {"r2_threshold", m.r2_threshold},
+                   {"r2", r2},
+                   {"routes", routes},
+                   {"routing_heads", routing}});
+  }
+  return Dump(json{{"models", out}}, indent);
 }
 
 std::string StatusToJson(const Status& s, int indent) {

@@ -4,6 +4,10 @@
 //   kvdctl [--addr ADDR] [--json] ls [--namespace N] [--model M] [--limit K]
 //   kvdctl [--addr ADDR] [--json] evict (--all | --namespace N | --model M | --chunk HEX)
 //   kvdctl [--addr ADDR] [--json] health
+//   kvdctl [--addr ADDR] [--json] calibration [--model M]
+//   kvdctl [--addr ADDR] calibrate --model M --model-file GGUF --from FILE [...]
+//       runs `kvd-demo calibrate` (the reference engine; found next to kvdctl, else on PATH) with
+//       the same arguments, so that kvdctl itself links no engine. See kvd-demo's usage.
 //
 // ADDR is host:port or unix:/path (default $KVD_ADDR, else 127.0.0.1:7400).
 // Exit codes: 0 ok; 1 the daemon answered with an error (or health is not ok);
@@ -11,8 +15,12 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -27,6 +35,7 @@ using kvd::Status;
 using kvd::StatusCode;
 using kvd::tools::HumanBytes;
 using kvd::tools::HumanDuration;
+using kvd::tools::PrintCalibration;
 using kvd::tools::PrintTable;
 
 constexpr int kExitOk = 0, kExitDaemonError = 1, kExitUsage = 2, kExitConnect = 3;
@@ -105,6 +114,28 @@ void PrintList(const kvd::client::ListResult& l) {
   std::cout << l.chunks.size() << " of " << l.total << " matching chunks shown\n";
 }
 
+// Replaces kvdctl with `kvd-demo calibrate ARGS` (kvd-demo next to this binary, else on PATH).
+// Returns only when that cannot be run.
+int ExecCalibrate(const std::string& addr, const std::vector<std::string>& rest) {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::filesystem::path sibling = self.parent_path() / "kvd-demo";
+  const std::string program =
+      !ec && std::filesystem::exists(sibling, ec) ? sibling.string() : std::string("kvd-demo");
+  std::vector<std::string> args = {program, "calibrate"};
+  if (!addr.empty()) args.insert(args.end(), {"--addr", addr});
+  args.insert(args.end(), rest.begin(), rest.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execvp(program.c_str(), argv.data());
+  std::cerr << "kvdctl: calibrate runs `kvd-demo calibrate` (the reference engine, built as "
+               "build/bin/kvd-demo): cannot run "
+            << program << " (not next to kvdctl in " << self.parent_path().string()
+            << " nor on PATH): " << std::strerror(errno) << "\n";
+  return kExitDaemonError;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -141,6 +172,31 @@ int main(int argc, char** argv) {
   evict->add_option("--model", model, "the chunks of a model");
   evict->add_option("--chunk", chunk, "one chunk (32 hex digits)");
   app.add_subcommand("health", "daemon and tier health");
+  app.add_subcommand("calibration",
+                     "VECTOR calibration per model: tokens seen / needed, state, R^2 per layer "
+                     "and KV head, which heads route")
+      ->add_option("--model", model, "only this model (default: every model that routes values)");
+  app.add_subcommand(
+      "calibrate",
+      "feed a corpus through the reference engine so that a model's VECTOR calibration completes: "
+      "runs `kvd-demo calibrate ARGS` (--model M --model-file GGUF --from FILE [--token-ids] "
+      "[--segment-tokens N] [--threads N] [--ucx-tls T] [--net-devices D] [--namespace NS])");
+  // `calibrate`: every argument after it goes to kvd-demo as is (not parsed here).
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--addr" || a == "--timeout-ms" || a == "--client-id") {
+      if (a == "--addr" && i + 1 < argc) addr = argv[i + 1];
+      ++i;
+    } else if (a.rfind("--addr=", 0) == 0) {
+      addr = a.substr(7);
+    } else if (a.rfind("-", 0) != 0) {
+      if (a != "calibrate") break;
+      if (addr.empty()) {
+        if (const char* env = std::getenv("KVD_ADDR")) addr = env;
+      }
+      return ExecCalibrate(addr, std::vector<std::string>(argv + i + 1, argv + argc));
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -225,6 +281,13 @@ int main(int argc, char** argv) {
       if (e->skipped_pinned) std::cout << "; " << e->skipped_pinned << " leased chunks kept";
       std::cout << "\n";
     }
+  } else if (cmd == "calibration") {
+    auto cal = c->GetCalibration(model);
+    if (!cal.ok()) return Fail(cal.status(), json, false);
+    if (json)
+      std::cout << kvd::client::CalibrationToJson(*cal) << "\n";
+    else
+      PrintCalibration(std::cout, *cal);
   } else {  // health
     auto h = c->GetHealth();
     if (!h.ok()) return Fail(h.status(), json, false);

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <ostream>
 
 namespace kvd::tools {
 
@@ -164,6 +165,66 @@ StatusOr<client::ModelInfo> FindModel(const client::ClientOptions& base, const s
   }
   return Status::NotFound("model '" + model + "' is not registered in kvd (registered: " + names +
                           ")");
+}
+
+namespace {
+
+std::string R2Cell(double r2, bool routes) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%.3f%s", r2, routes ? "*" : "");
+  return buf;
+}
+
+std::string Percent(uint64_t part, uint64_t whole) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%.1f%%", whole == 0 ? 0.0 : 100.0 * part / whole);
+  return buf;
+}
+
+}  // namespace
+
+void PrintCalibration(std::ostream& os, const std::vector<client::CalibrationInfo>& models) {
+  if (models.empty()) os << "no model's compression policy routes values (vector)\n";
+  for (size_t i = 0; i < models.size(); ++i) {
+    const auto& m = models[i];
+    if (i > 0) os << "\n";
+    os << "model " << m.model << "  state " << m.state << "  codec " << m.codec_id;
+    if (m.state == "not-routing") {
+      os << "\n  its compression policy does not route values: nothing to calibrate\n";
+      continue;
+    }
+    os << "  tokens " << m.tokens_seen << " / " << m.tokens_needed << " per head ("
+       << Percent(std::min(m.tokens_seen, m.tokens_needed), m.tokens_needed) << ")";
+    if (m.version != 0) {
+      char v[17];
+      std::snprintf(v, sizeof v, "%016llx", static_cast<unsigned long long>(m.version));
+      os << "  version " << v;
+    }
+    os << "\n";
+    const size_t heads = m.num_kv_heads;
+    if (heads == 0 || m.r2.size() != heads * m.num_layers) {
+      os << "  R^2 per layer and head once calibrated\n";
+      continue;
+    }
+    size_t routing = 0;
+    for (bool r : m.routes) routing += r;
+    char threshold[16];
+    std::snprintf(threshold, sizeof threshold, "%g", m.r2_threshold);
+    os << "R^2 per layer (rows) and KV head (columns); * = the head routes (R^2 >= " << threshold
+       << "): " << routing << " of " << m.r2.size() << " heads\n";
+    std::vector<std::string> header = {"LAYER"};
+    for (size_t h = 0; h < heads; ++h) header.push_back("H" + std::to_string(h));
+    std::vector<std::vector<std::string>> rows;
+    for (size_t l = 0; l < m.num_layers; ++l) {
+      std::vector<std::string> row = {std::to_string(l)};
+      for (size_t h = 0; h < heads; ++h) {
+        const size_t at = l * heads + h;
+        row.push_back(R2Cell(m.r2[at], at < m.routes.size() && m.routes[at]));
+      }
+      rows.push_back(std::move(row));
+    }
+    PrintTable(os, header, rows);
+  }
 }
 
 }  // namespace kvd::tools

@@ -42,6 +42,10 @@ std::string HumanDuration(uint64_t ms);
 void PrintTable(std::ostream& os, const std::vector<std::string>& header,
                 const std::vector<std::vector<std::string>>& rows);
 
+// `kvdctl calibration`'s table per model: state, tokens seen / needed, version, codec id, then
+// R^2 per layer (rows) and KV head (columns) with `*` on the heads that route.
+void PrintCalibration(std::ostream& os, const std::vector<client::CalibrationInfo>& models);
+
 // Common transport / connection flags: --addr, --ucx-tls, --net-devices, --namespace,
 // --hash-seed, --client-id, --timeout-ms.
 inline const std::set<std::string> kConnectionFlags = {

@@ -2,7 +2,9 @@
 // weights survive a restart (same W bytes, same R^2, same codec id), a damaged or mismatched
 // saved record is refused and calibration starts again, a policy change gives a new codec id
 // under which the old chunks (still stored on disk) are never served, and chunks stored before
-// calibration completed are not served under the calibrated codec id.
+// calibration completed are not served under the calibrated codec id; `kvdctl calibrate` (kvd-demo
+// calibrate: the reference engine on stories260K) completes calibration and `kvdctl calibration`
+// shows it.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -122,15 +125,17 @@ class CalibrationE2eTest : public ServingFixture {
   }
   // Chunks of the model on the disk tier (every stored chunk has its copy there; host copies
   // of the same chunks are not counted).
-  uint64_t StoredChunks() {
+  uint64_t StoredChunks() { return StoredChunksIn("", "disk"); }
+  // Chunks of the model in namespace `ns` ("" = any) on tier `tier` ("" = any).
+  uint64_t StoredChunksIn(const std::string& ns, const std::string& tier) {
     auto admin = client::Client::Connect(kvd_->AdminOptions());
     EXPECT_TRUE(admin.ok()) << admin.status();
     if (!admin.ok()) return 0;
-    auto l = (*admin)->List({"", kVectorModel, 0});
+    auto l = (*admin)->List({ns, kVectorModel, 0});
     EXPECT_TRUE(l.ok()) << l.status();
     if (!l.ok()) return 0;
     uint64_t n = 0;
-    for (const auto& chunk : l->chunks) n += chunk.tier == "disk";
+    for (const auto& chunk : l->chunks) n += tier.empty() || chunk.tier == tier;
     return n;
   }
   std::vector<uint8_t> Weights(uint64_t version) {
@@ -360,6 +365,118 @@ TEST_F(CalibrationE2eTest, APolicyChangeGivesANewCodecIdThatServesNoneOfTheOldCh
   EXPECT_TRUE(GetCompact(*c, hit->lease_id, 0) == old0);
   ASSERT_TRUE(c->ReleaseLease(hit->lease_id).ok());
 }
+
+#ifdef KVD_DEMO_BINARY
+// Token ids in [3, 512) (stories260K has no tokenizer), one per line.
+std::string WriteTokenIds(const std::string& path, int count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> id(3, 511);
+  std::ofstream out(path);
+  for (int i = 0; i < count; ++i) out << id(rng) << "\n";
+  return path;
+}
+
+TEST_F(CalibrationE2eTest, KvdctlCalibrateRunsTheEngineAndCalibrationShowsEveryHead) {
+  const std::string model_file = std::string(KVD_TEST_SHARED_MODELS_DIR) + "/stories260K.bin";
+  if (!fs::exists(model_file)) GTEST_SKIP() << model_file << " not found";
+  Restart(VectorPolicy(), /*disk=*/false);
+  // kvdctl with stderr folded into the captured output (the error messages are checked too).
+  auto kvdctl = [&](std::vector<std::string> args, std::string* out) {
+    args.insert(args.begin(), {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", KVDCTL_BINARY, "--addr",
+                               kvd_->tcp_address()});
+    out->clear();
+    return RunProgram(args, out, std::chrono::seconds(120));
+  };
+  std::string out;
+  ASSERT_EQ(kvdctl({"calibration", "--model", kVectorModel, "--json"}, &out), 0) << out;
+  nlohmann::json j = nlohmann::json::parse(out);
+  ASSERT_EQ(j["models"].size(), 1u);
+  EXPECT_EQ(j["models"][0]["state"], "collecting");
+  EXPECT_EQ(j["models"][0]["tokens_seen"], 0);
+  EXPECT_EQ(j["models"][0]["tokens_needed"], kCalibrationTokens);
+  EXPECT_TRUE(j["models"][0]["r2"].empty());
+  ASSERT_EQ(kvdctl({"calibration", "--model", kVectorModel}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("state collecting"));
+  EXPECT_THAT(out, HasSubstr("tokens 0 / 1024 per head (0.0%)"));
+
+  const std::vector<std::string> engine = {
+      "--model",   kVectorModel, "--model-file",  model_file, "--token-ids",
+      "--ucx-tls", "sm,tcp",     "--net-devices", "lo",       "--threads",
+      "1"};
+  auto calibrate = [&](const std::string& corpus, std::string* o) {
+    std::vector<std::string> args = {"calibrate", "--from", corpus};
+    args.insert(args.end(), engine.begin(), engine.end());
+    return kvdctl(args, o);
+  };
+  // A corpus too short: 600 tokens make 2 chunks (prompts of 512 tokens = the model's context).
+  EXPECT_EQ(calibrate(WriteTokenIds(dir_ + "/short.txt", 600, 1), &out), 1) << out;
+  EXPECT_THAT(out, HasSubstr("gave 512 of the 1024 tokens per head calibration needs: give a "
+                             "longer corpus"));
+  EXPECT_EQ(Calibration().tokens_seen, 512u);
+
+  // Enough: calibration completes after 2 more chunks (the 512 tokens above were counted), and
+  // the calibration chunks are evicted again.
+  ASSERT_EQ(calibrate(WriteTokenIds(dir_ + "/corpus.txt", 3000, 2), &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("calibrated in"));
+  EXPECT_THAT(out, HasSubstr("evicted the 2 calibration chunks of namespace kvd-calibrate"));
+  EXPECT_THAT(out, HasSubstr("LAYER"));
+  client::CalibrationInfo cal = Calibration();
+  EXPECT_EQ(cal.state, "calibrated");
+  EXPECT_EQ(cal.tokens_seen, static_cast<uint64_t>(kCalibrationTokens));
+  EXPECT_EQ(StoredChunksIn("kvd-calibrate", ""), 0u);
+
+  // --json: R^2 per layer and head as the daemon reports it, routes where R^2 >= threshold.
+  ASSERT_EQ(kvdctl({"calibration", "--json"}, &out), 0) << out;
+  j = nlohmann::json::parse(out);
+  ASSERT_EQ(j["models"].size(), 1u);
+  const auto& m = j["models"][0];
+  EXPECT_EQ(m["model"], kVectorModel);
+  EXPECT_EQ(m["state"], "calibrated");
+  EXPECT_EQ(m["codec_id"], cal.codec_id);
+  char version[17];
+  std::snprintf(version, sizeof version, "%016llx", static_cast<unsigned long long>(cal.version));
+  EXPECT_EQ(m["version"], version);
+  ASSERT_EQ(m["r2"].size(), 5u);
+  int routing = 0;
+  for (int l = 0; l < 5; ++l) {
+    ASSERT_EQ(m["r2"][l].size(), 4u);
+    for (int h = 0; h < 4; ++h) {
+      EXPECT_EQ(m["r2"][l][h].get<double>(), cal.r2[l * 4 + h]);
+      EXPECT_EQ(m["routes"][l][h].get<bool>(), cal.r2[l * 4 + h] >= 0.5);
+      routing += m["routes"][l][h].get<bool>();
+    }
+  }
+  EXPECT_EQ(m["routing_heads"], routing);
+
+  // The table: layers as rows, heads as columns, * on routing heads.
+  ASSERT_EQ(kvdctl({"calibration"}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("state calibrated"));
+  EXPECT_THAT(out, HasSubstr("LAYER"));
+  EXPECT_THAT(out, HasSubstr("H3"));
+  EXPECT_THAT(out, HasSubstr(std::to_string(routing) + " of 20 heads"));
+  const std::string table = out.substr(out.find("LAYER"));
+  EXPECT_EQ(std::count(table.begin(), table.end(), '*'), routing);
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 6);  // header + 5 layers
+
+  // Again: nothing to do.
+  ASSERT_EQ(calibrate(dir_ + "/corpus.txt", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("already calibrated"));
+
+  // A model without a policy, a bad corpus, a missing argument: specific errors.
+  EXPECT_EQ(kvdctl({"calibration", "--model", "stories260k"}, &out), 1);
+  EXPECT_THAT(out, HasSubstr("model stories260k has no compression policy: nothing to calibrate"));
+  EXPECT_EQ(kvdctl({"calibration", "--model", "no-such-model"}, &out), 1);
+  EXPECT_THAT(out, HasSubstr("unknown model \"no-such-model\""));
+  {
+    std::ofstream bad(dir_ + "/bad.txt");
+    bad << "12 13 hello 14\n";
+  }
+  EXPECT_EQ(calibrate(dir_ + "/bad.txt", &out), 1);
+  EXPECT_THAT(out, HasSubstr("'hello' (token 2) is not a token id in [0, 512)"));
+  EXPECT_EQ(kvdctl({"calibrate", "--model", kVectorModel}, &out), 2);
+  EXPECT_THAT(out, HasSubstr("--model-file and --from are required"));
+}
+#endif  // KVD_DEMO_BINARY
 
 }  // namespace
 }  // namespace kvd::e2e

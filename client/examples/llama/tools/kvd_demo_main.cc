@@ -13,6 +13,17 @@
 //   kvd-demo local   --model-file GGUF [text options] [--p-c X]
 //       the same in one process without kvd: the full cache against the cache compressed chunk
 //       by chunk (kernels' plan, SnapKV, each chunk with only its own K/V and last-W queries).
+//   kvd-demo calibrate --addr ADDR --model-file GGUF --model M --from FILE [--token-ids]
+//                      [--segment-tokens N] [--threads N] [--namespace NS]
+//       feeds a corpus through the engine and puts its raw chunks (with window queries) to kvd
+//       until kvd's online VECTOR calibration of model M completes (kvdctl calibrate runs this).
+//       FILE is text (the GGUF's tokenizer), or with --token-ids whitespace-separated token ids
+//       (models without a tokenizer). It is cut into prompts of --segment-tokens (default 4
+//       chunks, at most the model's context), each prefilled from position 0. The chunks are put
+//       in namespace NS (default "kvd-calibrate") under hashes salted per run, so none dedups
+//       against an earlier put (every put feeds calibration), and evicted at the end (admin
+//       role; else the command to evict them is printed). Already calibrated: prints the table,
+//       exit 0. The corpus ends first: exit 1 naming the tokens seen and needed.
 //
 // Text options: --text FILE (default deploy/demo/text.txt), --prompt-tokens N (default 808),
 // --heldout N (default 128), --generate N (default 24), --chunk-tokens N (default 256; prefill
@@ -22,6 +33,9 @@
 // FILE (local: those of the full cache).
 //
 // Exit codes: 0 ok, 1 failure (the message says where), 2 usage, 3 kvd cannot be reached.
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -31,6 +45,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvd/client/client.h"
@@ -53,7 +68,9 @@ constexpr const char* kUsage =
     "usage: kvd-demo prefill|decode|local --model-file GGUF [--addr ADDR] [--text FILE]\n"
     "                [--prompt-tokens N] [--heldout N] [--generate N] [--chunk-tokens N]\n"
     "                [--window W] [--threads N] [--model M] [--p-c X] [--baseline]\n"
-    "                [--logits-out FILE] [--full-logits-out FILE] [connection flags of kvdctl]\n";
+    "                [--logits-out FILE] [--full-logits-out FILE] [connection flags of kvdctl]\n"
+    "       kvd-demo calibrate --model-file GGUF --model M --from FILE [--token-ids]\n"
+    "                [--segment-tokens N] [--threads N] [connection flags of kvdctl]\n";
 
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -264,9 +281,12 @@ int RunLocal(kvd::tools::Args& args) {
 
 // ---- prefill / decode through kvd ----
 
-// Connects as an engine for --model with the daemon's layout and chunk size.
-StatusOr<std::unique_ptr<kvd::client::Client>> ConnectEngine(kvd::tools::Args& args, Setup* s) {
+// Connects as an engine for --model with the daemon's layout and chunk size, in namespace
+// --namespace (else `default_namespace`; "" = the daemon's default).
+StatusOr<std::unique_ptr<kvd::client::Client>> ConnectEngine(
+    kvd::tools::Args& args, Setup* s, const std::string& default_namespace = "") {
   kvd::client::ClientOptions o;
+  o.name_space = default_namespace;
   kvd::tools::ApplyConnectionArgs(args, &o);
   o.model = args.Get("--model", "smollm2-135m");
   uint32_t chunk_tokens = 0;
@@ -468,21 +488,200 @@ int RunDecode(kvd::tools::Args& args) {
   return 0;
 }
 
+// ---- calibrate: a corpus through the engine until kvd's VECTOR calibration completes ----
+
+// The corpus as token ids: text through the model's tokenizer, or (--token-ids) ids as written.
+StatusOr<std::vector<int32_t>> CorpusTokens(const llama::LlamaModel& model, const std::string& path,
+                                            bool token_ids) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("cannot read the corpus " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (!token_ids) {
+    const llama::Tokenizer* tok = model.tokenizer();
+    if (tok == nullptr) {
+      return Status::InvalidArgument(
+          "the model file has no tokenizer: give the corpus as token ids with --token-ids");
+    }
+    return tok->Encode(ss.str());
+  }
+  std::vector<int32_t> ids;
+  std::string word;
+  const int vocab = model.config().vocab_size;
+  while (ss >> word) {
+    char* end = nullptr;
+    const long id = std::strtol(word.c_str(), &end, 10);
+    if (*end != '\0' || id < 0 || id >= vocab) {
+      return Status::InvalidArgument(path + ": '" + word + "' (token " +
+                                     std::to_string(ids.size()) + ") is not a token id in [0, " +
+                                     std::to_string(vocab) + ")");
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+// The model's calibration row (exactly one, since the model is named).
+StatusOr<kvd::client::CalibrationInfo> CalibrationOf(kvd::client::Client& c,
+                                                     const std::string& model) {
+  KVD_ASSIGN_OR_RETURN(auto all, c.GetCalibration(model));
+  if (all.size() != 1) {
+    return Status::Internal("kvd answered " + std::to_string(all.size()) +
+                            " calibration rows for model " + model);
+  }
+  return all[0];
+}
+
+int RunCalibrate(kvd::tools::Args& args) {
+  const std::string model_path = args.Get("--model-file");
+  const std::string corpus_path = args.Get("--from");
+  const int threads = static_cast<int>(args.GetInt("--threads", 0));
+  int64_t segment = args.GetInt("--segment-tokens", 0);
+  if (!args.ok()) return Fail("usage", Status::InvalidArgument(args.error()));
+  if (model_path.empty() || corpus_path.empty()) {
+    std::cerr << "kvd-demo calibrate: --model-file and --from are required\n" << kUsage;
+    return 2;
+  }
+  if (threads < 0 || segment < 0) {
+    std::cerr << "kvd-demo calibrate: --threads and --segment-tokens must be >= 0\n";
+    return 2;
+  }
+  auto model = llama::LlamaModel::Load(model_path);
+  if (!model.ok()) return Fail("model", model.status());
+  auto ids = CorpusTokens(**model, corpus_path, args.Has("--token-ids"));
+  if (!ids.ok()) return Fail("corpus", ids.status());
+
+  Setup s;
+  auto client = ConnectEngine(args, &s, "kvd-calibrate");
+  if (!client.ok()) return Fail("connect", client.status());
+  kvd::client::Client& c = **client;
+  const kvd::ModelLayout& layout = c.options().layout;
+  const std::string name = c.options().model;
+  auto cal = CalibrationOf(c, name);
+  if (!cal.ok()) return Fail("calibration of " + name, cal.status());
+  if (cal->state == "not-routing") {
+    return Fail("calibrate", Status::FailedPrecondition(
+                                 "model " + name + "'s compression policy (" + c.session().policy +
+                                 ") does not route values (no vector " +
+                                 "stage): there is nothing to calibrate"));
+  }
+  if (cal->state == "calibrated") {
+    std::printf("[calibrate] model %s is already calibrated\n", name.c_str());
+    kvd::tools::PrintCalibration(std::cout, {*cal});
+    return 0;
+  }
+  const int64_t context = (*model)->config().context_length;
+  const int64_t max_segment =
+      (context > 0 ? context : 4 * s.chunk_tokens) / s.chunk_tokens * s.chunk_tokens;
+  if (segment == 0) segment = std::min<int64_t>(4 * s.chunk_tokens, max_segment);
+  if (segment < s.chunk_tokens || segment > max_segment) {
+    std::cerr << "kvd-demo calibrate: --segment-tokens must be in [" << s.chunk_tokens << ", "
+              << max_segment << "] (one chunk .. the model's context)\n";
+    return 2;
+  }
+  const int window = static_cast<int>(c.session().window_tokens);
+  std::printf(
+      "[calibrate] model %s (%s): %llu of %llu tokens per head seen; corpus %s: %zu tokens, "
+      "prompts of %lld tokens, namespace %s\n",
+      name.c_str(), layout.ToString().c_str(), static_cast<unsigned long long>(cal->tokens_seen),
+      static_cast<unsigned long long>(cal->tokens_needed), corpus_path.c_str(), ids->size(),
+      static_cast<long long>(segment), c.options().name_space.c_str());
+
+  // Salt: this run's chunk hashes differ from every earlier run's, so no put dedups.
+  const uint64_t salt = static_cast<uint64_t>(
+      std::chrono::steady_clock::now().time_since_epoch().count() ^ (uint64_t{::getpid()} << 32));
+  uint64_t chunks_put = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t off = 0; off + s.chunk_tokens <= ids->size() && cal->state == "collecting";
+       off += static_cast<size_t>(segment)) {
+    const std::span<const int32_t> prompt =
+        std::span<const int32_t>(*ids).subspan(off, std::min<size_t>(segment, ids->size() - off));
+    llama::LlamaSession ses(**model, {.threads = threads});
+    auto pre = llama::PrefillChunks(ses, prompt, layout,
+                                    {.chunk_tokens = s.chunk_tokens,
+                                     .window = window > 0 ? window : std::min(32, s.chunk_tokens)});
+    if (!pre.ok()) return Fail("prefill", pre.status());
+    std::vector<kvd::Hash128> chain = c.hasher().ChunkChain(prompt, false);
+    for (size_t i = 0; i < pre->chunks.size(); ++i) {
+      const llama::PrefillChunk& ch = pre->chunks[i];
+      kvd::client::PutItem item{.hash = {chain[i].hi ^ salt, chain[i].lo},
+                                .tokens = ch.tokens,
+                                .data = ch.raw.data(),
+                                .bytes = ch.raw.size(),
+                                .first_position = static_cast<uint64_t>(ch.first_position)};
+      if (window > 0) {
+        item.window = ch.window;
+        item.window_queries = ch.window_queries;
+      }
+      for (;;) {  // the ingest queue may be full: retry after the hinted pause
+        auto put = c.PutChunks(std::span<const kvd::client::PutItem>(&item, 1));
+        if (put.ok()) break;
+        if (put.status().code() != kvd::StatusCode::kResourceExhausted) {
+          return Fail("put chunk " + std::to_string(chunks_put), put.status());
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      ++chunks_put;
+    }
+    cal = CalibrationOf(c, name);
+    if (!cal.ok()) return Fail("calibration of " + name, cal.status());
+    std::printf(
+        "[calibrate] %zu corpus tokens: %llu chunks put, %llu of %llu tokens per head, %s\n",
+        off + prompt.size(), static_cast<unsigned long long>(chunks_put),
+        static_cast<unsigned long long>(cal->tokens_seen),
+        static_cast<unsigned long long>(cal->tokens_needed), cal->state.c_str());
+  }
+  const double seconds = Since(t0);
+
+  // The calibration chunks are no prompt anyone will look up: evict them when allowed.
+  kvd::client::ClientOptions admin_options = c.options();
+  admin_options.role = kvd::client::Role::kAdmin;
+  if (const char* token = std::getenv("KVD_ADMIN_TOKEN")) admin_options.auth_token = token;
+  auto admin = kvd::client::Client::Connect(admin_options);
+  auto evicted = admin.ok() ? (*admin)->Evict({.kind = kvd::client::EvictFilter::Kind::kNamespace,
+                                               .name = c.options().name_space})
+                            : StatusOr<kvd::client::EvictResult>(admin.status());
+  if (evicted.ok()) {
+    std::printf("[calibrate] evicted the %llu calibration chunks of namespace %s\n",
+                static_cast<unsigned long long>(evicted->chunks), c.options().name_space.c_str());
+  } else {
+    std::printf(
+        "[calibrate] calibration chunks left in namespace %s (%s); evict them with: "
+        "kvdctl evict --namespace %s\n",
+        c.options().name_space.c_str(), evicted.status().ToString().c_str(),
+        c.options().name_space.c_str());
+  }
+  if (cal->state != "calibrated") {
+    return Fail("calibrate", Status::FailedPrecondition(
+                                 "the corpus " + corpus_path + " (" + std::to_string(ids->size()) +
+                                 " tokens) gave " + std::to_string(cal->tokens_seen) + " of the " +
+                                 std::to_string(cal->tokens_needed) +
+                                 " tokens per head calibration needs: give a longer corpus"));
+  }
+  std::printf("[calibrate] calibrated in %.1f s: %llu chunks put\n", seconds,
+              static_cast<unsigned long long>(chunks_put));
+  kvd::tools::PrintCalibration(std::cout, {*cal});
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::set<std::string> valued = {"--model-file", "--text",         "--prompt-tokens",
-                                  "--heldout",    "--generate",     "--threads",
-                                  "--window",     "--chunk-tokens", "--model",
-                                  "--p-c",        "--logits-out",   "--full-logits-out"};
+  std::set<std::string> valued = {"--model-file", "--text",          "--prompt-tokens",
+                                  "--heldout",    "--generate",      "--threads",
+                                  "--window",     "--chunk-tokens",  "--model",
+                                  "--p-c",        "--logits-out",    "--full-logits-out",
+                                  "--from",       "--segment-tokens"};
   valued.insert(kvd::tools::kConnectionFlags.begin(), kvd::tools::kConnectionFlags.end());
-  kvd::tools::Args args(argc, argv, {"--help", "--baseline"}, valued);
+  kvd::tools::Args args(argc, argv, {"--help", "--baseline", "--token-ids"}, valued);
   if (args.Has("--help")) {
     std::cout << kUsage;
     return 0;
   }
   if (!args.ok() || args.positionals().size() != 1) {
-    std::cerr << (args.ok() ? "kvd-demo: one mode: prefill, decode or local" : args.error()) << "\n"
+    std::cerr << (args.ok() ? "kvd-demo: one mode: prefill, decode, local or calibrate"
+                            : args.error())
+              << "\n"
               << kUsage;
     return 2;
   }
@@ -490,6 +689,7 @@ int main(int argc, char** argv) {
   if (mode == "local") return RunLocal(args);
   if (mode == "prefill") return RunPrefill(args);
   if (mode == "decode") return RunDecode(args);
+  if (mode == "calibrate") return RunCalibrate(args);
   std::cerr << "kvd-demo: unknown mode '" << mode << "'\n" << kUsage;
   return 2;
 }

@@ -21,6 +21,10 @@ std::string ListToJson(const ListResult& list, int indent = 2);
 std::string EvictToJson(const EvictResult& evict, int indent = 2);
 // {"ok":..,"status":..,"uptime_ms":..,"transport":..,"tiers":[{"name","ok","detail"}]}
 std::string HealthToJson(const Health& health, int indent = 2);
+// {"models":[{"model","state","tokens_seen","tokens_needed","version" (16 hex digits, "" while
+//  collecting),"codec_id","num_layers","num_kv_heads","r2_threshold","r2":[[R^2 of each KV head]
+//  per layer] ([] while collecting),"routes":[[bool per head] per layer],"routing_heads"}]}
+std::string CalibrationToJson(const std::vector<CalibrationInfo>& models, int indent = 2);
 // {"code":"NOT_FOUND","message":...}
 std::string StatusToJson(const Status& status, int indent = 2);
 
