@@ -476,6 +476,61 @@ TEST_F(CalibrationE2eTest, KvdctlCalibrateRunsTheEngineAndCalibrationShowsEveryH
   EXPECT_EQ(kvdctl({"calibrate", "--model", kVectorModel}, &out), 2);
   EXPECT_THAT(out, HasSubstr("--model-file and --from are required"));
 }
+
+// The text path on the demo model (SmolLM2-135M, its GGUF tokenizer, bfloat16 chunks).
+TEST_F(CalibrationE2eTest, KvdctlCalibrateTokenisesATextCorpusForAGgufModel) {
+  const char* dir = std::getenv("KVD_MODELS_DIR");  // deploy/fetch-models.sh's cache
+  const std::string model_file = std::string(dir != nullptr ? dir : KVD_TEST_MODELS_CACHE_DIR) +
+                                 "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!fs::exists(model_file)) GTEST_SKIP() << model_file << " not found";
+  StartKvd(
+      "  - name: smollm2-vector\n    layout: {layers: 30, kv_heads: 3, q_heads: 9, head_dim: 64, "
+      "dtype: bfloat16, rope: {theta: 100000, pairing: interleaved, scaling: none}}\n"
+      "    compression: {stages: [snapkv, vector], p_c: 0.5, window: 32, sinks: 4, "
+      "calibration_tokens: 512}\n");
+  std::string out;
+  const int rc = RunProgram({"/bin/sh",
+                             "-c",
+                             "exec \"$0\" \"$@\" 2>&1",
+                             KVDCTL_BINARY,
+                             "--addr",
+                             kvd_->tcp_address(),
+                             "calibrate",
+                             "--model",
+                             "smollm2-vector",
+                             "--model-file",
+                             model_file,
+                             "--from",
+                             std::string(KVD_SOURCE_DIR) + "/deploy/demo/text.txt",
+                             "--segment-tokens",
+                             "512",
+                             "--threads",
+                             "2",
+                             "--ucx-tls",
+                             "sm,tcp",
+                             "--net-devices",
+                             "lo"},
+                            &out, std::chrono::seconds(240));
+  ASSERT_EQ(rc, 0) << out << "\n" << kvd_->Log();
+  EXPECT_THAT(out, HasSubstr("calibrated in"));
+  EXPECT_THAT(out, HasSubstr("512 corpus tokens: 2 chunks put, 512 of 512 tokens per head"));
+  auto o = kvd_->EngineOptions("smollm2-engine");
+  o.model = "smollm2-vector";
+  o.layout = Smollm2Layout();
+  auto engine = client::Client::Connect(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto& c = *engine;
+  auto cal = c->GetCalibration("smollm2-vector");
+  ASSERT_TRUE(cal.ok()) << cal.status();
+  ASSERT_EQ(cal->size(), 1u);
+  EXPECT_EQ((*cal)[0].state, "calibrated");
+  ASSERT_EQ((*cal)[0].r2.size(), 30u * 3u);
+  for (double r2 : (*cal)[0].r2) {
+    EXPECT_GE(r2, 0.0);
+    EXPECT_LE(r2, 1.0);
+  }
+  EXPECT_EQ(c->session().codec_id, (*cal)[0].codec_id);
+}
 #endif  // KVD_DEMO_BINARY
 
 }  // namespace
