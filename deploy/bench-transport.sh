@@ -29,63 +29,27 @@ done
 command -v ucx_perftest >/dev/null || { echo "[bench] ucx_perftest not found (apt-get install ucx-utils)" >&2; exit 1; }
 
 work=$(mktemp -d /tmp/kvd-bench.XXXXXX)
-kvd_pid=""
-perf_pid=""
+# shellcheck source=deploy/bench-lib.sh
+source deploy/bench-lib.sh
 cleanup() {
   local rc=$?
-  [[ -n "$perf_pid" ]] && kill "$perf_pid" 2>/dev/null || true
-  if [[ -n "$kvd_pid" ]] && kill -0 "$kvd_pid" 2>/dev/null; then
-    kill -TERM "$kvd_pid" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$kvd_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$kvd_pid" 2>/dev/null || true
-  fi
+  bench_cleanup
   rm -rf "$work"
   exit $rc
 }
 trap cleanup EXIT INT TERM
 
-json_field() {  # json_field FILE PATH  (PATH like put.gbps)
-  /usr/bin/python3 -c 'import json,sys; v=json.load(open(sys.argv[1]))
-for k in sys.argv[2].split("."): v=v[k]
-print(v)' "$1" "$2"
-}
-
-# ---- ucx_perftest: tag bandwidth, 2 MiB messages, same TLS, loopback ----
-run_perftest() {  # prints GB/s (ucx_perftest's MB/s are MiB/s)
-  local port=$((20000 + RANDOM % 20000)) mibs
-  UCX_TLS=$TLS UCX_NET_DEVICES=lo ucx_perftest -t tag_bw -s $SIZE -n "$COUNT" -p "$port" \
-    >"$work/perf-server.log" 2>&1 &
-  perf_pid=$!
-  sleep 1
-  UCX_TLS=$TLS UCX_NET_DEVICES=lo ucx_perftest 127.0.0.1 -t tag_bw -s $SIZE -n "$COUNT" \
-    -p "$port" >"$work/perf-client.log" 2>&1 || { cat "$work/perf-client.log" >&2; return 1; }
-  wait "$perf_pid" || true
-  perf_pid=""
-  # "Final: iters lat50 lat_avg lat_overall bw_avg bw_overall rate_avg rate_overall"
-  mibs=$(awk '/Final:/ {print $7}' "$work/perf-client.log")
-  [[ -n "$mibs" ]] || { cat "$work/perf-client.log" >&2; return 1; }
-  awk -v m="$mibs" 'BEGIN {printf "%.3f", m * 1048576 / 1e9}'
-}
-median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-
 # ---- kvd on its embedded default (llama-3.1-8b: 16 tokens = 2 MiB raw chunk) ----
-"$BIN/kvd" --listen 127.0.0.1:0 --unix "$work/kvd.sock" --ready-file "$work/ready.json" \
-  >"$work/kvd.log" 2>&1 &
-kvd_pid=$!
-for _ in $(seq 300); do
-  [[ -s "$work/ready.json" ]] && break
-  kill -0 "$kvd_pid" 2>/dev/null || { echo "[bench] kvd died:" >&2; cat "$work/kvd.log" >&2; exit 1; }
-  sleep 0.05
-done
-[[ -s "$work/ready.json" ]] || { echo "[bench] kvd not ready" >&2; cat "$work/kvd.log" >&2; exit 1; }
-addr=$(json_field "$work/ready.json" tcp)
+start_kvd
+addr=$kvd_addr
 
 echo "== same machine, same run: 2 MiB messages, UCX_TLS=$TLS, loopback, count $COUNT," \
      "$ROUNDS interleaved rounds, load average $(cut -d' ' -f1 /proc/loadavg) =="
 : >"$work/perf.txt"; : >"$work/put.txt"; : >"$work/get.txt"
 : >"$work/lookup50.txt"; : >"$work/lookup99.txt"
 for round in $(seq "$ROUNDS"); do
-  perf=$(run_perftest)
+  fields=$(run_perftest tag_bw $SIZE "$COUNT" "$TLS")
+  perf=$(perftest_gbps $fields)
   echo "$perf" >>"$work/perf.txt"
   "$BIN/kvd-bench" --addr "$addr" --model llama-3.1-8b --chunk-bytes $SIZE --count "$COUNT" \
     --concurrency "$CONC" --depth "$DEPTH" --op both --ucx-tls "$TLS" --net-devices lo --json \

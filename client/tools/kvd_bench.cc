@@ -2,7 +2,9 @@
 //
 //   kvd-bench --addr ADDR --model M (--chunk-bytes B | --tokens T) --count N --concurrency C
 //             --op put|get|both [--depth D] [--lookup-batch L] [--ucx-tls TLS]
-//             [--net-devices DEV] [--no-shm] [--verify] [--json]
+//             [--net-devices DEV] [--no-shm] [--verify] [--daemon-pid PID | --ready-file F]
+//             [--json]
+//   kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--json]
 //
 // Over a unix-socket address the clients use the shared-memory path when kvd grants it
 // (reported as "shared_memory" in the output); --no-shm forces the transport (UCX) path.
@@ -14,20 +16,38 @@
 // --verify's compare after a get): the time is the longest thread's wall time minus that
 // thread's own work; gbps_wall counts it too (GB/s = 1e9 bytes/s). Latencies are per
 // call (per batch of D with --depth > 1). --op get still stores the chunks first (untimed
-// output). Exit 0 on success, 1 on a failed operation, 2 usage, 3 cannot connect.
+// output).
+//
+// Daemon cost per operation: with --daemon-pid (or --ready-file, kvd's --ready-file output,
+// which names the pid) each phase also reports the daemon's CPU time, context switches and
+// read/write-family system calls during the phase, divided by the phase's operations
+// (daemon_cpu_us_per_op, daemon_ctx_switches_per_op, daemon_rw_syscalls_per_op; see
+// daemon_stats.h for what the kernel counts). The daemon must run on this machine.
+//
+// --op memcpy needs no daemon: the reference a same-node data path is measured against. Each
+// client thread copies --chunk-bytes from its own warm source buffer --count / C times, phase
+// "memcpy_fresh" into a destination freshly mapped for every copy (its page faults are part of
+// the copy, as for a buffer an application has just allocated) and phase "memcpy_warm" into one
+// destination buffer reused for every copy; reported like the other phases.
+//
+// Exit 0 on success, 1 on a failed operation, 2 usage, 3 cannot connect.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 
+#include "daemon_stats.h"
 #include "kvd/client/client.h"
 #include "util.h"
 
@@ -42,6 +62,7 @@ struct PhaseResult {
   double seconds = 0;       // wall time less the bench's own work (see the header comment)
   double wall_seconds = 0;  // wall time of the phase
   std::vector<double> latencies_us;
+  std::optional<kvd::tools::ProcSample> daemon;  // the daemon's counters during the phase
   double Percentile(double p) const {
     if (latencies_us.empty()) return 0;
     std::vector<double> v = latencies_us;
@@ -71,17 +92,156 @@ kvd::Hash128 ChunkHash(uint64_t run, uint64_t index) {
   return kvd::HashBytes(words, sizeof words, 0x6b76642d62656e63ull);
 }
 
+// The daemon's pid from kvd's --ready-file JSON ({"pid": N, ...}); 0 when absent.
+int64_t PidFromReadyFile(const std::string& path, std::string* error) {
+  std::ifstream in(path);
+  if (!in) {
+    *error = "cannot read --ready-file " + path;
+    return 0;
+  }
+  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("pid") || !j["pid"].is_number_integer()) {
+    *error = "--ready-file " + path + " has no integer \"pid\"";
+    return 0;
+  }
+  return j["pid"].get<int64_t>();
+}
+
+// One destination of `n` bytes mapped fresh (untouched pages); nullptr on failure.
+uint8_t* MapFresh(size_t n) {
+  void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+}
+
+// Prints the phases as a table, or with `json` as `header` plus one object per phase.
+void PrintPhases(const std::vector<PhaseResult>& phases, nlohmann::json header, bool json,
+                 const std::string& title) {
+  auto per_op = [](const PhaseResult& p, double v) { return p.ops > 0 ? v / p.ops : 0.0; };
+  if (json) {
+    for (const auto& p : phases) {
+      nlohmann::json o = {{"ops", p.ops},
+                          {"bytes", p.bytes},
+                          {"seconds", p.seconds},
+                          {"gbps", p.Gbps()},
+                          {"wall_seconds", p.wall_seconds},
+                          {"gbps_wall", p.GbpsWall()},
+                          {"ops_per_s", p.seconds > 0 ? p.ops / p.seconds : 0},
+                          {"p50_us", p.Percentile(0.50)},
+                          {"p90_us", p.Percentile(0.90)},
+                          {"p99_us", p.Percentile(0.99)}};
+      if (p.daemon) {
+        o["daemon_cpu_us_per_op"] = per_op(p, p.daemon->cpu_ns / 1e3);
+        o["daemon_cpu_source"] = p.daemon->cpu_source;
+        o["daemon_ctx_switches_per_op"] = per_op(p, p.daemon->context_switches);
+        if (p.daemon->has_io) o["daemon_rw_syscalls_per_op"] = per_op(p, p.daemon->rw_syscalls);
+      }
+      header[p.name] = std::move(o);
+    }
+    std::cout << header.dump(2) << "\n";
+    return;
+  }
+  std::cout << title << "\n";
+  const bool daemon = !phases.empty() && phases[0].daemon.has_value();
+  std::vector<std::vector<std::string>> rows;
+  char buf[9][32];
+  for (const auto& p : phases) {
+    std::snprintf(buf[0], 32, "%.3f", p.Gbps());
+    std::snprintf(buf[1], 32, "%.0f", p.seconds > 0 ? p.ops / p.seconds : 0);
+    std::snprintf(buf[2], 32, "%.1f", p.Percentile(0.5));
+    std::snprintf(buf[3], 32, "%.1f", p.Percentile(0.9));
+    std::snprintf(buf[4], 32, "%.1f", p.Percentile(0.99));
+    rows.push_back({p.name, std::to_string(p.ops), p.name == "lookup" ? "-" : buf[0], buf[1],
+                    buf[2], buf[3], buf[4]});
+    if (daemon) {
+      std::snprintf(buf[5], 32, "%.1f", p.daemon ? per_op(p, p.daemon->cpu_ns / 1e3) : 0.0);
+      std::snprintf(buf[6], 32, "%.2f", p.daemon ? per_op(p, p.daemon->context_switches) : 0.0);
+      std::snprintf(buf[7], 32, "%.2f", p.daemon ? per_op(p, p.daemon->rw_syscalls) : 0.0);
+      rows.back().insert(rows.back().end(), {buf[5], buf[6], buf[7]});
+    }
+  }
+  std::vector<std::string> head = {"OP", "OPS", "GB/s", "OPS/s", "p50 us", "p90 us", "p99 us"};
+  if (daemon) head.insert(head.end(), {"daemon CPU us/op", "ctx sw/op", "rw syscalls/op"});
+  kvd::tools::PrintTable(std::cout, head, rows);
+}
+
+// --op memcpy (see the header comment). Returns the exit code.
+int RunMemcpy(size_t bytes, int64_t count, int64_t concurrency, bool json) {
+  const int nthreads = static_cast<int>(std::min(concurrency, count));
+  std::vector<std::vector<uint8_t>> src(nthreads, std::vector<uint8_t>(bytes));
+  for (int t = 0; t < nthreads; ++t) FillChunk(src[t].data(), bytes, 1, t);
+  std::vector<PhaseResult> phases;
+  bool failed = false;
+  for (const bool fresh : {true, false}) {
+    PhaseResult result;
+    result.name = fresh ? "memcpy_fresh" : "memcpy_warm";
+    std::vector<std::vector<double>> lat(nthreads);
+    std::vector<double> busy(nthreads, 0.0);
+    std::vector<uint64_t> ops(nthreads, 0);
+    std::atomic<bool> map_failed{false};
+    std::vector<std::thread> threads;
+    const auto start = Clock::now();
+    for (int t = 0; t < nthreads; ++t) {
+      threads.emplace_back([&, t]() {
+        std::vector<uint8_t> warm(fresh ? 0 : bytes, 1);  // touched: its pages exist
+        double own = 0;  // mapping and unmapping: not part of the copy
+        for (int64_t i = t; i < count; i += nthreads) {
+          auto m0 = Clock::now();
+          uint8_t* dst = fresh ? MapFresh(bytes) : warm.data();
+          if (dst == nullptr) {
+            map_failed = true;
+            return;
+          }
+          auto t0 = Clock::now();
+          std::memcpy(dst, src[t].data(), bytes);
+          auto t1 = Clock::now();
+          lat[t].push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+          if (fresh) ::munmap(dst, bytes);
+          own += std::chrono::duration<double>(t0 - m0).count() +
+                 std::chrono::duration<double>(Clock::now() - t1).count();
+          ++ops[t];
+        }
+        busy[t] = std::chrono::duration<double>(Clock::now() - start).count() - own;
+      });
+    }
+    for (auto& th : threads) th.join();
+    result.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    result.seconds = *std::max_element(busy.begin(), busy.end());
+    for (int t = 0; t < nthreads; ++t) {
+      result.ops += ops[t];
+      result.latencies_us.insert(result.latencies_us.end(), lat[t].begin(), lat[t].end());
+    }
+    result.bytes = result.ops * bytes;
+    if (map_failed) {
+      std::cerr << "kvd-bench: mmap of " << bytes << " bytes failed\n";
+      failed = true;
+    }
+    phases.push_back(std::move(result));
+  }
+  nlohmann::json j = {{"chunk_bytes", bytes},
+                      {"count", count},
+                      {"concurrency", nthreads},
+                      {"op", "memcpy"},
+                      {"ok", !failed}};
+  PrintPhases(phases, std::move(j), json,
+              "kvd-bench: memcpy of " + kvd::tools::HumanBytes(bytes) + ", count " +
+                  std::to_string(count) + ", concurrency " + std::to_string(nthreads));
+  return failed ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::set<std::string> valued = {"--model",       "--chunk-bytes", "--tokens", "--count",
-                                  "--concurrency", "--op",          "--depth",  "--lookup-batch"};
+                                  "--concurrency", "--op",          "--depth",  "--lookup-batch",
+                                  "--daemon-pid",  "--ready-file"};
   valued.insert(kvd::tools::kConnectionFlags.begin(), kvd::tools::kConnectionFlags.end());
   kvd::tools::Args args(argc, argv, {"--json", "--verify", "--no-shm", "--help"}, valued);
   const char* usage =
       "usage: kvd-bench --addr ADDR --model M (--chunk-bytes B | --tokens T) --count N\n"
       "                 --concurrency C --op put|get|both [--depth D] [--lookup-batch L]\n"
-      "                 [--ucx-tls TLS] [--net-devices DEV] [--no-shm] [--verify] [--json]\n";
+      "                 [--ucx-tls TLS] [--net-devices DEV] [--no-shm] [--verify]\n"
+      "                 [--daemon-pid PID | --ready-file FILE] [--json]\n"
+      "       kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--json]\n";
   if (args.Has("--help")) {
     std::cout << usage;
     return 0;
@@ -102,12 +262,33 @@ int main(int argc, char** argv) {
     return 2;
   };
   if (!args.ok()) return usage_error(args.error());
-  if (model.empty()) return usage_error("--model is required");
-  if (op != "put" && op != "get" && op != "both")
-    return usage_error("--op must be put, get or both");
+  if (op != "put" && op != "get" && op != "both" && op != "memcpy")
+    return usage_error("--op must be put, get, both or memcpy");
   if (count <= 0 || concurrency <= 0 || depth <= 0 || lookup_batch <= 0) {
     return usage_error("--count, --concurrency, --depth and --lookup-batch must be > 0");
   }
+  int64_t daemon_pid = args.GetInt("--daemon-pid", 0);
+  if (args.Has("--daemon-pid") && args.Has("--ready-file")) {
+    return usage_error("give at most one of --daemon-pid and --ready-file");
+  }
+  if (args.Has("--ready-file")) {
+    std::string why;
+    daemon_pid = PidFromReadyFile(args.Get("--ready-file"), &why);
+    if (daemon_pid <= 0) return usage_error(why);
+  }
+  if (!args.ok()) return usage_error(args.error());
+  if (args.Has("--daemon-pid") && daemon_pid <= 0) return usage_error("--daemon-pid must be > 0");
+  if (daemon_pid > 0) {
+    auto probe = kvd::tools::SampleProcess(static_cast<pid_t>(daemon_pid));
+    if (!probe.ok())
+      return usage_error("daemon pid " + std::to_string(daemon_pid) + ": " +
+                         probe.status().ToString());
+  }
+  if (op == "memcpy") {
+    if (chunk_bytes_arg <= 0 || tokens > 0) return usage_error("--op memcpy needs --chunk-bytes");
+    return RunMemcpy(static_cast<size_t>(chunk_bytes_arg), count, concurrency, json);
+  }
+  if (model.empty()) return usage_error("--model is required");
   if ((tokens > 0) == (chunk_bytes_arg > 0)) {
     return usage_error("give exactly one of --chunk-bytes and --tokens");
   }
@@ -162,6 +343,11 @@ int main(int argc, char** argv) {
     std::vector<std::thread> threads;
     std::fill(own_s.begin(), own_s.end(), 0.0);
     std::vector<double> busy_s(nthreads, 0.0);
+    std::optional<kvd::tools::ProcSample> before;
+    if (daemon_pid > 0) {
+      auto s = kvd::tools::SampleProcess(static_cast<pid_t>(daemon_pid));
+      if (s.ok()) before = *s;
+    }
     auto start = Clock::now();
     for (int t = 0; t < nthreads; ++t) {
       threads.emplace_back([&, t]() {
@@ -179,6 +365,10 @@ int main(int argc, char** argv) {
     for (auto& th : threads) th.join();
     result.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
     result.seconds = *std::max_element(busy_s.begin(), busy_s.end());
+    if (before) {
+      auto after = kvd::tools::SampleProcess(static_cast<pid_t>(daemon_pid));
+      if (after.ok()) result.daemon = kvd::tools::Delta(*before, *after);
+    }
     return result;
   };
   // Chunk indices of thread t: t, t + nthreads, ...
@@ -286,47 +476,20 @@ int main(int argc, char** argv) {
   const bool shm_used = !clients.empty() && clients[0] && clients[0]->session().shared_memory;
   clients.clear();
 
-  if (json) {
-    nlohmann::json j = {
-        {"model", model}, {"chunk_bytes", chunk_bytes},        {"tokens", tokens},
-        {"count", count}, {"concurrency", nthreads},           {"depth", depth},
-        {"op", op},       {"ucx_tls", base.transport.ucx_tls}, {"ok", first_error.ok()}};
-    j["shared_memory"] = shm_used;
-    for (const auto& p : phases) {
-      if (op == "get" && p.name == "put") continue;
-      j[p.name] = {{"ops", p.ops},
-                   {"bytes", p.bytes},
-                   {"seconds", p.seconds},
-                   {"gbps", p.Gbps()},
-                   {"wall_seconds", p.wall_seconds},
-                   {"gbps_wall", p.GbpsWall()},
-                   {"ops_per_s", p.seconds > 0 ? p.ops / p.seconds : 0},
-                   {"p50_us", p.Percentile(0.50)},
-                   {"p90_us", p.Percentile(0.90)},
-                   {"p99_us", p.Percentile(0.99)}};
-    }
-    if (!first_error.ok()) j["error"] = first_error.ToString();
-    std::cout << j.dump(2) << "\n";
-  } else {
-    std::cout << "kvd-bench: model " << model << ", " << kvd::tools::HumanBytes(chunk_bytes)
-              << " chunks (" << tokens << " tokens), count " << count << ", concurrency "
-              << nthreads << ", depth " << depth << ", ucx_tls '" << base.transport.ucx_tls
-              << "'\n";
-    std::vector<std::vector<std::string>> rows;
-    char buf[6][32];
-    for (const auto& p : phases) {
-      if (op == "get" && p.name == "put") continue;
-      std::snprintf(buf[0], 32, "%.3f", p.Gbps());
-      std::snprintf(buf[1], 32, "%.0f", p.seconds > 0 ? p.ops / p.seconds : 0);
-      std::snprintf(buf[2], 32, "%.1f", p.Percentile(0.5));
-      std::snprintf(buf[3], 32, "%.1f", p.Percentile(0.9));
-      std::snprintf(buf[4], 32, "%.1f", p.Percentile(0.99));
-      rows.push_back({p.name, std::to_string(p.ops), p.name == "lookup" ? "-" : buf[0], buf[1],
-                      buf[2], buf[3], buf[4]});
-    }
-    kvd::tools::PrintTable(std::cout, {"OP", "OPS", "GB/s", "OPS/s", "p50 us", "p90 us", "p99 us"},
-                           rows);
-  }
+  nlohmann::json j = {
+      {"model", model}, {"chunk_bytes", chunk_bytes},        {"tokens", tokens},
+      {"count", count}, {"concurrency", nthreads},           {"depth", depth},
+      {"op", op},       {"ucx_tls", base.transport.ucx_tls}, {"ok", first_error.ok()}};
+  j["shared_memory"] = shm_used;
+  if (daemon_pid > 0) j["daemon_pid"] = daemon_pid;
+  if (!first_error.ok()) j["error"] = first_error.ToString();
+  if (op == "get") phases.erase(phases.begin());  // the untimed put
+  PrintPhases(phases, std::move(j), json,
+              "kvd-bench: model " + model + ", " + kvd::tools::HumanBytes(chunk_bytes) +
+                  " chunks (" + std::to_string(tokens) + " tokens), count " +
+                  std::to_string(count) + ", concurrency " + std::to_string(nthreads) + ", depth " +
+                  std::to_string(depth) + ", ucx_tls '" + base.transport.ucx_tls + "'" +
+                  (shm_used ? ", shared memory" : ""));
   if (!first_error.ok()) {
     std::cerr << "kvd-bench: " << first_error << "\n";
     return 1;

@@ -1,0 +1,79 @@
+# Shell functions the benchmark scripts share (sourced by deploy/bench-transport.sh and
+# deploy/bench-peers.sh; not run on its own). The sourcing script sets `work` (a scratch folder
+# it removes) and `BIN` (kvd's binaries) first, and calls bench_cleanup from its EXIT trap.
+
+kvd_pid=""
+bench_bg_pids=()  # other background processes a script started (ucx_perftest servers, peers)
+
+# Stops kvd (TERM, then KILL after 5 s) and every process in bench_bg_pids.
+bench_cleanup() {
+  local p
+  for p in "${bench_bg_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${bench_bg_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  bench_bg_pids=()
+  stop_kvd
+}
+
+# json_field FILE PATH: prints PATH (like put.gbps) of the JSON object in FILE.
+json_field() {
+  /usr/bin/python3 -c 'import json,sys; v=json.load(open(sys.argv[1]))
+for k in sys.argv[2].split("."): v=v[k]
+print(v)' "$1" "$2"
+}
+
+# median: the median of the numbers on stdin, one a line.
+median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+
+# start_kvd [kvd args...]: starts kvd listening on 127.0.0.1:0 and $work/kvd.sock, waits for
+# its ready file ($work/ready.json) and sets kvd_pid and kvd_addr (its TCP address).
+start_kvd() {
+  rm -f "$work/ready.json"
+  "$BIN/kvd" --listen 127.0.0.1:0 --unix "$work/kvd.sock" --ready-file "$work/ready.json" "$@" \
+    >"$work/kvd.log" 2>&1 &
+  kvd_pid=$!
+  for _ in $(seq 300); do
+    [[ -s "$work/ready.json" ]] && break
+    kill -0 "$kvd_pid" 2>/dev/null || { echo "[bench] kvd died:" >&2; cat "$work/kvd.log" >&2; return 1; }
+    sleep 0.05
+  done
+  [[ -s "$work/ready.json" ]] || { echo "[bench] kvd not ready" >&2; cat "$work/kvd.log" >&2; return 1; }
+  kvd_addr=$(json_field "$work/ready.json" tcp)
+}
+
+stop_kvd() {
+  if [[ -n "$kvd_pid" ]] && kill -0 "$kvd_pid" 2>/dev/null; then
+    kill -TERM "$kvd_pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$kvd_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$kvd_pid" 2>/dev/null || true
+  fi
+  [[ -n "$kvd_pid" ]] && { wait "$kvd_pid" 2>/dev/null || true; }
+  kvd_pid=""
+}
+
+# cpu_ticks PID: utime + stime of PID (clock ticks, all threads) from /proc/PID/stat.
+cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+
+# run_perftest TEST SIZE COUNT TLS: one ucx_perftest TEST (tag_bw, tag_lat, ...) of SIZE-byte
+# messages between a server and a client on loopback; prints the client's "Final:" line fields
+# "iters lat50_us lat_avg_us lat_overall_us bw_avg_MiBs bw_overall_MiBs rate_avg rate_overall".
+run_perftest() {
+  local test=$1 size=$2 count=$3 tls=$4 port=$((20000 + RANDOM % 20000)) srv line
+  UCX_TLS=$tls UCX_NET_DEVICES=lo ucx_perftest -t "$test" -s "$size" -n "$count" -p "$port" \
+    >"$work/perf-server.log" 2>&1 &
+  srv=$!
+  sleep 1
+  if ! UCX_TLS=$tls UCX_NET_DEVICES=lo ucx_perftest 127.0.0.1 -t "$test" -s "$size" -n "$count" \
+    -p "$port" >"$work/perf-client.log" 2>&1; then
+    kill "$srv" 2>/dev/null || true
+    wait "$srv" 2>/dev/null || true
+    cat "$work/perf-client.log" >&2
+    return 1
+  fi
+  wait "$srv" 2>/dev/null || true
+  line=$(awk '/Final:/ {$1 = ""; print}' "$work/perf-client.log")
+  [[ -n "$line" ]] || { cat "$work/perf-client.log" >&2; return 1; }
+  echo $line
+}
+
+# perftest_gbps FIELDS: GB/s (1e9) from run_perftest's bw_overall (ucx_perftest's MB are MiB).
+perftest_gbps() { awk -v m="$6" 'BEGIN {printf "%.3f", m * 1048576 / 1e9}'; }

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Bookkeeping of deploy/bench-peers.sh: turns each peer's output into rows of one results file
+(tab-separated: round, peer, bytes, clients, op, gbps, p50_us, p99_us, daemon CPU us/op, daemon
+context switches/op; "-" where a peer does not give a figure) and prints the medians over rounds
+and the issue's goals with their per-round ratios.
+
+  bench-peers-report.py ingest RESULTS ROUND PEER BYTES CLIENTS KIND FILE
+      KIND: kvdbench (kvd-bench --json, also --op memcpy), mooncake (bench-peers-mooncake.py),
+      redis (redis-benchmark --csv), perftest_bw / perftest_lat (the "Final:" fields of
+      run_perftest in bench-lib.sh). Prints a one-line summary of what it added.
+  bench-peers-report.py report RESULTS [IDLE_CPU_PERCENT]
+"""
+import csv
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+NA = "-"
+
+
+def fmt(v, spec):
+    return NA if v is None else format(v, spec)
+
+
+def human(b):
+    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
+
+
+def ingest(results, rnd, peer, size, clients, kind, path):
+    rows = []  # (op, gbps, p50, p99, cpu, ctx)
+    text = open(path).read()
+    if kind in ("kvdbench", "mooncake"):
+        j = json.loads(text)
+        if not j.get("ok", False):
+            print(f"  {peer}: FAILED: {j.get('error', 'no result')}", file=sys.stderr)
+            return 1
+        if kind == "kvdbench" and peer.startswith("kvd-shm") and not j.get("shared_memory"):
+            print(f"  {peer}: kvd did not grant the shared-memory path", file=sys.stderr)
+            return 1
+        for op in ("put", "get", "lookup", "memcpy_fresh", "memcpy_warm"):
+            if op in j:
+                p = j[op]
+                rows.append((op, None if op == "lookup" else p["gbps"], p["p50_us"], p["p99_us"],
+                             p.get("daemon_cpu_us_per_op"), p.get("daemon_ctx_switches_per_op")))
+    elif kind == "redis":
+        for r in csv.DictReader(l for l in text.splitlines() if l.startswith('"')):
+            op = {"SET": "put", "GET": "get"}.get(r["test"])
+            if op:
+                rows.append((op, float(r["rps"]) * size / 1e9, float(r["p50_latency_ms"]) * 1e3,
+                             float(r["p99_latency_ms"]) * 1e3, None, None))
+    elif kind == "perftest_bw":
+        f = text.split()
+        rows.append(("send", float(f[5]) * 1048576 / 1e9, None, None, None, None))
+    elif kind == "perftest_lat":
+        f = text.split()
+        rows.append(("latency", None, float(f[1]), None, None, None))
+    else:
+        raise SystemExit(f"unknown kind {kind}")
+    with open(results, "a") as out:
+        for op, gbps, p50, p99, cpu, ctx in rows:
+            out.write("\t".join([rnd, peer, str(size), str(clients), op, fmt(gbps, ".4f"),
+                                 fmt(p50, ".1f"), fmt(p99, ".1f"), fmt(cpu, ".1f"),
+                                 fmt(ctx, ".2f")]) + "\n")
+    summary = "; ".join(
+        f"{op} " + (f"{gbps:.3f} GB/s " if gbps is not None else "")
+        + (f"p50 {p50:.0f} us" if p50 is not None else "")
+        + (f" p99 {p99:.0f} us" if p99 is not None else "")
+        + (f", daemon {cpu:.0f} us CPU/op" if cpu is not None else "") for op, gbps, p50, p99, cpu, ctx in rows)
+    print(f"  round {rnd} {peer:16s} {human(size):>7s} x{clients}: {summary}")
+    return 0
+
+
+def load(results):
+    data = defaultdict(lambda: defaultdict(list))  # (peer,size,clients,op) -> field -> [per round]
+    for line in open(results):
+        rnd, peer, size, clients, op, *vals = line.rstrip("\n").split("\t")
+        key = (peer, int(size), int(clients), op)
+        for name, v in zip(("gbps", "p50", "p99", "cpu", "ctx"), vals):
+            if v != NA:
+                data[key][name].append((int(rnd), float(v)))
+    return data
+
+
+def med(pairs):
+    return statistics.median(v for _, v in pairs) if pairs else None
+
+
+def report(results, idle):
+    data = load(results)
+    print("\n== medians over rounds (GB/s = 1e9 bytes/s; latency per operation) ==")
+    print("| peer | size | clients | op | GB/s | p50 us | p99 us | daemon CPU us/op | daemon ctx sw/op | rounds |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for key in sorted(data, key=lambda k: (k[1], k[2], k[0], k[3])):
+        d = data[key]
+        n = max(len(v) for v in d.values())
+        print(f"| {key[0]} | {human(key[1])} | {key[2]} | {key[3]} | {fmt(med(d['gbps']), '.3f')} | "
+              f"{fmt(med(d['p50']), '.0f')} | {fmt(med(d['p99']), '.0f')} | "
+              f"{fmt(med(d['cpu']), '.0f')} | {fmt(med(d['ctx']), '.2f')} | {n} |")
+
+    def ratio(a, b, field, cmp, limit, label):
+        """Per-round ratio a/b of `field`, their median, and the goal verdict."""
+        ra, rb = dict(data.get(a, {}).get(field, [])), dict(data.get(b, {}).get(field, []))
+        rounds = sorted(set(ra) & set(rb))
+        if not rounds:
+            print(f"| {label} | not measured | - | - |")
+            return
+        per = [ra[r] / rb[r] if rb[r] > 0 else float("inf") for r in rounds]
+        m = statistics.median(per)
+        ok = m >= limit if cmp == ">=" else m <= limit
+        print(f"| {label} | {', '.join(f'{x:.2f}' for x in per)} | {m:.2f} (goal {cmp} {limit}) | "
+              f"{'met' if ok else 'NOT met'} |")
+
+    print("\n== goals (ratio per round, median of the ratios) ==")
+    print("| goal | per round | median | verdict |")
+    print("| --- | --- | --- | --- |")
+    for size in (2 << 20, 32 << 20):
+        h = human(size)
+        for op in ("put", "get"):
+            ratio(("kvd-shm", size, 1, op), ("memcpy", size, 1, "memcpy_warm"), "gbps", ">=", 0.7,
+                  f"kvd shm {op} {h} / memcpy (warm)")
+        for op in ("put", "get"):
+            ratio(("kvd-shm", size, 1, op), ("mooncake-inproc", size, 1, op), "gbps", ">=", 1.0,
+                  f"kvd shm {op} {h} / Mooncake in-process {op}")
+        for op in ("put", "get"):
+            ratio(("kvd-shm", size, 4, op), ("kvd-shm", size, 1, op), "gbps", ">=", 1.5,
+                  f"kvd shm {op} {h}: 4 clients / 1 client")
+        for op in ("put", "get"):
+            ratio(("kvd-ucx", size, 1, op), ("ucx_perftest", size, 1, "send"), "gbps", ">=", 0.8,
+                  f"kvd UCX {op} {h} / ucx_perftest tag_bw")
+    ratio(("kvd-shm", 64 << 10, 1, "get"), ("redis", 64 << 10, 1, "get"), "p50", "<=", 1.5,
+          "64 KiB get p50: kvd shm / redis GET")
+    look = [v for k, d in data.items() if k[0] == "kvd-shm" and k[2] == 1 and k[3] == "lookup"
+            for v in d["p99"]]
+    if look:
+        per = defaultdict(list)
+        for r, v in look:
+            per[r].append(v)
+        worst = [max(v) for _, v in sorted(per.items())]
+        m = statistics.median(worst)
+        print(f"| lookup p99 on the unix socket (worst size per round) | "
+              f"{', '.join(f'{x:.0f} us' for x in worst)} | {m:.0f} us (goal < 50 us) | "
+              f"{'met' if m < 50 else 'NOT met'} |")
+    if idle is not None:
+        print(f"| idle daemon CPU | - | {idle:.2f} % of a core (goal < 1 %) | "
+              f"{'met' if idle < 1 else 'NOT met'} |")
+
+
+def main():
+    if len(sys.argv) >= 9 and sys.argv[1] == "ingest":
+        return ingest(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]),
+                      sys.argv[7], sys.argv[8])
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "report":
+        report(sys.argv[2], float(sys.argv[3]) if len(sys.argv) == 4 else None)
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""The benchmark tools without the peers: kvd-bench --op memcpy, kvd-bench's per-op daemon
+counters against a real kvd, the goal arithmetic of deploy/bench-peers-report.py, and one short
+run of deploy/bench-peers.sh (kvd's shared-memory path and memcpy only)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.environ.get("KVD_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+KVD = os.environ.get("KVD_BINARY", "kvd")
+BENCH = os.environ.get("KVD_BENCH_BINARY", "kvd-bench")
+REPORT = os.path.join(ROOT, "deploy", "bench-peers-report.py")
+
+
+def run(args, timeout=60):
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+
+
+def test_memcpy_reports_fresh_and_warm_phases():
+    r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--count", "9", "--concurrency",
+             "2", "--json"])
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["ok"] and j["op"] == "memcpy" and j["concurrency"] == 2
+    for phase in ("memcpy_fresh", "memcpy_warm"):
+        p = j[phase]
+        assert p["ops"] == 9 and p["bytes"] == 9 * 65536
+        assert p["gbps"] > 0 and 0 < p["p50_us"] <= p["p99_us"]
+
+
+def test_usage_errors_name_the_problem():
+    r = run([BENCH, "--op", "memcpy", "--count", "4"])
+    assert r.returncode == 2 and "--op memcpy needs --chunk-bytes" in r.stderr
+    r = run([BENCH, "--op", "copy", "--chunk-bytes", "64K"])
+    assert r.returncode == 2 and "--op must be put, get, both or memcpy" in r.stderr
+    # A pid that cannot exist (above the kernel's pid_max).
+    r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--daemon-pid", "99999999"])
+    assert r.returncode == 2 and "daemon pid 99999999: NOT_FOUND" in r.stderr, r.stderr
+    r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--ready-file", "/nonexistent"])
+    assert r.returncode == 2 and "cannot read --ready-file /nonexistent" in r.stderr
+
+
+@pytest.fixture
+def kvd(tmp_path):
+    cfg = tmp_path / "kvd.yaml"
+    # One small model: 8 MiB segments hold its largest chunk (the shared-memory path is on).
+    cfg.write_text("models:\n"
+                   "  - name: stories260k\n"
+                   "    layout: {layers: 5, kv_heads: 4, q_heads: 8, head_dim: 8, dtype: float32,\n"
+                   "             rope: {theta: 10000, pairing: interleaved, scaling: none}}\n"
+                   "tiers:\n  host:\n    capacity: 64MiB\n    segment: 8MiB\n")
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen([KVD, "--config", str(cfg), "--listen", "127.0.0.1:0", "--unix",
+                             str(tmp_path / "kvd.sock"), "--ready-file", str(ready)],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "kvd.log", "w"))
+    for _ in range(300):
+        if ready.exists() and ready.stat().st_size > 0:
+            break
+        assert proc.poll() is None, (tmp_path / "kvd.log").read_text()
+        time.sleep(0.05)
+    yield proc, ready, tmp_path / "kvd.sock"
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_daemon_counters_per_op_against_a_real_kvd(kvd):
+    proc, ready, sock = kvd
+    assert json.loads(ready.read_text())["pid"] == proc.pid
+    r = run([BENCH, "--addr", f"unix:{sock}", "--model", "stories260k", "--tokens", "256",
+             "--count", "20", "--op", "both", "--ready-file", str(ready), "--json"])
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["daemon_pid"] == proc.pid and j["shared_memory"]
+    for phase in ("put", "lookup", "get"):
+        p = j[phase]
+        assert p["ops"] == 20
+        # The daemon served every operation: it ran, and its threads slept and woke between
+        # requests (epoll waits), so both counters moved.
+        assert p["daemon_cpu_us_per_op"] > 0, r.stdout
+        assert p["daemon_ctx_switches_per_op"] > 0, p
+        assert p["daemon_cpu_source"] in ("schedstat", "stat")
+        assert "daemon_rw_syscalls_per_op" in p
+    # Without the option there are no daemon figures.
+    r = run([BENCH, "--addr", f"unix:{sock}", "--model", "stories260k", "--tokens", "256",
+             "--count", "4", "--op", "put", "--json"])
+    assert r.returncode == 0 and "daemon_cpu_us_per_op" not in r.stdout
+
+
+def write_results(path, rows):
+    with open(path, "w") as f:
+        for row in rows:
+            f.write("\t".join(str(x) for x in row) + "\n")
+
+
+def test_report_ratios_medians_and_verdicts(tmp_path):
+    two, big = 2 << 20, 32 << 20
+    rows = []
+    for rnd, (shm_put, memcpy) in enumerate([(7.0, 10.0), (8.0, 10.0), (1.0, 10.0)], 1):
+        rows.append((rnd, "kvd-shm", two, 1, "put", shm_put, 100, 200, 50, 1.5))
+        rows.append((rnd, "memcpy", two, 1, "memcpy_warm", memcpy, 10, 20, "-", "-"))
+        rows.append((rnd, "kvd-shm", 65536, 1, "get", 1.0, 30, 40, 5, 1))
+        rows.append((rnd, "redis", 65536, 1, "get", 2.0, 10, 30, "-", "-"))
+        rows.append((rnd, "kvd-shm", 65536, 1, "lookup", "-", 20, 40 + rnd, 3, 1))
+    write_results(tmp_path / "r.tsv", rows)
+    r = run([sys.executable, REPORT, "report", str(tmp_path / "r.tsv"), "0.4"])
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    # Per-round ratios 0.70, 0.80, 0.10; their median 0.70 meets ">= 0.7".
+    assert "| kvd shm put 2 MiB / memcpy (warm) | 0.70, 0.80, 0.10 | 0.70 (goal >= 0.7) | met |" \
+        in out, out
+    # 30 us vs 10 us: 3x redis, goal <= 1.5x.
+    assert "| 64 KiB get p50: kvd shm / redis GET | 3.00, 3.00, 3.00 | 3.00 (goal <= 1.5) | NOT met |" \
+        in out, out
+    assert "| lookup p99 on the unix socket (worst size per round) | 41 us, 42 us, 43 us | 42 us" \
+        in out, out
+    assert "| idle daemon CPU | - | 0.40 % of a core (goal < 1 %) | met |" in out
+    assert "| kvd shm get 32 MiB / memcpy (warm) | not measured |" in out
+    # Medians table: the put row's median GB/s is 7.0.
+    assert "| kvd-shm | 2 MiB | 1 | put | 7.000 | 100 | 200 | 50 | 1.50 | 3 |" in out, out
+
+
+def test_bench_peers_short_run(tmp_path):
+    build = os.path.dirname(os.path.dirname(os.path.abspath(BENCH)))
+    env = dict(os.environ, KVD_PEERS_ROUNDS="1", KVD_PEERS_SIZES="65536", KVD_PEERS_CLIENTS="1",
+               KVD_PEERS_SKIP="kvd-ucx ucx_perftest mooncake redis",
+               KVD_PEERS_RESULTS=str(tmp_path / "results.tsv"))
+    shm_before = set(os.listdir("/dev/shm"))
+    r = subprocess.run(["bash", os.path.join(ROOT, "deploy", "bench-peers.sh"), build],
+                       capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "kvd idle (no client" in r.stdout
+    rows = [l.split("\t") for l in open(tmp_path / "results.tsv").read().splitlines()]
+    ops = {(row[1], row[4]) for row in rows}
+    assert {("kvd-shm", "put"), ("kvd-shm", "get"), ("kvd-shm", "lookup"),
+            ("memcpy", "memcpy_fresh"), ("memcpy", "memcpy_warm")} <= ops, ops
+    assert "| lookup p99 on the unix socket" in r.stdout
+    assert set(os.listdir("/dev/shm")) <= shm_before
