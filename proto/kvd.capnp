@@ -325,6 +325,9 @@ struct HealthReply {
   uptimeMs @2 :UInt64;
   transport @3 :Text;
   tiers @4 :List(TierHealth);
+  degraded @5 :Bool;                 # serving, but stored data was found damaged since start
+                                     # (corrupt chunks, quarantined records, a damaged WAL,
+                                     # failed promotions): `status` names each reason
 
   struct TierHealth {
     name @0 :Text;

@@ -144,6 +144,7 @@ StatusOr<Health> ClientImpl::GetHealth() {
     if (!r.isHealth()) return WrongReply("health");
     auto h = r.getHealth();
     out.ok = h.getOk();
+    out.degraded = h.getDegraded();
     out.status = h.getStatus().cStr();
     out.uptime_ms = h.getUptimeMs();
     out.transport = h.getTransport().cStr();

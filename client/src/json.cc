@@ -72,6 +72,7 @@ std::string HealthToJson(const Health& h, int indent) {
   for (const auto& t : h.tiers)
     tiers.push_back({{"name", t.name}, {"ok", t.ok}, {"detail", t.detail}});
   return Dump(json{{"ok", h.ok},
+                   {"degraded", h.degraded},
                    {"status", h.status},
                    {"uptime_ms", h.uptime_ms},
                    {"transport", h.transport},

@@ -10,7 +10,8 @@
 //       the same arguments, so that kvdctl itself links no engine. See kvd-demo's usage.
 //
 // ADDR is host:port or unix:/path (default $KVD_ADDR, else 127.0.0.1:7400).
-// Exit codes: 0 ok; 1 the daemon answered with an error (or health is not ok);
+// Exit codes: 0 ok (health: serving, DEGRADED included: it still serves, the status line says
+//             what damage it found); 1 the daemon answered with an error (or health is not ok);
 //             2 usage error; 3 cannot connect to the daemon (or it died mid-call).
 #include <unistd.h>
 
@@ -294,8 +295,11 @@ int main(int argc, char** argv) {
     if (json) {
       std::cout << kvd::client::HealthToJson(*h) << "\n";
     } else {
-      std::cout << (h->ok ? "OK" : "UNHEALTHY") << "  " << h->status << "  uptime "
-                << HumanDuration(h->uptime_ms) << "  transport " << h->transport << "\n";
+      std::cout << (!h->ok        ? "UNHEALTHY"
+                    : h->degraded ? "DEGRADED"
+                                  : "OK")
+                << "  " << h->status << "  uptime " << HumanDuration(h->uptime_ms) << "  transport "
+                << h->transport << "\n";
       std::vector<std::vector<std::string>> rows;
       for (const auto& t : h->tiers) rows.push_back({t.name, t.ok ? "ok" : "FAIL", t.detail});
       if (!rows.empty()) PrintTable(std::cout, {"TIER", "STATE", "DETAIL"}, rows);

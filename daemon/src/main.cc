@@ -6,9 +6,11 @@
 //
 // Exit codes: 0 clean shutdown (SIGINT/SIGTERM), 1 cannot start (transport, memory, address in
 // use), 2 bad command line or config (the message names the flag or key and the value).
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -43,6 +45,23 @@ std::string JsonEscape(const std::string& s) {
   return out;
 }
 
+// A SIGINT / SIGTERM that arrives while kvd is starting (before the server's own handlers are
+// in place at the end of Start) is remembered here, and kvd shuts down cleanly as soon as it
+// can: every resource it holds (the arena, the transport's shared-memory segments, the unix
+// socket, the ready file) is released on the normal path instead of the process dying with the
+// default action half-way through an allocation.
+volatile std::sig_atomic_t g_early_signal = 0;
+extern "C" void RememberEarlySignal(int signal) { g_early_signal = signal; }
+
+void CatchEarlySignals() {
+  struct sigaction sa {};
+  sa.sa_handler = RememberEarlySignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
 bool WriteReadyFile(const std::string& path, const std::string& content) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
@@ -57,6 +76,7 @@ bool WriteReadyFile(const std::string& path, const std::string& content) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CatchEarlySignals();
   CLI::App app{"kvd: the KV-cache daemon", "kvd"};
   app.footer("exit codes: 0 clean shutdown, 1 cannot start, 2 bad command line or config");
   std::string config_path, listen, unix_path, node, ready_file, log_format, log_level;
@@ -130,6 +150,16 @@ int main(int argc, char** argv) {
   if (kvd::Status s = (*server)->Start(); !s.ok()) {
     KVD_LOG(ERROR) << "kvd cannot listen" << kvd::Kv("status", s);
     return kExitRuntime;
+  }
+  if (g_early_signal != 0) {
+    // Arrived during start-up, before the server's handlers: stop now, on the normal path.
+    KVD_LOG(INFO) << "signal received during start-up, shutting down"
+                  << kvd::Kv("signal", static_cast<int>(g_early_signal));
+    (*server)->Shutdown();
+    (*server)->Run();
+    server->reset();
+    KVD_LOG(INFO) << "kvd stopped";
+    return 0;
   }
   const std::string tcp = (*server)->tcp_address();
   const std::string unix_socket = (*server)->unix_path();

@@ -29,7 +29,12 @@ StatsSnapshot Server::Impl::Snapshot() {
   s.uptime_ms = UptimeMs();
   s.sessions = session_count();
   s.tiers = manager_->GetStats();
-  const storage::TierStats& host = s.tiers.front();
+  storage::TierStats host, disk, gpu;  // zero for a tier the node does not have
+  for (const storage::TierStats& t : s.tiers) {
+    (t.kind == storage::TierKind::kHost   ? host
+     : t.kind == storage::TierKind::kDisk ? disk
+                                          : gpu) = t;
+  }
   // Occupancy per model and namespace, each chunk once: with a disk tier every committed chunk is
   // written through to disk (the host tier holds copies of some), so the disk tier's figures are
   // the stored set; without one, the host tier's.
@@ -79,8 +84,43 @@ StatsSnapshot Server::Impl::Snapshot() {
       {"host_arena_allocated_bytes", host.arena_allocated_bytes},
       {"promotions", manager_->promotions()},
       {"demotions", manager_->demotions()},
+      // Integrity (docs/reliability.md): damage found in stored data since start.
+      {"promote_failures", manager_->promote_failures()},
+      {"promote_errors", manager_->promote_errors()},
+      {"disk_checksum_failures", disk.checksum_failures},
+      {"disk_quarantined_records", disk_ != nullptr ? disk_->quarantined_records() : 0},
+      {"disk_wal_corruptions", disk_ != nullptr ? disk_->wal_corruptions() : 0},
+      {"gpu_checksum_failures", gpu.checksum_failures},
   };
   return s;
+}
+
+std::vector<std::string> Server::Impl::DamageFound(const StatsSnapshot& snapshot) {
+  auto counter = [&](std::string_view name) -> uint64_t {
+    for (const auto& [n, v] : snapshot.counters) {
+      if (n == name) return v;
+    }
+    return 0;
+  };
+  struct Kind {
+    const char* counter;
+    const char* what;
+  };
+  static const Kind kKinds[] = {
+      {"disk_checksum_failures", "corrupt chunk(s) found on disk (dropped, never served)"},
+      {"gpu_checksum_failures", "corrupt chunk(s) found in the gpu tier (never served)"},
+      {"disk_quarantined_records", "malformed metadata record(s) quarantined at start"},
+      {"disk_wal_corruptions",
+       "damaged write-ahead log(s) at start (replayed up to the damage, the rest dropped)"},
+      {"promote_errors", "promotion(s) into host failed on a corrupt or unreadable copy"},
+  };
+  std::vector<std::string> out;
+  for (const Kind& k : kKinds) {
+    if (const uint64_t n = counter(k.counter); n > 0) {
+      out.push_back(std::to_string(n) + " " + k.what + " [" + k.counter + "]");
+    }
+  }
+  return out;
 }
 
 void Session::HandleStats(uint64_t seq, uint64_t rid) {
@@ -284,13 +324,21 @@ void Session::HandleWeights(uint64_t seq, uint64_t rid, proto::WeightsRequest::R
 }
 
 void Session::HandleHealth(uint64_t seq, uint64_t rid) {
-  std::vector<storage::TierStats> tiers = server_->tiers()->GetStats();
+  const StatsSnapshot snap = server_->Snapshot();
+  const std::vector<storage::TierStats>& tiers = snap.tiers;
   bool all_ok = true;
   for (const auto& t : tiers) all_ok = all_ok && t.capacity_bytes > 0;
+  const std::vector<std::string> damage = Server::Impl::DamageFound(snap);
+  std::string status = all_ok ? "serving" : "a tier has no capacity";
+  if (!damage.empty()) {
+    status = all_ok ? "degraded:" : status + "; degraded:";
+    for (size_t i = 0; i < damage.size(); ++i) status += (i == 0 ? " " : "; ") + damage[i];
+  }
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initHealth();
              reply.setOk(all_ok);
-             reply.setStatus(all_ok ? "serving" : "a tier has no capacity");
+             reply.setDegraded(!damage.empty());
+             reply.setStatus(status);
              reply.setUptimeMs(static_cast<uint64_t>(server_->UptimeMs()));
              reply.setTransport(server_->transport_description());
              auto out = reply.initTiers(static_cast<unsigned>(tiers.size()));

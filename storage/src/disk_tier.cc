@@ -7,10 +7,13 @@
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <list>
 #include <mutex>
+#include <set>
 #include <string>
 #include <system_error>
 #include <unordered_map>
@@ -33,6 +36,66 @@ Status FromRocks(const rocksdb::Status& s, std::string_view what) {
   }
   return Status::Unavailable("disk tier: " + std::string(what) + ": " + s.ToString());
 }
+
+// RocksDB's info log, passed through to its usual LOG file in the database directory, watched
+// for the reports of WAL recovery: a damaged record ("<wal>.log: dropping N bytes; Corruption:
+// ...") means that the rest of that log was dropped (point-in-time recovery). Each one is
+// logged through kvd's log and counted. A torn last record of a crash is end of log, not
+// reported.
+class RecoveryLogWatcher final : public rocksdb::Logger {
+ public:
+  RecoveryLogWatcher(std::shared_ptr<rocksdb::Logger> file, std::string path)
+      : rocksdb::Logger(file != nullptr ? file->GetInfoLogLevel()
+                                        : rocksdb::InfoLogLevel::INFO_LEVEL),
+        file_(std::move(file)),
+        path_(std::move(path)) {}
+
+  using rocksdb::Logger::Logv;
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level >= rocksdb::InfoLogLevel::WARN_LEVEL) {
+      va_list copy;
+      va_copy(copy, ap);
+      char buf[1024];
+      std::vsnprintf(buf, sizeof(buf), format, copy);
+      va_end(copy);
+      const std::string_view line(buf);
+      const size_t at = line.find(".log: dropping ");
+      if (at != std::string_view::npos && line.find("Corruption") != std::string_view::npos) {
+        // One damage makes RocksDB report the bytes it drops more than once (the damaged
+        // record, then the fragments after it): count each damaged log once.
+        const size_t start = line.rfind(' ', at);
+        const std::string wal(
+            line.substr(start == std::string_view::npos ? 0 : start + 1,
+                        at + 4 - (start == std::string_view::npos ? 0 : start + 1)));
+        std::lock_guard<std::mutex> lock(mu_);
+        if (damaged_.insert(wal).second) {
+          KVD_LOG(ERROR) << "disk tier: damaged write-ahead log record; the log was replayed up "
+                            "to it and the records after it were dropped"
+                         << Kv("path", path_) << Kv("rocksdb", line);
+        }
+      }
+    }
+    if (file_ != nullptr) file_->Logv(level, format, ap);
+  }
+  void Flush() override {
+    if (file_ != nullptr) file_->Flush();
+  }
+  uint64_t wal_corruptions() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return damaged_.size();
+  }
+
+ protected:
+  rocksdb::Status CloseImpl() override {
+    return file_ != nullptr ? file_->Close() : rocksdb::Status::OK();
+  }
+
+ private:
+  std::shared_ptr<rocksdb::Logger> file_;
+  const std::string path_;
+  mutable std::mutex mu_;
+  std::set<std::string> damaged_;  // guarded by mu_: write-ahead logs reported damaged
+};
 
 }  // namespace
 
@@ -97,6 +160,7 @@ class DiskTier::Impl {
   rocksdb::ReadOptions read_options_;
   uint64_t restored_ = 0;
   uint64_t quarantined_ = 0;  // malformed metadata records skipped by Open
+  std::shared_ptr<RecoveryLogWatcher> info_log_;
 
   mutable std::mutex mu_;
   // Guarded by mu_:
@@ -133,6 +197,9 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& option
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
   db_options.paranoid_checks = true;
+  // A damaged WAL record: replay up to it and drop what follows (counted and logged by
+  // RecoveryLogWatcher); never refuse to open, never replay past a hole.
+  db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
   db_options.compression = rocksdb::kNoCompression;  // KV bytes barely compress; spend no CPU
   db_options.max_background_jobs = 2;
   // Flush data and metadata together, so that without a WAL a crash cannot leave metadata
@@ -150,6 +217,13 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& option
     data_options.blob_file_size = 256ull << 20;
     data_options.enable_blob_garbage_collection = true;
   }
+  std::shared_ptr<rocksdb::Logger> file_log;
+  if (!rocksdb::CreateLoggerFromOptions(options.path, rocksdb::DBOptions(db_options), &file_log)
+           .ok()) {
+    file_log.reset();  // no LOG file: the watcher still reports WAL damage through kvd's log
+  }
+  impl->info_log_ = std::make_shared<RecoveryLogWatcher>(std::move(file_log), options.path);
+  db_options.info_log = impl->info_log_;
   std::vector<rocksdb::ColumnFamilyDescriptor> families = {
       {rocksdb::kDefaultColumnFamilyName, data_options},
       {kMetaFamily, cf_options},
@@ -375,8 +449,13 @@ EvictResult DiskTier::Evict(const ChunkFilter& filter) {
   EvictResult out;
   std::lock_guard<std::mutex> lock(impl_->mu_);
   std::vector<Impl::Entry*> victims;
-  for (Impl::Entry* e : impl_->lru_) {
-    if (filter.Matches(e->meta.key)) victims.push_back(e);
+  if (filter.key) {  // one chunk: no scan
+    auto it = impl_->index_.find(*filter.key);
+    if (it != impl_->index_.end() && filter.Matches(it->first)) victims.push_back(it->second.get());
+  } else {
+    for (Impl::Entry* e : impl_->lru_) {
+      if (filter.Matches(e->meta.key)) victims.push_back(e);
+    }
   }
   for (Impl::Entry* e : victims) {
     out.bytes += e->meta.size_bytes;
@@ -401,6 +480,7 @@ TierStats DiskTier::GetStats() const {
 
 uint64_t DiskTier::restored_chunks() const { return impl_->restored_; }
 uint64_t DiskTier::quarantined_records() const { return impl_->quarantined_; }
+uint64_t DiskTier::wal_corruptions() const { return impl_->info_log_->wal_corruptions(); }
 
 Status DiskTier::Flush() {
   return FromRocks(impl_->db_->Flush(rocksdb::FlushOptions(), impl_->handles_), "flush");

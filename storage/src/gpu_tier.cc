@@ -278,8 +278,13 @@ EvictResult GpuTier::Evict(const ChunkFilter& filter) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   EvictResult out;
   std::vector<GpuEntry*> victims;
-  for (GpuEntry* e : impl_->lru) {
-    if (filter.Matches(e->meta.key)) victims.push_back(e);
+  if (filter.key) {  // one chunk: no scan
+    auto it = impl_->index.find(*filter.key);
+    if (it != impl_->index.end() && filter.Matches(it->first)) victims.push_back(it->second.get());
+  } else {
+    for (GpuEntry* e : impl_->lru) {
+      if (filter.Matches(e->meta.key)) victims.push_back(e);
+    }
   }
   for (GpuEntry* e : victims) {
     if (e->pins > 0) {

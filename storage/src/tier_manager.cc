@@ -1,6 +1,7 @@
 #include "kvd/storage/tier_manager.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 #include "kvd/common/logging.h"
 
@@ -126,6 +127,7 @@ StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
         {
           std::lock_guard<std::mutex> lock(counters_mu_);
           promote_failures_++;
+          if (p.code() != StatusCode::kResourceExhausted) promote_errors_++;
         }
         KVD_LOG(WARNING) << "copy into host failed; lookup prefix shortened"
                          << Kv("from", TierKindName(from->kind())) << Kv("key", key.ToString())
@@ -199,27 +201,42 @@ StatusOr<DemoteResult> TierManager::MaybeDemote() {
 }
 
 std::vector<ChunkMeta> TierManager::List(const ChunkFilter& filter, size_t limit) const {
-  std::vector<ChunkMeta> out =
-      gpu_ != nullptr ? gpu_->List(filter, limit) : std::vector<ChunkMeta>{};
-  if (limit == 0 || out.size() < limit) {
-    std::vector<ChunkMeta> more = host_->List(filter, limit == 0 ? 0 : limit - out.size());
-    out.insert(out.end(), more.begin(), more.end());
-  }
-  if (disk_ != nullptr && (limit == 0 || out.size() < limit)) {
-    std::vector<ChunkMeta> more = disk_->List(filter, limit == 0 ? 0 : limit - out.size());
-    out.insert(out.end(), more.begin(), more.end());
+  // A chunk with copies in two tiers (host + its disk copy, GPU + host) is listed once, as the
+  // highest tier's copy; the limit counts distinct chunks.
+  std::vector<ChunkMeta> out;
+  std::unordered_set<ChunkKey, ChunkKeyHasher> seen;
+  for (const Tier* t : {static_cast<const Tier*>(gpu_), static_cast<const Tier*>(host_),
+                        static_cast<const Tier*>(disk_)}) {
+    if (t == nullptr) continue;
+    for (ChunkMeta& m : t->List(filter, 0)) {
+      if (limit != 0 && out.size() >= limit) return out;
+      if (seen.insert(m.key).second) out.push_back(std::move(m));
+    }
   }
   return out;
 }
 
 EvictResult TierManager::Evict(const ChunkFilter& filter) {
-  EvictResult out = host_->Evict(filter);
-  for (Tier* t : {static_cast<Tier*>(disk_), static_cast<Tier*>(gpu_)}) {
-    if (t == nullptr) continue;
-    const EvictResult d = t->Evict(filter);
-    out.evicted += d.evicted;
-    out.deferred += d.deferred;
-    out.bytes += d.bytes;
+  // Per chunk, so that a chunk with copies in two tiers counts once. The lower tiers go first:
+  // once the disk and GPU copies are gone, a concurrent lookup cannot copy the chunk back into
+  // host between the removals.
+  EvictResult out;
+  for (const ChunkMeta& m : List(filter, 0)) {
+    const ChunkFilter one = ChunkFilter::Key(m.key);
+    bool deferred = false, removed = false;
+    for (Tier* t :
+         {static_cast<Tier*>(disk_), static_cast<Tier*>(gpu_), static_cast<Tier*>(host_)}) {
+      if (t == nullptr) continue;
+      const EvictResult r = t->Evict(one);
+      deferred = deferred || r.deferred > 0;
+      removed = removed || r.evicted > 0;
+    }
+    if (deferred) {
+      out.deferred++;  // hidden now, its pinned copy freed at the last unpin
+    } else if (removed) {
+      out.evicted++;
+      out.bytes += m.size_bytes;
+    }
   }
   return out;
 }
@@ -240,6 +257,11 @@ uint64_t TierManager::promotions() const {
 uint64_t TierManager::promote_failures() const {
   std::lock_guard<std::mutex> lock(counters_mu_);
   return promote_failures_;
+}
+
+uint64_t TierManager::promote_errors() const {
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  return promote_errors_;
 }
 
 uint64_t TierManager::demotions() const {

@@ -91,6 +91,12 @@ ModelLayout Smollm2Layout() {
 }
 
 StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Start(const KvdConfig& c) {
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<KvdProcess> p, Spawn(c));
+  KVD_RETURN_IF_ERROR(p->WaitReady());
+  return p;
+}
+
+StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Spawn(const KvdConfig& c) {
   std::unique_ptr<KvdProcess> p(new KvdProcess());
   p->config_ = c;
   char tmpl[] = "/tmp/kvd-e2e-XXXXXX";
@@ -98,7 +104,8 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Start(const KvdConfig& c) {
   p->dir_ = tmpl;
   p->unix_ = p->dir_ + "/kvd.sock";
   p->log_path_ = p->dir_ + "/kvd.log";
-  const std::string config_path = p->dir_ + "/topology.yaml", ready = p->dir_ + "/ready.json";
+  const std::string config_path = p->dir_ + "/topology.yaml";
+  const std::string& ready = p->ready_path_ = p->dir_ + "/ready.json";
   {
     std::ofstream y(config_path);
     y << "node: kvd-e2e\n"
@@ -117,6 +124,13 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Start(const KvdConfig& c) {
       << (c.disk_path.empty() ? std::string()
                               : "  disk:\n    path: \"" + c.disk_path +
                                     "\"\n    capacity: " + c.disk_capacity + "\n")
+      <<
+        [&] {
+          std::string extra;
+          for (const std::string& l : c.disk_extra) extra += "    " + l + "\n";
+          return c.disk_path.empty() ? std::string() : extra;
+        }()
+      << (c.metrics ? "metrics:\n  listen: 127.0.0.1:0\n" : "")
       << (c.tokens_file.empty() ? std::string()
                                 : "auth:\n  tokens_file: \"" + c.tokens_file + "\"\n")
       << "limits:\n  max_frame_bytes: " << c.max_frame_bytes
@@ -136,26 +150,68 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Start(const KvdConfig& c) {
   int rc = ::posix_spawn(&p->pid_, KVD_BINARY, &fa, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) return Status::Internal(std::string("cannot spawn kvd: ") + std::strerror(rc));
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  return p;
+}
+
+Status KvdProcess::WaitReady(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    if (std::filesystem::exists(ready)) {
-      auto j = nlohmann::json::parse(ReadFile(ready), nullptr, false);
+    if (std::filesystem::exists(ready_path_)) {
+      auto j = nlohmann::json::parse(ReadFile(ready_path_), nullptr, false);
       if (!j.is_discarded() && j.contains("tcp")) {
-        p->tcp_ = j["tcp"].get<std::string>();
-        return p;
+        tcp_ = j["tcp"].get<std::string>();
+        if (j.contains("metrics")) metrics_ = j["metrics"].get<std::string>();
+        return Status::Ok();
       }
     }
     int status = 0;
-    if (::waitpid(p->pid_, &status, WNOHANG) == p->pid_) {
-      p->pid_ = -1;
+    if (pid_ <= 0 || ::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
       return Status::Unavailable("kvd exited with " + std::to_string(ExitCode(status)) +
-                                 " before it was ready; log:\n" + Tail(p->Log(), 3000));
+                                 " before it was ready; log:\n" + Tail(Log(), 3000));
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      return Status::DeadlineExceeded("kvd not ready within 15 s; log:\n" + Tail(p->Log(), 3000));
+      return Status::DeadlineExceeded("kvd not ready within " + std::to_string(timeout.count()) +
+                                      " ms; log:\n" + Tail(Log(), 3000));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+}
+
+StatusOr<std::string> HttpGet(const std::string& address, const std::string& path) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return Status::InvalidArgument("no port in " + address);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  if (::inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr) != 1) {
+    return Status::InvalidArgument("not an IPv4 address: " + address);
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Unavailable("socket failed");
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
+    const std::string request = "GET " + path + " HTTP/1.0\r\nHost: " + address + "\r\n\r\n";
+    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+        static_cast<ssize_t>(request.size())) {
+      char buf[8192];
+      for (;;) {
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 5000) <= 0) break;
+        const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0) break;
+        response.append(buf, static_cast<size_t>(n));
+      }
+    }
+  }
+  ::close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  if (body == std::string::npos) return Status::Unavailable("no HTTP response from " + address);
+  if (response.compare(0, 12, "HTTP/1.1 200") != 0 &&
+      response.compare(0, 12, "HTTP/1.0 200") != 0) {
+    return Status::Unavailable(response.substr(0, response.find("\r\n")));
+  }
+  return response.substr(body + 4);
 }
 
 KvdProcess::~KvdProcess() {

@@ -49,6 +49,10 @@ struct KvdConfig {
   // restarted KvdProcess with the same path finds the chunks again).
   std::string disk_path;
   std::string disk_capacity = "256MiB";
+  // More `tiers.disk` keys, one "key: value" per line (e.g. "sync_writes: true").
+  std::vector<std::string> disk_extra;
+  // Serve /metrics on an ephemeral loopback port (KvdProcess::metrics_address()).
+  bool metrics = false;
   // Non-empty: auth.tokens_file (see AuthOptions).
   std::string tokens_file;
   std::string listen = "127.0.0.1:0";
@@ -71,9 +75,15 @@ class KvdProcess {
   // <dir>/kvd.sock --ready-file, waits (10 s) for readiness. On failure the error carries the
   // tail of kvd's log.
   static StatusOr<std::unique_ptr<KvdProcess>> Start(const KvdConfig& config);
+  // The first half of Start: writes the config and spawns kvd, without waiting for readiness
+  // (tests of start-up itself). WaitReady is the second half.
+  static StatusOr<std::unique_ptr<KvdProcess>> Spawn(const KvdConfig& config);
+  Status WaitReady(std::chrono::milliseconds timeout = std::chrono::seconds(15));
   ~KvdProcess();  // Stop() if still running, then removes the temp dir
 
   const std::string& tcp_address() const { return tcp_; }
+  // "host:port" of /metrics (KvdConfig::metrics), else "".
+  const std::string& metrics_address() const { return metrics_; }
   std::string unix_address() const { return "unix:" + unix_; }
   pid_t pid() const { return pid_; }
   const KvdConfig& config() const { return config_; }
@@ -90,9 +100,12 @@ class KvdProcess {
  private:
   KvdProcess() = default;
   KvdConfig config_;
-  std::string dir_, tcp_, unix_, log_path_;
+  std::string dir_, tcp_, unix_, log_path_, ready_path_, metrics_;
   pid_t pid_ = -1;
 };
+
+// GET http://<address><path> (HTTP/1.0): the response body, or UNAVAILABLE / the status line.
+StatusOr<std::string> HttpGet(const std::string& address, const std::string& path);
 
 // Runs a program (argv[0] is its path) with a timeout; returns its exit code (-signal if killed,
 // 124 on timeout) and its stdout.

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "test_util.h"
@@ -104,7 +105,8 @@ TEST_F(TierManagerTest, DemotesLeastRecentlyUsedAboveHighWatermark) {
     EXPECT_EQ(std::memcmp(view->data, payloads[i].data(), kChunk), 0) << i;
     ASSERT_TRUE(host_->ReleaseRead(view->read_id).ok());
   }
-  EXPECT_EQ(manager_->List(ChunkFilter::All(), 0).size(), 7u + 3u);  // host (0..6) + disk (1..3)
+  // host (0..6) + disk (1..3): each chunk listed once
+  EXPECT_EQ(manager_->List(ChunkFilter::All(), 0).size(), 7u);
   auto stats = manager_->GetStats();
   ASSERT_EQ(stats.size(), 2u);
   EXPECT_EQ(stats[1].kind, TierKind::kDisk);
@@ -202,6 +204,45 @@ Status ManagerPut(TierManager& m, const ChunkKey& key, std::span<const std::byte
   KVD_ASSIGN_OR_RETURN(Reservation r, m.host()->Reserve(key, bytes.size(), 256, /*owner=*/1));
   std::memcpy(r.data, bytes.data(), bytes.size());
   return m.Commit(r.id, Checksum64(bytes.data(), bytes.size()));
+}
+
+TEST_F(TierManagerTest, ListAndEvictCountAChunkWithCopiesInTwoTiersOnce) {
+  // Chunks 0-2 committed through the manager: a host copy and a disk copy each. Chunk 3 only on
+  // disk, chunk 4 only in host.
+  for (uint64_t n = 0; n < 3; ++n) {
+    ASSERT_TRUE(
+        ManagerPut(*manager_, MakeKey(n), RandomBytes(kChunk, static_cast<uint32_t>(30 + n))).ok());
+  }
+  const auto bytes = RandomBytes(kChunk, 33);
+  ASSERT_TRUE(disk_->Insert(MakeKey(3), 256, Checksum64(bytes.data(), kChunk), bytes).ok());
+  ASSERT_TRUE(PutChunk(*host_, MakeKey(4), bytes).ok());
+  ASSERT_EQ(host_->GetStats().chunk_count + disk_->GetStats().chunk_count, 8u);  // 5 chunks
+
+  const std::vector<ChunkMeta> all = manager_->List(ChunkFilter::All(), 0);
+  ASSERT_EQ(all.size(), 5u);
+  std::set<uint64_t> listed;
+  for (const ChunkMeta& m : all) {
+    listed.insert(m.key.chain_hash.hi);
+    // A chunk with a host copy is listed as the host's.
+    EXPECT_EQ(m.tier, m.key == MakeKey(3) ? TierKind::kDisk : TierKind::kHost) << m.key.ToString();
+  }
+  EXPECT_EQ(listed.size(), 5u);
+  EXPECT_EQ(manager_->List(ChunkFilter::All(), 4).size(), 4u);  // the limit counts chunks
+
+  auto lease = host_->Lookup(ChainRequest(1, 1));  // pin chunk 1's host copy
+  ASSERT_TRUE(lease.ok());
+  ASSERT_EQ(lease->matched_chunks, 1u);
+  const EvictResult ev = manager_->Evict(ChunkFilter::All());
+  EXPECT_EQ(ev.evicted, 4u);
+  EXPECT_EQ(ev.deferred, 1u);  // chunk 1: hidden now, freed when the lease goes
+  EXPECT_EQ(ev.bytes, 4 * kChunk);
+  EXPECT_TRUE(manager_->List(ChunkFilter::All(), 0).empty());
+  EXPECT_EQ(disk_->GetStats().chunk_count, 0u);  // no disk copy left to come back from
+  auto again = manager_->Lookup(ChainRequest(0, 5));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->matched_chunks, 0u);
+  ASSERT_TRUE(host_->ReleaseLease(lease->lease_id).ok());
+  EXPECT_EQ(host_->GetStats().used_bytes, 0u);
 }
 
 TEST_F(TierManagerTest, CommitIsOnDiskBeforeItReturns) {

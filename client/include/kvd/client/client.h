@@ -251,6 +251,10 @@ struct EvictResult {
 };
 struct Health {
   bool ok = false;
+  // Serving (ok), but damaged stored data was found since start: corrupt chunks (dropped, never
+  // served), quarantined metadata records, a damaged write-ahead log, failed promotions.
+  // `status` then names each reason ("degraded: ...").
+  bool degraded = false;
   std::string status;
   uint64_t uptime_ms = 0;
   std::string transport;

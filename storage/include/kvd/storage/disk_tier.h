@@ -67,6 +67,12 @@ class DiskTier final : public Tier {
   // Metadata records Open could not decode: logged, left in the database untouched and not
   // served (a malformed record is never fatal to Open).
   uint64_t quarantined_records() const;
+  // Write-ahead logs found damaged when Open replayed them (a flipped byte, a bad length; not
+  // the torn last record a crash leaves, which is the normal end of the log). Open still
+  // succeeds: the log is replayed up to the first damaged record and what follows it is
+  // dropped (RocksDB point-in-time recovery), and each damaged log is logged once (ERROR,
+  // "damaged write-ahead log record"). Everything written before the damage is served.
+  uint64_t wal_corruptions() const;
   // Flushes memtables to SST files (tests, clean shutdown with use_wal=false).
   Status Flush();
 

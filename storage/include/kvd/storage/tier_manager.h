@@ -29,7 +29,8 @@
 //   prefix that are only on disk (when promote_on_hit), so the result and its lease cover both
 //   tiers. A chunk whose disk copy is corrupt stops the prefix there (it is dropped by the disk
 //   tier, counted in its checksum_failures, logged) and is counted in promote_failures().
-// - List / Evict / stats span both tiers.
+// - List / Evict / stats span every tier; List and Evict count a chunk once however many
+//   tiers hold a copy of it.
 //
 // GPU tier (optional, above host; a node with a GPU and tiers.gpu in its topology):
 // - Insert puts a chunk produced in the daemon (compact chunks) into the GPU tier (plus the disk
@@ -97,9 +98,14 @@ class TierManager {
   // demoted before stays demoted).
   StatusOr<DemoteResult> MaybeDemote();
 
-  // Chunks of both tiers (host first), up to `limit` (0 = no limit).
+  // Matching chunks of every tier, each chunk ONCE (a chunk with copies in two tiers is listed
+  // as its highest tier's copy: GPU, then host, then disk), up to `limit` distinct chunks
+  // (0 = no limit).
   std::vector<ChunkMeta> List(const ChunkFilter& filter, size_t limit) const;
-  // Evicts matching chunks from both tiers; results summed.
+  // Evicts matching chunks from every tier (lower tiers first, so that a concurrent lookup
+  // cannot copy a chunk back up meanwhile). Counted per chunk, not per copy: `deferred` = chunks
+  // with a copy pinned by a lease or read (hidden now, freed at the last unpin), `evicted` and
+  // `bytes` = the other chunks removed (their payload bytes once).
   EvictResult Evict(const ChunkFilter& filter);
   // GPU stats first if present, then host, then disk if present.
   std::vector<TierStats> GetStats() const;
@@ -108,6 +114,9 @@ class TierManager {
   uint64_t demotions() const;
   // Promotions from disk that failed (corrupt disk copy, disk read error, no room in host).
   uint64_t promote_failures() const;
+  // Of promote_failures(), those that were not a lack of room in host: a corrupt or unreadable
+  // copy in the lower tier (damage, not load).
+  uint64_t promote_errors() const;
 
   HostTier* host() const { return host_; }
   DiskTier* disk() const { return disk_; }
@@ -132,6 +141,7 @@ class TierManager {
   uint64_t promotions_ = 0;        // guarded by counters_mu_
   uint64_t demotions_ = 0;         // guarded by counters_mu_
   uint64_t promote_failures_ = 0;  // guarded by counters_mu_
+  uint64_t promote_errors_ = 0;    // guarded by counters_mu_
 };
 
 }  // namespace kvd::storage
