@@ -328,7 +328,9 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     KVD_RETURN_IF_ERROR(BindModels(n, &c->models));
   }
   if (YAML::Node n = root["tiers"]; n.IsDefined()) {
-    KVD_RETURN_IF_ERROR(CheckMap(n, "tiers", {"host", "disk", "gpu", "placement"}));
+    KVD_RETURN_IF_ERROR(
+        CheckMap(n, "tiers", {"host", "disk", "gpu", "placement", "allow_overcommit"}));
+    KVD_RETURN_IF_ERROR(GetBool(n, "tiers", "allow_overcommit", &c->allow_overcommit));
     if (YAML::Node g = n["gpu"]; g.IsDefined() && !g.IsNull()) {
       KVD_RETURN_IF_ERROR(
           CheckMap(g, "tiers.gpu", {"capacity", "device", "alignment", "verify_checksums"}));

@@ -139,6 +139,15 @@ int main(int argc, char** argv) {
     std::cerr << "kvd: " << s.message() << "\n";
     return kExitUsage;
   }
+  if (kvd::Status s = config->CheckResources(kvd::daemon::MachineResources::Probe(*config));
+      !s.ok()) {
+    if (!config->allow_overcommit) {
+      std::cerr << "kvd: " << s.message() << "\n";
+      return kExitUsage;
+    }
+    KVD_LOG(WARNING) << "starting over this machine's capacity (tiers.allow_overcommit)"
+                     << kvd::Kv("problem", s.message());
+  }
 
   kvd::daemon::ServerDeps deps;
   deps.handle_signals = true;

@@ -42,6 +42,7 @@ void ExpectSameConfig(const DaemonConfig& a, const DaemonConfig& b) {
   EXPECT_EQ(a.placement.high_watermark, b.placement.high_watermark);
   EXPECT_EQ(a.placement.low_watermark, b.placement.low_watermark);
   EXPECT_EQ(a.placement.promote_on_hit, b.placement.promote_on_hit);
+  EXPECT_EQ(a.allow_overcommit, b.allow_overcommit);
 }
 
 TEST(ConfigTest, EmbeddedDefaultEqualsDeployFileAndStructDefaults) {
@@ -245,6 +246,78 @@ TEST(ConfigTest, UnixPathAutoResolves) {
   EXPECT_EQ(l.Validate().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(ConfigResourcesTest, HostCapacityOverMemoryIsRefusedNamingKeyValueAndMachine) {
+  auto c = ParseConfigYaml("tiers:\n  host:\n    capacity: 64GiB\n", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  MachineResources m;
+  m.memory_bytes = 24ull << 30;
+  m.memory_source = "physical memory (/proc/meminfo MemTotal)";
+  const Status s = c->CheckResources(m);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("tiers.host.capacity: 64GiB (68719476736 bytes) is more "
+                                     "than physical memory (/proc/meminfo MemTotal), "
+                                     "25769803776 bytes"));
+  EXPECT_THAT(s.message(), HasSubstr("tiers.allow_overcommit: true"));
+  m.memory_bytes = 64ull << 30;  // exactly fits
+  EXPECT_TRUE(c->CheckResources(m).ok());
+  m.memory_bytes = 0;  // unknown: not checked
+  EXPECT_TRUE(c->CheckResources(m).ok());
+}
+
+TEST(ConfigResourcesTest, DevShmIsCheckedOnlyWhereUcxMayPlaceTheArenaThere) {
+  MachineResources m;
+  m.memory_bytes = 64ull << 30;
+  m.dev_shm_free_bytes = 512ull << 20;
+  // The shared-memory path (memfd segments: not in /dev/shm): only memory counts.
+  auto shm = ParseConfigYaml("tiers:\n  host:\n    capacity: 2GiB\n    segment: 64MiB\n", "t");
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  EXPECT_TRUE(shm->SharedMemoryArena());
+  EXPECT_TRUE(shm->CheckResources(m).ok());
+  // The path off, UCX with shared-memory transports: the arena may be UCX's, in /dev/shm.
+  auto off =
+      ParseConfigYaml("tiers:\n  host:\n    capacity: 2GiB\n    shared_memory: false\n", "t");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->SharedMemoryArena());
+  const Status s = off->CheckResources(m);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("tiers.host.capacity: 2GiB (2147483648 bytes) does not fit "
+                                     "in the 536870912 bytes free in /dev/shm"));
+  EXPECT_THAT(s.message(), HasSubstr("transport.ucx_tls \"sm,tcp\""));
+  // Without UCX shared-memory transports the arena is not in /dev/shm.
+  auto tcp = ParseConfigYaml(
+      "transport:\n  ucx_tls: tcp\ntiers:\n  host:\n    capacity: 2GiB\n    shared_memory: false\n",
+      "t");
+  ASSERT_TRUE(tcp.ok()) << tcp.status();
+  EXPECT_TRUE(tcp->CheckResources(m).ok());
+}
+
+TEST(ConfigResourcesTest, DiskCapacityOverFreeSpaceIsRefused) {
+  auto c = ParseConfigYaml("tiers:\n  disk:\n    path: /tmp/x\n    capacity: 10GiB\n", "t");
+  ASSERT_TRUE(c.ok()) << c.status();
+  MachineResources m;
+  m.disk_free_bytes = 1ull << 30;
+  const Status s = c->CheckResources(m);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("tiers.disk.capacity: 10GiB (10737418240 bytes) is more "
+                                     "than the 1073741824 bytes free for the disk tier at /tmp/x"));
+}
+
+TEST(ConfigResourcesTest, ProbeSeesThisMachineAndOvercommitKeyParses) {
+  DaemonConfig c;
+  c.disk_tier = storage::DiskTierOptions{};
+  c.disk_tier->path = "/tmp/kvd-config-test-does-not-exist/db";  // nearest existing: /tmp
+  const MachineResources m = MachineResources::Probe(c);
+  EXPECT_GT(m.memory_bytes, 64ull << 20);
+  EXPECT_FALSE(m.memory_source.empty());
+  EXPECT_GT(m.disk_free_bytes, 0u);
+  EXPECT_FALSE(c.allow_overcommit);
+  auto over = ParseConfigYaml("tiers:\n  allow_overcommit: true\n", "t");
+  ASSERT_TRUE(over.ok()) << over.status();
+  EXPECT_TRUE(over->allow_overcommit);
+  auto bad = ParseConfigYaml("tiers:\n  allow_overcommit: maybe\n", "t");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("tiers.allow_overcommit"));
+}
 }  // namespace
 }  // namespace kvd::daemon
 

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 
+#include "../common/wal_damage.h"
 #include "e2e_common.h"
 
 namespace kvd::e2e {
@@ -115,8 +115,11 @@ TEST_F(IntegrityE2eTest, CorruptChunkOnDiskIsCountedDegradesHealthAndOthersAreSe
     // Rot one payload byte of the first chunk in key order behind kvd's back (its header and
     // the RocksDB record stay intact: only kvd's own checksum can tell).
     rocksdb::DB* raw = nullptr;
-    std::vector<rocksdb::ColumnFamilyDescriptor> families = {
-        {rocksdb::kDefaultColumnFamilyName, {}}, {"meta", {}}};
+    std::vector<std::string> names;  // every family the tier has ("default" = chunk values)
+    ASSERT_TRUE(rocksdb::DB::ListColumnFamilies({}, disk_.db(), &names).ok());
+    std::vector<rocksdb::ColumnFamilyDescriptor> families;
+    for (const std::string& n : names) families.push_back({n, {}});
+    ASSERT_EQ(names[0], rocksdb::kDefaultColumnFamilyName);
     std::vector<rocksdb::ColumnFamilyHandle*> handles;
     ASSERT_TRUE(rocksdb::DB::Open({}, disk_.db(), families, &handles, &raw).ok());
     std::unique_ptr<rocksdb::DB> db(raw);
@@ -204,25 +207,12 @@ TEST_F(IntegrityE2eTest, DamagedWalTailKvdStartsCountsItAndServesWhatPrecedesIt)
     ASSERT_EQ(data.size(), static_cast<size_t>(kChunks));
     kvd->Kill();
   }
-  std::filesystem::path wal;
   const uint64_t chunk_bytes = data[0].size();
-  for (const auto& f : std::filesystem::directory_iterator(disk_.db())) {
-    if (f.path().extension() == ".log" && f.file_size() > kChunks * chunk_bytes) wal = f.path();
-  }
+  const std::filesystem::path wal = kvd::testing::FindWal(disk_.db(), kChunks * chunk_bytes);
   ASSERT_FALSE(wal.empty()) << "no write-ahead log holding the chunks in " << disk_.db();
   const uint64_t wal_size = std::filesystem::file_size(wal);
   const uint64_t flip_at = wal_size * 2 / 3;
-  {
-    std::fstream f(wal, std::ios::in | std::ios::out | std::ios::binary);
-    ASSERT_TRUE(f);
-    f.seekg(static_cast<std::streamoff>(flip_at));
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x5a);
-    f.seekp(static_cast<std::streamoff>(flip_at));
-    f.write(&c, 1);
-    ASSERT_TRUE(f.good());
-  }
+  ASSERT_TRUE(kvd::testing::FlipByte(wal, flip_at));
   auto kvd = StartKvd(Config());
   ASSERT_TRUE(kvd) << "kvd did not start on a damaged WAL";
   EXPECT_NE(kvd->Log().find("damaged write-ahead log record"), std::string::npos) << kvd->Log();

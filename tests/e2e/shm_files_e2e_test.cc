@@ -133,5 +133,25 @@ TEST(ShmFilesE2eTest, KillNineAndNormalStopLeaveNothingAndARunningKvdHoldsNoName
   }
 }
 
+TEST(ShmFilesE2eTest, CapacityBeyondTheMachineIsRefusedBeforeAnythingIsAllocated) {
+  for (bool shared_memory : {true, false}) {
+    SCOPED_TRACE("shared_memory=" + std::to_string(shared_memory));
+    const std::set<std::string> before = ShmNames();
+    KvdConfig c = SmallConfig(shared_memory);
+    c.host_capacity = "64TiB";
+    c.host_segment = shared_memory ? "64MiB" : "";
+    auto kvd = KvdProcess::Start(c);
+    ASSERT_FALSE(kvd.ok());
+    const std::string message(kvd.status().message());
+    EXPECT_NE(message.find("kvd exited with 2"), std::string::npos) << message;
+    EXPECT_NE(message.find("tiers.host.capacity: 64TiB (70368744177664 bytes) is more than"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("tiers.allow_overcommit: true"), std::string::npos) << message;
+    const std::vector<std::string> left = Lasting(before);
+    EXPECT_TRUE(left.empty()) << "left in /dev/shm: " << Join(left);
+  }
+}
+
 }  // namespace
 }  // namespace kvd::e2e

@@ -6,10 +6,10 @@
 
 #include <atomic>
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <thread>
 
+#include "../common/wal_damage.h"
 #include "test_util.h"
 
 namespace kvd::storage {
@@ -251,24 +251,11 @@ TEST_F(DiskTierTest, DamagedWalTailIsCountedAndWhatPrecedesItIsServed) {
     }
     EXPECT_EQ(tier->wal_corruptions(), 0u);
   }
-  std::filesystem::path wal;
-  for (const auto& f : std::filesystem::directory_iterator(o.path)) {
-    if (f.path().extension() == ".log" && f.file_size() > kChunks * kBytes) wal = f.path();
-  }
+  const std::filesystem::path wal = kvd::testing::FindWal(o.path, kChunks * kBytes);
   ASSERT_FALSE(wal.empty()) << "no write-ahead log with the chunks in " << o.path;
   const uint64_t wal_size = std::filesystem::file_size(wal);
   const uint64_t flip_at = wal_size * 2 / 3;
-  {
-    std::fstream f(wal, std::ios::in | std::ios::out | std::ios::binary);
-    ASSERT_TRUE(f);
-    f.seekg(static_cast<std::streamoff>(flip_at));
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x5a);
-    f.seekp(static_cast<std::streamoff>(flip_at));
-    f.write(&c, 1);
-    ASSERT_TRUE(f.good());
-  }
+  ASSERT_TRUE(kvd::testing::FlipByte(wal, flip_at));
   auto tier = Open(o);
   ASSERT_TRUE(tier);
   EXPECT_EQ(tier->wal_corruptions(), 1u);

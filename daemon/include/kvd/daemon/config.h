@@ -127,6 +127,25 @@ struct LimitsOptions {
   bool operator==(const LimitsOptions&) const = default;
 };
 
+struct DaemonConfig;
+
+// What this machine offers the tiers, for the start-up check DaemonConfig::CheckResources.
+// A field left 0 is unknown: its check is skipped.
+struct MachineResources {
+  // Physical memory (/proc/meminfo MemTotal), or the memory limit of kvd's cgroup (v2
+  // memory.max, v1 memory.limit_in_bytes) when that is lower.
+  uint64_t memory_bytes = 0;
+  std::string memory_source;  // which of the two, for the message
+  // Free space of /dev/shm (statvfs, as an unprivileged writer sees it).
+  uint64_t dev_shm_free_bytes = 0;
+  // Free space of the file system holding the disk tier's path (its nearest existing
+  // directory), plus what the tier's database already holds there.
+  uint64_t disk_free_bytes = 0;
+
+  // Reads the above from this machine (/proc/meminfo, /proc/self/cgroup, statvfs).
+  static MachineResources Probe(const DaemonConfig& config);
+};
+
 // The whole topology of one kvd node.
 struct DaemonConfig {
   // Name of this node (stats, health, logs). Default "kvd-local". Non-empty.
@@ -174,6 +193,10 @@ struct DaemonConfig {
   // host hits are promoted into it (see storage/tier_manager.h).
   std::optional<storage::GpuTierOptions> gpu_tier;
   int gpu_device = 0;  // tiers.gpu.device: CUDA device ordinal, default 0
+  // tiers.allow_overcommit: start even when CheckResources finds a capacity larger than what
+  // the machine has (it is then logged as a WARNING). Default false: kvd refuses to start
+  // (exit 2) naming the key, the value and what the machine has.
+  bool allow_overcommit = false;
   // Demotion / promotion between the tiers (tiers.placement). Used only with a disk tier.
   storage::TierManagerOptions placement;
   LimitsOptions limits;
@@ -191,6 +214,19 @@ struct DaemonConfig {
 
   // Validates every component; INVALID_ARGUMENT naming the key (e.g. "models[1].layout: ...").
   Status Validate() const;
+  // The capacities against this machine (kvd checks it at start, after Validate):
+  // INVALID_ARGUMENT naming the key, its value and what the machine has when
+  // - tiers.host.capacity is more than the memory (memory_bytes);
+  // - the host arena may be allocated by UCX in /dev/shm (the shared-memory path is off and
+  //   transport.ucx_tls has shared-memory transports) and the capacity is more than
+  //   /dev/shm's free space (the memfd segments of the shared-memory path are not in /dev/shm);
+  // - tiers.disk.capacity is more than the disk tier's free space.
+  // The GPU tier's capacity is checked by its allocation at start (kvd fails naming it).
+  // allow_overcommit does not change the answer; kvd then only warns.
+  Status CheckResources(const MachineResources& machine) const;
+  // Whether the host arena is memfd segments (the same-node shared-memory path): shared_memory
+  // on and the segment below the capacity.
+  bool SharedMemoryArena() const;
   // The model named `name`, or nullptr.
   const ModelConfig* FindModel(std::string_view name) const;
 
