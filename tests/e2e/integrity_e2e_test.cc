@@ -1,10 +1,14 @@
 // Integrity end to end (real kvd with a disk tier): a chunk whose bytes rotted on disk and a
 // write-ahead log damaged mid-way are found, logged, counted in `kvdctl stats` and /metrics,
 // make `kvdctl health` degraded with the reason, and never stop the other chunks from being
-// served.
+// served. And bytes changed in kvd's memory after the commit are DATA_LOSS on the get (the
+// client verifies every chunk it receives against the checksum it was committed with).
+#include <fcntl.h>
 #include <rocksdb/db.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 
 #include "../common/wal_damage.h"
@@ -242,6 +246,68 @@ TEST_F(IntegrityE2eTest, DamagedWalTailKvdStartsCountsItAndServesWhatPrecedesIt)
   EXPECT_LT(served, kChunks);
   ExpectServes(*engine, 78);
   EXPECT_EQ(kvd->Stop(), 0);
+}
+
+// Flips the byte `offset` bytes after the first occurrence of `needle` in kvd's shared-memory
+// arena (its memfd segments, reached through /proc/<pid>/fd). false if not found.
+bool FlipInArena(pid_t pid, const std::vector<uint8_t>& needle, size_t offset) {
+  const std::string fds = "/proc/" + std::to_string(pid) + "/fd";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(fds, ec)) {
+    std::error_code link_ec;
+    const std::string target = std::filesystem::read_symlink(e.path(), link_ec).string();
+    if (link_ec || target.rfind("/memfd:kvd-arena-", 0) != 0) continue;
+    const int fd = ::open(e.path().c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) continue;
+    const off_t size = ::lseek(fd, 0, SEEK_END);
+    void* map = size > 0 ? ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE,
+                                  MAP_SHARED, fd, 0)
+                         : MAP_FAILED;
+    ::close(fd);
+    if (map == MAP_FAILED) continue;
+    auto* base = static_cast<uint8_t*>(map);
+    void* at = ::memmem(base, static_cast<size_t>(size), needle.data(), needle.size());
+    const bool found = at != nullptr && static_cast<uint8_t*>(at) + offset < base + size;
+    if (found) static_cast<uint8_t*>(at)[offset] ^= 0x20;
+    ::munmap(map, static_cast<size_t>(size));
+    if (found) return true;
+  }
+  return false;
+}
+
+TEST_F(IntegrityE2eTest, BytesChangedInMemoryAreDataLossOnTheGetOnBothPaths) {
+  KvdConfig c;
+  c.host_capacity = "64MiB";
+  c.host_segment = "8MiB";  // the shared-memory path: the arena is memfd segments
+  auto kvd = StartKvd(c);
+  ASSERT_TRUE(kvd);
+  std::vector<std::vector<uint8_t>> data = PutAll(*kvd, 3);
+  ASSERT_EQ(data.size(), 3u);
+  // A bit flips in memory after the commit (a RAM fault, a stray write).
+  ASSERT_TRUE(FlipInArena(kvd->pid(), data[1], 1000)) << "chunk 1 not found in kvd's arena";
+  client::ClientOptions shm_options = kvd->EngineOptions("shm");
+  shm_options.address = kvd->unix_address();
+  auto shm = ConnectOrFail(shm_options);
+  auto tcp = ConnectOrFail(kvd->EngineOptions("tcp"));
+  ASSERT_TRUE(shm && tcp);
+  ASSERT_TRUE(shm->session().shared_memory);
+  for (client::Client* cl : {shm.get(), tcp.get()}) {
+    SCOPED_TRACE(cl == shm.get() ? "shared-memory path" : "transport path");
+    const Hash128 h{kHi, 1};
+    auto hit = cl->Lookup({&h, 1});
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    ASSERT_EQ(hit->matched_chunks, 1u);
+    std::vector<uint8_t> out(data[1].size());
+    auto g = cl->Get(hit->lease_id, 0, out.data(), out.size());
+    ASSERT_FALSE(g.ok()) << "a changed chunk was served";
+    EXPECT_EQ(g.status().code(), StatusCode::kDataLoss) << g.status();
+    EXPECT_NE(g.status().message().find("checksum mismatch"), std::string::npos) << g.status();
+    EXPECT_TRUE(cl->ReleaseLease(hit->lease_id).ok());
+    // The neighbours are intact and served.
+    EXPECT_EQ(Fetch(*cl, 0), data[0]);
+    EXPECT_EQ(Fetch(*cl, 2), data[2]);
+  }
+  ExpectServes(*tcp, 79);
 }
 
 }  // namespace
