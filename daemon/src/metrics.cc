@@ -91,6 +91,10 @@ std::string Metrics::RenderPrometheus(const StatsSnapshot& s) const {
   w.Sample("kvd_uptime_seconds", "", Number(static_cast<double>(s.uptime_ms) / 1000.0));
   w.Family("kvd_sessions", "gauge", "Open control connections");
   w.Sample("kvd_sessions", "", s.sessions);
+  w.Family("kvd_degraded", "gauge",
+           "1 while damage to stored data found since start is counted (kvdctl health says "
+           "what)");
+  w.Sample("kvd_degraded", "", s.damage.empty() ? 0 : 1);
 
   struct TierField {
     const char* name;

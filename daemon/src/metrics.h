@@ -54,6 +54,9 @@ struct StatsSnapshot {
   std::map<std::string, storage::UsageStats> per_model, per_namespace;
   // Daemon and host-tier counters (StatsReply.counters), in display order.
   std::vector<std::pair<std::string, uint64_t>> counters;
+  // Damage to stored data found since start, one reason per kind (empty: none); `kvdctl
+  // health` is degraded with these reasons.
+  std::vector<std::string> damage;
 };
 
 class Metrics {
@@ -62,7 +65,8 @@ class Metrics {
   const LatencyHistogram& latency(LatencyOp op) const { return latency_[static_cast<int>(op)]; }
 
   // The Prometheus text exposition (format 0.0.4) of a snapshot and the histograms:
-  //   kvd_up, kvd_uptime_seconds, kvd_sessions
+  //   kvd_up, kvd_uptime_seconds, kvd_sessions, kvd_degraded (1 while snapshot.damage is
+  //   not empty)
   //   kvd_tier_{capacity,used,reserved,pinned}_bytes{tier}, kvd_tier_chunks{tier},
   //   kvd_tier_{evictions,hits,misses}_total{tier}
   //   kvd_model_{chunks,bytes}{model}, kvd_namespace_{chunks,bytes}{namespace}

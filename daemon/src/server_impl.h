@@ -87,8 +87,8 @@ class Server::Impl {
   // What `kvdctl stats` and /metrics show, now.
   StatsSnapshot Snapshot();
   // Damage to stored data found since start, one reason per kind ("2 corrupt chunks found on
-  // disk ..."), from a snapshot's counters; empty when none. `kvdctl health` is degraded with
-  // these reasons.
+  // disk ..."), from a snapshot's counters; empty when none (Snapshot fills
+  // StatsSnapshot::damage with it).
   static std::vector<std::string> DamageFound(const StatsSnapshot& snapshot);
   int64_t UptimeMs() const;
   const std::string& transport_description() const { return transport_description_; }

@@ -92,6 +92,7 @@ StatsSnapshot Server::Impl::Snapshot() {
       {"disk_wal_corruptions", disk_ != nullptr ? disk_->wal_corruptions() : 0},
       {"gpu_checksum_failures", gpu.checksum_failures},
   };
+  s.damage = DamageFound(s);
   return s;
 }
 
@@ -328,7 +329,7 @@ void Session::HandleHealth(uint64_t seq, uint64_t rid) {
   const std::vector<storage::TierStats>& tiers = snap.tiers;
   bool all_ok = true;
   for (const auto& t : tiers) all_ok = all_ok && t.capacity_bytes > 0;
-  const std::vector<std::string> damage = Server::Impl::DamageFound(snap);
+  const std::vector<std::string>& damage = snap.damage;
   std::string status = all_ok ? "serving" : "a tier has no capacity";
   if (!damage.empty()) {
     status = all_ok ? "degraded:" : status + "; degraded:";

@@ -113,6 +113,9 @@ TEST_F(IntegrityE2eTest, CorruptChunkOnDiskIsCountedDegradesHealthAndOthersAreSe
     const std::string healthy = KvdctlHealth(*kvd, &rc);
     EXPECT_EQ(rc, 0) << healthy;
     EXPECT_EQ(healthy.rfind("OK  serving", 0), 0u) << healthy;
+    auto scrape = HttpGet(kvd->metrics_address(), "/metrics");
+    ASSERT_TRUE(scrape.ok()) << scrape.status();
+    EXPECT_EQ(MetricValue(*scrape, "kvd_degraded"), 0.0);
     EXPECT_EQ(kvd->Stop(), 0) << kvd->Log();
   }
   {
@@ -193,6 +196,7 @@ TEST_F(IntegrityE2eTest, CorruptChunkOnDiskIsCountedDegradesHealthAndOthersAreSe
   EXPECT_EQ(MetricValue(*scrape, "kvd_disk_checksum_failures_total"), 1.0);
   EXPECT_EQ(MetricValue(*scrape, "kvd_promote_errors_total"), 1.0);
   EXPECT_EQ(MetricValue(*scrape, "kvd_disk_wal_corruptions_total"), 0.0);
+  EXPECT_EQ(MetricValue(*scrape, "kvd_degraded"), 1.0);
 
   // Still serving: a new put and every intact chunk.
   ExpectServes(*engine, 77);
