@@ -1,4 +1,5 @@
 // Binds the topology YAML to DaemonConfig. yaml-cpp throws; nothing thrown leaves this file.
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
@@ -443,16 +444,50 @@ Status CheckNoDuplicateKeys(const YAML::Node& node, const std::string& path) {
   return Status::Ok();
 }
 
+namespace {
+
+// Parser events are not needed: only how many documents the text holds.
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// Documents in `yaml`, counted up to 2. Not YAML::LoadAll: yaml-cpp 0.7's LoadAll never returns
+// on some malformed text (",iB": the parser yields empty documents without consuming the stray
+// ','), growing its result until memory runs out.
+int CountDocumentsUpTo2(const std::string& yaml) {
+  std::istringstream in(yaml);
+  YAML::Parser parser(in);
+  DocumentCounter counter;
+  int documents = 0;
+  while (documents < 2 && parser.HandleNextDocument(counter)) ++documents;
+  return documents;
+}
+
+}  // namespace
+
 StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml, std::string_view source) {
   DaemonConfig config;
   Status status;
   try {
-    const std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml));
-    if (docs.size() > 1) {
-      status = Status::InvalidArgument("the file holds " + std::to_string(docs.size()) +
-                                       " YAML documents (a second \"---\"); a topology is one");
+    const std::string text(yaml);
+    if (CountDocumentsUpTo2(text) > 1) {
+      status = Status::InvalidArgument(
+          "the file holds more than one YAML document (a second \"---\", or text the YAML "
+          "parser reads as one, such as a stray ','); a topology is one");
     } else {
-      YAML::Node root = docs.empty() ? YAML::Node() : docs[0];
+      YAML::Node root = YAML::Load(text);
       status = CheckNoDuplicateKeys(root, "");
       if (status.ok()) status = BindDocument(root, &config);
     }

@@ -86,11 +86,12 @@ StatusOr<CompactChunk> DecodeCompactChunkV1(std::span<const uint8_t> bytes) {
     const uint8_t* p = bytes.data() + offset;
     h.flags.assign(p, p + z.flags);
     p += AlignUp(z.flags);
+    // A head may have no slots: memcpy must not see the empty vectors' null data().
     h.cardinality.resize(slots);
-    std::memcpy(h.cardinality.data(), p, z.cardinality);
+    if (slots != 0) std::memcpy(h.cardinality.data(), p, z.cardinality);
     p += AlignUp(z.cardinality);
     h.positions.resize(slots);
-    std::memcpy(h.positions.data(), p, z.positions);
+    if (slots != 0) std::memcpy(h.positions.data(), p, z.positions);
     p += AlignUp(z.positions);
     h.keys.assign(p, p + z.keys);
     p += AlignUp(z.keys);
