@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds kvd with sanitizers and runs the test suite (or a part of it) under them.
+#
+#   deploy/sanitize.sh asan [CTEST ARGS...]   AddressSanitizer + UndefinedBehaviorSanitizer, build-asan/
+#   deploy/sanitize.sh tsan [CTEST ARGS...]   ThreadSanitizer, build-tsan/
+#
+# CTEST ARGS go to ctest unchanged, e.g. a label subset: -L e2e, -LE 'model|quality|chaos'
+# (default: the whole suite). Every process a test starts (kvd daemons of the e2e tests too)
+# runs instrumented; a sanitizer report makes that process, and so the test, fail.
+#
+# Environment: KVD_JOBS (build jobs, default nproc), KVD_CTEST_JOBS (default 2),
+# KVD_BUILD_TARGETS (build only these targets), KVD_CMAKE_ARGS (extra CMake arguments).
+# Suppressions of reports inside uninstrumented system libraries are in tests/sanitizers/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mode=${1:-}
+case $mode in
+  asan) sanitize=address,undefined ;;
+  tsan) sanitize=thread ;;
+  *)
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac
+shift
+BUILD=build-$mode
+SUPP=$PWD/tests/sanitizers
+
+KVD_BUILD_DIR=$BUILD KVD_UCX_WHEEL=0 KVD_UCX=system \
+  KVD_CMAKE_ARGS="-DKVD_SANITIZE=$sanitize -DKVD_WITH_CUDA=OFF -DKVD_BUILD_BENCHMARKS=OFF ${KVD_CMAKE_ARGS:-}" \
+  ./deploy/setup.sh
+
+# Reports abort the process (exit code != 0) with a full stack; UBSan never recovers (build flag).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SUPP/lsan.supp:print_suppressions=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$SUPP/tsan.supp}
+cd "$BUILD"
+ctest -j "${KVD_CTEST_JOBS:-2}" --output-on-failure "$@"
