@@ -82,7 +82,7 @@ for t in "${TARGETS[@]}"; do
   line="$t: ${execs:-?} execs in ${SECONDS_EACH}s (${rate:-?}/s), ${cov:-no coverage line}"
   if [[ $rc -ne 0 || -n $reproducers ]]; then
     findings=$((findings + 1))
-    line+=", FINDING (exit $rc)"
+    line+=", FINDING (exit $rc; the run stopped there)"
     echo "[fuzz] $t: FINDING (exit $rc):" >&2
     grep -m3 -E 'ERROR: |runtime error|fuzz invariant broken|==[0-9]+==' "$log" | sed 's/^/    /' >&2 || true
     for r in $reproducers; do

@@ -194,6 +194,28 @@ TEST(LoaderTest, MissingTensorOrWrongShapeIsInvalidArgument) {
       << m.status();
 }
 
+// A small file claiming far more layers than it has tensors is refused before anything is sized
+// by the claim (found by the GGUF fuzz target: 14 KB asking for 8M layers allocated 1.7 GB).
+TEST(LoaderTest, BlockCountBeyondTheFilesTensorsIsRefusedUpFront) {
+  GgufBuilder b;
+  b.KvStr("general.architecture", "llama");
+  b.KvU32("llama.embedding_length", 8);
+  b.KvU32("llama.feed_forward_length", 16);
+  b.KvU32("llama.block_count", 1u << 29);
+  b.KvU32("llama.attention.head_count", 2);
+  b.KvU32("llama.context_length", 32);
+  b.KvU32("llama.vocab_size", 4);
+  b.TensorF32("token_embd.weight", {8, 4}, std::vector<float>(32, 0.0f));
+  b.TensorF32("output_norm.weight", {8}, std::vector<float>(8, 1.0f));
+  auto m = LlamaModel::Load(WriteTemp("many_layers.gguf", b.Build()));
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("llama.block_count 536870912 needs 9 tensors per layer; "
+                                      "the file holds 2 tensors"),
+            std::string::npos)
+      << m.status();
+}
+
 TEST(LoaderTest, TruncatedCheckpointsAreDataLoss) {
   KVD_REQUIRE_STORIES();
   const std::string full = ReadAll(testing::Stories260KPath());

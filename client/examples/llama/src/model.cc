@@ -158,6 +158,15 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::LoadGguf(const std::string& pa
     KVD_RETURN_IF_ERROR(LoadTensor(*g, "rope_freqs.weight", {c.rope.rotary_dim / 2},
                                    &m->rope_freq_factors_, &types));
   }
+  // Every layer has 9 tensors: a block_count the file cannot hold is refused before anything is
+  // sized by it (a 14 KB file claiming 8M layers made the loader allocate 1.7 GB).
+  constexpr size_t kTensorsPerLayer = 9;
+  if (static_cast<size_t>(c.num_layers) > g->tensors().size() / kTensorsPerLayer) {
+    return Status::InvalidArgument(path + ": llama.block_count " + std::to_string(c.num_layers) +
+                                   " needs " + std::to_string(kTensorsPerLayer) +
+                                   " tensors per layer; the file holds " +
+                                   std::to_string(g->tensors().size()) + " tensors");
+  }
   m->layers_.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& w = m->layers_[l];
