@@ -84,6 +84,10 @@ Status CompressionPlanOptions::Validate() const {
   if (!(hybrid_min_cos >= -1.0 && hybrid_min_cos <= 1.0)) {
     return Status::InvalidArgument("plan: hybrid_min_cos must be in [-1, 1]");
   }
+  if (hybrid_error_aware && (score == ScoreStage::kNone || merge != MergeStage::kKvSlimmer)) {
+    return Status::InvalidArgument(
+        "plan: hybrid_error_aware needs the hybrid (a score stage and merge kKvSlimmer)");
+  }
   if (static_cast<uint8_t>(head_budget) > static_cast<uint8_t>(HeadBudget::kAdaptive)) {
     return Status::InvalidArgument("plan: unknown head_budget");
   }
@@ -148,6 +152,10 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
              ? "kvslimmer"
              : ScoreStageName(options.score).data()) +
         " needs window queries");
+  }
+  if (options.hybrid_error_aware && !have_queries) {
+    return Status::FailedPrecondition(
+        "plan: hybrid_error_aware needs window queries (its error estimate uses them)");
   }
   if (have_queries) {
     if (input.window_queries.size() != static_cast<size_t>(L) * H) {
@@ -257,6 +265,7 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
       total.budget_half_pairs += s.budget_half_pairs;
       total.half_pairs += s.half_pairs;
       total.route_reductions += s.route_reductions;
+      total.error_aware_evicted += s.error_aware_evicted;
       total.kvslimmer += s.kvslimmer;
     }
   }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "kvd/kernels/scorers.h"
 #include "kvd/kernels/snapkv.h"
 #include "plan_internal.h"
+#include "window_error.h"
 
 namespace kvd::kernels::internal {
 namespace {
@@ -54,6 +56,13 @@ class HeadPipeline {
   StatusOr<std::vector<int32_t>> SelectPool(int64_t pool);
   Status BuildEviction(const std::vector<int32_t>& pool, SlotTable* t);
   Status BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t);
+  // The merged slot of tokens `g` (token order, >= 2): mass-weighted mean pre-RoPE key rotated to
+  // the slot's position, value sum, position (plan.h).
+  Status MergeGroup(std::span<const int64_t> g, float* key_pre, float* key_post, double* value_sum,
+                    int64_t* position) const;
+  // hybrid_error_aware: keeps, of each slot's candidates (absorber first, the rest nearest
+  // first), those whose merge is estimated to cost less than their eviction (plan.h).
+  Status ErrorAwareGroups(std::vector<std::vector<int64_t>>* members);
   Status BuildKvSlimmer(int64_t pool, SlotTable* t);
   int64_t Eligible(const SlotTable& t) const;
   Status Route(int64_t key_only, SlotTable* t);
@@ -70,6 +79,8 @@ class HeadPipeline {
   SlotSet kvslimmer_;  // merge-only state, merged further on each retry
   bool kvslimmer_started_ = false;
   KvSlimmerStats merge_stats_;
+  std::optional<WindowErrorModel> window_error_;  // hybrid_error_aware (lazy)
+  int64_t error_aware_evicted_ = 0;               // of the latest BuildHybrid
 };
 
 Status HeadPipeline::EnsureKeysPre() {
@@ -162,7 +173,8 @@ Status HeadPipeline::BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t)
     }
   }
   // Group members per slot (absorber first, then the others by token distance, ties left); the
-  // cap keeps the absorber and its (hybrid_max_group - 1) nearest members, evicting the rest.
+  // cap keeps the absorber and its (hybrid_max_group - 1) nearest members, evicting the rest
+  // (error-aware: the members whose merge beats their eviction, up to the cap).
   std::vector<std::vector<int64_t>> members(static_cast<size_t>(s));
   for (int64_t j = 0; j < s; ++j) members[j].push_back(pool[j]);
   for (int64_t i = 0; i < n_; ++i) {
@@ -175,14 +187,17 @@ Status HeadPipeline::BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t)
       const int64_t dx = x < a ? a - x : x - a, dy = y < a ? a - y : y - a;
       return dx != dy ? dx < dy : x < y;
     };
-    if (static_cast<int64_t>(g.size()) > opt_.hybrid_max_group) {
+    if (opt_.hybrid_error_aware) {
+      std::sort(g.begin() + 1, g.end(), dist_less);
+    } else if (static_cast<int64_t>(g.size()) > opt_.hybrid_max_group) {
       std::sort(g.begin() + 1, g.end(), dist_less);
       g.resize(static_cast<size_t>(opt_.hybrid_max_group));
     }
-    std::sort(g.begin(), g.end());  // token order
   }
+  if (opt_.hybrid_error_aware) KVD_RETURN_IF_ERROR(ErrorAwareGroups(&members));
+  for (auto& g : members) std::sort(g.begin(), g.end());  // token order
   t->Resize(s, d_);
-  std::vector<double> key(static_cast<size_t>(d_));
+  std::vector<double> vsum(static_cast<size_t>(d_));
   for (int64_t j = 0; j < s; ++j) {
     const std::vector<int64_t>& g = members[j];
     const int64_t head_token = pool[j];
@@ -195,31 +210,80 @@ Status HeadPipeline::BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t)
       t->positions[j] = in_.positions[head_token];
       continue;
     }
-    double total = 0.0;
-    for (int64_t i : g) total += mass_.empty() ? 0.0 : std::max(0.0f, mass_[i]);
-    std::fill(key.begin(), key.end(), 0.0);
-    std::vector<double> vsum(static_cast<size_t>(d_), 0.0);
-    double pos_weighted = 0.0;
-    int64_t pos_last = 0;
-    for (int64_t i : g) {
-      const double w = total > 0.0 ? std::max(0.0f, mass_[i]) / total : 1.0 / g.size();
-      for (int64_t c = 0; c < d_; ++c) {
-        key[c] += w * kpre_.Row(i)[c];
-        vsum[c] += in_.values.Row(i)[c];
-      }
-      pos_weighted += w * static_cast<double>(in_.positions[i]);
-      pos_last = std::max(pos_last, in_.positions[i]);
-    }
+    KVD_RETURN_IF_ERROR(
+        MergeGroup(g, t->keys_pre.Row(j), t->keys_post.Row(j), vsum.data(), &t->positions[j]));
+    for (int64_t c = 0; c < d_; ++c) t->value_sums.Row(j)[c] = static_cast<float>(vsum[c]);
+  }
+  return Status::Ok();
+}
+
+Status HeadPipeline::MergeGroup(std::span<const int64_t> g, float* key_pre, float* key_post,
+                                double* value_sum, int64_t* position) const {
+  double total = 0.0;
+  for (int64_t i : g) total += mass_.empty() ? 0.0 : std::max(0.0f, mass_[i]);
+  std::vector<double> key(static_cast<size_t>(d_), 0.0);
+  std::fill(value_sum, value_sum + d_, 0.0);
+  double pos_weighted = 0.0;
+  int64_t pos_last = 0;
+  for (int64_t i : g) {
+    const double w = total > 0.0 ? std::max(0.0f, mass_[i]) / total : 1.0 / g.size();
     for (int64_t c = 0; c < d_; ++c) {
-      t->keys_pre.Row(j)[c] = static_cast<float>(key[c]);
-      t->value_sums.Row(j)[c] = static_cast<float>(vsum[c]);
+      key[c] += w * kpre_.Row(i)[c];
+      value_sum[c] += in_.values.Row(i)[c];
     }
-    t->positions[j] =
-        opt_.position == RepresentativePosition::kLast ? pos_last : std::llround(pos_weighted);
-    const int64_t p = t->positions[j];
-    KVD_RETURN_IF_ERROR(ApplyRope(*in_.rope, RopeDirection::kRotate, std::span(&p, 1),
-                                  ConstMatrixView{t->keys_pre.Row(j), 1, d_, d_},
-                                  MatrixView{t->keys_post.Row(j), 1, d_, d_}, {.num_threads = 1}));
+    pos_weighted += w * static_cast<double>(in_.positions[i]);
+    pos_last = std::max(pos_last, in_.positions[i]);
+  }
+  for (int64_t c = 0; c < d_; ++c) key_pre[c] = static_cast<float>(key[c]);
+  *position =
+      opt_.position == RepresentativePosition::kLast ? pos_last : std::llround(pos_weighted);
+  return ApplyRope(*in_.rope, RopeDirection::kRotate, std::span(position, 1),
+                   ConstMatrixView{key_pre, 1, d_, d_}, MatrixView{key_post, 1, d_, d_},
+                   {.num_threads = 1});
+}
+
+Status HeadPipeline::ErrorAwareGroups(std::vector<std::vector<int64_t>>* members) {
+  if (in_.queries.rows == 0) {
+    return Status::FailedPrecondition("plan: hybrid_error_aware needs window queries");
+  }
+  if (!window_error_.has_value()) {
+    KVD_ASSIGN_OR_RETURN(
+        window_error_, WindowErrorModel::Create(in_.queries, in_.keys, in_.values, in_.group_size));
+  }
+  const WindowErrorModel& model = *window_error_;
+  error_aware_evicted_ = 0;  // BuildHybrid may run again (route budget retries)
+  std::vector<float> kpre(static_cast<size_t>(d_)), cur_post(static_cast<size_t>(d_)),
+      try_post(static_cast<size_t>(d_));
+  std::vector<double> cur_sum(static_cast<size_t>(d_)), try_sum(static_cast<size_t>(d_));
+  std::vector<int64_t> accepted, trial;
+  for (std::vector<int64_t>& g : *members) {
+    if (g.size() < 2) continue;
+    const int64_t a = g[0];
+    accepted.assign(1, a);
+    CopyRow(in_.keys.Row(a), cur_post.data(), d_);
+    for (int64_t c = 0; c < d_; ++c) cur_sum[c] = in_.values.Row(a)[c];
+    int64_t cur_l = 1;
+    for (size_t k = 1; k < g.size(); ++k) {
+      const int64_t i = g[k];
+      if (static_cast<int64_t>(accepted.size()) >= opt_.hybrid_max_group) break;  // full: evicted
+      trial = accepted;
+      trial.insert(std::upper_bound(trial.begin(), trial.end(), i), i);
+      int64_t pos = 0;
+      KVD_RETURN_IF_ERROR(MergeGroup(trial, kpre.data(), try_post.data(), try_sum.data(), &pos));
+      const ReplacementSlot keep_g{cur_post.data(), cur_sum.data(), cur_l};
+      const ReplacementSlot merge_i{try_post.data(), try_sum.data(), cur_l + 1};
+      const double evict_err = model.Error(trial, std::span(&keep_g, 1));
+      const double merge_err = model.Error(trial, std::span(&merge_i, 1));
+      if (merge_err < evict_err) {
+        accepted = trial;
+        cur_post.swap(try_post);
+        cur_sum.swap(try_sum);
+        cur_l += 1;
+      } else {
+        ++error_aware_evicted_;
+      }
+    }
+    g = accepted;
   }
   return Status::Ok();
 }
@@ -358,6 +422,7 @@ Status HeadPipeline::Run(CompactHead* out, CompressionStats* stats) {
   stats->budget_half_pairs += 2 * m;
   stats->half_pairs += out->slots() + out->value_slots();
   stats->route_reductions += reduced ? 1 : 0;
+  stats->error_aware_evicted += error_aware_evicted_;
   stats->kvslimmer += merge_stats_;
   if (out->slots() + out->value_slots() != 2 * m) {
     return Status::Internal("plan: head used " + std::to_string(out->slots() + out->value_slots()) +

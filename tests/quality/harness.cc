@@ -232,6 +232,8 @@ void Progress(const HarnessOptions& o, Clock::time_point t0, const std::string& 
 
 HarnessOptions HarnessOptions::Quick() {
   HarnessOptions o;
+  o.methods = {"full",          "sink_recent",  "snapkv", "keydiff",
+               "snapkv+vector", "kvslimmer_l2", "hybrid"};
   o.prefix_tokens = 512;
   o.continuation_tokens = 64;
   o.max_segments = 2;
@@ -240,12 +242,13 @@ HarnessOptions HarnessOptions::Quick() {
   o.chunk_window = 16;
   o.calibration_segments = 1;
   o.passkey_filler_tokens = 384;
-  o.passkey_depths = {0.1, 0.9};
+  o.passkey_depths = {0.5};
   o.passkey_trials = 1;
   o.multikey_trials = 1;
   o.multikey_keys = 2;
   o.bootstrap_samples = 200;
   o.ratios = {0.5, 0.9};
+  o.passkey_methods.clear();  // every quick method answers the passkey prompts
   return o;
 }
 
@@ -293,6 +296,11 @@ Status HarnessOptions::Validate() const {
   }
   for (double d : passkey_depths) {
     if (!(d >= 0 && d <= 1)) return bad("passkey depth outside [0, 1]");
+  }
+  for (const std::string& m : passkey_methods) {
+    if (std::find(methods.begin(), methods.end(), m) == methods.end()) {
+      return bad("passkey method '" + m + "' is not in methods");
+    }
   }
   return Status::Ok();
 }
@@ -550,6 +558,12 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
 
   // Passkey retrieval (one-shot rows: the question comes after the compressed context).
   const std::vector<PasskeyPrompt> prompts = BuildPasskeyPrompts(*tok, o);
+  std::vector<bool> passkey_row(keys.size());
+  for (size_t k = 0; k < keys.size(); ++k) {
+    passkey_row[k] =
+        o.passkey_methods.empty() || std::find(o.passkey_methods.begin(), o.passkey_methods.end(),
+                                               rep.rows[k].method) != o.passkey_methods.end();
+  }
   for (size_t pi = 0; pi < prompts.size(); ++pi) {
     const PasskeyPrompt& p = prompts[pi];
     KVD_ASSIGN_OR_RETURN(PrefixCapture prefix, Capture(session, model, p.context, o.window));
@@ -563,7 +577,7 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     }
     for (size_t k = 0; k < keys.size(); ++k) {
       MethodResult& row = rep.rows[k];
-      if (row.mode != kModeOneShot) continue;
+      if (row.mode != kModeOneShot || !passkey_row[k]) continue;
       CompressionMethod& m = *methods[keys[k].method];
       auto cache = m.Compress(prefix, row.p_c);
       if (!cache.ok()) return cache.status().WithContext(m.name() + " (passkey)");

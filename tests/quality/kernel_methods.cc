@@ -28,6 +28,7 @@ struct MethodSpec {
   MergeNorm norm;
   RouteStage route;
   kernels::HeadBudget budget = kernels::HeadBudget::kUniform;
+  bool error_aware = false;  // hybrid: CompressionPlanOptions::hybrid_error_aware
 };
 
 constexpr kernels::HeadBudget kAda = kernels::HeadBudget::kAdaptive;
@@ -45,6 +46,9 @@ constexpr MethodSpec kSpecs[] = {
     {"kvslimmer_l1_code", ScoreStage::kNone, MergeStage::kKvSlimmer, MergeNorm::kL1Code,
      RouteStage::kNone},
     {"hybrid", ScoreStage::kSnapKv, MergeStage::kKvSlimmer, MergeNorm::kL2, RouteStage::kVector},
+    // The hybrid merging a token only where its estimated merge error is below its eviction's.
+    {"hybrid_ea", ScoreStage::kSnapKv, MergeStage::kKvSlimmer, MergeNorm::kL2, RouteStage::kVector,
+     kernels::HeadBudget::kUniform, true},
     // AdaKV-style head-wise budgets (plan.h kAdaptive, floor 0.2) on every scorer.
     {"adakv", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2, RouteStage::kNone, kAda},
     {"keydiff_ada", ScoreStage::kKeyDiff, MergeStage::kNone, MergeNorm::kL2, RouteStage::kNone,
@@ -126,6 +130,7 @@ class KernelMethod : public CompressionMethod {
     o.merge_norm = spec_.norm;
     o.route = spec_.route;
     o.head_budget = spec_.budget;
+    o.hybrid_error_aware = spec_.error_aware;
     o.p_c = p_c;
     o.window = p.window;
     // Sinks are the first tokens of the sequence: a chunk that does not start at position 0
@@ -206,13 +211,14 @@ class KernelMethod : public CompressionMethod {
         stderr,
         "[quality stats] %s p_c=%.2f slots=%lld rebuild=%lld merged_tokens=%lld "
         "evicted=%lld max_l=%d route_reductions=%lld kvslimmer rounds=%lld pairs=%lld "
-        "guard_fallbacks=%lld guard_clamps=%lld\n",
+        "guard_fallbacks=%lld guard_clamps=%lld error_aware_evicted=%lld\n",
         spec_.name, p_c, static_cast<long long>(st.slots), static_cast<long long>(st.rebuild_slots),
         static_cast<long long>(st.merged_tokens), static_cast<long long>(st.evicted_tokens), max_l,
         static_cast<long long>(st.route_reductions), static_cast<long long>(st.kvslimmer.rounds),
         static_cast<long long>(st.kvslimmer.pairs_merged),
         static_cast<long long>(st.kvslimmer.guard_fallbacks),
-        static_cast<long long>(st.kvslimmer.guard_clamps));
+        static_cast<long long>(st.kvslimmer.guard_clamps),
+        static_cast<long long>(st.error_aware_evicted));
   }
   MethodSpec spec_;
   std::optional<kernels::VectorWeights> weights_;

@@ -4,7 +4,7 @@
 //               [--ratios 0.5,0.75,0.9] [--segments N] [--prefix N] [--continuation N]
 //               [--window W] [--passkey N] [--threads N] [--text-file PATH]... [--modes a,b]
 //               [--chunk N] [--chunk-window W] [--passkey-trials N] [--multikey-trials N]
-//               [--calib-segments N] [--bootstrap N]
+//               [--calib-segments N] [--bootstrap N] [--passkey-methods a,b]
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,10 +21,12 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: kvd-quality --model PATH [--manifest FILE] [--out DIR] [--quick]\n"
-    "                   [--methods full,sink_recent] [--ratios 0.5,0.75,0.9] [--segments 8]\n"
+    "                   [--methods full,sink_recent] [--ratios 0.5,0.75,0.9] [--segments 10]\n"
     "                   [--prefix 1024] [--continuation 128] [--window 64] [--passkey 1024]\n"
     "                   [--modes one-shot,chunk-wise] [--chunk 256] [--chunk-window 16]\n"
     "                   [--passkey-trials 20] [--multikey-trials 20] [--calib-segments 4]\n"
+    "                   [--passkey-methods full,snapkv] (default: full,snapkv,keydiff;\n"
+    "                   with --methods alone: every listed method)\n"
     "                   [--bootstrap 2000] [--text-file PATH]... [--threads N] [--list-methods]\n"
     "  --text-file PATH (repeatable) evaluates these UTF-8 files instead of the manifest's eval\n"
     "  texts (calibration still uses the manifest's calib texts).\n"
@@ -56,6 +58,9 @@ int main(int argc, char** argv) {
       o.manifest_path = manifest;
     }
   }
+  bool passkey_methods_given = false;
+  for (int i = 1; i < argc; ++i)
+    passkey_methods_given |= std::string(argv[i]) == "--passkey-methods";
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -71,9 +76,14 @@ int main(int argc, char** argv) {
         out_dir = val();
       else if (a == "--quick")
         continue;
-      else if (a == "--methods")
+      else if (a == "--methods") {
         o.methods = SplitCommas(val());
-      else if (a == "--ratios") {
+        // Explicit methods without --passkey-methods: every listed method answers the passkey.
+        if (!passkey_methods_given) o.passkey_methods.clear();
+      } else if (a == "--passkey-methods") {
+        o.passkey_methods = SplitCommas(val());
+        passkey_methods_given = true;
+      } else if (a == "--ratios") {
         o.ratios.clear();
         for (const auto& r : SplitCommas(val())) o.ratios.push_back(std::stod(r));
       } else if (a == "--segments")

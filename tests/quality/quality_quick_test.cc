@@ -48,11 +48,11 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
   ASSERT_TRUE(model.ok()) << model.status();
   HarnessOptions o = HarnessOptions::Quick();
   o.manifest_path = KVD_QUALITY_DEFAULT_MANIFEST;
-  // A representative subset (every scorer, each +VECTOR, AdaKV, KVSlimmer, the hybrid) keeps the
-  // quick run short; quality_kernel_methods_test covers every registered method without a model.
-  o.methods = {"full",  "sink_recent",   "snapkv",         "keydiff",          "pyramidkv",
-               "adakv", "snapkv+vector", "keydiff+vector", "pyramidkv+vector", "kvslimmer_l2",
-               "hybrid"};
+  // One engine thread: ctest runs two tests at a time, and OpenBLAS's second thread spin-waits
+  // (sched_yield) on a busy machine; measured in docs/quality.md ("Sizes and the quick run").
+  o.threads = 1;
+  // Quick() runs one method per stage kind (two scorers, VECTOR routing, KVSlimmer merging, the
+  // hybrid); quality_kernel_methods_test covers every registered method without a model.
   auto rep = RunHarness(**model, o);
   ASSERT_TRUE(rep.ok()) << rep.status();
   std::cout << ToMarkdown(*rep, "quality_quick_test");
@@ -94,7 +94,7 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
   EXPECT_EQ(rep->engine_passkey_total, prompts);
   EXPECT_EQ(rep->engine_multikey_total, o.multikey_trials);
   // Calibration R^2 per layer for every VECTOR method, each in [0, 1] (values are reported).
-  for (const char* name : {"snapkv+vector", "keydiff+vector", "pyramidkv+vector", "hybrid"}) {
+  for (const char* name : {"snapkv+vector", "hybrid"}) {
     auto it = rep->calibration_r2.find(name);
     ASSERT_NE(it, rep->calibration_r2.end()) << name << " reported no R^2";
     ASSERT_EQ(it->second.size(), static_cast<size_t>((*model)->config().num_layers));
@@ -139,12 +139,10 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
       {"hybrid attention error < sink_recent's", err("hybrid") < err("sink_recent"), false});
   claims.push_back(
       {"hybrid perplexity < sink_recent's", ppl("hybrid") < ppl("sink_recent"), false});
-  for (const std::string base : {"snapkv", "keydiff", "pyramidkv"}) {
-    // Reported only: on the varied texts keydiff+vector lost 6% to keydiff in a quick run (two
-    // segments cannot separate such differences; the default run's intervals do).
-    claims.push_back({base + "+vector perplexity <= " + base + "'s x 1.02",
-                      ppl(base + "+vector") <= ppl(base) * kVectorTolerance, false});
-  }
+  // Reported only: on the varied texts keydiff+vector lost 6% to keydiff in a quick run (two
+  // segments cannot separate such differences; the default run's intervals do).
+  claims.push_back({"snapkv+vector perplexity <= snapkv's x 1.02",
+                    ppl("snapkv+vector") <= ppl("snapkv") * kVectorTolerance, false});
   std::string best_single;
   for (const std::string& m : o.methods) {
     if (m == "full" || m == "hybrid" || m == "sink_recent") continue;

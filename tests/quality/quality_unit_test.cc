@@ -165,6 +165,14 @@ TEST(HarnessOptionsTest, Validate) {
   EXPECT_TRUE(c.Validate().ok()) << c.Validate();
   c.multikey_keys = 1;
   EXPECT_NE(c.Validate().message().find("multikey_keys must be in [2, 8]"), std::string::npos);
+  HarnessOptions p;
+  p.manifest_path = "m";
+  p.methods = {"full", "snapkv"};
+  p.passkey_methods = {"snapkv", "keydiff"};
+  EXPECT_EQ(p.Validate().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(p.Validate().message().find("passkey method 'keydiff' is not in methods"),
+            std::string::npos)
+      << p.Validate();
 }
 
 TEST(ManifestTest, TextFilesAreHashedAndMustBeUtf8) {

@@ -119,16 +119,16 @@ std::string ToMarkdown(const HarnessReport& r, const std::string& command) {
       }
       if (pk.empty())
         pk = std::to_string(m.passkey_correct) + "/" + std::to_string(m.passkey_total);
-      if (m.mode != kModeOneShot) pk = "-";
+      const bool asked = m.mode == kModeOneShot && m.passkey_total + m.multikey_total > 0;
+      if (!asked) pk = "-";
       os << "| " << m.method << " | " << Fmt("%.2f", m.p_c) << " | " << Fmt("%.3f", m.achieved_p_c)
          << " | " << Fmt("%.3f", m.perplexity) << " | "
          << Fmt("%.3f", m.perplexity / r.engine_perplexity) << " [" << Fmt("%.3f", m.ppl_ratio_lo)
          << ", " << Fmt("%.3f", m.ppl_ratio_hi) << "] | " << Fmt("%.3f", m.top1_agreement) << " ["
          << Fmt("%.3f", m.top1_lo) << ", " << Fmt("%.3f", m.top1_hi) << "] | "
          << Fmt("%.4f", m.mean_rel_error) << " | " << pk << " | "
-         << (m.mode != kModeOneShot
-                 ? std::string("-")
-                 : std::to_string(m.multikey_correct) + "/" + std::to_string(m.multikey_total))
+         << (!asked ? std::string("-")
+                    : std::to_string(m.multikey_correct) + "/" + std::to_string(m.multikey_total))
          << " |\n";
     }
     os << "\nPlot (`" << PlotFileName(mode) << "`, perplexity against p_c; full = dashed level):";

@@ -19,6 +19,18 @@
 //                         (hybrid_max_group - 1) assigned tokens nearest in token distance (ties
 //                         left); the other assigned tokens are evicted, as are tokens failing
 //                         the `hybrid_min_cos` gate. The slot count (budget) does not change.
+//                         With `hybrid_error_aware` a token is merged only where that is
+//                         estimated to hurt less than evicting it (below).
+//   - error-aware hybrid (`hybrid_error_aware`, default off): after the gate, each absorber's
+//                         assigned tokens are visited nearest first (token distance, ties left);
+//                         token i joins the slot's current group G only if the window queries'
+//                         attention-output error of serving G + i as one merged slot is below that
+//                         of serving G merged and evicting i, both measured against the
+//                         uncompressed head (sum over the W*G window query rows of the squared
+//                         change of the output, exact for this one slot's change with every other
+//                         token kept; window_error.h); otherwise i is evicted. At most
+//                         `hybrid_max_group` tokens join a slot (absorber included); candidates
+//                         left after the slot is full are evicted. Needs window queries.
 //   - route kVector:      among the slots of cardinality 1 that are not sinks/window, the ones
 //                         with the smallest |v - W kpre|^2 drop their value (section 4.2).
 //
@@ -81,6 +93,11 @@ struct CompressionPlanOptions {
   // Hybrid only: a token joins its absorber only if cos(kpre_i, kpre_absorber) >= this; 0 = off
   // (any value <= 0 disables the gate). In [-1, 1].
   double hybrid_min_cos = 0.0;
+  // Hybrid only: merge a token only when the estimated attention-output error of merging it is
+  // below that of evicting it (file comment); default off = merge every assigned token. Needs
+  // window queries (FAILED_PRECONDITION without). Not recorded in CodecDescription: serving
+  // reads merged slots the same way whichever tokens were merged.
+  bool hybrid_error_aware = false;
   // Per-head budgets within a layer (file comment). kAdaptive needs a score stage (not kNone) and
   // one-shot KeyDiff (keydiff_block 0). Not recorded in CodecDescription: the chunk's per-head
   // slot counts are all serving needs.
@@ -107,6 +124,9 @@ struct CompressionStats {
   int64_t half_pairs = 0;         // keys + stored values (== budget_half_pairs)
   int64_t route_reductions = 0;   // heads whose a was lowered for lack of single slots
   KvSlimmerStats kvslimmer;       // guard counters of the merge stage
+  // hybrid_error_aware: tokens evicted because merging them was estimated to cost more (the
+  // candidates left once a slot is full are not counted).
+  int64_t error_aware_evicted = 0;
 };
 
 // Inputs of one chunk. Views are host memory.
