@@ -8,6 +8,26 @@
 
 namespace kvd::llama::testing {
 
+// GPT-2's byte -> unicode table, as UTF-8 strings (an independent re-implementation for
+// tests: the byte tokens of a byte-level BPE vocabulary).
+inline std::vector<std::string> ByteTokens() {
+  std::vector<std::string> out;
+  int next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    const int cp = printable ? b : next++;
+    std::string s;
+    if (cp < 0x80) {
+      s.push_back(static_cast<char>(cp));
+    } else {
+      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
 class GgufBuilder {
  public:
   explicit GgufBuilder(uint32_t version = 3, uint32_t magic = 0x46554747) {

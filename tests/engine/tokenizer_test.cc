@@ -12,24 +12,7 @@
 namespace kvd::llama {
 namespace {
 
-// GPT-2's byte -> unicode table, as UTF-8 strings (independent re-implementation for the test).
-std::vector<std::string> ByteTokens() {
-  std::vector<std::string> out;
-  int next = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-    const int cp = printable ? b : next++;
-    std::string s;
-    if (cp < 0x80) {
-      s.push_back(static_cast<char>(cp));
-    } else {
-      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-    out.push_back(s);
-  }
-  return out;
-}
+using testing::ByteTokens;
 
 std::unique_ptr<Tokenizer> Make(std::vector<std::string> extra, std::vector<std::string> merges,
                                 std::string pre = "smollm",

@@ -7,9 +7,6 @@
 // Invariants: a refused topology or tokens file is INVALID_ARGUMENT (the file exists); an
 // accepted topology passes Validate() again; a parsed byte size formats and parses back to
 // itself.
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -24,16 +21,8 @@ namespace {
 using kvd::StatusCode;
 
 void CheckTokensFile(std::string_view text) {
-  const int fd = ::memfd_create("kvd-fuzz-tokens", MFD_CLOEXEC);
-  KVD_FUZZ_CHECK(fd >= 0, "memfd_create failed");
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    KVD_FUZZ_CHECK(n > 0, "write to memfd failed");
-    done += static_cast<size_t>(n);
-  }
-  auto tokens = kvd::daemon::LoadAuthTokens("/proc/self/fd/" + std::to_string(fd));
-  ::close(fd);
+  kvd::fuzz::MemFile file(text.data(), text.size());
+  auto tokens = kvd::daemon::LoadAuthTokens(file.path());
   if (!tokens.ok()) {
     KVD_FUZZ_CHECK(tokens.status().code() == StatusCode::kInvalidArgument, "%s",
                    tokens.status().ToString().c_str());

@@ -10,9 +10,6 @@
 //
 // Invariants: a refusal by GgufFile::Parse is one of its documented codes; every tensor of a
 // parsed file is found by name and has its data in the mapping.
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -49,17 +46,9 @@ void ReadMetadata(const kvd::llama::GgufFile& g) {
 }
 
 void LoadModel(const uint8_t* data, size_t size) {
-  const int fd = ::memfd_create("kvd-fuzz-gguf", MFD_CLOEXEC);
-  KVD_FUZZ_CHECK(fd >= 0, "memfd_create failed");
-  size_t done = 0;
-  while (done < size) {
-    ssize_t n = ::write(fd, data + done, size - done);
-    KVD_FUZZ_CHECK(n > 0, "write to memfd failed");
-    done += static_cast<size_t>(n);
-  }
+  kvd::fuzz::MemFile file(data, size);
   // Not a GGUF file: the llama2.c checkpoint reader gets the bytes instead.
-  (void)kvd::llama::LlamaModel::Load("/proc/self/fd/" + std::to_string(fd));
-  ::close(fd);
+  (void)kvd::llama::LlamaModel::Load(file.path());
 }
 
 }  // namespace

@@ -215,29 +215,10 @@ void WriteCompactChunks(const fs::path& corpus) {
   }
 }
 
-// GPT-2's byte -> unicode table as UTF-8 strings: the 256 byte tokens of a byte-level BPE.
-std::vector<std::string> ByteTokens() {
-  std::vector<std::string> out;
-  int next = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-    const int cp = printable ? b : next++;
-    std::string s;
-    if (cp < 0x80) {
-      s.push_back(static_cast<char>(cp));
-    } else {
-      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-    out.push_back(s);
-  }
-  return out;
-}
-
 // A complete (tiny) llama model: dim 8, 2 heads (1 KV head), 1 layer, hidden 16, byte-level BPE.
 std::string TinyLlama(uint32_t matrix_type) {
   kvd::llama::testing::GgufBuilder b;
-  std::vector<std::string> tokens = ByteTokens();
+  std::vector<std::string> tokens = kvd::llama::testing::ByteTokens();
   tokens.push_back("he");
   tokens.push_back("<|im_start|>");
   std::vector<int32_t> types(tokens.size(), 1);
