@@ -336,6 +336,49 @@ struct HealthReply {
   }
 }
 
+# KV cache events (docs/wire-format.md "Events"): a router subscribes on a control connection and
+# learns every chunk stored in or removed from a tier of this node. After the SubscribeReply the
+# daemon sends Response frames with the Subscribe's requestId and `events` set, unasked, while
+# the connection keeps serving other requests. An engine-role session sees its own namespace
+# only; an admin session sees `namespace` ("" = all). One subscription per connection.
+struct SubscribeRequest {
+  namespace @0 :Text;                # admin: "" = every namespace; engine: "" or its own
+  queueLimit @1 :UInt32;             # events queued for this subscriber; 0 = the daemon's
+                                     # default; capped at the daemon's maximum
+}
+
+struct SubscribeReply {
+  queueLimit @0 :UInt32;             # the queue this subscription got
+  namespace @1 :Text;                # the namespace it sees ("" = all)
+}
+
+enum KvEventKind {
+  stored @0;                         # the chunk became visible in `tier`
+  removed @1;                        # it is no longer in `tier` (`reason` says why)
+  dropped @2;                        # the subscriber's queue was full: `dropped` events were
+                                     # lost here (resync with List)
+}
+
+struct KvEvent {
+  sequence @0 :UInt64;               # per subscription, from 1, no gaps: a dropped marker takes
+                                     # the numbers of the events it stands for
+  kind @1 :KvEventKind;
+  reason @2 :Text;                   # removed: "evicted", "admin", "moved", "corrupt"
+  tier @3 :Text;                     # "gpu", "host", "disk"
+  namespace @4 :Text;
+  model @5 :Text;
+  codecId @6 :UInt32;
+  layoutDigest @7 :UInt64;
+  hash @8 :Hash128;                  # the chunk's key: chain hash of its last block
+  tokens @9 :UInt32;
+  bytes @10 :UInt64;                 # bytes of the chunk in that tier
+  dropped @11 :UInt64;               # dropped marker: events lost
+}
+
+struct EventBatch {
+  events @0 :List(KvEvent);          # in order
+}
+
 struct Request {
   requestId @0 :UInt64;              # echoed in the Response
   union {
@@ -354,6 +397,7 @@ struct Request {
     releaseRead @13 :ReleaseRead;
     calibration @14 :CalibrationRequest;
     weights @15 :WeightsRequest;
+    subscribe @16 :SubscribeRequest;
   }
 }
 
@@ -373,5 +417,7 @@ struct Response {
     health @11 :HealthReply;
     calibration @12 :CalibrationReply;
     weights @13 :WeightsReply;
+    subscribed @14 :SubscribeReply;
+    events @15 :EventBatch;          # unasked, after `subscribed`, with the Subscribe's requestId
   }
 }

@@ -245,6 +245,28 @@ int kvd_client_health_json(kvd_client* client, char** json) {
   });
 }
 
+int kvd_client_subscribe_events(kvd_client* client, const char* name_space, uint32_t queue_limit) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr, "client must not be NULL");
+    auto r = client->impl->SubscribeEvents({name_space ? name_space : "", queue_limit});
+    return r.ok() ? KVD_OK : Fail(r.status());
+  });
+}
+
+int kvd_client_poll_events_json(kvd_client* client, int64_t timeout_ms, char** json) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && json != nullptr, "client and json must not be NULL");
+    auto r = client->impl->PollEvents(timeout_ms);
+    if (!r.ok()) return Fail(r.status());
+    std::string out = "[";
+    for (size_t i = 0; i < r->size(); ++i) {
+      out += (i ? "," : "") + kvd::client::EventToJson((*r)[i]);
+    }
+    *json = CopyString(out + "]");
+    return *json ? KVD_OK : Fail(KVD_RESOURCE_EXHAUSTED, "RESOURCE_EXHAUSTED: malloc failed");
+  });
+}
+
 int kvd_client_evict(kvd_client* client, const char* scope, const char* value,
                      uint64_t* evicted_chunks) {
   return Guard([&]() -> int {

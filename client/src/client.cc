@@ -685,6 +685,12 @@ StatusOr<Stats> Client::GetStats() { return Impl(this)->GetStats(); }
 StatusOr<ListResult> Client::List(const ListFilter& filter) { return Impl(this)->List(filter); }
 StatusOr<EvictResult> Client::Evict(const EvictFilter& filter) { return Impl(this)->Evict(filter); }
 StatusOr<Health> Client::GetHealth() { return Impl(this)->GetHealth(); }
+StatusOr<SubscriptionInfo> Client::SubscribeEvents(const SubscribeOptions& options) {
+  return Impl(this)->SubscribeEvents(options);
+}
+StatusOr<std::vector<KvEvent>> Client::PollEvents(int64_t timeout_ms) {
+  return Impl(this)->PollEvents(timeout_ms);
+}
 std::vector<SharedSegment> Client::SharedSegments() const { return Impl(this)->SharedSegments(); }
 
 }  // namespace kvd::client

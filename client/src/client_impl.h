@@ -37,6 +37,8 @@ class ClientImpl final : public Client {
   StatusOr<ListResult> List(const ListFilter& filter);
   StatusOr<EvictResult> Evict(const EvictFilter& filter);
   StatusOr<Health> GetHealth();
+  StatusOr<SubscriptionInfo> SubscribeEvents(const SubscribeOptions& options);
+  StatusOr<std::vector<KvEvent>> PollEvents(int64_t timeout_ms);
   std::vector<SharedSegment> SharedSegments() const;
   StatusOr<std::vector<CalibrationInfo>> GetCalibration(const std::string& model);
   StatusOr<std::shared_ptr<const std::vector<uint8_t>>> GetVectorWeights(uint64_t version);
@@ -85,6 +87,7 @@ class ClientImpl final : public Client {
   std::vector<uint8_t> staging_;  // PutLayers/GetLayers; GUARDED_BY(mu_)
   // VECTOR weights by version (GetVectorWeights); GUARDED_BY(mu_)
   std::map<uint64_t, std::shared_ptr<const std::vector<uint8_t>>> weights_;
+  bool subscribed_ = false;  // GUARDED_BY(mu_)
 
   friend class ::kvd::client::Client;
 };

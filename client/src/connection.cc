@@ -227,8 +227,10 @@ Status Channel::ReadOne(Deadline deadline) {
   if (!s.ok()) return Break(s);
   // A shared-memory slot with fdAttached: its memfd came with this frame's first byte.
   bool carries_fd = false;
+  bool is_events = false;
   proto::TryDecode([&]() {
     auto r = m->Root<proto::Response>();
+    is_events = r.isEvents();
     if (r.isReserve() && r.getReserve().hasShm()) {
       carries_fd = r.getReserve().getShm().getFdAttached();
     } else if (r.isGet() && r.getGet().hasShm()) {
@@ -240,6 +242,10 @@ Status Channel::ReadOne(Deadline deadline) {
     int fd = conn_->TakeFd();
     if (fd < 0) return Break(Status::Internal("kvd announced a memfd that did not arrive"));
     fds_[id] = fd;
+  }
+  if (is_events) {
+    event_frames_.push_back(std::move(m));  // a subscription's stream, not a reply
+    return Status::Ok();
   }
   pending_[id] = std::move(m);
   return Status::Ok();

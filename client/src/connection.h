@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvd/client/client.h"
@@ -107,6 +108,12 @@ class Channel {
   // connection (the daemon died) as UNAVAILABLE.
   Status Pump();
 
+  // `events` frames received (a subscription's stream), oldest first; taken by the caller.
+  std::deque<std::unique_ptr<proto::DecodedMessage>> TakeEventFrames() {
+    return std::exchange(event_frames_, {});
+  }
+  bool HasEventFrames() const { return !event_frames_.empty(); }
+
   // Marks the channel broken with `s` (UNAVAILABLE / DEADLINE_EXCEEDED) and returns it.
   Status Break(Status s);
 
@@ -124,6 +131,7 @@ class Channel {
   uint64_t next_request_id_ = 1;
   std::map<uint64_t, std::unique_ptr<proto::DecodedMessage>> pending_;
   std::map<uint64_t, int> fds_;  // request id -> memfd of its reply (closed if never taken)
+  std::deque<std::unique_ptr<proto::DecodedMessage>> event_frames_;  // unasked `events` frames
   Status broken_;
 
  public:

@@ -117,6 +117,48 @@ std::string CalibrationToJson(const std::vector<CalibrationInfo>& models, int in
   return Dump(json{{"models", out}}, indent);
 }
 
+static const char* KvEventKindName(KvEventKind kind) {
+  switch (kind) {
+    case KvEventKind::kStored:
+      return "stored";
+    case KvEventKind::kRemoved:
+      return "removed";
+    case KvEventKind::kDropped:
+      return "dropped";
+  }
+  return "unknown";
+}
+
+std::string EventToJson(const KvEvent& e, int indent) {
+  if (e.kind == KvEventKind::kDropped) {
+    return Dump(json{{"seq", e.sequence}, {"event", "dropped"}, {"dropped", e.dropped}}, indent);
+  }
+  char digest[17];
+  std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(e.layout_digest));
+  json j = {{"seq", e.sequence}, {"event", KvEventKindName(e.kind)}};
+  if (e.kind == KvEventKind::kRemoved) j["reason"] = e.reason;
+  j["tier"] = e.tier;
+  j["namespace"] = e.name_space;
+  j["model"] = e.model;
+  j["codec_id"] = e.codec_id;
+  j["layout_digest"] = digest;
+  j["hash"] = e.hash.ToHex();
+  j["tokens"] = e.tokens;
+  j["bytes"] = e.bytes;
+  return Dump(j, indent);
+}
+
+std::string EventToText(const KvEvent& e) {
+  std::string out = std::to_string(e.sequence) + " " + KvEventKindName(e.kind);
+  if (e.kind == KvEventKind::kDropped) {
+    return out + " " + std::to_string(e.dropped) + " events (queue full; resync with kvdctl ls)";
+  }
+  if (e.kind == KvEventKind::kRemoved) out += "(" + e.reason + ")";
+  return out + " " + e.tier + " " + e.name_space + "/" + e.model +
+         " codec=" + std::to_string(e.codec_id) + " " + e.hash.ToHex() +
+         " tokens=" + std::to_string(e.tokens) + " bytes=" + std::to_string(e.bytes);
+}
+
 std::string StatusToJson(const Status& s, int indent) {
   return Dump(json{{"code", std::string(StatusCodeName(s.code()))}, {"message", s.message()}},
               indent);

@@ -8,6 +8,7 @@
 // (expects every chunk), looks up a prompt that diverges after the first chunk (expects one
 // chunk), gets every chunk back and compares the bytes. Exit 0 when all of that holds; 1 with
 // the reason otherwise; 2 usage; 3 cannot connect.
+#include <CLI/CLI.hpp>
 #include <cstring>
 #include <iostream>
 #include <numeric>
@@ -31,22 +32,21 @@ int Failed(const kvd::Status& s, const std::string& step) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::set<std::string> valued = {"--model", "--tokens"};
-  valued.insert(kvd::tools::kConnectionFlags.begin(), kvd::tools::kConnectionFlags.end());
-  kvd::tools::Args args(argc, argv, {"--help"}, valued);
-  if (args.Has("--help") || !args.ok()) {
-    if (!args.ok()) std::cerr << "kvd-roundtrip: " << args.error() << "\n";
-    std::cerr << "usage: kvd-roundtrip [--addr ADDR] [--model M] [--tokens N] [--ucx-tls TLS]\n";
-    return args.ok() ? 0 : 2;
-  }
+  CLI::App app{"kvd-roundtrip: put, look up and get a random prompt's KV; verify every byte",
+               "kvd-roundtrip"};
+  app.footer("exit codes: 0 round trip OK, 1 a check failed, 2 usage, 3 cannot connect");
+  kvd::tools::ConnectionFlags connection;
+  kvd::tools::AddConnectionOptions(app, &connection);
+  std::string model = "smollm2-135m";
+  int64_t total = 600;
+  app.add_option("--model", model, "a model registered in kvd (default smollm2-135m)");
+  app.add_option("--tokens", total, "prompt tokens (default 600: two full chunks and a partial)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  if (int rc = kvd::tools::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   kvd::client::ClientOptions o;
-  kvd::tools::ApplyConnectionArgs(args, &o);
-  o.model = args.Get("--model", "smollm2-135m");
-  const int64_t total = args.GetInt("--tokens", 600);
-  if (!args.ok() || total <= 0) {
-    std::cerr << "kvd-roundtrip: bad --tokens\n";
-    return 2;
-  }
+  kvd::tools::ApplyConnectionFlags(connection, &o);
+  o.model = model;
   uint32_t chunk_tokens = 0;
   auto info = kvd::tools::FindModel(o, o.model, &chunk_tokens);
   if (!info.ok()) return Failed(info.status(), "model lookup");

@@ -8,6 +8,7 @@
 //   kvdctl [--addr ADDR] calibrate --model M --model-file GGUF --from FILE [...]
 //       runs `kvd-demo calibrate` (the reference engine; found next to kvdctl, else on PATH) with
 //       the same arguments, so that kvdctl itself links no engine. See kvd-demo's usage.
+//   kvdctl [--addr ADDR] [--json] events [--namespace N] [--count K] [--queue Q]
 //
 // ADDR is host:port or unix:/path (default $KVD_ADDR, else 127.0.0.1:7400).
 // Exit codes: 0 ok (health: serving, DEGRADED included: it still serves, the status line says
@@ -198,6 +199,14 @@ int main(int argc, char** argv) {
       return ExecCalibrate(addr, std::vector<std::string>(argv + i + 1, argv + argc));
     }
   }
+  int64_t count = 0, queue = 0;
+  CLI::App* events = app.add_subcommand(
+      "events", "stream KV cache events (stored / removed / dropped), one line each");
+  events->add_option("--namespace", ns, "only this namespace (default: all)");
+  events->add_option("--count", count, "stop after this many events (default 0: until interrupted)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  events->add_option("--queue", queue, "events kvd queues for us before it drops (0 = default)")
+      ->check(CLI::Range(int64_t{0}, int64_t{UINT32_MAX}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -289,6 +298,20 @@ int main(int argc, char** argv) {
       std::cout << kvd::client::CalibrationToJson(*cal) << "\n";
     else
       PrintCalibration(std::cout, *cal);
+  } else if (cmd == "events") {
+    // One line per event (JSON with --json) until interrupted, the daemon goes away, or --count.
+    auto sub = c->SubscribeEvents({ns, static_cast<uint32_t>(queue)});
+    if (!sub.ok()) return Fail(sub.status(), json, false);
+    int64_t seen = 0;
+    while (count == 0 || seen < count) {
+      auto batch = c->PollEvents(1000);
+      if (!batch.ok()) return Fail(batch.status(), json, false);
+      for (const auto& e : *batch) {
+        std::cout << (json ? kvd::client::EventToJson(e) : kvd::client::EventToText(e)) << "\n";
+        if (count != 0 && ++seen >= count) break;
+      }
+      std::cout << std::flush;
+    }
   } else {  // health
     auto h = c->GetHealth();
     if (!h.ok()) return Fail(h.status(), json, false);

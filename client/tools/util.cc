@@ -1,9 +1,11 @@
 #include "util.h"
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <ostream>
 
 namespace kvd::tools {
@@ -133,21 +135,57 @@ void PrintTable(std::ostream& os, const std::vector<std::string>& header,
   for (const auto& r : rows) line(r);
 }
 
-void ApplyConnectionArgs(Args& args, client::ClientOptions* o) {
-  if (args.Has("--addr"))
-    o->address = args.Get("--addr");
+void AddConnectionOptions(CLI::App& app, ConnectionFlags* f) {
+  app.add_option("--addr", f->addr,
+                 "daemon address: host:port or unix:/path (default $KVD_ADDR, else "
+                 "127.0.0.1:7400)");
+  app.add_option("--ucx-tls", f->ucx_tls, "UCX transports (UCX_TLS), e.g. sm,tcp");
+  app.add_option("--net-devices", f->net_devices, "UCX network devices (UCX_NET_DEVICES), e.g. lo");
+  app.add_option("--namespace", f->name_space, "cache namespace (default: the daemon's default)");
+  app.add_option("--hash-seed", f->hash_seed, "the deployment's hash seed text");
+  app.add_option("--client-id", f->client_id, "name shown in the daemon's logs");
+  app.add_option("--timeout-ms", f->timeout_ms, "connect and request timeout")
+      ->check(CLI::PositiveNumber);
+}
+
+void ApplyConnectionFlags(const ConnectionFlags& f, client::ClientOptions* o) {
+  if (!f.addr.empty())
+    o->address = f.addr;
   else if (const char* env = std::getenv("KVD_ADDR"))
     o->address = env;
-  if (args.Has("--ucx-tls")) o->transport.ucx_tls = args.Get("--ucx-tls");
-  if (args.Has("--net-devices")) o->transport.net_devices = args.Get("--net-devices");
-  if (args.Has("--namespace")) o->name_space = args.Get("--namespace");
-  if (args.Has("--hash-seed")) o->hash_seed = args.Get("--hash-seed");
-  if (args.Has("--client-id")) o->client_id = args.Get("--client-id");
-  if (args.Has("--timeout-ms")) {
-    int64_t t = args.GetInt("--timeout-ms", 10000);
-    o->connect_timeout_ms = o->request_timeout_ms = t;
-    o->transfer_timeout_ms = std::max<int64_t>(t, 30000);
+  if (!f.ucx_tls.empty()) o->transport.ucx_tls = f.ucx_tls;
+  if (!f.net_devices.empty()) o->transport.net_devices = f.net_devices;
+  if (!f.name_space.empty()) o->name_space = f.name_space;
+  if (!f.hash_seed.empty()) o->hash_seed = f.hash_seed;
+  if (!f.client_id.empty()) o->client_id = f.client_id;
+  if (f.timeout_ms > 0) {
+    o->connect_timeout_ms = o->request_timeout_ms = f.timeout_ms;
+    o->transfer_timeout_ms = std::max<int64_t>(f.timeout_ms, 30000);
   }
+}
+
+void ApplyConnectionArgs(Args& args, client::ClientOptions* o) {
+  ConnectionFlags f;
+  f.addr = args.Get("--addr");
+  f.ucx_tls = args.Get("--ucx-tls");
+  f.net_devices = args.Get("--net-devices");
+  f.name_space = args.Get("--namespace");
+  f.hash_seed = args.Get("--hash-seed");
+  f.client_id = args.Get("--client-id");
+  if (args.Has("--timeout-ms")) f.timeout_ms = args.GetInt("--timeout-ms", 10000);
+  ApplyConnectionFlags(f, o);
+}
+
+int ParseCommandLine(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::cerr << app.get_name() << ": " << e.what() << "\nRun " << app.get_name()
+              << " --help for the options.\n";
+    return 2;
+  }
+  return -1;
 }
 
 StatusOr<client::ModelInfo> FindModel(const client::ClientOptions& base, const std::string& model,

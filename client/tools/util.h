@@ -11,6 +11,10 @@
 
 #include "kvd/client/client.h"
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace kvd::tools {
 
 // "--name value", "--name=value" and bare "--flag" arguments, plus positionals.
@@ -51,7 +55,21 @@ void PrintCalibration(std::ostream& os, const std::vector<client::CalibrationInf
 inline const std::set<std::string> kConnectionFlags = {
     "--addr",      "--ucx-tls",   "--net-devices", "--namespace",
     "--hash-seed", "--client-id", "--timeout-ms"};
+// Their values ("" / 0 = not given).
+struct ConnectionFlags {
+  std::string addr, ucx_tls, net_devices, name_space, hash_seed, client_id;
+  int64_t timeout_ms = 0;
+};
+// Declares the connection flags on a CLI11 command line (kvd-bench, kvd-roundtrip).
+void AddConnectionOptions(CLI::App& app, ConnectionFlags* flags);
+// Sets what was given: --addr (else $KVD_ADDR), transport, namespace, seed, client id, and
+// --timeout-ms as the connect and request timeouts (the transfer timeout at least 30 s).
+void ApplyConnectionFlags(const ConnectionFlags& flags, client::ClientOptions* options);
+// The same from Args (tools not on CLI11 yet).
 void ApplyConnectionArgs(Args& args, client::ClientOptions* options);
+// Parses `app`; returns -1 to go on, else the exit code: 0 after --help, 2 (usage) after
+// printing "<name>: <error>" and a pointer to --help.
+int ParseCommandLine(CLI::App& app, int argc, char** argv);
 
 // Asks the daemon (admin role) for a registered model's layout and chunk size.
 StatusOr<client::ModelInfo> FindModel(const client::ClientOptions& base, const std::string& model,

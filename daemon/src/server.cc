@@ -153,6 +153,7 @@ Status Server::Impl::Init() {
       storage::TierManager::Create(config_.placement, tier_.get(), disk_.get(), gpu_.get());
   if (!manager.ok()) return manager.status().WithContext("tiers.placement");
   manager_ = std::move(*manager);
+  manager_->SetEventListener(&events_);
   progress_ = std::make_unique<ProgressLoop>(transport_.get());
   for (const ModelConfig& m : config_.models) {
     if (!m.compression) continue;

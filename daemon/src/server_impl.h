@@ -16,6 +16,7 @@
 
 #include "asio_util.h"
 #include "auth.h"
+#include "event_hub.h"
 #include "kvd/daemon/chunk_codec.h"
 #include "kvd/daemon/server.h"
 #include "kvd/storage/disk_tier.h"
@@ -82,6 +83,8 @@ class Server::Impl {
   ProgressLoop& progress() { return *progress_; }
   Clock* clock() { return clock_; }
   DaemonCounters& counters() { return counters_; }
+  // Chunk events of every tier, fanned out to subscribed sessions.
+  EventHub& events() { return events_; }
   // Request latencies and the Prometheus rendering (metrics.h).
   Metrics& metrics() { return metrics_; }
   // What `kvdctl stats` and /metrics show, now.
@@ -128,6 +131,7 @@ class Server::Impl {
   Clock* clock_;
   asio::io_context io_{1};
   asio::thread_pool pool_{2};
+  EventHub events_{EventHubOptions{}};  // declared before the tiers: they call it until destroyed
   std::unique_ptr<transport::Transport> transport_;
   std::string local_address_;
   std::string transport_description_;

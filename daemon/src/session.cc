@@ -26,7 +26,8 @@ Session::Session(Server::Impl* server, uint64_t id, Socket socket, std::string p
       read_deadline_(server->io()),
       writer_event_(server->io()),
       reader_event_(server->io()),
-      idle_event_(server->io()) {}
+      idle_event_(server->io()),
+      events_event_(server->io()) {}
 
 Session::~Session() = default;
 
@@ -63,6 +64,7 @@ void Session::Close(const std::string& reason) {
   socket_.close(ec);
   reader_event_.Notify();
   writer_event_.Notify();
+  events_event_.Notify();
 }
 
 void Session::Complete(uint64_t seq, Frame frame) {
@@ -285,6 +287,7 @@ asio::awaitable<void> Session::WriteLoop() {
       if (!closed_) ec = co_await WriteWithFd(batch, fd);
       ::close(fd);
       reader_event_.Notify();
+      events_event_.Notify();
       if (ec) {
         KVD_LOG(DEBUG) << "write failed" << Kv("session", id_) << Kv("error", ec.message());
         break;
@@ -293,6 +296,7 @@ asio::awaitable<void> Session::WriteLoop() {
       co_await asio::async_write(socket_, asio::buffer(batch),
                                  asio::redirect_error(asio::use_awaitable, ec));
       reader_event_.Notify();
+      events_event_.Notify();
       if (ec) {
         KVD_LOG(DEBUG) << "write failed" << Kv("session", id_) << Kv("error", ec.message());
         break;
@@ -322,6 +326,10 @@ asio::awaitable<void> Session::Teardown() {
     if (put.recv.valid()) t->Cancel(put.recv).IgnoreError();
   }
   for (uint64_t send : active_sends_) t->Cancel(TransferHandle{send}).IgnoreError();
+  if (subscription_ != nullptr) {
+    server_->events().Unsubscribe(subscription_);
+    events_event_.Notify();  // the pump sees read_closed_ and ends
+  }
   while (handlers_running_ > 0) co_await idle_event_.Wait();
   // 2. Let the writer flush what is left (bounded), then close the socket.
   if (!writer_done_ && !closed_) {

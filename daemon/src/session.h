@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "asio_util.h"
+#include "event_hub.h"
 #include "kvd/common/layout.h"
 #include "kvd/proto/frame.h"
 #include "kvd/proto/kvd.capnp.h"
@@ -147,6 +148,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void HandleCalibration(uint64_t seq, uint64_t rid, proto::CalibrationRequest::Reader request);
   void HandleWeights(uint64_t seq, uint64_t rid, proto::WeightsRequest::Reader request);
 
+  // ---- events (session_events.cc) ----
+  // Starts this connection's event subscription (SubscribeRequest) and its pump.
+  void HandleSubscribe(uint64_t seq, uint64_t rid, proto::SubscribeRequest::Reader request);
+  // Sends the subscription's queued events as `events` responses with request id `rid`, one
+  // batch at a time (the next is taken once the writer wrote the previous one), until the
+  // connection ends.
+  asio::awaitable<void> PumpEvents(uint64_t rid);
+
   Server::Impl* server_;
   const uint64_t id_;
   Socket socket_;
@@ -195,6 +204,9 @@ class Session : public std::enable_shared_from_this<Session> {
   Event writer_event_;
   Event reader_event_;
   Event idle_event_;
+  // The event subscription (null until Subscribe) and the pump's wake-up (the hub, the writer).
+  std::shared_ptr<EventHub::Subscription> subscription_;
+  Event events_event_;
 };
 
 }  // namespace kvd::daemon

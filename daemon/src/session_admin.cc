@@ -70,6 +70,8 @@ StatsSnapshot Server::Impl::Snapshot() {
       {"compressed_bytes", c.compressed_bytes},
       {"compress_us", c.compress_us},
       {"ingest_rejected", c.ingest_rejected},
+      {"events_queued", events_.queued_total()},
+      {"events_dropped", events_.dropped_total()},
       {"host_lookups", host.lookups},
       {"host_chunks_requested", host.chunks_requested},
       {"host_chunks_matched", host.chunks_matched},

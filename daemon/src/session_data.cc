@@ -198,6 +198,9 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
     case proto::Request::WEIGHTS:
       HandleWeights(seq, rid, request.getWeights());
       break;
+    case proto::Request::SUBSCRIBE:
+      HandleSubscribe(seq, rid, request.getSubscribe());
+      break;
     case proto::Request::BYE:
       Complete(seq, MakeAck(rid));
       CloseAfter(seq);

@@ -3,6 +3,8 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include "kvd/storage/chunk_events.h"
+
 namespace kvd::storage {
 
 std::string_view TierKindName(TierKind kind) {
@@ -13,6 +15,26 @@ std::string_view TierKindName(TierKind kind) {
       return "host";
     case TierKind::kDisk:
       return "disk";
+  }
+  return "unknown";
+}
+
+std::string_view ChunkEventKindName(ChunkEventKind kind) {
+  return kind == ChunkEventKind::kStored ? "stored" : "removed";
+}
+
+std::string_view RemoveReasonName(RemoveReason reason) {
+  switch (reason) {
+    case RemoveReason::kNone:
+      return "";
+    case RemoveReason::kEvicted:
+      return "evicted";
+    case RemoveReason::kAdmin:
+      return "admin";
+    case RemoveReason::kMoved:
+      return "moved";
+    case RemoveReason::kCorrupt:
+      return "corrupt";
   }
   return "unknown";
 }

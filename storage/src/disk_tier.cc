@@ -119,8 +119,15 @@ class DiskTier::Impl {
     p->lru_it = lru_.begin();
     index_.emplace(p->meta.key, std::move(e));
   }
+  // REQUIRES mu_.
+  void EmitLocked(ChunkEventKind kind, RemoveReason reason, const ChunkMeta& meta) const {
+    if (events_ != nullptr) {
+      events_->OnChunkEvent(MakeChunkEvent(kind, reason, TierKind::kDisk, meta));
+    }
+  }
   // Removes from the index and the database. REQUIRES mu_.
-  Status DropLocked(Entry* e) {
+  Status DropLocked(Entry* e, RemoveReason reason) {
+    EmitLocked(ChunkEventKind::kRemoved, reason, e->meta);
     const std::string k = codec::EncodeKey(e->meta.key);
     rocksdb::WriteBatch batch;
     batch.Delete(data_cf(), k);
@@ -172,6 +179,7 @@ class DiskTier::Impl {
   std::unordered_map<std::string, UsageStats> per_model_;
   std::unordered_map<std::string, UsageStats> per_namespace_;
   TierStats counters_;
+  ChunkEventListener* events_ = nullptr;  // set before concurrent use (SetEventListener)
 };
 
 StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options, Clock* clock) {
@@ -312,7 +320,7 @@ Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
     }
     while (s.used_bytes_ + s.pending_bytes_ + bytes.size() > s.options_.capacity_bytes &&
            !s.lru_.empty()) {
-      KVD_RETURN_IF_ERROR(s.DropLocked(s.lru_.back()));
+      KVD_RETURN_IF_ERROR(s.DropLocked(s.lru_.back(), RemoveReason::kEvicted));
       s.counters_.evictions++;
     }
     if (s.used_bytes_ + s.pending_bytes_ + bytes.size() > s.options_.capacity_bytes) {
@@ -337,6 +345,7 @@ Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
   auto e = std::make_unique<Impl::Entry>();
   const int64_t now = s.clock_->NowNanos();
   e->meta = ChunkMeta{key, tokens, bytes.size(), checksum, now, now, TierKind::kDisk};
+  s.EmitLocked(ChunkEventKind::kStored, RemoveReason::kNone, e->meta);
   s.AddLocked(std::move(e));
   s.counters_.commits++;
   return Status::Ok();
@@ -366,7 +375,8 @@ StatusOr<ChunkMeta> DiskTier::ReadInto(const ChunkKey& key, std::span<std::byte>
     std::lock_guard<std::mutex> lock(s.mu_);
     auto it = s.index_.find(key);
     if (it != s.index_.end() && it->second->meta.checksum == meta.checksum) {
-      s.DropLocked(it->second.get()).IgnoreError();  // NOT_FOUND is what the caller needs
+      // NOT_FOUND is what the caller needs.
+      s.DropLocked(it->second.get(), RemoveReason::kCorrupt).IgnoreError();
     }
     return Status::NotFound("chunk " + key.ToString() + " has no value on disk (removed)");
   }
@@ -397,7 +407,8 @@ StatusOr<ChunkMeta> DiskTier::ReadInto(const ChunkKey& key, std::span<std::byte>
   if (status.code() == StatusCode::kDataLoss) {
     s.counters_.checksum_failures++;
     if (it != s.index_.end() && it->second->meta.checksum == meta.checksum) {
-      s.DropLocked(it->second.get()).IgnoreError();  // the DATA_LOSS is what the caller needs
+      // The DATA_LOSS is what the caller needs.
+      s.DropLocked(it->second.get(), RemoveReason::kCorrupt).IgnoreError();
     }
     return status;
   }
@@ -432,7 +443,7 @@ Status DiskTier::Remove(const ChunkKey& key) {
     return Status::NotFound("chunk " + key.ToString() +
                             " is not on disk (never stored, or evicted)");
   }
-  return impl_->DropLocked(it->second.get());
+  return impl_->DropLocked(it->second.get(), RemoveReason::kMoved);
 }
 
 std::vector<ChunkMeta> DiskTier::List(const ChunkFilter& filter, size_t limit) const {
@@ -459,11 +470,17 @@ EvictResult DiskTier::Evict(const ChunkFilter& filter) {
   }
   for (Impl::Entry* e : victims) {
     out.bytes += e->meta.size_bytes;
-    impl_->DropLocked(e).IgnoreError();  // a failed delete leaves garbage on disk, not in index
+    // A failed delete leaves garbage on disk, not in the index.
+    impl_->DropLocked(e, RemoveReason::kAdmin).IgnoreError();
     out.evicted++;
   }
   impl_->counters_.admin_evictions += out.evicted;
   return out;
+}
+
+void DiskTier::SetEventListener(ChunkEventListener* listener) {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  impl_->events_ = listener;
 }
 
 TierStats DiskTier::GetStats() const {

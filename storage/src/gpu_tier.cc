@@ -59,7 +59,11 @@ class GpuTier::Impl {
   void FreeEntryLocked(GpuEntry* e) {
     arena.Free(e->offset).IgnoreError();  // our own block
   }
-  void EraseVisibleLocked(GpuEntry* e) {
+  void EmitLocked(ChunkEventKind kind, RemoveReason reason, const ChunkMeta& meta) const {
+    if (events != nullptr) events->OnChunkEvent(MakeChunkEvent(kind, reason, TierKind::kGpu, meta));
+  }
+  void EraseVisibleLocked(GpuEntry* e, RemoveReason reason) {
+    EmitLocked(ChunkEventKind::kRemoved, reason, e->meta);
     lru.erase(e->lru_it);
     auto it = index.find(e->meta.key);
     if (e->pins > 0) {  // a read is copying out of it: free at its unpin
@@ -106,7 +110,7 @@ class GpuTier::Impl {
     if (corrupt) {
       checksum_failures++;
       if (e->visible) {  // frees it now if this was the last pin, else at the last unpin
-        EraseVisibleLocked(e);
+        EraseVisibleLocked(e, RemoveReason::kCorrupt);
         return;
       }
     }
@@ -152,6 +156,7 @@ class GpuTier::Impl {
     e->offset = *offset;
     lru.push_front(e.get());
     e->lru_it = lru.begin();
+    EmitLocked(ChunkEventKind::kStored, RemoveReason::kNone, e->meta);
     index.emplace(key, std::move(e));
     commits++;
     return Status::Ok();
@@ -169,6 +174,7 @@ class GpuTier::Impl {
   std::unordered_set<std::unique_ptr<GpuEntry>> hidden;  // evicted while pinned; GUARDED_BY(mu)
   uint64_t lookups = 0, hits = 0, misses = 0, evictions = 0, admin_evictions = 0, commits = 0,
            dedup_puts = 0, checksum_failures = 0;  // GUARDED_BY(mu)
+  ChunkEventListener* events = nullptr;            // GUARDED_BY(mu); set before concurrent use
 };
 
 StatusOr<std::unique_ptr<GpuTier>> GpuTier::Create(const GpuTierOptions& options,
@@ -260,7 +266,7 @@ Status GpuTier::Remove(const ChunkKey& key) {
   if (it->second->pins > 0) {
     return Status::FailedPrecondition("gpu tier chunk " + key.ToString() + " is being read");
   }
-  impl_->EraseVisibleLocked(it->second.get());
+  impl_->EraseVisibleLocked(it->second.get(), RemoveReason::kMoved);
   return Status::Ok();
 }
 
@@ -294,9 +300,14 @@ EvictResult GpuTier::Evict(const ChunkFilter& filter) {
       out.bytes += e->meta.size_bytes;
     }
     impl_->admin_evictions++;
-    impl_->EraseVisibleLocked(e);
+    impl_->EraseVisibleLocked(e, RemoveReason::kAdmin);
   }
   return out;
+}
+
+void GpuTier::SetEventListener(ChunkEventListener* listener) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->events = listener;
 }
 
 TierStats GpuTier::GetStats() const {

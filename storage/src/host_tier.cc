@@ -169,7 +169,8 @@ void HostTier::Impl::AccountLocked(const ChunkMeta& m, bool add) {
   }
 }
 
-bool HostTier::Impl::DropEntryLocked(HostEntry* e) {
+bool HostTier::Impl::DropEntryLocked(HostEntry* e, RemoveReason reason) {
+  EmitLocked(ChunkEventKind::kRemoved, reason, e->meta);
   used_bytes_ -= e->meta.size_bytes;
   used_arena_bytes_ -= e->arena_bytes;
   if (e->pins > 0) {
@@ -254,7 +255,7 @@ Status HostTier::Impl::MakeRoomLocked(uint64_t bytes, const std::string& ns) {
       if (e->pins > 0 || (pass == 0 && e->meta.key.name_space != ns)) continue;
       auto next = it;  // the element after `it` survives the erase
       ++next;
-      DropEntryLocked(e);
+      DropEntryLocked(e, RemoveReason::kEvicted);
       counters_.evictions++;
       it = next;
     }
@@ -308,7 +309,7 @@ Status HostTier::Impl::EnforceQuotaLocked(const std::string& ns, uint64_t bytes)
     HostEntry* e = *it;
     if (e->pins > 0 || e->meta.key.name_space != ns) continue;
     auto next = std::next(it);
-    DropEntryLocked(e);
+    DropEntryLocked(e, RemoveReason::kEvicted);
     counters_.evictions++;
     counters_.quota_evictions++;
     it = next;
@@ -491,6 +492,7 @@ Status HostTier::CommitPinned(ReservationId id, uint64_t checksum, ReadView* pin
   s.lru_.push_front(e);
   e->lru_it = s.lru_.begin();
   s.index_.emplace(e->meta.key, std::move(entry));
+  s.EmitLocked(ChunkEventKind::kStored, RemoveReason::kNone, e->meta);
   s.reservations_.erase(it);
   s.RetireLocked(id, IdKind::kReservation, RetireReason::kCommitted);
   s.counters_.commits++;

@@ -50,7 +50,7 @@ Status HostTier::Remove(const ChunkKey& key) {
     return Status::FailedPrecondition("chunk " + key.ToString() + " is pinned by " +
                                       std::to_string(it->second->pins) + " lease(s)/read(s)");
   }
-  s.DropEntryLocked(it->second.get());
+  s.DropEntryLocked(it->second.get(), RemoveReason::kMoved);
   return Status::Ok();
 }
 
@@ -85,7 +85,7 @@ EvictResult HostTier::Evict(const ChunkFilter& filter) {
   }
   for (HostEntry* e : victims) {
     const uint64_t bytes = e->meta.size_bytes;
-    if (s.DropEntryLocked(e)) {
+    if (s.DropEntryLocked(e, RemoveReason::kAdmin)) {
       out.evicted++;
       out.bytes += bytes;
     } else {
@@ -94,6 +94,11 @@ EvictResult HostTier::Evict(const ChunkFilter& filter) {
   }
   s.counters_.admin_evictions += victims.size();
   return out;
+}
+
+void HostTier::SetEventListener(ChunkEventListener* listener) {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  impl_->events_ = listener;
 }
 
 TierStats HostTier::GetStats() const {

@@ -84,8 +84,14 @@ class HostTier::Impl {
   void UnpinLocked(HostEntry* e);
   void TouchLocked(HostEntry* e, int64_t now);
   // Removes a visible entry from index, LRU and accounting; frees it now if unpinned, otherwise
-  // moves it to hidden_. Returns true if freed now.
-  bool DropEntryLocked(HostEntry* e);
+  // moves it to hidden_. Returns true if freed now. Tells the event listener why (`reason`).
+  bool DropEntryLocked(HostEntry* e, RemoveReason reason);
+  // Tells the event listener (if any) about `meta`.
+  void EmitLocked(ChunkEventKind kind, RemoveReason reason, const ChunkMeta& meta) const {
+    if (events_ != nullptr) {
+      events_->OnChunkEvent(MakeChunkEvent(kind, reason, TierKind::kHost, meta));
+    }
+  }
   void DropReservationLocked(ReservationId id, RetireReason reason);
   void ReleaseLeaseLocked(LeaseId id, RetireReason reason);
   void ReleaseReadLocked(ReadId id, RetireReason reason);
@@ -108,6 +114,7 @@ class HostTier::Impl {
   const uint64_t capacity_;
   Clock* const clock_;
   SegmentListener* const listener_;
+  ChunkEventListener* events_ = nullptr;  // set before concurrent use (SetEventListener)
 
   mutable std::mutex mu_;
   // Everything below is guarded by mu_.

@@ -249,6 +249,12 @@ std::vector<TierStats> TierManager::GetStats() const {
   return out;
 }
 
+void TierManager::SetEventListener(ChunkEventListener* listener) {
+  host_->SetEventListener(listener);
+  if (disk_ != nullptr) disk_->SetEventListener(listener);
+  if (gpu_ != nullptr) gpu_->SetEventListener(listener);
+}
+
 uint64_t TierManager::promotions() const {
   std::lock_guard<std::mutex> lock(counters_mu_);
   return promotions_;

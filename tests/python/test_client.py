@@ -142,6 +142,27 @@ def test_stats_and_health(daemon):
         assert any(m["name"] == "stories260k" for m in admin.stats()["registered_models"])
 
 
+def test_events_stream_stored_chunks_to_a_subscriber(daemon):
+    with kvd.connect(daemon.address, admin=True) as admin, engine(daemon) as c:
+        sub = admin.subscribe_events(queue_limit=64)
+        assert sub == {"queue_limit": 64, "namespace": ""}
+        assert admin.poll_events(0) == []
+        chain = c.hash(np.arange(21000, 21512, dtype=np.int32))
+        for i, h in enumerate(chain):
+            c.put(h, 256, random_chunk(40 + i))
+        events = []
+        for _ in range(50):
+            events += admin.poll_events(200)
+            if len(events) >= 2:
+                break
+        assert [e["seq"] for e in events] == [1, 2]
+        assert [e["event"] for e in events] == ["stored", "stored"]
+        assert [e["hash"] for e in events] == [h.hex() for h in chain]
+        assert all(e["tier"] == "host" and e["bytes"] == CHUNK_BYTES for e in events)
+        with pytest.raises(kvd.FailedPreconditionError, match="already subscribed"):
+            admin.subscribe_events()
+
+
 def test_errors_carry_the_status_code(daemon):
     with engine(daemon) as c:
         chain = c.hash(np.arange(256, dtype=np.int32))

@@ -6,9 +6,11 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "test_util.h"
 
@@ -327,6 +329,83 @@ TEST_F(TierManagerTest, WithoutADiskTierCommitAndInsertAreTheHostTiers) {
   ASSERT_TRUE(ManagerPut(**m, MakeKey(1), RandomBytes(kChunk, 1)).ok());
   EXPECT_TRUE(host_->Describe(MakeKey(1)).ok());
   EXPECT_FALSE(disk_->Contains(MakeKey(1)));
+}
+
+// Records every chunk event (called under a tier's lock, like the daemon's hub).
+class Recorder final : public ChunkEventListener {
+ public:
+  void OnChunkEvent(const ChunkEvent& e) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::string(ChunkEventKindName(e.kind)) +
+                      (e.reason == RemoveReason::kNone
+                           ? ""
+                           : "(" + std::string(RemoveReasonName(e.reason)) + ")") +
+                      " " + std::string(TierKindName(e.tier)) + " " +
+                      std::to_string(e.key.chain_hash.hi) + " " + std::to_string(e.bytes));
+  }
+  std::vector<std::string> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(events_, {});
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> events_;
+};
+
+TEST_F(TierManagerTest, EveryTierTellsItsListenerWhatItStoresAndRemovesAndWhy) {
+  Recorder rec;
+  manager_->SetEventListener(&rec);
+  const std::string k = std::to_string(kChunk);
+  // A commit: published in host, then written through to disk. A dedup says nothing.
+  ASSERT_TRUE(ManagerPut(*manager_, MakeKey(0), RandomBytes(kChunk, 0)).ok());
+  EXPECT_TRUE(IsDedup(ManagerPut(*manager_, MakeKey(0), RandomBytes(kChunk, 0))));
+  EXPECT_EQ(rec.Take(), (std::vector<std::string>{"stored host 0 " + k, "stored disk 0 " + k}));
+  // An insert (a chunk made in the daemon): disk first, then host.
+  const auto bytes = RandomBytes(kChunk, 1);
+  ASSERT_TRUE(manager_->Insert(MakeKey(1), 128, Checksum64(bytes.data(), kChunk), bytes).ok());
+  EXPECT_EQ(rec.Take(), (std::vector<std::string>{"stored disk 1 " + k, "stored host 1 " + k}));
+  // Demotion above the high watermark: the oldest leave host ("moved"), their disk copies stay.
+  for (uint64_t n = 2; n < 7; ++n) {
+    ASSERT_TRUE(ManagerPut(*manager_, MakeKey(n), RandomBytes(kChunk, n)).ok());
+  }
+  rec.Take();
+  auto demoted = manager_->MaybeDemote();
+  ASSERT_TRUE(demoted.ok()) << demoted.status();
+  ASSERT_EQ(demoted->demoted, 3u);  // 7 of 8 -> 4 of 8
+  EXPECT_EQ(rec.Take(),
+            (std::vector<std::string>{"removed(moved) host 0 " + k, "removed(moved) host 1 " + k,
+                                      "removed(moved) host 2 " + k}));
+  // A lookup promotes a disk-only chunk back into host: stored in host again.
+  auto hit = manager_->Lookup(ChainRequest(0, 1));
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  ASSERT_EQ(hit->matched_chunks, 1u);
+  ASSERT_TRUE(host_->ReleaseLease(hit->lease_id).ok());
+  EXPECT_EQ(rec.Take(), (std::vector<std::string>{"stored host 0 " + k}));
+  // Admin eviction of one chunk: from disk (the lower tier first), then from host; counted once.
+  EvictResult ev = manager_->Evict(ChunkFilter::Key(MakeKey(3)));
+  EXPECT_EQ(ev.evicted, 1u);
+  EXPECT_EQ(rec.Take(),
+            (std::vector<std::string>{"removed(admin) disk 3 " + k, "removed(admin) host 3 " + k}));
+  manager_->SetEventListener(nullptr);
+  ASSERT_TRUE(ManagerPut(*manager_, MakeKey(9), RandomBytes(kChunk, 9)).ok());
+  EXPECT_TRUE(rec.Take().empty());
+}
+
+TEST_F(TierManagerTest, HostEvictionForRoomIsAnEvictedEvent) {
+  auto m = TierManager::Create({}, host_.get(), nullptr);  // no disk: LRU eviction drops
+  ASSERT_TRUE(m.ok());
+  Recorder rec;
+  (*m)->SetEventListener(&rec);
+  for (uint64_t n = 0; n < 9; ++n) {
+    ASSERT_TRUE(ManagerPut(**m, MakeKey(n), RandomBytes(kChunk, n)).ok());
+  }
+  std::vector<std::string> ev = rec.Take();
+  ASSERT_EQ(ev.size(), 10u);
+  const std::string k = std::to_string(kChunk);
+  EXPECT_EQ(ev[7], "stored host 7 " + k);
+  EXPECT_EQ(ev[8], "removed(evicted) host 0 " + k);  // the 9th needed room: the oldest went
+  EXPECT_EQ(ev[9], "stored host 8 " + k);
 }
 
 }  // namespace

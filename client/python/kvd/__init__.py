@@ -14,6 +14,10 @@ bytearray, memoryview) or DLPack (torch CPU tensors, ...) that is C-contiguous h
 Every blocking call releases the GIL. A failure raises kvd.Error (or its subclass per status
 code, e.g. kvd.NotFoundError) with .code, .code_name and .message.
 
+KV cache events (for routers): c.subscribe_events(namespace="", queue_limit=0), then
+c.poll_events(timeout_ms) returns a list of dicts shaped like `kvdctl events --json` lines
+({"seq", "event": "stored"|"removed"|"dropped", "tier", "namespace", "model", "hash", ...}).
+
 The raw chunk layout (what put/get move): for each layer, K then V, each
 [tokens, num_kv_heads, head_dim] of the layout's dtype, row-major (put_layers/get_layers
 gather/scatter per-layer K/V arrays for you).

@@ -414,6 +414,38 @@ PYBIND11_MODULE(_kvd, m) {
              }
              return JsonLoads(kvd::client::HealthToJson(Check(std::move(r)), -1));
            })
+      .def(
+          "subscribe_events",
+          [](PyClient& self, const std::string& name_space, uint32_t queue_limit) {
+            Client& c = self.get();
+            StatusOr<kvd::client::SubscriptionInfo> r = Status::Internal("");
+            {
+              py::gil_scoped_release nogil;
+              r = c.SubscribeEvents({name_space, queue_limit});
+            }
+            kvd::client::SubscriptionInfo info = Check(std::move(r));
+            py::dict out;
+            out["queue_limit"] = info.queue_limit;
+            out["namespace"] = info.name_space;
+            return out;
+          },
+          py::arg("namespace") = "", py::arg("queue_limit") = 0)
+      .def(
+          "poll_events",
+          [](PyClient& self, int64_t timeout_ms) {
+            Client& c = self.get();
+            StatusOr<std::vector<kvd::client::KvEvent>> r = Status::Internal("");
+            {
+              py::gil_scoped_release nogil;
+              r = c.PollEvents(timeout_ms);
+            }
+            py::list out;
+            for (const auto& e : Check(std::move(r))) {
+              out.append(JsonLoads(kvd::client::EventToJson(e, -1)));
+            }
+            return out;
+          },
+          py::arg("timeout_ms") = 1000)
       .def("close", [](PyClient& self) {
         std::unique_ptr<Client> c = std::move(self.client);
         py::gil_scoped_release nogil;

@@ -2,6 +2,7 @@
 //
 //   kvd-llama --model PATH [--prompt TEXT | --tokens 1,2,3] [--n 48] [--threads N]
 //             [--ppl FILE [--window 1024]] [--chat]
+#include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -17,19 +18,6 @@
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: kvd-llama --model PATH [--prompt TEXT | --tokens ID,ID,...] [--n 48] [--threads N]\n"
-    "                 [--ppl FILE [--window 1024]] [--chat] [--special]\n"
-    "  --prompt   text to continue (needs a GGUF with a tokenizer); default: BOS only\n"
-    "  --tokens   prompt as token ids (comma or space separated)\n"
-    "  --n        tokens to generate greedily (default 48)\n"
-    "  --threads  worker and OpenBLAS threads (default: all cores)\n"
-    "  --ppl      teacher-forced perplexity of a UTF-8 text file instead of generating\n"
-    "  --window   perplexity window in tokens (default 1024, capped at the context)\n"
-    "  --chat     wrap --prompt in the model's ChatML user turn (<|im_start|>user ...)\n"
-    "  --special  recognise special-token texts inside --prompt\n"
-    "  --tokenize print the token ids of --prompt (or of the --ppl file) and exit\n";
-
 int Fail(const std::string& msg) {
   std::cerr << "kvd-llama: " << msg << "\n";
   return 1;
@@ -43,43 +31,38 @@ bool ParseInt(const std::string& s, int* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"kvd-llama: greedy generation and perplexity with the reference Llama engine",
+               "kvd-llama"};
+  app.footer("exit codes: 0 ok, 1 failure, 2 usage");
   std::string model_path, prompt, tokens_arg, ppl_file;
-  bool have_prompt = false, chat = false, special = false, tokenize = false;
+  bool chat = false, special = false, tokenize = false;
   int n = 48, threads = 0, window = 1024;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&](std::string* out) {
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    std::string v;
-    if (a == "--help" || a == "-h") {
-      std::cout << kUsage;
-      return 0;
-    } else if (a == "--model" && next(&model_path)) {
-    } else if (a == "--prompt" && next(&prompt)) {
-      have_prompt = true;
-    } else if (a == "--tokens" && next(&tokens_arg)) {
-    } else if (a == "--ppl" && next(&ppl_file)) {
-    } else if (a == "--n" && next(&v) && ParseInt(v, &n) && n >= 0) {
-    } else if (a == "--threads" && next(&v) && ParseInt(v, &threads) && threads >= 0) {
-    } else if (a == "--window" && next(&v) && ParseInt(v, &window) && window >= 2) {
-    } else if (a == "--chat") {
-      chat = true;
-    } else if (a == "--special") {
-      special = true;
-    } else if (a == "--tokenize") {
-      tokenize = true;
-    } else {
-      std::cerr << kUsage;
-      return Fail("bad or incomplete argument '" + a + "'");
-    }
+  app.add_option("--model", model_path, "llama2.c checkpoint or GGUF file")->required();
+  auto* prompt_opt = app.add_option(
+      "--prompt", prompt, "text to continue (needs a GGUF with a tokenizer); default: BOS only");
+  app.add_option("--tokens", tokens_arg,
+                 "prompt as token ids (comma or space separated); wins over --prompt");
+  app.add_option("--n", n, "tokens to generate greedily (default 48)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", threads, "worker and OpenBLAS threads (default 0: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--ppl", ppl_file,
+                 "teacher-forced perplexity of a UTF-8 text file instead of generating");
+  app.add_option("--window", window,
+                 "perplexity window in tokens (default 1024, capped at the context)")
+      ->check(CLI::Range(2, 1 << 30));
+  app.add_flag("--chat", chat, "wrap --prompt in the model's ChatML user turn");
+  app.add_flag("--special", special, "recognise special-token texts inside --prompt");
+  app.add_flag("--tokenize", tokenize,
+               "print the token ids of --prompt (or of the --ppl file) and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::cerr << "kvd-llama: " << e.what() << "\nRun kvd-llama --help for the options.\n";
+    return 2;
   }
-  if (model_path.empty()) {
-    std::cerr << kUsage;
-    return Fail("--model is required");
-  }
+  const bool have_prompt = prompt_opt->count() > 0;
   auto model_or = kvd::llama::LlamaModel::Load(model_path);
   if (!model_or.ok()) return Fail(model_or.status().ToString());
   const kvd::llama::LlamaModel& model = **model_or;

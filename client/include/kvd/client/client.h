@@ -266,6 +266,46 @@ struct Health {
   std::vector<Tier> tiers;
 };
 
+// ---- KV cache events (SubscribeEvents / PollEvents; docs/wire-format.md "Events") ----
+
+enum class KvEventKind : uint8_t {
+  kStored = 0,   // the chunk became visible in `tier`
+  kRemoved = 1,  // it left `tier`; `reason` says why
+  kDropped = 2,  // the daemon's queue for this subscriber was full: `dropped` events were lost
+                 // here (resync with List on an admin connection)
+};
+
+// One event of a subscription. Sequence numbers are per subscription, from 1, without gaps: a
+// kDropped marker takes the numbers of the `dropped` events it stands for.
+struct KvEvent {
+  uint64_t sequence = 0;
+  KvEventKind kind = KvEventKind::kStored;
+  std::string reason;  // kRemoved: "evicted" (LRU, capacity or quota), "admin" (evict),
+                       // "moved" (demoted to a lower tier / store rolled back), "corrupt"
+  std::string tier;    // "gpu", "host", "disk"
+  std::string name_space, model;
+  uint32_t codec_id = 0;
+  uint64_t layout_digest = 0;
+  Hash128 hash;  // the chunk's key (chain hash of its last block, hashing.h)
+  uint32_t tokens = 0;
+  uint64_t bytes = 0;    // bytes of the chunk in that tier
+  uint64_t dropped = 0;  // kDropped: events lost
+};
+
+struct SubscribeOptions {
+  // Admin role: "" (default) = every namespace, else that one. Engine role: "" or the client's
+  // own namespace (another one is PERMISSION_DENIED): an engine sees its namespace only.
+  std::string name_space;
+  // Events the daemon queues for this subscriber before it drops (0 = the daemon's default,
+  // 4096; capped at 65536).
+  uint32_t queue_limit = 0;
+};
+
+struct SubscriptionInfo {
+  uint32_t queue_limit = 0;  // granted
+  std::string name_space;    // the namespace seen ("" = all)
+};
+
 // What the daemon said at the handshake.
 struct SessionInfo {
   uint64_t session_id = 0;
@@ -356,6 +396,17 @@ class Client {
   StatusOr<ListResult> List(const ListFilter& filter);
   StatusOr<EvictResult> Evict(const EvictFilter& filter);
   StatusOr<Health> GetHealth();
+
+  // Subscribes this client's control connection to the node's KV cache events (one
+  // subscription per Client). FAILED_PRECONDITION if already subscribed; PERMISSION_DENIED for
+  // an engine asking for another namespace.
+  StatusOr<SubscriptionInfo> SubscribeEvents(const SubscribeOptions& options = {});
+  // The events received since the last call, in order, waiting up to `timeout_ms` (>= 0) for
+  // the first one; empty when none came in time. Holds this Client's lock while it waits: use a
+  // Client of its own for events. Until polled, received events are kept in this process (the
+  // daemon stops sending once its queue for us is full, then drops). FAILED_PRECONDITION before
+  // SubscribeEvents.
+  StatusOr<std::vector<KvEvent>> PollEvents(int64_t timeout_ms);
 
  protected:
   Client() = default;

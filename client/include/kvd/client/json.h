@@ -25,6 +25,12 @@ std::string HealthToJson(const Health& health, int indent = 2);
 //  collecting),"codec_id","num_layers","num_kv_heads","r2_threshold","r2":[[R^2 of each KV head]
 //  per layer] ([] while collecting),"routes":[[bool per head] per layer],"routing_heads"}]}
 std::string CalibrationToJson(const std::vector<CalibrationInfo>& models, int indent = 2);
+// One KV cache event: {"seq":..,"event":"stored"|"removed","reason":..(removed only),"tier",
+//  "namespace","model","codec_id","layout_digest" (16 hex digits),"hash","tokens","bytes"}, or
+//  {"seq":..,"event":"dropped","dropped":N}. kvdctl events prints one per line (indent -1).
+std::string EventToJson(const KvEvent& event, int indent = -1);
+// A one-line human form of an event (kvdctl events without --json).
+std::string EventToText(const KvEvent& event);
 // {"code":"NOT_FOUND","message":...}
 std::string StatusToJson(const Status& status, int indent = 2);
 

@@ -144,6 +144,13 @@ int kvd_client_health_json(kvd_client* client, char** json);
  * *evicted_chunks may be NULL. */
 int kvd_client_evict(kvd_client* client, const char* scope, const char* value,
                      uint64_t* evicted_chunks);
+/* KV cache events (docs/wire-format.md "Events"): subscribes this client's connection
+ * (name_space NULL or "" = all for an admin client, the own namespace for an engine; queue_limit
+ * 0 = the daemon's default), then each poll waits up to timeout_ms for events and returns them
+ * as a JSON array of `kvdctl events --json` objects ("[]" when none came). Use a client of its
+ * own for events. */
+int kvd_client_subscribe_events(kvd_client* client, const char* name_space, uint32_t queue_limit);
+int kvd_client_poll_events_json(kvd_client* client, int64_t timeout_ms, char** json);
 void kvd_free_string(char* s);
 
 #ifdef __cplusplus

@@ -59,6 +59,7 @@ class DiskTier final : public Tier {
   std::vector<ChunkMeta> List(const ChunkFilter& filter, size_t limit) const override;
   EvictResult Evict(const ChunkFilter& filter) override;
   TierStats GetStats() const override;
+  void SetEventListener(ChunkEventListener* listener) override;
 
   // Whether the chunk is in the index (cheap; no I/O).
   bool Contains(const ChunkKey& key) const;

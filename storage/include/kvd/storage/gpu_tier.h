@@ -67,6 +67,7 @@ class GpuTier final : public Tier {
   std::vector<ChunkMeta> List(const ChunkFilter& filter, size_t limit) const override;
   EvictResult Evict(const ChunkFilter& filter) override;
   TierStats GetStats() const override;
+  void SetEventListener(ChunkEventListener* listener) override;
 
   // ---- device-resident paths ----
   // Insert's contract with `device_src` a device pointer of this tier's device (copied on the

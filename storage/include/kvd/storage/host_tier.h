@@ -226,6 +226,7 @@ class HostTier final : public Tier {
   std::vector<ChunkMeta> List(const ChunkFilter& filter, size_t limit) const override;
   EvictResult Evict(const ChunkFilter& filter) override;
   TierStats GetStats() const override;
+  void SetEventListener(ChunkEventListener* listener) override;
 
   // ---- for the TierManager ----
 

@@ -14,6 +14,7 @@
 
 #include "kvd/common/status.h"
 #include "kvd/storage/chunk.h"
+#include "kvd/storage/chunk_events.h"
 #include "kvd/storage/stats.h"
 
 namespace kvd::storage {
@@ -58,6 +59,11 @@ class Tier {
   virtual EvictResult Evict(const ChunkFilter& filter) = 0;
 
   virtual TierStats GetStats() const = 0;
+
+  // Tells `listener` (not owned; null = nobody) of every chunk that becomes visible in this tier
+  // or stops being visible (chunk_events.h). Set it before the tier is used concurrently (the
+  // daemon sets it at start).
+  virtual void SetEventListener(ChunkEventListener* listener) = 0;
 };
 
 }  // namespace kvd::storage

@@ -110,6 +110,11 @@ class TierManager {
   // GPU stats first if present, then host, then disk if present.
   std::vector<TierStats> GetStats() const;
 
+  // Sets the chunk event listener of every tier (chunk_events.h; not owned, null = nobody):
+  // the listener hears "stored" / "removed" per tier, so a chunk demoted from host to disk is
+  // "stored" in disk, then "removed" (moved) from host. Call before concurrent use.
+  void SetEventListener(ChunkEventListener* listener);
+
   uint64_t promotions() const;
   uint64_t demotions() const;
   // Promotions from disk that failed (corrupt disk copy, disk read error, no room in host).
