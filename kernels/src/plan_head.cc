@@ -252,17 +252,14 @@ Status HeadPipeline::ErrorAwareGroups(std::vector<std::vector<int64_t>>* members
   }
   const WindowErrorModel& model = *window_error_;
   error_aware_evicted_ = 0;  // BuildHybrid may run again (route budget retries)
-  std::vector<float> kpre(static_cast<size_t>(d_)), cur_post(static_cast<size_t>(d_)),
-      try_post(static_cast<size_t>(d_));
-  std::vector<double> cur_sum(static_cast<size_t>(d_)), try_sum(static_cast<size_t>(d_));
+  std::vector<float> kpre(static_cast<size_t>(d_)), try_post(static_cast<size_t>(d_));
+  std::vector<double> try_sum(static_cast<size_t>(d_));
   std::vector<int64_t> accepted, trial;
+  WindowErrorModel::Group group;
   for (std::vector<int64_t>& g : *members) {
     if (g.size() < 2) continue;
-    const int64_t a = g[0];
-    accepted.assign(1, a);
-    CopyRow(in_.keys.Row(a), cur_post.data(), d_);
-    for (int64_t c = 0; c < d_; ++c) cur_sum[c] = in_.values.Row(a)[c];
-    int64_t cur_l = 1;
+    accepted.assign(1, g[0]);
+    model.Start(g[0], &group);
     for (size_t k = 1; k < g.size(); ++k) {
       const int64_t i = g[k];
       if (static_cast<int64_t>(accepted.size()) >= opt_.hybrid_max_group) break;  // full: evicted
@@ -270,15 +267,13 @@ Status HeadPipeline::ErrorAwareGroups(std::vector<std::vector<int64_t>>* members
       trial.insert(std::upper_bound(trial.begin(), trial.end(), i), i);
       int64_t pos = 0;
       KVD_RETURN_IF_ERROR(MergeGroup(trial, kpre.data(), try_post.data(), try_sum.data(), &pos));
-      const ReplacementSlot keep_g{cur_post.data(), cur_sum.data(), cur_l};
-      const ReplacementSlot merge_i{try_post.data(), try_sum.data(), cur_l + 1};
-      const double evict_err = model.Error(trial, std::span(&keep_g, 1));
-      const double merge_err = model.Error(trial, std::span(&merge_i, 1));
+      const ReplacementSlot merged{try_post.data(), try_sum.data(),
+                                   static_cast<int64_t>(trial.size())};
+      double evict_err = 0.0, merge_err = 0.0;
+      model.Compare(group, i, merged, &evict_err, &merge_err);
       if (merge_err < evict_err) {
         accepted = trial;
-        cur_post.swap(try_post);
-        cur_sum.swap(try_sum);
-        cur_l += 1;
+        model.Accept(i, merged, &group);
       } else {
         ++error_aware_evicted_;
       }

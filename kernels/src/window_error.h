@@ -12,10 +12,11 @@
 // l_s exp(s), ALGORITHMS.md 1) with everything else kept changes the numerator by
 //   dN_r = sum_s exp(s_rs - m_r) V_s - sum_{t in removed} E_rt v_t
 // and the denominator by dZ_r = sum_s l_s exp(s_rs - m_r) - sum_{t in removed} E_rt, so the new
-// output is o'_r = o_r + (dN_r - o_r dZ_r) / (Z_r + dZ_r), exactly. Error() returns
-// sum_r |o'_r - o_r|^2 in float64. Evicting token i alone gives |E_ri (o_r - v_i)| / (Z_r - E_ri)
-// per row; merging it into a neighbour's slot is scored the same way, so the two compare on one
-// scale.
+// output is o'_r = o_r + (dN_r - o_r dZ_r) / (Z_r + dZ_r), exactly. Compare() returns
+// sum_r |o'_r - o_r|^2 in float64 for the two choices of one candidate token, from the group's
+// running sums (O(R d) per candidate). Evicting token i alone gives |E_ri (o_r - v_i)| / (Z_r -
+// E_ri) per row; merging it into a neighbour's slot is scored the same way, so the two compare on
+// one scale.
 #pragma once
 
 #include <cstdint>
@@ -34,15 +35,32 @@ struct ReplacementSlot {
 
 class WindowErrorModel {
  public:
+  // One slot's group G (tokens below N - W, each visible to every window query) and the slot it
+  // is served as; per row r the sums over G of E_rt v_t and E_rt, and exp(s_r(slot) - m_r).
+  struct Group {
+    std::vector<double> removed_v;  // [R, d]
+    std::vector<double> removed_z;  // [R]
+    std::vector<double> slot_e;     // [R]
+    std::vector<double> slot_v;     // [d] value sum of G
+    int64_t cardinality = 0;
+  };
+
   // queries [W*G, d], keys and values [N, d]; W = queries.rows / group_size <= N. INVALID_ARGUMENT
   // on shape mismatches.
   static StatusOr<WindowErrorModel> Create(ConstMatrixView queries, ConstMatrixView keys,
                                            ConstMatrixView values, int group_size);
 
-  // sum_r |o'_r - o_r|^2 for replacing `removed` (token indices below N - W) by `slots`.
-  double Error(std::span<const int64_t> removed, std::span<const ReplacementSlot> slots) const;
+  // G = {a}, served as token a itself (no change to the output).
+  void Start(int64_t a, Group* g) const;
+  // The errors sum_r |o'_r - o_r|^2 of (evict) serving G as now and evicting token i, and (merge)
+  // serving G + i as `merged`. O(R d).
+  void Compare(const Group& g, int64_t i, const ReplacementSlot& merged, double* evict,
+               double* merge) const;
+  // G += {i}, now served as `merged`.
+  void Accept(int64_t i, const ReplacementSlot& merged, Group* g) const;
 
  private:
+  double SlotWeight(int64_t r, const float* key_post) const;
   ConstMatrixView queries_, values_;
   int64_t rows_ = 0, n_ = 0, d_ = 0;
   double scale_ = 0;
