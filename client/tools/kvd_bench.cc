@@ -34,6 +34,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -231,53 +232,55 @@ int RunMemcpy(size_t bytes, int64_t count, int64_t concurrency, bool json) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::set<std::string> valued = {"--model",       "--chunk-bytes", "--tokens", "--count",
-                                  "--concurrency", "--op",          "--depth",  "--lookup-batch",
-                                  "--daemon-pid",  "--ready-file"};
-  valued.insert(kvd::tools::kConnectionFlags.begin(), kvd::tools::kConnectionFlags.end());
-  kvd::tools::Args args(argc, argv, {"--json", "--verify", "--no-shm", "--help"}, valued);
-  const char* usage =
-      "usage: kvd-bench --addr ADDR --model M (--chunk-bytes B | --tokens T) --count N\n"
-      "                 --concurrency C --op put|get|both [--depth D] [--lookup-batch L]\n"
-      "                 [--ucx-tls TLS] [--net-devices DEV] [--no-shm] [--verify]\n"
-      "                 [--daemon-pid PID | --ready-file FILE] [--json]\n"
-      "       kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--json]\n";
-  if (args.Has("--help")) {
-    std::cout << usage;
-    return 0;
-  }
+  CLI::App app{"kvd-bench: put/get/lookup throughput and latency against a running kvd",
+               "kvd-bench"};
+  app.footer(
+      "kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--json] needs no daemon\n"
+      "sizes and counts take K/M/G suffixes (1024-based)\n"
+      "exit codes: 0 ok, 1 a failed operation, 2 usage, 3 cannot connect");
+  kvd::tools::ConnectionFlags connection;
+  kvd::tools::AddConnectionOptions(app, &connection);
+  std::string model, op = "both", ready_file;
+  int64_t count = 100, concurrency = 1, depth = 1, lookup_batch = 64, tokens = 0,
+          chunk_bytes_arg = 0, daemon_pid = 0;
+  bool json = false, verify = false, no_shm = false;
+  app.add_option("--model", model, "a model registered in kvd (all ops but memcpy)");
+  app.add_option("--chunk-bytes", chunk_bytes_arg,
+                 "bytes per chunk (a whole number of the model's tokens)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--tokens", tokens, "tokens per chunk (exactly one of this and --chunk-bytes)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--count", count, "chunks (default 100)")->transform(CLI::AsSizeValue(false));
+  app.add_option("--concurrency", concurrency, "client threads, one connection each (default 1)");
+  app.add_option("--op", op, "put, get, both (default) or memcpy (the reference, no daemon)");
+  app.add_option("--depth", depth, "chunks in flight per client call (default 1)");
+  app.add_option("--lookup-batch", lookup_batch, "chunks per Lookup of the get phase (default 64)");
+  auto* pid_opt = app.add_option("--daemon-pid", daemon_pid,
+                                 "report the daemon's CPU, context switches and read/write "
+                                 "system calls per operation (kvd on this machine)")
+                      ->check(CLI::PositiveNumber);
+  app.add_option("--ready-file", ready_file, "kvd's --ready-file output, naming its pid")
+      ->excludes(pid_opt);
+  app.add_flag("--no-shm", no_shm, "force the transport (UCX) path over a unix socket");
+  app.add_flag("--verify", verify, "compare every byte read back");
+  app.add_flag("--json", json, "print one JSON object");
+  if (int rc = kvd::tools::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   kvd::client::ClientOptions base;
-  kvd::tools::ApplyConnectionArgs(args, &base);
-  const std::string model = args.Get("--model");
-  const std::string op = args.Get("--op", "both");
-  const int64_t count = args.GetInt("--count", 100);
-  const int64_t concurrency = args.GetInt("--concurrency", 1);
-  const int64_t depth = args.GetInt("--depth", 1);
-  const int64_t lookup_batch = args.GetInt("--lookup-batch", 64);
-  int64_t tokens = args.GetInt("--tokens", 0);
-  const int64_t chunk_bytes_arg = args.GetInt("--chunk-bytes", 0);
-  const bool json = args.Has("--json"), verify = args.Has("--verify");
+  kvd::tools::ApplyConnectionFlags(connection, &base);
   auto usage_error = [&](const std::string& why) {
-    std::cerr << "kvd-bench: " << why << "\n" << usage;
+    std::cerr << "kvd-bench: " << why << "\nRun kvd-bench --help for the options.\n";
     return 2;
   };
-  if (!args.ok()) return usage_error(args.error());
   if (op != "put" && op != "get" && op != "both" && op != "memcpy")
     return usage_error("--op must be put, get, both or memcpy");
   if (count <= 0 || concurrency <= 0 || depth <= 0 || lookup_batch <= 0) {
     return usage_error("--count, --concurrency, --depth and --lookup-batch must be > 0");
   }
-  int64_t daemon_pid = args.GetInt("--daemon-pid", 0);
-  if (args.Has("--daemon-pid") && args.Has("--ready-file")) {
-    return usage_error("give at most one of --daemon-pid and --ready-file");
-  }
-  if (args.Has("--ready-file")) {
+  if (!ready_file.empty()) {
     std::string why;
-    daemon_pid = PidFromReadyFile(args.Get("--ready-file"), &why);
+    daemon_pid = PidFromReadyFile(ready_file, &why);
     if (daemon_pid <= 0) return usage_error(why);
   }
-  if (!args.ok()) return usage_error(args.error());
-  if (args.Has("--daemon-pid") && daemon_pid <= 0) return usage_error("--daemon-pid must be > 0");
   if (daemon_pid > 0) {
     auto probe = kvd::tools::SampleProcess(static_cast<pid_t>(daemon_pid));
     if (!probe.ok())
@@ -319,7 +322,7 @@ int main(int argc, char** argv) {
   base.chunk_tokens = static_cast<int>(chunk_tokens);
   base.block_tokens = std::gcd(16, static_cast<int>(chunk_tokens));
   base.max_in_flight = static_cast<int>(depth);
-  base.shared_memory = !args.Has("--no-shm");
+  base.shared_memory = !no_shm;
 
   const uint64_t run = static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
                        (static_cast<uint64_t>(::getpid()) << 32);

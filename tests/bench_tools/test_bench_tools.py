@@ -32,6 +32,18 @@ def test_memcpy_reports_fresh_and_warm_phases():
         assert p["gbps"] > 0 and 0 < p["p50_us"] <= p["p99_us"]
 
 
+def test_help_names_every_option():
+    r = run([BENCH, "--help"])
+    assert r.returncode == 0, r.stderr
+    for flag in ["--addr", "--ucx-tls", "--net-devices", "--namespace", "--hash-seed",
+                 "--client-id", "--timeout-ms", "--model", "--chunk-bytes", "--tokens", "--count",
+                 "--concurrency", "--op", "--depth", "--lookup-batch", "--daemon-pid",
+                 "--ready-file", "--no-shm", "--verify", "--json"]:
+        assert flag in r.stdout, flag
+    r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--count", "lots"])
+    assert r.returncode == 2 and "--count" in r.stderr, r.stderr
+
+
 def test_usage_errors_name_the_problem():
     r = run([BENCH, "--op", "memcpy", "--count", "4"])
     assert r.returncode == 2 and "--op memcpy needs --chunk-bytes" in r.stderr
