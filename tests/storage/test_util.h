@@ -4,13 +4,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvd/common/hash.h"
 #include "kvd/storage/chunk.h"
+#include "kvd/storage/chunk_events.h"
 
 namespace kvd::storage::testing {
 
@@ -35,6 +38,29 @@ class AlignedRegion {
 inline ChunkKey MakeKey(uint64_t n, std::string model = "llama", std::string ns = "default") {
   return ChunkKey{std::move(ns), std::move(model), 0xabcdef, kRawCodecId, Hash128{n, ~n}};
 }
+
+// Records every chunk event as "kind(reason) tier hi bytes" (called under a tier's lock, like
+// the daemon's hub).
+class Recorder final : public ChunkEventListener {
+ public:
+  void OnChunkEvent(const ChunkEvent& e) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::string(ChunkEventKindName(e.kind)) +
+                      (e.reason == RemoveReason::kNone
+                           ? ""
+                           : "(" + std::string(RemoveReasonName(e.reason)) + ")") +
+                      " " + std::string(TierKindName(e.tier)) + " " +
+                      std::to_string(e.key.chain_hash.hi) + " " + std::to_string(e.bytes));
+  }
+  std::vector<std::string> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(events_, {});
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> events_;
+};
 
 inline std::vector<std::byte> RandomBytes(size_t n, uint32_t seed) {
   std::vector<std::byte> out(n);

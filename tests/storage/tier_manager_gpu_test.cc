@@ -17,6 +17,7 @@ using testing::ChainRequest;
 using testing::FakeDeviceMemory;
 using testing::MakeKey;
 using testing::RandomBytes;
+using testing::Recorder;
 
 constexpr size_t kChunk = 4096;
 
@@ -76,6 +77,25 @@ TEST_F(TierManagerGpuTest, InsertsLandInTheGpuAndStatsListItFirst) {
   Status bad = manager_->Insert(MakeKey(1), 256, 1, chunks_[1]);
   EXPECT_EQ(bad.code(), StatusCode::kDataLoss);
   EXPECT_FALSE(host_->Describe(MakeKey(1)).ok());
+}
+
+TEST_F(TierManagerGpuTest, GpuStoresAndDemotionsAreEventsOfTheirTiers) {
+  Recorder rec;
+  manager_->SetEventListener(&rec);
+  const std::string k = std::to_string(kChunk);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Insert(i).ok());
+  EXPECT_EQ(rec.Take(), (std::vector<std::string>{"stored gpu 0 " + k, "stored gpu 1 " + k,
+                                                  "stored gpu 2 " + k, "stored gpu 3 " + k}));
+  // Full GPU: its least recently used chunks are copied to host, then dropped from the GPU.
+  auto demoted = manager_->MaybeDemote();
+  ASSERT_TRUE(demoted.ok()) << demoted.status();
+  ASSERT_EQ(demoted->gpu_demoted, 2u);
+  EXPECT_EQ(rec.Take(),
+            (std::vector<std::string>{"stored host 0 " + k, "removed(moved) gpu 0 " + k,
+                                      "stored host 1 " + k, "removed(moved) gpu 1 " + k}));
+  EvictResult ev = manager_->Evict(ChunkFilter::Key(MakeKey(2)));
+  EXPECT_EQ(ev.evicted, 1u);
+  EXPECT_EQ(rec.Take(), (std::vector<std::string>{"removed(admin) gpu 2 " + k}));
 }
 
 TEST_F(TierManagerGpuTest, AFullGpuDemotesItsLeastRecentlyUsedToHostNeverDropping) {

@@ -23,6 +23,7 @@ using testing::Contains;
 using testing::MakeKey;
 using testing::PutChunk;
 using testing::RandomBytes;
+using testing::Recorder;
 
 constexpr size_t kChunk = 1024;
 
@@ -330,28 +331,6 @@ TEST_F(TierManagerTest, WithoutADiskTierCommitAndInsertAreTheHostTiers) {
   EXPECT_TRUE(host_->Describe(MakeKey(1)).ok());
   EXPECT_FALSE(disk_->Contains(MakeKey(1)));
 }
-
-// Records every chunk event (called under a tier's lock, like the daemon's hub).
-class Recorder final : public ChunkEventListener {
- public:
-  void OnChunkEvent(const ChunkEvent& e) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    events_.push_back(std::string(ChunkEventKindName(e.kind)) +
-                      (e.reason == RemoveReason::kNone
-                           ? ""
-                           : "(" + std::string(RemoveReasonName(e.reason)) + ")") +
-                      " " + std::string(TierKindName(e.tier)) + " " +
-                      std::to_string(e.key.chain_hash.hi) + " " + std::to_string(e.bytes));
-  }
-  std::vector<std::string> Take() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return std::exchange(events_, {});
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<std::string> events_;
-};
 
 TEST_F(TierManagerTest, EveryTierTellsItsListenerWhatItStoresAndRemovesAndWhy) {
   Recorder rec;
