@@ -3,9 +3,11 @@
 // get and release chunks of random sizes in 4 namespaces for KVD_LOAD_SECONDS (default 8),
 // while `kvdctl health` runs every second. Asserted: every get byte-exact, no error other than
 // the documented back-pressure (RESOURCE_EXHAUSTED), the daemon's counters equal what the
-// clients did, nothing left open afterwards, the daemon healthy and serving.
+// clients did, nothing left open afterwards, kvd's memory flat over the second half, the daemon
+// healthy and serving.
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -43,6 +45,18 @@ uint64_t Counter(const client::Stats& s, const std::string& name) {
     if (n == name) return v;
   }
   ADD_FAILURE() << "no counter " << name;
+  return 0;
+}
+
+// VmRSS of `pid` in bytes (0 if unreadable).
+uint64_t RssBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  uint64_t kib = 0;
+  while (in >> key) {
+    if (key == "VmRSS:" && in >> kib) return kib * 1024;
+    in.ignore(1 << 12, '\n');
+  }
   return 0;
 }
 
@@ -168,8 +182,13 @@ TEST(LoadE2eTest, SixtyFourClientsMixedOpsByteExactCountersAddUpHealthy) {
   for (int i = 0; i < kClients; ++i) {
     clients.emplace_back(RunClient, i, std::cref(*kvd), end, registries, &totals);
   }
+  // kvd's memory at half time (the arena has filled by then: the clients put more than its
+  // capacity) and at the end: it must stay flat under steady load.
+  std::this_thread::sleep_until(end - std::chrono::seconds(LoadSeconds()) / 2);
+  const uint64_t rss_half = RssBytes(kvd->pid());
   for (auto& t : clients) t.join();
   health.join();
+  const uint64_t rss_end = RssBytes(kvd->pid());
 
   for (const std::string& e : totals.errors) ADD_FAILURE() << e;
   EXPECT_EQ(totals.mismatches.load(), 0u);
@@ -182,7 +201,12 @@ TEST(LoadE2eTest, SixtyFourClientsMixedOpsByteExactCountersAddUpHealthy) {
             << totals.hits << " hits, " << totals.misses_after_eviction << " evicted), "
             << totals.gets << " gets (" << totals.get_bytes / 1024 << " KiB), "
             << totals.back_pressure << " back-pressure answers, " << health_runs
-            << " kvdctl health runs\n";
+            << " kvdctl health runs; kvd RSS " << rss_half / (1 << 20) << " MiB at half time, "
+            << rss_end / (1 << 20) << " MiB at the end\n";
+  // Flat: the second half of the load (as many operations again) may not grow kvd by more
+  // than a quarter of its host tier (sessions' buffers are bounded; the arena is full already).
+  EXPECT_LT(rss_end, rss_half + (24ull << 20))
+      << "kvd grew from " << rss_half << " to " << rss_end << " bytes";
 
   // The daemon's counters equal what the clients saw, and nothing is left open.
   ASSERT_TRUE(Eventually(
