@@ -38,7 +38,8 @@ struct HarnessOptions {
       "keydiff_ada", "snapkv+vector", "adakv+vector", "kvslimmer_l2", "hybrid",    "hybrid_ea"};
   std::vector<double> ratios = {0.5, 0.75, 0.9};  // p_c values, each in [0, 1)
   std::vector<std::string> modes = {kModeOneShot, kModeChunkWise};
-  // Sizes of the default run: docs/quality.md, "Sizes" (measured to fit 20 minutes on 2 cores).
+  // Sizes of the default run: docs/quality.md, "Sizes" (estimated from a measured fraction to fit
+  // 20 minutes of CPU on one engine thread).
   int prefix_tokens = 1024;          // compressed prefix length N
   int continuation_tokens = 128;     // scored continuation C (C - 1 predictions per segment)
   int max_segments = 10;             // eval segments (round-robin over the eval texts)
