@@ -525,6 +525,14 @@ Status DiskTier::PutState(std::string_view name, std::span<const uint8_t> bytes)
   return FromRocks(impl_->db_->Write(durable, &batch), "write state " + std::string(name));
 }
 
+Status DiskTier::RemoveState(std::string_view name) {
+  rocksdb::WriteOptions durable;
+  durable.sync = true;
+  return FromRocks(
+      impl_->db_->Delete(durable, impl_->state_cf(), rocksdb::Slice(name.data(), name.size())),
+      "delete state " + std::string(name));
+}
+
 StatusOr<std::vector<uint8_t>> DiskTier::GetState(std::string_view name) const {
   std::string value;
   rocksdb::Status s = impl_->db_->Get(impl_->read_options_, impl_->state_cf(),

@@ -1,6 +1,7 @@
 // Online VECTOR calibration and codec ids through real kvd processes (label `serving`): the saved
-// weights survive a restart (same W bytes, same R^2, same codec id), a damaged or mismatched
-// saved record is refused and calibration starts again, a policy change gives a new codec id
+// weights survive a restart (same W bytes, same R^2, same codec id), so does a calibration still
+// collecting (from its checkpoint), a damaged or mismatched saved record is refused and
+// calibration starts again, a policy change gives a new codec id
 // under which the old chunks (still stored on disk) are never served, and chunks stored before
 // calibration completed are not served under the calibrated codec id; `kvdctl calibrate` (kvd-demo
 // calibrate: the reference engine on stories260K) completes calibration and `kvdctl calibration`
@@ -72,6 +73,18 @@ Chunk MakeStructuredChunk(const ModelLayout& layout, uint64_t first_position, ui
   return c;
 }
 
+// Flips one byte of a file behind kvd's back.
+void FlipByte(const fs::path& path, std::streamoff offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  char b = 0;
+  f.seekg(offset);
+  f.read(&b, 1);
+  b = static_cast<char>(b ^ 0x5a);
+  f.seekp(offset);
+  f.write(&b, 1);
+  ASSERT_TRUE(f.good()) << "cannot flip byte " << offset << " of " << path;
+}
+
 class CalibrationE2eTest : public ServingFixture {
  protected:
   void SetUp() override {
@@ -123,9 +136,8 @@ class CalibrationE2eTest : public ServingFixture {
     if (hit->lease_id != 0) EXPECT_TRUE(c.ReleaseLease(hit->lease_id).ok());
     return hit->matched_chunks;
   }
-  // Chunks of the model on the disk tier (every stored chunk has its copy there; host copies
-  // of the same chunks are not counted).
-  uint64_t StoredChunks() { return StoredChunksIn("", "disk"); }
+  // Chunks of the model stored in any tier (each listed once, at its highest tier).
+  uint64_t StoredChunks() { return StoredChunksIn("", ""); }
   // Chunks of the model in namespace `ns` ("" = any) on tier `tier` ("" = any).
   uint64_t StoredChunksIn(const std::string& ns, const std::string& tier) {
     auto admin = client::Client::Connect(kvd_->AdminOptions());
@@ -246,16 +258,7 @@ TEST_F(CalibrationE2eTest, WithoutADiskTierTheStateDirKeepsItAndADamagedRecordIs
   // One flipped byte: refused with a log line naming the record and the reason, calibration
   // starts again from zero, and the daemon serves (and calibrates) as before.
   ASSERT_EQ(kvd_->Stop(), 0);
-  {
-    std::fstream f(saved, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(100);
-    char b = 0;
-    f.seekg(100);
-    f.read(&b, 1);
-    b = static_cast<char>(b ^ 0x5a);
-    f.seekp(100);
-    f.write(&b, 1);
-  }
+  FlipByte(saved, 100);
   Restart(VectorPolicy(), /*disk=*/false);
   EXPECT_THAT(kvd_->Log(), HasSubstr("saved VECTOR calibration refused, calibrating again"));
   EXPECT_THAT(kvd_->Log(), HasSubstr(saved.string()));
@@ -294,6 +297,56 @@ TEST_F(CalibrationE2eTest, WithoutADiskTierTheStateDirKeepsItAndADamagedRecordIs
   EXPECT_THAT(kvd_->Log(), HasSubstr("saved weights are for 2 layers x 2 KV heads x head_dim 8, "
                                      "the model's layout has 5 x 4 x 8"));
   EXPECT_EQ(Calibration().state, "collecting");
+}
+
+TEST_F(CalibrationE2eTest, CollectingResumesFromItsCheckpointAfterARestart) {
+  Restart(VectorPolicy(), /*disk=*/true);
+  auto c = Connect(kVectorModel);
+  ASSERT_NE(c, nullptr);
+  const uint32_t collecting_codec = c->session().codec_id;
+  PutPrompt(*c, 1, 3, 100);  // 768 of 1024 tokens; checkpoints every 128
+  c.reset();
+
+  Restart(VectorPolicy(), /*disk=*/true);
+  EXPECT_THAT(kvd_->Log(), HasSubstr("VECTOR calibration progress reloaded"));
+  client::CalibrationInfo resumed = Calibration();
+  EXPECT_EQ(resumed.state, "collecting");
+  EXPECT_EQ(resumed.tokens_seen, 3u * kTokens);
+  c = Connect(kVectorModel);
+  ASSERT_NE(c, nullptr);
+  PutPrompt(*c, 2, 1, 200);  // the fourth chunk completes it
+  ExpectCalibrated(Calibration(), collecting_codec);
+  c.reset();
+
+  // Once the weights are saved the checkpoint is gone: a restart loads the weights only.
+  Restart(VectorPolicy(), /*disk=*/true);
+  EXPECT_THAT(kvd_->Log(), HasSubstr("VECTOR calibration reloaded"));
+  EXPECT_THAT(kvd_->Log(), ::testing::Not(HasSubstr("progress reloaded")));
+  EXPECT_EQ(Calibration().state, "calibrated");
+
+  // Without a disk tier the checkpoint is a file in state_dir; a damaged one is refused and
+  // collecting starts from zero.
+  Restart(VectorPolicy(), /*disk=*/false);
+  c = Connect(kVectorModel);
+  ASSERT_NE(c, nullptr);
+  PutPrompt(*c, 3, 2, 300);
+  c.reset();
+  ASSERT_EQ(kvd_->Stop(), 0);
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir_ + "/state")) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_THAT(files[0].filename().string(), HasSubstr("vector-accumulators-" + kVectorModel));
+  Restart(VectorPolicy(), /*disk=*/false);
+  EXPECT_EQ(Calibration().tokens_seen, 2u * kTokens);
+  ASSERT_EQ(kvd_->Stop(), 0);
+  FlipByte(files[0], 64);
+  Restart(VectorPolicy(), /*disk=*/false);
+  EXPECT_THAT(kvd_->Log(),
+              HasSubstr("saved VECTOR calibration progress refused, collecting from zero"));
+  EXPECT_THAT(kvd_->Log(), HasSubstr("checksum"));
+  client::CalibrationInfo zero = Calibration();
+  EXPECT_EQ(zero.state, "collecting");
+  EXPECT_EQ(zero.tokens_seen, 0u);
 }
 
 TEST_F(CalibrationE2eTest, APolicyChangeGivesANewCodecIdThatServesNoneOfTheOldChunks) {

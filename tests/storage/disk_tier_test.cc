@@ -434,6 +434,14 @@ TEST_F(DiskTierTest, StateRecordsSurviveARestartAndADamagedOneIsDataLoss) {
   auto b = tier->GetState("weights/b");
   EXPECT_EQ(b.status().code(), StatusCode::kDataLoss);
   EXPECT_TRUE(Contains(b.status(), "shorter than its checksum")) << b.status();
+  // RemoveState: gone (also after a restart); removing what is not there is OK.
+  ASSERT_TRUE(tier->RemoveState("weights/a").ok());
+  ASSERT_TRUE(tier->RemoveState("weights/a").ok());
+  EXPECT_EQ(tier->GetState("weights/a").status().code(), StatusCode::kNotFound);
+  tier.reset();
+  tier = Open(Options());
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->GetState("weights/a").status().code(), StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ class DiskStore final : public CalibrationStore {
   Status Save(const std::string& name, std::span<const uint8_t> bytes) override {
     return disk_->PutState(name, bytes);
   }
+  Status Remove(const std::string& name) override { return disk_->RemoveState(name); }
 
  private:
   storage::DiskTier* disk_;
@@ -62,6 +63,12 @@ class FileStore final : public CalibrationStore {
     if (ec) return Status::Unavailable("cannot rename " + tmp + ": " + ec.message());
     return Status::Ok();
   }
+  Status Remove(const std::string& name) override {
+    std::error_code ec;
+    std::filesystem::remove(Path(name), ec);
+    if (ec) return Status::Unavailable("cannot remove " + Path(name) + ": " + ec.message());
+    return Status::Ok();
+  }
 
  private:
   std::string Path(const std::string& name) const {
@@ -76,9 +83,9 @@ class FileStore final : public CalibrationStore {
 
 }  // namespace
 
-std::string CalibrationRecordName(const std::string& model, uint64_t layout_digest,
-                                  uint64_t policy_digest) {
-  return "vector-weights/" + model + "/" + Hex64(layout_digest) + "/" + Hex64(policy_digest);
+std::string CalibrationRecordName(const std::string& kind, const std::string& model,
+                                  uint64_t layout_digest, uint64_t policy_digest) {
+  return kind + "/" + model + "/" + Hex64(layout_digest) + "/" + Hex64(policy_digest);
 }
 
 std::unique_ptr<CalibrationStore> MakeDiskCalibrationStore(storage::DiskTier* disk) {

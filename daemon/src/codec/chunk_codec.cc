@@ -1,6 +1,7 @@
 // ChunkCodec: policy -> kernels plan options, Encode, the ingest pool, VECTOR calibration.
 #include "kvd/daemon/chunk_codec.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
@@ -92,7 +93,8 @@ struct ChunkCodec::Impl {
   CompressionPolicy policy;
   kk::CompressionPlanOptions plan;
   std::unique_ptr<CalibrationStore> store;  // nullptr = not persisted
-  std::string record;                       // CalibrationRecordName() of this model and policy
+  std::string record;                       // the solved weights' record (CalibrationRecordName)
+  std::string progress_record;              // the accumulators' record while collecting
 
   // ---- pool ----
   std::mutex mu;
@@ -104,7 +106,8 @@ struct ChunkCodec::Impl {
 
   // ---- calibration (route == vector) ----
   mutable std::mutex cal_mu;
-  std::optional<kk::VectorCalibrator> calibrator;    // guarded by cal_mu; while collecting
+  std::optional<kk::VectorCalibrator> calibrator;  // guarded by cal_mu; while collecting
+  int64_t saved_count = 0;  // guarded by cal_mu; tokens per head in the last progress checkpoint
   std::shared_ptr<const kk::VectorWeights> weights;  // guarded by cal_mu; once calibrated
   std::vector<uint8_t> weights_bytes;                // guarded by cal_mu
   std::atomic<uint32_t> codec_id{0};
@@ -135,6 +138,50 @@ struct ChunkCodec::Impl {
   // record). Never fatal, never used when refused.
   void LoadSaved() {
     if (store == nullptr) return;
+    LoadSavedWeights();
+    if (weights == nullptr) LoadSavedProgress();
+  }
+
+  // Resumes a calibration still collecting from its last checkpoint (the same refusal rules as
+  // the weights: unreadable, damaged or another shape is logged and collection starts at zero).
+  void LoadSavedProgress() {
+    const std::string where = store->Where(progress_record);
+    auto bytes = store->Load(progress_record);
+    Status bad = bytes.ok() ? Status::Ok() : bytes.status();
+    if (bad.code() == StatusCode::kNotFound) return;
+    std::optional<kk::VectorCalibrator> saved;
+    if (bad.ok()) {
+      auto c = kk::VectorCalibrator::Deserialize(*bytes);
+      if (!c.ok()) {
+        bad = c.status();
+      } else if (c->num_layers() != model.layout.num_layers ||
+                 c->num_kv_heads() != model.layout.num_kv_heads ||
+                 c->head_dim() != model.layout.head_dim) {
+        bad =
+            Status::DataLoss("saved accumulators are for " + std::to_string(c->num_layers()) +
+                             " layers x " + std::to_string(c->num_kv_heads()) +
+                             " KV heads x head_dim " + std::to_string(c->head_dim()) +
+                             ", the model's layout has " + std::to_string(model.layout.num_layers) +
+                             " x " + std::to_string(model.layout.num_kv_heads) + " x " +
+                             std::to_string(model.layout.head_dim));
+      } else {
+        saved = std::move(*c);
+      }
+    }
+    if (!bad.ok()) {
+      KVD_LOG(ERROR) << "saved VECTOR calibration progress refused, collecting from zero"
+                     << Kv("model", model.name) << Kv("record", where) << Kv("status", bad);
+      return;
+    }
+    std::lock_guard lock(cal_mu);
+    calibrator = std::move(*saved);
+    saved_count = calibrator->Head(0, 0).count;
+    KVD_LOG(INFO) << "VECTOR calibration progress reloaded" << Kv("model", model.name)
+                  << Kv("record", where) << Kv("tokens_seen", saved_count)
+                  << Kv("tokens_needed", policy.calibration_tokens);
+  }
+
+  void LoadSavedWeights() {
     const std::string where = store->Where(record);
     auto bytes = store->Load(record);
     if (!bytes.ok()) {
@@ -189,7 +236,21 @@ struct ChunkCodec::Impl {
                        << Kv("status", s);
       return;
     }
-    if (calibrator->Head(0, 0).count < policy.calibration_tokens) return;
+    const int64_t count = calibrator->Head(0, 0).count;
+    if (count < policy.calibration_tokens) {
+      // Checkpoint every eighth of the way, so a restart resumes instead of starting over.
+      const int64_t step = std::max<int64_t>(1, policy.calibration_tokens / 8);
+      if (store != nullptr && count - saved_count >= step) {
+        const std::vector<uint8_t> bytes = calibrator->Serialize();
+        if (Status p = store->Save(progress_record, bytes); p.ok()) {
+          saved_count = count;
+        } else {
+          KVD_LOG(WARNING) << "VECTOR calibration progress not saved" << Kv("model", model.name)
+                           << Kv("status", p);
+        }
+      }
+      return;
+    }
     auto solved = calibrator->Solve();
     if (!solved.ok()) {
       KVD_LOG(WARNING) << "calibration solve failed; collecting more" << Kv("model", model.name)
@@ -206,6 +267,12 @@ struct ChunkCodec::Impl {
     if (!p.ok()) {
       KVD_LOG(ERROR) << "VECTOR calibration not saved: a restart calibrates again"
                      << Kv("model", model.name) << Kv("status", p);
+    } else if (store != nullptr) {
+      if (Status r = store->Remove(progress_record); !r.ok()) {
+        KVD_LOG(WARNING) << "VECTOR calibration progress record not removed (it is not used "
+                            "while the weights load)"
+                         << Kv("model", model.name) << Kv("status", r);
+      }
     }
   }
 };
@@ -235,9 +302,12 @@ StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(const ModelConfig& mode
   impl->codec_id = impl->policy.CodecId(0);
   if (impl->policy.route == "vector") {
     impl->store = std::move(store);
-    impl->record = CalibrationRecordName(model.name, model.layout.Digest(), impl->policy.Digest());
+    impl->record = CalibrationRecordName("vector-weights", model.name, model.layout.Digest(),
+                                         impl->policy.Digest());
+    impl->progress_record = CalibrationRecordName("vector-accumulators", model.name,
+                                                  model.layout.Digest(), impl->policy.Digest());
     impl->LoadSaved();
-    if (impl->weights == nullptr) {
+    if (impl->weights == nullptr && !impl->calibrator) {
       KVD_ASSIGN_OR_RETURN(
           auto cal, kk::VectorCalibrator::Create(model.layout.num_layers, model.layout.num_kv_heads,
                                                  model.layout.head_dim));

@@ -7,9 +7,11 @@
 //                        state_dir is DaemonConfig::ResolvedStateDir();
 //   neither:             not saved (a restart calibrates again).
 //
-// The record name is CalibrationRecordName(): it carries the model's name, its layout digest and
-// the policy digest, so a changed layout or policy never finds another one's weights. The bytes
-// are kernels' VectorWeights::Serialize() (versioned, checksummed: docs/chunk-format.md).
+// Record names come from CalibrationRecordName(): they carry the model's name, its layout digest
+// and the policy digest, so a changed layout or policy never finds another one's state. The
+// bytes are kernels' VectorWeights::Serialize() (solved weights) or VectorCalibrator::Serialize()
+// (accumulators of a calibration still collecting), both versioned and checksummed
+// (docs/chunk-format.md).
 //
 // Thread safety: implementations are thread-safe.
 #pragma once
@@ -38,11 +40,15 @@ class CalibrationStore {
   virtual StatusOr<std::vector<uint8_t>> Load(const std::string& name) const = 0;
   // Replaces the record; durable once it returns OK. UNAVAILABLE for I/O errors.
   virtual Status Save(const std::string& name, std::span<const uint8_t> bytes) = 0;
+  // Deletes the record; OK when there is none. UNAVAILABLE for I/O errors.
+  virtual Status Remove(const std::string& name) = 0;
 };
 
-// "vector-weights/<model>/<layout digest, 16 hex>/<policy digest, 16 hex>".
-std::string CalibrationRecordName(const std::string& model, uint64_t layout_digest,
-                                  uint64_t policy_digest);
+// "<kind>/<model>/<layout digest, 16 hex>/<policy digest, 16 hex>"; kind "vector-weights" (the
+// solved weights, VectorWeights::Serialize) or "vector-accumulators" (a calibration still
+// collecting, VectorCalibrator::Serialize: checkpoints so a restart resumes it).
+std::string CalibrationRecordName(const std::string& kind, const std::string& model,
+                                  uint64_t layout_digest, uint64_t policy_digest);
 
 // Records in `disk`'s "state" family. `disk` (not owned) must outlive the store.
 std::unique_ptr<CalibrationStore> MakeDiskCalibrationStore(storage::DiskTier* disk);

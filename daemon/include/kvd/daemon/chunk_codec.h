@@ -30,8 +30,10 @@
 // accumulators per (layer, KV head) before it is compressed; once `calibration_tokens` tokens
 // per head were seen, W is solved, R^2 recorded per head (a head below `r2_threshold` routes
 // nothing), the weights are saved (calibration_store.h) and the codec id changes to the new
-// calibration version: chunks stored before are never served under it. The accumulators are not
-// saved: a restart before calibration completes starts collecting from zero.
+// calibration version: chunks stored before are never served under it. While collecting, the
+// accumulators are checkpointed to the same store every eighth of `calibration_tokens`, so a
+// restart resumes from the last checkpoint (the tokens since it are lost); the checkpoint is
+// removed once the weights are saved.
 //
 // Thread safety: every method is thread-safe.
 #pragma once

@@ -5,7 +5,8 @@
 //   "default": key -> [u64 checksum][u32 tokens][u32 reserved][payload bytes]
 //   "meta":    key -> [u8 version=1][u32 tokens][u64 size][u64 checksum]  (index rebuild)
 //   "state":   name -> [u64 checksum of the bytes][bytes]   (daemon state other than chunks, e.g.
-//              VECTOR calibration weights: PutState / GetState; never evicted, not a chunk)
+//              VECTOR calibration weights: PutState / GetState / RemoveState; never evicted,
+//              not a chunk)
 // The first two are written in one WriteBatch, so a chunk is either wholly present or absent. The
 // key is a length-prefixed encoding of every ChunkKey field. Each value carries its own checksum,
 // so a read is self-consistent and verified (DATA_LOSS on mismatch; the corrupt chunk is deleted).
@@ -85,6 +86,9 @@ class DiskTier final : public Tier {
   // NOT_FOUND when `name` was never put; DATA_LOSS when the stored bytes fail their checksum
   // (or the record is shorter than its checksum); UNAVAILABLE on a read error.
   StatusOr<std::vector<uint8_t>> GetState(std::string_view name) const;
+  // Deletes the record (OK when there is none), durable like PutState. UNAVAILABLE on a write
+  // error.
+  Status RemoveState(std::string_view name);
 
  private:
   class Impl;
