@@ -121,7 +121,7 @@ echo "== kvd idle (no client, 5 s after start-up): ${idle_pct} % of a core =="
 # ---- Mooncake Store: venv under the build folder, a master on 127.0.0.1 ----
 mooncake_ok=""
 if ! skipped mooncake; then
-  venv="$BUILD_DIR/peers-venv"
+  venv="$(cd "$BUILD_DIR" && pwd)/peers-venv"
   if [[ ! -x "$venv/bin/mooncake_master" && -z "${KVD_PEERS_NO_PIP:-}" ]]; then
     echo "[peers] installing mooncake-transfer-engine-non-cuda into $venv" >&2
     { python3 -m venv "$venv" && "$venv/bin/pip" install -q mooncake-transfer-engine-non-cuda; } \
