@@ -219,8 +219,9 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> 
   out.reserve(items.size());
   for (size_t i = 0; i < items.size(); i += options_.max_in_flight) {
     size_t n = std::min<size_t>(options_.max_in_flight, items.size() - i);
-    // Items with separate window queries are staged (raw + queries in one buffer: the daemon
-    // receives one message per put).
+    // Over the transport, items with separate window queries are staged (raw + queries in one
+    // buffer: the daemon receives one message per put); the shared-memory path copies both
+    // parts into the slot itself.
     std::vector<PutItem> window(items.begin() + i, items.begin() + i + n);
     std::vector<std::vector<uint8_t>> staged;
     for (PutItem& it : window) {
@@ -233,6 +234,7 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> 
             std::to_string(WindowQueryBytes(options_.layout, it.window) / sizeof(float)) +
             " (layers x window x q_heads x head_dim)");
       }
+      if (session_.shared_memory) continue;
       auto& buf = staged.emplace_back(it.bytes + qbytes);
       if (it.bytes > 0) std::memcpy(buf.data(), it.data, it.bytes);
       std::memcpy(buf.data() + it.bytes, it.window_queries.data(), qbytes);
@@ -255,9 +257,9 @@ StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const P
     }
     const size_t expected =
         options_.layout.ChunkBytes(it.tokens) + WindowQueryBytes(options_.layout, it.window);
-    if (options_.verify_locally && it.bytes != expected) {
+    if (options_.verify_locally && PutBytes(it) != expected) {
       return Status::InvalidArgument(
-          "put: " + std::to_string(it.bytes) + " bytes given for a raw chunk of " +
+          "put: " + std::to_string(PutBytes(it)) + " bytes given for a raw chunk of " +
           std::to_string(it.tokens) + " tokens" +
           (it.window > 0 ? " with " + std::to_string(it.window) + " window-query tokens" : "") +
           "; the layout needs " + std::to_string(expected));
@@ -270,7 +272,7 @@ StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const P
       auto rv = r.initReserve();
       proto::ToProto(items[i].hash, rv.initChunkHash());
       rv.setTokens(static_cast<uint32_t>(items[i].tokens));
-      rv.setBytes(items[i].bytes);
+      rv.setBytes(PutBytes(items[i]));
       rv.setFirstPosition(items[i].first_position);
       rv.setWindowTokens(static_cast<uint32_t>(items[i].window));
     });

@@ -51,6 +51,11 @@ class ClientImpl final : public Client {
   // (INVALID_ARGUMENT for null data or a raw byte count the layout does not give) and sends
   // one Reserve per item without waiting. Returns the request ids, in item order.
   StatusOr<std::vector<uint64_t>> SendReservesLocked(std::span<const PutItem> items);
+  // Bytes a put sends: the raw chunk (plus any queries already appended to it) plus the
+  // window queries still held apart (shared-memory path; the transport path staged them).
+  static size_t PutBytes(const PutItem& it) {
+    return it.bytes + it.window_queries.size() * sizeof(float);
+  }
   StatusOr<std::vector<GetResult>> GetWindowLocked(uint64_t lease_id,
                                                    std::span<const GetItem> items);
   // Waits for `transfer` (progressing the transport) while watching the control connection,

@@ -96,7 +96,7 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
       if (!r.isReserve()) return WrongReply("reserve");
       auto rv = r.getReserve();
       out[i].already_stored = rv.getAlreadyStored();
-      out[i].bytes = items[i].bytes;
+      out[i].bytes = PutBytes(items[i]);
       reservation[i] = rv.getReservationId();
       has_slot = rv.hasShm();
       if (has_slot) {
@@ -117,14 +117,23 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
       if (first_error.ok()) first_error = Status::Internal("kvd reserved without a memory slot");
       continue;
     }
-    auto slot = SlotLocked(req[i], segment, offset, generation, fd_attached, items[i].bytes);
+    const size_t put_bytes = PutBytes(items[i]);
+    auto slot = SlotLocked(req[i], segment, offset, generation, fd_attached, put_bytes);
     if (!slot.ok()) {
       if (first_error.ok()) first_error = slot.status();
       continue;
     }
     if (!first_error.ok()) continue;
     std::memcpy(*slot, items[i].data, items[i].bytes);
-    checksum[i] = Checksum64(items[i].data, items[i].bytes);
+    if (!items[i].window_queries.empty()) {
+      // The window queries follow the raw chunk in the slot (no staging copy); the checksum
+      // then reads the slot once instead of two source buffers.
+      std::memcpy(*slot + items[i].bytes, items[i].window_queries.data(),
+                  put_bytes - items[i].bytes);
+      checksum[i] = Checksum64(*slot, put_bytes);
+    } else {
+      checksum[i] = Checksum64(items[i].data, items[i].bytes);
+    }
   }
   if (!first_error.ok()) {
     AbortReservationsLocked(to_abort);

@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -155,6 +156,16 @@ int main(int argc, char** argv) {
   if (!server.ok()) {
     KVD_LOG(ERROR) << "kvd cannot start" << kvd::Kv("status", server.status());
     return kExitRuntime;
+  }
+  if (const char* pause = std::getenv("KVD_TEST_STARTUP_PAUSE_MS"); pause != nullptr) {
+    // Fault-injection seam for the tests of a signal during start-up: the arena and the
+    // transport exist, the listeners do not yet. A signal ends the pause early (EINTR).
+    KVD_LOG(INFO) << "start-up paused (KVD_TEST_STARTUP_PAUSE_MS)" << kvd::Kv("ms", pause);
+    const long ms = std::strtol(pause, nullptr, 10);
+    struct timespec ts {
+      ms / 1000, (ms % 1000) * 1000000
+    };
+    ::nanosleep(&ts, nullptr);
   }
   if (kvd::Status s = (*server)->Start(); !s.ok()) {
     KVD_LOG(ERROR) << "kvd cannot listen" << kvd::Kv("status", s);

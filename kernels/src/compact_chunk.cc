@@ -60,15 +60,7 @@ StatusOr<CompactChunk> DecodeV2(std::span<const uint8_t> bytes) {
   r.Get(&reserved16), r.Get(&meta_bytes);
   r.Get(&c.codec.p_c), r.Get(&c.codec.calibration_version), r.Get(&c.original_tokens);
   r.Get(&c.layout_digest), r.Get(&position_base), r.Get(&total);
-  if (total != bytes.size()) {
-    return Status::DataLoss("compact chunk size mismatch: header says " + std::to_string(total) +
-                            " bytes, got " + std::to_string(bytes.size()) + " (truncated?)");
-  }
-  uint64_t stored_sum;
-  std::memcpy(&stored_sum, bytes.data() + bytes.size() - kTrailerBytes, 8);
-  if (Checksum64(bytes.data(), bytes.size() - kTrailerBytes) != stored_sum) {
-    return Status::DataLoss("compact chunk checksum mismatch");
-  }
+  KVD_RETURN_IF_ERROR(internal::CheckSizeAndChecksum(bytes, total));
   // From here the bytes are what an encoder wrote; inconsistencies mean a broken encoder.
   if (header_bytes != kHeaderBytes) return Status::DataLoss("corrupt compact chunk: header size");
   if (reserved16 != 0) return Status::DataLoss("corrupt compact chunk: reserved bytes not zero");
@@ -159,6 +151,19 @@ Status ValidateCodec(const CodecDescription& c) {
   }
   if (!(c.p_c >= 0.0 && c.p_c < 1.0)) {
     return Status::InvalidArgument("codec: p_c " + std::to_string(c.p_c) + " not in [0, 1)");
+  }
+  return Status::Ok();
+}
+
+Status CheckSizeAndChecksum(std::span<const uint8_t> bytes, uint64_t total) {
+  if (total != bytes.size()) {
+    return Status::DataLoss("compact chunk size mismatch: header says " + std::to_string(total) +
+                            " bytes, got " + std::to_string(bytes.size()) + " (truncated?)");
+  }
+  uint64_t stored_sum;
+  std::memcpy(&stored_sum, bytes.data() + bytes.size() - kCompactChunkTrailerBytes, 8);
+  if (Checksum64(bytes.data(), bytes.size() - kCompactChunkTrailerBytes) != stored_sum) {
+    return Status::DataLoss("compact chunk checksum mismatch");
   }
   return Status::Ok();
 }

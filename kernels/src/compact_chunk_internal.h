@@ -35,6 +35,11 @@ struct ChunkHeaderFields {
 // chunk: ..." naming the field.
 Status SetChunkHeader(const ChunkHeaderFields& fields, CompactChunk* c);
 
+// The checks every version makes first, in this order: the header's total size equals
+// bytes.size() (DATA_LOSS "compact chunk size mismatch ... (truncated?)"), then the xxh3-64
+// trailer matches (DATA_LOSS "compact chunk checksum mismatch").
+Status CheckSizeAndChecksum(std::span<const uint8_t> bytes, uint64_t total);
+
 // Decodes a version 1 chunk (magic and version already checked). Errors as DecodeCompactChunk's.
 StatusOr<CompactChunk> DecodeCompactChunkV1(std::span<const uint8_t> bytes);
 

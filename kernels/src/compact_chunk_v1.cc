@@ -5,7 +5,6 @@
 
 #include "byte_io.h"
 #include "compact_chunk_internal.h"
-#include "kvd/common/hash.h"
 
 namespace kvd::kernels::internal {
 namespace {
@@ -53,15 +52,7 @@ StatusOr<CompactChunk> DecodeCompactChunkV1(std::span<const uint8_t> bytes) {
   r.Get(&reserved16), r.Get(&reserved32);
   r.Get(&c.codec.p_c), r.Get(&c.codec.calibration_version), r.Get(&c.original_tokens);
   r.Get(&c.layout_digest), r.Get(&total);
-  if (total != bytes.size()) {
-    return Status::DataLoss("compact chunk size mismatch: header says " + std::to_string(total) +
-                            " bytes, got " + std::to_string(bytes.size()) + " (truncated?)");
-  }
-  uint64_t stored_sum;
-  std::memcpy(&stored_sum, bytes.data() + bytes.size() - kCompactChunkTrailerBytes, 8);
-  if (Checksum64(bytes.data(), bytes.size() - kCompactChunkTrailerBytes) != stored_sum) {
-    return Status::DataLoss("compact chunk checksum mismatch");
-  }
+  KVD_RETURN_IF_ERROR(CheckSizeAndChecksum(bytes, total));
   // From here the bytes are what an encoder wrote; inconsistencies mean a broken encoder.
   if (header_bytes != kHeaderBytes) return Status::DataLoss("corrupt compact chunk: header size");
   KVD_RETURN_IF_ERROR(SetChunkHeader(f, &c));

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kvd/client/client.h"
@@ -63,6 +64,22 @@ inline void ExpectServes(client::Client& c, uint64_t seed) {
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(out, data);
   EXPECT_TRUE(c.ReleaseLease(hit->lease_id).ok());
+}
+
+// Counter `name` of `stats`; a test failure (and 0) when the daemon reports no such counter.
+inline uint64_t CounterValue(const client::Stats& stats, const std::string& name) {
+  for (const auto& [n, v] : stats.counters) {
+    if (n == name) return v;
+  }
+  ADD_FAILURE() << "no counter " << name << " in stats";
+  return 0;
+}
+
+// The same from a fresh GetStats of `c`.
+inline uint64_t CounterValue(client::Client& c, const std::string& name) {
+  auto s = c.GetStats();
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? CounterValue(*s, name) : 0;
 }
 
 inline client::TierStats HostTier(client::Client& admin) {

@@ -33,17 +33,6 @@ std::vector<KvEvent> PollN(client::Client& c, size_t n,
   return out;
 }
 
-uint64_t Counter(client::Client& admin, const std::string& name) {
-  auto s = admin.GetStats();
-  EXPECT_TRUE(s.ok()) << s.status();
-  if (!s.ok()) return 0;
-  for (const auto& [n, v] : s->counters) {
-    if (n == name) return v;
-  }
-  ADD_FAILURE() << "no counter " << name;
-  return 0;
-}
-
 class EventsE2eTest : public ::testing::Test {
  protected:
   void TearDown() override {
@@ -112,8 +101,8 @@ TEST_F(EventsE2eTest, PutsAreStoredEventsInOrderAndAnEvictIsARemovedEvent) {
   auto none = admin->PollEvents(300);
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_TRUE(none->empty()) << none->front().sequence;
-  EXPECT_EQ(Counter(*admin, "events_queued"), 5u);
-  EXPECT_EQ(Counter(*admin, "events_dropped"), 0u);
+  EXPECT_EQ(CounterValue(*admin, "events_queued"), 5u);
+  EXPECT_EQ(CounterValue(*admin, "events_dropped"), 0u);
   auto early = engine->PollEvents(0);
   EXPECT_EQ(early.status().code(), StatusCode::kFailedPrecondition) << early.status();
 }
@@ -267,7 +256,7 @@ TEST_F(EventsE2eTest, ASubscriberThatDoesNotReadGetsADroppedMarkerWhilePutsGoOn)
   const std::vector<uint8_t> data = RandomBytes(bytes, 9);
   uint64_t puts = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (Counter(*admin, "events_dropped") == 0) {
+  while (CounterValue(*admin, "events_dropped") == 0) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no drop after " << puts << " puts";
     std::vector<client::PutItem> items(64);
     for (auto& it : items) it = {{0xd0, puts++}, 1, data.data(), bytes};
@@ -276,7 +265,7 @@ TEST_F(EventsE2eTest, ASubscriberThatDoesNotReadGetsADroppedMarkerWhilePutsGoOn)
   }
   // The daemon kept serving while the subscriber did not read.
   ExpectServes(*engine, 11);
-  const uint64_t dropped_by_daemon = Counter(*admin, "events_dropped");
+  const uint64_t dropped_by_daemon = CounterValue(*admin, "events_dropped");
 
   // Now read everything: numbers run without a gap, markers standing for what was lost.
   uint64_t next = 1, events = 0, dropped = 0, markers = 0;
@@ -298,7 +287,7 @@ TEST_F(EventsE2eTest, ASubscriberThatDoesNotReadGetsADroppedMarkerWhilePutsGoOn)
     }
   }
   EXPECT_GE(markers, 1u);
-  EXPECT_EQ(dropped, Counter(*admin, "events_dropped"));
+  EXPECT_EQ(dropped, CounterValue(*admin, "events_dropped"));
   EXPECT_GE(dropped, dropped_by_daemon);
   // Every put (and the ExpectServes one) is accounted for: received or counted as dropped
   // (removals would add more, but 64 MiB holds every chunk here).

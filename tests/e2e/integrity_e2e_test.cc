@@ -36,17 +36,6 @@ class TempDisk {
   std::string path_;
 };
 
-uint64_t Counter(client::Client& admin, const std::string& name) {
-  auto s = admin.GetStats();
-  EXPECT_TRUE(s.ok()) << s.status();
-  if (!s.ok()) return 0;
-  for (const auto& [n, v] : s->counters) {
-    if (n == name) return v;
-  }
-  ADD_FAILURE() << "no counter " << name << " in stats";
-  return 0;
-}
-
 // The value of an unlabelled series `kvd_<name>` in a /metrics scrape, or -1.
 double MetricValue(const std::string& scrape, const std::string& metric) {
   const std::string prefix = metric + "{";
@@ -146,7 +135,7 @@ TEST_F(IntegrityE2eTest, CorruptChunkOnDiskIsCountedDegradesHealthAndOthersAreSe
   auto engine = ConnectOrFail(kvd->EngineOptions());
   auto admin = ConnectOrFail(kvd->AdminOptions());
   ASSERT_TRUE(engine && admin);
-  EXPECT_EQ(Counter(*admin, "disk_checksum_failures"), 0u);  // found on read, not at start
+  EXPECT_EQ(CounterValue(*admin, "disk_checksum_failures"), 0u);  // found on read, not at start
 
   int corrupt = -1;
   for (int i = 0; i < kChunks; ++i) {
@@ -165,9 +154,9 @@ TEST_F(IntegrityE2eTest, CorruptChunkOnDiskIsCountedDegradesHealthAndOthersAreSe
 
   // Dropped, not retried: a second lookup is a plain miss, and counts nothing more.
   EXPECT_TRUE(Fetch(*engine, corrupt).empty());
-  EXPECT_EQ(Counter(*admin, "disk_checksum_failures"), 1u);
-  EXPECT_EQ(Counter(*admin, "promote_failures"), 1u);
-  EXPECT_EQ(Counter(*admin, "promote_errors"), 1u);
+  EXPECT_EQ(CounterValue(*admin, "disk_checksum_failures"), 1u);
+  EXPECT_EQ(CounterValue(*admin, "promote_failures"), 1u);
+  EXPECT_EQ(CounterValue(*admin, "promote_errors"), 1u);
   // A chain through the corrupt chunk stops right before it.
   std::vector<Hash128> chain;
   for (int i = 0; i < kChunks; ++i) chain.push_back(Hash128{kHi, static_cast<uint64_t>(i)});
@@ -227,7 +216,7 @@ TEST_F(IntegrityE2eTest, DamagedWalTailKvdStartsCountsItAndServesWhatPrecedesIt)
   auto engine = ConnectOrFail(kvd->EngineOptions());
   auto admin = ConnectOrFail(kvd->AdminOptions());
   ASSERT_TRUE(engine && admin);
-  EXPECT_EQ(Counter(*admin, "disk_wal_corruptions"), 1u);
+  EXPECT_EQ(CounterValue(*admin, "disk_wal_corruptions"), 1u);
   auto health = admin->GetHealth();
   ASSERT_TRUE(health.ok()) << health.status();
   EXPECT_TRUE(health->ok);
@@ -289,9 +278,7 @@ TEST_F(IntegrityE2eTest, BytesChangedInMemoryAreDataLossOnTheGetOnBothPaths) {
   ASSERT_EQ(data.size(), 3u);
   // A bit flips in memory after the commit (a RAM fault, a stray write).
   ASSERT_TRUE(FlipInArena(kvd->pid(), data[1], 1000)) << "chunk 1 not found in kvd's arena";
-  client::ClientOptions shm_options = kvd->EngineOptions("shm");
-  shm_options.address = kvd->unix_address();
-  auto shm = ConnectOrFail(shm_options);
+  auto shm = ConnectOrFail(kvd->UnixEngineOptions("shm"));
   auto tcp = ConnectOrFail(kvd->EngineOptions("tcp"));
   ASSERT_TRUE(shm && tcp);
   ASSERT_TRUE(shm->session().shared_memory);

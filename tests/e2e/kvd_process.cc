@@ -270,6 +270,12 @@ client::ClientOptions KvdProcess::EngineOptions(const std::string& client_id) co
   return o;
 }
 
+client::ClientOptions KvdProcess::UnixEngineOptions(const std::string& client_id) const {
+  client::ClientOptions o = EngineOptions(client_id);
+  o.address = unix_address();
+  return o;
+}
+
 client::ClientOptions KvdProcess::AdminOptions() const {
   client::ClientOptions o;
   o.address = tcp_;

@@ -95,6 +95,8 @@ class KvdProcess {
 
   // Client options for this daemon: engine role for stories260k over the daemon's ucx_tls.
   client::ClientOptions EngineOptions(const std::string& client_id = "e2e") const;
+  // The same over the daemon's unix socket (the shared-memory path when the daemon offers it).
+  client::ClientOptions UnixEngineOptions(const std::string& client_id = "e2e") const;
   client::ClientOptions AdminOptions() const;
 
  private:

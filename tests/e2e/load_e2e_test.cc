@@ -40,14 +40,6 @@ struct Totals {
   }
 };
 
-uint64_t Counter(const client::Stats& s, const std::string& name) {
-  for (const auto& [n, v] : s.counters) {
-    if (n == name) return v;
-  }
-  ADD_FAILURE() << "no counter " << name;
-  return 0;
-}
-
 // VmRSS of `pid` in bytes (0 if unreadable).
 uint64_t RssBytes(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -217,14 +209,14 @@ TEST(LoadE2eTest, SixtyFourClientsMixedOpsByteExactCountersAddUpHealthy) {
       10s));
   auto stats = admin->GetStats();
   ASSERT_TRUE(stats.ok()) << stats.status();
-  EXPECT_EQ(Counter(*stats, "puts_committed") + Counter(*stats, "puts_deduplicated"),
+  EXPECT_EQ(CounterValue(*stats, "puts_committed") + CounterValue(*stats, "puts_deduplicated"),
             totals.puts.load());
-  EXPECT_EQ(Counter(*stats, "gets"), totals.gets.load());
-  EXPECT_EQ(Counter(*stats, "get_bytes"), totals.get_bytes.load());
-  EXPECT_EQ(Counter(*stats, "host_leases_open"), 0u);
-  EXPECT_EQ(Counter(*stats, "host_reservations_open"), 0u);
-  EXPECT_EQ(Counter(*stats, "host_reads_open"), 0u);
-  EXPECT_EQ(Counter(*stats, "errors_sent"), totals.back_pressure.load());
+  EXPECT_EQ(CounterValue(*stats, "gets"), totals.gets.load());
+  EXPECT_EQ(CounterValue(*stats, "get_bytes"), totals.get_bytes.load());
+  EXPECT_EQ(CounterValue(*stats, "host_leases_open"), 0u);
+  EXPECT_EQ(CounterValue(*stats, "host_reservations_open"), 0u);
+  EXPECT_EQ(CounterValue(*stats, "host_reads_open"), 0u);
+  EXPECT_EQ(CounterValue(*stats, "errors_sent"), totals.back_pressure.load());
   auto health_after = admin->GetHealth();
   ASSERT_TRUE(health_after.ok()) << health_after.status();
   EXPECT_TRUE(health_after->ok);

@@ -115,9 +115,7 @@ TEST_P(RoundTripE2eTest, SecondClientProcessAndLargeChunks) {
   EXPECT_EQ(rc, 0) << out << "\nkvd log:\n" << kvd_->Log();
   EXPECT_NE(out.find("round trip OK"), std::string::npos) << out;
   // Meanwhile this process is served too, over the unix-socket control address.
-  auto o = kvd_->EngineOptions("second");
-  o.address = kvd_->unix_address();
-  auto c = ConnectOrFail(o);
+  auto c = ConnectOrFail(kvd_->UnixEngineOptions("second"));
   ASSERT_NE(c, nullptr);
   ExpectServes(*c, 1);
   auto admin = ConnectOrFail(kvd_->AdminOptions());

@@ -27,8 +27,7 @@ class ShmE2eTest : public ::testing::Test {
     ASSERT_NE(admin_, nullptr);
   }
   client::ClientOptions ShmOptions(const std::string& ns, const std::string& id) {
-    client::ClientOptions o = kvd_->EngineOptions(id);
-    o.address = kvd_->unix_address();
+    client::ClientOptions o = kvd_->UnixEngineOptions(id);
     o.name_space = ns;
     return o;
   }

@@ -74,9 +74,31 @@ KvdConfig SmallConfig(bool shared_memory) {
   return c;
 }
 
+// Whether the signal lands during start-up at a given delay depends on the machine's load, so
+// the sweep checks only that every timing leaves nothing; the paused case below makes sure the
+// signal does land during start-up.
 TEST(ShmFilesE2eTest, SigtermWhileStartingLeavesNothingBehind) {
   int clean_during_start = 0;
   for (bool shared_memory : {true, false}) {
+    {
+      SCOPED_TRACE("shared_memory=" + std::to_string(shared_memory) + " paused start-up");
+      const std::set<std::string> before = ShmNames();
+      ::setenv("KVD_TEST_STARTUP_PAUSE_MS", "20000", 1);
+      auto kvd = KvdProcess::Spawn(SmallConfig(shared_memory));
+      ::unsetenv("KVD_TEST_STARTUP_PAUSE_MS");
+      ASSERT_TRUE(kvd.ok()) << kvd.status();
+      const pid_t pid = (*kvd)->pid();
+      ASSERT_TRUE(
+          Eventually([&] { return (*kvd)->Log().find("start-up paused") != std::string::npos; },
+                     std::chrono::seconds(15)))
+          << (*kvd)->Log();
+      EXPECT_EQ((*kvd)->Stop(), 0) << (*kvd)->Log();
+      EXPECT_NE((*kvd)->Log().find("signal received during start-up"), std::string::npos)
+          << (*kvd)->Log();
+      const std::vector<std::string> left = Lasting(before);
+      EXPECT_TRUE(left.empty()) << "left in /dev/shm: " << Join(left);
+      EXPECT_EQ(SysvSegmentsOf(pid), 0);
+    }
     for (int delay_ms : {0, 3, 10, 25, 50, 100, 200}) {
       SCOPED_TRACE("shared_memory=" + std::to_string(shared_memory) +
                    " delay_ms=" + std::to_string(delay_ms));
@@ -98,8 +120,8 @@ TEST(ShmFilesE2eTest, SigtermWhileStartingLeavesNothingBehind) {
       EXPECT_EQ(SysvSegmentsOf(pid), 0);
     }
   }
-  // The signal did land during start-up at least once (else this test tested nothing of it).
-  EXPECT_GT(clean_during_start, 0);
+  // How many sweep timings landed during start-up (load-dependent; informational).
+  RecordProperty("sweep_signals_during_startup", clean_during_start);
 }
 
 TEST(ShmFilesE2eTest, KillNineAndNormalStopLeaveNothingAndARunningKvdHoldsNoNames) {
@@ -111,9 +133,7 @@ TEST(ShmFilesE2eTest, KillNineAndNormalStopLeaveNothingAndARunningKvdHoldsNoName
     const pid_t pid = kvd->pid();
     {
       // Traffic on both paths: the shared-memory one (unix socket) and the transport's (TCP).
-      client::ClientOptions shm_options = kvd->EngineOptions("shm");
-      shm_options.address = kvd->unix_address();
-      auto shm = ConnectOrFail(shm_options);
+      auto shm = ConnectOrFail(kvd->UnixEngineOptions("shm"));
       auto tcp = ConnectOrFail(kvd->EngineOptions("tcp"));
       ASSERT_TRUE(shm && tcp);
       EXPECT_TRUE(shm->session().shared_memory);

@@ -1,12 +1,11 @@
 // Tenancy through real processes: namespace and admin tokens checked at the handshake, leases
 // bound to the connection that took them, admin requests refused to engines, refusal to listen
 // beyond loopback without tokens.
+#include <gmock/gmock.h>
 #include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
-
-#include <gmock/gmock.h>
 
 #include "e2e_common.h"
 

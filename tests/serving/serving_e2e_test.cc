@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "e2e_common.h"
 #include "kvd/client/client.h"
 #include "kvd/client/expand.h"
 #include "kvd/kernels/compact_chunk.h"
@@ -288,22 +289,16 @@ TEST_F(ServingE2eTest, FullIngestQueueIsResourceExhaustedWhileGetsGoOn) {
   EXPECT_EQ(every->matched_chunks, 1u);
   auto stats = reader->GetStats();
   ASSERT_TRUE(stats.ok());
-  uint64_t rejected = 0, compressed = 0;
-  for (const auto& [name, value] : stats->counters) {
-    if (name == "ingest_rejected") rejected = value;
-    if (name == "chunks_compressed") compressed = value;
-  }
-  EXPECT_GE(rejected, 1u);
-  EXPECT_EQ(compressed, 9u);
+  EXPECT_GE(CounterValue(*stats, "ingest_rejected"), 1u);
+  EXPECT_EQ(CounterValue(*stats, "chunks_compressed"), 9u);
 }
 
 // The same-node shared-memory path feeds the same ingest: a put written into the arena slot is
 // compressed and stored like a transport put, and its compact form comes back through the slot.
 TEST_F(ServingE2eTest, SharedMemoryPutsAreCompressedLikeTransportPuts) {
   StartKvd(PolicyModel("stories-snapkv", kSnapKv), "", "", "8MiB");
-  auto o = kvd_->EngineOptions("serving-shm");
+  auto o = kvd_->UnixEngineOptions("serving-shm");
   o.model = "stories-snapkv";
-  o.address = kvd_->unix_address();
   auto shm = client::Client::Connect(o);
   ASSERT_TRUE(shm.ok()) << shm.status() << "\n" << kvd_->Log();
   ASSERT_TRUE((*shm)->session().shared_memory) << kvd_->Log();

@@ -151,8 +151,9 @@ size_t WindowQueryBytes(const ModelLayout& layout, int window);
 // For a model with a compression policy (SessionInfo::codec_id != 0) a put may carry the
 // post-RoPE queries of the chunk's LAST `window` tokens (window = SessionInfo::window_tokens):
 // per layer, [window, num_q_heads, head_dim] float32 row-major, layer after layer
-// (WindowQueryBytes floats in all). Either in `window_queries` (the library stages raw + queries
-// in one buffer: one copy), or already appended to `data` (then `bytes` covers both, no copy).
+// (WindowQueryBytes floats in all). Either in `window_queries` (over the transport the library
+// stages raw + queries in one buffer: one copy; over shared memory both are copied straight into
+// the reserved slot), or already appended to `data` (then `bytes` covers both, no copy).
 // `first_position` is the position of the chunk's first token in its sequence (RoPE
 // de-rotation and merged-slot positions need it).
 struct PutItem {
