@@ -69,7 +69,9 @@ Stored CompressAndStore(ChunkCodec* codec, storage::HostTier* host, storage::Tie
   const auto* compact = reinterpret_cast<const std::byte*>(encoded->bytes.data());
   Status s = tiers->Insert(key, tokens, Checksum64(encoded->bytes.data(), encoded->bytes.size()),
                            std::span<const std::byte>(compact, encoded->bytes.size()));
-  out.status = storage::IsDedup(s) ? Status::Ok() : s;
+  // A dedup (another put stored the same compact chunk first) stays a dedup: the commit
+  // succeeds and is counted as deduplicated, not as a second compressed chunk.
+  out.status = s;
   out.bytes = encoded->bytes.size();
   out.codec_id = encoded->codec_id;
   out.raw_bytes = bytes - codec->QueryBytes(window);
