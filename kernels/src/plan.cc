@@ -3,6 +3,7 @@
 #include "kvd/kernels/plan.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <string>
@@ -15,6 +16,12 @@
 
 namespace kvd::kernels {
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t NanosSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+}
 
 std::string HeadName(int layer, int head) {
   return "layer " + std::to_string(layer) + " head " + std::to_string(head);
@@ -107,6 +114,17 @@ Status CompressionPlanOptions::Validate() const {
   return Status::Ok();
 }
 
+CompressionStageTimes& CompressionStageTimes::operator+=(const CompressionStageTimes& o) {
+  convert_ns += o.convert_ns;
+  derotate_ns += o.derotate_ns;
+  score_ns += o.score_ns;
+  select_ns += o.select_ns;
+  merge_ns += o.merge_ns;
+  route_ns += o.route_ns;
+  encode_ns += o.encode_ns;
+  return *this;
+}
+
 CodecDescription CompressionPlanOptions::Codec() const {
   return {.score = score,
           .merge = merge,
@@ -120,6 +138,7 @@ CodecDescription CompressionPlanOptions::Codec() const {
 StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const ModelLayout& layout,
                                 const CompressionInput& input, CompressionStats* stats,
                                 const ExecOptions& exec) {
+  const Clock::time_point start = Clock::now();
   KVD_RETURN_IF_ERROR(options.Validate());
   KVD_RETURN_IF_ERROR(layout.Validate());
   KVD_RETURN_IF_ERROR(CheckHeadDim(layout.head_dim).WithContext("plan"));
@@ -213,21 +232,26 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
       .backend = exec.backend, .num_threads = exec.num_threads, .cuda_stream = exec.cuda_stream};
   std::vector<CompressionStats> head_stats(static_cast<size_t>(H));
   std::vector<Status> head_status(static_cast<size_t>(H));
+  std::vector<int64_t> adaptive_score_ns(static_cast<size_t>(H), 0);
   CompressionStats total;
   for (int layer = 0; layer < L; ++layer) {
     const uint8_t* k_bytes = input.raw.data() + layout.LayerOffset(layer, static_cast<int>(n));
     const uint8_t* v_bytes = k_bytes + static_cast<size_t>(n) * layout.TokenBytes();
+    const Clock::time_point convert_start = Clock::now();
     KVD_ASSIGN_OR_RETURN(std::vector<Matrix> keys, GatherHeads(shape, k_bytes, convert_exec));
     KVD_ASSIGN_OR_RETURN(std::vector<Matrix> values, GatherHeads(shape, v_bytes, convert_exec));
+    total.stage.convert_ns += NanosSince(convert_start);
     std::vector<int64_t> head_pairs(static_cast<size_t>(H), layer_pairs[layer]);
     if (options.head_budget == HeadBudget::kAdaptive) {
       std::vector<std::vector<float>> scores(static_cast<size_t>(H));
       ParallelFor(H, exec.num_threads, [&](int64_t h) {
+        const Clock::time_point score_start = Clock::now();
         const ConstMatrixView q = have_queries
                                       ? input.window_queries[static_cast<size_t>(layer) * H + h]
                                       : ConstMatrixView{};
         head_status[h] =
             internal::HeadScores(options, keys[h].View(), q, window, group, &scores[h]);
+        adaptive_score_ns[h] += NanosSince(score_start);
       });
       for (int h = 0; h < H; ++h) {
         KVD_RETURN_IF_ERROR(head_status[h].WithContext("plan: scores of " + HeadName(layer, h)));
@@ -267,8 +291,11 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
       total.route_reductions += s.route_reductions;
       total.error_aware_evicted += s.error_aware_evicted;
       total.kvslimmer += s.kvslimmer;
+      total.stage += s.stage;
     }
   }
+  for (int64_t ns : adaptive_score_ns) total.stage.score_ns += ns;
+  total.total_ns = NanosSince(start);
   if (stats != nullptr) *stats = total;
   return chunk;
 }

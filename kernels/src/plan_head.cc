@@ -1,6 +1,7 @@
 // One (layer, KV head) of a compression plan: score -> select -> merge -> route -> encode.
 // The contract (stages, budget, hybrid merge) is the file comment of plan.h.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -40,6 +41,37 @@ struct SlotTable {
 };
 
 void CopyRow(const float* src, float* dst, int64_t d) { std::memcpy(dst, src, d * sizeof(float)); }
+
+// Exclusive stage times (plan.h CompressionStageTimes): the time between two switches goes to
+// the stage that was open.
+struct StageClock {
+  using Clock = std::chrono::steady_clock;
+  int64_t* open = nullptr;
+  Clock::time_point mark;
+  void Switch(int64_t* to) {
+    const Clock::time_point now = Clock::now();
+    if (open != nullptr) {
+      *open += std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark).count();
+    }
+    open = to;
+    mark = now;
+  }
+};
+
+// Attributes the time until its end to `stage`, pausing the enclosing stage meanwhile.
+class StageScope {
+ public:
+  StageScope(StageClock* clock, int64_t* stage) : clock_(clock), outer_(clock->open) {
+    clock_->Switch(stage);
+  }
+  ~StageScope() { clock_->Switch(outer_); }
+  StageScope(const StageScope&) = delete;
+  StageScope& operator=(const StageScope&) = delete;
+
+ private:
+  StageClock* clock_;
+  int64_t* outer_;
+};
 
 class HeadPipeline {
  public:
@@ -81,10 +113,13 @@ class HeadPipeline {
   KvSlimmerStats merge_stats_;
   std::optional<WindowErrorModel> window_error_;  // hybrid_error_aware (lazy)
   int64_t error_aware_evicted_ = 0;               // of the latest BuildHybrid
+  CompressionStageTimes times_;
+  StageClock clock_;
 };
 
 Status HeadPipeline::EnsureKeysPre() {
   if (have_kpre_) return Status::Ok();
+  StageScope scope(&clock_, &times_.derotate_ns);
   kpre_ = Matrix(n_, d_);
   KVD_RETURN_IF_ERROR(ApplyRope(*in_.rope, RopeDirection::kDerotate, in_.positions, in_.keys,
                                 kpre_.View(), {.num_threads = 1}));
@@ -94,6 +129,7 @@ Status HeadPipeline::EnsureKeysPre() {
 
 Status HeadPipeline::EnsureScores() {
   if (have_scores_) return Status::Ok();
+  StageScope scope(&clock_, &times_.score_ns);
   KVD_RETURN_IF_ERROR(
       HeadScores(opt_, in_.keys, in_.queries, in_.window, in_.group_size, &scores_));
   have_scores_ = true;
@@ -111,6 +147,7 @@ Status HeadPipeline::EnsureMass() {
 }
 
 StatusOr<std::vector<int32_t>> HeadPipeline::SelectPool(int64_t pool) {
+  StageScope scope(&clock_, &times_.select_ns);
   SelectionOptions sel{.sinks = opt_.sinks, .window = in_.window};
   if (opt_.score == ScoreStage::kKeyDiff && opt_.keydiff_block > 0) {
     return KeyDiffBlockwiseSelect(
@@ -121,6 +158,7 @@ StatusOr<std::vector<int32_t>> HeadPipeline::SelectPool(int64_t pool) {
 }
 
 Status HeadPipeline::BuildEviction(const std::vector<int32_t>& pool, SlotTable* t) {
+  StageScope scope(&clock_, &times_.select_ns);
   t->Resize(static_cast<int64_t>(pool.size()), d_);
   for (size_t j = 0; j < pool.size(); ++j) {
     const int64_t i = pool[j];
@@ -134,6 +172,7 @@ Status HeadPipeline::BuildEviction(const std::vector<int32_t>& pool, SlotTable* 
 }
 
 Status HeadPipeline::BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t) {
+  StageScope scope(&clock_, &times_.merge_ns);
   KVD_RETURN_IF_ERROR(EnsureKeysPre());
   KVD_RETURN_IF_ERROR(EnsureMass());
   const int64_t s = static_cast<int64_t>(pool.size());
@@ -284,6 +323,7 @@ Status HeadPipeline::ErrorAwareGroups(std::vector<std::vector<int64_t>>* members
 }
 
 Status HeadPipeline::BuildKvSlimmer(int64_t pool, SlotTable* t) {
+  StageScope scope(&clock_, &times_.merge_ns);
   if (!kvslimmer_started_) {
     KVD_ASSIGN_OR_RETURN(kvslimmer_, SlotsFromTokens(*in_.rope, in_.keys, in_.values, in_.positions,
                                                      {.num_threads = 1}));
@@ -319,6 +359,7 @@ int64_t HeadPipeline::Eligible(const SlotTable& t) const {
 
 Status HeadPipeline::Route(int64_t key_only, SlotTable* t) {
   if (key_only == 0) return Status::Ok();
+  StageScope scope(&clock_, &times_.route_ns);
   std::vector<int64_t> eligible;
   for (int64_t j = 0; j < t->size(); ++j) {
     if (!t->forced[j] && t->cardinality[j] == 1) eligible.push_back(j);
@@ -402,7 +443,10 @@ Status HeadPipeline::Run(CompactHead* out, CompressionStats* stats) {
     reduced = true;
   }
   KVD_RETURN_IF_ERROR(Route(2 * a, &t));
-  Encode(t, out);
+  {
+    StageScope scope(&clock_, &times_.encode_ns);
+    Encode(t, out);
+  }
 
   stats->heads += 1;
   stats->input_tokens += n_;
@@ -419,6 +463,7 @@ Status HeadPipeline::Run(CompactHead* out, CompressionStats* stats) {
   stats->route_reductions += reduced ? 1 : 0;
   stats->error_aware_evicted += error_aware_evicted_;
   stats->kvslimmer += merge_stats_;
+  stats->stage += times_;
   if (out->slots() + out->value_slots() != 2 * m) {
     return Status::Internal("plan: head used " + std::to_string(out->slots() + out->value_slots()) +
                             " half-pairs, budget " + std::to_string(2 * m));

@@ -168,6 +168,50 @@ TEST(Plan, HalfPairBudgetIsExactForEveryComposition) {
   }
 }
 
+// Stage times: every stage a plan runs has time, the stages it does not run have none, and on one
+// thread (no parallel heads) the exclusive stage times sum to at most the wall total. Also with
+// two threads the times are filled (their sum is thread time and may exceed the wall total).
+TEST(Plan, StageTimesAreFilledPerStageAndSumToAtMostTheTotal) {
+  const ChunkFixture f = MakeChunk(301, 64, DType::kBFloat16, 0.3f, 1);
+  for (int threads : {1, 2}) {
+    for (const Composition& c : kCompositions) {
+      for (RouteStage route : {RouteStage::kNone, RouteStage::kVector}) {
+        CompressionPlanOptions o{.score = c.score,
+                                 .merge = c.merge,
+                                 .route = route,
+                                 .p_c = 0.5,
+                                 .window = f.window,
+                                 .keydiff_block = c.keydiff_block};
+        CompressionStats stats;
+        auto chunk = Compress(o, f.layout, f.Input(), &stats, {.num_threads = threads});
+        SCOPED_TRACE(std::string(c.name) + (route == RouteStage::kVector ? "+vector" : "") +
+                     " threads=" + std::to_string(threads));
+        ASSERT_TRUE(chunk.ok()) << chunk.status();
+        const CompressionStageTimes& t = stats.stage;
+        EXPECT_GT(stats.total_ns, 0);
+        EXPECT_GT(t.convert_ns, 0);
+        EXPECT_GT(t.encode_ns, 0);
+        // The score stage runs unless block-wise KeyDiff (which scores inside its selection) or
+        // merge-only KVSlimmer (no pool selection at all).
+        const bool merge_only = c.score == ScoreStage::kNone && c.merge != MergeStage::kNone;
+        const bool scores = c.keydiff_block == 0 && !merge_only;
+        EXPECT_EQ(t.score_ns > 0, scores);
+        EXPECT_EQ(t.select_ns > 0, !merge_only);
+        EXPECT_EQ(t.merge_ns > 0, c.merge != MergeStage::kNone);
+        // De-rotation: VECTOR routing and the hybrid's merged keys (merge-only KVSlimmer
+        // de-rotates inside its own merge stage).
+        const bool hybrid = c.merge != MergeStage::kNone && !merge_only;
+        EXPECT_EQ(t.derotate_ns > 0, route == RouteStage::kVector || hybrid);
+        EXPECT_EQ(t.route_ns > 0, stats.rebuild_slots > 0);
+        if (route == RouteStage::kNone) EXPECT_EQ(t.route_ns, 0);
+        if (threads == 1) {
+          EXPECT_LE(t.Sum(), stats.total_ns);
+        }
+      }
+    }
+  }
+}
+
 // The hybrid's group cap: no slot holds more than hybrid_max_group tokens, the budget stays exact,
 // and without the cap groups do grow past it (so the cap is what bounds them).
 TEST(Plan, HybridCapBoundsEverySlotAndKeepsTheBudget) {

@@ -1,6 +1,7 @@
 // storage_bench: throughput and latency of the storage tiers on this machine, next to the
 // baselines that bound them (memcpy and Checksum64 of the same bytes), measured in the same run.
-// Not run by ctest. Usage: storage_bench [--chunk-mib=2] [--iters=200] [--disk-dir=/tmp]
+// Not run by ctest. Usage: storage_bench [--chunk-mib=2 | --chunk-bytes=N] [--iters=200]
+//                                       [--disk-dir=/tmp]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -149,23 +150,28 @@ int Run(size_t chunk, int iters, const std::string& disk_dir) {
 }  // namespace kvd::storage
 
 int main(int argc, char** argv) {
-  size_t chunk_mib = 2;
+  size_t chunk_bytes = size_t{2} << 20;
   int iters = 200;
   std::string disk_dir = std::filesystem::temp_directory_path().string();
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--chunk-mib=", 0) == 0)
-      chunk_mib = std::stoul(a.substr(12));
+      chunk_bytes = std::stoul(a.substr(12)) << 20;
+    else if (a.rfind("--chunk-bytes=", 0) == 0)
+      chunk_bytes = std::stoul(a.substr(14));
     else if (a.rfind("--iters=", 0) == 0)
       iters = std::stoi(a.substr(8));
     else if (a.rfind("--disk-dir=", 0) == 0)
       disk_dir = a.substr(11);
     else
-      return std::fprintf(stderr, "usage: %s [--chunk-mib=2] [--iters=200] [--disk-dir=DIR]\n",
+      return std::fprintf(stderr,
+                          "usage: %s [--chunk-mib=2 | --chunk-bytes=N] [--iters=200] "
+                          "[--disk-dir=DIR]\n",
                           argv[0]),
              2;
   }
   if (iters < 32) iters = 32;
-  std::printf("storage_bench: chunk %zu MiB, %d iterations\n", chunk_mib, iters);
-  return kvd::storage::Run(chunk_mib << 20, iters, disk_dir);
+  if (chunk_bytes == 0) return std::fprintf(stderr, "chunk size must be > 0\n"), 2;
+  std::printf("storage_bench: chunk %zu bytes, %d iterations\n", chunk_bytes, iters);
+  return kvd::storage::Run(chunk_bytes, iters, disk_dir);
 }

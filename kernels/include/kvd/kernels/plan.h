@@ -112,6 +112,27 @@ struct CompressionPlanOptions {
   CodecDescription Codec() const;
 };
 
+// Time per stage of one Compress call, in nanoseconds of std::chrono::steady_clock, measured
+// around the stage calls (two clock reads per stage and head; no behaviour change). Exclusive:
+// a stage that runs inside another (de-rotation inside the hybrid's merge) counts only in its own.
+// `convert` is time of the calling thread (the conversion itself may use exec.num_threads); the
+// other stages are summed over (layer, KV head) pipelines, i.e. thread time: with
+// exec.num_threads == 1 the stages sum to at most CompressionStats::total_ns, with more threads
+// the heads run in parallel and the sum may exceed the wall time.
+struct CompressionStageTimes {
+  int64_t convert_ns = 0;   // raw engine bytes -> per-head float32 (GatherHeads, K and V)
+  int64_t derotate_ns = 0;  // RoPE^-1 of the keys (hybrid merge, VECTOR routing)
+  int64_t score_ns = 0;     // SnapKV / KeyDiff / PyramidKV scores (recency included)
+  int64_t select_ns = 0;    // top-k pool (or block-wise KeyDiff) + the eviction slot table
+  int64_t merge_ns = 0;     // hybrid grouping + merged slots (+ attention mass), or KVSlimmer
+  int64_t route_ns = 0;     // VECTOR residuals + the slots that drop their value
+  int64_t encode_ns = 0;    // slot table -> compact head (float32 -> dtype, value means)
+  int64_t Sum() const {
+    return convert_ns + derotate_ns + score_ns + select_ns + merge_ns + route_ns + encode_ns;
+  }
+  CompressionStageTimes& operator+=(const CompressionStageTimes& o);
+};
+
 // Counters of one Compress call.
 struct CompressionStats {
   int64_t heads = 0;
@@ -127,6 +148,8 @@ struct CompressionStats {
   // hybrid_error_aware: tokens evicted because merging them was estimated to cost more (the
   // candidates left once a slot is full are not counted).
   int64_t error_aware_evicted = 0;
+  CompressionStageTimes stage;  // time per stage (see CompressionStageTimes)
+  int64_t total_ns = 0;         // wall time of the whole Compress call (steady_clock)
 };
 
 // Inputs of one chunk. Views are host memory.
