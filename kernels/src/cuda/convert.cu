@@ -1,5 +1,6 @@
 // CUDA gather/scatter between an engine tensor [N, H, d] and per-head float32 [H][N, d].
-// Host views are staged through device memory (convert.h).
+// The launchers (launch.cuh) take device pointers; the host-view twins (convert.h) stage through
+// device memory and call them.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -7,6 +8,7 @@
 
 #include "backend_a.h"
 #include "cuda/cuda_common.cuh"
+#include "cuda/launch.cuh"
 
 namespace kvd::kernels::cuda {
 namespace {
@@ -47,6 +49,26 @@ __global__ void ScatterKernel(const float* __restrict__ src, void* __restrict__ 
 
 }  // namespace
 
+Status LaunchGather(const void* src, float* dst, int64_t n, int64_t h, int64_t d, DType dtype,
+                    cudaStream_t stream) {
+  const int64_t total = n * h * d;
+  if (total == 0) return Status::Ok();
+  GatherKernel<<<Blocks(total, kThreads), kThreads, 0, stream>>>(src, dst, n, h, d,
+                                                                 static_cast<int>(dtype));
+  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "GatherKernel");
+  return Status::Ok();
+}
+
+Status LaunchScatter(const float* src, void* dst, int64_t n, int64_t h, int64_t d, DType dtype,
+                     cudaStream_t stream) {
+  const int64_t total = n * h * d;
+  if (total == 0) return Status::Ok();
+  ScatterKernel<<<Blocks(total, kThreads), kThreads, 0, stream>>>(src, dst, n, h, d,
+                                                                  static_cast<int>(dtype));
+  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "ScatterKernel");
+  return Status::Ok();
+}
+
 Status GatherHeads(const EngineTensorShape& shape, const void* src,
                    std::span<const MatrixView> heads, void* stream_ptr) {
   cudaStream_t stream = AsStream(stream_ptr);
@@ -57,9 +79,7 @@ Status GatherHeads(const EngineTensorShape& shape, const void* src,
   KVD_RETURN_IF_ERROR(dsrc.Allocate(shape.Bytes()));
   KVD_RETURN_IF_ERROR(ddst.Allocate(static_cast<size_t>(total)));
   KVD_RETURN_IF_ERROR(dsrc.Upload(static_cast<const unsigned char*>(src), shape.Bytes(), stream));
-  GatherKernel<<<Blocks(total, kThreads), kThreads, 0, stream>>>(dsrc.get(), ddst.get(), n, h, d,
-                                                                 static_cast<int>(shape.dtype));
-  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "GatherKernel");
+  KVD_RETURN_IF_ERROR(LaunchGather(dsrc.get(), ddst.get(), n, h, d, shape.dtype, stream));
   for (int64_t head = 0; head < h; ++head) {
     const MatrixView& v = heads[static_cast<size_t>(head)];
     KVD_RETURN_IF_ERROR(DownloadRows(ddst.get() + head * n * d, n, d, v.data, v.ld, stream));
@@ -80,9 +100,7 @@ Status ScatterHeads(const EngineTensorShape& shape, std::span<const ConstMatrixV
     const ConstMatrixView& v = heads[static_cast<size_t>(head)];
     KVD_RETURN_IF_ERROR(UploadRows(v.data, n, d, v.ld, dsrc.get() + head * n * d, stream));
   }
-  ScatterKernel<<<Blocks(total, kThreads), kThreads, 0, stream>>>(dsrc.get(), ddst.get(), n, h, d,
-                                                                  static_cast<int>(shape.dtype));
-  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "ScatterKernel");
+  KVD_RETURN_IF_ERROR(LaunchScatter(dsrc.get(), ddst.get(), n, h, d, shape.dtype, stream));
   KVD_RETURN_IF_ERROR(ddst.Download(static_cast<unsigned char*>(dst), shape.Bytes(), stream));
   return FinishLaunch(stream, "ScatterHeads");
 }

@@ -6,6 +6,7 @@
 
 #include "backend_a.h"
 #include "cuda/cuda_common.cuh"
+#include "cuda/launch.cuh"
 
 namespace kvd::kernels::cuda {
 namespace {
@@ -60,6 +61,30 @@ __global__ void ScoreKernel(const float* __restrict__ k, const float* __restrict
 
 }  // namespace
 
+Status LaunchKeyDiffNorms(const float* k, float* inv_norm, int* bad_row, int64_t n, int d,
+                          cudaStream_t stream) {
+  if (n == 0) return Status::Ok();
+  NormKernel<<<Blocks(n * 32, kThreads), kThreads, 0, stream>>>(k, inv_norm, bad_row, n, d);
+  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "NormKernel");
+  return Status::Ok();
+}
+
+Status LaunchKeyDiffAnchor(const float* k, const float* inv_norm, double* anchor, int64_t n, int d,
+                           cudaStream_t stream) {
+  AnchorKernel<<<Blocks(d, 128), 128, 0, stream>>>(k, inv_norm, anchor, n, d);
+  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "AnchorKernel");
+  return Status::Ok();
+}
+
+Status LaunchKeyDiffScores(const float* k, const float* inv_norm, const float* unit_anchor,
+                           float* scores, int64_t n, int d, cudaStream_t stream) {
+  if (n == 0) return Status::Ok();
+  ScoreKernel<<<Blocks(n * 32, kThreads), kThreads, 0, stream>>>(k, inv_norm, unit_anchor, scores,
+                                                                 n, d);
+  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "ScoreKernel");
+  return Status::Ok();
+}
+
 Status KeyDiffScores(ConstMatrixView keys, float* scores, bool* zero_norm, int64_t* bad_row,
                      void* stream_ptr) {
   cudaStream_t stream = AsStream(stream_ptr);
@@ -79,11 +104,8 @@ Status KeyDiffScores(ConstMatrixView keys, float* scores, bool* zero_norm, int64
   KVD_RETURN_IF_ERROR(UploadRows(keys.data, n, d, keys.ld, dk.get(), stream));
   const int no_bad = INT_MAX;
   KVD_RETURN_IF_ERROR(dbad.Upload(&no_bad, 1, stream));
-  NormKernel<<<Blocks(n * 32, kThreads), kThreads, 0, stream>>>(dk.get(), dinv.get(), dbad.get(), n,
-                                                                d);
-  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "NormKernel");
-  AnchorKernel<<<Blocks(d, 128), 128, 0, stream>>>(dk.get(), dinv.get(), danchor.get(), n, d);
-  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "AnchorKernel");
+  KVD_RETURN_IF_ERROR(LaunchKeyDiffNorms(dk.get(), dinv.get(), dbad.get(), n, d, stream));
+  KVD_RETURN_IF_ERROR(LaunchKeyDiffAnchor(dk.get(), dinv.get(), danchor.get(), n, d, stream));
   int bad = INT_MAX;
   std::vector<double> anchor(static_cast<size_t>(d));
   KVD_RETURN_IF_ERROR(dbad.Download(&bad, 1, stream));
@@ -105,9 +127,8 @@ Status KeyDiffScores(ConstMatrixView keys, float* scores, bool* zero_norm, int64
   for (int c = 0; c < d; ++c)
     unit[static_cast<size_t>(c)] = static_cast<float>(anchor[static_cast<size_t>(c)] / norm);
   KVD_RETURN_IF_ERROR(dunit.Upload(unit.data(), static_cast<size_t>(d), stream));
-  ScoreKernel<<<Blocks(n * 32, kThreads), kThreads, 0, stream>>>(dk.get(), dinv.get(), dunit.get(),
-                                                                 dscores.get(), n, d);
-  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "ScoreKernel");
+  KVD_RETURN_IF_ERROR(
+      LaunchKeyDiffScores(dk.get(), dinv.get(), dunit.get(), dscores.get(), n, d, stream));
   KVD_RETURN_IF_ERROR(dscores.Download(scores, static_cast<size_t>(n), stream));
   return FinishLaunch(stream, "KeyDiffScores");
 }

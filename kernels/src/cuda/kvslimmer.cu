@@ -7,6 +7,7 @@
 
 #include "backend_a.h"
 #include "cuda/cuda_common.cuh"
+#include "cuda/launch.cuh"
 
 namespace kvd::kernels::cuda {
 namespace {
@@ -30,6 +31,17 @@ __global__ void MergeKernel(const float* __restrict__ keys, const float* __restr
 }
 
 }  // namespace
+
+Status LaunchMerge(const float* keys, const float* values, const int64_t* src_a,
+                   const int64_t* src_b, const float* w_a, const float* w_b, float* out_keys,
+                   float* out_values, int64_t out_rows, int64_t d, cudaStream_t stream) {
+  if (out_rows * d == 0) return Status::Ok();
+  constexpr int kThreads = 256;
+  MergeKernel<<<Blocks(out_rows * d, kThreads), kThreads, 0, stream>>>(
+      keys, values, src_a, src_b, w_a, w_b, out_keys, out_values, out_rows, d);
+  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "MergeKernel");
+  return Status::Ok();
+}
 
 Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition position,
                    SlotSet* slots, void* stream_ptr) {
@@ -93,11 +105,8 @@ Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition posi
   KVD_RETURN_IF_ERROR(dwb.Upload(w_b.data(), w_b.size(), stream));
   KVD_RETURN_IF_ERROR(da.Upload(src_a.data(), src_a.size(), stream));
   KVD_RETURN_IF_ERROR(db.Upload(src_b.data(), src_b.size(), stream));
-  constexpr int kThreads = 256;
-  MergeKernel<<<Blocks(out_rows * d, kThreads), kThreads, 0, stream>>>(
-      dk.get(), dv.get(), da.get(), db.get(), dwa.get(), dwb.get(), dok.get(), dov.get(), out_rows,
-      d);
-  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "MergeKernel");
+  KVD_RETURN_IF_ERROR(LaunchMerge(dk.get(), dv.get(), da.get(), db.get(), dwa.get(), dwb.get(),
+                                  dok.get(), dov.get(), out_rows, d, stream));
   Matrix keys(out_rows, d), values(out_rows, d);
   KVD_RETURN_IF_ERROR(dok.Download(keys.values.data(), static_cast<size_t>(out_rows * d), stream));
   KVD_RETURN_IF_ERROR(

@@ -7,6 +7,7 @@
 
 #include "backend_a.h"
 #include "cuda/cuda_common.cuh"
+#include "cuda/launch.cuh"
 
 namespace kvd::kernels::cuda {
 namespace {
@@ -21,12 +22,16 @@ __device__ __forceinline__ bool Visible(int mask, int64_t j, int64_t w, int64_t 
   return true;
 }
 
-// q: [R, d] (R = W*G), k: [N, d], bias: [N] or null, mass: [N] (zeroed).
+// Head blockIdx.y of q: [heads, R, d] (R = W*G), k: [heads, N, d], mass: [heads, N] (zeroed);
+// bias: [N] or null, shared by the heads.
 __global__ void MassKernel(const float* __restrict__ q, const float* __restrict__ k,
                            const float* __restrict__ bias, const int64_t* __restrict__ qpos,
                            const int64_t* __restrict__ kpos, float* __restrict__ mass, int64_t rows,
                            int64_t n, int d, int group, int mask, float scale) {
   extern __shared__ float smem[];
+  q += static_cast<int64_t>(blockIdx.y) * rows * d;
+  k += static_cast<int64_t>(blockIdx.y) * n * d;
+  mass += static_cast<int64_t>(blockIdx.y) * n;
   float* sq = smem;                     // [kWarps, d]
   float* sk = sq + kWarps * d;          // [kKeyTile, d + 1]
   float* sm = sk + kKeyTile * (d + 1);  // [kKeyTile]
@@ -93,6 +98,24 @@ __global__ void MassKernel(const float* __restrict__ q, const float* __restrict_
 
 }  // namespace
 
+Status LaunchAttentionMass(const float* q, const float* k, const float* bias, const int64_t* qpos,
+                           const int64_t* kpos, float* mass, int64_t heads, int64_t rows, int64_t n,
+                           int d, int group, MaskKind mask, float scale, cudaStream_t stream) {
+  if (heads == 0 || n == 0) return Status::Ok();
+  if (heads > 65535) return Status::InvalidArgument("attention mass: too many heads in one launch");
+  KVD_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(mass, 0, static_cast<size_t>(heads * n) * sizeof(float), stream),
+      "cudaMemsetAsync");
+  if (rows == 0) return Status::Ok();
+  const size_t shared =
+      static_cast<size_t>(kWarps * d + kKeyTile * (d + 1) + kKeyTile) * sizeof(float);
+  const dim3 grid(Blocks(rows, kWarps), static_cast<unsigned>(heads));
+  MassKernel<<<grid, kWarps * 32, shared, stream>>>(q, k, bias, qpos, kpos, mass, rows, n, d, group,
+                                                    static_cast<int>(mask), scale);
+  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "MassKernel");
+  return Status::Ok();
+}
+
 Status AttentionMass(const ObservationHead& head, const ObservationOptions& options, float* mass,
                      void* stream_ptr) {
   cudaStream_t stream = AsStream(stream_ptr);
@@ -117,15 +140,9 @@ Status AttentionMass(const ObservationHead& head, const ObservationOptions& opti
         dqpos.Upload(head.query_positions.data(), head.query_positions.size(), stream));
     KVD_RETURN_IF_ERROR(dkpos.Upload(head.key_positions.data(), head.key_positions.size(), stream));
   }
-  KVD_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(dmass.get(), 0, static_cast<size_t>(n) * sizeof(float), stream),
-      "cudaMemsetAsync");
-  const size_t shared =
-      static_cast<size_t>(kWarps * d + kKeyTile * (d + 1) + kKeyTile) * sizeof(float);
-  MassKernel<<<Blocks(rows, kWarps), kWarps * 32, shared, stream>>>(
-      dq.get(), dk.get(), dbias.get(), dqpos.get(), dkpos.get(), dmass.get(), rows, n,
-      static_cast<int>(d), options.group_size, static_cast<int>(options.mask), scale);
-  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "MassKernel");
+  KVD_RETURN_IF_ERROR(LaunchAttentionMass(dq.get(), dk.get(), dbias.get(), dqpos.get(), dkpos.get(),
+                                          dmass.get(), 1, rows, n, static_cast<int>(d),
+                                          options.group_size, options.mask, scale, stream));
   KVD_RETURN_IF_ERROR(dmass.Download(mass, static_cast<size_t>(n), stream));
   return FinishLaunch(stream, "AttentionMass");
 }

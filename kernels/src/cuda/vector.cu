@@ -1,11 +1,13 @@
-// CUDA twins of the VECTOR ops (contracts in vector_backend.h). Host views in and out; the data is
-// staged through device memory on the given stream, which is synchronised before returning.
+// CUDA twins of the VECTOR ops (contracts in vector_backend.h). The launchers (launch.cuh) take
+// device pointers; the twins take host views, stage them through device memory on the given
+// stream, call the launchers and synchronise the stream before returning.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/launch.cuh"
 #include "vector_backend.h"
 
 namespace kvd::kernels::cuda {
@@ -111,6 +113,18 @@ Status UploadTransposed(ConstMatrixView w, DeviceBuffer<float>* buf, cudaStream_
 }
 
 template <bool kResidual>
+Status LaunchProject(const float* kpre, const float* wt, const float* values, int64_t n, int d,
+                     float* out, float* residuals, cudaStream_t stream) {
+  if (n == 0) return Status::Ok();
+  const unsigned blocks = static_cast<unsigned>((n + kTokensPerBlock - 1) / kTokensPerBlock);
+  const size_t smem = (static_cast<size_t>(kTokensPerBlock) * d + kTokensPerBlock) * sizeof(float);
+  ProjectKernel<kResidual>
+      <<<blocks, ThreadsFor(d), smem, stream>>>(kpre, wt, values, n, d, out, residuals);
+  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "VECTOR project kernel launch");
+  return Status::Ok();
+}
+
+template <bool kResidual>
 Status Project(ConstMatrixView kpre, ConstMatrixView w, ConstMatrixView values, MatrixView out,
                float* residuals, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
@@ -126,12 +140,9 @@ Status Project(ConstMatrixView kpre, ConstMatrixView w, ConstMatrixView values, 
   } else {
     KVD_RETURN_IF_ERROR(dout.Allocate(static_cast<size_t>(n * d)));
   }
-  const unsigned blocks = static_cast<unsigned>((n + kTokensPerBlock - 1) / kTokensPerBlock);
-  const size_t smem = (static_cast<size_t>(kTokensPerBlock) * d + kTokensPerBlock) * sizeof(float);
-  ProjectKernel<kResidual><<<blocks, ThreadsFor(d), smem, stream>>>(
-      dk.get(), dw.get(), kResidual ? dv.get() : nullptr, n, d, kResidual ? nullptr : dout.get(),
-      kResidual ? dout.get() : nullptr);
-  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "VECTOR project kernel launch");
+  KVD_RETURN_IF_ERROR(LaunchProject<kResidual>(dk.get(), dw.get(), kResidual ? dv.get() : nullptr,
+                                               n, d, kResidual ? nullptr : dout.get(),
+                                               kResidual ? dout.get() : nullptr, stream));
   if (kResidual) {
     KVD_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(residuals, dout.get(), n * sizeof(float), cudaMemcpyDeviceToHost, stream),
@@ -144,6 +155,28 @@ Status Project(ConstMatrixView kpre, ConstMatrixView w, ConstMatrixView values, 
 }
 
 }  // namespace
+
+Status LaunchVectorResiduals(const float* kpre, const float* wt, const float* values, int64_t n,
+                             int d, float* residuals, cudaStream_t stream) {
+  return LaunchProject<true>(kpre, wt, values, n, d, nullptr, residuals, stream);
+}
+
+Status LaunchRebuildValues(const float* kpre, const float* wt, int64_t n, int d, float* out,
+                           cudaStream_t stream) {
+  return LaunchProject<false>(kpre, wt, nullptr, n, d, out, nullptr, stream);
+}
+
+Status LaunchVectorStats(const float* kpre, const float* values, int64_t n, int d,
+                         double* gram_cross, double* sums, cudaStream_t stream) {
+  if (n == 0) return Status::Ok();
+  const dim3 block(kTile, kTile);
+  const dim3 grid((2 * d + kTile - 1) / kTile, (d + kTile - 1) / kTile);
+  GramCrossKernel<<<grid, block, 0, stream>>>(kpre, values, n, d, gram_cross);
+  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "GramCrossKernel launch");
+  ValueSumsKernel<<<(d + 127) / 128, 128, 0, stream>>>(values, n, d, sums);
+  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "ValueSumsKernel launch");
+  return Status::Ok();
+}
 
 Status AccumulateVectorStats(ConstMatrixView kpre, ConstMatrixView values, VectorHeadStats* stats,
                              void* stream_ptr) {
@@ -161,12 +194,7 @@ Status AccumulateVectorStats(ConstMatrixView kpre, ConstMatrixView values, Vecto
                            "memset");
   KVD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dsums.get(), 0, dsums.size() * sizeof(double), stream),
                            "memset");
-  const dim3 block(kTile, kTile);
-  const dim3 grid((2 * d + kTile - 1) / kTile, (d + kTile - 1) / kTile);
-  GramCrossKernel<<<grid, block, 0, stream>>>(dk.get(), dv.get(), n, d, dout.get());
-  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "GramCrossKernel launch");
-  ValueSumsKernel<<<(d + 127) / 128, 128, 0, stream>>>(dv.get(), n, d, dsums.get());
-  KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "ValueSumsKernel launch");
+  KVD_RETURN_IF_ERROR(LaunchVectorStats(dk.get(), dv.get(), n, d, dout.get(), dsums.get(), stream));
   std::vector<double> host(dout.size()), sums(dsums.size());
   KVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), dout.get(), host.size() * sizeof(double),
                                            cudaMemcpyDeviceToHost, stream),

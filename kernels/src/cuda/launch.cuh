@@ -1,0 +1,73 @@
+// Device-pointer launchers of the CUDA kernels: the one copy of each kernel, used both by the
+// host-view twins (they stage host views through device memory, then call these) and by the
+// device-resident plan (plan_device.h), which chains them on one stream with no host round trip.
+// Private to kernels/src/cuda.
+//
+// Contract of every launcher: all pointers are DEVICE memory, dense row-major unless a stride is
+// given; inputs are already validated (shapes, finiteness) by the caller; the kernel is enqueued
+// on `stream` and the launcher returns without synchronising (the Status only reports a launch
+// error, via cudaGetLastError). Errors of the kernel itself surface at the next synchronisation.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/cuda_common.cuh"
+#include "kvd/common/dtype.h"
+#include "kvd/kernels/observation.h"
+#include "kvd/kernels/rope.h"
+
+namespace kvd::kernels::cuda {
+
+// convert.cu. Gather: src [n, h, d] of dtype -> dst [h, n, d] float32. Scatter: the inverse
+// (round to nearest even for float16/bfloat16).
+Status LaunchGather(const void* src, float* dst, int64_t n, int64_t h, int64_t d, DType dtype,
+                    cudaStream_t stream);
+Status LaunchScatter(const float* src, void* dst, int64_t n, int64_t h, int64_t d, DType dtype,
+                     cudaStream_t stream);
+
+// rope.cu. Rotates (sign +1) or de-rotates (sign -1) x [heads, n, d] in place, pairs per
+// `interleaved`, the first 2*half dimensions. pos: [n] shared by the heads (pos_head_stride 0) or
+// [heads, n] (pos_head_stride n). inv_freq: [half] float64. Angles and sin/cos in float64.
+Status LaunchRope(float* x, const int64_t* pos, int64_t pos_head_stride, const double* inv_freq,
+                  int64_t n, int64_t heads, int64_t d, int half, bool interleaved,
+                  RopeDirection direction, cudaStream_t stream);
+
+// observation.cu. mass[h][j] = sum over the rows of q[h] of softmax(q . k[h][j] * scale + bias[j])
+// under `mask` (observation.h), for `heads` heads at once: q [heads, rows, d], k [heads, n, d],
+// mass [heads, n] (zeroed here). bias [n], qpos [rows / group], kpos [n] are shared by the heads
+// (null when unused: bias optional, positions only for kByPosition).
+Status LaunchAttentionMass(const float* q, const float* k, const float* bias, const int64_t* qpos,
+                           const int64_t* kpos, float* mass, int64_t heads, int64_t rows, int64_t n,
+                           int d, int group, MaskKind mask, float scale, cudaStream_t stream);
+
+// keydiff.cu, in three steps. Norms: inv_norm [n] = 1/|k_i|, *bad_row = min(*bad_row, i) for a
+// row with |k_i|^2 < 1e-30 (caller initialises *bad_row). Anchor: anchor [d] = sum_i k_i inv_norm_i
+// in float64. Scores: scores [n] = -(k_i . unit_anchor) inv_norm_i.
+Status LaunchKeyDiffNorms(const float* k, float* inv_norm, int* bad_row, int64_t n, int d,
+                          cudaStream_t stream);
+Status LaunchKeyDiffAnchor(const float* k, const float* inv_norm, double* anchor, int64_t n, int d,
+                           cudaStream_t stream);
+Status LaunchKeyDiffScores(const float* k, const float* inv_norm, const float* unit_anchor,
+                           float* scores, int64_t n, int d, cudaStream_t stream);
+
+// vector.cu. wt is W transposed ([d, d], wt[c, r] = W[r, c]). Residuals: residuals [n] =
+// |values_i - W kpre_i|^2. Rebuild: out [n, d] = W kpre_i. Gram/cross: out [d, 2d] += kpre^T
+// [kpre | values] in float64 (out zeroed by the caller); sums [d + 1] += column sums of values and
+// the sum of squares (zeroed by the caller).
+Status LaunchVectorResiduals(const float* kpre, const float* wt, const float* values, int64_t n,
+                             int d, float* residuals, cudaStream_t stream);
+Status LaunchRebuildValues(const float* kpre, const float* wt, int64_t n, int d, float* out,
+                           cudaStream_t stream);
+Status LaunchVectorStats(const float* kpre, const float* values, int64_t n, int d,
+                         double* gram_cross, double* sums, cudaStream_t stream);
+
+// kvslimmer.cu. Output slot o is src_a[o] copied (src_b[o] < 0) or the pair (src_a[o], src_b[o])
+// merged: key w_a[o] k_a + w_b[o] k_b, value sum v_a + v_b. keys, values: [*, d]; out: [out_rows,
+// d].
+Status LaunchMerge(const float* keys, const float* values, const int64_t* src_a,
+                   const int64_t* src_b, const float* w_a, const float* w_b, float* out_keys,
+                   float* out_values, int64_t out_rows, int64_t d, cudaStream_t stream);
+
+}  // namespace kvd::kernels::cuda
