@@ -27,6 +27,10 @@ std::string HeadName(int layer, int head) {
   return "layer " + std::to_string(layer) + " head " + std::to_string(head);
 }
 
+}  // namespace
+
+namespace internal {
+
 // PyramidKV layer budgets adjusted so that they sum to exactly layers * m (see plan.h).
 StatusOr<std::vector<int64_t>> ExactPyramidBudgets(int64_t n, int layers, int64_t m, int64_t forced,
                                                    const CompressionPlanOptions& o) {
@@ -63,7 +67,22 @@ StatusOr<std::vector<int64_t>> ExactPyramidBudgets(int64_t n, int layers, int64_
   return b;
 }
 
-}  // namespace
+CompactChunk EmptyCompactChunk(const CompressionPlanOptions& options, const ModelLayout& layout,
+                               int64_t n, uint64_t calibration_version) {
+  CompactChunk chunk;
+  chunk.num_layers = layout.num_layers;
+  chunk.num_kv_heads = layout.num_kv_heads;
+  chunk.head_dim = layout.head_dim;
+  chunk.dtype = layout.dtype;
+  chunk.original_tokens = n;
+  chunk.layout_digest = layout.Digest();
+  chunk.codec = options.Codec();
+  chunk.codec.calibration_version = calibration_version;
+  chunk.heads.resize(static_cast<size_t>(layout.num_layers) * layout.num_kv_heads);
+  return chunk;
+}
+
+}  // namespace internal
 
 Status CompressionPlanOptions::Validate() const {
   if (static_cast<uint8_t>(score) > static_cast<uint8_t>(ScoreStage::kPyramidKv) ||
@@ -212,20 +231,12 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
   const int64_t m = std::llround((1.0 - options.p_c) * static_cast<double>(n));
   std::vector<int64_t> layer_pairs(static_cast<size_t>(L), m);
   if (options.score == ScoreStage::kPyramidKv) {
-    KVD_ASSIGN_OR_RETURN(layer_pairs, ExactPyramidBudgets(n, L, m, forced, options));
+    KVD_ASSIGN_OR_RETURN(layer_pairs, internal::ExactPyramidBudgets(n, L, m, forced, options));
   }
   KVD_ASSIGN_OR_RETURN(RopeTable rope, RopeTable::Create(layout.rope, layout.head_dim));
 
-  CompactChunk chunk;
-  chunk.num_layers = L;
-  chunk.num_kv_heads = H;
-  chunk.head_dim = static_cast<int>(d);
-  chunk.dtype = layout.dtype;
-  chunk.original_tokens = n;
-  chunk.layout_digest = layout.Digest();
-  chunk.codec = options.Codec();
-  if (weights != nullptr) chunk.codec.calibration_version = weights->version;
-  chunk.heads.resize(static_cast<size_t>(L) * H);
+  CompactChunk chunk =
+      internal::EmptyCompactChunk(options, layout, n, weights != nullptr ? weights->version : 0);
 
   const EngineTensorShape shape{.tokens = n, .num_heads = H, .head_dim = d, .dtype = layout.dtype};
   const ExecOptions convert_exec{

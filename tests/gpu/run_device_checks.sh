@@ -11,12 +11,13 @@
 #
 # Checks (rows of the table):
 #   kernels        every CPU-vs-CUDA kernel test (*Cuda*), then the whole kernel suite
+#   plan           the device-resident plan against the CPU plan on the same chunks (DevicePlan*)
 #   gpu-tier       GpuTier over CUDA device memory (storage_gpu_tier_test GpuTierCuda*)
 #   ucx-cuda       CUDA memory through UCX 1.22 (cuda_ipc/cuda_copy: send/recv, RMA), when the
 #                  libucx wheel is in .cache/ucx (carry it: deploy/fetch-ucx-wheel.sh, ~46 MB)
 #   nccl           the nccl backend: bootstrap, device-to-device send/recv (NcclCuda*)
 #   kernels-bench  the kernel benchmarks (x_memcpy = stage bytes/s over host memcpy bytes/s)
-#   MISSING rows   what is not written yet (device-resident plan vs CPU plan, kvd put/get of
+#   MISSING rows   what is not written yet (kvd put/get of
 #                  device memory over cuda_ipc / NCCL between processes, a D2D copy baseline)
 #
 # The whole project is configured when its Debian dependencies are present; otherwise a
@@ -113,7 +114,8 @@ run() {
   say "$check: rc=$rc"
 }
 
-run kernels cuda_kernels 150 "$BIN/kernels_test" --gtest_filter='*Cuda*'
+run kernels cuda_kernels 150 "$BIN/kernels_test" --gtest_filter='*Cuda*:-DevicePlanCuda*'
+run plan device_plan 120 "$BIN/kernels_test" --gtest_filter='DevicePlan*'
 run kernels all_kernels 120 "$BIN/kernels_test" --gtest_brief=1
 if ((FULL)); then
   run gpu-tier gpu_tier 60 "$BIN/storage_gpu_tier_test" --gtest_filter='GpuTierCuda*'
@@ -124,7 +126,6 @@ if ((FULL)); then
 else
   for c in gpu-tier ucx-cuda nccl; do missing_row "$c" "(all)" "kernels-only build: $LOG/configure.log"; done
 fi
-missing_row plan "device-resident plan vs CPU plan" "not written: the CUDA twins still copy host<->device per stage"
 missing_row kvd "GPU-tier put/get over UCX cuda_ipc, 2 processes" "not written: the daemon serves host memory only"
 missing_row kvd "GPU-tier put/get over NCCL, 2 processes" "not written: the daemon has no nccl session path"
 

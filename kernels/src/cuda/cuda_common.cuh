@@ -40,6 +40,16 @@ class DeviceBuffer {
     KVD_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr_, count * sizeof(T)), "cudaMalloc");
     return Status::Ok();
   }
+  // Keeps a buffer of >= `count` elements (at least 1); otherwise frees it and allocates `count`
+  // (contents lost). For scratch reused across calls.
+  Status Reserve(size_t count) {
+    if (count == 0) count = 1;
+    if (ptr_ != nullptr && count_ >= count) return Status::Ok();
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    count_ = 0;
+    return Allocate(count);
+  }
   Status Upload(const T* host, size_t count, cudaStream_t stream, size_t offset = 0) {
     if (count == 0) return Status::Ok();
     KVD_CUDA_RETURN_IF_ERROR(

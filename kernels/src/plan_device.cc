@@ -1,0 +1,201 @@
+// Host part of the device-resident plan (plan_device.h): validation, budgets (the same as
+// Compress's, plan.h), and assembling the compact chunk from what the device wrote.
+#include "kvd/kernels/plan_device.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "backend_a.h"
+#include "plan_device_internal.h"
+#include "plan_internal.h"
+
+namespace kvd::kernels {
+
+Status CheckDevicePlanSupported(const CompressionPlanOptions& options) {
+  KVD_RETURN_IF_ERROR(options.Validate());
+  if (options.score == ScoreStage::kKeyDiff) {
+    return Status::Unimplemented(
+        "plan_device: score kKeyDiff is not implemented on the device (use Compress)");
+  }
+  if (options.merge != MergeStage::kNone) {
+    return Status::Unimplemented(
+        "plan_device: merge kKvSlimmer is not implemented on the device (use Compress)");
+  }
+  if (options.head_budget != HeadBudget::kUniform) {
+    return Status::Unimplemented(
+        "plan_device: head_budget kAdaptive is not implemented on the device (use Compress)");
+  }
+  return Status::Ok();
+}
+
+StatusOr<DevicePlanBudget> ComputeDevicePlanBudget(const CompressionPlanOptions& options,
+                                                   int num_layers, int64_t n, bool have_queries,
+                                                   bool routing) {
+  KVD_RETURN_IF_ERROR(CheckDevicePlanSupported(options));
+  if (num_layers < 1) return Status::InvalidArgument("plan_device: num_layers must be >= 1");
+  if (n < 1) return Status::InvalidArgument("plan: the chunk has no tokens");
+  DevicePlanBudget b;
+  b.window = have_queries ? options.window : 0;
+  if (n < options.sinks + b.window) {
+    return Status::InvalidArgument("plan: N=" + std::to_string(n) + " is smaller than sinks (" +
+                                   std::to_string(options.sinks) + ") + window (" +
+                                   std::to_string(b.window) + ")");
+  }
+  b.forced = std::min<int64_t>(n, options.sinks) + b.window;
+  const int64_t m = std::llround((1.0 - options.p_c) * static_cast<double>(n));
+  b.kept_pairs.assign(static_cast<size_t>(num_layers), m);
+  if (options.score == ScoreStage::kPyramidKv) {
+    KVD_ASSIGN_OR_RETURN(b.kept_pairs,
+                         internal::ExactPyramidBudgets(n, num_layers, m, b.forced, options));
+  }
+  for (int layer = 0; layer < num_layers; ++layer) {
+    const int64_t ml = b.kept_pairs[static_cast<size_t>(layer)];
+    const std::string where = "plan: layer " + std::to_string(layer);
+    int64_t a = 0;
+    if (routing) {
+      RouteOptions ro{.p_c = options.p_c, .eps = options.route_eps, .kept_pairs = ml};
+      StatusOr<RouteBudget> rb = ComputeRouteBudget(n, b.forced, ro);
+      if (!rb.ok()) return rb.status().WithContext(where);
+      a = rb->key_only / 2;
+    } else if (ml < b.forced) {
+      return Status::OutOfRange("budget of " + std::to_string(ml) + " tokens cannot keep the " +
+                                std::to_string(b.forced) + " sink and window tokens")
+          .WithContext(where);
+    }
+    // The CPU plan's reduction loop for eviction: the kept set is min(pool, N) tokens of which
+    // `forced` are sinks/window; the others are the eligible single slots.
+    bool reduced = false;
+    int64_t slots = 0;
+    for (;;) {
+      slots = std::min(ml + a, n);
+      const int64_t eligible = slots - b.forced;
+      if (2 * a <= eligible) break;
+      a -= (2 * a - eligible + 1) / 2;
+      reduced = true;
+    }
+    if (2 * slots - 2 * a != 2 * ml) {
+      return Status::Internal("plan: head used " + std::to_string(2 * slots - 2 * a) +
+                              " half-pairs, budget " + std::to_string(2 * ml))
+          .WithContext(where);
+    }
+    b.slots.push_back(slots);
+    b.rebuild_slots.push_back(2 * a);
+    b.reduced.push_back(reduced ? 1 : 0);
+  }
+  return b;
+}
+
+DevicePlan::~DevicePlan() = default;
+
+StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Create(const CompressionPlanOptions& options,
+                                                         const ModelLayout& layout,
+                                                         const VectorWeights* weights,
+                                                         const DevicePlanOptions& device) {
+  KVD_RETURN_IF_ERROR(CheckDevicePlanSupported(options));
+  KVD_RETURN_IF_ERROR(layout.Validate());
+  KVD_RETURN_IF_ERROR(CheckHeadDim(layout.head_dim).WithContext("plan"));
+  if (layout.num_q_heads % layout.num_kv_heads != 0) {
+    return Status::InvalidArgument("plan: num_q_heads is not a multiple of num_kv_heads");
+  }
+  const bool routing = options.route == RouteStage::kVector;
+  if (routing) {
+    if (weights == nullptr) return Status::FailedPrecondition("plan: vector routing needs weights");
+    if (weights->num_layers != layout.num_layers || weights->num_kv_heads != layout.num_kv_heads ||
+        weights->head_dim != layout.head_dim ||
+        weights->heads.size() != static_cast<size_t>(layout.num_layers) * layout.num_kv_heads) {
+      return Status::FailedPrecondition("plan: VECTOR weights shape does not match the layout");
+    }
+  }
+  if (device.device < -1) return Status::InvalidArgument("plan_device: device must be >= -1");
+#if KVD_HAVE_CUDA
+  KVD_RETURN_IF_ERROR(CheckCudaBackend("DevicePlan"));
+  std::unique_ptr<DevicePlan> plan(new DevicePlan());
+  plan->options_ = options;
+  plan->layout_ = layout;
+  plan->routing_ = routing;
+  plan->calibration_version_ = routing ? weights->version : 0;
+  KVD_ASSIGN_OR_RETURN(plan->state_, cuda::CreateDevicePlanState(
+                                         options, layout, routing ? weights : nullptr, device));
+  return plan;
+#else
+  return CheckCudaBackend("DevicePlan");
+#endif
+}
+
+StatusOr<CompactChunk> DevicePlan::Compress(const DeviceChunkInput& input,
+                                            CompressionStats* stats) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t n = static_cast<int64_t>(input.positions.size());
+  if (n < 1) return Status::InvalidArgument("plan: the chunk has no tokens");
+  if (input.raw == nullptr) return Status::InvalidArgument("plan_device: null raw chunk");
+  const size_t need = layout_.ChunkBytes(static_cast<int>(n));
+  if (input.raw_bytes != need) {
+    return Status::InvalidArgument("plan: raw chunk has " + std::to_string(input.raw_bytes) +
+                                   " bytes, layout needs " + std::to_string(need) + " for " +
+                                   std::to_string(n) + " tokens");
+  }
+  for (int64_t p : input.positions) {
+    if (p < 0) return Status::InvalidArgument("plan: negative position");
+  }
+  const bool have_queries = input.window_queries != nullptr;
+  const bool need_queries =
+      options_.score == ScoreStage::kSnapKv || options_.score == ScoreStage::kPyramidKv;
+  if (need_queries && !have_queries) {
+    return Status::FailedPrecondition(
+        std::string("plan: ") + ScoreStageName(options_.score).data() + " needs window queries");
+  }
+  const int L = layout_.num_layers, H = layout_.num_kv_heads;
+  const int64_t d = layout_.head_dim;
+  KVD_ASSIGN_OR_RETURN(DevicePlanBudget budget,
+                       ComputeDevicePlanBudget(options_, L, n, have_queries, routing_));
+  DevicePlanJob job{.n = n,
+                    .window = budget.window,
+                    .sinks = std::min<int64_t>(n, options_.sinks),
+                    .group = layout_.num_q_heads / H,
+                    .budget = &budget};
+  DevicePlanOutput out;
+  KVD_RETURN_IF_ERROR(state_->Run(input, job, &out));
+
+  CompactChunk chunk = internal::EmptyCompactChunk(options_, layout_, n, calibration_version_);
+  const size_t e = DTypeSize(layout_.dtype);
+  size_t key_off = 0, value_off = 0, slot_off = 0;
+  CompressionStats total;
+  for (int layer = 0; layer < L; ++layer) {
+    const int64_t s = budget.slots[static_cast<size_t>(layer)];
+    const int64_t r = budget.rebuild_slots[static_cast<size_t>(layer)];
+    const size_t key_bytes = static_cast<size_t>(s * d) * e;
+    const size_t value_bytes = static_cast<size_t>((s - r) * d) * e;
+    for (int h = 0; h < H; ++h) {
+      CompactHead& head = chunk.Head(layer, h);
+      head.keys.assign(out.keys.begin() + key_off, out.keys.begin() + key_off + key_bytes);
+      head.values.assign(out.values.begin() + value_off,
+                         out.values.begin() + value_off + value_bytes);
+      head.positions.assign(out.positions.begin() + slot_off, out.positions.begin() + slot_off + s);
+      head.flags.assign(out.flags.begin() + slot_off, out.flags.begin() + slot_off + s);
+      head.cardinality.assign(static_cast<size_t>(s), 1);
+      key_off += key_bytes;
+      value_off += value_bytes;
+      slot_off += static_cast<size_t>(s);
+    }
+    const int64_t m = budget.kept_pairs[static_cast<size_t>(layer)];
+    total.heads += H;
+    total.input_tokens += n * H;
+    total.slots += s * H;
+    total.rebuild_slots += r * H;
+    total.evicted_tokens += (n - s) * H;
+    total.budget_half_pairs += 2 * m * H;
+    total.half_pairs += (2 * s - r) * H;
+    total.route_reductions += budget.reduced[static_cast<size_t>(layer)] * H;
+  }
+  total.total_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  if (stats != nullptr) *stats = total;
+  return chunk;
+}
+
+StatusOr<std::vector<float>> DevicePlan::LastScores() const { return state_->LastScores(); }
+
+}  // namespace kvd::kernels

@@ -1,0 +1,51 @@
+// The device side of DevicePlan (plan_device.h): the host part (plan_device.cc: validation,
+// budgets, assembling the compact chunk) talks to the CUDA part (cuda/plan_device.cu) through
+// this interface only. Internal to kvd_kernels.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kvd/kernels/plan_device.h"
+
+namespace kvd::kernels {
+
+// What one chunk needs besides its tensors: sizes and budgets fixed on the host.
+struct DevicePlanJob {
+  int64_t n = 0;
+  int64_t window = 0;  // effective (0 without queries)
+  int64_t sinks = 0;   // min(N, options.sinks)
+  int group = 1;
+  const DevicePlanBudget* budget = nullptr;
+};
+
+// The compact arrays of one chunk as the device wrote them, on the host: per layer l, per head h,
+// keys [S_l, d] and values [S_l - 2a_l, d] (model dtype bytes), positions [S_l], flags [S_l],
+// back to back in (layer, head) order.
+struct DevicePlanOutput {
+  std::vector<uint8_t> keys;
+  std::vector<uint8_t> values;
+  std::vector<int64_t> positions;
+  std::vector<uint8_t> flags;
+};
+
+struct DevicePlan::State {
+  virtual ~State() = default;
+  // Runs every stage of one chunk on the plan's stream and copies the output to the host.
+  virtual Status Run(const DeviceChunkInput& input, const DevicePlanJob& job,
+                     DevicePlanOutput* out) = 0;
+  virtual StatusOr<std::vector<float>> LastScores() const = 0;
+};
+
+#if KVD_HAVE_CUDA
+namespace cuda {
+// Uploads the RoPE frequencies and W^T of every head (weights may be null without routing).
+StatusOr<std::unique_ptr<DevicePlan::State>> CreateDevicePlanState(
+    const CompressionPlanOptions& options, const ModelLayout& layout, const VectorWeights* weights,
+    const DevicePlanOptions& device);
+}  // namespace cuda
+#endif
+
+}  // namespace kvd::kernels

@@ -1,0 +1,471 @@
+// Device-resident plan (plan_device.h). Without a device: the budgets equal the CPU plan's slot
+// counts for every supported composition, unsupported options and bad input get their specific
+// errors before any device is touched. With a device (DevicePlanCuda*, run by
+// tests/gpu/run_device_checks.sh): the device plan's chunk against the CPU plan's on the same
+// chunk, selection and copied K/V bit for bit, scores and routing within float32 bounds.
+#include "kvd/kernels/plan_device.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvd/kernels/convert.h"
+#include "kvd/kernels/rope.h"
+#include "kvd/kernels/scorers.h"
+#include "kvd/kernels/snapkv.h"
+#include "reference.h"
+
+#if KVD_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace kvd::kernels {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kFirstPosition = 1000;
+
+// A chunk of random K/V and window queries in the engine layout (model dtype), the per-head
+// float32 queries the CPU plan takes, and VECTOR weights calibrated on the chunk itself.
+struct DeviceFixture {
+  ModelLayout layout;
+  int64_t n = 0;
+  int64_t window = 0;
+  std::vector<int64_t> positions;
+  std::vector<uint8_t> raw;
+  std::vector<uint8_t> query_bytes;  // [L, W, Hq, d]
+  std::vector<Matrix> queries;       // [L*H] of [W*G, d]
+  std::vector<ConstMatrixView> query_views;
+  VectorWeights weights;
+
+  CompressionInput CpuInput(bool with_queries) const {
+    CompressionInput in;
+    in.raw = raw;
+    in.positions = positions;
+    if (with_queries) in.window_queries = query_views;
+    in.weights = &weights;
+    return in;
+  }
+  size_t LayerQueryBytes() const {
+    return static_cast<size_t>(window * layout.num_q_heads * layout.head_dim) *
+           DTypeSize(layout.dtype);
+  }
+};
+
+DeviceFixture MakeFixture(int64_t n, int d, int group, int64_t window, uint64_t seed,
+                          DType dtype = DType::kBFloat16) {
+  DeviceFixture f;
+  f.layout = {
+      .num_layers = 2, .num_kv_heads = 2, .num_q_heads = 2 * group, .head_dim = d, .dtype = dtype};
+  f.layout.rope.theta = 10000.0;
+  f.n = n;
+  f.window = window;
+  f.positions = testing::SequentialPositions(n, kFirstPosition);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto fill = [&](std::vector<uint8_t>* bytes, size_t elements) {
+    std::vector<float> x(elements);
+    for (float& v : x) v = normal(rng);
+    bytes->assign(elements * DTypeSize(dtype), 0);
+    ConvertFromFloat(dtype, x.data(), bytes->data(), elements);
+  };
+  fill(&f.raw, f.layout.ChunkBytes(static_cast<int>(n)) / DTypeSize(dtype));
+  fill(&f.query_bytes, f.LayerQueryBytes() * f.layout.num_layers / DTypeSize(dtype));
+  for (int l = 0; l < f.layout.num_layers; ++l) {
+    auto q = GatherWindowQueries(f.layout, f.query_bytes.data() + l * f.LayerQueryBytes(), window);
+    EXPECT_TRUE(q.ok()) << q.status();
+    for (Matrix& m : *q) f.queries.push_back(std::move(m));
+  }
+  for (const Matrix& q : f.queries) f.query_views.push_back(q.View());
+  auto cal = VectorCalibrator::Create(f.layout.num_layers, f.layout.num_kv_heads, d);
+  EXPECT_TRUE(cal.ok());
+  EXPECT_TRUE(CalibrateFromChunk(f.layout, f.raw, f.positions, &*cal).ok());
+  auto w = cal->Solve();
+  EXPECT_TRUE(w.ok()) << w.status();
+  f.weights = std::move(*w);
+  return f;
+}
+
+struct DeviceComposition {
+  const char* name;
+  ScoreStage score;
+  bool queries;  // window queries given
+};
+
+const DeviceComposition kDeviceCompositions[] = {
+    {"snapkv", ScoreStage::kSnapKv, true},
+    {"pyramidkv", ScoreStage::kPyramidKv, true},
+    {"recency", ScoreStage::kNone, false},
+    {"recency+window", ScoreStage::kNone, true},
+};
+
+CompressionPlanOptions Options(const DeviceComposition& c, RouteStage route, double p_c,
+                               int64_t window) {
+  return {.score = c.score, .route = route, .p_c = p_c, .window = window};
+}
+
+std::string Name(const DeviceComposition& c, RouteStage route, double p_c) {
+  return std::string(c.name) + (route == RouteStage::kVector ? "+vector" : "") +
+         " p_c=" + std::to_string(p_c);
+}
+
+TEST(DevicePlan, UnsupportedOptionsAreNamed) {
+  const struct {
+    CompressionPlanOptions o;
+    const char* message;
+  } cases[] = {
+      {{.score = ScoreStage::kKeyDiff}, "score kKeyDiff is not implemented on the device"},
+      {{.score = ScoreStage::kNone, .merge = MergeStage::kKvSlimmer},
+       "merge kKvSlimmer is not implemented on the device"},
+      {{.score = ScoreStage::kSnapKv, .merge = MergeStage::kKvSlimmer},
+       "merge kKvSlimmer is not implemented on the device"},
+      {{.score = ScoreStage::kSnapKv, .head_budget = HeadBudget::kAdaptive},
+       "head_budget kAdaptive is not implemented on the device"},
+  };
+  for (const auto& c : cases) {
+    Status s = CheckDevicePlanSupported(c.o);
+    EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s;
+    EXPECT_THAT(s.message(), HasSubstr(c.message));
+    EXPECT_EQ(DevicePlan::Create(c.o, MakeFixture(64, 32, 2, 8, 1).layout).status().code(),
+              StatusCode::kUnimplemented);
+  }
+  // Invalid options report Validate's error, not "unsupported".
+  Status bad = CheckDevicePlanSupported({.p_c = 1.0});
+  EXPECT_EQ(bad.code(), StatusCode::kOutOfRange) << bad;
+  EXPECT_THAT(bad.message(), HasSubstr("p_c must be in [0, 1)"));
+  EXPECT_TRUE(CheckDevicePlanSupported({}).ok());
+}
+
+TEST(DevicePlan, BudgetsAreTheCpuPlansSlotCounts) {
+  for (int64_t n : {48, 301}) {
+    const DeviceFixture f = MakeFixture(n, 32, 2, 8, 7);
+    for (const DeviceComposition& c : kDeviceCompositions) {
+      for (RouteStage route : {RouteStage::kNone, RouteStage::kVector}) {
+        for (double p_c : {0.0, 0.5, 0.75, 0.9}) {
+          SCOPED_TRACE(Name(c, route, p_c) + " n=" + std::to_string(n));
+          const CompressionPlanOptions o = Options(c, route, p_c, f.window);
+          CompressionStats cpu_stats;
+          auto cpu = Compress(o, f.layout, f.CpuInput(c.queries), &cpu_stats);
+          auto budget = ComputeDevicePlanBudget(o, f.layout.num_layers, n, c.queries,
+                                                route == RouteStage::kVector);
+          ASSERT_EQ(cpu.ok(), budget.ok()) << cpu.status() << " vs " << budget.status();
+          if (!cpu.ok()) {
+            EXPECT_EQ(cpu.status().code(), budget.status().code());
+            continue;
+          }
+          EXPECT_EQ(budget->window, c.queries ? f.window : 0);
+          int64_t slots = 0, rebuild = 0, reductions = 0;
+          for (int l = 0; l < f.layout.num_layers; ++l) {
+            for (int h = 0; h < f.layout.num_kv_heads; ++h) {
+              const CompactHead& head = cpu->Head(l, h);
+              EXPECT_EQ(head.slots(), budget->slots[l]) << "layer " << l;
+              EXPECT_EQ(head.slots() - head.value_slots(), budget->rebuild_slots[l]);
+              EXPECT_EQ(head.slots() + head.value_slots(), 2 * budget->kept_pairs[l]);
+              slots += budget->slots[l];
+              rebuild += budget->rebuild_slots[l];
+              reductions += budget->reduced[l];
+            }
+          }
+          EXPECT_EQ(slots, cpu_stats.slots);
+          EXPECT_EQ(rebuild, cpu_stats.rebuild_slots);
+          EXPECT_EQ(reductions, cpu_stats.route_reductions);
+        }
+      }
+    }
+  }
+}
+
+TEST(DevicePlan, BudgetErrorsAreTheCpuPlans) {
+  // N smaller than sinks + window.
+  auto small = ComputeDevicePlanBudget({.window = 16, .sinks = 4}, 2, 19, true, false);
+  EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(small.status().message(), HasSubstr("N=19 is smaller than sinks (4) + window (16)"));
+  // A budget that cannot hold sinks + window (M = 10 < 20), with and without routing.
+  for (bool routing : {false, true}) {
+    auto tight =
+        ComputeDevicePlanBudget({.p_c = 0.9, .window = 16, .sinks = 4}, 2, 100, true, routing);
+    EXPECT_EQ(tight.status().code(), StatusCode::kOutOfRange) << tight.status();
+    EXPECT_THAT(tight.status().message(), HasSubstr("plan: layer 0"));
+  }
+  auto no_layers = ComputeDevicePlanBudget({}, 0, 100, true, false);
+  EXPECT_EQ(no_layers.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(DevicePlan, CreateChecksItsInputBeforeTheDevice) {
+  const DeviceFixture f = MakeFixture(64, 32, 2, 8, 3);
+  const CompressionPlanOptions vector{.route = RouteStage::kVector, .window = 8};
+  auto no_weights = DevicePlan::Create(vector, f.layout, nullptr);
+  EXPECT_EQ(no_weights.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(no_weights.status().message(), HasSubstr("vector routing needs weights"));
+  VectorWeights wrong = f.weights;
+  wrong.num_layers = 3;
+  auto mis_shaped = DevicePlan::Create(vector, f.layout, &wrong);
+  EXPECT_EQ(mis_shaped.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(mis_shaped.status().message(), HasSubstr("weights shape does not match"));
+  ModelLayout odd = f.layout;
+  odd.num_q_heads = 3;
+  auto gqa = DevicePlan::Create({}, odd);
+  EXPECT_EQ(gqa.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DevicePlan::Create({}, f.layout, nullptr, {.device = -2}).status().code(),
+            StatusCode::kInvalidArgument);
+  if (CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present: DevicePlanCuda covers it";
+  auto plan = DevicePlan::Create({}, f.layout);
+#if KVD_HAVE_CUDA
+  EXPECT_EQ(plan.status().code(), StatusCode::kUnavailable) << plan.status();
+  EXPECT_THAT(plan.status().message(), HasSubstr("DevicePlan: backend cuda: no CUDA device"));
+#else
+  EXPECT_EQ(plan.status().code(), StatusCode::kUnimplemented) << plan.status();
+  EXPECT_THAT(plan.status().message(), HasSubstr("this build has no CUDA kernels"));
+#endif
+}
+
+#if KVD_HAVE_CUDA
+
+// Device memory for one test, freed at scope exit.
+struct DeviceBytes {
+  void* ptr = nullptr;
+  explicit DeviceBytes(const std::vector<uint8_t>& host) {
+    EXPECT_EQ(cudaMalloc(&ptr, host.size()), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceBytes() { cudaFree(ptr); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+};
+
+// Float32 error bound of a SnapKV score, relative: each probability carries the error of its exp
+// (a few ulp) and of its softmax normaliser (a float32 sum of <= N terms: <= N ulp); the mass adds
+// R = W*G positive probabilities (<= R ulp, in any order: the device adds with atomics, the CPU in
+// float64); mean and pooling add a few ulp. Both sides carry such an error, hence the factor 4.
+double ScoreTolerance(int64_t n, int64_t rows) {
+  return 4.0 * static_cast<double>(n + rows + 8) * std::ldexp(1.0, -24);
+}
+
+// The head's per-token float32 K or V, from the raw bytes.
+Matrix HeadTensor(const DeviceFixture& f, int layer, int head, bool values) {
+  const int64_t d = f.layout.head_dim;
+  const size_t e = DTypeSize(f.layout.dtype);
+  const uint8_t* base = f.raw.data() + f.layout.LayerOffset(layer, static_cast<int>(f.n)) +
+                        (values ? f.n * f.layout.TokenBytes() : 0);
+  Matrix m(f.n, d);
+  for (int64_t i = 0; i < f.n; ++i) {
+    ConvertToFloat(f.layout.dtype, base + i * f.layout.TokenBytes() + head * d * e, m.Row(i),
+                   static_cast<size_t>(d));
+  }
+  return m;
+}
+
+std::vector<int64_t> SlotTokens(const CompactHead& h) {
+  std::vector<int64_t> t;
+  for (int64_t p : h.positions) t.push_back(p - kFirstPosition);
+  return t;
+}
+
+// Compares one head of the device chunk with the CPU chunk (file comment). Returns the number of
+// tokens selected differently (near-ties of the float32 scores).
+int64_t CompareHead(const DeviceFixture& f, const CompressionPlanOptions& o, int layer, int head,
+                    const CompactHead& dev, const CompactHead& cpu, std::span<const float> dscores,
+                    bool queries) {
+  const int64_t n = f.n, d = f.layout.head_dim;
+  const int64_t w = queries ? o.window : 0, sinks = std::min<int64_t>(n, o.sinks);
+  const size_t e = DTypeSize(f.layout.dtype);
+  const Matrix keys = HeadTensor(f, layer, head, false), values = HeadTensor(f, layer, head, true);
+  // CPU scores of this head.
+  std::vector<float> cscores(static_cast<size_t>(n));
+  if (o.score == ScoreStage::kNone) {
+    for (int64_t i = 0; i < n; ++i) cscores[i] = static_cast<float>(i);
+  } else {
+    const int group = f.layout.num_q_heads / f.layout.num_kv_heads;
+    EXPECT_TRUE(SnapKvScores(f.query_views[layer * f.layout.num_kv_heads + head], keys.View(),
+                             {.window = static_cast<int>(o.window),
+                              .kernel_size = o.pooling_kernel,
+                              .pooling = o.pooling,
+                              .group_size = group},
+                             cscores)
+                    .ok());
+  }
+  const double rel = ScoreTolerance(n, w * (f.layout.num_q_heads / f.layout.num_kv_heads));
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isinf(cscores[i])) {
+      EXPECT_TRUE(std::isinf(dscores[i])) << "token " << i;
+      continue;
+    }
+    EXPECT_LE(std::abs(double(dscores[i]) - cscores[i]), rel * std::abs(cscores[i]) + 1e-30)
+        << "score of token " << i;
+  }
+  // Selection: exactly the top-k of the device's own scores (ties to the lower index).
+  const std::vector<int64_t> dtok = SlotTokens(dev), ctok = SlotTokens(cpu);
+  auto expect = SelectTopK(dscores, dev.slots(), {.sinks = sinks, .window = w});
+  EXPECT_TRUE(expect.ok());
+  EXPECT_TRUE(std::equal(dtok.begin(), dtok.end(), expect->begin(), expect->end()))
+      << "the device did not select the top-k of its own scores";
+  // Against the CPU's selection: a token chosen by one side only scores within the float32 bound
+  // of the CPU's lowest selected middle score.
+  float boundary = INFINITY;
+  for (int64_t t : ctok) {
+    if (t >= sinks && t < n - w) boundary = std::min(boundary, cscores[t]);
+  }
+  std::vector<int64_t> diff;
+  std::set_symmetric_difference(dtok.begin(), dtok.end(), ctok.begin(), ctok.end(),
+                                std::back_inserter(diff));
+  for (int64_t t : diff) {
+    EXPECT_LE(std::abs(double(cscores[t]) - boundary), 2.0 * rel * std::abs(boundary) + 1e-30)
+        << "token " << t << " selected differently, not a near-tie";
+  }
+  // Copied keys and values: the raw bytes of the slot's token, bit for bit.
+  const uint8_t* kb = f.raw.data() + f.layout.LayerOffset(layer, static_cast<int>(n));
+  const uint8_t* vb = kb + n * f.layout.TokenBytes();
+  int64_t v = 0;
+  for (int64_t j = 0; j < dev.slots(); ++j) {
+    const int64_t t = dtok[j];
+    EXPECT_EQ(std::memcmp(dev.keys.data() + j * d * e,
+                          kb + t * f.layout.TokenBytes() + head * d * e, d * e),
+              0)
+        << "key of slot " << j;
+    EXPECT_EQ(dev.cardinality[j], 1);
+    if (dev.flags[j] & kSlotRebuildValue) continue;
+    EXPECT_EQ(std::memcmp(dev.values.data() + v * d * e,
+                          vb + t * f.layout.TokenBytes() + head * d * e, d * e),
+              0)
+        << "value of slot " << j;
+    ++v;
+  }
+  if (diff.empty()) {
+    EXPECT_EQ(dev.keys, cpu.keys);
+    EXPECT_EQ(dev.positions, cpu.positions);
+    EXPECT_EQ(dev.cardinality, cpu.cardinality);
+    if (dev.flags == cpu.flags) EXPECT_EQ(dev.values, cpu.values);
+  }
+  // Routing: the rebuilt slots are the smallest residuals up to float32 near-ties.
+  if (o.route == RouteStage::kVector && diff.empty() && dev.flags != cpu.flags) {
+    const int64_t s = dev.slots(), first = sinks, last = s - w;  // eligible [first, last)
+    Matrix kpre(last - first, d), vals(last - first, d);
+    std::vector<int64_t> pos;
+    for (int64_t j = first; j < last; ++j) {
+      std::memcpy(kpre.Row(j - first), keys.Row(dtok[j]), d * sizeof(float));
+      std::memcpy(vals.Row(j - first), values.Row(dtok[j]), d * sizeof(float));
+      pos.push_back(dev.positions[j]);
+    }
+    auto rope = RopeTable::Create(f.layout.rope, static_cast<int>(d));
+    EXPECT_TRUE(ApplyRope(*rope, RopeDirection::kDerotate, pos, kpre.View(), kpre.View()).ok());
+    const Matrix& wm = f.weights.Head(layer, head).w;
+    std::vector<float> res(static_cast<size_t>(last - first));
+    EXPECT_TRUE(VectorResiduals(kpre.View(), vals.View(), wm.View(), res).ok());
+    double wnorm = 0.0;
+    for (float x : wm.values) wnorm += double(x) * x;
+    wnorm = std::sqrt(wnorm);
+    float worst_kept = INFINITY;  // the CPU's largest rebuilt residual
+    float tol_max = 0.0f;
+    for (int64_t j = first; j < last; ++j) {
+      double kn = 0.0, vn = 0.0;
+      for (int64_t c = 0; c < d; ++c) {
+        kn += double(kpre.Row(j - first)[c]) * kpre.Row(j - first)[c];
+        vn += double(vals.Row(j - first)[c]) * vals.Row(j - first)[c];
+      }
+      // |v - W k|^2 in float32: dot products of d terms and a d-term square sum, after a
+      // de-rotation of a few ulp: bounded by 8 (d + 2) ulp of (|v| + |W|_F |k|)^2.
+      const double bound = 8.0 * (d + 2) * std::ldexp(1.0, -24) *
+                           std::pow(std::sqrt(vn) + wnorm * std::sqrt(kn), 2.0);
+      tol_max = std::max(tol_max, static_cast<float>(bound));
+      if (cpu.flags[j] & kSlotRebuildValue) {
+        worst_kept = worst_kept == INFINITY ? res[j - first] : std::max(worst_kept, res[j - first]);
+      }
+    }
+    for (int64_t j = first; j < last; ++j) {
+      if ((dev.flags[j] ^ cpu.flags[j]) & kSlotRebuildValue) {
+        EXPECT_LE(std::abs(res[j - first] - worst_kept), 2.0f * tol_max)
+            << "slot " << j << " routed differently, not a near-tie";
+      }
+    }
+  }
+  return static_cast<int64_t>(diff.size());
+}
+
+TEST(DevicePlanCuda, MatchesTheCpuPlan) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device: DevicePlan needs one";
+  for (int64_t n : {301, 1024}) {
+    const DeviceFixture f = MakeFixture(n, 64, 4, 32, 11 + n);
+    const DeviceBytes raw(f.raw), queries(f.query_bytes);
+    for (const DeviceComposition& c : kDeviceCompositions) {
+      for (RouteStage route : {RouteStage::kNone, RouteStage::kVector}) {
+        for (double p_c : {0.5, 0.75, 0.9}) {
+          SCOPED_TRACE(Name(c, route, p_c) + " n=" + std::to_string(n));
+          const CompressionPlanOptions o = Options(c, route, p_c, f.window);
+          CompressionStats cpu_stats, dev_stats;
+          auto cpu = Compress(o, f.layout, f.CpuInput(c.queries), &cpu_stats);
+          ASSERT_TRUE(cpu.ok()) << cpu.status();
+          auto plan = DevicePlan::Create(o, f.layout, &f.weights);
+          ASSERT_TRUE(plan.ok()) << plan.status();
+          DeviceChunkInput in{.raw = raw.ptr,
+                              .raw_bytes = f.raw.size(),
+                              .positions = f.positions,
+                              .window_queries = c.queries ? queries.ptr : nullptr};
+          auto dev = (*plan)->Compress(in, &dev_stats);
+          ASSERT_TRUE(dev.ok()) << dev.status();
+          EXPECT_TRUE(dev->Validate().ok());
+          EXPECT_EQ(dev->codec, cpu->codec);
+          EXPECT_EQ(dev->layout_digest, cpu->layout_digest);
+          EXPECT_EQ(dev_stats.slots, cpu_stats.slots);
+          EXPECT_EQ(dev_stats.half_pairs, cpu_stats.half_pairs);
+          EXPECT_EQ(dev_stats.rebuild_slots, cpu_stats.rebuild_slots);
+          EXPECT_EQ(dev_stats.evicted_tokens, cpu_stats.evicted_tokens);
+          auto scores = (*plan)->LastScores();
+          ASSERT_TRUE(scores.ok()) << scores.status();
+          int64_t differ = 0;
+          for (int l = 0; l < f.layout.num_layers; ++l) {
+            for (int h = 0; h < f.layout.num_kv_heads; ++h) {
+              const size_t off = static_cast<size_t>((l * f.layout.num_kv_heads + h) * n);
+              differ += CompareHead(f, o, l, h, dev->Head(l, h), cpu->Head(l, h),
+                                    std::span<const float>(scores->data() + off, n), c.queries);
+            }
+          }
+          // Near-ties are rare on random data: most heads must match the CPU exactly.
+          EXPECT_LE(differ, 2 * f.layout.num_layers * f.layout.num_kv_heads);
+          RecordProperty("near_tie_tokens", static_cast<int>(differ));
+        }
+      }
+    }
+  }
+}
+
+TEST(DevicePlanCuda, NonFiniteInputIsRefusedAndThePlanKeepsServing) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device: DevicePlan needs one";
+  DeviceFixture f = MakeFixture(128, 64, 4, 32, 5);
+  auto plan = DevicePlan::Create({.window = f.window}, f.layout);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<uint8_t> bad = f.raw;
+  const float nan = NAN;
+  ConvertFromFloat(f.layout.dtype, &nan, bad.data() + f.layout.LayerOffset(1, 128), 1);
+  const DeviceBytes bad_raw(bad), raw(f.raw), queries(f.query_bytes);
+  DeviceChunkInput in{.raw = bad_raw.ptr,
+                      .raw_bytes = bad.size(),
+                      .positions = f.positions,
+                      .window_queries = queries.ptr};
+  auto refused = (*plan)->Compress(in);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("non-finite keys/values (NaN or Inf) in layer 1"));
+  in.raw = raw.ptr;
+  EXPECT_TRUE((*plan)->Compress(in).ok());
+  in.raw_bytes = f.raw.size() - 1;
+  auto short_raw = (*plan)->Compress(in);
+  EXPECT_EQ(short_raw.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(short_raw.status().message(), HasSubstr("layout needs"));
+  in.raw_bytes = f.raw.size();
+  in.window_queries = nullptr;
+  auto no_queries = (*plan)->Compress(in);
+  EXPECT_EQ(no_queries.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(no_queries.status().message(), HasSubstr("needs window queries"));
+}
+
+#endif  // KVD_HAVE_CUDA
+
+}  // namespace
+}  // namespace kvd::kernels
