@@ -189,6 +189,7 @@ StatusOr<CompactChunk> DevicePlan::Compress(const DeviceChunkInput& input,
     total.half_pairs += (2 * s - r) * H;
     total.route_reductions += budget.reduced[static_cast<size_t>(layer)] * H;
   }
+  total.stage = out.stage;
   total.total_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count();

@@ -29,6 +29,7 @@ struct DevicePlanOutput {
   std::vector<uint8_t> values;
   std::vector<int64_t> positions;
   std::vector<uint8_t> flags;
+  CompressionStageTimes stage;  // device times per stage (DevicePlanOptions::time_stages)
 };
 
 struct DevicePlan::State {

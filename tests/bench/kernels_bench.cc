@@ -21,12 +21,17 @@
 #include <random>
 #include <vector>
 
+#if KVD_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include "kvd/common/dtype.h"
 #include "kvd/kernels/compact_chunk.h"
 #include "kvd/kernels/convert.h"
 #include "kvd/kernels/keydiff.h"
 #include "kvd/kernels/kvslimmer.h"
 #include "kvd/kernels/plan.h"
+#include "kvd/kernels/plan_device.h"
 #include "kvd/kernels/rope.h"
 #include "kvd/kernels/serving.h"
 #include "kvd/kernels/snapkv.h"
@@ -591,6 +596,229 @@ void BM_CudaVectorCalibrate(benchmark::State& state) {
   Report(state, static_cast<double>(d.n) * kHeads * kDim * 8, 4.0 * d.n * kDim * kDim * kHeads);
 }
 BENCHMARK(BM_CudaVectorCalibrate)->UseRealTime();
+
+// ---- device-resident plan (plan_device.h) against the device's own copy bandwidth ----
+#if KVD_HAVE_CUDA
+
+// Device bytes uploaded once, freed at exit of the benchmark.
+struct DeviceCopy {
+  void* ptr = nullptr;
+  explicit DeviceCopy(const void* host, size_t bytes) {
+    if (cudaMalloc(&ptr, bytes) == cudaSuccess)
+      cudaMemcpy(ptr, host, bytes, cudaMemcpyHostToDevice);
+  }
+  ~DeviceCopy() { cudaFree(ptr); }
+  DeviceCopy(const DeviceCopy&) = delete;
+  DeviceCopy& operator=(const DeviceCopy&) = delete;
+};
+
+// cudaMemcpy device-to-device bytes per second (bytes copied, i.e. read once and written once),
+// best of 5 batches of 20 copies timed with events: the limit of the device's bytes-bound stages.
+double D2DRate(size_t bytes) {
+  void *a = nullptr, *b = nullptr;
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) return 0.0;
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);  // warm-up
+  float best_ms = 1e30f;
+  for (int batch = 0; batch < 5; ++batch) {
+    cudaEventRecord(start);
+    for (int i = 0; i < 20; ++i) cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, start, stop);
+    best_ms = std::min(best_ms, ms / 20.0f);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(a);
+  cudaFree(b);
+  return static_cast<double>(bytes) / (static_cast<double>(best_ms) * 1e-3);
+}
+
+bool SkipWithoutDevice(benchmark::State& state) {
+  if (CudaDeviceAvailable()) return false;
+  state.SkipWithError("no CUDA device");
+  for (auto _ : state) {
+  }
+  return true;
+}
+
+// The limit as its own row: D2D copy of `range(0)` MiB.
+void BM_CudaD2DCopy(benchmark::State& state) {
+  if (SkipWithoutDevice(state)) return;
+  const size_t bytes = static_cast<size_t>(state.range(0)) << 20;
+  double rate = 0.0;
+  for (auto _ : state) rate = D2DRate(bytes);
+  state.counters["GBps"] = rate * 1e-9;
+}
+BENCHMARK(BM_CudaD2DCopy)->Arg(6)->Arg(64)->Iterations(1)->Unit(benchmark::kMillisecond);
+
+// Engine-layout window queries [L, W, Hq, d] (bf16) from per-(layer, KV head) float [Wmax*G, d]
+// matrices, keeping the last `window` of their Wmax rows groups.
+std::vector<uint8_t> EngineQueries(const std::vector<Matrix>& per_head, int layers, int kv_heads,
+                                   int group, int64_t window, int64_t d) {
+  const int hq = kv_heads * group;
+  std::vector<uint8_t> out(static_cast<size_t>(layers * window * hq * d) * 2);
+  for (int l = 0; l < layers; ++l) {
+    for (int64_t w = 0; w < window; ++w) {
+      for (int q = 0; q < hq; ++q) {
+        const Matrix& m = per_head[static_cast<size_t>(l * kv_heads + q / group)];
+        const int64_t skip = m.rows / group - window;
+        ConvertFromFloat(DType::kBFloat16, m.Row((skip + w) * group + q % group),
+                         out.data() + static_cast<size_t>(((l * window + w) * hq + q) * d) * 2,
+                         static_cast<size_t>(d));
+      }
+    }
+  }
+  return out;
+}
+
+// One chunk through DevicePlan (K/V and queries already on the device, the compact arrays copied
+// back each iteration) and through the CPU plan (Compress, 1 thread, a few iterations) in the same
+// run. Counters: plan_ms (wall per chunk, device plan), the device stage times (ms; events),
+// cpu_plan_ms, x_cpu = cpu_plan_ms / plan_ms (goal >= 20), and against cudaMemcpy D2D measured
+// here: x_d2d_convert = a D2D copy's time for the convert stage's traffic / the stage's time (the
+// stage reads the bf16 chunk, writes it as float32 and reads that back for the finiteness check:
+// 5x the raw bytes moved, a copy of B bytes moves 2B; goal >= 0.6), x_d2d_plan = a D2D copy of
+// the raw chunk / the whole device plan (one pass over the chunk would be 1).
+void RunDevicePlan(benchmark::State& state, const ModelLayout& layout,
+                   const std::vector<uint8_t>& raw, const std::vector<int64_t>& positions,
+                   const std::vector<Matrix>& queries, const VectorWeights* weights,
+                   const CompressionPlanOptions& o) {
+  if (SkipWithoutDevice(state)) return;
+  const int g = layout.num_q_heads / layout.num_kv_heads;
+  const std::vector<uint8_t> qbytes =
+      EngineQueries(queries, layout.num_layers, layout.num_kv_heads, g, o.window, layout.head_dim);
+  const DeviceCopy draw(raw.data(), raw.size()), dq(qbytes.data(), qbytes.size());
+  auto plan = DevicePlan::Create(o, layout, weights, {.time_stages = true});
+  if (!plan.ok()) {
+    state.SkipWithError(plan.status().ToString().c_str());
+    for (auto _ : state) {
+    }
+    return;
+  }
+  const DeviceChunkInput in{
+      .raw = draw.ptr, .raw_bytes = raw.size(), .positions = positions, .window_queries = dq.ptr};
+  if (auto warm = (*plan)->Compress(in); !warm.ok()) {
+    state.SkipWithError(warm.status().ToString().c_str());
+    for (auto _ : state) {
+    }
+    return;
+  }
+  CompressionStageTimes stage;
+  int64_t total_ns = 0;
+  for (auto _ : state) {
+    CompressionStats stats;
+    auto c = (*plan)->Compress(in, &stats);
+    if (!c.ok()) {
+      state.SkipWithError(c.status().ToString().c_str());
+      break;
+    }
+    stage += stats.stage;
+    total_ns += stats.total_ns;
+    benchmark::DoNotOptimize(c->heads.data());
+  }
+  const double iters = std::max<double>(1.0, static_cast<double>(state.iterations()));
+  const auto ms = [&](int64_t ns) { return static_cast<double>(ns) * 1e-6 / iters; };
+  // The CPU plan on the same chunk (float32 queries of the same bf16 values), 1 thread.
+  std::vector<Matrix> qf;
+  std::vector<ConstMatrixView> qv;
+  for (int l = 0; l < layout.num_layers; ++l) {
+    auto q = GatherWindowQueries(layout, qbytes.data() + qbytes.size() / layout.num_layers * l,
+                                 o.window);
+    if (!q.ok()) break;
+    for (Matrix& m : *q) qf.push_back(std::move(m));
+  }
+  for (const Matrix& m : qf) qv.push_back(m.View());
+  const CompressionInput cin{
+      .raw = raw, .positions = positions, .window_queries = qv, .weights = weights};
+  double cpu_s = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto c = Compress(o, layout, cin, nullptr, kOneCore);
+    benchmark::DoNotOptimize(c.ok());
+    cpu_s = std::min(cpu_s,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  const double d2d = D2DRate(raw.size());
+  const double plan_s = static_cast<double>(total_ns) * 1e-9 / iters;
+  const double convert_s = static_cast<double>(stage.convert_ns) * 1e-9 / iters;
+  state.counters["plan_ms"] = plan_s * 1e3;
+  state.counters["convert_ms"] = ms(stage.convert_ns);
+  state.counters["score_ms"] = ms(stage.score_ns);
+  state.counters["select_ms"] = ms(stage.select_ns);
+  state.counters["derotate_ms"] = ms(stage.derotate_ns);
+  state.counters["route_ms"] = ms(stage.route_ns);
+  state.counters["encode_ms"] = ms(stage.encode_ns);
+  state.counters["cpu_plan_ms"] = cpu_s * 1e3;
+  state.counters["x_cpu"] = cpu_s / plan_s;
+  state.counters["d2d_GBps"] = d2d * 1e-9;
+  state.counters["x_d2d_convert"] =
+      convert_s > 0 ? (2.5 * static_cast<double>(raw.size()) / d2d) / convert_s : 0.0;
+  state.counters["x_d2d_plan"] = (static_cast<double>(raw.size()) / d2d) / plan_s;
+}
+
+// The demo chunk (SmolLM2-135M, 256 tokens, 30 layers). Args: {p_c in percent}.
+void BM_DevicePlanDemoChunk(benchmark::State& state, ScoreStage score, RouteStage route) {
+  const DemoChunk& d = DemoChunk::Get();
+  const int64_t window = state.range(0) >= 90 ? 16 : DemoChunk::kW;
+  const CompressionPlanOptions o{.score = score,
+                                 .route = route,
+                                 .p_c = static_cast<double>(state.range(0)) / 100.0,
+                                 .window = window,
+                                 .sinks = 4};
+  RunDevicePlan(state, d.layout, d.raw, d.positions, d.queries, &d.weights, o);
+}
+BENCHMARK_CAPTURE(BM_DevicePlanDemoChunk, snapkv, ScoreStage::kSnapKv, RouteStage::kNone)
+    ->Arg(50)
+    ->Arg(75)
+    ->Arg(90)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_DevicePlanDemoChunk, snapkv_vector, ScoreStage::kSnapKv, RouteStage::kVector)
+    ->Arg(50)
+    ->Arg(75)
+    ->Arg(90)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// One Llama-3.1-8B-like layer (LayerData: N tokens, 8 KV heads, d 128, G 4, W 64) as a chunk of
+// one layer: large enough that the bytes-bound stages are not launch-bound. Args: {p_c %}.
+void BM_DevicePlanLayer(benchmark::State& state, RouteStage route) {
+  const LayerData& d = LayerData::Get();
+  const ModelLayout layout{.num_layers = 1,
+                           .num_kv_heads = kHeads,
+                           .num_q_heads = kHeads * kGroup,
+                           .head_dim = kDim,
+                           .dtype = DType::kBFloat16,
+                           .rope = d.rope_config};
+  std::vector<uint8_t> raw(layout.ChunkBytes(static_cast<int>(d.n)));
+  std::memcpy(raw.data(), d.k_bf16.data(), raw.size() / 2);
+  std::memcpy(raw.data() + raw.size() / 2, d.v_bf16.data(), raw.size() / 2);
+  VectorWeights weights{.num_layers = 1, .num_kv_heads = kHeads, .head_dim = kDim};
+  for (const Matrix& w : d.w) weights.heads.push_back({.w = w, .r2 = 0.9, .count = 65536});
+  weights.version = weights.ComputeVersion();
+  const CompressionPlanOptions o{.score = ScoreStage::kSnapKv,
+                                 .route = route,
+                                 .p_c = static_cast<double>(state.range(0)) / 100.0,
+                                 .window = kWindow,
+                                 .sinks = 4};
+  RunDevicePlan(state, layout, raw, d.positions, d.queries, &weights, o);
+}
+BENCHMARK_CAPTURE(BM_DevicePlanLayer, snapkv, RouteStage::kNone)
+    ->Arg(50)
+    ->Arg(90)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_DevicePlanLayer, snapkv_vector, RouteStage::kVector)
+    ->Arg(50)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+#endif  // KVD_HAVE_CUDA
 
 }  // namespace
 }  // namespace kvd::kernels

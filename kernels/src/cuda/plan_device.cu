@@ -166,6 +166,9 @@ Status Ensure(DeviceBuffer<T>* buf, size_t count) {
   return buf->Reserve(count);
 }
 
+// Stage boundaries recorded per layer when DevicePlanOptions::time_stages is set.
+enum Mark { kStart, kConverted, kScored, kSelected, kDerotated, kRouted, kEncoded, kMarks };
+
 class CudaPlanState final : public DevicePlan::State {
  public:
   CudaPlanState(const CompressionPlanOptions& options, const ModelLayout& layout,
@@ -240,6 +243,13 @@ class CudaPlanState final : public DevicePlan::State {
     KVD_RETURN_IF_ERROR(err_.Upload(no_err, 2, stream_));
     scores_n_ = n;
 
+    if (device_.time_stages) KVD_RETURN_IF_ERROR(EnsureEvents(static_cast<size_t>(L) * kMarks));
+    const auto mark = [&](int layer, Mark m) -> Status {
+      if (!device_.time_stages) return Status::Ok();
+      KVD_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[layer * kMarks + m], stream_),
+                               "plan_device: cudaEventRecord");
+      return Status::Ok();
+    };
     const auto* raw = static_cast<const uint8_t*>(input.raw);
     const auto* qbytes = static_cast<const uint8_t*>(input.window_queries);
     const size_t layer_q_bytes = static_cast<size_t>(w * layout_.num_q_heads * d) * e;
@@ -250,6 +260,7 @@ class CudaPlanState final : public DevicePlan::State {
       const uint8_t* k_bytes = raw + layout_.LayerOffset(l, static_cast<int>(n));
       const uint8_t* v_bytes = k_bytes + static_cast<size_t>(n) * layout_.TokenBytes();
       float* scores = scores_.get() + static_cast<size_t>(l) * H * n;
+      KVD_RETURN_IF_ERROR(mark(l, kStart));
       // 1. engine layout -> float32 [H, n, d]; finiteness flagged on the device.
       KVD_RETURN_IF_ERROR(LaunchGather(k_bytes, kf_.get(), n, H, d, layout_.dtype, stream_));
       KVD_RETURN_IF_ERROR(LaunchGather(v_bytes, vf_.get(), n, H, d, layout_.dtype, stream_));
@@ -258,6 +269,7 @@ class CudaPlanState final : public DevicePlan::State {
       FiniteKernel<<<Blocks(hnd, kThreads), kThreads, 0, stream_>>>(vf_.get(), hnd, kBadKeysValues,
                                                                     l, err_.get());
       KVD_RETURN_IF_ERROR(Check("FiniteKernel"));
+      KVD_RETURN_IF_ERROR(mark(l, kConverted));
       // 2. scores [H, n].
       if (options_.score == ScoreStage::kNone) {
         RecencyKernel<<<Blocks(H * n, kThreads), kThreads, 0, stream_>>>(scores, H, n);
@@ -278,6 +290,7 @@ class CudaPlanState final : public DevicePlan::State {
             static_cast<int>(options_.pooling));
         KVD_RETURN_IF_ERROR(Check("SnapScoreKernel"));
       }
+      KVD_RETURN_IF_ERROR(mark(l, kScored));
       // 3. selection and compaction: slot j of head h = token slot_token[h, j] (ascending).
       SelectKernel<<<Blocks(H * n, kThreads), kThreads, 0, stream_>>>(
           scores, keep_.get(), H, n, job.sinks, w, s - job.sinks - w);
@@ -291,6 +304,7 @@ class CudaPlanState final : public DevicePlan::State {
           kf_.get(), vf_.get(), pos_.get(), slot_token_.get(), sk_.get(), sv_.get(), slot_pos, H, n,
           s, static_cast<int>(d));
       KVD_RETURN_IF_ERROR(Check("GatherSlotsKernel"));
+      KVD_RETURN_IF_ERROR(mark(l, kSelected));
       // 4. VECTOR routing over the eligible slots [sinks, s - w) of every head.
       if (r > 0) {
         const int64_t eligible = s - job.sinks - w;
@@ -300,6 +314,7 @@ class CudaPlanState final : public DevicePlan::State {
             "plan_device: copy slot keys");
         KVD_RETURN_IF_ERROR(LaunchRope(kpre_.get(), slot_pos, s, inv_freq_.get(), s, H, d, half_,
                                        interleaved_, RopeDirection::kDerotate, stream_));
+        KVD_RETURN_IF_ERROR(mark(l, kDerotated));
         for (int64_t h = 0; h < H; ++h) {
           const size_t row0 = static_cast<size_t>((h * s + job.sinks) * d);
           KVD_RETURN_IF_ERROR(LaunchVectorResiduals(
@@ -311,9 +326,11 @@ class CudaPlanState final : public DevicePlan::State {
             residuals_.get(), flags, H, s, job.sinks, eligible, r);
         KVD_RETURN_IF_ERROR(Check("RouteSelectKernel"));
       } else {
+        KVD_RETURN_IF_ERROR(mark(l, kDerotated));
         KVD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flags, 0, static_cast<size_t>(H * s), stream_),
                                  "plan_device: clear flags");
       }
+      KVD_RETURN_IF_ERROR(mark(l, kRouted));
       // 5. encode: keys [H, s, d] and the stored values [H, nv, d] in the model dtype.
       KVD_RETURN_IF_ERROR(
           LaunchScatter(sk_.get(), out_keys_.get() + key_off, H * s, 1, d, layout_.dtype, stream_));
@@ -328,6 +345,7 @@ class CudaPlanState final : public DevicePlan::State {
       }
       KVD_RETURN_IF_ERROR(LaunchScatter(stored, out_values_.get() + value_off, H * nv, 1, d,
                                         layout_.dtype, stream_));
+      KVD_RETURN_IF_ERROR(mark(l, kEncoded));
       key_off += static_cast<size_t>(H * s * d) * e;
       value_off += static_cast<size_t>(H * nv * d) * e;
       slot_off += static_cast<size_t>(H * s);
@@ -344,6 +362,7 @@ class CudaPlanState final : public DevicePlan::State {
     KVD_RETURN_IF_ERROR(out_flags_.Download(out->flags.data(), slot_count, stream_));
     KVD_RETURN_IF_ERROR(err_.Download(err, 2, stream_));
     KVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "plan_device");
+    if (device_.time_stages) KVD_RETURN_IF_ERROR(StageTimes(L, &out->stage));
     if (err[0] & kBadKeysValues) {
       return Status::InvalidArgument("plan: non-finite keys/values (NaN or Inf) in layer " +
                                      std::to_string(err[1]));
@@ -365,6 +384,36 @@ class CudaPlanState final : public DevicePlan::State {
   }
 
  private:
+  Status EnsureEvents(size_t count) {
+    while (events_.size() < count) {
+      cudaEvent_t ev;
+      KVD_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev), "plan_device: cudaEventCreate");
+      events_.push_back(ev);
+    }
+    return Status::Ok();
+  }
+
+  // Device time between the marks of every layer, summed over the layers.
+  Status StageTimes(int layers, CompressionStageTimes* t) const {
+    const auto ns = [&](int layer, Mark a, Mark b, int64_t* acc) -> Status {
+      float ms = 0.0f;
+      KVD_CUDA_RETURN_IF_ERROR(
+          cudaEventElapsedTime(&ms, events_[layer * kMarks + a], events_[layer * kMarks + b]),
+          "plan_device: cudaEventElapsedTime");
+      *acc += static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+      return Status::Ok();
+    };
+    for (int l = 0; l < layers; ++l) {
+      KVD_RETURN_IF_ERROR(ns(l, kStart, kConverted, &t->convert_ns));
+      KVD_RETURN_IF_ERROR(ns(l, kConverted, kScored, &t->score_ns));
+      KVD_RETURN_IF_ERROR(ns(l, kScored, kSelected, &t->select_ns));
+      KVD_RETURN_IF_ERROR(ns(l, kSelected, kDerotated, &t->derotate_ns));
+      KVD_RETURN_IF_ERROR(ns(l, kDerotated, kRouted, &t->route_ns));
+      KVD_RETURN_IF_ERROR(ns(l, kRouted, kEncoded, &t->encode_ns));
+    }
+    return Status::Ok();
+  }
+
   Status SetDevice() const {
     if (device_.device >= 0) {
       KVD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.device), "plan_device: cudaSetDevice");
@@ -386,6 +435,7 @@ class CudaPlanState final : public DevicePlan::State {
   DeviceBuffer<int32_t> slot_token_, value_slot_;
   DeviceBuffer<int64_t> pos_, out_pos_;
   DeviceBuffer<int> err_;
+  std::vector<cudaEvent_t> events_;  // [L * kMarks] when timing
 };
 
 }  // namespace

@@ -56,6 +56,11 @@ struct DeviceChunkInput {
 struct DevicePlanOptions {
   void* cuda_stream = nullptr;  // cudaStream_t every stage runs on; nullptr = the default stream
   int device = -1;              // CUDA device ordinal; -1 = the calling thread's current device
+  // Records CUDA events between the stages and reports their device time in
+  // CompressionStats::stage (convert: K/V to float32 and the finiteness check; score; select:
+  // top-k, compaction and the slot gather; derotate and route: VECTOR; encode: to the model
+  // dtype), summed over layers. Off by default (no events).
+  bool time_stages = false;
 };
 
 // The slot counts of one chunk of N tokens, per layer (every head of a layer has the same): what
@@ -100,8 +105,8 @@ class DevicePlan {
   // non-finite keys/values/queries (checked on the device, reported after the chunk); the
   // FAILED_PRECONDITION of Compress when SnapKV/PyramidKV lack window queries; the budget errors
   // of ComputeDevicePlanBudget; INTERNAL / RESOURCE_EXHAUSTED for CUDA errors. Blocks until the
-  // compact chunk is on the host. `stats` as Compress fills them, except the per-stage times
-  // (`stage`, zero: the stages overlap on the device); total_ns is the wall time of the call.
+  // compact chunk is on the host. `stats` as Compress fills them; `stage` holds device times only
+  // with DevicePlanOptions::time_stages (else zero); total_ns is the wall time of the call.
   StatusOr<CompactChunk> Compress(const DeviceChunkInput& input, CompressionStats* stats = nullptr);
 
   // The per-token scores of the latest Compress, [L][H][N] flattened (window tokens +Inf, as
