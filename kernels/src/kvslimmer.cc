@@ -39,6 +39,14 @@ Status KvSlimmerOptions::Validate() const {
         "kvslimmer: mask must be kNone or kByPosition (slots are not tokens)");
   }
   if (max_rounds < 1) return Status::InvalidArgument("kvslimmer: max_rounds must be >= 1");
+  if (guard != MergeGuard::kClamp && guard != MergeGuard::kAlphaFallback &&
+      guard != MergeGuard::kMean) {
+    return Status::InvalidArgument("kvslimmer: unknown merge guard");
+  }
+  if (!(guard_alpha_margin >= 0.0 && guard_alpha_margin <= 0.5)) {
+    return Status::InvalidArgument("kvslimmer: guard_alpha_margin must be in [0, 0.5], got " +
+                                   std::to_string(guard_alpha_margin));
+  }
   return Status::Ok();
 }
 
@@ -156,6 +164,8 @@ KvSlimmerStats& KvSlimmerStats::operator+=(const KvSlimmerStats& o) {
   pairs_merged += o.pairs_merged;
   guard_fallbacks += o.guard_fallbacks;
   guard_clamps += o.guard_clamps;
+  guard_clamp_to_less += o.guard_clamp_to_less;
+  guard_alpha_fallbacks += o.guard_alpha_fallbacks;
   return *this;
 }
 
@@ -240,9 +250,12 @@ Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
     }
     pairs.clear();
     for (int64_t j : chosen) {
-      const MergeWeightResult r = ComputeMergeWeights(options.norm, *slots, pair_stats, j);
+      const MergeWeightResult r = ComputeMergeWeights(options.norm, *slots, pair_stats, j,
+                                                      options.guard, options.guard_alpha_margin);
       local.guard_fallbacks += r.guard_fallback ? 1 : 0;
       local.guard_clamps += r.guard_clamped ? 1 : 0;
+      local.guard_clamp_to_less += r.clamp_to_less ? 1 : 0;
+      local.guard_alpha_fallbacks += r.alpha_fallback ? 1 : 0;
       pairs.push_back(r.pair);
     }
     KVD_RETURN_IF_ERROR(ApplyMerges(pairs, options.position, slots, exec));

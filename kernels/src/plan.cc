@@ -120,6 +120,13 @@ Status CompressionPlanOptions::Validate() const {
   if (!(adaptive_floor >= 0.0 && adaptive_floor <= 1.0)) {
     return Status::InvalidArgument("plan: adaptive_floor must be in [0, 1]");
   }
+  if (static_cast<uint8_t>(merge_guard) > static_cast<uint8_t>(MergeGuard::kMean)) {
+    return Status::InvalidArgument("plan: unknown merge_guard");
+  }
+  if (!(merge_guard_alpha_margin >= 0.0 && merge_guard_alpha_margin <= 0.5)) {
+    return Status::InvalidArgument("plan: merge_guard_alpha_margin must be in [0, 0.5], got " +
+                                   std::to_string(merge_guard_alpha_margin));
+  }
   if (head_budget == HeadBudget::kAdaptive) {
     if (score == ScoreStage::kNone) {
       return Status::InvalidArgument(

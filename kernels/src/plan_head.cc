@@ -258,8 +258,11 @@ Status HeadPipeline::BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t)
 
 Status HeadPipeline::MergeGroup(std::span<const int64_t> g, float* key_pre, float* key_post,
                                 double* value_sum, int64_t* position) const {
+  // merge_guard kMean: the plain mean key (total 0 selects the uniform weights below).
   double total = 0.0;
-  for (int64_t i : g) total += mass_.empty() ? 0.0 : std::max(0.0f, mass_[i]);
+  if (opt_.merge_guard != MergeGuard::kMean) {
+    for (int64_t i : g) total += mass_.empty() ? 0.0 : std::max(0.0f, mass_[i]);
+  }
   std::vector<double> key(static_cast<size_t>(d_), 0.0);
   std::fill(value_sum, value_sum + d_, 0.0);
   double pos_weighted = 0.0;
@@ -335,7 +338,9 @@ Status HeadPipeline::BuildKvSlimmer(int64_t pool, SlotTable* t) {
                       .sinks = opt_.sinks,
                       .window = in_.window,
                       .group_size = in_.group_size,
-                      .mask = MaskKind::kByPosition};
+                      .mask = MaskKind::kByPosition,
+                      .guard = opt_.merge_guard,
+                      .guard_alpha_margin = opt_.merge_guard_alpha_margin};
   std::span<const int64_t> qpos = in_.positions.subspan(static_cast<size_t>(n_ - in_.window));
   KVD_RETURN_IF_ERROR(KvSlimmerCompress(*in_.rope, in_.queries, qpos, pool, ko, &kvslimmer_,
                                         &merge_stats_, {.num_threads = 1}));

@@ -1,7 +1,8 @@
 // The error-aware hybrid (plan.h, hybrid_error_aware): each merge decision checked against an
 // independent float64 reference that rebuilds the window queries' attention output from scratch
 // (softmax over the kept tokens plus the merged slot) for "merge into the group" and "evict", on
-// a small chunk where both decisions occur; and its option checks.
+// a small chunk where both decisions occur (with the mass-weighted merged key and with the plain
+// mean of merge_guard kMean); and its option checks.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -121,13 +122,13 @@ double RefOutputError(const RefMatrix& q, const RefMatrix& k, const RefMatrix& v
   return total;
 }
 
-// The merged slot of `g` (token order): window-mass-weighted mean of the de-rotated keys, rotated
-// to the group's last position; value sum; cardinality.
+// The merged slot of `g` (token order): window-mass-weighted mean of the de-rotated keys (the
+// plain mean with `mean_keys`), rotated to the group's last position; value sum; cardinality.
 RefSlot RefMerge(const RopeConfig& rope, const RefMatrix& kpre, const RefMatrix& v,
                  const std::vector<double>& mass, const std::vector<int64_t>& pos,
-                 const std::vector<int64_t>& g) {
+                 const std::vector<int64_t>& g, bool mean_keys) {
   double total = 0.0;
-  for (int64_t i : g) total += std::max(0.0, mass[i]);
+  for (int64_t i : g) total += mean_keys ? 0.0 : std::max(0.0, mass[i]);
   RefMatrix key(1, kDim);
   RefSlot s{std::vector<double>(kDim, 0.0), std::vector<double>(kDim, 0.0),
             static_cast<double>(g.size())};
@@ -142,7 +143,8 @@ RefSlot RefMerge(const RopeConfig& rope, const RefMatrix& kpre, const RefMatrix&
   return s;
 }
 
-RefHead ReferenceHead(const SmallChunk& f, int h, const std::vector<int64_t>& pool, int64_t cap) {
+RefHead ReferenceHead(const SmallChunk& f, int h, const std::vector<int64_t>& pool, int64_t cap,
+                      bool mean_keys) {
   const RefMatrix k = testing::ToRef(f.keys_post[h].View());
   const RefMatrix v = testing::ToRef(f.values[h].View());
   const RefMatrix q = testing::ToRef(f.queries[h].View());
@@ -174,13 +176,13 @@ RefHead ReferenceHead(const SmallChunk& f, int h, const std::vector<int64_t>& po
       std::vector<int64_t> trial = group;
       trial.push_back(i);
       std::sort(trial.begin(), trial.end());
-      const RefSlot keep = group.size() == 1
-                               ? RefSlot{std::vector<double>(k.Row(a), k.Row(a) + kDim),
-                                         std::vector<double>(v.Row(a), v.Row(a) + kDim), 1.0}
-                               : RefMerge(f.layout.rope, kpre, v, mass, f.positions, group);
+      const RefSlot keep =
+          group.size() == 1 ? RefSlot{std::vector<double>(k.Row(a), k.Row(a) + kDim),
+                                      std::vector<double>(v.Row(a), v.Row(a) + kDim), 1.0}
+                            : RefMerge(f.layout.rope, kpre, v, mass, f.positions, group, mean_keys);
       const double evict = RefOutputError(q, k, v, trial, {keep});
       const double merge = RefOutputError(
-          q, k, v, trial, {RefMerge(f.layout.rope, kpre, v, mass, f.positions, trial)});
+          q, k, v, trial, {RefMerge(f.layout.rope, kpre, v, mass, f.positions, trial, mean_keys)});
       out.min_margin = std::min(out.min_margin, std::abs(merge - evict) / std::max(merge, evict));
       if (merge < evict) {
         group = trial;
@@ -194,11 +196,14 @@ RefHead ReferenceHead(const SmallChunk& f, int h, const std::vector<int64_t>& po
   return out;
 }
 
-TEST(PlanErrorAware, EveryMergeDecisionMatchesAFloat64Reference) {
+class PlanErrorAware : public ::testing::TestWithParam<MergeGuard> {};
+
+TEST_P(PlanErrorAware, EveryMergeDecisionMatchesAFloat64Reference) {
   constexpr int64_t kCap = 3;
   const SmallChunk f(5);
+  const bool mean_keys = GetParam() == MergeGuard::kMean;
   for (double p_c : {0.5, 0.75}) {
-    SCOPED_TRACE("p_c=" + std::to_string(p_c));
+    SCOPED_TRACE("p_c=" + std::to_string(p_c) + (mean_keys ? " mean keys" : ""));
     const int64_t m = std::llround((1.0 - p_c) * kN);
     // The pool is SnapKV's: the kept tokens of plain eviction at the same budget.
     CompressionPlanOptions evict{
@@ -209,6 +214,7 @@ TEST(PlanErrorAware, EveryMergeDecisionMatchesAFloat64Reference) {
     ea.merge = MergeStage::kKvSlimmer;
     ea.hybrid_max_group = kCap;
     ea.hybrid_error_aware = true;
+    ea.merge_guard = GetParam();
     CompressionStats stats;
     auto chunk = Compress(ea, f.layout, f.Input(), &stats);
     ASSERT_TRUE(chunk.ok()) << chunk.status();
@@ -219,7 +225,7 @@ TEST(PlanErrorAware, EveryMergeDecisionMatchesAFloat64Reference) {
       std::vector<int64_t> pool;
       for (int64_t p : pool_chunk->Head(0, h).positions) pool.push_back(p - f.positions[0]);
       ASSERT_EQ(static_cast<int64_t>(pool.size()), m);
-      const RefHead ref = ReferenceHead(f, h, pool, kCap);
+      const RefHead ref = ReferenceHead(f, h, pool, kCap, mean_keys);
       merged += ref.merged;
       rejected += ref.evicted_by_error;
       // Decisions closer than this could flip between float32 inputs and float64 arithmetic;
@@ -238,7 +244,7 @@ TEST(PlanErrorAware, EveryMergeDecisionMatchesAFloat64Reference) {
         EXPECT_EQ(got.positions[j], f.positions[g.back()]) << "slot " << j;
         if (g.size() < 2 || got.cardinality[j] != static_cast<int32_t>(g.size())) continue;
         // Merged key: float32 kernel vs float64 reference; |k| ~ 1-4, d = 16 terms: 1e-4 abs.
-        const RefSlot want = RefMerge(f.layout.rope, kpre, v, mass, f.positions, g);
+        const RefSlot want = RefMerge(f.layout.rope, kpre, v, mass, f.positions, g, mean_keys);
         std::vector<float> key(kDim);
         std::memcpy(key.data(), got.keys.data() + j * kDim * 4, kDim * 4);
         for (int c = 0; c < kDim; ++c) EXPECT_NEAR(key[c], want.key[c], 1e-4) << "slot " << j;
@@ -248,11 +254,61 @@ TEST(PlanErrorAware, EveryMergeDecisionMatchesAFloat64Reference) {
     EXPECT_GT(merged, 0);
     EXPECT_GT(rejected, 0);
     EXPECT_EQ(stats.error_aware_evicted, rejected);
-    std::printf("p_c %.2f: %d merges accepted, %d rejected\n", p_c, merged, rejected);
+    std::printf("p_c %.2f%s: %d merges accepted, %d rejected\n", p_c,
+                mean_keys ? " (mean keys)" : "", merged, rejected);
   }
 }
 
-TEST(PlanErrorAware, OptionChecks) {
+// kClamp: the mass-weighted merged key (the original hybrid); kMean: the plain mean
+// (kAlphaFallback merges hybrid groups like kClamp: plan.h).
+INSTANTIATE_TEST_SUITE_P(Guards, PlanErrorAware,
+                         ::testing::Values(MergeGuard::kClamp, MergeGuard::kMean));
+
+TEST(PlanMergeGuard, OptionChecks) {
+  CompressionPlanOptions o;
+  EXPECT_EQ(o.merge_guard, MergeGuard::kClamp);  // documented default: the original weights
+  EXPECT_EQ(o.merge_guard_alpha_margin, 0.1);
+  o.merge_guard_alpha_margin = -0.1;
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(o.Validate().message(), HasSubstr("merge_guard_alpha_margin must be in [0, 0.5]"));
+  o.merge_guard_alpha_margin = 0.5;
+  EXPECT_TRUE(o.Validate().ok());
+  o.merge_guard = static_cast<MergeGuard>(3);
+  EXPECT_THAT(o.Validate().message(), HasSubstr("unknown merge_guard"));
+}
+
+// The plan hands its guard and margin to KVSlimmer: the same chunk merged alone (score kNone)
+// meets the budget with each guard; with a margin of 1/2 every pair of kAlphaFallback is merged
+// by the alpha-weighted mean; kMean counts no guard action and gives other keys than kClamp.
+TEST(PlanMergeGuard, KvSlimmerPlanUsesTheGuard) {
+  const SmallChunk f(5);
+  KvSlimmerStats st[3];
+  std::vector<uint8_t> keys[3];
+  for (int gi = 0; gi < 3; ++gi) {
+    CompressionPlanOptions o{.score = ScoreStage::kNone,
+                             .merge = MergeStage::kKvSlimmer,
+                             .p_c = 0.75,
+                             .window = kWindow,
+                             .sinks = kSinks};
+    o.merge_guard = static_cast<MergeGuard>(gi);
+    o.merge_guard_alpha_margin = 0.5;
+    CompressionStats stats;
+    auto chunk = Compress(o, f.layout, f.Input(), &stats);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    EXPECT_EQ(chunk->HalfPairs(), 2 * std::llround(0.25 * kN) * kHeads);
+    st[gi] = stats.kvslimmer;
+    keys[gi] = chunk->Head(0, 0).keys;
+  }
+  EXPECT_EQ(st[0].guard_alpha_fallbacks, 0);
+  EXPECT_GT(st[1].pairs_merged, 0);
+  EXPECT_EQ(st[1].guard_alpha_fallbacks, st[1].pairs_merged);
+  EXPECT_EQ(st[1].guard_clamps + st[1].guard_fallbacks, 0);
+  EXPECT_EQ(st[2].guard_clamps + st[2].guard_fallbacks + st[2].guard_alpha_fallbacks, 0);
+  EXPECT_EQ(st[0].pairs_merged, st[2].pairs_merged);
+  EXPECT_NE(keys[0], keys[2]);
+}
+
+TEST(PlanErrorAwareOptions, OptionChecks) {
   CompressionPlanOptions o;
   EXPECT_FALSE(o.hybrid_error_aware);  // documented default: off
   o.hybrid_error_aware = true;         // SnapKV eviction, no merge stage

@@ -29,9 +29,11 @@ struct MethodSpec {
   RouteStage route;
   kernels::HeadBudget budget = kernels::HeadBudget::kUniform;
   bool error_aware = false;  // hybrid: CompressionPlanOptions::hybrid_error_aware
+  kernels::MergeGuard guard = kernels::MergeGuard::kClamp;  // merge key weight guard
 };
 
 constexpr kernels::HeadBudget kAda = kernels::HeadBudget::kAdaptive;
+constexpr kernels::HeadBudget kUni = kernels::HeadBudget::kUniform;
 
 constexpr MethodSpec kSpecs[] = {
     {"snapkv", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2, RouteStage::kNone},
@@ -57,6 +59,14 @@ constexpr MethodSpec kSpecs[] = {
      kAda},
     {"adakv+vector", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2, RouteStage::kVector,
      kAda},
+    // Merge weight guards (kvslimmer.h MergeGuard): KVSlimmer alone with the plain mean and with
+    // the alpha-weighted fallback; the error-aware hybrid with plain-mean group keys.
+    {"kvslimmer_mean", ScoreStage::kNone, MergeStage::kKvSlimmer, MergeNorm::kL2, RouteStage::kNone,
+     kUni, false, kernels::MergeGuard::kMean},
+    {"kvslimmer_alpha", ScoreStage::kNone, MergeStage::kKvSlimmer, MergeNorm::kL2,
+     RouteStage::kNone, kUni, false, kernels::MergeGuard::kAlphaFallback},
+    {"hybrid_ea_mean", ScoreStage::kSnapKv, MergeStage::kKvSlimmer, MergeNorm::kL2,
+     RouteStage::kVector, kUni, true, kernels::MergeGuard::kMean},
 };
 
 // The prefix cache as one raw float32 chunk: per layer K[N, H, d] then V[N, H, d].
@@ -131,6 +141,7 @@ class KernelMethod : public CompressionMethod {
     o.route = spec_.route;
     o.head_budget = spec_.budget;
     o.hybrid_error_aware = spec_.error_aware;
+    o.merge_guard = spec_.guard;
     o.p_c = p_c;
     o.window = p.window;
     // Sinks are the first tokens of the sequence: a chunk that does not start at position 0
@@ -211,13 +222,16 @@ class KernelMethod : public CompressionMethod {
         stderr,
         "[quality stats] %s p_c=%.2f slots=%lld rebuild=%lld merged_tokens=%lld "
         "evicted=%lld max_l=%d route_reductions=%lld kvslimmer rounds=%lld pairs=%lld "
-        "guard_fallbacks=%lld guard_clamps=%lld error_aware_evicted=%lld\n",
+        "guard_fallbacks=%lld guard_clamps=%lld clamp_to_less=%lld alpha_fallbacks=%lld "
+        "error_aware_evicted=%lld\n",
         spec_.name, p_c, static_cast<long long>(st.slots), static_cast<long long>(st.rebuild_slots),
         static_cast<long long>(st.merged_tokens), static_cast<long long>(st.evicted_tokens), max_l,
         static_cast<long long>(st.route_reductions), static_cast<long long>(st.kvslimmer.rounds),
         static_cast<long long>(st.kvslimmer.pairs_merged),
         static_cast<long long>(st.kvslimmer.guard_fallbacks),
         static_cast<long long>(st.kvslimmer.guard_clamps),
+        static_cast<long long>(st.kvslimmer.guard_clamp_to_less),
+        static_cast<long long>(st.kvslimmer.guard_alpha_fallbacks),
         static_cast<long long>(st.error_aware_evicted));
   }
   MethodSpec spec_;

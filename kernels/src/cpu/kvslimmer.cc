@@ -71,7 +71,8 @@ Status ComputePairStatistics(std::span<const float> mass, int64_t begin, int64_t
 }
 
 MergeWeightResult ComputeMergeWeights(MergeNorm norm, const SlotSet& slots,
-                                      const PairStatistics& stats, int64_t m) {
+                                      const PairStatistics& stats, int64_t m, MergeGuard guard,
+                                      double alpha_margin) {
   const int64_t d = slots.keys_pre.cols;
   const size_t a = static_cast<size_t>(m), b = a + 1;
   const double alpha_a = stats.alpha[a], alpha_b = stats.alpha[b];
@@ -103,17 +104,41 @@ MergeWeightResult ComputeMergeWeights(MergeNorm norm, const SlotSet& slots,
   MergeWeightResult r;
   r.pair.first = m;
   const double den = wa_num + wb_num;
+  const bool degenerate = !(den > 1e-30) || !std::isfinite(den);
   double wa = 0.5, wb = 0.5;
-  if (!(den > 1e-30) || !std::isfinite(den)) {
-    r.guard_fallback = true;
-  } else {
+  bool outside = false;
+  if (!degenerate) {
     wa = wa_num / den;
     wb = wb_num / den;
-    if (wa < 0.0 || wb < 0.0 || wa > 1.0 || wb > 1.0) {
-      r.guard_clamped = true;
-      wa = std::clamp(wa, 0.0, 1.0);
-      wb = 1.0 - wa;
+    outside = wa < 0.0 || wb < 0.0 || wa > 1.0 || wb > 1.0;
+    if (outside) {
+      const double clamped_a = std::clamp(wa, 0.0, 1.0);
+      r.clamp_to_less =
+          (clamped_a == 1.0 && alpha_a < alpha_b) || (clamped_a == 0.0 && alpha_b < alpha_a);
     }
+  }
+  switch (guard) {
+    case MergeGuard::kClamp:
+      if (degenerate) {
+        r.guard_fallback = true;
+      } else if (outside) {
+        r.guard_clamped = true;
+        wa = std::clamp(wa, 0.0, 1.0);
+        wb = 1.0 - wa;
+      }
+      break;
+    case MergeGuard::kAlphaFallback:
+      if (degenerate || outside || std::fabs(alpha_a - 0.5) < alpha_margin ||
+          std::fabs(alpha_b - 0.5) < alpha_margin) {
+        r.alpha_fallback = true;
+        const double sum = alpha_a + alpha_b;
+        wa = sum > 0.0 ? alpha_a / sum : 0.5;
+        wb = 1.0 - wa;
+      }
+      break;
+    case MergeGuard::kMean:
+      wa = wb = 0.5;
+      break;
   }
   r.pair.w_first = static_cast<float>(wa);
   r.pair.w_second = static_cast<float>(wb);

@@ -22,9 +22,19 @@
 //                running mean over the rounds/chunks that observed the slot (SlotSet::h and
 //                h_observations), H12 = alpha_m alpha_{m+1} (d_m + d_{m+1}), A = h_m - H12,
 //                B = h_{m+1} - H12; merged h = (A/D)^2 h_m + (B/D)^2 h_{m+1}.
-//  k* = (A k_m + B k_{m+1}) / D, D = A + B. Guard (kvd's, not in either source): if D <= 1e-30
-//  or not finite, both weights are 1/2 (guard_fallbacks += 1); else each weight is clamped to
-//  [0, 1] (they sum to 1, so one clamp fixes both; guard_clamps += 1 when it changed anything).
+//  k* = (A k_m + B k_{m+1}) / D, D = A + B. Guard (kvd's, not in either source; MergeGuard):
+//  kClamp (default): if D <= 1e-30 or not finite, both weights are 1/2 (guard_fallbacks += 1);
+//                else each weight is clamped to [0, 1] (they sum to 1, so one clamp fixes both;
+//                guard_clamps += 1 when it changed anything). Flaw: when a member's alpha nears
+//                1/2 its coefficient alpha (1 - 2 alpha) vanishes, and the clamp can put ALL the
+//                weight on the less attended key (alpha 0.05 / 0.40 can give (1, 0)); such pairs
+//                are counted in guard_clamp_to_less whichever guard is used.
+//  kAlphaFallback: where kClamp would fall back or clamp, or where either member's alpha is
+//                within alpha_margin of 1/2, the weights are the alpha-weighted mean
+//                (alpha_m, alpha_{m+1}) / (alpha_m + alpha_{m+1}) (1/2 each when both are 0;
+//                guard_alpha_fallbacks += 1); elsewhere the closed form, unclamped (it is in
+//                [0, 1] there).
+//  kMean:        every pair is the plain mean (1/2, 1/2); no statistics are used for the key.
 //
 // Representative position of a merged slot: kLast = position of the later slot (original
 // positions are kept: the decode engine continues at N); kWeighted = llround(w_m p_m + w_{m+1}
@@ -45,6 +55,8 @@ namespace kvd::kernels {
 enum class MergeNorm : uint8_t { kL2 = 0, kL1Code = 1 };
 enum class PairLambda : uint8_t { kAsymKv = 0, kConstant = 1 };
 enum class RepresentativePosition : uint8_t { kLast = 0, kWeighted = 1 };
+// The guard of the pairwise merge weight (file comment). kClamp is the original behaviour.
+enum class MergeGuard : uint8_t { kClamp = 0, kAlphaFallback = 1, kMean = 2 };
 
 // gamma = 4096 / ln 512 (AsymKV), as a literal so it can be constexpr.
 inline constexpr double kKvSlimmerDefaultGamma = 656.586543053466;
@@ -61,6 +73,10 @@ struct KvSlimmerOptions {
   // or kNone (queries of the next chunk see all). kCausalWindow is rejected (slots != tokens).
   MaskKind mask = MaskKind::kByPosition;
   int max_rounds = 64;  // safety bound on rounds, >= 1 (each round at least halves slack)
+  MergeGuard guard = MergeGuard::kClamp;  // merge weight guard (file comment)
+  // kAlphaFallback: a pair falls back to the alpha-weighted mean when a member's alpha is within
+  // this distance of 1/2. In [0, 0.5]; default 0.1.
+  double guard_alpha_margin = 0.1;
 
   Status Validate() const;
 };
@@ -111,12 +127,19 @@ struct MergePair {
 
 struct MergeWeightResult {
   MergePair pair;
-  bool guard_fallback = false;  // D <= 0 or non-finite: weights 1/2
-  bool guard_clamped = false;   // a weight was clamped into [0, 1]
+  bool guard_fallback = false;  // kClamp: D <= 0 or non-finite, weights 1/2
+  bool guard_clamped = false;   // kClamp: a weight was clamped into [0, 1]
+  // The unguarded weights lie outside [0, 1] and clamping them gives weight 1 to the member
+  // with the strictly smaller alpha (set for every guard: what kClamp does / would do).
+  bool clamp_to_less = false;
+  bool alpha_fallback = false;  // kAlphaFallback: merged as the alpha-weighted mean
 };
-// Step 6 for the pair (m, m+1) of `slots` with `stats` from ComputePairStatistics.
+// Step 6 for the pair (m, m+1) of `slots` with `stats` from ComputePairStatistics, guarded by
+// `guard` (alpha_margin: KvSlimmerOptions::guard_alpha_margin, used by kAlphaFallback).
 MergeWeightResult ComputeMergeWeights(MergeNorm norm, const SlotSet& slots,
-                                      const PairStatistics& stats, int64_t m);
+                                      const PairStatistics& stats, int64_t m,
+                                      MergeGuard guard = MergeGuard::kClamp,
+                                      double alpha_margin = 0.1);
 
 // Step 4: rank[j] for pairs (j, j+1), j in [begin, end-1); +Inf outside.  // [S-1] (or empty)
 std::vector<double> RankPairs(std::span<const float> mass, const SlotSet& slots, int64_t begin,
@@ -136,8 +159,10 @@ Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition posi
 struct KvSlimmerStats {
   int64_t rounds = 0;
   int64_t pairs_merged = 0;
-  int64_t guard_fallbacks = 0;  // pairs merged as the mean because D <= 0
-  int64_t guard_clamps = 0;     // pairs whose weights were clamped into [0, 1]
+  int64_t guard_fallbacks = 0;        // pairs merged as the mean because D <= 0
+  int64_t guard_clamps = 0;           // pairs whose weights were clamped into [0, 1]
+  int64_t guard_clamp_to_less = 0;    // pairs where the clamp gives weight 1 to the less attended
+  int64_t guard_alpha_fallbacks = 0;  // kAlphaFallback: pairs merged as the alpha-weighted mean
   KvSlimmerStats& operator+=(const KvSlimmerStats& o);
 };
 

@@ -31,6 +31,7 @@
 //                         token kept; window_error.h); otherwise i is evicted. At most
 //                         `hybrid_max_group` tokens join a slot (absorber included); candidates
 //                         left after the slot is full are evicted. Needs window queries.
+//   - merge_guard:        how a merged key weighs its tokens (field comment; kvslimmer.h).
 //   - route kVector:      among the slots of cardinality 1 that are not sinks/window, the ones
 //                         with the smallest |v - W kpre|^2 drop their value (section 4.2).
 //
@@ -105,6 +106,15 @@ struct CompressionPlanOptions {
   // kAdaptive: the fraction of its uniform non-forced share every head keeps (AdaKV's safeguard),
   // in [0, 1]; 1 = uniform budgets. Default 0.2.
   double adaptive_floor = 0.2;
+  // Merge key weight guard (kvslimmer.h MergeGuard; default kClamp = the original weights).
+  // KVSlimmer pairs: the guard of ComputeMergeWeights. Hybrid (its groups have no pairwise
+  // closed form): kMean merges a group's pre-RoPE keys as the plain mean instead of the
+  // mass-weighted one; kClamp and kAlphaFallback keep the mass-weighted (alpha-weighted) mean.
+  // Not recorded in CodecDescription: serving reads a merged key the same way whatever its
+  // weights.
+  MergeGuard merge_guard = MergeGuard::kClamp;
+  // kAlphaFallback: KvSlimmerOptions::guard_alpha_margin, in [0, 0.5]. Default 0.1.
+  double merge_guard_alpha_margin = 0.1;
 
   // INVALID_ARGUMENT (OUT_OF_RANGE for p_c) naming the field.
   Status Validate() const;
