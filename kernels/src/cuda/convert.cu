@@ -1,13 +1,11 @@
 // CUDA gather/scatter between an engine tensor [N, H, d] and per-head float32 [H][N, d].
 // The launchers (launch.cuh) take device pointers; the host-view twins (convert.h) stage through
 // device memory and call them.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <vector>
 
 #include "backend_a.h"
 #include "cuda/cuda_common.cuh"
+#include "cuda/elements.cuh"
 #include "cuda/launch.cuh"
 
 namespace kvd::kernels::cuda {
@@ -15,21 +13,17 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// src: [N, H, d] of dtype; dst: [H, N, d] float32.
+// `layers` tensors, layer l at element l * src_layer_stride of src: [N, H, d] of dtype;
+// dst: [layers, H, N, d] float32.
 __global__ void GatherKernel(const void* __restrict__ src, float* __restrict__ dst, int64_t n,
-                             int64_t h, int64_t d, int dtype) {
+                             int64_t h, int64_t d, int dtype, int64_t layers,
+                             int64_t src_layer_stride) {
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (idx >= n * h * d) return;
-  const int64_t c = idx % d, head = (idx / d) % h, row = idx / (d * h);
-  float x;
-  if (dtype == static_cast<int>(DType::kFloat32)) {
-    x = static_cast<const float*>(src)[idx];
-  } else if (dtype == static_cast<int>(DType::kFloat16)) {
-    x = __half2float(static_cast<const __half*>(src)[idx]);
-  } else {
-    x = __bfloat162float(static_cast<const __nv_bfloat16*>(src)[idx]);
-  }
-  dst[(head * n + row) * d + c] = x;
+  const int64_t per_layer = n * h * d;
+  if (idx >= layers * per_layer) return;
+  const int64_t l = idx / per_layer, r = idx % per_layer;
+  const int64_t c = r % d, head = (r / d) % h, row = r / (d * h);
+  dst[l * per_layer + (head * n + row) * d + c] = LoadElement(src, l * src_layer_stride + r, dtype);
 }
 
 __global__ void ScatterKernel(const float* __restrict__ src, void* __restrict__ dst, int64_t n,
@@ -37,24 +31,17 @@ __global__ void ScatterKernel(const float* __restrict__ src, void* __restrict__ 
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (idx >= n * h * d) return;
   const int64_t c = idx % d, head = (idx / d) % h, row = idx / (d * h);
-  const float x = src[(head * n + row) * d + c];
-  if (dtype == static_cast<int>(DType::kFloat32)) {
-    static_cast<float*>(dst)[idx] = x;
-  } else if (dtype == static_cast<int>(DType::kFloat16)) {
-    static_cast<__half*>(dst)[idx] = __float2half_rn(x);
-  } else {
-    static_cast<__nv_bfloat16*>(dst)[idx] = __float2bfloat16_rn(x);
-  }
+  StoreElement(dst, idx, src[(head * n + row) * d + c], dtype);
 }
 
 }  // namespace
 
 Status LaunchGather(const void* src, float* dst, int64_t n, int64_t h, int64_t d, DType dtype,
-                    cudaStream_t stream) {
-  const int64_t total = n * h * d;
+                    cudaStream_t stream, int64_t layers, int64_t src_layer_stride) {
+  const int64_t total = layers * n * h * d;
   if (total == 0) return Status::Ok();
-  GatherKernel<<<Blocks(total, kThreads), kThreads, 0, stream>>>(src, dst, n, h, d,
-                                                                 static_cast<int>(dtype));
+  GatherKernel<<<Blocks(total, kThreads), kThreads, 0, stream>>>(
+      src, dst, n, h, d, static_cast<int>(dtype), layers, src_layer_stride);
   KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "GatherKernel");
   return Status::Ok();
 }

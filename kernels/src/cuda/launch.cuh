@@ -20,10 +20,11 @@
 
 namespace kvd::kernels::cuda {
 
-// convert.cu. Gather: src [n, h, d] of dtype -> dst [h, n, d] float32. Scatter: the inverse
-// (round to nearest even for float16/bfloat16).
+// convert.cu. Gather: src [n, h, d] of dtype -> dst [h, n, d] float32, for `layers` tensors at
+// once (tensor l at element l * src_layer_stride of src, to dst + l * n * h * d). Scatter: the
+// inverse of one tensor (round to nearest even for float16/bfloat16).
 Status LaunchGather(const void* src, float* dst, int64_t n, int64_t h, int64_t d, DType dtype,
-                    cudaStream_t stream);
+                    cudaStream_t stream, int64_t layers = 1, int64_t src_layer_stride = 0);
 Status LaunchScatter(const float* src, void* dst, int64_t n, int64_t h, int64_t d, DType dtype,
                      cudaStream_t stream);
 
@@ -53,11 +54,12 @@ Status LaunchKeyDiffScores(const float* k, const float* inv_norm, const float* u
                            float* scores, int64_t n, int d, cudaStream_t stream);
 
 // vector.cu. wt is W transposed ([d, d], wt[c, r] = W[r, c]). Residuals: residuals [n] =
-// |values_i - W kpre_i|^2. Rebuild: out [n, d] = W kpre_i. Gram/cross: out [d, 2d] += kpre^T
+// |values_i - W kpre_i|^2, for `batch` heads at once (head b: kpre, values + b * n * d, wt +
+// b * d * d, residuals + b * n). Rebuild: out [n, d] = W kpre_i. Gram/cross: out [d, 2d] += kpre^T
 // [kpre | values] in float64 (out zeroed by the caller); sums [d + 1] += column sums of values and
 // the sum of squares (zeroed by the caller).
 Status LaunchVectorResiduals(const float* kpre, const float* wt, const float* values, int64_t n,
-                             int d, float* residuals, cudaStream_t stream);
+                             int d, float* residuals, cudaStream_t stream, int64_t batch = 1);
 Status LaunchRebuildValues(const float* kpre, const float* wt, int64_t n, int d, float* out,
                            cudaStream_t stream);
 Status LaunchVectorStats(const float* kpre, const float* values, int64_t n, int d,

@@ -1,6 +1,10 @@
 // Device part of the device-resident plan (plan_device.h): every stage of one chunk enqueued on
 // the plan's stream, composed from the launchers (launch.cuh) and the plan's own kernels below
-// (SnapKV pooling, top-k selection, compaction, slot gather, route selection). The only
+// (SnapKV pooling, top-k selection, compaction, slot gather, route selection, packing). Every
+// launch covers all L*H (layer, KV head) rows of the chunk at once (row = layer * H + head), so
+// a chunk costs about fifteen launches whatever its layer count. Slot arrays are padded to the
+// largest layer's slot count Smax; per-layer counts come from a small table uploaded with the
+// positions (`meta`: S, 2a, packed slot offset and packed value offset of every layer). The only
 // synchronisation is after the compact arrays are copied to the host.
 #include <algorithm>
 #include <climits>
@@ -10,6 +14,7 @@
 #include <vector>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/elements.cuh"
 #include "cuda/launch.cuh"
 #include "plan_device_internal.h"
 
@@ -20,13 +25,14 @@ constexpr int kThreads = 256;
 constexpr int kBadKeysValues = 1;  // error bits set on the device
 constexpr int kBadQueries = 2;
 
-// err[0] |= bit and err[1] = min(err[1], layer) for any non-finite element of x[0, count).
-__global__ void FiniteKernel(const float* __restrict__ x, int64_t count, int bit, int layer,
-                             int* err) {
+// err[0] |= bit and err[1] = min(err[1], the layer) for any non-finite element of x[0, count);
+// element i belongs to layer i / layer_elems.
+__global__ void FiniteKernel(const float* __restrict__ x, int64_t count, int bit,
+                             int64_t layer_elems, int* err) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= count || isfinite(x[i])) return;
   atomicOr(&err[0], bit);
-  atomicMin(&err[1], layer);
+  atomicMin(&err[1], static_cast<int>(i / layer_elems));
 }
 
 // scores [H, n] = i (recency: later tokens first).
@@ -64,18 +70,31 @@ __global__ void SnapScoreKernel(const float* __restrict__ mass, float* __restric
   }
 }
 
-// keep [H, n]: sinks, window, and the k middle tokens of [sinks, n - w) ranked best by score
-// (higher first, ties to the lower index: SelectTopK). Rank by counting (exact, deterministic).
+// Per-layer slot table (see the file comment): meta[l] = S_l, meta[L + l] = 2a_l,
+// meta[2L + l] = the layer's first slot in the packed output, meta[3L + l] = its first value.
+struct Meta {
+  const int64_t* m;
+  int64_t layers;
+  __device__ int64_t Slots(int64_t l) const { return m[l]; }
+  __device__ int64_t Rebuild(int64_t l) const { return m[layers + l]; }
+  __device__ int64_t SlotOffset(int64_t l) const { return m[2 * layers + l]; }
+  __device__ int64_t ValueOffset(int64_t l) const { return m[3 * layers + l]; }
+};
+
+// keep [R, n]: sinks, window, and the k = S_l - sinks - w middle tokens of [sinks, n - w) ranked
+// best by score (higher first, ties to the lower index: SelectTopK). Rank by counting (exact).
 __global__ void SelectKernel(const float* __restrict__ scores, uint8_t* __restrict__ keep,
-                             int64_t heads, int64_t n, int64_t sinks, int64_t w, int64_t k) {
+                             int64_t rows, int64_t heads, int64_t n, int64_t sinks, int64_t w,
+                             Meta meta) {
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (idx >= heads * n) return;
-  const int64_t i = idx % n, h = idx / n;
+  if (idx >= rows * n) return;
+  const int64_t i = idx % n, row = idx / n;
   if (i < sinks || i >= n - w) {
     keep[idx] = 1;
     return;
   }
-  const float* s = scores + h * n;
+  const int64_t k = meta.Slots(row / heads) - sinks - w;
+  const float* s = scores + row * n;
   const float si = s[i];
   int64_t rank = 0;
   for (int64_t j = sinks; j < n - w && rank < k; ++j) {
@@ -85,29 +104,38 @@ __global__ void SelectKernel(const float* __restrict__ scores, uint8_t* __restri
   keep[idx] = rank < k ? 1 : 0;
 }
 
-// rebuild [H, s]: of the e eligible slots [sinks, sinks + e) of each head, the r with the smallest
-// residual (ties to the lower slot) get kSlotRebuildValue; every other slot 0.
+// flags [R, smax]: of the eligible slots [sinks, S_l - w) of each row, the 2a_l with the smallest
+// residual (ties to the lower slot) get kSlotRebuildValue, the other slots 0, padding
+// (j >= S_l) kPadding.
+constexpr uint8_t kPadding = 0x80;
 __global__ void RouteSelectKernel(const float* __restrict__ residuals, uint8_t* __restrict__ flags,
-                                  int64_t heads, int64_t s, int64_t sinks, int64_t e, int64_t r) {
+                                  int64_t rows, int64_t heads, int64_t smax, int64_t sinks,
+                                  int64_t w, Meta meta) {
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (idx >= heads * s) return;
-  const int64_t x = idx % s, h = idx / s;
-  if (x < sinks || x >= sinks + e) {
+  if (idx >= rows * smax) return;
+  const int64_t x = idx % smax, row = idx / smax, l = row / heads;
+  const int64_t s = meta.Slots(l), r = meta.Rebuild(l);
+  if (x >= s) {
+    flags[idx] = kPadding;
+    return;
+  }
+  if (r == 0 || x < sinks || x >= s - w) {
     flags[idx] = 0;
     return;
   }
-  const float* res = residuals + h * s;
+  const float* res = residuals + row * smax;
   const float rx = res[x];
   int64_t rank = 0;
-  for (int64_t y = sinks; y < sinks + e && rank < r; ++y) {
+  for (int64_t y = sinks; y < s - w && rank < r; ++y) {
     const float ry = res[y];
     rank += (ry < rx || (ry == rx && y < x)) ? 1 : 0;
   }
   flags[idx] = rank < r ? kSlotRebuildValue : 0;
 }
 
-// One block per head: out[h * out_stride + rank] = i for the i in [0, count) with
-// flags[h * count + i] == want, in increasing i (stream compaction by block scan).
+// One block per row: out[r * out_stride + rank] = i for the i in [0, count) with
+// flags[r * count + i] == want, in increasing i (stream compaction by block scan); at most
+// out_stride of them are written.
 __global__ void CompactIndexKernel(const uint8_t* __restrict__ flags, int64_t count, uint8_t want,
                                    int32_t* __restrict__ out, int64_t out_stride) {
   using Scan = cub::BlockScan<int, kThreads>;
@@ -122,38 +150,58 @@ __global__ void CompactIndexKernel(const uint8_t* __restrict__ flags, int64_t co
     const int pred = (i < count && f[i] == want) ? 1 : 0;
     int rank = 0, total = 0;
     Scan(temp).ExclusiveSum(pred, rank, total);
-    if (pred) o[base + rank] = static_cast<int32_t>(i);
+    // More than out_stride hits only happen with non-finite scores (reported after the chunk).
+    if (pred && base + rank < out_stride) o[base + rank] = static_cast<int32_t>(i);
     __syncthreads();
     if (threadIdx.x == 0) base += total;
     __syncthreads();
   }
 }
 
-// Slot j of head h is token slot_token[h, j]: copies its key, value [H, s, d] and position [H, s].
+// Slot j of row r (j < S_l) is token slot_token[r, j]: copies its key and value into
+// [R, smax, d] and its position into [R, smax].
 __global__ void GatherSlotsKernel(const float* __restrict__ kf, const float* __restrict__ vf,
                                   const int64_t* __restrict__ pos,
                                   const int32_t* __restrict__ slot_token, float* __restrict__ sk,
-                                  float* __restrict__ sv, int64_t* __restrict__ spos, int64_t heads,
-                                  int64_t n, int64_t s, int d) {
+                                  float* __restrict__ sv, int64_t* __restrict__ spos, int64_t rows,
+                                  int64_t heads, int64_t n, int64_t smax, int d, Meta meta) {
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (idx >= heads * s * d) return;
-  const int64_t c = idx % d, slot = (idx / d) % s, h = idx / (d * s);
-  int64_t tok = slot_token[h * s + slot];
+  if (idx >= rows * smax * d) return;
+  const int64_t c = idx % d, slot = (idx / d) % smax, row = idx / (d * smax);
+  if (slot >= meta.Slots(row / heads)) return;
+  int64_t tok = slot_token[row * smax + slot];
   if (tok < 0 || tok >= n) tok = 0;  // only with non-finite scores (reported after the chunk)
-  sk[idx] = kf[(h * n + tok) * d + c];
-  sv[idx] = vf[(h * n + tok) * d + c];
-  if (c == 0) spos[h * s + slot] = pos[tok];
+  sk[idx] = kf[(row * n + tok) * d + c];
+  sv[idx] = vf[(row * n + tok) * d + c];
+  if (c == 0) spos[row * smax + slot] = pos[tok];
 }
 
-// Stored value v of head h is slot value_slot[h, v]: out [H, nv, d] = sv rows (mean of a single
-// token = the token's value).
-__global__ void GatherValuesKernel(const float* __restrict__ sv,
-                                   const int32_t* __restrict__ value_slot, float* __restrict__ out,
-                                   int64_t heads, int64_t s, int64_t nv, int d) {
+// The packed compact arrays: slot j of row r = (layer l, head h) is output slot
+// SlotOffset(l) + h * S_l + j (key in the model dtype, position, flags); stored value v < S_l -
+// 2a_l is output value ValueOffset(l) + h * (S_l - 2a_l) + v, the value of slot value_slot[r, v]
+// (the mean of a single token is its value).
+__global__ void PackKernel(const float* __restrict__ sk, const float* __restrict__ sv,
+                           const int64_t* __restrict__ spos, const uint8_t* __restrict__ flags,
+                           const int32_t* __restrict__ value_slot, void* __restrict__ out_keys,
+                           void* __restrict__ out_values, int64_t* __restrict__ out_pos,
+                           uint8_t* __restrict__ out_flags, int64_t rows, int64_t heads,
+                           int64_t smax, int d, int dtype, Meta meta) {
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (idx >= heads * nv * d) return;
-  const int64_t c = idx % d, v = (idx / d) % nv, h = idx / (d * nv);
-  out[idx] = sv[(h * s + value_slot[h * nv + v]) * d + c];
+  if (idx >= rows * smax * d) return;
+  const int64_t c = idx % d, j = (idx / d) % smax, row = idx / (d * smax);
+  const int64_t l = row / heads, h = row % heads, s = meta.Slots(l), nv = s - meta.Rebuild(l);
+  if (j >= s) return;
+  const int64_t o = meta.SlotOffset(l) + h * s + j;
+  StoreElement(out_keys, o * d + c, sk[idx], dtype);
+  if (c == 0) {
+    out_pos[o] = spos[row * smax + j];
+    out_flags[o] = flags[row * smax + j];
+  }
+  if (j < nv) {
+    const int64_t slot = value_slot[row * smax + j];
+    StoreElement(out_values, (meta.ValueOffset(l) + h * nv + j) * d + c,
+                 sv[(row * smax + slot) * d + c], dtype);
+  }
 }
 
 Status Check(const char* what) {
@@ -166,7 +214,7 @@ Status Ensure(DeviceBuffer<T>* buf, size_t count) {
   return buf->Reserve(count);
 }
 
-// Stage boundaries recorded per layer when DevicePlanOptions::time_stages is set.
+// Stage boundaries recorded when DevicePlanOptions::time_stages is set.
 enum Mark { kStart, kConverted, kScored, kSelected, kDerotated, kRouted, kEncoded, kMarks };
 
 class CudaPlanState final : public DevicePlan::State {
@@ -209,160 +257,157 @@ class CudaPlanState final : public DevicePlan::State {
     const DevicePlanBudget& b = *job.budget;
     const int L = layout_.num_layers;
     const int64_t H = layout_.num_kv_heads, d = layout_.head_dim, n = job.n, w = job.window;
-    const int64_t rows = w * job.group;  // window query rows per KV head
+    const int64_t R = L * H;              // (layer, KV head) rows
+    const int64_t qrows = w * job.group;  // window query rows per KV head
     const size_t e = DTypeSize(layout_.dtype);
-    // Output sizes and per-layer offsets.
-    size_t key_bytes = 0, value_bytes = 0, slot_count = 0;
+    // The per-layer table (file comment) and the packed output sizes.
+    std::vector<int64_t> meta(static_cast<size_t>(4 * L));
+    int64_t smax = 1, slot_count = 0, value_count = 0;
+    bool routing = false;
     for (int l = 0; l < L; ++l) {
-      key_bytes += static_cast<size_t>(H * b.slots[l] * d) * e;
-      value_bytes += static_cast<size_t>(H * (b.slots[l] - b.rebuild_slots[l]) * d) * e;
-      slot_count += static_cast<size_t>(H * b.slots[l]);
+      const int64_t sl = b.slots[l], rl = b.rebuild_slots[l];
+      meta[l] = sl;
+      meta[L + l] = rl;
+      meta[2 * L + l] = slot_count;
+      meta[3 * L + l] = value_count;
+      slot_count += H * sl;
+      value_count += H * (sl - rl);
+      smax = std::max(smax, sl);
+      routing |= rl > 0;
     }
-    const size_t hnd = static_cast<size_t>(H * n * d);
-    KVD_RETURN_IF_ERROR(Ensure(&kf_, hnd));
-    KVD_RETURN_IF_ERROR(Ensure(&vf_, hnd));
-    KVD_RETURN_IF_ERROR(Ensure(&sk_, hnd));
-    KVD_RETURN_IF_ERROR(Ensure(&sv_, hnd));
-    KVD_RETURN_IF_ERROR(Ensure(&kpre_, hnd));
-    KVD_RETURN_IF_ERROR(Ensure(&vals_, hnd));
-    KVD_RETURN_IF_ERROR(Ensure(&qf_, static_cast<size_t>(H * std::max<int64_t>(rows, 1) * d)));
-    KVD_RETURN_IF_ERROR(Ensure(&mass_, static_cast<size_t>(H * n)));
-    KVD_RETURN_IF_ERROR(Ensure(&scores_, static_cast<size_t>(L * H * n)));
-    KVD_RETURN_IF_ERROR(Ensure(&residuals_, static_cast<size_t>(H * n)));
-    KVD_RETURN_IF_ERROR(Ensure(&keep_, static_cast<size_t>(H * n)));
-    KVD_RETURN_IF_ERROR(Ensure(&slot_token_, static_cast<size_t>(H * n)));
-    KVD_RETURN_IF_ERROR(Ensure(&value_slot_, static_cast<size_t>(H * n)));
+    const size_t rnd = static_cast<size_t>(R * n * d), rsd = static_cast<size_t>(R * smax * d);
+    KVD_RETURN_IF_ERROR(Ensure(&kf_, rnd));
+    KVD_RETURN_IF_ERROR(Ensure(&vf_, rnd));
+    KVD_RETURN_IF_ERROR(Ensure(&qf_, static_cast<size_t>(R * std::max<int64_t>(qrows, 1) * d)));
+    KVD_RETURN_IF_ERROR(Ensure(&mass_, static_cast<size_t>(R * n)));
+    KVD_RETURN_IF_ERROR(Ensure(&scores_, static_cast<size_t>(R * n)));
+    KVD_RETURN_IF_ERROR(Ensure(&keep_, static_cast<size_t>(R * n)));
+    KVD_RETURN_IF_ERROR(Ensure(&slot_token_, static_cast<size_t>(R * smax)));
+    KVD_RETURN_IF_ERROR(Ensure(&sk_, rsd));
+    KVD_RETURN_IF_ERROR(Ensure(&sv_, rsd));
+    KVD_RETURN_IF_ERROR(Ensure(&spos_, static_cast<size_t>(R * smax)));
+    KVD_RETURN_IF_ERROR(Ensure(&flags_, static_cast<size_t>(R * smax)));
+    KVD_RETURN_IF_ERROR(Ensure(&value_slot_, static_cast<size_t>(R * smax)));
+    if (routing) {
+      KVD_RETURN_IF_ERROR(Ensure(&kpre_, rsd));
+      KVD_RETURN_IF_ERROR(Ensure(&residuals_, static_cast<size_t>(R * smax)));
+    }
     KVD_RETURN_IF_ERROR(Ensure(&pos_, static_cast<size_t>(n)));
+    KVD_RETURN_IF_ERROR(Ensure(&meta_, meta.size()));
     KVD_RETURN_IF_ERROR(Ensure(&err_, 2));
-    KVD_RETURN_IF_ERROR(Ensure(&out_keys_, key_bytes));
-    KVD_RETURN_IF_ERROR(Ensure(&out_values_, value_bytes));
-    KVD_RETURN_IF_ERROR(Ensure(&out_pos_, slot_count));
-    KVD_RETURN_IF_ERROR(Ensure(&out_flags_, slot_count));
-    KVD_RETURN_IF_ERROR(pos_.Upload(input.positions.data(), static_cast<size_t>(n), stream_));
-    const int no_err[2] = {0, INT_MAX};
-    KVD_RETURN_IF_ERROR(err_.Upload(no_err, 2, stream_));
-    scores_n_ = n;
-
-    if (device_.time_stages) KVD_RETURN_IF_ERROR(EnsureEvents(static_cast<size_t>(L) * kMarks));
-    const auto mark = [&](int layer, Mark m) -> Status {
+    KVD_RETURN_IF_ERROR(Ensure(&out_keys_, static_cast<size_t>(slot_count * d) * e));
+    KVD_RETURN_IF_ERROR(Ensure(&out_values_, static_cast<size_t>(value_count * d) * e));
+    KVD_RETURN_IF_ERROR(Ensure(&out_pos_, static_cast<size_t>(slot_count)));
+    KVD_RETURN_IF_ERROR(Ensure(&out_flags_, static_cast<size_t>(slot_count)));
+    if (device_.time_stages) KVD_RETURN_IF_ERROR(EnsureEvents(kMarks));
+    const auto mark = [&](Mark m) -> Status {
       if (!device_.time_stages) return Status::Ok();
-      KVD_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[layer * kMarks + m], stream_),
+      KVD_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[m], stream_),
                                "plan_device: cudaEventRecord");
       return Status::Ok();
     };
+    // Inputs of the chunk (small): positions, the per-layer table, the error word.
+    KVD_RETURN_IF_ERROR(pos_.Upload(input.positions.data(), static_cast<size_t>(n), stream_));
+    KVD_RETURN_IF_ERROR(meta_.Upload(meta.data(), meta.size(), stream_));
+    const int no_err[2] = {0, INT_MAX};
+    KVD_RETURN_IF_ERROR(err_.Upload(no_err, 2, stream_));
+    scores_n_ = n;
+    const Meta m{meta_.get(), L};
+    const int di = static_cast<int>(d);
+    const int dtype = static_cast<int>(layout_.dtype);
+
+    KVD_RETURN_IF_ERROR(mark(kStart));
+    // 1. every layer's K and V: engine layout -> float32 [R, n, d]; finiteness flagged.
+    const int64_t layer_elems = 2 * n * H * d;  // K then V of one layer, in elements
     const auto* raw = static_cast<const uint8_t*>(input.raw);
-    const auto* qbytes = static_cast<const uint8_t*>(input.window_queries);
-    const size_t layer_q_bytes = static_cast<size_t>(w * layout_.num_q_heads * d) * e;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    size_t key_off = 0, value_off = 0, slot_off = 0;
-    for (int l = 0; l < L; ++l) {
-      const int64_t s = b.slots[l], r = b.rebuild_slots[l], nv = s - r;
-      const uint8_t* k_bytes = raw + layout_.LayerOffset(l, static_cast<int>(n));
-      const uint8_t* v_bytes = k_bytes + static_cast<size_t>(n) * layout_.TokenBytes();
-      float* scores = scores_.get() + static_cast<size_t>(l) * H * n;
-      KVD_RETURN_IF_ERROR(mark(l, kStart));
-      // 1. engine layout -> float32 [H, n, d]; finiteness flagged on the device.
-      KVD_RETURN_IF_ERROR(LaunchGather(k_bytes, kf_.get(), n, H, d, layout_.dtype, stream_));
-      KVD_RETURN_IF_ERROR(LaunchGather(v_bytes, vf_.get(), n, H, d, layout_.dtype, stream_));
-      FiniteKernel<<<Blocks(hnd, kThreads), kThreads, 0, stream_>>>(kf_.get(), hnd, kBadKeysValues,
-                                                                    l, err_.get());
-      FiniteKernel<<<Blocks(hnd, kThreads), kThreads, 0, stream_>>>(vf_.get(), hnd, kBadKeysValues,
-                                                                    l, err_.get());
+    KVD_RETURN_IF_ERROR(
+        LaunchGather(raw, kf_.get(), n, H, d, layout_.dtype, stream_, L, layer_elems));
+    KVD_RETURN_IF_ERROR(LaunchGather(raw + static_cast<size_t>(n * H * d) * e, vf_.get(), n, H, d,
+                                     layout_.dtype, stream_, L, layer_elems));
+    FiniteKernel<<<Blocks(static_cast<int64_t>(rnd), kThreads), kThreads, 0, stream_>>>(
+        kf_.get(), static_cast<int64_t>(rnd), kBadKeysValues, n * H * d, err_.get());
+    FiniteKernel<<<Blocks(static_cast<int64_t>(rnd), kThreads), kThreads, 0, stream_>>>(
+        vf_.get(), static_cast<int64_t>(rnd), kBadKeysValues, n * H * d, err_.get());
+    KVD_RETURN_IF_ERROR(Check("FiniteKernel"));
+    KVD_RETURN_IF_ERROR(mark(kConverted));
+    // 2. scores [R, n].
+    if (options_.score == ScoreStage::kNone) {
+      RecencyKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(scores_.get(), R, n);
+      KVD_RETURN_IF_ERROR(Check("RecencyKernel"));
+    } else {
+      // Q[L, w, Hq, d] = [L, w, H, G*d] -> [L, H, w, G*d] = per row [w*G, d] (GatherWindowQueries).
+      const int64_t qcount = R * qrows * d;
+      KVD_RETURN_IF_ERROR(LaunchGather(input.window_queries, qf_.get(), w, H, job.group * d,
+                                       layout_.dtype, stream_, L, qrows * H * d));
+      FiniteKernel<<<Blocks(qcount, kThreads), kThreads, 0, stream_>>>(
+          qf_.get(), qcount, kBadQueries, qrows * H * d, err_.get());
       KVD_RETURN_IF_ERROR(Check("FiniteKernel"));
-      KVD_RETURN_IF_ERROR(mark(l, kConverted));
-      // 2. scores [H, n].
-      if (options_.score == ScoreStage::kNone) {
-        RecencyKernel<<<Blocks(H * n, kThreads), kThreads, 0, stream_>>>(scores, H, n);
-        KVD_RETURN_IF_ERROR(Check("RecencyKernel"));
-      } else {
-        // Q[w, Hq, d] = [w, H, G*d] -> [H, w, G*d] = per KV head [w*G, d] (GatherWindowQueries).
-        KVD_RETURN_IF_ERROR(LaunchGather(qbytes + l * layer_q_bytes, qf_.get(), w, H, job.group * d,
-                                         layout_.dtype, stream_));
-        const int64_t qcount = H * rows * d;
-        FiniteKernel<<<Blocks(qcount, kThreads), kThreads, 0, stream_>>>(
-            qf_.get(), qcount, kBadQueries, l, err_.get());
-        KVD_RETURN_IF_ERROR(Check("FiniteKernel"));
-        KVD_RETURN_IF_ERROR(LaunchAttentionMass(
-            qf_.get(), kf_.get(), nullptr, nullptr, nullptr, mass_.get(), H, rows, n,
-            static_cast<int>(d), job.group, MaskKind::kCausalWindow, scale, stream_));
-        SnapScoreKernel<<<Blocks(H * n, kThreads), kThreads, 0, stream_>>>(
-            mass_.get(), scores, H, n, w, rows, options_.pooling_kernel,
-            static_cast<int>(options_.pooling));
-        KVD_RETURN_IF_ERROR(Check("SnapScoreKernel"));
-      }
-      KVD_RETURN_IF_ERROR(mark(l, kScored));
-      // 3. selection and compaction: slot j of head h = token slot_token[h, j] (ascending).
-      SelectKernel<<<Blocks(H * n, kThreads), kThreads, 0, stream_>>>(
-          scores, keep_.get(), H, n, job.sinks, w, s - job.sinks - w);
-      KVD_RETURN_IF_ERROR(Check("SelectKernel"));
-      CompactIndexKernel<<<static_cast<unsigned>(H), kThreads, 0, stream_>>>(keep_.get(), n, 1,
-                                                                             slot_token_.get(), s);
-      KVD_RETURN_IF_ERROR(Check("CompactIndexKernel"));
-      int64_t* slot_pos = out_pos_.get() + slot_off;
-      uint8_t* flags = out_flags_.get() + slot_off;
-      GatherSlotsKernel<<<Blocks(H * s * d, kThreads), kThreads, 0, stream_>>>(
-          kf_.get(), vf_.get(), pos_.get(), slot_token_.get(), sk_.get(), sv_.get(), slot_pos, H, n,
-          s, static_cast<int>(d));
-      KVD_RETURN_IF_ERROR(Check("GatherSlotsKernel"));
-      KVD_RETURN_IF_ERROR(mark(l, kSelected));
-      // 4. VECTOR routing over the eligible slots [sinks, s - w) of every head.
-      if (r > 0) {
-        const int64_t eligible = s - job.sinks - w;
-        KVD_CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(kpre_.get(), sk_.get(), static_cast<size_t>(H * s * d) * sizeof(float),
-                            cudaMemcpyDeviceToDevice, stream_),
-            "plan_device: copy slot keys");
-        KVD_RETURN_IF_ERROR(LaunchRope(kpre_.get(), slot_pos, s, inv_freq_.get(), s, H, d, half_,
-                                       interleaved_, RopeDirection::kDerotate, stream_));
-        KVD_RETURN_IF_ERROR(mark(l, kDerotated));
-        for (int64_t h = 0; h < H; ++h) {
-          const size_t row0 = static_cast<size_t>((h * s + job.sinks) * d);
-          KVD_RETURN_IF_ERROR(LaunchVectorResiduals(
-              kpre_.get() + row0, wt_.get() + static_cast<size_t>((l * H + h) * d * d),
-              sv_.get() + row0, eligible, static_cast<int>(d), residuals_.get() + h * s + job.sinks,
-              stream_));
-        }
-        RouteSelectKernel<<<Blocks(H * s, kThreads), kThreads, 0, stream_>>>(
-            residuals_.get(), flags, H, s, job.sinks, eligible, r);
-        KVD_RETURN_IF_ERROR(Check("RouteSelectKernel"));
-      } else {
-        KVD_RETURN_IF_ERROR(mark(l, kDerotated));
-        KVD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flags, 0, static_cast<size_t>(H * s), stream_),
-                                 "plan_device: clear flags");
-      }
-      KVD_RETURN_IF_ERROR(mark(l, kRouted));
-      // 5. encode: keys [H, s, d] and the stored values [H, nv, d] in the model dtype.
-      KVD_RETURN_IF_ERROR(
-          LaunchScatter(sk_.get(), out_keys_.get() + key_off, H * s, 1, d, layout_.dtype, stream_));
-      const float* stored = sv_.get();
-      if (r > 0) {
-        CompactIndexKernel<<<static_cast<unsigned>(H), kThreads, 0, stream_>>>(
-            flags, s, 0, value_slot_.get(), nv);
-        GatherValuesKernel<<<Blocks(H * nv * d, kThreads), kThreads, 0, stream_>>>(
-            sv_.get(), value_slot_.get(), vals_.get(), H, s, nv, static_cast<int>(d));
-        KVD_RETURN_IF_ERROR(Check("GatherValuesKernel"));
-        stored = vals_.get();
-      }
-      KVD_RETURN_IF_ERROR(LaunchScatter(stored, out_values_.get() + value_off, H * nv, 1, d,
-                                        layout_.dtype, stream_));
-      KVD_RETURN_IF_ERROR(mark(l, kEncoded));
-      key_off += static_cast<size_t>(H * s * d) * e;
-      value_off += static_cast<size_t>(H * nv * d) * e;
-      slot_off += static_cast<size_t>(H * s);
+      KVD_RETURN_IF_ERROR(LaunchAttentionMass(
+          qf_.get(), kf_.get(), nullptr, nullptr, nullptr, mass_.get(), R, qrows, n, di, job.group,
+          MaskKind::kCausalWindow, 1.0f / std::sqrt(static_cast<float>(d)), stream_));
+      SnapScoreKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(
+          mass_.get(), scores_.get(), R, n, w, qrows, options_.pooling_kernel,
+          static_cast<int>(options_.pooling));
+      KVD_RETURN_IF_ERROR(Check("SnapScoreKernel"));
     }
+    KVD_RETURN_IF_ERROR(mark(kScored));
+    // 3. selection, compaction (slot j of row r = token slot_token[r, j], ascending), gather.
+    SelectKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(scores_.get(), keep_.get(), R,
+                                                                    H, n, job.sinks, w, m);
+    KVD_RETURN_IF_ERROR(Check("SelectKernel"));
+    CompactIndexKernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(keep_.get(), n, 1,
+                                                                           slot_token_.get(), smax);
+    KVD_RETURN_IF_ERROR(Check("CompactIndexKernel"));
+    KVD_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(spos_.get(), 0, static_cast<size_t>(R * smax) * sizeof(int64_t), stream_),
+        "plan_device: clear positions");
+    GatherSlotsKernel<<<Blocks(static_cast<int64_t>(rsd), kThreads), kThreads, 0, stream_>>>(
+        kf_.get(), vf_.get(), pos_.get(), slot_token_.get(), sk_.get(), sv_.get(), spos_.get(), R,
+        H, n, smax, di, m);
+    KVD_RETURN_IF_ERROR(Check("GatherSlotsKernel"));
+    KVD_RETURN_IF_ERROR(mark(kSelected));
+    // 4. VECTOR routing over the eligible slots [sinks, S_l - w) of every row.
+    if (routing) {
+      KVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kpre_.get(), sk_.get(), rsd * sizeof(float),
+                                               cudaMemcpyDeviceToDevice, stream_),
+                               "plan_device: copy slot keys");
+      KVD_RETURN_IF_ERROR(LaunchRope(kpre_.get(), spos_.get(), smax, inv_freq_.get(), smax, R, d,
+                                     half_, interleaved_, RopeDirection::kDerotate, stream_));
+    }
+    KVD_RETURN_IF_ERROR(mark(kDerotated));
+    if (routing) {
+      KVD_RETURN_IF_ERROR(LaunchVectorResiduals(kpre_.get(), wt_.get(), sv_.get(), smax, di,
+                                                residuals_.get(), stream_, R));
+    }
+    RouteSelectKernel<<<Blocks(R * smax, kThreads), kThreads, 0, stream_>>>(
+        routing ? residuals_.get() : nullptr, flags_.get(), R, H, smax, job.sinks, w, m);
+    KVD_RETURN_IF_ERROR(Check("RouteSelectKernel"));
+    KVD_RETURN_IF_ERROR(mark(kRouted));
+    // 5. encode: stored values are the slots without the rebuild flag (padding excluded), then
+    // keys, values, positions and flags packed in (layer, head) order in the model dtype.
+    CompactIndexKernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(flags_.get(), smax, 0,
+                                                                           value_slot_.get(), smax);
+    KVD_RETURN_IF_ERROR(Check("CompactIndexKernel"));
+    PackKernel<<<Blocks(static_cast<int64_t>(rsd), kThreads), kThreads, 0, stream_>>>(
+        sk_.get(), sv_.get(), spos_.get(), flags_.get(), value_slot_.get(), out_keys_.get(),
+        out_values_.get(), out_pos_.get(), out_flags_.get(), R, H, smax, di, dtype, m);
+    KVD_RETURN_IF_ERROR(Check("PackKernel"));
+    KVD_RETURN_IF_ERROR(mark(kEncoded));
     // 6. the compact arrays (and the error word) to the host: the one synchronisation.
+    const size_t key_bytes = static_cast<size_t>(slot_count * d) * e;
+    const size_t value_bytes = static_cast<size_t>(value_count * d) * e;
     out->keys.resize(key_bytes);
     out->values.resize(value_bytes);
-    out->positions.resize(slot_count);
-    out->flags.resize(slot_count);
+    out->positions.resize(static_cast<size_t>(slot_count));
+    out->flags.resize(static_cast<size_t>(slot_count));
     int err[2] = {0, 0};
     KVD_RETURN_IF_ERROR(out_keys_.Download(out->keys.data(), key_bytes, stream_));
     KVD_RETURN_IF_ERROR(out_values_.Download(out->values.data(), value_bytes, stream_));
-    KVD_RETURN_IF_ERROR(out_pos_.Download(out->positions.data(), slot_count, stream_));
-    KVD_RETURN_IF_ERROR(out_flags_.Download(out->flags.data(), slot_count, stream_));
+    KVD_RETURN_IF_ERROR(out_pos_.Download(out->positions.data(), out->positions.size(), stream_));
+    KVD_RETURN_IF_ERROR(out_flags_.Download(out->flags.data(), out->flags.size(), stream_));
     KVD_RETURN_IF_ERROR(err_.Download(err, 2, stream_));
     KVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "plan_device");
-    if (device_.time_stages) KVD_RETURN_IF_ERROR(StageTimes(L, &out->stage));
+    if (device_.time_stages) KVD_RETURN_IF_ERROR(StageTimes(&out->stage));
     if (err[0] & kBadKeysValues) {
       return Status::InvalidArgument("plan: non-finite keys/values (NaN or Inf) in layer " +
                                      std::to_string(err[1]));
@@ -393,24 +438,21 @@ class CudaPlanState final : public DevicePlan::State {
     return Status::Ok();
   }
 
-  // Device time between the marks of every layer, summed over the layers.
-  Status StageTimes(int layers, CompressionStageTimes* t) const {
-    const auto ns = [&](int layer, Mark a, Mark b, int64_t* acc) -> Status {
+  // Device time between the marks.
+  Status StageTimes(CompressionStageTimes* t) const {
+    const auto ns = [&](Mark a, Mark b, int64_t* acc) -> Status {
       float ms = 0.0f;
-      KVD_CUDA_RETURN_IF_ERROR(
-          cudaEventElapsedTime(&ms, events_[layer * kMarks + a], events_[layer * kMarks + b]),
-          "plan_device: cudaEventElapsedTime");
+      KVD_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, events_[a], events_[b]),
+                               "plan_device: cudaEventElapsedTime");
       *acc += static_cast<int64_t>(static_cast<double>(ms) * 1e6);
       return Status::Ok();
     };
-    for (int l = 0; l < layers; ++l) {
-      KVD_RETURN_IF_ERROR(ns(l, kStart, kConverted, &t->convert_ns));
-      KVD_RETURN_IF_ERROR(ns(l, kConverted, kScored, &t->score_ns));
-      KVD_RETURN_IF_ERROR(ns(l, kScored, kSelected, &t->select_ns));
-      KVD_RETURN_IF_ERROR(ns(l, kSelected, kDerotated, &t->derotate_ns));
-      KVD_RETURN_IF_ERROR(ns(l, kDerotated, kRouted, &t->route_ns));
-      KVD_RETURN_IF_ERROR(ns(l, kRouted, kEncoded, &t->encode_ns));
-    }
+    KVD_RETURN_IF_ERROR(ns(kStart, kConverted, &t->convert_ns));
+    KVD_RETURN_IF_ERROR(ns(kConverted, kScored, &t->score_ns));
+    KVD_RETURN_IF_ERROR(ns(kScored, kSelected, &t->select_ns));
+    KVD_RETURN_IF_ERROR(ns(kSelected, kDerotated, &t->derotate_ns));
+    KVD_RETURN_IF_ERROR(ns(kDerotated, kRouted, &t->route_ns));
+    KVD_RETURN_IF_ERROR(ns(kRouted, kEncoded, &t->encode_ns));
     return Status::Ok();
   }
 
@@ -430,12 +472,12 @@ class CudaPlanState final : public DevicePlan::State {
   int64_t scores_n_ = 0;
   DeviceBuffer<double> inv_freq_;
   DeviceBuffer<float> wt_;  // [L*H, d, d] W^T per head
-  DeviceBuffer<float> kf_, vf_, qf_, mass_, scores_, sk_, sv_, kpre_, vals_, residuals_;
-  DeviceBuffer<uint8_t> keep_, out_keys_, out_values_, out_flags_;
+  DeviceBuffer<float> kf_, vf_, qf_, mass_, scores_, sk_, sv_, kpre_, residuals_;
+  DeviceBuffer<uint8_t> keep_, flags_, out_keys_, out_values_, out_flags_;
   DeviceBuffer<int32_t> slot_token_, value_slot_;
-  DeviceBuffer<int64_t> pos_, out_pos_;
+  DeviceBuffer<int64_t> pos_, meta_, spos_, out_pos_;
   DeviceBuffer<int> err_;
-  std::vector<cudaEvent_t> events_;  // [L * kMarks] when timing
+  std::vector<cudaEvent_t> events_;  // [kMarks] when timing
 };
 
 }  // namespace

@@ -67,6 +67,13 @@ __global__ void ProjectKernel(const float* __restrict__ kpre, const float* __res
                               const float* __restrict__ values, int64_t n, int d,
                               float* __restrict__ out, float* __restrict__ residuals) {
   extern __shared__ float shared[];  // [kTokensPerBlock, d] keys, then [kTokensPerBlock] sums
+  // Head blockIdx.y of a batch: rows [n, d] of kpre/values/out, [n] of residuals, its own W^T.
+  const int64_t head = blockIdx.y;
+  kpre += head * n * d;
+  wt += head * d * d;
+  if (values != nullptr) values += head * n * d;
+  if (out != nullptr) out += head * n * d;
+  if (residuals != nullptr) residuals += head * n;
   float* keys = shared;
   float* sums = shared + kTokensPerBlock * d;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTokensPerBlock;
@@ -114,9 +121,11 @@ Status UploadTransposed(ConstMatrixView w, DeviceBuffer<float>* buf, cudaStream_
 
 template <bool kResidual>
 Status LaunchProject(const float* kpre, const float* wt, const float* values, int64_t n, int d,
-                     float* out, float* residuals, cudaStream_t stream) {
-  if (n == 0) return Status::Ok();
-  const unsigned blocks = static_cast<unsigned>((n + kTokensPerBlock - 1) / kTokensPerBlock);
+                     float* out, float* residuals, cudaStream_t stream, int64_t batch = 1) {
+  if (n == 0 || batch == 0) return Status::Ok();
+  if (batch > 65535) return Status::InvalidArgument("VECTOR project: batch too large");
+  const dim3 blocks(static_cast<unsigned>((n + kTokensPerBlock - 1) / kTokensPerBlock),
+                    static_cast<unsigned>(batch));
   const size_t smem = (static_cast<size_t>(kTokensPerBlock) * d + kTokensPerBlock) * sizeof(float);
   ProjectKernel<kResidual>
       <<<blocks, ThreadsFor(d), smem, stream>>>(kpre, wt, values, n, d, out, residuals);
@@ -157,8 +166,8 @@ Status Project(ConstMatrixView kpre, ConstMatrixView w, ConstMatrixView values, 
 }  // namespace
 
 Status LaunchVectorResiduals(const float* kpre, const float* wt, const float* values, int64_t n,
-                             int d, float* residuals, cudaStream_t stream) {
-  return LaunchProject<true>(kpre, wt, values, n, d, nullptr, residuals, stream);
+                             int d, float* residuals, cudaStream_t stream, int64_t batch) {
+  return LaunchProject<true>(kpre, wt, values, n, d, nullptr, residuals, stream, batch);
 }
 
 Status LaunchRebuildValues(const float* kpre, const float* wt, int64_t n, int d, float* out,
