@@ -47,6 +47,10 @@ Status KvSlimmerOptions::Validate() const {
     return Status::InvalidArgument("kvslimmer: guard_alpha_margin must be in [0, 0.5], got " +
                                    std::to_string(guard_alpha_margin));
   }
+  if (!(gate_min_cos >= -1.0 && gate_min_cos <= 1.0)) {
+    return Status::InvalidArgument("kvslimmer: gate_min_cos must be in [-1, 1], got " +
+                                   std::to_string(gate_min_cos));
+  }
   return Status::Ok();
 }
 
@@ -166,8 +170,80 @@ KvSlimmerStats& KvSlimmerStats::operator+=(const KvSlimmerStats& o) {
   guard_clamps += o.guard_clamps;
   guard_clamp_to_less += o.guard_clamp_to_less;
   guard_alpha_fallbacks += o.guard_alpha_fallbacks;
+  gate_evicted_slots += o.gate_evicted_slots;
+  gate_evicted_tokens += o.gate_evicted_tokens;
   return *this;
 }
+
+double CentredCosine(const float* a, const float* b, std::span<const float> center, int64_t d) {
+  double dot = 0.0, na = 0.0, nb = 0.0;
+  for (int64_t c = 0; c < d; ++c) {
+    const double m = center.empty() ? 0.0 : center[static_cast<size_t>(c)];
+    const double x = a[c] - m, y = b[c] - m;
+    dot += x * y;
+    na += x * x;
+    nb += y * y;
+  }
+  return na > 0.0 && nb > 0.0 ? dot / std::sqrt(na * nb) : 0.0;
+}
+
+double MeanCentredAdjacentCosine(ConstMatrixView keys, std::vector<float>* center) {
+  const int64_t n = keys.rows, d = keys.cols;
+  std::vector<double> sum(static_cast<size_t>(d), 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t c = 0; c < d; ++c) sum[static_cast<size_t>(c)] += keys.Row(i)[c];
+  }
+  center->assign(static_cast<size_t>(d), 0.0f);
+  if (n == 0) return 0.0;
+  for (int64_t c = 0; c < d; ++c) {
+    (*center)[static_cast<size_t>(c)] = static_cast<float>(sum[static_cast<size_t>(c)] / n);
+  }
+  if (n < 2) return 0.0;
+  double total = 0.0;
+  for (int64_t i = 0; i + 1 < n; ++i)
+    total += CentredCosine(keys.Row(i), keys.Row(i + 1), *center, d);
+  return total / static_cast<double>(n - 1);
+}
+
+namespace {
+
+// Removes the slots `drop` (ascending) from *slots.
+void EraseSlots(std::span<const int64_t> drop, SlotSet* slots) {
+  const int64_t s = slots->size(), d = slots->keys_pre.cols;
+  const bool has_h = slots->h.size() == static_cast<size_t>(s);
+  size_t next = 0;
+  int64_t out = 0;
+  for (int64_t i = 0; i < s; ++i) {
+    if (next < drop.size() && drop[next] == i) {
+      ++next;
+      continue;
+    }
+    if (out != i) {
+      std::copy(slots->keys_pre.Row(i), slots->keys_pre.Row(i) + d, slots->keys_pre.Row(out));
+      std::copy(slots->value_sums.Row(i), slots->value_sums.Row(i) + d, slots->value_sums.Row(out));
+      slots->cardinality[static_cast<size_t>(out)] = slots->cardinality[static_cast<size_t>(i)];
+      slots->positions[static_cast<size_t>(out)] = slots->positions[static_cast<size_t>(i)];
+      if (has_h) {
+        slots->h[static_cast<size_t>(out)] = slots->h[static_cast<size_t>(i)];
+        slots->h_observations[static_cast<size_t>(out)] =
+            slots->h_observations[static_cast<size_t>(i)];
+      }
+    }
+    ++out;
+  }
+  slots->keys_pre.rows = out;
+  slots->keys_pre.values.resize(static_cast<size_t>(out * d));
+  slots->value_sums.rows = out;
+  slots->value_sums.values.resize(static_cast<size_t>(out * d));
+  slots->cardinality.resize(static_cast<size_t>(out));
+  slots->positions.resize(static_cast<size_t>(out));
+  if (has_h) {
+    slots->h.resize(static_cast<size_t>(out));
+    slots->h_observations.resize(static_cast<size_t>(out));
+  }
+}
+
+}  // namespace
 
 int64_t KvSlimmerMinBudget(int64_t slots, const KvSlimmerOptions& options) {
   const int64_t protected_slots = std::min(slots, options.sinks + options.window);
@@ -197,6 +273,12 @@ Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
                                    " query positions for W=" + std::to_string(w) + " queries");
   }
   KVD_RETURN_IF_ERROR(CheckFinite(queries, "kvslimmer: queries"));
+  const bool gated = !options.gate_center.empty();
+  if (gated && options.gate_center.size() != static_cast<size_t>(d)) {
+    return Status::InvalidArgument("kvslimmer: gate_center has " +
+                                   std::to_string(options.gate_center.size()) +
+                                   " entries, head_dim is " + std::to_string(d));
+  }
   int64_t s = slots->size();
   if (s < options.sinks) {
     return Status::InvalidArgument("kvslimmer: " + std::to_string(s) +
@@ -223,6 +305,7 @@ Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
   std::vector<float> bias, mass;
   PairStatistics pair_stats;
   std::vector<MergePair> pairs;
+  std::vector<int64_t> drops;
   KvSlimmerStats local;
   while (s > slot_budget) {
     if (local.rounds >= options.max_rounds) {
@@ -249,7 +332,18 @@ Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
       return Status::Internal("kvslimmer: no mergeable pair among " + std::to_string(s) + " slots");
     }
     pairs.clear();
+    drops.clear();
     for (int64_t j : chosen) {
+      if (gated && (options.gate_evict_all ||
+                    CentredCosine(slots->keys_pre.Row(j), slots->keys_pre.Row(j + 1),
+                                  options.gate_center, d) < options.gate_min_cos)) {
+        const int64_t drop =
+            mass[static_cast<size_t>(j + 1)] < mass[static_cast<size_t>(j)] ? j + 1 : j;
+        drops.push_back(drop);
+        local.gate_evicted_slots += 1;
+        local.gate_evicted_tokens += slots->cardinality[static_cast<size_t>(drop)];
+        continue;
+      }
       const MergeWeightResult r = ComputeMergeWeights(options.norm, *slots, pair_stats, j,
                                                       options.guard, options.guard_alpha_margin);
       local.guard_fallbacks += r.guard_fallback ? 1 : 0;
@@ -257,6 +351,14 @@ Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
       local.guard_clamp_to_less += r.clamp_to_less ? 1 : 0;
       local.guard_alpha_fallbacks += r.alpha_fallback ? 1 : 0;
       pairs.push_back(r.pair);
+    }
+    if (!drops.empty()) {  // drop first, then merge the remaining pairs at their new indices
+      size_t k = 0;
+      for (MergePair& p : pairs) {
+        while (k < drops.size() && drops[k] < p.first) ++k;
+        p.first -= static_cast<int64_t>(k);
+      }
+      EraseSlots(drops, slots);
     }
     KVD_RETURN_IF_ERROR(ApplyMerges(pairs, options.position, slots, exec));
     local.pairs_merged += static_cast<int64_t>(pairs.size());

@@ -127,6 +127,17 @@ Status CompressionPlanOptions::Validate() const {
     return Status::InvalidArgument("plan: merge_guard_alpha_margin must be in [0, 0.5], got " +
                                    std::to_string(merge_guard_alpha_margin));
   }
+  if (merge_gate && merge != MergeStage::kKvSlimmer) {
+    return Status::InvalidArgument("plan: merge_gate needs a merge stage (merge kKvSlimmer)");
+  }
+  if (!(merge_gate_min_cos >= -1.0 && merge_gate_min_cos <= 1.0)) {
+    return Status::InvalidArgument("plan: merge_gate_min_cos must be in [-1, 1], got " +
+                                   std::to_string(merge_gate_min_cos));
+  }
+  if (!(merge_gate_layer_min >= -1.0 && merge_gate_layer_min <= 1.0)) {
+    return Status::InvalidArgument("plan: merge_gate_layer_min must be in [-1, 1], got " +
+                                   std::to_string(merge_gate_layer_min));
+  }
   if (head_budget == HeadBudget::kAdaptive) {
     if (score == ScoreStage::kNone) {
       return Status::InvalidArgument(
@@ -278,8 +289,16 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
                            AdaptiveHeadBudgets(scores, layer_pairs[layer], options.sinks, window,
                                                options.adaptive_floor));
     }
+    bool merge_layer_open = true;
+    if (options.merge_gate) {
+      KVD_ASSIGN_OR_RETURN(const double adjacent,
+                           internal::LayerCentredAdjacentCosine(rope, keys, input.positions));
+      merge_layer_open = adjacent >= options.merge_gate_layer_min;
+      total.gate_closed_layers += merge_layer_open ? 0 : 1;
+    }
     ParallelFor(H, exec.num_threads, [&](int64_t h) {
       internal::HeadInput hi;
+      hi.merge_layer_open = merge_layer_open;
       hi.options = &options;
       hi.rope = &rope;
       hi.keys = keys[h].View();
@@ -308,6 +327,7 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
       total.half_pairs += s.half_pairs;
       total.route_reductions += s.route_reductions;
       total.error_aware_evicted += s.error_aware_evicted;
+      total.gate_evicted_tokens += s.gate_evicted_tokens;
       total.kvslimmer += s.kvslimmer;
       total.stage += s.stage;
     }

@@ -85,6 +85,7 @@ class HeadPipeline {
   Status EnsureKeysPre();
   Status EnsureScores();
   Status EnsureMass();
+  Status EnsureCenter();  // merge_gate: the head's mean pre-RoPE key
   StatusOr<std::vector<int32_t>> SelectPool(int64_t pool);
   Status BuildEviction(const std::vector<int32_t>& pool, SlotTable* t);
   Status BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t);
@@ -115,7 +116,18 @@ class HeadPipeline {
   int64_t error_aware_evicted_ = 0;               // of the latest BuildHybrid
   CompressionStageTimes times_;
   StageClock clock_;
+  std::vector<float> center_;  // merge_gate (lazy)
+  bool have_center_ = false;
+  int64_t gate_evicted_ = 0;  // merge_gate: hybrid tokens evicted by the gate (latest BuildHybrid)
 };
+
+Status HeadPipeline::EnsureCenter() {
+  if (have_center_) return Status::Ok();
+  KVD_RETURN_IF_ERROR(EnsureKeysPre());
+  MeanCentredAdjacentCosine(kpre_.View(), &center_);
+  have_center_ = true;
+  return Status::Ok();
+}
 
 Status HeadPipeline::EnsureKeysPre() {
   if (have_kpre_) return Status::Ok();
@@ -209,6 +221,20 @@ Status HeadPipeline::BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t)
       for (int64_t c = 0; c < d_; ++c) dot += double(kpre_.Row(i)[c]) * kpre_.Row(a)[c];
       const double den = norm(i) * norm(a);
       if (!(den > 0.0 && dot / den >= opt_.hybrid_min_cos)) owner[i] = -1;
+    }
+  }
+  // Centred-similarity gate (plan.h merge_gate): closed layer = no merges; else a token joins its
+  // absorber only if their centred cosine reaches merge_gate_min_cos.
+  gate_evicted_ = 0;
+  if (opt_.merge_gate) {
+    KVD_RETURN_IF_ERROR(EnsureCenter());
+    for (int64_t i = 0; i < n_; ++i) {
+      if (owner[i] < 0 || pool[owner[i]] == i) continue;
+      if (!in_.merge_layer_open || CentredCosine(kpre_.Row(i), kpre_.Row(pool[owner[i]]), center_,
+                                                 d_) < opt_.merge_gate_min_cos) {
+        owner[i] = -1;
+        ++gate_evicted_;
+      }
     }
   }
   // Group members per slot (absorber first, then the others by token distance, ties left); the
@@ -341,6 +367,12 @@ Status HeadPipeline::BuildKvSlimmer(int64_t pool, SlotTable* t) {
                       .mask = MaskKind::kByPosition,
                       .guard = opt_.merge_guard,
                       .guard_alpha_margin = opt_.merge_guard_alpha_margin};
+  if (opt_.merge_gate) {
+    KVD_RETURN_IF_ERROR(EnsureCenter());
+    ko.gate_center = center_;
+    ko.gate_min_cos = opt_.merge_gate_min_cos;
+    ko.gate_evict_all = !in_.merge_layer_open;
+  }
   std::span<const int64_t> qpos = in_.positions.subspan(static_cast<size_t>(n_ - in_.window));
   KVD_RETURN_IF_ERROR(KvSlimmerCompress(*in_.rope, in_.queries, qpos, pool, ko, &kvslimmer_,
                                         &merge_stats_, {.num_threads = 1}));
@@ -467,6 +499,7 @@ Status HeadPipeline::Run(CompactHead* out, CompressionStats* stats) {
   stats->half_pairs += out->slots() + out->value_slots();
   stats->route_reductions += reduced ? 1 : 0;
   stats->error_aware_evicted += error_aware_evicted_;
+  stats->gate_evicted_tokens += gate_evicted_ + merge_stats_.gate_evicted_tokens;
   stats->kvslimmer += merge_stats_;
   stats->stage += times_;
   if (out->slots() + out->value_slots() != 2 * m) {
@@ -501,6 +534,20 @@ Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,
       break;
   }
   return Status::Ok();
+}
+
+StatusOr<double> LayerCentredAdjacentCosine(const RopeTable& rope, std::span<const Matrix> keys,
+                                            std::span<const int64_t> positions) {
+  if (keys.empty()) return 0.0;
+  double total = 0.0;
+  std::vector<float> center;
+  for (const Matrix& k : keys) {
+    Matrix kpre(k.rows, k.cols);
+    KVD_RETURN_IF_ERROR(ApplyRope(rope, RopeDirection::kDerotate, positions, k.View(), kpre.View(),
+                                  {.num_threads = 1}));
+    total += MeanCentredAdjacentCosine(kpre.View(), &center);
+  }
+  return total / static_cast<double>(keys.size());
 }
 
 Status CompressHead(const HeadInput& in, CompactHead* out, CompressionStats* stats) {

@@ -22,7 +22,13 @@ struct HeadInput {
   int64_t kept_pairs = 0;              // M of this head
   const VectorHeadFit* fit = nullptr;  // non-null iff routing
   DType dtype = DType::kBFloat16;
+  bool merge_layer_open = true;  // merge_gate: the layer gate (plan.h)
 };
+
+// merge_gate's layer statistic: the mean over heads of MeanCentredAdjacentCosine of the
+// de-rotated keys (keys[h] post-RoPE [N, d]). Errors of ApplyRope.
+StatusOr<double> LayerCentredAdjacentCosine(const RopeTable& rope, std::span<const Matrix> keys,
+                                            std::span<const int64_t> positions);
 
 // The score stage of one head (plan.h: kNone = recency) into *scores [N]. Single-threaded.
 Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,

@@ -1,7 +1,9 @@
 // KVSlimmer merge weight guards (kvslimmer.h MergeGuard): kClamp, kAlphaFallback and kMean checked
 // against an independent float64 computation of the closed form and of each guard's rule, on
 // hand-made pairs (the clamp flaw alpha 0.05 / 0.40, a member near alpha 1/2, D <= 0) and on many
-// random pairs; and the guards inside a KVSlimmer round (counters, plain-mean keys).
+// random pairs; and the guards inside a KVSlimmer round (counters, plain-mean keys). The
+// centred-similarity gate: CentredCosine / MeanCentredAdjacentCosine and one gated round against
+// a float64 reference of which pairs merge and which slot each dropped pair keeps.
 // Tolerances: the kernel computes the weights in float64 from float32 values and returns them as
 // float32, so weights in [0, 1] agree to float32 rounding (1e-6 absolute); merged keys are one
 // float32 FMA of two unit-scale keys (1e-6 absolute).
@@ -243,6 +245,146 @@ TEST(KvSlimmerGuard, GuardsInsideOneRound) {
       0);
 }
 
+TEST(KvSlimmerGate, CentredCosinesMatchFloat64) {
+  const int64_t n = 30, d = 16;
+  const Matrix k = testing::RandomCorrelatedKeys(n, d, 11, 0.3f);
+  std::vector<double> mu(d, 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < d; ++c) mu[c] += k.Row(i)[c] / double(n);
+  auto ref_cos = [&](int64_t i, int64_t j) {
+    double dot = 0, na = 0, nb = 0;
+    for (int64_t c = 0; c < d; ++c) {
+      const double x = k.Row(i)[c] - mu[c], y = k.Row(j)[c] - mu[c];
+      dot += x * y, na += x * x, nb += y * y;
+    }
+    return dot / std::sqrt(na * nb);
+  };
+  double adjacent = 0;
+  for (int64_t i = 0; i + 1 < n; ++i) adjacent += ref_cos(i, i + 1) / double(n - 1);
+  std::vector<float> center;
+  // The centre is float32 (rounded float64 mean): cosines agree to ~1e-6.
+  EXPECT_NEAR(MeanCentredAdjacentCosine(k.View(), &center), adjacent, 1e-5);
+  ASSERT_EQ(center.size(), static_cast<size_t>(d));
+  for (int64_t c = 0; c < d; ++c) EXPECT_NEAR(center[c], mu[c], 1e-6);
+  EXPECT_NEAR(CentredCosine(k.Row(3), k.Row(20), center, d), ref_cos(3, 20), 1e-5);
+  // A vector equal to the centre is 0 after centring: cosine 0, not NaN.
+  EXPECT_EQ(CentredCosine(k.Row(3), k.Row(4), std::span<const float>(k.Row(3), d), d), 0.0);
+}
+
+// One round (budget S - 10) without and with the gate (plain-mean keys, so a merged key is the
+// mean of its two tokens): the ungated round shows which pairs the ranking selects; the gated
+// round must merge exactly those whose centred cosine (float64 reference, centre = the tokens'
+// mean key) reaches the threshold and, for the others, keep the member with the higher window
+// mass (float64 reference; ties: the second) as it was.
+TEST(KvSlimmerGate, OneGatedRoundMatchesTheFloat64Reference) {
+  const int64_t n = 48, d = 32, budget = 38;
+  RopeConfig rc;
+  auto rope = RopeTable::Create(rc, d);
+  ASSERT_TRUE(rope.ok());
+  const std::vector<int64_t> pos = testing::SequentialPositions(n, 7);
+  Matrix kpost = testing::RandomCorrelatedKeys(n, d, 21, 0.5f);
+  Matrix values = testing::RandomMatrix(n, d, 22);
+  Matrix q = testing::RandomMatrix(4, d, 23, 1.5f);
+  const std::vector<int64_t> qpos(4, n + 7);
+  auto tokens = SlotsFromTokens(*rope, kpost.View(), values.View(), pos);
+  ASSERT_TRUE(tokens.ok());
+  std::vector<float> center;
+  MeanCentredAdjacentCosine(tokens->keys_pre.View(), &center);
+  KvSlimmerOptions opt;
+  opt.sinks = 2;
+  opt.guard = MergeGuard::kMean;
+  SlotSet plain = *tokens;
+  KvSlimmerStats plain_stats;
+  ASSERT_TRUE(KvSlimmerCompress(*rope, q.View(), qpos, budget, opt, &plain, &plain_stats).ok());
+  ASSERT_EQ(plain_stats.rounds, 1);
+  std::vector<char> pair_start(n, 0);
+  for (int64_t j = 0, t = 0; j < plain.size(); t += plain.cardinality[j], ++j) {
+    if (plain.cardinality[j] == 2) pair_start[t] = 1;
+  }
+  const testing::RefMatrix kp = testing::ToRef(kpost.View());
+  const std::vector<double> mass = testing::RefAttentionMass(
+      testing::ToRef(q.View()), 1, kp, {}, testing::RefMask::kByPosition, qpos, pos);
+  std::vector<double> mu(d, 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < d; ++c) mu[c] += tokens->keys_pre.Row(i)[c] / double(n);
+  std::vector<double> pair_cos(n, 0.0), sorted;
+  for (int64_t t = 0; t + 1 < n; ++t) {
+    if (!pair_start[t]) continue;
+    double dot = 0, na = 0, nb = 0;
+    for (int64_t c = 0; c < d; ++c) {
+      const double x = tokens->keys_pre.Row(t)[c] - mu[c];
+      const double y = tokens->keys_pre.Row(t + 1)[c] - mu[c];
+      dot += x * y, na += x * x, nb += y * y;
+    }
+    pair_cos[t] = dot / std::sqrt(na * nb);
+    sorted.push_back(pair_cos[t]);
+  }
+  // The threshold splits the selected pairs in two halves, so both outcomes occur.
+  ASSERT_EQ(sorted.size(), 10u);
+  std::sort(sorted.begin(), sorted.end());
+  const double threshold = 0.5 * (sorted[4] + sorted[5]);
+  // Expected slots: (first token, cardinality) in order.
+  std::vector<std::pair<int64_t, int>> want;
+  int merged = 0, dropped = 0, dropped_tokens = 0;
+  for (int64_t t = 0; t < n;) {
+    if (!pair_start[t]) {
+      want.push_back({t, 1});
+      ++t;
+      continue;
+    }
+    const double cos = pair_cos[t];
+    ASSERT_GT(std::abs(cos - threshold), 1e-4) << "pair at " << t << " too close to call";
+    ASSERT_GT(std::abs(mass[t] - mass[t + 1]), 1e-5 * (mass[t] + mass[t + 1]));
+    if (cos >= threshold) {
+      want.push_back({t, 2});
+      ++merged;
+    } else {
+      want.push_back({mass[t + 1] < mass[t] ? t : t + 1, 1});
+      ++dropped, ++dropped_tokens;
+    }
+    t += 2;
+  }
+  ASSERT_GT(merged, 0);
+  ASSERT_GT(dropped, 0);  // both outcomes occur, so the comparison tells them apart
+  opt.gate_center = center;
+  opt.gate_min_cos = threshold;
+  SlotSet gated = *tokens;
+  KvSlimmerStats stats;
+  ASSERT_TRUE(KvSlimmerCompress(*rope, q.View(), qpos, budget, opt, &gated, &stats).ok());
+  ASSERT_EQ(gated.size(), static_cast<int64_t>(want.size()));
+  EXPECT_EQ(stats.pairs_merged, merged);
+  EXPECT_EQ(stats.gate_evicted_slots, dropped);
+  EXPECT_EQ(stats.gate_evicted_tokens, dropped_tokens);
+  for (size_t j = 0; j < want.size(); ++j) {
+    const auto [t, l] = want[j];
+    ASSERT_EQ(gated.cardinality[j], l) << "slot " << j;
+    EXPECT_EQ(gated.positions[j], pos[t + l - 1]) << "slot " << j;
+    for (int64_t c = 0; c < d; ++c) {
+      double key = 0, vsum = 0;
+      for (int k = 0; k < l; ++k) {
+        key += tokens->keys_pre.Row(t + k)[c] / l;
+        vsum += tokens->value_sums.Row(t + k)[c];
+      }
+      ASSERT_NEAR(gated.keys_pre.Row(j)[c], key, 1e-6) << "slot " << j;
+      ASSERT_NEAR(gated.value_sums.Row(j)[c], vsum, 1e-6) << "slot " << j;
+    }
+  }
+  // A closed gate drops every selected pair: no merged slot, same slot count.
+  opt.gate_evict_all = true;
+  SlotSet closed = *tokens;
+  KvSlimmerStats closed_stats;
+  ASSERT_TRUE(KvSlimmerCompress(*rope, q.View(), qpos, budget, opt, &closed, &closed_stats).ok());
+  EXPECT_EQ(closed.size(), budget);
+  EXPECT_EQ(closed_stats.pairs_merged, 0);
+  EXPECT_EQ(*std::max_element(closed.cardinality.begin(), closed.cardinality.end()), 1);
+  // A centre of the wrong size is a specific error.
+  opt.gate_center = std::span<const float>(center.data(), 5);
+  SlotSet bad = *tokens;
+  const Status s = KvSlimmerCompress(*rope, q.View(), qpos, budget, opt, &bad, &closed_stats);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("gate_center has 5 entries, head_dim is 32"));
+}
+
 TEST(KvSlimmerGuard, OptionChecks) {
   KvSlimmerOptions o;
   EXPECT_EQ(o.guard, MergeGuard::kClamp);  // documented default: the original weights
@@ -253,6 +395,9 @@ TEST(KvSlimmerGuard, OptionChecks) {
   o.guard_alpha_margin = 0.1;
   o.guard = static_cast<MergeGuard>(7);
   EXPECT_THAT(o.Validate().message(), HasSubstr("unknown merge guard"));
+  o.guard = MergeGuard::kClamp;
+  o.gate_min_cos = 1.5;
+  EXPECT_THAT(o.Validate().message(), HasSubstr("gate_min_cos must be in [-1, 1]"));
 }
 
 }  // namespace

@@ -2,13 +2,15 @@
 // independent float64 reference that rebuilds the window queries' attention output from scratch
 // (softmax over the kept tokens plus the merged slot) for "merge into the group" and "evict", on
 // a small chunk where both decisions occur (with the mass-weighted merged key and with the plain
-// mean of merge_guard kMean); and its option checks.
+// mean of merge_guard kMean, and behind the centred-similarity gate of merge_gate); the gate's
+// layer statistic; and the option checks.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "kvd/kernels/plan.h"
@@ -80,7 +82,7 @@ struct SmallChunk {
 // The reference's slots of one head: per pool token (in token order) the group it ends with.
 struct RefHead {
   std::vector<std::vector<int64_t>> groups;
-  int merged = 0, evicted_by_error = 0;
+  int merged = 0, evicted_by_error = 0, gated = 0;
   double min_margin = 1e300;  // smallest |merge - evict| / max(merge, evict) over decisions
 };
 
@@ -143,8 +145,10 @@ RefSlot RefMerge(const RopeConfig& rope, const RefMatrix& kpre, const RefMatrix&
   return s;
 }
 
+// gate: merge_gate_min_cos, NaN = no gate (a candidate whose centred cosine with its absorber is
+// below it is evicted before the error-aware choice).
 RefHead ReferenceHead(const SmallChunk& f, int h, const std::vector<int64_t>& pool, int64_t cap,
-                      bool mean_keys) {
+                      bool mean_keys, double gate) {
   const RefMatrix k = testing::ToRef(f.keys_post[h].View());
   const RefMatrix v = testing::ToRef(f.values[h].View());
   const RefMatrix q = testing::ToRef(f.queries[h].View());
@@ -152,6 +156,17 @@ RefHead ReferenceHead(const SmallChunk& f, int h, const std::vector<int64_t>& po
   const std::vector<double> mass =
       testing::RefAttentionMass(q, kGroup, k, {}, testing::RefMask::kCausalWindow);
   auto forced = [](int64_t i) { return i < kSinks || i >= kN - kWindow; };
+  std::vector<double> mu(kDim, 0.0);
+  for (int64_t i = 0; i < kN; ++i)
+    for (int c = 0; c < kDim; ++c) mu[c] += kpre.at(i, c) / kN;
+  auto centred_cos = [&](int64_t a, int64_t b) {
+    double dot = 0, na = 0, nb = 0;
+    for (int c = 0; c < kDim; ++c) {
+      const double x = kpre.at(a, c) - mu[c], y = kpre.at(b, c) - mu[c];
+      dot += x * y, na += x * x, nb += y * y;
+    }
+    return dot / std::sqrt(na * nb);
+  };
   std::vector<int64_t> absorbers;
   for (int64_t i : pool)
     if (!forced(i)) absorbers.push_back(i);
@@ -165,7 +180,16 @@ RefHead ReferenceHead(const SmallChunk& f, int h, const std::vector<int64_t>& po
         for (int64_t b : absorbers) {
           if (best < 0 || std::llabs(b - i) < std::llabs(best - i)) best = b;
         }
-        if (best == a) cand.push_back(i);
+        if (best != a) continue;
+        if (!std::isnan(gate)) {
+          const double c = centred_cos(i, a);
+          out.min_margin = std::min(out.min_margin, std::abs(c - gate));
+          if (c < gate) {
+            ++out.gated;
+            continue;
+          }
+        }
+        cand.push_back(i);
       }
       std::stable_sort(cand.begin(), cand.end(),
                        [a](int64_t x, int64_t y) { return std::llabs(x - a) < std::llabs(y - a); });
@@ -196,14 +220,17 @@ RefHead ReferenceHead(const SmallChunk& f, int h, const std::vector<int64_t>& po
   return out;
 }
 
-class PlanErrorAware : public ::testing::TestWithParam<MergeGuard> {};
+// (merge guard, merge_gate_min_cos or NaN = no gate)
+class PlanErrorAware : public ::testing::TestWithParam<std::tuple<MergeGuard, double>> {};
 
 TEST_P(PlanErrorAware, EveryMergeDecisionMatchesAFloat64Reference) {
   constexpr int64_t kCap = 3;
   const SmallChunk f(5);
-  const bool mean_keys = GetParam() == MergeGuard::kMean;
+  const auto [guard, gate] = GetParam();
+  const bool mean_keys = guard == MergeGuard::kMean;
   for (double p_c : {0.5, 0.75}) {
-    SCOPED_TRACE("p_c=" + std::to_string(p_c) + (mean_keys ? " mean keys" : ""));
+    SCOPED_TRACE("p_c=" + std::to_string(p_c) + (mean_keys ? " mean keys" : "") + " gate " +
+                 std::to_string(gate));
     const int64_t m = std::llround((1.0 - p_c) * kN);
     // The pool is SnapKV's: the kept tokens of plain eviction at the same budget.
     CompressionPlanOptions evict{
@@ -214,20 +241,26 @@ TEST_P(PlanErrorAware, EveryMergeDecisionMatchesAFloat64Reference) {
     ea.merge = MergeStage::kKvSlimmer;
     ea.hybrid_max_group = kCap;
     ea.hybrid_error_aware = true;
-    ea.merge_guard = GetParam();
+    ea.merge_guard = guard;
+    if (!std::isnan(gate)) {
+      ea.merge_gate = true;
+      ea.merge_gate_min_cos = gate;
+      ea.merge_gate_layer_min = -1.0;  // the layer gate is tested below
+    }
     CompressionStats stats;
     auto chunk = Compress(ea, f.layout, f.Input(), &stats);
     ASSERT_TRUE(chunk.ok()) << chunk.status();
     EXPECT_EQ(chunk->HalfPairs(), 2 * m * kHeads);  // the budget does not change
-    int merged = 0, rejected = 0;
+    int merged = 0, rejected = 0, gated = 0;
     for (int h = 0; h < kHeads; ++h) {
       SCOPED_TRACE("head " + std::to_string(h));
       std::vector<int64_t> pool;
       for (int64_t p : pool_chunk->Head(0, h).positions) pool.push_back(p - f.positions[0]);
       ASSERT_EQ(static_cast<int64_t>(pool.size()), m);
-      const RefHead ref = ReferenceHead(f, h, pool, kCap, mean_keys);
+      const RefHead ref = ReferenceHead(f, h, pool, kCap, mean_keys, gate);
       merged += ref.merged;
       rejected += ref.evicted_by_error;
+      gated += ref.gated;
       // Decisions closer than this could flip between float32 inputs and float64 arithmetic;
       // the fixture's seed keeps every one well apart.
       EXPECT_GT(ref.min_margin, 1e-4);
@@ -254,6 +287,10 @@ TEST_P(PlanErrorAware, EveryMergeDecisionMatchesAFloat64Reference) {
     EXPECT_GT(merged, 0);
     EXPECT_GT(rejected, 0);
     EXPECT_EQ(stats.error_aware_evicted, rejected);
+    EXPECT_EQ(stats.gate_evicted_tokens, gated);
+    if (!std::isnan(gate)) {
+      EXPECT_GT(gated, 0);  // the gate acts on this chunk
+    }
     std::printf("p_c %.2f%s: %d merges accepted, %d rejected\n", p_c,
                 mean_keys ? " (mean keys)" : "", merged, rejected);
   }
@@ -262,7 +299,85 @@ TEST_P(PlanErrorAware, EveryMergeDecisionMatchesAFloat64Reference) {
 // kClamp: the mass-weighted merged key (the original hybrid); kMean: the plain mean
 // (kAlphaFallback merges hybrid groups like kClamp: plan.h).
 INSTANTIATE_TEST_SUITE_P(Guards, PlanErrorAware,
-                         ::testing::Values(MergeGuard::kClamp, MergeGuard::kMean));
+                         ::testing::Values(std::tuple{MergeGuard::kClamp, std::nan("")},
+                                           std::tuple{MergeGuard::kMean, std::nan("")},
+                                           std::tuple{MergeGuard::kClamp, 0.3}));
+
+// The layer gate: its statistic is the mean over the layer's heads of the mean centred cosine of
+// adjacent de-rotated keys (float64 reference). A threshold just above it closes the layer (the
+// hybrid becomes SnapKV eviction of its pool, slot for slot); just below opens it, and with a pair
+// threshold of -1 the gated hybrid is the ungated one, byte for byte.
+TEST(PlanMergeGate, LayerGateDerivedFromTheChunk) {
+  const SmallChunk f(5);
+  double stat = 0.0;
+  for (int h = 0; h < kHeads; ++h) {
+    const RefMatrix kpre =
+        testing::RefRope(f.layout.rope, testing::ToRef(f.keys_post[h].View()), f.positions, -1);
+    std::vector<double> mu(kDim, 0.0);
+    for (int64_t i = 0; i < kN; ++i)
+      for (int c = 0; c < kDim; ++c) mu[c] += kpre.at(i, c) / kN;
+    double sum = 0.0;
+    for (int64_t i = 0; i + 1 < kN; ++i) {
+      double dot = 0, na = 0, nb = 0;
+      for (int c = 0; c < kDim; ++c) {
+        const double x = kpre.at(i, c) - mu[c], y = kpre.at(i + 1, c) - mu[c];
+        dot += x * y, na += x * x, nb += y * y;
+      }
+      sum += dot / std::sqrt(na * nb);
+    }
+    stat += sum / (kN - 1) / kHeads;
+  }
+  CompressionPlanOptions evict{
+      .score = ScoreStage::kSnapKv, .p_c = 0.75, .window = kWindow, .sinks = kSinks};
+  CompressionPlanOptions hybrid = evict;
+  hybrid.merge = MergeStage::kKvSlimmer;
+  auto pool = Compress(evict, f.layout, f.Input());
+  auto plain = Compress(hybrid, f.layout, f.Input());
+  ASSERT_TRUE(pool.ok() && plain.ok());
+  CompressionPlanOptions gated = hybrid;
+  gated.merge_gate = true;
+  gated.merge_gate_layer_min = stat + 1e-3;
+  CompressionStats closed_stats;
+  auto closed = Compress(gated, f.layout, f.Input(), &closed_stats);
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  EXPECT_EQ(closed_stats.gate_closed_layers, 1);
+  EXPECT_EQ(closed_stats.merged_tokens, 0);
+  EXPECT_GT(closed_stats.gate_evicted_tokens, 0);
+  gated.merge_gate_layer_min = stat - 1e-3;
+  gated.merge_gate_min_cos = -1.0;
+  CompressionStats open_stats;
+  auto open = Compress(gated, f.layout, f.Input(), &open_stats);
+  ASSERT_TRUE(open.ok()) << open.status();
+  EXPECT_EQ(open_stats.gate_closed_layers, 0);
+  EXPECT_EQ(open_stats.gate_evicted_tokens, 0);
+  EXPECT_GT(open_stats.merged_tokens, 0);
+  for (int h = 0; h < kHeads; ++h) {
+    const CompactHead& c = closed->Head(0, h);
+    EXPECT_EQ(c.positions, pool->Head(0, h).positions);
+    EXPECT_EQ(c.keys, pool->Head(0, h).keys);
+    EXPECT_EQ(c.values, pool->Head(0, h).values);
+    EXPECT_EQ(c.cardinality, pool->Head(0, h).cardinality);
+    EXPECT_EQ(open->Head(0, h).keys, plain->Head(0, h).keys);
+    EXPECT_EQ(open->Head(0, h).cardinality, plain->Head(0, h).cardinality);
+  }
+}
+
+TEST(PlanMergeGate, OptionChecks) {
+  CompressionPlanOptions o;
+  EXPECT_FALSE(o.merge_gate);  // documented defaults: off, pair 0.5, layer 0.3
+  EXPECT_EQ(o.merge_gate_min_cos, 0.5);
+  EXPECT_EQ(o.merge_gate_layer_min, 0.3);
+  o.merge_gate = true;  // SnapKV eviction: nothing to gate
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(o.Validate().message(), HasSubstr("merge_gate needs a merge stage"));
+  o.merge = MergeStage::kKvSlimmer;
+  EXPECT_TRUE(o.Validate().ok());
+  o.merge_gate_min_cos = -1.5;
+  EXPECT_THAT(o.Validate().message(), HasSubstr("merge_gate_min_cos must be in [-1, 1]"));
+  o.merge_gate_min_cos = 0.5;
+  o.merge_gate_layer_min = 2.0;
+  EXPECT_THAT(o.Validate().message(), HasSubstr("merge_gate_layer_min must be in [-1, 1]"));
+}
 
 TEST(PlanMergeGuard, OptionChecks) {
   CompressionPlanOptions o;

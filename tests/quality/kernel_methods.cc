@@ -30,6 +30,7 @@ struct MethodSpec {
   kernels::HeadBudget budget = kernels::HeadBudget::kUniform;
   bool error_aware = false;  // hybrid: CompressionPlanOptions::hybrid_error_aware
   kernels::MergeGuard guard = kernels::MergeGuard::kClamp;  // merge key weight guard
+  bool gate = false;  // CompressionPlanOptions::merge_gate (plan defaults: pair 0.5, layer 0.3)
 };
 
 constexpr kernels::HeadBudget kAda = kernels::HeadBudget::kAdaptive;
@@ -67,6 +68,13 @@ constexpr MethodSpec kSpecs[] = {
      RouteStage::kNone, kUni, false, kernels::MergeGuard::kAlphaFallback},
     {"hybrid_ea_mean", ScoreStage::kSnapKv, MergeStage::kKvSlimmer, MergeNorm::kL2,
      RouteStage::kVector, kUni, true, kernels::MergeGuard::kMean},
+    // Merges gated by centred key similarity, only in layers where adjacent keys are alike.
+    {"kvslimmer_gated", ScoreStage::kNone, MergeStage::kKvSlimmer, MergeNorm::kL2,
+     RouteStage::kNone, kUni, false, kernels::MergeGuard::kClamp, true},
+    {"hybrid_gated", ScoreStage::kSnapKv, MergeStage::kKvSlimmer, MergeNorm::kL2,
+     RouteStage::kVector, kUni, false, kernels::MergeGuard::kClamp, true},
+    {"hybrid_ea_gated", ScoreStage::kSnapKv, MergeStage::kKvSlimmer, MergeNorm::kL2,
+     RouteStage::kVector, kUni, true, kernels::MergeGuard::kClamp, true},
 };
 
 // The prefix cache as one raw float32 chunk: per layer K[N, H, d] then V[N, H, d].
@@ -142,6 +150,7 @@ class KernelMethod : public CompressionMethod {
     o.head_budget = spec_.budget;
     o.hybrid_error_aware = spec_.error_aware;
     o.merge_guard = spec_.guard;
+    o.merge_gate = spec_.gate;
     o.p_c = p_c;
     o.window = p.window;
     // Sinks are the first tokens of the sequence: a chunk that does not start at position 0
@@ -223,7 +232,7 @@ class KernelMethod : public CompressionMethod {
         "[quality stats] %s p_c=%.2f slots=%lld rebuild=%lld merged_tokens=%lld "
         "evicted=%lld max_l=%d route_reductions=%lld kvslimmer rounds=%lld pairs=%lld "
         "guard_fallbacks=%lld guard_clamps=%lld clamp_to_less=%lld alpha_fallbacks=%lld "
-        "error_aware_evicted=%lld\n",
+        "error_aware_evicted=%lld gate_closed_layers=%lld gate_evicted=%lld\n",
         spec_.name, p_c, static_cast<long long>(st.slots), static_cast<long long>(st.rebuild_slots),
         static_cast<long long>(st.merged_tokens), static_cast<long long>(st.evicted_tokens), max_l,
         static_cast<long long>(st.route_reductions), static_cast<long long>(st.kvslimmer.rounds),
@@ -232,7 +241,9 @@ class KernelMethod : public CompressionMethod {
         static_cast<long long>(st.kvslimmer.guard_clamps),
         static_cast<long long>(st.kvslimmer.guard_clamp_to_less),
         static_cast<long long>(st.kvslimmer.guard_alpha_fallbacks),
-        static_cast<long long>(st.error_aware_evicted));
+        static_cast<long long>(st.error_aware_evicted),
+        static_cast<long long>(st.gate_closed_layers),
+        static_cast<long long>(st.gate_evicted_tokens));
   }
   MethodSpec spec_;
   std::optional<kernels::VectorWeights> weights_;

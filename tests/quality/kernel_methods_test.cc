@@ -81,7 +81,7 @@ TEST(KernelMethodsTest, AllIssueFourMethodsAreRegisteredGlobally) {
   for (const std::string& n : DefaultMethodList()) {
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   }
-  EXPECT_EQ(KernelMethodNames().size(), 17u);
+  EXPECT_EQ(KernelMethodNames().size(), 20u);
   // The harness defaults (a subset sized to fit 20 minutes on 2 cores) and the quick preset name
   // registered methods only.
   for (const auto& list : {HarnessOptions{}.methods, HarnessOptions::Quick().methods}) {
@@ -139,9 +139,15 @@ TEST(KernelMethodsTest, EveryMethodMeetsTheHalfPairBudgetAndKeepsPositions) {
         EXPECT_EQ(slots, budget) << name;
       }
       // Only the merging methods produce slots with l > 1 (bias ln l > 0); the error-aware
-      // hybrid merges only where its estimate says so (it may merge nothing).
-      if (name.rfind("hybrid_ea", 0) != 0) {
-        EXPECT_EQ(merged, name.find("kvslimmer") == 0 || name == "hybrid") << name;
+      // hybrids and the gated methods merge only where their estimate or gate allows (they may
+      // merge nothing).
+      const bool merging = name.find("kvslimmer") == 0 || hybrid;
+      const bool conditional =
+          name.rfind("hybrid_ea", 0) == 0 || name.find("gated") != std::string::npos;
+      if (!merging) {
+        EXPECT_FALSE(merged) << name;
+      } else if (!conditional) {
+        EXPECT_TRUE(merged) << name;
       }
     }
   }

@@ -36,6 +36,13 @@
 //                [0, 1] there).
 //  kMean:        every pair is the plain mean (1/2, 1/2); no statistics are used for the key.
 //
+// Centred-similarity gate (optional; plan.h merge_gate): with a centre c (the head's mean
+// pre-RoPE key over the chunk), a selected pair (m, m+1) merges only if CentredCosine(k_m, k_{m+1},
+// c) >= gate_min_cos; otherwise the member with the lower mass m_j (ties: the first) is dropped,
+// its tokens evicted (gate_evicted_slots / gate_evicted_tokens). gate_evict_all drops for every
+// pair (the layer's gate is closed). Either way a selected pair removes one slot: the rounds and
+// the exact budget are unchanged.
+//
 // Representative position of a merged slot: kLast = position of the later slot (original
 // positions are kept: the decode engine continues at N); kWeighted = llround(w_m p_m + w_{m+1}
 // p_{m+1}) with the merge weights (where the merged key "lives" between the two).
@@ -77,9 +84,20 @@ struct KvSlimmerOptions {
   // kAlphaFallback: a pair falls back to the alpha-weighted mean when a member's alpha is within
   // this distance of 1/2. In [0, 0.5]; default 0.1.
   double guard_alpha_margin = 0.1;
+  // Centred-similarity gate (file comment): off when empty, else the centre [d].
+  std::span<const float> gate_center;
+  double gate_min_cos = 0.5;    // in [-1, 1]
+  bool gate_evict_all = false;  // with a centre: drop instead of merging for every pair
 
   Status Validate() const;
 };
+
+// cos(a - c, b - c) in float64 over d entries (c may be empty = 0); 0 when either centred vector
+// is 0.
+double CentredCosine(const float* a, const float* b, std::span<const float> center, int64_t d);
+// The mean of `keys` ([N, d]) into *center (float64 sums) and the mean over adjacent rows of
+// CentredCosine(k_i, k_{i+1}, center); 0 when N < 2.
+double MeanCentredAdjacentCosine(ConstMatrixView keys, std::vector<float>* center);
 
 // The slots of one KV head.
 struct SlotSet {
@@ -163,6 +181,8 @@ struct KvSlimmerStats {
   int64_t guard_clamps = 0;           // pairs whose weights were clamped into [0, 1]
   int64_t guard_clamp_to_less = 0;    // pairs where the clamp gives weight 1 to the less attended
   int64_t guard_alpha_fallbacks = 0;  // kAlphaFallback: pairs merged as the alpha-weighted mean
+  int64_t gate_evicted_slots = 0;     // gate: pairs that dropped a slot instead of merging
+  int64_t gate_evicted_tokens = 0;    // gate: tokens in those dropped slots
   KvSlimmerStats& operator+=(const KvSlimmerStats& o);
 };
 

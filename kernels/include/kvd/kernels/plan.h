@@ -32,6 +32,8 @@
 //                         `hybrid_max_group` tokens join a slot (absorber included); candidates
 //                         left after the slot is full are evicted. Needs window queries.
 //   - merge_guard:        how a merged key weighs its tokens (field comment; kvslimmer.h).
+//   - merge_gate:         merges allowed only between keys alike after centring, and only in
+//                         layers where adjacent keys are alike after centring (field comment).
 //   - route kVector:      among the slots of cardinality 1 that are not sinks/window, the ones
 //                         with the smallest |v - W kpre|^2 drop their value (section 4.2).
 //
@@ -115,6 +117,20 @@ struct CompressionPlanOptions {
   MergeGuard merge_guard = MergeGuard::kClamp;
   // kAlphaFallback: KvSlimmerOptions::guard_alpha_margin, in [0, 0.5]. Default 0.1.
   double merge_guard_alpha_margin = 0.1;
+  // Merges gated by centred key similarity (default off; needs merge kKvSlimmer). The centre of
+  // a head is its mean pre-RoPE key over the chunk; CentredCosine / MeanCentredAdjacentCosine
+  // are in kvslimmer.h. Layer gate, derived from the chunk: a layer merges at all only when the
+  // mean over its KV heads of MeanCentredAdjacentCosine (adjacent tokens of the chunk) is
+  // >= merge_gate_layer_min; in a closed layer every token a merge would take is evicted instead
+  // (the hybrid becomes eviction of its pool; KVSlimmer drops the less attended slot of every
+  // pair it selects). Pair gate in open layers: hybrid: a token joins its absorber only if the
+  // centred cosine of their pre-RoPE keys is >= merge_gate_min_cos, else it is evicted (before
+  // the cap and the error-aware choice); KVSlimmer: the KvSlimmerOptions gate (a pair failing it
+  // drops its less attended slot). The budget is unchanged. Counters: CompressionStats
+  // gate_closed_layers, gate_evicted_tokens. Not recorded in CodecDescription.
+  bool merge_gate = false;
+  double merge_gate_min_cos = 0.5;    // pair gate, in [-1, 1]
+  double merge_gate_layer_min = 0.3;  // layer gate, in [-1, 1]; -1 opens every layer
 
   // INVALID_ARGUMENT (OUT_OF_RANGE for p_c) naming the field.
   Status Validate() const;
@@ -158,6 +174,10 @@ struct CompressionStats {
   // hybrid_error_aware: tokens evicted because merging them was estimated to cost more (the
   // candidates left once a slot is full are not counted).
   int64_t error_aware_evicted = 0;
+  // merge_gate: layers whose gate was closed (counted once per layer), and tokens evicted by
+  // either gate instead of being merged (hybrid: tokens; KVSlimmer: tokens of dropped slots).
+  int64_t gate_closed_layers = 0;
+  int64_t gate_evicted_tokens = 0;
   CompressionStageTimes stage;  // time per stage (see CompressionStageTimes)
   int64_t total_ns = 0;         // wall time of the whole Compress call (steady_clock)
 };
