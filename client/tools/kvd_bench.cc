@@ -50,6 +50,7 @@
 
 #include "daemon_stats.h"
 #include "kvd/client/client.h"
+#include "kvd/common/cli.h"
 #include "util.h"
 
 namespace {
@@ -264,13 +265,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-shm", no_shm, "force the transport (UCX) path over a unix socket");
   app.add_flag("--verify", verify, "compare every byte read back");
   app.add_flag("--json", json, "print one JSON object");
-  if (int rc = kvd::tools::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
   kvd::client::ClientOptions base;
   kvd::tools::ApplyConnectionFlags(connection, &base);
-  auto usage_error = [&](const std::string& why) {
-    std::cerr << "kvd-bench: " << why << "\nRun kvd-bench --help for the options.\n";
-    return 2;
-  };
+  auto usage_error = [&](const std::string& why) { return kvd::cli::UsageError(app, why); };
   if (op != "put" && op != "get" && op != "both" && op != "memcpy")
     return usage_error("--op must be put, get, both or memcpy");
   if (count <= 0 || concurrency <= 0 || depth <= 0 || lookup_batch <= 0) {

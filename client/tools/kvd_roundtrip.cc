@@ -15,6 +15,7 @@
 #include <random>
 
 #include "kvd/client/client.h"
+#include "kvd/common/cli.h"
 #include "util.h"
 
 namespace {
@@ -43,7 +44,7 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", total, "prompt tokens (default 600: two full chunks and a partial)")
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  if (int rc = kvd::tools::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
   kvd::client::ClientOptions o;
   kvd::tools::ApplyConnectionFlags(connection, &o);
   o.model = model;

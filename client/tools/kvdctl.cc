@@ -29,6 +29,7 @@
 
 #include "kvd/client/client.h"
 #include "kvd/client/json.h"
+#include "kvd/common/cli.h"
 #include "util.h"
 
 namespace {
@@ -40,12 +41,7 @@ using kvd::tools::HumanDuration;
 using kvd::tools::PrintCalibration;
 using kvd::tools::PrintTable;
 
-constexpr int kExitOk = 0, kExitDaemonError = 1, kExitUsage = 2, kExitConnect = 3;
-
-int Usage(const std::string& why) {
-  std::cerr << "kvdctl: " << why << "\nRun kvdctl --help for the commands and options.\n";
-  return kExitUsage;
-}
+constexpr int kExitOk = 0, kExitDaemonError = 1, kExitConnect = 3;  // usage: 2 (cli.h)
 
 int Fail(const Status& s, bool json, bool connecting) {
   bool conn = connecting || s.code() == StatusCode::kUnavailable ||
@@ -207,12 +203,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   events->add_option("--queue", queue, "events kvd queues for us before it drops (0 = default)")
       ->check(CLI::Range(int64_t{0}, int64_t{UINT32_MAX}));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    return Usage(e.what());
-  }
+  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
   const std::string cmd = app.get_subcommands().front()->get_name();
 
   kvd::client::ClientOptions o;
@@ -233,7 +224,8 @@ int main(int argc, char** argv) {
   if (cmd == "evict") {
     int scopes = all + !ns.empty() + !model.empty() + !chunk.empty();
     if (scopes != 1)
-      return Usage("evict needs exactly one of --all, --namespace, --model, --chunk");
+      return kvd::cli::UsageError(
+          app, "evict needs exactly one of --all, --namespace, --model, --chunk");
     if (!ns.empty()) {
       filter.kind = kvd::client::EvictFilter::Kind::kNamespace;
       filter.name = ns;
@@ -243,7 +235,7 @@ int main(int argc, char** argv) {
     } else if (!chunk.empty()) {
       filter.kind = kvd::client::EvictFilter::Kind::kChunk;
       if (!kvd::Hash128::FromHex(chunk, &filter.chunk)) {
-        return Usage("--chunk needs 32 hex digits, got '" + chunk + "'");
+        return kvd::cli::UsageError(app, "--chunk needs 32 hex digits, got '" + chunk + "'");
       }
     }
   }
@@ -251,7 +243,7 @@ int main(int argc, char** argv) {
   auto client = kvd::client::Client::Connect(o);
   if (!client.ok()) {
     if (client.status().code() == StatusCode::kInvalidArgument)
-      return Usage(client.status().message());
+      return kvd::cli::UsageError(app, client.status().message());
     return Fail(client.status(), json, true);
   }
   auto& c = *client;

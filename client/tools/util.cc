@@ -10,68 +10,6 @@
 
 namespace kvd::tools {
 
-Args::Args(int argc, char** argv, std::set<std::string> flags, std::set<std::string> valued) {
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (!a.starts_with("--")) {
-      positionals_.push_back(a);
-      continue;
-    }
-    std::string name = a, value;
-    bool has_value = false;
-    if (size_t eq = a.find('='); eq != std::string::npos) {
-      name = a.substr(0, eq);
-      value = a.substr(eq + 1);
-      has_value = true;
-    }
-    if (flags.count(name)) {
-      if (has_value) error_ = name + " takes no value";
-      values_[name] = "1";
-    } else if (valued.count(name)) {
-      if (!has_value) {
-        if (i + 1 >= argc) {
-          error_ = name + " needs a value";
-          return;
-        }
-        value = argv[++i];
-      }
-      values_[name] = value;
-    } else {
-      error_ = "unknown option " + name;
-      return;
-    }
-  }
-}
-
-std::string Args::Get(const std::string& name, const std::string& fallback) const {
-  auto it = values_.find(name);
-  return it == values_.end() ? fallback : it->second;
-}
-
-int64_t Args::GetInt(const std::string& name, int64_t fallback) {
-  auto it = values_.find(name);
-  if (it == values_.end()) return fallback;
-  const std::string& s = it->second;
-  char* end = nullptr;
-  long long v = std::strtoll(s.c_str(), &end, 10);
-  if (end == s.c_str()) {
-    error_ = name + " needs an integer, got '" + s + "'";
-    return fallback;
-  }
-  std::string suffix(end);
-  if (suffix == "K" || suffix == "KiB" || suffix == "k")
-    v <<= 10;
-  else if (suffix == "M" || suffix == "MiB")
-    v <<= 20;
-  else if (suffix == "G" || suffix == "GiB")
-    v <<= 30;
-  else if (!suffix.empty()) {
-    error_ = name + ": bad number '" + s + "'";
-    return fallback;
-  }
-  return v;
-}
-
 std::string HumanBytes(uint64_t bytes) {
   static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   double v = static_cast<double>(bytes);
@@ -162,30 +100,6 @@ void ApplyConnectionFlags(const ConnectionFlags& f, client::ClientOptions* o) {
     o->connect_timeout_ms = o->request_timeout_ms = f.timeout_ms;
     o->transfer_timeout_ms = std::max<int64_t>(f.timeout_ms, 30000);
   }
-}
-
-void ApplyConnectionArgs(Args& args, client::ClientOptions* o) {
-  ConnectionFlags f;
-  f.addr = args.Get("--addr");
-  f.ucx_tls = args.Get("--ucx-tls");
-  f.net_devices = args.Get("--net-devices");
-  f.name_space = args.Get("--namespace");
-  f.hash_seed = args.Get("--hash-seed");
-  f.client_id = args.Get("--client-id");
-  if (args.Has("--timeout-ms")) f.timeout_ms = args.GetInt("--timeout-ms", 10000);
-  ApplyConnectionFlags(f, o);
-}
-
-int ParseCommandLine(CLI::App& app, int argc, char** argv) {
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::cerr << app.get_name() << ": " << e.what() << "\nRun " << app.get_name()
-              << " --help for the options.\n";
-    return 2;
-  }
-  return -1;
 }
 
 StatusOr<client::ModelInfo> FindModel(const client::ClientOptions& base, const std::string& model,

@@ -1,11 +1,10 @@
-// Helpers shared by kvdctl, kvd-bench and kvd-roundtrip: argument parsing, human-readable units,
-// aligned tables, and option wiring. Not part of the library's API.
+// Helpers shared by kvdctl, kvd-bench, kvd-roundtrip and kvd-demo: human-readable units, aligned
+// tables, and the connection options (command-line conventions: kvd/common/cli.h). Not part of
+// the library's API.
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <ostream>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -16,25 +15,6 @@ class App;
 }  // namespace CLI
 
 namespace kvd::tools {
-
-// "--name value", "--name=value" and bare "--flag" arguments, plus positionals.
-class Args {
- public:
-  // `flags` take no value; every other "--x" takes one. Unknown names are errors (usage).
-  Args(int argc, char** argv, std::set<std::string> flags, std::set<std::string> valued);
-  bool ok() const { return error_.empty(); }
-  const std::string& error() const { return error_; }
-  bool Has(const std::string& name) const { return values_.count(name) > 0; }
-  std::string Get(const std::string& name, const std::string& fallback = "") const;
-  // Parses an integer value with optional K/M/G (1024-based) suffix; sets error() on failure.
-  int64_t GetInt(const std::string& name, int64_t fallback);
-  const std::vector<std::string>& positionals() const { return positionals_; }
-
- private:
-  std::map<std::string, std::string> values_;
-  std::vector<std::string> positionals_;
-  std::string error_;
-};
 
 // 1536 -> "1.5 KiB"; 0 -> "0 B".
 std::string HumanBytes(uint64_t bytes);
@@ -52,25 +32,16 @@ void PrintCalibration(std::ostream& os, const std::vector<client::CalibrationInf
 
 // Common transport / connection flags: --addr, --ucx-tls, --net-devices, --namespace,
 // --hash-seed, --client-id, --timeout-ms.
-inline const std::set<std::string> kConnectionFlags = {
-    "--addr",      "--ucx-tls",   "--net-devices", "--namespace",
-    "--hash-seed", "--client-id", "--timeout-ms"};
 // Their values ("" / 0 = not given).
 struct ConnectionFlags {
   std::string addr, ucx_tls, net_devices, name_space, hash_seed, client_id;
   int64_t timeout_ms = 0;
 };
-// Declares the connection flags on a CLI11 command line (kvd-bench, kvd-roundtrip).
+// Declares the connection flags on a CLI11 command line (kvd-bench, kvd-roundtrip, kvd-demo).
 void AddConnectionOptions(CLI::App& app, ConnectionFlags* flags);
 // Sets what was given: --addr (else $KVD_ADDR), transport, namespace, seed, client id, and
 // --timeout-ms as the connect and request timeouts (the transfer timeout at least 30 s).
 void ApplyConnectionFlags(const ConnectionFlags& flags, client::ClientOptions* options);
-// The same from Args (tools not on CLI11 yet).
-void ApplyConnectionArgs(Args& args, client::ClientOptions* options);
-// Parses `app`; returns -1 to go on, else the exit code: 0 after --help, 2 (usage) after
-// printing "<name>: <error>" and a pointer to --help.
-int ParseCommandLine(CLI::App& app, int argc, char** argv);
-
 // Asks the daemon (admin role) for a registered model's layout and chunk size.
 StatusOr<client::ModelInfo> FindModel(const client::ClientOptions& base, const std::string& model,
                                       uint32_t* chunk_tokens);

@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 
+#include "kvd/common/cli.h"
 #include "kvd/common/logging.h"
 #include "kvd/daemon/config.h"
 #include "kvd/daemon/server.h"
@@ -100,13 +101,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
   app.add_flag("--print-default-config", print_default,
                "print the embedded default topology and exit");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::cerr << "kvd: " << e.what() << "\nRun kvd --help for the options.\n";
-    return kExitUsage;
-  }
+  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
   if (print_default) {
     std::cout << kvd::daemon::EmbeddedDefaultConfigYaml();
     return 0;

@@ -9,61 +9,36 @@
 #include <iostream>
 #include <string>
 
+#include "cli_options.h"
 #include "diagnose.h"
+#include "kvd/common/cli.h"
 #include "kvd/llama/model.h"
 
 int main(int argc, char** argv) {
-  constexpr const char* kUsage =
-      "usage: kvd-quality-diag --model PATH [--manifest FILE] [--out DIR] [--segments 3]\n"
-      "                        [--prefix 1024] [--continuation 64] [--window 64]\n"
-      "                        [--calib-max 32] [--text-file PATH]... [--threads N]\n";
   std::string model_path, out_dir = "quality-diag";
   kvd::quality::DiagnoseOptions o;
   o.manifest_path = KVD_QUALITY_DEFAULT_MANIFEST;
-  std::string command = "kvd-quality-diag";
-  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
-  try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto val = [&]() -> std::string {
-        if (i + 1 >= argc) throw std::invalid_argument("missing value for " + a);
-        return argv[++i];
-      };
-      if (a == "--model")
-        model_path = val();
-      else if (a == "--manifest")
-        o.manifest_path = val();
-      else if (a == "--out")
-        out_dir = val();
-      else if (a == "--segments")
-        o.segments = std::stoi(val());
-      else if (a == "--prefix")
-        o.prefix_tokens = std::stoi(val());
-      else if (a == "--continuation")
-        o.continuation_tokens = std::stoi(val());
-      else if (a == "--window")
-        o.window = std::stoi(val());
-      else if (a == "--calib-max")
-        o.max_calib_prefixes = std::stoi(val());
-      else if (a == "--text-file")
-        o.text_files.push_back(val());
-      else if (a == "--threads")
-        o.threads = std::stoi(val());
-      else if (a == "--help" || a == "-h") {
-        std::cout << kUsage;
-        return 0;
-      } else {
-        throw std::invalid_argument("unknown argument " + a);
-      }
-    }
-  } catch (const std::exception& e) {
-    std::cerr << kUsage << "kvd-quality-diag: " << e.what() << "\n";
-    return 2;
-  }
-  if (model_path.empty()) {
-    std::cerr << kUsage << "kvd-quality-diag: --model is required\n";
-    return 2;
-  }
+  const std::string command = kvd::quality::CommandLine("kvd-quality-diag", argc, argv);
+  CLI::App app{
+      "kvd-quality-diag: per layer and KV head, why merging and VECTOR win or lose "
+      "(writes DIR/heads.csv and DIR/layers.md)",
+      "kvd-quality-diag"};
+  app.footer("exit codes: 0 ok, 1 failure, 2 usage");
+  kvd::quality::AddEvalOptions(app, {.model_path = &model_path,
+                                     .manifest_path = &o.manifest_path,
+                                     .out_dir = &out_dir,
+                                     .text_files = &o.text_files,
+                                     .segments = &o.segments,
+                                     .prefix_tokens = &o.prefix_tokens,
+                                     .continuation_tokens = &o.continuation_tokens,
+                                     .window = &o.window,
+                                     .threads = &o.threads})
+      ->required();
+  app.add_option("--calib-max", o.max_calib_prefixes, "calibration prefixes of the \"all\" fit")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
+  if (kvd::Status v = o.Validate(); !v.ok()) return kvd::cli::UsageError(app, v.message());
   auto model = kvd::llama::LlamaModel::Load(model_path);
   if (!model.ok()) {
     std::cerr << "kvd-quality-diag: " << model.status() << "\n";

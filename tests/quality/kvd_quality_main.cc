@@ -11,124 +11,90 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <vector>
 
+#include "cli_options.h"
 #include "harness.h"
+#include "kvd/common/cli.h"
 #include "kvd/llama/model.h"
 #include "plot.h"
 #include "report.h"
-
-namespace {
-
-constexpr const char* kUsage =
-    "usage: kvd-quality --model PATH [--manifest FILE] [--out DIR] [--quick]\n"
-    "                   [--methods full,sink_recent] [--ratios 0.5,0.75,0.9] [--segments 10]\n"
-    "                   [--prefix 1024] [--continuation 128] [--window 64] [--passkey 1024]\n"
-    "                   [--modes one-shot,chunk-wise] [--chunk 256] [--chunk-window 16]\n"
-    "                   [--passkey-trials 20] [--multikey-trials 20] [--calib-segments 4]\n"
-    "                   [--passkey-methods full,snapkv] (default: full,snapkv,keydiff;\n"
-    "                   with --methods alone: every listed method)\n"
-    "                   [--bootstrap 2000] [--text-file PATH]... [--threads N] [--list-methods]\n"
-    "  --text-file PATH (repeatable) evaluates these UTF-8 files instead of the manifest's eval\n"
-    "  texts (calibration still uses the manifest's calib texts).\n"
-    "       kvd-quality --plot-from results.csv --out DIR   (re-draws DIR/perplexity-<mode>.png)\n";
-
-std::vector<std::string> SplitCommas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   std::string model_path, out_dir = "quality-out", plot_from;
   kvd::quality::HarnessOptions o;
   o.manifest_path = KVD_QUALITY_DEFAULT_MANIFEST;
-  std::string command = "kvd-quality";
-  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
-  // --quick first, so that explicit flags override the preset.
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--quick") {
-      const std::string manifest = o.manifest_path;
-      o = kvd::quality::HarnessOptions::Quick();
-      o.manifest_path = manifest;
-    }
-  }
-  bool passkey_methods_given = false;
-  for (int i = 1; i < argc; ++i)
-    passkey_methods_given |= std::string(argv[i]) == "--passkey-methods";
-  try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto val = [&]() -> std::string {
-        if (i + 1 >= argc) throw std::invalid_argument("missing value for " + a);
-        return argv[++i];
-      };
-      if (a == "--model")
-        model_path = val();
-      else if (a == "--manifest")
-        o.manifest_path = val();
-      else if (a == "--out")
-        out_dir = val();
-      else if (a == "--quick")
-        continue;
-      else if (a == "--methods") {
-        o.methods = SplitCommas(val());
-        // Explicit methods without --passkey-methods: every listed method answers the passkey.
-        if (!passkey_methods_given) o.passkey_methods.clear();
-      } else if (a == "--passkey-methods") {
-        o.passkey_methods = SplitCommas(val());
-        passkey_methods_given = true;
-      } else if (a == "--ratios") {
-        o.ratios.clear();
-        for (const auto& r : SplitCommas(val())) o.ratios.push_back(std::stod(r));
-      } else if (a == "--segments")
-        o.max_segments = std::stoi(val());
-      else if (a == "--prefix")
-        o.prefix_tokens = std::stoi(val());
-      else if (a == "--continuation")
-        o.continuation_tokens = std::stoi(val());
-      else if (a == "--window")
-        o.window = std::stoi(val());
-      else if (a == "--passkey")
-        o.passkey_filler_tokens = std::stoi(val());
-      else if (a == "--text-file")
-        o.text_files.push_back(val());
-      else if (a == "--modes")
-        o.modes = SplitCommas(val());
-      else if (a == "--chunk")
-        o.chunk_tokens = std::stoi(val());
-      else if (a == "--chunk-window")
-        o.chunk_window = std::stoi(val());
-      else if (a == "--passkey-trials")
-        o.passkey_trials = std::stoi(val());
-      else if (a == "--multikey-trials")
-        o.multikey_trials = std::stoi(val());
-      else if (a == "--calib-segments")
-        o.calibration_segments = std::stoi(val());
-      else if (a == "--bootstrap")
-        o.bootstrap_samples = std::stoi(val());
-      else if (a == "--threads")
-        o.threads = std::stoi(val());
-      else if (a == "--plot-from")
-        plot_from = val();
-      else if (a == "--list-methods") {
-        for (const auto& n : kvd::quality::MethodRegistry::Global().Names()) std::cout << n << "\n";
-        return 0;
-      } else if (a == "--help" || a == "-h") {
-        std::cout << kUsage;
-        return 0;
-      } else {
-        throw std::invalid_argument("unknown argument " + a);
-      }
-    }
-  } catch (const std::exception& e) {
-    std::cerr << kUsage << "kvd-quality: " << e.what() << "\n";
-    return 2;
+  const std::string command = kvd::quality::CommandLine("kvd-quality", argc, argv);
+  CLI::App app{
+      "kvd-quality: the compression quality harness (perplexity, top-1 agreement, "
+      "attention error and passkey retrieval of each method against the full cache)",
+      "kvd-quality"};
+  app.footer(
+      "kvd-quality --plot-from results.csv --out DIR re-draws DIR/perplexity-<mode>.png\n"
+      "exit codes: 0 ok, 1 failure, 2 usage");
+  // --quick first: its preset is applied before the options given with it (CLI11 stores the
+  // options in the order they are declared), so explicit options override the preset.
+  app.add_flag_callback(
+      "--quick",
+      [&o] {
+        const std::string manifest = o.manifest_path;
+        o = kvd::quality::HarnessOptions::Quick();
+        o.manifest_path = manifest;
+      },
+      "the quick preset (fewer methods, segments and trials; the options given override it)");
+  CLI::Option* model_opt =
+      kvd::quality::AddEvalOptions(app, {.model_path = &model_path,
+                                         .manifest_path = &o.manifest_path,
+                                         .out_dir = &out_dir,
+                                         .text_files = &o.text_files,
+                                         .segments = &o.max_segments,
+                                         .prefix_tokens = &o.prefix_tokens,
+                                         .continuation_tokens = &o.continuation_tokens,
+                                         .window = &o.window,
+                                         .threads = &o.threads});
+  CLI::Option* methods_opt =
+      app.add_option("--methods", o.methods, "methods, comma separated (--list-methods)")
+          ->delimiter(',')
+          ->capture_default_str();
+  CLI::Option* passkey_methods_opt =
+      app.add_option("--passkey-methods", o.passkey_methods,
+                     "methods answering the passkey (default full,snapkv,keydiff; with --methods "
+                     "alone: every listed method)")
+          ->delimiter(',');
+  app.add_option("--ratios", o.ratios, "compression ratios p_c, comma separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--modes", o.modes, "one-shot, chunk-wise (comma separated)")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--passkey", o.passkey_filler_tokens, "passkey context in tokens (0: no passkey)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--chunk", o.chunk_tokens, "chunk-wise: chunk length in tokens")
+      ->capture_default_str();
+  app.add_option("--chunk-window", o.chunk_window, "chunk-wise: window queries per chunk")
+      ->capture_default_str();
+  app.add_option("--passkey-trials", o.passkey_trials, "random keys per depth")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--multikey-trials", o.multikey_trials, "multi-key prompts per depth")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--calib-segments", o.calibration_segments, "calibration prefixes")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--bootstrap", o.bootstrap_samples, "bootstrap resamples for the intervals")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--plot-from", plot_from, "re-draw the plots of this results.csv into --out");
+  bool list_methods = false;
+  app.add_flag("--list-methods", list_methods, "print the registered methods and exit");
+  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
+  // Explicit methods without --passkey-methods: every listed method answers the passkey.
+  if (methods_opt->count() > 0 && passkey_methods_opt->count() == 0) o.passkey_methods.clear();
+  if (list_methods) {
+    for (const auto& n : kvd::quality::MethodRegistry::Global().Names()) std::cout << n << "\n";
+    return 0;
   }
   if (!plot_from.empty()) {
     std::ifstream in(plot_from, std::ios::binary);
@@ -149,10 +115,8 @@ int main(int argc, char** argv) {
     for (const auto& l : kvd::quality::PlotLegend(*rep)) std::cout << l << "\n";
     return 0;
   }
-  if (model_path.empty()) {
-    std::cerr << kUsage << "kvd-quality: --model is required\n";
-    return 2;
-  }
+  if (model_opt->count() == 0) return kvd::cli::UsageError(app, "--model is required");
+  if (kvd::Status v = o.Validate(); !v.ok()) return kvd::cli::UsageError(app, v.message());
   auto model = kvd::llama::LlamaModel::Load(model_path);
   if (!model.ok()) {
     std::cerr << "kvd-quality: " << model.status() << "\n";

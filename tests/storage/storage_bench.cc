@@ -2,6 +2,7 @@
 // baselines that bound them (memcpy and Checksum64 of the same bytes), measured in the same run.
 // Not run by ctest. Usage: storage_bench [--chunk-mib=2 | --chunk-bytes=N] [--iters=200]
 //                                       [--disk-dir=/tmp]
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kvd/common/cli.h"
 #include "kvd/storage/disk_tier.h"
 #include "kvd/storage/host_tier.h"
 #include "test_util.h"
@@ -153,23 +155,18 @@ int main(int argc, char** argv) {
   size_t chunk_bytes = size_t{2} << 20;
   int iters = 200;
   std::string disk_dir = std::filesystem::temp_directory_path().string();
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--chunk-mib=", 0) == 0)
-      chunk_bytes = std::stoul(a.substr(12)) << 20;
-    else if (a.rfind("--chunk-bytes=", 0) == 0)
-      chunk_bytes = std::stoul(a.substr(14));
-    else if (a.rfind("--iters=", 0) == 0)
-      iters = std::stoi(a.substr(8));
-    else if (a.rfind("--disk-dir=", 0) == 0)
-      disk_dir = a.substr(11);
-    else
-      return std::fprintf(stderr,
-                          "usage: %s [--chunk-mib=2 | --chunk-bytes=N] [--iters=200] "
-                          "[--disk-dir=DIR]\n",
-                          argv[0]),
-             2;
-  }
+  size_t chunk_mib = 0;
+  CLI::App app{"storage_bench: throughput and latency of the storage tiers", "storage_bench"};
+  auto* mib = app.add_option("--chunk-mib", chunk_mib, "chunk size in MiB (default 2)")
+                  ->check(CLI::Range(size_t{1}, size_t{1024}));
+  app.add_option("--chunk-bytes", chunk_bytes, "chunk size in bytes")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30))
+      ->excludes(mib);
+  app.add_option("--iters", iters, "iterations (at least 32)")->capture_default_str();
+  app.add_option("--disk-dir", disk_dir, "folder of the disk tier's RocksDB")
+      ->capture_default_str();
+  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
+  if (chunk_mib > 0) chunk_bytes = chunk_mib << 20;
   if (iters < 32) iters = 32;
   if (chunk_bytes == 0) return std::fprintf(stderr, "chunk size must be > 0\n"), 2;
   std::printf("storage_bench: chunk %zu bytes, %d iterations\n", chunk_bytes, iters);

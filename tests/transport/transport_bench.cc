@@ -8,6 +8,7 @@
 // keeps `window` receives posted into one buffer (as ucx_perftest does) and the sender keeps
 // `window` sends in flight from one buffer; time runs from "GO" to the receiver's "DONE".
 // Prints one line per repetition and a summary with the median.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "child_process.h"
+#include "kvd/common/cli.h"
 #include "kvd/transport/transport.h"
 #include "test_util.h"
 
@@ -28,19 +30,6 @@ using std::chrono::milliseconds;
 namespace {
 
 constexpr milliseconds kTimeout(30000);
-
-std::string Arg(int argc, char** argv, const std::string& name, const std::string& def) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (name == argv[i]) return argv[i + 1];
-  }
-  return def;
-}
-bool Flag(int argc, char** argv, const std::string& name) {
-  for (int i = 1; i < argc; ++i) {
-    if (name == argv[i]) return true;
-  }
-  return false;
-}
 
 // Keeps up to `window` transfers in flight: post(i) for i in [0, count), waiting in order.
 Status Pipeline(Transport& t, size_t count, size_t window,
@@ -97,13 +86,28 @@ int RunChild(const std::string& config, size_t size, size_t window) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string config = Arg(argc, argv, "--config", "ucx-sm");
-  const size_t size = std::stoull(Arg(argc, argv, "--size", "2097152"));
-  const size_t iters = std::stoull(Arg(argc, argv, "--iters", "200"));
-  const size_t window = std::stoull(Arg(argc, argv, "--window", "16"));
-  const int reps = std::stoi(Arg(argc, argv, "--reps", "5"));
-  const size_t warmup = std::stoull(Arg(argc, argv, "--warmup", "20"));
-  if (Flag(argc, argv, "--child")) return RunChild(config, size, window);
+  CLI::App app{"kvd-transport-bench: tag-message bandwidth between two processes",
+               "kvd-transport-bench"};
+  std::string config = "ucx-sm";
+  size_t size = 2097152, iters = 200, window = 16, warmup = 20;
+  int reps = 5;
+  bool is_child = false;
+  app.add_option("--config", config, "ucx-sm, ucx-tcp, ucx-shm-trusted or loopback-no")
+      ->capture_default_str();
+  app.add_option("--size", size, "message bytes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--iters", iters, "messages per repetition")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--window", window, "messages in flight")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--reps", reps, "repetitions")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "messages before the timed ones")->capture_default_str();
+  app.add_flag("--child", is_child, "the receiver (the bench spawns itself with it)");
+  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
+  if (is_child) return RunChild(config, size, window);
 
   auto created = CreateTransport(testing::OptionsFor(config));
   if (!created.ok()) {

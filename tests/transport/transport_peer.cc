@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvd/common/cli.h"
 #include "kvd/transport/transport.h"
 #include "test_util.h"
 
@@ -31,25 +33,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-std::string Arg(int argc, char** argv, const std::string& name, const std::string& def) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (name == argv[i]) return argv[i + 1];
-  }
-  return def;
-}
-
-std::vector<size_t> ParseSizes(const std::string& s) {
-  std::vector<size_t> out;
-  size_t pos = 0;
-  while (pos < s.size()) {
-    size_t comma = s.find(',', pos);
-    if (comma == std::string::npos) comma = s.size();
-    out.push_back(std::stoull(s.substr(pos, comma - pos)));
-    pos = comma + 1;
-  }
-  return out;
-}
-
 void Say(const std::string& line) {
   std::cout << line << std::endl;  // flushes
 }
@@ -57,12 +40,25 @@ void Say(const std::string& line) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string config = Arg(argc, argv, "--config", "ucx-tcp");
-  const std::string role = Arg(argc, argv, "--role", "idle");
-  const std::vector<size_t> sizes = ParseSizes(Arg(argc, argv, "--sizes", "1"));
-  const uint64_t tag = std::stoull(Arg(argc, argv, "--tag", "1"));
-  const int die_after_ms = std::stoi(Arg(argc, argv, "--die-after-ms", "-1"));
-  const int timeout_ms = std::stoi(Arg(argc, argv, "--timeout-ms", "20000"));
+  CLI::App app{"transport_peer: the other process of the multi-process transport tests",
+               "transport_peer"};
+  std::string config = "ucx-tcp", role = "idle";
+  std::vector<size_t> sizes = {1};
+  uint64_t tag = 1;
+  int die_after_ms = -1, timeout_ms = 20000;
+  app.add_option("--config", config, "transport configuration (test_util.h)")
+      ->capture_default_str();
+  app.add_option("--role", role, "send, recv or idle")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"send", "recv", "idle"}));
+  app.add_option("--sizes", sizes, "message sizes, comma separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--tag", tag, "tag of the first message")->capture_default_str();
+  app.add_option("--die-after-ms", die_after_ms, "SIGKILL itself this long after GO (-1: never)")
+      ->capture_default_str();
+  app.add_option("--timeout-ms", timeout_ms, "per-transfer timeout")->capture_default_str();
+  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
 
   auto created = CreateTransport(testing::OptionsFor(config));
   if (!created.ok()) {

@@ -30,11 +30,14 @@
 // and decode take the daemon's), --window W (default 32), --threads N (default all cores),
 // --model M (kvd model name, default smollm2-135m), --logits-out FILE (decode / local: the
 // held-out logits of the kvd / compressed cache as raw float32, for tests), --full-logits-out
-// FILE (local: those of the full cache).
+// FILE (local: those of the full cache). Prefill, decode and calibrate also take kvd-bench's
+// connection options (--addr, --ucx-tls, --net-devices, --namespace, --hash-seed, --client-id,
+// --timeout-ms). `kvd-demo MODE --help` lists a mode's options (CLI11, kvd/common/cli.h).
 //
 // Exit codes: 0 ok, 1 failure (the message says where), 2 usage, 3 kvd cannot be reached.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -50,6 +53,7 @@
 
 #include "kvd/client/client.h"
 #include "kvd/client/expand.h"
+#include "kvd/common/cli.h"
 #include "kvd/common/dtype.h"
 #include "kvd/kernels/compact_chunk.h"
 #include "kvd/kernels/plan.h"
@@ -64,13 +68,16 @@ using kvd::Status;
 using kvd::StatusOr;
 namespace llama = kvd::llama;
 
-constexpr const char* kUsage =
-    "usage: kvd-demo prefill|decode|local --model-file GGUF [--addr ADDR] [--text FILE]\n"
-    "                [--prompt-tokens N] [--heldout N] [--generate N] [--chunk-tokens N]\n"
-    "                [--window W] [--threads N] [--model M] [--p-c X] [--baseline]\n"
-    "                [--logits-out FILE] [--full-logits-out FILE] [connection flags of kvdctl]\n"
-    "       kvd-demo calibrate --model-file GGUF --model M --from FILE [--token-ids]\n"
-    "                [--segment-tokens N] [--threads N] [connection flags of kvdctl]\n";
+// The command line of every mode (each mode reads the options it declares).
+struct Flags {
+  std::string model_file, text = "deploy/demo/text.txt", model = "smollm2-135m";
+  std::string logits_out, full_logits_out, from;
+  int prompt_tokens = 808, heldout = 128, generate = 24, threads = 0, window = 32;
+  int chunk_tokens = 256, segment_tokens = 0;
+  double p_c = 0.5;
+  bool baseline = false, token_ids = false;
+  kvd::tools::ConnectionFlags connection;
+};
 
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -107,31 +114,24 @@ std::string Quote(const llama::Tokenizer* tok, const std::vector<int32_t>& ids) 
 
 // The model and the tokenised text: prompt = the first --prompt-tokens ids, held-out = the next
 // --heldout.
-StatusOr<Setup> Load(kvd::tools::Args& args) {
+StatusOr<Setup> Load(const Flags& f) {
   Setup s;
-  const std::string path = args.Get("--model-file");
-  if (path.empty()) return Status::InvalidArgument("--model-file is required");
+  const std::string& path = f.model_file;
   KVD_ASSIGN_OR_RETURN(s.model, llama::LlamaModel::Load(path));
   const llama::Tokenizer* tok = s.model->tokenizer();
   if (tok == nullptr) return Status::InvalidArgument(path + " has no tokenizer (needs a GGUF)");
-  const std::string text_path = args.Get("--text", "deploy/demo/text.txt");
+  const std::string& text_path = f.text;
   std::ifstream in(text_path, std::ios::binary);
   if (!in) return Status::NotFound("cannot read the text file " + text_path);
   std::stringstream ss;
   ss << in.rdbuf();
   const std::vector<int32_t> ids = tok->Encode(ss.str());
-  const int64_t p = args.GetInt("--prompt-tokens", 808);
-  const int64_t h = args.GetInt("--heldout", 128);
-  s.generate = static_cast<int>(args.GetInt("--generate", 24));
-  s.threads = static_cast<int>(args.GetInt("--threads", 0));
-  s.window = static_cast<int>(args.GetInt("--window", 32));
-  s.chunk_tokens = static_cast<int>(args.GetInt("--chunk-tokens", 256));
-  s.logits_out = args.Get("--logits-out");
-  if (!args.ok()) return Status::InvalidArgument(args.error());
-  if (p < 2 || h < 1 || s.generate < 1 || s.threads < 0) {
-    return Status::InvalidArgument(
-        "--prompt-tokens must be >= 2, --heldout and --generate >= 1, --threads >= 0");
-  }
+  const int64_t p = f.prompt_tokens, h = f.heldout;  // ranges checked by the command line
+  s.generate = f.generate;
+  s.threads = f.threads;
+  s.window = f.window;
+  s.chunk_tokens = f.chunk_tokens;
+  s.logits_out = f.logits_out;
   if (p + h > static_cast<int64_t>(ids.size())) {
     return Status::InvalidArgument(text_path + " has " + std::to_string(ids.size()) +
                                    " tokens; --prompt-tokens " + std::to_string(p) +
@@ -206,12 +206,12 @@ double PolicyRatio(const std::string& policy) {
 }
 
 // ---- local: in-process compression ----
-int RunLocal(kvd::tools::Args& args) {
-  auto setup = Load(args);
+int RunLocal(const Flags& f) {
+  auto setup = Load(f);
   if (!setup.ok()) return Fail("setup", setup.status());
   Setup& s = *setup;
-  const double p_c = std::strtod(args.Get("--p-c", "0.5").c_str(), nullptr);
-  const std::string model_name = args.Get("--model", "smollm2-135m");
+  const double p_c = f.p_c;
+  const std::string& model_name = f.model;
   kvd::ModelLayout layout = s.model->config().ToModelLayout();
   layout.dtype = kvd::DType::kBFloat16;       // as kvd's topology registers the model
   kvd::kernels::CompressionPlanOptions plan;  // the daemon's default policy: SnapKV
@@ -269,7 +269,7 @@ int RunLocal(kvd::tools::Args& args) {
   if (Status w = WriteLogits(s.logits_out, comp->heldout_logits); !w.ok()) {
     return Fail("--logits-out", w);
   }
-  if (Status w = WriteLogits(args.Get("--full-logits-out"), full->heldout_logits); !w.ok()) {
+  if (Status w = WriteLogits(f.full_logits_out, full->heldout_logits); !w.ok()) {
     return Fail("--full-logits-out", w);
   }
   const llama::Tokenizer* tok = s.model->tokenizer();
@@ -284,11 +284,11 @@ int RunLocal(kvd::tools::Args& args) {
 // Connects as an engine for --model with the daemon's layout and chunk size, in namespace
 // --namespace (else `default_namespace`; "" = the daemon's default).
 StatusOr<std::unique_ptr<kvd::client::Client>> ConnectEngine(
-    kvd::tools::Args& args, Setup* s, const std::string& default_namespace = "") {
+    const Flags& f, Setup* s, const std::string& default_namespace = "") {
   kvd::client::ClientOptions o;
   o.name_space = default_namespace;
-  kvd::tools::ApplyConnectionArgs(args, &o);
-  o.model = args.Get("--model", "smollm2-135m");
+  kvd::tools::ApplyConnectionFlags(f.connection, &o);
+  o.model = f.model;
   uint32_t chunk_tokens = 0;
   KVD_ASSIGN_OR_RETURN(kvd::client::ModelInfo info,
                        kvd::tools::FindModel(o, o.model, &chunk_tokens));
@@ -299,11 +299,11 @@ StatusOr<std::unique_ptr<kvd::client::Client>> ConnectEngine(
   return kvd::client::Client::Connect(o);
 }
 
-int RunPrefill(kvd::tools::Args& args) {
-  auto setup = Load(args);
+int RunPrefill(const Flags& f) {
+  auto setup = Load(f);
   if (!setup.ok()) return Fail("setup", setup.status());
   Setup& s = *setup;
-  auto client = ConnectEngine(args, &s);
+  auto client = ConnectEngine(f, &s);
   if (!client.ok()) return Fail("connect", client.status());
   kvd::client::Client& c = **client;
   const kvd::ModelLayout& layout = c.options().layout;
@@ -396,11 +396,11 @@ StatusOr<llama::CompactKvCache> CacheFromCompact(kvd::client::Client& c,
   return cache;
 }
 
-int RunDecode(kvd::tools::Args& args) {
-  auto setup = Load(args);
+int RunDecode(const Flags& f) {
+  auto setup = Load(f);
   if (!setup.ok()) return Fail("setup", setup.status());
   Setup& s = *setup;
-  auto client = ConnectEngine(args, &s);
+  auto client = ConnectEngine(f, &s);
   if (!client.ok()) return Fail("connect", client.status());
   kvd::client::Client& c = **client;
   const kvd::ModelLayout& layout = c.options().layout;
@@ -470,7 +470,7 @@ int RunDecode(kvd::tools::Args& args) {
   const llama::Tokenizer* tok = s.model->tokenizer();
   PrintScore("kvd cache", *served, tok);
   const double ttft = lookup_s + get_s + build_s + served->first_token_seconds;
-  if (args.Has("--baseline")) {
+  if (f.baseline) {
     double prefill_s = 0;
     auto full = FullBaseline(s, layout, n, &prefill_s);
     if (!full.ok()) return Fail("baseline", full.status());
@@ -532,27 +532,18 @@ StatusOr<kvd::client::CalibrationInfo> CalibrationOf(kvd::client::Client& c,
   return all[0];
 }
 
-int RunCalibrate(kvd::tools::Args& args) {
-  const std::string model_path = args.Get("--model-file");
-  const std::string corpus_path = args.Get("--from");
-  const int threads = static_cast<int>(args.GetInt("--threads", 0));
-  int64_t segment = args.GetInt("--segment-tokens", 0);
-  if (!args.ok()) return Fail("usage", Status::InvalidArgument(args.error()));
-  if (model_path.empty() || corpus_path.empty()) {
-    std::cerr << "kvd-demo calibrate: --model-file and --from are required\n" << kUsage;
-    return 2;
-  }
-  if (threads < 0 || segment < 0) {
-    std::cerr << "kvd-demo calibrate: --threads and --segment-tokens must be >= 0\n";
-    return 2;
-  }
+int RunCalibrate(const Flags& f) {
+  const std::string& model_path = f.model_file;
+  const std::string& corpus_path = f.from;
+  const int threads = f.threads;
+  int64_t segment = f.segment_tokens;
   auto model = llama::LlamaModel::Load(model_path);
   if (!model.ok()) return Fail("model", model.status());
-  auto ids = CorpusTokens(**model, corpus_path, args.Has("--token-ids"));
+  auto ids = CorpusTokens(**model, corpus_path, f.token_ids);
   if (!ids.ok()) return Fail("corpus", ids.status());
 
   Setup s;
-  auto client = ConnectEngine(args, &s, "kvd-calibrate");
+  auto client = ConnectEngine(f, &s, "kvd-calibrate");
   if (!client.ok()) return Fail("connect", client.status());
   kvd::client::Client& c = **client;
   const kvd::ModelLayout& layout = c.options().layout;
@@ -664,32 +655,88 @@ int RunCalibrate(kvd::tools::Args& args) {
   return 0;
 }
 
+// Declares the options of prefill, decode and local (the text and engine options).
+void AddTextOptions(CLI::App* mode, Flags* f) {
+  mode->add_option("--model-file", f->model_file, "GGUF model file (with its tokenizer)")
+      ->required();
+  mode->add_option("--text", f->text, "UTF-8 text: prompt, then held-out continuation")
+      ->capture_default_str();
+  mode->add_option("--prompt-tokens", f->prompt_tokens, "prompt length in tokens (>= 2)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 30));
+  mode->add_option("--heldout", f->heldout, "held-out tokens scored after the prompt")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  mode->add_option("--generate", f->generate, "greedy continuation tokens")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  mode->add_option("--chunk-tokens", f->chunk_tokens,
+                   "tokens per chunk (local; prefill and decode take the daemon's)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30));
+  mode->add_option("--window", f->window,
+                   "window queries per chunk (prefill under a policy takes the daemon's)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30));
+  mode->add_option("--threads", f->threads, "engine threads (0 = all cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 16));
+  mode->add_option("--model", f->model, "the model's name in kvd")->capture_default_str();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::set<std::string> valued = {"--model-file", "--text",          "--prompt-tokens",
-                                  "--heldout",    "--generate",      "--threads",
-                                  "--window",     "--chunk-tokens",  "--model",
-                                  "--p-c",        "--logits-out",    "--full-logits-out",
-                                  "--from",       "--segment-tokens"};
-  valued.insert(kvd::tools::kConnectionFlags.begin(), kvd::tools::kConnectionFlags.end());
-  kvd::tools::Args args(argc, argv, {"--help", "--baseline", "--token-ids"}, valued);
-  if (args.Has("--help")) {
-    std::cout << kUsage;
-    return 0;
+  CLI::App app{
+      "kvd-demo: the reference engine as a disaggregated prefill / decode pair through kvd",
+      "kvd-demo"};
+  app.require_subcommand(1);
+  app.footer(
+      "exit codes: 0 ok, 1 failure (the message says where), 2 usage, 3 kvd cannot be "
+      "reached\n`kvd-demo MODE --help` lists the options of a mode");
+  Flags f;
+  CLI::App* prefill = app.add_subcommand(
+      "prefill", "run the prompt one chunk per forward pass and put every full chunk to kvd");
+  CLI::App* decode = app.add_subcommand(
+      "decode", "look the prompt up in kvd, get its chunks and continue from them");
+  CLI::App* local = app.add_subcommand(
+      "local", "in one process without kvd: the full cache against the chunk-wise compressed one");
+  for (CLI::App* mode : {prefill, decode, local}) AddTextOptions(mode, &f);
+  for (CLI::App* mode : {decode, local}) {
+    mode->add_option("--logits-out", f.logits_out,
+                     "write the held-out logits of the kvd / compressed cache (raw float32)");
   }
-  if (!args.ok() || args.positionals().size() != 1) {
-    std::cerr << (args.ok() ? "kvd-demo: one mode: prefill, decode, local or calibrate"
-                            : args.error())
-              << "\n"
-              << kUsage;
-    return 2;
+  decode->add_flag("--baseline", f.baseline,
+                   "also a local prefill's full cache: times to first token, top-1 agreement, "
+                   "and for compact chunks the `kvd-demo:` line");
+  local->add_option("--p-c", f.p_c, "compression ratio of the SnapKV plan")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  local->add_option("--full-logits-out", f.full_logits_out,
+                    "write the held-out logits of the full cache (raw float32)");
+
+  CLI::App* calibrate = app.add_subcommand(
+      "calibrate",
+      "feed a corpus through the engine until kvd's VECTOR calibration of --model completes");
+  calibrate->add_option("--model-file", f.model_file, "GGUF or llama2.c model file")->required();
+  calibrate->add_option("--from", f.from, "the corpus: UTF-8 text, or token ids with --token-ids")
+      ->required();
+  calibrate->add_option("--model", f.model, "the model's name in kvd")->capture_default_str();
+  calibrate->add_flag("--token-ids", f.token_ids,
+                      "the corpus is whitespace-separated token ids (models without a tokenizer)");
+  calibrate
+      ->add_option("--segment-tokens", f.segment_tokens,
+                   "prompt length (default 0: 4 chunks, at most the model's context)")
+      ->check(CLI::Range(0, 1 << 30));
+  calibrate->add_option("--threads", f.threads, "engine threads (0 = all cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 16));
+  for (CLI::App* mode : {prefill, decode, calibrate}) {
+    kvd::tools::AddConnectionOptions(*mode, &f.connection);
   }
-  const std::string mode = args.positionals()[0];
-  if (mode == "local") return RunLocal(args);
-  if (mode == "prefill") return RunPrefill(args);
-  if (mode == "decode") return RunDecode(args);
-  if (mode == "calibrate") return RunCalibrate(args);
-  std::cerr << "kvd-demo: unknown mode '" << mode << "'\n" << kUsage;
-  return 2;
+  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
+  if (prefill->parsed()) return RunPrefill(f);
+  if (decode->parsed()) return RunDecode(f);
+  if (local->parsed()) return RunLocal(f);
+  return RunCalibrate(f);
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kvd/common/cli.h"
 #include "kvd/llama/eval.h"
 #include "kvd/llama/model.h"
 #include "kvd/llama/tokenizer.h"
@@ -55,13 +56,7 @@ int main(int argc, char** argv) {
   app.add_flag("--special", special, "recognise special-token texts inside --prompt");
   app.add_flag("--tokenize", tokenize,
                "print the token ids of --prompt (or of the --ppl file) and exit");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::cerr << "kvd-llama: " << e.what() << "\nRun kvd-llama --help for the options.\n";
-    return 2;
-  }
+  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
   const bool have_prompt = prompt_opt->count() > 0;
   auto model_or = kvd::llama::LlamaModel::Load(model_path);
   if (!model_or.ok()) return Fail(model_or.status().ToString());
