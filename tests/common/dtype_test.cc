@@ -29,7 +29,11 @@ TEST(DTypeTest, HalfRoundsToNearest) {
 
 TEST(DTypeTest, BFloat16) {
   EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.5f)), 1.5f);
-  EXPECT_NEAR(BFloat16ToFloat(FloatToBFloat16(3.14159f)), 3.14159f, 0.02f);
+  // bfloat16 keeps 8 significant bits: in [2, 4) its neighbours 1/64 apart are exact float32
+  // values, so the conversion is compared exactly (a tolerance of half that spacing would also
+  // let truncation pass). 3.14159 is nearer 3.140625, 3.15 nearer 3.15625 (truncation: 3.140625).
+  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(3.14159f)), 3.140625f);
+  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(3.15f)), 3.15625f);
   EXPECT_TRUE(
       std::isnan(BFloat16ToFloat(FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()))));
 }

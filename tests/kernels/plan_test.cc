@@ -366,8 +366,14 @@ TEST(Plan, VectorRoutedValuesAreRebuiltAtServeTime) {
             err = std::max(err, std::abs(double(sh->values.Row(j)[c]) - v.Row(token)[c]));
             mag = std::max(mag, std::abs(double(v.Row(token)[c])));
           }
-          // Rotation round trip + float32 solve: ~1e-5 relative to the value scale.
-          ASSERT_LT(err, 1e-3 * (1.0 + mag)) << "slot " << j;
+          // Relative to the value scale. Rounding alone (RoPE round trip ~1e-6 of |k|, float32
+          // rebuild of d terms, see vector_test.cc) is ~1e-6; the fit adds more: the default
+          // relative ridge (1e-6 trace(G)/d) shrinks W along the weak directions of these
+          // random-walk keys, whose Gram is ill conditioned, and the calibration regresses on
+          // de-rotated keys that carry the round-trip error. Observed 7.2e-5 under every
+          // OPENBLAS_CORETYPE; 3e-4 leaves 4x, a value not rebuilt or rebuilt from the wrong
+          // position is off by O(1).
+          ASSERT_LT(err, 3e-4 * mag) << "slot " << j;
           rebuilt += (ch.flags[j] & kSlotRebuildValue) ? 1 : 0;
         }
         EXPECT_EQ(rebuilt, 2 * std::llround(0.25 * 257));

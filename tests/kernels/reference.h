@@ -85,6 +85,26 @@ inline std::vector<int64_t> RandomIncreasingPositions(int64_t n, uint64_t seed, 
   return p;
 }
 
+// ---- tolerances ----
+// How the kernel tests bound float errors (docs/reliability.md, "Numerical tolerances in the
+// tests"): a float32 result is compared with a float64 reference computed from the same float32
+// inputs, so the difference is the kernel's own rounding. With unit roundoff u, an n-term sum
+// computed in any order (BLAS kernels and the 16-lane reductions reorder it) is within
+// n * u * sum|terms| of the exact sum (worst case); random rounding errors add up like a random
+// walk, about sqrt(n) * u * sum|terms|. A tolerance is the worst-case bound where the test can
+// compute it cheaply, else the typical one times a margin that a real bug (a wrong position,
+// mask, weight or dropped term) still exceeds by orders of magnitude. Magnitudes that vary are
+// handled by scaling with sum|terms| or the reference's largest magnitude, never by a fixed
+// absolute number. None of these depends on which kernels OpenBLAS picks (OPENBLAS_CORETYPE).
+inline constexpr double kF32Unit = 0x1p-24;  // float32 unit roundoff, 5.96e-8
+inline constexpr double kF64Unit = 0x1p-53;  // float64 unit roundoff, 1.11e-16
+
+// Worst-case rounding error of an n-term sum (or dot product) whose terms' magnitudes sum to
+// `abs_sum`, accumulated in a type of unit roundoff `u`, plus the final rounding of the result.
+inline double SumErrorBound(int64_t n, double abs_sum, double u = kF32Unit) {
+  return (static_cast<double>(n) + 1.0) * u * abs_sum;
+}
+
 // ---- comparisons ----
 
 inline double MaxAbsDiff(ConstMatrixView a, const RefMatrix& b) {
@@ -100,10 +120,16 @@ inline double MaxAbsDiff(ConstMatrixView a, ConstMatrixView b) {
       m = std::max(m, std::fabs(double(a.Row(i)[j]) - b.Row(i)[j]));
   return m;
 }
+// max |a - b| / max |b|: the difference relative to the reference's scale (elementwise relative
+// error is meaningless for outputs of sums that cancel).
+inline double MaxRelDiff(ConstMatrixView a, const RefMatrix& b);
 inline double MaxAbs(const RefMatrix& a) {
   double m = 0.0;
   for (double x : a.v) m = std::max(m, std::fabs(x));
   return m;
+}
+inline double MaxRelDiff(ConstMatrixView a, const RefMatrix& b) {
+  return MaxAbsDiff(a, b) / std::max(MaxAbs(b), 1e-300);
 }
 
 // ---- RoPE (float64) ----
