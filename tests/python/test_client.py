@@ -82,31 +82,6 @@ def test_other_buffer_kinds(daemon):
         c.release(hit.lease_id)
 
 
-class DLPackOnly:
-    """Exposes an array through __dlpack__ alone (as torch tensors do), not the buffer protocol."""
-
-    def __init__(self, array):
-        self.array = array
-
-    def __dlpack__(self, stream=None):
-        return self.array.__dlpack__()
-
-    def __dlpack_device__(self):
-        return self.array.__dlpack_device__()
-
-
-def test_dlpack_tensors_are_read_and_written_in_place(daemon):
-    with engine(daemon) as c:
-        chain = c.hash(np.arange(7000, 7256, dtype=np.int32))
-        src = random_chunk(4).view(np.float32).reshape(5, 2, 256, 4, 8)
-        c.put(chain[0], 256, DLPackOnly(src))
-        hit = c.lookup(chain)
-        dst = np.zeros_like(src)
-        c.get(hit.lease_id, 0, DLPackOnly(dst))
-        np.testing.assert_array_equal(dst, src)
-        c.release(hit.lease_id)
-
-
 def test_put_layers_get_layers(daemon):
     with engine(daemon) as c:
         chain = c.hash(np.arange(9000, 9100, dtype=np.int32))  # one partial chunk, 100 tokens

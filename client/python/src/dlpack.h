@@ -7,7 +7,14 @@
 
 namespace kvd::python::dlpack {
 
-enum DeviceType : int32_t { kCPU = 1, kCUDA = 2, kCUDAHost = 3, kCUDAManaged = 13 };
+enum DeviceType : int32_t {
+  kCPU = 1,
+  kCUDA = 2,
+  kCUDAHost = 3,
+  kROCM = 10,
+  kROCMHost = 11,
+  kCUDAManaged = 13
+};
 
 struct Device {
   int32_t device_type;
