@@ -120,7 +120,8 @@ TEST(KernelMethodsTest, EveryMethodMeetsTheHalfPairBudgetAndKeepsPositions) {
       ASSERT_TRUE(c->cache.Validate(kLayers, kKvHeads, kDim).ok()) << name;
       EXPECT_EQ(c->cache.next_position, kTokens) << name;
       const double m_pairs = std::llround((1 - p_c) * kTokens);
-      // The stored fraction is exact in half-pairs (2M per head).
+      // The stored fraction is exact in half-pairs (2M per head): a ratio of integer counts, so
+      // only one float64 division rounds (2^-53 relative); 1e-12 is far below one half-pair.
       EXPECT_NEAR(c->stored_fraction, m_pairs / kTokens, 1e-12) << name << " " << p_c;
       int64_t slots = 0;
       bool merged = false;
@@ -173,7 +174,11 @@ TEST(KernelMethodsTest, CalibrationR2IsPerLayerAndExactOnALinearMap) {
   ASSERT_TRUE((*m)->Calibrate({MakePrefix(&cfg, 3, 0.0)}).ok());
   const std::vector<double> r2 = (*m)->CalibrationR2();
   ASSERT_EQ(r2.size(), static_cast<size_t>(kLayers));
-  for (double r : r2) EXPECT_GT(r, 0.999);  // v = W kpre exactly: the de-rotation is right
+  // v = W kpre exactly, so 1 - R^2 is rounding only: the float32 RoPE round trip (~1e-6 of |k|)
+  // squared relative to the variance, plus the ridge's shrinkage (~1e-6 relative): 1e-6 as in
+  // the kernels' test of the same fit (tests/kernels/plan_test.cc); a wrong de-rotation costs
+  // far more.
+  for (double r : r2) EXPECT_GT(r, 1.0 - 1e-6);
   // The rebuilt values of "rebuild me" slots then equal the true values: same cache as the
   // same plan's stored values would give, so the output is finite and the budget exact.
   auto c = (*m)->Compress(MakePrefix(&cfg, 4, 0.0), 0.75);
