@@ -121,6 +121,7 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Spawn(const KvdConfig& c) {
       << c.extra_models << c.extra_yaml << "tiers:\n  host:\n    capacity: " << c.host_capacity
       << "\n"
       << (c.host_segment.empty() ? "" : "    segment: " + c.host_segment + "\n")
+      << (c.gpu_capacity.empty() ? "" : "  gpu:\n    capacity: " + c.gpu_capacity + "\n")
       << (c.disk_path.empty() ? std::string()
                               : "  disk:\n    path: \"" + c.disk_path +
                                     "\"\n    capacity: " + c.disk_capacity + "\n")

@@ -62,6 +62,8 @@ struct KvdConfig {
   std::string extra_models;
   // Appended verbatim at the top level of the topology (e.g. state_dir).
   std::string extra_yaml;
+  // Non-empty: a GPU tier (tiers.gpu.capacity, device 0), which needs a CUDA device.
+  std::string gpu_capacity;
 };
 
 // The stories260k layout registered in every e2e daemon (small chunks: 320 KiB per 256 tokens).

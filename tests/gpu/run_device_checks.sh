@@ -12,7 +12,9 @@
 # Checks (rows of the table):
 #   kernels        every CPU-vs-CUDA kernel test (*Cuda*), then the whole kernel suite
 #   plan           the device-resident plan against the CPU plan on the same chunks (DevicePlan*)
-#   gpu-tier       GpuTier over CUDA device memory (storage_gpu_tier_test GpuTierCuda*)
+#   gpu-tier       GpuTier over CUDA device memory (storage_gpu_tier_test GpuTierCuda*), and a
+#                  kvd process with tiers.gpu: compressed puts land there, stats, gets
+#                  (gpu_tier_e2e_test)
 #   ucx-cuda       CUDA memory through UCX 1.22 (cuda_ipc/cuda_copy: send/recv, RMA), when the
 #                  libucx wheel is in .cache/ucx (carry it: deploy/fetch-ucx-wheel.sh, ~46 MB)
 #   nccl           the nccl backend: bootstrap, device-to-device send/recv (NcclCuda*)
@@ -97,7 +99,8 @@ else
 fi
 
 TARGETS=(kernels_test kernels_bench)
-((FULL)) && TARGETS+=(storage_gpu_tier_test transport_ucx_cuda_memory_test transport_nccl_test)
+((FULL)) && TARGETS+=(storage_gpu_tier_test transport_ucx_cuda_memory_test transport_nccl_test
+  kvd gpu_tier_e2e_test)
 if ! cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" > "$LOG/build.log" 2>&1; then
   say "build FAILED"
   grep -E "error|Error" "$LOG/build.log" | head -30
@@ -121,6 +124,7 @@ run plan device_plan 120 "$BIN/kernels_test" --gtest_filter='DevicePlan*'
 run kernels all_kernels 120 "$BIN/kernels_test" --gtest_brief=1
 if ((FULL)); then
   run gpu-tier gpu_tier 60 "$BIN/storage_gpu_tier_test" --gtest_filter='GpuTierCuda*'
+  run gpu-tier gpu_tier_kvd 90 "$BIN/gpu_tier_e2e_test"
   run ucx-cuda ucx_cuda 60 "$BIN/transport_ucx_cuda_memory_test"
   [[ -z $UCX_PREFIX ]] && missing_row ucx-cuda "UCX with CUDA" \
     "no .cache/ucx/libucx-cu*: built against Debian's UCX (no CUDA); carry the wheel's prefix"
