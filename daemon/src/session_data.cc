@@ -253,6 +253,15 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
     return refuse(
         Status::InvalidArgument("unknown role " + std::to_string(static_cast<int>(role))));
   }
+  // Names a session keeps are echoed later (stats, lists, events, logs): text only.
+  if (proto::ValidUtf8(name_space) != name_space) {
+    return refuse(
+        Status::InvalidArgument("Hello.namespace \"" + name_space + "\" is not valid UTF-8"));
+  }
+  if (proto::ValidUtf8(client_id) != client_id) {
+    return refuse(
+        Status::InvalidArgument("Hello.clientId \"" + client_id + "\" is not valid UTF-8"));
+  }
   if (Status s = Authenticate(role == proto::Role::ENGINE,
                               name_space.empty() ? "default" : name_space, token);
       !s.ok()) {

@@ -115,7 +115,9 @@ void ToProto(const kvd::Status& s, Error::Builder out) {
 
 kvd::Status FromProto(Error::Reader in) {
   uint16_t code = in.getCode();
-  std::string message = in.getMessage();
+  // A daemon of another build may send any bytes: the caller gets valid UTF-8 as well.
+  const kj::StringPtr text = in.getMessage();
+  std::string message = ValidUtf8(std::string_view(text.cStr(), text.size()));
   if (code == 0 || code > static_cast<uint16_t>(kvd::StatusCode::kPermissionDenied)) {
     return kvd::Status::Internal("unknown error code " + std::to_string(code) + ": " + message);
   }

@@ -66,6 +66,38 @@ TEST_F(BadInputE2eTest, HandshakeRefusalsNameTheMismatch) {
   ExpectServes(*good_, 1);
 }
 
+// Error text is always valid UTF-8 on the wire, whatever bytes a request carried; names a session
+// keeps (namespace, client id) must be UTF-8 to begin with.
+TEST_F(BadInputE2eTest, InvalidUtf8InHelloIsRefusedAndNeverEchoedRaw) {
+  const std::string fffd = "\xef\xbf\xbd";
+  Status s = HandshakeWith([](auto& o) { o.model = "m\xff\xfe\xc3"; });
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("unknown model \"m" + fffd + fffd + fffd + "\""), std::string::npos)
+      << s;
+  EXPECT_EQ(proto::ValidUtf8(s.message()), s.message());
+
+  s = HandshakeWith([](auto& o) { o.name_space = "tenant\xc0\xaf"; });  // overlong '/'
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("Hello.namespace \"tenant" + fffd + fffd + "\" is not valid UTF-8"),
+            std::string::npos)
+      << s;
+
+  s = HandshakeWith([](auto& o) { o.client_id = "engine-\xed\xa0\x80"; });  // a surrogate
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(
+      s.message().find("Hello.clientId \"engine-" + fffd + fffd + fffd + "\" is not valid UTF-8"),
+      std::string::npos)
+      << s;
+
+  // Valid multi-byte names are accepted and served.
+  auto o = kvd_->EngineOptions("\xf0\x9f\x98\x80");
+  o.name_space = "caf\xc3\xa9-\xe2\x82\xac";
+  auto named = ConnectOrFail(o);
+  ASSERT_NE(named, nullptr);
+  ExpectServes(*named, 7);
+  ExpectServes(*good_, 8);
+}
+
 TEST_F(BadInputE2eTest, TruncatedOversizedAndMalformedFrames) {
   // Truncated: a header promising 64 bytes, 10 bytes, then the client vanishes.
   {

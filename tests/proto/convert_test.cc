@@ -93,5 +93,20 @@ TEST(ValidUtf8Test, ErrorMessagesOnTheWireAreValidUtf8) {
   EXPECT_EQ(FromProto(e.asReader()).code(), StatusCode::kNotFound);
 }
 
+TEST(ValidUtf8Test, ErrorMessagesReadFromTheWireAreValidUtf8) {
+  // A peer of another build (or a hostile one) may put any bytes into Error.message.
+  capnp::MallocMessageBuilder mb;
+  auto e = mb.initRoot<Error>();
+  e.setCode(static_cast<uint16_t>(StatusCode::kInvalidArgument));
+  e.setMessage("bad \xc3(");
+  Status s = FromProto(e.asReader());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "bad \xef\xbf\xbd(");
+  e.setCode(999);
+  s = FromProto(e.asReader());
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  EXPECT_EQ(s.message(), "unknown error code 999: bad \xef\xbf\xbd(");
+}
+
 }  // namespace
 }  // namespace kvd::proto
