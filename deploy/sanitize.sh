@@ -27,6 +27,11 @@ shift
 BUILD=build-$mode
 SUPP=$PWD/tests/sanitizers
 
+# UCX's memory-event hooks (ucm: it patches mmap/munmap/brk in the process) clash with ThreadSani-
+# tizer's own interceptors: every process that opens a UCX worker died with SIGSEGV and no report
+# (the build's gtest test discovery runs the test binaries too, so this is set before it).
+# Off under TSan only (UCX then does without its registration cache; kvd does not depend on it).
+[[ $mode == tsan ]] && export UCX_MEM_EVENTS=${UCX_MEM_EVENTS:-no}
 KVD_BUILD_DIR=$BUILD KVD_UCX_WHEEL=0 KVD_UCX=system \
   KVD_CMAKE_ARGS="-DKVD_SANITIZE=$sanitize -DKVD_WITH_CUDA=OFF -DKVD_BUILD_BENCHMARKS=OFF ${KVD_CMAKE_ARGS:-}" \
   ./deploy/setup.sh
@@ -35,6 +40,8 @@ KVD_BUILD_DIR=$BUILD KVD_UCX_WHEEL=0 KVD_UCX=system \
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$SUPP/lsan.supp:print_suppressions=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$SUPP/tsan.supp}
+# ignore_noninstrumented_modules: system libraries built without TSan (RocksDB, UCX, Cap'n Proto,
+# libstdc++) synchronise out of its sight; why, in tests/sanitizers/tsan.supp.
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$SUPP/tsan.supp}
 cd "$BUILD"
 ctest -j "${KVD_CTEST_JOBS:-2}" --output-on-failure "$@"
