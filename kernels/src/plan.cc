@@ -138,6 +138,19 @@ Status CompressionPlanOptions::Validate() const {
     return Status::InvalidArgument("plan: merge_gate_layer_min must be in [-1, 1], got " +
                                    std::to_string(merge_gate_layer_min));
   }
+  if (route_adaptive) {
+    if (route != RouteStage::kVector) {
+      return Status::InvalidArgument("plan: route_adaptive needs route kVector");
+    }
+    if (!(std::isfinite(route_max_error) && route_max_error >= 0.0)) {
+      return Status::InvalidArgument("plan: route_max_error must be finite and >= 0, got " +
+                                     std::to_string(route_max_error));
+    }
+    if (!(std::isfinite(route_min_r2) && route_min_r2 <= 1.0)) {
+      return Status::InvalidArgument("plan: route_min_r2 must be finite and <= 1, got " +
+                                     std::to_string(route_min_r2));
+    }
+  }
   if (head_budget == HeadBudget::kAdaptive) {
     if (score == ScoreStage::kNone) {
       return Status::InvalidArgument(
@@ -326,6 +339,7 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
       total.budget_half_pairs += s.budget_half_pairs;
       total.half_pairs += s.half_pairs;
       total.route_reductions += s.route_reductions;
+      total.route_floor_heads += s.route_floor_heads;
       total.error_aware_evicted += s.error_aware_evicted;
       total.gate_evicted_tokens += s.gate_evicted_tokens;
       total.kvslimmer += s.kvslimmer;

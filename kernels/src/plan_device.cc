@@ -27,6 +27,10 @@ Status CheckDevicePlanSupported(const CompressionPlanOptions& options) {
     return Status::Unimplemented(
         "plan_device: head_budget kAdaptive is not implemented on the device (use Compress)");
   }
+  if (options.route_adaptive) {
+    return Status::Unimplemented(
+        "plan_device: route_adaptive is not implemented on the device (use Compress)");
+  }
   return Status::Ok();
 }
 
@@ -106,6 +110,13 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Create(const CompressionPlanOp
         weights->head_dim != layout.head_dim ||
         weights->heads.size() != static_cast<size_t>(layout.num_layers) * layout.num_kv_heads) {
       return Status::FailedPrecondition("plan: VECTOR weights shape does not match the layout");
+    }
+    for (const VectorHeadFit& h : weights->heads) {
+      if (!h.bias.empty()) {
+        return Status::Unimplemented(
+            "plan_device: affine VECTOR weights (with an intercept) are not implemented on the "
+            "device (use Compress)");
+      }
     }
   }
   if (device.device < -1) return Status::InvalidArgument("plan_device: device must be >= -1");

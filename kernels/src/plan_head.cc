@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -28,6 +29,7 @@ struct SlotTable {
   std::vector<int64_t> positions;
   std::vector<uint8_t> forced;   // sink or window slot
   std::vector<uint8_t> rebuild;  // VECTOR: value dropped
+  std::vector<int64_t> token;    // the token of a cardinality-1 slot, -1 when not known
   int64_t size() const { return static_cast<int64_t>(cardinality.size()); }
   void Resize(int64_t s, int64_t d) {
     keys_post = Matrix(s, d);
@@ -37,6 +39,7 @@ struct SlotTable {
     positions.assign(s, 0);
     forced.assign(s, 0);
     rebuild.assign(s, 0);
+    token.assign(s, -1);
   }
 };
 
@@ -97,8 +100,11 @@ class HeadPipeline {
   // first), those whose merge is estimated to cost less than their eviction (plan.h).
   Status ErrorAwareGroups(std::vector<std::vector<int64_t>>* members);
   Status BuildKvSlimmer(int64_t pool, SlotTable* t);
-  int64_t Eligible(const SlotTable& t) const;
-  Status Route(int64_t key_only, SlotTable* t);
+  // Per slot: the routing error (plan.h: |v - W kpre - b|^2, or e_j with route_adaptive) of the
+  // slots that may be routed, +Inf for the others (forced, merged, or above route_max_error).
+  Status RouteErrors(const SlotTable& t, std::vector<float>* err);
+  static int64_t Eligible(const std::vector<float>& err);
+  Status Route(int64_t key_only, const std::vector<float>& err, SlotTable* t);
   void Encode(const SlotTable& t, CompactHead* out) const;
 
   const HeadInput& in_;
@@ -108,6 +114,8 @@ class HeadPipeline {
   Matrix kpre_;                // [N, d] de-rotated keys (lazy)
   std::vector<float> scores_;  // [N] (lazy)
   std::vector<float> mass_;    // [N] attention mass (lazy; empty without queries)
+  double mean_mass_ = 0.0;     // route_adaptive: mean of mass_ (0 = uniform weights)
+  double value_scale_ = -1.0;  // route_adaptive: s_v (lazy; < 0 = not computed)
   bool have_kpre_ = false, have_scores_ = false, have_mass_ = false;
   SlotSet kvslimmer_;  // merge-only state, merged further on each retry
   bool kvslimmer_started_ = false;
@@ -179,6 +187,7 @@ Status HeadPipeline::BuildEviction(const std::vector<int32_t>& pool, SlotTable* 
     if (have_kpre_) CopyRow(kpre_.Row(i), t->keys_pre.Row(j), d_);
     t->positions[j] = in_.positions[i];
     t->forced[j] = IsForced(i);
+    t->token[j] = i;
   }
   return Status::Ok();
 }
@@ -273,6 +282,7 @@ Status HeadPipeline::BuildHybrid(const std::vector<int32_t>& pool, SlotTable* t)
       CopyRow(kpre_.Row(head_token), t->keys_pre.Row(j), d_);
       CopyRow(in_.values.Row(head_token), t->value_sums.Row(j), d_);
       t->positions[j] = in_.positions[head_token];
+      t->token[j] = head_token;
       continue;
     }
     KVD_RETURN_IF_ERROR(
@@ -388,34 +398,76 @@ Status HeadPipeline::BuildKvSlimmer(int64_t pool, SlotTable* t) {
   return Status::Ok();
 }
 
-int64_t HeadPipeline::Eligible(const SlotTable& t) const {
+Status HeadPipeline::RouteErrors(const SlotTable& t, std::vector<float>* err) {
+  StageScope scope(&clock_, &times_.route_ns);
+  const float inf = std::numeric_limits<float>::infinity();
+  err->assign(static_cast<size_t>(t.size()), inf);
+  std::vector<int64_t> eligible;
+  for (int64_t j = 0; j < t.size(); ++j) {
+    if (!t.forced[j] && t.cardinality[j] == 1) eligible.push_back(j);
+  }
+  const int64_t e = static_cast<int64_t>(eligible.size());
+  if (e == 0) return Status::Ok();
+  Matrix k(e, d_), v(e, d_);
+  for (int64_t r = 0; r < e; ++r) {
+    CopyRow(t.keys_pre.Row(eligible[r]), k.Row(r), d_);
+    CopyRow(t.value_sums.Row(eligible[r]), v.Row(r), d_);
+  }
+  std::vector<float> res(static_cast<size_t>(e));
+  KVD_RETURN_IF_ERROR(VectorResiduals(k.View(), v.View(), *in_.fit, res, {.num_threads = 1}));
+  if (!opt_.route_adaptive) {
+    for (int64_t r = 0; r < e; ++r) (*err)[eligible[r]] = res[r];
+    return Status::Ok();
+  }
+  KVD_RETURN_IF_ERROR(EnsureMass());
+  if (value_scale_ < 0.0) {
+    // s_v = mean_i |v_i - mean v|^2 over the head's N tokens (float64); mean window mass.
+    std::vector<double> mean(static_cast<size_t>(d_), 0.0);
+    for (int64_t i = 0; i < n_; ++i)
+      for (int64_t c = 0; c < d_; ++c) mean[c] += in_.values.Row(i)[c];
+    for (double& m : mean) m /= static_cast<double>(n_);
+    double ss = 0.0;
+    for (int64_t i = 0; i < n_; ++i)
+      for (int64_t c = 0; c < d_; ++c) ss += std::pow(in_.values.Row(i)[c] - mean[c], 2);
+    value_scale_ = ss / static_cast<double>(n_);
+    double total = 0.0;
+    for (float m : mass_) total += std::max(0.0f, m);
+    mean_mass_ = mass_.empty() ? 0.0 : total / static_cast<double>(n_);
+  }
+  for (int64_t r = 0; r < e; ++r) {
+    const int64_t tok = t.token[eligible[r]];
+    const double w = (mean_mass_ > 0.0 && tok >= 0) ? std::max(0.0f, mass_[tok]) / mean_mass_ : 1.0;
+    double rel;
+    if (value_scale_ > 0.0) {
+      rel = w * static_cast<double>(res[r]) / value_scale_;
+    } else {  // every value equal: only an exact rebuild is harmless
+      rel = res[r] > 0.0f ? std::numeric_limits<double>::infinity() : 0.0;
+    }
+    if (rel <= opt_.route_max_error) (*err)[eligible[r]] = static_cast<float>(rel);
+  }
+  return Status::Ok();
+}
+
+int64_t HeadPipeline::Eligible(const std::vector<float>& err) {
   int64_t e = 0;
-  for (int64_t j = 0; j < t.size(); ++j) e += !t.forced[j] && t.cardinality[j] == 1;
+  for (float x : err) e += std::isfinite(x) ? 1 : 0;
   return e;
 }
 
-Status HeadPipeline::Route(int64_t key_only, SlotTable* t) {
+Status HeadPipeline::Route(int64_t key_only, const std::vector<float>& err, SlotTable* t) {
   if (key_only == 0) return Status::Ok();
   StageScope scope(&clock_, &times_.route_ns);
-  std::vector<int64_t> eligible;
+  std::vector<int64_t> order;
   for (int64_t j = 0; j < t->size(); ++j) {
-    if (!t->forced[j] && t->cardinality[j] == 1) eligible.push_back(j);
+    if (std::isfinite(err[j])) order.push_back(j);
   }
-  const int64_t e = static_cast<int64_t>(eligible.size());
-  Matrix k(e, d_), v(e, d_);
-  for (int64_t r = 0; r < e; ++r) {
-    CopyRow(t->keys_pre.Row(eligible[r]), k.Row(r), d_);
-    CopyRow(t->value_sums.Row(eligible[r]), v.Row(r), d_);
+  if (static_cast<int64_t>(order.size()) < key_only) {
+    return Status::Internal("plan: fewer routable slots than the key-only count");
   }
-  std::vector<float> res(static_cast<size_t>(e));
-  KVD_RETURN_IF_ERROR(
-      VectorResiduals(k.View(), v.View(), in_.fit->w.View(), res, {.num_threads = 1}));
-  std::vector<int64_t> order(static_cast<size_t>(e));
-  std::iota(order.begin(), order.end(), 0);
   std::nth_element(
       order.begin(), order.begin() + (key_only - 1), order.end(),
-      [&](int64_t x, int64_t y) { return res[x] != res[y] ? res[x] < res[y] : x < y; });
-  for (int64_t r = 0; r < key_only; ++r) t->rebuild[eligible[order[r]]] = 1;
+      [&](int64_t x, int64_t y) { return err[x] != err[y] ? err[x] < err[y] : x < y; });
+  for (int64_t r = 0; r < key_only; ++r) t->rebuild[order[r]] = 1;
   return Status::Ok();
 }
 
@@ -452,10 +504,16 @@ Status HeadPipeline::Run(CompactHead* out, CompressionStats* stats) {
   }
   const int64_t m = in_.kept_pairs;
   int64_t a = 0;
+  bool floor_head = false;
+  std::vector<float> route_err;
   if (in_.fit != nullptr) {
     RouteOptions ro{.p_c = opt_.p_c, .eps = opt_.route_eps, .kept_pairs = m};
     KVD_ASSIGN_OR_RETURN(RouteBudget b, ComputeRouteBudget(n_, forced, ro));
     a = b.key_only / 2;
+    if (opt_.route_adaptive && in_.fit->r2 < opt_.route_min_r2) {
+      a = 0;
+      floor_head = true;
+    }
     KVD_RETURN_IF_ERROR(EnsureKeysPre());
   } else if (m < forced) {
     return Status::OutOfRange("budget of " + std::to_string(m) + " tokens cannot keep the " +
@@ -474,12 +532,14 @@ Status HeadPipeline::Run(CompactHead* out, CompressionStats* stats) {
       KVD_ASSIGN_OR_RETURN(auto sel, SelectPool(pool));
       KVD_RETURN_IF_ERROR(BuildHybrid(sel, &t));
     }
-    const int64_t eligible = Eligible(t);
+    if (a == 0) break;
+    KVD_RETURN_IF_ERROR(RouteErrors(t, &route_err));
+    const int64_t eligible = Eligible(route_err);
     if (2 * a <= eligible) break;
     a -= (2 * a - eligible + 1) / 2;  // >= 1 step down; a == 0 always fits
     reduced = true;
   }
-  KVD_RETURN_IF_ERROR(Route(2 * a, &t));
+  KVD_RETURN_IF_ERROR(Route(2 * a, route_err, &t));
   {
     StageScope scope(&clock_, &times_.encode_ns);
     Encode(t, out);
@@ -498,6 +558,7 @@ Status HeadPipeline::Run(CompactHead* out, CompressionStats* stats) {
   stats->budget_half_pairs += 2 * m;
   stats->half_pairs += out->slots() + out->value_slots();
   stats->route_reductions += reduced ? 1 : 0;
+  stats->route_floor_heads += floor_head ? 1 : 0;
   stats->error_aware_evicted += error_aware_evicted_;
   stats->gate_evicted_tokens += gate_evicted_ + merge_stats_.gate_evicted_tokens;
   stats->kvslimmer += merge_stats_;

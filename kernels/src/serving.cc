@@ -51,7 +51,7 @@ Status RebuildFlagged(const CompactChunk& chunk, const CompactHead& src, int lay
   }
   KVD_RETURN_IF_ERROR(ApplyRope(*rope, RopeDirection::kDerotate, pos, k.View(), k.View(), exec));
   Matrix v(rebuild, d);
-  KVD_RETURN_IF_ERROR(RebuildValues(k.View(), weights->Head(layer, head).w.View(), v.View(), exec));
+  KVD_RETURN_IF_ERROR(RebuildValues(k.View(), weights->Head(layer, head), v.View(), exec));
   for (int64_t i = 0; i < rebuild; ++i) {
     std::memcpy(out->values.Row(slot[i]), v.Row(i), d * sizeof(float));
   }

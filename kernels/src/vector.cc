@@ -17,7 +17,11 @@ namespace {
 
 constexpr uint32_t kCalibrationMagic = 0x41435656;  // "VVCA" little-endian: VECTOR accumulators
 constexpr uint32_t kWeightsMagic = 0x57565656;      // "VVVW" little-endian: VECTOR weights
-constexpr uint16_t kFormatVersion = 1;
+// Accumulators: version 1 had no key sums, version 2 (written now) adds them.
+constexpr uint16_t kCalibrationVersion = 2;
+// Weights: version 1 = linear W (written for linear weights), version 2 = W plus an intercept.
+constexpr uint16_t kWeightsVersionLinear = 1;
+constexpr uint16_t kWeightsVersionAffine = 2;
 constexpr int kMaxCalibrationHeadDim = 1024;
 
 std::string HeadName(int layer, int head) {
@@ -43,8 +47,9 @@ void AppendChecksum(std::vector<uint8_t>* out) {
   internal::ByteWriter(out).Put(sum);
 }
 
-// Common prefix check of both formats: size, magic, version, checksum.
-Status CheckEnvelope(std::span<const uint8_t> bytes, uint32_t magic, const char* what) {
+// Common prefix check of both formats: size, magic, version in [1, max_version], checksum.
+Status CheckEnvelope(std::span<const uint8_t> bytes, uint32_t magic, const char* what,
+                     uint16_t max_version) {
   constexpr size_t kMin = 4 + 2 + 2 + 8;
   if (bytes.size() < kMin) {
     return Status::DataLoss(std::string(what) + ": truncated (" + std::to_string(bytes.size()) +
@@ -55,7 +60,7 @@ Status CheckEnvelope(std::span<const uint8_t> bytes, uint32_t magic, const char*
   std::memcpy(&got_magic, bytes.data(), 4);
   std::memcpy(&version, bytes.data() + 4, 2);
   if (got_magic != magic) return Status::InvalidArgument(std::string(what) + ": bad magic");
-  if (version != kFormatVersion) {
+  if (version < 1 || version > max_version) {
     return Status::InvalidArgument(std::string(what) + ": unsupported version " +
                                    std::to_string(version));
   }
@@ -107,6 +112,7 @@ VectorCalibrator::VectorCalibrator(int num_layers, int num_kv_heads, int head_di
     h.gram.assign(dd, 0.0);
     h.cross.assign(dd, 0.0);
     h.value_sum.assign(static_cast<size_t>(head_dim), 0.0);
+    h.key_sum.assign(static_cast<size_t>(head_dim), 0.0);
   }
 }
 
@@ -136,12 +142,19 @@ Status VectorCalibrator::Add(int layer, int head, ConstMatrixView kpre, ConstMat
   if (exec.backend == Backend::kCuda) {
 #ifdef KVD_HAVE_CUDA
     KVD_RETURN_IF_ERROR(CudaBackendReady("VectorCalibrator::Add"));
-    return cuda::AccumulateVectorStats(kpre, values, stats, exec.cuda_stream);
+    KVD_RETURN_IF_ERROR(cuda::AccumulateVectorStats(kpre, values, stats, exec.cuda_stream));
 #else
     return CudaBackendReady("VectorCalibrator::Add");
 #endif
+  } else {
+    cpu::AccumulateVectorStats(kpre, values, stats);
   }
-  cpu::AccumulateVectorStats(kpre, values, stats);
+  // Key sums (host float64, both backends: the views are host memory): O(n d), for the affine
+  // solve.
+  for (int64_t i = 0; i < kpre.rows; ++i) {
+    const float* k = kpre.Row(i);
+    for (int c = 0; c < head_dim_; ++c) stats->key_sum[c] += k[c];
+  }
   return Status::Ok();
 }
 
@@ -156,14 +169,21 @@ Status VectorCalibrator::Merge(const VectorCalibrator& other) {
     for (size_t j = 0; j < a.gram.size(); ++j) a.gram[j] += b.gram[j];
     for (size_t j = 0; j < a.cross.size(); ++j) a.cross[j] += b.cross[j];
     for (size_t j = 0; j < a.value_sum.size(); ++j) a.value_sum[j] += b.value_sum[j];
+    for (size_t j = 0; j < a.key_sum.size(); ++j) a.key_sum[j] += b.key_sum[j];
     a.value_sq_sum += b.value_sq_sum;
     a.count += b.count;
   }
+  key_sums_known_ = key_sums_known_ && other.key_sums_known_;
   return Status::Ok();
 }
 
 StatusOr<VectorWeights> VectorCalibrator::Solve(const VectorSolveOptions& options) const {
   KVD_RETURN_IF_ERROR(options.Validate());
+  if (options.affine && !key_sums_known_) {
+    return Status::FailedPrecondition(
+        "VECTOR solve: the affine fit needs key sums, which accumulators restored from format "
+        "version 1 lack; recalibrate");
+  }
   const int d = head_dim_;
   VectorWeights out;
   out.num_layers = num_layers_;
@@ -171,8 +191,9 @@ StatusOr<VectorWeights> VectorCalibrator::Solve(const VectorSolveOptions& option
   out.head_dim = d;
   out.heads.resize(heads_.size());
   std::vector<double> a(static_cast<size_t>(d) * d);
-  std::vector<double> b(a.size());   // B = W^T = (G + ridge I)^-1 C, [d, d]
-  std::vector<double> gb(a.size());  // G B
+  std::vector<double> b(a.size());                      // B = W^T = (G + ridge I)^-1 C, [d, d]
+  std::vector<double> gb(a.size());                     // G B
+  std::vector<double> gram(a.size()), cross(a.size());  // G, C (centred for the affine fit)
   for (size_t idx = 0; idx < heads_.size(); ++idx) {
     const int layer = static_cast<int>(idx) / num_kv_heads_;
     const int head = static_cast<int>(idx) % num_kv_heads_;
@@ -182,14 +203,31 @@ StatusOr<VectorWeights> VectorCalibrator::Solve(const VectorSolveOptions& option
                                         std::to_string(s.count) + " tokens, needs " +
                                         std::to_string(options.min_tokens));
     }
+    const double n = static_cast<double>(s.count);
+    gram = s.gram;
+    cross = s.cross;
+    double mean_sq = 0.0;
+    for (int c = 0; c < d; ++c) mean_sq += s.value_sum[c] * s.value_sum[c];
+    const double sst = s.value_sq_sum - mean_sq / n;
+    // Explained part of SSE = S_vv - 2 tr(B^T C) + tr(B^T G B); centred: SST - 2 tr(B^T Cc) + ...
+    double s_vv = s.value_sq_sum;
+    if (options.affine) {
+      for (int r = 0; r < d; ++r) {
+        for (int c = 0; c < d; ++c) {
+          gram[r * d + c] -= s.key_sum[r] * s.key_sum[c] / n;
+          cross[r * d + c] -= s.key_sum[r] * s.value_sum[c] / n;
+        }
+      }
+      s_vv = sst;
+    }
     double trace = 0.0;
     double max_diag = 0.0;
     for (int i = 0; i < d; ++i) {
-      trace += s.gram[i * d + i];
-      max_diag = std::max(max_diag, s.gram[i * d + i]);
+      trace += gram[i * d + i];
+      max_diag = std::max(max_diag, gram[i * d + i]);
     }
     const double ridge = options.ridge_relative ? options.ridge * trace / d : options.ridge;
-    a = s.gram;
+    a = gram;
     for (int i = 0; i < d; ++i) a[i * d + i] += ridge;
     // A pivot this small relative to the largest diagonal is a rank deficiency up to rounding
     // (d * 2^-52 ~ 3e-14 for d = 128), not information.
@@ -201,7 +239,7 @@ StatusOr<VectorWeights> VectorCalibrator::Solve(const VectorSolveOptions& option
                                         "); add a ridge or more diverse tokens");
     }
     // Solve L L^T B = C column by column (forward then backward substitution).
-    b = s.cross;
+    b = cross;
     for (int c = 0; c < d; ++c) {
       for (int i = 0; i < d; ++i) {
         double v = b[i * d + c];
@@ -215,18 +253,15 @@ StatusOr<VectorWeights> VectorCalibrator::Solve(const VectorSolveOptions& option
       }
     }
     // R^2 from the accumulators: SSE = S_vv - 2 tr(B^T C) + tr(B^T G B).
-    cblas_dsymm(CblasRowMajor, CblasLeft, CblasUpper, d, d, 1.0, s.gram.data(), d, b.data(), d, 0.0,
+    cblas_dsymm(CblasRowMajor, CblasLeft, CblasUpper, d, d, 1.0, gram.data(), d, b.data(), d, 0.0,
                 gb.data(), d);
     double tr_bc = 0.0;
     double tr_bgb = 0.0;
     for (size_t j = 0; j < b.size(); ++j) {
-      tr_bc += b[j] * s.cross[j];
+      tr_bc += b[j] * cross[j];
       tr_bgb += b[j] * gb[j];
     }
-    const double sse = std::max(0.0, s.value_sq_sum - 2.0 * tr_bc + tr_bgb);
-    double mean_sq = 0.0;
-    for (int c = 0; c < d; ++c) mean_sq += s.value_sum[c] * s.value_sum[c];
-    const double sst = s.value_sq_sum - mean_sq / static_cast<double>(s.count);
+    const double sse = std::max(0.0, s_vv - 2.0 * tr_bc + tr_bgb);
     VectorHeadFit& fit = out.heads[idx];
     fit.count = s.count;
     if (sst > 1e-12 * std::max(s.value_sq_sum, 1e-300)) {
@@ -238,6 +273,15 @@ StatusOr<VectorWeights> VectorCalibrator::Solve(const VectorSolveOptions& option
     for (int r = 0; r < d; ++r) {
       for (int c = 0; c < d; ++c) fit.w.values[r * d + c] = static_cast<float>(b[c * d + r]);
     }
+    if (options.affine) {
+      // b = (s_v - W s_k) / n with the float64 W.
+      fit.bias.resize(static_cast<size_t>(d));
+      for (int r = 0; r < d; ++r) {
+        double wk = 0.0;
+        for (int c = 0; c < d; ++c) wk += b[c * d + r] * s.key_sum[c];
+        fit.bias[r] = static_cast<float>((s.value_sum[r] - wk) / n);
+      }
+    }
   }
   out.version = out.ComputeVersion();
   return out;
@@ -247,7 +291,7 @@ std::vector<uint8_t> VectorCalibrator::Serialize() const {
   std::vector<uint8_t> out;
   internal::ByteWriter w(&out);
   w.Put(kCalibrationMagic);
-  w.Put(kFormatVersion);
+  w.Put(kCalibrationVersion);
   w.Put(uint16_t{0});
   w.Put(static_cast<uint32_t>(num_layers_));
   w.Put(static_cast<uint32_t>(num_kv_heads_));
@@ -257,6 +301,7 @@ std::vector<uint8_t> VectorCalibrator::Serialize() const {
     w.Put(h.count);
     w.Put(h.value_sq_sum);
     w.PutBytes(h.value_sum.data(), h.value_sum.size() * 8);
+    w.PutBytes(h.key_sum.data(), h.key_sum.size() * 8);
     w.PutBytes(h.gram.data(), h.gram.size() * 8);
     w.PutBytes(h.cross.data(), h.cross.size() * 8);
   }
@@ -265,7 +310,8 @@ std::vector<uint8_t> VectorCalibrator::Serialize() const {
 }
 
 StatusOr<VectorCalibrator> VectorCalibrator::Deserialize(std::span<const uint8_t> bytes) {
-  KVD_RETURN_IF_ERROR(CheckEnvelope(bytes, kCalibrationMagic, "VECTOR calibration"));
+  KVD_RETURN_IF_ERROR(
+      CheckEnvelope(bytes, kCalibrationMagic, "VECTOR calibration", kCalibrationVersion));
   internal::ByteReader r(bytes.first(bytes.size() - 8));
   uint32_t magic, layers, heads, d, reserved32;
   uint16_t version, reserved16;
@@ -276,16 +322,19 @@ StatusOr<VectorCalibrator> VectorCalibrator::Deserialize(std::span<const uint8_t
       heads > 4096) {
     return Status::DataLoss("VECTOR calibration: implausible shape in header");
   }
-  const uint64_t per_head = 16 + 8ull * d + 16ull * d * d;
+  const bool with_key_sums = version >= 2;
+  const uint64_t per_head = 16 + (with_key_sums ? 16ull : 8ull) * d + 16ull * d * d;
   if (r.remaining() != per_head * layers * heads) {
     return Status::DataLoss("VECTOR calibration: body size " + std::to_string(r.remaining()) +
                             " does not match the header shape");
   }
   VectorCalibrator cal(static_cast<int>(layers), static_cast<int>(heads), static_cast<int>(d));
+  cal.key_sums_known_ = with_key_sums;
   for (VectorHeadStats& h : cal.heads_) {
     r.Get(&h.count);
     r.Get(&h.value_sq_sum);
     r.GetBytes(h.value_sum.data(), h.value_sum.size() * 8);
+    if (with_key_sums) r.GetBytes(h.key_sum.data(), h.key_sum.size() * 8);
     r.GetBytes(h.gram.data(), h.gram.size() * 8);
     r.GetBytes(h.cross.data(), h.cross.size() * 8);
     if (h.count < 0) return Status::DataLoss("VECTOR calibration: negative token count");
@@ -300,15 +349,25 @@ uint64_t VectorWeights::ComputeVersion() const {
   Checksum64Stream stream;
   for (const VectorHeadFit& h : heads) {
     stream.Update(h.w.values.data(), h.w.values.size() * sizeof(float));
+    if (!h.bias.empty()) stream.Update(h.bias.data(), h.bias.size() * sizeof(float));
   }
   return stream.Digest();
+}
+
+bool VectorWeights::affine() const {
+  if (heads.empty()) return false;
+  for (const VectorHeadFit& h : heads) {
+    if (h.bias.size() != static_cast<size_t>(head_dim)) return false;
+  }
+  return true;
 }
 
 std::vector<uint8_t> VectorWeights::Serialize() const {
   std::vector<uint8_t> out;
   internal::ByteWriter w(&out);
+  const bool with_bias = affine();
   w.Put(kWeightsMagic);
-  w.Put(kFormatVersion);
+  w.Put(with_bias ? kWeightsVersionAffine : kWeightsVersionLinear);
   w.Put(uint16_t{0});
   w.Put(static_cast<uint32_t>(num_layers));
   w.Put(static_cast<uint32_t>(num_kv_heads));
@@ -319,13 +378,14 @@ std::vector<uint8_t> VectorWeights::Serialize() const {
     w.Put(h.count);
     w.Put(h.r2);
     w.PutBytes(h.w.values.data(), h.w.values.size() * sizeof(float));
+    if (with_bias) w.PutBytes(h.bias.data(), h.bias.size() * sizeof(float));
   }
   AppendChecksum(&out);
   return out;
 }
 
 StatusOr<VectorWeights> VectorWeights::Deserialize(std::span<const uint8_t> bytes) {
-  KVD_RETURN_IF_ERROR(CheckEnvelope(bytes, kWeightsMagic, "VECTOR weights"));
+  KVD_RETURN_IF_ERROR(CheckEnvelope(bytes, kWeightsMagic, "VECTOR weights", kWeightsVersionAffine));
   internal::ByteReader r(bytes.first(bytes.size() - 8));
   uint32_t magic, layers, heads, d, reserved32;
   uint16_t version, reserved16;
@@ -337,7 +397,8 @@ StatusOr<VectorWeights> VectorWeights::Deserialize(std::span<const uint8_t> byte
       heads > 4096) {
     return Status::DataLoss("VECTOR weights: implausible shape in header");
   }
-  const uint64_t per_head = 16 + 4ull * d * d;
+  const bool with_bias = version == kWeightsVersionAffine;
+  const uint64_t per_head = 16 + 4ull * d * d + (with_bias ? 4ull * d : 0ull);
   if (r.remaining() != per_head * layers * heads) {
     return Status::DataLoss("VECTOR weights: body size does not match the header shape");
   }
@@ -350,6 +411,10 @@ StatusOr<VectorWeights> VectorWeights::Deserialize(std::span<const uint8_t> byte
     r.Get(&h.r2);
     h.w = Matrix(d, d);
     r.GetBytes(h.w.values.data(), h.w.values.size() * sizeof(float));
+    if (with_bias) {
+      h.bias.resize(d);
+      r.GetBytes(h.bias.data(), h.bias.size() * sizeof(float));
+    }
   }
   if (r.failed()) return Status::DataLoss("VECTOR weights: truncated body");
   if (out.ComputeVersion() != out.version) {
@@ -407,6 +472,48 @@ Status RebuildValues(ConstMatrixView kpre, ConstMatrixView w, MatrixView out,
 #endif
   }
   cpu::RebuildValues(kpre, w, out);
+  return Status::Ok();
+}
+
+namespace {
+
+Status CheckBias(const VectorHeadFit& fit, int64_t d, const char* op) {
+  if (!fit.bias.empty() && static_cast<int64_t>(fit.bias.size()) != d) {
+    return Status::InvalidArgument(std::string(op) + ": bias has " +
+                                   std::to_string(fit.bias.size()) + " entries, expected 0 or " +
+                                   std::to_string(d));
+  }
+  for (float b : fit.bias) {
+    if (!std::isfinite(b)) return Status::InvalidArgument(std::string(op) + ": non-finite bias");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status VectorResiduals(ConstMatrixView kpre, ConstMatrixView values, const VectorHeadFit& fit,
+                       std::span<float> residuals, const ExecOptions& exec) {
+  KVD_RETURN_IF_ERROR(CheckBias(fit, kpre.cols, "VectorResiduals"));
+  if (fit.bias.empty()) return VectorResiduals(kpre, values, fit.w.View(), residuals, exec);
+  KVD_RETURN_IF_ERROR(CheckView(values, kpre.rows, kpre.cols, "values"));
+  // |v - W k - b|^2 = |(v - b) - W k|^2: shift the values on the host, then the linear op.
+  Matrix shifted(values.rows, values.cols);
+  for (int64_t i = 0; i < values.rows; ++i) {
+    for (int64_t c = 0; c < values.cols; ++c) {
+      shifted.Row(i)[c] = values.Row(i)[c] - fit.bias[c];
+    }
+  }
+  return VectorResiduals(kpre, shifted.View(), fit.w.View(), residuals, exec);
+}
+
+Status RebuildValues(ConstMatrixView kpre, const VectorHeadFit& fit, MatrixView out,
+                     const ExecOptions& exec) {
+  KVD_RETURN_IF_ERROR(CheckBias(fit, kpre.cols, "RebuildValues"));
+  KVD_RETURN_IF_ERROR(RebuildValues(kpre, fit.w.View(), out, exec));
+  if (fit.bias.empty()) return Status::Ok();
+  for (int64_t i = 0; i < out.rows; ++i) {
+    for (int64_t c = 0; c < out.cols; ++c) out.Row(i)[c] += fit.bias[c];
+  }
   return Status::Ok();
 }
 

@@ -128,6 +128,8 @@ TEST(DevicePlan, UnsupportedOptionsAreNamed) {
        "merge kKvSlimmer is not implemented on the device"},
       {{.score = ScoreStage::kSnapKv, .head_budget = HeadBudget::kAdaptive},
        "head_budget kAdaptive is not implemented on the device"},
+      {{.route = RouteStage::kVector, .route_adaptive = true},
+       "route_adaptive is not implemented on the device"},
   };
   for (const auto& c : cases) {
     Status s = CheckDevicePlanSupported(c.o);
@@ -209,6 +211,11 @@ TEST(DevicePlan, CreateChecksItsInputBeforeTheDevice) {
   auto mis_shaped = DevicePlan::Create(vector, f.layout, &wrong);
   EXPECT_EQ(mis_shaped.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(mis_shaped.status().message(), HasSubstr("weights shape does not match"));
+  VectorWeights affine = f.weights;
+  for (VectorHeadFit& h : affine.heads) h.bias.assign(static_cast<size_t>(affine.head_dim), 0.5f);
+  auto with_intercept = DevicePlan::Create(vector, f.layout, &affine);
+  EXPECT_EQ(with_intercept.status().code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(with_intercept.status().message(), HasSubstr("affine VECTOR weights"));
   ModelLayout odd = f.layout;
   odd.num_q_heads = 3;
   auto gqa = DevicePlan::Create({}, odd);

@@ -302,6 +302,11 @@ Status HarnessOptions::Validate() const {
       return bad("passkey method '" + m + "' is not in methods");
     }
   }
+  for (const std::string& m : paired_against) {
+    if (std::find(methods.begin(), methods.end(), m) == methods.end()) {
+      return bad("paired-against method '" + m + "' is not in methods");
+    }
+  }
   return Status::Ok();
 }
 

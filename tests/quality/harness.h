@@ -56,9 +56,12 @@ struct HarnessOptions {
   // row); empty = every method. Each must be in `methods`.
   std::vector<std::string> passkey_methods = {"full", "snapkv", "keydiff"};
   int bootstrap_samples = 2000;  // bootstrap resamples of the segments for the 95% intervals
-  uint32_t seed = 1234;          // passkey digits and positions
-  int threads = 0;               // engine threads; 0 = all cores
-  bool progress = true;          // progress lines on stderr
+  // Methods every other method is compared with, paired on the same segments, in results.md
+  // (report.h PairedToMarkdown); default none. Each must be in `methods`.
+  std::vector<std::string> paired_against;
+  uint32_t seed = 1234;  // passkey digits and positions
+  int threads = 0;       // engine threads; 0 = all cores
+  bool progress = true;  // progress lines on stderr
 
   // The --quick preset (< 2 minutes on 2 cores): 2 segments of 512 + 64, passkey 384 tokens.
   static HarnessOptions Quick();

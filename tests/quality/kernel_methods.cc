@@ -31,6 +31,11 @@ struct MethodSpec {
   bool error_aware = false;  // hybrid: CompressionPlanOptions::hybrid_error_aware
   kernels::MergeGuard guard = kernels::MergeGuard::kClamp;  // merge key weight guard
   bool gate = false;  // CompressionPlanOptions::merge_gate (plan defaults: pair 0.5, layer 0.3)
+  // VECTOR variants (kernel_methods.h): the affine map v = W k + b, adaptive routing, and W
+  // fitted online on the served document instead of the calibration texts.
+  bool affine = false;
+  bool route_adaptive = false;
+  bool online = false;
 };
 
 constexpr kernels::HeadBudget kAda = kernels::HeadBudget::kAdaptive;
@@ -75,6 +80,13 @@ constexpr MethodSpec kSpecs[] = {
      RouteStage::kVector, kUni, false, kernels::MergeGuard::kClamp, true},
     {"hybrid_ea_gated", ScoreStage::kSnapKv, MergeStage::kKvSlimmer, MergeNorm::kL2,
      RouteStage::kVector, kUni, true, kernels::MergeGuard::kClamp, true},
+    // VECTOR variants against snapkv+vector: intercept, adaptive routing, online calibration.
+    {"snapkv+vector_affine", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2,
+     RouteStage::kVector, kUni, false, kernels::MergeGuard::kClamp, false, true},
+    {"snapkv+vector_adaptive", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2,
+     RouteStage::kVector, kUni, false, kernels::MergeGuard::kClamp, false, false, true},
+    {"snapkv+vector_online", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2,
+     RouteStage::kVector, kUni, false, kernels::MergeGuard::kClamp, false, false, false, true},
 };
 
 // The prefix cache as one raw float32 chunk: per layer K[N, H, d] then V[N, H, d].
@@ -102,7 +114,9 @@ class KernelMethod : public CompressionMethod {
   explicit KernelMethod(const MethodSpec& spec) : spec_(spec) {}
 
   std::string name() const override { return spec_.name; }
-  bool NeedsCalibration() const override { return spec_.route == RouteStage::kVector; }
+  bool NeedsCalibration() const override {
+    return spec_.route == RouteStage::kVector && !spec_.online;
+  }
 
   Status Calibrate(const std::vector<PrefixCapture>& calibration) override {
     if (!NeedsCalibration()) return Status::Ok();
@@ -119,9 +133,7 @@ class KernelMethod : public CompressionMethod {
       const std::vector<int64_t> pos = Positions(p.cache);
       KVD_RETURN_IF_ERROR(kernels::CalibrateFromChunk(layout, raw, pos, &cal));
     }
-    kernels::VectorSolveOptions so;
-    so.ridge = kVectorRidge;
-    KVD_ASSIGN_OR_RETURN(weights_, cal.Solve(so));
+    KVD_ASSIGN_OR_RETURN(weights_, cal.Solve(SolveOptions()));
     r2_.assign(cfg.num_layers, 0.0);
     for (int l = 0; l < cfg.num_layers; ++l) {
       for (int h = 0; h < cfg.num_kv_heads; ++h) r2_[l] += weights_->Head(l, h).r2;
@@ -141,6 +153,9 @@ class KernelMethod : public CompressionMethod {
     const ModelLayout layout = cfg.ToModelLayout();
     const int L = cfg.num_layers, H = cfg.num_kv_heads, d = cfg.head_dim;
     const int N = p.cache.num_tokens;
+    const std::vector<uint8_t> raw = RawChunk(p.cache);
+    const std::vector<int64_t> pos = Positions(p.cache);
+    if (spec_.online) KVD_RETURN_IF_ERROR(CalibrateOnline(cfg, layout, raw, pos));
 
     CompressionPlanOptions o;
     o.score = spec_.score;
@@ -151,6 +166,15 @@ class KernelMethod : public CompressionMethod {
     o.hybrid_error_aware = spec_.error_aware;
     o.merge_guard = spec_.guard;
     o.merge_gate = spec_.gate;
+    o.route_adaptive = spec_.route_adaptive;
+    // Adaptive routing thresholds: the plan defaults unless KVD_ROUTE_MAX_ERROR /
+    // KVD_ROUTE_MIN_R2 override them (comparison runs).
+    if (const char* e = std::getenv("KVD_ROUTE_MAX_ERROR"); e != nullptr && *e != '\0') {
+      o.route_max_error = std::strtod(e, nullptr);
+    }
+    if (const char* r = std::getenv("KVD_ROUTE_MIN_R2"); r != nullptr && *r != '\0') {
+      o.route_min_r2 = std::strtod(r, nullptr);
+    }
     o.p_c = p_c;
     o.window = p.window;
     // Sinks are the first tokens of the sequence: a chunk that does not start at position 0
@@ -166,8 +190,6 @@ class KernelMethod : public CompressionMethod {
     }
     KVD_RETURN_IF_ERROR(o.Validate());
 
-    const std::vector<uint8_t> raw = RawChunk(p.cache);
-    const std::vector<int64_t> pos = Positions(p.cache);
     // Window queries: per layer [W, n_q, d] -> per (layer, KV head) [W*G, d].
     std::vector<kernels::Matrix> q_store;
     q_store.reserve(static_cast<size_t>(L) * H);
@@ -220,6 +242,27 @@ class KernelMethod : public CompressionMethod {
  private:
   static constexpr int kSinks = 4;
 
+  kernels::VectorSolveOptions SolveOptions() const {
+    kernels::VectorSolveOptions so;
+    so.ridge = kVectorRidge;
+    so.affine = spec_.affine;
+    return so;
+  }
+
+  // Online calibration (kernel_methods.h): a chunk that starts the sequence (position 0) starts
+  // a new accumulation; every chunk is added before it is compressed, so W is fitted on the
+  // served document's tokens up to the end of this chunk, never on the continuation.
+  Status CalibrateOnline(const llama::LlamaConfig& cfg, const ModelLayout& layout,
+                         const std::vector<uint8_t>& raw, const std::vector<int64_t>& pos) {
+    if (!online_.has_value() || (!pos.empty() && pos.front() == 0)) {
+      KVD_ASSIGN_OR_RETURN(online_, kernels::VectorCalibrator::Create(
+                                        cfg.num_layers, cfg.num_kv_heads, cfg.head_dim));
+    }
+    KVD_RETURN_IF_ERROR(kernels::CalibrateFromChunk(layout, raw, pos, &*online_));
+    KVD_ASSIGN_OR_RETURN(weights_, online_->Solve(SolveOptions()));
+    return Status::Ok();
+  }
+
   // One diagnostic line on stderr (KVD_QUALITY_STATS set): what the plan did to the prefix.
   void PrintStats(double p_c, const kernels::CompactChunk& chunk,
                   const kernels::CompressionStats& st) const {
@@ -247,6 +290,7 @@ class KernelMethod : public CompressionMethod {
   }
   MethodSpec spec_;
   std::optional<kernels::VectorWeights> weights_;
+  std::optional<kernels::VectorCalibrator> online_;  // spec_.online: the document so far
   std::vector<double> r2_;
 };
 

@@ -10,6 +10,16 @@
 //   kvslimmer_l2, kvslimmer_l1_code          KVSlimmer merging alone, both weight variants (item 3)
 //   hybrid                                   SnapKV pool + KVSlimmer merge of the rest + VECTOR
 //                                            (item 4, "the composed pipeline")
+//   snapkv+vector_affine                     + VECTOR with the affine map v = W kpre + b
+//   snapkv+vector_adaptive                   + VECTOR with adaptive routing (plan.h
+//                                            route_adaptive; KVD_ROUTE_MAX_ERROR / KVD_ROUTE_MIN_R2
+//                                            override the plan's thresholds)
+//   snapkv+vector_online                     + VECTOR with W fitted online on the served document:
+//                                            the tokens of the sequence up to the end of the chunk
+//                                            being compressed (one-shot: the prefix; chunk-wise:
+//                                            chunks 0..c for chunk c), never the continuation, as
+//                                            a daemon calibrating on its own traffic would have;
+//                                            no calibration texts
 // Every plan keeps 4 sinks and the W window tokens (W = the harness's window) and meets the
 // half-pair budget 2 M, M = llround((1 - p_c) N), exactly (PyramidKV: over the whole prefix).
 //

@@ -5,6 +5,7 @@
 //               [--window W] [--passkey N] [--threads N] [--text-file PATH]... [--modes a,b]
 //               [--chunk N] [--chunk-window W] [--passkey-trials N] [--multikey-trials N]
 //               [--calib-segments N] [--bootstrap N] [--passkey-methods a,b]
+//               [--paired-against a,b]
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -61,6 +62,10 @@ int main(int argc, char** argv) {
                      "methods answering the passkey (default full,snapkv,keydiff; with --methods "
                      "alone: every listed method)")
           ->delimiter(',');
+  app.add_option("--paired-against", o.paired_against,
+                 "methods every other method is compared with, paired on the same segments "
+                 "(tables in results.md)")
+      ->delimiter(',');
   app.add_option("--ratios", o.ratios, "compression ratios p_c, comma separated")
       ->delimiter(',')
       ->capture_default_str();

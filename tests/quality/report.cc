@@ -1,11 +1,13 @@
 #include "report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "bootstrap.h"
 #include "plot.h"
 
 namespace kvd::quality {
@@ -135,6 +137,7 @@ std::string ToMarkdown(const HarnessReport& r, const std::string& command) {
     for (const std::string& l : PlotLegend(RowsOfMode(r, mode))) os << " " << l << ";";
     os << "\n";
   }
+  os << PairedToMarkdown(r, o.paired_against);
   if (!r.calibration_r2.empty()) {
     os << "\nCalibration R^2 per layer (calib texts, disjoint from eval):\n\n";
     for (const auto& [name, r2] : r.calibration_r2) {
@@ -142,6 +145,64 @@ std::string ToMarkdown(const HarnessReport& r, const std::string& command) {
       for (double v : r2) os << " " << Fmt("%.3f", v);
       os << "\n";
     }
+  }
+  return os.str();
+}
+
+std::string PairedToMarkdown(const HarnessReport& r, const std::vector<std::string>& baselines) {
+  std::ostringstream os;
+  for (const std::string& base : baselines) {
+    for (const std::string& mode : ModesOf(r)) {
+      const HarnessReport rows = RowsOfMode(r, mode);
+      std::vector<std::string> methods;
+      for (const MethodResult& m : rows.rows) {
+        if (m.method == "full" || m.method == base) continue;
+        if (std::find(methods.begin(), methods.end(), m.method) == methods.end())
+          methods.push_back(m.method);
+      }
+      auto find = [&](const std::string& name, double p_c) -> const MethodResult* {
+        for (const MethodResult& m : rows.rows) {
+          if (m.method == name && std::abs(m.p_c - p_c) < 1e-9) return &m;
+        }
+        return nullptr;
+      };
+      os << "\n### Paired against " << base << ", " << mode << " (perplexity ratio method / "
+         << base << " [95% CI], segments where the method is lower)\n\n| method |";
+      for (double p : r.options.ratios) os << " p_c " << Fmt("%.2f", p) << " |";
+      os << "\n|---|";
+      for (size_t i = 0; i < r.options.ratios.size(); ++i) os << "---|";
+      os << "\n";
+      for (const std::string& name : methods) {
+        os << "| " << name << " |";
+        for (double p : r.options.ratios) {
+          const MethodResult* m = find(name, p);
+          const MethodResult* b = find(base, p);
+          if (m == nullptr || b == nullptr || m->seg_nll.size() != b->seg_nll.size() ||
+              m->seg_n != b->seg_n) {
+            os << " - |";
+            continue;
+          }
+          double dn = 0, n = 0;
+          int lower = 0;
+          for (size_t i = 0; i < m->seg_nll.size(); ++i) {
+            dn += m->seg_nll[i] - b->seg_nll[i];
+            n += static_cast<double>(m->seg_n[i]);
+            lower += m->seg_nll[i] < b->seg_nll[i];
+          }
+          const BootstrapResult br = BootstrapSegments(
+              {m->seg_nll, b->seg_nll, m->seg_n, m->seg_agree}, r.options.bootstrap_samples);
+          const std::string cell = Fmt("%.3f", std::exp(dn / n)) + " [" +
+                                   Fmt("%.3f", br.ppl_ratio.lo) + ", " +
+                                   Fmt("%.3f", br.ppl_ratio.hi) + "]";
+          const char* mark = br.ppl_ratio.hi < 1.0 ? "**" : br.ppl_ratio.lo > 1.0 ? "*" : "";
+          os << " " << mark << cell << mark << " (" << lower << "/" << m->seg_nll.size() << ") |";
+        }
+        os << "\n";
+      }
+    }
+  }
+  if (!baselines.empty()) {
+    os << "\n(bold: paired interval below 1, the method is better; italic: above 1, worse.)\n";
   }
   return os.str();
 }

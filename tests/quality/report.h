@@ -24,6 +24,13 @@ std::string LayersToCsv(const HarnessReport& r);
 // "# kvd quality" with the options, texts, one table per mode, and calibration R^2 if any.
 std::string ToMarkdown(const HarnessReport& r, const std::string& command);
 
+// Paired comparisons (docs/quality.md): for each baseline method and mode, every other method's
+// perplexity ratio to the baseline on the same segments, exp((sum nll_m - sum nll_b) / sum n),
+// with the 95% paired bootstrap interval (a resample draws the same segments for both) and the
+// number of segments where the method's NLL is lower. Empty without baselines; "-" where a
+// baseline row is missing. ToMarkdown appends it for HarnessOptions::paired_against.
+std::string PairedToMarkdown(const HarnessReport& r, const std::vector<std::string>& baselines);
+
 // Parses the CSV written by ToCsv (or the older 11-field layout, read as one-shot rows) back into
 // rows (engine row into engine_perplexity); for re-plotting. INVALID_ARGUMENT naming the line on a
 // malformed row.

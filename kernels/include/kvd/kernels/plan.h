@@ -35,7 +35,20 @@
 //   - merge_gate:         merges allowed only between keys alike after centring, and only in
 //                         layers where adjacent keys are alike after centring (field comment).
 //   - route kVector:      among the slots of cardinality 1 that are not sinks/window, the ones
-//                         with the smallest |v - W kpre|^2 drop their value (section 4.2).
+//                         with the smallest |v - W kpre - b|^2 drop their value (section 4.2;
+//                         b = the fit's intercept, 0 for a linear map).
+//   - adaptive routing (`route_adaptive`, default off): a slot may drop its value only when its
+//                         attention-weighted relative residual
+//                           e_j = (m_j / mean_i m_i) * |v_j - W kpre_j - b|^2 / s_v
+//                         is <= `route_max_error` (m = the window queries' attention mass of the
+//                         slot's token, ComputeAttentionMass causal window, uniform without queries
+//                         or for KVSlimmer-only plans; s_v = mean_i |v_i - mean v|^2 over the
+//                         head's N tokens, the head's value scale); the 2a slots with the smallest
+//                         e_j are routed. A head whose calibration R^2 (VectorHeadFit::r2) is
+//                         below `route_min_r2` routes nothing. Too few passing slots lower a
+//                         exactly as below: a token that is not routed keeps its value and the
+//                         half-pair it would have freed is not spent on an extra key, so the
+//                         plan falls back towards plain eviction head by head.
 //
 // Budget, in half-pairs, exact for every head: M = llround((1 - p_c) N) (PyramidKV: the layer
 // budget, see below); without routing pool = M slots with values (2M half-pairs); with routing
@@ -131,6 +144,16 @@ struct CompressionPlanOptions {
   bool merge_gate = false;
   double merge_gate_min_cos = 0.5;    // pair gate, in [-1, 1]
   double merge_gate_layer_min = 0.3;  // layer gate, in [-1, 1]; -1 opens every layer
+  // kVector only: adaptive routing (file comment); default off = route the 2a smallest residuals
+  // of the pool. Not recorded in CodecDescription: serving rebuilds every flagged slot alike.
+  bool route_adaptive = false;
+  // route_adaptive: the largest attention-weighted relative residual e_j a routed slot may have,
+  // finite and >= 0. Default 0.05 (a token of average window mass whose rebuilt value is off by
+  // 5% of the head's value variance).
+  double route_max_error = 0.05;
+  // route_adaptive: heads whose calibration R^2 is below this route nothing; finite, <= 1.
+  // Default 0.3.
+  double route_min_r2 = 0.3;
 
   // INVALID_ARGUMENT (OUT_OF_RANGE for p_c) naming the field.
   Status Validate() const;
@@ -170,6 +193,7 @@ struct CompressionStats {
   int64_t budget_half_pairs = 0;  // sum of 2M
   int64_t half_pairs = 0;         // keys + stored values (== budget_half_pairs)
   int64_t route_reductions = 0;   // heads whose a was lowered for lack of single slots
+  int64_t route_floor_heads = 0;  // route_adaptive: heads that routed nothing (R^2 below floor)
   KvSlimmerStats kvslimmer;       // guard counters of the merge stage
   // hybrid_error_aware: tokens evicted because merging them was estimated to cost more (the
   // candidates left once a slot is full are not counted).

@@ -19,8 +19,9 @@
 // CPU plan's in the last bits, and two middle tokens whose scores are that close may be chosen
 // differently. The CPU/device comparison (tests/kernels/plan_device_test.cc) bounds the difference.
 //
-// Supported: score kNone, kSnapKv, kPyramidKv; merge kNone; route kNone, kVector; head_budget
-// kUniform; any pooling and kernel. Anything else is UNIMPLEMENTED naming the option (use
+// Supported: score kNone, kSnapKv, kPyramidKv; merge kNone; route kNone, kVector (linear
+// weights, route_adaptive off); head_budget kUniform; any pooling and kernel. Anything else
+// (including affine VECTOR weights) is UNIMPLEMENTED naming the option (use
 // Compress). Thread safety: a DevicePlan owns its scratch memory: one per worker thread/stream.
 #pragma once
 

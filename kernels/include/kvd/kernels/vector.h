@@ -1,8 +1,10 @@
 // VECTOR value routing (ALGORITHMS.md section 4): calibration of a per-(layer, KV head) linear map
-// W with v ~= W kpre, residuals, three-way routing with an exact half-pair budget, value rebuild.
+// W with v ~= W kpre (or the affine map v ~= W kpre + b), residuals, three-way routing with an
+// exact half-pair budget, value rebuild.
 //
 // Conventions (see types.h): float32 row-major views, one row per token; keys are PRE-RoPE here
-// (de-rotate with rope.h first). W is [d, d] row-major with v[r] = sum_c W[r][c] * kpre[c].
+// (de-rotate with rope.h first). W is [d, d] row-major with v[r] = sum_c W[r][c] * kpre[c] (+ b[r]
+// for an affine fit).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,7 @@ struct VectorHeadStats {
   std::vector<double> gram;       // [d, d] sum_i kpre_i kpre_i^T (symmetric, row-major)
   std::vector<double> cross;      // [d, d] sum_i kpre_i v_i^T: cross[r * d + c] = sum kpre_r v_c
   std::vector<double> value_sum;  // [d]    sum_i v_i
+  std::vector<double> key_sum;    // [d]    sum_i kpre_i (for the affine solve)
   double value_sq_sum = 0.0;      //        sum_i |v_i|^2
   int64_t count = 0;              //        number of tokens added
 };
@@ -38,16 +41,22 @@ struct VectorSolveOptions {
   // Minimum tokens per head; fewer is FAILED_PRECONDITION (W would be underdetermined noise).
   // Default 1. 0 is not allowed.
   int64_t min_tokens = 1;
+  // Fit the affine map v ~= W kpre + b instead of v ~= W kpre (default false: linear). Solved on
+  // the centred statistics (Gc = G - s_k s_k^T / n, Cc = C - s_k s_v^T / n: the least-squares
+  // solution with the intercept unpenalised), ridge relative to trace(Gc) / d, b = (s_v - W s_k)
+  // / n. Needs key sums (FAILED_PRECONDITION for accumulators restored from format version 1).
+  bool affine = false;
 
   Status Validate() const;
 };
 
 // The solved map of one (layer, KV head).
 struct VectorHeadFit {
-  Matrix w;           // [d, d] row-major: v ~= W kpre
-  double r2 = 0.0;    // 1 - SSE / SST on the calibration data (SST = sum |v - mean v|^2);
-                      // when SST == 0, 1 if SSE == 0 (to 1e-12 relative) else 0
-  int64_t count = 0;  // tokens the fit saw
+  Matrix w;                 // [d, d] row-major: v ~= W kpre (+ bias)
+  std::vector<float> bias;  // [d] intercept b of an affine fit; empty = linear map (b = 0)
+  double r2 = 0.0;          // 1 - SSE / SST on the calibration data (SST = sum |v - mean v|^2);
+                            // when SST == 0, 1 if SSE == 0 (to 1e-12 relative) else 0
+  int64_t count = 0;        // tokens the fit saw
 };
 
 // The solved W set of a model (what a compact chunk's "calibration version" names).
@@ -55,8 +64,9 @@ struct VectorWeights {
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
-  // Identifies this W set: Checksum64 of every W's float bytes (layer-major, then head), set by
-  // Solve and checked by Deserialize. Compact chunks record it so serving uses the same W.
+  // Identifies this W set: Checksum64 of every W's float bytes (layer-major, then head; each
+  // head's bias floats follow its W when the fit is affine), set by Solve and checked by
+  // Deserialize. Compact chunks record it so serving uses the same W (and b).
   uint64_t version = 0;
   std::vector<VectorHeadFit> heads;  // [num_layers * num_kv_heads], index layer * H + head
 
@@ -67,7 +77,12 @@ struct VectorWeights {
   // Recomputes `version` from the W bytes.
   uint64_t ComputeVersion() const;
 
-  // Versioned, checksummed little-endian bytes (format in docs/chunk-format.md, "VECTOR weights").
+  // True when every head carries an intercept (VectorSolveOptions::affine).
+  bool affine() const;
+
+  // Versioned, checksummed little-endian bytes (format in docs/chunk-format.md, "VECTOR weights"):
+  // version 1 for linear weights (byte-identical to what older builds wrote), version 2 with a
+  // per-head intercept for affine ones. Both versions load.
   std::vector<uint8_t> Serialize() const;
   // DATA_LOSS on truncation or checksum mismatch, INVALID_ARGUMENT on bad magic or unknown version.
   static StatusOr<VectorWeights> Deserialize(std::span<const uint8_t> bytes);
@@ -96,8 +111,13 @@ class VectorCalibrator {
   StatusOr<VectorWeights> Solve(const VectorSolveOptions& options = {}) const;
 
   // Versioned, checksummed bytes of the accumulators (to persist and resume calibration).
+  // Writes version 2 (with key sums); version 1 (without) still loads, with key_sums_known()
+  // false from then on.
   std::vector<uint8_t> Serialize() const;
   static StatusOr<VectorCalibrator> Deserialize(std::span<const uint8_t> bytes);
+  // False once accumulators without key sums (format version 1) were restored or merged in:
+  // the affine solve then refuses.
+  bool key_sums_known() const { return key_sums_known_; }
 
   int num_layers() const { return num_layers_; }
   int num_kv_heads() const { return num_kv_heads_; }
@@ -112,6 +132,7 @@ class VectorCalibrator {
   int num_layers_ = 0;
   int num_kv_heads_ = 0;
   int head_dim_ = 0;
+  bool key_sums_known_ = true;
   std::vector<VectorHeadStats> heads_;  // [num_layers * num_kv_heads]
 };
 
@@ -127,6 +148,13 @@ Status VectorResiduals(ConstMatrixView kpre, ConstMatrixView values, ConstMatrix
 // out_i = W kpre_i for kpre [n, d], w [d, d], out [n, d] (the value rebuild of a routed slot;
 // the caller de-rotates the served key first). INVALID_ARGUMENT on shape mismatch or NaN/Inf.
 Status RebuildValues(ConstMatrixView kpre, ConstMatrixView w, MatrixView out,
+                     const ExecOptions& exec = {});
+
+// The same two operations with a head's fit: W kpre_i + b (b = fit.bias, none when empty).
+// INVALID_ARGUMENT additionally when the bias has neither 0 nor d entries or is not finite.
+Status VectorResiduals(ConstMatrixView kpre, ConstMatrixView values, const VectorHeadFit& fit,
+                       std::span<float> residuals, const ExecOptions& exec = {});
+Status RebuildValues(ConstMatrixView kpre, const VectorHeadFit& fit, MatrixView out,
                      const ExecOptions& exec = {});
 
 // ---------------------------------------------------------------------------------------------
