@@ -87,6 +87,11 @@ constexpr MethodSpec kSpecs[] = {
      RouteStage::kVector, kUni, false, kernels::MergeGuard::kClamp, false, false, true},
     {"snapkv+vector_online", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2,
      RouteStage::kVector, kUni, false, kernels::MergeGuard::kClamp, false, false, false, true},
+    // Online calibration combined with the intercept / with adaptive routing.
+    {"snapkv+vector_online_affine", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2,
+     RouteStage::kVector, kUni, false, kernels::MergeGuard::kClamp, false, true, false, true},
+    {"snapkv+vector_online_adaptive", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2,
+     RouteStage::kVector, kUni, false, kernels::MergeGuard::kClamp, false, false, true, true},
 };
 
 // The prefix cache as one raw float32 chunk: per layer K[N, H, d] then V[N, H, d].

@@ -20,6 +20,8 @@
 //                                            chunks 0..c for chunk c), never the continuation, as
 //                                            a daemon calibrating on its own traffic would have;
 //                                            no calibration texts
+//   snapkv+vector_online_affine / _online_adaptive   online calibration with the affine map /
+//                                            with adaptive routing
 // Every plan keeps 4 sinks and the W window tokens (W = the harness's window) and meets the
 // half-pair budget 2 M, M = llround((1 - p_c) N), exactly (PyramidKV: over the whole prefix).
 //
