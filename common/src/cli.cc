@@ -4,7 +4,21 @@
 
 namespace kvd::cli {
 
+namespace {
+
+void LastValueWins(CLI::App& app) {
+  for (CLI::Option* o : app.get_options()) {
+    if (o->get_expected_max() == 1 && o->get_type_size_max() == 1) {
+      o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    }
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) LastValueWins(*sub);
+}
+
+}  // namespace
+
 int Parse(CLI::App& app, int argc, char** argv) {
+  LastValueWins(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

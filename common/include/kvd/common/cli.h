@@ -4,7 +4,9 @@
 //   - a usage error (unknown option, missing or bad value, missing required option) prints
 //     "<program>: <what, naming the option>" and "Run <program> --help for the options." to
 //     stderr and exits 2 (kExitUsage);
-//   - counts and sizes may carry a K/M/G (1024-based) suffix where an option says so (SizeValue).
+//   - an option that takes one value may be given again: the last value wins (as the programs'
+//     former hand-written parsers did; scripts append overrides to a common argument list);
+//     options that collect values (repeatable, comma lists) keep every value.
 // Not part of libkvd_client's API (the library kvd_cli links CLI11; it is not installed).
 #pragma once
 
@@ -15,7 +17,8 @@ namespace kvd::cli {
 
 inline constexpr int kExitUsage = 2;
 
-// Parses `app`. Returns -1 when the program goes on, else its exit code: 0 after --help (the
+// Parses `app` (after making every single-value option of it and its subcommands take the last
+// value given). Returns -1 when the program goes on, else its exit code: 0 after --help (the
 // help is printed to stdout), kExitUsage after a usage error (printed to stderr as above; the
 // program's name is app.get_name()).
 int Parse(CLI::App& app, int argc, char** argv);
