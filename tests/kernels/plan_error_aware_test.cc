@@ -15,6 +15,7 @@
 
 #include "kvd/kernels/plan.h"
 #include "kvd/kernels/rope.h"
+#include "raw_layer.h"
 #include "reference.h"
 
 namespace kvd::kernels {
@@ -59,14 +60,7 @@ struct SmallChunk {
       queries.push_back(std::move(q));
       keys_post.push_back(std::move(kpost));
     }
-    uint8_t* kb = raw.data() + layout.LayerOffset(0, static_cast<int>(kN));
-    uint8_t* vb = kb + kN * layout.TokenBytes();
-    for (int64_t i = 0; i < kN; ++i) {
-      for (int h = 0; h < kHeads; ++h) {
-        std::memcpy(kb + i * layout.TokenBytes() + h * kDim * 4, keys_post[h].Row(i), kDim * 4);
-        std::memcpy(vb + i * layout.TokenBytes() + h * kDim * 4, values[h].Row(i), kDim * 4);
-      }
-    }
+    testing::WriteFloat32Layer(layout, 0, kN, keys_post, values, &raw);
     for (const Matrix& q : queries) query_views.push_back(q.View());
   }
 

@@ -1,0 +1,32 @@
+// The raw bytes of one float32 layer in the engine layout (common/layout.h: K[N, H, d] then
+// V[N, H, d]) from per-KV-head post-RoPE keys and values: small hand-built chunks of the plan
+// tests.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "kvd/common/layout.h"
+#include "kvd/kernels/types.h"
+
+namespace kvd::kernels::testing {
+
+// REQUIRES: layout.dtype == kFloat32, raw holds layout.ChunkBytes(n), keys/values have
+// layout.num_kv_heads matrices of [n, head_dim].
+inline void WriteFloat32Layer(const ModelLayout& layout, int layer, int64_t n,
+                              std::span<const Matrix> keys, std::span<const Matrix> values,
+                              std::vector<uint8_t>* raw) {
+  const int64_t d = layout.head_dim;
+  uint8_t* kb = raw->data() + layout.LayerOffset(layer, static_cast<int>(n));
+  uint8_t* vb = kb + n * layout.TokenBytes();
+  for (int64_t i = 0; i < n; ++i) {
+    for (size_t h = 0; h < keys.size(); ++h) {
+      std::memcpy(kb + i * layout.TokenBytes() + h * d * 4, keys[h].Row(i), d * 4);
+      std::memcpy(vb + i * layout.TokenBytes() + h * d * 4, values[h].Row(i), d * 4);
+    }
+  }
+}
+
+}  // namespace kvd::kernels::testing
