@@ -3,7 +3,8 @@
 # Sanitizer into build-fuzz/ and runs each for SECONDS (default 60).
 #
 #   deploy/fuzz.sh [SECONDS] [TARGET...]
-#     TARGET: frame control_message compact_chunk gguf config (default: all, one after the other)
+#     TARGET: frame control_message compact_chunk gguf config disk_record
+#             (default: all, one after the other)
 #
 # Each target starts from its committed seeds (tests/fuzz/corpus/<target>/) and a working corpus
 # that grows across runs (build-fuzz/fuzz/corpus/<target>/). A crash, sanitizer report, leak,
@@ -19,9 +20,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL=(frame control_message compact_chunk gguf config)
+ALL=(frame control_message compact_chunk gguf config disk_record)
 usage() {
-  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 SECONDS_EACH=60

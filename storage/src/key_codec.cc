@@ -59,6 +59,10 @@ StatusOr<ChunkKey> DecodeKey(std::string_view in) {
     return Status::DataLoss("disk tier: malformed chunk key of " + std::to_string(total) +
                             " bytes");
   }
+  if (k.model.empty()) {  // Insert never writes one: no model, no layout to serve it under
+    return Status::DataLoss("disk tier: chunk key of " + std::to_string(total) +
+                            " bytes names no model");
+  }
   return k;
 }
 
@@ -94,6 +98,9 @@ StatusOr<MetaRecord> DecodeMeta(std::string_view in) {
       !Get(in, &m.size_bytes) || !Get(in, &m.checksum) || !in.empty()) {
     return Status::DataLoss("disk tier: malformed metadata record (version " +
                             std::to_string(version) + ")");
+  }
+  if (m.size_bytes == 0) {  // Insert never writes an empty chunk
+    return Status::DataLoss("disk tier: metadata record of an empty chunk");
   }
   return m;
 }

@@ -12,7 +12,8 @@ namespace kvd::storage::codec {
 
 // [u16 len][namespace][u16 len][model][u64 layout][u32 codec][u64 hash.hi][u64 hash.lo]
 std::string EncodeKey(const ChunkKey& key);
-// INVALID_ARGUMENT... reported as DATA_LOSS by callers reading from disk.
+// DATA_LOSS for bytes EncodeKey cannot have written: truncated, trailing bytes, or no model
+// (DiskTier::Insert refuses an empty model).
 StatusOr<ChunkKey> DecodeKey(std::string_view bytes);
 
 // Value header in the data column family, before the payload.
@@ -32,6 +33,8 @@ struct MetaRecord {
   uint64_t checksum = 0;
 };
 std::string EncodeMeta(const MetaRecord& m);
+// DATA_LOSS for bytes EncodeMeta cannot have written for a stored chunk: another version, wrong
+// length, or size_bytes 0 (DiskTier::Insert refuses empty chunks).
 StatusOr<MetaRecord> DecodeMeta(std::string_view bytes);
 
 }  // namespace kvd::storage::codec

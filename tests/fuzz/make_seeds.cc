@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../engine/gguf_builder.h"
+#include "key_codec.h"  // storage-private: the disk tier's record encoders
 #include "kvd/common/hash.h"
 #include "kvd/daemon/config.h"
 #include "kvd/kernels/compact_chunk.h"
@@ -303,6 +304,26 @@ void WriteGguf(const fs::path& corpus) {
   Write(corpus / "gguf" / "metadata.gguf", m.data(), m.size());
 }
 
+// Disk tier records: [u16 key length][chunk key][metadata record].
+void WriteDiskRecords(const fs::path& corpus) {
+  namespace codec = kvd::storage::codec;
+  int n = 0;
+  for (const auto& [ns, model] : {std::pair{"", "m"}, std::pair{"tenant-a", "llama-3-8b"}}) {
+    kvd::storage::ChunkKey key;
+    key.name_space = ns;
+    key.model = model;
+    key.layout_digest = 0x1234567890abcdefull;
+    key.codec_id = n;
+    key.chain_hash = kvd::Hash128{0xfeedull + n, 0xbeefull * (n + 1)};
+    const std::string k = codec::EncodeKey(key);
+    const std::string m = codec::EncodeMeta({.tokens = 256, .size_bytes = 131072, .checksum = 7});
+    const auto len = static_cast<uint16_t>(k.size());
+    std::string record(reinterpret_cast<const char*>(&len), 2);
+    record += k + m;
+    Write(corpus / "disk_record" / ("record-" + std::to_string(n++)), record.data(), record.size());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -319,6 +340,7 @@ int main(int argc, char** argv) {
   WriteMessages(corpus, *config);
   WriteCompactChunks(corpus);
   WriteGguf(corpus);
+  WriteDiskRecords(corpus);
   std::printf("seeds written under %s\n", corpus.c_str());
   return 0;
 }

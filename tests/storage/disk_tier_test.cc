@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <random>
@@ -233,6 +234,44 @@ TEST_F(DiskTierTest, MalformedMetadataRecordIsQuarantinedNotFatal) {
   const bool two = tier->ReadInto(MakeKey(2), out).ok();
   EXPECT_NE(one, two);  // exactly the chunk whose record was intact is served
   EXPECT_EQ(out, bytes);
+}
+
+// Records that decode but that Insert could never have written (found by fuzz_disk_record): a key
+// naming no model, and a record of an empty chunk. Both are quarantined, not indexed (an indexed
+// one would be counted in used_bytes and could never be served).
+TEST_F(DiskTierTest, RecordsInsertCouldNotHaveWrittenAreQuarantined) {
+  const auto bytes = RandomBytes(4096, 6);
+  {
+    auto tier = Open(Options());
+    ASSERT_TRUE(tier);
+    ASSERT_TRUE(Insert(*tier, 1, bytes).ok());
+  }
+  {
+    RawDb raw(Options().path);
+    ASSERT_TRUE(raw.ok());
+    rocksdb::DB* db = raw.db();
+    const auto& handles = raw.handles();
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator({}, handles[1]));
+    it->SeekToFirst();
+    ASSERT_TRUE(it->Valid());
+    const std::string good_key = it->key().ToString(), good_meta = it->value().ToString();
+    it.reset();
+    ASSERT_EQ(good_meta.size(), 21u);  // u8 version, u32 tokens, u64 size, u64 checksum
+    // Key [u16 0][u16 0][layout u64][codec u32][hash 2 x u64]: no namespace, no model.
+    std::string no_model(32, '\0');
+    no_model[4] = 1;  // another layout digest than the good key's, so no collision
+    ASSERT_TRUE(db->Put({}, handles[1], no_model, good_meta).ok());
+    // The good chunk's own key with a record claiming 0 bytes.
+    std::string empty = good_meta;
+    std::fill(empty.begin() + 5, empty.begin() + 13, '\0');
+    ASSERT_TRUE(db->Put({}, handles[1], good_key, empty).ok());
+  }
+  auto tier = Open(Options());
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->quarantined_records(), 2u);
+  EXPECT_EQ(tier->restored_chunks(), 0u);
+  EXPECT_EQ(tier->GetStats().used_bytes, 0u);
+  EXPECT_EQ(tier->GetStats().chunk_count, 0u);
 }
 
 TEST_F(DiskTierTest, DamagedWalTailIsCountedAndWhatPrecedesItIsServed) {
