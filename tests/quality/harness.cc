@@ -1,11 +1,17 @@
 #include "harness.h"
 
+#include <time.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "bootstrap.h"
 #include "kvd/llama/engine.h"
@@ -20,6 +26,41 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// CPU time of the calling thread (the engine runs in it when threads == 1).
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Runs work(worker, item) for item in [0, items) on `jobs` threads (jobs <= 1: inline), each
+// worker taking the next unclaimed item; stops handing out items after the first error.
+// Returns the error of the lowest failing item.
+Status ParallelItems(int jobs, size_t items, const std::function<Status(int, size_t)>& work) {
+  std::vector<Status> status(items);
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  auto loop = [&](int worker) {
+    for (;;) {
+      const size_t i = next.fetch_add(1);
+      if (i >= items || failed.load()) return;
+      status[i] = work(worker, i);
+      if (!status[i].ok()) failed.store(true);
+    }
+  };
+  if (jobs <= 1) {
+    loop(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (int w = 0; w < jobs; ++w) threads.emplace_back(loop, w);
+    for (auto& t : threads) t.join();
+  }
+  for (const Status& st : status) {
+    if (!st.ok()) return st;
+  }
+  return Status::Ok();
 }
 
 struct Segment {
@@ -230,6 +271,16 @@ void Progress(const HarnessOptions& o, Clock::time_point t0, const std::string& 
 
 }  // namespace
 
+int HarnessOptions::EffectiveJobs(size_t items) const {
+  int j = jobs;
+  if (j == 0) {
+    const int cores = std::max(1u, std::thread::hardware_concurrency());
+    const int per_job = threads > 0 ? threads : cores;
+    j = std::max(1, cores / per_job);
+  }
+  return static_cast<int>(std::max<size_t>(1, std::min<size_t>(static_cast<size_t>(j), items)));
+}
+
 HarnessOptions HarnessOptions::Quick() {
   HarnessOptions o;
   o.methods = {"full",          "sink_recent",  "snapkv", "keydiff",
@@ -288,7 +339,7 @@ Status HarnessOptions::Validate() const {
     }
   }
   if (calibration_segments < 0 || passkey_filler_tokens < 0 || passkey_trials < 0 ||
-      multikey_trials < 0 || bootstrap_samples < 0 || threads < 0) {
+      multikey_trials < 0 || bootstrap_samples < 0 || threads < 0 || jobs < 0) {
     return bad("counts must be >= 0");
   }
   if (multikey_trials > 0 && (multikey_keys < 2 || multikey_keys > 8)) {
@@ -460,7 +511,9 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     KVD_ASSIGN_OR_RETURN(auto m, registry.Create(name));
     methods.push_back(std::move(m));
   }
-  LlamaSession session(model, {.threads = o.threads});
+  auto first_session =
+      std::make_unique<LlamaSession>(model, llama::SessionOptions{.threads = o.threads});
+  LlamaSession& session = *first_session;
   const bool need_calibration = std::any_of(methods.begin(), methods.end(),
                                             [](const auto& m) { return m->NeedsCalibration(); });
   if (o.calibration_segments > 0 && need_calibration) {
@@ -515,28 +568,50 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     rep.rows[k].passkey_depth_total.assign(o.passkey_depths.size(), 0);
   }
 
-  LlamaSession other(model, {.threads = o.threads});
-  std::vector<ChunkQueries> chunk_queries;
-  for (size_t si = 0; si < segments.size(); ++si) {
+  // Segments in parallel (jobs workers, each with its own two engine sessions); every result is
+  // kept per segment and summed in segment order below, so the report does not depend on jobs.
+  struct RowOutcome {
+    Scores scores;
+    double stored = 0, seconds = 0, cpu_seconds = 0;
+  };
+  struct SegmentOutcome {
+    Scores engine;
+    std::vector<RowOutcome> rows;
+  };
+  std::vector<SegmentOutcome> outcomes(segments.size());
+  const int jobs = o.EffectiveJobs(std::max(segments.size(), size_t{1}));
+  std::vector<std::unique_ptr<LlamaSession>> sessions, others;
+  sessions.push_back(std::move(first_session));
+  for (int w = 0; w < jobs; ++w) {
+    if (w > 0)
+      sessions.push_back(
+          std::make_unique<LlamaSession>(model, llama::SessionOptions{.threads = o.threads}));
+    others.push_back(
+        std::make_unique<LlamaSession>(model, llama::SessionOptions{.threads = o.threads}));
+  }
+  std::mutex progress_mu;
+  int segments_done = 0;
+  KVD_RETURN_IF_ERROR(ParallelItems(jobs, segments.size(), [&](int w, size_t si) -> Status {
+    LlamaSession& s = *sessions[w];
+    LlamaSession& other = *others[w];
     const Segment& seg = segments[si];
+    SegmentOutcome& out = outcomes[si];
+    std::vector<ChunkQueries> chunk_queries;
     KVD_ASSIGN_OR_RETURN(PrefixCapture prefix,
-                         CaptureChunked(session, model, seg.prefix, o, chunked, &chunk_queries));
+                         CaptureChunked(s, model, seg.prefix, o, chunked, &chunk_queries));
     Reference ref;
-    KVD_ASSIGN_OR_RETURN(Scores eng,
-                         ScoreContinuation(session, cfg, seg.continuation, nullptr, &ref));
-    rep.engine_nll_sum += eng.nll;
-    rep.engine_scored_tokens += eng.n;
-    rep.engine_seg_nll.push_back(eng.nll);
+    KVD_ASSIGN_OR_RETURN(out.engine, ScoreContinuation(s, cfg, seg.continuation, nullptr, &ref));
+    out.rows.resize(keys.size());
     for (size_t k = 0; k < keys.size(); ++k) {
       const auto tr = Clock::now();
-      MethodResult& row = rep.rows[k];
+      const double cpu0 = ThreadCpuSeconds();
+      const MethodResult& row = rep.rows[k];
       CompressionMethod& m = *methods[keys[k].method];
       auto cache = CompressInMode(m, prefix, chunk_queries, o, row.mode, row.p_c);
       if (!cache.ok()) {
         return cache.status().WithContext(m.name() + " p_c=" + std::to_string(row.p_c) + " " +
                                           row.mode);
       }
-      row.achieved_p_c += (1.0 - cache->stored_fraction) / segments.size();
       if (cache->cache.next_position != o.prefix_tokens) {
         return Status::Internal(m.name() + " returned next_position " +
                                 std::to_string(cache->cache.next_position) + ", expected " +
@@ -544,24 +619,43 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
       }
       Status ls = other.LoadCompact(cache->cache);
       if (!ls.ok()) return ls.WithContext(m.name() + " returned an unusable cache");
-      KVD_ASSIGN_OR_RETURN(Scores sc,
+      KVD_ASSIGN_OR_RETURN(out.rows[k].scores,
                            ScoreContinuation(other, cfg, seg.continuation, &ref, nullptr));
-      row.nll_sum += sc.nll;
-      row.scored_tokens += sc.n;
-      row.top1_agreement += static_cast<double>(sc.agree);
-      row.seg_nll.push_back(sc.nll);
-      row.seg_n.push_back(sc.n);
-      row.seg_agree.push_back(sc.agree);
-      for (int l = 0; l < cfg.num_layers; ++l)
-        row.layer_rel_error[l] += sc.rel_err[l] / segments.size();
-      row.seconds += Since(tr);
+      out.rows[k].stored = cache->stored_fraction;
+      out.rows[k].seconds = Since(tr);
+      out.rows[k].cpu_seconds = ThreadCpuSeconds() - cpu0;
     }
+    std::lock_guard<std::mutex> lock(progress_mu);
+    ++segments_done;
     Progress(o, t0,
-             "segment " + std::to_string(si + 1) + "/" + std::to_string(segments.size()) +
-                 ": engine ppl " + std::to_string(std::exp(eng.nll / eng.n)));
+             "segment " + std::to_string(segments_done) + "/" + std::to_string(segments.size()) +
+                 " (#" + std::to_string(si + 1) + "): engine ppl " +
+                 std::to_string(std::exp(out.engine.nll / out.engine.n)));
+    return Status::Ok();
+  }));
+  for (const SegmentOutcome& out : outcomes) {
+    rep.engine_nll_sum += out.engine.nll;
+    rep.engine_scored_tokens += out.engine.n;
+    rep.engine_seg_nll.push_back(out.engine.nll);
+    for (size_t k = 0; k < keys.size(); ++k) {
+      MethodResult& row = rep.rows[k];
+      const RowOutcome& ro = out.rows[k];
+      row.achieved_p_c += (1.0 - ro.stored) / segments.size();
+      row.nll_sum += ro.scores.nll;
+      row.scored_tokens += ro.scores.n;
+      row.top1_agreement += static_cast<double>(ro.scores.agree);
+      row.seg_nll.push_back(ro.scores.nll);
+      row.seg_n.push_back(ro.scores.n);
+      row.seg_agree.push_back(ro.scores.agree);
+      for (int l = 0; l < cfg.num_layers; ++l)
+        row.layer_rel_error[l] += ro.scores.rel_err[l] / segments.size();
+      row.seconds += ro.seconds;
+      row.cpu_seconds += ro.cpu_seconds;
+    }
   }
 
-  // Passkey retrieval (one-shot rows: the question comes after the compressed context).
+  // Passkey retrieval (one-shot rows: the question comes after the compressed context), prompts
+  // in parallel like the segments; results summed in prompt order.
   const std::vector<PasskeyPrompt> prompts = BuildPasskeyPrompts(*tok, o);
   std::vector<bool> passkey_row(keys.size());
   for (size_t k = 0; k < keys.size(); ++k) {
@@ -569,25 +663,56 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
         o.passkey_methods.empty() || std::find(o.passkey_methods.begin(), o.passkey_methods.end(),
                                                rep.rows[k].method) != o.passkey_methods.end();
   }
+  struct PromptOutcome {
+    bool engine_ok = false;
+    std::vector<int8_t> row_ok;  // [keys]: -1 not asked, 0 wrong, 1 right
+  };
+  std::vector<PromptOutcome> answers(prompts.size());
+  int prompts_done = 0;
+  KVD_RETURN_IF_ERROR(ParallelItems(
+      o.EffectiveJobs(std::max(prompts.size(), size_t{1})), prompts.size(),
+      [&](int w, size_t pi) -> Status {
+        LlamaSession& s = *sessions[w];
+        LlamaSession& other = *others[w];
+        const PasskeyPrompt& p = prompts[pi];
+        PromptOutcome& out = answers[pi];
+        out.row_ok.assign(keys.size(), -1);
+        KVD_ASSIGN_OR_RETURN(PrefixCapture prefix, Capture(s, model, p.context, o.window));
+        KVD_ASSIGN_OR_RETURN(out.engine_ok, AnswerPasskey(s, p));
+        for (size_t k = 0; k < keys.size(); ++k) {
+          const MethodResult& row = rep.rows[k];
+          if (row.mode != kModeOneShot || !passkey_row[k]) continue;
+          CompressionMethod& m = *methods[keys[k].method];
+          auto cache = m.Compress(prefix, row.p_c);
+          if (!cache.ok()) return cache.status().WithContext(m.name() + " (passkey)");
+          KVD_RETURN_IF_ERROR(other.LoadCompact(cache->cache));
+          KVD_ASSIGN_OR_RETURN(bool ok, AnswerPasskey(other, p));
+          out.row_ok[k] = ok ? 1 : 0;
+        }
+        std::lock_guard<std::mutex> lock(progress_mu);
+        ++prompts_done;
+        if (prompts_done == static_cast<int>(prompts.size()) || prompts_done % 10 == 0) {
+          Progress(o, t0,
+                   "passkey " + std::to_string(prompts_done) + "/" +
+                       std::to_string(prompts.size()) + " (" + std::to_string(p.context.size()) +
+                       " tokens)");
+        }
+        return Status::Ok();
+      }));
   for (size_t pi = 0; pi < prompts.size(); ++pi) {
     const PasskeyPrompt& p = prompts[pi];
-    KVD_ASSIGN_OR_RETURN(PrefixCapture prefix, Capture(session, model, p.context, o.window));
-    KVD_ASSIGN_OR_RETURN(bool engine_ok, AnswerPasskey(session, p));
+    const PromptOutcome& out = answers[pi];
     if (p.depth_index >= 0) {
-      rep.engine_passkey_correct += engine_ok;
+      rep.engine_passkey_correct += out.engine_ok;
       ++rep.engine_passkey_total;
     } else {
-      rep.engine_multikey_correct += engine_ok;
+      rep.engine_multikey_correct += out.engine_ok;
       ++rep.engine_multikey_total;
     }
     for (size_t k = 0; k < keys.size(); ++k) {
+      if (out.row_ok[k] < 0) continue;
       MethodResult& row = rep.rows[k];
-      if (row.mode != kModeOneShot || !passkey_row[k]) continue;
-      CompressionMethod& m = *methods[keys[k].method];
-      auto cache = m.Compress(prefix, row.p_c);
-      if (!cache.ok()) return cache.status().WithContext(m.name() + " (passkey)");
-      KVD_RETURN_IF_ERROR(other.LoadCompact(cache->cache));
-      KVD_ASSIGN_OR_RETURN(bool ok, AnswerPasskey(other, p));
+      const bool ok = out.row_ok[k] == 1;
       if (p.depth_index >= 0) {
         row.passkey_correct += ok;
         ++row.passkey_total;
@@ -597,11 +722,6 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
         row.multikey_correct += ok;
         ++row.multikey_total;
       }
-    }
-    if (pi + 1 == prompts.size() || (pi + 1) % 10 == 0) {
-      Progress(o, t0,
-               "passkey " + std::to_string(pi + 1) + "/" + std::to_string(prompts.size()) + " (" +
-                   std::to_string(p.context.size()) + " tokens)");
     }
   }
 

@@ -60,12 +60,21 @@ struct HarnessOptions {
   // (report.h PairedToMarkdown); default none. Each must be in `methods`.
   std::vector<std::string> paired_against;
   uint32_t seed = 1234;  // passkey digits and positions
-  int threads = 0;       // engine threads; 0 = all cores
+  // Engine threads per session. Default 1: on a machine shared with other work OpenBLAS's second
+  // thread spin-waits and costs more than it gives (docs/quality.md, "Sizes"); 0 = all cores.
+  int threads = 1;
+  // Segments (and passkey prompts) evaluated at once, each worker with its own two engine
+  // sessions of `threads` threads; results are summed in segment order, so the report is the
+  // same for every value. 0 = cores / threads (at least 1), i.e. one worker per core with the
+  // default threads = 1; never more than there are segments.
+  int jobs = 0;
   bool progress = true;  // progress lines on stderr
 
   // The --quick preset (< 2 minutes on 2 cores): 2 segments of 512 + 64, passkey 384 tokens.
   static HarnessOptions Quick();
   Status Validate() const;
+  // The number of workers for `items` segments or prompts (see jobs).
+  int EffectiveJobs(size_t items) const;
 };
 
 // One (method, p_c, mode) row, aggregated over segments.
@@ -95,7 +104,9 @@ struct MethodResult {
   std::vector<int> passkey_depth_total;
   int multikey_correct = 0;
   int multikey_total = 0;
-  double seconds = 0;
+  double seconds = 0;      // wall time of this row's compressions and scoring, summed
+  double cpu_seconds = 0;  // CPU time of the same work (the worker's thread; exact when threads
+                           // == 1, the engine's other threads are not counted otherwise)
 };
 
 struct HarnessReport {

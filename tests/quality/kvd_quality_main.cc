@@ -2,7 +2,8 @@
 //
 //   kvd-quality --model PATH [--manifest FILE] [--out DIR] [--quick] [--methods a,b]
 //               [--ratios 0.5,0.75,0.9] [--segments N] [--prefix N] [--continuation N]
-//               [--window W] [--passkey N] [--threads N] [--text-file PATH]... [--modes a,b]
+//               [--window W] [--passkey N] [--threads N] [--jobs N] [--text-file PATH]...
+//               [--modes a,b]
 //               [--chunk N] [--chunk-window W] [--passkey-trials N] [--multikey-trials N]
 //               [--calib-segments N] [--bootstrap N] [--passkey-methods a,b]
 //               [--paired-against a,b]
@@ -91,6 +92,11 @@ int main(int argc, char** argv) {
   app.add_option("--bootstrap", o.bootstrap_samples, "bootstrap resamples for the intervals")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--jobs", o.jobs,
+                 "segments and passkey prompts evaluated at once, each worker with its own engine "
+                 "sessions of --threads threads (0 = cores / threads)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 10));
   app.add_option("--plot-from", plot_from, "re-draw the plots of this results.csv into --out");
   bool list_methods = false;
   app.add_flag("--list-methods", list_methods, "print the registered methods and exit");

@@ -51,6 +51,9 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
   // One engine thread: ctest runs two tests at a time, and OpenBLAS's second thread spin-waits
   // (sched_yield) on a busy machine; measured in docs/quality.md ("Sizes and the quick run").
   o.threads = 1;
+  // Two workers over the segments and prompts (the default on 2 cores); the end of the test
+  // checks that one worker gives the same numbers.
+  o.jobs = 2;
   // Quick() runs one method per stage kind (two scorers, VECTOR routing, KVSlimmer merging, the
   // hybrid); quality_kernel_methods_test covers every registered method without a model.
   auto rep = RunHarness(**model, o);
@@ -161,6 +164,27 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
     if (c.asserted) {
       EXPECT_TRUE(c.holds) << c.text;
     }
+  }
+
+  // Parallel segments change nothing: the same run of full and snapkv with one worker gives the
+  // same per-segment NLL, agreement and passkey answers to the last bit.
+  HarnessOptions one = o;
+  one.jobs = 1;
+  one.methods = {"full", "snapkv"};
+  one.passkey_methods.clear();
+  one.progress = false;
+  auto serial = RunHarness(**model, one);
+  ASSERT_TRUE(serial.ok()) << serial.status();
+  EXPECT_EQ(serial->engine_seg_nll, rep->engine_seg_nll);
+  EXPECT_EQ(serial->engine_passkey_correct, rep->engine_passkey_correct);
+  for (const MethodResult& m : serial->rows) {
+    const MethodResult* p = Row(*rep, m.method, m.p_c, m.mode);
+    ASSERT_NE(p, nullptr) << m.method;
+    EXPECT_EQ(m.seg_nll, p->seg_nll) << m.method << " " << m.mode << " " << m.p_c;
+    EXPECT_EQ(m.seg_agree, p->seg_agree) << m.method << " " << m.mode << " " << m.p_c;
+    EXPECT_EQ(m.passkey_correct, p->passkey_correct) << m.method << " " << m.p_c;
+    EXPECT_EQ(m.multikey_correct, p->multikey_correct) << m.method << " " << m.p_c;
+    EXPECT_GT(p->cpu_seconds, 0.0) << m.method;
   }
 }
 

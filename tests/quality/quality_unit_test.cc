@@ -289,7 +289,7 @@ TEST(ReportTest, CsvAndMarkdown) {
   EXPECT_DOUBLE_EQ(back->engine_perplexity, 10.0);
   auto bad = FromCsv("header\nbad,row\n");
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("line 2 has 2 fields, expected 18"), std::string::npos)
+  EXPECT_NE(bad.status().message().find("line 2 has 2 fields, expected 19"), std::string::npos)
       << bad.status();
   const std::string md = ToMarkdown(r, "kvd-quality --quick");
   EXPECT_NE(md.find("| sink_recent | 0.50 |"), std::string::npos) << md;

@@ -45,7 +45,7 @@ std::string ToCsv(const HarnessReport& r) {
   os << kCsvHeader << "\n";
   os << "engine,one-shot,0,0," << r.engine_scored_tokens << "," << Fmt("%.6f", r.engine_perplexity)
      << ",1,1,1,1,1,1,0," << r.engine_passkey_correct << "," << r.engine_passkey_total << ","
-     << r.engine_multikey_correct << "," << r.engine_multikey_total << ",0\n";
+     << r.engine_multikey_correct << "," << r.engine_multikey_total << ",0,0\n";
   for (const MethodResult& m : r.rows) {
     os << m.method << "," << m.mode << "," << Fmt("%.4f", m.p_c) << ","
        << Fmt("%.4f", m.achieved_p_c) << "," << m.scored_tokens << "," << Fmt("%.6f", m.perplexity)
@@ -54,7 +54,7 @@ std::string ToCsv(const HarnessReport& r) {
        << Fmt("%.6f", m.top1_agreement) << "," << Fmt("%.6f", m.top1_lo) << ","
        << Fmt("%.6f", m.top1_hi) << "," << Fmt("%.6f", m.mean_rel_error) << "," << m.passkey_correct
        << "," << m.passkey_total << "," << m.multikey_correct << "," << m.multikey_total << ","
-       << Fmt("%.2f", m.seconds) << "\n";
+       << Fmt("%.2f", m.seconds) << "," << Fmt("%.2f", m.cpu_seconds) << "\n";
   }
   return os.str();
 }
@@ -228,10 +228,12 @@ StatusOr<HarnessReport> FromCsv(const std::string& csv) {
       f.insert(f.begin() + 10, {"0", "0"});
       f.insert(f.begin() + 15, {"0", "0"});
     }
+    // The layout before cpu_seconds (18 fields) reads with cpu_seconds 0.
+    if (f.size() == kCsvFields - 1) f.push_back("0");
     if (f.size() != kCsvFields) {
       return Status::InvalidArgument("results CSV line " + std::to_string(no) + " has " +
                                      std::to_string(f.size()) + " fields, expected " +
-                                     std::to_string(kCsvFields) + " (or 11, the old layout)");
+                                     std::to_string(kCsvFields) + " (or 18 or 11, older layouts)");
     }
     try {
       if (f[0] == "engine") {
@@ -261,6 +263,7 @@ StatusOr<HarnessReport> FromCsv(const std::string& csv) {
       m.multikey_correct = std::stoi(f[15]);
       m.multikey_total = std::stoi(f[16]);
       m.seconds = std::stod(f[17]);
+      m.cpu_seconds = std::stod(f[18]);
       r.rows.push_back(m);
     } catch (const std::exception&) {
       return Status::InvalidArgument("results CSV line " + std::to_string(no) +

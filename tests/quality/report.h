@@ -12,8 +12,8 @@ namespace kvd::quality {
 inline constexpr const char* kCsvHeader =
     "method,mode,p_c,achieved_p_c,scored_tokens,perplexity,ppl_ratio_vs_full,ppl_ratio_lo,"
     "ppl_ratio_hi,top1_agreement,top1_lo,top1_hi,mean_attn_rel_error,passkey_correct,"
-    "passkey_total,multikey_correct,multikey_total,seconds";
-inline constexpr size_t kCsvFields = 18;
+    "passkey_total,multikey_correct,multikey_total,seconds,cpu_seconds";
+inline constexpr size_t kCsvFields = 19;
 
 // One row per (method, mode, p_c) with the 95% bootstrap intervals (kCsvHeader), the engine first.
 std::string ToCsv(const HarnessReport& r);
