@@ -579,7 +579,11 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     std::vector<RowOutcome> rows;
   };
   std::vector<SegmentOutcome> outcomes(segments.size());
-  const int jobs = o.EffectiveJobs(std::max(segments.size(), size_t{1}));
+  // A method carrying state between Compress calls (online calibration) runs one segment at a
+  // time, in segment order.
+  const bool parallel_safe =
+      std::all_of(methods.begin(), methods.end(), [](const auto& m) { return m->ParallelSafe(); });
+  const int jobs = parallel_safe ? o.EffectiveJobs(std::max(segments.size(), size_t{1})) : 1;
   std::vector<std::unique_ptr<LlamaSession>> sessions, others;
   sessions.push_back(std::move(first_session));
   for (int w = 0; w < jobs; ++w) {
@@ -670,7 +674,7 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
   std::vector<PromptOutcome> answers(prompts.size());
   int prompts_done = 0;
   KVD_RETURN_IF_ERROR(ParallelItems(
-      o.EffectiveJobs(std::max(prompts.size(), size_t{1})), prompts.size(),
+      parallel_safe ? o.EffectiveJobs(std::max(prompts.size(), size_t{1})) : 1, prompts.size(),
       [&](int w, size_t pi) -> Status {
         LlamaSession& s = *sessions[w];
         LlamaSession& other = *others[w];

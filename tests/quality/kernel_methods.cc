@@ -122,6 +122,8 @@ class KernelMethod : public CompressionMethod {
   bool NeedsCalibration() const override {
     return spec_.route == RouteStage::kVector && !spec_.online;
   }
+  // Online calibration carries the document's calibrator from chunk to chunk.
+  bool ParallelSafe() const override { return !spec_.online; }
 
   Status Calibrate(const std::vector<PrefixCapture>& calibration) override {
     if (!NeedsCalibration()) return Status::Ok();

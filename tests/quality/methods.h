@@ -46,6 +46,9 @@ class CompressionMethod {
   virtual std::string name() const = 0;
   // Whether Calibrate needs prefixes (the harness skips their prefill otherwise). Default false.
   virtual bool NeedsCalibration() const { return false; }
+  // Whether Compress may run on several segments at once (no state carried between calls). A
+  // method that is not makes the harness evaluate segments one at a time (HarnessOptions::jobs).
+  virtual bool ParallelSafe() const { return true; }
   // Optional: fit per-layer parameters on calibration prefixes (texts disjoint from the eval
   // texts). Called once before any Compress (with no prefixes when none needs them).
   virtual Status Calibrate(const std::vector<PrefixCapture>& calibration) { return Status::Ok(); }
