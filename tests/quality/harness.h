@@ -66,7 +66,8 @@ struct HarnessOptions {
   // Segments (and passkey prompts) evaluated at once, each worker with its own two engine
   // sessions of `threads` threads; results are summed in segment order, so the report is the
   // same for every value. 0 = cores / threads (at least 1), i.e. one worker per core with the
-  // default threads = 1; never more than there are segments.
+  // default threads = 1; never more than there are segments; 1 when a method is not
+  // ParallelSafe() (online VECTOR calibration carries state from call to call).
   int jobs = 0;
   bool progress = true;  // progress lines on stderr
 
