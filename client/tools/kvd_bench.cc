@@ -3,7 +3,7 @@
 //   kvd-bench --addr ADDR --model M (--chunk-bytes B | --tokens T) --count N --concurrency C
 //             --op put|get|both [--depth D] [--lookup-batch L] [--ucx-tls TLS]
 //             [--net-devices DEV] [--no-shm] [--verify] [--daemon-pid PID | --ready-file F]
-//             [--json]
+//             [--finite-values] [--retry-busy] [--json]
 //   kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--json]
 //
 // Over a unix-socket address the clients use the shared-memory path when kvd grants it
@@ -17,6 +17,14 @@
 // thread's own work; gbps_wall counts it too (GB/s = 1e9 bytes/s). Latencies are per
 // call (per batch of D with --depth > 1). --op get still stores the chunks first (untimed
 // output).
+//
+// Compressing models (a model with a compression policy that needs no window queries, e.g.
+// KeyDiff): --finite-values makes every value of the random chunks finite, of magnitude ~1 (kvd
+// refuses NaN/Inf K/V of a chunk it compresses, KeyDiff a zero key); --retry-busy retries a put
+// that kvd refused because its ingest pool was full (RESOURCE_EXHAUSTED) every 2 ms until it is
+// admitted, so a flood measures the pool's throughput: the put latency then counts the waits,
+// "busy_retries" counts the refusals. Use --op put for such a model (its gets return compact
+// chunks, not the bytes put).
 //
 // Daemon cost per operation: with --daemon-pid (or --ready-file, kvd's --ready-file output,
 // which names the pid) each phase also reports the daemon's CPU time, context switches and
@@ -64,6 +72,7 @@ struct PhaseResult {
   double seconds = 0;       // wall time less the bench's own work (see the header comment)
   double wall_seconds = 0;  // wall time of the phase
   std::vector<double> latencies_us;
+  uint64_t busy_retries = 0;                     // --retry-busy: puts refused for a full pool
   std::optional<kvd::tools::ProcSample> daemon;  // the daemon's counters during the phase
   double Percentile(double p) const {
     if (latencies_us.empty()) return 0;
@@ -77,6 +86,20 @@ struct PhaseResult {
 };
 
 // Fills a chunk deterministically from (run, index) so --verify can regenerate it.
+void FillChunk(uint8_t* p, size_t n, uint64_t run, uint64_t index);
+
+// --finite-values: sets the exponent field of every little-endian 16-bit word to that of 1.0
+// (word = (word & 0x807F) | 0x3F80), keeping the sign and the other bits random. In a bfloat16
+// value, and in the high half of a float32 value, that makes the magnitude [1, 2); in a float16
+// value [1.875, 2). So every value is finite and no key is (near) zero, whatever the dtype.
+void FillFiniteChunk(uint8_t* p, size_t n, uint64_t run, uint64_t index) {
+  FillChunk(p, n, run, index);
+  for (size_t i = 0; i + 1 < n; i += 2) {
+    p[i] = static_cast<uint8_t>(p[i] | 0x80);                   // bit 7: exponent's low bit
+    p[i + 1] = static_cast<uint8_t>((p[i + 1] & 0x80) | 0x3F);  // sign kept, exponent 0111111
+  }
+}
+
 void FillChunk(uint8_t* p, size_t n, uint64_t run, uint64_t index) {
   uint64_t x = run * 0x9E3779B97F4A7C15ull ^ (index + 1) * 0xBF58476D1CE4E5B9ull;
   size_t i = 0;
@@ -131,6 +154,7 @@ void PrintPhases(const std::vector<PhaseResult>& phases, nlohmann::json header, 
                           {"p50_us", p.Percentile(0.50)},
                           {"p90_us", p.Percentile(0.90)},
                           {"p99_us", p.Percentile(0.99)}};
+      if (p.busy_retries > 0) o["busy_retries"] = p.busy_retries;
       if (p.daemon) {
         o["daemon_cpu_us_per_op"] = per_op(p, p.daemon->cpu_ns / 1e3);
         o["daemon_cpu_source"] = p.daemon->cpu_source;
@@ -244,7 +268,7 @@ int main(int argc, char** argv) {
   std::string model, op = "both", ready_file;
   int64_t count = 100, concurrency = 1, depth = 1, lookup_batch = 64, tokens = 0,
           chunk_bytes_arg = 0, daemon_pid = 0;
-  bool json = false, verify = false, no_shm = false;
+  bool json = false, verify = false, no_shm = false, finite = false, retry_busy = false;
   app.add_option("--model", model, "a model registered in kvd (all ops but memcpy)");
   app.add_option("--chunk-bytes", chunk_bytes_arg,
                  "bytes per chunk (a whole number of the model's tokens)")
@@ -264,6 +288,10 @@ int main(int argc, char** argv) {
       ->excludes(pid_opt);
   app.add_flag("--no-shm", no_shm, "force the transport (UCX) path over a unix socket");
   app.add_flag("--verify", verify, "compare every byte read back");
+  app.add_flag("--finite-values", finite,
+               "chunks of finite values of magnitude ~1 (bf16/fp16/fp32; for a compressing model)");
+  app.add_flag("--retry-busy", retry_busy,
+               "retry puts refused for a full ingest pool (RESOURCE_EXHAUSTED) every 2 ms");
   app.add_flag("--json", json, "print one JSON object");
   if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
   kvd::client::ClientOptions base;
@@ -335,6 +363,8 @@ int main(int argc, char** argv) {
     clients[t] = std::move(c).value();
   }
 
+  const auto fill = finite ? FillFiniteChunk : FillChunk;
+  std::vector<uint64_t> busy_retries(nthreads, 0);
   std::mutex mu;
   Status first_error;
   std::vector<double> own_s(nthreads, 0.0);  // per thread: seconds of the bench's own work
@@ -392,13 +422,19 @@ int main(int argc, char** argv) {
           std::vector<kvd::client::PutItem> items(n);
           auto fill0 = Clock::now();
           for (size_t j = 0; j < n; ++j) {
-            FillChunk(bufs[j].data(), chunk_bytes, run, idx[i + j]);
+            fill(bufs[j].data(), chunk_bytes, run, idx[i + j]);
             items[j] = {ChunkHash(run, idx[i + j]), static_cast<int>(tokens), bufs[j].data(),
                         chunk_bytes};
           }
           auto t0 = Clock::now();
           own_s[t] += std::chrono::duration<double>(t0 - fill0).count();
           auto r = clients[t]->PutChunks(items);
+          while (retry_busy && !r.ok() &&
+                 r.status().code() == kvd::StatusCode::kResourceExhausted) {
+            ++busy_retries[t];
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            r = clients[t]->PutChunks(items);
+          }
           lat.push_back(us_since(t0));
           if (!r.ok()) return r.status();
           ops += n;
@@ -406,6 +442,7 @@ int main(int argc, char** argv) {
         }
         return Status::Ok();
       }));
+  for (uint64_t b : busy_retries) phases.back().busy_retries += b;
 
   if (op != "put" && first_error.ok()) {
     phases.push_back(run_phase(
@@ -459,7 +496,7 @@ int main(int argc, char** argv) {
               if (verify) {
                 auto v0 = Clock::now();
                 for (size_t j = 0; j < n; ++j) {
-                  FillChunk(expect.data(), chunk_bytes, run, idx[b + i + j]);
+                  fill(expect.data(), chunk_bytes, run, idx[b + i + j]);
                   if (std::memcmp(expect.data(), bufs[j].data(), chunk_bytes) != 0) {
                     return Status::DataLoss("chunk " + std::to_string(idx[b + i + j]) + " differs");
                   }

@@ -38,7 +38,8 @@ def test_help_names_every_option():
     for flag in ["--addr", "--ucx-tls", "--net-devices", "--namespace", "--hash-seed",
                  "--client-id", "--timeout-ms", "--model", "--chunk-bytes", "--tokens", "--count",
                  "--concurrency", "--op", "--depth", "--lookup-batch", "--daemon-pid",
-                 "--ready-file", "--no-shm", "--verify", "--json"]:
+                 "--ready-file", "--no-shm", "--verify", "--finite-values", "--retry-busy",
+                 "--json"]:
         assert flag in r.stdout, flag
     r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--count", "lots"])
     assert r.returncode == 2 and "--count" in r.stderr, r.stderr
@@ -100,6 +101,57 @@ def test_daemon_counters_per_op_against_a_real_kvd(kvd):
     r = run([BENCH, "--addr", f"unix:{sock}", "--model", "stories260k", "--tokens", "256",
              "--count", "4", "--op", "put", "--json"])
     assert r.returncode == 0 and "daemon_cpu_us_per_op" not in r.stdout
+
+
+@pytest.fixture
+def compressing_kvd(tmp_path):
+    """kvd with one compressing model (KeyDiff needs no window queries) and a one-chunk pool."""
+    cfg = tmp_path / "kvd.yaml"
+    cfg.write_text("models:\n"
+                   "  - name: stories-keydiff\n"
+                   "    layout: {layers: 5, kv_heads: 4, q_heads: 8, head_dim: 8, dtype: float32,\n"
+                   "             rope: {theta: 10000, pairing: interleaved, scaling: none}}\n"
+                   "    compression: {stages: [keydiff], p_c: 0.5, sinks: 4, worker_threads: 1,\n"
+                   "                  queue_depth: 1}\n"
+                   "tiers:\n  host:\n    capacity: 64MiB\n    segment: 8MiB\n")
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen([KVD, "--config", str(cfg), "--listen", "127.0.0.1:0", "--unix",
+                             str(tmp_path / "kvd.sock"), "--ready-file", str(ready)],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "kvd.log", "w"))
+    for _ in range(300):
+        if ready.exists() and ready.stat().st_size > 0:
+            break
+        assert proc.poll() is None, (tmp_path / "kvd.log").read_text()
+        time.sleep(0.05)
+    yield proc, tmp_path / "kvd.sock"
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_finite_values_and_retry_busy_against_a_compressing_model(compressing_kvd):
+    proc, sock = compressing_kvd
+    base = [BENCH, "--addr", f"unix:{sock}", "--model", "stories-keydiff", "--tokens", "256",
+            "--op", "put", "--json"]
+    # Random bytes hold NaN/Inf floats (1 in 256 values), which kvd refuses to compress.
+    r = run(base + ["--count", "1"])
+    assert r.returncode == 1, r.stdout
+    j = json.loads(r.stdout)
+    assert not j["ok"] and "INVALID_ARGUMENT" in j["error"], j
+    # --finite-values clears the top exponent bit of every value: kvd compresses them.
+    # (One put: the pool releases its admission just after the acknowledgement, so even one
+    # client's next put may find it still held.)
+    r = run(base + ["--count", "1", "--finite-values"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    j = json.loads(r.stdout)
+    assert j["ok"] and j["put"]["ops"] == 1 and "busy_retries" not in j["put"]
+    # A flood of 8 clients against a pool that admits one chunk at a time: kvd refuses puts
+    # (RESOURCE_EXHAUSTED) and --retry-busy retries them until every chunk is stored.
+    r = run(base + ["--count", "48", "--concurrency", "8", "--finite-values", "--retry-busy"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    j = json.loads(r.stdout)
+    assert j["ok"] and j["put"]["ops"] == 48, j
+    assert j["put"]["busy_retries"] > 0, j
+    assert proc.poll() is None
 
 
 def write_results(path, rows):

@@ -69,9 +69,11 @@ int Run(size_t chunk, int iters, const std::string& disk_dir) {
   PrintRate("baseline memcpy + Checksum64 (= a put's work)", chunk, iters,
             Seconds(t0, Clock::now()));
 
-  // Host tier sized for 16 chunks, so the steady state evicts one chunk per put.
-  AlignedRegion region(16 * chunk);
-  std::memset(region.data(), 1, 16 * chunk);
+  // Host tier sized for 16 chunks (each rounded up to 4 KiB, more than the tier's alignment), so
+  // the steady state evicts one chunk per put.
+  const size_t slot = (chunk + 4095) / 4096 * 4096;
+  AlignedRegion region(16 * slot);
+  std::memset(region.data(), 1, 16 * slot);
   auto tier_or = HostTier::Create(HostTierOptions{}, region.span());
   if (!tier_or.ok()) return std::fprintf(stderr, "%s\n", tier_or.status().ToString().c_str()), 1;
   HostTier& tier = **tier_or;
