@@ -66,9 +66,12 @@ cmp "$work/served.f32" "$work/local_compressed.f32" ||
 [[ $(stat -c %s "$work/served.f32") -eq $((16 * 49152 * 4)) ]] ||
   { echo "FAIL: unexpected logits size"; exit 1; }
 
-# The line: stored / raw against 1 - p_c. The compact format (docs/chunk-format.md) stores the
-# plan's keys and values, llround((1 - p_c) * 256) of 256 tokens, plus a few bits of slot metadata
-# per slot and a header: within 2% of 1 - p_c.
+# The line: stored / raw within 1% of 1 - p_c. The bound (derived in
+# tests/serving/serving_e2e_test.cc, StoredChunkIsTheKernelsBytesAndExpandsLikeThem): keys and
+# values are exactly 0.5 of the raw chunk; SnapKV's slot metadata is < 510 bits per (layer, head)
+# and the header, padding and trailer <= 152 bytes: 90 heads give < 5,890 bytes, 0.10% of the
+# 5,898,240-byte raw chunk, < 0.2% of 1 - p_c (format v2 measures +0.05%). 1% leaves room for
+# that and fails a size regression such as format v1's +5.2%.
 line=$(grep '^kvd-demo: ' "$work/decode.txt")
 echo "$line"
 python3 - "$line" <<'PY'
@@ -77,8 +80,8 @@ f = dict(kv.split("=", 1) for kv in sys.argv[1].split()[1:])
 p_c, raw, stored = float(f["p_c"]), int(f["raw_bytes"]), int(f["stored_bytes"])
 ratio = stored / raw
 print(f"stored/raw={ratio:.4f} 1-p_c={1 - p_c:.4f} ({100 * (ratio / (1 - p_c) - 1):+.2f}%)")
-if abs(ratio / (1 - p_c) - 1) > 0.02:
-    sys.exit("FAIL: stored/raw not within 2% of 1 - p_c")
+if abs(ratio / (1 - p_c) - 1) > 0.01:
+    sys.exit("FAIL: stored/raw not within 1% of 1 - p_c")
 for k in ("ppl_full", "ppl_compressed", "top1_agree"):
     float(f[k])
 PY

@@ -68,6 +68,20 @@ TEST_F(ServingE2eTest, StoredChunkIsTheKernelsBytesAndExpandsLikeThem) {
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_EQ((*reader)->half_pairs(), 2 * (kTokens / 2) * layout.num_layers * layout.num_kv_heads);
   EXPECT_EQ((*reader)->required_weights_version(), 0u);
+  // And in bytes: stored / raw within 1% of 1 - p_c. Why it holds (docs/chunk-format.md, v2):
+  // keys and values are exactly llround(0.5 * 256) = 128 of 256 tokens per head, 0.5 of the raw
+  // chunk. The rest: <= 151 bytes of header, padding and trailer, < 1 byte of final pad bits, and
+  // per (layer, head) the slot metadata. SnapKV evicts (every cardinality 1: one bit), so a head
+  // holds Param(S) (17 bits for the first head, 1 bit once S repeats), 3 mode bits, Param(k)
+  // (<= 13 bits) and the S = 128 position gaps r_j, which sum to the 128 skipped tokens. The
+  // writer picks the shortest code, so the gaps cost at most plain Rice(r, 2): sum (r_j >> 2) +
+  // 3 S <= 32 + 384 bits, or, when the one gap that can reach 128 escapes (96 bits), 96 + 3 * 127:
+  // <= 477 bits. So < 510 bits per head; 20 heads: < 1,428 bytes, 0.44% of this float32 chunk's
+  // 327,680 bytes, < 0.88% of 1 - p_c. (The real model's bf16 d = 64 heads make it < 0.2%.)
+  const double stored_over_raw =
+      static_cast<double>(stored.size()) / static_cast<double>(chunk.raw.size());
+  EXPECT_GE(stored_over_raw, 0.5);
+  EXPECT_LE(stored_over_raw / 0.5 - 1.0, 0.01) << stored.size() << " of " << chunk.raw.size();
 
   // Expansion: the reader's dense chunk == the kernels' ExpandDenseChunk of the in-process chunk.
   auto decoded = kk::DecodeCompactChunk(*expected);
