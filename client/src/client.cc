@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "client_impl.h"
+#include "kvd/client/device.h"
 #include "kvd/common/hash.h"
 #include "kvd/common/logging.h"
 #include "kvd/proto/convert.h"
@@ -234,10 +235,22 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> 
             std::to_string(WindowQueryBytes(options_.layout, it.window) / sizeof(float)) +
             " (layers x window x q_heads x head_dim)");
       }
-      if (session_.shared_memory) continue;
+    }
+    // Device memory (device.h) is checked here, before anything is reserved: refused in a build
+    // without CUDA; over the transport, staged in host memory (with the window queries).
+    for (PutItem& it : window) {
+      KVD_ASSIGN_OR_RETURN(BufferLocation data_at, LocateForUse(it.data, "put data"));
+      if (!it.window_queries.empty()) {
+        KVD_RETURN_IF_ERROR(LocateForUse(it.window_queries.data(), "put window queries").status());
+      }
+      if (session_.shared_memory) continue;  // copied into the slot, from the device too
+      if (it.window_queries.empty() && data_at == BufferLocation::kHost) continue;
+      const size_t qbytes = it.window_queries.size() * sizeof(float);
       auto& buf = staged.emplace_back(it.bytes + qbytes);
-      if (it.bytes > 0) std::memcpy(buf.data(), it.data, it.bytes);
-      std::memcpy(buf.data() + it.bytes, it.window_queries.data(), qbytes);
+      KVD_RETURN_IF_ERROR(
+          CopyToHostFrom(buf.data(), it.data, it.bytes, it.cuda_stream, "put data"));
+      KVD_RETURN_IF_ERROR(CopyToHostFrom(buf.data() + it.bytes, it.window_queries.data(), qbytes,
+                                         it.cuda_stream, "put window queries"));
       it.data = buf.data();
       it.bytes = buf.size();
       it.window_queries = {};
@@ -408,7 +421,24 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetChunks(uint64_t lease_id,
   out.reserve(items.size());
   for (size_t i = 0; i < items.size(); i += options_.max_in_flight) {
     size_t n = std::min<size_t>(options_.max_in_flight, items.size() - i);
-    KVD_ASSIGN_OR_RETURN(auto part, GetWindowLocked(lease_id, items.subspan(i, n)));
+    // Device buffers (device.h): the shared-memory path copies from the slot to the device
+    // itself; over the transport the bytes arrive in host staging and go to the device after
+    // their checksum was verified.
+    std::vector<GetItem> window(items.begin() + i, items.begin() + i + n);
+    std::vector<std::vector<uint8_t>> staged(n);
+    for (size_t j = 0; j < n; ++j) {
+      if (window[j].out == nullptr) continue;
+      KVD_ASSIGN_OR_RETURN(BufferLocation at, LocateForUse(window[j].out, "get buffer"));
+      if (at == BufferLocation::kHost || session_.shared_memory) continue;
+      staged[j].resize(window[j].capacity);
+      window[j].out = staged[j].data();
+    }
+    KVD_ASSIGN_OR_RETURN(auto part, GetWindowLocked(lease_id, window));
+    for (size_t j = 0; j < n; ++j) {
+      if (staged[j].empty()) continue;
+      KVD_RETURN_IF_ERROR(CopyFromHostTo(items[i + j].out, staged[j].data(), part[j].bytes,
+                                         items[i + j].cuda_stream, "get buffer"));
+    }
     out.insert(out.end(), part.begin(), part.end());
   }
   return out;
@@ -626,7 +656,7 @@ StatusOr<PutResult> Client::PutLayers(const Hash128& hash, int tokens,
     if (l.k == nullptr || l.v == nullptr) return Status::InvalidArgument("PutLayers: null K/V");
   }
   std::vector<uint8_t> staging(layout.ChunkBytes(tokens));
-  GatherLayers(layout, tokens, layers, staging.data());
+  KVD_RETURN_IF_ERROR(GatherLayers(layout, tokens, layers, staging.data()));
   return Put(hash, tokens, staging.data(), staging.size());
 }
 
@@ -662,7 +692,7 @@ StatusOr<GetResult> Client::GetLayers(uint64_t lease_id, uint32_t chunk_index,
                             std::to_string(r.bytes) + " bytes, the layout needs " +
                             std::to_string(layout.ChunkBytes(static_cast<int>(r.tokens))));
   }
-  ScatterLayers(layout, static_cast<int>(r.tokens), staging.data(), layers);
+  KVD_RETURN_IF_ERROR(ScatterLayers(layout, static_cast<int>(r.tokens), staging.data(), layers));
   return r;
 }
 

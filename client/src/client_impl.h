@@ -78,7 +78,14 @@ class ClientImpl final : public Client {
     uint64_t generation = 0;
     std::byte* data = nullptr;
     uint64_t size = 0;
+    bool pin_tried = false;  // page-locked for device copies on first use (device.h)
+    bool pinned = false;
   };
+  static void UnmapSegment(MappedSegment& seg);
+  // Page-locks a mapped segment the first time a device buffer is copied to or from it.
+  void PinSegmentLocked(uint32_t segment);
+  // True for CUDA device memory (device.h; the entry points have refused what cannot be used).
+  static bool IsDevice(const void* p);
   std::map<uint32_t, MappedSegment> segments_;  // GUARDED_BY(mu_)
 
   ClientOptions options_;

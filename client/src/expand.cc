@@ -1,10 +1,14 @@
 // Compact chunk expansion (see kvd/client/expand.h): the one client file using kvd_kernels.
 #include "kvd/client/expand.h"
 
+#include <initializer_list>
+#include <mutex>
 #include <optional>
 #include <string>
 
+#include "kvd/client/device.h"
 #include "kvd/kernels/compact_chunk.h"
+#include "kvd/kernels/device_serving.h"
 #include "kvd/kernels/rope.h"
 #include "kvd/kernels/serving.h"
 #include "kvd/kernels/vector.h"
@@ -27,7 +31,39 @@ struct CompactChunkReader::Impl {
     e.num_threads = 1;
     return e;
   }
+
+  // The chunk on the device, uploaded by the first device call (device_serving.h).
+  mutable std::mutex device_mu;
+  mutable std::unique_ptr<kk::DeviceCompactChunk> device;  // GUARDED_BY(device_mu)
+  StatusOr<const kk::DeviceCompactChunk*> Device(void* stream) const {
+    std::lock_guard<std::mutex> lock(device_mu);
+    if (!device) {
+      KVD_ASSIGN_OR_RETURN(device,
+                           kk::DeviceCompactChunk::Upload(chunk, Rope(), Weights(), stream));
+    }
+    return device.get();
+  }
 };
+
+namespace {
+
+// Where the buffers of one call live (device.h): all host or all device; null ones are skipped.
+StatusOr<BufferLocation> CommonLocation(std::initializer_list<const void*> buffers,
+                                        const char* what) {
+  std::optional<BufferLocation> at;
+  for (const void* p : buffers) {
+    if (p == nullptr) continue;
+    KVD_ASSIGN_OR_RETURN(BufferLocation l, LocateForUse(p, what));
+    if (at && *at != l) {
+      return Status::InvalidArgument(std::string(what) +
+                                     ": the buffers mix host and CUDA device memory");
+    }
+    at = l;
+  }
+  return at.value_or(BufferLocation::kHost);
+}
+
+}  // namespace
 
 size_t MaxCompactChunkBytes(const ModelLayout& layout, int tokens) {
   const size_t e = DTypeSize(layout.dtype);
@@ -80,6 +116,8 @@ Status CompactChunkReader::SetWeights(std::span<const uint8_t> serialized) {
     return Status::FailedPrecondition("VECTOR weights have another shape than the layout");
   }
   impl_->weights.emplace(std::move(w));
+  std::lock_guard<std::mutex> lock(impl_->device_mu);
+  impl_->device.reset();  // uploaded without these weights
   return Status::Ok();
 }
 
@@ -104,7 +142,8 @@ StatusOr<int64_t> CompactChunkReader::DenseTokens() const {
   return t < 0 ? 0 : t;
 }
 
-Status CompactChunkReader::CompactLayer(int layer, std::span<const CompactHeadOut> heads) const {
+Status CompactChunkReader::CompactLayer(int layer, std::span<const CompactHeadOut> heads,
+                                        void* cuda_stream) const {
   const kk::CompactChunk& c = impl_->chunk;
   if (layer < 0 || layer >= c.num_layers) {
     return Status::InvalidArgument("layer " + std::to_string(layer) + " outside [0, " +
@@ -114,7 +153,6 @@ Status CompactChunkReader::CompactLayer(int layer, std::span<const CompactHeadOu
     return Status::InvalidArgument(std::to_string(heads.size()) + " head buffers for " +
                                    std::to_string(c.num_kv_heads) + " KV heads");
   }
-  const size_t d = static_cast<size_t>(c.head_dim);
   for (int h = 0; h < c.num_kv_heads; ++h) {
     const CompactHeadOut& out = heads[h];
     const int64_t s = c.Head(layer, h).slots();
@@ -126,6 +164,28 @@ Status CompactChunkReader::CompactLayer(int layer, std::span<const CompactHeadOu
     if (out.keys == nullptr || out.values == nullptr || out.bias == nullptr) {
       return Status::InvalidArgument("CompactLayer: null keys/values/bias buffer");
     }
+  }
+  BufferLocation at = BufferLocation::kHost;
+  for (const CompactHeadOut& out : heads) {
+    KVD_ASSIGN_OR_RETURN(
+        BufferLocation l,
+        CommonLocation({out.keys, out.values, out.bias, out.positions}, "CompactLayer"));
+    if (&out != heads.data() && l != at) {
+      return Status::InvalidArgument("CompactLayer: the buffers mix host and CUDA device memory");
+    }
+    at = l;
+  }
+  if (at == BufferLocation::kCuda) {
+    KVD_ASSIGN_OR_RETURN(const kk::DeviceCompactChunk* dev, impl_->Device(cuda_stream));
+    for (int h = 0; h < c.num_kv_heads; ++h) {
+      const CompactHeadOut& out = heads[h];
+      KVD_RETURN_IF_ERROR(
+          dev->CompactHead(layer, h, out.keys, out.values, out.bias, out.positions, cuda_stream));
+    }
+    return Status::Ok();
+  }
+  for (int h = 0; h < c.num_kv_heads; ++h) {
+    const CompactHeadOut& out = heads[h];
     KVD_ASSIGN_OR_RETURN(kk::ServingHead sh, kk::BuildServingHead(c, layer, h, impl_->Rope(),
                                                                   impl_->Weights(), impl_->Exec()));
     std::copy(sh.keys.values.begin(), sh.keys.values.end(), out.keys);
@@ -133,12 +193,12 @@ Status CompactChunkReader::CompactLayer(int layer, std::span<const CompactHeadOu
     std::copy(sh.bias.begin(), sh.bias.end(), out.bias);
     if (out.positions != nullptr)
       std::copy(sh.positions.begin(), sh.positions.end(), out.positions);
-    (void)d;
   }
   return Status::Ok();
 }
 
-Status CompactChunkReader::DenseLayer(int layer, MutableLayerKV out, int capacity_tokens) const {
+Status CompactChunkReader::DenseLayer(int layer, MutableLayerKV out, int capacity_tokens,
+                                      void* cuda_stream) const {
   const kk::CompactChunk& c = impl_->chunk;
   if (layer < 0 || layer >= c.num_layers) {
     return Status::InvalidArgument("layer " + std::to_string(layer) + " outside [0, " +
@@ -149,6 +209,11 @@ Status CompactChunkReader::DenseLayer(int layer, MutableLayerKV out, int capacit
   if (t > capacity_tokens) {
     return Status::OutOfRange("the dense layer has " + std::to_string(t) +
                               " tokens; the buffer holds " + std::to_string(capacity_tokens));
+  }
+  KVD_ASSIGN_OR_RETURN(BufferLocation at, CommonLocation({out.k, out.v}, "DenseLayer"));
+  if (at == BufferLocation::kCuda) {
+    KVD_ASSIGN_OR_RETURN(const kk::DeviceCompactChunk* dev, impl_->Device(cuda_stream));
+    return dev->DenseLayer(layer, out.k, out.v, cuda_stream);
   }
   const int H = c.num_kv_heads;
   const int64_t d = c.head_dim;
@@ -175,7 +240,8 @@ StatusOr<std::vector<uint8_t>> CompactChunkReader::DenseChunk(int64_t* tokens) c
 
 Status ExpandDenseLayerwise(std::span<const CompactChunkReader* const> chunks,
                             const ModelLayout& layout, std::span<const MutableLayerKV> layers,
-                            int capacity_tokens, const std::function<void(int layer)>& on_layer) {
+                            int capacity_tokens, const std::function<void(int layer)>& on_layer,
+                            void* cuda_stream) {
   if (static_cast<int>(layers.size()) != layout.num_layers) {
     return Status::InvalidArgument(std::to_string(layers.size()) + " layer buffers for " +
                                    std::to_string(layout.num_layers) + " layers");
@@ -197,8 +263,8 @@ Status ExpandDenseLayerwise(std::span<const CompactChunkReader* const> chunks,
     for (size_t i = 0; i < chunks.size(); ++i) {
       MutableLayerKV at{static_cast<uint8_t*>(layers[l].k) + offsets[i] * token_bytes,
                         static_cast<uint8_t*>(layers[l].v) + offsets[i] * token_bytes};
-      KVD_RETURN_IF_ERROR(
-          chunks[i]->DenseLayer(l, at, capacity_tokens - static_cast<int>(offsets[i])));
+      KVD_RETURN_IF_ERROR(chunks[i]->DenseLayer(
+          l, at, capacity_tokens - static_cast<int>(offsets[i]), cuda_stream));
     }
     if (on_layer) on_layer(l);
   }
@@ -207,7 +273,8 @@ Status ExpandDenseLayerwise(std::span<const CompactChunkReader* const> chunks,
 
 Status GetDenseLayerwise(Client& client, uint64_t lease_id, uint32_t count,
                          std::span<const MutableLayerKV> layers, int capacity_tokens,
-                         const std::function<void(int layer)>& on_layer, int64_t* tokens) {
+                         const std::function<void(int layer)>& on_layer, int64_t* tokens,
+                         void* cuda_stream) {
   const ModelLayout& layout = client.options().layout;
   const size_t cap = MaxCompactChunkBytes(layout, client.options().chunk_tokens);
   std::vector<std::vector<uint8_t>> buffers(count, std::vector<uint8_t>(cap));
@@ -234,7 +301,8 @@ Status GetDenseLayerwise(Client& client, uint64_t lease_id, uint32_t count,
     KVD_ASSIGN_OR_RETURN(int64_t t, r->DenseTokens());
     total += t;
   }
-  KVD_RETURN_IF_ERROR(ExpandDenseLayerwise(views, layout, layers, capacity_tokens, on_layer));
+  KVD_RETURN_IF_ERROR(
+      ExpandDenseLayerwise(views, layout, layers, capacity_tokens, on_layer, cuda_stream));
   if (tokens != nullptr) *tokens = total;
   return Status::Ok();
 }

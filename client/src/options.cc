@@ -3,6 +3,7 @@
 #include <string>
 
 #include "kvd/client/client.h"
+#include "kvd/client/device.h"
 
 namespace kvd::client {
 
@@ -62,26 +63,28 @@ Status ClientOptions::Validate() const {
 
 size_t RawChunkBytes(const ModelLayout& layout, int tokens) { return layout.ChunkBytes(tokens); }
 
-void GatherLayers(const ModelLayout& layout, int tokens, std::span<const LayerKV> layers,
-                  void* out) {
+Status GatherLayers(const ModelLayout& layout, int tokens, std::span<const LayerKV> layers,
+                    void* out, void* cuda_stream) {
   const size_t half = static_cast<size_t>(tokens) * layout.TokenBytes();
   auto* dst = static_cast<uint8_t*>(out);
   for (int l = 0; l < layout.num_layers; ++l) {
     uint8_t* k = dst + layout.LayerOffset(l, tokens);
-    std::memcpy(k, layers[l].k, half);
-    std::memcpy(k + half, layers[l].v, half);
+    KVD_RETURN_IF_ERROR(CopyToHostFrom(k, layers[l].k, half, cuda_stream, "layer K"));
+    KVD_RETURN_IF_ERROR(CopyToHostFrom(k + half, layers[l].v, half, cuda_stream, "layer V"));
   }
+  return Status::Ok();
 }
 
-void ScatterLayers(const ModelLayout& layout, int tokens, const void* raw,
-                   std::span<const MutableLayerKV> layers) {
+Status ScatterLayers(const ModelLayout& layout, int tokens, const void* raw,
+                     std::span<const MutableLayerKV> layers, void* cuda_stream) {
   const size_t half = static_cast<size_t>(tokens) * layout.TokenBytes();
   const auto* src = static_cast<const uint8_t*>(raw);
   for (int l = 0; l < layout.num_layers; ++l) {
     const uint8_t* k = src + layout.LayerOffset(l, tokens);
-    std::memcpy(layers[l].k, k, half);
-    std::memcpy(layers[l].v, k + half, half);
+    KVD_RETURN_IF_ERROR(CopyFromHostTo(layers[l].k, k, half, cuda_stream, "layer K"));
+    KVD_RETURN_IF_ERROR(CopyFromHostTo(layers[l].v, k + half, half, cuda_stream, "layer V"));
   }
+  return Status::Ok();
 }
 
 }  // namespace kvd::client

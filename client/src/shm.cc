@@ -9,6 +9,7 @@
 #include <string>
 
 #include "client_impl.h"
+#include "kvd/client/device.h"
 #include "kvd/common/hash.h"
 #include "kvd/proto/convert.h"
 
@@ -27,8 +28,27 @@ Status WrongReply(const char* expected) {
 
 }  // namespace
 
+bool ClientImpl::IsDevice(const void* p) {
+  if (p == nullptr) return false;
+  auto at = ActiveDeviceMemoryOps().Locate(p);
+  return at.ok() && *at == BufferLocation::kCuda;
+}
+
+void ClientImpl::UnmapSegment(MappedSegment& seg) {
+  if (seg.pinned) ActiveDeviceMemoryOps().Unpin(seg.data);
+  ::munmap(seg.data, seg.size);
+}
+
+void ClientImpl::PinSegmentLocked(uint32_t segment) {
+  auto it = segments_.find(segment);
+  if (it == segments_.end() || it->second.pin_tried) return;
+  it->second.pin_tried = true;
+  // Best effort: an unpinned segment still works (the driver stages the copy).
+  it->second.pinned = ActiveDeviceMemoryOps().Pin(it->second.data, it->second.size).ok();
+}
+
 void ClientImpl::UnmapSegmentsLocked() {
-  for (auto& [index, seg] : segments_) ::munmap(seg.data, seg.size);
+  for (auto& [index, seg] : segments_) UnmapSegment(seg);
   segments_.clear();
 }
 
@@ -61,7 +81,7 @@ StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segmen
                                        std::strerror(err));
     }
     auto old = segments_.find(segment);
-    if (old != segments_.end()) ::munmap(old->second.data, old->second.size);
+    if (old != segments_.end()) UnmapSegment(old->second);
     segments_[segment] = MappedSegment{generation, static_cast<std::byte*>(p), size};
   }
   auto it = segments_.find(segment);
@@ -124,12 +144,24 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
       continue;
     }
     if (!first_error.ok()) continue;
-    std::memcpy(*slot, items[i].data, items[i].bytes);
-    if (!items[i].window_queries.empty()) {
+    // Device memory (device.h) is copied straight into the slot on the item's stream; the
+    // checksum then reads the slot.
+    const bool from_device = IsDevice(items[i].data) || IsDevice(items[i].window_queries.data());
+    if (from_device) PinSegmentLocked(segment);
+    Status copied =
+        CopyToHostFrom(*slot, items[i].data, items[i].bytes, items[i].cuda_stream, "put data");
+    if (copied.ok() && !items[i].window_queries.empty()) {
       // The window queries follow the raw chunk in the slot (no staging copy); the checksum
       // then reads the slot once instead of two source buffers.
-      std::memcpy(*slot + items[i].bytes, items[i].window_queries.data(),
-                  put_bytes - items[i].bytes);
+      copied =
+          CopyToHostFrom(*slot + items[i].bytes, items[i].window_queries.data(),
+                         put_bytes - items[i].bytes, items[i].cuda_stream, "put window queries");
+    }
+    if (!copied.ok()) {
+      first_error = copied;
+      continue;
+    }
+    if (from_device || !items[i].window_queries.empty()) {
       checksum[i] = Checksum64(*slot, put_bytes);
     } else {
       checksum[i] = Checksum64(items[i].data, items[i].bytes);
@@ -181,6 +213,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowShmLocked(uint64_t lease_i
     if (items[i].out == nullptr && items[i].capacity > 0) {
       return Status::InvalidArgument("get: null output buffer");
     }
+    KVD_RETURN_IF_ERROR(LocateForUse(items[i].out, "get buffer").status());
   }
   // Ask for every chunk (pipelined); each reply names the pinned slot.
   for (size_t i = 0; i < n; ++i) {
@@ -241,12 +274,25 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowShmLocked(uint64_t lease_i
       if (first_error.ok()) first_error = slot.status();
       continue;
     }
-    std::memcpy(items[i].out, *slot, out[i].bytes);
-    // End to end: the copy must match the checksum the writer committed.
-    if (Checksum64(items[i].out, out[i].bytes) != out[i].checksum && first_error.ok()) {
-      first_error = Status::DataLoss("get: checksum mismatch on chunk " +
-                                     std::to_string(items[i].chunk_index) + " of lease " +
-                                     std::to_string(lease_id));
+    // End to end: the bytes must match the checksum the writer committed. Host buffers are
+    // checked after the copy; for a device buffer (device.h) the slot is checked (it stays
+    // pinned by the read until released below) and then copied on the item's stream.
+    const bool to_device = IsDevice(items[i].out);
+    if (to_device) PinSegmentLocked(segment);
+    const void* checked = to_device ? static_cast<const void*>(*slot) : items[i].out;
+    if (!to_device) std::memcpy(items[i].out, *slot, out[i].bytes);
+    if (Checksum64(checked, out[i].bytes) != out[i].checksum) {
+      if (first_error.ok()) {
+        first_error = Status::DataLoss("get: checksum mismatch on chunk " +
+                                       std::to_string(items[i].chunk_index) + " of lease " +
+                                       std::to_string(lease_id));
+      }
+      continue;
+    }
+    if (to_device) {
+      Status copied =
+          CopyFromHostTo(items[i].out, *slot, out[i].bytes, items[i].cuda_stream, "get buffer");
+      if (!copied.ok() && first_error.ok()) first_error = copied;
     }
   }
   // The bytes are ours now: release the reads (pipelined) so the chunks may be evicted again.

@@ -134,12 +134,12 @@ TEST(LayersTest, GatherThenScatterRoundTrips) {
   }
   std::vector<LayerKV> in = {{k[0].data(), v[0].data()}, {k[1].data(), v[1].data()}};
   std::vector<uint8_t> raw(RawChunkBytes(l, tokens));
-  GatherLayers(l, tokens, in, raw.data());
+  ASSERT_TRUE(GatherLayers(l, tokens, in, raw.data()).ok());
   // Layer 1's V sits at LayerOffset(1) + tokens * TokenBytes.
   EXPECT_EQ(0, std::memcmp(raw.data() + l.LayerOffset(1, tokens) + half, v[1].data(), half));
   std::vector<std::vector<uint8_t>> k2(2, std::vector<uint8_t>(half)), v2 = k2;
   std::vector<MutableLayerKV> out = {{k2[0].data(), v2[0].data()}, {k2[1].data(), v2[1].data()}};
-  ScatterLayers(l, tokens, raw.data(), out);
+  ASSERT_TRUE(ScatterLayers(l, tokens, raw.data(), out).ok());
   EXPECT_EQ(k, k2);
   EXPECT_EQ(v, v2);
 }

@@ -18,6 +18,9 @@
 #   ucx-cuda       CUDA memory through UCX 1.22 (cuda_ipc/cuda_copy: send/recv, RMA), when the
 #                  libucx wheel is in .cache/ucx (carry it: deploy/fetch-ucx-wheel.sh, ~46 MB)
 #   nccl           the nccl backend: bootstrap, device-to-device send/recv (NcclCuda*)
+#   client         the client's device side (gpu_client_test): expansion into device buffers vs
+#                  the CPU expansion bit for bit, put/get of cudaMalloc'd buffers through a real
+#                  kvd over shared memory and over the transport (staged through host memory)
 #   kernels-bench  the kernel benchmarks: the device plan per chunk against cudaMemcpy D2D and the
 #                  CPU plan (x_d2d_convert, x_d2d_plan, x_cpu), then the stages (x_memcpy = stage
 #                  bytes/s over host memcpy bytes/s)
@@ -100,7 +103,7 @@ fi
 
 TARGETS=(kernels_test kernels_bench)
 ((FULL)) && TARGETS+=(storage_gpu_tier_test transport_ucx_cuda_memory_test transport_nccl_test
-  kvd gpu_tier_e2e_test)
+  kvd gpu_tier_e2e_test gpu_client_test)
 if ! cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" > "$LOG/build.log" 2>&1; then
   say "build FAILED"
   grep -E "error|Error" "$LOG/build.log" | head -30
@@ -129,8 +132,9 @@ if ((FULL)); then
   [[ -z $UCX_PREFIX ]] && missing_row ucx-cuda "UCX with CUDA" \
     "no .cache/ucx/libucx-cu*: built against Debian's UCX (no CUDA); carry the wheel's prefix"
   run nccl nccl 90 "$BIN/transport_nccl_test"
+  run client gpu_client 120 "$BIN/gpu_client_test"
 else
-  for c in gpu-tier ucx-cuda nccl; do missing_row "$c" "(all)" "kernels-only build: $LOG/configure.log"; done
+  for c in gpu-tier ucx-cuda nccl client; do missing_row "$c" "(all)" "kernels-only build: $LOG/configure.log"; done
 fi
 missing_row kvd "GPU-tier put/get over UCX cuda_ipc, 2 processes" "not written: the daemon serves host memory only"
 missing_row kvd "GPU-tier put/get over NCCL, 2 processes" "not written: the daemon has no nccl session path"

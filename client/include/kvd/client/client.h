@@ -156,6 +156,12 @@ size_t WindowQueryBytes(const ModelLayout& layout, int window);
 // the reserved slot), or already appended to `data` (then `bytes` covers both, no copy).
 // `first_position` is the position of the chunk's first token in its sequence (RoPE
 // de-rotation and merged-slot positions need it).
+//
+// `data` and `window_queries` may be host or CUDA device memory (kvd/client/device.h classifies
+// them): device bytes are copied on `cuda_stream` (a cudaStream_t; nullptr = the default
+// stream) straight into the daemon's shared-memory slot, or over the transport into a host
+// staging buffer, and the put returns once they left the device. A build without CUDA refuses
+// a device pointer with UNIMPLEMENTED "built without CUDA".
 struct PutItem {
   Hash128 hash;
   int tokens = 0;
@@ -164,9 +170,14 @@ struct PutItem {
   uint64_t first_position = 0;
   int window = 0;
   std::span<const float> window_queries = {};
+  void* cuda_stream = nullptr;
 };
 
 // One chunk of a lease to read into [out, out + capacity).
+// `out` may be host or CUDA device memory (kvd/client/device.h): device buffers get the bytes
+// copied on `cuda_stream` (nullptr = the default stream) from the daemon's shared-memory slot,
+// or over the transport from a host staging buffer, after the checksum was verified; the get
+// returns once they are on the device.
 struct GetItem {
   uint32_t chunk_index = 0;
   void* out = nullptr;
@@ -174,6 +185,7 @@ struct GetItem {
   // The form wanted; a form the stored chunk cannot give is FAILED_PRECONDITION (the daemon
   // stores one form and does not convert).
   ChunkForm form = ChunkForm::kAsStored;
+  void* cuda_stream = nullptr;
 };
 
 // VECTOR calibration of a model (Client::GetCalibration, kvdctl calibration).
@@ -365,7 +377,8 @@ class Client {
   // Puts one chunk from a contiguous raw chunk (reserve -> send -> commit with checksum).
   StatusOr<PutResult> Put(const Hash128& hash, int tokens, const void* data, size_t bytes);
   // Puts one chunk from per-layer K/V pointers (layers.size() == layout.num_layers), gathered
-  // into the raw chunk layout by the library (one staging copy).
+  // into the raw chunk layout by the library (one staging copy; from CUDA device memory on the
+  // default stream, see device.h).
   StatusOr<PutResult> PutLayers(const Hash128& hash, int tokens, std::span<const LayerKV> layers);
   // Puts several chunks with up to max_in_flight in flight. Stops at the first error and
   // returns it (chunks before it are committed; in-flight ones are aborted).
@@ -376,7 +389,8 @@ class Client {
   // small; DATA_LOSS on checksum mismatch.
   StatusOr<GetResult> Get(uint64_t lease_id, uint32_t chunk_index, void* out, size_t capacity);
   // Reads a chunk and scatters it into per-layer K/V buffers (each [tokens, kv_heads, head_dim];
-  // sized for at least the chunk's tokens, which the result reports).
+  // sized for at least the chunk's tokens, which the result reports; host or CUDA device memory,
+  // copied on the default stream).
   StatusOr<GetResult> GetLayers(uint64_t lease_id, uint32_t chunk_index,
                                 std::span<const MutableLayerKV> layers, int capacity_tokens);
   // Reads several chunks of one lease with up to max_in_flight in flight; stops at the first
@@ -415,12 +429,14 @@ class Client {
 
 // Bytes of a raw chunk of `tokens` tokens for `layout` (layout.ChunkBytes).
 size_t RawChunkBytes(const ModelLayout& layout, int tokens);
-// Gathers per-layer K/V into a raw chunk at `out` (REQUIRES: out has RawChunkBytes bytes).
-void GatherLayers(const ModelLayout& layout, int tokens, std::span<const LayerKV> layers,
-                  void* out);
-// Scatters a raw chunk into per-layer K/V buffers.
-void ScatterLayers(const ModelLayout& layout, int tokens, const void* raw,
-                   std::span<const MutableLayerKV> layers);
+// Gathers per-layer K/V into a raw chunk at `out` (REQUIRES: out has RawChunkBytes bytes; host
+// memory). The layers may be host or CUDA device memory (copied on `cuda_stream`); errors of
+// device.h's CopyToHostFrom.
+Status GatherLayers(const ModelLayout& layout, int tokens, std::span<const LayerKV> layers,
+                    void* out, void* cuda_stream = nullptr);
+// Scatters a raw chunk (host memory) into per-layer K/V buffers (host or device memory).
+Status ScatterLayers(const ModelLayout& layout, int tokens, const void* raw,
+                     std::span<const MutableLayerKV> layers, void* cuda_stream = nullptr);
 
 // Parses "host:port" / "unix:/path" (what ClientOptions::address accepts).
 struct DaemonAddress {

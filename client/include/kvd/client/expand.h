@@ -22,9 +22,16 @@
 // decode step while later layers are still being expanded (and, for a per-layer stream of
 // chunks, while later layers still arrive).
 //
-// Buffers are host memory (CUDA expansion into device buffers is not in this version).
-// Thread safety: a CompactChunkReader is immutable after Open/SetWeights; its const methods may
-// run concurrently.
+// Buffers may be host or CUDA device memory (device.h classifies them; all buffers of one call
+// must be the same kind, else INVALID_ARGUMENT). Into device buffers the expansion runs on the
+// device: the first device call uploads the chunk once (kernels::DeviceCompactChunk: one
+// host-to-device copy of its keys, values and slot tables, waited for), then each call queues
+// kernels on `cuda_stream` (nullptr = the default stream) that write the caller's buffers and
+// returns without waiting for them; the output equals the CPU path's bit for bit. A build
+// without CUDA refuses device buffers (UNIMPLEMENTED), a node without a device reports
+// UNAVAILABLE.
+// Thread safety: a CompactChunkReader is immutable after Open/SetWeights (apart from the device
+// upload, made once under a lock); its const methods may run concurrently.
 #pragma once
 
 #include <cstdint>
@@ -76,11 +83,13 @@ class CompactChunkReader {
   // (a) the compact form of `layer`: heads[h] for every KV head h (heads.size() == num_kv_heads).
   // OUT_OF_RANGE when a head has more slots than its capacity; FAILED_PRECONDITION "needs VECTOR
   // weights" when routed slots exist and SetWeights was not called.
-  Status CompactLayer(int layer, std::span<const CompactHeadOut> heads) const;
+  Status CompactLayer(int layer, std::span<const CompactHeadOut> heads,
+                      void* cuda_stream = nullptr) const;
   // (b) the dense form of `layer` into out.k / out.v ([T, H, d] of the layout dtype, room for
   // `capacity_tokens` tokens). OUT_OF_RANGE when T > capacity_tokens; errors as DenseTokens and
   // CompactLayer.
-  Status DenseLayer(int layer, MutableLayerKV out, int capacity_tokens) const;
+  Status DenseLayer(int layer, MutableLayerKV out, int capacity_tokens,
+                    void* cuda_stream = nullptr) const;
   // The whole dense chunk in the raw chunk layout (for each layer K then V).
   StatusOr<std::vector<uint8_t>> DenseChunk(int64_t* tokens) const;
 
@@ -94,10 +103,13 @@ class CompactChunkReader {
 // Expands layer by layer: for each layer l, the dense layer l of chunks[0], chunks[1], ... is
 // written into layers[l] one after the other (chunk c at token offset sum of the earlier chunks'
 // T), then on_layer(l) is called. INVALID_ARGUMENT when layers.size() != num_layers,
-// OUT_OF_RANGE when the chunks' T sum exceeds capacity_tokens; errors of DenseLayer.
+// OUT_OF_RANGE when the chunks' T sum exceeds capacity_tokens; errors of DenseLayer. With
+// device buffers, on_layer(l) is called once layer l's kernels are queued on `cuda_stream`: work
+// the caller queues on that stream afterwards sees the layer.
 Status ExpandDenseLayerwise(std::span<const CompactChunkReader* const> chunks,
                             const ModelLayout& layout, std::span<const MutableLayerKV> layers,
-                            int capacity_tokens, const std::function<void(int layer)>& on_layer);
+                            int capacity_tokens, const std::function<void(int layer)>& on_layer,
+                            void* cuda_stream = nullptr);
 
 // The layer-wise get of chunks [0, count) of a lease: gets them (compact), fetches the VECTOR
 // weights they need (cached by the client), then ExpandDenseLayerwise. *tokens = the dense token
@@ -105,6 +117,7 @@ Status ExpandDenseLayerwise(std::span<const CompactChunkReader* const> chunks,
 // FAILED_PRECONDITION when a chunk is stored raw (use GetLayers).
 Status GetDenseLayerwise(Client& client, uint64_t lease_id, uint32_t count,
                          std::span<const MutableLayerKV> layers, int capacity_tokens,
-                         const std::function<void(int layer)>& on_layer, int64_t* tokens);
+                         const std::function<void(int layer)>& on_layer, int64_t* tokens,
+                         void* cuda_stream = nullptr);
 
 }  // namespace kvd::client
