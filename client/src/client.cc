@@ -224,7 +224,7 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> 
     // buffer: the daemon receives one message per put); the shared-memory path copies both
     // parts into the slot itself.
     std::vector<PutItem> window(items.begin() + i, items.begin() + i + n);
-    std::vector<std::vector<uint8_t>> staged;
+    size_t staged = 0;  // put_staging_ buffers used by this window
     for (PutItem& it : window) {
       if (it.window_queries.empty()) continue;
       const size_t qbytes = it.window_queries.size() * sizeof(float);
@@ -246,13 +246,16 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> 
       if (session_.shared_memory) continue;  // copied into the slot, from the device too
       if (it.window_queries.empty() && data_at == BufferLocation::kHost) continue;
       const size_t qbytes = it.window_queries.size() * sizeof(float);
-      auto& buf = staged.emplace_back(it.bytes + qbytes);
-      KVD_RETURN_IF_ERROR(
-          CopyToHostFrom(buf.data(), it.data, it.bytes, it.cuda_stream, "put data"));
-      KVD_RETURN_IF_ERROR(CopyToHostFrom(buf.data() + it.bytes, it.window_queries.data(), qbytes,
+      // Reused window after window (every send of a window ends before the next one starts).
+      if (staged == put_staging_.size()) put_staging_.emplace_back();
+      uint8_t* buf =
+          put_staging_[staged++].Reserve(it.bytes + qbytes, data_at == BufferLocation::kCuda ||
+                                                                IsDevice(it.window_queries.data()));
+      KVD_RETURN_IF_ERROR(CopyToHostFrom(buf, it.data, it.bytes, it.cuda_stream, "put data"));
+      KVD_RETURN_IF_ERROR(CopyToHostFrom(buf + it.bytes, it.window_queries.data(), qbytes,
                                          it.cuda_stream, "put window queries"));
-      it.data = buf.data();
-      it.bytes = buf.size();
+      it.data = buf;
+      it.bytes += qbytes;
       it.window_queries = {};
     }
     KVD_ASSIGN_OR_RETURN(auto part, PutWindowLocked(window));
@@ -425,18 +428,19 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetChunks(uint64_t lease_id,
     // itself; over the transport the bytes arrive in host staging and go to the device after
     // their checksum was verified.
     std::vector<GetItem> window(items.begin() + i, items.begin() + i + n);
-    std::vector<std::vector<uint8_t>> staged(n);
+    std::vector<bool> staged(n, false);
+    if (get_staging_.size() < n) get_staging_.resize(n);
     for (size_t j = 0; j < n; ++j) {
       if (window[j].out == nullptr) continue;
       KVD_ASSIGN_OR_RETURN(BufferLocation at, LocateForUse(window[j].out, "get buffer"));
       if (at == BufferLocation::kHost || session_.shared_memory) continue;
-      staged[j].resize(window[j].capacity);
-      window[j].out = staged[j].data();
+      window[j].out = get_staging_[j].Reserve(window[j].capacity, true);
+      staged[j] = true;
     }
     KVD_ASSIGN_OR_RETURN(auto part, GetWindowLocked(lease_id, window));
     for (size_t j = 0; j < n; ++j) {
-      if (staged[j].empty()) continue;
-      KVD_RETURN_IF_ERROR(CopyFromHostTo(items[i + j].out, staged[j].data(), part[j].bytes,
+      if (!staged[j]) continue;
+      KVD_RETURN_IF_ERROR(CopyFromHostTo(items[i + j].out, window[j].out, part[j].bytes,
                                          items[i + j].cuda_stream, "get buffer"));
     }
     out.insert(out.end(), part.begin(), part.end());

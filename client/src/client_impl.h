@@ -8,6 +8,7 @@
 
 #include "connection.h"
 #include "kvd/client/client.h"
+#include "kvd/client/device.h"
 #include "kvd/transport/transport.h"
 
 namespace kvd::client::internal {
@@ -97,6 +98,10 @@ class ClientImpl final : public Client {
   uint64_t next_tag_ = 1;                            // GUARDED_BY(mu_)
   SessionInfo session_;
   std::vector<uint8_t> staging_;  // PutLayers/GetLayers; GUARDED_BY(mu_)
+  // Host staging over the transport, one per chunk of a window, pinned for device copies
+  // (device.h): puts with window queries or device data, gets into device buffers.
+  std::vector<StagingBuffer> put_staging_;  // GUARDED_BY(mu_)
+  std::vector<StagingBuffer> get_staging_;  // GUARDED_BY(mu_)
   // VECTOR weights by version (GetVectorWeights); GUARDED_BY(mu_)
   std::map<uint64_t, std::shared_ptr<const std::vector<uint8_t>>> weights_;
   bool subscribed_ = false;  // GUARDED_BY(mu_)

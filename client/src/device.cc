@@ -193,6 +193,39 @@ Status CopyFromHostTo(void* dst, const void* host_src, size_t bytes, void* strea
   return ActiveDeviceMemoryOps().CopyToDevice(dst, host_src, bytes, stream).WithContext(what);
 }
 
+StagingBuffer::~StagingBuffer() { Release(); }
+
+StagingBuffer::StagingBuffer(StagingBuffer&& other) noexcept
+    : data_(std::move(other.data_)),
+      size_(other.size_),
+      pinned_by_(other.pinned_by_),
+      pin_tried_(other.pin_tried_) {
+  other.size_ = 0;
+  other.pinned_by_ = nullptr;
+}
+
+void StagingBuffer::Release() {
+  if (pinned_by_ != nullptr) pinned_by_->Unpin(data_.get());
+  pinned_by_ = nullptr;
+  data_.reset();
+  size_ = 0;
+}
+
+uint8_t* StagingBuffer::Reserve(size_t bytes, bool for_device) {
+  if (bytes > size_ || !data_) {
+    Release();
+    size_ = bytes == 0 ? 1 : bytes;
+    data_.reset(new uint8_t[size_]);
+    pin_tried_ = false;
+  }
+  if (for_device && !pin_tried_) {
+    pin_tried_ = true;
+    const DeviceMemoryOps& ops = ActiveDeviceMemoryOps();
+    if (ops.Pin(data_.get(), size_).ok()) pinned_by_ = &ops;
+  }
+  return data_.get();
+}
+
 ScopedDeviceMemoryOpsForTesting::ScopedDeviceMemoryOpsForTesting(const DeviceMemoryOps* ops)
     : previous_(g_test_ops.exchange(ops)) {}
 ScopedDeviceMemoryOpsForTesting::~ScopedDeviceMemoryOpsForTesting() { g_test_ops.store(previous_); }

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/slot_search.cuh"
 #include "device_serving_internal.h"
 
 namespace kvd::kernels::cuda {
@@ -100,14 +101,7 @@ __global__ void DenseHeadKernel(const uint8_t* __restrict__ keys,
                                 int dtype, int64_t row_elems, int64_t head_elems,
                                 uint8_t* __restrict__ k_out, uint8_t* __restrict__ v_out) {
   const int64_t t = blockIdx.x;
-  int64_t lo = 0, hi = s;  // invariant: offsets[lo] <= t < offsets[hi]
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (offsets[mid] <= t)
-      lo = mid;
-    else
-      hi = mid;
-  }
+  const int64_t lo = SlotOfDenseRow(offsets, s, t);
   const int32_t src = source[lo];
   const int64_t out = t * row_elems + head_elems;
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/slot_search.cuh"
 #include "serving_backend.h"
 
 namespace kvd::kernels::cuda {
@@ -14,14 +15,7 @@ __global__ void ExpandDenseKernel(const float* __restrict__ keys, const float* _
                                   const int64_t* __restrict__ offsets, int64_t s, int d,
                                   float* __restrict__ keys_out, float* __restrict__ values_out) {
   const int64_t t = blockIdx.x;
-  int64_t lo = 0, hi = s;  // invariant: offsets[lo] <= t < offsets[hi]
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (offsets[mid] <= t)
-      lo = mid;
-    else
-      hi = mid;
-  }
+  const int64_t lo = SlotOfDenseRow(offsets, s, t);
   for (int c = threadIdx.x; c < d; c += blockDim.x) {
     keys_out[t * d + c] = keys[lo * d + c];
     values_out[t * d + c] = values[lo * d + c];

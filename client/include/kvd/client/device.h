@@ -21,6 +21,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string_view>
 
 #include "kvd/common/status.h"
@@ -69,6 +71,32 @@ Status CopyToHostFrom(void* host_dst, const void* src, size_t bytes, void* strea
 // The other way: host memory at `host_src` into `dst` (host or device memory).
 Status CopyFromHostTo(void* dst, const void* host_src, size_t bytes, void* stream,
                       std::string_view what);
+
+// A growable host buffer page-locked for device copies (the client's staging buffers over the
+// transport). Pinning is best effort: the buffer works unpinned when the ops cannot pin it.
+// Not thread-safe.
+class StagingBuffer {
+ public:
+  StagingBuffer() = default;
+  ~StagingBuffer();
+  StagingBuffer(const StagingBuffer&) = delete;
+  StagingBuffer& operator=(const StagingBuffer&) = delete;
+  StagingBuffer(StagingBuffer&& other) noexcept;
+  StagingBuffer& operator=(StagingBuffer&&) = delete;
+
+  // Room for `bytes` (the buffer is kept while it is large enough). `for_device`: device copies
+  // will use it, so it is pinned (ActiveDeviceMemoryOps()) if not yet; host-only use never
+  // touches the device runtime.
+  uint8_t* Reserve(size_t bytes, bool for_device);
+  bool pinned() const { return pinned_by_ != nullptr; }
+
+ private:
+  void Release();
+  std::unique_ptr<uint8_t[]> data_;
+  size_t size_ = 0;
+  const DeviceMemoryOps* pinned_by_ = nullptr;
+  bool pin_tried_ = false;
+};
 
 // Test seam: installs `ops` for the whole process while alive (not thread-safe against
 // concurrent client calls; install before any client call of the test).
