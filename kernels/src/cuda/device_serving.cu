@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_common.cuh"
+#include "cuda/elements.cuh"
 #include "cuda/slot_search.cuh"
 #include "device_serving_internal.h"
 
@@ -11,83 +12,10 @@ namespace {
 
 constexpr int kThreads = 64;
 
-// Device twins of common/dtype.h's conversions, the same bit operations (so the same rounding
-// and the same NaN handling as the CPU serving path).
-__device__ float HalfToFloatD(uint16_t h) {
-  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1f;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while ((mant & 0x400u) == 0);
-      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  return __uint_as_float(bits);
-}
-
-__device__ uint16_t FloatToHalfD(float f) {
-  uint32_t x = __float_as_uint(f);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) {
-    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
-  }
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (abs < 0x38800000u) {
-    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
-    uint32_t e = abs >> 23;
-    uint32_t m = (abs & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126 - e;
-    uint32_t half_m = m >> shift;
-    uint32_t rem = m & ((1u << shift) - 1);
-    uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half_m & 1u))) ++half_m;
-    return static_cast<uint16_t>(sign | half_m);
-  }
-  uint32_t h = ((abs - 0x38000000u) >> 13);
-  uint32_t rem = abs & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-  return static_cast<uint16_t>(sign | h);
-}
-
-__device__ uint16_t FloatToBFloat16D(float f) {
-  uint32_t x = __float_as_uint(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
-  uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>((x + rounding) >> 16);
-}
-
-// dtype codes: DType::kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2.
-__device__ float LoadAsFloat(const uint8_t* base, int64_t i, int dtype) {
-  if (dtype == 0) return __uint_as_float(reinterpret_cast<const uint32_t*>(base)[i]);
-  const uint16_t h = reinterpret_cast<const uint16_t*>(base)[i];
-  return dtype == 1 ? HalfToFloatD(h) : __uint_as_float(static_cast<uint32_t>(h) << 16);
-}
-
-__device__ void StoreFromFloat(uint8_t* base, int64_t i, float x, int dtype) {
-  if (dtype == 0) {
-    reinterpret_cast<uint32_t*>(base)[i] = __float_as_uint(x);
-  } else {
-    reinterpret_cast<uint16_t*>(base)[i] = dtype == 1 ? FloatToHalfD(x) : FloatToBFloat16D(x);
-  }
-}
-
 // The float32 value of slot j, column c: a stored mean (chunk dtype) or a rebuilt value.
 __device__ float SlotValue(const uint8_t* values, const float* rebuilt, int32_t source, int64_t d,
                            int64_t c, int dtype) {
-  return source >= 0 ? LoadAsFloat(values, source * d + c, dtype)
+  return source >= 0 ? LoadElement(values, source * d + c, dtype)
                      : rebuilt[static_cast<int64_t>(-source - 1) * d + c];
 }
 
@@ -105,8 +33,8 @@ __global__ void DenseHeadKernel(const uint8_t* __restrict__ keys,
   const int32_t src = source[lo];
   const int64_t out = t * row_elems + head_elems;
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-    StoreFromFloat(k_out, out + c, LoadAsFloat(keys, lo * d + c, dtype), dtype);
-    StoreFromFloat(v_out, out + c, SlotValue(values, rebuilt, src, d, c, dtype), dtype);
+    StoreElement(k_out, out + c, LoadElement(keys, lo * d + c, dtype), dtype);
+    StoreElement(v_out, out + c, SlotValue(values, rebuilt, src, d, c, dtype), dtype);
   }
 }
 
@@ -120,7 +48,7 @@ __global__ void CompactHeadKernel(
   const int64_t j = blockIdx.x;
   const int32_t src = source[j];
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-    keys_out[j * d + c] = LoadAsFloat(keys, j * d + c, dtype);
+    keys_out[j * d + c] = LoadElement(keys, j * d + c, dtype);
     values_out[j * d + c] = SlotValue(values, rebuilt, src, d, c, dtype);
   }
   if (threadIdx.x == 0) {

@@ -27,7 +27,8 @@
 // device: the first device call uploads the chunk once (kernels::DeviceCompactChunk: one
 // host-to-device copy of its keys, values and slot tables, waited for), then each call queues
 // kernels on `cuda_stream` (nullptr = the default stream) that write the caller's buffers and
-// returns without waiting for them; the output equals the CPU path's bit for bit. A build
+// returns without waiting for them; the output equals the CPU path's bit for bit
+// (finite values). A build
 // without CUDA refuses device buffers (UNIMPLEMENTED), a node without a device reports
 // UNAVAILABLE.
 // Thread safety: a CompactChunkReader is immutable after Open/SetWeights (apart from the device

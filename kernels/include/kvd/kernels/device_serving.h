@@ -10,10 +10,11 @@
 // per-slot tables into one pinned host buffer and copies it to the device once. The kernels then
 // do what the CPU serving does: dtype -> float32 conversion (compact form), slot j repeated l_j
 // times with a float32 round trip to the dtype (dense form). The output equals the CPU's bit for
-// bit: the conversions use the same rounding as common/dtype.h, and the two values computed
-// with floating-point arithmetic, ln l_j and the VECTOR-rebuilt values of routed slots
-// (W RoPE^-1(k_j, pos_j)), are computed on the host by the CPU code and uploaded with the chunk
-// (routed slots only; a chunk without routing uploads none).
+// bit for finite values: the conversions (src/cuda/elements.cuh) round to nearest even as
+// common/dtype.h does (a NaN stored value may come out as another NaN bit pattern), and the two
+// values computed with floating-point arithmetic, ln l_j and the VECTOR-rebuilt values of
+// routed slots (W RoPE^-1(k_j, pos_j)), are computed on the host by the CPU code and uploaded
+// with the chunk (routed slots only; a chunk without routing uploads none).
 //
 // Streams are cudaStream_t passed as void* (nullptr = the legacy default stream). Upload waits
 // for its copy, so the image can be used from any stream afterwards; the layer calls only queue
