@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "dlpack.h"
+#include "kvd/client/device.h"
 
 namespace py = pybind11;
 
@@ -37,10 +38,17 @@ std::string TakePythonError() {
 }  // namespace
 
 Status DeviceMemorySupport(const std::string& what, int32_t device_type, int32_t device_id) {
-  return Status::Unimplemented(
-      what + ": a " + DeviceName(device_type) + " tensor (device " + std::to_string(device_id) +
-      "): this client moves host memory only (device pointers are not taken by this build of "
-      "libkvd_client); pass a CPU or pinned-host tensor (e.g. tensor.cpu())");
+  const std::string tensor = what + ": a " + DeviceName(device_type) + " tensor (device " +
+                             std::to_string(device_id) + ")";
+  if (device_type != dlpack::kCUDA && device_type != dlpack::kCUDAManaged) {
+    return Status::Unimplemented(tensor + ": libkvd_client moves host and CUDA memory only; " +
+                                 "pass a CPU, pinned-host or CUDA tensor");
+  }
+  // CUDA memory goes to libkvd_client as a plain pointer: it classifies and stages it itself
+  // (kvd/client/device.h). Its one check tells whether it can: a build with CUDA and a device.
+  Status can = client::ActiveDeviceMemoryOps().CanCopy();
+  if (!can.ok()) return Status(can.code(), tensor + ": " + std::string(can.message()));
+  return Status::Ok();
 }
 
 BufferView::BufferView(BufferView&& o) noexcept

@@ -4,12 +4,17 @@
 // is destroyed; it must be destroyed with the GIL held.
 //
 // Accepted: C-contiguous memory the CPU can address (DLPack kDLCPU, kDLCUDAHost i.e. pinned host
-// memory). Refused with INVALID_ARGUMENT naming the argument: a strided view, a read-only buffer
-// where the call writes, an object that is neither a buffer nor a DLPack tensor. Device memory
-// (kDLCUDA, kDLCUDAManaged, ROCm, ...) is recognised from __dlpack_device__() before __dlpack__()
-// is called (no stream synchronisation) and refused by DeviceMemorySupport() below: the one
-// place that changes when libkvd_client takes device pointers (it classifies and stages them
-// itself; the binding then hands it the raw pointer and adds no staging of its own).
+// memory), and CUDA device memory where libkvd_client serves it (below). Refused with
+// INVALID_ARGUMENT naming the argument: a strided view, a read-only buffer where the call writes,
+// an object that is neither a buffer nor a DLPack tensor. Device memory (kDLCUDA, kDLCUDAManaged,
+// ROCm, ...) is recognised from __dlpack_device__() before __dlpack__() is called (no stream
+// synchronisation) and checked by DeviceMemorySupport() below: CUDA memory is handed to
+// libkvd_client as the raw pointer (it classifies and stages device memory itself,
+// kvd/client/device.h; the binding adds no staging of its own) when the client can serve it (a
+// CUDA build with a device), else refused with the client's reason (UNIMPLEMENTED "built without
+// CUDA", UNAVAILABLE "no CUDA device"); other device kinds (ROCm, ...) are UNIMPLEMENTED.
+// __dlpack__() is called without a stream: the producer makes its work visible to the legacy
+// default stream, the one the client's copies use.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -45,8 +50,9 @@ class BufferView {
   pybind11::object capsule_;  // DLPack capsule kept alive while viewed
 };
 
-// Whether this build hands device pointers (a DLPack device tensor's data) to libkvd_client:
-// UNIMPLEMENTED naming the tensor's device until the client classifies and stages device memory.
+// Whether a DLPack device tensor's data pointer may go to libkvd_client: OK for CUDA memory when
+// the client can copy it (client::ActiveDeviceMemoryOps().CanCopy()), else its reason naming the
+// tensor; UNIMPLEMENTED for other device kinds.
 Status DeviceMemorySupport(const std::string& what, int32_t device_type, int32_t device_id);
 
 }  // namespace kvd::python
