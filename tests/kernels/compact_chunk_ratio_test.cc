@@ -14,6 +14,7 @@
 #include "kvd/kernels/plan.h"
 #include "kvd/kernels/rope.h"
 #include "kvd/kernels/vector.h"
+#include "raw_layer.h"
 #include "reference.h"
 
 namespace kvd::kernels {
@@ -80,10 +81,7 @@ const RawChunk& SharedChunk() {
       }
     }
     for (const Matrix& q : c->queries) c->query_views.push_back(q.View());
-    auto cal = VectorCalibrator::Create(l.num_layers, l.num_kv_heads, d);
-    EXPECT_TRUE(cal.ok());
-    EXPECT_TRUE(CalibrateFromChunk(l, c->raw, c->positions, &*cal).ok());
-    auto w = cal->Solve();
+    auto w = testing::CalibrateOnChunk(l, c->raw, c->positions);
     EXPECT_TRUE(w.ok()) << w.status();
     c->weights = std::move(*w);
     return c;

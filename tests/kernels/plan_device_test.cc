@@ -19,6 +19,7 @@
 #include "kvd/kernels/rope.h"
 #include "kvd/kernels/scorers.h"
 #include "kvd/kernels/snapkv.h"
+#include "raw_layer.h"
 #include "reference.h"
 
 #if KVD_HAVE_CUDA
@@ -84,10 +85,7 @@ DeviceFixture MakeFixture(int64_t n, int d, int group, int64_t window, uint64_t 
     for (Matrix& m : *q) f.queries.push_back(std::move(m));
   }
   for (const Matrix& q : f.queries) f.query_views.push_back(q.View());
-  auto cal = VectorCalibrator::Create(f.layout.num_layers, f.layout.num_kv_heads, d);
-  EXPECT_TRUE(cal.ok());
-  EXPECT_TRUE(CalibrateFromChunk(f.layout, f.raw, f.positions, &*cal).ok());
-  auto w = cal->Solve();
+  auto w = testing::CalibrateOnChunk(f.layout, f.raw, f.positions);
   EXPECT_TRUE(w.ok()) << w.status();
   f.weights = std::move(*w);
   return f;
@@ -380,8 +378,8 @@ int64_t CompareHead(const DeviceFixture& f, const CompressionPlanOptions& o, int
       }
       // |v - W k|^2 in float32: dot products of d terms and a d-term square sum, after a
       // de-rotation of a few ulp: bounded by 8 (d + 2) ulp of (|v| + |W|_F |k|)^2.
-      const double bound = 8.0 * (d + 2) * testing::kF32Unit *
-                           std::pow(std::sqrt(vn) + wnorm * std::sqrt(kn), 2.0);
+      const double bound =
+          8.0 * (d + 2) * testing::kF32Unit * std::pow(std::sqrt(vn) + wnorm * std::sqrt(kn), 2.0);
       tol_max = std::max(tol_max, static_cast<float>(bound));
       if (cpu.flags[j] & kSlotRebuildValue) {
         worst_kept = std::max(worst_kept, res[j - first]);

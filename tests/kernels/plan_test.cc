@@ -12,6 +12,7 @@
 #include <random>
 
 #include "kvd/kernels/serving.h"
+#include "raw_layer.h"
 #include "reference.h"
 
 namespace kvd::kernels {
@@ -84,9 +85,7 @@ ChunkFixture MakeChunk(int64_t n, int d, DType dtype, float noise, uint64_t seed
     }
   }
   for (const Matrix& q : f.queries) f.query_views.push_back(q.View());
-  auto cal = VectorCalibrator::Create(L, H, d);
-  EXPECT_TRUE(CalibrateFromChunk(f.layout, f.raw, f.positions, &*cal).ok());
-  auto w = cal->Solve();
+  auto w = testing::CalibrateOnChunk(f.layout, f.raw, f.positions);
   EXPECT_TRUE(w.ok()) << w.status();
   f.weights = std::move(*w);
   return f;

@@ -77,9 +77,7 @@ struct VectorChunk {
   }
 
   StatusOr<VectorWeights> Calibrate(bool affine) const {
-    KVD_ASSIGN_OR_RETURN(VectorCalibrator cal, VectorCalibrator::Create(1, kHeads, kDim));
-    KVD_RETURN_IF_ERROR(CalibrateFromChunk(layout, raw, positions, &cal));
-    return cal.Solve({.ridge = 1e-6, .affine = affine});
+    return testing::CalibrateOnChunk(layout, raw, positions, {.ridge = 1e-6, .affine = affine});
   }
 
   CompressionInput Input(const VectorWeights* w) const {

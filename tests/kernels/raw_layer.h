@@ -1,6 +1,6 @@
-// The raw bytes of one float32 layer in the engine layout (common/layout.h: K[N, H, d] then
-// V[N, H, d]) from per-KV-head post-RoPE keys and values: small hand-built chunks of the plan
-// tests.
+// Small hand-built chunks of the plan tests: the raw bytes of one float32 layer in the engine
+// layout (common/layout.h: K[N, H, d] then V[N, H, d]) from per-KV-head post-RoPE keys and
+// values, and VECTOR weights calibrated on a chunk itself.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "kvd/common/layout.h"
+#include "kvd/kernels/plan.h"
 #include "kvd/kernels/types.h"
+#include "kvd/kernels/vector.h"
 
 namespace kvd::kernels::testing {
 
@@ -27,6 +29,18 @@ inline void WriteFloat32Layer(const ModelLayout& layout, int layer, int64_t n,
       std::memcpy(vb + i * layout.TokenBytes() + h * d * 4, values[h].Row(i), d * 4);
     }
   }
+}
+
+// VECTOR weights fitted on the chunk's own keys and values (CalibrateFromChunk, then Solve).
+inline StatusOr<VectorWeights> CalibrateOnChunk(const ModelLayout& layout,
+                                                std::span<const uint8_t> raw,
+                                                std::span<const int64_t> positions,
+                                                const VectorSolveOptions& options = {}) {
+  KVD_ASSIGN_OR_RETURN(
+      VectorCalibrator cal,
+      VectorCalibrator::Create(layout.num_layers, layout.num_kv_heads, layout.head_dim));
+  KVD_RETURN_IF_ERROR(CalibrateFromChunk(layout, raw, positions, &cal));
+  return cal.Solve(options);
 }
 
 }  // namespace kvd::kernels::testing
