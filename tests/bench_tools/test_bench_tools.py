@@ -2,6 +2,7 @@
 counters against a real kvd, the goal arithmetic of deploy/bench-peers-report.py, and one short
 run of deploy/bench-peers.sh (kvd's shared-memory path and memcpy only)."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -57,6 +58,26 @@ def test_usage_errors_name_the_problem():
     assert r.returncode == 2 and "cannot read --ready-file /nonexistent" in r.stderr
 
 
+@contextlib.contextmanager
+def start_kvd(tmp_path, cfg):
+    """Runs kvd on `cfg` (TCP on an ephemeral port, a unix socket in tmp_path) for the `with`
+    block; gives (process, ready-file path, socket path) once kvd is ready."""
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen([KVD, "--config", str(cfg), "--listen", "127.0.0.1:0", "--unix",
+                             str(tmp_path / "kvd.sock"), "--ready-file", str(ready)],
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "kvd.log", "w"))
+    try:
+        for _ in range(300):
+            if ready.exists() and ready.stat().st_size > 0:
+                break
+            assert proc.poll() is None, (tmp_path / "kvd.log").read_text()
+            time.sleep(0.05)
+        yield proc, ready, tmp_path / "kvd.sock"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @pytest.fixture
 def kvd(tmp_path):
     cfg = tmp_path / "kvd.yaml"
@@ -66,18 +87,8 @@ def kvd(tmp_path):
                    "    layout: {layers: 5, kv_heads: 4, q_heads: 8, head_dim: 8, dtype: float32,\n"
                    "             rope: {theta: 10000, pairing: interleaved, scaling: none}}\n"
                    "tiers:\n  host:\n    capacity: 64MiB\n    segment: 8MiB\n")
-    ready = tmp_path / "ready.json"
-    proc = subprocess.Popen([KVD, "--config", str(cfg), "--listen", "127.0.0.1:0", "--unix",
-                             str(tmp_path / "kvd.sock"), "--ready-file", str(ready)],
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "kvd.log", "w"))
-    for _ in range(300):
-        if ready.exists() and ready.stat().st_size > 0:
-            break
-        assert proc.poll() is None, (tmp_path / "kvd.log").read_text()
-        time.sleep(0.05)
-    yield proc, ready, tmp_path / "kvd.sock"
-    proc.terminate()
-    proc.wait(timeout=30)
+    with start_kvd(tmp_path, cfg) as started:
+        yield started
 
 
 def test_daemon_counters_per_op_against_a_real_kvd(kvd):
@@ -114,18 +125,8 @@ def compressing_kvd(tmp_path):
                    "    compression: {stages: [keydiff], p_c: 0.5, sinks: 4, worker_threads: 1,\n"
                    "                  queue_depth: 1}\n"
                    "tiers:\n  host:\n    capacity: 64MiB\n    segment: 8MiB\n")
-    ready = tmp_path / "ready.json"
-    proc = subprocess.Popen([KVD, "--config", str(cfg), "--listen", "127.0.0.1:0", "--unix",
-                             str(tmp_path / "kvd.sock"), "--ready-file", str(ready)],
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "kvd.log", "w"))
-    for _ in range(300):
-        if ready.exists() and ready.stat().st_size > 0:
-            break
-        assert proc.poll() is None, (tmp_path / "kvd.log").read_text()
-        time.sleep(0.05)
-    yield proc, tmp_path / "kvd.sock"
-    proc.terminate()
-    proc.wait(timeout=30)
+    with start_kvd(tmp_path, cfg) as (proc, _, sock):
+        yield proc, sock
 
 
 def test_finite_values_and_retry_busy_against_a_compressing_model(compressing_kvd):
