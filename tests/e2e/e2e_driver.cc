@@ -1,8 +1,12 @@
 // A client process for the end-to-end tests.
 //
-//   kvd-e2e-driver hold ADDR UCX_TLS
-//     Connects as engine for stories260k, reserves and sends one chunk, prints "SENT" and then
-//     waits (60 s) before committing: the test kills it there, mid-put.
+//   kvd-e2e-driver hold ADDR UCX_TLS [shm|noshm]
+//     Connects as engine for stories260k, reserves and sends one chunk (hash {0xdead, pid}),
+//     prints "SENT" and then waits (60 s) before committing: the test kills it there, mid-put.
+//     noshm: the transport path even over a unix socket (default shm: the client's default).
+//   kvd-e2e-driver lease ADDR UCX_TLS shm|noshm
+//     Puts one chunk (hash {0x1ea5e, pid}), looks it up (the lease pins it), reads it once,
+//     prints "HELD" and waits (60 s) without releasing: the test kills it holding the lease.
 //   kvd-e2e-driver flood ADDR UCX_TLS
 //     Puts 5.6 MiB smollm2-135m chunks in a loop (8 in flight), printing "PUT n" after each
 //     batch: the test kills it at an arbitrary point, usually while bytes are moving.
@@ -23,14 +27,24 @@
 
 namespace {
 
-int Flood(const char* addr, const char* tls) {
+// Engine options for stories260k over `addr`; `shm` = ClientOptions::shared_memory.
+kvd::client::ClientOptions DriverOptions(const char* addr, const char* tls, bool shm,
+                                         const std::string& id_prefix = "e2e-driver-") {
   kvd::client::ClientOptions o;
   o.address = addr;
-  o.client_id = "e2e-flood-" + std::to_string(::getpid());
-  o.model = "smollm2-135m";
-  o.layout = kvd::e2e::Smollm2Layout();
+  o.client_id = id_prefix + std::to_string(::getpid());
+  o.model = "stories260k";
+  o.layout = kvd::e2e::Stories260kLayout();
   o.transport.ucx_tls = tls;
   o.transport.net_devices = "lo";
+  o.shared_memory = shm;
+  return o;
+}
+
+int Flood(const char* addr, const char* tls) {
+  kvd::client::ClientOptions o = DriverOptions(addr, tls, true, "e2e-flood-");
+  o.model = "smollm2-135m";
+  o.layout = kvd::e2e::Smollm2Layout();
   auto c = kvd::client::Client::Connect(o);
   if (!c.ok()) {
     std::cerr << c.status() << "\n";
@@ -54,13 +68,7 @@ int Flood(const char* addr, const char* tls) {
 }
 
 int Chaos(const char* addr, const char* tls, uint64_t first) {
-  kvd::client::ClientOptions o;
-  o.address = addr;
-  o.client_id = "e2e-chaos-" + std::to_string(::getpid());
-  o.model = "stories260k";
-  o.layout = kvd::e2e::Stories260kLayout();
-  o.transport.ucx_tls = tls;
-  o.transport.net_devices = "lo";
+  const kvd::client::ClientOptions o = DriverOptions(addr, tls, true, "e2e-chaos-");
   auto c = kvd::client::Client::Connect(o);
   if (!c.ok()) {
     std::cerr << c.status() << "\n";
@@ -80,6 +88,33 @@ int Chaos(const char* addr, const char* tls, uint64_t first) {
   }
 }
 
+int HoldLease(const kvd::client::ClientOptions& o) {
+  auto c = kvd::client::Client::Connect(o);
+  if (!c.ok()) {
+    std::cerr << c.status() << "\n";
+    return 1;
+  }
+  const kvd::Hash128 h{0x1ea5e, static_cast<uint64_t>(::getpid())};
+  std::vector<uint8_t> data(o.layout.ChunkBytes(256), 0x6b);
+  auto put = (*c)->Put(h, 256, data.data(), data.size());
+  auto hit =
+      put.ok() ? (*c)->Lookup({&h, 1}) : kvd::StatusOr<kvd::client::LookupResult>(put.status());
+  if (!hit.ok() || hit->matched_chunks != 1) {
+    std::cerr << (hit.ok() ? kvd::Status::NotFound("chunk just put not found") : hit.status())
+              << "\n";
+    return 1;
+  }
+  std::vector<uint8_t> out(data.size());
+  auto got = (*c)->Get(hit->lease_id, 0, out.data(), out.size());
+  if (!got.ok() || out != data) {
+    std::cerr << (got.ok() ? kvd::Status::DataLoss("bytes differ") : got.status()) << "\n";
+    return 1;
+  }
+  std::cout << "HELD" << std::endl;
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -87,17 +122,18 @@ int main(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "chaos") {
     return Chaos(argv[2], argv[3], std::stoull(argv[4]));
   }
-  if (argc != 4 || std::string(argv[1]) != "hold") {
-    std::cerr << "usage: kvd-e2e-driver (hold | flood) ADDR UCX_TLS | chaos ADDR UCX_TLS FIRST\n";
+  const bool shm_arg =
+      argc == 5 && (std::string(argv[4]) == "shm" || std::string(argv[4]) == "noshm");
+  if (argc == 5 && std::string(argv[1]) == "lease" && shm_arg) {
+    return HoldLease(DriverOptions(argv[2], argv[3], std::string(argv[4]) == "shm"));
+  }
+  if ((argc != 4 && !shm_arg) || std::string(argv[1]) != "hold") {
+    std::cerr << "usage: kvd-e2e-driver (hold | flood) ADDR UCX_TLS | hold ADDR UCX_TLS shm|noshm"
+                 " | lease ADDR UCX_TLS shm|noshm | chaos ADDR UCX_TLS FIRST\n";
     return 2;
   }
-  kvd::client::ClientOptions o;
-  o.address = argv[2];
-  o.client_id = "e2e-driver-" + std::to_string(::getpid());
-  o.model = "stories260k";
-  o.layout = kvd::e2e::Stories260kLayout();
-  o.transport.ucx_tls = argv[3];
-  o.transport.net_devices = "lo";
+  kvd::client::ClientOptions o =
+      DriverOptions(argv[2], argv[3], argc == 4 || std::string(argv[4]) == "shm");
   o.test_before_commit = [] {
     std::cout << "SENT" << std::endl;
     std::this_thread::sleep_for(std::chrono::seconds(60));

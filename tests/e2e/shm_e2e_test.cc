@@ -1,5 +1,7 @@
 // The same-node shared-memory path: a real kvd whose arena is memfd segments, clients over its
-// unix socket that copy chunk bytes in and out of their namespace's segments themselves.
+// unix socket that copy chunk bytes in and out of their namespace's segments themselves. What
+// every data path promises (leases, aborts, killed clients) is checked on this one too by
+// DataPathContractTest (data_path_contract_e2e_test.cc); here is what only this path has.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -92,27 +94,6 @@ TEST_F(ShmE2eTest, SharedMemoryCanBeTurnedOffOnAUnixSocket) {
   EXPECT_TRUE(c->SharedSegments().empty());
 }
 
-TEST_F(ShmE2eTest, LeasesAreRespected) {
-  auto c = ConnectOrFail(ShmOptions("", "lease"));
-  ASSERT_NE(c, nullptr);
-  ASSERT_TRUE(c->session().shared_memory);
-  Hash128 h{0x1ea5e, 1};
-  auto data = PutChunk(*c, h, 9);
-  auto hit = c->Lookup({&h, 1});
-  ASSERT_TRUE(hit.ok() && hit->matched_chunks == 1u);
-  ASSERT_TRUE(c->ReleaseLease(hit->lease_id).ok());
-  std::vector<uint8_t> out(data.size());
-  auto g = c->Get(hit->lease_id, 0, out.data(), out.size());
-  EXPECT_EQ(g.status().code(), StatusCode::kAborted) << g.status();
-  // A chunk index past the lease is OUT_OF_RANGE, and the session keeps serving.
-  hit = c->Lookup({&h, 1});
-  ASSERT_TRUE(hit.ok() && hit->matched_chunks == 1u);
-  g = c->Get(hit->lease_id, 1, out.data(), out.size());
-  EXPECT_EQ(g.status().code(), StatusCode::kOutOfRange) << g.status();
-  EXPECT_TRUE(c->ReleaseLease(hit->lease_id).ok());
-  ExpectServes(*c, 10);
-}
-
 TEST_F(ShmE2eTest, NamespacesCannotReachEachOthersBytes) {
   auto a = ConnectOrFail(ShmOptions("tenant-a", "a"));
   auto b = ConnectOrFail(ShmOptions("tenant-b", "b"));
@@ -141,25 +122,6 @@ TEST_F(ShmE2eTest, NamespacesCannotReachEachOthersBytes) {
   Hash128 ha{0xa, 0};
   EXPECT_EQ(Present(*b, ha), 0u);
   EXPECT_EQ(Present(*a, ha), 1u);
-}
-
-TEST_F(ShmE2eTest, ClientKilledWhileWritingLeavesNoVisibleChunk) {
-  auto good = ConnectOrFail(ShmOptions("", "good"));
-  ASSERT_NE(good, nullptr);
-  // The driver reserves, copies its bytes into the slot, prints SENT and waits before Commit.
-  auto child = ChildProcess::Spawn({KVD_E2E_DRIVER, "hold", kvd_->unix_address(), "sm,tcp"});
-  ASSERT_TRUE(child.ok()) << child.status();
-  auto line = (*child)->ReadLine(std::chrono::seconds(10));
-  ASSERT_TRUE(line.ok()) << line.status() << "\n" << kvd_->Log();
-  ASSERT_EQ(*line, "SENT");
-  EXPECT_GT(HostTier(*admin_).reserved_bytes, 0u);
-  const pid_t pid = (*child)->pid();
-  (*child)->Kill();
-  EXPECT_TRUE(Eventually([&] { return HostTier(*admin_).reserved_bytes == 0; }, 5s))
-      << "the killed writer's reservation was not reclaimed";
-  EXPECT_EQ(Present(*good, Hash128{0xdead, static_cast<uint64_t>(pid)}), 0u);
-  EXPECT_EQ(HostTier(*admin_).chunks, 0u);
-  ExpectServes(*good, 11);
 }
 
 }  // namespace
