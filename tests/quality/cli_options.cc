@@ -22,7 +22,9 @@ CLI::Option* AddEvalOptions(CLI::App& app, const EvalOptionTargets& t) {
   app.add_option("--window", *t.window, "observation window W (post-RoPE queries)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 24));
-  app.add_option("--threads", *t.threads, "engine threads (0 = all cores)")
+  app.add_option("--threads", *t.threads,
+                 "engine threads per session (0 = all cores; one thread avoids OpenBLAS's "
+                 "spin-wait on a shared machine)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 16));
   return model;

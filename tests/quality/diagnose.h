@@ -42,7 +42,10 @@ struct DiagnoseOptions {
   int far_gap = 64;                           // "far" key pairs are this many tokens apart
   std::vector<int> calib_sizes = {1, 4, 16};  // calibration prefixes per VECTOR fit (+ all)
   int max_calib_prefixes = 32;                // "all" = up to this many calibration prefixes
-  int threads = 0;                            // engine and kernel threads; 0 = all cores
+  // Engine threads of the one session (0 = all cores). Default 1, as kvd-quality's --threads: on
+  // a machine shared with other work OpenBLAS's second thread spin-waits and costs more than it
+  // gives (docs/quality.md, "Sizes"); pass --threads 2 (or 0) on free cores.
+  int threads = 1;
 
   Status Validate() const;
 };

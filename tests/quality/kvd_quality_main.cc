@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
   app.add_option("--passkey-trials", o.passkey_trials, "random keys per depth")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--multikey-trials", o.multikey_trials, "multi-key prompts per depth")
+  app.add_option("--multikey-trials", o.multikey_trials,
+                 "multi-key prompts (several keys at random depths, one asked for)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--calib-segments", o.calibration_segments, "calibration prefixes")
@@ -94,7 +95,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--jobs", o.jobs,
                  "segments and passkey prompts evaluated at once, each worker with its own engine "
-                 "sessions of --threads threads (0 = cores / threads)")
+                 "sessions of --threads threads (0 = cores / threads; 1 with --threads 0)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 10));
   app.add_option("--plot-from", plot_from, "re-draw the plots of this results.csv into --out");
