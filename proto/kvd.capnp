@@ -149,6 +149,9 @@ struct Reserve {
   firstPosition @3 :UInt64;          # position of the chunk's first token in its sequence
   windowTokens @4 :UInt32;           # W: 0 (none) or the policy's window; the bytes then end with
                                      # W * numQHeads * headDim float32 per layer (wire-format.md)
+  overNccl @5 :Bool;                 # the bytes come from device memory over this session's NCCL
+                                     # link (NcclConnect) with `tag`, not over the transport;
+                                     # FAILED_PRECONDITION when the session has no link
 }
 
 struct ReserveReply {
@@ -186,6 +189,8 @@ struct Get {
   tag @2 :UInt64;
   bufferBytes @3 :UInt64;            # size of the client's receive buffer
   form @4 :ChunkForm;                # the form wanted; one the chunk cannot give: FAILED_PRECONDITION
+  overNccl @5 :Bool;                 # send the bytes over this session's NCCL link (the client
+                                     # posted its receive into device memory there)
 }
 
 struct GetReply {
@@ -379,6 +384,25 @@ struct EventBatch {
   events @0 :List(KvEvent);          # in order
 }
 
+# Device-memory bulk bytes between an engine's GPU and kvd's GPU (docs/wire-format.md "NCCL
+# link"). An engine session (after Hello) sends its NCCL transport's LocalAddress; kvd joins as
+# the connecting side (Transport::Connect) and replies with the bytes the client Connects with.
+# Refused with UNAVAILABLE naming the reason (kvd built without NCCL, no CUDA device, NCCL failed
+# to start), after which the session keeps serving over its transport; FAILED_PRECONDITION if the
+# session already has a link; INVALID_ARGUMENT for address bytes NCCL cannot read. The link ends
+# with the session.
+struct NcclConnect {
+  address @0 :Data;                  # the client's NCCL LocalAddress ("KVDNCCL1...")
+}
+
+struct NcclConnectReply {
+  bootstrap @0 :Data;                # the client's Connect takes these (NCCL: "KVDNCCLB...", the
+                                     # communicators' unique ids); empty: Connect to `address`
+  address @1 :Data;                  # kvd's LocalAddress on the link
+  library @2 :Text;                  # what carries the bytes, e.g. "NCCL 2.28.3"
+  device @3 :Int32;                  # kvd's CUDA device ordinal on the link
+}
+
 struct Request {
   requestId @0 :UInt64;              # echoed in the Response
   union {
@@ -398,6 +422,7 @@ struct Request {
     calibration @14 :CalibrationRequest;
     weights @15 :WeightsRequest;
     subscribe @16 :SubscribeRequest;
+    ncclConnect @17 :NcclConnect;
   }
 }
 
@@ -419,5 +444,6 @@ struct Response {
     weights @13 :WeightsReply;
     subscribed @14 :SubscribeReply;
     events @15 :EventBatch;          # unasked, after `subscribed`, with the Subscribe's requestId
+    ncclConnected @16 :NcclConnectReply;
   }
 }

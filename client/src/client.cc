@@ -51,6 +51,8 @@ ClientImpl::~ClientImpl() {
           .IgnoreError();
   }
   if (transport_ && daemon_peer_.valid()) transport_->Disconnect(daemon_peer_).IgnoreError();
+  if (nccl_ && nccl_peer_.valid()) nccl_->Disconnect(nccl_peer_).IgnoreError();
+  nccl_.reset();
   UnmapSegmentsLocked();
   transport_.reset();
   channel_.reset();
@@ -139,6 +141,7 @@ Status ClientImpl::Handshake() {
     if (!peer.ok()) return peer.status().WithContext("connecting the transport to kvd");
     daemon_peer_ = *peer;
   }
+  if (options_.nccl) KVD_RETURN_IF_ERROR(JoinNcclLocked());
   return Status::Ok();
 }
 
@@ -175,28 +178,29 @@ Status ClientImpl::ReleaseLease(uint64_t lease_id) {
   return channel_->Await(*id).status();
 }
 
-void ClientImpl::DropTransfer(TransferHandle transfer) {
-  transport_->Cancel(transfer).IgnoreError();
-  transport_->Wait(transfer, std::chrono::milliseconds(options_.transport.close_timeout_ms))
-      .IgnoreError();
-  transport_->Release(transfer).IgnoreError();
+void ClientImpl::DropTransfer(TransferHandle transfer, bool nccl) {
+  transport::Transport* t = Bulk(nccl);
+  t->Cancel(transfer).IgnoreError();
+  t->Wait(transfer, std::chrono::milliseconds(options_.transport.close_timeout_ms)).IgnoreError();
+  t->Release(transfer).IgnoreError();
 }
 
-Status ClientImpl::FinishTransfer(TransferHandle transfer) {
+Status ClientImpl::FinishTransfer(TransferHandle transfer, bool nccl) {
+  transport::Transport* t = Bulk(nccl);
   auto deadline = DeadlineIn(options_.transfer_timeout_ms);
   while (true) {
-    Status s = transport_->Wait(transfer, std::chrono::milliseconds(2));
+    Status s = t->Wait(transfer, std::chrono::milliseconds(2));
     if (s.ok()) {
-      transport_->Release(transfer).IgnoreError();
+      t->Release(transfer).IgnoreError();
       return s;
     }
     if (s.code() != StatusCode::kDeadlineExceeded) {
-      transport_->Release(transfer).IgnoreError();
-      return s.WithContext("bulk transfer");
+      t->Release(transfer).IgnoreError();
+      return s.WithContext(nccl ? "bulk transfer over NCCL" : "bulk transfer");
     }
     Status c = channel_->Pump();  // a dead daemon shows on the control socket first
     if (!c.ok() || internal::Clock::now() > deadline) {
-      DropTransfer(transfer);
+      DropTransfer(transfer, nccl);
       return c.ok() ? Status::DeadlineExceeded("bulk transfer did not finish within " +
                                                std::to_string(options_.transfer_timeout_ms) + " ms")
                     : c;
@@ -237,11 +241,23 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> 
       }
     }
     // Device memory (device.h) is checked here, before anything is reserved: refused in a build
-    // without CUDA; over the transport, staged in host memory (with the window queries).
-    for (PutItem& it : window) {
+    // without CUDA; over the NCCL link (ClientOptions::nccl), sent from the device with the
+    // checksum of a host copy; over the transport, staged in host memory (with the queries).
+    std::vector<bool> over_nccl(n, false);
+    std::vector<uint64_t> nccl_checksums;
+    for (size_t j = 0; j < n; ++j) {
+      PutItem& it = window[j];
       KVD_ASSIGN_OR_RETURN(BufferLocation data_at, LocateForUse(it.data, "put data"));
       if (!it.window_queries.empty()) {
         KVD_RETURN_IF_ERROR(LocateForUse(it.window_queries.data(), "put window queries").status());
+      }
+      if (PutsOverNccl(it, data_at)) {
+        if (staged == put_staging_.size()) put_staging_.emplace_back();
+        uint8_t* copy = put_staging_[staged++].Reserve(it.bytes, true);
+        KVD_RETURN_IF_ERROR(CopyToHostFrom(copy, it.data, it.bytes, it.cuda_stream, "put data"));
+        nccl_checksums.push_back(Checksum64(copy, it.bytes));
+        over_nccl[j] = true;
+        continue;
       }
       if (session_.shared_memory) continue;  // copied into the slot, from the device too
       if (it.window_queries.empty() && data_at == BufferLocation::kHost) continue;
@@ -258,13 +274,24 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> 
       it.bytes += qbytes;
       it.window_queries = {};
     }
-    KVD_ASSIGN_OR_RETURN(auto part, PutWindowLocked(window));
-    out.insert(out.end(), part.begin(), part.end());
+    // The window's device items over the link, the others on their usual path; results in order.
+    std::vector<PutItem> plain, device;
+    for (size_t j = 0; j < n; ++j) (over_nccl[j] ? device : plain).push_back(window[j]);
+    std::vector<PutResult> plain_out, device_out;
+    if (!plain.empty()) {
+      KVD_ASSIGN_OR_RETURN(plain_out, PutWindowLocked(plain));
+    }
+    if (!device.empty()) {
+      KVD_ASSIGN_OR_RETURN(device_out, PutWindowLocked(device, &nccl_checksums));
+    }
+    size_t p = 0, d = 0;
+    for (size_t j = 0; j < n; ++j) out.push_back(over_nccl[j] ? device_out[d++] : plain_out[p++]);
   }
   return out;
 }
 
-StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const PutItem> items) {
+StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const PutItem> items,
+                                                               bool over_nccl) {
   const size_t n = items.size();
   for (const PutItem& it : items) {
     if (it.data == nullptr && it.bytes > 0) return Status::InvalidArgument("put: null data");
@@ -291,6 +318,7 @@ StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const P
       rv.setBytes(PutBytes(items[i]));
       rv.setFirstPosition(items[i].first_position);
       rv.setWindowTokens(static_cast<uint32_t>(items[i].window));
+      rv.setOverNccl(over_nccl);
     });
     if (!id.ok()) return id.status();
     req[i] = *id;
@@ -298,10 +326,12 @@ StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const P
   return req;
 }
 
-StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const PutItem> items) {
-  if (session_.shared_memory) return PutWindowShmLocked(items);
+StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(
+    std::span<const PutItem> items, const std::vector<uint64_t>* nccl_checksums) {
+  const bool nccl = nccl_checksums != nullptr;
+  if (session_.shared_memory && !nccl) return PutWindowShmLocked(items);
   const size_t n = items.size();
-  KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> req, SendReservesLocked(items));
+  KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> req, SendReservesLocked(items, nccl));
   std::vector<PutResult> out(n);
   std::vector<uint64_t> reservation(n, 0), tag(n, 0);
   std::vector<uint64_t> to_abort;
@@ -333,18 +363,21 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const Put
   std::vector<uint64_t> checksum(n, 0);
   for (size_t i = 0; i < n; ++i) {
     if (out[i].already_stored) continue;
-    auto h = transport_->PostSend(daemon_peer_, tag[i], items[i].data, items[i].bytes);
+    auto h =
+        nccl ? PostNcclLocked(transport::TransferOp::kSend, tag[i], items[i].data, items[i].bytes)
+             : transport_->PostSend(daemon_peer_, tag[i], items[i].data, items[i].bytes);
     if (!h.ok()) {
       first_error = h.status().WithContext("sending chunk bytes");
       break;
     }
     sends[i] = *h;
-    // Computed while the bytes move (both only read the buffer).
-    checksum[i] = Checksum64(items[i].data, items[i].bytes);
+    // Computed while the bytes move (both only read the buffer); over the link, already
+    // computed on a host copy of the device bytes.
+    checksum[i] = nccl ? (*nccl_checksums)[i] : Checksum64(items[i].data, items[i].bytes);
   }
   auto drop_sends = [&] {
     for (TransferHandle& h : sends) {
-      if (h.valid()) DropTransfer(h);
+      if (h.valid()) DropTransfer(h, nccl);
       h = {};
     }
   };
@@ -353,8 +386,8 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const Put
     for (TransferHandle& h : sends) {
       if (!h.valid()) continue;
       if (!first_error.ok()) {
-        DropTransfer(h);
-      } else if (Status s = FinishTransfer(h); !s.ok()) {
+        DropTransfer(h, nccl);
+      } else if (Status s = FinishTransfer(h, nccl); !s.ok()) {
         first_error = s.WithContext("sending chunk bytes");
       }
       h = {};
@@ -427,17 +460,29 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetChunks(uint64_t lease_id,
     // Device buffers (device.h): the shared-memory path copies from the slot to the device
     // itself; over the transport the bytes arrive in host staging and go to the device after
     // their checksum was verified.
+    // With the NCCL link, device buffers receive straight from kvd's GPU.
     std::vector<GetItem> window(items.begin() + i, items.begin() + i + n);
-    std::vector<bool> staged(n, false);
+    std::vector<bool> staged(n, false), over_nccl(n, false);
     if (get_staging_.size() < n) get_staging_.resize(n);
     for (size_t j = 0; j < n; ++j) {
       if (window[j].out == nullptr) continue;
       KVD_ASSIGN_OR_RETURN(BufferLocation at, LocateForUse(window[j].out, "get buffer"));
-      if (at == BufferLocation::kHost || session_.shared_memory) continue;
+      if (at == BufferLocation::kCuda && nccl_ != nullptr) over_nccl[j] = true;
+      if (at == BufferLocation::kHost || session_.shared_memory || over_nccl[j]) continue;
       window[j].out = get_staging_[j].Reserve(window[j].capacity, true);
       staged[j] = true;
     }
-    KVD_ASSIGN_OR_RETURN(auto part, GetWindowLocked(lease_id, window));
+    std::vector<GetItem> plain, device;
+    for (size_t j = 0; j < n; ++j) (over_nccl[j] ? device : plain).push_back(window[j]);
+    std::vector<GetResult> plain_out, device_out, part;
+    if (!plain.empty()) {
+      KVD_ASSIGN_OR_RETURN(plain_out, GetWindowLocked(lease_id, plain));
+    }
+    if (!device.empty()) {
+      KVD_ASSIGN_OR_RETURN(device_out, GetWindowLocked(lease_id, device, /*nccl=*/true));
+    }
+    size_t p = 0, d = 0;
+    for (size_t j = 0; j < n; ++j) part.push_back(over_nccl[j] ? device_out[d++] : plain_out[p++]);
     for (size_t j = 0; j < n; ++j) {
       if (!staged[j]) continue;
       KVD_RETURN_IF_ERROR(CopyFromHostTo(items[i + j].out, window[j].out, part[j].bytes,
@@ -449,9 +494,12 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetChunks(uint64_t lease_id,
 }
 
 StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
-                                                             std::span<const GetItem> items) {
-  if (session_.shared_memory) return GetWindowShmLocked(lease_id, items);
+                                                             std::span<const GetItem> items,
+                                                             bool nccl) {
+  if (session_.shared_memory && !nccl) return GetWindowShmLocked(lease_id, items);
   const size_t n = items.size();
+  if (nccl && nccl_staging_.size() < n) nccl_staging_.resize(n);
+  transport::Transport* t = Bulk(nccl);
   struct Slot {
     TransferHandle recv;
     uint64_t request = 0;
@@ -472,7 +520,9 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
       break;
     }
     uint64_t tag = next_tag_++;
-    auto h = transport_->PostRecv(daemon_peer_, tag, items[i].out, items[i].capacity);
+    auto h =
+        nccl ? PostNcclLocked(transport::TransferOp::kRecv, tag, items[i].out, items[i].capacity)
+             : transport_->PostRecv(daemon_peer_, tag, items[i].out, items[i].capacity);
     if (!h.ok()) {
       first_error = h.status().WithContext("posting a receive");
       break;
@@ -485,6 +535,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
       g.setTag(tag);
       g.setBufferBytes(items[i].capacity);
       g.setForm(static_cast<proto::ChunkForm>(items[i].form));
+      g.setOverNccl(nccl);
     });
     if (!id.ok()) {
       first_error = id.status();
@@ -494,7 +545,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
   }
   if (!first_error.ok()) {
     for (Slot& s : slots) {
-      if (s.recv.valid()) DropTransfer(s.recv);
+      if (s.recv.valid()) DropTransfer(s.recv, nccl);
     }
     return first_error;
   }
@@ -511,7 +562,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
       }
     }
     if (first_open < n) {
-      transport_->Wait(slots[first_open].recv, std::chrono::milliseconds(1)).IgnoreError();
+      t->Wait(slots[first_open].recv, std::chrono::milliseconds(1)).IgnoreError();
     } else {
       // Every transfer is over: sleep on the control socket until a reply arrives (no spinning,
       // which would steal the CPU the daemon needs to answer).
@@ -523,12 +574,20 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
       Slot& s = slots[i];
       if (s.finished) continue;
       if (!s.transfer_done) {
-        auto st = transport_->Check(s.recv);
+        auto st = t->Check(s.recv);
         if (st.state == TransferState::kDone) {
           s.transfer_done = true;
           s.received = st.bytes;
-          // The daemon answers only after it sees the transfer end: checksum meanwhile.
-          s.checksum = Checksum64(items[i].out, s.received);
+          // The daemon answers only after it sees the transfer end: checksum meanwhile (over a
+          // host copy of device bytes received over the link).
+          const uint8_t* bytes = static_cast<const uint8_t*>(items[i].out);
+          if (nccl) {
+            uint8_t* copy = nccl_staging_[i].Reserve(s.received, true);
+            s.status =
+                CopyToHostFrom(copy, items[i].out, s.received, items[i].cuda_stream, "get buffer");
+            bytes = copy;
+          }
+          if (s.status.ok()) s.checksum = Checksum64(bytes, s.received);
         } else if (st.state == TransferState::kError) {
           s.transfer_done = true;
           s.status = st.status.WithContext("receiving chunk bytes");
@@ -539,7 +598,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
         if (!r.ok()) {
           s.status = r.status();
           if (!s.transfer_done) {
-            DropTransfer(s.recv);  // no bytes will come for a failed Get
+            DropTransfer(s.recv, nccl);  // no bytes will come for a failed Get
             s.transfer_done = true;
             s.recv = {};
           }
@@ -569,9 +628,9 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
     Slot& s = slots[i];
     if (s.recv.valid()) {
       if (s.transfer_done)
-        transport_->Release(s.recv).IgnoreError();
+        t->Release(s.recv).IgnoreError();
       else
-        DropTransfer(s.recv);
+        DropTransfer(s.recv, nccl);
     }
     if (!s.status.ok()) {
       if (first_error.ok()) first_error = s.status;

@@ -47,23 +47,46 @@ class ClientImpl final : public Client {
  private:
   // REQUIRES: mu_ held.
   Status CheckUsable(bool needs_transport) const;
-  StatusOr<std::vector<PutResult>> PutWindowLocked(std::span<const PutItem> items);
+  // `nccl_checksums` set: every item's data is CUDA device memory sent over the NCCL link, and
+  // its checksum (over a host copy) is given.
+  StatusOr<std::vector<PutResult>> PutWindowLocked(
+      std::span<const PutItem> items, const std::vector<uint64_t>* nccl_checksums = nullptr);
   // Phase 1 of a put window, shared by the UCX and shared-memory paths: checks every item
   // (INVALID_ARGUMENT for null data or a raw byte count the layout does not give) and sends
   // one Reserve per item without waiting. Returns the request ids, in item order.
-  StatusOr<std::vector<uint64_t>> SendReservesLocked(std::span<const PutItem> items);
+  StatusOr<std::vector<uint64_t>> SendReservesLocked(std::span<const PutItem> items,
+                                                     bool over_nccl = false);
   // Bytes a put sends: the raw chunk (plus any queries already appended to it) plus the
   // window queries still held apart (shared-memory path; the transport path staged them).
   static size_t PutBytes(const PutItem& it) {
     return it.bytes + it.window_queries.size() * sizeof(float);
   }
+  // `nccl`: every item's `out` is CUDA device memory, received over the NCCL link; its checksum
+  // is verified over a host copy (get_staging_).
   StatusOr<std::vector<GetResult>> GetWindowLocked(uint64_t lease_id,
-                                                   std::span<const GetItem> items);
+                                                   std::span<const GetItem> items,
+                                                   bool nccl = false);
   // Waits for `transfer` (progressing the transport) while watching the control connection,
   // bounded by transfer_timeout_ms. On failure the transfer is cancelled. Always released.
-  Status FinishTransfer(transport::TransferHandle transfer);
+  // `nccl`: a transfer of the NCCL link.
+  Status FinishTransfer(transport::TransferHandle transfer, bool nccl = false);
   // Cancels, waits (bounded) and releases a transfer; best effort.
-  void DropTransfer(transport::TransferHandle transfer);
+  void DropTransfer(transport::TransferHandle transfer, bool nccl = false);
+  // The transport (false) or the NCCL link (true), and the daemon's peer on it.
+  transport::Transport* Bulk(bool nccl) const { return nccl ? nccl_.get() : transport_.get(); }
+  transport::PeerHandle BulkPeer(bool nccl) const { return nccl ? nccl_peer_ : daemon_peer_; }
+
+  // ---- NCCL link (nccl.cc) ----
+  // Creates the NCCL transport and joins kvd's link (ClientOptions::nccl). Called by Handshake.
+  Status JoinNcclLocked();
+  // Posts a send / receive of CUDA device memory over the link.
+  StatusOr<transport::TransferHandle> PostNcclLocked(transport::TransferOp op, uint64_t tag,
+                                                     const void* device_buffer, size_t bytes);
+  // True when a put of `it` goes over the link: the link is up, the data is CUDA device memory
+  // and no window queries are held apart (NCCL sends one buffer per message).
+  bool PutsOverNccl(const PutItem& it, BufferLocation data_at) const {
+    return nccl_ != nullptr && data_at == BufferLocation::kCuda && it.window_queries.empty();
+  }
   void AbortReservationsLocked(const std::vector<uint64_t>& reservation_ids);
 
   // ---- shared-memory path (shm.cc) ----
@@ -95,6 +118,8 @@ class ClientImpl final : public Client {
   std::unique_ptr<Channel> channel_;                 // GUARDED_BY(mu_)
   std::unique_ptr<transport::Transport> transport_;  // engine role; GUARDED_BY(mu_)
   transport::PeerHandle daemon_peer_;                // GUARDED_BY(mu_)
+  std::unique_ptr<transport::Transport> nccl_;       // ClientOptions::nccl; GUARDED_BY(mu_)
+  transport::PeerHandle nccl_peer_;                  // kvd on the link; GUARDED_BY(mu_)
   uint64_t next_tag_ = 1;                            // GUARDED_BY(mu_)
   SessionInfo session_;
   std::vector<uint8_t> staging_;  // PutLayers/GetLayers; GUARDED_BY(mu_)
@@ -102,6 +127,8 @@ class ClientImpl final : public Client {
   // (device.h): puts with window queries or device data, gets into device buffers.
   std::vector<StagingBuffer> put_staging_;  // GUARDED_BY(mu_)
   std::vector<StagingBuffer> get_staging_;  // GUARDED_BY(mu_)
+  // Host copies of device bytes received over the NCCL link, for their checksums.
+  std::vector<StagingBuffer> nccl_staging_;  // GUARDED_BY(mu_)
   // VECTOR weights by version (GetVectorWeights); GUARDED_BY(mu_)
   std::map<uint64_t, std::shared_ptr<const std::vector<uint8_t>>> weights_;
   bool subscribed_ = false;  // GUARDED_BY(mu_)

@@ -58,6 +58,12 @@ Status ClientOptions::Validate() const {
     if (!s.ok()) return s.WithContext("layout of model '" + model + "'");
     KVD_RETURN_IF_ERROR(transport.Validate());
   }
+  if (nccl && role != Role::kEngine) {
+    return Status::InvalidArgument("nccl needs the engine role (an admin connection moves no KV)");
+  }
+  if (nccl && test_nccl_backend.empty()) {
+    return Status::InvalidArgument("test_nccl_backend is empty (leave it at \"nccl\")");
+  }
   return Status::Ok();
 }
 

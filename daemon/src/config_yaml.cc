@@ -307,10 +307,10 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     KVD_RETURN_IF_ERROR(GetString(n, "metrics", "listen", &c->metrics.listen));
   }
   if (YAML::Node n = root["transport"]; n.IsDefined()) {
-    KVD_RETURN_IF_ERROR(
-        CheckMap(n, "transport",
-                 {"backend", "ucx_tls", "net_devices", "keepalive_interval_ms", "enable_rma",
-                  "enable_wakeup", "loopback_domain", "close_timeout_ms"}));
+    KVD_RETURN_IF_ERROR(CheckMap(n, "transport",
+                                 {"backend", "ucx_tls", "net_devices", "keepalive_interval_ms",
+                                  "enable_rma", "enable_wakeup", "loopback_domain",
+                                  "close_timeout_ms", "nccl_device", "nccl_init_timeout_ms"}));
     auto& t = c->transport;
     KVD_RETURN_IF_ERROR(GetString(n, "transport", "backend", &t.backend));
     KVD_RETURN_IF_ERROR(GetString(n, "transport", "ucx_tls", &t.ucx_tls));
@@ -322,6 +322,9 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     KVD_RETURN_IF_ERROR(GetString(n, "transport", "loopback_domain", &t.loopback_domain));
     KVD_RETURN_IF_ERROR(
         GetInt(n, "transport", "close_timeout_ms", &t.close_timeout_ms, 0, 3600000));
+    KVD_RETURN_IF_ERROR(GetInt(n, "transport", "nccl_device", &t.nccl_device, 0, 1023));
+    KVD_RETURN_IF_ERROR(
+        GetInt(n, "transport", "nccl_init_timeout_ms", &t.nccl_init_timeout_ms, 1, 3600000));
   }
   KVD_RETURN_IF_ERROR(GetInt(root, "", "chunk_tokens", &c->chunk_tokens, 1, 1 << 20));
   KVD_RETURN_IF_ERROR(GetString(root, "", "hash_seed", &c->hash_seed));

@@ -45,6 +45,7 @@ Server::Impl::Impl(DaemonConfig config, ServerDeps deps)
 Server::Impl::~Impl() {
   StopPrefault();
   if (progress_) progress_->Stop();
+  if (nccl_) nccl_->Stop();
   pool_.join();
   manager_.reset();
   disk_.reset();
@@ -155,6 +156,9 @@ Status Server::Impl::Init() {
   manager_ = std::move(*manager);
   manager_->SetEventListener(&events_);
   progress_ = std::make_unique<ProgressLoop>(transport_.get());
+  nccl_ = std::make_unique<NcclLink>(
+      config_.transport, config_.gpu_tier ? config_.gpu_device : config_.transport.nccl_device,
+      std::move(deps_.nccl_transport), std::move(deps_.nccl_device_memory));
   for (const ModelConfig& m : config_.models) {
     if (!m.compression) continue;
     // VECTOR weights are saved with the chunks when there is a disk tier, else as files in the
@@ -301,6 +305,7 @@ void Server::Impl::Run() {
   io_.run();
   StopPrefault();
   progress_->Stop();
+  nccl_->Stop();
   if (!unix_path_.empty()) {
     ::unlink(unix_path_.c_str());
   }

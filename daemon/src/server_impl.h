@@ -23,6 +23,7 @@
 #include "kvd/storage/tier_manager.h"
 #include "metrics.h"
 #include "metrics_http.h"
+#include "nccl_link.h"
 #include "progress_loop.h"
 #include "shm_arena.h"
 
@@ -52,6 +53,8 @@ struct DaemonCounters {
   uint64_t compressed_bytes = 0;      // their compact bytes
   uint64_t compress_us = 0;           // time in ChunkCodec::Encode
   uint64_t ingest_rejected = 0;       // Reserves refused: ingest queue full
+  uint64_t nccl_links = 0;            // sessions that joined the NCCL link
+  uint64_t nccl_refused = 0;          // NcclConnects refused: the daemon cannot run NCCL
 };
 
 class Server::Impl {
@@ -81,6 +84,8 @@ class Server::Impl {
   void MaybeDemote();
   transport::Transport* transport() { return transport_.get(); }
   ProgressLoop& progress() { return *progress_; }
+  // The NCCL link of device-memory sessions (made on the first NcclConnect: NcclLink::Ensure).
+  NcclLink& nccl() { return *nccl_; }
   Clock* clock() { return clock_; }
   DaemonCounters& counters() { return counters_; }
   // Chunk events of every tier, fanned out to subscribed sessions.
@@ -149,6 +154,8 @@ class Server::Impl {
   std::map<std::string, std::unique_ptr<ChunkCodec>> codecs_;
   bool demoting_ = false;
   std::unique_ptr<ProgressLoop> progress_;
+  // Declared after the tiers and the pool: sessions' staging buffers are gone before it is.
+  std::unique_ptr<NcclLink> nccl_;
   std::optional<asio::ip::tcp::acceptor> tcp_acceptor_;
   std::optional<asio::local::stream_protocol::acceptor> unix_acceptor_;
   std::optional<asio::signal_set> signals_;

@@ -149,19 +149,28 @@ void Session::SpawnHandler(asio::awaitable<void> body) {
       asio::detached);
 }
 
-asio::awaitable<TransferStatus> Session::AwaitTransfer(TransferHandle h, int64_t timeout_ms) {
+transport::Transport* Session::Bulk(bool nccl) {
+  return nccl ? server_->nccl().transport() : server_->transport();
+}
+
+ProgressLoop& Session::BulkProgress(bool nccl) {
+  return nccl ? server_->nccl().progress() : server_->progress();
+}
+
+asio::awaitable<TransferStatus> Session::AwaitTransfer(TransferHandle h, int64_t timeout_ms,
+                                                       bool nccl) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  ProgressLoop* progress = &server_->progress();
+  ProgressLoop* progress = &BulkProgress(nccl);
   co_return co_await AwaitCallback<TransferStatus>(
       server_->io(), [progress, h, deadline](std::function<void(TransferStatus)> complete) {
         progress->Watch(h, deadline, [complete](const TransferStatus& st) { complete(st); });
       });
 }
 
-asio::awaitable<bool> Session::CancelAndRelease(TransferHandle h) {
-  transport::Transport* t = server_->transport();
+asio::awaitable<bool> Session::CancelAndRelease(TransferHandle h, bool nccl) {
+  transport::Transport* t = Bulk(nccl);
   t->Cancel(h).IgnoreError();  // OK if it already finished
-  TransferStatus st = co_await AwaitTransfer(h, server_->config().transport.close_timeout_ms);
+  TransferStatus st = co_await AwaitTransfer(h, server_->config().transport.close_timeout_ms, nccl);
   if (st.state == TransferState::kInProgress) {
     KVD_LOG(ERROR) << "transfer did not end after cancel; its buffer stays reserved"
                    << Kv("session", id_) << Kv("transfer", h.id);
@@ -323,9 +332,10 @@ asio::awaitable<void> Session::Teardown() {
   transport::Transport* t = server_->transport();
   // 1. Stop this client's transfers; their handlers see CANCELLED and finish.
   for (auto& [id, put] : pending_puts_) {
-    if (put.recv.valid()) t->Cancel(put.recv).IgnoreError();
+    if (put.recv.valid()) Bulk(put.nccl)->Cancel(put.recv).IgnoreError();
   }
   for (uint64_t send : active_sends_) t->Cancel(TransferHandle{send}).IgnoreError();
+  for (uint64_t send : active_nccl_sends_) Bulk(true)->Cancel(TransferHandle{send}).IgnoreError();
   if (subscription_ != nullptr) {
     server_->events().Unsubscribe(subscription_);
     events_event_.Notify();  // the pump sees read_closed_ and ends
@@ -355,14 +365,26 @@ asio::awaitable<void> Session::Teardown() {
     }
     transport_peer_ = {};
   }
+  if (nccl_peer_.valid()) {
+    transport::Transport* link = Bulk(true);
+    transport::PeerHandle peer = nccl_peer_;
+    Status s = co_await OffloadTo<Status>(server_->pool(), server_->io(),
+                                          [link, peer] { return link->Disconnect(peer); });
+    if (!s.ok() && s.code() != StatusCode::kNotFound) {
+      KVD_LOG(WARNING) << "NCCL link disconnect failed" << Kv("session", id_) << Kv("status", s);
+    }
+    nccl_peer_ = {};
+  }
   uint64_t leaked = 0;
   int64_t expected = 0;
+  int64_t expected_nccl = 0;
   for (auto& [reservation, put] : pending_puts_) {
     // A shared-memory put has no transfer: a client killed while writing leaves its reservation
     // here, reclaimed below (never committed, so never visible).
-    if (put.recv.valid()) ++expected;
+    if (put.recv.valid()) ++(put.nccl ? expected_nccl : expected);
     bool ended = true;
-    if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv);
+    if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
+    if (ended) FreeStaging(put.staging);  // a receive still in flight keeps its staging
     if (!ended) ++leaked;
     server_->RetireReservation(reservation,
                                Status::Aborted("reservation " + std::to_string(reservation) +
@@ -370,6 +392,7 @@ asio::awaitable<void> Session::Teardown() {
   }
   size_t open_puts = pending_puts_.size();
   server_->progress().ExpectTransfers(-expected);
+  if (expected_nccl != 0) server_->nccl().progress().ExpectTransfers(-expected_nccl);
   shm_reads_.clear();  // ReclaimOwner below ends them
   pending_puts_.clear();
   // 4. Return everything the client held in the tier.

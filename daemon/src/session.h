@@ -68,6 +68,10 @@ class Session : public std::enable_shared_from_this<Session> {
     uint32_t tokens = 0;
     uint64_t first_position = 0;
     uint32_t window = 0;
+    // Over the NCCL link (Reserve.overNccl): `recv` is the link's, into `staging` (device memory
+    // of the link, freed once the receive ended), copied into `data` before the commit.
+    bool nccl = false;
+    void* staging = nullptr;
   };
 
   // ---- I/O (session.cc) ----
@@ -87,12 +91,16 @@ class Session : public std::enable_shared_from_this<Session> {
   void CloseAfter(uint64_t seq);
   // Runs `body` as a handler coroutine (counted, so teardown waits for it).
   void SpawnHandler(asio::awaitable<void> body);
-  // Waits for a transfer (on the progress thread) up to `timeout_ms`.
+  // Waits for a transfer (on the progress thread) up to `timeout_ms`. `nccl`: a transfer of the
+  // NCCL link (its transport and progress thread) rather than of the daemon's transport.
   asio::awaitable<transport::TransferStatus> AwaitTransfer(transport::TransferHandle h,
-                                                           int64_t timeout_ms);
+                                                           int64_t timeout_ms, bool nccl = false);
   // Cancels a transfer and waits until the transport confirms it ended (up to the transport's
   // close timeout); releases the handle if it did. Returns false if it is still in flight.
-  asio::awaitable<bool> CancelAndRelease(transport::TransferHandle h);
+  asio::awaitable<bool> CancelAndRelease(transport::TransferHandle h, bool nccl = false);
+  // The transport and progress loop of the daemon (false) or of the NCCL link (true).
+  transport::Transport* Bulk(bool nccl);
+  ProgressLoop& BulkProgress(bool nccl);
 
   // ---- requests (session_data.cc) ----
   Status Dispatch(uint64_t seq, proto::Request::Reader request);
@@ -107,6 +115,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader commit);
   void HandleAbort(uint64_t seq, uint64_t rid, proto::Abort::Reader abort);
   void HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get);
+  // NCCL link (session_nccl.cc): joins the daemon's NCCL transport with the client's.
+  void HandleNcclConnect(uint64_t seq, uint64_t rid, proto::NcclConnect::Reader connect);
+  // A Get over the link: stages the chunk in device memory (off the io_context thread), sends it
+  // from there, then completes like FinishGet.
+  asio::awaitable<void> FinishNcclGet(uint64_t seq, uint64_t rid, storage::ReadView view,
+                                      uint64_t tag);
+  // Frees a staging buffer of the link (logs a failure; nothing else can be done).
+  void FreeStaging(void* staging);
   void HandleReleaseLease(uint64_t seq, uint64_t rid, proto::ReleaseLease::Reader release);
   asio::awaitable<void> FinishCommit(uint64_t seq, uint64_t rid, uint64_t reservation,
                                      uint64_t checksum);
@@ -114,7 +130,8 @@ class Session : public std::enable_shared_from_this<Session> {
   uint32_t ServedCodecId() const;
   asio::awaitable<void> FinishAbort(uint64_t seq, uint64_t rid, uint64_t reservation);
   asio::awaitable<void> FinishGet(uint64_t seq, uint64_t rid, storage::ReadView view,
-                                  transport::TransferHandle send);
+                                  transport::TransferHandle send, bool nccl = false,
+                                  void* staging = nullptr);
   asio::awaitable<void> ExpirePut(uint64_t reservation);
   // Forgets a pending put (and its expected transfer).
   void ErasePendingPut(uint64_t reservation);
@@ -172,6 +189,8 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t layout_digest_ = 0;
   ChunkCodec* codec_ = nullptr;  // the model's codec when it has a compression policy
   transport::PeerHandle transport_peer_;
+  // This session's peer on the NCCL link (NcclConnect); invalid when it has none.
+  transport::PeerHandle nccl_peer_;
   // Shared-memory path (Hello asked for it on a unix socket and the daemon has a ShmArena).
   bool shm_ = false;
   std::map<uint32_t, uint64_t> shm_sent_;  // segment -> generation whose memfd the client got
@@ -181,6 +200,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::map<uint64_t, PendingPut> pending_puts_;
   // Sends of Gets in flight (cancelled at teardown).
   std::set<uint64_t> active_sends_;
+  std::set<uint64_t> active_nccl_sends_;  // the same, over the NCCL link
   uint64_t next_tag_ = 1;
 
   // Request sequencing and the ordered writer.

@@ -70,6 +70,8 @@ StatsSnapshot Server::Impl::Snapshot() {
       {"compressed_bytes", c.compressed_bytes},
       {"compress_us", c.compress_us},
       {"ingest_rejected", c.ingest_rejected},
+      {"nccl_links", c.nccl_links},
+      {"nccl_refused", c.nccl_refused},
       {"events_queued", events_.queued_total()},
       {"events_dropped", events_.dropped_total()},
       {"host_lookups", host.lookups},

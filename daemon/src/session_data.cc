@@ -203,6 +203,9 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
     case proto::Request::SUBSCRIBE:
       HandleSubscribe(seq, rid, request.getSubscribe());
       break;
+    case proto::Request::NCCL_CONNECT:
+      HandleNcclConnect(seq, rid, request.getNcclConnect());
+      break;
     case proto::Request::BYE:
       Complete(seq, MakeAck(rid));
       CloseAfter(seq);
@@ -471,7 +474,14 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
   const uint64_t bytes = reserve.getBytes();
   const uint64_t first_position = reserve.getFirstPosition();
   const uint32_t window = reserve.getWindowTokens();
+  const bool over_nccl = reserve.getOverNccl();
   if (Status s = RequireEngine("Reserve"); !s.ok()) return CompleteError(seq, rid, s);
+  if (over_nccl && !nccl_peer_.valid()) {
+    return CompleteError(seq, rid,
+                         Status::FailedPrecondition(
+                             "Reserve.overNccl: this session has no NCCL link; send NcclConnect "
+                             "first (or put over the transport)"));
+  }
 
   const DaemonConfig& config = server_->config();
   if (tokens == 0 || tokens > static_cast<uint32_t>(config.chunk_tokens)) {
@@ -546,7 +556,7 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
   put.tokens = tokens;
   put.first_position = first_position;
   put.window = window;
-  if (shm_) {
+  if (shm_ && !over_nccl) {
     // The client writes the bytes into the slot itself; nothing to receive.
     auto ref = PrepareShm(reservation->offset);
     if (!ref.ok()) {
@@ -572,7 +582,30 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
     return;
   }
   const uint64_t tag = (id_ << 40) | (next_tag_++ & ((uint64_t{1} << 40) - 1));
-  auto recv = server_->transport()->PostRecv(transport_peer_, tag, reservation->data, bytes);
+  StatusOr<TransferHandle> recv = Status::Internal("no receive");
+  if (over_nccl) {
+    // The bytes land in device memory of the link, copied into the reservation on Commit.
+    NcclLink& link = server_->nccl();
+    auto staging = link.memory()->Allocate(bytes);
+    if (!staging.ok()) {
+      server_->tier()->Abort(reservation->id).IgnoreError();
+      return CompleteError(seq, rid,
+                           staging.status().WithContext("cannot stage the put over the NCCL link"));
+    }
+    transport::TransferRequest request;
+    request.op = transport::TransferOp::kRecv;
+    request.peer = nccl_peer_;
+    request.tag = tag;
+    request.buffer = *staging;
+    request.length = bytes;
+    request.memory_type = link.memory_type();
+    recv = link.transport()->Post(request);
+    if (!recv.ok()) FreeStaging(*staging);
+    put.nccl = true;
+    put.staging = *staging;
+  } else {
+    recv = server_->transport()->PostRecv(transport_peer_, tag, reservation->data, bytes);
+  }
   if (!recv.ok()) {
     server_->tier()->Abort(reservation->id).IgnoreError();
     return CompleteError(seq, rid, recv.status().WithContext("cannot post the receive of the put"));
@@ -580,7 +613,7 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
   put.recv = *recv;
   put.tag = tag;
   pending_puts_[reservation->id] = put;
-  server_->progress().ExpectTransfers(1);  // its bytes are due: keep polling the transport
+  BulkProgress(over_nccl).ExpectTransfers(1);  // its bytes are due: keep polling the transport
   server_->RegisterReservation(reservation->id, id_);
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initReserve();
@@ -594,7 +627,7 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
 void Session::ErasePendingPut(uint64_t reservation) {
   auto it = pending_puts_.find(reservation);
   if (it == pending_puts_.end()) return;
-  if (it->second.recv.valid()) server_->progress().ExpectTransfers(-1);
+  if (it->second.recv.valid()) BulkProgress(it->second.nccl).ExpectTransfers(-1);
   pending_puts_.erase(it);
 }
 
@@ -640,8 +673,11 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
     Stored stored;                 // compressing puts: what the ingest pool stored
   };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  ProgressLoop* progress = &server_->progress();
+  ProgressLoop* progress = &BulkProgress(put.nccl);
   asio::thread_pool* pool = &server_->pool();
+  // Over the NCCL link the bytes are in device staging: one copy into the reservation first, so
+  // the checksum and everything after it read host bytes as on every other path.
+  storage::DeviceMemory* staging_memory = put.nccl ? server_->nccl().memory() : nullptr;
   const TransferHandle recv = put.recv;
   const uint64_t expected_bytes = put.bytes;
   // A model with a compression policy: the ingest pool verifies, compresses and stores.
@@ -651,9 +687,20 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
   const PendingPut* pput = &put;
   // Runs once the bytes are complete in the reserved slot: compress and store (codec), or verify
   // and commit through the tier manager; either way on a worker thread, never the io thread.
+  auto copy_in = [=]() -> Status {
+    if (staging_memory == nullptr) return Status::Ok();
+    Status s = staging_memory->CopyToHost(pput->data, pput->staging, pput->bytes);
+    if (!s.ok()) {
+      tier->Abort(reservation).IgnoreError();
+      return s.WithContext("copying reservation " + std::to_string(reservation) +
+                           " out of device staging");
+    }
+    return s;
+  };
   auto land = [=](const TransferStatus& st, std::function<void(Landed)> complete) {
     if (codec != nullptr) {
       codec->Submit(pput->ticket, [=] {
+        if (Status c = copy_in(); !c.ok()) return complete(Landed{st, c, {}});
         const PendingPut& p = *pput;
         Stored stored = CompressAndStore(codec, tier, tiers, reservation, p.key, p.data, p.bytes,
                                          p.tokens, p.first_position, p.window, checksum);
@@ -661,7 +708,10 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
         complete(Landed{st, status, std::move(stored)});
       });
     } else {
-      asio::post(*pool, [=] { complete(Landed{st, tiers->Commit(reservation, checksum), {}}); });
+      asio::post(*pool, [=] {
+        if (Status c = copy_in(); !c.ok()) return complete(Landed{st, c, {}});
+        complete(Landed{st, tiers->Commit(reservation, checksum), {}});
+      });
     }
   };
   Landed landed;
@@ -695,7 +745,8 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
         std::to_string(put.bytes) + " bytes, tag " + std::to_string(put.tag) +
         ") did not arrive within limits.transfer_timeout_ms=" + std::to_string(timeout_ms));
   } else if (st.state == TransferState::kError) {
-    status = st.status.WithContext("receive of reservation " + std::to_string(reservation));
+    status = st.status.WithContext("receive of reservation " + std::to_string(reservation) +
+                                   (put.nccl ? " over the NCCL link" : ""));
   } else if (st.bytes != put.bytes) {
     status = Status::DataLoss("reservation " + std::to_string(reservation) + ": received " +
                               std::to_string(st.bytes) + " bytes, expected " +
@@ -703,10 +754,11 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
   }
   bool ended = true;
   if (st.state == TransferState::kInProgress) {
-    ended = co_await CancelAndRelease(put.recv);
+    ended = co_await CancelAndRelease(put.recv, put.nccl);
   } else if (put.recv.valid()) {
-    server_->transport()->Release(put.recv).IgnoreError();
+    Bulk(put.nccl)->Release(put.recv).IgnoreError();
   }
+  if (ended) FreeStaging(put.staging);  // copied out (or failed): the device bytes are done
   ErasePendingPut(reservation);
   if (!status.ok()) {
     if (ended) tier->Abort(reservation).IgnoreError();
@@ -767,7 +819,8 @@ asio::awaitable<void> Session::FinishAbort(uint64_t seq, uint64_t rid, uint64_t 
   auto self = shared_from_this();
   PendingPut put = pending_puts_.at(reservation);
   bool ended = true;
-  if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv);
+  if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
+  if (ended) FreeStaging(put.staging);
   ErasePendingPut(reservation);
   if (ended) server_->tier()->Abort(reservation).IgnoreError();
   server_->RetireReservation(
@@ -792,7 +845,8 @@ asio::awaitable<void> Session::ExpirePut(uint64_t reservation) {
   auto self = shared_from_this();
   PendingPut put = pending_puts_.at(reservation);
   bool ended = true;
-  if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv);
+  if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
+  if (ended) FreeStaging(put.staging);
   ErasePendingPut(reservation);
   if (ended) server_->tier()->Abort(reservation).IgnoreError();
   ++server_->counters().reservations_expired;
@@ -811,7 +865,14 @@ void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
   const uint64_t tag = get.getTag();
   const uint64_t buffer_bytes = get.getBufferBytes();
   const proto::ChunkForm form = get.getForm();
+  const bool over_nccl = get.getOverNccl();
   if (Status s = RequireEngine("Get"); !s.ok()) return CompleteError(seq, rid, s);
+  if (over_nccl && !nccl_peer_.valid()) {
+    return CompleteError(seq, rid,
+                         Status::FailedPrecondition(
+                             "Get.overNccl: this session has no NCCL link; send NcclConnect first "
+                             "(or get over the transport)"));
+  }
   if (lease == 0) {
     return CompleteError(seq, rid,
                          Status::NotFound("lease 0: the lookup matched nothing, nothing to get"));
@@ -847,6 +908,10 @@ void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
         Status::OutOfRange("chunk " + std::to_string(index) + " of lease " + std::to_string(lease) +
                            " is " + std::to_string(view->meta.size_bytes) +
                            " bytes; the client's buffer holds " + std::to_string(buffer_bytes)));
+  }
+  if (over_nccl) {
+    SpawnHandler(FinishNcclGet(seq, rid, *view, tag));
+    return;
   }
   if (shm_) {
     // The client copies from (or reads in place) the pinned slot, then sends ReleaseRead.
@@ -890,10 +955,10 @@ void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
 }
 
 asio::awaitable<void> Session::FinishGet(uint64_t seq, uint64_t rid, storage::ReadView view,
-                                         TransferHandle send) {
+                                         TransferHandle send, bool nccl, void* staging) {
   auto self = shared_from_this();
   const int64_t timeout_ms = server_->config().limits.transfer_timeout_ms;
-  TransferStatus st = co_await AwaitTransfer(send, timeout_ms);
+  TransferStatus st = co_await AwaitTransfer(send, timeout_ms, nccl);
   Status status;
   bool ended = true;
   if (st.state == TransferState::kInProgress) {
@@ -902,12 +967,16 @@ asio::awaitable<void> Session::FinishGet(uint64_t seq, uint64_t rid, storage::Re
         "the client did not take the chunk (" + std::to_string(view.meta.size_bytes) +
         " bytes) within limits.transfer_timeout_ms=" + std::to_string(timeout_ms) +
         "; did it post a receive with the Get's tag?");
-    ended = co_await CancelAndRelease(send);
+    ended = co_await CancelAndRelease(send, nccl);
   } else {
-    if (st.state == TransferState::kError) status = st.status.WithContext("send of the chunk");
-    server_->transport()->Release(send).IgnoreError();
+    if (st.state == TransferState::kError) {
+      status = st.status.WithContext(nccl ? "send of the chunk over the NCCL link"
+                                          : "send of the chunk");
+    }
+    Bulk(nccl)->Release(send).IgnoreError();
   }
-  active_sends_.erase(send.id);
+  (nccl ? active_nccl_sends_ : active_sends_).erase(send.id);
+  if (ended) FreeStaging(staging);
   // The pin goes only once the transport no longer reads the chunk's bytes.
   if (ended) server_->tier()->ReleaseRead(view.read_id).IgnoreError();
   if (!status.ok()) {

@@ -111,6 +111,8 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Spawn(const KvdConfig& c) {
     y << "node: kvd-e2e\n"
       << "transport:\n  backend: ucx\n  ucx_tls: \"" << c.ucx_tls << "\"\n  net_devices: lo\n"
       << "  keepalive_interval_ms: 500\n"
+      << "  nccl_device: " << c.nccl_device
+      << "\n  nccl_init_timeout_ms: " << c.nccl_init_timeout_ms << "\n"
       << "chunk_tokens: " << c.chunk_tokens << "\n"
       << "hash_seed: " << c.hash_seed << "\n"
       << "models:\n"

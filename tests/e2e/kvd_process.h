@@ -64,6 +64,9 @@ struct KvdConfig {
   std::string extra_yaml;
   // Non-empty: a GPU tier (tiers.gpu.capacity, device 0), which needs a CUDA device.
   std::string gpu_capacity;
+  // transport.nccl_device / nccl_init_timeout_ms: the NCCL link of device sessions.
+  int nccl_device = 0;
+  int64_t nccl_init_timeout_ms = 30000;
 };
 
 // The stories260k layout registered in every e2e daemon (small chunks: 320 KiB per 256 tokens).

@@ -2,7 +2,9 @@
 //   - expansion into cudaMalloc'd buffers equals the CPU expansion of the same compact chunks
 //     bit for bit (dense and compact forms, float32/float16/bfloat16, with VECTOR-routed slots);
 //   - put from and get into device buffers through a real kvd, over shared memory and over the
-//     transport, byte-exact.
+//     transport, byte-exact;
+//   - the same over kvd's NCCL link (ClientOptions::nccl) with two GPUs, and on one GPU (where
+//     NCCL refuses the pair) a bounded failure after which kvd serves on.
 // Without a device those cases skip with the reason (tests/gpu/run_device_checks.sh runs them);
 // the host-only cases here check what the client says when it cannot run on a device.
 #include <gmock/gmock.h>
@@ -182,6 +184,47 @@ TEST(DeviceClientCuda, ExpansionOnTheDeviceEqualsTheCpuBitForBit) {
   cudaStreamDestroy(stream);
 }
 
+// Puts 4 chunks from cudaMalloc'd buffers (keys {tag, i}), gets them back into other device
+// buffers on a stream of their own, and checks the bytes, and a host get of one of them.
+void PutFromAndGetIntoDeviceBuffers(client::Client& c, uint64_t tag, uint64_t seed) {
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  const size_t bytes = c.options().layout.ChunkBytes(256);
+  std::vector<std::vector<uint8_t>> host;
+  std::vector<std::unique_ptr<DeviceBytes>> dev, back;
+  std::vector<client::PutItem> puts;
+  std::vector<Hash128> chain;
+  for (int i = 0; i < 4; ++i) {
+    host.push_back(RandomBytes(bytes, seed + i));
+    dev.push_back(std::make_unique<DeviceBytes>(bytes));
+    dev.back()->Write(host.back());
+    chain.push_back(Hash128{tag, static_cast<uint64_t>(i)});
+    client::PutItem it{chain.back(), 256, dev.back()->p, bytes};
+    it.cuda_stream = stream;
+    puts.push_back(it);
+  }
+  auto put = c.PutChunks(puts);
+  ASSERT_TRUE(put.ok()) << put.status();
+  auto hit = c.Lookup(chain);
+  ASSERT_TRUE(hit.ok() && hit->matched_chunks == 4u);
+  std::vector<client::GetItem> gets;
+  for (uint32_t i = 0; i < 4; ++i) {
+    back.push_back(std::make_unique<DeviceBytes>(bytes));
+    client::GetItem g{i, back.back()->p, bytes};
+    g.cuda_stream = stream;
+    gets.push_back(g);
+  }
+  auto got = c.GetChunks(hit->lease_id, gets);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(back[i]->Read() == host[i]) << "chunk " << i;
+  // And a host reader sees the device bytes.
+  std::vector<uint8_t> out(bytes);
+  ASSERT_TRUE(c.Get(hit->lease_id, 2, out.data(), out.size()).ok());
+  EXPECT_EQ(out, host[2]);
+  EXPECT_TRUE(c.ReleaseLease(hit->lease_id).ok());
+  cudaStreamDestroy(stream);
+}
+
 class DeviceClientKvdTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(DeviceClientKvdTest, PutFromAndGetIntoCudaMemoryAreByteExact) {
@@ -195,48 +238,86 @@ TEST_P(DeviceClientKvdTest, PutFromAndGetIntoCudaMemoryAreByteExact) {
   auto c = ConnectOrFail(shm ? kvd->UnixEngineOptions("cuda") : kvd->EngineOptions("cuda"));
   ASSERT_NE(c, nullptr);
   ASSERT_EQ(c->session().shared_memory, shm);
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  const size_t bytes = c->options().layout.ChunkBytes(256);
-  std::vector<std::vector<uint8_t>> host;
-  std::vector<std::unique_ptr<DeviceBytes>> dev, back;
-  std::vector<client::PutItem> puts;
-  std::vector<Hash128> chain;
-  for (int i = 0; i < 4; ++i) {
-    host.push_back(RandomBytes(bytes, 50 + i));
-    dev.push_back(std::make_unique<DeviceBytes>(bytes));
-    dev.back()->Write(host.back());
-    chain.push_back(Hash128{0xc0da, static_cast<uint64_t>(i)});
-    client::PutItem it{chain.back(), 256, dev.back()->p, bytes};
-    it.cuda_stream = stream;
-    puts.push_back(it);
-  }
-  auto put = c->PutChunks(puts);
-  ASSERT_TRUE(put.ok()) << put.status();
-  auto hit = c->Lookup(chain);
-  ASSERT_TRUE(hit.ok() && hit->matched_chunks == 4u);
-  std::vector<client::GetItem> gets;
-  for (uint32_t i = 0; i < 4; ++i) {
-    back.push_back(std::make_unique<DeviceBytes>(bytes));
-    client::GetItem g{i, back.back()->p, bytes};
-    g.cuda_stream = stream;
-    gets.push_back(g);
-  }
-  auto got = c->GetChunks(hit->lease_id, gets);
-  ASSERT_TRUE(got.ok()) << got.status();
-  for (int i = 0; i < 4; ++i) EXPECT_TRUE(back[i]->Read() == host[i]) << "chunk " << i;
-  // And a host reader sees the device bytes.
-  std::vector<uint8_t> out(bytes);
-  ASSERT_TRUE(c->Get(hit->lease_id, 2, out.data(), out.size()).ok());
-  EXPECT_EQ(out, host[2]);
-  EXPECT_TRUE(c->ReleaseLease(hit->lease_id).ok());
-  cudaStreamDestroy(stream);
+  PutFromAndGetIntoDeviceBuffers(*c, 0xc0da, 50);
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, DeviceClientKvdTest, ::testing::Values(true, false),
                          [](const auto& info) {
                            return info.param ? "SharedMemory" : "Transport";
                          });
+
+int CudaDevices() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+// Put from and get into device memory over kvd's NCCL link (ClientOptions::nccl), GPU to GPU.
+// NCCL refuses two ranks on one GPU, so kvd's link runs on device 1 and this client on device 0.
+TEST(DeviceClientNcclTest, PutFromAndGetIntoCudaMemoryOverNcclAreByteExact) {
+  if (!kk::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device: NCCL put/get";
+  if (CudaDevices() < 2) {
+    GTEST_SKIP() << "NCCL put/get needs two GPUs (kvd's link on device 1, this client on device "
+                    "0): NCCL refuses two ranks on one GPU (\"Duplicate GPU\"); this machine has "
+                 << CudaDevices();
+  }
+  KvdConfig config;
+  config.nccl_device = 1;
+  auto kvd = StartKvd(config);
+  ASSERT_NE(kvd, nullptr);
+  client::ClientOptions o = kvd->EngineOptions("nccl");
+  o.nccl = true;
+  o.transport.nccl_device = 0;
+  auto c = ConnectOrFail(o);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->session().nccl);
+  EXPECT_EQ(c->session().nccl_daemon_device, 1);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  PutFromAndGetIntoDeviceBuffers(*c, 0x2cc1, 70);
+}
+
+// On one GPU the link cannot form (NCCL: "Duplicate GPU"): a device put over it must fail with
+// an error within the timeouts, not hang, and kvd must go on serving. (Should an NCCL form the
+// pair on one GPU after all, the put/get round trip is checked instead.)
+TEST(DeviceClientNcclTest, OnOneGpuTheLinkFailsInBoundedTimeAndKvdServesOn) {
+  if (!kk::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device: NCCL link on one GPU";
+  KvdConfig config;
+  config.nccl_device = 0;
+  config.nccl_init_timeout_ms = 5000;
+  config.transfer_timeout_ms = 8000;
+  auto kvd = StartKvd(config);
+  ASSERT_NE(kvd, nullptr);
+  client::ClientOptions o = kvd->EngineOptions("nccl-one-gpu");
+  o.nccl = true;
+  o.transport.nccl_device = 0;
+  o.transport.nccl_init_timeout_ms = 5000;
+  o.transfer_timeout_ms = 10000;
+  auto c = client::Client::Connect(o);
+  if (c.ok()) {
+    const size_t bytes = (*c)->options().layout.ChunkBytes(256);
+    DeviceBytes d(bytes);
+    d.Write(RandomBytes(bytes, 90));
+    const auto start = std::chrono::steady_clock::now();
+    Status s = (*c)->Put(Hash128{0x1660, 1}, 256, d.p, bytes).status();
+    const auto took = std::chrono::steady_clock::now() - start;
+    if (s.ok()) {
+      // This NCCL formed a pair of ranks on one GPU: then the whole round trip must hold.
+      PutFromAndGetIntoDeviceBuffers(**c, 0x1661, 95);
+      return;
+    }
+    EXPECT_THAT(s.code(), ::testing::AnyOf(StatusCode::kUnavailable, StatusCode::kDeadlineExceeded))
+        << s;
+    EXPECT_LT(took, std::chrono::seconds(30)) << s;
+  } else {
+    EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status();
+  }
+  // kvd serves another client over its transport.
+  auto plain = ConnectOrFail(kvd->EngineOptions("after-nccl"));
+  ASSERT_NE(plain, nullptr);
+  const size_t bytes = plain->options().layout.ChunkBytes(256);
+  auto data = RandomBytes(bytes, 91);
+  auto put = plain->Put(Hash128{0x1660, 2}, 256, data.data(), bytes);
+  ASSERT_TRUE(put.ok()) << put.status();
+}
 
 #endif  // KVD_HAVE_CUDA
 

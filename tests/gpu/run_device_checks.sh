@@ -24,8 +24,12 @@
 #   kernels-bench  the kernel benchmarks: the device plan per chunk against cudaMemcpy D2D and the
 #                  CPU plan (x_d2d_convert, x_d2d_plan, x_cpu), then the stages (x_memcpy = stage
 #                  bytes/s over host memcpy bytes/s)
-#   MISSING rows   what is not written yet (kvd put/get of device memory over cuda_ipc / NCCL
-#                  between processes)
+#   kvd-nccl       put/get of cudaMalloc'd buffers through a real kvd over its NCCL link
+#                  (ClientOptions::nccl): byte-exact with two GPUs (kvd on device 1, the client on
+#                  0; SKIP naming the device count on one GPU, where NCCL refuses the pair), and on
+#                  one GPU a bounded failure after which kvd serves on
+#   MISSING rows   what is not written yet (kvd put/get of device memory over cuda_ipc between
+#                  processes)
 #
 # The whole project is configured when its Debian dependencies are present; otherwise a
 # kernels-only project (only the kernel rows run, the others are MISSING with the reason).
@@ -132,12 +136,12 @@ if ((FULL)); then
   [[ -z $UCX_PREFIX ]] && missing_row ucx-cuda "UCX with CUDA" \
     "no .cache/ucx/libucx-cu*: built against Debian's UCX (no CUDA); carry the wheel's prefix"
   run nccl nccl 90 "$BIN/transport_nccl_test"
-  run client gpu_client 120 "$BIN/gpu_client_test"
+  run client gpu_client 120 "$BIN/gpu_client_test" --gtest_filter='-DeviceClientNccl*'
+  run kvd-nccl gpu_client_nccl 150 "$BIN/gpu_client_test" --gtest_filter='DeviceClientNccl*'
 else
-  for c in gpu-tier ucx-cuda nccl client; do missing_row "$c" "(all)" "kernels-only build: $LOG/configure.log"; done
+  for c in gpu-tier ucx-cuda nccl client kvd-nccl; do missing_row "$c" "(all)" "kernels-only build: $LOG/configure.log"; done
 fi
 missing_row kvd "GPU-tier put/get over UCX cuda_ipc, 2 processes" "not written: the daemon serves host memory only"
-missing_row kvd "GPU-tier put/get over NCCL, 2 processes" "not written: the daemon has no nccl session path"
 
 # The device rows first (the plan against D2D and the CPU plan), then the CPU/CUDA-twin rows.
 timeout 150 "$BIN/kernels_bench" --benchmark_filter='D2D|DevicePlan' --benchmark_min_time="$MIN_TIME" \

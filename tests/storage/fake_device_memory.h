@@ -51,6 +51,12 @@ class FakeDeviceMemory final : public DeviceMemory {
     return Copy(dst, src, n, d2d);
   }
 
+  // Allocations not yet freed.
+  size_t live_count() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_.size();
+  }
+
   // The next `n` copies fail with INTERNAL.
   void FailNextCopies(int n) { fail_copies = n; }
 

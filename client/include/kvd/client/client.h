@@ -94,6 +94,17 @@ struct ClientOptions {
   // arena's segments of this client's namespace are mapped into this process); the transport
   // carries no bytes. false forces the transport (UCX) path.
   bool shared_memory = true;
+  // Device puts and gets over NCCL, GPU to GPU (engine role). Default false. When true, Connect
+  // creates an NCCL transport on CUDA device transport.nccl_device (its join bounded by
+  // transport.nccl_init_timeout_ms) and joins kvd's NCCL link (NcclConnect, docs/wire-format.md);
+  // Connect fails with UNAVAILABLE and the reason when this process or kvd cannot run NCCL (built
+  // without NCCL, no CUDA device). NCCL refuses two ranks on one GPU ("Duplicate GPU"): kvd's
+  // link device (its transport.nccl_device or tiers.gpu.device) must differ from this client's.
+  // Then a put whose `data` is CUDA device memory with no separate `window_queries`, and a get
+  // into a CUDA device buffer, move their bytes from / to that buffer over NCCL; every other
+  // put and get keeps its path (shared memory or the transport). The commit and get checksums
+  // are still xxh3 over host bytes: one device-to-host copy of each chunk into pinned staging.
+  bool nccl = false;
 
   // ---- test seams (leave at the defaults) ----
   // Check a raw put's byte count against the layout before asking the daemon (default true).
@@ -106,6 +117,10 @@ struct ClientOptions {
   // commits go out while the bytes still move (the daemon's commit waits for them); with it the
   // client first waits for every send to complete.
   std::function<void()> test_before_commit;
+  // The backend of the `nccl` link (default "nccl"). Tests of the link's logic on machines
+  // without a GPU use "loopback" (with transport.loopback_domain) against a daemon whose link
+  // is loopback too; that backend moves host memory, so their "device" buffers must be readable.
+  std::string test_nccl_backend = "nccl";
 
   // INVALID_ARGUMENT naming the field and value (bad address form, chunk_tokens not a multiple
   // of block_tokens, non-positive timeouts, engine role without model or with an invalid layout).
@@ -339,6 +354,11 @@ struct SessionInfo {
   uint32_t window_tokens = 0;
   bool needs_queries = false;
   uint64_t calibration_version = 0;
+  // ClientOptions::nccl: the link is joined; what carries its bytes (e.g. "NCCL 2.28.3") and
+  // kvd's CUDA device on it.
+  bool nccl = false;
+  std::string nccl_library;
+  int nccl_daemon_device = 0;
 };
 
 // A segment of the daemon's shared-memory arena mapped into this process (diagnostics, tests).

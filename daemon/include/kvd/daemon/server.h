@@ -22,6 +22,7 @@
 #include "kvd/common/clock.h"
 #include "kvd/common/status.h"
 #include "kvd/daemon/config.h"
+#include "kvd/storage/device_memory.h"
 #include "kvd/storage/disk_tier.h"
 #include "kvd/storage/host_tier.h"
 #include "kvd/transport/transport.h"
@@ -41,6 +42,14 @@ struct ServerDeps {
   // Period of the expiry timer (reservations, leases, reads). 0 (default): derived from the TTLs
   // (a quarter of the smallest, within [10 ms, 1 s]).
   int64_t expiry_period_ms = 0;
+  // The NCCL link of device-memory sessions (NcclConnect), made on the first request for one.
+  // nullptr (default): CreateTransport with config.transport and backend "nccl" on the GPU tier's
+  // device (tiers.gpu.device, else transport.nccl_device). Tests pass another backend (loopback)
+  // to run the daemon's link path on machines without a GPU.
+  std::unique_ptr<transport::Transport> nccl_transport;
+  // Device memory the link's bytes are staged in (received into, sent from) before they are
+  // copied to / from the host tier. nullptr (default): CreateCudaDeviceMemory on that device.
+  std::unique_ptr<storage::DeviceMemory> nccl_device_memory;
 };
 
 class Server {
