@@ -10,7 +10,8 @@
 #   KVD_CUDA_ARCHS=90            (default)    CMAKE_CUDA_ARCHITECTURES
 #
 # Checks (rows of the table):
-#   kernels        every CPU-vs-CUDA kernel test (*Cuda*), then the whole kernel suite
+#   kernels        every CPU-vs-CUDA kernel test (*Cuda*, including the device xxh3 checksum
+#                  against Checksum64), then the whole kernel suite
 #   plan           the device-resident plan against the CPU plan on the same chunks (DevicePlan*)
 #   gpu-tier       GpuTier over CUDA device memory (storage_gpu_tier_test GpuTierCuda*), and a
 #                  kvd process with tiers.gpu: compressed puts land there, stats, gets
