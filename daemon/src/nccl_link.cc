@@ -18,6 +18,61 @@ NcclLink::~NcclLink() {
   Stop();
   progress_.reset();
   transport_.reset();
+  // Sessions are gone: every staging buffer is back in the cache (or leaked with a transfer the
+  // transport never ended, logged by the session).
+  for (auto& [size, p] : staging_free_) memory_->Free(p).IgnoreError();
+}
+
+StatusOr<void*> NcclLink::AcquireStaging(uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(staging_mu_);
+    auto it = staging_free_.lower_bound(bytes);
+    if (it != staging_free_.end() && it->first / 2 <= bytes) {
+      void* p = it->second;
+      staging_lent_[p] = it->first;
+      staging_free_.erase(it);
+      return p;
+    }
+  }
+  KVD_ASSIGN_OR_RETURN(void* p, memory_->Allocate(bytes));
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  staging_lent_[p] = bytes;
+  return p;
+}
+
+void NcclLink::ReleaseStaging(void* staging) {
+  if (staging == nullptr) return;
+  void* evict = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(staging_mu_);
+    auto it = staging_lent_.find(staging);
+    if (it == staging_lent_.end()) {
+      KVD_LOG(ERROR) << "releasing an NCCL staging buffer that was not lent";
+      return;
+    }
+    staging_free_.emplace(it->second, staging);
+    staging_lent_.erase(it);
+    if (staging_free_.size() > kCachedBuffers) {
+      auto smallest = staging_free_.begin();  // the least useful one goes
+      evict = smallest->second;
+      staging_free_.erase(smallest);
+    }
+  }
+  if (evict != nullptr) {
+    if (Status s = memory_->Free(evict); !s.ok()) {
+      KVD_LOG(ERROR) << "freeing an NCCL staging buffer failed" << Kv("status", s);
+    }
+  }
+}
+
+uint64_t NcclLink::staging_in_use() const {
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  return staging_lent_.size();
+}
+
+uint64_t NcclLink::staging_allocated() const {
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  return staging_lent_.size() + staging_free_.size();
 }
 
 void NcclLink::Stop() {

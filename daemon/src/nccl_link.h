@@ -15,8 +15,12 @@
 // Threading: Ensure on the io_context thread; the accessors' objects are thread-safe.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <unordered_map>
 
 #include "kvd/daemon/config.h"
 #include "kvd/storage/device_memory.h"
@@ -54,6 +58,19 @@ class NcclLink {
   }
   int device() const { return device_; }
 
+  // Device staging buffers of at least `bytes`, reused: cudaFree synchronizes the whole device
+  // (it would stall the link's NCCL streams at every put), so a released buffer is kept for the
+  // next put or get of a similar size (at most kCachedBuffers are kept; a buffer is reused for
+  // sizes in [its size / 2, its size]). Errors: the device memory's (RESOURCE_EXHAUSTED).
+  // Thread-safe. REQUIRES: Ensure() returned OK.
+  static constexpr size_t kCachedBuffers = 16;
+  StatusOr<void*> AcquireStaging(uint64_t bytes);
+  // Gives back what AcquireStaging returned (nullptr: nothing). Thread-safe.
+  void ReleaseStaging(void* staging);
+  // For stats and tests: buffers lent out now, and buffers allocated on the device now.
+  uint64_t staging_in_use() const;
+  uint64_t staging_allocated() const;
+
  private:
   transport::TransportOptions options_;
   const int device_;
@@ -61,6 +78,9 @@ class NcclLink {
   std::unique_ptr<storage::DeviceMemory> memory_;
   std::unique_ptr<ProgressLoop> progress_;
   std::optional<Status> outcome_;
+  mutable std::mutex staging_mu_;
+  std::multimap<uint64_t, void*> staging_free_;       // size -> buffer; GUARDED_BY(staging_mu_)
+  std::unordered_map<void*, uint64_t> staging_lent_;  // buffer -> size; GUARDED_BY(staging_mu_)
 };
 
 }  // namespace kvd::daemon

@@ -121,7 +121,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // from there, then completes like FinishGet.
   asio::awaitable<void> FinishNcclGet(uint64_t seq, uint64_t rid, storage::ReadView view,
                                       uint64_t tag);
-  // Frees a staging buffer of the link (logs a failure; nothing else can be done).
+  // Gives a staging buffer back to the link (nullptr: nothing).
   void FreeStaging(void* staging);
   void HandleReleaseLease(uint64_t seq, uint64_t rid, proto::ReleaseLease::Reader release);
   asio::awaitable<void> FinishCommit(uint64_t seq, uint64_t rid, uint64_t reservation,

@@ -72,6 +72,8 @@ StatsSnapshot Server::Impl::Snapshot() {
       {"ingest_rejected", c.ingest_rejected},
       {"nccl_links", c.nccl_links},
       {"nccl_refused", c.nccl_refused},
+      {"nccl_staging_in_use", nccl_->staging_in_use()},
+      {"nccl_staging_allocated", nccl_->staging_allocated()},
       {"events_queued", events_.queued_total()},
       {"events_dropped", events_.dropped_total()},
       {"host_lookups", host.lookups},

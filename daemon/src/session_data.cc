@@ -586,7 +586,7 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
   if (over_nccl) {
     // The bytes land in device memory of the link, copied into the reservation on Commit.
     NcclLink& link = server_->nccl();
-    auto staging = link.memory()->Allocate(bytes);
+    auto staging = link.AcquireStaging(bytes);
     if (!staging.ok()) {
       server_->tier()->Abort(reservation->id).IgnoreError();
       return CompleteError(seq, rid,

@@ -8,14 +8,7 @@ namespace kvd::daemon {
 
 using transport::TransferHandle;
 
-void Session::FreeStaging(void* staging) {
-  if (staging == nullptr) return;
-  Status s = server_->nccl().memory()->Free(staging);
-  if (!s.ok()) {
-    KVD_LOG(ERROR) << "freeing an NCCL staging buffer failed" << Kv("session", id_)
-                   << Kv("status", s);
-  }
-}
+void Session::FreeStaging(void* staging) { server_->nccl().ReleaseStaging(staging); }
 
 void Session::HandleNcclConnect(uint64_t seq, uint64_t rid, proto::NcclConnect::Reader connect) {
   auto bytes = connect.getAddress();
@@ -82,7 +75,7 @@ asio::awaitable<void> Session::FinishNcclGet(uint64_t seq, uint64_t rid, storage
     server_->tier()->ReleaseRead(view.read_id).IgnoreError();
     CompleteError(seq, rid, status);
   };
-  auto staging = memory->Allocate(bytes);
+  auto staging = link.AcquireStaging(bytes);
   if (!staging.ok()) {
     fail(staging.status().WithContext("cannot stage the chunk for the NCCL link"), nullptr);
     co_return;

@@ -206,10 +206,16 @@ class NcclLinkTest : public DaemonTest {
     return rs;
   }
 
-  bool WaitStagingFreed() {
+  // Every staging buffer is back with the link (asked over `conn`, polled: the last put's
+  // handler may still be finishing), and the device holds exactly `allocated` of them.
+  bool WaitStagingReturned(RawClient& conn, uint64_t allocated = 1) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (std::chrono::steady_clock::now() < deadline) {
-      if (memory_->live_count() == 0) return true;
+      if (Counter(conn, "nccl_staging_in_use") == 0 &&
+          Counter(conn, "nccl_staging_allocated") == allocated &&
+          memory_->live_count() == allocated) {
+        return true;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     return false;
@@ -232,7 +238,7 @@ TEST_F(NcclLinkTest, PutAndGetOverTheLinkAreByteExactThroughDeviceStaging) {
   ASSERT_TRUE(
       SendAndCommit(le, r->first, r->second, bytes, Checksum64(bytes.data(), bytes.size())).ok());
   EXPECT_EQ(memory_->d2h.load(), 1) << "one copy out of staging into the reservation";
-  EXPECT_TRUE(WaitStagingFreed());
+  EXPECT_TRUE(WaitStagingReturned(*le.engine->conn));
 
   // The chunk is an ordinary stored chunk: a get over the transport returns the same bytes ...
   const uint64_t lease = Lease(*le.engine, hash);
@@ -244,7 +250,16 @@ TEST_F(NcclLinkTest, PutAndGetOverTheLinkAreByteExactThroughDeviceStaging) {
   EXPECT_EQ(out, bytes);
   EXPECT_EQ(checksum, Checksum64(bytes.data(), bytes.size()));
   EXPECT_EQ(memory_->h2d.load(), 1);
-  EXPECT_TRUE(WaitStagingFreed());
+  EXPECT_TRUE(WaitStagingReturned(*le.engine->conn)) << "the get reused the put's buffer";
+  // More puts of the same size reuse that one buffer too (no device allocation per chunk).
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto more = RandomBytes(n, 100 + i);
+    auto ri = ReserveOverLink(*le.engine, Hash128{0xAB, 0x100 + i}, n);
+    ASSERT_TRUE(ri.ok()) << ri.status();
+    ASSERT_TRUE(
+        SendAndCommit(le, ri->first, ri->second, more, Checksum64(more.data(), more.size())).ok());
+  }
+  EXPECT_TRUE(WaitStagingReturned(*le.engine->conn));
   EXPECT_EQ(Counter(*le.engine->conn, "nccl_links"), 1u);
   // The same session still puts over its transport.
   ASSERT_TRUE(Put(*le.engine, Hash128{0xEF, 0x01}, 256, RandomBytes(n, 22)).ok());
@@ -308,7 +323,7 @@ TEST_F(NcclLinkTest, ChecksumMismatchAndCopyFailureReturnTheSpaceAndFreeTheStagi
   Status s2 = SendAndCommit(le, r2->first, r2->second, bytes, good);
   EXPECT_EQ(s2.code(), StatusCode::kInternal) << s2;
   EXPECT_THAT(s2.message(), HasSubstr("out of device staging"));
-  EXPECT_TRUE(WaitStagingFreed());
+  EXPECT_TRUE(WaitStagingReturned(*le.engine->conn));
   EXPECT_TRUE(WaitReservedBytes(0));
   EXPECT_EQ(Lease(*le.engine, Hash128{7, 1}), 0u);
   EXPECT_EQ(Lease(*le.engine, Hash128{7, 2}), 0u);
@@ -321,6 +336,8 @@ TEST_F(NcclLinkTest, ChecksumMismatchAndCopyFailureReturnTheSpaceAndFreeTheStagi
 
 TEST_F(NcclLinkTest, BytesThatNeverArriveTimeOutAndAClientThatVanishesIsCleanedUp) {
   StartDaemon();
+  auto watcher = ConnectEngine();  // reads the stats while the others come and go
+  ASSERT_NE(watcher, nullptr);
   LinkedEngine le = ConnectLinked();
   ASSERT_NE(le.link, nullptr);
   const uint64_t n = Layout().ChunkBytes(256);
@@ -331,15 +348,15 @@ TEST_F(NcclLinkTest, BytesThatNeverArriveTimeOutAndAClientThatVanishesIsCleanedU
   Status cs = ReplyStatus(le.engine->conn->Call(commit));
   EXPECT_EQ(cs.code(), StatusCode::kDeadlineExceeded) << cs;
   EXPECT_THAT(cs.message(), HasSubstr("did not arrive within limits.transfer_timeout_ms=400"));
-  EXPECT_TRUE(WaitStagingFreed());
+  EXPECT_TRUE(WaitStagingReturned(*watcher->conn));
   EXPECT_TRUE(WaitReservedBytes(0));
 
   // A reservation over the link left open, then the client goes away.
   auto open = ReserveOverLink(*le.engine, Hash128{9, 2}, n);
   ASSERT_TRUE(open.ok());
-  EXPECT_EQ(memory_->live_count(), 1u);
+  EXPECT_EQ(Counter(*watcher->conn, "nccl_staging_in_use"), 1u);
   le.engine->conn->Close();
-  EXPECT_TRUE(WaitStagingFreed());
+  EXPECT_TRUE(WaitStagingReturned(*watcher->conn));
   EXPECT_TRUE(WaitReservedBytes(0));
   // The daemon serves the next client.
   LinkedEngine next = ConnectLinked();
