@@ -167,6 +167,21 @@ def test_errors_carry_the_status_code(daemon):
         c.lookup([])
 
 
+def test_nccl_without_a_gpu_is_unavailable_with_the_reason(daemon):
+    try:
+        import ctypes
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("a CUDA driver is present: NCCL may start here")
+    except OSError:
+        pass
+    with pytest.raises(kvd.UnavailableError) as e:
+        engine(daemon, nccl=True)
+    assert e.value.code == 8 and "NCCL" in e.value.message
+    assert "no CUDA device" in e.value.message or "built without NCCL" in e.value.message
+    with engine(daemon) as c:  # the same daemon serves a client without the option
+        assert c.connected
+
+
 def test_unreachable_daemon_is_unavailable():
     with pytest.raises(kvd.UnavailableError) as e:
         kvd.connect("127.0.0.1:1", admin=True, timeout_ms=2000)

@@ -39,6 +39,9 @@ def connect(address="127.0.0.1:7400", model="", **options):
                  rope_theta, rope_rotary_dim, rope_pairing); default: the registered layout
     namespace, client_id, hash_seed, chunk_tokens, block_tokens, ucx_tls, net_devices,
     admin (stats/health only), timeout_ms, max_in_flight
+    nccl         True: CUDA tensors move GPU to GPU over kvd's NCCL link (this process's NCCL
+                 rank on CUDA device `nccl_device`, default 0; kvd's must be another GPU);
+                 kvd.UnavailableError with the reason where this process or kvd cannot run NCCL
     """
     return Client.connect(address=address, model=model, **options)
 
