@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -159,6 +160,7 @@ class NcclTransport final : public Transport {
     peer->deadline = Clock::now() + std::chrono::milliseconds(options_.nccl_init_timeout_ms);
     const uint64_t id = next_id_++;
     peers_[id] = std::move(peer);
+    WakeLocked();  // a pair to form: the progress thread polls again
     return PeerHandle{id};
   }
 
@@ -258,6 +260,7 @@ class NcclTransport final : public Transport {
     } else {
       recv_order_.push_back(id);
     }
+    WakeLocked();
     return TransferHandle{id};
   }
 
@@ -324,10 +327,25 @@ class NcclTransport final : public Transport {
   }
 
   Status WaitForEvents(std::chrono::milliseconds timeout) override {
-    // CUDA events have no fd to sleep on: a short nap, bounded by the timeout.
-    std::this_thread::sleep_for(
-        std::min<std::chrono::microseconds>(timeout, std::chrono::microseconds(50)));
+    std::unique_lock<std::mutex> lock(mu_);
+    if (BusyLocked()) {
+      // CUDA events have no fd to sleep on: a short nap, bounded by the timeout.
+      lock.unlock();
+      std::this_thread::sleep_for(
+          std::min<std::chrono::microseconds>(timeout, std::chrono::microseconds(50)));
+      return Status::Ok();
+    }
+    // Nothing in flight and every pair formed (or failed): nothing to poll until a Post, a
+    // Connect or a Wakeup, so an idle daemon's link thread sleeps instead of waking every 50 us.
+    // A communicator's async error is then seen at the latest after `timeout`.
+    wake_cv_.wait_for(lock, timeout, [this] { return wake_; });
+    wake_ = false;
     return Status::Ok();
+  }
+
+  void Wakeup() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    WakeLocked();
   }
 
  private:
@@ -561,8 +579,25 @@ class NcclTransport final : public Transport {
   Capabilities caps_;
   uint64_t uuid_ = 0;
   std::string address_;
+  // True while a transfer is in progress or a pair is still forming: the progress thread polls.
+  bool BusyLocked() const {
+    for (const auto& [id, t] : transfers_) {
+      if (t.status.state == TransferState::kInProgress) return true;
+    }
+    for (const auto& [id, p] : peers_) {
+      if (!p->ready && p->failure.ok()) return true;
+    }
+    return false;
+  }
+  void WakeLocked() {
+    wake_ = true;
+    wake_cv_.notify_all();
+  }
+
   std::mutex mu_;
-  uint64_t next_id_ = 1;                                       // GUARDED_BY(mu_)
+  std::condition_variable wake_cv_;  // WaitForEvents sleeps on it when nothing is in flight
+  bool wake_ = false;                // GUARDED_BY(mu_)
+  uint64_t next_id_ = 1;             // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, std::unique_ptr<Peer>> peers_;  // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, RegionState> regions_;          // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Transfer> transfers_;           // GUARDED_BY(mu_)

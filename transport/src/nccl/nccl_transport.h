@@ -14,6 +14,8 @@
 // A message longer than the receive fails it with OUT_OF_RANGE (its bytes are drained).
 //
 // Threads: every method takes one mutex; NCCL and CUDA calls run under it after cudaSetDevice.
+// WaitForEvents naps 50 us while a transfer is in flight or a pair is forming (CUDA events have
+// no fd), and otherwise sleeps until Post, Connect or Wakeup (or its timeout).
 #pragma once
 
 #include <memory>
