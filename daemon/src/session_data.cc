@@ -710,7 +710,18 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
     } else {
       asio::post(*pool, [=] {
         if (Status c = copy_in(); !c.ok()) return complete(Landed{st, c, {}});
-        complete(Landed{st, tiers->Commit(reservation, checksum), {}});
+        Status committed = tiers->Commit(reservation, checksum);
+        if (committed.ok() && staging_memory != nullptr && tiers->gpu() != nullptr) {
+          // The bytes are still in device staging (the GPU tier's device): copied up into the
+          // GPU tier device to device when it has room, the host copy staying (best effort).
+          Status up = tiers->PromoteFromDevice(pput->key, pput->tokens, checksum, pput->staging,
+                                               pput->bytes);
+          if (!up.ok() && up.code() != StatusCode::kResourceExhausted) {
+            KVD_LOG(WARNING) << "NCCL put not copied into the gpu tier"
+                             << Kv("key", pput->key.ToString()) << Kv("status", up);
+          }
+        }
+        complete(Landed{st, committed, {}});
       });
     }
   };

@@ -50,6 +50,17 @@ Status TierManager::InsertIntoGpu(const ChunkKey& key, uint32_t tokens, uint64_t
   return gpu_->Insert(key, tokens, checksum, bytes);
 }
 
+Status TierManager::PromoteFromDevice(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                                      const void* device_src, uint64_t bytes) {
+  if (gpu_ == nullptr) return Status::FailedPrecondition("no gpu tier");
+  if (gpu_->Contains(key)) return Status::AlreadyExists(key.ToString() + " is in the gpu tier");
+  if (!gpu_->HasRoomFor(bytes)) {
+    return Status::ResourceExhausted("the gpu tier has no room for " + std::to_string(bytes) +
+                                     " bytes now");
+  }
+  return gpu_->InsertFromDevice(key, tokens, checksum, device_src, bytes);
+}
+
 Status TierManager::DemoteFromGpu(const ChunkMeta& meta) {
   // Through a host reservation: the GPU copies straight into the host arena (verified), and
   // Commit verifies again; only then does the GPU copy go.

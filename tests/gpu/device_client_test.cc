@@ -256,23 +256,35 @@ int CudaDevices() {
 TEST(DeviceClientNcclTest, PutFromAndGetIntoCudaMemoryOverNcclAreByteExact) {
   if (!kk::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device: NCCL put/get";
   if (CudaDevices() < 2) {
-    GTEST_SKIP() << "NCCL put/get needs two GPUs (kvd's link on device 1, this client on device "
-                    "0): NCCL refuses two ranks on one GPU (\"Duplicate GPU\"); this machine has "
+    GTEST_SKIP() << "NCCL put/get needs two GPUs (kvd's GPU tier and link on device 0, this "
+                    "client on device 1): NCCL refuses two ranks on one GPU (\"Duplicate GPU\"); "
+                    "this machine has "
                  << CudaDevices();
   }
-  KvdConfig config;
-  config.nccl_device = 1;
-  auto kvd = StartKvd(config);
-  ASSERT_NE(kvd, nullptr);
-  client::ClientOptions o = kvd->EngineOptions("nccl");
-  o.nccl = true;
-  o.transport.nccl_device = 0;
-  auto c = ConnectOrFail(o);
-  ASSERT_NE(c, nullptr);
-  ASSERT_TRUE(c->session().nccl);
-  EXPECT_EQ(c->session().nccl_daemon_device, 1);
-  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  PutFromAndGetIntoDeviceBuffers(*c, 0x2cc1, 70);
+  for (bool gpu_tier : {false, true}) {
+    SCOPED_TRACE(gpu_tier ? "with a GPU tier" : "host tier only");
+    KvdConfig config;
+    config.nccl_device = 0;  // with a GPU tier its device (0 too) is the link's
+    if (gpu_tier) config.gpu_capacity = "256MiB";
+    auto kvd = StartKvd(config);
+    ASSERT_NE(kvd, nullptr);
+    client::ClientOptions o = kvd->EngineOptions("nccl");
+    o.nccl = true;
+    o.transport.nccl_device = 1;
+    auto c = ConnectOrFail(o);
+    ASSERT_NE(c, nullptr);
+    ASSERT_TRUE(c->session().nccl);
+    EXPECT_EQ(c->session().nccl_daemon_device, 0);
+    ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+    PutFromAndGetIntoDeviceBuffers(*c, 0x2cc1, 70);
+    auto stats = c->GetStats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    if (gpu_tier) {
+      // The puts were copied up into the GPU tier device to device (the host copy stays).
+      ASSERT_EQ(stats->tiers.front().name, "gpu");
+      EXPECT_EQ(stats->tiers.front().chunks, 4u);
+    }
+  }
 }
 
 // On one GPU the link cannot form (NCCL: "Duplicate GPU"): a device put over it must fail with

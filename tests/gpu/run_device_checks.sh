@@ -26,8 +26,9 @@
 #                  CPU plan (x_d2d_convert, x_d2d_plan, x_cpu), then the stages (x_memcpy = stage
 #                  bytes/s over host memcpy bytes/s)
 #   kvd-nccl       put/get of cudaMalloc'd buffers through a real kvd over its NCCL link
-#                  (ClientOptions::nccl): byte-exact with two GPUs (kvd on device 1, the client on
-#                  0; SKIP naming the device count on one GPU, where NCCL refuses the pair), and on
+#                  (ClientOptions::nccl): byte-exact with two GPUs (kvd on device 0, with and
+#                  without a GPU tier, which must then hold the puts; the client on device 1;
+#                  SKIP naming the device count on one GPU, where NCCL refuses the pair), and on
 #                  one GPU a bounded failure after which kvd serves on
 #   MISSING rows   what is not written yet (kvd put/get of device memory over cuda_ipc between
 #                  processes)

@@ -98,6 +98,42 @@ TEST_F(TierManagerGpuTest, GpuStoresAndDemotionsAreEventsOfTheirTiers) {
   EXPECT_EQ(rec.Take(), (std::vector<std::string>{"removed(admin) gpu 2 " + k}));
 }
 
+TEST_F(TierManagerGpuTest, ACommittedChunkOnTheDeviceIsCopiedUpWithoutTheHostWhenThereIsRoom) {
+  // Chunk 0 committed to host, its bytes also in "device" memory (a put that came over NCCL).
+  auto commit = [&](int i) {
+    auto r = host_->Reserve(MakeKey(i), kChunk, 256, 1, std::chrono::seconds(60));
+    ASSERT_TRUE(r.ok()) << r.status();
+    std::memcpy(r->data, chunks_[i].data(), kChunk);
+    ASSERT_TRUE(manager_->Commit(r->id, Checksum64(chunks_[i].data(), kChunk)).ok());
+  };
+  commit(0);
+  void* device = fake_->Allocate(kChunk).value();
+  ASSERT_TRUE(fake_->CopyToDevice(device, chunks_[0].data(), kChunk).ok());
+  const int d2d = fake_->d2d.load(), h2d = fake_->h2d.load();
+  const uint64_t sum = Checksum64(chunks_[0].data(), kChunk);
+  ASSERT_TRUE(manager_->PromoteFromDevice(MakeKey(0), 256, sum, device, kChunk).ok());
+  EXPECT_EQ(fake_->d2d.load(), d2d + 1) << "one copy on the device";
+  EXPECT_EQ(fake_->h2d.load(), h2d) << "nothing from the host";
+  EXPECT_TRUE(gpu_->Contains(MakeKey(0)));
+  EXPECT_TRUE(HostHolds(0)) << "the host copy stays";
+  auto back = gpu_->ReadInto(MakeKey(0), std::span<std::byte>(chunks_[11].data(), kChunk));
+  ASSERT_TRUE(back.ok()) << back.status();  // ReadInto verifies the checksum: the bytes are right
+  // Already there, no room, no GPU tier: the specific reasons, and nothing changes.
+  EXPECT_EQ(manager_->PromoteFromDevice(MakeKey(0), 256, sum, device, kChunk).code(),
+            StatusCode::kAlreadyExists);
+  for (int i = 1; i < 4; ++i) ASSERT_TRUE(Insert(i).ok());  // the GPU is full now
+  commit(4);
+  Status full = manager_->PromoteFromDevice(MakeKey(4), 256, sum, device, kChunk);
+  EXPECT_EQ(full.code(), StatusCode::kResourceExhausted) << full;
+  EXPECT_FALSE(gpu_->Contains(MakeKey(4)));
+  EXPECT_EQ(manager_->demotions(), 0u) << "no demotion for an eager copy";
+  auto no_gpu = TierManager::Create(TierManagerOptions{}, host_.get(), nullptr, nullptr);
+  ASSERT_TRUE(no_gpu.ok());
+  EXPECT_EQ((*no_gpu)->PromoteFromDevice(MakeKey(4), 256, sum, device, kChunk).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(fake_->Free(device).ok());
+}
+
 TEST_F(TierManagerGpuTest, AFullGpuDemotesItsLeastRecentlyUsedToHostNeverDropping) {
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(Insert(i).ok()) << i;
   // 4 fit in the GPU; the older 6 moved down to host, byte for byte.

@@ -41,6 +41,9 @@
 // - Lookup: a chunk of the prefix that is only in the GPU tier is copied into host (the serve
 //   path reads host memory) and stays in the GPU, most recently used; with promote_on_hit a host
 //   hit is also copied up into the GPU tier when it has room now (no demotion for it).
+// - PromoteFromDevice: a committed chunk whose bytes are also in device memory (a put that
+//   arrived over NCCL) is copied device to device into the GPU tier when it has room now, the
+//   same eager copy up as a host hit's, without the host round trip.
 // - MaybeDemote first moves GPU chunks down to host while the GPU tier is above high_watermark
 //   (to low_watermark), then runs the host pass.
 //
@@ -89,6 +92,15 @@ class TierManager {
   // (everything pinned) still leaves it stored on disk (OK).
   Status Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
                 std::span<const std::byte> bytes);
+
+  // After Commit: copies the committed chunk `key` from `device_src` (`bytes` in device memory
+  // of the GPU tier's device, equal to the committed bytes, whose Checksum64 is `checksum`, as
+  // verified by the commit) into the GPU tier, when it has room now (no demotion for it). Best
+  // effort, like a host hit's promotion: the host copy stays either way. OK when copied;
+  // FAILED_PRECONDITION (no GPU tier), ALREADY_EXISTS (the GPU holds it), RESOURCE_EXHAUSTED (no
+  // room now) or the copy's error otherwise, for the caller's log.
+  Status PromoteFromDevice(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                           const void* device_src, uint64_t bytes);
 
   // See the file comment. Errors are the host tier's Lookup errors; promotion failures (no room
   // in host, corrupt disk copy) shorten the match instead of failing the lookup.
