@@ -142,7 +142,9 @@ Status Server::Impl::Init() {
                   << Kv("capacity", FormatByteSize(config_.disk_tier->capacity_bytes));
   }
   if (config_.gpu_tier) {
-    auto device = storage::CreateCudaDeviceMemory(config_.gpu_device);
+    StatusOr<std::unique_ptr<storage::DeviceMemory>> device =
+        deps_.gpu_device_memory ? std::move(deps_.gpu_device_memory)
+                                : storage::CreateCudaDeviceMemory(config_.gpu_device);
     if (!device.ok()) return device.status().WithContext("tiers.gpu");
     auto gpu = storage::GpuTier::Create(*config_.gpu_tier, std::move(*device), clock_);
     if (!gpu.ok()) return gpu.status().WithContext("tiers.gpu");

@@ -82,9 +82,19 @@ asio::awaitable<void> Session::FinishNcclGet(uint64_t seq, uint64_t rid, storage
   }
   void* dst = *staging;
   const std::byte* src = view.data;
-  Status copied = co_await OffloadTo<Status>(
-      server_->pool(), server_->io(),
-      [memory, dst, src, bytes] { return memory->CopyToDevice(dst, src, bytes); });
+  storage::GpuTier* gpu = server_->tiers()->gpu();
+  const storage::ChunkKey* key = &view.meta.key;  // in this coroutine's frame
+  // From the GPU tier's copy when it holds one (device to device; verified when it was stored),
+  // else from the leased host bytes.
+  Status copied = co_await OffloadTo<Status>(server_->pool(), server_->io(),
+                                             [memory, gpu, key, dst, src, bytes] {
+                                               if (gpu != nullptr && gpu->Contains(*key)) {
+                                                 auto read = gpu->ReadIntoDevice(*key, dst, bytes);
+                                                 if (read.ok() && read->size_bytes == bytes)
+                                                   return Status::Ok();
+                                               }
+                                               return memory->CopyToDevice(dst, src, bytes);
+                                             });
   if (!copied.ok()) {
     fail(copied.WithContext("copying the chunk into device staging"), dst);
     co_return;

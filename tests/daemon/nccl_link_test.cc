@@ -265,6 +265,50 @@ TEST_F(NcclLinkTest, PutAndGetOverTheLinkAreByteExactThroughDeviceStaging) {
   ASSERT_TRUE(Put(*le.engine, Hash128{0xEF, 0x01}, 256, RandomBytes(n, 22)).ok());
 }
 
+// A GPU tier (on the fake device too): a put over the link is also copied up into it from the
+// staging buffer, and a get over the link is then sent from the GPU tier's copy, device to device.
+TEST_F(NcclLinkTest, WithAGpuTierPutsGoUpDeviceToDeviceAndGetsAreSentFromIt) {
+  config_.gpu_tier.emplace();
+  config_.gpu_tier->capacity_bytes = 4u << 20;
+  auto gpu_memory = std::make_unique<storage::testing::FakeDeviceMemory>(8u << 20);
+  storage::testing::FakeDeviceMemory* gpu = gpu_memory.get();
+  deps_.gpu_device_memory = std::move(gpu_memory);
+  StartDaemon();
+  LinkedEngine le = ConnectLinked();
+  ASSERT_NE(le.link, nullptr);
+  const uint64_t n = Layout().ChunkBytes(256);
+  auto bytes = RandomBytes(n, 61);
+  const Hash128 hash{0x6b, 0x1};
+  auto r = ReserveOverLink(*le.engine, hash, n);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(
+      SendAndCommit(le, r->first, r->second, bytes, Checksum64(bytes.data(), bytes.size())).ok());
+  EXPECT_EQ(gpu->d2d.load(), 1) << "copied up from the staging buffer";
+  EXPECT_EQ(gpu->h2d.load(), 0) << "not through the host";
+  capnp::MallocMessageBuilder stats;
+  auto req = stats.initRoot<proto::Request>();
+  req.setRequestId(78);
+  req.setStats();
+  auto reply = le.engine->conn->Call(stats);
+  ASSERT_TRUE(ReplyStatus(reply).ok());
+  auto tiers = reply->Root<proto::Response>().getStats().getTiers();
+  ASSERT_EQ(tiers.size(), 2u);
+  EXPECT_EQ(std::string(tiers[0].getName().cStr()), "gpu");
+  EXPECT_EQ(tiers[0].getChunks(), 1u);
+  EXPECT_EQ(tiers[1].getChunks(), 1u) << "the host copy stays";
+
+  const uint64_t lease = Lease(*le.engine, hash);
+  ASSERT_NE(lease, 0u);
+  std::vector<uint8_t> out(n, 0);
+  uint64_t checksum = 0;
+  ASSERT_TRUE(GetOverLink(le, lease, &out, &checksum).ok());
+  EXPECT_EQ(out, bytes);
+  EXPECT_EQ(checksum, Checksum64(bytes.data(), bytes.size()));
+  EXPECT_EQ(gpu->d2d.load(), 2) << "the get was staged from the GPU tier's copy";
+  EXPECT_EQ(memory_->h2d.load(), 0) << "not from the host copy";
+  EXPECT_TRUE(WaitStagingReturned(*le.engine->conn));
+}
+
 TEST_F(NcclLinkTest, BadLinkRequestsGetSpecificErrorsAndTheSessionKeepsServing) {
   StartDaemon();
   auto plain = ConnectEngine();

@@ -50,6 +50,9 @@ struct ServerDeps {
   // Device memory the link's bytes are staged in (received into, sent from) before they are
   // copied to / from the host tier. nullptr (default): CreateCudaDeviceMemory on that device.
   std::unique_ptr<storage::DeviceMemory> nccl_device_memory;
+  // The device memory of the GPU tier (tiers.gpu). nullptr (default): CreateCudaDeviceMemory on
+  // tiers.gpu.device. Tests pass a fake to run the GPU tier's daemon paths without a GPU.
+  std::unique_ptr<storage::DeviceMemory> gpu_device_memory;
 };
 
 class Server {
