@@ -673,36 +673,42 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
   };
   std::vector<PromptOutcome> answers(prompts.size());
   int prompts_done = 0;
-  KVD_RETURN_IF_ERROR(ParallelItems(
-      parallel_safe ? o.EffectiveJobs(std::max(prompts.size(), size_t{1})) : 1, prompts.size(),
-      [&](int w, size_t pi) -> Status {
-        LlamaSession& s = *sessions[w];
-        LlamaSession& other = *others[w];
-        const PasskeyPrompt& p = prompts[pi];
-        PromptOutcome& out = answers[pi];
-        out.row_ok.assign(keys.size(), -1);
-        KVD_ASSIGN_OR_RETURN(PrefixCapture prefix, Capture(s, model, p.context, o.window));
-        KVD_ASSIGN_OR_RETURN(out.engine_ok, AnswerPasskey(s, p));
-        for (size_t k = 0; k < keys.size(); ++k) {
-          const MethodResult& row = rep.rows[k];
-          if (row.mode != kModeOneShot || !passkey_row[k]) continue;
-          CompressionMethod& m = *methods[keys[k].method];
-          auto cache = m.Compress(prefix, row.p_c);
-          if (!cache.ok()) return cache.status().WithContext(m.name() + " (passkey)");
-          KVD_RETURN_IF_ERROR(other.LoadCompact(cache->cache));
-          KVD_ASSIGN_OR_RETURN(bool ok, AnswerPasskey(other, p));
-          out.row_ok[k] = ok ? 1 : 0;
-        }
-        std::lock_guard<std::mutex> lock(progress_mu);
-        ++prompts_done;
-        if (prompts_done == static_cast<int>(prompts.size()) || prompts_done % 10 == 0) {
-          Progress(o, t0,
-                   "passkey " + std::to_string(prompts_done) + "/" +
-                       std::to_string(prompts.size()) + " (" + std::to_string(p.context.size()) +
-                       " tokens)");
-        }
-        return Status::Ok();
-      }));
+  // More prompts than segments can take more workers than the segments had: each gets its own
+  // pair of sessions.
+  const int prompt_jobs = parallel_safe ? o.EffectiveJobs(std::max(prompts.size(), size_t{1})) : 1;
+  while (static_cast<int>(sessions.size()) < prompt_jobs) {
+    sessions.push_back(
+        std::make_unique<LlamaSession>(model, llama::SessionOptions{.threads = o.threads}));
+    others.push_back(
+        std::make_unique<LlamaSession>(model, llama::SessionOptions{.threads = o.threads}));
+  }
+  KVD_RETURN_IF_ERROR(ParallelItems(prompt_jobs, prompts.size(), [&](int w, size_t pi) -> Status {
+    LlamaSession& s = *sessions[w];
+    LlamaSession& other = *others[w];
+    const PasskeyPrompt& p = prompts[pi];
+    PromptOutcome& out = answers[pi];
+    out.row_ok.assign(keys.size(), -1);
+    KVD_ASSIGN_OR_RETURN(PrefixCapture prefix, Capture(s, model, p.context, o.window));
+    KVD_ASSIGN_OR_RETURN(out.engine_ok, AnswerPasskey(s, p));
+    for (size_t k = 0; k < keys.size(); ++k) {
+      const MethodResult& row = rep.rows[k];
+      if (row.mode != kModeOneShot || !passkey_row[k]) continue;
+      CompressionMethod& m = *methods[keys[k].method];
+      auto cache = m.Compress(prefix, row.p_c);
+      if (!cache.ok()) return cache.status().WithContext(m.name() + " (passkey)");
+      KVD_RETURN_IF_ERROR(other.LoadCompact(cache->cache));
+      KVD_ASSIGN_OR_RETURN(bool ok, AnswerPasskey(other, p));
+      out.row_ok[k] = ok ? 1 : 0;
+    }
+    std::lock_guard<std::mutex> lock(progress_mu);
+    ++prompts_done;
+    if (prompts_done == static_cast<int>(prompts.size()) || prompts_done % 10 == 0) {
+      Progress(o, t0,
+               "passkey " + std::to_string(prompts_done) + "/" + std::to_string(prompts.size()) +
+                   " (" + std::to_string(p.context.size()) + " tokens)");
+    }
+    return Status::Ok();
+  }));
   for (size_t pi = 0; pi < prompts.size(); ++pi) {
     const PasskeyPrompt& p = prompts[pi];
     const PromptOutcome& out = answers[pi];

@@ -44,10 +44,49 @@ void Chunk(std::string* out, const char* type, const std::string& data) {
   Put32(out, Crc32(reinterpret_cast<const unsigned char*>(body.data()), body.size()));
 }
 
-// 3x5 digit glyphs (and '.'), rows top to bottom, 3 bits each (MSB left).
-const uint8_t kGlyphs[11][5] = {{7, 5, 5, 5, 7}, {2, 6, 2, 2, 7}, {7, 1, 7, 4, 7}, {7, 1, 7, 1, 7},
+// 3x5 glyphs, rows top to bottom, 3 bits each (MSB left): digits, '.', the letters (drawn as
+// capitals, for upper and lower case) and "_+-:,()".
+const uint8_t kDigits[10][5] = {{7, 5, 5, 5, 7}, {2, 6, 2, 2, 7}, {7, 1, 7, 4, 7}, {7, 1, 7, 1, 7},
                                 {5, 5, 7, 1, 1}, {7, 4, 7, 1, 7}, {7, 4, 7, 5, 7}, {7, 1, 1, 1, 1},
-                                {7, 5, 7, 5, 7}, {7, 5, 7, 1, 7}, {0, 0, 0, 0, 2}};
+                                {7, 5, 7, 5, 7}, {7, 5, 7, 1, 7}};
+const uint8_t kLetters[26][5] = {{2, 5, 7, 5, 5}, {6, 5, 6, 5, 6}, {3, 4, 4, 4, 3}, {6, 5, 5, 5, 6},
+                                 {7, 4, 6, 4, 7}, {7, 4, 6, 4, 4}, {3, 4, 5, 5, 3}, {5, 5, 7, 5, 5},
+                                 {7, 2, 2, 2, 7}, {1, 1, 1, 5, 2}, {5, 5, 6, 5, 5}, {4, 4, 4, 4, 7},
+                                 {5, 7, 7, 5, 5}, {6, 5, 5, 5, 5}, {2, 5, 5, 5, 2}, {6, 5, 6, 4, 4},
+                                 {2, 5, 5, 6, 3}, {6, 5, 6, 5, 5}, {3, 4, 2, 1, 6}, {7, 2, 2, 2, 2},
+                                 {5, 5, 5, 5, 7}, {5, 5, 5, 2, 2}, {5, 5, 7, 7, 5}, {5, 5, 2, 5, 5},
+                                 {5, 5, 2, 2, 2}, {7, 1, 2, 4, 7}};
+
+// The glyph of `ch`, or nullptr (drawn as a space).
+const uint8_t* Glyph(char ch) {
+  static const uint8_t kDot[5] = {0, 0, 0, 0, 2}, kUnderscore[5] = {0, 0, 0, 0, 7},
+                       kPlus[5] = {0, 2, 7, 2, 0}, kMinus[5] = {0, 0, 7, 0, 0},
+                       kColon[5] = {0, 2, 0, 2, 0}, kComma[5] = {0, 0, 0, 2, 4},
+                       kOpen[5] = {1, 2, 2, 2, 1}, kClose[5] = {4, 2, 2, 2, 4};
+  if (ch >= '0' && ch <= '9') return kDigits[ch - '0'];
+  if (ch >= 'a' && ch <= 'z') return kLetters[ch - 'a'];
+  if (ch >= 'A' && ch <= 'Z') return kLetters[ch - 'A'];
+  switch (ch) {
+    case '.':
+      return kDot;
+    case '_':
+      return kUnderscore;
+    case '+':
+      return kPlus;
+    case '-':
+      return kMinus;
+    case ':':
+      return kColon;
+    case ',':
+      return kComma;
+    case '(':
+      return kOpen;
+    case ')':
+      return kClose;
+    default:
+      return nullptr;
+  }
+}
 
 class Canvas {
  public:
@@ -72,19 +111,23 @@ class Canvas {
           static_cast<int>(std::lround(y0 + t * (y1 - y0))), c, thick / 2);
     }
   }
-  // Digits and '.' at (x, y) top-left, scale s.
+  // Text at (x, y) top-left, scale s (Glyph's characters; others leave a space).
   void Text(int x, int y, const std::string& s, int scale, Rgb c) {
     for (char ch : s) {
-      const int g = ch == '.' ? 10 : (ch >= '0' && ch <= '9' ? ch - '0' : -1);
-      if (g >= 0) {
+      if (const uint8_t* g = Glyph(ch)) {
         for (int row = 0; row < 5; ++row)
           for (int col = 0; col < 3; ++col)
-            if (kGlyphs[g][row] & (4 >> col))
+            if (g[row] & (4 >> col))
               for (int a = 0; a < scale; ++a)
                 for (int b = 0; b < scale; ++b) Set(x + col * scale + a, y + row * scale + b, c);
       }
       x += 4 * scale;
     }
+  }
+  // An upward triangle whose tip is at (x, y): a value above the plotted range.
+  void UpTriangle(int x, int y, Rgb c, int size) {
+    for (int dy = 0; dy < size; ++dy)
+      for (int dx = -dy; dx <= dy; ++dx) Set(x + dx, y + dy, c);
   }
   const std::vector<unsigned char>& pixels() const { return px_; }
 
@@ -97,13 +140,16 @@ class Canvas {
 
 Rgb SeriesColor(size_t i) { return kPalette[i % kPaletteSize]; }
 const char* SeriesColorName(size_t i) { return kPaletteNames[i % kPaletteSize]; }
+bool SeriesDashed(size_t i) { return (i / kPaletteSize) % 2 == 1; }
 
 std::vector<std::string> PlotLegend(const HarnessReport& r) {
   std::vector<std::string> names, out;
   for (const MethodResult& m : r.rows) {
     if (std::find(names.begin(), names.end(), m.method) == names.end()) names.push_back(m.method);
   }
-  for (size_t i = 0; i < names.size(); ++i) out.push_back(names[i] + ": " + SeriesColorName(i));
+  for (size_t i = 0; i < names.size(); ++i) {
+    out.push_back(names[i] + ": " + SeriesColorName(i) + (SeriesDashed(i) ? " dashed" : ""));
+  }
   return out;
 }
 
@@ -164,15 +210,25 @@ std::string StoredZlib(const std::string& raw) {
 }
 
 Status WritePerplexityPlot(const HarnessReport& r, const std::string& path) {
-  constexpr int W = 900, H = 560, L = 90, R = 30, T = 30, B = 60;
+  // Plot area on the left, legend (swatch + method name) on the right.
+  constexpr int W = 1280, H = 620, L = 90, R = 400, T = 50, B = 60;
   Canvas cv(W, H);
   std::vector<std::string> names;
   std::map<std::string, std::vector<std::pair<double, double>>> series;
-  double lo = r.engine_perplexity, hi = r.engine_perplexity;
+  std::string mode;
   for (const MethodResult& m : r.rows) {
     if (std::find(names.begin(), names.end(), m.method) == names.end()) names.push_back(m.method);
     series[m.method].push_back({m.p_c, m.perplexity});
-    if (std::isfinite(m.perplexity)) {
+    if (m.method != "full") mode = m.mode;
+  }
+  // The y range holds every point up to kMaxRatio x the engine's perplexity; points above it
+  // (KVSlimmer alone reaches x9) are drawn as triangles on the top edge, so that one collapsing
+  // method does not squash the others into a band.
+  constexpr double kMaxRatio = 2.5;
+  const double cap = r.engine_perplexity > 0 ? kMaxRatio * r.engine_perplexity : INFINITY;
+  double lo = r.engine_perplexity, hi = r.engine_perplexity;
+  for (const MethodResult& m : r.rows) {
+    if (std::isfinite(m.perplexity) && m.perplexity <= cap) {
       lo = std::min(lo, m.perplexity);
       hi = std::max(hi, m.perplexity);
     }
@@ -181,42 +237,70 @@ Status WritePerplexityPlot(const HarnessReport& r, const std::string& path) {
   const double pad = 0.05 * (hi - lo);
   lo -= pad;
   hi += pad;
-  auto X = [&](double pc) { return L + pc * (W - L - R); };
-  auto Y = [&](double ppl) { return H - B - (ppl - lo) / (hi - lo) * (H - T - B); };
-  const Rgb axis{0, 0, 0}, grid{225, 225, 225};
-  for (int i = 0; i <= 10; ++i) {  // x grid and ticks every 0.1
-    cv.Line(X(i / 10.0), T, X(i / 10.0), H - B, grid, 1);
-    char buf[8];
-    std::snprintf(buf, sizeof(buf), "%.1f", i / 10.0);
-    cv.Text(static_cast<int>(X(i / 10.0)) - 12, H - B + 10, buf, 2, axis);
+  // x from the tenth below the lowest ratio to 1 ("full", at p_c 0, is the level line).
+  double x0 = 1;
+  for (const MethodResult& m : r.rows) {
+    if (m.method != "full") x0 = std::min(x0, m.p_c);
   }
+  x0 = x0 >= 1 ? 0 : std::max(0.0, std::floor(x0 * 10 - 0.5) / 10);
+  const int right = W - R;
+  auto X = [&](double pc) { return L + (std::max(pc, x0) - x0) / (1 - x0) * (right - L); };
+  auto Y = [&](double ppl) { return H - B - (std::min(ppl, hi) - lo) / (hi - lo) * (H - T - B); };
+  const Rgb axis{0, 0, 0}, grid{225, 225, 225};
+  cv.Text(L, 14,
+          "perplexity against p_c, " + (mode.empty() ? std::string("one-shot") : mode) +
+              " (full: the level)",
+          3, axis);
+  for (int i = static_cast<int>(std::lround(x0 * 20)); i <= 20; ++i) {  // x grid every 0.05
+    cv.Line(X(i / 20.0), T, X(i / 20.0), H - B, grid, 1);
+    char buf[8];
+    std::snprintf(buf, sizeof(buf), "%.2f", i / 20.0);
+    cv.Text(static_cast<int>(X(i / 20.0)) - 16, H - B + 10, buf, 2, axis);
+  }
+  cv.Text((L + right) / 2 - 30, H - B + 32, "p_c", 3, axis);
   for (int i = 0; i <= 5; ++i) {  // y grid and tick labels
     const double v = lo + (hi - lo) * i / 5.0;
-    cv.Line(L, Y(v), W - R, Y(v), grid, 1);
+    cv.Line(L, Y(v), right, Y(v), grid, 1);
     char buf[16];
     std::snprintf(buf, sizeof(buf), "%.1f", v);
     cv.Text(8, static_cast<int>(Y(v)) - 5, buf, 2, axis);
   }
-  cv.Line(L, H - B, W - R, H - B, axis, 2);
+  cv.Line(L, H - B, right, H - B, axis, 2);
   cv.Line(L, T, L, H - B, axis, 2);
   for (size_t i = 0; i < names.size(); ++i) {
     auto pts = series[names[i]];
     std::sort(pts.begin(), pts.end());
     const Rgb c = SeriesColor(i);
+    const bool dashed = SeriesDashed(i);
     if (pts.size() == 1) {  // "full": a reference level across the plot
-      cv.Line(X(0), Y(pts[0].second), X(1), Y(pts[0].second), c, 2, /*dashed=*/true);
+      cv.Line(X(x0), Y(pts[0].second), X(1), Y(pts[0].second), c, 2, /*dashed=*/true);
     }
-    for (size_t k = 0; k < pts.size(); ++k) {
+    for (size_t k = 0; k < pts.size() && pts.size() > 1; ++k) {
       if (!std::isfinite(pts[k].second)) continue;
-      cv.Dot(static_cast<int>(X(pts[k].first)), static_cast<int>(Y(pts[k].second)), c, 4);
+      const int px = static_cast<int>(X(pts[k].first)), py = static_cast<int>(Y(pts[k].second));
+      if (pts[k].second > hi) {
+        cv.UpTriangle(px, py, c, 7);
+      } else {
+        cv.Dot(px, py, c, 4);
+      }
       if (k + 1 < pts.size() && std::isfinite(pts[k + 1].second)) {
-        cv.Line(X(pts[k].first), Y(pts[k].second), X(pts[k + 1].first), Y(pts[k + 1].second), c, 3);
+        cv.Line(X(pts[k].first), Y(pts[k].second), X(pts[k + 1].first), Y(pts[k + 1].second), c, 3,
+                dashed);
       }
     }
-    // Legend swatch (colour order = PlotLegend order), top right.
-    for (int dy = 0; dy < 12; ++dy)
-      for (int dx = 0; dx < 24; ++dx)
-        cv.Set(W - R - 30 + dx, T + 8 + static_cast<int>(i) * 18 + dy, c);
+    // Legend (colour order = PlotLegend order): a swatch line and the name, top right.
+    const int ly = T + static_cast<int>(i) * 22;
+    cv.Line(right + 20, ly + 5, right + 50, ly + 5, c, 3, dashed || pts.size() == 1);
+    std::string label = names[i];
+    for (const auto& [pc, ppl] : pts) {
+      if (ppl > hi) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), " (off scale: %.0f at %.2f)", ppl, pc);
+        label += buf;
+        break;
+      }
+    }
+    cv.Text(right + 58, ly, label, 2, c);
   }
   const std::string png = EncodePng(W, H, cv.pixels(), /*compress=*/true);
   std::ofstream out(path, std::ios::binary);

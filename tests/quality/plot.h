@@ -1,5 +1,7 @@
-// A dependency-free PNG line plot of perplexity against p_c, one line per method (the colours are
-// listed by PlotLegend and in results.md; tick labels are digits only, no font library).
+// A dependency-free PNG line plot of perplexity against p_c, one line per method, with a legend of
+// method names (a built-in 3x5 font; the colours are also listed by PlotLegend and in
+// results.md). The y range stops at 2.5x the engine's perplexity; higher points are triangles on
+// the top edge, their value in the legend.
 #pragma once
 
 #include <string>
@@ -15,8 +17,10 @@ struct Rgb {
 };
 Rgb SeriesColor(size_t i);
 const char* SeriesColorName(size_t i);
+bool SeriesDashed(size_t i);  // series past the palette's length are dashed (second cycle)
 
-// Methods in plot order with their colour names, e.g. {"full: black", "sink_recent: red"}.
+// Methods in plot order with their colour names, e.g. {"full: black", "sink_recent: red"}
+// ("... dashed" for the second cycle of colours).
 std::vector<std::string> PlotLegend(const HarnessReport& r);
 
 // Encodes an RGB image (row-major, 3 bytes per pixel) as PNG. With `compress` and zlib in the

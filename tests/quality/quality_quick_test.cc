@@ -186,6 +186,21 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
     EXPECT_EQ(m.multikey_correct, p->multikey_correct) << m.method << " " << m.p_c;
     EXPECT_GT(p->cpu_seconds, 0.0) << m.method;
   }
+
+  // One segment and two passkey prompts with two workers: the prompts take a worker the segments
+  // did not need (its sessions are made for the prompts), with the same answers.
+  HarnessOptions few = o;
+  few.max_segments = 1;
+  few.methods = {"full"};
+  few.modes = {kModeOneShot};
+  few.passkey_methods.clear();
+  few.progress = false;
+  ASSERT_EQ(few.EffectiveJobs(1), 1);
+  ASSERT_EQ(few.EffectiveJobs(2), 2);
+  auto one_segment = RunHarness(**model, few);
+  ASSERT_TRUE(one_segment.ok()) << one_segment.status();
+  EXPECT_EQ(one_segment->engine_passkey_correct, rep->engine_passkey_correct);
+  EXPECT_EQ(one_segment->engine_multikey_correct, rep->engine_multikey_correct);
 }
 
 }  // namespace
