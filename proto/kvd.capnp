@@ -279,10 +279,24 @@ struct StatsReply {
   namespaces @5 :List(GroupStats);
   registeredModels @6 :List(ModelInfo);
   counters @7 :List(Counter);
+  # One entry per model with a compression policy (config order): its ingest's time per
+  # compression stage since start (docs/wire-format.md "Stats").
+  compression @8 :List(ModelIngest);
 
   struct Counter {
     name @0 :Text;
     value @1 :UInt64;
+  }
+
+  struct ModelIngest {
+    model @0 :Text;
+    stages @1 :List(StageTime);    # every stage, in pipeline order
+  }
+
+  struct StageTime {
+    stage @0 :Text;                # convert|derotate|score|select|merge|route|encode|serialize
+    nanos @1 :UInt64;              # summed over the chunks compressed since start
+    chunks @2 :UInt64;             # chunks in which the stage took time
   }
 }
 

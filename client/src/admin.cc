@@ -60,6 +60,14 @@ StatusOr<Stats> ClientImpl::GetStats() {
       out.registered_models.push_back(std::move(info));
     }
     for (auto c : s.getCounters()) out.counters.emplace_back(c.getName().cStr(), c.getValue());
+    for (auto m : s.getCompression()) {
+      ModelIngestStats ingest;
+      ingest.model = m.getModel().cStr();
+      for (auto t : m.getStages()) {
+        ingest.stages.push_back({t.getStage().cStr(), t.getNanos(), t.getChunks()});
+      }
+      out.compression.push_back(std::move(ingest));
+    }
     return Status::Ok();
   }));
   return out;

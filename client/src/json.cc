@@ -39,10 +39,19 @@ std::string StatsToJson(const Stats& s, int indent) {
   }
   json counters = json::object();
   for (const auto& [name, value] : s.counters) counters[name] = value;
+  json compression = json::array();
+  for (const auto& m : s.compression) {
+    json stages = json::array();
+    for (const auto& t : m.stages) {
+      stages.push_back({{"stage", t.stage}, {"nanos", t.nanos}, {"chunks", t.chunks}});
+    }
+    compression.push_back({{"model", m.model}, {"stages", stages}});
+  }
   json j = {{"node", s.node_name},         {"uptime_ms", s.uptime_ms},
             {"sessions", s.sessions},      {"tiers", tiers},
             {"models", Groups(s.models)},  {"namespaces", Groups(s.namespaces)},
-            {"registered_models", models}, {"counters", counters}};
+            {"registered_models", models}, {"counters", counters},
+            {"compression", compression}};
   return Dump(j, indent);
 }
 

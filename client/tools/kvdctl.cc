@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -49,6 +50,13 @@ int Fail(const Status& s, bool json, bool connecting) {
   if (json) std::cout << kvd::client::StatusToJson(s) << "\n";
   std::cerr << "kvdctl: " << (connecting ? "cannot connect: " : "") << s.ToString() << "\n";
   return conn ? kExitConnect : kExitDaemonError;
+}
+
+// Nanoseconds as milliseconds with three decimals.
+std::string Millis(uint64_t nanos) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(nanos) / 1e6);
+  return buf;
 }
 
 std::string Pct(uint64_t part, uint64_t whole) {
@@ -96,6 +104,17 @@ void PrintStats(const kvd::client::Stats& s) {
     std::vector<std::vector<std::string>> r;
     for (const auto& [name, value] : s.counters) r.push_back({name, std::to_string(value)});
     PrintTable(std::cout, {"COUNTER", "VALUE"}, r);
+  }
+  if (!s.compression.empty()) {
+    std::cout << "\nCompression time per stage (since start)\n";
+    std::vector<std::vector<std::string>> r;
+    for (const auto& m : s.compression) {
+      for (const auto& t : m.stages) {
+        r.push_back({m.model, t.stage, std::to_string(t.chunks), Millis(t.nanos),
+                     t.chunks == 0 ? "-" : Millis(t.nanos / t.chunks)});
+      }
+    }
+    PrintTable(std::cout, {"MODEL", "STAGE", "CHUNKS", "TOTAL MS", "MS/CHUNK"}, r);
   }
 }
 

@@ -145,6 +145,23 @@ std::string Metrics::RenderPrometheus(const StatsSnapshot& s) const {
     w.Sample(metric, "", value);
   }
 
+  const std::string stage_seconds = "kvd_compress_stage_seconds_total";
+  const std::string stage_chunks = "kvd_compress_stage_chunks_total";
+  w.Family(stage_seconds, "counter",
+           "Time spent in each compression stage of a model's ingest (kvdctl stats)");
+  for (const auto& [model, ingest] : s.compression) {
+    for (const IngestStageTime& t : ingest.stages) {
+      w.Sample(stage_seconds, Label("model", model) + "," + Label("stage", t.stage),
+               Number(static_cast<double>(t.nanos) * 1e-9));
+    }
+  }
+  w.Family(stage_chunks, "counter", "Chunks in which a compression stage of a model took time");
+  for (const auto& [model, ingest] : s.compression) {
+    for (const IngestStageTime& t : ingest.stages) {
+      w.Sample(stage_chunks, Label("model", model) + "," + Label("stage", t.stage), t.chunks);
+    }
+  }
+
   const std::string h = "kvd_request_duration_seconds";
   w.Family(h, "histogram",
            "Server-side latency of lookup, put (commit to acknowledgement) and get requests");

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvd/daemon/chunk_codec.h"
 #include "kvd/storage/stats.h"
 
 namespace kvd::daemon {
@@ -54,6 +55,9 @@ struct StatsSnapshot {
   std::map<std::string, storage::UsageStats> per_model, per_namespace;
   // Daemon and host-tier counters (StatsReply.counters), in display order.
   std::vector<std::pair<std::string, uint64_t>> counters;
+  // Per model with a compression policy (config order): its ingest's stage times
+  // (StatsReply.compression).
+  std::vector<std::pair<std::string, IngestStats>> compression;
   // Damage to stored data found since start, one reason per kind (empty: none); `kvdctl
   // health` is degraded with these reasons.
   std::vector<std::string> damage;
@@ -71,6 +75,8 @@ class Metrics {
   //   kvd_tier_{evictions,hits,misses}_total{tier}
   //   kvd_model_{chunks,bytes}{model}, kvd_namespace_{chunks,bytes}{namespace}
   //   kvd_<counter>_total for every StatsReply counter (kvd_<name> for the gauges among them)
+  //   kvd_compress_stage_seconds_total{model,stage}, kvd_compress_stage_chunks_total{model,stage}
+  //     for every model with a compression policy and every stage (StatsReply.compression)
   //   kvd_request_duration_seconds{op="lookup"|"put"|"get"} histograms
   // Every series carries node="<node name>".
   std::string RenderPrometheus(const StatsSnapshot& snapshot) const;

@@ -98,6 +98,11 @@ StatsSnapshot Server::Impl::Snapshot() {
       {"disk_wal_corruptions", disk_ != nullptr ? disk_->wal_corruptions() : 0},
       {"gpu_checksum_failures", gpu.checksum_failures},
   };
+  for (const ModelConfig& m : config_.models) {
+    if (const ChunkCodec* codec = this->codec(m.name); codec != nullptr) {
+      s.compression.emplace_back(m.name, codec->Stats());
+    }
+  }
   s.damage = DamageFound(s);
   return s;
 }
@@ -166,6 +171,17 @@ void Session::HandleStats(uint64_t seq, uint64_t rid) {
              for (unsigned i = 0; i < counters.size(); ++i) {
                out[i].setName(counters[i].first);
                out[i].setValue(counters[i].second);
+             }
+             auto compression = reply.initCompression(snap.compression.size());
+             for (unsigned i = 0; i < snap.compression.size(); ++i) {
+               const auto& [model, ingest] = snap.compression[i];
+               compression[i].setModel(model);
+               auto stages = compression[i].initStages(ingest.stages.size());
+               for (unsigned j = 0; j < ingest.stages.size(); ++j) {
+                 stages[j].setStage(ingest.stages[j].stage);
+                 stages[j].setNanos(ingest.stages[j].nanos);
+                 stages[j].setChunks(ingest.stages[j].chunks);
+               }
              }
            }));
 }

@@ -308,6 +308,99 @@ TEST_F(ServingE2eTest, FullIngestQueueIsResourceExhaustedWhileGetsGoOn) {
   EXPECT_EQ(CounterValue(*stats, "chunks_compressed"), 9u);
 }
 
+// `kvdctl stats`, its JSON and /metrics split the compression time by stage: after compressed
+// puts every stage the policy runs has time and the chunks it ran in, the stages it does not run
+// stay at zero, and a lossless (too short) chunk counts in `serialize` only.
+TEST_F(ServingE2eTest, StatsSplitCompressionTimeByStage) {
+  KvdConfig config;
+  config.extra_models = PolicyModel("stories-snapkv", kSnapKv) +
+                        PolicyModel("stories-hybrid", "{stages: [snapkv, kvslimmer], p_c: 0.5}");
+  config.metrics = true;
+  auto kvd = KvdProcess::Start(config);
+  ASSERT_TRUE(kvd.ok()) << kvd.status();
+  kvd_ = std::move(*kvd);
+  auto snap = Connect("stories-snapkv");
+  auto hybrid = Connect("stories-hybrid");
+  ASSERT_NE(snap, nullptr);
+  ASSERT_NE(hybrid, nullptr);
+  const ModelLayout layout = snap->options().layout;
+  std::vector<Chunk> chunks = {MakeChunk(layout, kTokens, 41), MakeChunk(layout, kTokens, 42),
+                               MakeChunk(layout, 40, 43)};
+  std::vector<client::PutItem> items;
+  for (int i = 0; i < 3; ++i) {
+    items.push_back(Item({41, static_cast<uint64_t>(i)}, chunks[i], i * kTokens));
+  }
+  auto put = snap->PutChunks(items);
+  ASSERT_TRUE(put.ok()) << put.status() << "\n" << kvd_->Log();
+  auto put_hybrid = hybrid->PutChunks(std::vector<client::PutItem>{items[0]});
+  ASSERT_TRUE(put_hybrid.ok()) << put_hybrid.status() << "\n" << kvd_->Log();
+
+  auto stats = snap->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_EQ(stats->compression.size(), 2u);
+  const std::vector<std::string> names = {"convert", "derotate", "score",  "select",
+                                          "merge",   "route",    "encode", "serialize"};
+  auto stage = [&](const std::string& model, const std::string& name) {
+    for (const auto& m : stats->compression) {
+      if (m.model != model) continue;
+      std::vector<std::string> order;
+      for (const auto& t : m.stages) order.push_back(t.stage);
+      EXPECT_EQ(order, names) << model;
+      for (const auto& t : m.stages) {
+        if (t.stage == name) return t;
+      }
+    }
+    ADD_FAILURE() << model << " " << name << " not in the stats";
+    return client::IngestStageTime{};
+  };
+  // stories-snapkv: two full chunks ran the plan, the 40-token tail was stored losslessly.
+  for (const char* ran : {"convert", "score", "select", "encode"}) {
+    const client::IngestStageTime t = stage("stories-snapkv", ran);
+    EXPECT_EQ(t.chunks, 2u) << ran;
+    EXPECT_GT(t.nanos, 0u) << ran;
+  }
+  for (const char* idle : {"derotate", "merge", "route"}) {
+    const client::IngestStageTime t = stage("stories-snapkv", idle);
+    EXPECT_EQ(t.chunks, 0u) << idle;
+    EXPECT_EQ(t.nanos, 0u) << idle;
+  }
+  EXPECT_EQ(stage("stories-snapkv", "serialize").chunks, 3u);
+  EXPECT_GT(stage("stories-snapkv", "serialize").nanos, 0u);
+  // The hybrid de-rotates and merges; nothing routes.
+  for (const char* ran : {"convert", "derotate", "score", "merge", "encode", "serialize"}) {
+    const client::IngestStageTime t = stage("stories-hybrid", ran);
+    EXPECT_EQ(t.chunks, 1u) << ran;
+    EXPECT_GT(t.nanos, 0u) << ran;
+  }
+  EXPECT_EQ(stage("stories-hybrid", "route").chunks, 0u);
+
+#ifdef KVDCTL_BINARY
+  // kvdctl stats: the table, and the same figures in --json.
+  std::string out;
+  ASSERT_EQ(RunProgram({KVDCTL_BINARY, "--addr", kvd_->tcp_address(), "stats"}, &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr("Compression time per stage"));
+  EXPECT_THAT(out, ::testing::ContainsRegex("stories-snapkv +score +2 +[0-9]+\\.[0-9]{3}"));
+  EXPECT_THAT(out, ::testing::ContainsRegex("stories-snapkv +serialize +3 "));
+  ASSERT_EQ(RunProgram({KVDCTL_BINARY, "--addr", kvd_->tcp_address(), "--json", "stats"}, &out), 0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("\"compression\""));
+  EXPECT_THAT(
+      out, ::testing::ContainsRegex("\"chunks\": 2,[[:space:]]*\"nanos\": [1-9][0-9]*,[[:space:]]*"
+                                    "\"stage\": \"score\""));
+#endif
+
+  // /metrics: one counter pair per (model, stage).
+  auto scrape = HttpGet(kvd_->metrics_address(), "/metrics");
+  ASSERT_TRUE(scrape.ok()) << scrape.status();
+  EXPECT_THAT(*scrape, HasSubstr("# TYPE kvd_compress_stage_seconds_total counter"));
+  EXPECT_THAT(*scrape,
+              HasSubstr("model=\"stories-snapkv\",stage=\"score\"} 2\n"));  // chunks_total
+  EXPECT_THAT(*scrape, ::testing::ContainsRegex(
+                           "kvd_compress_stage_seconds_total\\{[^}]*model=\"stories-hybrid\","
+                           "stage=\"merge\"\\} [0-9.e-]*[1-9]"));
+  EXPECT_THAT(*scrape, HasSubstr("model=\"stories-snapkv\",stage=\"route\"} 0\n"));
+}
+
 // The same-node shared-memory path feeds the same ingest: a put written into the arena slot is
 // compressed and stored like a transport put, and its compact form comes back through the slot.
 TEST_F(ServingE2eTest, SharedMemoryPutsAreCompressedLikeTransportPuts) {

@@ -2,6 +2,7 @@
 #include "kvd/daemon/chunk_codec.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
@@ -86,7 +87,26 @@ kk::CompactChunk LosslessChunk(const ModelLayout& layout, std::span<const uint8_
   return c;
 }
 
+// Index of each stage in IngestStageNames().
+enum IngestStage : size_t {
+  kConvert,
+  kDerotate,
+  kScore,
+  kSelect,
+  kMerge,
+  kRoute,
+  kEncode,
+  kSerialize,
+  kIngestStages
+};
+
 }  // namespace
+
+const std::vector<std::string>& IngestStageNames() {
+  static const std::vector<std::string> names = {"convert", "derotate", "score",  "select",
+                                                 "merge",   "route",    "encode", "serialize"};
+  return names;
+}
 
 struct ChunkCodec::Impl {
   ModelConfig model;
@@ -112,6 +132,21 @@ struct ChunkCodec::Impl {
   std::vector<uint8_t> weights_bytes;                // guarded by cal_mu
   std::atomic<uint32_t> codec_id{0};
   std::atomic<uint64_t> version{0};
+
+  // ---- stage times (Stats) ----
+  std::array<std::atomic<uint64_t>, kIngestStages> stage_nanos{};
+  std::array<std::atomic<uint64_t>, kIngestStages> stage_chunks{};
+
+  // Adds one chunk's stage times (see the header: a stage counts when it took time).
+  void AddStageTimes(const kk::CompressionStageTimes& t, int64_t serialize_ns) {
+    const int64_t ns[kIngestStages] = {t.convert_ns, t.derotate_ns, t.score_ns,  t.select_ns,
+                                       t.merge_ns,   t.route_ns,    t.encode_ns, serialize_ns};
+    for (size_t i = 0; i < kIngestStages; ++i) {
+      if (ns[i] <= 0) continue;
+      stage_nanos[i].fetch_add(static_cast<uint64_t>(ns[i]), std::memory_order_relaxed);
+      stage_chunks[i].fetch_add(1, std::memory_order_relaxed);
+    }
+  }
 
   void WorkerLoop() {
     for (;;) {
@@ -406,6 +441,7 @@ StatusOr<EncodedChunk> ChunkCodec::Encode(std::span<const uint8_t> put_bytes, ui
   const int64_t forced = p.sinks + (window > 0 ? p.window : 0);
   const int64_t kept = std::llround((1.0 - p.p_c) * static_cast<double>(n));
   kk::CompactChunk chunk;
+  kk::CompressionStageTimes stages;  // summed over the plan runs of this chunk
   if (n < p.sinks + p.window + 1 || kept < forced) {
     chunk = LosslessChunk(layout, raw, n, first_position);
     out.lossless = true;
@@ -433,7 +469,9 @@ StatusOr<EncodedChunk> ChunkCodec::Encode(std::span<const uint8_t> put_bytes, ui
     if (!weights) plan.route = kk::RouteStage::kNone;
     kk::ExecOptions exec;
     exec.num_threads = 1;  // the pool's threads are the parallelism
-    KVD_ASSIGN_OR_RETURN(chunk, kk::Compress(plan, layout, input, nullptr, exec));
+    kk::CompressionStats stats;
+    KVD_ASSIGN_OR_RETURN(chunk, kk::Compress(plan, layout, input, &stats, exec));
+    stages += stats.stage;
     if (weights) {
       // Heads whose calibration fit is below the threshold route nothing: take them from the
       // same plan without routing (each head meets its budget on its own, so the total stays).
@@ -444,7 +482,9 @@ StatusOr<EncodedChunk> ChunkCodec::Encode(std::span<const uint8_t> put_bytes, ui
       if (!weak.empty()) {
         plan.route = kk::RouteStage::kNone;
         input.weights = nullptr;
-        KVD_ASSIGN_OR_RETURN(auto plain, kk::Compress(plan, layout, input, nullptr, exec));
+        kk::CompressionStats plain_stats;
+        KVD_ASSIGN_OR_RETURN(auto plain, kk::Compress(plan, layout, input, &plain_stats, exec));
+        stages += plain_stats.stage;
         for (size_t i : weak) chunk.heads[i] = std::move(plain.heads[i]);
       }
       chunk.codec.calibration_version = version;
@@ -452,10 +492,25 @@ StatusOr<EncodedChunk> ChunkCodec::Encode(std::span<const uint8_t> put_bytes, ui
   }
   out.half_pairs = chunk.HalfPairs();
   out.raw_half_pairs = 2 * n * layout.num_layers * layout.num_kv_heads;
+  const auto serialize_start = std::chrono::steady_clock::now();
   KVD_ASSIGN_OR_RETURN(out.bytes, kk::EncodeCompactChunk(chunk));
-  out.compress_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const auto end = std::chrono::steady_clock::now();
+  impl_->AddStageTimes(
+      stages,
+      std::max<int64_t>(
+          1, std::chrono::duration_cast<std::chrono::nanoseconds>(end - serialize_start).count()));
+  out.compress_ms = std::chrono::duration<double, std::milli>(end - start).count();
   return out;
+}
+
+IngestStats ChunkCodec::Stats() const {
+  IngestStats s;
+  const auto& names = IngestStageNames();
+  for (size_t i = 0; i < kIngestStages; ++i) {
+    s.stages.push_back({names[i], impl_->stage_nanos[i].load(std::memory_order_relaxed),
+                        impl_->stage_chunks[i].load(std::memory_order_relaxed)});
+  }
+  return s;
 }
 
 CalibrationStatus ChunkCodec::Calibration() const {

@@ -242,6 +242,17 @@ struct ModelInfo {
   ModelLayout layout;
   uint64_t chunk_bytes = 0;
 };
+// Time of one compression stage of a model's ingest since the daemon started (StatsReply
+// .compression): `nanos` summed over chunks, `chunks` the chunks in which the stage took time.
+struct IngestStageTime {
+  std::string stage;  // convert | derotate | score | select | merge | route | encode | serialize
+  uint64_t nanos = 0;
+  uint64_t chunks = 0;
+};
+struct ModelIngestStats {
+  std::string model;
+  std::vector<IngestStageTime> stages;  // pipeline order
+};
 struct Stats {
   std::string node_name;
   uint64_t uptime_ms = 0;
@@ -250,6 +261,7 @@ struct Stats {
   std::vector<GroupStats> models, namespaces;
   std::vector<ModelInfo> registered_models;
   std::vector<std::pair<std::string, uint64_t>> counters;
+  std::vector<ModelIngestStats> compression;  // models with a compression policy
 };
 struct ListFilter {
   std::string name_space;  // "" = any

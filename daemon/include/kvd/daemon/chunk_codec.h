@@ -35,6 +35,13 @@
 // restart resumes from the last checkpoint (the tokens since it are lost); the checkpoint is
 // removed once the weights are saved.
 //
+// Stage times (Stats(), kvdctl stats, /metrics): every compressed chunk adds the kernels' per-stage
+// times (CompressionStats::stage: convert, derotate, score, select, merge, route, encode; thread
+// time of the stage summed over the chunk's (layer, KV head) pipelines) and the codec's own
+// `serialize` (the compact chunk's bytes, kernels::EncodeCompactChunk). A chunk counts in a
+// stage's `chunks` when that stage took time in it: a stage the policy does not run stays at 0,
+// a lossless (too short) chunk counts in `serialize` only.
+//
 // Thread safety: every method is thread-safe.
 #pragma once
 
@@ -70,6 +77,22 @@ struct CalibrationStatus {
   std::vector<double> r2;    // [layers * kv heads] once calibrated
   std::vector<bool> routes;  // r2 >= threshold
 };
+
+// Accumulated time of one compression stage since start (see the file comment).
+struct IngestStageTime {
+  std::string stage;    // convert | derotate | score | select | merge | route | encode | serialize
+  uint64_t nanos = 0;   // summed over chunks
+  uint64_t chunks = 0;  // chunks in which the stage took time
+};
+
+// What a model's ingest did since start (kvdctl stats).
+struct IngestStats {
+  // Every stage of IngestStageNames(), in that order (zeros included).
+  std::vector<IngestStageTime> stages;
+};
+
+// The stage names of IngestStats::stages, in pipeline order.
+const std::vector<std::string>& IngestStageNames();
 
 class ChunkCodec {
  public:
@@ -107,6 +130,9 @@ class ChunkCodec {
   // Errors: INVALID_ARGUMENT (sizes, NaN/Inf in K/V/queries), the kernels' errors.
   StatusOr<EncodedChunk> Encode(std::span<const uint8_t> put_bytes, uint32_t tokens,
                                 uint64_t first_position, uint32_t window);
+
+  // Stage times since start (see the file comment).
+  IngestStats Stats() const;
 
   CalibrationStatus Calibration() const;
   // Serialized VECTOR weights of `version`; NOT_FOUND unless that is the calibrated version.
