@@ -3,7 +3,7 @@
 # Sanitizer into build-fuzz/ and runs each for SECONDS (default 60).
 #
 #   deploy/fuzz.sh [SECONDS] [TARGET...]
-#     TARGET: frame control_message compact_chunk gguf config disk_record
+#     TARGET: frame control_message compact_chunk vector_calibration gguf config disk_record
 #             (default: all, one after the other)
 #
 # Each target starts from its committed seeds (tests/fuzz/corpus/<target>/) and a working corpus
@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL=(frame control_message compact_chunk gguf config disk_record)
+ALL=(frame control_message compact_chunk vector_calibration gguf config disk_record)
 usage() {
   sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2

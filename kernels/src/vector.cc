@@ -28,6 +28,11 @@ std::string HeadName(int layer, int head) {
   return "layer " + std::to_string(layer) + " head " + std::to_string(head);
 }
 
+template <typename T>
+bool AllFinite(const std::vector<T>& values) {
+  return std::all_of(values.begin(), values.end(), [](T x) { return std::isfinite(x); });
+}
+
 Status CheckView(ConstMatrixView m, int64_t rows, int64_t cols, const char* what) {
   if (m.rows != rows || m.cols != cols) {
     return Status::InvalidArgument(std::string(what) + ": shape [" + std::to_string(m.rows) + ", " +
@@ -282,6 +287,10 @@ StatusOr<VectorWeights> VectorCalibrator::Solve(const VectorSolveOptions& option
         fit.bias[r] = static_cast<float>((s.value_sum[r] - wk) / n);
       }
     }
+    if (!AllFinite(fit.w.values) || !AllFinite(fit.bias) || !std::isfinite(fit.r2)) {
+      return Status::FailedPrecondition("VECTOR solve: the fit of " + HeadName(layer, head) +
+                                        " is not finite in float32 (accumulators out of range)");
+    }
   }
   out.version = out.ComputeVersion();
   return out;
@@ -338,6 +347,11 @@ StatusOr<VectorCalibrator> VectorCalibrator::Deserialize(std::span<const uint8_t
     r.GetBytes(h.gram.data(), h.gram.size() * 8);
     r.GetBytes(h.cross.data(), h.cross.size() * 8);
     if (h.count < 0) return Status::DataLoss("VECTOR calibration: negative token count");
+    // Add() refuses NaN/Inf and float32 products cannot overflow float64 sums.
+    if (!std::isfinite(h.value_sq_sum) || !AllFinite(h.value_sum) || !AllFinite(h.key_sum) ||
+        !AllFinite(h.gram) || !AllFinite(h.cross)) {
+      return Status::DataLoss("VECTOR calibration: non-finite accumulator");
+    }
   }
   if (r.failed()) return Status::DataLoss("VECTOR calibration: truncated body");
   return cal;
@@ -406,7 +420,8 @@ StatusOr<VectorWeights> VectorWeights::Deserialize(std::span<const uint8_t> byte
   out.num_kv_heads = static_cast<int>(heads);
   out.head_dim = static_cast<int>(d);
   out.heads.resize(static_cast<size_t>(layers) * heads);
-  for (VectorHeadFit& h : out.heads) {
+  for (size_t idx = 0; idx < out.heads.size(); ++idx) {
+    VectorHeadFit& h = out.heads[idx];
     r.Get(&h.count);
     r.Get(&h.r2);
     h.w = Matrix(d, d);
@@ -415,6 +430,15 @@ StatusOr<VectorWeights> VectorWeights::Deserialize(std::span<const uint8_t> byte
       h.bias.resize(d);
       r.GetBytes(h.bias.data(), h.bias.size() * sizeof(float));
     }
+    if (r.failed()) break;
+    const std::string head = HeadName(static_cast<int>(idx / heads), static_cast<int>(idx % heads));
+    if (h.count < 0) return Status::DataLoss("VECTOR weights: negative token count in " + head);
+    // Solve never writes these: a W (or b) entry that is not finite would make every rebuild of
+    // a routed value fail at serve time instead of calibrating again.
+    if (!AllFinite(h.w.values) || !AllFinite(h.bias)) {
+      return Status::DataLoss("VECTOR weights: non-finite W or bias entry in " + head);
+    }
+    if (!std::isfinite(h.r2)) return Status::DataLoss("VECTOR weights: non-finite R^2 in " + head);
   }
   if (r.failed()) return Status::DataLoss("VECTOR weights: truncated body");
   if (out.ComputeVersion() != out.version) {

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../engine/gguf_builder.h"
@@ -20,6 +21,7 @@
 #include "kvd/common/hash.h"
 #include "kvd/daemon/config.h"
 #include "kvd/kernels/compact_chunk.h"
+#include "kvd/kernels/vector.h"
 #include "kvd/proto/convert.h"
 #include "kvd/proto/frame.h"
 #include "kvd/proto/kvd.capnp.h"
@@ -304,6 +306,44 @@ void WriteGguf(const fs::path& corpus) {
   Write(corpus / "gguf" / "metadata.gguf", m.data(), m.size());
 }
 
+// Saved VECTOR calibration: a checkpoint (empty and fed a few tokens) and the weights solved from
+// it, linear and affine.
+void WriteVectorCalibration(const fs::path& corpus) {
+  namespace kk = kvd::kernels;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const auto& [layers, heads, d] : {std::tuple{1, 1, 2}, std::tuple{2, 2, 4}}) {
+    auto cal = kk::VectorCalibrator::Create(layers, heads, d);
+    if (!cal.ok()) std::exit(1);
+    const std::string shape =
+        std::to_string(layers) + "x" + std::to_string(heads) + "x" + std::to_string(d);
+    const std::vector<uint8_t> empty = cal->Serialize();
+    Write(corpus / "vector_calibration" / ("checkpoint-empty-" + shape), empty.data(),
+          empty.size());
+    kk::Matrix kpre(4 * d, d), values(4 * d, d);
+    for (float& x : kpre.values) x = normal(rng);
+    for (float& x : values.values) x = normal(rng);
+    for (int l = 0; l < layers; ++l) {
+      for (int h = 0; h < heads; ++h) {
+        if (!cal->Add(l, h, kpre.View(), values.View()).ok()) std::exit(1);
+      }
+    }
+    const std::vector<uint8_t> checkpoint = cal->Serialize();
+    Write(corpus / "vector_calibration" / ("checkpoint-" + shape), checkpoint.data(),
+          checkpoint.size());
+    auto weights = cal->Solve();
+    if (!weights.ok()) std::exit(1);
+    const std::vector<uint8_t> w = weights->Serialize();
+    Write(corpus / "vector_calibration" / ("weights-" + shape), w.data(), w.size());
+    kk::VectorSolveOptions affine;
+    affine.affine = true;
+    auto affine_weights = cal->Solve(affine);  // format version 2: a bias per head
+    if (!affine_weights.ok()) std::exit(1);
+    const std::vector<uint8_t> a = affine_weights->Serialize();
+    Write(corpus / "vector_calibration" / ("weights-affine-" + shape), a.data(), a.size());
+  }
+}
+
 // Disk tier records: [u16 key length][chunk key][metadata record].
 void WriteDiskRecords(const fs::path& corpus) {
   namespace codec = kvd::storage::codec;
@@ -340,6 +380,7 @@ int main(int argc, char** argv) {
   WriteMessages(corpus, *config);
   WriteCompactChunks(corpus);
   WriteGguf(corpus);
+  WriteVectorCalibration(corpus);
   WriteDiskRecords(corpus);
   std::printf("seeds written under %s\n", corpus.c_str());
   return 0;

@@ -5,9 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
 #include <random>
 #include <vector>
 
+#include "kvd/common/hash.h"
 #include "reference.h"
 
 namespace kvd::kernels {
@@ -195,16 +199,22 @@ TEST(VectorCalibration, RejectsBadInput) {
   EXPECT_EQ(cal->Solve({.ridge = -1.0}).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A 2 x 2 calibrator whose every head saw the same `tokens` random (kpre, value) rows.
+VectorCalibrator FedCalibrator(int d, int64_t tokens, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Matrix k = RandomMatrix(tokens, d, &rng);
+  Matrix v = RandomMatrix(tokens, d, &rng);
+  auto cal = VectorCalibrator::Create(2, 2, d);
+  EXPECT_TRUE(cal.ok()) << cal.status();
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) EXPECT_TRUE(cal->Add(l, h, k.View(), v.View()).ok());
+  }
+  return std::move(*cal);
+}
+
 TEST(VectorCalibration, SerializationRoundTripsAndDetectsCorruption) {
   const int d = 64;
-  std::mt19937_64 rng(5);
-  Matrix k = RandomMatrix(300, d, &rng);
-  Matrix v = RandomMatrix(300, d, &rng);
-  auto cal = VectorCalibrator::Create(2, 2, d);
-  ASSERT_TRUE(cal->Add(1, 1, k.View(), v.View()).ok());
-  ASSERT_TRUE(cal->Add(0, 0, k.View(), v.View()).ok());
-  ASSERT_TRUE(cal->Add(0, 1, k.View(), v.View()).ok());
-  ASSERT_TRUE(cal->Add(1, 0, k.View(), v.View()).ok());
+  std::optional<VectorCalibrator> cal = FedCalibrator(d, 300, 5);
   std::vector<uint8_t> bytes = cal->Serialize();
   auto back = VectorCalibrator::Deserialize(bytes);
   ASSERT_TRUE(back.ok()) << back.status();
@@ -238,6 +248,90 @@ TEST(VectorCalibration, SerializationRoundTripsAndDetectsCorruption) {
   std::vector<uint8_t> future = wbytes;
   future[4] = 9;
   EXPECT_THAT(VectorWeights::Deserialize(future).status().message(), HasSubstr("version 9"));
+}
+
+// Rewrites the xxh3-64 trailer after a tamper, so the loader's checks behind the checksum run.
+void FixChecksum(std::vector<uint8_t>* bytes) {
+  const uint64_t sum = Checksum64(bytes->data(), bytes->size() - 8);
+  std::memcpy(bytes->data() + bytes->size() - 8, &sum, 8);
+}
+
+// Saved weights or accumulators that Solve / Add never produce are refused with DATA_LOSS (the
+// daemon then calibrates again) instead of being installed: non-finite W made every rebuild of a
+// routed value fail at serve time. The writer here is a correct one (valid checksum and version
+// digest), so only the value checks can refuse.
+TEST(VectorCalibration, LoadersRefuseValuesSolveNeverWrites) {
+  const int d = 4;
+  std::optional<VectorCalibrator> cal = FedCalibrator(d, 64, 7);
+  auto solved = cal->Solve();
+  ASSERT_TRUE(solved.ok()) << solved.status();
+  auto affine = cal->Solve({.affine = true});
+  ASSERT_TRUE(affine.ok()) << affine.status();
+
+  auto reload = [](VectorWeights w) {
+    w.version = w.ComputeVersion();
+    return VectorWeights::Deserialize(w.Serialize()).status();
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  ASSERT_TRUE(reload(*solved).ok());
+  ASSERT_TRUE(reload(*affine).ok());
+
+  VectorWeights w = *solved;
+  w.heads[2].w.values[5] = nan;  // layer 1 head 0
+  Status s = reload(w);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("non-finite W or bias entry in layer 1 head 0"));
+  w = *solved;
+  w.heads[0].w.values[0] = -inf;
+  EXPECT_THAT(reload(w).message(), HasSubstr("non-finite W or bias entry in layer 0 head 0"));
+  w = *affine;
+  w.heads[3].bias[d - 1] = inf;
+  s = reload(w);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("non-finite W or bias entry in layer 1 head 1"));
+  w = *solved;
+  w.heads[1].r2 = std::numeric_limits<double>::quiet_NaN();
+  s = reload(w);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("non-finite R^2 in layer 0 head 1"));
+  w = *solved;
+  w.heads[1].count = -3;
+  s = reload(w);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("negative token count in layer 0 head 1"));
+
+  // Accumulators: header 24 bytes; per head count, value_sq_sum, value_sum [d], key_sum [d],
+  // gram [d, d], cross [d, d] (8 bytes each).
+  const std::vector<uint8_t> good = cal->Serialize();
+  ASSERT_TRUE(VectorCalibrator::Deserialize(good).ok());
+  const size_t per_head = 16 + 16 * d + 16 * d * d;
+  const size_t gram0 = 24 + 16 + 16 * d;  // head 0's gram
+  for (const size_t offset : {size_t{24 + 8}, gram0 + 8 * 3, 24 + 3 * per_head + 16 + 8}) {
+    for (const double bad :
+         {std::numeric_limits<double>::quiet_NaN(), -std::numeric_limits<double>::infinity()}) {
+      std::vector<uint8_t> bytes = good;
+      std::memcpy(bytes.data() + offset, &bad, 8);
+      FixChecksum(&bytes);
+      auto c = VectorCalibrator::Deserialize(bytes);
+      EXPECT_EQ(c.status().code(), StatusCode::kDataLoss) << "offset " << offset;
+      EXPECT_THAT(c.status().message(), HasSubstr("non-finite accumulator"));
+    }
+  }
+
+  // Finite accumulators whose fit overflows float32 (a cross sum of 1e300 over a Gram of ~64):
+  // Solve refuses instead of returning infinite W.
+  std::vector<uint8_t> huge = good;
+  const double big = 1e300;
+  const size_t cross0 = gram0 + 8 * d * d;
+  for (int i = 0; i < d * d; ++i) std::memcpy(huge.data() + cross0 + 8 * i, &big, 8);
+  FixChecksum(&huge);
+  auto loaded = VectorCalibrator::Deserialize(huge);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  auto overflow = loaded->Solve();
+  EXPECT_EQ(overflow.status().code(), StatusCode::kFailedPrecondition) << overflow.status();
+  EXPECT_THAT(overflow.status().message(),
+              HasSubstr("fit of layer 0 head 0 is not finite in float32"));
 }
 
 // -------------------------------------------------------------------------------------------

@@ -84,7 +84,8 @@ struct VectorWeights {
   // version 1 for linear weights (byte-identical to what older builds wrote), version 2 with a
   // per-head intercept for affine ones. Both versions load.
   std::vector<uint8_t> Serialize() const;
-  // DATA_LOSS on truncation or checksum mismatch, INVALID_ARGUMENT on bad magic or unknown version.
+  // DATA_LOSS on truncation, checksum mismatch or what Solve never writes (a negative token count,
+  // a non-finite W, bias or R^2 entry); INVALID_ARGUMENT on bad magic or unknown version.
   static StatusOr<VectorWeights> Deserialize(std::span<const uint8_t> bytes);
 };
 
@@ -107,12 +108,15 @@ class VectorCalibrator {
   Status Merge(const VectorCalibrator& other);
 
   // Solves W^T = (G + ridge I)^-1 C for every head (Cholesky) and R^2 from the accumulators.
-  // FAILED_PRECONDITION naming the head when it has too few tokens or its Gram is singular.
+  // FAILED_PRECONDITION naming the head when it has too few tokens, its Gram is singular or its
+  // fit is not finite in float32. Every weight set it returns is finite.
   StatusOr<VectorWeights> Solve(const VectorSolveOptions& options = {}) const;
 
   // Versioned, checksummed bytes of the accumulators (to persist and resume calibration).
   // Writes version 2 (with key sums); version 1 (without) still loads, with key_sums_known()
-  // false from then on.
+  // false from then on. Deserialize: DATA_LOSS on truncation, checksum mismatch, a shape or
+  // body size that does not match, a negative token count or a non-finite accumulator;
+  // INVALID_ARGUMENT on bad magic or unknown version.
   std::vector<uint8_t> Serialize() const;
   static StatusOr<VectorCalibrator> Deserialize(std::span<const uint8_t> bytes);
   // False once accumulators without key sums (format version 1) were restored or merged in:
