@@ -10,6 +10,8 @@
 # is also written to BUILD/sanitizer-logs/ (one file per reporting process, emptied at each
 # run), so a report in a daemon that a test kills or whose exit status it does not check still
 # counts: the script lists those files and exits 1 when there is one, whatever ctest said.
+# Leave out the `model` and `quality` labels under tsan (-LE 'model|quality'): they run the
+# reference engine on a model, minutes of instrumented inference each, past their time-outs.
 #
 # Environment: KVD_JOBS (build jobs, default nproc), KVD_CTEST_JOBS (default 2),
 # KVD_BUILD_TARGETS (build only these targets), KVD_CMAKE_ARGS (extra CMake arguments),
@@ -23,7 +25,7 @@ case $mode in
   asan) sanitize=address,undefined ;;
   tsan) sanitize=thread ;;
   *)
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac
