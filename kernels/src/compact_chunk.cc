@@ -255,6 +255,20 @@ Status CompactChunk::Validate() const {
   return Status::Ok();
 }
 
+CompactChunk CompactChunk::ForLayout(const ModelLayout& layout, int64_t tokens,
+                                     const CodecDescription& codec) {
+  CompactChunk chunk;
+  chunk.num_layers = layout.num_layers;
+  chunk.num_kv_heads = layout.num_kv_heads;
+  chunk.head_dim = layout.head_dim;
+  chunk.dtype = layout.dtype;
+  chunk.original_tokens = tokens;
+  chunk.layout_digest = layout.Digest();
+  chunk.codec = codec;
+  chunk.heads.resize(static_cast<size_t>(layout.num_layers) * layout.num_kv_heads);
+  return chunk;
+}
+
 int64_t CompactChunk::HalfPairs() const {
   int64_t total = 0;
   for (const CompactHead& h : heads) total += h.slots() + h.value_slots();

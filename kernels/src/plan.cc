@@ -67,21 +67,6 @@ StatusOr<std::vector<int64_t>> ExactPyramidBudgets(int64_t n, int layers, int64_
   return b;
 }
 
-CompactChunk EmptyCompactChunk(const CompressionPlanOptions& options, const ModelLayout& layout,
-                               int64_t n, uint64_t calibration_version) {
-  CompactChunk chunk;
-  chunk.num_layers = layout.num_layers;
-  chunk.num_kv_heads = layout.num_kv_heads;
-  chunk.head_dim = layout.head_dim;
-  chunk.dtype = layout.dtype;
-  chunk.original_tokens = n;
-  chunk.layout_digest = layout.Digest();
-  chunk.codec = options.Codec();
-  chunk.codec.calibration_version = calibration_version;
-  chunk.heads.resize(static_cast<size_t>(layout.num_layers) * layout.num_kv_heads);
-  return chunk;
-}
-
 }  // namespace internal
 
 Status CompressionPlanOptions::Validate() const {
@@ -175,14 +160,14 @@ CompressionStageTimes& CompressionStageTimes::operator+=(const CompressionStageT
   return *this;
 }
 
-CodecDescription CompressionPlanOptions::Codec() const {
+CodecDescription CompressionPlanOptions::Codec(uint64_t calibration_version) const {
   return {.score = score,
           .merge = merge,
           .merge_norm = merge_norm,
           .route = route,
           .position = position,
           .p_c = p_c,
-          .calibration_version = 0};
+          .calibration_version = calibration_version};
 }
 
 StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const ModelLayout& layout,
@@ -267,7 +252,7 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
   KVD_ASSIGN_OR_RETURN(RopeTable rope, RopeTable::Create(layout.rope, layout.head_dim));
 
   CompactChunk chunk =
-      internal::EmptyCompactChunk(options, layout, n, weights != nullptr ? weights->version : 0);
+      CompactChunk::ForLayout(layout, n, options.Codec(weights != nullptr ? weights->version : 0));
 
   const EngineTensorShape shape{.tokens = n, .num_heads = H, .head_dim = d, .dtype = layout.dtype};
   const ExecOptions convert_exec{

@@ -169,7 +169,7 @@ StatusOr<CompactChunk> DevicePlan::Compress(const DeviceChunkInput& input,
   DevicePlanOutput out;
   KVD_RETURN_IF_ERROR(state_->Run(input, job, &out));
 
-  CompactChunk chunk = internal::EmptyCompactChunk(options_, layout_, n, calibration_version_);
+  CompactChunk chunk = CompactChunk::ForLayout(layout_, n, options_.Codec(calibration_version_));
   const size_t e = DTypeSize(layout_.dtype);
   size_t key_off = 0, value_off = 0, slot_off = 0;
   CompressionStats total;

@@ -40,10 +40,6 @@ Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,
 StatusOr<std::vector<int64_t>> ExactPyramidBudgets(int64_t n, int layers, int64_t m, int64_t forced,
                                                    const CompressionPlanOptions& o);
 
-// A compact chunk of the layout and options with its header filled and L*H empty heads.
-CompactChunk EmptyCompactChunk(const CompressionPlanOptions& options, const ModelLayout& layout,
-                               int64_t n, uint64_t calibration_version);
-
 // Compresses one head into *out; adds its counters to *stats. Single-threaded.
 Status CompressHead(const HeadInput& in, CompactHead* out, CompressionStats* stats);
 

@@ -146,6 +146,30 @@ struct LayerData {
     return *data;
   }
 
+  // The layer as a chunk of a one-layer model (bf16, kHeads KV heads, group kGroup), its raw
+  // bytes (K then V, engine layout) and its W as calibrated VECTOR weights (r2 0.9: every head
+  // routes).
+  ModelLayout Layout() const {
+    return {.num_layers = 1,
+            .num_kv_heads = kHeads,
+            .num_q_heads = kHeads * kGroup,
+            .head_dim = kDim,
+            .dtype = DType::kBFloat16,
+            .rope = rope_config};
+  }
+  std::vector<uint8_t> RawChunk() const {
+    std::vector<uint8_t> raw(Layout().ChunkBytes(static_cast<int>(n)));
+    std::memcpy(raw.data(), k_bf16.data(), raw.size() / 2);
+    std::memcpy(raw.data() + raw.size() / 2, v_bf16.data(), raw.size() / 2);
+    return raw;
+  }
+  VectorWeights Weights() const {
+    VectorWeights weights{.num_layers = 1, .num_kv_heads = kHeads, .head_dim = kDim};
+    for (const Matrix& m : w) weights.heads.push_back({.w = m, .r2 = 0.9, .count = 65536});
+    weights.version = weights.ComputeVersion();
+    return weights;
+  }
+
  private:
   void Init() {
     n = Tokens();
@@ -393,23 +417,11 @@ BENCHMARK(BM_DecodeCompactChunk);
 void BM_PlanOneLayer(benchmark::State& state, ScoreStage score, MergeStage merge,
                      RouteStage route) {
   const LayerData& d = LayerData::Get();
-  ModelLayout layout{.num_layers = 1,
-                     .num_kv_heads = kHeads,
-                     .num_q_heads = kHeads * kGroup,
-                     .head_dim = kDim,
-                     .dtype = DType::kBFloat16,
-                     .rope = d.rope_config};
-  std::vector<uint8_t> raw(layout.ChunkBytes(static_cast<int>(d.n)));
-  std::memcpy(raw.data(), d.k_bf16.data(), raw.size() / 2);
-  std::memcpy(raw.data() + raw.size() / 2, d.v_bf16.data(), raw.size() / 2);
+  const ModelLayout layout = d.Layout();
+  const std::vector<uint8_t> raw = d.RawChunk();
   std::vector<ConstMatrixView> qv;
   for (const Matrix& q : d.queries) qv.push_back(q.View());
-  VectorWeights w;
-  w.num_layers = 1;
-  w.num_kv_heads = kHeads;
-  w.head_dim = kDim;
-  for (int h = 0; h < kHeads; ++h) w.heads.push_back({.w = d.w[h], .r2 = 0.5, .count = d.n});
-  w.version = w.ComputeVersion();
+  const VectorWeights w = d.Weights();
   CompressionPlanOptions o{
       .score = score, .merge = merge, .route = route, .p_c = 0.5, .window = kWindow};
   CompressionInput in{.raw = raw, .positions = d.positions, .window_queries = qv, .weights = &w};
@@ -789,18 +801,9 @@ BENCHMARK_CAPTURE(BM_DevicePlanDemoChunk, snapkv_vector, ScoreStage::kSnapKv, Ro
 // one layer: large enough that the bytes-bound stages are not launch-bound. Args: {p_c %}.
 void BM_DevicePlanLayer(benchmark::State& state, RouteStage route) {
   const LayerData& d = LayerData::Get();
-  const ModelLayout layout{.num_layers = 1,
-                           .num_kv_heads = kHeads,
-                           .num_q_heads = kHeads * kGroup,
-                           .head_dim = kDim,
-                           .dtype = DType::kBFloat16,
-                           .rope = d.rope_config};
-  std::vector<uint8_t> raw(layout.ChunkBytes(static_cast<int>(d.n)));
-  std::memcpy(raw.data(), d.k_bf16.data(), raw.size() / 2);
-  std::memcpy(raw.data() + raw.size() / 2, d.v_bf16.data(), raw.size() / 2);
-  VectorWeights weights{.num_layers = 1, .num_kv_heads = kHeads, .head_dim = kDim};
-  for (const Matrix& w : d.w) weights.heads.push_back({.w = w, .r2 = 0.9, .count = 65536});
-  weights.version = weights.ComputeVersion();
+  const ModelLayout layout = d.Layout();
+  const std::vector<uint8_t> raw = d.RawChunk();
+  const VectorWeights weights = d.Weights();
   const CompressionPlanOptions o{.score = ScoreStage::kSnapKv,
                                  .route = route,
                                  .p_c = static_cast<double>(state.range(0)) / 100.0,

@@ -126,6 +126,34 @@ void ExpectRoundTrip(const CompactChunk& c) {
   EXPECT_EQ(*EncodeCompactChunk(*back), *bytes);  // deterministic
 }
 
+TEST(CompactChunk, ForLayoutFillsTheHeaderAndEmptyHeads) {
+  ModelLayout layout;
+  layout.num_layers = 3;
+  layout.num_kv_heads = 2;
+  layout.num_q_heads = 4;
+  layout.head_dim = 16;
+  layout.dtype = DType::kFloat16;
+  ASSERT_TRUE(layout.Validate().ok());
+  const CodecDescription codec{.score = ScoreStage::kKeyDiff, .p_c = 0.5};
+  CompactChunk c = CompactChunk::ForLayout(layout, 40, codec);
+  EXPECT_EQ(c.num_layers, 3);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.dtype, DType::kFloat16);
+  EXPECT_EQ(c.original_tokens, 40);
+  EXPECT_EQ(c.layout_digest, layout.Digest());
+  EXPECT_EQ(c.codec, codec);
+  ASSERT_EQ(c.heads.size(), 6u);
+  for (const CompactHead& h : c.heads) EXPECT_EQ(h, CompactHead{});
+  // Heads without slots are a valid chunk: it encodes and decodes to itself.
+  auto bytes = EncodeCompactChunk(c);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto back = DecodeCompactChunk(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, c);
+  EXPECT_EQ(CompactChunk::ForLayout(layout, 40).codec, CodecDescription{});
+}
+
 TEST(CompactChunk, EncodeDecodeIsIdentity) {
   uint64_t seed = 1;
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {

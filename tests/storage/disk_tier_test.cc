@@ -7,8 +7,12 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <random>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "../common/wal_damage.h"
 #include "test_util.h"
@@ -53,6 +57,13 @@ class RawDb {
   bool ok() const { return db_ != nullptr; }
   rocksdb::DB* db() const { return db_.get(); }
   const std::vector<rocksdb::ColumnFamilyHandle*>& handles() const { return handles_; }
+  // The first entry (key, value) of column family `family` in key order; nullopt when empty.
+  std::optional<std::pair<std::string, std::string>> First(size_t family) const {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}, handles_.at(family)));
+    it->SeekToFirst();
+    if (!it->Valid()) return std::nullopt;
+    return std::pair{it->key().ToString(), it->value().ToString()};
+  }
 
  private:
   std::unique_ptr<rocksdb::DB> db_;
@@ -177,12 +188,9 @@ TEST_F(DiskTierTest, CorruptValueIsDataLossAndDropped) {
     ASSERT_TRUE(raw.ok());
     rocksdb::DB* db = raw.db();
     const auto& handles = raw.handles();
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator({}, handles[0]));
-    it->SeekToFirst();
-    ASSERT_TRUE(it->Valid());
-    std::string key = it->key().ToString();
-    std::string value = it->value().ToString();
-    it.reset();
+    auto first = raw.First(0);
+    ASSERT_TRUE(first.has_value());
+    auto [key, value] = *first;
     value[100] ^= 0x01;
     ASSERT_TRUE(db->Put({}, handles[0], key, value).ok());
   }
@@ -218,12 +226,9 @@ TEST_F(DiskTierTest, MalformedMetadataRecordIsQuarantinedNotFatal) {
     rocksdb::DB* db = raw.db();
     const auto& handles = raw.handles();
     ASSERT_TRUE(db->Put({}, handles[1], "\xff garbage key", "\x01value").ok());
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator({}, handles[1]));
-    it->SeekToFirst();
-    ASSERT_TRUE(it->Valid());
-    const std::string first_key = it->key().ToString();
-    it.reset();
-    ASSERT_TRUE(db->Put({}, handles[1], first_key, "\x01").ok());
+    auto first = raw.First(1);
+    ASSERT_TRUE(first.has_value());
+    ASSERT_TRUE(db->Put({}, handles[1], first->first, "\x01").ok());
   }
   auto tier = Open(Options());  // opens: the bad records do not stop the good chunk
   ASSERT_TRUE(tier);
@@ -251,11 +256,9 @@ TEST_F(DiskTierTest, RecordsInsertCouldNotHaveWrittenAreQuarantined) {
     ASSERT_TRUE(raw.ok());
     rocksdb::DB* db = raw.db();
     const auto& handles = raw.handles();
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator({}, handles[1]));
-    it->SeekToFirst();
-    ASSERT_TRUE(it->Valid());
-    const std::string good_key = it->key().ToString(), good_meta = it->value().ToString();
-    it.reset();
+    auto first = raw.First(1);
+    ASSERT_TRUE(first.has_value());
+    const auto& [good_key, good_meta] = *first;
     ASSERT_EQ(good_meta.size(), 21u);  // u8 version, u32 tokens, u64 size, u64 checksum
     // Key [u16 0][u16 0][layout u64][codec u32][hash 2 x u64]: no namespace, no model.
     std::string no_model(32, '\0');
@@ -337,12 +340,9 @@ TEST_F(DiskTierTest, MetadataWithoutValueIsForgottenOnRead) {
     ASSERT_TRUE(raw.ok());
     rocksdb::DB* db = raw.db();
     const auto& handles = raw.handles();
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator({}, handles[0]));
-    it->SeekToFirst();
-    ASSERT_TRUE(it->Valid());
-    const std::string key = it->key().ToString();
-    it.reset();
-    ASSERT_TRUE(db->Delete({}, handles[0], key).ok());
+    auto first = raw.First(0);
+    ASSERT_TRUE(first.has_value());
+    ASSERT_TRUE(db->Delete({}, handles[0], first->first).ok());
   }
   auto tier = Open(Options());
   ASSERT_TRUE(tier);

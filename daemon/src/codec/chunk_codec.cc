@@ -56,17 +56,10 @@ kk::CompressionPlanOptions PlanOptions(const CompressionPolicy& p) {
 // Every token a slot of cardinality 1 (see the header: chunks too short for the policy).
 kk::CompactChunk LosslessChunk(const ModelLayout& layout, std::span<const uint8_t> raw, int64_t n,
                                uint64_t first_position) {
-  kk::CompactChunk c;
-  c.num_layers = layout.num_layers;
-  c.num_kv_heads = layout.num_kv_heads;
-  c.head_dim = layout.head_dim;
-  c.dtype = layout.dtype;
-  c.original_tokens = n;
-  c.layout_digest = layout.Digest();
+  kk::CompactChunk c = kk::CompactChunk::ForLayout(layout, n);
   const int H = layout.num_kv_heads;
   const size_t row = static_cast<size_t>(layout.head_dim) * DTypeSize(layout.dtype);
   const size_t half = static_cast<size_t>(n) * H * row;  // K (or V) of one layer
-  c.heads.resize(static_cast<size_t>(layout.num_layers) * H);
   for (int l = 0; l < layout.num_layers; ++l) {
     const uint8_t* k = raw.data() + 2 * half * l;
     const uint8_t* v = k + half;

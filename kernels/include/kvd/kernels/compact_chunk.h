@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvd/common/dtype.h"
+#include "kvd/common/layout.h"
 #include "kvd/common/status.h"
 #include "kvd/kernels/kvslimmer.h"
 #include "kvd/kernels/types.h"
@@ -68,6 +69,13 @@ struct CompactChunk {
   uint64_t layout_digest = 0;   // ModelLayout::Digest() of the model it came from
   CodecDescription codec;
   std::vector<CompactHead> heads;  // [num_layers * num_kv_heads], index layer * H + head
+
+  // The header of a chunk compressed from `tokens` raw tokens of `layout` (its dimensions,
+  // dtype and Digest(), original_tokens = tokens, `codec`) and layout.num_layers *
+  // num_kv_heads heads with no slots yet, for a plan (or a caller storing tokens as they are) to
+  // fill. Validate() holds once every head is filled consistently.
+  static CompactChunk ForLayout(const ModelLayout& layout, int64_t tokens,
+                                const CodecDescription& codec = {});
 
   // REQUIRES valid indices.
   const CompactHead& Head(int layer, int head) const { return heads[layer * num_kv_heads + head]; }

@@ -157,8 +157,9 @@ struct CompressionPlanOptions {
 
   // INVALID_ARGUMENT (OUT_OF_RANGE for p_c) naming the field.
   Status Validate() const;
-  // The codec description recorded in the chunk (calibration_version left 0).
-  CodecDescription Codec() const;
+  // The codec description recorded in a chunk this plan compresses with VectorWeights of
+  // `calibration_version` (0: no weights, values stored).
+  CodecDescription Codec(uint64_t calibration_version = 0) const;
 };
 
 // Time per stage of one Compress call, in nanoseconds of std::chrono::steady_clock, measured
