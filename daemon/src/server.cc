@@ -138,6 +138,7 @@ Status Server::Impl::Init() {
     KVD_LOG(INFO) << "disk tier open" << Kv("path", config_.disk_tier->path)
                   << Kv("restored_chunks", disk_->restored_chunks())
                   << Kv("quarantined_records", disk_->quarantined_records())
+                  << Kv("over_capacity_records", disk_->over_capacity_records())
                   << Kv("wal_corruptions", disk_->wal_corruptions())
                   << Kv("capacity", FormatByteSize(config_.disk_tier->capacity_bytes));
   }

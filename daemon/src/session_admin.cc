@@ -97,6 +97,9 @@ StatsSnapshot Server::Impl::Snapshot() {
       {"disk_quarantined_records", disk_ != nullptr ? disk_->quarantined_records() : 0},
       {"disk_wal_corruptions", disk_ != nullptr ? disk_->wal_corruptions() : 0},
       {"gpu_checksum_failures", gpu.checksum_failures},
+      // Capacity (docs/reliability.md): chunks a tier could not take for its size.
+      {"disk_over_capacity_records", disk_ != nullptr ? disk_->over_capacity_records() : 0},
+      {"gpu_skipped", manager_->gpu_skipped()},
   };
   for (const ModelConfig& m : config_.models) {
     if (const ChunkCodec* codec = this->codec(m.name); codec != nullptr) {

@@ -166,7 +166,9 @@ class DiskTier::Impl {
   rocksdb::WriteOptions write_options_;
   rocksdb::ReadOptions read_options_;
   uint64_t restored_ = 0;
-  uint64_t quarantined_ = 0;  // malformed metadata records skipped by Open
+  uint64_t quarantined_ = 0;          // malformed metadata records skipped by Open
+  uint64_t over_capacity_ = 0;        // records Open left unindexed: over capacity_bytes
+  uint64_t over_capacity_bytes_ = 0;  // their payload bytes
   std::shared_ptr<RecoveryLogWatcher> info_log_;
 
   mutable std::mutex mu_;
@@ -262,6 +264,19 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& option
       }
       continue;
     }
+    if (impl->used_bytes_ + rec->size_bytes > options.capacity_bytes) {
+      // The capacity was lowered since the chunk was written (or the chunk alone is larger than
+      // it): indexing it would put used_bytes over capacity_bytes. Left in the database untouched
+      // (an Open with room for it restores it), not served, counted and logged.
+      impl->over_capacity_bytes_ += rec->size_bytes;
+      if (impl->over_capacity_++ < 10) {
+        KVD_LOG(WARNING) << "disk tier: chunk over the capacity left in the database, not served"
+                         << Kv("path", options.path) << Kv("key", key->ToString())
+                         << Kv("bytes", rec->size_bytes) << Kv("used_bytes", impl->used_bytes_)
+                         << Kv("capacity", options.capacity_bytes);
+      }
+      continue;
+    }
     auto e = std::make_unique<Impl::Entry>();
     e->meta.key = std::move(*key);
     e->meta.tokens = rec->tokens;
@@ -274,6 +289,14 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& option
     impl->restored_++;
   }
   KVD_RETURN_IF_ERROR(FromRocks(it->status(), "scan metadata"));
+  if (impl->over_capacity_ > 0) {
+    KVD_LOG(WARNING) << "disk tier: chunks found on disk do not fit the capacity; they stay in "
+                        "the database unserved until it is opened with a capacity that holds them"
+                     << Kv("path", options.path) << Kv("chunks", impl->over_capacity_)
+                     << Kv("bytes", impl->over_capacity_bytes_)
+                     << Kv("restored_bytes", impl->used_bytes_)
+                     << Kv("capacity", options.capacity_bytes);
+  }
   return std::unique_ptr<DiskTier>(new DiskTier(std::move(impl)));
 }
 
@@ -497,6 +520,7 @@ TierStats DiskTier::GetStats() const {
 
 uint64_t DiskTier::restored_chunks() const { return impl_->restored_; }
 uint64_t DiskTier::quarantined_records() const { return impl_->quarantined_; }
+uint64_t DiskTier::over_capacity_records() const { return impl_->over_capacity_; }
 uint64_t DiskTier::wal_corruptions() const { return impl_->info_log_->wal_corruptions(); }
 
 Status DiskTier::Flush() {

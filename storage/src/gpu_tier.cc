@@ -381,6 +381,13 @@ bool GpuTier::HasRoomFor(uint64_t bytes) const {
   return impl_->arena.CanAllocate(bytes);
 }
 
+bool GpuTier::CanEverHold(uint64_t bytes) const {
+  const GpuTierOptions& o = impl_->options;
+  if (bytes == 0 || (o.max_chunk_bytes != 0 && bytes > o.max_chunk_bytes)) return false;
+  std::lock_guard<std::mutex> lock(impl_->mu);  // the arena is guarded (its sizes are fixed)
+  return impl_->arena.RoundUp(bytes) <= impl_->arena.capacity();
+}
+
 void GpuTier::CountDemotion() {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->evictions++;

@@ -76,7 +76,16 @@ Status TierManager::DemoteFromGpu(const ChunkMeta& meta) {
 
 Status TierManager::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
                            std::span<const std::byte> bytes) {
-  if (gpu_ != nullptr && !host_->Describe(key).ok()) {
+  if (gpu_ != nullptr && !bytes.empty() && !gpu_->CanEverHold(bytes.size())) {
+    // Demoting would empty the GPU tier and still not make room: host (and disk) directly.
+    std::lock_guard<std::mutex> lock(counters_mu_);
+    if (gpu_skipped_++ == 0) {
+      KVD_LOG(WARNING) << "a chunk is larger than the gpu tier can ever hold; such chunks are "
+                          "stored in host (counted in gpu_skipped)"
+                       << Kv("key", key.ToString()) << Kv("bytes", bytes.size())
+                       << Kv("gpu_capacity", gpu_->capacity_bytes());
+    }
+  } else if (gpu_ != nullptr && !host_->Describe(key).ok()) {
     Status g = InsertIntoGpu(key, tokens, checksum, bytes);
     if (g.code() == StatusCode::kDataLoss || g.code() == StatusCode::kInvalidArgument) return g;
     if (g.ok() || IsDedup(g)) {
@@ -279,6 +288,11 @@ uint64_t TierManager::promote_failures() const {
 uint64_t TierManager::promote_errors() const {
   std::lock_guard<std::mutex> lock(counters_mu_);
   return promote_errors_;
+}
+
+uint64_t TierManager::gpu_skipped() const {
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  return gpu_skipped_;
 }
 
 uint64_t TierManager::demotions() const {

@@ -241,6 +241,58 @@ TEST_F(IntegrityE2eTest, DamagedWalTailKvdStartsCountsItAndServesWhatPrecedesIt)
   EXPECT_EQ(kvd->Stop(), 0);
 }
 
+// A restart with a lower tiers.disk.capacity: kvd serves the chunks that fit, leaves the others
+// on disk (counted, logged, not damage: health stays clean), and a restart with the old capacity
+// serves every chunk again, byte-exact.
+TEST_F(IntegrityE2eTest, ALowerDiskCapacityAtRestartKeepsWhatDoesNotFitOnDisk) {
+  constexpr int kChunks = 4;
+  std::vector<std::vector<uint8_t>> data;
+  {
+    auto kvd = StartKvd(Config());
+    ASSERT_TRUE(kvd);
+    data = PutAll(*kvd, kChunks);
+    ASSERT_EQ(data.size(), static_cast<size_t>(kChunks));
+    EXPECT_EQ(kvd->Stop(), 0);
+  }
+  const uint64_t chunk_bytes = data[0].size();
+  auto count_served = [&](KvdProcess& kvd) {
+    auto engine = ConnectOrFail(kvd.EngineOptions());
+    if (!engine) return -1;
+    int served = 0;
+    for (int i = 0; i < kChunks; ++i) {
+      const std::vector<uint8_t> got = Fetch(*engine, i);
+      if (got.empty()) continue;
+      EXPECT_EQ(got, data[i]) << "chunk " << i;
+      served++;
+    }
+    return served;
+  };
+  {
+    KvdConfig small = Config();
+    small.disk_capacity = std::to_string(2 * chunk_bytes + chunk_bytes / 2);  // room for two
+    auto kvd = StartKvd(small);
+    ASSERT_TRUE(kvd);
+    EXPECT_NE(kvd->Log().find("chunk over the capacity left in the database"), std::string::npos)
+        << kvd->Log();
+    auto admin = ConnectOrFail(kvd->AdminOptions());
+    ASSERT_TRUE(admin);
+    EXPECT_EQ(CounterValue(*admin, "disk_over_capacity_records"), 2u);
+    auto health = admin->GetHealth();
+    ASSERT_TRUE(health.ok()) << health.status();
+    EXPECT_TRUE(health->ok);
+    EXPECT_FALSE(health->degraded) << health->status;
+    EXPECT_EQ(count_served(*kvd), 2);
+    EXPECT_EQ(kvd->Stop(), 0);
+  }
+  auto kvd = StartKvd(Config());
+  ASSERT_TRUE(kvd);
+  auto admin = ConnectOrFail(kvd->AdminOptions());
+  ASSERT_TRUE(admin);
+  EXPECT_EQ(CounterValue(*admin, "disk_over_capacity_records"), 0u);
+  EXPECT_EQ(count_served(*kvd), kChunks);
+  EXPECT_EQ(kvd->Stop(), 0);
+}
+
 // Flips the byte `offset` bytes after the first occurrence of `needle` in kvd's shared-memory
 // arena (its memfd segments, reached through /proc/<pid>/fd). false if not found.
 bool FlipInArena(pid_t pid, const std::vector<uint8_t>& needle, size_t offset) {

@@ -355,6 +355,97 @@ TEST_F(DiskTierTest, MetadataWithoutValueIsForgottenOnRead) {
   EXPECT_EQ(tier->GetStats().used_bytes, 0u);
 }
 
+// A restart with a lower capacity: Open restores chunks (in key order) while they fit and leaves
+// the others in the database unserved and counted, so used_bytes never exceeds the capacity; a
+// later Open with room restores them byte-exact (nothing acknowledged is deleted by the restart).
+TEST_F(DiskTierTest, ReopenWithALowerCapacityLeavesTheChunksThatDoNotFitOnDisk) {
+  constexpr uint64_t kChunks = 3, kBytes = 4096;
+  {
+    auto tier = Open(Options());
+    ASSERT_TRUE(tier);
+    for (uint64_t n = 0; n < kChunks; ++n) {
+      ASSERT_TRUE(Insert(*tier, n, RandomBytes(kBytes, 200 + n)).ok());
+    }
+  }
+  auto served = [&](DiskTier& tier) {
+    uint64_t count = 0;
+    std::vector<std::byte> out(kBytes);
+    for (uint64_t n = 0; n < kChunks; ++n) {
+      auto r = tier.ReadInto(MakeKey(n), out);
+      if (!r.ok()) {
+        EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << n << ": " << r.status();
+        continue;
+      }
+      EXPECT_EQ(out, RandomBytes(kBytes, 200 + n)) << "chunk " << n;
+      count++;
+    }
+    return count;
+  };
+  DiskTierOptions small = Options();
+  small.capacity_bytes = 2 * kBytes + kBytes / 2;  // room for two of the three
+  {
+    auto tier = Open(small);
+    ASSERT_TRUE(tier);
+    EXPECT_EQ(tier->restored_chunks(), 2u);
+    EXPECT_EQ(tier->over_capacity_records(), 1u);
+    EXPECT_EQ(tier->quarantined_records(), 0u);
+    EXPECT_EQ(tier->GetStats().used_bytes, 2 * kBytes);
+    EXPECT_EQ(tier->GetStats().chunk_count, 2u);
+    EXPECT_EQ(served(*tier), 2u);
+  }
+  DiskTierOptions tiny = Options();
+  tiny.capacity_bytes = kBytes - 1;  // smaller than any one chunk
+  {
+    auto tier = Open(tiny);
+    ASSERT_TRUE(tier);
+    EXPECT_EQ(tier->restored_chunks(), 0u);
+    EXPECT_EQ(tier->over_capacity_records(), kChunks);
+    EXPECT_EQ(tier->GetStats().used_bytes, 0u);
+    EXPECT_EQ(served(*tier), 0u);
+  }
+  {
+    auto tier = Open(Options());  // the original capacity: every chunk is back
+    ASSERT_TRUE(tier);
+    EXPECT_EQ(tier->restored_chunks(), kChunks);
+    EXPECT_EQ(tier->over_capacity_records(), 0u);
+    EXPECT_EQ(tier->GetStats().used_bytes, kChunks * kBytes);
+    EXPECT_EQ(served(*tier), kChunks);
+  }
+}
+
+// A chunk left unserved by a smaller capacity is stored again by a put of the same chunk (the new
+// record replaces it) and counted once.
+TEST_F(DiskTierTest, PutOfAChunkLeftOverCapacityStoresItAgain) {
+  const auto a = RandomBytes(4096, 11), b = RandomBytes(4096, 12);
+  {
+    auto tier = Open(Options());
+    ASSERT_TRUE(tier);
+    ASSERT_TRUE(Insert(*tier, 1, a).ok());
+    ASSERT_TRUE(Insert(*tier, 2, b).ok());
+  }
+  DiskTierOptions small = Options();
+  small.capacity_bytes = 4096 + 100;
+  uint64_t left = 0;
+  {
+    auto tier = Open(small);
+    ASSERT_TRUE(tier);
+    ASSERT_EQ(tier->over_capacity_records(), 1u);
+    left = tier->Contains(MakeKey(1)) ? 2 : 1;
+    ASSERT_FALSE(tier->Contains(MakeKey(left)));
+    // Room for it: the chunk that was restored is evicted (LRU), the put is stored and served.
+    ASSERT_TRUE(Insert(*tier, left, left == 1 ? a : b).ok());
+    std::vector<std::byte> out(4096);
+    ASSERT_TRUE(tier->ReadInto(MakeKey(left), out).ok());
+    EXPECT_EQ(out, left == 1 ? a : b);
+    EXPECT_EQ(tier->GetStats().chunk_count, 1u);
+    EXPECT_EQ(tier->GetStats().evictions, 1u);
+  }
+  auto tier = Open(Options());
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->restored_chunks(), 1u);  // the evicted one is gone, the put one is there once
+  EXPECT_TRUE(tier->Contains(MakeKey(left)));
+}
+
 TEST_F(DiskTierTest, CapacityEvictsLeastRecentlyUsed) {
   DiskTierOptions o = Options();
   o.capacity_bytes = 3000;

@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "fake_device_memory.h"
 #include "kvd/common/hash.h"
 #include "kvd/storage/tier_manager.h"
@@ -146,6 +148,28 @@ TEST_F(TierManagerGpuTest, AFullGpuDemotesItsLeastRecentlyUsedToHostNeverDroppin
   EXPECT_EQ(manager_->GetStats()[0].evictions, 6u);
   // Inserting what host already holds is a dedup.
   EXPECT_TRUE(IsDedup(Insert(0)));
+}
+
+// A chunk larger than the whole GPU tier: demoting could never make room, so nothing is demoted
+// and the chunk is stored in host at once (and served); smaller chunks still go to the GPU.
+TEST_F(TierManagerGpuTest, AChunkTheGpuCanNeverHoldGoesToHostWithoutDemotingAnything) {
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Insert(i).ok()) << i;
+  EXPECT_TRUE(gpu_->CanEverHold(4 * kChunk));
+  EXPECT_FALSE(gpu_->CanEverHold(4 * kChunk + 1));
+  const std::vector<std::byte> big = RandomBytes(4 * kChunk + 1, 400);
+  ASSERT_TRUE(manager_->Insert(MakeKey(50), 256, Checksum64(big.data(), big.size()), big).ok());
+  EXPECT_FALSE(gpu_->Contains(MakeKey(50)));
+  auto v = host_->GetByKey(MakeKey(50), 0);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(std::memcmp(v->data, big.data(), big.size()), 0);
+  host_->ReleaseRead(v->read_id).IgnoreError();
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(gpu_->Contains(MakeKey(i))) << "chunk " << i;
+  EXPECT_EQ(manager_->demotions(), 0u);
+  EXPECT_EQ(manager_->gpu_skipped(), 1u);
+  // A chunk that fits still lands in the GPU tier.
+  ASSERT_TRUE(Insert(3).ok());
+  EXPECT_TRUE(gpu_->Contains(MakeKey(3)));
+  EXPECT_EQ(manager_->gpu_skipped(), 1u);
 }
 
 TEST_F(TierManagerGpuTest, LookupServesGpuChunksThroughHostAndPromotesHostHits) {

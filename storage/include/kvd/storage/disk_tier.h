@@ -12,8 +12,11 @@
 // so a read is self-consistent and verified (DATA_LOSS on mismatch; the corrupt chunk is deleted).
 //
 // Eviction: least-recently-used (in-process order; after a restart, restored chunks start in
-// key order) when an Insert would exceed capacity_bytes. The disk tier has no leases: readers copy
-// out (ReadInto), and the TierManager promotes hits into the host tier where leases apply.
+// key order) when an Insert would exceed capacity_bytes. used_bytes never exceeds capacity_bytes,
+// also after a restart with a lower capacity: Open restores chunks in key order while they fit
+// and leaves the rest in the database, unserved (over_capacity_records). The disk tier has no
+// leases: readers copy out (ReadInto), and the TierManager promotes hits into the host tier where
+// leases apply.
 //
 // Thread safety: thread-safe. mu_ (in Impl) guards the in-memory index, the LRU list, the set
 // of keys being written and the counters. An Insert claims its key and space under mu_, writes
@@ -42,7 +45,8 @@ class DiskTier final : public Tier {
   // `clock` (not owned; nullptr = Clock::Real()) stamps created / last-access times.
   // Errors: INVALID_ARGUMENT (options), UNAVAILABLE (RocksDB could not open: path, lock held by
   // another process, ...; the message carries RocksDB's), DATA_LOSS (RocksDB reports corruption
-  // of the database itself). A malformed metadata record is quarantined, not an error.
+  // of the database itself). A malformed metadata record is quarantined, not an error; so is a
+  // chunk that does not fit capacity_bytes (see over_capacity_records).
   static StatusOr<std::unique_ptr<DiskTier>> Open(const DiskTierOptions& options,
                                                   Clock* clock = nullptr);
   ~DiskTier() override;  // flushes nothing extra: with use_wal=false, unflushed writes are lost
@@ -69,6 +73,13 @@ class DiskTier final : public Tier {
   // Metadata records Open could not decode: logged, left in the database untouched and not
   // served (a malformed record is never fatal to Open).
   uint64_t quarantined_records() const;
+  // Chunks Open found on disk but did not index because they did not fit capacity_bytes (the
+  // capacity was lowered since they were written): in key order, a chunk is restored while the
+  // chunks restored before it leave room for it, else it is left in the database untouched,
+  // not served and not counted in used_bytes, and logged (WARNING, the first ten by key and a
+  // summary with their bytes). Never deleted by this: an Open with a capacity that holds them
+  // restores them, and a put of the same chunk replaces the record.
+  uint64_t over_capacity_records() const;
   // Write-ahead logs found damaged when Open replayed them (a flipped byte, a bad length; not
   // the torn last record a crash leaves, which is the normal end of the log). Open still
   // succeeds: the log is replayed up to the first damaged record and what follows it is

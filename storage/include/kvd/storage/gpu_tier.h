@@ -87,6 +87,9 @@ class GpuTier final : public Tier {
   double Occupancy() const;
   // Whether a chunk of `bytes` fits now without demoting anything.
   bool HasRoomFor(uint64_t bytes) const;
+  // Whether a chunk of `bytes` could be held at all: 1..max_chunk_bytes (when set) and, rounded
+  // up to the alignment, within the capacity. False means demoting makes no room for it.
+  bool CanEverHold(uint64_t bytes) const;
   // Counts a chunk moved down to host (TierManager's demotion) as an eviction.
   void CountDemotion();
 

@@ -37,7 +37,9 @@
 //   write-through above, when there is a disk tier), not into host. A GPU tier without room
 //   first moves its least-recently-used chunks down to host (copy to host, then drop from the
 //   GPU: never a drop without a copy); if it still cannot take the chunk (or its device fails),
-//   the chunk takes the host path instead. A key already in host is a dedup, as before.
+//   the chunk takes the host path instead. A chunk the GPU tier can never hold (larger than its
+//   capacity or max_chunk_bytes: GpuTier::CanEverHold) takes the host path at once, demoting
+//   nothing, and is counted in gpu_skipped(). A key already in host is a dedup, as before.
 // - Lookup: a chunk of the prefix that is only in the GPU tier is copied into host (the serve
 //   path reads host memory) and stays in the GPU, most recently used; with promote_on_hit a host
 //   hit is also copied up into the GPU tier when it has room now (no demotion for it).
@@ -134,6 +136,8 @@ class TierManager {
   // Of promote_failures(), those that were not a lack of room in host: a corrupt or unreadable
   // copy in the lower tier (damage, not load).
   uint64_t promote_errors() const;
+  // Inserts that skipped the GPU tier because it can never hold the chunk (see the file comment).
+  uint64_t gpu_skipped() const;
 
   HostTier* host() const { return host_; }
   DiskTier* disk() const { return disk_; }
@@ -159,6 +163,7 @@ class TierManager {
   uint64_t demotions_ = 0;         // guarded by counters_mu_
   uint64_t promote_failures_ = 0;  // guarded by counters_mu_
   uint64_t promote_errors_ = 0;    // guarded by counters_mu_
+  uint64_t gpu_skipped_ = 0;       // guarded by counters_mu_
 };
 
 }  // namespace kvd::storage
