@@ -579,8 +579,9 @@ int RunCalibrate(const Flags& f) {
       static_cast<long long>(segment), c.options().name_space.c_str());
 
   // Salt: this run's chunk hashes differ from every earlier run's, so no put dedups.
-  const uint64_t salt = static_cast<uint64_t>(
-      std::chrono::steady_clock::now().time_since_epoch().count() ^ (uint64_t{::getpid()} << 32));
+  const uint64_t salt =
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count() ^
+                            (static_cast<uint64_t>(::getpid()) << 32));
   uint64_t chunks_put = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t off = 0; off + s.chunk_tokens <= ids->size() && cal->state == "collecting";
