@@ -122,7 +122,8 @@ std::vector<ModelConfig> DaemonConfig::BuiltinModels() {
     m.layout.dtype = DType::kBFloat16;
     m.layout.rope.theta = 100000;
     m.layout.rope.pairing = RopePairing::kInterleaved;
-    m.compression = CompressionPolicy{};  // SnapKV, p_c 0.5, window 32, sinks 4: the demo's
+    m.compression = CompressionPolicy{};  // KeyDiff, p_c 0.5, window 32, sinks 4: the demo's
+    m.compression->score = "keydiff";     // (deploy/configs/default.yaml)
     models.push_back(m);
   }
   {

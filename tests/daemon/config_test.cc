@@ -67,6 +67,14 @@ TEST(ConfigTest, EmbeddedDefaultRegistersTheThreeModels) {
   EXPECT_EQ(smol->layout.head_dim, 64);
   EXPECT_EQ(smol->layout.dtype, DType::kBFloat16);
   EXPECT_EQ(smol->layout.rope.theta, 100000);
+  // The serving default (docs/quality.md, "The serving default"): KeyDiff eviction, p_c 0.5,
+  // 32-token window, 4 sinks; it needs no window queries.
+  ASSERT_TRUE(smol->compression.has_value());
+  EXPECT_EQ(smol->compression->StagesName(), "keydiff");
+  EXPECT_EQ(smol->compression->p_c, 0.5);
+  EXPECT_EQ(smol->compression->window, 32);
+  EXPECT_EQ(smol->compression->sinks, 4);
+  EXPECT_FALSE(smol->compression->NeedsQueries());
   const ModelConfig* stories = c.FindModel("stories260k");
   ASSERT_NE(stories, nullptr);
   EXPECT_EQ(stories->layout.dtype, DType::kFloat32);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The disaggregated demo through a real kvd process, on a short prompt (ctest label `serving`).
-# kvd runs the embedded default with a SnapKV p_c 0.5 policy for smollm2-135m (as the quickstart):
+# kvd runs the embedded default with a KeyDiff p_c 0.5 policy for smollm2-135m (as the quickstart):
 #   1. kvd-demo prefill (one process) puts the prompt's full chunks with their window queries;
 #      kvd compresses them at ingest;
 #   2. kvd-demo decode (another process) looks the prompt up, gets the compact chunks, expands
@@ -31,13 +31,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The embedded default (smollm2-135m: SnapKV p_c 0.5, window 32, sinks 4) with a small arena
+# The embedded default (smollm2-135m: KeyDiff p_c 0.5, window 32, sinks 4) with a small arena
 # (the test holds two compact chunks).
 "$bin/kvd" --print-default-config |
   sed -e 's/^\(    capacity:\) 1GiB.*/\1 64MiB/' -e 's/^\(    prefault:\) true.*/\1 false/' \
     >"$work/kvd.yaml"
 grep -q "capacity: 64MiB" "$work/kvd.yaml" || { echo "FAIL: could not shrink the arena"; exit 1; }
-grep -q "compression: {stages: \[snapkv\], p_c: 0.5, window: 32, sinks: 4}" "$work/kvd.yaml" ||
+grep -q "compression: {stages: \[keydiff\], p_c: 0.5, window: 32, sinks: 4}" "$work/kvd.yaml" ||
   { echo "FAIL: the embedded default lost the demo policy"; exit 1; }
 "$bin/kvd" --config "$work/kvd.yaml" --listen 127.0.0.1:0 --unix "$work/kvd.sock" \
   --ready-file "$work/ready.json" >"$work/kvd.log" 2>&1 &
@@ -55,8 +55,9 @@ conn=(--addr "$addr" --ucx-tls sm,tcp --net-devices lo)
 "$bin/kvd-demo" prefill "${common[@]}" "${conn[@]}" | tee "$work/prefill.txt"
 "$bin/kvd-demo" decode "${common[@]}" "${conn[@]}" --baseline --logits-out "$work/served.f32" |
   tee "$work/decode.txt"
-"$bin/kvd-demo" local "${common[@]}" --p-c 0.5 --logits-out "$work/local_compressed.f32" \
-  --full-logits-out "$work/local_full.f32" | tee "$work/local.txt"
+"$bin/kvd-demo" local "${common[@]}" --p-c 0.5 --score keydiff \
+  --logits-out "$work/local_compressed.f32" --full-logits-out "$work/local_full.f32" |
+  tee "$work/local.txt"
 
 grep -q "(compact)" "$work/decode.txt" || { echo "FAIL: kvd did not serve compact chunks"; exit 1; }
 # kvd compressed the chunks as kernels' Compress does in-process, the client library expanded
@@ -68,7 +69,7 @@ cmp "$work/served.f32" "$work/local_compressed.f32" ||
 
 # The line: stored / raw within 1% of 1 - p_c. The bound (derived in
 # tests/serving/serving_e2e_test.cc, StoredChunkIsTheKernelsBytesAndExpandsLikeThem): keys and
-# values are exactly 0.5 of the raw chunk; SnapKV's slot metadata is < 510 bits per (layer, head)
+# values are exactly 0.5 of the raw chunk; eviction's slot metadata is < 510 bits per (layer, head)
 # and the header, padding and trailer <= 152 bytes: 90 heads give < 5,890 bytes, 0.10% of the
 # 5,898,240-byte raw chunk, < 0.2% of 1 - p_c (format v2 measures +0.05%). 1% leaves room for
 # that and fails a size regression such as format v1's +5.2%.

@@ -10,9 +10,10 @@
 //       perplexity and top-1 of a held-out continuation. --baseline: also the full cache from a
 //       local prefill (K/V rounded to the model's kvd dtype), the times to first token, and for
 //       compact chunks the `kvd-demo:` line.
-//   kvd-demo local   --model-file GGUF [text options] [--p-c X]
+//   kvd-demo local   --model-file GGUF [text options] [--p-c X] [--score keydiff|snapkv]
 //       the same in one process without kvd: the full cache against the cache compressed chunk
-//       by chunk (kernels' plan, SnapKV, each chunk with only its own K/V and last-W queries).
+//       by chunk (kernels' plan, each chunk with only its own K/V and last-W queries; default
+//       KeyDiff eviction, the policy of the embedded default's smollm2-135m).
 //   kvd-demo calibrate --addr ADDR --model-file GGUF --model M --from FILE [--token-ids]
 //                      [--segment-tokens N] [--threads N] [--namespace NS]
 //       feeds a corpus through the engine and puts its raw chunks (with window queries) to kvd
@@ -75,6 +76,7 @@ struct Flags {
   int prompt_tokens = 808, heldout = 128, generate = 24, threads = 0, window = 32;
   int chunk_tokens = 256, segment_tokens = 0;
   double p_c = 0.5;
+  std::string score = "keydiff";
   bool baseline = false, token_ids = false;
   kvd::tools::ConnectionFlags connection;
 };
@@ -214,7 +216,9 @@ int RunLocal(const Flags& f) {
   const std::string& model_name = f.model;
   kvd::ModelLayout layout = s.model->config().ToModelLayout();
   layout.dtype = kvd::DType::kBFloat16;       // as kvd's topology registers the model
-  kvd::kernels::CompressionPlanOptions plan;  // the daemon's default policy: SnapKV
+  kvd::kernels::CompressionPlanOptions plan;  // eviction only: the daemon's {stages: [SCORE]}
+  plan.score =
+      f.score == "snapkv" ? kvd::kernels::ScoreStage::kSnapKv : kvd::kernels::ScoreStage::kKeyDiff;
   plan.p_c = p_c;
   plan.window = s.window;
   if (Status v = plan.Validate(); !v.ok()) return Fail("--p-c / --window", v);
@@ -710,9 +714,14 @@ int main(int argc, char** argv) {
   decode->add_flag("--baseline", f.baseline,
                    "also a local prefill's full cache: times to first token, top-1 agreement, "
                    "and for compact chunks the `kvd-demo:` line");
-  local->add_option("--p-c", f.p_c, "compression ratio of the SnapKV plan")
+  local->add_option("--p-c", f.p_c, "compression ratio of the plan")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
+  local
+      ->add_option("--score", f.score,
+                   "eviction scorer: keydiff (the embedded default's policy) or snapkv")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"keydiff", "snapkv"}));
   local->add_option("--full-logits-out", f.full_logits_out,
                     "write the held-out logits of the full cache (raw float32)");
 
