@@ -173,6 +173,7 @@ struct CommitReply {
   bytes @0 :UInt64;                  # bytes received
   storedBytes @1 :UInt64;            # bytes stored (the compact chunk for a model with a policy)
   codecId @2 :UInt32;                # the key's codec id the chunk was stored under
+  alreadyStored @3 :Bool;            # InlinePut only: the chunk existed, nothing was stored
 }
 
 struct Abort {
@@ -417,6 +418,20 @@ struct NcclConnectReply {
   device @3 :Int32;                  # kvd's CUDA device ordinal on the link
 }
 
+# A whole put in one exchange, for small chunks (docs/wire-format.md "Inline put"): the daemon
+# checks it as a Reserve of `data.size()` bytes, reserves, copies `data` into the reservation and
+# commits it with `checksum` as a Commit would (same errors, durability and compression), then
+# answers once with `commit` (CommitReply; `alreadyStored` for a chunk that existed). The only
+# message whose frame carries chunk bytes; it must fit in limits.max_frame_bytes.
+struct InlinePut {
+  chunkHash @0 :Hash128;
+  tokens @1 :UInt32;
+  firstPosition @2 :UInt64;
+  windowTokens @3 :UInt32;
+  checksum @4 :UInt64;               # kvd::Checksum64 (xxh3-64) of `data`
+  data @5 :Data;                     # the put bytes: raw chunk + window queries (as Reserve.bytes)
+}
+
 struct Request {
   requestId @0 :UInt64;              # echoed in the Response
   union {
@@ -437,6 +452,7 @@ struct Request {
     weights @15 :WeightsRequest;
     subscribe @16 :SubscribeRequest;
     ncclConnect @17 :NcclConnect;
+    inlinePut @18 :InlinePut;        # answered with `commit`
   }
 }
 

@@ -118,6 +118,8 @@ int kvd_client_connect(const kvd_config* c, kvd_client** out) {
     if (c->request_timeout_ms) o.request_timeout_ms = c->request_timeout_ms;
     if (c->transfer_timeout_ms) o.transfer_timeout_ms = c->transfer_timeout_ms;
     if (c->max_in_flight) o.max_in_flight = c->max_in_flight;
+    if (c->inline_put_bytes < 0) o.inline_put_bytes = 0;
+    if (c->inline_put_bytes > 0) o.inline_put_bytes = static_cast<size_t>(c->inline_put_bytes);
     auto client = kvd::client::Client::Connect(o);
     if (!client.ok()) return Fail(client.status());
     *out = new kvd_client{std::move(client).value()};

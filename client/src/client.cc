@@ -240,6 +240,9 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> 
             " (layers x window x q_heads x head_dim)");
       }
     }
+    // Small puts go in one exchange each (InlinePut, inline_put_bytes).
+    std::vector<bool> is_inline(n, false);
+    for (size_t j = 0; j < n; ++j) is_inline[j] = InlineEligible(window[j]);
     // Device memory (device.h) is checked here, before anything is reserved: refused in a build
     // without CUDA; over the NCCL link (ClientOptions::nccl), sent from the device with the
     // checksum of a host copy; over the transport, staged in host memory (with the queries).
@@ -257,8 +260,10 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> 
         KVD_RETURN_IF_ERROR(CopyToHostFrom(copy, it.data, it.bytes, it.cuda_stream, "put data"));
         nccl_checksums.push_back(Checksum64(copy, it.bytes));
         over_nccl[j] = true;
+        is_inline[j] = false;  // the link carries device puts of every size
         continue;
       }
+      if (is_inline[j]) continue;            // copied into its frame, from the device too
       if (session_.shared_memory) continue;  // copied into the slot, from the device too
       if (it.window_queries.empty() && data_at == BufferLocation::kHost) continue;
       const size_t qbytes = it.window_queries.size() * sizeof(float);
@@ -274,40 +279,61 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> 
       it.bytes += qbytes;
       it.window_queries = {};
     }
-    // The window's device items over the link, the others on their usual path; results in order.
+    const auto inline_count = std::count(is_inline.begin(), is_inline.end(), true);
+    // Inline puts go out first (one frame each; their replies are read last), then the window's
+    // device items over the link and the others on their usual path; results in item order.
+    std::vector<uint64_t> inline_req(n, 0);
     std::vector<PutItem> plain, device;
-    for (size_t j = 0; j < n; ++j) (over_nccl[j] ? device : plain).push_back(window[j]);
-    std::vector<PutResult> plain_out, device_out;
-    if (!plain.empty()) {
-      KVD_ASSIGN_OR_RETURN(plain_out, PutWindowLocked(plain));
+    for (size_t j = 0; j < n; ++j) {
+      if (inline_count > 0) KVD_RETURN_IF_ERROR(CheckPutItem(window[j]));  // before any is sent
+      if (!is_inline[j]) (over_nccl[j] ? device : plain).push_back(window[j]);
     }
-    if (!device.empty()) {
-      KVD_ASSIGN_OR_RETURN(device_out, PutWindowLocked(device, &nccl_checksums));
+    for (size_t j = 0; j < n; ++j) {
+      if (!is_inline[j]) continue;
+      KVD_ASSIGN_OR_RETURN(inline_req[j], SendInlinePutLocked(window[j]));
     }
-    size_t p = 0, d = 0;
-    for (size_t j = 0; j < n; ++j) out.push_back(over_nccl[j] ? device_out[d++] : plain_out[p++]);
+    StatusOr<std::vector<PutResult>> plain_out = std::vector<PutResult>();
+    StatusOr<std::vector<PutResult>> device_out = std::vector<PutResult>();
+    if (!plain.empty()) plain_out = PutWindowLocked(plain);
+    if (plain_out.ok() && !device.empty()) device_out = PutWindowLocked(device, &nccl_checksums);
+    Status first_error = plain_out.ok() ? device_out.status() : plain_out.status();
+    // Every inline reply is read, even after a failure, so none is left behind unread.
+    std::vector<PutResult> part(n);
+    for (size_t j = 0, p = 0, d = 0; j < n; ++j) {
+      if (is_inline[j]) {
+        Status s = AwaitInlinePutLocked(inline_req[j], window[j], &part[j]);
+        if (!s.ok() && first_error.ok()) first_error = s;
+      } else if (first_error.ok()) {
+        part[j] = over_nccl[j] ? (*device_out)[d++] : (*plain_out)[p++];
+      }
+    }
+    KVD_RETURN_IF_ERROR(first_error);
+    out.insert(out.end(), part.begin(), part.end());
   }
   return out;
+}
+
+Status ClientImpl::CheckPutItem(const PutItem& it) const {
+  if (it.data == nullptr && it.bytes > 0) return Status::InvalidArgument("put: null data");
+  if (it.window < 0) {
+    return Status::InvalidArgument("put: window " + std::to_string(it.window) + " < 0");
+  }
+  const size_t expected =
+      options_.layout.ChunkBytes(it.tokens) + WindowQueryBytes(options_.layout, it.window);
+  if (options_.verify_locally && PutBytes(it) != expected) {
+    return Status::InvalidArgument(
+        "put: " + std::to_string(PutBytes(it)) + " bytes given for a raw chunk of " +
+        std::to_string(it.tokens) + " tokens" +
+        (it.window > 0 ? " with " + std::to_string(it.window) + " window-query tokens" : "") +
+        "; the layout needs " + std::to_string(expected));
+  }
+  return Status::Ok();
 }
 
 StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const PutItem> items,
                                                                bool over_nccl) {
   const size_t n = items.size();
-  for (const PutItem& it : items) {
-    if (it.data == nullptr && it.bytes > 0) return Status::InvalidArgument("put: null data");
-    if (it.window < 0) {
-      return Status::InvalidArgument("put: window " + std::to_string(it.window) + " < 0");
-    }
-    const size_t expected =
-        options_.layout.ChunkBytes(it.tokens) + WindowQueryBytes(options_.layout, it.window);
-    if (options_.verify_locally && PutBytes(it) != expected) {
-      return Status::InvalidArgument(
-          "put: " + std::to_string(PutBytes(it)) + " bytes given for a raw chunk of " +
-          std::to_string(it.tokens) + " tokens" +
-          (it.window > 0 ? " with " + std::to_string(it.window) + " window-query tokens" : "") +
-          "; the layout needs " + std::to_string(expected));
-    }
-  }
+  for (const PutItem& it : items) KVD_RETURN_IF_ERROR(CheckPutItem(it));
   // Phase 1: reserve every chunk of the window (pipelined frames).
   std::vector<uint64_t> req(n);
   for (size_t i = 0; i < n; ++i) {

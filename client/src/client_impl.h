@@ -51,6 +51,18 @@ class ClientImpl final : public Client {
   // its checksum (over a host copy) is given.
   StatusOr<std::vector<PutResult>> PutWindowLocked(
       std::span<const PutItem> items, const std::vector<uint64_t>* nccl_checksums = nullptr);
+  // INVALID_ARGUMENT for a put item the daemon would refuse for its shape (null data, window
+  // < 0, and with verify_locally a byte count the layout does not give).
+  Status CheckPutItem(const PutItem& it) const;
+
+  // ---- one-exchange puts of small chunks (inline_put.cc) ----
+  // True when `it` goes as an InlinePut (ClientOptions::inline_put_bytes).
+  bool InlineEligible(const PutItem& it) const;
+  // Sends `it` as one InlinePut frame (its bytes and window queries copied into the frame,
+  // device bytes through host staging first) without waiting. Returns the request id.
+  StatusOr<uint64_t> SendInlinePutLocked(const PutItem& it);
+  // Waits for the reply of an InlinePut and fills `out` (error: the daemon's, as sent).
+  Status AwaitInlinePutLocked(uint64_t request_id, const PutItem& it, PutResult* out);
   // Phase 1 of a put window, shared by the UCX and shared-memory paths: checks every item
   // (INVALID_ARGUMENT for null data or a raw byte count the layout does not give) and sends
   // one Reserve per item without waiting. Returns the request ids, in item order.
@@ -129,6 +141,7 @@ class ClientImpl final : public Client {
   std::vector<StagingBuffer> get_staging_;  // GUARDED_BY(mu_)
   // Host copies of device bytes received over the NCCL link, for their checksums.
   std::vector<StagingBuffer> nccl_staging_;  // GUARDED_BY(mu_)
+  std::vector<uint8_t> inline_staging_;      // device bytes of an InlinePut; GUARDED_BY(mu_)
   // VECTOR weights by version (GetVectorWeights); GUARDED_BY(mu_)
   std::map<uint64_t, std::shared_ptr<const std::vector<uint8_t>>> weights_;
   bool subscribed_ = false;  // GUARDED_BY(mu_)

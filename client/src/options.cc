@@ -48,6 +48,11 @@ Status ClientOptions::Validate() const {
   KVD_RETURN_IF_ERROR(positive("request_timeout_ms", request_timeout_ms));
   KVD_RETURN_IF_ERROR(positive("transfer_timeout_ms", transfer_timeout_ms));
   KVD_RETURN_IF_ERROR(positive("max_in_flight", max_in_flight));
+  if (inline_put_bytes > kMaxInlinePutBytes) {
+    return Status::InvalidArgument(
+        "inline_put_bytes must be <= " + std::to_string(kMaxInlinePutBytes) + " (0 = off), got " +
+        std::to_string(inline_put_bytes));
+  }
   if (max_frame_bytes < 4096) {
     return Status::InvalidArgument("max_frame_bytes must be >= 4096, got " +
                                    std::to_string(max_frame_bytes));

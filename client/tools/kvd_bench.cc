@@ -3,16 +3,18 @@
 //   kvd-bench --addr ADDR --model M (--chunk-bytes B | --tokens T) --count N --concurrency C
 //             --op put|get|both [--depth D] [--lookup-batch L] [--ucx-tls TLS]
 //             [--net-devices DEV] [--no-shm] [--verify] [--daemon-pid PID | --ready-file F]
-//             [--finite-values] [--retry-busy] [--json]
+//             [--finite-values] [--retry-busy] [--inline-put-bytes B] [--json]
 //   kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--json]
 //
 // Over a unix-socket address the clients use the shared-memory path when kvd grants it
 // (reported as "shared_memory" in the output); --no-shm forces the transport (UCX) path.
 // C client threads (one Client, one connection, one transport each) share N chunks of random
-// bytes. Phases: put (Reserve -> send -> Commit), lookup (one single-chunk Lookup per chunk),
-// get (one Lookup per L chunks (default 64), then Gets of D chunks in flight per call,
-// checksum-verified by the library). Throughput (gbps) is bytes / time of the phase across all
-// threads, not counting the bench's own work (generating each chunk's bytes before a put,
+// bytes. Phases: put (Reserve -> send -> Commit; chunks of at most --inline-put-bytes, default
+// the library's 64 KiB, in one InlinePut exchange instead; 0 = always three steps), lookup (one
+// single-chunk Lookup per chunk), get (one Lookup per L chunks (default 64), then Gets of D chunks
+// in flight per call, checksum-verified by the library). Throughput (gbps) is bytes / time of the
+// phase across all threads, not counting the bench's own work (generating each chunk's bytes before
+// a put,
 // --verify's compare after a get): the time is the longest thread's wall time minus that
 // thread's own work; gbps_wall counts it too (GB/s = 1e9 bytes/s). Latencies are per
 // call (per batch of D with --depth > 1). --op get still stores the chunks first (untimed
@@ -292,6 +294,10 @@ int main(int argc, char** argv) {
                "chunks of finite values of magnitude ~1 (bf16/fp16/fp32; for a compressing model)");
   app.add_flag("--retry-busy", retry_busy,
                "retry puts refused for a full ingest pool (RESOURCE_EXHAUSTED) every 2 ms");
+  int64_t inline_put_bytes = static_cast<int64_t>(kvd::client::ClientOptions().inline_put_bytes);
+  app.add_option("--inline-put-bytes", inline_put_bytes,
+                 "puts of at most this many bytes in one exchange (default 64 KiB; 0 = off)")
+      ->transform(CLI::AsSizeValue(false));
   app.add_flag("--json", json, "print one JSON object");
   if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
   kvd::client::ClientOptions base;
@@ -349,6 +355,8 @@ int main(int argc, char** argv) {
   base.block_tokens = std::gcd(16, static_cast<int>(chunk_tokens));
   base.max_in_flight = static_cast<int>(depth);
   base.shared_memory = !no_shm;
+  base.inline_put_bytes = static_cast<size_t>(std::max<int64_t>(inline_put_bytes, 0));
+  if (Status v = base.Validate(); !v.ok()) return usage_error(v.message());
 
   const uint64_t run = static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
                        (static_cast<uint64_t>(::getpid()) << 32);
@@ -519,6 +527,8 @@ int main(int argc, char** argv) {
       {"count", count}, {"concurrency", nthreads},           {"depth", depth},
       {"op", op},       {"ucx_tls", base.transport.ucx_tls}, {"ok", first_error.ok()}};
   j["shared_memory"] = shm_used;
+  j["inline_put_bytes"] = base.inline_put_bytes;
+  j["inline_puts"] = chunk_bytes <= base.inline_put_bytes;
   if (daemon_pid > 0) j["daemon_pid"] = daemon_pid;
   if (!first_error.ok()) j["error"] = first_error.ToString();
   if (op == "get") phases.erase(phases.begin());  // the untimed put
@@ -527,7 +537,8 @@ int main(int argc, char** argv) {
                   " chunks (" + std::to_string(tokens) + " tokens), count " +
                   std::to_string(count) + ", concurrency " + std::to_string(nthreads) + ", depth " +
                   std::to_string(depth) + ", ucx_tls '" + base.transport.ucx_tls + "'" +
-                  (shm_used ? ", shared memory" : ""));
+                  (shm_used ? ", shared memory" : "") +
+                  (chunk_bytes <= base.inline_put_bytes ? ", inline puts" : ""));
   if (!first_error.ok()) {
     std::cerr << "kvd-bench: " << first_error << "\n";
     return 1;

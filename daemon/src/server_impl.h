@@ -42,6 +42,8 @@ struct DaemonCounters {
   uint64_t errors_sent = 0;
   uint64_t puts_committed = 0;
   uint64_t puts_deduplicated = 0;
+  uint64_t puts_inline = 0;  // InlinePuts reserved and handed to the commit (outcome counted
+                             // in puts_committed / puts_deduplicated like any put)
   uint64_t put_bytes = 0;
   uint64_t gets = 0;
   uint64_t get_bytes = 0;

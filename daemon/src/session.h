@@ -74,6 +74,13 @@ class Session : public std::enable_shared_from_this<Session> {
     void* staging = nullptr;
   };
 
+  // A put's checks passed and its space is reserved (or the chunk exists already).
+  struct ReservedPut {
+    bool already_stored = false;  // dedup: nothing reserved
+    storage::Reservation reservation;
+    PendingPut put;  // not yet in pending_puts_
+  };
+
   // ---- I/O (session.cc) ----
   asio::awaitable<void> ReadLoop();
   asio::awaitable<void> WriteLoop();
@@ -111,7 +118,16 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::awaitable<void> FinishLookup(uint64_t seq, uint64_t rid,
                                      std::shared_ptr<const storage::LookupRequest> request,
                                      int64_t ttl);
+  // The checks of a put (Reserve, InlinePut; `op` names it in errors): engine role, tokens, window
+  // and the policy's needs, bytes == layout.ChunkBytes(tokens) + window queries, max_chunk_bytes;
+  // then the ingest admission (compressing model) and the host-tier reservation (capacity,
+  // namespace quota). A dedup is counted and returned as already_stored.
+  StatusOr<ReservedPut> ReservePut(const char* op, const Hash128& hash, uint32_t tokens,
+                                   uint64_t bytes, uint64_t first_position, uint32_t window);
   void HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader reserve);
+  // One-exchange put of a small chunk: ReservePut, copy the frame's bytes into the reservation,
+  // then the Commit path (FinishCommit) with the given checksum; answered with CommitReply.
+  void HandleInlinePut(uint64_t seq, uint64_t rid, proto::InlinePut::Reader put);
   void HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader commit);
   void HandleAbort(uint64_t seq, uint64_t rid, proto::Abort::Reader abort);
   void HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get);

@@ -59,6 +59,7 @@ StatsSnapshot Server::Impl::Snapshot() {
       {"errors_sent", c.errors_sent},
       {"puts_committed", c.puts_committed},
       {"puts_deduplicated", c.puts_deduplicated},
+      {"puts_inline", c.puts_inline},
       {"put_bytes", c.put_bytes},
       {"gets", c.gets},
       {"get_bytes", c.get_bytes},

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 
 #include "kvd/common/hash.h"
@@ -149,10 +150,10 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
     return Status::Ok();
   }
   if (which == proto::Request::LOOKUP || which == proto::Request::COMMIT ||
-      which == proto::Request::GET) {
-    const LatencyOp op = which == proto::Request::LOOKUP   ? LatencyOp::kLookup
-                         : which == proto::Request::COMMIT ? LatencyOp::kPut
-                                                           : LatencyOp::kGet;
+      which == proto::Request::INLINE_PUT || which == proto::Request::GET) {
+    const LatencyOp op = which == proto::Request::LOOKUP ? LatencyOp::kLookup
+                         : which == proto::Request::GET  ? LatencyOp::kGet
+                                                         : LatencyOp::kPut;
     timed_[seq] = {static_cast<int>(op), std::chrono::duration_cast<std::chrono::nanoseconds>(
                                              std::chrono::steady_clock::now().time_since_epoch())
                                              .count()};
@@ -169,6 +170,9 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
       break;
     case proto::Request::COMMIT:
       HandleCommit(seq, rid, request.getCommit());
+      break;
+    case proto::Request::INLINE_PUT:
+      HandleInlinePut(seq, rid, request.getInlinePut());
       break;
     case proto::Request::ABORT:
       HandleAbort(seq, rid, request.getAbort());
@@ -468,6 +472,76 @@ void Session::CompleteLookup(uint64_t seq, uint64_t rid,
            }));
 }
 
+StatusOr<Session::ReservedPut> Session::ReservePut(const char* op, const Hash128& hash,
+                                                   uint32_t tokens, uint64_t bytes,
+                                                   uint64_t first_position, uint32_t window) {
+  KVD_RETURN_IF_ERROR(RequireEngine(op));
+  const DaemonConfig& config = server_->config();
+  if (tokens == 0 || tokens > static_cast<uint32_t>(config.chunk_tokens)) {
+    return Status::OutOfRange("tokens " + std::to_string(tokens) + " is outside [1, chunk_tokens=" +
+                              std::to_string(config.chunk_tokens) + "]");
+  }
+  if (codec_ == nullptr && window != 0) {
+    return Status::FailedPrecondition("windowTokens " + std::to_string(window) + ": model " +
+                                      model_->name +
+                                      " has no compression policy (raw chunks), so it takes no "
+                                      "window queries; put the raw chunk alone");
+  }
+  if (codec_ != nullptr) KVD_RETURN_IF_ERROR(codec_->CheckPut(tokens, window));
+  const uint64_t raw_expected = model_->layout.ChunkBytes(static_cast<int>(tokens));
+  const uint64_t query_bytes = codec_ != nullptr ? codec_->QueryBytes(window) : 0;
+  const uint64_t expected = raw_expected + query_bytes;
+  if (bytes != expected) {
+    return Status::InvalidArgument(
+        "bytes " + std::to_string(bytes) + " != " + std::to_string(expected) +
+        " = layout.ChunkBytes(tokens=" + std::to_string(tokens) + ") of model " + model_->name +
+        (codec_ == nullptr
+             ? " (raw codec)"
+             : " + " + std::to_string(query_bytes) + " bytes of " + std::to_string(window) +
+                   " window-query tokens (float32, layers x q_heads x "
+                   "head_dim each)"));
+  }
+  if (bytes > config.limits.max_chunk_bytes) {
+    return Status::OutOfRange("chunk of " + std::to_string(bytes) +
+                              " bytes is over limits.max_chunk_bytes " +
+                              std::to_string(config.limits.max_chunk_bytes));
+  }
+  std::shared_ptr<void> ticket;
+  if (codec_ != nullptr) {
+    auto admitted = codec_->Admit();
+    if (!admitted.ok()) {
+      ++server_->counters().ingest_rejected;
+      return admitted.status();
+    }
+    ticket = std::move(*admitted);
+  }
+  storage::ChunkKey key{name_space_, model_->name, layout_digest_, ServedCodecId(), hash};
+  // The tier's own TTL is a backstop well after the daemon's: the daemon must cancel the
+  // posted receive before the space can be reused.
+  const int64_t ttl_ms = config.limits.reservation_ttl_ms;
+  const auto tier_ttl = std::chrono::milliseconds(ttl_ms + 2 * config.limits.transfer_timeout_ms +
+                                                  config.transport.close_timeout_ms + 60000);
+  ReservedPut out;
+  auto reservation = server_->tier()->Reserve(key, bytes, tokens, id_, tier_ttl);
+  if (!reservation.ok()) {
+    if (!storage::IsDedup(reservation.status())) return reservation.status();
+    ++server_->counters().puts_deduplicated;
+    out.already_stored = true;
+    return out;
+  }
+  out.reservation = *reservation;
+  PendingPut& put = out.put;
+  put.bytes = bytes;
+  put.deadline_ns = server_->clock()->NowNanos() + ttl_ms * 1000000;
+  put.ticket = std::move(ticket);
+  put.data = reservation->data;
+  put.key = key;
+  put.tokens = tokens;
+  put.first_position = first_position;
+  put.window = window;
+  return out;
+}
+
 void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader reserve) {
   const Hash128 hash = proto::FromProto(reserve.getChunkHash());
   const uint32_t tokens = reserve.getTokens();
@@ -482,80 +556,17 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
                              "Reserve.overNccl: this session has no NCCL link; send NcclConnect "
                              "first (or put over the transport)"));
   }
-
-  const DaemonConfig& config = server_->config();
-  if (tokens == 0 || tokens > static_cast<uint32_t>(config.chunk_tokens)) {
-    return CompleteError(
-        seq, rid,
-        Status::OutOfRange("tokens " + std::to_string(tokens) + " is outside [1, chunk_tokens=" +
-                           std::to_string(config.chunk_tokens) + "]"));
+  auto reserved = ReservePut("Reserve", hash, tokens, bytes, first_position, window);
+  if (!reserved.ok()) return CompleteError(seq, rid, reserved.status());
+  if (reserved->already_stored) {
+    return Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
+                      auto reply = r.initReserve();
+                      reply.setAlreadyStored(true);
+                    }));
   }
-  if (codec_ == nullptr && window != 0) {
-    return CompleteError(seq, rid,
-                         Status::FailedPrecondition(
-                             "windowTokens " + std::to_string(window) + ": model " + model_->name +
-                             " has no compression policy (raw chunks), so it takes no "
-                             "window queries; put the raw chunk alone"));
-  }
-  if (codec_ != nullptr) {
-    if (Status s = codec_->CheckPut(tokens, window); !s.ok()) return CompleteError(seq, rid, s);
-  }
-  const uint64_t raw_expected = model_->layout.ChunkBytes(static_cast<int>(tokens));
-  const uint64_t query_bytes = codec_ != nullptr ? codec_->QueryBytes(window) : 0;
-  const uint64_t expected = raw_expected + query_bytes;
-  if (bytes != expected) {
-    return CompleteError(
-        seq, rid,
-        Status::InvalidArgument(
-            "bytes " + std::to_string(bytes) + " != " + std::to_string(expected) +
-            " = layout.ChunkBytes(tokens=" + std::to_string(tokens) + ") of model " + model_->name +
-            (codec_ == nullptr
-                 ? " (raw codec)"
-                 : " + " + std::to_string(query_bytes) + " bytes of " + std::to_string(window) +
-                       " window-query tokens (float32, layers x q_heads x "
-                       "head_dim each)")));
-  }
-  if (bytes > config.limits.max_chunk_bytes) {
-    return CompleteError(seq, rid,
-                         Status::OutOfRange("chunk of " + std::to_string(bytes) +
-                                            " bytes is over limits.max_chunk_bytes " +
-                                            std::to_string(config.limits.max_chunk_bytes)));
-  }
-  std::shared_ptr<void> ticket;
-  if (codec_ != nullptr) {
-    auto admitted = codec_->Admit();
-    if (!admitted.ok()) {
-      ++server_->counters().ingest_rejected;
-      return CompleteError(seq, rid, admitted.status());
-    }
-    ticket = std::move(*admitted);
-  }
-  storage::ChunkKey key{name_space_, model_->name, layout_digest_, ServedCodecId(), hash};
-  // The tier's own TTL is a backstop well after the daemon's: the daemon must cancel the
-  // posted receive before the space can be reused.
-  const int64_t ttl_ms = config.limits.reservation_ttl_ms;
-  const auto tier_ttl = std::chrono::milliseconds(ttl_ms + 2 * config.limits.transfer_timeout_ms +
-                                                  config.transport.close_timeout_ms + 60000);
-  auto reservation = server_->tier()->Reserve(key, bytes, tokens, id_, tier_ttl);
-  if (!reservation.ok()) {
-    if (storage::IsDedup(reservation.status())) {
-      ++server_->counters().puts_deduplicated;
-      return Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
-                        auto reply = r.initReserve();
-                        reply.setAlreadyStored(true);
-                      }));
-    }
-    return CompleteError(seq, rid, reservation.status());
-  }
-  PendingPut put;
-  put.bytes = bytes;
-  put.deadline_ns = server_->clock()->NowNanos() + ttl_ms * 1000000;
-  put.ticket = std::move(ticket);
-  put.data = reservation->data;
-  put.key = key;
-  put.tokens = tokens;
-  put.first_position = first_position;
-  put.window = window;
+  const int64_t ttl_ms = server_->config().limits.reservation_ttl_ms;
+  const storage::Reservation* reservation = &reserved->reservation;
+  PendingPut put = std::move(reserved->put);
   if (shm_ && !over_nccl) {
     // The client writes the bytes into the slot itself; nothing to receive.
     auto ref = PrepareShm(reservation->offset);
@@ -622,6 +633,35 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
              reply.setAlreadyStored(false);
              reply.setTtlMs(static_cast<uint32_t>(ttl_ms));
            }));
+}
+
+void Session::HandleInlinePut(uint64_t seq, uint64_t rid, proto::InlinePut::Reader inline_put) {
+  const Hash128 hash = proto::FromProto(inline_put.getChunkHash());
+  const uint32_t tokens = inline_put.getTokens();
+  const uint64_t first_position = inline_put.getFirstPosition();
+  const uint32_t window = inline_put.getWindowTokens();
+  const uint64_t checksum = inline_put.getChecksum();
+  const capnp::Data::Reader data = inline_put.getData();
+  auto reserved = ReservePut("InlinePut", hash, tokens, data.size(), first_position, window);
+  if (!reserved.ok()) return CompleteError(seq, rid, reserved.status());
+  if (reserved->already_stored) {
+    return Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
+                      auto reply = r.initCommit();
+                      reply.setAlreadyStored(true);
+                      reply.setBytes(data.size());
+                      reply.setCodecId(ServedCodecId());
+                    }));
+  }
+  const storage::ReservationId id = reserved->reservation.id;
+  PendingPut put = std::move(reserved->put);
+  // The frame is gone once this returns: its bytes go into the reservation now (puts below the
+  // client's threshold are small; the frame limit bounds the rest).
+  std::memcpy(put.data, data.begin(), data.size());
+  put.busy = true;  // committed at once: never expired, aborted or committed by a request
+  pending_puts_[id] = std::move(put);
+  server_->RegisterReservation(id, id_);
+  ++server_->counters().puts_inline;
+  SpawnHandler(FinishCommit(seq, rid, id, checksum));
 }
 
 void Session::ErasePendingPut(uint64_t reservation) {

@@ -36,6 +36,12 @@ TEST(CApiTest, ConnectFailureSetsCodeAndMessage) {
   c.chunk_tokens = 30;  // not a multiple of 16
   EXPECT_EQ(kvd_client_connect(&c, &client), KVD_INVALID_ARGUMENT);
   EXPECT_NE(std::string(kvd_last_error()).find("chunk_tokens"), std::string::npos);
+  c.chunk_tokens = 32;
+  c.inline_put_bytes = 2 << 20;  // over the 1 MiB maximum (0 = the default, < 0 = off)
+  EXPECT_EQ(kvd_client_connect(&c, &client), KVD_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kvd_last_error()).find("inline_put_bytes must be <= 1048576"),
+            std::string::npos)
+      << kvd_last_error();
 }
 
 TEST(CApiTest, RoundTripThroughTheFakeDaemon) {

@@ -1,6 +1,7 @@
 // Chaos: kill -9 of kvd in a loop during puts with a disk tier. Every acknowledged chunk must be
 // served byte-exact after each restart, and no chunk may ever be visible with other bytes than
-// the ones put (no torn chunk). Label `chaos`; KVD_CHAOS_CYCLES sets the cycle count (default 20).
+// the ones put (no torn chunk); the driver alternates one-exchange (inline) and three-step puts.
+// Label `chaos`; KVD_CHAOS_CYCLES sets the cycle count (default 20).
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -70,19 +71,11 @@ bool ParseDriverLine(const std::string& line, bool* ack, uint64_t* n) {
 TEST(ChaosE2eTest, KillNineDuringPutsWithADiskTierLosesNoAcknowledgedChunk) {
   const int cycles = Cycles();
   std::random_device rd;
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("kvd-chaos-" + std::to_string(rd()));
-  struct RemoveDir {
-    std::filesystem::path p;
-    ~RemoveDir() {
-      std::error_code ec;
-      std::filesystem::remove_all(p, ec);
-    }
-  } remove_dir{dir};
+  const TempDir dir("kvd-chaos-");
   KvdConfig config;
   config.ucx_tls = "tcp";         // no shared-memory segments left behind by the kill -9
   config.host_capacity = "2MiB";  // 51 chunks of 40 KiB: constant host pressure
-  config.disk_path = (dir / "db").string();
+  config.disk_path = (dir.path() / "db").string();
   config.disk_capacity = "1GiB";  // far above what 20 cycles put: no disk-capacity eviction
   std::set<uint64_t> acked, sent, last_cycle;
   uint64_t next = 1;

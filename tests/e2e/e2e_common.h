@@ -2,7 +2,9 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -11,6 +13,27 @@
 #include "kvd_process.h"
 
 namespace kvd::e2e {
+
+// A fresh folder /tmp/<prefix>XXXXXX, removed with everything in it when this goes out of scope
+// (a disk tier's RocksDB, a tokens file).
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix) {
+    std::string tmpl = "/tmp/" + prefix + "XXXXXX";
+    if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+    EXPECT_FALSE(path_.empty()) << "mkdtemp " << tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 inline std::vector<int32_t> RandomTokens(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);

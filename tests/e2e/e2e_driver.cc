@@ -11,7 +11,8 @@
 //     Puts 5.6 MiB smollm2-135m chunks in a loop (8 in flight), printing "PUT n" after each
 //     batch: the test kills it at an arbitrary point, usually while bytes are moving.
 //   kvd-e2e-driver chaos ADDR UCX_TLS FIRST
-//     Puts kChaosTokens-token stories260k chunks n = FIRST, FIRST+1, ... one at a time, hash
+//     Puts kChaosTokens-token stories260k chunks n = FIRST, FIRST+1, ... one at a time, even n
+//     in one exchange (InlinePut), odd n in three steps (Reserve, send, Commit), hash
 //     {kChaosHi, n}, bytes
 //     RandomBytes(size, n); prints "SEND n" before and "ACK n" after each acknowledged put. The
 //     chaos test kills kvd under it (the driver then exits 1) and checks every ACKed chunk.
@@ -68,18 +69,24 @@ int Flood(const char* addr, const char* tls) {
 }
 
 int Chaos(const char* addr, const char* tls, uint64_t first) {
-  const kvd::client::ClientOptions o = DriverOptions(addr, tls, true, "e2e-chaos-");
+  kvd::client::ClientOptions o = DriverOptions(addr, tls, true, "e2e-chaos-");
   auto c = kvd::client::Client::Connect(o);
-  if (!c.ok()) {
-    std::cerr << c.status() << "\n";
-    return 1;
+  o.inline_put_bytes = 0;
+  auto three_steps = kvd::client::Client::Connect(o);
+  for (const auto* client : {&c, &three_steps}) {
+    if (!client->ok()) {
+      std::cerr << client->status() << "\n";
+      return 1;
+    }
   }
   const size_t bytes = o.layout.ChunkBytes(kvd::e2e::kChaosTokens);
   for (uint64_t n = first;; ++n) {
     const auto data = kvd::e2e::RandomBytes(bytes, n);
     std::cout << "SEND " << n << std::endl;
-    auto r = (*c)->Put(kvd::Hash128{kvd::e2e::kChaosHi, n}, kvd::e2e::kChaosTokens, data.data(),
-                       data.size());
+    // Even chunks in one exchange (InlinePut), odd ones in three steps.
+    auto& client = n % 2 == 0 ? *c : *three_steps;
+    auto r = client->Put(kvd::Hash128{kvd::e2e::kChaosHi, n}, kvd::e2e::kChaosTokens, data.data(),
+                         data.size());
     if (!r.ok()) {
       std::cerr << r.status() << "\n";
       return 1;

@@ -117,6 +117,27 @@ def test_stats_and_health(daemon):
         assert any(m["name"] == "stories260k" for m in admin.stats()["registered_models"])
 
 
+def test_small_puts_go_in_one_exchange_unless_turned_off(daemon):
+    token_bytes = CHUNK_BYTES // 256  # 1280 bytes of KV per token
+    with engine(daemon) as c, engine(daemon, inline_put_bytes=0) as three_steps:
+        chain = c.hash(np.arange(12000, 12256, dtype=np.int32))
+        inline = lambda: c.stats()["counters"]["puts_inline"]  # noqa: E731
+        before = inline()
+        small = np.random.default_rng(7).integers(0, 256, 16 * token_bytes, dtype=np.uint8)
+        assert c.put(chain[0], 16, small).bytes == small.size
+        assert inline() == before + 1
+        assert three_steps.put(kvd.Hash128(0x51, 1), 16, small).bytes == small.size
+        assert inline() == before + 1  # inline_put_bytes=0: reserve, send, commit
+        assert c.put(chain[0], 16, small).already_stored
+        hit = c.lookup(chain[:1])
+        out = np.zeros(small.size, np.uint8)
+        assert c.get(hit.lease_id, 0, out).bytes == small.size
+        np.testing.assert_array_equal(out, small)
+        c.release(hit.lease_id)
+    with pytest.raises(kvd.InvalidArgumentError, match="inline_put_bytes must be <= 1048576"):
+        engine(daemon, inline_put_bytes=2 << 20)
+
+
 def test_events_stream_stored_chunks_to_a_subscriber(daemon):
     with kvd.connect(daemon.address, admin=True) as admin, engine(daemon) as c:
         sub = admin.subscribe_events(queue_limit=64)

@@ -42,6 +42,7 @@ def connect(address="127.0.0.1:7400", model="", **options):
     nccl         True: CUDA tensors move GPU to GPU over kvd's NCCL link (this process's NCCL
                  rank on CUDA device `nccl_device`, default 0; kvd's must be another GPU);
                  kvd.UnavailableError with the reason where this process or kvd cannot run NCCL
+    inline_put_bytes  puts of at most this many bytes go in one exchange (default 65536, 0 = off)
     """
     return Client.connect(address=address, model=model, **options)
 

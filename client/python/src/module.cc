@@ -207,7 +207,8 @@ PYBIND11_MODULE(_kvd, m) {
              const std::string& name_space, const std::string& client_id,
              const std::string& hash_seed, int chunk_tokens, int block_tokens,
              const std::string& ucx_tls, const std::string& net_devices, bool admin,
-             int64_t timeout_ms, int max_in_flight, bool nccl, int nccl_device) {
+             int64_t timeout_ms, int max_in_flight, bool nccl, int nccl_device,
+             int64_t inline_put_bytes) {
             ClientOptions o;
             o.address = address;
             o.client_id = client_id;
@@ -220,6 +221,11 @@ PYBIND11_MODULE(_kvd, m) {
             o.max_in_flight = max_in_flight;
             o.nccl = nccl;  // CUDA tensors move GPU to GPU over kvd's NCCL link
             o.transport.nccl_device = nccl_device;
+            if (inline_put_bytes < 0) {
+              Raise(Status::InvalidArgument("inline_put_bytes must be >= 0 (0 = off), got " +
+                                            std::to_string(inline_put_bytes)));
+            }
+            o.inline_put_bytes = static_cast<size_t>(inline_put_bytes);
             if (timeout_ms > 0) {
               o.connect_timeout_ms = o.request_timeout_ms = o.transfer_timeout_ms = timeout_ms;
             }
@@ -241,7 +247,8 @@ PYBIND11_MODULE(_kvd, m) {
           py::arg("hash_seed") = "kvd-default-seed", py::arg("chunk_tokens") = 256,
           py::arg("block_tokens") = 16, py::arg("ucx_tls") = "", py::arg("net_devices") = "",
           py::arg("admin") = false, py::arg("timeout_ms") = 0, py::arg("max_in_flight") = 8,
-          py::arg("nccl") = false, py::arg("nccl_device") = 0)
+          py::arg("nccl") = false, py::arg("nccl_device") = 0,
+          py::arg("inline_put_bytes") = kvd::client::ClientOptions().inline_put_bytes)
       .def_property_readonly("layout",
                              [](PyClient& self) {
                                Client& c = self.get();

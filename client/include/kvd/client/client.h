@@ -10,7 +10,9 @@
 //   c->ReleaseLease(hit.lease_id);
 //
 // Control messages travel as Cap'n Proto frames over one TCP or unix-socket connection; the
-// bulk bytes travel over the transport (UCX tag messages) and never inside a frame.
+// bulk bytes travel over the transport (UCX tag messages) or, on the daemon's node, through its
+// shared-memory arena. Puts of at most ClientOptions::inline_put_bytes (default 64 KiB) travel
+// inside one frame instead: one exchange in place of reserve, send, commit.
 //
 // THREAD SAFETY: every method is thread-safe; calls on one Client are serialised on an internal
 // mutex (one control connection, one transport). For parallelism use several Clients (one per
@@ -105,6 +107,16 @@ struct ClientOptions {
   // put and get keeps its path (shared memory or the transport). The commit and get checksums
   // are still xxh3 over host bytes: one device-to-host copy of each chunk into pinned staging.
   bool nccl = false;
+  // One-exchange puts for small chunks: a put of at most this many bytes (raw chunk + window
+  // queries) travels inside one control frame (InlinePut), and kvd reserves, copies, verifies
+  // the checksum and commits it before its one reply, instead of Reserve, a transfer (or a
+  // shared-memory copy) and Commit. Same results and errors as the three steps; durability and
+  // compression are the same. Default 64 KiB; 0 = every put takes the three steps. At most
+  // kMaxInlinePutBytes (1 MiB). A put that would not fit in the daemon's frame limit
+  // (SessionInfo::max_frame_bytes) takes the three steps whatever this says, and so does every
+  // put while test_before_commit is set.
+  size_t inline_put_bytes = size_t{64} << 10;
+  static constexpr size_t kMaxInlinePutBytes = size_t{1} << 20;
 
   // ---- test seams (leave at the defaults) ----
   // Check a raw put's byte count against the layout before asking the daemon (default true).
@@ -123,7 +135,8 @@ struct ClientOptions {
   std::string test_nccl_backend = "nccl";
 
   // INVALID_ARGUMENT naming the field and value (bad address form, chunk_tokens not a multiple
-  // of block_tokens, non-positive timeouts, engine role without model or with an invalid layout).
+  // of block_tokens, non-positive timeouts, inline_put_bytes over kMaxInlinePutBytes, engine
+  // role without model or with an invalid layout).
   Status Validate() const;
 };
 
