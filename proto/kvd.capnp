@@ -292,6 +292,8 @@ struct StatsReply {
   struct ModelIngest {
     model @0 :Text;
     stages @1 :List(StageTime);    # every stage, in pipeline order
+    device @2 :Text;               # where the ingest compresses: "cpu" or "cuda:<ordinal>"
+    deviceReason @3 :Text;         # why (compression.device and what kvd found at start)
   }
 
   struct StageTime {

@@ -63,6 +63,8 @@ StatusOr<Stats> ClientImpl::GetStats() {
     for (auto m : s.getCompression()) {
       ModelIngestStats ingest;
       ingest.model = m.getModel().cStr();
+      ingest.device = m.getDevice().cStr();
+      ingest.device_reason = m.getDeviceReason().cStr();
       for (auto t : m.getStages()) {
         ingest.stages.push_back({t.getStage().cStr(), t.getNanos(), t.getChunks()});
       }

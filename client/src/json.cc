@@ -45,7 +45,10 @@ std::string StatsToJson(const Stats& s, int indent) {
     for (const auto& t : m.stages) {
       stages.push_back({{"stage", t.stage}, {"nanos", t.nanos}, {"chunks", t.chunks}});
     }
-    compression.push_back({{"model", m.model}, {"stages", stages}});
+    compression.push_back({{"model", m.model},
+                           {"device", m.device},
+                           {"device_reason", m.device_reason},
+                           {"stages", stages}});
   }
   json j = {{"node", s.node_name},         {"uptime_ms", s.uptime_ms},
             {"sessions", s.sessions},      {"tiers", tiers},

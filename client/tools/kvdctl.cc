@@ -107,6 +107,10 @@ void PrintStats(const kvd::client::Stats& s) {
   }
   if (!s.compression.empty()) {
     std::cout << "\nCompression time per stage (since start)\n";
+    for (const auto& m : s.compression) {
+      std::cout << "model " << m.model << " compresses on " << m.device << " (" << m.device_reason
+                << ")\n";
+    }
     std::vector<std::vector<std::string>> r;
     for (const auto& m : s.compression) {
       for (const auto& t : m.stages) {

@@ -103,6 +103,9 @@ Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) con
   if (queue_depth < 1 || queue_depth > 65536) {
     return Bad(key + ".queue_depth", std::to_string(queue_depth), "is outside [1, 65536]");
   }
+  if (!OneOf(device, {"auto", "cpu", "cuda"}) && CudaOrdinal() < 0) {
+    return Bad(key + ".device", device, "is not auto, cpu, cuda or cuda:N (a device ordinal)");
+  }
   const long long kept = std::llround((1.0 - p_c) * chunk_tokens);
   if (kept < static_cast<long long>(sinks) + window) {
     return Bad(key + ".p_c", Num(p_c),
@@ -123,6 +126,17 @@ std::string CompressionPolicy::CanonicalForm() const {
          " max_group=" + std::to_string(max_group) + " min_cos=" + Num(min_cos) +
          " route_eps=" + Num(route_eps) + " r2_threshold=" + Num(r2_threshold) +
          " calibration_tokens=" + std::to_string(calibration_tokens);
+}
+
+int CompressionPolicy::CudaOrdinal() const {
+  if (device == "cuda") return 0;
+  if (device.rfind("cuda:", 0) != 0 || device.size() < 6 || device.size() > 9) return -1;
+  int n = 0;
+  for (char c : device.substr(5)) {
+    if (c < '0' || c > '9') return -1;
+    n = n * 10 + (c - '0');
+  }
+  return n;
 }
 
 uint64_t CompressionPolicy::Digest() const { return Digest64(CanonicalForm()); }

@@ -203,7 +203,7 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
       CheckMap(node, path,
                {"stages", "p_c", "window", "sinks", "pooling", "pooling_kernel", "keydiff_block",
                 "pyramid_beta", "merge_norm", "position", "max_group", "min_cos", "route_eps",
-                "r2_threshold", "calibration_tokens", "worker_threads", "queue_depth"}));
+                "r2_threshold", "calibration_tokens", "worker_threads", "queue_depth", "device"}));
   CompressionPolicy p;
   const YAML::Node stages = node["stages"];
   if (!stages.IsDefined() || !stages.IsSequence() || stages.size() == 0) {
@@ -264,6 +264,7 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
       GetInt(node, path, "calibration_tokens", &p.calibration_tokens, 1, int64_t{1} << 40));
   KVD_RETURN_IF_ERROR(GetInt(node, path, "worker_threads", &p.worker_threads, 1, 256));
   KVD_RETURN_IF_ERROR(GetInt(node, path, "queue_depth", &p.queue_depth, 1, 65536));
+  KVD_RETURN_IF_ERROR(GetString(node, path, "device", &p.device));
   *out = p;
   return Status::Ok();
 }

@@ -22,6 +22,7 @@
 
 #include "kvd/common/cli.h"
 #include "kvd/common/logging.h"
+#include "kvd/daemon/chunk_codec.h"
 #include "kvd/daemon/config.h"
 #include "kvd/daemon/server.h"
 
@@ -143,6 +144,12 @@ int main(int argc, char** argv) {
     }
     KVD_LOG(WARNING) << "starting over this machine's capacity (tiers.allow_overcommit)"
                      << kvd::Kv("problem", s.message());
+  }
+
+  // compression.device: cuda that this process cannot honour is a configuration error.
+  if (kvd::Status s = kvd::daemon::CheckIngestDevices(*config); !s.ok()) {
+    std::cerr << "kvd: " << s.message() << "\n";
+    return kExitUsage;
   }
 
   kvd::daemon::ServerDeps deps;

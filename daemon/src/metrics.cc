@@ -145,6 +145,11 @@ std::string Metrics::RenderPrometheus(const StatsSnapshot& s) const {
     w.Sample(metric, "", value);
   }
 
+  w.Family("kvd_ingest_device", "gauge",
+           "1 for the device a model's ingest compresses on (device=\"cpu\" or \"cuda:N\")");
+  for (const auto& [model, ingest] : s.compression) {
+    w.Sample("kvd_ingest_device", Label("model", model) + "," + Label("device", ingest.device), 1);
+  }
   const std::string stage_seconds = "kvd_compress_stage_seconds_total";
   const std::string stage_chunks = "kvd_compress_stage_chunks_total";
   w.Family(stage_seconds, "counter",

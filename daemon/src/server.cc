@@ -162,7 +162,8 @@ Status Server::Impl::Init() {
   nccl_ = std::make_unique<NcclLink>(
       config_.transport, config_.gpu_tier ? config_.gpu_device : config_.transport.nccl_device,
       std::move(deps_.nccl_transport), std::move(deps_.nccl_device_memory));
-  for (const ModelConfig& m : config_.models) {
+  for (size_t i = 0; i < config_.models.size(); ++i) {
+    const ModelConfig& m = config_.models[i];
     if (!m.compression) continue;
     // VECTOR weights are saved with the chunks when there is a disk tier, else as files in the
     // state directory (config.h: state_dir), else not at all.
@@ -172,12 +173,14 @@ Status Server::Impl::Init() {
     } else if (!config_.ResolvedStateDir().empty()) {
       store = MakeFileCalibrationStore(config_.ResolvedStateDir());
     }
-    auto codec = ChunkCodec::Create(m, config_.chunk_tokens, std::move(store));
+    auto codec = ChunkCodec::Create(m, config_.chunk_tokens, std::move(store),
+                                    "models[" + std::to_string(i) + "].compression");
     if (!codec.ok()) return codec.status().WithContext("model " + m.name);
     KVD_LOG(INFO) << "compression policy" << Kv("model", m.name)
                   << Kv("stages", m.compression->StagesName()) << Kv("p_c", m.compression->p_c)
                   << Kv("codec_id", (*codec)->codec_id())
-                  << Kv("workers", m.compression->worker_threads);
+                  << Kv("workers", m.compression->worker_threads)
+                  << Kv("device", (*codec)->device().Name());
     codecs_[m.name] = std::move(*codec);
   }
   return Status::Ok();

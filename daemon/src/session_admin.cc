@@ -180,6 +180,8 @@ void Session::HandleStats(uint64_t seq, uint64_t rid) {
              for (unsigned i = 0; i < snap.compression.size(); ++i) {
                const auto& [model, ingest] = snap.compression[i];
                compression[i].setModel(model);
+               compression[i].setDevice(ingest.device);
+               compression[i].setDeviceReason(ingest.device_reason);
                auto stages = compression[i].initStages(ingest.stages.size());
                for (unsigned j = 0; j < ingest.stages.size(); ++j) {
                  stages[j].setStage(ingest.stages[j].stage);

@@ -7,6 +7,10 @@
 #include <cmath>
 #include <string>
 
+#if KVD_HAVE_CUDA
+#include "kvd/common/cuda_device.h"
+#endif
+
 #include "backend_a.h"
 #include "plan_device_internal.h"
 #include "plan_internal.h"
@@ -89,6 +93,18 @@ StatusOr<DevicePlanBudget> ComputeDevicePlanBudget(const CompressionPlanOptions&
     b.reduced.push_back(reduced ? 1 : 0);
   }
   return b;
+}
+
+Status CheckDevicePlanDevice(int device) {
+  if (device < 0) return Status::InvalidArgument("DevicePlan: device must be >= 0");
+#if KVD_HAVE_CUDA
+  if (std::string why = CudaDeviceUnavailable(device); !why.empty()) {
+    return Status::Unavailable("DevicePlan: " + why);
+  }
+  return Status::Ok();
+#else
+  return Status::Unimplemented("DevicePlan: built without CUDA (this build has no CUDA kernels)");
+#endif
 }
 
 DevicePlan::~DevicePlan() = default;
@@ -206,6 +222,36 @@ StatusOr<CompactChunk> DevicePlan::Compress(const DeviceChunkInput& input,
           .count();
   if (stats != nullptr) *stats = total;
   return chunk;
+}
+
+StatusOr<CompactChunk> DevicePlan::CompressHost(const HostChunkInput& input,
+                                                CompressionStats* stats) {
+  if (!input.window_queries.empty()) {
+    const size_t e = input.window_queries_float32 ? sizeof(float) : DTypeSize(layout_.dtype);
+    const size_t need = static_cast<size_t>(layout_.num_layers) * options_.window *
+                        layout_.num_q_heads * layout_.head_dim * e;
+    if (input.window_queries.size() != need) {
+      return Status::InvalidArgument("plan_device: window queries have " +
+                                     std::to_string(input.window_queries.size()) + " bytes, " +
+                                     std::to_string(need) + " expected (layers x window " +
+                                     std::to_string(options_.window) + " x q_heads x head_dim)");
+    }
+  }
+  const size_t need = layout_.ChunkBytes(static_cast<int>(input.positions.size()));
+  if (input.raw.size() != need) {
+    return Status::InvalidArgument("plan: raw chunk has " + std::to_string(input.raw.size()) +
+                                   " bytes, layout needs " + std::to_string(need) + " for " +
+                                   std::to_string(input.positions.size()) + " tokens");
+  }
+  const void* raw = nullptr;
+  const void* queries = nullptr;
+  KVD_RETURN_IF_ERROR(state_->Upload(input.raw, input.window_queries, &raw, &queries));
+  return Compress(DeviceChunkInput{.raw = raw,
+                                   .raw_bytes = input.raw.size(),
+                                   .positions = input.positions,
+                                   .window_queries = queries,
+                                   .window_queries_float32 = input.window_queries_float32},
+                  stats);
 }
 
 StatusOr<std::vector<float>> DevicePlan::LastScores() const { return state_->LastScores(); }

@@ -38,6 +38,10 @@ struct DevicePlan::State {
   virtual Status Run(const DeviceChunkInput& input, const DevicePlanJob& job,
                      DevicePlanOutput* out) = 0;
   virtual StatusOr<std::vector<float>> LastScores() const = 0;
+  // Copies host bytes into the plan's upload buffers on its stream (kept between chunks, grown
+  // when needed); *raw / *queries point at them (queries null when `queries` is empty).
+  virtual Status Upload(std::span<const uint8_t> raw, std::span<const uint8_t> queries,
+                        const void** raw_device, const void** queries_device) = 0;
 };
 
 #if KVD_HAVE_CUDA

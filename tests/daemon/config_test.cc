@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "kvd/daemon/chunk_codec.h"
+
 namespace kvd::daemon {
 namespace {
 
@@ -404,6 +406,132 @@ TEST(ConfigPolicyTest, CodecIdFollowsEveryByteChangingParameterAndCalibration) {
   EXPECT_EQ(a.CodecId(0), threads.CodecId(0));
   EXPECT_EQ(a.CodecId(7), CompressionPolicy{}.CodecId(7));
   EXPECT_NE(a.Digest(), b.Digest());
+  CompressionPolicy on_cuda = a;
+  on_cuda.device = "cuda:1";  // where it runs, not what it stores
+  EXPECT_EQ(a.CodecId(0), on_cuda.CodecId(0));
+}
+
+// compression.device (chunk_codec.h ChooseIngestDevice), with the device probe's answers this
+// machine may or may not give passed in.
+CompressionPolicy Policy(const std::string& yaml) {
+  return *ParseConfigYaml(PolicyYaml(yaml)).value().models[0].compression;
+}
+
+const Status kNoDevice =
+    Status::Unavailable("DevicePlan: no CUDA device (cudaGetDeviceCount: cudaErrorNoDevice)");
+const Status kNoCuda =
+    Status::Unimplemented("DevicePlan: built without CUDA (this build has no CUDA kernels)");
+
+TEST(IngestDeviceTest, ParsesTheSettingWithAutoAsDefault) {
+  EXPECT_EQ(Policy("{stages: [snapkv]}").device, "auto");
+  EXPECT_EQ(Policy("{stages: [snapkv], device: cpu}").device, "cpu");
+  EXPECT_EQ(Policy("{stages: [snapkv], device: cuda}").CudaOrdinal(), 0);
+  EXPECT_EQ(Policy("{stages: [snapkv], device: \"cuda:3\"}").CudaOrdinal(), 3);
+  EXPECT_EQ(Policy("{stages: [snapkv], device: auto}").CudaOrdinal(), -1);
+}
+
+TEST(IngestDeviceTest, CpuIsTheCpuPlanWhateverTheNodeHas) {
+  for (const Status& probe : {Status::Ok(), kNoDevice, kNoCuda}) {
+    auto d = ChooseIngestDevice(Policy("{stages: [snapkv], device: cpu}"), "models[0].compression",
+                                probe);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_FALSE(d->cuda);
+    EXPECT_EQ(d->Name(), "cpu");
+    EXPECT_THAT(d->reason, HasSubstr("compression.device is cpu"));
+  }
+}
+
+TEST(IngestDeviceTest, AutoPicksTheCudaPlanWhenTheDeviceRunsThePolicy) {
+  for (const char* stages : {"[snapkv]", "[pyramidkv]", "[snapkv, vector]"}) {
+    auto d = ChooseIngestDevice(Policy(std::string("{stages: ") + stages + "}"), "k", Status::Ok());
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_TRUE(d->cuda) << stages;
+    EXPECT_EQ(d->Name(), "cuda:0");
+    EXPECT_THAT(d->reason, HasSubstr("auto: CUDA device 0 runs the CUDA plan"));
+  }
+}
+
+TEST(IngestDeviceTest, AutoFallsBackToTheCpuPlanSayingWhy) {
+  struct Case {
+    std::string policy;
+    Status probe;
+    std::vector<const char*> reason;
+  };
+  const std::vector<Case> cases = {
+      {"{stages: [snapkv]}", kNoDevice, {"auto: no CUDA device (cudaGetDeviceCount"}},
+      {"{stages: [snapkv]}", kNoCuda, {"auto: built without CUDA"}},
+      // Methods the CUDA plan refuses: named, with the kernels' reason.
+      {"{stages: [keydiff]}",
+       Status::Ok(),
+       {"auto: the CUDA plan does not implement keydiff", "kKeyDiff"}},
+      {"{stages: [hybrid]}",
+       Status::Ok(),
+       {"auto: the CUDA plan does not implement snapkv+kvslimmer", "kKvSlimmer"}},
+      {"{stages: [kvslimmer]}", Status::Ok(), {"does not implement kvslimmer"}},
+  };
+  for (const Case& c : cases) {
+    auto d = ChooseIngestDevice(Policy(c.policy), "models[0].compression", c.probe);
+    ASSERT_TRUE(d.ok()) << c.policy << ": " << d.status();
+    EXPECT_FALSE(d->cuda) << c.policy;
+    EXPECT_EQ(d->Name(), "cpu");
+    for (const char* f : c.reason) EXPECT_THAT(d->reason, HasSubstr(f)) << c.policy;
+  }
+}
+
+TEST(IngestDeviceTest, ExplicitCudaIsHonouredOrRefusedNamingKeyValueAndReason) {
+  auto two =
+      ChooseIngestDevice(Policy("{stages: [snapkv], device: \"cuda:2\"}"), "k", Status::Ok());
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->Name(), "cuda:2");
+  EXPECT_THAT(two->reason, HasSubstr("compression.device is cuda:2"));
+  struct Case {
+    std::string policy;
+    Status probe;
+    std::vector<const char*> fragments;
+  };
+  const std::vector<Case> cases = {
+      {"{stages: [snapkv], device: cuda}",
+       kNoDevice,
+       {"models[1].compression.device: \"cuda\" cannot be honoured: no CUDA device"}},
+      {"{stages: [snapkv], device: cuda}",
+       kNoCuda,
+       {"models[1].compression.device: \"cuda\" cannot be honoured: built without CUDA"}},
+      {"{stages: [keydiff], device: \"cuda:1\"}",
+       Status::Ok(),
+       {"models[1].compression.device: \"cuda:1\" cannot be honoured",
+        "the CUDA plan does not implement keydiff"}},
+  };
+  for (const Case& c : cases) {
+    auto d = ChooseIngestDevice(Policy(c.policy), "models[1].compression", c.probe);
+    ASSERT_FALSE(d.ok()) << c.policy;
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << c.policy;
+    for (const char* f : c.fragments) EXPECT_THAT(d.status().message(), HasSubstr(f)) << c.policy;
+  }
+}
+
+// This process's own probe: without a device (this machine kind) auto keeps the CPU plan and
+// cuda is refused before kvd starts (CheckIngestDevices, exit 2 in main).
+TEST(IngestDeviceTest, ThisNodesProbeDecidesAtStart) {
+  const Status probe = ProbeIngestDevice(0);
+  if (probe.ok()) GTEST_SKIP() << "a CUDA device is present (the device checks cover it)";
+  EXPECT_TRUE(probe.code() == StatusCode::kUnavailable ||
+              probe.code() == StatusCode::kUnimplemented)
+      << probe;
+  EXPECT_THAT(probe.message(),
+              ::testing::AnyOf(HasSubstr("no CUDA device"), HasSubstr("built without CUDA")));
+  auto config = ParseConfigYaml(
+      "models:\n"
+      "  - {name: raw, layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 8}}\n"
+      "  - {name: m, layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 8}, "
+      "compression: {stages: [snapkv]}}\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(CheckIngestDevices(*config).ok());
+  config->models[1].compression->device = "cuda";
+  const Status refused = CheckIngestDevices(*config);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("models[1].compression.device: \"cuda\" cannot be honoured: "));
+  EXPECT_THAT(refused.message(), HasSubstr(probe.message().substr(12)));  // without "DevicePlan: "
 }
 
 TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
@@ -427,6 +555,10 @@ TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
       {"{stages: [snapkv], queue_depth: 0}", {"models[0].compression.queue_depth", "\"0\""}},
       {"{stages: [snapkv], colour: red}", {"models[0].compression.colour", "unknown key"}},
       {"lossy", {"models[0].compression", "lossy", "policy mapping"}},
+      {"{stages: [snapkv], device: gpu}",
+       {"models[0].compression.device", "\"gpu\"", "auto, cpu, cuda or cuda:N"}},
+      {"{stages: [snapkv], device: \"cuda:x\"}", {"models[0].compression.device", "cuda:x"}},
+      {"{stages: [snapkv], device: \"cuda:\"}", {"models[0].compression.device", "cuda:"}},
   };
   for (const auto& c : cases) {
     auto parsed = ParseConfigYaml(PolicyYaml(c.policy), "p.yaml");

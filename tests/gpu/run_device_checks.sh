@@ -16,6 +16,8 @@
 #   gpu-tier       GpuTier over CUDA device memory (storage_gpu_tier_test GpuTierCuda*), and a
 #                  kvd process with tiers.gpu: compressed puts land there, stats, gets
 #                  (gpu_tier_e2e_test)
+#   ingest         a kvd whose policy says `compression.device: cuda`: its ingest compresses on
+#                  the GPU and stores what the CPU plan stores (serving_e2e_test, CudaIngest*)
 #   ucx-cuda       CUDA memory through UCX 1.22 (cuda_ipc/cuda_copy: send/recv, RMA), when the
 #                  libucx wheel is in .cache/ucx (carry it: deploy/fetch-ucx-wheel.sh, ~46 MB)
 #   nccl           the nccl backend: bootstrap, device-to-device send/recv (NcclCuda*)
@@ -109,7 +111,7 @@ fi
 
 TARGETS=(kernels_test kernels_bench)
 ((FULL)) && TARGETS+=(storage_gpu_tier_test transport_ucx_cuda_memory_test transport_nccl_test
-  kvd gpu_tier_e2e_test gpu_client_test)
+  kvd kvdctl gpu_tier_e2e_test gpu_client_test serving_e2e_test)
 if ! cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" > "$LOG/build.log" 2>&1; then
   say "build FAILED"
   grep -E "error|Error" "$LOG/build.log" | head -30
@@ -134,6 +136,7 @@ run kernels all_kernels 120 "$BIN/kernels_test" --gtest_brief=1
 if ((FULL)); then
   run gpu-tier gpu_tier 60 "$BIN/storage_gpu_tier_test" --gtest_filter='GpuTierCuda*'
   run gpu-tier gpu_tier_kvd 90 "$BIN/gpu_tier_e2e_test"
+  run ingest cuda_ingest 90 "$BIN/serving_e2e_test" --gtest_filter='*CudaIngest*:*WithoutADevice*'
   run ucx-cuda ucx_cuda 60 "$BIN/transport_ucx_cuda_memory_test"
   [[ -z $UCX_PREFIX ]] && missing_row ucx-cuda "UCX with CUDA" \
     "no .cache/ucx/libucx-cu*: built against Debian's UCX (no CUDA); carry the wheel's prefix"
@@ -141,7 +144,7 @@ if ((FULL)); then
   run client gpu_client 120 "$BIN/gpu_client_test" --gtest_filter='-DeviceClientNccl*'
   run kvd-nccl gpu_client_nccl 150 "$BIN/gpu_client_test" --gtest_filter='DeviceClientNccl*'
 else
-  for c in gpu-tier ucx-cuda nccl client kvd-nccl; do missing_row "$c" "(all)" "kernels-only build: $LOG/configure.log"; done
+  for c in gpu-tier ingest ucx-cuda nccl client kvd-nccl; do missing_row "$c" "(all)" "kernels-only build: $LOG/configure.log"; done
 fi
 missing_row kvd "GPU-tier put/get over UCX cuda_ipc, 2 processes" "not written: the daemon serves host memory only"
 

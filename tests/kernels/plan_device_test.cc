@@ -231,6 +231,28 @@ TEST(DevicePlan, CreateChecksItsInputBeforeTheDevice) {
 #endif
 }
 
+// CheckDevicePlanDevice: what kvd's ingest asks before it picks the CUDA plan.
+TEST(DevicePlan, CheckDeviceSaysWhyNot) {
+  const Status negative = CheckDevicePlanDevice(-1);
+  EXPECT_EQ(negative.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(negative.message(), HasSubstr("device must be >= 0"));
+  if (CudaDeviceAvailable()) {
+    EXPECT_TRUE(CheckDevicePlanDevice(0).ok());
+    const Status far = CheckDevicePlanDevice(4096);
+    EXPECT_EQ(far.code(), StatusCode::kUnavailable) << far;
+    EXPECT_THAT(far.message(), HasSubstr("DevicePlan: no CUDA device 4096 (this machine has"));
+    return;
+  }
+  const Status none = CheckDevicePlanDevice(0);
+#if KVD_HAVE_CUDA
+  EXPECT_EQ(none.code(), StatusCode::kUnavailable) << none;
+  EXPECT_THAT(none.message(), HasSubstr("DevicePlan: no CUDA device"));
+#else
+  EXPECT_EQ(none.code(), StatusCode::kUnimplemented) << none;
+  EXPECT_THAT(none.message(), HasSubstr("DevicePlan: built without CUDA"));
+#endif
+}
+
 #if KVD_HAVE_CUDA
 
 // Device memory for one test, freed at scope exit.
@@ -470,6 +492,48 @@ TEST(DevicePlanCuda, NonFiniteInputIsRefusedAndThePlanKeepsServing) {
   auto no_queries = (*plan)->Compress(in);
   EXPECT_EQ(no_queries.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(no_queries.status().message(), HasSubstr("needs window queries"));
+}
+
+// CompressHost = one upload + Compress: from host bytes, with the window queries in the model
+// dtype or as float32 (kvd's wire layout; bf16 -> float32 is exact, so both give the same floats),
+// the chunk is the one Compress makes from device copies of the same bytes. (The attention mass
+// adds with atomics; two runs may differ in the last bits of a score and so at an exact near-tie,
+// which on this random chunk does not occur.)
+TEST(DevicePlanCuda, CompressHostIsCompressOfTheUploadedChunk) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device: DevicePlan needs one";
+  const DeviceFixture f = MakeFixture(301, 64, 4, 32, 17);
+  const CompressionPlanOptions o{.score = ScoreStage::kSnapKv, .p_c = 0.75, .window = f.window};
+  auto plan = DevicePlan::Create(o, f.layout, nullptr, {.own_stream = true});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const DeviceBytes raw(f.raw), queries(f.query_bytes);
+  auto on_device = (*plan)->Compress({.raw = raw.ptr,
+                                      .raw_bytes = f.raw.size(),
+                                      .positions = f.positions,
+                                      .window_queries = queries.ptr});
+  ASSERT_TRUE(on_device.ok()) << on_device.status();
+  auto from_host = (*plan)->CompressHost(
+      {.raw = f.raw, .positions = f.positions, .window_queries = f.query_bytes});
+  ASSERT_TRUE(from_host.ok()) << from_host.status();
+  EXPECT_EQ(EncodeCompactChunk(*from_host).value(), EncodeCompactChunk(*on_device).value());
+  const size_t elements = f.query_bytes.size() / DTypeSize(f.layout.dtype);
+  std::vector<float> f32(elements);
+  ConvertToFloat(f.layout.dtype, f.query_bytes.data(), f32.data(), elements);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(f32.data());
+  auto float_queries = (*plan)->CompressHost({.raw = f.raw,
+                                              .positions = f.positions,
+                                              .window_queries = {bytes, elements * sizeof(float)},
+                                              .window_queries_float32 = true});
+  ASSERT_TRUE(float_queries.ok()) << float_queries.status();
+  EXPECT_EQ(EncodeCompactChunk(*float_queries).value(), EncodeCompactChunk(*on_device).value());
+  // Sizes are checked before anything is copied.
+  auto short_queries = (*plan)->CompressHost(
+      {.raw = f.raw, .positions = f.positions, .window_queries = {bytes, elements}});
+  EXPECT_EQ(short_queries.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(short_queries.status().message(), HasSubstr("window queries have"));
+  auto short_raw = (*plan)->CompressHost(
+      {.raw = std::span(f.raw).first(f.raw.size() - 2), .positions = f.positions});
+  EXPECT_EQ(short_raw.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(short_raw.status().message(), HasSubstr("layout needs"));
 }
 
 #endif  // KVD_HAVE_CUDA

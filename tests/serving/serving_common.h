@@ -32,8 +32,11 @@ inline std::string PolicyModel(const std::string& name, const std::string& polic
          policy + "\n";
 }
 
+// On the CPU plan: the tests that use it compare with the CPU plan in-process byte for byte
+// (ServingCudaE2eTest covers the CUDA plan).
 inline constexpr char kSnapKv[] =
-    "{stages: [snapkv], p_c: 0.5, window: 32, sinks: 4, worker_threads: 2, queue_depth: 4}";
+    "{stages: [snapkv], p_c: 0.5, window: 32, sinks: 4, worker_threads: 2, queue_depth: 4, "
+    "device: cpu}";
 
 // One put: raw K/V of `tokens` tokens (normal values, as a model's K/V are roughly) and the
 // window queries of its last kWindow tokens, per layer [W, q_heads, d] float32.

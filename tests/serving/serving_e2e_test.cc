@@ -4,9 +4,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "kvd/client/expand.h"
 #include "kvd/kernels/compact_chunk.h"
 #include "kvd/kernels/plan.h"
+#include "kvd/kernels/plan_device.h"
 #include "kvd/kernels/serving.h"
 #include "kvd/kernels/vector.h"
 #include "kvd_process.h"
@@ -399,6 +402,134 @@ TEST_F(ServingE2eTest, StatsSplitCompressionTimeByStage) {
                            "kvd_compress_stage_seconds_total\\{[^}]*model=\"stories-hybrid\","
                            "stage=\"merge\"\\} [0-9.e-]*[1-9]"));
   EXPECT_THAT(*scrape, HasSubstr("model=\"stories-snapkv\",stage=\"route\"} 0\n"));
+}
+
+// compression.device at start on a node without a usable CUDA device (this machine kind): `auto`
+// keeps the CPU plan and says why (log, kvdctl stats); `cuda` is refused, exit 2, naming the key,
+// the value and the reason.
+TEST_F(ServingE2eTest, WithoutADeviceAutoIsTheCpuAndCudaIsRefused) {
+  const Status probe = kk::CheckDevicePlanDevice(0);
+  if (probe.ok()) GTEST_SKIP() << "a CUDA device is present: ServingCudaE2eTest covers it";
+  const auto reason =
+      ::testing::AnyOf(HasSubstr("no CUDA device"), HasSubstr("built without CUDA"));
+  StartKvd(PolicyModel("stories-auto", "{stages: [snapkv]}") +
+           PolicyModel("stories-cpu", "{stages: [snapkv], device: cpu}"));
+  auto c = Connect("stories-auto");
+  ASSERT_NE(c, nullptr);
+  Chunk chunk = MakeChunk(c->options().layout, kTokens, 51);
+  auto put = c->PutChunks(std::vector<client::PutItem>{Item({51, 1}, chunk, 0)});
+  ASSERT_TRUE(put.ok()) << put.status() << "\n" << kvd_->Log();
+  auto expected = InProcess(c->options().layout, chunk, 0, SnapKvOptions());
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_EQ((*put)[0].stored_bytes, expected->size());
+  auto stats = c->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_EQ(stats->compression.size(), 2u);
+  EXPECT_EQ(stats->compression[0].model, "stories-auto");
+  EXPECT_EQ(stats->compression[0].device, "cpu");
+  EXPECT_THAT(stats->compression[0].device_reason, HasSubstr("auto: "));
+  EXPECT_THAT(stats->compression[0].device_reason, reason);
+  EXPECT_EQ(stats->compression[1].device, "cpu");
+  EXPECT_THAT(stats->compression[1].device_reason, HasSubstr("compression.device is cpu"));
+  EXPECT_THAT(kvd_->Log(), ::testing::ContainsRegex("ingest device.*stories-auto.*cpu"));
+
+  KvdConfig cuda;
+  cuda.extra_models = PolicyModel("stories-cuda", "{stages: [snapkv], device: cuda}");
+  auto refused = KvdProcess::Start(cuda);
+  ASSERT_FALSE(refused.ok()) << "kvd started with compression.device cuda and no usable device";
+  EXPECT_THAT(refused.status().message(), HasSubstr("kvd exited with 2"));
+  EXPECT_THAT(refused.status().message(),
+              ::testing::ContainsRegex("models\\[[0-9]+\\]\\.compression\\.device: \"cuda\" "
+                                       "cannot be honoured: "));
+  EXPECT_THAT(refused.status().message(), reason);
+}
+
+// With a CUDA device (tests/gpu/run_device_checks.sh): a kvd whose policy says `device: cuda`
+// compresses on the GPU and stores what the CPU plan stores for the same put. The CUDA plan's
+// float32 scores are summed in another order than the CPU's (plan_device.h), so two middle tokens
+// whose scores are within float32 rounding may be chosen differently: the kernels' own device
+// test (DevicePlanCuda.MatchesTheCpuPlan) bounds that; here every head must have the CPU's slot
+// count and header, every slot's key and value must be its token's raw bytes bit for bit (so the
+// compact chunk is the raw chunk's own data), and at most 2 tokens per head may differ from the
+// CPU's selection (near-ties; on random data almost every head matches exactly, then the head is
+// byte-identical).
+TEST_F(ServingE2eTest, CudaIngestStoresWhatTheCpuPlanStores) {
+  const Status probe = kk::CheckDevicePlanDevice(0);
+  if (!probe.ok()) GTEST_SKIP() << "no CUDA device: the CUDA ingest needs one (" << probe << ")";
+  StartKvd(PolicyModel("stories-cuda", "{stages: [snapkv], device: cuda, worker_threads: 2}"));
+  auto c = Connect("stories-cuda");
+  ASSERT_NE(c, nullptr);
+  const ModelLayout layout = c->options().layout;
+  std::vector<Chunk> chunks;
+  std::vector<client::PutItem> items;
+  for (int i = 0; i < 4; ++i) chunks.push_back(MakeChunk(layout, kTokens, 61 + i));
+  for (int i = 0; i < 4; ++i) {
+    items.push_back(Item({61, static_cast<uint64_t>(i)}, chunks[i], i * kTokens));
+  }
+  auto put = c->PutChunks(items);
+  ASSERT_TRUE(put.ok()) << put.status() << "\n" << kvd_->Log();
+  std::vector<Hash128> chain;
+  for (const auto& it : items) chain.push_back(it.hash);
+  auto hit = c->Lookup(chain);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  ASSERT_EQ(hit->matched_chunks, 4u);
+  const size_t row = layout.head_dim * sizeof(float);
+  int64_t differ = 0, identical_heads = 0;
+  for (uint32_t i = 0; i < 4; ++i) {
+    int64_t chunk_differ = 0;
+    std::vector<uint8_t> stored = GetCompact(*c, hit->lease_id, i);
+    auto expected = InProcess(layout, chunks[i], i * kTokens, SnapKvOptions());
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    auto dev = kk::DecodeCompactChunk(stored);
+    auto cpu = kk::DecodeCompactChunk(*expected);
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    EXPECT_EQ(dev->codec, cpu->codec);
+    EXPECT_EQ(dev->original_tokens, cpu->original_tokens);
+    EXPECT_EQ(dev->HalfPairs(), cpu->HalfPairs());
+    for (int l = 0; l < layout.num_layers; ++l) {
+      const uint8_t* k = chunks[i].raw.data() + layout.LayerOffset(l, kTokens);
+      const uint8_t* v = k + static_cast<size_t>(kTokens) * layout.TokenBytes();
+      for (int h = 0; h < layout.num_kv_heads; ++h) {
+        const kk::CompactHead& d = dev->Head(l, h);
+        const kk::CompactHead& x = cpu->Head(l, h);
+        ASSERT_EQ(d.slots(), x.slots());
+        for (int64_t j = 0; j < d.slots(); ++j) {
+          const int64_t t = d.positions[j] - static_cast<int64_t>(i) * kTokens;
+          ASSERT_TRUE(t >= 0 && t < kTokens);
+          EXPECT_EQ(
+              std::memcmp(d.keys.data() + j * row, k + t * layout.TokenBytes() + h * row, row), 0);
+          EXPECT_EQ(
+              std::memcmp(d.values.data() + j * row, v + t * layout.TokenBytes() + h * row, row),
+              0);
+        }
+        std::vector<int64_t> only;
+        std::set_symmetric_difference(d.positions.begin(), d.positions.end(), x.positions.begin(),
+                                      x.positions.end(), std::back_inserter(only));
+        EXPECT_LE(only.size(), 4u) << "chunk " << i << " layer " << l << " head " << h;
+        chunk_differ += static_cast<int64_t>(only.size()) / 2;
+        if (only.empty()) {
+          EXPECT_EQ(d.keys, x.keys);
+          EXPECT_EQ(d.values, x.values);
+          ++identical_heads;
+        }
+      }
+    }
+    if (chunk_differ == 0) EXPECT_TRUE(stored == *expected) << "chunk " << i;
+    differ += chunk_differ;
+  }
+  RecordProperty("near_tie_tokens", static_cast<int>(differ));
+  RecordProperty("identical_heads", static_cast<int>(identical_heads));
+  ASSERT_TRUE(c->ReleaseLease(hit->lease_id).ok());
+  auto stats = c->GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ASSERT_EQ(stats->compression.size(), 1u);
+  EXPECT_EQ(stats->compression[0].device, "cuda:0");
+  for (const auto& t : stats->compression[0].stages) {
+    if (t.stage == "convert" || t.stage == "score" || t.stage == "select" || t.stage == "encode") {
+      EXPECT_EQ(t.chunks, 4u) << t.stage;  // device times (CUDA events)
+    }
+  }
 }
 
 // The same-node shared-memory path feeds the same ingest: a put written into the arena slot is

@@ -21,6 +21,7 @@
 #include "kvd/daemon/calibration_store.h"
 #include "kvd/kernels/compact_chunk.h"
 #include "kvd/kernels/plan.h"
+#include "kvd/kernels/plan_device.h"
 #include "kvd/kernels/vector.h"
 
 namespace kvd::daemon {
@@ -101,10 +102,106 @@ const std::vector<std::string>& IngestStageNames() {
   return names;
 }
 
+std::string IngestDevice::Name() const { return cuda ? "cuda:" + std::to_string(ordinal) : "cpu"; }
+
+Status ProbeIngestDevice(int ordinal) { return kk::CheckDevicePlanDevice(ordinal); }
+
+StatusOr<IngestDevice> ChooseIngestDevice(const CompressionPolicy& policy, const std::string& key,
+                                          const Status& device_status) {
+  IngestDevice d;
+  if (policy.device == "cpu") {
+    d.reason = "compression.device is cpu";
+    return d;
+  }
+  const bool asked = policy.device != "auto";
+  const int ordinal = asked ? policy.CudaOrdinal() : 0;
+  std::string why;
+  if (!device_status.ok()) {
+    why = device_status.message();
+    if (why.rfind("DevicePlan: ", 0) == 0) why = why.substr(12);
+  } else if (Status s = kk::CheckDevicePlanSupported(PlanOptions(policy)); !s.ok()) {
+    why = "the CUDA plan does not implement " + policy.StagesName() + " (" + s.message() + ")";
+  }
+  if (why.empty()) {
+    d.cuda = true;
+    d.ordinal = ordinal;
+    d.reason = (asked ? "compression.device is " + policy.device : std::string("auto")) +
+               ": CUDA device " + std::to_string(ordinal) + " runs the CUDA plan of " +
+               policy.StagesName();
+    return d;
+  }
+  if (asked) {
+    return Status::InvalidArgument(key + ".device: \"" + policy.device +
+                                   "\" cannot be honoured: " + why);
+  }
+  d.reason = "auto: " + why;
+  return d;
+}
+
+Status CheckIngestDevices(const DaemonConfig& config) {
+  for (size_t i = 0; i < config.models.size(); ++i) {
+    const ModelConfig& m = config.models[i];
+    if (!m.compression || m.compression->device == "cpu") continue;
+    const int ordinal = std::max(0, m.compression->CudaOrdinal());
+    KVD_RETURN_IF_ERROR(ChooseIngestDevice(*m.compression,
+                                           "models[" + std::to_string(i) + "].compression",
+                                           ProbeIngestDevice(ordinal))
+                            .status());
+  }
+  return Status::Ok();
+}
+
+// One worker's CUDA plans (the pool hands one to each running Encode): without routing, and
+// with the VECTOR weights of `routed_version`. Each owns its stream.
+struct DeviceWorker {
+  std::unique_ptr<kk::DevicePlan> plain;
+  std::unique_ptr<kk::DevicePlan> routed;
+  uint64_t routed_version = 0;
+};
+
 struct ChunkCodec::Impl {
   ModelConfig model;
   CompressionPolicy policy;
   kk::CompressionPlanOptions plan;
+  IngestDevice device;
+
+  // ---- CUDA plans (device.cuda) ----
+  std::mutex dev_mu;
+  std::vector<std::unique_ptr<DeviceWorker>> idle_devices;  // guarded by dev_mu
+
+  std::unique_ptr<DeviceWorker> TakeDevice() {
+    std::lock_guard lock(dev_mu);
+    if (idle_devices.empty()) return std::make_unique<DeviceWorker>();
+    auto w = std::move(idle_devices.back());
+    idle_devices.pop_back();
+    return w;
+  }
+  void ReturnDevice(std::unique_ptr<DeviceWorker> w) {
+    std::lock_guard lock(dev_mu);
+    idle_devices.push_back(std::move(w));
+  }
+
+  // Compresses a chunk in host memory with the worker's CUDA plan for `options` (route none, or
+  // vector with `weights`), creating or replacing that plan when needed.
+  StatusOr<kk::CompactChunk> CompressOnDevice(DeviceWorker* w,
+                                              const kk::CompressionPlanOptions& options,
+                                              const kk::VectorWeights* weights,
+                                              const kk::HostChunkInput& input,
+                                              kk::CompressionStats* stats) {
+    const kk::DevicePlanOptions o{
+        .device = device.ordinal, .time_stages = true, .own_stream = true};
+    std::unique_ptr<kk::DevicePlan>* slot = &w->plain;
+    if (weights != nullptr) {
+      slot = &w->routed;
+      if (*slot != nullptr && w->routed_version != weights->version) slot->reset();
+    }
+    if (*slot == nullptr) {
+      KVD_ASSIGN_OR_RETURN(*slot, kk::DevicePlan::Create(options, model.layout, weights, o));
+      if (weights != nullptr) w->routed_version = weights->version;
+    }
+    return (*slot)->CompressHost(input, stats);
+  }
+
   std::unique_ptr<CalibrationStore> store;  // nullptr = not persisted
   std::string record;                       // the solved weights' record (CalibrationRecordName)
   std::string progress_record;              // the accumulators' record while collecting
@@ -317,7 +414,9 @@ ChunkCodec::~ChunkCodec() {
 }
 
 StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(const ModelConfig& model, int chunk_tokens,
-                                                         std::unique_ptr<CalibrationStore> store) {
+                                                         std::unique_ptr<CalibrationStore> store,
+                                                         const std::string& key,
+                                                         std::optional<IngestDevice> device) {
   if (!model.compression) {
     return Status::InvalidArgument("model " + model.name + " has no compression policy");
   }
@@ -326,6 +425,16 @@ StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(const ModelConfig& mode
   impl->policy = *model.compression;
   impl->plan = PlanOptions(impl->policy);
   KVD_RETURN_IF_ERROR(impl->plan.Validate().WithContext("compression policy of " + model.name));
+  if (device) {
+    impl->device = *device;
+  } else {
+    const Status probe = impl->policy.device == "cpu"
+                             ? Status::Ok()
+                             : ProbeIngestDevice(std::max(0, impl->policy.CudaOrdinal()));
+    KVD_ASSIGN_OR_RETURN(impl->device, ChooseIngestDevice(impl->policy, key, probe));
+  }
+  KVD_LOG(INFO) << "ingest device" << Kv("model", model.name) << Kv("device", impl->device.Name())
+                << Kv("reason", impl->device.reason);
   (void)chunk_tokens;
   impl->codec_id = impl->policy.CodecId(0);
   if (impl->policy.route == "vector") {
@@ -349,6 +458,7 @@ StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(const ModelConfig& mode
 }
 
 const CompressionPolicy& ChunkCodec::policy() const { return impl_->policy; }
+const IngestDevice& ChunkCodec::device() const { return impl_->device; }
 uint32_t ChunkCodec::codec_id() const { return impl_->codec_id.load(); }
 uint64_t ChunkCodec::calibration_version() const { return impl_->version.load(); }
 
@@ -439,33 +549,67 @@ StatusOr<EncodedChunk> ChunkCodec::Encode(std::span<const uint8_t> put_bytes, ui
     chunk = LosslessChunk(layout, raw, n, first_position);
     out.lossless = true;
   } else {
-    // Window queries: float32 on the wire, rearranged per (layer, KV head).
-    ModelLayout f32 = layout;
-    f32.dtype = DType::kFloat32;
+    const std::span<const uint8_t> query_bytes = put_bytes.subspan(raw_bytes);
+    // CPU plan input (built on first use): window queries, float32 on the wire, rearranged per
+    // (layer, KV head).
     std::vector<kk::Matrix> queries;
     std::vector<kk::ConstMatrixView> views;
-    if (window > 0) {
+    bool cpu_input_ready = false;
+    auto cpu_input = [&]() -> Status {
+      if (cpu_input_ready || window == 0) return Status::Ok();
+      ModelLayout f32 = layout;
+      f32.dtype = DType::kFloat32;
       const uint64_t per_layer = QueryBytes(window) / layout.num_layers;
-      const uint8_t* q = put_bytes.data() + raw_bytes;
       for (int l = 0; l < layout.num_layers; ++l) {
-        KVD_ASSIGN_OR_RETURN(auto m, kk::GatherWindowQueries(f32, q + per_layer * l, window));
+        KVD_ASSIGN_OR_RETURN(
+            auto m, kk::GatherWindowQueries(f32, query_bytes.data() + per_layer * l, window));
         for (auto& mat : m) queries.push_back(std::move(mat));
       }
       for (const auto& m : queries) views.push_back(m.View());
-    }
-    kk::CompressionInput input;
-    input.raw = raw;
-    input.positions = positions;
-    input.window_queries = views;
-    input.weights = weights.get();
+      cpu_input_ready = true;
+      return Status::Ok();
+    };
+    std::unique_ptr<DeviceWorker> worker;
+    if (impl_->device.cuda) worker = impl_->TakeDevice();
+    // One run of the plan (CUDA or CPU) for `o`, its stage times added.
+    auto run = [&](const kk::CompressionPlanOptions& o,
+                   const kk::VectorWeights* w) -> StatusOr<kk::CompactChunk> {
+      kk::CompressionStats stats;
+      if (worker != nullptr) {
+        kk::HostChunkInput in{.raw = raw,
+                              .positions = positions,
+                              .window_queries = query_bytes,
+                              .window_queries_float32 = true};
+        auto c = impl_->CompressOnDevice(worker.get(), o, w, in, &stats);
+        if (c.ok()) {
+          stages += stats.stage;
+          return c;
+        }
+        const StatusCode code = c.status().code();
+        if (code != StatusCode::kInternal && code != StatusCode::kResourceExhausted &&
+            code != StatusCode::kUnavailable) {
+          return c.status();
+        }
+        KVD_LOG(WARNING) << "CUDA plan failed on a chunk; the CPU plan compresses it"
+                         << Kv("model", impl_->model.name) << Kv("device", impl_->device.Name())
+                         << Kv("status", c.status());
+      }
+      KVD_RETURN_IF_ERROR(cpu_input());
+      kk::CompressionInput input;
+      input.raw = raw;
+      input.positions = positions;
+      input.window_queries = views;
+      input.weights = w;
+      kk::ExecOptions exec;
+      exec.num_threads = 1;  // the pool's threads are the parallelism
+      KVD_ASSIGN_OR_RETURN(auto c, kk::Compress(o, layout, input, &stats, exec));
+      stages += stats.stage;
+      return c;
+    };
     kk::CompressionPlanOptions plan = impl_->plan;
     if (!weights) plan.route = kk::RouteStage::kNone;
-    kk::ExecOptions exec;
-    exec.num_threads = 1;  // the pool's threads are the parallelism
-    kk::CompressionStats stats;
-    KVD_ASSIGN_OR_RETURN(chunk, kk::Compress(plan, layout, input, &stats, exec));
-    stages += stats.stage;
-    if (weights) {
+    auto compressed = run(plan, weights.get());
+    if (compressed.ok() && weights) {
       // Heads whose calibration fit is below the threshold route nothing: take them from the
       // same plan without routing (each head meets its budget on its own, so the total stays).
       std::vector<size_t> weak;
@@ -474,14 +618,18 @@ StatusOr<EncodedChunk> ChunkCodec::Encode(std::span<const uint8_t> put_bytes, ui
       }
       if (!weak.empty()) {
         plan.route = kk::RouteStage::kNone;
-        input.weights = nullptr;
-        kk::CompressionStats plain_stats;
-        KVD_ASSIGN_OR_RETURN(auto plain, kk::Compress(plan, layout, input, &plain_stats, exec));
-        stages += plain_stats.stage;
-        for (size_t i : weak) chunk.heads[i] = std::move(plain.heads[i]);
+        auto plain = run(plan, nullptr);
+        if (plain.ok()) {
+          for (size_t i : weak) compressed->heads[i] = std::move(plain->heads[i]);
+        } else {
+          compressed = plain.status();
+        }
       }
-      chunk.codec.calibration_version = version;
+      if (compressed.ok()) compressed->codec.calibration_version = version;
     }
+    if (worker != nullptr) impl_->ReturnDevice(std::move(worker));
+    if (!compressed.ok()) return compressed.status();
+    chunk = std::move(*compressed);
   }
   out.half_pairs = chunk.HalfPairs();
   out.raw_half_pairs = 2 * n * layout.num_layers * layout.num_kv_heads;
@@ -498,6 +646,8 @@ StatusOr<EncodedChunk> ChunkCodec::Encode(std::span<const uint8_t> put_bytes, ui
 
 IngestStats ChunkCodec::Stats() const {
   IngestStats s;
+  s.device = impl_->device.Name();
+  s.device_reason = impl_->device.reason;
   const auto& names = IngestStageNames();
   for (size_t i = 0; i < kIngestStages; ++i) {
     s.stages.push_back({names[i], impl_->stage_nanos[i].load(std::memory_order_relaxed),

@@ -226,8 +226,18 @@ class CudaPlanState final : public DevicePlan::State {
         device_(device),
         stream_(AsStream(device.cuda_stream)) {}
 
+  ~CudaPlanState() override {
+    for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
+    if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
+  }
+
   Status Init(const VectorWeights* weights) {
     KVD_RETURN_IF_ERROR(SetDevice());
+    if (device_.cuda_stream == nullptr && device_.own_stream) {
+      KVD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking),
+                               "plan_device: cudaStreamCreate");
+      stream_ = own_stream_;
+    }
     KVD_ASSIGN_OR_RETURN(RopeTable rope, RopeTable::Create(layout_.rope, layout_.head_dim));
     half_ = rope.rotary_dim() / 2;
     interleaved_ = rope.pairing() == RopePairing::kInterleaved;
@@ -337,8 +347,9 @@ class CudaPlanState final : public DevicePlan::State {
     } else {
       // Q[L, w, Hq, d] = [L, w, H, G*d] -> [L, H, w, G*d] = per row [w*G, d] (GatherWindowQueries).
       const int64_t qcount = R * qrows * d;
-      KVD_RETURN_IF_ERROR(LaunchGather(input.window_queries, qf_.get(), w, H, job.group * d,
-                                       layout_.dtype, stream_, L, qrows * H * d));
+      const DType qtype = input.window_queries_float32 ? DType::kFloat32 : layout_.dtype;
+      KVD_RETURN_IF_ERROR(LaunchGather(input.window_queries, qf_.get(), w, H, job.group * d, qtype,
+                                       stream_, L, qrows * H * d));
       FiniteKernel<<<Blocks(qcount, kThreads), kThreads, 0, stream_>>>(
           qf_.get(), qcount, kBadQueries, qrows * H * d, err_.get());
       KVD_RETURN_IF_ERROR(Check("FiniteKernel"));
@@ -419,6 +430,21 @@ class CudaPlanState final : public DevicePlan::State {
     return Status::Ok();
   }
 
+  Status Upload(std::span<const uint8_t> raw, std::span<const uint8_t> queries,
+                const void** raw_device, const void** queries_device) override {
+    KVD_RETURN_IF_ERROR(SetDevice());
+    KVD_RETURN_IF_ERROR(Ensure(&upload_raw_, raw.size()));
+    KVD_RETURN_IF_ERROR(upload_raw_.Upload(raw.data(), raw.size(), stream_));
+    *raw_device = upload_raw_.get();
+    *queries_device = nullptr;
+    if (!queries.empty()) {
+      KVD_RETURN_IF_ERROR(Ensure(&upload_queries_, queries.size()));
+      KVD_RETURN_IF_ERROR(upload_queries_.Upload(queries.data(), queries.size(), stream_));
+      *queries_device = upload_queries_.get();
+    }
+    return Status::Ok();
+  }
+
   StatusOr<std::vector<float>> LastScores() const override {
     const size_t count = static_cast<size_t>(layout_.num_layers) * layout_.num_kv_heads * scores_n_;
     if (count == 0) return Status::FailedPrecondition("plan_device: no chunk compressed yet");
@@ -466,7 +492,8 @@ class CudaPlanState final : public DevicePlan::State {
   const CompressionPlanOptions options_;
   const ModelLayout layout_;
   const DevicePlanOptions device_;
-  const cudaStream_t stream_;
+  cudaStream_t stream_;
+  cudaStream_t own_stream_ = nullptr;  // DevicePlanOptions::own_stream
   int half_ = 0;
   bool interleaved_ = false;
   int64_t scores_n_ = 0;
@@ -477,7 +504,8 @@ class CudaPlanState final : public DevicePlan::State {
   DeviceBuffer<int32_t> slot_token_, value_slot_;
   DeviceBuffer<int64_t> pos_, meta_, spos_, out_pos_;
   DeviceBuffer<int> err_;
-  std::vector<cudaEvent_t> events_;  // [kMarks] when timing
+  DeviceBuffer<uint8_t> upload_raw_, upload_queries_;  // CompressHost's copies
+  std::vector<cudaEvent_t> events_;                    // [kMarks] when timing
 };
 
 }  // namespace

@@ -265,6 +265,8 @@ struct IngestStageTime {
 struct ModelIngestStats {
   std::string model;
   std::vector<IngestStageTime> stages;  // pipeline order
+  std::string device;                   // where it compresses: "cpu" or "cuda:N"
+  std::string device_reason;            // why (compression.device, what kvd found at start)
 };
 struct Stats {
   std::string node_name;

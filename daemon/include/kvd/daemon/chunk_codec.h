@@ -35,6 +35,13 @@
 // restart resumes from the last checkpoint (the tokens since it are lost); the checkpoint is
 // removed once the weights are saved.
 //
+// Device (compression.device, ChooseIngestDevice): the pool compresses with the kernels' CPU plan
+// (kernels::Compress) or their CUDA plan (kernels::DevicePlan). On CUDA each worker owns a
+// DevicePlan with its own stream: the put's raw chunk and window queries are copied to the device
+// once and only the compact chunk comes back. A chunk the CUDA plan fails on for a device reason
+// (INTERNAL, RESOURCE_EXHAUSTED, UNAVAILABLE) is compressed by the CPU plan instead (WARNING log
+// line); bad input fails the put as on the CPU. On CUDA the stage times are device times.
+//
 // Stage times (Stats(), kvdctl stats, /metrics): every compressed chunk adds the kernels' per-stage
 // times (CompressionStats::stage: convert, derotate, score, select, merge, route, encode; thread
 // time of the stage summed over the chunk's (layer, KV head) pipelines) and the codec's own
@@ -48,6 +55,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -85,8 +93,35 @@ struct IngestStageTime {
   uint64_t chunks = 0;  // chunks in which the stage took time
 };
 
+// Where a model's ingest compresses (ChooseIngestDevice).
+struct IngestDevice {
+  bool cuda = false;         // false: the CPU plan
+  int ordinal = -1;          // the CUDA device when `cuda`
+  std::string reason;        // why, one line: logged at start, shown by kvdctl stats
+  std::string Name() const;  // "cpu" or "cuda:N"
+};
+
+// The choice for `policy` (compression.device, see compression_policy.h); `key` names the policy
+// in errors (e.g. "models[0].compression"). `device_status` is what ProbeIngestDevice answered
+// for the ordinal the policy names (device 0 for auto); tests pass their own. Order of the
+// checks for auto and cuda: the device (UNIMPLEMENTED: built without CUDA; UNAVAILABLE: no
+// device), then whether the CUDA plan implements the policy's stages (it does snapkv, pyramidkv,
+// recency, vector; not keydiff, kvslimmer, the hybrid). auto falls back to the CPU plan with the
+// reason; cuda[:N] is refused with INVALID_ARGUMENT "<key>.device: \"cuda\" cannot be honoured:
+// <reason>". cpu is always the CPU plan.
+StatusOr<IngestDevice> ChooseIngestDevice(const CompressionPolicy& policy, const std::string& key,
+                                          const Status& device_status);
+// OK when this process can run the CUDA plan on device `ordinal`; else UNIMPLEMENTED (built
+// without CUDA) or UNAVAILABLE (no such device) naming the reason.
+Status ProbeIngestDevice(int ordinal);
+// ChooseIngestDevice for every model of `config` with a policy (keys models[i].compression): the
+// first refusal. kvd checks this before it starts (exit 2).
+Status CheckIngestDevices(const DaemonConfig& config);
+
 // What a model's ingest did since start (kvdctl stats).
 struct IngestStats {
+  std::string device;         // IngestDevice::Name()
+  std::string device_reason;  // IngestDevice::reason
   // Every stage of IngestStageNames(), in that order (zeros included).
   std::vector<IngestStageTime> stages;
 };
@@ -99,16 +134,20 @@ class ChunkCodec {
   // A held admission (see the file comment); releasing it (destruction) frees the slot.
   using Ticket = std::shared_ptr<void>;
 
-  // REQUIRES: model.compression is set and the config validated. `store` is where solved VECTOR
+  // REQUIRES: model.compression is set and the config validated. The device is
+  // ChooseIngestDevice(policy, key, ProbeIngestDevice(...)) (INVALID_ARGUMENT when refused) unless
+  // `device` is given (tests). `store` is where solved VECTOR
   // weights are saved and, at Create, reloaded from (nullptr = not saved: a restart calibrates
   // again). A saved record that cannot be read, fails its checksums or has another shape is
   // refused with an ERROR log line naming it and the reason, and calibration starts again (never
   // an error of Create, never used). Errors: INVALID_ARGUMENT for a policy the kernels refuse.
-  static StatusOr<std::unique_ptr<ChunkCodec>> Create(const ModelConfig& model, int chunk_tokens,
-                                                      std::unique_ptr<CalibrationStore> store);
+  static StatusOr<std::unique_ptr<ChunkCodec>> Create(
+      const ModelConfig& model, int chunk_tokens, std::unique_ptr<CalibrationStore> store,
+      const std::string& key = "compression", std::optional<IngestDevice> device = std::nullopt);
   ~ChunkCodec();
 
   const CompressionPolicy& policy() const;
+  const IngestDevice& device() const;
   // The codec id chunks are stored under and served from now.
   uint32_t codec_id() const;
   uint64_t calibration_version() const;

@@ -71,13 +71,20 @@ struct CompressionPolicy {
   // RESOURCE_EXHAUSTED with a retry hint).
   int worker_threads = 2;
   int queue_depth = 16;
+  // Where the ingest workers compress (chunk_codec.h ChooseIngestDevice): "auto" (default: the
+  // CUDA plan on device 0 when kvd is built with CUDA, a device is present and the CUDA plan
+  // implements the stages; else the CPU plan, saying why in the start-up log and `kvdctl stats`),
+  // "cpu", "cuda" or "cuda:N" (CUDA device N; kvd refuses to start, exit 2, naming the reason,
+  // when that cannot be honoured). Not part of the codec id: both plans implement the same
+  // compression (the CUDA plan's float32 scores may order two near-equal tokens differently).
+  std::string device = "auto";
 
   // INVALID_ARGUMENT naming `key` + ".<field>" and the value (see the file comment).
   Status Validate(const std::string& key, int chunk_tokens) const;
   // True when a stage needs the window queries (snapkv, pyramidkv, kvslimmer).
   bool NeedsQueries() const;
-  // The stages and every parameter that changes the stored bytes, as one line (worker_threads
-  // and queue_depth are not part of it), e.g.
+  // The stages and every parameter that changes the stored bytes, as one line (worker_threads,
+  // queue_depth and device are not part of it), e.g.
   // "v1 score=snapkv merge=none route=none p_c=0.5 window=32 sinks=4 ...".
   std::string CanonicalForm() const;
   // 64-bit digest of CanonicalForm() (HelloReply.policyDigest).
@@ -86,6 +93,8 @@ struct CompressionPolicy {
   uint32_t CodecId(uint64_t calibration_version) const;
   // "snapkv", "snapkv+vector", "snapkv+kvslimmer", ...: for logs and kvdctl.
   std::string StagesName() const;
+  // The CUDA device ordinal `device` names: 0 for "cuda", N for "cuda:N", -1 for "auto"/"cpu".
+  int CudaOrdinal() const;
 
   bool operator==(const CompressionPolicy&) const = default;
 };

@@ -52,6 +52,21 @@ struct DeviceChunkInput {
   // GatherWindowQueries takes). Null = no window queries (then SnapKV/PyramidKV fail, and the
   // window is not forced, as in Compress).
   const void* window_queries = nullptr;
+  // The window queries are float32 (kvd's wire layout, docs/wire-format.md) instead of the model
+  // dtype; same [L, window, num_q_heads, d] order. Default false.
+  bool window_queries_float32 = false;
+};
+
+// One chunk whose tensors are in HOST memory (what kvd's ingest receives): DevicePlan::
+// CompressHost copies it to the device once (into buffers the plan keeps between chunks) and
+// compresses it there; only the compact chunk comes back.
+struct HostChunkInput {
+  std::span<const uint8_t> raw;        // layout.ChunkBytes(N) bytes, as DeviceChunkInput::raw
+  std::span<const int64_t> positions;  // [N] original positions >= 0
+  // Empty = no window queries; else L * window * num_q_heads * d elements of the model dtype (or
+  // float32 with window_queries_float32), as DeviceChunkInput::window_queries.
+  std::span<const uint8_t> window_queries;
+  bool window_queries_float32 = false;
 };
 
 struct DevicePlanOptions {
@@ -62,7 +77,16 @@ struct DevicePlanOptions {
   // top-k, compaction and the slot gather; derotate and route: VECTOR; encode: to the model
   // dtype), summed over layers. Off by default (no events).
   bool time_stages = false;
+  // With cuda_stream == nullptr: the plan creates its own non-blocking stream (destroyed with it)
+  // instead of using the legacy default stream, so plans of several worker threads overlap.
+  // Default false.
+  bool own_stream = false;
 };
+
+// OK when this process can run DevicePlan on CUDA device `device` (>= 0). UNIMPLEMENTED
+// "DevicePlan: built without CUDA (this build has no CUDA kernels)"; UNAVAILABLE "DevicePlan: no
+// CUDA device (cudaGetDeviceCount: ...)" or "DevicePlan: no CUDA device 3 (this machine has 1)".
+Status CheckDevicePlanDevice(int device);
 
 // The slot counts of one chunk of N tokens, per layer (every head of a layer has the same): what
 // Compress produces for these options. Computed on the host from sizes only.
@@ -109,6 +133,12 @@ class DevicePlan {
   // compact chunk is on the host. `stats` as Compress fills them; `stage` holds device times only
   // with DevicePlanOptions::time_stages (else zero); total_ns is the wall time of the call.
   StatusOr<CompactChunk> Compress(const DeviceChunkInput& input, CompressionStats* stats = nullptr);
+
+  // Compress of a chunk in host memory (HostChunkInput): one host-to-device copy of the raw chunk
+  // and the window queries on the plan's stream, then Compress. Errors: INVALID_ARGUMENT when
+  // the window queries' size is not L * window * num_q_heads * d elements; those of Compress.
+  StatusOr<CompactChunk> CompressHost(const HostChunkInput& input,
+                                      CompressionStats* stats = nullptr);
 
   // The per-token scores of the latest Compress, [L][H][N] flattened (window tokens +Inf, as
   // SnapKvScores; recency i for score kNone), copied from the device: for tests and diagnostics.
