@@ -127,11 +127,19 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Create(const CompressionPlanOp
         weights->heads.size() != static_cast<size_t>(layout.num_layers) * layout.num_kv_heads) {
       return Status::FailedPrecondition("plan: VECTOR weights shape does not match the layout");
     }
-    for (const VectorHeadFit& h : weights->heads) {
-      if (!h.bias.empty()) {
-        return Status::Unimplemented(
-            "plan_device: affine VECTOR weights (with an intercept) are not implemented on the "
-            "device (use Compress)");
+    // Affine heads (v = W k + b): the intercept is uploaded with W (a linear head's is 0).
+    for (size_t i = 0; i < weights->heads.size(); ++i) {
+      const std::vector<float>& b = weights->heads[i].bias;
+      if (!b.empty() && b.size() != static_cast<size_t>(layout.head_dim)) {
+        return Status::FailedPrecondition(
+            "plan: VECTOR head " + std::to_string(i) + " has a bias of " +
+            std::to_string(b.size()) + " entries, head_dim is " + std::to_string(layout.head_dim));
+      }
+      for (float x : b) {
+        if (!std::isfinite(x)) {
+          return Status::InvalidArgument("plan: VECTOR head " + std::to_string(i) +
+                                         " has a non-finite bias");
+        }
       }
     }
   }

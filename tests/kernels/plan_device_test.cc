@@ -44,7 +44,8 @@ struct DeviceFixture {
   std::vector<uint8_t> query_bytes;  // [L, W, Hq, d]
   std::vector<Matrix> queries;       // [L*H] of [W*G, d]
   std::vector<ConstMatrixView> query_views;
-  VectorWeights weights;
+  VectorWeights weights;         // linear: v = W kpre
+  VectorWeights affine_weights;  // affine: v = W kpre + b
 
   CompressionInput CpuInput(bool with_queries) const {
     CompressionInput in;
@@ -88,6 +89,9 @@ DeviceFixture MakeFixture(int64_t n, int d, int group, int64_t window, uint64_t 
   auto w = testing::CalibrateOnChunk(f.layout, f.raw, f.positions);
   EXPECT_TRUE(w.ok()) << w.status();
   f.weights = std::move(*w);
+  auto a = testing::CalibrateOnChunk(f.layout, f.raw, f.positions, {.affine = true});
+  EXPECT_TRUE(a.ok()) << a.status();
+  f.affine_weights = std::move(*a);
   return f;
 }
 
@@ -209,11 +213,26 @@ TEST(DevicePlan, CreateChecksItsInputBeforeTheDevice) {
   auto mis_shaped = DevicePlan::Create(vector, f.layout, &wrong);
   EXPECT_EQ(mis_shaped.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(mis_shaped.status().message(), HasSubstr("weights shape does not match"));
-  VectorWeights affine = f.weights;
-  for (VectorHeadFit& h : affine.heads) h.bias.assign(static_cast<size_t>(affine.head_dim), 0.5f);
-  auto with_intercept = DevicePlan::Create(vector, f.layout, &affine);
-  EXPECT_EQ(with_intercept.status().code(), StatusCode::kUnimplemented);
-  EXPECT_THAT(with_intercept.status().message(), HasSubstr("affine VECTOR weights"));
+  // Affine weights (an intercept per head) are implemented; a bias of the wrong size or with a
+  // non-finite entry is refused before the device.
+  VectorWeights bad_bias = f.affine_weights;
+  bad_bias.heads[1].bias.pop_back();
+  auto short_bias = DevicePlan::Create(vector, f.layout, &bad_bias);
+  EXPECT_EQ(short_bias.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(short_bias.status().message(),
+              HasSubstr("VECTOR head 1 has a bias of 31 entries, head_dim is 32"));
+  bad_bias = f.affine_weights;
+  bad_bias.heads[2].bias[0] = NAN;
+  auto nan_bias = DevicePlan::Create(vector, f.layout, &bad_bias);
+  EXPECT_EQ(nan_bias.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(nan_bias.status().message(), HasSubstr("VECTOR head 2 has a non-finite bias"));
+  ASSERT_FALSE(f.affine_weights.heads[0].bias.empty());
+#if KVD_HAVE_CUDA
+  if (!CudaDeviceAvailable()) {  // accepted up to the device check
+    auto affine = DevicePlan::Create(vector, f.layout, &f.affine_weights);
+    EXPECT_EQ(affine.status().code(), StatusCode::kUnavailable) << affine.status();
+  }
+#endif
   ModelLayout odd = f.layout;
   odd.num_q_heads = 3;
   auto gqa = DevicePlan::Create({}, odd);
@@ -299,9 +318,9 @@ std::vector<int64_t> SlotTokens(const CompactHead& h) {
 
 // Compares one head of the device chunk with the CPU chunk (file comment). Returns the number of
 // tokens selected differently (near-ties of the float32 scores).
-int64_t CompareHead(const DeviceFixture& f, const CompressionPlanOptions& o, int layer, int head,
-                    const CompactHead& dev, const CompactHead& cpu, std::span<const float> dscores,
-                    bool queries) {
+int64_t CompareHead(const DeviceFixture& f, const VectorWeights& weights,
+                    const CompressionPlanOptions& o, int layer, int head, const CompactHead& dev,
+                    const CompactHead& cpu, std::span<const float> dscores, bool queries) {
   const int64_t n = f.n, d = f.layout.head_dim;
   const int64_t w = queries ? o.window : 0, sinks = std::min<int64_t>(n, o.sinks);
   const size_t e = DTypeSize(f.layout.dtype);
@@ -384,12 +403,17 @@ int64_t CompareHead(const DeviceFixture& f, const CompressionPlanOptions& o, int
     }
     auto rope = RopeTable::Create(f.layout.rope, static_cast<int>(d));
     EXPECT_TRUE(ApplyRope(*rope, RopeDirection::kDerotate, pos, kpre.View(), kpre.View()).ok());
-    const Matrix& wm = f.weights.Head(layer, head).w;
+    // The CPU's residual, |(v - b) - W k|^2 for an affine head (checked against float64 in
+    // vector_affine_test.cc).
+    const VectorHeadFit& fit = weights.Head(layer, head);
+    const Matrix& wm = fit.w;
     std::vector<float> res(static_cast<size_t>(last - first));
-    EXPECT_TRUE(VectorResiduals(kpre.View(), vals.View(), wm.View(), res).ok());
-    double wnorm = 0.0;
+    EXPECT_TRUE(VectorResiduals(kpre.View(), vals.View(), fit, res).ok());
+    double wnorm = 0.0, bnorm = 0.0;
     for (float x : wm.values) wnorm += double(x) * x;
+    for (float x : fit.bias) bnorm += double(x) * x;
     wnorm = std::sqrt(wnorm);
+    bnorm = std::sqrt(bnorm);
     float worst_kept = -INFINITY;  // the CPU's largest rebuilt residual
     float tol_max = 0.0f;
     for (int64_t j = first; j < last; ++j) {
@@ -398,10 +422,11 @@ int64_t CompareHead(const DeviceFixture& f, const CompressionPlanOptions& o, int
         kn += double(kpre.Row(j - first)[c]) * kpre.Row(j - first)[c];
         vn += double(vals.Row(j - first)[c]) * vals.Row(j - first)[c];
       }
-      // |v - W k|^2 in float32: dot products of d terms and a d-term square sum, after a
-      // de-rotation of a few ulp: bounded by 8 (d + 2) ulp of (|v| + |W|_F |k|)^2.
-      const double bound =
-          8.0 * (d + 2) * testing::kF32Unit * std::pow(std::sqrt(vn) + wnorm * std::sqrt(kn), 2.0);
+      // |(v - b) - W k|^2 in float32: dot products of d terms and a d-term square sum, after a
+      // de-rotation of a few ulp (and v - b rounded once on both sides, identically): bounded by
+      // 8 (d + 2) ulp of (|v| + |b| + |W|_F |k|)^2.
+      const double bound = 8.0 * (d + 2) * testing::kF32Unit *
+                           std::pow(std::sqrt(vn) + bnorm + wnorm * std::sqrt(kn), 2.0);
       tol_max = std::max(tol_max, static_cast<float>(bound));
       if (cpu.flags[j] & kSlotRebuildValue) {
         worst_kept = std::max(worst_kept, res[j - first]);
@@ -423,14 +448,19 @@ TEST(DevicePlanCuda, MatchesTheCpuPlan) {
     const DeviceFixture f = MakeFixture(n, 64, 4, 32, 11 + n);
     const DeviceBytes raw(f.raw), queries(f.query_bytes);
     for (const DeviceComposition& c : kDeviceCompositions) {
-      for (RouteStage route : {RouteStage::kNone, RouteStage::kVector}) {
+      // Routes: none, VECTOR with linear weights, VECTOR with affine weights (intercepts).
+      for (int r = 0; r < 3; ++r) {
+        const RouteStage route = r == 0 ? RouteStage::kNone : RouteStage::kVector;
+        const VectorWeights& weights = r == 2 ? f.affine_weights : f.weights;
         for (double p_c : {0.5, 0.75, 0.9}) {
-          SCOPED_TRACE(Name(c, route, p_c) + " n=" + std::to_string(n));
+          SCOPED_TRACE(Name(c, route, p_c) + (r == 2 ? " affine" : "") + " n=" + std::to_string(n));
           const CompressionPlanOptions o = Options(c, route, p_c, f.window);
           CompressionStats cpu_stats, dev_stats;
-          auto cpu = Compress(o, f.layout, f.CpuInput(c.queries), &cpu_stats);
+          CompressionInput cpu_input = f.CpuInput(c.queries);
+          cpu_input.weights = &weights;
+          auto cpu = Compress(o, f.layout, cpu_input, &cpu_stats);
           ASSERT_TRUE(cpu.ok()) << cpu.status();
-          auto plan = DevicePlan::Create(o, f.layout, &f.weights);
+          auto plan = DevicePlan::Create(o, f.layout, &weights);
           ASSERT_TRUE(plan.ok()) << plan.status();
           DeviceChunkInput in{.raw = raw.ptr,
                               .raw_bytes = f.raw.size(),
@@ -451,7 +481,7 @@ TEST(DevicePlanCuda, MatchesTheCpuPlan) {
           for (int l = 0; l < f.layout.num_layers; ++l) {
             for (int h = 0; h < f.layout.num_kv_heads; ++h) {
               const size_t off = static_cast<size_t>((l * f.layout.num_kv_heads + h) * n);
-              differ += CompareHead(f, o, l, h, dev->Head(l, h), cpu->Head(l, h),
+              differ += CompareHead(f, weights, o, l, h, dev->Head(l, h), cpu->Head(l, h),
                                     std::span<const float>(scores->data() + off, n), c.queries);
             }
           }

@@ -54,12 +54,14 @@ Status LaunchKeyDiffScores(const float* k, const float* inv_norm, const float* u
                            float* scores, int64_t n, int d, cudaStream_t stream);
 
 // vector.cu. wt is W transposed ([d, d], wt[c, r] = W[r, c]). Residuals: residuals [n] =
-// |values_i - W kpre_i|^2, for `batch` heads at once (head b: kpre, values + b * n * d, wt +
-// b * d * d, residuals + b * n). Rebuild: out [n, d] = W kpre_i. Gram/cross: out [d, 2d] += kpre^T
-// [kpre | values] in float64 (out zeroed by the caller); sums [d + 1] += column sums of values and
-// the sum of squares (zeroed by the caller).
+// |(values_i - b) - W kpre_i|^2 (b = bias [d] of the head, float32 v - b rounded first as
+// VectorResiduals does; bias null = 0), for `batch` heads at once (head b: kpre, values + b * n *
+// d, wt + b * d * d, residuals + b * n, bias + b * d). Rebuild: out [n, d] = W kpre_i. Gram/cross:
+// out [d, 2d] += kpre^T [kpre | values] in float64 (out zeroed by the caller); sums [d + 1] +=
+// column sums of values and the sum of squares (zeroed by the caller).
 Status LaunchVectorResiduals(const float* kpre, const float* wt, const float* values, int64_t n,
-                             int d, float* residuals, cudaStream_t stream, int64_t batch = 1);
+                             int d, float* residuals, cudaStream_t stream, int64_t batch = 1,
+                             const float* bias = nullptr);
 Status LaunchRebuildValues(const float* kpre, const float* wt, int64_t n, int d, float* out,
                            cudaStream_t stream);
 Status LaunchVectorStats(const float* kpre, const float* values, int64_t n, int d,

@@ -256,6 +256,19 @@ class CudaPlanState final : public DevicePlan::State {
       }
       KVD_RETURN_IF_ERROR(wt_.Allocate(wt.size()));
       KVD_RETURN_IF_ERROR(wt_.Upload(wt.data(), wt.size(), stream_));
+      // Intercepts [L*H, d] when any head is affine (a linear head's is 0: v - 0 = v exactly).
+      std::vector<float> bias(static_cast<size_t>(heads * d), 0.0f);
+      bool affine = false;
+      for (int64_t i = 0; i < heads; ++i) {
+        const std::vector<float>& b = weights->heads[static_cast<size_t>(i)].bias;
+        if (b.empty()) continue;
+        affine = true;
+        std::copy(b.begin(), b.end(), bias.begin() + i * d);
+      }
+      if (affine) {
+        KVD_RETURN_IF_ERROR(bias_.Allocate(bias.size()));
+        KVD_RETURN_IF_ERROR(bias_.Upload(bias.data(), bias.size(), stream_));
+      }
     }
     KVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "plan_device: upload");
     return Status::Ok();
@@ -388,7 +401,7 @@ class CudaPlanState final : public DevicePlan::State {
     KVD_RETURN_IF_ERROR(mark(kDerotated));
     if (routing) {
       KVD_RETURN_IF_ERROR(LaunchVectorResiduals(kpre_.get(), wt_.get(), sv_.get(), smax, di,
-                                                residuals_.get(), stream_, R));
+                                                residuals_.get(), stream_, R, bias_.get()));
     }
     RouteSelectKernel<<<Blocks(R * smax, kThreads), kThreads, 0, stream_>>>(
         routing ? residuals_.get() : nullptr, flags_.get(), R, H, smax, job.sinks, w, m);
@@ -498,7 +511,8 @@ class CudaPlanState final : public DevicePlan::State {
   bool interleaved_ = false;
   int64_t scores_n_ = 0;
   DeviceBuffer<double> inv_freq_;
-  DeviceBuffer<float> wt_;  // [L*H, d, d] W^T per head
+  DeviceBuffer<float> wt_;    // [L*H, d, d] W^T per head
+  DeviceBuffer<float> bias_;  // [L*H, d] VECTOR intercepts; unallocated (null) when all linear
   DeviceBuffer<float> kf_, vf_, qf_, mass_, scores_, sk_, sv_, kpre_, residuals_;
   DeviceBuffer<uint8_t> keep_, flags_, out_keys_, out_values_, out_flags_;
   DeviceBuffer<int32_t> slot_token_, value_slot_;

@@ -65,7 +65,8 @@ __global__ void ValueSumsKernel(const float* __restrict__ values, int64_t n, int
 template <bool kResidual>
 __global__ void ProjectKernel(const float* __restrict__ kpre, const float* __restrict__ wt,
                               const float* __restrict__ values, int64_t n, int d,
-                              float* __restrict__ out, float* __restrict__ residuals) {
+                              float* __restrict__ out, float* __restrict__ residuals,
+                              const float* __restrict__ bias) {
   extern __shared__ float shared[];  // [kTokensPerBlock, d] keys, then [kTokensPerBlock] sums
   // Head blockIdx.y of a batch: rows [n, d] of kpre/values/out, [n] of residuals, its own W^T.
   const int64_t head = blockIdx.y;
@@ -74,6 +75,7 @@ __global__ void ProjectKernel(const float* __restrict__ kpre, const float* __res
   if (values != nullptr) values += head * n * d;
   if (out != nullptr) out += head * n * d;
   if (residuals != nullptr) residuals += head * n;
+  if (bias != nullptr) bias += head * d;
   float* keys = shared;
   float* sums = shared + kTokensPerBlock * d;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTokensPerBlock;
@@ -94,7 +96,10 @@ __global__ void ProjectKernel(const float* __restrict__ kpre, const float* __res
     }
     for (int t = 0; t < tokens; ++t) {
       if (kResidual) {
-        const float diff = values[(t0 + t) * d + r] - acc[t];
+        // An affine head: (v - b) rounded to float32 first, as the CPU's shifted values.
+        const float v = values[(t0 + t) * d + r];
+        const float shifted = bias != nullptr ? __fsub_rn(v, bias[r]) : v;
+        const float diff = shifted - acc[t];
         atomicAdd(&sums[t], diff * diff);
       } else {
         out[(t0 + t) * d + r] = acc[t];
@@ -121,14 +126,15 @@ Status UploadTransposed(ConstMatrixView w, DeviceBuffer<float>* buf, cudaStream_
 
 template <bool kResidual>
 Status LaunchProject(const float* kpre, const float* wt, const float* values, int64_t n, int d,
-                     float* out, float* residuals, cudaStream_t stream, int64_t batch = 1) {
+                     float* out, float* residuals, cudaStream_t stream, int64_t batch = 1,
+                     const float* bias = nullptr) {
   if (n == 0 || batch == 0) return Status::Ok();
   if (batch > 65535) return Status::InvalidArgument("VECTOR project: batch too large");
   const dim3 blocks(static_cast<unsigned>((n + kTokensPerBlock - 1) / kTokensPerBlock),
                     static_cast<unsigned>(batch));
   const size_t smem = (static_cast<size_t>(kTokensPerBlock) * d + kTokensPerBlock) * sizeof(float);
   ProjectKernel<kResidual>
-      <<<blocks, ThreadsFor(d), smem, stream>>>(kpre, wt, values, n, d, out, residuals);
+      <<<blocks, ThreadsFor(d), smem, stream>>>(kpre, wt, values, n, d, out, residuals, bias);
   KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "VECTOR project kernel launch");
   return Status::Ok();
 }
@@ -166,8 +172,9 @@ Status Project(ConstMatrixView kpre, ConstMatrixView w, ConstMatrixView values, 
 }  // namespace
 
 Status LaunchVectorResiduals(const float* kpre, const float* wt, const float* values, int64_t n,
-                             int d, float* residuals, cudaStream_t stream, int64_t batch) {
-  return LaunchProject<true>(kpre, wt, values, n, d, nullptr, residuals, stream, batch);
+                             int d, float* residuals, cudaStream_t stream, int64_t batch,
+                             const float* bias) {
+  return LaunchProject<true>(kpre, wt, values, n, d, nullptr, residuals, stream, batch, bias);
 }
 
 Status LaunchRebuildValues(const float* kpre, const float* wt, int64_t n, int d, float* out,

@@ -19,10 +19,11 @@
 // CPU plan's in the last bits, and two middle tokens whose scores are that close may be chosen
 // differently. The CPU/device comparison (tests/kernels/plan_device_test.cc) bounds the difference.
 //
-// Supported: score kNone, kSnapKv, kPyramidKv; merge kNone; route kNone, kVector (linear
-// weights, route_adaptive off); head_budget kUniform; any pooling and kernel. Anything else
-// (including affine VECTOR weights) is UNIMPLEMENTED naming the option (use
-// Compress). Thread safety: a DevicePlan owns its scratch memory: one per worker thread/stream.
+// Supported: score kNone, kSnapKv, kPyramidKv; merge kNone; route kNone, kVector (linear or
+// affine weights: the residual of an affine head is |(v - b) - W k|^2, as VectorResiduals; with
+// route_adaptive off); head_budget kUniform; any pooling and kernel. Anything else is
+// UNIMPLEMENTED naming the option (use Compress). Thread safety: a DevicePlan owns its scratch
+// memory: one per worker thread/stream.
 #pragma once
 
 #include <cstddef>
@@ -113,10 +114,11 @@ StatusOr<DevicePlanBudget> ComputeDevicePlanBudget(const CompressionPlanOptions&
 class DevicePlan {
  public:
   // Validates (options, support, layout, head_dim, VECTOR weights: required and of the layout's
-  // shape when route == kVector) and uploads what every chunk reuses (RoPE frequencies, W^T of
-  // every head). Errors: those of Validate / CheckDevicePlanSupported / ModelLayout::Validate;
-  // FAILED_PRECONDITION for missing or mis-shaped weights; UNIMPLEMENTED when the build has no
-  // CUDA; UNAVAILABLE when no device is visible; RESOURCE_EXHAUSTED when device memory is short.
+  // shape when route == kVector, a bias empty or of head_dim finite floats) and uploads what every
+  // chunk reuses (RoPE frequencies, W^T and the intercept of every head). Errors: those of Validate
+  // / CheckDevicePlanSupported / ModelLayout::Validate; FAILED_PRECONDITION for missing or
+  // mis-shaped weights; UNIMPLEMENTED when the build has no CUDA; UNAVAILABLE when no device is
+  // visible; RESOURCE_EXHAUSTED when device memory is short.
   static StatusOr<std::unique_ptr<DevicePlan>> Create(const CompressionPlanOptions& options,
                                                       const ModelLayout& layout,
                                                       const VectorWeights* weights = nullptr,
