@@ -19,10 +19,6 @@ namespace kvd::kernels {
 
 Status CheckDevicePlanSupported(const CompressionPlanOptions& options) {
   KVD_RETURN_IF_ERROR(options.Validate());
-  if (options.score == ScoreStage::kKeyDiff) {
-    return Status::Unimplemented(
-        "plan_device: score kKeyDiff is not implemented on the device (use Compress)");
-  }
   if (options.merge != MergeStage::kNone) {
     return Status::Unimplemented(
         "plan_device: merge kKvSlimmer is not implemented on the device (use Compress)");

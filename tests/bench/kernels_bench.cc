@@ -796,6 +796,12 @@ BENCHMARK_CAPTURE(BM_DevicePlanDemoChunk, snapkv_vector, ScoreStage::kSnapKv, Ro
     ->Arg(90)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+// kvd's default policy (KeyDiff, p_c 0.5).
+BENCHMARK_CAPTURE(BM_DevicePlanDemoChunk, keydiff, ScoreStage::kKeyDiff, RouteStage::kNone)
+    ->Arg(50)
+    ->Arg(90)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // One Llama-3.1-8B-like layer (LayerData: N tokens, 8 KV heads, d 128, G 4, W 64) as a chunk of
 // one layer: large enough that the bytes-bound stages are not launch-bound. Args: {p_c %}.

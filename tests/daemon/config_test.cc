@@ -442,12 +442,46 @@ TEST(IngestDeviceTest, CpuIsTheCpuPlanWhateverTheNodeHas) {
 }
 
 TEST(IngestDeviceTest, AutoPicksTheCudaPlanWhenTheDeviceRunsThePolicy) {
-  for (const char* stages : {"[snapkv]", "[pyramidkv]", "[snapkv, vector]"}) {
+  for (const char* stages :
+       {"[snapkv]", "[pyramidkv]", "[snapkv, vector]", "[keydiff]", "[keydiff, vector]"}) {
     auto d = ChooseIngestDevice(Policy(std::string("{stages: ") + stages + "}"), "k", Status::Ok());
     ASSERT_TRUE(d.ok()) << d.status();
     EXPECT_TRUE(d->cuda) << stages;
     EXPECT_EQ(d->Name(), "cuda:0");
     EXPECT_THAT(d->reason, HasSubstr("auto: CUDA device 0 runs the CUDA plan"));
+  }
+  auto block =
+      ChooseIngestDevice(Policy("{stages: [keydiff], keydiff_block: 128}"), "k", Status::Ok());
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_TRUE(block->cuda);
+}
+
+// kvd's default policy (the built-in model list and deploy/configs/default.yaml: KeyDiff) runs on
+// the CUDA plan when the node has a device, and on the CPU plan, saying why, when it has none.
+TEST(IngestDeviceTest, TheDefaultPolicyRunsOnTheDevice) {
+  std::vector<CompressionPolicy> defaults;
+  for (const ModelConfig& m : DaemonConfig::BuiltinModels()) {
+    if (m.compression) defaults.push_back(*m.compression);
+  }
+  auto file = LoadConfigFile(std::string(KVD_SOURCE_DIR) + "/deploy/configs/default.yaml");
+  ASSERT_TRUE(file.ok()) << file.status();
+  for (const ModelConfig& m : file->models) {
+    if (m.compression) defaults.push_back(*m.compression);
+  }
+  ASSERT_FALSE(defaults.empty());
+  for (const CompressionPolicy& p : defaults) {
+    SCOPED_TRACE(p.CanonicalForm());
+    EXPECT_EQ(p.score, "keydiff");
+    EXPECT_EQ(p.device, "auto");
+    auto on_gpu = ChooseIngestDevice(p, "models[0].compression", Status::Ok());
+    ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+    EXPECT_TRUE(on_gpu->cuda);
+    EXPECT_EQ(on_gpu->Name(), "cuda:0");
+    EXPECT_THAT(on_gpu->reason, HasSubstr("auto: CUDA device 0 runs the CUDA plan of keydiff"));
+    auto no_gpu = ChooseIngestDevice(p, "models[0].compression", kNoDevice);
+    ASSERT_TRUE(no_gpu.ok()) << no_gpu.status();
+    EXPECT_FALSE(no_gpu->cuda);
+    EXPECT_THAT(no_gpu->reason, HasSubstr("auto: no CUDA device"));
   }
 }
 
@@ -461,9 +495,6 @@ TEST(IngestDeviceTest, AutoFallsBackToTheCpuPlanSayingWhy) {
       {"{stages: [snapkv]}", kNoDevice, {"auto: no CUDA device (cudaGetDeviceCount"}},
       {"{stages: [snapkv]}", kNoCuda, {"auto: built without CUDA"}},
       // Methods the CUDA plan refuses: named, with the kernels' reason.
-      {"{stages: [keydiff]}",
-       Status::Ok(),
-       {"auto: the CUDA plan does not implement keydiff", "kKeyDiff"}},
       {"{stages: [hybrid]}",
        Status::Ok(),
        {"auto: the CUDA plan does not implement snapkv+kvslimmer", "kKvSlimmer"}},
@@ -496,10 +527,10 @@ TEST(IngestDeviceTest, ExplicitCudaIsHonouredOrRefusedNamingKeyValueAndReason) {
       {"{stages: [snapkv], device: cuda}",
        kNoCuda,
        {"models[1].compression.device: \"cuda\" cannot be honoured: built without CUDA"}},
-      {"{stages: [keydiff], device: \"cuda:1\"}",
+      {"{stages: [keydiff, kvslimmer], device: \"cuda:1\"}",
        Status::Ok(),
        {"models[1].compression.device: \"cuda:1\" cannot be honoured",
-        "the CUDA plan does not implement keydiff"}},
+        "the CUDA plan does not implement keydiff+kvslimmer"}},
   };
   for (const Case& c : cases) {
     auto d = ChooseIngestDevice(Policy(c.policy), "models[1].compression", c.probe);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvd/kernels/convert.h"
+#include "kvd/kernels/keydiff.h"
 #include "kvd/kernels/rope.h"
 #include "kvd/kernels/scorers.h"
 #include "kvd/kernels/snapkv.h"
@@ -98,7 +99,8 @@ DeviceFixture MakeFixture(int64_t n, int d, int group, int64_t window, uint64_t 
 struct DeviceComposition {
   const char* name;
   ScoreStage score;
-  bool queries;  // window queries given
+  bool queries;               // window queries given
+  int64_t keydiff_block = 0;  // KeyDiff: 0 = one-shot
 };
 
 const DeviceComposition kDeviceCompositions[] = {
@@ -106,11 +108,19 @@ const DeviceComposition kDeviceCompositions[] = {
     {"pyramidkv", ScoreStage::kPyramidKv, true},
     {"recency", ScoreStage::kNone, false},
     {"recency+window", ScoreStage::kNone, true},
+    {"keydiff", ScoreStage::kKeyDiff, false},
+    {"keydiff+window", ScoreStage::kKeyDiff, true},
+    {"keydiff block 64", ScoreStage::kKeyDiff, false, 64},
+    {"keydiff block 100+window", ScoreStage::kKeyDiff, true, 100},
 };
 
 CompressionPlanOptions Options(const DeviceComposition& c, RouteStage route, double p_c,
                                int64_t window) {
-  return {.score = c.score, .route = route, .p_c = p_c, .window = window};
+  return {.score = c.score,
+          .route = route,
+          .p_c = p_c,
+          .window = window,
+          .keydiff_block = c.keydiff_block};
 }
 
 std::string Name(const DeviceComposition& c, RouteStage route, double p_c) {
@@ -123,7 +133,6 @@ TEST(DevicePlan, UnsupportedOptionsAreNamed) {
     CompressionPlanOptions o;
     const char* message;
   } cases[] = {
-      {{.score = ScoreStage::kKeyDiff}, "score kKeyDiff is not implemented on the device"},
       {{.score = ScoreStage::kNone, .merge = MergeStage::kKvSlimmer},
        "merge kKvSlimmer is not implemented on the device"},
       {{.score = ScoreStage::kSnapKv, .merge = MergeStage::kKvSlimmer},
@@ -145,6 +154,21 @@ TEST(DevicePlan, UnsupportedOptionsAreNamed) {
   EXPECT_EQ(bad.code(), StatusCode::kOutOfRange) << bad;
   EXPECT_THAT(bad.message(), HasSubstr("p_c must be in [0, 1)"));
   EXPECT_TRUE(CheckDevicePlanSupported({}).ok());
+  // KeyDiff (kvd's default policy), one-shot and block-wise, with and without routing.
+  for (int64_t block : {0, 128}) {
+    for (RouteStage route : {RouteStage::kNone, RouteStage::kVector}) {
+      const CompressionPlanOptions keydiff{
+          .score = ScoreStage::kKeyDiff, .route = route, .keydiff_block = block};
+      EXPECT_TRUE(CheckDevicePlanSupported(keydiff).ok()) << block;
+    }
+#if KVD_HAVE_CUDA
+    if (!CudaDeviceAvailable()) {  // accepted up to the device check
+      auto plan = DevicePlan::Create({.score = ScoreStage::kKeyDiff, .keydiff_block = block},
+                                     MakeFixture(64, 32, 2, 8, 1).layout);
+      EXPECT_EQ(plan.status().code(), StatusCode::kUnavailable) << plan.status();
+    }
+#endif
+  }
 }
 
 TEST(DevicePlan, BudgetsAreTheCpuPlansSlotCounts) {
@@ -296,6 +320,37 @@ double ScoreTolerance(int64_t n, int64_t rows, int64_t d) {
   return 4.0 * static_cast<double>(n + rows + d + 8) * testing::kF32Unit;
 }
 
+// Absolute error bound of a KeyDiff score -(k_i . a) / (|k_i| |a|) (scores in [-1, 1]), from both
+// sides' float32 steps. Unit key: |k_i|^2 is a d-term float32 sum (d ulp), then 1/sqrt (the CPU
+// rounds twice, the device's rsqrtf is within 2 ulp): <= (d/2 + 4) ulp relative. Anchor
+// a = sum_i k_i / |k_i|: every term carries that error plus its product's; the CPU also adds the
+// unit keys in float32 over blocks of 256 (<= 256 ulp of the absolute sums), the device in
+// float64. So |da| <= (256 + d/2 + 5) u A1 on the CPU and (d/2 + 5) u A1 on the device, A1 =
+// |sum_i |k_i| / |k_i||_2 (component-wise absolute sums), and the unit anchor's direction moves
+// by <= 2 |da| / |a| + u. The score's dot product is a d-term float32 sum of terms <= |k_i| |a^|
+// (<= (d + 1) ulp of |k_i|) times 1/|k_i| (its own error above). Summed over the two sides.
+double KeyDiffTolerance(const Matrix& keys) {
+  const int64_t n = keys.rows, d = keys.cols;
+  std::vector<double> anchor(static_cast<size_t>(d), 0.0), abs_sum(static_cast<size_t>(d), 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    double ss = 0.0;
+    for (int64_t c = 0; c < d; ++c) ss += double(keys.Row(i)[c]) * keys.Row(i)[c];
+    const double inv = 1.0 / std::sqrt(ss);
+    for (int64_t c = 0; c < d; ++c) {
+      anchor[c] += keys.Row(i)[c] * inv;
+      abs_sum[c] += std::abs(keys.Row(i)[c]) * inv;
+    }
+  }
+  double a = 0.0, a1 = 0.0;
+  for (int64_t c = 0; c < d; ++c) {
+    a += anchor[c] * anchor[c];
+    a1 += abs_sum[c] * abs_sum[c];
+  }
+  const double direction = 2.0 * (256.0 + d + 10.0) * std::sqrt(a1 / a) + 2.0;
+  const double dot = 2.0 * (d + 1.0), unit_key = 2.0 * (d / 2.0 + 4.0);
+  return (direction + dot + unit_key) * testing::kF32Unit;
+}
+
 // The head's per-token float32 K or V, from the raw bytes.
 Matrix HeadTensor(const DeviceFixture& f, int layer, int head, bool values) {
   const int64_t d = f.layout.head_dim;
@@ -325,47 +380,68 @@ int64_t CompareHead(const DeviceFixture& f, const VectorWeights& weights,
   const int64_t w = queries ? o.window : 0, sinks = std::min<int64_t>(n, o.sinks);
   const size_t e = DTypeSize(f.layout.dtype);
   const Matrix keys = HeadTensor(f, layer, head, false), values = HeadTensor(f, layer, head, true);
-  // CPU scores of this head.
-  std::vector<float> cscores(static_cast<size_t>(n));
-  if (o.score == ScoreStage::kNone) {
-    for (int64_t i = 0; i < n; ++i) cscores[i] = static_cast<float>(i);
-  } else {
-    const int group = f.layout.num_q_heads / f.layout.num_kv_heads;
-    EXPECT_TRUE(SnapKvScores(f.query_views[layer * f.layout.num_kv_heads + head], keys.View(),
-                             {.window = static_cast<int>(o.window),
-                              .kernel_size = o.pooling_kernel,
-                              .pooling = o.pooling,
-                              .group_size = group},
-                             cscores)
-                    .ok());
-  }
-  const double rel = ScoreTolerance(n, w * (f.layout.num_q_heads / f.layout.num_kv_heads), d);
-  for (int64_t i = 0; i < n; ++i) {
-    if (std::isinf(cscores[i])) {
-      EXPECT_TRUE(std::isinf(dscores[i])) << "token " << i;
-      continue;
-    }
-    EXPECT_LE(std::abs(double(dscores[i]) - cscores[i]), rel * std::abs(cscores[i]) + 1e-30)
-        << "score of token " << i;
-  }
-  // Selection: exactly the top-k of the device's own scores (ties to the lower index).
   const std::vector<int64_t> dtok = SlotTokens(dev), ctok = SlotTokens(cpu);
-  auto expect = SelectTopK(dscores, dev.slots(), {.sinks = sinks, .window = w});
-  EXPECT_TRUE(expect.ok());
-  EXPECT_TRUE(std::equal(dtok.begin(), dtok.end(), expect->begin(), expect->end()))
-      << "the device did not select the top-k of its own scores";
-  // Against the CPU's selection: a token chosen by one side only scores within the float32 bound
-  // of the CPU's lowest selected middle score.
-  float boundary = INFINITY;
-  for (int64_t t : ctok) {
-    if (t >= sinks && t < n - w) boundary = std::min(boundary, cscores[t]);
-  }
   std::vector<int64_t> diff;
   std::set_symmetric_difference(dtok.begin(), dtok.end(), ctok.begin(), ctok.end(),
                                 std::back_inserter(diff));
-  for (int64_t t : diff) {
-    EXPECT_LE(std::abs(double(cscores[t]) - boundary), 2.0 * rel * std::abs(boundary) + 1e-30)
-        << "token " << t << " selected differently, not a near-tie";
+  if (o.score == ScoreStage::kKeyDiff && o.keydiff_block > 0) {
+    // Block-wise: no per-token scores to compare (each block step has its own anchor); the CPU
+    // chunk is KeyDiffBlockwiseSelect's choice, and a token chosen by one side only is counted
+    // (the caller bounds the count: near-ties of one step can change the later candidates).
+    auto expect = KeyDiffBlockwiseSelect(
+        keys.View(), cpu.slots(),
+        {.block_size = o.keydiff_block, .selection = {.sinks = sinks, .window = w}});
+    EXPECT_TRUE(expect.ok()) << expect.status();
+    EXPECT_TRUE(std::equal(ctok.begin(), ctok.end(), expect->begin(), expect->end()));
+    EXPECT_EQ(dev.slots(), cpu.slots());
+    for (int64_t j = 0; j < sinks; ++j) EXPECT_EQ(dtok[j], j) << "sink slot " << j;
+    for (int64_t j = 0; j < w; ++j) {
+      EXPECT_EQ(dtok[dev.slots() - w + j], n - w + j) << "window slot " << j;
+    }
+  } else {
+    // CPU scores of this head, and the float32 error bound of a score (absolute for KeyDiff,
+    // whose scores are cosines; relative for the attention masses).
+    std::vector<float> cscores(static_cast<size_t>(n));
+    double abs_tol = 1e-30, rel = 0.0;
+    if (o.score == ScoreStage::kNone) {
+      for (int64_t i = 0; i < n; ++i) cscores[i] = static_cast<float>(i);
+    } else if (o.score == ScoreStage::kKeyDiff) {
+      EXPECT_TRUE(KeyDiffScores(keys.View(), cscores).ok());
+      abs_tol = KeyDiffTolerance(keys);
+    } else {
+      const int group = f.layout.num_q_heads / f.layout.num_kv_heads;
+      EXPECT_TRUE(SnapKvScores(f.query_views[layer * f.layout.num_kv_heads + head], keys.View(),
+                               {.window = static_cast<int>(o.window),
+                                .kernel_size = o.pooling_kernel,
+                                .pooling = o.pooling,
+                                .group_size = group},
+                               cscores)
+                      .ok());
+      rel = ScoreTolerance(n, w * group, d);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isinf(cscores[i])) {
+        EXPECT_TRUE(std::isinf(dscores[i])) << "token " << i;
+        continue;
+      }
+      EXPECT_LE(std::abs(double(dscores[i]) - cscores[i]), rel * std::abs(cscores[i]) + abs_tol)
+          << "score of token " << i;
+    }
+    // Selection: exactly the top-k of the device's own scores (ties to the lower index).
+    auto expect = SelectTopK(dscores, dev.slots(), {.sinks = sinks, .window = w});
+    EXPECT_TRUE(expect.ok());
+    EXPECT_TRUE(std::equal(dtok.begin(), dtok.end(), expect->begin(), expect->end()))
+        << "the device did not select the top-k of its own scores";
+    // Against the CPU's selection: a token chosen by one side only scores within the float32
+    // bound of the CPU's lowest selected middle score.
+    float boundary = INFINITY;
+    for (int64_t t : ctok) {
+      if (t >= sinks && t < n - w) boundary = std::min(boundary, cscores[t]);
+    }
+    for (int64_t t : diff) {
+      EXPECT_LE(std::abs(double(cscores[t]) - boundary), 2.0 * (rel * std::abs(boundary) + abs_tol))
+          << "token " << t << " selected differently, not a near-tie";
+    }
   }
   // Copied keys and values: the raw bytes of the slot's token, bit for bit.
   const uint8_t* kb = f.raw.data() + f.layout.LayerOffset(layer, static_cast<int>(n));
@@ -522,6 +598,38 @@ TEST(DevicePlanCuda, NonFiniteInputIsRefusedAndThePlanKeepsServing) {
   auto no_queries = (*plan)->Compress(in);
   EXPECT_EQ(no_queries.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(no_queries.status().message(), HasSubstr("needs window queries"));
+}
+
+// KeyDiff refuses a key of norm 0 (keydiff.h) as the CPU plan does, naming layer, head and
+// token; one-shot and block-wise; the plan then compresses a good chunk.
+TEST(DevicePlanCuda, KeyDiffRefusesAZeroNormKey) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device: DevicePlan needs one";
+  const DeviceFixture f = MakeFixture(256, 64, 4, 32, 23);
+  std::vector<uint8_t> bad = f.raw;
+  // Layer 1, head 1, token 7: zero key.
+  const size_t row = static_cast<size_t>(f.layout.head_dim) * DTypeSize(f.layout.dtype);
+  std::memset(bad.data() + f.layout.LayerOffset(1, 256) + 7 * f.layout.TokenBytes() + row, 0, row);
+  const DeviceBytes bad_raw(bad), raw(f.raw);
+  for (int64_t block : {0, 64}) {
+    SCOPED_TRACE("keydiff_block " + std::to_string(block));
+    const CompressionPlanOptions o{
+        .score = ScoreStage::kKeyDiff, .p_c = 0.5, .window = f.window, .keydiff_block = block};
+    CompressionInput cpu_in = f.CpuInput(false);
+    cpu_in.raw = bad;
+    auto cpu = Compress(o, f.layout, cpu_in);
+    EXPECT_EQ(cpu.status().code(), StatusCode::kInvalidArgument) << cpu.status();
+    EXPECT_THAT(cpu.status().message(), HasSubstr("zero-norm key"));
+    auto plan = DevicePlan::Create(o, f.layout);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto refused =
+        (*plan)->Compress({.raw = bad_raw.ptr, .raw_bytes = bad.size(), .positions = f.positions});
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_THAT(refused.status().message(),
+                HasSubstr("plan: layer 1 head 1: keydiff: zero-norm key at token 7"));
+    auto good =
+        (*plan)->Compress({.raw = raw.ptr, .raw_bytes = f.raw.size(), .positions = f.positions});
+    EXPECT_TRUE(good.ok()) << good.status();
+  }
 }
 
 // CompressHost = one upload + Compress: from host bytes, with the window queries in the model

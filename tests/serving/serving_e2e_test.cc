@@ -453,83 +453,111 @@ TEST_F(ServingE2eTest, WithoutADeviceAutoIsTheCpuAndCudaIsRefused) {
 // compact chunk is the raw chunk's own data), and at most 2 tokens per head may differ from the
 // CPU's selection (near-ties; on random data almost every head matches exactly, then the head is
 // byte-identical).
-TEST_F(ServingE2eTest, CudaIngestStoresWhatTheCpuPlanStores) {
-  const Status probe = kk::CheckDevicePlanDevice(0);
-  if (!probe.ok()) GTEST_SKIP() << "no CUDA device: the CUDA ingest needs one (" << probe << ")";
-  StartKvd(PolicyModel("stories-cuda", "{stages: [snapkv], device: cuda, worker_threads: 2}"));
-  auto c = Connect("stories-cuda");
-  ASSERT_NE(c, nullptr);
-  const ModelLayout layout = c->options().layout;
-  std::vector<Chunk> chunks;
-  std::vector<client::PutItem> items;
-  for (int i = 0; i < 4; ++i) chunks.push_back(MakeChunk(layout, kTokens, 61 + i));
-  for (int i = 0; i < 4; ++i) {
-    items.push_back(Item({61, static_cast<uint64_t>(i)}, chunks[i], i * kTokens));
-  }
-  auto put = c->PutChunks(items);
-  ASSERT_TRUE(put.ok()) << put.status() << "\n" << kvd_->Log();
-  std::vector<Hash128> chain;
-  for (const auto& it : items) chain.push_back(it.hash);
-  auto hit = c->Lookup(chain);
-  ASSERT_TRUE(hit.ok()) << hit.status();
-  ASSERT_EQ(hit->matched_chunks, 4u);
-  const size_t row = layout.head_dim * sizeof(float);
-  int64_t differ = 0, identical_heads = 0;
-  for (uint32_t i = 0; i < 4; ++i) {
-    int64_t chunk_differ = 0;
-    std::vector<uint8_t> stored = GetCompact(*c, hit->lease_id, i);
-    auto expected = InProcess(layout, chunks[i], i * kTokens, SnapKvOptions());
-    ASSERT_TRUE(expected.ok()) << expected.status();
-    auto dev = kk::DecodeCompactChunk(stored);
-    auto cpu = kk::DecodeCompactChunk(*expected);
-    ASSERT_TRUE(dev.ok()) << dev.status();
-    ASSERT_TRUE(cpu.ok()) << cpu.status();
-    EXPECT_EQ(dev->codec, cpu->codec);
-    EXPECT_EQ(dev->original_tokens, cpu->original_tokens);
-    EXPECT_EQ(dev->HalfPairs(), cpu->HalfPairs());
-    for (int l = 0; l < layout.num_layers; ++l) {
-      const uint8_t* k = chunks[i].raw.data() + layout.LayerOffset(l, kTokens);
-      const uint8_t* v = k + static_cast<size_t>(kTokens) * layout.TokenBytes();
-      for (int h = 0; h < layout.num_kv_heads; ++h) {
-        const kk::CompactHead& d = dev->Head(l, h);
-        const kk::CompactHead& x = cpu->Head(l, h);
-        ASSERT_EQ(d.slots(), x.slots());
-        for (int64_t j = 0; j < d.slots(); ++j) {
-          const int64_t t = d.positions[j] - static_cast<int64_t>(i) * kTokens;
-          ASSERT_TRUE(t >= 0 && t < kTokens);
-          EXPECT_EQ(
-              std::memcmp(d.keys.data() + j * row, k + t * layout.TokenBytes() + h * row, row), 0);
-          EXPECT_EQ(
-              std::memcmp(d.values.data() + j * row, v + t * layout.TokenBytes() + h * row, row),
-              0);
-        }
-        std::vector<int64_t> only;
-        std::set_symmetric_difference(d.positions.begin(), d.positions.end(), x.positions.begin(),
-                                      x.positions.end(), std::back_inserter(only));
-        EXPECT_LE(only.size(), 4u) << "chunk " << i << " layer " << l << " head " << h;
-        chunk_differ += static_cast<int64_t>(only.size()) / 2;
-        if (only.empty()) {
-          EXPECT_EQ(d.keys, x.keys);
-          EXPECT_EQ(d.values, x.values);
-          ++identical_heads;
+class ServingCudaIngest : public ServingFixture {
+ protected:
+  // Starts kvd with one model `model` under `policy` (it must pick cuda:0, saying `reason`), puts
+  // four chunks (with or without window queries) and compares what it stores with the CPU plan of
+  // options `o` in-process.
+  void ExpectTheCpuPlansChunks(const std::string& model, const std::string& policy,
+                               const kk::CompressionPlanOptions& o, bool with_queries,
+                               const std::string& reason) {
+    StartKvd(PolicyModel(model, policy));
+    auto c = Connect(model);
+    ASSERT_NE(c, nullptr);
+    const ModelLayout layout = c->options().layout;
+    std::vector<Chunk> chunks;
+    std::vector<client::PutItem> items;
+    for (int i = 0; i < 4; ++i) chunks.push_back(MakeChunk(layout, kTokens, 61 + i));
+    for (int i = 0; i < 4; ++i) {
+      items.push_back(Item({61, static_cast<uint64_t>(i)}, chunks[i], i * kTokens, with_queries));
+    }
+    auto put = c->PutChunks(items);
+    ASSERT_TRUE(put.ok()) << put.status() << "\n" << kvd_->Log();
+    std::vector<Hash128> chain;
+    for (const auto& it : items) chain.push_back(it.hash);
+    auto hit = c->Lookup(chain);
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    ASSERT_EQ(hit->matched_chunks, 4u);
+    const size_t row = layout.head_dim * sizeof(float);
+    int64_t differ = 0, identical_heads = 0;
+    for (uint32_t i = 0; i < 4; ++i) {
+      int64_t chunk_differ = 0;
+      std::vector<uint8_t> stored = GetCompact(*c, hit->lease_id, i);
+      auto expected = InProcess(layout, chunks[i], i * kTokens, o);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      auto dev = kk::DecodeCompactChunk(stored);
+      auto cpu = kk::DecodeCompactChunk(*expected);
+      ASSERT_TRUE(dev.ok()) << dev.status();
+      ASSERT_TRUE(cpu.ok()) << cpu.status();
+      EXPECT_EQ(dev->codec, cpu->codec);
+      EXPECT_EQ(dev->original_tokens, cpu->original_tokens);
+      EXPECT_EQ(dev->HalfPairs(), cpu->HalfPairs());
+      for (int l = 0; l < layout.num_layers; ++l) {
+        const uint8_t* k = chunks[i].raw.data() + layout.LayerOffset(l, kTokens);
+        const uint8_t* v = k + static_cast<size_t>(kTokens) * layout.TokenBytes();
+        for (int h = 0; h < layout.num_kv_heads; ++h) {
+          const kk::CompactHead& d = dev->Head(l, h);
+          const kk::CompactHead& x = cpu->Head(l, h);
+          ASSERT_EQ(d.slots(), x.slots());
+          for (int64_t j = 0; j < d.slots(); ++j) {
+            const int64_t t = d.positions[j] - static_cast<int64_t>(i) * kTokens;
+            ASSERT_TRUE(t >= 0 && t < kTokens);
+            EXPECT_EQ(
+                std::memcmp(d.keys.data() + j * row, k + t * layout.TokenBytes() + h * row, row),
+                0);
+            EXPECT_EQ(
+                std::memcmp(d.values.data() + j * row, v + t * layout.TokenBytes() + h * row, row),
+                0);
+          }
+          std::vector<int64_t> only;
+          std::set_symmetric_difference(d.positions.begin(), d.positions.end(), x.positions.begin(),
+                                        x.positions.end(), std::back_inserter(only));
+          EXPECT_LE(only.size(), 4u) << "chunk " << i << " layer " << l << " head " << h;
+          chunk_differ += static_cast<int64_t>(only.size()) / 2;
+          if (only.empty()) {
+            EXPECT_EQ(d.keys, x.keys);
+            EXPECT_EQ(d.values, x.values);
+            ++identical_heads;
+          }
         }
       }
+      if (chunk_differ == 0) EXPECT_TRUE(stored == *expected) << "chunk " << i;
+      differ += chunk_differ;
     }
-    if (chunk_differ == 0) EXPECT_TRUE(stored == *expected) << "chunk " << i;
-    differ += chunk_differ;
-  }
-  RecordProperty("near_tie_tokens", static_cast<int>(differ));
-  RecordProperty("identical_heads", static_cast<int>(identical_heads));
-  ASSERT_TRUE(c->ReleaseLease(hit->lease_id).ok());
-  auto stats = c->GetStats();
-  ASSERT_TRUE(stats.ok()) << stats.status();
-  ASSERT_EQ(stats->compression.size(), 1u);
-  EXPECT_EQ(stats->compression[0].device, "cuda:0");
-  for (const auto& t : stats->compression[0].stages) {
-    if (t.stage == "convert" || t.stage == "score" || t.stage == "select" || t.stage == "encode") {
-      EXPECT_EQ(t.chunks, 4u) << t.stage;  // device times (CUDA events)
+    RecordProperty("near_tie_tokens", static_cast<int>(differ));
+    RecordProperty("identical_heads", static_cast<int>(identical_heads));
+    ASSERT_TRUE(c->ReleaseLease(hit->lease_id).ok());
+    auto stats = c->GetStats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    ASSERT_EQ(stats->compression.size(), 1u);
+    EXPECT_EQ(stats->compression[0].device, "cuda:0");
+    EXPECT_THAT(stats->compression[0].device_reason, HasSubstr(reason));
+    for (const auto& t : stats->compression[0].stages) {
+      if (t.stage == "convert" || t.stage == "score" || t.stage == "select" ||
+          t.stage == "encode") {
+        EXPECT_EQ(t.chunks, 4u) << t.stage;  // device times (CUDA events)
+      }
     }
   }
+};
+
+TEST_F(ServingCudaIngest, CudaIngestStoresWhatTheCpuPlanStores) {
+  const Status probe = kk::CheckDevicePlanDevice(0);
+  if (!probe.ok()) GTEST_SKIP() << "no CUDA device: the CUDA ingest needs one (" << probe << ")";
+  ExpectTheCpuPlansChunks("stories-cuda", "{stages: [snapkv], device: cuda, worker_threads: 2}",
+                          SnapKvOptions(), true, "compression.device is cuda");
+}
+
+// kvd's default policy (KeyDiff, device auto) on a node with a GPU: auto picks the CUDA plan and
+// stores what the CPU plan stores (KeyDiff's cosines are float32 on both sides, the anchor summed
+// in another order: the same near-tie allowance).
+TEST_F(ServingCudaIngest, CudaIngestOfTheDefaultKeyDiffPolicy) {
+  const Status probe = kk::CheckDevicePlanDevice(0);
+  if (!probe.ok()) GTEST_SKIP() << "no CUDA device: the CUDA ingest needs one (" << probe << ")";
+  kk::CompressionPlanOptions o = SnapKvOptions();
+  o.score = kk::ScoreStage::kKeyDiff;
+  ExpectTheCpuPlansChunks("stories-keydiff", "{stages: [keydiff], p_c: 0.5, window: 32, sinks: 4}",
+                          o, false, "auto: CUDA device 0 runs the CUDA plan of keydiff");
 }
 
 // The same-node shared-memory path feeds the same ingest: a put written into the arena slot is

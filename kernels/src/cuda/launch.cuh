@@ -43,15 +43,33 @@ Status LaunchAttentionMass(const float* q, const float* k, const float* bias, co
                            const int64_t* kpos, float* mass, int64_t heads, int64_t rows, int64_t n,
                            int d, int group, MaskKind mask, float scale, cudaStream_t stream);
 
-// keydiff.cu, in three steps. Norms: inv_norm [n] = 1/|k_i|, *bad_row = min(*bad_row, i) for a
-// row with |k_i|^2 < 1e-30 (caller initialises *bad_row). Anchor: anchor [d] = sum_i k_i inv_norm_i
-// in float64. Scores: scores [n] = -(k_i . unit_anchor) inv_norm_i.
-Status LaunchKeyDiffNorms(const float* k, float* inv_norm, int* bad_row, int64_t n, int d,
+// keydiff.cu, for `heads` key matrices k [heads, n, d] at once. Norms (over rows = heads * n
+// rows): inv_norm [rows] = 1/|k_r|, *bad_row = min(*bad_row, r) for a row with |k_r|^2 < 1e-30
+// (its inv_norm 0; the caller initialises *bad_row). Anchor: anchor [heads, d] = sum_i k_i
+// inv_norm_i in float64. Unit anchor: unit_anchor [heads, d] = anchor / |anchor| in float32 and
+// anchor_ok [heads] = 1, or 0 and 0 when the keys cancel (|anchor| <= 1e-6 n, keydiff.h).
+// Scores: scores [heads, n] = -(k_i . unit_anchor) inv_norm_i, 0 where anchor_ok is 0.
+Status LaunchKeyDiffNorms(const float* k, float* inv_norm, int* bad_row, int64_t rows, int d,
                           cudaStream_t stream);
 Status LaunchKeyDiffAnchor(const float* k, const float* inv_norm, double* anchor, int64_t n, int d,
-                           cudaStream_t stream);
+                           cudaStream_t stream, int64_t heads = 1);
+Status LaunchKeyDiffUnitAnchor(const double* anchor, float* unit_anchor, uint8_t* anchor_ok,
+                               int64_t n, int d, cudaStream_t stream, int64_t heads = 1);
 Status LaunchKeyDiffScores(const float* k, const float* inv_norm, const float* unit_anchor,
-                           float* scores, int64_t n, int d, cudaStream_t stream);
+                           const uint8_t* anchor_ok, float* scores, int64_t n, int d,
+                           cudaStream_t stream, int64_t heads = 1);
+// Block-wise KeyDiff selection (KeyDiffBlockwiseSelect, keydiff.h) of every head at once, one
+// thread block per head: head r keeps budgets[r / heads_per_budget] tokens (>= the sinks and
+// window it holds: the caller checked), sinks = min(N, sinks) and the effective window forced.
+// inv_norm from LaunchKeyDiffNorms. Scratch: cand (int32) and cand_scores, [heads, cap] each with
+// cap >= min(n, max budget + block). keep [heads, n] = 1 for the kept tokens, else 0. A zero-norm
+// key among the scored candidates sets *bad = min(*bad, head * n + token) (caller initialises).
+// INVALID_ARGUMENT for d > kMaxHeadDim, block < 1 or heads * n > INT_MAX.
+Status LaunchKeyDiffBlockwiseSelect(const float* k, const float* inv_norm, const int64_t* budgets,
+                                    int64_t heads_per_budget, int64_t heads, int64_t n, int d,
+                                    int64_t sinks, int64_t window, int64_t block, int32_t* cand,
+                                    float* cand_scores, int64_t cap, uint8_t* keep, int* bad,
+                                    cudaStream_t stream);
 
 // vector.cu. wt is W transposed ([d, d], wt[c, r] = W[r, c]). Residuals: residuals [n] =
 // |(values_i - b) - W kpre_i|^2 (b = bias [d] of the head, float32 v - b rounded first as

@@ -1,8 +1,9 @@
 // Device part of the device-resident plan (plan_device.h): every stage of one chunk enqueued on
 // the plan's stream, composed from the launchers (launch.cuh) and the plan's own kernels below
-// (SnapKV pooling, top-k selection, compaction, slot gather, route selection, packing). Every
-// launch covers all L*H (layer, KV head) rows of the chunk at once (row = layer * H + head), so
-// a chunk costs about fifteen launches whatever its layer count. Slot arrays are padded to the
+// (SnapKV pooling, top-k selection, compaction, slot gather, route selection, packing; KeyDiff's
+// kernels are keydiff.cu's, batched over the rows). Every launch covers all L*H (layer, KV head)
+// rows of the chunk at once (row = layer * H + head), so a chunk costs about fifteen launches
+// whatever its layer count. Slot arrays are padded to the
 // largest layer's slot count Smax; per-layer counts come from a small table uploaded with the
 // positions (`meta`: S, 2a, packed slot offset and packed value offset of every layer). The only
 // synchronisation is after the compact arrays are copied to the host.
@@ -24,6 +25,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBadKeysValues = 1;  // error bits set on the device
 constexpr int kBadQueries = 2;
+// The error words: [0] the bits above, [1] the first layer with a non-finite element, [2] KeyDiff's
+// first zero-norm key (row * n + token), [3] a sink for a report that is not wanted.
+constexpr int kErrWords = 4;
+constexpr int kErrZeroNorm = 2;
+constexpr int kErrUnused = 3;
 
 // err[0] |= bit and err[1] = min(err[1], the layer) for any non-finite element of x[0, count);
 // element i belongs to layer i / layer_elems.
@@ -315,9 +321,27 @@ class CudaPlanState final : public DevicePlan::State {
       KVD_RETURN_IF_ERROR(Ensure(&kpre_, rsd));
       KVD_RETURN_IF_ERROR(Ensure(&residuals_, static_cast<size_t>(R * smax)));
     }
+    const bool keydiff = options_.score == ScoreStage::kKeyDiff;
+    const bool blockwise = keydiff && options_.keydiff_block > 0;
+    // Block-wise KeyDiff: candidates = kept (<= S_l) + one block, and never more than N.
+    const int64_t cap = blockwise ? std::min(n, smax + options_.keydiff_block) : 0;
+    if (keydiff) {
+      KVD_RETURN_IF_ERROR(Ensure(&inv_norm_, static_cast<size_t>(R * n)));
+      KVD_RETURN_IF_ERROR(Ensure(&anchor_, static_cast<size_t>(R * d)));
+      KVD_RETURN_IF_ERROR(Ensure(&unit_anchor_, static_cast<size_t>(R * d)));
+      KVD_RETURN_IF_ERROR(Ensure(&anchor_ok_, static_cast<size_t>(R)));
+    }
+    if (blockwise) {
+      KVD_RETURN_IF_ERROR(Ensure(&cand_, static_cast<size_t>(R * cap)));
+      KVD_RETURN_IF_ERROR(Ensure(&cand_scores_, static_cast<size_t>(R * cap)));
+    }
+    if (keydiff && R * n > INT_MAX) {  // KeyDiff reports a zero-norm key as an int row * n + token
+      return Status::InvalidArgument("plan_device: layers x kv_heads x N = " +
+                                     std::to_string(R * n) + " is above the kernels' int range");
+    }
     KVD_RETURN_IF_ERROR(Ensure(&pos_, static_cast<size_t>(n)));
     KVD_RETURN_IF_ERROR(Ensure(&meta_, meta.size()));
-    KVD_RETURN_IF_ERROR(Ensure(&err_, 2));
+    KVD_RETURN_IF_ERROR(Ensure(&err_, kErrWords));
     KVD_RETURN_IF_ERROR(Ensure(&out_keys_, static_cast<size_t>(slot_count * d) * e));
     KVD_RETURN_IF_ERROR(Ensure(&out_values_, static_cast<size_t>(value_count * d) * e));
     KVD_RETURN_IF_ERROR(Ensure(&out_pos_, static_cast<size_t>(slot_count)));
@@ -332,8 +356,8 @@ class CudaPlanState final : public DevicePlan::State {
     // Inputs of the chunk (small): positions, the per-layer table, the error word.
     KVD_RETURN_IF_ERROR(pos_.Upload(input.positions.data(), static_cast<size_t>(n), stream_));
     KVD_RETURN_IF_ERROR(meta_.Upload(meta.data(), meta.size(), stream_));
-    const int no_err[2] = {0, INT_MAX};
-    KVD_RETURN_IF_ERROR(err_.Upload(no_err, 2, stream_));
+    const int no_err[kErrWords] = {0, INT_MAX, INT_MAX, INT_MAX};
+    KVD_RETURN_IF_ERROR(err_.Upload(no_err, kErrWords, stream_));
     scores_n_ = n;
     const Meta m{meta_.get(), L};
     const int di = static_cast<int>(d);
@@ -353,12 +377,10 @@ class CudaPlanState final : public DevicePlan::State {
         vf_.get(), static_cast<int64_t>(rnd), kBadKeysValues, n * H * d, err_.get());
     KVD_RETURN_IF_ERROR(Check("FiniteKernel"));
     KVD_RETURN_IF_ERROR(mark(kConverted));
-    // 2. scores [R, n].
-    if (options_.score == ScoreStage::kNone) {
-      RecencyKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(scores_.get(), R, n);
-      KVD_RETURN_IF_ERROR(Check("RecencyKernel"));
-    } else {
-      // Q[L, w, Hq, d] = [L, w, H, G*d] -> [L, H, w, G*d] = per row [w*G, d] (GatherWindowQueries).
+    // 2. the window queries when given (their finiteness is checked whatever the score, as
+    // Compress does); Q[L, w, Hq, d] = [L, w, H, G*d] -> [L, H, w, G*d] = per row [w*G, d]
+    // (GatherWindowQueries).
+    if (input.window_queries != nullptr && qrows > 0) {
       const int64_t qcount = R * qrows * d;
       const DType qtype = input.window_queries_float32 ? DType::kFloat32 : layout_.dtype;
       KVD_RETURN_IF_ERROR(LaunchGather(input.window_queries, qf_.get(), w, H, job.group * d, qtype,
@@ -366,19 +388,59 @@ class CudaPlanState final : public DevicePlan::State {
       FiniteKernel<<<Blocks(qcount, kThreads), kThreads, 0, stream_>>>(
           qf_.get(), qcount, kBadQueries, qrows * H * d, err_.get());
       KVD_RETURN_IF_ERROR(Check("FiniteKernel"));
-      KVD_RETURN_IF_ERROR(LaunchAttentionMass(
-          qf_.get(), kf_.get(), nullptr, nullptr, nullptr, mass_.get(), R, qrows, n, di, job.group,
-          MaskKind::kCausalWindow, 1.0f / std::sqrt(static_cast<float>(d)), stream_));
-      SnapScoreKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(
-          mass_.get(), scores_.get(), R, n, w, qrows, options_.pooling_kernel,
-          static_cast<int>(options_.pooling));
-      KVD_RETURN_IF_ERROR(Check("SnapScoreKernel"));
+    }
+    // Scores [R, n] (block-wise KeyDiff: 0; its walk selects in step 3).
+    switch (options_.score) {
+      case ScoreStage::kNone:
+        RecencyKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(scores_.get(), R, n);
+        KVD_RETURN_IF_ERROR(Check("RecencyKernel"));
+        break;
+      case ScoreStage::kSnapKv:
+      case ScoreStage::kPyramidKv:
+        KVD_RETURN_IF_ERROR(LaunchAttentionMass(
+            qf_.get(), kf_.get(), nullptr, nullptr, nullptr, mass_.get(), R, qrows, n, di,
+            job.group, MaskKind::kCausalWindow, 1.0f / std::sqrt(static_cast<float>(d)), stream_));
+        SnapScoreKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(
+            mass_.get(), scores_.get(), R, n, w, qrows, options_.pooling_kernel,
+            static_cast<int>(options_.pooling));
+        KVD_RETURN_IF_ERROR(Check("SnapScoreKernel"));
+        break;
+      case ScoreStage::kKeyDiff:
+        // Post-RoPE keys of all N tokens, as HeadScores passes them (keydiff.h). A zero-norm key
+        // is reported after the chunk (err word kErrZeroNorm: min row * n + token): one-shot
+        // scores every key; block-wise only the candidates it scores (its own report).
+        KVD_RETURN_IF_ERROR(LaunchKeyDiffNorms(kf_.get(), inv_norm_.get(),
+                                               err_.get() + (blockwise ? kErrUnused : kErrZeroNorm),
+                                               R * n, di, stream_));
+        if (!blockwise) {
+          KVD_RETURN_IF_ERROR(
+              LaunchKeyDiffAnchor(kf_.get(), inv_norm_.get(), anchor_.get(), n, di, stream_, R));
+          KVD_RETURN_IF_ERROR(LaunchKeyDiffUnitAnchor(anchor_.get(), unit_anchor_.get(),
+                                                      anchor_ok_.get(), n, di, stream_, R));
+          KVD_RETURN_IF_ERROR(LaunchKeyDiffScores(kf_.get(), inv_norm_.get(), unit_anchor_.get(),
+                                                  anchor_ok_.get(), scores_.get(), n, di, stream_,
+                                                  R));
+        } else {  // the walk selects (step 3)
+          KVD_CUDA_RETURN_IF_ERROR(
+              cudaMemsetAsync(scores_.get(), 0, static_cast<size_t>(R * n) * sizeof(float),
+                              stream_),
+              "plan_device: clear scores");
+        }
+        break;
     }
     KVD_RETURN_IF_ERROR(mark(kScored));
     // 3. selection, compaction (slot j of row r = token slot_token[r, j], ascending), gather.
-    SelectKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(scores_.get(), keep_.get(), R,
-                                                                    H, n, job.sinks, w, m);
-    KVD_RETURN_IF_ERROR(Check("SelectKernel"));
+    if (blockwise) {
+      // meta's first L entries are S_l: every head of layer l keeps S_l tokens.
+      KVD_RETURN_IF_ERROR(LaunchKeyDiffBlockwiseSelect(
+          kf_.get(), inv_norm_.get(), meta_.get(), H, R, n, di, job.sinks, w,
+          options_.keydiff_block, cand_.get(), cand_scores_.get(), cap, keep_.get(),
+          err_.get() + kErrZeroNorm, stream_));
+    } else {
+      SelectKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(scores_.get(), keep_.get(), R,
+                                                                      H, n, job.sinks, w, m);
+      KVD_RETURN_IF_ERROR(Check("SelectKernel"));
+    }
     CompactIndexKernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(keep_.get(), n, 1,
                                                                            slot_token_.get(), smax);
     KVD_RETURN_IF_ERROR(Check("CompactIndexKernel"));
@@ -424,12 +486,12 @@ class CudaPlanState final : public DevicePlan::State {
     out->values.resize(value_bytes);
     out->positions.resize(static_cast<size_t>(slot_count));
     out->flags.resize(static_cast<size_t>(slot_count));
-    int err[2] = {0, 0};
+    int err[kErrWords] = {0, 0, INT_MAX, INT_MAX};
     KVD_RETURN_IF_ERROR(out_keys_.Download(out->keys.data(), key_bytes, stream_));
     KVD_RETURN_IF_ERROR(out_values_.Download(out->values.data(), value_bytes, stream_));
     KVD_RETURN_IF_ERROR(out_pos_.Download(out->positions.data(), out->positions.size(), stream_));
     KVD_RETURN_IF_ERROR(out_flags_.Download(out->flags.data(), out->flags.size(), stream_));
-    KVD_RETURN_IF_ERROR(err_.Download(err, 2, stream_));
+    KVD_RETURN_IF_ERROR(err_.Download(err, kErrWords, stream_));
     KVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "plan_device");
     if (device_.time_stages) KVD_RETURN_IF_ERROR(StageTimes(&out->stage));
     if (err[0] & kBadKeysValues) {
@@ -439,6 +501,13 @@ class CudaPlanState final : public DevicePlan::State {
     if (err[0] & kBadQueries) {
       return Status::InvalidArgument("plan: non-finite window queries (NaN or Inf) in layer " +
                                      std::to_string(err[1]));
+    }
+    if (err[kErrZeroNorm] != INT_MAX) {  // KeyDiff (keydiff.h): the CPU plan's error
+      const int64_t row = err[kErrZeroNorm] / n, token = err[kErrZeroNorm] % n;
+      return Status::InvalidArgument("plan: layer " + std::to_string(row / H) + " head " +
+                                     std::to_string(row % H) +
+                                     ": keydiff: zero-norm key at token " + std::to_string(token) +
+                                     " (a key with no direction cannot be scored)");
     }
     return Status::Ok();
   }
@@ -514,6 +583,10 @@ class CudaPlanState final : public DevicePlan::State {
   DeviceBuffer<float> wt_;    // [L*H, d, d] W^T per head
   DeviceBuffer<float> bias_;  // [L*H, d] VECTOR intercepts; unallocated (null) when all linear
   DeviceBuffer<float> kf_, vf_, qf_, mass_, scores_, sk_, sv_, kpre_, residuals_;
+  DeviceBuffer<float> inv_norm_, unit_anchor_, cand_scores_;  // KeyDiff [R, n], [R, d], [R, cap]
+  DeviceBuffer<double> anchor_;                               // KeyDiff [R, d]
+  DeviceBuffer<uint8_t> anchor_ok_;                           // KeyDiff [R]
+  DeviceBuffer<int32_t> cand_;                                // block-wise KeyDiff [R, cap]
   DeviceBuffer<uint8_t> keep_, flags_, out_keys_, out_values_, out_flags_;
   DeviceBuffer<int32_t> slot_token_, value_slot_;
   DeviceBuffer<int64_t> pos_, meta_, spos_, out_pos_;

@@ -1,7 +1,8 @@
 // Device-resident compression plan: the compression of plan.h for a chunk whose K/V (and window
 // queries) are already in DEVICE memory, as a prefill engine or a UCX/NCCL receive leaves them.
 // Every stage runs as device kernels enqueued on ONE stream (the worker's): conversion to float32,
-// the score (attention mass of the window queries, mean, pooling), the per-head top-k selection,
+// the score (attention mass of the window queries, mean, pooling; or KeyDiff's norms, anchor and
+// cosines, or its block-wise walk), the per-head top-k selection,
 // the gather of the kept slots, VECTOR de-rotation, residuals and routing, and the encode to the
 // model dtype. Nothing is copied to the host between stages; the only device-to-host copy is the
 // compact chunk's arrays at the end (one synchronisation per chunk).
@@ -15,12 +16,14 @@
 //   - kept keys/values are copied, then converted back to the model dtype (round to nearest even):
 //     for a bf16/fp16 chunk they are bit-identical to the CPU plan's for the same selection.
 // Scores and residuals are float32 sums formed in another order than on the CPU (the attention
-// mass adds probabilities with atomics; the CPU accumulates in float64), so they differ from the
+// mass adds probabilities with atomics; the CPU accumulates in float64; KeyDiff's anchor is summed
+// in float64 on the device, in float32 blocks then float64 on the CPU), so they differ from the
 // CPU plan's in the last bits, and two middle tokens whose scores are that close may be chosen
 // differently. The CPU/device comparison (tests/kernels/plan_device_test.cc) bounds the difference.
 //
-// Supported: score kNone, kSnapKv, kPyramidKv; merge kNone; route kNone, kVector (linear or
-// affine weights: the residual of an affine head is |(v - b) - W k|^2, as VectorResiduals; with
+// Supported: score kNone, kSnapKv, kPyramidKv, kKeyDiff (one-shot and block-wise keydiff_block;
+// a zero-norm key is refused as by Compress); merge kNone; route kNone, kVector (linear or affine
+// weights: the residual of an affine head is |(v - b) - W k|^2, as VectorResiduals; with
 // route_adaptive off); head_budget kUniform; any pooling and kernel. Anything else is
 // UNIMPLEMENTED naming the option (use Compress). Thread safety: a DevicePlan owns its scratch
 // memory: one per worker thread/stream.
@@ -129,7 +132,8 @@ class DevicePlan {
 
   // Compresses one chunk (see the file comment). Errors: INVALID_ARGUMENT for a null raw
   // pointer, a raw size that does not match the layout, no tokens, a negative position,
-  // non-finite keys/values/queries (checked on the device, reported after the chunk); the
+  // non-finite keys/values/queries (checked on the device, reported after the chunk), a
+  // zero-norm key under KeyDiff (the layer, head and token named); the
   // FAILED_PRECONDITION of Compress when SnapKV/PyramidKV lack window queries; the budget errors
   // of ComputeDevicePlanBudget; INTERNAL / RESOURCE_EXHAUSTED for CUDA errors. Blocks until the
   // compact chunk is on the host. `stats` as Compress fills them; `stage` holds device times only
@@ -143,7 +147,9 @@ class DevicePlan {
                                       CompressionStats* stats = nullptr);
 
   // The per-token scores of the latest Compress, [L][H][N] flattened (window tokens +Inf, as
-  // SnapKvScores; recency i for score kNone), copied from the device: for tests and diagnostics.
+  // SnapKvScores; recency i for score kNone; KeyDiff -cos to the anchor for every token, as
+  // KeyDiffScores; 0 for block-wise KeyDiff, whose scores exist per block only), copied from the
+  // device: for tests and diagnostics.
   StatusOr<std::vector<float>> LastScores() const;
 
   struct State;  // device buffers (defined in the CUDA sources)
