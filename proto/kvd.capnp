@@ -85,6 +85,9 @@ struct Hello {
   authToken @10 :Text;               # the namespace's token (engine) or the admin token (admin);
                                      # checked when the daemon has auth.tokens_file
   sharedMemory @11 :Bool;            # ask for the same-node shared-memory path (unix socket only)
+  readOnly @12 :Bool;                # a reading session: Reserve and InlinePut are refused
+                                     # (PERMISSION_DENIED), and the arena memfds it gets are
+                                     # read-only descriptors (no writable mapping is possible)
 }
 
 # The form of a stored chunk: raw (common/layout.h) or compact (docs/chunk-format.md).
@@ -110,6 +113,7 @@ struct HelloReply {
   windowTokens @12 :UInt32;         # W the policy wants with each put (0 = no policy)
   needsQueries @13 :Bool;           # puts without window queries are refused
   calibrationVersion @14 :UInt64;   # VECTOR weights the codec id includes; 0 = none
+  readOnly @15 :Bool;               # echo of Hello.readOnly: the session only reads
 }
 
 # Where the bytes of a reservation or read lie in the daemon's shared-memory arena (sessions with

@@ -101,6 +101,7 @@ Status ClientImpl::Handshake() {
     h.setAuthToken(options_.auth_token);
     auto parsed = ParseDaemonAddress(options_.address);
     h.setSharedMemory(options_.shared_memory && parsed.ok() && parsed->is_unix);
+    h.setReadOnly(options_.read_only);
   });
   if (!id.ok()) return id.status().WithContext("handshake");
   auto reply = channel_->Await(*id, DeadlineIn(options_.connect_timeout_ms));
@@ -123,6 +124,7 @@ Status ClientImpl::Handshake() {
     session_.max_chunk_bytes = h.getMaxChunkBytes();
     session_.transport = h.getTransport().cStr();
     session_.shared_memory = h.getSharedMemory();
+    session_.read_only = h.getReadOnly();
     session_.codec_id = h.getCodecId();
     session_.policy_digest = h.getPolicyDigest();
     session_.policy = h.getPolicy().cStr();

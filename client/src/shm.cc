@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -24,6 +25,22 @@ Status ReadReply(proto::DecodedMessage& m, Fn&& fn) {
 Status WrongReply(const char* expected) {
   return Status::Internal(std::string("kvd answered with an unexpected message (expected ") +
                           expected + ")");
+}
+
+// Makes the pages under [slot, slot + bytes) of a segment mapping writable, or read-only again.
+// kvd page-aligns slots, so these pages hold this slot only. INTERNAL with the kernel's reason
+// when it refuses (EACCES: the segment came as a read-only descriptor).
+Status ProtectSlot(std::byte* slot, uint64_t bytes, bool writable) {
+  if (bytes == 0) return Status::Ok();
+  static const uintptr_t page = static_cast<uintptr_t>(std::max<long>(::sysconf(_SC_PAGESIZE), 1));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(slot) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(slot) + bytes + page - 1) & ~(page - 1);
+  if (::mprotect(reinterpret_cast<void*>(start), end - start,
+                 writable ? PROT_READ | PROT_WRITE : PROT_READ) != 0) {
+    return Status::Internal(std::string("making a shared-memory slot ") +
+                            (writable ? "writable" : "read-only") + ": " + std::strerror(errno));
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -72,8 +89,9 @@ StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segmen
       return Status::Internal("the arena memfd from kvd has no size");
     }
     const uint64_t size = static_cast<uint64_t>(st.st_size);
+    // Read-only: committed chunks are immutable here; a put opens its own slot (ProtectSlot).
     // MAP_POPULATE: the page tables are filled once here, not by a fault per page on each copy.
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
     const int err = errno;
     ::close(fd);
     if (p == MAP_FAILED) {
@@ -148,8 +166,11 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
     // checksum then reads the slot.
     const bool from_device = IsDevice(items[i].data) || IsDevice(items[i].window_queries.data());
     if (from_device) PinSegmentLocked(segment);
-    Status copied =
-        CopyToHostFrom(*slot, items[i].data, items[i].bytes, items[i].cuda_stream, "put data");
+    Status copied = ProtectSlot(*slot, put_bytes, /*writable=*/true);
+    if (copied.ok()) {
+      copied =
+          CopyToHostFrom(*slot, items[i].data, items[i].bytes, items[i].cuda_stream, "put data");
+    }
     if (copied.ok() && !items[i].window_queries.empty()) {
       // The window queries follow the raw chunk in the slot (no staging copy); the checksum
       // then reads the slot once instead of two source buffers.
@@ -157,6 +178,9 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
           CopyToHostFrom(*slot + items[i].bytes, items[i].window_queries.data(),
                          put_bytes - items[i].bytes, items[i].cuda_stream, "put window queries");
     }
+    // Read-only again before the commit goes out (the copies above have completed).
+    Status closed = ProtectSlot(*slot, put_bytes, /*writable=*/false);
+    if (copied.ok()) copied = closed;
     if (!copied.ok()) {
       first_error = copied;
       continue;

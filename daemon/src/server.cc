@@ -92,7 +92,17 @@ Status Server::Impl::Init() {
   const uint64_t segment = config_.host_shared_memory ? host.segment_bytes : 0;
   if (segment != 0 && segment < host.capacity_bytes) {
     // Shared memory: one memfd per segment (same-node clients map their namespace's segments);
-    // registered with the transport so remote peers use the same bytes.
+    // registered with the transport so remote peers use the same bytes. Slots are page aligned:
+    // a client makes exactly its reserved slot's pages writable while it copies a put (the rest
+    // of its mapping, every committed chunk included, stays read-only).
+    if (host.alignment < page) {
+      if (segment % page != 0) {
+        return Status::InvalidArgument("tiers.host.segment " + std::to_string(segment) +
+                                       " is not a multiple of the page size " +
+                                       std::to_string(page));
+      }
+      host.alignment = page;
+    }
     const uint64_t mapped = (host.capacity_bytes + page - 1) / page * page;
     auto shm = ShmArena::Create(mapped, segment);
     if (!shm.ok()) return shm.status().WithContext("cannot create the shared-memory host tier");

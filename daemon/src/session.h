@@ -209,6 +209,8 @@ class Session : public std::enable_shared_from_this<Session> {
   transport::PeerHandle nccl_peer_;
   // Shared-memory path (Hello asked for it on a unix socket and the daemon has a ShmArena).
   bool shm_ = false;
+  // Hello.readOnly: puts are refused, and arena memfds go out as read-only descriptors.
+  bool read_only_ = false;
   std::map<uint32_t, uint64_t> shm_sent_;  // segment -> generation whose memfd the client got
   std::set<uint64_t> shm_reads_;           // reads of shared-memory Gets not yet released
 

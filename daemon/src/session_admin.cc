@@ -94,6 +94,7 @@ StatsSnapshot Server::Impl::Snapshot() {
       // Integrity (docs/reliability.md): damage found in stored data since start.
       {"promote_failures", manager_->promote_failures()},
       {"promote_errors", manager_->promote_errors()},
+      {"host_corrupt_dropped", manager_->host_corrupt_dropped()},
       {"disk_checksum_failures", disk.checksum_failures},
       {"disk_quarantined_records", disk_ != nullptr ? disk_->quarantined_records() : 0},
       {"disk_wal_corruptions", disk_ != nullptr ? disk_->wal_corruptions() : 0},
@@ -129,6 +130,8 @@ std::vector<std::string> Server::Impl::DamageFound(const StatsSnapshot& snapshot
       {"disk_wal_corruptions",
        "damaged write-ahead log(s) at start (replayed up to the damage, the rest dropped)"},
       {"promote_errors", "promotion(s) into host failed on a corrupt or unreadable copy"},
+      {"host_corrupt_dropped",
+       "chunk(s) changed in host memory after their commit (dropped, never copied on)"},
   };
   std::vector<std::string> out;
   for (const Kind& k : kKinds) {

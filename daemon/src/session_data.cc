@@ -237,6 +237,7 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
   std::string worker_address(reinterpret_cast<const char*>(address.begin()), address.size());
   const uint32_t codec = hello.getCodecId();
   const bool wants_shm = hello.getSharedMemory();
+  const bool read_only = hello.getReadOnly();
   const std::string token = hello.getAuthToken();
   StatusOr<ModelLayout> layout = Status::InvalidArgument("no layout");
   if (role == proto::Role::ENGINE) layout = proto::FromProto(hello.getLayout());
@@ -334,10 +335,11 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
   hello_done_ = true;
   client_id_ = client_id;
   name_space_ = name_space.empty() ? "default" : name_space;
+  read_only_ = read_only;
   KVD_LOG(INFO) << "session ready" << Kv("session", id_) << Kv("client", client_id_)
                 << Kv("peer", peer_) << Kv("role", engine_ ? "engine" : "admin")
                 << Kv("model", engine_ ? model_->name : "") << Kv("namespace", name_space_)
-                << Kv("shared_memory", shm_);
+                << Kv("shared_memory", shm_) << Kv("read_only", read_only_);
   const uint64_t max_chunk = config.limits.max_chunk_bytes;
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initHello();
@@ -354,6 +356,7 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
              reply.setMaxChunkBytes(max_chunk);
              reply.setTransport(server_->transport_description());
              reply.setSharedMemory(shm_);
+             reply.setReadOnly(read_only_);
              if (codec_ != nullptr) {
                const CompressionPolicy& p = codec_->policy();
                reply.setCodecId(codec_->codec_id());
@@ -377,7 +380,8 @@ StatusOr<Session::ShmRef> Session::PrepareShm(uint64_t offset) {
     return Status::Internal("arena segment " + std::to_string(ref.segment) +
                             " belongs to namespace \"" + owner + "\", not \"" + name_space_ + "\"");
   }
-  KVD_ASSIGN_OR_RETURN(ShmArena::SegmentFd seg, server_->shm()->DupSegment(ref.segment));
+  KVD_ASSIGN_OR_RETURN(ShmArena::SegmentFd seg,
+                       server_->shm()->DupSegment(ref.segment, read_only_));
   ref.generation = seg.generation;
   auto sent = shm_sent_.find(ref.segment);
   if (sent != shm_sent_.end() && sent->second == seg.generation) {
@@ -476,6 +480,10 @@ StatusOr<Session::ReservedPut> Session::ReservePut(const char* op, const Hash128
                                                    uint32_t tokens, uint64_t bytes,
                                                    uint64_t first_position, uint32_t window) {
   KVD_RETURN_IF_ERROR(RequireEngine(op));
+  if (read_only_) {
+    return Status::PermissionDenied(std::string(op) +
+                                    ": this session said Hello.readOnly (it reads, never puts)");
+  }
   const DaemonConfig& config = server_->config();
   if (tokens == 0 || tokens > static_cast<uint32_t>(config.chunk_tokens)) {
     return Status::OutOfRange("tokens " + std::to_string(tokens) + " is outside [1, chunk_tokens=" +
@@ -959,6 +967,15 @@ void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
         Status::OutOfRange("chunk " + std::to_string(index) + " of lease " + std::to_string(lease) +
                            " is " + std::to_string(view->meta.size_bytes) +
                            " bytes; the client's buffer holds " + std::to_string(buffer_bytes)));
+  }
+  // Bytes about to leave host memory (transport or NCCL send) must still be the committed ones;
+  // a changed chunk is dropped (on the shared-memory path the client verifies what it reads).
+  if (!shm_ && !server_->tiers()->VerifyLeavingHost(*view, over_nccl ? "nccl" : "transport")) {
+    return CompleteError(
+        seq, rid,
+        Status::DataLoss("get: checksum mismatch on chunk " + std::to_string(index) + " of lease " +
+                         std::to_string(lease) +
+                         ": its bytes changed in kvd's memory after the commit; chunk dropped"));
   }
   if (over_nccl) {
     SpawnHandler(FinishNcclGet(seq, rid, *view, tag));

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,7 +21,9 @@ int NewSegmentFd(uint32_t segment, uint64_t size) {
   const std::string name = "kvd-arena-" + std::to_string(segment);
   int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
   if (fd < 0) return -1;
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+  // A memfd starts mode 0777: any user holding a read-only descriptor could re-open it
+  // read-write through /proc/<pid>/fd. 0600 leaves that to the daemon's own user.
+  if (::fchmod(fd, S_IRUSR | S_IWUSR) != 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
     const int e = errno;
     ::close(fd);
     errno = e;
@@ -72,14 +75,22 @@ ShmArena::~ShmArena() {
   if (base_ != nullptr) ::munmap(base_, capacity_);
 }
 
-StatusOr<ShmArena::SegmentFd> ShmArena::DupSegment(uint32_t segment) const {
+StatusOr<ShmArena::SegmentFd> ShmArena::DupSegment(uint32_t segment, bool read_only) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (segment >= segments_.size()) {
     return Status::InvalidArgument("arena segment " + std::to_string(segment) + " out of range");
   }
   const Segment& s = segments_[segment];
-  int fd = ::fcntl(s.fd, F_DUPFD_CLOEXEC, 0);
-  if (fd < 0) return Status::Internal(Errno("dup of an arena segment"));
+  int fd = -1;
+  if (read_only) {
+    // A dup would share the read-write open file description; a re-open makes a read-only one.
+    const std::string path = "/proc/self/fd/" + std::to_string(s.fd);
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::Internal(Errno("read-only re-open of an arena segment"));
+  } else {
+    fd = ::fcntl(s.fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return Status::Internal(Errno("dup of an arena segment"));
+  }
   return SegmentFd{fd, s.generation, s.size};
 }
 

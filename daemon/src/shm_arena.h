@@ -8,6 +8,9 @@
 // socket (SCM_RIGHTS), the memfd of a segment only when a reservation or read of the client's
 // namespace lies in it.
 //
+// Protection: the memfds are created mode 0600 (only the daemon's user may re-open them by
+// path); reading sessions get read-only descriptors (DupSegment).
+//
 // Release: when a segment's last block goes (SegmentListener), the segment gets a NEW memfd,
 // mapped over the old range (MAP_FIXED: the daemon's addresses do not change), and the old
 // memfd's pages are punched out and its fd closed. Clients still mapping the old memfd see zeros
@@ -42,14 +45,19 @@ class ShmArena final : public storage::SegmentListener {
   uint64_t capacity() const { return capacity_; }
   uint64_t segment_bytes() const { return segment_bytes_; }
 
-  // A new descriptor (dup, close-on-exec; the caller closes it) of segment `segment`'s memfd and
-  // its generation. INVALID_ARGUMENT for a segment out of range, INTERNAL if dup fails.
+  // A new descriptor (close-on-exec; the caller closes it) of segment `segment`'s memfd and its
+  // generation. `read_only` false: a dup (read-write: the holder may map the segment writable).
+  // `read_only` true: the memfd re-opened O_RDONLY through /proc/self/fd, a new open file
+  // description whose holder can map the segment PROT_READ only (mmap or mprotect asking for
+  // PROT_WRITE on it fails with EACCES). The memfds are mode 0600, so a holder running as
+  // another user cannot re-open a read-only descriptor read-write through /proc either.
+  // INVALID_ARGUMENT for a segment out of range, INTERNAL if dup / open fails.
   struct SegmentFd {
     int fd = -1;
     uint64_t generation = 0;
     uint64_t size = 0;
   };
-  StatusOr<SegmentFd> DupSegment(uint32_t segment) const;
+  StatusOr<SegmentFd> DupSegment(uint32_t segment, bool read_only = false) const;
 
   // SegmentListener: swaps in a fresh memfd (see above). Logs (never fails) if the kernel refuses;
   // then the old memfd stays, and the segment's generation does not change.

@@ -6,6 +6,13 @@
 #include "kvd/storage/host_tier.h"
 
 namespace kvd::storage {
+namespace {
+
+Status NotStored(const ChunkKey& key) {
+  return Status::NotFound("chunk " + key.ToString() + " is not stored (never put, or evicted)");
+}
+
+}  // namespace
 
 Status HostTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
                         std::span<const std::byte> bytes) {
@@ -34,7 +41,7 @@ StatusOr<ChunkMeta> HostTier::Describe(const ChunkKey& key) const {
   std::lock_guard<std::mutex> lock(s.mu_);
   auto it = s.index_.find(key);
   if (it == s.index_.end()) {
-    return Status::NotFound("chunk " + key.ToString() + " is not stored (never put, or evicted)");
+    return NotStored(key);
   }
   return it->second->meta;
 }
@@ -44,13 +51,22 @@ Status HostTier::Remove(const ChunkKey& key) {
   std::lock_guard<std::mutex> lock(s.mu_);
   auto it = s.index_.find(key);
   if (it == s.index_.end()) {
-    return Status::NotFound("chunk " + key.ToString() + " is not stored (never put, or evicted)");
+    return NotStored(key);
   }
   if (it->second->pins > 0) {
     return Status::FailedPrecondition("chunk " + key.ToString() + " is pinned by " +
                                       std::to_string(it->second->pins) + " lease(s)/read(s)");
   }
   s.DropEntryLocked(it->second.get(), RemoveReason::kMoved);
+  return Status::Ok();
+}
+
+Status HostTier::DropCorrupt(const ChunkKey& key) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu_);
+  auto it = s.index_.find(key);
+  if (it == s.index_.end()) return NotStored(key);
+  s.DropEntryLocked(it->second.get(), RemoveReason::kCorrupt);
   return Status::Ok();
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "kvd/common/hash.h"
 #include "kvd/common/logging.h"
 
 namespace kvd::storage {
@@ -72,6 +73,23 @@ Status TierManager::DemoteFromGpu(const ChunkMeta& meta) {
   std::lock_guard<std::mutex> lock(counters_mu_);
   demotions_++;
   return Status::Ok();
+}
+
+bool TierManager::VerifyLeavingHost(const ReadView& view, const char* destination) {
+  const uint64_t actual = Checksum64(view.data, view.meta.size_bytes);
+  if (actual == view.meta.checksum) return true;
+  host_->ReleaseRead(view.read_id).IgnoreError();   // our own live read
+  host_->DropCorrupt(view.meta.key).IgnoreError();  // gone already: nothing left to drop
+  uint64_t count = 0;
+  {
+    std::lock_guard<std::mutex> lock(counters_mu_);
+    count = ++host_corrupt_dropped_;
+  }
+  KVD_LOG(WARNING) << "chunk changed in host memory after its commit; dropped, not copied"
+                   << Kv("key", view.meta.key.ToString()) << Kv("to", destination)
+                   << Kv("checksum", actual) << Kv("committed", view.meta.checksum)
+                   << Kv("host_corrupt_dropped", count);
+  return false;
 }
 
 Status TierManager::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
@@ -158,7 +176,9 @@ StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
       if (!view.ok()) break;
     } else if (gpu_ != nullptr && options_.promote_on_hit && !gpu_->Touch(key) &&
                gpu_->HasRoomFor(view->meta.size_bytes)) {
-      // A host hit goes up into the GPU tier when it has room now (best effort).
+      // A host hit goes up into the GPU tier when it has room now (best effort), unless its
+      // host copy changed after the commit: then it is dropped and the prefix ends here.
+      if (!VerifyLeavingHost(*view, "gpu")) break;
       gpu_->Insert(key, view->meta.tokens, view->meta.checksum,
                    std::span<const std::byte>(view->data, view->meta.size_bytes))
           .IgnoreError();
@@ -193,6 +213,11 @@ StatusOr<DemoteResult> TierManager::MaybeDemote() {
         auto view = host_->GetByKey(m.key, 0);
         if (!view.ok()) {
           out.skipped++;
+          continue;
+        }
+        if (!VerifyLeavingHost(*view, "disk")) {
+          out.corrupt_dropped++;
+          progressed = true;  // its space is free (or will be at its last unpin)
           continue;
         }
         Status s = disk_->Insert(m.key, view->meta.tokens, view->meta.checksum,
@@ -293,6 +318,11 @@ uint64_t TierManager::promote_errors() const {
 uint64_t TierManager::gpu_skipped() const {
   std::lock_guard<std::mutex> lock(counters_mu_);
   return gpu_skipped_;
+}
+
+uint64_t TierManager::host_corrupt_dropped() const {
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  return host_corrupt_dropped_;
 }
 
 uint64_t TierManager::demotions() const {

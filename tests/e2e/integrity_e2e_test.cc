@@ -17,6 +17,8 @@
 namespace kvd::e2e {
 namespace {
 
+using namespace std::chrono_literals;
+
 constexpr uint64_t kHi = 0x1e7e9;
 constexpr int kTokens = 64;  // 80 KiB of stories260k KV per chunk
 
@@ -350,7 +352,88 @@ TEST_F(IntegrityE2eTest, BytesChangedInMemoryAreDataLossOnTheGetOnBothPaths) {
     EXPECT_EQ(Fetch(*cl, 0), data[0]);
     EXPECT_EQ(Fetch(*cl, 2), data[2]);
   }
+  // kvd itself checked the bytes before sending them over the transport: the chunk is dropped
+  // (a miss from now on), logged and counted; the shared-memory get was the client's check.
+  auto admin = ConnectOrFail(kvd->AdminOptions());
+  ASSERT_TRUE(admin);
+  EXPECT_EQ(CounterValue(*admin, "host_corrupt_dropped"), 1u);
+  EXPECT_NE(kvd->Log().find("to=transport"), std::string::npos) << kvd->Log();
+  EXPECT_EQ(Present(*tcp, Hash128{kHi, 1}), 0u);
+  EXPECT_EQ(Present(*shm, Hash128{kHi, 1}), 0u);
   ExpectServes(*tcp, 79);
+}
+
+// A writer holding a read-write descriptor of its namespace's segment can still make its
+// mapping writable (mprotect) and change a chunk after its commit. The chunk's checksum catches
+// it where the bytes leave host memory: at the demotion to disk the chunk is dropped (never
+// written to disk, a miss from then on), logged and counted; every other chunk is served.
+TEST_F(IntegrityE2eTest, AChunkChangedAfterItsCommitIsDroppedAtDemotionAndCounted) {
+  // Host: 12 MiB in two 6 MiB segments (a full smollm2 chunk must fit one), chunks of 80 KiB.
+  // The put of chunk kChunks - 1 takes host over the default high watermark (0.90) first; the
+  // disk holds all chunks but one, so that same put's write-through evicts chunk 0's disk copy
+  // (its LRU) just before the demotion pass that puts it first in line.
+  constexpr uint64_t kChunkKiB = 80, kHostKiB = 12 * 1024;
+  constexpr int kChunks = static_cast<int>(kHostKiB * 9 / 10 / kChunkKiB) + 1;  // 139
+  KvdConfig c = Config();
+  c.disk_extra = {};
+  c.host_capacity = std::to_string(kHostKiB) + "KiB";
+  c.host_segment = "6MiB";
+  c.disk_capacity = std::to_string((kChunks - 1) * kChunkKiB + kChunkKiB / 2) + "KiB";
+  auto kvd = StartKvd(c);
+  ASSERT_TRUE(kvd);
+  auto writer = ConnectOrFail(kvd->UnixEngineOptions("writer"));
+  auto admin = ConnectOrFail(kvd->AdminOptions());
+  ASSERT_TRUE(writer && admin);
+  ASSERT_TRUE(writer->session().shared_memory) << kvd->Log();
+
+  std::vector<std::vector<uint8_t>> data;
+  data.push_back(PutChunk(*writer, Hash128{kHi, 0}, 500, kTokens));
+  ASSERT_EQ(data[0].size(), kChunkKiB * 1024);
+  // The misbehaving writer: it opens its read-only mapping again and flips one byte of chunk 0.
+  bool flipped = false;
+  for (const auto& seg : writer->SharedSegments()) {
+    auto* base = const_cast<std::byte*>(seg.data);
+    void* at = ::memmem(base, seg.size, data[0].data(), data[0].size());
+    if (at == nullptr) continue;
+    ASSERT_EQ(::mprotect(base, seg.size, PROT_READ | PROT_WRITE), 0) << std::strerror(errno);
+    static_cast<uint8_t*>(at)[1000] ^= 0x20;
+    ASSERT_EQ(::mprotect(base, seg.size, PROT_READ), 0) << std::strerror(errno);
+    flipped = true;
+  }
+  ASSERT_TRUE(flipped) << "chunk 0 not found in the writer's mapping";
+  for (int i = 1; i < kChunks; ++i) {
+    data.push_back(PutChunk(*writer, Hash128{kHi, static_cast<uint64_t>(i)}, 500 + i, kTokens));
+  }
+  // Host is over its high watermark now: the demotion pass starts from the LRU end, chunk 0.
+  // (That chunk 0 was dropped, and not just taken out of host, shows it had no disk copy left.)
+  EXPECT_TRUE(Eventually([&] { return CounterValue(*admin, "host_corrupt_dropped") == 1; }, 10s))
+      << kvd->Log();
+  EXPECT_TRUE(Eventually([&] { return CounterValue(*admin, "demotions") >= 1; }, 10s));
+  EXPECT_NE(kvd->Log().find("chunk changed in host memory after its commit; dropped, not copied"),
+            std::string::npos)
+      << kvd->Log();
+  EXPECT_EQ(CounterValue(*admin, "disk_checksum_failures"), 0u);  // the disk copies are sound
+
+  auto reader = ConnectOrFail(kvd->EngineOptions("reader"));
+  ASSERT_TRUE(reader);
+  EXPECT_TRUE(Fetch(*reader, 0).empty()) << "the changed chunk was served";
+  for (int i = 1; i < kChunks; ++i) EXPECT_EQ(Fetch(*reader, i), data[i]) << "chunk " << i;
+
+  auto health = admin->GetHealth();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_TRUE(health->degraded);
+  EXPECT_NE(health->status.find("1 chunk(s) changed in host memory after their commit"),
+            std::string::npos)
+      << health->status;
+  auto scrape = HttpGet(kvd->metrics_address(), "/metrics");
+  ASSERT_TRUE(scrape.ok()) << scrape.status();
+  EXPECT_EQ(MetricValue(*scrape, "kvd_host_corrupt_dropped_total"), 1.0);
+  int rc = -1;
+  std::string stats;
+  rc = RunProgram({KVDCTL_BINARY, "--addr", kvd->tcp_address(), "stats"}, &stats);
+  EXPECT_EQ(rc, 0) << stats;
+  EXPECT_NE(stats.find("host_corrupt_dropped"), std::string::npos) << stats;
+  ExpectServes(*writer, 80);
 }
 
 }  // namespace

@@ -3,9 +3,15 @@
 // every data path promises (leases, aborts, killed clients) is checked on this one too by
 // DataPathContractTest (data_path_contract_e2e_test.cc); here is what only this path has.
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -122,6 +128,102 @@ TEST_F(ShmE2eTest, NamespacesCannotReachEachOthersBytes) {
   Hash128 ha{0xa, 0};
   EXPECT_EQ(Present(*b, ha), 0u);
   EXPECT_EQ(Present(*a, ha), 1u);
+}
+
+// Runs `fn` in a forked child (no core file) and returns its wait status; the child exits 0
+// when `fn` returns.
+int WaitStatusOfChild(const std::function<void()>& fn) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const rlimit no_core{0, 0};
+    ::setrlimit(RLIMIT_CORE, &no_core);
+    std::signal(SIGSEGV, SIG_DFL);  // not UCX's handler, which would print a backtrace
+    fn();
+    ::_exit(0);
+  }
+  int status = 0;
+  EXPECT_GT(pid, 0) << std::strerror(errno);
+  if (pid > 0) EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+  return status;
+}
+
+// Where `bytes` lie in a segment this client has mapped, or null.
+std::byte* FindInSegments(client::Client& c, const std::vector<uint8_t>& bytes) {
+  for (const auto& seg : c.SharedSegments()) {
+    void* at = ::memmem(seg.data, seg.size, bytes.data(), bytes.size());
+    if (at != nullptr) return static_cast<std::byte*>(at);
+  }
+  return nullptr;
+}
+
+std::vector<uint8_t> FetchOne(client::Client& c, const Hash128& h, size_t bytes) {
+  auto hit = c.Lookup({&h, 1});
+  EXPECT_TRUE(hit.ok()) << hit.status();
+  if (!hit.ok() || hit->matched_chunks != 1) return {};
+  std::vector<uint8_t> out(bytes);
+  auto g = c.Get(hit->lease_id, 0, out.data(), out.size());
+  EXPECT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(c.ReleaseLease(hit->lease_id).ok());
+  return g.ok() ? out : std::vector<uint8_t>{};
+}
+
+TEST_F(ShmE2eTest, AWritersStrayWriteToACommittedChunkFaults) {
+  auto writer = ConnectOrFail(ShmOptions("", "writer"));
+  ASSERT_NE(writer, nullptr);
+  ASSERT_TRUE(writer->session().shared_memory) << kvd_->Log();
+  EXPECT_FALSE(writer->session().read_only);
+  const Hash128 h{0x57a7, 1};
+  const std::vector<uint8_t> data = PutChunk(*writer, h, 4242);
+  std::byte* slot = FindInSegments(*writer, data);
+  ASSERT_NE(slot, nullptr) << "the committed chunk is not in the writer's mapping";
+  // The slot was writable during the put only: a write to it now faults.
+  const int status = WaitStatusOfChild([slot] { *reinterpret_cast<volatile char*>(slot) ^= 1; });
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV)
+      << "a write to a committed chunk did not fault (wait status " << status << ")";
+  // Later puts still open their own slots; the chunk is served unchanged.
+  ExpectServes(*writer, 4243);
+  EXPECT_EQ(FetchOne(*writer, h, data.size()), data);
+}
+
+TEST_F(ShmE2eTest, AReadingSessionCannotWrite) {
+  auto writer = ConnectOrFail(ShmOptions("", "writer"));
+  client::ClientOptions ro = ShmOptions("", "reader");
+  ro.read_only = true;
+  auto reader = ConnectOrFail(ro);
+  ASSERT_TRUE(writer && reader);
+  ASSERT_TRUE(reader->session().shared_memory) << kvd_->Log();
+  EXPECT_TRUE(reader->session().read_only);
+
+  // Puts are refused, both the three-step one and the one-exchange one (InlinePut).
+  for (int tokens : {256, 16}) {
+    SCOPED_TRACE("tokens " + std::to_string(tokens));
+    auto bytes = RandomBytes(reader->options().layout.ChunkBytes(tokens), 9);
+    auto put = reader->Put(Hash128{0x4ead, static_cast<uint64_t>(tokens)}, tokens, bytes.data(),
+                           bytes.size());
+    ASSERT_FALSE(put.ok());
+    EXPECT_EQ(put.status().code(), StatusCode::kPermissionDenied) << put.status();
+    EXPECT_NE(put.status().message().find("readOnly"), std::string::npos) << put.status();
+  }
+
+  // It reads what the writer put through its own read-only mapping of the segment.
+  const Hash128 h{0x4ead, 1000};
+  const std::vector<uint8_t> data = PutChunk(*writer, h, 777);
+  EXPECT_EQ(FetchOne(*reader, h, data.size()), data);
+  std::byte* slot = FindInSegments(*reader, data);
+  ASSERT_NE(slot, nullptr) << "the reader has not mapped the chunk's segment";
+
+  // Its descriptor was read-only: no making the mapping writable ...
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  void* page_start = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(slot) & ~(page - 1));
+  errno = 0;
+  EXPECT_EQ(::mprotect(page_start, page, PROT_READ | PROT_WRITE), -1);
+  EXPECT_EQ(errno, EACCES) << std::strerror(errno);
+  // ... and a write faults.
+  const int status = WaitStatusOfChild([slot] { *reinterpret_cast<volatile char*>(slot) ^= 1; });
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV)
+      << "a reading session wrote into the arena (wait status " << status << ")";
+  EXPECT_EQ(FetchOne(*writer, h, data.size()), data);
+  EXPECT_EQ(CounterValue(*admin_, "puts_committed"), 1u);
 }
 
 }  // namespace

@@ -116,6 +116,44 @@ TEST_F(TierManagerTest, DemotesLeastRecentlyUsedAboveHighWatermark) {
   EXPECT_EQ(stats[1].chunk_count, 3u);
 }
 
+// Bytes of a committed host chunk changed behind the tier's back (a stray write through a
+// client's shared-memory mapping): the demotion verifies before writing to disk and drops it.
+TEST_F(TierManagerTest, AHostCopyChangedAfterItsCommitIsDroppedAtDemotionNotWritten) {
+  Recorder rec;
+  manager_->SetEventListener(&rec);
+  std::vector<std::vector<std::byte>> payloads;
+  for (uint64_t n = 0; n < 7; ++n) {
+    payloads.push_back(RandomBytes(kChunk, static_cast<uint32_t>(n)));
+    ASSERT_TRUE(PutChunk(*host_, MakeKey(n), payloads[n]).ok());  // host only: no disk copy
+  }
+  // Straight into the region (a read through the tier would make chunk 0 the most recent).
+  auto* at = static_cast<std::byte*>(
+      ::memmem(region_.data(), region_.span().size(), payloads[0].data(), kChunk));
+  ASSERT_NE(at, nullptr);
+  at[100] ^= std::byte{0x08};
+  rec.Take();
+  auto d = manager_->MaybeDemote();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->corrupt_dropped, 1u);
+  EXPECT_EQ(d->demoted, 2u);  // 7 of 8 -> 6 (dropped) -> 4: chunks 1 and 2 went to disk
+  EXPECT_EQ(manager_->host_corrupt_dropped(), 1u);
+  EXPECT_FALSE(host_->Describe(MakeKey(0)).ok());
+  EXPECT_FALSE(disk_->Contains(MakeKey(0))) << "changed bytes were written to disk";
+  EXPECT_EQ(disk_->GetStats().checksum_failures, 0u);
+  const std::string k = std::to_string(kChunk);
+  std::vector<std::string> events = rec.Take();
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events[0], "removed(corrupt) host 0 " + k);
+  // The others are intact, in host or on disk.
+  for (uint64_t n = 1; n < 7; ++n) {
+    std::vector<std::byte> out(kChunk);
+    auto read = n <= 2 ? disk_->ReadInto(MakeKey(n), out) : host_->ReadInto(MakeKey(n), out);
+    ASSERT_TRUE(read.ok()) << n << ": " << read.status();
+    EXPECT_EQ(out, payloads[n]) << n;
+  }
+  manager_->SetEventListener(nullptr);
+}
+
 TEST_F(TierManagerTest, DiskChunksAreServedAfterARestart) {
   const auto bytes = RandomBytes(kChunk, 42);
   ASSERT_TRUE(disk_->Insert(MakeKey(0), 256, Checksum64(bytes.data(), kChunk), bytes).ok());

@@ -95,7 +95,15 @@ struct ClientOptions {
   // copy the bytes straight into the daemon's arena slot and gets copy them out of it (the
   // arena's segments of this client's namespace are mapped into this process); the transport
   // carries no bytes. false forces the transport (UCX) path.
+  // Committed chunks are read-only in this process: the segments are mapped PROT_READ, and a
+  // put makes just its reserved slot's pages writable while it copies (back to read-only
+  // before the commit is sent). A stray write to a committed chunk faults (SIGSEGV).
   bool shared_memory = true;
+  // A reading session (default false). When true the daemon refuses every put (Reserve and
+  // InlinePut: PERMISSION_DENIED) and hands this client its shared-memory segments as read-only
+  // descriptors: no writable mapping of them is possible in this process (mmap or mprotect
+  // with PROT_WRITE fails with EACCES). Lookups, gets, leases and events work as usual.
+  bool read_only = false;
   // Device puts and gets over NCCL, GPU to GPU (engine role). Default false. When true, Connect
   // creates an NCCL transport on CUDA device transport.nccl_device (its join bounded by
   // transport.nccl_init_timeout_ms) and joins kvd's NCCL link (NcclConnect, docs/wire-format.md);
@@ -372,6 +380,8 @@ struct SessionInfo {
   std::string transport;
   // The daemon granted the shared-memory path (see ClientOptions::shared_memory).
   bool shared_memory = false;
+  // The daemon took this session as a reading one (ClientOptions::read_only).
+  bool read_only = false;
   // Compression (engine role): the codec id lookups and gets use (0 = raw), the policy's digest
   // and canonical form ("" = none), the window W puts should carry, whether puts without window
   // queries are refused, and the VECTOR calibration version the codec id includes (0 = none).

@@ -216,6 +216,11 @@ class HostTier final : public Tier {
   // another caller) / ABORTED.
   Status ReleaseLease(LeaseId lease, OwnerId caller = kAnyOwner);
 
+  // Drops `key` because its bytes no longer match its commit checksum (event reason "corrupt"):
+  // freed now, or, when a lease or read pins it, hidden now and freed at its last unpin.
+  // NOT_FOUND if it is not stored.
+  Status DropCorrupt(const ChunkKey& key);
+
   // ---- Tier ----
   TierKind kind() const override { return TierKind::kHost; }
   Status Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,

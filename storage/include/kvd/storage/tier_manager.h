@@ -68,10 +68,11 @@
 namespace kvd::storage {
 
 struct DemoteResult {
-  uint64_t gpu_demoted = 0;  // chunks copied from the GPU tier to host and dropped from the GPU
-  uint64_t demoted = 0;      // chunks copied to disk and dropped from host
-  uint64_t bytes = 0;        // their payload bytes
-  uint64_t skipped = 0;      // chunks that became pinned or vanished meanwhile
+  uint64_t gpu_demoted = 0;      // chunks copied from the GPU tier to host and dropped from the GPU
+  uint64_t demoted = 0;          // chunks copied to disk and dropped from host
+  uint64_t bytes = 0;            // their payload bytes
+  uint64_t skipped = 0;          // chunks that became pinned or vanished meanwhile
+  uint64_t corrupt_dropped = 0;  // host copies whose bytes no longer matched their checksum
   double occupancy_before = 0.0;
   double occupancy_after = 0.0;
 };
@@ -109,7 +110,10 @@ class TierManager {
   StatusOr<LookupResult> Lookup(const LookupRequest& request);
 
   // One demotion pass (see the file comment). UNAVAILABLE if a disk write fails (what was
-  // demoted before stays demoted).
+  // demoted before stays demoted). A host copy about to be written to disk is verified first
+  // against its commit checksum: one that changed after its commit (a stray write through a
+  // shared-memory mapping, a memory fault) is dropped from host (a miss from then on), logged
+  // and counted in host_corrupt_dropped(), and the pass goes on.
   StatusOr<DemoteResult> MaybeDemote();
 
   // Matching chunks of every tier, each chunk ONCE (a chunk with copies in two tiers is listed
@@ -136,8 +140,17 @@ class TierManager {
   // Of promote_failures(), those that were not a lack of room in host: a corrupt or unreadable
   // copy in the lower tier (damage, not load).
   uint64_t promote_errors() const;
+  // The host copy `view` pins is about to leave host memory for `destination` (a word for the
+  // log: "disk", "gpu", "transport", "nccl"): true when its bytes still match its commit checksum.
+  // Otherwise releases the pin, drops the host copy (hidden now if someone else pins it, freed
+  // at the last unpin), logs one line and counts it in host_corrupt_dropped(). Thread-safe.
+  bool VerifyLeavingHost(const ReadView& view, const char* destination);
+
   // Inserts that skipped the GPU tier because it can never hold the chunk (see the file comment).
   uint64_t gpu_skipped() const;
+  // Host copies found changed after their commit when they were about to leave host memory
+  // (demotion to disk, a copy up into the GPU tier) and dropped instead (never written on).
+  uint64_t host_corrupt_dropped() const;
 
   HostTier* host() const { return host_; }
   DiskTier* disk() const { return disk_; }
@@ -159,11 +172,12 @@ class TierManager {
   GpuTier* const gpu_;
   std::mutex demote_mu_;  // serializes MaybeDemote passes; guards nothing else
   mutable std::mutex counters_mu_;
-  uint64_t promotions_ = 0;        // guarded by counters_mu_
-  uint64_t demotions_ = 0;         // guarded by counters_mu_
-  uint64_t promote_failures_ = 0;  // guarded by counters_mu_
-  uint64_t promote_errors_ = 0;    // guarded by counters_mu_
-  uint64_t gpu_skipped_ = 0;       // guarded by counters_mu_
+  uint64_t promotions_ = 0;            // guarded by counters_mu_
+  uint64_t demotions_ = 0;             // guarded by counters_mu_
+  uint64_t promote_failures_ = 0;      // guarded by counters_mu_
+  uint64_t promote_errors_ = 0;        // guarded by counters_mu_
+  uint64_t gpu_skipped_ = 0;           // guarded by counters_mu_
+  uint64_t host_corrupt_dropped_ = 0;  // guarded by counters_mu_
 };
 
 }  // namespace kvd::storage
