@@ -207,3 +207,18 @@ def test_unreachable_daemon_is_unavailable():
     with pytest.raises(kvd.UnavailableError) as e:
         kvd.connect("127.0.0.1:1", admin=True, timeout_ms=2000)
     assert e.value.code == 8 and "127.0.0.1:1" in e.value.message
+
+
+def test_a_read_only_session_reads_and_never_puts(daemon):
+    with engine(daemon) as writer, engine(daemon, read_only=True) as reader:
+        chain = writer.hash(np.arange(13000, 13256, dtype=np.int32))
+        data = random_chunk(13)
+        writer.put(chain[0], 256, data)
+        with pytest.raises(kvd.PermissionDeniedError, match="readOnly"):
+            reader.put(kvd.Hash128(0x4ead, 1), 256, random_chunk(14))
+        hit = reader.lookup(chain[:1])
+        assert hit.matched_chunks == 1
+        out = np.zeros(CHUNK_BYTES, np.uint8)
+        assert reader.get(hit.lease_id, 0, out).bytes == CHUNK_BYTES
+        np.testing.assert_array_equal(out, data)
+        reader.release(hit.lease_id)

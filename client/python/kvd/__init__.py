@@ -43,6 +43,8 @@ def connect(address="127.0.0.1:7400", model="", **options):
                  rank on CUDA device `nccl_device`, default 0; kvd's must be another GPU);
                  kvd.UnavailableError with the reason where this process or kvd cannot run NCCL
     inline_put_bytes  puts of at most this many bytes go in one exchange (default 65536, 0 = off)
+    read_only    True: a reading session; its puts raise kvd.PermissionDeniedError and its
+                 shared-memory mappings of kvd's arena cannot be made writable
     """
     return Client.connect(address=address, model=model, **options)
 

@@ -208,7 +208,7 @@ PYBIND11_MODULE(_kvd, m) {
              const std::string& hash_seed, int chunk_tokens, int block_tokens,
              const std::string& ucx_tls, const std::string& net_devices, bool admin,
              int64_t timeout_ms, int max_in_flight, bool nccl, int nccl_device,
-             int64_t inline_put_bytes) {
+             int64_t inline_put_bytes, bool read_only) {
             ClientOptions o;
             o.address = address;
             o.client_id = client_id;
@@ -226,6 +226,7 @@ PYBIND11_MODULE(_kvd, m) {
                                             std::to_string(inline_put_bytes)));
             }
             o.inline_put_bytes = static_cast<size_t>(inline_put_bytes);
+            o.read_only = read_only;  // a reading session: puts refused, read-only mappings
             if (timeout_ms > 0) {
               o.connect_timeout_ms = o.request_timeout_ms = o.transfer_timeout_ms = timeout_ms;
             }
@@ -248,7 +249,8 @@ PYBIND11_MODULE(_kvd, m) {
           py::arg("block_tokens") = 16, py::arg("ucx_tls") = "", py::arg("net_devices") = "",
           py::arg("admin") = false, py::arg("timeout_ms") = 0, py::arg("max_in_flight") = 8,
           py::arg("nccl") = false, py::arg("nccl_device") = 0,
-          py::arg("inline_put_bytes") = kvd::client::ClientOptions().inline_put_bytes)
+          py::arg("inline_put_bytes") = kvd::client::ClientOptions().inline_put_bytes,
+          py::arg("read_only") = false)
       .def_property_readonly("layout",
                              [](PyClient& self) {
                                Client& c = self.get();
