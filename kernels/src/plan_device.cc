@@ -19,9 +19,27 @@ namespace kvd::kernels {
 
 Status CheckDevicePlanSupported(const CompressionPlanOptions& options) {
   KVD_RETURN_IF_ERROR(options.Validate());
-  if (options.merge != MergeStage::kNone) {
-    return Status::Unimplemented(
-        "plan_device: merge kKvSlimmer is not implemented on the device (use Compress)");
+  if (options.merge == MergeStage::kKvSlimmer) {
+    // The hybrid (a score stage, then merging into the pool) runs on the device; KVSlimmer's
+    // pairwise rounds (no score stage) and the hybrid's optional parts below do not.
+    if (options.score == ScoreStage::kNone) {
+      return Status::Unimplemented(
+          "plan_device: merge kKvSlimmer without a score stage (KVSlimmer's pairwise rounds) is "
+          "not implemented on the device (use Compress)");
+    }
+    if (options.route != RouteStage::kNone) {
+      return Status::Unimplemented(
+          "plan_device: route kVector after merge kKvSlimmer is not implemented on the device "
+          "(use Compress)");
+    }
+    if (options.hybrid_error_aware) {
+      return Status::Unimplemented(
+          "plan_device: hybrid_error_aware is not implemented on the device (use Compress)");
+    }
+    if (options.merge_gate) {
+      return Status::Unimplemented(
+          "plan_device: merge_gate is not implemented on the device (use Compress)");
+    }
   }
   if (options.head_budget != HeadBudget::kUniform) {
     return Status::Unimplemented(
@@ -205,7 +223,18 @@ StatusOr<CompactChunk> DevicePlan::Compress(const DeviceChunkInput& input,
                          out.values.begin() + value_off + value_bytes);
       head.positions.assign(out.positions.begin() + slot_off, out.positions.begin() + slot_off + s);
       head.flags.assign(out.flags.begin() + slot_off, out.flags.begin() + slot_off + s);
-      head.cardinality.assign(static_cast<size_t>(s), 1);
+      if (out.cardinality.empty()) {
+        head.cardinality.assign(static_cast<size_t>(s), 1);
+      } else {
+        head.cardinality.assign(out.cardinality.begin() + slot_off,
+                                out.cardinality.begin() + slot_off + s);
+      }
+      int64_t covered = 0;
+      for (int32_t c : head.cardinality) {
+        covered += c;
+        if (c > 1) total.merged_tokens += c;
+      }
+      total.evicted_tokens += n - covered;
       key_off += key_bytes;
       value_off += value_bytes;
       slot_off += static_cast<size_t>(s);
@@ -215,7 +244,6 @@ StatusOr<CompactChunk> DevicePlan::Compress(const DeviceChunkInput& input,
     total.input_tokens += n * H;
     total.slots += s * H;
     total.rebuild_slots += r * H;
-    total.evicted_tokens += (n - s) * H;
     total.budget_half_pairs += 2 * m * H;
     total.half_pairs += (2 * s - r) * H;
     total.route_reductions += budget.reduced[static_cast<size_t>(layer)] * H;

@@ -29,7 +29,8 @@ struct DevicePlanOutput {
   std::vector<uint8_t> values;
   std::vector<int64_t> positions;
   std::vector<uint8_t> flags;
-  CompressionStageTimes stage;  // device times per stage (DevicePlanOptions::time_stages)
+  std::vector<int32_t> cardinality;  // per slot as positions; empty = every slot 1 (no merge)
+  CompressionStageTimes stage;       // device times per stage (DevicePlanOptions::time_stages)
 };
 
 struct DevicePlan::State {

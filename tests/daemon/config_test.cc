@@ -442,8 +442,8 @@ TEST(IngestDeviceTest, CpuIsTheCpuPlanWhateverTheNodeHas) {
 }
 
 TEST(IngestDeviceTest, AutoPicksTheCudaPlanWhenTheDeviceRunsThePolicy) {
-  for (const char* stages :
-       {"[snapkv]", "[pyramidkv]", "[snapkv, vector]", "[keydiff]", "[keydiff, vector]"}) {
+  for (const char* stages : {"[snapkv]", "[pyramidkv]", "[snapkv, vector]", "[keydiff]",
+                             "[keydiff, vector]", "[hybrid]", "[keydiff, kvslimmer]"}) {
     auto d = ChooseIngestDevice(Policy(std::string("{stages: ") + stages + "}"), "k", Status::Ok());
     ASSERT_TRUE(d.ok()) << d.status();
     EXPECT_TRUE(d->cuda) << stages;
@@ -495,9 +495,10 @@ TEST(IngestDeviceTest, AutoFallsBackToTheCpuPlanSayingWhy) {
       {"{stages: [snapkv]}", kNoDevice, {"auto: no CUDA device (cudaGetDeviceCount"}},
       {"{stages: [snapkv]}", kNoCuda, {"auto: built without CUDA"}},
       // Methods the CUDA plan refuses: named, with the kernels' reason.
-      {"{stages: [hybrid]}",
+      {"{stages: [snapkv, kvslimmer, vector]}",
        Status::Ok(),
-       {"auto: the CUDA plan does not implement snapkv+kvslimmer", "kKvSlimmer"}},
+       {"auto: the CUDA plan does not implement snapkv+kvslimmer+vector",
+        "route kVector after merge kKvSlimmer"}},
       {"{stages: [kvslimmer]}", Status::Ok(), {"does not implement kvslimmer"}},
   };
   for (const Case& c : cases) {
@@ -527,10 +528,10 @@ TEST(IngestDeviceTest, ExplicitCudaIsHonouredOrRefusedNamingKeyValueAndReason) {
       {"{stages: [snapkv], device: cuda}",
        kNoCuda,
        {"models[1].compression.device: \"cuda\" cannot be honoured: built without CUDA"}},
-      {"{stages: [keydiff, kvslimmer], device: \"cuda:1\"}",
+      {"{stages: [kvslimmer], device: \"cuda:1\"}",
        Status::Ok(),
        {"models[1].compression.device: \"cuda:1\" cannot be honoured",
-        "the CUDA plan does not implement keydiff+kvslimmer"}},
+        "the CUDA plan does not implement kvslimmer"}},
   };
   for (const Case& c : cases) {
     auto d = ChooseIngestDevice(Policy(c.policy), "models[1].compression", c.probe);

@@ -101,6 +101,7 @@ struct DeviceComposition {
   ScoreStage score;
   bool queries;               // window queries given
   int64_t keydiff_block = 0;  // KeyDiff: 0 = one-shot
+  MergeStage merge = MergeStage::kNone;
 };
 
 const DeviceComposition kDeviceCompositions[] = {
@@ -112,11 +113,15 @@ const DeviceComposition kDeviceCompositions[] = {
     {"keydiff+window", ScoreStage::kKeyDiff, true},
     {"keydiff block 64", ScoreStage::kKeyDiff, false, 64},
     {"keydiff block 100+window", ScoreStage::kKeyDiff, true, 100},
+    {"snapkv+kvslimmer", ScoreStage::kSnapKv, true, 0, MergeStage::kKvSlimmer},
+    {"keydiff+kvslimmer", ScoreStage::kKeyDiff, false, 0, MergeStage::kKvSlimmer},
+    {"keydiff+kvslimmer+window", ScoreStage::kKeyDiff, true, 0, MergeStage::kKvSlimmer},
 };
 
 CompressionPlanOptions Options(const DeviceComposition& c, RouteStage route, double p_c,
                                int64_t window) {
   return {.score = c.score,
+          .merge = c.merge,
           .route = route,
           .p_c = p_c,
           .window = window,
@@ -134,9 +139,15 @@ TEST(DevicePlan, UnsupportedOptionsAreNamed) {
     const char* message;
   } cases[] = {
       {{.score = ScoreStage::kNone, .merge = MergeStage::kKvSlimmer},
-       "merge kKvSlimmer is not implemented on the device"},
-      {{.score = ScoreStage::kSnapKv, .merge = MergeStage::kKvSlimmer},
-       "merge kKvSlimmer is not implemented on the device"},
+       "merge kKvSlimmer without a score stage (KVSlimmer's pairwise rounds) is not implemented"},
+      {{.score = ScoreStage::kSnapKv,
+        .merge = MergeStage::kKvSlimmer,
+        .route = RouteStage::kVector},
+       "route kVector after merge kKvSlimmer is not implemented on the device"},
+      {{.score = ScoreStage::kSnapKv, .merge = MergeStage::kKvSlimmer, .hybrid_error_aware = true},
+       "hybrid_error_aware is not implemented on the device"},
+      {{.score = ScoreStage::kKeyDiff, .merge = MergeStage::kKvSlimmer, .merge_gate = true},
+       "merge_gate is not implemented on the device"},
       {{.score = ScoreStage::kSnapKv, .head_budget = HeadBudget::kAdaptive},
        "head_budget kAdaptive is not implemented on the device"},
       {{.route = RouteStage::kVector, .route_adaptive = true},
@@ -169,6 +180,16 @@ TEST(DevicePlan, UnsupportedOptionsAreNamed) {
     }
 #endif
   }
+  // The hybrid (a score stage, then merge kKvSlimmer) with its group options.
+  for (ScoreStage score : {ScoreStage::kSnapKv, ScoreStage::kPyramidKv, ScoreStage::kKeyDiff}) {
+    const CompressionPlanOptions hybrid{.score = score,
+                                        .merge = MergeStage::kKvSlimmer,
+                                        .position = RepresentativePosition::kWeighted,
+                                        .hybrid_max_group = 8,
+                                        .hybrid_min_cos = 0.3,
+                                        .merge_guard = MergeGuard::kMean};
+    EXPECT_TRUE(CheckDevicePlanSupported(hybrid).ok()) << ScoreStageName(score);
+  }
 }
 
 TEST(DevicePlan, BudgetsAreTheCpuPlansSlotCounts) {
@@ -183,6 +204,10 @@ TEST(DevicePlan, BudgetsAreTheCpuPlansSlotCounts) {
           auto cpu = Compress(o, f.layout, f.CpuInput(c.queries), &cpu_stats);
           auto budget = ComputeDevicePlanBudget(o, f.layout.num_layers, n, c.queries,
                                                 route == RouteStage::kVector);
+          if (c.merge != MergeStage::kNone && route == RouteStage::kVector) {
+            EXPECT_EQ(budget.status().code(), StatusCode::kUnimplemented) << budget.status();
+            continue;
+          }
           ASSERT_EQ(cpu.ok(), budget.ok()) << cpu.status() << " vs " << budget.status();
           if (!cpu.ok()) {
             EXPECT_EQ(cpu.status().code(), budget.status().code());
@@ -524,6 +549,7 @@ TEST(DevicePlanCuda, MatchesTheCpuPlan) {
     const DeviceFixture f = MakeFixture(n, 64, 4, 32, 11 + n);
     const DeviceBytes raw(f.raw), queries(f.query_bytes);
     for (const DeviceComposition& c : kDeviceCompositions) {
+      if (c.merge != MergeStage::kNone) continue;  // HybridMatchesTheCpuPlan
       // Routes: none, VECTOR with linear weights, VECTOR with affine weights (intercepts).
       for (int r = 0; r < 3; ++r) {
         const RouteStage route = r == 0 ? RouteStage::kNone : RouteStage::kVector;
@@ -564,6 +590,124 @@ TEST(DevicePlanCuda, MatchesTheCpuPlan) {
           // Near-ties are rare on random data: most heads must match the CPU exactly.
           EXPECT_LE(differ, 2 * f.layout.num_layers * f.layout.num_kv_heads);
           RecordProperty("near_tie_tokens", static_cast<int>(differ));
+        }
+      }
+    }
+  }
+}
+
+// Largest L2 norm of a key of the head (RoPE keeps it).
+double MaxKeyNorm(const Matrix& keys) {
+  double best = 0.0;
+  for (int64_t i = 0; i < keys.rows; ++i) {
+    double q = 0.0;
+    for (int64_t c = 0; c < keys.cols; ++c) q += double(keys.Row(i)[c]) * keys.Row(i)[c];
+    best = std::max(best, std::sqrt(q));
+  }
+  return best;
+}
+
+// The hybrid merge (score + merge kKvSlimmer) on the device against the CPU plan, float32 chunk
+// (no model-dtype rounding between the two sides' keys). A head whose slots hold the same tokens
+// (equal positions and cardinalities, which follows from the same pool) must match: single slots
+// and every value bit for bit (a merged value is the float64 sum of the same values in token
+// order, times 1/cardinality in float32, on both sides); merged keys within the float32 bound
+// below. A head whose pool differs (a near-tie of the scores, as in MatchesTheCpuPlan) is counted
+// and bounded.
+//
+// Merged key bound, per element, relative to the head's largest key norm |k|max: the weights are
+// masses normalised by their sum, each mass within ScoreTolerance's relative bound r of the CPU's
+// (the same attention mass), so each weight is within 2r + 2u and the weighted mean within
+// (2r + 2u) |k|max (the weights sum to 1); the de-rotation of the members and the rotation of the
+// mean are float32 products of a pair with float32 sin/cos (the device may fuse them): <= 4u each
+// side; float64 sums rounded once to float32: u. Total (2r + 16u) |k|max; uniform weights (no
+// queries, merge_guard kMean) drop the 2r.
+TEST(DevicePlanCuda, HybridMatchesTheCpuPlan) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device: DevicePlan needs one";
+  struct Variant {
+    const char* name;
+    int64_t max_group;
+    double min_cos;
+    RepresentativePosition position;
+    MergeGuard guard;
+  };
+  const Variant variants[] = {
+      {"default", 4, 0.0, RepresentativePosition::kLast, MergeGuard::kClamp},
+      {"uncapped weighted", int64_t{1} << 20, 0.0, RepresentativePosition::kWeighted,
+       MergeGuard::kClamp},
+      {"cos gate, mean keys", 3, 0.1, RepresentativePosition::kLast, MergeGuard::kMean},
+      {"no merging", 1, 0.0, RepresentativePosition::kLast, MergeGuard::kClamp},
+  };
+  for (int64_t n : {301, 1024}) {
+    const DeviceFixture f = MakeFixture(n, 64, 4, 32, 31 + n, DType::kFloat32);
+    const DeviceBytes raw(f.raw), queries(f.query_bytes);
+    const int64_t d = f.layout.head_dim, group = f.layout.num_q_heads / f.layout.num_kv_heads;
+    for (const DeviceComposition& c : kDeviceCompositions) {
+      if (c.merge == MergeStage::kNone) continue;
+      for (const Variant& v : variants) {
+        for (double p_c : {0.5, 0.75, 0.9}) {
+          SCOPED_TRACE(Name(c, RouteStage::kNone, p_c) + " " + v.name + " n=" + std::to_string(n));
+          CompressionPlanOptions o = Options(c, RouteStage::kNone, p_c, f.window);
+          o.hybrid_max_group = v.max_group;
+          o.hybrid_min_cos = v.min_cos;
+          o.position = v.position;
+          o.merge_guard = v.guard;
+          CompressionStats cpu_stats, dev_stats;
+          auto cpu = Compress(o, f.layout, f.CpuInput(c.queries), &cpu_stats);
+          ASSERT_TRUE(cpu.ok()) << cpu.status();
+          auto plan = DevicePlan::Create(o, f.layout);
+          ASSERT_TRUE(plan.ok()) << plan.status();
+          auto dev = (*plan)->Compress({.raw = raw.ptr,
+                                        .raw_bytes = f.raw.size(),
+                                        .positions = f.positions,
+                                        .window_queries = c.queries ? queries.ptr : nullptr},
+                                       &dev_stats);
+          ASSERT_TRUE(dev.ok()) << dev.status();
+          EXPECT_TRUE(dev->Validate().ok());
+          EXPECT_EQ(dev->codec, cpu->codec);
+          EXPECT_EQ(dev_stats.slots, cpu_stats.slots);
+          EXPECT_EQ(dev_stats.half_pairs, cpu_stats.half_pairs);
+          if (v.max_group == 1) EXPECT_EQ(dev_stats.merged_tokens, 0);
+          const bool uniform = !c.queries || v.guard == MergeGuard::kMean;
+          const double rel = uniform ? 0.0 : ScoreTolerance(n, f.window * group, d);
+          int64_t differing_heads = 0, merged_slots = 0;
+          for (int l = 0; l < f.layout.num_layers; ++l) {
+            for (int h = 0; h < f.layout.num_kv_heads; ++h) {
+              const CompactHead& dh = dev->Head(l, h);
+              const CompactHead& ch = cpu->Head(l, h);
+              ASSERT_EQ(dh.slots(), ch.slots());
+              if (dh.positions != ch.positions || dh.cardinality != ch.cardinality) {
+                ++differing_heads;
+                continue;
+              }
+              EXPECT_EQ(dh.flags, ch.flags);
+              EXPECT_EQ(dh.values, ch.values) << "layer " << l << " head " << h;
+              const double tol =
+                  (2.0 * rel + 16.0 * testing::kF32Unit) * MaxKeyNorm(HeadTensor(f, l, h, false));
+              const auto* dk = reinterpret_cast<const float*>(dh.keys.data());
+              const auto* ck = reinterpret_cast<const float*>(ch.keys.data());
+              for (int64_t j = 0; j < dh.slots(); ++j) {
+                if (dh.cardinality[j] == 1) {
+                  EXPECT_EQ(std::memcmp(dk + j * d, ck + j * d, d * sizeof(float)), 0)
+                      << "single slot " << j;
+                  continue;
+                }
+                ++merged_slots;
+                for (int64_t e = 0; e < d; ++e) {
+                  EXPECT_LE(std::abs(double(dk[j * d + e]) - ck[j * d + e]), tol)
+                      << "merged slot " << j << " element " << e;
+                }
+              }
+            }
+          }
+          // Near-ties are rare on random data: most heads must hold the CPU's slots.
+          EXPECT_LE(differing_heads, 2);
+          if (differing_heads == 0) {
+            EXPECT_EQ(dev_stats.merged_tokens, cpu_stats.merged_tokens);
+            EXPECT_EQ(dev_stats.evicted_tokens, cpu_stats.evicted_tokens);
+          }
+          if (v.max_group > 1 && v.min_cos == 0.0) EXPECT_GT(merged_slots, 0);
+          RecordProperty("differing_heads", static_cast<int>(differing_heads));
         }
       }
     }

@@ -85,6 +85,40 @@ Status LaunchRebuildValues(const float* kpre, const float* wt, int64_t n, int d,
 Status LaunchVectorStats(const float* kpre, const float* values, int64_t n, int d,
                          double* gram_cross, double* sums, cudaStream_t stream);
 
+// hybrid_merge.cu: the hybrid merge (plan.h "score + merge") of every (layer, KV head) row of a
+// chunk after the pool is selected and gathered. Shapes: R = rows, n tokens, smax padded slots.
+struct HybridMergeArgs {
+  int64_t rows = 0, heads = 0, n = 0, smax = 0;  // heads: KV heads per layer (row / heads = layer)
+  int d = 0;
+  int64_t sinks = 0, window = 0;        // min(N, sinks) and the effective window
+  int64_t max_group = 1;                // CompressionPlanOptions::hybrid_max_group (>= 1)
+  double min_cos = 0.0;                 // hybrid_min_cos (<= 0: no gate)
+  bool weighted_position = false;       // RepresentativePosition::kWeighted
+  const int64_t* slots = nullptr;       // [L] S_l (the pool size of each layer's heads)
+  const int32_t* slot_token = nullptr;  // [R, smax] the pool, ascending
+  const float* kpre = nullptr;          // [R, n, d] de-rotated keys
+  const float* values = nullptr;        // [R, n, d]
+  const float* mass = nullptr;          // [R, n] window attention mass; null = uniform weights
+  const int64_t* positions = nullptr;   // [n]
+  const double* inv_freq = nullptr;     // RoPE [half]
+  int half = 0;
+  bool interleaved = false;
+  // Scratch: owner, member [R, n]; range [R, smax, 2]; total_mass [R, smax]; merged_key_pre
+  // [R, smax, d] (zeroed by the caller).
+  int32_t* owner = nullptr;
+  int32_t* member = nullptr;
+  int32_t* range = nullptr;
+  double* total_mass = nullptr;
+  float* merged_key_pre = nullptr;
+  // In/out: the gathered slots (GatherSlots); merged slots get their key, value sum and
+  // position; card [R, smax] = cardinality (1 for a single slot).
+  float* slot_keys = nullptr;         // [R, smax, d] post-RoPE
+  float* slot_values = nullptr;       // [R, smax, d] value sums
+  int64_t* slot_positions = nullptr;  // [R, smax]
+  int32_t* card = nullptr;            // [R, smax]
+};
+Status LaunchHybridMerge(const HybridMergeArgs& args, cudaStream_t stream);
+
 // kvslimmer.cu. Output slot o is src_a[o] copied (src_b[o] < 0) or the pair (src_a[o], src_b[o])
 // merged: key w_a[o] k_a + w_b[o] k_b, value sum v_a + v_b. keys, values: [*, d]; out: [out_rows,
 // d].

@@ -183,14 +183,16 @@ __global__ void GatherSlotsKernel(const float* __restrict__ kf, const float* __r
 }
 
 // The packed compact arrays: slot j of row r = (layer l, head h) is output slot
-// SlotOffset(l) + h * S_l + j (key in the model dtype, position, flags); stored value v < S_l -
-// 2a_l is output value ValueOffset(l) + h * (S_l - 2a_l) + v, the value of slot value_slot[r, v]
-// (the mean of a single token is its value).
+// SlotOffset(l) + h * S_l + j (key in the model dtype, position, flags, cardinality); stored value
+// v < S_l - 2a_l is output value ValueOffset(l) + h * (S_l - 2a_l) + v, the mean of slot
+// value_slot[r, v]: its value sum times 1/cardinality in float32, as Encode (plan_head.cc) does
+// (card null: every cardinality is 1 and the mean of a single token is its value).
 __global__ void PackKernel(const float* __restrict__ sk, const float* __restrict__ sv,
                            const int64_t* __restrict__ spos, const uint8_t* __restrict__ flags,
-                           const int32_t* __restrict__ value_slot, void* __restrict__ out_keys,
-                           void* __restrict__ out_values, int64_t* __restrict__ out_pos,
-                           uint8_t* __restrict__ out_flags, int64_t rows, int64_t heads,
+                           const int32_t* __restrict__ value_slot, const int32_t* __restrict__ card,
+                           void* __restrict__ out_keys, void* __restrict__ out_values,
+                           int64_t* __restrict__ out_pos, uint8_t* __restrict__ out_flags,
+                           int32_t* __restrict__ out_card, int64_t rows, int64_t heads,
                            int64_t smax, int d, int dtype, Meta meta) {
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (idx >= rows * smax * d) return;
@@ -202,11 +204,15 @@ __global__ void PackKernel(const float* __restrict__ sk, const float* __restrict
   if (c == 0) {
     out_pos[o] = spos[row * smax + j];
     out_flags[o] = flags[row * smax + j];
+    if (card != nullptr) out_card[o] = card[row * smax + j];
   }
   if (j < nv) {
     const int64_t slot = value_slot[row * smax + j];
-    StoreElement(out_values, (meta.ValueOffset(l) + h * nv + j) * d + c,
-                 sv[(row * smax + slot) * d + c], dtype);
+    float v = sv[(row * smax + slot) * d + c];
+    if (card != nullptr) {
+      v = __fmul_rn(v, __fdiv_rn(1.0f, static_cast<float>(card[row * smax + slot])));
+    }
+    StoreElement(out_values, (meta.ValueOffset(l) + h * nv + j) * d + c, v, dtype);
   }
 }
 
@@ -221,7 +227,17 @@ Status Ensure(DeviceBuffer<T>* buf, size_t count) {
 }
 
 // Stage boundaries recorded when DevicePlanOptions::time_stages is set.
-enum Mark { kStart, kConverted, kScored, kSelected, kDerotated, kRouted, kEncoded, kMarks };
+enum Mark {
+  kStart,
+  kConverted,
+  kScored,
+  kSelected,
+  kMerged,
+  kDerotated,
+  kRouted,
+  kEncoded,
+  kMarks
+};
 
 class CudaPlanState final : public DevicePlan::State {
  public:
@@ -334,6 +350,17 @@ class CudaPlanState final : public DevicePlan::State {
     if (blockwise) {
       KVD_RETURN_IF_ERROR(Ensure(&cand_, static_cast<size_t>(R * cap)));
       KVD_RETURN_IF_ERROR(Ensure(&cand_scores_, static_cast<size_t>(R * cap)));
+    }
+    const bool merging = options_.merge == MergeStage::kKvSlimmer;  // the hybrid (plan.h)
+    if (merging) {
+      KVD_RETURN_IF_ERROR(Ensure(&kpre_all_, rnd));
+      KVD_RETURN_IF_ERROR(Ensure(&owner_, static_cast<size_t>(R * n)));
+      KVD_RETURN_IF_ERROR(Ensure(&member_, static_cast<size_t>(R * n)));
+      KVD_RETURN_IF_ERROR(Ensure(&range_, static_cast<size_t>(2 * R * smax)));
+      KVD_RETURN_IF_ERROR(Ensure(&total_mass_, static_cast<size_t>(R * smax)));
+      KVD_RETURN_IF_ERROR(Ensure(&merged_key_pre_, rsd));
+      KVD_RETURN_IF_ERROR(Ensure(&card_, static_cast<size_t>(R * smax)));
+      KVD_RETURN_IF_ERROR(Ensure(&out_card_, static_cast<size_t>(slot_count)));
     }
     if (keydiff && R * n > INT_MAX) {  // KeyDiff reports a zero-norm key as an int row * n + token
       return Status::InvalidArgument("plan_device: layers x kv_heads x N = " +
@@ -452,6 +479,57 @@ class CudaPlanState final : public DevicePlan::State {
         H, n, smax, di, m);
     KVD_RETURN_IF_ERROR(Check("GatherSlotsKernel"));
     KVD_RETURN_IF_ERROR(mark(kSelected));
+    // 3b. the hybrid merge: every token outside the pool joins its nearest absorber (or is
+    // evicted); merged slots get their mean pre-RoPE key rotated to their position, their value
+    // sum and cardinality. Weights: the window attention mass (computed here for KeyDiff), or
+    // uniform without queries or with merge_guard kMean, as MergeGroup.
+    if (merging) {
+      const bool have_queries = input.window_queries != nullptr && qrows > 0;
+      if (have_queries && options_.score == ScoreStage::kKeyDiff) {
+        KVD_RETURN_IF_ERROR(LaunchAttentionMass(
+            qf_.get(), kf_.get(), nullptr, nullptr, nullptr, mass_.get(), R, qrows, n, di,
+            job.group, MaskKind::kCausalWindow, 1.0f / std::sqrt(static_cast<float>(d)), stream_));
+      }
+      KVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kpre_all_.get(), kf_.get(), rnd * sizeof(float),
+                                               cudaMemcpyDeviceToDevice, stream_),
+                               "plan_device: copy keys");
+      KVD_RETURN_IF_ERROR(LaunchRope(kpre_all_.get(), pos_.get(), 0, inv_freq_.get(), n, R, d,
+                                     half_, interleaved_, RopeDirection::kDerotate, stream_));
+      KVD_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(merged_key_pre_.get(), 0, rsd * sizeof(float), stream_),
+          "plan_device: clear merged keys");
+      HybridMergeArgs a;
+      a.rows = R;
+      a.heads = H;
+      a.n = n;
+      a.smax = smax;
+      a.d = di;
+      a.sinks = job.sinks;
+      a.window = w;
+      a.max_group = options_.hybrid_max_group;
+      a.min_cos = options_.hybrid_min_cos;
+      a.weighted_position = options_.position == RepresentativePosition::kWeighted;
+      a.slots = meta_.get();  // the first L entries: S_l
+      a.slot_token = slot_token_.get();
+      a.kpre = kpre_all_.get();
+      a.values = vf_.get();
+      a.mass = have_queries && options_.merge_guard != MergeGuard::kMean ? mass_.get() : nullptr;
+      a.positions = pos_.get();
+      a.inv_freq = inv_freq_.get();
+      a.half = half_;
+      a.interleaved = interleaved_;
+      a.owner = owner_.get();
+      a.member = member_.get();
+      a.range = range_.get();
+      a.total_mass = total_mass_.get();
+      a.merged_key_pre = merged_key_pre_.get();
+      a.slot_keys = sk_.get();
+      a.slot_values = sv_.get();
+      a.slot_positions = spos_.get();
+      a.card = card_.get();
+      KVD_RETURN_IF_ERROR(LaunchHybridMerge(a, stream_));
+    }
+    KVD_RETURN_IF_ERROR(mark(kMerged));
     // 4. VECTOR routing over the eligible slots [sinks, S_l - w) of every row.
     if (routing) {
       KVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kpre_.get(), sk_.get(), rsd * sizeof(float),
@@ -475,8 +553,9 @@ class CudaPlanState final : public DevicePlan::State {
                                                                            value_slot_.get(), smax);
     KVD_RETURN_IF_ERROR(Check("CompactIndexKernel"));
     PackKernel<<<Blocks(static_cast<int64_t>(rsd), kThreads), kThreads, 0, stream_>>>(
-        sk_.get(), sv_.get(), spos_.get(), flags_.get(), value_slot_.get(), out_keys_.get(),
-        out_values_.get(), out_pos_.get(), out_flags_.get(), R, H, smax, di, dtype, m);
+        sk_.get(), sv_.get(), spos_.get(), flags_.get(), value_slot_.get(),
+        merging ? card_.get() : nullptr, out_keys_.get(), out_values_.get(), out_pos_.get(),
+        out_flags_.get(), merging ? out_card_.get() : nullptr, R, H, smax, di, dtype, m);
     KVD_RETURN_IF_ERROR(Check("PackKernel"));
     KVD_RETURN_IF_ERROR(mark(kEncoded));
     // 6. the compact arrays (and the error word) to the host: the one synchronisation.
@@ -491,6 +570,12 @@ class CudaPlanState final : public DevicePlan::State {
     KVD_RETURN_IF_ERROR(out_values_.Download(out->values.data(), value_bytes, stream_));
     KVD_RETURN_IF_ERROR(out_pos_.Download(out->positions.data(), out->positions.size(), stream_));
     KVD_RETURN_IF_ERROR(out_flags_.Download(out->flags.data(), out->flags.size(), stream_));
+    out->cardinality.clear();
+    if (merging) {
+      out->cardinality.resize(static_cast<size_t>(slot_count));
+      KVD_RETURN_IF_ERROR(
+          out_card_.Download(out->cardinality.data(), out->cardinality.size(), stream_));
+    }
     KVD_RETURN_IF_ERROR(err_.Download(err, kErrWords, stream_));
     KVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "plan_device");
     if (device_.time_stages) KVD_RETURN_IF_ERROR(StageTimes(&out->stage));
@@ -558,7 +643,8 @@ class CudaPlanState final : public DevicePlan::State {
     KVD_RETURN_IF_ERROR(ns(kStart, kConverted, &t->convert_ns));
     KVD_RETURN_IF_ERROR(ns(kConverted, kScored, &t->score_ns));
     KVD_RETURN_IF_ERROR(ns(kScored, kSelected, &t->select_ns));
-    KVD_RETURN_IF_ERROR(ns(kSelected, kDerotated, &t->derotate_ns));
+    KVD_RETURN_IF_ERROR(ns(kSelected, kMerged, &t->merge_ns));
+    KVD_RETURN_IF_ERROR(ns(kMerged, kDerotated, &t->derotate_ns));
     KVD_RETURN_IF_ERROR(ns(kDerotated, kRouted, &t->route_ns));
     KVD_RETURN_IF_ERROR(ns(kRouted, kEncoded, &t->encode_ns));
     return Status::Ok();
@@ -587,6 +673,13 @@ class CudaPlanState final : public DevicePlan::State {
   DeviceBuffer<double> anchor_;                               // KeyDiff [R, d]
   DeviceBuffer<uint8_t> anchor_ok_;                           // KeyDiff [R]
   DeviceBuffer<int32_t> cand_;                                // block-wise KeyDiff [R, cap]
+  // The hybrid merge (HybridMergeArgs): [R, n, d], [R, n] x2, [R, smax, 2], [R, smax],
+  // [R, smax, d], [R, smax], [slot_count].
+  DeviceBuffer<float> kpre_all_;
+  DeviceBuffer<int32_t> owner_, member_, range_;
+  DeviceBuffer<double> total_mass_;
+  DeviceBuffer<float> merged_key_pre_;
+  DeviceBuffer<int32_t> card_, out_card_;
   DeviceBuffer<uint8_t> keep_, flags_, out_keys_, out_values_, out_flags_;
   DeviceBuffer<int32_t> slot_token_, value_slot_;
   DeviceBuffer<int64_t> pos_, meta_, spos_, out_pos_;

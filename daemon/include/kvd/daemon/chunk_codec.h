@@ -106,7 +106,8 @@ struct IngestDevice {
 // for the ordinal the policy names (device 0 for auto); tests pass their own. Order of the
 // checks for auto and cuda: the device (UNIMPLEMENTED: built without CUDA; UNAVAILABLE: no
 // device), then whether the CUDA plan implements the policy's stages (it does snapkv, pyramidkv,
-// keydiff, recency, vector; not kvslimmer, the hybrid). auto falls back to the CPU plan with the
+// keydiff, recency, vector, the hybrid without vector; not kvslimmer alone, the hybrid with
+// vector). auto falls back to the CPU plan with the
 // reason; cuda[:N] is refused with INVALID_ARGUMENT "<key>.device: \"cuda\" cannot be honoured:
 // <reason>". cpu is always the CPU plan.
 StatusOr<IngestDevice> ChooseIngestDevice(const CompressionPolicy& policy, const std::string& key,

@@ -2,7 +2,7 @@
 // queries) are already in DEVICE memory, as a prefill engine or a UCX/NCCL receive leaves them.
 // Every stage runs as device kernels enqueued on ONE stream (the worker's): conversion to float32,
 // the score (attention mass of the window queries, mean, pooling; or KeyDiff's norms, anchor and
-// cosines, or its block-wise walk), the per-head top-k selection,
+// cosines, or its block-wise walk), the per-head top-k selection, the hybrid merge,
 // the gather of the kept slots, VECTOR de-rotation, residuals and routing, and the encode to the
 // model dtype. Nothing is copied to the host between stages; the only device-to-host copy is the
 // compact chunk's arrays at the end (one synchronisation per chunk).
@@ -14,7 +14,13 @@
 //     the lower token index (SelectTopK); routing: the 2a eligible slots with the smallest
 //     residual drop their value, ties to the lower slot;
 //   - kept keys/values are copied, then converted back to the model dtype (round to nearest even):
-//     for a bf16/fp16 chunk they are bit-identical to the CPU plan's for the same selection.
+//     for a bf16/fp16 chunk they are bit-identical to the CPU plan's for the same selection;
+//   - the hybrid merge (merge kKvSlimmer after a score stage, plan.h): the same absorbers (nearest
+//     non-forced pool token, ties left), cosine gate, group cap (nearest first, ties left) and
+//     weights (window attention mass, uniform without queries or with merge_guard kMean); the
+//     merged pre-RoPE key and value sum are float64 sums in token order as on the CPU (bit for bit
+//     when the weights are), the key rotated to the slot's position by the device's RoPE, the
+//     stored value the value sum times 1/cardinality.
 // Scores and residuals are float32 sums formed in another order than on the CPU (the attention
 // mass adds probabilities with atomics; the CPU accumulates in float64; KeyDiff's anchor is summed
 // in float64 on the device, in float32 blocks then float64 on the CPU), so they differ from the
@@ -22,11 +28,13 @@
 // differently. The CPU/device comparison (tests/kernels/plan_device_test.cc) bounds the difference.
 //
 // Supported: score kNone, kSnapKv, kPyramidKv, kKeyDiff (one-shot and block-wise keydiff_block;
-// a zero-norm key is refused as by Compress); merge kNone; route kNone, kVector (linear or affine
-// weights: the residual of an affine head is |(v - b) - W k|^2, as VectorResiduals; with
-// route_adaptive off); head_budget kUniform; any pooling and kernel. Anything else is
-// UNIMPLEMENTED naming the option (use Compress). Thread safety: a DevicePlan owns its scratch
-// memory: one per worker thread/stream.
+// a zero-norm key is refused as by Compress); merge kNone, or kKvSlimmer after a score stage (the
+// hybrid, with hybrid_max_group, hybrid_min_cos, position and merge_guard; without routing,
+// hybrid_error_aware or merge_gate); route kNone, kVector (linear or affine weights: the residual
+// of an affine head is |(v - b) - W k|^2, as VectorResiduals; with route_adaptive off);
+// head_budget kUniform; any pooling and kernel. Anything else (KVSlimmer's pairwise rounds without
+// a score stage among them) is UNIMPLEMENTED naming the option (use Compress). Thread safety: a
+// DevicePlan owns its scratch memory: one per worker thread/stream.
 #pragma once
 
 #include <cstddef>
