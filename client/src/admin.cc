@@ -7,16 +7,6 @@
 namespace kvd::client::internal {
 namespace {
 
-template <typename Fn>
-Status ReadReply(proto::DecodedMessage& m, Fn&& fn) {
-  return proto::TryDecode([&]() -> Status { return fn(m.Root<proto::Response>()); });
-}
-
-Status WrongReply(const char* expected) {
-  return Status::Internal(std::string("kvd answered with an unexpected message (expected ") +
-                          expected + ")");
-}
-
 GroupStats FromGroup(proto::GroupStats::Reader g) {
   return GroupStats{g.getName().cStr(), g.getChunks(), g.getBytes()};
 }

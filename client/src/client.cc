@@ -26,20 +26,14 @@ std::string DefaultClientId() {
   return std::string(host) + "-" + std::to_string(::getpid());
 }
 
-// Runs `fn(reader)` on a Response inside TryDecode (a hostile reply cannot throw out of here).
-template <typename Fn>
-Status ReadReply(proto::DecodedMessage& m, Fn&& fn) {
-  return proto::TryDecode([&]() -> Status { return fn(m.Root<proto::Response>()); });
-}
+}  // namespace
+
+namespace internal {
 
 Status WrongReply(const char* expected) {
   return Status::Internal(std::string("kvd answered with an unexpected message (expected ") +
                           expected + ")");
 }
-
-}  // namespace
-
-namespace internal {
 
 ClientImpl::~ClientImpl() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -439,28 +433,41 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(
     }
     options_.test_before_commit();
   }
-  std::vector<uint64_t> commit_req(n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    if (out[i].already_stored) continue;
-    auto id = channel_->Send([&](proto::Request::Builder r) {
-      auto c = r.initCommit();
-      c.setReservationId(reservation[i]);
-      c.setChecksum(checksum[i] ^ options_.test_corrupt_checksum);
-    });
-    if (!id.ok()) {
-      drop_sends();
-      return id.status();
-    }
-    commit_req[i] = *id;
+  auto commit_req = SendCommitsLocked(out, reservation, checksum);
+  if (!commit_req.ok()) {
+    drop_sends();
+    return commit_req.status();
   }
   // A failed send fails its commit at the daemon too (its receive errs or times out), so every
   // commit reply is still awaited; the send's own error is the one returned.
   if (commit_early) finish_sends();
-  for (size_t i = 0; i < n; ++i) {
+  AwaitCommitsLocked(*commit_req, out, &first_error);
+  if (!first_error.ok()) return first_error;
+  return out;
+}
+
+StatusOr<std::vector<uint64_t>> ClientImpl::SendCommitsLocked(
+    const std::vector<PutResult>& out, const std::vector<uint64_t>& reservation,
+    const std::vector<uint64_t>& checksum) {
+  std::vector<uint64_t> commit_req(out.size(), 0);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].already_stored) continue;
+    KVD_ASSIGN_OR_RETURN(commit_req[i], channel_->Send([&](proto::Request::Builder r) {
+      auto c = r.initCommit();
+      c.setReservationId(reservation[i]);
+      c.setChecksum(checksum[i] ^ options_.test_corrupt_checksum);
+    }));
+  }
+  return commit_req;
+}
+
+void ClientImpl::AwaitCommitsLocked(const std::vector<uint64_t>& commit_req,
+                                    std::vector<PutResult>& out, Status* first_error) {
+  for (size_t i = 0; i < commit_req.size(); ++i) {
     if (commit_req[i] == 0) continue;
     auto reply = channel_->Await(commit_req[i]);
     if (!reply.ok()) {
-      if (first_error.ok()) first_error = reply.status().WithContext("commit");
+      if (first_error->ok()) *first_error = reply.status().WithContext("commit");
       continue;
     }
     Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
@@ -471,10 +478,8 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(
       out[i].codec_id = c.getCodecId();
       return Status::Ok();
     });
-    if (!s.ok() && first_error.ok()) first_error = s;
+    if (!s.ok() && first_error->ok()) *first_error = s;
   }
-  if (!first_error.ok()) return first_error;
-  return out;
 }
 
 StatusOr<std::vector<GetResult>> ClientImpl::GetChunks(uint64_t lease_id,

@@ -13,6 +13,15 @@
 
 namespace kvd::client::internal {
 
+// Runs `fn(reader)` on a Response inside TryDecode (a hostile reply cannot throw out of here).
+template <typename Fn>
+Status ReadReply(proto::DecodedMessage& m, Fn&& fn) {
+  return proto::TryDecode([&]() -> Status { return fn(m.Root<proto::Response>()); });
+}
+
+// INTERNAL: kvd answered with a message other than `expected` (its name in the Response union).
+Status WrongReply(const char* expected);
+
 class ClientImpl final : public Client {
  public:
   ClientImpl(ClientOptions options, std::unique_ptr<Channel> channel)
@@ -100,6 +109,17 @@ class ClientImpl final : public Client {
     return nccl_ != nullptr && data_at == BufferLocation::kCuda && it.window_queries.empty();
   }
   void AbortReservationsLocked(const std::vector<uint64_t>& reservation_ids);
+  // Phase 3 of a put window, shared by the transport and shared-memory paths: sends one Commit
+  // (reservation and checksum) for every item not already stored, without waiting. Returns the
+  // request ids in item order, 0 for an item already stored. On a send failure returns it
+  // (the channel is then broken; what was sent is not awaited).
+  StatusOr<std::vector<uint64_t>> SendCommitsLocked(const std::vector<PutResult>& out,
+                                                    const std::vector<uint64_t>& reservation,
+                                                    const std::vector<uint64_t>& checksum);
+  // Awaits every commit of SendCommitsLocked and fills each item's bytes, stored_bytes and
+  // codec_id; the first failure goes to `*first_error` (left as it is if already set).
+  void AwaitCommitsLocked(const std::vector<uint64_t>& commit_req, std::vector<PutResult>& out,
+                          Status* first_error);
 
   // ---- shared-memory path (shm.cc) ----
   StatusOr<std::vector<PutResult>> PutWindowShmLocked(std::span<const PutItem> items);

@@ -17,16 +17,6 @@
 namespace kvd::client::internal {
 namespace {
 
-template <typename Fn>
-Status ReadReply(proto::DecodedMessage& m, Fn&& fn) {
-  return proto::TryDecode([&]() -> Status { return fn(m.Root<proto::Response>()); });
-}
-
-Status WrongReply(const char* expected) {
-  return Status::Internal(std::string("kvd answered with an unexpected message (expected ") +
-                          expected + ")");
-}
-
 // Makes the pages under [slot, slot + bytes) of a segment mapping writable, or read-only again.
 // kvd page-aligns slots, so these pages hold this slot only. INTERNAL with the kernel's reason
 // when it refuses (EACCES: the segment came as a read-only descriptor).
@@ -197,34 +187,9 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
   }
   if (options_.test_before_commit) options_.test_before_commit();
   // Phase 3: commit with checksums (pipelined).
-  std::vector<uint64_t> commit_req(n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    if (out[i].already_stored) continue;
-    auto id = channel_->Send([&](proto::Request::Builder r) {
-      auto c = r.initCommit();
-      c.setReservationId(reservation[i]);
-      c.setChecksum(checksum[i] ^ options_.test_corrupt_checksum);
-    });
-    if (!id.ok()) return id.status();
-    commit_req[i] = *id;
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (commit_req[i] == 0) continue;
-    auto reply = channel_->Await(commit_req[i]);
-    if (!reply.ok()) {
-      if (first_error.ok()) first_error = reply.status().WithContext("commit");
-      continue;
-    }
-    Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
-      if (!r.isCommit()) return WrongReply("commit");
-      auto c = r.getCommit();
-      out[i].bytes = c.getBytes();
-      out[i].stored_bytes = c.getStoredBytes();
-      out[i].codec_id = c.getCodecId();
-      return Status::Ok();
-    });
-    if (!s.ok() && first_error.ok()) first_error = s;
-  }
+  KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> commit_req,
+                       SendCommitsLocked(out, reservation, checksum));
+  AwaitCommitsLocked(commit_req, out, &first_error);
   if (!first_error.ok()) return first_error;
   return out;
 }
