@@ -16,9 +16,7 @@ GroupStats FromGroup(proto::GroupStats::Reader g) {
 StatusOr<Stats> ClientImpl::GetStats() {
   std::lock_guard<std::mutex> lock(mu_);
   KVD_RETURN_IF_ERROR(CheckUsable(false));
-  auto id = channel_->Send([](proto::Request::Builder r) { r.setStats(); });
-  if (!id.ok()) return id.status();
-  KVD_ASSIGN_OR_RETURN(auto reply, channel_->Await(*id));
+  KVD_ASSIGN_OR_RETURN(auto reply, CallLocked([](proto::Request::Builder r) { r.setStats(); }));
   Stats out;
   KVD_RETURN_IF_ERROR(ReadReply(*reply, [&](proto::Response::Reader r) -> Status {
     if (!r.isStats()) return WrongReply("stats");
@@ -68,14 +66,12 @@ StatusOr<Stats> ClientImpl::GetStats() {
 StatusOr<ListResult> ClientImpl::List(const ListFilter& filter) {
   std::lock_guard<std::mutex> lock(mu_);
   KVD_RETURN_IF_ERROR(CheckUsable(false));
-  auto id = channel_->Send([&](proto::Request::Builder r) {
-    auto l = r.initList();
-    l.setNamespace(filter.name_space);
-    l.setModel(filter.model);
-    l.setLimit(filter.limit);
-  });
-  if (!id.ok()) return id.status();
-  KVD_ASSIGN_OR_RETURN(auto reply, channel_->Await(*id));
+  KVD_ASSIGN_OR_RETURN(auto reply, CallLocked([&](proto::Request::Builder r) {
+                         auto l = r.initList();
+                         l.setNamespace(filter.name_space);
+                         l.setModel(filter.model);
+                         l.setLimit(filter.limit);
+                       }));
   ListResult out;
   KVD_RETURN_IF_ERROR(ReadReply(*reply, [&](proto::Response::Reader r) -> Status {
     if (!r.isList()) return WrongReply("list");
@@ -102,25 +98,23 @@ StatusOr<ListResult> ClientImpl::List(const ListFilter& filter) {
 StatusOr<EvictResult> ClientImpl::Evict(const EvictFilter& filter) {
   std::lock_guard<std::mutex> lock(mu_);
   KVD_RETURN_IF_ERROR(CheckUsable(false));
-  auto id = channel_->Send([&](proto::Request::Builder r) {
-    auto e = r.initEvict();
-    switch (filter.kind) {
-      case EvictFilter::Kind::kAll:
-        e.setAll();
-        break;
-      case EvictFilter::Kind::kNamespace:
-        e.setNamespace(filter.name);
-        break;
-      case EvictFilter::Kind::kModel:
-        e.setModel(filter.name);
-        break;
-      case EvictFilter::Kind::kChunk:
-        proto::ToProto(filter.chunk, e.initChunk());
-        break;
-    }
-  });
-  if (!id.ok()) return id.status();
-  KVD_ASSIGN_OR_RETURN(auto reply, channel_->Await(*id));
+  KVD_ASSIGN_OR_RETURN(auto reply, CallLocked([&](proto::Request::Builder r) {
+                         auto e = r.initEvict();
+                         switch (filter.kind) {
+                           case EvictFilter::Kind::kAll:
+                             e.setAll();
+                             break;
+                           case EvictFilter::Kind::kNamespace:
+                             e.setNamespace(filter.name);
+                             break;
+                           case EvictFilter::Kind::kModel:
+                             e.setModel(filter.name);
+                             break;
+                           case EvictFilter::Kind::kChunk:
+                             proto::ToProto(filter.chunk, e.initChunk());
+                             break;
+                         }
+                       }));
   EvictResult out;
   KVD_RETURN_IF_ERROR(ReadReply(*reply, [&](proto::Response::Reader r) -> Status {
     if (!r.isEvict()) return WrongReply("evict");
@@ -136,9 +130,7 @@ StatusOr<EvictResult> ClientImpl::Evict(const EvictFilter& filter) {
 StatusOr<Health> ClientImpl::GetHealth() {
   std::lock_guard<std::mutex> lock(mu_);
   KVD_RETURN_IF_ERROR(CheckUsable(false));
-  auto id = channel_->Send([](proto::Request::Builder r) { r.setHealth(); });
-  if (!id.ok()) return id.status();
-  KVD_ASSIGN_OR_RETURN(auto reply, channel_->Await(*id));
+  KVD_ASSIGN_OR_RETURN(auto reply, CallLocked([](proto::Request::Builder r) { r.setHealth(); }));
   Health out;
   KVD_RETURN_IF_ERROR(ReadReply(*reply, [&](proto::Response::Reader r) -> Status {
     if (!r.isHealth()) return WrongReply("health");
@@ -158,9 +150,9 @@ StatusOr<Health> ClientImpl::GetHealth() {
 StatusOr<std::vector<CalibrationInfo>> ClientImpl::GetCalibration(const std::string& model) {
   std::lock_guard<std::mutex> lock(mu_);
   KVD_RETURN_IF_ERROR(CheckUsable(false));
-  auto id = channel_->Send([&](proto::Request::Builder r) { r.initCalibration().setModel(model); });
-  if (!id.ok()) return id.status();
-  KVD_ASSIGN_OR_RETURN(auto reply, channel_->Await(*id));
+  KVD_ASSIGN_OR_RETURN(auto reply, CallLocked([&](proto::Request::Builder r) {
+                         r.initCalibration().setModel(model);
+                       }));
   std::vector<CalibrationInfo> out;
   KVD_RETURN_IF_ERROR(ReadReply(*reply, [&](proto::Response::Reader r) -> Status {
     if (!r.isCalibration()) return WrongReply("calibration");
@@ -189,9 +181,9 @@ StatusOr<std::shared_ptr<const std::vector<uint8_t>>> ClientImpl::GetVectorWeigh
   std::lock_guard<std::mutex> lock(mu_);
   KVD_RETURN_IF_ERROR(CheckUsable(true));
   if (auto it = weights_.find(version); it != weights_.end()) return it->second;
-  auto id = channel_->Send([&](proto::Request::Builder r) { r.initWeights().setVersion(version); });
-  if (!id.ok()) return id.status();
-  KVD_ASSIGN_OR_RETURN(auto reply, channel_->Await(*id));
+  KVD_ASSIGN_OR_RETURN(auto reply, CallLocked([&](proto::Request::Builder r) {
+                         r.initWeights().setVersion(version);
+                       }));
   std::shared_ptr<const std::vector<uint8_t>> out;
   KVD_RETURN_IF_ERROR(ReadReply(*reply, [&](proto::Response::Reader r) -> Status {
     if (!r.isWeights()) return WrongReply("weights");

@@ -144,14 +144,13 @@ Status ClientImpl::Handshake() {
 StatusOr<LookupResult> ClientImpl::Lookup(std::span<const Hash128> chain) {
   std::lock_guard<std::mutex> lock(mu_);
   KVD_RETURN_IF_ERROR(CheckUsable(true));
-  auto id = channel_->Send([&](proto::Request::Builder r) {
-    auto l = r.initLookup();
-    auto list = l.initChain(static_cast<unsigned>(chain.size()));
-    for (size_t i = 0; i < chain.size(); ++i) proto::ToProto(chain[i], list[i]);
-    l.setLeaseTtlMs(options_.lease_ttl_ms);
-  });
-  if (!id.ok()) return id.status();
-  KVD_ASSIGN_OR_RETURN(auto reply, channel_->Await(*id));
+  KVD_ASSIGN_OR_RETURN(auto reply, CallLocked([&](proto::Request::Builder r) {
+                         auto l = r.initLookup();
+                         auto list = l.initChain(static_cast<unsigned>(chain.size()));
+                         for (size_t i = 0; i < chain.size(); ++i)
+                           proto::ToProto(chain[i], list[i]);
+                         l.setLeaseTtlMs(options_.lease_ttl_ms);
+                       }));
   LookupResult out;
   KVD_RETURN_IF_ERROR(ReadReply(*reply, [&](proto::Response::Reader r) -> Status {
     if (!r.isLookup()) return WrongReply("lookup");
@@ -168,10 +167,8 @@ StatusOr<LookupResult> ClientImpl::Lookup(std::span<const Hash128> chain) {
 Status ClientImpl::ReleaseLease(uint64_t lease_id) {
   std::lock_guard<std::mutex> lock(mu_);
   KVD_RETURN_IF_ERROR(CheckUsable(false));
-  auto id =
-      channel_->Send([&](proto::Request::Builder r) { r.initReleaseLease().setLeaseId(lease_id); });
-  if (!id.ok()) return id.status();
-  return channel_->Await(*id).status();
+  return CallLocked([&](proto::Request::Builder r) { r.initReleaseLease().setLeaseId(lease_id); })
+      .status();
 }
 
 void ClientImpl::DropTransfer(TransferHandle transfer, bool nccl) {
@@ -348,6 +345,31 @@ StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const P
   return req;
 }
 
+StatusOr<ClientImpl::Reservation> ClientImpl::AwaitReserveLocked(uint64_t request_id,
+                                                                 const PutItem& item,
+                                                                 PutResult* out) {
+  auto reply = channel_->Await(request_id);
+  if (!reply.ok()) return reply.status().WithContext("reserve");
+  Reservation res;
+  KVD_RETURN_IF_ERROR(ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
+    if (!r.isReserve()) return WrongReply("reserve");
+    auto rv = r.getReserve();
+    out->already_stored = rv.getAlreadyStored();
+    out->bytes = PutBytes(item);
+    res.id = rv.getReservationId();
+    res.tag = rv.getTag();
+    res.has_slot = rv.hasShm();
+    if (res.has_slot) {
+      res.segment = rv.getShm().getSegment();
+      res.offset = rv.getShm().getOffset();
+      res.generation = rv.getShm().getGeneration();
+      res.fd_attached = rv.getShm().getFdAttached();
+    }
+    return Status::Ok();
+  }));
+  return res;
+}
+
 StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(
     std::span<const PutItem> items, const std::vector<uint64_t>* nccl_checksums) {
   const bool nccl = nccl_checksums != nullptr;
@@ -359,22 +381,14 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(
   std::vector<uint64_t> to_abort;
   Status first_error;
   for (size_t i = 0; i < n; ++i) {
-    auto reply = channel_->Await(req[i]);
-    if (!reply.ok()) {
-      if (first_error.ok()) first_error = reply.status().WithContext("reserve");
+    auto rv = AwaitReserveLocked(req[i], items[i], &out[i]);
+    if (!rv.ok()) {
+      if (first_error.ok()) first_error = rv.status();
       continue;
     }
-    Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
-      if (!r.isReserve()) return WrongReply("reserve");
-      auto rv = r.getReserve();
-      out[i].already_stored = rv.getAlreadyStored();
-      out[i].bytes = items[i].bytes;
-      reservation[i] = rv.getReservationId();
-      tag[i] = rv.getTag();
-      return Status::Ok();
-    });
-    if (!s.ok() && first_error.ok()) first_error = s;
-    if (s.ok() && !out[i].already_stored) to_abort.push_back(reservation[i]);
+    reservation[i] = rv->id;
+    tag[i] = rv->tag;
+    if (!out[i].already_stored) to_abort.push_back(reservation[i]);
   }
   if (!first_error.ok()) {
     AbortReservationsLocked(to_abort);

@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "connection.h"
@@ -56,6 +57,13 @@ class ClientImpl final : public Client {
  private:
   // REQUIRES: mu_ held.
   Status CheckUsable(bool needs_transport) const;
+  // One request and its reply: sends what `fill(proto::Request::Builder)` builds and waits for
+  // the reply (request_timeout_ms; an error reply is returned as its Status).
+  template <typename Fill>
+  StatusOr<std::unique_ptr<proto::DecodedMessage>> CallLocked(Fill&& fill) {
+    KVD_ASSIGN_OR_RETURN(const uint64_t id, channel_->Send(std::forward<Fill>(fill)));
+    return channel_->Await(id);
+  }
   // `nccl_checksums` set: every item's data is CUDA device memory sent over the NCCL link, and
   // its checksum (over a host copy) is given.
   StatusOr<std::vector<PutResult>> PutWindowLocked(
@@ -77,6 +85,21 @@ class ClientImpl final : public Client {
   // one Reserve per item without waiting. Returns the request ids, in item order.
   StatusOr<std::vector<uint64_t>> SendReservesLocked(std::span<const PutItem> items,
                                                      bool over_nccl = false);
+  // What kvd answered to one Reserve.
+  struct Reservation {
+    uint64_t id = 0;
+    uint64_t tag = 0;  // over the transport: the tag of the bulk transfer
+    // Shared-memory path: the arena slot the bytes go to (has_slot false: none offered).
+    bool has_slot = false;
+    uint32_t segment = 0;
+    uint64_t offset = 0, generation = 0;
+    bool fd_attached = false;
+  };
+  // Waits for the reply to the Reserve `request_id` of `item` and fills out->already_stored and
+  // out->bytes. Errors: the channel's (context "reserve"), the daemon's, INTERNAL for another
+  // message.
+  StatusOr<Reservation> AwaitReserveLocked(uint64_t request_id, const PutItem& item,
+                                           PutResult* out);
   // Bytes a put sends: the raw chunk (plus any queries already appended to it) plus the
   // window queries still held apart (shared-memory path; the transport path staged them).
   static size_t PutBytes(const PutItem& it) {

@@ -50,19 +50,14 @@ StatusOr<SubscriptionInfo> ClientImpl::SubscribeEvents(const SubscribeOptions& o
   if (subscribed_) {
     return Status::FailedPrecondition("this client is already subscribed to events");
   }
-  auto id = channel_->Send([&](proto::Request::Builder r) {
-    auto s = r.initSubscribe();
-    s.setNamespace(options.name_space);
-    s.setQueueLimit(options.queue_limit);
-  });
-  if (!id.ok()) return id.status();
-  KVD_ASSIGN_OR_RETURN(auto reply, channel_->Await(*id));
+  KVD_ASSIGN_OR_RETURN(auto reply, CallLocked([&](proto::Request::Builder r) {
+                         auto s = r.initSubscribe();
+                         s.setNamespace(options.name_space);
+                         s.setQueueLimit(options.queue_limit);
+                       }));
   SubscriptionInfo out;
-  KVD_RETURN_IF_ERROR(proto::TryDecode([&]() -> Status {
-    auto r = reply->Root<proto::Response>();
-    if (!r.isSubscribed()) {
-      return Status::Internal("kvd answered with an unexpected message (expected subscribed)");
-    }
+  KVD_RETURN_IF_ERROR(ReadReply(*reply, [&](proto::Response::Reader r) -> Status {
+    if (!r.isSubscribed()) return WrongReply("subscribed");
     out.queue_limit = r.getSubscribed().getQueueLimit();
     out.name_space = r.getSubscribed().getNamespace().cStr();
     return Status::Ok();

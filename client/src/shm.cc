@@ -112,41 +112,21 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
   std::vector<uint64_t> to_abort;
   Status first_error;
   for (size_t i = 0; i < n; ++i) {
-    auto reply = channel_->Await(req[i]);
-    if (!reply.ok()) {
-      if (first_error.ok()) first_error = reply.status().WithContext("reserve");
+    auto rv = AwaitReserveLocked(req[i], items[i], &out[i]);
+    if (!rv.ok()) {
+      if (first_error.ok()) first_error = rv.status();
       continue;
     }
-    uint32_t segment = 0;
-    uint64_t offset = 0, generation = 0;
-    bool fd_attached = false, has_slot = false;
-    Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
-      if (!r.isReserve()) return WrongReply("reserve");
-      auto rv = r.getReserve();
-      out[i].already_stored = rv.getAlreadyStored();
-      out[i].bytes = PutBytes(items[i]);
-      reservation[i] = rv.getReservationId();
-      has_slot = rv.hasShm();
-      if (has_slot) {
-        segment = rv.getShm().getSegment();
-        offset = rv.getShm().getOffset();
-        generation = rv.getShm().getGeneration();
-        fd_attached = rv.getShm().getFdAttached();
-      }
-      return Status::Ok();
-    });
-    if (!s.ok()) {
-      if (first_error.ok()) first_error = s;
-      continue;
-    }
+    reservation[i] = rv->id;
     if (out[i].already_stored) continue;
     to_abort.push_back(reservation[i]);
-    if (!has_slot) {
+    if (!rv->has_slot) {
       if (first_error.ok()) first_error = Status::Internal("kvd reserved without a memory slot");
       continue;
     }
     const size_t put_bytes = PutBytes(items[i]);
-    auto slot = SlotLocked(req[i], segment, offset, generation, fd_attached, put_bytes);
+    auto slot =
+        SlotLocked(req[i], rv->segment, rv->offset, rv->generation, rv->fd_attached, put_bytes);
     if (!slot.ok()) {
       if (first_error.ok()) first_error = slot.status();
       continue;
@@ -155,7 +135,7 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
     // Device memory (device.h) is copied straight into the slot on the item's stream; the
     // checksum then reads the slot.
     const bool from_device = IsDevice(items[i].data) || IsDevice(items[i].window_queries.data());
-    if (from_device) PinSegmentLocked(segment);
+    if (from_device) PinSegmentLocked(rv->segment);
     Status copied = ProtectSlot(*slot, put_bytes, /*writable=*/true);
     if (copied.ok()) {
       copied =
