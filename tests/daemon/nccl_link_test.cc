@@ -170,6 +170,13 @@ class NcclLinkTest : public DaemonTest {
     return ws;
   }
 
+  // Reserves `bytes` as chunk `hash` over the link, sends them and commits with their checksum:
+  // the first error.
+  Status PutOverLink(LinkedEngine& le, Hash128 hash, const std::vector<uint8_t>& bytes) {
+    KVD_ASSIGN_OR_RETURN(auto r, ReserveOverLink(*le.engine, hash, bytes.size()));
+    return SendAndCommit(le, r.first, r.second, bytes, Checksum64(bytes.data(), bytes.size()));
+  }
+
   // Lookup of one chunk: its lease (0 when not stored).
   uint64_t Lease(Engine& e, Hash128 hash) {
     capnp::MallocMessageBuilder mb;
@@ -253,11 +260,8 @@ TEST_F(NcclLinkTest, PutAndGetOverTheLinkAreByteExactThroughDeviceStaging) {
   EXPECT_TRUE(WaitStagingReturned(*le.engine->conn)) << "the get reused the put's buffer";
   // More puts of the same size reuse that one buffer too (no device allocation per chunk).
   for (uint64_t i = 0; i < 3; ++i) {
-    auto more = RandomBytes(n, 100 + i);
-    auto ri = ReserveOverLink(*le.engine, Hash128{0xAB, 0x100 + i}, n);
-    ASSERT_TRUE(ri.ok()) << ri.status();
-    ASSERT_TRUE(
-        SendAndCommit(le, ri->first, ri->second, more, Checksum64(more.data(), more.size())).ok());
+    Status s = PutOverLink(le, Hash128{0xAB, 0x100 + i}, RandomBytes(n, 100 + i));
+    ASSERT_TRUE(s.ok()) << s;
   }
   EXPECT_TRUE(WaitStagingReturned(*le.engine->conn));
   EXPECT_EQ(Counter(*le.engine->conn, "nccl_links"), 1u);
@@ -279,10 +283,8 @@ TEST_F(NcclLinkTest, WithAGpuTierPutsGoUpDeviceToDeviceAndGetsAreSentFromIt) {
   const uint64_t n = Layout().ChunkBytes(256);
   auto bytes = RandomBytes(n, 61);
   const Hash128 hash{0x6b, 0x1};
-  auto r = ReserveOverLink(*le.engine, hash, n);
-  ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_TRUE(
-      SendAndCommit(le, r->first, r->second, bytes, Checksum64(bytes.data(), bytes.size())).ok());
+  Status put = PutOverLink(le, hash, bytes);
+  ASSERT_TRUE(put.ok()) << put;
   EXPECT_EQ(gpu->d2d.load(), 1) << "copied up from the staging buffer";
   EXPECT_EQ(gpu->h2d.load(), 0) << "not through the host";
   capnp::MallocMessageBuilder stats;
@@ -372,9 +374,8 @@ TEST_F(NcclLinkTest, ChecksumMismatchAndCopyFailureReturnTheSpaceAndFreeTheStagi
   EXPECT_EQ(Lease(*le.engine, Hash128{7, 1}), 0u);
   EXPECT_EQ(Lease(*le.engine, Hash128{7, 2}), 0u);
   // The session goes on: the same chunk put again is stored.
-  auto r3 = ReserveOverLink(*le.engine, Hash128{7, 2}, n);
-  ASSERT_TRUE(r3.ok());
-  ASSERT_TRUE(SendAndCommit(le, r3->first, r3->second, bytes, good).ok());
+  Status again = PutOverLink(le, Hash128{7, 2}, bytes);
+  ASSERT_TRUE(again.ok()) << again;
   EXPECT_NE(Lease(*le.engine, Hash128{7, 2}), 0u);
 }
 
@@ -405,12 +406,8 @@ TEST_F(NcclLinkTest, BytesThatNeverArriveTimeOutAndAClientThatVanishesIsCleanedU
   // The daemon serves the next client.
   LinkedEngine next = ConnectLinked();
   ASSERT_NE(next.link, nullptr);
-  auto bytes = RandomBytes(n, 41);
-  auto r2 = ReserveOverLink(*next.engine, Hash128{9, 3}, n);
-  ASSERT_TRUE(r2.ok());
-  ASSERT_TRUE(
-      SendAndCommit(next, r2->first, r2->second, bytes, Checksum64(bytes.data(), bytes.size()))
-          .ok());
+  Status put = PutOverLink(next, Hash128{9, 3}, RandomBytes(n, 41));
+  EXPECT_TRUE(put.ok()) << put;
 }
 
 }  // namespace

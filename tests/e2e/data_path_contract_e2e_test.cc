@@ -85,6 +85,19 @@ class DataPathContractTest : public ::testing::TestWithParam<DataPath> {
     }
     return std::move(child).value();
   }
+  // Spawns a driver in `mode` that, once it printed `ready`, holds a part of the host tier
+  // (`held`: its reserved or pinned bytes), kills it (SIGKILL) and checks that kvd lets that go.
+  // Returns the driver's pid, 0 (and a test failure) when it did not start.
+  pid_t KillDriverHolding(const std::string& mode, const std::string& ready,
+                          uint64_t client::TierStats::*held, const std::string& not_freed) {
+    auto child = SpawnDriver(mode, ready);
+    if (child == nullptr) return 0;
+    EXPECT_GT(HostTier(*admin_).*held, 0u);
+    const pid_t pid = child->pid();
+    child->Kill();
+    EXPECT_TRUE(Eventually([&] { return HostTier(*admin_).*held == 0; }, 5s)) << not_freed;
+    return pid;
+  }
   // Connects on this path and checks the path is the one asked for.
   std::unique_ptr<client::Client> Connect(const std::string& id, const std::string& ns = "") {
     auto c = ConnectOrFail(Options(id, ns));
@@ -256,13 +269,9 @@ TEST_P(DataPathContractTest, AClientKilledWhileWritingLeavesNoVisibleChunk) {
   auto good = Connect("good");
   ASSERT_NE(good, nullptr);
   // The driver reserves, writes its bytes, prints SENT and waits before Commit.
-  auto child = SpawnDriver("hold", "SENT");
-  ASSERT_NE(child, nullptr);
-  EXPECT_GT(HostTier(*admin_).reserved_bytes, 0u);
-  const pid_t pid = child->pid();
-  child->Kill();
-  EXPECT_TRUE(Eventually([&] { return HostTier(*admin_).reserved_bytes == 0; }, 5s))
-      << "the killed writer's reservation was not reclaimed";
+  const pid_t pid = KillDriverHolding("hold", "SENT", &client::TierStats::reserved_bytes,
+                                      "the killed writer's reservation was not reclaimed");
+  ASSERT_NE(pid, 0);
   EXPECT_EQ(Present(*good, Hash128{0xdead, static_cast<uint64_t>(pid)}), 0u);
   EXPECT_EQ(HostTier(*admin_).chunks, 0u);
   ExpectServes(*good, 61);
@@ -271,13 +280,9 @@ TEST_P(DataPathContractTest, AClientKilledWhileWritingLeavesNoVisibleChunk) {
 TEST_P(DataPathContractTest, AClientKilledHoldingALeaseReleasesItsPins) {
   auto good = Connect("good");
   ASSERT_NE(good, nullptr);
-  auto child = SpawnDriver("lease", "HELD");
-  ASSERT_NE(child, nullptr);
-  EXPECT_GT(HostTier(*admin_).pinned_bytes, 0u);
-  const pid_t pid = child->pid();
-  child->Kill();
-  EXPECT_TRUE(Eventually([&] { return HostTier(*admin_).pinned_bytes == 0; }, 5s))
-      << "the killed reader's lease still pins its chunk";
+  const pid_t pid = KillDriverHolding("lease", "HELD", &client::TierStats::pinned_bytes,
+                                      "the killed reader's lease still pins its chunk");
+  ASSERT_NE(pid, 0);
   // Its chunk stays stored and readable by others; the daemon keeps serving.
   EXPECT_EQ(Present(*good, Hash128{0x1ea5e, static_cast<uint64_t>(pid)}), 1u);
   ExpectServes(*good, 71);

@@ -60,16 +60,21 @@ class IntegrityE2eTest : public ::testing::Test {
     c.metrics = true;
     return c;
   }
-  // Puts `n` chunks one at a time (each acknowledged, so written through to disk) and returns
-  // their bytes.
-  std::vector<std::vector<uint8_t>> PutAll(KvdProcess& kvd, int n) {
-    auto c = ConnectOrFail(kvd.EngineOptions());
-    std::vector<std::vector<uint8_t>> out;
-    if (!c) return out;
+  // Starts kvd with `config` and puts `n` chunks one at a time (each acknowledged, so written
+  // through to disk; a failed put is a test failure); `data` gets their bytes. nullptr (and a
+  // test failure) when kvd did not start or did not take a client.
+  std::unique_ptr<KvdProcess> StartAndPut(const KvdConfig& config, int n,
+                                          std::vector<std::vector<uint8_t>>* data) {
+    auto kvd = StartKvd(config);
+    EXPECT_TRUE(kvd);
+    if (!kvd) return nullptr;
+    auto c = ConnectOrFail(kvd->EngineOptions());
+    if (!c) return nullptr;
+    data->clear();
     for (int i = 0; i < n; ++i) {
-      out.push_back(PutChunk(*c, Hash128{kHi, static_cast<uint64_t>(i)}, 500 + i, kTokens));
+      data->push_back(PutChunk(*c, Hash128{kHi, static_cast<uint64_t>(i)}, 500 + i, kTokens));
     }
-    return out;
+    return kvd;
   }
   // Lookup + Get of chunk i on its own: the bytes, or empty when kvd does not serve it.
   std::vector<uint8_t> Fetch(client::Client& c, int i) {
@@ -96,10 +101,8 @@ TEST_F(IntegrityE2eTest, CorruptChunkOnDiskIsCountedDegradesHealthAndOthersAreSe
   constexpr int kChunks = 6;
   std::vector<std::vector<uint8_t>> data;
   {
-    auto kvd = StartKvd(Config());
+    auto kvd = StartAndPut(Config(), kChunks, &data);
     ASSERT_TRUE(kvd);
-    data = PutAll(*kvd, kChunks);
-    ASSERT_EQ(data.size(), static_cast<size_t>(kChunks));
     int rc = -1;
     const std::string healthy = KvdctlHealth(*kvd, &rc);
     EXPECT_EQ(rc, 0) << healthy;
@@ -200,10 +203,8 @@ TEST_F(IntegrityE2eTest, DamagedWalTailKvdStartsCountsItAndServesWhatPrecedesIt)
   constexpr int kChunks = 24;
   std::vector<std::vector<uint8_t>> data;
   {
-    auto kvd = StartKvd(Config());
+    auto kvd = StartAndPut(Config(), kChunks, &data);
     ASSERT_TRUE(kvd);
-    data = PutAll(*kvd, kChunks);
-    ASSERT_EQ(data.size(), static_cast<size_t>(kChunks));
     kvd->Kill();
   }
   const uint64_t chunk_bytes = data[0].size();
@@ -250,10 +251,8 @@ TEST_F(IntegrityE2eTest, ALowerDiskCapacityAtRestartKeepsWhatDoesNotFitOnDisk) {
   constexpr int kChunks = 4;
   std::vector<std::vector<uint8_t>> data;
   {
-    auto kvd = StartKvd(Config());
+    auto kvd = StartAndPut(Config(), kChunks, &data);
     ASSERT_TRUE(kvd);
-    data = PutAll(*kvd, kChunks);
-    ASSERT_EQ(data.size(), static_cast<size_t>(kChunks));
     EXPECT_EQ(kvd->Stop(), 0);
   }
   const uint64_t chunk_bytes = data[0].size();
@@ -326,10 +325,9 @@ TEST_F(IntegrityE2eTest, BytesChangedInMemoryAreDataLossOnTheGetOnBothPaths) {
   KvdConfig c;
   c.host_capacity = "64MiB";
   c.host_segment = "8MiB";  // the shared-memory path: the arena is memfd segments
-  auto kvd = StartKvd(c);
+  std::vector<std::vector<uint8_t>> data;
+  auto kvd = StartAndPut(c, 3, &data);
   ASSERT_TRUE(kvd);
-  std::vector<std::vector<uint8_t>> data = PutAll(*kvd, 3);
-  ASSERT_EQ(data.size(), 3u);
   // A bit flips in memory after the commit (a RAM fault, a stray write).
   ASSERT_TRUE(FlipInArena(kvd->pid(), data[1], 1000)) << "chunk 1 not found in kvd's arena";
   auto shm = ConnectOrFail(kvd->UnixEngineOptions("shm"));

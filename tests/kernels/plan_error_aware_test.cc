@@ -30,14 +30,7 @@ constexpr int64_t kN = 48, kWindow = 6, kSinks = 2;
 // One layer, two KV heads, float32 (the raw bytes are the floats the reference reads). Head 0:
 // random-walk keys (adjacent keys alike, where merging can win); head 1: independent keys.
 struct SmallChunk {
-  ModelLayout layout{.num_layers = 1,
-                     .num_kv_heads = kHeads,
-                     .num_q_heads = kHeads * kGroup,
-                     .head_dim = kDim,
-                     .dtype = DType::kFloat32,
-                     .tp_rank = 0,
-                     .tp_size = 1,
-                     .rope = {}};
+  ModelLayout layout = testing::Float32Layer(kHeads, kGroup, kDim);
   std::vector<int64_t> positions = testing::SequentialPositions(kN, 100);
   std::vector<uint8_t> raw;
   std::vector<Matrix> keys_post, values, queries;  // per head

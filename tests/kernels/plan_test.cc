@@ -487,11 +487,7 @@ TEST(Plan, RejectsBadInput) {
 }
 
 TEST(Plan, GatherWindowQueriesGroupsQueryHeadsByKvHead) {
-  ModelLayout layout{.num_layers = 1,
-                     .num_kv_heads = 2,
-                     .num_q_heads = 4,
-                     .head_dim = 4,
-                     .dtype = DType::kFloat32};
+  const ModelLayout layout = testing::Float32Layer(2, 2, 4);
   std::vector<float> q(3 * 4 * 4);
   for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(i);
   auto out = GatherWindowQueries(layout, q.data(), 3);

@@ -31,14 +31,7 @@ constexpr int64_t kN = 96, kWindow = 8, kSinks = 2, kFirstPosition = 100;
 // (high R^2), head 1 much (low R^2). Window queries are peaked (stddev 1.5) so that the window
 // mass varies across tokens.
 struct VectorChunk {
-  ModelLayout layout{.num_layers = 1,
-                     .num_kv_heads = kHeads,
-                     .num_q_heads = kHeads * kGroup,
-                     .head_dim = kDim,
-                     .dtype = DType::kFloat32,
-                     .tp_rank = 0,
-                     .tp_size = 1,
-                     .rope = {}};
+  ModelLayout layout = testing::Float32Layer(kHeads, kGroup, kDim);
   std::vector<int64_t> positions = testing::SequentialPositions(kN, kFirstPosition);
   std::vector<uint8_t> raw;
   std::vector<Matrix> kpre, keys_post, values, queries;  // per head

@@ -1,6 +1,6 @@
-// Small hand-built chunks of the plan tests: the raw bytes of one float32 layer in the engine
-// layout (common/layout.h: K[N, H, d] then V[N, H, d]) from per-KV-head post-RoPE keys and
-// values, and VECTOR weights calibrated on a chunk itself.
+// Small hand-built chunks of the plan tests: the layout of one float32 layer, its raw bytes in
+// the engine layout (common/layout.h: K[N, H, d] then V[N, H, d]) from per-KV-head post-RoPE keys
+// and values, and VECTOR weights calibrated on a chunk itself.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,19 @@
 #include "kvd/kernels/vector.h"
 
 namespace kvd::kernels::testing {
+
+// One float32 layer (tp 0/1, default RoPE) of `num_kv_heads` KV heads, each shared by `group`
+// query heads.
+inline ModelLayout Float32Layer(int num_kv_heads, int group, int head_dim) {
+  return ModelLayout{.num_layers = 1,
+                     .num_kv_heads = num_kv_heads,
+                     .num_q_heads = num_kv_heads * group,
+                     .head_dim = head_dim,
+                     .dtype = DType::kFloat32,
+                     .tp_rank = 0,
+                     .tp_size = 1,
+                     .rope = {}};
+}
 
 // REQUIRES: layout.dtype == kFloat32, raw holds layout.ChunkBytes(n), keys/values have
 // layout.num_kv_heads matrices of [n, head_dim].

@@ -73,6 +73,29 @@ inline client::PutItem Item(const Hash128& hash, const Chunk& c, uint64_t first_
   return it;
 }
 
+// A prompt put in one PutChunks: chunk i has tokens[i] tokens (kTokens each but maybe the last),
+// seed `seed + i`, hash {seed, i} and starts at token i * kTokens; its item carries the window
+// queries. The items point into `chunks` (a moved Prompt keeps them valid, a copy does not).
+struct Prompt {
+  std::vector<Chunk> chunks;
+  std::vector<client::PutItem> items;
+  std::vector<Hash128> chain;
+  Prompt() = default;
+  Prompt(Prompt&&) = default;
+  Prompt(const Prompt&) = delete;
+};
+inline Prompt MakePrompt(const ModelLayout& layout, const std::vector<int>& tokens, uint32_t seed) {
+  Prompt p;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    p.chunks.push_back(MakeChunk(layout, tokens[i], seed + static_cast<uint32_t>(i)));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    p.chain.push_back(Hash128{seed, i});
+    p.items.push_back(Item(p.chain[i], p.chunks[i], i * kTokens));
+  }
+  return p;
+}
+
 // The same compression in-process (what the daemon must store byte for byte).
 inline StatusOr<std::vector<uint8_t>> InProcess(const ModelLayout& layout, const Chunk& c,
                                                 uint64_t first_position,

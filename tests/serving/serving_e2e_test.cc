@@ -130,12 +130,10 @@ TEST_F(ServingE2eTest, PrefixIsReusedBitIdenticalAndShortChunksAreLossless) {
   ASSERT_NE(b, nullptr);
   const ModelLayout layout = a->options().layout;
   // Prompt P = chunks 0, 1, then a 40-token tail (too short for sinks + window: lossless).
-  std::vector<Chunk> p = {MakeChunk(layout, kTokens, 1), MakeChunk(layout, kTokens, 2),
-                          MakeChunk(layout, 40, 3)};
-  std::vector<Hash128> chain = {{1, 1}, {1, 2}, {1, 3}};
-  std::vector<client::PutItem> items;
-  for (int i = 0; i < 3; ++i) items.push_back(Item(chain[i], p[i], i * kTokens));
-  auto put = a->PutChunks(items);
+  const Prompt prompt = MakePrompt(layout, {kTokens, kTokens, 40}, 1);
+  const std::vector<Chunk>& p = prompt.chunks;
+  const std::vector<Hash128>& chain = prompt.chain;
+  auto put = a->PutChunks(prompt.items);
   ASSERT_TRUE(put.ok()) << put.status() << "\n" << kvd_->Log();
 
   auto hit_a = a->Lookup(chain);
@@ -327,12 +325,8 @@ TEST_F(ServingE2eTest, StatsSplitCompressionTimeByStage) {
   ASSERT_NE(snap, nullptr);
   ASSERT_NE(hybrid, nullptr);
   const ModelLayout layout = snap->options().layout;
-  std::vector<Chunk> chunks = {MakeChunk(layout, kTokens, 41), MakeChunk(layout, kTokens, 42),
-                               MakeChunk(layout, 40, 43)};
-  std::vector<client::PutItem> items;
-  for (int i = 0; i < 3; ++i) {
-    items.push_back(Item({41, static_cast<uint64_t>(i)}, chunks[i], i * kTokens));
-  }
+  const Prompt prompt = MakePrompt(layout, {kTokens, kTokens, 40}, 41);
+  const std::vector<client::PutItem>& items = prompt.items;
   auto put = snap->PutChunks(items);
   ASSERT_TRUE(put.ok()) << put.status() << "\n" << kvd_->Log();
   auto put_hybrid = hybrid->PutChunks(std::vector<client::PutItem>{items[0]});

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <random>
@@ -86,6 +88,19 @@ class DiskTierTest : public ::testing::Test {
   }
   Status Insert(DiskTier& t, uint64_t n, const std::vector<std::byte>& bytes) {
     return t.Insert(MakeKey(n), 256, Checksum64(bytes.data(), bytes.size()), bytes);
+  }
+  // Stores `bytes` as chunks `chunks` in a tier that is closed again, then runs `damage` on the
+  // database opened directly (behind the tier's back). Call with ASSERT_NO_FATAL_FAILURE.
+  void StoreThenDamage(std::initializer_list<uint64_t> chunks, const std::vector<std::byte>& bytes,
+                       const std::function<void(RawDb&)>& damage) {
+    {
+      auto tier = Open(Options());
+      ASSERT_TRUE(tier);
+      for (uint64_t n : chunks) ASSERT_TRUE(Insert(*tier, n, bytes).ok());
+    }
+    RawDb raw(Options().path);
+    ASSERT_TRUE(raw.ok());
+    damage(raw);
   }
   TempDir dir_;
 };
@@ -176,24 +191,14 @@ TEST_F(DiskTierTest, WalOffStillSurvivesACleanFlush) {
 
 TEST_F(DiskTierTest, CorruptValueIsDataLossAndDropped) {
   const auto bytes = RandomBytes(4096, 4);
-  {
-    auto tier = Open(Options());
-    ASSERT_TRUE(tier);
-    ASSERT_TRUE(Insert(*tier, 1, bytes).ok());
-    ASSERT_TRUE(Insert(*tier, 2, bytes).ok());
-  }
-  {
-    // Flip one payload byte of chunk 1 behind the tier's back.
-    RawDb raw(Options().path);
-    ASSERT_TRUE(raw.ok());
-    rocksdb::DB* db = raw.db();
-    const auto& handles = raw.handles();
+  // Flip one payload byte of the first chunk in key order.
+  ASSERT_NO_FATAL_FAILURE(StoreThenDamage({1, 2}, bytes, [](RawDb& raw) {
     auto first = raw.First(0);
     ASSERT_TRUE(first.has_value());
     auto [key, value] = *first;
     value[100] ^= 0x01;
-    ASSERT_TRUE(db->Put({}, handles[0], key, value).ok());
-  }
+    ASSERT_TRUE(raw.db()->Put({}, raw.handles()[0], key, value).ok());
+  }));
   auto tier = Open(Options());
   ASSERT_TRUE(tier);
   std::vector<std::byte> out(bytes.size());
@@ -212,24 +217,14 @@ TEST_F(DiskTierTest, CorruptValueIsDataLossAndDropped) {
 
 TEST_F(DiskTierTest, MalformedMetadataRecordIsQuarantinedNotFatal) {
   const auto bytes = RandomBytes(4096, 5);
-  {
-    auto tier = Open(Options());
-    ASSERT_TRUE(tier);
-    ASSERT_TRUE(Insert(*tier, 1, bytes).ok());
-    ASSERT_TRUE(Insert(*tier, 2, bytes).ok());
-  }
-  {
-    // Two malformed metadata records behind the tier's back: an undecodable key, and a good key
-    // with a truncated value.
-    RawDb raw(Options().path);
-    ASSERT_TRUE(raw.ok());
-    rocksdb::DB* db = raw.db();
-    const auto& handles = raw.handles();
-    ASSERT_TRUE(db->Put({}, handles[1], "\xff garbage key", "\x01value").ok());
+  // Two malformed metadata records: an undecodable key, and a good key with a truncated value.
+  ASSERT_NO_FATAL_FAILURE(StoreThenDamage({1, 2}, bytes, [](RawDb& raw) {
+    rocksdb::ColumnFamilyHandle* meta = raw.handles()[1];
+    ASSERT_TRUE(raw.db()->Put({}, meta, "\xff garbage key", "\x01value").ok());
     auto first = raw.First(1);
     ASSERT_TRUE(first.has_value());
-    ASSERT_TRUE(db->Put({}, handles[1], first->first, "\x01").ok());
-  }
+    ASSERT_TRUE(raw.db()->Put({}, meta, first->first, "\x01").ok());
+  }));
   auto tier = Open(Options());  // opens: the bad records do not stop the good chunk
   ASSERT_TRUE(tier);
   EXPECT_EQ(tier->quarantined_records(), 2u);
@@ -246,14 +241,7 @@ TEST_F(DiskTierTest, MalformedMetadataRecordIsQuarantinedNotFatal) {
 // one would be counted in used_bytes and could never be served).
 TEST_F(DiskTierTest, RecordsInsertCouldNotHaveWrittenAreQuarantined) {
   const auto bytes = RandomBytes(4096, 6);
-  {
-    auto tier = Open(Options());
-    ASSERT_TRUE(tier);
-    ASSERT_TRUE(Insert(*tier, 1, bytes).ok());
-  }
-  {
-    RawDb raw(Options().path);
-    ASSERT_TRUE(raw.ok());
+  ASSERT_NO_FATAL_FAILURE(StoreThenDamage({1}, bytes, [](RawDb& raw) {
     rocksdb::DB* db = raw.db();
     const auto& handles = raw.handles();
     auto first = raw.First(1);
@@ -268,7 +256,7 @@ TEST_F(DiskTierTest, RecordsInsertCouldNotHaveWrittenAreQuarantined) {
     std::string empty = good_meta;
     std::fill(empty.begin() + 5, empty.begin() + 13, '\0');
     ASSERT_TRUE(db->Put({}, handles[1], good_key, empty).ok());
-  }
+  }));
   auto tier = Open(Options());
   ASSERT_TRUE(tier);
   EXPECT_EQ(tier->quarantined_records(), 2u);
@@ -329,21 +317,12 @@ TEST_F(DiskTierTest, DamagedWalTailIsCountedAndWhatPrecedesItIsServed) {
 
 TEST_F(DiskTierTest, MetadataWithoutValueIsForgottenOnRead) {
   const auto bytes = RandomBytes(2048, 8);
-  {
-    auto tier = Open(Options());
-    ASSERT_TRUE(tier);
-    ASSERT_TRUE(Insert(*tier, 1, bytes).ok());
-  }
-  {
-    // Delete the value but keep the metadata: the state a torn write would leave.
-    RawDb raw(Options().path);
-    ASSERT_TRUE(raw.ok());
-    rocksdb::DB* db = raw.db();
-    const auto& handles = raw.handles();
+  // Delete the value but keep the metadata: the state a torn write would leave.
+  ASSERT_NO_FATAL_FAILURE(StoreThenDamage({1}, bytes, [](RawDb& raw) {
     auto first = raw.First(0);
     ASSERT_TRUE(first.has_value());
-    ASSERT_TRUE(db->Delete({}, handles[0], first->first).ok());
-  }
+    ASSERT_TRUE(raw.db()->Delete({}, raw.handles()[0], first->first).ok());
+  }));
   auto tier = Open(Options());
   ASSERT_TRUE(tier);
   EXPECT_EQ(tier->restored_chunks(), 1u);
