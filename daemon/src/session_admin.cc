@@ -108,6 +108,9 @@ StatsSnapshot Server::Impl::Snapshot() {
       s.compression.emplace_back(m.name, codec->Stats());
     }
   }
+  uint64_t fallbacks = 0;
+  for (const auto& [model, ingest] : s.compression) fallbacks += ingest.device_fallbacks;
+  s.counters.emplace_back("ingest_device_fallbacks", fallbacks);
   s.damage = DamageFound(s);
   return s;
 }

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "hex.h"
+#include "kvd/common/log_limiter.h"
 #include "kvd/common/logging.h"
 #include "kvd/daemon/calibration_store.h"
 #include "kvd/kernels/compact_chunk.h"
@@ -166,6 +167,7 @@ struct ChunkCodec::Impl {
   IngestDevice device;
 
   // ---- CUDA plans (device.cuda) ----
+  LogLimiter fallback_log{std::chrono::minutes(1)};  // counts IngestStats::device_fallbacks
   std::mutex dev_mu;
   std::vector<std::unique_ptr<DeviceWorker>> idle_devices;  // guarded by dev_mu
 
@@ -590,9 +592,13 @@ StatusOr<EncodedChunk> ChunkCodec::Encode(std::span<const uint8_t> put_bytes, ui
             code != StatusCode::kUnavailable) {
           return c.status();
         }
-        KVD_LOG(WARNING) << "CUDA plan failed on a chunk; the CPU plan compresses it"
-                         << Kv("model", impl_->model.name) << Kv("device", impl_->device.Name())
-                         << Kv("status", c.status());
+        if (const uint64_t chunks = impl_->fallback_log.Occur(); chunks > 0) {
+          KVD_LOG(WARNING) << "CUDA plan failed on a chunk; the CPU plan compresses it (logged "
+                              "at most once a minute)"
+                           << Kv("model", impl_->model.name) << Kv("device", impl_->device.Name())
+                           << Kv("status", c.status()) << Kv("chunks_since_last_record", chunks)
+                           << Kv("chunks_total", impl_->fallback_log.total());
+        }
       }
       KVD_RETURN_IF_ERROR(cpu_input());
       kk::CompressionInput input;
@@ -648,6 +654,7 @@ IngestStats ChunkCodec::Stats() const {
   IngestStats s;
   s.device = impl_->device.Name();
   s.device_reason = impl_->device.reason;
+  s.device_fallbacks = impl_->fallback_log.total();
   const auto& names = IngestStageNames();
   for (size_t i = 0; i < kIngestStages; ++i) {
     s.stages.push_back({names[i], impl_->stage_nanos[i].load(std::memory_order_relaxed),

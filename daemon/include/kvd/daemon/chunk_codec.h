@@ -39,8 +39,9 @@
 // (kernels::Compress) or their CUDA plan (kernels::DevicePlan). On CUDA each worker owns a
 // DevicePlan with its own stream: the put's raw chunk and window queries are copied to the device
 // once and only the compact chunk comes back. A chunk the CUDA plan fails on for a device reason
-// (INTERNAL, RESOURCE_EXHAUSTED, UNAVAILABLE) is compressed by the CPU plan instead (WARNING log
-// line); bad input fails the put as on the CPU. On CUDA the stage times are device times.
+// (INTERNAL, RESOURCE_EXHAUSTED, UNAVAILABLE) is compressed by the CPU plan instead (counted in
+// IngestStats::device_fallbacks; a WARNING log line for the first, then at most one a minute);
+// bad input fails the put as on the CPU. On CUDA the stage times are device times.
 //
 // Stage times (Stats(), kvdctl stats, /metrics): every compressed chunk adds the kernels' per-stage
 // times (CompressionStats::stage: convert, derotate, score, select, merge, route, encode; thread
@@ -123,6 +124,10 @@ Status CheckIngestDevices(const DaemonConfig& config);
 struct IngestStats {
   std::string device;         // IngestDevice::Name()
   std::string device_reason;  // IngestDevice::reason
+  // Chunks the CUDA plan failed on (a device error, out of device memory) that the CPU plan
+  // compressed instead. The first is logged (WARNING), then at most one record a minute with the
+  // count since the previous one.
+  uint64_t device_fallbacks = 0;
   // Every stage of IngestStageNames(), in that order (zeros included).
   std::vector<IngestStageTime> stages;
 };
