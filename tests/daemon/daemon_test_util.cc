@@ -184,6 +184,10 @@ Status ResponseStatus(proto::DecodedMessage& m) {
   return proto::FromProto(r.getError());
 }
 
+Status ReplyStatus(const std::unique_ptr<proto::DecodedMessage>& reply) {
+  return reply == nullptr ? Status::Unavailable("no reply") : ResponseStatus(*reply);
+}
+
 std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<uint8_t> out(n);

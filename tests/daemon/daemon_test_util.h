@@ -81,6 +81,8 @@ void BuildGet(capnp::MallocMessageBuilder& mb, uint64_t lease, uint32_t index, u
 
 // Status of an Error response (OK if the response is not an error).
 Status ResponseStatus(proto::DecodedMessage& m);
+// The same for a reply that may not have come (nullptr: UNAVAILABLE "no reply").
+Status ReplyStatus(const std::unique_ptr<proto::DecodedMessage>& reply);
 
 class DaemonTest : public ::testing::Test {
  protected:

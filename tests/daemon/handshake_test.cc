@@ -53,9 +53,7 @@ TEST_F(HandshakeTest, UnknownModelIsRefusedAndConnectionClosed) {
   args.model = "gpt-17";
   args.layout = Layout();
   args.worker_address = "x";
-  auto reply = HelloWith(c, args);
-  ASSERT_NE(reply, nullptr);
-  Status s = ResponseStatus(*reply);
+  Status s = ReplyStatus(HelloWith(c, args));
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_THAT(s.message(), HasSubstr("unknown model \"gpt-17\""));
   EXPECT_THAT(s.message(), HasSubstr("stories260k"));
@@ -97,9 +95,7 @@ TEST_F(HandshakeTest, WrongHashSeedIsRefusedPlainly) {
   HelloArgs args;
   args.seed = "my-own-seed";
   args.worker_address = "x";
-  auto reply = HelloWith(c, args);
-  ASSERT_NE(reply, nullptr);
-  Status s = ResponseStatus(*reply);
+  Status s = ReplyStatus(HelloWith(c, args));
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("hash seed mismatch: client digest 0x"));
   EXPECT_THAT(s.message(), HasSubstr("daemon digest 0x"));
@@ -114,9 +110,7 @@ TEST_F(HandshakeTest, ProtocolVersionAndChunkSizeMismatch) {
     RawClient c(TcpAddress());
     HelloArgs args;
     args.version = 99;
-    auto reply = HelloWith(c, args);
-    ASSERT_NE(reply, nullptr);
-    Status s = ResponseStatus(*reply);
+    Status s = ReplyStatus(HelloWith(c, args));
     EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
     EXPECT_THAT(s.message(), HasSubstr("protocol version mismatch: client speaks 99"));
     EXPECT_TRUE(c.WaitClosed());
@@ -126,18 +120,14 @@ TEST_F(HandshakeTest, ProtocolVersionAndChunkSizeMismatch) {
     HelloArgs args;
     args.chunk_tokens = 128;
     args.worker_address = "x";
-    auto reply = HelloWith(c, args);
-    ASSERT_NE(reply, nullptr);
-    Status s = ResponseStatus(*reply);
+    Status s = ReplyStatus(HelloWith(c, args));
     EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
     EXPECT_THAT(s.message(), HasSubstr("client uses 128 tokens per chunk, daemon uses 256"));
   }
   {
     RawClient c(TcpAddress());
     HelloArgs args;  // engine without a transport address
-    auto reply = HelloWith(c, args);
-    ASSERT_NE(reply, nullptr);
-    Status s = ResponseStatus(*reply);
+    Status s = ReplyStatus(HelloWith(c, args));
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
     EXPECT_THAT(s.message(), HasSubstr("workerAddress"));
   }
@@ -149,9 +139,7 @@ TEST_F(HandshakeTest, RequestBeforeHelloIsRefused) {
   ASSERT_TRUE(c.connected());
   capnp::MallocMessageBuilder mb;
   BuildLookup(mb, {Hash128{1, 1}});
-  auto reply = c.Call(mb);
-  ASSERT_NE(reply, nullptr);
-  Status s = ResponseStatus(*reply);
+  Status s = ReplyStatus(c.Call(mb));
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("first request on a connection must be Hello"));
   EXPECT_TRUE(c.WaitClosed());
@@ -194,9 +182,7 @@ TEST_F(HandshakeTest, OversizedFrameGetsOutOfRangeThenClose) {
   uint8_t header[proto::kFrameHeaderBytes];
   proto::EncodeFrameHeader(1u << 20, header);
   ASSERT_TRUE(c.SendBytes(header));
-  auto reply = c.Read();
-  ASSERT_NE(reply, nullptr);
-  Status s = ResponseStatus(*reply);
+  Status s = ReplyStatus(c.Read());
   EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
   EXPECT_THAT(s.message(), HasSubstr("1048576"));
   EXPECT_THAT(s.message(), HasSubstr("4096"));
@@ -228,9 +214,7 @@ TEST_F(HandshakeTest, MalformedPayloadGetsInvalidArgumentAndConnectionLives) {
   uint32_t table[2] = {0, 0x7fffffff};
   std::memcpy(frame.data() + proto::kFrameHeaderBytes, table, sizeof(table));
   ASSERT_TRUE(c.SendBytes(frame));
-  auto reply = c.Read();
-  ASSERT_NE(reply, nullptr);
-  Status s = ResponseStatus(*reply);
+  Status s = ReplyStatus(c.Read());
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("malformed frame"));
   // Same connection still answers.
@@ -249,9 +233,7 @@ TEST_F(HandshakeTest, MaxSessionsRefusesTheExtraConnection) {
   args.role = proto::Role::ADMIN;
   ASSERT_NE(HelloWith(first, args), nullptr);
   RawClient second(TcpAddress());
-  auto reply = second.Read();
-  ASSERT_NE(reply, nullptr);
-  Status s = ResponseStatus(*reply);
+  Status s = ReplyStatus(second.Read());
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(s.message(), HasSubstr("max_sessions=1"));
   EXPECT_TRUE(second.WaitClosed());

@@ -43,10 +43,6 @@ uint64_t Counter(RawClient& conn, const std::string& name) {
   return ~uint64_t{0};
 }
 
-Status ReplyStatus(const std::unique_ptr<proto::DecodedMessage>& reply) {
-  return reply == nullptr ? Status::Unavailable("no reply") : ResponseStatus(*reply);
-}
-
 // ---- the real link on this machine ----
 
 class NcclLinkRefusalTest : public DaemonTest {};

@@ -133,9 +133,7 @@ TEST_F(PutGetTest, ReserveWithWrongSizesNamesTheNumbers) {
   {
     capnp::MallocMessageBuilder mb;
     BuildReserve(mb, Hash128{1, 1}, 10, right + 4);
-    auto reply = e->conn->Call(mb);
-    ASSERT_NE(reply, nullptr);
-    Status s = ResponseStatus(*reply);
+    Status s = ReplyStatus(e->conn->Call(mb));
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
     EXPECT_THAT(s.message(), HasSubstr(std::to_string(right + 4) + " != " + std::to_string(right) +
                                        " = layout.ChunkBytes(tokens=10)"));
@@ -143,9 +141,7 @@ TEST_F(PutGetTest, ReserveWithWrongSizesNamesTheNumbers) {
   {
     capnp::MallocMessageBuilder mb;
     BuildReserve(mb, Hash128{1, 1}, 257, Layout().ChunkBytes(257));
-    auto reply = e->conn->Call(mb);
-    ASSERT_NE(reply, nullptr);
-    Status s = ResponseStatus(*reply);
+    Status s = ReplyStatus(e->conn->Call(mb));
     EXPECT_EQ(s.code(), StatusCode::kOutOfRange);
     EXPECT_THAT(s.message(), HasSubstr("tokens 257 is outside [1, chunk_tokens=256]"));
   }
@@ -330,9 +326,7 @@ TEST_F(PutGetTest, GetThatTheClientNeverReceivesTimesOutAndUnpins) {
   LookupResult l = Lookup(*e, {Hash128{11, 1}});
   capnp::MallocMessageBuilder mb;
   BuildGet(mb, l.lease, 0, /*tag=*/555, bytes.size());  // no receive posted
-  auto reply = e->conn->Call(mb);
-  ASSERT_NE(reply, nullptr);
-  Status s = ResponseStatus(*reply);
+  Status s = ReplyStatus(e->conn->Call(mb));
   EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded);
   EXPECT_THAT(s.message(), HasSubstr("did not take the chunk"));
   EXPECT_EQ(server_->host_tier()->GetStats().reads_open, 0u);
@@ -388,9 +382,7 @@ TEST_F(PutGetTest, InjectedPostFailureIsReportedAndNothingLeaks) {
   ASSERT_NE(e, nullptr);
   capnp::MallocMessageBuilder mb;
   BuildReserve(mb, Hash128{13, 1}, 8, Layout().ChunkBytes(8));
-  auto reply = e->conn->Call(mb);
-  ASSERT_NE(reply, nullptr);
-  Status s = ResponseStatus(*reply);
+  Status s = ReplyStatus(e->conn->Call(mb));
   EXPECT_EQ(s.code(), StatusCode::kUnavailable);
   EXPECT_THAT(s.message(), HasSubstr("injected fault"));
   EXPECT_EQ(server_->host_tier()->GetStats().reserved_bytes, 0u);
