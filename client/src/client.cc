@@ -213,6 +213,10 @@ void ClientImpl::AbortReservationsLocked(const std::vector<uint64_t>& reservatio
 StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> items) {
   std::lock_guard<std::mutex> lock(mu_);
   KVD_RETURN_IF_ERROR(CheckUsable(true));
+  return PutChunksLocked(items);
+}
+
+StatusOr<std::vector<PutResult>> ClientImpl::PutChunksLocked(std::span<const PutItem> items) {
   std::vector<PutResult> out;
   out.reserve(items.size());
   for (size_t i = 0; i < items.size(); i += options_.max_in_flight) {
@@ -292,15 +296,24 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunks(std::span<const PutItem> 
     Status first_error = plain_out.ok() ? device_out.status() : plain_out.status();
     // Every inline reply is read, even after a failure, so none is left behind unread.
     std::vector<PutResult> part(n);
+    std::vector<size_t> refused;  // inline puts an older kvd did not know: put again below
     for (size_t j = 0, p = 0, d = 0; j < n; ++j) {
       if (is_inline[j]) {
-        Status s = AwaitInlinePutLocked(inline_req[j], window[j], &part[j]);
+        bool was_refused = false;
+        Status s = AwaitInlinePutLocked(inline_req[j], window[j], &part[j], &was_refused);
         if (!s.ok() && first_error.ok()) first_error = s;
+        if (was_refused) refused.push_back(j);
       } else if (first_error.ok()) {
         part[j] = over_nccl[j] ? (*device_out)[d++] : (*plain_out)[p++];
       }
     }
     KVD_RETURN_IF_ERROR(first_error);
+    if (!refused.empty()) {  // inline_put_refused_ is set now: these take the three steps
+      std::vector<PutItem> again;
+      for (size_t j : refused) again.push_back(window[j]);
+      KVD_ASSIGN_OR_RETURN(std::vector<PutResult> redone, PutChunksLocked(again));
+      for (size_t k = 0; k < refused.size(); ++k) part[refused[k]] = redone[k];
+    }
     out.insert(out.end(), part.begin(), part.end());
   }
   return out;

@@ -1,7 +1,7 @@
 // kvd-bench: put/get/lookup throughput and latency against a running kvd.
 //
 //   kvd-bench --addr ADDR --model M (--chunk-bytes B | --tokens T) --count N --concurrency C
-//             --op put|get|both [--depth D] [--lookup-batch L] [--ucx-tls TLS]
+//             --op put|get|both [--depth D] [--lookup-batch L] [--lookup-chain K] [--ucx-tls TLS]
 //             [--net-devices DEV] [--no-shm] [--verify] [--daemon-pid PID | --ready-file F]
 //             [--finite-values] [--retry-busy] [--inline-put-bytes B] [--json]
 //   kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--json]
@@ -11,10 +11,10 @@
 // C client threads (one Client, one connection, one transport each) share N chunks of random
 // bytes. Phases: put (Reserve -> send -> Commit; chunks of at most --inline-put-bytes, default
 // the library's 64 KiB, in one InlinePut exchange instead; 0 = always three steps), lookup (one
-// single-chunk Lookup per chunk), get (one Lookup per L chunks (default 64), then Gets of D chunks
-// in flight per call, checksum-verified by the library). Throughput (gbps) is bytes / time of the
-// phase across all threads, not counting the bench's own work (generating each chunk's bytes before
-// a put,
+// Lookup per K chunks, --lookup-chain, default 1; latency and the daemon's cost per Lookup call),
+// get (one Lookup per L chunks (default 64), then Gets of D chunks in flight per call,
+// checksum-verified by the library). Throughput (gbps) is bytes / time of the phase across all
+// threads, not counting the bench's own work (generating each chunk's bytes before a put,
 // --verify's compare after a get): the time is the longest thread's wall time minus that
 // thread's own work; gbps_wall counts it too (GB/s = 1e9 bytes/s). Latencies are per
 // call (per batch of D with --depth > 1). --op get still stores the chunks first (untimed
@@ -268,7 +268,7 @@ int main(int argc, char** argv) {
   kvd::tools::ConnectionFlags connection;
   kvd::tools::AddConnectionOptions(app, &connection);
   std::string model, op = "both", ready_file;
-  int64_t count = 100, concurrency = 1, depth = 1, lookup_batch = 64, tokens = 0,
+  int64_t count = 100, concurrency = 1, depth = 1, lookup_batch = 64, lookup_chain = 1, tokens = 0,
           chunk_bytes_arg = 0, daemon_pid = 0;
   bool json = false, verify = false, no_shm = false, finite = false, retry_busy = false;
   app.add_option("--model", model, "a model registered in kvd (all ops but memcpy)");
@@ -282,6 +282,8 @@ int main(int argc, char** argv) {
   app.add_option("--op", op, "put, get, both (default) or memcpy (the reference, no daemon)");
   app.add_option("--depth", depth, "chunks in flight per client call (default 1)");
   app.add_option("--lookup-batch", lookup_batch, "chunks per Lookup of the get phase (default 64)");
+  app.add_option("--lookup-chain", lookup_chain,
+                 "chunks per Lookup of the lookup phase (default 1); its ops are Lookup calls");
   auto* pid_opt = app.add_option("--daemon-pid", daemon_pid,
                                  "report the daemon's CPU, context switches and read/write "
                                  "system calls per operation (kvd on this machine)")
@@ -305,8 +307,9 @@ int main(int argc, char** argv) {
   auto usage_error = [&](const std::string& why) { return kvd::cli::UsageError(app, why); };
   if (op != "put" && op != "get" && op != "both" && op != "memcpy")
     return usage_error("--op must be put, get, both or memcpy");
-  if (count <= 0 || concurrency <= 0 || depth <= 0 || lookup_batch <= 0) {
-    return usage_error("--count, --concurrency, --depth and --lookup-batch must be > 0");
+  if (count <= 0 || concurrency <= 0 || depth <= 0 || lookup_batch <= 0 || lookup_chain <= 0) {
+    return usage_error(
+        "--count, --concurrency, --depth, --lookup-batch and --lookup-chain must be > 0");
   }
   if (!ready_file.empty()) {
     std::string why;
@@ -455,14 +458,17 @@ int main(int argc, char** argv) {
   if (op != "put" && first_error.ok()) {
     phases.push_back(run_phase(
         "lookup", [&](int t, std::vector<double>& lat, uint64_t& ops, uint64_t& bytes) -> Status {
-          for (uint64_t i : indices(t)) {
-            kvd::Hash128 h = ChunkHash(run, i);
+          auto idx = indices(t);
+          for (size_t b = 0; b < idx.size(); b += lookup_chain) {
+            size_t nb = std::min<size_t>(lookup_chain, idx.size() - b);
+            std::vector<kvd::Hash128> chain(nb);
+            for (size_t j = 0; j < nb; ++j) chain[j] = ChunkHash(run, idx[b + j]);
             auto t0 = Clock::now();
-            auto r = clients[t]->Lookup({&h, 1});
+            auto r = clients[t]->Lookup(chain);
             lat.push_back(us_since(t0));
             if (!r.ok()) return r.status();
-            if (r->matched_chunks != 1) {
-              return Status::NotFound("chunk " + std::to_string(i) +
+            if (r->matched_chunks != nb) {
+              return Status::NotFound("chunk " + std::to_string(idx[b + r->matched_chunks]) +
                                       " missing at lookup (evicted? "
                                       "the host tier may be smaller than count x chunk bytes)");
             }
@@ -529,6 +535,7 @@ int main(int argc, char** argv) {
   j["shared_memory"] = shm_used;
   j["inline_put_bytes"] = base.inline_put_bytes;
   j["inline_puts"] = chunk_bytes <= base.inline_put_bytes;
+  j["lookup_chain"] = lookup_chain;
   if (daemon_pid > 0) j["daemon_pid"] = daemon_pid;
   if (!first_error.ok()) j["error"] = first_error.ToString();
   if (op == "get") phases.erase(phases.begin());  // the untimed put

@@ -38,7 +38,7 @@ def test_help_names_every_option():
     assert r.returncode == 0, r.stderr
     for flag in ["--addr", "--ucx-tls", "--net-devices", "--namespace", "--hash-seed",
                  "--client-id", "--timeout-ms", "--model", "--chunk-bytes", "--tokens", "--count",
-                 "--concurrency", "--op", "--depth", "--lookup-batch", "--daemon-pid",
+                 "--concurrency", "--op", "--depth", "--lookup-batch", "--lookup-chain", "--daemon-pid",
                  "--ready-file", "--no-shm", "--verify", "--finite-values", "--retry-busy",
                  "--json"]:
         assert flag in r.stdout, flag
@@ -112,6 +112,42 @@ def test_daemon_counters_per_op_against_a_real_kvd(kvd):
     r = run([BENCH, "--addr", f"unix:{sock}", "--model", "stories260k", "--tokens", "256",
              "--count", "4", "--op", "put", "--json"])
     assert r.returncode == 0 and "daemon_cpu_us_per_op" not in r.stdout
+
+
+def test_lookup_chain_counts_lookup_calls(kvd):
+    proc, ready, sock = kvd
+    # 20 chunks in chains of 8: 3 Lookup calls (8, 8, 4 chunks); every chunk must be found.
+    r = run([BENCH, "--addr", f"unix:{sock}", "--model", "stories260k", "--tokens", "16",
+             "--count", "20", "--op", "get", "--lookup-chain", "8", "--ready-file", str(ready),
+             "--json"])
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["lookup_chain"] == 8
+    assert j["lookup"]["ops"] == 3 and j["get"]["ops"] == 20
+    r = run([BENCH, "--addr", f"unix:{sock}", "--model", "stories260k", "--tokens", "16",
+             "--lookup-chain", "0"])
+    assert r.returncode == 2 and "--lookup-chain must be > 0" in r.stderr, r.stderr
+
+
+def test_bench_small_ops_short_run(tmp_path):
+    build = os.path.dirname(os.path.dirname(os.path.abspath(BENCH)))
+    env = dict(os.environ, KVD_SMALL_ROUNDS="1", KVD_SMALL_COUNT="20",
+               KVD_SMALL_RESULTS=str(tmp_path / "results.tsv"))
+    shm_before = set(os.listdir("/dev/shm"))
+    r = subprocess.run(["bash", os.path.join(ROOT, "deploy", "bench-small-ops.sh"), build],
+                       capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    names = {l.split("\t")[1] for l in open(tmp_path / "results.tsv").read().splitlines()}
+    for size in (1280, 16384, 65536):
+        for way in ("inline", "3-step shm", "3-step ucx"):
+            assert f"put {size} {way}" in names, names
+    for chain in (1, 16, 64):
+        assert f"lookup chain {chain}" in names, names
+    for size in (16384, 65536):
+        for depth in (1, 4, 16):
+            assert f"get {size} depth {depth} shm" in names and f"get {size} depth {depth} ucx" in names
+    assert "medians over rounds" in r.stdout
+    assert set(os.listdir("/dev/shm")) <= shm_before
 
 
 @pytest.fixture

@@ -67,6 +67,21 @@ class ClientTest : public ::testing::Test {
     return v;
   }
 
+  // One Lookup finds every chunk of `chain`, and one GetChunks reads back exactly `data`.
+  static void ExpectChainReadsBack(Client& c, const std::vector<Hash128>& chain,
+                                   const std::vector<std::vector<uint8_t>>& data) {
+    auto hit = c.Lookup(chain);
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    ASSERT_EQ(hit->matched_chunks, chain.size());
+    std::vector<std::vector<uint8_t>> out;
+    std::vector<GetItem> gets;
+    for (const auto& d : data) out.emplace_back(d.size());
+    for (uint32_t i = 0; i < out.size(); ++i) gets.push_back({i, out[i].data(), out[i].size()});
+    auto got = c.GetChunks(hit->lease_id, gets);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(out, data);
+  }
+
   std::string domain_;
   std::unique_ptr<FakeDaemon> daemon_;
 };
@@ -126,14 +141,69 @@ TEST_F(ClientTest, PipelinesMoreChunksThanTheWindow) {
   ASSERT_TRUE(c->PutChunks(items).ok());
   EXPECT_EQ(daemon_->seen("reserve"), 8);
   EXPECT_EQ(daemon_->seen("commit"), 8);
-  auto hit = c->Lookup(chain);
-  ASSERT_TRUE(hit.ok());
-  ASSERT_EQ(hit->matched_chunks, 8u);
-  std::vector<std::vector<uint8_t>> out(8, std::vector<uint8_t>(bytes));
-  std::vector<GetItem> gets;
-  for (uint32_t i = 0; i < 8; ++i) gets.push_back({i, out[i].data(), bytes});
-  ASSERT_TRUE(c->GetChunks(hit->lease_id, gets).ok());
-  EXPECT_EQ(out, data);
+  ExpectChainReadsBack(*c, chain, data);
+}
+
+TEST_F(ClientTest, KvdWithoutInlinePutGetsThreeStepPutsAndIsRemembered) {
+  FakeDaemonBehavior b;
+  b.predates_inline_put = true;
+  Start(b);
+  ClientOptions o = Options();
+  o.max_in_flight = 3;
+  auto c = Connect(o);
+  ASSERT_NE(c, nullptr);
+  const size_t bytes = TinyLayout().ChunkBytes(32);
+  ASSERT_LE(bytes, o.inline_put_bytes);  // every put here is small enough to go inline
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<PutItem> items;
+  std::vector<Hash128> chain;
+  for (uint64_t i = 0; i < 8; ++i) {
+    data.push_back(Random(bytes, 300 + i));
+    chain.push_back({i, 77});
+  }
+  for (int i = 0; i < 5; ++i) items.push_back({chain[i], 32, data[i].data(), bytes});
+  auto put = c->PutChunks(items);
+  ASSERT_TRUE(put.ok()) << put.status();
+  ASSERT_EQ(put->size(), 5u);
+  for (const PutResult& r : *put) {
+    EXPECT_EQ(r.bytes, bytes);
+    EXPECT_FALSE(r.already_stored);
+  }
+  // The first window (3 puts, pipelined) went inline and was refused; those 3 and the next
+  // window's 2 took the three steps.
+  EXPECT_EQ(daemon_->seen("inline_put"), 3);
+  EXPECT_EQ(daemon_->seen("reserve"), 5);
+  EXPECT_EQ(daemon_->seen("commit"), 5);
+  EXPECT_EQ(daemon_->stored_chunks(), 5u);
+  // Remembered: later puts do not try inline again.
+  auto one = c->Put(chain[5], 32, data[5].data(), bytes);
+  ASSERT_TRUE(one.ok()) << one.status();
+  std::vector<PutItem> more = {{chain[6], 32, data[6].data(), bytes},
+                               {chain[7], 32, data[7].data(), bytes}};
+  ASSERT_TRUE(c->PutChunks(more).ok());
+  EXPECT_EQ(daemon_->seen("inline_put"), 3);
+  EXPECT_EQ(daemon_->seen("commit"), 8);
+  ExpectChainReadsBack(*c, chain, data);
+}
+
+TEST_F(ClientTest, KvdWithoutInlinePutFallsBackForASinglePut) {
+  FakeDaemonBehavior b;
+  b.predates_inline_put = true;
+  Start(b);
+  auto c = Connect(Options());
+  ASSERT_NE(c, nullptr);
+  const size_t bytes = TinyLayout().ChunkBytes(32);
+  auto data = Random(bytes, 400);
+  auto put = c->Put(Hash128{9, 9}, 32, data.data(), bytes);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->bytes, bytes);
+  EXPECT_EQ(daemon_->seen("inline_put"), 1);
+  EXPECT_EQ(daemon_->seen("commit"), 1);
+  // A duplicate now goes straight to Reserve, which reports it stored.
+  auto again = c->Put(Hash128{9, 9}, 32, data.data(), bytes);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->already_stored);
+  EXPECT_EQ(daemon_->seen("inline_put"), 1);
 }
 
 TEST_F(ClientTest, PerLayerPutAndGet) {

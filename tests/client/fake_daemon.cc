@@ -66,8 +66,8 @@ std::string Kind(proto::Request::Reader r) {
       return "calibration";
     case proto::Request::WEIGHTS:
       return "weights";
-    case proto::Request::INLINE_PUT:  // never sent here: the fake's HelloReply has no
-      return "inline_put";            // maxFrameBytes, so every put takes three steps
+    case proto::Request::INLINE_PUT:  // sent only with predates_inline_put (HelloReply
+      return "inline_put";            // without maxFrameBytes: every put takes three steps)
     default:
       break;
   }
@@ -192,8 +192,19 @@ void FakeDaemon::ServeConnection(int fd) {
         std::string me = std::move(transport_->LocalAddress()).value();
         r.setWorkerAddress(kj::arrayPtr(reinterpret_cast<const kj::byte*>(me.data()), me.size()));
         r.setTransport("loopback");
+        if (behavior_.predates_inline_put) r.setMaxFrameBytes(proto::kDefaultMaxFrameBytes);
         break;
       }
+      case proto::Request::INLINE_PUT:
+        if (!behavior_.predates_inline_put) {
+          fail(Status::Unimplemented("fake daemon: " + kind));
+          break;
+        }
+        // The text of kvd's answer to a request kind its schema does not know.
+        fail(Status::InvalidArgument("unknown request kind " +
+                                     std::to_string(static_cast<int>(req.which())) +
+                                     " (newer client?)"));
+        break;
       case proto::Request::RESERVE: {
         auto rv = req.getReserve();
         Hash128 h = proto::FromProto(rv.getChunkHash());
