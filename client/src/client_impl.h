@@ -155,7 +155,8 @@ class ClientImpl final : public Client {
   StatusOr<std::vector<GetResult>> GetWindowShmLocked(uint64_t lease_id,
                                                       std::span<const GetItem> items);
   // The address of `bytes` at a slot of a reply to `request_id`, mapping the segment's memfd if
-  // the reply carried one. INTERNAL if the slot lies outside what is mapped.
+  // the reply carried one, with the slot's pages mapped in. INTERNAL if the slot lies outside
+  // what is mapped.
   StatusOr<std::byte*> SlotLocked(uint64_t request_id, uint32_t segment, uint64_t offset,
                                   uint64_t generation, bool fd_attached, uint64_t bytes);
   void UnmapSegmentsLocked();
@@ -165,6 +166,7 @@ class ClientImpl final : public Client {
     uint64_t size = 0;
     bool pin_tried = false;  // page-locked for device copies on first use (device.h)
     bool pinned = false;
+    std::vector<bool> populated;  // per kPopulateGranule (shm.cc): page tables filled
   };
   static void UnmapSegment(MappedSegment& seg);
   // Page-locks a mapped segment the first time a device buffer is copied to or from it.

@@ -11,6 +11,7 @@
 
 #include "client_impl.h"
 #include "kvd/client/device.h"
+#include "kvd/common/copy_checksum.h"
 #include "kvd/common/hash.h"
 #include "kvd/proto/convert.h"
 
@@ -32,6 +33,13 @@ Status ProtectSlot(std::byte* slot, uint64_t bytes, bool writable) {
   }
   return Status::Ok();
 }
+// A segment's page tables are filled as its slots are first used, a granule at a time, not all
+// at the first map: filling a whole 64 MiB segment (MAP_POPULATE) took 40-50 ms on a loaded
+// 2-core box, a stall on whichever put or get first touched the segment. One
+// MADV_POPULATE_READ per slot still spares the copy a fault per page (a write fault per 4 KiB
+// page cost ~4x more here); shmem needs no write notification, so once ProtectSlot opens a
+// slot for writing its PTEs are writable and a put's stores do not fault either.
+constexpr uint64_t kPopulateGranule = uint64_t{256} << 10;
 
 }  // namespace
 
@@ -80,8 +88,8 @@ StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segmen
     }
     const uint64_t size = static_cast<uint64_t>(st.st_size);
     // Read-only: committed chunks are immutable here; a put opens its own slot (ProtectSlot).
-    // MAP_POPULATE: the page tables are filled once here, not by a fault per page on each copy.
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+    // The page tables are filled per slot below (kPopulateGranule).
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
     const int err = errno;
     ::close(fd);
     if (p == MAP_FAILED) {
@@ -90,17 +98,39 @@ StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segmen
     }
     auto old = segments_.find(segment);
     if (old != segments_.end()) UnmapSegment(old->second);
-    segments_[segment] = MappedSegment{generation, static_cast<std::byte*>(p), size};
+    MappedSegment& seg = segments_[segment];
+    seg = MappedSegment{generation, static_cast<std::byte*>(p), size};
+    seg.populated.assign((size + kPopulateGranule - 1) / kPopulateGranule, false);
   }
   auto it = segments_.find(segment);
   if (it == segments_.end() || it->second.generation != generation) {
     return Status::Internal("kvd named arena segment " + std::to_string(segment) + " (generation " +
                             std::to_string(generation) + ") that this client has not mapped");
   }
-  if (offset > it->second.size || bytes > it->second.size - offset) {
+  MappedSegment& seg = it->second;
+  if (offset > seg.size || bytes > seg.size - offset) {
     return Status::Internal("kvd named a slot outside arena segment " + std::to_string(segment));
   }
-  return it->second.data + offset;
+  if (bytes > 0) {
+    // The granules of the slot not filled yet, in one call. Best effort: where the kernel lacks
+    // MADV_POPULATE_* (before Linux 5.14) the copy faults the pages in.
+    const uint64_t first = offset / kPopulateGranule,
+                   last = (offset + bytes - 1) / kPopulateGranule;
+    uint64_t from = last + 1, to = first;
+    for (uint64_t g = first; g <= last; ++g) {
+      if (!seg.populated[g]) {
+        from = std::min(from, g);
+        to = std::max(to, g);
+      }
+    }
+    if (from <= to) {
+      const uint64_t begin = from * kPopulateGranule;
+      const uint64_t end = std::min(seg.size, (to + 1) * kPopulateGranule);
+      ::madvise(seg.data + begin, end - begin, MADV_POPULATE_READ);
+      for (uint64_t g = from; g <= to; ++g) seg.populated[g] = true;
+    }
+  }
+  return seg.data + offset;
 }
 
 StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const PutItem> items) {
@@ -136,17 +166,22 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
     // checksum then reads the slot.
     const bool from_device = IsDevice(items[i].data) || IsDevice(items[i].window_queries.data());
     if (from_device) PinSegmentLocked(rv->segment);
+    // Host bytes alone are copied and checksummed in one pass over them (copy_checksum.h).
+    const bool fused = !from_device && items[i].window_queries.empty();
     Status copied = ProtectSlot(*slot, put_bytes, /*writable=*/true);
-    if (copied.ok()) {
+    if (copied.ok() && fused) {
+      copied = LocateForUse(items[i].data, "put data").status();
+      if (copied.ok()) checksum[i] = CopyWithChecksum64(*slot, items[i].data, items[i].bytes);
+    } else if (copied.ok()) {
       copied =
           CopyToHostFrom(*slot, items[i].data, items[i].bytes, items[i].cuda_stream, "put data");
-    }
-    if (copied.ok() && !items[i].window_queries.empty()) {
-      // The window queries follow the raw chunk in the slot (no staging copy); the checksum
-      // then reads the slot once instead of two source buffers.
-      copied =
-          CopyToHostFrom(*slot + items[i].bytes, items[i].window_queries.data(),
-                         put_bytes - items[i].bytes, items[i].cuda_stream, "put window queries");
+      if (copied.ok() && !items[i].window_queries.empty()) {
+        // The window queries follow the raw chunk in the slot (no staging copy); the checksum
+        // then reads the slot once instead of two source buffers.
+        copied =
+            CopyToHostFrom(*slot + items[i].bytes, items[i].window_queries.data(),
+                           put_bytes - items[i].bytes, items[i].cuda_stream, "put window queries");
+      }
     }
     // Read-only again before the commit goes out (the copies above have completed).
     Status closed = ProtectSlot(*slot, put_bytes, /*writable=*/false);
@@ -155,11 +190,7 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
       first_error = copied;
       continue;
     }
-    if (from_device || !items[i].window_queries.empty()) {
-      checksum[i] = Checksum64(*slot, put_bytes);
-    } else {
-      checksum[i] = Checksum64(items[i].data, items[i].bytes);
-    }
+    if (!fused) checksum[i] = Checksum64(*slot, put_bytes);
   }
   if (!first_error.ok()) {
     AbortReservationsLocked(to_abort);
@@ -243,14 +274,15 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowShmLocked(uint64_t lease_i
       if (first_error.ok()) first_error = slot.status();
       continue;
     }
-    // End to end: the bytes must match the checksum the writer committed. Host buffers are
-    // checked after the copy; for a device buffer (device.h) the slot is checked (it stays
-    // pinned by the read until released below) and then copied on the item's stream.
+    // End to end: the bytes must match the checksum the writer committed. The slot is checked
+    // (it stays pinned by the read until released below): for a host buffer in the same pass
+    // as the copy (each block hashed, then copied from the cache); for a device buffer
+    // (device.h) first, then copied on the item's stream.
     const bool to_device = IsDevice(items[i].out);
     if (to_device) PinSegmentLocked(segment);
-    const void* checked = to_device ? static_cast<const void*>(*slot) : items[i].out;
-    if (!to_device) std::memcpy(items[i].out, *slot, out[i].bytes);
-    if (Checksum64(checked, out[i].bytes) != out[i].checksum) {
+    const uint64_t sum = to_device ? Checksum64(*slot, out[i].bytes)
+                                   : CopyWithChecksum64(items[i].out, *slot, out[i].bytes);
+    if (sum != out[i].checksum) {
       if (first_error.ok()) {
         first_error = Status::DataLoss("get: checksum mismatch on chunk " +
                                        std::to_string(items[i].chunk_index) + " of lease " +

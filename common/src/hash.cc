@@ -1,5 +1,7 @@
 #include "kvd/common/hash.h"
 
+#include "kvd/common/copy_checksum.h"
+
 // xxh3 is inlined (Debian's libxxhash is a generic build: 5-7 GB/s here); Checksum64 picks an
 // AVX2 build of it at run time (hash_avx2.cc: 12-16 GB/s). The VALUES are identical on every path,
 // and the library still runs on CPUs without AVX2.
@@ -11,6 +13,8 @@
 
 #include <cstring>
 #include <vector>
+
+#include "copy_checksum.h"
 
 namespace kvd {
 
@@ -70,24 +74,47 @@ Hash128 ChainHashBlock(uint64_t seed, const Hash128& prev, std::span<const int32
 
 namespace internal {
 #if defined(KVD_HAVE_AVX2_CHECKSUM)
-uint64_t Checksum64Avx2(const void* data, size_t size);  // hash_avx2.cc
+uint64_t Checksum64Avx2(const void* data, size_t size);                    // hash_avx2.cc
+uint64_t CopyWithChecksum64Avx2(void* dst, const void* src, size_t size);  // hash_avx2.cc
 #endif
 uint64_t Checksum64Baseline(const void* data, size_t size) { return XXH3_64bits(data, size); }
+uint64_t CopyWithChecksum64Baseline(void* dst, const void* src, size_t size) {
+  return CopyWithChecksum64Blocked(dst, src, size);
+}
 }  // namespace internal
 
 namespace {
 using ChecksumFn = uint64_t (*)(const void*, size_t);
+using CopyChecksumFn = uint64_t (*)(void*, const void*, size_t);
+bool UseAvx2() {
+#if defined(KVD_HAVE_AVX2_CHECKSUM)
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
+}
 ChecksumFn PickChecksum() {
 #if defined(KVD_HAVE_AVX2_CHECKSUM)
-  if (__builtin_cpu_supports("avx2")) return &internal::Checksum64Avx2;
+  if (UseAvx2()) return &internal::Checksum64Avx2;
 #endif
   return &internal::Checksum64Baseline;
+}
+CopyChecksumFn PickCopyChecksum() {
+#if defined(KVD_HAVE_AVX2_CHECKSUM)
+  if (UseAvx2()) return &internal::CopyWithChecksum64Avx2;
+#endif
+  return &internal::CopyWithChecksum64Baseline;
 }
 }  // namespace
 
 uint64_t Checksum64(const void* data, size_t size) {
   static const ChecksumFn fn = PickChecksum();
   return fn(data, size);
+}
+
+uint64_t CopyWithChecksum64(void* dst, const void* src, size_t size) {
+  static const CopyChecksumFn fn = PickCopyChecksum();
+  return fn(dst, src, size);
 }
 
 Checksum64Stream::Checksum64Stream() : state_(XXH3_createState()) {

@@ -8,8 +8,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "copy_checksum.h"
+
 namespace kvd::internal {
 
 uint64_t Checksum64Avx2(const void* data, size_t size) { return XXH3_64bits(data, size); }
+
+uint64_t CopyWithChecksum64Avx2(void* dst, const void* src, size_t size) {
+  return CopyWithChecksum64Blocked(dst, src, size);
+}
 
 }  // namespace kvd::internal

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
+
+#include "kvd/common/copy_checksum.h"
 
 namespace kvd {
 namespace {
@@ -66,6 +69,42 @@ TEST(HashTest, Checksum64EqualsReferenceXxh3ForEverySizeClass) {
   std::vector<uint8_t> buf((1 << 20) + 3);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
   for (const Case& c : cases) EXPECT_EQ(Checksum64(buf.data(), c.size), c.xxh3) << c.size;
+}
+
+// The fused copy must copy exactly the bytes (nothing past the end: guard bytes) and give the
+// same value as Checksum64 of them, for sizes across the short forms, the 32 KiB blocks and the
+// non-temporal (8 MiB) threshold, at aligned and unaligned source and destination addresses.
+TEST(HashTest, CopyWithChecksum64EqualsCopyThenChecksum64) {
+  constexpr size_t kMib = size_t{1} << 20;
+  const size_t sizes[] = {0,          1,        3,        16,           17,       63,
+                          64,         65,       129,      240,          241,      1023,
+                          1024,       1025,     4099,     32767,        32768,    32769,
+                          65536 + 17, 1 * kMib, 2 * kMib, 8 * kMib - 1, 8 * kMib, 8 * kMib + 4099};
+  struct Offsets {
+    size_t src, dst;
+  };
+  const Offsets offsets[] = {{0, 0}, {1, 7}, {13, 51}, {32, 5}, {63, 0}};
+  constexpr size_t kSlack = 128;  // room for the offsets, then guard bytes
+  std::vector<uint8_t> src(8 * kMib + 4099 + kSlack);
+  for (size_t i = 0; i < src.size(); ++i) {
+    src[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  }
+  std::vector<uint8_t> dst(src.size() + kSlack);
+  for (size_t size : sizes) {
+    for (const Offsets& o : offsets) {
+      std::fill(dst.begin(), dst.end(), uint8_t{0xA5});
+      const uint8_t* from = src.data() + o.src;
+      uint8_t* to = dst.data() + o.dst;
+      const uint64_t sum = CopyWithChecksum64(to, from, size);
+      EXPECT_EQ(sum, Checksum64(from, size)) << "size " << size << " src+" << o.src;
+      EXPECT_EQ(std::memcmp(to, from, size), 0) << "size " << size << " dst+" << o.dst;
+      for (size_t i = 0; i < o.dst; ++i) ASSERT_EQ(dst[i], 0xA5) << "byte before the copy";
+      for (size_t i = o.dst + size; i < o.dst + size + 64; ++i) {
+        ASSERT_EQ(dst[i], 0xA5) << "byte " << i - o.dst << " after a copy of " << size;
+      }
+    }
+  }
+  EXPECT_EQ(CopyWithChecksum64(nullptr, nullptr, 0), Checksum64(nullptr, 0));
 }
 
 }  // namespace
