@@ -104,7 +104,9 @@ Status Server::Impl::Init() {
       host.alignment = page;
     }
     const uint64_t mapped = (host.capacity_bytes + page - 1) / page * page;
-    auto shm = ShmArena::Create(mapped, segment);
+    // With the prefault on, one spare segment is kept ready, so a segment turnover does not
+    // fault fresh memory in on the put path either.
+    auto shm = ShmArena::Create(mapped, segment, config_.host_prefault ? 1 : 0);
     if (!shm.ok()) return shm.status().WithContext("cannot create the shared-memory host tier");
     shm_ = std::move(*shm);
     auto region = transport_->RegisterMemory(shm_->base(), mapped, transport::MemoryType::kHost);

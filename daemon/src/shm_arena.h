@@ -14,16 +14,28 @@
 // Release: when a segment's last block goes (SegmentListener), the segment gets a NEW memfd,
 // mapped over the old range (MAP_FIXED: the daemon's addresses do not change), and the old
 // memfd's pages are punched out and its fd closed. Clients still mapping the old memfd see zeros
-// there and never the bytes another namespace writes into the segment next. Each replacement
-// bumps the segment's generation, so a session knows its client needs the new fd.
+// there and never the bytes another namespace writes into the segment next (those go to the new
+// memfd). Each replacement bumps the segment's generation, so a session knows its client needs
+// the new fd.
+//
+// Spare segments: a fresh memfd's pages would be allocated and zeroed as the clients' puts first
+// touch them, i.e. on the put path, after every segment turnover; and freeing the old memfd's
+// pages (64 MiB by default) would hold the tier's lock. So, with `spare_segments` > 0, a background
+// thread keeps that many memfds of segment_bytes with every page allocated (fallocate) ready, and a
+// replacement takes one (when none is ready, it creates a fresh one as before). The same thread
+// punches out and closes the replaced memfds, off the tier's lock; until it has, clients of the
+// old namespace that still map the old memfd may read its old bytes (their own), never another
+// namespace's. Each spare is segment_bytes of resident memory on top of the arena.
 //
 // Thread safety: thread-safe (one mutex). OnSegmentReleased runs under the tier's lock.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "kvd/common/status.h"
@@ -34,9 +46,11 @@ namespace kvd::daemon {
 class ShmArena final : public storage::SegmentListener {
  public:
   // `capacity` and `segment_bytes` multiples of the page size (segment_bytes > 0). Maps every
-  // segment; memory is committed lazily (or by the daemon's prefault pass).
+  // segment; memory is committed lazily (or by the daemon's prefault pass). `spare_segments`:
+  // prepared memfds kept ready for replacements (see above; 0 = none, no thread).
   // INVALID_ARGUMENT (sizes), RESOURCE_EXHAUSTED (memfd_create / mmap failed, with errno text).
-  static StatusOr<std::unique_ptr<ShmArena>> Create(uint64_t capacity, uint64_t segment_bytes);
+  static StatusOr<std::unique_ptr<ShmArena>> Create(uint64_t capacity, uint64_t segment_bytes,
+                                                    uint32_t spare_segments = 0);
   ~ShmArena() override;
   ShmArena(const ShmArena&) = delete;
   ShmArena& operator=(const ShmArena&) = delete;
@@ -59,15 +73,22 @@ class ShmArena final : public storage::SegmentListener {
   };
   StatusOr<SegmentFd> DupSegment(uint32_t segment, bool read_only = false) const;
 
-  // SegmentListener: swaps in a fresh memfd (see above). Logs (never fails) if the kernel refuses;
-  // then the old memfd stays, and the segment's generation does not change.
+  // SegmentListener: swaps in a spare or fresh memfd (see above). Logs (never fails) if the
+  // kernel refuses; then the old memfd stays, and the segment's generation does not change.
   void OnSegmentReleased(uint32_t segment) override;
 
-  // Times a segment's memory was replaced (for stats and tests).
+  // Times a segment's memory was replaced, and how many of those took a prepared spare (for
+  // stats and tests).
   uint64_t replacements() const;
+  uint64_t spares_used() const;
+
+  // Blocks until the background thread has retired every replaced memfd and holds
+  // `spare_segments` spares (or gave up preparing them). For tests; returns at once without spares.
+  void WaitForSpares() const;
 
  private:
   ShmArena() = default;
+  void SpareLoop();
   struct Segment {
     int fd = -1;
     uint64_t generation = 1;
@@ -79,6 +100,16 @@ class ShmArena final : public storage::SegmentListener {
   mutable std::mutex mu_;
   std::vector<Segment> segments_;  // GUARDED_BY(mu_)
   uint64_t replacements_ = 0;      // GUARDED_BY(mu_)
+  uint64_t spares_used_ = 0;       // GUARDED_BY(mu_)
+  uint32_t spare_target_ = 0;
+  std::vector<int> spares_;     // GUARDED_BY(mu_): memfds of segment_bytes_, pages allocated
+  std::vector<int> retired_;    // GUARDED_BY(mu_): replaced memfds to punch out and close
+  bool busy_ = false;           // GUARDED_BY(mu_): the thread works outside the lock
+  bool stop_ = false;           // GUARDED_BY(mu_)
+  bool spares_failed_ = false;  // GUARDED_BY(mu_): preparing a spare failed; none are made
+  mutable std::condition_variable work_cv_;  // wakes the thread
+  mutable std::condition_variable idle_cv_;  // wakes WaitForSpares
+  std::thread spare_thread_;
 };
 
 }  // namespace kvd::daemon
