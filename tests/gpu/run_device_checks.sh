@@ -131,7 +131,7 @@ run() {
 }
 
 run kernels cuda_kernels 150 "$BIN/kernels_test" --gtest_filter='*Cuda*:-DevicePlanCuda*'
-run plan device_plan 120 "$BIN/kernels_test" --gtest_filter='DevicePlan*'
+run plan device_plan 180 "$BIN/kernels_test" --gtest_filter='DevicePlan*'
 run kernels all_kernels 120 "$BIN/kernels_test" --gtest_brief=1
 if ((FULL)); then
   run gpu-tier gpu_tier 60 "$BIN/storage_gpu_tier_test" --gtest_filter='GpuTierCuda*'
