@@ -32,15 +32,12 @@ COMPACT=2950728  # its compact chunk at p_c 0.5 (format v2, docs/chunk-format.md
 for b in kvd kvd-bench kvdctl kernels_bench storage_bench; do
   [[ -x "$BIN/$b" ]] || { echo "[ingest] $BIN/$b not built" >&2; exit 1; }
 done
-work=$(mktemp -d /tmp/kvd-bench-ingest.XXXXXX)
 # shellcheck source=deploy/bench-lib.sh
 source deploy/bench-lib.sh
-cleanup() {
-  bench_cleanup
+bench_on_exit() {
   if [[ -n "${KVD_BENCH_OUT:-}" ]]; then mkdir -p "$KVD_BENCH_OUT" && cp -r "$work"/. "$KVD_BENCH_OUT"/; fi
-  rm -rf "$work"
 }
-trap cleanup EXIT
+bench_scratch bench-ingest
 
 echo "load before: $(uptime)"
 # ---- 1. per-stage compression cost ----

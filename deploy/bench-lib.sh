@@ -1,9 +1,28 @@
 # Shell functions the benchmark scripts share (sourced by deploy/bench-transport.sh and
 # deploy/bench-peers.sh; not run on its own). The sourcing script sets `work` (a scratch folder
-# it removes) and `BIN` (kvd's binaries) first, and calls bench_cleanup from its EXIT trap.
+# it removes) and `BIN` (kvd's binaries) first, and calls bench_cleanup from its EXIT trap;
+# bench_scratch does both the folder and the trap.
 
 kvd_pid=""
 bench_bg_pids=()  # other background processes a script started (ucx_perftest servers, peers)
+
+# bench_scratch NAME: makes the scratch folder $work (/tmp/kvd-NAME.XXXXXX) and sets the
+# EXIT/INT/TERM trap bench_exit, so every script cleans up the same way.
+bench_scratch() {
+  work=$(mktemp -d "/tmp/kvd-$1.XXXXXX")
+  trap bench_exit EXIT INT TERM
+}
+
+# The trap of bench_scratch: stops kvd and the background processes (bench_cleanup), runs the
+# script's own bench_on_exit if it defines one (while $work still exists), removes $work and
+# keeps the exit status.
+bench_exit() {
+  local rc=$?
+  bench_cleanup
+  if declare -F bench_on_exit > /dev/null; then bench_on_exit; fi
+  rm -rf "$work"
+  exit $rc
+}
 
 # Stops kvd (TERM, then KILL after 5 s) and every process in bench_bg_pids.
 bench_cleanup() {

@@ -56,22 +56,17 @@ if ((shm_mib < 768)); then
 fi
 shm_before=$(ls /dev/shm | sort)
 
-work=$(mktemp -d /tmp/kvd-peers.XXXXXX)
 # shellcheck source=deploy/bench-lib.sh
 source deploy/bench-lib.sh
-results=${KVD_PEERS_RESULTS:-$work/results.tsv}
-: >"$results"
-cleanup() {
-  local rc=$?
-  bench_cleanup
-  rm -rf "$work"
-  # Whatever a peer left in /dev/shm during this run (kvd's memfds leave nothing there).
+# Whatever a peer left in /dev/shm during this run (kvd's memfds leave nothing there).
+bench_on_exit() {
   comm -13 <(echo "$shm_before") <(ls /dev/shm | sort) | while read -r f; do
     [[ -n "$f" ]] && rm -f "/dev/shm/$f"
   done
-  exit $rc
 }
-trap cleanup EXIT INT TERM
+bench_scratch peers
+results=${KVD_PEERS_RESULTS:-$work/results.tsv}
+: >"$results"
 
 skipped() { [[ "$SKIP" == *" $1 "* ]]; }
 count_for() {  # values per measurement: <= 192 MiB moved, enough ops for a p99 at small sizes

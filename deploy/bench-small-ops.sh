@@ -25,18 +25,11 @@ for b in kvd kvd-bench; do
   [[ -x "$BIN/$b" ]] || { echo "[small] $BIN/$b not built (run ./deploy/setup.sh)" >&2; exit 1; }
 done
 
-work=$(mktemp -d /tmp/kvd-small.XXXXXX)
 # shellcheck source=deploy/bench-lib.sh
 source deploy/bench-lib.sh
+bench_scratch small
 results=${KVD_SMALL_RESULTS:-$work/results.tsv}
 : >"$results"
-cleanup() {
-  local rc=$?
-  bench_cleanup
-  rm -rf "$work"
-  exit $rc
-}
-trap cleanup EXIT INT TERM
 
 # One layer, one KV head of 64 dims, bf16: 256 bytes a token, so 5 / 64 / 256 tokens make
 # 1280 B / 16 KiB / 64 KiB chunks.

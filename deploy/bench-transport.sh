@@ -28,16 +28,9 @@ for b in kvd kvd-bench; do
 done
 command -v ucx_perftest >/dev/null || { echo "[bench] ucx_perftest not found (apt-get install ucx-utils)" >&2; exit 1; }
 
-work=$(mktemp -d /tmp/kvd-bench.XXXXXX)
 # shellcheck source=deploy/bench-lib.sh
 source deploy/bench-lib.sh
-cleanup() {
-  local rc=$?
-  bench_cleanup
-  rm -rf "$work"
-  exit $rc
-}
-trap cleanup EXIT INT TERM
+bench_scratch bench
 
 # ---- kvd on its embedded default (llama-3.1-8b: 16 tokens = 2 MiB raw chunk) ----
 start_kvd

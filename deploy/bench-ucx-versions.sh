@@ -29,12 +29,11 @@ for b in "$B113/bin/kvd" "$B113/bin/kvd-bench" "$B122/bin/kvd" "$B122/bin/kvd-be
 done
 command -v ucx_perftest >/dev/null || { echo "[ucxv] ucx_perftest (ucx-utils) missing" >&2; exit 1; }
 
-work=$(mktemp -d /tmp/kvd-ucxv.XXXXXX)
 BIN=""  # bench-lib's start_kvd runs $BIN/kvd: set per version below
 # shellcheck source=deploy/bench-lib.sh
 source deploy/bench-lib.sh
+bench_scratch ucxv
 results=$work/results.tsv
-trap 'bench_cleanup; rm -rf "$work"' EXIT INT TERM
 
 # perftest VERSION LANE SIZE: one tag_bw run; records GB/s (1e9; perftest's MB/s are MiB/s).
 perftest() {

@@ -68,6 +68,20 @@ class ClientTest : public ::testing::Test {
   }
 
   // One Lookup finds every chunk of `chain`, and one GetChunks reads back exactly `data`.
+  // n chunks of `bytes` random bytes (seeds seed, seed + 1, ...) and their chain {i, tag}.
+  struct RandomChainData {
+    std::vector<std::vector<uint8_t>> data;
+    std::vector<Hash128> chain;
+  };
+  static RandomChainData RandomChain(uint64_t n, size_t bytes, uint64_t seed, uint64_t tag) {
+    RandomChainData out;
+    for (uint64_t i = 0; i < n; ++i) {
+      out.data.push_back(Random(bytes, seed + i));
+      out.chain.push_back({i, tag});
+    }
+    return out;
+  }
+
   static void ExpectChainReadsBack(Client& c, const std::vector<Hash128>& chain,
                                    const std::vector<std::vector<uint8_t>>& data) {
     auto hit = c.Lookup(chain);
@@ -130,13 +144,8 @@ TEST_F(ClientTest, PipelinesMoreChunksThanTheWindow) {
   auto c = Connect(o);
   ASSERT_NE(c, nullptr);
   const size_t bytes = TinyLayout().ChunkBytes(32);
-  std::vector<std::vector<uint8_t>> data;
+  auto [data, chain] = RandomChain(8, bytes, 100, 42);
   std::vector<PutItem> items;
-  std::vector<Hash128> chain;
-  for (uint64_t i = 0; i < 8; ++i) {
-    data.push_back(Random(bytes, 100 + i));
-    chain.push_back({i, 42});
-  }
   for (int i = 0; i < 8; ++i) items.push_back({chain[i], 32, data[i].data(), bytes});
   ASSERT_TRUE(c->PutChunks(items).ok());
   EXPECT_EQ(daemon_->seen("reserve"), 8);
@@ -154,13 +163,8 @@ TEST_F(ClientTest, KvdWithoutInlinePutGetsThreeStepPutsAndIsRemembered) {
   ASSERT_NE(c, nullptr);
   const size_t bytes = TinyLayout().ChunkBytes(32);
   ASSERT_LE(bytes, o.inline_put_bytes);  // every put here is small enough to go inline
-  std::vector<std::vector<uint8_t>> data;
+  auto [data, chain] = RandomChain(8, bytes, 300, 77);
   std::vector<PutItem> items;
-  std::vector<Hash128> chain;
-  for (uint64_t i = 0; i < 8; ++i) {
-    data.push_back(Random(bytes, 300 + i));
-    chain.push_back({i, 77});
-  }
   for (int i = 0; i < 5; ++i) items.push_back({chain[i], 32, data[i].data(), bytes});
   auto put = c->PutChunks(items);
   ASSERT_TRUE(put.ok()) << put.status();
