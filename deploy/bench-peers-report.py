@@ -38,7 +38,7 @@ def ingest(results, rnd, peer, size, clients, kind, path):
         if kind == "kvdbench" and peer.startswith("kvd-shm") and not j.get("shared_memory"):
             print(f"  {peer}: kvd did not grant the shared-memory path", file=sys.stderr)
             return 1
-        for op in ("put", "get", "lookup", "memcpy_fresh", "memcpy_warm"):
+        for op in ("warmup", "put", "get", "lookup", "memcpy_fresh", "memcpy_warm"):
             if op in j:
                 p = j[op]
                 rows.append((op, None if op == "lookup" else p["gbps"], p["p50_us"], p["p99_us"],

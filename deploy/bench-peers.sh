@@ -15,6 +15,14 @@
 #   KVD_PEERS_SKIP      peers not to run, e.g. "mooncake redis" (names: kvd-shm kvd-ucx memcpy
 #                       ucx_perftest mooncake redis)
 #   KVD_PEERS_RESULTS   keep the raw results (tab-separated) at this path
+#   KVD_PEERS_WARMUP    1 (default): kvd-bench --warmup as below; 0: none
+#
+# kvd is measured warm, like the long-lived engine it serves and like the peers' warm buffers:
+# every kvd-bench run first puts and gets about the arena's size of chunks of its own per client
+# (kvd-bench --warmup, ARENA / value size rounds per client thread: 4096 x 64 KiB, 128 x 2 MiB,
+# 8 x 32 MiB), so the first use of each slot's pages (segment maps, page-table fills) is paid
+# before the timed phases. That cost is reported as kvd's "warmup" rows (latency per put + get
+# round). KVD_PEERS_WARMUP=0 measures kvd cold instead.
 #
 # Peers that are not installed are reported and skipped, never fatal:
 #   ucx_perftest   Debian ucx-utils (apt-get install ucx-utils)
@@ -27,7 +35,8 @@
 # Memory: kvd's arena is 256 MiB (64 MiB segments), Mooncake's segment 256 MiB; the peers run
 # one after the other, so at most ~512 MiB of arenas plus the clients' buffers (4 clients x 32 MiB
 # x 2) exist at once. The script checks MemAvailable and /dev/shm first, and every measurement
-# moves at most 192 MiB (64 KiB x 400, 2 MiB x 48, 32 MiB x 6). Runs ~6-10 minutes.
+# moves at most 192 MiB (64 KiB x 400, 2 MiB x 48, 32 MiB x 6) plus kvd's warmup (256 MiB per
+# client, put and read back). Runs ~6-10 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-${KVD_BUILD_DIR:-build}}
@@ -36,6 +45,8 @@ ROUNDS=${KVD_PEERS_ROUNDS:-3}
 SIZES=${KVD_PEERS_SIZES:-"65536 2097152 33554432"}
 CLIENTS=${KVD_PEERS_CLIENTS:-"1 4"}
 SKIP=" ${KVD_PEERS_SKIP:-} "
+WARMUP=${KVD_PEERS_WARMUP:-1}
+ARENA_BYTES=$((256 << 20))  # kvd's tiers.host.capacity below
 TLS=sm,tcp
 REPORT=deploy/bench-peers-report.py
 
@@ -71,6 +82,9 @@ results=${KVD_PEERS_RESULTS:-$work/results.tsv}
 skipped() { [[ "$SKIP" == *" $1 "* ]]; }
 count_for() {  # values per measurement: <= 192 MiB moved, enough ops for a p99 at small sizes
   if (($1 <= 65536)); then echo 400; elif (($1 <= 2097152)); then echo 48; else echo 6; fi
+}
+warmup_for() {  # kvd-bench --warmup rounds per client: the arena's size in values of $1 bytes
+  if [[ "$WARMUP" == 0 ]]; then echo 0; else echo $(((ARENA_BYTES + $1 - 1) / $1)); fi
 }
 
 # ---- kvd: a small arena; llama-3.1-8b for 2 / 32 MiB chunks (128 KiB a token), a one-layer
@@ -175,7 +189,7 @@ for round in $(seq "$ROUNDS"); do
     for c in $CLIENTS; do
       kb=(--addr "unix:$work/kvd.sock" --model "$(model_for "$size")" --chunk-bytes "$size"
           --count "$n" --concurrency "$c" --op both --ucx-tls "$TLS" --net-devices lo
-          --ready-file "$work/ready.json" --json)
+          --warmup "$(warmup_for "$size")" --ready-file "$work/ready.json" --json)
       if ! skipped kvd-shm; then
         "$BIN/kvd-bench" "${kb[@]}" >"$work/out.json" 2>"$work/err.txt" ||
           { echo "  kvd-shm failed: $(tail -1 "$work/err.txt")" >&2; }

@@ -3,7 +3,7 @@
 //   kvd-bench --addr ADDR --model M (--chunk-bytes B | --tokens T) --count N --concurrency C
 //             --op put|get|both [--depth D] [--lookup-batch L] [--lookup-chain K] [--ucx-tls TLS]
 //             [--net-devices DEV] [--no-shm] [--verify] [--daemon-pid PID | --ready-file F]
-//             [--finite-values] [--retry-busy] [--inline-put-bytes B] [--json]
+//             [--finite-values] [--retry-busy] [--inline-put-bytes B] [--warmup W] [--json]
 //   kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--json]
 //
 // Over a unix-socket address the clients use the shared-memory path when kvd grants it
@@ -13,8 +13,14 @@
 // the library's 64 KiB, in one InlinePut exchange instead; 0 = always three steps), lookup (one
 // Lookup per K chunks, --lookup-chain, default 1; latency and the daemon's cost per Lookup call),
 // get (one Lookup per L chunks (default 64), then Gets of D chunks in flight per call,
-// checksum-verified by the library). Throughput (gbps) is bytes / time of the phase across all
-// threads, not counting the bench's own work (generating each chunk's bytes before a put,
+// checksum-verified by the library). --warmup W first runs a phase "warmup": each client thread
+// puts, looks up, gets and releases W chunks of its own, one at a time, with keys the timed
+// phases never use, so the first use of each connection's mappings and of the daemon's memory
+// (segment maps, page-table fills) is paid there, as a long-lived engine pays it once, and stays
+// visible in that phase's figures (latency per round of put + lookup + get + release; its GB/s
+// counts the bytes put and read back). Default 0: no warmup, the timed phases pay first use.
+// Throughput (gbps) is bytes / time of the phase across all threads, not counting the bench's own
+// work (generating each chunk's bytes before a put,
 // --verify's compare after a get): the time is the longest thread's wall time minus that
 // thread's own work; gbps_wall counts it too (GB/s = 1e9 bytes/s). Latencies are per
 // call (per batch of D with --depth > 1). --op get still stores the chunks first (untimed
@@ -56,6 +62,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <span>
 #include <thread>
 
 #include "daemon_stats.h"
@@ -269,7 +276,7 @@ int main(int argc, char** argv) {
   kvd::tools::AddConnectionOptions(app, &connection);
   std::string model, op = "both", ready_file;
   int64_t count = 100, concurrency = 1, depth = 1, lookup_batch = 64, lookup_chain = 1, tokens = 0,
-          chunk_bytes_arg = 0, daemon_pid = 0;
+          chunk_bytes_arg = 0, daemon_pid = 0, warmup = 0;
   bool json = false, verify = false, no_shm = false, finite = false, retry_busy = false;
   app.add_option("--model", model, "a model registered in kvd (all ops but memcpy)");
   app.add_option("--chunk-bytes", chunk_bytes_arg,
@@ -300,6 +307,10 @@ int main(int argc, char** argv) {
   app.add_option("--inline-put-bytes", inline_put_bytes,
                  "puts of at most this many bytes in one exchange (default 64 KiB; 0 = off)")
       ->transform(CLI::AsSizeValue(false));
+  app.add_option("--warmup", warmup,
+                 "untimed put + get rounds per client thread before the timed phases, with keys "
+                 "of their own (default 0); reported as phase \"warmup\"")
+      ->transform(CLI::AsSizeValue(false));
   app.add_flag("--json", json, "print one JSON object");
   if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
   kvd::client::ClientOptions base;
@@ -311,6 +322,8 @@ int main(int argc, char** argv) {
     return usage_error(
         "--count, --concurrency, --depth, --lookup-batch and --lookup-chain must be > 0");
   }
+  if (warmup < 0) return usage_error("--warmup must be >= 0");
+  if (warmup > 0 && op == "memcpy") return usage_error("--warmup needs a daemon (not --op memcpy)");
   if (!ready_file.empty()) {
     std::string why;
     daemon_pid = PidFromReadyFile(ready_file, &why);
@@ -423,37 +436,79 @@ int main(int argc, char** argv) {
     return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
   };
 
+  // One PutChunks call, retried while kvd's ingest pool is full with --retry-busy.
+  auto put_chunks = [&](int t, std::span<const kvd::client::PutItem> items) {
+    auto r = clients[t]->PutChunks(items);
+    while (retry_busy && !r.ok() && r.status().code() == kvd::StatusCode::kResourceExhausted) {
+      ++busy_retries[t];
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      r = clients[t]->PutChunks(items);
+    }
+    return r;
+  };
+
   std::vector<PhaseResult> phases;
-  phases.push_back(run_phase(
-      "put", [&](int t, std::vector<double>& lat, uint64_t& ops, uint64_t& bytes) -> Status {
-        auto idx = indices(t);
-        std::vector<std::vector<uint8_t>> bufs(depth, std::vector<uint8_t>(chunk_bytes));
-        for (size_t i = 0; i < idx.size(); i += depth) {
-          size_t n = std::min<size_t>(depth, idx.size() - i);
-          std::vector<kvd::client::PutItem> items(n);
-          auto fill0 = Clock::now();
-          for (size_t j = 0; j < n; ++j) {
-            fill(bufs[j].data(), chunk_bytes, run, idx[i + j]);
-            items[j] = {ChunkHash(run, idx[i + j]), static_cast<int>(tokens), bufs[j].data(),
-                        chunk_bytes};
+  if (warmup > 0) {
+    // Keys of another run value: never those of the timed phases.
+    const uint64_t warmup_run = run ^ 0x7761726d75702121ull;
+    phases.push_back(run_phase(
+        "warmup", [&](int t, std::vector<double>& lat, uint64_t& ops, uint64_t& bytes) -> Status {
+          std::vector<uint8_t> buf(chunk_bytes), back(chunk_bytes);
+          for (int64_t i = 0; i < warmup; ++i) {
+            const uint64_t index = static_cast<uint64_t>(t) * warmup + i;
+            const kvd::Hash128 hash = ChunkHash(warmup_run, index);
+            auto fill0 = Clock::now();
+            fill(buf.data(), chunk_bytes, warmup_run, index);
+            const kvd::client::PutItem item{hash, static_cast<int>(tokens), buf.data(),
+                                            chunk_bytes};
+            auto t0 = Clock::now();
+            own_s[t] += std::chrono::duration<double>(t0 - fill0).count();
+            auto r = put_chunks(t, {&item, 1});
+            if (!r.ok()) return r.status();
+            auto l = clients[t]->Lookup({&hash, 1});
+            if (!l.ok()) return l.status();
+            if (l->matched_chunks != 1) {
+              return Status::NotFound("warmup chunk " + std::to_string(index) +
+                                      " missing right after its put");
+            }
+            const kvd::client::GetItem get{0, back.data(), chunk_bytes};
+            auto g = clients[t]->GetChunks(l->lease_id, {&get, 1});
+            if (!g.ok()) return g.status();
+            KVD_RETURN_IF_ERROR(clients[t]->ReleaseLease(l->lease_id));
+            lat.push_back(us_since(t0));
+            ++ops;
+            bytes += 2 * chunk_bytes;
           }
-          auto t0 = Clock::now();
-          own_s[t] += std::chrono::duration<double>(t0 - fill0).count();
-          auto r = clients[t]->PutChunks(items);
-          while (retry_busy && !r.ok() &&
-                 r.status().code() == kvd::StatusCode::kResourceExhausted) {
-            ++busy_retries[t];
-            std::this_thread::sleep_for(std::chrono::milliseconds(2));
-            r = clients[t]->PutChunks(items);
+          return Status::Ok();
+        }));
+    for (uint64_t& b : busy_retries) phases.back().busy_retries += std::exchange(b, 0);
+  }
+  if (first_error.ok()) {
+    phases.push_back(run_phase(
+        "put", [&](int t, std::vector<double>& lat, uint64_t& ops, uint64_t& bytes) -> Status {
+          auto idx = indices(t);
+          std::vector<std::vector<uint8_t>> bufs(depth, std::vector<uint8_t>(chunk_bytes));
+          for (size_t i = 0; i < idx.size(); i += depth) {
+            size_t n = std::min<size_t>(depth, idx.size() - i);
+            std::vector<kvd::client::PutItem> items(n);
+            auto fill0 = Clock::now();
+            for (size_t j = 0; j < n; ++j) {
+              fill(bufs[j].data(), chunk_bytes, run, idx[i + j]);
+              items[j] = {ChunkHash(run, idx[i + j]), static_cast<int>(tokens), bufs[j].data(),
+                          chunk_bytes};
+            }
+            auto t0 = Clock::now();
+            own_s[t] += std::chrono::duration<double>(t0 - fill0).count();
+            auto r = put_chunks(t, items);
+            lat.push_back(us_since(t0));
+            if (!r.ok()) return r.status();
+            ops += n;
+            bytes += n * chunk_bytes;
           }
-          lat.push_back(us_since(t0));
-          if (!r.ok()) return r.status();
-          ops += n;
-          bytes += n * chunk_bytes;
-        }
-        return Status::Ok();
-      }));
-  for (uint64_t b : busy_retries) phases.back().busy_retries += b;
+          return Status::Ok();
+        }));
+    for (uint64_t b : busy_retries) phases.back().busy_retries += b;
+  }
 
   if (op != "put" && first_error.ok()) {
     phases.push_back(run_phase(
@@ -538,7 +593,12 @@ int main(int argc, char** argv) {
   j["lookup_chain"] = lookup_chain;
   if (daemon_pid > 0) j["daemon_pid"] = daemon_pid;
   if (!first_error.ok()) j["error"] = first_error.ToString();
-  if (op == "get") phases.erase(phases.begin());  // the untimed put
+  if (warmup > 0) j["warmup_rounds"] = warmup;
+  if (op == "get") {  // the untimed put
+    phases.erase(std::remove_if(phases.begin(), phases.end(),
+                                [](const PhaseResult& p) { return p.name == "put"; }),
+                 phases.end());
+  }
   PrintPhases(phases, std::move(j), json,
               "kvd-bench: model " + model + ", " + kvd::tools::HumanBytes(chunk_bytes) +
                   " chunks (" + std::to_string(tokens) + " tokens), count " +

@@ -52,7 +52,7 @@ def test_help_names_every_option():
                  "--client-id", "--timeout-ms", "--model", "--chunk-bytes", "--tokens", "--count",
                  "--concurrency", "--op", "--depth", "--lookup-batch", "--lookup-chain", "--daemon-pid",
                  "--ready-file", "--no-shm", "--verify", "--finite-values", "--retry-busy",
-                 "--json"]:
+                 "--warmup", "--json"]:
         assert flag in r.stdout, flag
     r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--count", "lots"])
     assert r.returncode == 2 and "--count" in r.stderr, r.stderr
@@ -68,6 +68,8 @@ def test_usage_errors_name_the_problem():
     assert r.returncode == 2 and "daemon pid 99999999: NOT_FOUND" in r.stderr, r.stderr
     r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--ready-file", "/nonexistent"])
     assert r.returncode == 2 and "cannot read --ready-file /nonexistent" in r.stderr
+    r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--warmup", "2"])
+    assert r.returncode == 2 and "--warmup needs a daemon" in r.stderr, r.stderr
 
 
 @contextlib.contextmanager
@@ -124,6 +126,44 @@ def test_daemon_counters_per_op_against_a_real_kvd(kvd):
     r = run([BENCH, "--addr", f"unix:{sock}", "--model", "stories260k", "--tokens", "256",
              "--count", "4", "--op", "put", "--json"])
     assert r.returncode == 0 and "daemon_cpu_us_per_op" not in r.stdout
+
+
+def kvd_counters(sock):
+    r = run([os.path.join(os.path.dirname(os.path.abspath(BENCH)), "kvdctl"), "--addr",
+             f"unix:{sock}", "--json", "stats"])
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["counters"]
+
+
+def test_warmup_is_its_own_phase_with_its_own_keys(kvd):
+    proc, ready, sock = kvd
+    # 2 threads x 3 warmup rounds (a put and a get each), then the timed phases of 10 chunks:
+    # the warmup's keys are not the timed ones (the timed puts store 10 new chunks).
+    r = run([BENCH, "--addr", f"unix:{sock}", "--model", "stories260k", "--tokens", "64",
+             "--count", "10", "--concurrency", "2", "--op", "both", "--warmup", "3", "--verify",
+             "--ready-file", str(ready), "--json"])
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["warmup_rounds"] == 3 and j["shared_memory"]
+    chunk = j["chunk_bytes"]
+    w = j["warmup"]
+    assert w["ops"] == 6 and w["bytes"] == 6 * 2 * chunk
+    assert 0 < w["p50_us"] <= w["p99_us"] and w["daemon_cpu_us_per_op"] > 0
+    for phase in ("put", "lookup", "get"):
+        assert j[phase]["ops"] == 10, j[phase]
+    assert j["put"]["bytes"] == 10 * chunk
+    # 6 warmup chunks + 10 timed ones, all new: 16 commits, none a dedup of another.
+    counters = kvd_counters(sock)
+    assert counters["host_commits"] == 16 and counters["host_dedup_puts"] == 0, counters
+    # --op get keeps the warmup and drops only the untimed put.
+    r = run([BENCH, "--addr", f"unix:{sock}", "--model", "stories260k", "--tokens", "64",
+             "--count", "4", "--op", "get", "--warmup", "1", "--json"])
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert "put" not in j and j["warmup"]["ops"] == 1 and j["get"]["ops"] == 4
+    r = run([BENCH, "--addr", f"unix:{sock}", "--model", "stories260k", "--tokens", "64",
+             "--warmup", "-1"])
+    assert r.returncode == 2 and "--warmup must be >= 0" in r.stderr, r.stderr
 
 
 def test_lookup_chain_counts_lookup_calls(kvd):
@@ -248,7 +288,7 @@ def test_bench_peers_short_run(tmp_path):
     assert "kvd idle (no client" in r.stdout
     rows = [l.split("\t") for l in open(tmp_path / "results.tsv").read().splitlines()]
     ops = {(row[1], row[4]) for row in rows}
-    assert {("kvd-shm", "put"), ("kvd-shm", "get"), ("kvd-shm", "lookup"),
+    assert {("kvd-shm", "warmup"), ("kvd-shm", "put"), ("kvd-shm", "get"), ("kvd-shm", "lookup"),
             ("memcpy", "memcpy_fresh"), ("memcpy", "memcpy_warm")} <= ops, ops
     assert "| lookup p99 on the unix socket" in r.stdout
     assert not shm_left_behind(shm_before)
