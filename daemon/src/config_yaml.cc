@@ -372,12 +372,14 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
           GetBool(p, "tiers.placement", "promote_on_hit", &c->placement.promote_on_hit));
     }
     if (YAML::Node h = n["host"]; h.IsDefined()) {
-      KVD_RETURN_IF_ERROR(CheckMap(
-          h, "tiers.host",
-          {"capacity", "alignment", "read_ttl_ms", "prefault", "shared_memory", "segment"}));
+      KVD_RETURN_IF_ERROR(CheckMap(h, "tiers.host",
+                                   {"capacity", "alignment", "read_ttl_ms", "prefault",
+                                    "shared_memory", "segment", "verify_shm_commits"}));
       KVD_RETURN_IF_ERROR(GetBool(h, "tiers.host", "shared_memory", &c->host_shared_memory));
       KVD_RETURN_IF_ERROR(GetBytes(h, "tiers.host", "segment", &c->host_tier.segment_bytes));
       KVD_RETURN_IF_ERROR(GetBool(h, "tiers.host", "prefault", &c->host_prefault));
+      KVD_RETURN_IF_ERROR(
+          GetBool(h, "tiers.host", "verify_shm_commits", &c->host_verify_shm_commits));
       KVD_RETURN_IF_ERROR(GetBytes(h, "tiers.host", "capacity", &c->host_tier.capacity_bytes));
       KVD_RETURN_IF_ERROR(GetBytes(h, "tiers.host", "alignment", &c->host_tier.alignment));
       int64_t read_ttl = c->host_tier.read_ttl.count();

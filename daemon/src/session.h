@@ -61,6 +61,9 @@ class Session : public std::enable_shared_from_this<Session> {
     uint64_t bytes = 0;
     int64_t deadline_ns = 0;
     bool busy = false;  // a Commit, Abort or expiry owns it
+    // The client wrote the bytes into the slot itself (shared memory) and checksummed them in
+    // the same pass: its Commit is verified only with tiers.host.verify_shm_commits.
+    bool written_in_place = false;
     // Set for a model with a compression policy: the put is compressed on Commit.
     std::shared_ptr<void> ticket;  // ChunkCodec admission, held until the put ends
     std::byte* data = nullptr;     // the reservation's bytes

@@ -582,6 +582,7 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
       server_->tier()->Abort(reservation->id).IgnoreError();
       return CompleteError(seq, rid, ref.status());
     }
+    put.written_in_place = true;
     pending_puts_[reservation->id] = put;
     server_->RegisterReservation(reservation->id, id_);
     CompleteShm(seq,
@@ -730,11 +731,22 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
   const uint64_t expected_bytes = put.bytes;
   // A model with a compression policy: the ingest pool verifies, compresses and stores.
   ChunkCodec* codec = put.ticket ? codec_ : nullptr;
+  // A shared-memory put carries the checksum its writer computed over the bytes it copied in:
+  // recorded without reading them unless tiers.host.verify_shm_commits (config.h says why).
+  const storage::CommitCheck check =
+      put.written_in_place && !server_->config().host_verify_shm_commits
+          ? storage::CommitCheck::kTrustWriter
+          : storage::CommitCheck::kVerify;
+  // Such a commit reads no bytes and, without a disk tier, writes none: it runs right here on
+  // the io thread, sparing the two thread hand-offs (to the pool and back) of the others.
+  const bool commit_here = check == storage::CommitCheck::kTrustWriter && codec == nullptr &&
+                           staging_memory == nullptr && tiers->disk() == nullptr;
   // Only trivially destructible captures in a co_await expression (see FinishLookup): the
   // put is read through a pointer into this coroutine's frame, which outlives the callback.
   const PendingPut* pput = &put;
   // Runs once the bytes are complete in the reserved slot: compress and store (codec), or verify
-  // and commit through the tier manager; either way on a worker thread, never the io thread.
+  // and commit through the tier manager; either way on a worker thread, never the io thread
+  // (but for `commit_here`, which reads no bytes).
   auto copy_in = [=]() -> Status {
     if (staging_memory == nullptr) return Status::Ok();
     Status s = staging_memory->CopyToHost(pput->data, pput->staging, pput->bytes);
@@ -755,10 +767,12 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
         Status status = stored.status;
         complete(Landed{st, status, std::move(stored)});
       });
+    } else if (commit_here) {
+      complete(Landed{st, tiers->Commit(reservation, checksum, check), {}});
     } else {
       asio::post(*pool, [=] {
         if (Status c = copy_in(); !c.ok()) return complete(Landed{st, c, {}});
-        Status committed = tiers->Commit(reservation, checksum);
+        Status committed = tiers->Commit(reservation, checksum, check);
         if (committed.ok() && staging_memory != nullptr && tiers->gpu() != nullptr) {
           // The bytes are still in device staging (the GPU tier's device): copied up into the
           // GPU tier device to device when it has room, the host copy staying (best effort).

@@ -409,11 +409,12 @@ StatusOr<Reservation> HostTier::Reserve(const ChunkKey& key, uint64_t bytes, uin
   return out;
 }
 
-Status HostTier::Commit(ReservationId id, uint64_t checksum) {
-  return CommitPinned(id, checksum, nullptr);
+Status HostTier::Commit(ReservationId id, uint64_t checksum, CommitCheck check) {
+  return CommitPinned(id, checksum, nullptr, check);
 }
 
-Status HostTier::CommitPinned(ReservationId id, uint64_t checksum, ReadView* pinned) {
+Status HostTier::CommitPinned(ReservationId id, uint64_t checksum, ReadView* pinned,
+                              CommitCheck check) {
   Impl& s = *impl_;
   const std::byte* data = nullptr;
   uint64_t size = 0;
@@ -437,7 +438,7 @@ Status HostTier::CommitPinned(ReservationId id, uint64_t checksum, ReadView* pin
   }
   // Verify without the lock: the bytes are the reserver's, and the block cannot be freed while
   // `committing` is set (Abort / ReclaimOwner only mark it cancelled; expiry skips it).
-  const uint64_t actual = Checksum64(data, size);
+  const uint64_t actual = check == CommitCheck::kVerify ? Checksum64(data, size) : checksum;
   const int64_t now = s.clock_->NowNanos();
 
   std::lock_guard<std::mutex> lock(s.mu_);

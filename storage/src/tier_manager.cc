@@ -20,10 +20,12 @@ TierManager::TierManager(const TierManagerOptions& options, HostTier* host, Disk
                          GpuTier* gpu)
     : options_(options), host_(host), disk_(disk), gpu_(gpu) {}
 
-Status TierManager::Commit(ReservationId id, uint64_t checksum) {
-  if (disk_ == nullptr) return host_->Commit(id, checksum);
+Status TierManager::Commit(ReservationId id, uint64_t checksum, CommitCheck check) {
+  if (disk_ == nullptr) return host_->Commit(id, checksum, check);
+  // The write-through below copies the bytes out of host memory: verified here, whatever `check`.
+  (void)check;
   ReadView pinned;
-  Status s = host_->CommitPinned(id, checksum, &pinned);
+  Status s = host_->CommitPinned(id, checksum, &pinned, CommitCheck::kVerify);
   if (pinned.read_id == 0) return s;  // failed (nothing stored), or dedup without a pin
   // Pinned (our chunk, or on dedup the stored one): no Reserve can evict it while it has no
   // disk copy. A dedup hit normally has one already (its writer wrote through).

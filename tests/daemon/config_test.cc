@@ -39,6 +39,8 @@ void ExpectSameConfig(const DaemonConfig& a, const DaemonConfig& b) {
   EXPECT_EQ(a.host_tier.alignment, b.host_tier.alignment);
   EXPECT_EQ(a.host_tier.read_ttl, b.host_tier.read_ttl);
   EXPECT_EQ(a.host_prefault, b.host_prefault);
+  EXPECT_EQ(a.host_shared_memory, b.host_shared_memory);
+  EXPECT_EQ(a.host_verify_shm_commits, b.host_verify_shm_commits);
   EXPECT_EQ(a.limits, b.limits);
   EXPECT_EQ(a.disk_tier.has_value(), b.disk_tier.has_value());
   EXPECT_EQ(a.placement.high_watermark, b.placement.high_watermark);

@@ -217,6 +217,14 @@ TEST_P(DataPathContractTest, AnExpiredLeaseIsRefusedWithItsReason) {
 }
 
 TEST_P(DataPathContractTest, ARefusedCommitStoresNothingAndFreesItsSlot) {
+  if (GetParam() == DataPath::kMemfdShm) {
+    // A shared-memory commit is verified by kvd only with tiers.host.verify_shm_commits; by
+    // default the writer's checksum is checked by the readers instead (IntegrityE2eTest,
+    // AWrongChecksumOfASharedMemoryPutIsNeverServed).
+    KvdConfig config = BaseConfig();
+    config.host_extra = {"verify_shm_commits: true"};
+    ASSERT_NO_FATAL_FAILURE(Start(config));
+  }
   client::ClientOptions o = Options("bad-checksum");
   o.test_corrupt_checksum = 0x1;  // the daemon's verification must refuse it
   auto bad = ConnectOrFail(o);

@@ -361,6 +361,61 @@ TEST_F(IntegrityE2eTest, BytesChangedInMemoryAreDataLossOnTheGetOnBothPaths) {
   ExpectServes(*tcp, 79);
 }
 
+// A shared-memory put's checksum is its writer's: by default (tiers.host.verify_shm_commits
+// off) kvd records it at the commit without reading the bytes. One that does not match them
+// (here a client that corrupts the checksum it sends) is acknowledged, but never served: the
+// shared-memory reader's check fails the get, and kvd's check before a transport send fails it
+// too and drops the chunk. With a disk tier the write-through checks it at the commit (the bytes
+// leave host memory there): the put fails and nothing is stored.
+TEST_F(IntegrityE2eTest, AWrongChecksumOfASharedMemoryPutIsNeverServed) {
+  for (const bool with_disk : {false, true}) {
+    SCOPED_TRACE(with_disk ? "with a disk tier" : "host memory only");
+    KvdConfig c = with_disk ? Config() : KvdConfig{};
+    c.host_capacity = "64MiB";
+    c.host_segment = "8MiB";
+    auto kvd = StartKvd(c);
+    ASSERT_TRUE(kvd);
+    client::ClientOptions o = kvd->UnixEngineOptions("corrupting");
+    o.test_corrupt_checksum = 0x1;
+    auto bad = ConnectOrFail(o);
+    auto shm = ConnectOrFail(kvd->UnixEngineOptions("shm"));
+    auto tcp = ConnectOrFail(kvd->EngineOptions("tcp"));
+    auto admin = ConnectOrFail(kvd->AdminOptions());
+    ASSERT_TRUE(bad && shm && tcp && admin);
+    ASSERT_TRUE(bad->session().shared_memory && shm->session().shared_memory);
+    const Hash128 h{kHi, 7};
+    const auto data = RandomBytes(o.layout.ChunkBytes(kTokens), 707);
+    auto put = bad->Put(h, kTokens, data.data(), data.size());
+    if (with_disk) {
+      EXPECT_EQ(put.status().code(), StatusCode::kDataLoss) << put.status();
+      EXPECT_NE(put.status().message().find("checksum mismatch"), std::string::npos)
+          << put.status();
+      EXPECT_EQ(CounterValue(*admin, "host_checksum_failures"), 1u);
+      EXPECT_EQ(Present(*shm, h), 0u) << "a refused commit became visible";
+      ExpectServes(*shm, 81);
+      continue;
+    }
+    ASSERT_TRUE(put.ok()) << put.status();  // nothing read the bytes at the commit
+    EXPECT_EQ(CounterValue(*admin, "host_checksum_failures"), 0u);
+    for (client::Client* cl : {shm.get(), tcp.get()}) {
+      SCOPED_TRACE(cl == shm.get() ? "shared-memory reader" : "transport reader");
+      auto hit = cl->Lookup({&h, 1});
+      ASSERT_TRUE(hit.ok()) << hit.status();
+      ASSERT_EQ(hit->matched_chunks, 1u);
+      std::vector<uint8_t> out(data.size());
+      auto g = cl->Get(hit->lease_id, 0, out.data(), out.size());
+      EXPECT_EQ(g.status().code(), StatusCode::kDataLoss) << "served: " << g.status();
+      EXPECT_NE(g.status().message().find("checksum mismatch"), std::string::npos) << g.status();
+      EXPECT_TRUE(cl->ReleaseLease(hit->lease_id).ok());
+    }
+    // kvd's check before the transport send dropped it: a miss from now on, for everyone.
+    EXPECT_EQ(CounterValue(*admin, "host_corrupt_dropped"), 1u);
+    EXPECT_EQ(Present(*shm, h), 0u);
+    ExpectServes(*shm, 80);
+    ExpectServes(*tcp, 82);
+  }
+}
+
 // A writer holding a read-write descriptor of its namespace's segment can still make its
 // mapping writable (mprotect) and change a chunk after its commit. The chunk's checksum catches
 // it where the bytes leave host memory: at the demotion to disk the chunk is dropped (never

@@ -122,7 +122,12 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Spawn(const KvdConfig& c) {
          "64, dtype: bfloat16, rope: {theta: 100000, pairing: interleaved, scaling: none}}\n"
       << c.extra_models << c.extra_yaml << "tiers:\n  host:\n    capacity: " << c.host_capacity
       << "\n"
-      << (c.host_segment.empty() ? "" : "    segment: " + c.host_segment + "\n")
+      << (c.host_segment.empty() ? "" : "    segment: " + c.host_segment + "\n") <<
+        [&] {
+          std::string extra;
+          for (const std::string& l : c.host_extra) extra += "    " + l + "\n";
+          return extra;
+        }()
       << (c.gpu_capacity.empty() ? "" : "  gpu:\n    capacity: " + c.gpu_capacity + "\n")
       << (c.disk_path.empty() ? std::string()
                               : "  disk:\n    path: \"" + c.disk_path +

@@ -39,6 +39,8 @@ struct KvdConfig {
   // tiers.host.segment ("" = the default, 64 MiB: with the 64 MiB capacity above, the
   // shared-memory path is off). The shared-memory tests set a smaller one.
   std::string host_segment;
+  // More `tiers.host` keys, one "key: value" per line (e.g. "verify_shm_commits: true").
+  std::vector<std::string> host_extra;
   int64_t reservation_ttl_ms = 30000;
   int64_t lease_ttl_ms = 30000;
   int64_t transfer_timeout_ms = 10000;

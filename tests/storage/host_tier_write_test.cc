@@ -104,6 +104,27 @@ TEST_F(HostTierWriteTest, WrongChecksumIsDataLossAndSpaceReturned) {
   EXPECT_TRUE(Contains(s, "checksum mismatch")) << s;
 }
 
+TEST_F(HostTierWriteTest, TrustWriterRecordsTheChecksumWithoutReadingTheBytes) {
+  const auto bytes = RandomBytes(4096, 3);
+  const uint64_t sum = Checksum64(bytes.data(), bytes.size());
+  auto r = tier_->Reserve(MakeKey(0), bytes.size(), 256, 1);
+  ASSERT_TRUE(r.ok());
+  std::memcpy(r->data, bytes.data(), bytes.size());
+  r->data[17] ^= std::byte{1};  // not what the checksum says: kVerify would refuse it
+  ASSERT_TRUE(tier_->Commit(r->id, sum, CommitCheck::kTrustWriter).ok());
+  EXPECT_EQ(tier_->GetStats().checksum_failures, 0u);
+  // Published with the writer's checksum: a reader's check against it finds the change.
+  auto hit = tier_->Lookup(ChainRequest(0, 1));
+  ASSERT_TRUE(hit.ok() && hit->matched_chunks == 1u);
+  auto view = tier_->Get(hit->lease_id, 0);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->meta.checksum, sum);
+  EXPECT_NE(Checksum64(view->data, view->meta.size_bytes), view->meta.checksum);
+  // The other commit steps are the same: a second commit of the id is refused.
+  Status again = tier_->Commit(r->id, sum, CommitCheck::kTrustWriter);
+  EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition) << again;
+}
+
 TEST_F(HostTierWriteTest, CommitOfUnknownReservationIsNotFound) {
   Status s = tier_->Commit(424242, 0);
   EXPECT_EQ(s.code(), StatusCode::kNotFound);

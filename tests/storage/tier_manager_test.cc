@@ -362,6 +362,29 @@ TEST_F(TierManagerTest, InsertIsDurableAndServedFromHost) {
   EXPECT_EQ(host_->Describe(MakeKey(6)).status().code(), StatusCode::kNotFound);
 }
 
+TEST_F(TierManagerTest, WithADiskTierATrustedCommitIsStillVerifiedBeforeTheWriteThrough) {
+  auto bytes = RandomBytes(kChunk, 8);
+  auto r = host_->Reserve(MakeKey(8), bytes.size(), 256, /*owner=*/1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const uint64_t sum = Checksum64(bytes.data(), bytes.size());
+  std::memcpy(r->data, bytes.data(), bytes.size());
+  r->data[5] ^= std::byte{1};
+  // The write-through copies the bytes out of host memory: they are checked there.
+  Status s = manager_->Commit(r->id, sum, CommitCheck::kTrustWriter);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_FALSE(disk_->Contains(MakeKey(8)));
+  EXPECT_EQ(host_->Describe(MakeKey(8)).status().code(), StatusCode::kNotFound);
+  // Without a disk tier the host tier records it unread.
+  auto m = TierManager::Create({}, host_.get(), nullptr);
+  ASSERT_TRUE(m.ok());
+  auto r2 = host_->Reserve(MakeKey(9), bytes.size(), 256, /*owner=*/1);
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  std::memcpy(r2->data, bytes.data(), bytes.size());
+  r2->data[5] ^= std::byte{1};
+  EXPECT_TRUE((*m)->Commit(r2->id, sum, CommitCheck::kTrustWriter).ok());
+  EXPECT_TRUE(host_->Describe(MakeKey(9)).ok());
+}
+
 TEST_F(TierManagerTest, WithoutADiskTierCommitAndInsertAreTheHostTiers) {
   auto m = TierManager::Create({}, host_.get(), nullptr);
   ASSERT_TRUE(m.ok());

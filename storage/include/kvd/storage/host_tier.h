@@ -70,6 +70,19 @@ using ReadId = uint64_t;         // 0 = none
 // "Any caller": the ownership check of Get / ReleaseLease is skipped (in-process users).
 inline constexpr OwnerId kAnyOwner = ~uint64_t{0};
 
+// What Commit checks of the reserved bytes against the writer's checksum.
+enum class CommitCheck {
+  // Checksum64 of the bytes must equal the checksum (one read of the whole chunk, without the
+  // tier's lock); DATA_LOSS otherwise, nothing stored.
+  kVerify,
+  // The checksum is recorded as given, the bytes are not read: for a writer that computed it
+  // over the bytes it wrote itself (kvd's same-node shared-memory put). The bytes are still
+  // checked against it by every reader and wherever they leave host memory (TierManager's
+  // demotion and GPU promotion, the daemon's transport send), so a wrong checksum makes the
+  // chunk unreadable (DATA_LOSS), never served with other bytes.
+  kTrustWriter,
+};
+
 // Where to write a reserved chunk. `data` == region base + `offset`; valid (and exclusively the
 // reserver's to write) until Commit, Abort, expiry or ReclaimOwner.
 struct Reservation {
@@ -165,7 +178,8 @@ class HostTier final : public Tier {
   StatusOr<Reservation> Reserve(const ChunkKey& key, uint64_t bytes, uint32_t tokens, OwnerId owner,
                                 std::chrono::milliseconds ttl = {});
 
-  // Verifies Checksum64 of the reservation's bytes == `checksum` and publishes the chunk.
+  // Verifies Checksum64 of the reservation's bytes == `checksum` (with CommitCheck::kVerify;
+  // kTrustWriter records `checksum` without reading the bytes) and publishes the chunk.
   // The checksum is computed without holding the tier's lock.
   // Errors: NOT_FOUND (id never issued / forgotten), ABORTED (expired, aborted, reclaimed, or
   //   expired while this commit was verifying; message says which), FAILED_PRECONDITION (already
@@ -173,13 +187,14 @@ class HostTier final : public Tier {
   //   reservation is dropped and its space returned; message gives both checksums),
   //   ALREADY_EXISTS "dedup: ..." (another reservation of the key committed first; this one's
   //   space is returned, the stored chunk is unchanged).
-  Status Commit(ReservationId id, uint64_t checksum);
+  Status Commit(ReservationId id, uint64_t checksum, CommitCheck check = CommitCheck::kVerify);
   // Commit, and on OK also a read (owner 0) pinning the new chunk, returned in `*pinned` under
   // the same lock (so no Reserve can evict it before the caller is done): the TierManager copies
   // it to disk, then calls ReleaseRead(pinned->read_id). Same errors as Commit; on the dedup
   // ALREADY_EXISTS `*pinned` pins the chunk already stored instead; on other errors
   // pinned->read_id stays 0.
-  Status CommitPinned(ReservationId id, uint64_t checksum, ReadView* pinned);
+  Status CommitPinned(ReservationId id, uint64_t checksum, ReadView* pinned,
+                      CommitCheck check = CommitCheck::kVerify);
 
   // Drops an open reservation and returns its space. NOT_FOUND / ABORTED as for Commit.
   // Aborting a reservation whose Commit is verifying makes that Commit return ABORTED.

@@ -87,8 +87,10 @@ class TierManager {
 
   // Commit of host reservation `id` (HostTier::Commit's errors), then, with a disk tier, the
   // durable disk write (UNAVAILABLE / RESOURCE_EXHAUSTED from the disk tier, with context; the
-  // chunk is then removed from host again unless a reader pinned it meanwhile).
-  Status Commit(ReservationId id, uint64_t checksum);
+  // chunk is then removed from host again unless a reader pinned it meanwhile). `check` as for
+  // HostTier::Commit, except that with a disk tier the bytes are always verified: the write
+  // through copies them out of host memory, where they are checked.
+  Status Commit(ReservationId id, uint64_t checksum, CommitCheck check = CommitCheck::kVerify);
 
   // Stores a chunk produced in the daemon (Tier::Insert's contract and errors). With a disk
   // tier the disk copy is written first, then the host copy; a host tier too full to take it
