@@ -4,7 +4,8 @@
 # over UCX (kvd-bench on kvd's unix socket, without and with --no-shm), ucx_perftest (tag_bw and
 # tag_lat), Mooncake Store (in-process client, and a client in a second process), redis-server
 # (redis-benchmark SET/GET over a unix socket) and memcpy (kvd-bench --op memcpy, into fresh and
-# warm buffers), at 64 KiB, 2 MiB and 32 MiB values, 1 and 4 clients. Prints each measurement,
+# warm buffers, and from as many distinct sources as kvd holds chunks), at 64 KiB, 2 MiB and
+# 32 MiB values, 1 and 4 clients. Prints each measurement,
 # then the medians over rounds and the same-node goals with their per-round ratios and medians
 # (docs/benchmarks.md, "Same-node data path and its peers"). Also the idle daemon's CPU.
 #
@@ -34,9 +35,9 @@
 #
 # Memory: kvd's arena is 256 MiB (64 MiB segments), Mooncake's segment 256 MiB; the peers run
 # one after the other, so at most ~512 MiB of arenas plus the clients' buffers (4 clients x 32 MiB
-# x 2) exist at once. The script checks MemAvailable and /dev/shm first, and every measurement
-# moves at most 192 MiB (64 KiB x 400, 2 MiB x 48, 32 MiB x 6) plus kvd's warmup (256 MiB per
-# client, put and read back). Runs ~6-10 minutes.
+# x 2, or memcpy's spread sources: 192 MiB) exist at once. The script checks MemAvailable and
+# /dev/shm first, and every measurement moves at most 192 MiB (64 KiB x 400, 2 MiB x 48, 32 MiB
+# x 6) plus kvd's warmup (256 MiB per client, put and read back). Runs ~6-10 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-${KVD_BUILD_DIR:-build}}

@@ -33,13 +33,13 @@ def shm_left_behind(before, grace_s=3.0):
         time.sleep(0.2)
 
 
-def test_memcpy_reports_fresh_and_warm_phases():
+def test_memcpy_reports_fresh_warm_and_spread_phases():
     r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--count", "9", "--concurrency",
              "2", "--json"])
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert j["ok"] and j["op"] == "memcpy" and j["concurrency"] == 2
-    for phase in ("memcpy_fresh", "memcpy_warm"):
+    for phase in ("memcpy_fresh", "memcpy_warm", "memcpy_spread"):
         p = j[phase]
         assert p["ops"] == 9 and p["bytes"] == 9 * 65536
         assert p["gbps"] > 0 and 0 < p["p50_us"] <= p["p99_us"]
@@ -255,6 +255,8 @@ def test_report_ratios_medians_and_verdicts(tmp_path):
     for rnd, (shm_put, memcpy) in enumerate([(7.0, 10.0), (8.0, 10.0), (1.0, 10.0)], 1):
         rows.append((rnd, "kvd-shm", two, 1, "put", shm_put, 100, 200, 50, 1.5))
         rows.append((rnd, "memcpy", two, 1, "memcpy_warm", memcpy, 10, 20, "-", "-"))
+        rows.append((rnd, "kvd-shm", two, 1, "get", 3.0, 100, 200, 50, 1.5))
+        rows.append((rnd, "memcpy", two, 1, "memcpy_spread", 2.0 + rnd, 10, 20, "-", "-"))
         rows.append((rnd, "kvd-shm", 65536, 1, "get", 1.0, 30, 40, 5, 1))
         rows.append((rnd, "redis", 65536, 1, "get", 2.0, 10, 30, "-", "-"))
         rows.append((rnd, "kvd-shm", 65536, 1, "lookup", "-", 20, 40 + rnd, 3, 1))
@@ -272,6 +274,9 @@ def test_report_ratios_medians_and_verdicts(tmp_path):
         in out, out
     assert "| idle daemon CPU | - | 0.40 % of a core (goal < 1 %) | met |" in out
     assert "| kvd shm get 32 MiB / memcpy (warm) | not measured |" in out
+    # 3.0 GB/s against 3, 4 and 5 GB/s: ratios 1.00, 0.75, 0.60, median 0.75.
+    assert "| kvd shm get 2 MiB / memcpy (spread sources) | 1.00, 0.75, 0.60 | 0.75 (goal >= 0.7) " \
+        "| met |" in out, out
     # Medians table: the put row's median GB/s is 7.0.
     assert "| kvd-shm | 2 MiB | 1 | put | 7.000 | 100 | 200 | 50 | 1.50 | 3 |" in out, out
 
@@ -289,6 +294,7 @@ def test_bench_peers_short_run(tmp_path):
     rows = [l.split("\t") for l in open(tmp_path / "results.tsv").read().splitlines()]
     ops = {(row[1], row[4]) for row in rows}
     assert {("kvd-shm", "warmup"), ("kvd-shm", "put"), ("kvd-shm", "get"), ("kvd-shm", "lookup"),
-            ("memcpy", "memcpy_fresh"), ("memcpy", "memcpy_warm")} <= ops, ops
+            ("memcpy", "memcpy_fresh"), ("memcpy", "memcpy_warm"),
+            ("memcpy", "memcpy_spread")} <= ops, ops
     assert "| lookup p99 on the unix socket" in r.stdout
     assert not shm_left_behind(shm_before)
