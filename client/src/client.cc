@@ -133,11 +133,18 @@ Status ClientImpl::Handshake() {
     if (daemon_address.empty()) {
       return Status::Internal("kvd accepted the engine handshake without a transport address");
     }
-    auto peer = transport_->Connect(daemon_address);
-    if (!peer.ok()) return peer.status().WithContext("connecting the transport to kvd");
-    daemon_peer_ = *peer;
+    daemon_address_ = std::move(daemon_address);
+    if (!session_.shared_memory) KVD_RETURN_IF_ERROR(EnsureDaemonPeerLocked());
   }
   if (options_.nccl) KVD_RETURN_IF_ERROR(JoinNcclLocked());
+  return Status::Ok();
+}
+
+Status ClientImpl::EnsureDaemonPeerLocked() {
+  if (daemon_peer_.valid()) return Status::Ok();
+  auto peer = transport_->Connect(daemon_address_);
+  if (!peer.ok()) return peer.status().WithContext("connecting the transport to kvd");
+  daemon_peer_ = *peer;
   return Status::Ok();
 }
 
@@ -387,6 +394,7 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(
     std::span<const PutItem> items, const std::vector<uint64_t>* nccl_checksums) {
   const bool nccl = nccl_checksums != nullptr;
   if (session_.shared_memory && !nccl) return PutWindowShmLocked(items);
+  if (!nccl) KVD_RETURN_IF_ERROR(EnsureDaemonPeerLocked());
   const size_t n = items.size();
   KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> req, SendReservesLocked(items, nccl));
   std::vector<PutResult> out(n);
@@ -557,6 +565,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
                                                              std::span<const GetItem> items,
                                                              bool nccl) {
   if (session_.shared_memory && !nccl) return GetWindowShmLocked(lease_id, items);
+  if (!nccl) KVD_RETURN_IF_ERROR(EnsureDaemonPeerLocked());
   const size_t n = items.size();
   if (nccl && nccl_staging_.size() < n) nccl_staging_.resize(n);
   transport::Transport* t = Bulk(nccl);

@@ -125,6 +125,10 @@ class ClientImpl final : public Client {
   // The transport (false) or the NCCL link (true), and the daemon's peer on it.
   transport::Transport* Bulk(bool nccl) const { return nccl ? nccl_.get() : transport_.get(); }
   transport::PeerHandle BulkPeer(bool nccl) const { return nccl ? nccl_peer_ : daemon_peer_; }
+  // Connects the transport to kvd (daemon_address_) unless it already is: at the handshake of a
+  // transport-path session, at the first transport-path put or get otherwise, so a
+  // shared-memory session holds no endpoint to kvd (nor kvd one to it).
+  Status EnsureDaemonPeerLocked();
 
   // ---- NCCL link (nccl.cc) ----
   // Creates the NCCL transport and joins kvd's link (ClientOptions::nccl). Called by Handshake.
@@ -181,9 +185,10 @@ class ClientImpl final : public Client {
   std::unique_ptr<Channel> channel_;                 // GUARDED_BY(mu_)
   std::unique_ptr<transport::Transport> transport_;  // engine role; GUARDED_BY(mu_)
   transport::PeerHandle daemon_peer_;                // GUARDED_BY(mu_)
-  std::unique_ptr<transport::Transport> nccl_;       // ClientOptions::nccl; GUARDED_BY(mu_)
-  transport::PeerHandle nccl_peer_;                  // kvd on the link; GUARDED_BY(mu_)
-  uint64_t next_tag_ = 1;                            // GUARDED_BY(mu_)
+  std::string daemon_address_;  // kvd's transport address (HelloReply); GUARDED_BY(mu_)
+  std::unique_ptr<transport::Transport> nccl_;  // ClientOptions::nccl; GUARDED_BY(mu_)
+  transport::PeerHandle nccl_peer_;             // kvd on the link; GUARDED_BY(mu_)
+  uint64_t next_tag_ = 1;                       // GUARDED_BY(mu_)
   SessionInfo session_;
   std::vector<uint8_t> staging_;  // PutLayers/GetLayers; GUARDED_BY(mu_)
   // Host staging over the transport, one per chunk of a window, pinned for device copies

@@ -171,6 +171,9 @@ class Session : public std::enable_shared_from_this<Session> {
   Status UnknownReservation(uint64_t reservation) const;
   // FAILED_PRECONDITION unless Hello (engine role) succeeded.
   Status RequireEngine(const char* op) const;
+  // The client's transport endpoint, Connecting it first if this session has none yet
+  // (UNAVAILABLE with the reason when the client's address cannot be reached).
+  StatusOr<transport::PeerHandle> TransportPeer();
   // Admin requests (List, Evict) need the admin role.
   Status RequireAdmin(const char* op) const;
   // The handshake's token / peer check for `role` in `name_space` (see AuthOptions).
@@ -207,7 +210,11 @@ class Session : public std::enable_shared_from_this<Session> {
   const ModelConfig* model_ = nullptr;
   uint64_t layout_digest_ = 0;
   ChunkCodec* codec_ = nullptr;  // the model's codec when it has a compression policy
+  // The client's transport endpoint: Connected to client_transport_address_ at Hello for a
+  // transport-path session, on the first transport-path operation otherwise (TransportPeer), so a
+  // shared-memory session never has one. Disconnected for good when the session ends.
   transport::PeerHandle transport_peer_;
+  std::string client_transport_address_;  // Hello.workerAddress
   // This session's peer on the NCCL link (NcclConnect); invalid when it has none.
   transport::PeerHandle nccl_peer_;
   // Shared-memory path (Hello asked for it on a unix socket and the daemon has a ShmArena).

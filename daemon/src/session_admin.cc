@@ -49,6 +49,7 @@ StatsSnapshot Server::Impl::Snapshot() {
     }
   }
   const DaemonCounters& c = counters_;
+  const transport::PeerCounts peers = transport_->peer_counts();
   s.counters = {
       {"sessions_accepted", c.sessions_accepted},
       {"sessions_refused", c.sessions_refused},
@@ -71,6 +72,12 @@ StatsSnapshot Server::Impl::Snapshot() {
       {"compressed_bytes", c.compressed_bytes},
       {"compress_us", c.compress_us},
       {"ingest_rejected", c.ingest_rejected},
+      // Endpoints to clients' transports: one per transport-path session, none for a
+      // shared-memory session; a session's endpoint is closed for good when it ends.
+      {"transport_peers_open", peers.open},
+      {"transport_connects", peers.connects},
+      {"transport_disconnects", peers.disconnects},
+      {"transport_peers_vanished", peers.vanished},
       {"nccl_links", c.nccl_links},
       {"nccl_refused", c.nccl_refused},
       {"nccl_staging_in_use", nccl_->staging_in_use()},

@@ -318,15 +318,19 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
       return refuse(Status::InvalidArgument(
           "engine role needs workerAddress (the client's transport address)"));
     }
-    auto peer = server_->transport()->Connect(worker_address);
-    if (!peer.ok()) {
-      return refuse(peer.status().WithContext("cannot reach the client's transport address"));
-    }
-    transport_peer_ = *peer;
     // The shared-memory path needs a client on this host: a unix-socket connection.
     boost::system::error_code ec;
     const bool on_unix = socket_.local_endpoint(ec).protocol().family() == AF_UNIX && !ec;
     shm_ = wants_shm && on_unix && server_->shm() != nullptr;
+    // A shared-memory session moves no bytes over the transport: no endpoint to its client
+    // (each one costs an idle connection, keepalives, and UCX's reconnect attempts once the
+    // client is gone). A transport-path session connects now, so an unreachable client is
+    // refused here rather than at its first put.
+    client_transport_address_ = worker_address;
+    if (!shm_) {
+      auto peer = TransportPeer();
+      if (!peer.ok()) return refuse(peer.status());
+    }
     model_ = model;
     codec_ = model_codec;
     layout_digest_ = model->layout.Digest();
@@ -367,6 +371,14 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
                reply.setCalibrationVersion(codec_->calibration_version());
              }
            }));
+}
+
+StatusOr<transport::PeerHandle> Session::TransportPeer() {
+  if (transport_peer_.valid()) return transport_peer_;
+  auto peer = server_->transport()->Connect(client_transport_address_);
+  if (!peer.ok()) return peer.status().WithContext("cannot reach the client's transport address");
+  transport_peer_ = *peer;
+  return transport_peer_;
 }
 
 StatusOr<Session::ShmRef> Session::PrepareShm(uint64_t offset) {
@@ -624,7 +636,9 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
     put.nccl = true;
     put.staging = *staging;
   } else {
-    recv = server_->transport()->PostRecv(transport_peer_, tag, reservation->data, bytes);
+    auto peer = TransportPeer();
+    recv = peer.ok() ? server_->transport()->PostRecv(*peer, tag, reservation->data, bytes)
+                     : StatusOr<TransferHandle>(peer.status());
   }
   if (!recv.ok()) {
     server_->tier()->Abort(reservation->id).IgnoreError();
@@ -1026,8 +1040,10 @@ void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
                 *ref);
     return;
   }
-  auto send =
-      server_->transport()->PostSend(transport_peer_, tag, view->data, view->meta.size_bytes);
+  auto peer = TransportPeer();
+  auto send = peer.ok()
+                  ? server_->transport()->PostSend(*peer, tag, view->data, view->meta.size_bytes)
+                  : StatusOr<TransferHandle>(peer.status());
   if (!send.ok()) {
     tier->ReleaseRead(view->read_id).IgnoreError();
     return CompleteError(seq, rid, send.status().WithContext("cannot send the chunk"));

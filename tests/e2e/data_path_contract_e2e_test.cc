@@ -9,6 +9,7 @@
 // covers those), so its contract is checked here, one level up, where all three meet.
 #include <algorithm>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "e2e_common.h"
@@ -294,6 +295,40 @@ TEST_P(DataPathContractTest, AClientKilledHoldingALeaseReleasesItsPins) {
   // Its chunk stays stored and readable by others; the daemon keeps serving.
   EXPECT_EQ(Present(*good, Hash128{0x1ea5e, static_cast<uint64_t>(pid)}), 1u);
   ExpectServes(*good, 71);
+}
+
+// kvd holds a transport endpoint to a client only while the client needs one (the transport
+// paths), closes it for good when the client goes (killed, or ending with Bye), and then makes no
+// further attempt to reach it: no UCX reconnects to an exited client's address.
+TEST_P(DataPathContractTest, AnEndedClientLeavesNoTransportEndpointBehind) {
+  const uint64_t want_open = GetParam() == DataPath::kMemfdShm ? 0 : 1;
+  auto open = [&] { return CounterValue(*admin_, "transport_peers_open"); };
+  ASSERT_EQ(open(), 0u);
+  const size_t log_before = kvd_->Log().size();
+  {
+    auto c = Connect("bye");
+    ASSERT_NE(c, nullptr);
+    PutChunk(*c, Hash128{0xe7d, 1}, 101);
+    ExpectServes(*c, 102);
+    EXPECT_EQ(open(), want_open);
+  }  // Bye, and the client's transport is destroyed
+  EXPECT_TRUE(Eventually([&] { return open() == 0; }, 5s)) << "the ended session's endpoint";
+  // A client process killed while it holds a lease.
+  auto child = SpawnDriver("lease", "HELD");
+  ASSERT_NE(child, nullptr);
+  EXPECT_EQ(open(), want_open);
+  child->Kill();
+  EXPECT_TRUE(Eventually([&] { return open() == 0; }, 5s)) << "the killed client's endpoint";
+  EXPECT_EQ(CounterValue(*admin_, "transport_connects"), 2 * want_open);
+  EXPECT_EQ(CounterValue(*admin_, "transport_disconnects"), 2 * want_open);
+  // Nothing tried to reach the gone clients, then or since (kvd's keepalive runs every 500 ms
+  // here): UCX logs each failed connect() of a reconnect attempt.
+  std::this_thread::sleep_for(1500ms);
+  const std::string log = kvd_->Log().substr(log_before);
+  EXPECT_EQ(log.find("connect("), std::string::npos) << log;
+  auto after = Connect("after");  // and kvd keeps serving
+  ASSERT_NE(after, nullptr);
+  ExpectServes(*after, 103);
 }
 
 TEST_P(DataPathContractTest, NamespacesAreIsolated) {

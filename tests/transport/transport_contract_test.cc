@@ -347,6 +347,31 @@ TEST_P(TransportContractTest, DisconnectCancelsThePeersTransfers) {
   EXPECT_TRUE(b_->Release(*any).ok());
 }
 
+TEST_P(TransportContractTest, PeerCountsFollowConnectAndDisconnect) {
+  PeerCounts c = b_->peer_counts();
+  EXPECT_EQ(c.open, 1u);
+  EXPECT_EQ(c.connects, 1u);
+  EXPECT_EQ(c.disconnects, 0u);
+  EXPECT_EQ(c.vanished, 0u);
+  // Connecting twice to one address gives a second peer; each Disconnect closes one for good.
+  auto a_addr = a_->LocalAddress();
+  ASSERT_TRUE(a_addr.ok());
+  auto again = b_->Connect(*a_addr);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(b_->peer_counts().open, 2u);
+  ASSERT_TRUE(b_->Disconnect(b_to_a_).ok());
+  ASSERT_TRUE(b_->Disconnect(*again).ok());
+  c = b_->peer_counts();
+  EXPECT_EQ(c.open, 0u);
+  EXPECT_EQ(c.connects, 2u);
+  EXPECT_EQ(c.disconnects, 2u);
+  EXPECT_EQ(c.vanished, 0u) << "a Disconnect is not a vanished peer";
+  EXPECT_EQ(b_->Disconnect(b_to_a_).code(), StatusCode::kNotFound);
+  EXPECT_EQ(b_->peer_counts().disconnects, 2u);
+  // The other side still holds its peer, and still works towards a new one.
+  EXPECT_EQ(a_->peer_counts().open, 1u);
+}
+
 TEST_P(TransportContractTest, DestroyedPeerFailsItsReceivesWithUnavailable) {
   if (!a_->capabilities().peer_failure_detection) GTEST_SKIP() << "no peer failure detection";
   std::vector<uint8_t> buf(1024);
@@ -366,6 +391,11 @@ TEST_P(TransportContractTest, DestroyedPeerFailsItsReceivesWithUnavailable) {
   uint8_t byte = 0;
   EXPECT_EQ(b_->PostSend(b_to_a_, 1, &byte, 1).status().code(), StatusCode::kUnavailable);
   EXPECT_TRUE(b_->Release(*recv).ok());
+  // A vanished peer stays open (its handle is valid) until the owner Disconnects it.
+  EXPECT_EQ(b_->peer_counts().vanished, 1u);
+  EXPECT_EQ(b_->peer_counts().open, 1u);
+  ASSERT_TRUE(b_->Disconnect(b_to_a_).ok());
+  EXPECT_EQ(b_->peer_counts().open, 0u);
 }
 
 TEST_P(TransportContractTest, ProgressThreadAndPostingThreadCoexist) {

@@ -108,6 +108,7 @@ void LoopbackTransport::PartnerGoneLocked(uint64_t endpoint) {
     if (p.endpoint != endpoint || !p.failure.ok()) continue;
     p.failure = Status::Unavailable("loopback peer " + std::to_string(peer_id) +
                                     " vanished (its transport was destroyed)");
+    ++peer_totals_.vanished;
     for (auto& [tid, t] : transfers_) {
       if (t.peer == peer_id && t.status.state == TransferState::kInProgress) {
         CancelLocked(tid, p.failure);
@@ -148,6 +149,7 @@ StatusOr<PeerHandle> LoopbackTransport::Connect(std::string_view address) {
   }
   uint64_t id = next_id_++;
   peers_[id].endpoint = endpoint;
+  ++peer_totals_.connects;
   return PeerHandle{id};
 }
 
@@ -164,8 +166,16 @@ Status LoopbackTransport::Disconnect(PeerHandle peer) {
     r = r->second.peer == peer.id ? remotes_.erase(r) : std::next(r);
   }
   peers_.erase(it);
+  ++peer_totals_.disconnects;
   domain_->cv.notify_all();
   return Status::Ok();
+}
+
+PeerCounts LoopbackTransport::peer_counts() {
+  std::lock_guard<std::mutex> lock(domain_->mu);
+  PeerCounts c = peer_totals_;
+  c.open = peers_.size();
+  return c;
 }
 
 Status LoopbackTransport::PeerStatus(PeerHandle peer) {

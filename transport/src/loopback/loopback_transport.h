@@ -31,6 +31,7 @@ class LoopbackTransport final : public Transport {
   StatusOr<PeerHandle> Connect(std::string_view peer_address) override;
   Status Disconnect(PeerHandle peer) override;
   Status PeerStatus(PeerHandle peer) override;
+  PeerCounts peer_counts() override;
   StatusOr<Region> AllocateRegistered(size_t bytes, MemoryType type) override;
   StatusOr<Region> RegisterMemory(void* data, size_t bytes, MemoryType type) override;
   Status DeregisterMemory(RegionHandle region) override;
@@ -94,6 +95,7 @@ class LoopbackTransport final : public Transport {
   // GUARDED_BY(domain_->mu):
   uint64_t next_id_ = 1;
   std::unordered_map<uint64_t, Peer> peers_;
+  PeerCounts peer_totals_;  // connects, disconnects, vanished
   std::unordered_map<uint64_t, Transfer> transfers_;
   bool wake_pending_ = false;  // a Wakeup not yet consumed by WaitForEvents
   std::unordered_map<uint64_t, RegionState> regions_;

@@ -160,6 +160,7 @@ class NcclTransport final : public Transport {
     peer->deadline = Clock::now() + std::chrono::milliseconds(options_.nccl_init_timeout_ms);
     const uint64_t id = next_id_++;
     peers_[id] = std::move(peer);
+    ++peer_totals_.connects;
     WakeLocked();  // a pair to form: the progress thread polls again
     return PeerHandle{id};
   }
@@ -176,10 +177,19 @@ class NcclTransport final : public Transport {
     cudaSetDevice(options_.nccl_device);
     auto it = peers_.find(peer.id);
     if (it == peers_.end()) return Status::NotFound("unknown peer " + std::to_string(peer.id));
+    it->second->disconnecting = true;  // not counted as vanished
     FailPeerLocked(peer.id, Status::Cancelled("peer disconnected"));
     ClosePeerLocked(*it->second);
     peers_.erase(it);
+    ++peer_totals_.disconnects;
     return Status::Ok();
+  }
+
+  PeerCounts peer_counts() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    PeerCounts c = peer_totals_;
+    c.open = peers_.size();
+    return c;
   }
 
   Status PeerStatus(PeerHandle peer) override {
@@ -364,6 +374,7 @@ class NcclTransport final : public Transport {
     std::string bootstrap;  // connector: the bytes for the other side
     ncclComm_t comms[2] = {nullptr, nullptr};
     bool ready = false;
+    bool disconnecting = false;  // Disconnect is failing it: not a vanished peer
     Status failure;
     Clock::time_point deadline;
     cudaStream_t send_stream = nullptr, recv_stream = nullptr;
@@ -399,7 +410,10 @@ class NcclTransport final : public Transport {
 
   void FailPeerLocked(uint64_t peer_id, const Status& why) {
     Peer& p = *peers_[peer_id];
-    if (p.failure.ok()) p.failure = why;
+    if (p.failure.ok()) {
+      p.failure = why;
+      if (!p.disconnecting) ++peer_totals_.vanished;
+    }
     for (auto& [id, t] : transfers_) {
       if (t.status.state == TransferState::kInProgress && t.peer == peer_id) Complete(id, why, 0);
     }
@@ -598,6 +612,7 @@ class NcclTransport final : public Transport {
   std::condition_variable wake_cv_;  // WaitForEvents sleeps on it when nothing is in flight
   bool wake_ = false;                // GUARDED_BY(mu_)
   uint64_t next_id_ = 1;             // GUARDED_BY(mu_)
+  PeerCounts peer_totals_;           // connects, disconnects, vanished; GUARDED_BY(mu_)
   std::unordered_map<uint64_t, std::unique_ptr<Peer>> peers_;  // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, RegionState> regions_;          // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Transfer> transfers_;           // GUARDED_BY(mu_)

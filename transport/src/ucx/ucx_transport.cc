@@ -226,6 +226,7 @@ StatusOr<PeerHandle> UcxTransport::Connect(std::string_view peer_address) {
   peer.ep = ep;
   ProbeCmaLocked(peer, header);
   peer_by_ep_[ep] = id;
+  ++peer_totals_.connects;
   return PeerHandle{id};
 }
 
@@ -273,6 +274,7 @@ Status UcxTransport::Disconnect(PeerHandle peer) {
   ucp_ep_h ep = p.ep;
   if (p.proof) p.proof[0] = p.proof[1] = 0;  // a descriptor still queued at the peer now fails
   peers_.erase(it);
+  ++peer_totals_.disconnects;
   Status st = CloseEndpointLocked(ep, /*force=*/true, lock);
   auto deadline = steady_clock::now() + milliseconds(options_.close_timeout_ms);
   while (!closing_.empty() && steady_clock::now() < deadline) {
@@ -295,6 +297,13 @@ Status UcxTransport::PeerStatus(PeerHandle peer) {
   return it->second.failure;
 }
 
+PeerCounts UcxTransport::peer_counts() {
+  std::lock_guard<std::mutex> lock(mu_);
+  PeerCounts c = peer_totals_;
+  c.open = peers_.size();
+  return c;
+}
+
 void UcxTransport::ErrorHandler(void* arg, ucp_ep_h ep, ucs_status_t status) {
   // Runs inside ucp_worker_progress (or another UCX call), i.e. with mu_ held.
   auto* self = static_cast<UcxTransport*>(arg);
@@ -311,6 +320,7 @@ void UcxTransport::FailPeerLocked(uint64_t peer_id, const Status& why) {
   Peer& p = it->second;
   if (p.failure.ok()) {
     p.failure = why;
+    ++peer_totals_.vanished;
     KVD_LOG(WARNING) << "UCX peer vanished" << Kv("peer", peer_id) << Kv("why", why.message());
   }
   std::set<uint64_t> ids;

@@ -71,6 +71,7 @@ class UcxTransport final : public Transport {
   StatusOr<PeerHandle> Connect(std::string_view peer_address) override;
   Status Disconnect(PeerHandle peer) override;
   Status PeerStatus(PeerHandle peer) override;
+  PeerCounts peer_counts() override;
   StatusOr<Region> AllocateRegistered(size_t bytes, MemoryType type) override;
   StatusOr<Region> RegisterMemory(void* data, size_t bytes, MemoryType type) override;
   Status DeregisterMemory(RegionHandle region) override;
@@ -195,6 +196,7 @@ class UcxTransport final : public Transport {
   uint64_t posting_id_ = 0;         // the transfer being posted; GUARDED_BY(mu_)
   std::vector<CopyJob> copy_jobs_;  // verified cma receives to copy; GUARDED_BY(mu_)
   bool work_posted_ = false;        // a Post since the last WaitForEvents; GUARDED_BY(mu_)
+  PeerCounts peer_totals_;          // connects, disconnects, vanished; GUARDED_BY(mu_)
 };
 
 }  // namespace kvd::transport::ucx

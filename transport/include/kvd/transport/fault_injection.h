@@ -52,6 +52,8 @@ class FaultInjectingTransport : public Transport {
   StatusOr<PeerHandle> Connect(std::string_view peer_address) override;
   Status Disconnect(PeerHandle peer) override;
   Status PeerStatus(PeerHandle peer) override;
+  // The wrapped Transport's counts (a VanishPeer is not counted there: it is an injected fault).
+  PeerCounts peer_counts() override { return inner_->peer_counts(); }
   StatusOr<std::string> PeerBootstrap(PeerHandle peer) override {
     return inner_->PeerBootstrap(peer);
   }

@@ -93,6 +93,10 @@ class Transport {
   // then failed with UNAVAILABLE); NOT_FOUND for an unknown peer.
   virtual Status PeerStatus(PeerHandle peer) = 0;
 
+  // How many peers are open, and how many were connected, disconnected and lost so far. A
+  // Disconnected peer is gone for good: the backend makes no further attempt to reach it.
+  virtual PeerCounts peer_counts() = 0;
+
   // ---- memory ----
   // Allocates `bytes` of memory registered for transfers (UCX: ucp_mem_map with
   // UCP_MEM_MAP_ALLOCATE, the only kind one-sided RMA is fast on) and owned by the Transport.

@@ -49,6 +49,15 @@ enum class MemoryType : int {
 };
 std::string_view MemoryTypeName(MemoryType type);
 
+// A Transport's peers, for stats and tests (Transport::peer_counts). Invariant: open ==
+// connects - disconnects.
+struct PeerCounts {
+  uint64_t open = 0;         // peers Connected and not yet Disconnected (vanished ones included)
+  uint64_t connects = 0;     // successful Connects since the Transport was created
+  uint64_t disconnects = 0;  // Disconnects since then (each closed its endpoint for good)
+  uint64_t vanished = 0;     // peers the backend saw vanish (PeerStatus turned UNAVAILABLE)
+};
+
 // What a backend can do. Constant for the life of a Transport.
 struct Capabilities {
   std::string backend;                  // registry name, e.g. "ucx", "loopback"
