@@ -133,8 +133,7 @@ Status ClientImpl::Handshake() {
     if (daemon_address.empty()) {
       return Status::Internal("kvd accepted the engine handshake without a transport address");
     }
-    daemon_address_ = std::move(daemon_address);
-    if (!session_.shared_memory) KVD_RETURN_IF_ERROR(EnsureDaemonPeerLocked());
+    daemon_address_ = std::move(daemon_address);  // connected on the first transfer
   }
   if (options_.nccl) KVD_RETURN_IF_ERROR(JoinNcclLocked());
   return Status::Ok();

@@ -125,9 +125,9 @@ class ClientImpl final : public Client {
   // The transport (false) or the NCCL link (true), and the daemon's peer on it.
   transport::Transport* Bulk(bool nccl) const { return nccl ? nccl_.get() : transport_.get(); }
   transport::PeerHandle BulkPeer(bool nccl) const { return nccl ? nccl_peer_ : daemon_peer_; }
-  // Connects the transport to kvd (daemon_address_) unless it already is: at the handshake of a
-  // transport-path session, at the first transport-path put or get otherwise, so a
-  // shared-memory session holds no endpoint to kvd (nor kvd one to it).
+  // Connects the transport to kvd (daemon_address_) unless it already is: on the first put or
+  // get over the transport, so a session that moves no bytes over it (shared memory, lookups
+  // only) holds no endpoint to kvd (nor kvd one to it).
   Status EnsureDaemonPeerLocked();
 
   // ---- NCCL link (nccl.cc) ----

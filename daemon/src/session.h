@@ -210,9 +210,9 @@ class Session : public std::enable_shared_from_this<Session> {
   const ModelConfig* model_ = nullptr;
   uint64_t layout_digest_ = 0;
   ChunkCodec* codec_ = nullptr;  // the model's codec when it has a compression policy
-  // The client's transport endpoint: Connected to client_transport_address_ at Hello for a
-  // transport-path session, on the first transport-path operation otherwise (TransportPeer), so a
-  // shared-memory session never has one. Disconnected for good when the session ends.
+  // The client's transport endpoint: Connected to client_transport_address_ on the session's
+  // first transport transfer (TransportPeer), so a shared-memory session never has one.
+  // Disconnected for good when the session ends.
   transport::PeerHandle transport_peer_;
   std::string client_transport_address_;  // Hello.workerAddress
   // This session's peer on the NCCL link (NcclConnect); invalid when it has none.

@@ -322,15 +322,11 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
     boost::system::error_code ec;
     const bool on_unix = socket_.local_endpoint(ec).protocol().family() == AF_UNIX && !ec;
     shm_ = wants_shm && on_unix && server_->shm() != nullptr;
-    // A shared-memory session moves no bytes over the transport: no endpoint to its client
-    // (each one costs an idle connection, keepalives, and UCX's reconnect attempts once the
-    // client is gone). A transport-path session connects now, so an unreachable client is
-    // refused here rather than at its first put.
+    // The endpoint to the client waits for the first transfer (TransportPeer): a session that
+    // moves no bytes over the transport (shared memory, lookups only) never has one. An idle
+    // endpoint is not free: UCX's tcp lane of one that never carried a message tries to reach
+    // the client again when the client goes (refused connect()s, at times a read spin).
     client_transport_address_ = worker_address;
-    if (!shm_) {
-      auto peer = TransportPeer();
-      if (!peer.ok()) return refuse(peer.status());
-    }
     model_ = model;
     codec_ = model_codec;
     layout_digest_ = model->layout.Digest();

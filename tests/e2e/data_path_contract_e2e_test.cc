@@ -297,14 +297,23 @@ TEST_P(DataPathContractTest, AClientKilledHoldingALeaseReleasesItsPins) {
   ExpectServes(*good, 71);
 }
 
-// kvd holds a transport endpoint to a client only while the client needs one (the transport
-// paths), closes it for good when the client goes (killed, or ending with Bye), and then makes no
-// further attempt to reach it: no UCX reconnects to an exited client's address.
+// kvd holds a transport endpoint to a client only once the client moved bytes over the transport
+// (never on the shared-memory path, nor for a session that only looks up), closes it for good
+// when the client goes (killed, or ending with Bye), and then makes no further attempt to reach
+// it: no UCX reconnects to an exited client's address.
 TEST_P(DataPathContractTest, AnEndedClientLeavesNoTransportEndpointBehind) {
   const uint64_t want_open = GetParam() == DataPath::kMemfdShm ? 0 : 1;
   auto open = [&] { return CounterValue(*admin_, "transport_peers_open"); };
   ASSERT_EQ(open(), 0u);
   const size_t log_before = kvd_->Log().size();
+  for (int i = 0; i < 3; ++i) {  // sessions that only look up: no endpoint on any path
+    auto c = Connect("lookups");
+    ASSERT_NE(c, nullptr);
+    const Hash128 h{0xe7d, 9};
+    auto hit = c->Lookup({&h, 1});
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    EXPECT_EQ(open(), 0u);
+  }
   {
     auto c = Connect("bye");
     ASSERT_NE(c, nullptr);
