@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include <iostream>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "kvd/common/cli.h"
 #include "kvd/common/logging.h"
@@ -161,13 +163,15 @@ int main(int argc, char** argv) {
   }
   if (const char* pause = std::getenv("KVD_TEST_STARTUP_PAUSE_MS"); pause != nullptr) {
     // Fault-injection seam for the tests of a signal during start-up: the arena and the
-    // transport exist, the listeners do not yet. A signal ends the pause early (EINTR).
+    // transport exist, the listeners do not yet. A signal ends the pause early. It is polled:
+    // the signal may be handled on any thread (UCX's and the pool's exist by now), so this
+    // thread's sleep is not always the one it interrupts.
     KVD_LOG(INFO) << "start-up paused (KVD_TEST_STARTUP_PAUSE_MS)" << kvd::Kv("ms", pause);
-    const long ms = std::strtol(pause, nullptr, 10);
-    struct timespec ts {
-      ms / 1000, (ms % 1000) * 1000000
-    };
-    ::nanosleep(&ts, nullptr);
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(std::strtol(pause, nullptr, 10));
+    while (g_early_signal == 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
   if (kvd::Status s = (*server)->Start(); !s.ok()) {
     KVD_LOG(ERROR) << "kvd cannot listen" << kvd::Kv("status", s);
