@@ -588,9 +588,17 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
       break;
     }
     uint64_t tag = next_tag_++;
+    // Where the transport copies the bytes itself (same host), it also hashes them.
+    transport::TransferRequest recv;
+    recv.op = transport::TransferOp::kRecv;
+    recv.peer = daemon_peer_;
+    recv.tag = tag;
+    recv.buffer = items[i].out;
+    recv.length = items[i].capacity;
+    recv.want_checksum = true;
     auto h =
         nccl ? PostNcclLocked(transport::TransferOp::kRecv, tag, items[i].out, items[i].capacity)
-             : transport_->PostRecv(daemon_peer_, tag, items[i].out, items[i].capacity);
+             : transport_->Post(recv);
     if (!h.ok()) {
       first_error = h.status().WithContext("posting a receive");
       break;
@@ -655,7 +663,9 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
                 CopyToHostFrom(copy, items[i].out, s.received, items[i].cuda_stream, "get buffer");
             bytes = copy;
           }
-          if (s.status.ok()) s.checksum = Checksum64(bytes, s.received);
+          if (s.status.ok()) {
+            s.checksum = !nccl && st.checksum_valid ? st.checksum : Checksum64(bytes, s.received);
+          }
         } else if (st.state == TransferState::kError) {
           s.transfer_done = true;
           s.status = st.status.WithContext("receiving chunk bytes");

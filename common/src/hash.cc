@@ -76,7 +76,12 @@ namespace internal {
 #if defined(KVD_HAVE_AVX2_CHECKSUM)
 uint64_t Checksum64Avx2(const void* data, size_t size);                    // hash_avx2.cc
 uint64_t CopyWithChecksum64Avx2(void* dst, const void* src, size_t size);  // hash_avx2.cc
+// The same XXH3_state_t layout in both builds (only the accumulate loop differs).
+void Checksum64UpdateAvx2(void* state, const void* data, size_t size);  // hash_avx2.cc
 #endif
+void Checksum64UpdateBaseline(void* state, const void* data, size_t size) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state), data, size);
+}
 uint64_t Checksum64Baseline(const void* data, size_t size) { return XXH3_64bits(data, size); }
 uint64_t CopyWithChecksum64Baseline(void* dst, const void* src, size_t size) {
   return CopyWithChecksum64Blocked(dst, src, size);
@@ -98,6 +103,13 @@ ChecksumFn PickChecksum() {
   if (UseAvx2()) return &internal::Checksum64Avx2;
 #endif
   return &internal::Checksum64Baseline;
+}
+using UpdateFn = void (*)(void*, const void*, size_t);
+UpdateFn PickUpdate() {
+#if defined(KVD_HAVE_AVX2_CHECKSUM)
+  if (UseAvx2()) return &internal::Checksum64UpdateAvx2;
+#endif
+  return &internal::Checksum64UpdateBaseline;
 }
 CopyChecksumFn PickCopyChecksum() {
 #if defined(KVD_HAVE_AVX2_CHECKSUM)
@@ -122,7 +134,8 @@ Checksum64Stream::Checksum64Stream() : state_(XXH3_createState()) {
 }
 Checksum64Stream::~Checksum64Stream() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
 void Checksum64Stream::Update(const void* data, size_t size) {
-  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, size);
+  static const UpdateFn fn = PickUpdate();  // the AVX2 build where the CPU has it, as Checksum64
+  fn(state_, data, size);
 }
 uint64_t Checksum64Stream::Digest() const {
   return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_));

@@ -14,6 +14,10 @@ namespace kvd::internal {
 
 uint64_t Checksum64Avx2(const void* data, size_t size) { return XXH3_64bits(data, size); }
 
+void Checksum64UpdateAvx2(void* state, const void* data, size_t size) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state), data, size);
+}
+
 uint64_t CopyWithChecksum64Avx2(void* dst, const void* src, size_t size) {
   return CopyWithChecksum64Blocked(dst, src, size);
 }

@@ -632,9 +632,21 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
     put.nccl = true;
     put.staging = *staging;
   } else {
+    // The transport hashes the bytes as they land where it copies them itself (same host):
+    // the commit then compares checksums instead of reading the chunk again.
     auto peer = TransportPeer();
-    recv = peer.ok() ? server_->transport()->PostRecv(*peer, tag, reservation->data, bytes)
-                     : StatusOr<TransferHandle>(peer.status());
+    if (peer.ok()) {
+      transport::TransferRequest request;
+      request.op = transport::TransferOp::kRecv;
+      request.peer = *peer;
+      request.tag = tag;
+      request.buffer = reservation->data;
+      request.length = bytes;
+      request.want_checksum = true;
+      recv = server_->transport()->Post(request);
+    } else {
+      recv = peer.status();
+    }
   }
   if (!recv.ok()) {
     server_->tier()->Abort(reservation->id).IgnoreError();
@@ -767,7 +779,19 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
     }
     return s;
   };
+  // A transport put whose bytes the transport copied itself (same host) comes with their
+  // checksum, computed block by block as they landed: when it equals the client's, the daemon
+  // was the writer that hashed them, and the commit records it without reading the chunk again
+  // (kTrustWriter), right in the transfer's completion, without the pool hand-off. A mismatch
+  // takes the verifying commit below (DATA_LOSS, counted, nothing stored).
+  const bool may_commit_landed =
+      codec == nullptr && staging_memory == nullptr && tiers->disk() == nullptr;
   auto land = [=](const TransferStatus& st, std::function<void(Landed)> complete) {
+    if (may_commit_landed && st.checksum_valid && st.checksum == checksum) {
+      complete(
+          Landed{st, tiers->Commit(reservation, checksum, storage::CommitCheck::kTrustWriter), {}});
+      return;
+    }
     if (codec != nullptr) {
       codec->Submit(pput->ticket, [=] {
         if (Status c = copy_in(); !c.ok()) return complete(Landed{st, c, {}});

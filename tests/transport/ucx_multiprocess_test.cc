@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "child_process.h"
+#include "kvd/common/hash.h"
 #include "kvd/transport/transport.h"
 #include "test_util.h"
 
@@ -58,13 +59,26 @@ class UcxMultiProcessTest : public ::testing::TestWithParam<std::string> {
 
 const std::vector<size_t> kSizes = {1, 64 << 10, 8 << 20};
 
+// A receive as the daemon posts it for a put: the same-host path hashes what it copies.
+StatusOr<TransferHandle> PostRecvHashed(Transport& t, PeerHandle peer, uint64_t tag, void* buf,
+                                        size_t n) {
+  TransferRequest r;
+  r.op = TransferOp::kRecv;
+  r.peer = peer;
+  r.tag = tag;
+  r.buffer = buf;
+  r.length = n;
+  r.want_checksum = true;
+  return t.Post(r);
+}
+
 TEST_P(UcxMultiProcessTest, ChildSendsParentReceivesByteExact) {
   StartChild({"--role", "send", "--sizes", "1,65536,8388608", "--tag", "1000"});
   std::vector<std::vector<uint8_t>> bufs;
   std::vector<TransferHandle> recvs;
   for (size_t i = 0; i < kSizes.size(); ++i) {
     bufs.emplace_back(kSizes[i]);
-    auto h = t_->PostRecv(peer_, 1000 + i, bufs.back().data(), kSizes[i]);
+    auto h = PostRecvHashed(*t_, peer_, 1000 + i, bufs.back().data(), kSizes[i]);
     ASSERT_TRUE(h.ok()) << h.status();
     recvs.push_back(*h);
   }
@@ -74,6 +88,13 @@ TEST_P(UcxMultiProcessTest, ChildSendsParentReceivesByteExact) {
     ASSERT_TRUE(s.ok()) << "message " << i << ": " << s;
     EXPECT_EQ(t_->Check(recvs[i]).bytes, kSizes[i]);
     EXPECT_EQ(testing::FirstMismatch(1000 + i, bufs[i].data(), kSizes[i]), kSizes[i]);
+    const TransferStatus st = t_->Check(recvs[i]);
+    if (GetParam() == "ucx-sm" && kSizes[i] >= (size_t{64} << 10)) {
+      EXPECT_TRUE(st.checksum_valid) << "message " << i << " over the same-host path";
+    }
+    if (st.checksum_valid) {
+      EXPECT_EQ(st.checksum, Checksum64(bufs[i].data(), kSizes[i])) << "message " << i;
+    }
     EXPECT_TRUE(t_->Release(recvs[i]).ok());
   }
   std::string line;
@@ -126,7 +147,7 @@ TEST_P(UcxMultiProcessTest, PeerKilledMidTransferDoesNotHang) {
   StartChild(
       {"--role", "send", "--sizes", std::to_string(n), "--tag", "4000", "--die-after-ms", "5"});
   std::vector<uint8_t> buf(n);
-  auto recv = t_->PostRecv(peer_, 4000, buf.data(), n);
+  auto recv = PostRecvHashed(*t_, peer_, 4000, buf.data(), n);
   ASSERT_TRUE(recv.ok());
   ASSERT_TRUE(child_.WriteLine("GO"));
   auto start = steady_clock::now();
@@ -137,6 +158,10 @@ TEST_P(UcxMultiProcessTest, PeerKilledMidTransferDoesNotHang) {
     // until it returns): then every byte must be right.
     EXPECT_EQ(t_->Check(*recv).bytes, n);
     EXPECT_EQ(testing::FirstMismatch(4000, buf.data(), n), n);
+    const TransferStatus st = t_->Check(*recv);
+    if (st.checksum_valid) {
+      EXPECT_EQ(st.checksum, Checksum64(buf.data(), n));
+    }
     std::cerr << "the transfer finished before the sender died (" << took.count() << " ms)\n";
     EXPECT_TRUE(t_->Release(*recv).ok());
     return;

@@ -433,6 +433,8 @@ StatusOr<TransferHandle> UcxTransport::Post(const TransferRequest& r) {
   t.status.bytes = r.length;  // sends report this; receives overwrite it with the message length
   t.buffer = r.buffer;
   t.capacity = r.length;
+  t.want_checksum =
+      r.want_checksum && r.op == TransferOp::kRecv && r.memory_type == MemoryType::kHost;
   Status st;
   if (rma) {
     st = PostRmaLocked(id, t, r);

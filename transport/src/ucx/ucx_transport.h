@@ -117,8 +117,9 @@ class UcxTransport final : public Transport {
     size_t capacity = 0;                // its length
     std::unique_ptr<uint8_t[]> bounce;  // small receives land here (room for a descriptor)
     uint64_t ack[2] = {0, 0};           // cma send: the receiver's ack {status code, bytes}
-    bool callback_ran = false;  // a UCX callback ran inside the posting call (request freed)
-    bool copying = false;       // a cma copy into buffer is queued or running (see CopyJob)
+    bool callback_ran = false;   // a UCX callback ran inside the posting call (request freed)
+    bool copying = false;        // a cma copy into buffer is queued or running (see CopyJob)
+    bool want_checksum = false;  // receive: hash the bytes in the cma copy (RunCopies)
     TransferStatus status;
   };
 
@@ -143,8 +144,10 @@ class UcxTransport final : public Transport {
     uint64_t id = 0;
     CmaDescriptor descriptor{};
     void* buffer = nullptr;
+    bool want_checksum = false;  // copy in blocks and hash each one while it is in the cache
     Status result;
     size_t moved = 0;
+    uint64_t checksum = 0;  // Checksum64 of the moved bytes (want_checksum and a whole copy)
   };
   // Runs the queued copies with mu_ released, then acks and completes them. Returns how many.
   // REQUIRES: lock holds mu_ (held again on return).

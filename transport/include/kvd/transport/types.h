@@ -114,6 +114,13 @@ struct TransferRequest {
   // kRead/kWrite only: the remote region and the byte offset in it.
   RemoteRegionHandle remote;
   uint64_t remote_offset = 0;
+  // kRecv into host memory only: asks for Checksum64 (kvd/common/hash.h) of the received bytes,
+  // computed by the backend while they are in the cache from its own copy. A backend that does
+  // not copy the bytes itself leaves TransferStatus::checksum_valid false and the caller hashes
+  // the buffer. UCX: set for the same-host path (a send of >= cma_threshold_bytes from a
+  // same-host peer: the receiver copies in blocks and hashes each block after it lands); not set
+  // for bytes UCX carries itself. Ignored for other ops. Costs nothing when not set.
+  bool want_checksum = false;
 };
 
 enum class TransferState : int {
@@ -129,6 +136,10 @@ struct TransferStatus {
   Status status;
   // kDone: bytes moved (for kRecv, the received message length <= request length).
   size_t bytes = 0;
+  // kDone receive posted with want_checksum: true when `checksum` holds Checksum64 of the `bytes`
+  // received bytes, as they were written into the buffer (see TransferRequest::want_checksum).
+  bool checksum_valid = false;
+  uint64_t checksum = 0;
 };
 
 }  // namespace kvd::transport
