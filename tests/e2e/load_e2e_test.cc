@@ -160,8 +160,12 @@ TEST(LoadE2eTest, SixtyFourClientsMixedOpsByteExactCountersAddUpHealthy) {
   std::thread health([&] {
     while (std::chrono::steady_clock::now() < end) {
       std::string out;
-      const int rc =
-          RunProgram({KVDCTL_BINARY, "--addr", kvd->unix_address(), "health"}, &out, 10s);
+      // The health verdict is asserted, not its speed: kvdctl's default 3 s connect timeout
+      // missed the handshake once on a 2-core box at load 13-15 (64 clients beside a parallel
+      // ctest), with kvd serving normally. 9 s, inside RunProgram's 10 s.
+      const int rc = RunProgram(
+          {KVDCTL_BINARY, "--addr", kvd->unix_address(), "--timeout-ms", "9000", "health"}, &out,
+          10s);
       health_runs++;
       if (rc != 0 || out.rfind("OK  serving", 0) != 0) {
         health_bad++;
