@@ -70,10 +70,24 @@ shm_before=$(ls /dev/shm | sort)
 
 # shellcheck source=deploy/bench-lib.sh
 source deploy/bench-lib.sh
-# Whatever a peer left in /dev/shm during this run (kvd's memfds leave nothing there).
+# What a peer of this run left in /dev/shm (kvd's memfds leave nothing there; UCX and Mooncake
+# may). Runs after bench_cleanup stopped this script's processes, so a name created during the
+# run that no live process still has open or mapped is one of theirs, left behind. A name that
+# some live process holds (say the short-lived UCX files of tests running beside this script) is
+# not touched, nor one owned by another user.
+shm_held() {
+  local d
+  for d in /proc/[0-9]*; do  # processes come and go meanwhile: never a failure
+    find "$d/fd" -maxdepth 1 -lname '/dev/shm/*' -printf '%l\n' 2>/dev/null || true
+    grep -ho ' /dev/shm/[^ ]*' "$d/maps" 2>/dev/null || true
+  done | sed -e 's|^ *||' -e 's| (deleted)$||' -e 's|^/dev/shm/||' | sort -u
+}
 bench_on_exit() {
+  local held f
+  held=$(shm_held)
   comm -13 <(echo "$shm_before") <(ls /dev/shm | sort) | while read -r f; do
-    [[ -n "$f" ]] && rm -f "/dev/shm/$f"
+    [[ -n "$f" && -O "/dev/shm/$f" ]] || continue
+    grep -qxF -- "$f" <<<"$held" || rm -f "/dev/shm/$f"
   done
 }
 bench_scratch peers

@@ -87,10 +87,15 @@ bool TierManager::VerifyLeavingHost(const ReadView& view, const char* destinatio
     std::lock_guard<std::mutex> lock(counters_mu_);
     count = ++host_corrupt_dropped_;
   }
-  KVD_LOG(WARNING) << "chunk changed in host memory after its commit; dropped, not copied"
-                   << Kv("key", view.meta.key.ToString()) << Kv("to", destination)
-                   << Kv("checksum", actual) << Kv("committed", view.meta.checksum)
-                   << Kv("host_corrupt_dropped", count);
+  // One record per chunk would flood the log when memory goes bad under a busy daemon: the
+  // first, then at most one a minute (the counter host_corrupt_dropped has them all).
+  if (const uint64_t chunks = corrupt_log_.Occur(); chunks > 0) {
+    KVD_LOG(WARNING) << "chunk changed in host memory after its commit; dropped, not copied "
+                        "(logged at most once a minute)"
+                     << Kv("key", view.meta.key.ToString()) << Kv("to", destination)
+                     << Kv("checksum", actual) << Kv("committed", view.meta.checksum)
+                     << Kv("chunks_since_last_record", chunks) << Kv("host_corrupt_dropped", count);
+  }
   return false;
 }
 

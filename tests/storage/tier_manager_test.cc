@@ -154,6 +154,35 @@ TEST_F(TierManagerTest, AHostCopyChangedAfterItsCommitIsDroppedAtDemotionNotWrit
   manager_->SetEventListener(nullptr);
 }
 
+// Many changed chunks in one pass (memory going bad): every one is dropped and counted, but
+// the warning is logged once (then at most once a minute), not once per chunk.
+TEST_F(TierManagerTest, ChangedChunksAreLoggedOnceNotPerChunk) {
+  std::vector<std::vector<std::byte>> payloads;
+  for (uint64_t n = 0; n < 7; ++n) {
+    payloads.push_back(RandomBytes(kChunk, static_cast<uint32_t>(100 + n)));
+    ASSERT_TRUE(PutChunk(*host_, MakeKey(n), payloads[n]).ok());
+  }
+  for (uint64_t n = 0; n < 3; ++n) {
+    auto* at = static_cast<std::byte*>(
+        ::memmem(region_.data(), region_.span().size(), payloads[n].data(), kChunk));
+    ASSERT_NE(at, nullptr) << n;
+    at[200] ^= std::byte{0x10};
+  }
+  ::testing::internal::CaptureStderr();
+  auto d = manager_->MaybeDemote();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->corrupt_dropped, 3u);
+  EXPECT_EQ(manager_->host_corrupt_dropped(), 3u);
+  size_t records = 0;
+  for (size_t at = log.find("chunk changed in host memory"); at != std::string::npos;
+       at = log.find("chunk changed in host memory", at + 1)) {
+    ++records;
+  }
+  EXPECT_EQ(records, 1u) << log;
+  for (uint64_t n = 0; n < 3; ++n) EXPECT_FALSE(host_->Describe(MakeKey(n)).ok()) << n;
+}
+
 TEST_F(TierManagerTest, DiskChunksAreServedAfterARestart) {
   const auto bytes = RandomBytes(kChunk, 42);
   ASSERT_TRUE(disk_->Insert(MakeKey(0), 256, Checksum64(bytes.data(), kChunk), bytes).ok());

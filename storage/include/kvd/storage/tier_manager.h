@@ -54,11 +54,13 @@
 // removed from host, so a concurrent lookup finds it in at least one tier.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <span>
 #include <vector>
 
+#include "kvd/common/log_limiter.h"
 #include "kvd/common/status.h"
 #include "kvd/storage/disk_tier.h"
 #include "kvd/storage/gpu_tier.h"
@@ -180,6 +182,8 @@ class TierManager {
   uint64_t promote_errors_ = 0;        // guarded by counters_mu_
   uint64_t gpu_skipped_ = 0;           // guarded by counters_mu_
   uint64_t host_corrupt_dropped_ = 0;  // guarded by counters_mu_
+
+  LogLimiter corrupt_log_{std::chrono::minutes(1)};  // the VerifyLeavingHost warning
 };
 
 }  // namespace kvd::storage
