@@ -114,6 +114,7 @@ struct HelloReply {
   needsQueries @13 :Bool;           # puts without window queries are refused
   calibrationVersion @14 :UInt64;   # VECTOR weights the codec id includes; 0 = none
   readOnly @15 :Bool;               # echo of Hello.readOnly: the session only reads
+  releasesOnRequests @16 :Bool;     # the daemon takes Request.releaseReads (older daemons: false)
 }
 
 # Where the bytes of a reservation or read lie in the daemon's shared-memory arena (sessions with
@@ -460,6 +461,12 @@ struct Request {
     ncclConnect @17 :NcclConnect;
     inlinePut @18 :InlinePut;        # answered with `commit`
   }
+  # Shared-memory reads (GetReply.readId) the client is done with, carried on any request instead
+  # of one ReleaseRead exchange each (sent only to a daemon whose HelloReply.releasesOnRequests
+  # says it takes them). The daemon ends them before it handles the request; no reply of their
+  # own, and an id that is not an open read of this connection (already ended by the read TTL)
+  # is skipped. See docs/wire-format.md "Shared-memory path".
+  releaseReads @19 :List(UInt64);
 }
 
 struct Response {

@@ -119,6 +119,7 @@ Status ClientImpl::Handshake() {
     session_.transport = h.getTransport().cStr();
     session_.shared_memory = h.getSharedMemory();
     session_.read_only = h.getReadOnly();
+    session_.releases_on_requests = h.getReleasesOnRequests();
     session_.codec_id = h.getCodecId();
     session_.policy_digest = h.getPolicyDigest();
     session_.policy = h.getPolicy().cStr();

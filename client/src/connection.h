@@ -83,6 +83,11 @@ class Channel {
     uint64_t id = next_request_id_++;
     req.setRequestId(id);
     fill(req);
+    if (!deferred_reads_.empty()) {
+      auto list = req.initReleaseReads(static_cast<unsigned>(deferred_reads_.size()));
+      for (size_t i = 0; i < deferred_reads_.size(); ++i) list.set(i, deferred_reads_[i]);
+      deferred_reads_.clear();
+    }
     auto frame = proto::EncodeFrame(message);
     Status s = conn_->WriteAll(frame, DeadlineIn(request_timeout_ms_));
     if (!s.ok()) return Break(s);
@@ -114,6 +119,15 @@ class Channel {
   }
   bool HasEventFrames() const { return !event_frames_.empty(); }
 
+  // Shared-memory reads to end (GetReply.readId): they go out with the next request of any
+  // kind (Request.releaseReads), with no exchange of their own. Only for a daemon that takes
+  // them (SessionInfo::releases_on_requests). Until then the chunks stay pinned in kvd; a
+  // connection that ends first has them reclaimed by kvd.
+  void DeferReleases(const std::vector<uint64_t>& reads) {
+    deferred_reads_.insert(deferred_reads_.end(), reads.begin(), reads.end());
+  }
+  size_t deferred_releases() const { return deferred_reads_.size(); }
+
   // Marks the channel broken with `s` (UNAVAILABLE / DEADLINE_EXCEEDED) and returns it.
   Status Break(Status s);
 
@@ -132,6 +146,7 @@ class Channel {
   std::map<uint64_t, std::unique_ptr<proto::DecodedMessage>> pending_;
   std::map<uint64_t, int> fds_;  // request id -> memfd of its reply (closed if never taken)
   std::deque<std::unique_ptr<proto::DecodedMessage>> event_frames_;  // unasked `events` frames
+  std::vector<uint64_t> deferred_reads_;                             // DeferReleases, not sent yet
   Status broken_;
 
  public:

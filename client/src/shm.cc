@@ -296,7 +296,14 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowShmLocked(uint64_t lease_i
       if (!copied.ok() && first_error.ok()) first_error = copied;
     }
   }
-  // The bytes are ours now: release the reads (pipelined) so the chunks may be evicted again.
+  // The bytes are ours now: the reads end so the chunks may be evicted again. A daemon that
+  // takes Request.releaseReads gets them with the next request, whatever it is (no exchange
+  // here: the get was one round trip); an older one gets ReleaseReads (pipelined).
+  if (session_.releases_on_requests && !options_.test_release_reads_apart) {
+    channel_->DeferReleases(reads);
+    if (!first_error.ok()) return first_error;
+    return out;
+  }
   std::vector<uint64_t> release_req;
   for (uint64_t read : reads) {
     auto id =

@@ -167,6 +167,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // Completes `seq` with `frame`, attaching ref.fd if set (and remembering what the client has).
   void CompleteShm(uint64_t seq, Frame frame, const ShmRef& ref);
   void HandleReleaseRead(uint64_t seq, uint64_t rid, proto::ReleaseRead::Reader release);
+  // Request.releaseReads: ends those of `reads` that are open shared-memory reads of this
+  // connection (no reply of their own).
+  void ReleaseReadsOf(capnp::List<uint64_t>::Reader reads);
   // Error for a Commit/Abort of a reservation this session does not hold.
   Status UnknownReservation(uint64_t reservation) const;
   // FAILED_PRECONDITION unless Hello (engine role) succeeded.

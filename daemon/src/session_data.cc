@@ -149,6 +149,7 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
     CloseAfter(seq);
     return Status::Ok();
   }
+  if (request.hasReleaseReads()) ReleaseReadsOf(request.getReleaseReads());
   if (which == proto::Request::LOOKUP || which == proto::Request::COMMIT ||
       which == proto::Request::INLINE_PUT || which == proto::Request::GET) {
     const LatencyOp op = which == proto::Request::LOOKUP ? LatencyOp::kLookup
@@ -357,6 +358,7 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
              reply.setTransport(server_->transport_description());
              reply.setSharedMemory(shm_);
              reply.setReadOnly(read_only_);
+             reply.setReleasesOnRequests(true);
              if (codec_ != nullptr) {
                const CompressionPolicy& p = codec_->policy();
                reply.setCodecId(codec_->codec_id());
@@ -388,15 +390,16 @@ StatusOr<Session::ShmRef> Session::PrepareShm(uint64_t offset) {
     return Status::Internal("arena segment " + std::to_string(ref.segment) +
                             " belongs to namespace \"" + owner + "\", not \"" + name_space_ + "\"");
   }
+  // The block the caller holds keeps the segment assigned, so its generation cannot change
+  // under us. A client that maps it already gets no descriptor: no dup (or, for a reading
+  // session, no re-open through /proc) and close on every get and reserve.
+  KVD_ASSIGN_OR_RETURN(ref.generation, server_->shm()->Generation(ref.segment));
+  auto sent = shm_sent_.find(ref.segment);
+  if (sent != shm_sent_.end() && sent->second == ref.generation) return ref;
   KVD_ASSIGN_OR_RETURN(ShmArena::SegmentFd seg,
                        server_->shm()->DupSegment(ref.segment, read_only_));
   ref.generation = seg.generation;
-  auto sent = shm_sent_.find(ref.segment);
-  if (sent != shm_sent_.end() && sent->second == seg.generation) {
-    ::close(seg.fd);
-  } else {
-    ref.fd = seg.fd;
-  }
+  ref.fd = seg.fd;
   return ref;
 }
 
@@ -417,6 +420,15 @@ void Session::HandleReleaseRead(uint64_t seq, uint64_t rid, proto::ReleaseRead::
   Status s = server_->tier()->ReleaseRead(read);
   if (!s.ok()) return CompleteError(seq, rid, s);
   Complete(seq, MakeAck(rid));
+}
+
+void Session::ReleaseReadsOf(capnp::List<uint64_t>::Reader reads) {
+  // Only this connection's open shared-memory reads; an id already ended (read TTL) or never
+  // ours is skipped: this carries no reply to say so, and ending it again cannot matter.
+  for (uint64_t read : reads) {
+    if (shm_reads_.erase(read) == 0) continue;
+    server_->tier()->ReleaseRead(read).IgnoreError();
+  }
 }
 
 uint32_t Session::ServedCodecId() const {

@@ -172,6 +172,14 @@ StatusOr<ShmArena::SegmentFd> ShmArena::DupSegment(uint32_t segment, bool read_o
   return SegmentFd{fd, s.generation, s.size};
 }
 
+StatusOr<uint64_t> ShmArena::Generation(uint32_t segment) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (segment >= segments_.size()) {
+    return Status::InvalidArgument("arena segment " + std::to_string(segment) + " out of range");
+  }
+  return segments_[segment].generation;
+}
+
 void ShmArena::OnSegmentReleased(uint32_t segment) {
   std::lock_guard<std::mutex> lock(mu_);
   if (segment >= segments_.size()) return;

@@ -72,6 +72,9 @@ class ShmArena final : public storage::SegmentListener {
     uint64_t size = 0;
   };
   StatusOr<SegmentFd> DupSegment(uint32_t segment, bool read_only = false) const;
+  // The generation DupSegment would give now, without a descriptor (a session whose client
+  // already maps that generation sends none). INVALID_ARGUMENT for a segment out of range.
+  StatusOr<uint64_t> Generation(uint32_t segment) const;
 
   // SegmentListener: swaps in a spare or fresh memfd (see above). Logs (never fails) if the
   // kernel refuses; then the old memfd stays, and the segment's generation does not change.

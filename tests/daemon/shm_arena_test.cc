@@ -139,8 +139,29 @@ TEST(ShmArenaTest, OutOfRangeSegmentIsRefusedOrIgnored) {
   ASSERT_FALSE(fd.ok());
   EXPECT_EQ(fd.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(fd.status().message().find("out of range"), std::string::npos) << fd.status();
+  EXPECT_EQ((*arena)->Generation(2).status().code(), StatusCode::kInvalidArgument);
   (*arena)->OnSegmentReleased(7);  // never called so by the tier; must not touch anything
   EXPECT_EQ((*arena)->replacements(), 0u);
+}
+
+// Generation says what DupSegment would give, and grows with each replacement.
+TEST(ShmArenaTest, GenerationMatchesTheDescriptorsAndGrowsOnReplacement) {
+  auto arena = ShmArena::Create(2 * kSegment, kSegment);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  ShmArena& a = **arena;
+  for (uint32_t round = 0; round < 3; ++round) {
+    for (uint32_t segment = 0; segment < 2; ++segment) {
+      auto g = a.Generation(segment);
+      auto fd = a.DupSegment(segment);
+      ASSERT_TRUE(g.ok() && fd.ok());
+      EXPECT_EQ(*g, fd->generation) << "segment " << segment;
+      ::close(fd->fd);
+    }
+    const uint64_t before = *a.Generation(1);
+    a.OnSegmentReleased(1);
+    EXPECT_EQ(*a.Generation(1), before + 1);
+  }
+  EXPECT_EQ(*a.Generation(0), 1u);
 }
 
 }  // namespace

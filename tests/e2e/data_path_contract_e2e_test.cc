@@ -292,6 +292,9 @@ TEST_P(DataPathContractTest, AClientKilledHoldingALeaseReleasesItsPins) {
   const pid_t pid = KillDriverHolding("lease", "HELD", &client::TierStats::pinned_bytes,
                                       "the killed reader's lease still pins its chunk");
   ASSERT_NE(pid, 0);
+  // Its read ended too (on the shared-memory path still open when it died: a get's read ends
+  // with the client's next request, which never came).
+  EXPECT_TRUE(Eventually([&] { return CounterValue(*admin_, "host_reads_open") == 0; }, 5s));
   // Its chunk stays stored and readable by others; the daemon keeps serving.
   EXPECT_EQ(Present(*good, Hash128{0x1ea5e, static_cast<uint64_t>(pid)}), 1u);
   ExpectServes(*good, 71);

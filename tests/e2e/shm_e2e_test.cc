@@ -226,5 +226,89 @@ TEST_F(ShmE2eTest, AReadingSessionCannotWrite) {
   EXPECT_EQ(CounterValue(*admin_, "puts_committed"), 1u);
 }
 
+// A shared-memory get is one exchange: the reply names the pinned slot, the client copies and
+// verifies, and the read's end goes out with the client's next request (Request.releaseReads)
+// instead of a ReleaseRead exchange of its own. `apart`: the client ends each read with its own
+// ReleaseRead exchange before GetChunks returns, as it does with a daemon older than
+// releaseReads (and as an older client does with this daemon).
+void ExpectGetsReleaseTheirReads(client::Client& admin, client::Client& c, uint64_t salt,
+                                 bool apart) {
+  const size_t bytes = c.options().layout.ChunkBytes(256);
+  constexpr uint32_t kChunks = 6;
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<Hash128> chain;
+  for (uint64_t i = 0; i < kChunks; ++i) {
+    chain.push_back(Hash128{0x9e7 + salt, i});
+    data.push_back(PutChunk(c, chain.back(), 300 + salt * 10 + i));
+  }
+  auto hit = c.Lookup(chain);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  ASSERT_EQ(hit->matched_chunks, kChunks);
+  const uint64_t frames_before = CounterValue(admin, "frames_in");
+  std::vector<std::vector<uint8_t>> out(kChunks, std::vector<uint8_t>(bytes));
+  std::vector<client::GetItem> gets;
+  for (uint32_t i = 0; i < kChunks; ++i) gets.push_back({i, out[i].data(), out[i].size()});
+  auto got = c.GetChunks(hit->lease_id, gets);
+  ASSERT_TRUE(got.ok()) << got.status();
+  // Frames kvd read in between: the client's, and the admin's second Stats request.
+  const uint64_t frames = CounterValue(admin, "frames_in") - frames_before - 1;
+  for (uint32_t i = 0; i < kChunks; ++i) EXPECT_EQ(out[i], data[i]) << "chunk " << i;
+  if (apart) {
+    EXPECT_EQ(frames, 2u * kChunks) << "a Get and a ReleaseRead per chunk";
+    EXPECT_EQ(CounterValue(admin, "host_reads_open"), 0u) << "reads still open after GetChunks";
+  } else {
+    EXPECT_EQ(frames, uint64_t{kChunks}) << "one Get per chunk, nothing else";
+    EXPECT_EQ(CounterValue(admin, "host_reads_open"), uint64_t{kChunks})
+        << "the reads end with the next request, not before";
+  }
+  // The next request (any kind) ends them; then nothing is pinned.
+  ASSERT_TRUE(c.ReleaseLease(hit->lease_id).ok());
+  EXPECT_EQ(CounterValue(admin, "host_reads_open"), 0u);
+  EXPECT_EQ(HostTier(admin).pinned_bytes, 0u);
+}
+
+TEST_F(ShmE2eTest, AGetIsOneExchangeAndItsReadsEndWithTheNextRequest) {
+  auto c = ConnectOrFail(ShmOptions("", "one-exchange"));
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->session().shared_memory) << kvd_->Log();
+  EXPECT_TRUE(c->session().releases_on_requests);
+  ExpectGetsReleaseTheirReads(*admin_, *c, 1, /*apart=*/false);
+}
+
+TEST_F(ShmE2eTest, ReadsEndedByTheirOwnExchangeAsWithAnOlderDaemonOrClient) {
+  client::ClientOptions o = ShmOptions("", "apart");
+  o.test_release_reads_apart = true;
+  auto c = ConnectOrFail(o);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->session().shared_memory) << kvd_->Log();
+  ExpectGetsReleaseTheirReads(*admin_, *c, 2, /*apart=*/true);
+}
+
+// Ids on Request.releaseReads that are no open read of this connection (another session's,
+// already ended, never issued) end nothing and fail nothing: another client's read stays.
+TEST_F(ShmE2eTest, ReleaseReadsOfAnotherConnectionEndNothing) {
+  auto a = ConnectOrFail(ShmOptions("", "a"));
+  auto b = ConnectOrFail(ShmOptions("", "b"));
+  ASSERT_TRUE(a && b);
+  const Hash128 h{0x9e70, 1};
+  const std::vector<uint8_t> data = PutChunk(*a, h, 99);
+  auto hit = a->Lookup({&h, 1});
+  ASSERT_TRUE(hit.ok() && hit->matched_chunks == 1u);
+  std::vector<uint8_t> out(data.size());
+  ASSERT_TRUE(a->Get(hit->lease_id, 0, out.data(), out.size()).ok());
+  EXPECT_EQ(out, data);
+  ASSERT_EQ(CounterValue(*admin_, "host_reads_open"), 1u);  // a's read, deferred
+  // b reads the same chunk and ends its own read, twice (the second: an id no longer open).
+  for (int round = 0; round < 2; ++round) {
+    auto hb = b->Lookup({&h, 1});
+    ASSERT_TRUE(hb.ok() && hb->matched_chunks == 1u);
+    ASSERT_TRUE(b->Get(hb->lease_id, 0, out.data(), out.size()).ok());
+    ASSERT_TRUE(b->ReleaseLease(hb->lease_id).ok());
+  }
+  EXPECT_EQ(CounterValue(*admin_, "host_reads_open"), 1u) << "b ended a's read";
+  ASSERT_TRUE(a->ReleaseLease(hit->lease_id).ok());
+  EXPECT_EQ(CounterValue(*admin_, "host_reads_open"), 0u);
+}
+
 }  // namespace
 }  // namespace kvd::e2e

@@ -141,6 +141,10 @@ struct ClientOptions {
   // without a GPU use "loopback" (with transport.loopback_domain) against a daemon whose link
   // is loopback too; that backend moves host memory, so their "device" buffers must be readable.
   std::string test_nccl_backend = "nccl";
+  // End every shared-memory read with its own ReleaseRead exchange before GetChunks returns, as
+  // with a daemon older than Request.releaseReads, even when the daemon takes them (default
+  // false). Tests of that path against a current daemon set it.
+  bool test_release_reads_apart = false;
 
   // INVALID_ARGUMENT naming the field and value (bad address form, chunk_tokens not a multiple
   // of block_tokens, non-positive timeouts, inline_put_bytes over kMaxInlinePutBytes, engine
@@ -382,6 +386,10 @@ struct SessionInfo {
   bool shared_memory = false;
   // The daemon took this session as a reading one (ClientOptions::read_only).
   bool read_only = false;
+  // The daemon ends shared-memory reads named on any request (Request.releaseReads), so a
+  // shared-memory get is one exchange: its reads' ends go out with the next request. False for
+  // an older daemon: each get then ends its reads with one more exchange before returning.
+  bool releases_on_requests = false;
   // Compression (engine role): the codec id lookups and gets use (0 = raw), the policy's digest
   // and canonical form ("" = none), the window W puts should carry, whether puts without window
   // queries are refused, and the VECTOR calibration version the codec id includes (0 = none).
