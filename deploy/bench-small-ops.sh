@@ -104,7 +104,9 @@ echo "== $ROUNDS interleaved rounds, $COUNT ops each; $(nproc) cores;" \
 keys64=$(for i in $(seq 64); do echo -n "k$i "; done)
 for round in $(seq "$ROUNDS"); do
   for size in 1280 16384 65536; do
-    bench_kvd "put $size inline" put --chunk-bytes "$size" --count "$COUNT" --op put
+    # inline at every size, also over shared memory (whose default stops at 32 KiB)
+    bench_kvd "put $size inline" put --chunk-bytes "$size" --count "$COUNT" --op put \
+      --shm-inline-put-bytes 65536
     bench_kvd "put $size 3-step shm" put --chunk-bytes "$size" --count "$COUNT" --op put \
       --inline-put-bytes 0
     bench_kvd "put $size 3-step ucx" put --chunk-bytes "$size" --count "$COUNT" --op put \

@@ -1,6 +1,7 @@
 // Client: one-exchange puts of small chunks (ClientOptions::inline_put_bytes, the InlinePut
 // message): the chunk's bytes travel inside the control frame, and kvd reserves, copies,
 // verifies and commits them before its one reply.
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -28,8 +29,10 @@ bool IsUnknownRequestKind(const Status& s) {
 
 bool ClientImpl::InlineEligible(const PutItem& it) const {
   const size_t bytes = PutBytes(it);
-  return options_.inline_put_bytes > 0 && !inline_put_refused_ &&
-         bytes <= options_.inline_put_bytes && !options_.test_before_commit &&
+  const size_t limit = session_.shared_memory
+                           ? std::min(options_.inline_put_bytes, options_.shm_inline_put_bytes)
+                           : options_.inline_put_bytes;
+  return limit > 0 && !inline_put_refused_ && bytes <= limit && !options_.test_before_commit &&
          bytes + kInlineFrameOverhead <= static_cast<size_t>(session_.max_frame_bytes);
 }
 

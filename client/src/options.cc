@@ -53,6 +53,11 @@ Status ClientOptions::Validate() const {
         "inline_put_bytes must be <= " + std::to_string(kMaxInlinePutBytes) + " (0 = off), got " +
         std::to_string(inline_put_bytes));
   }
+  if (shm_inline_put_bytes > kMaxInlinePutBytes) {
+    return Status::InvalidArgument(
+        "shm_inline_put_bytes must be <= " + std::to_string(kMaxInlinePutBytes) +
+        " (0 = off), got " + std::to_string(shm_inline_put_bytes));
+  }
   if (max_frame_bytes < 4096) {
     return Status::InvalidArgument("max_frame_bytes must be >= 4096, got " +
                                    std::to_string(max_frame_bytes));

@@ -3,14 +3,16 @@
 //   kvd-bench --addr ADDR --model M (--chunk-bytes B | --tokens T) --count N --concurrency C
 //             --op put|get|both [--depth D] [--lookup-batch L] [--lookup-chain K] [--ucx-tls TLS]
 //             [--net-devices DEV] [--no-shm] [--verify] [--daemon-pid PID | --ready-file F]
-//             [--finite-values] [--retry-busy] [--inline-put-bytes B] [--warmup W] [--json]
+//             [--finite-values] [--retry-busy] [--inline-put-bytes B] [--warmup W]
+//             [--shm-inline-put-bytes B] [--json]
 //   kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--json]
 //
 // Over a unix-socket address the clients use the shared-memory path when kvd grants it
 // (reported as "shared_memory" in the output); --no-shm forces the transport (UCX) path.
 // C client threads (one Client, one connection, one transport each) share N chunks of random
 // bytes. Phases: put (Reserve -> send -> Commit; chunks of at most --inline-put-bytes, default
-// the library's 64 KiB, in one InlinePut exchange instead; 0 = always three steps), lookup (one
+// the library's 64 KiB, in one InlinePut exchange instead; 0 = always three steps; on the
+// shared-memory path also at most --shm-inline-put-bytes, default 32 KiB), lookup (one
 // Lookup per K chunks, --lookup-chain, default 1; latency and the daemon's cost per Lookup call),
 // get (one Lookup per L chunks (default 64), then Gets of D chunks in flight per call,
 // checksum-verified by the library). --warmup W first runs a phase "warmup": each client thread
@@ -328,6 +330,11 @@ int main(int argc, char** argv) {
                  "untimed put + get rounds per client thread before the timed phases, with keys "
                  "of their own (default 0); reported as phase \"warmup\"")
       ->transform(CLI::AsSizeValue(false));
+  int64_t shm_inline_put_bytes =
+      static_cast<int64_t>(kvd::client::ClientOptions().shm_inline_put_bytes);
+  app.add_option("--shm-inline-put-bytes", shm_inline_put_bytes,
+                 "on the shared-memory path, inline puts only up to this too (default 32 KiB)")
+      ->transform(CLI::AsSizeValue(false));
   app.add_flag("--json", json, "print one JSON object");
   if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
   kvd::client::ClientOptions base;
@@ -389,6 +396,7 @@ int main(int argc, char** argv) {
   base.max_in_flight = static_cast<int>(depth);
   base.shared_memory = !no_shm;
   base.inline_put_bytes = static_cast<size_t>(std::max<int64_t>(inline_put_bytes, 0));
+  base.shm_inline_put_bytes = static_cast<size_t>(std::max<int64_t>(shm_inline_put_bytes, 0));
   if (Status v = base.Validate(); !v.ok()) return usage_error(v.message());
 
   const uint64_t run = static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
@@ -609,9 +617,11 @@ int main(int argc, char** argv) {
       {"model", model}, {"chunk_bytes", chunk_bytes},        {"tokens", tokens},
       {"count", count}, {"concurrency", nthreads},           {"depth", depth},
       {"op", op},       {"ucx_tls", base.transport.ucx_tls}, {"ok", first_error.ok()}};
+  const size_t inline_limit =
+      shm_used ? std::min(base.inline_put_bytes, base.shm_inline_put_bytes) : base.inline_put_bytes;
   j["shared_memory"] = shm_used;
-  j["inline_put_bytes"] = base.inline_put_bytes;
-  j["inline_puts"] = chunk_bytes <= base.inline_put_bytes;
+  j["inline_put_bytes"] = inline_limit;
+  j["inline_puts"] = chunk_bytes <= inline_limit;
   j["lookup_chain"] = lookup_chain;
   if (daemon_pid > 0) j["daemon_pid"] = daemon_pid;
   if (!first_error.ok()) j["error"] = first_error.ToString();
@@ -627,7 +637,7 @@ int main(int argc, char** argv) {
                   std::to_string(count) + ", concurrency " + std::to_string(nthreads) + ", depth " +
                   std::to_string(depth) + ", ucx_tls '" + base.transport.ucx_tls + "'" +
                   (shm_used ? ", shared memory" : "") +
-                  (chunk_bytes <= base.inline_put_bytes ? ", inline puts" : ""));
+                  (chunk_bytes <= inline_limit ? ", inline puts" : ""));
   if (!first_error.ok()) {
     std::cerr << "kvd-bench: " << first_error << "\n";
     return 1;

@@ -52,7 +52,8 @@ TEST_F(InlinePutE2eTest, ByteExactAroundTheThresholdOverTcpAndSharedMemory) {
   for (bool unix_socket : {false, true}) {
     SCOPED_TRACE(unix_socket ? "unix socket (shared memory)" : "tcp");
     auto o = unix_socket ? kvd_->UnixEngineOptions("inline") : kvd_->EngineOptions("inline");
-    o.inline_put_bytes = layout.ChunkBytes(51);  // 65280 bytes: 51 tokens inline, 52 not
+    o.inline_put_bytes = layout.ChunkBytes(51);   // 65280 bytes: 51 tokens inline, 52 not
+    o.shm_inline_put_bytes = o.inline_put_bytes;  // the same threshold on shared memory
     auto c = ConnectOrFail(o);
     ASSERT_NE(c, nullptr);
     EXPECT_EQ(c->session().shared_memory, unix_socket);
@@ -93,17 +94,51 @@ TEST_F(InlinePutE2eTest, ByteExactAroundTheThresholdOverTcpAndSharedMemory) {
     EXPECT_EQ(Inline() - inline_before, 6u);  // 16, 8, 51, 1, 33, 2 tokens
     for (int i = 0; i < 10; ++i) ExpectStored(*c, items[i].hash, data[i]);
   }
-  // 0 turns it off: every put takes the three steps.
-  auto o = kvd_->EngineOptions("three-steps");
-  o.inline_put_bytes = 0;
-  auto c = ConnectOrFail(o);
-  ASSERT_NE(c, nullptr);
-  const uint64_t inline_before = Inline();
-  auto data = RandomBytes(layout.ChunkBytes(4), 4);
-  ASSERT_TRUE(c->Put(Hash128{0x20, 4}, 4, data.data(), data.size()).ok());
-  EXPECT_EQ(Inline(), inline_before);
-  ExpectStored(*c, Hash128{0x20, 4}, data);
+  // 0 turns it off: every put takes the three steps, on shared memory too (whatever
+  // shm_inline_put_bytes says).
+  for (bool unix_socket : {false, true}) {
+    auto o =
+        unix_socket ? kvd_->UnixEngineOptions("three-steps") : kvd_->EngineOptions("three-steps");
+    o.inline_put_bytes = 0;
+    auto c = ConnectOrFail(o);
+    ASSERT_NE(c, nullptr);
+    const uint64_t inline_before = Inline();
+    const Hash128 h{0x20, unix_socket ? 5u : 4u};
+    auto data = RandomBytes(layout.ChunkBytes(4), h.lo);
+    ASSERT_TRUE(c->Put(h, 4, data.data(), data.size()).ok());
+    EXPECT_EQ(Inline(), inline_before);
+    ExpectStored(*c, h, data);
+  }
   EXPECT_EQ(HostTier(*admin_).reserved_bytes, 0u);
+}
+
+// Shared-memory sessions put inline only up to the lower of the two thresholds (default
+// 32 KiB); transport sessions up to inline_put_bytes (default 64 KiB).
+TEST_F(InlinePutE2eTest, SharedMemorySessionsHaveTheirOwnThreshold) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  const ModelLayout layout = kvd_->EngineOptions().layout;
+  const client::ClientOptions defaults;
+  ASSERT_EQ(defaults.shm_inline_put_bytes, size_t{32} << 10);
+  ASSERT_EQ(layout.ChunkBytes(25), 32000u);  // 1280 bytes a token: 25 tokens under 32 KiB
+  for (bool unix_socket : {false, true}) {
+    SCOPED_TRACE(unix_socket ? "unix socket (shared memory)" : "tcp");
+    auto o =
+        unix_socket ? kvd_->UnixEngineOptions("thresholds") : kvd_->EngineOptions("thresholds");
+    auto c = ConnectOrFail(o);
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(c->session().shared_memory, unix_socket);
+    for (int tokens : {25, 26, 51, 52}) {
+      SCOPED_TRACE(tokens);
+      const Hash128 h{0x21, (unix_socket ? 1000u : 0u) + static_cast<uint64_t>(tokens)};
+      const uint64_t inline_before = Inline();
+      auto data = RandomBytes(layout.ChunkBytes(tokens), 500 + tokens);
+      auto r = c->Put(h, tokens, data.data(), data.size());
+      ASSERT_TRUE(r.ok()) << r.status();
+      const bool expect_inline = tokens <= (unix_socket ? 25 : 51);
+      EXPECT_EQ(Inline() - inline_before, expect_inline ? 1u : 0u);
+      ExpectStored(*c, h, data);
+    }
+  }
 }
 
 TEST_F(InlinePutE2eTest, OptionIsValidated) {
@@ -116,6 +151,12 @@ TEST_F(InlinePutE2eTest, OptionIsValidated) {
   Status s = o.Validate();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(s.message(), HasSubstr("inline_put_bytes must be <= 1048576 (0 = off), got 1048577"));
+  o.inline_put_bytes = 0;
+  o.shm_inline_put_bytes = client::ClientOptions::kMaxInlinePutBytes + 1;
+  s = o.Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(),
+              HasSubstr("shm_inline_put_bytes must be <= 1048576 (0 = off), got 1048577"));
 }
 
 TEST_F(InlinePutE2eTest, RefusedPutsGetTheThreeStepErrorsAndHoldNothing) {

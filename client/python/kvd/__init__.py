@@ -42,7 +42,8 @@ def connect(address="127.0.0.1:7400", model="", **options):
     nccl         True: CUDA tensors move GPU to GPU over kvd's NCCL link (this process's NCCL
                  rank on CUDA device `nccl_device`, default 0; kvd's must be another GPU);
                  kvd.UnavailableError with the reason where this process or kvd cannot run NCCL
-    inline_put_bytes  puts of at most this many bytes go in one exchange (default 65536, 0 = off)
+    inline_put_bytes  puts of at most this many bytes go in one exchange (default 65536, 0 = off;
+                 on the shared-memory path at most 32768 whatever this says)
     read_only    True: a reading session; its puts raise kvd.PermissionDeniedError and its
                  shared-memory mappings of kvd's arena cannot be made writable
     """

@@ -11,8 +11,9 @@
 //
 // Control messages travel as Cap'n Proto frames over one TCP or unix-socket connection; the
 // bulk bytes travel over the transport (UCX tag messages) or, on the daemon's node, through its
-// shared-memory arena. Puts of at most ClientOptions::inline_put_bytes (default 64 KiB) travel
-// inside one frame instead: one exchange in place of reserve, send, commit.
+// shared-memory arena. Puts of at most ClientOptions::inline_put_bytes (default 64 KiB; on the
+// shared-memory path at most shm_inline_put_bytes, default 32 KiB) travel inside one frame
+// instead: one exchange in place of reserve, send, commit.
 //
 // THREAD SAFETY: every method is thread-safe; calls on one Client are serialised on an internal
 // mutex (one control connection, one transport). For parallelism use several Clients (one per
@@ -125,6 +126,15 @@ struct ClientOptions {
   // put while test_before_commit is set.
   size_t inline_put_bytes = size_t{64} << 10;
   static constexpr size_t kMaxInlinePutBytes = size_t{1} << 20;
+  // The same threshold for sessions on the shared-memory path (SessionInfo::shared_memory),
+  // where the three steps copy the bytes once, straight into the arena, and the daemon never
+  // copies them: a put goes inline when it is at most both this and inline_put_bytes.
+  // Default 32 KiB: on a 2-core box the one exchange had the lower latency at 16 and 32 KiB and
+  // the higher one (and twice the daemon CPU) at 64 KiB, where the frame's copies (into the
+  // frame, through the socket, out into the arena) cost more than the second exchange
+  // (docs/benchmarks.md, "Small operations"). At most kMaxInlinePutBytes; 0 = shared-memory
+  // puts always take three steps.
+  size_t shm_inline_put_bytes = size_t{32} << 10;
 
   // ---- test seams (leave at the defaults) ----
   // Check a raw put's byte count against the layout before asking the daemon (default true).

@@ -82,7 +82,8 @@ typedef struct kvd_config {
   int64_t connect_timeout_ms, request_timeout_ms, transfer_timeout_ms; /* 0 = defaults */
   int32_t max_in_flight;                                               /* 0 = 8 */
   /* Puts of at most this many bytes go in one exchange (ClientOptions::inline_put_bytes):
-   * 0 = the default 64 KiB, < 0 = off (every put reserves, sends and commits), at most 1 MiB. */
+   * 0 = the default 64 KiB, < 0 = off (every put reserves, sends and commits), at most 1 MiB.
+   * On the shared-memory path also at most ClientOptions::shm_inline_put_bytes (32 KiB). */
   int64_t inline_put_bytes;
 } kvd_config;
 
