@@ -171,8 +171,15 @@ class ClientImpl final : public Client {
     bool pin_tried = false;  // page-locked for device copies on first use (device.h)
     bool pinned = false;
     std::vector<bool> populated;  // per kPopulateGranule (shm.cc): page tables filled
+    // ClientOptions::shm_writable_view: the segment mapped a second time, read-write, for puts
+    // only (null when off, for a read-only session, or when that mapping failed).
+    std::byte* writable = nullptr;
+    std::vector<bool> writable_populated;  // as `populated`, for `writable`
   };
   static void UnmapSegment(MappedSegment& seg);
+  // The writable view of [offset, offset + bytes) of a mapped segment (its page tables filled
+  // on first use), or null when the segment has none. REQUIRES: SlotLocked accepted the range.
+  std::byte* WritableSlotLocked(uint32_t segment, uint64_t offset, uint64_t bytes);
   // Page-locks a mapped segment the first time a device buffer is copied to or from it.
   void PinSegmentLocked(uint32_t segment);
   // True for CUDA device memory (device.h; the entry points have refused what cannot be used).

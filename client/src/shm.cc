@@ -41,6 +41,27 @@ Status ProtectSlot(std::byte* slot, uint64_t bytes, bool writable) {
 // slot for writing its PTEs are writable and a put's stores do not fault either.
 constexpr uint64_t kPopulateGranule = uint64_t{256} << 10;
 
+// Fills the page tables of the granules of [offset, offset + bytes) of `data` not filled yet
+// (`filled`, one flag per granule), in one madvise call. Best effort: where the kernel lacks
+// MADV_POPULATE_* (before Linux 5.14) the copy faults the pages in.
+void PopulateGranules(std::byte* data, uint64_t size, std::vector<bool>& filled, uint64_t offset,
+                      uint64_t bytes, int advice) {
+  if (bytes == 0) return;
+  const uint64_t first = offset / kPopulateGranule, last = (offset + bytes - 1) / kPopulateGranule;
+  uint64_t from = last + 1, to = first;
+  for (uint64_t g = first; g <= last; ++g) {
+    if (!filled[g]) {
+      from = std::min(from, g);
+      to = std::max(to, g);
+    }
+  }
+  if (from > to) return;
+  const uint64_t begin = from * kPopulateGranule;
+  const uint64_t end = std::min(size, (to + 1) * kPopulateGranule);
+  ::madvise(data + begin, end - begin, advice);
+  for (uint64_t g = from; g <= to; ++g) filled[g] = true;
+}
+
 }  // namespace
 
 bool ClientImpl::IsDevice(const void* p) {
@@ -52,6 +73,17 @@ bool ClientImpl::IsDevice(const void* p) {
 void ClientImpl::UnmapSegment(MappedSegment& seg) {
   if (seg.pinned) ActiveDeviceMemoryOps().Unpin(seg.data);
   ::munmap(seg.data, seg.size);
+  if (seg.writable != nullptr) ::munmap(seg.writable, seg.size);
+}
+
+std::byte* ClientImpl::WritableSlotLocked(uint32_t segment, uint64_t offset, uint64_t bytes) {
+  auto it = segments_.find(segment);
+  if (it == segments_.end() || it->second.writable == nullptr) return nullptr;
+  MappedSegment& seg = it->second;
+  // Write-populated: the copy's stores then take no fault at all.
+  PopulateGranules(seg.writable, seg.size, seg.writable_populated, offset, bytes,
+                   MADV_POPULATE_WRITE);
+  return seg.writable + offset;
 }
 
 void ClientImpl::PinSegmentLocked(uint32_t segment) {
@@ -91,6 +123,12 @@ StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segmen
     // The page tables are filled per slot below (kPopulateGranule).
     void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
     const int err = errno;
+    // The puts' writable view (ClientOptions::shm_writable_view); without it (refused, or a
+    // read-only descriptor) puts take the mprotect route.
+    void* w = MAP_FAILED;
+    if (p != MAP_FAILED && options_.shm_writable_view && !options_.read_only) {
+      w = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
     ::close(fd);
     if (p == MAP_FAILED) {
       return Status::ResourceExhausted(std::string("mapping an arena segment of kvd: ") +
@@ -100,7 +138,12 @@ StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segmen
     if (old != segments_.end()) UnmapSegment(old->second);
     MappedSegment& seg = segments_[segment];
     seg = MappedSegment{generation, static_cast<std::byte*>(p), size};
-    seg.populated.assign((size + kPopulateGranule - 1) / kPopulateGranule, false);
+    const uint64_t granules = (size + kPopulateGranule - 1) / kPopulateGranule;
+    seg.populated.assign(granules, false);
+    if (w != MAP_FAILED) {
+      seg.writable = static_cast<std::byte*>(w);
+      seg.writable_populated.assign(granules, false);
+    }
   }
   auto it = segments_.find(segment);
   if (it == segments_.end() || it->second.generation != generation) {
@@ -111,25 +154,7 @@ StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segmen
   if (offset > seg.size || bytes > seg.size - offset) {
     return Status::Internal("kvd named a slot outside arena segment " + std::to_string(segment));
   }
-  if (bytes > 0) {
-    // The granules of the slot not filled yet, in one call. Best effort: where the kernel lacks
-    // MADV_POPULATE_* (before Linux 5.14) the copy faults the pages in.
-    const uint64_t first = offset / kPopulateGranule,
-                   last = (offset + bytes - 1) / kPopulateGranule;
-    uint64_t from = last + 1, to = first;
-    for (uint64_t g = first; g <= last; ++g) {
-      if (!seg.populated[g]) {
-        from = std::min(from, g);
-        to = std::max(to, g);
-      }
-    }
-    if (from <= to) {
-      const uint64_t begin = from * kPopulateGranule;
-      const uint64_t end = std::min(seg.size, (to + 1) * kPopulateGranule);
-      ::madvise(seg.data + begin, end - begin, MADV_POPULATE_READ);
-      for (uint64_t g = from; g <= to; ++g) seg.populated[g] = true;
-    }
-  }
+  PopulateGranules(seg.data, seg.size, seg.populated, offset, bytes, MADV_POPULATE_READ);
   return seg.data + offset;
 }
 
@@ -166,8 +191,19 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
     // checksum then reads the slot.
     const bool from_device = IsDevice(items[i].data) || IsDevice(items[i].window_queries.data());
     if (from_device) PinSegmentLocked(rv->segment);
-    // Host bytes alone are copied and checksummed in one pass over them (copy_checksum.h).
+    // Host bytes alone are copied and checksummed in one pass over them (copy_checksum.h),
+    // through the writable view when there is one (no protection change of the slot).
     const bool fused = !from_device && items[i].window_queries.empty();
+    if (std::byte* view = fused ? WritableSlotLocked(rv->segment, rv->offset, put_bytes) : nullptr;
+        view != nullptr) {
+      Status located = LocateForUse(items[i].data, "put data").status();
+      if (!located.ok()) {
+        first_error = located;
+        continue;
+      }
+      checksum[i] = CopyWithChecksum64(view, items[i].data, items[i].bytes);
+      continue;
+    }
     Status copied = ProtectSlot(*slot, put_bytes, /*writable=*/true);
     if (copied.ok() && fused) {
       copied = LocateForUse(items[i].data, "put data").status();

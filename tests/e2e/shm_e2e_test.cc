@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <set>
 #include <thread>
@@ -167,22 +168,46 @@ std::vector<uint8_t> FetchOne(client::Client& c, const Hash128& h, size_t bytes)
   return g.ok() ? out : std::vector<uint8_t>{};
 }
 
+// Writable mappings of kvd's arena segments ("rw-s" lines of /proc/self/maps naming a
+// kvd-arena memfd) in this process.
+int WritableArenaMappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("kvd-arena") != std::string::npos && line.find(" rw-s ") != std::string::npos) {
+      ++n;
+    }
+  }
+  return n;
+}
+
 TEST_F(ShmE2eTest, AWritersStrayWriteToACommittedChunkFaults) {
-  auto writer = ConnectOrFail(ShmOptions("", "writer"));
-  ASSERT_NE(writer, nullptr);
-  ASSERT_TRUE(writer->session().shared_memory) << kvd_->Log();
-  EXPECT_FALSE(writer->session().read_only);
-  const Hash128 h{0x57a7, 1};
-  const std::vector<uint8_t> data = PutChunk(*writer, h, 4242);
-  std::byte* slot = FindInSegments(*writer, data);
-  ASSERT_NE(slot, nullptr) << "the committed chunk is not in the writer's mapping";
-  // The slot was writable during the put only: a write to it now faults.
-  const int status = WaitStatusOfChild([slot] { *reinterpret_cast<volatile char*>(slot) ^= 1; });
-  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV)
-      << "a write to a committed chunk did not fault (wait status " << status << ")";
-  // Later puts still open their own slots; the chunk is served unchanged.
-  ExpectServes(*writer, 4243);
-  EXPECT_EQ(FetchOne(*writer, h, data.size()), data);
+  // Either way a put writes its slot (a writable view only the library uses, or the slot's pages
+  // of the read-only mapping opened for the copy), the mapping the client reads from stays
+  // read-only: a write through it to a committed chunk faults.
+  for (const bool view : {true, false}) {
+    SCOPED_TRACE(view ? "shm_writable_view" : "mprotect per put");
+    const int writable_before = WritableArenaMappings();
+    client::ClientOptions o = ShmOptions("", view ? "writer-view" : "writer-mprotect");
+    o.shm_writable_view = view;
+    auto writer = ConnectOrFail(o);
+    ASSERT_NE(writer, nullptr);
+    ASSERT_TRUE(writer->session().shared_memory) << kvd_->Log();
+    EXPECT_FALSE(writer->session().read_only);
+    const Hash128 h{0x57a7, view ? 1u : 2u};
+    const std::vector<uint8_t> data = PutChunk(*writer, h, view ? 4242 : 4244);
+    std::byte* slot = FindInSegments(*writer, data);
+    ASSERT_NE(slot, nullptr) << "the committed chunk is not in the writer's mapping";
+    const int status = WaitStatusOfChild([slot] { *reinterpret_cast<volatile char*>(slot) ^= 1; });
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV)
+        << "a write to a committed chunk did not fault (wait status " << status << ")";
+    // The writable view exists only when asked for: one per segment the client mapped.
+    EXPECT_EQ(WritableArenaMappings() - writable_before,
+              view ? static_cast<int>(writer->SharedSegments().size()) : 0);
+    // Later puts still write their own slots; the chunk is served unchanged.
+    ExpectServes(*writer, view ? 4243 : 4245);
+    EXPECT_EQ(FetchOne(*writer, h, data.size()), data);
+  }
 }
 
 TEST_F(ShmE2eTest, AReadingSessionCannotWrite) {

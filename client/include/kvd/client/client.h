@@ -96,10 +96,21 @@ struct ClientOptions {
   // copy the bytes straight into the daemon's arena slot and gets copy them out of it (the
   // arena's segments of this client's namespace are mapped into this process); the transport
   // carries no bytes. false forces the transport (UCX) path.
-  // Committed chunks are read-only in this process: the segments are mapped PROT_READ, and a
-  // put makes just its reserved slot's pages writable while it copies (back to read-only
-  // before the commit is sent). A stray write to a committed chunk faults (SIGSEGV).
+  // Committed chunks are read-only in this process: the segments are mapped PROT_READ (the
+  // mappings SharedSegments() shows and gets read from), and a stray write through them to a
+  // committed chunk faults (SIGSEGV). How a put writes its slot: see shm_writable_view.
   bool shared_memory = true;
+  // How a shared-memory put of host bytes writes its reserved slot (default true): through a
+  // second, writable mapping of the segment that only the library uses and never hands out,
+  // filled a granule at a time on first use like the read-only one. false: the put makes its
+  // slot's pages of the read-only mapping writable (mprotect) while it copies and read-only
+  // again before the commit: two page-table walks of the whole slot per put (and a TLB
+  // shootdown), ~1.1 ms per 32 MiB put on an idle 2-core box and up to 3 ms under load
+  // (docs/benchmarks.md), in exchange for no writable mapping of committed chunks existing in
+  // this process at all (so even a wild pointer into the writable view cannot change one).
+  // Device puts and puts with window queries always take the mprotect route. A read_only
+  // session has no writable mapping either way.
+  bool shm_writable_view = true;
   // A reading session (default false). When true the daemon refuses every put (Reserve and
   // InlinePut: PERMISSION_DENIED) and hands this client its shared-memory segments as read-only
   // descriptors: no writable mapping of them is possible in this process (mmap or mprotect
