@@ -159,10 +159,12 @@ class ClientImpl final : public Client {
   StatusOr<std::vector<GetResult>> GetWindowShmLocked(uint64_t lease_id,
                                                       std::span<const GetItem> items);
   // The address of `bytes` at a slot of a reply to `request_id`, mapping the segment's memfd if
-  // the reply carried one, with the slot's pages mapped in. INTERNAL if the slot lies outside
-  // what is mapped.
+  // the reply carried one, with the slot's pages mapped in (unless `populate` is false: a put
+  // that writes through the writable view does not read the read-only mapping). INTERNAL if the
+  // slot lies outside what is mapped.
   StatusOr<std::byte*> SlotLocked(uint64_t request_id, uint32_t segment, uint64_t offset,
-                                  uint64_t generation, bool fd_attached, uint64_t bytes);
+                                  uint64_t generation, bool fd_attached, uint64_t bytes,
+                                  bool populate = true);
   void UnmapSegmentsLocked();
   struct MappedSegment {
     uint64_t generation = 0;

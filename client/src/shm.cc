@@ -109,7 +109,8 @@ std::vector<SharedSegment> ClientImpl::SharedSegments() const {
 }
 
 StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segment, uint64_t offset,
-                                            uint64_t generation, bool fd_attached, uint64_t bytes) {
+                                            uint64_t generation, bool fd_attached, uint64_t bytes,
+                                            bool populate) {
   if (fd_attached) {
     int fd = channel_->TakeFd(request_id);
     if (fd < 0) return Status::Internal("kvd announced an arena memfd that did not arrive");
@@ -154,7 +155,8 @@ StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segmen
   if (offset > seg.size || bytes > seg.size - offset) {
     return Status::Internal("kvd named a slot outside arena segment " + std::to_string(segment));
   }
-  PopulateGranules(seg.data, seg.size, seg.populated, offset, bytes, MADV_POPULATE_READ);
+  if (populate)
+    PopulateGranules(seg.data, seg.size, seg.populated, offset, bytes, MADV_POPULATE_READ);
   return seg.data + offset;
 }
 
@@ -180,20 +182,22 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
       continue;
     }
     const size_t put_bytes = PutBytes(items[i]);
-    auto slot =
-        SlotLocked(req[i], rv->segment, rv->offset, rv->generation, rv->fd_attached, put_bytes);
+    // Device memory (device.h) is copied straight into the slot on the item's stream; the
+    // checksum then reads the slot.
+    const bool from_device = IsDevice(items[i].data) || IsDevice(items[i].window_queries.data());
+    // Host bytes alone are copied and checksummed in one pass over them (copy_checksum.h),
+    // through the writable view when there is one (no protection change of the slot, and no
+    // page-table fill of the read-only mapping, which a later get of the slot does).
+    const bool fused = !from_device && items[i].window_queries.empty();
+    const bool via_view = fused && options_.shm_writable_view && !options_.read_only;
+    auto slot = SlotLocked(req[i], rv->segment, rv->offset, rv->generation, rv->fd_attached,
+                           put_bytes, /*populate=*/!via_view);
     if (!slot.ok()) {
       if (first_error.ok()) first_error = slot.status();
       continue;
     }
     if (!first_error.ok()) continue;
-    // Device memory (device.h) is copied straight into the slot on the item's stream; the
-    // checksum then reads the slot.
-    const bool from_device = IsDevice(items[i].data) || IsDevice(items[i].window_queries.data());
     if (from_device) PinSegmentLocked(rv->segment);
-    // Host bytes alone are copied and checksummed in one pass over them (copy_checksum.h),
-    // through the writable view when there is one (no protection change of the slot).
-    const bool fused = !from_device && items[i].window_queries.empty();
     if (std::byte* view = fused ? WritableSlotLocked(rv->segment, rv->offset, put_bytes) : nullptr;
         view != nullptr) {
       Status located = LocateForUse(items[i].data, "put data").status();
