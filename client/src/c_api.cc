@@ -120,6 +120,10 @@ int kvd_client_connect(const kvd_config* c, kvd_client** out) {
     if (c->max_in_flight) o.max_in_flight = c->max_in_flight;
     if (c->inline_put_bytes < 0) o.inline_put_bytes = 0;
     if (c->inline_put_bytes > 0) o.inline_put_bytes = static_cast<size_t>(c->inline_put_bytes);
+    if (c->auth_token) o.auth_token = c->auth_token;
+    if (c->shared_memory < 0) o.shared_memory = false;
+    o.read_only = c->read_only != 0;
+    if (c->lease_ttl_ms) o.lease_ttl_ms = c->lease_ttl_ms;
     auto client = kvd::client::Client::Connect(o);
     if (!client.ok()) return Fail(client.status());
     *out = new kvd_client{std::move(client).value()};
@@ -233,6 +237,14 @@ int kvd_client_stats_json(kvd_client* client, char** json) {
     auto r = client->impl->GetStats();
     if (!r.ok()) return Fail(r.status());
     *json = CopyString(kvd::client::StatsToJson(*r));
+    return *json ? KVD_OK : Fail(KVD_RESOURCE_EXHAUSTED, "RESOURCE_EXHAUSTED: malloc failed");
+  });
+}
+
+int kvd_client_session_json(kvd_client* client, char** json) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && json != nullptr, "client and json must not be NULL");
+    *json = CopyString(kvd::client::SessionToJson(client->impl->session()));
     return *json ? KVD_OK : Fail(KVD_RESOURCE_EXHAUSTED, "RESOURCE_EXHAUSTED: malloc failed");
   });
 }

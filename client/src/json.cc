@@ -92,6 +92,24 @@ std::string HealthToJson(const Health& h, int indent) {
               indent);
 }
 
+std::string SessionToJson(const SessionInfo& s, int indent) {
+  return Dump(json{{"session_id", s.session_id},
+                   {"daemon_version", s.daemon_version},
+                   {"node", s.node_name},
+                   {"chunk_tokens", s.chunk_tokens},
+                   {"max_frame_bytes", s.max_frame_bytes},
+                   {"max_chunk_bytes", s.max_chunk_bytes},
+                   {"transport", s.transport},
+                   {"shared_memory", s.shared_memory},
+                   {"read_only", s.read_only},
+                   {"codec_id", s.codec_id},
+                   {"policy", s.policy},
+                   {"window_tokens", s.window_tokens},
+                   {"needs_queries", s.needs_queries},
+                   {"nccl", s.nccl}},
+              indent);
+}
+
 std::string CalibrationToJson(const std::vector<CalibrationInfo>& models, int indent) {
   json out = json::array();
   for (const auto& m : models) {

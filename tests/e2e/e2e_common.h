@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvd/client/client.h"
+#include "kvd/client/kvd_client.h"
 #include "kvd_process.h"
 
 namespace kvd::e2e {
@@ -52,6 +53,38 @@ inline std::unique_ptr<client::Client> ConnectOrFail(const client::ClientOptions
   auto c = client::Client::Connect(o);
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? std::move(c).value() : nullptr;
+}
+
+// The C ABI's kvd_config for the C++ options of an engine (address, model, layout, ...); its
+// strings point into `o`, which must outlive the config.
+inline kvd_config CConfig(const client::ClientOptions& o) {
+  kvd_config c;
+  kvd_config_init(&c);
+  c.address = o.address.c_str();
+  c.client_id = o.client_id.c_str();
+  c.name_space = o.name_space.c_str();
+  c.model = o.model.c_str();
+  c.layout.num_layers = o.layout.num_layers;
+  c.layout.num_kv_heads = o.layout.num_kv_heads;
+  c.layout.num_q_heads = o.layout.num_q_heads;
+  c.layout.head_dim = o.layout.head_dim;
+  c.layout.dtype = static_cast<int32_t>(o.layout.dtype);
+  c.layout.tp_rank = o.layout.tp_rank;
+  c.layout.tp_size = o.layout.tp_size;
+  c.layout.rope_theta = o.layout.rope.theta;
+  c.layout.rope_rotary_dim = o.layout.rope.rotary_dim;
+  c.layout.rope_pairing = static_cast<int32_t>(o.layout.rope.pairing);
+  c.layout.rope_scaling = static_cast<int32_t>(o.layout.rope.scaling);
+  c.layout.rope_factor = o.layout.rope.factor;
+  c.layout.rope_low_freq_factor = o.layout.rope.low_freq_factor;
+  c.layout.rope_high_freq_factor = o.layout.rope.high_freq_factor;
+  c.layout.rope_original_max_positions = o.layout.rope.original_max_positions;
+  c.chunk_tokens = o.chunk_tokens;
+  c.block_tokens = o.block_tokens;
+  c.hash_seed = o.hash_seed.c_str();
+  c.ucx_tls = o.transport.ucx_tls.empty() ? nullptr : o.transport.ucx_tls.c_str();
+  c.net_devices = o.transport.net_devices.empty() ? nullptr : o.transport.net_devices.c_str();
+  return c;
 }
 
 // Puts one full random chunk under `hash` and returns its bytes.

@@ -10,7 +10,6 @@
 #include <thread>
 
 #include "e2e_common.h"
-#include "kvd/client/kvd_client.h"
 
 namespace kvd::e2e {
 namespace {

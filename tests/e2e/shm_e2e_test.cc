@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
@@ -333,6 +334,58 @@ TEST_F(ShmE2eTest, ReleaseReadsOfAnotherConnectionEndNothing) {
   EXPECT_EQ(CounterValue(*admin_, "host_reads_open"), 1u) << "b ended a's read";
   ASSERT_TRUE(a->ReleaseLease(hit->lease_id).ok());
   EXPECT_EQ(CounterValue(*admin_, "host_reads_open"), 0u);
+}
+
+nlohmann::json SessionJson(kvd_client* c) {
+  char* text = nullptr;
+  EXPECT_EQ(kvd_client_session_json(c, &text), KVD_OK) << kvd_last_error();
+  if (text == nullptr) return {};
+  nlohmann::json j = nlohmann::json::parse(text);
+  kvd_free_string(text);
+  return j;
+}
+
+TEST_F(ShmE2eTest, TheCApiOpensReadingSessionsAndCanDeclineSharedMemory) {
+  auto writer = ConnectOrFail(ShmOptions("", "writer"));
+  ASSERT_NE(writer, nullptr);
+  const Hash128 h{0xc0ab1, 7};
+  const std::vector<uint8_t> data = PutChunk(*writer, h, 4711);
+  const client::ClientOptions o = ShmOptions("", "c-reader");
+
+  for (const bool shm : {true, false}) {
+    SCOPED_TRACE(shm ? "shared memory" : "shared memory declined");
+    kvd_config c = CConfig(o);
+    c.read_only = 1;
+    c.shared_memory = shm ? 0 : -1;
+    kvd_client* reader = nullptr;
+    ASSERT_EQ(kvd_client_connect(&c, &reader), KVD_OK) << kvd_last_error();
+    const nlohmann::json session = SessionJson(reader);
+    EXPECT_EQ(session.value("shared_memory", !shm), shm) << session.dump();
+    EXPECT_EQ(session.value("read_only", false), true) << session.dump();
+
+    // Its puts are refused, and nothing is stored.
+    const kvd_hash128 mine{0xc0ab1, 100};
+    int already = -1;
+    std::vector<uint8_t> bytes(data.size(), 3);
+    EXPECT_EQ(kvd_client_put(reader, mine, 256, bytes.data(), bytes.size(), &already),
+              KVD_PERMISSION_DENIED);
+    EXPECT_NE(std::string(kvd_last_error()).find("readOnly"), std::string::npos)
+        << kvd_last_error();
+    // It reads what the writer put, byte for byte.
+    const kvd_hash128 chain{h.hi, h.lo};
+    kvd_lookup_result hit{};
+    ASSERT_EQ(kvd_client_lookup(reader, &chain, 1, &hit), KVD_OK) << kvd_last_error();
+    ASSERT_EQ(hit.matched_chunks, 1u);
+    std::vector<uint8_t> out(data.size());
+    kvd_get_result got{};
+    ASSERT_EQ(kvd_client_get(reader, hit.lease_id, 0, out.data(), out.size(), &got), KVD_OK)
+        << kvd_last_error();
+    EXPECT_EQ(got.bytes, data.size());
+    EXPECT_EQ(out, data);
+    EXPECT_EQ(kvd_client_release_lease(reader, hit.lease_id), KVD_OK) << kvd_last_error();
+    kvd_client_close(reader);
+  }
+  EXPECT_EQ(CounterValue(*admin_, "puts_committed"), 1u);
 }
 
 }  // namespace

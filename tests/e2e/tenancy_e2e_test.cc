@@ -119,5 +119,40 @@ TEST_F(TenancyE2eTest, ListeningBeyondLoopbackWithoutTokensIsRefused) {
   ASSERT_NE(kvd_, nullptr);
 }
 
+TEST_F(TenancyE2eTest, TheCApiSendsTheNamespaceToken) {
+  KvdConfig c;
+  c.tokens_file = tokens_;
+  kvd_ = StartKvd(c);
+  ASSERT_NE(kvd_, nullptr);
+  const client::ClientOptions o = Engine("team-a", "");
+  for (const char* token : {"tok-a", "tok-b", static_cast<const char*>(nullptr)}) {
+    SCOPED_TRACE(token ? token : "no token");
+    kvd_config config = CConfig(o);
+    config.auth_token = token;
+    kvd_client* client = nullptr;
+    const int rc = kvd_client_connect(&config, &client);
+    if (token != nullptr && std::string(token) == "tok-a") {
+      ASSERT_EQ(rc, KVD_OK) << kvd_last_error();
+      const kvd_hash128 h{0x7e4a, 1};
+      std::vector<uint8_t> bytes = RandomBytes(o.layout.ChunkBytes(256), 5);
+      int already = -1;
+      EXPECT_EQ(kvd_client_put(client, h, 256, bytes.data(), bytes.size(), &already), KVD_OK)
+          << kvd_last_error();
+      EXPECT_EQ(already, 0);
+      kvd_client_close(client);
+    } else {
+      EXPECT_EQ(rc, KVD_PERMISSION_DENIED);
+      EXPECT_EQ(client, nullptr);
+      EXPECT_THAT(std::string(kvd_last_error()),
+                  HasSubstr(token ? "wrong token for namespace \"team-a\""
+                                  : "no token for namespace \"team-a\""));
+    }
+  }
+  // The refused connections stored nothing; the accepted one its chunk.
+  auto a = ConnectOrFail(Engine("team-a", "tok-a"));
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(Present(*a, Hash128{0x7e4a, 1}), 1u);
+}
+
 }  // namespace
 }  // namespace kvd::e2e

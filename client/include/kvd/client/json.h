@@ -31,6 +31,10 @@ std::string CalibrationToJson(const std::vector<CalibrationInfo>& models, int in
 std::string EventToJson(const KvEvent& event, int indent = -1);
 // A one-line human form of an event (kvdctl events without --json).
 std::string EventToText(const KvEvent& event);
+// What the daemon granted at the handshake: {"session_id","daemon_version","node",
+//  "chunk_tokens","max_frame_bytes","max_chunk_bytes","transport","shared_memory","read_only",
+//  "codec_id","policy","window_tokens","needs_queries","nccl"}
+std::string SessionToJson(const SessionInfo& session, int indent = 2);
 // {"code":"NOT_FOUND","message":...}
 std::string StatusToJson(const Status& status, int indent = 2);
 

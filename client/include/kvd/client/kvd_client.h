@@ -85,6 +85,16 @@ typedef struct kvd_config {
    * 0 = the default 64 KiB, < 0 = off (every put reserves, sends and commits), at most 1 MiB.
    * On the shared-memory path also at most ClientOptions::shm_inline_put_bytes (32 KiB). */
   int64_t inline_put_bytes;
+  /* Fields added after the first release; kvd_config_init zeroes them (= the defaults). A
+   * program built against an older header must be rebuilt: the struct grew. */
+  const char* auth_token; /* the namespace's (or admin) token; NULL = none */
+  /* Same-node shared-memory path over a unix-socket address (ClientOptions::shared_memory):
+   * 0 = the default (asked for), < 0 = off (bytes go over the transport). */
+  int32_t shared_memory;
+  /* Nonzero: a reading session (ClientOptions::read_only): puts are refused with
+   * KVD_PERMISSION_DENIED and shared-memory segments are handed over read-only. */
+  int32_t read_only;
+  uint32_t lease_ttl_ms; /* lease TTL asked on lookups; 0 = the daemon's default */
 } kvd_config;
 
 typedef struct kvd_lookup_result {
@@ -111,6 +121,10 @@ void kvd_config_init(kvd_config* config);
 
 /* Connects and runs the handshake. On success *out is a client to free with kvd_client_close. */
 int kvd_client_connect(const kvd_config* config, kvd_client** out);
+/* What the daemon granted at the handshake, as JSON: {"session_id","daemon_version","node",
+ * "chunk_tokens","max_frame_bytes","max_chunk_bytes","transport","shared_memory","read_only",
+ * "codec_id","policy","window_tokens","needs_queries","nccl"}. Free *json with kvd_free_string. */
+int kvd_client_session_json(kvd_client* client, char** json);
 /* Says goodbye and frees the client. NULL is ignored. */
 void kvd_client_close(kvd_client* client);
 
