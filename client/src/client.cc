@@ -590,16 +590,10 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
     }
     uint64_t tag = next_tag_++;
     // Where the transport copies the bytes itself (same host), it also hashes them.
-    transport::TransferRequest recv;
-    recv.op = transport::TransferOp::kRecv;
-    recv.peer = daemon_peer_;
-    recv.tag = tag;
-    recv.buffer = items[i].out;
-    recv.length = items[i].capacity;
-    recv.want_checksum = true;
     auto h =
         nccl ? PostNcclLocked(transport::TransferOp::kRecv, tag, items[i].out, items[i].capacity)
-             : transport_->Post(recv);
+             : transport_->PostRecv(daemon_peer_, tag, items[i].out, items[i].capacity,
+                                    {.want_checksum = true});
     if (!h.ok()) {
       first_error = h.status().WithContext("posting a receive");
       break;

@@ -648,14 +648,8 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
     // the commit then compares checksums instead of reading the chunk again.
     auto peer = TransportPeer();
     if (peer.ok()) {
-      transport::TransferRequest request;
-      request.op = transport::TransferOp::kRecv;
-      request.peer = *peer;
-      request.tag = tag;
-      request.buffer = reservation->data;
-      request.length = bytes;
-      request.want_checksum = true;
-      recv = server_->transport()->Post(request);
+      recv = server_->transport()->PostRecv(*peer, tag, reservation->data, bytes,
+                                            {.want_checksum = true});
     } else {
       recv = peer.status();
     }

@@ -53,14 +53,8 @@ class TransportContractTest : public ::testing::TestWithParam<std::string> {
   void RoundTrip(size_t n, uint64_t tag, RecvShape shape = {}, TransferStatus* received = nullptr) {
     std::vector<uint8_t> src(n), dst(n + 16, 0xEE);
     FillPattern(tag, src.data(), n);
-    TransferRequest r;
-    r.op = TransferOp::kRecv;
-    r.peer = b_to_a_;
-    r.tag = tag;
-    r.buffer = dst.data();
-    r.length = n + shape.spare;
-    r.want_checksum = shape.want_checksum;
-    auto recv = b_->Post(r);
+    auto recv = b_->PostRecv(b_to_a_, tag, dst.data(), n + shape.spare,
+                             {.want_checksum = shape.want_checksum});
     ASSERT_TRUE(recv.ok()) << recv.status();
     auto send = a_->PostSend(a_to_b_, tag, src.data(), n);
     ASSERT_TRUE(send.ok()) << send.status();

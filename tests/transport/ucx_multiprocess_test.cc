@@ -59,18 +59,8 @@ class UcxMultiProcessTest : public ::testing::TestWithParam<std::string> {
 
 const std::vector<size_t> kSizes = {1, 64 << 10, 8 << 20};
 
-// A receive as the daemon posts it for a put: the same-host path hashes what it copies.
-StatusOr<TransferHandle> PostRecvHashed(Transport& t, PeerHandle peer, uint64_t tag, void* buf,
-                                        size_t n) {
-  TransferRequest r;
-  r.op = TransferOp::kRecv;
-  r.peer = peer;
-  r.tag = tag;
-  r.buffer = buf;
-  r.length = n;
-  r.want_checksum = true;
-  return t.Post(r);
-}
+// Receives are posted as the daemon posts a put's: the same-host path hashes what it copies.
+constexpr RecvOptions kHashed{.want_checksum = true};
 
 TEST_P(UcxMultiProcessTest, ChildSendsParentReceivesByteExact) {
   StartChild({"--role", "send", "--sizes", "1,65536,8388608", "--tag", "1000"});
@@ -78,7 +68,7 @@ TEST_P(UcxMultiProcessTest, ChildSendsParentReceivesByteExact) {
   std::vector<TransferHandle> recvs;
   for (size_t i = 0; i < kSizes.size(); ++i) {
     bufs.emplace_back(kSizes[i]);
-    auto h = PostRecvHashed(*t_, peer_, 1000 + i, bufs.back().data(), kSizes[i]);
+    auto h = t_->PostRecv(peer_, 1000 + i, bufs.back().data(), kSizes[i], kHashed);
     ASSERT_TRUE(h.ok()) << h.status();
     recvs.push_back(*h);
   }
@@ -147,7 +137,7 @@ TEST_P(UcxMultiProcessTest, PeerKilledMidTransferDoesNotHang) {
   StartChild(
       {"--role", "send", "--sizes", std::to_string(n), "--tag", "4000", "--die-after-ms", "5"});
   std::vector<uint8_t> buf(n);
-  auto recv = PostRecvHashed(*t_, peer_, 4000, buf.data(), n);
+  auto recv = t_->PostRecv(peer_, 4000, buf.data(), n, kHashed);
   ASSERT_TRUE(recv.ok());
   ASSERT_TRUE(child_.WriteLine("GO"));
   auto start = steady_clock::now();

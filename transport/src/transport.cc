@@ -108,13 +108,14 @@ StatusOr<TransferHandle> Transport::PostSend(PeerHandle peer, uint64_t tag, cons
 }
 
 StatusOr<TransferHandle> Transport::PostRecv(PeerHandle peer, uint64_t tag, void* data,
-                                             size_t length) {
+                                             size_t length, RecvOptions options) {
   TransferRequest r;
   r.op = TransferOp::kRecv;
   r.peer = peer;
   r.tag = tag;
   r.buffer = data;
   r.length = length;
+  r.want_checksum = options.want_checksum;
   return Post(r);
 }
 

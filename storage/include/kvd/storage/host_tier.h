@@ -76,10 +76,13 @@ enum class CommitCheck {
   // tier's lock); DATA_LOSS otherwise, nothing stored.
   kVerify,
   // The checksum is recorded as given, the bytes are not read: for a writer that computed it
-  // over the bytes it wrote itself (kvd's same-node shared-memory put). The bytes are still
-  // checked against it by every reader and wherever they leave host memory (TierManager's
-  // demotion and GPU promotion, the daemon's transport send), so a wrong checksum makes the
-  // chunk unreadable (DATA_LOSS), never served with other bytes.
+  // over the bytes it wrote itself. kvd has two: the same-node shared-memory put (the client
+  // hashes what it copies into the slot), and the daemon's receive of a transport put whose
+  // transport copied the bytes into the slot itself, hashing each block as it landed, when that
+  // checksum equals the one the client sent (otherwise the daemon commits with kVerify). The
+  // bytes are still checked against it by every reader and wherever they leave host memory
+  // (TierManager's demotion and GPU promotion, the daemon's transport send), so a wrong
+  // checksum makes the chunk unreadable (DATA_LOSS), never served with other bytes.
   kTrustWriter,
 };
 

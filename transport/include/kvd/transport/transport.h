@@ -52,6 +52,13 @@ namespace kvd::transport {
 // Every AllocateRegistered region starts on a multiple of this many bytes (a cache line).
 inline constexpr size_t kRegisteredAlignment = 64;
 
+// What Transport::PostRecv asks of the backend beyond the bytes (TransferRequest's kRecv fields).
+struct RecvOptions {
+  // TransferRequest::want_checksum: Checksum64 of the received bytes in TransferStatus where the
+  // backend copies them itself (the daemon's receive of a put asks for it). Default false.
+  bool want_checksum = false;
+};
+
 // A registered local region. `data` stays valid until DeregisterMemory (or the Transport's
 // destruction); for AllocateRegistered the Transport owns the bytes.
 struct Region {
@@ -178,7 +185,8 @@ class Transport {
 
   // ---- conveniences (non-virtual; build a TransferRequest and Post it) ----
   StatusOr<TransferHandle> PostSend(PeerHandle peer, uint64_t tag, const void* data, size_t length);
-  StatusOr<TransferHandle> PostRecv(PeerHandle peer, uint64_t tag, void* data, size_t length);
+  StatusOr<TransferHandle> PostRecv(PeerHandle peer, uint64_t tag, void* data, size_t length,
+                                    RecvOptions options = {});
   // Post + Wait + (Cancel + Wait on timeout) + Release: the blocking form, for tools and tests.
   Status SendBlocking(PeerHandle peer, uint64_t tag, const void* data, size_t length,
                       std::chrono::milliseconds timeout);
