@@ -16,6 +16,9 @@
 //     {kChaosHi, n}, bytes
 //     RandomBytes(size, n); prints "SEND n" before and "ACK n" after each acknowledged put. The
 //     chaos test kills kvd under it (the driver then exits 1) and checks every ACKed chunk.
+//   kvd-e2e-driver start-kvd
+//     Starts a kvd through the e2e harness (KvdProcess::Start), prints "KVD <pid> <unix address>"
+//     and waits (60 s): the test kills the driver and checks that its kvd dies with it.
 // Exit 0 on success; 1 with the error on stderr.
 #include <unistd.h>
 
@@ -124,7 +127,19 @@ int HoldLease(const kvd::client::ClientOptions& o) {
 
 }  // namespace
 
+int StartKvd() {
+  auto kvd = kvd::e2e::KvdProcess::Start(kvd::e2e::KvdConfig{});
+  if (!kvd.ok()) {
+    std::cerr << kvd.status() << "\n";
+    return 1;
+  }
+  std::cout << "KVD " << (*kvd)->pid() << " " << (*kvd)->unix_address() << std::endl;
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "start-kvd") return StartKvd();
   if (argc == 4 && std::string(argv[1]) == "flood") return Flood(argv[2], argv[3]);
   if (argc == 5 && std::string(argv[1]) == "chaos") {
     return Chaos(argv[2], argv[3], std::stoull(argv[4]));
@@ -136,7 +151,7 @@ int main(int argc, char** argv) {
   }
   if ((argc != 4 && !shm_arg) || std::string(argv[1]) != "hold") {
     std::cerr << "usage: kvd-e2e-driver (hold | flood) ADDR UCX_TLS | hold ADDR UCX_TLS shm|noshm"
-                 " | lease ADDR UCX_TLS shm|noshm | chaos ADDR UCX_TLS FIRST\n";
+                 " | lease ADDR UCX_TLS shm|noshm | chaos ADDR UCX_TLS FIRST | start-kvd\n";
     return 2;
   }
   kvd::client::ClientOptions o =

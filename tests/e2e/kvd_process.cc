@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,8 +21,7 @@
 #include "kvd/proto/convert.h"
 #include "kvd/proto/frame.h"
 #include "kvd/proto/kvd.capnp.h"
-
-extern char** environ;
+#include "tied_spawn.h"
 
 namespace kvd::e2e {
 namespace {
@@ -55,13 +53,6 @@ int ExitCode(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return -WTERMSIG(status);
   return -1;
-}
-
-std::vector<char*> Argv(const std::vector<std::string>& argv) {
-  std::vector<char*> out;
-  for (const auto& a : argv) out.push_back(const_cast<char*>(a.c_str()));
-  out.push_back(nullptr);
-  return out;
 }
 
 }  // namespace
@@ -149,15 +140,13 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Spawn(const KvdConfig& c) {
   }
   std::vector<std::string> argv = {KVD_BINARY, "--config", config_path,    "--listen", c.listen,
                                    "--unix",   p->unix_,   "--ready-file", ready};
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, p->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  auto args = Argv(argv);
-  int rc = ::posix_spawn(&p->pid_, KVD_BINARY, &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return Status::Internal(std::string("cannot spawn kvd: ") + std::strerror(rc));
+  const int log = ::open(p->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log < 0)
+    return Status::Internal("cannot create " + p->log_path_ + ": " + std::strerror(errno));
+  auto pid = test_support::SpawnTied(argv, {.out = log, .err = log});
+  ::close(log);
+  if (!pid.ok()) return pid.status();
+  p->pid_ = *pid;
   return p;
 }
 
@@ -296,18 +285,13 @@ int RunProgram(const std::vector<std::string>& argv, std::string* out,
                std::chrono::milliseconds timeout) {
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) != 0) return -1;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, pipefd[1], 1);
-  pid_t pid;
-  auto args = Argv(argv);
-  int rc = ::posix_spawn(&pid, argv[0].c_str(), &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
+  auto spawned = test_support::SpawnTied(argv, {.out = pipefd[1]});
   ::close(pipefd[1]);
-  if (rc != 0) {
+  if (!spawned.ok()) {
     ::close(pipefd[0]);
     return -1;
   }
+  const pid_t pid = *spawned;
   auto deadline = std::chrono::steady_clock::now() + timeout;
   char buf[4096];
   while (true) {
@@ -338,19 +322,14 @@ int RunProgram(const std::vector<std::string>& argv, std::string* out,
 StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(const std::vector<std::string>& argv) {
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) != 0) return Status::Internal("pipe failed");
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, pipefd[1], 1);
   auto c = std::unique_ptr<ChildProcess>(new ChildProcess());
-  auto args = Argv(argv);
-  int rc = ::posix_spawn(&c->pid_, argv[0].c_str(), &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
+  auto pid = test_support::SpawnTied(argv, {.out = pipefd[1]});
   ::close(pipefd[1]);
-  if (rc != 0) {
+  if (!pid.ok()) {
     ::close(pipefd[0]);
-    c->pid_ = -1;
-    return Status::Internal("cannot spawn " + argv[0] + ": " + std::strerror(rc));
+    return pid.status();
   }
+  c->pid_ = *pid;
   c->out_fd_ = pipefd[0];
   return c;
 }

@@ -1,6 +1,7 @@
 """A real kvd process for the Python tests: a temp topology, an ephemeral TCP port, and the
 ready file (`kvd --ready-file`). KVD_BINARY names the daemon (ctest sets it)."""
 
+import ctypes
 import json
 import os
 import shutil
@@ -8,6 +9,19 @@ import signal
 import subprocess
 import tempfile
 import time
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid):
+    """preexec_fn: the kernel kills the child when the thread that spawned it (pytest's main
+    thread, which lives as long as the process) ends, so a crashed or killed test leaves no kvd;
+    a parent already gone before the signal was armed is caught by the getppid() check."""
+    def arm():
+        if _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0 or os.getppid() != parent_pid:
+            os._exit(127)
+    return arm
 
 TOPOLOGY = """\
 node: {node}
@@ -39,7 +53,8 @@ class KvdDaemon:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [self.binary, "--config", self.config_path, "--listen", "127.0.0.1:0", "--unix",
-             "none", "--ready-file", ready], stdout=self._log, stderr=subprocess.STDOUT)
+             "none", "--ready-file", ready], stdout=self._log, stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent(os.getpid()))
         deadline = time.monotonic() + 15
         while not os.path.exists(ready):
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -1,10 +1,11 @@
 // A child process on pipes, for the multi-process transport tests and the bench: started with
-// posix_spawn (no fork of a process that already runs UCX threads), talked to by lines.
+// test_support::SpawnTied (no fork of a process that already runs UCX threads; the child dies
+// with this process), talked to by lines.
 #pragma once
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,7 +14,7 @@
 #include <string>
 #include <vector>
 
-extern char** environ;
+#include "tied_spawn.h"
 
 namespace kvd::transport::testing {
 
@@ -36,26 +37,14 @@ class ChildProcess {
   bool Start(const std::vector<std::string>& args) {
     signal(SIGPIPE, SIG_IGN);
     int to_child[2], from_child[2];
-    if (pipe(to_child) != 0 || pipe(from_child) != 0) return Fail("pipe");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
-    posix_spawn_file_actions_addclose(&fa, to_child[1]);
-    posix_spawn_file_actions_addclose(&fa, from_child[0]);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    int rc = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
+    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) return Fail("pipe");
+    auto pid = test_support::SpawnTied(args, {.in = to_child[0], .out = from_child[1]});
     close(to_child[0]);
     close(from_child[1]);
     in_ = to_child[1];
     out_ = from_child[0];
-    if (rc != 0) {
-      pid_ = -1;
-      return Fail(std::string("posix_spawn ") + args[0] + ": " + std::strerror(rc));
-    }
+    if (!pid.ok()) return Fail(pid.status().ToString());
+    pid_ = *pid;
     return true;
   }
 
