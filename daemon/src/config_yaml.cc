@@ -293,9 +293,10 @@ Status BindModels(const YAML::Node& node, std::vector<ModelConfig>* models) {
 
 Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   if (root.IsNull() || !root.IsDefined()) return Status::Ok();  // an empty file: all defaults
-  KVD_RETURN_IF_ERROR(CheckMap(root, "",
-                               {"node", "listen", "metrics", "transport", "chunk_tokens",
-                                "hash_seed", "models", "tiers", "limits", "auth", "state_dir"}));
+  KVD_RETURN_IF_ERROR(
+      CheckMap(root, "",
+               {"node", "listen", "metrics", "transport", "chunk_tokens", "hash_seed", "models",
+                "tiers", "limits", "auth", "state_dir", "protocol"}));
   KVD_RETURN_IF_ERROR(GetString(root, "", "state_dir", &c->state_dir));
   KVD_RETURN_IF_ERROR(GetString(root, "", "node", &c->node_name));
   if (YAML::Node n = root["listen"]; n.IsDefined()) {
@@ -392,6 +393,12 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     KVD_RETURN_IF_ERROR(GetString(n, "auth", "tokens_file", &c->auth.tokens_file));
     KVD_RETURN_IF_ERROR(
         GetBool(n, "auth", "allow_unauthenticated", &c->auth.allow_unauthenticated));
+  }
+  if (YAML::Node n = root["protocol"]; n.IsDefined()) {
+    KVD_RETURN_IF_ERROR(CheckMap(n, "protocol", {"releases_on_requests", "inline_put"}));
+    KVD_RETURN_IF_ERROR(
+        GetBool(n, "protocol", "releases_on_requests", &c->protocol.releases_on_requests));
+    KVD_RETURN_IF_ERROR(GetBool(n, "protocol", "inline_put", &c->protocol.inline_put));
   }
   if (YAML::Node n = root["limits"]; n.IsDefined()) {
     KVD_RETURN_IF_ERROR(CheckMap(

@@ -149,7 +149,22 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
     CloseAfter(seq);
     return Status::Ok();
   }
-  if (request.hasReleaseReads()) ReleaseReadsOf(request.getReleaseReads());
+  const ProtocolOptions& protocol = server_->config().protocol;
+  // Without protocol.releases_on_requests kvd ignores the field, as kvd before it did.
+  if (request.hasReleaseReads() && protocol.releases_on_requests) {
+    ReleaseReadsOf(request.getReleaseReads());
+  }
+  auto refuse_unknown_kind = [&] {
+    CompleteError(
+        seq, rid,
+        Status::InvalidArgument("unknown request kind " + std::to_string(static_cast<int>(which)) +
+                                " (newer client?)"));
+  };
+  // Without protocol.inline_put an InlinePut is a kind kvd does not know, as before it existed.
+  if (which == proto::Request::INLINE_PUT && !protocol.inline_put) {
+    refuse_unknown_kind();
+    return Status::Ok();
+  }
   if (which == proto::Request::LOOKUP || which == proto::Request::COMMIT ||
       which == proto::Request::INLINE_PUT || which == proto::Request::GET) {
     const LatencyOp op = which == proto::Request::LOOKUP ? LatencyOp::kLookup
@@ -216,10 +231,7 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
       CloseAfter(seq);
       break;
     default:
-      CompleteError(
-          seq, rid,
-          Status::InvalidArgument("unknown request kind " +
-                                  std::to_string(static_cast<int>(which)) + " (newer client?)"));
+      refuse_unknown_kind();
       break;
   }
   return Status::Ok();
@@ -358,7 +370,7 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
              reply.setTransport(server_->transport_description());
              reply.setSharedMemory(shm_);
              reply.setReadOnly(read_only_);
-             reply.setReleasesOnRequests(true);
+             reply.setReleasesOnRequests(config.protocol.releases_on_requests);
              if (codec_ != nullptr) {
                const CompressionPolicy& p = codec_->policy();
                reply.setCodecId(codec_->codec_id());

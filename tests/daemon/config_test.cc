@@ -42,6 +42,7 @@ void ExpectSameConfig(const DaemonConfig& a, const DaemonConfig& b) {
   EXPECT_EQ(a.host_shared_memory, b.host_shared_memory);
   EXPECT_EQ(a.host_verify_shm_commits, b.host_verify_shm_commits);
   EXPECT_EQ(a.limits, b.limits);
+  EXPECT_EQ(a.protocol, b.protocol);
   EXPECT_EQ(a.disk_tier.has_value(), b.disk_tier.has_value());
   EXPECT_EQ(a.placement.high_watermark, b.placement.high_watermark);
   EXPECT_EQ(a.placement.low_watermark, b.placement.low_watermark);
@@ -116,6 +117,7 @@ chunk_tokens: 64
 hash_seed: s3cret
 tiers: {host: {capacity: 512MiB}}
 limits: {max_frame_bytes: 1MiB, transfer_timeout_ms: 1234}
+protocol: {releases_on_requests: false, inline_put: false}
 models:
   - name: tiny
     layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 4, dtype: f16,
@@ -130,6 +132,8 @@ models:
   EXPECT_EQ(c->host_tier.capacity_bytes, 512ull << 20);
   EXPECT_EQ(c->limits.max_frame_bytes, 1u << 20);
   EXPECT_EQ(c->limits.transfer_timeout_ms, 1234);
+  EXPECT_FALSE(c->protocol.releases_on_requests);
+  EXPECT_FALSE(c->protocol.inline_put);
   ASSERT_EQ(c->models.size(), 1u);
   EXPECT_EQ(c->models[0].layout.dtype, DType::kFloat16);
   EXPECT_EQ(c->models[0].layout.rope.scaling, RopeScaling::kLinear);
@@ -167,6 +171,8 @@ TEST(ConfigTest, InvalidValuesNameKeyAndValue) {
        "head_dim: 2}}]",
        {"models[0].compression", "kvslimmer"}},
       {"transport: {enable_rma: maybe}", {"transport.enable_rma", "maybe"}},
+      {"protocol: {inline_put: 2}", {"protocol.inline_put", "2"}},
+      {"protocol: {release_reads: false}", {"protocol.release_reads", "unknown key"}},
       {"limits: {max_frame_bytes: 1KiB}", {"limits.max_frame_bytes", "1024"}},
       {"hash_seed: ''", {"hash_seed"}},
       {"listen: {tcp: '', unix: ''}", {"listen", "disabled"}},

@@ -114,6 +114,44 @@ TEST_F(InlinePutE2eTest, ByteExactAroundTheThresholdOverTcpAndSharedMemory) {
 
 // Shared-memory sessions put inline only up to the lower of the two thresholds (default
 // 32 KiB); transport sessions up to inline_put_bytes (default 64 KiB).
+// A kvd that predates InlinePut, as a real daemon: protocol.inline_put off makes a current kvd
+// answer it as that kvd did ("unknown request kind"). The client puts in three steps instead,
+// on both paths, and every byte arrives.
+TEST_F(InlinePutE2eTest, AgainstAKvdWithoutInlinePutTheClientPutsInThreeSteps) {
+  KvdConfig config;
+  config.extra_yaml = "protocol:\n  inline_put: false\n";
+  ASSERT_NO_FATAL_FAILURE(Start(config));
+  const ModelLayout layout = kvd_->EngineOptions().layout;
+  for (bool unix_socket : {false, true}) {
+    SCOPED_TRACE(unix_socket ? "unix socket (shared memory)" : "tcp");
+    auto o = unix_socket ? kvd_->UnixEngineOptions("older") : kvd_->EngineOptions("older");
+    o.inline_put_bytes = layout.ChunkBytes(16);
+    o.shm_inline_put_bytes = o.inline_put_bytes;
+    auto c = ConnectOrFail(o);
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(c->session().shared_memory, unix_socket);
+    const uint64_t committed_before = Committed();
+    std::vector<std::vector<uint8_t>> data;
+    std::vector<client::PutItem> items;
+    for (uint64_t i = 0; i < 4; ++i) {
+      data.push_back(RandomBytes(layout.ChunkBytes(16), 700 + i + (unix_socket ? 10 : 0)));
+    }
+    for (uint64_t i = 0; i < 4; ++i) {
+      items.push_back(
+          {Hash128{0x01de + (unix_socket ? 1u : 0u), i}, 16, data[i].data(), data[i].size()});
+    }
+    auto put = c->PutChunks(items);  // the first window tries inline and is refused
+    ASSERT_TRUE(put.ok()) << put.status();
+    const Hash128 later{0x01de + (unix_socket ? 1u : 0u), 99};
+    const std::vector<uint8_t> later_data = RandomBytes(layout.ChunkBytes(16), 799);
+    ASSERT_TRUE(c->Put(later, 16, later_data.data(), later_data.size()).ok());  // three steps
+    EXPECT_EQ(Inline(), 0u) << "kvd stored an inline put with protocol.inline_put off";
+    EXPECT_EQ(Committed() - committed_before, 5u) << "each chunk once, in three steps";
+    for (uint64_t i = 0; i < 4; ++i) ExpectStored(*c, items[i].hash, data[i]);
+    ExpectStored(*c, later, later_data);
+  }
+}
+
 TEST_F(InlinePutE2eTest, SharedMemorySessionsHaveTheirOwnThreshold) {
   ASSERT_NO_FATAL_FAILURE(Start());
   const ModelLayout layout = kvd_->EngineOptions().layout;

@@ -310,6 +310,80 @@ TEST_F(ShmE2eTest, ReadsEndedByTheirOwnExchangeAsWithAnOlderDaemonOrClient) {
   ExpectGetsReleaseTheirReads(*admin_, *c, 2, /*apart=*/true);
 }
 
+// Compatibility, both directions, with real processes on both sides.
+// (a) A current kvd serving a client older than Request.releaseReads beside a current client.
+// The older client is the current library with the seam ClientOptions::test_release_reads_apart:
+// on the wire that is what an older client sends (a ReleaseRead exchange per read, never the
+// releaseReads field, whatever HelloReply.releasesOnRequests says). Both read the same chunks
+// byte-exact; the older client's reads end with its own exchanges, the current one's with its
+// next request, and nothing stays pinned: the chunks can be evicted afterwards.
+TEST_F(ShmE2eTest, AnOlderClientBesideACurrentOneReadsByteExactAndItsReleasesAreHonoured) {
+  auto writer = ConnectOrFail(ShmOptions("", "writer"));
+  client::ClientOptions older_options = ShmOptions("", "older");
+  older_options.test_release_reads_apart = true;
+  auto older = ConnectOrFail(older_options);
+  auto current = ConnectOrFail(ShmOptions("", "current"));
+  ASSERT_TRUE(writer && older && current);
+  ASSERT_TRUE(older->session().shared_memory && current->session().shared_memory) << kvd_->Log();
+  EXPECT_TRUE(older->session().releases_on_requests);  // offered, and ignored by the older one
+  constexpr uint32_t kChunks = 4;
+  std::vector<Hash128> chain;
+  std::vector<std::vector<uint8_t>> data;
+  for (uint64_t i = 0; i < kChunks; ++i) {
+    chain.push_back(Hash128{0xc0a7, i});
+    data.push_back(PutChunk(*writer, chain.back(), 900 + i));
+  }
+  const size_t bytes = data[0].size();
+  auto read_all = [&](client::Client& c, uint64_t* lease) {
+    auto hit = c.Lookup(chain);
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    ASSERT_EQ(hit->matched_chunks, kChunks);
+    *lease = hit->lease_id;
+    std::vector<std::vector<uint8_t>> out(kChunks, std::vector<uint8_t>(bytes));
+    std::vector<client::GetItem> gets;
+    for (uint32_t i = 0; i < kChunks; ++i) gets.push_back({i, out[i].data(), out[i].size()});
+    auto got = c.GetChunks(hit->lease_id, gets);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (uint32_t i = 0; i < kChunks; ++i) EXPECT_EQ(out[i], data[i]) << "chunk " << i;
+  };
+  uint64_t current_lease = 0, older_lease = 0;
+  ASSERT_NO_FATAL_FAILURE(read_all(*current, &current_lease));
+  EXPECT_EQ(CounterValue(*admin_, "host_reads_open"), uint64_t{kChunks})
+      << "the current client's reads wait for its next request";
+  ASSERT_NO_FATAL_FAILURE(read_all(*older, &older_lease));
+  EXPECT_EQ(CounterValue(*admin_, "host_reads_open"), uint64_t{kChunks})
+      << "the older client's ReleaseReads ended its reads, and only those";
+  ASSERT_TRUE(older->ReleaseLease(older_lease).ok());
+  ASSERT_TRUE(current->ReleaseLease(current_lease).ok());
+  EXPECT_EQ(CounterValue(*admin_, "host_reads_open"), 0u);
+  EXPECT_EQ(HostTier(*admin_).pinned_bytes, 0u);
+  client::EvictFilter all;
+  auto evicted = admin_->Evict(all);
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  EXPECT_EQ(evicted->skipped_pinned, 0u);
+  EXPECT_GE(evicted->chunks, uint64_t{kChunks});
+  EXPECT_EQ(Present(*current, chain[0]), 0u);
+}
+
+// (b) A current client and a kvd older than Request.releaseReads. The older kvd is a current one
+// with protocol.releases_on_requests off: it does not set HelloReply.releasesOnRequests and
+// ignores the field, as the older kvd did. The client must see that and end each read with
+// ReleaseRead (were it to send the field, the reads would stay open and this test fail).
+TEST_F(ShmE2eTest, ACurrentClientOfAnOlderKvdEndsItsReadsWithReleaseRead) {
+  KvdConfig config;
+  config.host_capacity = "64MiB";
+  config.host_segment = "8MiB";
+  config.extra_yaml = "protocol:\n  releases_on_requests: false\n";
+  auto older_kvd = StartKvd(config);
+  ASSERT_NE(older_kvd, nullptr);
+  auto admin = ConnectOrFail(older_kvd->AdminOptions());
+  auto c = ConnectOrFail(older_kvd->UnixEngineOptions("current"));
+  ASSERT_TRUE(admin && c);
+  ASSERT_TRUE(c->session().shared_memory) << older_kvd->Log();
+  EXPECT_FALSE(c->session().releases_on_requests);
+  ExpectGetsReleaseTheirReads(*admin, *c, 3, /*apart=*/true);
+}
+
 // Ids on Request.releaseReads that are no open read of this connection (another session's,
 // already ended, never issued) end nothing and fail nothing: another client's read stays.
 TEST_F(ShmE2eTest, ReleaseReadsOfAnotherConnectionEndNothing) {

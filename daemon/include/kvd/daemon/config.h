@@ -127,6 +127,24 @@ struct LimitsOptions {
   bool operator==(const LimitsOptions&) const = default;
 };
 
+// Protocol features kvd offers its clients (YAML `protocol`). Each is on by default; off, kvd
+// serves clients as a kvd that predates the feature did, and current clients fall back on their
+// own: for compatibility tests of clients, and a way back should a feature misbehave. Nothing
+// here can change at runtime.
+struct ProtocolOptions {
+  // protocol.releases_on_requests: announce HelloReply.releasesOnRequests and end the
+  // shared-memory reads a client names on Request.releaseReads. Off: neither (the field is
+  // ignored, as by older daemons), so clients end each read with a ReleaseRead exchange and a
+  // shared-memory get takes two exchanges. Default true.
+  bool releases_on_requests = true;
+  // protocol.inline_put: take InlinePut (a small put in one exchange). Off: an InlinePut gets
+  // the "unknown request kind" error of an older daemon, and clients put in three steps
+  // (Reserve, the bytes, Commit). Default true.
+  bool inline_put = true;
+
+  bool operator==(const ProtocolOptions&) const = default;
+};
+
 struct DaemonConfig;
 
 // What this machine offers the tiers, for the start-up check DaemonConfig::CheckResources.
@@ -212,6 +230,7 @@ struct DaemonConfig {
   storage::TierManagerOptions placement;
   LimitsOptions limits;
   AuthOptions auth;
+  ProtocolOptions protocol;
   // Where daemon state other than chunks (VECTOR calibration weights) is saved WITHOUT a disk
   // tier: files in this directory. YAML `state_dir`. "" (default) = the directory of the config
   // file kvd was started with (`config_dir`, set by kvd); with neither (embedded default config)
