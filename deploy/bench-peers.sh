@@ -2,7 +2,7 @@
 # kvd's same-node data path next to its peers, in interleaved rounds on one machine (every peer
 # runs once per round, so all see the same machine load): kvd over its shared-memory path and
 # over UCX (kvd-bench on kvd's unix socket, without and with --no-shm), ucx_perftest (tag_bw and
-# tag_lat), Mooncake Store (in-process client, and a client in a second process), redis-server
+# tag_lat; and tag_bw -e, with peer error handling as kvd's endpoints have), Mooncake Store (in-process client, and a client in a second process), redis-server
 # (redis-benchmark SET/GET over a unix socket) and memcpy (kvd-bench --op memcpy, into fresh and
 # warm buffers, and from as many distinct sources as kvd holds chunks), at 64 KiB, 2 MiB and
 # 32 MiB values, 1 and 4 clients. Prints each measurement,
@@ -241,6 +241,11 @@ for round in $(seq "$ROUNDS"); do
       if [[ -n "$perftest_ok" ]] && ((c == 1)); then  # one pair of processes
         if run_perftest tag_bw "$size" "$n" "$TLS" >"$work/perf.txt"; then
           ingest "$round" ucx_perftest "$size" 1 perftest_bw "$work/perf.txt"
+        fi
+        # kvd's endpoints always use peer error handling, under which UCX 1.13 selects no
+        # shared-memory lane (transport/README.md): the same lanes, for a fair second reference.
+        if run_perftest tag_bw "$size" "$n" "$TLS" -e >"$work/perf.txt"; then
+          ingest "$round" ucx_perftest-e "$size" 1 perftest_bw "$work/perf.txt"
         fi
         if run_perftest tag_lat "$size" "$n" "$TLS" >"$work/perf.txt"; then
           ingest "$round" ucx_perftest "$size" 1 perftest_lat "$work/perf.txt"

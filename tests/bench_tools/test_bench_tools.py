@@ -260,6 +260,9 @@ def test_report_ratios_medians_and_verdicts(tmp_path):
         rows.append((rnd, "kvd-shm", 65536, 1, "get", 1.0, 30, 40, 5, 1))
         rows.append((rnd, "redis", 65536, 1, "get", 2.0, 10, 30, "-", "-"))
         rows.append((rnd, "kvd-shm", 65536, 1, "lookup", "-", 20, 40 + rnd, 3, 1))
+        rows.append((rnd, "kvd-ucx", two, 1, "put", 1.0, 500, 900, 300, 4))
+        rows.append((rnd, "ucx_perftest", two, 1, "send", 4.0, "-", "-", "-", "-"))
+        rows.append((rnd, "ucx_perftest-e", two, 1, "send", 0.5 * rnd, "-", "-", "-", "-"))
     write_results(tmp_path / "r.tsv", rows)
     r = run([sys.executable, REPORT, "report", str(tmp_path / "r.tsv"), "0.4"])
     assert r.returncode == 0, r.stderr
@@ -277,6 +280,13 @@ def test_report_ratios_medians_and_verdicts(tmp_path):
     # 3.0 GB/s against 3, 4 and 5 GB/s: ratios 1.00, 0.75, 0.60, median 0.75.
     assert "| kvd shm get 2 MiB / memcpy (spread sources) | 1.00, 0.75, 0.60 | 0.75 (goal >= 0.7) " \
         "| met |" in out, out
+    # The UCX goal is judged against plain tag_bw; tag_bw -e (kvd's lanes) is a reference line.
+    assert "| kvd UCX put 2 MiB / ucx_perftest tag_bw | 0.25, 0.25, 0.25 | 0.25 (goal >= 0.8) " \
+        "| NOT met |" in out, out
+    assert "| kvd UCX put 2 MiB / ucx_perftest tag_bw -e (peer error handling) | 2.00, 1.00, 0.67 " \
+        "| 1.00 | reference (the goal is judged on the plain tag_bw line) |" in out, out
+    assert "| kvd UCX get 2 MiB / ucx_perftest tag_bw -e (peer error handling) | not measured |" \
+        in out, out
     # Medians table: the put row's median GB/s is 7.0.
     assert "| kvd-shm | 2 MiB | 1 | put | 7.000 | 100 | 200 | 50 | 1.50 | 3 |" in out, out
 
