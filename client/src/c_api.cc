@@ -1,4 +1,6 @@
 // The C ABI (kvd/client/kvd_client.h) over the C++ Client. No exception crosses it.
+#include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -71,6 +73,41 @@ char* CopyString(const std::string& s) {
 #define KVD_C_REQUIRE(cond, what) \
   if (!(cond)) return Fail(KVD_INVALID_ARGUMENT, std::string("INVALID_ARGUMENT: ") + (what))
 
+// kvd_config's versions, by size. The first one with struct_size ends with lease_ttl_ms: every
+// caller's struct_size is at least this. Fields added later go after it, so this never changes.
+constexpr size_t kFirstSizedConfigBytes = offsetof(kvd_config, lease_ttl_ms) + sizeof(uint32_t);
+static_assert(offsetof(kvd_config, struct_size) == 0, "struct_size leads kvd_config");
+// Larger than any kvd_config will be: a struct_size beyond it was never set by kvd_config_init.
+constexpr size_t kMaxConfigBytes = 4096;
+
+// The caller's config as this library's kvd_config: its first struct_size bytes, this library's
+// defaults for fields the caller's header does not have. INVALID_ARGUMENT for a struct_size that
+// kvd_config_init did not set, and for fields this library does not know set to nonzero values.
+kvd::Status ReadConfig(const kvd_config& caller, kvd_config* out) {
+  const size_t size = caller.struct_size;
+  if (size < kFirstSizedConfigBytes || size > kMaxConfigBytes) {
+    return kvd::Status::InvalidArgument(
+        "kvd_config.struct_size is " + std::to_string(size) +
+        ", not the size of a kvd_config (at least " + std::to_string(kFirstSizedConfigBytes) +
+        "): call kvd_config_init first; a program built against a kvd_client.h without "
+        "struct_size must be rebuilt");
+  }
+  kvd_config_init_sized(out, sizeof *out);
+  std::memcpy(out, &caller, std::min(size, sizeof *out));
+  out->struct_size = sizeof *out;
+  if (size > sizeof *out) {
+    const auto* extra = reinterpret_cast<const unsigned char*>(&caller) + sizeof *out;
+    if (std::any_of(extra, extra + (size - sizeof *out), [](unsigned char b) { return b != 0; })) {
+      return kvd::Status::InvalidArgument(
+          "kvd_config sets fields this libkvd_client does not know (struct_size " +
+          std::to_string(size) + ", this library's " + std::to_string(sizeof *out) +
+          "): use a libkvd_client as new as the kvd_client.h the program was built with, or "
+          "leave those fields zero");
+    }
+  }
+  return kvd::Status::Ok();
+}
+
 }  // namespace
 
 extern "C" {
@@ -82,25 +119,34 @@ const char* kvd_error_name(int code) {
   return kvd::StatusCodeName(static_cast<kvd::StatusCode>(code)).data();
 }
 
-void kvd_config_init(kvd_config* c) {
-  if (c == nullptr) return;
-  std::memset(c, 0, sizeof *c);
+void kvd_config_init_sized(kvd_config* config, size_t struct_size) {
+  if (config == nullptr || struct_size < kFirstSizedConfigBytes) return;
+  kvd_config c;
+  std::memset(&c, 0, sizeof c);
   kvd::ModelLayout d;
-  c->layout.tp_size = d.tp_size;
-  c->layout.dtype = static_cast<int32_t>(d.dtype);
-  c->layout.rope_theta = d.rope.theta;
-  c->layout.rope_pairing = static_cast<int32_t>(d.rope.pairing);
-  c->layout.rope_scaling = static_cast<int32_t>(d.rope.scaling);
-  c->layout.rope_factor = d.rope.factor;
-  c->layout.rope_low_freq_factor = d.rope.low_freq_factor;
-  c->layout.rope_high_freq_factor = d.rope.high_freq_factor;
-  c->layout.rope_original_max_positions = d.rope.original_max_positions;
+  c.layout.tp_size = d.tp_size;
+  c.layout.dtype = static_cast<int32_t>(d.dtype);
+  c.layout.rope_theta = d.rope.theta;
+  c.layout.rope_pairing = static_cast<int32_t>(d.rope.pairing);
+  c.layout.rope_scaling = static_cast<int32_t>(d.rope.scaling);
+  c.layout.rope_factor = d.rope.factor;
+  c.layout.rope_low_freq_factor = d.rope.low_freq_factor;
+  c.layout.rope_high_freq_factor = d.rope.high_freq_factor;
+  c.layout.rope_original_max_positions = d.rope.original_max_positions;
+  // Only the caller's bytes: a caller built against an older header has a smaller struct.
+  const size_t known = std::min(struct_size, sizeof c);
+  std::memcpy(config, &c, known);
+  std::memset(reinterpret_cast<unsigned char*>(config) + known, 0, struct_size - known);
+  config->struct_size = struct_size;
 }
 
-int kvd_client_connect(const kvd_config* c, kvd_client** out) {
+int kvd_client_connect(const kvd_config* caller, kvd_client** out) {
   return Guard([&]() -> int {
-    KVD_C_REQUIRE(c != nullptr && out != nullptr, "config and out must not be NULL");
+    KVD_C_REQUIRE(caller != nullptr && out != nullptr, "config and out must not be NULL");
     *out = nullptr;
+    kvd_config config;
+    if (kvd::Status s = ReadConfig(*caller, &config); !s.ok()) return Fail(s);
+    const kvd_config* c = &config;
     kvd::client::ClientOptions o;
     if (c->address) o.address = c->address;
     if (c->client_id) o.client_id = c->client_id;

@@ -1,6 +1,8 @@
 // The C ABI: error codes, kvd_last_error, and a round trip through the fake daemon.
 #include <gtest/gtest.h>
 
+#include <cstddef>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -42,6 +44,58 @@ TEST(CApiTest, ConnectFailureSetsCodeAndMessage) {
   EXPECT_NE(std::string(kvd_last_error()).find("inline_put_bytes must be <= 1048576"),
             std::string::npos)
       << kvd_last_error();
+}
+
+// kvd_config is versioned by struct_size (set by the inline kvd_config_init, i.e. the caller's
+// sizeof). A config that did not come from kvd_config_init is refused naming struct_size; one
+// from a newer header (a larger struct) is taken when its unknown fields are zero.
+TEST(CApiTest, ConfigSizeIsTheCallersAndIsChecked) {
+  kvd_config c = TinyConfig("unused");
+  EXPECT_EQ(c.struct_size, sizeof(kvd_config));
+  c.address = "unix:/tmp/kvd-c-api-none.sock";
+  kvd_client* client = nullptr;
+  for (size_t bad : {size_t{0}, size_t{8}, sizeof(kvd_config) / 2, size_t{1} << 20}) {
+    SCOPED_TRACE(bad);
+    kvd_config unset = c;
+    unset.struct_size = bad;  // e.g. a struct filled by hand, or a program built without it
+    EXPECT_EQ(kvd_client_connect(&unset, &client), KVD_INVALID_ARGUMENT);
+    const std::string error = kvd_last_error();
+    EXPECT_NE(error.find("kvd_config.struct_size is " + std::to_string(bad)), std::string::npos)
+        << error;
+    EXPECT_NE(error.find("kvd_config_init"), std::string::npos) << error;
+  }
+
+  // A newer header's struct: this library's fields, then 16 bytes of fields it does not know.
+  struct Newer {
+    kvd_config known;
+    uint64_t later[2];
+    uint64_t guard;
+  } newer;
+  std::memset(&newer, 0xAB, sizeof newer);
+  kvd_config_init_sized(&newer.known, offsetof(Newer, guard));
+  EXPECT_EQ(newer.known.struct_size, offsetof(Newer, guard));
+  EXPECT_EQ(newer.later[0], 0u) << "init zeroes the fields it does not know";
+  EXPECT_EQ(newer.later[1], 0u);
+  EXPECT_EQ(newer.guard, 0xABABABABABABABABull) << "init wrote past struct_size";
+  EXPECT_EQ(newer.known.layout.tp_size, 1);  // this library's defaults
+  const size_t size = newer.known.struct_size;
+  newer.known = c;
+  newer.known.struct_size = size;
+  // Unknown fields left zero: taken (it then fails only because nothing listens there).
+  EXPECT_EQ(kvd_client_connect(&newer.known, &client), KVD_UNAVAILABLE) << kvd_last_error();
+  // One set: refused, saying why.
+  newer.later[1] = 7;
+  EXPECT_EQ(kvd_client_connect(&newer.known, &client), KVD_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kvd_last_error()).find("fields this libkvd_client does not know"),
+            std::string::npos)
+      << kvd_last_error();
+  EXPECT_EQ(client, nullptr);
+
+  // Below the first sized kvd_config, init writes nothing.
+  kvd_config untouched;
+  std::memset(&untouched, 0x5A, sizeof untouched);
+  kvd_config_init_sized(&untouched, 16);
+  EXPECT_EQ(untouched.layout.tp_size, 0x5A5A5A5A);
 }
 
 TEST(CApiTest, RoundTripThroughTheFakeDaemon) {

@@ -65,8 +65,17 @@ typedef struct kvd_layout {
 } kvd_layout;
 
 /* Connection settings. Zero / NULL fields take the C++ ClientOptions defaults (see
- * kvd/client/client.h); call kvd_config_init first. */
+ * kvd/client/client.h); call kvd_config_init first.
+ *
+ * Versioned by its size: `struct_size` is sizeof(kvd_config) as the caller's header defines it,
+ * set by kvd_config_init (an inline function, so it is compiled into the caller). Fields are only
+ * ever added at the end (kvd_layout does not change), and zero always means the default. So a
+ * library newer than the caller's header reads the fields the caller knows and takes the
+ * defaults for the rest, and a library older than the header accepts a config whose fields it
+ * does not know are left zero and refuses one that sets them (INVALID_ARGUMENT). A program built
+ * against a kvd_client.h that predates struct_size must be rebuilt, once. */
 typedef struct kvd_config {
+  size_t struct_size;     /* sizeof(kvd_config) of the caller's header; kvd_config_init sets it */
   const char* address;    /* "host:port" or "unix:/path"; NULL = "127.0.0.1:7400" */
   const char* client_id;  /* NULL = "<hostname>-<pid>" */
   const char* name_space; /* NULL = "default" */
@@ -85,8 +94,7 @@ typedef struct kvd_config {
    * 0 = the default 64 KiB, < 0 = off (every put reserves, sends and commits), at most 1 MiB.
    * On the shared-memory path also at most ClientOptions::shm_inline_put_bytes (32 KiB). */
   int64_t inline_put_bytes;
-  /* Fields added after the first release; kvd_config_init zeroes them (= the defaults). A
-   * program built against an older header must be rebuilt: the struct grew. */
+  /* Fields added after the first release; kvd_config_init zeroes them (= the defaults). */
   const char* auth_token; /* the namespace's (or admin) token; NULL = none */
   /* Same-node shared-memory path over a unix-socket address (ClientOptions::shared_memory):
    * 0 = the default (asked for), < 0 = off (bytes go over the transport). */
@@ -115,11 +123,22 @@ const char* kvd_last_error(void);
 /* Name of an error code, e.g. "NOT_FOUND". */
 const char* kvd_error_name(int code);
 
-/* Fills *config with defaults (all zero / NULL, layout zeroed with tp_size 1, rope_theta 10000,
- * rope_pairing halves, rope_factor 1, low 1, high 4, original_max_positions 8192). */
-void kvd_config_init(kvd_config* config);
+/* Fills the first `struct_size` bytes of *config with defaults (all zero / NULL, layout zeroed
+ * with tp_size 1, rope_theta 10000, rope_pairing halves, rope_factor 1, low 1, high 4,
+ * original_max_positions 8192; zero beyond the fields this library knows) and sets
+ * config->struct_size. Writes nothing when config is NULL or struct_size is below the size of the
+ * first kvd_config that had struct_size. Bindings without the inline kvd_config_init (ctypes)
+ * call this with their own size of the struct. */
+void kvd_config_init_sized(kvd_config* config, size_t struct_size);
+/* kvd_config_init_sized(config, sizeof(kvd_config)), with the size of the caller's header. */
+static inline void kvd_config_init(kvd_config* config) {
+  kvd_config_init_sized(config, sizeof(kvd_config));
+}
 
-/* Connects and runs the handshake. On success *out is a client to free with kvd_client_close. */
+/* Connects and runs the handshake. On success *out is a client to free with kvd_client_close.
+ * INVALID_ARGUMENT naming struct_size when config->struct_size is not that of a kvd_config (not
+ * set by kvd_config_init), or when the config sets fields this library does not know (its
+ * struct_size is larger than this library's and the extra bytes are not all zero). */
 int kvd_client_connect(const kvd_config* config, kvd_client** out);
 /* What the daemon granted at the handshake, as JSON: {"session_id","daemon_version","node",
  * "chunk_tokens","max_frame_bytes","max_chunk_bytes","transport","shared_memory","read_only",
