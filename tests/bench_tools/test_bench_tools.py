@@ -12,6 +12,9 @@ import time
 import pytest
 
 ROOT = os.environ.get("KVD_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+import tied_popen  # noqa: E402  (kvd dies with the test process, however it ends)
+
 KVD = os.environ.get("KVD_BINARY", "kvd")
 BENCH = os.environ.get("KVD_BENCH_BINARY", "kvd-bench")
 REPORT = os.path.join(ROOT, "deploy", "bench-peers-report.py")
@@ -77,7 +80,7 @@ def start_kvd(tmp_path, cfg):
     """Runs kvd on `cfg` (TCP on an ephemeral port, a unix socket in tmp_path) for the `with`
     block; gives (process, ready-file path, socket path) once kvd is ready."""
     ready = tmp_path / "ready.json"
-    proc = subprocess.Popen([KVD, "--config", str(cfg), "--listen", "127.0.0.1:0", "--unix",
+    proc = tied_popen.popen([KVD, "--config", str(cfg), "--listen", "127.0.0.1:0", "--unix",
                              str(tmp_path / "kvd.sock"), "--ready-file", str(ready)],
                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "kvd.log", "w"))
     try:

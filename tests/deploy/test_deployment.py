@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -14,6 +15,8 @@ import yaml
 ROOT = os.environ.get("KVD_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 DEPLOY = os.path.join(ROOT, "deploy")
 KVD = os.environ.get("KVD_BINARY", "kvd")
+sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+import tied_popen  # noqa: E402  (kvd dies with the test process, however it ends)
 
 
 def read(*parts):
@@ -119,7 +122,7 @@ def check_kvd_on_topology(topology_text, tmp):
     ready = os.path.join(tmp, "ready.json")
     with open(cfg, "w") as f:
         yaml.safe_dump(topo, f)
-    p = subprocess.Popen([KVD, "--config", cfg, "--ready-file", ready], stdout=subprocess.PIPE,
+    p = tied_popen.popen([KVD, "--config", cfg, "--ready-file", ready], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 15

@@ -1,27 +1,17 @@
 """A real kvd process for the Python tests: a temp topology, an ephemeral TCP port, and the
 ready file (`kvd --ready-file`). KVD_BINARY names the daemon (ctest sets it)."""
 
-import ctypes
 import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent_pid):
-    """preexec_fn: the kernel kills the child when the thread that spawned it (pytest's main
-    thread, which lives as long as the process) ends, so a crashed or killed test leaves no kvd;
-    a parent already gone before the signal was armed is caught by the getppid() check."""
-    def arm():
-        if _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0 or os.getppid() != parent_pid:
-            os._exit(127)
-    return arm
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+import tied_popen  # noqa: E402  (kvd dies with the test process, however it ends)
 
 TOPOLOGY = """\
 node: {node}
@@ -51,10 +41,9 @@ class KvdDaemon:
         ready = os.path.join(self.dir, "ready.json")
         self.log_path = os.path.join(self.dir, "kvd.log")
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
+        self.proc = tied_popen.popen(
             [self.binary, "--config", self.config_path, "--listen", "127.0.0.1:0", "--unix",
-             "none", "--ready-file", ready], stdout=self._log, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent(os.getpid()))
+             "none", "--ready-file", ready], stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 15
         while not os.path.exists(ready):
             if self.proc.poll() is not None or time.monotonic() > deadline:
