@@ -73,24 +73,76 @@ char* CopyString(const std::string& s) {
 #define KVD_C_REQUIRE(cond, what) \
   if (!(cond)) return Fail(KVD_INVALID_ARGUMENT, std::string("INVALID_ARGUMENT: ") + (what))
 
-// kvd_config's versions, by size. The first one with struct_size ends with lease_ttl_ms: every
-// caller's struct_size is at least this. Fields added later go after it, so this never changes.
+// Larger than any versioned struct will be: a struct_size beyond it was never set by an init.
+constexpr size_t kMaxStructBytes = 4096;
+
+// The versioned structs' sizes: each one's first version with struct_size ends with the field
+// named here, so every caller's struct_size is at least this. Fields added later go after it.
 constexpr size_t kFirstSizedConfigBytes = offsetof(kvd_config, lease_ttl_ms) + sizeof(uint32_t);
+constexpr size_t kFirstSizedLookupResultBytes =
+    offsetof(kvd_lookup_result, lease_ttl_ms) + sizeof(uint32_t);
+constexpr size_t kFirstSizedGetResultBytes = offsetof(kvd_get_result, tokens) + sizeof(uint32_t);
 static_assert(offsetof(kvd_config, struct_size) == 0, "struct_size leads kvd_config");
-// Larger than any kvd_config will be: a struct_size beyond it was never set by kvd_config_init.
-constexpr size_t kMaxConfigBytes = 4096;
+static_assert(offsetof(kvd_lookup_result, struct_size) == 0, "struct_size leads the result");
+static_assert(offsetof(kvd_get_result, struct_size) == 0, "struct_size leads the result");
+
+// INVALID_ARGUMENT naming struct_size unless `size` can be that of a struct `name` (at least
+// `first_sized` bytes), i.e. `init` set it.
+kvd::Status CheckStructSize(const std::string& name, size_t size, size_t first_sized) {
+  if (size >= first_sized && size <= kMaxStructBytes) return kvd::Status::Ok();
+  return kvd::Status::InvalidArgument(
+      name + ".struct_size is " + std::to_string(size) + ", not the size of a " + name +
+      " (at least " + std::to_string(first_sized) + "): call " + name +
+      "_init first; a program built against a kvd_client.h without struct_size must be rebuilt");
+}
+
+kvd::Status CheckResult(const kvd_lookup_result& r) {
+  return CheckStructSize("kvd_lookup_result", r.struct_size, kFirstSizedLookupResultBytes);
+}
+kvd::Status CheckResult(const kvd_get_result& r) {
+  return CheckStructSize("kvd_get_result", r.struct_size, kFirstSizedGetResultBytes);
+}
+
+// Writes this library's `value` into the caller's result (its struct_size checked by
+// CheckResult): the fields that fit in the caller's struct_size bytes, zero in the caller's
+// fields beyond this library's struct; never past struct_size, and struct_size stays.
+template <typename T>
+void WriteResult(const T& value, T* out) {
+  const size_t size = out->struct_size;
+  const size_t known = std::min(size, sizeof(T));
+  auto* dst = reinterpret_cast<unsigned char*>(out);
+  const auto* src = reinterpret_cast<const unsigned char*>(&value);
+  constexpr size_t kFirst = sizeof(out->struct_size);
+  std::memcpy(dst + kFirst, src + kFirst, known - kFirst);
+  if (size > known) std::memset(dst + known, 0, size - known);
+}
+
+void WriteResult(const kvd::client::LookupResult& r, kvd_lookup_result* out) {
+  kvd_lookup_result v;
+  std::memset(&v, 0, sizeof v);  // padding too: every byte written to the caller is defined
+  v.matched_chunks = r.matched_chunks;
+  v.matched_tokens = r.matched_tokens;
+  v.lease_id = r.lease_id;
+  v.lease_ttl_ms = r.lease_ttl_ms;
+  WriteResult(v, out);
+}
+
+void WriteResult(const kvd::client::GetResult& r, kvd_get_result* out) {
+  kvd_get_result v;
+  std::memset(&v, 0, sizeof v);
+  v.bytes = r.bytes;
+  v.checksum = r.checksum;
+  v.tokens = r.tokens;
+  WriteResult(v, out);
+}
 
 // The caller's config as this library's kvd_config: its first struct_size bytes, this library's
 // defaults for fields the caller's header does not have. INVALID_ARGUMENT for a struct_size that
 // kvd_config_init did not set, and for fields this library does not know set to nonzero values.
 kvd::Status ReadConfig(const kvd_config& caller, kvd_config* out) {
   const size_t size = caller.struct_size;
-  if (size < kFirstSizedConfigBytes || size > kMaxConfigBytes) {
-    return kvd::Status::InvalidArgument(
-        "kvd_config.struct_size is " + std::to_string(size) +
-        ", not the size of a kvd_config (at least " + std::to_string(kFirstSizedConfigBytes) +
-        "): call kvd_config_init first; a program built against a kvd_client.h without "
-        "struct_size must be rebuilt");
+  if (kvd::Status s = CheckStructSize("kvd_config", size, kFirstSizedConfigBytes); !s.ok()) {
+    return s;
   }
   kvd_config_init_sized(out, sizeof *out);
   std::memcpy(out, &caller, std::min(size, sizeof *out));
@@ -206,11 +258,12 @@ int kvd_client_lookup(kvd_client* client, const kvd_hash128* chain, size_t chain
   return Guard([&]() -> int {
     KVD_C_REQUIRE(client != nullptr && out != nullptr, "client and out must not be NULL");
     KVD_C_REQUIRE(chain != nullptr || chain_length == 0, "chain is NULL");
+    if (kvd::Status s = CheckResult(*out); !s.ok()) return Fail(s);
     std::vector<kvd::Hash128> c(chain_length);
     for (size_t i = 0; i < chain_length; ++i) c[i] = ToHash(chain[i]);
     auto r = client->impl->Lookup(c);
     if (!r.ok()) return Fail(r.status());
-    *out = kvd_lookup_result{r->matched_chunks, r->matched_tokens, r->lease_id, r->lease_ttl_ms};
+    WriteResult(*r, out);
     return KVD_OK;
   });
 }
@@ -254,9 +307,10 @@ int kvd_client_get(kvd_client* client, uint64_t lease_id, uint32_t chunk_index, 
                    size_t capacity, kvd_get_result* result) {
   return Guard([&]() -> int {
     KVD_C_REQUIRE(client != nullptr, "client is NULL");
+    if (kvd::Status s = result ? CheckResult(*result) : kvd::Status::Ok(); !s.ok()) return Fail(s);
     auto r = client->impl->Get(lease_id, chunk_index, out, capacity);
     if (!r.ok()) return Fail(r.status());
-    if (result) *result = kvd_get_result{r->bytes, r->checksum, r->tokens};
+    if (result) WriteResult(*r, result);
     return KVD_OK;
   });
 }
@@ -267,12 +321,13 @@ int kvd_client_get_layers(kvd_client* client, uint64_t lease_id, uint32_t chunk_
   return Guard([&]() -> int {
     KVD_C_REQUIRE(client != nullptr && k_layers != nullptr && v_layers != nullptr,
                   "client, k_layers and v_layers must not be NULL");
+    if (kvd::Status s = result ? CheckResult(*result) : kvd::Status::Ok(); !s.ok()) return Fail(s);
     int n = client->impl->options().layout.num_layers;
     std::vector<kvd::client::MutableLayerKV> layers(n);
     for (int l = 0; l < n; ++l) layers[l] = {k_layers[l], v_layers[l]};
     auto r = client->impl->GetLayers(lease_id, chunk_index, layers, capacity_tokens);
     if (!r.ok()) return Fail(r.status());
-    if (result) *result = kvd_get_result{r->bytes, r->checksum, r->tokens};
+    if (result) WriteResult(*r, result);
     return KVD_OK;
   });
 }

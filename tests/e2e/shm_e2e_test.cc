@@ -447,11 +447,13 @@ TEST_F(ShmE2eTest, TheCApiOpensReadingSessionsAndCanDeclineSharedMemory) {
         << kvd_last_error();
     // It reads what the writer put, byte for byte.
     const kvd_hash128 chain{h.hi, h.lo};
-    kvd_lookup_result hit{};
+    kvd_lookup_result hit;
+    kvd_lookup_result_init(&hit);
     ASSERT_EQ(kvd_client_lookup(reader, &chain, 1, &hit), KVD_OK) << kvd_last_error();
     ASSERT_EQ(hit.matched_chunks, 1u);
     std::vector<uint8_t> out(data.size());
-    kvd_get_result got{};
+    kvd_get_result got;
+    kvd_get_result_init(&got);
     ASSERT_EQ(kvd_client_get(reader, hit.lease_id, 0, out.data(), out.size(), &got), KVD_OK)
         << kvd_last_error();
     EXPECT_EQ(got.bytes, data.size());

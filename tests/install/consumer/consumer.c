@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   rc = kvd_client_put(c, chain[0], 256, in, bytes, NULL);
   if (rc != KVD_OK) return fail("put", rc);
   kvd_lookup_result hit;
+  kvd_lookup_result_init(&hit);
   rc = kvd_client_lookup(c, chain, 1, &hit);
   if (rc != KVD_OK) return fail("lookup", rc);
   if (hit.matched_chunks != 1) {
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   kvd_get_result got;
+  kvd_get_result_init(&got);
   rc = kvd_client_get(c, hit.lease_id, 0, out, bytes, &got);
   if (rc != KVD_OK) return fail("get", rc);
   if (got.bytes != bytes || memcmp(in, out, bytes) != 0) {

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -105,7 +106,17 @@ typedef struct kvd_config {
   uint32_t lease_ttl_ms; /* lease TTL asked on lookups; 0 = the daemon's default */
 } kvd_config;
 
+/* Results the caller allocates and a call fills (kvd_lookup_result, kvd_get_result) are versioned
+ * by their size like kvd_config: `struct_size` leads each, set by its inline init (zeroes the
+ * struct and sets sizeof as the caller's header defines it). Fields are only ever added at the
+ * end, and zero always means "not reported". A call checks struct_size before it does anything
+ * (INVALID_ARGUMENT naming struct_size when it is not that of the struct: the init was not
+ * called), writes the fields that fit in the caller's struct_size bytes, zeroes the caller's
+ * fields it does not know, never writes past struct_size and leaves struct_size as it was. So an
+ * older caller's smaller struct gets the fields it has, and a newer caller's larger one reads
+ * zero in the fields this library does not fill. */
 typedef struct kvd_lookup_result {
+  size_t struct_size; /* sizeof(kvd_lookup_result) of the caller's header; the init sets it */
   uint32_t matched_chunks;
   uint64_t matched_tokens;
   uint64_t lease_id; /* 0 when nothing matched */
@@ -113,10 +124,22 @@ typedef struct kvd_lookup_result {
 } kvd_lookup_result;
 
 typedef struct kvd_get_result {
+  size_t struct_size; /* sizeof(kvd_get_result) of the caller's header; the init sets it */
   uint64_t bytes;
   uint64_t checksum;
   uint32_t tokens;
 } kvd_get_result;
+
+/* Prepare a result for a call: all zero, struct_size = the caller's sizeof. Bindings without
+ * the inline functions (ctypes) zero the struct and set struct_size to their size of it. */
+static inline void kvd_lookup_result_init(kvd_lookup_result* result) {
+  memset(result, 0, sizeof *result);
+  result->struct_size = sizeof *result;
+}
+static inline void kvd_get_result_init(kvd_get_result* result) {
+  memset(result, 0, sizeof *result);
+  result->struct_size = sizeof *result;
+}
 
 /* Message of the last failed call on this thread ("" if none). */
 const char* kvd_last_error(void);
@@ -153,6 +176,9 @@ int kvd_client_chunk_chain(kvd_client* client, const int32_t* tokens, size_t num
                            int include_partial_chunk, kvd_hash128* out, size_t capacity,
                            size_t* count);
 
+/* Looks up the longest stored prefix of `chain` and leases it; *out (struct_size set by
+ * kvd_lookup_result_init) gets the match. A bad out->struct_size is refused before the lookup
+ * (no lease is taken). */
 int kvd_client_lookup(kvd_client* client, const kvd_hash128* chain, size_t chain_length,
                       kvd_lookup_result* out);
 int kvd_client_release_lease(kvd_client* client, uint64_t lease_id);
@@ -166,10 +192,13 @@ int kvd_client_put(kvd_client* client, kvd_hash128 hash, int32_t tokens, const v
 int kvd_client_put_layers(kvd_client* client, kvd_hash128 hash, int32_t tokens,
                           const void* const* k_layers, const void* const* v_layers,
                           int* already_stored);
-/* Reads chunk `chunk_index` of a lease into [out, out + capacity); verifies the checksum. */
+/* Reads chunk `chunk_index` of a lease into [out, out + capacity); verifies the checksum.
+ * *result (may be NULL; else struct_size set by kvd_get_result_init) gets what was read; a bad
+ * result->struct_size is refused before the read. */
 int kvd_client_get(kvd_client* client, uint64_t lease_id, uint32_t chunk_index, void* out,
                    size_t capacity, kvd_get_result* result);
-/* Reads a chunk into per-layer K and V buffers sized for `capacity_tokens` tokens. */
+/* Reads a chunk into per-layer K and V buffers sized for `capacity_tokens` tokens; *result as
+ * for kvd_client_get. */
 int kvd_client_get_layers(kvd_client* client, uint64_t lease_id, uint32_t chunk_index,
                           void* const* k_layers, void* const* v_layers, int32_t capacity_tokens,
                           kvd_get_result* result);
