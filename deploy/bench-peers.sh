@@ -4,7 +4,8 @@
 # over UCX (kvd-bench on kvd's unix socket, without and with --no-shm), ucx_perftest (tag_bw and
 # tag_lat; and tag_bw -e, with peer error handling as kvd's endpoints have), Mooncake Store (in-process client, and a client in a second process), redis-server
 # (redis-benchmark SET/GET over a unix socket) and memcpy (kvd-bench --op memcpy, into fresh and
-# warm buffers, and from as many distinct sources as kvd holds chunks), at 64 KiB, 2 MiB and
+# warm buffers, from as many distinct sources as kvd holds chunks, and into as many distinct
+# destinations as kvd's arena holds values: memcpy_scatter, what a put writes), at 64 KiB, 2 MiB and
 # 32 MiB values, 1 and 4 clients. Prints each measurement,
 # then the medians over rounds and the same-node goals with their per-round ratios and medians
 # (docs/benchmarks.md, "Same-node data path and its peers"). Also the idle daemon's CPU.
@@ -35,7 +36,7 @@
 #
 # Memory: kvd's arena is 256 MiB (64 MiB segments), Mooncake's segment 256 MiB; the peers run
 # one after the other, so at most ~512 MiB of arenas plus the clients' buffers (4 clients x 32 MiB
-# x 2, or memcpy's spread sources: 192 MiB) exist at once. The script checks MemAvailable and
+# x 2, memcpy's spread sources: 192 MiB, or its scatter destinations: 256 MiB) exist at once. The script checks MemAvailable and
 # /dev/shm first, and every measurement moves at most 192 MiB (64 KiB x 400, 2 MiB x 48, 32 MiB
 # x 6) plus kvd's warmup (256 MiB per client, put and read back). Runs ~6-10 minutes.
 set -euo pipefail
@@ -217,7 +218,7 @@ for round in $(seq "$ROUNDS"); do
       fi
       if ! skipped memcpy; then
         "$BIN/kvd-bench" --op memcpy --chunk-bytes "$size" --count "$n" --concurrency "$c" \
-          --json >"$work/out.json" 2>"$work/err.txt" || true
+          --scatter-bytes "$ARENA_BYTES" --json >"$work/out.json" 2>"$work/err.txt" || true
         ingest "$round" memcpy "$size" "$c" kvdbench "$work/out.json"
       fi
       if [[ -n "$mooncake_ok" ]]; then

@@ -5,7 +5,7 @@
 //             [--net-devices DEV] [--no-shm] [--verify] [--daemon-pid PID | --ready-file F]
 //             [--finite-values] [--retry-busy] [--inline-put-bytes B] [--warmup W]
 //             [--shm-inline-put-bytes B] [--json]
-//   kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--json]
+//   kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--scatter-bytes S] [--json]
 //
 // Over a unix-socket address the clients use the shared-memory path when kvd grants it
 // (reported as "shared_memory" in the output); --no-shm forces the transport (UCX) path.
@@ -22,10 +22,10 @@
 // visible in that phase's figures (latency per round of put + lookup + get + release; its GB/s
 // counts the bytes put and read back). Default 0: no warmup, the timed phases pay first use.
 // Throughput (gbps) is bytes / time of the phase across all threads, not counting the bench's own
-// work (allocating and first touching the get and warm memcpy destinations, generating each
-// chunk's bytes before a put,
-// --verify's compare after a get): the time is the longest thread's wall time minus that
-// thread's own work; gbps_wall counts it too (GB/s = 1e9 bytes/s). Latencies are per
+// work (allocating, first touching and freeing the put sources, the get destinations and the
+// memcpy buffers, generating each chunk's bytes before a put, --verify's compare after a get):
+// the time is the longest thread's wall time minus that thread's own work; gbps_wall counts it
+// too (GB/s = 1e9 bytes/s). Latencies are per
 // call (per batch of D with --depth > 1). --op get still stores the chunks first (untimed
 // output).
 //
@@ -51,7 +51,12 @@
 // distinct source chunks (count x chunk bytes in all, as a store holding the run's chunks; at
 // most 1 GiB of sources, reused in turn beyond it) once into one reused destination: what a get
 // of those chunks reads, so a source is in the cache only when all of them fit (memcpy_warm's
-// one source stays cached up to a few MiB). Reported like the other phases.
+// one source stays cached up to a few MiB). Phase "memcpy_scatter" copies each thread's warm
+// source --count / C times into distinct destinations in turn, --scatter-bytes of them in all
+// (default count x chunk bytes; give kvd's arena size): what a put writes, a slot whose pages
+// exist but whose bytes (those of the chunk evicted longest ago) are no longer in the cache,
+// while memcpy_warm writes one destination that stays cached up to a few MiB. Reported like the
+// other phases.
 //
 // Exit 0 on success, 1 on a failed operation, 2 usage, 3 cannot connect.
 #include <sys/mman.h>
@@ -154,6 +159,33 @@ uint8_t* MapFresh(size_t n) {
   return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
 }
 
+// A phase thread's own buffers (the sources of its puts, the destinations of its gets): made
+// (allocated and first touched) at construction and freed at destruction, both counted as the
+// bench's own work (added to `*own_seconds`), as an engine's KV buffers exist before it stores
+// or loads from them. That work is not the data path's: for 32 MiB chunks it took as long as
+// several puts here (a fresh 32 MiB buffer ~20 ms to fault in, ~3 ms to free).
+class OwnBuffers {
+ public:
+  OwnBuffers(size_t n, size_t bytes, double* own_seconds) : own_seconds_(own_seconds) {
+    const auto t0 = Clock::now();
+    bufs_.resize(n);
+    for (auto& b : bufs_) b.assign(bytes, 0);
+    *own_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  ~OwnBuffers() {
+    const auto t0 = Clock::now();
+    bufs_.clear();
+    *own_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  OwnBuffers(const OwnBuffers&) = delete;
+  OwnBuffers& operator=(const OwnBuffers&) = delete;
+  uint8_t* operator[](size_t i) { return bufs_[i].data(); }
+
+ private:
+  double* own_seconds_;
+  std::vector<std::vector<uint8_t>> bufs_;
+};
+
 // Prints the phases as a table, or with `json` as `header` plus one object per phase.
 void PrintPhases(const std::vector<PhaseResult>& phases, nlohmann::json header, bool json,
                  const std::string& title) {
@@ -206,8 +238,9 @@ void PrintPhases(const std::vector<PhaseResult>& phases, nlohmann::json header, 
   kvd::tools::PrintTable(std::cout, head, rows);
 }
 
-// --op memcpy (see the header comment). Returns the exit code.
-int RunMemcpy(size_t bytes, int64_t count, int64_t concurrency, bool json) {
+// --op memcpy (see the header comment); `scatter_bytes`: memcpy_scatter's destinations in all
+// (0: count x bytes). Returns the exit code.
+int RunMemcpy(size_t bytes, int64_t count, int64_t concurrency, uint64_t scatter_bytes, bool json) {
   const int nthreads = static_cast<int>(std::min(concurrency, count));
   std::vector<std::vector<uint8_t>> src(nthreads, std::vector<uint8_t>(bytes));
   for (int t = 0; t < nthreads; ++t) FillChunk(src[t].data(), bytes, 1, t);
@@ -217,13 +250,33 @@ int RunMemcpy(size_t bytes, int64_t count, int64_t concurrency, bool json) {
                                              static_cast<size_t>(count));
   std::vector<std::vector<uint8_t>> spread(spread_n, std::vector<uint8_t>(bytes));
   for (size_t i = 0; i < spread_n; ++i) FillChunk(spread[i].data(), bytes, 2, i);
+  // memcpy_scatter's destinations: one region of scatter_per_thread x nthreads chunks, thread t
+  // writing chunks t, t + nthreads, ... in turn (never another thread's), made (touched) before
+  // its phase and freed after it.
+  const uint64_t scatter_total =
+      scatter_bytes > 0 ? scatter_bytes : static_cast<uint64_t>(count) * bytes;
+  const size_t scatter_per_thread = std::max<size_t>(1, scatter_total / bytes / nthreads);
   std::vector<PhaseResult> phases;
   bool failed = false;
-  enum class Dst { kFresh, kWarm, kSpread };
-  for (const Dst mode : {Dst::kFresh, Dst::kWarm, Dst::kSpread}) {
+  enum class Dst { kFresh, kWarm, kSpread, kScatter };
+  for (const Dst mode : {Dst::kFresh, Dst::kWarm, Dst::kSpread, Dst::kScatter}) {
     const bool fresh = mode == Dst::kFresh;
     PhaseResult result;
-    result.name = fresh ? "memcpy_fresh" : mode == Dst::kWarm ? "memcpy_warm" : "memcpy_spread";
+    result.name = fresh                  ? "memcpy_fresh"
+                  : mode == Dst::kWarm   ? "memcpy_warm"
+                  : mode == Dst::kSpread ? "memcpy_spread"
+                                         : "memcpy_scatter";
+    uint8_t* scatter = nullptr;
+    const size_t scatter_region = scatter_per_thread * nthreads * bytes;
+    if (mode == Dst::kScatter) {
+      scatter = MapFresh(scatter_region);
+      if (scatter == nullptr) {
+        std::cerr << "kvd-bench: mmap of " << scatter_region << " bytes failed\n";
+        failed = true;
+        break;
+      }
+      std::memset(scatter, 0, scatter_region);  // its pages exist, as a prefaulted arena's do
+    }
     std::vector<std::vector<double>> lat(nthreads);
     std::vector<double> busy(nthreads, 0.0);
     std::vector<uint64_t> ops(nthreads, 0);
@@ -235,11 +288,17 @@ int RunMemcpy(size_t bytes, int64_t count, int64_t concurrency, bool json) {
         // mapping and unmapping, and the warm destination's allocation and first touch: not
         // part of the copy
         const auto alloc0 = Clock::now();
-        std::vector<uint8_t> warm(fresh ? 0 : bytes, 1);  // touched: its pages exist
+        std::vector<uint8_t> warm(mode == Dst::kWarm || mode == Dst::kSpread ? bytes : 0,
+                                  1);  // touched: its pages exist
         double own = std::chrono::duration<double>(Clock::now() - alloc0).count();
+        size_t scatter_next = 0;  // this thread's next memcpy_scatter destination
         for (int64_t i = t; i < count; i += nthreads) {
           auto m0 = Clock::now();
           uint8_t* dst = fresh ? MapFresh(bytes) : warm.data();
+          if (mode == Dst::kScatter) {
+            dst = scatter + (scatter_next * nthreads + t) * bytes;
+            scatter_next = (scatter_next + 1) % scatter_per_thread;
+          }
           if (dst == nullptr) {
             map_failed = true;
             return;
@@ -265,6 +324,7 @@ int RunMemcpy(size_t bytes, int64_t count, int64_t concurrency, bool json) {
       result.latencies_us.insert(result.latencies_us.end(), lat[t].begin(), lat[t].end());
     }
     result.bytes = result.ops * bytes;
+    if (scatter != nullptr) ::munmap(scatter, scatter_region);
     if (map_failed) {
       std::cerr << "kvd-bench: mmap of " << bytes << " bytes failed\n";
       failed = true;
@@ -335,6 +395,11 @@ int main(int argc, char** argv) {
   app.add_option("--shm-inline-put-bytes", shm_inline_put_bytes,
                  "on the shared-memory path, inline puts only up to this too (default 32 KiB)")
       ->transform(CLI::AsSizeValue(false));
+  int64_t scatter_bytes = 0;
+  app.add_option("--scatter-bytes", scatter_bytes,
+                 "--op memcpy: memcpy_scatter's destinations in all (default count x chunk bytes; "
+                 "give kvd's arena size)")
+      ->transform(CLI::AsSizeValue(false));
   app.add_flag("--json", json, "print one JSON object");
   if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
   kvd::client::ClientOptions base;
@@ -348,6 +413,8 @@ int main(int argc, char** argv) {
   }
   if (warmup < 0) return usage_error("--warmup must be >= 0");
   if (warmup > 0 && op == "memcpy") return usage_error("--warmup needs a daemon (not --op memcpy)");
+  if (scatter_bytes < 0) return usage_error("--scatter-bytes must be >= 0");
+  if (scatter_bytes > 0 && op != "memcpy") return usage_error("--scatter-bytes needs --op memcpy");
   if (!ready_file.empty()) {
     std::string why;
     daemon_pid = PidFromReadyFile(ready_file, &why);
@@ -361,7 +428,8 @@ int main(int argc, char** argv) {
   }
   if (op == "memcpy") {
     if (chunk_bytes_arg <= 0 || tokens > 0) return usage_error("--op memcpy needs --chunk-bytes");
-    return RunMemcpy(static_cast<size_t>(chunk_bytes_arg), count, concurrency, json);
+    return RunMemcpy(static_cast<size_t>(chunk_bytes_arg), count, concurrency,
+                     static_cast<uint64_t>(scatter_bytes), json);
   }
   if (model.empty()) return usage_error("--model is required");
   if ((tokens > 0) == (chunk_bytes_arg > 0)) {
@@ -478,14 +546,13 @@ int main(int argc, char** argv) {
     const uint64_t warmup_run = run ^ 0x7761726d75702121ull;
     phases.push_back(run_phase(
         "warmup", [&](int t, std::vector<double>& lat, uint64_t& ops, uint64_t& bytes) -> Status {
-          std::vector<uint8_t> buf(chunk_bytes), back(chunk_bytes);
+          OwnBuffers buf(2, chunk_bytes, &own_s[t]);  // the put's source, the get's destination
           for (int64_t i = 0; i < warmup; ++i) {
             const uint64_t index = static_cast<uint64_t>(t) * warmup + i;
             const kvd::Hash128 hash = ChunkHash(warmup_run, index);
             auto fill0 = Clock::now();
-            fill(buf.data(), chunk_bytes, warmup_run, index);
-            const kvd::client::PutItem item{hash, static_cast<int>(tokens), buf.data(),
-                                            chunk_bytes};
+            fill(buf[0], chunk_bytes, warmup_run, index);
+            const kvd::client::PutItem item{hash, static_cast<int>(tokens), buf[0], chunk_bytes};
             auto t0 = Clock::now();
             own_s[t] += std::chrono::duration<double>(t0 - fill0).count();
             auto r = put_chunks(t, {&item, 1});
@@ -496,7 +563,7 @@ int main(int argc, char** argv) {
               return Status::NotFound("warmup chunk " + std::to_string(index) +
                                       " missing right after its put");
             }
-            const kvd::client::GetItem get{0, back.data(), chunk_bytes};
+            const kvd::client::GetItem get{0, buf[1], chunk_bytes};
             auto g = clients[t]->GetChunks(l->lease_id, {&get, 1});
             if (!g.ok()) return g.status();
             KVD_RETURN_IF_ERROR(clients[t]->ReleaseLease(l->lease_id));
@@ -512,14 +579,14 @@ int main(int argc, char** argv) {
     phases.push_back(run_phase(
         "put", [&](int t, std::vector<double>& lat, uint64_t& ops, uint64_t& bytes) -> Status {
           auto idx = indices(t);
-          std::vector<std::vector<uint8_t>> bufs(depth, std::vector<uint8_t>(chunk_bytes));
+          OwnBuffers bufs(depth, chunk_bytes, &own_s[t]);
           for (size_t i = 0; i < idx.size(); i += depth) {
             size_t n = std::min<size_t>(depth, idx.size() - i);
             std::vector<kvd::client::PutItem> items(n);
             auto fill0 = Clock::now();
             for (size_t j = 0; j < n; ++j) {
-              fill(bufs[j].data(), chunk_bytes, run, idx[i + j]);
-              items[j] = {ChunkHash(run, idx[i + j]), static_cast<int>(tokens), bufs[j].data(),
+              fill(bufs[j], chunk_bytes, run, idx[i + j]);
+              items[j] = {ChunkHash(run, idx[i + j]), static_cast<int>(tokens), bufs[j],
                           chunk_bytes};
             }
             auto t0 = Clock::now();
@@ -565,13 +632,8 @@ int main(int argc, char** argv) {
           // chunks, then Gets of `depth` chunks per call, then one ReleaseLease. The latency is
           // per Get call; the throughput counts the whole phase (lookups and releases included).
           auto idx = indices(t);
-          // The destinations exist before the first get, as an engine's KV buffers do: their
-          // allocation and first touch (page faults and zeroing, ~10 ms for 32 MiB) are the
-          // bench's own work, not the get's.
-          auto alloc0 = Clock::now();
-          std::vector<std::vector<uint8_t>> bufs(depth, std::vector<uint8_t>(chunk_bytes));
-          std::vector<uint8_t> expect(verify ? chunk_bytes : 0);
-          own_s[t] += std::chrono::duration<double>(Clock::now() - alloc0).count();
+          OwnBuffers bufs(depth, chunk_bytes, &own_s[t]);
+          OwnBuffers expect(verify ? 1 : 0, chunk_bytes, &own_s[t]);
           for (size_t b = 0; b < idx.size(); b += lookup_batch) {
             size_t nb = std::min<size_t>(lookup_batch, idx.size() - b);
             std::vector<kvd::Hash128> chain(nb);
@@ -586,7 +648,7 @@ int main(int argc, char** argv) {
               size_t n = std::min<size_t>(depth, nb - i);
               std::vector<kvd::client::GetItem> items(n);
               for (size_t j = 0; j < n; ++j) {
-                items[j] = {static_cast<uint32_t>(i + j), bufs[j].data(), chunk_bytes};
+                items[j] = {static_cast<uint32_t>(i + j), bufs[j], chunk_bytes};
               }
               auto t0 = Clock::now();
               auto r = clients[t]->GetChunks(l->lease_id, items);
@@ -595,8 +657,8 @@ int main(int argc, char** argv) {
               if (verify) {
                 auto v0 = Clock::now();
                 for (size_t j = 0; j < n; ++j) {
-                  fill(expect.data(), chunk_bytes, run, idx[b + i + j]);
-                  if (std::memcmp(expect.data(), bufs[j].data(), chunk_bytes) != 0) {
+                  fill(expect[0], chunk_bytes, run, idx[b + i + j]);
+                  if (std::memcmp(expect[0], bufs[j], chunk_bytes) != 0) {
                     return Status::DataLoss("chunk " + std::to_string(idx[b + i + j]) + " differs");
                   }
                 }

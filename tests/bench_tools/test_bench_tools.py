@@ -36,16 +36,18 @@ def shm_left_behind(before, grace_s=3.0):
         time.sleep(0.2)
 
 
-def test_memcpy_reports_fresh_warm_and_spread_phases():
-    r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--count", "9", "--concurrency",
-             "2", "--json"])
-    assert r.returncode == 0, r.stderr
-    j = json.loads(r.stdout)
-    assert j["ok"] and j["op"] == "memcpy" and j["concurrency"] == 2
-    for phase in ("memcpy_fresh", "memcpy_warm", "memcpy_spread"):
-        p = j[phase]
-        assert p["ops"] == 9 and p["bytes"] == 9 * 65536
-        assert p["gbps"] > 0 and 0 < p["p50_us"] <= p["p99_us"]
+def test_memcpy_reports_fresh_warm_spread_and_scatter_phases():
+    # --scatter-bytes 256K: 4 destinations of 64 KiB, 2 per thread, each written in turn.
+    for extra in ([], ["--scatter-bytes", "256K"]):
+        r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--count", "9", "--concurrency",
+                 "2", "--json"] + extra)
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout)
+        assert j["ok"] and j["op"] == "memcpy" and j["concurrency"] == 2
+        for phase in ("memcpy_fresh", "memcpy_warm", "memcpy_spread", "memcpy_scatter"):
+            p = j[phase]
+            assert p["ops"] == 9 and p["bytes"] == 9 * 65536, (phase, extra)
+            assert p["gbps"] > 0 and 0 < p["p50_us"] <= p["p99_us"], (phase, extra)
 
 
 def test_help_names_every_option():
@@ -55,7 +57,7 @@ def test_help_names_every_option():
                  "--client-id", "--timeout-ms", "--model", "--chunk-bytes", "--tokens", "--count",
                  "--concurrency", "--op", "--depth", "--lookup-batch", "--lookup-chain", "--daemon-pid",
                  "--ready-file", "--no-shm", "--verify", "--finite-values", "--retry-busy",
-                 "--warmup", "--json"]:
+                 "--warmup", "--scatter-bytes", "--json"]:
         assert flag in r.stdout, flag
     r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--count", "lots"])
     assert r.returncode == 2 and "--count" in r.stderr, r.stderr
@@ -73,6 +75,11 @@ def test_usage_errors_name_the_problem():
     assert r.returncode == 2 and "cannot read --ready-file /nonexistent" in r.stderr
     r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--warmup", "2"])
     assert r.returncode == 2 and "--warmup needs a daemon" in r.stderr, r.stderr
+    r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--scatter-bytes", "-1"])
+    assert r.returncode == 2 and "--scatter-bytes must be >= 0" in r.stderr, r.stderr
+    r = run([BENCH, "--op", "put", "--model", "m", "--chunk-bytes", "64K", "--scatter-bytes",
+             "1M"])
+    assert r.returncode == 2 and "--scatter-bytes needs --op memcpy" in r.stderr, r.stderr
 
 
 @contextlib.contextmanager
@@ -260,6 +267,7 @@ def test_report_ratios_medians_and_verdicts(tmp_path):
         rows.append((rnd, "memcpy", two, 1, "memcpy_warm", memcpy, 10, 20, "-", "-"))
         rows.append((rnd, "kvd-shm", two, 1, "get", 3.0, 100, 200, 50, 1.5))
         rows.append((rnd, "memcpy", two, 1, "memcpy_spread", 2.0 + rnd, 10, 20, "-", "-"))
+        rows.append((rnd, "memcpy", two, 1, "memcpy_scatter", 7.0 + rnd, 10, 20, "-", "-"))
         rows.append((rnd, "kvd-shm", 65536, 1, "get", 1.0, 30, 40, 5, 1))
         rows.append((rnd, "redis", 65536, 1, "get", 2.0, 10, 30, "-", "-"))
         rows.append((rnd, "kvd-shm", 65536, 1, "lookup", "-", 20, 40 + rnd, 3, 1))
@@ -290,6 +298,9 @@ def test_report_ratios_medians_and_verdicts(tmp_path):
         "| 1.00 | reference (the goal is judged on the plain tag_bw line) |" in out, out
     assert "| kvd UCX get 2 MiB / ucx_perftest tag_bw -e (peer error handling) | not measured |" \
         in out, out
+    # A put writes a slot not in the cache: 7, 8 and 1 GB/s against 8, 9 and 10 GB/s.
+    assert "| kvd shm put 2 MiB / memcpy (scatter destinations) | 0.88, 0.89, 0.10 | 0.88 " \
+        "(goal >= 0.7) | met |" in out, out
     # Medians table: the put row's median GB/s is 7.0.
     assert "| kvd-shm | 2 MiB | 1 | put | 7.000 | 100 | 200 | 50 | 1.50 | 3 |" in out, out
 
@@ -308,6 +319,6 @@ def test_bench_peers_short_run(tmp_path):
     ops = {(row[1], row[4]) for row in rows}
     assert {("kvd-shm", "warmup"), ("kvd-shm", "put"), ("kvd-shm", "get"), ("kvd-shm", "lookup"),
             ("memcpy", "memcpy_fresh"), ("memcpy", "memcpy_warm"),
-            ("memcpy", "memcpy_spread")} <= ops, ops
+            ("memcpy", "memcpy_spread"), ("memcpy", "memcpy_scatter")} <= ops, ops
     assert "| lookup p99 on the unix socket" in r.stdout
     assert not shm_left_behind(shm_before)
