@@ -187,7 +187,8 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
     const bool from_device = IsDevice(items[i].data) || IsDevice(items[i].window_queries.data());
     // Host bytes alone are copied and checksummed in one pass over them (copy_checksum.h),
     // through the writable view when there is one (no protection change of the slot, and no
-    // page-table fill of the read-only mapping, which a later get of the slot does).
+    // page-table fill of the read-only mapping, which a later get of the slot does). The slot
+    // is read later by other processes, not by this thread: non-temporal stores.
     const bool fused = !from_device && items[i].window_queries.empty();
     const bool via_view = fused && options_.shm_writable_view && !options_.read_only;
     auto slot = SlotLocked(req[i], rv->segment, rv->offset, rv->generation, rv->fd_attached,
@@ -205,13 +206,17 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
         first_error = located;
         continue;
       }
-      checksum[i] = CopyWithChecksum64(view, items[i].data, items[i].bytes);
+      checksum[i] =
+          CopyWithChecksum64(view, items[i].data, items[i].bytes, CopyDestination::kNotReadSoon);
       continue;
     }
     Status copied = ProtectSlot(*slot, put_bytes, /*writable=*/true);
     if (copied.ok() && fused) {
       copied = LocateForUse(items[i].data, "put data").status();
-      if (copied.ok()) checksum[i] = CopyWithChecksum64(*slot, items[i].data, items[i].bytes);
+      if (copied.ok()) {
+        checksum[i] =
+            CopyWithChecksum64(*slot, items[i].data, items[i].bytes, CopyDestination::kNotReadSoon);
+      }
     } else if (copied.ok()) {
       copied =
           CopyToHostFrom(*slot, items[i].data, items[i].bytes, items[i].cuda_stream, "put data");

@@ -1,5 +1,9 @@
 // CopyWithChecksum64's loop (hash.h), compiled once per instruction set: by hash.cc (baseline)
 // and by hash_avx2.cc (-mavx2). Include after <xxhash.h> with XXH_INLINE_ALL. Private to common/.
+//
+// The functions here are `static` on purpose: each including file must keep its own build of
+// them. With `inline` (external linkage) the linker keeps one of the two, and the AVX2 entry
+// point called the baseline loop, SSE2 hash included (common_simd_builds_are_separate checks).
 #pragma once
 
 #include <algorithm>
@@ -17,13 +21,16 @@ namespace kvd::internal {
 // Each block is hashed from the source and then copied while it is still in the core's cache
 // (L1 32-48 KiB, L2 0.5-2 MiB on x86 servers), so the source is read from memory once.
 inline constexpr size_t kCopyChecksumBlockBytes = size_t{32} << 10;
-// From this size on the copy's stores bypass the cache (non-temporal): a destination this large
-// would evict the cache anyway, and a cached store first reads the destination line it writes.
+// From these sizes on the copy's stores bypass the cache (non-temporal; CopyDestination in
+// kvd/common/copy_checksum.h): a destination read soon from 8 MiB on (it would evict the cache
+// anyway); one not read soon from the first size that takes blocks (a cached store first reads
+// the destination line it writes, and the line then evicts one the caller may need).
 inline constexpr size_t kStreamingCopyBytes = size_t{8} << 20;
+inline constexpr size_t kStreamingColdCopyBytes = kCopyChecksumBlockBytes + 1;
 
 #if defined(KVD_HAVE_STREAMING_STORES)
 // memcpy with non-temporal stores (SSE2, every x86-64): 64-byte lines once dst is aligned.
-inline void CopyStreaming(std::byte* dst, const std::byte* src, size_t n) {
+static inline void CopyStreaming(std::byte* dst, const std::byte* src, size_t n) {
   const size_t head = std::min(n, (64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64);
   std::memcpy(dst, src, head);
   size_t i = head;
@@ -41,8 +48,10 @@ inline void CopyStreaming(std::byte* dst, const std::byte* src, size_t n) {
 }
 #endif
 
-// REQUIRES: [dst, dst + size) and [src, src + size) do not overlap. Returns XXH3_64bits(src).
-inline uint64_t CopyWithChecksum64Blocked(void* dst, const void* src, size_t size) {
+// REQUIRES: [dst, dst + size) and [src, src + size) do not overlap. Non-temporal stores when
+// `size` >= `streaming_from` (where the CPU has them). Returns XXH3_64bits(src).
+static inline uint64_t CopyWithChecksum64Blocked(void* dst, const void* src, size_t size,
+                                                 size_t streaming_from) {
   if (size == 0) return XXH3_64bits(src, 0);
   auto* d = static_cast<std::byte*>(dst);
   const auto* s = static_cast<const std::byte*>(src);
@@ -55,7 +64,7 @@ inline uint64_t CopyWithChecksum64Blocked(void* dst, const void* src, size_t siz
   XXH3_INITSTATE(&state);
   XXH3_64bits_reset(&state);
 #if defined(KVD_HAVE_STREAMING_STORES)
-  const bool streaming = size >= kStreamingCopyBytes;
+  const bool streaming = size >= streaming_from;
 #endif
   for (size_t at = 0; at < size; at += kCopyChecksumBlockBytes) {
     const size_t n = std::min(kCopyChecksumBlockBytes, size - at);

@@ -74,8 +74,9 @@ Hash128 ChainHashBlock(uint64_t seed, const Hash128& prev, std::span<const int32
 
 namespace internal {
 #if defined(KVD_HAVE_AVX2_CHECKSUM)
-uint64_t Checksum64Avx2(const void* data, size_t size);                    // hash_avx2.cc
-uint64_t CopyWithChecksum64Avx2(void* dst, const void* src, size_t size);  // hash_avx2.cc
+uint64_t Checksum64Avx2(const void* data, size_t size);  // hash_avx2.cc
+uint64_t CopyWithChecksum64Avx2(void* dst, const void* src, size_t size,
+                                size_t streaming_from);  // hash_avx2.cc
 // The same XXH3_state_t layout in both builds (only the accumulate loop differs).
 void Checksum64UpdateAvx2(void* state, const void* data, size_t size);  // hash_avx2.cc
 #endif
@@ -83,14 +84,15 @@ void Checksum64UpdateBaseline(void* state, const void* data, size_t size) {
   XXH3_64bits_update(static_cast<XXH3_state_t*>(state), data, size);
 }
 uint64_t Checksum64Baseline(const void* data, size_t size) { return XXH3_64bits(data, size); }
-uint64_t CopyWithChecksum64Baseline(void* dst, const void* src, size_t size) {
-  return CopyWithChecksum64Blocked(dst, src, size);
+uint64_t CopyWithChecksum64Baseline(void* dst, const void* src, size_t size,
+                                    size_t streaming_from) {
+  return CopyWithChecksum64Blocked(dst, src, size, streaming_from);
 }
 }  // namespace internal
 
 namespace {
 using ChecksumFn = uint64_t (*)(const void*, size_t);
-using CopyChecksumFn = uint64_t (*)(void*, const void*, size_t);
+using CopyChecksumFn = uint64_t (*)(void*, const void*, size_t, size_t);
 bool UseAvx2() {
 #if defined(KVD_HAVE_AVX2_CHECKSUM)
   return __builtin_cpu_supports("avx2");
@@ -124,9 +126,11 @@ uint64_t Checksum64(const void* data, size_t size) {
   return fn(data, size);
 }
 
-uint64_t CopyWithChecksum64(void* dst, const void* src, size_t size) {
+uint64_t CopyWithChecksum64(void* dst, const void* src, size_t size, CopyDestination destination) {
   static const CopyChecksumFn fn = PickCopyChecksum();
-  return fn(dst, src, size);
+  return fn(dst, src, size,
+            destination == CopyDestination::kNotReadSoon ? internal::kStreamingColdCopyBytes
+                                                         : internal::kStreamingCopyBytes);
 }
 
 Checksum64Stream::Checksum64Stream() : state_(XXH3_createState()) {

@@ -18,8 +18,8 @@ void Checksum64UpdateAvx2(void* state, const void* data, size_t size) {
   XXH3_64bits_update(static_cast<XXH3_state_t*>(state), data, size);
 }
 
-uint64_t CopyWithChecksum64Avx2(void* dst, const void* src, size_t size) {
-  return CopyWithChecksum64Blocked(dst, src, size);
+uint64_t CopyWithChecksum64Avx2(void* dst, const void* src, size_t size, size_t streaming_from) {
+  return CopyWithChecksum64Blocked(dst, src, size, streaming_from);
 }
 
 }  // namespace kvd::internal

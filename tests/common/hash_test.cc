@@ -73,7 +73,8 @@ TEST(HashTest, Checksum64EqualsReferenceXxh3ForEverySizeClass) {
 
 // The fused copy must copy exactly the bytes (nothing past the end: guard bytes) and give the
 // same value as Checksum64 of them, for sizes across the short forms, the 32 KiB blocks and the
-// non-temporal (8 MiB) threshold, at aligned and unaligned source and destination addresses.
+// non-temporal thresholds (32 KiB for a destination not read soon, 8 MiB otherwise), at aligned
+// and unaligned source and destination addresses, with either destination hint.
 TEST(HashTest, CopyWithChecksum64EqualsCopyThenChecksum64) {
   constexpr size_t kMib = size_t{1} << 20;
   const size_t sizes[] = {0,          1,        3,        16,           17,       63,
@@ -90,17 +91,22 @@ TEST(HashTest, CopyWithChecksum64EqualsCopyThenChecksum64) {
     src[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
   }
   std::vector<uint8_t> dst(src.size() + kSlack);
-  for (size_t size : sizes) {
-    for (const Offsets& o : offsets) {
-      std::fill(dst.begin(), dst.end(), uint8_t{0xA5});
-      const uint8_t* from = src.data() + o.src;
-      uint8_t* to = dst.data() + o.dst;
-      const uint64_t sum = CopyWithChecksum64(to, from, size);
-      EXPECT_EQ(sum, Checksum64(from, size)) << "size " << size << " src+" << o.src;
-      EXPECT_EQ(std::memcmp(to, from, size), 0) << "size " << size << " dst+" << o.dst;
-      for (size_t i = 0; i < o.dst; ++i) ASSERT_EQ(dst[i], 0xA5) << "byte before the copy";
-      for (size_t i = o.dst + size; i < o.dst + size + 64; ++i) {
-        ASSERT_EQ(dst[i], 0xA5) << "byte " << i - o.dst << " after a copy of " << size;
+  for (const CopyDestination hint : {CopyDestination::kReadSoon, CopyDestination::kNotReadSoon}) {
+    const int h = static_cast<int>(hint);
+    for (size_t size : sizes) {
+      for (const Offsets& o : offsets) {
+        std::fill(dst.begin(), dst.end(), uint8_t{0xA5});
+        const uint8_t* from = src.data() + o.src;
+        uint8_t* to = dst.data() + o.dst;
+        const uint64_t sum = CopyWithChecksum64(to, from, size, hint);
+        EXPECT_EQ(sum, Checksum64(from, size)) << "size " << size << " src+" << o.src << " " << h;
+        EXPECT_EQ(std::memcmp(to, from, size), 0)
+            << "size " << size << " dst+" << o.dst << " " << h;
+        for (size_t i = 0; i < o.dst; ++i) ASSERT_EQ(dst[i], 0xA5) << "byte before the copy";
+        for (size_t i = o.dst + size; i < o.dst + size + 64; ++i) {
+          ASSERT_EQ(dst[i], 0xA5) << "byte " << i - o.dst << " after a copy of " << size << " "
+                                  << h;
+        }
       }
     }
   }
