@@ -161,6 +161,33 @@ def report(results, idle):
     if idle is not None:
         print(f"| idle daemon CPU | - | {idle:.2f} % of a core (goal < 1 %) | "
               f"{'met' if idle < 1 else 'NOT met'} |")
+    report_in_place(data)
+
+
+def report_in_place(data):
+    """The zero-copy calls (kvd-bench --in-place) against the copying path and the peers."""
+    rows = []
+    for size in (64 << 10, 2 << 20, 32 << 20):
+        h = human(size)
+        for op in ("put", "get"):
+            a = ("kvd-shm-inplace", size, 1, op)
+            for b, label in ((("kvd-shm", size, 1, op), f"kvd shm {op}"),
+                             (("memcpy", size, 1, "memcpy_warm"), "memcpy (warm)"),
+                             (("memcpy", size, 1, "memcpy_spread"), "memcpy (spread sources)"),
+                             (("mooncake-inproc", size, 1, op), f"Mooncake in-process {op}")):
+                ra, rb = dict(data.get(a, {}).get("gbps", [])), dict(data.get(b, {}).get("gbps", []))
+                rounds = sorted(set(ra) & set(rb))
+                if rounds:
+                    per = [ra[r] / rb[r] if rb[r] > 0 else float("inf") for r in rounds]
+                    rows.append(f"| kvd shm in-place {op} {h} / {label} | "
+                                f"{', '.join(f'{x:.2f}' for x in per)} | {statistics.median(per):.2f} |")
+    if rows:
+        print("\n== zero-copy calls, 1 client (GB/s ratio per round, median of the ratios) ==")
+        print("| ratio | per round | median |")
+        print("| --- | --- | --- |")
+        print("\n".join(rows))
+
+
 
 
 def main():

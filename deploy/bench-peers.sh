@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # kvd's same-node data path next to its peers, in interleaved rounds on one machine (every peer
 # runs once per round, so all see the same machine load): kvd over its shared-memory path and
-# over UCX (kvd-bench on kvd's unix socket, without and with --no-shm), ucx_perftest (tag_bw and
-# tag_lat; and tag_bw -e, with peer error handling as kvd's endpoints have), Mooncake Store (in-process client, and a client in a second process), redis-server
+# over UCX (kvd-bench on kvd's unix socket, without and with --no-shm; and "kvd-shm-inplace",
+# kvd-bench --in-place: the zero-copy ReservePut/CommitPut and ReadInPlace calls), ucx_perftest
+# (tag_bw and tag_lat; and tag_bw -e, with peer error handling as kvd's endpoints have), Mooncake
+# Store (in-process client, and a client in a second process), redis-server
 # (redis-benchmark SET/GET over a unix socket) and memcpy (kvd-bench --op memcpy, into fresh and
 # warm buffers, from as many distinct sources as kvd holds chunks, and into as many distinct
 # destinations as kvd's arena holds values: memcpy_scatter, what a put writes), at 64 KiB, 2 MiB and
@@ -14,8 +16,8 @@
 #   KVD_PEERS_ROUNDS    interleaved rounds (default 3)
 #   KVD_PEERS_SIZES     value sizes in bytes (default "65536 2097152 33554432")
 #   KVD_PEERS_CLIENTS   client counts (default "1 4")
-#   KVD_PEERS_SKIP      peers not to run, e.g. "mooncake redis" (names: kvd-shm kvd-ucx memcpy
-#                       ucx_perftest mooncake redis)
+#   KVD_PEERS_SKIP      peers not to run, e.g. "mooncake redis" (names: kvd-shm kvd-shm-inplace
+#                       kvd-ucx memcpy ucx_perftest mooncake redis)
 #   KVD_PEERS_RESULTS   keep the raw results (tab-separated) at this path
 #   KVD_PEERS_WARMUP    1 (default): kvd-bench --warmup as below; 0: none
 #
@@ -210,6 +212,11 @@ for round in $(seq "$ROUNDS"); do
         "$BIN/kvd-bench" "${kb[@]}" >"$work/out.json" 2>"$work/err.txt" ||
           { echo "  kvd-shm failed: $(tail -1 "$work/err.txt")" >&2; }
         ingest "$round" kvd-shm "$size" "$c" kvdbench "$work/out.json"
+      fi
+      if ! skipped kvd-shm-inplace; then
+        "$BIN/kvd-bench" "${kb[@]}" --in-place >"$work/out.json" 2>"$work/err.txt" ||
+          { echo "  kvd-shm-inplace failed: $(tail -1 "$work/err.txt")" >&2; }
+        ingest "$round" kvd-shm-inplace "$size" "$c" kvdbench "$work/out.json"
       fi
       if ! skipped kvd-ucx; then
         "$BIN/kvd-bench" "${kb[@]}" --no-shm >"$work/out.json" 2>"$work/err.txt" ||

@@ -207,6 +207,8 @@ struct GetReply {
   readId @4 :UInt64;                 # ... pinned until ReleaseRead(readId) (or the read TTL)
   codecId @5 :UInt32;                # the stored chunk's codec id (0 = raw)
   form @6 :ChunkForm;                # raw or compact
+  readTtlMs @7 :UInt32;              # shared-memory gets: the read TTL, how long the read stays
+                                     # pinned without a release (older daemons: 0, unknown)
 }
 
 # VECTOR calibration of one model (admin or engine role).

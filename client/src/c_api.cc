@@ -15,6 +15,12 @@
 struct kvd_client {
   std::unique_ptr<kvd::client::Client> impl;
 };
+struct kvd_chunk_view {
+  kvd::client::ChunkView view;
+};
+struct kvd_put_slot {
+  kvd::client::PutSlot slot;
+};
 
 namespace {
 
@@ -311,6 +317,74 @@ int kvd_client_get(kvd_client* client, uint64_t lease_id, uint32_t chunk_index, 
     auto r = client->impl->Get(lease_id, chunk_index, out, capacity);
     if (!r.ok()) return Fail(r.status());
     if (result) WriteResult(*r, result);
+    return KVD_OK;
+  });
+}
+
+int kvd_client_read_in_place(kvd_client* client, uint64_t lease_id, uint32_t chunk_index,
+                             uint32_t flags, kvd_chunk_view** view, const void** data,
+                             kvd_get_result* result) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && view != nullptr && data != nullptr,
+                  "client, view and data must not be NULL");
+    *view = nullptr;
+    *data = nullptr;
+    kvd::client::ReadInPlaceOptions o;
+    o.verify_checksum = (flags & KVD_READ_NO_VERIFY) == 0;
+    o.pin_for_device = (flags & KVD_READ_PIN_FOR_DEVICE) != 0;
+    auto r = client->impl->ReadInPlace(lease_id, chunk_index, o);
+    if (!r.ok()) return Fail(r.status());
+    auto out = std::make_unique<kvd_chunk_view>();
+    out->view = std::move(r).value();
+    if (result) {
+      const auto& g = out->view.result();
+      *result = kvd_get_result{g.bytes, g.checksum, g.tokens};
+    }
+    *data = out->view.data();
+    *view = out.release();
+    return KVD_OK;
+  });
+}
+
+void kvd_chunk_view_release(kvd_chunk_view* view) {
+  Guard([&]() -> int {
+    delete view;
+    return KVD_OK;
+  });
+}
+
+int kvd_client_reserve_put(kvd_client* client, kvd_hash128 hash, int32_t tokens, size_t bytes,
+                           kvd_put_slot** slot, void** data, int* already_stored) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && slot != nullptr && data != nullptr,
+                  "client, slot and data must not be NULL");
+    *slot = nullptr;
+    *data = nullptr;
+    auto r = client->impl->ReservePut(ToHash(hash), tokens, bytes);
+    if (!r.ok()) return Fail(r.status());
+    auto out = std::make_unique<kvd_put_slot>();
+    out->slot = std::move(r).value();
+    if (already_stored) *already_stored = out->slot.already_stored() ? 1 : 0;
+    *data = out->slot.data();
+    *slot = out.release();
+    return KVD_OK;
+  });
+}
+
+int kvd_client_commit_put(kvd_client* client, kvd_put_slot* slot, uint64_t* stored_bytes) {
+  std::unique_ptr<kvd_put_slot> owned(slot);
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && owned != nullptr, "client and slot must not be NULL");
+    auto r = client->impl->CommitPut(std::move(owned->slot));
+    if (!r.ok()) return Fail(r.status());
+    if (stored_bytes) *stored_bytes = r->stored_bytes;
+    return KVD_OK;
+  });
+}
+
+void kvd_put_slot_abort(kvd_put_slot* slot) {
+  Guard([&]() -> int {
+    delete slot;
     return KVD_OK;
   });
 }

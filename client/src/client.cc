@@ -36,6 +36,11 @@ Status WrongReply(const char* expected) {
 }
 
 ClientImpl::~ClientImpl() {
+  {
+    // Views and slots still alive end nothing from now on: the connection's end does it.
+    std::lock_guard<std::mutex> cut(link_->mu);
+    link_->client = nullptr;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (channel_ && !channel_->broken()) {
     auto id = channel_->Send([](proto::Request::Builder r) { r.setBye(); });
@@ -835,6 +840,18 @@ StatusOr<GetResult> Client::GetLayers(uint64_t lease_id, uint32_t chunk_index,
 StatusOr<std::vector<GetResult>> Client::GetChunks(uint64_t lease_id,
                                                    std::span<const GetItem> items) {
   return Impl(this)->GetChunks(lease_id, items);
+}
+
+StatusOr<ChunkView> Client::ReadInPlace(uint64_t lease_id, uint32_t chunk_index,
+                                        const ReadInPlaceOptions& options) {
+  return Impl(this)->ReadInPlace(lease_id, chunk_index, options);
+}
+StatusOr<PutSlot> Client::ReservePut(const Hash128& hash, int tokens, size_t bytes,
+                                     const ReservePutOptions& options) {
+  return Impl(this)->ReservePut(hash, tokens, bytes, options);
+}
+StatusOr<PutResult> Client::CommitPut(PutSlot&& slot) {
+  return Impl(this)->CommitPut(std::move(slot));
 }
 
 StatusOr<std::shared_ptr<const std::vector<uint8_t>>> Client::GetVectorWeights(uint64_t version) {

@@ -23,13 +23,36 @@ Status ReadReply(proto::DecodedMessage& m, Fn&& fn) {
 // INTERNAL: kvd answered with a message other than `expected` (its name in the Response union).
 Status WrongReply(const char* expected);
 
+// Shared by a ClientImpl and the ChunkViews and PutSlots it handed out: their way back to the
+// client, cut by the client's destructor. Lock order: `mu` before ClientImpl::mu_.
+struct InPlaceLink {
+  std::mutex mu;                 // held while a view or slot calls into the client
+  ClientImpl* client = nullptr;  // GUARDED_BY(mu); null once the client is gone
+};
+
+// One mapping of an arena segment (read-only, plus the puts' writable view when there is one),
+// unmapped (and unpinned) when the client's segment table and every view and slot into it have
+// let go: a view outlives a remap of its segment and its Client without its bytes vanishing.
+struct SegmentMapping {
+  SegmentMapping(std::byte* d, std::byte* w, uint64_t s) : data(d), writable(w), size(s) {}
+  ~SegmentMapping();
+  SegmentMapping(const SegmentMapping&) = delete;
+  SegmentMapping& operator=(const SegmentMapping&) = delete;
+  std::byte* const data;
+  std::byte* const writable;  // null: none
+  const uint64_t size;
+  bool pinned = false;  // page-locked for device copies (device.h); set under ClientImpl::mu_
+};
+
 class ClientImpl final : public Client {
  public:
   ClientImpl(ClientOptions options, std::unique_ptr<Channel> channel)
       : options_(std::move(options)),
         hasher_(ChainHasherOptions{options_.block_tokens, options_.chunk_tokens},
                 options_.hash_seed),
-        channel_(std::move(channel)) {}
+        channel_(std::move(channel)) {
+    link_->client = this;
+  }
   ~ClientImpl() override;
 
   // Creates the transport (engine role) and runs Hello. Called once by Connect.
@@ -52,6 +75,19 @@ class ClientImpl final : public Client {
   StatusOr<std::vector<KvEvent>> PollEvents(int64_t timeout_ms);
   std::vector<SharedSegment> SharedSegments() const;
   StatusOr<std::vector<CalibrationInfo>> GetCalibration(const std::string& model);
+
+  // ---- zero-copy shared-memory access (in_place.cc) ----
+  StatusOr<ChunkView> ReadInPlace(uint64_t lease_id, uint32_t chunk_index,
+                                  const ReadInPlaceOptions& options);
+  StatusOr<PutSlot> ReservePut(const Hash128& hash, int tokens, size_t bytes,
+                               const ReservePutOptions& options);
+  StatusOr<PutResult> CommitPut(PutSlot&& slot);
+  // A view's read ends (ChunkView's destructor or Release): deferred onto the next request, or
+  // sent at once (kFlushReadsAt queued, or a daemon without releasesOnRequests).
+  void EndViewRead(uint64_t read_id);
+  // An uncommitted slot is dropped (PutSlot's destructor or Abort): its reservation is aborted.
+  Status AbortSlot(PutSlot::Hold& hold);
+  static constexpr size_t kFlushReadsAt = 16;
   StatusOr<std::shared_ptr<const std::vector<uint8_t>>> GetVectorWeights(uint64_t version);
 
  private:
@@ -155,6 +191,22 @@ class ClientImpl final : public Client {
                           Status* first_error);
 
   // ---- shared-memory path (shm.cc) ----
+  // A shared-memory Get reply: the chunk's metadata and its pinned slot.
+  struct ShmGetReply {
+    GetResult result;
+    uint64_t read_id = 0;  // nonzero: a read to end, even when the reply is refused below
+    uint32_t read_ttl_ms = 0;
+    uint32_t segment = 0;
+    uint64_t offset = 0, generation = 0;
+    bool fd_attached = false;
+  };
+  // Sends a shared-memory Get (no tag) without waiting; returns its request id.
+  StatusOr<uint64_t> SendShmGetLocked(uint64_t lease_id, uint32_t chunk_index, uint64_t capacity,
+                                      ChunkForm form);
+  // Awaits and reads the reply of SendShmGetLocked. Errors: the daemon's, INTERNAL for another
+  // message or no slot, OUT_OF_RANGE for a chunk larger than `capacity` (a memfd that came with
+  // a refused reply is closed).
+  Status AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, ShmGetReply* got);
   StatusOr<std::vector<PutResult>> PutWindowShmLocked(std::span<const PutItem> items);
   StatusOr<std::vector<GetResult>> GetWindowShmLocked(uint64_t lease_id,
                                                       std::span<const GetItem> items);
@@ -171,7 +223,8 @@ class ClientImpl final : public Client {
     std::byte* data = nullptr;
     uint64_t size = 0;
     bool pin_tried = false;  // page-locked for device copies on first use (device.h)
-    bool pinned = false;
+    // Owns the mappings above; shared with the views and slots into the segment.
+    std::shared_ptr<SegmentMapping> mapping;
     std::vector<bool> populated;  // per kPopulateGranule (shm.cc): page tables filled
     // ClientOptions::shm_writable_view: the segment mapped a second time, read-write, for puts
     // only (null when off, for a read-only session, or when that mapping failed).
@@ -213,8 +266,35 @@ class ClientImpl final : public Client {
   // VECTOR weights by version (GetVectorWeights); GUARDED_BY(mu_)
   std::map<uint64_t, std::shared_ptr<const std::vector<uint8_t>>> weights_;
   bool subscribed_ = false;  // GUARDED_BY(mu_)
+  std::shared_ptr<InPlaceLink> link_ = std::make_shared<InPlaceLink>();
 
   friend class ::kvd::client::Client;
 };
 
+// Makes the pages under [slot, slot + bytes) of a segment mapping writable, or read-only again
+// (shm.cc). kvd page-aligns slots, so these pages hold this slot only. INTERNAL with the
+// kernel's reason when it refuses (EACCES: the segment came as a read-only descriptor).
+Status ProtectSlot(std::byte* slot, uint64_t bytes, bool writable);
+
 }  // namespace kvd::client::internal
+
+namespace kvd::client {
+
+struct ChunkView::Hold {
+  std::shared_ptr<internal::InPlaceLink> link;
+  std::shared_ptr<internal::SegmentMapping> mapping;
+  uint64_t read_id = 0;  // 0: nothing to end
+};
+
+struct PutSlot::Hold {
+  std::shared_ptr<internal::InPlaceLink> link;
+  std::shared_ptr<internal::SegmentMapping> mapping;
+  uint64_t reservation_id = 0;  // 0: already stored, nothing to commit or abort
+  uint64_t bytes = 0;
+  // The slot in the read-only mapping; `opened`: its pages were made writable (no writable
+  // view), to close again before the commit or the abort.
+  std::byte* read_only_slot = nullptr;
+  bool opened = false;
+};
+
+}  // namespace kvd::client

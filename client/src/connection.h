@@ -127,6 +127,14 @@ class Channel {
     deferred_reads_.insert(deferred_reads_.end(), reads.begin(), reads.end());
   }
   size_t deferred_releases() const { return deferred_reads_.size(); }
+  // Takes one deferred read back (0 if none), to end it with a ReleaseRead exchange of its own
+  // that the others ride on.
+  uint64_t TakeDeferredRelease() {
+    if (deferred_reads_.empty()) return 0;
+    const uint64_t read = deferred_reads_.back();
+    deferred_reads_.pop_back();
+    return read;
+  }
 
   // Marks the channel broken with `s` (UNAVAILABLE / DEADLINE_EXCEEDED) and returns it.
   Status Break(Status s);

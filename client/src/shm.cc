@@ -18,21 +18,6 @@
 namespace kvd::client::internal {
 namespace {
 
-// Makes the pages under [slot, slot + bytes) of a segment mapping writable, or read-only again.
-// kvd page-aligns slots, so these pages hold this slot only. INTERNAL with the kernel's reason
-// when it refuses (EACCES: the segment came as a read-only descriptor).
-Status ProtectSlot(std::byte* slot, uint64_t bytes, bool writable) {
-  if (bytes == 0) return Status::Ok();
-  static const uintptr_t page = static_cast<uintptr_t>(std::max<long>(::sysconf(_SC_PAGESIZE), 1));
-  const uintptr_t start = reinterpret_cast<uintptr_t>(slot) & ~(page - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(slot) + bytes + page - 1) & ~(page - 1);
-  if (::mprotect(reinterpret_cast<void*>(start), end - start,
-                 writable ? PROT_READ | PROT_WRITE : PROT_READ) != 0) {
-    return Status::Internal(std::string("making a shared-memory slot ") +
-                            (writable ? "writable" : "read-only") + ": " + std::strerror(errno));
-  }
-  return Status::Ok();
-}
 // A segment's page tables are filled as its slots are first used, a granule at a time, not all
 // at the first map: filling a whole 64 MiB segment (MAP_POPULATE) took 40-50 ms on a loaded
 // 2-core box, a stall on whichever put or get first touched the segment. One
@@ -64,6 +49,25 @@ void PopulateGranules(std::byte* data, uint64_t size, std::vector<bool>& filled,
 
 }  // namespace
 
+Status ProtectSlot(std::byte* slot, uint64_t bytes, bool writable) {
+  if (bytes == 0) return Status::Ok();
+  static const uintptr_t page = static_cast<uintptr_t>(std::max<long>(::sysconf(_SC_PAGESIZE), 1));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(slot) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(slot) + bytes + page - 1) & ~(page - 1);
+  if (::mprotect(reinterpret_cast<void*>(start), end - start,
+                 writable ? PROT_READ | PROT_WRITE : PROT_READ) != 0) {
+    return Status::Internal(std::string("making a shared-memory slot ") +
+                            (writable ? "writable" : "read-only") + ": " + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+SegmentMapping::~SegmentMapping() {
+  if (pinned) ActiveDeviceMemoryOps().Unpin(data);
+  ::munmap(data, size);
+  if (writable != nullptr) ::munmap(writable, size);
+}
+
 bool ClientImpl::IsDevice(const void* p) {
   if (p == nullptr) return false;
   auto at = ActiveDeviceMemoryOps().Locate(p);
@@ -71,9 +75,8 @@ bool ClientImpl::IsDevice(const void* p) {
 }
 
 void ClientImpl::UnmapSegment(MappedSegment& seg) {
-  if (seg.pinned) ActiveDeviceMemoryOps().Unpin(seg.data);
-  ::munmap(seg.data, seg.size);
-  if (seg.writable != nullptr) ::munmap(seg.writable, seg.size);
+  // Unmapped here unless a ChunkView or PutSlot still holds the mapping.
+  seg.mapping.reset();
 }
 
 std::byte* ClientImpl::WritableSlotLocked(uint32_t segment, uint64_t offset, uint64_t bytes) {
@@ -91,7 +94,7 @@ void ClientImpl::PinSegmentLocked(uint32_t segment) {
   if (it == segments_.end() || it->second.pin_tried) return;
   it->second.pin_tried = true;
   // Best effort: an unpinned segment still works (the driver stages the copy).
-  it->second.pinned = ActiveDeviceMemoryOps().Pin(it->second.data, it->second.size).ok();
+  it->second.mapping->pinned = ActiveDeviceMemoryOps().Pin(it->second.data, it->second.size).ok();
 }
 
 void ClientImpl::UnmapSegmentsLocked() {
@@ -138,13 +141,17 @@ StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segmen
     auto old = segments_.find(segment);
     if (old != segments_.end()) UnmapSegment(old->second);
     MappedSegment& seg = segments_[segment];
-    seg = MappedSegment{generation, static_cast<std::byte*>(p), size};
+    seg = MappedSegment();
+    seg.generation = generation;
+    seg.data = static_cast<std::byte*>(p);
+    seg.size = size;
     const uint64_t granules = (size + kPopulateGranule - 1) / kPopulateGranule;
     seg.populated.assign(granules, false);
     if (w != MAP_FAILED) {
       seg.writable = static_cast<std::byte*>(w);
       seg.writable_populated.assign(granules, false);
     }
+    seg.mapping = std::make_shared<SegmentMapping>(seg.data, seg.writable, size);
   }
   auto it = segments_.find(segment);
   if (it == segments_.end() || it->second.generation != generation) {
@@ -158,6 +165,52 @@ StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segmen
   if (populate)
     PopulateGranules(seg.data, seg.size, seg.populated, offset, bytes, MADV_POPULATE_READ);
   return seg.data + offset;
+}
+
+StatusOr<uint64_t> ClientImpl::SendShmGetLocked(uint64_t lease_id, uint32_t chunk_index,
+                                                uint64_t capacity, ChunkForm form) {
+  return channel_->Send([&](proto::Request::Builder r) {
+    auto g = r.initGet();
+    g.setLeaseId(lease_id);
+    g.setChunkIndex(chunk_index);
+    g.setBufferBytes(capacity);
+    g.setForm(static_cast<proto::ChunkForm>(form));
+  });
+}
+
+Status ClientImpl::AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, ShmGetReply* got) {
+  auto reply = channel_->Await(request_id);
+  if (!reply.ok()) return reply.status();
+  bool has_slot = false;
+  Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
+    if (!r.isGet()) return WrongReply("get");
+    auto g = r.getGet();
+    got->result.bytes = g.getBytes();
+    got->result.checksum = g.getChecksum();
+    got->result.tokens = g.getTokens();
+    got->result.codec_id = g.getCodecId();
+    got->result.form =
+        g.getForm() == proto::ChunkForm::COMPACT ? ChunkForm::kCompact : ChunkForm::kRaw;
+    got->read_id = g.getReadId();
+    got->read_ttl_ms = g.getReadTtlMs();
+    has_slot = g.hasShm();
+    if (has_slot) {
+      got->segment = g.getShm().getSegment();
+      got->offset = g.getShm().getOffset();
+      got->generation = g.getShm().getGeneration();
+      got->fd_attached = g.getShm().getFdAttached();
+    }
+    return Status::Ok();
+  });
+  if (s.ok() && !has_slot) s = Status::Internal("kvd answered a get without a memory slot");
+  if (s.ok() && got->result.bytes > capacity) {
+    s = Status::OutOfRange("get: chunk of " + std::to_string(got->result.bytes) +
+                           " bytes, buffer of " + std::to_string(capacity));
+  }
+  if (!s.ok()) {
+    if (int fd = got->fd_attached ? channel_->TakeFd(request_id) : -1; fd >= 0) ::close(fd);
+  }
+  return s;
 }
 
 StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const PutItem> items) {
@@ -262,59 +315,24 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowShmLocked(uint64_t lease_i
   }
   // Ask for every chunk (pipelined); each reply names the pinned slot.
   for (size_t i = 0; i < n; ++i) {
-    auto id = channel_->Send([&](proto::Request::Builder r) {
-      auto g = r.initGet();
-      g.setLeaseId(lease_id);
-      g.setChunkIndex(items[i].chunk_index);
-      g.setBufferBytes(items[i].capacity);
-      g.setForm(static_cast<proto::ChunkForm>(items[i].form));
-    });
-    if (!id.ok()) return id.status();
-    req[i] = *id;
+    KVD_ASSIGN_OR_RETURN(
+        req[i], SendShmGetLocked(lease_id, items[i].chunk_index, items[i].capacity, items[i].form));
   }
   std::vector<GetResult> out(n);
   std::vector<uint64_t> reads;
   Status first_error;
   for (size_t i = 0; i < n; ++i) {
-    auto reply = channel_->Await(req[i]);
-    if (!reply.ok()) {
-      if (first_error.ok()) first_error = reply.status();
-      continue;
-    }
-    uint32_t segment = 0;
-    uint64_t offset = 0, generation = 0, read_id = 0;
-    bool fd_attached = false, has_slot = false;
-    Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
-      if (!r.isGet()) return WrongReply("get");
-      auto g = r.getGet();
-      out[i].bytes = g.getBytes();
-      out[i].checksum = g.getChecksum();
-      out[i].tokens = g.getTokens();
-      out[i].codec_id = g.getCodecId();
-      out[i].form =
-          g.getForm() == proto::ChunkForm::COMPACT ? ChunkForm::kCompact : ChunkForm::kRaw;
-      read_id = g.getReadId();
-      has_slot = g.hasShm();
-      if (has_slot) {
-        segment = g.getShm().getSegment();
-        offset = g.getShm().getOffset();
-        generation = g.getShm().getGeneration();
-        fd_attached = g.getShm().getFdAttached();
-      }
-      return Status::Ok();
-    });
-    if (s.ok() && read_id != 0) reads.push_back(read_id);
-    if (s.ok() && !has_slot) s = Status::Internal("kvd answered a get without a memory slot");
-    if (s.ok() && out[i].bytes > items[i].capacity) {
-      s = Status::OutOfRange("get: chunk of " + std::to_string(out[i].bytes) +
-                             " bytes, buffer of " + std::to_string(items[i].capacity));
-    }
+    ShmGetReply got;
+    Status s = AwaitShmGetLocked(req[i], items[i].capacity, &got);
+    if (got.read_id != 0) reads.push_back(got.read_id);
     if (!s.ok()) {
-      if (int fd = fd_attached ? channel_->TakeFd(req[i]) : -1; fd >= 0) ::close(fd);
       if (first_error.ok()) first_error = s;
       continue;
     }
-    auto slot = SlotLocked(req[i], segment, offset, generation, fd_attached, out[i].bytes);
+    out[i] = got.result;
+    const uint32_t segment = got.segment;
+    auto slot =
+        SlotLocked(req[i], segment, got.offset, got.generation, got.fd_attached, out[i].bytes);
     if (!slot.ok()) {
       if (first_error.ok()) first_error = slot.status();
       continue;

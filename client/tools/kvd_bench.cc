@@ -4,7 +4,7 @@
 //             --op put|get|both [--depth D] [--lookup-batch L] [--lookup-chain K] [--ucx-tls TLS]
 //             [--net-devices DEV] [--no-shm] [--verify] [--daemon-pid PID | --ready-file F]
 //             [--finite-values] [--retry-busy] [--inline-put-bytes B] [--warmup W]
-//             [--shm-inline-put-bytes B] [--json]
+//             [--shm-inline-put-bytes B] [--in-place] [--json]
 //   kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--scatter-bytes S] [--json]
 //
 // Over a unix-socket address the clients use the shared-memory path when kvd grants it
@@ -28,6 +28,12 @@
 // too (GB/s = 1e9 bytes/s). Latencies are per
 // call (per batch of D with --depth > 1). --op get still stores the chunks first (untimed
 // output).
+//
+// --in-place (shared-memory path only): the zero-copy calls an engine that DMAs its KV uses. A put
+// is ReservePut, a memcpy of the chunk's bytes from the thread's buffer into the slot (standing
+// for the engine's own write, e.g. a device-to-host DMA), and CommitPut (one hashing pass); a get
+// is ReadInPlace (one hashing pass to verify the checksum, no copy) and the view's release, per
+// chunk (--depth must be 1; the release rides on the next request). --verify compares the view.
 //
 // Compressing models (a model with a compression policy that needs no window queries, e.g.
 // KeyDiff): --finite-values makes every value of the random chunks finite, of magnitude ~1 (kvd
@@ -342,6 +348,14 @@ int RunMemcpy(size_t bytes, int64_t count, int64_t concurrency, uint64_t scatter
   return failed ? 1 : 0;
 }
 
+// --in-place put of one chunk: reserve, write the slot (the engine's own write), commit.
+Status PutInPlace(kvd::client::Client& c, const kvd::client::PutItem& item) {
+  auto slot = c.ReservePut(item.hash, item.tokens, item.bytes);
+  if (!slot.ok()) return slot.status();
+  if (!slot->already_stored()) std::memcpy(slot->data(), item.data, item.bytes);
+  return c.CommitPut(std::move(slot).value()).status();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -356,7 +370,8 @@ int main(int argc, char** argv) {
   std::string model, op = "both", ready_file;
   int64_t count = 100, concurrency = 1, depth = 1, lookup_batch = 64, lookup_chain = 1, tokens = 0,
           chunk_bytes_arg = 0, daemon_pid = 0, warmup = 0;
-  bool json = false, verify = false, no_shm = false, finite = false, retry_busy = false;
+  bool json = false, verify = false, no_shm = false, finite = false, retry_busy = false,
+       in_place = false;
   app.add_option("--model", model, "a model registered in kvd (all ops but memcpy)");
   app.add_option("--chunk-bytes", chunk_bytes_arg,
                  "bytes per chunk (a whole number of the model's tokens)")
@@ -400,6 +415,8 @@ int main(int argc, char** argv) {
                  "--op memcpy: memcpy_scatter's destinations in all (default count x chunk bytes; "
                  "give kvd's arena size)")
       ->transform(CLI::AsSizeValue(false));
+  app.add_flag("--in-place", in_place,
+               "zero-copy puts and gets (ReservePut/CommitPut, ReadInPlace; shared memory only)");
   app.add_flag("--json", json, "print one JSON object");
   if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
   kvd::client::ClientOptions base;
@@ -412,6 +429,9 @@ int main(int argc, char** argv) {
         "--count, --concurrency, --depth, --lookup-batch and --lookup-chain must be > 0");
   }
   if (warmup < 0) return usage_error("--warmup must be >= 0");
+  if (in_place && (depth != 1 || no_shm || op == "memcpy")) {
+    return usage_error("--in-place needs --depth 1 and the shared-memory path (not --no-shm)");
+  }
   if (warmup > 0 && op == "memcpy") return usage_error("--warmup needs a daemon (not --op memcpy)");
   if (scatter_bytes < 0) return usage_error("--scatter-bytes must be >= 0");
   if (scatter_bytes > 0 && op != "memcpy") return usage_error("--scatter-bytes needs --op memcpy");
@@ -591,6 +611,13 @@ int main(int argc, char** argv) {
             }
             auto t0 = Clock::now();
             own_s[t] += std::chrono::duration<double>(t0 - fill0).count();
+            if (in_place) {  // n == 1
+              KVD_RETURN_IF_ERROR(PutInPlace(*clients[t], items[0]));
+              lat.push_back(us_since(t0));
+              ++ops;
+              bytes += chunk_bytes;
+              continue;
+            }
             auto r = put_chunks(t, items);
             lat.push_back(us_since(t0));
             if (!r.ok()) return r.status();
@@ -644,7 +671,25 @@ int main(int argc, char** argv) {
               return Status::NotFound("only " + std::to_string(l->matched_chunks) + " of " +
                                       std::to_string(nb) + " chunks found at get");
             }
-            for (size_t i = 0; i < nb; i += depth) {
+            for (size_t i = 0; i < nb && in_place; ++i) {
+              auto t0 = Clock::now();
+              auto v = clients[t]->ReadInPlace(l->lease_id, static_cast<uint32_t>(i));
+              if (!v.ok()) return v.status();
+              lat.push_back(us_since(t0));
+              if (verify) {
+                auto v0 = Clock::now();
+                fill(expect[0], chunk_bytes, run, idx[b + i]);
+                if (v->size() != chunk_bytes ||
+                    std::memcmp(expect[0], v->data(), chunk_bytes) != 0) {
+                  return Status::DataLoss("chunk " + std::to_string(idx[b + i]) + " differs");
+                }
+                own_s[t] += std::chrono::duration<double>(Clock::now() - v0).count();
+              }
+              v->Release();  // ends the read with the next request
+              ++ops;
+              bytes += chunk_bytes;
+            }
+            for (size_t i = 0; i < nb && !in_place; i += depth) {
               size_t n = std::min<size_t>(depth, nb - i);
               std::vector<kvd::client::GetItem> items(n);
               for (size_t j = 0; j < n; ++j) {
@@ -682,6 +727,7 @@ int main(int argc, char** argv) {
   const size_t inline_limit =
       shm_used ? std::min(base.inline_put_bytes, base.shm_inline_put_bytes) : base.inline_put_bytes;
   j["shared_memory"] = shm_used;
+  j["in_place"] = in_place;
   j["inline_put_bytes"] = inline_limit;
   j["inline_puts"] = chunk_bytes <= inline_limit;
   j["lookup_chain"] = lookup_chain;
@@ -698,7 +744,7 @@ int main(int argc, char** argv) {
                   " chunks (" + std::to_string(tokens) + " tokens), count " +
                   std::to_string(count) + ", concurrency " + std::to_string(nthreads) + ", depth " +
                   std::to_string(depth) + ", ucx_tls '" + base.transport.ucx_tls + "'" +
-                  (shm_used ? ", shared memory" : "") +
+                  (shm_used ? ", shared memory" : "") + (in_place ? ", in place" : "") +
                   (chunk_bytes <= inline_limit ? ", inline puts" : ""));
   if (!first_error.ok()) {
     std::cerr << "kvd-bench: " << first_error << "\n";

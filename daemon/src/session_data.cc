@@ -1065,6 +1065,8 @@ void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
                                reply.setChecksum(view->meta.checksum);
                                reply.setTokens(view->meta.tokens);
                                reply.setReadId(view->read_id);
+                               reply.setReadTtlMs(static_cast<uint32_t>(
+                                   server_->config().host_tier.read_ttl.count()));
                                reply.setCodecId(view->meta.key.codec_id);
                                reply.setForm(view->meta.key.codec_id == storage::kRawCodecId
                                                  ? proto::ChunkForm::RAW

@@ -3,8 +3,15 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -136,6 +143,25 @@ inline uint64_t CounterValue(client::Client& c, const std::string& name) {
   auto s = c.GetStats();
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? CounterValue(*s, name) : 0;
+}
+
+// Runs `fn` in a forked child (no core file) and returns its wait status; the child exits 0
+// when `fn` returns.
+inline int WaitStatusOfChild(const std::function<void()>& fn) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const rlimit no_core{0, 0};
+    ::setrlimit(RLIMIT_CORE, &no_core);
+    std::signal(SIGSEGV, SIG_DFL);  // not UCX's handler, which would print a backtrace
+    fn();
+    ::_exit(0);
+  }
+  int status = 0;
+  EXPECT_GT(pid, 0) << std::strerror(errno);
+  if (pid > 0) {
+    EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+  }
+  return status;
 }
 
 inline client::TierStats HostTier(client::Client& admin) {

@@ -7,6 +7,9 @@
 //   kvd-e2e-driver lease ADDR UCX_TLS shm|noshm
 //     Puts one chunk (hash {0x1ea5e, pid}), looks it up (the lease pins it), reads it once,
 //     prints "HELD" and waits (60 s) without releasing: the test kills it holding the lease.
+//   kvd-e2e-driver hold-in-place ADDR UCX_TLS shm
+//     The same with a zero-copy put: ReservePut, writes the slot itself, prints "WRITTEN" and
+//     waits (60 s) before CommitPut.
 //   kvd-e2e-driver flood ADDR UCX_TLS
 //     Puts 5.6 MiB smollm2-135m chunks in a loop (8 in flight), printing "PUT n" after each
 //     batch: the test kills it at an arbitrary point, usually while bytes are moving.
@@ -22,6 +25,7 @@
 // Exit 0 on success; 1 with the error on stderr.
 #include <unistd.h>
 
+#include <cstring>
 #include <iostream>
 #include <thread>
 #include <vector>
@@ -125,6 +129,30 @@ int HoldLease(const kvd::client::ClientOptions& o) {
   return 0;
 }
 
+int HoldInPlace(const kvd::client::ClientOptions& o) {
+  auto c = kvd::client::Client::Connect(o);
+  if (!c.ok()) {
+    std::cerr << c.status() << "\n";
+    return 1;
+  }
+  auto slot = (*c)->ReservePut(kvd::Hash128{0xdead, static_cast<uint64_t>(::getpid())}, 256,
+                               o.layout.ChunkBytes(256));
+  if (!slot.ok() || slot->already_stored()) {
+    std::cerr << (slot.ok() ? kvd::Status::AlreadyExists("chunk already stored") : slot.status())
+              << "\n";
+    return 1;
+  }
+  std::memset(slot->data(), 0x5b, slot->size());
+  std::cout << "WRITTEN" << std::endl;
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  auto r = (*c)->CommitPut(std::move(slot).value());
+  if (!r.ok()) {
+    std::cerr << r.status() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int StartKvd() {
@@ -146,12 +174,16 @@ int main(int argc, char** argv) {
   }
   const bool shm_arg =
       argc == 5 && (std::string(argv[4]) == "shm" || std::string(argv[4]) == "noshm");
+  if (argc == 5 && std::string(argv[1]) == "hold-in-place" && shm_arg) {
+    return HoldInPlace(DriverOptions(argv[2], argv[3], std::string(argv[4]) == "shm"));
+  }
   if (argc == 5 && std::string(argv[1]) == "lease" && shm_arg) {
     return HoldLease(DriverOptions(argv[2], argv[3], std::string(argv[4]) == "shm"));
   }
   if ((argc != 4 && !shm_arg) || std::string(argv[1]) != "hold") {
     std::cerr << "usage: kvd-e2e-driver (hold | flood) ADDR UCX_TLS | hold ADDR UCX_TLS shm|noshm"
-                 " | lease ADDR UCX_TLS shm|noshm | chaos ADDR UCX_TLS FIRST | start-kvd\n";
+                 " | lease ADDR UCX_TLS shm|noshm | hold-in-place ADDR UCX_TLS shm"
+                 " | chaos ADDR UCX_TLS FIRST | start-kvd\n";
     return 2;
   }
   kvd::client::ClientOptions o =

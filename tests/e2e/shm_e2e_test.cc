@@ -132,23 +132,6 @@ TEST_F(ShmE2eTest, NamespacesCannotReachEachOthersBytes) {
   EXPECT_EQ(Present(*a, ha), 1u);
 }
 
-// Runs `fn` in a forked child (no core file) and returns its wait status; the child exits 0
-// when `fn` returns.
-int WaitStatusOfChild(const std::function<void()>& fn) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const rlimit no_core{0, 0};
-    ::setrlimit(RLIMIT_CORE, &no_core);
-    std::signal(SIGSEGV, SIG_DFL);  // not UCX's handler, which would print a backtrace
-    fn();
-    ::_exit(0);
-  }
-  int status = 0;
-  EXPECT_GT(pid, 0) << std::strerror(errno);
-  if (pid > 0) EXPECT_EQ(::waitpid(pid, &status, 0), pid);
-  return status;
-}
-
 // Where `bytes` lie in a segment this client has mapped, or null.
 std::byte* FindInSegments(client::Client& c, const std::vector<uint8_t>& bytes) {
   for (const auto& seg : c.SharedSegments()) {

@@ -203,6 +203,32 @@ int kvd_client_get_layers(kvd_client* client, uint64_t lease_id, uint32_t chunk_
                           void* const* k_layers, void* const* v_layers, int32_t capacity_tokens,
                           kvd_get_result* result);
 
+/* Zero-copy access to the shared-memory arena (sessions on the daemon's node over a unix socket;
+ * kvd/client/client.h ChunkView and PutSlot say what pinning and aborting mean). Elsewhere both
+ * fail with KVD_FAILED_PRECONDITION naming the reason (use kvd_client_get / kvd_client_put). */
+typedef struct kvd_chunk_view kvd_chunk_view; /* opaque */
+typedef struct kvd_put_slot kvd_put_slot;     /* opaque */
+/* Flags of kvd_client_read_in_place: skip the checksum check (ReadInPlaceOptions::
+ * verify_checksum false: the bytes reach the caller unchecked), page-lock the segment for DMA. */
+enum { KVD_READ_NO_VERIFY = 1, KVD_READ_PIN_FOR_DEVICE = 2 };
+/* Chunk `chunk_index` of a lease where it lies: *data points at result->bytes read-only bytes
+ * (a store through it faults), pinned until kvd_chunk_view_release(*view). */
+int kvd_client_read_in_place(kvd_client* client, uint64_t lease_id, uint32_t chunk_index,
+                             uint32_t flags, kvd_chunk_view** view, const void** data,
+                             kvd_get_result* result);
+/* Ends the read of a view and frees it (before or after kvd_client_close). NULL is ignored. */
+void kvd_chunk_view_release(kvd_chunk_view* view);
+/* Reserves the slot of a raw chunk (bytes = the layout's chunk bytes for `tokens`): write them
+ * at *data, then kvd_client_commit_put. When the daemon already has the chunk, *already_stored
+ * (may be NULL) is 1 and *data NULL; commit it anyway (nothing is sent) or abort it. */
+int kvd_client_reserve_put(kvd_client* client, kvd_hash128 hash, int32_t tokens, size_t bytes,
+                           kvd_put_slot** slot, void** data, int* already_stored);
+/* Hashes the slot once and commits it; frees the slot whatever the outcome. *stored_bytes may be
+ * NULL. */
+int kvd_client_commit_put(kvd_client* client, kvd_put_slot* slot, uint64_t* stored_bytes);
+/* Aborts an uncommitted slot's reservation and frees it. NULL is ignored. */
+void kvd_put_slot_abort(kvd_put_slot* slot);
+
 /* Admin calls; JSON in the same shape as `kvdctl ... --json`. Free *json with kvd_free_string. */
 int kvd_client_stats_json(kvd_client* client, char** json);
 int kvd_client_health_json(kvd_client* client, char** json);
