@@ -233,6 +233,44 @@ TEST_F(InPlaceE2eTest, EndedViewsAreFlushedWithoutAnotherCall) {
   EXPECT_EQ(HostTier(*admin_).pinned_bytes, 0u);
 }
 
+// A kvd older than Request.releaseReads (a current one with protocol.releases_on_requests off):
+// each ended view's read goes with a ReleaseRead exchange of its own, at once.
+TEST_F(InPlaceE2eTest, ViewsOfAnOlderKvdEndWithTheirOwnReleaseRead) {
+  KvdConfig config;
+  config.host_capacity = "64MiB";
+  config.host_segment = "8MiB";
+  config.extra_yaml = "protocol:\n  releases_on_requests: false\n";
+  auto older_kvd = StartKvd(config);
+  ASSERT_NE(older_kvd, nullptr);
+  auto admin = ConnectOrFail(older_kvd->AdminOptions());
+  auto c = ConnectOrFail(older_kvd->UnixEngineOptions("current"));
+  ASSERT_TRUE(admin && c);
+  ASSERT_TRUE(c->session().shared_memory) << older_kvd->Log();
+  ASSERT_FALSE(c->session().releases_on_requests);
+  std::vector<Hash128> chain;
+  std::vector<std::vector<uint8_t>> data;
+  for (uint64_t i = 0; i < 3; ++i) {
+    chain.push_back(Hash128{0x01d, i});
+    data.push_back(PutChunk(*c, chain.back(), 60 + i));
+  }
+  auto hit = c->Lookup(chain);
+  ASSERT_TRUE(hit.ok() && hit->matched_chunks == 3u);
+  std::vector<client::ChunkView> views;
+  for (uint32_t i = 0; i < 3; ++i) {
+    auto v = c->ReadInPlace(hit->lease_id, i);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(Bytes(*v), data[i]);
+    views.push_back(std::move(v).value());
+  }
+  ASSERT_TRUE(c->ReleaseLease(hit->lease_id).ok());
+  EXPECT_EQ(CounterValue(*admin, "host_reads_open"), 3u);
+  for (uint64_t open = 3; open > 0; --open) {
+    views[open - 1].Release();
+    EXPECT_EQ(CounterValue(*admin, "host_reads_open"), open - 1);
+  }
+  EXPECT_EQ(HostTier(*admin).pinned_bytes, 0u);
+}
+
 TEST_F(InPlaceE2eTest, AStrayWriteThroughAViewFaults) {
   auto c = Shm("stray");
   ASSERT_NE(c, nullptr);
