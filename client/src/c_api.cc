@@ -329,6 +329,9 @@ int kvd_client_read_in_place(kvd_client* client, uint64_t lease_id, uint32_t chu
                   "client, view and data must not be NULL");
     *view = nullptr;
     *data = nullptr;
+    if (result != nullptr) {
+      if (auto bad = CheckResult(*result); !bad.ok()) return Fail(bad);
+    }
     kvd::client::ReadInPlaceOptions o;
     o.verify_checksum = (flags & KVD_READ_NO_VERIFY) == 0;
     o.pin_for_device = (flags & KVD_READ_PIN_FOR_DEVICE) != 0;
@@ -336,10 +339,7 @@ int kvd_client_read_in_place(kvd_client* client, uint64_t lease_id, uint32_t chu
     if (!r.ok()) return Fail(r.status());
     auto out = std::make_unique<kvd_chunk_view>();
     out->view = std::move(r).value();
-    if (result) {
-      const auto& g = out->view.result();
-      *result = kvd_get_result{g.bytes, g.checksum, g.tokens};
-    }
+    if (result != nullptr) WriteResult(out->view.result(), result);
     *data = out->view.data();
     *view = out.release();
     return KVD_OK;

@@ -438,13 +438,15 @@ TEST_F(InPlaceE2eTest, TheCApiReadsAndWritesInPlace) {
   EXPECT_EQ(slot, nullptr);
 
   // Read it in place, with and without the checksum check.
-  kvd_lookup_result hit{};
+  kvd_lookup_result hit;
+  kvd_lookup_result_init(&hit);
   ASSERT_EQ(kvd_client_lookup(c, &h, 1, &hit), KVD_OK) << kvd_last_error();
   ASSERT_EQ(hit.matched_chunks, 1u);
   for (const uint32_t flags : {0u, uint32_t{KVD_READ_NO_VERIFY}}) {
     kvd_chunk_view* view = nullptr;
     const void* bytes_at = nullptr;
-    kvd_get_result got{};
+    kvd_get_result got;
+    kvd_get_result_init(&got);
     ASSERT_EQ(kvd_client_read_in_place(c, hit.lease_id, 0, flags, &view, &bytes_at, &got), KVD_OK)
         << kvd_last_error();
     ASSERT_EQ(got.bytes, bytes);

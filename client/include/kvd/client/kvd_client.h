@@ -212,7 +212,8 @@ typedef struct kvd_put_slot kvd_put_slot;     /* opaque */
  * verify_checksum false: the bytes reach the caller unchecked), page-lock the segment for DMA. */
 enum { KVD_READ_NO_VERIFY = 1, KVD_READ_PIN_FOR_DEVICE = 2 };
 /* Chunk `chunk_index` of a lease where it lies: *data points at result->bytes read-only bytes
- * (a store through it faults), pinned until kvd_chunk_view_release(*view). */
+ * (a store through it faults), pinned until kvd_chunk_view_release(*view). *result may be NULL;
+ * else its struct_size set by kvd_get_result_init (checked before the read). */
 int kvd_client_read_in_place(kvd_client* client, uint64_t lease_id, uint32_t chunk_index,
                              uint32_t flags, kvd_chunk_view** view, const void** data,
                              kvd_get_result* result);
