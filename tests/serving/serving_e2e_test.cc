@@ -591,6 +591,29 @@ TEST_F(ServingE2eTest, SharedMemoryPutsAreCompressedLikeTransportPuts) {
     EXPECT_TRUE(stored == *expected) << stored.size() << " vs " << expected->size();
     ASSERT_TRUE(reader->ReleaseLease(hit->lease_id).ok());
   }
+
+  // Read in place, the compact chunk is the kernels' bytes too; the raw form it cannot give is
+  // the daemon's FAILED_PRECONDITION, and no view.
+  auto hit = (*shm)->Lookup(std::vector<Hash128>{via_tcp});
+  ASSERT_TRUE(hit.ok() && hit->matched_chunks == 1u);
+  auto view = (*shm)->ReadInPlace(hit->lease_id, 0);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->result().form, client::ChunkForm::kCompact);
+  EXPECT_EQ(view->result().codec_id, tcp->session().codec_id);
+  const auto* at = reinterpret_cast<const uint8_t*>(view->data());
+  EXPECT_TRUE(std::vector<uint8_t>(at, at + view->size()) == *expected);
+  client::ReadInPlaceOptions raw;
+  raw.form = client::ChunkForm::kRaw;
+  auto refused = (*shm)->ReadInPlace(hit->lease_id, 0, raw);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status();
+  view->Release();
+  ASSERT_TRUE((*shm)->ReleaseLease(hit->lease_id).ok());
+  // A zero-copy put writes the raw chunk alone: a policy that needs window queries refuses it
+  // before anything is reserved.
+  ASSERT_TRUE((*shm)->session().needs_queries);
+  auto slot = (*shm)->ReservePut(Hash128{31, 3}, kTokens, chunk.raw.size());
+  EXPECT_EQ(slot.status().code(), StatusCode::kFailedPrecondition) << slot.status();
+  EXPECT_THAT(slot.status().message(), HasSubstr("window queries"));
 }
 
 }  // namespace
