@@ -6,6 +6,8 @@
 #   lookup chains of 1, 16 and 64 chunks per Lookup call
 #   get    16 KiB and 64 KiB chunks at depth 1, 4 and 16 (chunks in flight per GetChunks call)
 #   redis  SET / GET of the same sizes, GET pipelined 4 and 16 deep, EXISTS of 1 / 16 / 64 keys
+#   floor  a 64-byte ping-pong over a unix socket pair between two processes (kvd-bench --op
+#          pingpong) and redis PING: what one exchange costs on this box without kvd's work
 # kvd-bench reports the daemon's CPU time, context switches and read/write system calls per
 # operation (--ready-file). Prints every measurement, then the medians over rounds.
 #
@@ -113,6 +115,9 @@ for round in $(seq "$ROUNDS"); do
       --inline-put-bytes 0 --no-shm
     bench_redis "redis SET $size" -t set -n "$COUNT" -d "$size"
   done
+  # the floor under one exchange on this box: a unix socket pair ping-pong, and redis PING
+  bench_kvd "unix ping-pong (reference)" pingpong --op pingpong --count $((COUNT * 4))
+  bench_redis "redis PING" -t ping_inline -n "$COUNT"
   for chain in 1 16 64; do
     bench_kvd "lookup chain $chain" lookup --chunk-bytes 1280 --count $((COUNT * 4)) --op get \
       --lookup-chain "$chain"

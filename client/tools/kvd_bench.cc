@@ -6,6 +6,7 @@
 //             [--finite-values] [--retry-busy] [--inline-put-bytes B] [--warmup W]
 //             [--shm-inline-put-bytes B] [--in-place] [--json]
 //   kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--scatter-bytes S] [--json]
+//   kvd-bench --op pingpong --count N [--json]
 //
 // Over a unix-socket address the clients use the shared-memory path when kvd grants it
 // (reported as "shared_memory" in the output); --no-shm forces the transport (UCX) path.
@@ -64,13 +65,22 @@
 // while memcpy_warm writes one destination that stays cached up to a few MiB. Reported like the
 // other phases.
 //
+// --op pingpong needs no daemon either: the floor under one request/reply exchange on this
+// machine. A child process echoes --count messages of 64 bytes over a unix socket pair, both
+// sides blocking in read(2), one message in flight; phase "pingpong" reports each round trip.
+// Two wake-ups of a sleeping process per round trip, as an exchange with kvd has (without
+// kvd's work), so a lookup's latency tail can be held against the scheduler's on the same box.
+//
 // Exit 0 on success, 1 on a failed operation, 2 usage, 3 cannot connect.
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -356,13 +366,77 @@ Status PutInPlace(kvd::client::Client& c, const kvd::client::PutItem& item) {
   return c.CommitPut(std::move(slot).value()).status();
 }
 
+// Reads or writes exactly `n` bytes (read when `out` is null); false on EOF or an error.
+bool TransferAll(int fd, const uint8_t* out, uint8_t* in, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r =
+        out != nullptr ? ::write(fd, out + done, n - done) : ::read(fd, in + done, n - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    done += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// --op pingpong (see the header comment). Returns the exit code.
+int RunPingPong(int64_t count, bool json) {
+  constexpr size_t kMessageBytes = 64;
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    std::cerr << "kvd-bench: socketpair: " << std::strerror(errno) << "\n";
+    return 1;
+  }
+  const pid_t child = ::fork();
+  if (child < 0) {
+    std::cerr << "kvd-bench: fork: " << std::strerror(errno) << "\n";
+    return 1;
+  }
+  if (child == 0) {  // the echo: until the parent closes its end
+    ::close(fds[0]);
+    uint8_t msg[kMessageBytes];
+    while (TransferAll(fds[1], nullptr, msg, sizeof msg) &&
+           TransferAll(fds[1], msg, nullptr, sizeof msg)) {
+    }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  PhaseResult result;
+  result.name = "pingpong";
+  uint8_t msg[kMessageBytes] = {1}, back[kMessageBytes];
+  bool failed = false;
+  const auto start = Clock::now();
+  for (int64_t i = 0; i < count && !failed; ++i) {
+    const auto t0 = Clock::now();
+    failed = !TransferAll(fds[0], msg, nullptr, sizeof msg) ||
+             !TransferAll(fds[0], nullptr, back, sizeof back);
+    result.latencies_us.push_back(
+        std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    ++result.ops;
+  }
+  result.seconds = result.wall_seconds =
+      std::chrono::duration<double>(Clock::now() - start).count();
+  result.bytes = result.ops * 2 * kMessageBytes;
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (failed) std::cerr << "kvd-bench: the echo process ended early\n";
+  nlohmann::json j = {
+      {"count", count}, {"op", "pingpong"}, {"message_bytes", kMessageBytes}, {"ok", !failed}};
+  PrintPhases({result}, std::move(j), json,
+              "kvd-bench: unix socket pair ping-pong of " + std::to_string(kMessageBytes) +
+                  " B messages, count " + std::to_string(count));
+  return failed ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"kvd-bench: put/get/lookup throughput and latency against a running kvd",
                "kvd-bench"};
   app.footer(
-      "kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--json] needs no daemon\n"
+      "kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--json] and\n"
+      "kvd-bench --op pingpong --count N [--json] need no daemon\n"
       "sizes and counts take K/M/G suffixes (1024-based)\n"
       "exit codes: 0 ok, 1 a failed operation, 2 usage, 3 cannot connect");
   kvd::tools::ConnectionFlags connection;
@@ -380,7 +454,9 @@ int main(int argc, char** argv) {
       ->transform(CLI::AsSizeValue(false));
   app.add_option("--count", count, "chunks (default 100)")->transform(CLI::AsSizeValue(false));
   app.add_option("--concurrency", concurrency, "client threads, one connection each (default 1)");
-  app.add_option("--op", op, "put, get, both (default) or memcpy (the reference, no daemon)");
+  app.add_option("--op", op,
+                 "put, get, both (default), or the references without a daemon: memcpy, "
+                 "pingpong");
   app.add_option("--depth", depth, "chunks in flight per client call (default 1)");
   app.add_option("--lookup-batch", lookup_batch, "chunks per Lookup of the get phase (default 64)");
   app.add_option("--lookup-chain", lookup_chain,
@@ -422,17 +498,19 @@ int main(int argc, char** argv) {
   kvd::client::ClientOptions base;
   kvd::tools::ApplyConnectionFlags(connection, &base);
   auto usage_error = [&](const std::string& why) { return kvd::cli::UsageError(app, why); };
-  if (op != "put" && op != "get" && op != "both" && op != "memcpy")
-    return usage_error("--op must be put, get, both or memcpy");
+  if (op != "put" && op != "get" && op != "both" && op != "memcpy" && op != "pingpong")
+    return usage_error("--op must be put, get, both, memcpy or pingpong");
   if (count <= 0 || concurrency <= 0 || depth <= 0 || lookup_batch <= 0 || lookup_chain <= 0) {
     return usage_error(
         "--count, --concurrency, --depth, --lookup-batch and --lookup-chain must be > 0");
   }
   if (warmup < 0) return usage_error("--warmup must be >= 0");
-  if (in_place && (depth != 1 || no_shm || op == "memcpy")) {
+  if (in_place && (depth != 1 || no_shm || op == "memcpy" || op == "pingpong")) {
     return usage_error("--in-place needs --depth 1 and the shared-memory path (not --no-shm)");
   }
-  if (warmup > 0 && op == "memcpy") return usage_error("--warmup needs a daemon (not --op memcpy)");
+  if (warmup > 0 && (op == "memcpy" || op == "pingpong")) {
+    return usage_error("--warmup needs a daemon (not --op " + op + ")");
+  }
   if (scatter_bytes < 0) return usage_error("--scatter-bytes must be >= 0");
   if (scatter_bytes > 0 && op != "memcpy") return usage_error("--scatter-bytes needs --op memcpy");
   if (!ready_file.empty()) {
@@ -446,6 +524,7 @@ int main(int argc, char** argv) {
       return usage_error("daemon pid " + std::to_string(daemon_pid) + ": " +
                          probe.status().ToString());
   }
+  if (op == "pingpong") return RunPingPong(count, json);
   if (op == "memcpy") {
     if (chunk_bytes_arg <= 0 || tokens > 0) return usage_error("--op memcpy needs --chunk-bytes");
     return RunMemcpy(static_cast<size_t>(chunk_bytes_arg), count, concurrency,

@@ -4,7 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <array>
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -77,7 +77,8 @@ void Session::Complete(uint64_t seq, Frame frame) {
   }
   if (writer_done_) return;  // the connection is gone: nobody will read the reply
   ready_[seq] = std::move(frame);
-  writer_event_.Notify();
+  // While the reader handles a batch of requests it flushes their replies itself (FlushReplies).
+  if (!dispatching_) writer_event_.Notify();
 }
 
 void Session::CompleteWithFd(uint64_t seq, Frame frame, int fd) {
@@ -185,73 +186,106 @@ asio::awaitable<void> Session::ReadLoop() {
   const int max_inflight = server_->config().limits.max_inflight_per_session;
   const LimitsOptions& limits = server_->config().limits;
   ArmReadDeadline(limits.handshake_timeout_ms, "no Hello within limits.handshake_timeout_ms");
-  std::array<uint8_t, proto::kFrameHeaderBytes> header{};
-  std::vector<uint8_t> payload;
+  // Buffered: one read takes whatever the socket has (usually a whole request, or several
+  // pipelined ones), and every complete frame in the buffer is handled before the next read.
+  // The buffer starts at 16 KiB (most requests are well under 1 KiB) and grows only as a larger
+  // frame's bytes arrive (doubling, so a frame costs at most twice its received bytes); a header
+  // alone reserves nothing.
+  constexpr size_t kReadBufferBytes = 16 << 10;
+  std::vector<uint8_t> in(kReadBufferBytes);
+  size_t begin = 0, end = 0;          // unhandled bytes are in[begin, end)
+  bool frame_deadline_armed = false;  // armed for the partial frame at in[begin]
   boost::system::error_code ec;
   while (!read_closed_ && !closed_) {
-    while (static_cast<int64_t>(next_seq_ - next_write_seq_) >= max_inflight && !writer_done_ &&
-           !closed_) {
-      co_await reader_event_.Wait();
+    // Handle the complete frames buffered, up to the pipelining limit.
+    dispatching_ = true;
+    bool at_limit = false;  // stopped by the limit with a header (or more) still buffered
+    while (!read_closed_ && !closed_ && end - begin >= proto::kFrameHeaderBytes) {
+      if (static_cast<int64_t>(next_seq_ - next_write_seq_) >= max_inflight) {
+        at_limit = true;
+        break;
+      }
+      auto length =
+          proto::ParseFrameHeader({in.data() + begin, proto::kFrameHeaderBytes}, max_frame);
+      if (!length.ok()) {
+        // The stream cannot be resynchronised: say why, then close.
+        ++server_->counters().bad_frames;
+        KVD_LOG(WARNING) << "bad frame header; closing" << Kv("session", id_) << Kv("peer", peer_)
+                         << Kv("status", length.status());
+        uint64_t seq = next_seq_++;
+        CompleteError(seq, 0, length.status());
+        CloseAfter(seq);
+        break;
+      }
+      const size_t total = proto::kFrameHeaderBytes + *length;
+      if (end - begin < total) break;
+      if (frame_deadline_armed) {
+        read_deadline_.cancel();
+        frame_deadline_armed = false;
+      }
+      ++server_->counters().frames_in;
+      auto message = proto::DecodePayload({in.data() + begin + proto::kFrameHeaderBytes, *length});
+      begin += total;
+      if (!message.ok()) {
+        ++server_->counters().bad_frames;
+        CompleteError(next_seq_++, 0, message.status());
+        continue;
+      }
+      HandleFrame(std::move(*message));
+      if (hello_done_ && !handshake_deadline_done_) {
+        handshake_deadline_done_ = true;
+        read_deadline_.cancel();
+      }
     }
-    if (writer_done_ || closed_ || read_closed_) break;
-    co_await asio::async_read(socket_, asio::buffer(header),
-                              asio::redirect_error(asio::use_awaitable, ec));
+    dispatching_ = false;
+    // The replies those requests completed at once go out now, in one write, without waking the
+    // writer (it takes over whatever cannot be written without blocking).
+    FlushReplies();
+    if (read_closed_ || closed_ || writer_done_) break;
+    if (static_cast<int64_t>(next_seq_ - next_write_seq_) >= max_inflight) {
+      // At the pipelining limit nothing more is read (the buffer cannot grow past one frame).
+      co_await reader_event_.Wait();  // the writer wakes it as replies go out
+      continue;
+    }
+    if (at_limit) continue;  // the flush above lifted the limit: handle what is buffered first
+    // Read more: keep the partial frame at the front, and make room for it.
+    if (begin == end) {
+      begin = end = 0;
+      // Large frames are rare: give their memory back instead of keeping the high-water mark.
+      if (in.size() > (1u << 20)) std::vector<uint8_t>(kReadBufferBytes).swap(in);
+    } else if (begin > 0) {
+      std::memmove(in.data(), in.data() + begin, end - begin);
+      end -= begin;
+      begin = 0;
+    }
+    if (end == in.size()) {  // a frame larger than the buffer (its header is in)
+      const auto length = proto::ParseFrameHeader({in.data(), proto::kFrameHeaderBytes}, max_frame);
+      in.resize(std::min<size_t>(in.size() * 2, proto::kFrameHeaderBytes + *length));
+    }
+    // After Hello the connection may idle between frames, but never stall inside one. Before
+    // Hello the handshake deadline keeps running.
+    if (hello_done_ && end > 0 && !frame_deadline_armed) {
+      ArmReadDeadline(limits.frame_timeout_ms,
+                      "frame payload not complete within limits.frame_timeout_ms");
+      frame_deadline_armed = true;
+    }
+    const size_t got =
+        co_await socket_.async_read_some(asio::buffer(in.data() + end, in.size() - end),
+                                         asio::redirect_error(asio::use_awaitable, ec));
     if (ec) {
-      if (ec != asio::error::eof && ec != asio::error::operation_aborted) {
+      if (end > 0) {
+        ++server_->counters().bad_frames;
+        KVD_LOG(WARNING) << "connection ended inside a frame (truncated frame)"
+                         << Kv("session", id_) << Kv("peer", peer_) << Kv("buffered_bytes", end)
+                         << Kv("error", ec.message());
+      } else if (ec != asio::error::eof && ec != asio::error::operation_aborted) {
         KVD_LOG(DEBUG) << "read failed" << Kv("session", id_) << Kv("error", ec.message());
       }
       break;
     }
-    auto length = proto::ParseFrameHeader(header, max_frame);
-    if (!length.ok()) {
-      // The stream cannot be resynchronised: say why, then close.
-      ++server_->counters().bad_frames;
-      KVD_LOG(WARNING) << "bad frame header; closing" << Kv("session", id_) << Kv("peer", peer_)
-                       << Kv("status", length.status());
-      uint64_t seq = next_seq_++;
-      CompleteError(seq, 0, length.status());
-      CloseAfter(seq);
-      break;
-    }
-    // After Hello the connection may idle between frames, but never stall inside one. Before
-    // Hello the handshake deadline keeps running.
-    if (hello_done_) {
-      ArmReadDeadline(limits.frame_timeout_ms,
-                      "frame payload not complete within limits.frame_timeout_ms");
-    }
-    // The buffer grows as bytes arrive (a header alone reserves nothing): steps double from
-    // 64 KiB, so a frame costs at most twice its received bytes.
-    payload.clear();
-    while (payload.size() < *length && !ec) {
-      const size_t have = payload.size();
-      const size_t step = std::min<size_t>(*length - have, std::max<size_t>(have, 64 << 10));
-      payload.resize(have + step);
-      co_await asio::async_read(socket_, asio::buffer(payload.data() + have, step),
-                                asio::redirect_error(asio::use_awaitable, ec));
-    }
-    if (hello_done_) read_deadline_.cancel();
-    if (ec) {
-      ++server_->counters().bad_frames;
-      KVD_LOG(WARNING) << "connection ended inside a frame (truncated frame)" << Kv("session", id_)
-                       << Kv("peer", peer_) << Kv("payload_bytes", *length)
-                       << Kv("error", ec.message());
-      break;
-    }
-    ++server_->counters().frames_in;
-    auto message = proto::DecodePayload(payload);
-    if (!message.ok()) {
-      ++server_->counters().bad_frames;
-      CompleteError(next_seq_++, 0, message.status());
-      continue;
-    }
-    HandleFrame(std::move(*message));
-    if (hello_done_ && !handshake_deadline_done_) {
-      handshake_deadline_done_ = true;
-      read_deadline_.cancel();
-    }
-    // Large frames are rare: give their memory back instead of keeping the high-water mark.
-    if (payload.capacity() > (1u << 20)) std::vector<uint8_t>().swap(payload);
+    end += got;
   }
+  dispatching_ = false;
   read_deadline_.cancel();
   read_closed_ = true;
   co_await Teardown();
@@ -271,6 +305,49 @@ void Session::HandleFrame(std::unique_ptr<proto::DecodedMessage> message) {
   }
 }
 
+size_t Session::TakeReadyReplies(Frame* batch, int* fd, bool* close_now) {
+  size_t taken = 0;
+  for (auto it = ready_.find(next_write_seq_); it != ready_.end();
+       it = ready_.find(next_write_seq_)) {
+    if (auto f = ready_fds_.find(next_write_seq_); f != ready_fds_.end()) {
+      if (fd == nullptr || !batch->empty()) break;  // flush what is before it first
+      *fd = f->second;
+      ready_fds_.erase(f);
+    }
+    const bool last = close_after_seq_ && *close_after_seq_ == next_write_seq_;
+    if (last && close_now == nullptr) break;
+    batch->insert(batch->end(), it->second.begin(), it->second.end());
+    ready_.erase(it);
+    ++server_->counters().frames_out;
+    ++next_write_seq_;
+    ++taken;
+    if (last) *close_now = true;
+    if (last || (fd != nullptr && *fd >= 0)) break;
+  }
+  return taken;
+}
+
+void Session::FlushReplies() {
+  if (writer_busy_ || writer_done_ || closed_ || !unsent_.empty()) {
+    writer_event_.Notify();
+    return;
+  }
+  // Replies carrying a memfd and the one after which the connection closes stay the writer's.
+  Frame batch;
+  if (TakeReadyReplies(&batch, nullptr, nullptr) > 0) {
+    ssize_t n;
+    do {
+      n = ::send(socket_.native_handle(), batch.data(), batch.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    const size_t sent = n > 0 ? static_cast<size_t>(n) : 0;
+    // What did not go (a full socket buffer, or an error the writer's own write then reports)
+    // is the writer's to send first.
+    if (sent < batch.size()) unsent_.assign(batch.begin() + sent, batch.end());
+    events_event_.Notify();
+  }
+  if (!unsent_.empty() || ready_.count(next_write_seq_) > 0) writer_event_.Notify();
+}
+
 asio::awaitable<void> Session::WriteLoop() {
   Frame batch;
   boost::system::error_code ec;
@@ -278,19 +355,11 @@ asio::awaitable<void> Session::WriteLoop() {
   while (true) {
     batch.clear();
     int fd = -1;  // a reply carrying a memfd goes alone, by sendmsg
-    for (auto it = ready_.find(next_write_seq_); it != ready_.end();
-         it = ready_.find(next_write_seq_)) {
-      if (auto f = ready_fds_.find(next_write_seq_); f != ready_fds_.end()) {
-        if (!batch.empty()) break;  // flush what is before it first
-        fd = f->second;
-        ready_fds_.erase(f);
-      }
-      batch.insert(batch.end(), it->second.begin(), it->second.end());
-      ready_.erase(it);
-      ++server_->counters().frames_out;
-      if (close_after_seq_ && *close_after_seq_ == next_write_seq_) close_now = true;
-      ++next_write_seq_;
-      if (close_now || fd >= 0) break;
+    writer_busy_ = true;
+    if (!unsent_.empty()) {
+      batch.swap(unsent_);  // the rest of a direct write (FlushReplies) goes first
+    } else {
+      TakeReadyReplies(&batch, &fd, &close_now);
     }
     if (fd >= 0) {
       if (!closed_) ec = co_await WriteWithFd(batch, fd);
@@ -311,12 +380,15 @@ asio::awaitable<void> Session::WriteLoop() {
         break;
       }
     }
+    writer_busy_ = false;
     if (close_now || closed_) break;
     if (read_closed_ && handlers_running_ == 0 && next_write_seq_ == next_seq_) break;
     if (batch.empty()) co_await writer_event_.Wait();
   }
+  writer_busy_ = false;
   writer_done_ = true;
   // Replies that will never be written no longer hold pipelining slots.
+  unsent_.clear();
   ready_.clear();
   for (auto& [seq, fd] : ready_fds_) ::close(fd);
   ready_fds_.clear();

@@ -97,6 +97,15 @@ class Session : public std::enable_shared_from_this<Session> {
   // Sends one whole frame whose first byte carries `fd`.
   asio::awaitable<boost::system::error_code> WriteWithFd(const Frame& frame, int fd);
   void CompleteError(uint64_t seq, uint64_t request_id, const Status& status);
+  // Moves the replies that are next in order from ready_ to `batch` and counts them written.
+  // With `fd` null it stops before a reply carrying a memfd; otherwise such a reply is taken
+  // alone (its fd into *fd). With `close_now` null it stops before the reply after which the
+  // connection closes; otherwise that reply ends the batch and sets *close_now. Returns how many.
+  size_t TakeReadyReplies(Frame* batch, int* fd, bool* close_now);
+  // Called by the reader after a batch of requests: writes the replies that are ready, next in
+  // order and plain (no memfd, not the closing one) with one non-blocking send, when the writer
+  // is idle; whatever could not be written goes to the writer (unsent_ first), which is woken.
+  void FlushReplies();
   // Close the connection once the reply of `seq` is written; stop reading now.
   void CloseAfter(uint64_t seq);
   // Runs `body` as a handler coroutine (counted, so teardown waits for it).
@@ -239,6 +248,10 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t next_write_seq_ = 0;  // seq of the next reply to write
   std::map<uint64_t, Frame> ready_;
   std::map<uint64_t, int> ready_fds_;  // seq -> fd its reply carries
+  // Bytes of replies FlushReplies took but could not write at once: the writer sends them first.
+  Frame unsent_;
+  bool writer_busy_ = false;  // WriteLoop is between taking replies and having written them
+  bool dispatching_ = false;  // ReadLoop is handling buffered requests: it flushes their replies
   std::optional<uint64_t> close_after_seq_;
   // Lookup / Commit / Get requests in progress: seq -> (op, steady-clock start in ns), observed
   // into the latency histograms when their reply is completed.

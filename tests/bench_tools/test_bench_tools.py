@@ -50,6 +50,18 @@ def test_memcpy_reports_fresh_warm_spread_and_scatter_phases():
             assert p["gbps"] > 0 and 0 < p["p50_us"] <= p["p99_us"], (phase, extra)
 
 
+def test_pingpong_reports_one_round_trip_per_op():
+    r = run([BENCH, "--op", "pingpong", "--count", "200", "--json"])
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["ok"] and j["op"] == "pingpong" and j["message_bytes"] == 64
+    p = j["pingpong"]
+    assert p["ops"] == 200 and p["bytes"] == 200 * 2 * 64
+    assert 0 < p["p50_us"] <= p["p99_us"]
+    r = run([BENCH, "--op", "pingpong", "--count", "5", "--warmup", "2"])
+    assert r.returncode == 2 and "--warmup needs a daemon (not --op pingpong)" in r.stderr
+
+
 def test_help_names_every_option():
     r = run([BENCH, "--help"])
     assert r.returncode == 0, r.stderr
@@ -67,7 +79,7 @@ def test_usage_errors_name_the_problem():
     r = run([BENCH, "--op", "memcpy", "--count", "4"])
     assert r.returncode == 2 and "--op memcpy needs --chunk-bytes" in r.stderr
     r = run([BENCH, "--op", "copy", "--chunk-bytes", "64K"])
-    assert r.returncode == 2 and "--op must be put, get, both or memcpy" in r.stderr
+    assert r.returncode == 2 and "--op must be put, get, both, memcpy or pingpong" in r.stderr
     # A pid that cannot exist (above the kernel's pid_max).
     r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--daemon-pid", "99999999"])
     assert r.returncode == 2 and "daemon pid 99999999: NOT_FOUND" in r.stderr, r.stderr

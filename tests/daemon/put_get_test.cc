@@ -2,6 +2,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "daemon_test_util.h"
 #include "kvd/proto/convert.h"
 #include "kvd/transport/fault_injection.h"
@@ -366,6 +370,67 @@ TEST_F(PutGetTest, PipelinedRequestsAreAnsweredInOrder) {
   }
   for (auto h : sends) e->transport->Release(h).IgnoreError();
   EXPECT_EQ(server_->host_tier()->GetStats().chunk_count, static_cast<uint64_t>(kChunks));
+}
+
+// The daemon reads whatever the socket has and handles every whole frame in it: frames that
+// arrive in one write, frames split across many small writes, and a burst beyond the
+// pipelining limit are all answered, once each and in order; a bad header after good frames in
+// the same write gets its error after their replies, then the connection closes.
+TEST_F(PutGetTest, FramesAreAnsweredInOrderHoweverTheBytesArrive) {
+  config_.limits.max_inflight_per_session = 4;
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  auto e = ConnectEngine();
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(Put(*e, Hash128{15, 1}, 16, RandomBytes(Layout().ChunkBytes(16), 15)).ok());
+  // `n` Lookups of the stored chunk (request ids first_rid, first_rid + 1, ...) as one byte
+  // string.
+  auto lookups = [](int n, uint64_t first_rid) {
+    std::vector<uint8_t> bytes;
+    for (int i = 0; i < n; ++i) {
+      capnp::MallocMessageBuilder mb;
+      BuildLookup(mb, {Hash128{15, 1}}, first_rid + i);
+      std::vector<uint8_t> frame = proto::EncodeFrame(mb);
+      bytes.insert(bytes.end(), frame.begin(), frame.end());
+    }
+    return bytes;
+  };
+  auto expect_replies = [&](int n, uint64_t first_rid) {
+    for (int i = 0; i < n; ++i) {
+      auto reply = e->conn->Read();
+      ASSERT_NE(reply, nullptr) << "reply " << i;
+      auto r = reply->Root<proto::Response>();
+      EXPECT_EQ(r.getRequestId(), first_rid + i);
+      ASSERT_TRUE(r.isLookup()) << ResponseStatus(*reply);
+      EXPECT_EQ(r.getLookup().getMatchedChunks(), 1u);
+    }
+  };
+  {
+    SCOPED_TRACE("20 frames in one write, 4 in flight at most");
+    ASSERT_TRUE(e->conn->SendBytes(lookups(20, 100)));
+    expect_replies(20, 100);
+  }
+  {
+    SCOPED_TRACE("5 frames in writes of 7 bytes");
+    const std::vector<uint8_t> bytes = lookups(5, 200);
+    for (size_t at = 0; at < bytes.size(); at += 7) {
+      const size_t n = std::min<size_t>(7, bytes.size() - at);
+      ASSERT_TRUE(e->conn->SendBytes({bytes.data() + at, n}));
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    expect_replies(5, 200);
+  }
+  {
+    SCOPED_TRACE("2 frames, then a bad header, in one write");
+    std::vector<uint8_t> bytes = lookups(2, 300);
+    const std::vector<uint8_t> garbage(proto::kFrameHeaderBytes, 0xEE);
+    bytes.insert(bytes.end(), garbage.begin(), garbage.end());
+    ASSERT_TRUE(e->conn->SendBytes(bytes));
+    expect_replies(2, 300);
+    Status s = ReplyStatus(e->conn->Read());
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("bad frame magic"));
+    EXPECT_TRUE(e->conn->WaitClosed());
+  }
 }
 
 TEST_F(PutGetTest, InjectedPostFailureIsReportedAndNothingLeaks) {
