@@ -115,6 +115,7 @@ struct HelloReply {
   calibrationVersion @14 :UInt64;   # VECTOR weights the codec id includes; 0 = none
   readOnly @15 :Bool;               # echo of Hello.readOnly: the session only reads
   releasesOnRequests @16 :Bool;     # the daemon takes Request.releaseReads (older daemons: false)
+  leaseReleasesOnRequests @17 :Bool;  # the daemon takes Request.releaseLeases (older: false)
 }
 
 # Where the bytes of a reservation or read lie in the daemon's shared-memory arena (sessions with
@@ -469,6 +470,11 @@ struct Request {
   # own, and an id that is not an open read of this connection (already ended by the read TTL)
   # is skipped. See docs/wire-format.md "Shared-memory path".
   releaseReads @19 :List(UInt64);
+  # Leases (LookupReply.leaseId) the client is done with, carried on any request instead of one
+  # ReleaseLease exchange each (sent only to a daemon whose HelloReply.leaseReleasesOnRequests
+  # says it takes them). Ended before the request is handled, like releaseReads; no reply of
+  # their own, and an id that is not a live lease of this connection is skipped.
+  releaseLeases @20 :List(UInt64);
 }
 
 struct Response {

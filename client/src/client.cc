@@ -125,6 +125,7 @@ Status ClientImpl::Handshake() {
     session_.shared_memory = h.getSharedMemory();
     session_.read_only = h.getReadOnly();
     session_.releases_on_requests = h.getReleasesOnRequests();
+    lease_releases_on_requests_ = h.getLeaseReleasesOnRequests();
     session_.codec_id = h.getCodecId();
     session_.policy_digest = h.getPolicyDigest();
     session_.policy = h.getPolicy().cStr();
@@ -173,12 +174,31 @@ StatusOr<LookupResult> ClientImpl::Lookup(std::span<const Hash128> chain) {
     out.lease_ttl_ms = l.getLeaseTtlMs();
     return Status::Ok();
   }));
+  if (out.lease_id != 0) {
+    const Deadline now = internal::Clock::now();
+    if (live_leases_.size() >= kMaxLiveLeases) {  // leases never released: forget the expired
+      std::erase_if(live_leases_, [&](const auto& l) { return l.second <= now; });
+    }
+    if (live_leases_.size() < kMaxLiveLeases) {
+      live_leases_[out.lease_id] = now + std::chrono::milliseconds(out.lease_ttl_ms);
+    }
+  }
   return out;
 }
 
 Status ClientImpl::ReleaseLease(uint64_t lease_id) {
   std::lock_guard<std::mutex> lock(mu_);
   KVD_RETURN_IF_ERROR(CheckUsable(false));
+  // A live lease of this connection ends with the next request (any kind), when the daemon
+  // takes Request.releaseLeases: no exchange of its own.
+  if (auto it = live_leases_.find(lease_id); it != live_leases_.end()) {
+    const bool live = internal::Clock::now() < it->second;
+    live_leases_.erase(it);
+    if (live && lease_releases_on_requests_ && !options_.test_release_leases_apart) {
+      channel_->DeferLeaseRelease(lease_id);
+      return Status::Ok();
+    }
+  }
   return CallLocked([&](proto::Request::Builder r) { r.initReleaseLease().setLeaseId(lease_id); })
       .status();
 }

@@ -240,6 +240,8 @@ class ClientImpl final : public Client {
   // True for CUDA device memory (device.h; the entry points have refused what cannot be used).
   static bool IsDevice(const void* p);
   std::map<uint32_t, MappedSegment> segments_;  // GUARDED_BY(mu_)
+  // At most this many entries in live_leases_ (a client that never releases its leases).
+  static constexpr size_t kMaxLiveLeases = 4096;
 
   ClientOptions options_;
   ChainHasher hasher_;
@@ -251,6 +253,13 @@ class ClientImpl final : public Client {
   std::unique_ptr<transport::Transport> nccl_;  // ClientOptions::nccl; GUARDED_BY(mu_)
   transport::PeerHandle nccl_peer_;             // kvd on the link; GUARDED_BY(mu_)
   uint64_t next_tag_ = 1;                       // GUARDED_BY(mu_)
+  // HelloReply.leaseReleasesOnRequests: ReleaseLease of a lease this client holds goes out with
+  // the next request instead of an exchange of its own.
+  bool lease_releases_on_requests_ = false;  // GUARDED_BY(mu_)
+  // Leases this connection's Lookups took and that were not released, with the time until
+  // which they are live (the reply's arrival plus the granted TTL). Only these are released on
+  // the next request; any other id gets the ReleaseLease exchange and the daemon's answer.
+  std::map<uint64_t, Deadline> live_leases_;  // GUARDED_BY(mu_)
   SessionInfo session_;
   std::vector<uint8_t> staging_;  // PutLayers/GetLayers; GUARDED_BY(mu_)
   // Host staging over the transport, one per chunk of a window, pinned for device copies

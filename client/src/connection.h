@@ -88,6 +88,11 @@ class Channel {
       for (size_t i = 0; i < deferred_reads_.size(); ++i) list.set(i, deferred_reads_[i]);
       deferred_reads_.clear();
     }
+    if (!deferred_leases_.empty()) {
+      auto list = req.initReleaseLeases(static_cast<unsigned>(deferred_leases_.size()));
+      for (size_t i = 0; i < deferred_leases_.size(); ++i) list.set(i, deferred_leases_[i]);
+      deferred_leases_.clear();
+    }
     auto frame = proto::EncodeFrame(message);
     Status s = conn_->WriteAll(frame, DeadlineIn(request_timeout_ms_));
     if (!s.ok()) return Break(s);
@@ -135,6 +140,10 @@ class Channel {
     deferred_reads_.pop_back();
     return read;
   }
+  // A lease (LookupReply.leaseId) the caller is done with: it goes out with the
+  // next request (Request.releaseLeases). Only for a daemon that takes them
+  // (HelloReply.leaseReleasesOnRequests); until then the lease pins its chunks in kvd.
+  void DeferLeaseRelease(uint64_t lease) { deferred_leases_.push_back(lease); }
 
   // Marks the channel broken with `s` (UNAVAILABLE / DEADLINE_EXCEEDED) and returns it.
   Status Break(Status s);
@@ -155,6 +164,7 @@ class Channel {
   std::map<uint64_t, int> fds_;  // request id -> memfd of its reply (closed if never taken)
   std::deque<std::unique_ptr<proto::DecodedMessage>> event_frames_;  // unasked `events` frames
   std::vector<uint64_t> deferred_reads_;                             // DeferReleases, not sent yet
+  std::vector<uint64_t> deferred_leases_;                            // DeferLeaseRelease, the same
   Status broken_;
 
  public:

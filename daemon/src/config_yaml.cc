@@ -395,7 +395,10 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
         GetBool(n, "auth", "allow_unauthenticated", &c->auth.allow_unauthenticated));
   }
   if (YAML::Node n = root["protocol"]; n.IsDefined()) {
-    KVD_RETURN_IF_ERROR(CheckMap(n, "protocol", {"releases_on_requests", "inline_put"}));
+    KVD_RETURN_IF_ERROR(CheckMap(
+        n, "protocol", {"releases_on_requests", "inline_put", "lease_releases_on_requests"}));
+    KVD_RETURN_IF_ERROR(GetBool(n, "protocol", "lease_releases_on_requests",
+                                &c->protocol.lease_releases_on_requests));
     KVD_RETURN_IF_ERROR(
         GetBool(n, "protocol", "releases_on_requests", &c->protocol.releases_on_requests));
     KVD_RETURN_IF_ERROR(GetBool(n, "protocol", "inline_put", &c->protocol.inline_put));

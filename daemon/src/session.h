@@ -179,6 +179,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // Request.releaseReads: ends those of `reads` that are open shared-memory reads of this
   // connection (no reply of their own).
   void ReleaseReadsOf(capnp::List<uint64_t>::Reader reads);
+  // Request.releaseLeases: ends those of `leases` that are live leases of this connection (no
+  // reply of their own).
+  void ReleaseLeasesOf(capnp::List<uint64_t>::Reader leases);
   // Error for a Commit/Abort of a reservation this session does not hold.
   Status UnknownReservation(uint64_t reservation) const;
   // FAILED_PRECONDITION unless Hello (engine role) succeeded.

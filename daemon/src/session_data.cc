@@ -154,6 +154,10 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
   if (request.hasReleaseReads() && protocol.releases_on_requests) {
     ReleaseReadsOf(request.getReleaseReads());
   }
+  // The same for protocol.lease_releases_on_requests and Request.releaseLeases.
+  if (request.hasReleaseLeases() && protocol.lease_releases_on_requests) {
+    ReleaseLeasesOf(request.getReleaseLeases());
+  }
   auto refuse_unknown_kind = [&] {
     CompleteError(
         seq, rid,
@@ -371,6 +375,7 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
              reply.setSharedMemory(shm_);
              reply.setReadOnly(read_only_);
              reply.setReleasesOnRequests(config.protocol.releases_on_requests);
+             reply.setLeaseReleasesOnRequests(config.protocol.lease_releases_on_requests);
              if (codec_ != nullptr) {
                const CompressionPolicy& p = codec_->policy();
                reply.setCodecId(codec_->codec_id());
@@ -441,6 +446,12 @@ void Session::ReleaseReadsOf(capnp::List<uint64_t>::Reader reads) {
     if (shm_reads_.erase(read) == 0) continue;
     server_->tier()->ReleaseRead(read).IgnoreError();
   }
+}
+
+void Session::ReleaseLeasesOf(capnp::List<uint64_t>::Reader leases) {
+  // Only this connection's live leases (HostTier checks the owner); an id already ended (lease
+  // TTL), another connection's or never issued is skipped: this carries no reply to say so.
+  for (uint64_t lease : leases) server_->tier()->ReleaseLease(lease, id_).IgnoreError();
 }
 
 uint32_t Session::ServedCodecId() const {

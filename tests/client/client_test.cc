@@ -137,6 +137,25 @@ TEST_F(ClientTest, PutLookupGetRoundTripIsByteExact) {
   EXPECT_TRUE(again->already_stored);
 }
 
+// This daemon predates Request.releaseLeases (its HelloReply does not offer it): every release
+// is a ReleaseLease exchange, and no request carries the field.
+TEST_F(ClientTest, AnOlderDaemonGetsReleaseLeaseExchanges) {
+  Start();
+  auto c = Connect(Options());
+  ASSERT_NE(c, nullptr);
+  const size_t bytes = TinyLayout().ChunkBytes(32);
+  const Hash128 h{0x1ea5, 1};
+  const std::vector<uint8_t> data = Random(bytes, 5);
+  ASSERT_TRUE(c->Put(h, 32, data.data(), bytes).ok());
+  for (int i = 0; i < 3; ++i) {
+    auto hit = c->Lookup({&h, 1});
+    ASSERT_TRUE(hit.ok() && hit->matched_chunks == 1u) << hit.status();
+    EXPECT_TRUE(c->ReleaseLease(hit->lease_id).ok());
+    EXPECT_EQ(daemon_->seen("release"), i + 1);
+  }
+  EXPECT_EQ(daemon_->seen("releaseLeases"), 0);
+}
+
 TEST_F(ClientTest, PipelinesMoreChunksThanTheWindow) {
   Start();
   ClientOptions o = Options();

@@ -159,6 +159,8 @@ void FakeDaemon::ServeConnection(int fd) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++seen_[kind];
+      // A client must not send these to a daemon that did not offer to take them.
+      if (req.hasReleaseLeases()) ++seen_["releaseLeases"];
     }
     if (hung) continue;
     if (kind == behavior_.close_on) break;

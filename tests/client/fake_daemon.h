@@ -38,7 +38,7 @@ class FakeDaemon {
 
   std::string address() const { return "unix:" + path_; }
   size_t stored_chunks() const;
-  // Number of requests of each kind seen.
+  // Number of requests of each kind seen ("releaseLeases": requests carrying that field).
   int seen(const std::string& kind) const;
   void Stop();
 

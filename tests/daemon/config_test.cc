@@ -117,7 +117,7 @@ chunk_tokens: 64
 hash_seed: s3cret
 tiers: {host: {capacity: 512MiB}}
 limits: {max_frame_bytes: 1MiB, transfer_timeout_ms: 1234}
-protocol: {releases_on_requests: false, inline_put: false}
+protocol: {releases_on_requests: false, inline_put: false, lease_releases_on_requests: false}
 models:
   - name: tiny
     layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 4, dtype: f16,
@@ -134,6 +134,7 @@ models:
   EXPECT_EQ(c->limits.transfer_timeout_ms, 1234);
   EXPECT_FALSE(c->protocol.releases_on_requests);
   EXPECT_FALSE(c->protocol.inline_put);
+  EXPECT_FALSE(c->protocol.lease_releases_on_requests);
   ASSERT_EQ(c->models.size(), 1u);
   EXPECT_EQ(c->models[0].layout.dtype, DType::kFloat16);
   EXPECT_EQ(c->models[0].layout.rope.scaling, RopeScaling::kLinear);

@@ -255,6 +255,7 @@ std::unique_ptr<DaemonTest::Engine> DaemonTest::ConnectEngine(const std::string&
   EXPECT_TRUE(s.ok()) << s;
   auto hello = reply->Root<proto::Response>().getHello();
   e->session_id = hello.getSessionId();
+  e->lease_releases_on_requests = hello.getLeaseReleasesOnRequests();
   auto addr = hello.getWorkerAddress();
   auto peer = e->transport->Connect(
       std::string_view(reinterpret_cast<const char*>(addr.begin()), addr.size()));

@@ -99,6 +99,7 @@ class DaemonTest : public ::testing::Test {
     transport::PeerHandle daemon_peer;
     std::unique_ptr<RawClient> conn;
     uint64_t session_id = 0;
+    bool lease_releases_on_requests = false;  // HelloReply.leaseReleasesOnRequests
   };
   std::unique_ptr<Engine> ConnectEngine(const std::string& model = "stories260k");
 

@@ -433,6 +433,50 @@ TEST_F(PutGetTest, FramesAreAnsweredInOrderHoweverTheBytesArrive) {
   }
 }
 
+// Request.releaseLeases: leases a client is done with ride on its next request of any kind
+// (HelloReply.leaseReleasesOnRequests says kvd takes them) and end before that request is
+// handled; an id that is no live lease of this connection (another's, never issued) is
+// skipped. The ReleaseLease exchange of older clients keeps working.
+TEST_F(PutGetTest, LeasesEndWithTheNextRequestThatCarriesThem) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon());
+  auto a = ConnectEngine();
+  auto b = ConnectEngine();
+  ASSERT_TRUE(a != nullptr && b != nullptr);
+  EXPECT_TRUE(a->lease_releases_on_requests);
+  ASSERT_TRUE(Put(*a, Hash128{16, 1}, 16, RandomBytes(Layout().ChunkBytes(16), 16)).ok());
+  LookupResult la = Lookup(*a, {Hash128{16, 1}});
+  LookupResult lb = Lookup(*b, {Hash128{16, 1}});
+  ASSERT_TRUE(la.chunks == 1u && lb.chunks == 1u);
+  EXPECT_EQ(server_->host_tier()->GetStats().leases_open, 2u);
+  {
+    // a's next request, a Lookup that matches nothing, carries a's lease, b's and a made-up id.
+    capnp::MallocMessageBuilder mb;
+    BuildLookup(mb, {Hash128{16, 99}}, 40);
+    auto ids = mb.getRoot<proto::Request>().initReleaseLeases(3);
+    ids.set(0, la.lease);
+    ids.set(1, lb.lease);
+    ids.set(2, 987654321);
+    auto reply = a->conn->Call(mb);
+    ASSERT_NE(reply, nullptr);
+    ASSERT_TRUE(ResponseStatus(*reply).ok()) << ResponseStatus(*reply);
+    EXPECT_EQ(reply->Root<proto::Response>().getLookup().getMatchedChunks(), 0u);
+  }
+  EXPECT_EQ(server_->host_tier()->GetStats().leases_open, 1u) << "b's lease must stay";
+  {
+    capnp::MallocMessageBuilder mb;
+    BuildGet(mb, la.lease, 0, 77, Layout().ChunkBytes(16), 41);
+    Status s = ReplyStatus(a->conn->Call(mb));
+    EXPECT_EQ(s.code(), StatusCode::kAborted) << s;
+    EXPECT_THAT(s.message(), HasSubstr("was already released"));
+  }
+  {
+    capnp::MallocMessageBuilder mb;
+    mb.initRoot<proto::Request>().initReleaseLease().setLeaseId(lb.lease);
+    EXPECT_TRUE(ReplyStatus(b->conn->Call(mb)).ok());
+  }
+  EXPECT_EQ(server_->host_tier()->GetStats().leases_open, 0u);
+}
+
 TEST_F(PutGetTest, InjectedPostFailureIsReportedAndNothingLeaks) {
   transport::TransportOptions opts;
   opts.backend = "loopback";

@@ -141,6 +141,7 @@ TEST_F(CapacityE2eTest, GetOfAnEvictedChunkSendsNoBytes) {
   auto lease_b = engine_->Lookup({&b, 1});
   ASSERT_TRUE(lease_b.ok());
   ASSERT_TRUE(engine_->ReleaseLease(lease_b->lease_id).ok());
+  SendNextRequest(*engine_);  // the release goes out with it
   auto eb = admin_->Evict({client::EvictFilter::Kind::kChunk, "", b});
   ASSERT_TRUE(eb.ok());
   EXPECT_EQ(eb->chunks, 1u);

@@ -165,6 +165,7 @@ TEST_P(DataPathContractTest, PutAndGetAreByteExactAtEverySize) {
   ASSERT_TRUE(c->Get(hit->lease_id, 0, out.data(), out.size()).ok());
   EXPECT_EQ(out, data[2]);
   EXPECT_TRUE(c->ReleaseLease(hit->lease_id).ok());
+  SendNextRequest(*c);  // the release (and a shared-memory read's end) goes out with it
   EXPECT_TRUE(Eventually([&] { return HostTier(*admin_).pinned_bytes == 0; }, 5s));
   EXPECT_EQ(HostTier(*admin_).reserved_bytes, 0u);
 }
@@ -196,6 +197,38 @@ TEST_P(DataPathContractTest, ALeasePinsItsChunksUntilReleasedThenItIsGone) {
       << late.status();
   EXPECT_TRUE(Eventually([&] { return HostTier(*admin_).pinned_bytes == 0; }, 5s));
   ExpectServes(*c, 32);
+}
+
+// ReleaseLease of a live lease costs no exchange: kvd reads nothing until the client's next
+// request, which ends it. With the exchange forced (as with a kvd older than
+// Request.releaseLeases) kvd reads one ReleaseLease and the lease ends before the call
+// returns. An id this client does not hold is always an exchange, with kvd's error.
+TEST_P(DataPathContractTest, AReleasedLeaseEndsWithTheNextRequest) {
+  for (const bool apart : {false, true}) {
+    SCOPED_TRACE(apart ? "ReleaseLease exchange" : "release on the next request");
+    client::ClientOptions o = Options(apart ? "lease-apart" : "lease-next");
+    o.test_release_leases_apart = apart;
+    auto c = ConnectOrFail(o);
+    ASSERT_NE(c, nullptr);
+    const Hash128 h{0x1ea5e, apart ? 11u : 10u};
+    PutChunk(*c, h, 44);
+    auto hit = c->Lookup({&h, 1});
+    ASSERT_TRUE(hit.ok() && hit->matched_chunks == 1u);
+    const uint64_t frames_before = CounterValue(*admin_, "frames_in");
+    ASSERT_TRUE(c->ReleaseLease(hit->lease_id).ok());
+    // Frames kvd read in between: the client's, and the admin's second Stats request.
+    EXPECT_EQ(CounterValue(*admin_, "frames_in") - frames_before - 1, apart ? 1u : 0u);
+    EXPECT_EQ(CounterValue(*admin_, "host_leases_open"), apart ? 0u : 1u);
+    SendNextRequest(*c);
+    EXPECT_EQ(CounterValue(*admin_, "host_leases_open"), 0u);
+    EXPECT_EQ(HostTier(*admin_).pinned_bytes, 0u);
+    // Released twice: the second is an exchange, and kvd says the lease ended.
+    Status again = c->ReleaseLease(hit->lease_id);
+    EXPECT_EQ(again.code(), StatusCode::kAborted) << again;
+    EXPECT_NE(again.message().find("was already released"), std::string::npos) << again;
+    Status unknown = c->ReleaseLease(987654321);
+    EXPECT_EQ(unknown.code(), StatusCode::kNotFound) << unknown;
+  }
 }
 
 TEST_P(DataPathContractTest, AnExpiredLeaseIsRefusedWithItsReason) {

@@ -114,6 +114,15 @@ inline uint32_t Present(client::Client& c, const Hash128& hash) {
   return r->matched_chunks;
 }
 
+// One request that takes nothing (a Lookup of a key never stored): what the client defers to
+// its next request (ended shared-memory reads, released leases) reaches kvd with it.
+inline void SendNextRequest(client::Client& c) {
+  const Hash128 never_stored{0x6e657874, ~uint64_t{0}};
+  auto r = c.Lookup({&never_stored, 1});
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (r.ok()) EXPECT_EQ(r->lease_id, 0u);
+}
+
 // A full put -> lookup -> get cycle with byte comparison; what "the daemon keeps serving other
 // clients" means in these tests.
 inline void ExpectServes(client::Client& c, uint64_t seed) {

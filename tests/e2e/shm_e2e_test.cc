@@ -88,6 +88,7 @@ TEST_F(ShmE2eTest, PutAndGetAreByteExactAndSeenByTheTransportPath) {
   ASSERT_TRUE(shm->Get(hit->lease_id, 0, out.data(), out.size()).ok());
   EXPECT_EQ(out, tcp_data);
   EXPECT_TRUE(shm->ReleaseLease(hit->lease_id).ok());
+  SendNextRequest(*shm);  // which carries the read's end and the lease's release
   // Every read was released: nothing stays pinned.
   EXPECT_TRUE(Eventually([&] { return HostTier(*admin_).pinned_bytes == 0; }, 5s));
 }
@@ -270,9 +271,12 @@ void ExpectGetsReleaseTheirReads(client::Client& admin, client::Client& c, uint6
     EXPECT_EQ(CounterValue(admin, "host_reads_open"), uint64_t{kChunks})
         << "the reads end with the next request, not before";
   }
-  // The next request (any kind) ends them; then nothing is pinned.
+  // The next request (any kind) ends them, and the released lease with it (with a kvd that
+  // takes releaseLeases, ReleaseLease itself sends nothing); then nothing is pinned.
   ASSERT_TRUE(c.ReleaseLease(hit->lease_id).ok());
+  SendNextRequest(c);
   EXPECT_EQ(CounterValue(admin, "host_reads_open"), 0u);
+  EXPECT_EQ(CounterValue(admin, "host_leases_open"), 0u);
   EXPECT_EQ(HostTier(admin).pinned_bytes, 0u);
 }
 
@@ -287,6 +291,7 @@ TEST_F(ShmE2eTest, AGetIsOneExchangeAndItsReadsEndWithTheNextRequest) {
 TEST_F(ShmE2eTest, ReadsEndedByTheirOwnExchangeAsWithAnOlderDaemonOrClient) {
   client::ClientOptions o = ShmOptions("", "apart");
   o.test_release_reads_apart = true;
+  o.test_release_leases_apart = true;
   auto c = ConnectOrFail(o);
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(c->session().shared_memory) << kvd_->Log();
@@ -304,6 +309,7 @@ TEST_F(ShmE2eTest, AnOlderClientBesideACurrentOneReadsByteExactAndItsReleasesAre
   auto writer = ConnectOrFail(ShmOptions("", "writer"));
   client::ClientOptions older_options = ShmOptions("", "older");
   older_options.test_release_reads_apart = true;
+  older_options.test_release_leases_apart = true;  // nor Request.releaseLeases
   auto older = ConnectOrFail(older_options);
   auto current = ConnectOrFail(ShmOptions("", "current"));
   ASSERT_TRUE(writer && older && current);
@@ -338,6 +344,7 @@ TEST_F(ShmE2eTest, AnOlderClientBesideACurrentOneReadsByteExactAndItsReleasesAre
       << "the older client's ReleaseReads ended its reads, and only those";
   ASSERT_TRUE(older->ReleaseLease(older_lease).ok());
   ASSERT_TRUE(current->ReleaseLease(current_lease).ok());
+  SendNextRequest(*current);  // carries the current client's ended reads and released lease
   EXPECT_EQ(CounterValue(*admin_, "host_reads_open"), 0u);
   EXPECT_EQ(HostTier(*admin_).pinned_bytes, 0u);
   client::EvictFilter all;
@@ -367,6 +374,33 @@ TEST_F(ShmE2eTest, ACurrentClientOfAnOlderKvdEndsItsReadsWithReleaseRead) {
   ExpectGetsReleaseTheirReads(*admin, *c, 3, /*apart=*/true);
 }
 
+// (c) A current client and a kvd older than Request.releaseLeases (a current one with
+// protocol.lease_releases_on_requests off: no HelloReply.leaseReleasesOnRequests, the field
+// ignored). The client must end a lease with a ReleaseLease exchange: the lease is gone when the
+// call returns (had the client sent the field instead, the lease would stay until its TTL).
+TEST_F(ShmE2eTest, ACurrentClientOfAnOlderKvdEndsItsLeasesWithReleaseLease) {
+  KvdConfig config;
+  config.host_capacity = "64MiB";
+  config.host_segment = "8MiB";
+  config.extra_yaml = "protocol:\n  lease_releases_on_requests: false\n";
+  auto older_kvd = StartKvd(config);
+  ASSERT_NE(older_kvd, nullptr);
+  auto admin = ConnectOrFail(older_kvd->AdminOptions());
+  auto c = ConnectOrFail(older_kvd->UnixEngineOptions("current"));
+  ASSERT_TRUE(admin && c);
+  const Hash128 h{0x1ea5e0, 1};
+  PutChunk(*c, h, 71);
+  for (int i = 0; i < 2; ++i) {
+    auto hit = c->Lookup({&h, 1});
+    ASSERT_TRUE(hit.ok() && hit->matched_chunks == 1u);
+    const uint64_t frames_before = CounterValue(*admin, "frames_in");
+    ASSERT_TRUE(c->ReleaseLease(hit->lease_id).ok());
+    EXPECT_EQ(CounterValue(*admin, "frames_in") - frames_before - 1, 1u) << "one ReleaseLease";
+    EXPECT_EQ(CounterValue(*admin, "host_leases_open"), 0u);
+  }
+  EXPECT_EQ(HostTier(*admin).pinned_bytes, 0u);
+}
+
 // Ids on Request.releaseReads that are no open read of this connection (another session's,
 // already ended, never issued) end nothing and fail nothing: another client's read stays.
 TEST_F(ShmE2eTest, ReleaseReadsOfAnotherConnectionEndNothing) {
@@ -388,8 +422,10 @@ TEST_F(ShmE2eTest, ReleaseReadsOfAnotherConnectionEndNothing) {
     ASSERT_TRUE(b->Get(hb->lease_id, 0, out.data(), out.size()).ok());
     ASSERT_TRUE(b->ReleaseLease(hb->lease_id).ok());
   }
+  SendNextRequest(*b);  // b's last read and lease end
   EXPECT_EQ(CounterValue(*admin_, "host_reads_open"), 1u) << "b ended a's read";
   ASSERT_TRUE(a->ReleaseLease(hit->lease_id).ok());
+  SendNextRequest(*a);
   EXPECT_EQ(CounterValue(*admin_, "host_reads_open"), 0u);
 }
 

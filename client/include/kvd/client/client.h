@@ -167,6 +167,10 @@ struct ClientOptions {
   // with a daemon older than Request.releaseReads, even when the daemon takes them (default
   // false). Tests of that path against a current daemon set it.
   bool test_release_reads_apart = false;
+  // End every lease with its own ReleaseLease exchange before ReleaseLease returns, as with a
+  // daemon older than Request.releaseLeases, even when the daemon takes them (default false).
+  // Tests of that path against a current daemon set it.
+  bool test_release_leases_apart = false;
 
   // INVALID_ARGUMENT naming the field and value (bad address form, chunk_tokens not a multiple
   // of block_tokens, non-positive timeouts, inline_put_bytes over kMaxInlinePutBytes, engine
@@ -587,6 +591,14 @@ class Client {
   // Longest stored prefix of `chain` (chunk keys, see hashing.h) and a lease pinning the
   // matched chunks. Release the lease (ReleaseLease) when done; it expires otherwise.
   StatusOr<LookupResult> Lookup(std::span<const Hash128> chain);
+  // Ends a lease. A live lease that this client's Lookup took, with a daemon that takes
+  // releases on requests (every kvd since Request.releaseLeases), costs no exchange: it returns
+  // OK at once and the lease ends when the daemon reads this client's next request of any kind
+  // (its chunks stay pinned until then, at most the lease TTL; a client that ends or dies has
+  // its leases ended with its connection). Any other id (another client's, already released,
+  // expired, unknown) and every id with an older daemon is one ReleaseLease exchange, and its
+  // errors are the daemon's: NOT_FOUND for an id this connection does not hold, ABORTED naming
+  // why for one that ended already.
   Status ReleaseLease(uint64_t lease_id);
 
   // Puts one chunk from a contiguous raw chunk (reserve -> send -> commit with checksum).

@@ -141,6 +141,10 @@ struct ProtocolOptions {
   // the "unknown request kind" error of an older daemon, and clients put in three steps
   // (Reserve, the bytes, Commit). Default true.
   bool inline_put = true;
+  // protocol.lease_releases_on_requests: announce HelloReply.leaseReleasesOnRequests and end the
+  // leases a client names on Request.releaseLeases. Off: neither (the field is ignored, as by
+  // older daemons), so clients end each lease with a ReleaseLease exchange. Default true.
+  bool lease_releases_on_requests = true;
 
   bool operator==(const ProtocolOptions&) const = default;
 };
