@@ -40,7 +40,11 @@ void AdviseHugePages(std::byte* data, uint64_t bytes) {
 Server::Impl::Impl(DaemonConfig config, ServerDeps deps)
     : config_(std::move(config)),
       deps_(std::move(deps)),
-      clock_(deps_.clock != nullptr ? deps_.clock : Clock::Real()) {}
+      clock_(deps_.clock != nullptr ? deps_.clock : Clock::Real()) {
+  // Full size from the start: growing it would rehash every remembered reservation on the io
+  // thread, inside a request's latency (0.1-0.8 ms at 10-40 thousand).
+  retired_reservations_.reserve(kRetiredReservationMemory);
+}
 
 Server::Impl::~Impl() {
   StopPrefault();

@@ -43,6 +43,9 @@ HostTier::Impl::Impl(const HostTierOptions& options, std::byte* base, uint64_t c
       listener_(listener),
       arena_(capacity, options.alignment, options.segment_bytes) {
   counters_.kind = TierKind::kHost;
+  // Full size from the start: growing it would rehash every remembered id on the thread that
+  // retires one (0.1-0.8 ms at 10-40 thousand ids, inside a request's latency).
+  retired_.reserve(options_.retired_id_memory);
 }
 
 const char* IdKindName(IdKind kind) {
