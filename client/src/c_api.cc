@@ -282,6 +282,14 @@ int kvd_client_release_lease(kvd_client* client, uint64_t lease_id) {
   });
 }
 
+int kvd_client_flush_releases(kvd_client* client) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr, "client is NULL");
+    kvd::Status s = client->impl->FlushReleases();
+    return s.ok() ? KVD_OK : Fail(s);
+  });
+}
+
 int kvd_client_put(kvd_client* client, kvd_hash128 hash, int32_t tokens, const void* data,
                    size_t bytes, int* already_stored) {
   return Guard([&]() -> int {

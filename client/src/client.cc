@@ -203,6 +203,22 @@ Status ClientImpl::ReleaseLease(uint64_t lease_id) {
       .status();
 }
 
+Status ClientImpl::FlushReleases() {
+  std::lock_guard<std::mutex> lock(mu_);
+  KVD_RETURN_IF_ERROR(CheckUsable(false));
+  // One exchange of its own carries the rest (Request.releaseReads / releaseLeases go with
+  // every request); nothing deferred, nothing sent.
+  if (const uint64_t read = channel_->TakeDeferredRelease(); read != 0) {
+    return CallLocked([&](proto::Request::Builder r) { r.initReleaseRead().setReadId(read); })
+        .status();
+  }
+  if (const uint64_t lease = channel_->TakeDeferredLeaseRelease(); lease != 0) {
+    return CallLocked([&](proto::Request::Builder r) { r.initReleaseLease().setLeaseId(lease); })
+        .status();
+  }
+  return Status::Ok();
+}
+
 void ClientImpl::DropTransfer(TransferHandle transfer, bool nccl) {
   transport::Transport* t = Bulk(nccl);
   t->Cancel(transfer).IgnoreError();
@@ -794,6 +810,7 @@ StatusOr<LookupResult> Client::Lookup(std::span<const Hash128> chain) {
   return Impl(this)->Lookup(chain);
 }
 Status Client::ReleaseLease(uint64_t lease_id) { return Impl(this)->ReleaseLease(lease_id); }
+Status Client::FlushReleases() { return Impl(this)->FlushReleases(); }
 
 StatusOr<PutResult> Client::Put(const Hash128& hash, int tokens, const void* data, size_t bytes) {
   PutItem item;

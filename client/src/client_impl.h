@@ -88,6 +88,8 @@ class ClientImpl final : public Client {
   // An uncommitted slot is dropped (PutSlot's destructor or Abort): its reservation is aborted.
   Status AbortSlot(PutSlot::Hold& hold);
   static constexpr size_t kFlushReadsAt = 16;
+  // Sends the deferred ends of reads and leases now (Client::FlushReleases).
+  Status FlushReleases();
   StatusOr<std::shared_ptr<const std::vector<uint8_t>>> GetVectorWeights(uint64_t version);
 
  private:

@@ -144,6 +144,15 @@ class Channel {
   // next request (Request.releaseLeases). Only for a daemon that takes them
   // (HelloReply.leaseReleasesOnRequests); until then the lease pins its chunks in kvd.
   void DeferLeaseRelease(uint64_t lease) { deferred_leases_.push_back(lease); }
+  size_t deferred_lease_releases() const { return deferred_leases_.size(); }
+  // Takes one deferred lease back (0 if none), to end it with a ReleaseLease exchange of its
+  // own that the others ride on.
+  uint64_t TakeDeferredLeaseRelease() {
+    if (deferred_leases_.empty()) return 0;
+    const uint64_t lease = deferred_leases_.back();
+    deferred_leases_.pop_back();
+    return lease;
+  }
 
   // Marks the channel broken with `s` (UNAVAILABLE / DEADLINE_EXCEEDED) and returns it.
   Status Break(Status s);

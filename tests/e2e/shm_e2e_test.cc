@@ -288,6 +288,48 @@ TEST_F(ShmE2eTest, AGetIsOneExchangeAndItsReadsEndWithTheNextRequest) {
   ExpectGetsReleaseTheirReads(*admin_, *c, 1, /*apart=*/false);
 }
 
+// FlushReleases ends the deferred reads and the deferred lease in one exchange, and sends
+// nothing when nothing is pending; the C twin does the same.
+TEST_F(ShmE2eTest, FlushReleasesEndsWhatRidesOnTheNextRequestInOneExchange) {
+  auto c = ConnectOrFail(ShmOptions("", "flush"));
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->session().shared_memory) << kvd_->Log();
+  ASSERT_TRUE(c->session().releases_on_requests);
+  const size_t bytes = c->options().layout.ChunkBytes(256);
+  constexpr uint32_t kChunks = 3;
+  std::vector<Hash128> chain;
+  std::vector<std::vector<uint8_t>> data;
+  for (uint64_t i = 0; i < kChunks; ++i) {
+    chain.push_back(Hash128{0xf105, i});
+    data.push_back(PutChunk(*c, chain.back(), 700 + i));
+  }
+  auto hit = c->Lookup(chain);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  ASSERT_EQ(hit->matched_chunks, kChunks);
+  std::vector<std::vector<uint8_t>> out(kChunks, std::vector<uint8_t>(bytes));
+  std::vector<client::GetItem> gets;
+  for (uint32_t i = 0; i < kChunks; ++i) gets.push_back({i, out[i].data(), out[i].size()});
+  ASSERT_TRUE(c->GetChunks(hit->lease_id, gets).ok());
+  for (uint32_t i = 0; i < kChunks; ++i) EXPECT_EQ(out[i], data[i]) << "chunk " << i;
+  ASSERT_TRUE(c->ReleaseLease(hit->lease_id).ok());
+  ASSERT_EQ(CounterValue(*admin_, "host_reads_open"), uint64_t{kChunks});
+  ASSERT_EQ(CounterValue(*admin_, "host_leases_open"), 1u);
+  ASSERT_GT(HostTier(*admin_).pinned_bytes, 0u);
+
+  uint64_t before = CounterValue(*admin_, "frames_in");
+  ASSERT_TRUE(c->FlushReleases().ok());
+  // The flush's exchange, then the admin's second Stats request.
+  EXPECT_EQ(CounterValue(*admin_, "frames_in") - before - 1, 1u) << "one exchange";
+  EXPECT_EQ(CounterValue(*admin_, "host_reads_open"), 0u);
+  EXPECT_EQ(CounterValue(*admin_, "host_leases_open"), 0u);
+  EXPECT_EQ(HostTier(*admin_).pinned_bytes, 0u);
+
+  before = CounterValue(*admin_, "frames_in");
+  ASSERT_TRUE(c->FlushReleases().ok());
+  EXPECT_EQ(CounterValue(*admin_, "frames_in") - before - 1, 0u) << "nothing pending, no exchange";
+  EXPECT_NE(kvd_client_flush_releases(nullptr), KVD_OK);
+}
+
 TEST_F(ShmE2eTest, ReadsEndedByTheirOwnExchangeAsWithAnOlderDaemonOrClient) {
   client::ClientOptions o = ShmOptions("", "apart");
   o.test_release_reads_apart = true;

@@ -600,6 +600,13 @@ class Client {
   // errors are the daemon's: NOT_FOUND for an id this connection does not hold, ABORTED naming
   // why for one that ended already.
   Status ReleaseLease(uint64_t lease_id);
+  // Ends now what this client has released but kvd has not heard of yet: the leases
+  // ReleaseLease deferred and the reads of ended ChunkViews and copying gets, all in one
+  // exchange (nothing to end: no exchange, OK). For an engine that is about to go quiet, so that
+  // what it released does not stay pinned until its next request (at most the lease / read
+  // TTL). Errors: UNAVAILABLE for a broken connection; the daemon's error for the exchange
+  // (the connection's end ends those reads and leases anyway).
+  Status FlushReleases();
 
   // Puts one chunk from a contiguous raw chunk (reserve -> send -> commit with checksum).
   StatusOr<PutResult> Put(const Hash128& hash, int tokens, const void* data, size_t bytes);

@@ -182,6 +182,9 @@ int kvd_client_chunk_chain(kvd_client* client, const int32_t* tokens, size_t num
 int kvd_client_lookup(kvd_client* client, const kvd_hash128* chain, size_t chain_length,
                       kvd_lookup_result* out);
 int kvd_client_release_lease(kvd_client* client, uint64_t lease_id);
+/* Ends now the lease and read releases that ride on the client's next request (see
+ * Client::FlushReleases in client.h): one exchange, none when nothing is pending. */
+int kvd_client_flush_releases(kvd_client* client);
 
 /* Puts a raw chunk (layout of kvd/common/layout.h). *already_stored (may be NULL) is set to 1
  * when the daemon already had it. */
