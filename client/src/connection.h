@@ -134,12 +134,7 @@ class Channel {
   size_t deferred_releases() const { return deferred_reads_.size(); }
   // Takes one deferred read back (0 if none), to end it with a ReleaseRead exchange of its own
   // that the others ride on.
-  uint64_t TakeDeferredRelease() {
-    if (deferred_reads_.empty()) return 0;
-    const uint64_t read = deferred_reads_.back();
-    deferred_reads_.pop_back();
-    return read;
-  }
+  uint64_t TakeDeferredRelease() { return TakeLast(deferred_reads_); }
   // A lease (LookupReply.leaseId) the caller is done with: it goes out with the
   // next request (Request.releaseLeases). Only for a daemon that takes them
   // (HelloReply.leaseReleasesOnRequests); until then the lease pins its chunks in kvd.
@@ -147,12 +142,7 @@ class Channel {
   size_t deferred_lease_releases() const { return deferred_leases_.size(); }
   // Takes one deferred lease back (0 if none), to end it with a ReleaseLease exchange of its
   // own that the others ride on.
-  uint64_t TakeDeferredLeaseRelease() {
-    if (deferred_leases_.empty()) return 0;
-    const uint64_t lease = deferred_leases_.back();
-    deferred_leases_.pop_back();
-    return lease;
-  }
+  uint64_t TakeDeferredLeaseRelease() { return TakeLast(deferred_leases_); }
 
   // Marks the channel broken with `s` (UNAVAILABLE / DEADLINE_EXCEEDED) and returns it.
   Status Break(Status s);
@@ -162,6 +152,13 @@ class Channel {
   int TakeFd(uint64_t request_id);
 
  private:
+  // The last id of `ids`, removed (0 when empty).
+  static uint64_t TakeLast(std::vector<uint64_t>& ids) {
+    if (ids.empty()) return 0;
+    const uint64_t id = ids.back();
+    ids.pop_back();
+    return id;
+  }
   // Reads one frame and files it under its requestId. Breaks the channel on failure.
   Status ReadOne(Deadline deadline);
   StatusOr<std::unique_ptr<proto::DecodedMessage>> Take(uint64_t request_id);

@@ -62,6 +62,29 @@ inline std::unique_ptr<client::Client> ConnectOrFail(const client::ClientOptions
   return c.ok() ? std::move(c).value() : nullptr;
 }
 
+// A kvd older than one protocol feature: a current kvd (64 MiB arena in 8 MiB segments) with
+// `protocol.<feature>: false`, which serves clients as a kvd that predates the feature did; with
+// an admin client and an engine client ("current") of it. ok() is false when any part failed
+// (the failure is already reported).
+struct OlderKvd {
+  std::unique_ptr<KvdProcess> kvd;
+  std::unique_ptr<client::Client> admin;
+  std::unique_ptr<client::Client> engine;
+  bool ok() const { return kvd && admin && engine; }
+};
+inline OlderKvd StartKvdWithout(const std::string& feature) {
+  KvdConfig config;
+  config.host_capacity = "64MiB";
+  config.host_segment = "8MiB";
+  config.extra_yaml = "protocol:\n  " + feature + ": false\n";
+  OlderKvd older;
+  older.kvd = StartKvd(config);
+  if (older.kvd == nullptr) return older;
+  older.admin = ConnectOrFail(older.kvd->AdminOptions());
+  older.engine = ConnectOrFail(older.kvd->UnixEngineOptions("current"));
+  return older;
+}
+
 // The C ABI's kvd_config for the C++ options of an engine (address, model, layout, ...); its
 // strings point into `o`, which must outlive the config.
 inline kvd_config CConfig(const client::ClientOptions& o) {

@@ -239,16 +239,11 @@ TEST_F(InPlaceE2eTest, EndedViewsAreFlushedWithoutAnotherCall) {
 // A kvd older than Request.releaseReads (a current one with protocol.releases_on_requests off):
 // each ended view's read goes with a ReleaseRead exchange of its own, at once.
 TEST_F(InPlaceE2eTest, ViewsOfAnOlderKvdEndWithTheirOwnReleaseRead) {
-  KvdConfig config;
-  config.host_capacity = "64MiB";
-  config.host_segment = "8MiB";
-  config.extra_yaml = "protocol:\n  releases_on_requests: false\n";
-  auto older_kvd = StartKvd(config);
-  ASSERT_NE(older_kvd, nullptr);
-  auto admin = ConnectOrFail(older_kvd->AdminOptions());
-  auto c = ConnectOrFail(older_kvd->UnixEngineOptions("current"));
-  ASSERT_TRUE(admin && c);
-  ASSERT_TRUE(c->session().shared_memory) << older_kvd->Log();
+  OlderKvd older = StartKvdWithout("releases_on_requests");
+  ASSERT_TRUE(older.ok());
+  auto& admin = older.admin;
+  auto& c = older.engine;
+  ASSERT_TRUE(c->session().shared_memory) << older.kvd->Log();
   ASSERT_FALSE(c->session().releases_on_requests);
   std::vector<Hash128> chain;
   std::vector<std::vector<uint8_t>> data;

@@ -402,16 +402,11 @@ TEST_F(ShmE2eTest, AnOlderClientBesideACurrentOneReadsByteExactAndItsReleasesAre
 // ignores the field, as the older kvd did. The client must see that and end each read with
 // ReleaseRead (were it to send the field, the reads would stay open and this test fail).
 TEST_F(ShmE2eTest, ACurrentClientOfAnOlderKvdEndsItsReadsWithReleaseRead) {
-  KvdConfig config;
-  config.host_capacity = "64MiB";
-  config.host_segment = "8MiB";
-  config.extra_yaml = "protocol:\n  releases_on_requests: false\n";
-  auto older_kvd = StartKvd(config);
-  ASSERT_NE(older_kvd, nullptr);
-  auto admin = ConnectOrFail(older_kvd->AdminOptions());
-  auto c = ConnectOrFail(older_kvd->UnixEngineOptions("current"));
-  ASSERT_TRUE(admin && c);
-  ASSERT_TRUE(c->session().shared_memory) << older_kvd->Log();
+  OlderKvd older = StartKvdWithout("releases_on_requests");
+  ASSERT_TRUE(older.ok());
+  auto& admin = older.admin;
+  auto& c = older.engine;
+  ASSERT_TRUE(c->session().shared_memory) << older.kvd->Log();
   EXPECT_FALSE(c->session().releases_on_requests);
   ExpectGetsReleaseTheirReads(*admin, *c, 3, /*apart=*/true);
 }
@@ -421,15 +416,10 @@ TEST_F(ShmE2eTest, ACurrentClientOfAnOlderKvdEndsItsReadsWithReleaseRead) {
 // ignored). The client must end a lease with a ReleaseLease exchange: the lease is gone when the
 // call returns (had the client sent the field instead, the lease would stay until its TTL).
 TEST_F(ShmE2eTest, ACurrentClientOfAnOlderKvdEndsItsLeasesWithReleaseLease) {
-  KvdConfig config;
-  config.host_capacity = "64MiB";
-  config.host_segment = "8MiB";
-  config.extra_yaml = "protocol:\n  lease_releases_on_requests: false\n";
-  auto older_kvd = StartKvd(config);
-  ASSERT_NE(older_kvd, nullptr);
-  auto admin = ConnectOrFail(older_kvd->AdminOptions());
-  auto c = ConnectOrFail(older_kvd->UnixEngineOptions("current"));
-  ASSERT_TRUE(admin && c);
+  OlderKvd older = StartKvdWithout("lease_releases_on_requests");
+  ASSERT_TRUE(older.ok());
+  auto& admin = older.admin;
+  auto& c = older.engine;
   const Hash128 h{0x1ea5e0, 1};
   PutChunk(*c, h, 71);
   for (int i = 0; i < 2; ++i) {
