@@ -1,5 +1,6 @@
-"""A real kvd process for the Python tests: a temp topology, an ephemeral TCP port, and the
-ready file (`kvd --ready-file`). KVD_BINARY names the daemon (ctest sets it)."""
+"""A real kvd process for the Python tests: a temp topology, an ephemeral TCP port (and, with
+unix=True, a unix socket in the temp dir: the shared-memory path), and the ready file
+(`kvd --ready-file`). KVD_BINARY names the daemon (ctest sets it)."""
 
 import json
 import os
@@ -25,25 +26,31 @@ models:
              rope: {{theta: 10000, pairing: halves, scaling: none}}}}
 chunk_tokens: {chunk_tokens}
 tiers:
-  host: {{capacity: {capacity}, prefault: false}}
+  host: {{capacity: {capacity}, prefault: false{host_extra}}}
 {extra}
 """
 
 
 class KvdDaemon:
-    def __init__(self, node="pytest", chunk_tokens=256, capacity="32MiB", extra=""):
+    def __init__(self, node="pytest", chunk_tokens=256, capacity="32MiB", extra="", segment="",
+                 shared_memory=True, unix=False):
+        """segment: tiers.host.segment ("" = kvd's default, 64 MiB: above the default capacity,
+        so no shared-memory arena); shared_memory: tiers.host.shared_memory."""
         self.binary = os.environ.get("KVD_BINARY", "kvd")
         self.dir = tempfile.mkdtemp(prefix="kvd-pytest-")
         self.config_path = os.path.join(self.dir, "topology.yaml")
         with open(self.config_path, "w") as f:
+            host_extra = (f", segment: {segment}" if segment else "") + (
+                "" if shared_memory else ", shared_memory: false")
             f.write(TOPOLOGY.format(node=node, chunk_tokens=chunk_tokens, capacity=capacity,
-                                    extra=extra))
+                                    host_extra=host_extra, extra=extra))
         ready = os.path.join(self.dir, "ready.json")
         self.log_path = os.path.join(self.dir, "kvd.log")
         self._log = open(self.log_path, "w")
+        unix_path = os.path.join(self.dir, "kvd.sock") if unix else "none"
         self.proc = tied_popen.popen(
             [self.binary, "--config", self.config_path, "--listen", "127.0.0.1:0", "--unix",
-             "none", "--ready-file", ready], stdout=self._log, stderr=subprocess.STDOUT)
+             unix_path, "--ready-file", ready], stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 15
         while not os.path.exists(ready):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -53,6 +60,7 @@ class KvdDaemon:
         with open(ready) as f:
             info = json.load(f)
         self.address = info["tcp"]
+        self.unix_address = "unix:" + info["unix"] if info.get("unix") else ""
         self.metrics_address = info.get("metrics", "")
 
     def log(self):

@@ -14,6 +14,14 @@ bytearray, memoryview) or DLPack (torch CPU tensors, ...) that is C-contiguous h
 Every blocking call releases the GIL. A failure raises kvd.Error (or its subclass per status
 code, e.g. kvd.NotFoundError) with .code, .code_name and .message.
 
+Zero-copy on kvd's node (a "unix:/path" address; c.shared_memory is then True):
+c.read_in_place(lease_id, index, verify_checksum=True) -> kvd.ChunkView, a read-only buffer
+(memoryview / numpy.frombuffer without a copy) of the chunk where it lies in kvd's arena, pinned
+until released; c.reserve_put(hash, tokens) -> kvd.PutSlot, a writable buffer of the reserved
+slot, published by slot.commit() (or c.commit_put(slot)) and aborted when released or collected
+uncommitted; c.flush_releases(). Both are context managers; a buffer exported from one keeps it
+alive (see the README's "Zero-copy reads and writes in Python").
+
 KV cache events (for routers): c.subscribe_events(namespace="", queue_limit=0), then
 c.poll_events(timeout_ms) returns a list of dicts shaped like `kvdctl events --json` lines
 ({"seq", "event": "stored"|"removed"|"dropped", "tier", "namespace", "model", "hash", ...}).
@@ -25,7 +33,8 @@ gather/scatter per-layer K/V arrays for you).
 
 from ._errors import *  # noqa: F401,F403
 from ._errors import Error, error_for_code  # noqa: F401
-from ._kvd import Client, GetResult, Hash128, LookupResult, PutResult  # noqa: F401
+from ._kvd import (  # noqa: F401
+    ChunkView, Client, GetResult, Hash128, LookupResult, PutResult, PutSlot)
 
 __version__ = "0.1.0"
 
@@ -46,6 +55,8 @@ def connect(address="127.0.0.1:7400", model="", **options):
                  on the shared-memory path at most 32768 whatever this says)
     read_only    True: a reading session; its puts raise kvd.PermissionDeniedError and its
                  shared-memory mappings of kvd's arena cannot be made writable
+    shared_memory  False: never the shared-memory path, even over a unix socket (default True:
+                 asked for on a "unix:/path" address; needed by read_in_place and reserve_put)
     """
     return Client.connect(address=address, model=model, **options)
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "binding.h"
 #include "buffers.h"
 #include "kvd/client/client.h"
 #include "kvd/client/json.h"
@@ -23,26 +24,32 @@ using kvd::StatusOr;
 using kvd::client::Client;
 using kvd::client::ClientOptions;
 using kvd::python::BufferView;
+using kvd::python::Check;
+using kvd::python::PyClient;
+using kvd::python::Raise;
 
-namespace {
+namespace kvd::python {
 
-[[noreturn]] void Raise(const Status& s) {
-  py::object error_for_code = py::module_::import("kvd._errors").attr("error_for_code");
-  py::object cls = error_for_code(static_cast<int>(s.code()));
-  py::object exc =
-      cls(static_cast<int>(s.code()), std::string(kvd::StatusCodeName(s.code())), s.message());
-  PyErr_SetObject(cls.ptr(), exc.ptr());
+void SetError(const Status& s) {
+  try {
+    py::object error_for_code = py::module_::import("kvd._errors").attr("error_for_code");
+    py::object cls = error_for_code(static_cast<int>(s.code()));
+    py::object exc =
+        cls(static_cast<int>(s.code()), std::string(kvd::StatusCodeName(s.code())), s.message());
+    PyErr_SetObject(cls.ptr(), exc.ptr());
+  } catch (py::error_already_set& e) {
+    e.restore();  // kvd._errors could not be imported: that error is the one in flight
+  }
+}
+
+void Raise(const Status& s) {
+  SetError(s);
   throw py::error_already_set();
 }
 
-template <typename T>
-T Check(StatusOr<T> v) {
-  if (!v.ok()) Raise(v.status());
-  return std::move(v).value();
-}
-void Check(const Status& s) {
-  if (!s.ok()) Raise(s);
-}
+}  // namespace kvd::python
+
+namespace {
 
 BufferView View(py::handle obj, bool writable, const char* what) {
   return Check(BufferView::Of(obj, writable, what));
@@ -148,15 +155,6 @@ kvd::ModelLayout RegisteredLayout(const ClientOptions& engine, const std::string
                          engine.address));
 }
 
-// The Python object: close() drops the connection before the object is collected.
-struct PyClient {
-  std::unique_ptr<Client> client;
-  Client& get() {
-    if (!client) Raise(Status::FailedPrecondition("the client is closed"));
-    return *client;
-  }
-};
-
 }  // namespace
 
 PYBIND11_MODULE(_kvd, m) {
@@ -198,9 +196,11 @@ PYBIND11_MODULE(_kvd, m) {
   py::class_<kvd::client::GetResult>(m, "GetResult")
       .def_readonly("bytes", &kvd::client::GetResult::bytes)
       .def_readonly("checksum", &kvd::client::GetResult::checksum)
-      .def_readonly("tokens", &kvd::client::GetResult::tokens);
+      .def_readonly("tokens", &kvd::client::GetResult::tokens)
+      .def_readonly("codec_id", &kvd::client::GetResult::codec_id);
 
-  py::class_<PyClient>(m, "Client")
+  py::class_<PyClient> client(m, "Client");
+  client
       .def_static(
           "connect",
           [](const std::string& address, const std::string& model, std::optional<py::dict> layout,
@@ -208,7 +208,7 @@ PYBIND11_MODULE(_kvd, m) {
              const std::string& hash_seed, int chunk_tokens, int block_tokens,
              const std::string& ucx_tls, const std::string& net_devices, bool admin,
              int64_t timeout_ms, int max_in_flight, bool nccl, int nccl_device,
-             int64_t inline_put_bytes, bool read_only) {
+             int64_t inline_put_bytes, bool read_only, bool shared_memory) {
             ClientOptions o;
             o.address = address;
             o.client_id = client_id;
@@ -226,7 +226,8 @@ PYBIND11_MODULE(_kvd, m) {
                                             std::to_string(inline_put_bytes)));
             }
             o.inline_put_bytes = static_cast<size_t>(inline_put_bytes);
-            o.read_only = read_only;  // a reading session: puts refused, read-only mappings
+            o.read_only = read_only;          // a reading session: puts refused, read-only mappings
+            o.shared_memory = shared_memory;  // asked for on a unix-socket address
             if (timeout_ms > 0) {
               o.connect_timeout_ms = o.request_timeout_ms = o.transfer_timeout_ms = timeout_ms;
             }
@@ -250,7 +251,8 @@ PYBIND11_MODULE(_kvd, m) {
           py::arg("admin") = false, py::arg("timeout_ms") = 0, py::arg("max_in_flight") = 8,
           py::arg("nccl") = false, py::arg("nccl_device") = 0,
           py::arg("inline_put_bytes") = kvd::client::ClientOptions().inline_put_bytes,
-          py::arg("read_only") = false)
+          py::arg("read_only") = false,
+          py::arg("shared_memory") = kvd::client::ClientOptions().shared_memory)
       .def_property_readonly("layout",
                              [](PyClient& self) {
                                Client& c = self.get();
@@ -270,6 +272,11 @@ PYBIND11_MODULE(_kvd, m) {
                              [](PyClient& self) {
                                Client& c = self.get();
                                return c.session().node_name;
+                             })
+      .def_property_readonly("shared_memory",
+                             [](PyClient& self) {
+                               Client& c = self.get();
+                               return c.session().shared_memory;
                              })
       .def_property_readonly("connected",
                              [](PyClient& self) { return self.client && self.client->connected(); })
@@ -463,4 +470,5 @@ PYBIND11_MODULE(_kvd, m) {
         py::gil_scoped_release nogil;
         c.reset();  // says goodbye; bounded by the timeouts
       });
+  kvd::python::BindInPlace(m, client);
 }
