@@ -170,6 +170,8 @@ kvd::Status ReadConfig(const kvd_config& caller, kvd_config* out) {
 
 extern "C" {
 
+int kvd_client_abi_version(void) { return KVD_CLIENT_ABI_VERSION; }
+
 const char* kvd_last_error(void) { return g_last_error.c_str(); }
 
 const char* kvd_error_name(int code) {

@@ -66,6 +66,12 @@ TEST(CApiTest, ConnectFailureSetsCodeAndMessage) {
       << kvd_last_error();
 }
 
+// The loaded library's ABI version is the header's (KVD_CLIENT_ABI_VERSION, the SONAME's number).
+TEST(CApiTest, LoadedLibraryHasTheHeadersAbiVersion) {
+  EXPECT_EQ(kvd_client_abi_version(), KVD_CLIENT_ABI_VERSION);
+  EXPECT_GE(KVD_CLIENT_ABI_VERSION, 1);  // 1: the struct_size versioning
+}
+
 // kvd_config is versioned by struct_size (set by the inline kvd_config_init, i.e. the caller's
 // sizeof). A config that did not come from kvd_config_init is refused naming struct_size; one
 // from a newer header (a larger struct) is taken when its unknown fields are zero.

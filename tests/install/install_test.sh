@@ -18,15 +18,21 @@ cleanup() {
 trap cleanup EXIT
 PREFIX=$WORK/prefix
 
+# The SONAME's number: kvd_client.h's KVD_CLIENT_ABI_VERSION.
+ABI=$(sed -n 's/^#define KVD_CLIENT_ABI_VERSION \([0-9][0-9]*\)$/\1/p' \
+  "$SRC_DIR/client/include/kvd/client/kvd_client.h")
+[[ -n $ABI ]] || { echo "kvd_client.h has no KVD_CLIENT_ABI_VERSION"; exit 1; }
+
 echo "[install] cmake --install into $PREFIX"
 cmake --install "$BUILD_DIR" --prefix "$PREFIX" > "$WORK/install.log"
-for f in bin/kvd bin/kvdctl bin/kvd-bench lib/libkvd_client.so lib/libkvd_client.so.0 \
+for f in bin/kvd bin/kvdctl bin/kvd-bench lib/libkvd_client.so "lib/libkvd_client.so.$ABI" \
   include/kvd/client/client.h include/kvd/client/kvd_client.h include/kvd/common/status.h \
   include/kvd/transport/options.h lib/cmake/kvd/kvdConfig.cmake lib/pkgconfig/kvd_client.pc; do
   [[ -e $PREFIX/$f ]] || { echo "missing $f in the installed prefix"; exit 1; }
 done
 soname=$(readelf -d "$PREFIX/lib/libkvd_client.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
-[[ $soname == libkvd_client.so.0 ]] || { echo "SONAME is '$soname', want libkvd_client.so.0"; exit 1; }
+[[ $soname == "libkvd_client.so.$ABI" ]] ||
+  { echo "SONAME is '$soname', want libkvd_client.so.$ABI"; exit 1; }
 # The installed tools must run from the prefix (RPATH $ORIGIN/../lib), not from the build tree.
 if ldd "$PREFIX/bin/kvdctl" | grep -q "$BUILD_DIR"; then
   echo "installed kvdctl still links the build tree:"; ldd "$PREFIX/bin/kvdctl"; exit 1

@@ -15,6 +15,11 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: consumer_c HOST:PORT\n");
     return 1;
   }
+  if (kvd_client_abi_version() != KVD_CLIENT_ABI_VERSION) {
+    fprintf(stderr, "loaded libkvd_client has ABI %d, the header %d\n", kvd_client_abi_version(),
+            KVD_CLIENT_ABI_VERSION);
+    return 1;
+  }
   kvd_config cfg;
   kvd_config_init(&cfg);
   cfg.address = argv[1];

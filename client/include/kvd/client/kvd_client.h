@@ -21,6 +21,28 @@
 extern "C" {
 #endif
 
+/* ABI version of libkvd_client. The library's SONAME is libkvd_client.so.<KVD_CLIENT_ABI_VERSION>
+ * (its file libkvd_client.so.<ABI>.<minor>.<patch>, minor and patch those of the kvd release).
+ *
+ * POLICY: one number for everything the library exports, the C ABI of this header and the C++
+ * API of kvd/client/client.h. It grows by one in the first release that changes either
+ * incompatibly: a function removed or renamed; a signature, a constant's value or a field's
+ * meaning changed; a struct of this header reordered or shrunk (kvd_layout changed at all); a
+ * public C++ class or struct of client.h or the headers it includes changing its layout (a field
+ * added to ClientOptions counts) or a virtual function added. Compatible changes keep it: new
+ * functions, fields appended to a struct_size-versioned struct, new enum values and flags.
+ * C++ programs therefore need the library of the ABI version they were built against; C programs
+ * keep working across releases that keep it. A program built against another ABI version does
+ * not load (the dynamic loader finds no libkvd_client.so.<N>) instead of misreading a struct.
+ * Loaders by path (dlopen, ctypes, cffi) compare kvd_client_abi_version() with the number they
+ * were written for.
+ *   1: kvd_config and the results start with struct_size (their inits are inline).
+ *   0: the first releases. */
+#define KVD_CLIENT_ABI_VERSION 1
+
+/* KVD_CLIENT_ABI_VERSION of the library that is loaded. */
+int kvd_client_abi_version(void);
+
 /* Error codes (kvd::StatusCode). */
 enum {
   KVD_OK = 0,
