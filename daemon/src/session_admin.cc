@@ -96,6 +96,12 @@ StatsSnapshot Server::Impl::Snapshot() {
       {"host_reads_open", host.reads_open},
       {"host_leases_expired", host.leases_expired},
       {"host_arena_allocated_bytes", host.arena_allocated_bytes},
+      // Shared-memory arena segments (docs/reliability.md "Namespaces in shared memory"): free
+      // segments taken back by their last namespace (memory kept), passed to another one, and
+      // the memory replacements those handovers made.
+      {"host_segments_reused", host.segments_reused},
+      {"host_segments_handed_over", host.segments_handed_over},
+      {"shm_segment_replacements", shm_ != nullptr ? shm_->replacements() : 0},
       {"promotions", manager_->promotions()},
       {"demotions", manager_->demotions()},
       // Integrity (docs/reliability.md): damage found in stored data since start.

@@ -135,8 +135,8 @@ void ShmArena::SpareLoop() {
         spares_.push_back(fd);
       } else {
         spares_failed_ = true;
-        KVD_LOG(WARNING) << "cannot prepare a spare arena segment; released segments get fresh "
-                            "memory whose pages the next put faults in"
+        KVD_LOG(WARNING) << "cannot prepare a spare arena segment; segments handed over to another "
+                            "namespace get fresh memory whose pages the next put faults in"
                          << Kv("bytes", segment_bytes_) << Kv("error", std::strerror(err));
       }
     }
@@ -180,9 +180,11 @@ StatusOr<uint64_t> ShmArena::Generation(uint32_t segment) const {
   return segments_[segment].generation;
 }
 
-void ShmArena::OnSegmentReleased(uint32_t segment) {
+Status ShmArena::OnSegmentHandover(uint32_t segment) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (segment >= segments_.size()) return;
+  if (segment >= segments_.size()) {
+    return Status::InvalidArgument("arena segment " + std::to_string(segment) + " out of range");
+  }
   Segment& s = segments_[segment];
   // A spare has segment_bytes_; the arena's last segment may be shorter and gets a fresh memfd.
   const bool spare = s.size == segment_bytes_ && !spares_.empty();
@@ -195,15 +197,14 @@ void ShmArena::OnSegmentReleased(uint32_t segment) {
   }
   if (fd < 0 || ::mmap(base_ + uint64_t{segment} * segment_bytes_, s.size, PROT_READ | PROT_WRITE,
                        MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-    KVD_LOG(ERROR) << "cannot replace the memory of a released arena segment; clients that "
-                      "mapped it keep seeing it"
-                   << Kv("segment", segment) << Kv("error", std::strerror(errno));
+    const Status error = Status::ResourceExhausted(
+        Errno("cannot give an arena segment fresh memory for another namespace"));
     if (spare && fd >= 0) {
       spares_.push_back(fd);
     } else if (fd >= 0) {
       ::close(fd);
     }
-    return;
+    return error;
   }
   if (spare_thread_.joinable()) {
     // The old pages go shortly, on the spare thread (they then read zeros to whoever maps them).
@@ -216,6 +217,7 @@ void ShmArena::OnSegmentReleased(uint32_t segment) {
   ++s.generation;
   ++replacements_;
   if (spare) ++spares_used_;
+  return Status::Ok();
 }
 
 uint64_t ShmArena::replacements() const {

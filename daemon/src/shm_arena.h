@@ -11,23 +11,29 @@
 // Protection: the memfds are created mode 0600 (only the daemon's user may re-open them by
 // path); reading sessions get read-only descriptors (DupSegment).
 //
-// Release: when a segment's last block goes (SegmentListener), the segment gets a NEW memfd,
-// mapped over the old range (MAP_FIXED: the daemon's addresses do not change), and the old
-// memfd's pages are punched out and its fd closed. Clients still mapping the old memfd see zeros
-// there and never the bytes another namespace writes into the segment next (those go to the new
-// memfd). Each replacement bumps the segment's generation, so a session knows its client needs
-// the new fd.
+// Handover: a segment's memory holds the bytes of the namespace that used it last, also while
+// the segment is free. When HostTier is about to give a free segment to ANOTHER namespace
+// (SegmentListener::OnSegmentHandover), the segment gets a NEW memfd, mapped over the old range
+// (MAP_FIXED: the daemon's addresses do not change), and the old memfd's pages are punched out
+// and its fd closed. Clients of the old namespace still mapping the old memfd see zeros there and
+// never the bytes the new namespace writes (those go to the new memfd); the new namespace's
+// clients only ever get the new memfd. Each replacement bumps the segment's generation, so a
+// session knows its client needs the new fd. A segment taken back by the namespace that used it
+// last keeps its memfd and generation: its clients' mappings (and filled page tables) stay valid
+// and nothing is allocated, zeroed or freed (the memory holds that namespace's own old bytes,
+// which only its own clients could map anyway).
 //
 // Spare segments: a fresh memfd's pages would be allocated and zeroed as the clients' puts first
-// touch them, i.e. on the put path, after every segment turnover; and freeing the old memfd's
-// pages (64 MiB by default) would hold the tier's lock. So, with `spare_segments` > 0, a background
-// thread keeps that many memfds of segment_bytes with every page allocated (fallocate) ready, and a
-// replacement takes one (when none is ready, it creates a fresh one as before). The same thread
-// punches out and closes the replaced memfds, off the tier's lock; until it has, clients of the
-// old namespace that still map the old memfd may read its old bytes (their own), never another
-// namespace's. Each spare is segment_bytes of resident memory on top of the arena.
+// touch them, i.e. on the put path, after every handover; and freeing the old memfd's pages
+// (64 MiB by default) would hold the tier's lock (the handover runs inside a Reserve). So, with
+// `spare_segments` > 0, a background thread keeps that many memfds of segment_bytes with every page
+// allocated (fallocate) ready, and a replacement takes one (when none is ready, it creates a fresh
+// one as before). The same thread punches out and closes the replaced memfds, off the tier's lock;
+// until it has, clients of the old namespace that still map the old memfd may read its old bytes
+// (their own), never another namespace's. Each spare is segment_bytes of resident memory on top of
+// the arena.
 //
-// Thread safety: thread-safe (one mutex). OnSegmentReleased runs under the tier's lock.
+// Thread safety: thread-safe (one mutex). OnSegmentHandover runs under the tier's lock.
 #pragma once
 
 #include <condition_variable>
@@ -76,12 +82,15 @@ class ShmArena final : public storage::SegmentListener {
   // already maps that generation sends none). INVALID_ARGUMENT for a segment out of range.
   StatusOr<uint64_t> Generation(uint32_t segment) const;
 
-  // SegmentListener: swaps in a spare or fresh memfd (see above). Logs (never fails) if the
-  // kernel refuses; then the old memfd stays, and the segment's generation does not change.
-  void OnSegmentReleased(uint32_t segment) override;
+  // SegmentListener: swaps in a spare or fresh memfd (see Handover above). If the kernel refuses
+  // (memfd_create or mmap fails), RESOURCE_EXHAUSTED with the errno text: the old memfd stays,
+  // the generation does not change, and HostTier fails the Reserve that asked (so the segment
+  // never passes to the new namespace with the old one's memory). INVALID_ARGUMENT for a
+  // segment out of range.
+  Status OnSegmentHandover(uint32_t segment) override;
 
-  // Times a segment's memory was replaced, and how many of those took a prepared spare (for
-  // stats and tests).
+  // Times a segment's memory was replaced (handovers), and how many of those took a prepared
+  // spare (for stats and tests).
   uint64_t replacements() const;
   uint64_t spares_used() const;
 

@@ -233,9 +233,7 @@ std::string HostTier::Impl::OccupancyLocked() const {
 }
 
 void HostTier::Impl::FreeBlockLocked(uint64_t offset) {
-  std::optional<uint32_t> released;
-  arena_.Free(offset, &released).IgnoreError();  // the offset is live by construction
-  if (released && listener_ != nullptr) listener_->OnSegmentReleased(*released);
+  arena_.Free(offset).IgnoreError();  // the offset is live by construction
 }
 
 Status HostTier::Impl::MakeRoomLocked(uint64_t bytes, const std::string& ns) {
@@ -393,7 +391,15 @@ StatusOr<Reservation> HostTier::Reserve(const ChunkKey& key, uint64_t bytes, uin
   }
   KVD_RETURN_IF_ERROR(s.EnforceQuotaLocked(key.name_space, bytes));
   KVD_RETURN_IF_ERROR(s.MakeRoomLocked(bytes, key.name_space));
-  const std::optional<uint64_t> offset = s.arena_.Allocate(bytes, key.name_space);
+  const std::optional<SegmentedArena::Placement> place = s.arena_.Place(bytes, key.name_space);
+  if (!place) return Status::Internal("host tier: no placement after making room");
+  if (place->handover && s.listener_ != nullptr) {
+    KVD_RETURN_IF_ERROR(s.listener_->OnSegmentHandover(place->segment)
+                            .WithContext("reserve: arena segment " +
+                                         std::to_string(place->segment) + " for namespace \"" +
+                                         key.name_space + "\""));
+  }
+  const std::optional<uint64_t> offset = s.arena_.AllocateAt(*place, bytes, key.name_space);
   if (!offset) return Status::Internal("host tier: allocation failed after making room");
   Impl::OpenReservation r;
   r.key = key;

@@ -132,6 +132,9 @@ TierStats HostTier::GetStats() const {
   out.leases_open = s.leases_.size();
   out.reads_open = s.reads_.size();
   out.fragmentation = s.arena_.Stats().fragmentation;
+  const SegmentedArena::SegmentCounters segments = s.arena_.segment_counters();
+  out.segments_reused = segments.reuses;
+  out.segments_handed_over = segments.handovers;
   out.per_model = {s.per_model_.begin(), s.per_model_.end()};
   out.per_namespace = {s.per_namespace_.begin(), s.per_namespace_.end()};
   return out;
@@ -176,6 +179,10 @@ uint64_t HostTier::SegmentSize(uint32_t segment) const {
 std::string HostTier::SegmentOwner(uint32_t segment) const {
   std::lock_guard<std::mutex> lock(impl_->mu_);
   return segment < impl_->arena_.segment_count() ? impl_->arena_.SegmentOwner(segment) : "";
+}
+std::string HostTier::SegmentLastOwner(uint32_t segment) const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return segment < impl_->arena_.segment_count() ? impl_->arena_.SegmentLastOwner(segment) : "";
 }
 
 }  // namespace kvd::storage

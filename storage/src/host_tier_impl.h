@@ -99,7 +99,7 @@ class HostTier::Impl {
   // namespace's own chunks first, they free room in its segments). RESOURCE_EXHAUSTED if
   // impossible.
   Status MakeRoomLocked(uint64_t bytes, const std::string& ns);
-  // Returns a block to the arena; tells the listener if its segment became free.
+  // Returns a block to the arena (a segment left empty stays free, see SegmentedArena).
   void FreeBlockLocked(uint64_t offset);
   // With a namespace quota, evicts the namespace's own LRU unpinned chunks until `bytes` more
   // fit under it; RESOURCE_EXHAUSTED naming the namespace and quota if they cannot.

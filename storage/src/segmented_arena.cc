@@ -18,6 +18,7 @@ SegmentedArena::SegmentedArena(uint64_t capacity_bytes, uint64_t alignment,
     }
   }
   owner_.resize(segments_.size());
+  last_owner_.resize(segments_.size());
   for (uint32_t i = 0; i < segments_.size(); ++i) {
     capacity_ += segments_[i].capacity();
     free_segments_.insert(i);
@@ -32,29 +33,64 @@ uint64_t SegmentedArena::SegmentStart(uint32_t segment) const {
   return uint64_t{segment} * segment_bytes_;
 }
 
-std::optional<uint64_t> SegmentedArena::Allocate(uint64_t bytes, const std::string& ns) {
-  auto take = [&](uint32_t seg) -> std::optional<uint64_t> {
-    auto off = segments_[seg].Allocate(bytes);
-    if (!off) return std::nullopt;
-    allocated_ += segments_[seg].BlockSize(*off);
-    return SegmentStart(seg) + *off;
-  };
-  if (segment_bytes_ == 0) return take(0);
+std::optional<SegmentedArena::Placement> SegmentedArena::Place(uint64_t bytes,
+                                                               const std::string& ns) const {
+  if (segment_bytes_ == 0) {
+    if (!segments_[0].CanAllocate(bytes)) return std::nullopt;
+    return Placement{0, false};
+  }
   if (auto own = by_owner_.find(ns); own != by_owner_.end()) {
     for (uint32_t seg : own->second) {
-      if (auto off = take(seg)) return off;
+      if (segments_[seg].CanAllocate(bytes)) return Placement{seg, false};
     }
   }
+  // Free segments: the namespace's own last ones, then never used ones, then handovers. A free
+  // segment is empty, so any of them has room unless the block exceeds its size.
+  std::optional<Placement> never_used, handover;
   for (uint32_t seg : free_segments_) {
-    if (auto off = take(seg)) {
-      free_segments_.erase(seg);
-      owner_[seg] = ns;
-      auto& list = by_owner_[ns];
-      list.insert(std::upper_bound(list.begin(), list.end(), seg), seg);
-      return off;
+    if (!segments_[seg].CanAllocate(bytes)) continue;
+    const std::string& last = last_owner_[seg];
+    if (last == ns) return Placement{seg, false};
+    if (last.empty()) {
+      if (!never_used) never_used = Placement{seg, false};
+    } else if (!handover) {
+      handover = Placement{seg, true};
     }
   }
-  return std::nullopt;
+  return never_used ? never_used : handover;
+}
+
+std::optional<uint64_t> SegmentedArena::AllocateAt(const Placement& placement, uint64_t bytes,
+                                                   const std::string& ns) {
+  const uint32_t seg = placement.segment;
+  if (seg >= segments_.size()) return std::nullopt;
+  const bool was_free = segment_bytes_ != 0 && free_segments_.count(seg) != 0;
+  if (segment_bytes_ != 0 && !was_free && owner_[seg] != ns) return std::nullopt;
+  auto off = segments_[seg].Allocate(bytes);
+  if (!off) return std::nullopt;
+  allocated_ += segments_[seg].BlockSize(*off);
+  if (was_free) {
+    std::string& last = last_owner_[seg];
+    if (last.empty()) {
+      counters_.first_uses++;
+    } else if (last == ns) {
+      counters_.reuses++;
+    } else {
+      counters_.handovers++;
+    }
+    free_segments_.erase(seg);
+    owner_[seg] = ns;
+    last = ns;
+    auto& list = by_owner_[ns];
+    list.insert(std::upper_bound(list.begin(), list.end(), seg), seg);
+  }
+  return SegmentStart(seg) + *off;
+}
+
+std::optional<uint64_t> SegmentedArena::Allocate(uint64_t bytes, const std::string& ns) {
+  const std::optional<Placement> placement = Place(bytes, ns);
+  if (!placement) return std::nullopt;
+  return AllocateAt(*placement, bytes, ns);
 }
 
 Status SegmentedArena::Free(uint64_t offset, std::optional<uint32_t>* released_segment) {
@@ -79,16 +115,7 @@ Status SegmentedArena::Free(uint64_t offset, std::optional<uint32_t>* released_s
 }
 
 bool SegmentedArena::CanAllocate(uint64_t bytes, const std::string& ns) const {
-  if (segment_bytes_ == 0) return segments_[0].CanAllocate(bytes);
-  if (auto own = by_owner_.find(ns); own != by_owner_.end()) {
-    for (uint32_t seg : own->second) {
-      if (segments_[seg].CanAllocate(bytes)) return true;
-    }
-  }
-  for (uint32_t seg : free_segments_) {
-    if (segments_[seg].CanAllocate(bytes)) return true;
-  }
-  return false;
+  return Place(bytes, ns).has_value();
 }
 
 uint64_t SegmentedArena::BlockSize(uint64_t offset) const {
@@ -127,6 +154,10 @@ Status SegmentedArena::CheckConsistency() const {
     if (used == is_free || used == owner_[i].empty()) {
       return Status::Internal("arena: segment " + std::to_string(i) +
                               " ownership disagrees with its occupancy");
+    }
+    if (used && last_owner_[i] != owner_[i]) {
+      return Status::Internal("arena: segment " + std::to_string(i) +
+                              " remembers another namespace than its owner");
     }
     if (used) {
       auto it = by_owner_.find(owner_[i]);

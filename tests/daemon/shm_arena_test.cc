@@ -1,5 +1,5 @@
-// ShmArena (daemon-private): segment replacement with and without prepared spare segments. What
-// a client sees is a mapping of a memfd it was given (DupSegment), as here.
+// ShmArena (daemon-private): segment replacement at a handover, with and without prepared spare
+// segments. What a client sees is a mapping of a memfd it was given (DupSegment), as here.
 #include "shm_arena.h"
 
 #include <gtest/gtest.h>
@@ -49,7 +49,7 @@ struct ClientView {
   uint64_t allocated = 0;  // bytes of the memfd backed by pages
 };
 
-TEST(ShmArenaTest, ReleasedSegmentTakesAPreparedSpareAndTheOldMemoryGoes) {
+TEST(ShmArenaTest, HandedOverSegmentTakesAPreparedSpareAndTheOldMemoryGoes) {
   auto arena = ShmArena::Create(4 * kSegment, kSegment, /*spare_segments=*/1);
   ASSERT_TRUE(arena.ok()) << arena.status();
   ShmArena& a = **arena;
@@ -60,7 +60,7 @@ TEST(ShmArenaTest, ReleasedSegmentTakesAPreparedSpareAndTheOldMemoryGoes) {
   std::memset(daemon_view, 0x5a, kSegment);
   EXPECT_EQ(before.data[123], std::byte{0x5a});  // the same memory
 
-  a.OnSegmentReleased(1);
+  ASSERT_TRUE(a.OnSegmentHandover(1).ok());
   EXPECT_EQ(a.replacements(), 1u);
   EXPECT_EQ(a.spares_used(), 1u);
   a.WaitForSpares();  // the old memfd is retired, a new spare prepared
@@ -89,7 +89,7 @@ TEST(ShmArenaTest, WithoutSparesTheOldMemoryGoesAtOnce) {
   a.WaitForSpares();  // returns at once: no thread
   ClientView before(a, 0);
   std::memset(a.base(), 0x33, kSegment);
-  a.OnSegmentReleased(0);
+  ASSERT_TRUE(a.OnSegmentHandover(0).ok());
   EXPECT_EQ(a.replacements(), 1u);
   EXPECT_EQ(a.spares_used(), 0u);
   EXPECT_TRUE(before.AllZero());
@@ -104,7 +104,7 @@ TEST(ShmArenaTest, AShortLastSegmentGetsFreshMemoryOfItsOwnSize) {
   ASSERT_TRUE(arena.ok()) << arena.status();
   ShmArena& a = **arena;
   a.WaitForSpares();
-  a.OnSegmentReleased(2);
+  ASSERT_TRUE(a.OnSegmentHandover(2).ok());
   EXPECT_EQ(a.replacements(), 1u);
   EXPECT_EQ(a.spares_used(), 0u);  // a spare has a whole segment's size
   ClientView last(a, 2);
@@ -121,13 +121,13 @@ TEST(ShmArenaTest, RepeatedTurnoverUsesSparesAndLeaksNoDescriptor) {
     for (int i = 0; i < 10; ++i) {
       a.WaitForSpares();
       std::memset(a.base(), i + 1, kSegment);
-      a.OnSegmentReleased(static_cast<uint32_t>(i % 2));
+      ASSERT_TRUE(a.OnSegmentHandover(static_cast<uint32_t>(i % 2)).ok());
     }
     EXPECT_EQ(a.replacements(), 10u);
     EXPECT_EQ(a.spares_used(), 10u);
-    // Released while replacements are still being retired: the destructor finishes them.
-    a.OnSegmentReleased(0);
-    a.OnSegmentReleased(1);
+    // Handed over while replacements are still being retired: the destructor finishes them.
+    ASSERT_TRUE(a.OnSegmentHandover(0).ok());
+    ASSERT_TRUE(a.OnSegmentHandover(1).ok());
   }
   EXPECT_EQ(OpenFds(), fds_before);
 }
@@ -140,7 +140,8 @@ TEST(ShmArenaTest, OutOfRangeSegmentIsRefusedOrIgnored) {
   EXPECT_EQ(fd.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(fd.status().message().find("out of range"), std::string::npos) << fd.status();
   EXPECT_EQ((*arena)->Generation(2).status().code(), StatusCode::kInvalidArgument);
-  (*arena)->OnSegmentReleased(7);  // never called so by the tier; must not touch anything
+  const Status out_of_range = (*arena)->OnSegmentHandover(7);  // must not touch anything
+  EXPECT_EQ(out_of_range.code(), StatusCode::kInvalidArgument) << out_of_range;
   EXPECT_EQ((*arena)->replacements(), 0u);
 }
 
@@ -158,7 +159,7 @@ TEST(ShmArenaTest, GenerationMatchesTheDescriptorsAndGrowsOnReplacement) {
       ::close(fd->fd);
     }
     const uint64_t before = *a.Generation(1);
-    a.OnSegmentReleased(1);
+    ASSERT_TRUE(a.OnSegmentHandover(1).ok());
     EXPECT_EQ(*a.Generation(1), before + 1);
   }
   EXPECT_EQ(*a.Generation(0), 1u);

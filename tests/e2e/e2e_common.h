@@ -137,6 +137,19 @@ inline uint32_t Present(client::Client& c, const Hash128& hash) {
   return r->matched_chunks;
 }
 
+// Looks up and gets one chunk of `bytes` (a test failure and empty when it is not served),
+// releasing the lease.
+inline std::vector<uint8_t> FetchOne(client::Client& c, const Hash128& h, size_t bytes) {
+  auto hit = c.Lookup({&h, 1});
+  EXPECT_TRUE(hit.ok()) << hit.status();
+  if (!hit.ok() || hit->matched_chunks != 1) return {};
+  std::vector<uint8_t> out(bytes);
+  auto g = c.Get(hit->lease_id, 0, out.data(), out.size());
+  EXPECT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(c.ReleaseLease(hit->lease_id).ok());
+  return g.ok() ? out : std::vector<uint8_t>{};
+}
+
 // One request that takes nothing (a Lookup of a key never stored): what the client defers to
 // its next request (ended shared-memory reads, released leases) reaches kvd with it.
 inline void SendNextRequest(client::Client& c) {

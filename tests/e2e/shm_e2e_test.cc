@@ -142,17 +142,6 @@ std::byte* FindInSegments(client::Client& c, const std::vector<uint8_t>& bytes) 
   return nullptr;
 }
 
-std::vector<uint8_t> FetchOne(client::Client& c, const Hash128& h, size_t bytes) {
-  auto hit = c.Lookup({&h, 1});
-  EXPECT_TRUE(hit.ok()) << hit.status();
-  if (!hit.ok() || hit->matched_chunks != 1) return {};
-  std::vector<uint8_t> out(bytes);
-  auto g = c.Get(hit->lease_id, 0, out.data(), out.size());
-  EXPECT_TRUE(g.ok()) << g.status();
-  EXPECT_TRUE(c.ReleaseLease(hit->lease_id).ok());
-  return g.ok() ? out : std::vector<uint8_t>{};
-}
-
 // Writable mappings of kvd's arena segments ("rw-s" lines of /proc/self/maps naming a
 // kvd-arena memfd) in this process.
 int WritableArenaMappings() {

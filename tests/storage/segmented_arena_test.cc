@@ -71,6 +71,64 @@ TEST(SegmentedArenaTest, FullNamespaceTakesAFreeSegmentAndGivesItBackWhenEmpty) 
   EXPECT_TRUE(arena.CheckConsistency().ok());
 }
 
+TEST(SegmentedArenaTest, AFreeSegmentGoesBackToItsLastNamespaceBeforeANeverUsedOne) {
+  SegmentedArena arena(4 * 1024, 64, 1024);  // 4 segments of 1 KiB
+  auto a = arena.Allocate(1024, "a");
+  auto b = arena.Allocate(1024, "b");
+  auto c = arena.Allocate(1024, "c");
+  ASSERT_TRUE(a && b && c);
+  ASSERT_EQ(arena.SegmentOf(*c), 2u);
+  for (uint64_t off : {*a, *b, *c}) ASSERT_TRUE(arena.Free(off).ok());
+  EXPECT_EQ(arena.SegmentOwner(2), "");
+  EXPECT_EQ(arena.SegmentLastOwner(2), "c");
+  EXPECT_EQ(arena.SegmentLastOwner(3), "");
+  // c's old segment, although segments 0, 1 (others') and 3 (never used) are free too.
+  auto placed = arena.Place(512, "c");
+  ASSERT_TRUE(placed.has_value());
+  EXPECT_EQ(placed->segment, 2u);
+  EXPECT_FALSE(placed->handover);
+  auto c2 = arena.AllocateAt(*placed, 512, "c");
+  ASSERT_TRUE(c2);
+  EXPECT_EQ(arena.SegmentOf(*c2), 2u);
+  // A new namespace: the never-used segment before any handover.
+  placed = arena.Place(512, "d");
+  ASSERT_TRUE(placed.has_value());
+  EXPECT_EQ(placed->segment, 3u);
+  EXPECT_FALSE(placed->handover);
+  ASSERT_TRUE(arena.AllocateAt(*placed, 512, "d"));
+  // Then the lowest segment another namespace used last: a handover.
+  placed = arena.Place(512, "e");
+  ASSERT_TRUE(placed.has_value());
+  EXPECT_EQ(placed->segment, 0u);
+  EXPECT_TRUE(placed->handover);
+  ASSERT_TRUE(arena.AllocateAt(*placed, 512, "e"));
+  EXPECT_EQ(arena.SegmentLastOwner(0), "e");
+  // b's old segment is the last free one; b takes it back without a handover.
+  placed = arena.Place(1024, "b");
+  ASSERT_TRUE(placed.has_value());
+  EXPECT_EQ(placed->segment, 1u);
+  EXPECT_FALSE(placed->handover);
+  ASSERT_TRUE(arena.AllocateAt(*placed, 1024, "b"));
+  EXPECT_FALSE(arena.Place(64, "a").has_value());  // a's segment went to e
+  EXPECT_FALSE(arena.CanAllocate(64, "a"));
+  const SegmentedArena::SegmentCounters counters = arena.segment_counters();
+  EXPECT_EQ(counters.first_uses, 4u);
+  EXPECT_EQ(counters.reuses, 2u);
+  EXPECT_EQ(counters.handovers, 1u);
+  EXPECT_TRUE(arena.CheckConsistency().ok());
+}
+
+TEST(SegmentedArenaTest, AllocateAtRefusesASegmentOfAnotherNamespace) {
+  SegmentedArena arena(2 * 1024, 64, 1024);
+  auto a = arena.Allocate(256, "a");
+  ASSERT_TRUE(a);
+  const SegmentedArena::Placement own{arena.SegmentOf(*a), false};
+  EXPECT_FALSE(arena.AllocateAt(own, 256, "b").has_value());
+  EXPECT_FALSE(arena.AllocateAt({7, false}, 256, "b").has_value());  // past the region
+  EXPECT_TRUE(arena.AllocateAt(own, 256, "a").has_value());
+  EXPECT_TRUE(arena.CheckConsistency().ok());
+}
+
 TEST(SegmentedArenaTest, ShortLastSegmentAndTotals) {
   SegmentedArena arena(2500, 64, 1024);  // 1024 + 1024 + 452 -> 448 usable
   ASSERT_EQ(arena.segment_count(), 3u);

@@ -13,9 +13,10 @@
 //     SegmentedArena), so that same-node clients can map their namespace's segments and copy
 //     chunk bytes themselves; remote peers reach the same bytes through the transport; tests pass
 //     an aligned heap buffer.
-//   - With segments, the region owner may replace the memory behind a segment while the segment
-//     holds no block (HostTier tells it through SegmentListener): nothing of the tier's lives
-//     there at that moment.
+//   - With segments, the region owner replaces the memory behind a free segment before it passes
+//     to a namespace other than the one that used it last (HostTier asks it through
+//     SegmentListener, while nothing of the tier's lives there); a segment taken again by the
+//     namespace that used it last keeps its memory.
 //
 // Policy: best fit (smallest free block that is large enough, lowest offset on ties); a freed
 // block is coalesced with its free neighbours at once, so two adjacent free blocks never exist.
@@ -106,15 +107,26 @@ class ArenaAllocator {
 // The region is cut into segments of `segment_bytes` (the last one may be shorter). Every block
 // lies inside one segment, and a segment holds blocks of ONE namespace only: it is assigned to a
 // namespace when the first block of that namespace lands in it and becomes free again (for any
-// namespace) when its last block is freed. This is what lets the region's owner back each
-// segment with its own memory object (the daemon: one memfd per segment) and hand a same-node
-// client the segments of its own namespace and nothing else: the bytes of another namespace are
-// never inside anything the client can map. With segment_bytes == 0 there is one segment
-// spanning the region and namespaces are ignored (plain best fit over the whole region).
+// namespace, see Policy) when its last block is freed. This is what lets the region's owner back
+// each segment with its own memory object (the daemon: one memfd per segment, replaced at every
+// handover) and hand a same-node client the segments of its own namespace and nothing else: the
+// bytes of another namespace are never inside anything the client can map. With segment_bytes == 0
+// there is one segment spanning the region and namespaces are ignored (plain best fit over the
+// whole region).
+//
+// Each segment remembers the namespace that held blocks in it LAST (SegmentLastOwner; "" for a
+// segment never used), also while it is free: its memory may still hold that namespace's bytes.
 //
 // Policy: a block goes to the namespace's own segments first (first segment, in ascending
-// order, that has room; best fit inside it), then to the lowest free segment. A request larger
-// than a segment can never be satisfied (CanAllocate is false; callers say so).
+// order, that has room; best fit inside it), then to a free segment, preferring (lowest index
+// first within each kind):
+//   1. one the same namespace used last (its memory holds only that namespace's old bytes:
+//      nothing to replace, and its clients' mappings and page tables stay valid);
+//   2. one never used;
+//   3. one another namespace used last: a HANDOVER (Placement::handover). Its memory holds the
+//      other namespace's bytes, so the region owner must replace it before anything of the new
+//      namespace is written or mapped there (HostTier asks SegmentListener::OnSegmentHandover).
+// A request larger than a segment can never be satisfied (CanAllocate is false; callers say so).
 //
 // Thread safety: NOT thread-safe, like ArenaAllocator (HostTier calls it under its mutex).
 class SegmentedArena {
@@ -124,11 +136,26 @@ class SegmentedArena {
   // means one segment).
   SegmentedArena(uint64_t capacity_bytes, uint64_t alignment, uint64_t segment_bytes);
 
-  // A block of `bytes` (rounded up to the alignment) for namespace `ns`; its offset in the
-  // region, or nullopt if no own or free segment has room.
+  // Where a block of `bytes` for namespace `ns` goes (the policy above), without allocating it.
+  struct Placement {
+    uint32_t segment = 0;
+    // The segment is free and another namespace held blocks in it last (see Policy, 3).
+    bool handover = false;
+  };
+  // nullopt iff CanAllocate(bytes, ns) is false. Unsegmented: always segment 0, no handover.
+  std::optional<Placement> Place(uint64_t bytes, const std::string& ns) const;
+  // Allocates the block in `placement.segment`, which Place(bytes, ns) returned with no call
+  // changing the arena in between; assigns the segment to `ns` if it was free (counted in
+  // SegmentCounters). Its offset in the region; nullopt only if that contract was broken.
+  std::optional<uint64_t> AllocateAt(const Placement& placement, uint64_t bytes,
+                                     const std::string& ns);
+  // Place + AllocateAt: a block of `bytes` (rounded up to the alignment) for namespace `ns`; its
+  // offset in the region, or nullopt if no own or free segment has room. A caller whose region
+  // owner must replace a handed-over segment's memory uses Place and AllocateAt instead.
   std::optional<uint64_t> Allocate(uint64_t bytes, const std::string& ns);
   // NOT_FOUND if no live block starts at `offset`. Returns the segment that became free (its
-  // last block went), if any, through `released_segment` (may be null).
+  // last block went), if any, through `released_segment` (may be null); the segment remembers
+  // its namespace as SegmentLastOwner.
   Status Free(uint64_t offset, std::optional<uint32_t>* released_segment = nullptr);
   bool CanAllocate(uint64_t bytes, const std::string& ns) const;
   uint64_t BlockSize(uint64_t offset) const;
@@ -151,6 +178,17 @@ class SegmentedArena {
   uint64_t SegmentSize(uint32_t segment) const { return segments_.at(segment).capacity(); }
   // The namespace a segment is assigned to; empty if free (or unsegmented).
   const std::string& SegmentOwner(uint32_t segment) const { return owner_.at(segment); }
+  // The namespace that held blocks in the segment last (its owner while assigned; kept while
+  // free); empty if it was never used (or unsegmented).
+  const std::string& SegmentLastOwner(uint32_t segment) const { return last_owner_.at(segment); }
+
+  // How free segments were taken since construction (segmented arenas only).
+  struct SegmentCounters {
+    uint64_t first_uses = 0;  // a segment never used before
+    uint64_t reuses = 0;      // by the namespace that used it last (memory kept)
+    uint64_t handovers = 0;   // by another namespace than the one that used it last
+  };
+  SegmentCounters segment_counters() const { return counters_; }
 
   // Every segment's allocator consistent, ownership matching occupancy, totals adding up.
   Status CheckConsistency() const;
@@ -161,8 +199,10 @@ class SegmentedArena {
   uint64_t allocated_ = 0;
   std::vector<ArenaAllocator> segments_;
   std::vector<std::string> owner_;                         // "" = free
+  std::vector<std::string> last_owner_;                    // "" = never used
   std::map<std::string, std::vector<uint32_t>> by_owner_;  // ascending segment indexes
   std::set<uint32_t> free_segments_;                       // ascending
+  SegmentCounters counters_;
 };
 
 }  // namespace kvd::storage

@@ -17,10 +17,14 @@
 //
 // Arena and segments (see arena.h, ARENA OWNERSHIP): the tier owns the allocation policy over the
 // region it is given; the region's owner chooses the memory. With options.segment_bytes set, the
-// region is cut into segments, each holding chunks of one namespace only; when a segment's last
-// block is freed, SegmentListener::OnSegmentReleased lets the owner replace its memory (the
-// daemon swaps in a fresh memfd, so a client that mapped the segment for its namespace can never
-// see what another namespace stores there next).
+// region is cut into segments, each holding chunks of one namespace only. A segment whose last
+// block is freed stays free, remembering the namespace that used it; a namespace that needs a
+// free segment takes one it used last, else one never used, else one another namespace used
+// last, and only then, before the segment is assigned, SegmentListener::OnSegmentHandover lets
+// the owner replace its memory (the daemon swaps in a fresh memfd, so a client that mapped the
+// segment for the old namespace can never see what the new one stores there, nor the new one
+// the old one's bytes). A namespace taking back its own segment keeps its memory: no system
+// call, and its clients' mappings stay valid.
 //
 // Eviction: when Reserve finds no free block large enough, it removes committed, unpinned chunks
 // in least-recently-used order (a Lookup hit or a Get makes a chunk most recent) until the
@@ -135,14 +139,22 @@ struct ReclaimResult {
   uint64_t reads = 0;
 };
 
-// Told when a segment of a segmented arena becomes free (its last block was freed: no chunk,
-// reservation or read lives in it). Called with the tier's lock held, from whichever thread
-// freed the block: it must be quick (a few system calls), must not call the tier, and must not
-// fail (it may log). Until it returns, nothing can be allocated in the segment.
+// The region owner's part in the segments' isolation (segmented arenas only).
 class SegmentListener {
  public:
   virtual ~SegmentListener() = default;
-  virtual void OnSegmentReleased(uint32_t segment) = 0;
+  // Segment `segment` is free (no chunk, reservation or read lives in it) and is about to pass
+  // to a namespace other than the one that held blocks in it last (HostTier::SegmentLastOwner).
+  // The owner must make the memory behind it fresh now: whoever maps the segment from here on
+  // must not find the old namespace's bytes, and whoever mapped it before must not find the new
+  // namespace's (the daemon swaps in another memfd). Never called for a segment never used, nor
+  // for one taken back by the namespace that used it last (its memory is kept).
+  // Called by Reserve with the tier's lock held, before the segment is assigned and before the
+  // reservation exists (nothing can be written or mapped there until it returns): it must be
+  // quick (a few system calls; the daemon keeps a prepared spare) and must not call the tier.
+  // An error fails that Reserve with it (nothing is reserved; the segment stays free, still
+  // remembering its old namespace).
+  virtual Status OnSegmentHandover(uint32_t segment) = 0;
 };
 
 // True for the ALREADY_EXISTS a Reserve/Commit/Insert returns when the key is already stored:
@@ -177,7 +189,8 @@ class HostTier final : public Tier {
   //   INVALID_ARGUMENT also when bytes exceed one segment (segmented arenas),
   //   RESOURCE_EXHAUSTED (cannot fit even after evicting every unpinned chunk; message names
   //   capacity, used, reserved and pinned bytes; or over options.namespace_quota_bytes, message
-  //   names the namespace).
+  //   names the namespace), or the SegmentListener's error when the block needs a segment handed
+  //   over from another namespace and its memory could not be replaced.
   StatusOr<Reservation> Reserve(const ChunkKey& key, uint64_t bytes, uint32_t tokens, OwnerId owner,
                                 std::chrono::milliseconds ttl = {});
 
@@ -261,13 +274,15 @@ class HostTier final : public Tier {
   ArenaStats GetArenaStats() const;
   // Segments (options.segment_bytes; 0 = one segment spanning the arena). A chunk at region
   // offset `o` lies in segment SegmentOf(o), i.e. [SegmentStart(s), SegmentStart(s) +
-  // SegmentSize(s)); SegmentOwner is the namespace the segment holds ("" = free).
+  // SegmentSize(s)); SegmentOwner is the namespace the segment holds ("" = free);
+  // SegmentLastOwner the one that held blocks in it last ("" = never used).
   uint64_t segment_bytes() const;
   uint32_t segment_count() const;
   uint32_t SegmentOf(uint64_t offset) const;
   uint64_t SegmentStart(uint32_t segment) const;
   uint64_t SegmentSize(uint32_t segment) const;
   std::string SegmentOwner(uint32_t segment) const;
+  std::string SegmentLastOwner(uint32_t segment) const;
   std::byte* region_base() const;
   uint64_t capacity_bytes() const;
   const HostTierOptions& options() const;

@@ -49,6 +49,10 @@ struct TierStats {
   uint64_t reservations_expired = 0;
   uint64_t reservations_reclaimed = 0;  // by ReclaimOwner
   uint64_t leases_expired = 0;
+  // Host, segmented arena: free segments taken again by the namespace that used them last
+  // (memory kept), and passed to another namespace (memory replaced first, SegmentListener).
+  uint64_t segments_reused = 0;
+  uint64_t segments_handed_over = 0;
   double fragmentation = 0.0;  // host: ArenaStats::fragmentation
   std::map<std::string, UsageStats> per_model;
   std::map<std::string, UsageStats> per_namespace;
