@@ -8,6 +8,7 @@ import ctypes
 import gc
 import io
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -86,6 +87,19 @@ def host_tier(admin):
 
 def counter(admin, name):
     return admin.stats()["counters"][name]
+
+
+def nothing_open(admin):
+    """Waits (up to 10 s) until kvd holds no read, lease or reservation of any session: the
+    earlier tests' clients are gone, and their connections' ends may still be in kvd's queue."""
+    deadline = time.monotonic() + 10
+    while True:
+        open_now = (counter(admin, "host_reads_open"), counter(admin, "host_leases_open"),
+                    host_tier(admin)["reserved_bytes"])
+        if open_now == (0, 0, 0):
+            return
+        assert time.monotonic() < deadline, f"reads, leases, reserved bytes open: {open_now}"
+        time.sleep(0.05)
 
 
 def test_read_in_place_is_byte_exact_with_the_chunks_metadata(client):
@@ -179,6 +193,7 @@ def test_writing_through_a_read_view_raises(client):
 
 
 def test_use_after_release_raises_and_exported_buffers_keep_the_chunk_pinned(client, admin):
+    nothing_open(admin)
     h, data, hit = stored_chunk(client, 40)
     view = client.read_in_place(hit.lease_id, 0)
     arr = np.frombuffer(view, np.uint8)
@@ -242,6 +257,7 @@ def test_a_view_held_across_many_puts_stays_valid(client, admin):
 
 
 def test_a_slot_dropped_without_commit_leaves_no_chunk(client, admin):
+    nothing_open(admin)
     chain = fresh_chain(client, chunks=3)
     data = random_chunk(60)
     # Dropped (garbage collected) after a write.
@@ -300,6 +316,7 @@ def test_views_and_slots_outlive_their_client(shm_daemon):
 
 
 def test_flush_releases_ends_released_views_in_one_call(client, admin):
+    nothing_open(admin)
     chain = fresh_chain(client, chunks=3)
     for i, h in enumerate(chain):
         client.put(h, 256, random_chunk(90 + i))
