@@ -38,12 +38,14 @@ def ingest(results, rnd, peer, size, clients, kind, path):
         if kind == "kvdbench" and peer.startswith("kvd-shm") and not j.get("shared_memory"):
             print(f"  {peer}: kvd did not grant the shared-memory path", file=sys.stderr)
             return 1
-        for op in ("warmup", "put", "get", "lookup", "memcpy_fresh", "memcpy_warm",
-                   "memcpy_spread", "memcpy_scatter"):
+        for op in ("warmup", "put", "get", "lookup", "pingpong", "pingpong_cross_cpu",
+                   "memcpy_fresh", "memcpy_warm", "memcpy_spread", "memcpy_scatter"):
             if op in j:
                 p = j[op]
-                rows.append((op, None if op == "lookup" else p["gbps"], p["p50_us"], p["p99_us"],
-                             p.get("daemon_cpu_us_per_op"), p.get("daemon_ctx_switches_per_op")))
+                no_gbps = op == "lookup" or op.startswith("pingpong")
+                rows.append((op, None if no_gbps else p["gbps"], p["p50_us"],
+                             p["p99_us"], p.get("daemon_cpu_us_per_op"),
+                             p.get("daemon_ctx_switches_per_op")))
     elif kind == "redis":
         for r in csv.DictReader(l for l in text.splitlines() if l.startswith('"')):
             op = {"SET": "put", "GET": "get"}.get(r["test"])
@@ -147,21 +149,75 @@ def report(results, idle):
                   None, f"kvd UCX {op} {h} / ucx_perftest tag_bw -e (peer error handling)")
     ratio(("kvd-shm", 64 << 10, 1, "get"), ("redis", 64 << 10, 1, "get"), "p50", "<=", 1.5,
           "64 KiB get p50: kvd shm / redis GET")
-    look = [v for k, d in data.items() if k[0] == "kvd-shm" and k[2] == 1 and k[3] == "lookup"
-            for v in d["p99"]]
-    if look:
-        per = defaultdict(list)
-        for r, v in look:
-            per[r].append(v)
-        worst = [max(v) for _, v in sorted(per.items())]
+    floor_line(data, "pingpong", "p50", [64 << 10],
+               "unix socket ping-pong p50 in the 64 KiB runs (the floor under one exchange)")
+    floor_line(data, "pingpong_cross_cpu", "p50", [64 << 10],
+               "the same ping-pong across two CPUs, p50 (64 KiB runs)")
+    worst = worst_per_round(data, "lookup", "p99")
+    if worst:
         m = statistics.median(worst)
         print(f"| lookup p99 on the unix socket (worst size per round) | "
               f"{', '.join(f'{x:.0f} us' for x in worst)} | {m:.0f} us (goal < 50 us) | "
               f"{'met' if m < 50 else 'NOT met'} |")
+    floor_line(data, "pingpong", "p99", None,
+               "unix socket ping-pong p99 in the same runs (worst size per round)")
+    floor_line(data, "pingpong_cross_cpu", "p99", None,
+               "the same ping-pong across two CPUs, p99 (worst size per round)")
     if idle is not None:
         print(f"| idle daemon CPU | - | {idle:.2f} % of a core (goal < 1 %) | "
               f"{'met' if idle < 1 else 'NOT met'} |")
     report_in_place(data)
+    report_lookups(data)
+
+
+def worst_per_round(data, op, field, sizes=None):
+    """Per round, the largest `field` of kvd-shm's 1-client `op` rows over the sizes (all when
+    `sizes` is None); rounds in order."""
+    per = defaultdict(list)
+    for k, d in data.items():
+        if k[0] == "kvd-shm" and k[2] == 1 and k[3] == op and (sizes is None or k[1] in sizes):
+            for r, v in d[field]:
+                per[r].append(v)
+    return [max(v) for _, v in sorted(per.items())]
+
+
+def floor_line(data, op, field, sizes, label):
+    """A reference row of the goals table: a ping-pong phase (kvd-bench --pingpong-floor, `op`
+    pingpong or pingpong_cross_cpu) measured right before the lookups of the same runs."""
+    worst = worst_per_round(data, op, field, sizes)
+    if worst:
+        print(f"| {label} | {', '.join(f'{x:.0f} us' for x in worst)} | "
+              f"{statistics.median(worst):.0f} us | reference (no goal) |")
+
+
+def report_lookups(data):
+    """Lookup latency per size (1 client) next to the ping-pong floor of the same runs."""
+    sizes = sorted({k[1] for k in data if k[0] == "kvd-shm" and k[2] == 1 and k[3] == "lookup"})
+    if not sizes:
+        return
+    print("\n== lookups on the unix socket, 1 client, against the floor under one exchange "
+          "(a unix socket pair ping-pong right before the lookups, same kvd-bench run: the two "
+          "processes where the scheduler puts them, and pinned to two CPUs; per round, then the "
+          "median) ==")
+    print("| size | lookup p50 us | lookup p99 us | ping-pong p50 us | ping-pong p99 us | "
+          "across CPUs p50 us | across CPUs p99 us | lookup p99 / ping-pong p99 |")
+    print("| ---: | --- | --- | --- | --- | --- | --- | --- |")
+    for size in sizes:
+        look = data.get(("kvd-shm", size, 1, "lookup"), {})
+        pp = data.get(("kvd-shm", size, 1, "pingpong"), {})
+        apart = data.get(("kvd-shm", size, 1, "pingpong_cross_cpu"), {})
+
+        def cell(d, field):
+            v = [x for _, x in sorted(d.get(field, []))]
+            return f"{', '.join(f'{x:.0f}' for x in v)} ({statistics.median(v):.0f})" if v else NA
+
+        la, pa = dict(look.get("p99", [])), dict(pp.get("p99", []))
+        rounds = sorted(set(la) & set(pa))
+        per = [la[r] / pa[r] for r in rounds if pa[r] > 0]
+        rat = (f"{', '.join(f'{x:.2f}' for x in per)} ({statistics.median(per):.2f})"
+               if per else NA)
+        print(f"| {human(size)} | {cell(look, 'p50')} | {cell(look, 'p99')} | {cell(pp, 'p50')} | "
+              f"{cell(pp, 'p99')} | {cell(apart, 'p50')} | {cell(apart, 'p99')} | {rat} |")
 
 
 def report_in_place(data):

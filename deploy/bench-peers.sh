@@ -12,6 +12,12 @@
 # then the medians over rounds and the same-node goals with their per-round ratios and medians
 # (docs/benchmarks.md, "Same-node data path and its peers"). Also the idle daemon's CPU.
 #
+# Lookups: every kvd-bench run makes 400 Lookup calls (--lookups 400, going round the run's
+# chunks: a p99 from 400 samples at every size, not from the 6 chunks of a 32 MiB run), and the
+# kvd-shm run measures the floor under one unix-socket exchange right before its lookups
+# (--pingpong-floor 400: a socket pair ping-pong between two processes, phase "pingpong"), so
+# each lookup p99 stands next to what the machine gave any exchange at that moment.
+#
 #   deploy/bench-peers.sh [BUILD_DIR]     (default build; needs kvd and kvd-bench built)
 #   KVD_PEERS_ROUNDS    interleaved rounds (default 3)
 #   KVD_PEERS_SIZES     value sizes in bytes (default "65536 2097152 33554432")
@@ -51,6 +57,7 @@ CLIENTS=${KVD_PEERS_CLIENTS:-"1 4"}
 SKIP=" ${KVD_PEERS_SKIP:-} "
 WARMUP=${KVD_PEERS_WARMUP:-1}
 ARENA_BYTES=$((256 << 20))  # kvd's tiers.host.capacity below
+LOOKUPS=400                 # Lookup calls per kvd-bench run, and ping-pong exchanges before them
 TLS=sm,tcp
 REPORT=deploy/bench-peers-report.py
 
@@ -207,9 +214,10 @@ for round in $(seq "$ROUNDS"); do
     for c in $CLIENTS; do
       kb=(--addr "unix:$work/kvd.sock" --model "$(model_for "$size")" --chunk-bytes "$size"
           --count "$n" --concurrency "$c" --op both --ucx-tls "$TLS" --net-devices lo
-          --warmup "$(warmup_for "$size")" --ready-file "$work/ready.json" --json)
+          --warmup "$(warmup_for "$size")" --ready-file "$work/ready.json" --json
+          --lookups "$LOOKUPS")
       if ! skipped kvd-shm; then
-        "$BIN/kvd-bench" "${kb[@]}" >"$work/out.json" 2>"$work/err.txt" ||
+        "$BIN/kvd-bench" "${kb[@]}" --pingpong-floor "$LOOKUPS" >"$work/out.json" 2>"$work/err.txt" ||
           { echo "  kvd-shm failed: $(tail -1 "$work/err.txt")" >&2; }
         ingest "$round" kvd-shm "$size" "$c" kvdbench "$work/out.json"
       fi

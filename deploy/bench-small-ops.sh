@@ -7,7 +7,8 @@
 #   get    16 KiB and 64 KiB chunks at depth 1, 4 and 16 (chunks in flight per GetChunks call)
 #   redis  SET / GET of the same sizes, GET pipelined 4 and 16 deep, EXISTS of 1 / 16 / 64 keys
 #   floor  a 64-byte ping-pong over a unix socket pair between two processes (kvd-bench --op
-#          pingpong) and redis PING: what one exchange costs on this box without kvd's work
+#          pingpong; where the scheduler puts them, and pinned to two CPUs) and redis PING: what
+#          one exchange costs on this box without kvd's work
 # kvd-bench reports the daemon's CPU time, context switches and read/write system calls per
 # operation (--ready-file). Prints every measurement, then the medians over rounds.
 #
@@ -117,6 +118,12 @@ for round in $(seq "$ROUNDS"); do
   done
   # the floor under one exchange on this box: a unix socket pair ping-pong, and redis PING
   bench_kvd "unix ping-pong (reference)" pingpong --op pingpong --count $((COUNT * 4))
+  # the same with the two processes pinned to two CPUs, as a client and kvd's io thread are
+  # whenever the scheduler places them apart
+  if (($(nproc) >= 2)); then
+    bench_kvd "unix ping-pong across CPUs (reference)" pingpong_cross_cpu --op pingpong \
+      --count $((COUNT * 4))
+  fi
   bench_redis "redis PING" -t ping_inline -n "$COUNT"
   for chain in 1 16 64; do
     bench_kvd "lookup chain $chain" lookup --chunk-bytes 1280 --count $((COUNT * 4)) --op get \

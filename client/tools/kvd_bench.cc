@@ -4,7 +4,7 @@
 //             --op put|get|both [--depth D] [--lookup-batch L] [--lookup-chain K] [--ucx-tls TLS]
 //             [--net-devices DEV] [--no-shm] [--verify] [--daemon-pid PID | --ready-file F]
 //             [--finite-values] [--retry-busy] [--inline-put-bytes B] [--warmup W]
-//             [--shm-inline-put-bytes B] [--in-place] [--json]
+//             [--shm-inline-put-bytes B] [--in-place] [--lookups N] [--pingpong-floor N] [--json]
 //   kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--scatter-bytes S] [--json]
 //   kvd-bench --op pingpong --count N [--json]
 //
@@ -14,7 +14,9 @@
 // bytes. Phases: put (Reserve -> send -> Commit; chunks of at most --inline-put-bytes, default
 // the library's 64 KiB, in one InlinePut exchange instead; 0 = always three steps; on the
 // shared-memory path also at most --shm-inline-put-bytes, default 32 KiB), lookup (one
-// Lookup per K chunks, --lookup-chain, default 1; latency and the daemon's cost per Lookup call),
+// Lookup per K chunks, --lookup-chain, default 1; latency and the daemon's cost per Lookup call;
+// --lookups N makes N Lookup calls in all instead, each thread going round its chunks as often as
+// needed, so that a p99 has samples even when few chunks are stored),
 // get (one Lookup per L chunks (default 64), then Gets of D chunks in flight per call,
 // checksum-verified by the library). --warmup W first runs a phase "warmup": each client thread
 // puts, looks up, gets and releases W chunks of its own, one at a time, with keys the timed
@@ -70,8 +72,17 @@
 // sides blocking in read(2), one message in flight; phase "pingpong" reports each round trip.
 // Two wake-ups of a sleeping process per round trip, as an exchange with kvd has (without
 // kvd's work), so a lookup's latency tail can be held against the scheduler's on the same box.
+// The two processes run where the scheduler puts them, which is usually one CPU (the child
+// starts where its parent runs, and each wakes the other as it goes to sleep); phase
+// "pingpong_cross_cpu" repeats the exchanges with the two pinned to two different CPUs (the
+// first two this process may use; absent with only one), as a client and kvd's io thread are
+// whenever the scheduler places them apart: a wake-up across CPUs can cost much more (2-3x per
+// round trip on a 2-vCPU virtual machine), and an exchange with kvd pays the one that applies.
+// --pingpong-floor N runs the same N exchanges (both phases) inside a daemon run, right before
+// its lookup phase: the floor of that moment, next to the lookups it bounds.
 //
 // Exit 0 on success, 1 on a failed operation, 2 usage, 3 cannot connect.
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -379,21 +390,41 @@ bool TransferAll(int fd, const uint8_t* out, uint8_t* in, size_t n) {
   return true;
 }
 
-// --op pingpong (see the header comment). Returns the exit code.
-int RunPingPong(int64_t count, bool json) {
-  constexpr size_t kMessageBytes = 64;
+// The ping-pong of --op pingpong and --pingpong-floor (see the header comment): `count` round
+// trips into a phase "pingpong", or with `cpus` (two CPU numbers) the two processes pinned apart,
+// this thread to cpus[0] (its own affinity restored afterwards) and the echo to cpus[1], into
+// "pingpong_cross_cpu". False (with a message on stderr) if the echo could not start or ended
+// early, or the pinning failed.
+constexpr size_t kPingPongBytes = 64;  // one message of the ping-pong
+
+bool PingPong(int64_t count, PhaseResult* result, const std::vector<int>& cpus = {}) {
+  constexpr size_t kMessageBytes = kPingPongBytes;
+  const bool pinned = cpus.size() == 2;
+  cpu_set_t own_mask;
+  if (pinned && ::sched_getaffinity(0, sizeof own_mask, &own_mask) != 0) {
+    std::cerr << "kvd-bench: sched_getaffinity: " << std::strerror(errno) << "\n";
+    return false;
+  }
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
     std::cerr << "kvd-bench: socketpair: " << std::strerror(errno) << "\n";
-    return 1;
+    return false;
   }
   const pid_t child = ::fork();
   if (child < 0) {
     std::cerr << "kvd-bench: fork: " << std::strerror(errno) << "\n";
-    return 1;
-  }
-  if (child == 0) {  // the echo: until the parent closes its end
     ::close(fds[0]);
+    ::close(fds[1]);
+    return false;
+  }
+  if (child == 0) {  // the echo (only async-signal-safe calls): until the parent closes its end
+    ::close(fds[0]);
+    if (pinned) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpus[1], &one);
+      if (::sched_setaffinity(0, sizeof one, &one) != 0) ::_exit(1);
+    }
     uint8_t msg[kMessageBytes];
     while (TransferAll(fds[1], nullptr, msg, sizeof msg) &&
            TransferAll(fds[1], msg, nullptr, sizeof msg)) {
@@ -401,32 +432,75 @@ int RunPingPong(int64_t count, bool json) {
     ::_exit(0);
   }
   ::close(fds[1]);
-  PhaseResult result;
-  result.name = "pingpong";
+  result->name = pinned ? "pingpong_cross_cpu" : "pingpong";
   uint8_t msg[kMessageBytes] = {1}, back[kMessageBytes];
   bool failed = false;
+  if (pinned) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus[0], &one);
+    if (::sched_setaffinity(0, sizeof one, &one) != 0) {
+      std::cerr << "kvd-bench: sched_setaffinity: " << std::strerror(errno) << "\n";
+      failed = true;
+    }
+  }
   const auto start = Clock::now();
   for (int64_t i = 0; i < count && !failed; ++i) {
     const auto t0 = Clock::now();
     failed = !TransferAll(fds[0], msg, nullptr, sizeof msg) ||
              !TransferAll(fds[0], nullptr, back, sizeof back);
-    result.latencies_us.push_back(
+    result->latencies_us.push_back(
         std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-    ++result.ops;
+    ++result->ops;
   }
-  result.seconds = result.wall_seconds =
+  result->seconds = result->wall_seconds =
       std::chrono::duration<double>(Clock::now() - start).count();
-  result.bytes = result.ops * 2 * kMessageBytes;
+  result->bytes = result->ops * 2 * kMessageBytes;
   ::close(fds[0]);
   int status = 0;
   ::waitpid(child, &status, 0);
+  if (pinned) ::sched_setaffinity(0, sizeof own_mask, &own_mask);
   if (failed) std::cerr << "kvd-bench: the echo process ended early\n";
+  return !failed;
+}
+
+// Two CPUs this process may run on (the first two of its affinity mask), for the cross-CPU
+// ping-pong; empty with fewer.
+std::vector<int> TwoCpus() {
+  cpu_set_t mask;
+  std::vector<int> out;
+  if (::sched_getaffinity(0, sizeof mask, &mask) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE && out.size() < 2; ++c) {
+    if (CPU_ISSET(c, &mask)) out.push_back(c);
+  }
+  if (out.size() < 2) out.clear();
+  return out;
+}
+
+// Both ping-pong phases (the cross-CPU one when two CPUs are allowed) into `phases`; false if
+// one failed.
+bool PingPongPhases(int64_t count, std::vector<PhaseResult>* phases) {
+  PhaseResult as_scheduled;
+  bool ok = PingPong(count, &as_scheduled);
+  phases->push_back(std::move(as_scheduled));
+  if (const std::vector<int> cpus = TwoCpus(); ok && !cpus.empty()) {
+    PhaseResult apart;
+    ok = PingPong(count, &apart, cpus);
+    phases->push_back(std::move(apart));
+  }
+  return ok;
+}
+
+// --op pingpong (see the header comment). Returns the exit code.
+int RunPingPong(int64_t count, bool json) {
+  std::vector<PhaseResult> phases;
+  const bool ok = PingPongPhases(count, &phases);
   nlohmann::json j = {
-      {"count", count}, {"op", "pingpong"}, {"message_bytes", kMessageBytes}, {"ok", !failed}};
-  PrintPhases({result}, std::move(j), json,
-              "kvd-bench: unix socket pair ping-pong of " + std::to_string(kMessageBytes) +
+      {"count", count}, {"op", "pingpong"}, {"message_bytes", kPingPongBytes}, {"ok", ok}};
+  PrintPhases(phases, std::move(j), json,
+              "kvd-bench: unix socket pair ping-pong of " + std::to_string(kPingPongBytes) +
                   " B messages, count " + std::to_string(count));
-  return failed ? 1 : 0;
+  return ok ? 0 : 1;
 }
 
 }  // namespace
@@ -443,7 +517,7 @@ int main(int argc, char** argv) {
   kvd::tools::AddConnectionOptions(app, &connection);
   std::string model, op = "both", ready_file;
   int64_t count = 100, concurrency = 1, depth = 1, lookup_batch = 64, lookup_chain = 1, tokens = 0,
-          chunk_bytes_arg = 0, daemon_pid = 0, warmup = 0;
+          chunk_bytes_arg = 0, daemon_pid = 0, warmup = 0, lookups = 0, pingpong_floor = 0;
   bool json = false, verify = false, no_shm = false, finite = false, retry_busy = false,
        in_place = false;
   app.add_option("--model", model, "a model registered in kvd (all ops but memcpy)");
@@ -461,6 +535,15 @@ int main(int argc, char** argv) {
   app.add_option("--lookup-batch", lookup_batch, "chunks per Lookup of the get phase (default 64)");
   app.add_option("--lookup-chain", lookup_chain,
                  "chunks per Lookup of the lookup phase (default 1); its ops are Lookup calls");
+  app.add_option("--lookups", lookups,
+                 "Lookup calls of the lookup phase in all, going round the chunks (default 0: "
+                 "one per --lookup-chain chunks)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--pingpong-floor", pingpong_floor,
+                 "a unix socket pair ping-pong of this many exchanges right before the lookup "
+                 "phase, reported as phases \"pingpong\" and \"pingpong_cross_cpu\" (default 0: "
+                 "none)")
+      ->transform(CLI::AsSizeValue(false));
   auto* pid_opt = app.add_option("--daemon-pid", daemon_pid,
                                  "report the daemon's CPU, context switches and read/write "
                                  "system calls per operation (kvd on this machine)")
@@ -505,6 +588,12 @@ int main(int argc, char** argv) {
         "--count, --concurrency, --depth, --lookup-batch and --lookup-chain must be > 0");
   }
   if (warmup < 0) return usage_error("--warmup must be >= 0");
+  if (lookups < 0 || pingpong_floor < 0) {
+    return usage_error("--lookups and --pingpong-floor must be >= 0");
+  }
+  if ((lookups > 0 || pingpong_floor > 0) && op != "get" && op != "both") {
+    return usage_error("--lookups and --pingpong-floor need a lookup phase (--op get or both)");
+  }
   if (in_place && (depth != 1 || no_shm || op == "memcpy" || op == "pingpong")) {
     return usage_error("--in-place needs --depth 1 and the shared-memory path (not --no-shm)");
   }
@@ -708,11 +797,24 @@ int main(int argc, char** argv) {
     for (uint64_t b : busy_retries) phases.back().busy_retries += b;
   }
 
+  if (op != "put" && first_error.ok() && pingpong_floor > 0 &&
+      !PingPongPhases(pingpong_floor, &phases)) {
+    first_error = Status::Internal("the --pingpong-floor ping-pong failed");
+  }
   if (op != "put" && first_error.ok()) {
     phases.push_back(run_phase(
         "lookup", [&](int t, std::vector<double>& lat, uint64_t& ops, uint64_t& bytes) -> Status {
           auto idx = indices(t);
-          for (size_t b = 0; b < idx.size(); b += lookup_chain) {
+          // The chain starts of this thread, in turn, as many as --lookups asks of it (the
+          // threads share the calls: thread t makes lookups / nthreads, one more for t below
+          // the remainder); by default each chain once.
+          std::vector<size_t> starts;
+          for (size_t b = 0; b < idx.size(); b += lookup_chain) starts.push_back(b);
+          const size_t calls =
+              lookups == 0 ? starts.size()
+                           : static_cast<size_t>(lookups / nthreads + (t < lookups % nthreads));
+          for (size_t c = 0; c < calls && !starts.empty(); ++c) {
+            const size_t b = starts[c % starts.size()];
             size_t nb = std::min<size_t>(lookup_chain, idx.size() - b);
             std::vector<kvd::Hash128> chain(nb);
             for (size_t j = 0; j < nb; ++j) chain[j] = ChunkHash(run, idx[b + j]);
@@ -810,6 +912,8 @@ int main(int argc, char** argv) {
   j["inline_put_bytes"] = inline_limit;
   j["inline_puts"] = chunk_bytes <= inline_limit;
   j["lookup_chain"] = lookup_chain;
+  if (lookups > 0) j["lookups"] = lookups;
+  if (pingpong_floor > 0) j["pingpong_floor"] = pingpong_floor;
   if (daemon_pid > 0) j["daemon_pid"] = daemon_pid;
   if (!first_error.ok()) j["error"] = first_error.ToString();
   if (warmup > 0) j["warmup_rounds"] = warmup;

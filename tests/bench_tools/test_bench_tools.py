@@ -55,9 +55,18 @@ def test_pingpong_reports_one_round_trip_per_op():
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert j["ok"] and j["op"] == "pingpong" and j["message_bytes"] == 64
-    p = j["pingpong"]
-    assert p["ops"] == 200 and p["bytes"] == 200 * 2 * 64
-    assert 0 < p["p50_us"] <= p["p99_us"]
+    # Where the scheduler puts the two processes, and pinned to two CPUs (with two to use).
+    phases = ["pingpong"] + (["pingpong_cross_cpu"] if len(os.sched_getaffinity(0)) >= 2 else [])
+    assert [k for k in j if k.startswith("pingpong")] == phases, j
+    for name in phases:
+        p = j[name]
+        assert p["ops"] == 200 and p["bytes"] == 200 * 2 * 64, name
+        assert 0 < p["p50_us"] <= p["p99_us"], name
+    # On one CPU there is no cross-CPU phase (and the one phase still runs).
+    r = run(["taskset", "-c", str(min(os.sched_getaffinity(0))), BENCH, "--op", "pingpong",
+             "--count", "20", "--json"])
+    j = json.loads(r.stdout)
+    assert r.returncode == 0 and j["pingpong"]["ops"] == 20 and "pingpong_cross_cpu" not in j
     r = run([BENCH, "--op", "pingpong", "--count", "5", "--warmup", "2"])
     assert r.returncode == 2 and "--warmup needs a daemon (not --op pingpong)" in r.stderr
 
@@ -223,6 +232,33 @@ def test_lookup_chain_counts_lookup_calls(kvd):
     assert r.returncode == 2 and "--lookup-chain must be > 0" in r.stderr, r.stderr
 
 
+def test_lookups_go_round_the_chunks_and_the_floor_comes_right_before_them(kvd):
+    proc, ready, sock = kvd
+    # 5 chunks, 2 threads (3 and 2 chunks), 23 lookups in all: 12 and 11 calls going round.
+    r = run([BENCH, "--addr", f"unix:{sock}", "--model", "stories260k", "--tokens", "16",
+             "--count", "5", "--concurrency", "2", "--op", "both", "--lookups", "23",
+             "--pingpong-floor", "50", "--ready-file", str(ready), "--json"])
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["lookups"] == 23 and j["pingpong_floor"] == 50
+    assert j["lookup"]["ops"] == 23 and j["get"]["ops"] == 5 and j["put"]["ops"] == 5
+    for name in ["pingpong"] + (["pingpong_cross_cpu"] if len(os.sched_getaffinity(0)) >= 2
+                                else []):
+        p = j[name]
+        assert p["ops"] == 50 and p["bytes"] == 50 * 2 * 64 and 0 < p["p50_us"] <= p["p99_us"]
+        assert "daemon_cpu_us_per_op" not in p  # kvd takes no part in it
+    # Without the options: one Lookup per chunk, no floor.
+    r = run([BENCH, "--addr", f"unix:{sock}", "--model", "stories260k", "--tokens", "16",
+             "--count", "5", "--op", "both", "--json"])
+    j = json.loads(r.stdout)
+    assert r.returncode == 0 and j["lookup"]["ops"] == 5 and "pingpong" not in j
+    for bad, why in ((["--op", "put", "--lookups", "4"], "need a lookup phase"),
+                     (["--op", "put", "--pingpong-floor", "4"], "need a lookup phase"),
+                     (["--lookups", "-1"], "--lookups and --pingpong-floor must be >= 0")):
+        r = run([BENCH, "--addr", f"unix:{sock}", "--model", "stories260k", "--tokens", "16"] + bad)
+        assert r.returncode == 2 and why in r.stderr, (bad, r.stderr)
+
+
 def test_bench_small_ops_short_run(tmp_path):
     build = os.path.dirname(os.path.dirname(os.path.abspath(BENCH)))
     env = dict(os.environ, KVD_SMALL_ROUNDS="1", KVD_SMALL_COUNT="20",
@@ -237,6 +273,9 @@ def test_bench_small_ops_short_run(tmp_path):
             assert f"put {size} {way}" in names, names
     for chain in (1, 16, 64):
         assert f"lookup chain {chain}" in names, names
+    assert "unix ping-pong (reference)" in names, names
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert "unix ping-pong across CPUs (reference)" in names, names
     for size in (16384, 65536):
         for depth in (1, 4, 16):
             assert f"get {size} depth {depth} shm" in names and f"get {size} depth {depth} ucx" in names
@@ -303,6 +342,10 @@ def test_report_ratios_medians_and_verdicts(tmp_path):
         rows.append((rnd, "kvd-shm", 65536, 1, "get", 1.0, 30, 40, 5, 1))
         rows.append((rnd, "redis", 65536, 1, "get", 2.0, 10, 30, "-", "-"))
         rows.append((rnd, "kvd-shm", 65536, 1, "lookup", "-", 20, 40 + rnd, 3, 1))
+        rows.append((rnd, "kvd-shm", 65536, 1, "pingpong", "-", 9 + rnd, 20, "-", "-"))
+        rows.append((rnd, "kvd-shm", 65536, 1, "pingpong_cross_cpu", "-", 25, 60, "-", "-"))
+        rows.append((rnd, "kvd-shm", two, 1, "lookup", "-", 15, 30, 3, 1))
+        rows.append((rnd, "kvd-shm", two, 1, "pingpong", "-", 8, 10 * rnd, "-", "-"))
         rows.append((rnd, "kvd-ucx", two, 1, "put", 1.0, 500, 900, 300, 4))
         rows.append((rnd, "ucx_perftest", two, 1, "send", 4.0, "-", "-", "-", "-"))
         rows.append((rnd, "ucx_perftest-e", two, 1, "send", 0.5 * rnd, "-", "-", "-", "-"))
@@ -319,6 +362,20 @@ def test_report_ratios_medians_and_verdicts(tmp_path):
     assert "| lookup p99 on the unix socket (worst size per round) | 41 us, 42 us, 43 us | 42 us" \
         in out, out
     assert "| idle daemon CPU | - | 0.40 % of a core (goal < 1 %) | met |" in out
+    # The floor next to the goals: ping-pong p50 of the 64 KiB runs (10, 11, 12 us); p99 the
+    # worst size per round (64 KiB's 20 us against 2 MiB's 10, 20 and 30 us).
+    assert "| unix socket ping-pong p50 in the 64 KiB runs (the floor under one exchange) | " \
+        "10 us, 11 us, 12 us | 11 us | reference (no goal) |" in out, out
+    assert "| unix socket ping-pong p99 in the same runs (worst size per round) | " \
+        "20 us, 20 us, 30 us | 20 us | reference (no goal) |" in out, out
+    assert "| the same ping-pong across two CPUs, p50 (64 KiB runs) | 25 us, 25 us, 25 us | " \
+        "25 us | reference (no goal) |" in out, out
+    # Per size: lookups against the floor of their own runs (41/20, 42/20, 43/20; 30/10, 30/20,
+    # 30/30).
+    assert "| 64 KiB | 20, 20, 20 (20) | 41, 42, 43 (42) | 10, 11, 12 (11) | 20, 20, 20 (20) | " \
+        "25, 25, 25 (25) | 60, 60, 60 (60) | 2.05, 2.10, 2.15 (2.10) |" in out, out
+    assert "| 2 MiB | 15, 15, 15 (15) | 30, 30, 30 (30) | 8, 8, 8 (8) | 10, 20, 30 (20) | - | - | " \
+        "3.00, 1.50, 1.00 (1.50) |" in out, out
     assert "| kvd shm get 32 MiB / memcpy (warm) | not measured |" in out
     # 3.0 GB/s against 3, 4 and 5 GB/s: ratios 1.00, 0.75, 0.60, median 0.75.
     assert "| kvd shm get 2 MiB / memcpy (spread sources) | 1.00, 0.75, 0.60 | 0.75 (goal >= 0.7) " \
@@ -352,7 +409,11 @@ def test_bench_peers_short_run(tmp_path):
     assert {("kvd-shm", "warmup"), ("kvd-shm", "put"), ("kvd-shm", "get"), ("kvd-shm", "lookup"),
             ("memcpy", "memcpy_fresh"), ("memcpy", "memcpy_warm"),
             ("memcpy", "memcpy_spread"), ("memcpy", "memcpy_scatter"), ("kvd-shm-inplace", "put"),
-            ("kvd-shm-inplace", "get")} <= ops, ops
+            ("kvd-shm-inplace", "get"), ("kvd-shm", "pingpong")} <= ops, ops
+    lookups = [row for row in rows if row[1] == "kvd-shm" and row[4] == "lookup"]
+    assert lookups and lookups[0][6] != "-" and lookups[0][7] != "-", lookups
     assert "| lookup p99 on the unix socket" in r.stdout
+    assert "| unix socket ping-pong p99 in the same runs" in r.stdout, r.stdout
+    assert "| 64 KiB |" in r.stdout.split("== lookups on the unix socket")[1], r.stdout
     assert "| kvd shm in-place get 64 KiB / kvd shm get |" in r.stdout, r.stdout
     assert not shm_left_behind(shm_before)
