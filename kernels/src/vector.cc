@@ -2,13 +2,12 @@
 // Routing lives in vector_routing.cc.
 #include "kvd/kernels/vector.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "byte_io.h"
+#include "cpu/blas.h"
 #include "kvd/common/hash.h"
 #include "vector_backend.h"
 
@@ -258,8 +257,8 @@ StatusOr<VectorWeights> VectorCalibrator::Solve(const VectorSolveOptions& option
       }
     }
     // R^2 from the accumulators: SSE = S_vv - 2 tr(B^T C) + tr(B^T G B).
-    cblas_dsymm(CblasRowMajor, CblasLeft, CblasUpper, d, d, 1.0, gram.data(), d, b.data(), d, 0.0,
-                gb.data(), d);
+    cpu::Cblas().dsymm(CblasRowMajor, CblasLeft, CblasUpper, d, d, 1.0, gram.data(), d, b.data(), d,
+                       0.0, gb.data(), d);
     double tr_bc = 0.0;
     double tr_bgb = 0.0;
     for (size_t j = 0; j < b.size(); ++j) {

@@ -1,9 +1,9 @@
-// CPU twins of the VECTOR ops: OpenBLAS GEMMs plus vectorisable row loops.
-#include <cblas.h>
-
+// CPU twins of the VECTOR ops: OpenBLAS GEMMs (loaded on first use, blas.h) plus vectorisable row
+// loops.
 #include <algorithm>
 #include <vector>
 
+#include "blas.h"
 #include "vector_backend.h"
 
 namespace kvd::kernels::cpu {
@@ -43,11 +43,12 @@ void AccumulateVectorStats(ConstMatrixView kpre, ConstMatrixView values, VectorH
     }
     // upper(gram) += Kb^T Kb (syrk: half the work of a GEMM) ; cross += Kb^T Vb
     // (Kb, Vb: [rows, d] row-major). The lower triangle is mirrored once per call below.
-    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, static_cast<int>(d), static_cast<int>(rows),
-                1.0, kd.data(), static_cast<int>(d), 1.0, stats->gram.data(), static_cast<int>(d));
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(d), static_cast<int>(d),
-                static_cast<int>(rows), 1.0, kd.data(), static_cast<int>(d), vd.data(),
-                static_cast<int>(d), 1.0, stats->cross.data(), static_cast<int>(d));
+    Cblas().dsyrk(CblasRowMajor, CblasUpper, CblasTrans, static_cast<int>(d),
+                  static_cast<int>(rows), 1.0, kd.data(), static_cast<int>(d), 1.0,
+                  stats->gram.data(), static_cast<int>(d));
+    Cblas().dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(d), static_cast<int>(d),
+                  static_cast<int>(rows), 1.0, kd.data(), static_cast<int>(d), vd.data(),
+                  static_cast<int>(d), 1.0, stats->cross.data(), static_cast<int>(d));
   }
   for (int64_t r = 1; r < d; ++r) {
     for (int64_t c = 0; c < r; ++c) stats->gram[r * d + c] = stats->gram[c * d + r];
@@ -63,10 +64,10 @@ void VectorResiduals(ConstMatrixView kpre, ConstMatrixView values, ConstMatrixVi
   for (int64_t start = 0; start < n; start += kBlock) {
     const int64_t rows = std::min(kBlock, n - start);
     // pred = Kb W^T  ([rows, d] x [d, d]^T)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
-                static_cast<int>(d), static_cast<int>(d), 1.0f, kpre.Row(start),
-                static_cast<int>(kpre.ld), w.data, static_cast<int>(w.ld), 0.0f, pred.data(),
-                static_cast<int>(d));
+    Cblas().sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+                  static_cast<int>(d), static_cast<int>(d), 1.0f, kpre.Row(start),
+                  static_cast<int>(kpre.ld), w.data, static_cast<int>(w.ld), 0.0f, pred.data(),
+                  static_cast<int>(d));
     for (int64_t i = 0; i < rows; ++i) {
       const float* v = values.Row(start + i);
       const float* p = pred.data() + i * d;
@@ -83,10 +84,10 @@ void VectorResiduals(ConstMatrixView kpre, ConstMatrixView values, ConstMatrixVi
 void RebuildValues(ConstMatrixView kpre, ConstMatrixView w, MatrixView out) {
   if (kpre.rows == 0) return;
   // out = Kpre W^T
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(kpre.rows),
-              static_cast<int>(w.rows), static_cast<int>(kpre.cols), 1.0f, kpre.data,
-              static_cast<int>(kpre.ld), w.data, static_cast<int>(w.ld), 0.0f, out.data,
-              static_cast<int>(out.ld));
+  Cblas().sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(kpre.rows),
+                static_cast<int>(w.rows), static_cast<int>(kpre.cols), 1.0f, kpre.data,
+                static_cast<int>(kpre.ld), w.data, static_cast<int>(w.ld), 0.0f, out.data,
+                static_cast<int>(out.ld));
 }
 
 }  // namespace kvd::kernels::cpu

@@ -1,0 +1,59 @@
+// Loading CBLAS on first use (blas.h).
+#include "blas.h"
+
+#include <dlfcn.h>
+
+#include <string>
+
+#include "kvd/common/logging.h"
+
+namespace kvd::kernels::cpu {
+namespace {
+
+template <typename Fn>
+bool Resolve(void* handle, const char* name, Fn* out, std::string* missing) {
+  *out = reinterpret_cast<Fn>(dlsym(handle, name));
+  if (*out == nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
+  return *out != nullptr;
+}
+
+CblasApi Load() {
+  const char* const candidates[] = {
+#ifdef KVD_BLAS_LIBRARY
+      KVD_BLAS_LIBRARY,
+#endif
+      "libopenblas.so.0", "libcblas.so.3", "libblas.so.3"};
+  std::string tried;
+  for (const char* name : candidates) {
+    // RTLD_LOCAL: the symbols are reached through dlsym only; the handle is kept for the
+    // process's lifetime (never dlclosed: the kernels may call it until exit).
+    void* handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      const char* why = dlerror();
+      tried += std::string("\n  ") + name + ": " + (why != nullptr ? why : "not loadable");
+      continue;
+    }
+    CblasApi api;
+    std::string missing;
+    bool ok = Resolve(handle, "cblas_sgemm", &api.sgemm, &missing);
+    ok = Resolve(handle, "cblas_dgemm", &api.dgemm, &missing) && ok;
+    ok = Resolve(handle, "cblas_dsyrk", &api.dsyrk, &missing) && ok;
+    ok = Resolve(handle, "cblas_dsymm", &api.dsymm, &missing) && ok;
+    if (ok) return api;
+    tried += std::string("\n  ") + name + ": loaded but lacks " + missing;
+    dlclose(handle);
+  }
+  KVD_LOG(FATAL) << "kvd kernels: no CBLAS library could be loaded (install OpenBLAS, e.g. "
+                    "Debian's libopenblas0); tried:"
+                 << tried;
+  return {};
+}
+
+}  // namespace
+
+const CblasApi& Cblas() {
+  static const CblasApi api = Load();
+  return api;
+}
+
+}  // namespace kvd::kernels::cpu
