@@ -6,9 +6,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kvd/common/hash.h"
@@ -530,3 +532,23 @@ TEST(VectorCuda, UnavailableWithoutDevice) {
 
 }  // namespace
 }  // namespace kvd::kernels
+
+// LoadBlas loads the CBLAS library the VECTOR kernels call (kvd calls it at start for a policy
+// that routes): OK, the library is mapped afterwards, and a second call is OK without loading
+// another.
+TEST(VectorBlas, LoadBlasMapsTheLibraryTheKernelsCall) {
+  const auto blas_mappings = [] {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    int n = 0;
+    while (std::getline(maps, line)) {
+      if (line.find("blas") != std::string::npos) ++n;
+    }
+    return n;
+  };
+  ASSERT_TRUE(kvd::kernels::LoadBlas().ok());
+  const int mapped = blas_mappings();
+  EXPECT_GT(mapped, 0) << "LoadBlas returned OK but no BLAS library is mapped";
+  ASSERT_TRUE(kvd::kernels::LoadBlas().ok());
+  EXPECT_EQ(blas_mappings(), mapped);
+}

@@ -142,7 +142,12 @@ StatusOr<IngestDevice> ChooseIngestDevice(const CompressionPolicy& policy, const
 Status CheckIngestDevices(const DaemonConfig& config) {
   for (size_t i = 0; i < config.models.size(); ++i) {
     const ModelConfig& m = config.models[i];
-    if (!m.compression || m.compression->device == "cpu") continue;
+    if (!m.compression) continue;
+    if (m.compression->route == "vector") {
+      KVD_RETURN_IF_ERROR(kk::LoadBlas().WithContext("models[" + std::to_string(i) +
+                                                     "].compression.route: vector"));
+    }
+    if (m.compression->device == "cpu") continue;
     const int ordinal = std::max(0, m.compression->CudaOrdinal());
     KVD_RETURN_IF_ERROR(ChooseIngestDevice(*m.compression,
                                            "models[" + std::to_string(i) + "].compression",

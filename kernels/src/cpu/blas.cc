@@ -4,8 +4,10 @@
 #include <dlfcn.h>
 
 #include <string>
+#include <utility>
 
 #include "kvd/common/logging.h"
+#include "kvd/kernels/vector.h"
 
 namespace kvd::kernels::cpu {
 namespace {
@@ -17,7 +19,13 @@ bool Resolve(void* handle, const char* name, Fn* out, std::string* missing) {
   return *out != nullptr;
 }
 
-CblasApi Load() {
+struct Loaded {
+  CblasApi api;
+  bool ok = false;
+  std::string tried;  // every library tried and why it was not taken (when !ok)
+};
+
+Loaded Load() {
   const char* const candidates[] = {
 #ifdef KVD_BLAS_LIBRARY
       KVD_BLAS_LIBRARY,
@@ -33,27 +41,52 @@ CblasApi Load() {
       tried += std::string("\n  ") + name + ": " + (why != nullptr ? why : "not loadable");
       continue;
     }
-    CblasApi api;
+    Loaded loaded;
+    CblasApi& api = loaded.api;
     std::string missing;
     bool ok = Resolve(handle, "cblas_sgemm", &api.sgemm, &missing);
     ok = Resolve(handle, "cblas_dgemm", &api.dgemm, &missing) && ok;
     ok = Resolve(handle, "cblas_dsyrk", &api.dsyrk, &missing) && ok;
     ok = Resolve(handle, "cblas_dsymm", &api.dsymm, &missing) && ok;
-    if (ok) return api;
+    if (ok) {
+      loaded.ok = true;
+      return loaded;
+    }
     tried += std::string("\n  ") + name + ": loaded but lacks " + missing;
     dlclose(handle);
   }
-  KVD_LOG(FATAL) << "kvd kernels: no CBLAS library could be loaded (install OpenBLAS, e.g. "
-                    "Debian's libopenblas0); tried:"
-                 << tried;
-  return {};
+  Loaded failed;
+  failed.tried = std::move(tried);
+  return failed;
+}
+
+const Loaded& TheLibrary() {
+  static const Loaded loaded = Load();
+  return loaded;
+}
+
+std::string NotLoadedMessage(const Loaded& loaded) {
+  return "no CBLAS library could be loaded (install OpenBLAS, e.g. Debian's libopenblas0); "
+         "tried:" +
+         loaded.tried;
 }
 
 }  // namespace
 
 const CblasApi& Cblas() {
-  static const CblasApi api = Load();
-  return api;
+  const Loaded& loaded = TheLibrary();
+  if (!loaded.ok) KVD_LOG(FATAL) << "kvd kernels: " << NotLoadedMessage(loaded);
+  return loaded.api;
 }
 
 }  // namespace kvd::kernels::cpu
+
+namespace kvd::kernels {
+
+Status LoadBlas() {
+  const cpu::Loaded& loaded = cpu::TheLibrary();
+  if (loaded.ok) return Status::Ok();
+  return Status::FailedPrecondition(cpu::NotLoadedMessage(loaded));
+}
+
+}  // namespace kvd::kernels

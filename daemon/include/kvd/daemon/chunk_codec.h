@@ -117,7 +117,9 @@ StatusOr<IngestDevice> ChooseIngestDevice(const CompressionPolicy& policy, const
 // without CUDA) or UNAVAILABLE (no such device) naming the reason.
 Status ProbeIngestDevice(int ordinal);
 // ChooseIngestDevice for every model of `config` with a policy (keys models[i].compression): the
-// first refusal. kvd checks this before it starts (exit 2).
+// first refusal; for a policy that routes (route: vector) also kernels::LoadBlas, so that a
+// machine without a CBLAS library is refused at start (FAILED_PRECONDITION naming the libraries
+// tried), not at the first chunk it compresses. kvd checks this before it starts (exit 2).
 Status CheckIngestDevices(const DaemonConfig& config);
 
 // What a model's ingest did since start (kvdctl stats).

@@ -144,6 +144,13 @@ class VectorCalibrator {
 // Residuals and rebuild
 // ---------------------------------------------------------------------------------------------
 
+// The VECTOR kernels (calibration, residuals, rebuild) call CBLAS, which they load on first use
+// (a process that never routes never maps it); without a loadable library that first call
+// aborts the process. LoadBlas loads it now: OK when it is loaded (now or before),
+// FAILED_PRECONDITION naming every library tried and why otherwise. For a process that must
+// find out at start (kvd with a model whose policy routes). Thread-safe; loads at most once.
+Status LoadBlas();
+
 // residuals[i] = |v_i - W kpre_i|^2 for kpre [n, d], values [n, d], w [d, d]; residuals has n
 // entries. INVALID_ARGUMENT on shape mismatch or NaN/Inf in any input.
 Status VectorResiduals(ConstMatrixView kpre, ConstMatrixView values, ConstMatrixView w,
