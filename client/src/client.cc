@@ -209,8 +209,7 @@ Status ClientImpl::FlushReleases() {
   // One exchange of its own carries the rest (Request.releaseReads / releaseLeases go with
   // every request); nothing deferred, nothing sent.
   if (const uint64_t read = channel_->TakeDeferredRelease(); read != 0) {
-    return CallLocked([&](proto::Request::Builder r) { r.initReleaseRead().setReadId(read); })
-        .status();
+    return ReleaseReadLocked(read);
   }
   if (const uint64_t lease = channel_->TakeDeferredLeaseRelease(); lease != 0) {
     return CallLocked([&](proto::Request::Builder r) { r.initReleaseLease().setLeaseId(lease); })

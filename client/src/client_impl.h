@@ -93,6 +93,12 @@ class ClientImpl final : public Client {
   StatusOr<std::shared_ptr<const std::vector<uint8_t>>> GetVectorWeights(uint64_t version);
 
  private:
+  // Ends one read (caller holds mu_): deferred onto the next request where kvd takes them (all
+  // queued ones sent at once when kFlushReadsAt are queued), else a ReleaseRead exchange; nothing
+  // when the connection is gone (its end ended the read). Best effort.
+  void EndReadLocked(uint64_t read_id);
+  // One ReleaseRead exchange (caller holds mu_); the deferred ones ride on it.
+  Status ReleaseReadLocked(uint64_t read_id);
   // REQUIRES: mu_ held.
   Status CheckUsable(bool needs_transport) const;
   // One request and its reply: sends what `fill(proto::Request::Builder)` builds and waits for

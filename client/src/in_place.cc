@@ -51,16 +51,8 @@ StatusOr<ChunkView> ClientImpl::ReadInPlace(uint64_t lease_id, uint32_t chunk_in
                             std::to_string(chunk_index) + " of lease " + std::to_string(lease_id));
   }
   if (!slot.ok()) {
-    // The read (if one was opened) ends with the next request, as a copying get's does.
-    if (got.read_id != 0) {
-      if (session_.releases_on_requests) {
-        channel_->DeferReleases({got.read_id});
-      } else {
-        CallLocked([&](proto::Request::Builder r) { r.initReleaseRead().setReadId(got.read_id); })
-            .status()
-            .IgnoreError();
-      }
-    }
+    // The read (if one was opened) ends as a view's does.
+    if (got.read_id != 0) EndReadLocked(got.read_id);
     return slot.status();
   }
   if (options.pin_for_device) PinSegmentLocked(got.segment);
@@ -81,6 +73,10 @@ StatusOr<ChunkView> ClientImpl::ReadInPlace(uint64_t lease_id, uint32_t chunk_in
 
 void ClientImpl::EndViewRead(uint64_t read_id) {
   std::lock_guard<std::mutex> lock(mu_);
+  EndReadLocked(read_id);
+}
+
+void ClientImpl::EndReadLocked(uint64_t read_id) {
   if (!channel_ || channel_->broken()) return;  // the connection's end ended the read
   if (session_.releases_on_requests) {
     channel_->DeferReleases({read_id});
@@ -89,9 +85,13 @@ void ClientImpl::EndViewRead(uint64_t read_id) {
     // many chunks in place and then goes quiet does not keep them pinned to the read TTL.
     read_id = channel_->TakeDeferredRelease();
   }
-  CallLocked([&](proto::Request::Builder r) { r.initReleaseRead().setReadId(read_id); })
-      .status()
-      .IgnoreError();  // best effort: the read TTL or the connection's end ends it otherwise
+  // Best effort: the read TTL or the connection's end ends it otherwise.
+  ReleaseReadLocked(read_id).IgnoreError();
+}
+
+Status ClientImpl::ReleaseReadLocked(uint64_t read_id) {
+  return CallLocked([&](proto::Request::Builder r) { r.initReleaseRead().setReadId(read_id); })
+      .status();
 }
 
 StatusOr<PutSlot> ClientImpl::ReservePut(const Hash128& hash, int tokens, size_t bytes,

@@ -17,7 +17,6 @@ SegmentedArena::SegmentedArena(uint64_t capacity_bytes, uint64_t alignment,
       segments_.emplace_back(std::min(segment_bytes_, capacity_bytes - start), align);
     }
   }
-  owner_.resize(segments_.size());
   last_owner_.resize(segments_.size());
   for (uint32_t i = 0; i < segments_.size(); ++i) {
     capacity_ += segments_[i].capacity();
@@ -65,7 +64,7 @@ std::optional<uint64_t> SegmentedArena::AllocateAt(const Placement& placement, u
   const uint32_t seg = placement.segment;
   if (seg >= segments_.size()) return std::nullopt;
   const bool was_free = segment_bytes_ != 0 && free_segments_.count(seg) != 0;
-  if (segment_bytes_ != 0 && !was_free && owner_[seg] != ns) return std::nullopt;
+  if (segment_bytes_ != 0 && !was_free && last_owner_[seg] != ns) return std::nullopt;
   auto off = segments_[seg].Allocate(bytes);
   if (!off) return std::nullopt;
   allocated_ += segments_[seg].BlockSize(*off);
@@ -79,7 +78,6 @@ std::optional<uint64_t> SegmentedArena::AllocateAt(const Placement& placement, u
       counters_.handovers++;
     }
     free_segments_.erase(seg);
-    owner_[seg] = ns;
     last = ns;
     auto& list = by_owner_[ns];
     list.insert(std::upper_bound(list.begin(), list.end(), seg), seg);
@@ -104,14 +102,20 @@ Status SegmentedArena::Free(uint64_t offset, std::optional<uint32_t>* released_s
   KVD_RETURN_IF_ERROR(segments_[seg].Free(local));
   allocated_ -= size;
   if (segment_bytes_ != 0 && segments_[seg].allocated_bytes() == 0) {
-    auto& list = by_owner_[owner_[seg]];
+    const std::string& ns = last_owner_[seg];  // kept: the segment remembers it while free
+    auto& list = by_owner_[ns];
     list.erase(std::find(list.begin(), list.end(), seg));
-    if (list.empty()) by_owner_.erase(owner_[seg]);
-    owner_[seg].clear();
+    if (list.empty()) by_owner_.erase(ns);
     free_segments_.insert(seg);
     if (released_segment != nullptr) *released_segment = seg;
   }
   return Status::Ok();
+}
+
+const std::string& SegmentedArena::SegmentOwner(uint32_t segment) const {
+  static const std::string kFree;
+  const std::string& last = last_owner_.at(segment);
+  return free_segments_.count(segment) != 0 ? kFree : last;
 }
 
 bool SegmentedArena::CanAllocate(uint64_t bytes, const std::string& ns) const {
@@ -151,16 +155,12 @@ Status SegmentedArena::CheckConsistency() const {
     if (segment_bytes_ == 0) continue;
     const bool used = segments_[i].allocated_bytes() != 0;
     const bool is_free = free_segments_.count(i) != 0;
-    if (used == is_free || used == owner_[i].empty()) {
+    if (used == is_free || (used && last_owner_[i].empty())) {
       return Status::Internal("arena: segment " + std::to_string(i) +
                               " ownership disagrees with its occupancy");
     }
-    if (used && last_owner_[i] != owner_[i]) {
-      return Status::Internal("arena: segment " + std::to_string(i) +
-                              " remembers another namespace than its owner");
-    }
     if (used) {
-      auto it = by_owner_.find(owner_[i]);
+      auto it = by_owner_.find(last_owner_[i]);
       if (it == by_owner_.end() || std::count(it->second.begin(), it->second.end(), i) != 1) {
         return Status::Internal("arena: segment " + std::to_string(i) +
                                 " missing from its namespace's list");

@@ -177,7 +177,7 @@ class SegmentedArena {
   uint64_t SegmentStart(uint32_t segment) const;
   uint64_t SegmentSize(uint32_t segment) const { return segments_.at(segment).capacity(); }
   // The namespace a segment is assigned to; empty if free (or unsegmented).
-  const std::string& SegmentOwner(uint32_t segment) const { return owner_.at(segment); }
+  const std::string& SegmentOwner(uint32_t segment) const;
   // The namespace that held blocks in the segment last (its owner while assigned; kept while
   // free); empty if it was never used (or unsegmented).
   const std::string& SegmentLastOwner(uint32_t segment) const { return last_owner_.at(segment); }
@@ -198,8 +198,9 @@ class SegmentedArena {
   uint64_t capacity_ = 0;       // sum of the segments' capacities
   uint64_t allocated_ = 0;
   std::vector<ArenaAllocator> segments_;
-  std::vector<std::string> owner_;                         // "" = free
-  std::vector<std::string> last_owner_;                    // "" = never used
+  // The namespace that used each segment last: its owner while it holds blocks (not in
+  // free_segments_), kept while it is free; "" = never used.
+  std::vector<std::string> last_owner_;
   std::map<std::string, std::vector<uint32_t>> by_owner_;  // ascending segment indexes
   std::set<uint32_t> free_segments_;                       // ascending
   SegmentCounters counters_;
