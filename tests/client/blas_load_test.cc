@@ -43,19 +43,7 @@ TEST(ClientBlasLoadTest, AClientThatMovesChunksNeverMapsBlasAndTheKernelsLoadItO
   // A plain client: connect, put a chunk, read it back.
   const std::string domain = "client-blas-load-test";
   testing::FakeDaemon daemon(domain, {});
-  ClientOptions o;
-  o.address = daemon.address();
-  o.model = "tiny";
-  o.layout.num_layers = 2;
-  o.layout.num_kv_heads = 2;
-  o.layout.num_q_heads = 4;
-  o.layout.head_dim = 8;
-  o.layout.dtype = DType::kFloat32;
-  o.chunk_tokens = 32;
-  o.block_tokens = 16;
-  o.transport.backend = "loopback";
-  o.transport.loopback_domain = domain;
-  auto client = Client::Connect(o);
+  auto client = Client::Connect(testing::TinyClientOptions(daemon, domain));
   ASSERT_TRUE(client.ok()) << client.status();
   std::vector<uint8_t> bytes(8192);  // 32 tokens x 2 layers x 2 heads x (K, V) x 8 x 4 bytes
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 1);

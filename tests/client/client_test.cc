@@ -15,16 +15,8 @@ namespace {
 
 using testing::FakeDaemon;
 using testing::FakeDaemonBehavior;
-
-ModelLayout TinyLayout() {
-  ModelLayout l;
-  l.num_layers = 2;
-  l.num_kv_heads = 2;
-  l.num_q_heads = 4;
-  l.head_dim = 8;
-  l.dtype = DType::kFloat32;
-  return l;
-}
+using testing::TinyClientOptions;
+using testing::TinyLayout;
 
 std::string UniqueDomain() {
   static std::atomic<int> n{0};
@@ -37,19 +29,7 @@ class ClientTest : public ::testing::Test {
     domain_ = UniqueDomain();
     daemon_ = std::make_unique<FakeDaemon>(domain_, behavior);
   }
-  ClientOptions Options() {
-    ClientOptions o;
-    o.address = daemon_->address();
-    o.model = "tiny";
-    o.layout = TinyLayout();
-    o.chunk_tokens = 32;
-    o.block_tokens = 16;
-    o.transport.backend = "loopback";
-    o.transport.loopback_domain = domain_;
-    o.request_timeout_ms = 2000;
-    o.transfer_timeout_ms = 20000;
-    return o;
-  }
+  ClientOptions Options() { return TinyClientOptions(*daemon_, domain_); }
   std::unique_ptr<Client> Connect(ClientOptions o) {
     auto c = Client::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status();

@@ -346,4 +346,28 @@ void FakeDaemon::ServeConnection(int fd) {
   if (peer.valid()) transport_->Disconnect(peer).IgnoreError();
 }
 
+ModelLayout TinyLayout() {
+  ModelLayout l;
+  l.num_layers = 2;
+  l.num_kv_heads = 2;
+  l.num_q_heads = 4;
+  l.head_dim = 8;
+  l.dtype = DType::kFloat32;
+  return l;
+}
+
+ClientOptions TinyClientOptions(const FakeDaemon& daemon, const std::string& domain) {
+  ClientOptions o;
+  o.address = daemon.address();
+  o.model = "tiny";
+  o.layout = TinyLayout();
+  o.chunk_tokens = 32;
+  o.block_tokens = 16;
+  o.transport.backend = "loopback";
+  o.transport.loopback_domain = domain;
+  o.request_timeout_ms = 2000;
+  o.transfer_timeout_ms = 20000;
+  return o;
+}
+
 }  // namespace kvd::client::testing

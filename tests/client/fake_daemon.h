@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvd/client/client.h"
 #include "kvd/common/hash.h"
 #include "kvd/common/status.h"
 #include "kvd/transport/transport.h"
@@ -57,5 +58,13 @@ class FakeDaemon {
   std::map<Hash128, std::vector<uint8_t>> chunks_;  // GUARDED_BY(mu_)
   std::map<std::string, int> seen_;                 // GUARDED_BY(mu_)
 };
+
+// The model the fake daemon registers ("tiny": 2 layers, 2 KV heads, 4 query heads, head_dim 8,
+// float32).
+ModelLayout TinyLayout();
+// The options a test client connects to `daemon` with: model "tiny" (TinyLayout), chunks of 32
+// tokens in blocks of 16, the loopback transport of `domain` (the daemon's), request timeout 2 s,
+// transfer timeout 20 s.
+ClientOptions TinyClientOptions(const FakeDaemon& daemon, const std::string& domain);
 
 }  // namespace kvd::client::testing
