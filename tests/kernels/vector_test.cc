@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -551,4 +552,17 @@ TEST(VectorBlas, LoadBlasMapsTheLibraryTheKernelsCall) {
   EXPECT_GT(mapped, 0) << "LoadBlas returned OK but no BLAS library is mapped";
   ASSERT_TRUE(kvd::kernels::LoadBlas().ok());
   EXPECT_EQ(blas_mappings(), mapped);
+}
+
+// The kernels parallelize over heads themselves: when they bring OpenBLAS into the process,
+// each BLAS call runs on the calling thread (one thread) unless the environment chose a count.
+// This binary does not link a BLAS library, so the kernels are the ones loading it.
+TEST(VectorBlas, OneBlasThreadPerCallUnlessTheEnvironmentChooses) {
+  ASSERT_TRUE(kvd::kernels::LoadBlas().ok());
+  const int threads = kvd::kernels::BlasThreads();
+  if (threads == 0) GTEST_SKIP() << "the CBLAS library does not report its thread count";
+  for (const char* name : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    if (std::getenv(name) != nullptr) GTEST_SKIP() << name << " is set: the library follows it";
+  }
+  EXPECT_EQ(threads, 1);
 }

@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -11,6 +12,24 @@
 
 namespace kvd::kernels::cpu {
 namespace {
+
+// True when the user chose OpenBLAS's thread count through its environment variables.
+bool EnvironmentSetsBlasThreads() {
+  for (const char* name : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    if (std::getenv(name) != nullptr) return true;
+  }
+  return false;
+}
+
+// One thread per call (LoadBlas's contract in vector.h) when this loader is the one bringing the
+// library in: a library the process already had belongs to whoever loaded it (e.g. an engine that
+// links OpenBLAS and sets its own count).
+void LimitThreads(void* handle, bool already_loaded, CblasApi* api) {
+  api->get_num_threads = reinterpret_cast<int (*)()>(dlsym(handle, "openblas_get_num_threads"));
+  auto set = reinterpret_cast<void (*)(int)>(dlsym(handle, "openblas_set_num_threads"));
+  if (set == nullptr || already_loaded || EnvironmentSetsBlasThreads()) return;
+  set(1);
+}
 
 template <typename Fn>
 bool Resolve(void* handle, const char* name, Fn* out, std::string* missing) {
@@ -35,6 +54,8 @@ Loaded Load() {
   for (const char* name : candidates) {
     // RTLD_LOCAL: the symbols are reached through dlsym only; the handle is kept for the
     // process's lifetime (never dlclosed: the kernels may call it until exit).
+    void* const present = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
+    if (present != nullptr) dlclose(present);  // drops the reference NOLOAD took
     void* handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {
       const char* why = dlerror();
@@ -49,6 +70,7 @@ Loaded Load() {
     ok = Resolve(handle, "cblas_dsyrk", &api.dsyrk, &missing) && ok;
     ok = Resolve(handle, "cblas_dsymm", &api.dsymm, &missing) && ok;
     if (ok) {
+      LimitThreads(handle, present != nullptr, &api);
       loaded.ok = true;
       return loaded;
     }
@@ -87,6 +109,12 @@ Status LoadBlas() {
   const cpu::Loaded& loaded = cpu::TheLibrary();
   if (loaded.ok) return Status::Ok();
   return Status::FailedPrecondition(cpu::NotLoadedMessage(loaded));
+}
+
+int BlasThreads() {
+  const cpu::Loaded& loaded = cpu::TheLibrary();
+  if (!loaded.ok || loaded.api.get_num_threads == nullptr) return 0;
+  return loaded.api.get_num_threads();
 }
 
 }  // namespace kvd::kernels

@@ -10,6 +10,8 @@
 // libopenblas.so.0, libcblas.so.3, libblas.so.3 (the first that loads and has every symbol).
 // None loadable is a deployment error: the first BLAS call logs which libraries were tried
 // and why, and aborts (before this seam such a process did not start at all).
+// Threads: one per call when this loader brought OpenBLAS into the process and the environment
+// does not choose (LoadBlas in kvd/kernels/vector.h says why).
 // Thread safety: Cblas() may be called from any thread; the load happens once.
 #pragma once
 
@@ -23,6 +25,8 @@ struct CblasApi {
   decltype(&cblas_dgemm) dgemm = nullptr;
   decltype(&cblas_dsyrk) dsyrk = nullptr;
   decltype(&cblas_dsymm) dsymm = nullptr;
+  // OpenBLAS's thread count, when the library is OpenBLAS (else nullptr).
+  int (*get_num_threads)() = nullptr;
 };
 
 // The loaded library's entry points (loads it on the first call).

@@ -149,7 +149,20 @@ class VectorCalibrator {
 // aborts the process. LoadBlas loads it now: OK when it is loaded (now or before),
 // FAILED_PRECONDITION naming every library tried and why otherwise. For a process that must
 // find out at start (kvd with a model whose policy routes). Thread-safe; loads at most once.
+//
+// Threads: the kernels parallelize over heads themselves (ExecOptions::num_threads), so a BLAS
+// call runs on the calling thread. When the kernels are the ones loading OpenBLAS into the
+// process, they set it to one thread per call (openblas_set_num_threads(1)) unless the
+// environment chose a count (OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS set).
+// Without that, every call on a head thread could fan out to OpenBLAS's own pool of one thread
+// per core: cores x cores threads in kvd, and a pool competing with the engine in a client that
+// decodes compressed chunks. A library the process had already loaded (an engine linking
+// OpenBLAS) keeps the setting its owner gave it.
 Status LoadBlas();
+
+// Threads the loaded CBLAS library runs one call on (OpenBLAS's openblas_get_num_threads); 0
+// when no library is loaded or it does not say (not OpenBLAS). Loads the library like LoadBlas.
+int BlasThreads();
 
 // residuals[i] = |v_i - W kpre_i|^2 for kpre [n, d], values [n, d], w [d, d]; residuals has n
 // entries. INVALID_ARGUMENT on shape mismatch or NaN/Inf in any input.
