@@ -339,6 +339,7 @@ def test_report_ratios_medians_and_verdicts(tmp_path):
         rows.append((rnd, "kvd-shm", two, 1, "get", 3.0, 100, 200, 50, 1.5))
         rows.append((rnd, "memcpy", two, 1, "memcpy_spread", 2.0 + rnd, 10, 20, "-", "-"))
         rows.append((rnd, "memcpy", two, 1, "memcpy_scatter", 7.0 + rnd, 10, 20, "-", "-"))
+        rows.append((rnd, "memcpy", two, 4, "memcpy_scatter", 8.0 + rnd, 10, 20, "-", "-"))
         rows.append((rnd, "kvd-shm", 65536, 1, "get", 1.0, 30, 40, 5, 1))
         rows.append((rnd, "redis", 65536, 1, "get", 2.0, 10, 30, "-", "-"))
         rows.append((rnd, "kvd-shm", 65536, 1, "lookup", "-", 20, 40 + rnd, 3, 1))
@@ -386,6 +387,12 @@ def test_report_ratios_medians_and_verdicts(tmp_path):
     assert "| kvd UCX put 2 MiB / ucx_perftest tag_bw -e (peer error handling) | 2.00, 1.00, 0.67 " \
         "| 1.00 | reference (the goal is judged on the plain tag_bw line) |" in out, out
     assert "| kvd UCX get 2 MiB / ucx_perftest tag_bw -e (peer error handling) | not measured |" \
+        in out, out
+    # Four copying threads against one in the same rounds: (9/8, 10/9, 11/10), a reference for
+    # the 4-client goals; the spread copy was not measured with 4 threads.
+    assert "| memcpy_scatter 2 MiB (the put's reference): 4 threads / 1 thread | 1.12, 1.11, 1.10 " \
+        "| 1.11 | reference: what the machine gives four copies |" in out, out
+    assert "| memcpy_spread 2 MiB (the get's reference): 4 threads / 1 thread | not measured |" \
         in out, out
     # A put writes a slot not in the cache: 7, 8 and 1 GB/s against 8, 9 and 10 GB/s.
     assert "| kvd shm put 2 MiB / memcpy (scatter destinations) | 0.88, 0.89, 0.10 | 0.88 " \
