@@ -107,12 +107,15 @@ TEST(ConfigTest, AbsentKeysKeepDefaults) {
   auto empty = ParseConfigYaml("");
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ(empty->chunk_tokens, 256);
+  // No one-sided RMA unless asked for: with it, any UCX peer can read and write kvd's memory.
+  EXPECT_FALSE(empty->transport.enable_rma);
+  EXPECT_FALSE(DaemonConfig{}.transport.enable_rma);
 }
 
 TEST(ConfigTest, OverridesBind) {
   auto c = ParseConfigYaml(R"(
 listen: {tcp: "0.0.0.0:9000", unix: ""}
-transport: {backend: loopback, ucx_tls: tcp}
+transport: {backend: loopback, ucx_tls: tcp, enable_rma: true}
 chunk_tokens: 64
 hash_seed: s3cret
 tiers: {host: {capacity: 512MiB}}
@@ -127,6 +130,7 @@ models:
   EXPECT_EQ(c->listen.tcp, "0.0.0.0:9000");
   EXPECT_EQ(c->listen.unix_path, "");
   EXPECT_EQ(c->transport.backend, "loopback");
+  EXPECT_TRUE(c->transport.enable_rma);
   EXPECT_EQ(c->chunk_tokens, 64);
   EXPECT_EQ(c->hash_seed, "s3cret");
   EXPECT_EQ(c->host_tier.capacity_bytes, 512ull << 20);

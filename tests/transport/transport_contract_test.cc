@@ -31,6 +31,7 @@ class TransportContractTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     TransportOptions o = testing::OptionsFor(GetParam());
     o.loopback_domain = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    o.enable_rma = true;  // the whole contract, RMA included (off by default: see options.h)
     auto a = CreateTransport(o);
     ASSERT_TRUE(a.ok()) << a.status();
     auto b = CreateTransport(o);
@@ -575,6 +576,35 @@ TEST(TransportRegistryTest, NewBackendRegistersWithoutEditingTheBase) {
   EXPECT_EQ((*t)->capabilities().backend, "loopback");
   auto names = RegisteredTransportBackends();
   EXPECT_NE(std::find(names.begin(), names.end(), "test-wrapper"), names.end());
+}
+
+// RMA is off unless asked for (options.h: with it on, any peer can read and write this process's
+// memory): the UCX backend then refuses every one-sided call with UNIMPLEMENTED naming the option.
+TEST(UcxTransportTest, RmaIsOffByDefaultAndRefusedClearly) {
+  ASSERT_FALSE(TransportOptions{}.enable_rma);
+  TransportOptions o = testing::OptionsFor("ucx-tcp");
+  auto a = CreateTransport(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_FALSE((*a)->capabilities().rma);
+  auto region = (*a)->AllocateRegistered(4096);
+  ASSERT_TRUE(region.ok()) << region.status();  // registration itself needs no RMA
+  auto exported = (*a)->ExportRegion(region->handle);
+  EXPECT_EQ(exported.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(exported.status().message().find("enable_rma"), std::string::npos) << exported.status();
+  auto peer = (*a)->Connect(*(*a)->LocalAddress());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ((*a)->ImportRegion(*peer, "KVDUCXR1 and some bytes").status().code(),
+            StatusCode::kUnimplemented);
+  std::vector<uint8_t> buf(64);
+  TransferRequest read;
+  read.op = TransferOp::kRead;
+  read.peer = *peer;
+  read.buffer = buf.data();
+  read.length = buf.size();
+  auto h = (*a)->Post(read);
+  EXPECT_EQ(h.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(h.status().message().find("enable_rma"), std::string::npos) << h.status();
+  EXPECT_TRUE((*a)->DeregisterMemory(region->handle).ok());
 }
 
 TEST(TransportOptionsTest, ValidateNamesTheField) {

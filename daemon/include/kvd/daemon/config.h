@@ -177,7 +177,9 @@ struct DaemonConfig {
   MetricsOptions metrics;
   // The bulk transport. Defaults here (differing from TransportOptions' own): backend "ucx",
   // ucx_tls "sm,tcp" (shared memory carries the bytes on one machine; tcp otherwise),
-  // net_devices "lo" (the default config is localhost-only).
+  // net_devices "lo" (the default config is localhost-only). enable_rma stays false (kvd serves
+  // no one-sided access; on, any UCX peer could read and write the daemon's memory). UCX
+  // endpoints are not authenticated: see "Trust boundaries" in docs/reliability.md.
   transport::TransportOptions transport = DefaultTransportOptions();
   // Tokens per chunk; every client must use the same. Default 256. Range [1, 1048576].
   int chunk_tokens = 256;

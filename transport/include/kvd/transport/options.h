@@ -46,9 +46,15 @@ struct TransportOptions {
   // cannot aim it at another process's memory (a reader needs ptrace rights over the sender,
   // which already let it read all of the sender). Default 64 KiB; 0 = off (all through UCX).
   int64_t cma_threshold_bytes = 64 << 10;
-  // Expose RMA (Read/Write, Export/ImportRegion) and request UCP_FEATURE_RMA. Default true.
-  // Over tcp RMA put is pathological (see BUILD_NOTES): use tag messages for bulk there.
-  bool enable_rma = true;
+  // Expose RMA (Read/Write, Export/ImportRegion) and request UCP_FEATURE_RMA. Default false.
+  // SECURITY: with it on, every peer holding an endpoint to this transport can read and write
+  // ANY address of this process, not only exported regions: on the lanes UCX picks with
+  // peer_failure_detection (tcp) it emulates RMA in software, and the target reads or writes at
+  // the address in the message without checking the remote key (transport/README.md, "One-sided
+  // RMA"). Off, UCX installs no handler for those messages and the target drops them. Turn it
+  // on only between processes that trust each other, or on lanes that check keys in hardware
+  // (InfiniBand / RoCE verbs). kvd's daemon and client never use RMA.
+  bool enable_rma = false;
   // Request UCP_FEATURE_WAKEUP so WaitForEvents can sleep on the worker's event fd instead of
   // polling. Default true; falls back to short sleeps if the worker has no event fd.
   bool enable_wakeup = true;

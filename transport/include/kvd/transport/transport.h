@@ -15,9 +15,11 @@
 //
 // BACKENDS: "ucx" (src/ucx/): tag messages over UCX; on one host, sends of >= 64 KiB to a peer
 // move by one process_vm_readv in the receiver (UCX 1.13 with peer error handling otherwise
-// carries everything over tcp); RMA on ucp_mem_map regions. "loopback" (src/loopback/): memcpy
-// between Transports of one process, same contract, for unit tests. FaultInjectingTransport
-// (fault_injection.h) wraps either. A new backend registers with RegisterTransportBackend.
+// carries everything over tcp); RMA on ucp_mem_map regions when TransportOptions::enable_rma
+// (off by default: with it, any peer can read and write this process's memory). "loopback"
+// (src/loopback/): memcpy between Transports of one process, same contract, for unit tests.
+// FaultInjectingTransport (fault_injection.h) wraps either. A new backend registers with
+// RegisterTransportBackend.
 //
 // TAGS: callers use tags <= kMaxTag (2^62 - 1); the two top bits belong to the backends.
 //
