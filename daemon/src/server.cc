@@ -35,6 +35,31 @@ void AdviseHugePages(std::byte* data, uint64_t bytes) {
   auto [begin, end] = PageRange(data, bytes, uintptr_t{2} << 20);
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 }
+
+// What the UCX transport exposes beyond kvd's own checks (docs/reliability.md, "Trust
+// boundaries"), said once at start where an operator may not expect it.
+void WarnAboutTheTransportsTrust(const DaemonConfig& config) {
+  const transport::TransportOptions& t = config.transport;
+  if (t.backend != "ucx") return;
+  if (t.enable_rma) {
+    KVD_LOG(WARNING) << "transport.enable_rma is on: every UCX peer can read and write any "
+                        "memory of kvd (UCX emulates RMA without checking keys), and kvd never "
+                        "uses RMA; set it false";
+  }
+  // UCX's tcp (part of UCX's default and of "sm,tcp") accepts anyone and writes where told.
+  const bool tcp = t.ucx_tls.empty() || t.ucx_tls.find("tcp") != std::string::npos ||
+                   t.ucx_tls.find("all") != std::string::npos;
+  const bool beyond_loopback = t.net_devices != "lo";
+  if (tcp && (beyond_loopback || !config.auth.tokens_file.empty())) {
+    KVD_LOG(WARNING) << "the UCX transport is a trusted-network boundary: UCX endpoints are not "
+                        "authenticated (auth tokens do not cover them) and UCX's tcp transport "
+                        "writes kvd's memory for anyone who can connect to it; keep "
+                        "transport.net_devices on a network only kvd and its engines reach "
+                        "(docs/reliability.md, Trust boundaries)"
+                     << Kv("ucx_tls", t.ucx_tls.empty() ? "(UCX default)" : t.ucx_tls)
+                     << Kv("net_devices", t.net_devices.empty() ? "(all)" : t.net_devices);
+  }
+}
 }  // namespace
 
 Server::Impl::Impl(DaemonConfig config, ServerDeps deps)
@@ -81,6 +106,7 @@ Status Server::Impl::Init() {
     }
     transport_ = std::move(*t);
   }
+  WarnAboutTheTransportsTrust(config_);
   auto address = transport_->LocalAddress();
   if (!address.ok()) return address.status().WithContext("transport address");
   local_address_ = *address;

@@ -102,7 +102,7 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Spawn(const KvdConfig& c) {
     y << "node: kvd-e2e\n"
       << "transport:\n  backend: ucx\n  ucx_tls: \"" << c.ucx_tls << "\"\n  net_devices: lo\n"
       << "  keepalive_interval_ms: 500\n"
-      << "  nccl_device: " << c.nccl_device
+      << (c.enable_rma ? "  enable_rma: true\n" : "") << "  nccl_device: " << c.nccl_device
       << "\n  nccl_init_timeout_ms: " << c.nccl_init_timeout_ms << "\n"
       << "chunk_tokens: " << c.chunk_tokens << "\n"
       << "hash_seed: " << c.hash_seed << "\n"
@@ -399,7 +399,8 @@ Status RawConnection::Write(const void* data, size_t size) {
   return Status::Ok();
 }
 
-Status RawConnection::ReadResponseStatus(std::chrono::milliseconds timeout) {
+Status RawConnection::ReadResponseStatus(std::chrono::milliseconds timeout,
+                                         std::string* worker_address) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<uint8_t> buf;
   auto fill = [&](size_t want) -> Status {
@@ -425,6 +426,10 @@ Status RawConnection::ReadResponseStatus(std::chrono::milliseconds timeout) {
   KVD_RETURN_IF_ERROR(proto::TryDecode([&]() -> Status {
     auto r = msg->Root<proto::Response>();
     result = r.isError() ? proto::FromProto(r.getError()) : Status::Ok();
+    if (worker_address != nullptr && r.isHello()) {
+      auto a = r.getHello().getWorkerAddress();
+      worker_address->assign(reinterpret_cast<const char*>(a.begin()), a.size());
+    }
     return Status::Ok();
   }));
   return result;

@@ -69,6 +69,8 @@ struct KvdConfig {
   // transport.nccl_device / nccl_init_timeout_ms: the NCCL link of device sessions.
   int nccl_device = 0;
   int64_t nccl_init_timeout_ms = 30000;
+  // transport.enable_rma (written only when true; kvd's default is false).
+  bool enable_rma = false;
 };
 
 // The stories260k layout registered in every e2e daemon (small chunks: 320 KiB per 256 tokens).
@@ -144,8 +146,10 @@ class RawConnection {
   ~RawConnection();
   Status Write(const void* data, size_t size);
   // Reads one response frame within the timeout and returns its Status (OK unless it is an
-  // Error), or UNAVAILABLE if the daemon closed the connection first.
-  Status ReadResponseStatus(std::chrono::milliseconds timeout);
+  // Error), or UNAVAILABLE if the daemon closed the connection first. A Hello reply's transport
+  // address goes to *worker_address when given.
+  Status ReadResponseStatus(std::chrono::milliseconds timeout,
+                            std::string* worker_address = nullptr);
   // True once the daemon closed the connection (EOF within the timeout).
   bool ClosedByPeer(std::chrono::milliseconds timeout);
   void Close();
