@@ -201,6 +201,13 @@ Status DaemonConfig::Validate() const {
     }
   }
   KVD_RETURN_IF_ERROR(host_tier.Validate().WithContext("tiers.host"));
+  if (transport.backend == "none" &&
+      !(host_shared_memory && host_tier.segment_bytes < host_tier.capacity_bytes)) {
+    return Status::InvalidArgument(
+        "transport.backend: none serves engines only on the shared-memory path, which is off "
+        "here: set tiers.host.shared_memory true and tiers.host.segment below "
+        "tiers.host.capacity");
+  }
   if (host_shared_memory && host_tier.segment_bytes < host_tier.capacity_bytes) {
     if (host_tier.segment_bytes == 0 || host_tier.segment_bytes % 4096 != 0) {
       return Status::InvalidArgument(

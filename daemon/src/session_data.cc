@@ -339,6 +339,12 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
     boost::system::error_code ec;
     const bool on_unix = socket_.local_endpoint(ec).protocol().family() == AF_UNIX && !ec;
     shm_ = wants_shm && on_unix && server_->shm() != nullptr;
+    if (!shm_ && config.transport.backend == "none") {
+      return refuse(Status::FailedPrecondition(
+          "this kvd runs without a bulk transport (transport.backend: none) and serves engines "
+          "only on its shared-memory path: connect over its unix socket with shared memory on" +
+          std::string(on_unix ? " (this client asked for no shared memory)" : "")));
+    }
     // The endpoint to the client waits for the first transfer (TransportPeer): a session that
     // moves no bytes over the transport (shared memory, lookups only) never has one. An idle
     // endpoint is not free: UCX's tcp lane of one that never carried a message tries to reach

@@ -100,7 +100,8 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Spawn(const KvdConfig& c) {
   {
     std::ofstream y(config_path);
     y << "node: kvd-e2e\n"
-      << "transport:\n  backend: ucx\n  ucx_tls: \"" << c.ucx_tls << "\"\n  net_devices: lo\n"
+      << "transport:\n  backend: " << c.transport_backend << "\n  ucx_tls: \"" << c.ucx_tls
+      << "\"\n  net_devices: lo\n"
       << "  keepalive_interval_ms: 500\n"
       << (c.enable_rma ? "  enable_rma: true\n" : "") << "  nccl_device: " << c.nccl_device
       << "\n  nccl_init_timeout_ms: " << c.nccl_init_timeout_ms << "\n"

@@ -71,6 +71,8 @@ struct KvdConfig {
   int64_t nccl_init_timeout_ms = 30000;
   // transport.enable_rma (written only when true; kvd's default is false).
   bool enable_rma = false;
+  // transport.backend: "ucx", or "none" (no bulk transport, shared-memory engines only).
+  std::string transport_backend = "ucx";
 };
 
 // The stories260k layout registered in every e2e daemon (small chunks: 320 KiB per 256 tokens).

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "e2e_common.h"
@@ -19,6 +20,7 @@
 #include "kvd/proto/frame.h"
 #include "kvd/proto/kvd.capnp.h"
 #include "kvd/transport/transport.h"
+#include "listening_ports.h"
 
 namespace kvd::e2e {
 namespace {
@@ -158,17 +160,7 @@ class UcxTrustE2eTest : public ::testing::TestWithParam<bool> {
   // kvd still serves: the victim puts and reads back a new chunk.
   void ExpectKvdServes() {
     ASSERT_TRUE(kvd_->Alive()) << kvd_->Log();
-    auto bytes = RandomBytes(chunk_.size(), 78);
-    auto put = victim_->Put(Hash128{0x5ec7e7, 2}, 256, bytes.data(), bytes.size());
-    ASSERT_TRUE(put.ok()) << put.status();
-    Hash128 chain[] = {Hash128{0x5ec7e7, 2}};
-    auto l = victim_->Lookup(chain);
-    ASSERT_TRUE(l.ok()) << l.status();
-    ASSERT_EQ(l->matched_chunks, 1u);
-    std::vector<uint8_t> out(bytes.size());
-    auto g = victim_->Get(l->lease_id, 0, out.data(), out.size());
-    ASSERT_TRUE(g.ok()) << g.status();
-    EXPECT_TRUE(out == bytes);
+    ExpectServes(*victim_, 78);
   }
 
   static constexpr Hash128 kChunk{0x5ec7e7, 1};
@@ -213,6 +205,44 @@ TEST_P(UcxTrustE2eTest, ForgedWriteOverAnotherNamespacesChunk) {
     EXPECT_TRUE(*got == chunk_) << "a forged write changed another namespace's chunk";
   }
   ASSERT_NO_FATAL_FAILURE(ExpectKvdServes());
+}
+
+// transport.backend: none: kvd opens no UCX listener at all (so nothing on the node can reach
+// its memory through UCX), serves engines on the shared-memory path byte-exact, and refuses at
+// the handshake, naming the setting, an engine that would need the transport.
+TEST(TransportNoneE2eTest, NoUcxListenerSharedMemoryServedOthersRefusedAtHello) {
+  KvdConfig config;
+  config.host_capacity = "64MiB";
+  config.host_segment = "8MiB";
+  auto ucx = StartKvd(config);  // the comparison: the default backend listens for UCX too
+  ASSERT_NE(ucx, nullptr);
+  const size_t ucx_ports = test_support::ListeningTcpPorts(ucx->pid()).size();
+  ucx.reset();
+  config.transport_backend = "none";
+  auto kvd = StartKvd(config);
+  ASSERT_NE(kvd, nullptr);
+  const std::set<uint16_t> ports = test_support::ListeningTcpPorts(kvd->pid());
+  const std::string control = kvd->tcp_address().substr(kvd->tcp_address().rfind(':') + 1);
+  EXPECT_EQ(ports, std::set<uint16_t>{static_cast<uint16_t>(std::stoul(control))})
+      << "kvd listens on more than its control port";
+  EXPECT_EQ(ucx_ports, 2u) << "with UCX: the control port and UCX's tcp";
+
+  auto shm = ConnectOrFail(kvd->UnixEngineOptions("shm"));
+  ASSERT_NE(shm, nullptr);
+  ASSERT_TRUE(shm->session().shared_memory);
+  ExpectServes(*shm, 79);
+
+  client::ClientOptions no_shm = kvd->UnixEngineOptions("no-shm");
+  no_shm.shared_memory = false;
+  for (const client::ClientOptions& o : {kvd->EngineOptions("tcp"), no_shm}) {
+    auto c = client::Client::Connect(o);
+    ASSERT_FALSE(c.ok()) << o.client_id << " was served without shared memory";
+    EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status();
+    EXPECT_NE(c.status().message().find("transport.backend: none"), std::string::npos)
+        << c.status();
+  }
+  ASSERT_TRUE(kvd->Alive()) << kvd->Log();
+  ExpectServes(*shm, 80);
 }
 
 INSTANTIATE_TEST_SUITE_P(EnableRma, UcxTrustE2eTest, ::testing::Values(false, true),

@@ -13,7 +13,6 @@
 //    it, with no UCP endpoint and no kvd handshake. The test shows that this still holds, so that
 //    the documented trust boundary (UCX over tcp = trusted network) stays true to the library.
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <uct/api/uct.h>
 #include <unistd.h>
@@ -23,16 +22,15 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
 #include "kvd/transport/transport.h"
+#include "listening_ports.h"
 #include "test_util.h"
 
 namespace kvd::transport {
@@ -40,6 +38,7 @@ namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
+using test_support::ListeningTcpPorts;
 using testing::FillPattern;
 using testing::PatternByte;
 
@@ -215,39 +214,6 @@ INSTANTIATE_TEST_SUITE_P(Lanes, UcxForgedRegionTest,
 
 // ---- UCX's tcp put, sent by a bare UCT interface (no UCP, no kvd handshake) ----
 
-// Local ports of the tcp sockets this process listens on.
-std::set<uint16_t> ListeningTcpPorts() {
-  std::set<std::string> inodes;
-  if (DIR* d = opendir("/proc/self/fd")) {
-    while (dirent* e = readdir(d)) {
-      char link[256];
-      std::string path = std::string("/proc/self/fd/") + e->d_name;
-      ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
-      if (n <= 0) continue;
-      link[n] = '\0';
-      if (std::strncmp(link, "socket:[", 8) == 0) {
-        inodes.insert(std::string(link + 8, std::strlen(link) - 9));
-      }
-    }
-    closedir(d);
-  }
-  std::set<uint16_t> ports;
-  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
-    std::ifstream in(table);
-    std::string line;
-    std::getline(in, line);  // header
-    while (std::getline(in, line)) {
-      std::istringstream f(line);
-      std::string sl, local, remote, st, queues, tr, retr, uid, timeout, inode;
-      f >> sl >> local >> remote >> st >> queues >> tr >> retr >> uid >> timeout >> inode;
-      if (st != "0A" || inodes.count(inode) == 0) continue;  // 0A: LISTEN
-      ports.insert(
-          static_cast<uint16_t>(std::stoul(local.substr(local.find(':') + 1), nullptr, 16)));
-    }
-  }
-  return ports;
-}
-
 // One UCT tcp interface on "lo", put_zcopy to (port, address): what a peer that speaks UCX's
 // tcp wire protocol can send to any UCX tcp interface it reaches.
 class RawTcpPutter {
@@ -370,12 +336,12 @@ class UcxRawTcpPutTest : public ::testing::TestWithParam<std::string> {};
 // anyone who can reach its port. If this ever fails, the UCX in use checks puts: update the
 // trust boundary in docs/reliability.md and transport/README.md.
 TEST_P(UcxRawTcpPutTest, AnyoneReachingTheTcpPortWritesTheTargetsMemoryEvenWithRmaOff) {
-  const std::set<uint16_t> before = ListeningTcpPorts();
+  const std::set<uint16_t> before = ListeningTcpPorts(getpid());
   auto target = CreateTransport(testing::OptionsFor(GetParam()));
   ASSERT_TRUE(target.ok()) << target.status();
   ASSERT_FALSE((*target)->capabilities().rma);
   std::vector<uint16_t> ports;
-  for (uint16_t p : ListeningTcpPorts()) {
+  for (uint16_t p : ListeningTcpPorts(getpid())) {
     if (before.count(p) == 0) ports.push_back(p);
   }
   ASSERT_EQ(ports.size(), 1u) << "expected the target's one tcp interface on lo";

@@ -163,6 +163,7 @@ Registry& GetRegistry() {
     auto* r = new Registry();
     r->factories["ucx"] = &ucx::UcxTransport::Create;
     r->factories["loopback"] = &loopback::LoopbackTransport::Create;
+    r->factories["none"] = &loopback::LoopbackTransport::CreateNone;  // no bulk transport
     r->factories["nccl"] = &nccl::CreateNcclTransport;  // UNAVAILABLE without NCCL or a GPU
     return r;
   }();

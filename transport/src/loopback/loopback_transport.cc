@@ -1,6 +1,7 @@
 #include "loopback/loopback_transport.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <limits>
@@ -68,6 +69,21 @@ StatusOr<std::unique_ptr<Transport>> LoopbackTransport::Create(const TransportOp
   std::unique_ptr<LoopbackTransport> t(new LoopbackTransport(domain, endpoint));
   domain->endpoints[endpoint] = t.get();
   return std::unique_ptr<Transport>(std::move(t));
+}
+
+StatusOr<std::unique_ptr<Transport>> LoopbackTransport::CreateNone(
+    const TransportOptions& options) {
+  // A domain of its own that no other Transport can name: Connect reaches nothing, and no
+  // socket or file is opened.
+  static std::atomic<uint64_t> instances{0};
+  TransportOptions own = options;
+  own.loopback_domain = "backend none #" + std::to_string(instances.fetch_add(1));
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, Create(own));
+  auto* loopback = static_cast<LoopbackTransport*>(t.get());
+  loopback->caps_.backend = "none";
+  loopback->caps_.rma = false;
+  loopback->caps_.transports = "none";
+  return t;
 }
 
 LoopbackTransport::LoopbackTransport(std::shared_ptr<Domain> domain, uint64_t endpoint)

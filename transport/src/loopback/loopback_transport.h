@@ -24,6 +24,9 @@ struct Domain;
 class LoopbackTransport final : public Transport {
  public:
   static StatusOr<std::unique_ptr<Transport>> Create(const TransportOptions& options);
+  // Backend "none": no bulk transport. A loopback transport alone in a domain of its own
+  // (Connect reaches nothing, nothing listens); Capabilities::backend "none", no RMA.
+  static StatusOr<std::unique_ptr<Transport>> CreateNone(const TransportOptions& options);
   ~LoopbackTransport() override;
 
   const Capabilities& capabilities() const override { return caps_; }
