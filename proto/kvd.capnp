@@ -116,6 +116,9 @@ struct HelloReply {
   readOnly @15 :Bool;               # echo of Hello.readOnly: the session only reads
   releasesOnRequests @16 :Bool;     # the daemon takes Request.releaseReads (older daemons: false)
   leaseReleasesOnRequests @17 :Bool;  # the daemon takes Request.releaseLeases (older: false)
+  reserveAhead @18 :Bool;           # shared-memory sessions of a model without a compression
+                                    # policy: the daemon takes Commit.reserveNext, Commit.chunk and
+                                    # Reserve.abortFirst (older daemons: false; see Commit)
 }
 
 # Where the bytes of a reservation or read lie in the daemon's shared-memory arena (sessions with
@@ -158,6 +161,10 @@ struct Reserve {
   overNccl @5 :Bool;                 # the bytes come from device memory over this session's NCCL
                                      # link (NcclConnect) with `tag`, not over the transport;
                                      # FAILED_PRECONDITION when the session has no link
+  abortFirst @6 :UInt64;             # HelloReply.reserveAhead: a reservation this session holds
+                                     # ahead (CommitReply.next) that this put does not fit, aborted
+                                     # before this one is made; 0 = none. An id that is not a slot
+                                     # this session holds ahead is skipped.
 }
 
 struct ReserveReply {
@@ -170,16 +177,40 @@ struct ReserveReply {
 
 # Phase 2 of a put: verify and publish. Fails with DATA_LOSS on checksum mismatch (the space is
 # returned), NOT_FOUND for an unknown reservation, ABORTED for an expired one.
+#
+# Reserve-ahead (sessions whose HelloReply.reserveAhead is true): a client that puts chunk after
+# chunk asks, with one put's Commit, for the space of its next put (`reserveNext`, its size in
+# bytes); a successful commit's reply carries that reservation (`next`), made for the session's
+# namespace and model but not yet for a chunk. The next put writes its bytes there and names the
+# chunk with its Commit (`chunk`), so each put takes one exchange instead of two. The dedup check
+# of such a put is made at its Commit: a chunk kvd already holds has then been copied for nothing
+# (the reply says alreadyStored; stats counter puts_copied_for_nothing). A held slot counts as a
+# reservation (quota, arena, reservation TTL), ends with the session, and is aborted by the client
+# when its next put does not fit it (Reserve.abortFirst). kvd declines to reserve ahead (no `next`)
+# when the held space could make another put fail: when reservations and pinned chunks would hold
+# over half the host tier, or a namespace's reservations over half its quota. A segment's memfd
+# goes with the first reply kvd completes that names it, and a Commit completes after requests
+# handled without waiting: a client sends nothing more before the reply of a Commit that asks
+# reserveNext (the library asks on the last Commit of a window).
 struct Commit {
   reservationId @0 :UInt64;
   checksum @1 :UInt64;               # kvd::Checksum64 (xxh3-64) of the chunk bytes
+  chunk @2 :Reserve;                 # a reservation held ahead: the chunk it now holds (chunkHash,
+                                     # tokens, bytes, firstPosition, windowTokens, as a Reserve
+                                     # would name it; bytes must equal the reservation's). Required
+                                     # for such a reservation, refused (INVALID_ARGUMENT) for others
+  reserveNext @3 :UInt64;            # > 0: reserve this many bytes ahead for the next put
 }
 
 struct CommitReply {
   bytes @0 :UInt64;                  # bytes received
   storedBytes @1 :UInt64;            # bytes stored (the compact chunk for a model with a policy)
   codecId @2 :UInt32;                # the key's codec id the chunk was stored under
-  alreadyStored @3 :Bool;            # InlinePut only: the chunk existed, nothing was stored
+  alreadyStored @3 :Bool;            # InlinePut, or a put into a slot held ahead: the chunk
+                                     # existed, nothing was stored
+  next @4 :ReserveReply;             # Commit.reserveNext granted: the held slot (reservationId,
+                                     # ttlMs, shm; the frame carries the segment's memfd when
+                                     # shm.fdAttached); absent when declined
 }
 
 struct Abort {

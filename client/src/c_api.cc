@@ -230,6 +230,7 @@ int kvd_client_connect(const kvd_config* caller, kvd_client** out) {
     if (c->shared_memory < 0) o.shared_memory = false;
     o.read_only = c->read_only != 0;
     if (c->lease_ttl_ms) o.lease_ttl_ms = c->lease_ttl_ms;
+    if (c->reserve_ahead > 0) o.reserve_ahead = true;
     auto client = kvd::client::Client::Connect(o);
     if (!client.ok()) return Fail(client.status());
     *out = new kvd_client{std::move(client).value()};

@@ -126,6 +126,7 @@ Status ClientImpl::Handshake() {
     session_.read_only = h.getReadOnly();
     session_.releases_on_requests = h.getReleasesOnRequests();
     lease_releases_on_requests_ = h.getLeaseReleasesOnRequests();
+    reserve_ahead_offered_ = h.getReserveAhead();
     session_.codec_id = h.getCodecId();
     session_.policy_digest = h.getPolicyDigest();
     session_.policy = h.getPolicy().cStr();
@@ -384,7 +385,8 @@ Status ClientImpl::CheckPutItem(const PutItem& it) const {
 }
 
 StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const PutItem> items,
-                                                               bool over_nccl) {
+                                                               bool over_nccl,
+                                                               uint64_t abort_first) {
   const size_t n = items.size();
   for (const PutItem& it : items) KVD_RETURN_IF_ERROR(CheckPutItem(it));
   // Phase 1: reserve every chunk of the window (pipelined frames).
@@ -398,6 +400,7 @@ StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const P
       rv.setFirstPosition(items[i].first_position);
       rv.setWindowTokens(static_cast<uint32_t>(items[i].window));
       rv.setOverNccl(over_nccl);
+      if (i == 0) rv.setAbortFirst(abort_first);
     });
     if (!id.ok()) return id.status();
     req[i] = *id;
@@ -523,17 +526,39 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(
 
 StatusOr<std::vector<uint64_t>> ClientImpl::SendCommitsLocked(
     const std::vector<PutResult>& out, const std::vector<uint64_t>& reservation,
-    const std::vector<uint64_t>& checksum) {
+    const std::vector<uint64_t>& checksum, const PutItem* named, uint64_t reserve_next) {
   std::vector<uint64_t> commit_req(out.size(), 0);
+  size_t last = out.size();  // the last commit sent carries reserve_next
+  reserve_next_asked_ = reserve_next;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!out[i].already_stored) last = i;
+  }
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i].already_stored) continue;
     KVD_ASSIGN_OR_RETURN(commit_req[i], channel_->Send([&](proto::Request::Builder r) {
       auto c = r.initCommit();
       c.setReservationId(reservation[i]);
       c.setChecksum(checksum[i] ^ options_.test_corrupt_checksum);
+      if (i == 0 && named != nullptr) {
+        auto chunk = c.initChunk();
+        proto::ToProto(named->hash, chunk.initChunkHash());
+        chunk.setTokens(static_cast<uint32_t>(named->tokens));
+        chunk.setBytes(PutBytes(*named));
+        chunk.setFirstPosition(named->first_position);
+        chunk.setWindowTokens(static_cast<uint32_t>(named->window));
+      }
+      if (i == last) c.setReserveNext(reserve_next);
     }));
   }
   return commit_req;
+}
+
+uint64_t ClientImpl::ReserveNextBytes(const PutItem& last) const {
+  if (!options_.reserve_ahead || !reserve_ahead_offered_ || !session_.shared_memory ||
+      options_.read_only) {
+    return 0;
+  }
+  return PutBytes(last);
 }
 
 void ClientImpl::AwaitCommitsLocked(const std::vector<uint64_t>& commit_req,
@@ -545,15 +570,40 @@ void ClientImpl::AwaitCommitsLocked(const std::vector<uint64_t>& commit_req,
       if (first_error->ok()) *first_error = reply.status().WithContext("commit");
       continue;
     }
+    HeldSlot next;
+    bool fd_attached = false;
     Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
       if (!r.isCommit()) return WrongReply("commit");
       auto c = r.getCommit();
       out[i].bytes = c.getBytes();
       out[i].stored_bytes = c.getStoredBytes();
       out[i].codec_id = c.getCodecId();
+      if (c.getAlreadyStored()) out[i].already_stored = true;
+      if (c.hasNext() && c.getNext().hasShm()) {
+        auto n = c.getNext();
+        next.reservation = n.getReservationId();
+        next.segment = n.getShm().getSegment();
+        next.offset = n.getShm().getOffset();
+        next.generation = n.getShm().getGeneration();
+        fd_attached = n.getShm().getFdAttached();
+        next.use_by = internal::Clock::now() + std::chrono::milliseconds(n.getTtlMs() / 2);
+      }
       return Status::Ok();
     });
     if (!s.ok() && first_error->ok()) *first_error = s;
+    if (s.ok() && next.reservation != 0) {
+      // The slot's size is what this client asked for: the last put's.
+      next.bytes = reserve_next_asked_;
+      // Mapped now (its memfd, when attached, is taken with this reply); kept for the next put.
+      auto slot = SlotLocked(commit_req[i], next.segment, next.offset, next.generation, fd_attached,
+                             next.bytes, /*populate=*/false);
+      if (slot.ok()) {
+        if (held_.reservation != 0) AbortReservationsLocked({held_.reservation});
+        held_ = next;
+      } else {
+        AbortReservationsLocked({next.reservation});
+      }
+    }
   }
 }
 

@@ -133,8 +133,11 @@ class ClientImpl final : public Client {
   // Phase 1 of a put window, shared by the UCX and shared-memory paths: checks every item
   // (INVALID_ARGUMENT for null data or a raw byte count the layout does not give) and sends
   // one Reserve per item without waiting. Returns the request ids, in item order.
+  // `abort_first`: a held slot (held_) to abort in the first Reserve's exchange
+  // (Reserve.abortFirst), 0 = none.
   StatusOr<std::vector<uint64_t>> SendReservesLocked(std::span<const PutItem> items,
-                                                     bool over_nccl = false);
+                                                     bool over_nccl = false,
+                                                     uint64_t abort_first = 0);
   // What kvd answered to one Reserve.
   struct Reservation {
     uint64_t id = 0;
@@ -190,13 +193,36 @@ class ClientImpl final : public Client {
   // (reservation and checksum) for every item not already stored, without waiting. Returns the
   // request ids in item order, 0 for an item already stored. On a send failure returns it
   // (the channel is then broken; what was sent is not awaited).
+  // Reserve-ahead (shared-memory path): `named`, when set, is the chunk put into the held slot
+  // `reservation[0]` (Commit.chunk names it); `reserve_next` > 0 asks, on the last commit sent,
+  // for the next put's slot (Commit.reserveNext).
   StatusOr<std::vector<uint64_t>> SendCommitsLocked(const std::vector<PutResult>& out,
                                                     const std::vector<uint64_t>& reservation,
-                                                    const std::vector<uint64_t>& checksum);
-  // Awaits every commit of SendCommitsLocked and fills each item's bytes, stored_bytes and
-  // codec_id; the first failure goes to `*first_error` (left as it is if already set).
+                                                    const std::vector<uint64_t>& checksum,
+                                                    const PutItem* named = nullptr,
+                                                    uint64_t reserve_next = 0);
+  // Awaits every commit of SendCommitsLocked and fills each item's bytes, stored_bytes,
+  // codec_id (and already_stored for a put into a held slot that found its chunk stored); the
+  // first failure goes to `*first_error` (left as it is if already set). A reply carrying a slot
+  // held ahead (CommitReply.next) maps it (its memfd taken) and keeps it in held_.
   void AwaitCommitsLocked(const std::vector<uint64_t>& commit_req, std::vector<PutResult>& out,
                           Status* first_error);
+  // ---- reserve-ahead (ClientOptions::reserve_ahead; kvd.capnp, Commit) ----
+  // The bytes to ask ahead for with the commit of a put window whose last item is `last`: its
+  // size when the session offers reserve-ahead and the option is on, else 0.
+  uint64_t ReserveNextBytes(const PutItem& last) const;
+  // A slot kvd reserved ahead for this client's next put (reservation 0: none).
+  struct HeldSlot {
+    uint64_t reservation = 0;
+    uint64_t bytes = 0;
+    uint32_t segment = 0;
+    uint64_t offset = 0, generation = 0;
+    Deadline use_by{};  // used only before this: half of the reservation TTL
+  };
+  HeldSlot held_;                    // GUARDED_BY(mu_)
+  uint64_t reserve_next_asked_ = 0;  // the last SendCommitsLocked's reserve_next; GUARDED_BY(mu_)
+  // HelloReply.reserveAhead. GUARDED_BY(mu_)
+  bool reserve_ahead_offered_ = false;
 
   // ---- shared-memory path (shm.cc) ----
   // A shared-memory Get reply: the chunk's metadata and its pinned slot.

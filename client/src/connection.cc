@@ -235,6 +235,8 @@ Status Channel::ReadOne(Deadline deadline) {
       carries_fd = r.getReserve().getShm().getFdAttached();
     } else if (r.isGet() && r.getGet().hasShm()) {
       carries_fd = r.getGet().getShm().getFdAttached();
+    } else if (r.isCommit() && r.getCommit().hasNext() && r.getCommit().getNext().hasShm()) {
+      carries_fd = r.getCommit().getNext().getShm().getFdAttached();  // a slot held ahead
     }
     return Status::Ok();
   }).IgnoreError();

@@ -148,7 +148,8 @@ class Channel {
   Status Break(Status s);
 
   // The memfd that came with the reply to `request_id` (a shared-memory Reserve or Get reply
-  // whose slot says fdAttached), or -1. The caller owns it.
+  // whose slot says fdAttached, or a Commit reply whose slot held ahead does), or -1. The caller
+  // owns it.
   int TakeFd(uint64_t request_id);
 
  private:

@@ -215,14 +215,46 @@ Status ClientImpl::AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, Shm
 
 StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const PutItem> items) {
   const size_t n = items.size();
-  KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> req, SendReservesLocked(items));
+  // Reserve-ahead: the first chunk goes into the slot held since the last put when it fits
+  // (same size, half its TTL left): no Reserve for it. A held slot it does not fit is aborted
+  // in the exchange of the first Reserve (or, with nothing to reserve, on its own).
+  const HeldSlot held = held_;
+  held_ = HeldSlot();
+  const bool use_held = held.reservation != 0 && n > 0 && PutBytes(items[0]) == held.bytes &&
+                        internal::Clock::now() < held.use_by;
+  if (use_held) KVD_RETURN_IF_ERROR(CheckPutItem(items[0]));
+  const uint64_t abort_first = held.reservation != 0 && !use_held ? held.reservation : 0;
+  const size_t first_reserved = use_held ? 1 : 0;
+  std::vector<uint64_t> req(n, 0);
+  if (first_reserved < n) {
+    auto sent = SendReservesLocked(items.subspan(first_reserved), false, abort_first);
+    if (!sent.ok()) {
+      if (use_held) AbortReservationsLocked({held.reservation});
+      return sent.status();
+    }
+    std::copy(sent->begin(), sent->end(), req.begin() + first_reserved);
+  } else if (abort_first != 0) {
+    AbortReservationsLocked({abort_first});
+  }
   // Phase 2: as each reservation comes back, copy the chunk into its slot and checksum it.
   std::vector<PutResult> out(n);
   std::vector<uint64_t> reservation(n, 0), checksum(n, 0);
   std::vector<uint64_t> to_abort;
   Status first_error;
   for (size_t i = 0; i < n; ++i) {
-    auto rv = AwaitReserveLocked(req[i], items[i], &out[i]);
+    StatusOr<Reservation> rv = Status::Internal("unset");
+    if (i == 0 && use_held) {
+      Reservation h;
+      h.id = held.reservation;
+      h.has_slot = true;
+      h.segment = held.segment;
+      h.offset = held.offset;
+      h.generation = held.generation;
+      rv = h;  // mapped when it came (no memfd with it now)
+      out[0].bytes = PutBytes(items[0]);
+    } else {
+      rv = AwaitReserveLocked(req[i], items[i], &out[i]);
+    }
     if (!rv.ok()) {
       if (first_error.ok()) first_error = rv.status();
       continue;
@@ -297,7 +329,8 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
   if (options_.test_before_commit) options_.test_before_commit();
   // Phase 3: commit with checksums (pipelined).
   KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> commit_req,
-                       SendCommitsLocked(out, reservation, checksum));
+                       SendCommitsLocked(out, reservation, checksum, use_held ? &items[0] : nullptr,
+                                         n > 0 ? ReserveNextBytes(items[n - 1]) : 0));
   AwaitCommitsLocked(commit_req, out, &first_error);
   if (!first_error.ok()) return first_error;
   return out;

@@ -4,7 +4,8 @@
 //             --op put|get|both [--depth D] [--lookup-batch L] [--lookup-chain K] [--ucx-tls TLS]
 //             [--net-devices DEV] [--no-shm] [--verify] [--daemon-pid PID | --ready-file F]
 //             [--finite-values] [--retry-busy] [--inline-put-bytes B] [--warmup W]
-//             [--shm-inline-put-bytes B] [--in-place] [--lookups N] [--pingpong-floor N] [--json]
+//             [--shm-inline-put-bytes B] [--in-place] [--reserve-ahead] [--lookups N]
+//             [--pingpong-floor N] [--json]
 //   kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--scatter-bytes S] [--json]
 //   kvd-bench --op pingpong --count N [--json]
 //
@@ -519,7 +520,7 @@ int main(int argc, char** argv) {
   int64_t count = 100, concurrency = 1, depth = 1, lookup_batch = 64, lookup_chain = 1, tokens = 0,
           chunk_bytes_arg = 0, daemon_pid = 0, warmup = 0, lookups = 0, pingpong_floor = 0;
   bool json = false, verify = false, no_shm = false, finite = false, retry_busy = false,
-       in_place = false;
+       in_place = false, reserve_ahead = false;
   app.add_option("--model", model, "a model registered in kvd (all ops but memcpy)");
   app.add_option("--chunk-bytes", chunk_bytes_arg,
                  "bytes per chunk (a whole number of the model's tokens)")
@@ -576,6 +577,9 @@ int main(int argc, char** argv) {
       ->transform(CLI::AsSizeValue(false));
   app.add_flag("--in-place", in_place,
                "zero-copy puts and gets (ReservePut/CommitPut, ReadInPlace; shared memory only)");
+  app.add_flag("--reserve-ahead", reserve_ahead,
+               "shared-memory puts: each commit reserves the next put's slot "
+               "(ClientOptions::reserve_ahead; one exchange per put)");
   app.add_flag("--json", json, "print one JSON object");
   if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
   kvd::client::ClientOptions base;
@@ -651,6 +655,7 @@ int main(int argc, char** argv) {
   base.block_tokens = std::gcd(16, static_cast<int>(chunk_tokens));
   base.max_in_flight = static_cast<int>(depth);
   base.shared_memory = !no_shm;
+  base.reserve_ahead = reserve_ahead;
   base.inline_put_bytes = static_cast<size_t>(std::max<int64_t>(inline_put_bytes, 0));
   base.shm_inline_put_bytes = static_cast<size_t>(std::max<int64_t>(shm_inline_put_bytes, 0));
   if (Status v = base.Validate(); !v.ok()) return usage_error(v.message());

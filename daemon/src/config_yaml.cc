@@ -396,12 +396,14 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   }
   if (YAML::Node n = root["protocol"]; n.IsDefined()) {
     KVD_RETURN_IF_ERROR(CheckMap(
-        n, "protocol", {"releases_on_requests", "inline_put", "lease_releases_on_requests"}));
+        n, "protocol",
+        {"releases_on_requests", "inline_put", "lease_releases_on_requests", "reserve_ahead"}));
     KVD_RETURN_IF_ERROR(GetBool(n, "protocol", "lease_releases_on_requests",
                                 &c->protocol.lease_releases_on_requests));
     KVD_RETURN_IF_ERROR(
         GetBool(n, "protocol", "releases_on_requests", &c->protocol.releases_on_requests));
     KVD_RETURN_IF_ERROR(GetBool(n, "protocol", "inline_put", &c->protocol.inline_put));
+    KVD_RETURN_IF_ERROR(GetBool(n, "protocol", "reserve_ahead", &c->protocol.reserve_ahead));
   }
   if (YAML::Node n = root["limits"]; n.IsDefined()) {
     KVD_RETURN_IF_ERROR(CheckMap(

@@ -44,6 +44,14 @@ struct DaemonCounters {
   uint64_t puts_deduplicated = 0;
   uint64_t puts_inline = 0;  // InlinePuts reserved and handed to the commit (outcome counted
                              // in puts_committed / puts_deduplicated like any put)
+  // Reserve-ahead (kvd.capnp, Commit): slots held ahead granted, declined (no headroom, or a
+  // size no chunk has), aborted by their client (Reserve.abortFirst); commits into held slots,
+  // and those of them that found the chunk already stored (its bytes copied for nothing).
+  uint64_t reserve_ahead_granted = 0;
+  uint64_t reserve_ahead_declined = 0;
+  uint64_t reserve_ahead_aborted = 0;
+  uint64_t puts_reserved_ahead = 0;
+  uint64_t puts_copied_for_nothing = 0;
   uint64_t put_bytes = 0;
   uint64_t gets = 0;
   uint64_t get_bytes = 0;

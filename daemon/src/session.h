@@ -75,6 +75,10 @@ class Session : public std::enable_shared_from_this<Session> {
     // of the link, freed once the receive ended), copied into `data` before the commit.
     bool nccl = false;
     void* staging = nullptr;
+    // Reserved ahead by a Commit's reserveNext (HelloReply.reserveAhead): no chunk yet; `key`
+    // holds the session's namespace/model/codec with no hash, `tokens` 0, until the Commit that
+    // fills it names the chunk (NameHeldPut).
+    bool ahead = false;
   };
 
   // A put's checks passed and its space is reserved (or the chunk exists already).
@@ -121,6 +125,15 @@ class Session : public std::enable_shared_from_this<Session> {
   transport::Transport* Bulk(bool nccl);
   ProgressLoop& BulkProgress(bool nccl);
 
+  // A shared-memory slot (PrepareShm): segment, offset in it, generation, and the segment's memfd
+  // when the client has not got this generation yet (fd -1 otherwise).
+  struct ShmRef {
+    uint32_t segment = 0;
+    uint64_t offset = 0;
+    uint64_t generation = 0;
+    int fd = -1;
+  };
+
   // ---- requests (session_data.cc) ----
   Status Dispatch(uint64_t seq, proto::Request::Reader request);
   void HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello);
@@ -136,6 +149,31 @@ class Session : public std::enable_shared_from_this<Session> {
   // namespace quota). A dedup is counted and returned as already_stored.
   StatusOr<ReservedPut> ReservePut(const char* op, const Hash128& hash, uint32_t tokens,
                                    uint64_t bytes, uint64_t first_position, uint32_t window);
+  // The tier TTL of this session's reservations: a backstop well after limits.reservation_ttl_ms.
+  std::chrono::milliseconds TierReservationTtl() const;
+  // The shape checks of ReservePut: tokens, window and the policy's needs, bytes, max_chunk_bytes.
+  Status CheckPutShape(uint32_t tokens, uint64_t bytes, uint32_t window) const;
+  // ---- reserve-ahead (HelloReply.reserveAhead; kvd.capnp, Commit) ----
+  // True when this session may hold a slot ahead: protocol.reserve_ahead, shared memory, a
+  // writing session, a model without a compression policy.
+  bool ReservesAhead() const;
+  // A slot of `bytes` for this session's next put, not yet for a chunk (HostTier::ReserveAhead),
+  // held in pending_puts_ like a Reserve's: its reservation and where it lies. Declined (nullopt,
+  // counted) for a size no chunk of the model has, or without headroom.
+  struct HeldSlot {
+    uint64_t reservation = 0;
+    ShmRef ref;
+  };
+  std::optional<HeldSlot> ReserveAheadFor(uint64_t bytes);
+  // Commit.chunk of a put into a held slot: checks the chunk's shape (bytes must be the slot's)
+  // and names the reservation in the tier. On an error the caller aborts the slot.
+  Status NameHeldPut(uint64_t reservation, proto::Reserve::Reader chunk);
+  // Reserve.abortFirst: aborts `reservation` if it is a slot this session holds ahead and no
+  // request owns it (else skipped).
+  void AbortHeldSlot(uint64_t reservation);
+  // Aborts a pending shared-memory put now (no transfer to cancel) and retires its id with
+  // `why`.
+  void DropPendingShmPut(uint64_t reservation, const std::string& why);
   void HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader reserve);
   // One-exchange put of a small chunk: ReservePut, copy the frame's bytes into the reservation,
   // then the Commit path (FinishCommit) with the given checksum; answered with CommitReply.
@@ -152,8 +190,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // Gives a staging buffer back to the link (nullptr: nothing).
   void FreeStaging(void* staging);
   void HandleReleaseLease(uint64_t seq, uint64_t rid, proto::ReleaseLease::Reader release);
+  // `reserve_next` > 0: on success, also reserve that many bytes ahead (Commit.reserveNext) and
+  // answer the held slot in CommitReply.next.
   asio::awaitable<void> FinishCommit(uint64_t seq, uint64_t rid, uint64_t reservation,
-                                     uint64_t checksum);
+                                     uint64_t checksum, uint64_t reserve_next = 0);
   // The codec id lookups and gets of this session use now (0 = raw).
   uint32_t ServedCodecId() const;
   asio::awaitable<void> FinishAbort(uint64_t seq, uint64_t rid, uint64_t reservation);
@@ -166,12 +206,6 @@ class Session : public std::enable_shared_from_this<Session> {
   // Shared-memory sessions: where region offset `offset` lies (segment, offset in it,
   // generation), and the segment's memfd if this client has not got its current generation yet
   // (fd -1 otherwise). INTERNAL if the segment does not belong to this session's namespace.
-  struct ShmRef {
-    uint32_t segment = 0;
-    uint64_t offset = 0;
-    uint64_t generation = 0;
-    int fd = -1;
-  };
   StatusOr<ShmRef> PrepareShm(uint64_t offset);
   // Completes `seq` with `frame`, attaching ref.fd if set (and remembering what the client has).
   void CompleteShm(uint64_t seq, Frame frame, const ShmRef& ref);

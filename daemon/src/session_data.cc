@@ -382,6 +382,7 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
              reply.setReadOnly(read_only_);
              reply.setReleasesOnRequests(config.protocol.releases_on_requests);
              reply.setLeaseReleasesOnRequests(config.protocol.lease_releases_on_requests);
+             reply.setReserveAhead(ReservesAhead());
              if (codec_ != nullptr) {
                const CompressionPolicy& p = codec_->policy();
                reply.setCodecId(codec_->codec_id());
@@ -525,14 +526,16 @@ void Session::CompleteLookup(uint64_t seq, uint64_t rid,
            }));
 }
 
-StatusOr<Session::ReservedPut> Session::ReservePut(const char* op, const Hash128& hash,
-                                                   uint32_t tokens, uint64_t bytes,
-                                                   uint64_t first_position, uint32_t window) {
-  KVD_RETURN_IF_ERROR(RequireEngine(op));
-  if (read_only_) {
-    return Status::PermissionDenied(std::string(op) +
-                                    ": this session said Hello.readOnly (it reads, never puts)");
-  }
+std::chrono::milliseconds Session::TierReservationTtl() const {
+  // The tier's own TTL is a backstop well after the daemon's: the daemon must cancel the
+  // posted receive before the space can be reused.
+  const DaemonConfig& config = server_->config();
+  return std::chrono::milliseconds(config.limits.reservation_ttl_ms +
+                                   2 * config.limits.transfer_timeout_ms +
+                                   config.transport.close_timeout_ms + 60000);
+}
+
+Status Session::CheckPutShape(uint32_t tokens, uint64_t bytes, uint32_t window) const {
   const DaemonConfig& config = server_->config();
   if (tokens == 0 || tokens > static_cast<uint32_t>(config.chunk_tokens)) {
     return Status::OutOfRange("tokens " + std::to_string(tokens) + " is outside [1, chunk_tokens=" +
@@ -563,6 +566,19 @@ StatusOr<Session::ReservedPut> Session::ReservePut(const char* op, const Hash128
                               " bytes is over limits.max_chunk_bytes " +
                               std::to_string(config.limits.max_chunk_bytes));
   }
+  return Status::Ok();
+}
+
+StatusOr<Session::ReservedPut> Session::ReservePut(const char* op, const Hash128& hash,
+                                                   uint32_t tokens, uint64_t bytes,
+                                                   uint64_t first_position, uint32_t window) {
+  KVD_RETURN_IF_ERROR(RequireEngine(op));
+  if (read_only_) {
+    return Status::PermissionDenied(std::string(op) +
+                                    ": this session said Hello.readOnly (it reads, never puts)");
+  }
+  KVD_RETURN_IF_ERROR(CheckPutShape(tokens, bytes, window));
+  const DaemonConfig& config = server_->config();
   std::shared_ptr<void> ticket;
   if (codec_ != nullptr) {
     auto admitted = codec_->Admit();
@@ -573,13 +589,9 @@ StatusOr<Session::ReservedPut> Session::ReservePut(const char* op, const Hash128
     ticket = std::move(*admitted);
   }
   storage::ChunkKey key{name_space_, model_->name, layout_digest_, ServedCodecId(), hash};
-  // The tier's own TTL is a backstop well after the daemon's: the daemon must cancel the
-  // posted receive before the space can be reused.
   const int64_t ttl_ms = config.limits.reservation_ttl_ms;
-  const auto tier_ttl = std::chrono::milliseconds(ttl_ms + 2 * config.limits.transfer_timeout_ms +
-                                                  config.transport.close_timeout_ms + 60000);
   ReservedPut out;
-  auto reservation = server_->tier()->Reserve(key, bytes, tokens, id_, tier_ttl);
+  auto reservation = server_->tier()->Reserve(key, bytes, tokens, id_, TierReservationTtl());
   if (!reservation.ok()) {
     if (!storage::IsDedup(reservation.status())) return reservation.status();
     ++server_->counters().puts_deduplicated;
@@ -606,7 +618,10 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
   const uint64_t first_position = reserve.getFirstPosition();
   const uint32_t window = reserve.getWindowTokens();
   const bool over_nccl = reserve.getOverNccl();
+  const uint64_t abort_first = reserve.getAbortFirst();
   if (Status s = RequireEngine("Reserve"); !s.ok()) return CompleteError(seq, rid, s);
+  // A held slot this put does not fit goes first: its space may be what this put needs.
+  if (abort_first != 0 && ReservesAhead()) AbortHeldSlot(abort_first);
   if (over_nccl && !nccl_peer_.valid()) {
     return CompleteError(seq, rid,
                          Status::FailedPrecondition(
@@ -751,6 +766,10 @@ void Session::HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader com
   const uint64_t reservation = commit.getReservationId();
   const uint64_t checksum = commit.getChecksum();
   if (Status s = RequireEngine("Commit"); !s.ok()) return CompleteError(seq, rid, s);
+  // Without reserve-ahead the fields are ignored, as by a kvd that predates them.
+  const bool ahead_offered = ReservesAhead();
+  const bool names_chunk = ahead_offered && commit.hasChunk();
+  const uint64_t reserve_next = ahead_offered ? commit.getReserveNext() : 0;
   auto it = pending_puts_.find(reservation);
   if (it == pending_puts_.end()) return CompleteError(seq, rid, UnknownReservation(reservation));
   if (it->second.busy) {
@@ -758,12 +777,112 @@ void Session::HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader com
                          Status::FailedPrecondition("reservation " + std::to_string(reservation) +
                                                     " is already being committed or aborted"));
   }
+  const std::string name = "reservation " + std::to_string(reservation);
+  if (names_chunk && !it->second.ahead) {
+    return CompleteError(seq, rid,
+                         Status::InvalidArgument(name + " was made by Reserve for its chunk: " +
+                                                 "Commit.chunk names only a slot held ahead"));
+  }
+  if (it->second.ahead) {
+    Status named =
+        names_chunk
+            ? NameHeldPut(reservation, commit.getChunk())
+            : Status::InvalidArgument(name + " is a slot held ahead (CommitReply.next): its " +
+                                      "Commit must name the chunk it holds (Commit.chunk)");
+    if (!named.ok()) {
+      // The bytes cannot be stored under any name: the slot goes, and says why.
+      DropPendingShmPut(reservation, "was aborted: its commit was refused: " + named.ToString());
+      return CompleteError(seq, rid, named);
+    }
+  }
   it->second.busy = true;
-  SpawnHandler(FinishCommit(seq, rid, reservation, checksum));
+  SpawnHandler(FinishCommit(seq, rid, reservation, checksum, reserve_next));
+}
+
+bool Session::ReservesAhead() const {
+  return server_->config().protocol.reserve_ahead && engine_ && shm_ && !read_only_ &&
+         codec_ == nullptr;
+}
+
+std::optional<Session::HeldSlot> Session::ReserveAheadFor(uint64_t bytes) {
+  const DaemonConfig& config = server_->config();
+  DaemonCounters& counters = server_->counters();
+  // Only a size some chunk of the model has (raw chunks: a whole number of tokens).
+  const uint64_t per_token = model_->layout.ChunkBytes(1);
+  if (read_closed_ || closed_ || per_token == 0 || bytes == 0 || bytes % per_token != 0 ||
+      bytes / per_token > static_cast<uint64_t>(config.chunk_tokens) ||
+      bytes > config.limits.max_chunk_bytes) {
+    ++counters.reserve_ahead_declined;
+    return std::nullopt;
+  }
+  storage::ChunkKey key{name_space_, model_->name, layout_digest_, ServedCodecId(), Hash128{}};
+  auto reservation = server_->tier()->ReserveAhead(key, bytes, id_, TierReservationTtl());
+  if (!reservation.ok()) {
+    ++counters.reserve_ahead_declined;  // no headroom (or no room): the next put reserves
+    return std::nullopt;
+  }
+  auto ref = PrepareShm(reservation->offset);
+  if (!ref.ok()) {
+    server_->tier()->Abort(reservation->id).IgnoreError();
+    ++counters.reserve_ahead_declined;
+    return std::nullopt;
+  }
+  PendingPut put;
+  put.bytes = bytes;
+  put.deadline_ns = server_->clock()->NowNanos() + config.limits.reservation_ttl_ms * 1000000;
+  put.data = reservation->data;
+  put.key = key;
+  put.written_in_place = true;
+  put.ahead = true;
+  pending_puts_[reservation->id] = std::move(put);
+  server_->RegisterReservation(reservation->id, id_);
+  ++counters.reserve_ahead_granted;
+  return HeldSlot{reservation->id, *ref};
+}
+
+Status Session::NameHeldPut(uint64_t reservation, proto::Reserve::Reader chunk) {
+  PendingPut& put = pending_puts_.at(reservation);
+  const Hash128 hash = proto::FromProto(chunk.getChunkHash());
+  const uint32_t tokens = chunk.getTokens();
+  const uint64_t bytes = chunk.getBytes();
+  const uint64_t first_position = chunk.getFirstPosition();
+  const uint32_t window = chunk.getWindowTokens();
+  if (chunk.getOverNccl()) {
+    return Status::InvalidArgument("Commit.chunk.overNccl: a slot held ahead is in shared memory");
+  }
+  KVD_RETURN_IF_ERROR(CheckPutShape(tokens, bytes, window));
+  if (bytes != put.bytes) {
+    return Status::InvalidArgument(
+        "Commit.chunk.bytes " + std::to_string(bytes) + " != the " + std::to_string(put.bytes) +
+        " bytes held ahead in reservation " + std::to_string(reservation) +
+        ": a put that does not fit the held slot aborts it (Reserve.abortFirst) and reserves");
+  }
+  storage::ChunkKey key = put.key;
+  key.chain_hash = hash;
+  KVD_RETURN_IF_ERROR(server_->tier()->NameReservation(reservation, key, tokens));
+  put.key = key;
+  put.tokens = tokens;
+  put.first_position = first_position;
+  put.window = window;
+  return Status::Ok();
+}
+
+void Session::AbortHeldSlot(uint64_t reservation) {
+  auto it = pending_puts_.find(reservation);
+  if (it == pending_puts_.end() || !it->second.ahead || it->second.busy) return;
+  DropPendingShmPut(reservation, "was aborted by its client (Reserve.abortFirst)");
+  ++server_->counters().reserve_ahead_aborted;
+}
+
+void Session::DropPendingShmPut(uint64_t reservation, const std::string& why) {
+  ErasePendingPut(reservation);
+  server_->tier()->Abort(reservation).IgnoreError();
+  server_->RetireReservation(
+      reservation, Status::Aborted("reservation " + std::to_string(reservation) + " " + why));
 }
 
 asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t reservation,
-                                            uint64_t checksum) {
+                                            uint64_t checksum, uint64_t reserve_next) {
   auto self = shared_from_this();  // keep alive across suspension
   PendingPut put = pending_puts_.at(reservation);
   const int64_t timeout_ms = server_->config().limits.transfer_timeout_ms;
@@ -924,16 +1043,38 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
       }
     } else {
       ++server_->counters().puts_deduplicated;
+      // Held ahead, the chunk was unknown until now: its bytes were copied for nothing.
+      if (put.ahead) ++server_->counters().puts_copied_for_nothing;
     }
+    if (put.ahead) ++server_->counters().puts_reserved_ahead;
     server_->RetireReservation(
         reservation, Status::FailedPrecondition("reservation " + std::to_string(reservation) +
                                                 " is already committed"));
-    Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
-               auto reply = r.initCommit();
-               reply.setBytes(put.bytes);
-               reply.setStoredBytes(codec != nullptr ? landed.stored.bytes : put.bytes);
-               reply.setCodecId(codec != nullptr ? landed.stored.codec_id : put.key.codec_id);
-             }));
+    const std::optional<HeldSlot> next =
+        reserve_next > 0 ? ReserveAheadFor(reserve_next) : std::nullopt;
+    const bool dedup_ahead = put.ahead && !status.ok();
+    Frame reply_frame = MakeResponse(rid, [&](proto::Response::Builder r) {
+      auto reply = r.initCommit();
+      reply.setBytes(put.bytes);
+      reply.setStoredBytes(codec != nullptr ? landed.stored.bytes : put.bytes);
+      reply.setCodecId(codec != nullptr ? landed.stored.codec_id : put.key.codec_id);
+      reply.setAlreadyStored(dedup_ahead);
+      if (next) {
+        auto held = reply.initNext();
+        held.setReservationId(next->reservation);
+        held.setTtlMs(static_cast<uint32_t>(server_->config().limits.reservation_ttl_ms));
+        auto slot = held.initShm();
+        slot.setSegment(next->ref.segment);
+        slot.setOffset(next->ref.offset);
+        slot.setGeneration(next->ref.generation);
+        slot.setFdAttached(next->ref.fd >= 0);
+      }
+    });
+    if (next) {
+      CompleteShm(seq, std::move(reply_frame), next->ref);
+    } else {
+      Complete(seq, std::move(reply_frame));
+    }
     server_->MaybeDemote();
     co_return;
   }

@@ -365,6 +365,24 @@ HostTier::~HostTier() = default;
 StatusOr<Reservation> HostTier::Reserve(const ChunkKey& key, uint64_t bytes, uint32_t tokens,
                                         OwnerId owner, std::chrono::milliseconds ttl) {
   Impl& s = *impl_;
+  const int64_t now = s.clock_->NowNanos();
+  std::lock_guard<std::mutex> lock(s.mu_);
+  return s.ReserveLocked(key, bytes, tokens, owner, ttl, now, /*ahead=*/false);
+}
+
+StatusOr<Reservation> HostTier::ReserveAhead(const ChunkKey& key, uint64_t bytes, OwnerId owner,
+                                             std::chrono::milliseconds ttl) {
+  Impl& s = *impl_;
+  const int64_t now = s.clock_->NowNanos();
+  std::lock_guard<std::mutex> lock(s.mu_);
+  return s.ReserveLocked(key, bytes, /*tokens=*/0, owner, ttl, now, /*ahead=*/true);
+}
+
+StatusOr<Reservation> HostTier::Impl::ReserveLocked(const ChunkKey& key, uint64_t bytes,
+                                                    uint32_t tokens, OwnerId owner,
+                                                    std::chrono::milliseconds ttl, int64_t now,
+                                                    bool ahead) {
+  Impl& s = *this;
   if (bytes == 0) return Status::InvalidArgument("reserve: bytes must be > 0");
   if (key.model.empty()) return Status::InvalidArgument("reserve: the key's model is empty");
   if (s.options_.max_chunk_bytes != 0 && bytes > s.options_.max_chunk_bytes) {
@@ -373,9 +391,7 @@ StatusOr<Reservation> HostTier::Reserve(const ChunkKey& key, uint64_t bytes, uin
                                    std::to_string(s.options_.max_chunk_bytes));
   }
   if (ttl.count() <= 0) ttl = s.options_.reservation_ttl;
-  const int64_t now = s.clock_->NowNanos();
-  std::lock_guard<std::mutex> lock(s.mu_);
-  if (s.index_.count(key) != 0) {
+  if (!ahead && s.index_.count(key) != 0) {
     s.counters_.dedup_puts++;
     return DedupStatus(key);
   }
@@ -388,6 +404,26 @@ StatusOr<Reservation> HostTier::Reserve(const ChunkKey& key, uint64_t bytes, uin
     return Status::ResourceExhausted("host tier: " + std::to_string(bytes) +
                                      " bytes exceed the whole capacity (" + s.OccupancyLocked() +
                                      ")");
+  }
+  if (ahead) {
+    const double max_share = HostTier::kReserveAheadMaxShare;
+    const uint64_t held = s.reserved_arena_bytes_ + s.pinned_arena_bytes_ + s.hidden_arena_bytes_;
+    if (static_cast<double>(held + s.arena_.RoundUp(bytes)) >
+        max_share * static_cast<double>(s.capacity_)) {
+      return Status::ResourceExhausted(
+          "no headroom to reserve ahead: " + std::to_string(bytes) + " more bytes held would " +
+          "leave less than half the capacity evictable (" + s.OccupancyLocked() + ")");
+    }
+    const uint64_t quota = s.options_.namespace_quota_bytes;
+    auto r = s.ns_reserved_.find(key.name_space);
+    const uint64_t ns_held = r == s.ns_reserved_.end() ? 0 : r->second;
+    if (quota != 0 &&
+        static_cast<double>(ns_held + bytes) > max_share * static_cast<double>(quota)) {
+      return Status::ResourceExhausted(
+          "no headroom to reserve ahead: namespace \"" + key.name_space + "\" would hold " +
+          std::to_string(ns_held + bytes) + " reserved bytes, over half its quota " +
+          std::to_string(quota));
+    }
   }
   KVD_RETURN_IF_ERROR(s.EnforceQuotaLocked(key.name_space, bytes));
   KVD_RETURN_IF_ERROR(s.MakeRoomLocked(bytes, key.name_space));
@@ -409,6 +445,8 @@ StatusOr<Reservation> HostTier::Reserve(const ChunkKey& key, uint64_t bytes, uin
   r.tokens = tokens;
   r.owner = owner;
   r.deadline_ns = Deadline(now, ttl);
+  r.ahead = ahead;
+  r.named = !ahead;
   s.reserved_bytes_ += bytes;
   s.reserved_arena_bytes_ += r.arena_bytes;
   s.ns_reserved_[key.name_space] += bytes;
@@ -416,6 +454,33 @@ StatusOr<Reservation> HostTier::Reserve(const ChunkKey& key, uint64_t bytes, uin
   Reservation out{id, r.offset, s.base_ + r.offset, bytes, r.deadline_ns};
   s.reservations_.emplace(id, std::move(r));
   return out;
+}
+
+Status HostTier::NameReservation(ReservationId id, const ChunkKey& key, uint32_t tokens) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu_);
+  auto it = s.reservations_.find(id);
+  if (it == s.reservations_.end()) return s.UnknownIdLocked(IdKind::kReservation, id);
+  Impl::OpenReservation& r = it->second;
+  const std::string name = "reservation " + std::to_string(id);
+  if (!r.ahead) {
+    return Status::FailedPrecondition(
+        name + " was made for its chunk (Reserve), not ahead: " + "it names its chunk already");
+  }
+  if (r.committing) return Status::FailedPrecondition(name + " is already being committed");
+  if (r.named) return Status::FailedPrecondition(name + " names its chunk already");
+  if (tokens == 0) return Status::InvalidArgument(name + ": tokens must be > 0");
+  ChunkKey same = key;
+  same.chain_hash = r.key.chain_hash;
+  if (!(same == r.key)) {
+    return Status::InvalidArgument(name + " was reserved ahead for " + r.key.ToString() +
+                                   " (any hash); " + key.ToString() +
+                                   " differs in more than its hash");
+  }
+  r.key = key;
+  r.tokens = tokens;
+  r.named = true;
+  return Status::Ok();
 }
 
 Status HostTier::Commit(ReservationId id, uint64_t checksum, CommitCheck check) {
@@ -435,6 +500,11 @@ Status HostTier::CommitPinned(ReservationId id, uint64_t checksum, ReadView* pin
     if (r.committing) {
       return Status::FailedPrecondition("reservation " + std::to_string(id) +
                                         " is already being committed");
+    }
+    if (!r.named) {
+      return Status::FailedPrecondition("reservation " + std::to_string(id) +
+                                        " was reserved ahead and names no chunk yet "
+                                        "(NameReservation before Commit)");
     }
     if (s.clock_->NowNanos() > r.deadline_ns) {
       s.DropReservationLocked(id, RetireReason::kExpired);

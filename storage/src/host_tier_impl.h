@@ -55,6 +55,9 @@ class HostTier::Impl {
     uint32_t tokens = 0;
     OwnerId owner = 0;
     int64_t deadline_ns = 0;
+    // Made by ReserveAhead: `key.hash` and `tokens` mean nothing until NameReservation.
+    bool ahead = false;
+    bool named = true;
     bool committing = false;  // a Commit is verifying the bytes without the lock
     // Set when Abort / ReclaimOwner hit a committing reservation: that Commit then fails.
     bool cancelled = false;
@@ -108,6 +111,10 @@ class HostTier::Impl {
   std::string OccupancyLocked() const;
   void AccountLocked(const ChunkMeta& m, bool add);
   StatusOr<ReadView> StartReadLocked(HostEntry* e, OwnerId owner, int64_t now);
+  // Reserve / ReserveAhead (`ahead`: no dedup check, the headroom rule, unnamed).
+  StatusOr<Reservation> ReserveLocked(const ChunkKey& key, uint64_t bytes, uint32_t tokens,
+                                      OwnerId owner, std::chrono::milliseconds ttl, int64_t now,
+                                      bool ahead);
 
   const HostTierOptions options_;
   std::byte* const base_;

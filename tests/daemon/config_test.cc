@@ -120,7 +120,8 @@ chunk_tokens: 64
 hash_seed: s3cret
 tiers: {host: {capacity: 512MiB}}
 limits: {max_frame_bytes: 1MiB, transfer_timeout_ms: 1234}
-protocol: {releases_on_requests: false, inline_put: false, lease_releases_on_requests: false}
+protocol: {releases_on_requests: false, inline_put: false, lease_releases_on_requests: false,
+           reserve_ahead: false}
 models:
   - name: tiny
     layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 4, dtype: f16,
@@ -139,6 +140,7 @@ models:
   EXPECT_FALSE(c->protocol.releases_on_requests);
   EXPECT_FALSE(c->protocol.inline_put);
   EXPECT_FALSE(c->protocol.lease_releases_on_requests);
+  EXPECT_FALSE(c->protocol.reserve_ahead);
   ASSERT_EQ(c->models.size(), 1u);
   EXPECT_EQ(c->models[0].layout.dtype, DType::kFloat16);
   EXPECT_EQ(c->models[0].layout.rope.scaling, RopeScaling::kLinear);

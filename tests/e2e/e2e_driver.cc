@@ -10,6 +10,10 @@
 //   kvd-e2e-driver hold-in-place ADDR UCX_TLS shm
 //     The same with a zero-copy put: ReservePut, writes the slot itself, prints "WRITTEN" and
 //     waits (60 s) before CommitPut.
+//   kvd-e2e-driver put-ahead ADDR UCX_TLS
+//     Puts one full stories260k chunk {0xa11ead, pid} over shared memory with
+//     ClientOptions::reserve_ahead (its commit takes a slot for the next put), prints "HELD" and
+//     waits (60 s): the test kills it while it holds the slot.
 //   kvd-e2e-driver flood ADDR UCX_TLS
 //     Puts 5.6 MiB smollm2-135m chunks in a loop (8 in flight), printing "PUT n" after each
 //     batch: the test kills it at an arbitrary point, usually while bytes are moving.
@@ -129,6 +133,26 @@ int HoldLease(const kvd::client::ClientOptions& o) {
   return 0;
 }
 
+int PutAhead(kvd::client::ClientOptions o) {
+  o.reserve_ahead = true;
+  o.shm_inline_put_bytes = 0;
+  auto c = kvd::client::Client::Connect(o);
+  if (!c.ok()) {
+    std::cerr << c.status() << "\n";
+    return 1;
+  }
+  std::vector<uint8_t> data(o.layout.ChunkBytes(256), 0x4a);
+  auto put = (*c)->Put(kvd::Hash128{0xa11ead, static_cast<uint64_t>(::getpid())}, 256, data.data(),
+                       data.size());
+  if (!put.ok()) {
+    std::cerr << put.status() << "\n";
+    return 1;
+  }
+  std::cout << "HELD" << std::endl;
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 0;
+}
+
 int HoldInPlace(const kvd::client::ClientOptions& o) {
   auto c = kvd::client::Client::Connect(o);
   if (!c.ok()) {
@@ -169,6 +193,9 @@ int StartKvd() {
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "start-kvd") return StartKvd();
   if (argc == 4 && std::string(argv[1]) == "flood") return Flood(argv[2], argv[3]);
+  if (argc == 4 && std::string(argv[1]) == "put-ahead") {
+    return PutAhead(DriverOptions(argv[2], argv[3], true));
+  }
   if (argc == 5 && std::string(argv[1]) == "chaos") {
     return Chaos(argv[2], argv[3], std::stoull(argv[4]));
   }
@@ -183,7 +210,7 @@ int main(int argc, char** argv) {
   if ((argc != 4 && !shm_arg) || std::string(argv[1]) != "hold") {
     std::cerr << "usage: kvd-e2e-driver (hold | flood) ADDR UCX_TLS | hold ADDR UCX_TLS shm|noshm"
                  " | lease ADDR UCX_TLS shm|noshm | hold-in-place ADDR UCX_TLS shm"
-                 " | chaos ADDR UCX_TLS FIRST | start-kvd\n";
+                 " | chaos ADDR UCX_TLS FIRST | put-ahead ADDR UCX_TLS | start-kvd\n";
     return 2;
   }
   kvd::client::ClientOptions o =

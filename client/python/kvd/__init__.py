@@ -57,6 +57,8 @@ def connect(address="127.0.0.1:7400", model="", **options):
                  shared-memory mappings of kvd's arena cannot be made writable
     shared_memory  False: never the shared-memory path, even over a unix socket (default True:
                  asked for on a "unix:/path" address; needed by read_in_place and reserve_put)
+    reserve_ahead  True: on the shared-memory path each put's commit also reserves the next
+                 put's slot (one exchange per put; holds that slot between puts). Default False
     """
     return Client.connect(address=address, model=model, **options)
 

@@ -208,7 +208,7 @@ PYBIND11_MODULE(_kvd, m) {
              const std::string& hash_seed, int chunk_tokens, int block_tokens,
              const std::string& ucx_tls, const std::string& net_devices, bool admin,
              int64_t timeout_ms, int max_in_flight, bool nccl, int nccl_device,
-             int64_t inline_put_bytes, bool read_only, bool shared_memory) {
+             int64_t inline_put_bytes, bool read_only, bool shared_memory, bool reserve_ahead) {
             ClientOptions o;
             o.address = address;
             o.client_id = client_id;
@@ -228,6 +228,7 @@ PYBIND11_MODULE(_kvd, m) {
             o.inline_put_bytes = static_cast<size_t>(inline_put_bytes);
             o.read_only = read_only;          // a reading session: puts refused, read-only mappings
             o.shared_memory = shared_memory;  // asked for on a unix-socket address
+            o.reserve_ahead = reserve_ahead;  // a put's commit reserves the next put's slot
             if (timeout_ms > 0) {
               o.connect_timeout_ms = o.request_timeout_ms = o.transfer_timeout_ms = timeout_ms;
             }
@@ -252,7 +253,8 @@ PYBIND11_MODULE(_kvd, m) {
           py::arg("nccl") = false, py::arg("nccl_device") = 0,
           py::arg("inline_put_bytes") = kvd::client::ClientOptions().inline_put_bytes,
           py::arg("read_only") = false,
-          py::arg("shared_memory") = kvd::client::ClientOptions().shared_memory)
+          py::arg("shared_memory") = kvd::client::ClientOptions().shared_memory,
+          py::arg("reserve_ahead") = kvd::client::ClientOptions().reserve_ahead)
       .def_property_readonly("layout",
                              [](PyClient& self) {
                                Client& c = self.get();

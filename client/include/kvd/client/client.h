@@ -147,6 +147,20 @@ struct ClientOptions {
   // (docs/benchmarks.md, "Small operations"). At most kMaxInlinePutBytes; 0 = shared-memory
   // puts always take three steps.
   size_t shm_inline_put_bytes = size_t{32} << 10;
+  // Reserve-ahead on the shared-memory path (default false): the commit of a put (of PutChunks'
+  // last chunk) also asks kvd for the space of this client's next put of the same size, and
+  // the next put writes there and commits: one exchange per put instead of two (reserve,
+  // commit), for a client that puts chunk after chunk. Used when kvd offers it
+  // (HelloReply.reserveAhead; with a kvd that does not, every put reserves) and the model has no
+  // compression policy. Off by default because of what it holds: between puts this client keeps one
+  // reserved slot of its last put's size (counted against the arena and the namespace quota like
+  // any reservation, and keeping its arena segment with the namespace) until its next put, its
+  // disconnect, or limits.reservation_ttl_ms; a put of another size aborts it in the exchange of
+  // its own Reserve; a chunk kvd already holds is found at the commit instead of the reserve, after
+  // its bytes were copied (kvd counts puts_copied_for_nothing). kvd declines to reserve ahead
+  // when the held space could make another put fail (docs/wire-format.md). A held slot is used
+  // only while half of its TTL is left. The zero-copy ReservePut / CommitPut are unaffected.
+  bool reserve_ahead = false;
 
   // ---- test seams (leave at the defaults) ----
   // Check a raw put's byte count against the layout before asking the daemon (default true).

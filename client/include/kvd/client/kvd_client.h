@@ -36,9 +36,10 @@ extern "C" {
  * not load (the dynamic loader finds no libkvd_client.so.<N>) instead of misreading a struct.
  * Loaders by path (dlopen, ctypes, cffi) compare kvd_client_abi_version() with the number they
  * were written for.
+ *   2: ClientOptions::reserve_ahead (C: kvd_config.reserve_ahead, appended: compatible).
  *   1: kvd_config and the results start with struct_size (their inits are inline).
  *   0: the first releases. */
-#define KVD_CLIENT_ABI_VERSION 1
+#define KVD_CLIENT_ABI_VERSION 2
 
 /* KVD_CLIENT_ABI_VERSION of the library that is loaded. */
 int kvd_client_abi_version(void);
@@ -126,6 +127,9 @@ typedef struct kvd_config {
    * KVD_PERMISSION_DENIED and shared-memory segments are handed over read-only. */
   int32_t read_only;
   uint32_t lease_ttl_ms; /* lease TTL asked on lookups; 0 = the daemon's default */
+  /* Reserve-ahead on the shared-memory path (ClientOptions::reserve_ahead): a put's commit also
+   * reserves the next put's slot, one exchange per put. 0 = the default (off), > 0 = on. */
+  int32_t reserve_ahead;
 } kvd_config;
 
 /* Results the caller allocates and a call fills (kvd_lookup_result, kvd_get_result) are versioned

@@ -145,6 +145,11 @@ struct ProtocolOptions {
   // leases a client names on Request.releaseLeases. Off: neither (the field is ignored, as by
   // older daemons), so clients end each lease with a ReleaseLease exchange. Default true.
   bool lease_releases_on_requests = true;
+  // protocol.reserve_ahead: announce HelloReply.reserveAhead and take Commit.reserveNext /
+  // Commit.chunk / Reserve.abortFirst (a shared-memory put in one exchange: the next put's space
+  // comes with this put's commit). Off: none of them (the fields are ignored, as by older
+  // daemons), so clients reserve every put. Default true.
+  bool reserve_ahead = true;
 
   bool operator==(const ProtocolOptions&) const = default;
 };

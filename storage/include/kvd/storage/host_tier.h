@@ -194,6 +194,32 @@ class HostTier final : public Tier {
   StatusOr<Reservation> Reserve(const ChunkKey& key, uint64_t bytes, uint32_t tokens, OwnerId owner,
                                 std::chrono::milliseconds ttl = {});
 
+  // ---- reserving ahead: a reservation that does not name its chunk yet ----
+  // A writer that puts chunk after chunk may take the space of its NEXT put while committing
+  // this one (the daemon's reserve-ahead put, docs/wire-format.md), before that chunk's hash is
+  // known. ReserveAhead takes `bytes` for a chunk of key.name_space / key.model / layout / codec
+  // like Reserve (same eviction, quota, segments, TTL and owner; key.hash is ignored), with no
+  // dedup check: the key is given later by NameReservation, and the dedup check is made at
+  // Commit (a chunk already stored is then ALREADY_EXISTS "dedup: ..." after its bytes were
+  // written for nothing). Commit of a reservation not named yet fails (FAILED_PRECONDITION).
+  // Headroom: the space is held while the writer is idle, so it is refused, before anything is
+  // evicted, when it could make a later Reserve fail: when the space no eviction can free
+  // (open reservations, pinned chunks, chunks hidden while pinned) would with it exceed
+  // kReserveAheadMaxShare of the capacity, or (with a namespace quota) the namespace's open
+  // reservations with it would exceed kReserveAheadMaxShare of the quota.
+  // Errors: those of Reserve but ALREADY_EXISTS, and RESOURCE_EXHAUSTED "no headroom to reserve
+  // ahead: ..." for the refusal above.
+  static constexpr double kReserveAheadMaxShare = 0.5;
+  StatusOr<Reservation> ReserveAhead(const ChunkKey& key, uint64_t bytes, OwnerId owner,
+                                     std::chrono::milliseconds ttl = {});
+  // Names the chunk of open reservation `id` made by ReserveAhead: its key and tokens. The
+  // reservation's byte count stays (the caller checks the chunk has it). The key's namespace,
+  // model, layout digest and codec id must be those reserved (only the hash is new).
+  // Errors: NOT_FOUND / ABORTED as for Commit; FAILED_PRECONDITION (not made by ReserveAhead,
+  //   already named, or being committed); INVALID_ARGUMENT (the key differs in more than its
+  //   hash; tokens == 0).
+  Status NameReservation(ReservationId id, const ChunkKey& key, uint32_t tokens);
+
   // Verifies Checksum64 of the reservation's bytes == `checksum` (with CommitCheck::kVerify;
   // kTrustWriter records `checksum` without reading the bytes) and publishes the chunk.
   // The checksum is computed without holding the tier's lock.
@@ -201,8 +227,9 @@ class HostTier final : public Tier {
   //   expired while this commit was verifying; message says which), FAILED_PRECONDITION (already
   //   committed, or a Commit of the same id is in progress), DATA_LOSS (checksum mismatch: the
   //   reservation is dropped and its space returned; message gives both checksums),
-  //   ALREADY_EXISTS "dedup: ..." (another reservation of the key committed first; this one's
-  //   space is returned, the stored chunk is unchanged).
+  //   ALREADY_EXISTS "dedup: ..." (another reservation of the key committed first, or a
+  //   reservation made ahead named a stored chunk; this one's space is returned, the stored
+  //   chunk is unchanged). FAILED_PRECONDITION also for a ReserveAhead not named yet.
   Status Commit(ReservationId id, uint64_t checksum, CommitCheck check = CommitCheck::kVerify);
   // Commit, and on OK also a read (owner 0) pinning the new chunk, returned in `*pinned` under
   // the same lock (so no Reserve can evict it before the caller is done): the TierManager copies
