@@ -835,6 +835,7 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) 
   auto conn = internal::Connection::Open(
       addr, options.address, DeadlineIn(options.connect_timeout_ms), options.max_frame_bytes);
   if (!conn.ok()) return conn.status();
+  if (addr.is_unix) (*conn)->set_reply_spin(std::chrono::microseconds(options.reply_spin_us));
   auto channel =
       std::make_unique<internal::Channel>(std::move(conn).value(), options.request_timeout_ms);
   auto impl = std::make_unique<ClientImpl>(options, std::move(channel));

@@ -6,12 +6,15 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "kvd/proto/convert.h"
 
@@ -139,6 +142,15 @@ Status Connection::Fill(Deadline deadline) {
     begin_ = 0;
   }
   uint8_t tmp[64 * 1024];
+  // Set at the first read that finds nothing: until then (reply_spin_) reads repeat, with
+  // sched_yield between them so that a kvd on this CPU goes first; then poll sleeps until the
+  // reply (or the deadline). A yield that took longer than the whole spin means other threads
+  // want this CPU: a thread that yields to them waits out their time slice even after the
+  // reply came (no wake-up brings it back early, as one brings back a thread asleep in poll),
+  // so the next kSpinBackoffWaits calls sleep at once.
+  std::optional<Clock::time_point> spin_until;
+  const bool spin = reply_spin_.count() > 0 && spin_backoff_ == 0;
+  if (spin_backoff_ > 0) --spin_backoff_;
   while (true) {
     // recvmsg: a shared-memory reply carries the daemon's memfd (SCM_RIGHTS) on its first byte.
     iovec iov{tmp, sizeof tmp};
@@ -171,6 +183,19 @@ Status Connection::Fill(Deadline deadline) {
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
       return Status::Unavailable("connection to kvd at " + display_ + " failed: " + Errno(errno));
+    }
+    if (spin && spin_backoff_ == 0) {
+      const Clock::time_point now = Clock::now();
+      if (!spin_until) spin_until = std::min(now + reply_spin_, deadline);
+      if (now < *spin_until) {
+        if (yield_) {
+          yield_();
+        } else {
+          ::sched_yield();
+        }
+        if (Clock::now() - now > reply_spin_) spin_backoff_ = kSpinBackoffWaits;
+        continue;
+      }
     }
     pollfd p{fd_, POLLIN, 0};
     int r = ::poll(&p, 1, MsLeft(deadline));

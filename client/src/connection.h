@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -47,6 +48,14 @@ class Connection {
   // The oldest file descriptor received (SCM_RIGHTS) and not yet taken, or -1. The caller owns
   // it. Descriptors arrive with the first byte of the frame that announces them.
   int TakeFd();
+  // How long a read that finds nothing keeps looking (a non-blocking read, then sched_yield)
+  // before it sleeps in poll (ClientOptions::reply_spin_us); zero (the default) = sleep at once.
+  // While other threads compete for this thread's CPU (a yield took longer than the whole
+  // spin), the next kSpinBackoffWaits reads sleep at once (see Fill).
+  void set_reply_spin(std::chrono::microseconds spin) { reply_spin_ = spin; }
+  static constexpr int kSpinBackoffWaits = 64;
+  // Test seam: what a spinning read does between its reads (default: sched_yield).
+  void set_yield_for_test(std::function<void()> yield) { yield_ = std::move(yield); }
 
  private:
   Connection(int fd, std::string display, uint32_t max_frame_bytes)
@@ -60,6 +69,9 @@ class Connection {
   std::vector<uint8_t> buf_;
   size_t begin_ = 0;     // first unread byte of buf_
   std::deque<int> fds_;  // received descriptors not yet taken (closed by the destructor)
+  std::chrono::microseconds reply_spin_{0};
+  int spin_backoff_ = 0;  // Fill calls left that sleep at once (see Fill)
+  std::function<void()> yield_;
 };
 
 // Request/response exchange over a Connection, matching replies by requestId. Replies that

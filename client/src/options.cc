@@ -58,6 +58,10 @@ Status ClientOptions::Validate() const {
         "shm_inline_put_bytes must be <= " + std::to_string(kMaxInlinePutBytes) +
         " (0 = off), got " + std::to_string(shm_inline_put_bytes));
   }
+  if (reply_spin_us > kMaxReplySpinUs) {
+    return Status::InvalidArgument("reply_spin_us must be <= " + std::to_string(kMaxReplySpinUs) +
+                                   " (0 = off), got " + std::to_string(reply_spin_us));
+  }
   if (max_frame_bytes < 4096) {
     return Status::InvalidArgument("max_frame_bytes must be >= 4096, got " +
                                    std::to_string(max_frame_bytes));

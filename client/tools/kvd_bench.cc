@@ -5,7 +5,7 @@
 //             [--net-devices DEV] [--no-shm] [--verify] [--daemon-pid PID | --ready-file F]
 //             [--finite-values] [--retry-busy] [--inline-put-bytes B] [--warmup W]
 //             [--shm-inline-put-bytes B] [--in-place] [--reserve-ahead] [--lookups N]
-//             [--pingpong-floor N] [--json]
+//             [--pingpong-floor N] [--reply-spin-us U] [--json]
 //   kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--scatter-bytes S] [--json]
 //   kvd-bench --op pingpong --count N [--json]
 //
@@ -570,6 +570,10 @@ int main(int argc, char** argv) {
   app.add_option("--shm-inline-put-bytes", shm_inline_put_bytes,
                  "on the shared-memory path, inline puts only up to this too (default 32 KiB)")
       ->transform(CLI::AsSizeValue(false));
+  int64_t reply_spin_us = kvd::client::ClientOptions().reply_spin_us;
+  app.add_option("--reply-spin-us", reply_spin_us,
+                 "how long a client waiting for kvd's reply looks for it before it sleeps, "
+                 "microseconds (ClientOptions::reply_spin_us; default 50; 0 = sleep at once)");
   int64_t scatter_bytes = 0;
   app.add_option("--scatter-bytes", scatter_bytes,
                  "--op memcpy: memcpy_scatter's destinations in all (default count x chunk bytes; "
@@ -658,6 +662,10 @@ int main(int argc, char** argv) {
   base.reserve_ahead = reserve_ahead;
   base.inline_put_bytes = static_cast<size_t>(std::max<int64_t>(inline_put_bytes, 0));
   base.shm_inline_put_bytes = static_cast<size_t>(std::max<int64_t>(shm_inline_put_bytes, 0));
+  if (reply_spin_us < 0) return usage_error("--reply-spin-us must be >= 0");
+  // Validate() names a value above the limit.
+  base.reply_spin_us = static_cast<uint32_t>(
+      std::min<int64_t>(reply_spin_us, kvd::client::ClientOptions::kMaxReplySpinUs + int64_t{1}));
   if (Status v = base.Validate(); !v.ok()) return usage_error(v.message());
 
   const uint64_t run = static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
@@ -917,6 +925,7 @@ int main(int argc, char** argv) {
   j["inline_put_bytes"] = inline_limit;
   j["inline_puts"] = chunk_bytes <= inline_limit;
   j["lookup_chain"] = lookup_chain;
+  j["reply_spin_us"] = base.reply_spin_us;
   if (lookups > 0) j["lookups"] = lookups;
   if (pingpong_floor > 0) j["pingpong_floor"] = pingpong_floor;
   if (daemon_pid > 0) j["daemon_pid"] = daemon_pid;

@@ -301,6 +301,7 @@ TEST_F(ClientTest, HungDaemonTimesOutAndBreaksTheClient) {
   Start(b);
   ClientOptions o = Options();
   o.request_timeout_ms = 300;
+  o.reply_spin_us = ClientOptions::kMaxReplySpinUs;  // the spin ends by the deadline too
   auto c = Connect(o);
   ASSERT_NE(c, nullptr);
   Hash128 h{1, 2};

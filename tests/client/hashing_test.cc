@@ -113,6 +113,13 @@ TEST(ClientOptionsTest, ValidateNamesTheField) {
   o.request_timeout_ms = 0;
   EXPECT_NE(o.Validate().message().find("request_timeout_ms"), std::string::npos);
   o.request_timeout_ms = 1000;
+  o.reply_spin_us = ClientOptions::kMaxReplySpinUs;
+  EXPECT_TRUE(o.Validate().ok()) << o.Validate();
+  o.reply_spin_us = ClientOptions::kMaxReplySpinUs + 1;
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(o.Validate().message().find("reply_spin_us"), std::string::npos);
+  o.reply_spin_us = 0;
+  EXPECT_TRUE(o.Validate().ok()) << o.Validate();
   o.model.clear();
   EXPECT_NE(o.Validate().message().find("model is required"), std::string::npos);
   o.role = Role::kAdmin;

@@ -161,6 +161,23 @@ struct ClientOptions {
   // when the held space could make another put fail (docs/wire-format.md). A held slot is used
   // only while half of its TTL is left. The zero-copy ReservePut / CommitPut are unaffected.
   bool reserve_ahead = false;
+  // How long a thread waiting for kvd's reply on a unix socket keeps looking for it (a
+  // non-blocking read, then sched_yield, in a loop) before it sleeps in poll(2), microseconds.
+  // Read at Connect. Default 50; 0 = sleep at once; at most kMaxReplySpinUs. Connections over
+  // TCP never spin.
+  // Why: when the client's thread and kvd's io thread run on two CPUs, a reply to a thread that
+  // sleeps costs a cross-CPU wake-up of it (on virtual machines an inter-processor interrupt
+  // and the wake of an idle virtual CPU), in kvd's send and in this thread's latency; kvd
+  // answers a lookup, a get or a reserve in a few microseconds, so a short look usually finds
+  // the reply and neither pays it. On a 2-vCPU virtual machine the 64 KiB shared-memory get's
+  // p50 went from 47-53 to 31-37 us with the two on different CPUs, and did not change with them
+  // on one CPU, where sched_yield lets kvd run (docs/benchmarks.md, "Small operations: a 64 KiB
+  // get in parts"). Costs this thread up to that much CPU per request that kvd answers later
+  // than that (a put that kvd compresses, a busy kvd). While other threads compete for the
+  // waiting thread's CPU (a sched_yield took longer than the whole spin: yielding to them would
+  // hold the reply until their time slice ends), the next 64 waits sleep at once.
+  uint32_t reply_spin_us = 50;
+  static constexpr uint32_t kMaxReplySpinUs = 1000;
 
   // ---- test seams (leave at the defaults) ----
   // Check a raw put's byte count against the layout before asking the daemon (default true).
