@@ -24,7 +24,9 @@ class DeviceStagingE2eTest : public ::testing::TestWithParam<bool> {
   bool shared_memory() const { return GetParam(); }
   std::unique_ptr<client::Client> Engine(const std::string& id) {
     auto c = ConnectOrFail(shared_memory() ? kvd_->UnixEngineOptions(id) : kvd_->EngineOptions(id));
-    if (c != nullptr) EXPECT_EQ(c->session().shared_memory, shared_memory());
+    if (c != nullptr) {
+      EXPECT_EQ(c->session().shared_memory, shared_memory());
+    }
     return c;
   }
   std::unique_ptr<KvdProcess> kvd_;

@@ -156,7 +156,9 @@ inline void SendNextRequest(client::Client& c) {
   const Hash128 never_stored{0x6e657874, ~uint64_t{0}};
   auto r = c.Lookup({&never_stored, 1});
   EXPECT_TRUE(r.ok()) << r.status();
-  if (r.ok()) EXPECT_EQ(r->lease_id, 0u);
+  if (r.ok()) {
+    EXPECT_EQ(r->lease_id, 0u);
+  }
 }
 
 // A full put -> lookup -> get cycle with byte comparison; what "the daemon keeps serving other

@@ -35,7 +35,9 @@ std::vector<KvEvent> PollN(client::Client& c, size_t n,
 class EventsE2eTest : public ::testing::Test {
  protected:
   void TearDown() override {
-    if (kvd_ && kvd_->Alive()) EXPECT_EQ(kvd_->Stop(), 0) << kvd_->Log();
+    if (kvd_ && kvd_->Alive()) {
+      EXPECT_EQ(kvd_->Stop(), 0) << kvd_->Log();
+    }
   }
   void Start(KvdConfig config = {}) {
     kvd_ = StartKvd(config);

@@ -27,7 +27,9 @@ class InPlaceE2eTest : public ::testing::Test {
     client::ClientOptions o = kvd_->UnixEngineOptions(id);
     o.name_space = ns;
     auto c = ConnectOrFail(o);
-    if (c != nullptr) EXPECT_TRUE(c->session().shared_memory) << kvd_->Log();
+    if (c != nullptr) {
+      EXPECT_TRUE(c->session().shared_memory) << kvd_->Log();
+    }
     return c;
   }
   // Puts `bytes` through ReservePut + CommitPut.

@@ -26,7 +26,9 @@ class TenancyE2eTest : public ::testing::Test {
     ::chmod(tokens_.c_str(), 0600);
   }
   void TearDown() override {
-    if (kvd_ && kvd_->Alive()) EXPECT_EQ(kvd_->Stop(), 0) << kvd_->Log();
+    if (kvd_ && kvd_->Alive()) {
+      EXPECT_EQ(kvd_->Stop(), 0) << kvd_->Log();
+    }
     kvd_.reset();
     std::filesystem::remove_all(dir_);
   }

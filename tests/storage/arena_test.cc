@@ -97,7 +97,9 @@ TEST(ArenaTest, RandomizedAgainstReferenceStaysConsistent) {
       const uint64_t size = arena.RoundUp(want);
       // No overlap with any live block.
       auto next = live.lower_bound(*off);
-      if (next != live.end()) ASSERT_LE(*off + size, next->first);
+      if (next != live.end()) {
+        ASSERT_LE(*off + size, next->first);
+      }
       if (next != live.begin()) {
         auto prev = std::prev(next);
         ASSERT_LE(prev->first + prev->second, *off);
@@ -112,7 +114,9 @@ TEST(ArenaTest, RandomizedAgainstReferenceStaysConsistent) {
       live.erase(it);
     }
     ASSERT_EQ(arena.allocated_bytes(), expected_allocated);
-    if (step % 97 == 0) ASSERT_TRUE(arena.CheckConsistency().ok()) << "step " << step;
+    if (step % 97 == 0) {
+      ASSERT_TRUE(arena.CheckConsistency().ok()) << "step " << step;
+    }
   }
   for (const auto& [off, size] : live) ASSERT_TRUE(arena.Free(off).ok());
   const ArenaStats s = arena.Stats();

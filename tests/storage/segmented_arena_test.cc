@@ -161,7 +161,9 @@ TEST(SegmentedArenaTest, RandomOpsKeepInvariants) {
       ASSERT_TRUE(arena.Free(it->first).ok());
       live.erase(it);
     }
-    if (step % 97 == 0) ASSERT_TRUE(arena.CheckConsistency().ok()) << step;
+    if (step % 97 == 0) {
+      ASSERT_TRUE(arena.CheckConsistency().ok()) << step;
+    }
   }
   for (const auto& [off, ns] : live) EXPECT_EQ(arena.SegmentOwner(arena.SegmentOf(off)), ns);
   EXPECT_TRUE(arena.CheckConsistency().ok());
