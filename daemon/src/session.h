@@ -207,6 +207,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // generation), and the segment's memfd if this client has not got its current generation yet
   // (fd -1 otherwise). INTERNAL if the segment does not belong to this session's namespace.
   StatusOr<ShmRef> PrepareShm(uint64_t offset);
+  // Hands reservation `id` (at region offset `offset`) to this session's client to write in
+  // place: files `put` (written_in_place) and registers the reservation; returns the slot's
+  // PrepareShm reference. On its error the reservation is aborted and nothing is filed.
+  StatusOr<ShmRef> HoldShmSlot(uint64_t id, uint64_t offset, PendingPut put);
   // Completes `seq` with `frame`, attaching ref.fd if set (and remembering what the client has).
   void CompleteShm(uint64_t seq, Frame frame, const ShmRef& ref);
   void HandleReleaseRead(uint64_t seq, uint64_t rid, proto::ReleaseRead::Reader release);

@@ -641,14 +641,8 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
   PendingPut put = std::move(reserved->put);
   if (shm_ && !over_nccl) {
     // The client writes the bytes into the slot itself; nothing to receive.
-    auto ref = PrepareShm(reservation->offset);
-    if (!ref.ok()) {
-      server_->tier()->Abort(reservation->id).IgnoreError();
-      return CompleteError(seq, rid, ref.status());
-    }
-    put.written_in_place = true;
-    pending_puts_[reservation->id] = put;
-    server_->RegisterReservation(reservation->id, id_);
+    auto ref = HoldShmSlot(reservation->id, reservation->offset, std::move(put));
+    if (!ref.ok()) return CompleteError(seq, rid, ref.status());
     CompleteShm(seq,
                 MakeResponse(rid,
                              [&](proto::Response::Builder r) {
@@ -804,6 +798,18 @@ bool Session::ReservesAhead() const {
          codec_ == nullptr;
 }
 
+StatusOr<Session::ShmRef> Session::HoldShmSlot(uint64_t id, uint64_t offset, PendingPut put) {
+  auto ref = PrepareShm(offset);
+  if (!ref.ok()) {
+    server_->tier()->Abort(id).IgnoreError();
+    return ref.status();
+  }
+  put.written_in_place = true;
+  pending_puts_[id] = std::move(put);
+  server_->RegisterReservation(id, id_);
+  return ref;
+}
+
 std::optional<Session::HeldSlot> Session::ReserveAheadFor(uint64_t bytes) {
   const DaemonConfig& config = server_->config();
   DaemonCounters& counters = server_->counters();
@@ -821,21 +827,17 @@ std::optional<Session::HeldSlot> Session::ReserveAheadFor(uint64_t bytes) {
     ++counters.reserve_ahead_declined;  // no headroom (or no room): the next put reserves
     return std::nullopt;
   }
-  auto ref = PrepareShm(reservation->offset);
-  if (!ref.ok()) {
-    server_->tier()->Abort(reservation->id).IgnoreError();
-    ++counters.reserve_ahead_declined;
-    return std::nullopt;
-  }
   PendingPut put;
   put.bytes = bytes;
   put.deadline_ns = server_->clock()->NowNanos() + config.limits.reservation_ttl_ms * 1000000;
   put.data = reservation->data;
   put.key = key;
-  put.written_in_place = true;
   put.ahead = true;
-  pending_puts_[reservation->id] = std::move(put);
-  server_->RegisterReservation(reservation->id, id_);
+  auto ref = HoldShmSlot(reservation->id, reservation->offset, std::move(put));
+  if (!ref.ok()) {
+    ++counters.reserve_ahead_declined;
+    return std::nullopt;
+  }
   ++counters.reserve_ahead_granted;
   return HeldSlot{reservation->id, *ref};
 }
