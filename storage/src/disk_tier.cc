@@ -7,6 +7,7 @@
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 
+#include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "disk_tier_faults.h"
 #include "key_codec.h"
 #include "kvd/common/hash.h"
 #include "kvd/common/logging.h"
@@ -178,6 +180,8 @@ class DiskTier::Impl {
   uint64_t used_bytes_ = 0;
   std::unordered_set<ChunkKey, ChunkKeyHasher> pending_;  // keys being written without mu_
   uint64_t pending_bytes_ = 0;                            // their payload bytes
+  std::condition_variable pending_done_;                  // notified when a key leaves pending_
+  DiskWriteHook write_hook_;  // tests only (disk_tier_faults.h); set before concurrent use
   std::unordered_map<std::string, UsageStats> per_model_;
   std::unordered_map<std::string, UsageStats> per_namespace_;
   TierStats counters_;
@@ -335,9 +339,12 @@ Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
       rocksdb::Slice(reinterpret_cast<const char*>(bytes.data()), bytes.size())};
 
   {
-    // Claim the key and the space under the lock; write without it.
-    std::lock_guard<std::mutex> lock(s.mu_);
-    if (s.index_.count(key) != 0 || s.pending_.count(key) != 0) {
+    // Claim the key and the space under the lock; write without it. A write of the same key in
+    // progress is waited for: its outcome decides (on disk: dedup; failed: this one writes), so
+    // the dedup answer always means the chunk is on disk.
+    std::unique_lock<std::mutex> lock(s.mu_);
+    s.pending_done_.wait(lock, [&] { return s.pending_.count(key) == 0; });
+    if (s.index_.count(key) != 0) {
       s.counters_.dedup_puts++;
       return Status::AlreadyExists("dedup: chunk " + key.ToString() + " is already on disk");
     }
@@ -355,15 +362,19 @@ Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
     s.pending_.insert(key);
     s.pending_bytes_ += bytes.size();
   }
-  rocksdb::WriteBatch batch;
-  batch.Put(s.data_cf(), rocksdb::SliceParts(&key_slice, 1), rocksdb::SliceParts(value_parts, 2));
-  batch.Put(s.meta_cf(), k, codec::EncodeMeta({tokens, bytes.size(), checksum}));
-  const Status written =
-      FromRocks(s.db_->Write(s.write_options_, &batch), "write " + key.ToString());
+  Status written = s.write_hook_ ? s.write_hook_(key) : Status::Ok();
+  if (written.ok()) {
+    rocksdb::WriteBatch batch;
+    batch.Put(s.data_cf(), rocksdb::SliceParts(&key_slice, 1),
+              rocksdb::SliceParts(value_parts, 2));
+    batch.Put(s.meta_cf(), k, codec::EncodeMeta({tokens, bytes.size(), checksum}));
+    written = FromRocks(s.db_->Write(s.write_options_, &batch), "write " + key.ToString());
+  }
 
   std::lock_guard<std::mutex> lock(s.mu_);
   s.pending_.erase(key);
   s.pending_bytes_ -= bytes.size();
+  s.pending_done_.notify_all();
   KVD_RETURN_IF_ERROR(written);
   auto e = std::make_unique<Impl::Entry>();
   const int64_t now = s.clock_->NowNanos();
@@ -579,6 +590,10 @@ StatusOr<std::vector<uint8_t>> DiskTier::GetState(std::string_view name) const {
                             ", bytes have " + std::to_string(actual) + ")");
   }
   return out;
+}
+
+void DiskTierInternals::SetWriteHook(DiskTier& tier, DiskWriteHook hook) {
+  tier.impl_->write_hook_ = std::move(hook);
 }
 
 }  // namespace kvd::storage

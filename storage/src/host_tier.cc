@@ -391,9 +391,13 @@ StatusOr<Reservation> HostTier::Impl::ReserveLocked(const ChunkKey& key, uint64_
                                    std::to_string(s.options_.max_chunk_bytes));
   }
   if (ttl.count() <= 0) ttl = s.options_.reservation_ttl;
-  if (!ahead && s.index_.count(key) != 0) {
-    s.counters_.dedup_puts++;
-    return DedupStatus(key);
+  if (auto stored = s.index_.find(key); !ahead && stored != s.index_.end()) {
+    // A chunk whose disk copy is still being written is not "already stored" yet: this writer
+    // reserves and sends its bytes, and its commit waits for (or makes) the durable copy.
+    if (stored->second->durable) {
+      s.counters_.dedup_puts++;
+      return DedupStatus(key);
+    }
   }
   if (s.arena_.segmented() && s.arena_.RoundUp(bytes) > s.arena_.max_block_bytes()) {
     return Status::InvalidArgument("reserve: " + std::to_string(bytes) +
@@ -487,8 +491,14 @@ Status HostTier::Commit(ReservationId id, uint64_t checksum, CommitCheck check) 
   return CommitPinned(id, checksum, nullptr, check);
 }
 
+void HostTier::MarkDurable(const ChunkKey& key) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu_);
+  if (auto it = s.index_.find(key); it != s.index_.end()) it->second->durable = true;
+}
+
 Status HostTier::CommitPinned(ReservationId id, uint64_t checksum, ReadView* pinned,
-                              CommitCheck check) {
+                              CommitCheck check, Durability durability) {
   Impl& s = *impl_;
   const std::byte* data = nullptr;
   uint64_t size = 0;
@@ -563,6 +573,7 @@ Status HostTier::CommitPinned(ReservationId id, uint64_t checksum, ReadView* pin
   e->meta.tier = TierKind::kHost;
   e->offset = r.offset;
   e->arena_bytes = r.arena_bytes;
+  e->durable = durability == Durability::kDurable;
   s.reserved_bytes_ -= r.size_bytes;
   s.ReleaseNamespaceReservationLocked(r.key.name_space, r.size_bytes);
   s.reserved_arena_bytes_ -= r.arena_bytes;

@@ -24,6 +24,8 @@ struct HostEntry {
   // false once evicted (Evict/Remove) while pinned: out of the index and LRU, freed at the last
   // unpin. A hidden entry is owned by HostTier::Impl::hidden_.
   bool visible = true;
+  // false while a lower tier's copy is being written (Durability::kPending): no dedup at Reserve.
+  bool durable = true;
   std::list<HostEntry*>::iterator lru_it;  // valid iff visible
 };
 

@@ -25,10 +25,14 @@ Status TierManager::Commit(ReservationId id, uint64_t checksum, CommitCheck chec
   // The write-through below copies the bytes out of host memory: verified here, whatever `check`.
   (void)check;
   ReadView pinned;
-  Status s = host_->CommitPinned(id, checksum, &pinned, CommitCheck::kVerify);
+  // Published pending: served at once, but no Reserve of the key is told "already stored"
+  // before its disk copy is written (MarkDurable below).
+  Status s = host_->CommitPinned(id, checksum, &pinned, CommitCheck::kVerify, Durability::kPending);
   if (pinned.read_id == 0) return s;  // failed (nothing stored), or dedup without a pin
   // Pinned (our chunk, or on dedup the stored one): no Reserve can evict it while it has no
-  // disk copy. A dedup hit normally has one already (its writer wrote through).
+  // disk copy. On dedup the stored chunk's disk write may still be in progress (its writer
+  // committed first): the disk Insert waits for it and writes these bytes itself if it failed,
+  // so OK and dedup alike mean the chunk is on disk before this commit is acknowledged.
   const ChunkKey key = pinned.meta.key;
   Status d = Status::Ok();
   if (s.ok() || !disk_->Contains(key)) {
@@ -36,7 +40,10 @@ Status TierManager::Commit(ReservationId id, uint64_t checksum, CommitCheck chec
                       std::span<const std::byte>(pinned.data, pinned.meta.size_bytes));
   }
   host_->ReleaseRead(pinned.read_id).IgnoreError();  // our own live read
-  if (d.ok() || IsDedup(d)) return s;
+  if (d.ok() || IsDedup(d)) {
+    host_->MarkDurable(key);
+    return s;
+  }
   if (!s.ok()) return d.WithContext("write-through of the already stored " + key.ToString());
   // Not durable: not acknowledged either. Take it back out of host unless a reader pinned it.
   host_->Remove(key).IgnoreError();
@@ -128,6 +135,7 @@ Status TierManager::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checks
   Status d = disk_->Insert(key, tokens, checksum, bytes);
   if (!d.ok() && !IsDedup(d)) return d.WithContext("insert of " + key.ToString());
   Status h = host_->Insert(key, tokens, checksum, bytes);
+  if (IsDedup(h)) host_->MarkDurable(key);  // a host copy committed pending: on disk now
   if (h.ok() || IsDedup(h)) return IsDedup(d) && IsDedup(h) ? h : Status::Ok();
   if (h.code() == StatusCode::kResourceExhausted) return Status::Ok();  // durable on disk
   return h;

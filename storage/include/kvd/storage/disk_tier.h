@@ -21,7 +21,8 @@
 // Thread safety: thread-safe. mu_ (in Impl) guards the in-memory index, the LRU list, the set
 // of keys being written and the counters. An Insert claims its key and space under mu_, writes
 // to RocksDB without it, then publishes under it (a concurrent Insert of the same key gets the
-// dedup ALREADY_EXISTS; the chunk is invisible until published). Deletes (Remove, eviction) are
+// dedup ALREADY_EXISTS, after waiting for that write: the dedup means on disk, and if that write
+// failed the waiting Insert writes the chunk itself; the chunk is invisible until published). Deletes (Remove, eviction) are
 // small and run under mu_. Reads and checksum verification run without it.
 #pragma once
 
@@ -103,6 +104,7 @@ class DiskTier final : public Tier {
 
  private:
   class Impl;
+  friend struct DiskTierInternals;  // fault injection for tests (storage/src, not installed)
   explicit DiskTier(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

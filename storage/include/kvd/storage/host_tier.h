@@ -75,6 +75,17 @@ using ReadId = uint64_t;         // 0 = none
 inline constexpr OwnerId kAnyOwner = ~uint64_t{0};
 
 // What Commit checks of the reserved bytes against the writer's checksum.
+// How durable a committed chunk is when Commit publishes it.
+enum class Durability {
+  // As durable as the host tier makes it (published in memory). A Reserve of its key is the
+  // dedup ALREADY_EXISTS: the writer may skip sending the bytes.
+  kDurable,
+  // Served at once, but a copy in a lower tier is still being written (the TierManager's
+  // write-through to disk): until MarkDurable, a Reserve of its key reserves as for a new chunk,
+  // so no second writer is told "already stored" before the chunk is as durable as promised.
+  kPending,
+};
+
 enum class CommitCheck {
   // Checksum64 of the bytes must equal the checksum (one read of the whole chunk, without the
   // tier's lock); DATA_LOSS otherwise, nothing stored.
@@ -184,7 +195,8 @@ class HostTier final : public Tier {
   // The writer MUST be done writing (a posted receive completed or cancelled) before the
   // deadline: once expired or reclaimed, the space may at once be given to another reservation,
   // and a late write would corrupt that one. Pick `ttl` well above the transfer timeout.
-  // Errors: ALREADY_EXISTS "dedup: ..." (key already committed; nothing reserved),
+  // Errors: ALREADY_EXISTS "dedup: ..." (key already committed and durable, see Durability;
+  //   nothing reserved),
   //   INVALID_ARGUMENT (bytes == 0 or > max_chunk_bytes, empty model),
   //   INVALID_ARGUMENT also when bytes exceed one segment (segmented arenas),
   //   RESOURCE_EXHAUSTED (cannot fit even after evicting every unpinned chunk; message names
@@ -236,8 +248,15 @@ class HostTier final : public Tier {
   // it to disk, then calls ReleaseRead(pinned->read_id). Same errors as Commit; on the dedup
   // ALREADY_EXISTS `*pinned` pins the chunk already stored instead; on other errors
   // pinned->read_id stays 0.
+  // `durability` as for Durability (kPending: the caller calls MarkDurable once the lower
+  // tier's copy is written, or Remove if it failed).
   Status CommitPinned(ReservationId id, uint64_t checksum, ReadView* pinned,
-                      CommitCheck check = CommitCheck::kVerify);
+                      CommitCheck check = CommitCheck::kVerify,
+                      Durability durability = Durability::kDurable);
+  // The chunk `key` committed with Durability::kPending now has its lower-tier copy: from now on
+  // a Reserve of its key is the dedup ALREADY_EXISTS. No-op when the key is not stored (removed
+  // meanwhile) or already durable.
+  void MarkDurable(const ChunkKey& key);
 
   // Drops an open reservation and returns its space. NOT_FOUND / ABORTED as for Commit.
   // Aborting a reservation whose Commit is verifying makes that Commit return ABORTED.

@@ -18,7 +18,10 @@
 //   capacity_bytes) bounds what is kept: above it the disk tier evicts its least-recently-used
 //   chunks (documented policy, counted in its evictions).
 // - Dedup: a key already stored returns ALREADY_EXISTS "dedup:" (IsDedup); with a disk tier the
-//   stored chunk is copied to disk first if it has no disk copy yet.
+//   stored chunk is copied to disk first if it has no disk copy yet. A dedup is as durable as an
+//   OK: while the first writer's disk write of a chunk is in progress, the chunk is served but a
+//   host Reserve of its key is not a dedup (Durability::kPending), and a second writer's Commit
+//   waits for that write (writing the chunk itself if it fails) before it returns.
 //
 // Placement:
 // - MaybeDemote(): when the host tier's occupancy is above high_watermark, drops its
