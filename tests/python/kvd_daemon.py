@@ -24,6 +24,9 @@ models:
   - name: tiny-bf16
     layout: {{layers: 2, kv_heads: 2, q_heads: 4, head_dim: 16, dtype: bfloat16,
              rope: {{theta: 10000, pairing: halves, scaling: none}}}}
+  - name: smollm2-135m
+    layout: {{layers: 30, kv_heads: 3, q_heads: 9, head_dim: 64, dtype: bfloat16,
+             rope: {{theta: 100000, pairing: halves, scaling: none}}}}
 chunk_tokens: {chunk_tokens}
 tiers:
   host: {{capacity: {capacity}, prefault: false{host_extra}}}

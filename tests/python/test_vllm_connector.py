@@ -26,8 +26,11 @@ GPU model runner):
       finished_recving)
   scheduler, at the end: request_finished(request, block_ids) -> (delay freeing, params); a
       delayed request's blocks are freed when a worker reports it finished.
-Caches are [2, num_blocks, block_size, num_kv_heads, head_dim] per layer (FlashAttention layout).
-Every test runs with async loads (the default) and with in-step loads.
+Caches are vLLM's logical per-layer view [num_blocks, num_kv_heads, block_size, 2 * head_dim]
+with FlashAttention's split (K then V along the last axis): without vLLM installed the connector
+takes that layout (kvd.vllm_layout.logical_layout); with vLLM it learns the layout from the
+attention backend (tests/vllm). Every test runs with async loads (the default) and with in-step
+loads.
 """
 
 import os
@@ -79,7 +82,7 @@ class Engine:
         self.sched = KvdConnector(cfg, KVConnectorRole.SCHEDULER)
         self.worker = KvdConnector(cfg, KVConnectorRole.WORKER)
         self.names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
-        self.caches = {n: np.full((2, num_blocks, BLOCK, HEADS, DIM), np.nan, np.float32)
+        self.caches = {n: np.full((num_blocks, HEADS, BLOCK, 2 * DIM), np.nan, np.float32)
                        for n in self.names}
         self.worker.register_kv_caches(self.caches)
         self.free = list(np.random.default_rng(seed).permutation(num_blocks))
@@ -126,9 +129,10 @@ class Engine:
         req.block_ids += [int(self.free.pop()) for _ in range(more)]
         self.sched.update_state_after_alloc(req, self._blocks(req), 0)
 
-    def step(self, new=(), cached=(), num_scheduled=None, finished=()):
+    def step(self, new=(), cached=(), num_scheduled=None, finished=(), resumed=()):
         """One engine step. new: requests scheduled for the first time; cached: (request,
-        new_block_ids or None) of requests continuing; num_scheduled: req_id -> tokens.
+        new_block_ids or None) of requests continuing; resumed: ids of cached requests that were
+        preempted, whose new_block_ids replace their blocks; num_scheduled: req_id -> tokens.
         Returns the worker's (finished_sending, finished_recving)."""
         num_scheduled = num_scheduled or {}
         out = types.SimpleNamespace(
@@ -137,7 +141,7 @@ class Engine:
                 block_ids=(list(r.block_ids),), num_computed_tokens=r.num_computed_tokens)
                 for r in new],
             scheduled_cached_reqs=types.SimpleNamespace(
-                req_ids=[r.request_id for r, _ in cached],
+                req_ids=[r.request_id for r, _ in cached], resumed_req_ids=set(resumed),
                 new_block_ids=[nb for _, nb in cached],
                 num_computed_tokens=[r.num_computed_tokens for r, _ in cached]),
             num_scheduled_tokens=dict(num_scheduled))
@@ -152,7 +156,8 @@ class Engine:
                 k, v = true_kv(r.prompt_token_ids[:hi], layer)
                 for p in range(lo, hi):
                     b, o = r.block_ids[p // BLOCK], p % BLOCK
-                    self.caches[name][0, b, o], self.caches[name][1, b, o] = k[p], v[p]
+                    self.caches[name][b, :, o, :DIM] = k[p]
+                    self.caches[name][b, :, o, DIM:] = v[p]
             self.worker.save_kv_layer(name, self.caches[name], types.SimpleNamespace())
         self.worker.wait_for_save()
         sending, recving = self.worker.get_finished(set(finished))
@@ -182,8 +187,8 @@ class Engine:
     def cached_kv(self, req, layer, lo, hi):
         name = self.names[layer]
         idx = [(req.block_ids[p // BLOCK], p % BLOCK) for p in range(lo, hi)]
-        k = np.stack([self.caches[name][0, b, o] for b, o in idx])
-        v = np.stack([self.caches[name][1, b, o] for b, o in idx])
+        k = np.stack([self.caches[name][b, :, o, :DIM] for b, o in idx])
+        v = np.stack([self.caches[name][b, :, o, DIM:] for b, o in idx])
         return k, v
 
     def close(self):
@@ -280,8 +285,12 @@ def test_chunked_prefill_saves_each_chunk_once_completed(daemon, async_load):
 
 def test_layout_mismatch_is_refused(daemon):
     w = KvdConnector(vllm_config(daemon), KVConnectorRole.WORKER)
-    caches = {f"l{i}": np.zeros((2, 8, BLOCK, HEADS * 2, DIM), np.float32) for i in range(LAYERS)}
+    caches = {f"l{i}": np.zeros((8, HEADS * 2, BLOCK, 2 * DIM), np.float32) for i in range(LAYERS)}
     with pytest.raises(ValueError, match=r"has layers/kv_heads/head_dim \(5, 4, 8\)"):
+        w.register_kv_caches(caches)
+    caches = {f"l{i}": np.zeros((2, 8, BLOCK, HEADS, DIM), np.float32) for i in range(LAYERS)}
+    with pytest.raises(ValueError, match=r"expected a \[num_blocks, num_kv_heads, block_size, "
+                       r"2 \* 8\] cache, got \(2, 8, 16, 4, 8\)"):
         w.register_kv_caches(caches)
     w.shutdown()
     with pytest.raises(ValueError, match="kvd_model"):
@@ -401,4 +410,39 @@ def test_async_load_flag(daemon):
         KvdConnector(vllm_config(daemon, kvd_async_load="maybe"), KVConnectorRole.SCHEDULER)
     c = KvdConnector(vllm_config(daemon, kvd_async_load="false"), KVConnectorRole.SCHEDULER)
     assert c._async_load is False
+    c.shutdown()
+
+
+def test_preempted_request_resumes_with_new_blocks_and_saves_from_them(daemon, async_load):
+    tokens = prompt(8, 768, async_load)
+    e = Engine(daemon, seed=13, async_load=async_load)
+    r, _ = e.add_request("pre", tokens)
+    old = r.block_ids[:20]
+    r.block_ids = old
+    e.step(new=[r], num_scheduled={"pre": 320})  # chunk 0 saved, chunk 1 not complete
+    # Preempted: vLLM frees its blocks (another request overwrites them) and, when it is
+    # scheduled again, gives it new blocks in resumed_req_ids: they replace the old ones.
+    for name in e.names:
+        e.caches[name][old] = -7.0
+    r.block_ids = [int(e.free.pop()) for _ in range(48)]
+    r.num_computed_tokens = 0
+    e.step(cached=[(r, (list(r.block_ids),))], resumed={"pre"}, num_scheduled={"pre": 768})
+    assert stored_chunks(daemon, tokens) == 3
+    e.close()
+
+    other = Engine(daemon, seed=14, async_load=async_load)
+    r2, ext = other.add_request("after", tokens)
+    assert ext == 767
+    other.step(new=[r2], num_scheduled={"after": 1})
+    for layer in range(LAYERS):
+        k, v = other.cached_kv(r2, layer, 0, 767)
+        tk, tv = true_kv(tokens, layer)
+        np.testing.assert_array_equal(k, tk[:767])  # chunks 1 and 2 came from the new blocks
+        np.testing.assert_array_equal(v, tv[:767])
+    other.close()
+
+
+def test_best_effort_cache_settings(daemon):
+    c = KvdConnector(vllm_config(daemon), KVConnectorRole.SCHEDULER)
+    assert c.requires_kv_delivery is False  # a lost save is a later miss, never awaited KV
     c.shutdown()

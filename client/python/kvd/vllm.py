@@ -52,20 +52,34 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import importlib.util
 import logging
 import math
 import threading
+import time
 from typing import Any
 
 import numpy as np
 
 import kvd
+from kvd.vllm_layout import (TokenLayout, UnsupportedLayoutError, logical_layout,  # noqa: F401
+                             probe_layout)
 
-try:  # the real base class when vLLM is installed
+# With vLLM installed the real base classes (an import error there is raised as it is: a vLLM
+# that does not fit must not be papered over); without vLLM, the same names, so the connector
+# can be driven by kvd's own tests.
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+if HAVE_VLLM:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
         KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
-except ImportError:  # without vLLM: the same names, so the connector can be driven by tests
+    try:
+        from vllm.v1.metrics.cache_hit_source import CacheHitSource  # type: ignore
+    except ImportError:  # vLLM before per-source cache-hit metrics
+        CacheHitSource = None
+else:
     import enum
+
+    CacheHitSource = None
 
     class KVConnectorRole(enum.Enum):  # type: ignore[no-redef]
         SCHEDULER = 0
@@ -89,6 +103,9 @@ except ImportError:  # without vLLM: the same names, so the connector can be dri
 
         def clear_connector_metadata(self):
             self._connector_metadata = None
+
+        def has_connector_metadata(self):
+            return self._connector_metadata is not None
 
         def _get_connector_metadata(self):
             assert self._connector_metadata is not None
@@ -119,7 +136,8 @@ class _SchedulerRequest:
     saved_chunks: int  # chunks [0, saved_chunks) are in kvd or planned to be saved
 
 
-_log = logging.getLogger("kvd.vllm")
+# Inside vLLM, a child of vLLM's own logger (its handlers and level); else kvd's.
+_log = logging.getLogger("vllm.kvd_connector" if HAVE_VLLM else "kvd.vllm")
 
 
 def _flag(value) -> bool:
@@ -141,6 +159,11 @@ def _extra(vllm_config) -> dict:
 
 
 class KvdConnector(KVConnectorBase_V1):
+    # kvd's chunks live in its host tier (and below it, on disk): vLLM's per-source hit metrics
+    # count them as host hits.
+    if CacheHitSource is not None:
+        _cache_hit_source = CacheHitSource.HOST
+
     def __init__(self, vllm_config, role, kv_cache_config=None):
         try:
             super().__init__(vllm_config, role, kv_cache_config)
@@ -150,6 +173,9 @@ class KvdConnector(KVConnectorBase_V1):
         self._block_size = int(vllm_config.cache_config.block_size)
         self._async_load = _flag(self._cfg.get("kvd_async_load", True))
         self._client = None
+        self._chunk_tokens = 0      # kvd's, known from the first connection
+        self._layout = None         # kvd's model layout (dict), from the first connection
+        self._retry_at = 0.0        # no new connection before this (time.monotonic) after a failure
         # scheduler side
         self._requests: dict[str, _SchedulerRequest] = {}
         self._pending_loads: dict[str, int] = {}  # req_id -> external tokens to load in-step
@@ -157,8 +183,10 @@ class KvdConnector(KVConnectorBase_V1):
         self._async_plans: dict[str, RequestPlan] = {}  # allocated, not yet sent to workers
         self._loading: set = set()  # req_ids whose async load the workers have not finished
         # worker side
-        self._kv_caches: dict[str, Any] = {}
-        self._layer_index: dict[str, int] = {}
+        self._kv_caches: dict[str, Any] = {}      # layer name -> vLLM's [B, H, N, C] view
+        self._layer_index: dict[str, int] = {}    # layer name -> kvd layer (model order)
+        self._token_layouts: dict[str, TokenLayout] = {}
+        self._kernel_blocks = 1   # kernel blocks per vLLM block (block_size / N of the view)
         self._loads: list = []   # (plan, {chunk index: staging uint8 array})
         self._saves: dict = {}   # (req_id, chunk index) -> (hash, staging uint8 array)
         self._load_client = None  # the loader thread's own connection
@@ -167,6 +195,12 @@ class KvdConnector(KVConnectorBase_V1):
         self._load_errors: set = set()  # block ids kvd could not fill
         self._errors_lock = threading.Lock()
         self._load_stream = None  # CUDA stream of the loader thread (torch device caches)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # kvd is a best-effort cache: a save lost to a preemption is a later cache miss, never
+        # KV another engine waits for. So vLLM may let such a request finish normally.
+        return False
 
     # ---- shared ----
     def _new_client(self, suffix=""):
@@ -181,22 +215,48 @@ class KvdConnector(KVConnectorBase_V1):
             client.close()
             raise ValueError(f"kvd chunk_tokens {client.chunk_tokens} is not a multiple "
                              f"of vLLM's block_size {self._block_size}")
+        self._chunk_tokens = client.chunk_tokens
+        self._layout = client.layout
         return client
 
     def _connect(self):
+        """The main connection. Raises kvd.Error where connecting fails, ConnectionError for a
+        second after that (each call would otherwise wait for a refused connect)."""
         if self._client is None:
-            self._client = self._new_client()
+            if time.monotonic() < self._retry_at:
+                raise ConnectionError("kvd unreachable less than a second ago")
+            try:
+                self._client = self._new_client()
+            except kvd.Error:
+                self._retry_at = time.monotonic() + 1.0
+                raise
         return self._client
+
+    def _drop_client(self, what, error):
+        """After a failed kvd call: logs it and reconnects at the next use. vLLM goes on
+        without kvd meanwhile (misses and dropped saves, never wrong KV)."""
+        _log.warning("kvd %s failed, vLLM goes on without it: %s", what, error)
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # noqa: BLE001 - the connection is already broken
+                pass
+            self._client = None
+        self._retry_at = time.monotonic() + 1.0
 
     # ==== scheduler side ====
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        c = self._connect()
-        chain = c.hash(request.prompt_token_ids, include_partial_chunk=False)
-        if not chain:
+        try:
+            c = self._connect()
+            chain = c.hash(request.prompt_token_ids, include_partial_chunk=False)
+            if not chain:
+                return 0, False
+            hit = c.lookup(chain)
+            if hit.lease_id:
+                c.release(hit.lease_id)
+        except (kvd.Error, ConnectionError) as e:
+            self._drop_client("lookup", e)
             return 0, False
-        hit = c.lookup(chain)
-        if hit.lease_id:
-            c.release(hit.lease_id)
         matched = int(hit.matched_tokens)
         # vLLM must compute at least one token of the prompt itself.
         matched = min(matched, len(request.prompt_token_ids) - 1)
@@ -224,46 +284,59 @@ class KvdConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output):
         meta = KvdConnectorMetadata()
-        chunk = self._connect().chunk_tokens
+        chunk = self._chunk_tokens
+        if not chunk:  # kvd never reached: nothing to load, nothing planned to save
+            try:
+                chunk = self._connect().chunk_tokens
+            except (kvd.Error, ConnectionError):
+                chunk = 0
         for req_id, plan in self._async_plans.items():
             meta.requests.append(plan)
             self._loading.add(req_id)
         self._async_plans = {}
         for new in scheduler_output.scheduled_new_reqs:
-            block_ids = list(new.block_ids[0])
-            state = _SchedulerRequest(list(new.prompt_token_ids), block_ids, 0)
+            state = _SchedulerRequest(list(new.prompt_token_ids), list(new.block_ids[0]), 0)
             self._requests[new.req_id] = state
-            external = self._pending_loads.pop(new.req_id, 0)
-            plan = RequestPlan(new.req_id, state.token_ids, block_ids)
-            if external:
-                plan.load_start = new.num_computed_tokens - external
-                plan.load_end = new.num_computed_tokens
-            # Chunks already loaded (or held locally) are in kvd: never saved again.
-            done = max(new.num_computed_tokens, plan.load_end)
-            state.saved_chunks = done // chunk
-            end = new.num_computed_tokens + scheduler_output.num_scheduled_tokens[new.req_id]
-            self._plan_saves(state, plan, end, chunk)
+            plan = self._scheduled(state, new.req_id, new.num_computed_tokens,
+                                   scheduler_output.num_scheduled_tokens[new.req_id], chunk,
+                                   first=True)
             meta.requests.append(plan)
         cached = scheduler_output.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", None) or set()
         for i, req_id in enumerate(cached.req_ids):
             state = self._requests.get(req_id)
             if state is None:
                 continue
-            if cached.new_block_ids[i] is not None:
-                state.block_ids.extend(cached.new_block_ids[i][0])
-            end = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens[req_id]
-            plan = RequestPlan(req_id, state.token_ids, list(state.block_ids))
-            self._plan_saves(state, plan, end, chunk)
-            if plan.save_chunks:
+            new_blocks = cached.new_block_ids[i]
+            if req_id in resumed:
+                # A preempted request scheduled again: its blocks are these, all new (vLLM
+                # freed the old ones; reading them would store another request's KV).
+                state.block_ids = list(new_blocks[0]) if new_blocks is not None else []
+            elif new_blocks is not None:
+                state.block_ids.extend(new_blocks[0])
+            plan = self._scheduled(state, req_id, cached.num_computed_tokens[i],
+                                   scheduler_output.num_scheduled_tokens[req_id], chunk,
+                                   first=req_id in resumed)
+            if plan.save_chunks or plan.load_end > plan.load_start:
                 meta.requests.append(plan)
         return meta
 
-    @staticmethod
-    def _plan_saves(state, plan, end, chunk):
-        # Full prompt chunks whose tokens are all computed by the end of this step.
-        full = min(end, len(state.token_ids)) // chunk
-        plan.save_chunks = list(range(state.saved_chunks, full))
-        state.saved_chunks = max(state.saved_chunks, full)
+    def _scheduled(self, state, req_id, num_computed, num_scheduled, chunk, first):
+        """The plan of a request scheduled in this step: its in-step load (first step after
+        it was (re)allocated) and the full prompt chunks this step completes."""
+        plan = RequestPlan(req_id, state.token_ids, list(state.block_ids))
+        external = self._pending_loads.pop(req_id, 0) if first else 0
+        if external:
+            plan.load_start = num_computed - external
+            plan.load_end = num_computed
+        if chunk:
+            # Chunks already loaded (or held locally) are in kvd: never saved again.
+            done = max(num_computed, plan.load_end)
+            state.saved_chunks = max(state.saved_chunks, done // chunk)
+            full = min(num_computed + num_scheduled, len(state.token_ids)) // chunk
+            plan.save_chunks = list(range(state.saved_chunks, full))
+            state.saved_chunks = max(state.saved_chunks, full)
+        return plan
 
     def update_connector_output(self, connector_output):
         for req_id in getattr(connector_output, "finished_recving", None) or ():
@@ -282,26 +355,60 @@ class KvdConnector(KVConnectorBase_V1):
 
     # ==== worker side ====
     def register_kv_caches(self, kv_caches):
+        """Checks vLLM's caches against the kvd model's layout and learns, per layer, where
+        each token's K and V lie (vllm_layout). Refuses, with the backend's name, a cache kvd
+        cannot address token by token."""
         self._kv_caches = dict(kv_caches)
-        self._layer_index = {name: i for i, name in enumerate(self._kv_caches)}
-        first = next(iter(self._kv_caches.values()))
-        if len(first.shape) != 5 or first.shape[0] != 2 or first.shape[2] != self._block_size:
-            raise ValueError(f"expected paged KV caches [2, num_blocks, {self._block_size}, "
-                             f"num_kv_heads, head_dim], got {tuple(first.shape)}")
+        names = list(self._kv_caches)
+        self._layer_index = {name: i for i, name in enumerate(sorted(names, key=_layer_order))}
         c = self._connect()
         layout = c.layout
-        want = (layout["num_layers"], layout["num_kv_heads"], layout["head_dim"])
-        have = (len(self._kv_caches), int(first.shape[3]), int(first.shape[4]))
-        itemsize = _itemsize(first)
-        dtype_bytes = {"float32": 4, "float16": 2, "bfloat16": 2}[layout["dtype"]]
-        if want != have or itemsize != dtype_bytes:
-            raise ValueError(
-                f"kvd model {self._cfg['kvd_model']!r} has layers/kv_heads/head_dim {want} of "
-                f"{layout['dtype']}; vLLM's caches have {have} with {itemsize}-byte elements")
+        heads, head_dim = int(layout["num_kv_heads"]), int(layout["head_dim"])
+        dtype_bytes = _DTYPE_BYTES[layout["dtype"]]
+        first = self._kv_caches[names[0]]
+        if len(names) != int(layout["num_layers"]):
+            raise ValueError(f"kvd model {self._cfg['kvd_model']!r} has {layout['num_layers']} "
+                             f"layers; vLLM registered {len(names)} KV caches")
+        probed: dict = {}
+        for name in names:
+            cache = self._kv_caches[name]
+            tl = self._token_layout(name, cache, head_dim, probed)
+            shape = tuple(int(x) for x in cache.shape)
+            if shape[1] != heads or _itemsize(cache) != dtype_bytes:
+                raise ValueError(
+                    f"kvd model {self._cfg['kvd_model']!r} has layers/kv_heads/head_dim "
+                    f"{(layout['num_layers'], heads, head_dim)} of {layout['dtype']}; vLLM's "
+                    f"cache {name} is {shape} with {_itemsize(cache)}-byte elements")
+            if self._block_size % tl.block_tokens:
+                raise UnsupportedLayoutError(
+                    f"attention backend {tl.backend}: kernel blocks of {tl.block_tokens} "
+                    f"tokens do not divide vLLM's block_size {self._block_size}")
+            self._token_layouts[name] = tl
+        self._kernel_blocks = self._block_size // self._token_layouts[names[0]].block_tokens
+        _log.info("kvd: %d layers of %s caches %s, %d kernel block(s) of %d tokens per block",
+                  len(names), self._token_layouts[names[0]].backend, tuple(first.shape),
+                  self._kernel_blocks, self._token_layouts[names[0]].block_tokens)
+
+    def _token_layout(self, name, cache, head_dim, probed):
+        if not HAVE_VLLM:  # kvd's stand-in engine: vLLM's logical view, FlashAttention's split
+            return logical_layout(cache, head_dim)
+        layer = _attention_layer(self._vllm_config, name)
+        if layer is None:
+            raise UnsupportedLayoutError(f"KV cache {name}: no attention layer of that name in "
+                                         "vLLM's forward context to learn its layout from")
+        dtype = getattr(layer, "kv_cache_dtype", "auto")
+        if dtype not in ("auto", None) and str(dtype) != str(getattr(cache, "dtype", "")):
+            raise UnsupportedLayoutError(
+                f"attention backend {_backend_of(layer)}: kv_cache_dtype {dtype!r}; kvd stores "
+                "the model's own dtype (run vLLM with kv_cache_dtype auto)")
+        key = (_backend_of(layer), tuple(cache.shape), tuple(cache.stride()), str(cache.dtype),
+               str(cache.device))
+        if key not in probed:
+            probed[key] = probe_layout(layer, cache, head_dim)
+        return probed[key]
 
     def start_load_kv(self, forward_context, **kwargs):
         meta = self._get_connector_metadata()
-        c = self._connect()
         self._loads = []
         for plan in meta.requests:
             if plan.load_end <= plan.load_start:
@@ -312,7 +419,13 @@ class KvdConnector(KVConnectorBase_V1):
                         max_workers=1, thread_name_prefix="kvd-load")
                 self._async_loads[plan.req_id] = self._loader.submit(self._load_async, plan)
                 continue
-            self._loads.append((plan, self._stage(c, plan)))
+            try:
+                staged = self._stage(self._connect(), plan)
+            except (kvd.Error, ConnectionError) as e:
+                self._drop_client("load", e)
+                self._fail_blocks(plan, plan.load_start, plan.load_end)
+                continue
+            self._loads.append((plan, staged))
 
     def _stage(self, c, plan):
         """Gets the chunks of plan's load range into host staging arrays ({chunk index: uint8
@@ -360,35 +473,38 @@ class KvdConnector(KVConnectorBase_V1):
                 self._load_stream.synchronize()
             else:
                 self._scatter_all(plan, staged)
-        except Exception:  # noqa: BLE001 - reported as failed blocks, vLLM recomputes them
-            _log.exception("request %s: async load from kvd failed", plan.req_id)
+        except Exception as e:  # noqa: BLE001 - reported as failed blocks, vLLM recomputes them
+            _log.warning("request %s: async load from kvd failed (%s): tokens %d..%d are "
+                         "recomputed", plan.req_id, e, plan.load_start, plan.load_end)
+            if self._load_client is not None:
+                try:
+                    self._load_client.close()
+                except Exception:  # noqa: BLE001 - already broken
+                    pass
+                self._load_client = None
             self._fail_blocks(plan, plan.load_start, plan.load_end)
 
     def _scatter_all(self, plan, staged):
-        for name, kv_layer in self._kv_caches.items():
-            self._scatter_staged(plan, staged, self._layer_index[name], kv_layer)
+        for name in self._kv_caches:
+            self._scatter_staged(plan, staged, name)
 
-    def _scatter_staged(self, plan, staged, layer, kv_layer):
-        chunk = self._client.chunk_tokens if self._client else self._load_client.chunk_tokens
+    def _scatter_staged(self, plan, staged, name):
+        chunk = self._chunk_tokens
+        layer = self._layer_index[name]
         for ci, buf in staged.items():
             lo = max(plan.load_start, ci * chunk)
             hi = min(plan.load_end, (ci + 1) * chunk)
             k, v = self._chunk_layer(buf, layer, chunk)
-            _scatter(kv_layer, plan.block_ids, self._block_size, lo, hi,
-                     k[lo - ci * chunk:hi - ci * chunk], v[lo - ci * chunk:hi - ci * chunk])
+            self._access(name, plan.block_ids, lo, hi).write(
+                k[lo - ci * chunk:hi - ci * chunk], v[lo - ci * chunk:hi - ci * chunk])
 
     def wait_for_layer_load(self, layer_name):
-        if not self._loads:
-            return
-        layer = self._layer_index[layer_name]
-        kv_layer = self._kv_caches[layer_name]
         for plan, staged in self._loads:
-            self._scatter_staged(plan, staged, layer, kv_layer)
+            self._scatter_staged(plan, staged, layer_name)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         meta = self._get_connector_metadata()
-        c = self._connect()
-        chunk = c.chunk_tokens
+        chunk = self._chunk_tokens
         layer = self._layer_index[layer_name]
         for plan in meta.requests:
             if not plan.save_chunks:
@@ -398,21 +514,24 @@ class KvdConnector(KVConnectorBase_V1):
                 key = (plan.req_id, ci)
                 if key not in self._saves:
                     if chain is None:
-                        chain = c.hash(plan.token_ids[:(plan.save_chunks[-1] + 1) * chunk],
-                                       include_partial_chunk=False)
-                    self._saves[key] = (chain[ci], np.empty(c.chunk_bytes, np.uint8))
+                        chain = self._hash(plan.token_ids[:(plan.save_chunks[-1] + 1) * chunk])
+                        if chain is None:
+                            return  # kvd unreachable: this step saves nothing
+                    self._saves[key] = (chain[ci], np.empty(self._chunk_bytes(), np.uint8))
                 buf = self._saves[key][1]
-                k, v = _gather(kv_layer, plan.block_ids, self._block_size, ci * chunk,
-                               (ci + 1) * chunk)
                 dk, dv = self._chunk_layer(buf, layer, chunk)
-                dk[...] = k.reshape(dk.shape)
-                dv[...] = v.reshape(dv.shape)
+                self._access(layer_name, plan.block_ids, ci * chunk, (ci + 1) * chunk).read(
+                    dk, dv)
 
     def wait_for_save(self):
-        c = self._connect()
         try:
+            if not self._saves:
+                return
+            c = self._connect()
             for (req_id, ci), (h, buf) in sorted(self._saves.items()):
                 c.put(h, c.chunk_tokens, buf)
+        except (kvd.Error, ConnectionError) as e:
+            self._drop_client("save", e)
         finally:
             self._saves = {}
 
@@ -441,56 +560,113 @@ class KvdConnector(KVConnectorBase_V1):
                 setattr(self, attr, None)
 
     # ---- helpers ----
+    def _hash(self, tokens):
+        """kvd's chain of full-chunk hashes of `tokens`, or None while kvd is unreachable."""
+        try:
+            return self._connect().hash(tokens, include_partial_chunk=False)
+        except (kvd.Error, ConnectionError) as e:
+            self._drop_client("hash", e)
+            return None
+
+    def _row_bytes(self):
+        lay = self._layout
+        return int(lay["num_kv_heads"]) * int(lay["head_dim"]) * _DTYPE_BYTES[lay["dtype"]]
+
+    def _chunk_bytes(self):
+        return 2 * int(self._layout["num_layers"]) * self._chunk_tokens * self._row_bytes()
+
     def _chunk_layer(self, buf, layer, tokens):
         """K and V of `layer` inside a staged raw chunk of `tokens` tokens, as [tokens, row]
         uint8 views (row = one token's heads x dim elements)."""
-        lay = (self._client or self._load_client).layout
-        row = lay["num_kv_heads"] * lay["head_dim"] * {"float32": 4, "float16": 2,
-                                                        "bfloat16": 2}[lay["dtype"]]
+        row = self._row_bytes()
         base = 2 * layer * tokens * row
         k = buf[base:base + tokens * row].reshape(tokens, row)
         v = buf[base + tokens * row:base + 2 * tokens * row].reshape(tokens, row)
         return k, v
+
+    def _access(self, name, block_ids, lo, hi):
+        """The elements of tokens [lo, hi) of a request (its vLLM blocks block_ids) in layer
+        `name`'s cache."""
+        tl = self._token_layouts[name]
+        pos = np.arange(lo, hi)
+        inner = pos % self._block_size
+        kernel = np.asarray(block_ids, np.int64)[pos // self._block_size] * self._kernel_blocks \
+            + inner // tl.block_tokens
+        return _TokenAccess(self._kv_caches[name], tl, tl.element_offsets(kernel,
+                                                                          inner % tl.block_tokens))
+
+
+class _TokenAccess:
+    """Reads or writes the K/V of some tokens of one layer's cache, element by element (a load
+    that ends inside a block leaves the block's other slots as they are)."""
+
+    def __init__(self, cache, layout, offsets):
+        self.cache = cache
+        self.layout = layout
+        self.offsets = offsets  # int64 [tokens, 2, heads, head_dim]
+
+    def _flat(self):
+        cache = self.cache
+        if hasattr(cache, "detach"):  # torch
+            import torch
+            return torch.as_strided(cache, (self.layout.span,), (1,), cache.storage_offset())
+        return np.lib.stride_tricks.as_strided(cache, (self.layout.span,), (cache.itemsize,))
+
+    def read(self, k_rows, v_rows):
+        """Copies the tokens' K into k_rows and V into v_rows ([tokens, row] uint8)."""
+        flat = self._flat()
+        if hasattr(flat, "detach"):
+            import torch
+            idx = torch.from_numpy(self.offsets.reshape(-1)).to(flat.device)
+            values = flat[idx].reshape(self.offsets.shape).cpu()
+            for i, rows in ((0, k_rows), (1, v_rows)):
+                dst = torch.from_numpy(rows).view(values.dtype).reshape(values[:, i].shape)
+                dst.copy_(values[:, i])
+            return
+        values = flat[self.offsets]
+        for i, rows in ((0, k_rows), (1, v_rows)):
+            rows.view(values.dtype).reshape(values[:, i].shape)[...] = values[:, i]
+
+    def write(self, k_rows, v_rows):
+        flat = self._flat()
+        if hasattr(flat, "detach"):
+            import torch
+            idx = torch.from_numpy(self.offsets.reshape(-1)).to(flat.device)
+            src = torch.stack([torch.from_numpy(np.ascontiguousarray(r)).view(flat.dtype)
+                               for r in (k_rows, v_rows)], dim=1)
+            flat[idx] = src.reshape(-1).to(flat.device)
+            return
+        src = np.stack([np.ascontiguousarray(r).view(flat.dtype) for r in (k_rows, v_rows)],
+                       axis=1)
+        flat[self.offsets.reshape(-1)] = src.reshape(-1)
+
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def _itemsize(t):
     return t.element_size() if hasattr(t, "element_size") else t.itemsize
 
 
-def _host_bytes(x):
-    """A host numpy uint8 view (or copy, for device tensors) of a contiguous tensor's rows."""
-    if hasattr(x, "detach"):  # torch
-        x = x.detach().contiguous().cpu()
-        return x.view(-1).view(__import__("torch").uint8).numpy().reshape(x.shape[0], -1)
-    x = np.ascontiguousarray(x)
-    return x.reshape(x.shape[0], -1).view(np.uint8)
+def _layer_order(name):
+    """Model order of a layer name (vLLM's extract_layer_index where it parses it)."""
+    if HAVE_VLLM:
+        try:
+            from vllm.model_executor.models.utils import extract_layer_index  # type: ignore
+            return (extract_layer_index(name), name)
+        except Exception:  # noqa: BLE001 - a name without one index: registration order
+            pass
+    digits = [int(p) for p in name.split(".") if p.isdigit()]
+    return (digits[0] if len(digits) == 1 else -1, name)
 
 
-def _slots(block_ids, block_size, lo, hi):
-    pos = np.arange(lo, hi)
-    return np.asarray(block_ids)[pos // block_size], pos % block_size
+def _attention_layer(vllm_config, name):
+    ctx = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context",
+                  None) or {}
+    return ctx.get(name)
 
 
-def _gather(kv_layer, block_ids, block_size, lo, hi):
-    blocks, offs = _slots(block_ids, block_size, lo, hi)
-    if hasattr(kv_layer, "detach"):
-        import torch
-        b = torch.as_tensor(blocks, device=kv_layer.device)
-        o = torch.as_tensor(offs, device=kv_layer.device)
-        return _host_bytes(kv_layer[0][b, o]), _host_bytes(kv_layer[1][b, o])
-    return _host_bytes(kv_layer[0][blocks, offs]), _host_bytes(kv_layer[1][blocks, offs])
-
-
-def _scatter(kv_layer, block_ids, block_size, lo, hi, k_rows, v_rows):
-    blocks, offs = _slots(block_ids, block_size, lo, hi)
-    shape = (hi - lo,) + tuple(kv_layer.shape[3:])
-    if hasattr(kv_layer, "detach"):
-        import torch
-        b = torch.as_tensor(blocks, device=kv_layer.device)
-        o = torch.as_tensor(offs, device=kv_layer.device)
-        for i, rows in ((0, k_rows), (1, v_rows)):
-            src = torch.from_numpy(np.ascontiguousarray(rows)).view(kv_layer.dtype)
-            kv_layer[i][b, o] = src.reshape(shape).to(kv_layer.device)
-        return
-    for i, rows in ((0, k_rows), (1, v_rows)):
-        kv_layer[i][blocks, offs] = np.ascontiguousarray(rows).view(kv_layer.dtype).reshape(shape)
+def _backend_of(layer):
+    backend = getattr(layer, "attn_backend", None)
+    return backend.get_name() if backend is not None and hasattr(backend, "get_name") else \
+        type(layer).__name__
