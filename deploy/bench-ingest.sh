@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What compression costs at ingest against moving the same raw chunk, in ONE run
-# (docs/benchmarks.md, "Compression cost per stage" and "When a compressing put is acknowledged"):
+# (docs/benchmarks.md, "Ingest: compression cost per stage" and "When a compressing put is acknowledged"):
 #
 #   1. kernels_bench BM_PlanDemoChunk: per-stage time of one 256-token SmolLM2-135M chunk
 #      (30 layers x 3 KV heads x d 64, bf16, 5.6 MiB raw) for SnapKV, KeyDiff, KVSlimmer,

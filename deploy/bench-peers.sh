@@ -10,7 +10,7 @@
 # destinations as kvd's arena holds values: memcpy_scatter, what a put writes), at 64 KiB, 2 MiB and
 # 32 MiB values, 1 and 4 clients. Prints each measurement,
 # then the medians over rounds and the same-node goals with their per-round ratios and medians
-# (docs/benchmarks.md, "Same-node data path and its peers"). Also the idle daemon's CPU.
+# (docs/benchmarks.md, "Data path and its peers"). Also the idle daemon's CPU.
 #
 # Lookups: every kvd-bench run makes 400 Lookup calls (--lookups 400, going round the run's
 # chunks: a p99 from 400 samples at every size, not from the 6 chunks of a 32 MiB run), and the
