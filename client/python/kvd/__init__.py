@@ -35,8 +35,7 @@ from ._errors import *  # noqa: F401,F403
 from ._errors import Error, error_for_code  # noqa: F401
 from ._kvd import (  # noqa: F401
     ChunkView, Client, GetResult, Hash128, LookupResult, PutResult, PutSlot)
-
-__version__ = "0.1.0"
+from ._kvd import __version__  # noqa: F401  (kvd's version, set by the build)
 
 
 def connect(address="127.0.0.1:7400", model="", **options):
