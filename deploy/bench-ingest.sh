@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What compression costs at ingest against moving the same raw chunk, in ONE run
-# (docs/benchmarks.md, "Compression cost per stage" and "When a compressing put is acknowledged"):
+# (docs/benchmarks.md, "Ingest: compression cost per stage" and "When a compressing put is acknowledged"):
 #
 #   1. kernels_bench BM_PlanDemoChunk: per-stage time of one 256-token SmolLM2-135M chunk
 #      (30 layers x 3 KV heads x d 64, bf16, 5.6 MiB raw) for SnapKV, KeyDiff, KVSlimmer,
@@ -23,17 +23,14 @@
 #   KVD_BENCH_OUT        keep the raw outputs in this folder
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUILD_DIR=${1:-${KVD_BUILD_DIR:-build}}
-BIN="$BUILD_DIR/bin"
+# shellcheck source=deploy/bench-lib.sh
+source deploy/bench-lib.sh
+bench_build_dir "${1:-}"
 COUNT=${KVD_BENCH_COUNT:-20}
 MIN_TIME=${KVD_BENCH_MIN_TIME:-0.3}
 RAW=5898240      # 256 tokens x 30 layers x 2 (K, V) x 3 heads x 64 x 2 bytes
 COMPACT=2950728  # its compact chunk at p_c 0.5 (format v2, docs/chunk-format.md)
-for b in kvd kvd-bench kvdctl kernels_bench storage_bench; do
-  [[ -x "$BIN/$b" ]] || { echo "[ingest] $BIN/$b not built" >&2; exit 1; }
-done
-# shellcheck source=deploy/bench-lib.sh
-source deploy/bench-lib.sh
+bench_binaries ingest kvd kvd-bench kvdctl kernels_bench storage_bench
 bench_on_exit() {
   if [[ -n "${KVD_BENCH_OUT:-}" ]]; then mkdir -p "$KVD_BENCH_OUT" && cp -r "$work"/. "$KVD_BENCH_OUT"/; fi
 }

@@ -1,10 +1,31 @@
-# Shell functions the benchmark scripts share (sourced by deploy/bench-transport.sh and
-# deploy/bench-peers.sh; not run on its own). The sourcing script sets `work` (a scratch folder
-# it removes) and `BIN` (kvd's binaries) first, and calls bench_cleanup from its EXIT trap;
-# bench_scratch does both the folder and the trap.
+# Shell functions the benchmark scripts share (sourced by every deploy/bench-*.sh; not run on
+# its own). The sourcing script sets `BIN` (kvd's binaries; bench_build_dir does it from the
+# script's first argument), checks what it needs (bench_binaries, bench_tool) and makes its
+# scratch folder `work` with the EXIT trap that stops kvd and removes the folder (bench_scratch).
 
 kvd_pid=""
 bench_bg_pids=()  # other background processes a script started (ucx_perftest servers, peers)
+
+# bench_build_dir [BUILD_DIR]: sets BUILD_DIR (the argument, else $KVD_BUILD_DIR, else build)
+# and BIN ($BUILD_DIR/bin).
+bench_build_dir() {
+  BUILD_DIR=${1:-${KVD_BUILD_DIR:-build}}
+  BIN="$BUILD_DIR/bin"
+}
+
+# bench_binaries TAG NAME...: exits 1 naming the first $BIN/NAME that is not built.
+bench_binaries() {
+  local tag=$1 b
+  shift
+  for b in "$@"; do
+    [[ -x "$BIN/$b" ]] || { echo "[$tag] $BIN/$b not built (run ./deploy/setup.sh)" >&2; exit 1; }
+  done
+}
+
+# bench_tool TAG COMMAND PACKAGE: exits 1 when COMMAND is not on PATH, naming its Debian package.
+bench_tool() {
+  command -v "$2" >/dev/null || { echo "[$1] $2 not found (apt-get install $3)" >&2; exit 1; }
+}
 
 # bench_scratch NAME: makes the scratch folder $work (/tmp/kvd-NAME.XXXXXX) and sets the
 # EXIT/INT/TERM trap bench_exit, so every script cleans up the same way.

@@ -10,7 +10,7 @@
 # destinations as kvd's arena holds values: memcpy_scatter, what a put writes), at 64 KiB, 2 MiB and
 # 32 MiB values, 1 and 4 clients. Prints each measurement,
 # then the medians over rounds and the same-node goals with their per-round ratios and medians
-# (docs/benchmarks.md, "Same-node data path and its peers"). Also the idle daemon's CPU.
+# (docs/benchmarks.md, "Data path and its peers"). Also the idle daemon's CPU.
 #
 # Lookups: every kvd-bench run makes 400 Lookup calls (--lookups 400, going round the run's
 # chunks: a p99 from 400 samples at every size, not from the 6 chunks of a 32 MiB run), and the
@@ -49,8 +49,9 @@
 # x 6) plus kvd's warmup (256 MiB per client, put and read back). Runs ~6-10 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUILD_DIR=${1:-${KVD_BUILD_DIR:-build}}
-BIN="$BUILD_DIR/bin"
+# shellcheck source=deploy/bench-lib.sh
+source deploy/bench-lib.sh
+bench_build_dir "${1:-}"
 ROUNDS=${KVD_PEERS_ROUNDS:-3}
 SIZES=${KVD_PEERS_SIZES:-"65536 2097152 33554432"}
 CLIENTS=${KVD_PEERS_CLIENTS:-"1 4"}
@@ -61,9 +62,7 @@ LOOKUPS=400                 # Lookup calls per kvd-bench run, and ping-pong exch
 TLS=sm,tcp
 REPORT=deploy/bench-peers-report.py
 
-for b in kvd kvd-bench; do
-  [[ -x "$BIN/$b" ]] || { echo "[peers] $BIN/$b not built (run ./deploy/setup.sh)" >&2; exit 1; }
-done
+bench_binaries peers kvd kvd-bench
 
 # ---- resources first: every arena here is small, but the machine may be shared ----
 avail_mib=$(awk '/^MemAvailable:/ {print int($2 / 1024)}' /proc/meminfo)
@@ -78,8 +77,6 @@ if ((shm_mib < 768)); then
 fi
 shm_before=$(ls /dev/shm | sort)
 
-# shellcheck source=deploy/bench-lib.sh
-source deploy/bench-lib.sh
 # What a peer of this run left in /dev/shm (kvd's memfds leave nothing there; UCX and Mooncake
 # may). Runs after bench_cleanup stopped this script's processes, so a name created during the
 # run that no live process still has open or mapped is one of theirs, left behind. A name that

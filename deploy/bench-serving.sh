@@ -14,16 +14,13 @@
 #   KVD_BENCH_RATIOS    the runs (default "off 0.5 0.75 0.9"; off = no policy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN="${1:-build}/bin"
+# shellcheck source=deploy/bench-lib.sh
+source deploy/bench-lib.sh
+bench_build_dir "${1:-}"
+bench_binaries serving kvd kvd-demo
 model=$(./deploy/fetch-models.sh)
 threads=${KVD_BENCH_THREADS:-2}
-work=$(mktemp -d /tmp/kvd-bench-serving.XXXXXX)
-kvd_pid=""
-cleanup() {
-  if [[ -n "$kvd_pid" ]]; then kill -TERM "$kvd_pid" 2>/dev/null || true; wait "$kvd_pid" || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+bench_scratch bench-serving
 
 demo=(--model-file "$model" --text deploy/demo/text.txt --threads "$threads")
 echo "| policy | put ms/chunk | stored B/chunk | get ms/chunk | build/expand ms/chunk | first token from kvd, s | first token with local prefill, s | ppl | top-1 vs full |"
@@ -37,16 +34,12 @@ for p_c in ${KVD_BENCH_RATIOS:-off 0.5 0.75 0.9}; do
   fi
   "$BIN/kvd" --print-default-config |
     sed "0,/^    compression: {.*/s//    compression: $policy/" >"$work/kvd.yaml"
-  rm -f "$work/ready.json"
-  "$BIN/kvd" --config "$work/kvd.yaml" --listen 127.0.0.1:0 --unix "$work/kvd.sock" \
-    --ready-file "$work/ready.json" >"$work/kvd.log" 2>&1 &
-  kvd_pid=$!
-  for _ in $(seq 300); do [[ -s "$work/ready.json" ]] && break; sleep 0.05; done
-  addr=$(sed -n 's/.*"tcp" *: *"\([^"]*\)".*/\1/p' "$work/ready.json")
+  start_kvd --config "$work/kvd.yaml"
+  addr=$kvd_addr
   conn=(--addr "$addr" --ucx-tls sm,tcp --net-devices lo)
   "$BIN/kvd-demo" prefill "${demo[@]}" "${conn[@]}" >"$work/prefill.txt"
   "$BIN/kvd-demo" decode "${demo[@]}" "${conn[@]}" --baseline >"$work/decode.txt"
-  kill -TERM "$kvd_pid"; wait "$kvd_pid" || true; kvd_pid=""
+  stop_kvd
   put=$(awk '/\[prefill\] chunk/ {for (i = 1; i <= NF; i++) if ($i == "ms," || $i == "ms") {s += $(i-1); n++}} END {printf "%.1f", s / n}' "$work/prefill.txt")
   stored=$(awk '/\[prefill\] chunk/ {s += $NF == "B" ? $(NF-1) : 0; n++} END {printf "%d", s / n}' "$work/prefill.txt")
   getms=$(sed -n 's/.*from kvd: get \([0-9.]*\) ms.*/\1/p' "$work/decode.txt")

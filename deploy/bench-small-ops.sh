@@ -20,16 +20,13 @@
 # Memory: kvd's arena is 256 MiB (64 MiB segments); one measurement stores at most 64 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUILD_DIR=${1:-${KVD_BUILD_DIR:-build}}
-BIN="$BUILD_DIR/bin"
-ROUNDS=${KVD_SMALL_ROUNDS:-3}
-COUNT=${KVD_SMALL_COUNT:-1000}
-for b in kvd kvd-bench; do
-  [[ -x "$BIN/$b" ]] || { echo "[small] $BIN/$b not built (run ./deploy/setup.sh)" >&2; exit 1; }
-done
-
 # shellcheck source=deploy/bench-lib.sh
 source deploy/bench-lib.sh
+bench_build_dir "${1:-}"
+ROUNDS=${KVD_SMALL_ROUNDS:-3}
+COUNT=${KVD_SMALL_COUNT:-1000}
+bench_binaries small kvd kvd-bench
+
 bench_scratch small
 results=${KVD_SMALL_RESULTS:-$work/results.tsv}
 : >"$results"

@@ -14,8 +14,9 @@
 # Needs: kvd, kvd-bench built; ucx_perftest (Debian ucx-utils). Exit 0 when every measurement ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUILD_DIR=${1:-${KVD_BUILD_DIR:-build}}
-BIN="$BUILD_DIR/bin"
+# shellcheck source=deploy/bench-lib.sh
+source deploy/bench-lib.sh
+bench_build_dir "${1:-}"
 COUNT=${KVD_BENCH_COUNT:-200}
 TLS=${KVD_BENCH_TLS:-sm,tcp}
 DEPTH=${KVD_BENCH_DEPTH:-1}
@@ -23,13 +24,9 @@ ROUNDS=${KVD_BENCH_ROUNDS:-3}
 CONC=${KVD_BENCH_CONCURRENCY:-1}
 SIZE=2097152
 
-for b in kvd kvd-bench; do
-  [[ -x "$BIN/$b" ]] || { echo "[bench] $BIN/$b not built (run ./deploy/setup.sh)" >&2; exit 1; }
-done
-command -v ucx_perftest >/dev/null || { echo "[bench] ucx_perftest not found (apt-get install ucx-utils)" >&2; exit 1; }
+bench_binaries bench kvd kvd-bench
+bench_tool bench ucx_perftest ucx-utils
 
-# shellcheck source=deploy/bench-lib.sh
-source deploy/bench-lib.sh
 bench_scratch bench
 
 # ---- kvd on its embedded default (llama-3.1-8b: 16 tokens = 2 MiB raw chunk) ----

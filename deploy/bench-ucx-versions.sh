@@ -24,14 +24,11 @@ B113=${1:-build}
 B122=${2:-build-ucx122}
 ROUNDS=${KVD_UCXV_ROUNDS:-3}
 PREFIX=${KVD_UCX_PREFIX:-$(./deploy/fetch-ucx-wheel.sh)}
-for b in "$B113/bin/kvd" "$B113/bin/kvd-bench" "$B122/bin/kvd" "$B122/bin/kvd-bench"; do
-  [[ -x $b ]] || { echo "[ucxv] $b not built" >&2; exit 1; }
-done
-command -v ucx_perftest >/dev/null || { echo "[ucxv] ucx_perftest (ucx-utils) missing" >&2; exit 1; }
-
-BIN=""  # bench-lib's start_kvd runs $BIN/kvd: set per version below
 # shellcheck source=deploy/bench-lib.sh
 source deploy/bench-lib.sh
+for BIN in "$B113/bin" "$B122/bin"; do bench_binaries ucxv kvd kvd-bench; done
+bench_tool ucxv ucx_perftest ucx-utils
+BIN=""  # bench-lib's start_kvd runs $BIN/kvd: set per version below
 bench_scratch ucxv
 results=$work/results.tsv
 

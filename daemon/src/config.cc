@@ -110,53 +110,7 @@ storage::HostTierOptions DaemonConfig::DefaultHostTierOptions() {
   return h;
 }
 
-std::vector<ModelConfig> DaemonConfig::BuiltinModels() {
-  std::vector<ModelConfig> models;
-  {
-    ModelConfig m;
-    m.name = "smollm2-135m";
-    m.layout.num_layers = 30;
-    m.layout.num_kv_heads = 3;
-    m.layout.num_q_heads = 9;
-    m.layout.head_dim = 64;
-    m.layout.dtype = DType::kBFloat16;
-    m.layout.rope.theta = 100000;
-    m.layout.rope.pairing = RopePairing::kInterleaved;
-    m.compression = CompressionPolicy{};  // KeyDiff, p_c 0.5, window 32, sinks 4: the demo's
-    m.compression->score = "keydiff";     // (deploy/configs/default.yaml)
-    models.push_back(m);
-  }
-  {
-    ModelConfig m;
-    m.name = "stories260k";
-    m.layout.num_layers = 5;
-    m.layout.num_kv_heads = 4;
-    m.layout.num_q_heads = 8;
-    m.layout.head_dim = 8;
-    m.layout.dtype = DType::kFloat32;
-    m.layout.rope.theta = 10000;
-    m.layout.rope.pairing = RopePairing::kInterleaved;
-    models.push_back(m);
-  }
-  {
-    ModelConfig m;
-    m.name = "llama-3.1-8b";
-    m.layout.num_layers = 32;
-    m.layout.num_kv_heads = 8;
-    m.layout.num_q_heads = 32;
-    m.layout.head_dim = 128;
-    m.layout.dtype = DType::kBFloat16;
-    m.layout.rope.theta = 500000;
-    m.layout.rope.pairing = RopePairing::kHalves;
-    m.layout.rope.scaling = RopeScaling::kLlama3;
-    m.layout.rope.factor = 8;
-    m.layout.rope.low_freq_factor = 1;
-    m.layout.rope.high_freq_factor = 4;
-    m.layout.rope.original_max_positions = 8192;
-    models.push_back(m);
-  }
-  return models;
-}
+// DaemonConfig::BuiltinModels() is in config_yaml.cc: the embedded default's `models`.
 
 std::string DaemonConfig::ResolvedStateDir() const {
   if (!state_dir.empty()) return state_dir;

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvd/common/logging.h"
 #include "kvd/daemon/config.h"
 
 namespace kvd::daemon {
@@ -494,6 +495,27 @@ int CountDocumentsUpTo2(const std::string& yaml) {
 }
 
 }  // namespace
+
+// The built-in models are the `models` of the embedded default (deploy/configs/default.yaml,
+// compiled in verbatim): written once, there. Parsed on first use; the embedded default is
+// checked by the tests, so a failure here is a broken build and stops the process.
+std::vector<ModelConfig> DaemonConfig::BuiltinModels() {
+  static const std::vector<ModelConfig> models = [] {
+    std::vector<ModelConfig> parsed;
+    Status status;
+    try {
+      YAML::Node root = YAML::Load(std::string(EmbeddedDefaultConfigYaml()));
+      status = BindModels(root["models"], &parsed);
+    } catch (const std::exception& e) {
+      status = Status::Internal(std::string("YAML error: ") + e.what());
+    }
+    if (!status.ok()) {
+      KVD_LOG(FATAL) << "the embedded default config's models do not parse: " << status;
+    }
+    return parsed;
+  }();
+  return models;
+}
 
 StatusOr<DaemonConfig> ParseConfigYaml(std::string_view yaml, std::string_view source) {
   DaemonConfig config;

@@ -10,6 +10,7 @@
 
 #include "kvd/common/hash.h"
 #include "kvd/common/logging.h"
+#include "kvd/common/version.h"
 #include "kvd/proto/convert.h"
 #include "kvd/storage/host_tier.h"
 #include "responses.h"
@@ -29,7 +30,7 @@ std::string Hex64(uint64_t v) {
   return buf;
 }
 
-const char* kDaemonVersion = "kvd 0.1.0";
+const char* kDaemonVersion = "kvd " KVD_VERSION_STRING;
 
 // What the ingest pool did with a compressing put.
 struct Stored {

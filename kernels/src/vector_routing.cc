@@ -1,4 +1,4 @@
-// VECTOR three-way routing (ALGORITHMS.md 4.2) with the exact half-pair budget of vector.h.
+// VECTOR three-way routing (docs/algorithms.md 4.2) with the exact half-pair budget of vector.h.
 #include <algorithm>
 #include <cmath>
 #include <numeric>

@@ -9,7 +9,7 @@
 //   o_r = sum_t E_rt v_t / Z_r   (the exact attention output of the uncompressed head).
 // Replacing the tokens of `removed` (each visible to every window query, i.e. not a window
 // token) by slots (post-RoPE key k_s, value sum V_s, cardinality l_s; served as exp(s) V_s over
-// l_s exp(s), ALGORITHMS.md 1) with everything else kept changes the numerator by
+// l_s exp(s), docs/algorithms.md 1) with everything else kept changes the numerator by
 //   dN_r = sum_s exp(s_rs - m_r) V_s - sum_{t in removed} E_rt v_t
 // and the denominator by dZ_r = sum_s l_s exp(s_rs - m_r) - sum_{t in removed} E_rt, so the new
 // output is o'_r = o_r + (dN_r - o_r dZ_r) / (Z_r + dZ_r), exactly. Compare() returns

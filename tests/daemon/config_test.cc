@@ -72,7 +72,7 @@ TEST(ConfigTest, EmbeddedDefaultRegistersTheThreeModels) {
   EXPECT_EQ(smol->layout.head_dim, 64);
   EXPECT_EQ(smol->layout.dtype, DType::kBFloat16);
   EXPECT_EQ(smol->layout.rope.theta, 100000);
-  // The serving default (docs/quality.md, "The serving default"): KeyDiff eviction, p_c 0.5,
+  // The serving default (docs/quality.md, "Choosing a policy"): KeyDiff eviction, p_c 0.5,
   // 32-token window, 4 sinks; it needs no window queries.
   ASSERT_TRUE(smol->compression.has_value());
   EXPECT_EQ(smol->compression->StagesName(), "keydiff");

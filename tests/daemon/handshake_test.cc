@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "daemon_test_util.h"
+#include "kvd/common/version.h"
 #include "kvd/proto/convert.h"
 
 namespace kvd::daemon::testing {
@@ -32,6 +33,9 @@ TEST_F(HandshakeTest, AdminHelloNeedsNoModelAndHealthWorks) {
   ASSERT_TRUE(ResponseStatus(*reply).ok()) << ResponseStatus(*reply);
   EXPECT_EQ(reply->Root<proto::Response>().getHello().getChunkTokens(), 256u);
   EXPECT_EQ(reply->Root<proto::Response>().getHello().getWorkerAddress().size(), 0u);
+  // The version it names is the build's (project(kvd VERSION ...), kvd/common/version.h).
+  EXPECT_EQ(std::string(reply->Root<proto::Response>().getHello().getDaemonVersion().cStr()),
+            "kvd " KVD_VERSION_STRING);
 
   capnp::MallocMessageBuilder health;
   auto req = health.initRoot<proto::Request>();

@@ -60,9 +60,12 @@ def test_containerfile_is_multistage_portable_and_unprivileged():
 
 def render_helm(chart_dir, release="kvd"):
     """Renders the chart's templates for the constructs it uses ({{ .Values.x }}, .Release.Name,
-    quote, toYaml | nindent, include | sha256sum); anything else fails the test."""
+    quote, default .Chart.AppVersion, toYaml | nindent, include | sha256sum); anything else
+    fails the test."""
     with open(os.path.join(chart_dir, "values.yaml")) as f:
         values = yaml.safe_load(f)
+    with open(os.path.join(chart_dir, "Chart.yaml")) as f:
+        chart = yaml.safe_load(f)
 
     def lookup(path):
         v = values
@@ -77,6 +80,9 @@ def render_helm(chart_dir, release="kvd"):
             text = yaml.safe_dump(lookup(m.group(1)), default_flow_style=False).rstrip()
             pad = " " * int(m.group(2))
             return "\n" + "\n".join(pad + line for line in text.splitlines())
+        m = re.fullmatch(r"\.Values\.([\w.]+) \| default \.Chart\.AppVersion", body)
+        if m:
+            return str(lookup(m.group(1)) or chart["appVersion"])
         m = re.fullmatch(r"\.Values\.([\w.]+)( \| quote)?", body)
         if m:
             v = lookup(m.group(1))
@@ -179,6 +185,33 @@ def test_helm_chart_metadata():
     chart = yaml.safe_load(read("helm", "kvd", "Chart.yaml"))
     assert chart["apiVersion"] == "v2" and chart["name"] == "kvd"
     assert re.fullmatch(r"\d+\.\d+\.\d+", chart["version"])
+
+
+def project_version():
+    """kvd's version: project(kvd VERSION ...) in the top-level CMakeLists.txt, its one source."""
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        m = re.search(r"project\(kvd VERSION (\d+\.\d+\.\d+)", f.read())
+    assert m, "no project(kvd VERSION ...) in CMakeLists.txt"
+    return m.group(1)
+
+
+def test_deployment_files_carry_the_project_version():
+    """YAML cannot read CMake: the chart's version and appVersion, and the plain DaemonSet's
+    image tag, are copies of the project version, checked here (the Helm image tag follows
+    appVersion; the Python package reads CMakeLists.txt itself)."""
+    version = project_version()
+    chart = yaml.safe_load(read("helm", "kvd", "Chart.yaml"))
+    assert chart["version"] == version
+    assert chart["appVersion"] == version
+    for source, docs in (("plain", plain_manifests()),
+                         ("helm", render_helm(os.path.join(DEPLOY, "helm", "kvd")))):
+        (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+        (c,) = ds["spec"]["template"]["spec"]["containers"]
+        assert c["image"] == f"kvd:{version}", source
+    with open(os.path.join(ROOT, "client", "python", "pyproject.toml")) as f:
+        pyproject = f.read()
+    assert re.search(r'^dynamic = \["version"\]', pyproject, re.M)
+    assert 'input = "../../CMakeLists.txt"' in pyproject
 
 
 def test_bad_topology_in_the_check_is_caught(tmp_path):

@@ -61,7 +61,7 @@ class EngineTest : public ::testing::Test {
   std::unique_ptr<LlamaModel> model_;
 };
 
-// ../shared/models/README.md: an independent numpy implementation of run.c, greedy from BOS.
+// Reference ids from an independent numpy implementation of llama2.c's run.c, greedy from BOS.
 TEST_F(EngineTest, GreedyFromBosMatchesReference) {
   const std::vector<int32_t> want = {461, 461, 401, 401, 401, 461, 378, 455, 473, 456, 435, 299,
                                      362, 409, 283, 264, 283, 452, 288, 13,  431, 431, 431, 431,
@@ -212,7 +212,7 @@ TEST_F(EngineTest, CompactCacheWithUnitCardinalityEqualsDense) {
 TEST_F(EngineTest, MergingTwoIdenticalKeysWithLogCardinalityBiasIsExact) {
   // Cache A: the prompt's entries with entry j duplicated in every (layer, head), l = 1 each.
   // Cache B: the same without the duplicate, slot j carrying bias ln 2 (l_j = 2, mean value =
-  // the value itself). Attention over A and B is mathematically identical (ALGORITHMS.md s1).
+  // the value itself). Attention over A and B is mathematically identical (docs/algorithms.md 1).
   const std::vector<int32_t> p = Prompt(18);
   LlamaSession own(*model_);
   ASSERT_TRUE(own.Forward(p).ok());
@@ -252,7 +252,7 @@ TEST_F(EngineTest, MergingTwoIdenticalKeysWithLogCardinalityBiasIsExact) {
 }
 
 TEST_F(EngineTest, DenseExpansionOfAMergedSlotEqualsTheBiasedCompactForm) {
-  // ALGORITHMS.md s1: a slot with l = 2 served as two identical dense entries (same key, mean
+  // docs/algorithms.md 1: a slot with l = 2 served as two identical dense entries (same key, mean
   // value, repeated position) attends exactly like one compact slot with bias ln 2.
   const std::vector<int32_t> p = Prompt(16);
   LlamaSession own(*model_);

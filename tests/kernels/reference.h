@@ -223,7 +223,7 @@ inline std::vector<double> RefAttentionMass(const RefMatrix& queries, int group_
   return mass;
 }
 
-// Attention output over compressed slots, compact form (ALGORITHMS.md 1):
+// Attention output over compressed slots, compact form (docs/algorithms.md 1):
 //   o = sum_j exp(s_j) Vsum_j / sum_j l_j exp(s_j),  s_j = q.k_j * scale.
 inline std::vector<double> RefCompactAttention(std::span<const double> q, const RefMatrix& keys,
                                                const RefMatrix& value_sums,

@@ -49,7 +49,7 @@ TEST(Serving, CompactBiasAndDenseExpansionGiveTheSameAttention) {
       ASSERT_TRUE(SlotAttention(q.View(), dense->keys.View(), dense->values.View(), {}, 0.0f,
                                 expanded.View())
                       .ok());
-      // float64 reference from value SUMS (ALGORITHMS.md 1).
+      // float64 reference from value SUMS (docs/algorithms.md 1).
       RefMatrix sums = ToRef(h.values.View());
       std::vector<double> card(h.cardinality.begin(), h.cardinality.end());
       for (int64_t j = 0; j < s; ++j)

@@ -1,6 +1,9 @@
 """The kvd Python package against a real kvd: connect, hash, lookup, put, get, release, stats,
 zero-copy buffers (buffer protocol and DLPack), and errors carrying the status code."""
 
+import os
+import re
+
 import numpy as np
 import pytest
 
@@ -16,6 +19,14 @@ def engine(daemon, **kw):
 
 def random_chunk(seed):
     return np.random.default_rng(seed).integers(0, 256, CHUNK_BYTES, dtype=np.uint8)
+
+
+def test_version_is_the_projects():
+    # kvd.__version__ comes from the build, which takes it from project(kvd VERSION ...).
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "CMakeLists.txt")) as f:
+        version = re.search(r"project\(kvd VERSION (\d+\.\d+\.\d+)", f.read()).group(1)
+    assert kvd.__version__ == version
 
 
 def test_connect_takes_the_registered_layout(daemon):

@@ -1,5 +1,5 @@
 // kvd-quality-diag: measurements that explain why key merging and VECTOR routing win or lose on a
-// real model (docs/quality.md, "Diagnosis"). Per (layer, KV head), averaged over eval segments:
+// real model (docs/quality.md, "What the results say"). Per (layer, KV head), averaged over eval segments:
 //
 //  - keys: cosine of adjacent pre-RoPE keys (raw, and centred on the head's mean key over the
 //    segment), of keys `far_gap` tokens apart, of adjacent centred values; and of the pairs
@@ -44,7 +44,7 @@ struct DiagnoseOptions {
   int max_calib_prefixes = 32;                // "all" = up to this many calibration prefixes
   // Engine threads of the one session (0 = all cores). Default 1, as kvd-quality's --threads: on
   // a machine shared with other work OpenBLAS's second thread spin-waits and costs more than it
-  // gives (docs/quality.md, "Sizes"); pass --threads 2 (or 0) on free cores.
+  // gives (docs/quality.md, "Running it"); pass --threads 2 (or 0) on free cores.
   int threads = 1;
 
   Status Validate() const;

@@ -31,14 +31,14 @@ struct HarnessOptions {
   std::vector<std::string> text_files;
   // Registry names. The default is every scorer with uniform and AdaKV head budgets, SnapKV and
   // AdaKV + VECTOR, KVSlimmer, the hybrid and the error-aware hybrid; left out to fit the time
-  // limit (docs/quality.md, "Sizes"): keydiff+vector, pyramidkv+vector, kvslimmer_l1_code and
+  // limit (docs/quality.md, "Running it"): keydiff+vector, pyramidkv+vector, kvslimmer_l1_code and
   // pyramidkv_ada (identical to adakv at these sizes). --list-methods shows every registered one.
   std::vector<std::string> methods = {
       "full",        "sink_recent",   "snapkv",       "keydiff",      "pyramidkv", "adakv",
       "keydiff_ada", "snapkv+vector", "adakv+vector", "kvslimmer_l2", "hybrid",    "hybrid_ea"};
   std::vector<double> ratios = {0.5, 0.75, 0.9};  // p_c values, each in [0, 1)
   std::vector<std::string> modes = {kModeOneShot, kModeChunkWise};
-  // Sizes of the default run: docs/quality.md, "Sizes" (estimated from a measured fraction to fit
+  // Sizes of the default run: docs/quality.md, "Running it" (estimated from a measured fraction to fit
   // 20 minutes of CPU on one engine thread).
   int prefix_tokens = 1024;          // compressed prefix length N
   int continuation_tokens = 128;     // scored continuation C (C - 1 predictions per segment)
@@ -61,7 +61,7 @@ struct HarnessOptions {
   std::vector<std::string> paired_against;
   uint32_t seed = 1234;  // passkey digits and positions
   // Engine threads per session. Default 1: on a machine shared with other work OpenBLAS's second
-  // thread spin-waits and costs more than it gives (docs/quality.md, "Sizes"); 0 = all cores.
+  // thread spin-waits and costs more than it gives (docs/quality.md, "Running it"); 0 = all cores.
   int threads = 1;
   // Segments (and passkey prompts) evaluated at once, each worker with its own two engine
   // sessions of `threads` threads; results are summed in segment order, so the report is the

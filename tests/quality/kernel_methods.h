@@ -1,4 +1,4 @@
-// Kernel-backed compression methods of the quality harness (issue 4; ALGORITHMS.md 2-5): each one
+// Kernel-backed compression methods of the quality harness (docs/algorithms.md 2-5): each one
 // runs a kvd::kernels CompressionPlan (score -> select -> merge -> route) over the whole prefix as
 // one raw chunk, then serves the CompactChunk to the engine in its compact form (post-RoPE keys at
 // the representative position, mean values, bias ln l; VECTOR "rebuild me" values rebuilt as

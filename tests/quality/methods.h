@@ -34,7 +34,7 @@ struct PrefixCapture {
 struct CompressedPrefix {
   llama::CompactKvCache cache;
   // Fraction of the raw K+V bytes the method stores, in half-pair units (a kept key is half a
-  // pair, a kept value half; ALGORITHMS.md s0). Negative (default) = count the cache's slots
+  // pair, a kept value half; docs/algorithms.md 0). Negative (default) = count the cache's slots
   // (right when every slot stores its key and value; VECTOR stores fewer values than keys and
   // its rebuilt values are not stored, so it sets this itself).
   double stored_fraction = -1;

@@ -30,7 +30,7 @@ const MethodResult* Row(const HarnessReport& r, const std::string& method, doubl
   return nullptr;
 }
 
-// One of the orderings ALGORITHMS.md / the papers predict, checked on the quick run's data.
+// One of the orderings docs/algorithms.md / the papers predict, checked on the quick run's data.
 struct Claim {
   std::string text;
   bool holds;
@@ -49,7 +49,7 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
   HarnessOptions o = HarnessOptions::Quick();
   o.manifest_path = KVD_QUALITY_DEFAULT_MANIFEST;
   // One engine thread: ctest runs two tests at a time, and OpenBLAS's second thread spin-waits
-  // (sched_yield) on a busy machine; measured in docs/quality.md ("Sizes and the quick run").
+  // (sched_yield) on a busy machine; measured in docs/quality.md ("Running it").
   o.threads = 1;
   // Two workers over the segments and prompts (the default on 2 cores); the end of the test
   // checks that one worker gives the same numbers.

@@ -20,7 +20,7 @@ c.read_in_place(lease_id, index, verify_checksum=True) -> kvd.ChunkView, a read-
 until released; c.reserve_put(hash, tokens) -> kvd.PutSlot, a writable buffer of the reserved
 slot, published by slot.commit() (or c.commit_put(slot)) and aborted when released or collected
 uncommitted; c.flush_releases(). Both are context managers; a buffer exported from one keeps it
-alive (see the README's "Zero-copy reads and writes in Python").
+alive (see docs/python.md, "Zero-copy reads and writes in Python").
 
 KV cache events (for routers): c.subscribe_events(namespace="", queue_limit=0), then
 c.poll_events(timeout_ms) returns a list of dicts shaped like `kvdctl events --json` lines
@@ -35,8 +35,7 @@ from ._errors import *  # noqa: F401,F403
 from ._errors import Error, error_for_code  # noqa: F401
 from ._kvd import (  # noqa: F401
     ChunkView, Client, GetResult, Hash128, LookupResult, PutResult, PutSlot)
-
-__version__ = "0.1.0"
+from ._kvd import __version__  # noqa: F401  (kvd's version, set by the build)
 
 
 def connect(address="127.0.0.1:7400", model="", **options):

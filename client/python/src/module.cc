@@ -159,6 +159,8 @@ kvd::ModelLayout RegisteredLayout(const ClientOptions& engine, const std::string
 
 PYBIND11_MODULE(_kvd, m) {
   m.doc() = "Binding of libkvd_client (use the kvd package)";
+  // kvd's version (project(kvd VERSION ...) in kvd's CMakeLists.txt; client/python/CMakeLists.txt).
+  m.attr("__version__") = KVD_PACKAGE_VERSION;
 
   py::class_<Hash128>(m, "Hash128")
       .def(py::init([](uint64_t hi, uint64_t lo) {

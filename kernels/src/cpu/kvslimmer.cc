@@ -1,5 +1,5 @@
 // KVSlimmer statistics, merge weights, pair ranking/selection and the CPU merge-apply step
-// (kvslimmer.h; ALGORITHMS.md 3.1-3.3). Statistics are accumulated in float64.
+// (kvslimmer.h; docs/algorithms.md 3.1-3.3). Statistics are accumulated in float64.
 #include "kvd/kernels/kvslimmer.h"
 
 #include <algorithm>

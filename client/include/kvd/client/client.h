@@ -171,8 +171,8 @@ struct ClientOptions {
   // answers a lookup, a get or a reserve in a few microseconds, so a short look usually finds
   // the reply and neither pays it. On a 2-vCPU virtual machine the 64 KiB shared-memory get's
   // p50 went from 47-53 to 31-37 us with the two on different CPUs, and did not change with them
-  // on one CPU, where sched_yield lets kvd run (docs/benchmarks.md, "Small operations: a 64 KiB
-  // get in parts"). Costs this thread up to that much CPU per request that kvd answers later
+  // on one CPU, where sched_yield lets kvd run (docs/benchmarks.md, "Small
+  // operations"). Costs this thread up to that much CPU per request that kvd answers later
   // than that (a put that kvd compresses, a busy kvd). While other threads compete for the
   // waiting thread's CPU (a sched_yield took longer than the whole spin: yielding to them would
   // hold the reply until their time slice ends), the next 64 waits sleep at once.

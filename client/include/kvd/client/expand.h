@@ -2,7 +2,7 @@
 // docs/chunk-format.md) into what an engine attends over. The one libkvd_client file family
 // that uses the compression kernels.
 //
-// Two serving forms, both giving the same attention output (ALGORITHMS.md 1):
+// Two serving forms, both giving the same attention output (docs/algorithms.md 1):
 //   (a) compact: per (layer, KV head) S slots with post-RoPE keys, MEAN values (VECTOR-routed
 //       values rebuilt as W RoPE^-1(k, pos)), an additive bias ln(l_j) per slot and its
 //       representative position. For engines whose attention takes a bias.

@@ -273,7 +273,8 @@ struct DaemonConfig {
 
   static transport::TransportOptions DefaultTransportOptions();
   static storage::HostTierOptions DefaultHostTierOptions();
-  // smollm2-135m, stories260k, llama-3.1-8b (see deploy/configs/default.yaml for the values).
+  // The `models` of the embedded default, deploy/configs/default.yaml (smollm2-135m,
+  // stories260k, llama-3.1-8b), where they are written (parsed from it on first use).
   static std::vector<ModelConfig> BuiltinModels();
 };
 

@@ -1,4 +1,4 @@
-// KeyDiff scores (ALGORITHMS.md 2, query-agnostic): anchor = mean_i(k_i / |k_i|),
+// KeyDiff scores (docs/algorithms.md 2, query-agnostic): anchor = mean_i(k_i / |k_i|),
 // score_i = -cos(k_i, anchor). Keys most similar to the anchor score lowest and go first.
 //
 // Zero-norm keys: REJECTED with INVALID_ARGUMENT "zero-norm key" (a key whose squared norm is

@@ -1,4 +1,4 @@
-// KVSlimmer key merging (ALGORITHMS.md 3): merge ADJACENT slots of one KV head, keys by a
+// KVSlimmer key merging (docs/algorithms.md 3): merge ADJACENT slots of one KV head, keys by a
 // closed-form weighted average in the pre-RoPE space, values by addition with a cardinality, in
 // rounds of disjoint pairs until an exact slot budget is met. Sinks and the window are never
 // merged. One SlotSet holds one KV head; the *Heads forms run heads in parallel.

@@ -2,7 +2,7 @@
 //
 // For one KV head with G query heads, queries Q[W*G, d] (row w*G + g = window query w of query
 // head g, post-RoPE), keys K[N, d] (post-RoPE) and an optional additive bias b[N] (ln l_j for
-// merged slots, ALGORITHMS.md 1):
+// merged slots, docs/algorithms.md 1):
 //   P[w, g, j] = softmax_j( Q[w*G+g] . K[j] * scale + b[j] )   over the keys visible to query w
 //   mass[j]    = sum_{w, g} P[w, g, j]          (mean = mass / (W*G); see MassMean)
 // scale defaults to 1/sqrt(d). Visibility (MaskKind):

@@ -1,4 +1,4 @@
-// Compression plans (ALGORITHMS.md 5): score -> select -> merge -> route, each stage optional,
+// Compression plans (docs/algorithms.md 5): score -> select -> merge -> route, each stage optional,
 // turning one raw chunk (engine layout of common/layout.h) into a CompactChunk.
 //
 // Stages and what each combination does, per (layer, KV head) of N tokens:

@@ -1,4 +1,4 @@
-// PyramidKV layer budgets (ALGORITHMS.md 2): more tokens for lower layers, same total.
+// PyramidKV layer budgets (docs/algorithms.md 2): more tokens for lower layers, same total.
 //   C = W + N (1 - p_c);  min = (C - W) / beta;  max = 2 (C - W) - min
 //   if max >= N - W: max = N - W, min = 2 (C - W) - max
 //   budget(l) = round(max - l (max - min) / (L - 1))

@@ -1,6 +1,6 @@
-// Token selection shared by the base scorers (ALGORITHMS.md 2): given per-token scores (higher =
-// more important), keep the sinks (first S tokens), the window (last W tokens) and the best of the
-// rest, up to an exact budget. See snapkv.h, keydiff.h and pyramidkv.h for the scores.
+// Token selection shared by the base scorers (docs/algorithms.md 2): given per-token scores
+// (higher = more important), keep the sinks (first S tokens), the window (last W tokens) and the
+// best of the rest, up to an exact budget. See snapkv.h, keydiff.h and pyramidkv.h for the scores.
 #pragma once
 
 #include <cstdint>

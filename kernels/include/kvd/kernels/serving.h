@@ -1,5 +1,5 @@
-// Serving a compact chunk (ALGORITHMS.md 1): the compact form (keys, mean values, a per-slot bias
-// ln l_j) for engines whose attention takes an additive bias, and the dense expansion (slot j
+// Serving a compact chunk (docs/algorithms.md 1): the compact form (keys, mean values, a per-slot
+// bias ln l_j) for engines whose attention takes an additive bias, and the dense expansion (slot j
 // repeated l_j times with its mean value) for engines that cannot take one. Both give the same
 // attention output:
 //   softmax_j(s_j + ln l_j) . mean_j  ==  sum_j l_j exp(s_j) mean_j / sum_j l_j exp(s_j).

@@ -1,5 +1,5 @@
-// SnapKV scores (ALGORITHMS.md 2): mean attention of the window queries on each key, smoothed by
-// a 1-D pool; the window tokens score +Inf (always kept, counted in the budget).
+// SnapKV scores (docs/algorithms.md 2): mean attention of the window queries on each key, smoothed
+// by a 1-D pool; the window tokens score +Inf (always kept, counted in the budget).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// VECTOR value routing (ALGORITHMS.md section 4): calibration of a per-(layer, KV head) linear map
+// VECTOR value routing (docs/algorithms.md 4): calibration of a per-(layer, KV head) linear map
 // W with v ~= W kpre (or the affine map v ~= W kpre + b), residuals, three-way routing with an
 // exact half-pair budget, value rebuild.
 //
@@ -182,7 +182,7 @@ Status RebuildValues(ConstMatrixView kpre, const VectorHeadFit& fit, MatrixView 
                      const ExecOptions& exec = {});
 
 // ---------------------------------------------------------------------------------------------
-// Three-way routing (ALGORITHMS.md 4.2)
+// Three-way routing (docs/algorithms.md 4.2)
 // ---------------------------------------------------------------------------------------------
 
 enum class RouteDecision : uint8_t {

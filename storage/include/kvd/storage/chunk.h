@@ -2,7 +2,7 @@
 //
 // A chunk holds the KV of `chunk_tokens` consecutive tokens (default 256) of one model layout, in
 // one codec (raw or a compressed form). Its key names everything that must match for two chunks
-// to be interchangeable (see DESIGN.md "Addressing").
+// to be interchangeable (see docs/architecture.md "Addressing").
 #pragma once
 
 #include <cstddef>

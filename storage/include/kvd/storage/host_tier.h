@@ -1,7 +1,7 @@
 // HostTier: the host-memory tier. Chunks live in ONE caller-provided region (an arena); the tier
 // is the chunk index for that memory, with LRU eviction, two-phase writes and read leases.
 //
-// Write protocol (DESIGN.md "Write and read protocol"):
+// Write protocol (docs/architecture.md "Writes and reads"):
 //   Reserve(key, bytes, ...) -> Reservation {id, offset, data}: space is taken, the chunk is
 //       INVISIBLE (Lookup/Get do not see it). The bytes are written at `data` (by memcpy or by a
 //       remote peer's RMA into the region at `offset`).

@@ -21,7 +21,7 @@ struct DenseLayerKv {
 struct DenseKvCache {
   int num_tokens = 0;  // N
   // [N] original position of each entry, non-decreasing: a dense expansion of merged slots
-  // (ALGORITHMS.md s1: slot j repeated l_j times) repeats the slot's representative position.
+  // (docs/algorithms.md 1: slot j repeated l_j times) repeats the slot's representative position.
   // Informational for attention (keys are already rotated); checked against next_position.
   std::vector<int32_t> positions;
   int next_position = 0;             // position of the next token; >= positions.back() + 1
@@ -33,7 +33,7 @@ struct DenseKvCache {
 
 // The compact form of compressed caches: per layer AND per KV head a variable number of slots.
 // Slot j of head h attends as softmax_j(q.k_j / sqrt(d) + bias_j) . v_j, where bias_j = ln(l_j)
-// for a slot standing for l_j merged tokens and v_j is their MEAN value (ALGORITHMS.md section 1).
+// for a slot standing for l_j merged tokens and v_j is their MEAN value (docs/algorithms.md 1).
 struct CompactHeadKv {
   int num_slots = 0;        // S (may differ between heads and layers; may be 0)
   std::vector<float> k;     // [S, head_dim], post-RoPE
