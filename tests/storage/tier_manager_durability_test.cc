@@ -7,19 +7,17 @@
 
 #include <condition_variable>
 #include <cstring>
-#include <filesystem>
 #include <future>
 #include <mutex>
-#include <random>
 
 #include "disk_tier_faults.h"
 #include "kvd/storage/tier_manager.h"
+#include "host_disk_fixture.h"
 #include "test_util.h"
 
 namespace kvd::storage {
 namespace {
 
-using testing::AlignedRegion;
 using testing::MakeKey;
 using testing::RandomBytes;
 
@@ -64,29 +62,13 @@ struct Acknowledged {
   bool on_disk = false;   // the chunk was on disk when the writer was acknowledged
 };
 
-class TierManagerDurabilityTest : public ::testing::Test {
+class TierManagerDurabilityTest : public testing::HostDiskFixture {
  protected:
+  TierManagerDurabilityTest() : HostDiskFixture(16 * kChunk) {}
   void SetUp() override {
-    std::random_device rd;
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kvd_durability_test_" + std::to_string(rd()) + std::to_string(rd()));
-    auto host = HostTier::Create(HostTierOptions{}, region_.span());
-    ASSERT_TRUE(host.ok());
-    host_ = std::move(host).value();
-    DiskTierOptions o;
-    o.path = (dir_ / "db").string();
-    auto d = DiskTier::Open(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    disk_ = std::move(d).value();
+    HostDiskFixture::SetUp();
     DiskTierInternals::SetWriteHook(*disk_, [this](const ChunkKey& k) { return held_.OnWrite(k); });
-    auto m = TierManager::Create(TierManagerOptions{}, host_.get(), disk_.get());
-    ASSERT_TRUE(m.ok()) << m.status();
-    manager_ = std::move(m).value();
-  }
-  void TearDown() override {
-    manager_.reset();
-    disk_.reset();
-    std::filesystem::remove_all(dir_);
+    CreateManager(TierManagerOptions{});
   }
 
   // One put of `bytes` under `key`, as the daemon runs it for a client.
@@ -102,11 +84,6 @@ class TierManagerDurabilityTest : public ::testing::Test {
     return {Status::Ok(), disk_->Contains(key)};
   }
 
-  std::filesystem::path dir_;
-  AlignedRegion region_{16 * kChunk};
-  std::unique_ptr<HostTier> host_;
-  std::unique_ptr<DiskTier> disk_;
-  std::unique_ptr<TierManager> manager_;
   HeldWrite held_;
 };
 

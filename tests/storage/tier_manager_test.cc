@@ -12,12 +12,12 @@
 #include <thread>
 #include <utility>
 
+#include "host_disk_fixture.h"
 #include "test_util.h"
 
 namespace kvd::storage {
 namespace {
 
-using testing::AlignedRegion;
 using testing::ChainRequest;
 using testing::Contains;
 using testing::MakeKey;
@@ -27,41 +27,16 @@ using testing::Recorder;
 
 constexpr size_t kChunk = 1024;
 
-class TierManagerTest : public ::testing::Test {
+class TierManagerTest : public testing::HostDiskFixture {
  protected:
+  TierManagerTest() : HostDiskFixture(8 * kChunk) {}
   void SetUp() override {
-    std::random_device rd;
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kvd_tier_manager_test_" + std::to_string(rd()) + std::to_string(rd()));
-    auto host = HostTier::Create(HostTierOptions{}, region_.span());
-    ASSERT_TRUE(host.ok());
-    host_ = std::move(host).value();
-    OpenDisk();
+    HostDiskFixture::SetUp();
     TierManagerOptions o;
     o.high_watermark = 0.75;  // 6 of 8 chunks
     o.low_watermark = 0.5;    // 4 of 8
-    auto m = TierManager::Create(o, host_.get(), disk_.get());
-    ASSERT_TRUE(m.ok()) << m.status();
-    manager_ = std::move(m).value();
+    CreateManager(o);
   }
-  void TearDown() override {
-    manager_.reset();
-    disk_.reset();
-    std::filesystem::remove_all(dir_);
-  }
-  void OpenDisk() {
-    DiskTierOptions o;
-    o.path = (dir_ / "db").string();
-    auto d = DiskTier::Open(o);
-    ASSERT_TRUE(d.ok()) << d.status();
-    disk_ = std::move(d).value();
-  }
-
-  std::filesystem::path dir_;
-  AlignedRegion region_{8 * kChunk};
-  std::unique_ptr<HostTier> host_;
-  std::unique_ptr<DiskTier> disk_;
-  std::unique_ptr<TierManager> manager_;
 };
 
 TEST_F(TierManagerTest, RejectsBadOptions) {
