@@ -56,10 +56,12 @@ struct Hash128 {
 }
 
 # A failed request. `code` is kvd::StatusCode (common/status.h); `message` says exactly what
-# was wrong (which field, which value, which limit).
+# was wrong (which field, which value, which limit), for people; `reason` is kvd::Reason, what a
+# program may branch on beyond the code (0: none; older daemons send none).
 struct Error {
   code @0 :UInt16;
   message @1 :Text;
+  reason @2 :UInt16;
 }
 
 enum Role {
@@ -119,6 +121,8 @@ struct HelloReply {
   reserveAhead @18 :Bool;           # shared-memory sessions of a model without a compression
                                     # policy: the daemon takes Commit.reserveNext, Commit.chunk and
                                     # Reserve.abortFirst (older daemons: false; see Commit)
+  inlinePut @19 :Bool;              # the daemon takes Request.inlinePut (older daemons: false,
+                                    # and clients put in three steps)
 }
 
 # Where the bytes of a reservation or read lie in the daemon's shared-memory arena (sessions with

@@ -125,6 +125,7 @@ Status ClientImpl::Handshake() {
     session_.shared_memory = h.getSharedMemory();
     session_.read_only = h.getReadOnly();
     session_.releases_on_requests = h.getReleasesOnRequests();
+    session_.inline_put = h.getInlinePut();
     lease_releases_on_requests_ = h.getLeaseReleasesOnRequests();
     reserve_ahead_offered_ = h.getReserveAhead();
     session_.codec_id = h.getCodecId();
@@ -344,24 +345,15 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunksLocked(std::span<const Put
     Status first_error = plain_out.ok() ? device_out.status() : plain_out.status();
     // Every inline reply is read, even after a failure, so none is left behind unread.
     std::vector<PutResult> part(n);
-    std::vector<size_t> refused;  // inline puts an older kvd did not know: put again below
     for (size_t j = 0, p = 0, d = 0; j < n; ++j) {
       if (is_inline[j]) {
-        bool was_refused = false;
-        Status s = AwaitInlinePutLocked(inline_req[j], window[j], &part[j], &was_refused);
+        Status s = AwaitInlinePutLocked(inline_req[j], window[j], &part[j]);
         if (!s.ok() && first_error.ok()) first_error = s;
-        if (was_refused) refused.push_back(j);
       } else if (first_error.ok()) {
         part[j] = over_nccl[j] ? (*device_out)[d++] : (*plain_out)[p++];
       }
     }
     KVD_RETURN_IF_ERROR(first_error);
-    if (!refused.empty()) {  // inline_put_refused_ is set now: these take the three steps
-      std::vector<PutItem> again;
-      for (size_t j : refused) again.push_back(window[j]);
-      KVD_ASSIGN_OR_RETURN(std::vector<PutResult> redone, PutChunksLocked(again));
-      for (size_t k = 0; k < refused.size(); ++k) part[refused[k]] = redone[k];
-    }
     out.insert(out.end(), part.begin(), part.end());
   }
   return out;

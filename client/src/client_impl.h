@@ -124,12 +124,9 @@ class ClientImpl final : public Client {
   // Sends `it` as one InlinePut frame (its bytes and window queries copied into the frame,
   // device bytes through host staging first) without waiting. Returns the request id.
   StatusOr<uint64_t> SendInlinePutLocked(const PutItem& it);
-  // Waits for the reply of an InlinePut and fills `out` (error: the daemon's, as sent). A kvd
-  // older than InlinePut answers it with INVALID_ARGUMENT "unknown request kind": then this
-  // sets *refused and inline_put_refused_ (every later put of this client takes the three
-  // steps), leaves `out` alone and returns OK; the caller puts the chunk again in three steps.
-  Status AwaitInlinePutLocked(uint64_t request_id, const PutItem& it, PutResult* out,
-                              bool* refused);
+  // Waits for the reply of an InlinePut and fills `out` (error: the daemon's, as sent). Sent
+  // only to a daemon that announced HelloReply.inlinePut.
+  Status AwaitInlinePutLocked(uint64_t request_id, const PutItem& it, PutResult* out);
   // Phase 1 of a put window, shared by the UCX and shared-memory paths: checks every item
   // (INVALID_ARGUMENT for null data or a raw byte count the layout does not give) and sends
   // one Reserve per item without waiting. Returns the request ids, in item order.
@@ -303,9 +300,6 @@ class ClientImpl final : public Client {
   // Host copies of device bytes received over the NCCL link, for their checksums.
   std::vector<StagingBuffer> nccl_staging_;  // GUARDED_BY(mu_)
   std::vector<uint8_t> inline_staging_;      // device bytes of an InlinePut; GUARDED_BY(mu_)
-  // kvd answered an InlinePut with "unknown request kind" (it predates InlinePut): every put
-  // of this client takes the three steps. GUARDED_BY(mu_)
-  bool inline_put_refused_ = false;
   // VECTOR weights by version (GetVectorWeights); GUARDED_BY(mu_)
   std::map<uint64_t, std::shared_ptr<const std::vector<uint8_t>>> weights_;
   bool subscribed_ = false;  // GUARDED_BY(mu_)

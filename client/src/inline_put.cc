@@ -18,13 +18,6 @@ namespace {
 // whose bytes plus this exceed the daemon's frame limit takes the three steps.
 constexpr size_t kInlineFrameOverhead = 1024;
 
-// How a kvd that predates InlinePut answers it (daemon/src/session_data.cc: a request kind its
-// schema does not know). Nothing else answers INVALID_ARGUMENT with this text.
-bool IsUnknownRequestKind(const Status& s) {
-  return s.code() == StatusCode::kInvalidArgument &&
-         s.message().rfind("unknown request kind", 0) == 0;
-}
-
 }  // namespace
 
 bool ClientImpl::InlineEligible(const PutItem& it) const {
@@ -32,7 +25,7 @@ bool ClientImpl::InlineEligible(const PutItem& it) const {
   const size_t limit = session_.shared_memory
                            ? std::min(options_.inline_put_bytes, options_.shm_inline_put_bytes)
                            : options_.inline_put_bytes;
-  return limit > 0 && !inline_put_refused_ && bytes <= limit && !options_.test_before_commit &&
+  return limit > 0 && session_.inline_put && bytes <= limit && !options_.test_before_commit &&
          bytes + kInlineFrameOverhead <= static_cast<size_t>(session_.max_frame_bytes);
 }
 
@@ -63,23 +56,9 @@ StatusOr<uint64_t> ClientImpl::SendInlinePutLocked(const PutItem& it) {
   });
 }
 
-Status ClientImpl::AwaitInlinePutLocked(uint64_t request_id, const PutItem& it, PutResult* out,
-                                        bool* refused) {
-  *refused = false;
+Status ClientImpl::AwaitInlinePutLocked(uint64_t request_id, const PutItem& it, PutResult* out) {
   auto reply = channel_->Await(request_id);
-  if (!reply.ok()) {
-    if (IsUnknownRequestKind(reply.status())) {
-      if (!inline_put_refused_) {
-        KVD_LOG(WARNING) << "kvd does not know one-exchange puts (older kvd): puts of this "
-                            "client take three steps from now on"
-                         << Kv("daemon_version", session_.daemon_version);
-      }
-      inline_put_refused_ = true;
-      *refused = true;
-      return Status::Ok();
-    }
-    return reply.status().WithContext("inline put");
-  }
+  if (!reply.ok()) return reply.status().WithContext("inline put");
   return proto::TryDecode([&]() -> Status {
     auto r = (*reply)->Root<proto::Response>();
     if (!r.isCommit()) {

@@ -38,6 +38,20 @@ std::string_view StatusCodeName(StatusCode code) {
   return "UNKNOWN";
 }
 
+std::string_view ReasonName(Reason reason) {
+  switch (reason) {
+    case Reason::kNone:
+      return "NONE";
+    case Reason::kDedup:
+      return "DEDUP";
+    case Reason::kZeroNormKey:
+      return "ZERO_NORM_KEY";
+    case Reason::kQuotaExceeded:
+      return "QUOTA_EXCEEDED";
+  }
+  return "UNKNOWN";
+}
+
 std::string Status::ToString() const {
   if (ok()) return "OK";
   std::string s(StatusCodeName(code_));
@@ -51,7 +65,7 @@ Status Status::WithContext(std::string_view context) const {
   std::string m(context);
   m += ": ";
   m += message_;
-  return Status(code_, std::move(m));
+  return Status(code_, std::move(m), reason_);
 }
 
 std::ostream& operator<<(std::ostream& os, const Status& s) { return os << s.ToString(); }

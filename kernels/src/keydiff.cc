@@ -47,8 +47,10 @@ Status KeyDiffScores(ConstMatrixView keys, std::span<float> scores, const ExecOp
     default:
       return Status::InvalidArgument("KeyDiffScores: unknown backend");
   }
-  return Status::InvalidArgument("keydiff: zero-norm key at row " + std::to_string(bad_row) +
-                                 " (a key with no direction cannot be scored)");
+  return Status(StatusCode::kInvalidArgument,
+                "keydiff: zero-norm key at row " + std::to_string(bad_row) +
+                    " (a key with no direction cannot be scored)",
+                Reason::kZeroNormKey);
 }
 
 StatusOr<std::vector<int32_t>> KeyDiffBlockwiseSelect(ConstMatrixView keys, int64_t budget,
@@ -85,11 +87,11 @@ StatusOr<std::vector<int32_t>> KeyDiffBlockwiseSelect(ConstMatrixView keys, int6
     Status st = KeyDiffScores(cand_keys.View(), scores, exec);
     if (!st.ok()) {
       // Rows of the candidate set are renumbered: name the original token instead.
-      return st.code() == StatusCode::kInvalidArgument &&
-                     st.message().find("zero-norm") != std::string::npos
-                 ? Status::InvalidArgument("keydiff: zero-norm key in block starting at token " +
-                                           std::to_string(b0) + " (" + st.message() +
-                                           " of the candidates)")
+      return st.reason() == Reason::kZeroNormKey
+                 ? Status(StatusCode::kInvalidArgument,
+                          "keydiff: zero-norm key in block starting at token " +
+                              std::to_string(b0) + " (" + st.message() + " of the candidates)",
+                          Reason::kZeroNormKey)
                  : st;
     }
     SelectionOptions sel;

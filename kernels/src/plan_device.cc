@@ -110,14 +110,14 @@ StatusOr<DevicePlanBudget> ComputeDevicePlanBudget(const CompressionPlanOptions&
 }
 
 Status CheckDevicePlanDevice(int device) {
-  if (device < 0) return Status::InvalidArgument("DevicePlan: device must be >= 0");
+  if (device < 0) return Status::InvalidArgument("CUDA device must be >= 0, got " + std::to_string(device));
 #if KVD_HAVE_CUDA
   if (std::string why = CudaDeviceUnavailable(device); !why.empty()) {
-    return Status::Unavailable("DevicePlan: " + why);
+    return Status::Unavailable(why);
   }
   return Status::Ok();
 #else
-  return Status::Unimplemented("DevicePlan: built without CUDA (this build has no CUDA kernels)");
+  return Status::Unimplemented("built without CUDA (this build has no CUDA kernels)");
 #endif
 }
 

@@ -111,6 +111,7 @@ void ToProto(const kvd::Status& s, Error::Builder out) {
   // Messages may echo client input (names, Cap'n Proto exception text): the wire carries valid
   // UTF-8 only (Cap'n Proto Text), bad bytes become U+FFFD.
   out.setMessage(ValidUtf8(s.message()));
+  out.setReason(static_cast<uint16_t>(s.reason()));
 }
 
 kvd::Status FromProto(Error::Reader in) {
@@ -121,7 +122,11 @@ kvd::Status FromProto(Error::Reader in) {
   if (code == 0 || code > static_cast<uint16_t>(kvd::StatusCode::kPermissionDenied)) {
     return kvd::Status::Internal("unknown error code " + std::to_string(code) + ": " + message);
   }
-  return kvd::Status(static_cast<kvd::StatusCode>(code), message);
+  const uint16_t reason = in.getReason();  // one this build does not know: none
+  return kvd::Status(static_cast<kvd::StatusCode>(code), message,
+                     reason <= static_cast<uint16_t>(kvd::Reason::kQuotaExceeded)
+                         ? static_cast<kvd::Reason>(reason)
+                         : kvd::Reason::kNone);
 }
 
 }  // namespace kvd::proto

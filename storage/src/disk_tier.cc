@@ -346,7 +346,7 @@ Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
     s.pending_done_.wait(lock, [&] { return s.pending_.count(key) == 0; });
     if (s.index_.count(key) != 0) {
       s.counters_.dedup_puts++;
-      return Status::AlreadyExists("dedup: chunk " + key.ToString() + " is already on disk");
+      return DedupStatus("chunk " + key.ToString() + " is already on disk");
     }
     while (s.used_bytes_ + s.pending_bytes_ + bytes.size() > s.options_.capacity_bytes &&
            !s.lru_.empty()) {

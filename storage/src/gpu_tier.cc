@@ -137,7 +137,7 @@ class GpuTier::Impl {
     std::lock_guard<std::mutex> lock(mu);
     if (index.count(key) != 0) {
       dedup_puts++;
-      return Status::AlreadyExists("dedup: " + key.ToString() + " is already in the gpu tier");
+      return DedupStatus(key.ToString() + " is already in the gpu tier");
     }
     std::optional<uint64_t> offset = arena.Allocate(bytes);
     if (!offset) return Status::ResourceExhausted(FullMessageLocked(bytes));

@@ -22,15 +22,10 @@ int64_t Deadline(int64_t now, std::chrono::milliseconds ttl) {
 }
 
 Status DedupStatus(const ChunkKey& key) {
-  return Status::AlreadyExists("dedup: chunk " + key.ToString() +
-                               " is already stored; skip sending it");
+  return storage::DedupStatus("chunk " + key.ToString() + " is already stored; skip sending it");
 }
 
 }  // namespace
-
-bool IsDedup(const Status& status) {
-  return status.code() == StatusCode::kAlreadyExists && status.message().rfind("dedup:", 0) == 0;
-}
 
 // ---------------------------------------------------------------- Impl helpers
 

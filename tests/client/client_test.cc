@@ -152,7 +152,9 @@ TEST_F(ClientTest, PipelinesMoreChunksThanTheWindow) {
   ExpectChainReadsBack(*c, chain, data);
 }
 
-TEST_F(ClientTest, KvdWithoutInlinePutGetsThreeStepPutsAndIsRemembered) {
+// A kvd that does not announce HelloReply.inlinePut (older, or protocol.inline_put off) never
+// gets an InlinePut, although every put here is small enough and its frame limit allows one.
+TEST_F(ClientTest, KvdWithoutInlinePutGetsThreeStepPuts) {
   FakeDaemonBehavior b;
   b.predates_inline_put = true;
   Start(b);
@@ -172,24 +174,22 @@ TEST_F(ClientTest, KvdWithoutInlinePutGetsThreeStepPutsAndIsRemembered) {
     EXPECT_EQ(r.bytes, bytes);
     EXPECT_FALSE(r.already_stored);
   }
-  // The first window (3 puts, pipelined) went inline and was refused; those 3 and the next
-  // window's 2 took the three steps.
-  EXPECT_EQ(daemon_->seen("inline_put"), 3);
+  EXPECT_FALSE(c->session().inline_put);
+  EXPECT_EQ(daemon_->seen("inline_put"), 0);
   EXPECT_EQ(daemon_->seen("reserve"), 5);
   EXPECT_EQ(daemon_->seen("commit"), 5);
   EXPECT_EQ(daemon_->stored_chunks(), 5u);
-  // Remembered: later puts do not try inline again.
   auto one = c->Put(chain[5], 32, data[5].data(), bytes);
   ASSERT_TRUE(one.ok()) << one.status();
   std::vector<PutItem> more = {{chain[6], 32, data[6].data(), bytes},
                                {chain[7], 32, data[7].data(), bytes}};
   ASSERT_TRUE(c->PutChunks(more).ok());
-  EXPECT_EQ(daemon_->seen("inline_put"), 3);
+  EXPECT_EQ(daemon_->seen("inline_put"), 0);
   EXPECT_EQ(daemon_->seen("commit"), 8);
   ExpectChainReadsBack(*c, chain, data);
 }
 
-TEST_F(ClientTest, KvdWithoutInlinePutFallsBackForASinglePut) {
+TEST_F(ClientTest, KvdWithoutInlinePutTakesASinglePutInThreeSteps) {
   FakeDaemonBehavior b;
   b.predates_inline_put = true;
   Start(b);
@@ -200,13 +200,13 @@ TEST_F(ClientTest, KvdWithoutInlinePutFallsBackForASinglePut) {
   auto put = c->Put(Hash128{9, 9}, 32, data.data(), bytes);
   ASSERT_TRUE(put.ok()) << put.status();
   EXPECT_EQ(put->bytes, bytes);
-  EXPECT_EQ(daemon_->seen("inline_put"), 1);
+  EXPECT_EQ(daemon_->seen("inline_put"), 0);
   EXPECT_EQ(daemon_->seen("commit"), 1);
-  // A duplicate now goes straight to Reserve, which reports it stored.
+  // A duplicate goes to Reserve, which reports it stored.
   auto again = c->Put(Hash128{9, 9}, 32, data.data(), bytes);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(again->already_stored);
-  EXPECT_EQ(daemon_->seen("inline_put"), 1);
+  EXPECT_EQ(daemon_->seen("inline_put"), 0);
 }
 
 TEST_F(ClientTest, PerLayerPutAndGet) {

@@ -26,8 +26,8 @@ struct FakeDaemonBehavior {
   std::string refuse_hello;    // non-empty: refuse Hello with FAILED_PRECONDITION and this text
   bool get_not_found = false;  // Get replies NOT_FOUND and sends nothing
   bool corrupt_get = false;    // Get flips one byte of what it sends (checksum stays the true one)
-  // Answer like a kvd that predates InlinePut: HelloReply carries maxFrameBytes (so the client
-  // sends small puts inline) and every InlinePut gets that kvd's "unknown request kind" error.
+  // Answer like a kvd that predates InlinePut: HelloReply carries maxFrameBytes (a frame limit
+  // that would allow small puts inline) but not inlinePut.
   bool predates_inline_put = false;
 };
 

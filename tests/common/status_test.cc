@@ -25,6 +25,20 @@ TEST(StatusTest, CodesAndMessages) {
   EXPECT_TRUE(Status::Ok().WithContext("x").ok());
 }
 
+TEST(StatusTest, ReasonsSurviveContextAndNeverOk) {
+  const Status dedup(StatusCode::kAlreadyExists, "chunk x is already stored", Reason::kDedup);
+  EXPECT_EQ(dedup.reason(), Reason::kDedup);
+  EXPECT_EQ(dedup.WithContext("commit").reason(), Reason::kDedup);
+  EXPECT_EQ(dedup.WithContext("commit").message(), "commit: chunk x is already stored");
+  EXPECT_EQ(Status::AlreadyExists("chunk x is already stored").reason(), Reason::kNone);
+  EXPECT_FALSE(dedup == Status::AlreadyExists("chunk x is already stored"));
+  EXPECT_EQ(Status::InvalidArgument("x").WithReason(Reason::kZeroNormKey).reason(),
+            Reason::kZeroNormKey);
+  EXPECT_EQ(Status(StatusCode::kOk, "", Reason::kDedup).reason(), Reason::kNone);
+  EXPECT_EQ(Status::Ok().WithReason(Reason::kDedup).reason(), Reason::kNone);
+  EXPECT_EQ(ReasonName(Reason::kQuotaExceeded), "QUOTA_EXCEEDED");
+}
+
 TEST(StatusTest, AssignOrReturnPropagates) {
   int out = 0;
   EXPECT_TRUE(Chain(8, &out).ok());

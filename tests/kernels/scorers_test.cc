@@ -232,6 +232,8 @@ TEST(KeyDiffTest, ZeroNormKeysAreRejectedAndCancellingKeysScoreZero) {
   auto b = KeyDiffBlockwiseSelect(k.View(), 3, opt);
   EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(b.status().message(), HasSubstr("zero-norm key in block starting at token 4"));
+  EXPECT_EQ(s.reason(), Reason::kZeroNormKey);
+  EXPECT_EQ(b.status().reason(), Reason::kZeroNormKey);
   Matrix pair = testing::RandomMatrix(2, 64, 2);
   for (int c = 0; c < 64; ++c) pair.Row(1)[c] = -pair.Row(0)[c];
   std::vector<float> two(2, 7.0f);

@@ -56,8 +56,25 @@ TEST(ConvertTest, StatusRoundTrip) {
   kvd::Status s = FromProto(e.asReader());
   EXPECT_EQ(s.code(), StatusCode::kDataLoss);
   EXPECT_EQ(s.message(), "checksum mismatch");
+  EXPECT_EQ(s.reason(), kvd::Reason::kNone);
   e.setCode(999);
   EXPECT_EQ(FromProto(e.asReader()).code(), StatusCode::kInternal);
+}
+
+// A reason crosses the wire; one this build does not know arrives as none, the code kept.
+TEST(ConvertTest, StatusReasonRoundTrip) {
+  capnp::MallocMessageBuilder b;
+  auto e = b.initRoot<Error>();
+  ToProto(kvd::Status(StatusCode::kResourceExhausted, "namespace a: 2 GiB stored",
+                      kvd::Reason::kQuotaExceeded),
+          e);
+  kvd::Status s = FromProto(e.asReader());
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.reason(), kvd::Reason::kQuotaExceeded);
+  e.setReason(4000);
+  s = FromProto(e.asReader());
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.reason(), kvd::Reason::kNone);
 }
 
 }  // namespace

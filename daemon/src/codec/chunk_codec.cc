@@ -119,7 +119,6 @@ StatusOr<IngestDevice> ChooseIngestDevice(const CompressionPolicy& policy, const
   std::string why;
   if (!device_status.ok()) {
     why = device_status.message();
-    if (why.rfind("DevicePlan: ", 0) == 0) why = why.substr(12);
   } else if (Status s = kk::CheckDevicePlanSupported(PlanOptions(policy)); !s.ok()) {
     why = "the CUDA plan does not implement " + policy.StagesName() + " (" + s.message() + ")";
   }

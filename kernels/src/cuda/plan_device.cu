@@ -589,10 +589,11 @@ class CudaPlanState final : public DevicePlan::State {
     }
     if (err[kErrZeroNorm] != INT_MAX) {  // KeyDiff (keydiff.h): the CPU plan's error
       const int64_t row = err[kErrZeroNorm] / n, token = err[kErrZeroNorm] % n;
-      return Status::InvalidArgument("plan: layer " + std::to_string(row / H) + " head " +
-                                     std::to_string(row % H) +
-                                     ": keydiff: zero-norm key at token " + std::to_string(token) +
-                                     " (a key with no direction cannot be scored)");
+      return Status(StatusCode::kInvalidArgument,
+                    "plan: layer " + std::to_string(row / H) + " head " + std::to_string(row % H) +
+                        ": keydiff: zero-norm key at token " + std::to_string(token) +
+                        " (a key with no direction cannot be scored)",
+                    Reason::kZeroNormKey);
     }
     return Status::Ok();
   }

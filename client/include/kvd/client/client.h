@@ -447,6 +447,9 @@ struct SessionInfo {
   // shared-memory get is one exchange: its reads' ends go out with the next request. False for
   // an older daemon: each get then ends its reads with one more exchange before returning.
   bool releases_on_requests = false;
+  // The daemon takes one-exchange puts of small chunks (HelloReply.inlinePut; see
+  // ClientOptions::inline_put_bytes). False for an older daemon: every put takes three steps.
+  bool inline_put = false;
   // Compression (engine role): the codec id lookups and gets use (0 = raw), the policy's digest
   // and canonical form ("" = none), the window W puts should carry, whether puts without window
   // queries are refused, and the VECTOR calibration version the codec id includes (0 = none).

@@ -35,10 +35,25 @@ enum class StatusCode : int {
 // Name of a code, e.g. "INVALID_ARGUMENT".
 std::string_view StatusCodeName(StatusCode code);
 
+// What a caller may branch on beyond the code, where one code covers outcomes a caller treats
+// differently. A caller never reads meaning from a message: messages are for people. Carried on
+// the wire (proto Error.reason); a reason a peer does not know arrives as kNone.
+enum class Reason : int {
+  kNone = 0,
+  kDedup = 1,          // ALREADY_EXISTS: the chunk is already stored (as durably); nothing changed
+  kZeroNormKey = 2,    // INVALID_ARGUMENT: KeyDiff cannot score a key whose norm is zero
+  kQuotaExceeded = 3,  // RESOURCE_EXHAUSTED: the caller's namespace is at one of its quotas
+};
+
+// Name of a reason, e.g. "DEDUP"; "NONE" for kNone.
+std::string_view ReasonName(Reason reason);
+
 class [[nodiscard]] Status {
  public:
   Status() = default;  // OK
-  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  Status(StatusCode code, std::string message, Reason reason = Reason::kNone)
+      : code_(code), reason_(code == StatusCode::kOk ? Reason::kNone : reason),
+        message_(std::move(message)) {}
 
   static Status Ok() { return Status(); }
   static Status InvalidArgument(std::string m) {
@@ -68,18 +83,24 @@ class [[nodiscard]] Status {
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
+  Reason reason() const { return reason_; }
+  // A copy with this reason (OK stays OK, without a reason).
+  Status WithReason(Reason reason) const { return Status(code_, message_, reason); }
   const std::string& message() const { return message_; }
   // "INVALID_ARGUMENT: message" or "OK".
   std::string ToString() const;
-  // Returns a copy with "context: " prepended to the message; OK stays OK.
+  // Returns a copy with "context: " prepended to the message (the reason kept); OK stays OK.
   Status WithContext(std::string_view context) const;
   // Explicitly ignore a status (documents the decision at the call site).
   void IgnoreError() const {}
 
-  bool operator==(const Status& o) const { return code_ == o.code_ && message_ == o.message_; }
+  bool operator==(const Status& o) const {
+    return code_ == o.code_ && reason_ == o.reason_ && message_ == o.message_;
+  }
 
  private:
   StatusCode code_ = StatusCode::kOk;
+  Reason reason_ = Reason::kNone;
   std::string message_;
 };
 

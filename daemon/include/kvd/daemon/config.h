@@ -137,9 +137,9 @@ struct ProtocolOptions {
   // ignored, as by older daemons), so clients end each read with a ReleaseRead exchange and a
   // shared-memory get takes two exchanges. Default true.
   bool releases_on_requests = true;
-  // protocol.inline_put: take InlinePut (a small put in one exchange). Off: an InlinePut gets
-  // the "unknown request kind" error of an older daemon, and clients put in three steps
-  // (Reserve, the bytes, Commit). Default true.
+  // protocol.inline_put: announce HelloReply.inlinePut and take InlinePut (a small put in one
+  // exchange). Off: neither (an InlinePut is a request kind kvd does not know, as in older
+  // daemons), so clients put in three steps (Reserve, the bytes, Commit). Default true.
   bool inline_put = true;
   // protocol.lease_releases_on_requests: announce HelloReply.leaseReleasesOnRequests and end the
   // leases a client names on Request.releaseLeases. Off: neither (the field is ignored, as by

@@ -96,8 +96,9 @@ struct DevicePlanOptions {
 };
 
 // OK when this process can run DevicePlan on CUDA device `device` (>= 0). UNIMPLEMENTED
-// "DevicePlan: built without CUDA (this build has no CUDA kernels)"; UNAVAILABLE "DevicePlan: no
-// CUDA device (cudaGetDeviceCount: ...)" or "DevicePlan: no CUDA device 3 (this machine has 1)".
+// "built without CUDA (this build has no CUDA kernels)"; UNAVAILABLE "no CUDA device
+// (cudaGetDeviceCount: ...)" or "no CUDA device 3 (this machine has 1)". Messages are ready to
+// quote after a caller's own context.
 Status CheckDevicePlanDevice(int device);
 
 // The slot counts of one chunk of N tokens, per layer (every head of a layer has the same): what

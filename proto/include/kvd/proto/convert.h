@@ -23,7 +23,8 @@ void ToProto(const kvd::Status& status, Error::Builder out);
 // `in` with every byte that is not part of a well-formed UTF-8 sequence (truncated, overlong,
 // surrogate, > U+10FFFF) replaced by U+FFFD.
 std::string ValidUtf8(std::string_view in);
-// An Error as a Status; an out-of-range code becomes INTERNAL (message kept). The message is
+// An Error as a Status; an out-of-range code becomes INTERNAL (message kept), a reason this
+// build does not know becomes Reason::kNone. The message is
 // made valid UTF-8 here too (ValidUtf8): a daemon of another build may send any bytes.
 kvd::Status FromProto(Error::Reader in);
 

@@ -168,10 +168,6 @@ class SegmentListener {
   virtual Status OnSegmentHandover(uint32_t segment) = 0;
 };
 
-// True for the ALREADY_EXISTS a Reserve/Commit/Insert returns when the key is already stored:
-// the client may skip sending the bytes, the chunk is there.
-bool IsDedup(const Status& status);
-
 class HostTier final : public Tier {
  public:
   // Creates a tier over `region` (not owned; must outlive the tier; start aligned to
@@ -195,7 +191,7 @@ class HostTier final : public Tier {
   // The writer MUST be done writing (a posted receive completed or cancelled) before the
   // deadline: once expired or reclaimed, the space may at once be given to another reservation,
   // and a late write would corrupt that one. Pick `ttl` well above the transfer timeout.
-  // Errors: ALREADY_EXISTS "dedup: ..." (key already committed and durable, see Durability;
+  // Errors: ALREADY_EXISTS with Reason::kDedup (key already committed and durable, see Durability;
   //   nothing reserved),
   //   INVALID_ARGUMENT (bytes == 0 or > max_chunk_bytes, empty model),
   //   INVALID_ARGUMENT also when bytes exceed one segment (segmented arenas),
@@ -212,7 +208,7 @@ class HostTier final : public Tier {
   // known. ReserveAhead takes `bytes` for a chunk of key.name_space / key.model / layout / codec
   // like Reserve (same eviction, quota, segments, TTL and owner; key.hash is ignored), with no
   // dedup check: the key is given later by NameReservation, and the dedup check is made at
-  // Commit (a chunk already stored is then ALREADY_EXISTS "dedup: ..." after its bytes were
+  // Commit (a chunk already stored is then ALREADY_EXISTS with Reason::kDedup after its bytes were
   // written for nothing). Commit of a reservation not named yet fails (FAILED_PRECONDITION).
   // Headroom: the space is held while the writer is idle, so it is refused, before anything is
   // evicted, when it could make a later Reserve fail: when the space no eviction can free
@@ -239,7 +235,7 @@ class HostTier final : public Tier {
   //   expired while this commit was verifying; message says which), FAILED_PRECONDITION (already
   //   committed, or a Commit of the same id is in progress), DATA_LOSS (checksum mismatch: the
   //   reservation is dropped and its space returned; message gives both checksums),
-  //   ALREADY_EXISTS "dedup: ..." (another reservation of the key committed first, or a
+  //   ALREADY_EXISTS with Reason::kDedup (another reservation of the key committed first, or a
   //   reservation made ahead named a stored chunk; this one's space is returned, the stored
   //   chunk is unchanged). FAILED_PRECONDITION also for a ReserveAhead not named yet.
   Status Commit(ReservationId id, uint64_t checksum, CommitCheck check = CommitCheck::kVerify);

@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kvd/common/status.h"
@@ -25,6 +27,13 @@ struct EvictResult {
   uint64_t bytes = 0;     // payload bytes removed now
 };
 
+// The ALREADY_EXISTS a Reserve/Commit/Insert returns when the key is already stored (as durably
+// as the put asks): the client may skip sending the bytes, the chunk is there.
+inline Status DedupStatus(std::string message) {
+  return Status(StatusCode::kAlreadyExists, std::move(message), Reason::kDedup);
+}
+inline bool IsDedup(const Status& status) { return status.reason() == Reason::kDedup; }
+
 class Tier {
  public:
   virtual ~Tier() = default;
@@ -32,8 +41,8 @@ class Tier {
   virtual TierKind kind() const = 0;
 
   // Stores a complete chunk by copying `bytes`. The checksum of `bytes` is computed and must
-  // equal `checksum`. Errors: DATA_LOSS (checksum mismatch), ALREADY_EXISTS (message starts with
-  // "dedup:"; the key is already stored, nothing changed), RESOURCE_EXHAUSTED (no room even after
+  // equal `checksum`. Errors: DATA_LOSS (checksum mismatch), ALREADY_EXISTS with Reason::kDedup
+  // (IsDedup: the key is already stored, nothing changed), RESOURCE_EXHAUSTED (no room even after
   // evicting everything evictable), INVALID_ARGUMENT (empty bytes, over max size).
   virtual Status Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
                         std::span<const std::byte> bytes) = 0;

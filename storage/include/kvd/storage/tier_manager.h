@@ -17,7 +17,7 @@
 //   reservation only ever drops copies. The disk tier's own capacity (DiskTierOptions::
 //   capacity_bytes) bounds what is kept: above it the disk tier evicts its least-recently-used
 //   chunks (documented policy, counted in its evictions).
-// - Dedup: a key already stored returns ALREADY_EXISTS "dedup:" (IsDedup); with a disk tier the
+// - Dedup: a key already stored returns ALREADY_EXISTS with Reason::kDedup (IsDedup); with a disk tier the
 //   stored chunk is copied to disk first if it has no disk copy yet. A dedup is as durable as an
 //   OK: while the first writer's disk write of a chunk is in progress, the chunk is served but a
 //   host Reserve of its key is not a dedup (Durability::kPending), and a second writer's Commit
