@@ -55,6 +55,11 @@ std::string_view ReasonName(Reason reason) {
 std::string Status::ToString() const {
   if (ok()) return "OK";
   std::string s(StatusCodeName(code_));
+  if (reason_ != Reason::kNone) {
+    s += " (";
+    s += ReasonName(reason_);
+    s += ")";
+  }
   s += ": ";
   s += message_;
   return s;

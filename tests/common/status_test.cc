@@ -37,6 +37,7 @@ TEST(StatusTest, ReasonsSurviveContextAndNeverOk) {
   EXPECT_EQ(Status(StatusCode::kOk, "", Reason::kDedup).reason(), Reason::kNone);
   EXPECT_EQ(Status::Ok().WithReason(Reason::kDedup).reason(), Reason::kNone);
   EXPECT_EQ(ReasonName(Reason::kQuotaExceeded), "QUOTA_EXCEEDED");
+  EXPECT_EQ(dedup.ToString(), "ALREADY_EXISTS (DEDUP): chunk x is already stored");
 }
 
 TEST(StatusTest, AssignOrReturnPropagates) {

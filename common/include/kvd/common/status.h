@@ -87,7 +87,7 @@ class [[nodiscard]] Status {
   // A copy with this reason (OK stays OK, without a reason).
   Status WithReason(Reason reason) const { return Status(code_, message_, reason); }
   const std::string& message() const { return message_; }
-  // "INVALID_ARGUMENT: message" or "OK".
+  // "INVALID_ARGUMENT: message", "ALREADY_EXISTS (DEDUP): message" with a reason, or "OK".
   std::string ToString() const;
   // Returns a copy with "context: " prepended to the message (the reason kept); OK stays OK.
   Status WithContext(std::string_view context) const;
