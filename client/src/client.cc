@@ -196,7 +196,7 @@ Status ClientImpl::ReleaseLease(uint64_t lease_id) {
   if (auto it = live_leases_.find(lease_id); it != live_leases_.end()) {
     const bool live = internal::Clock::now() < it->second;
     live_leases_.erase(it);
-    if (live && lease_releases_on_requests_ && !options_.test_release_leases_apart) {
+    if (live && lease_releases_on_requests_ && !hooks_.release_leases_apart) {
       channel_->DeferLeaseRelease(lease_id);
       return Status::Ok();
     }
@@ -493,15 +493,15 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(
   // Phase 3: commit with checksums (pipelined). The commits go out while the bytes still move:
   // the daemon's commit waits for its receive to end, so the client does not wait for each
   // send's completion first (that would add a transport ack and a control round trip per
-  // window). With test_before_commit set, the sends finish before the hook and the commits.
-  const bool commit_early = !options_.test_before_commit;
+  // window). With TestHooks::before_commit set, the sends finish before the hook and the commits.
+  const bool commit_early = !hooks_.before_commit;
   if (!commit_early) {
     finish_sends();
     if (!first_error.ok()) {
       AbortReservationsLocked(to_abort);
       return first_error;
     }
-    options_.test_before_commit();
+    hooks_.before_commit();
   }
   auto commit_req = SendCommitsLocked(out, reservation, checksum);
   if (!commit_req.ok()) {
@@ -530,7 +530,7 @@ StatusOr<std::vector<uint64_t>> ClientImpl::SendCommitsLocked(
     KVD_ASSIGN_OR_RETURN(commit_req[i], channel_->Send([&](proto::Request::Builder r) {
       auto c = r.initCommit();
       c.setReservationId(reservation[i]);
-      c.setChecksum(checksum[i] ^ options_.test_corrupt_checksum);
+      c.setChecksum(checksum[i] ^ hooks_.corrupt_checksum);
       if (i == 0 && named != nullptr) {
         auto chunk = c.initChunk();
         proto::ToProto(named->hash, chunk.initChunkHash());
@@ -822,7 +822,15 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
 // ---- the public face: forwards to ClientImpl ----
 
 StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  return ConnectWithTestHooks(options, TestHooks{});
+}
+
+StatusOr<std::unique_ptr<Client>> ConnectWithTestHooks(const ClientOptions& options,
+                                                       const TestHooks& hooks) {
   KVD_RETURN_IF_ERROR(options.Validate());
+  if (options.nccl && hooks.nccl_backend.empty()) {
+    return Status::InvalidArgument("TestHooks::nccl_backend is empty (leave it at \"nccl\")");
+  }
   KVD_ASSIGN_OR_RETURN(DaemonAddress addr, ParseDaemonAddress(options.address));
   auto conn = internal::Connection::Open(
       addr, options.address, DeadlineIn(options.connect_timeout_ms), options.max_frame_bytes);
@@ -830,7 +838,7 @@ StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) 
   if (addr.is_unix) (*conn)->set_reply_spin(std::chrono::microseconds(options.reply_spin_us));
   auto channel =
       std::make_unique<internal::Channel>(std::move(conn).value(), options.request_timeout_ms);
-  auto impl = std::make_unique<ClientImpl>(options, std::move(channel));
+  auto impl = std::make_unique<internal::ClientImpl>(options, hooks, std::move(channel));
   {
     std::lock_guard<std::mutex> lock(impl->mu_);
     KVD_RETURN_IF_ERROR(impl->Handshake());

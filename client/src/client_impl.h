@@ -11,6 +11,7 @@
 #include "kvd/client/client.h"
 #include "kvd/client/device.h"
 #include "kvd/transport/transport.h"
+#include "testing/test_hooks.h"
 
 namespace kvd::client::internal {
 
@@ -46,8 +47,9 @@ struct SegmentMapping {
 
 class ClientImpl final : public Client {
  public:
-  ClientImpl(ClientOptions options, std::unique_ptr<Channel> channel)
+  ClientImpl(ClientOptions options, TestHooks hooks, std::unique_ptr<Channel> channel)
       : options_(std::move(options)),
+        hooks_(std::move(hooks)),
         hasher_(ChainHasherOptions{options_.block_tokens, options_.chunk_tokens},
                 options_.hash_seed),
         channel_(std::move(channel)) {
@@ -275,6 +277,7 @@ class ClientImpl final : public Client {
   static constexpr size_t kMaxLiveLeases = 4096;
 
   ClientOptions options_;
+  const TestHooks hooks_;
   ChainHasher hasher_;
   mutable std::mutex mu_;
   std::unique_ptr<Channel> channel_;                 // GUARDED_BY(mu_)
@@ -306,6 +309,8 @@ class ClientImpl final : public Client {
   std::shared_ptr<InPlaceLink> link_ = std::make_shared<InPlaceLink>();
 
   friend class ::kvd::client::Client;
+  friend StatusOr<std::unique_ptr<Client>> kvd::client::ConnectWithTestHooks(const ClientOptions&,
+                                                                             const TestHooks&);
 };
 
 // Makes the pages under [slot, slot + bytes) of a segment mapping writable, or read-only again

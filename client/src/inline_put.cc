@@ -25,7 +25,7 @@ bool ClientImpl::InlineEligible(const PutItem& it) const {
   const size_t limit = session_.shared_memory
                            ? std::min(options_.inline_put_bytes, options_.shm_inline_put_bytes)
                            : options_.inline_put_bytes;
-  return limit > 0 && session_.inline_put && bytes <= limit && !options_.test_before_commit &&
+  return limit > 0 && session_.inline_put && bytes <= limit && !hooks_.before_commit &&
          bytes + kInlineFrameOverhead <= static_cast<size_t>(session_.max_frame_bytes);
 }
 
@@ -52,7 +52,7 @@ StatusOr<uint64_t> ClientImpl::SendInlinePutLocked(const PutItem& it) {
     auto bytes = put.initData(static_cast<unsigned>(it.bytes + qbytes));
     if (it.bytes > 0) std::memcpy(bytes.begin(), data, it.bytes);
     if (qbytes > 0) std::memcpy(bytes.begin() + it.bytes, queries, qbytes);
-    put.setChecksum(Checksum64(bytes.begin(), bytes.size()) ^ options_.test_corrupt_checksum);
+    put.setChecksum(Checksum64(bytes.begin(), bytes.size()) ^ hooks_.corrupt_checksum);
   });
 }
 

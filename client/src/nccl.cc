@@ -7,7 +7,7 @@ namespace kvd::client::internal {
 
 Status ClientImpl::JoinNcclLocked() {
   transport::TransportOptions o = options_.transport;
-  o.backend = options_.test_nccl_backend;
+  o.backend = hooks_.nccl_backend;
   auto t = transport::CreateTransport(o);
   if (!t.ok()) {
     return t.status().WithContext(

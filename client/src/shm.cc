@@ -326,7 +326,7 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
     AbortReservationsLocked(to_abort);
     return first_error;
   }
-  if (options_.test_before_commit) options_.test_before_commit();
+  if (hooks_.before_commit) hooks_.before_commit();
   // Phase 3: commit with checksums (pipelined).
   KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> commit_req,
                        SendCommitsLocked(out, reservation, checksum, use_held ? &items[0] : nullptr,
@@ -395,7 +395,7 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetWindowShmLocked(uint64_t lease_i
   // The bytes are ours now: the reads end so the chunks may be evicted again. A daemon that
   // takes Request.releaseReads gets them with the next request, whatever it is (no exchange
   // here: the get was one round trip); an older one gets ReleaseReads (pipelined).
-  if (session_.releases_on_requests && !options_.test_release_reads_apart) {
+  if (session_.releases_on_requests && !hooks_.release_reads_apart) {
     channel_->DeferReleases(reads);
     if (!first_error.ok()) return first_error;
     return out;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "fake_daemon.h"
+#include "test_hooks.h"
 
 namespace kvd::client {
 namespace {
@@ -30,8 +31,8 @@ class ClientTest : public ::testing::Test {
     daemon_ = std::make_unique<FakeDaemon>(domain_, behavior);
   }
   ClientOptions Options() { return TinyClientOptions(*daemon_, domain_); }
-  std::unique_ptr<Client> Connect(ClientOptions o) {
-    auto c = Client::Connect(o);
+  std::unique_ptr<Client> Connect(ClientOptions o, const TestHooks& hooks = {}) {
+    auto c = ConnectWithTestHooks(o, hooks);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(c).value() : nullptr;
   }
@@ -284,9 +285,9 @@ TEST_F(ClientTest, CorruptBytesGiveDataLoss) {
 
 TEST_F(ClientTest, CommitChecksumMismatchIsTheDaemonsDataLoss) {
   Start();
-  ClientOptions o = Options();
-  o.test_corrupt_checksum = 1;
-  auto c = Connect(o);
+  TestHooks hooks;
+  hooks.corrupt_checksum = 1;
+  auto c = Connect(Options(), hooks);
   ASSERT_NE(c, nullptr);
   std::vector<uint8_t> data = Random(TinyLayout().ChunkBytes(32), 3);
   auto r = c->Put({4, 4}, 32, data.data(), data.size());

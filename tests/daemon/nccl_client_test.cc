@@ -1,9 +1,9 @@
 // libkvd_client's NCCL option (ClientOptions::nccl) against the in-process daemon.
 //
 // The join and the device puts and gets run over the seams that stand in for NCCL and CUDA on a
-// machine without a GPU: both ends of the link are loopback transports (ClientOptions::
-// test_nccl_backend, ServerDeps::nccl_transport), kvd's device staging is FakeDeviceMemory and the
-// client's "device" buffers are host buffers that a fake DeviceMemoryOps classifies as CUDA
+// machine without a GPU: both ends of the link are loopback transports (the client's
+// TestHooks::nccl_backend, ServerDeps::nccl_transport), kvd's device staging is FakeDeviceMemory
+// and the client's "device" buffers are host buffers that a fake DeviceMemoryOps classifies as CUDA
 // memory. What is checked is the client's routing and bookkeeping: device items over the link,
 // host items on their usual path in the same call, results in order, the checksum over a host
 // copy, and the refusals. The same calls over real NCCL between two GPUs are the device script's
@@ -21,6 +21,7 @@
 #include "kvd/client/client.h"
 #include "kvd/client/device.h"
 #include "kvd/storage/device_memory.h"
+#include "test_hooks.h"
 
 namespace kvd::daemon::testing {
 namespace {
@@ -87,8 +88,13 @@ class NcclClientTest : public DaemonTest {
     o.request_timeout_ms = 3000;
     o.transfer_timeout_ms = 3000;
     o.nccl = true;
-    o.test_nccl_backend = "loopback";
     return o;
+  }
+  // The link's backend in these clients: loopback, as the daemon's (test_hooks.h).
+  static client::TestHooks LoopbackLink() {
+    client::TestHooks hooks;
+    hooks.nccl_backend = "loopback";
+    return hooks;
   }
 
   storage::testing::FakeDeviceMemory* memory_ = nullptr;  // owned by the daemon
@@ -98,7 +104,7 @@ class NcclClientTest : public DaemonTest {
 TEST_F(NcclClientTest, DeviceItemsGoOverTheLinkAndHostItemsKeepTheirPathInOneCall) {
   client::ScopedDeviceMemoryOpsForTesting scoped(&ops_);
   StartDaemon();
-  auto c = client::Client::Connect(Options());
+  auto c = client::ConnectWithTestHooks(Options(), LoopbackLink());
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE((*c)->session().nccl);
   const size_t n = Layout().ChunkBytes(256);
@@ -153,8 +159,7 @@ TEST_F(NcclClientTest, TheOptionIsValidatedAndARealLinkIsRefusedWithTheReasonWit
                     "without a device)";
   }
   client::ClientOptions real = Options();
-  real.test_nccl_backend = "nccl";  // the real backend in this client
-  auto c = client::Client::Connect(real);
+  auto c = client::Client::Connect(real);  // the real backend in this client
   ASSERT_FALSE(c.ok()) << "an NCCL transport started without a CUDA device";
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status();
   EXPECT_THAT(c.status().message(),

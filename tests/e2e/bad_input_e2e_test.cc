@@ -156,8 +156,9 @@ TEST_F(BadInputE2eTest, WrongPutByteCountAndChecksumMismatch) {
   ExpectServes(*good_, 5);
 
   o.verify_locally = true;
-  o.test_corrupt_checksum = 0x1;
-  auto corrupt = ConnectOrFail(o);
+  client::TestHooks hooks;
+  hooks.corrupt_checksum = 0x1;
+  auto corrupt = ConnectOrFail(o, hooks);
   ASSERT_NE(corrupt, nullptr);
   auto full = RandomBytes(o.layout.ChunkBytes(256), 6);
   r = corrupt->Put({6, 6}, 256, full.data(), full.size());

@@ -89,12 +89,13 @@ TEST_F(CapacityE2eTest, UncommittedReservationIsReclaimedAndItsCommitAborted) {
   cfg.reservation_ttl_ms = 300;
   ASSERT_NO_FATAL_FAILURE(Start(cfg));
   auto o = kvd_->EngineOptions("slow-writer");
-  o.test_before_commit = [&] {
+  client::TestHooks hooks;
+  hooks.before_commit = [&] {
     // The reservation is visible as reserved bytes until it expires.
     EXPECT_GT(HostTier(*admin_).reserved_bytes, 0u);
     std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   };
-  auto slow = ConnectOrFail(o);
+  auto slow = ConnectOrFail(o, hooks);
   ASSERT_NE(slow, nullptr);
   const Hash128 h{9, 9};
   auto data = RandomBytes(o.layout.ChunkBytes(256), 9);

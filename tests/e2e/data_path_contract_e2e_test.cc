@@ -207,8 +207,9 @@ TEST_P(DataPathContractTest, AReleasedLeaseEndsWithTheNextRequest) {
   for (const bool apart : {false, true}) {
     SCOPED_TRACE(apart ? "ReleaseLease exchange" : "release on the next request");
     client::ClientOptions o = Options(apart ? "lease-apart" : "lease-next");
-    o.test_release_leases_apart = apart;
-    auto c = ConnectOrFail(o);
+    client::TestHooks hooks;
+    hooks.release_leases_apart = apart;
+    auto c = ConnectOrFail(o, hooks);
     ASSERT_NE(c, nullptr);
     const Hash128 h{0x1ea5e, apart ? 11u : 10u};
     PutChunk(*c, h, 44);
@@ -260,8 +261,9 @@ TEST_P(DataPathContractTest, ARefusedCommitStoresNothingAndFreesItsSlot) {
     ASSERT_NO_FATAL_FAILURE(Start(config));
   }
   client::ClientOptions o = Options("bad-checksum");
-  o.test_corrupt_checksum = 0x1;  // the daemon's verification must refuse it
-  auto bad = ConnectOrFail(o);
+  client::TestHooks hooks;
+  hooks.corrupt_checksum = 0x1;  // the daemon's verification must refuse it
+  auto bad = ConnectOrFail(o, hooks);
   ASSERT_NE(bad, nullptr);
   const Hash128 h{0xbad, 1};
   auto data = RandomBytes(bad->options().layout.ChunkBytes(256), 41);
@@ -289,10 +291,11 @@ TEST_P(DataPathContractTest, ACommitAfterTheReservationExpiredIsRefused) {
   client::Client* admin = admin_.get();
   bool reclaimed = false;
   // The client stops between writing its bytes and committing until kvd took the slot back.
-  o.test_before_commit = [&] {
+  client::TestHooks hooks;
+  hooks.before_commit = [&] {
     reclaimed = Eventually([&] { return HostTier(*admin).reserved_bytes == 0; }, 10s);
   };
-  auto late = ConnectOrFail(o);
+  auto late = ConnectOrFail(o, hooks);
   ASSERT_NE(late, nullptr);
   const Hash128 h{0x1a7e, 1};
   auto data = RandomBytes(late->options().layout.ChunkBytes(256), 51);

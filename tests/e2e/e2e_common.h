@@ -19,6 +19,7 @@
 #include "kvd/client/client.h"
 #include "kvd/client/kvd_client.h"
 #include "kvd_process.h"
+#include "test_hooks.h"
 
 namespace kvd::e2e {
 
@@ -56,8 +57,9 @@ inline std::unique_ptr<KvdProcess> StartKvd(const KvdConfig& config) {
   return k.ok() ? std::move(k).value() : nullptr;
 }
 
-inline std::unique_ptr<client::Client> ConnectOrFail(const client::ClientOptions& o) {
-  auto c = client::Client::Connect(o);
+inline std::unique_ptr<client::Client> ConnectOrFail(const client::ClientOptions& o,
+                                                     const client::TestHooks& hooks = {}) {
+  auto c = client::ConnectWithTestHooks(o, hooks);
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? std::move(c).value() : nullptr;
 }

@@ -36,6 +36,7 @@
 
 #include "kvd/client/client.h"
 #include "kvd_process.h"
+#include "test_hooks.h"
 
 namespace {
 
@@ -215,11 +216,12 @@ int main(int argc, char** argv) {
   }
   kvd::client::ClientOptions o =
       DriverOptions(argv[2], argv[3], argc == 4 || std::string(argv[4]) == "shm");
-  o.test_before_commit = [] {
+  kvd::client::TestHooks hooks;
+  hooks.before_commit = [] {
     std::cout << "SENT" << std::endl;
     std::this_thread::sleep_for(std::chrono::seconds(60));
   };
-  auto c = kvd::client::Client::Connect(o);
+  auto c = kvd::client::ConnectWithTestHooks(o, hooks);
   if (!c.ok()) {
     std::cerr << c.status() << "\n";
     return 1;

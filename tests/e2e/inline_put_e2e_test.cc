@@ -230,9 +230,9 @@ TEST_F(InlinePutE2eTest, RefusedPutsGetTheThreeStepErrorsAndHoldNothing) {
                 HasSubstr("windowTokens 4: model stories260k has no compression policy"));
     // Checksum mismatch: DATA_LOSS, and the chunk is not visible.
     {
-      auto bad_o = o;
-      bad_o.test_corrupt_checksum = 0x1;
-      auto bad = ConnectOrFail(bad_o);
+      client::TestHooks hooks;
+      hooks.corrupt_checksum = 0x1;
+      auto bad = ConnectOrFail(o, hooks);
       ASSERT_NE(bad, nullptr);
       auto b = bad->Put(Hash128{0x30, 4}, 8, data.data(), data.size());
       EXPECT_EQ(b.status().code(), StatusCode::kDataLoss) << b.status();

@@ -375,16 +375,16 @@ TEST_F(IntegrityE2eTest, AWrongChecksumOfASharedMemoryPutIsNeverServed) {
     c.host_segment = "8MiB";
     auto kvd = StartKvd(c);
     ASSERT_TRUE(kvd);
-    client::ClientOptions o = kvd->UnixEngineOptions("corrupting");
-    o.test_corrupt_checksum = 0x1;
-    auto bad = ConnectOrFail(o);
+    client::TestHooks hooks;
+    hooks.corrupt_checksum = 0x1;
+    auto bad = ConnectOrFail(kvd->UnixEngineOptions("corrupting"), hooks);
     auto shm = ConnectOrFail(kvd->UnixEngineOptions("shm"));
     auto tcp = ConnectOrFail(kvd->EngineOptions("tcp"));
     auto admin = ConnectOrFail(kvd->AdminOptions());
     ASSERT_TRUE(bad && shm && tcp && admin);
     ASSERT_TRUE(bad->session().shared_memory && shm->session().shared_memory);
     const Hash128 h{kHi, 7};
-    const auto data = RandomBytes(o.layout.ChunkBytes(kTokens), 707);
+    const auto data = RandomBytes(bad->options().layout.ChunkBytes(kTokens), 707);
     auto put = bad->Put(h, kTokens, data.data(), data.size());
     if (with_disk) {
       EXPECT_EQ(put.status().code(), StatusCode::kDataLoss) << put.status();

@@ -320,10 +320,10 @@ TEST_F(ShmE2eTest, FlushReleasesEndsWhatRidesOnTheNextRequestInOneExchange) {
 }
 
 TEST_F(ShmE2eTest, ReadsEndedByTheirOwnExchangeAsWithAnOlderDaemonOrClient) {
-  client::ClientOptions o = ShmOptions("", "apart");
-  o.test_release_reads_apart = true;
-  o.test_release_leases_apart = true;
-  auto c = ConnectOrFail(o);
+  client::TestHooks hooks;
+  hooks.release_reads_apart = true;
+  hooks.release_leases_apart = true;
+  auto c = ConnectOrFail(ShmOptions("", "apart"), hooks);
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(c->session().shared_memory) << kvd_->Log();
   ExpectGetsReleaseTheirReads(*admin_, *c, 2, /*apart=*/true);
@@ -331,17 +331,17 @@ TEST_F(ShmE2eTest, ReadsEndedByTheirOwnExchangeAsWithAnOlderDaemonOrClient) {
 
 // Compatibility, both directions, with real processes on both sides.
 // (a) A current kvd serving a client older than Request.releaseReads beside a current client.
-// The older client is the current library with the seam ClientOptions::test_release_reads_apart:
+// The older client is the current library with the seam TestHooks::release_reads_apart:
 // on the wire that is what an older client sends (a ReleaseRead exchange per read, never the
 // releaseReads field, whatever HelloReply.releasesOnRequests says). Both read the same chunks
 // byte-exact; the older client's reads end with its own exchanges, the current one's with its
 // next request, and nothing stays pinned: the chunks can be evicted afterwards.
 TEST_F(ShmE2eTest, AnOlderClientBesideACurrentOneReadsByteExactAndItsReleasesAreHonoured) {
   auto writer = ConnectOrFail(ShmOptions("", "writer"));
-  client::ClientOptions older_options = ShmOptions("", "older");
-  older_options.test_release_reads_apart = true;
-  older_options.test_release_leases_apart = true;  // nor Request.releaseLeases
-  auto older = ConnectOrFail(older_options);
+  client::TestHooks older_hooks;
+  older_hooks.release_reads_apart = true;
+  older_hooks.release_leases_apart = true;  // nor Request.releaseLeases
+  auto older = ConnectOrFail(ShmOptions("", "older"), older_hooks);
   auto current = ConnectOrFail(ShmOptions("", "current"));
   ASSERT_TRUE(writer && older && current);
   ASSERT_TRUE(older->session().shared_memory && current->session().shared_memory) << kvd_->Log();

@@ -134,8 +134,7 @@ struct ClientOptions {
   // shared-memory copy) and Commit. Same results and errors as the three steps; durability and
   // compression are the same. Default 64 KiB; 0 = every put takes the three steps. At most
   // kMaxInlinePutBytes (1 MiB). A put that would not fit in the daemon's frame limit
-  // (SessionInfo::max_frame_bytes) takes the three steps whatever this says, and so does every
-  // put while test_before_commit is set.
+  // (SessionInfo::max_frame_bytes) takes the three steps whatever this says.
   size_t inline_put_bytes = size_t{64} << 10;
   static constexpr size_t kMaxInlinePutBytes = size_t{1} << 20;
   // The same threshold for sessions on the shared-memory path (SessionInfo::shared_memory),
@@ -183,25 +182,6 @@ struct ClientOptions {
   // Check a raw put's byte count against the layout before asking the daemon (default true).
   // Tests of the daemon's own checks turn it off.
   bool verify_locally = true;
-  // XORed into every commit checksum (default 0). Tests of the daemon's DATA_LOSS path set it.
-  uint64_t test_corrupt_checksum = 0;
-  // Called by PutChunks after the bytes of a window were sent and before its commits (default
-  // none). End-to-end tests use it to stop a client between reserve and commit. Without it the
-  // commits go out while the bytes still move (the daemon's commit waits for them); with it the
-  // client first waits for every send to complete.
-  std::function<void()> test_before_commit;
-  // The backend of the `nccl` link (default "nccl"). Tests of the link's logic on machines
-  // without a GPU use "loopback" (with transport.loopback_domain) against a daemon whose link
-  // is loopback too; that backend moves host memory, so their "device" buffers must be readable.
-  std::string test_nccl_backend = "nccl";
-  // End every shared-memory read with its own ReleaseRead exchange before GetChunks returns, as
-  // with a daemon older than Request.releaseReads, even when the daemon takes them (default
-  // false). Tests of that path against a current daemon set it.
-  bool test_release_reads_apart = false;
-  // End every lease with its own ReleaseLease exchange before ReleaseLease returns, as with a
-  // daemon older than Request.releaseLeases, even when the daemon takes them (default false).
-  // Tests of that path against a current daemon set it.
-  bool test_release_leases_apart = false;
 
   // INVALID_ARGUMENT naming the field and value (bad address form, chunk_tokens not a multiple
   // of block_tokens, non-positive timeouts, inline_put_bytes over kMaxInlinePutBytes, engine
