@@ -90,6 +90,8 @@ struct Hello {
   readOnly @12 :Bool;                # a reading session: Reserve and InlinePut are refused
                                      # (PERMISSION_DENIED), and the arena memfds it gets are
                                      # read-only descriptors (no writable mapping is possible)
+  keepIdle @13 :Bool;                # ask not to be closed for sending no request for
+                                     # limits.idle_timeout_ms (the kvd client's engines ask)
 }
 
 # The form of a stored chunk: raw (common/layout.h) or compact (docs/chunk-format.md).

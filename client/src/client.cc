@@ -101,6 +101,8 @@ Status ClientImpl::Handshake() {
     auto parsed = ParseDaemonAddress(options_.address);
     h.setSharedMemory(options_.shared_memory && parsed.ok() && parsed->is_unix);
     h.setReadOnly(options_.read_only);
+    // An engine's connection lives as long as the engine, idle or not.
+    h.setKeepIdle(options_.role == Role::kEngine);
   });
   if (!id.ok()) return id.status().WithContext("handshake");
   auto reply = channel_->Await(*id, DeadlineIn(options_.connect_timeout_ms));

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <ctime>
 
+#include "kvd/common/utf8.h"
+
 namespace kvd {
 namespace {
 
@@ -47,9 +49,31 @@ char LevelChar(LogLevel l) {
   return '?';
 }
 
+// One byte as \xNN (in JSON with its backslash escaped): a control byte, or one that is not part
+// of well-formed UTF-8 (a log line is text, whatever a peer sent).
+void AppendHexByte(std::string* out, char c, bool json) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, json ? "\\\\x%02x" : "\\x%02x", static_cast<unsigned char>(c));
+  *out += buf;
+}
+
+// s[*i] >= 0x80: appends the well-formed UTF-8 sequence starting there (and moves *i to its
+// last byte), or the one byte as \xNN when none starts there.
+void AppendNonAscii(std::string* out, std::string_view s, size_t* i, bool json) {
+  const size_t n = Utf8SequenceBytes(s, *i);
+  if (n == 0) return AppendHexByte(out, s[*i], json);
+  out->append(s.substr(*i, n));
+  *i += n - 1;
+}
+
 void AppendJsonString(std::string* out, std::string_view s) {
   out->push_back('"');
-  for (char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      AppendNonAscii(out, s, &i, true);
+      continue;
+    }
     switch (c) {
       case '"':
         *out += "\\\"";
@@ -74,6 +98,31 @@ void AppendJsonString(std::string* out, std::string_view s) {
     }
   }
   out->push_back('"');
+}
+
+// Text format: one record is one line whatever its message and fields hold. Backslash,
+// control bytes (newline, carriage return, tab, others as \xNN) and bytes that are not
+// well-formed UTF-8 (\xNN) are escaped; everything else is kept as it is.
+void AppendTextEscaped(std::string* out, std::string_view s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x80) {
+      AppendNonAscii(out, s, &i, false);
+    } else if (c == '\\') {
+      *out += "\\\\";
+    } else if (c == '\n') {
+      *out += "\\n";
+    } else if (c == '\r') {
+      *out += "\\r";
+    } else if (c == '\t') {
+      *out += "\\t";
+    } else if (u < 0x20 || u == 0x7f) {
+      AppendHexByte(out, c, false);
+    } else {
+      out->push_back(c);
+    }
+  }
 }
 
 std::string Timestamp() {
@@ -138,8 +187,14 @@ LogMessage::~LogMessage() {
   } else {
     out = Timestamp() + " ";
     out.push_back(LevelChar(level_));
-    out += " " + std::string(Basename(file_)) + ":" + std::to_string(line_) + "] " + msg_.str();
-    for (const auto& f : fields_) out += " " + f.key + "=" + f.value;
+    out += " " + std::string(Basename(file_)) + ":" + std::to_string(line_) + "] ";
+    AppendTextEscaped(&out, msg_.str());
+    for (const auto& f : fields_) {
+      out.push_back(' ');
+      AppendTextEscaped(&out, f.key);
+      out.push_back('=');
+      AppendTextEscaped(&out, f.value);
+    }
     out.push_back('\n');
   }
   ssize_t ignored = ::write(STDERR_FILENO, out.data(), out.size());

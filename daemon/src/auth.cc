@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "kvd/daemon/config.h"
+
 namespace kvd::daemon {
 
 StatusOr<AuthTokens> LoadAuthTokens(const std::string& path) {
@@ -33,6 +35,7 @@ StatusOr<AuthTokens> LoadAuthTokens(const std::string& path) {
       if (a.empty() || b.empty() || !extra.empty()) {
         return bad("expected \"namespace NAME TOKEN\"");
       }
+      if (Status s = CheckUtf8("namespace name", a); !s.ok()) return bad(s.message());
       if (!out.namespaces.emplace(a, b).second) return bad("namespace \"" + a + "\" listed twice");
     } else if (kind == "admin") {
       if (a.empty() || !b.empty()) return bad("expected \"admin TOKEN\"");

@@ -8,10 +8,12 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 #include <string>
 
+#include "kvd/common/utf8.h"
 #include "listen_address.h"
 
 namespace kvd::daemon {
@@ -62,6 +64,16 @@ Status MetricsOptions::Validate() const {
   return parsed.ok() ? Status::Ok() : parsed.status().WithContext("metrics.listen");
 }
 
+Status CheckUtf8(const std::string& key, std::string_view value) {
+  const size_t bad = FirstInvalidUtf8(value);
+  if (bad == std::string_view::npos) return Status::Ok();
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02x", static_cast<unsigned char>(value[bad]));
+  return Status::InvalidArgument(key + ": not valid UTF-8 (byte " + byte + " at offset " +
+                                 std::to_string(bad) + " of " + std::to_string(value.size()) +
+                                 "); kvd sends it to clients as text");
+}
+
 Status LimitsOptions::Validate() const {
   if (max_frame_bytes < 4096 || max_frame_bytes > (256u << 20)) {
     return Status::InvalidArgument("limits.max_frame_bytes: " + std::to_string(max_frame_bytes) +
@@ -91,6 +103,26 @@ Status LimitsOptions::Validate() const {
   }
   if (admin_reserve_sessions < 0) {
     return Status::InvalidArgument("limits.admin_reserve_sessions: must be >= 0");
+  }
+  if (max_frame_bytes_before_hello < 1024 || max_frame_bytes_before_hello > (256u << 20)) {
+    return Status::InvalidArgument("limits.max_frame_bytes_before_hello: " +
+                                   std::to_string(max_frame_bytes_before_hello) +
+                                   " is outside [1024, 268435456]");
+  }
+  if (frame_buffer_budget_bytes < uint64_t{max_frame_bytes} + 12) {
+    return Status::InvalidArgument(
+        "limits.frame_buffer_budget_bytes: " + std::to_string(frame_buffer_budget_bytes) +
+        " cannot hold one frame of limits.max_frame_bytes " + std::to_string(max_frame_bytes) +
+        " (+ its 12-byte header)");
+  }
+  if (!(unauthenticated_share > 0 && unauthenticated_share <= 1)) {
+    return Status::InvalidArgument("limits.unauthenticated_share: " +
+                                   std::to_string(unauthenticated_share) +
+                                   " is outside (0, 1]");
+  }
+  if (idle_timeout_ms < 0) {
+    return Status::InvalidArgument("limits.idle_timeout_ms: " + std::to_string(idle_timeout_ms) +
+                                   " must be >= 0 (0 = never)");
   }
   return Status::Ok();
 }
@@ -126,6 +158,9 @@ const ModelConfig* DaemonConfig::FindModel(std::string_view name) const {
 
 Status DaemonConfig::Validate() const {
   if (node_name.empty()) return Status::InvalidArgument("node: must not be empty");
+  // Strings kvd sends to clients (Cap'n Proto Text, JSON) must be text.
+  KVD_RETURN_IF_ERROR(CheckUtf8("node", node_name));
+  KVD_RETURN_IF_ERROR(CheckUtf8("hash_seed", hash_seed));
   KVD_RETURN_IF_ERROR(listen.Validate());
   KVD_RETURN_IF_ERROR(metrics.Validate());
   KVD_RETURN_IF_ERROR(transport.Validate().WithContext("transport"));
@@ -140,6 +175,7 @@ Status DaemonConfig::Validate() const {
     const ModelConfig& m = models[i];
     std::string key = "models[" + std::to_string(i) + "]";
     if (m.name.empty()) return Status::InvalidArgument(key + ".name: must not be empty");
+    KVD_RETURN_IF_ERROR(CheckUtf8(key + ".name", m.name));
     if (!names.insert(m.name).second) {
       return Status::InvalidArgument(key + ".name: \"" + m.name + "\" is registered twice");
     }

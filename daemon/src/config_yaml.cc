@@ -412,7 +412,8 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
         {"max_frame_bytes", "max_chunk_bytes", "reservation_ttl_ms", "lease_ttl_ms",
          "transfer_timeout_ms", "max_sessions", "max_inflight_per_session", "max_lease_ttl_ms",
          "max_leases_per_session", "max_chain_chunks", "handshake_timeout_ms", "frame_timeout_ms",
-         "max_sessions_per_peer", "admin_reserve_sessions"}));
+         "max_sessions_per_peer", "admin_reserve_sessions", "max_frame_bytes_before_hello",
+         "frame_buffer_budget_bytes", "unauthenticated_share", "idle_timeout_ms"}));
     auto& l = c->limits;
     KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_frame_bytes", &l.max_frame_bytes));
     KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_chunk_bytes", &l.max_chunk_bytes));
@@ -435,6 +436,12 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
         GetInt(n, "limits", "max_sessions_per_peer", &l.max_sessions_per_peer, 1, 1 << 20));
     KVD_RETURN_IF_ERROR(
         GetInt(n, "limits", "admin_reserve_sessions", &l.admin_reserve_sessions, 0, 1 << 16));
+    KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_frame_bytes_before_hello",
+                                 &l.max_frame_bytes_before_hello));
+    KVD_RETURN_IF_ERROR(
+        GetBytes(n, "limits", "frame_buffer_budget_bytes", &l.frame_buffer_budget_bytes));
+    KVD_RETURN_IF_ERROR(GetDouble(n, "limits", "unauthenticated_share", &l.unauthenticated_share));
+    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "idle_timeout_ms", &l.idle_timeout_ms, 0, kDay));
   }
   return Status::Ok();
 }

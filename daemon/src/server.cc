@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "kvd/common/log_limiter.h"
 #include "kvd/common/logging.h"
 #include "listen_address.h"
 #include "responses.h"
@@ -65,7 +66,9 @@ void WarnAboutTheTransportsTrust(const DaemonConfig& config) {
 Server::Impl::Impl(DaemonConfig config, ServerDeps deps)
     : config_(std::move(config)),
       deps_(std::move(deps)),
-      clock_(deps_.clock != nullptr ? deps_.clock : Clock::Real()) {
+      clock_(deps_.clock != nullptr ? deps_.clock : Clock::Real()),
+      admission_(config_.limits),
+      frame_budget_(config_.limits.frame_buffer_budget_bytes) {
   // Full size from the start: growing it would rehash every remembered reservation on the io
   // thread, inside a request's latency (0.1-0.8 ms at 10-40 thousand).
   retired_reservations_.reserve(kRetiredReservationMemory);
@@ -111,7 +114,9 @@ Status Server::Impl::Init() {
   if (!address.ok()) return address.status().WithContext("transport address");
   local_address_ = *address;
   const auto& caps = transport_->capabilities();
-  transport_description_ = caps.backend + (caps.transports.empty() ? "" : ":" + caps.transports);
+  // Sent in every HelloReply (Text): made valid UTF-8 whatever the transport reports.
+  transport_description_ = proto::ValidUtf8(
+      caps.backend + (caps.transports.empty() ? "" : ":" + caps.transports));
 
   storage::HostTierOptions host = config_.host_tier;
   host.max_chunk_bytes = config_.limits.max_chunk_bytes;
@@ -399,13 +404,15 @@ asio::awaitable<void> Server::Impl::AcceptTcp() {
     }
     socket.set_option(asio::ip::tcp::no_delay(true), ec);
     std::string peer = "tcp:?";
+    std::string counted_as = "tcp:?";
     auto remote = socket.remote_endpoint(ec);
     PeerInfo info;
     if (!ec) {
       peer = "tcp:" + remote.address().to_string() + ":" + std::to_string(remote.port());
       info.loopback = remote.address().is_loopback();
+      counted_as = Admission::TcpPeer(remote.address());
     }
-    AddSession(asio::generic::stream_protocol::socket(std::move(socket)), peer, info);
+    AddSession(asio::generic::stream_protocol::socket(std::move(socket)), peer, info, counted_as);
   }
 }
 
@@ -427,29 +434,35 @@ asio::awaitable<void> Server::Impl::AcceptUnix() {
       info.uid = cred.uid;
     }
     AddSession(asio::generic::stream_protocol::socket(std::move(socket)), "unix:" + unix_path_,
-               info);
+               info, Admission::UnixPeer(info.uid));
   }
 }
 
 void Server::Impl::AddSession(asio::generic::stream_protocol::socket socket, std::string peer,
-                              PeerInfo info) {
-  const LimitsOptions& limits = config_.limits;
-  // The unix socket (kvdctl on the node) has admin_reserve_sessions slots TCP clients cannot take.
-  const size_t cap = static_cast<size_t>(limits.max_sessions) +
-                     (info.unix_socket ? static_cast<size_t>(limits.admin_reserve_sessions) : 0);
-  // TCP: one remote address may hold max_sessions_per_peer connections.
-  std::string peer_key;
-  if (!info.unix_socket) peer_key = peer.substr(0, peer.rfind(':'));
-  std::string refusal;
-  if (sessions_.size() >= cap) {
-    refusal = "too many sessions: limits.max_sessions=" + std::to_string(limits.max_sessions);
-  } else if (!peer_key.empty() && peer_sessions_[peer_key] >= limits.max_sessions_per_peer) {
-    refusal = "too many sessions from " + peer_key +
-              ": limits.max_sessions_per_peer=" + std::to_string(limits.max_sessions_per_peer);
+                              PeerInfo info, const std::string& counted_as) {
+  const uint64_t id = next_session_id_++;
+  Admission::Decision decision = admission_.Admit(id, counted_as, info.unix_socket);
+  for (uint64_t displaced : decision.displaced) {
+    auto it = sessions_.find(displaced);
+    if (it == sessions_.end()) continue;
+    static LogLimiter limiter(std::chrono::seconds(10));
+    if (uint64_t n = limiter.Occur(); n > 0) {
+      KVD_LOG(WARNING) << "closing the oldest connection without a Hello to admit a new one"
+                       << Kv("session", displaced) << Kv("counted_as", counted_as)
+                       << Kv("handshaking", admission_.handshaking())
+                       << Kv("handshaking_cap", admission_.handshaking_cap())
+                       << Kv("occurrences", n);
+    }
+    it->second->Displace(Status::ResourceExhausted(
+        "connection closed before its Hello to make room for a newer one (limits.max_sessions, "
+        "limits.unauthenticated_share, limits.max_sessions_per_peer); connect again and send "
+        "Hello at once"));
   }
-  if (!refusal.empty()) {
+  if (!decision.refusal.empty()) {
+    const std::string& refusal = decision.refusal;
     ++counters_.sessions_refused;
-    KVD_LOG(WARNING) << "refusing connection" << Kv("peer", peer) << Kv("why", refusal);
+    KVD_LOG(WARNING) << "refusing connection" << Kv("peer", peer) << Kv("counted_as", counted_as)
+                     << Kv("why", refusal);
     // One error frame, best effort, then close.
     auto frame =
         std::make_shared<std::vector<uint8_t>>(MakeError(0, Status::ResourceExhausted(refusal)));
@@ -460,11 +473,6 @@ void Server::Impl::AddSession(asio::generic::stream_protocol::socket socket, std
     });
     return;
   }
-  if (!peer_key.empty()) {
-    peer_sessions_[peer_key]++;
-    session_peer_key_[next_session_id_] = peer_key;
-  }
-  uint64_t id = next_session_id_++;
   ++counters_.sessions_accepted;
   auto session = std::make_shared<Session>(this, id, std::move(socket), peer);
   session->SetPeerInfo(info);
@@ -476,12 +484,7 @@ void Server::Impl::AddSession(asio::generic::stream_protocol::socket socket, std
 
 void Server::Impl::SessionClosed(uint64_t session_id) {
   sessions_.erase(session_id);
-  if (auto k = session_peer_key_.find(session_id); k != session_peer_key_.end()) {
-    if (auto n = peer_sessions_.find(k->second); n != peer_sessions_.end() && --n->second <= 0) {
-      peer_sessions_.erase(n);
-    }
-    session_peer_key_.erase(k);
-  }
+  admission_.Remove(session_id);
   session_count_.store(sessions_.size());
   if (shutting_down_ && sessions_.empty() && shutdown_deadline_) shutdown_deadline_->cancel();
 }

@@ -14,6 +14,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "admission.h"
 #include "asio_util.h"
 #include "auth.h"
 #include "event_hub.h"
@@ -25,6 +26,7 @@
 #include "metrics_http.h"
 #include "nccl_link.h"
 #include "progress_loop.h"
+#include "read_buffer.h"
 #include "shm_arena.h"
 
 namespace kvd::daemon {
@@ -125,6 +127,10 @@ class Server::Impl {
   std::optional<Status> RetiredReason(uint64_t id) const;
 
   void SessionClosed(uint64_t session_id);
+  // Session `session_id` completed its Hello (Admission: it no longer counts as handshaking).
+  void SessionAuthenticated(uint64_t session_id) { admission_.Authenticated(session_id); }
+  // Bytes all connections may hold in frames over their base read buffer (read_buffer.h).
+  FrameBudget& frame_budget() { return frame_budget_; }
   size_t session_count() const { return session_count_.load(); }
 
   std::string tcp_address_;      // set by Start
@@ -134,7 +140,9 @@ class Server::Impl {
  private:
   asio::awaitable<void> AcceptTcp();
   asio::awaitable<void> AcceptUnix();
-  void AddSession(asio::generic::stream_protocol::socket socket, std::string peer, PeerInfo info);
+  // `counted_as`: the peer Admission counts it under (Admission::UnixPeer / TcpPeer).
+  void AddSession(asio::generic::stream_protocol::socket socket, std::string peer, PeerInfo info,
+                  const std::string& counted_as);
   asio::awaitable<void> ExpiryLoop();
   void BeginShutdown();
   void StartPrefault();
@@ -173,8 +181,8 @@ class Server::Impl {
   std::optional<asio::steady_timer> shutdown_deadline_;
   std::map<uint64_t, std::shared_ptr<Session>> sessions_;
   std::atomic<size_t> session_count_{0};
-  std::unordered_map<std::string, int> peer_sessions_;          // TCP sessions per remote address
-  std::unordered_map<uint64_t, std::string> session_peer_key_;  // session id -> that address
+  Admission admission_;  // who may take a session slot (admission.h)
+  FrameBudget frame_budget_;
   uint64_t next_session_id_ = 1;
   bool shutting_down_ = false;
   std::atomic<bool> shutdown_requested_{false};

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "kvd/common/log_limiter.h"
 #include "kvd/common/logging.h"
 #include "kvd/proto/convert.h"
 #include "responses.h"
@@ -24,6 +25,7 @@ Session::Session(Server::Impl* server, uint64_t id, Socket socket, std::string p
       socket_(std::move(socket)),
       peer_(std::move(peer)),
       read_deadline_(server->io()),
+      idle_(server->io()),
       writer_event_(server->io()),
       reader_event_(server->io()),
       idle_event_(server->io()),
@@ -55,10 +57,49 @@ void Session::ArmReadDeadline(int64_t ms, const char* why) {
   });
 }
 
+void Session::Displace(const Status& why) {
+  if (closed_ || read_closed_) return;
+  uint64_t seq = next_seq_++;
+  CompleteError(seq, 0, why);
+  CloseAfter(seq);
+}
+
+void Session::LogFrameRefused(const Status& why) {
+  static LogLimiter limiter(std::chrono::seconds(10));
+  if (uint64_t n = limiter.Occur(); n > 0) {
+    KVD_LOG(WARNING) << "frame refused: the frame buffer budget is spent; closing"
+                     << Kv("session", id_) << Kv("peer", peer_) << Kv("occurrences", n)
+                     << Kv("status", why);
+  }
+}
+
+void Session::StartIdleWatch() {
+  const int64_t timeout = server_->config().limits.idle_timeout_ms;
+  if (timeout <= 0 || keep_idle_) return;
+  std::weak_ptr<Session> weak = weak_from_this();
+  idle_.Start(
+      timeout,
+      [weak] {
+        auto self = weak.lock();
+        return self == nullptr || self->subscription_ != nullptr || self->handlers_running_ > 0 ||
+               !self->pending_puts_.empty() || self->next_seq_ != self->next_write_seq_;
+      },
+      [weak, timeout] {
+        auto self = weak.lock();
+        if (self == nullptr || self->closed_) return;
+        ++self->server_->counters().read_timeouts;
+        KVD_LOG(INFO) << "closing idle session: no request within limits.idle_timeout_ms"
+                      << Kv("session", self->id_) << Kv("client", self->client_id_)
+                      << Kv("peer", self->peer_) << Kv("timeout_ms", timeout);
+        self->Close("idle");
+      });
+}
+
 void Session::Close(const std::string& reason) {
   if (closed_) return;
   KVD_LOG(DEBUG) << "closing session" << Kv("session", id_) << Kv("reason", reason);
   closed_ = true;
+  idle_.Stop();
   boost::system::error_code ec;
   socket_.shutdown(asio::socket_base::shutdown_both, ec);
   socket_.close(ec);
@@ -182,17 +223,29 @@ asio::awaitable<bool> Session::CancelAndRelease(TransferHandle h, bool nccl) {
 }
 
 asio::awaitable<void> Session::ReadLoop() {
-  const uint32_t max_frame = server_->config().limits.max_frame_bytes;
   const int max_inflight = server_->config().limits.max_inflight_per_session;
   const LimitsOptions& limits = server_->config().limits;
+  // Before Hello only small frames (a Hello is a few hundred bytes): a connection that has not
+  // authenticated never holds more than its base buffer.
+  const uint32_t before_hello = std::min(limits.max_frame_bytes_before_hello, limits.max_frame_bytes);
+  auto frame_length = [&](const uint8_t* header) -> StatusOr<uint32_t> {
+    if (hello_done_) {
+      return proto::ParseFrameHeader({header, proto::kFrameHeaderBytes}, limits.max_frame_bytes);
+    }
+    auto length = proto::ParseFrameHeader({header, proto::kFrameHeaderBytes}, before_hello);
+    if (!length.ok() && length.status().code() == StatusCode::kOutOfRange) {
+      return length.status().WithContext(
+          "before Hello (limits.max_frame_bytes_before_hello=" + std::to_string(before_hello) +
+          ")");
+    }
+    return length;
+  };
   ArmReadDeadline(limits.handshake_timeout_ms, "no Hello within limits.handshake_timeout_ms");
   // Buffered: one read takes whatever the socket has (usually a whole request, or several
   // pipelined ones), and every complete frame in the buffer is handled before the next read.
-  // The buffer starts at 16 KiB (most requests are well under 1 KiB) and grows only as a larger
-  // frame's bytes arrive (doubling, so a frame costs at most twice its received bytes); a header
-  // alone reserves nothing.
-  constexpr size_t kReadBufferBytes = 16 << 10;
-  std::vector<uint8_t> in(kReadBufferBytes);
+  // A frame larger than the 16 KiB base buffer gets a buffer of its own size, charged to the
+  // daemon's frame budget (read_buffer.h): a partial frame costs the bytes received.
+  ReadBuffer in(&server_->frame_budget());
   size_t begin = 0, end = 0;          // unhandled bytes are in[begin, end)
   bool frame_deadline_armed = false;  // armed for the partial frame at in[begin]
   boost::system::error_code ec;
@@ -205,8 +258,7 @@ asio::awaitable<void> Session::ReadLoop() {
         at_limit = true;
         break;
       }
-      auto length =
-          proto::ParseFrameHeader({in.data() + begin, proto::kFrameHeaderBytes}, max_frame);
+      auto length = frame_length(in.data() + begin);
       if (!length.ok()) {
         // The stream cannot be resynchronised: say why, then close.
         ++server_->counters().bad_frames;
@@ -251,16 +303,23 @@ asio::awaitable<void> Session::ReadLoop() {
     // Read more: keep the partial frame at the front, and make room for it.
     if (begin == end) {
       begin = end = 0;
-      // Large frames are rare: give their memory back instead of keeping the high-water mark.
-      if (in.size() > (1u << 20)) std::vector<uint8_t>(kReadBufferBytes).swap(in);
     } else if (begin > 0) {
       std::memmove(in.data(), in.data() + begin, end - begin);
       end -= begin;
       begin = 0;
     }
-    if (end == in.size()) {  // a frame larger than the buffer (its header is in)
-      const auto length = proto::ParseFrameHeader({in.data(), proto::kFrameHeaderBytes}, max_frame);
-      in.resize(std::min<size_t>(in.size() * 2, proto::kFrameHeaderBytes + *length));
+    // Large frames are rare: their buffer goes back as soon as what is left fits the base one.
+    if (in.large() && end <= ReadBuffer::kBaseBytes) in.Shrink(end);
+    if (end == in.size()) {  // a frame larger than the buffer (its header is in, and valid)
+      const auto length = frame_length(in.data());
+      if (Status fit = in.Fit(proto::kFrameHeaderBytes + *length, end); !fit.ok()) {
+        LogFrameRefused(fit);
+        uint64_t seq = next_seq_++;
+        CompleteError(seq, 0, fit);
+        CloseAfter(seq);
+        FlushReplies();
+        break;
+      }
     }
     // After Hello the connection may idle between frames, but never stall inside one. Before
     // Hello the handshake deadline keeps running.
@@ -284,6 +343,7 @@ asio::awaitable<void> Session::ReadLoop() {
       break;
     }
     end += got;
+    idle_.Touch();
   }
   dispatching_ = false;
   read_deadline_.cancel();

@@ -25,6 +25,8 @@
 
 #include "asio_util.h"
 #include "event_hub.h"
+#include "idle_watch.h"
+#include "read_buffer.h"
 #include "kvd/common/layout.h"
 #include "kvd/proto/frame.h"
 #include "kvd/proto/kvd.capnp.h"
@@ -48,6 +50,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void Start();
   // Closes the connection now (shutdown): teardown follows as described above.
   void Close(const std::string& reason);
+  // Admission made room for a newcomer by closing this connection (no Hello yet): it gets `why`
+  // as an Error, then the connection closes.
+  void Displace(const Status& why);
   // Expires this connection's reservations whose deadline (Clock ns) passed and that no
   // Commit/Abort is working on: receive cancelled, space returned, late Commit gets ABORTED.
   void ExpireReservations(int64_t now_ns);
@@ -306,6 +311,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // header). Re-armed / cancelled by ReadLoop.
   asio::steady_timer read_deadline_;
   void ArmReadDeadline(int64_t ms, const char* why);
+  // limits.idle_timeout_ms after Hello, unless the Hello asked to be kept (Hello.keepIdle).
+  bool keep_idle_ = false;
+  IdleWatch idle_;
+  void StartIdleWatch();
+  // A frame refused by the frame budget: a WARNING, at most one per 10 s for all sessions.
+  void LogFrameRefused(const Status& why);
   Event writer_event_;
   Event reader_event_;
   Event idle_event_;

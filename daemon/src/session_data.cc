@@ -256,6 +256,7 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
   const uint32_t codec = hello.getCodecId();
   const bool wants_shm = hello.getSharedMemory();
   const bool read_only = hello.getReadOnly();
+  const bool keep_idle = hello.getKeepIdle();
   const std::string token = hello.getAuthToken();
   StatusOr<ModelLayout> layout = Status::InvalidArgument("no layout");
   if (role == proto::Role::ENGINE) layout = proto::FromProto(hello.getLayout());
@@ -357,6 +358,9 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
     engine_ = true;
   }
   hello_done_ = true;
+  server_->SessionAuthenticated(id_);
+  keep_idle_ = keep_idle;
+  StartIdleWatch();
   client_id_ = client_id;
   name_space_ = name_space.empty() ? "default" : name_space;
   read_only_ = read_only;

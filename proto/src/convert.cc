@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "kvd/common/utf8.h"
+
 namespace kvd::proto {
 
 void ToProto(const kvd::ModelLayout& l, ModelLayout::Builder out) {
@@ -70,34 +72,10 @@ kvd::Hash128 FromProto(Hash128::Reader in) { return kvd::Hash128{in.getHi(), in.
 std::string ValidUtf8(std::string_view in) {
   std::string out;
   out.reserve(in.size());
-  size_t i = 0;
-  while (i < in.size()) {
-    const auto c = static_cast<unsigned char>(in[i]);
-    size_t n = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      out.push_back(static_cast<char>(c));
-      ++i;
-      continue;
-    } else if (c >= 0xc2 && c <= 0xdf) {
-      n = 1, cp = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      n = 2, cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      n = 3, cp = c & 0x07;
-    }
-    bool ok = n > 0 && i + n < in.size();
-    for (size_t k = 1; ok && k <= n; ++k) {
-      const auto cc = static_cast<unsigned char>(in[i + k]);
-      ok = (cc & 0xc0) == 0x80;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    // Overlong forms, surrogates and code points past U+10FFFF are invalid too.
-    ok = ok && !(n == 2 && cp < 0x800) && !(n == 3 && cp < 0x10000) && cp <= 0x10ffff &&
-         !(cp >= 0xd800 && cp <= 0xdfff);
-    if (ok) {
-      out.append(in.substr(i, n + 1));
-      i += n + 1;
+  for (size_t i = 0; i < in.size();) {
+    if (const size_t n = kvd::Utf8SequenceBytes(in, i); n > 0) {
+      out.append(in.substr(i, n));
+      i += n;
     } else {
       out += "\xef\xbf\xbd";  // U+FFFD for the one bad byte; resynchronise on the next
       ++i;

@@ -188,6 +188,16 @@ TEST(ConfigTest, InvalidValuesNameKeyAndValue) {
       {"hash_seed: ''", {"hash_seed"}},
       {"listen: {tcp: '', unix: ''}", {"listen", "disabled"}},
       {"node: [1, 2", {"YAML error", "line"}},
+      // Strings kvd sends to clients must be UTF-8 (raw bytes 0xff, 0xc3 0x28 here).
+      {"node: \"kvd-\xff\"", {"node: not valid UTF-8", "0xff", "offset 4"}},
+      {"hash_seed: \"seed\xc3\x28\"", {"hash_seed: not valid UTF-8", "0xc3"}},
+      {"models: [{name: \"m\xfe\", layout: {layers: 1, kv_heads: 1, q_heads: 1, head_dim: 2}}]",
+       {"models[0].name: not valid UTF-8", "0xfe"}},
+      {"limits: {unauthenticated_share: 0}", {"limits.unauthenticated_share", "(0, 1]"}},
+      {"limits: {max_frame_bytes_before_hello: 512}",
+       {"limits.max_frame_bytes_before_hello", "512"}},
+      {"limits: {max_frame_bytes: 128MiB}", {"limits.frame_buffer_budget_bytes", "134217728"}},
+      {"limits: {idle_timeout_ms: -1}", {"limits.idle_timeout_ms", "-1"}},
   };
   for (const auto& c : cases) {
     auto parsed = ParseConfigYaml(c.yaml, "test.yaml");

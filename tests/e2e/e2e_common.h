@@ -7,10 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <capnp/message.h>
+
 #include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
@@ -18,6 +21,8 @@
 
 #include "kvd/client/client.h"
 #include "kvd/client/kvd_client.h"
+#include "kvd/proto/frame.h"
+#include "kvd/proto/kvd.capnp.h"
 #include "kvd_process.h"
 #include "test_hooks.h"
 
@@ -223,6 +228,48 @@ inline client::TierStats HostTier(client::Client& admin) {
   }
   ADD_FAILURE() << "no host tier in stats";
   return {};
+}
+
+// Resident memory of a process (VmRSS, bytes) from /proc.
+inline uint64_t RssBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// An admin Hello frame (raw connections of the limits tests); `keep_idle`: Hello.keepIdle.
+inline std::vector<uint8_t> AdminHelloFrame(bool keep_idle = false) {
+  capnp::MallocMessageBuilder m;
+  auto req = m.initRoot<proto::Request>();
+  req.setRequestId(1);
+  auto h = req.initHello();
+  h.setProtocolVersion(proto::PROTOCOL_VERSION);
+  h.setClientId("raw-admin");
+  h.setRole(proto::Role::ADMIN);
+  h.setKeepIdle(keep_idle);
+  return proto::EncodeFrame(m);
+}
+
+// A raw connection to kvd's TCP socket whose admin Hello (AdminHelloFrame) was accepted; null
+// (a test failure) otherwise.
+inline std::unique_ptr<RawConnection> OpenAuthenticated(const KvdProcess& kvd,
+                                                        bool keep_idle = true) {
+  auto r = RawConnection::Open(kvd.tcp_address());
+  if (!r.ok()) {
+    ADD_FAILURE() << r.status();
+    return nullptr;
+  }
+  const auto hello = AdminHelloFrame(keep_idle);
+  Status s = (*r)->Write(hello.data(), hello.size());
+  if (s.ok()) s = (*r)->ReadResponseStatus(std::chrono::seconds(5));
+  if (!s.ok()) {
+    ADD_FAILURE() << "admin Hello: " << s;
+    return nullptr;
+  }
+  return std::move(*r);
 }
 
 }  // namespace kvd::e2e

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -367,7 +368,8 @@ StatusOr<std::string> ChildProcess::ReadLine(std::chrono::milliseconds timeout) 
   }
 }
 
-StatusOr<std::unique_ptr<RawConnection>> RawConnection::Open(const std::string& tcp_address) {
+StatusOr<std::unique_ptr<RawConnection>> RawConnection::Open(const std::string& tcp_address,
+                                                             const std::string& source_ip) {
   auto addr = client::ParseDaemonAddress(tcp_address);
   if (!addr.ok()) return addr.status();
   sockaddr_in sin{};
@@ -376,6 +378,18 @@ StatusOr<std::unique_ptr<RawConnection>> RawConnection::Open(const std::string& 
   ::inet_pton(AF_INET, addr->host.c_str(), &sin.sin_addr);
   auto c = std::unique_ptr<RawConnection>(new RawConnection());
   c->fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (c->fd_ < 0) return Status::Unavailable(std::string("socket: ") + std::strerror(errno));
+  // A write the daemon never drains fails after 10 s instead of hanging the test.
+  timeval send_timeout{10, 0};
+  ::setsockopt(c->fd_, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
+  if (!source_ip.empty()) {
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    ::inet_pton(AF_INET, source_ip.c_str(), &src.sin_addr);
+    if (::bind(c->fd_, reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) {
+      return Status::Unavailable("bind " + source_ip + ": " + std::strerror(errno));
+    }
+  }
   if (::connect(c->fd_, reinterpret_cast<sockaddr*>(&sin), sizeof sin) != 0) {
     return Status::Unavailable(std::string("connect: ") + std::strerror(errno));
   }

@@ -144,7 +144,9 @@ class ChildProcess {
 // A raw control connection that writes arbitrary bytes and reads frames (bad-input tests).
 class RawConnection {
  public:
-  static StatusOr<std::unique_ptr<RawConnection>> Open(const std::string& tcp_address);
+  // `source_ip` (IPv4, e.g. "127.0.0.2"): the local address to connect from ("" = any).
+  static StatusOr<std::unique_ptr<RawConnection>> Open(const std::string& tcp_address,
+                                                       const std::string& source_ip = "");
   ~RawConnection();
   Status Write(const void* data, size_t size);
   // Reads one response frame within the timeout and returns its Status (OK unless it is an

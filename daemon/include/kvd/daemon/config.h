@@ -106,9 +106,28 @@ struct LimitsOptions {
   // Once a frame's header arrived, its whole payload must arrive within this; else the
   // connection is closed (a peer that stalls mid-frame holds nothing for long). Default 10000.
   int64_t frame_timeout_ms = 10000;
-  // Connections from one TCP address (IP) at once; more are refused (RESOURCE_EXHAUSTED).
-  // Default 256. Must be > 0.
+  // Connections from one peer at once: a unix-socket peer is its uid (SO_PEERCRED), a TCP peer
+  // its IP address, every loopback address (127.0.0.0/8, ::1) being one peer. A new connection
+  // beyond it closes that peer's oldest connection without a completed Hello, or is refused
+  // (RESOURCE_EXHAUSTED) when the peer has none. Default 256. Must be > 0.
   int max_sessions_per_peer = 256;
+  // Largest frame payload a connection may send before its Hello completed (a Hello is a few
+  // hundred bytes); never more than max_frame_bytes. A bigger one gets OUT_OF_RANGE and the
+  // connection is closed. Default 16 KiB. Range [1 KiB, 256 MiB].
+  uint32_t max_frame_bytes_before_hello = 16u << 10;
+  // Bytes all connections together may hold for frames larger than a connection's 16 KiB read
+  // buffer (a frame's whole size is counted from its header on, until it has been handled). A
+  // frame that would go past it gets RESOURCE_EXHAUSTED and its connection is closed.
+  // Default 64 MiB. Must be >= max_frame_bytes + 12 (one largest frame with its header).
+  uint64_t frame_buffer_budget_bytes = 64ull << 20;
+  // Share of max_sessions that connections without a completed Hello may hold (at least one
+  // connection); the rest is kept for authenticated sessions. Beyond it a new connection closes
+  // the oldest connection without a completed Hello. Default 0.25. Range (0, 1].
+  double unauthenticated_share = 0.25;
+  // A session whose Hello completed and that sends no request for this long is closed, unless
+  // it asked to be kept (Hello.keepIdle; the kvd client's engines do) or it has an event
+  // subscription, requests in flight or puts pending. 0 = never. Default 600000 (10 minutes).
+  int64_t idle_timeout_ms = 600000;
   // Unix-socket connections accepted beyond max_sessions, so that kvdctl on the node still gets
   // in when TCP clients took every slot. Default 16. Must be >= 0.
   int admin_reserve_sessions = 16;
@@ -175,7 +194,8 @@ struct MachineResources {
 
 // The whole topology of one kvd node.
 struct DaemonConfig {
-  // Name of this node (stats, health, logs). Default "kvd-local". Non-empty.
+  // Name of this node (stats, health, logs). Default "kvd-local". Non-empty, UTF-8 (like every
+  // configured string kvd sends to clients: hash_seed and model names too).
   std::string node_name = "kvd-local";
   ListenOptions listen;
   // The /metrics endpoint (metrics.listen). Default off.
@@ -294,5 +314,9 @@ std::string_view EmbeddedDefaultConfigYaml();
 StatusOr<uint64_t> ParseByteSize(std::string_view text);
 // 1073741824 -> "1GiB", 1536 -> "1536B" (exact units only).
 std::string FormatByteSize(uint64_t bytes);
+
+// OK when `value` is well-formed UTF-8; else INVALID_ARGUMENT naming `key`, the first bad byte
+// and its offset. Every configured string kvd sends to clients goes through it at load.
+Status CheckUtf8(const std::string& key, std::string_view value);
 
 }  // namespace kvd::daemon
