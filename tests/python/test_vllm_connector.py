@@ -44,6 +44,7 @@ import pytest
 
 import kvd
 from kvd.vllm import KvdConnector, KVConnectorRole
+from kvd_daemon import KvdDaemon
 
 LAYERS, HEADS, DIM, BLOCK = 5, 4, 8, 16  # stories260k in the test daemon; vLLM block_size 16
 
@@ -446,3 +447,39 @@ def test_best_effort_cache_settings(daemon):
     c = KvdConnector(vllm_config(daemon), KVConnectorRole.SCHEDULER)
     assert c.requires_kv_delivery is False  # a lost save is a later miss, never awaited KV
     c.shutdown()
+
+
+def test_reconnects_to_a_restarted_kvd_while_called_more_than_once_a_second():
+    """kvd killed, then started again at the same address: a scheduler looking up every 50 ms
+    (a busy engine calls the connector many times a second) finds the new kvd's chunks about a
+    second after it is back. Calls refused by the once-a-second back-off must not push the next
+    connection attempt back."""
+    first = KvdDaemon(node="reconnect")
+    second = None
+    try:
+        engine = Engine(first, seed=11)
+        tokens = prompt(11, 512)
+        request = types.SimpleNamespace(request_id="q", prompt_token_ids=tokens,
+                                        num_computed_tokens=0, num_tokens=len(tokens))
+        assert engine.sched.get_num_new_matched_tokens(request, 0) == (0, False)
+        first.proc.kill()
+        first.proc.wait()
+        for _ in range(20):  # kvd gone: misses, never an exception
+            assert engine.sched.get_num_new_matched_tokens(request, 0) == (0, False)
+            time.sleep(0.05)
+        second = KvdDaemon(node="reconnect", listen=first.address)
+        writer = Engine(second, seed=12)
+        r, _ = writer.add_request("w", tokens)
+        writer.step(new=[r], num_scheduled={"w": 512})
+        assert stored_chunks(second, tokens) == 2
+        writer.close()
+        deadline = time.monotonic() + 5
+        while engine.sched.get_num_new_matched_tokens(request, 0)[0] == 0:
+            assert time.monotonic() < deadline, "no hit 5 s after kvd came back"
+            time.sleep(0.05)
+        assert engine.sched.get_num_new_matched_tokens(request, 0) == (511, True)
+        engine.close()
+    finally:
+        for d in (first, second):
+            if d is not None:
+                d.stop()

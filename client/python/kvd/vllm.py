@@ -112,6 +112,10 @@ else:
             return self._connector_metadata
 
 
+class _Backoff(ConnectionError):
+    """kvd was unreachable less than a second ago: no new connection is tried yet."""
+
+
 @dataclasses.dataclass
 class RequestPlan:
     """What the worker does for one request in one step."""
@@ -220,11 +224,11 @@ class KvdConnector(KVConnectorBase_V1):
         return client
 
     def _connect(self):
-        """The main connection. Raises kvd.Error where connecting fails, ConnectionError for a
-        second after that (each call would otherwise wait for a refused connect)."""
+        """The main connection. Raises kvd.Error where connecting fails, _Backoff for a second
+        after that (each call would otherwise wait for a refused connect)."""
         if self._client is None:
             if time.monotonic() < self._retry_at:
-                raise ConnectionError("kvd unreachable less than a second ago")
+                raise _Backoff("kvd unreachable less than a second ago")
             try:
                 self._client = self._new_client()
             except kvd.Error:
@@ -234,7 +238,11 @@ class KvdConnector(KVConnectorBase_V1):
 
     def _drop_client(self, what, error):
         """After a failed kvd call: logs it and reconnects at the next use. vLLM goes on
-        without kvd meanwhile (misses and dropped saves, never wrong KV)."""
+        without kvd meanwhile (misses and dropped saves, never wrong KV). A call refused by
+        the back-off neither logs nor pushes the next attempt back: an engine calling more
+        often than once a second must still reconnect a second after kvd is back."""
+        if isinstance(error, _Backoff):
+            return
         _log.warning("kvd %s failed, vLLM goes on without it: %s", what, error)
         if self._client is not None:
             try:
@@ -314,6 +322,11 @@ class KvdConnector(KVConnectorBase_V1):
                 state.block_ids = list(new_blocks[0]) if new_blocks is not None else []
             elif new_blocks is not None:
                 state.block_ids.extend(new_blocks[0])
+            if req_id in resumed and chunk:
+                _log.info("request %s resumed after a preemption in %d new blocks; %d of its "
+                          "%d full prompt chunks are still to save", req_id,
+                          len(state.block_ids), len(state.token_ids) // chunk -
+                          state.saved_chunks, len(state.token_ids) // chunk)
             plan = self._scheduled(state, req_id, cached.num_computed_tokens[i],
                                    scheduler_output.num_scheduled_tokens[req_id], chunk,
                                    first=req_id in resumed)
@@ -423,6 +436,8 @@ class KvdConnector(KVConnectorBase_V1):
                 staged = self._stage(self._connect(), plan)
             except (kvd.Error, ConnectionError) as e:
                 self._drop_client("load", e)
+                _log.warning("request %s: no load from kvd: tokens %d..%d are recomputed",
+                             plan.req_id, plan.load_start, plan.load_end)
                 self._fail_blocks(plan, plan.load_start, plan.load_end)
                 continue
             self._loads.append((plan, staged))
