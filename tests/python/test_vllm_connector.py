@@ -34,6 +34,7 @@ loads.
 """
 
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -483,3 +484,29 @@ def test_reconnects_to_a_restarted_kvd_while_called_more_than_once_a_second():
         for d in (first, second):
             if d is not None:
                 d.stop()
+
+
+def test_a_kvd_that_stops_answering_costs_each_call_at_most_its_deadline():
+    """kvd frozen (SIGSTOP: its sockets accept, nothing answers). Every connector call returns
+    within kvd_timeout_ms (plus scheduling slack) as a miss, and only a few of 60 calls made
+    over 3 s wait at all: the back-off doubles while kvd keeps failing."""
+    d = KvdDaemon(node="frozen")
+    try:
+        sched = KvdConnector(vllm_config(d, kvd_timeout_ms=500), KVConnectorRole.SCHEDULER)
+        tokens = prompt(12, 512)
+        request = types.SimpleNamespace(request_id="f", prompt_token_ids=tokens,
+                                        num_computed_tokens=0, num_tokens=len(tokens))
+        assert sched.get_num_new_matched_tokens(request, 0) == (0, False)  # connected
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        waits = []
+        for _ in range(60):
+            t = time.monotonic()
+            assert sched.get_num_new_matched_tokens(request, 0) == (0, False)
+            waits.append(time.monotonic() - t)
+            time.sleep(0.05)
+        assert max(waits) < 1.5, f"a call waited {max(waits):.1f} s (deadline 0.5 s)"
+        slow = sum(w > 0.25 for w in waits)
+        assert slow <= 3, f"{slow} of 60 calls waited for kvd: {[round(w, 2) for w in waits]}"
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+        d.stop()
