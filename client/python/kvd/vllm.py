@@ -10,7 +10,9 @@ Enable it with (the module path and class name are what vLLM's connector factory
 ``kvd_model`` must be registered in the daemon's topology with the layout vLLM holds on this
 rank (layers, KV heads per rank, head dim, dtype); register_kv_caches checks it. Optional
 extra keys: ``kvd_namespace``, ``kvd_hash_seed``, ``kvd_ucx_tls``, ``kvd_net_devices``, and
-``kvd_async_load`` (default true, see below).
+``kvd_async_load`` (default true, see below), ``kvd_timeout_ms`` (default 2000: the deadline of
+every kvd call, connecting included; after a failure the connector tries kvd again 1 s later,
+doubling up to 30 s while it keeps failing, so a kvd that hangs costs vLLM little time).
 
 Loads are asynchronous by default (vLLM's async KV load, as LMCache's and Mooncake's connectors
 do): a request with tokens in kvd waits in vLLM's WAITING_FOR_REMOTE_KVS state while a loader
@@ -112,6 +114,34 @@ else:
             return self._connector_metadata
 
 
+class _BackedOff(ConnectionError):
+    """kvd failed moments ago: no new connection is tried before the back-off ends."""
+
+
+class _Reconnect:
+    """When the connector may try kvd again after failures: 1 s after a failure, doubling with
+    each failure in a row up to 30 s; a connection that succeeds resets it. A kvd that hangs
+    instead of refusing then costs vLLM one deadline (kvd_timeout_ms) per period, not one per
+    call; a kvd that is back is found within the period."""
+
+    FIRST_S, MAX_S = 1.0, 30.0
+
+    def __init__(self):
+        self._at = 0.0    # no new connection before this (time.monotonic)
+        self._wait = 0.0  # the current period, seconds (0: no failure since the last success)
+
+    def check(self):
+        if time.monotonic() < self._at:
+            raise _BackedOff(f"kvd failed less than {self._wait:g} s ago")
+
+    def failed(self):
+        self._wait = min(self.MAX_S, 2 * self._wait if self._wait else self.FIRST_S)
+        self._at = time.monotonic() + self._wait
+
+    def succeeded(self):
+        self._wait = 0.0
+
+
 @dataclasses.dataclass
 class RequestPlan:
     """What the worker does for one request in one step."""
@@ -175,7 +205,10 @@ class KvdConnector(KVConnectorBase_V1):
         self._client = None
         self._chunk_tokens = 0      # kvd's, known from the first connection
         self._layout = None         # kvd's model layout (dict), from the first connection
-        self._retry_at = 0.0        # no new connection before this (time.monotonic) after a failure
+        self._timeout_ms = int(self._cfg.get("kvd_timeout_ms", DEFAULT_TIMEOUT_MS))
+        if self._timeout_ms <= 0:
+            raise ValueError(f"kvd_timeout_ms must be > 0, got {self._timeout_ms}")
+        self._reconnect = _Reconnect()  # when the main connection may be tried again
         # scheduler side
         self._requests: dict[str, _SchedulerRequest] = {}
         self._pending_loads: dict[str, int] = {}  # req_id -> external tokens to load in-step
@@ -210,7 +243,7 @@ class KvdConnector(KVConnectorBase_V1):
             namespace=cfg.get("kvd_namespace", ""),
             hash_seed=cfg.get("kvd_hash_seed", "kvd-default-seed"),
             ucx_tls=cfg.get("kvd_ucx_tls", ""), net_devices=cfg.get("kvd_net_devices", ""),
-            client_id=f"vllm-{self.role.name.lower()}{suffix}")
+            client_id=f"vllm-{self.role.name.lower()}{suffix}", timeout_ms=self._timeout_ms)
         if client.chunk_tokens % self._block_size:
             client.close()
             raise ValueError(f"kvd chunk_tokens {client.chunk_tokens} is not a multiple "
@@ -220,21 +253,26 @@ class KvdConnector(KVConnectorBase_V1):
         return client
 
     def _connect(self):
-        """The main connection. Raises kvd.Error where connecting fails, ConnectionError for a
-        second after that (each call would otherwise wait for a refused connect)."""
+        """The main connection. Raises _BackedOff where connecting fails (logged) and until the
+        back-off (_Reconnect) lets the next attempt go: each call would otherwise wait for a
+        refused or unanswered connect."""
         if self._client is None:
-            if time.monotonic() < self._retry_at:
-                raise ConnectionError("kvd unreachable less than a second ago")
+            self._reconnect.check()
             try:
                 self._client = self._new_client()
-            except kvd.Error:
-                self._retry_at = time.monotonic() + 1.0
-                raise
+            except kvd.Error as e:
+                self._drop_client("connect", e)
+                raise _BackedOff(str(e)) from e
+            self._reconnect.succeeded()
         return self._client
 
     def _drop_client(self, what, error):
         """After a failed kvd call: logs it and reconnects at the next use. vLLM goes on
-        without kvd meanwhile (misses and dropped saves, never wrong KV)."""
+        without kvd meanwhile (misses and dropped saves, never wrong KV). A call refused by
+        the back-off neither logs nor pushes the next attempt back: an engine calling many
+        times a second must still reconnect when the back-off ends."""
+        if isinstance(error, _BackedOff):
+            return
         _log.warning("kvd %s failed, vLLM goes on without it: %s", what, error)
         if self._client is not None:
             try:
@@ -242,7 +280,7 @@ class KvdConnector(KVConnectorBase_V1):
             except Exception:  # noqa: BLE001 - the connection is already broken
                 pass
             self._client = None
-        self._retry_at = time.monotonic() + 1.0
+        self._reconnect.failed()
 
     # ==== scheduler side ====
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
@@ -314,6 +352,11 @@ class KvdConnector(KVConnectorBase_V1):
                 state.block_ids = list(new_blocks[0]) if new_blocks is not None else []
             elif new_blocks is not None:
                 state.block_ids.extend(new_blocks[0])
+            if req_id in resumed and chunk:
+                _log.info("request %s resumed after a preemption in %d new blocks; %d of its "
+                          "%d full prompt chunks are still to save", req_id,
+                          len(state.block_ids), len(state.token_ids) // chunk -
+                          state.saved_chunks, len(state.token_ids) // chunk)
             plan = self._scheduled(state, req_id, cached.num_computed_tokens[i],
                                    scheduler_output.num_scheduled_tokens[req_id], chunk,
                                    first=req_id in resumed)
@@ -423,6 +466,8 @@ class KvdConnector(KVConnectorBase_V1):
                 staged = self._stage(self._connect(), plan)
             except (kvd.Error, ConnectionError) as e:
                 self._drop_client("load", e)
+                _log.warning("request %s: no load from kvd: tokens %d..%d are recomputed",
+                             plan.req_id, plan.load_start, plan.load_end)
                 self._fail_blocks(plan, plan.load_start, plan.load_end)
                 continue
             self._loads.append((plan, staged))
@@ -640,6 +685,8 @@ class _TokenAccess:
                        axis=1)
         flat[self.offsets.reshape(-1)] = src.reshape(-1)
 
+
+DEFAULT_TIMEOUT_MS = 2000
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
