@@ -18,6 +18,11 @@
 // leases: readers copy out (ReadInto), and the TierManager promotes hits into the host tier where
 // leases apply.
 //
+// Damage: a RocksDB background error (a compaction that hit a damaged block) stops writes, not
+// reads (Health().writes_stopped; Insert refuses); a damaged database at Open is moved aside and
+// what RocksDB's RepairDB recovers from a copy is served (Health().start). docs/reliability.md,
+// "A disk tier that degrades".
+//
 // Thread safety: thread-safe. mu_ (in Impl) guards the in-memory index, the LRU list, the set
 // of keys being written and the counters. An Insert claims its key and space under mu_, writes
 // to RocksDB without it, then publishes under it (a concurrent Insert of the same key gets the
