@@ -350,9 +350,9 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
       c->gpu_tier = gpu;
     }
     if (YAML::Node d = n["disk"]; d.IsDefined() && !d.IsNull()) {
-      KVD_RETURN_IF_ERROR(CheckMap(
-          d, "tiers.disk",
-          {"path", "capacity", "use_wal", "sync_writes", "verify_checksums", "block_cache"}));
+      KVD_RETURN_IF_ERROR(CheckMap(d, "tiers.disk",
+                                   {"path", "capacity", "use_wal", "sync_writes",
+                                    "verify_checksums", "block_cache", "on_error"}));
       storage::DiskTierOptions disk;
       KVD_RETURN_IF_ERROR(GetString(d, "tiers.disk", "path", &disk.path));
       if (disk.path.empty()) return Status::InvalidArgument("tiers.disk.path: required");
@@ -361,6 +361,16 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
       KVD_RETURN_IF_ERROR(GetBool(d, "tiers.disk", "sync_writes", &disk.sync_writes));
       KVD_RETURN_IF_ERROR(GetBool(d, "tiers.disk", "verify_checksums", &disk.verify_checksums));
       KVD_RETURN_IF_ERROR(GetBytes(d, "tiers.disk", "block_cache", &disk.block_cache_bytes));
+      std::string on_error = "keep_in_host";
+      KVD_RETURN_IF_ERROR(GetString(d, "tiers.disk", "on_error", &on_error));
+      if (on_error == "keep_in_host") {
+        c->placement.on_disk_error = storage::TierManagerOptions::OnDiskError::kKeepInHost;
+      } else if (on_error == "fail_puts") {
+        c->placement.on_disk_error = storage::TierManagerOptions::OnDiskError::kFailPuts;
+      } else {
+        return Status::InvalidArgument("tiers.disk.on_error: \"" + on_error +
+                                       "\" is not keep_in_host or fail_puts");
+      }
       c->disk_tier = std::move(disk);
     }
     if (YAML::Node p = n["placement"]; p.IsDefined()) {

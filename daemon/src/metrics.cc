@@ -9,9 +9,9 @@ namespace {
 
 // Counters of StatsReply that are levels, not running totals.
 const std::set<std::string>& GaugeCounters() {
-  static const std::set<std::string> gauges = {"host_reservations_open", "host_leases_open",
-                                               "host_reads_open", "host_arena_allocated_bytes",
-                                               "transport_peers_open"};
+  static const std::set<std::string> gauges = {
+      "host_reservations_open",     "host_leases_open",    "host_reads_open",
+      "host_arena_allocated_bytes", "disk_writes_stopped", "transport_peers_open"};
   return gauges;
 }
 

@@ -1,4 +1,5 @@
 // Session requests for kvdctl: stats, list, evict, health (any role).
+#include "disk_damage.h"
 #include "kvd/common/logging.h"
 #include "kvd/proto/convert.h"
 #include "kvd/storage/host_tier.h"
@@ -121,6 +122,10 @@ StatsSnapshot Server::Impl::Snapshot() {
       {"disk_over_capacity_records", disk_ != nullptr ? disk_->over_capacity_records() : 0},
       {"gpu_skipped", manager_->gpu_skipped()},
   };
+  // The disk tier's database (docs/reliability.md "A disk tier that degrades").
+  const storage::DiskHealthReport disk_health =
+      disk_ != nullptr ? disk_->Health() : storage::DiskHealthReport{};
+  for (auto& counter : DiskHealthCounters(disk_health)) s.counters.push_back(std::move(counter));
   for (const ModelConfig& m : config_.models) {
     if (const ChunkCodec* codec = this->codec(m.name); codec != nullptr) {
       s.compression.emplace_back(m.name, codec->Stats());
@@ -130,6 +135,9 @@ StatsSnapshot Server::Impl::Snapshot() {
   for (const auto& [model, ingest] : s.compression) fallbacks += ingest.device_fallbacks;
   s.counters.emplace_back("ingest_device_fallbacks", fallbacks);
   s.damage = DamageFound(s);
+  for (std::string& reason : DiskHealthDamage(disk_health, config_.placement.on_disk_error)) {
+    s.damage.push_back(std::move(reason));
+  }
   return s;
 }
 

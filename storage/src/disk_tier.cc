@@ -8,8 +8,6 @@
 #include <rocksdb/write_batch.h>
 
 #include <condition_variable>
-#include <cstdarg>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <list>
@@ -20,6 +18,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "disk_health.h"
+#include "disk_repair.h"
 #include "disk_tier_faults.h"
 #include "key_codec.h"
 #include "kvd/common/hash.h"
@@ -39,66 +39,6 @@ Status FromRocks(const rocksdb::Status& s, std::string_view what) {
   return Status::Unavailable("disk tier: " + std::string(what) + ": " + s.ToString());
 }
 
-// RocksDB's info log, passed through to its usual LOG file in the database directory, watched
-// for the reports of WAL recovery: a damaged record ("<wal>.log: dropping N bytes; Corruption:
-// ...") means that the rest of that log was dropped (point-in-time recovery). Each one is
-// logged through kvd's log and counted. A torn last record of a crash is end of log, not
-// reported.
-class RecoveryLogWatcher final : public rocksdb::Logger {
- public:
-  RecoveryLogWatcher(std::shared_ptr<rocksdb::Logger> file, std::string path)
-      : rocksdb::Logger(file != nullptr ? file->GetInfoLogLevel()
-                                        : rocksdb::InfoLogLevel::INFO_LEVEL),
-        file_(std::move(file)),
-        path_(std::move(path)) {}
-
-  using rocksdb::Logger::Logv;
-  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
-    if (level >= rocksdb::InfoLogLevel::WARN_LEVEL) {
-      va_list copy;
-      va_copy(copy, ap);
-      char buf[1024];
-      std::vsnprintf(buf, sizeof(buf), format, copy);
-      va_end(copy);
-      const std::string_view line(buf);
-      const size_t at = line.find(".log: dropping ");
-      if (at != std::string_view::npos && line.find("Corruption") != std::string_view::npos) {
-        // One damage makes RocksDB report the bytes it drops more than once (the damaged
-        // record, then the fragments after it): count each damaged log once.
-        const size_t start = line.rfind(' ', at);
-        const std::string wal(
-            line.substr(start == std::string_view::npos ? 0 : start + 1,
-                        at + 4 - (start == std::string_view::npos ? 0 : start + 1)));
-        std::lock_guard<std::mutex> lock(mu_);
-        if (damaged_.insert(wal).second) {
-          KVD_LOG(ERROR) << "disk tier: damaged write-ahead log record; the log was replayed up "
-                            "to it and the records after it were dropped"
-                         << Kv("path", path_) << Kv("rocksdb", line);
-        }
-      }
-    }
-    if (file_ != nullptr) file_->Logv(level, format, ap);
-  }
-  void Flush() override {
-    if (file_ != nullptr) file_->Flush();
-  }
-  uint64_t wal_corruptions() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return damaged_.size();
-  }
-
- protected:
-  rocksdb::Status CloseImpl() override {
-    return file_ != nullptr ? file_->Close() : rocksdb::Status::OK();
-  }
-
- private:
-  std::shared_ptr<rocksdb::Logger> file_;
-  const std::string path_;
-  mutable std::mutex mu_;
-  std::set<std::string> damaged_;  // guarded by mu_: write-ahead logs reported damaged
-};
-
 }  // namespace
 
 class DiskTier::Impl {
@@ -108,9 +48,29 @@ class DiskTier::Impl {
     std::list<Entry*>::iterator lru_it;
   };
 
-  ~Impl() {
-    for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+  ~Impl() { CloseDb(); }
+
+  // Stops the resumer, then closes the database (if open) and forgets the index.
+  void CloseDb() {
+    resumer_.reset();
+    if (db_ != nullptr) {
+      for (auto* h : handles_) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+    }
+    handles_.clear();
+    db_.reset();
+    std::lock_guard<std::mutex> lock(mu_);
+    lru_.clear();
+    index_.clear();
+    per_model_.clear();
+    per_namespace_.clear();
+    used_bytes_ = restored_ = quarantined_ = over_capacity_ = over_capacity_bytes_ = 0;
   }
+  // Opens the database at options_.path (see OpenCheckingWal) and rebuilds the index from it.
+  // A damaged database is the RocksDB status IsDamage says so of; other errors are Status.
+  rocksdb::Status OpenAndIndex(const rocksdb::DBOptions& db_options,
+                               const std::vector<rocksdb::ColumnFamilyDescriptor>& families);
+  // Rebuilds the index from the metadata family. REQUIRES the database open.
+  rocksdb::Status RebuildIndex();
 
   // REQUIRES mu_.
   void AddLocked(std::unique_ptr<Entry> e) {
@@ -171,7 +131,10 @@ class DiskTier::Impl {
   uint64_t quarantined_ = 0;          // malformed metadata records skipped by Open
   uint64_t over_capacity_ = 0;        // records Open left unindexed: over capacity_bytes
   uint64_t over_capacity_bytes_ = 0;  // their payload bytes
-  std::shared_ptr<RecoveryLogWatcher> info_log_;
+  bool wal_damaged_ = false;          // Open replayed the logs up to damage
+  DiskHealth health_;
+  std::shared_ptr<DiskHealthListener> listener_;
+  std::unique_ptr<DiskResumer> resumer_;  // while the database is open
 
   mutable std::mutex mu_;
   // Guarded by mu_:
@@ -187,6 +150,121 @@ class DiskTier::Impl {
   TierStats counters_;
   ChunkEventListener* events_ = nullptr;  // set before concurrent use (SetEventListener)
 };
+
+namespace {
+
+rocksdb::DBOptions DatabaseOptions(const std::shared_ptr<rocksdb::EventListener>& listener) {
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  db_options.paranoid_checks = true;
+  db_options.max_background_jobs = 2;
+  // Flush data and metadata together, so that without a WAL a crash cannot leave metadata
+  // without its value (or the reverse).
+  db_options.atomic_flush = true;
+  db_options.listeners.push_back(listener);
+  return db_options;
+}
+
+std::vector<rocksdb::ColumnFamilyDescriptor> Families(const DiskTierOptions& options) {
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  rocksdb::ColumnFamilyOptions cf_options;
+  cf_options.compression = rocksdb::kNoCompression;  // KV bytes barely compress; spend no CPU
+  cf_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  rocksdb::ColumnFamilyOptions data_options = cf_options;
+  data_options.write_buffer_size = options.write_buffer_bytes;
+  if (options.blob_files) {
+    data_options.enable_blob_files = true;
+    data_options.min_blob_size = 4096;
+    data_options.blob_file_size = 256ull << 20;
+    data_options.enable_blob_garbage_collection = true;
+  }
+  return {{rocksdb::kDefaultColumnFamilyName, data_options},
+          {kMetaFamily, cf_options},
+          {kStateFamily, cf_options}};
+}
+
+}  // namespace
+
+rocksdb::Status DiskTier::Impl::OpenAndIndex(
+    const rocksdb::DBOptions& db_options,
+    const std::vector<rocksdb::ColumnFamilyDescriptor>& families) {
+  CloseDb();
+  OpenedDb opened;
+  rocksdb::Status s = OpenCheckingWal(db_options, options_.path, families, &opened);
+  if (!s.ok()) return s;
+  db_.reset(opened.db);
+  handles_ = std::move(opened.handles);
+  wal_damaged_ = opened.wal_damaged;
+  s = RebuildIndex();
+  if (!s.ok()) {
+    CloseDb();
+    return s;
+  }
+  if (wal_damaged_) {
+    KVD_LOG(ERROR) << "disk tier: damaged write-ahead log record; the logs were replayed up "
+                      "to it and the records after it were dropped"
+                   << Kv("path", options_.path) << Kv("rocksdb", opened.wal_damage);
+  }
+  resumer_ = std::make_unique<DiskResumer>(db_.get(), &health_, options_.resume_interval_ms,
+                                           options_.max_resume_attempts);
+  return s;
+}
+
+rocksdb::Status DiskTier::Impl::RebuildIndex() {
+  const int64_t now = clock_->NowNanos();
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options_, meta_cf()));
+  std::lock_guard<std::mutex> lock(mu_);
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    StatusOr<ChunkKey> key = codec::DecodeKey(std::string_view(it->key().data(), it->key().size()));
+    StatusOr<codec::MetaRecord> rec =
+        key.ok() ? codec::DecodeMeta(std::string_view(it->value().data(), it->value().size()))
+                 : StatusOr<codec::MetaRecord>(key.status());
+    if (!rec.ok()) {
+      // Quarantined: left in the database untouched (for inspection), not indexed, counted.
+      // One bad record must not keep every good chunk from being served.
+      if (quarantined_++ < 10) {
+        KVD_LOG(WARNING) << "disk tier: malformed metadata record quarantined"
+                         << Kv("path", options_.path) << Kv("key_bytes", it->key().size())
+                         << Kv("status", rec.status());
+      }
+      continue;
+    }
+    if (used_bytes_ + rec->size_bytes > options_.capacity_bytes) {
+      // The capacity was lowered since the chunk was written (or the chunk alone is larger than
+      // it): indexing it would put used_bytes over capacity_bytes. Left in the database untouched
+      // (an Open with room for it restores it), not served, counted and logged.
+      over_capacity_bytes_ += rec->size_bytes;
+      if (over_capacity_++ < 10) {
+        KVD_LOG(WARNING) << "disk tier: chunk over the capacity left in the database, not served"
+                         << Kv("path", options_.path) << Kv("key", key->ToString())
+                         << Kv("bytes", rec->size_bytes) << Kv("used_bytes", used_bytes_)
+                         << Kv("capacity", options_.capacity_bytes);
+      }
+      continue;
+    }
+    auto e = std::make_unique<Entry>();
+    e->meta.key = std::move(*key);
+    e->meta.tokens = rec->tokens;
+    e->meta.size_bytes = rec->size_bytes;
+    e->meta.checksum = rec->checksum;
+    e->meta.created_ns = now;
+    e->meta.last_access_ns = now;
+    e->meta.tier = TierKind::kDisk;
+    AddLocked(std::move(e));
+    restored_++;
+  }
+  if (!it->status().ok()) return it->status();
+  if (over_capacity_ > 0) {
+    KVD_LOG(WARNING) << "disk tier: chunks found on disk do not fit the capacity; they stay in "
+                        "the database unserved until it is opened with a capacity that holds them"
+                     << Kv("path", options_.path) << Kv("chunks", over_capacity_)
+                     << Kv("bytes", over_capacity_bytes_) << Kv("restored_bytes", used_bytes_)
+                     << Kv("capacity", options_.capacity_bytes);
+  }
+  return rocksdb::Status::OK();
+}
 
 StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options, Clock* clock) {
   KVD_RETURN_IF_ERROR(options.Validate());
@@ -206,101 +284,39 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& option
   // never bytes), on top of kvd's own xxh3 checksum of each payload; paranoid checks stop a
   // corrupt database from being opened silently.
   impl->read_options_.verify_checksums = true;
+  impl->listener_ = std::make_shared<DiskHealthListener>(&impl->health_, options.path);
+  const rocksdb::DBOptions db_options = DatabaseOptions(impl->listener_);
+  const std::vector<rocksdb::ColumnFamilyDescriptor> families = Families(options);
 
-  rocksdb::Options db_options;
-  db_options.create_if_missing = true;
-  db_options.create_missing_column_families = true;
-  db_options.paranoid_checks = true;
-  // A damaged WAL record: replay up to it and drop what follows (counted and logged by
-  // RecoveryLogWatcher); never refuse to open, never replay past a hole.
-  db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
-  db_options.compression = rocksdb::kNoCompression;  // KV bytes barely compress; spend no CPU
-  db_options.max_background_jobs = 2;
-  // Flush data and metadata together, so that without a WAL a crash cannot leave metadata
-  // without its value (or the reverse).
-  db_options.atomic_flush = true;
-  rocksdb::BlockBasedTableOptions table;
-  table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
-  rocksdb::ColumnFamilyOptions cf_options(db_options);
-  cf_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
-  rocksdb::ColumnFamilyOptions data_options = cf_options;
-  data_options.write_buffer_size = options.write_buffer_bytes;
-  if (options.blob_files) {
-    data_options.enable_blob_files = true;
-    data_options.min_blob_size = 4096;
-    data_options.blob_file_size = 256ull << 20;
-    data_options.enable_blob_garbage_collection = true;
+  // As found, unless the previous run recorded damage; then from a repaired copy; then empty.
+  std::string damage = ReadDamageMarker(options.path);
+  if (damage.empty()) {
+    const rocksdb::Status s = impl->OpenAndIndex(db_options, families);
+    if (s.ok()) return std::unique_ptr<DiskTier>(new DiskTier(std::move(impl)));
+    if (!IsDamage(s)) return FromRocks(s, "open " + options.path);
+    damage = s.ToString();
   }
-  std::shared_ptr<rocksdb::Logger> file_log;
-  if (!rocksdb::CreateLoggerFromOptions(options.path, rocksdb::DBOptions(db_options), &file_log)
-           .ok()) {
-    file_log.reset();  // no LOG file: the watcher still reports WAL damage through kvd's log
-  }
-  impl->info_log_ = std::make_shared<RecoveryLogWatcher>(std::move(file_log), options.path);
-  db_options.info_log = impl->info_log_;
-  std::vector<rocksdb::ColumnFamilyDescriptor> families = {
-      {rocksdb::kDefaultColumnFamilyName, data_options},
-      {kMetaFamily, cf_options},
-      {kStateFamily, cf_options}};
-  rocksdb::DB* db = nullptr;
-  KVD_RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(rocksdb::DBOptions(db_options), options.path,
-                                                  families, &impl->handles_, &db),
-                                "open " + options.path));
-  impl->db_.reset(db);
-
-  // Rebuild the index from the metadata family.
-  const int64_t now = impl->clock_->NowNanos();
-  std::unique_ptr<rocksdb::Iterator> it(
-      impl->db_->NewIterator(impl->read_options_, impl->meta_cf()));
-  std::lock_guard<std::mutex> lock(impl->mu_);
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    StatusOr<ChunkKey> key = codec::DecodeKey(std::string_view(it->key().data(), it->key().size()));
-    StatusOr<codec::MetaRecord> rec =
-        key.ok() ? codec::DecodeMeta(std::string_view(it->value().data(), it->value().size()))
-                 : StatusOr<codec::MetaRecord>(key.status());
-    if (!rec.ok()) {
-      // Quarantined: left in the database untouched (for inspection), not indexed, counted.
-      // One bad record must not keep every good chunk from being served.
-      if (impl->quarantined_++ < 10) {
-        KVD_LOG(WARNING) << "disk tier: malformed metadata record quarantined"
-                         << Kv("path", options.path) << Kv("key_bytes", it->key().size())
-                         << Kv("status", rec.status());
-      }
-      continue;
+  std::string quarantine;
+  rocksdb::Status s = QuarantineAndRepair(options.path, db_options, families, &quarantine);
+  if (quarantine.empty()) return FromRocks(s, "move the damaged " + options.path + " aside");
+  DiskHealthReport::Start start = DiskHealthReport::Start::kRepaired;
+  if (s.ok()) s = impl->OpenAndIndex(db_options, families);
+  if (!s.ok()) {
+    KVD_LOG(ERROR) << "disk tier: the damaged database could not be repaired; starting empty"
+                   << Kv("path", options.path) << Kv("rocksdb", s.ToString());
+    if (!EmptyDirectory(options.path)) {
+      return Status::Unavailable("disk tier: cannot empty " + options.path);
     }
-    if (impl->used_bytes_ + rec->size_bytes > options.capacity_bytes) {
-      // The capacity was lowered since the chunk was written (or the chunk alone is larger than
-      // it): indexing it would put used_bytes over capacity_bytes. Left in the database untouched
-      // (an Open with room for it restores it), not served, counted and logged.
-      impl->over_capacity_bytes_ += rec->size_bytes;
-      if (impl->over_capacity_++ < 10) {
-        KVD_LOG(WARNING) << "disk tier: chunk over the capacity left in the database, not served"
-                         << Kv("path", options.path) << Kv("key", key->ToString())
-                         << Kv("bytes", rec->size_bytes) << Kv("used_bytes", impl->used_bytes_)
-                         << Kv("capacity", options.capacity_bytes);
-      }
-      continue;
-    }
-    auto e = std::make_unique<Impl::Entry>();
-    e->meta.key = std::move(*key);
-    e->meta.tokens = rec->tokens;
-    e->meta.size_bytes = rec->size_bytes;
-    e->meta.checksum = rec->checksum;
-    e->meta.created_ns = now;
-    e->meta.last_access_ns = now;
-    e->meta.tier = TierKind::kDisk;
-    impl->AddLocked(std::move(e));
-    impl->restored_++;
+    start = DiskHealthReport::Start::kEmpty;
+    KVD_RETURN_IF_ERROR(
+        FromRocks(impl->OpenAndIndex(db_options, families), "open " + options.path));
   }
-  KVD_RETURN_IF_ERROR(FromRocks(it->status(), "scan metadata"));
-  if (impl->over_capacity_ > 0) {
-    KVD_LOG(WARNING) << "disk tier: chunks found on disk do not fit the capacity; they stay in "
-                        "the database unserved until it is opened with a capacity that holds them"
-                     << Kv("path", options.path) << Kv("chunks", impl->over_capacity_)
-                     << Kv("bytes", impl->over_capacity_bytes_)
-                     << Kv("restored_bytes", impl->used_bytes_)
-                     << Kv("capacity", options.capacity_bytes);
-  }
+  KVD_LOG(ERROR) << "disk tier: damaged database moved aside; serving "
+                 << (start == DiskHealthReport::Start::kEmpty ? "an empty database"
+                                                              : "what RocksDB repaired from it")
+                 << Kv("path", options.path) << Kv("quarantine", quarantine)
+                 << Kv("restored_chunks", impl->restored_) << Kv("damage", damage);
+  impl->health_.SetStart(start, std::move(damage), std::move(quarantine));
   return std::unique_ptr<DiskTier>(new DiskTier(std::move(impl)));
 }
 
@@ -320,6 +336,12 @@ Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
     return Status::ResourceExhausted("disk tier: chunk of " + std::to_string(bytes.size()) +
                                      " bytes exceeds the capacity " +
                                      std::to_string(s.options_.capacity_bytes));
+  }
+  if (s.health_.writes_stopped()) {
+    s.health_.CountRefused();
+    return Status::FailedPrecondition("disk tier: writes stopped by a RocksDB background error (" +
+                                      s.health_.Report().stop_reason + "); " + key.ToString() +
+                                      " not written");
   }
   const uint64_t actual = Checksum64(bytes.data(), bytes.size());
   if (actual != checksum) {
@@ -365,8 +387,7 @@ Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
   Status written = s.write_hook_ ? s.write_hook_(key) : Status::Ok();
   if (written.ok()) {
     rocksdb::WriteBatch batch;
-    batch.Put(s.data_cf(), rocksdb::SliceParts(&key_slice, 1),
-              rocksdb::SliceParts(value_parts, 2));
+    batch.Put(s.data_cf(), rocksdb::SliceParts(&key_slice, 1), rocksdb::SliceParts(value_parts, 2));
     batch.Put(s.meta_cf(), k, codec::EncodeMeta({tokens, bytes.size(), checksum}));
     written = FromRocks(s.db_->Write(s.write_options_, &batch), "write " + key.ToString());
   }
@@ -532,7 +553,9 @@ TierStats DiskTier::GetStats() const {
 uint64_t DiskTier::restored_chunks() const { return impl_->restored_; }
 uint64_t DiskTier::quarantined_records() const { return impl_->quarantined_; }
 uint64_t DiskTier::over_capacity_records() const { return impl_->over_capacity_; }
-uint64_t DiskTier::wal_corruptions() const { return impl_->info_log_->wal_corruptions(); }
+uint64_t DiskTier::wal_corruptions() const { return impl_->wal_damaged_ ? 1 : 0; }
+DiskHealthReport DiskTier::Health() const { return impl_->health_.Report(); }
+bool DiskTier::writes_stopped() const { return impl_->health_.writes_stopped(); }
 
 Status DiskTier::Flush() {
   return FromRocks(impl_->db_->Flush(rocksdb::FlushOptions(), impl_->handles_), "flush");

@@ -45,6 +45,10 @@ Status DiskTierOptions::Validate() const {
   if (sync_writes && !use_wal) {
     return Status::InvalidArgument("disk tier: sync_writes requires use_wal");
   }
+  if (resume_interval_ms < 10) {
+    return Status::InvalidArgument("disk tier: resume_interval_ms must be >= 10, got " +
+                                   std::to_string(resume_interval_ms));
+  }
   return Status::Ok();
 }
 

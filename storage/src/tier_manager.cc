@@ -40,14 +40,19 @@ Status TierManager::Commit(ReservationId id, uint64_t checksum, CommitCheck chec
                       std::span<const std::byte>(pinned.data, pinned.meta.size_bytes));
   }
   host_->ReleaseRead(pinned.read_id).IgnoreError();  // our own live read
-  if (d.ok() || IsDedup(d)) {
-    host_->MarkDurable(key);
+  if (d.ok() || IsDedup(d) || KeepInHost(d)) {
+    host_->MarkDurable(key);  // as durable as the disk's state allows (KeepInHost: host only)
     return s;
   }
   if (!s.ok()) return d.WithContext("write-through of the already stored " + key.ToString());
   // Not durable: not acknowledged either. Take it back out of host unless a reader pinned it.
   host_->Remove(key).IgnoreError();
   return d.WithContext("write-through of " + key.ToString() + " to the disk tier");
+}
+
+bool TierManager::KeepInHost(const Status& disk_write) const {
+  return !disk_write.ok() && !IsDedup(disk_write) && disk_->writes_stopped() &&
+         options_.on_disk_error == TierManagerOptions::OnDiskError::kKeepInHost;
 }
 
 Status TierManager::InsertIntoGpu(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
@@ -124,6 +129,7 @@ Status TierManager::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checks
       if (disk_ == nullptr) return g;
       Status d = disk_->Insert(key, tokens, checksum, bytes);
       if (d.ok() || IsDedup(d)) return IsDedup(g) && IsDedup(d) ? g : Status::Ok();
+      if (KeepInHost(d)) return g;  // in the GPU tier only while disk writes are stopped
       if (g.ok()) gpu_->Remove(key).IgnoreError();  // not durable: not acknowledged either
       return d.WithContext("insert of " + key.ToString());
     }
@@ -133,6 +139,7 @@ Status TierManager::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checks
   }
   if (disk_ == nullptr) return host_->Insert(key, tokens, checksum, bytes);
   Status d = disk_->Insert(key, tokens, checksum, bytes);
+  if (KeepInHost(d)) return host_->Insert(key, tokens, checksum, bytes);
   if (!d.ok() && !IsDedup(d)) return d.WithContext("insert of " + key.ToString());
   Status h = host_->Insert(key, tokens, checksum, bytes);
   if (IsDedup(h)) host_->MarkDurable(key);  // a host copy committed pending: on disk now
@@ -218,6 +225,8 @@ StatusOr<DemoteResult> TierManager::MaybeDemote() {
   out.occupancy_before = host_->Occupancy();
   out.occupancy_after = out.occupancy_before;
   if (disk_ == nullptr || out.occupancy_before <= options_.high_watermark) return out;
+  // Stopped disk writes: the host copies are the only ones of some chunks; none is dropped.
+  if (disk_->writes_stopped()) return out;
   while (host_->Occupancy() > options_.low_watermark) {
     const std::vector<ChunkMeta> batch = host_->LeastRecentlyUsed(16);
     if (batch.empty()) break;  // everything left is pinned

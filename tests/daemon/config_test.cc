@@ -225,6 +225,16 @@ TEST(ConfigTest, DiskTierAndPlacement) {
   auto no_path = ParseConfigYaml("tiers: {disk: {capacity: 1GiB}}");
   EXPECT_EQ(no_path.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(no_path.status().message(), HasSubstr("tiers.disk.path"));
+  // What a put gets while the disk's writes are stopped: keep_in_host by default.
+  using OnDiskError = storage::TierManagerOptions::OnDiskError;
+  EXPECT_EQ(c->placement.on_disk_error, OnDiskError::kKeepInHost);
+  auto fail_puts = ParseConfigYaml("tiers: {disk: {path: /tmp/x, on_error: fail_puts}}");
+  ASSERT_TRUE(fail_puts.ok()) << fail_puts.status();
+  EXPECT_EQ(fail_puts->placement.on_disk_error, OnDiskError::kFailPuts);
+  auto bad_on_error = ParseConfigYaml("tiers: {disk: {path: /tmp/x, on_error: ignore}}");
+  EXPECT_EQ(bad_on_error.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_on_error.status().message(),
+              HasSubstr("tiers.disk.on_error: \"ignore\" is not keep_in_host or fail_puts"));
   auto bad = ParseConfigYaml("tiers: {placement: {high_watermark: 0.5, low_watermark: 0.7}}");
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("tiers.placement"));

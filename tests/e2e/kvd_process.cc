@@ -140,8 +140,12 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Spawn(const KvdConfig& c) {
       << "\n  transfer_timeout_ms: " << c.transfer_timeout_ms << "\n";
     for (const std::string& l : c.extra_limits) y << "  " << l << "\n";
   }
-  std::vector<std::string> argv = {KVD_BINARY, "--config", config_path,    "--listen", c.listen,
-                                   "--unix",   p->unix_,   "--ready-file", ready};
+  // KVD_E2E_KVD: another kvd binary (e.g. one built from an older commit, to show a new test
+  // failing on the code before a fix).
+  const char* binary =
+      std::getenv("KVD_E2E_KVD") != nullptr ? std::getenv("KVD_E2E_KVD") : KVD_BINARY;
+  std::vector<std::string> argv = {binary,   "--config", config_path,    "--listen", c.listen,
+                                   "--unix", p->unix_,   "--ready-file", ready};
   const int log = ::open(p->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log < 0)
     return Status::Internal("cannot create " + p->log_path_ + ": " + std::strerror(errno));

@@ -82,9 +82,9 @@ ModelLayout Smollm2Layout();
 
 class KvdProcess {
  public:
-  // Writes the config into a fresh temp dir, starts kvd with --listen 127.0.0.1:0 --unix
-  // <dir>/kvd.sock --ready-file, waits (10 s) for readiness. On failure the error carries the
-  // tail of kvd's log.
+  // Writes the config into a fresh temp dir, starts kvd (the build's, or $KVD_E2E_KVD) with
+  // --listen 127.0.0.1:0 --unix <dir>/kvd.sock --ready-file, waits (10 s) for readiness. On failure
+  // the error carries the tail of kvd's log.
   static StatusOr<std::unique_ptr<KvdProcess>> Start(const KvdConfig& config);
   // The first half of Start: writes the config and spawns kvd, without waiting for readiness
   // (tests of start-up itself). WaitReady is the second half.

@@ -18,16 +18,24 @@
 // leases: readers copy out (ReadInto), and the TierManager promotes hits into the host tier where
 // leases apply.
 //
+// Damage: a RocksDB background error (a compaction that hit a damaged block) stops writes, not
+// reads (Health().writes_stopped; Insert refuses); a damaged database at Open is moved aside and
+// what RocksDB's RepairDB recovers from a copy is served (Health().start). docs/reliability.md,
+// "A disk tier that degrades".
+//
 // Thread safety: thread-safe. mu_ (in Impl) guards the in-memory index, the LRU list, the set
 // of keys being written and the counters. An Insert claims its key and space under mu_, writes
 // to RocksDB without it, then publishes under it (a concurrent Insert of the same key gets the
 // dedup ALREADY_EXISTS, after waiting for that write: the dedup means on disk, and if that write
-// failed the waiting Insert writes the chunk itself; the chunk is invisible until published). Deletes (Remove, eviction) are
-// small and run under mu_. Reads and checksum verification run without it.
+// failed the waiting Insert writes the chunk itself; the chunk is invisible until published).
+// Deletes (Remove, eviction) are small and run under mu_. Reads and checksum verification run
+// without it.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -40,14 +48,41 @@
 
 namespace kvd::storage {
 
+// The state of the disk tier's database (DiskTier::Health()).
+struct DiskHealthReport {
+  // How Open found the database.
+  enum class Start : uint8_t {
+    kClean,     // opened as it was (a torn last write-ahead log record included)
+    kRepaired,  // damaged (a file RocksDB reports corrupt or missing, or a background error
+                // recorded by the previous run): moved aside to quarantine_path, and what
+                // RocksDB's RepairDB recovered from it is served
+    kEmpty,     // damaged and not repairable: moved aside to quarantine_path, started empty
+  };
+  Start start = Start::kClean;
+  std::string start_damage;     // what was damaged (RocksDB's status, naming the file)
+  std::string quarantine_path;  // the damaged database as it was found (kRepaired, kEmpty)
+  // A RocksDB background error (a flush or compaction that hit a damaged file, an I/O error)
+  // has stopped the database's writes: Insert refuses (FAILED_PRECONDITION), reads go on.
+  bool writes_stopped = false;
+  std::string stop_reason;         // RocksDB's status of that error (names the file where it does)
+  uint64_t background_errors = 0;  // since Open
+  uint64_t resumes = 0;            // writes that started again after a background error
+  uint64_t writes_refused = 0;     // Inserts refused while writes were stopped
+};
+
 class DiskTier final : public Tier {
  public:
   // Opens (creating if missing) the database at options.path and rebuilds the index.
   // `clock` (not owned; nullptr = Clock::Real()) stamps created / last-access times.
   // Errors: INVALID_ARGUMENT (options), UNAVAILABLE (RocksDB could not open: path, lock held by
-  // another process, ...; the message carries RocksDB's), DATA_LOSS (RocksDB reports corruption
-  // of the database itself). A malformed metadata record is quarantined, not an error; so is a
-  // chunk that does not fit capacity_bytes (see over_capacity_records).
+  // another process, ...; the message carries RocksDB's). A damaged database is not an error:
+  // a file RocksDB reports corrupt (an SST block, the MANIFEST) or missing (a CURRENT naming
+  // no MANIFEST), or a background corruption recorded by the previous run, makes Open move the
+  // database aside into "<path>.quarantine-<UTC time>" (logged) and serve what RocksDB's
+  // RepairDB recovers from a copy of it (files that do not read back whole are left out), or
+  // start empty when that fails; Health().start says which. A malformed metadata record is
+  // quarantined, not an error; so is a chunk that does not fit capacity_bytes (see
+  // over_capacity_records).
   static StatusOr<std::unique_ptr<DiskTier>> Open(const DiskTierOptions& options,
                                                   Clock* clock = nullptr);
   ~DiskTier() override;  // flushes nothing extra: with use_wal=false, unflushed writes are lost
@@ -55,7 +90,8 @@ class DiskTier final : public Tier {
   DiskTier& operator=(const DiskTier&) = delete;
 
   TierKind kind() const override { return TierKind::kDisk; }
-  // Also: RESOURCE_EXHAUSTED when bytes > capacity_bytes; UNAVAILABLE on a RocksDB write error.
+  // Also: RESOURCE_EXHAUSTED when bytes > capacity_bytes; UNAVAILABLE on a RocksDB write error;
+  // FAILED_PRECONDITION while writes are stopped (Health().writes_stopped; nothing written).
   Status Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
                 std::span<const std::byte> bytes) override;
   StatusOr<ChunkMeta> ReadInto(const ChunkKey& key, std::span<std::byte> out) override;
@@ -81,12 +117,17 @@ class DiskTier final : public Tier {
   // summary with their bytes). Never deleted by this: an Open with a capacity that holds them
   // restores them, and a put of the same chunk replaces the record.
   uint64_t over_capacity_records() const;
-  // Write-ahead logs found damaged when Open replayed them (a flipped byte, a bad length; not
-  // the torn last record a crash leaves, which is the normal end of the log). Open still
-  // succeeds: the log is replayed up to the first damaged record and what follows it is
-  // dropped (RocksDB point-in-time recovery), and each damaged log is logged once (ERROR,
-  // "damaged write-ahead log record"). Everything written before the damage is served.
+  // 1 when Open found the write-ahead logs damaged (a flipped byte, a bad length inside a log;
+  // not the torn last record a crash leaves, which is the normal end of a log and opens
+  // silently), else 0. Open first replays the logs tolerating only a torn tail; when RocksDB
+  // reports damage it replays them up to the first damaged record and drops what follows
+  // (point-in-time recovery), logging ERROR "damaged write-ahead log record" with RocksDB's status.
+  // Everything written before the damage is served.
   uint64_t wal_corruptions() const;
+  // The database's state (see DiskHealthReport). Thread-safe.
+  DiskHealthReport Health() const;
+  // Health().writes_stopped, cheaply.
+  bool writes_stopped() const;
   // Flushes memtables to SST files (tests, clean shutdown with use_wal=false).
   Status Flush();
 

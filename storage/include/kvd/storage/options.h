@@ -72,6 +72,13 @@ struct DiskTierOptions {
   uint64_t write_buffer_bytes = 128ull << 20;
   // RocksDB block cache bytes for the metadata column family and data. Default 64 MiB.
   uint64_t block_cache_bytes = 64ull << 20;
+  // While a RocksDB background error has stopped the database's writes (DiskTier::Health()),
+  // the tier calls DB::Resume() every resume_interval_ms when RocksDB says the error can be
+  // resumed from (severity soft or hard, not a corruption), at most max_resume_attempts times
+  // in a row (counted again once writes stayed up for ten intervals). Defaults 5000 ms and 60
+  // (five minutes). max_resume_attempts 0: never. resume_interval_ms >= 10.
+  uint32_t resume_interval_ms = 5000;
+  uint32_t max_resume_attempts = 60;
 
   Status Validate() const;
 };
@@ -86,6 +93,13 @@ struct TierManagerOptions {
   double low_watermark = 0.75;
   // Copy a chunk found only on disk back to host memory on a Lookup hit. Default true.
   bool promote_on_hit = true;
+  // What a put gets while the disk tier's writes are stopped (DiskTier::Health().writes_stopped:
+  // a RocksDB background error). kKeepInHost (default): the put is acknowledged once it is in
+  // host memory, as on a node without a disk tier (lost at a restart or under host-memory
+  // pressure), and intact chunks on disk are still served. kFailPuts: the put fails UNAVAILABLE
+  // naming the disk error (nothing is acknowledged that is not on disk).
+  enum class OnDiskError : uint8_t { kKeepInHost, kFailPuts };
+  OnDiskError on_disk_error = OnDiskError::kKeepInHost;
 
   Status Validate() const;
 };

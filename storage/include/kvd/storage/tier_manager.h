@@ -9,6 +9,10 @@
 //   BEFORE the call returned: an acknowledgement sent after OK survives host-tier pressure and a
 //   kill -9 of the process (not a power loss unless DiskTierOptions::sync_writes). If the disk
 //   write fails the call fails (UNAVAILABLE naming the key) and the chunk is not acknowledged.
+//   While the disk tier's writes are stopped by a RocksDB background error
+//   (DiskTier::writes_stopped), options.on_disk_error decides: kKeepInHost (default) makes OK
+//   mean published in host memory only, as without a disk tier, and MaybeDemote drops nothing;
+//   kFailPuts keeps the failure.
 //   Without a disk tier, OK means published in host memory; under pressure the host tier then
 //   evicts least-recently-used unpinned committed chunks (the documented policy).
 // - No silent loss under pressure: with a disk tier every committed chunk in host memory has a
@@ -170,6 +174,9 @@ class TierManager {
   // Insert into the GPU tier, first moving its LRU chunks to host until the chunk fits.
   Status InsertIntoGpu(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
                        std::span<const std::byte> bytes);
+  // Whether a failed disk write of a put leaves the put acknowledged in host only: the disk
+  // tier's writes are stopped and options_.on_disk_error says kKeepInHost.
+  bool KeepInHost(const Status& disk_write) const;
   // Moves one GPU chunk to host (copy, then drop from the GPU). OK if moved; else why not.
   Status DemoteFromGpu(const ChunkMeta& meta);
 
