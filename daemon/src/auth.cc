@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "kvd/daemon/config.h"
+#include "quotas.h"
 
 namespace kvd::daemon {
 
@@ -24,21 +25,36 @@ StatusOr<AuthTokens> LoadAuthTokens(const std::string& path) {
     ++number;
     if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
     std::istringstream words(line);
-    std::string kind, a, b, extra;
+    std::string kind, a, b;
     if (!(words >> kind)) continue;  // blank or comment
     auto bad = [&](const std::string& why) {
       return Status::InvalidArgument("auth.tokens_file " + path + " line " +
                                      std::to_string(number) + ": " + why);
     };
-    words >> a >> b >> extra;
+    words >> a >> b;
+    std::vector<std::string> extra;
+    for (std::string w; words >> w;) extra.push_back(w);
     if (kind == "namespace") {
-      if (a.empty() || b.empty() || !extra.empty()) {
-        return bad("expected \"namespace NAME TOKEN\"");
+      if (a.empty() || b.empty()) {
+        return bad("expected \"namespace NAME TOKEN [FIELD=VALUE ...]\"");
       }
       if (Status s = CheckUtf8("namespace name", a); !s.ok()) return bad(s.message());
       if (!out.namespaces.emplace(a, b).second) return bad("namespace \"" + a + "\" listed twice");
+      storage::NamespaceQuota scratch;
+      for (const std::string& w : extra) {
+        const size_t eq = w.find('=');
+        if (eq == std::string::npos || eq == 0) {
+          return bad("\"" + w +
+                     "\" is not a quota (expected FIELD=VALUE, e.g. reserved_bytes=256MiB)");
+        }
+        std::string field = w.substr(0, eq), value = w.substr(eq + 1);
+        if (Status s = SetQuotaField(&scratch, field, value); !s.ok()) {
+          return bad("namespace \"" + a + "\": " + s.message());
+        }
+        out.quotas[a].emplace_back(std::move(field), std::move(value));
+      }
     } else if (kind == "admin") {
-      if (a.empty() || !b.empty()) return bad("expected \"admin TOKEN\"");
+      if (a.empty() || !b.empty() || !extra.empty()) return bad("expected \"admin TOKEN\"");
       if (!out.admin.empty()) return bad("a second admin line");
       out.admin = a;
     } else {

@@ -6,6 +6,8 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "kvd/common/status.h"
 
@@ -22,13 +24,15 @@ struct AuthTokens {
   bool enabled = false;                           // a tokens file was given
   std::map<std::string, std::string> namespaces;  // namespace -> token
   std::string admin;                              // "" = no admin token (admin only via unix)
+  // Quota words of a namespace line ("reserved_bytes=256MiB"), as (field, value), in order.
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> quotas;
   // Set when the file is readable by group or others (logged as a warning at start).
   bool loose_permissions = false;
 };
 
 // Parses a tokens file (format in AuthOptions::tokens_file). NOT_FOUND if it cannot be read;
 // INVALID_ARGUMENT "auth.tokens_file <path> line N: ..." for a malformed line, an empty token, a
-// namespace listed twice or a second admin line.
+// namespace listed twice, a second admin line, or a bad quota word (SetQuotaField's error).
 StatusOr<AuthTokens> LoadAuthTokens(const std::string& path);
 
 // Compares in time independent of where the strings differ (no timing oracle on the token).

@@ -17,6 +17,7 @@
 
 #include "kvd/common/logging.h"
 #include "kvd/daemon/config.h"
+#include "quotas.h"
 
 namespace kvd::daemon {
 namespace {
@@ -292,12 +293,43 @@ Status BindModels(const YAML::Node& node, std::vector<ModelConfig>* models) {
   return Status::Ok();
 }
 
+// One namespace's quotas: every key is a NamespaceQuota field (SetQuotaField).
+Status BindQuota(const YAML::Node& node, const std::string& path, storage::NamespaceQuota* quota) {
+  if (!node.IsMap()) return Status::InvalidArgument(path + ": must be a mapping");
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    if (!kv.second.IsScalar()) {
+      return Status::InvalidArgument(Join(path, key) + ": must be a scalar value");
+    }
+    KVD_RETURN_IF_ERROR(SetQuotaField(quota, key, kv.second.Scalar()).WithContext(path));
+  }
+  return Status::Ok();
+}
+
+Status BindQuotas(const YAML::Node& n, QuotaOptions* q) {
+  KVD_RETURN_IF_ERROR(CheckMap(n, "quotas", {"default", "namespaces", "protect"}));
+  KVD_RETURN_IF_ERROR(GetBool(n, "quotas", "protect", &q->protect));
+  if (YAML::Node d = n["default"]; d.IsDefined() && !d.IsNull()) {
+    KVD_RETURN_IF_ERROR(BindQuota(d, "quotas.default", &q->table.defaults));
+  }
+  if (YAML::Node ns = n["namespaces"]; ns.IsDefined() && !ns.IsNull()) {
+    if (!ns.IsMap()) return Status::InvalidArgument("quotas.namespaces: must be a mapping");
+    for (const auto& kv : ns) {
+      const std::string name = kv.first.as<std::string>();
+      storage::NamespaceQuota quota = q->table.defaults;  // unset fields: the default's
+      KVD_RETURN_IF_ERROR(BindQuota(kv.second, "quotas.namespaces." + name, &quota));
+      q->table.namespaces[name] = quota;
+    }
+  }
+  return Status::Ok();
+}
+
 Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   if (root.IsNull() || !root.IsDefined()) return Status::Ok();  // an empty file: all defaults
   KVD_RETURN_IF_ERROR(
       CheckMap(root, "",
                {"node", "listen", "metrics", "transport", "chunk_tokens", "hash_seed", "models",
-                "tiers", "limits", "auth", "state_dir", "protocol"}));
+                "tiers", "limits", "auth", "quotas", "state_dir", "protocol"}));
   KVD_RETURN_IF_ERROR(GetString(root, "", "state_dir", &c->state_dir));
   KVD_RETURN_IF_ERROR(GetString(root, "", "node", &c->node_name));
   if (YAML::Node n = root["listen"]; n.IsDefined()) {
@@ -404,6 +436,9 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     KVD_RETURN_IF_ERROR(GetString(n, "auth", "tokens_file", &c->auth.tokens_file));
     KVD_RETURN_IF_ERROR(
         GetBool(n, "auth", "allow_unauthenticated", &c->auth.allow_unauthenticated));
+  }
+  if (YAML::Node n = root["quotas"]; n.IsDefined() && !n.IsNull()) {
+    KVD_RETURN_IF_ERROR(BindQuotas(n, &c->quotas));
   }
   if (YAML::Node n = root["protocol"]; n.IsDefined()) {
     KVD_RETURN_IF_ERROR(CheckMap(

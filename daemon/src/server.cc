@@ -11,6 +11,7 @@
 #include "kvd/common/log_limiter.h"
 #include "kvd/common/logging.h"
 #include "listen_address.h"
+#include "quotas.h"
 #include "responses.h"
 #include "server_impl.h"
 #include "session.h"
@@ -122,6 +123,13 @@ Status Server::Impl::Init() {
   host.max_chunk_bytes = config_.limits.max_chunk_bytes;
   host.lease_ttl = std::chrono::milliseconds(config_.limits.lease_ttl_ms);
   host.max_leases_per_owner = static_cast<uint32_t>(config_.limits.max_leases_per_session);
+  host.quotas = ResolveQuotas(config_.quotas, auth_, host.capacity_bytes);
+  events_.SetQuotas(host.quotas);
+  if (host.quotas.defaults.reserved_bytes != 0 || host.quotas.defaults.pinned_bytes != 0) {
+    KVD_LOG(INFO) << "namespace quotas" << Kv("named", host.quotas.namespaces.size())
+                  << Kv("default_reserved_bytes", host.quotas.defaults.reserved_bytes)
+                  << Kv("default_pinned_bytes", host.quotas.defaults.pinned_bytes);
+  }
   uintptr_t aligned = 0;
   const uint64_t page = static_cast<uint64_t>(std::max<long>(::sysconf(_SC_PAGESIZE), 4096));
   const uint64_t segment = config_.host_shared_memory ? host.segment_bytes : 0;

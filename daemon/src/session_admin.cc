@@ -90,6 +90,8 @@ StatsSnapshot Server::Impl::Snapshot() {
       {"nccl_staging_allocated", nccl_->staging_allocated()},
       {"events_queued", events_.queued_total()},
       {"events_dropped", events_.dropped_total()},
+      // Of events_dropped, those lost because the tenant was at its queued-events quota.
+      {"events_dropped_for_quota", events_.dropped_for_quota()},
       {"host_lookups", host.lookups},
       {"host_chunks_requested", host.chunks_requested},
       {"host_chunks_matched", host.chunks_matched},
@@ -176,6 +178,10 @@ void Session::HandleStats(uint64_t seq, uint64_t rid) {
   const StatsSnapshot snap = server_->Snapshot();
   const auto& tiers = snap.tiers;
   const auto& counters = snap.counters;
+  std::map<std::string, storage::UsageStats> namespaces = snap.per_namespace;
+  if (engine_) {
+    std::erase_if(namespaces, [&](const auto& entry) { return entry.first != name_space_; });
+  }
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initStats();
              reply.setNodeName(snap.node_name);
@@ -196,7 +202,8 @@ void Session::HandleStats(uint64_t seq, uint64_t rid) {
                t.setMisses(ts.misses);
              }
              FillGroups(snap.per_model, reply.initModels(snap.per_model.size()));
-             FillGroups(snap.per_namespace, reply.initNamespaces(snap.per_namespace.size()));
+             // An engine sees its own namespace only: other tenants' names and usage are theirs.
+             FillGroups(namespaces, reply.initNamespaces(namespaces.size()));
              auto models = reply.initRegisteredModels(config.models.size());
              for (unsigned i = 0; i < config.models.size(); ++i) {
                models[i].setName(config.models[i].name);

@@ -43,11 +43,14 @@ void Session::HandleSubscribe(uint64_t seq, uint64_t rid, proto::SubscribeReques
   }
   std::weak_ptr<Session> weak = weak_from_this();
   asio::io_context* io = &server_->io();
-  subscription_ = server_->events().Subscribe(filter, queue_limit, [weak, io] {
-    asio::post(*io, [weak] {
-      if (auto self = weak.lock()) self->events_event_.Notify();
-    });
-  });
+  // Queued events count against the tenant: the engine's namespace, "" for the admin role.
+  subscription_ = server_->events().Subscribe(engine_ ? name_space_ : std::string(), filter,
+                                              queue_limit, [weak, io] {
+                                                asio::post(*io, [weak] {
+                                                  if (auto self = weak.lock())
+                                                    self->events_event_.Notify();
+                                                });
+                                              });
   KVD_LOG(INFO) << "event subscription" << Kv("session", id_) << Kv("client", client_id_)
                 << Kv("namespace", filter.value_or("*")) << Kv("queue", subscription_->limit());
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iterator>
 #include <string>
+#include <unordered_set>
 #include <utility>
 
 #include "host_tier_impl.h"
@@ -27,6 +28,40 @@ Status DedupStatus(const ChunkKey& key) {
 
 }  // namespace
 
+// A quota counted in whole segments (SegmentHolds).
+static Status SegmentQuotaExceeded(const std::string& ns, std::string_view limit, uint64_t value,
+                                   uint64_t held_segments, uint64_t more_segments,
+                                   uint64_t segment) {
+  return Status(
+      StatusCode::kResourceExhausted,
+      "namespace \"" + ns + "\" is at its quota " + std::string(limit) + "=" +
+          std::to_string(value) + ": it holds " + std::to_string(held_segments) +
+          " arena segments of " + std::to_string(segment) + " bytes this way, " +
+          std::to_string(more_segments) +
+          " more asked (a segment holding one pinned chunk or reservation counts whole: no other "
+          "namespace can use it); other namespaces are not affected",
+      Reason::kQuotaExceeded);
+}
+
+size_t DistinctPrefix(std::span<const Hash128> hashes) {
+  // Short chains (most lookups) without an allocation.
+  constexpr size_t kSmall = 32;
+  if (hashes.size() <= kSmall) {
+    for (size_t i = 1; i < hashes.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (hashes[j] == hashes[i]) return i;
+      }
+    }
+    return hashes.size();
+  }
+  std::unordered_set<Hash128, Hash128Hasher> seen;
+  seen.reserve(hashes.size());
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    if (!seen.insert(hashes[i]).second) return i;
+  }
+  return hashes.size();
+}
+
 // ---------------------------------------------------------------- Impl helpers
 
 HostTier::Impl::Impl(const HostTierOptions& options, std::byte* base, uint64_t capacity,
@@ -36,7 +71,9 @@ HostTier::Impl::Impl(const HostTierOptions& options, std::byte* base, uint64_t c
       capacity_(capacity),
       clock_(clock),
       listener_(listener),
-      arena_(capacity, options.alignment, options.segment_bytes) {
+      arena_(capacity, options.alignment, options.segment_bytes),
+      pinned_segments_(arena_.segment_count()),
+      reserved_segments_(arena_.segment_count()) {
   counters_.kind = TierKind::kHost;
   // Full size from the start: growing it would rehash every remembered id on the thread that
   // retires one (0.1-0.8 ms at 10-40 thousand ids, inside a request's latency).
@@ -142,6 +179,21 @@ void HostTier::Impl::UnpinLocked(HostEntry* e) {
   hidden_.erase(e);
 }
 
+void HostTier::Impl::LeasePinLocked(HostEntry* e) {
+  if (e->lease_pins++ > 0) return;
+  ns_pinned_[e->meta.key.name_space] += e->meta.size_bytes;
+  pinned_segments_.Add(arena_.SegmentOf(e->offset), e->meta.key.name_space);
+}
+
+void HostTier::Impl::LeaseUnpinLocked(HostEntry* e) {
+  if (--e->lease_pins > 0) return;
+  pinned_segments_.Remove(arena_.SegmentOf(e->offset), e->meta.key.name_space);
+  auto it = ns_pinned_.find(e->meta.key.name_space);
+  if (it == ns_pinned_.end()) return;
+  it->second -= e->meta.size_bytes;
+  if (it->second == 0) ns_pinned_.erase(it);
+}
+
 void HostTier::Impl::TouchLocked(HostEntry* e, int64_t now) {
   e->meta.last_access_ns = now;
   if (e->visible) lru_.splice(lru_.begin(), lru_, e->lru_it);
@@ -191,6 +243,7 @@ bool HostTier::Impl::DropEntryLocked(HostEntry* e, RemoveReason reason) {
 void HostTier::Impl::DropReservationLocked(ReservationId id, RetireReason reason) {
   auto it = reservations_.find(id);
   if (it == reservations_.end()) return;
+  reserved_segments_.Remove(arena_.SegmentOf(it->second.offset), it->second.key.name_space);
   FreeBlockLocked(it->second.offset);
   reserved_bytes_ -= it->second.size_bytes;
   reserved_arena_bytes_ -= it->second.arena_bytes;
@@ -202,7 +255,13 @@ void HostTier::Impl::DropReservationLocked(ReservationId id, RetireReason reason
 void HostTier::Impl::ReleaseLeaseLocked(LeaseId id, RetireReason reason) {
   auto it = leases_.find(id);
   if (it == leases_.end()) return;
-  for (HostEntry* e : it->second.entries) UnpinLocked(e);
+  for (HostEntry* e : it->second.entries) {
+    LeaseUnpinLocked(e);
+    UnpinLocked(e);
+  }
+  if (auto n = ns_leases_.find(it->second.name_space); n != ns_leases_.end() && --n->second == 0) {
+    ns_leases_.erase(n);
+  }
   if (const OwnerId owner = it->second.owner; owner != 0) {
     if (auto n = leases_per_owner_.find(owner); n != leases_per_owner_.end() && --n->second == 0) {
       leases_per_owner_.erase(n);
@@ -274,30 +333,27 @@ void HostTier::Impl::ReleaseNamespaceReservationLocked(const std::string& ns, ui
 }
 
 Status HostTier::Impl::EnforceQuotaLocked(const std::string& ns, uint64_t bytes) {
-  const uint64_t quota = options_.namespace_quota_bytes;
+  const NamespaceQuota& q = options_.quotas.For(ns);
+  auto r = ns_reserved_.find(ns);
+  const uint64_t reserved = r == ns_reserved_.end() ? 0 : r->second;
+  if (q.reserved_bytes != 0 && reserved + bytes > q.reserved_bytes) {
+    return QuotaExceeded(ns, "reserved_bytes", q.reserved_bytes, reserved, bytes);
+  }
+  const uint64_t quota = q.stored_bytes;
   if (quota == 0) return Status::Ok();
   auto held = [&] {
     auto u = per_namespace_.find(ns);
-    auto r = ns_reserved_.find(ns);
-    return (u == per_namespace_.end() ? 0 : u->second.bytes) +
-           (r == ns_reserved_.end() ? 0 : r->second);
+    return (u == per_namespace_.end() ? 0 : u->second.bytes) + reserved;
   };
-  auto over_quota = [&](const std::string& why) {
-    return Status::ResourceExhausted(
-        "namespace \"" + ns + "\" quota: " + std::to_string(bytes) +
-        " more bytes would exceed namespace_quota_bytes=" + std::to_string(quota) + " (" +
-        std::to_string(held()) + " bytes held" + why + ")");
-  };
-  if (bytes > quota) return over_quota("");
+  auto over_quota = [&] { return QuotaExceeded(ns, "stored_bytes", quota, held(), bytes); };
+  if (bytes > quota) return over_quota();
   if (held() + bytes <= quota) return Status::Ok();
   // Feasible only if enough of the namespace's own chunks are unpinned.
   uint64_t evictable = 0;
   for (const HostEntry* e : lru_) {
     if (e->pins == 0 && e->meta.key.name_space == ns) evictable += e->meta.size_bytes;
   }
-  if (held() + bytes - evictable > quota) {
-    return over_quota(", the rest pinned or reserved");
-  }
+  if (held() + bytes - evictable > quota) return over_quota();
   // Evict the namespace's own least recently used chunks (never another namespace's).
   auto it = lru_.end();
   while (held() + bytes > quota && it != lru_.begin()) {
@@ -310,7 +366,56 @@ Status HostTier::Impl::EnforceQuotaLocked(const std::string& ns, uint64_t bytes)
     counters_.quota_evictions++;
     it = next;
   }
-  return held() + bytes <= quota ? Status::Ok() : over_quota("");
+  return held() + bytes <= quota ? Status::Ok() : over_quota();
+}
+
+Status HostTier::Impl::CheckLeaseQuotaLocked(const std::string& ns,
+                                             const std::vector<HostEntry*>& entries) const {
+  const NamespaceQuota& q = options_.quotas.For(ns);
+  if (q.leases != 0) {
+    auto n = ns_leases_.find(ns);
+    const uint32_t open = n == ns_leases_.end() ? 0 : n->second;
+    if (open >= q.leases) return QuotaExceeded(ns, "leases", q.leases, open, 1);
+  }
+  if (q.pinned_bytes != 0) {
+    uint64_t more = 0;  // bytes this lease pins that no lease of the namespace pins yet
+    for (const HostEntry* e : entries) {
+      if (e->lease_pins == 0) more += e->meta.size_bytes;
+    }
+    auto p = ns_pinned_.find(ns);
+    const uint64_t pinned = p == ns_pinned_.end() ? 0 : p->second;
+    if (more > 0 && pinned + more > q.pinned_bytes) {
+      return QuotaExceeded(ns, "pinned_bytes", q.pinned_bytes, pinned, more);
+    }
+    if (arena_.segmented()) {
+      std::vector<uint32_t> fresh;  // segments this lease would be the first to pin
+      for (const HostEntry* e : entries) {
+        const uint32_t seg = arena_.SegmentOf(e->offset);
+        if (e->lease_pins == 0 && !pinned_segments_.Held(seg) &&
+            std::find(fresh.begin(), fresh.end(), seg) == fresh.end()) {
+          fresh.push_back(seg);
+        }
+      }
+      const uint32_t held = pinned_segments_.HeldBy(ns);
+      if (!fresh.empty() && held + fresh.size() > SegmentsAllowed(q.pinned_bytes)) {
+        return SegmentQuotaExceeded(ns, "pinned_bytes", q.pinned_bytes, held, fresh.size(),
+                                    arena_.segment_bytes());
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+uint32_t HostTier::Impl::SegmentsAllowed(uint64_t limit) const {
+  return static_cast<uint32_t>(std::max<uint64_t>(1, limit / arena_.segment_bytes()));
+}
+
+Status HostTier::Impl::CheckReservedSegmentsLocked(const std::string& ns, uint32_t segment) const {
+  const uint64_t limit = options_.quotas.For(ns).reserved_bytes;
+  if (limit == 0 || !arena_.segmented() || reserved_segments_.Held(segment)) return Status::Ok();
+  const uint32_t held = reserved_segments_.HeldBy(ns);
+  if (held + 1 <= SegmentsAllowed(limit)) return Status::Ok();
+  return SegmentQuotaExceeded(ns, "reserved_bytes", limit, held, 1, arena_.segment_bytes());
 }
 
 StatusOr<ReadView> HostTier::Impl::StartReadLocked(HostEntry* e, OwnerId owner, int64_t now) {
@@ -413,7 +518,10 @@ StatusOr<Reservation> HostTier::Impl::ReserveLocked(const ChunkKey& key, uint64_
           "no headroom to reserve ahead: " + std::to_string(bytes) + " more bytes held would " +
           "leave less than half the capacity evictable (" + s.OccupancyLocked() + ")");
     }
-    const uint64_t quota = s.options_.namespace_quota_bytes;
+    const NamespaceQuota& q = s.options_.quotas.For(key.name_space);
+    const uint64_t quota = q.stored_bytes == 0 || q.reserved_bytes == 0
+                               ? std::max(q.stored_bytes, q.reserved_bytes)
+                               : std::min(q.stored_bytes, q.reserved_bytes);
     auto r = s.ns_reserved_.find(key.name_space);
     const uint64_t ns_held = r == s.ns_reserved_.end() ? 0 : r->second;
     if (quota != 0 &&
@@ -428,6 +536,7 @@ StatusOr<Reservation> HostTier::Impl::ReserveLocked(const ChunkKey& key, uint64_
   KVD_RETURN_IF_ERROR(s.MakeRoomLocked(bytes, key.name_space));
   const std::optional<SegmentedArena::Placement> place = s.arena_.Place(bytes, key.name_space);
   if (!place) return Status::Internal("host tier: no placement after making room");
+  KVD_RETURN_IF_ERROR(s.CheckReservedSegmentsLocked(key.name_space, place->segment));
   if (place->handover && s.listener_ != nullptr) {
     KVD_RETURN_IF_ERROR(s.listener_->OnSegmentHandover(place->segment)
                             .WithContext("reserve: arena segment " +
@@ -449,6 +558,7 @@ StatusOr<Reservation> HostTier::Impl::ReserveLocked(const ChunkKey& key, uint64_
   s.reserved_bytes_ += bytes;
   s.reserved_arena_bytes_ += r.arena_bytes;
   s.ns_reserved_[key.name_space] += bytes;
+  s.reserved_segments_.Add(place->segment, key.name_space);
   const ReservationId id = s.NextIdLocked();
   Reservation out{id, r.offset, s.base_ + r.offset, bytes, r.deadline_ns};
   s.reservations_.emplace(id, std::move(r));
@@ -570,6 +680,7 @@ Status HostTier::CommitPinned(ReservationId id, uint64_t checksum, ReadView* pin
   e->arena_bytes = r.arena_bytes;
   e->durable = durability == Durability::kDurable;
   s.reserved_bytes_ -= r.size_bytes;
+  s.reserved_segments_.Remove(s.arena_.SegmentOf(r.offset), r.key.name_space);
   s.ReleaseNamespaceReservationLocked(r.key.name_space, r.size_bytes);
   s.reserved_arena_bytes_ -= r.arena_bytes;
   s.used_bytes_ += e->meta.size_bytes;
@@ -681,8 +792,9 @@ StatusOr<LookupResult> HostTier::Lookup(const LookupRequest& request) {
   ChunkKey key{request.name_space, request.model, request.layout_digest, request.codec_id, {}};
   std::lock_guard<std::mutex> lock(s.mu_);
   std::vector<HostEntry*> matched;
-  for (const Hash128& h : request.chunk_hashes) {
-    key.chain_hash = h;
+  const size_t distinct = DistinctPrefix(request.chunk_hashes);
+  for (size_t i = 0; i < distinct; ++i) {
+    key.chain_hash = request.chunk_hashes[i];
     auto it = s.index_.find(key);
     if (it == s.index_.end()) break;
     matched.push_back(it->second.get());
@@ -702,11 +814,13 @@ StatusOr<LookupResult> HostTier::Lookup(const LookupRequest& request) {
                                        std::to_string(cap) + "); release some first");
     }
   }
+  KVD_RETURN_IF_ERROR(s.CheckLeaseQuotaLocked(request.name_space, matched));
   s.counters_.hits++;
   // Touch in reverse so the first chunk of the prefix ends up most recent: a prefix is useless
   // without its head, so the head should outlive the tail under pressure.
   for (auto e = matched.rbegin(); e != matched.rend(); ++e) {
     s.PinLocked(*e);
+    s.LeasePinLocked(*e);
     s.TouchLocked(*e, now);
   }
   out.matched_chunks = matched.size();
@@ -717,8 +831,9 @@ StatusOr<LookupResult> HostTier::Lookup(const LookupRequest& request) {
   }
   out.lease_id = s.NextIdLocked();
   out.lease_deadline_ns = Deadline(now, ttl);
-  s.leases_.emplace(out.lease_id,
-                    Impl::LeaseState{request.owner, out.lease_deadline_ns, std::move(matched)});
+  s.leases_.emplace(out.lease_id, Impl::LeaseState{request.owner, out.lease_deadline_ns,
+                                                   std::move(matched), request.name_space});
+  s.ns_leases_[request.name_space]++;
   if (request.owner != 0) s.leases_per_owner_[request.owner]++;
   return out;
 }

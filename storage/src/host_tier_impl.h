@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvd/storage/host_tier.h"
+#include "segment_holds.h"
 
 namespace kvd::storage {
 
@@ -21,6 +22,7 @@ struct HostEntry {
   uint64_t offset = 0;       // arena offset
   uint64_t arena_bytes = 0;  // arena block size (meta.size_bytes rounded up)
   uint32_t pins = 0;         // leases + reads holding it
+  uint32_t lease_pins = 0;   // of `pins`, the leases (its namespace's pinned_bytes quota)
   // false once evicted (Evict/Remove) while pinned: out of the index and LRU, freed at the last
   // unpin. A hidden entry is owned by HostTier::Impl::hidden_.
   bool visible = true;
@@ -68,7 +70,8 @@ class HostTier::Impl {
   struct LeaseState {
     OwnerId owner = 0;
     int64_t deadline_ns = 0;
-    std::vector<HostEntry*> entries;  // each pinned once by this lease
+    std::vector<HostEntry*> entries;  // distinct, each pinned once by this lease
+    std::string name_space;           // whose leases quota it counts in
   };
   // NOT_FOUND for a lease that `caller` does not own (kAnyOwner: no check).
   Status CheckLeaseOwnerLocked(LeaseId id, const LeaseState& lease, OwnerId caller) const;
@@ -106,9 +109,23 @@ class HostTier::Impl {
   Status MakeRoomLocked(uint64_t bytes, const std::string& ns);
   // Returns a block to the arena (a segment left empty stays free, see SegmentedArena).
   void FreeBlockLocked(uint64_t offset);
-  // With a namespace quota, evicts the namespace's own LRU unpinned chunks until `bytes` more
-  // fit under it; RESOURCE_EXHAUSTED naming the namespace and quota if they cannot.
+  // With a stored_bytes quota, evicts the namespace's own LRU unpinned chunks until `bytes` more
+  // fit under it; RESOURCE_EXHAUSTED (Reason::kQuotaExceeded) naming the namespace and quota if
+  // they cannot. Before that, RESOURCE_EXHAUSTED (Reason::kQuotaExceeded) if `bytes` more reserved
+  // would exceed its reserved_bytes quota.
   Status EnforceQuotaLocked(const std::string& ns, uint64_t bytes);
+  // RESOURCE_EXHAUSTED (Reason::kQuotaExceeded) if a new lease pinning `entries` would exceed the
+  // namespace's leases or pinned_bytes quota.
+  Status CheckLeaseQuotaLocked(const std::string& ns, const std::vector<HostEntry*>& entries) const;
+  // Segmented arena, a reserved_bytes quota: RESOURCE_EXHAUSTED (Reason::kQuotaExceeded) if a
+  // reservation in `segment` would make the namespace hold more segments with reservations than the
+  // quota allows (its bytes / segment_bytes, at least one).
+  Status CheckReservedSegmentsLocked(const std::string& ns, uint32_t segment) const;
+  // How many whole segments a quota of `limit` bytes allows (at least one).
+  uint32_t SegmentsAllowed(uint64_t limit) const;
+  // A lease's pin of `e` (counts its bytes in the namespace's pinned bytes at the first one).
+  void LeasePinLocked(HostEntry* e);
+  void LeaseUnpinLocked(HostEntry* e);
   void ReleaseNamespaceReservationLocked(const std::string& ns, uint64_t bytes);
   std::string OccupancyLocked() const;
   void AccountLocked(const ChunkMeta& m, bool add);
@@ -156,6 +173,10 @@ class HostTier::Impl {
   std::unordered_map<std::string, UsageStats> per_model_;
   std::unordered_map<std::string, UsageStats> per_namespace_;
   std::unordered_map<std::string, uint64_t> ns_reserved_;  // open reservations' payload bytes
+  std::unordered_map<std::string, uint64_t> ns_pinned_;    // bytes of entries with lease_pins
+  std::unordered_map<std::string, uint32_t> ns_leases_;    // open leases
+  SegmentHolds pinned_segments_;                           // segments with a lease-pinned entry
+  SegmentHolds reserved_segments_;                         // segments with an open reservation
   TierStats counters_;                                     // only the counter fields are used
 };
 

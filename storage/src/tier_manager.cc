@@ -169,8 +169,10 @@ StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
   if (!from_disk && gpu_ == nullptr) return host_->Lookup(request);
   // Walk the prefix: chunks in host are pinned by a short read, disk-only ones are promoted
   // (and then pinned), so promoting chunk i cannot evict chunks 0..i-1 of the same prefix.
+  // Up to the first repeated hash, where HostTier::Lookup ends the prefix too.
   std::vector<ReadId> pins;
-  for (size_t i = 0; i < request.chunk_hashes.size(); ++i) {
+  const size_t distinct = DistinctPrefix(request.chunk_hashes);
+  for (size_t i = 0; i < distinct; ++i) {
     const ChunkKey key = request.KeyAt(i);
     auto view = host_->GetByKey(key, request.owner);
     if (!view.ok()) {

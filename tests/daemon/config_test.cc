@@ -43,6 +43,7 @@ void ExpectSameConfig(const DaemonConfig& a, const DaemonConfig& b) {
   EXPECT_EQ(a.host_verify_shm_commits, b.host_verify_shm_commits);
   EXPECT_EQ(a.limits, b.limits);
   EXPECT_EQ(a.protocol, b.protocol);
+  EXPECT_EQ(a.quotas, b.quotas);
   EXPECT_EQ(a.disk_tier.has_value(), b.disk_tier.has_value());
   EXPECT_EQ(a.placement.high_watermark, b.placement.high_watermark);
   EXPECT_EQ(a.placement.low_watermark, b.placement.low_watermark);
@@ -458,8 +459,7 @@ CompressionPolicy Policy(const std::string& yaml) {
 
 const Status kNoDevice =
     Status::Unavailable("no CUDA device (cudaGetDeviceCount: cudaErrorNoDevice)");
-const Status kNoCuda =
-    Status::Unimplemented("built without CUDA (this build has no CUDA kernels)");
+const Status kNoCuda = Status::Unimplemented("built without CUDA (this build has no CUDA kernels)");
 
 TEST(IngestDeviceTest, ParsesTheSettingWithAutoAsDefault) {
   EXPECT_EQ(Policy("{stages: [snapkv]}").device, "auto");
@@ -637,6 +637,43 @@ TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
     EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << c.policy;
     for (const char* f : c.fragments) {
       EXPECT_THAT(parsed.status().message(), HasSubstr(f)) << c.policy;
+    }
+  }
+}
+
+TEST(ConfigQuotaTest, DefaultAndNamedNamespacesBindAndBadValuesAreNamed) {
+  auto c = ParseConfigYaml(R"(
+quotas:
+  protect: false
+  default: {reserved_bytes: 64MiB, leases: 100}
+  namespaces:
+    team-a: {pinned_bytes: 1GiB, queued_events: 10}
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->quotas.protect);
+  const storage::QuotaTable& t = c->quotas.table;
+  EXPECT_EQ(t.defaults.reserved_bytes, 64ull << 20);
+  EXPECT_EQ(t.defaults.leases, 100u);
+  EXPECT_EQ(t.defaults.queued_events, 65536u);  // unset: the struct's default
+  // A named namespace starts from the default.
+  const storage::NamespaceQuota& a = t.For("team-a");
+  EXPECT_EQ(a.reserved_bytes, 64ull << 20);
+  EXPECT_EQ(a.pinned_bytes, 1ull << 30);
+  EXPECT_EQ(a.queued_events, 10u);
+  EXPECT_EQ(t.For("team-b").pinned_bytes, 0u);
+
+  const BadCase cases[] = {
+      {"quotas: {default: {reserved: 1MiB}}", {"quotas.default", "unknown quota \"reserved\""}},
+      {"quotas: {namespaces: {x: {leases: -1}}}", {"quotas.namespaces.x", "leases", "-1"}},
+      {"quotas: {default: {pinned_bytes: lots}}", {"quotas.default", "pinned_bytes", "lots"}},
+      {"quotas: {limit: 1}", {"quotas.limit", "unknown key"}},
+  };
+  for (const BadCase& bad : cases) {
+    auto r = ParseConfigYaml(bad.yaml);
+    ASSERT_FALSE(r.ok()) << bad.yaml;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad.yaml;
+    for (const char* f : bad.fragments) {
+      EXPECT_THAT(r.status().message(), ::testing::HasSubstr(f)) << bad.yaml;
     }
   }
 }

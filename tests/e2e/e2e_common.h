@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,6 +56,30 @@ inline std::vector<int32_t> RandomTokens(size_t n, uint64_t seed) {
   for (auto& x : t) x = static_cast<int32_t>(rng() % 32000);
   return t;
 }
+
+// Tenants through a real kvd: a temp directory whose tokens file (mode 0600, `tokens_`) holds
+// `tokens_text`, and the kvd the test starts in `kvd_` (stopped, exit 0 expected, at the end).
+class TenantsE2eFixture : public ::testing::Test {
+ protected:
+  explicit TenantsE2eFixture(std::string tokens_text) : tokens_text_(std::move(tokens_text)) {}
+  void SetUp() override {
+    char tmpl[] = "/tmp/kvd-tenants-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    tokens_ = dir_ + "/tokens";
+    std::ofstream(tokens_) << tokens_text_;
+    ::chmod(tokens_.c_str(), 0600);
+  }
+  void TearDown() override {
+    if (kvd_ && kvd_->Alive()) {
+      EXPECT_EQ(kvd_->Stop(), 0) << kvd_->Log();
+    }
+    kvd_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  std::string tokens_text_, dir_, tokens_;
+  std::unique_ptr<KvdProcess> kvd_;
+};
 
 inline std::unique_ptr<KvdProcess> StartKvd(const KvdConfig& config) {
   auto k = KvdProcess::Start(config);

@@ -140,10 +140,10 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Spawn(const KvdConfig& c) {
       << "\n  transfer_timeout_ms: " << c.transfer_timeout_ms << "\n";
     for (const std::string& l : c.extra_limits) y << "  " << l << "\n";
   }
-  // KVD_E2E_KVD: another kvd binary (e.g. one built from an older commit, to show a new test
-  // failing on the code before a fix).
-  const char* binary =
-      std::getenv("KVD_E2E_KVD") != nullptr ? std::getenv("KVD_E2E_KVD") : KVD_BINARY;
+  // $KVD_E2E_KVD: another kvd binary to start (the tests against an older build, e.g. to see
+  // a new test fail on it).
+  const char* other = std::getenv("KVD_E2E_KVD");
+  const std::string binary = other != nullptr && *other != '\0' ? other : KVD_BINARY;
   std::vector<std::string> argv = {binary,   "--config", config_path,    "--listen", c.listen,
                                    "--unix", p->unix_,   "--ready-file", ready};
   const int log = ::open(p->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

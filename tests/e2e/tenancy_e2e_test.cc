@@ -14,32 +14,18 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class TenancyE2eTest : public ::testing::Test {
+class TenancyE2eTest : public TenantsE2eFixture {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/kvd-tenancy-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    tokens_ = dir_ + "/tokens";
-    std::ofstream(tokens_) << "# kvd tokens\nnamespace team-a tok-a\nnamespace team-b tok-b\n"
-                              "admin tok-admin  # the operator\n";
-    ::chmod(tokens_.c_str(), 0600);
-  }
-  void TearDown() override {
-    if (kvd_ && kvd_->Alive()) {
-      EXPECT_EQ(kvd_->Stop(), 0) << kvd_->Log();
-    }
-    kvd_.reset();
-    std::filesystem::remove_all(dir_);
-  }
+  TenancyE2eTest()
+      : TenantsE2eFixture(
+            "# kvd tokens\nnamespace team-a tok-a\nnamespace team-b tok-b\n"
+            "admin tok-admin  # the operator\n") {}
   client::ClientOptions Engine(const std::string& ns, const std::string& token) {
     client::ClientOptions o = kvd_->EngineOptions("tenant-" + ns);
     o.name_space = ns;
     o.auth_token = token;
     return o;
   }
-  std::string dir_, tokens_;
-  std::unique_ptr<KvdProcess> kvd_;
 };
 
 TEST_F(TenancyE2eTest, TokensAreCheckedAtTheHandshake) {

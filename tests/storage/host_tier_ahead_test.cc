@@ -154,7 +154,7 @@ TEST_F(HostTierAheadTest, RefusedWithoutHeadroomBeforeEvictingAnything) {
 
 TEST_F(HostTierAheadTest, RefusedOverHalfTheNamespaceQuota) {
   HostTierOptions options;
-  options.namespace_quota_bytes = 16 * 1024;
+  options.quotas.defaults.stored_bytes = 16 * 1024;
   Make(options);
   auto a = tier_->ReserveAhead(MakeKey(0, "llama", "t"), 8 * 1024, 1);
   ASSERT_TRUE(a.ok()) << a.status();

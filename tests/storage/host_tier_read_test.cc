@@ -243,7 +243,7 @@ TEST_F(HostTierReadTest, PerRequestLeaseTtlOverridesTheDefault) {
 TEST(HostTierQuotaTest, NamespaceQuotaEvictsOnlyThatNamespaceAndNamesIt) {
   AlignedRegion region(8 * kChunk);
   HostTierOptions options;
-  options.namespace_quota_bytes = 2 * kChunk;
+  options.quotas.defaults.stored_bytes = 2 * kChunk;
   auto tier_or = HostTier::Create(options, region.span());
   ASSERT_TRUE(tier_or.ok());
   HostTier& tier = **tier_or;
@@ -265,14 +265,13 @@ TEST(HostTierQuotaTest, NamespaceQuotaEvictsOnlyThatNamespaceAndNamesIt) {
   auto lease = tier.Lookup(ChainRequest(2, 2, "llama", "a"));
   ASSERT_EQ(lease->matched_chunks, 2u);
   auto r = tier.Reserve(MakeKey(4, "llama", "a"), kChunk, 256, 1);
-  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_TRUE(Contains(r.status(), "namespace \"a\" quota")) << r.status();
-  EXPECT_TRUE(Contains(r.status(), "pinned or reserved")) << r.status();
+  EXPECT_EQ(r.status().reason(), Reason::kQuotaExceeded);
+  EXPECT_TRUE(Contains(r.status(), "namespace \"a\" is at its quota stored_bytes")) << r.status();
   EXPECT_TRUE(tier.Reserve(MakeKey(4, "llama", "b"), kChunk, 256, 1).ok());  // b has room
   ASSERT_TRUE(tier.ReleaseLease(lease->lease_id).ok());
   r = tier.Reserve(MakeKey(4, "llama", "a"), 3 * kChunk, 256, 1);
-  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_TRUE(Contains(r.status(), "namespace_quota_bytes=2048")) << r.status();
+  EXPECT_EQ(r.status().reason(), Reason::kQuotaExceeded);
+  EXPECT_TRUE(Contains(r.status(), "stored_bytes=2048")) << r.status();
 }
 
 TEST_F(HostTierReadTest, GetErrors) {

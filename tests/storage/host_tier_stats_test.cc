@@ -41,7 +41,7 @@ void ExpectInvariants(const TierStats& s) {
 TEST(HostTierStatsTest, InvariantsHoldThroughARandomWorkload) {
   AlignedRegion region(64 * 1024);
   HostTierOptions options;
-  options.namespace_quota_bytes = 24 * 1024;  // exercise quota evictions too
+  options.quotas.defaults.stored_bytes = 24 * 1024;  // exercise quota evictions too
   auto tier_or = HostTier::Create(options, region.span());
   ASSERT_TRUE(tier_or.ok());
   HostTier& tier = **tier_or;

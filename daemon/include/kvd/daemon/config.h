@@ -56,7 +56,9 @@ struct MetricsOptions {
 
 // Who may talk to kvd (the `auth` section). See docs/reliability.md "Isolation".
 struct AuthOptions {
-  // File of tokens, one per line: "namespace NAME TOKEN" or "admin TOKEN"; '#' starts a comment.
+  // File of tokens, one per line: "namespace NAME TOKEN [FIELD=VALUE ...]" or "admin TOKEN"; '#'
+  // starts a comment. FIELD=VALUE words set that namespace's quotas (QuotaOptions; fields as in
+  // quotas.namespaces, e.g. reserved_bytes=256MiB leases=512), over the topology's values.
   // Set: an engine connection must present its namespace's token in Hello (a namespace without
   // a line is refused), and an admin connection over TCP the admin token. Over the unix socket an
   // admin connection is accepted from the daemon's own user (or root) without a token.
@@ -67,6 +69,23 @@ struct AuthOptions {
   bool allow_unauthenticated = false;
 
   bool operator==(const AuthOptions&) const = default;
+};
+
+// Per-namespace quotas (the `quotas` section; a tokens file's namespace line may add its own, see
+// AuthOptions). See docs/configuration.md "Quotas" and kvd/storage/quotas.h for each limit.
+struct QuotaOptions {
+  // quotas.default: the limits of every namespace not named (0 = no limit). Default: no byte or
+  // lease limit; queued_events 65536 and queued_event_bytes 16 MiB per namespace over all its
+  // event subscribers. quotas.namespaces.NAME: one namespace's; a field it does not set is the
+  // default's.
+  storage::QuotaTable table = DefaultTable();
+  // quotas.protect: when auth.tokens_file lists two or more namespaces, a namespace whose
+  // reserved_bytes or pinned_bytes is 0 (no limit set) gets host capacity / (2 x namespaces)
+  // for it, so that no namespace can hold another's share unevictable. Default true.
+  bool protect = true;
+
+  static storage::QuotaTable DefaultTable();
+  bool operator==(const QuotaOptions&) const = default;
 };
 
 // A registered model: the only layout clients of that model may use.
@@ -261,6 +280,7 @@ struct DaemonConfig {
   storage::TierManagerOptions placement;
   LimitsOptions limits;
   AuthOptions auth;
+  QuotaOptions quotas;
   ProtocolOptions protocol;
   // Where daemon state other than chunks (VECTOR calibration weights) is saved WITHOUT a disk
   // tier: files in this directory. YAML `state_dir`. "" (default) = the directory of the config

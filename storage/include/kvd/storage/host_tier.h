@@ -127,6 +127,9 @@ struct LookupRequest {
   }
 };
 
+// How many leading hashes of `hashes` are distinct (the length before the first repeat).
+size_t DistinctPrefix(std::span<const Hash128> hashes);
+
 struct LookupResult {
   size_t matched_chunks = 0;    // leading chunks of the request that are stored and now pinned
   uint64_t matched_tokens = 0;  // sum of their tokens
@@ -196,9 +199,11 @@ class HostTier final : public Tier {
   //   INVALID_ARGUMENT (bytes == 0 or > max_chunk_bytes, empty model),
   //   INVALID_ARGUMENT also when bytes exceed one segment (segmented arenas),
   //   RESOURCE_EXHAUSTED (cannot fit even after evicting every unpinned chunk; message names
-  //   capacity, used, reserved and pinned bytes; or over options.namespace_quota_bytes, message
-  //   names the namespace), or the SegmentListener's error when the block needs a segment handed
-  //   over from another namespace and its memory could not be replaced.
+  //   capacity, used, reserved and pinned bytes), RESOURCE_EXHAUSTED with Reason::kQuotaExceeded
+  //   (over the namespace's options.quotas reserved_bytes, or stored_bytes after evicting its own
+  //   unpinned chunks; message names the namespace and the limit), or the SegmentListener's error
+  //   when the block needs a segment handed over from another namespace and its memory could not be
+  //   replaced.
   StatusOr<Reservation> Reserve(const ChunkKey& key, uint64_t bytes, uint32_t tokens, OwnerId owner,
                                 std::chrono::milliseconds ttl = {});
 
@@ -213,8 +218,9 @@ class HostTier final : public Tier {
   // Headroom: the space is held while the writer is idle, so it is refused, before anything is
   // evicted, when it could make a later Reserve fail: when the space no eviction can free
   // (open reservations, pinned chunks, chunks hidden while pinned) would with it exceed
-  // kReserveAheadMaxShare of the capacity, or (with a namespace quota) the namespace's open
-  // reservations with it would exceed kReserveAheadMaxShare of the quota.
+  // kReserveAheadMaxShare of the capacity, or (with a namespace quota stored_bytes or
+  // reserved_bytes) the namespace's open reservations with it would exceed kReserveAheadMaxShare
+  // of the smaller of them.
   // Errors: those of Reserve but ALREADY_EXISTS, and RESOURCE_EXHAUSTED "no headroom to reserve
   // ahead: ..." for the refusal above.
   static constexpr double kReserveAheadMaxShare = 0.5;
@@ -270,7 +276,12 @@ class HostTier final : public Tier {
 
   // Longest stored prefix of `request.chunk_hashes`; pins the matched chunks under a new lease
   // and makes them most recently used. Counts one lookup, and a hit iff matched_chunks > 0.
-  // Errors: INVALID_ARGUMENT (empty model).
+  // The prefix also ends before a hash that repeats an earlier one of the request (a chain hash
+  // commits to its whole prefix, so a repeat is never a real prompt): a lease holds each chunk
+  // once, and its memory is bounded by the distinct chunks stored.
+  // Errors: INVALID_ARGUMENT (empty model); RESOURCE_EXHAUSTED with Reason::kQuotaExceeded when the
+  // lease would take the namespace over its options.quotas leases or pinned_bytes (nothing pinned
+  // then).
   StatusOr<LookupResult> Lookup(const LookupRequest& request);
 
   // A read view of chunk `index` (0-based, < matched_chunks) of lease `lease`, pinned until

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kvd/common/status.h"
+#include "kvd/storage/quotas.h"
 
 namespace kvd::storage {
 
@@ -26,10 +27,12 @@ struct HostTierOptions {
   // How long a read view from Get pins its chunk if ReleaseRead is never called (a stuck peer).
   // Default 60 s. Must be > 0.
   std::chrono::milliseconds read_ttl{60000};
-  // Per-namespace cap on payload bytes held (stored + reserved). 0 (default) = no quota. A
-  // Reserve that would exceed it first evicts that namespace's own least-recently-used unpinned
-  // chunks (never another namespace's), else fails RESOURCE_EXHAUSTED naming the namespace.
-  uint64_t namespace_quota_bytes = 0;
+  // Per-namespace quotas (kvd/storage/quotas.h): stored, reserved and pinned bytes and leases of
+  // each namespace. A Reserve or Lookup over one fails RESOURCE_EXHAUSTED with
+  // Reason::kQuotaExceeded, naming the namespace and the limit (a Reserve over stored_bytes first
+  // evicts that namespace's own least-recently-used unpinned chunks, never another's). Default:
+  // none.
+  QuotaTable quotas;
   // Cut the arena into segments of this many bytes (a multiple of `alignment`); every chunk lies
   // inside one segment and a segment holds chunks of ONE namespace only (assigned on first use,
   // free again once empty; see SegmentedArena). The daemon sets it to back each segment with its
