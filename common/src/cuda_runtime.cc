@@ -1,7 +1,6 @@
 // Loading the CUDA runtime on first use (cuda_runtime.h).
 #include "kvd/common/cuda_runtime.h"
 
-#include <cstdlib>
 #include <vector>
 
 #include "kvd/common/logging.h"
@@ -10,10 +9,8 @@
 namespace kvd {
 namespace {
 
-std::vector<std::string> Candidates() {
-  if (const char* chosen = std::getenv("KVD_CUDA_RUNTIME"); chosen != nullptr && *chosen != '\0') {
-    return {chosen};
-  }
+// The build's soname, then its path at build time.
+std::vector<std::string> Defaults() {
   std::vector<std::string> names{KVD_CUDART_SONAME};
 #ifdef KVD_CUDART_PATH
   names.emplace_back(KVD_CUDART_PATH);
@@ -57,8 +54,8 @@ struct Loaded {
 const Loaded& Load() {
   static const Loaded loaded = [] {
     Loaded l;
-    const std::vector<std::string> names = Candidates();
-    auto lib = SharedLibrary::OpenFirst(names, "CUDA runtime not loaded");
+    const std::vector<std::string> defaults = Defaults();
+    auto lib = SharedLibrary::OpenChosen("KVD_CUDA_RUNTIME", defaults, "CUDA runtime not loaded");
     if (!lib.ok()) {
       l.status = lib.status();
       return l;

@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <utility>
 
 namespace kvd {
@@ -31,6 +32,17 @@ StatusOr<SharedLibrary> SharedLibrary::OpenFirst(std::span<const std::string> na
     tried += "\n  " + name + ": " + lib.status().message();
   }
   return Status::Unavailable(std::string(what) + ": none of these loads:" + tried);
+}
+
+StatusOr<SharedLibrary> SharedLibrary::OpenChosen(const char* env,
+                                                  std::span<const std::string> defaults,
+                                                  std::string_view what) {
+  if (const char* chosen = std::getenv(env); chosen != nullptr && *chosen != '\0') {
+    const std::string name = chosen;
+    return OpenFirst(std::span<const std::string>(&name, 1),
+                     std::string(what) + " ($" + env + ")");
+  }
+  return OpenFirst(defaults, what);
 }
 
 bool SharedLibrary::IsLoaded(const std::string& name) {

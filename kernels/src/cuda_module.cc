@@ -6,7 +6,6 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -21,11 +20,7 @@ constexpr const char* kModuleFile = "libkvd_kernels_cuda.so";
 
 // The module beside the binary that holds this code: <dir>/kvd/ (libkvd_client in <libdir>),
 // <dir>/../<libdir>/kvd/ (a program in <prefix>/bin).
-std::vector<std::string> Candidates() {
-  if (const char* chosen = std::getenv("KVD_KERNELS_CUDA_MODULE");
-      chosen != nullptr && *chosen != '\0') {
-    return {chosen};
-  }
+std::vector<std::string> Defaults() {
   namespace fs = std::filesystem;
   std::vector<fs::path> dirs;
   Dl_info info{};
@@ -53,9 +48,10 @@ std::vector<std::string> Candidates() {
 }
 
 StatusOr<const CudaKernelsApi*> Load() {
-  const std::vector<std::string> names = Candidates();
+  const std::vector<std::string> defaults = Defaults();
   KVD_ASSIGN_OR_RETURN(SharedLibrary lib,
-                       SharedLibrary::OpenFirst(names, "CUDA kernels module not loaded"));
+                       SharedLibrary::OpenChosen("KVD_KERNELS_CUDA_MODULE", defaults,
+                                                 "CUDA kernels module not loaded"));
   const CudaKernelsApi* (*entry)() = nullptr;
   KVD_RETURN_IF_ERROR(lib.Resolve("kvd_kernels_cuda_module", &entry));
   const CudaKernelsApi* api = entry();

@@ -1,7 +1,6 @@
 // Loading NCCL on first use (nccl_api.h).
 #include "nccl/nccl_api.h"
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -10,10 +9,8 @@
 namespace kvd::transport::nccl {
 namespace {
 
-std::vector<std::string> Candidates() {
-  if (const char* chosen = std::getenv("KVD_NCCL_LIBRARY"); chosen != nullptr && *chosen != '\0') {
-    return {chosen};
-  }
+// The build's soname, then its path at build time.
+std::vector<std::string> Defaults() {
   std::vector<std::string> names{KVD_NCCL_SONAME};
 #ifdef KVD_NCCL_PATH
   names.emplace_back(KVD_NCCL_PATH);
@@ -39,8 +36,9 @@ StatusOr<NcclApi> Resolve(const SharedLibrary& lib) {
 
 StatusOr<const NcclApi*> LoadNccl() {
   static const StatusOr<NcclApi> loaded = []() -> StatusOr<NcclApi> {
-    const std::vector<std::string> names = Candidates();
-    KVD_ASSIGN_OR_RETURN(SharedLibrary lib, SharedLibrary::OpenFirst(names, "NCCL not loaded"));
+    const std::vector<std::string> defaults = Defaults();
+    KVD_ASSIGN_OR_RETURN(SharedLibrary lib,
+                         SharedLibrary::OpenChosen("KVD_NCCL_LIBRARY", defaults, "NCCL not loaded"));
     auto api = Resolve(lib);
     if (!api.ok()) return api.status().WithContext("NCCL not usable");
     lib.Leak();  // the table is called until exit

@@ -26,6 +26,10 @@ class SharedLibrary {
   // and its reason.
   static StatusOr<SharedLibrary> OpenFirst(std::span<const std::string> names,
                                            std::string_view what);
+  // OpenFirst of the value of environment variable `env` when it is set and not empty (the one
+  // choice then), else of `defaults`.
+  static StatusOr<SharedLibrary> OpenChosen(const char* env, std::span<const std::string> defaults,
+                                            std::string_view what);
   // True when `name` is already loaded in this process (nothing is loaded by asking).
   static bool IsLoaded(const std::string& name);
 
