@@ -1,6 +1,7 @@
 # Install rules: `cmake --install build --prefix P` lays out
 #   P/bin/{kvd,kvdctl,kvd-bench}
 #   P/lib/libkvd_client.so.<version> (+ SONAME link libkvd_client.so.<major> and libkvd_client.so)
+#   P/lib/kvd/libkvd_kernels_cuda.so              the CUDA kernels, loaded on first device use
 #   P/include/kvd/{client,common,transport}/...   the client API and the headers it includes
 #   P/lib/cmake/kvd/kvdConfig.cmake ...           find_package(kvd CONFIG) -> kvd::client
 #   P/lib/pkgconfig/kvd_client.pc                 pkg-config --cflags --libs kvd_client
@@ -13,6 +14,13 @@ foreach(tool kvd kvdctl kvd-bench)
     install(TARGETS ${tool} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
   endif()
 endforeach()
+
+# The CUDA kernels module: libkvd_client and the programs load it from <libdir>/kvd/ on first
+# device use (kernels/src/cuda_module.h). It finds the CUDA runtime where it was built against.
+if(TARGET kvd_kernels_cuda)
+  set_target_properties(kvd_kernels_cuda PROPERTIES INSTALL_RPATH "${CUDAToolkit_LIBRARY_DIR}")
+  install(TARGETS kvd_kernels_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/kvd)
+endif()
 
 if(TARGET kvd_client)
   install(TARGETS kvd_client EXPORT kvdTargets

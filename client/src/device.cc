@@ -8,10 +8,10 @@
 #include <mutex>
 #include <string>
 
+#include "kvd/common/shared_library.h"
+
 #if KVD_HAVE_CUDA
-#include <cuda_runtime.h>
-#else
-#include <dlfcn.h>
+#include "kvd/common/cuda_runtime.h"
 #endif
 
 namespace kvd::client {
@@ -19,26 +19,73 @@ namespace {
 
 std::atomic<const DeviceMemoryOps*> g_test_ops{nullptr};
 
-#if KVD_HAVE_CUDA
+// Asks the CUDA driver whether a pointer is device memory, without loading anything: a device
+// pointer can only exist in a process that has the driver (libcuda) loaded already, by the CUDA
+// runtime of whoever allocated it (an engine, torch, or this library's own copies). A process
+// without it classifies every pointer as host memory and maps no CUDA library.
+class DriverProbe {
+ public:
+  bool IsDevice(const void* p) const {
+    if (p == nullptr) return false;
+    const Driver* d = Find();
+    if (d == nullptr || d->get_attribute == nullptr) return false;
+    constexpr int kMemoryType = 2;           // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+    constexpr int kIsManaged = 8;            // CU_POINTER_ATTRIBUTE_IS_MANAGED
+    constexpr unsigned kMemoryTypeDevice = 2;  // CU_MEMORYTYPE_DEVICE
+    const auto address = reinterpret_cast<uintptr_t>(p);
+    unsigned type = 0, managed = 0;
+    if (d->get_attribute(&type, kMemoryType, address) != 0 || type != kMemoryTypeDevice) {
+      return false;
+    }
+    // Managed memory is readable by the host: it takes the host path.
+    return d->get_attribute(&managed, kIsManaged, address) != 0 || managed == 0;
+  }
 
-std::string CudaError(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+ private:
+  struct Driver {
+    SharedLibrary lib;
+    int (*get_attribute)(void*, int, unsigned long long) = nullptr;
+  };
+  // The driver once it is in the process (looked for on each call until then), else null.
+  const Driver* Find() const {
+    if (const Driver* d = driver_.load(std::memory_order_acquire)) return d;
+    static constexpr const char* kDriver = "libcuda.so.1";
+    if (!SharedLibrary::IsLoaded(kDriver)) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (const Driver* d = driver_.load(std::memory_order_acquire)) return d;
+    auto lib = SharedLibrary::Open(kDriver);  // already loaded: takes a reference
+    if (!lib.ok()) return nullptr;
+    auto* d = new Driver{std::move(*lib)};  // kept for the process's lifetime
+    int (*init)(unsigned) = nullptr;
+    if (!d->lib.Resolve("cuInit", &init).ok() ||
+        !d->lib.Resolve("cuPointerGetAttribute", &d->get_attribute).ok() || init(0) != 0) {
+      d->get_attribute = nullptr;  // no usable driver: no device memory either
+    }
+    driver_.store(d, std::memory_order_release);
+    return d;
+  }
+  mutable std::mutex mu_;
+  mutable std::atomic<const Driver*> driver_{nullptr};
+};
+
+const DriverProbe& Probe() {
+  static const DriverProbe probe;
+  return probe;
 }
 
+#if KVD_HAVE_CUDA
+
+std::string CudaError(const CudaRuntimeApi& rt, cudaError_t e) {
+  return std::string(rt.GetErrorName(e)) + ": " + rt.GetErrorString(e);
+}
+
+// The CUDA runtime, loaded on the first device copy or pin (kvd/common/cuda_runtime.h).
 class CudaOps final : public DeviceMemoryOps {
  public:
   StatusOr<BufferLocation> Locate(const void* p) const override {
-    if (p == nullptr || !Devices().ok()) return BufferLocation::kHost;  // no device memory here
-    cudaPointerAttributes a{};
-    cudaError_t e = cudaPointerGetAttributes(&a, p);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();  // an unregistered host pointer on old runtimes: not sticky
-      return BufferLocation::kHost;
-    }
-    // Managed memory is readable by the host: it takes the host path.
-    return a.type == cudaMemoryTypeDevice ? BufferLocation::kCuda : BufferLocation::kHost;
+    return Probe().IsDevice(p) ? BufferLocation::kCuda : BufferLocation::kHost;
   }
-  Status CanCopy() const override { return Devices(); }
+  Status CanCopy() const override { return Runtime().status(); }
   Status CopyToHost(void* dst, const void* src, size_t bytes, void* stream) const override {
     return Copy(dst, src, bytes, cudaMemcpyDeviceToHost, stream, "device to host");
   }
@@ -46,44 +93,38 @@ class CudaOps final : public DeviceMemoryOps {
     return Copy(dst, src, bytes, cudaMemcpyHostToDevice, stream, "host to device");
   }
   Status Pin(void* p, size_t bytes) const override {
-    KVD_RETURN_IF_ERROR(Devices());
-    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    KVD_ASSIGN_OR_RETURN(const CudaRuntimeApi* rt, Runtime());
+    cudaError_t e = rt->HostRegister(p, bytes, cudaHostRegisterDefault);
     if (e != cudaSuccess) {
-      (void)cudaGetLastError();
+      (void)rt->GetLastError();
       return Status::Unavailable("cudaHostRegister of " + std::to_string(bytes) +
-                                 " bytes: " + CudaError(e));
+                                 " bytes: " + CudaError(*rt, e));
     }
     return Status::Ok();
   }
   void Unpin(void* p) const override {
-    if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
+    auto rt = Runtime();
+    if (rt.ok() && (*rt)->HostUnregister(p) != cudaSuccess) (void)(*rt)->GetLastError();
   }
 
  private:
-  // OK when the process sees at least one device (asked once).
-  static Status Devices() {
-    static const Status status = [] {
-      int n = 0;
-      cudaError_t e = cudaGetDeviceCount(&n);
-      if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return Status::Unavailable("no CUDA device (cudaGetDeviceCount: " + CudaError(e) + ")");
-      }
-      if (n == 0) return Status::Unavailable("no CUDA device (cudaGetDeviceCount: 0)");
-      return Status::Ok();
-    }();
-    return status;
+  // The runtime when the process sees at least one device (asked once), else why not:
+  // UNAVAILABLE "CUDA runtime not loaded: ..." or "no CUDA device (...)".
+  static StatusOr<const CudaRuntimeApi*> Runtime() {
+    static const StatusOr<const CudaRuntimeApi*> rt = CudaRuntimeForDevice(-1);
+    return rt;
   }
   static Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, void* stream,
                      const char* what) {
     if (bytes == 0) return Status::Ok();
+    KVD_ASSIGN_OR_RETURN(const CudaRuntimeApi* rt, Runtime());
     auto s = static_cast<cudaStream_t>(stream);
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, s);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    cudaError_t e = rt->MemcpyAsync(dst, src, bytes, kind, s);
+    if (e == cudaSuccess) e = rt->StreamSynchronize(s);
     if (e != cudaSuccess) {
-      (void)cudaGetLastError();
+      (void)rt->GetLastError();
       return Status::Internal(std::string("copy of ") + std::to_string(bytes) + " bytes " + what +
-                              " failed: " + CudaError(e));
+                              " failed: " + CudaError(*rt, e));
     }
     return Status::Ok();
   }
@@ -97,36 +138,11 @@ Status BuiltWithoutCuda() {
       "with -DKVD_WITH_CUDA=ON, or pass host buffers)");
 }
 
-// Asks the driver (when one is installed) whether a pointer is device memory, so that a build
-// without CUDA refuses device pointers instead of reading them as host memory.
-class DriverProbe {
- public:
-  DriverProbe() {
-    void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) return;
-    auto init = reinterpret_cast<int (*)(unsigned)>(::dlsym(lib, "cuInit"));
-    get_attribute_ = reinterpret_cast<int (*)(void*, int, unsigned long long)>(
-        ::dlsym(lib, "cuPointerGetAttribute"));
-    if (init == nullptr || get_attribute_ == nullptr || init(0) != 0) get_attribute_ = nullptr;
-  }
-  bool IsDevice(const void* p) const {
-    if (get_attribute_ == nullptr || p == nullptr) return false;
-    constexpr int kMemoryTypeAttribute = 2;    // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-    constexpr unsigned kMemoryTypeDevice = 2;  // CU_MEMORYTYPE_DEVICE
-    unsigned type = 0;
-    return get_attribute_(&type, kMemoryTypeAttribute, reinterpret_cast<uintptr_t>(p)) == 0 &&
-           type == kMemoryTypeDevice;
-  }
-
- private:
-  int (*get_attribute_)(void*, int, unsigned long long) = nullptr;
-};
-
+// Refuses device pointers instead of reading them as host memory.
 class NoCudaOps final : public DeviceMemoryOps {
  public:
   StatusOr<BufferLocation> Locate(const void* p) const override {
-    static const DriverProbe probe;
-    return probe.IsDevice(p) ? BufferLocation::kCuda : BufferLocation::kHost;
+    return Probe().IsDevice(p) ? BufferLocation::kCuda : BufferLocation::kHost;
   }
   Status CanCopy() const override { return BuiltWithoutCuda(); }
   Status CopyToHost(void*, const void*, size_t, void*) const override { return BuiltWithoutCuda(); }

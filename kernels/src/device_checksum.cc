@@ -7,6 +7,10 @@
 #include "kvd/kernels/types.h"
 #include "xxh3_blocked.h"
 
+#if KVD_HAVE_CUDA
+#include "cuda_module.h"
+#endif
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
@@ -14,15 +18,6 @@
 #include <xxhash.h>
 
 namespace kvd::kernels {
-
-#if KVD_HAVE_CUDA
-namespace cuda {
-// kernels/src/cuda/checksum.cu. REQUIRES bytes > xxh3::kMidSizeMax.
-StatusOr<uint64_t> LaunchChecksum64(const void* device_data, size_t bytes,
-                                    const xxh3::Secret& secret, void* stream);
-Status CopyToHostSync(void* host, const void* device, size_t bytes, void* stream);
-}  // namespace cuda
-#endif
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #if KVD_HAVE_CUDA
-#include "kvd/common/cuda_device.h"
+#include "cuda_module.h"
 #endif
 
 #include "backend_a.h"
@@ -112,7 +112,7 @@ StatusOr<DevicePlanBudget> ComputeDevicePlanBudget(const CompressionPlanOptions&
 Status CheckDevicePlanDevice(int device) {
   if (device < 0) return Status::InvalidArgument("CUDA device must be >= 0, got " + std::to_string(device));
 #if KVD_HAVE_CUDA
-  if (std::string why = CudaDeviceUnavailable(device); !why.empty()) {
+  if (std::string why = CudaKernelsUnavailable(device); !why.empty()) {
     return Status::Unavailable(why);
   }
   return Status::Ok();
@@ -165,8 +165,10 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Create(const CompressionPlanOp
   plan->layout_ = layout;
   plan->routing_ = routing;
   plan->calibration_version_ = routing ? weights->version : 0;
-  KVD_ASSIGN_OR_RETURN(plan->state_, cuda::CreateDevicePlanState(
-                                         options, layout, routing ? weights : nullptr, device));
+  KVD_ASSIGN_OR_RETURN(RopeTable rope, RopeTable::Create(layout.rope, layout.head_dim));
+  KVD_ASSIGN_OR_RETURN(plan->state_,
+                       cuda::CreateDevicePlanState(options, layout, rope,
+                                                   routing ? weights : nullptr, device));
   return plan;
 #else
   return CheckCudaBackend("DevicePlan");

@@ -47,10 +47,11 @@ struct DevicePlan::State {
 
 #if KVD_HAVE_CUDA
 namespace cuda {
-// Uploads the RoPE frequencies and W^T of every head (weights may be null without routing).
+// Uploads the RoPE frequencies (`rope`, of layout.rope) and W^T of every head (weights may be
+// null without routing).
 StatusOr<std::unique_ptr<DevicePlan::State>> CreateDevicePlanState(
-    const CompressionPlanOptions& options, const ModelLayout& layout, const VectorWeights* weights,
-    const DevicePlanOptions& device);
+    const CompressionPlanOptions& options, const ModelLayout& layout, const RopeTable& rope,
+    const VectorWeights* weights, const DevicePlanOptions& device);
 }  // namespace cuda
 #endif
 

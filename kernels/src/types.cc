@@ -1,5 +1,5 @@
 // Shared helpers of the compression kernels: finiteness checks, head_dim check, ParallelFor and
-// the CUDA availability probe (the only place that asks the runtime whether a device exists).
+// the CUDA availability probe (asked through the CUDA kernels module, cuda_module.h).
 #include "kvd/kernels/types.h"
 
 #include <algorithm>
@@ -12,18 +12,14 @@
 #include "backend_a.h"
 
 #if KVD_HAVE_CUDA
-#include <cuda_runtime_api.h>
+#include "cuda_module.h"
 #endif
 
 namespace kvd::kernels {
 
 bool CudaDeviceAvailable() {
 #if KVD_HAVE_CUDA
-  static const bool available = [] {
-    int count = 0;  // cudaGetDeviceCount leaves it unwritten without a driver
-    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-  }();
-  return available;
+  return CudaKernelsUnavailable(-1).empty();
 #else
   return false;
 #endif
@@ -31,8 +27,8 @@ bool CudaDeviceAvailable() {
 
 Status CheckCudaBackend(const char* op) {
 #if KVD_HAVE_CUDA
-  if (!CudaDeviceAvailable()) {
-    return Status::Unavailable(std::string(op) + ": backend cuda: no CUDA device is visible");
+  if (std::string why = CudaKernelsUnavailable(-1); !why.empty()) {
+    return Status::Unavailable(std::string(op) + ": backend cuda: " + why);
   }
   return Status::Ok();
 #else

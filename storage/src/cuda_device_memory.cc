@@ -1,5 +1,5 @@
-// DeviceMemory over the CUDA runtime (compiled as C++ against cudart; no kernels here). Without
-// CUDA in the build, CreateCudaDeviceMemory says so.
+// DeviceMemory over the CUDA runtime (its table, loaded on first use: kvd/common/cuda_runtime.h;
+// no kernels here). Without CUDA in the build, CreateCudaDeviceMemory says so.
 #include <mutex>
 #include <set>
 #include <string>
@@ -7,9 +7,7 @@
 #include "kvd/storage/device_memory.h"
 
 #if KVD_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "kvd/common/cuda_device.h"
+#include "kvd/common/cuda_runtime.h"
 #endif
 
 namespace kvd::storage {
@@ -17,23 +15,14 @@ namespace kvd::storage {
 #if KVD_HAVE_CUDA
 namespace {
 
-Status CudaError(cudaError_t e, const std::string& what) {
-  std::string msg = what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
-  if (e == cudaErrorMemoryAllocation) return Status::ResourceExhausted(msg);
-  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
-      e == cudaErrorDevicesUnavailable)
-    return Status::Unavailable(msg);
-  return Status::Internal(msg);
-}
-
 class CudaDeviceMemory final : public DeviceMemory {
  public:
   CudaDeviceMemory(int device, cudaStream_t stream, std::string name)
       : device_(device), stream_(stream), name_(std::move(name)) {}
   ~CudaDeviceMemory() override {
-    cudaSetDevice(device_);
-    for (void* p : live_) cudaFree(p);
-    cudaStreamDestroy(stream_);
+    Cudart().SetDevice(device_);
+    for (void* p : live_) Cudart().Free(p);
+    Cudart().StreamDestroy(stream_);
   }
 
   std::string Describe() const override { return name_; }
@@ -41,14 +30,14 @@ class CudaDeviceMemory final : public DeviceMemory {
   StatusOr<void*> Allocate(uint64_t bytes) override {
     if (bytes == 0) return Status::InvalidArgument("device allocation of 0 bytes");
     std::lock_guard<std::mutex> lock(mu_);
-    cudaSetDevice(device_);
+    Cudart().SetDevice(device_);
     void* p = nullptr;
-    cudaError_t e = cudaMalloc(&p, bytes);
+    cudaError_t e = Cudart().Malloc(&p, bytes);
     if (e != cudaSuccess) {
       size_t free_bytes = 0, total = 0;
-      cudaGetLastError();  // clear the sticky allocation error
-      cudaMemGetInfo(&free_bytes, &total);
-      return CudaError(e, "cudaMalloc(" + std::to_string(bytes) + " bytes) on " + name_ + ", " +
+      Cudart().GetLastError();  // clear the sticky allocation error
+      Cudart().MemGetInfo(&free_bytes, &total);
+      return CudaErrorStatus(e, "cudaMalloc(" + std::to_string(bytes) + " bytes) on " + name_ + ", " +
                               std::to_string(free_bytes) + " of " + std::to_string(total) +
                               " bytes free");
     }
@@ -60,9 +49,9 @@ class CudaDeviceMemory final : public DeviceMemory {
     std::lock_guard<std::mutex> lock(mu_);
     if (live_.erase(device_ptr) == 0)
       return Status::NotFound("not a device allocation of " + name_);
-    cudaSetDevice(device_);
-    cudaError_t e = cudaFree(device_ptr);
-    return e == cudaSuccess ? Status::Ok() : CudaError(e, "cudaFree");
+    Cudart().SetDevice(device_);
+    cudaError_t e = Cudart().Free(device_ptr);
+    return e == cudaSuccess ? Status::Ok() : CudaErrorStatus(e, "cudaFree");
   }
 
   Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
@@ -81,10 +70,10 @@ class CudaDeviceMemory final : public DeviceMemory {
   Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* what) {
     if (bytes == 0) return Status::Ok();
     std::lock_guard<std::mutex> lock(mu_);
-    cudaSetDevice(device_);
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, stream_);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
-    if (e != cudaSuccess) return CudaError(e, std::string("cudaMemcpy ") + what + " on " + name_);
+    Cudart().SetDevice(device_);
+    cudaError_t e = Cudart().MemcpyAsync(dst, src, bytes, kind, stream_);
+    if (e == cudaSuccess) e = Cudart().StreamSynchronize(stream_);
+    if (e != cudaSuccess) return CudaErrorStatus(e, std::string("cudaMemcpy ") + what + " on " + name_);
     return Status::Ok();
   }
 
@@ -103,13 +92,13 @@ StatusOr<std::unique_ptr<DeviceMemory>> CreateCudaDeviceMemory(int device) {
   if (std::string why = CudaDeviceUnavailableReason(device); !why.empty()) {
     return Status::Unavailable(why);
   }
-  cudaError_t e = cudaSetDevice(device);
-  if (e != cudaSuccess) return CudaError(e, "cudaSetDevice(" + std::to_string(device) + ")");
+  cudaError_t e = Cudart().SetDevice(device);
+  if (e != cudaSuccess) return CudaErrorStatus(e, "cudaSetDevice(" + std::to_string(device) + ")");
   cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, device);
+  Cudart().GetDeviceProperties(&prop, device);
   cudaStream_t stream = nullptr;
-  e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  if (e != cudaSuccess) return CudaError(e, "cudaStreamCreate");
+  e = Cudart().StreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return CudaErrorStatus(e, "cudaStreamCreate");
   return std::unique_ptr<DeviceMemory>(new CudaDeviceMemory(
       device, stream, "cuda:" + std::to_string(device) + " (" + prop.name + ")"));
 }

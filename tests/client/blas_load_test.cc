@@ -43,21 +43,7 @@ TEST(ClientBlasLoadTest, AClientThatMovesChunksNeverMapsBlasAndTheKernelsLoadItO
   // A plain client: connect, put a chunk, read it back.
   const std::string domain = "client-blas-load-test";
   testing::FakeDaemon daemon(domain, {});
-  auto client = Client::Connect(testing::TinyClientOptions(daemon, domain));
-  ASSERT_TRUE(client.ok()) << client.status();
-  std::vector<uint8_t> bytes(8192);  // 32 tokens x 2 layers x 2 heads x (K, V) x 8 x 4 bytes
-  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 1);
-  const std::vector<Hash128> chain{{1, 2}};
-  auto put = (*client)->Put(chain[0], 32, bytes.data(), bytes.size());
-  ASSERT_TRUE(put.ok()) << put.status();
-  auto hit = (*client)->Lookup(chain);
-  ASSERT_TRUE(hit.ok()) << hit.status();
-  ASSERT_EQ(hit->matched_chunks, 1u);
-  std::vector<uint8_t> back(bytes.size());
-  const std::vector<GetItem> items{{0, back.data(), back.size()}};
-  auto got = (*client)->GetChunks(hit->lease_id, items);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(back, bytes);
+  testing::PutAndGetOneHostChunk(daemon, domain, {1, 2});
   EXPECT_TRUE(BlasMappings().empty()) << "mapped by the client:" << Joined(BlasMappings());
 
   // The first kernel call that needs BLAS loads it (a VECTOR value rebuild, out = kpre W^T),

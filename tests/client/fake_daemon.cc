@@ -9,6 +9,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <gtest/gtest.h>
+
+#include "kvd/client/client.h"
 #include "kvd/proto/convert.h"
 #include "kvd/proto/frame.h"
 #include "kvd/proto/kvd.capnp.h"
@@ -361,6 +364,24 @@ ClientOptions TinyClientOptions(const FakeDaemon& daemon, const std::string& dom
   o.request_timeout_ms = 2000;
   o.transfer_timeout_ms = 20000;
   return o;
+}
+
+void PutAndGetOneHostChunk(const FakeDaemon& daemon, const std::string& domain, Hash128 key) {
+  auto client = Client::Connect(TinyClientOptions(daemon, domain));
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<uint8_t> bytes(8192);  // 32 tokens x 2 layers x 2 heads x (K, V) x 8 x 4 bytes
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + key.lo);
+  const std::vector<Hash128> chain{key};
+  auto put = (*client)->Put(chain[0], 32, bytes.data(), bytes.size());
+  ASSERT_TRUE(put.ok()) << put.status();
+  auto hit = (*client)->Lookup(chain);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  ASSERT_EQ(hit->matched_chunks, 1u);
+  std::vector<uint8_t> back(bytes.size());
+  const std::vector<GetItem> items{{0, back.data(), back.size()}};
+  auto got = (*client)->GetChunks(hit->lease_id, items);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(back, bytes);
 }
 
 }  // namespace kvd::client::testing

@@ -67,4 +67,8 @@ ModelLayout TinyLayout();
 // transfer timeout 20 s.
 ClientOptions TinyClientOptions(const FakeDaemon& daemon, const std::string& domain);
 
+// What a plain engine does with host memory: connect to `daemon`, put one 32-token chunk of the
+// tiny layout under `key`, look it up and read it back (gtest assertions; byte-exact).
+void PutAndGetOneHostChunk(const FakeDaemon& daemon, const std::string& domain, Hash128 key);
+
 }  // namespace kvd::client::testing

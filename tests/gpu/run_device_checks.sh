@@ -32,6 +32,10 @@
 #                  without a GPU tier, which must then hold the puts; the client on device 1;
 #                  SKIP naming the device count on one GPU, where NCCL refuses the pair), and on
 #                  one GPU a bounded failure after which kvd serves on
+#   lazy-cuda      libkvd_client, _kvd and kvd link no CUDA library (readelf); on the GPU the first
+#                  device use loads the CUDA runtime and the kernels module, and they work
+#                  (client_cuda_load_test: a host-only client maps none of them, the device
+#                  checksum through them equals the host's)
 #   MISSING rows   what is not written yet (kvd put/get of device memory over cuda_ipc between
 #                  processes)
 #
@@ -111,7 +115,7 @@ fi
 
 TARGETS=(kernels_test kernels_bench)
 ((FULL)) && TARGETS+=(storage_gpu_tier_test transport_ucx_cuda_memory_test transport_nccl_test
-  kvd kvdctl gpu_tier_e2e_test gpu_client_test serving_e2e_test)
+  kvd kvdctl gpu_tier_e2e_test gpu_client_test serving_e2e_test client_cuda_load_test)
 if ! cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" > "$LOG/build.log" 2>&1; then
   say "build FAILED"
   grep -E "error|Error" "$LOG/build.log" | head -30
@@ -143,8 +147,18 @@ if ((FULL)); then
   run nccl nccl 90 "$BIN/transport_nccl_test"
   run client gpu_client 120 "$BIN/gpu_client_test" --gtest_filter='-DeviceClientNccl*'
   run kvd-nccl gpu_client_nccl 150 "$BIN/gpu_client_test" --gtest_filter='DeviceClientNccl*'
+  run lazy-cuda cuda_load 60 "$BIN/client_cuda_load_test"
+  links=()
+  for f in "$BUILD"/lib/libkvd_client.so "$BIN/kvd" "$BUILD"/python/kvd/_kvd*.so; do
+    [[ -e $f ]] && links+=("$f")
+  done
+  if bash "$ROOT/tests/support/links_no_cuda.sh" "${links[@]}" > "$LOG/links_no_cuda.log" 2>&1; then
+    printf 'lazy-cuda\tlinks no CUDA (%s files)\tPASS\treadelf -d\n' "${#links[@]}" >> "$TABLE"
+  else
+    printf 'lazy-cuda\tlinks no CUDA\tFAIL\t%s\n' "$(tr '\n' ' ' < "$LOG/links_no_cuda.log")" >> "$TABLE"
+  fi
 else
-  for c in gpu-tier ingest ucx-cuda nccl client kvd-nccl; do missing_row "$c" "(all)" "kernels-only build: $LOG/configure.log"; done
+  for c in gpu-tier ingest ucx-cuda nccl client kvd-nccl lazy-cuda; do missing_row "$c" "(all)" "kernels-only build: $LOG/configure.log"; done
 fi
 missing_row kvd "GPU-tier put/get over UCX cuda_ipc, 2 processes" "not written: the daemon serves host memory only"
 

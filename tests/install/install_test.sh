@@ -33,6 +33,18 @@ done
 soname=$(readelf -d "$PREFIX/lib/libkvd_client.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [[ $soname == "libkvd_client.so.$ABI" ]] ||
   { echo "SONAME is '$soname', want libkvd_client.so.$ABI"; exit 1; }
+# libkvd_client links neither the CUDA runtime nor NCCL; a CUDA build installs its kernels as the
+# module it loads on first device use, whose libraries all resolve.
+if readelf -d "$PREFIX/lib/libkvd_client.so" | grep -E 'NEEDED.*(cudart|nccl|libcuda)'; then
+  echo "the installed libkvd_client links CUDA"; exit 1
+fi
+if [[ -e $BUILD_DIR/lib/kvd/libkvd_kernels_cuda.so ]]; then
+  module=$PREFIX/lib/kvd/libkvd_kernels_cuda.so
+  [[ -e $module ]] || { echo "missing lib/kvd/libkvd_kernels_cuda.so in the installed prefix"; exit 1; }
+  if ldd "$module" | grep -q "not found"; then
+    echo "the installed CUDA kernels module does not resolve:"; ldd "$module"; exit 1
+  fi
+fi
 # The installed tools must run from the prefix (RPATH $ORIGIN/../lib), not from the build tree.
 if ldd "$PREFIX/bin/kvdctl" | grep -q "$BUILD_DIR"; then
   echo "installed kvdctl still links the build tree:"; ldd "$PREFIX/bin/kvdctl"; exit 1

@@ -15,7 +15,7 @@
 #if KVD_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "kvd/common/cuda_device.h"
+#include "kvd/common/cuda_runtime.h"
 #endif
 
 #include "kvd/transport/transport.h"

@@ -1,13 +1,12 @@
 // Loading CBLAS on first use (blas.h).
 #include "blas.h"
 
-#include <dlfcn.h>
-
 #include <cstdlib>
 #include <string>
 #include <utility>
 
 #include "kvd/common/logging.h"
+#include "kvd/common/shared_library.h"
 #include "kvd/kernels/vector.h"
 
 namespace kvd::kernels::cpu {
@@ -24,18 +23,23 @@ bool EnvironmentSetsBlasThreads() {
 // One thread per call (LoadBlas's contract in vector.h) when this loader is the one bringing the
 // library in: a library the process already had belongs to whoever loaded it (e.g. an engine that
 // links OpenBLAS and sets its own count).
-void LimitThreads(void* handle, bool already_loaded, CblasApi* api) {
-  api->get_num_threads = reinterpret_cast<int (*)()>(dlsym(handle, "openblas_get_num_threads"));
-  auto set = reinterpret_cast<void (*)(int)>(dlsym(handle, "openblas_set_num_threads"));
-  if (set == nullptr || already_loaded || EnvironmentSetsBlasThreads()) return;
+void LimitThreads(const SharedLibrary& lib, bool already_loaded, CblasApi* api) {
+  if (!lib.Resolve("openblas_get_num_threads", &api->get_num_threads).ok()) {
+    api->get_num_threads = nullptr;
+  }
+  void (*set)(int) = nullptr;
+  if (!lib.Resolve("openblas_set_num_threads", &set).ok() || already_loaded ||
+      EnvironmentSetsBlasThreads()) {
+    return;
+  }
   set(1);
 }
 
 template <typename Fn>
-bool Resolve(void* handle, const char* name, Fn* out, std::string* missing) {
-  *out = reinterpret_cast<Fn>(dlsym(handle, name));
-  if (*out == nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
-  return *out != nullptr;
+bool Resolve(const SharedLibrary& lib, const char* name, Fn* out, std::string* missing) {
+  if (lib.Resolve(name, out).ok()) return true;
+  *missing += std::string(missing->empty() ? "" : ", ") + name;
+  return false;
 }
 
 struct Loaded {
@@ -52,30 +56,28 @@ Loaded Load() {
       "libopenblas.so.0", "libcblas.so.3", "libblas.so.3"};
   std::string tried;
   for (const char* name : candidates) {
-    // RTLD_LOCAL: the symbols are reached through dlsym only; the handle is kept for the
-    // process's lifetime (never dlclosed: the kernels may call it until exit).
-    void* const present = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
-    if (present != nullptr) dlclose(present);  // drops the reference NOLOAD took
-    void* handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      const char* why = dlerror();
-      tried += std::string("\n  ") + name + ": " + (why != nullptr ? why : "not loadable");
+    // The symbols are reached through the table only; the library is kept for the process's
+    // lifetime (the kernels may call it until exit).
+    const bool present = SharedLibrary::IsLoaded(name);
+    auto lib = SharedLibrary::Open(name);
+    if (!lib.ok()) {
+      tried += std::string("\n  ") + name + ": " + lib.status().message();
       continue;
     }
     Loaded loaded;
     CblasApi& api = loaded.api;
     std::string missing;
-    bool ok = Resolve(handle, "cblas_sgemm", &api.sgemm, &missing);
-    ok = Resolve(handle, "cblas_dgemm", &api.dgemm, &missing) && ok;
-    ok = Resolve(handle, "cblas_dsyrk", &api.dsyrk, &missing) && ok;
-    ok = Resolve(handle, "cblas_dsymm", &api.dsymm, &missing) && ok;
+    bool ok = Resolve(*lib, "cblas_sgemm", &api.sgemm, &missing);
+    ok = Resolve(*lib, "cblas_dgemm", &api.dgemm, &missing) && ok;
+    ok = Resolve(*lib, "cblas_dsyrk", &api.dsyrk, &missing) && ok;
+    ok = Resolve(*lib, "cblas_dsymm", &api.dsymm, &missing) && ok;
     if (ok) {
-      LimitThreads(handle, present != nullptr, &api);
+      LimitThreads(*lib, present, &api);
+      lib->Leak();
       loaded.ok = true;
       return loaded;
     }
     tried += std::string("\n  ") + name + ": loaded but lacks " + missing;
-    dlclose(handle);
   }
   Loaded failed;
   failed.tried = std::move(tried);

@@ -253,14 +253,13 @@ class CudaPlanState final : public DevicePlan::State {
     if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
   }
 
-  Status Init(const VectorWeights* weights) {
+  Status Init(const RopeTable& rope, const VectorWeights* weights) {
     KVD_RETURN_IF_ERROR(SetDevice());
     if (device_.cuda_stream == nullptr && device_.own_stream) {
       KVD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking),
                                "plan_device: cudaStreamCreate");
       stream_ = own_stream_;
     }
-    KVD_ASSIGN_OR_RETURN(RopeTable rope, RopeTable::Create(layout_.rope, layout_.head_dim));
     half_ = rope.rotary_dim() / 2;
     interleaved_ = rope.pairing() == RopePairing::kInterleaved;
     KVD_RETURN_IF_ERROR(inv_freq_.Allocate(static_cast<size_t>(std::max(half_, 1))));
@@ -692,10 +691,10 @@ class CudaPlanState final : public DevicePlan::State {
 }  // namespace
 
 StatusOr<std::unique_ptr<DevicePlan::State>> CreateDevicePlanState(
-    const CompressionPlanOptions& options, const ModelLayout& layout, const VectorWeights* weights,
-    const DevicePlanOptions& device) {
+    const CompressionPlanOptions& options, const ModelLayout& layout, const RopeTable& rope,
+    const VectorWeights* weights, const DevicePlanOptions& device) {
   auto state = std::make_unique<CudaPlanState>(options, layout, device);
-  KVD_RETURN_IF_ERROR(state->Init(weights));
+  KVD_RETURN_IF_ERROR(state->Init(rope, weights));
   return std::unique_ptr<DevicePlan::State>(std::move(state));
 }
 

@@ -6,8 +6,6 @@
 #include "nccl/nccl_bootstrap.h"
 
 #if KVD_HAVE_NCCL
-#include <cuda_runtime_api.h>
-#include <nccl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,7 +20,8 @@
 #include <thread>
 #include <unordered_map>
 
-#include "kvd/common/cuda_device.h"
+#include "kvd/common/cuda_runtime.h"
+#include "nccl/nccl_api.h"
 #endif
 
 namespace kvd::transport::nccl {
@@ -43,12 +42,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kHeaderBytes = 16;  // {tag, length}
 
-Status CudaErr(cudaError_t e, const std::string& what) {
-  return Status::Internal(what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
-}
+// NCCL's table: only after CreateNcclTransport loaded it.
+const NcclApi& Nccl() { return **LoadNccl(); }
+
+Status CudaErr(cudaError_t e, const std::string& what) { return CudaErrorStatus(e, what); }
 Status NcclErr(ncclResult_t r, const std::string& what) {
-  std::string msg = what + ": " + ncclGetErrorString(r);
-  if (const char* last = ncclGetLastError(nullptr); last != nullptr && *last != '\0') {
+  std::string msg = what + ": " + Nccl().GetErrorString(r);
+  if (const char* last = Nccl().GetLastError(nullptr); last != nullptr && *last != '\0') {
     msg += " (" + std::string(last) + ")";
   }
   if (r == ncclRemoteError || r == ncclSystemError) return Status::Unavailable(msg);
@@ -68,19 +68,19 @@ class NcclTransport final : public Transport {
   explicit NcclTransport(const TransportOptions& o) : options_(o) {}
   ~NcclTransport() override {
     std::lock_guard<std::mutex> lock(mu_);
-    cudaSetDevice(options_.nccl_device);
+    Cudart().SetDevice(options_.nccl_device);
     for (auto& [id, p] : peers_) ClosePeerLocked(*p);
     for (auto& [id, r] : regions_) {
-      if (r.owned) cudaFree(r.data);
+      if (r.owned) Cudart().Free(r.data);
     }
   }
 
   Status Init() {
-    cudaError_t e = cudaSetDevice(options_.nccl_device);
+    cudaError_t e = Cudart().SetDevice(options_.nccl_device);
     if (e != cudaSuccess)
       return CudaErr(e, "cudaSetDevice(" + std::to_string(options_.nccl_device) + ")");
     int version = 0;
-    ncclGetVersion(&version);
+    Nccl().GetVersion(&version);
     std::random_device rd;
     uuid_ = (uint64_t{rd()} << 32 | rd()) | 1;
     char host[256] = {0};
@@ -105,7 +105,7 @@ class NcclTransport final : public Transport {
 
   StatusOr<PeerHandle> Connect(std::string_view bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
-    cudaSetDevice(options_.nccl_device);
+    Cudart().SetDevice(options_.nccl_device);
     auto peer = std::make_unique<Peer>();
     ncclUniqueId ids[2];
     if (bytes.substr(0, kAddressMagic.size()) == kAddressMagic) {
@@ -116,7 +116,7 @@ class NcclTransport final : public Transport {
       b.from_uuid = uuid_;
       b.to_uuid = a.uuid;
       for (int d = 0; d < 2; ++d) {
-        ncclResult_t r = ncclGetUniqueId(&ids[d]);
+        ncclResult_t r = Nccl().GetUniqueId(&ids[d]);
         if (r != ncclSuccess) return NcclErr(r, "ncclGetUniqueId");
       }
       std::memcpy(b.forward.data(), ids[0].internal, kUniqueIdBytes);
@@ -140,23 +140,23 @@ class NcclTransport final : public Transport {
     for (int d = 0; d < 2; ++d) {
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 0;  // join in the background; Progress polls ncclCommGetAsyncError
-      ncclResult_t r = ncclCommInitRankConfig(&peer->comms[d], 2, ids[d], rank, &config);
+      ncclResult_t r = Nccl().CommInitRankConfig(&peer->comms[d], 2, ids[d], rank, &config);
       if (r != ncclSuccess && r != ncclInProgress) {
         ClosePeerLocked(*peer);
         return NcclErr(r, "ncclCommInitRankConfig");
       }
     }
     for (cudaStream_t* s : {&peer->send_stream, &peer->recv_stream}) {
-      cudaError_t e = cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);
+      cudaError_t e = Cudart().StreamCreateWithFlags(s, cudaStreamNonBlocking);
       if (e != cudaSuccess) {
         ClosePeerLocked(*peer);
         return CudaErr(e, "cudaStreamCreate");
       }
     }
-    cudaEventCreateWithFlags(&peer->send_event, cudaEventDisableTiming);
-    cudaEventCreateWithFlags(&peer->recv_event, cudaEventDisableTiming);
-    cudaMalloc(&peer->d_headers, 2 * kHeaderBytes);
-    cudaMallocHost(&peer->h_headers, 2 * kHeaderBytes);
+    Cudart().EventCreateWithFlags(&peer->send_event, cudaEventDisableTiming);
+    Cudart().EventCreateWithFlags(&peer->recv_event, cudaEventDisableTiming);
+    Cudart().Malloc(reinterpret_cast<void**>(&peer->d_headers), 2 * kHeaderBytes);
+    Cudart().MallocHost(reinterpret_cast<void**>(&peer->h_headers), 2 * kHeaderBytes);
     peer->deadline = Clock::now() + std::chrono::milliseconds(options_.nccl_init_timeout_ms);
     const uint64_t id = next_id_++;
     peers_[id] = std::move(peer);
@@ -174,7 +174,7 @@ class NcclTransport final : public Transport {
 
   Status Disconnect(PeerHandle peer) override {
     std::lock_guard<std::mutex> lock(mu_);
-    cudaSetDevice(options_.nccl_device);
+    Cudart().SetDevice(options_.nccl_device);
     auto it = peers_.find(peer.id);
     if (it == peers_.end()) return Status::NotFound("unknown peer " + std::to_string(peer.id));
     it->second->disconnecting = true;  // not counted as vanished
@@ -203,13 +203,13 @@ class NcclTransport final : public Transport {
     if (bytes == 0) return Status::InvalidArgument("AllocateRegistered of 0 bytes");
     if (type != MemoryType::kCuda) return HostRefused("allocate");
     std::lock_guard<std::mutex> lock(mu_);
-    cudaSetDevice(options_.nccl_device);
+    Cudart().SetDevice(options_.nccl_device);
     void* p = nullptr;
-    cudaError_t e = cudaMalloc(&p, bytes);
+    cudaError_t e = Cudart().Malloc(&p, bytes);
     if (e != cudaSuccess) {
-      cudaGetLastError();
+      Cudart().GetLastError();
       return Status::ResourceExhausted("cudaMalloc(" + std::to_string(bytes) +
-                                       "): " + cudaGetErrorString(e));
+                                       "): " + Cudart().GetErrorString(e));
     }
     const uint64_t id = next_id_++;
     regions_[id] = {p, bytes, true};
@@ -230,8 +230,8 @@ class NcclTransport final : public Transport {
     if (it == regions_.end())
       return Status::NotFound("unknown region " + std::to_string(region.id));
     if (it->second.owned) {
-      cudaSetDevice(options_.nccl_device);
-      cudaFree(it->second.data);
+      Cudart().SetDevice(options_.nccl_device);
+      Cudart().Free(it->second.data);
     }
     regions_.erase(it);
     return Status::Ok();
@@ -330,7 +330,7 @@ class NcclTransport final : public Transport {
 
   int Progress() override {
     std::lock_guard<std::mutex> lock(mu_);
-    cudaSetDevice(options_.nccl_device);
+    Cudart().SetDevice(options_.nccl_device);
     int events = 0;
     for (auto& [id, p] : peers_) events += ProgressPeerLocked(id, *p);
     return events;
@@ -424,16 +424,16 @@ class NcclTransport final : public Transport {
 
   void ClosePeerLocked(Peer& p) {
     for (ncclComm_t& c : p.comms) {
-      if (c != nullptr) ncclCommAbort(c);  // never blocks on the other side
+      if (c != nullptr) Nccl().CommAbort(c);  // never blocks on the other side
       c = nullptr;
     }
-    if (p.send_stream) cudaStreamDestroy(p.send_stream);
-    if (p.recv_stream) cudaStreamDestroy(p.recv_stream);
-    if (p.send_event) cudaEventDestroy(p.send_event);
-    if (p.recv_event) cudaEventDestroy(p.recv_event);
-    if (p.d_headers) cudaFree(p.d_headers);
-    if (p.h_headers) cudaFreeHost(p.h_headers);
-    if (p.drain) cudaFree(p.drain);
+    if (p.send_stream) Cudart().StreamDestroy(p.send_stream);
+    if (p.recv_stream) Cudart().StreamDestroy(p.recv_stream);
+    if (p.send_event) Cudart().EventDestroy(p.send_event);
+    if (p.recv_event) Cudart().EventDestroy(p.recv_event);
+    if (p.d_headers) Cudart().Free(p.d_headers);
+    if (p.h_headers) Cudart().FreeHost(p.h_headers);
+    if (p.drain) Cudart().Free(p.drain);
     p = Peer{};
   }
 
@@ -461,8 +461,8 @@ class NcclTransport final : public Transport {
     int events = 0;
     if (!p.ready) {
       ncclResult_t a = ncclSuccess, b = ncclSuccess;
-      ncclCommGetAsyncError(p.comms[0], &a);
-      ncclCommGetAsyncError(p.comms[1], &b);
+      Nccl().CommGetAsyncError(p.comms[0], &a);
+      Nccl().CommGetAsyncError(p.comms[1], &b);
       if (a == ncclSuccess && b == ncclSuccess) {
         p.ready = true;
         events++;
@@ -486,14 +486,14 @@ class NcclTransport final : public Transport {
     }
     for (ncclComm_t c : p.comms) {
       ncclResult_t e = ncclSuccess;
-      ncclCommGetAsyncError(c, &e);
+      Nccl().CommGetAsyncError(c, &e);
       if (e != ncclSuccess && e != ncclInProgress) {
         FailPeerLocked(peer_id, NcclErr(e, "peer " + std::to_string(peer_id) + " vanished"));
         return events + 1;
       }
     }
     // ---- sends: header then payload on the send stream, one message at a time ----
-    if (p.active_send != 0 && cudaEventQuery(p.send_event) == cudaSuccess) {
+    if (p.active_send != 0 && Cudart().EventQuery(p.send_event) == cudaSuccess) {
       Complete(p.active_send, Status::Ok(), transfers_[p.active_send].length);
       p.active_send = 0;
       events++;
@@ -505,17 +505,17 @@ class NcclTransport final : public Transport {
       t.started = true;
       p.h_headers[0] = t.tag;
       p.h_headers[1] = t.length;
-      cudaMemcpyAsync(p.d_headers, p.h_headers, kHeaderBytes, cudaMemcpyHostToDevice,
+      Cudart().MemcpyAsync(p.d_headers, p.h_headers, kHeaderBytes, cudaMemcpyHostToDevice,
                       p.send_stream);
-      ncclResult_t r = ncclSend(p.d_headers, kHeaderBytes, ncclUint8, p.other_rank(), p.send_comm(),
+      ncclResult_t r = Nccl().Send(p.d_headers, kHeaderBytes, ncclUint8, p.other_rank(), p.send_comm(),
                                 p.send_stream);
       if (r == ncclSuccess && t.length > 0) {
-        r = ncclSend(t.buffer, t.length, ncclUint8, p.other_rank(), p.send_comm(), p.send_stream);
+        r = Nccl().Send(t.buffer, t.length, ncclUint8, p.other_rank(), p.send_comm(), p.send_stream);
       }
       if (r != ncclSuccess && r != ncclInProgress) {
         Complete(id, NcclErr(r, "ncclSend"), 0);
       } else {
-        cudaEventRecord(p.send_event, p.send_stream);
+        Cudart().EventRecord(p.send_event, p.send_stream);
         p.active_send = id;
       }
       events++;
@@ -524,20 +524,20 @@ class NcclTransport final : public Transport {
     auto* recv_header = static_cast<char*>(p.d_headers) + kHeaderBytes;
     switch (p.stage) {
       case RecvStage::kIdle: {
-        ncclResult_t r = ncclRecv(recv_header, kHeaderBytes, ncclUint8, p.other_rank(),
+        ncclResult_t r = Nccl().Recv(recv_header, kHeaderBytes, ncclUint8, p.other_rank(),
                                   p.recv_comm(), p.recv_stream);
         if (r != ncclSuccess && r != ncclInProgress) {
           FailPeerLocked(peer_id, NcclErr(r, "ncclRecv of a header"));
           return events + 1;
         }
-        cudaMemcpyAsync(p.h_headers + 2, recv_header, kHeaderBytes, cudaMemcpyDeviceToHost,
+        Cudart().MemcpyAsync(p.h_headers + 2, recv_header, kHeaderBytes, cudaMemcpyDeviceToHost,
                         p.recv_stream);
-        cudaEventRecord(p.recv_event, p.recv_stream);
+        Cudart().EventRecord(p.recv_event, p.recv_stream);
         p.stage = RecvStage::kHeader;
         break;
       }
       case RecvStage::kHeader:
-        if (cudaEventQuery(p.recv_event) != cudaSuccess) break;
+        if (Cudart().EventQuery(p.recv_event) != cudaSuccess) break;
         p.stage = RecvStage::kUnmatched;
         events++;
         [[fallthrough]];
@@ -554,8 +554,8 @@ class NcclTransport final : public Transport {
                                       " bytes is longer than the receive buffer (" +
                                       std::to_string(t.length) + ")"),
                    0);
-          if (p.drain) cudaFree(p.drain);
-          cudaMalloc(&p.drain, length);
+          if (p.drain) Cudart().Free(p.drain);
+          Cudart().Malloc(&p.drain, length);
           dst = p.drain;
           p.active_recv = 0;
         } else {
@@ -568,18 +568,18 @@ class NcclTransport final : public Transport {
           break;
         }
         ncclResult_t r =
-            ncclRecv(dst, length, ncclUint8, p.other_rank(), p.recv_comm(), p.recv_stream);
+            Nccl().Recv(dst, length, ncclUint8, p.other_rank(), p.recv_comm(), p.recv_stream);
         if (r != ncclSuccess && r != ncclInProgress) {
           FailPeerLocked(peer_id, NcclErr(r, "ncclRecv"));
           return events + 1;
         }
-        cudaEventRecord(p.recv_event, p.recv_stream);
+        Cudart().EventRecord(p.recv_event, p.recv_stream);
         p.h_headers[3] = length;
         p.stage = RecvStage::kPayload;
         break;
       }
       case RecvStage::kPayload:
-        if (cudaEventQuery(p.recv_event) != cudaSuccess) break;
+        if (Cudart().EventQuery(p.recv_event) != cudaSuccess) break;
         if (p.active_recv != 0) Complete(p.active_recv, Status::Ok(), p.h_headers[3]);
         p.active_recv = 0;
         p.stage = RecvStage::kIdle;
@@ -621,7 +621,11 @@ class NcclTransport final : public Transport {
 
 }  // namespace
 
-std::string NcclUnavailableReason(int device) { return CudaDeviceUnavailable(device); }
+std::string NcclUnavailableReason(int device) {
+  if (std::string why = CudaDeviceUnavailable(device); !why.empty()) return why;
+  auto nccl = LoadNccl();
+  return nccl.ok() ? "" : nccl.status().message();
+}
 
 StatusOr<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options) {
   if (std::string why = NcclUnavailableReason(options.nccl_device); !why.empty()) {
