@@ -172,7 +172,8 @@ CodecDescription CompressionPlanOptions::Codec(uint64_t calibration_version) con
           .route = route,
           .position = position,
           .p_c = p_c,
-          .calibration_version = calibration_version};
+          .calibration_version = calibration_version,
+          .quant = {}};  // set by the quantize stage (QuantizeChunk)
 }
 
 StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const ModelLayout& layout,

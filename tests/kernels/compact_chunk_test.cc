@@ -360,9 +360,9 @@ TEST(CompactChunk, FuzzTruncationsAndBitFlips) {
 
 // Every prefix of a chunk is refused as truncated (or with a size mismatch), never a crash; every
 // prefix re-stamped with a matching size and checksum is refused as corrupt.
-TEST(CompactChunk, TruncationAtEveryByteIsAnError) {
-  const CompactChunk c = PlanShapedChunk(2, 3, 8, true, true, false, 256, 41);
-  const std::vector<uint8_t> good = *EncodeCompactChunk(c);
+// Every prefix of `good` is refused as truncated (or with a size mismatch); every prefix longer
+// than the header re-stamped with a matching size and checksum is refused as corrupt.
+void ExpectEveryPrefixRefused(const std::vector<uint8_t>& good, size_t header_bytes) {
   for (size_t n = 0; n < good.size(); ++n) {
     auto r = DecodeCompactChunk(std::span(good).first(n));
     ASSERT_FALSE(r.ok()) << n;
@@ -371,12 +371,17 @@ TEST(CompactChunk, TruncationAtEveryByteIsAnError) {
                                                        HasSubstr("compact chunk size mismatch")))
         << n;
   }
-  for (size_t n = 80; n < good.size() - 8; ++n) {
+  for (size_t n = header_bytes; n < good.size() - 8; ++n) {
     auto r = DecodeCompactChunk(Restamp({good.begin(), good.begin() + n}));
     ASSERT_FALSE(r.ok()) << n;
     ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << n << " " << r.status();
     ASSERT_THAT(r.status().message(), HasSubstr("corrupt compact chunk")) << n;
   }
+}
+
+TEST(CompactChunk, TruncationAtEveryByteIsAnError) {
+  const CompactChunk c = PlanShapedChunk(2, 3, 8, true, true, false, 256, 41);
+  ExpectEveryPrefixRefused(*EncodeCompactChunk(c), 80);
 }
 
 TEST(CompactChunk, OverlongInputIsAnError) {
@@ -505,18 +510,7 @@ TEST(CompactChunkV3, QuantizedChunksRoundTripAsVersion3) {
 TEST(CompactChunkV3, TruncationAndDamageAreErrors) {
   const CompactChunk c = QuantizedChunk(62);
   const std::vector<uint8_t> good = *EncodeCompactChunk(c);
-  for (size_t n = 0; n < good.size(); ++n) {
-    auto r = DecodeCompactChunk(std::span(good).first(n));
-    ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << n << " " << r.status();
-    ASSERT_THAT(r.status().message(), ::testing::AnyOf(HasSubstr("compact chunk truncated"),
-                                                       HasSubstr("compact chunk size mismatch")))
-        << n;
-  }
-  for (size_t n = 96; n < good.size() - 8; ++n) {
-    auto r = DecodeCompactChunk(Restamp({good.begin(), good.begin() + n}));
-    ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << n << " " << r.status();
-    ASSERT_THAT(r.status().message(), HasSubstr("corrupt compact chunk")) << n;
-  }
+  ExpectEveryPrefixRefused(good, 96);
   const std::vector<uint8_t> body(good.begin(), good.end() - 8);
   struct Damage {
     size_t offset;
