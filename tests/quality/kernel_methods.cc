@@ -23,10 +23,10 @@ using kernels::ScoreStage;
 
 struct MethodSpec {
   const char* name;
-  ScoreStage score;
-  MergeStage merge;
-  MergeNorm norm;
-  RouteStage route;
+  ScoreStage score = ScoreStage::kNone;
+  MergeStage merge = MergeStage::kNone;
+  MergeNorm norm = MergeNorm::kL2;
+  RouteStage route = RouteStage::kNone;
   kernels::HeadBudget budget = kernels::HeadBudget::kUniform;
   bool error_aware = false;  // hybrid: CompressionPlanOptions::hybrid_error_aware
   kernels::MergeGuard guard = kernels::MergeGuard::kClamp;  // merge key weight guard
@@ -378,6 +378,13 @@ const std::vector<std::string>& KernelMethodNames() {
     return v;
   }();
   return *names;
+}
+
+bool CountsStoredBytes(const std::string& name) {
+  for (const MethodSpec& s : kSpecs) {
+    if (name == s.name) return s.stored_bf16;
+  }
+  return false;
 }
 
 StatusOr<std::unique_ptr<CompressionMethod>> CreateKernelMethod(const std::string& name) {

@@ -58,6 +58,10 @@ inline constexpr double kVectorRidge = 1e-4;
 // Names of the kernel methods, in the order the report lists them.
 const std::vector<std::string>& KernelMethodNames();
 
+// True when `name` reports its stored fraction in encoded bytes over raw bfloat16 bytes (bf16,
+// the quantize methods) rather than in half-pairs.
+bool CountsStoredBytes(const std::string& name);
+
 // The method `name` (one of KernelMethodNames()); NOT_FOUND otherwise.
 StatusOr<std::unique_ptr<CompressionMethod>> CreateKernelMethod(const std::string& name);
 
