@@ -42,6 +42,7 @@ std::string CompressionPolicy::StagesName() const {
   add(score);
   add(merge);
   add(route);
+  add(quant_format);
   return out.empty() ? "recency" : out;
 }
 
@@ -55,7 +56,16 @@ Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) con
   if (!OneOf(route, {"none", "vector"})) {
     return Bad(key + ".stages", route, "is not a route method (vector)");
   }
-  if (score == "none" && merge == "none" && route == "none") {
+  if (!OneOf(quant_format, {"none", "int8", "int4", "fp8_e4m3"})) {
+    return Bad(key + ".quant_format", quant_format, "is not int8, int4 or fp8_e4m3");
+  }
+  if (quant_group < 1 || quant_group > 65536) {
+    return Bad(key + ".quant_group", std::to_string(quant_group), "is outside [1, 65536]");
+  }
+  if (quant_recent < 0 || quant_recent > (1 << 30)) {
+    return Bad(key + ".quant_recent", std::to_string(quant_recent), "is outside [0, 2^30]");
+  }
+  if (score == "none" && merge == "none" && route == "none" && !Quantizes()) {
     return Status::InvalidArgument(key +
                                    ".stages: no stage; omit `compression` (or write "
                                    "`compression: off`) for a raw model");
@@ -125,7 +135,11 @@ std::string CompressionPolicy::CanonicalForm() const {
          " merge_norm=" + merge_norm + " position=" + position +
          " max_group=" + std::to_string(max_group) + " min_cos=" + Num(min_cos) +
          " route_eps=" + Num(route_eps) + " r2_threshold=" + Num(r2_threshold) +
-         " calibration_tokens=" + std::to_string(calibration_tokens);
+         " calibration_tokens=" + std::to_string(calibration_tokens) +
+         // Only when on, so that the codec ids of policies without it stay what they were.
+         (Quantizes() ? " quant=" + quant_format + "/" + std::to_string(quant_group) + "/" +
+                            std::to_string(quant_recent)
+                      : std::string());
 }
 
 int CompressionPolicy::CudaOrdinal() const {

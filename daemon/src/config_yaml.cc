@@ -205,17 +205,19 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
       CheckMap(node, path,
                {"stages", "p_c", "window", "sinks", "pooling", "pooling_kernel", "keydiff_block",
                 "pyramid_beta", "merge_norm", "position", "max_group", "min_cos", "route_eps",
-                "r2_threshold", "calibration_tokens", "worker_threads", "queue_depth", "device"}));
+                "r2_threshold", "calibration_tokens", "worker_threads", "queue_depth", "device",
+                "quant_format", "quant_group", "quant_recent"}));
   CompressionPolicy p;
   const YAML::Node stages = node["stages"];
   if (!stages.IsDefined() || !stages.IsSequence() || stages.size() == 0) {
     return Status::InvalidArgument(path +
                                    ".stages: required, a non-empty list of methods in the order "
-                                   "score, merge, route (e.g. [snapkv], [snapkv, vector])");
+                                   "score, merge, route, quantize (e.g. [snapkv], [snapkv, vector], "
+                                   "[keydiff, quantize])");
   }
   p.score = "none";
   int last_stage = -1;
-  const char* kStageNames[] = {"score", "merge", "route"};
+  const char* kStageNames[] = {"score", "merge", "route", "quantize"};
   for (size_t i = 0; i < stages.size(); ++i) {
     const std::string key = path + ".stages[" + std::to_string(i) + "]";
     if (!stages[i].IsScalar()) return Status::InvalidArgument(key + ": must be a method name");
@@ -229,10 +231,12 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
       parts = {{2, method}};
     } else if (method == "hybrid") {
       parts = {{0, "snapkv"}, {1, "kvslimmer"}};
+    } else if (method == "quantize") {
+      parts = {{3, "int8"}};  // the format: quant_format below
     } else {
       return Bad(key, method,
                  "is not a method (score: snapkv, keydiff, pyramidkv; merge: kvslimmer; route: "
-                 "vector; hybrid = snapkv + kvslimmer)");
+                 "vector; quantize: quantize; hybrid = snapkv + kvslimmer)");
     }
     for (const auto& [stage, name] : parts) {
       if (stage == last_stage) {
@@ -243,10 +247,29 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
         return Bad(key, method,
                    std::string("is a ") + kStageNames[stage] + " method listed after the " +
                        kStageNames[last_stage] +
-                       " stage; stages run in the order score, merge, route");
+                       " stage; stages run in the order score, merge, route, quantize");
       }
       last_stage = stage;
-      (stage == 0 ? p.score : stage == 1 ? p.merge : p.route) = name;
+      (stage == 0 ? p.score : stage == 1 ? p.merge : stage == 2 ? p.route : p.quant_format) = name;
+    }
+  }
+  if (p.Quantizes()) {
+    // `[quantize]` alone keeps every token unless p_c says otherwise (recency then evicts).
+    if (p.score == "none" && p.merge == "none" && p.route == "none") p.p_c = 0.0;
+    KVD_RETURN_IF_ERROR(GetString(node, path, "quant_format", &p.quant_format));
+    if (p.quant_format == "none") {
+      return Bad(Join(path, "quant_format"), p.quant_format,
+                 "is not int8, int4 or fp8_e4m3 (drop the quantize stage to store full precision)");
+    }
+    KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_group", &p.quant_group, 1, 65536));
+    KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_recent", &p.quant_recent, 0, 1 << 30));
+  } else {
+    for (const char* k : {"quant_format", "quant_group", "quant_recent"}) {
+      if (node[k].IsDefined()) {
+        return Status::InvalidArgument(path + "." + k +
+                                       ": set, but stages has no quantize stage (e.g. "
+                                       "stages: [keydiff, quantize])");
+      }
     }
   }
   KVD_RETURN_IF_ERROR(GetDouble(node, path, "p_c", &p.p_c));

@@ -1,5 +1,5 @@
-// Compact chunk validation and the v2 byte format (docs/chunk-format.md is the spec; keep both in
-// step). Version 1 chunks are read by compact_chunk_v1.cc; the slot metadata of v2 is coded by
+// Compact chunk validation and the v2 / v3 byte format (docs/chunk-format.md is the spec; keep
+// both in step; v3 is v2 with the quantize stage's fields in a 96-byte header). Version 1 chunks are read by compact_chunk_v1.cc; the slot metadata of v2 is coded by
 // slot_metadata.cc.
 #include "kvd/kernels/compact_chunk.h"
 
@@ -17,12 +17,16 @@ namespace kvd::kernels {
 
 using internal::HeadName;
 using internal::kMaxHeadDimInFormat;
+using internal::kMaxQuantGroup;
+using internal::kMaxQuantRecent;
 using internal::ValidateCodec;
 
 namespace {
 
-constexpr uint16_t kVersion = 2;
+constexpr uint16_t kVersion = 2;           // unquantized chunks: byte for byte what v2 writers wrote
+constexpr uint16_t kQuantizedVersion = 3;  // chunks with a quantize stage
 constexpr size_t kHeaderBytes = 80;
+constexpr size_t kQuantizedHeaderBytes = 96;
 constexpr size_t kDataAlign = 64;
 constexpr size_t kTrailerBytes = internal::kCompactChunkTrailerBytes;
 
@@ -45,28 +49,65 @@ int64_t PositionBase(const CompactChunk& chunk) {
   return base;
 }
 
-StatusOr<CompactChunk> DecodeV2(std::span<const uint8_t> bytes) {
+// The smallest data a row of a head can take: its codes when quantized (recent rows and scales
+// only add), else d elements of the dtype. Bounds the slot count the metadata may claim.
+size_t MinRowBytes(const CompactChunk& c) {
+  const QuantDescription& q = c.codec.quant;
+  if (!q.quantized()) return static_cast<size_t>(c.head_dim) * DTypeSize(c.dtype);
+  return q.format == QuantFormat::kInt4 ? (static_cast<size_t>(c.head_dim) + 1) / 2
+                                        : static_cast<size_t>(c.head_dim);
+}
+
+// Versions 2 and 3 (`version`, already checked to be one of them).
+StatusOr<CompactChunk> DecodeV2(std::span<const uint8_t> bytes, uint16_t version) {
+  const size_t header_size = version == kQuantizedVersion ? kQuantizedHeaderBytes : kHeaderBytes;
+  if (bytes.size() < header_size + kTrailerBytes) {
+    return Status::DataLoss("compact chunk truncated: " + std::to_string(bytes.size()) +
+                            " bytes, a version " + std::to_string(version) +
+                            " header and trailer alone need " +
+                            std::to_string(header_size + kTrailerBytes));
+  }
   internal::ByteReader r(bytes);
   uint8_t magic[4];
-  uint16_t version = 0, header_bytes = 0, reserved16 = 0;
+  uint16_t header_bytes = 0, reserved16 = 0;
   uint32_t meta_bytes = 0;
   internal::ChunkHeaderFields f;
   CompactChunk c;
   int64_t position_base = 0;
   uint64_t total = 0;  // the size check is first: the 88 bytes checked by the caller hold it
-  r.GetBytes(magic, 4), r.Get(&version), r.Get(&header_bytes);
+  uint16_t version_read = 0;
+  r.GetBytes(magic, 4), r.Get(&version_read), r.Get(&header_bytes);
   r.Get(&f.layers), r.Get(&f.kv_heads), r.Get(&f.head_dim), r.Get(&f.dtype);
   r.GetBytes(f.stages, 5);
   r.Get(&reserved16), r.Get(&meta_bytes);
   r.Get(&c.codec.p_c), r.Get(&c.codec.calibration_version), r.Get(&c.original_tokens);
   r.Get(&c.layout_digest), r.Get(&position_base), r.Get(&total);
+  uint32_t quant_fields[4] = {};  // v3: key_group, value_group, recent, reserved
+  if (version == kQuantizedVersion) {
+    for (uint32_t& q : quant_fields) r.Get(&q);
+  }
   KVD_RETURN_IF_ERROR(internal::CheckSizeAndChecksum(bytes, total));
   // From here the bytes are what an encoder wrote; inconsistencies mean a broken encoder.
-  if (header_bytes != kHeaderBytes) return Status::DataLoss("corrupt compact chunk: header size");
-  if (reserved16 != 0) return Status::DataLoss("corrupt compact chunk: reserved bytes not zero");
+  if (header_bytes != header_size) return Status::DataLoss("corrupt compact chunk: header size");
+  if (version == kQuantizedVersion) {
+    // Offset 26: the quant format (1 byte), then a reserved byte.
+    const uint8_t format = static_cast<uint8_t>(reserved16 & 0xff);
+    if ((reserved16 >> 8) != 0 || quant_fields[3] != 0) {
+      return Status::DataLoss("corrupt compact chunk: reserved bytes not zero");
+    }
+    if (format == 0) {
+      return Status::DataLoss("corrupt compact chunk: version 3 without a quant format");
+    }
+    c.codec.quant = {.format = static_cast<QuantFormat>(format),
+                     .key_group = quant_fields[0],
+                     .value_group = quant_fields[1],
+                     .recent = quant_fields[2]};
+  } else if (reserved16 != 0) {
+    return Status::DataLoss("corrupt compact chunk: reserved bytes not zero");
+  }
   KVD_RETURN_IF_ERROR(internal::SetChunkHeader(f, &c));
   const size_t body_end = bytes.size() - kTrailerBytes;
-  const size_t meta_end = kHeaderBytes + static_cast<size_t>(meta_bytes);
+  const size_t meta_end = header_size + static_cast<size_t>(meta_bytes);
   const size_t data_start = AlignUp(meta_end, kDataAlign);
   if (data_start > body_end) {
     return Status::DataLoss("corrupt compact chunk: " + std::to_string(meta_bytes) +
@@ -82,22 +123,25 @@ StatusOr<CompactChunk> DecodeV2(std::span<const uint8_t> bytes) {
                             " heads cannot fit in " + std::to_string(meta_bytes) +
                             " bytes of slot metadata");
   }
-  const size_t row = static_cast<size_t>(c.head_dim) * DTypeSize(c.dtype);
+  const size_t min_row = MinRowBytes(c);
   size_t data_left = body_end - data_start;
-  internal::BitReader meta(bytes.subspan(kHeaderBytes, meta_bytes));
+  internal::BitReader meta(bytes.subspan(header_size, meta_bytes));
   internal::SlotCodingState state;
   const bool has_route = c.codec.route != RouteStage::kNone;
   c.heads.resize(num_heads);
   for (size_t i = 0; i < num_heads; ++i) {
     CompactHead& h = c.heads[i];
     Status s =
-        internal::DecodeSlotMetadata(&meta, has_route, position_base, data_left / row, &state, &h);
+        internal::DecodeSlotMetadata(&meta, has_route, position_base, data_left / min_row, &state,
+                                     &h);
     if (!s.ok()) {
       return Status::DataLoss(
           "corrupt compact chunk: " + HeadName(static_cast<int64_t>(i), c.num_kv_heads) + ": " +
           s.message());
     }
-    const size_t need = static_cast<size_t>(h.slots() + h.value_slots()) * row;
+    const size_t need =
+        QuantizedRowsBytes(h.slots(), c.head_dim, c.dtype, c.codec.quant, true) +
+        QuantizedRowsBytes(h.value_slots(), c.head_dim, c.dtype, c.codec.quant, false);
     if (need > data_left) {
       return Status::DataLoss(
           "corrupt compact chunk: " + HeadName(static_cast<int64_t>(i), c.num_kv_heads) +
@@ -122,9 +166,10 @@ StatusOr<CompactChunk> DecodeV2(std::span<const uint8_t> bytes) {
   }
   const uint8_t* p = bytes.data() + data_start;
   for (CompactHead& h : c.heads) {
-    h.keys.assign(p, p + h.slots() * row);
+    h.keys.assign(p, p + QuantizedRowsBytes(h.slots(), c.head_dim, c.dtype, c.codec.quant, true));
     p += h.keys.size();
-    h.values.assign(p, p + h.value_slots() * row);
+    h.values.assign(
+        p, p + QuantizedRowsBytes(h.value_slots(), c.head_dim, c.dtype, c.codec.quant, false));
     p += h.values.size();
   }
   if (Status s = c.Validate(); !s.ok()) {
@@ -151,6 +196,21 @@ Status ValidateCodec(const CodecDescription& c) {
   }
   if (!(c.p_c >= 0.0 && c.p_c < 1.0)) {
     return Status::InvalidArgument("codec: p_c " + std::to_string(c.p_c) + " not in [0, 1)");
+  }
+  const QuantDescription& q = c.quant;
+  if (static_cast<uint8_t>(q.format) > static_cast<uint8_t>(QuantFormat::kFp8E4M3)) {
+    return Status::InvalidArgument("codec: unknown quant format");
+  }
+  if (!q.quantized()) {
+    if (q.key_group != 0 || q.value_group != 0 || q.recent != 0) {
+      return Status::InvalidArgument("codec: quant groups or recent window without a format");
+    }
+  } else if (q.key_group < 1 || q.key_group > kMaxQuantGroup || q.value_group < 1 ||
+             q.value_group > kMaxQuantGroup || q.recent > kMaxQuantRecent) {
+    return Status::InvalidArgument("codec: quant key_group " + std::to_string(q.key_group) +
+                                   ", value_group " + std::to_string(q.value_group) +
+                                   " (each in [1, " + std::to_string(kMaxQuantGroup) +
+                                   "]) or recent " + std::to_string(q.recent) + " out of range");
   }
   return Status::Ok();
 }
@@ -214,7 +274,6 @@ Status CompactChunk::Validate() const {
     return Status::InvalidArgument("compact chunk: " + std::to_string(heads.size()) +
                                    " heads, expected num_layers * num_kv_heads");
   }
-  const size_t e = DTypeSize(dtype);
   for (size_t i = 0; i < heads.size(); ++i) {
     const CompactHead& h = heads[i];
     const std::string name = HeadName(static_cast<int64_t>(i), num_kv_heads);
@@ -223,12 +282,16 @@ Status CompactChunk::Validate() const {
       return Status::InvalidArgument("compact chunk: " + name +
                                      ": flags, cardinality and positions differ in size");
     }
-    if (h.keys.size() != s * head_dim * e) {
+    const size_t key_bytes =
+        QuantizedRowsBytes(static_cast<int64_t>(s), head_dim, dtype, codec.quant, true);
+    if (h.keys.size() != key_bytes) {
       return Status::InvalidArgument("compact chunk: " + name + ": keys hold " +
-                                     std::to_string(h.keys.size()) + " bytes, expected S*d*" +
-                                     std::to_string(e));
+                                     std::to_string(h.keys.size()) + " bytes, expected " +
+                                     std::to_string(key_bytes) + " for " + std::to_string(s) +
+                                     " slots");
     }
-    if (h.values.size() != static_cast<size_t>(h.value_slots()) * head_dim * e) {
+    if (h.values.size() !=
+        QuantizedRowsBytes(h.value_slots(), head_dim, dtype, codec.quant, false)) {
       return Status::InvalidArgument(
           "compact chunk: " + name +
           ": values must hold one row per slot without the rebuild flag");
@@ -294,15 +357,17 @@ StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk) {
   }
   size_t data_bytes = 0;
   for (const CompactHead& h : chunk.heads) data_bytes += h.keys.size() + h.values.size();
-  const size_t data_start = AlignUp(kHeaderBytes + meta.size(), kDataAlign);
+  const QuantDescription& quant = chunk.codec.quant;
+  const size_t header_size = quant.quantized() ? kQuantizedHeaderBytes : kHeaderBytes;
+  const size_t data_start = AlignUp(header_size + meta.size(), kDataAlign);
   const uint64_t total = data_start + data_bytes + kTrailerBytes;
 
   std::vector<uint8_t> out;
   out.reserve(total);
   internal::ByteWriter w(&out);
   w.PutBytes(internal::kCompactChunkMagic, 4);
-  w.Put(kVersion);
-  w.Put(static_cast<uint16_t>(kHeaderBytes));
+  w.Put(quant.quantized() ? kQuantizedVersion : kVersion);
+  w.Put(static_cast<uint16_t>(header_size));
   w.Put(static_cast<uint32_t>(chunk.num_layers));
   w.Put(static_cast<uint32_t>(chunk.num_kv_heads));
   w.Put(static_cast<uint32_t>(chunk.head_dim));
@@ -312,7 +377,8 @@ StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk) {
   w.Put(static_cast<uint8_t>(chunk.codec.merge_norm));
   w.Put(static_cast<uint8_t>(chunk.codec.route));
   w.Put(static_cast<uint8_t>(chunk.codec.position));
-  w.Put(uint16_t{0});
+  w.Put(static_cast<uint8_t>(quant.format));  // 0 in version 2 (reserved there)
+  w.Put(uint8_t{0});
   w.Put(static_cast<uint32_t>(meta.size()));
   w.Put(chunk.codec.p_c);
   w.Put(chunk.codec.calibration_version);
@@ -320,6 +386,12 @@ StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk) {
   w.Put(chunk.layout_digest);
   w.Put(position_base);
   w.Put(total);
+  if (quant.quantized()) {
+    w.Put(quant.key_group);
+    w.Put(quant.value_group);
+    w.Put(quant.recent);
+    w.Put(uint32_t{0});
+  }
   w.PutBytes(meta.data(), meta.size());
   w.Align(kDataAlign);
   for (const CompactHead& h : chunk.heads) {
@@ -346,11 +418,11 @@ StatusOr<CompactChunk> DecodeCompactChunk(std::span<const uint8_t> bytes) {
   uint16_t version;
   std::memcpy(&version, bytes.data() + 4, 2);
   if (version == 1) return internal::DecodeCompactChunkV1(bytes);
-  if (version != kVersion) {
+  if (version != kVersion && version != kQuantizedVersion) {
     return Status::InvalidArgument("unsupported compact chunk version " + std::to_string(version) +
-                                   " (this build reads 1 and 2)");
+                                   " (this build reads 1, 2 and 3)");
   }
-  return DecodeV2(bytes);
+  return DecodeV2(bytes, version);
 }
 
 std::string_view ScoreStageName(ScoreStage s) {
@@ -375,6 +447,36 @@ std::string_view MergeStageName(MergeStage s) {
   }
   return "unknown";
 }
+std::string_view QuantFormatName(QuantFormat f) {
+  switch (f) {
+    case QuantFormat::kNone:
+      return "none";
+    case QuantFormat::kInt8:
+      return "int8";
+    case QuantFormat::kInt4:
+      return "int4";
+    case QuantFormat::kFp8E4M3:
+      return "fp8_e4m3";
+  }
+  return "unknown";
+}
+
+size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDescription& quant,
+                          bool keys) {
+  const size_t d = static_cast<size_t>(head_dim);
+  const size_t row = d * DTypeSize(dtype);
+  if (rows <= 0) return 0;
+  if (!quant.quantized()) return static_cast<size_t>(rows) * row;
+  const size_t n = static_cast<size_t>(rows);
+  const size_t rq = n > quant.recent ? n - quant.recent : 0;  // quantized rows
+  const size_t code_row = quant.format == QuantFormat::kInt4 ? (d + 1) / 2 : d;
+  const size_t param = quant.format == QuantFormat::kFp8E4M3 ? 2 : 4;  // float16 scale (+ min)
+  const size_t kg = std::max<uint32_t>(quant.key_group, 1);
+  const size_t vg = std::max<uint32_t>(quant.value_group, 1);
+  const size_t groups = keys ? (rq + kg - 1) / kg * d : rq * ((d + vg - 1) / vg);
+  return rq * code_row + groups * param + (n - rq) * row;
+}
+
 std::string_view RouteStageName(RouteStage s) {
   switch (s) {
     case RouteStage::kNone:

@@ -15,6 +15,8 @@ inline constexpr uint8_t kCompactChunkMagic[4] = {'K', 'V', 'C', 'C'};
 inline constexpr size_t kCompactChunkTrailerBytes = 8;  // xxh3-64 of every byte before it
 inline constexpr int kMaxHeadDimInFormat = 1024;
 inline constexpr uint32_t kMaxHeadsInFormat = 1u << 20;
+inline constexpr uint32_t kMaxQuantGroup = 1u << 16;   // key_group and value_group
+inline constexpr uint32_t kMaxQuantRecent = 1u << 30;  // recent rows
 
 // "layer L head H" of head index `idx` (layer-major) in a chunk with `heads` KV heads.
 std::string HeadName(int64_t idx, int heads);

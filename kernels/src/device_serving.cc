@@ -7,6 +7,7 @@
 #include <string>
 
 #include "device_serving_internal.h"
+#include "kvd/kernels/quantize.h"
 #include "kvd/kernels/serving.h"
 #include "vector_backend.h"
 
@@ -142,6 +143,12 @@ StatusOr<std::unique_ptr<DeviceCompactChunk>> DeviceCompactChunk::Upload(
     const CompactChunk& chunk, const RopeTable* rope, const VectorWeights* weights, void* stream) {
   KVD_RETURN_IF_ERROR(CudaBackendReady("DeviceCompactChunk::Upload"));
 #if KVD_HAVE_CUDA
+  if (chunk.codec.quant.quantized()) {
+    // The image holds rows of the chunk dtype: a quantized chunk is dequantized (on the host)
+    // and rounded to its dtype first.
+    KVD_ASSIGN_OR_RETURN(const CompactChunk plain, DequantizeChunk(chunk));
+    return Upload(plain, rope, weights, stream);
+  }
   auto impl = std::make_unique<Impl>();
   impl->num_layers = chunk.num_layers;
   impl->num_kv_heads = chunk.num_kv_heads;

@@ -11,6 +11,7 @@
 
 #include "kvd/kernels/convert.h"
 #include "kvd/kernels/pyramidkv.h"
+#include "kvd/kernels/quantize.h"
 #include "kvd/kernels/rope.h"
 #include "plan_internal.h"
 
@@ -77,6 +78,10 @@ Status CompressionPlanOptions::Validate() const {
   }
   if (!(p_c >= 0.0 && p_c < 1.0)) {
     return Status::OutOfRange("plan: p_c must be in [0, 1), got " + std::to_string(p_c));
+  }
+  if (quant.quantized()) KVD_RETURN_IF_ERROR(ValidateQuantize(quant).WithContext("plan"));
+  if (!quant.quantized() && !(quant == QuantDescription{})) {
+    return Status::InvalidArgument("plan: quant groups or recent window without a format");
   }
   if (window < 1) return Status::InvalidArgument("plan: window must be >= 1");
   if (sinks < 0) return Status::InvalidArgument("plan: sinks must be >= 0");
@@ -167,7 +172,8 @@ CodecDescription CompressionPlanOptions::Codec(uint64_t calibration_version) con
           .route = route,
           .position = position,
           .p_c = p_c,
-          .calibration_version = calibration_version};
+          .calibration_version = calibration_version,
+          .quant = {}};  // set by the quantize stage (QuantizeChunk)
 }
 
 StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const ModelLayout& layout,
@@ -332,6 +338,11 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
     }
   }
   for (int64_t ns : adaptive_score_ns) total.stage.score_ns += ns;
+  if (options.quant.quantized()) {
+    const Clock::time_point quant_start = Clock::now();
+    KVD_ASSIGN_OR_RETURN(chunk, QuantizeChunk(chunk, options.quant, convert_exec));
+    total.stage.encode_ns += NanosSince(quant_start);
+  }
   total.total_ns = NanosSince(start);
   if (stats != nullptr) *stats = total;
   return chunk;

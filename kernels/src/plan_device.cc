@@ -12,6 +12,7 @@
 #endif
 
 #include "backend_a.h"
+#include "kvd/kernels/quantize.h"
 #include "plan_device_internal.h"
 #include "plan_internal.h"
 
@@ -251,6 +252,15 @@ StatusOr<CompactChunk> DevicePlan::Compress(const DeviceChunkInput& input,
     total.route_reductions += budget.reduced[static_cast<size_t>(layer)] * H;
   }
   total.stage = out.stage;
+  if (options_.quant.quantized()) {
+    // The chunk is in host memory by now: the quantize stage runs there (the CPU kernel; its
+    // CUDA twin gives the same bytes).
+    const auto quant_start = std::chrono::steady_clock::now();
+    KVD_ASSIGN_OR_RETURN(chunk, QuantizeChunk(chunk, options_.quant));
+    total.stage.encode_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now() - quant_start)
+                                 .count();
+  }
   total.total_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count();

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "kvd/kernels/quantize.h"
 #include "serving_backend.h"
 #include "vector_backend.h"
 
@@ -90,14 +91,24 @@ static StatusOr<ServingHead> BuildValidatedServingHead(const CompactChunk& chunk
   out.cardinality = src.cardinality;
   out.positions = src.positions;
   out.bias.resize(static_cast<size_t>(s));
-  ConvertToFloat(chunk.dtype, src.keys.data(), out.keys.values.data(), static_cast<size_t>(s * d));
-  const size_t e = DTypeSize(chunk.dtype);
+  const QuantDescription& quant = chunk.codec.quant;
+  // Stored values in slot order, [V, d] float32 (dequantized straight to float32 when quantized).
+  Matrix stored(src.value_slots(), d);
+  if (quant.quantized()) {
+    KVD_RETURN_IF_ERROR(DequantizeRows(src.keys, chunk.dtype, quant, true, out.keys.View(), exec));
+    KVD_RETURN_IF_ERROR(
+        DequantizeRows(src.values, chunk.dtype, quant, false, stored.View(), exec));
+  } else {
+    ConvertToFloat(chunk.dtype, src.keys.data(), out.keys.values.data(),
+                   static_cast<size_t>(s * d));
+    ConvertToFloat(chunk.dtype, src.values.data(), stored.values.data(),
+                   static_cast<size_t>(stored.rows * d));
+  }
   int64_t v = 0;
   for (int64_t j = 0; j < s; ++j) {
     out.bias[j] = std::log(static_cast<float>(src.cardinality[j]));
     if (src.flags[j] & kSlotRebuildValue) continue;
-    ConvertToFloat(chunk.dtype, src.values.data() + v * d * e, out.values.Row(j),
-                   static_cast<size_t>(d));
+    std::memcpy(out.values.Row(j), stored.Row(v), static_cast<size_t>(d) * sizeof(float));
     ++v;
   }
   KVD_RETURN_IF_ERROR(CheckFinite(out.keys.View(), "compact chunk keys"));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvd/daemon/config.h"
+#include "kvd/kernels/compact_chunk.h"
 
 namespace kvd::daemon {
 namespace {
@@ -83,6 +84,53 @@ TEST(ChunkCodecTest, ChunksTheDeviceFailsOnAreCompressedOnTheCpuCountedAndLogged
   EXPECT_LE(records, 1u + static_cast<size_t>(minutes)) << log;  // not one per chunk
   EXPECT_THAT(log, ::testing::HasSubstr("chunks_since_last_record=1 chunks_total=1"));
   EXPECT_THAT(log, ::testing::HasSubstr("device=cuda:999"));
+}
+
+// The policy's quantize stage reaches the stored bytes: `[keydiff, quantize]` and `[quantize]`
+// alone encode version 3 chunks with the policy's format, group and recent window, KeyDiff's
+// slots (p_c 0.5) or every token (p_c 0), and fewer bytes than the unquantized policy.
+TEST(ChunkCodecTest, TheQuantizeStageOfThePolicyIsInTheStoredChunk) {
+  auto parse = [](const std::string& policy) {
+    auto config = ParseConfigYaml(
+        "models: [{name: m, layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 8, dtype: "
+        "float32}, compression: " +
+        policy + "}]");
+    EXPECT_TRUE(config.ok()) << config.status();
+    return config.ok() ? config->models[0] : ModelConfig{};
+  };
+  const ModelConfig plain = parse("{stages: [keydiff], window: 4, sinks: 2, device: cpu}");
+  const ModelConfig quant = parse(
+      "{stages: [keydiff, quantize], quant_format: int4, quant_group: 8, quant_recent: 4, "
+      "window: 4, sinks: 2, device: cpu}");
+  const ModelConfig alone = parse("{stages: [quantize], window: 4, sinks: 2, device: cpu}");
+  auto plain_codec = ChunkCodec::Create(plain, kTokens, nullptr, "k", std::nullopt);
+  auto quant_codec = ChunkCodec::Create(quant, kTokens, nullptr, "k", std::nullopt);
+  auto alone_codec = ChunkCodec::Create(alone, kTokens, nullptr, "k", std::nullopt);
+  ASSERT_TRUE(plain_codec.ok() && quant_codec.ok() && alone_codec.ok());
+  const std::vector<uint8_t> put = PutBytes(**quant_codec, quant, 3);
+  auto p = (*plain_codec)->Encode(put, kTokens, 0, kWindow);
+  auto q = (*quant_codec)->Encode(put, kTokens, 0, kWindow);
+  auto a = (*alone_codec)->Encode(put, kTokens, 0, kWindow);
+  ASSERT_TRUE(p.ok() && q.ok() && a.ok()) << q.status() << a.status();
+  EXPECT_NE(p->codec_id, q->codec_id);
+  auto pc = kernels::DecodeCompactChunk(p->bytes);
+  auto qc = kernels::DecodeCompactChunk(q->bytes);
+  auto ac = kernels::DecodeCompactChunk(a->bytes);
+  ASSERT_TRUE(pc.ok() && qc.ok() && ac.ok()) << qc.status() << ac.status();
+  EXPECT_FALSE(pc->codec.quant.quantized());
+  EXPECT_EQ(qc->codec.quant, (kernels::QuantDescription{.format = kernels::QuantFormat::kInt4,
+                                                        .key_group = 8,
+                                                        .value_group = 8,
+                                                        .recent = 4}));
+  EXPECT_EQ(ac->codec.quant.format, kernels::QuantFormat::kInt8);
+  EXPECT_EQ(ac->codec.quant.key_group, 64u);
+  for (size_t i = 0; i < pc->heads.size(); ++i) {
+    EXPECT_EQ(qc->heads[i].positions, pc->heads[i].positions);  // KeyDiff's slots
+    EXPECT_EQ(ac->heads[i].slots(), kTokens);                    // alone: every token
+  }
+  EXPECT_EQ(qc->codec.score, kernels::ScoreStage::kKeyDiff);
+  EXPECT_EQ(ac->codec.score, kernels::ScoreStage::kNone);
+  EXPECT_LT(q->bytes.size(), p->bytes.size());
 }
 
 }  // namespace

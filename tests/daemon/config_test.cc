@@ -434,6 +434,51 @@ TEST(ConfigPolicyTest, ParsesStagesAndParameters) {
   EXPECT_FALSE(off.models[0].compression.has_value());
 }
 
+TEST(ConfigPolicyTest, ParsesTheQuantizeStageAndItsKeys) {
+  auto alone = ParseConfigYaml(PolicyYaml("{stages: [quantize]}"));
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  const CompressionPolicy& a = *alone->models[0].compression;
+  EXPECT_EQ(a.quant_format, "int8");
+  EXPECT_EQ(a.quant_group, 64);
+  EXPECT_EQ(a.quant_recent, 0);
+  EXPECT_EQ(a.p_c, 0.0);  // alone it keeps every token
+  EXPECT_EQ(a.score, "none");
+  EXPECT_EQ(a.StagesName(), "int8");
+  EXPECT_FALSE(a.NeedsQueries());
+
+  auto composed = ParseConfigYaml(PolicyYaml(
+      "{stages: [keydiff, quantize], quant_format: int4, quant_group: 32, quant_recent: 16}"));
+  ASSERT_TRUE(composed.ok()) << composed.status();
+  const CompressionPolicy& c = *composed->models[0].compression;
+  EXPECT_EQ(c.score, "keydiff");
+  EXPECT_EQ(c.quant_format, "int4");
+  EXPECT_EQ(c.quant_group, 32);
+  EXPECT_EQ(c.quant_recent, 16);
+  EXPECT_EQ(c.p_c, 0.5);  // a score stage keeps the default ratio
+  EXPECT_EQ(c.StagesName(), "keydiff+int4");
+
+  auto fp8 = ParseConfigYaml(PolicyYaml("{stages: [quantize], quant_format: fp8_e4m3, p_c: 0.25}"));
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  EXPECT_EQ(fp8->models[0].compression->quant_format, "fp8_e4m3");
+  EXPECT_EQ(fp8->models[0].compression->p_c, 0.25);  // recency then evicts a quarter
+
+  // Each quantize parameter changes the codec id; a policy without the stage keeps its id.
+  CompressionPolicy plain;
+  CompressionPolicy q = plain;
+  q.quant_format = "int8";
+  CompressionPolicy q4 = q;
+  q4.quant_format = "int4";
+  CompressionPolicy qg = q;
+  qg.quant_group = 32;
+  CompressionPolicy qr = q;
+  qr.quant_recent = 8;
+  EXPECT_EQ(plain.CanonicalForm().find("quant"), std::string::npos);
+  for (const CompressionPolicy* other : {&q4, &qg, &qr}) {
+    EXPECT_NE(q.CodecId(0), other->CodecId(0));
+  }
+  EXPECT_NE(plain.CodecId(0), q.CodecId(0));
+}
+
 TEST(ConfigPolicyTest, CodecIdFollowsEveryByteChangingParameterAndCalibration) {
   CompressionPolicy a;
   CompressionPolicy b = a;
@@ -630,6 +675,25 @@ TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
        {"models[0].compression.device", "\"gpu\"", "auto, cpu, cuda or cuda:N"}},
       {"{stages: [snapkv], device: \"cuda:x\"}", {"models[0].compression.device", "cuda:x"}},
       {"{stages: [snapkv], device: \"cuda:\"}", {"models[0].compression.device", "cuda:"}},
+      // the quantize stage
+      {"{stages: [quantize], quant_format: int3}",
+       {"models[0].compression.quant_format", "\"int3\"", "int8, int4 or fp8_e4m3"}},
+      {"{stages: [quantize], quant_format: none}",
+       {"models[0].compression.quant_format", "\"none\"", "drop the quantize stage"}},
+      {"{stages: [quantize], quant_group: 0}",
+       {"models[0].compression.quant_group", "\"0\"", "[1, 65536]"}},
+      {"{stages: [quantize], quant_group: 70000}", {"models[0].compression.quant_group"}},
+      {"{stages: [quantize], quant_recent: -1}",
+       {"models[0].compression.quant_recent", "\"-1\""}},
+      {"{stages: [keydiff], quant_format: int4}",
+       {"models[0].compression.quant_format", "no quantize stage"}},
+      {"{stages: [keydiff], quant_group: 32}",
+       {"models[0].compression.quant_group", "no quantize stage"}},
+      {"{stages: [quantize, keydiff]}",
+       {"stages[1]", "keydiff", "listed after the quantize stage",
+        "score, merge, route, quantize"}},
+      {"{stages: [quantize, quantize]}", {"stages[1]", "second quantize method"}},
+      {"{stages: [quantize, vector]}", {"stages[1]", "vector", "after the quantize stage"}},
   };
   for (const auto& c : cases) {
     auto parsed = ParseConfigYaml(PolicyYaml(c.policy), "p.yaml");

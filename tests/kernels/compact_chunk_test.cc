@@ -13,6 +13,7 @@
 
 #include "compact_chunk_golden.h"
 #include "kvd/common/hash.h"
+#include "kvd/kernels/quantize.h"
 
 namespace kvd::kernels {
 namespace {
@@ -316,10 +317,10 @@ TEST(CompactChunk, DecodeRejectsDamage) {
   EXPECT_THAT(DecodeCompactChunk(bad).status().message(), HasSubstr("bad magic"));
 
   bad = good;
-  bad[4] = 3;
+  bad[4] = 4;
   EXPECT_EQ(DecodeCompactChunk(bad).status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(DecodeCompactChunk(bad).status().message(),
-              HasSubstr("unsupported compact chunk version 3 (this build reads 1 and 2)"));
+              HasSubstr("unsupported compact chunk version 4 (this build reads 1, 2 and 3)"));
 
   auto cut = std::span(good).first(good.size() - 1);
   EXPECT_EQ(DecodeCompactChunk(cut).status().code(), StatusCode::kDataLoss);
@@ -359,9 +360,9 @@ TEST(CompactChunk, FuzzTruncationsAndBitFlips) {
 
 // Every prefix of a chunk is refused as truncated (or with a size mismatch), never a crash; every
 // prefix re-stamped with a matching size and checksum is refused as corrupt.
-TEST(CompactChunk, TruncationAtEveryByteIsAnError) {
-  const CompactChunk c = PlanShapedChunk(2, 3, 8, true, true, false, 256, 41);
-  const std::vector<uint8_t> good = *EncodeCompactChunk(c);
+// Every prefix of `good` is refused as truncated (or with a size mismatch); every prefix longer
+// than the header re-stamped with a matching size and checksum is refused as corrupt.
+void ExpectEveryPrefixRefused(const std::vector<uint8_t>& good, size_t header_bytes) {
   for (size_t n = 0; n < good.size(); ++n) {
     auto r = DecodeCompactChunk(std::span(good).first(n));
     ASSERT_FALSE(r.ok()) << n;
@@ -370,12 +371,17 @@ TEST(CompactChunk, TruncationAtEveryByteIsAnError) {
                                                        HasSubstr("compact chunk size mismatch")))
         << n;
   }
-  for (size_t n = 80; n < good.size() - 8; ++n) {
+  for (size_t n = header_bytes; n < good.size() - 8; ++n) {
     auto r = DecodeCompactChunk(Restamp({good.begin(), good.begin() + n}));
     ASSERT_FALSE(r.ok()) << n;
     ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << n << " " << r.status();
     ASSERT_THAT(r.status().message(), HasSubstr("corrupt compact chunk")) << n;
   }
+}
+
+TEST(CompactChunk, TruncationAtEveryByteIsAnError) {
+  const CompactChunk c = PlanShapedChunk(2, 3, 8, true, true, false, 256, 41);
+  ExpectEveryPrefixRefused(*EncodeCompactChunk(c), 80);
 }
 
 TEST(CompactChunk, OverlongInputIsAnError) {
@@ -452,6 +458,83 @@ TEST(CompactChunk, CorruptMetadataBehindAValidChecksumIsAnError) {
   }
   // Most damage is caught; what decodes is still a valid chunk (a flipped key bit would be too).
   EXPECT_LT(decoded, 3000);
+}
+
+}  // namespace
+}  // namespace kvd::kernels
+
+namespace kvd::kernels {
+namespace {
+
+// A plan-shaped chunk with finite keys and values, quantized (int4, keys over 4 slots, values over
+// 3 channels, the last 2 rows of each head kept): the version 3 format.
+CompactChunk QuantizedChunk(uint64_t seed) {
+  CompactChunk c = PlanShapedChunk(2, 3, 8, true, true, false, 256, seed);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  for (CompactHead& h : c.heads) {
+    for (std::vector<uint8_t>* rows : {&h.keys, &h.values}) {
+      for (size_t i = 0; i + 1 < rows->size(); i += 2) {
+        const uint16_t b = FloatToBFloat16(dist(rng));
+        std::memcpy(rows->data() + i, &b, 2);
+      }
+    }
+  }
+  auto q = QuantizeChunk(
+      c, {.format = QuantFormat::kInt4, .key_group = 4, .value_group = 3, .recent = 2});
+  EXPECT_TRUE(q.ok()) << q.status();
+  return *q;
+}
+
+TEST(CompactChunkV3, QuantizedChunksRoundTripAsVersion3) {
+  const CompactChunk c = QuantizedChunk(61);
+  ExpectRoundTrip(c);
+  const std::vector<uint8_t> bytes = *EncodeCompactChunk(c);
+  uint16_t version, header;
+  std::memcpy(&version, bytes.data() + 4, 2);
+  std::memcpy(&header, bytes.data() + 6, 2);
+  EXPECT_EQ(version, 3);
+  EXPECT_EQ(header, 96);
+  EXPECT_EQ(bytes[26], static_cast<uint8_t>(QuantFormat::kInt4));
+  uint32_t fields[4];
+  std::memcpy(fields, bytes.data() + 80, 16);
+  EXPECT_EQ(fields[0], 4u);
+  EXPECT_EQ(fields[1], 3u);
+  EXPECT_EQ(fields[2], 2u);
+  EXPECT_EQ(fields[3], 0u);
+  size_t data = 0;
+  for (const CompactHead& h : c.heads) data += h.keys.size() + h.values.size();
+  EXPECT_EQ(bytes.size(), (96 + MetadataBytes(bytes) + 63) / 64 * 64 + data + 8);
+}
+
+TEST(CompactChunkV3, TruncationAndDamageAreErrors) {
+  const CompactChunk c = QuantizedChunk(62);
+  const std::vector<uint8_t> good = *EncodeCompactChunk(c);
+  ExpectEveryPrefixRefused(good, 96);
+  const std::vector<uint8_t> body(good.begin(), good.end() - 8);
+  struct Damage {
+    size_t offset;
+    uint8_t value;
+    const char* message;
+  };
+  const Damage cases[] = {
+      {26, 0, "version 3 without a quant format"},
+      {26, 9, "unknown quant format"},
+      {27, 1, "reserved bytes not zero"},
+      {93, 1, "reserved bytes not zero"},
+      {80, 0, "quant key_group 0"},  // key_group 4 -> 0 (its low byte)
+      {84, 0, "value_group 0"},
+      {88, 3, "corrupt compact chunk"},  // recent 2 -> 3: the rows no longer add up
+      {6, 80, "header size"},
+  };
+  for (const Damage& d : cases) {
+    auto bad = body;
+    bad[d.offset] = d.value;
+    auto r = DecodeCompactChunk(Restamp(bad));
+    ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << d.offset << " " << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("corrupt compact chunk")) << d.offset;
+    EXPECT_THAT(r.status().message(), HasSubstr(d.message)) << d.offset << " " << r.status();
+  }
 }
 
 }  // namespace

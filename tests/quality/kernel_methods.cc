@@ -23,10 +23,10 @@ using kernels::ScoreStage;
 
 struct MethodSpec {
   const char* name;
-  ScoreStage score;
-  MergeStage merge;
-  MergeNorm norm;
-  RouteStage route;
+  ScoreStage score = ScoreStage::kNone;
+  MergeStage merge = MergeStage::kNone;
+  MergeNorm norm = MergeNorm::kL2;
+  RouteStage route = RouteStage::kNone;
   kernels::HeadBudget budget = kernels::HeadBudget::kUniform;
   bool error_aware = false;  // hybrid: CompressionPlanOptions::hybrid_error_aware
   kernels::MergeGuard guard = kernels::MergeGuard::kClamp;  // merge key weight guard
@@ -36,6 +36,12 @@ struct MethodSpec {
   bool affine = false;
   bool route_adaptive = false;
   bool online = false;
+  // Stored as kvd stores it (kernel_methods.h): the cache as a bfloat16 chunk, the quantize stage
+  // (format kNone: none) with its recent window, encoded and decoded; the stored fraction is the
+  // encoded bytes over the raw bfloat16 chunk's.
+  bool stored_bf16 = false;
+  kernels::QuantFormat quant = kernels::QuantFormat::kNone;
+  uint32_t quant_recent = 0;
 };
 
 constexpr kernels::HeadBudget kAda = kernels::HeadBudget::kAdaptive;
@@ -92,6 +98,33 @@ constexpr MethodSpec kSpecs[] = {
      RouteStage::kVector, kUni, false, kernels::MergeGuard::kClamp, false, true, false, true},
     {"snapkv+vector_online_adaptive", ScoreStage::kSnapKv, MergeStage::kNone, MergeNorm::kL2,
      RouteStage::kVector, kUni, false, kernels::MergeGuard::kClamp, false, false, true, true},
+    // The quantize stage (keys per channel over 64 slots, values per slot over 64 channels; the
+    // group from KVD_QUANT_GROUP for comparisons), alone (recency at p_c: every token at p_c 0)
+    // and after KeyDiff; "bf16" is the chunk stored in bfloat16 without it.
+    {.name = "bf16", .stored_bf16 = true},
+    {.name = "int8", .stored_bf16 = true, .quant = kernels::QuantFormat::kInt8},
+    {.name = "int4", .stored_bf16 = true, .quant = kernels::QuantFormat::kInt4},
+    {.name = "fp8", .stored_bf16 = true, .quant = kernels::QuantFormat::kFp8E4M3},
+    {.name = "int8_recent32",
+     .stored_bf16 = true,
+     .quant = kernels::QuantFormat::kInt8,
+     .quant_recent = 32},
+    {.name = "int4_recent32",
+     .stored_bf16 = true,
+     .quant = kernels::QuantFormat::kInt4,
+     .quant_recent = 32},
+    {.name = "fp8_recent32",
+     .stored_bf16 = true,
+     .quant = kernels::QuantFormat::kFp8E4M3,
+     .quant_recent = 32},
+    {.name = "keydiff+int8",
+     .score = ScoreStage::kKeyDiff,
+     .stored_bf16 = true,
+     .quant = kernels::QuantFormat::kInt8},
+    {.name = "keydiff+int4",
+     .score = ScoreStage::kKeyDiff,
+     .stored_bf16 = true,
+     .quant = kernels::QuantFormat::kInt4},
 };
 
 // The prefix cache as one raw float32 chunk: per layer K[N, H, d] then V[N, H, d].
@@ -221,7 +254,35 @@ class KernelMethod : public CompressionMethod {
     in.window_queries = q_views;
     in.weights = weights_.has_value() ? &*weights_ : nullptr;
     kernels::CompressionStats stats;
-    KVD_ASSIGN_OR_RETURN(kernels::CompactChunk chunk, kernels::Compress(o, layout, in, &stats));
+    std::vector<uint8_t> stored_raw;  // spec_.stored_bf16: the raw chunk in bfloat16
+    ModelLayout stored_layout = layout;
+    if (spec_.stored_bf16) {
+      stored_layout.dtype = DType::kBFloat16;
+      stored_raw.resize(raw.size() / 2);
+      ConvertFromFloat(DType::kBFloat16, reinterpret_cast<const float*>(raw.data()),
+                       stored_raw.data(), raw.size() / sizeof(float));
+      in.raw = stored_raw;
+    }
+    if (spec_.quant != kernels::QuantFormat::kNone) {
+      uint32_t group = 64;
+      if (const char* g = std::getenv("KVD_QUANT_GROUP"); g != nullptr && *g != '\0') {
+        group = static_cast<uint32_t>(std::strtoul(g, nullptr, 10));
+      }
+      o.quant = {.format = spec_.quant,
+                 .key_group = group,
+                 .value_group = group,
+                 .recent = spec_.quant_recent};
+    }
+    KVD_ASSIGN_OR_RETURN(kernels::CompactChunk chunk,
+                         kernels::Compress(o, stored_layout, in, &stats));
+    double stored_bytes_fraction = -1;
+    if (spec_.stored_bf16) {
+      // Served from the real bytes: encoded, then decoded.
+      KVD_ASSIGN_OR_RETURN(const std::vector<uint8_t> bytes, kernels::EncodeCompactChunk(chunk));
+      KVD_ASSIGN_OR_RETURN(chunk, kernels::DecodeCompactChunk(bytes));
+      stored_bytes_fraction =
+          static_cast<double>(bytes.size()) / static_cast<double>(stored_raw.size());
+    }
 
     KVD_ASSIGN_OR_RETURN(kernels::RopeTable rope, kernels::RopeTable::Create(cfg.rope, d));
     CompressedPrefix out;
@@ -243,6 +304,7 @@ class KernelMethod : public CompressionMethod {
     // Stored fraction in half-pairs: keys + stored values over 2 N per (layer, head).
     out.stored_fraction =
         static_cast<double>(chunk.HalfPairs()) / (2.0 * static_cast<double>(N) * L * H);
+    if (stored_bytes_fraction >= 0) out.stored_fraction = stored_bytes_fraction;
     return out;
   }
 
@@ -316,6 +378,13 @@ const std::vector<std::string>& KernelMethodNames() {
     return v;
   }();
   return *names;
+}
+
+bool CountsStoredBytes(const std::string& name) {
+  for (const MethodSpec& s : kSpecs) {
+    if (name == s.name) return s.stored_bf16;
+  }
+  return false;
 }
 
 StatusOr<std::unique_ptr<CompressionMethod>> CreateKernelMethod(const std::string& name) {

@@ -22,6 +22,17 @@
 //                                            no calibration texts
 //   snapkv+vector_online_affine / _online_adaptive   online calibration with the affine map /
 //                                            with adaptive routing
+//   bf16                                     the full cache stored as kvd stores it: a bfloat16
+//                                            compact chunk, encoded and decoded
+//   int8, int4, fp8 (e4m3)                   + the quantize stage (quantize.h: keys per channel
+//                                            over 64 slots, values per slot over 64 channels;
+//                                            KVD_QUANT_GROUP overrides 64); recency at p_c, so
+//                                            every token at p_c 0 (`--ratios 0`)
+//   int8_recent32, int4_recent32, fp8_recent32   the same with the last 32 slots of every head
+//                                            (of every chunk, chunk-wise) unquantized
+//   keydiff+int8, keydiff+int4               KeyDiff eviction at p_c, then the quantize stage
+//   For these the stored fraction is the encoded chunk's bytes (header, slot metadata, scales and
+//   checksum included) over the raw bfloat16 chunk's, not the half-pair count.
 // Every plan keeps 4 sinks and the W window tokens (W = the harness's window) and meets the
 // half-pair budget 2 M, M = llround((1 - p_c) N), exactly (PyramidKV: over the whole prefix).
 //
@@ -46,6 +57,10 @@ inline constexpr double kVectorRidge = 1e-4;
 
 // Names of the kernel methods, in the order the report lists them.
 const std::vector<std::string>& KernelMethodNames();
+
+// True when `name` reports its stored fraction in encoded bytes over raw bfloat16 bytes (bf16,
+// the quantize methods) rather than in half-pairs.
+bool CountsStoredBytes(const std::string& name);
 
 // The method `name` (one of KernelMethodNames()); NOT_FOUND otherwise.
 StatusOr<std::unique_ptr<CompressionMethod>> CreateKernelMethod(const std::string& name);

@@ -52,6 +52,14 @@ kk::CompressionPlanOptions PlanOptions(const CompressionPolicy& p) {
   o.route_eps = p.route_eps;
   o.hybrid_max_group = p.max_group;
   o.hybrid_min_cos = p.min_cos;
+  if (p.Quantizes()) {
+    o.quant = {.format = p.quant_format == "int4"       ? kk::QuantFormat::kInt4
+                         : p.quant_format == "fp8_e4m3" ? kk::QuantFormat::kFp8E4M3
+                                                        : kk::QuantFormat::kInt8,
+               .key_group = static_cast<uint32_t>(p.quant_group),
+               .value_group = static_cast<uint32_t>(p.quant_group),
+               .recent = static_cast<uint32_t>(p.quant_recent)};
+  }
   return o;
 }
 

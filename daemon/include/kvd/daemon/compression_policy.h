@@ -5,16 +5,20 @@
 // engine put them. A model with a policy gets its raw puts compressed by the daemon into compact
 // chunks (docs/chunk-format.md) that Lookup/Get then serve.
 //
-// Stages run in the fixed order score -> merge -> route (the kernels' plan order). The YAML names
-// them as an ordered list of methods, e.g. `stages: [snapkv]`, `[snapkv, vector]`,
-// `[snapkv, kvslimmer]` (the hybrid; `hybrid` is an alias), `[kvslimmer]`, `[keydiff]`:
-//   score:  snapkv | keydiff | pyramidkv   (absent = recency: the latest tokens win)
-//   merge:  kvslimmer
-//   route:  vector                          (needs a score or merge stage before it: routing
-//                                            picks among the slots an earlier stage kept)
+// Stages run in the fixed order score -> merge -> route -> quantize (the kernels' plan order).
+// The YAML names them as an ordered list of methods, e.g. `stages: [snapkv]`, `[snapkv, vector]`,
+// `[snapkv, kvslimmer]` (the hybrid; `hybrid` is an alias), `[kvslimmer]`, `[keydiff]`,
+// `[quantize]`, `[keydiff, quantize]`:
+//   score:    snapkv | keydiff | pyramidkv   (absent = recency: the latest tokens win)
+//   merge:    kvslimmer
+//   route:    vector                          (needs a score or merge stage before it: routing
+//                                              picks among the slots an earlier stage kept)
+//   quantize: quantize                        (keys and values in fewer bits: quant_format,
+//                                              quant_group, quant_recent; `[quantize]` alone
+//                                              keeps every token: its p_c defaults to 0)
 // Refused (INVALID_ARGUMENT naming the key and value, kvd exits 2): an unknown method, two
 // methods of one stage, a method listed after a later stage (e.g. [vector, snapkv]), an empty
-// list, a lone `vector`, p_c outside [0, 1), a budget that cannot hold the sinks and window of a
+// list, a lone `vector`, quant_* keys without the quantize stage, p_c outside [0, 1), a budget that cannot hold the sinks and window of a
 // full chunk (llround((1 - p_c) * chunk_tokens) < sinks + window).
 //
 // Codec id: the 32-bit digest of CanonicalForm() and the calibration version (0 before VECTOR
@@ -38,6 +42,14 @@ struct CompressionPolicy {
   std::string score = "snapkv";  // none | snapkv | keydiff | pyramidkv
   std::string merge = "none";    // none | kvslimmer
   std::string route = "none";    // none | vector
+  // The quantize stage (kernels/quantize.h): "none" (the stage is not listed) or the element
+  // format, "int8" (the default when `quantize` is listed), "int4" or "fp8_e4m3". Keys are
+  // quantized per channel over `quant_group` slots, values per slot over `quant_group` channels
+  // (default 64, in [1, 65536]); the last `quant_recent` slots of every head stay unquantized
+  // (default 0, in [0, 2^30]).
+  std::string quant_format = "none";
+  int quant_group = 64;
+  int quant_recent = 0;
   // Fraction of the chunk's K/V half-pairs removed, in [0, 1). Default 0.5.
   double p_c = 0.5;
   // Window queries per chunk: the last `window` tokens of the chunk, whose post-RoPE queries the
@@ -81,6 +93,8 @@ struct CompressionPolicy {
 
   // INVALID_ARGUMENT naming `key` + ".<field>" and the value (see the file comment).
   Status Validate(const std::string& key, int chunk_tokens) const;
+  // True when the quantize stage is on.
+  bool Quantizes() const { return quant_format != "none"; }
   // True when a stage needs the window queries (snapkv, pyramidkv, kvslimmer).
   bool NeedsQueries() const;
   // The stages and every parameter that changes the stored bytes, as one line (worker_threads,
@@ -91,7 +105,8 @@ struct CompressionPolicy {
   uint64_t Digest() const;
   // The codec id of chunks made under this policy with `calibration_version` (see above).
   uint32_t CodecId(uint64_t calibration_version) const;
-  // "snapkv", "snapkv+vector", "snapkv+kvslimmer", ...: for logs and kvdctl.
+  // "snapkv", "snapkv+vector", "snapkv+kvslimmer", "keydiff+int4", "int8", ...: for logs and
+  // kvdctl.
   std::string StagesName() const;
   // The CUDA device ordinal `device` names: 0 for "cuda", N for "cuda:N", -1 for "auto"/"cpu".
   int CudaOrdinal() const;

@@ -29,6 +29,21 @@ namespace kvd::kernels {
 enum class ScoreStage : uint8_t { kNone = 0, kSnapKv = 1, kKeyDiff = 2, kPyramidKv = 3 };
 enum class MergeStage : uint8_t { kNone = 0, kKvSlimmer = 1 };
 enum class RouteStage : uint8_t { kNone = 0, kVector = 1 };
+// Element format of quantized keys and values (quantize.h; docs/algorithms.md 6).
+enum class QuantFormat : uint8_t { kNone = 0, kInt8 = 1, kInt4 = 2, kFp8E4M3 = 3 };
+
+// The quantize stage as a chunk records it. With format kNone the other fields are 0 and the
+// heads hold keys and values in the chunk dtype; otherwise each head's `keys` and `values` hold
+// the quantized rows of quantize.h (QuantizedRowsBytes: codes, float16 scales, then the last
+// `recent` rows in the chunk dtype).
+struct QuantDescription {
+  QuantFormat format = QuantFormat::kNone;
+  uint32_t key_group = 0;    // keys: tokens (slots) per group of one channel, >= 1
+  uint32_t value_group = 0;  // values: channels per group of one token, >= 1
+  uint32_t recent = 0;       // the last `recent` key rows and value rows stay in the chunk dtype
+  bool quantized() const { return format != QuantFormat::kNone; }
+  bool operator==(const QuantDescription&) const = default;
+};
 
 // Slot flag bits.
 inline constexpr uint8_t kSlotRebuildValue = 0x01;  // value not stored: rebuild with VECTOR's W
@@ -43,14 +58,17 @@ struct CodecDescription {
   RepresentativePosition position = RepresentativePosition::kLast;
   double p_c = 0.0;                  // target compression ratio in [0, 1)
   uint64_t calibration_version = 0;  // VectorWeights::version needed to rebuild values; 0 = none
+  QuantDescription quant;            // the quantize stage (format kNone: keys and values as is)
   bool operator==(const CodecDescription&) const = default;
 };
 
 // One (layer, KV head).
 struct CompactHead {
   std::vector<uint8_t> keys;         // [S, d] post-RoPE keys, elements of the chunk dtype
+                                     //        (quantized chunks: QuantizedRowsBytes(S, ...))
   std::vector<uint8_t> values;       // [V, d] mean values of the slots WITHOUT the rebuild flag, in
                                      //        slot order, elements of the chunk dtype
+                                     //        (quantized chunks: QuantizedRowsBytes(V, ...))
   std::vector<uint8_t> flags;        // [S] kSlot* bits
   std::vector<int32_t> cardinality;  // [S] l_j >= 1
   std::vector<int64_t> positions;    // [S] representative positions >= 0 (original numbering)
@@ -89,7 +107,16 @@ struct CompactChunk {
   bool operator==(const CompactChunk&) const = default;
 };
 
-// Bytes of format version 2 (docs/chunk-format.md): an 80-byte header, the bit-packed slot
+// Bytes of the quantized rows of one head (docs/chunk-format.md): `rows` rows of `head_dim`
+// elements quantized per `quant` (`keys`: per channel over key_group rows; else per row over
+// value_group channels), the last `recent` rows in `dtype`. rows * head_dim * DTypeSize(dtype)
+// when quant is kNone.
+size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDescription& quant,
+                          bool keys);
+
+// Bytes of format version 2 (docs/chunk-format.md), or version 3 when the chunk is quantized
+// (version 2 plus the quantize stage's fields; its heads' rows are QuantizedRowsBytes): an
+// 80-byte header (96 in version 3), the bit-packed slot
 // metadata of every head (slot counts, cardinalities, positions relative to the chunk's first
 // token, rebuild flags), the keys and values of every head back to back from a 64-byte aligned
 // offset, an xxh3-64 trailer. Metadata takes a few bits per slot, so the size is the keys and
@@ -97,7 +124,7 @@ struct CompactChunk {
 // chunks give equal bytes. INVALID_ARGUMENT when Validate() fails.
 StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk);
 
-// Decodes and fully validates format version 2, and version 1 (written by earlier builds).
+// Decodes and fully validates format versions 3 and 2, and version 1 (written by earlier builds).
 // Errors, in the order checked:
 //   DATA_LOSS "truncated" when shorter than the fixed header + trailer;
 //   INVALID_ARGUMENT "bad magic" / "unsupported compact chunk version N";
@@ -114,5 +141,6 @@ StatusOr<CompactChunk> DecodeCompactChunk(std::span<const uint8_t> bytes);
 std::string_view ScoreStageName(ScoreStage s);
 std::string_view MergeStageName(MergeStage s);
 std::string_view RouteStageName(RouteStage s);
+std::string_view QuantFormatName(QuantFormat f);  // "none", "int8", "int4", "fp8_e4m3"
 
 }  // namespace kvd::kernels

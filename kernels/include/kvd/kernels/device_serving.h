@@ -6,7 +6,10 @@
 //   dev->DenseLayer(0, k0, v0, stream);             // kernels write [T, H, d] of the chunk dtype
 //   dev->CompactHead(0, h, keys, values, bias, positions, stream);  // float32 slots + ln l_j
 //
-// Upload packs the chunk's keys and stored values (as stored, in the chunk dtype) with small
+// A quantized chunk (quantize.h) is first dequantized on the host and rounded to its dtype
+// (DequantizeChunk); its compact form here is then that of DequantizeChunk(chunk), which differs
+// from BuildServingHead's float32 dequantization by that rounding (at most 2^-9 relative for
+// bfloat16). Upload packs the chunk's keys and stored values (as stored, in the chunk dtype) with small
 // per-slot tables into one pinned host buffer and copies it to the device once. The kernels then
 // do what the CPU serving does: dtype -> float32 conversion (compact form), slot j repeated l_j
 // times with a float32 round trip to the dtype (dense form). The output equals the CPU's bit for

@@ -49,6 +49,12 @@
 //                         exactly as below: a token that is not routed keeps its value and the
 //                         half-pair it would have freed is not spent on an extra key, so the
 //                         plan falls back towards plain eviction head by head.
+//   - quantize:           after the other stages, every head's keys and values are quantized
+//                         (quantize.h; `quant`, format kNone = off): keys per channel over
+//                         quant.key_group slots, values per slot over quant.value_group
+//                         channels, the last quant.recent rows of each kept as they are. It
+//                         changes the bytes of a slot, not which slots are kept: the half-pair
+//                         budget below is that of the other stages.
 //
 // Budget, in half-pairs, exact for every head: M = llround((1 - p_c) N) (PyramidKV: the layer
 // budget, see below); without routing pool = M slots with values (2M half-pairs); with routing
@@ -154,6 +160,10 @@ struct CompressionPlanOptions {
   // route_adaptive: heads whose calibration R^2 is below this route nothing; finite, <= 1.
   // Default 0.3.
   double route_min_r2 = 0.3;
+  // The quantize stage (file comment; quantize.h). Default format kNone = off. When on:
+  // key_group, value_group in [1, 65536] (KIVI and the quality runs use 64 and 64; a value group
+  // beyond head_dim is one group per slot), recent >= 0 rows. Recorded in CodecDescription.
+  QuantDescription quant;
 
   // INVALID_ARGUMENT (OUT_OF_RANGE for p_c) naming the field.
   Status Validate() const;

@@ -1,0 +1,50 @@
+// The quantize stage (docs/algorithms.md 6): a compact chunk's keys and values stored in fewer
+// bits, after score / merge / route, KIVI style. Keys are quantized per channel over groups of
+// `key_group` consecutive slots (a key channel's outliers stay in their channel), values per
+// slot over groups of `value_group` consecutive channels. Formats:
+//   int8, int4  asymmetric: per group a float16 minimum (the largest float16 <= the group's
+//               minimum) and a float16 scale (the smallest float16 >= (max - min) / (2^b - 1));
+//               x' = min + q * scale, q = round((x - min) / scale): |x - x'| <= scale / 2.
+//   fp8_e4m3    symmetric: per group a float16 scale (the smallest float16 >= absmax / 448), the
+//               element x / scale rounded to nearest even e4m3: |x - x'| <= 2^-4 |x| for
+//               |x| >= 2^-6 scale, <= 2^-10 scale below (the e4m3 subnormals).
+// The last `recent` key rows and value rows of every head stay in the chunk dtype. Byte layout:
+// docs/chunk-format.md (version 3). Dequantization happens where chunks are served
+// (BuildServingHead, ExpandDenseChunk, DeviceCompactChunk::Upload).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kvd/common/status.h"
+#include "kvd/kernels/compact_chunk.h"
+#include "kvd/kernels/types.h"
+
+namespace kvd::kernels {
+
+// INVALID_ARGUMENT naming the field when `q` is not a usable quantize stage: a known format other
+// than kNone, key_group and value_group in [1, 65536], recent <= 2^30.
+Status ValidateQuantize(const QuantDescription& q);
+
+// Quantizes `rows` ([R, d] float32, finite, each value representable in `dtype` when recent > 0)
+// into out (QuantizedRowsBytes(R, d, dtype, q, keys) bytes). OUT_OF_RANGE naming the group when
+// a group's minimum or scale does not fit float16 (|values| beyond about 65504, or 2.9e7 for
+// fp8); INVALID_ARGUMENT for sizes or non-finite input. exec.backend kCuda runs the CUDA twin.
+Status QuantizeRows(ConstMatrixView rows, DType dtype, const QuantDescription& q, bool keys,
+                    std::span<uint8_t> out, const ExecOptions& exec = {});
+
+// The inverse: `in` (QuantizedRowsBytes(out.rows, ...) bytes) into out [R, d] float32.
+// INVALID_ARGUMENT for sizes.
+Status DequantizeRows(std::span<const uint8_t> in, DType dtype, const QuantDescription& q,
+                      bool keys, MatrixView out, const ExecOptions& exec = {});
+
+// A chunk with every head's keys and values quantized per `q`, codec.quant = q. The input must
+// be unquantized and valid (INVALID_ARGUMENT otherwise); QuantizeRows's errors naming the head.
+StatusOr<CompactChunk> QuantizeChunk(const CompactChunk& chunk, const QuantDescription& q,
+                                     const ExecOptions& exec = {});
+
+// The chunk with its keys and values dequantized and rounded to the chunk dtype, codec.quant
+// reset (a chunk that is not quantized is returned as it is). INVALID_ARGUMENT when invalid.
+StatusOr<CompactChunk> DequantizeChunk(const CompactChunk& chunk, const ExecOptions& exec = {});
+
+}  // namespace kvd::kernels

@@ -1,0 +1,148 @@
+// The element math of the quantize stage (docs/algorithms.md 6), one copy for the CPU kernel
+// (src/cpu/quantize.cc) and its CUDA twin (src/cuda/quantize.cu): group parameters, codes and
+// dequantized values. Every operation is IEEE-754 with round to nearest even (division, fmaf,
+// rintf, float16 conversion), so both backends produce the same codes, scales and dequantized
+// floats bit for bit. Private to kernels/src.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+#define KVD_QHD __host__ __device__ __forceinline__
+#else
+#define KVD_QHD inline
+#endif
+
+#include "kvd/common/dtype.h"
+
+namespace kvd::kernels::quant {
+
+// Bytes of one group's parameters: int formats a float16 minimum then a float16 scale; fp8 a
+// float16 scale.
+inline constexpr int kIntParamBytes = 4;
+inline constexpr int kFp8ParamBytes = 2;
+inline constexpr float kFp8Max = 448.0f;  // largest finite e4m3 value
+
+KVD_QHD float HalfBitsToFloat(uint16_t h) {
+#ifdef __CUDA_ARCH__
+  return __half2float(__ushort_as_half(h));
+#else
+  return HalfToFloat(h);
+#endif
+}
+
+KVD_QHD uint16_t FloatToHalfBits(float f) {
+#ifdef __CUDA_ARCH__
+  return __half_as_ushort(__float2half_rn(f));
+#else
+  return FloatToHalf(f);
+#endif
+}
+
+// The next float16 bit pattern towards +inf / -inf (finite input).
+KVD_QHD uint16_t HalfNextUp(uint16_t h) {
+  if (h == 0x8000u) return 0x0001u;
+  return (h & 0x8000u) ? static_cast<uint16_t>(h - 1) : static_cast<uint16_t>(h + 1);
+}
+KVD_QHD uint16_t HalfNextDown(uint16_t h) {
+  if (h == 0x0000u) return 0x8001u;
+  return (h & 0x8000u) ? static_cast<uint16_t>(h + 1) : static_cast<uint16_t>(h - 1);
+}
+
+// The smallest float16 >= f and the largest float16 <= f. Inf (0x7c00 / 0xfc00) when out of range.
+KVD_QHD uint16_t HalfRoundUp(float f) {
+  uint16_t h = FloatToHalfBits(f);
+  if ((h & 0x7c00u) != 0x7c00u && HalfBitsToFloat(h) < f) h = HalfNextUp(h);
+  return h;
+}
+KVD_QHD uint16_t HalfRoundDown(float f) {
+  uint16_t h = FloatToHalfBits(f);
+  if ((h & 0x7c00u) != 0x7c00u && HalfBitsToFloat(h) > f) h = HalfNextDown(h);
+  return h;
+}
+
+KVD_QHD bool HalfFinite(uint16_t h) { return (h & 0x7c00u) != 0x7c00u; }
+
+// Integer formats (b bits, qmax = 2^b - 1), asymmetric per group: min = the largest float16 <=
+// the group's minimum, scale = the smallest float16 >= (max - min) / qmax, so min + qmax * scale
+// covers the group and round to nearest errs by at most scale / 2. Returns false when either does
+// not fit a finite float16.
+KVD_QHD bool IntGroupParams(float lo, float hi, int qmax, uint16_t* min_bits, uint16_t* scale_bits) {
+  const uint16_t mn = HalfRoundDown(lo);
+  if (!HalfFinite(mn)) return false;
+  const double step = (static_cast<double>(hi) - HalfBitsToFloat(mn)) / qmax;
+  float s = static_cast<float>(step);
+  if (static_cast<double>(s) < step) s = nextafterf(s, INFINITY);
+  const uint16_t sc = HalfRoundUp(s);
+  if (!HalfFinite(sc)) return false;
+  *min_bits = mn;
+  *scale_bits = sc;
+  return true;
+}
+
+KVD_QHD uint8_t IntCode(float x, float mn, float scale, int qmax) {
+  if (!(scale > 0.0f)) return 0;
+  const float q = rintf((x - mn) / scale);
+  return static_cast<uint8_t>(q < 0.0f ? 0.0f : (q > qmax ? static_cast<float>(qmax) : q));
+}
+
+KVD_QHD float IntValue(uint8_t code, float mn, float scale) {
+  return fmaf(static_cast<float>(code), scale, mn);
+}
+
+// fp8 e4m3 (bias 7, 3 mantissa bits, no infinities, 448 the largest finite, subnormals 2^-9
+// apart), symmetric per group: scale = the smallest float16 >= absmax / 448.
+KVD_QHD bool Fp8GroupScale(float absmax, uint16_t* scale_bits) {
+  const double step = static_cast<double>(absmax) / kFp8Max;
+  float s = static_cast<float>(step);
+  if (static_cast<double>(s) < step) s = nextafterf(s, INFINITY);
+  const uint16_t sc = HalfRoundUp(s);
+  if (!HalfFinite(sc)) return false;
+  *scale_bits = sc;
+  return true;
+}
+
+// Round to nearest even into e4m3, saturating at +-448.
+KVD_QHD uint8_t FloatToE4M3(float x) {
+  const uint8_t sign = x < 0.0f ? 0x80u : 0u;  // -0 encodes as +0
+  const float a = fabsf(x);
+  if (!(a < kFp8Max)) return sign | 0x7eu;
+  int e2 = 0;
+  frexpf(a, &e2);         // a = m 2^e2, m in [0.5, 1)
+  int e = e2 - 1;         // a in [2^e, 2^(e+1))
+  if (a == 0.0f || e < -6) e = -6;  // subnormal binade: spacing 2^-9
+  const float spacing = ldexpf(1.0f, e - 3);
+  float q = rintf(a / spacing);  // exact division by a power of two
+  if (q >= 16.0f) {               // rounded up into the next binade
+    q = 8.0f;
+    ++e;
+  }
+  if (q < 8.0f) return sign | static_cast<uint8_t>(q);  // subnormal (e == -6) or zero
+  const int bits = ((e + 7) << 3) | (static_cast<int>(q) - 8);
+  return sign | static_cast<uint8_t>(bits > 0x7e ? 0x7e : bits);
+}
+
+KVD_QHD float E4M3ToFloat(uint8_t b) {
+  const int exp = (b >> 3) & 0xf, mant = b & 7;
+  const float mag = exp == 0 ? ldexpf(static_cast<float>(mant), -9)
+                             : ldexpf(static_cast<float>(8 + mant), exp - 10);
+  return (b & 0x80u) ? -mag : mag;
+}
+
+KVD_QHD uint8_t Fp8Code(float x, float scale) {
+  return scale > 0.0f ? FloatToE4M3(x / scale) : 0;
+}
+
+KVD_QHD float Fp8Value(uint8_t code, float scale) { return E4M3ToFloat(code) * scale; }
+
+// A code of `bits` (8 or 4) at element `i` of a packed row (4 bits: element 2k in the low nibble
+// of byte k, 2k+1 in the high nibble).
+KVD_QHD uint8_t GetCode(const uint8_t* row, int64_t i, int bits) {
+  if (bits == 8) return row[i];
+  const uint8_t b = row[i >> 1];
+  return (i & 1) ? static_cast<uint8_t>(b >> 4) : static_cast<uint8_t>(b & 0xfu);
+}
+
+}  // namespace kvd::kernels::quant

@@ -1,0 +1,56 @@
+// Backend entry points of the quantize stage (quantize.h): the quantized part of one head's keys
+// or values (the recent rows are converted by src/quantize.cc). Inputs validated there.
+// Private to kernels/src.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvd/common/status.h"
+#include "kvd/kernels/compact_chunk.h"
+
+namespace kvd::kernels {
+
+// The quantized rows of one matrix: `rows` rows of `d` floats, keys per channel over `group`
+// rows, values per row over `group` channels. Layout of the bytes: codes [rows, CodeRow()]
+// (4 bits: two per byte, low nibble first), then Groups() parameter records of ParamBytes()
+// (int: float16 min, float16 scale; fp8: float16 scale), keys in (row group, channel) order,
+// values in (row, channel group) order.
+struct QuantBlock {
+  QuantFormat format = QuantFormat::kInt8;
+  bool keys = true;
+  int64_t rows = 0;
+  int d = 0;
+  int group = 1;
+
+  bool fp8() const { return format == QuantFormat::kFp8E4M3; }
+  int bits() const { return format == QuantFormat::kInt4 ? 4 : 8; }
+  int qmax() const { return (1 << bits()) - 1; }
+  size_t CodeRow() const { return bits() == 4 ? (static_cast<size_t>(d) + 1) / 2 : d; }
+  size_t CodeBytes() const { return static_cast<size_t>(rows) * CodeRow(); }
+  int ParamBytes() const { return fp8() ? 2 : 4; }
+  int64_t RowGroups() const { return (rows + group - 1) / group; }  // keys
+  int64_t ColGroups() const { return (d + group - 1) / group; }     // values
+  int64_t Groups() const { return keys ? RowGroups() * d : rows * ColGroups(); }
+  size_t Bytes() const { return CodeBytes() + static_cast<size_t>(Groups()) * ParamBytes(); }
+};
+
+namespace cpu {
+// x: [rows, d] dense float32, finite. Writes block.Bytes() bytes to out. Returns -1, or the index
+// of the first group whose parameters do not fit float16 (nothing meaningful written then).
+int64_t QuantizeBlock(const QuantBlock& block, const float* x, uint8_t* out);
+// in: block.Bytes() bytes; out: [rows, d] dense float32.
+void DequantizeBlock(const QuantBlock& block, const uint8_t* in, float* out);
+}  // namespace cpu
+
+#if KVD_HAVE_CUDA
+namespace cuda {
+// Same contracts, host pointers in and out, staged through device memory on `stream`. *bad_group
+// as cpu::QuantizeBlock's result.
+Status QuantizeBlock(const QuantBlock& block, const float* x, uint8_t* out, int64_t* bad_group,
+                     void* stream);
+Status DequantizeBlock(const QuantBlock& block, const uint8_t* in, float* out, void* stream);
+}  // namespace cuda
+#endif
+
+}  // namespace kvd::kernels

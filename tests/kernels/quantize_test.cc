@@ -1,0 +1,457 @@
+// The quantize stage (quantize.h, docs/algorithms.md 6): the CPU kernel against a float64
+// reference of the same rules, the error bounds argued from the format and group, the recent
+// window, the errors, the composed plan and serving of a quantized chunk, and the CUDA twin
+// against the CPU kernel bit for bit (skipped without a device).
+#include "kvd/kernels/quantize.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kvd/kernels/plan.h"
+#include "kvd/kernels/rope.h"
+#include "kvd/kernels/serving.h"
+#include "reference.h"
+
+namespace kvd::kernels {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::RandomCorrelatedKeys;
+using testing::RandomMatrix;
+
+// ---- float64 reference (the rules of quantize.h, written independently of the kernel) ----
+
+// float16 grid spacing at |x| (normal: 2^(e - 10); subnormal: 2^-24).
+double HalfUlp(double x) {
+  const double a = std::fabs(x);
+  if (a < std::ldexp(1.0, -14)) return std::ldexp(1.0, -24);
+  return std::ldexp(1.0, static_cast<int>(std::floor(std::log2(a))) - 10);
+}
+double HalfDown(double x) {
+  const double u = HalfUlp(x);
+  double r = std::floor(x / u) * u;
+  if (r > x) r -= u;
+  return r;
+}
+double HalfUp(double x) {
+  if (x <= 0.0) return -HalfDown(-x);
+  const double u = HalfUlp(x);
+  double r = std::ceil(x / u) * u;
+  if (r < x) r += u;
+  return r;
+}
+
+struct RefGroup {
+  double min = 0, scale = 0;  // fp8: scale only
+};
+
+RefGroup RefIntGroup(const std::vector<double>& xs, int qmax) {
+  double lo = xs[0], hi = xs[0];
+  for (double x : xs) lo = std::min(lo, x), hi = std::max(hi, x);
+  RefGroup g;
+  g.min = HalfDown(lo);
+  g.scale = HalfUp((hi - g.min) / qmax);
+  return g;
+}
+
+double RefFp8Scale(const std::vector<double>& xs) {
+  double m = 0;
+  for (double x : xs) m = std::max(m, std::fabs(x));
+  return HalfUp(m / 448.0);
+}
+
+// Nearest e4m3 value of y (ties to even), saturating at 448; `tie` set when y is within 2^-20
+// relative of a midpoint (where float32 arithmetic may round either way).
+double RefE4M3(double y, bool* tie) {
+  const double a = std::min(std::fabs(y), 448.0);
+  int e = a > 0 ? static_cast<int>(std::floor(std::log2(a))) : -6;
+  e = std::max(e, -6);
+  const double spacing = std::ldexp(1.0, e - 3);
+  const double q = a / spacing;
+  *tie = std::fabs(q - std::floor(q) - 0.5) < 1e-5;
+  return std::copysign(std::nearbyint(q) * spacing, y);
+}
+
+// The rows of a matrix split into the groups of `keys` (per channel over `group` rows) or values
+// (per row over `group` channels), as (row, col) lists.
+std::vector<std::vector<std::pair<int64_t, int64_t>>> Groups(int64_t rows, int64_t d, int group,
+                                                             bool keys) {
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> out;
+  if (keys) {
+    for (int64_t r0 = 0; r0 < rows; r0 += group) {
+      for (int64_t c = 0; c < d; ++c) {
+        out.emplace_back();
+        for (int64_t r = r0; r < std::min<int64_t>(rows, r0 + group); ++r) out.back().push_back({r, c});
+      }
+    }
+  } else {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c0 = 0; c0 < d; c0 += group) {
+        out.emplace_back();
+        for (int64_t c = c0; c < std::min<int64_t>(d, c0 + group); ++c) out.back().push_back({r, c});
+      }
+    }
+  }
+  return out;
+}
+
+// Rounds every element to bfloat16 (what a chunk stores) so that recent rows round-trip exactly.
+Matrix Bf16(Matrix m) {
+  for (float& x : m.values) x = BFloat16ToFloat(FloatToBFloat16(x));
+  return m;
+}
+
+StatusOr<Matrix> RoundTrip(const Matrix& x, const QuantDescription& q, bool keys,
+                           DType dtype = DType::kBFloat16, const ExecOptions& exec = {}) {
+  std::vector<uint8_t> bytes(QuantizedRowsBytes(x.rows, static_cast<int>(x.cols), dtype, q, keys));
+  KVD_RETURN_IF_ERROR(QuantizeRows(x.View(), dtype, q, keys, bytes, exec));
+  Matrix out(x.rows, x.cols);
+  KVD_RETURN_IF_ERROR(DequantizeRows(bytes, dtype, q, keys, out.View(), exec));
+  return out;
+}
+
+struct Shape {
+  int64_t rows;
+  int d;
+  int group;
+};
+const Shape kShapes[] = {{1, 64, 64}, {5, 64, 64},   {100, 64, 64}, {256, 64, 64},
+                         {100, 64, 7}, {33, 7, 4},   {64, 64, 1},   {40, 64, 256}};
+
+// The inputs: correlated keys with per-channel offsets, plain normal values, an offset far from
+// zero (the float16 minimum's rounding matters there), and a group with constant elements.
+std::vector<Matrix> Inputs(int64_t rows, int d, uint64_t seed) {
+  std::vector<Matrix> out;
+  out.push_back(Bf16(RandomCorrelatedKeys(rows, d, seed, 0.3f)));
+  out.push_back(Bf16(RandomMatrix(rows, d, seed + 1, 2.0f, 0.5f)));
+  out.push_back(Bf16(RandomMatrix(rows, d, seed + 2, 3.0f, -300.0f)));
+  Matrix constant(rows, d);
+  for (float& x : constant.values) x = 1.5f;
+  out.push_back(constant);
+  return out;
+}
+
+// Integer formats: each dequantized element equals the float64 reference's min + q * scale
+// (within float32 rounding; at a rounding tie q may differ by one), and is within scale / 2 of
+// the input, scale being at most the reference's: (max - min) / qmax widened by the float16
+// minimum's rounding (<= one float16 ulp of the minimum) and rounded up to float16 (<= 2^-10).
+TEST(QuantizeTest, IntFormatsMatchTheFloat64ReferenceWithinHalfAScale) {
+  for (const QuantFormat f : {QuantFormat::kInt8, QuantFormat::kInt4}) {
+    const int qmax = f == QuantFormat::kInt8 ? 255 : 15;
+    for (const Shape& s : kShapes) {
+      for (const bool keys : {true, false}) {
+        const QuantDescription q{.format = f,
+                                 .key_group = static_cast<uint32_t>(s.group),
+                                 .value_group = static_cast<uint32_t>(s.group)};
+        int case_index = 0;
+        for (const Matrix& x : Inputs(s.rows, s.d, 17 + s.rows)) {
+          const std::string where = std::string(QuantFormatName(f)) + (keys ? " keys" : " values") +
+                                    " rows " + std::to_string(s.rows) + " d " +
+                                    std::to_string(s.d) + " group " + std::to_string(s.group) +
+                                    " input " + std::to_string(case_index++);
+          auto y = RoundTrip(x, q, keys);
+          ASSERT_TRUE(y.ok()) << where << ": " << y.status();
+          for (const auto& group : Groups(s.rows, s.d, s.group, keys)) {
+            std::vector<double> xs;
+            for (auto [r, c] : group) xs.push_back(x.Row(r)[c]);
+            const RefGroup g = RefIntGroup(xs, qmax);
+            double lo = xs[0], hi = xs[0];
+            for (double v : xs) lo = std::min(lo, v), hi = std::max(hi, v);
+            const double bound_scale = ((hi - lo) + HalfUlp(lo)) / qmax * (1 + std::ldexp(1.0, -10)) +
+                                       std::ldexp(1.0, -24);
+            ASSERT_LE(g.scale, bound_scale) << where;
+            for (auto [r, c] : group) {
+              const double xv = x.Row(r)[c], yv = y->Row(r)[c];
+              const double t = g.scale > 0 ? (xv - g.min) / g.scale : 0.0;
+              const double qr = std::clamp(std::nearbyint(t), 0.0, static_cast<double>(qmax));
+              const double ref = g.min + qr * g.scale;
+              const double fp = std::ldexp(1.0, -23) * (std::fabs(ref) + std::fabs(g.min));
+              const bool tie = std::fabs(t - std::floor(t) - 0.5) < 1e-5;
+              if (!tie) ASSERT_LE(std::fabs(yv - ref), fp) << where << " at " << r << "," << c;
+              ASSERT_LE(std::fabs(yv - xv), g.scale / 2 * (1 + 1e-5) + fp)
+                  << where << " at " << r << "," << c;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// fp8 e4m3: each element equals the float64 reference's e4m3(x / scale) * scale (ties aside), and
+// errs by at most 2^-4 |x| (3 mantissa bits, round to nearest) or, among the subnormals, half their
+// spacing 2^-9 times the scale.
+TEST(QuantizeTest, Fp8MatchesTheFloat64ReferenceWithinItsRelativeError) {
+  for (const Shape& s : kShapes) {
+    for (const bool keys : {true, false}) {
+      const QuantDescription q{.format = QuantFormat::kFp8E4M3,
+                               .key_group = static_cast<uint32_t>(s.group),
+                               .value_group = static_cast<uint32_t>(s.group)};
+      for (const Matrix& x : Inputs(s.rows, s.d, 91 + s.rows)) {
+        auto y = RoundTrip(x, q, keys);
+        ASSERT_TRUE(y.ok()) << y.status();
+        for (const auto& group : Groups(s.rows, s.d, s.group, keys)) {
+          std::vector<double> xs;
+          for (auto [r, c] : group) xs.push_back(x.Row(r)[c]);
+          const double scale = RefFp8Scale(xs);
+          for (auto [r, c] : group) {
+            const double xv = x.Row(r)[c], yv = y->Row(r)[c];
+            bool tie = false;
+            const double ref = scale > 0 ? RefE4M3(xv / scale, &tie) * scale : 0.0;
+            const double fp = std::ldexp(1.0, -22) * std::fabs(xv);
+            if (!tie) ASSERT_LE(std::fabs(yv - ref), fp) << r << "," << c;
+            ASSERT_LE(std::fabs(yv - xv),
+                      std::max(std::ldexp(1.0, -4) * std::fabs(xv), std::ldexp(1.0, -10) * scale) +
+                          fp)
+                << "rows " << s.rows << " group " << s.group << " at " << r << "," << c;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantizeTest, RecentRowsAreStoredExactlyAndTheRestQuantized) {
+  const Matrix x = Bf16(RandomCorrelatedKeys(100, 64, 5));
+  for (const bool keys : {true, false}) {
+    for (const uint32_t recent : {0u, 1u, 36u, 100u, 500u}) {
+      const QuantDescription q{
+          .format = QuantFormat::kInt4, .key_group = 64, .value_group = 64, .recent = recent};
+      auto y = RoundTrip(x, q, keys);
+      ASSERT_TRUE(y.ok()) << y.status();
+      const int64_t quantized = std::max<int64_t>(0, 100 - static_cast<int64_t>(recent));
+      int64_t exact_rows = 0;
+      for (int64_t r = 0; r < 100; ++r) {
+        const bool exact = std::equal(x.Row(r), x.Row(r) + 64, y->Row(r));
+        if (r >= quantized) {
+          ASSERT_TRUE(exact) << "recent row " << r << " recent " << recent;
+        }
+        exact_rows += exact;
+      }
+      // A 4-bit row of 64 random-walk elements is never reproduced exactly.
+      EXPECT_EQ(exact_rows, 100 - quantized) << "recent " << recent;
+    }
+  }
+}
+
+TEST(QuantizeTest, RowsBytesFollowTheFormat) {
+  const QuantDescription i4{.format = QuantFormat::kInt4, .key_group = 64, .value_group = 64};
+  const QuantDescription i8{.format = QuantFormat::kInt8, .key_group = 64, .value_group = 64};
+  const QuantDescription f8{.format = QuantFormat::kFp8E4M3, .key_group = 64, .value_group = 64};
+  // 256 slots, d 64, bfloat16: 32768 raw bytes.
+  EXPECT_EQ(QuantizedRowsBytes(256, 64, DType::kBFloat16, {}, true), 32768u);
+  EXPECT_EQ(QuantizedRowsBytes(256, 64, DType::kBFloat16, i4, true), 256u * 32 + 4 * 64 * 4);
+  EXPECT_EQ(QuantizedRowsBytes(256, 64, DType::kBFloat16, i4, false), 256u * 32 + 256 * 4);
+  EXPECT_EQ(QuantizedRowsBytes(256, 64, DType::kBFloat16, i8, true), 256u * 64 + 4 * 64 * 4);
+  EXPECT_EQ(QuantizedRowsBytes(256, 64, DType::kBFloat16, f8, false), 256u * 64 + 256 * 2);
+  // A partial last key group has its own scales; recent rows are bfloat16.
+  QuantDescription r = i4;
+  r.recent = 32;
+  EXPECT_EQ(QuantizedRowsBytes(100, 64, DType::kBFloat16, r, true), 68u * 32 + 2 * 64 * 4 + 32 * 128);
+  EXPECT_EQ(QuantizedRowsBytes(10, 64, DType::kBFloat16, r, false), 10u * 128);
+  EXPECT_EQ(QuantizedRowsBytes(0, 64, DType::kBFloat16, r, false), 0u);
+  // Odd d in 4 bits: rows end in a spare nibble.
+  EXPECT_EQ(QuantizedRowsBytes(3, 7, DType::kFloat32, i4, false), 3u * 4 + 3 * 4);
+}
+
+TEST(QuantizeTest, RefusesWhatItCannotQuantize) {
+  const QuantDescription i8{.format = QuantFormat::kInt8, .key_group = 64, .value_group = 64};
+  Matrix big(4, 8);
+  for (float& x : big.values) x = 1.0f;
+  big.Row(2)[3] = -1e6f;  // beyond float16: no minimum for its group
+  std::vector<uint8_t> out(QuantizedRowsBytes(4, 8, DType::kFloat32, i8, false));
+  Status s = QuantizeRows(big.View(), DType::kFloat32, i8, false, out);
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s;
+  EXPECT_THAT(s.message(), HasSubstr("group 2 of the values"));
+  const QuantDescription f8{.format = QuantFormat::kFp8E4M3, .key_group = 2, .value_group = 8};
+  big.Row(2)[3] = 1e8f;
+  out.assign(QuantizedRowsBytes(4, 8, DType::kFloat32, f8, true), 0);
+  s = QuantizeRows(big.View(), DType::kFloat32, f8, true, out);
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s;
+  EXPECT_THAT(s.message(), HasSubstr("group 11 of the keys"));  // row group 1, channel 3
+
+  big.Row(0)[0] = std::nanf("");
+  EXPECT_EQ(QuantizeRows(big.View(), DType::kFloat32, f8, true, out).code(),
+            StatusCode::kInvalidArgument);
+  out.resize(out.size() - 1);
+  EXPECT_EQ(QuantizeRows(big.View(), DType::kFloat32, f8, true, out).code(),
+            StatusCode::kInvalidArgument);
+
+  EXPECT_THAT(ValidateQuantize({.format = QuantFormat::kInt8, .key_group = 0, .value_group = 4})
+                  .message(),
+              HasSubstr("key_group 0"));
+  EXPECT_EQ(ValidateQuantize({}).code(), StatusCode::kInvalidArgument);
+  CompressionPlanOptions o;
+  o.quant = {.format = QuantFormat::kInt4, .key_group = 64, .value_group = 70000};
+  EXPECT_THAT(o.Validate().message(), HasSubstr("value_group 70000"));
+  o.quant = {.format = QuantFormat::kNone, .recent = 3};
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
+}
+
+// ---- the stage in the plan, the format and serving ----
+
+ModelLayout SmallLayout() {
+  return {.num_layers = 2,
+          .num_kv_heads = 2,
+          .num_q_heads = 4,
+          .head_dim = 64,
+          .dtype = DType::kBFloat16,
+          .rope = {.theta = 10000.0}};
+}
+
+struct PlanInput {
+  ModelLayout layout = SmallLayout();
+  static constexpr int kTokens = 256;
+  std::vector<int64_t> positions = testing::SequentialPositions(kTokens);
+  std::vector<uint8_t> raw;
+  PlanInput() {
+    const int d = layout.head_dim;
+    const size_t e = DTypeSize(layout.dtype), tb = layout.TokenBytes();
+    raw.assign(layout.ChunkBytes(kTokens), 0);
+    for (int l = 0; l < layout.num_layers; ++l) {
+      for (int h = 0; h < layout.num_kv_heads; ++h) {
+        const Matrix k = RandomCorrelatedKeys(kTokens, d, 70 + 2 * l + h);
+        const Matrix v = RandomMatrix(kTokens, d, 90 + 2 * l + h);
+        uint8_t* kb = raw.data() + layout.LayerOffset(l, kTokens);
+        for (int i = 0; i < kTokens; ++i) {
+          ConvertFromFloat(layout.dtype, k.Row(i), kb + i * tb + h * d * e, d);
+          ConvertFromFloat(layout.dtype, v.Row(i), kb + (kTokens + i) * tb + h * d * e, d);
+        }
+      }
+    }
+  }
+  CompressionInput Input() const { return {.raw = raw, .positions = positions}; }
+};
+
+// [keydiff, quantize]: the same slots as keydiff alone, keys and values within the format's
+// error of keydiff's, the chunk written as version 3 and read back equal, stored bytes as
+// QuantizedRowsBytes says; serving (compact and dense) dequantizes.
+TEST(QuantizeTest, ComposesWithTheScoreStageAndServes) {
+  const PlanInput in;
+  CompressionPlanOptions base;
+  base.score = ScoreStage::kKeyDiff;
+  base.p_c = 0.5;
+  CompressionPlanOptions quant = base;
+  quant.quant = {.format = QuantFormat::kInt8, .key_group = 64, .value_group = 64, .recent = 16};
+  auto plain = Compress(base, in.layout, in.Input());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto q = Compress(quant, in.layout, in.Input());
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->codec.quant, quant.quant);
+  EXPECT_EQ(q->HalfPairs(), plain->HalfPairs());
+
+  auto bytes = EncodeCompactChunk(*q);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  uint16_t version;
+  std::memcpy(&version, bytes->data() + 4, 2);
+  EXPECT_EQ(version, 3);
+  auto back = DecodeCompactChunk(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *q);
+  auto plain_bytes = EncodeCompactChunk(*plain);
+  ASSERT_TRUE(plain_bytes.ok());
+  std::memcpy(&version, plain_bytes->data() + 4, 2);
+  EXPECT_EQ(version, 2);  // unquantized chunks keep the version 2 bytes
+  size_t data = 0;
+  for (const CompactHead& h : q->heads) {
+    EXPECT_EQ(h.positions, plain->heads[&h - q->heads.data()].positions);
+    data += QuantizedRowsBytes(h.slots(), 64, DType::kBFloat16, q->codec.quant, true) +
+            QuantizedRowsBytes(h.value_slots(), 64, DType::kBFloat16, q->codec.quant, false);
+  }
+  // 128 slots of which 16 recent: (112 * 64 + 2 * 64 * 4 + 16 * 128) bytes of keys and the same
+  // for values (112 * (64 + 4) + 16 * 128), against 2 * 128 * 128 unquantized.
+  EXPECT_EQ(data, 4u * ((112 * 64 + 2 * 64 * 4 + 16 * 128) + (112 * 68 + 16 * 128)));
+  EXPECT_LT(bytes->size(), plain_bytes->size() * 0.6);
+
+  int64_t tokens_q = 0, tokens_plain = 0;
+  auto dense_q = ExpandDenseChunk(*q, nullptr, nullptr, &tokens_q);
+  auto dense_plain = ExpandDenseChunk(*plain, nullptr, nullptr, &tokens_plain);
+  ASSERT_TRUE(dense_q.ok()) << dense_q.status();
+  ASSERT_TRUE(dense_plain.ok());
+  EXPECT_EQ(tokens_q, tokens_plain);
+  auto dequantized = DequantizeChunk(*q);
+  ASSERT_TRUE(dequantized.ok()) << dequantized.status();
+  EXPECT_FALSE(dequantized->codec.quant.quantized());
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) {
+      auto sq = BuildServingHead(*q, l, h, nullptr, nullptr);
+      auto sp = BuildServingHead(*plain, l, h, nullptr, nullptr);
+      auto sd = BuildServingHead(*dequantized, l, h, nullptr, nullptr);
+      ASSERT_TRUE(sq.ok()) << sq.status();
+      ASSERT_TRUE(sp.ok() && sd.ok());
+      // A group spans at most 2 max|x| of its head, so round to nearest errs by at most
+      // max|x| / 255 (and the float16 scale's rounding).
+      for (const bool keys : {true, false}) {
+        const std::vector<float>& a = keys ? sq->keys.values : sq->values.values;
+        const std::vector<float>& b = keys ? sp->keys.values : sp->values.values;
+        double worst = 0, largest = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          worst = std::max<double>(worst, std::fabs(a[i] - b[i]));
+          largest = std::max<double>(largest, std::fabs(b[i]));
+        }
+        EXPECT_GT(worst, 0.0);
+        EXPECT_LE(worst, largest / 255 * 1.01) << (keys ? "keys" : "values");
+      }
+      for (size_t i = 0; i < sq->keys.values.size(); ++i) {
+        // DequantizeChunk = BuildServingHead's float32 dequantization rounded to bfloat16.
+        ASSERT_EQ(sd->keys.values[i], BFloat16ToFloat(FloatToBFloat16(sq->keys.values[i])));
+        ASSERT_EQ(sd->values.values[i], BFloat16ToFloat(FloatToBFloat16(sq->values.values[i])));
+      }
+    }
+  }
+  // Quantizing a quantized chunk is refused.
+  EXPECT_EQ(QuantizeChunk(*q, quant.quant).status().code(), StatusCode::kInvalidArgument);
+}
+
+// ---- the CUDA twin ----
+
+TEST(QuantizeCuda, MatchesTheCpuKernelBitForBit) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  const ExecOptions cuda{.backend = Backend::kCuda};
+  for (const QuantFormat f : {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kFp8E4M3}) {
+    for (const Shape& s : kShapes) {
+      for (const bool keys : {true, false}) {
+        const QuantDescription q{.format = f,
+                                 .key_group = static_cast<uint32_t>(s.group),
+                                 .value_group = static_cast<uint32_t>(s.group),
+                                 .recent = s.rows > 10 ? 3u : 0u};
+        for (const Matrix& x : Inputs(s.rows, s.d, 7 + s.rows)) {
+          const size_t n = QuantizedRowsBytes(x.rows, s.d, DType::kBFloat16, q, keys);
+          std::vector<uint8_t> cpu(n), gpu(n, 0xAA);
+          ASSERT_TRUE(QuantizeRows(x.View(), DType::kBFloat16, q, keys, cpu).ok());
+          Status st = QuantizeRows(x.View(), DType::kBFloat16, q, keys, gpu, cuda);
+          ASSERT_TRUE(st.ok()) << st;
+          ASSERT_EQ(cpu, gpu) << QuantFormatName(f) << " rows " << s.rows << " group " << s.group
+                              << (keys ? " keys" : " values");
+          Matrix a(x.rows, s.d), b(x.rows, s.d);
+          ASSERT_TRUE(DequantizeRows(cpu, DType::kBFloat16, q, keys, a.View()).ok());
+          ASSERT_TRUE(DequantizeRows(cpu, DType::kBFloat16, q, keys, b.View(), cuda).ok());
+          ASSERT_EQ(a.values, b.values);
+        }
+      }
+    }
+  }
+  Matrix big(4, 8);
+  big.Row(1)[5] = -1e6f;
+  const QuantDescription i8{.format = QuantFormat::kInt8, .key_group = 64, .value_group = 4};
+  std::vector<uint8_t> out(QuantizedRowsBytes(4, 8, DType::kFloat32, i8, false));
+  Status s = QuantizeRows(big.View(), DType::kFloat32, i8, false, out, cuda);
+  EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s;
+  EXPECT_THAT(s.message(), HasSubstr("group 3 of the values"));
+}
+
+TEST(QuantizeCuda, WithoutADeviceTheCudaBackendIsRefused) {
+  if (CudaDeviceAvailable()) GTEST_SKIP() << "a CUDA device is present: QuantizeCuda runs";
+  const QuantDescription i8{.format = QuantFormat::kInt8, .key_group = 4, .value_group = 4};
+  Matrix x(4, 8);
+  std::vector<uint8_t> out(QuantizedRowsBytes(4, 8, DType::kFloat32, i8, true));
+  const Status s = QuantizeRows(x.View(), DType::kFloat32, i8, true, out, {.backend = Backend::kCuda});
+  EXPECT_TRUE(s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kUnimplemented) << s;
+}
+
+}  // namespace
+}  // namespace kvd::kernels
