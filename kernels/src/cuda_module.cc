@@ -116,6 +116,13 @@ Status KeyDiffScores(ConstMatrixView keys, float* scores, bool* zero_norm, int64
                      void* stream) {
   KVD_CUDA_FORWARD(KeyDiffScores, keys, scores, zero_norm, bad_row, stream);
 }
+Status QuantizeBlock(const QuantBlock& block, const float* x, uint8_t* out, int64_t* bad_group,
+                     void* stream) {
+  KVD_CUDA_FORWARD(QuantizeBlock, block, x, out, bad_group, stream);
+}
+Status DequantizeBlock(const QuantBlock& block, const uint8_t* in, float* out, void* stream) {
+  KVD_CUDA_FORWARD(DequantizeBlock, block, in, out, stream);
+}
 Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition position,
                    SlotSet* slots, void* stream) {
   KVD_CUDA_FORWARD(ApplyMerges, pairs, position, slots, stream);

@@ -2,7 +2,8 @@
 // program that uses them, in <libdir>/kvd/), loaded on first device use: a process that never
 // runs a kernel on the device maps neither the module nor the CUDA runtime it links. The host
 // side of kvd_kernels calls the cuda:: entry points (backend_a.h, serving_backend.h,
-// vector_backend.h, plan_device_internal.h, device_serving_internal.h and the two below) as
+// vector_backend.h, quantize_backend.h, plan_device_internal.h, device_serving_internal.h and the
+// two below) as
 // before; src/cuda_module.cc defines them as calls through this table, which the module's one
 // exported symbol hands out. Private to kvd_kernels.
 //
@@ -18,6 +19,7 @@
 #include "backend_a.h"
 #include "device_serving_internal.h"
 #include "plan_device_internal.h"
+#include "quantize_backend.h"
 #include "serving_backend.h"
 #include "vector_backend.h"
 #include "xxh3_blocked.h"
@@ -34,7 +36,7 @@ Status CopyToHostSync(void* host, const void* device, size_t bytes, void* stream
 
 // Raised with every change of CudaKernelsApi: the module and its loader are built together, a
 // module of another build is refused.
-inline constexpr int kCudaKernelsApiVersion = 1;
+inline constexpr int kCudaKernelsApiVersion = 2;
 
 struct CudaKernelsApi {
   int version = kCudaKernelsApiVersion;
@@ -59,6 +61,8 @@ struct CudaKernelsApi {
   decltype(&cuda::LaunchCompactHead) LaunchCompactHead = nullptr;
   decltype(&cuda::LaunchChecksum64) LaunchChecksum64 = nullptr;
   decltype(&cuda::CopyToHostSync) CopyToHostSync = nullptr;
+  decltype(&cuda::QuantizeBlock) QuantizeBlock = nullptr;
+  decltype(&cuda::DequantizeBlock) DequantizeBlock = nullptr;
 };
 
 // The module's table, loading it on the first call (once per process).

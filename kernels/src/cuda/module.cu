@@ -37,6 +37,8 @@ CudaKernelsApi MakeApi() {
   api.LaunchCompactHead = &LaunchCompactHead;
   api.LaunchChecksum64 = &LaunchChecksum64;
   api.CopyToHostSync = &CopyToHostSync;
+  api.QuantizeBlock = &QuantizeBlock;
+  api.DequantizeBlock = &DequantizeBlock;
   return api;
 }
 
