@@ -20,6 +20,9 @@ using internal::DeadlineIn;
 using transport::TransferHandle;
 using transport::TransferState;
 
+// How long a Hello that could not be sent waits for the refusal kvd may have sent first.
+constexpr int64_t kEarlyRefusalWaitMs = 500;
+
 std::string DefaultClientId() {
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
@@ -104,7 +107,21 @@ Status ClientImpl::Handshake() {
     // An engine's connection lives as long as the engine, idle or not.
     h.setKeepIdle(options_.role == Role::kEngine);
   });
-  if (!id.ok()) return id.status().WithContext("handshake");
+  if (!id.ok()) {
+    // kvd refuses some connections before it reads their Hello (admission limits): its error
+    // comes first, then the close, and says more than the broken pipe the Hello ran into.
+    auto early = channel_->connection()->ReadFrame(DeadlineIn(kEarlyRefusalWaitMs));
+    if (early.ok()) {
+      Status refusal = ReadReply(**early, [](proto::Response::Reader r) -> Status {
+        return r.isError() ? proto::FromProto(r.getError()) : Status::Ok();
+      });
+      if (!refusal.ok()) {
+        return Status(refusal.code(), "kvd refused the handshake: " + refusal.message(),
+                      refusal.reason());
+      }
+    }
+    return id.status().WithContext("handshake");
+  }
   auto reply = channel_->Await(*id, DeadlineIn(options_.connect_timeout_ms));
   if (!reply.ok()) {
     const Status& s = reply.status();

@@ -34,7 +34,8 @@ uint64_t Admission::DisplaceOldest(const std::string* peer) {
   return id;
 }
 
-Admission::Decision Admission::Admit(uint64_t id, const std::string& peer, bool unix_socket) {
+Admission::Decision Admission::Admit(uint64_t id, const std::string& peer, bool unix_socket,
+                                     int64_t now_ms) {
   Decision d;
   const size_t cap = static_cast<size_t>(limits_.max_sessions) +
                      (unix_socket ? static_cast<size_t>(limits_.admin_reserve_sessions) : 0);
@@ -47,7 +48,10 @@ Admission::Decision Admission::Admit(uint64_t id, const std::string& peer, bool 
     }
     d.displaced.push_back(DisplaceOldest(&peer));
   }
-  if (handshaking_.size() >= handshaking_cap_) d.displaced.push_back(DisplaceOldest(nullptr));
+  if (handshaking_.size() >= handshaking_cap_ &&
+      now_ms - sessions_.at(*handshaking_.begin()).since_ms >= limits_.unauthenticated_grace_ms) {
+    d.displaced.push_back(DisplaceOldest(nullptr));
+  }
   if (sessions_.size() >= cap) {
     if (handshaking_.empty()) {
       d.refusal = "too many sessions: limits.max_sessions=" + std::to_string(limits_.max_sessions);
@@ -55,7 +59,7 @@ Admission::Decision Admission::Admit(uint64_t id, const std::string& peer, bool 
     }
     d.displaced.push_back(DisplaceOldest(nullptr));
   }
-  sessions_[id] = Entry{peer, true};
+  sessions_[id] = Entry{peer, true, now_ms};
   handshaking_.insert(id);
   peer_handshaking_[peer].insert(id);
   ++peer_sessions_[peer];

@@ -6,7 +6,8 @@
 // A connection is "handshaking" from accept until its Hello completes. Handshaking connections
 // hold at most limits.unauthenticated_share of max_sessions; the rest is kept for sessions that
 // authenticated. When a limit is reached the newcomer displaces the oldest handshaking
-// connection that stands in its way (of its own peer for the per-peer limit), and is refused
+// connection that stands in its way (for the share, only one handshaking for at least
+// limits.unauthenticated_grace_ms: younger ones are a burst of clients, let over the share) (of its own peer for the per-peer limit), and is refused
 // only where none does: idle connections that never authenticate cannot keep an engine or
 // `kvdctl` out, and a peer whose authenticated sessions fill its share is refused.
 //
@@ -43,7 +44,8 @@ class Admission {
   // Decides on session `id` (ids increase with arrival) from `peer`; `unix_socket` connections
   // may go limits.admin_reserve_sessions beyond max_sessions. An admitted one is counted as
   // handshaking from now on.
-  Decision Admit(uint64_t id, const std::string& peer, bool unix_socket);
+  // `now_ms`: a monotonic time of the newcomer's arrival.
+  Decision Admit(uint64_t id, const std::string& peer, bool unix_socket, int64_t now_ms);
   // Session `id` completed its Hello: it no longer counts as handshaking.
   void Authenticated(uint64_t id);
   // Session `id` ended (no-op for one displaced or never admitted).
@@ -58,6 +60,7 @@ class Admission {
   struct Entry {
     std::string peer;
     bool handshaking = true;
+    int64_t since_ms = 0;  // arrival
   };
   // Takes the oldest handshaking session (of `peer`, or of anyone when null) off the books.
   uint64_t DisplaceOldest(const std::string* peer);

@@ -481,7 +481,8 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
          "transfer_timeout_ms", "max_sessions", "max_inflight_per_session", "max_lease_ttl_ms",
          "max_leases_per_session", "max_chain_chunks", "handshake_timeout_ms", "frame_timeout_ms",
          "max_sessions_per_peer", "admin_reserve_sessions", "max_frame_bytes_before_hello",
-         "frame_buffer_budget_bytes", "unauthenticated_share", "idle_timeout_ms"}));
+         "frame_buffer_budget_bytes", "unauthenticated_share", "unauthenticated_grace_ms",
+         "idle_timeout_ms"}));
     auto& l = c->limits;
     KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_frame_bytes", &l.max_frame_bytes));
     KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_chunk_bytes", &l.max_chunk_bytes));
@@ -509,6 +510,8 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     KVD_RETURN_IF_ERROR(
         GetBytes(n, "limits", "frame_buffer_budget_bytes", &l.frame_buffer_budget_bytes));
     KVD_RETURN_IF_ERROR(GetDouble(n, "limits", "unauthenticated_share", &l.unauthenticated_share));
+    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "unauthenticated_grace_ms",
+                               &l.unauthenticated_grace_ms, 0, kDay));
     KVD_RETURN_IF_ERROR(GetInt(n, "limits", "idle_timeout_ms", &l.idle_timeout_ms, 0, kDay));
   }
   return Status::Ok();

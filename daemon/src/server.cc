@@ -449,7 +449,10 @@ asio::awaitable<void> Server::Impl::AcceptUnix() {
 void Server::Impl::AddSession(asio::generic::stream_protocol::socket socket, std::string peer,
                               PeerInfo info, const std::string& counted_as) {
   const uint64_t id = next_session_id_++;
-  Admission::Decision decision = admission_.Admit(id, counted_as, info.unix_socket);
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count();
+  Admission::Decision decision = admission_.Admit(id, counted_as, info.unix_socket, now_ms);
   for (uint64_t displaced : decision.displaced) {
     auto it = sessions_.find(displaced);
     if (it == sessions_.end()) continue;
