@@ -1,15 +1,15 @@
 # Sanitizer and fuzzing builds (docs/reliability.md, "Fuzzing and sanitizers").
 #
-#   KVD_SANITIZE=address,undefined   ASan + UBSan over the whole tree (deploy/sanitize.sh asan)
-#   KVD_SANITIZE=thread              TSan (deploy/sanitize.sh tsan)
-#   KVD_FUZZ=ON                      libFuzzer targets of tests/fuzz (clang only; deploy/fuzz.sh)
+#   KVD_SANITIZE=address,undefined   ASan + UBSan over the whole tree (tests/sanitizers/run.sh asan)
+#   KVD_SANITIZE=thread              TSan (tests/sanitizers/run.sh tsan)
+#   KVD_FUZZ=ON                      libFuzzer targets of tests/fuzz (clang only; tests/fuzz/run.sh)
 #
 # The flags apply to every C/C++ target of the tree, so a finding in any library is reported with
 # its stack. UBSan does not recover: undefined behaviour aborts the process, so a test (or a fuzz
 # run) that hits it fails instead of printing a line nobody reads.
 set(KVD_SANITIZE "" CACHE STRING
     "Sanitizers for every C/C++ target: address,undefined or thread (empty: none)")
-option(KVD_FUZZ "Build the libFuzzer targets of tests/fuzz (needs clang; see deploy/fuzz.sh)" OFF)
+option(KVD_FUZZ "Build the libFuzzer targets of tests/fuzz (needs clang; see tests/fuzz/run.sh)" OFF)
 
 if(KVD_SANITIZE)
   string(REPLACE "," ";" kvd_sanitizers "${KVD_SANITIZE}")
@@ -35,12 +35,12 @@ endif()
 if(KVD_FUZZ)
   if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
     message(FATAL_ERROR "KVD_FUZZ=ON needs clang (libFuzzer), not ${CMAKE_CXX_COMPILER_ID}: "
-                        "configure with CC=clang CXX=clang++, or run deploy/fuzz.sh")
+                        "configure with CC=clang CXX=clang++, or run tests/fuzz/run.sh")
   endif()
   # Coverage feedback in every library the targets reach; each target links -fsanitize=fuzzer.
   add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=fuzzer-no-link>")
   if(NOT KVD_SANITIZE)
-    message(WARNING "KVD_FUZZ=ON without KVD_SANITIZE finds crashes only; deploy/fuzz.sh uses "
+    message(WARNING "KVD_FUZZ=ON without KVD_SANITIZE finds crashes only; tests/fuzz/run.sh uses "
                     "address,undefined")
   endif()
 endif()

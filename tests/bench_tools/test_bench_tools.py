@@ -1,6 +1,6 @@
 """The benchmark tools without the peers: kvd-bench --op memcpy, kvd-bench's per-op daemon
-counters against a real kvd, the goal arithmetic of deploy/bench-peers-report.py, and one short
-run of deploy/bench-peers.sh (kvd's shared-memory path and memcpy only)."""
+counters against a real kvd, the goal arithmetic of bench/peers-report.py, and one short
+run of bench/peers.sh (kvd's shared-memory path and memcpy only)."""
 
 import contextlib
 import json
@@ -17,7 +17,7 @@ import tied_popen  # noqa: E402  (kvd dies with the test process, however it end
 
 KVD = os.environ.get("KVD_BINARY", "kvd")
 BENCH = os.environ.get("KVD_BENCH_BINARY", "kvd-bench")
-REPORT = os.path.join(ROOT, "deploy", "bench-peers-report.py")
+REPORT = os.path.join(ROOT, "bench", "peers-report.py")
 
 
 def run(args, timeout=60):
@@ -264,7 +264,7 @@ def test_bench_small_ops_short_run(tmp_path):
     env = dict(os.environ, KVD_SMALL_ROUNDS="1", KVD_SMALL_COUNT="20",
                KVD_SMALL_RESULTS=str(tmp_path / "results.tsv"))
     shm_before = set(os.listdir("/dev/shm"))
-    r = subprocess.run(["bash", os.path.join(ROOT, "deploy", "bench-small-ops.sh"), build],
+    r = subprocess.run(["bash", os.path.join(ROOT, "bench", "small-ops.sh"), build],
                        capture_output=True, text=True, timeout=240, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     names = {l.split("\t")[1] for l in open(tmp_path / "results.tsv").read().splitlines()}
@@ -407,7 +407,7 @@ def test_bench_peers_short_run(tmp_path):
                KVD_PEERS_SKIP="kvd-ucx ucx_perftest mooncake redis",
                KVD_PEERS_RESULTS=str(tmp_path / "results.tsv"))
     shm_before = set(os.listdir("/dev/shm"))
-    r = subprocess.run(["bash", os.path.join(ROOT, "deploy", "bench-peers.sh"), build],
+    r = subprocess.run(["bash", os.path.join(ROOT, "bench", "peers.sh"), build],
                        capture_output=True, text=True, timeout=240, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "kvd idle (no client" in r.stdout

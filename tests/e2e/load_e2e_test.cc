@@ -203,7 +203,7 @@ TEST(LoadE2eTest, SixtyFourClientsMixedOpsByteExactCountersAddUpHealthy) {
             << rss_end / (1 << 20) << " MiB at the end\n";
   // Flat: the second half of the load (as many operations again) may not grow kvd by more
   // than a quarter of its host tier (sessions' buffers are bounded; the arena is full already).
-  // Under AddressSanitizer (deploy/sanitize.sh asan builds this test and kvd alike) kvd's freed
+  // Under AddressSanitizer (tests/sanitizers/run.sh asan builds this test and kvd alike) kvd's freed
   // blocks wait in ASan's quarantine, 256 MiB by default, before their memory is reused, so its
   // RSS grows by up to that much more: measured 286 -> 457 MiB with the default quarantine,
   // 82 -> 89 MiB with ASAN_OPTIONS=quarantine_size_mb=0, under the same load.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Mooncake Store put/get timing for deploy/bench-peers.sh (one peer of kvd's same-node goals).
+"""Mooncake Store put/get timing for bench/peers.sh (one peer of kvd's same-node goals).
 
 Zero-copy client API: register_buffer, put_from, get_into, against a mooncake_master on
 127.0.0.1 (HTTP metadata served by the master). Two modes:

@@ -18,7 +18,7 @@
 # (--pingpong-floor 400: a socket pair ping-pong between two processes, phase "pingpong"), so
 # each lookup p99 stands next to what the machine gave any exchange at that moment.
 #
-#   deploy/bench-peers.sh [BUILD_DIR]     (default build; needs kvd and kvd-bench built)
+#   bench/peers.sh [BUILD_DIR]     (default build; needs kvd and kvd-bench built)
 #   KVD_PEERS_ROUNDS    interleaved rounds (default 3)
 #   KVD_PEERS_SIZES     value sizes in bytes (default "65536 2097152 33554432")
 #   KVD_PEERS_CLIENTS   client counts (default "1 4")
@@ -49,8 +49,8 @@
 # x 6) plus kvd's warmup (256 MiB per client, put and read back). Runs ~6-10 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=deploy/bench-lib.sh
-source deploy/bench-lib.sh
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 bench_build_dir "${1:-}"
 ROUNDS=${KVD_PEERS_ROUNDS:-3}
 SIZES=${KVD_PEERS_SIZES:-"65536 2097152 33554432"}
@@ -60,7 +60,7 @@ WARMUP=${KVD_PEERS_WARMUP:-1}
 ARENA_BYTES=$((256 << 20))  # kvd's tiers.host.capacity below
 LOOKUPS=400                 # Lookup calls per kvd-bench run, and ping-pong exchanges before them
 TLS=sm,tcp
-REPORT=deploy/bench-peers-report.py
+REPORT=bench/peers-report.py
 
 bench_binaries peers kvd kvd-bench
 
@@ -237,7 +237,7 @@ for round in $(seq "$ROUNDS"); do
         modes=(inproc)
         ((c == 1)) && modes+=(remote)  # the second-process client: 1 client (slow over tcp)
         for mode in "${modes[@]}"; do
-          timeout 120 "$venv/bin/python" deploy/bench-peers-mooncake.py \
+          timeout 120 "$venv/bin/python" bench/peers-mooncake.py \
             --master "127.0.0.1:$mc_port" --metadata "http://127.0.0.1:$mc_http/metadata" \
             --size "$size" --count "$n" --clients "$c" --mode "$mode" \
             >"$work/out.json" 2>"$work/mooncake-$mode.log" || true

@@ -13,7 +13,7 @@
 #      build against each version, 64 KiB and 2 MiB chunks, put and get, with the daemon's CPU.
 # Which version runs first alternates between rounds. Prints the medians over rounds.
 #
-#   deploy/bench-ucx-versions.sh [BUILD_1_13] [BUILD_1_22]   (default build build-ucx122)
+#   bench/ucx-versions.sh [BUILD_1_13] [BUILD_1_22]   (default build build-ucx122)
 #   KVD_UCXV_ROUNDS   interleaved rounds (default 3)
 #   KVD_UCXV_PERFTEST_SIZES   ucx_perftest sizes (default "65536 2097152 33554432"; "" = none)
 #   KVD_UCX_PREFIX    the wheel's prefix (default: deploy/fetch-ucx-wheel.sh's)
@@ -24,11 +24,11 @@ B113=${1:-build}
 B122=${2:-build-ucx122}
 ROUNDS=${KVD_UCXV_ROUNDS:-3}
 PREFIX=${KVD_UCX_PREFIX:-$(./deploy/fetch-ucx-wheel.sh)}
-# shellcheck source=deploy/bench-lib.sh
-source deploy/bench-lib.sh
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 for BIN in "$B113/bin" "$B122/bin"; do bench_binaries ucxv kvd kvd-bench; done
 bench_tool ucxv ucx_perftest ucx-utils
-BIN=""  # bench-lib's start_kvd runs $BIN/kvd: set per version below
+BIN=""  # lib.sh's start_kvd runs $BIN/kvd: set per version below
 bench_scratch ucxv
 results=$work/results.tsv
 

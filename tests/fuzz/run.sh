@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets of tests/fuzz with clang + AddressSanitizer + UndefinedBehavior-
 # Sanitizer into build-fuzz/ and runs each for SECONDS (default 60).
 #
-#   deploy/fuzz.sh [SECONDS] [TARGET...]
+#   tests/fuzz/run.sh [SECONDS] [TARGET...]
 #     TARGET: frame control_message compact_chunk vector_calibration gguf config disk_record
 #             (default: all, one after the other)
 #
@@ -18,7 +18,7 @@
 # is installed with apt when missing.
 # Exit: 0 no finding, 1 at least one finding, 2 usage or build error.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 ALL=(frame control_message compact_chunk vector_calibration gguf config disk_record)
 usage() {

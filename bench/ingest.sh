@@ -17,14 +17,14 @@
 #      of its compact form at p_c 0.5 (2,950,728 B).
 # Prints the load average before and after. Raw JSON and logs stay in $KVD_BENCH_OUT if set.
 #
-#   deploy/bench-ingest.sh [BUILD_DIR]     (default build)
+#   bench/ingest.sh [BUILD_DIR]     (default build)
 #   KVD_BENCH_COUNT      chunks per kvd-bench put/get run (default 20: 118 MiB)
 #   KVD_BENCH_MIN_TIME   kernels_bench --benchmark_min_time (seconds, default 0.3)
 #   KVD_BENCH_OUT        keep the raw outputs in this folder
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=deploy/bench-lib.sh
-source deploy/bench-lib.sh
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 bench_build_dir "${1:-}"
 COUNT=${KVD_BENCH_COUNT:-20}
 MIN_TIME=${KVD_BENCH_MIN_TIME:-0.3}

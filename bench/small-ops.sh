@@ -12,7 +12,7 @@
 # kvd-bench reports the daemon's CPU time, context switches and read/write system calls per
 # operation (--ready-file). Prints every measurement, then the medians over rounds.
 #
-#   deploy/bench-small-ops.sh [BUILD_DIR]   (default build; needs kvd and kvd-bench built)
+#   bench/small-ops.sh [BUILD_DIR]   (default build; needs kvd and kvd-bench built)
 #   KVD_SMALL_ROUNDS    interleaved rounds (default 3)
 #   KVD_SMALL_COUNT     operations per measurement (default 1000; lookups 4x that many chunks)
 #   KVD_SMALL_RESULTS   keep the raw results (tab-separated) at this path
@@ -20,8 +20,8 @@
 # Memory: kvd's arena is 256 MiB (64 MiB segments); one measurement stores at most 64 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=deploy/bench-lib.sh
-source deploy/bench-lib.sh
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 bench_build_dir "${1:-}"
 ROUNDS=${KVD_SMALL_ROUNDS:-3}
 COUNT=${KVD_SMALL_COUNT:-1000}

@@ -9,13 +9,13 @@
 # Then `kvd-demo local` at each p_c: the compression time per chunk in-process. Window 32 (16 at
 # p_c 0.9, where a 256-token chunk keeps 26 tokens), 4 sinks.
 #
-#   deploy/bench-serving.sh [BUILD_DIR]     (default build; needs the model: fetch-models.sh)
+#   bench/serving.sh [BUILD_DIR]     (default build; needs the model: fetch-models.sh)
 #   KVD_BENCH_THREADS   engine threads (default 2)
 #   KVD_BENCH_RATIOS    the runs (default "off 0.5 0.75 0.9"; off = no policy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=deploy/bench-lib.sh
-source deploy/bench-lib.sh
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 bench_build_dir "${1:-}"
 bench_binaries serving kvd kvd-demo
 model=$(./deploy/fetch-models.sh)

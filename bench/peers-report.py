@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Bookkeeping of deploy/bench-peers.sh: turns each peer's output into rows of one results file
+"""Bookkeeping of bench/peers.sh: turns each peer's output into rows of one results file
 (tab-separated: round, peer, bytes, clients, op, gbps, p50_us, p99_us, daemon CPU us/op, daemon
 context switches/op; "-" where a peer does not give a figure) and prints the medians over rounds
 and the issue's goals with their per-round ratios.
 
-  bench-peers-report.py ingest RESULTS ROUND PEER BYTES CLIENTS KIND FILE
-      KIND: kvdbench (kvd-bench --json, also --op memcpy), mooncake (bench-peers-mooncake.py),
+  peers-report.py ingest RESULTS ROUND PEER BYTES CLIENTS KIND FILE
+      KIND: kvdbench (kvd-bench --json, also --op memcpy), mooncake (peers-mooncake.py),
       redis (redis-benchmark --csv), perftest_bw / perftest_lat (the "Final:" fields of
-      run_perftest in bench-lib.sh). Prints a one-line summary of what it added.
-  bench-peers-report.py report RESULTS [IDLE_CPU_PERCENT]
+      run_perftest in bench/lib.sh). Prints a one-line summary of what it added.
+  peers-report.py report RESULTS [IDLE_CPU_PERCENT]
 """
 import csv
 import json

@@ -3,7 +3,7 @@
 # bandwidth for 2 MiB messages, in the same run on the same machine, and prints the ratio.
 # Also reports lookup latency p50/p99 on loopback.
 #
-#   deploy/bench-transport.sh [BUILD_DIR]      (default: build; binaries in BUILD_DIR/bin)
+#   bench/transport.sh [BUILD_DIR]      (default: build; binaries in BUILD_DIR/bin)
 #   KVD_BENCH_COUNT        chunks / messages per measurement (default 200)
 #   KVD_BENCH_TLS          UCX_TLS for both (default sm,tcp: shared memory carries the bytes)
 #   KVD_BENCH_DEPTH        kvd-bench --depth: chunks in flight per client (default 1)
@@ -14,8 +14,8 @@
 # Needs: kvd, kvd-bench built; ucx_perftest (Debian ucx-utils). Exit 0 when every measurement ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# shellcheck source=deploy/bench-lib.sh
-source deploy/bench-lib.sh
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 bench_build_dir "${1:-}"
 COUNT=${KVD_BENCH_COUNT:-200}
 TLS=${KVD_BENCH_TLS:-sm,tcp}

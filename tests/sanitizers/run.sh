@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds kvd with sanitizers and runs the test suite (or a part of it) under them.
 #
-#   deploy/sanitize.sh asan [CTEST ARGS...]   AddressSanitizer + UndefinedBehaviorSanitizer, build-asan/
-#   deploy/sanitize.sh tsan [CTEST ARGS...]   ThreadSanitizer, build-tsan/
+#   tests/sanitizers/run.sh asan [CTEST ARGS...]   AddressSanitizer + UndefinedBehaviorSanitizer, build-asan/
+#   tests/sanitizers/run.sh tsan [CTEST ARGS...]   ThreadSanitizer, build-tsan/
 #
 # CTEST ARGS go to ctest unchanged, e.g. a label subset: -L e2e, -LE 'model|quality|chaos'
 # (default: the whole suite). Every process a test starts (kvd daemons of the e2e tests too)
@@ -18,7 +18,7 @@
 # KVD_SANITIZE_NO_BUILD=1 (run the tests on what BUILD already holds: no configure, no build).
 # Suppressions of reports inside uninstrumented system libraries are in tests/sanitizers/.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 mode=${1:-}
 case $mode in

@@ -1,4 +1,4 @@
-# Shell functions the benchmark scripts share (sourced by every deploy/bench-*.sh; not run on
+# Shell functions the benchmark scripts share (sourced by every bench/*.sh; not run on
 # its own). The sourcing script sets `BIN` (kvd's binaries; bench_build_dir does it from the
 # script's first argument), checks what it needs (bench_binaries, bench_tool) and makes its
 # scratch folder `work` with the EXIT trap that stops kvd and removes the folder (bench_scratch).
