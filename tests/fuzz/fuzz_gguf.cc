@@ -1,4 +1,4 @@
-// Fuzz target: the engine's GGUF loader (client/examples/llama: kvd/llama/gguf.h, model.h,
+// Fuzz target: the engine's GGUF loader (llama/: kvd/llama/gguf.h, model.h,
 // tokenizer.h) over arbitrary file bytes.
 //
 // The bytes are parsed in memory (GgufFile::Parse), every metadata value is read back through the
