@@ -146,8 +146,9 @@ struct LimitsOptions {
   // A connection without a completed Hello is closed for the share above only once it has
   // waited this long: a burst of engines connecting at once goes over the share instead of
   // closing each other, while connections that never send a Hello are closed once they are this
-  // old. (At max_sessions the oldest is closed whatever its age.) Default 1000; 0 = at once.
-  int64_t unauthenticated_grace_ms = 1000;
+  // old. (At max_sessions the oldest is closed whatever its age.) Default 5000 (a client under
+  // load may take seconds from connect to Hello); 0 = at once.
+  int64_t unauthenticated_grace_ms = 5000;
   // A session whose Hello completed and that sends no request for this long is closed, unless
   // it asked to be kept (Hello.keepIdle; the kvd client's engines do) or it has an event
   // subscription, requests in flight or puts pending. 0 = never. Default 600000 (10 minutes).
