@@ -158,7 +158,12 @@ TEST_F(QuotaE2eTest, OneTenantPinningWithoutLimitCannotFailTheOthersPuts) {
 }
 
 // One stored chunk looked up as a chain of 65,536 copies of its hash, 512 leases held: each
-// lease holds the chunk once, so kvd's memory does not grow with the chain.
+// lease holds the chunk once, so kvd's memory does not grow with the chain. A lease that held
+// the chain's entries would cost ~0.5 MiB (256 MiB for 512); what the bound allows besides one
+// entry per lease is the allocator: each Lookup is a 1 MiB frame decoded into 2 MiB of keys on
+// one of kvd's threads, and glibc keeps freed blocks of that size in per-thread arenas (a
+// fresh-clone run on a busy machine measured +41 MiB). Warm-up lookups fill those arenas before
+// the first reading; the bound is half of what the amplification would cost.
 TEST_F(QuotaE2eTest, ALookupChainRepeatingOneHashCostsOneEntryPerLease) {
   KvdConfig c = Config();
   kvd_ = StartKvd(c);
@@ -171,6 +176,11 @@ TEST_F(QuotaE2eTest, ALookupChainRepeatingOneHashCostsOneEntryPerLease) {
   auto first = a->Lookup(chain);
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->matched_chunks, 1u) << "the prefix ends before the first repeated hash";
+  for (int i = 0; i < 32; ++i) {
+    auto warm = a->Lookup(chain);
+    ASSERT_TRUE(warm.ok()) << warm.status();
+    ASSERT_TRUE(a->ReleaseLease(warm->lease_id).ok());
+  }
   const uint64_t before = RssBytes(kvd_->pid());
   std::vector<uint64_t> leases;
   for (int i = 0; i < 512; ++i) {
@@ -181,7 +191,7 @@ TEST_F(QuotaE2eTest, ALookupChainRepeatingOneHashCostsOneEntryPerLease) {
   const uint64_t after = RssBytes(kvd_->pid());
   const double grown_mib = (static_cast<double>(after) - static_cast<double>(before)) / (1 << 20);
   std::cout << "[ figures ] 512 leases of a 65,536-hash chain: kvd RSS +" << grown_mib << " MiB\n";
-  EXPECT_LT(grown_mib, 32.0);
+  EXPECT_LT(grown_mib, 128.0);
   // The lease serves the chunk.
   std::vector<uint8_t> out(a->options().layout.ChunkBytes(4));
   EXPECT_TRUE(a->Get(leases.back(), 0, out.data(), out.size()).ok());
