@@ -125,6 +125,10 @@ struct HelloReply {
                                     # Reserve.abortFirst (older daemons: false; see Commit)
   inlinePut @19 :Bool;              # the daemon takes Request.inlinePut (older daemons: false,
                                     # and clients put in three steps)
+  keepsPositions @20 :Bool;         # the dense form of every chunk of this session has one K/V
+                                    # slot per token position (raw, or a policy that merges or
+                                    # quantizes without evicting): engines that address KV by
+                                    # position can take it (older daemons: false)
 }
 
 # Where the bytes of a reservation or read lie in the daemon's shared-memory arena (sessions with

@@ -153,6 +153,7 @@ Status ClientImpl::Handshake() {
     session_.window_tokens = h.getWindowTokens();
     session_.needs_queries = h.getNeedsQueries();
     session_.calibration_version = h.getCalibrationVersion();
+    session_.keeps_positions = h.getKeepsPositions();
     auto addr = h.getWorkerAddress();
     daemon_address.assign(reinterpret_cast<const char*>(addr.begin()), addr.size());
     return Status::Ok();

@@ -1,6 +1,8 @@
 // Compact chunk expansion (see kvd/client/expand.h): the one client file using kvd_kernels.
 #include "kvd/client/expand.h"
 
+#include <algorithm>
+#include <cstring>
 #include <initializer_list>
 #include <mutex>
 #include <optional>
@@ -305,6 +307,36 @@ Status GetDenseLayerwise(Client& client, uint64_t lease_id, uint32_t count,
       ExpandDenseLayerwise(views, layout, layers, capacity_tokens, on_layer, cuda_stream));
   if (tokens != nullptr) *tokens = total;
   return Status::Ok();
+}
+
+StatusOr<GetResult> GetDense(Client& client, uint64_t lease_id, uint32_t chunk_index, void* out,
+                             size_t capacity, int64_t* dense_tokens) {
+  const ModelLayout& layout = client.options().layout;
+  const int chunk_tokens = static_cast<int>(client.options().chunk_tokens);
+  std::vector<uint8_t> stored(
+      std::max(MaxCompactChunkBytes(layout, chunk_tokens), layout.ChunkBytes(chunk_tokens)));
+  KVD_ASSIGN_OR_RETURN(GetResult got,
+                       client.Get(lease_id, chunk_index, stored.data(), stored.size()));
+  const std::span<const uint8_t> bytes(stored.data(), got.bytes);
+  int64_t tokens = got.tokens;
+  std::vector<uint8_t> dense;
+  if (got.form == ChunkForm::kCompact) {
+    KVD_ASSIGN_OR_RETURN(auto reader, CompactChunkReader::Open(bytes, layout));
+    if (uint64_t v = reader->required_weights_version(); v != 0) {
+      KVD_ASSIGN_OR_RETURN(auto w, client.GetVectorWeights(v));
+      KVD_RETURN_IF_ERROR(reader->SetWeights(*w));
+    }
+    KVD_ASSIGN_OR_RETURN(dense, reader->DenseChunk(&tokens));
+  }
+  const std::span<const uint8_t> raw = dense.empty() ? bytes : std::span<const uint8_t>(dense);
+  if (raw.size() > capacity) {
+    return Status::OutOfRange("the dense chunk has " + std::to_string(raw.size()) +
+                              " bytes; the buffer holds " + std::to_string(capacity));
+  }
+  std::memcpy(out, raw.data(), raw.size());
+  got.bytes = raw.size();
+  if (dense_tokens != nullptr) *dense_tokens = tokens;
+  return got;
 }
 
 }  // namespace kvd::client

@@ -106,6 +106,7 @@ std::string SessionToJson(const SessionInfo& s, int indent) {
                    {"policy", s.policy},
                    {"window_tokens", s.window_tokens},
                    {"needs_queries", s.needs_queries},
+                   {"keeps_positions", s.keeps_positions},
                    {"nccl", s.nccl}},
               indent);
 }

@@ -33,6 +33,10 @@ bool CompressionPolicy::NeedsQueries() const {
   return score == "snapkv" || score == "pyramidkv" || merge == "kvslimmer";
 }
 
+bool CompressionPolicy::KeepsPositions() const {
+  return p_c == 0.0 || (score == "none" && merge == "kvslimmer");
+}
+
 std::string CompressionPolicy::StagesName() const {
   std::string out;
   auto add = [&](const std::string& s) {

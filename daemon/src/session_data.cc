@@ -389,6 +389,7 @@ void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello
              reply.setLeaseReleasesOnRequests(config.protocol.lease_releases_on_requests);
              reply.setReserveAhead(ReservesAhead());
              reply.setInlinePut(config.protocol.inline_put);
+             reply.setKeepsPositions(codec_ == nullptr || codec_->policy().KeepsPositions());
              if (codec_ != nullptr) {
                const CompressionPolicy& p = codec_->policy();
                reply.setCodecId(codec_->codec_id());

@@ -133,5 +133,45 @@ TEST(ChunkCodecTest, TheQuantizeStageOfThePolicyIsInTheStoredChunk) {
   EXPECT_LT(q->bytes.size(), p->bytes.size());
 }
 
+// CompressionPolicy::KeepsPositions (HelloReply.keepsPositions: what vLLM's connector serves)
+// says what the stored chunks are: with it every head's slots expand to the chunk's tokens,
+// without it some tokens are gone. Real encodes of each kind of policy.
+TEST(ChunkCodecTest, KeepsPositionsIsWhatTheStoredChunksExpandTo) {
+  const std::vector<std::pair<std::string, bool>> policies = {
+      {"{stages: [quantize]}", true},
+      {"{stages: [quantize], quant_format: int4}", true},
+      {"{stages: [kvslimmer]}", true},
+      {"{stages: [kvslimmer, quantize]}", true},
+      {"{stages: [keydiff], p_c: 0}", true},
+      {"{stages: [keydiff]}", false},
+      {"{stages: [snapkv]}", false},
+      {"{stages: [keydiff, quantize]}", false},
+      {"{stages: [quantize], p_c: 0.5}", false},
+      {"{stages: [hybrid], max_group: 2, p_c: 0.75}", false},
+  };
+  for (const auto& [policy, keeps] : policies) {
+    auto config = ParseConfigYaml(
+        "models: [{name: m, layout: {layers: 2, kv_heads: 2, q_heads: 4, head_dim: 8, dtype: "
+        "float32}, compression: " +
+        policy.substr(0, policy.size() - 1) + ", window: 4, sinks: 2, device: cpu}}]");
+    ASSERT_TRUE(config.ok()) << policy << ": " << config.status();
+    const ModelConfig& m = config->models[0];
+    EXPECT_EQ(m.compression->KeepsPositions(), keeps) << policy;
+    auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
+    ASSERT_TRUE(codec.ok()) << policy << ": " << codec.status();
+    auto encoded = (*codec)->Encode(PutBytes(**codec, m, 5), kTokens, 0, kWindow);
+    ASSERT_TRUE(encoded.ok()) << policy << ": " << encoded.status();
+    auto chunk = kernels::DecodeCompactChunk(encoded->bytes);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    bool every_head_whole = true;
+    for (const kernels::CompactHead& h : chunk->heads) {
+      int64_t tokens = 0;
+      for (int32_t l : h.cardinality) tokens += l;
+      every_head_whole = every_head_whole && tokens == kTokens;
+    }
+    EXPECT_EQ(every_head_whole, keeps) << policy;
+  }
+}
+
 }  // namespace
 }  // namespace kvd::daemon

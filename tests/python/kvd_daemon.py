@@ -27,6 +27,7 @@ models:
   - name: smollm2-135m
     layout: {{layers: 30, kv_heads: 3, q_heads: 9, head_dim: 64, dtype: bfloat16,
              rope: {{theta: 100000, pairing: halves, scaling: none}}}}
+    compression: {smollm_compression}
 chunk_tokens: {chunk_tokens}
 tiers:
   host: {{capacity: {capacity}, prefault: false{host_extra}}}
@@ -36,10 +37,11 @@ tiers:
 
 class KvdDaemon:
     def __init__(self, node="pytest", chunk_tokens=256, capacity="32MiB", extra="", segment="",
-                 shared_memory=True, unix=False, listen="127.0.0.1:0"):
+                 shared_memory=True, unix=False, listen="127.0.0.1:0", smollm_compression="off"):
         """segment: tiers.host.segment ("" = kvd's default, 64 MiB: above the default capacity,
         so no shared-memory arena); shared_memory: tiers.host.shared_memory; listen: kvd's TCP
-        address (default an ephemeral port; another kvd's address restarts it there)."""
+        address (default an ephemeral port; another kvd's address restarts it there);
+        smollm_compression: the compression policy of model smollm2-135m (YAML flow form)."""
         self.binary = os.environ.get("KVD_BINARY", "kvd")
         self.dir = tempfile.mkdtemp(prefix="kvd-pytest-")
         self.config_path = os.path.join(self.dir, "topology.yaml")
@@ -47,7 +49,8 @@ class KvdDaemon:
             host_extra = (f", segment: {segment}" if segment else "") + (
                 "" if shared_memory else ", shared_memory: false")
             f.write(TOPOLOGY.format(node=node, chunk_tokens=chunk_tokens, capacity=capacity,
-                                    host_extra=host_extra, extra=extra))
+                                    host_extra=host_extra, extra=extra,
+                                    smollm_compression=smollm_compression))
         ready = os.path.join(self.dir, "ready.json")
         self.log_path = os.path.join(self.dir, "kvd.log")
         self._log = open(self.log_path, "w")

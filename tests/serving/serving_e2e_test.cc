@@ -39,6 +39,7 @@ TEST_F(ServingE2eTest, StoredChunkIsTheKernelsBytesAndExpandsLikeThem) {
   EXPECT_NE(c->session().codec_id, 0u);
   EXPECT_EQ(c->session().window_tokens, static_cast<uint32_t>(kWindow));
   EXPECT_TRUE(c->session().needs_queries);
+  EXPECT_FALSE(c->session().keeps_positions) << "SnapKV evicts tokens";
   EXPECT_THAT(c->session().policy, HasSubstr("score=snapkv"));
 
   // Chunk 1 of a prompt (positions 256..511).
@@ -96,6 +97,16 @@ TEST_F(ServingE2eTest, StoredChunkIsTheKernelsBytesAndExpandsLikeThem) {
   ASSERT_TRUE(dense_reader.ok()) << dense_reader.status();
   EXPECT_EQ(t_reader, t_kernels);
   EXPECT_TRUE(*dense_reader == *dense_kernels);
+  // GetDense: the same dense bytes in the raw chunk layout of its T (< 256: SnapKV evicts).
+  std::vector<uint8_t> dense_get(chunk.raw.size());
+  int64_t t_get = 0;
+  auto got_dense = client::GetDense(*c, hit->lease_id, 0, dense_get.data(), dense_get.size(), &t_get);
+  ASSERT_TRUE(got_dense.ok()) << got_dense.status();
+  EXPECT_EQ(t_get, t_kernels);
+  EXPECT_LT(t_get, kTokens);
+  EXPECT_EQ(got_dense->form, client::ChunkForm::kCompact);
+  ASSERT_EQ(got_dense->bytes, dense_kernels->size());
+  EXPECT_EQ(std::memcmp(dense_get.data(), dense_kernels->data(), dense_kernels->size()), 0);
 
   // Layer-wise get: every layer lands in the caller's buffers, in order, with the same bytes.
   const size_t layer_bytes =
@@ -120,6 +131,60 @@ TEST_F(ServingE2eTest, StoredChunkIsTheKernelsBytesAndExpandsLikeThem) {
         << "layer " << l;
   }
   ASSERT_TRUE(c->ReleaseLease(hit->lease_id).ok());
+}
+
+// A policy that keeps every position (`[quantize]`: what vLLM's connector serves): the session
+// says so, and GetDense gives the raw chunk layout with all 256 tokens, each within int8's
+// rounding of the raw value: half a step, a step being at most a group's range / 255
+// (asymmetric) or its peak / 127 (symmetric), both <= 2 peak / 254 for the chunk's peak |x|;
+// the float16 scale adds a relative 2^-11, covered by the 1% margin. A raw model's GetDense is
+// its Get, byte for byte.
+TEST_F(ServingE2eTest, GetDenseOfAPositionKeepingPolicyGivesEveryTokenInTheRawLayout) {
+  StartKvd(PolicyModel("stories-int8", "{stages: [quantize], device: cpu}") +
+           "  - name: stories-raw\n    layout: {layers: 5, kv_heads: 4, q_heads: 8, head_dim: 8, "
+           "dtype: float32, rope: {theta: 10000, pairing: interleaved, scaling: none}}\n");
+  auto c = Connect("stories-int8");
+  auto raw = Connect("stories-raw");
+  ASSERT_NE(c, nullptr);
+  ASSERT_NE(raw, nullptr);
+  EXPECT_TRUE(c->session().keeps_positions);
+  EXPECT_FALSE(c->session().needs_queries);
+  EXPECT_TRUE(raw->session().keeps_positions);
+  const ModelLayout layout = c->options().layout;
+  Chunk chunk = MakeChunk(layout, kTokens, 9);
+  const Hash128 hash{21, 22};
+  ASSERT_TRUE(c->Put(hash, kTokens, chunk.raw.data(), chunk.raw.size()).ok());
+  ASSERT_TRUE(raw->Put(hash, kTokens, chunk.raw.data(), chunk.raw.size()).ok());
+  for (client::Client* who : {c.get(), raw.get()}) {
+    auto hit = who->Lookup(std::vector<Hash128>{hash});
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    ASSERT_EQ(hit->matched_chunks, 1u);
+    std::vector<uint8_t> out(chunk.raw.size());
+    int64_t tokens = 0;
+    auto got = client::GetDense(*who, hit->lease_id, 0, out.data(), out.size(), &tokens);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(tokens, kTokens);
+    ASSERT_EQ(got->bytes, chunk.raw.size());
+    if (who == raw.get()) {
+      EXPECT_EQ(got->form, client::ChunkForm::kRaw);
+      EXPECT_TRUE(out == chunk.raw);
+    } else {
+      EXPECT_EQ(got->form, client::ChunkForm::kCompact);
+      const auto* want = reinterpret_cast<const float*>(chunk.raw.data());
+      const auto* have = reinterpret_cast<const float*>(out.data());
+      float worst = 0, peak = 0;
+      for (size_t i = 0; i < chunk.raw.size() / sizeof(float); ++i) {
+        worst = std::max(worst, std::fabs(want[i] - have[i]));
+        peak = std::max(peak, std::fabs(want[i]));
+      }
+      EXPECT_LE(worst, peak / 254.0f * 1.01f) << "peak " << peak;
+      EXPECT_GT(worst, 0.0f) << "int8 rounds";
+    }
+    std::vector<uint8_t> small(chunk.raw.size() - 1);
+    EXPECT_EQ(client::GetDense(*who, hit->lease_id, 0, small.data(), small.size()).status().code(),
+              StatusCode::kOutOfRange);
+    ASSERT_TRUE(who->ReleaseLease(hit->lease_id).ok());
+  }
 }
 
 TEST_F(ServingE2eTest, PrefixIsReusedBitIdenticalAndShortChunksAreLossless) {

@@ -6,11 +6,15 @@ JOB: {"model": HF folder, "kvd": kv_connector_extra_config or null (no connector
       "connector": class (default KvdConnector), "module": its module (default kvd.vllm),
       "engine": extra vllm.LLM arguments, "steps": [...]}
 steps, in order, on the one engine:
-  {"generate": NAME, "prompts": [[token ids], ...], "max_tokens": N}   one batch (concurrent)
+  {"generate": NAME, "prompts": [[token ids], ...], "max_tokens": N,   one batch (concurrent)
+   "prompt_logprobs": K}  also the log-probs of the prompt tokens vLLM computes (K top ids each;
+                          loads from kvd stay on: vLLM's default skips every cache then)
   {"kill": PID}                                                         SIGKILL a process
-OUT: {"results": {NAME: [{"tokens", "num_cached_tokens", "top5"}]}, "metrics": {...},
+OUT: {"results": {NAME: [{"tokens", "num_cached_tokens", "top5", "prompt"}]}, "metrics": {...},
       "start_s": engine start seconds, "steps_s": [seconds per step]}
-top5: the first generated token's 5 most likely ids -> logprob.
+top5: the first generated token's 5 most likely ids -> logprob. prompt (with prompt_logprobs):
+per prompt position, {id: [logprob, rank]} of the prompt token and the K most likely, null where
+vLLM did not compute it (the first token, tokens loaded from kvd).
 """
 
 import json
@@ -45,8 +49,12 @@ def main():
     for step in job["steps"]:
         t = time.monotonic()
         if "generate" in step:
+            extra = {}
+            if "prompt_logprobs" in step:
+                extra = {"prompt_logprobs": step["prompt_logprobs"],
+                         "skip_reading_prefix_cache": False}
             params = SamplingParams(max_tokens=step.get("max_tokens", 12), temperature=0,
-                                    logprobs=5, ignore_eos=True)
+                                    logprobs=5, ignore_eos=True, **extra)
             outputs = llm.generate([{"prompt_token_ids": p} for p in step["prompts"]], params,
                                    use_tqdm=False)
             out["results"][step["generate"]] = [_result(o) for o in outputs]
@@ -63,8 +71,13 @@ def main():
 def _result(o):
     c = o.outputs[0]
     first = c.logprobs[0] if c.logprobs else {}
-    return {"tokens": list(c.token_ids), "num_cached_tokens": o.num_cached_tokens or 0,
-            "top5": {str(k): float(v.logprob) for k, v in first.items()}}
+    out = {"tokens": list(c.token_ids), "num_cached_tokens": o.num_cached_tokens or 0,
+           "top5": {str(k): float(v.logprob) for k, v in first.items()}}
+    if o.prompt_logprobs is not None:
+        out["prompt"] = [None if p is None else
+                         {str(k): [float(v.logprob), int(v.rank)] for k, v in p.items()}
+                         for p in o.prompt_logprobs]
+    return out
 
 
 def _metrics(llm):

@@ -114,6 +114,27 @@ else:
             return self._connector_metadata
 
 
+class UnsupportedPolicyError(ValueError):
+    """The kvd model's compression policy serves chunks vLLM cannot take (raised at
+    register_kv_caches, so the engine does not start)."""
+
+
+def unservable_policy(client):
+    """Why vLLM cannot take what kvd serves for the client's model, or None. vLLM addresses KV
+    by token position in its blocks, so it takes a raw model or a policy whose dense form keeps
+    one slot per position (kvd's keeps_positions: quantize alone, KVSlimmer alone); and a
+    connector sees no queries, so a policy that needs window queries with each put is out."""
+    if client.codec_id == 0:
+        return None
+    if not client.keeps_positions:
+        return ("its compression policy removes token positions (" + client.policy + "), and "
+                "vLLM keeps one KV slot per position")
+    if client.needs_queries:
+        return ("its compression policy needs the window queries of each put (" +
+                client.policy + "), which vLLM does not hand a KV connector")
+    return None
+
+
 class _BackedOff(ConnectionError):
     """kvd failed moments ago: no new connection is tried before the back-off ends."""
 
@@ -202,7 +223,15 @@ class KvdConnector(KVConnectorBase_V1):
         self._cfg = _extra(vllm_config)
         self._block_size = int(vllm_config.cache_config.block_size)
         self._async_load = _flag(self._cfg.get("kvd_async_load", True))
+        # kv_consumer (a decode instance) loads and never saves; kv_producer (a prefill
+        # instance) and kv_both save, and load the prefixes kvd already holds.
+        kv_role = getattr(vllm_config.kv_transfer_config, "kv_role", "kv_both") or "kv_both"
+        if kv_role not in ("kv_both", "kv_producer", "kv_consumer"):
+            raise ValueError(f"kv_role {kv_role!r}: kvd's connector takes kv_both, kv_producer "
+                             "or kv_consumer")
+        self._saves_enabled = kv_role != "kv_consumer"
         self._client = None
+        self._dense = False         # kvd serves compact chunks: loads expand them (get_dense)
         self._chunk_tokens = 0      # kvd's, known from the first connection
         self._layout = None         # kvd's model layout (dict), from the first connection
         self._timeout_ms = int(self._cfg.get("kvd_timeout_ms", DEFAULT_TIMEOUT_MS))
@@ -248,11 +277,19 @@ class KvdConnector(KVConnectorBase_V1):
             client.close()
             raise ValueError(f"kvd chunk_tokens {client.chunk_tokens} is not a multiple "
                              f"of vLLM's block_size {self._block_size}")
+        why = unservable_policy(client)
+        if why is not None:
+            client.close()
+            raise UnsupportedPolicyError(
+                f"kvd model {cfg['kvd_model']!r}: {why}. Serve it raw (compression: off) or "
+                "with a policy that keeps positions, e.g. compression: {stages: [quantize]} "
+                "(docs/vllm.md, Compression)")
         self._chunk_tokens = client.chunk_tokens
         self._layout = client.layout
+        self._dense = client.codec_id != 0
         return client
 
-    def _connect(self):
+    def _connect(self, strict=False):
         """The main connection. Raises _BackedOff where connecting fails (logged) and until the
         back-off (_Reconnect) lets the next attempt go: each call would otherwise wait for a
         refused or unanswered connect."""
@@ -260,6 +297,11 @@ class KvdConnector(KVConnectorBase_V1):
             self._reconnect.check()
             try:
                 self._client = self._new_client()
+            except UnsupportedPolicyError as e:
+                if strict:
+                    raise  # at register_kv_caches: the engine does not start
+                self._drop_client("connect", e)  # a kvd restarted under another policy
+                raise _BackedOff(str(e)) from e
             except kvd.Error as e:
                 self._drop_client("connect", e)
                 raise _BackedOff(str(e)) from e
@@ -377,7 +419,8 @@ class KvdConnector(KVConnectorBase_V1):
             done = max(num_computed, plan.load_end)
             state.saved_chunks = max(state.saved_chunks, done // chunk)
             full = min(num_computed + num_scheduled, len(state.token_ids)) // chunk
-            plan.save_chunks = list(range(state.saved_chunks, full))
+            if self._saves_enabled:
+                plan.save_chunks = list(range(state.saved_chunks, full))
             state.saved_chunks = max(state.saved_chunks, full)
         return plan
 
@@ -404,7 +447,7 @@ class KvdConnector(KVConnectorBase_V1):
         self._kv_caches = dict(kv_caches)
         names = list(self._kv_caches)
         self._layer_index = {name: i for i, name in enumerate(sorted(names, key=_layer_order))}
-        c = self._connect()
+        c = self._connect(strict=True)
         layout = c.layout
         heads, head_dim = int(layout["num_kv_heads"]), int(layout["head_dim"])
         dtype_bytes = _DTYPE_BYTES[layout["dtype"]]
@@ -484,7 +527,14 @@ class KvdConnector(KVConnectorBase_V1):
             held = min(int(hit.matched_chunks), last_chunk)
             for ci in range(plan.load_start // chunk, held):
                 buf = np.empty(c.chunk_bytes, np.uint8)
-                c.get(hit.lease_id, ci, buf)
+                if self._dense:  # compact chunks, expanded to one slot per position
+                    _, tokens = c.get_dense(hit.lease_id, ci, buf)
+                    if tokens != chunk:
+                        raise kvd.FailedPreconditionError(
+                            5, "FAILED_PRECONDITION", f"chunk {ci} expands to {tokens} tokens, "
+                            f"not {chunk}: kvd's policy no longer keeps positions")
+                else:
+                    c.get(hit.lease_id, ci, buf)
                 staged[ci] = buf
         finally:
             if hit.lease_id:

@@ -15,6 +15,7 @@
 #include "binding.h"
 #include "buffers.h"
 #include "kvd/client/client.h"
+#include "kvd/client/expand.h"
 #include "kvd/client/json.h"
 
 namespace py = pybind11;
@@ -282,6 +283,14 @@ PYBIND11_MODULE(_kvd, m) {
                                Client& c = self.get();
                                return c.session().shared_memory;
                              })
+      .def_property_readonly("codec_id",
+                             [](PyClient& self) { return self.get().session().codec_id; })
+      .def_property_readonly("policy",
+                             [](PyClient& self) { return self.get().session().policy; })
+      .def_property_readonly("needs_queries",
+                             [](PyClient& self) { return self.get().session().needs_queries; })
+      .def_property_readonly("keeps_positions",
+                             [](PyClient& self) { return self.get().session().keeps_positions; })
       .def_property_readonly("connected",
                              [](PyClient& self) { return self.client && self.client->connected(); })
       .def(
@@ -380,6 +389,21 @@ PYBIND11_MODULE(_kvd, m) {
               r = c.Get(lease_id, chunk_index, v.data(), v.size());
             }
             return Check(std::move(r));
+          },
+          py::arg("lease_id"), py::arg("chunk_index"), py::arg("out"))
+      .def(
+          "get_dense",
+          [](PyClient& self, uint64_t lease_id, uint32_t chunk_index, py::handle out) {
+            Client& c = self.get();
+            BufferView v = View(out, /*writable=*/true, "out");
+            StatusOr<kvd::client::GetResult> r = Status::Internal("");
+            int64_t tokens = 0;
+            {
+              py::gil_scoped_release nogil;
+              r = kvd::client::GetDense(c, lease_id, chunk_index, v.data(), v.size(), &tokens);
+            }
+            kvd::client::GetResult got = Check(std::move(r));
+            return py::make_tuple(got, tokens);
           },
           py::arg("lease_id"), py::arg("chunk_index"), py::arg("out"))
       .def(

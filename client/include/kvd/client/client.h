@@ -439,6 +439,10 @@ struct SessionInfo {
   uint32_t window_tokens = 0;
   bool needs_queries = false;
   uint64_t calibration_version = 0;
+  // Every chunk's dense form (kvd/client/expand.h) has one K/V slot per token position: true for
+  // a raw model and for a policy that merges or quantizes without evicting (false with an older
+  // daemon). What an engine that addresses KV by position (vLLM's paged blocks) can take.
+  bool keeps_positions = false;
   // ClientOptions::nccl: the link is joined; what carries its bytes (e.g. "NCCL 2.28.3") and
   // kvd's CUDA device on it.
   bool nccl = false;

@@ -121,4 +121,15 @@ Status GetDenseLayerwise(Client& client, uint64_t lease_id, uint32_t count,
                          const std::function<void(int layer)>& on_layer, int64_t* tokens,
                          void* cuda_stream = nullptr);
 
+// One chunk of a lease in the raw chunk layout (common/layout.h), whatever it is stored as: a
+// raw chunk is copied as it is, a compact one expanded to its dense form (the VECTOR weights it
+// needs fetched, cached by the client). For engines that address KV by token position; with
+// SessionInfo::keeps_positions every chunk's dense form has the raw chunk's tokens. `out` is
+// host memory of `capacity` bytes. The result is the Get's (checksum verified, tokens of the
+// raw chunk, codec id, stored form) with `bytes` the dense bytes written; *dense_tokens (when
+// given) = the tokens written. Errors of Get, GetVectorWeights and Open; FAILED_PRECONDITION
+// when the heads expand to different token counts; OUT_OF_RANGE when capacity is too small.
+StatusOr<GetResult> GetDense(Client& client, uint64_t lease_id, uint32_t chunk_index, void* out,
+                             size_t capacity, int64_t* dense_tokens = nullptr);
+
 }  // namespace kvd::client

@@ -33,7 +33,7 @@ std::string EventToJson(const KvEvent& event, int indent = -1);
 std::string EventToText(const KvEvent& event);
 // What the daemon granted at the handshake: {"session_id","daemon_version","node",
 //  "chunk_tokens","max_frame_bytes","max_chunk_bytes","transport","shared_memory","read_only",
-//  "codec_id","policy","window_tokens","needs_queries","nccl"}
+//  "codec_id","policy","window_tokens","needs_queries","keeps_positions","nccl"}
 std::string SessionToJson(const SessionInfo& session, int indent = 2);
 // {"code":"NOT_FOUND","message":...}
 std::string StatusToJson(const Status& status, int indent = 2);

@@ -192,7 +192,8 @@ static inline void kvd_config_init(kvd_config* config) {
 int kvd_client_connect(const kvd_config* config, kvd_client** out);
 /* What the daemon granted at the handshake, as JSON: {"session_id","daemon_version","node",
  * "chunk_tokens","max_frame_bytes","max_chunk_bytes","transport","shared_memory","read_only",
- * "codec_id","policy","window_tokens","needs_queries","nccl"}. Free *json with kvd_free_string. */
+ * "codec_id","policy","window_tokens","needs_queries","keeps_positions","nccl"}. Free *json with
+ * kvd_free_string. */
 int kvd_client_session_json(kvd_client* client, char** json);
 /* Says goodbye and frees the client. NULL is ignored. */
 void kvd_client_close(kvd_client* client);

@@ -97,6 +97,11 @@ struct CompressionPolicy {
   bool Quantizes() const { return quant_format != "none"; }
   // True when a stage needs the window queries (snapkv, pyramidkv, kvslimmer).
   bool NeedsQueries() const;
+  // True when the dense expansion of every chunk has one slot per token position of the raw
+  // chunk: nothing is removed (p_c 0, e.g. `[quantize]` alone) or KVSlimmer alone merges every
+  // token into a slot. A score stage with p_c > 0 evicts tokens (so does the hybrid, whose
+  // merge groups are capped at max_group).
+  bool KeepsPositions() const;
   // The stages and every parameter that changes the stored bytes, as one line (worker_threads,
   // queue_depth and device are not part of it), e.g.
   // "v1 score=snapkv merge=none route=none p_c=0.5 window=32 sinks=4 ...".
