@@ -21,7 +21,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
-build=${KVD_BUILD_DIR:-build}
+build=$(realpath "${KVD_BUILD_DIR:-build}")
 venv=${KVD_VLLM_VENV:-$repo/.cache/vllm-venv}
 model=${KVD_VLLM_MODEL:-$repo/models-cache/SmolLM2-135M-Instruct-hf}
 port=${KVD_DISAGG_PORT:-8000}
@@ -73,7 +73,7 @@ connector() {  # the kv-transfer-config of one instance
 EOF
 }
 start_vllm() {  # name port role
-  PYTHONPATH="$repo/$build/python" VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} \
+  PYTHONPATH="$build/python" VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} \
     HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
     "$venv/bin/python" -m vllm.entrypoints.openai.api_server --model "$model" \
     --served-model-name smollm2 --port "$2" --host 127.0.0.1 \

@@ -139,6 +139,11 @@ def main():
               f"{med(n, 'got_bytes') / mib:>6.1f}MiB")
     print(f"medians of {a.repeats}; decode tok/s: with kvd (recomputing); "
           f"{a.gen} tokens generated per request")
+    # Every prompt the prefill instance saved must have been loaded by the decode instance.
+    missed = [s for s in samples if s["got_bytes"] < s["put_bytes"] or s["put_bytes"] == 0]
+    if missed:
+        raise SystemExit(f"the decode instance did not load what the prefill instance put: "
+                         f"{missed}")
 
 
 if __name__ == "__main__":
