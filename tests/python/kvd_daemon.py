@@ -28,6 +28,9 @@ models:
     layout: {{layers: 30, kv_heads: 3, q_heads: 9, head_dim: 64, dtype: bfloat16,
              rope: {{theta: 100000, pairing: halves, scaling: none}}}}
     compression: {smollm_compression}
+  - name: smollm2-135m-f32
+    layout: {{layers: 30, kv_heads: 3, q_heads: 9, head_dim: 64, dtype: float32,
+             rope: {{theta: 100000, pairing: halves, scaling: none}}}}
 chunk_tokens: {chunk_tokens}
 tiers:
   host: {{capacity: {capacity}, prefault: false{host_extra}}}

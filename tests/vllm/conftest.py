@@ -18,7 +18,13 @@ sys.path.insert(0, os.path.join(HERE, "..", "support"))
 import tied_popen  # noqa: E402
 from kvd_daemon import KvdDaemon  # noqa: E402
 
-KVD_MODEL = "smollm2-135m"
+# The engines compute in float32: vLLM's CPU kernels round bfloat16 differently for other batch
+# shapes on some instruction sets (measured on an AVX-512 Xeon: first-token log-probs 0.1 apart
+# for a prompt that loads nothing, only batched differently, and a greedy token flipped), which
+# would hide a misplaced token behind rounding noise or fail on none. In float32 that noise is
+# ~1e-5, so the tests can ask for equal tokens and log-probs within 0.01.
+DTYPE = "float32"
+KVD_MODEL = "smollm2-135m-f32"
 RUNNER = os.path.join(HERE, "vllm_runner.py")
 CHUNK = 256  # kvd chunk_tokens of the test daemons
 BLOCK = 128  # vLLM's block_size on its CPU backend
@@ -38,14 +44,15 @@ def daemon():
     d.stop()
 
 
-def kvd_config(daemon, **extra):
-    return {"kvd_address": daemon.address, "kvd_model": KVD_MODEL, "kvd_ucx_tls": "sm,tcp",
+def kvd_config(daemon, model=KVD_MODEL, **extra):
+    return {"kvd_address": daemon.address, "kvd_model": model, "kvd_ucx_tls": "sm,tcp",
             "kvd_net_devices": "lo", **extra}
 
 
 def run_engine(tmp_path, name, steps, kvd=None, timeout_s=420, **job):
     """Runs one vLLM engine process through `steps`; returns its output (vllm_runner.py)."""
     job = {"model": model_dir(), "kvd": kvd, "steps": steps, **job}
+    job["engine"] = {"dtype": DTYPE, **job.get("engine", {})}
     job_path, out_path = tmp_path / f"{name}.job.json", tmp_path / f"{name}.out.json"
     log_path = tmp_path / f"{name}.log"
     job_path.write_text(json.dumps(job))

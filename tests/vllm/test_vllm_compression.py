@@ -22,7 +22,12 @@ import os
 
 import pytest
 
-from conftest import CHUNK, KVD_MODEL, kvd_config, model_dir, run_engine
+from conftest import CHUNK, kvd_config, model_dir, run_engine
+
+# bfloat16, the model's own dtype (and the byte ratios a deployment sees); the comparisons are
+# statistical, so the batch-shape rounding of bfloat16 is part of what they measure.
+KVD_MODEL = "smollm2-135m"
+BF16 = {"dtype": "bfloat16"}
 from kvd_daemon import KvdDaemon
 
 CONTEXT = 3 * CHUNK  # tokens of each segment vLLM loads from kvd
@@ -72,7 +77,8 @@ def perplexity(logprobs):
 def reference(tmp_path_factory):
     segs = text_segments()
     ref = run_engine(tmp_path_factory.mktemp("ref"), "ref",
-                     [{"generate": "q", "prompts": segs, "max_tokens": 1, "prompt_logprobs": 1}])
+                     [{"generate": "q", "prompts": segs, "max_tokens": 1, "prompt_logprobs": 1}],
+                     engine=BF16)
     return segs, [scored(r, s) for r, s in zip(ref["results"]["q"], segs)]
 
 
@@ -84,12 +90,14 @@ def test_quantized_chunks_through_vllm_cost_little_perplexity(tmp_path, referenc
                        smollm_compression=policy)
     try:
         run_engine(tmp_path, "store", [{"generate": "ctx", "prompts": [s[:CONTEXT] for s in segs],
-                                        "max_tokens": 1}], kvd=kvd_config(daemon))
+                                        "max_tokens": 1}], kvd=kvd_config(daemon, KVD_MODEL),
+                 engine=BF16)
         # Without a tokenizer: vLLM leaves the prompt log-probs of loaded positions unset, and
         # detokenizing those fails; the scored positions are the computed ones.
         load = run_engine(tmp_path, "load", [{"generate": "q", "prompts": segs, "max_tokens": 1,
-                                              "prompt_logprobs": 1}], kvd=kvd_config(daemon),
-                          engine={"skip_tokenizer_init": True})
+                                              "prompt_logprobs": 1}],
+                          kvd=kvd_config(daemon, KVD_MODEL),
+                          engine={"skip_tokenizer_init": True, **BF16})
         stats = daemon_stats(daemon)
     finally:
         daemon.stop()
@@ -131,7 +139,7 @@ def test_an_evicting_policy_is_refused_at_engine_start(tmp_path):
     try:
         with pytest.raises(AssertionError) as e:
             run_engine(tmp_path, "evict", [{"generate": "x", "prompts": [[1000] * 300]}],
-                       kvd=kvd_config(daemon))
+                       kvd=kvd_config(daemon, KVD_MODEL), engine=BF16)
     finally:
         daemon.stop()
     message = str(e.value)

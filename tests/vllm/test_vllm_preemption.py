@@ -9,10 +9,10 @@ kvd holds and saving the rest of their chunks from the new blocks. Then a fresh 
 output equals vLLM computing the prompts itself (`ref`), token for token. A chunk saved from
 blocks the request no longer owns would change it.
 
-Chunked prefill computes a prompt in other batch shapes than `ref` does, and bfloat16 matmuls
-of other shapes round differently: the first token's log-probabilities then differ by up to
-~0.12 (measured; the greedy tokens are the same). The bound below is for that noise; KV of
-another request's tokens moves them by whole units."""
+Chunked prefill computes a prompt in other batch shapes than `ref` does, and matmuls of other
+shapes round differently. The engines compute in float32 (conftest.py), where that is ~1e-5;
+in bfloat16 it reached 0.12 and flipped a greedy token on an AVX-512 Xeon. The bound below is
+loose; KV of another request's tokens moves the log-probs by whole units."""
 
 import re
 
