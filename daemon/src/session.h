@@ -27,6 +27,7 @@
 #include "event_hub.h"
 #include "idle_watch.h"
 #include "read_buffer.h"
+#include "reply_writer.h"
 #include "kvd/common/layout.h"
 #include "kvd/proto/frame.h"
 #include "kvd/proto/kvd.capnp.h"
@@ -34,8 +35,6 @@
 #include "server_impl.h"
 
 namespace kvd::daemon {
-
-using Frame = std::vector<uint8_t>;
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -98,23 +97,13 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::awaitable<void> WriteLoop();
   asio::awaitable<void> Teardown();
   void HandleFrame(std::unique_ptr<proto::DecodedMessage> message);
-  // Stores the reply of request `seq`; the writer sends it in order.
+  // Observes the latency of request `seq` if it is timed (Lookup, Commit, InlinePut, Get).
+  void ObserveLatency(uint64_t seq);
+  // Stores the reply of request `seq` (ReplyWriter::Add) and observes its latency if timed.
   void Complete(uint64_t seq, Frame frame);
-  // The same, and the frame's first byte carries `fd` (SCM_RIGHTS; unix socket). Takes the fd
-  // (closed once sent, or when the reply is dropped).
+  // The same, and the frame's first byte carries `fd` (ReplyWriter::AddWithFd; takes the fd).
   void CompleteWithFd(uint64_t seq, Frame frame, int fd);
-  // Sends one whole frame whose first byte carries `fd`.
-  asio::awaitable<boost::system::error_code> WriteWithFd(const Frame& frame, int fd);
   void CompleteError(uint64_t seq, uint64_t request_id, const Status& status);
-  // Moves the replies that are next in order from ready_ to `batch` and counts them written.
-  // With `fd` null it stops before a reply carrying a memfd; otherwise such a reply is taken
-  // alone (its fd into *fd). With `close_now` null it stops before the reply after which the
-  // connection closes; otherwise that reply ends the batch and sets *close_now. Returns how many.
-  size_t TakeReadyReplies(Frame* batch, int* fd, bool* close_now);
-  // Called by the reader after a batch of requests: writes the replies that are ready, next in
-  // order and plain (no memfd, not the closing one) with one non-blocking send, when the writer
-  // is idle; whatever could not be written goes to the writer (unsent_ first), which is woken.
-  void FlushReplies();
   // Close the connection once the reply of `seq` is written; stop reading now.
   void CloseAfter(uint64_t seq);
   // Runs `body` as a handler coroutine (counted, so teardown waits for it).
@@ -289,22 +278,13 @@ class Session : public std::enable_shared_from_this<Session> {
   std::set<uint64_t> active_nccl_sends_;  // the same, over the NCCL link
   uint64_t next_tag_ = 1;
 
-  // Request sequencing and the ordered writer.
-  uint64_t next_seq_ = 0;        // seq of the next request read
-  uint64_t next_write_seq_ = 0;  // seq of the next reply to write
-  std::map<uint64_t, Frame> ready_;
-  std::map<uint64_t, int> ready_fds_;  // seq -> fd its reply carries
-  // Bytes of replies FlushReplies took but could not write at once: the writer sends them first.
-  Frame unsent_;
-  bool writer_busy_ = false;  // WriteLoop is between taking replies and having written them
-  bool dispatching_ = false;  // ReadLoop is handling buffered requests: it flushes their replies
-  std::optional<uint64_t> close_after_seq_;
+  // Request sequencing and the ordered replies.
+  ReplyWriter writer_;
   // Lookup / Commit / Get requests in progress: seq -> (op, steady-clock start in ns), observed
   // into the latency histograms when their reply is completed.
   std::map<uint64_t, std::pair<int, int64_t>> timed_;
   int handlers_running_ = 0;
   bool read_closed_ = false;
-  bool writer_done_ = false;
   bool closed_ = false;
   // Closes the connection when a deadline passes: the handshake (no Hello within
   // limits.handshake_timeout_ms) and a frame's payload (limits.frame_timeout_ms after its
@@ -317,7 +297,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void StartIdleWatch();
   // A frame refused by the frame budget: a WARNING, at most one per 10 s for all sessions.
   void LogFrameRefused(const Status& why);
-  Event writer_event_;
   Event reader_event_;
   Event idle_event_;
   // The event subscription (null until Subscribe) and the pump's wake-up (the hub, the writer).
