@@ -24,6 +24,13 @@ Session::Session(Server::Impl* server, uint64_t id, Socket socket, std::string p
       id_(id),
       socket_(std::move(socket)),
       peer_(std::move(peer)),
+      puts_({.owner = id,
+             .book = server,
+             .host = server->tier(),
+             .reservation_ttl_ms = server->config().limits.reservation_ttl_ms,
+             .expect_transfers =
+                 [this](bool nccl, int64_t delta) { BulkProgress(nccl).ExpectTransfers(delta); },
+             .free_staging = [this](void* staging) { FreeStaging(staging); }}),
       writer_(server->io(), socket_, id, &server->counters().frames_out,
               [this] {
                 reader_event_.Notify();
@@ -86,7 +93,7 @@ void Session::StartIdleWatch() {
       [weak] {
         auto self = weak.lock();
         return self == nullptr || self->subscription_ != nullptr || self->handlers_running_ > 0 ||
-               !self->pending_puts_.empty() || self->writer_.pending() != 0;
+               !self->puts_.empty() || self->writer_.pending() != 0;
       },
       [weak, timeout] {
         auto self = weak.lock();
@@ -344,7 +351,7 @@ asio::awaitable<void> Session::WriteLoop() {
 asio::awaitable<void> Session::Teardown() {
   transport::Transport* t = server_->transport();
   // 1. Stop this client's transfers; their handlers see CANCELLED and finish.
-  for (auto& [id, put] : pending_puts_) {
+  for (const auto& [id, put] : puts_.puts()) {
     if (put.recv.valid()) Bulk(put.nccl)->Cancel(put.recv).IgnoreError();
   }
   for (uint64_t send : active_sends_) t->Cancel(TransferHandle{send}).IgnoreError();
@@ -389,25 +396,18 @@ asio::awaitable<void> Session::Teardown() {
     nccl_peer_ = {};
   }
   uint64_t leaked = 0;
-  int64_t expected = 0;
-  int64_t expected_nccl = 0;
-  for (auto& [reservation, put] : pending_puts_) {
+  const size_t open_puts = puts_.size();
+  while (!puts_.empty()) {
     // A shared-memory put has no transfer: a client killed while writing leaves its reservation
     // here, reclaimed below (never committed, so never visible).
-    if (put.recv.valid()) ++(put.nccl ? expected_nccl : expected);
+    const uint64_t reservation = puts_.puts().begin()->first;
+    const PendingPut put = puts_.puts().begin()->second;
     bool ended = true;
     if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
-    if (ended) FreeStaging(put.staging);  // a receive still in flight keeps its staging
     if (!ended) ++leaked;
-    server_->RetireReservation(reservation,
-                               Status::Aborted("reservation " + std::to_string(reservation) +
-                                               " was reclaimed: its client disconnected"));
+    puts_.EndPut(reservation, {.end = PutEnd::kReclaimed, .transfer_ended = ended});
   }
-  size_t open_puts = pending_puts_.size();
-  server_->progress().ExpectTransfers(-expected);
-  if (expected_nccl != 0) server_->nccl().progress().ExpectTransfers(-expected_nccl);
   shm_reads_.clear();  // ReclaimOwner below ends them
-  pending_puts_.clear();
   // 4. Return everything the client held in the tier.
   storage::ReclaimResult reclaimed;
   if (leaked == 0) {

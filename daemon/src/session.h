@@ -26,6 +26,7 @@
 #include "asio_util.h"
 #include "event_hub.h"
 #include "idle_watch.h"
+#include "put_ledger.h"
 #include "read_buffer.h"
 #include "reply_writer.h"
 #include "kvd/common/layout.h"
@@ -59,37 +60,11 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t id() const { return id_; }
 
  private:
-  struct PendingPut {
-    transport::TransferHandle recv;  // invalid for a shared-memory put (the client copies)
-    uint64_t tag = 0;
-    uint64_t bytes = 0;
-    int64_t deadline_ns = 0;
-    bool busy = false;  // a Commit, Abort or expiry owns it
-    // The client wrote the bytes into the slot itself (shared memory) and checksummed them in
-    // the same pass: its Commit is verified only with tiers.host.verify_shm_commits.
-    bool written_in_place = false;
-    // Set for a model with a compression policy: the put is compressed on Commit.
-    std::shared_ptr<void> ticket;  // ChunkCodec admission, held until the put ends
-    std::byte* data = nullptr;     // the reservation's bytes
-    storage::ChunkKey key;         // as reserved (codec id at Reserve time)
-    uint32_t tokens = 0;
-    uint64_t first_position = 0;
-    uint32_t window = 0;
-    // Over the NCCL link (Reserve.overNccl): `recv` is the link's, into `staging` (device memory
-    // of the link, freed once the receive ended), copied into `data` before the commit.
-    bool nccl = false;
-    void* staging = nullptr;
-    // Reserved ahead by a Commit's reserveNext (HelloReply.reserveAhead): no chunk yet; `key`
-    // holds the session's namespace/model/codec with no hash, `tokens` 0, until the Commit that
-    // fills it names the chunk (NameHeldPut).
-    bool ahead = false;
-  };
-
   // A put's checks passed and its space is reserved (or the chunk exists already).
   struct ReservedPut {
     bool already_stored = false;  // dedup: nothing reserved
     storage::Reservation reservation;
-    PendingPut put;  // not yet in pending_puts_
+    PendingPut put;  // not yet in the ledger
   };
 
   // ---- I/O (session.cc) ----
@@ -152,7 +127,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // writing session, a model without a compression policy.
   bool ReservesAhead() const;
   // A slot of `bytes` for this session's next put, not yet for a chunk (HostTier::ReserveAhead),
-  // held in pending_puts_ like a Reserve's: its reservation and where it lies. Declined (nullopt,
+  // held in the put ledger like a Reserve's: its reservation and where it lies. Declined (nullopt,
   // counted) for a size no chunk of the model has, or without headroom.
   struct HeldSlot {
     uint64_t reservation = 0;
@@ -165,9 +140,6 @@ class Session : public std::enable_shared_from_this<Session> {
   // Reserve.abortFirst: aborts `reservation` if it is a slot this session holds ahead and no
   // request owns it (else skipped).
   void AbortHeldSlot(uint64_t reservation);
-  // Aborts a pending shared-memory put now (no transfer to cancel) and retires its id with
-  // `why`.
-  void DropPendingShmPut(uint64_t reservation, const std::string& why);
   void HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader reserve);
   // One-exchange put of a small chunk: ReservePut, copy the frame's bytes into the reservation,
   // then the Commit path (FinishCommit) with the given checksum; answered with CommitReply.
@@ -195,8 +167,6 @@ class Session : public std::enable_shared_from_this<Session> {
                                   transport::TransferHandle send, bool nccl = false,
                                   void* staging = nullptr);
   asio::awaitable<void> ExpirePut(uint64_t reservation);
-  // Forgets a pending put (and its expected transfer).
-  void ErasePendingPut(uint64_t reservation);
   // Shared-memory sessions: where region offset `offset` lies (segment, offset in it,
   // generation), and the segment's memfd if this client has not got its current generation yet
   // (fd -1 otherwise). INTERNAL if the segment does not belong to this session's namespace.
@@ -214,8 +184,6 @@ class Session : public std::enable_shared_from_this<Session> {
   // Request.releaseLeases: ends those of `leases` that are live leases of this connection (no
   // reply of their own).
   void ReleaseLeasesOf(capnp::List<uint64_t>::Reader leases);
-  // Error for a Commit/Abort of a reservation this session does not hold.
-  Status UnknownReservation(uint64_t reservation) const;
   // FAILED_PRECONDITION unless Hello (engine role) succeeded.
   Status RequireEngine(const char* op) const;
   // The client's transport endpoint, Connecting it first if this session has none yet
@@ -271,8 +239,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::map<uint32_t, uint64_t> shm_sent_;  // segment -> generation whose memfd the client got
   std::set<uint64_t> shm_reads_;           // reads of shared-memory Gets not yet released
 
-  // Puts between Reserve and Commit/Abort/expiry, by reservation id.
-  std::map<uint64_t, PendingPut> pending_puts_;
+  // Puts between Reserve and their end (put_ledger.h).
+  PutLedger puts_;
   // Sends of Gets in flight (cancelled at teardown).
   std::set<uint64_t> active_sends_;
   std::set<uint64_t> active_nccl_sends_;  // the same, over the NCCL link

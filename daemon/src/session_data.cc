@@ -704,9 +704,7 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
   }
   put.recv = *recv;
   put.tag = tag;
-  pending_puts_[reservation->id] = put;
-  BulkProgress(over_nccl).ExpectTransfers(1);  // its bytes are due: keep polling the transport
-  server_->RegisterReservation(reservation->id, id_);
+  puts_.File(reservation->id, put);  // its bytes are due: the transport is polled for them
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initReserve();
              reply.setReservationId(reservation->id);
@@ -739,27 +737,9 @@ void Session::HandleInlinePut(uint64_t seq, uint64_t rid, proto::InlinePut::Read
   // client's threshold are small; the frame limit bounds the rest).
   std::memcpy(put.data, data.begin(), data.size());
   put.busy = true;  // committed at once: never expired, aborted or committed by a request
-  pending_puts_[id] = std::move(put);
-  server_->RegisterReservation(id, id_);
+  puts_.File(id, std::move(put));
   ++server_->counters().puts_inline;
   SpawnHandler(FinishCommit(seq, rid, id, checksum));
-}
-
-void Session::ErasePendingPut(uint64_t reservation) {
-  auto it = pending_puts_.find(reservation);
-  if (it == pending_puts_.end()) return;
-  if (it->second.recv.valid()) BulkProgress(it->second.nccl).ExpectTransfers(-1);
-  pending_puts_.erase(it);
-}
-
-Status Session::UnknownReservation(uint64_t reservation) const {
-  if (reservation == 0) return Status::InvalidArgument("reservation id 0 (none)");
-  if (auto reason = server_->RetiredReason(reservation)) return *reason;
-  if (uint64_t owner = server_->ReservationOwner(reservation); owner != 0) {
-    return Status::NotFound("reservation " + std::to_string(reservation) +
-                            " belongs to another connection");
-  }
-  return Status::NotFound("unknown reservation " + std::to_string(reservation));
 }
 
 void Session::HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader commit) {
@@ -770,20 +750,16 @@ void Session::HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader com
   const bool ahead_offered = ReservesAhead();
   const bool names_chunk = ahead_offered && commit.hasChunk();
   const uint64_t reserve_next = ahead_offered ? commit.getReserveNext() : 0;
-  auto it = pending_puts_.find(reservation);
-  if (it == pending_puts_.end()) return CompleteError(seq, rid, UnknownReservation(reservation));
-  if (it->second.busy) {
-    return CompleteError(seq, rid,
-                         Status::FailedPrecondition("reservation " + std::to_string(reservation) +
-                                                    " is already being committed or aborted"));
-  }
+  auto found = puts_.FindIdle(reservation);
+  if (!found.ok()) return CompleteError(seq, rid, found.status());
+  PendingPut* put = *found;
   const std::string name = "reservation " + std::to_string(reservation);
-  if (names_chunk && !it->second.ahead) {
+  if (names_chunk && !put->ahead) {
     return CompleteError(seq, rid,
                          Status::InvalidArgument(name + " was made by Reserve for its chunk: " +
                                                  "Commit.chunk names only a slot held ahead"));
   }
-  if (it->second.ahead) {
+  if (put->ahead) {
     Status named =
         names_chunk
             ? NameHeldPut(reservation, commit.getChunk())
@@ -791,11 +767,11 @@ void Session::HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader com
                                       "Commit must name the chunk it holds (Commit.chunk)");
     if (!named.ok()) {
       // The bytes cannot be stored under any name: the slot goes, and says why.
-      DropPendingShmPut(reservation, "was aborted: its commit was refused: " + named.ToString());
+      puts_.EndPut(reservation, {.end = PutEnd::kCommitRefused, .cause = named});
       return CompleteError(seq, rid, named);
     }
   }
-  it->second.busy = true;
+  put->busy = true;
   SpawnHandler(FinishCommit(seq, rid, reservation, checksum, reserve_next));
 }
 
@@ -811,8 +787,7 @@ StatusOr<Session::ShmRef> Session::HoldShmSlot(uint64_t id, uint64_t offset, Pen
     return ref.status();
   }
   put.written_in_place = true;
-  pending_puts_[id] = std::move(put);
-  server_->RegisterReservation(id, id_);
+  puts_.File(id, std::move(put));
   return ref;
 }
 
@@ -849,7 +824,7 @@ std::optional<Session::HeldSlot> Session::ReserveAheadFor(uint64_t bytes) {
 }
 
 Status Session::NameHeldPut(uint64_t reservation, proto::Reserve::Reader chunk) {
-  PendingPut& put = pending_puts_.at(reservation);
+  PendingPut& put = *puts_.Find(reservation);
   const Hash128 hash = proto::FromProto(chunk.getChunkHash());
   const uint32_t tokens = chunk.getTokens();
   const uint64_t bytes = chunk.getBytes();
@@ -876,23 +851,16 @@ Status Session::NameHeldPut(uint64_t reservation, proto::Reserve::Reader chunk) 
 }
 
 void Session::AbortHeldSlot(uint64_t reservation) {
-  auto it = pending_puts_.find(reservation);
-  if (it == pending_puts_.end() || !it->second.ahead || it->second.busy) return;
-  DropPendingShmPut(reservation, "was aborted by its client (Reserve.abortFirst)");
+  const PendingPut* put = puts_.Find(reservation);
+  if (put == nullptr || !put->ahead || put->busy) return;
+  puts_.EndPut(reservation, {.end = PutEnd::kAbortFirst});
   ++server_->counters().reserve_ahead_aborted;
-}
-
-void Session::DropPendingShmPut(uint64_t reservation, const std::string& why) {
-  ErasePendingPut(reservation);
-  server_->tier()->Abort(reservation).IgnoreError();
-  server_->RetireReservation(
-      reservation, Status::Aborted("reservation " + std::to_string(reservation) + " " + why));
 }
 
 asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t reservation,
                                             uint64_t checksum, uint64_t reserve_next) {
   auto self = shared_from_this();  // keep alive across suspension
-  PendingPut put = pending_puts_.at(reservation);
+  const PendingPut put = *puts_.Find(reservation);
   const int64_t timeout_ms = server_->config().limits.transfer_timeout_ms;
   storage::HostTier* tier = server_->tier();
   // Every store of a committed chunk goes through the tier manager (durable with a disk tier).
@@ -1027,13 +995,9 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
   } else if (put.recv.valid()) {
     Bulk(put.nccl)->Release(put.recv).IgnoreError();
   }
-  if (ended) FreeStaging(put.staging);  // copied out (or failed): the device bytes are done
-  ErasePendingPut(reservation);
   if (!status.ok()) {
-    if (ended) tier->Abort(reservation).IgnoreError();
-    server_->RetireReservation(reservation,
-                               Status::Aborted("reservation " + std::to_string(reservation) +
-                                               " failed: " + status.ToString()));
+    puts_.EndPut(reservation,
+                 {.end = PutEnd::kTransferFailed, .cause = status, .transfer_ended = ended});
     CompleteError(seq, rid, status);
     co_return;
   }
@@ -1055,9 +1019,7 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
       if (put.ahead) ++server_->counters().puts_copied_for_nothing;
     }
     if (put.ahead) ++server_->counters().puts_reserved_ahead;
-    server_->RetireReservation(
-        reservation, Status::FailedPrecondition("reservation " + std::to_string(reservation) +
-                                                " is already committed"));
+    puts_.EndPut(reservation, {.end = PutEnd::kCommitted});
     const std::optional<HeldSlot> next =
         reserve_next > 0 ? ReserveAheadFor(reserve_next) : std::nullopt;
     const bool dedup_ahead = put.ahead && !status.ok();
@@ -1086,68 +1048,42 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
     server_->MaybeDemote();
     co_return;
   }
-  server_->RetireReservation(reservation,
-                             Status::Aborted("reservation " + std::to_string(reservation) +
-                                             " failed: " + status.ToString()));
+  puts_.EndPut(reservation, {.end = PutEnd::kCommitFailed, .cause = status});
   CompleteError(seq, rid, status);
 }
 
 void Session::HandleAbort(uint64_t seq, uint64_t rid, proto::Abort::Reader abort) {
   const uint64_t reservation = abort.getReservationId();
   if (Status s = RequireEngine("Abort"); !s.ok()) return CompleteError(seq, rid, s);
-  auto it = pending_puts_.find(reservation);
-  if (it == pending_puts_.end()) return CompleteError(seq, rid, UnknownReservation(reservation));
-  if (it->second.busy) {
-    return CompleteError(seq, rid,
-                         Status::FailedPrecondition("reservation " + std::to_string(reservation) +
-                                                    " is already being committed or aborted"));
-  }
-  it->second.busy = true;
+  auto put = puts_.FindIdle(reservation);
+  if (!put.ok()) return CompleteError(seq, rid, put.status());
+  (*put)->busy = true;
   SpawnHandler(FinishAbort(seq, rid, reservation));
 }
 
 asio::awaitable<void> Session::FinishAbort(uint64_t seq, uint64_t rid, uint64_t reservation) {
   auto self = shared_from_this();
-  PendingPut put = pending_puts_.at(reservation);
+  const PendingPut put = *puts_.Find(reservation);
   bool ended = true;
   if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
-  if (ended) FreeStaging(put.staging);
-  ErasePendingPut(reservation);
-  if (ended) server_->tier()->Abort(reservation).IgnoreError();
-  server_->RetireReservation(
-      reservation,
-      Status::Aborted("reservation " + std::to_string(reservation) + " was aborted by its client"));
+  puts_.EndPut(reservation, {.end = PutEnd::kAbortedByClient, .transfer_ended = ended});
   Complete(seq, MakeAck(rid));
 }
 
 void Session::ExpireReservations(int64_t now_ns) {
-  if (read_closed_ || closed_) return;  // the teardown owns pending_puts_ now
-  std::vector<uint64_t> expired;
-  for (auto& [id, put] : pending_puts_) {
-    if (!put.busy && put.deadline_ns < now_ns) {
-      put.busy = true;
-      expired.push_back(id);
-    }
-  }
-  for (uint64_t id : expired) SpawnHandler(ExpirePut(id));
+  if (read_closed_ || closed_) return;  // the teardown owns the ledger now
+  for (uint64_t id : puts_.ClaimExpired(now_ns)) SpawnHandler(ExpirePut(id));
 }
 
 asio::awaitable<void> Session::ExpirePut(uint64_t reservation) {
   auto self = shared_from_this();
-  PendingPut put = pending_puts_.at(reservation);
+  const PendingPut put = *puts_.Find(reservation);
   bool ended = true;
   if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
-  if (ended) FreeStaging(put.staging);
-  ErasePendingPut(reservation);
-  if (ended) server_->tier()->Abort(reservation).IgnoreError();
+  puts_.EndPut(reservation, {.end = PutEnd::kExpired, .transfer_ended = ended});
   ++server_->counters().reservations_expired;
-  const int64_t ttl = server_->config().limits.reservation_ttl_ms;
   KVD_LOG(INFO) << "reservation expired" << Kv("session", id_) << Kv("client", client_id_)
                 << Kv("reservation", reservation) << Kv("bytes", put.bytes);
-  server_->RetireReservation(
-      reservation,
-      Status::Aborted("reservation " + std::to_string(reservation) +
-                      " expired: not committed within " + std::to_string(ttl) + " ms"));
 }
 
 void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
