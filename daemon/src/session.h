@@ -25,6 +25,7 @@
 
 #include "asio_util.h"
 #include "event_hub.h"
+#include "hello_check.h"
 #include "idle_watch.h"
 #include "put_ledger.h"
 #include "read_buffer.h"
@@ -105,7 +106,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // ---- requests (session_data.cc) ----
   Status Dispatch(uint64_t seq, proto::Request::Reader request);
+  // CheckHello (hello_check.h), then AnswerHello, or the refusal and close.
   void HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello);
+  // Applies a Hello's grant to this session and answers with HelloReply.
+  void AnswerHello(uint64_t seq, uint64_t rid, Grant grant);
   void HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader lookup);
   void CompleteLookup(uint64_t seq, uint64_t rid, const StatusOr<storage::LookupResult>& result,
                       int64_t ttl);
@@ -191,8 +195,6 @@ class Session : public std::enable_shared_from_this<Session> {
   StatusOr<transport::PeerHandle> TransportPeer();
   // Admin requests (List, Evict) need the admin role.
   Status RequireAdmin(const char* op) const;
-  // The handshake's token / peer check for `role` in `name_space` (see AuthOptions).
-  Status Authenticate(bool engine, const std::string& name_space, const std::string& token) const;
 
   // ---- admin (session_admin.cc) ----
   void HandleStats(uint64_t seq, uint64_t rid);
