@@ -26,6 +26,7 @@
 #include "metrics_http.h"
 #include "nccl_link.h"
 #include "progress_loop.h"
+#include "put_ledger.h"
 #include "read_buffer.h"
 #include "shm_arena.h"
 
@@ -69,7 +70,7 @@ struct DaemonCounters {
   uint64_t nccl_refused = 0;          // NcclConnects refused: the daemon cannot run NCCL
 };
 
-class Server::Impl {
+class Server::Impl : public ReservationBook {
  public:
   Impl(DaemonConfig config, ServerDeps deps);
   ~Impl();
@@ -117,14 +118,11 @@ class Server::Impl {
   // false, or the arena has a single segment, which would put every namespace in one memfd).
   ShmArena* shm() { return shm_.get(); }
 
-  // Reservation ids are unique in the tier; sessions register the ones they hold so that a
-  // Commit from another connection, or a late one, gets a precise error.
-  void RegisterReservation(uint64_t id, uint64_t session_id);
-  // Forgets an open reservation and remembers why it ended (bounded memory).
-  void RetireReservation(uint64_t id, Status why);
-  // The session holding `id` (0 if none) and, if retired, why.
-  uint64_t ReservationOwner(uint64_t id) const;
-  std::optional<Status> RetiredReason(uint64_t id) const;
+  // ReservationBook (put_ledger.h): who holds each reservation id, why a retired one ended.
+  void RegisterReservation(uint64_t id, uint64_t session_id) override;
+  void RetireReservation(uint64_t id, Status why) override;
+  uint64_t ReservationOwner(uint64_t id) const override;
+  std::optional<Status> RetiredReason(uint64_t id) const override;
 
   void SessionClosed(uint64_t session_id);
   // Session `session_id` completed its Hello (Admission: it no longer counts as handshaking).

@@ -24,9 +24,20 @@ Session::Session(Server::Impl* server, uint64_t id, Socket socket, std::string p
       id_(id),
       socket_(std::move(socket)),
       peer_(std::move(peer)),
+      puts_({.owner = id,
+             .book = server,
+             .host = server->tier(),
+             .reservation_ttl_ms = server->config().limits.reservation_ttl_ms,
+             .expect_transfers =
+                 [this](bool nccl, int64_t delta) { BulkProgress(nccl).ExpectTransfers(delta); },
+             .free_staging = [this](void* staging) { FreeStaging(staging); }}),
+      writer_(server->io(), socket_, id, &server->counters().frames_out,
+              [this] {
+                reader_event_.Notify();
+                events_event_.Notify();
+              }),
       read_deadline_(server->io()),
       idle_(server->io()),
-      writer_event_(server->io()),
       reader_event_(server->io()),
       idle_event_(server->io()),
       events_event_(server->io()) {}
@@ -59,7 +70,7 @@ void Session::ArmReadDeadline(int64_t ms, const char* why) {
 
 void Session::Displace(const Status& why) {
   if (closed_ || read_closed_) return;
-  uint64_t seq = next_seq_++;
+  uint64_t seq = writer_.NextSeq();
   CompleteError(seq, 0, why);
   CloseAfter(seq);
 }
@@ -82,7 +93,7 @@ void Session::StartIdleWatch() {
       [weak] {
         auto self = weak.lock();
         return self == nullptr || self->subscription_ != nullptr || self->handlers_running_ > 0 ||
-               !self->pending_puts_.empty() || self->next_seq_ != self->next_write_seq_;
+               !self->puts_.empty() || self->writer_.pending() != 0;
       },
       [weak, timeout] {
         auto self = weak.lock();
@@ -103,66 +114,29 @@ void Session::Close(const std::string& reason) {
   boost::system::error_code ec;
   socket_.shutdown(asio::socket_base::shutdown_both, ec);
   socket_.close(ec);
+  writer_.Stop();
   reader_event_.Notify();
-  writer_event_.Notify();
   events_event_.Notify();
 }
 
+void Session::ObserveLatency(uint64_t seq) {
+  auto it = timed_.find(seq);
+  if (it == timed_.end()) return;
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  server_->metrics().Observe(static_cast<LatencyOp>(it->second.first), now - it->second.second);
+  timed_.erase(it);
+}
+
 void Session::Complete(uint64_t seq, Frame frame) {
-  if (auto it = timed_.find(seq); it != timed_.end()) {
-    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch())
-                            .count();
-    server_->metrics().Observe(static_cast<LatencyOp>(it->second.first), now - it->second.second);
-    timed_.erase(it);
-  }
-  if (writer_done_) return;  // the connection is gone: nobody will read the reply
-  ready_[seq] = std::move(frame);
-  // While the reader handles a batch of requests it flushes their replies itself (FlushReplies).
-  if (!dispatching_) writer_event_.Notify();
+  ObserveLatency(seq);
+  writer_.Add(seq, std::move(frame));
 }
 
 void Session::CompleteWithFd(uint64_t seq, Frame frame, int fd) {
-  if (writer_done_) {
-    ::close(fd);
-    return;
-  }
-  ready_fds_[seq] = fd;
-  Complete(seq, std::move(frame));
-}
-
-asio::awaitable<boost::system::error_code> Session::WriteWithFd(const Frame& frame, int fd) {
-  boost::system::error_code ec;
-  size_t sent = 0;
-  while (sent == 0) {
-    iovec iov{const_cast<uint8_t*>(frame.data()), frame.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      sent = static_cast<size_t>(n);
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      co_await socket_.async_wait(asio::socket_base::wait_write,
-                                  asio::redirect_error(asio::use_awaitable, ec));
-      if (ec) co_return ec;
-    } else {
-      co_return boost::system::error_code(n < 0 ? errno : EPIPE, boost::system::system_category());
-    }
-  }
-  if (sent < frame.size()) {  // the fd went with the first bytes; the rest is plain
-    co_await asio::async_write(socket_, asio::buffer(frame.data() + sent, frame.size() - sent),
-                               asio::redirect_error(asio::use_awaitable, ec));
-  }
-  co_return ec;
+  if (!writer_.done()) ObserveLatency(seq);  // a reply dropped with its fd is not timed
+  writer_.AddWithFd(seq, std::move(frame), fd);
 }
 
 void Session::CompleteError(uint64_t seq, uint64_t request_id, const Status& status) {
@@ -173,9 +147,8 @@ void Session::CompleteError(uint64_t seq, uint64_t request_id, const Status& sta
 }
 
 void Session::CloseAfter(uint64_t seq) {
-  if (!close_after_seq_ || seq < *close_after_seq_) close_after_seq_ = seq;
+  writer_.CloseAfter(seq);
   read_closed_ = true;
-  writer_event_.Notify();
 }
 
 void Session::SpawnHandler(asio::awaitable<void> body) {
@@ -251,10 +224,10 @@ asio::awaitable<void> Session::ReadLoop() {
   boost::system::error_code ec;
   while (!read_closed_ && !closed_) {
     // Handle the complete frames buffered, up to the pipelining limit.
-    dispatching_ = true;
+    writer_.SetBatching(true);
     bool at_limit = false;  // stopped by the limit with a header (or more) still buffered
     while (!read_closed_ && !closed_ && end - begin >= proto::kFrameHeaderBytes) {
-      if (static_cast<int64_t>(next_seq_ - next_write_seq_) >= max_inflight) {
+      if (static_cast<int64_t>(writer_.pending()) >= max_inflight) {
         at_limit = true;
         break;
       }
@@ -264,7 +237,7 @@ asio::awaitable<void> Session::ReadLoop() {
         ++server_->counters().bad_frames;
         KVD_LOG(WARNING) << "bad frame header; closing" << Kv("session", id_) << Kv("peer", peer_)
                          << Kv("status", length.status());
-        uint64_t seq = next_seq_++;
+        uint64_t seq = writer_.NextSeq();
         CompleteError(seq, 0, length.status());
         CloseAfter(seq);
         break;
@@ -280,7 +253,7 @@ asio::awaitable<void> Session::ReadLoop() {
       begin += total;
       if (!message.ok()) {
         ++server_->counters().bad_frames;
-        CompleteError(next_seq_++, 0, message.status());
+        CompleteError(writer_.NextSeq(), 0, message.status());
         continue;
       }
       HandleFrame(std::move(*message));
@@ -289,12 +262,12 @@ asio::awaitable<void> Session::ReadLoop() {
         read_deadline_.cancel();
       }
     }
-    dispatching_ = false;
+    writer_.SetBatching(false);
     // The replies those requests completed at once go out now, in one write, without waking the
     // writer (it takes over whatever cannot be written without blocking).
-    FlushReplies();
-    if (read_closed_ || closed_ || writer_done_) break;
-    if (static_cast<int64_t>(next_seq_ - next_write_seq_) >= max_inflight) {
+    writer_.Flush();
+    if (read_closed_ || closed_ || writer_.done()) break;
+    if (static_cast<int64_t>(writer_.pending()) >= max_inflight) {
       // At the pipelining limit nothing more is read (the buffer cannot grow past one frame).
       co_await reader_event_.Wait();  // the writer wakes it as replies go out
       continue;
@@ -314,10 +287,10 @@ asio::awaitable<void> Session::ReadLoop() {
       const auto length = frame_length(in.data());
       if (Status fit = in.Fit(proto::kFrameHeaderBytes + *length, end); !fit.ok()) {
         LogFrameRefused(fit);
-        uint64_t seq = next_seq_++;
+        uint64_t seq = writer_.NextSeq();
         CompleteError(seq, 0, fit);
         CloseAfter(seq);
-        FlushReplies();
+        writer_.Flush();
         break;
       }
     }
@@ -345,14 +318,14 @@ asio::awaitable<void> Session::ReadLoop() {
     end += got;
     idle_.Touch();
   }
-  dispatching_ = false;
+  writer_.SetBatching(false);
   read_deadline_.cancel();
   read_closed_ = true;
   co_await Teardown();
 }
 
 void Session::HandleFrame(std::unique_ptr<proto::DecodedMessage> message) {
-  uint64_t seq = next_seq_++;
+  uint64_t seq = writer_.NextSeq();
   uint64_t request_id = 0;
   Status status = proto::TryDecode([&]() -> Status {
     auto request = message->Root<proto::Request>();
@@ -365,94 +338,9 @@ void Session::HandleFrame(std::unique_ptr<proto::DecodedMessage> message) {
   }
 }
 
-size_t Session::TakeReadyReplies(Frame* batch, int* fd, bool* close_now) {
-  size_t taken = 0;
-  for (auto it = ready_.find(next_write_seq_); it != ready_.end();
-       it = ready_.find(next_write_seq_)) {
-    if (auto f = ready_fds_.find(next_write_seq_); f != ready_fds_.end()) {
-      if (fd == nullptr || !batch->empty()) break;  // flush what is before it first
-      *fd = f->second;
-      ready_fds_.erase(f);
-    }
-    const bool last = close_after_seq_ && *close_after_seq_ == next_write_seq_;
-    if (last && close_now == nullptr) break;
-    batch->insert(batch->end(), it->second.begin(), it->second.end());
-    ready_.erase(it);
-    ++server_->counters().frames_out;
-    ++next_write_seq_;
-    ++taken;
-    if (last) *close_now = true;
-    if (last || (fd != nullptr && *fd >= 0)) break;
-  }
-  return taken;
-}
-
-void Session::FlushReplies() {
-  if (writer_busy_ || writer_done_ || closed_ || !unsent_.empty()) {
-    writer_event_.Notify();
-    return;
-  }
-  // Replies carrying a memfd and the one after which the connection closes stay the writer's.
-  Frame batch;
-  if (TakeReadyReplies(&batch, nullptr, nullptr) > 0) {
-    ssize_t n;
-    do {
-      n = ::send(socket_.native_handle(), batch.data(), batch.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    } while (n < 0 && errno == EINTR);
-    const size_t sent = n > 0 ? static_cast<size_t>(n) : 0;
-    // What did not go (a full socket buffer, or an error the writer's own write then reports)
-    // is the writer's to send first.
-    if (sent < batch.size()) unsent_.assign(batch.begin() + sent, batch.end());
-    events_event_.Notify();
-  }
-  if (!unsent_.empty() || ready_.count(next_write_seq_) > 0) writer_event_.Notify();
-}
-
 asio::awaitable<void> Session::WriteLoop() {
-  Frame batch;
-  boost::system::error_code ec;
-  bool close_now = false;
-  while (true) {
-    batch.clear();
-    int fd = -1;  // a reply carrying a memfd goes alone, by sendmsg
-    writer_busy_ = true;
-    if (!unsent_.empty()) {
-      batch.swap(unsent_);  // the rest of a direct write (FlushReplies) goes first
-    } else {
-      TakeReadyReplies(&batch, &fd, &close_now);
-    }
-    if (fd >= 0) {
-      if (!closed_) ec = co_await WriteWithFd(batch, fd);
-      ::close(fd);
-      reader_event_.Notify();
-      events_event_.Notify();
-      if (ec) {
-        KVD_LOG(DEBUG) << "write failed" << Kv("session", id_) << Kv("error", ec.message());
-        break;
-      }
-    } else if (!batch.empty() && !closed_) {
-      co_await asio::async_write(socket_, asio::buffer(batch),
-                                 asio::redirect_error(asio::use_awaitable, ec));
-      reader_event_.Notify();
-      events_event_.Notify();
-      if (ec) {
-        KVD_LOG(DEBUG) << "write failed" << Kv("session", id_) << Kv("error", ec.message());
-        break;
-      }
-    }
-    writer_busy_ = false;
-    if (close_now || closed_) break;
-    if (read_closed_ && handlers_running_ == 0 && next_write_seq_ == next_seq_) break;
-    if (batch.empty()) co_await writer_event_.Wait();
-  }
-  writer_busy_ = false;
-  writer_done_ = true;
-  // Replies that will never be written no longer hold pipelining slots.
-  unsent_.clear();
-  ready_.clear();
-  for (auto& [seq, fd] : ready_fds_) ::close(fd);
-  ready_fds_.clear();
-  next_write_seq_ = next_seq_;
+  const bool close_now =
+      co_await writer_.Run([this] { return read_closed_ && handlers_running_ == 0; });
   // A refused Hello, a bad frame or Bye (the last reply is out), a write error, or the end of
   // the session: the connection ends; a blocked read returns and the teardown runs.
   Close(close_now ? "closed after reply" : "writer finished");
@@ -463,7 +351,7 @@ asio::awaitable<void> Session::WriteLoop() {
 asio::awaitable<void> Session::Teardown() {
   transport::Transport* t = server_->transport();
   // 1. Stop this client's transfers; their handlers see CANCELLED and finish.
-  for (auto& [id, put] : pending_puts_) {
+  for (const auto& [id, put] : puts_.puts()) {
     if (put.recv.valid()) Bulk(put.nccl)->Cancel(put.recv).IgnoreError();
   }
   for (uint64_t send : active_sends_) t->Cancel(TransferHandle{send}).IgnoreError();
@@ -474,18 +362,18 @@ asio::awaitable<void> Session::Teardown() {
   }
   while (handlers_running_ > 0) co_await idle_event_.Wait();
   // 2. Let the writer flush what is left (bounded), then close the socket.
-  if (!writer_done_ && !closed_) {
-    writer_event_.Notify();
+  if (!writer_.done() && !closed_) {
+    writer_.Wake();
     asio::steady_timer grace(server_->io(), std::chrono::seconds(1));
     auto self = shared_from_this();
     grace.async_wait([self](boost::system::error_code ec) {
       if (!ec) self->Close("flush timeout");
     });
-    while (!writer_done_) co_await idle_event_.Wait();
+    while (!writer_.done()) co_await idle_event_.Wait();
     grace.cancel();
   }
   Close("session ended");
-  while (!writer_done_) co_await idle_event_.Wait();
+  while (!writer_.done()) co_await idle_event_.Wait();
   // 3. Close the transport endpoint off the io_context thread: it ends every transfer posted
   //    with this peer, so the receives of uncommitted puts are finished afterwards.
   if (transport_peer_.valid()) {
@@ -508,25 +396,18 @@ asio::awaitable<void> Session::Teardown() {
     nccl_peer_ = {};
   }
   uint64_t leaked = 0;
-  int64_t expected = 0;
-  int64_t expected_nccl = 0;
-  for (auto& [reservation, put] : pending_puts_) {
+  const size_t open_puts = puts_.size();
+  while (!puts_.empty()) {
     // A shared-memory put has no transfer: a client killed while writing leaves its reservation
     // here, reclaimed below (never committed, so never visible).
-    if (put.recv.valid()) ++(put.nccl ? expected_nccl : expected);
+    const uint64_t reservation = puts_.puts().begin()->first;
+    const PendingPut put = puts_.puts().begin()->second;
     bool ended = true;
     if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
-    if (ended) FreeStaging(put.staging);  // a receive still in flight keeps its staging
     if (!ended) ++leaked;
-    server_->RetireReservation(reservation,
-                               Status::Aborted("reservation " + std::to_string(reservation) +
-                                               " was reclaimed: its client disconnected"));
+    puts_.EndPut(reservation, {.end = PutEnd::kReclaimed, .transfer_ended = ended});
   }
-  size_t open_puts = pending_puts_.size();
-  server_->progress().ExpectTransfers(-expected);
-  if (expected_nccl != 0) server_->nccl().progress().ExpectTransfers(-expected_nccl);
   shm_reads_.clear();  // ReclaimOwner below ends them
-  pending_puts_.clear();
   // 4. Return everything the client held in the tier.
   storage::ReclaimResult reclaimed;
   if (leaked == 0) {

@@ -25,8 +25,11 @@
 
 #include "asio_util.h"
 #include "event_hub.h"
+#include "hello_check.h"
 #include "idle_watch.h"
+#include "put_ledger.h"
 #include "read_buffer.h"
+#include "reply_writer.h"
 #include "kvd/common/layout.h"
 #include "kvd/proto/frame.h"
 #include "kvd/proto/kvd.capnp.h"
@@ -34,8 +37,6 @@
 #include "server_impl.h"
 
 namespace kvd::daemon {
-
-using Frame = std::vector<uint8_t>;
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -60,37 +61,11 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t id() const { return id_; }
 
  private:
-  struct PendingPut {
-    transport::TransferHandle recv;  // invalid for a shared-memory put (the client copies)
-    uint64_t tag = 0;
-    uint64_t bytes = 0;
-    int64_t deadline_ns = 0;
-    bool busy = false;  // a Commit, Abort or expiry owns it
-    // The client wrote the bytes into the slot itself (shared memory) and checksummed them in
-    // the same pass: its Commit is verified only with tiers.host.verify_shm_commits.
-    bool written_in_place = false;
-    // Set for a model with a compression policy: the put is compressed on Commit.
-    std::shared_ptr<void> ticket;  // ChunkCodec admission, held until the put ends
-    std::byte* data = nullptr;     // the reservation's bytes
-    storage::ChunkKey key;         // as reserved (codec id at Reserve time)
-    uint32_t tokens = 0;
-    uint64_t first_position = 0;
-    uint32_t window = 0;
-    // Over the NCCL link (Reserve.overNccl): `recv` is the link's, into `staging` (device memory
-    // of the link, freed once the receive ended), copied into `data` before the commit.
-    bool nccl = false;
-    void* staging = nullptr;
-    // Reserved ahead by a Commit's reserveNext (HelloReply.reserveAhead): no chunk yet; `key`
-    // holds the session's namespace/model/codec with no hash, `tokens` 0, until the Commit that
-    // fills it names the chunk (NameHeldPut).
-    bool ahead = false;
-  };
-
   // A put's checks passed and its space is reserved (or the chunk exists already).
   struct ReservedPut {
     bool already_stored = false;  // dedup: nothing reserved
     storage::Reservation reservation;
-    PendingPut put;  // not yet in pending_puts_
+    PendingPut put;  // not yet in the ledger
   };
 
   // ---- I/O (session.cc) ----
@@ -98,23 +73,13 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::awaitable<void> WriteLoop();
   asio::awaitable<void> Teardown();
   void HandleFrame(std::unique_ptr<proto::DecodedMessage> message);
-  // Stores the reply of request `seq`; the writer sends it in order.
+  // Observes the latency of request `seq` if it is timed (Lookup, Commit, InlinePut, Get).
+  void ObserveLatency(uint64_t seq);
+  // Stores the reply of request `seq` (ReplyWriter::Add) and observes its latency if timed.
   void Complete(uint64_t seq, Frame frame);
-  // The same, and the frame's first byte carries `fd` (SCM_RIGHTS; unix socket). Takes the fd
-  // (closed once sent, or when the reply is dropped).
+  // The same, and the frame's first byte carries `fd` (ReplyWriter::AddWithFd; takes the fd).
   void CompleteWithFd(uint64_t seq, Frame frame, int fd);
-  // Sends one whole frame whose first byte carries `fd`.
-  asio::awaitable<boost::system::error_code> WriteWithFd(const Frame& frame, int fd);
   void CompleteError(uint64_t seq, uint64_t request_id, const Status& status);
-  // Moves the replies that are next in order from ready_ to `batch` and counts them written.
-  // With `fd` null it stops before a reply carrying a memfd; otherwise such a reply is taken
-  // alone (its fd into *fd). With `close_now` null it stops before the reply after which the
-  // connection closes; otherwise that reply ends the batch and sets *close_now. Returns how many.
-  size_t TakeReadyReplies(Frame* batch, int* fd, bool* close_now);
-  // Called by the reader after a batch of requests: writes the replies that are ready, next in
-  // order and plain (no memfd, not the closing one) with one non-blocking send, when the writer
-  // is idle; whatever could not be written goes to the writer (unsent_ first), which is woken.
-  void FlushReplies();
   // Close the connection once the reply of `seq` is written; stop reading now.
   void CloseAfter(uint64_t seq);
   // Runs `body` as a handler coroutine (counted, so teardown waits for it).
@@ -141,7 +106,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // ---- requests (session_data.cc) ----
   Status Dispatch(uint64_t seq, proto::Request::Reader request);
+  // CheckHello (hello_check.h), then AnswerHello, or the refusal and close.
   void HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello);
+  // Applies a Hello's grant to this session and answers with HelloReply.
+  void AnswerHello(uint64_t seq, uint64_t rid, Grant grant);
   void HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader lookup);
   void CompleteLookup(uint64_t seq, uint64_t rid, const StatusOr<storage::LookupResult>& result,
                       int64_t ttl);
@@ -163,7 +131,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // writing session, a model without a compression policy.
   bool ReservesAhead() const;
   // A slot of `bytes` for this session's next put, not yet for a chunk (HostTier::ReserveAhead),
-  // held in pending_puts_ like a Reserve's: its reservation and where it lies. Declined (nullopt,
+  // held in the put ledger like a Reserve's: its reservation and where it lies. Declined (nullopt,
   // counted) for a size no chunk of the model has, or without headroom.
   struct HeldSlot {
     uint64_t reservation = 0;
@@ -176,9 +144,6 @@ class Session : public std::enable_shared_from_this<Session> {
   // Reserve.abortFirst: aborts `reservation` if it is a slot this session holds ahead and no
   // request owns it (else skipped).
   void AbortHeldSlot(uint64_t reservation);
-  // Aborts a pending shared-memory put now (no transfer to cancel) and retires its id with
-  // `why`.
-  void DropPendingShmPut(uint64_t reservation, const std::string& why);
   void HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader reserve);
   // One-exchange put of a small chunk: ReservePut, copy the frame's bytes into the reservation,
   // then the Commit path (FinishCommit) with the given checksum; answered with CommitReply.
@@ -206,8 +171,6 @@ class Session : public std::enable_shared_from_this<Session> {
                                   transport::TransferHandle send, bool nccl = false,
                                   void* staging = nullptr);
   asio::awaitable<void> ExpirePut(uint64_t reservation);
-  // Forgets a pending put (and its expected transfer).
-  void ErasePendingPut(uint64_t reservation);
   // Shared-memory sessions: where region offset `offset` lies (segment, offset in it,
   // generation), and the segment's memfd if this client has not got its current generation yet
   // (fd -1 otherwise). INTERNAL if the segment does not belong to this session's namespace.
@@ -225,8 +188,6 @@ class Session : public std::enable_shared_from_this<Session> {
   // Request.releaseLeases: ends those of `leases` that are live leases of this connection (no
   // reply of their own).
   void ReleaseLeasesOf(capnp::List<uint64_t>::Reader leases);
-  // Error for a Commit/Abort of a reservation this session does not hold.
-  Status UnknownReservation(uint64_t reservation) const;
   // FAILED_PRECONDITION unless Hello (engine role) succeeded.
   Status RequireEngine(const char* op) const;
   // The client's transport endpoint, Connecting it first if this session has none yet
@@ -234,8 +195,6 @@ class Session : public std::enable_shared_from_this<Session> {
   StatusOr<transport::PeerHandle> TransportPeer();
   // Admin requests (List, Evict) need the admin role.
   Status RequireAdmin(const char* op) const;
-  // The handshake's token / peer check for `role` in `name_space` (see AuthOptions).
-  Status Authenticate(bool engine, const std::string& name_space, const std::string& token) const;
 
   // ---- admin (session_admin.cc) ----
   void HandleStats(uint64_t seq, uint64_t rid);
@@ -282,29 +241,20 @@ class Session : public std::enable_shared_from_this<Session> {
   std::map<uint32_t, uint64_t> shm_sent_;  // segment -> generation whose memfd the client got
   std::set<uint64_t> shm_reads_;           // reads of shared-memory Gets not yet released
 
-  // Puts between Reserve and Commit/Abort/expiry, by reservation id.
-  std::map<uint64_t, PendingPut> pending_puts_;
+  // Puts between Reserve and their end (put_ledger.h).
+  PutLedger puts_;
   // Sends of Gets in flight (cancelled at teardown).
   std::set<uint64_t> active_sends_;
   std::set<uint64_t> active_nccl_sends_;  // the same, over the NCCL link
   uint64_t next_tag_ = 1;
 
-  // Request sequencing and the ordered writer.
-  uint64_t next_seq_ = 0;        // seq of the next request read
-  uint64_t next_write_seq_ = 0;  // seq of the next reply to write
-  std::map<uint64_t, Frame> ready_;
-  std::map<uint64_t, int> ready_fds_;  // seq -> fd its reply carries
-  // Bytes of replies FlushReplies took but could not write at once: the writer sends them first.
-  Frame unsent_;
-  bool writer_busy_ = false;  // WriteLoop is between taking replies and having written them
-  bool dispatching_ = false;  // ReadLoop is handling buffered requests: it flushes their replies
-  std::optional<uint64_t> close_after_seq_;
+  // Request sequencing and the ordered replies.
+  ReplyWriter writer_;
   // Lookup / Commit / Get requests in progress: seq -> (op, steady-clock start in ns), observed
   // into the latency histograms when their reply is completed.
   std::map<uint64_t, std::pair<int, int64_t>> timed_;
   int handlers_running_ = 0;
   bool read_closed_ = false;
-  bool writer_done_ = false;
   bool closed_ = false;
   // Closes the connection when a deadline passes: the handshake (no Hello within
   // limits.handshake_timeout_ms) and a frame's payload (limits.frame_timeout_ms after its
@@ -317,7 +267,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void StartIdleWatch();
   // A frame refused by the frame budget: a WARNING, at most one per 10 s for all sessions.
   void LogFrameRefused(const Status& why);
-  Event writer_event_;
   Event reader_event_;
   Event idle_event_;
   // The event subscription (null until Subscribe) and the pump's wake-up (the hub, the writer).

@@ -12,6 +12,7 @@
 #include "kvd/common/logging.h"
 #include "kvd/common/version.h"
 #include "kvd/proto/convert.h"
+#include "hello_check.h"
 #include "kvd/storage/host_tier.h"
 #include "responses.h"
 #include "session.h"
@@ -99,44 +100,6 @@ Status Session::RequireAdmin(const char* op) const {
   if (engine_) {
     return Status::PermissionDenied(std::string(op) +
                                     " is an admin request; this connection has the engine role");
-  }
-  return Status::Ok();
-}
-
-Status Session::Authenticate(bool engine, const std::string& name_space,
-                             const std::string& token) const {
-  const AuthTokens& auth = server_->auth();
-  if (engine) {
-    if (!auth.enabled) return Status::Ok();
-    auto it = auth.namespaces.find(name_space);
-    if (it == auth.namespaces.end()) {
-      return Status::PermissionDenied("namespace \"" + name_space +
-                                      "\" has no token in auth.tokens_file: not served");
-    }
-    if (!TokenEquals(it->second, token)) {
-      return Status::PermissionDenied(std::string(token.empty() ? "no" : "wrong") +
-                                      " token for namespace \"" + name_space + "\"");
-    }
-    return Status::Ok();
-  }
-  // Admin: the unix socket's peer credentials, else the admin token.
-  if (peer_info_.unix_socket) {
-    if (peer_info_.uid == 0 || peer_info_.uid == static_cast<int64_t>(::geteuid())) {
-      return Status::Ok();
-    }
-    if (!auth.admin.empty() && TokenEquals(auth.admin, token)) return Status::Ok();
-    return Status::PermissionDenied(
-        "admin role over the unix socket needs the daemon's user (uid " +
-        std::to_string(::geteuid()) + ") or root; peer uid " + std::to_string(peer_info_.uid));
-  }
-  if (!auth.enabled) return Status::Ok();  // only loopback, or allow_unauthenticated
-  if (auth.admin.empty()) {
-    return Status::PermissionDenied(
-        "admin role over TCP needs the admin token, and auth.tokens_file has no admin line; use "
-        "the unix socket");
-  }
-  if (!TokenEquals(auth.admin, token)) {
-    return Status::PermissionDenied(std::string(token.empty() ? "no" : "wrong") + " admin token");
   }
   return Status::Ok();
 }
@@ -243,127 +206,51 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
 }
 
 void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello) {
-  // Read every field first (a hostile message throws here, before any state changes).
-  const uint32_t version = hello.getProtocolVersion();
-  std::string client_id = hello.getClientId();
-  const auto role = hello.getRole();
-  std::string name_space = hello.getNamespace();
-  std::string model_name = hello.getModel();
-  const uint64_t seed_digest = hello.getHashSeedDigest();
-  const uint32_t chunk_tokens = hello.getChunkTokens();
-  auto address = hello.getWorkerAddress();
-  std::string worker_address(reinterpret_cast<const char*>(address.begin()), address.size());
-  const uint32_t codec = hello.getCodecId();
-  const bool wants_shm = hello.getSharedMemory();
-  const bool read_only = hello.getReadOnly();
-  const bool keep_idle = hello.getKeepIdle();
-  const std::string token = hello.getAuthToken();
-  StatusOr<ModelLayout> layout = Status::InvalidArgument("no layout");
-  if (role == proto::Role::ENGINE) layout = proto::FromProto(hello.getLayout());
-
-  const DaemonConfig& config = server_->config();
+  const HelloFields fields = ReadHello(hello);
   auto refuse = [&](Status status) {
-    KVD_LOG(WARNING) << "handshake refused" << Kv("session", id_) << Kv("client", client_id)
-                     << Kv("peer", peer_) << Kv("model", model_name) << Kv("status", status);
+    KVD_LOG(WARNING) << "handshake refused" << Kv("session", id_)
+                     << Kv("client", fields.client_id) << Kv("peer", peer_)
+                     << Kv("model", fields.model) << Kv("status", status);
     CompleteError(seq, rid, status);
     CloseAfter(seq);
   };
   if (hello_done_) {
     return refuse(Status::FailedPrecondition("Hello sent twice on one connection"));
   }
-  if (version != proto::PROTOCOL_VERSION) {
-    return refuse(Status::FailedPrecondition("protocol version mismatch: client speaks " +
-                                             std::to_string(version) + ", daemon speaks " +
-                                             std::to_string(proto::PROTOCOL_VERSION)));
-  }
-  if (role != proto::Role::ENGINE && role != proto::Role::ADMIN) {
-    return refuse(
-        Status::InvalidArgument("unknown role " + std::to_string(static_cast<int>(role))));
-  }
-  // Names a session keeps are echoed later (stats, lists, events, logs): text only.
-  if (proto::ValidUtf8(name_space) != name_space) {
-    return refuse(
-        Status::InvalidArgument("Hello.namespace \"" + name_space + "\" is not valid UTF-8"));
-  }
-  if (proto::ValidUtf8(client_id) != client_id) {
-    return refuse(
-        Status::InvalidArgument("Hello.clientId \"" + client_id + "\" is not valid UTF-8"));
-  }
-  if (Status s = Authenticate(role == proto::Role::ENGINE,
-                              name_space.empty() ? "default" : name_space, token);
-      !s.ok()) {
-    return refuse(s);
-  }
-  if (role == proto::Role::ENGINE) {
-    const ModelConfig* model = config.FindModel(model_name);
-    if (model == nullptr) {
-      std::string names;
-      for (const auto& m : config.models) names += (names.empty() ? "" : ", ") + m.name;
-      return refuse(
-          Status::NotFound("unknown model \"" + model_name + "\": this daemon serves " + names));
-    }
-    if (!layout.ok()) {
-      return refuse(layout.status().WithContext("layout of model " + model_name));
-    }
-    if (!(*layout == model->layout)) {
-      return refuse(Status::FailedPrecondition("layout mismatch for model " + model_name + ": " +
-                                               model->layout.DescribeMismatch(*layout)));
-    }
-    const uint64_t daemon_digest = Digest64(config.hash_seed);
-    if (seed_digest != daemon_digest) {
-      return refuse(Status::FailedPrecondition(
-          "hash seed mismatch: client digest " + Hex64(seed_digest) + ", daemon digest " +
-          Hex64(daemon_digest) +
-          "; every client and daemon of a deployment must use the same seed"));
-    }
-    if (chunk_tokens != static_cast<uint32_t>(config.chunk_tokens)) {
-      return refuse(Status::FailedPrecondition(
-          "chunk size mismatch: client uses " + std::to_string(chunk_tokens) +
-          " tokens per chunk, daemon uses " + std::to_string(config.chunk_tokens)));
-    }
-    ChunkCodec* model_codec = server_->codec(model->name);
-    if (codec != storage::kRawCodecId && model_codec == nullptr) {
-      return refuse(Status::FailedPrecondition(
-          "codec " + std::to_string(codec) + " asked, but model " + model_name +
-          " has no compression policy: its chunks are raw (codec 0)"));
-    }
-    if (codec != storage::kRawCodecId && codec != model_codec->codec_id()) {
-      return refuse(Status::FailedPrecondition(
-          "codec " + std::to_string(codec) + " asked, but model " + model_name +
-          "'s compression policy (" + model_codec->policy().StagesName() + ") is codec " +
-          std::to_string(model_codec->codec_id()) + " now; send codec 0 to follow the policy"));
-    }
-    if (worker_address.empty()) {
-      return refuse(Status::InvalidArgument(
-          "engine role needs workerAddress (the client's transport address)"));
-    }
-    // The shared-memory path needs a client on this host: a unix-socket connection.
-    boost::system::error_code ec;
-    const bool on_unix = socket_.local_endpoint(ec).protocol().family() == AF_UNIX && !ec;
-    shm_ = wants_shm && on_unix && server_->shm() != nullptr;
-    if (!shm_ && config.transport.backend == "none") {
-      return refuse(Status::FailedPrecondition(
-          "this kvd runs without a bulk transport (transport.backend: none) and serves engines "
-          "only on its shared-memory path: connect over its unix socket with shared memory on" +
-          std::string(on_unix ? " (this client asked for no shared memory)" : "")));
-    }
+  const HelloTerms terms{
+      .config = &server_->config(),
+      .auth = &server_->auth(),
+      .codec = [server = server_](const std::string& model) { return server->codec(model); },
+      .shared_memory_arena = server_->shm() != nullptr};
+  boost::system::error_code ec;
+  const HelloPeer peer{.info = peer_info_,
+                       .on_unix = socket_.local_endpoint(ec).protocol().family() == AF_UNIX && !ec};
+  StatusOr<Grant> grant = CheckHello(terms, fields, peer);
+  if (!grant.ok()) return refuse(grant.status());
+  AnswerHello(seq, rid, std::move(*grant));
+}
+
+void Session::AnswerHello(uint64_t seq, uint64_t rid, Grant grant) {
+  const DaemonConfig& config = server_->config();
+  if (grant.engine) {
+    shm_ = grant.shared_memory;
     // The endpoint to the client waits for the first transfer (TransportPeer): a session that
     // moves no bytes over the transport (shared memory, lookups only) never has one. An idle
     // endpoint is not free: UCX's tcp lane of one that never carried a message tries to reach
     // the client again when the client goes (refused connect()s, at times a read spin).
-    client_transport_address_ = worker_address;
-    model_ = model;
-    codec_ = model_codec;
-    layout_digest_ = model->layout.Digest();
+    client_transport_address_ = grant.worker_address;
+    model_ = grant.model;
+    codec_ = grant.codec;
+    layout_digest_ = grant.layout_digest;
     engine_ = true;
   }
   hello_done_ = true;
   server_->SessionAuthenticated(id_);
-  keep_idle_ = keep_idle;
+  keep_idle_ = grant.keep_idle;
   StartIdleWatch();
-  client_id_ = client_id;
-  name_space_ = name_space.empty() ? "default" : name_space;
-  read_only_ = read_only;
+  client_id_ = grant.client_id;
+  name_space_ = grant.name_space;
+  read_only_ = grant.read_only;
   KVD_LOG(INFO) << "session ready" << Kv("session", id_) << Kv("client", client_id_)
                 << Kv("peer", peer_) << Kv("role", engine_ ? "engine" : "admin")
                 << Kv("model", engine_ ? model_->name : "") << Kv("namespace", name_space_)
@@ -705,9 +592,7 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
   }
   put.recv = *recv;
   put.tag = tag;
-  pending_puts_[reservation->id] = put;
-  BulkProgress(over_nccl).ExpectTransfers(1);  // its bytes are due: keep polling the transport
-  server_->RegisterReservation(reservation->id, id_);
+  puts_.File(reservation->id, put);  // its bytes are due: the transport is polled for them
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initReserve();
              reply.setReservationId(reservation->id);
@@ -740,27 +625,9 @@ void Session::HandleInlinePut(uint64_t seq, uint64_t rid, proto::InlinePut::Read
   // client's threshold are small; the frame limit bounds the rest).
   std::memcpy(put.data, data.begin(), data.size());
   put.busy = true;  // committed at once: never expired, aborted or committed by a request
-  pending_puts_[id] = std::move(put);
-  server_->RegisterReservation(id, id_);
+  puts_.File(id, std::move(put));
   ++server_->counters().puts_inline;
   SpawnHandler(FinishCommit(seq, rid, id, checksum));
-}
-
-void Session::ErasePendingPut(uint64_t reservation) {
-  auto it = pending_puts_.find(reservation);
-  if (it == pending_puts_.end()) return;
-  if (it->second.recv.valid()) BulkProgress(it->second.nccl).ExpectTransfers(-1);
-  pending_puts_.erase(it);
-}
-
-Status Session::UnknownReservation(uint64_t reservation) const {
-  if (reservation == 0) return Status::InvalidArgument("reservation id 0 (none)");
-  if (auto reason = server_->RetiredReason(reservation)) return *reason;
-  if (uint64_t owner = server_->ReservationOwner(reservation); owner != 0) {
-    return Status::NotFound("reservation " + std::to_string(reservation) +
-                            " belongs to another connection");
-  }
-  return Status::NotFound("unknown reservation " + std::to_string(reservation));
 }
 
 void Session::HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader commit) {
@@ -771,20 +638,16 @@ void Session::HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader com
   const bool ahead_offered = ReservesAhead();
   const bool names_chunk = ahead_offered && commit.hasChunk();
   const uint64_t reserve_next = ahead_offered ? commit.getReserveNext() : 0;
-  auto it = pending_puts_.find(reservation);
-  if (it == pending_puts_.end()) return CompleteError(seq, rid, UnknownReservation(reservation));
-  if (it->second.busy) {
-    return CompleteError(seq, rid,
-                         Status::FailedPrecondition("reservation " + std::to_string(reservation) +
-                                                    " is already being committed or aborted"));
-  }
+  auto found = puts_.FindIdle(reservation);
+  if (!found.ok()) return CompleteError(seq, rid, found.status());
+  PendingPut* put = *found;
   const std::string name = "reservation " + std::to_string(reservation);
-  if (names_chunk && !it->second.ahead) {
+  if (names_chunk && !put->ahead) {
     return CompleteError(seq, rid,
                          Status::InvalidArgument(name + " was made by Reserve for its chunk: " +
                                                  "Commit.chunk names only a slot held ahead"));
   }
-  if (it->second.ahead) {
+  if (put->ahead) {
     Status named =
         names_chunk
             ? NameHeldPut(reservation, commit.getChunk())
@@ -792,11 +655,11 @@ void Session::HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader com
                                       "Commit must name the chunk it holds (Commit.chunk)");
     if (!named.ok()) {
       // The bytes cannot be stored under any name: the slot goes, and says why.
-      DropPendingShmPut(reservation, "was aborted: its commit was refused: " + named.ToString());
+      puts_.EndPut(reservation, {.end = PutEnd::kCommitRefused, .cause = named});
       return CompleteError(seq, rid, named);
     }
   }
-  it->second.busy = true;
+  put->busy = true;
   SpawnHandler(FinishCommit(seq, rid, reservation, checksum, reserve_next));
 }
 
@@ -812,8 +675,7 @@ StatusOr<Session::ShmRef> Session::HoldShmSlot(uint64_t id, uint64_t offset, Pen
     return ref.status();
   }
   put.written_in_place = true;
-  pending_puts_[id] = std::move(put);
-  server_->RegisterReservation(id, id_);
+  puts_.File(id, std::move(put));
   return ref;
 }
 
@@ -850,7 +712,7 @@ std::optional<Session::HeldSlot> Session::ReserveAheadFor(uint64_t bytes) {
 }
 
 Status Session::NameHeldPut(uint64_t reservation, proto::Reserve::Reader chunk) {
-  PendingPut& put = pending_puts_.at(reservation);
+  PendingPut& put = *puts_.Find(reservation);
   const Hash128 hash = proto::FromProto(chunk.getChunkHash());
   const uint32_t tokens = chunk.getTokens();
   const uint64_t bytes = chunk.getBytes();
@@ -877,23 +739,16 @@ Status Session::NameHeldPut(uint64_t reservation, proto::Reserve::Reader chunk) 
 }
 
 void Session::AbortHeldSlot(uint64_t reservation) {
-  auto it = pending_puts_.find(reservation);
-  if (it == pending_puts_.end() || !it->second.ahead || it->second.busy) return;
-  DropPendingShmPut(reservation, "was aborted by its client (Reserve.abortFirst)");
+  const PendingPut* put = puts_.Find(reservation);
+  if (put == nullptr || !put->ahead || put->busy) return;
+  puts_.EndPut(reservation, {.end = PutEnd::kAbortFirst});
   ++server_->counters().reserve_ahead_aborted;
-}
-
-void Session::DropPendingShmPut(uint64_t reservation, const std::string& why) {
-  ErasePendingPut(reservation);
-  server_->tier()->Abort(reservation).IgnoreError();
-  server_->RetireReservation(
-      reservation, Status::Aborted("reservation " + std::to_string(reservation) + " " + why));
 }
 
 asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t reservation,
                                             uint64_t checksum, uint64_t reserve_next) {
   auto self = shared_from_this();  // keep alive across suspension
-  PendingPut put = pending_puts_.at(reservation);
+  const PendingPut put = *puts_.Find(reservation);
   const int64_t timeout_ms = server_->config().limits.transfer_timeout_ms;
   storage::HostTier* tier = server_->tier();
   // Every store of a committed chunk goes through the tier manager (durable with a disk tier).
@@ -1028,13 +883,9 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
   } else if (put.recv.valid()) {
     Bulk(put.nccl)->Release(put.recv).IgnoreError();
   }
-  if (ended) FreeStaging(put.staging);  // copied out (or failed): the device bytes are done
-  ErasePendingPut(reservation);
   if (!status.ok()) {
-    if (ended) tier->Abort(reservation).IgnoreError();
-    server_->RetireReservation(reservation,
-                               Status::Aborted("reservation " + std::to_string(reservation) +
-                                               " failed: " + status.ToString()));
+    puts_.EndPut(reservation,
+                 {.end = PutEnd::kTransferFailed, .cause = status, .transfer_ended = ended});
     CompleteError(seq, rid, status);
     co_return;
   }
@@ -1056,9 +907,7 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
       if (put.ahead) ++server_->counters().puts_copied_for_nothing;
     }
     if (put.ahead) ++server_->counters().puts_reserved_ahead;
-    server_->RetireReservation(
-        reservation, Status::FailedPrecondition("reservation " + std::to_string(reservation) +
-                                                " is already committed"));
+    puts_.EndPut(reservation, {.end = PutEnd::kCommitted});
     const std::optional<HeldSlot> next =
         reserve_next > 0 ? ReserveAheadFor(reserve_next) : std::nullopt;
     const bool dedup_ahead = put.ahead && !status.ok();
@@ -1087,68 +936,42 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
     server_->MaybeDemote();
     co_return;
   }
-  server_->RetireReservation(reservation,
-                             Status::Aborted("reservation " + std::to_string(reservation) +
-                                             " failed: " + status.ToString()));
+  puts_.EndPut(reservation, {.end = PutEnd::kCommitFailed, .cause = status});
   CompleteError(seq, rid, status);
 }
 
 void Session::HandleAbort(uint64_t seq, uint64_t rid, proto::Abort::Reader abort) {
   const uint64_t reservation = abort.getReservationId();
   if (Status s = RequireEngine("Abort"); !s.ok()) return CompleteError(seq, rid, s);
-  auto it = pending_puts_.find(reservation);
-  if (it == pending_puts_.end()) return CompleteError(seq, rid, UnknownReservation(reservation));
-  if (it->second.busy) {
-    return CompleteError(seq, rid,
-                         Status::FailedPrecondition("reservation " + std::to_string(reservation) +
-                                                    " is already being committed or aborted"));
-  }
-  it->second.busy = true;
+  auto put = puts_.FindIdle(reservation);
+  if (!put.ok()) return CompleteError(seq, rid, put.status());
+  (*put)->busy = true;
   SpawnHandler(FinishAbort(seq, rid, reservation));
 }
 
 asio::awaitable<void> Session::FinishAbort(uint64_t seq, uint64_t rid, uint64_t reservation) {
   auto self = shared_from_this();
-  PendingPut put = pending_puts_.at(reservation);
+  const PendingPut put = *puts_.Find(reservation);
   bool ended = true;
   if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
-  if (ended) FreeStaging(put.staging);
-  ErasePendingPut(reservation);
-  if (ended) server_->tier()->Abort(reservation).IgnoreError();
-  server_->RetireReservation(
-      reservation,
-      Status::Aborted("reservation " + std::to_string(reservation) + " was aborted by its client"));
+  puts_.EndPut(reservation, {.end = PutEnd::kAbortedByClient, .transfer_ended = ended});
   Complete(seq, MakeAck(rid));
 }
 
 void Session::ExpireReservations(int64_t now_ns) {
-  if (read_closed_ || closed_) return;  // the teardown owns pending_puts_ now
-  std::vector<uint64_t> expired;
-  for (auto& [id, put] : pending_puts_) {
-    if (!put.busy && put.deadline_ns < now_ns) {
-      put.busy = true;
-      expired.push_back(id);
-    }
-  }
-  for (uint64_t id : expired) SpawnHandler(ExpirePut(id));
+  if (read_closed_ || closed_) return;  // the teardown owns the ledger now
+  for (uint64_t id : puts_.ClaimExpired(now_ns)) SpawnHandler(ExpirePut(id));
 }
 
 asio::awaitable<void> Session::ExpirePut(uint64_t reservation) {
   auto self = shared_from_this();
-  PendingPut put = pending_puts_.at(reservation);
+  const PendingPut put = *puts_.Find(reservation);
   bool ended = true;
   if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
-  if (ended) FreeStaging(put.staging);
-  ErasePendingPut(reservation);
-  if (ended) server_->tier()->Abort(reservation).IgnoreError();
+  puts_.EndPut(reservation, {.end = PutEnd::kExpired, .transfer_ended = ended});
   ++server_->counters().reservations_expired;
-  const int64_t ttl = server_->config().limits.reservation_ttl_ms;
   KVD_LOG(INFO) << "reservation expired" << Kv("session", id_) << Kv("client", client_id_)
                 << Kv("reservation", reservation) << Kv("bytes", put.bytes);
-  server_->RetireReservation(
-      reservation,
-      Status::Aborted("reservation " + std::to_string(reservation) +
-                      " expired: not committed within " + std::to_string(ttl) + " ms"));
 }
 
 void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {

@@ -64,8 +64,8 @@ void Session::HandleSubscribe(uint64_t seq, uint64_t rid, proto::SubscribeReques
 asio::awaitable<void> Session::PumpEvents(uint64_t rid) {
   std::vector<QueuedEvent> batch;
   std::optional<uint64_t> in_flight;  // seq of the last batch, until the writer wrote it
-  while (!read_closed_ && !closed_ && !writer_done_) {
-    if (in_flight && next_write_seq_ <= *in_flight) {
+  while (!read_closed_ && !closed_ && !writer_.done()) {
+    if (in_flight && !writer_.written(*in_flight)) {
       co_await events_event_.Wait();
       continue;
     }
@@ -76,7 +76,7 @@ asio::awaitable<void> Session::PumpEvents(uint64_t rid) {
       co_await events_event_.Wait();
       continue;
     }
-    const uint64_t seq = next_seq_++;
+    const uint64_t seq = writer_.NextSeq();
     in_flight = seq;
     Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
                auto out = r.initEvents().initEvents(static_cast<unsigned>(batch.size()));
