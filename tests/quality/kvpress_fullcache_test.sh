@@ -6,13 +6,14 @@
 #
 # Exit 77 (skip) with the reason when the venv (bench/quality-peers.sh) or the model is missing.
 #
-# Tolerance 1e-3 relative. Both engines run the same dequantized Q4_1 weights in float32; what
-# differs is the order of float32 accumulation (kvd's kernels vs torch's BLAS/SDPA), ~1e-6
-# relative per dot product of 576-1536 terms, reaching the logits as ~1e-5 after 30 layers
-# (the reference engine agreed with an independent one to 2e-5 in logits). A logit error e moves
-# each token's NLL by at most 2e, so the perplexity by ~2e = 4e-5 relative; 1e-3 leaves 25x room
-# and still fails on any real difference (a token off by one, a wrong RoPE position, bfloat16
-# weights: those move it by 1e-2 or more).
+# Tolerance 1e-4 relative. Both engines run the same dequantized Q4_1 weights in float32 (the
+# runner loads the GGUF itself); what differs is the order of float32 accumulation (kvd's kernels
+# vs torch's BLAS and SDPA): ~1e-6 relative per dot product of 576-1536 terms, reaching the
+# logits as ~1e-5 after 30 layers (the reference engine agreed with an independent one to 2e-5 in
+# logits). A logit error e moves each token's NLL by at most 2e, so the perplexity by ~2e =
+# 2e-5 to 4e-5 relative; measured: 9e-8 to 7e-7. The HF folder's bfloat16-rounded weights (2^-9
+# relative) move it by 8e-4 to 9e-4, so 1e-4 fails on them, as on a token off by one or a wrong RoPE
+# position.
 set -euo pipefail
 kvd_quality=$1 py=$2 models=$3
 src="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -38,6 +39,6 @@ a, b = float(kvd["perplexity"]), float(hf["perplexity"])
 rel = abs(a - b) / a
 print(f"full-cache perplexity: kvd {a:.6f} ({kvd['scored_tokens']} tokens), "
       f"transformers {b:.6f} ({hf['scored_tokens']} tokens), relative difference {rel:.2e}")
-ok = kvd["scored_tokens"] == hf["scored_tokens"] and rel < 1e-3
+ok = kvd["scored_tokens"] == hf["scored_tokens"] and rel < 1e-4
 sys.exit(0 if ok else 1)
 PY
