@@ -54,6 +54,11 @@ def main():
                 kvd_full = float(r["perplexity"])
             if r["mode"] == "one-shot":
                 stored[(r["method"], float(r["p_c"]))] = 1 - float(r["achieved_p_c"])
+    not_run = []
+    with open(os.path.join(a.kvpress_out, "results.csv")) as f:
+        for r in csv.DictReader(f):
+            if int(r["scored_tokens"]) == 0 and r["method"] not in not_run:
+                not_run.append(r["method"])
     kvp = load_segments(os.path.join(a.kvpress_out, "segments.csv"), False)
     full = kvp.pop(("full", 0.0))
     for key, seg in kvp.items():
@@ -93,6 +98,8 @@ def main():
                 cell += f", {point:.3f} [{lo:.3f}, {hi:.3f}]"
             cells.append(cell)
         print(f"| {m} | " + " | ".join(cells) + " |")
+    for m in not_run:
+        print(f"| {m} | " + " | ".join("not run (run_presses.py's log says why)" for _ in ratios) + " |")
 
 
 if __name__ == "__main__":
