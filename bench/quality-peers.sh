@@ -13,12 +13,13 @@
 #    on the same segments and prints one table (bench/kvpress/table.py), paired against kvd's
 #    sink_recent.
 #
+#   KVD_KVPRESS_VENV  venv folder (default: <repo>/.cache/kvpress-venv)
 #   KVD_PEERS_OUT     results folder (default: quality-peers)
 #   KVD_PEERS_SIZE    "SEGMENTS PREFIX CONTINUATION WINDOW" (default: "4 512 64 32")
 #   KVD_PEERS_RATIOS  p_c list (default: 0.5,0.75,0.9)
 #   KVD_PEERS_KVD     kvd-quality methods (default below)
 #   KVD_PEERS_PRESSES run_presses.py presses (default below)
-#   KVD_PEERS_SETUP_ONLY=1  install and convert, then exit (the ctest uses it via the venv only)
+#   KVD_PEERS_SETUP_ONLY=1  install and convert, then exit
 # CPU-heavy: on a shared machine run it under the build lock (flock /tmp/kvd-build.lock ...).
 set -euo pipefail
 repo_root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -27,7 +28,7 @@ source bench/lib.sh
 bench_build_dir "${1:-}"
 
 readonly REQS="bench/kvpress/requirements.txt"
-venv="$repo_root/.cache/kvpress-venv"
+venv="${KVD_KVPRESS_VENV:-$repo_root/.cache/kvpress-venv}"
 py="$venv/bin/python"
 models_dir="$repo_root/models-cache"
 hf="$models_dir/SmolLM2-135M-Instruct-hf"
@@ -45,15 +46,7 @@ stamp="$venv/.kvd-stamp"
 if [[ -x $py && -f $stamp && $(cat "$stamp") == "$want_stamp" ]]; then
   log "venv up to date: $venv"
 else
-  index=${PIP_INDEX_URL:-$(python3 -m pip config get global.index-url 2> /dev/null || true)}
-  index=${index:-https://pypi.org/simple/}
-  if ! KVD_INDEX=$index python3 - <<'PY' 2> /dev/null; then
-import os, sys, urllib.request
-try:
-    urllib.request.urlopen(os.environ["KVD_INDEX"].rstrip("/") + "/kvpress/", timeout=15).read(1)
-except Exception as e:
-    sys.exit(str(e))
-PY
+  if ! index=$(deploy/pip-index-reachable.sh kvpress); then
     log "the Python package index ($index) is not reachable; cannot install kvpress -- skipped"
     exit 0
   fi

@@ -60,25 +60,26 @@ def round_robin_cuts(texts_ids, seg_len, count):
     return out
 
 
+# run_presses.py's press names -> (kvpress class name, extra constructor arguments).
+PRESSES = {
+    "streaming_llm": ("StreamingLLMPress", {}),
+    "snapkv": ("SnapKVPress", {"window_size": None}),  # None: the --window
+    "keydiff": ("KeyDiffPress", {}),
+    "tova": ("TOVAPress", {}),
+    "expected_attention": ("ExpectedAttentionPress", {}),
+    "knorm": ("KnormPress", {}),
+    "kvzip": ("KVzipPress", {}),
+    "qfilter": ("QFilterPress", {}),
+}
+
+
 def make_press(name, ratio, window):
     import kvpress
-    if name == "streaming_llm":
-        return kvpress.StreamingLLMPress(compression_ratio=ratio)
-    if name == "snapkv":
-        return kvpress.SnapKVPress(compression_ratio=ratio, window_size=window)
-    if name == "keydiff":
-        return kvpress.KeyDiffPress(compression_ratio=ratio)
-    if name == "tova":
-        return kvpress.TOVAPress(compression_ratio=ratio)
-    if name == "expected_attention":
-        return kvpress.ExpectedAttentionPress(compression_ratio=ratio)
-    if name == "knorm":
-        return kvpress.KnormPress(compression_ratio=ratio)
-    if name == "kvzip":
-        return kvpress.KVzipPress(compression_ratio=ratio)
-    if name == "qfilter":
-        return kvpress.QFilterPress(compression_ratio=ratio)
-    raise ValueError(f"unknown press {name}")
+    if name not in PRESSES:
+        raise ValueError(f"unknown press {name} (known: {', '.join(PRESSES)})")
+    cls, extra = PRESSES[name]
+    kw = {k: (window if v is None else v) for k, v in extra.items()}
+    return getattr(kvpress, cls)(compression_ratio=ratio, **kw)
 
 
 def score_segment(model, torch, prefix, cont, press):
