@@ -19,6 +19,7 @@
 #   KVD_PEERS_RATIOS  p_c list (default: 0.5,0.75,0.9)
 #   KVD_PEERS_KVD     kvd-quality methods (default below)
 #   KVD_PEERS_PRESSES run_presses.py presses (default below)
+#   KVD_PEERS_PAIRS   extra paired comparisons across ratios, A@PC,B@PC ... (default below)
 #   KVD_PEERS_SETUP_ONLY=1  install and convert, then exit
 # CPU-heavy: on a shared machine run it under the build lock (flock /tmp/kvd-build.lock ...).
 set -euo pipefail
@@ -76,4 +77,10 @@ log "kvpress presses: $presses"
 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$py" bench/kvpress/run_presses.py --gguf "$gguf" \
   --out "$out/kvpress" --segments "$segs" --prefix "$prefix" --continuation "$cont" \
   --window "$window" --ratios "$ratios" --presses "$presses" --threads 2 | tee "$out/kvpress.log" >&2
-"$py" bench/kvpress/table.py "$out/kvd" "$out/kvpress" --against sink_recent | tee "$out/table.md"
+# Cross-ratio pairs: kvd at fewer bytes against kvpress's best at 0.10, and kvd's KeyDiff against
+# kvpress's (KVD_PEERS_PAIRS, space separated A@PC,B@PC; rows that are absent are an error).
+pairs=${KVD_PEERS_PAIRS:-int4@0.75,kvpress:snapkv@0.9 int4@0.5,kvpress:snapkv@0.9 keydiff@0.5,kvpress:keydiff@0.5 keydiff@0.9,kvpress:keydiff@0.9}
+pair_args=()
+for p in $pairs; do pair_args+=(--pair "$p"); done
+"$py" bench/kvpress/table.py "$out/kvd" "$out/kvpress" --against sink_recent "${pair_args[@]}" \
+  | tee "$out/table.md"

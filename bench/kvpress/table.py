@@ -43,6 +43,9 @@ def main():
     ap.add_argument("kvpress_out")
     ap.add_argument("--against", default="sink_recent")
     ap.add_argument("--bootstrap", type=int, default=2000)
+    ap.add_argument("--pair", action="append", default=[], metavar="A@PC,B@PC",
+                    help="also compare A at its p_c with B at its p_c (any rows, either engine), "
+                         "e.g. int4@0.75,kvpress:snapkv@0.9; repeatable")
     a = ap.parse_args()
 
     kvd = load_segments(os.path.join(a.kvd_out, "segments.csv"), True)
@@ -68,6 +71,18 @@ def main():
     hf_full = math.exp(sum(v[0] for v in full.values()) / sum(v[1] for v in full.values()))
 
     rows = {**{k: v for k, v in kvd.items() if k[0] != "full"}, **kvp}
+
+    def paired(seg, base):
+        idx = sorted(set(seg) & set(base))
+        boots = []
+        for _ in range(a.bootstrap):
+            s = [rng.choice(idx) for _ in idx]
+            boots.append(ratio(seg, s) / ratio(base, s))
+        boots.sort()
+        lo = boots[int(0.025 * len(boots))]
+        hi = boots[min(len(boots) - 1, int(0.975 * len(boots)))]
+        return f"{ratio(seg, idx) / ratio(base, idx):.3f} [{lo:.3f}, {hi:.3f}]"
+
     ratios = sorted({k[1] for k in rows})
     methods = list(dict.fromkeys(k[0] for k in rows))
     rng = random.Random(1)
@@ -86,20 +101,18 @@ def main():
             base = kvd.get((a.against, r))
             cell = f"{stored[(m, r)]:.3f}, {ratio(seg, seg.keys()):.4f}"
             if base and m != a.against:
-                idx = sorted(set(seg) & set(base))
-                point = ratio(seg, idx) / ratio(base, idx)
-                boots = []
-                for _ in range(a.bootstrap):
-                    s = [rng.choice(idx) for _ in idx]
-                    boots.append(ratio(seg, s) / ratio(base, s))
-                boots.sort()
-                lo = boots[int(0.025 * len(boots))]
-                hi = boots[min(len(boots) - 1, int(0.975 * len(boots)))]
-                cell += f", {point:.3f} [{lo:.3f}, {hi:.3f}]"
+                cell += ", " + paired(seg, base)
             cells.append(cell)
         print(f"| {m} | " + " | ".join(cells) + " |")
     for m in not_run:
         print(f"| {m} | " + " | ".join("not run (run_presses.py's log says why)" for _ in ratios) + " |")
+    if a.pair:
+        print("\n| A | B | stored/raw A, B | perplexity A / B, paired |\n|---|---|---|---|")
+    for p in a.pair:
+        (ma, pa), (mb, pb) = [(x.rsplit("@", 1)[0], float(x.rsplit("@", 1)[1])) for x in p.split(",")]
+        sa, sb = rows[(ma, pa)], rows[(mb, pb)]
+        print(f"| {ma} at p_c {pa:g} | {mb} at p_c {pb:g} | {stored[(ma, pa)]:.3f}, "
+              f"{stored[(mb, pb)]:.3f} | {paired(sa, sb)} |")
 
 
 if __name__ == "__main__":
