@@ -28,10 +28,7 @@ models:
     layout: {{layers: 30, kv_heads: 3, q_heads: 9, head_dim: 64, dtype: bfloat16,
              rope: {{theta: 100000, pairing: halves, scaling: none}}}}
     compression: {smollm_compression}
-  - name: smollm2-135m-f32
-    layout: {{layers: 30, kv_heads: 3, q_heads: 9, head_dim: 64, dtype: float32,
-             rope: {{theta: 100000, pairing: halves, scaling: none}}}}
-chunk_tokens: {chunk_tokens}
+{extra_models}chunk_tokens: {chunk_tokens}
 tiers:
   host: {{capacity: {capacity}, prefault: false{host_extra}}}
 {extra}
@@ -40,11 +37,13 @@ tiers:
 
 class KvdDaemon:
     def __init__(self, node="pytest", chunk_tokens=256, capacity="32MiB", extra="", segment="",
-                 shared_memory=True, unix=False, listen="127.0.0.1:0", smollm_compression="off"):
+                 shared_memory=True, unix=False, listen="127.0.0.1:0", smollm_compression="off",
+                 extra_models=""):
         """segment: tiers.host.segment ("" = kvd's default, 64 MiB: above the default capacity,
         so no shared-memory arena); shared_memory: tiers.host.shared_memory; listen: kvd's TCP
         address (default an ephemeral port; another kvd's address restarts it there);
-        smollm_compression: the compression policy of model smollm2-135m (YAML flow form)."""
+        smollm_compression: the compression policy of model smollm2-135m (YAML flow form);
+        extra_models: more entries of `models:` (YAML lines, each starting "  - name: ")."""
         self.binary = os.environ.get("KVD_BINARY", "kvd")
         self.dir = tempfile.mkdtemp(prefix="kvd-pytest-")
         self.config_path = os.path.join(self.dir, "topology.yaml")
@@ -53,7 +52,8 @@ class KvdDaemon:
                 "" if shared_memory else ", shared_memory: false")
             f.write(TOPOLOGY.format(node=node, chunk_tokens=chunk_tokens, capacity=capacity,
                                     host_extra=host_extra, extra=extra,
-                                    smollm_compression=smollm_compression))
+                                    smollm_compression=smollm_compression,
+                                    extra_models=extra_models))
         ready = os.path.join(self.dir, "ready.json")
         self.log_path = os.path.join(self.dir, "kvd.log")
         self._log = open(self.log_path, "w")
@@ -64,8 +64,9 @@ class KvdDaemon:
         deadline = time.monotonic() + 15
         while not os.path.exists(ready):
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                log = self.log()  # before stop() removes the folder
                 self.stop()
-                raise RuntimeError("kvd did not start:\n" + self.log())
+                raise RuntimeError("kvd did not start:\n" + log)
             time.sleep(0.05)
         with open(ready) as f:
             info = json.load(f)

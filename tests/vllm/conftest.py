@@ -25,6 +25,11 @@ from kvd_daemon import KvdDaemon  # noqa: E402
 # ~1e-5, so the tests can ask for equal tokens and log-probs within 0.01.
 DTYPE = "float32"
 KVD_MODEL = "smollm2-135m-f32"
+F32_MODEL = """\
+  - name: smollm2-135m-f32
+    layout: {layers: 30, kv_heads: 3, q_heads: 9, head_dim: 64, dtype: float32,
+             rope: {theta: 100000, pairing: halves, scaling: none}}
+"""
 RUNNER = os.path.join(HERE, "vllm_runner.py")
 CHUNK = 256  # kvd chunk_tokens of the test daemons
 BLOCK = 128  # vLLM's block_size on its CPU backend
@@ -39,7 +44,8 @@ def model_dir():
 
 @pytest.fixture
 def daemon():
-    d = KvdDaemon(node="vllm-test", capacity="256MiB", shared_memory=False)
+    d = KvdDaemon(node="vllm-test", capacity="256MiB", shared_memory=False,
+                  extra_models=F32_MODEL)
     yield d
     d.stop()
 
