@@ -317,24 +317,34 @@ StatusOr<GetResult> GetDense(Client& client, uint64_t lease_id, uint32_t chunk_i
       std::max(MaxCompactChunkBytes(layout, chunk_tokens), layout.ChunkBytes(chunk_tokens)));
   KVD_ASSIGN_OR_RETURN(GetResult got,
                        client.Get(lease_id, chunk_index, stored.data(), stored.size()));
-  const std::span<const uint8_t> bytes(stored.data(), got.bytes);
   int64_t tokens = got.tokens;
-  std::vector<uint8_t> dense;
   if (got.form == ChunkForm::kCompact) {
-    KVD_ASSIGN_OR_RETURN(auto reader, CompactChunkReader::Open(bytes, layout));
+    KVD_ASSIGN_OR_RETURN(auto reader, CompactChunkReader::Open(
+                                          std::span<const uint8_t>(stored.data(), got.bytes), layout));
     if (uint64_t v = reader->required_weights_version(); v != 0) {
       KVD_ASSIGN_OR_RETURN(auto w, client.GetVectorWeights(v));
       KVD_RETURN_IF_ERROR(reader->SetWeights(*w));
     }
-    KVD_ASSIGN_OR_RETURN(dense, reader->DenseChunk(&tokens));
+    KVD_ASSIGN_OR_RETURN(tokens, reader->DenseTokens());
+    got.bytes = layout.ChunkBytes(static_cast<int>(tokens));
+    if (got.bytes > capacity) {
+      return Status::OutOfRange("the dense chunk has " + std::to_string(got.bytes) +
+                                " bytes; the buffer holds " + std::to_string(capacity));
+    }
+    // The raw chunk layout: per layer K [T, H, d], then V: each layer expands in place.
+    const size_t layer_bytes = got.bytes / (2 * static_cast<size_t>(layout.num_layers));
+    auto* base = static_cast<uint8_t*>(out);
+    for (int l = 0; l < layout.num_layers; ++l) {
+      MutableLayerKV at{base + 2 * l * layer_bytes, base + (2 * l + 1) * layer_bytes};
+      KVD_RETURN_IF_ERROR(reader->DenseLayer(l, at, static_cast<int>(tokens)));
+    }
+  } else {
+    if (got.bytes > capacity) {
+      return Status::OutOfRange("the chunk has " + std::to_string(got.bytes) +
+                                " bytes; the buffer holds " + std::to_string(capacity));
+    }
+    std::memcpy(out, stored.data(), got.bytes);
   }
-  const std::span<const uint8_t> raw = dense.empty() ? bytes : std::span<const uint8_t>(dense);
-  if (raw.size() > capacity) {
-    return Status::OutOfRange("the dense chunk has " + std::to_string(raw.size()) +
-                              " bytes; the buffer holds " + std::to_string(capacity));
-  }
-  std::memcpy(out, raw.data(), raw.size());
-  got.bytes = raw.size();
   if (dense_tokens != nullptr) *dense_tokens = tokens;
   return got;
 }

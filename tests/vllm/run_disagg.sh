@@ -6,14 +6,7 @@
 # Exit 77 (skipped) with the reason where deploy/setup-vllm.sh did not install the venv or model.
 set -euo pipefail
 py=$1 model=$2 build=$3
-if [[ ! -x $py || ! -f $(dirname "$py")/../.kvd-stamp ]]; then
-  echo "SKIP: no finished vLLM venv at $py (deploy/setup-vllm.sh installs it; it needs PyPI)"
-  exit 77
-fi
-if [[ ! -f $model/config.json ]]; then
-  echo "SKIP: no HF model folder at $model (deploy/setup-vllm.sh converts the demo model)"
-  exit 77
-fi
+source "$(dirname "$0")/require_vllm.sh"
 cd "$(dirname "$0")/../.."
 KVD_BUILD_DIR=$build KVD_VLLM_VENV=$(dirname "$(dirname "$py")") KVD_VLLM_MODEL=$model \
   KVD_DISAGG_LENGTHS=${KVD_DISAGG_LENGTHS:-600} KVD_DISAGG_REPEATS=1 \
