@@ -134,6 +134,24 @@ TEST_F(MembershipTest, EtcdGoneIsReportedThenRegisteredAgain) {
   EXPECT_EQ(range->kvs[0].lease, up.lease);
 }
 
+TEST_F(MembershipTest, LostLeaseIsReplacedAndTheRecordPutAgain) {
+  auto a = Membership::Start(Options("a"), [] { return Record(1); });
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(Within(milliseconds(5000), [&] { return (*a)->state().members.size() == 1; }));
+  const int64_t first = (*a)->state().lease;
+  EtcdClient etcd({.endpoints = {etcd_->endpoint()}});
+  ASSERT_TRUE(etcd.LeaseRevoke(first).ok());  // the record goes with it
+  // The next keepalive (every TTL / 3 = 1 s) finds the lease gone: registered again.
+  ASSERT_TRUE(Within(milliseconds(5000), [&] { return (*a)->state().registrations == 2; }));
+  MembershipState s = (*a)->state();
+  EXPECT_NE(s.lease, first);
+  ASSERT_TRUE(Within(milliseconds(2000), [&] {
+    auto range = etcd.RangePrefix("/kvd/test/members/");
+    return range.ok() && range->kvs.size() == 1 && range->kvs[0].lease == s.lease;
+  }));
+  EXPECT_EQ(Nodes((*a)->state()), std::set<std::string>{"a"});
+}
+
 TEST_F(MembershipTest, StartsWithoutEtcdAndRegistersOnceItAnswers) {
   MembershipOptions o = Options("late");
   etcd_->Kill();
