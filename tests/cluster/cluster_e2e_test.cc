@@ -15,7 +15,6 @@
 namespace kvd::e2e {
 namespace {
 
-using cluster_test::EtcdServer;
 using std::chrono::milliseconds;
 
 constexpr int kLeaseTtlS = 3;
@@ -31,13 +30,11 @@ double MetricValue(const KvdProcess& kvd, const std::string& name) {
   return std::atof(page->c_str() + space + 2);
 }
 
-class ClusterE2eTest : public ::testing::Test {
+class ClusterE2eTest : public cluster_test::EtcdTest {
  protected:
   void SetUp() override {
-    if (EtcdServer::Binary().empty()) GTEST_SKIP() << "etcd is not installed (etcd-server)";
-    auto etcd = EtcdServer::Start();
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = std::move(*etcd);
+    EtcdTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     for (int i = 0; i < 3; ++i) {
       const std::string node = std::string(1, static_cast<char>('a' + i));
       KvdConfig c;
@@ -80,7 +77,6 @@ class ClusterE2eTest : public ::testing::Test {
     return out;
   }
 
-  std::unique_ptr<EtcdServer> etcd_;
   std::vector<std::unique_ptr<KvdProcess>> kvds_;
 };
 

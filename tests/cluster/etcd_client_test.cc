@@ -14,23 +14,15 @@
 namespace kvd::cluster {
 namespace {
 
-using cluster_test::EtcdServer;
 using std::chrono::milliseconds;
 
-class EtcdClientTest : public ::testing::Test {
+class EtcdClientTest : public cluster_test::EtcdTest {
  protected:
-  void SetUp() override {
-    if (EtcdServer::Binary().empty()) GTEST_SKIP() << "etcd is not installed (etcd-server)";
-    auto server = EtcdServer::Start();
-    ASSERT_TRUE(server.ok()) << server.status();
-    etcd_ = std::move(*server);
-  }
   EtcdClient Client() {
     return EtcdClient({.endpoints = {etcd_->endpoint()},
                        .connect_timeout = milliseconds(500),
                        .request_timeout = milliseconds(1000)});
   }
-  std::unique_ptr<EtcdServer> etcd_;
 };
 
 TEST_F(EtcdClientTest, PutAndRangeByPrefixWithBinaryBytes) {

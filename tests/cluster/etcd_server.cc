@@ -111,6 +111,13 @@ std::string EtcdServer::Log() const {
   return text.size() > 2000 ? text.substr(text.size() - 2000) : text;
 }
 
+void EtcdTest::SetUp() {
+  if (EtcdServer::Binary().empty()) GTEST_SKIP() << "etcd is not installed (etcd-server)";
+  auto server = EtcdServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  etcd_ = std::move(*server);
+}
+
 EtcdServer::~EtcdServer() {
   Kill();
   std::error_code ec;

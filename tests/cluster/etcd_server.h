@@ -2,6 +2,7 @@
 // tied to the test process (it dies with it). Tests skip when etcd is not installed.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/types.h>
 
 #include <memory>
@@ -33,6 +34,14 @@ class EtcdServer {
   Status Spawn();
   std::string ip_, dir_, endpoint_, peer_url_;
   pid_t pid_ = -1;
+};
+
+// A fixture base: a fresh etcd per test in etcd_; the test is skipped when etcd is not installed.
+// A derived SetUp calls EtcdTest::SetUp() first and returns if IsSkipped() or HasFatalFailure().
+class EtcdTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  std::unique_ptr<EtcdServer> etcd_;
 };
 
 // A TCP port on `ip` that nothing listens on right now (bound and released).

@@ -14,7 +14,6 @@
 namespace kvd::cluster {
 namespace {
 
-using cluster_test::EtcdServer;
 using std::chrono::milliseconds;
 
 template <typename Pred>
@@ -33,14 +32,8 @@ std::set<std::string> Nodes(const MembershipState& s) {
   return nodes;
 }
 
-class MembershipTest : public ::testing::Test {
+class MembershipTest : public cluster_test::EtcdTest {
  protected:
-  void SetUp() override {
-    if (EtcdServer::Binary().empty()) GTEST_SKIP() << "etcd is not installed (etcd-server)";
-    auto server = EtcdServer::Start();
-    ASSERT_TRUE(server.ok()) << server.status();
-    etcd_ = std::move(*server);
-  }
   MembershipOptions Options(const std::string& node, const std::string& token = "") {
     MembershipOptions o;
     o.etcd = {etcd_->endpoint()};
@@ -61,7 +54,6 @@ class MembershipTest : public ::testing::Test {
     r.models = {{"m", 0x0123456789abcdefULL}};
     return r;
   }
-  std::unique_ptr<EtcdServer> etcd_;
 };
 
 TEST_F(MembershipTest, NodesSeeEachOtherAndOneThatStopsLeavesAtOnce) {
