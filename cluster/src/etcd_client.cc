@@ -101,7 +101,11 @@ int64_t Int64Field(const Json& j, const char* key, int64_t fallback = 0) {
 StatusOr<std::string> Bytes(const Json& j, const char* key) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_string()) return std::string();
-  return Base64Decode(it->get_ref<const std::string&>());
+  auto bytes = Base64Decode(it->get_ref<const std::string&>());
+  if (!bytes.ok())
+    return Status::Internal("etcd: reply field " + std::string(key) + ": " +
+                            bytes.status().message());
+  return bytes;
 }
 
 StatusOr<KeyValue> ParseKeyValue(const Json& j) {
@@ -125,6 +129,17 @@ Status GatewayError(const Json& j) {
     message = (*e)["error"].get<std::string>();
   }
   return FromGrpc(code, message);
+}
+
+// Runs `f`, turning an exception (a JSON reply of unexpected shape) into INTERNAL: nothing
+// thrown leaves this file.
+template <typename F>
+auto Guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return Status::Internal(std::string("etcd: unexpected reply: ") + e.what());
+  }
 }
 
 std::string Describe(const error_code& ec) {
@@ -273,6 +288,13 @@ class GatewayWatchStream : public WatchStream {
   }
 
   StatusOr<std::vector<WatchEvent>> Next(std::chrono::milliseconds timeout) override {
+    return Guarded([&] { return NextEvents(timeout); });
+  }
+
+  int64_t revision() const override { return revision_; }
+
+ private:
+  StatusOr<std::vector<WatchEvent>> NextEvents(std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::vector<WatchEvent> events;
     while (events.empty()) {
@@ -307,9 +329,6 @@ class GatewayWatchStream : public WatchStream {
     return events;
   }
 
-  int64_t revision() const override { return revision_; }
-
- private:
   // The "result" of a stream message; its revision noted.
   StatusOr<Json> Result(const Json& j) {
     if (j.is_discarded() || !j.is_object()) {
@@ -418,80 +437,97 @@ std::string PrefixRangeEnd(const std::string& prefix) {
 EtcdClient::EtcdClient(EtcdClientOptions options) : options_(std::move(options)) {}
 
 StatusOr<LeaseInfo> EtcdClient::LeaseGrant(int64_t ttl_s) {
-  KVD_ASSIGN_OR_RETURN(Json j, Call(options_, "lease/grant", Json{{"TTL", ttl_s}}));
-  LeaseInfo info = ParseLease(j);
-  if (info.id == 0) return Status::Internal("etcd: lease/grant answered without a lease ID");
-  info.granted_ttl_s = info.ttl_s;
-  return info;
+  return Guarded([&]() -> StatusOr<LeaseInfo> {
+    KVD_ASSIGN_OR_RETURN(Json j, Call(options_, "lease/grant", Json{{"TTL", ttl_s}}));
+    LeaseInfo info = ParseLease(j);
+    if (info.id == 0) return Status::Internal("etcd: lease/grant answered without a lease ID");
+    info.granted_ttl_s = info.ttl_s;
+    return info;
+  });
 }
 
 StatusOr<LeaseInfo> EtcdClient::LeaseKeepAlive(int64_t lease_id) {
-  KVD_ASSIGN_OR_RETURN(Json j,
-                       Call(options_, "lease/keepalive", Json{{"ID", std::to_string(lease_id)}}));
-  auto it = j.find("result");
-  if (it == j.end() || !it->is_object()) {
-    return Status::Internal("etcd: lease/keepalive answered without a result");
-  }
-  LeaseInfo info = ParseLease(*it);
-  info.id = lease_id;
-  // An expired or revoked lease is answered with no TTL (0).
-  if (info.ttl_s <= 0) {
-    return Status::NotFound("etcd: lease " + std::to_string(lease_id) + " no longer exists");
-  }
-  return info;
+  return Guarded([&]() -> StatusOr<LeaseInfo> {
+    KVD_ASSIGN_OR_RETURN(Json j,
+                         Call(options_, "lease/keepalive", Json{{"ID", std::to_string(lease_id)}}));
+    auto it = j.find("result");
+    if (it == j.end() || !it->is_object()) {
+      return Status::Internal("etcd: lease/keepalive answered without a result");
+    }
+    LeaseInfo info = ParseLease(*it);
+    info.id = lease_id;
+    // An expired or revoked lease is answered with no TTL (0).
+    if (info.ttl_s <= 0) {
+      return Status::NotFound("etcd: lease " + std::to_string(lease_id) + " no longer exists");
+    }
+    return info;
+  });
 }
 
 Status EtcdClient::LeaseRevoke(int64_t lease_id) {
-  return Call(options_, "lease/revoke", Json{{"ID", std::to_string(lease_id)}}).status();
+  return Guarded([&]() -> Status {
+    return Call(options_, "lease/revoke", Json{{"ID", std::to_string(lease_id)}}).status();
+  });
 }
 
 StatusOr<LeaseInfo> EtcdClient::LeaseTimeToLive(int64_t lease_id) {
-  KVD_ASSIGN_OR_RETURN(Json j,
-                       Call(options_, "lease/timetolive", Json{{"ID", std::to_string(lease_id)}}));
-  LeaseInfo info = ParseLease(j);
-  info.id = lease_id;
-  return info;
+  return Guarded([&]() -> StatusOr<LeaseInfo> {
+    KVD_ASSIGN_OR_RETURN(
+        Json j, Call(options_, "lease/timetolive", Json{{"ID", std::to_string(lease_id)}}));
+    LeaseInfo info = ParseLease(j);
+    info.id = lease_id;
+    return info;
+  });
 }
 
 Status EtcdClient::Put(const std::string& key, const std::string& value, int64_t lease_id) {
-  Json body{{"key", Base64Encode(key)}, {"value", Base64Encode(value)}};
-  if (lease_id != 0) body["lease"] = std::to_string(lease_id);
-  return Call(options_, "kv/put", body).status();
+  return Guarded([&]() -> Status {
+    Json body{{"key", Base64Encode(key)}, {"value", Base64Encode(value)}};
+    if (lease_id != 0) body["lease"] = std::to_string(lease_id);
+    return Call(options_, "kv/put", body).status();
+  });
 }
 
 StatusOr<RangeResult> EtcdClient::RangePrefix(const std::string& prefix) {
-  if (prefix.empty()) return Status::InvalidArgument("etcd range: empty prefix");
-  KVD_ASSIGN_OR_RETURN(Json j, Call(options_, "kv/range",
-                                    Json{{"key", Base64Encode(prefix)},
-                                         {"range_end", Base64Encode(PrefixRangeEnd(prefix))}}));
-  RangeResult result;
-  if (auto h = j.find("header"); h != j.end()) result.revision = Int64Field(*h, "revision");
-  if (auto kvs = j.find("kvs"); kvs != j.end() && kvs->is_array()) {
-    for (const Json& kv : *kvs) {
-      KVD_ASSIGN_OR_RETURN(KeyValue parsed, ParseKeyValue(kv));
-      result.kvs.push_back(std::move(parsed));
+  return Guarded([&]() -> StatusOr<RangeResult> {
+    if (prefix.empty()) return Status::InvalidArgument("etcd range: empty prefix");
+    KVD_ASSIGN_OR_RETURN(Json j, Call(options_, "kv/range",
+                                      Json{{"key", Base64Encode(prefix)},
+                                           {"range_end", Base64Encode(PrefixRangeEnd(prefix))}}));
+    RangeResult result;
+    if (auto h = j.find("header"); h != j.end()) result.revision = Int64Field(*h, "revision");
+    if (auto kvs = j.find("kvs"); kvs != j.end() && kvs->is_array()) {
+      for (const Json& kv : *kvs) {
+        KVD_ASSIGN_OR_RETURN(KeyValue parsed, ParseKeyValue(kv));
+        result.kvs.push_back(std::move(parsed));
+      }
     }
-  }
-  return result;
+    return result;
+  });
 }
 
 StatusOr<int64_t> EtcdClient::Delete(const std::string& key) {
-  KVD_ASSIGN_OR_RETURN(Json j, Call(options_, "kv/deleterange", Json{{"key", Base64Encode(key)}}));
-  return Int64Field(j, "deleted");
+  return Guarded([&]() -> StatusOr<int64_t> {
+    KVD_ASSIGN_OR_RETURN(Json j,
+                         Call(options_, "kv/deleterange", Json{{"key", Base64Encode(key)}}));
+    return Int64Field(j, "deleted");
+  });
 }
 
 StatusOr<std::unique_ptr<WatchStream>> EtcdClient::WatchPrefix(const std::string& prefix,
                                                                int64_t start_revision) {
-  if (prefix.empty()) return Status::InvalidArgument("etcd watch: empty prefix");
-  KVD_ASSIGN_OR_RETURN(auto connection, Connection::Open(options_));
-  Json create{{"key", Base64Encode(prefix)}, {"range_end", Base64Encode(PrefixRangeEnd(prefix))}};
-  if (start_revision > 0) create["start_revision"] = std::to_string(start_revision);
-  KVD_RETURN_IF_ERROR(connection->Send(std::string(kApiPrefix) + "watch",
-                                       Json{{"create_request", create}}.dump(),
-                                       options_.request_timeout));
-  auto stream = std::make_unique<GatewayWatchStream>(std::move(connection));
-  KVD_RETURN_IF_ERROR(stream->Created(options_.request_timeout));
-  return std::unique_ptr<WatchStream>(std::move(stream));
+  return Guarded([&]() -> StatusOr<std::unique_ptr<WatchStream>> {
+    if (prefix.empty()) return Status::InvalidArgument("etcd watch: empty prefix");
+    KVD_ASSIGN_OR_RETURN(auto connection, Connection::Open(options_));
+    Json create{{"key", Base64Encode(prefix)}, {"range_end", Base64Encode(PrefixRangeEnd(prefix))}};
+    if (start_revision > 0) create["start_revision"] = std::to_string(start_revision);
+    KVD_RETURN_IF_ERROR(connection->Send(std::string(kApiPrefix) + "watch",
+                                         Json{{"create_request", create}}.dump(),
+                                         options_.request_timeout));
+    auto stream = std::make_unique<GatewayWatchStream>(std::move(connection));
+    KVD_RETURN_IF_ERROR(stream->Created(options_.request_timeout));
+    return std::unique_ptr<WatchStream>(std::move(stream));
+  });
 }
 
 }  // namespace kvd::cluster

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <thread>
 
 #include "etcd_server.h"
 
@@ -169,6 +170,69 @@ TEST(EtcdClientUnreachable, SilentPeerIsDeadlineExceededWithinTheTimeout) {
   EXPECT_LT(took, milliseconds(2000));
   EXPECT_EQ(etcd.WatchPrefix("/a/", 0).status().code(), StatusCode::kDeadlineExceeded);
   ::close(fd);
+}
+
+// A one-connection HTTP server on loopback that answers any request with `body` (status 200).
+class CannedGateway {
+ public:
+  explicit CannedGateway(std::string body) : body_(std::move(body)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    ::listen(fd_, 1);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    endpoint_ = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    thread_ = std::thread([this] {
+      int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      char buf[4096];
+      ssize_t n = ::read(c, buf, sizeof buf);  // the whole small request
+      (void)n;
+      const std::string reply =
+          "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+          "Content-Length: " +
+          std::to_string(body_.size()) + "\r\n\r\n" + body_;
+      n = ::write(c, reply.data(), reply.size());
+      ::close(c);
+    });
+  }
+  ~CannedGateway() {
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+  }
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  std::string body_, endpoint_;
+  int fd_ = -1;
+  std::thread thread_;
+};
+
+TEST(EtcdClientBadReplies, AreInternalErrorsNotCrashes) {
+  {
+    CannedGateway gateway("not json");
+    Status s = EtcdClient({.endpoints = {gateway.endpoint()}}).Put("/a", "b");
+    EXPECT_EQ(s.code(), StatusCode::kInternal) << s;
+  }
+  {
+    CannedGateway gateway(R"({"code": 5, "message": 7})");  // an error object of the wrong shape
+    Status s = EtcdClient({.endpoints = {gateway.endpoint()}}).Put("/a", "b");
+    EXPECT_EQ(s.code(), StatusCode::kInternal) << s;
+  }
+  {
+    CannedGateway gateway(R"({"code": 7, "message": "etcdserver: permission denied"})");
+    Status s = EtcdClient({.endpoints = {gateway.endpoint()}}).Put("/a", "b");
+    EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s;
+  }
+  {
+    CannedGateway gateway(R"({"kvs": [{"key": "!!!!!"}]})");  // not base64
+    auto r = EtcdClient({.endpoints = {gateway.endpoint()}}).RangePrefix("/a/");
+    EXPECT_EQ(r.status().code(), StatusCode::kInternal) << r.status();
+  }
 }
 
 TEST(EtcdClientOptions, ValidateNamesTheBadEndpoint) {
