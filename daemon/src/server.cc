@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "cluster_member.h"
 #include "kvd/common/log_limiter.h"
 #include "kvd/common/logging.h"
 #include "listen_address.h"
@@ -322,6 +323,10 @@ Status Server::Impl::Start() {
   if (unix_acceptor_) asio::co_spawn(io_, AcceptUnix(), asio::detached);
   expiry_timer_.emplace(io_);
   asio::co_spawn(io_, ExpiryLoop(), asio::detached);
+  if (config_.cluster) {
+    KVD_ASSIGN_OR_RETURN(membership_, StartClusterMembership(config_, tcp_address_, local_address_,
+                                                             manager_.get()));
+  }
   if (deps_.handle_signals) {
     signals_.emplace(io_, SIGINT, SIGTERM);
     signals_->async_wait([this](boost::system::error_code ec, int signal) {
@@ -364,6 +369,7 @@ void Server::Impl::StopPrefault() {
 void Server::Impl::Run() {
   if (shutdown_requested_.load()) asio::post(io_, [this] { BeginShutdown(); });
   io_.run();
+  if (membership_) membership_->Stop();  // revokes the lease: the others see this node leave
   StopPrefault();
   progress_->Stop();
   nccl_->Stop();

@@ -18,6 +18,7 @@
 #include "asio_util.h"
 #include "auth.h"
 #include "event_hub.h"
+#include "kvd/cluster/membership.h"
 #include "kvd/daemon/chunk_codec.h"
 #include "kvd/daemon/server.h"
 #include "kvd/storage/disk_tier.h"
@@ -165,6 +166,9 @@ class Server::Impl : public ReservationBook {
   std::unique_ptr<storage::DiskTier> disk_;
   std::unique_ptr<storage::GpuTier> gpu_;  // tiers.gpu; declared before manager_ (outlives it)
   std::unique_ptr<storage::TierManager> manager_;
+  // config.cluster: this node's registration in etcd (thread-safe; started by Start, stopped by
+  // Run after the io_context ends). nullptr for a single node.
+  std::unique_ptr<cluster::Membership> membership_;
   // One per model with a compression policy. Declared after the tiers: destroyed (pool threads
   // joined) before them.
   std::map<std::string, std::unique_ptr<ChunkCodec>> codecs_;

@@ -1,4 +1,5 @@
 // Session requests for kvdctl: stats, list, evict, health (any role).
+#include "cluster_member.h"
 #include "disk_damage.h"
 #include "kvd/common/logging.h"
 #include "kvd/proto/convert.h"
@@ -128,6 +129,9 @@ StatsSnapshot Server::Impl::Snapshot() {
   const storage::DiskHealthReport disk_health =
       disk_ != nullptr ? disk_->Health() : storage::DiskHealthReport{};
   for (auto& counter : DiskHealthCounters(disk_health)) s.counters.push_back(std::move(counter));
+  if (membership_) {
+    for (auto& counter : ClusterCounters(*membership_)) s.counters.push_back(std::move(counter));
+  }
   for (const ModelConfig& m : config_.models) {
     if (const ChunkCodec* codec = this->codec(m.name); codec != nullptr) {
       s.compression.emplace_back(m.name, codec->Stats());
