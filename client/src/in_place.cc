@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "client_impl.h"
+#include "get_reply.h"
 #include "kvd/common/hash.h"
 
 namespace kvd::client {
@@ -38,17 +39,19 @@ StatusOr<ChunkView> ClientImpl::ReadInPlace(uint64_t lease_id, uint32_t chunk_in
   const auto sent_at = std::chrono::steady_clock::now();
   KVD_ASSIGN_OR_RETURN(const uint64_t req,
                        SendShmGetLocked(lease_id, chunk_index, ~uint64_t{0}, options.form));
-  ShmGetReply got;
+  GetReply got;
   Status s = AwaitShmGetLocked(req, ~uint64_t{0}, &got);
   StatusOr<std::byte*> slot = s;
   if (s.ok()) {
     slot =
         SlotLocked(req, got.segment, got.offset, got.generation, got.fd_attached, got.result.bytes);
   }
-  if (slot.ok() && options.verify_checksum &&
-      Checksum64(*slot, got.result.bytes) != got.result.checksum) {
-    slot = Status::DataLoss("ReadInPlace: checksum mismatch on chunk " +
-                            std::to_string(chunk_index) + " of lease " + std::to_string(lease_id));
+  if (slot.ok() && options.verify_checksum) {
+    if (Status v = VerifyGet("ReadInPlace", got.result, Checksum64(*slot, got.result.bytes),
+                             lease_id, chunk_index);
+        !v.ok()) {
+      slot = v;
+    }
   }
   if (!slot.ok()) {
     // The read (if one was opened) ends as a view's does.

@@ -8,12 +8,15 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "client_impl.h"
+#include "get_reply.h"
 #include "kvd/client/device.h"
 #include "kvd/common/copy_checksum.h"
 #include "kvd/common/hash.h"
 #include "kvd/proto/convert.h"
+#include "shm_path.h"
 
 namespace kvd::client::internal {
 namespace {
@@ -178,31 +181,11 @@ StatusOr<uint64_t> ClientImpl::SendShmGetLocked(uint64_t lease_id, uint32_t chun
   });
 }
 
-Status ClientImpl::AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, ShmGetReply* got) {
+Status ClientImpl::AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, GetReply* got) {
   auto reply = channel_->Await(request_id);
   if (!reply.ok()) return reply.status();
-  bool has_slot = false;
-  Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
-    if (!r.isGet()) return WrongReply("get");
-    auto g = r.getGet();
-    got->result.bytes = g.getBytes();
-    got->result.checksum = g.getChecksum();
-    got->result.tokens = g.getTokens();
-    got->result.codec_id = g.getCodecId();
-    got->result.form =
-        g.getForm() == proto::ChunkForm::COMPACT ? ChunkForm::kCompact : ChunkForm::kRaw;
-    got->read_id = g.getReadId();
-    got->read_ttl_ms = g.getReadTtlMs();
-    has_slot = g.hasShm();
-    if (has_slot) {
-      got->segment = g.getShm().getSegment();
-      got->offset = g.getShm().getOffset();
-      got->generation = g.getShm().getGeneration();
-      got->fd_attached = g.getShm().getFdAttached();
-    }
-    return Status::Ok();
-  });
-  if (s.ok() && !has_slot) s = Status::Internal("kvd answered a get without a memory slot");
+  Status s = ReadGetReply(**reply, got);
+  if (s.ok() && !got->has_slot) s = Status::Internal("kvd answered a get without a memory slot");
   if (s.ok() && got->result.bytes > capacity) {
     s = Status::OutOfRange("get: chunk of " + std::to_string(got->result.bytes) +
                            " bytes, buffer of " + std::to_string(capacity));
@@ -213,28 +196,26 @@ Status ClientImpl::AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, Shm
   return s;
 }
 
-StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const PutItem> items) {
+StatusOr<std::vector<PutResult>> ShmPath::PutWindow(std::span<const PutItem> items) {
+  ClientImpl& c = client_;
   const size_t n = items.size();
-  // Reserve-ahead: the first chunk goes into the slot held since the last put when it fits
-  // (same size, half its TTL left): no Reserve for it. A held slot it does not fit is aborted
-  // in the exchange of the first Reserve (or, with nothing to reserve, on its own).
-  const HeldSlot held = held_;
-  held_ = HeldSlot();
-  const bool use_held = held.reservation != 0 && n > 0 && PutBytes(items[0]) == held.bytes &&
-                        internal::Clock::now() < held.use_by;
-  if (use_held) KVD_RETURN_IF_ERROR(CheckPutItem(items[0]));
+  const HeldSlot held = std::exchange(c.held_, HeldSlot());
+  const bool use_held = held.reservation != 0 && n > 0 &&
+                        ClientImpl::PutBytes(items[0]) == held.bytes && Clock::now() < held.use_by;
+  if (use_held) KVD_RETURN_IF_ERROR(c.CheckPutItem(items[0]));
+  // Phase 1: a Reserve for every chunk but the one going into the held slot.
   const uint64_t abort_first = held.reservation != 0 && !use_held ? held.reservation : 0;
   const size_t first_reserved = use_held ? 1 : 0;
   std::vector<uint64_t> req(n, 0);
   if (first_reserved < n) {
-    auto sent = SendReservesLocked(items.subspan(first_reserved), false, abort_first);
+    auto sent = c.SendReservesLocked(items.subspan(first_reserved), {.abort_first = abort_first});
     if (!sent.ok()) {
-      if (use_held) AbortReservationsLocked({held.reservation});
+      if (use_held) c.AbortReservationsLocked({held.reservation});
       return sent.status();
     }
     std::copy(sent->begin(), sent->end(), req.begin() + first_reserved);
   } else if (abort_first != 0) {
-    AbortReservationsLocked({abort_first});
+    c.AbortReservationsLocked({abort_first});
   }
   // Phase 2: as each reservation comes back, copy the chunk into its slot and checksum it.
   std::vector<PutResult> out(n);
@@ -244,16 +225,10 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
   for (size_t i = 0; i < n; ++i) {
     StatusOr<Reservation> rv = Status::Internal("unset");
     if (i == 0 && use_held) {
-      Reservation h;
-      h.id = held.reservation;
-      h.has_slot = true;
-      h.segment = held.segment;
-      h.offset = held.offset;
-      h.generation = held.generation;
-      rv = h;  // mapped when it came (no memfd with it now)
-      out[0].bytes = PutBytes(items[0]);
+      rv = held.AsReservation();  // mapped when it came (no memfd with it now)
+      out[0].bytes = ClientImpl::PutBytes(items[0]);
     } else {
-      rv = AwaitReserveLocked(req[i], items[i], &out[i]);
+      rv = c.AwaitReserveLocked(req[i], items[i], &out[i]);
     }
     if (!rv.ok()) {
       if (first_error.ok()) first_error = rv.status();
@@ -262,157 +237,149 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
     reservation[i] = rv->id;
     if (out[i].already_stored) continue;
     to_abort.push_back(reservation[i]);
-    if (!rv->has_slot) {
-      if (first_error.ok()) first_error = Status::Internal("kvd reserved without a memory slot");
-      continue;
-    }
-    const size_t put_bytes = PutBytes(items[i]);
-    // Device memory (device.h) is copied straight into the slot on the item's stream; the
-    // checksum then reads the slot.
-    const bool from_device = IsDevice(items[i].data) || IsDevice(items[i].window_queries.data());
-    // Host bytes alone are copied and checksummed in one pass over them (copy_checksum.h),
-    // through the writable view when there is one (no protection change of the slot, and no
-    // page-table fill of the read-only mapping, which a later get of the slot does). The slot
-    // is read later by other processes, not by this thread: non-temporal stores.
-    const bool fused = !from_device && items[i].window_queries.empty();
-    const bool via_view = fused && options_.shm_writable_view && !options_.read_only;
-    auto slot = SlotLocked(req[i], rv->segment, rv->offset, rv->generation, rv->fd_attached,
-                           put_bytes, /*populate=*/!via_view);
-    if (!slot.ok()) {
-      if (first_error.ok()) first_error = slot.status();
-      continue;
-    }
-    if (!first_error.ok()) continue;
-    if (from_device) PinSegmentLocked(rv->segment);
-    if (std::byte* view = fused ? WritableSlotLocked(rv->segment, rv->offset, put_bytes) : nullptr;
-        view != nullptr) {
-      Status located = LocateForUse(items[i].data, "put data").status();
-      if (!located.ok()) {
-        first_error = located;
-        continue;
-      }
-      checksum[i] =
-          CopyWithChecksum64(view, items[i].data, items[i].bytes, CopyDestination::kNotReadSoon);
-      continue;
-    }
-    Status copied = ProtectSlot(*slot, put_bytes, /*writable=*/true);
-    if (copied.ok() && fused) {
-      copied = LocateForUse(items[i].data, "put data").status();
-      if (copied.ok()) {
-        checksum[i] =
-            CopyWithChecksum64(*slot, items[i].data, items[i].bytes, CopyDestination::kNotReadSoon);
-      }
-    } else if (copied.ok()) {
-      copied =
-          CopyToHostFrom(*slot, items[i].data, items[i].bytes, items[i].cuda_stream, "put data");
-      if (copied.ok() && !items[i].window_queries.empty()) {
-        // The window queries follow the raw chunk in the slot (no staging copy); the checksum
-        // then reads the slot once instead of two source buffers.
-        copied =
-            CopyToHostFrom(*slot + items[i].bytes, items[i].window_queries.data(),
-                           put_bytes - items[i].bytes, items[i].cuda_stream, "put window queries");
-      }
-    }
-    // Read-only again before the commit goes out (the copies above have completed).
-    Status closed = ProtectSlot(*slot, put_bytes, /*writable=*/false);
-    if (copied.ok()) copied = closed;
-    if (!copied.ok()) {
-      first_error = copied;
-      continue;
-    }
-    if (!fused) checksum[i] = Checksum64(*slot, put_bytes);
+    Status s = FillSlot(req[i], *rv, items[i], /*copy=*/first_error.ok(), &checksum[i]);
+    if (!s.ok() && first_error.ok()) first_error = s;
   }
   if (!first_error.ok()) {
-    AbortReservationsLocked(to_abort);
+    c.AbortReservationsLocked(to_abort);
     return first_error;
   }
-  if (hooks_.before_commit) hooks_.before_commit();
+  if (c.hooks_.before_commit) c.hooks_.before_commit();
   // Phase 3: commit with checksums (pipelined).
-  KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> commit_req,
-                       SendCommitsLocked(out, reservation, checksum, use_held ? &items[0] : nullptr,
-                                         n > 0 ? ReserveNextBytes(items[n - 1]) : 0));
-  AwaitCommitsLocked(commit_req, out, &first_error);
+  KVD_ASSIGN_OR_RETURN(
+      const std::vector<uint64_t> commit_req,
+      c.SendCommitsLocked(out, reservation, checksum, use_held ? &items[0] : nullptr,
+                          n > 0 ? c.ReserveNextBytes(items[n - 1]) : 0));
+  c.AwaitCommitsLocked(commit_req, out, &first_error);
   if (!first_error.ok()) return first_error;
   return out;
 }
 
-StatusOr<std::vector<GetResult>> ClientImpl::GetWindowShmLocked(uint64_t lease_id,
-                                                                std::span<const GetItem> items) {
+Status ShmPath::FillSlot(uint64_t request_id, const Reservation& rv, const PutItem& item, bool copy,
+                         uint64_t* checksum) {
+  ClientImpl& c = client_;
+  if (!rv.has_slot) return Status::Internal("kvd reserved without a memory slot");
+  const size_t put_bytes = ClientImpl::PutBytes(item);
+  // Device memory (device.h) is copied straight into the slot on the item's stream; the
+  // checksum then reads the slot.
+  const bool from_device =
+      ClientImpl::IsDevice(item.data) || ClientImpl::IsDevice(item.window_queries.data());
+  // Host bytes alone are copied and checksummed in one pass over them (copy_checksum.h),
+  // through the writable view when there is one (no protection change of the slot, and no
+  // page-table fill of the read-only mapping, which a later get of the slot does). The slot
+  // is read later by other processes, not by this thread: non-temporal stores.
+  const bool fused = !from_device && item.window_queries.empty();
+  const bool via_view = fused && c.options_.shm_writable_view && !c.options_.read_only;
+  KVD_ASSIGN_OR_RETURN(std::byte * slot,
+                       c.SlotLocked(request_id, rv.segment, rv.offset, rv.generation,
+                                    rv.fd_attached, put_bytes, /*populate=*/!via_view));
+  if (!copy) return Status::Ok();
+  if (from_device) c.PinSegmentLocked(rv.segment);
+  if (std::byte* view = fused ? c.WritableSlotLocked(rv.segment, rv.offset, put_bytes) : nullptr;
+      view != nullptr) {
+    KVD_RETURN_IF_ERROR(LocateForUse(item.data, "put data").status());
+    *checksum = CopyWithChecksum64(view, item.data, item.bytes, CopyDestination::kNotReadSoon);
+    return Status::Ok();
+  }
+  Status copied = ProtectSlot(slot, put_bytes, /*writable=*/true);
+  if (copied.ok() && fused) {
+    copied = LocateForUse(item.data, "put data").status();
+    if (copied.ok()) {
+      *checksum = CopyWithChecksum64(slot, item.data, item.bytes, CopyDestination::kNotReadSoon);
+    }
+  } else if (copied.ok()) {
+    copied = CopyToHostFrom(slot, item.data, item.bytes, item.cuda_stream, "put data");
+    if (copied.ok() && !item.window_queries.empty()) {
+      // The window queries follow the raw chunk in the slot (no staging copy); the checksum
+      // then reads the slot once instead of two source buffers.
+      copied = CopyToHostFrom(slot + item.bytes, item.window_queries.data(), put_bytes - item.bytes,
+                              item.cuda_stream, "put window queries");
+    }
+  }
+  // Read-only again before the commit goes out (the copies above have completed).
+  Status closed = ProtectSlot(slot, put_bytes, /*writable=*/false);
+  if (copied.ok()) copied = closed;
+  KVD_RETURN_IF_ERROR(copied);
+  if (!fused) *checksum = Checksum64(slot, put_bytes);
+  return Status::Ok();
+}
+
+StatusOr<std::vector<GetResult>> ShmPath::GetWindow(uint64_t lease_id,
+                                                    std::span<const GetItem> items) {
+  ClientImpl& c = client_;
   const size_t n = items.size();
-  std::vector<uint64_t> req(n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    if (items[i].out == nullptr && items[i].capacity > 0) {
+  for (const GetItem& item : items) {
+    if (item.out == nullptr && item.capacity > 0) {
       return Status::InvalidArgument("get: null output buffer");
     }
-    KVD_RETURN_IF_ERROR(LocateForUse(items[i].out, "get buffer").status());
+    KVD_RETURN_IF_ERROR(LocateForUse(item.out, "get buffer").status());
   }
   // Ask for every chunk (pipelined); each reply names the pinned slot.
+  std::vector<uint64_t> req(n, 0);
   for (size_t i = 0; i < n; ++i) {
-    KVD_ASSIGN_OR_RETURN(
-        req[i], SendShmGetLocked(lease_id, items[i].chunk_index, items[i].capacity, items[i].form));
+    KVD_ASSIGN_OR_RETURN(req[i], c.SendShmGetLocked(lease_id, items[i].chunk_index,
+                                                    items[i].capacity, items[i].form));
   }
   std::vector<GetResult> out(n);
   std::vector<uint64_t> reads;
   Status first_error;
   for (size_t i = 0; i < n; ++i) {
-    ShmGetReply got;
-    Status s = AwaitShmGetLocked(req[i], items[i].capacity, &got);
+    GetReply got;
+    Status s = c.AwaitShmGetLocked(req[i], items[i].capacity, &got);
     if (got.read_id != 0) reads.push_back(got.read_id);
-    if (!s.ok()) {
-      if (first_error.ok()) first_error = s;
-      continue;
+    if (s.ok()) {
+      out[i] = got.result;
+      s = CopyOut(req[i], lease_id, items[i], got);
     }
-    out[i] = got.result;
-    const uint32_t segment = got.segment;
-    auto slot =
-        SlotLocked(req[i], segment, got.offset, got.generation, got.fd_attached, out[i].bytes);
-    if (!slot.ok()) {
-      if (first_error.ok()) first_error = slot.status();
-      continue;
-    }
-    // End to end: the bytes must match the checksum the writer committed. The slot is checked
-    // (it stays pinned by the read until released below): for a host buffer in the same pass
-    // as the copy (each block hashed, then copied from the cache); for a device buffer
-    // (device.h) first, then copied on the item's stream.
-    const bool to_device = IsDevice(items[i].out);
-    if (to_device) PinSegmentLocked(segment);
-    const uint64_t sum = to_device ? Checksum64(*slot, out[i].bytes)
-                                   : CopyWithChecksum64(items[i].out, *slot, out[i].bytes);
-    if (sum != out[i].checksum) {
-      if (first_error.ok()) {
-        first_error = Status::DataLoss("get: checksum mismatch on chunk " +
-                                       std::to_string(items[i].chunk_index) + " of lease " +
-                                       std::to_string(lease_id));
-      }
-      continue;
-    }
-    if (to_device) {
-      Status copied =
-          CopyFromHostTo(items[i].out, *slot, out[i].bytes, items[i].cuda_stream, "get buffer");
-      if (!copied.ok() && first_error.ok()) first_error = copied;
-    }
+    if (!s.ok() && first_error.ok()) first_error = s;
   }
+  Status ended = EndReads(reads);
+  if (first_error.ok()) first_error = ended;
+  if (!first_error.ok()) return first_error;
+  return out;
+}
+
+Status ShmPath::CopyOut(uint64_t request_id, uint64_t lease_id, const GetItem& item,
+                        const GetReply& got) {
+  ClientImpl& c = client_;
+  const uint64_t bytes = got.result.bytes;
+  KVD_ASSIGN_OR_RETURN(std::byte * slot, c.SlotLocked(request_id, got.segment, got.offset,
+                                                      got.generation, got.fd_attached, bytes));
+  // End to end: the bytes must match the checksum the writer committed. The slot is checked
+  // (it stays pinned by the read until it ends): for a host buffer in the same pass as the copy
+  // (each block hashed, then copied from the cache); for a device buffer (device.h) first,
+  // then copied on the item's stream.
+  const bool to_device = ClientImpl::IsDevice(item.out);
+  if (to_device) c.PinSegmentLocked(got.segment);
+  const uint64_t sum =
+      to_device ? Checksum64(slot, bytes) : CopyWithChecksum64(item.out, slot, bytes);
+  KVD_RETURN_IF_ERROR(VerifyGet("get", got.result, sum, lease_id, item.chunk_index));
+  if (!to_device) return Status::Ok();
+  return CopyFromHostTo(item.out, slot, bytes, item.cuda_stream, "get buffer");
+}
+
+Status ShmPath::EndReads(const std::vector<uint64_t>& reads) {
+  ClientImpl& c = client_;
   // The bytes are ours now: the reads end so the chunks may be evicted again. A daemon that
   // takes Request.releaseReads gets them with the next request, whatever it is (no exchange
   // here: the get was one round trip); an older one gets ReleaseReads (pipelined).
-  if (session_.releases_on_requests && !hooks_.release_reads_apart) {
-    channel_->DeferReleases(reads);
-    if (!first_error.ok()) return first_error;
-    return out;
+  if (c.session_.releases_on_requests && !c.hooks_.release_reads_apart) {
+    c.channel_->DeferReleases(reads);
+    return Status::Ok();
   }
   std::vector<uint64_t> release_req;
   for (uint64_t read : reads) {
     auto id =
-        channel_->Send([&](proto::Request::Builder r) { r.initReleaseRead().setReadId(read); });
+        c.channel_->Send([&](proto::Request::Builder r) { r.initReleaseRead().setReadId(read); });
     if (!id.ok()) break;
     release_req.push_back(*id);
   }
+  Status first_error;
   for (uint64_t id : release_req) {
-    auto r = channel_->Await(id);
+    auto r = c.channel_->Await(id);
     if (!r.ok() && first_error.ok()) first_error = r.status().WithContext("release of a read");
   }
-  if (!first_error.ok()) return first_error;
-  return out;
+  return first_error;
 }
 
 }  // namespace kvd::client::internal
