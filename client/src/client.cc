@@ -90,15 +90,18 @@ Status ClientImpl::Handshake() {
     }
     return Status(s.code(), "kvd refused the handshake: " + s.message());
   }
-  std::string daemon_address;
-  KVD_RETURN_IF_ERROR(ReadHelloReply(**reply, &daemon_address));
+  HelloGrant grant;
+  KVD_RETURN_IF_ERROR(ReadHelloReply(**reply, &grant));
   if (options_.role == Role::kEngine) {
-    if (daemon_address.empty()) {
+    if (grant.daemon_address.empty()) {
       return Status::Internal("kvd accepted the engine handshake without a transport address");
     }
-    ucx_->set_daemon_address(std::move(daemon_address));  // connected on the first transfer
+    ucx_->set_daemon_address(std::move(grant.daemon_address));  // connected on the first window
   }
-  if (session_.shared_memory) shm_ = std::make_unique<ShmPath>(*this);
+  if (session_.shared_memory) {
+    const bool reserve_ahead = options_.reserve_ahead && grant.reserve_ahead && !options_.read_only;
+    shm_ = std::make_unique<ShmPath>(*this, reserve_ahead);
+  }
   if (options_.nccl) {
     transport::TransportOptions link = options_.transport;
     link.backend = hooks_.nccl_backend;
@@ -147,7 +150,7 @@ StatusOr<uint64_t> ClientImpl::SendHelloLocked(const std::string& worker_address
   return *id;
 }
 
-Status ClientImpl::ReadHelloReply(proto::DecodedMessage& reply, std::string* daemon_address) {
+Status ClientImpl::ReadHelloReply(proto::DecodedMessage& reply, HelloGrant* grant) {
   return ReadReply(reply, [&](proto::Response::Reader r) -> Status {
     if (!r.isHello()) return WrongReply("hello");
     auto h = r.getHello();
@@ -163,7 +166,7 @@ Status ClientImpl::ReadHelloReply(proto::DecodedMessage& reply, std::string* dae
     session_.releases_on_requests = h.getReleasesOnRequests();
     session_.inline_put = h.getInlinePut();
     lease_releases_on_requests_ = h.getLeaseReleasesOnRequests();
-    reserve_ahead_offered_ = h.getReserveAhead();
+    grant->reserve_ahead = h.getReserveAhead();
     session_.codec_id = h.getCodecId();
     session_.policy_digest = h.getPolicyDigest();
     session_.policy = h.getPolicy().cStr();
@@ -172,7 +175,7 @@ Status ClientImpl::ReadHelloReply(proto::DecodedMessage& reply, std::string* dae
     session_.calibration_version = h.getCalibrationVersion();
     session_.keeps_positions = h.getKeepsPositions();
     auto addr = h.getWorkerAddress();
-    daemon_address->assign(reinterpret_cast<const char*>(addr.begin()), addr.size());
+    grant->daemon_address.assign(reinterpret_cast<const char*>(addr.begin()), addr.size());
     return Status::Ok();
   });
 }
@@ -435,7 +438,6 @@ StatusOr<std::vector<uint64_t>> ClientImpl::SendCommitsLocked(
     const std::vector<uint64_t>& checksum, const PutItem* named, uint64_t reserve_next) {
   std::vector<uint64_t> commit_req(out.size(), 0);
   size_t last = out.size();  // the last commit sent carries reserve_next
-  reserve_next_asked_ = reserve_next;
   for (size_t i = 0; i < out.size(); ++i) {
     if (!out[i].already_stored) last = i;
   }
@@ -459,16 +461,9 @@ StatusOr<std::vector<uint64_t>> ClientImpl::SendCommitsLocked(
   return commit_req;
 }
 
-uint64_t ClientImpl::ReserveNextBytes(const PutItem& last) const {
-  if (!options_.reserve_ahead || !reserve_ahead_offered_ || !session_.shared_memory ||
-      options_.read_only) {
-    return 0;
-  }
-  return PutBytes(last);
-}
-
 void ClientImpl::AwaitCommitsLocked(const std::vector<uint64_t>& commit_req,
-                                    std::vector<PutResult>& out, Status* first_error) {
+                                    std::vector<PutResult>& out, Status* first_error,
+                                    OfferedSlot* offered) {
   for (size_t i = 0; i < commit_req.size(); ++i) {
     if (commit_req[i] == 0) continue;
     auto reply = channel_->Await(commit_req[i]);
@@ -497,19 +492,12 @@ void ClientImpl::AwaitCommitsLocked(const std::vector<uint64_t>& commit_req,
       return Status::Ok();
     });
     if (!s.ok() && first_error->ok()) *first_error = s;
-    if (s.ok() && next.reservation != 0) {
-      // The slot's size is what this client asked for: the last put's.
-      next.bytes = reserve_next_asked_;
-      // Mapped now (its memfd, when attached, is taken with this reply); kept for the next put.
-      auto slot = SlotLocked(commit_req[i], next.segment, next.offset, next.generation, fd_attached,
-                             next.bytes, /*populate=*/false);
-      if (slot.ok()) {
-        if (held_.reservation != 0) AbortReservationsLocked({held_.reservation});
-        held_ = next;
-      } else {
-        AbortReservationsLocked({next.reservation});
-      }
+    if (!s.ok() || next.reservation == 0) continue;
+    if (offered == nullptr) {
+      AbortReservationsLocked({next.reservation});
+      continue;
     }
+    *offered = OfferedSlot{commit_req[i], next, fd_attached};
   }
 }
 

@@ -14,6 +14,7 @@
 #include "kvd/client/device.h"
 #include "kvd/transport/transport.h"
 #include "nccl_path.h"
+#include "reservation.h"
 #include "shm_path.h"
 #include "testing/test_hooks.h"
 #include "transfer_path.h"
@@ -50,41 +51,6 @@ struct SegmentMapping {
   bool pinned = false;  // page-locked for device copies (device.h); set under ClientImpl::mu_
 };
 
-// What kvd answered to one Reserve.
-struct Reservation {
-  uint64_t id = 0;
-  uint64_t tag = 0;  // over a transport: the tag of the bulk transfer
-  // Shared-memory path: the arena slot the bytes go to (has_slot false: none offered).
-  bool has_slot = false;
-  uint32_t segment = 0;
-  uint64_t offset = 0, generation = 0;
-  bool fd_attached = false;
-};
-
-// A slot kvd reserved ahead for this client's next put (ClientOptions::reserve_ahead; kvd.capnp,
-// Commit). Reservation 0: none.
-struct HeldSlot {
-  uint64_t reservation = 0;
-  uint64_t bytes = 0;
-  uint32_t segment = 0;
-  uint64_t offset = 0, generation = 0;
-  Deadline use_by{};  // used only before this: half of the reservation TTL
-  // The slot as a Reserve's answer (its segment already mapped: no memfd).
-  Reservation AsReservation() const {
-    return Reservation{.id = reservation,
-                       .has_slot = true,
-                       .segment = segment,
-                       .offset = offset,
-                       .generation = generation};
-  }
-};
-
-// The extra fields of a window's Reserve messages.
-struct ReserveExtras {
-  bool over_nccl = false;    // Reserve.overNccl: the bytes come over kvd's NCCL link
-  uint64_t abort_first = 0;  // Reserve.abortFirst of the first one: a held slot to abort
-};
-
 class ClientImpl final : public Client {
  public:
   ClientImpl(ClientOptions options, TestHooks hooks, std::unique_ptr<Channel> channel)
@@ -102,9 +68,13 @@ class ClientImpl final : public Client {
   // Sends the Hello (`worker_address`: this client's transport, empty for an admin). A Hello
   // that cannot be sent returns the refusal kvd may have sent first (admission limits).
   StatusOr<uint64_t> SendHelloLocked(const std::string& worker_address);
-  // Reads the HelloReply into session_ (and the protocol features it offers) and
-  // `*daemon_address` (kvd's transport address).
-  Status ReadHelloReply(proto::DecodedMessage& reply, std::string* daemon_address);
+  // What a HelloReply grants beyond SessionInfo.
+  struct HelloGrant {
+    std::string daemon_address;  // kvd's transport address
+    bool reserve_ahead = false;  // HelloReply.reserveAhead
+  };
+  // Reads the HelloReply into session_ (and the protocol features it offers) and `*grant`.
+  Status ReadHelloReply(proto::DecodedMessage& reply, HelloGrant* grant);
 
   const ClientOptions& options() const { return options_; }
   const SessionInfo& session() const { return session_; }
@@ -225,18 +195,11 @@ class ClientImpl final : public Client {
                                                     uint64_t reserve_next = 0);
   // Awaits every commit of SendCommitsLocked and fills each item's bytes, stored_bytes,
   // codec_id (and already_stored for a put into a held slot that found its chunk stored); the
-  // first failure goes to `*first_error` (left as it is if already set). A reply carrying a slot
-  // held ahead (CommitReply.next) maps it (its memfd taken) and keeps it in held_.
+  // first failure goes to `*first_error` (left as it is if already set). A slot a reply holds
+  // ahead (CommitReply.next, when a commit asked for one) goes to `*offered`; without
+  // `offered` it is aborted.
   void AwaitCommitsLocked(const std::vector<uint64_t>& commit_req, std::vector<PutResult>& out,
-                          Status* first_error);
-  // ---- reserve-ahead (ClientOptions::reserve_ahead; kvd.capnp, Commit) ----
-  // The bytes to ask ahead for with the commit of a put window whose last item is `last`: its
-  // size when the session offers reserve-ahead and the option is on, else 0.
-  uint64_t ReserveNextBytes(const PutItem& last) const;
-  HeldSlot held_;                    // GUARDED_BY(mu_)
-  uint64_t reserve_next_asked_ = 0;  // the last SendCommitsLocked's reserve_next; GUARDED_BY(mu_)
-  // HelloReply.reserveAhead. GUARDED_BY(mu_)
-  bool reserve_ahead_offered_ = false;
+                          Status* first_error, OfferedSlot* offered = nullptr);
 
   // ---- shared-memory path (shm.cc) ----
   // Sends a shared-memory Get (no tag) without waiting; returns its request id.

@@ -29,16 +29,19 @@ class NcclPath final : public TransferPath {
   // stream) before the window's first Reserve.
   StatusOr<std::vector<PutResult>> PutWindow(std::span<const PutItem> items) override;
 
- protected:
+ private:
   using TransferPath::TransferPath;
-  Status EnsurePeer() override { return Status::Ok(); }  // joined by Join
+  // Joined by Join: nothing to connect.
+  Status EnsurePeer() override { return Status::Ok(); }
+  // A request of CUDA memory (host memory for the loopback backend tests use).
   StatusOr<transport::TransferHandle> Post(transport::TransferOp op, uint64_t tag, void* buffer,
                                            size_t bytes) override;
+  // The host copy's, taken by PutWindow.
   StatusOr<uint64_t> SentChecksum(size_t i, const PutItem& item) override;
+  // Over a host copy of the received device bytes.
   StatusOr<uint64_t> ReceivedChecksum(const GetItem& item,
                                       const transport::TransferStatus& done) override;
 
- private:
   StagingBuffer host_copy_;              // pinned: each device chunk is checksummed here
   std::vector<uint64_t> put_checksums_;  // of the put window being sent
 };

@@ -199,7 +199,7 @@ Status ClientImpl::AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, Get
 StatusOr<std::vector<PutResult>> ShmPath::PutWindow(std::span<const PutItem> items) {
   ClientImpl& c = client_;
   const size_t n = items.size();
-  const HeldSlot held = std::exchange(c.held_, HeldSlot());
+  const HeldSlot held = std::exchange(held_, HeldSlot());
   const bool use_held = held.reservation != 0 && n > 0 &&
                         ClientImpl::PutBytes(items[0]) == held.bytes && Clock::now() < held.use_by;
   if (use_held) KVD_RETURN_IF_ERROR(c.CheckPutItem(items[0]));
@@ -245,14 +245,32 @@ StatusOr<std::vector<PutResult>> ShmPath::PutWindow(std::span<const PutItem> ite
     return first_error;
   }
   if (c.hooks_.before_commit) c.hooks_.before_commit();
-  // Phase 3: commit with checksums (pipelined).
-  KVD_ASSIGN_OR_RETURN(
-      const std::vector<uint64_t> commit_req,
-      c.SendCommitsLocked(out, reservation, checksum, use_held ? &items[0] : nullptr,
-                          n > 0 ? c.ReserveNextBytes(items[n - 1]) : 0));
-  c.AwaitCommitsLocked(commit_req, out, &first_error);
+  // Phase 3: commit with checksums (pipelined), the last commit asking for the next slot.
+  const uint64_t reserve_next = reserve_ahead_ && n > 0 ? ClientImpl::PutBytes(items[n - 1]) : 0;
+  KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> commit_req,
+                       c.SendCommitsLocked(out, reservation, checksum,
+                                           use_held ? &items[0] : nullptr, reserve_next));
+  OfferedSlot offered;
+  c.AwaitCommitsLocked(commit_req, out, &first_error, &offered);
+  Keep(offered, reserve_next);
   if (!first_error.ok()) return first_error;
   return out;
+}
+
+void ShmPath::Keep(const OfferedSlot& offered, uint64_t bytes) {
+  ClientImpl& c = client_;
+  if (offered.slot.reservation == 0) return;
+  HeldSlot next = offered.slot;
+  next.bytes = bytes;  // what this client asked for: the last put's size
+  // Mapped now (its memfd, when attached, is taken with the commit's reply).
+  auto slot = c.SlotLocked(offered.request_id, next.segment, next.offset, next.generation,
+                           offered.fd_attached, next.bytes, /*populate=*/false);
+  if (!slot.ok()) {
+    c.AbortReservationsLocked({next.reservation});
+    return;
+  }
+  if (held_.reservation != 0) c.AbortReservationsLocked({held_.reservation});
+  held_ = next;
 }
 
 Status ShmPath::FillSlot(uint64_t request_id, const Reservation& rv, const PutItem& item, bool copy,
@@ -270,9 +288,8 @@ Status ShmPath::FillSlot(uint64_t request_id, const Reservation& rv, const PutIt
   // is read later by other processes, not by this thread: non-temporal stores.
   const bool fused = !from_device && item.window_queries.empty();
   const bool via_view = fused && c.options_.shm_writable_view && !c.options_.read_only;
-  KVD_ASSIGN_OR_RETURN(std::byte * slot,
-                       c.SlotLocked(request_id, rv.segment, rv.offset, rv.generation,
-                                    rv.fd_attached, put_bytes, /*populate=*/!via_view));
+  KVD_ASSIGN_OR_RETURN(auto slot, c.SlotLocked(request_id, rv.segment, rv.offset, rv.generation,
+                                               rv.fd_attached, put_bytes, /*populate=*/!via_view));
   if (!copy) return Status::Ok();
   if (from_device) c.PinSegmentLocked(rv.segment);
   if (std::byte* view = fused ? c.WritableSlotLocked(rv.segment, rv.offset, put_bytes) : nullptr;
@@ -343,8 +360,8 @@ Status ShmPath::CopyOut(uint64_t request_id, uint64_t lease_id, const GetItem& i
                         const GetReply& got) {
   ClientImpl& c = client_;
   const uint64_t bytes = got.result.bytes;
-  KVD_ASSIGN_OR_RETURN(std::byte * slot, c.SlotLocked(request_id, got.segment, got.offset,
-                                                      got.generation, got.fd_attached, bytes));
+  KVD_ASSIGN_OR_RETURN(auto slot, c.SlotLocked(request_id, got.segment, got.offset, got.generation,
+                                               got.fd_attached, bytes));
   // End to end: the bytes must match the checksum the writer committed. The slot is checked
   // (it stays pinned by the read until it ends): for a host buffer in the same pass as the copy
   // (each block hashed, then copied from the cache); for a device buffer (device.h) first,

@@ -86,16 +86,19 @@ class UcxPath final : public TransferPath {
   // kvd's worker address (HelloReply.workerAddress).
   void set_daemon_address(std::string address) { daemon_address_ = std::move(address); }
 
- protected:
+ private:
   using TransferPath::TransferPath;
+  // Connects to kvd's worker address on the first window.
   Status EnsurePeer() override;
+  // A receive asks the transport for the checksum of what it wrote (want_checksum).
   StatusOr<transport::TransferHandle> Post(transport::TransferOp op, uint64_t tag, void* buffer,
                                            size_t bytes) override;
+  // Over the item's host bytes (PutChunks staged device bytes in host memory).
   StatusOr<uint64_t> SentChecksum(size_t i, const PutItem& item) override;
+  // The transport's where it took one, else over the received bytes.
   StatusOr<uint64_t> ReceivedChecksum(const GetItem& item,
                                       const transport::TransferStatus& done) override;
 
- private:
   std::string daemon_address_;
 };
 
