@@ -52,7 +52,7 @@ ClientImpl::~ClientImpl() {
   }
   nccl_.reset();
   shm_.reset();
-  UnmapSegmentsLocked();
+  segments_.Clear();
   ucx_.reset();
   channel_.reset();
 }

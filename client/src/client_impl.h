@@ -15,6 +15,7 @@
 #include "kvd/transport/transport.h"
 #include "nccl_path.h"
 #include "reservation.h"
+#include "segment_table.h"
 #include "shm_path.h"
 #include "testing/test_hooks.h"
 #include "transfer_path.h"
@@ -35,20 +36,6 @@ Status WrongReply(const char* expected);
 struct InPlaceLink {
   std::mutex mu;                 // held while a view or slot calls into the client
   ClientImpl* client = nullptr;  // GUARDED_BY(mu); null once the client is gone
-};
-
-// One mapping of an arena segment (read-only, plus the puts' writable view when there is one),
-// unmapped (and unpinned) when the client's segment table and every view and slot into it have
-// let go: a view outlives a remap of its segment and its Client without its bytes vanishing.
-struct SegmentMapping {
-  SegmentMapping(std::byte* d, std::byte* w, uint64_t s) : data(d), writable(w), size(s) {}
-  ~SegmentMapping();
-  SegmentMapping(const SegmentMapping&) = delete;
-  SegmentMapping& operator=(const SegmentMapping&) = delete;
-  std::byte* const data;
-  std::byte* const writable;  // null: none
-  const uint64_t size;
-  bool pinned = false;  // page-locked for device copies (device.h); set under ClientImpl::mu_
 };
 
 class ClientImpl final : public Client {
@@ -209,36 +196,14 @@ class ClientImpl final : public Client {
   // message or no slot, OUT_OF_RANGE for a chunk larger than `capacity` (a memfd that came with
   // a refused reply is closed).
   Status AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, GetReply* got);
-  // The address of `bytes` at a slot of a reply to `request_id`, mapping the segment's memfd if
-  // the reply carried one, with the slot's pages mapped in (unless `populate` is false: a put
-  // that writes through the writable view does not read the read-only mapping). INTERNAL if the
-  // slot lies outside what is mapped.
+  // The address of `bytes` at a slot of a reply to `request_id`, mapping the segment's memfd
+  // first if the reply carried one (SegmentTable::Map, then Slot). INTERNAL for an announced
+  // memfd that did not arrive, and SegmentTable's errors.
   StatusOr<std::byte*> SlotLocked(uint64_t request_id, uint32_t segment, uint64_t offset,
                                   uint64_t generation, bool fd_attached, uint64_t bytes,
                                   bool populate = true);
-  void UnmapSegmentsLocked();
-  struct MappedSegment {
-    uint64_t generation = 0;
-    std::byte* data = nullptr;
-    uint64_t size = 0;
-    bool pin_tried = false;  // page-locked for device copies on first use (device.h)
-    // Owns the mappings above; shared with the views and slots into the segment.
-    std::shared_ptr<SegmentMapping> mapping;
-    std::vector<bool> populated;  // per kPopulateGranule (shm.cc): page tables filled
-    // ClientOptions::shm_writable_view: the segment mapped a second time, read-write, for puts
-    // only (null when off, for a read-only session, or when that mapping failed).
-    std::byte* writable = nullptr;
-    std::vector<bool> writable_populated;  // as `populated`, for `writable`
-  };
-  static void UnmapSegment(MappedSegment& seg);
-  // The writable view of [offset, offset + bytes) of a mapped segment (its page tables filled
-  // on first use), or null when the segment has none. REQUIRES: SlotLocked accepted the range.
-  std::byte* WritableSlotLocked(uint32_t segment, uint64_t offset, uint64_t bytes);
-  // Page-locks a mapped segment the first time a device buffer is copied to or from it.
-  void PinSegmentLocked(uint32_t segment);
   // True for CUDA device memory (device.h; the entry points have refused what cannot be used).
   static bool IsDevice(const void* p);
-  std::map<uint32_t, MappedSegment> segments_;  // GUARDED_BY(mu_)
   // At most this many entries in live_leases_ (a client that never releases its leases).
   static constexpr size_t kMaxLiveLeases = 4096;
 
@@ -247,6 +212,8 @@ class ClientImpl final : public Client {
   ChainHasher hasher_;
   mutable std::mutex mu_;
   std::unique_ptr<Channel> channel_;  // GUARDED_BY(mu_)
+  // The arena segments mapped (shared memory). GUARDED_BY(mu_)
+  SegmentTable segments_{options_.shm_writable_view && !options_.read_only};
   // The bulk paths (bulk_path.h). GUARDED_BY(mu_)
   std::unique_ptr<UcxPath> ucx_;    // the engine role's transport; null for an admin
   std::unique_ptr<ShmPath> shm_;    // when the session has shared memory
@@ -279,11 +246,6 @@ class ClientImpl final : public Client {
   friend StatusOr<std::unique_ptr<Client>> kvd::client::ConnectWithTestHooks(const ClientOptions&,
                                                                              const TestHooks&);
 };
-
-// Makes the pages under [slot, slot + bytes) of a segment mapping writable, or read-only again
-// (shm.cc). kvd page-aligns slots, so these pages hold this slot only. INTERNAL with the
-// kernel's reason when it refuses (EACCES: the segment came as a read-only descriptor).
-Status ProtectSlot(std::byte* slot, uint64_t bytes, bool writable);
 
 }  // namespace kvd::client::internal
 
