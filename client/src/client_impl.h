@@ -227,7 +227,6 @@ class ClientImpl final : public Client {
   // the next request; any other id gets the ReleaseLease exchange and the daemon's answer.
   std::map<uint64_t, Deadline> live_leases_;  // GUARDED_BY(mu_)
   SessionInfo session_;
-  std::vector<uint8_t> staging_;  // PutLayers/GetLayers; GUARDED_BY(mu_)
   // Host staging over the transport, one per chunk of a window, pinned for device copies
   // (device.h): puts with window queries or device data, gets into device buffers.
   std::vector<StagingBuffer> put_staging_;  // GUARDED_BY(mu_)
