@@ -264,14 +264,13 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunksLocked(std::span<const Put
   out.reserve(items.size());
   for (size_t i = 0; i < items.size(); i += options_.max_in_flight) {
     size_t n = std::min<size_t>(options_.max_in_flight, items.size() - i);
-    std::vector<PutItem> window(items.begin() + i, items.begin() + i + n);
-    KVD_ASSIGN_OR_RETURN(std::vector<PutResult> part, PutWindowLocked(window));
+    KVD_ASSIGN_OR_RETURN(std::vector<PutResult> part, PutWindowLocked(items.subspan(i, n)));
     out.insert(out.end(), part.begin(), part.end());
   }
   return out;
 }
 
-StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::vector<PutItem>& window) {
+StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const PutItem> window) {
   const size_t n = window.size();
   KVD_RETURN_IF_ERROR(CheckWindowQueries(window));
   KVD_ASSIGN_OR_RETURN(const std::vector<PutRoute> route, RoutePutsLocked(window));
@@ -323,50 +322,24 @@ Status ClientImpl::CheckWindowQueries(std::span<const PutItem> window) const {
 }
 
 StatusOr<std::vector<ClientImpl::PutRoute>> ClientImpl::RoutePutsLocked(
-    std::vector<PutItem>& window) {
+    std::span<const PutItem> window) const {
   std::vector<PutRoute> route(window.size(), PutRoute::kHostPath);
-  size_t staged = 0;  // put_staging_ buffers used by this window
   for (size_t j = 0; j < window.size(); ++j) {
-    PutItem& it = window[j];
-    // Small puts go in one exchange each (InlinePut, inline_put_bytes).
-    const bool small = InlineEligible(it);
+    const PutItem& it = window[j];
     // Device memory (device.h) is checked here, before anything is reserved: refused in a build
     // without CUDA; over the NCCL link (ClientOptions::nccl), sent from the device with the
-    // checksum of a host copy; over the transport, staged in host memory (with the queries).
+    // checksum of a host copy; on the host path, copied into the slot or host staging.
     KVD_ASSIGN_OR_RETURN(BufferLocation data_at, LocateForUse(it.data, "put data"));
     if (!it.window_queries.empty()) {
       KVD_RETURN_IF_ERROR(LocateForUse(it.window_queries.data(), "put window queries").status());
     }
     if (nccl_ != nullptr && NcclPath::Carries(it, data_at)) {
       route[j] = PutRoute::kNccl;  // the link carries device puts of every size
-      continue;
+    } else if (InlineEligible(it)) {
+      route[j] = PutRoute::kInline;  // one exchange (inline_put_bytes), from the device too
     }
-    if (small) {
-      route[j] = PutRoute::kInline;  // copied into its frame, from the device too
-      continue;
-    }
-    if (session_.shared_memory) continue;  // copied into the slot, from the device too
-    if (it.window_queries.empty() && data_at == BufferLocation::kHost) continue;
-    // Over the transport, items with device data or separate window queries are staged (raw +
-    // queries in one buffer: the daemon receives one message per put). Reused window after
-    // window (every send of a window ends before the next one starts).
-    if (staged == put_staging_.size()) put_staging_.emplace_back();
-    KVD_RETURN_IF_ERROR(StageForTransport(it, data_at, put_staging_[staged++]));
   }
   return route;
-}
-
-Status ClientImpl::StageForTransport(PutItem& it, BufferLocation data_at, StagingBuffer& staging) {
-  const size_t qbytes = it.window_queries.size() * sizeof(float);
-  uint8_t* buf = staging.Reserve(
-      it.bytes + qbytes, data_at == BufferLocation::kCuda || IsDevice(it.window_queries.data()));
-  KVD_RETURN_IF_ERROR(CopyToHostFrom(buf, it.data, it.bytes, it.cuda_stream, "put data"));
-  KVD_RETURN_IF_ERROR(CopyToHostFrom(buf + it.bytes, it.window_queries.data(), qbytes,
-                                     it.cuda_stream, "put window queries"));
-  it.data = buf;
-  it.bytes += qbytes;
-  it.window_queries = {};
-  return Status::Ok();
 }
 
 Status ClientImpl::CheckPutItem(const PutItem& it) const {
@@ -509,20 +482,14 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetChunks(uint64_t lease_id,
   out.reserve(items.size());
   for (size_t i = 0; i < items.size(); i += options_.max_in_flight) {
     size_t n = std::min<size_t>(options_.max_in_flight, items.size() - i);
-    // Device buffers (device.h): the shared-memory path copies from the slot to the device
-    // itself; over the transport the bytes arrive in host staging and go to the device after
-    // their checksum was verified.
-    // With the NCCL link, device buffers receive straight from kvd's GPU.
-    std::vector<GetItem> window(items.begin() + i, items.begin() + i + n);
-    std::vector<bool> staged(n, false), over_nccl(n, false);
-    if (get_staging_.size() < n) get_staging_.resize(n);
+    // Device buffers (device.h) receive straight from kvd's GPU over the NCCL link when there
+    // is one; the host path copies them from the slot or host staging.
+    std::span<const GetItem> window = items.subspan(i, n);
+    std::vector<bool> over_nccl(n, false);
     for (size_t j = 0; j < n; ++j) {
       if (window[j].out == nullptr) continue;
       KVD_ASSIGN_OR_RETURN(BufferLocation at, LocateForUse(window[j].out, "get buffer"));
-      if (at == BufferLocation::kCuda && nccl_ != nullptr) over_nccl[j] = true;
-      if (at == BufferLocation::kHost || session_.shared_memory || over_nccl[j]) continue;
-      window[j].out = get_staging_[j].Reserve(window[j].capacity, true);
-      staged[j] = true;
+      over_nccl[j] = at == BufferLocation::kCuda && nccl_ != nullptr;
     }
     std::vector<GetItem> plain, device;
     for (size_t j = 0; j < n; ++j) (over_nccl[j] ? device : plain).push_back(window[j]);
@@ -535,11 +502,6 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetChunks(uint64_t lease_id,
     }
     size_t p = 0, d = 0;
     for (size_t j = 0; j < n; ++j) part.push_back(over_nccl[j] ? device_out[d++] : plain_out[p++]);
-    for (size_t j = 0; j < n; ++j) {
-      if (!staged[j]) continue;
-      KVD_RETURN_IF_ERROR(CopyFromHostTo(items[i + j].out, window[j].out, part[j].bytes,
-                                         items[i + j].cuda_stream, "get buffer"));
-    }
     out.insert(out.end(), part.begin(), part.end());
   }
   return out;

@@ -64,6 +64,8 @@ class ClientImpl final : public Client {
   Status ReadHelloReply(proto::DecodedMessage& reply, HelloGrant* grant);
 
   const ClientOptions& options() const { return options_; }
+  // True for CUDA device memory (device.h; the entry points have refused what cannot be used).
+  static bool IsDevice(const void* p);
   const SessionInfo& session() const { return session_; }
   const ChainHasher& hasher() const { return hasher_; }
   bool connected() const;
@@ -115,9 +117,9 @@ class ClientImpl final : public Client {
   }
   // PutChunks with mu_ held and the client usable.
   StatusOr<std::vector<PutResult>> PutChunksLocked(std::span<const PutItem> items);
-  // One window of PutChunks (a copy of the caller's items, staged in place): routes every
-  // item, sends the inline ones, hands the others to their bulk paths.
-  StatusOr<std::vector<PutResult>> PutWindowLocked(std::vector<PutItem>& window);
+  // One window of PutChunks: routes every item, sends the inline ones, hands the others to
+  // their bulk paths.
+  StatusOr<std::vector<PutResult>> PutWindowLocked(std::span<const PutItem> window);
   // INVALID_ARGUMENT for window queries of another size than the layout gives.
   Status CheckWindowQueries(std::span<const PutItem> window) const;
   // Where one item of a put window goes.
@@ -126,13 +128,9 @@ class ClientImpl final : public Client {
     kHostPath,  // HostPath(): shared memory or the transport
     kNccl,      // kvd's NCCL link, from CUDA device memory
   };
-  // Routes every item of `window` (device buffers located first: FAILED_PRECONDITION for
-  // device memory in a build without CUDA) and stages those the transport cannot send as
-  // they are (StageForTransport).
-  StatusOr<std::vector<PutRoute>> RoutePutsLocked(std::vector<PutItem>& window);
-  // Copies `it`'s data and window queries (host or device) into one host buffer of `staging`
-  // and points `it` at it, queries included in its bytes.
-  static Status StageForTransport(PutItem& it, BufferLocation data_at, StagingBuffer& staging);
+  // Routes every item of `window`, its device buffers located first (FAILED_PRECONDITION for
+  // device memory in a build without CUDA).
+  StatusOr<std::vector<PutRoute>> RoutePutsLocked(std::span<const PutItem> window) const;
   // The path of items that are not CUDA device memory sent over the NCCL link: shared memory
   // when the session has it, else the transport.
   BulkPath& HostPath() {
@@ -202,8 +200,6 @@ class ClientImpl final : public Client {
   StatusOr<std::byte*> SlotLocked(uint64_t request_id, uint32_t segment, uint64_t offset,
                                   uint64_t generation, bool fd_attached, uint64_t bytes,
                                   bool populate = true);
-  // True for CUDA device memory (device.h; the entry points have refused what cannot be used).
-  static bool IsDevice(const void* p);
   // At most this many entries in live_leases_ (a client that never releases its leases).
   static constexpr size_t kMaxLiveLeases = 4096;
 
@@ -227,11 +223,7 @@ class ClientImpl final : public Client {
   // the next request; any other id gets the ReleaseLease exchange and the daemon's answer.
   std::map<uint64_t, Deadline> live_leases_;  // GUARDED_BY(mu_)
   SessionInfo session_;
-  // Host staging over the transport, one per chunk of a window, pinned for device copies
-  // (device.h): puts with window queries or device data, gets into device buffers.
-  std::vector<StagingBuffer> put_staging_;  // GUARDED_BY(mu_)
-  std::vector<StagingBuffer> get_staging_;  // GUARDED_BY(mu_)
-  std::vector<uint8_t> inline_staging_;     // device bytes of an InlinePut; GUARDED_BY(mu_)
+  std::vector<uint8_t> inline_staging_;  // device bytes of an InlinePut; GUARDED_BY(mu_)
   // VECTOR weights by version (GetVectorWeights); GUARDED_BY(mu_)
   std::map<uint64_t, std::shared_ptr<const std::vector<uint8_t>>> weights_;
   bool subscribed_ = false;  // GUARDED_BY(mu_)

@@ -313,6 +313,49 @@ Status UcxPath::EnsurePeer() {
   return Status::Ok();
 }
 
+StatusOr<std::vector<PutResult>> UcxPath::PutWindow(std::span<const PutItem> items) {
+  std::vector<PutItem> staged(items.begin(), items.end());
+  size_t used = 0;
+  for (PutItem& it : staged) {
+    const bool data_on_device = ClientImpl::IsDevice(it.data);
+    if (it.window_queries.empty() && !data_on_device) continue;
+    if (used == put_staging_.size()) put_staging_.emplace_back();
+    KVD_RETURN_IF_ERROR(Stage(it, data_on_device, put_staging_[used++]));
+  }
+  return TransferPath::PutWindow(staged);
+}
+
+Status UcxPath::Stage(PutItem& it, bool data_on_device, StagingBuffer& staging) {
+  const size_t qbytes = it.window_queries.size() * sizeof(float);
+  uint8_t* buf = staging.Reserve(it.bytes + qbytes,
+                                 data_on_device || ClientImpl::IsDevice(it.window_queries.data()));
+  KVD_RETURN_IF_ERROR(CopyToHostFrom(buf, it.data, it.bytes, it.cuda_stream, "put data"));
+  KVD_RETURN_IF_ERROR(CopyToHostFrom(buf + it.bytes, it.window_queries.data(), qbytes,
+                                     it.cuda_stream, "put window queries"));
+  it.data = buf;
+  it.bytes += qbytes;
+  it.window_queries = {};
+  return Status::Ok();
+}
+
+StatusOr<std::vector<GetResult>> UcxPath::GetWindow(uint64_t lease_id,
+                                                    std::span<const GetItem> items) {
+  std::vector<GetItem> staged(items.begin(), items.end());
+  if (get_staging_.size() < items.size()) get_staging_.resize(items.size());
+  for (size_t i = 0; i < staged.size(); ++i) {
+    if (ClientImpl::IsDevice(staged[i].out)) {
+      staged[i].out = get_staging_[i].Reserve(staged[i].capacity, true);
+    }
+  }
+  KVD_ASSIGN_OR_RETURN(std::vector<GetResult> out, TransferPath::GetWindow(lease_id, staged));
+  for (size_t i = 0; i < staged.size(); ++i) {
+    if (staged[i].out == items[i].out) continue;
+    KVD_RETURN_IF_ERROR(CopyFromHostTo(items[i].out, staged[i].out, out[i].bytes,
+                                       items[i].cuda_stream, "get buffer"));
+  }
+  return out;
+}
+
 StatusOr<TransferHandle> UcxPath::Post(TransferOp op, uint64_t tag, void* buffer, size_t bytes) {
   if (op == TransferOp::kSend) return transport_->PostSend(peer_, tag, buffer, bytes);
   // Where the transport copies the bytes itself (same host), it also hashes them.

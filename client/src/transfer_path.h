@@ -6,6 +6,7 @@
 #include <string>
 
 #include "bulk_path.h"
+#include "kvd/client/device.h"
 #include "kvd/transport/transport.h"
 
 namespace kvd::client::internal {
@@ -86,6 +87,14 @@ class UcxPath final : public TransferPath {
   // kvd's worker address (HelloReply.workerAddress).
   void set_daemon_address(std::string address) { daemon_address_ = std::move(address); }
 
+  // Data in CUDA device memory, and window queries held apart, are staged in one host buffer
+  // per item first (the transport sends one host buffer per put).
+  StatusOr<std::vector<PutResult>> PutWindow(std::span<const PutItem> items) override;
+  // CUDA device buffers receive in host staging; the bytes go to the device (on the item's
+  // stream) once the window's checksums were verified.
+  StatusOr<std::vector<GetResult>> GetWindow(uint64_t lease_id,
+                                             std::span<const GetItem> items) override;
+
  private:
   using TransferPath::TransferPath;
   // Connects to kvd's worker address on the first window.
@@ -99,7 +108,14 @@ class UcxPath final : public TransferPath {
   StatusOr<uint64_t> ReceivedChecksum(const GetItem& item,
                                       const transport::TransferStatus& done) override;
 
+  // Copies `it`'s data and window queries into `staging` and points `it` at the copy.
+  static Status Stage(PutItem& it, bool data_on_device, StagingBuffer& staging);
+
   std::string daemon_address_;
+  // Host staging, one buffer per item of a window, pinned for device copies; reused window
+  // after window (every transfer of a window ends before the next one starts).
+  std::vector<StagingBuffer> put_staging_;
+  std::vector<StagingBuffer> get_staging_;
 };
 
 }  // namespace kvd::client::internal
