@@ -43,17 +43,6 @@ StatusOr<std::unique_ptr<TierManager>> TierManager::Create(const TierManagerOpti
   return std::unique_ptr<TierManager>(new TierManager(options, std::move(tiers), *serving));
 }
 
-StatusOr<std::unique_ptr<TierManager>> TierManager::Create(const TierManagerOptions& options,
-                                                           HostTier* host, DiskTier* disk,
-                                                           GpuTier* gpu) {
-  if (host == nullptr) return Status::InvalidArgument("tier manager: a host tier is required");
-  std::vector<Tier*> tiers;
-  if (gpu != nullptr) tiers.push_back(gpu);
-  tiers.push_back(host);
-  if (disk != nullptr) tiers.push_back(disk);
-  return Create(options, std::move(tiers));
-}
-
 TierManager::TierManager(const TierManagerOptions& options, std::vector<Tier*> tiers,
                          size_t serving)
     : options_(options),

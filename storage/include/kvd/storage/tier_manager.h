@@ -106,10 +106,6 @@ class TierManager {
   // that serves in place, a serving tier that is not a HostTier, a durable tier above it).
   static StatusOr<std::unique_ptr<TierManager>> Create(const TierManagerOptions& options,
                                                        std::vector<Tier*> tiers);
-  // The daemon's tiers: {gpu, host, disk}, leaving out the null ones. `host` is required.
-  static StatusOr<std::unique_ptr<TierManager>> Create(const TierManagerOptions& options,
-                                                       HostTier* host, DiskTier* disk,
-                                                       GpuTier* gpu = nullptr);
 
   // Commit of host reservation `id` (HostTier::Commit's errors), then, with a disk tier, the
   // durable disk write (UNAVAILABLE / RESOURCE_EXHAUSTED from the disk tier, with context; the
