@@ -51,7 +51,9 @@ class Tier {
   // served. Default false.
   virtual bool serves_in_place() const { return false; }
   // A copy here survives a kill -9 of the process (the disk tier): the TierManager writes every
-  // committed chunk to each durable tier before the put is acknowledged. Default false.
+  // committed chunk to each durable tier before the put is acknowledged. A durable tier's Insert
+  // of a key whose write is still in progress waits for that write (and writes the bytes itself
+  // if it failed) before it answers, so its dedup is as durable as its OK. Default false.
   virtual bool durable() const { return false; }
   // A durable tier refuses writes for now (the disk tier after a RocksDB background error);
   // TierManagerOptions::on_disk_error decides what a put then gets. Default false.
