@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "cluster_member.h"
 #include "kvd/common/log_limiter.h"
@@ -209,8 +211,13 @@ Status Server::Impl::Init() {
     KVD_LOG(INFO) << "gpu tier allocated" << Kv("device", gpu_->device_name())
                   << Kv("capacity", FormatByteSize(config_.gpu_tier->capacity_bytes));
   }
-  auto manager =
-      storage::TierManager::Create(config_.placement, tier_.get(), disk_.get(), gpu_.get());
+  // The tiers, fastest first: what the manager does with each follows from its place and its
+  // capability queries (tier_manager.h).
+  std::vector<storage::Tier*> tiers;
+  if (gpu_ != nullptr) tiers.push_back(gpu_.get());
+  tiers.push_back(tier_.get());
+  if (disk_ != nullptr) tiers.push_back(disk_.get());
+  auto manager = storage::TierManager::Create(config_.placement, std::move(tiers));
   if (!manager.ok()) return manager.status().WithContext("tiers.placement");
   manager_ = std::move(*manager);
   manager_->SetEventListener(&events_);
