@@ -85,9 +85,14 @@ class Server::Impl : public ReservationBook {
   const AuthTokens& auth() const { return auth_; }
   asio::io_context& io() { return io_; }
   asio::thread_pool& pool() { return pool_; }
-  storage::HostTier* tier() { return tier_.get(); }
-  // Host + optional disk: lookups (with promotion), list, evict, stats go through it.
-  storage::TierManager* tiers() { return manager_.get(); }
+  // The host tier's arena bookkeeping that is not a store: a put's reservation before its commit
+  // (Reserve, ReserveAhead, NameReservation, Abort), a lease's pinned reads (Get, ReleaseRead,
+  // ReleaseLease), the shared-memory segment of an offset, and a closed session's ReclaimOwner.
+  // Every store of a chunk (Commit, Insert) goes through tier_manager().
+  storage::HostTier* host_tier() { return tier_.get(); }
+  // Every tier (host, optional disk and gpu): every store of a committed chunk, lookups (with
+  // promotion), list, evict, stats and the checks of bytes leaving host memory go through it.
+  storage::TierManager* tier_manager() { return manager_.get(); }
   storage::DiskTier* disk() { return disk_.get(); }
   // The ingest/serve codec of a model with a compression policy; nullptr for a raw model.
   ChunkCodec* codec(const std::string& model) const;
@@ -142,6 +147,11 @@ class Server::Impl : public ReservationBook {
   void AddSession(asio::generic::stream_protocol::socket socket, std::string peer, PeerInfo info,
                   const std::string& counted_as);
   asio::awaitable<void> ExpiryLoop();
+  // Snapshot's counters of the tiers (host, disk, gpu figures; zero for a tier the node lacks),
+  // the arena and the tier manager's placement and integrity counts.
+  std::vector<std::pair<std::string, uint64_t>> TierCounterList(const storage::TierStats& host,
+                                                                const storage::TierStats& disk,
+                                                                const storage::TierStats& gpu) const;
   void BeginShutdown();
   void StartPrefault();
   void StopPrefault();

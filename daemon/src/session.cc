@@ -26,7 +26,7 @@ Session::Session(Server::Impl* server, uint64_t id, Socket socket, std::string p
       peer_(std::move(peer)),
       puts_({.owner = id,
              .book = server,
-             .host = server->tier(),
+             .host = server->host_tier(),
              .reservation_ttl_ms = server->config().limits.reservation_ttl_ms,
              .expect_transfers =
                  [this](bool nccl, int64_t delta) { BulkProgress(nccl).ExpectTransfers(delta); },
@@ -411,7 +411,7 @@ asio::awaitable<void> Session::Teardown() {
   // 4. Return everything the client held in the tier.
   storage::ReclaimResult reclaimed;
   if (leaked == 0) {
-    reclaimed = server_->tier()->ReclaimOwner(id_);
+    reclaimed = server_->host_tier()->ReclaimOwner(id_);
   } else {
     KVD_LOG(ERROR) << "not reclaiming a session's reservations: transfers still in flight"
                    << Kv("session", id_) << Kv("transfers", leaked);
@@ -422,6 +422,14 @@ asio::awaitable<void> Session::Teardown() {
                 << Kv("reclaimed_reservations", reclaimed.reservations)
                 << Kv("released_leases", reclaimed.leases) << Kv("released_reads", reclaimed.reads);
   server_->SessionClosed(id_);
+}
+
+StatusOr<transport::PeerHandle> Session::TransportPeer() {
+  if (transport_peer_.valid()) return transport_peer_;
+  auto peer = server_->transport()->Connect(client_transport_address_);
+  if (!peer.ok()) return peer.status().WithContext("cannot reach the client's transport address");
+  transport_peer_ = *peer;
+  return transport_peer_;
 }
 
 }  // namespace kvd::daemon

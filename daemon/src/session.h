@@ -104,7 +104,9 @@ class Session : public std::enable_shared_from_this<Session> {
     int fd = -1;
   };
 
-  // ---- requests (session_data.cc) ----
+  // ---- requests: dispatch and Hello (session_dispatch.cc), lookup and leases
+  // (session_lookup.cc), put (session_put.cc, session_commit.cc), get (session_get.cc),
+  // shared memory (session_shm.cc) ----
   Status Dispatch(uint64_t seq, proto::Request::Reader request);
   // CheckHello (hello_check.h), then AnswerHello, or the refusal and close.
   void HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello);
