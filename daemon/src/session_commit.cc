@@ -9,6 +9,7 @@
 #include "kvd/common/hash.h"
 #include "kvd/common/logging.h"
 #include "kvd/storage/host_tier.h"
+#include "commit_route.h"
 #include "kvd/storage/tier_manager.h"
 #include "responses.h"
 #include "session.h"
@@ -76,6 +77,128 @@ Stored CompressAndStore(ChunkCodec* codec, storage::HostTier* host, storage::Tie
   return out;
 }
 
+
+// What a put's route reported once its bytes were whole (or not).
+struct Landed {
+  TransferStatus st;
+  std::optional<Status> commit;  // set when the bytes arrived whole and the route ran
+  Stored stored;                 // kIngest: what the ingest pool stored
+};
+
+// Runs the route of one put (commit_route.h) on the thread the route names, once its bytes are
+// whole in the reserved slot, and hands the outcome to `complete` (from whichever thread ran it).
+// Lives in FinishCommit's coroutine frame, which outlives every callback it starts.
+class RouteRunner {
+ public:
+  struct Where {
+    storage::HostTier* host;
+    storage::TierManager* tiers;  // every store of a committed chunk goes through it
+    asio::thread_pool* pool;
+    ChunkCodec* codec;                      // kIngest only
+    storage::DeviceMemory* staging_memory;  // NCCL puts: the link's device memory, else null
+  };
+  RouteRunner(Where where, const PendingPut* put, uint64_t reservation, uint64_t checksum,
+              storage::CommitCheck check)
+      : where_(where), put_(put), reservation_(reservation), checksum_(checksum), check_(check) {}
+
+  void Land(const TransferStatus& st, const std::function<void(Landed)>& complete) const {
+    switch (ChooseCommitRoute(Facts(st))) {
+      case CommitRoute::kTrustLanded:
+        return complete(Landed{st, Commit(storage::CommitCheck::kTrustWriter), {}});
+      case CommitRoute::kHere:
+        return complete(Landed{st, Commit(check_), {}});
+      case CommitRoute::kIngest:
+        return where_.codec->Submit(put_->ticket, [this, st, complete] { complete(Ingest(st)); });
+      case CommitRoute::kPool:
+        asio::post(*where_.pool, [this, st, complete] { complete(OnPool(st)); });
+        return;
+    }
+  }
+
+ private:
+  CommitRouteFacts Facts(const TransferStatus& st) const {
+    return {.compressing = where_.codec != nullptr,
+            .device_staging = where_.staging_memory != nullptr,
+            .disk_tier = where_.tiers->disk() != nullptr,
+            .check = check_,
+            .landed_sum_matches = st.checksum_valid && st.checksum == checksum_};
+  }
+  Status Commit(storage::CommitCheck check) const {
+    return where_.tiers->Commit(reservation_, checksum_, check);
+  }
+  // Over the NCCL link the bytes are in device staging: one copy into the reservation first, so
+  // the checksum and everything after it read host bytes as on every other path.
+  Status CopyIn() const {
+    if (where_.staging_memory == nullptr) return Status::Ok();
+    Status s = where_.staging_memory->CopyToHost(put_->data, put_->staging, put_->bytes);
+    if (!s.ok()) {
+      where_.host->Abort(reservation_).IgnoreError();
+      return s.WithContext("copying reservation " + std::to_string(reservation_) +
+                           " out of device staging");
+    }
+    return s;
+  }
+  Landed Ingest(const TransferStatus& st) const {
+    if (Status c = CopyIn(); !c.ok()) return Landed{st, c, {}};
+    const PendingPut& p = *put_;
+    Stored stored = CompressAndStore(where_.codec, where_.host, where_.tiers, reservation_, p.key,
+                                     p.data, p.bytes, p.tokens, p.first_position, p.window,
+                                     checksum_);
+    Status status = stored.status;
+    return Landed{st, status, std::move(stored)};
+  }
+  Landed OnPool(const TransferStatus& st) const {
+    if (Status c = CopyIn(); !c.ok()) return Landed{st, c, {}};
+    Status committed = Commit(check_);
+    if (committed.ok() && where_.staging_memory != nullptr && where_.tiers->gpu() != nullptr) {
+      // The bytes are still in device staging (the GPU tier's device): copied up into the GPU
+      // tier device to device when it has room, the host copy staying (best effort).
+      Status up = where_.tiers->PromoteFromDevice(put_->key, put_->tokens, checksum_,
+                                                  put_->staging, put_->bytes);
+      if (!up.ok() && up.code() != StatusCode::kResourceExhausted) {
+        KVD_LOG(WARNING) << "NCCL put not copied into the gpu tier"
+                         << Kv("key", put_->key.ToString()) << Kv("status", up);
+      }
+    }
+    return Landed{st, committed, {}};
+  }
+
+  const Where where_;
+  const PendingPut* const put_;
+  const uint64_t reservation_;
+  const uint64_t checksum_;
+  const storage::CommitCheck check_;
+};
+
+// Waits until the put's bytes are whole in its slot and its route ran: at once for shared memory
+// (`recv` invalid: the client wrote them in place before Commit), else when the receive ends or
+// `deadline` passes (Landed::commit unset unless all `expected_bytes` arrived). The route starts
+// from the receive's completion (progress thread -> route's thread -> io_context), not via the
+// io_context thread first: one thread hand-off less on every put.
+asio::awaitable<Landed> AwaitLanded(asio::io_context& io, ProgressLoop* progress,
+                                    const RouteRunner* runner, TransferHandle recv,
+                                    uint64_t expected_bytes,
+                                    std::chrono::steady_clock::time_point deadline) {
+  // Only trivially destructible captures in a co_await expression (see Session::FinishLookup).
+  if (!recv.valid()) {
+    co_return co_await AwaitCallback<Landed>(io, [=](std::function<void(Landed)> complete) {
+      TransferStatus done;
+      done.state = TransferState::kDone;
+      done.bytes = expected_bytes;
+      runner->Land(done, complete);
+    });
+  }
+  co_return co_await AwaitCallback<Landed>(io, [=](std::function<void(Landed)> complete) {
+    progress->Watch(recv, deadline, [=](const TransferStatus& st) {
+      if (st.state == TransferState::kDone && st.bytes == expected_bytes) {
+        runner->Land(st, complete);
+      } else {
+        complete(Landed{st, std::nullopt, {}});
+      }
+    });
+  });
+}
+
 }  // namespace
 
 asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t reservation,
@@ -83,133 +206,22 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
   auto self = shared_from_this();  // keep alive across suspension
   const PendingPut put = *puts_.Find(reservation);
   const int64_t timeout_ms = server_->config().limits.transfer_timeout_ms;
-  storage::HostTier* tier = server_->host_tier();
-  // Every store of a committed chunk goes through the tier manager (durable with a disk tier).
-  storage::TierManager* tiers = server_->tier_manager();
-  // The checksum is verified on the pool straight from the receive's completion (progress
-  // thread -> pool -> io_context), not via the io_context thread first: one thread hand-off
-  // less on every put (it reads the whole chunk, so it stays off the io_context thread).
-  struct Landed {
-    TransferStatus st;
-    std::optional<Status> commit;  // set when the bytes arrived whole and Commit ran
-    Stored stored;                 // compressing puts: what the ingest pool stored
-  };
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  ProgressLoop* progress = &BulkProgress(put.nccl);
-  asio::thread_pool* pool = &server_->pool();
-  // Over the NCCL link the bytes are in device staging: one copy into the reservation first, so
-  // the checksum and everything after it read host bytes as on every other path.
-  storage::DeviceMemory* staging_memory = put.nccl ? server_->nccl().memory() : nullptr;
-  const TransferHandle recv = put.recv;
-  const uint64_t expected_bytes = put.bytes;
-  // A model with a compression policy: the ingest pool verifies, compresses and stores.
-  ChunkCodec* codec = put.ticket ? codec_ : nullptr;
-  // A shared-memory put carries the checksum its writer computed over the bytes it copied in:
-  // recorded without reading them unless tiers.host.verify_shm_commits (config.h says why).
-  const storage::CommitCheck check =
-      put.written_in_place && !server_->config().host_verify_shm_commits
-          ? storage::CommitCheck::kTrustWriter
-          : storage::CommitCheck::kVerify;
-  // Such a commit reads no bytes and, without a disk tier, writes none: it runs right here on
-  // the io thread, sparing the two thread hand-offs (to the pool and back) of the others.
-  const bool commit_here = check == storage::CommitCheck::kTrustWriter && codec == nullptr &&
-                           staging_memory == nullptr && tiers->disk() == nullptr;
-  // Only trivially destructible captures in a co_await expression (see FinishLookup): the
-  // put is read through a pointer into this coroutine's frame, which outlives the callback.
-  const PendingPut* pput = &put;
-  // Runs once the bytes are complete in the reserved slot: compress and store (codec), or verify
-  // and commit through the tier manager; either way on a worker thread, never the io thread
-  // (but for `commit_here`, which reads no bytes).
-  auto copy_in = [=]() -> Status {
-    if (staging_memory == nullptr) return Status::Ok();
-    Status s = staging_memory->CopyToHost(pput->data, pput->staging, pput->bytes);
-    if (!s.ok()) {
-      tier->Abort(reservation).IgnoreError();
-      return s.WithContext("copying reservation " + std::to_string(reservation) +
-                           " out of device staging");
-    }
-    return s;
-  };
-  // A transport put whose bytes the transport copied itself (same host) comes with their
-  // checksum, computed block by block as they landed: when it equals the client's, the daemon
-  // was the writer that hashed them, and the commit records it without reading the chunk again
-  // (kTrustWriter), right in the transfer's completion, without the pool hand-off. A mismatch
-  // takes the verifying commit below (DATA_LOSS, counted, nothing stored).
-  const bool may_commit_landed =
-      codec == nullptr && staging_memory == nullptr && tiers->disk() == nullptr;
-  auto land = [=](const TransferStatus& st, std::function<void(Landed)> complete) {
-    if (may_commit_landed && st.checksum_valid && st.checksum == checksum) {
-      complete(
-          Landed{st, tiers->Commit(reservation, checksum, storage::CommitCheck::kTrustWriter), {}});
-      return;
-    }
-    if (codec != nullptr) {
-      codec->Submit(pput->ticket, [=] {
-        if (Status c = copy_in(); !c.ok()) return complete(Landed{st, c, {}});
-        const PendingPut& p = *pput;
-        Stored stored = CompressAndStore(codec, tier, tiers, reservation, p.key, p.data, p.bytes,
-                                         p.tokens, p.first_position, p.window, checksum);
-        Status status = stored.status;
-        complete(Landed{st, status, std::move(stored)});
-      });
-    } else if (commit_here) {
-      complete(Landed{st, tiers->Commit(reservation, checksum, check), {}});
-    } else {
-      asio::post(*pool, [=] {
-        if (Status c = copy_in(); !c.ok()) return complete(Landed{st, c, {}});
-        Status committed = tiers->Commit(reservation, checksum, check);
-        if (committed.ok() && staging_memory != nullptr && tiers->gpu() != nullptr) {
-          // The bytes are still in device staging (the GPU tier's device): copied up into the
-          // GPU tier device to device when it has room, the host copy staying (best effort).
-          Status up = tiers->PromoteFromDevice(pput->key, pput->tokens, checksum, pput->staging,
-                                               pput->bytes);
-          if (!up.ok() && up.code() != StatusCode::kResourceExhausted) {
-            KVD_LOG(WARNING) << "NCCL put not copied into the gpu tier"
-                             << Kv("key", pput->key.ToString()) << Kv("status", up);
-          }
-        }
-        complete(Landed{st, committed, {}});
-      });
-    }
-  };
-  Landed landed;
-  if (!recv.valid()) {
-    // Shared memory: the client wrote the bytes in place before sending Commit.
-    landed =
-        co_await AwaitCallback<Landed>(server_->io(), [=](std::function<void(Landed)> complete) {
-          TransferStatus done;
-          done.state = TransferState::kDone;
-          done.bytes = expected_bytes;
-          land(done, std::move(complete));
-        });
-  } else {
-    landed =
-        co_await AwaitCallback<Landed>(server_->io(), [=](std::function<void(Landed)> complete) {
-          progress->Watch(recv, deadline, [=](const TransferStatus& st) {
-            if (st.state == TransferState::kDone && st.bytes == expected_bytes) {
-              land(st, complete);
-            } else {
-              complete(Landed{st, std::nullopt, {}});
-            }
-          });
-        });
-  }
+  ChunkCodec* codec = put.ticket ? codec_ : nullptr;  // a model with a compression policy
+  const RouteRunner runner(
+      {.host = server_->host_tier(),
+       .tiers = server_->tier_manager(),
+       .pool = &server_->pool(),
+       .codec = codec,
+       .staging_memory = put.nccl ? server_->nccl().memory() : nullptr},
+      &put, reservation, checksum,
+      CommitCheckFor(put.written_in_place, server_->config().host_verify_shm_commits));
+  const Landed landed =
+      co_await AwaitLanded(server_->io(), &BulkProgress(put.nccl), &runner, put.recv, put.bytes,
+                           std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms));
   const TransferStatus& st = landed.st;
-  Status status;
-  if (st.state == TransferState::kInProgress) {
-    ++server_->counters().transfer_timeouts;
-    status = Status::DeadlineExceeded(
-        "the bytes of reservation " + std::to_string(reservation) + " (" +
-        std::to_string(put.bytes) + " bytes, tag " + std::to_string(put.tag) +
-        ") did not arrive within limits.transfer_timeout_ms=" + std::to_string(timeout_ms));
-  } else if (st.state == TransferState::kError) {
-    status = st.status.WithContext("receive of reservation " + std::to_string(reservation) +
-                                   (put.nccl ? " over the NCCL link" : ""));
-  } else if (st.bytes != put.bytes) {
-    status = Status::DataLoss("reservation " + std::to_string(reservation) + ": received " +
-                              std::to_string(st.bytes) + " bytes, expected " +
-                              std::to_string(put.bytes));
-  }
+  Status status = ReceiveOutcome(
+      st, {reservation, put.bytes, put.tag, put.nccl, timeout_ms});
+  if (st.state == TransferState::kInProgress) ++server_->counters().transfer_timeouts;
   bool ended = true;
   if (st.state == TransferState::kInProgress) {
     ended = co_await CancelAndRelease(put.recv, put.nccl);
@@ -223,54 +235,49 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
     co_return;
   }
   status = *landed.commit;  // set: the transfer ended whole (else status was not OK above)
-  if (status.ok() || storage::IsDedup(status)) {
-    if (status.ok()) {
-      ++server_->counters().puts_committed;
-      server_->counters().put_bytes += put.bytes;
-      if (codec != nullptr) {
-        ++server_->counters().chunks_compressed;
-        server_->counters().compressed_raw_bytes += landed.stored.raw_bytes;
-        server_->counters().compressed_bytes += landed.stored.bytes;
-        server_->counters().compress_us +=
-            static_cast<uint64_t>(landed.stored.compress_ms * 1000.0);
-      }
-    } else {
-      ++server_->counters().puts_deduplicated;
-      // Held ahead, the chunk was unknown until now: its bytes were copied for nothing.
-      if (put.ahead) ++server_->counters().puts_copied_for_nothing;
-    }
-    if (put.ahead) ++server_->counters().puts_reserved_ahead;
-    puts_.EndPut(reservation, {.end = PutEnd::kCommitted});
-    const std::optional<HeldSlot> next =
-        reserve_next > 0 ? ReserveAheadFor(reserve_next) : std::nullopt;
-    const bool dedup_ahead = put.ahead && !status.ok();
-    Frame reply_frame = MakeResponse(rid, [&](proto::Response::Builder r) {
-      auto reply = r.initCommit();
-      reply.setBytes(put.bytes);
-      reply.setStoredBytes(codec != nullptr ? landed.stored.bytes : put.bytes);
-      reply.setCodecId(codec != nullptr ? landed.stored.codec_id : put.key.codec_id);
-      reply.setAlreadyStored(dedup_ahead);
-      if (next) {
-        auto held = reply.initNext();
-        held.setReservationId(next->reservation);
-        held.setTtlMs(static_cast<uint32_t>(server_->config().limits.reservation_ttl_ms));
-        auto slot = held.initShm();
-        slot.setSegment(next->ref.segment);
-        slot.setOffset(next->ref.offset);
-        slot.setGeneration(next->ref.generation);
-        slot.setFdAttached(next->ref.fd >= 0);
-      }
-    });
-    if (next) {
-      CompleteShm(seq, std::move(reply_frame), next->ref);
-    } else {
-      Complete(seq, std::move(reply_frame));
-    }
-    server_->MaybeDemote();
+  if (!status.ok() && !storage::IsDedup(status)) {
+    puts_.EndPut(reservation, {.end = PutEnd::kCommitFailed, .cause = status});
+    CompleteError(seq, rid, status);
     co_return;
   }
-  puts_.EndPut(reservation, {.end = PutEnd::kCommitFailed, .cause = status});
-  CompleteError(seq, rid, status);
+  const bool dedup = !status.ok();
+  CountStoredPut({.bytes = put.bytes,
+                  .dedup = dedup,
+                  .ahead = put.ahead,
+                  .compressed = codec != nullptr,
+                  .raw_bytes = landed.stored.raw_bytes,
+                  .stored_bytes = landed.stored.bytes,
+                  .compress_ms = landed.stored.compress_ms},
+                 &server_->counters());
+  puts_.EndPut(reservation, {.end = PutEnd::kCommitted});
+  AnswerCommit(seq, rid,
+               {.bytes = put.bytes,
+                .stored_bytes = codec != nullptr ? landed.stored.bytes : put.bytes,
+                .codec_id = codec != nullptr ? landed.stored.codec_id : put.key.codec_id,
+                .already_stored = put.ahead && dedup},
+               reserve_next);
+  server_->MaybeDemote();
+}
+
+void Session::AnswerCommit(uint64_t seq, uint64_t rid, const CommitAnswer& answer,
+                           uint64_t reserve_next) {
+  const std::optional<HeldSlot> next =
+      reserve_next > 0 ? ReserveAheadFor(reserve_next) : std::nullopt;
+  Frame reply_frame = MakeResponse(rid, [&](proto::Response::Builder r) {
+    auto reply = r.initCommit();
+    reply.setBytes(answer.bytes);
+    reply.setStoredBytes(answer.stored_bytes);
+    reply.setCodecId(answer.codec_id);
+    reply.setAlreadyStored(answer.already_stored);
+    if (next) {
+      auto held = reply.initNext();
+      held.setReservationId(next->reservation);
+      held.setTtlMs(static_cast<uint32_t>(server_->config().limits.reservation_ttl_ms));
+      SetShmSlot(next->ref, held.initShm());
+    }
+  });
+  if (next) return CompleteShm(seq, std::move(reply_frame), next->ref);
+  Complete(seq, std::move(reply_frame));
 }
 
 }  // namespace kvd::daemon

@@ -141,11 +141,7 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
                                reply.setReservationId(reservation->id);
                                reply.setAlreadyStored(false);
                                reply.setTtlMs(static_cast<uint32_t>(ttl_ms));
-                               auto slot = reply.initShm();
-                               slot.setSegment(ref->segment);
-                               slot.setOffset(ref->offset);
-                               slot.setGeneration(ref->generation);
-                               slot.setFdAttached(ref->fd >= 0);
+                               SetShmSlot(*ref, reply.initShm());
                              }),
                 *ref);
     return;
@@ -209,12 +205,9 @@ void Session::HandleInlinePut(uint64_t seq, uint64_t rid, proto::InlinePut::Read
   auto reserved = ReservePut("InlinePut", hash, tokens, data.size(), first_position, window);
   if (!reserved.ok()) return CompleteError(seq, rid, reserved.status());
   if (reserved->already_stored) {
-    return Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
-                      auto reply = r.initCommit();
-                      reply.setAlreadyStored(true);
-                      reply.setBytes(data.size());
-                      reply.setCodecId(ServedCodecId());
-                    }));
+    return AnswerCommit(seq, rid,
+                        {.bytes = data.size(), .codec_id = ServedCodecId(), .already_stored = true},
+                        0);
   }
   const storage::ReservationId id = reserved->reservation.id;
   PendingPut put = std::move(reserved->put);

@@ -33,6 +33,13 @@ StatusOr<Session::ShmRef> Session::PrepareShm(uint64_t offset) {
   return ref;
 }
 
+void Session::SetShmSlot(const ShmRef& ref, proto::ShmSlot::Builder slot) {
+  slot.setSegment(ref.segment);
+  slot.setOffset(ref.offset);
+  slot.setGeneration(ref.generation);
+  slot.setFdAttached(ref.fd >= 0);
+}
+
 void Session::CompleteShm(uint64_t seq, Frame frame, const ShmRef& ref) {
   if (ref.fd < 0) return Complete(seq, std::move(frame));
   shm_sent_[ref.segment] = ref.generation;
