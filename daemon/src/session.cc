@@ -21,6 +21,8 @@ using transport::TransferStatus;
 
 Session::Session(Server::Impl* server, uint64_t id, Socket socket, std::string peer)
     : server_(server),
+      put_services_(server),
+      get_services_(server),
       id_(id),
       socket_(std::move(socket)),
       peer_(std::move(peer)),

@@ -36,6 +36,7 @@
 #include "kvd/proto/kvd.capnp.h"
 #include "kvd/transport/types.h"
 #include "server_impl.h"
+#include "session_services.h"
 
 namespace kvd::daemon {
 
@@ -62,6 +63,15 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t id() const { return id_; }
 
  private:
+  // A chunk as a put describes it (Reserve, InlinePut, Commit.chunk).
+  struct PutShape {
+    Hash128 hash;
+    uint32_t tokens = 0;
+    uint64_t bytes = 0;
+    uint64_t first_position = 0;
+    uint32_t window = 0;  // window-query tokens after the K/V bytes
+  };
+  static PutShape ShapeOf(proto::Reserve::Reader chunk);
   // A put's checks passed and its space is reserved (or the chunk exists already).
   struct ReservedPut {
     bool already_stored = false;  // dedup: nothing reserved
@@ -144,8 +154,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // and the policy's needs, bytes == layout.ChunkBytes(tokens) + window queries, max_chunk_bytes;
   // then the ingest admission (compressing model) and the host-tier reservation (capacity,
   // namespace quota). A dedup is counted and returned as already_stored.
-  StatusOr<ReservedPut> ReservePut(const char* op, const Hash128& hash, uint32_t tokens,
-                                   uint64_t bytes, uint64_t first_position, uint32_t window);
+  StatusOr<ReservedPut> ReservePut(const char* op, const PutShape& shape);
   // The tier TTL of this session's reservations: a backstop well after limits.reservation_ttl_ms.
   std::chrono::milliseconds TierReservationTtl() const;
   // The shape checks of ReservePut: tokens, window and the policy's needs, bytes, max_chunk_bytes.
@@ -169,6 +178,13 @@ class Session : public std::enable_shared_from_this<Session> {
   // request owns it (else skipped).
   void AbortHeldSlot(uint64_t reservation);
   void HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader reserve);
+  // Posts the receive of a reserved put's bytes (`put->bytes`, tagged `tag`): over the NCCL link
+  // into device staging (put->nccl, put->staging set), else over the transport straight into
+  // `reservation` (with the landed bytes' checksum). The caller aborts the reservation on an
+  // error (UNAVAILABLE and others, with context).
+  StatusOr<transport::TransferHandle> PostPutReceive(const storage::Reservation& reservation,
+                                                     uint64_t tag, bool over_nccl,
+                                                     PendingPut* put);
   // One-exchange put of a small chunk: ReservePut, copy the frame's bytes into the reservation,
   // then the Commit path (FinishCommit) with the given checksum; answered with CommitReply.
   void HandleInlinePut(uint64_t seq, uint64_t rid, proto::InlinePut::Reader put);
@@ -264,6 +280,10 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::awaitable<void> PumpEvents(uint64_t rid);
 
   Server::Impl* server_;
+  // What the put path (session_put.cc, session_commit.cc) and the get path (session_get.cc) use
+  // of the daemon: the server, seen through session_services.h.
+  PutServices* const put_services_;
+  GetServices* const get_services_;
   const uint64_t id_;
   Socket socket_;
   const std::string peer_;  // remote socket address, for logs

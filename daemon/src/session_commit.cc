@@ -205,23 +205,23 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
                                             uint64_t checksum, uint64_t reserve_next) {
   auto self = shared_from_this();  // keep alive across suspension
   const PendingPut put = *puts_.Find(reservation);
-  const int64_t timeout_ms = server_->config().limits.transfer_timeout_ms;
+  const int64_t timeout_ms = put_services_->config().limits.transfer_timeout_ms;
   ChunkCodec* codec = put.ticket ? codec_ : nullptr;  // a model with a compression policy
   const RouteRunner runner(
-      {.host = server_->host_tier(),
-       .tiers = server_->tier_manager(),
-       .pool = &server_->pool(),
+      {.host = put_services_->host_tier(),
+       .tiers = put_services_->tier_manager(),
+       .pool = &put_services_->pool(),
        .codec = codec,
-       .staging_memory = put.nccl ? server_->nccl().memory() : nullptr},
+       .staging_memory = put.nccl ? put_services_->nccl().memory() : nullptr},
       &put, reservation, checksum,
-      CommitCheckFor(put.written_in_place, server_->config().host_verify_shm_commits));
+      CommitCheckFor(put.written_in_place, put_services_->config().host_verify_shm_commits));
   const Landed landed =
-      co_await AwaitLanded(server_->io(), &BulkProgress(put.nccl), &runner, put.recv, put.bytes,
+      co_await AwaitLanded(put_services_->io(), &BulkProgress(put.nccl), &runner, put.recv, put.bytes,
                            std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms));
   const TransferStatus& st = landed.st;
   Status status = ReceiveOutcome(
       st, {reservation, put.bytes, put.tag, put.nccl, timeout_ms});
-  if (st.state == TransferState::kInProgress) ++server_->counters().transfer_timeouts;
+  if (st.state == TransferState::kInProgress) ++put_services_->counters().transfer_timeouts;
   bool ended = true;
   if (st.state == TransferState::kInProgress) {
     ended = co_await CancelAndRelease(put.recv, put.nccl);
@@ -248,7 +248,7 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
                   .raw_bytes = landed.stored.raw_bytes,
                   .stored_bytes = landed.stored.bytes,
                   .compress_ms = landed.stored.compress_ms},
-                 &server_->counters());
+                 &put_services_->counters());
   puts_.EndPut(reservation, {.end = PutEnd::kCommitted});
   AnswerCommit(seq, rid,
                {.bytes = put.bytes,
@@ -256,7 +256,7 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
                 .codec_id = codec != nullptr ? landed.stored.codec_id : put.key.codec_id,
                 .already_stored = put.ahead && dedup},
                reserve_next);
-  server_->MaybeDemote();
+  put_services_->MaybeDemote();
 }
 
 void Session::AnswerCommit(uint64_t seq, uint64_t rid, const CommitAnswer& answer,
@@ -272,7 +272,7 @@ void Session::AnswerCommit(uint64_t seq, uint64_t rid, const CommitAnswer& answe
     if (next) {
       auto held = reply.initNext();
       held.setReservationId(next->reservation);
-      held.setTtlMs(static_cast<uint32_t>(server_->config().limits.reservation_ttl_ms));
+      held.setTtlMs(static_cast<uint32_t>(put_services_->config().limits.reservation_ttl_ms));
       SetShmSlot(next->ref, held.initShm());
     }
   });

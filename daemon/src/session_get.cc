@@ -38,7 +38,7 @@ StatusOr<storage::ReadView> Session::OpenGet(const GetAsk& ask, bool over_nccl) 
   if (ask.lease == 0) {
     return Status::NotFound("lease 0: the lookup matched nothing, nothing to get");
   }
-  storage::HostTier* tier = server_->host_tier();
+  storage::HostTier* tier = get_services_->host_tier();
   // A lease serves only the connection that took it.
   KVD_ASSIGN_OR_RETURN(storage::ReadView view, tier->Get(ask.lease, ask.index, id_));
   if (Status s = CheckGetOf(ask, view.meta); !s.ok()) {
@@ -48,7 +48,7 @@ StatusOr<storage::ReadView> Session::OpenGet(const GetAsk& ask, bool over_nccl) 
   // Bytes about to leave host memory (transport or NCCL send) must still be the committed ones;
   // a changed chunk is dropped (on the shared-memory path the client verifies what it reads).
   if (!shm_ &&
-      !server_->tier_manager()->VerifyLeavingHost(view, over_nccl ? "nccl" : "transport")) {
+      !get_services_->tier_manager()->VerifyLeavingHost(view, over_nccl ? "nccl" : "transport")) {
     return Status::DataLoss("get: checksum mismatch on chunk " + std::to_string(ask.index) +
                             " of lease " + std::to_string(ask.lease) +
                             ": its bytes changed in kvd's memory after the commit; chunk dropped");
@@ -60,12 +60,12 @@ void Session::ServeShmGet(uint64_t seq, uint64_t rid, const storage::ReadView& v
   // The client copies from (or reads in place) the pinned slot, then sends ReleaseRead.
   auto ref = PrepareShm(view.offset);
   if (!ref.ok()) {
-    server_->host_tier()->ReleaseRead(view.read_id).IgnoreError();
+    get_services_->host_tier()->ReleaseRead(view.read_id).IgnoreError();
     return CompleteError(seq, rid, ref.status());
   }
   shm_reads_.insert(view.read_id);
   CountGet(view.meta.size_bytes);
-  const auto read_ttl = static_cast<uint32_t>(server_->config().host_tier.read_ttl.count());
+  const auto read_ttl = static_cast<uint32_t>(get_services_->config().host_tier.read_ttl.count());
   CompleteShm(seq,
               MakeResponse(rid,
                            [&](proto::Response::Builder r) {
@@ -81,10 +81,10 @@ void Session::ServeShmGet(uint64_t seq, uint64_t rid, const storage::ReadView& v
 void Session::SendGet(uint64_t seq, uint64_t rid, const storage::ReadView& view, uint64_t tag) {
   auto peer = TransportPeer();
   auto send = peer.ok()
-                  ? server_->transport()->PostSend(*peer, tag, view.data, view.meta.size_bytes)
+                  ? get_services_->transport()->PostSend(*peer, tag, view.data, view.meta.size_bytes)
                   : StatusOr<TransferHandle>(peer.status());
   if (!send.ok()) {
-    server_->host_tier()->ReleaseRead(view.read_id).IgnoreError();
+    get_services_->host_tier()->ReleaseRead(view.read_id).IgnoreError();
     return CompleteError(seq, rid, send.status().WithContext("cannot send the chunk"));
   }
   active_sends_.insert(send->id);
@@ -92,19 +92,19 @@ void Session::SendGet(uint64_t seq, uint64_t rid, const storage::ReadView& view,
 }
 
 void Session::CountGet(uint64_t bytes) {
-  ++server_->counters().gets;
-  server_->counters().get_bytes += bytes;
+  ++get_services_->counters().gets;
+  get_services_->counters().get_bytes += bytes;
 }
 
 asio::awaitable<void> Session::FinishGet(uint64_t seq, uint64_t rid, storage::ReadView view,
                                          TransferHandle send, bool nccl, void* staging) {
   auto self = shared_from_this();
-  const int64_t timeout_ms = server_->config().limits.transfer_timeout_ms;
+  const int64_t timeout_ms = get_services_->config().limits.transfer_timeout_ms;
   TransferStatus st = co_await AwaitTransfer(send, timeout_ms, nccl);
   Status status;
   bool ended = true;
   if (st.state == TransferState::kInProgress) {
-    ++server_->counters().transfer_timeouts;
+    ++get_services_->counters().transfer_timeouts;
     status = Status::DeadlineExceeded(
         "the client did not take the chunk (" + std::to_string(view.meta.size_bytes) +
         " bytes) within limits.transfer_timeout_ms=" + std::to_string(timeout_ms) +
@@ -120,7 +120,7 @@ asio::awaitable<void> Session::FinishGet(uint64_t seq, uint64_t rid, storage::Re
   (nccl ? active_nccl_sends_ : active_sends_).erase(send.id);
   if (ended) FreeStaging(staging);
   // The pin goes only once the transport no longer reads the chunk's bytes.
-  if (ended) server_->host_tier()->ReleaseRead(view.read_id).IgnoreError();
+  if (ended) get_services_->host_tier()->ReleaseRead(view.read_id).IgnoreError();
   if (!status.ok()) {
     CompleteError(seq, rid, status);
     co_return;

@@ -20,14 +20,14 @@ using transport::TransferStatus;
 std::chrono::milliseconds Session::TierReservationTtl() const {
   // The tier's own TTL is a backstop well after the daemon's: the daemon must cancel the
   // posted receive before the space can be reused.
-  const DaemonConfig& config = server_->config();
+  const DaemonConfig& config = put_services_->config();
   return std::chrono::milliseconds(config.limits.reservation_ttl_ms +
                                    2 * config.limits.transfer_timeout_ms +
                                    config.transport.close_timeout_ms + 60000);
 }
 
 Status Session::CheckPutShape(uint32_t tokens, uint64_t bytes, uint32_t window) const {
-  const DaemonConfig& config = server_->config();
+  const DaemonConfig& config = put_services_->config();
   if (tokens == 0 || tokens > static_cast<uint32_t>(config.chunk_tokens)) {
     return Status::OutOfRange("tokens " + std::to_string(tokens) + " is outside [1, chunk_tokens=" +
                               std::to_string(config.chunk_tokens) + "]");
@@ -60,21 +60,28 @@ Status Session::CheckPutShape(uint32_t tokens, uint64_t bytes, uint32_t window) 
   return Status::Ok();
 }
 
-StatusOr<Session::ReservedPut> Session::ReservePut(const char* op, const Hash128& hash,
-                                                   uint32_t tokens, uint64_t bytes,
-                                                   uint64_t first_position, uint32_t window) {
+Session::PutShape Session::ShapeOf(proto::Reserve::Reader chunk) {
+  return {.hash = proto::FromProto(chunk.getChunkHash()),
+          .tokens = chunk.getTokens(),
+          .bytes = chunk.getBytes(),
+          .first_position = chunk.getFirstPosition(),
+          .window = chunk.getWindowTokens()};
+}
+
+StatusOr<Session::ReservedPut> Session::ReservePut(const char* op, const PutShape& shape) {
+  const auto& [hash, tokens, bytes, first_position, window] = shape;
   KVD_RETURN_IF_ERROR(RequireEngine(op));
   if (read_only_) {
     return Status::PermissionDenied(std::string(op) +
                                     ": this session said Hello.readOnly (it reads, never puts)");
   }
   KVD_RETURN_IF_ERROR(CheckPutShape(tokens, bytes, window));
-  const DaemonConfig& config = server_->config();
+  const DaemonConfig& config = put_services_->config();
   std::shared_ptr<void> ticket;
   if (codec_ != nullptr) {
     auto admitted = codec_->Admit();
     if (!admitted.ok()) {
-      ++server_->counters().ingest_rejected;
+      ++put_services_->counters().ingest_rejected;
       return admitted.status();
     }
     ticket = std::move(*admitted);
@@ -82,17 +89,17 @@ StatusOr<Session::ReservedPut> Session::ReservePut(const char* op, const Hash128
   storage::ChunkKey key{name_space_, model_->name, layout_digest_, ServedCodecId(), hash};
   const int64_t ttl_ms = config.limits.reservation_ttl_ms;
   ReservedPut out;
-  auto reservation = server_->host_tier()->Reserve(key, bytes, tokens, id_, TierReservationTtl());
+  auto reservation = put_services_->host_tier()->Reserve(key, bytes, tokens, id_, TierReservationTtl());
   if (!reservation.ok()) {
     if (!storage::IsDedup(reservation.status())) return reservation.status();
-    ++server_->counters().puts_deduplicated;
+    ++put_services_->counters().puts_deduplicated;
     out.already_stored = true;
     return out;
   }
   out.reservation = *reservation;
   PendingPut& put = out.put;
   put.bytes = bytes;
-  put.deadline_ns = server_->clock()->NowNanos() + ttl_ms * 1000000;
+  put.deadline_ns = put_services_->clock()->NowNanos() + ttl_ms * 1000000;
   put.ticket = std::move(ticket);
   put.data = reservation->data;
   put.key = key;
@@ -103,11 +110,7 @@ StatusOr<Session::ReservedPut> Session::ReservePut(const char* op, const Hash128
 }
 
 void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader reserve) {
-  const Hash128 hash = proto::FromProto(reserve.getChunkHash());
-  const uint32_t tokens = reserve.getTokens();
-  const uint64_t bytes = reserve.getBytes();
-  const uint64_t first_position = reserve.getFirstPosition();
-  const uint32_t window = reserve.getWindowTokens();
+  const PutShape shape = ShapeOf(reserve);
   const bool over_nccl = reserve.getOverNccl();
   const uint64_t abort_first = reserve.getAbortFirst();
   if (Status s = RequireEngine("Reserve"); !s.ok()) return CompleteError(seq, rid, s);
@@ -119,7 +122,7 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
                              "Reserve.overNccl: this session has no NCCL link; send NcclConnect "
                              "first (or put over the transport)"));
   }
-  auto reserved = ReservePut("Reserve", hash, tokens, bytes, first_position, window);
+  auto reserved = ReservePut("Reserve", shape);
   if (!reserved.ok()) return CompleteError(seq, rid, reserved.status());
   if (reserved->already_stored) {
     return Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
@@ -127,7 +130,7 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
                       reply.setAlreadyStored(true);
                     }));
   }
-  const int64_t ttl_ms = server_->config().limits.reservation_ttl_ms;
+  const int64_t ttl_ms = put_services_->config().limits.reservation_ttl_ms;
   const storage::Reservation* reservation = &reserved->reservation;
   PendingPut put = std::move(reserved->put);
   if (shm_ && !over_nccl) {
@@ -147,41 +150,10 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
     return;
   }
   const uint64_t tag = (id_ << 40) | (next_tag_++ & ((uint64_t{1} << 40) - 1));
-  StatusOr<TransferHandle> recv = Status::Internal("no receive");
-  if (over_nccl) {
-    // The bytes land in device memory of the link, copied into the reservation on Commit.
-    NcclLink& link = server_->nccl();
-    auto staging = link.AcquireStaging(bytes);
-    if (!staging.ok()) {
-      server_->host_tier()->Abort(reservation->id).IgnoreError();
-      return CompleteError(seq, rid,
-                           staging.status().WithContext("cannot stage the put over the NCCL link"));
-    }
-    transport::TransferRequest request;
-    request.op = transport::TransferOp::kRecv;
-    request.peer = nccl_peer_;
-    request.tag = tag;
-    request.buffer = *staging;
-    request.length = bytes;
-    request.memory_type = link.memory_type();
-    recv = link.transport()->Post(request);
-    if (!recv.ok()) FreeStaging(*staging);
-    put.nccl = true;
-    put.staging = *staging;
-  } else {
-    // The transport hashes the bytes as they land where it copies them itself (same host):
-    // the commit then compares checksums instead of reading the chunk again.
-    auto peer = TransportPeer();
-    if (peer.ok()) {
-      recv = server_->transport()->PostRecv(*peer, tag, reservation->data, bytes,
-                                            {.want_checksum = true});
-    } else {
-      recv = peer.status();
-    }
-  }
+  auto recv = PostPutReceive(*reservation, tag, over_nccl, &put);
   if (!recv.ok()) {
-    server_->host_tier()->Abort(reservation->id).IgnoreError();
-    return CompleteError(seq, rid, recv.status().WithContext("cannot post the receive of the put"));
+    put_services_->host_tier()->Abort(reservation->id).IgnoreError();
+    return CompleteError(seq, rid, recv.status());
   }
   put.recv = *recv;
   put.tag = tag;
@@ -195,14 +167,51 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
            }));
 }
 
+StatusOr<TransferHandle> Session::PostPutReceive(const storage::Reservation& reservation,
+                                                 uint64_t tag, bool over_nccl, PendingPut* put) {
+  const uint64_t bytes = put->bytes;
+  StatusOr<TransferHandle> recv = Status::Internal("no receive");
+  if (over_nccl) {
+    // The bytes land in device memory of the link, copied into the reservation on Commit.
+    NcclLink& link = put_services_->nccl();
+    auto staging = link.AcquireStaging(bytes);
+    if (!staging.ok()) {
+      return staging.status().WithContext("cannot stage the put over the NCCL link");
+    }
+    transport::TransferRequest request;
+    request.op = transport::TransferOp::kRecv;
+    request.peer = nccl_peer_;
+    request.tag = tag;
+    request.buffer = *staging;
+    request.length = bytes;
+    request.memory_type = link.memory_type();
+    recv = link.transport()->Post(request);
+    if (!recv.ok()) FreeStaging(*staging);
+    put->nccl = true;
+    put->staging = *staging;
+  } else {
+    // The transport hashes the bytes as they land where it copies them itself (same host):
+    // the commit then compares checksums instead of reading the chunk again.
+    auto peer = TransportPeer();
+    if (peer.ok()) {
+      recv = put_services_->transport()->PostRecv(*peer, tag, reservation.data, bytes,
+                                            {.want_checksum = true});
+    } else {
+      recv = peer.status();
+    }
+  }
+  if (!recv.ok()) return recv.status().WithContext("cannot post the receive of the put");
+  return recv;
+}
+
 void Session::HandleInlinePut(uint64_t seq, uint64_t rid, proto::InlinePut::Reader inline_put) {
-  const Hash128 hash = proto::FromProto(inline_put.getChunkHash());
-  const uint32_t tokens = inline_put.getTokens();
-  const uint64_t first_position = inline_put.getFirstPosition();
-  const uint32_t window = inline_put.getWindowTokens();
   const uint64_t checksum = inline_put.getChecksum();
   const capnp::Data::Reader data = inline_put.getData();
-  auto reserved = ReservePut("InlinePut", hash, tokens, data.size(), first_position, window);
+  auto reserved = ReservePut("InlinePut", {.hash = proto::FromProto(inline_put.getChunkHash()),
+                                           .tokens = inline_put.getTokens(),
+                                           .bytes = data.size(),
+                                           .first_position = inline_put.getFirstPosition(),
+                                           .window = inline_put.getWindowTokens()});
   if (!reserved.ok()) return CompleteError(seq, rid, reserved.status());
   if (reserved->already_stored) {
     return AnswerCommit(seq, rid,
@@ -216,7 +225,7 @@ void Session::HandleInlinePut(uint64_t seq, uint64_t rid, proto::InlinePut::Read
   std::memcpy(put.data, data.begin(), data.size());
   put.busy = true;  // committed at once: never expired, aborted or committed by a request
   puts_.File(id, std::move(put));
-  ++server_->counters().puts_inline;
+  ++put_services_->counters().puts_inline;
   SpawnHandler(FinishCommit(seq, rid, id, checksum));
 }
 
@@ -254,14 +263,14 @@ void Session::HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader com
 }
 
 bool Session::ReservesAhead() const {
-  return server_->config().protocol.reserve_ahead && engine_ && shm_ && !read_only_ &&
+  return put_services_->config().protocol.reserve_ahead && engine_ && shm_ && !read_only_ &&
          codec_ == nullptr;
 }
 
 
 std::optional<Session::HeldSlot> Session::ReserveAheadFor(uint64_t bytes) {
-  const DaemonConfig& config = server_->config();
-  DaemonCounters& counters = server_->counters();
+  const DaemonConfig& config = put_services_->config();
+  DaemonCounters& counters = put_services_->counters();
   // Only a size some chunk of the model has (raw chunks: a whole number of tokens).
   const uint64_t per_token = model_->layout.ChunkBytes(1);
   if (read_closed_ || closed_ || per_token == 0 || bytes == 0 || bytes % per_token != 0 ||
@@ -271,14 +280,14 @@ std::optional<Session::HeldSlot> Session::ReserveAheadFor(uint64_t bytes) {
     return std::nullopt;
   }
   storage::ChunkKey key{name_space_, model_->name, layout_digest_, ServedCodecId(), Hash128{}};
-  auto reservation = server_->host_tier()->ReserveAhead(key, bytes, id_, TierReservationTtl());
+  auto reservation = put_services_->host_tier()->ReserveAhead(key, bytes, id_, TierReservationTtl());
   if (!reservation.ok()) {
     ++counters.reserve_ahead_declined;  // no headroom (or no room): the next put reserves
     return std::nullopt;
   }
   PendingPut put;
   put.bytes = bytes;
-  put.deadline_ns = server_->clock()->NowNanos() + config.limits.reservation_ttl_ms * 1000000;
+  put.deadline_ns = put_services_->clock()->NowNanos() + config.limits.reservation_ttl_ms * 1000000;
   put.data = reservation->data;
   put.key = key;
   put.ahead = true;
@@ -293,11 +302,7 @@ std::optional<Session::HeldSlot> Session::ReserveAheadFor(uint64_t bytes) {
 
 Status Session::NameHeldPut(uint64_t reservation, proto::Reserve::Reader chunk) {
   PendingPut& put = *puts_.Find(reservation);
-  const Hash128 hash = proto::FromProto(chunk.getChunkHash());
-  const uint32_t tokens = chunk.getTokens();
-  const uint64_t bytes = chunk.getBytes();
-  const uint64_t first_position = chunk.getFirstPosition();
-  const uint32_t window = chunk.getWindowTokens();
+  const auto [hash, tokens, bytes, first_position, window] = ShapeOf(chunk);
   if (chunk.getOverNccl()) {
     return Status::InvalidArgument("Commit.chunk.overNccl: a slot held ahead is in shared memory");
   }
@@ -310,7 +315,7 @@ Status Session::NameHeldPut(uint64_t reservation, proto::Reserve::Reader chunk) 
   }
   storage::ChunkKey key = put.key;
   key.chain_hash = hash;
-  KVD_RETURN_IF_ERROR(server_->host_tier()->NameReservation(reservation, key, tokens));
+  KVD_RETURN_IF_ERROR(put_services_->host_tier()->NameReservation(reservation, key, tokens));
   put.key = key;
   put.tokens = tokens;
   put.first_position = first_position;
@@ -322,7 +327,7 @@ void Session::AbortHeldSlot(uint64_t reservation) {
   const PendingPut* put = puts_.Find(reservation);
   if (put == nullptr || !put->ahead || put->busy) return;
   puts_.EndPut(reservation, {.end = PutEnd::kAbortFirst});
-  ++server_->counters().reserve_ahead_aborted;
+  ++put_services_->counters().reserve_ahead_aborted;
 }
 
 
@@ -355,7 +360,7 @@ asio::awaitable<void> Session::ExpirePut(uint64_t reservation) {
   bool ended = true;
   if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
   puts_.EndPut(reservation, {.end = PutEnd::kExpired, .transfer_ended = ended});
-  ++server_->counters().reservations_expired;
+  ++put_services_->counters().reservations_expired;
   KVD_LOG(INFO) << "reservation expired" << Kv("session", id_) << Kv("client", client_id_)
                 << Kv("reservation", reservation) << Kv("bytes", put.bytes);
 }
