@@ -139,7 +139,13 @@ class Session : public std::enable_shared_from_this<Session> {
   // ---- requests: dispatch and Hello (session_dispatch.cc), lookup and leases
   // (session_lookup.cc), put (session_put.cc, session_commit.cc), get (session_get.cc),
   // shared memory (session_shm.cc) ----
+  // Refuses anything before Hello, applies the releases a request carries, refuses a switched-off
+  // kind, starts the latency timer of a timed one, then HandleRequest.
   Status Dispatch(uint64_t seq, proto::Request::Reader request);
+  // Request.releaseReads / releaseLeases, where the protocol options take them.
+  void ReleasePiggybacked(proto::Request::Reader request);
+  // Calls the handler of the request's kind (INVALID_ARGUMENT for a kind this daemon lacks).
+  void HandleRequest(uint64_t seq, uint64_t rid, proto::Request::Reader request);
   // CheckHello (hello_check.h), then AnswerHello, or the refusal and close.
   void HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello);
   // Applies a Hello's grant to this session and answers with HelloReply.

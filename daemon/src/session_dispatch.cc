@@ -2,6 +2,7 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include "hello_check.h"
@@ -15,6 +16,27 @@ namespace kvd::daemon {
 namespace {
 
 const char* kDaemonVersion = "kvd " KVD_VERSION_STRING;
+
+// A request of a kind this daemon does not serve (a newer client's, or one switched off).
+Status UnknownKind(proto::Request::Which which) {
+  return Status::InvalidArgument("unknown request kind " +
+                                 std::to_string(static_cast<int>(which)) + " (newer client?)");
+}
+
+// The latency histogram a request kind is observed in, if any.
+std::optional<LatencyOp> TimedOp(proto::Request::Which which) {
+  switch (which) {
+    case proto::Request::LOOKUP:
+      return LatencyOp::kLookup;
+    case proto::Request::GET:
+      return LatencyOp::kGet;
+    case proto::Request::COMMIT:
+    case proto::Request::INLINE_PUT:
+      return LatencyOp::kPut;
+    default:
+      return std::nullopt;
+  }
+}
 
 }  // namespace
 
@@ -39,14 +61,30 @@ Status Session::RequireAdmin(const char* op) const {
 }
 
 Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
-  uint64_t rid = request.getRequestId();
-  auto which = request.which();
+  const uint64_t rid = request.getRequestId();
+  const auto which = request.which();
   if (which != proto::Request::HELLO && !hello_done_) {
     CompleteError(seq, rid,
                   Status::FailedPrecondition("the first request on a connection must be Hello"));
     CloseAfter(seq);
     return Status::Ok();
   }
+  ReleasePiggybacked(request);
+  // Without protocol.inline_put an InlinePut is a kind kvd does not know, as before it existed.
+  if (which == proto::Request::INLINE_PUT && !server_->config().protocol.inline_put) {
+    CompleteError(seq, rid, UnknownKind(which));
+    return Status::Ok();
+  }
+  if (const std::optional<LatencyOp> op = TimedOp(which)) {
+    timed_[seq] = {static_cast<int>(*op), std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                              std::chrono::steady_clock::now().time_since_epoch())
+                                              .count()};
+  }
+  HandleRequest(seq, rid, request);
+  return Status::Ok();
+}
+
+void Session::ReleasePiggybacked(proto::Request::Reader request) {
   const ProtocolOptions& protocol = server_->config().protocol;
   // Without protocol.releases_on_requests kvd ignores the field, as kvd before it did.
   if (request.hasReleaseReads() && protocol.releases_on_requests) {
@@ -56,26 +94,10 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
   if (request.hasReleaseLeases() && protocol.lease_releases_on_requests) {
     ReleaseLeasesOf(request.getReleaseLeases());
   }
-  auto refuse_unknown_kind = [&] {
-    CompleteError(
-        seq, rid,
-        Status::InvalidArgument("unknown request kind " + std::to_string(static_cast<int>(which)) +
-                                " (newer client?)"));
-  };
-  // Without protocol.inline_put an InlinePut is a kind kvd does not know, as before it existed.
-  if (which == proto::Request::INLINE_PUT && !protocol.inline_put) {
-    refuse_unknown_kind();
-    return Status::Ok();
-  }
-  if (which == proto::Request::LOOKUP || which == proto::Request::COMMIT ||
-      which == proto::Request::INLINE_PUT || which == proto::Request::GET) {
-    const LatencyOp op = which == proto::Request::LOOKUP ? LatencyOp::kLookup
-                         : which == proto::Request::GET  ? LatencyOp::kGet
-                                                         : LatencyOp::kPut;
-    timed_[seq] = {static_cast<int>(op), std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                             std::chrono::steady_clock::now().time_since_epoch())
-                                             .count()};
-  }
+}
+
+void Session::HandleRequest(uint64_t seq, uint64_t rid, proto::Request::Reader request) {
+  const auto which = request.which();
   switch (which) {
     case proto::Request::HELLO:
       HandleHello(seq, rid, request.getHello());
@@ -133,10 +155,9 @@ Status Session::Dispatch(uint64_t seq, proto::Request::Reader request) {
       CloseAfter(seq);
       break;
     default:
-      refuse_unknown_kind();
+      CompleteError(seq, rid, UnknownKind(which));
       break;
   }
-  return Status::Ok();
 }
 
 void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello) {
