@@ -363,14 +363,46 @@ asio::awaitable<void> Session::WriteLoop() {
   idle_event_.Notify();
 }
 
-asio::awaitable<void> Session::Teardown() {
-  transport::Transport* t = server_->transport();
-  // 1. Stop this client's transfers; their handlers see CANCELLED and finish.
+void Session::CancelTransfers() {
   for (const auto& [id, put] : puts_.puts()) {
     if (put.recv.valid()) Bulk(put.nccl)->Cancel(put.recv).IgnoreError();
   }
-  for (uint64_t send : active_sends_) t->Cancel(TransferHandle{send}).IgnoreError();
+  for (uint64_t send : active_sends_) Bulk(false)->Cancel(TransferHandle{send}).IgnoreError();
   for (uint64_t send : active_nccl_sends_) Bulk(true)->Cancel(TransferHandle{send}).IgnoreError();
+}
+
+asio::awaitable<void> Session::DisconnectPeer(bool nccl) {
+  transport::PeerHandle* held = nccl ? &nccl_peer_ : &transport_peer_;
+  if (!held->valid()) co_return;
+  transport::Transport* t = Bulk(nccl);
+  const transport::PeerHandle peer = *held;
+  Status s = co_await OffloadTo<Status>(server_->pool(), server_->io(),
+                                        [t, peer] { return t->Disconnect(peer); });
+  if (!s.ok() && s.code() != StatusCode::kNotFound) {
+    KVD_LOG(WARNING) << (nccl ? "NCCL link disconnect failed" : "transport disconnect failed")
+                     << Kv("session", id_) << Kv("status", s);
+  }
+  *held = {};
+}
+
+asio::awaitable<uint64_t> Session::EndOpenPuts() {
+  uint64_t leaked = 0;
+  while (!puts_.empty()) {
+    // A shared-memory put has no transfer: a client killed while writing leaves its reservation
+    // here, reclaimed by ReclaimOwner (never committed, so never visible).
+    const uint64_t reservation = puts_.puts().begin()->first;
+    const PendingPut put = puts_.puts().begin()->second;
+    bool ended = true;
+    if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
+    if (!ended) ++leaked;
+    puts_.EndPut(reservation, {.end = PutEnd::kReclaimed, .transfer_ended = ended});
+  }
+  co_return leaked;
+}
+
+asio::awaitable<void> Session::Teardown() {
+  // 1. Stop this client's transfers; their handlers see CANCELLED and finish.
+  CancelTransfers();
   if (subscription_ != nullptr) {
     server_->events().Unsubscribe(subscription_);
     events_event_.Notify();  // the pump sees read_closed_ and ends
@@ -391,37 +423,10 @@ asio::awaitable<void> Session::Teardown() {
   while (!writer_.done()) co_await idle_event_.Wait();
   // 3. Close the transport endpoint off the io_context thread: it ends every transfer posted
   //    with this peer, so the receives of uncommitted puts are finished afterwards.
-  if (transport_peer_.valid()) {
-    transport::PeerHandle peer = transport_peer_;
-    Status s = co_await OffloadTo<Status>(server_->pool(), server_->io(),
-                                          [t, peer] { return t->Disconnect(peer); });
-    if (!s.ok() && s.code() != StatusCode::kNotFound) {
-      KVD_LOG(WARNING) << "transport disconnect failed" << Kv("session", id_) << Kv("status", s);
-    }
-    transport_peer_ = {};
-  }
-  if (nccl_peer_.valid()) {
-    transport::Transport* link = Bulk(true);
-    transport::PeerHandle peer = nccl_peer_;
-    Status s = co_await OffloadTo<Status>(server_->pool(), server_->io(),
-                                          [link, peer] { return link->Disconnect(peer); });
-    if (!s.ok() && s.code() != StatusCode::kNotFound) {
-      KVD_LOG(WARNING) << "NCCL link disconnect failed" << Kv("session", id_) << Kv("status", s);
-    }
-    nccl_peer_ = {};
-  }
-  uint64_t leaked = 0;
+  co_await DisconnectPeer(/*nccl=*/false);
+  co_await DisconnectPeer(/*nccl=*/true);
   const size_t open_puts = puts_.size();
-  while (!puts_.empty()) {
-    // A shared-memory put has no transfer: a client killed while writing leaves its reservation
-    // here, reclaimed below (never committed, so never visible).
-    const uint64_t reservation = puts_.puts().begin()->first;
-    const PendingPut put = puts_.puts().begin()->second;
-    bool ended = true;
-    if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
-    if (!ended) ++leaked;
-    puts_.EndPut(reservation, {.end = PutEnd::kReclaimed, .transfer_ended = ended});
-  }
+  const uint64_t leaked = co_await EndOpenPuts();
   shm_reads_.clear();  // ReclaimOwner below ends them
   // 4. Return everything the client held in the tier.
   storage::ReclaimResult reclaimed;

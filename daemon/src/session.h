@@ -104,6 +104,13 @@ class Session : public std::enable_shared_from_this<Session> {
   void LogReadEnd(const boost::system::error_code& ec, size_t buffered);
   asio::awaitable<void> WriteLoop();
   asio::awaitable<void> Teardown();
+  // Teardown's steps: cancels every transfer of this connection (puts' receives, Gets' sends);
+  // closes the client's transport endpoint (nccl false) or NCCL link peer (true) off the
+  // io_context thread, if it has one; ends every open put in the ledger (kReclaimed), waiting
+  // for its receive to end, and returns how many did not (their space must not be reused).
+  void CancelTransfers();
+  asio::awaitable<void> DisconnectPeer(bool nccl);
+  asio::awaitable<uint64_t> EndOpenPuts();
   void HandleFrame(std::unique_ptr<proto::DecodedMessage> message);
   // Observes the latency of request `seq` if it is timed (Lookup, Commit, InlinePut, Get).
   void ObserveLatency(uint64_t seq);
