@@ -33,8 +33,8 @@ Status ReceiveOutcome(const transport::TransferStatus& st, const ReceiveFacts& p
     return st.status.WithContext("receive of " + name + (put.nccl ? " over the NCCL link" : ""));
   }
   if (st.bytes != put.bytes) {
-    return Status::DataLoss(name + ": received " + std::to_string(st.bytes) +
-                            " bytes, expected " + std::to_string(put.bytes));
+    return Status::DataLoss(name + ": received " + std::to_string(st.bytes) + " bytes, expected " +
+                            std::to_string(put.bytes));
   }
   return Status::Ok();
 }

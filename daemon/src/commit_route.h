@@ -52,8 +52,8 @@ struct ReceiveFacts {
   uint64_t reservation = 0;
   uint64_t bytes = 0;  // expected
   uint64_t tag = 0;
-  bool nccl = false;        // over the NCCL link
-  int64_t timeout_ms = 0;   // limits.transfer_timeout_ms
+  bool nccl = false;       // over the NCCL link
+  int64_t timeout_ms = 0;  // limits.transfer_timeout_ms
 };
 
 // What became of a put's receive `st`: OK when it is done with every expected byte;
@@ -63,13 +63,13 @@ Status ReceiveOutcome(const transport::TransferStatus& st, const ReceiveFacts& p
 
 // What a stored put adds to the daemon's counters.
 struct StoredPut {
-  uint64_t bytes = 0;  // the put's bytes as received
-  bool dedup = false;  // the commit found the chunk already stored (Reason::kDedup)
-  bool ahead = false;  // the put filled a slot held ahead (reserve-ahead)
-  bool compressed = false;     // the ingest route stored it (a compact chunk)
-  uint64_t raw_bytes = 0;      // compressed: its raw K/V bytes (without window queries)
-  uint64_t stored_bytes = 0;   // compressed: its compact bytes
-  double compress_ms = 0.0;    // compressed: ChunkCodec::Encode time
+  uint64_t bytes = 0;         // the put's bytes as received
+  bool dedup = false;         // the commit found the chunk already stored (Reason::kDedup)
+  bool ahead = false;         // the put filled a slot held ahead (reserve-ahead)
+  bool compressed = false;    // the ingest route stored it (a compact chunk)
+  uint64_t raw_bytes = 0;     // compressed: its raw K/V bytes (without window queries)
+  uint64_t stored_bytes = 0;  // compressed: its compact bytes
+  double compress_ms = 0.0;   // compressed: ChunkCodec::Encode time
 };
 
 // Counts a put whose commit succeeded or was a dedup: puts_committed and put_bytes (and the

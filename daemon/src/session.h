@@ -293,8 +293,8 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::awaitable<void> PumpEvents(uint64_t rid);
 
   Server::Impl* server_;
-  // What the put path (session_put.cc, session_commit.cc) and the get path (session_get.cc) use
-  // of the daemon: the server, seen through session_services.h.
+  // What the put path (session_put.cc, session_commit.cc) and the read path (session_lookup.cc,
+  // session_get.cc) use of the daemon: the server, seen through session_services.h.
   PutServices* const put_services_;
   GetServices* const get_services_;
   const uint64_t id_;

@@ -6,10 +6,10 @@
 #include <optional>
 #include <string>
 
+#include "commit_route.h"
 #include "kvd/common/hash.h"
 #include "kvd/common/logging.h"
 #include "kvd/storage/host_tier.h"
-#include "commit_route.h"
 #include "kvd/storage/tier_manager.h"
 #include "responses.h"
 #include "session.h"
@@ -77,7 +77,6 @@ Stored CompressAndStore(ChunkCodec* codec, storage::HostTier* host, storage::Tie
   return out;
 }
 
-
 // What a put's route reported once its bytes were whole (or not).
 struct Landed {
   TransferStatus st;
@@ -141,9 +140,9 @@ class RouteRunner {
   Landed Ingest(const TransferStatus& st) const {
     if (Status c = CopyIn(); !c.ok()) return Landed{st, c, {}};
     const PendingPut& p = *put_;
-    Stored stored = CompressAndStore(where_.codec, where_.host, where_.tiers, reservation_, p.key,
-                                     p.data, p.bytes, p.tokens, p.first_position, p.window,
-                                     checksum_);
+    Stored stored =
+        CompressAndStore(where_.codec, where_.host, where_.tiers, reservation_, p.key, p.data,
+                         p.bytes, p.tokens, p.first_position, p.window, checksum_);
     Status status = stored.status;
     return Landed{st, status, std::move(stored)};
   }
@@ -153,8 +152,8 @@ class RouteRunner {
     if (committed.ok() && where_.staging_memory != nullptr && where_.tiers->gpu() != nullptr) {
       // The bytes are still in device staging (the GPU tier's device): copied up into the GPU
       // tier device to device when it has room, the host copy staying (best effort).
-      Status up = where_.tiers->PromoteFromDevice(put_->key, put_->tokens, checksum_,
-                                                  put_->staging, put_->bytes);
+      Status up = where_.tiers->PromoteFromDevice(put_->key, put_->tokens, checksum_, put_->staging,
+                                                  put_->bytes);
       if (!up.ok() && up.code() != StatusCode::kResourceExhausted) {
         KVD_LOG(WARNING) << "NCCL put not copied into the gpu tier"
                          << Kv("key", put_->key.ToString()) << Kv("status", up);
@@ -215,12 +214,11 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
        .staging_memory = put.nccl ? put_services_->nccl().memory() : nullptr},
       &put, reservation, checksum,
       CommitCheckFor(put.written_in_place, put_services_->config().host_verify_shm_commits));
-  const Landed landed =
-      co_await AwaitLanded(put_services_->io(), &BulkProgress(put.nccl), &runner, put.recv, put.bytes,
-                           std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms));
+  const Landed landed = co_await AwaitLanded(
+      put_services_->io(), &BulkProgress(put.nccl), &runner, put.recv, put.bytes,
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms));
   const TransferStatus& st = landed.st;
-  Status status = ReceiveOutcome(
-      st, {reservation, put.bytes, put.tag, put.nccl, timeout_ms});
+  Status status = ReceiveOutcome(st, {reservation, put.bytes, put.tag, put.nccl, timeout_ms});
   if (st.state == TransferState::kInProgress) ++put_services_->counters().transfer_timeouts;
   bool ended = true;
   if (st.state == TransferState::kInProgress) {

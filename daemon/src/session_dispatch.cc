@@ -19,8 +19,8 @@ const char* kDaemonVersion = "kvd " KVD_VERSION_STRING;
 
 // A request of a kind this daemon does not serve (a newer client's, or one switched off).
 Status UnknownKind(proto::Request::Which which) {
-  return Status::InvalidArgument("unknown request kind " +
-                                 std::to_string(static_cast<int>(which)) + " (newer client?)");
+  return Status::InvalidArgument("unknown request kind " + std::to_string(static_cast<int>(which)) +
+                                 " (newer client?)");
 }
 
 // The latency histogram a request kind is observed in, if any.
@@ -163,9 +163,8 @@ void Session::HandleRequest(uint64_t seq, uint64_t rid, proto::Request::Reader r
 void Session::HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello) {
   const HelloFields fields = ReadHello(hello);
   auto refuse = [&](Status status) {
-    KVD_LOG(WARNING) << "handshake refused" << Kv("session", id_)
-                     << Kv("client", fields.client_id) << Kv("peer", peer_)
-                     << Kv("model", fields.model) << Kv("status", status);
+    KVD_LOG(WARNING) << "handshake refused" << Kv("session", id_) << Kv("client", fields.client_id)
+                     << Kv("peer", peer_) << Kv("model", fields.model) << Kv("status", status);
     CompleteError(seq, rid, status);
     CloseAfter(seq);
   };

@@ -80,9 +80,9 @@ void Session::ServeShmGet(uint64_t seq, uint64_t rid, const storage::ReadView& v
 
 void Session::SendGet(uint64_t seq, uint64_t rid, const storage::ReadView& view, uint64_t tag) {
   auto peer = TransportPeer();
-  auto send = peer.ok()
-                  ? get_services_->transport()->PostSend(*peer, tag, view.data, view.meta.size_bytes)
-                  : StatusOr<TransferHandle>(peer.status());
+  auto send =
+      peer.ok() ? get_services_->transport()->PostSend(*peer, tag, view.data, view.meta.size_bytes)
+                : StatusOr<TransferHandle>(peer.status());
   if (!send.ok()) {
     get_services_->host_tier()->ReleaseRead(view.read_id).IgnoreError();
     return CompleteError(seq, rid, send.status().WithContext("cannot send the chunk"));
@@ -126,9 +126,8 @@ asio::awaitable<void> Session::FinishGet(uint64_t seq, uint64_t rid, storage::Re
     co_return;
   }
   CountGet(view.meta.size_bytes);
-  Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
-             SetChunkOf(view.meta, r.initGet());
-           }));
+  Complete(seq, MakeResponse(
+                    rid, [&](proto::Response::Builder r) { SetChunkOf(view.meta, r.initGet()); }));
 }
 
 }  // namespace kvd::daemon

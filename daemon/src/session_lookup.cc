@@ -15,7 +15,7 @@ namespace kvd::daemon {
 void Session::ReleaseLeasesOf(capnp::List<uint64_t>::Reader leases) {
   // Only this connection's live leases (HostTier checks the owner); an id already ended (lease
   // TTL), another connection's or never issued is skipped: this carries no reply to say so.
-  for (uint64_t lease : leases) server_->host_tier()->ReleaseLease(lease, id_).IgnoreError();
+  for (uint64_t lease : leases) get_services_->host_tier()->ReleaseLease(lease, id_).IgnoreError();
 }
 
 uint32_t Session::ServedCodecId() const {
@@ -30,7 +30,7 @@ void Session::HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader loo
   const uint32_t ttl_ms = lookup.getLeaseTtlMs();
   if (Status s = RequireEngine("Lookup"); !s.ok()) return CompleteError(seq, rid, s);
 
-  const auto& limits = server_->config().limits;
+  const auto& limits = get_services_->config().limits;
   if (request.chunk_hashes.size() > static_cast<size_t>(limits.max_chain_chunks)) {
     return CompleteError(
         seq, rid,
@@ -47,8 +47,8 @@ void Session::HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader loo
   request.codec_id = ServedCodecId();
   request.owner = id_;
   request.lease_ttl = std::chrono::milliseconds(ttl);
-  storage::TierManager* tiers = server_->tier_manager();
-  if (server_->disk() == nullptr) {
+  storage::TierManager* tiers = get_services_->tier_manager();
+  if (tiers->disk() == nullptr) {
     // Host only: an in-memory index walk, answered inline.
     CompleteLookup(seq, rid, tiers->Lookup(request), ttl);
     return;
@@ -62,12 +62,12 @@ asio::awaitable<void> Session::FinishLookup(uint64_t seq, uint64_t rid,
                                             std::shared_ptr<const storage::LookupRequest> request,
                                             int64_t ttl) {
   auto self = shared_from_this();
-  storage::TierManager* tiers = server_->tier_manager();
+  storage::TierManager* tiers = get_services_->tier_manager();
   // Only trivially destructible captures in a co_await expression: GCC 12 may destroy a
   // temporary of such an expression twice.
   const storage::LookupRequest* req = request.get();
   auto result = co_await OffloadTo<StatusOr<storage::LookupResult>>(
-      server_->pool(), server_->io(), [tiers, req] { return tiers->Lookup(*req); });
+      get_services_->pool(), get_services_->io(), [tiers, req] { return tiers->Lookup(*req); });
   CompleteLookup(seq, rid, result, ttl);
 }
 
@@ -83,11 +83,10 @@ void Session::CompleteLookup(uint64_t seq, uint64_t rid,
            }));
 }
 
-
 void Session::HandleReleaseLease(uint64_t seq, uint64_t rid, proto::ReleaseLease::Reader release) {
   const uint64_t lease = release.getLeaseId();
   if (Status s = RequireEngine("ReleaseLease"); !s.ok()) return CompleteError(seq, rid, s);
-  Status s = server_->host_tier()->ReleaseLease(lease, id_);
+  Status s = get_services_->host_tier()->ReleaseLease(lease, id_);
   if (!s.ok()) return CompleteError(seq, rid, s);
   Complete(seq, MakeAck(rid));
 }

@@ -89,7 +89,8 @@ StatusOr<Session::ReservedPut> Session::ReservePut(const char* op, const PutShap
   storage::ChunkKey key{name_space_, model_->name, layout_digest_, ServedCodecId(), hash};
   const int64_t ttl_ms = config.limits.reservation_ttl_ms;
   ReservedPut out;
-  auto reservation = put_services_->host_tier()->Reserve(key, bytes, tokens, id_, TierReservationTtl());
+  auto reservation =
+      put_services_->host_tier()->Reserve(key, bytes, tokens, id_, TierReservationTtl());
   if (!reservation.ok()) {
     if (!storage::IsDedup(reservation.status())) return reservation.status();
     ++put_services_->counters().puts_deduplicated;
@@ -195,7 +196,7 @@ StatusOr<TransferHandle> Session::PostPutReceive(const storage::Reservation& res
     auto peer = TransportPeer();
     if (peer.ok()) {
       recv = put_services_->transport()->PostRecv(*peer, tag, reservation.data, bytes,
-                                            {.want_checksum = true});
+                                                  {.want_checksum = true});
     } else {
       recv = peer.status();
     }
@@ -214,9 +215,8 @@ void Session::HandleInlinePut(uint64_t seq, uint64_t rid, proto::InlinePut::Read
                                            .window = inline_put.getWindowTokens()});
   if (!reserved.ok()) return CompleteError(seq, rid, reserved.status());
   if (reserved->already_stored) {
-    return AnswerCommit(seq, rid,
-                        {.bytes = data.size(), .codec_id = ServedCodecId(), .already_stored = true},
-                        0);
+    return AnswerCommit(
+        seq, rid, {.bytes = data.size(), .codec_id = ServedCodecId(), .already_stored = true}, 0);
   }
   const storage::ReservationId id = reserved->reservation.id;
   PendingPut put = std::move(reserved->put);
@@ -267,7 +267,6 @@ bool Session::ReservesAhead() const {
          codec_ == nullptr;
 }
 
-
 std::optional<Session::HeldSlot> Session::ReserveAheadFor(uint64_t bytes) {
   const DaemonConfig& config = put_services_->config();
   DaemonCounters& counters = put_services_->counters();
@@ -280,7 +279,8 @@ std::optional<Session::HeldSlot> Session::ReserveAheadFor(uint64_t bytes) {
     return std::nullopt;
   }
   storage::ChunkKey key{name_space_, model_->name, layout_digest_, ServedCodecId(), Hash128{}};
-  auto reservation = put_services_->host_tier()->ReserveAhead(key, bytes, id_, TierReservationTtl());
+  auto reservation =
+      put_services_->host_tier()->ReserveAhead(key, bytes, id_, TierReservationTtl());
   if (!reservation.ok()) {
     ++counters.reserve_ahead_declined;  // no headroom (or no room): the next put reserves
     return std::nullopt;
@@ -329,7 +329,6 @@ void Session::AbortHeldSlot(uint64_t reservation) {
   puts_.EndPut(reservation, {.end = PutEnd::kAbortFirst});
   ++put_services_->counters().reserve_ahead_aborted;
 }
-
 
 void Session::HandleAbort(uint64_t seq, uint64_t rid, proto::Abort::Reader abort) {
   const uint64_t reservation = abort.getReservationId();

@@ -1,4 +1,4 @@
-// What a session's put and get handlers need of the daemon: narrow interfaces that Server::Impl
+// What a session's put and read handlers need of the daemon: narrow interfaces that Server::Impl
 // implements, so that each path's dependencies are named in a type instead of reached through the
 // whole server. Private to daemon/.
 //
@@ -49,18 +49,23 @@ class PutServices {
   virtual void MaybeDemote() = 0;
 };
 
-// The get path (Get over the transport or from shared memory: session_get.cc).
+// The read path (Lookup and lease release: session_lookup.cc; Get over the transport or from
+// shared memory: session_get.cc).
 class GetServices {
  public:
   virtual ~GetServices() = default;
   virtual const DaemonConfig& config() const = 0;
-  // A lease's pinned reads: Get, ReleaseRead.
+  // A lease's pinned reads: Get, ReleaseRead, ReleaseLease.
   virtual storage::HostTier* host_tier() = 0;
-  // The check of bytes leaving host memory (VerifyLeavingHost).
+  // Lookup (promoting from disk and gpu), the check of bytes leaving host memory
+  // (VerifyLeavingHost). Thread-safe: a lookup that may read the disk runs on the pool.
   virtual storage::TierManager* tier_manager() = 0;
   // Posts a Get's send (thread-safe).
   virtual transport::Transport* transport() = 0;
   virtual DaemonCounters& counters() = 0;
+  virtual asio::io_context& io() = 0;
+  // The worker pool a lookup with a disk tier runs on.
+  virtual asio::thread_pool& pool() = 0;
 };
 
 }  // namespace kvd::daemon

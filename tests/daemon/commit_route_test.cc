@@ -10,8 +10,8 @@
 namespace kvd::daemon {
 namespace {
 
-using ::testing::HasSubstr;
 using storage::CommitCheck;
+using ::testing::HasSubstr;
 
 CommitRouteFacts ShmTrusted() { return {.check = CommitCheck::kTrustWriter}; }
 
@@ -27,8 +27,7 @@ TEST(CommitRouteTest, ALandedSumIsNotTrustedWithACodecDeviceStagingOrADiskTier) 
             CommitRoute::kIngest);
   EXPECT_EQ(ChooseCommitRoute({.device_staging = true, .landed_sum_matches = true}),
             CommitRoute::kPool);
-  EXPECT_EQ(ChooseCommitRoute({.disk_tier = true, .landed_sum_matches = true}),
-            CommitRoute::kPool);
+  EXPECT_EQ(ChooseCommitRoute({.disk_tier = true, .landed_sum_matches = true}), CommitRoute::kPool);
 }
 
 TEST(CommitRouteTest, ACompressingPutTakesTheIngestPoolWhateverElseHolds) {
@@ -100,16 +99,17 @@ TEST(ReceiveOutcomeTest, ShortOrLongIsDataLoss) {
   for (size_t got : {size_t{4095}, size_t{4097}, size_t{0}}) {
     const Status s = ReceiveOutcome(Done(got), Put());
     EXPECT_EQ(s.code(), StatusCode::kDataLoss) << got;
-    EXPECT_THAT(s.message(), HasSubstr("received " + std::to_string(got) + " bytes, expected 4096"));
+    EXPECT_THAT(s.message(),
+                HasSubstr("received " + std::to_string(got) + " bytes, expected 4096"));
   }
 }
 
 TEST(CountStoredPutTest, AStoredPutCountsItsBytesAndCompression) {
   DaemonCounters c;
   CountStoredPut({.bytes = 100}, &c);
-  CountStoredPut({.bytes = 50, .compressed = true, .raw_bytes = 40, .stored_bytes = 10,
-                  .compress_ms = 1.5},
-                 &c);
+  CountStoredPut(
+      {.bytes = 50, .compressed = true, .raw_bytes = 40, .stored_bytes = 10, .compress_ms = 1.5},
+      &c);
   EXPECT_EQ(c.puts_committed, 2u);
   EXPECT_EQ(c.put_bytes, 150u);
   EXPECT_EQ(c.chunks_compressed, 1u);

@@ -1,8 +1,8 @@
 // The checks of a Get against the chunk it leased (daemon/src/get_request.h), without a daemon.
 #include "get_request.h"
 
-#include <gmock/gmock.h>
 #include <capnp/message.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 namespace kvd::daemon {
