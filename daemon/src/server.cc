@@ -611,7 +611,7 @@ std::string Server::tcp_address() const { return impl_->tcp_address_; }
 std::string Server::unix_path() const { return impl_->unix_path_; }
 std::string Server::metrics_address() const { return impl_->metrics_address_; }
 size_t Server::session_count() const { return impl_->session_count(); }
-storage::HostTier* Server::host_tier() { return impl_->tier(); }
+storage::HostTier* Server::host_tier() { return impl_->host_tier(); }
 storage::DiskTier* Server::disk_tier() { return impl_->disk(); }
 transport::Transport* Server::transport() { return impl_->transport(); }
 const DaemonConfig& Server::config() const { return impl_->config(); }
