@@ -43,23 +43,13 @@ echo "load before: $(uptime)"
 
 # ---- 2. transfers, compressing puts, the flood ----
 layout='{layers: 30, kv_heads: 3, q_heads: 9, head_dim: 64, dtype: bfloat16, rope: {theta: 100000, pairing: interleaved, scaling: none}}'
-cat >"$work/kvd.yaml" <<YAML
-node: bench-ingest
-listen: {tcp: 127.0.0.1:0, unix: ""}
-transport: {backend: ucx, ucx_tls: "sm,tcp", net_devices: lo}
-chunk_tokens: 256
-models:
+bench_topology bench-ingest 256 "prefault: false" <<YAML
   - name: smollm2-raw
     layout: $layout
     compression: off
   - name: smollm2-keydiff
     layout: $layout
     compression: {stages: [keydiff], p_c: 0.5, sinks: 4, worker_threads: 2, queue_depth: 4}
-tiers:
-  host:
-    capacity: 256MiB
-    segment: 64MiB
-    prefault: false
 YAML
 start_kvd --config "$work/kvd.yaml"
 sock="$work/kvd.sock"

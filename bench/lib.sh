@@ -64,6 +64,34 @@ print(v)' "$1" "$2"
 # median: the median of the numbers on stdin, one a line.
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
+# bench_topology NODE CHUNK_TOKENS [HOST_KEYS]: writes $work/kvd.yaml: node NODE, CHUNK_TOKENS
+# tokens a chunk, the `models:` entries read from stdin (bench_model and bench_builtin_model
+# print them) and the benches' host tier: a 256 MiB arena of 64 MiB segments, plus HOST_KEYS
+# (YAML, e.g. "prefault: false"). Every other key keeps kvd's default; start_kvd sets the
+# listeners.
+bench_topology() {
+  {
+    printf 'node: %s\nchunk_tokens: %s\nmodels:\n' "$1" "$2"
+    cat
+    printf 'tiers:\n  host: {capacity: 256MiB, segment: 64MiB%s}\n' "${3:+, $3}"
+  } >"$work/kvd.yaml"
+}
+
+# bench_model NAME LAYERS KV_HEADS Q_HEADS HEAD_DIM: the `models:` entry of a bfloat16 model with
+# interleaved rope (theta 10000), stored raw (compression off).
+bench_model() {
+  printf '  - name: %s\n    layout: {layers: %s, kv_heads: %s, q_heads: %s, head_dim: %s, %s}\n' \
+    "$1" "$2" "$3" "$4" "$5" "dtype: bfloat16, rope: {theta: 10000, pairing: interleaved, scaling: none}"
+  printf '    compression: off\n'
+}
+
+# bench_builtin_model NAME: the `models:` entry of kvd's built-in model NAME as
+# `$BIN/kvd --print-default-config` has it (its comment lines left out).
+bench_builtin_model() {
+  "$BIN/kvd" --print-default-config |
+    awk -v name="$1" '/^  - name: / { on = ($3 == name) } /^[^ #]/ { on = 0 } on && NF && !/^ *#/'
+}
+
 # start_kvd [kvd args...]: starts kvd listening on 127.0.0.1:0 and $work/kvd.sock, waits for
 # its ready file ($work/ready.json) and sets kvd_pid and kvd_addr (its TCP address).
 start_kvd() {

@@ -111,34 +111,8 @@ warmup_for() {  # kvd-bench --warmup rounds per client: the arena's size in valu
 
 # ---- kvd: a small arena; llama-3.1-8b for 2 / 32 MiB chunks (128 KiB a token), a one-layer
 # model for 64 KiB (4 KiB a token) ----
-cat >"$work/kvd.yaml" <<'YAML'
-node: kvd-peers
-chunk_tokens: 256
-models:
-  - name: llama-3.1-8b
-    layout:
-      layers: 32
-      kv_heads: 8
-      q_heads: 32
-      head_dim: 128
-      dtype: bfloat16
-      rope: {theta: 500000, pairing: halves, scaling: llama3, factor: 8, low_freq_factor: 1,
-             high_freq_factor: 4, original_max_positions: 8192}
-    compression: off
-  - name: one-layer-4k
-    layout:
-      layers: 1
-      kv_heads: 8
-      q_heads: 8
-      head_dim: 128
-      dtype: bfloat16
-      rope: {theta: 10000, pairing: interleaved, scaling: none}
-    compression: off
-tiers:
-  host:
-    capacity: 256MiB
-    segment: 64MiB
-YAML
+{ bench_builtin_model llama-3.1-8b; bench_model one-layer-4k 1 8 8 128; } |
+  bench_topology kvd-peers 256
 model_for() { if (($1 < 131072)); then echo one-layer-4k; else echo llama-3.1-8b; fi; }
 
 start_kvd --config "$work/kvd.yaml"

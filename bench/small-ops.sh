@@ -33,24 +33,7 @@ results=${KVD_SMALL_RESULTS:-$work/results.tsv}
 
 # One layer, one KV head of 64 dims, bf16: 256 bytes a token, so 5 / 64 / 256 tokens make
 # 1280 B / 16 KiB / 64 KiB chunks.
-cat >"$work/kvd.yaml" <<'YAML'
-node: kvd-small
-chunk_tokens: 256
-models:
-  - name: tiny-256b
-    layout:
-      layers: 1
-      kv_heads: 1
-      q_heads: 1
-      head_dim: 64
-      dtype: bfloat16
-      rope: {theta: 10000, pairing: interleaved, scaling: none}
-    compression: off
-tiers:
-  host:
-    capacity: 256MiB
-    segment: 64MiB
-YAML
+bench_model tiny-256b 1 1 1 64 | bench_topology kvd-small 256
 start_kvd --config "$work/kvd.yaml"
 sleep 2  # past start-up
 

@@ -87,17 +87,7 @@ PY
   stop_kvd
 }
 
-cat >"$work/kvd.yaml" <<'YAML'
-node: kvd-ucxv
-chunk_tokens: 512
-models:
-  - name: one-layer-4k
-    layout: {layers: 1, kv_heads: 8, q_heads: 8, head_dim: 128, dtype: bfloat16,
-             rope: {theta: 10000, pairing: interleaved, scaling: none}}
-    compression: off
-tiers:
-  host: {capacity: 256MiB, segment: 64MiB}
-YAML
+bench_model one-layer-4k 1 8 8 128 | bench_topology kvd-ucxv 512
 
 echo "== $ROUNDS rounds; $(nproc) cores; load average at start $(cut -d' ' -f1-3 /proc/loadavg) =="
 ucx_version() { sed -n 's/^# \(Library version:\|Version\) //p' | head -n1; }

@@ -28,10 +28,14 @@ if(TARGET kvd_client)
     INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
   # The public client headers and exactly the common/transport headers they include.
   install(FILES
+    ${PROJECT_SOURCE_DIR}/client/include/kvd/client/admin.h
     ${PROJECT_SOURCE_DIR}/client/include/kvd/client/client.h
     ${PROJECT_SOURCE_DIR}/client/include/kvd/client/hashing.h
+    ${PROJECT_SOURCE_DIR}/client/include/kvd/client/in_place.h
     ${PROJECT_SOURCE_DIR}/client/include/kvd/client/json.h
     ${PROJECT_SOURCE_DIR}/client/include/kvd/client/kvd_client.h
+    ${PROJECT_SOURCE_DIR}/client/include/kvd/client/options.h
+    ${PROJECT_SOURCE_DIR}/client/include/kvd/client/types.h
     DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvd/client)
   install(FILES
     ${PROJECT_SOURCE_DIR}/common/include/kvd/common/dtype.h

@@ -16,7 +16,10 @@ PACKAGES=(build-essential cmake ninja-build pkg-config ccache git
   libucx-dev ucx-utils librocksdb-dev capnproto libcapnp-dev libboost-dev libyaml-cpp-dev
   nlohmann-json3-dev libzstd-dev liblz4-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev unzip python3
-  python3-dev pybind11-dev python3-numpy python3-pytest python3-yaml libcli11-dev)
+  python3-dev pybind11-dev python3-numpy python3-pytest python3-yaml libcli11-dev
+  # etcd 3.4: the store of cluster membership (kvd talks to its HTTP gateway); the cluster tests
+  # start a private etcd-server on loopback, and operators inspect it with etcdctl.
+  etcd-server etcd-client)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -17,8 +17,6 @@ namespace {
 
 using internal::ClientImpl;
 using internal::DeadlineIn;
-using transport::TransferHandle;
-using transport::TransferState;
 
 // How long a Hello that could not be sent waits for the refusal kvd may have sent first.
 constexpr int64_t kEarlyRefusalWaitMs = 500;
@@ -52,11 +50,10 @@ ClientImpl::~ClientImpl() {
           .status()
           .IgnoreError();
   }
-  if (transport_ && daemon_peer_.valid()) transport_->Disconnect(daemon_peer_).IgnoreError();
-  if (nccl_ && nccl_peer_.valid()) nccl_->Disconnect(nccl_peer_).IgnoreError();
   nccl_.reset();
-  UnmapSegmentsLocked();
-  transport_.reset();
+  shm_.reset();
+  segments_.Clear();
+  ucx_.reset();
   channel_.reset();
 }
 
@@ -70,7 +67,7 @@ Status ClientImpl::CheckUsable(bool needs_transport) const {
     return Status::Unavailable("connection to kvd at " + options_.address +
                                " is broken: " + channel_->broken_status().message());
   }
-  if (needs_transport && !transport_) {
+  if (needs_transport && !ucx_) {
     return Status::FailedPrecondition(
         "this client was connected with the admin role; put, get "
         "and lookup need the engine role");
@@ -81,11 +78,39 @@ Status ClientImpl::CheckUsable(bool needs_transport) const {
 Status ClientImpl::Handshake() {
   std::string worker_address;
   if (options_.role == Role::kEngine) {
-    auto t = transport::CreateTransport(options_.transport);
-    if (!t.ok()) return t.status().WithContext("creating the client transport");
-    transport_ = std::move(t).value();
-    KVD_ASSIGN_OR_RETURN(worker_address, transport_->LocalAddress());
+    KVD_ASSIGN_OR_RETURN(ucx_, UcxPath::Create(*this, options_.transport));
+    KVD_ASSIGN_OR_RETURN(worker_address, ucx_->transport().LocalAddress());
   }
+  KVD_ASSIGN_OR_RETURN(const uint64_t id, SendHelloLocked(worker_address));
+  auto reply = channel_->Await(id, DeadlineIn(options_.connect_timeout_ms));
+  if (!reply.ok()) {
+    const Status& s = reply.status();
+    if (s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded) {
+      return s.WithContext("handshake");
+    }
+    return Status(s.code(), "kvd refused the handshake: " + s.message());
+  }
+  HelloGrant grant;
+  KVD_RETURN_IF_ERROR(ReadHelloReply(**reply, &grant));
+  if (options_.role == Role::kEngine) {
+    if (grant.daemon_address.empty()) {
+      return Status::Internal("kvd accepted the engine handshake without a transport address");
+    }
+    ucx_->set_daemon_address(std::move(grant.daemon_address));  // connected on the first window
+  }
+  if (session_.shared_memory) {
+    const bool reserve_ahead = options_.reserve_ahead && grant.reserve_ahead && !options_.read_only;
+    shm_ = std::make_unique<ShmPath>(*this, reserve_ahead);
+  }
+  if (options_.nccl) {
+    transport::TransportOptions link = options_.transport;
+    link.backend = hooks_.nccl_backend;
+    KVD_ASSIGN_OR_RETURN(nccl_, NcclPath::Join(*this, link));
+  }
+  return Status::Ok();
+}
+
+StatusOr<uint64_t> ClientImpl::SendHelloLocked(const std::string& worker_address) {
   std::string client_id = options_.client_id.empty() ? DefaultClientId() : options_.client_id;
   auto id = channel_->Send([&](proto::Request::Builder r) {
     auto h = r.initHello();
@@ -122,16 +147,11 @@ Status ClientImpl::Handshake() {
     }
     return id.status().WithContext("handshake");
   }
-  auto reply = channel_->Await(*id, DeadlineIn(options_.connect_timeout_ms));
-  if (!reply.ok()) {
-    const Status& s = reply.status();
-    if (s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded) {
-      return s.WithContext("handshake");
-    }
-    return Status(s.code(), "kvd refused the handshake: " + s.message());
-  }
-  std::string daemon_address;
-  KVD_RETURN_IF_ERROR(ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
+  return *id;
+}
+
+Status ClientImpl::ReadHelloReply(proto::DecodedMessage& reply, HelloGrant* grant) {
+  return ReadReply(reply, [&](proto::Response::Reader r) -> Status {
     if (!r.isHello()) return WrongReply("hello");
     auto h = r.getHello();
     session_.session_id = h.getSessionId();
@@ -146,7 +166,7 @@ Status ClientImpl::Handshake() {
     session_.releases_on_requests = h.getReleasesOnRequests();
     session_.inline_put = h.getInlinePut();
     lease_releases_on_requests_ = h.getLeaseReleasesOnRequests();
-    reserve_ahead_offered_ = h.getReserveAhead();
+    grant->reserve_ahead = h.getReserveAhead();
     session_.codec_id = h.getCodecId();
     session_.policy_digest = h.getPolicyDigest();
     session_.policy = h.getPolicy().cStr();
@@ -155,25 +175,9 @@ Status ClientImpl::Handshake() {
     session_.calibration_version = h.getCalibrationVersion();
     session_.keeps_positions = h.getKeepsPositions();
     auto addr = h.getWorkerAddress();
-    daemon_address.assign(reinterpret_cast<const char*>(addr.begin()), addr.size());
+    grant->daemon_address.assign(reinterpret_cast<const char*>(addr.begin()), addr.size());
     return Status::Ok();
-  }));
-  if (options_.role == Role::kEngine) {
-    if (daemon_address.empty()) {
-      return Status::Internal("kvd accepted the engine handshake without a transport address");
-    }
-    daemon_address_ = std::move(daemon_address);  // connected on the first transfer
-  }
-  if (options_.nccl) KVD_RETURN_IF_ERROR(JoinNcclLocked());
-  return Status::Ok();
-}
-
-Status ClientImpl::EnsureDaemonPeerLocked() {
-  if (daemon_peer_.valid()) return Status::Ok();
-  auto peer = transport_->Connect(daemon_address_);
-  if (!peer.ok()) return peer.status().WithContext("connecting the transport to kvd");
-  daemon_peer_ = *peer;
-  return Status::Ok();
+  });
 }
 
 StatusOr<LookupResult> ClientImpl::Lookup(std::span<const Hash128> chain) {
@@ -240,36 +244,6 @@ Status ClientImpl::FlushReleases() {
   return Status::Ok();
 }
 
-void ClientImpl::DropTransfer(TransferHandle transfer, bool nccl) {
-  transport::Transport* t = Bulk(nccl);
-  t->Cancel(transfer).IgnoreError();
-  t->Wait(transfer, std::chrono::milliseconds(options_.transport.close_timeout_ms)).IgnoreError();
-  t->Release(transfer).IgnoreError();
-}
-
-Status ClientImpl::FinishTransfer(TransferHandle transfer, bool nccl) {
-  transport::Transport* t = Bulk(nccl);
-  auto deadline = DeadlineIn(options_.transfer_timeout_ms);
-  while (true) {
-    Status s = t->Wait(transfer, std::chrono::milliseconds(2));
-    if (s.ok()) {
-      t->Release(transfer).IgnoreError();
-      return s;
-    }
-    if (s.code() != StatusCode::kDeadlineExceeded) {
-      t->Release(transfer).IgnoreError();
-      return s.WithContext(nccl ? "bulk transfer over NCCL" : "bulk transfer");
-    }
-    Status c = channel_->Pump();  // a dead daemon shows on the control socket first
-    if (!c.ok() || internal::Clock::now() > deadline) {
-      DropTransfer(transfer, nccl);
-      return c.ok() ? Status::DeadlineExceeded("bulk transfer did not finish within " +
-                                               std::to_string(options_.transfer_timeout_ms) + " ms")
-                    : c;
-    }
-  }
-}
-
 void ClientImpl::AbortReservationsLocked(const std::vector<uint64_t>& reservation_ids) {
   for (uint64_t rid : reservation_ids) {
     if (channel_->broken()) return;
@@ -290,93 +264,82 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutChunksLocked(std::span<const Put
   out.reserve(items.size());
   for (size_t i = 0; i < items.size(); i += options_.max_in_flight) {
     size_t n = std::min<size_t>(options_.max_in_flight, items.size() - i);
-    // Over the transport, items with separate window queries are staged (raw + queries in one
-    // buffer: the daemon receives one message per put); the shared-memory path copies both
-    // parts into the slot itself.
-    std::vector<PutItem> window(items.begin() + i, items.begin() + i + n);
-    size_t staged = 0;  // put_staging_ buffers used by this window
-    for (PutItem& it : window) {
-      if (it.window_queries.empty()) continue;
-      const size_t qbytes = it.window_queries.size() * sizeof(float);
-      if (qbytes != WindowQueryBytes(options_.layout, it.window)) {
-        return Status::InvalidArgument(
-            "put: " + std::to_string(it.window_queries.size()) + " window-query floats for " +
-            "window " + std::to_string(it.window) + "; the layout needs " +
-            std::to_string(WindowQueryBytes(options_.layout, it.window) / sizeof(float)) +
-            " (layers x window x q_heads x head_dim)");
-      }
-    }
-    // Small puts go in one exchange each (InlinePut, inline_put_bytes).
-    std::vector<bool> is_inline(n, false);
-    for (size_t j = 0; j < n; ++j) is_inline[j] = InlineEligible(window[j]);
-    // Device memory (device.h) is checked here, before anything is reserved: refused in a build
-    // without CUDA; over the NCCL link (ClientOptions::nccl), sent from the device with the
-    // checksum of a host copy; over the transport, staged in host memory (with the queries).
-    std::vector<bool> over_nccl(n, false);
-    std::vector<uint64_t> nccl_checksums;
-    for (size_t j = 0; j < n; ++j) {
-      PutItem& it = window[j];
-      KVD_ASSIGN_OR_RETURN(BufferLocation data_at, LocateForUse(it.data, "put data"));
-      if (!it.window_queries.empty()) {
-        KVD_RETURN_IF_ERROR(LocateForUse(it.window_queries.data(), "put window queries").status());
-      }
-      if (PutsOverNccl(it, data_at)) {
-        if (staged == put_staging_.size()) put_staging_.emplace_back();
-        uint8_t* copy = put_staging_[staged++].Reserve(it.bytes, true);
-        KVD_RETURN_IF_ERROR(CopyToHostFrom(copy, it.data, it.bytes, it.cuda_stream, "put data"));
-        nccl_checksums.push_back(Checksum64(copy, it.bytes));
-        over_nccl[j] = true;
-        is_inline[j] = false;  // the link carries device puts of every size
-        continue;
-      }
-      if (is_inline[j]) continue;            // copied into its frame, from the device too
-      if (session_.shared_memory) continue;  // copied into the slot, from the device too
-      if (it.window_queries.empty() && data_at == BufferLocation::kHost) continue;
-      const size_t qbytes = it.window_queries.size() * sizeof(float);
-      // Reused window after window (every send of a window ends before the next one starts).
-      if (staged == put_staging_.size()) put_staging_.emplace_back();
-      uint8_t* buf =
-          put_staging_[staged++].Reserve(it.bytes + qbytes, data_at == BufferLocation::kCuda ||
-                                                                IsDevice(it.window_queries.data()));
-      KVD_RETURN_IF_ERROR(CopyToHostFrom(buf, it.data, it.bytes, it.cuda_stream, "put data"));
-      KVD_RETURN_IF_ERROR(CopyToHostFrom(buf + it.bytes, it.window_queries.data(), qbytes,
-                                         it.cuda_stream, "put window queries"));
-      it.data = buf;
-      it.bytes += qbytes;
-      it.window_queries = {};
-    }
-    const auto inline_count = std::count(is_inline.begin(), is_inline.end(), true);
-    // Inline puts go out first (one frame each; their replies are read last), then the window's
-    // device items over the link and the others on their usual path; results in item order.
-    std::vector<uint64_t> inline_req(n, 0);
-    std::vector<PutItem> plain, device;
-    for (size_t j = 0; j < n; ++j) {
-      if (inline_count > 0) KVD_RETURN_IF_ERROR(CheckPutItem(window[j]));  // before any is sent
-      if (!is_inline[j]) (over_nccl[j] ? device : plain).push_back(window[j]);
-    }
-    for (size_t j = 0; j < n; ++j) {
-      if (!is_inline[j]) continue;
-      KVD_ASSIGN_OR_RETURN(inline_req[j], SendInlinePutLocked(window[j]));
-    }
-    StatusOr<std::vector<PutResult>> plain_out = std::vector<PutResult>();
-    StatusOr<std::vector<PutResult>> device_out = std::vector<PutResult>();
-    if (!plain.empty()) plain_out = PutWindowLocked(plain);
-    if (plain_out.ok() && !device.empty()) device_out = PutWindowLocked(device, &nccl_checksums);
-    Status first_error = plain_out.ok() ? device_out.status() : plain_out.status();
-    // Every inline reply is read, even after a failure, so none is left behind unread.
-    std::vector<PutResult> part(n);
-    for (size_t j = 0, p = 0, d = 0; j < n; ++j) {
-      if (is_inline[j]) {
-        Status s = AwaitInlinePutLocked(inline_req[j], window[j], &part[j]);
-        if (!s.ok() && first_error.ok()) first_error = s;
-      } else if (first_error.ok()) {
-        part[j] = over_nccl[j] ? (*device_out)[d++] : (*plain_out)[p++];
-      }
-    }
-    KVD_RETURN_IF_ERROR(first_error);
+    KVD_ASSIGN_OR_RETURN(std::vector<PutResult> part, PutWindowLocked(items.subspan(i, n)));
     out.insert(out.end(), part.begin(), part.end());
   }
   return out;
+}
+
+StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(std::span<const PutItem> window) {
+  const size_t n = window.size();
+  KVD_RETURN_IF_ERROR(CheckWindowQueries(window));
+  KVD_ASSIGN_OR_RETURN(const std::vector<PutRoute> route, RoutePutsLocked(window));
+  const bool any_inline = std::count(route.begin(), route.end(), PutRoute::kInline) > 0;
+  // Inline puts go out first (one frame each; their replies are read last), then the window's
+  // device items over the link and the others on their usual path; results in item order.
+  std::vector<uint64_t> inline_req(n, 0);
+  std::vector<PutItem> host, device;
+  for (size_t j = 0; j < n; ++j) {
+    if (any_inline) KVD_RETURN_IF_ERROR(CheckPutItem(window[j]));  // before any is sent
+    if (route[j] == PutRoute::kHostPath) host.push_back(window[j]);
+    if (route[j] == PutRoute::kNccl) device.push_back(window[j]);
+  }
+  for (size_t j = 0; j < n; ++j) {
+    if (route[j] != PutRoute::kInline) continue;
+    KVD_ASSIGN_OR_RETURN(inline_req[j], SendInlinePutLocked(window[j]));
+  }
+  StatusOr<std::vector<PutResult>> host_out = std::vector<PutResult>();
+  StatusOr<std::vector<PutResult>> device_out = std::vector<PutResult>();
+  if (!host.empty()) host_out = HostPath().PutWindow(host);
+  if (host_out.ok() && !device.empty()) device_out = nccl_->PutWindow(device);
+  Status first_error = host_out.ok() ? device_out.status() : host_out.status();
+  // Every inline reply is read, even after a failure, so none is left behind unread.
+  std::vector<PutResult> part(n);
+  for (size_t j = 0, h = 0, d = 0; j < n; ++j) {
+    if (route[j] == PutRoute::kInline) {
+      Status s = AwaitInlinePutLocked(inline_req[j], window[j], &part[j]);
+      if (!s.ok() && first_error.ok()) first_error = s;
+    } else if (first_error.ok()) {
+      part[j] = route[j] == PutRoute::kNccl ? (*device_out)[d++] : (*host_out)[h++];
+    }
+  }
+  KVD_RETURN_IF_ERROR(first_error);
+  return part;
+}
+
+Status ClientImpl::CheckWindowQueries(std::span<const PutItem> window) const {
+  for (const PutItem& it : window) {
+    if (it.window_queries.empty()) continue;
+    const size_t needed = WindowQueryBytes(options_.layout, it.window);
+    if (it.window_queries.size() * sizeof(float) != needed) {
+      return Status::InvalidArgument(
+          "put: " + std::to_string(it.window_queries.size()) + " window-query floats for " +
+          "window " + std::to_string(it.window) + "; the layout needs " +
+          std::to_string(needed / sizeof(float)) + " (layers x window x q_heads x head_dim)");
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::vector<ClientImpl::PutRoute>> ClientImpl::RoutePutsLocked(
+    std::span<const PutItem> window) const {
+  std::vector<PutRoute> route(window.size(), PutRoute::kHostPath);
+  for (size_t j = 0; j < window.size(); ++j) {
+    const PutItem& it = window[j];
+    // Device memory (device.h) is checked here, before anything is reserved: refused in a build
+    // without CUDA; over the NCCL link (ClientOptions::nccl), sent from the device with the
+    // checksum of a host copy; on the host path, copied into the slot or host staging.
+    KVD_ASSIGN_OR_RETURN(BufferLocation data_at, LocateForUse(it.data, "put data"));
+    if (!it.window_queries.empty()) {
+      KVD_RETURN_IF_ERROR(LocateForUse(it.window_queries.data(), "put window queries").status());
+    }
+    if (nccl_ != nullptr && NcclPath::Carries(it, data_at)) {
+      route[j] = PutRoute::kNccl;  // the link carries device puts of every size
+    } else if (InlineEligible(it)) {
+      route[j] = PutRoute::kInline;  // one exchange (inline_put_bytes), from the device too
+    }
+  }
+  return route;
 }
 
 Status ClientImpl::CheckPutItem(const PutItem& it) const {
@@ -397,8 +360,7 @@ Status ClientImpl::CheckPutItem(const PutItem& it) const {
 }
 
 StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const PutItem> items,
-                                                               bool over_nccl,
-                                                               uint64_t abort_first) {
+                                                               const ReserveExtras& extras) {
   const size_t n = items.size();
   for (const PutItem& it : items) KVD_RETURN_IF_ERROR(CheckPutItem(it));
   // Phase 1: reserve every chunk of the window (pipelined frames).
@@ -411,8 +373,8 @@ StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const P
       rv.setBytes(PutBytes(items[i]));
       rv.setFirstPosition(items[i].first_position);
       rv.setWindowTokens(static_cast<uint32_t>(items[i].window));
-      rv.setOverNccl(over_nccl);
-      if (i == 0) rv.setAbortFirst(abort_first);
+      rv.setOverNccl(extras.over_nccl);
+      if (i == 0) rv.setAbortFirst(extras.abort_first);
     });
     if (!id.ok()) return id.status();
     req[i] = *id;
@@ -420,9 +382,8 @@ StatusOr<std::vector<uint64_t>> ClientImpl::SendReservesLocked(std::span<const P
   return req;
 }
 
-StatusOr<ClientImpl::Reservation> ClientImpl::AwaitReserveLocked(uint64_t request_id,
-                                                                 const PutItem& item,
-                                                                 PutResult* out) {
+StatusOr<Reservation> ClientImpl::AwaitReserveLocked(uint64_t request_id, const PutItem& item,
+                                                     PutResult* out) {
   auto reply = channel_->Await(request_id);
   if (!reply.ok()) return reply.status().WithContext("reserve");
   Reservation res;
@@ -445,103 +406,11 @@ StatusOr<ClientImpl::Reservation> ClientImpl::AwaitReserveLocked(uint64_t reques
   return res;
 }
 
-StatusOr<std::vector<PutResult>> ClientImpl::PutWindowLocked(
-    std::span<const PutItem> items, const std::vector<uint64_t>* nccl_checksums) {
-  const bool nccl = nccl_checksums != nullptr;
-  if (session_.shared_memory && !nccl) return PutWindowShmLocked(items);
-  if (!nccl) KVD_RETURN_IF_ERROR(EnsureDaemonPeerLocked());
-  const size_t n = items.size();
-  KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> req, SendReservesLocked(items, nccl));
-  std::vector<PutResult> out(n);
-  std::vector<uint64_t> reservation(n, 0), tag(n, 0);
-  std::vector<uint64_t> to_abort;
-  Status first_error;
-  for (size_t i = 0; i < n; ++i) {
-    auto rv = AwaitReserveLocked(req[i], items[i], &out[i]);
-    if (!rv.ok()) {
-      if (first_error.ok()) first_error = rv.status();
-      continue;
-    }
-    reservation[i] = rv->id;
-    tag[i] = rv->tag;
-    if (!out[i].already_stored) to_abort.push_back(reservation[i]);
-  }
-  if (!first_error.ok()) {
-    AbortReservationsLocked(to_abort);
-    return first_error;
-  }
-  // Phase 2: post the send of every reserved chunk and checksum it while its bytes move.
-  std::vector<TransferHandle> sends(n);
-  std::vector<uint64_t> checksum(n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    if (out[i].already_stored) continue;
-    auto h =
-        nccl ? PostNcclLocked(transport::TransferOp::kSend, tag[i], items[i].data, items[i].bytes)
-             : transport_->PostSend(daemon_peer_, tag[i], items[i].data, items[i].bytes);
-    if (!h.ok()) {
-      first_error = h.status().WithContext("sending chunk bytes");
-      break;
-    }
-    sends[i] = *h;
-    // Computed while the bytes move (both only read the buffer); over the link, already
-    // computed on a host copy of the device bytes.
-    checksum[i] = nccl ? (*nccl_checksums)[i] : Checksum64(items[i].data, items[i].bytes);
-  }
-  auto drop_sends = [&] {
-    for (TransferHandle& h : sends) {
-      if (h.valid()) DropTransfer(h, nccl);
-      h = {};
-    }
-  };
-  // Waits for every posted send; the first failure goes to first_error.
-  auto finish_sends = [&] {
-    for (TransferHandle& h : sends) {
-      if (!h.valid()) continue;
-      if (!first_error.ok()) {
-        DropTransfer(h, nccl);
-      } else if (Status s = FinishTransfer(h, nccl); !s.ok()) {
-        first_error = s.WithContext("sending chunk bytes");
-      }
-      h = {};
-    }
-  };
-  if (!first_error.ok()) {
-    drop_sends();
-    AbortReservationsLocked(to_abort);
-    return first_error;
-  }
-  // Phase 3: commit with checksums (pipelined). The commits go out while the bytes still move:
-  // the daemon's commit waits for its receive to end, so the client does not wait for each
-  // send's completion first (that would add a transport ack and a control round trip per
-  // window). With TestHooks::before_commit set, the sends finish before the hook and the commits.
-  const bool commit_early = !hooks_.before_commit;
-  if (!commit_early) {
-    finish_sends();
-    if (!first_error.ok()) {
-      AbortReservationsLocked(to_abort);
-      return first_error;
-    }
-    hooks_.before_commit();
-  }
-  auto commit_req = SendCommitsLocked(out, reservation, checksum);
-  if (!commit_req.ok()) {
-    drop_sends();
-    return commit_req.status();
-  }
-  // A failed send fails its commit at the daemon too (its receive errs or times out), so every
-  // commit reply is still awaited; the send's own error is the one returned.
-  if (commit_early) finish_sends();
-  AwaitCommitsLocked(*commit_req, out, &first_error);
-  if (!first_error.ok()) return first_error;
-  return out;
-}
-
 StatusOr<std::vector<uint64_t>> ClientImpl::SendCommitsLocked(
     const std::vector<PutResult>& out, const std::vector<uint64_t>& reservation,
     const std::vector<uint64_t>& checksum, const PutItem* named, uint64_t reserve_next) {
   std::vector<uint64_t> commit_req(out.size(), 0);
   size_t last = out.size();  // the last commit sent carries reserve_next
-  reserve_next_asked_ = reserve_next;
   for (size_t i = 0; i < out.size(); ++i) {
     if (!out[i].already_stored) last = i;
   }
@@ -565,16 +434,9 @@ StatusOr<std::vector<uint64_t>> ClientImpl::SendCommitsLocked(
   return commit_req;
 }
 
-uint64_t ClientImpl::ReserveNextBytes(const PutItem& last) const {
-  if (!options_.reserve_ahead || !reserve_ahead_offered_ || !session_.shared_memory ||
-      options_.read_only) {
-    return 0;
-  }
-  return PutBytes(last);
-}
-
 void ClientImpl::AwaitCommitsLocked(const std::vector<uint64_t>& commit_req,
-                                    std::vector<PutResult>& out, Status* first_error) {
+                                    std::vector<PutResult>& out, Status* first_error,
+                                    OfferedSlot* offered) {
   for (size_t i = 0; i < commit_req.size(); ++i) {
     if (commit_req[i] == 0) continue;
     auto reply = channel_->Await(commit_req[i]);
@@ -603,19 +465,12 @@ void ClientImpl::AwaitCommitsLocked(const std::vector<uint64_t>& commit_req,
       return Status::Ok();
     });
     if (!s.ok() && first_error->ok()) *first_error = s;
-    if (s.ok() && next.reservation != 0) {
-      // The slot's size is what this client asked for: the last put's.
-      next.bytes = reserve_next_asked_;
-      // Mapped now (its memfd, when attached, is taken with this reply); kept for the next put.
-      auto slot = SlotLocked(commit_req[i], next.segment, next.offset, next.generation, fd_attached,
-                             next.bytes, /*populate=*/false);
-      if (slot.ok()) {
-        if (held_.reservation != 0) AbortReservationsLocked({held_.reservation});
-        held_ = next;
-      } else {
-        AbortReservationsLocked({next.reservation});
-      }
+    if (!s.ok() || next.reservation == 0) continue;
+    if (offered == nullptr) {
+      AbortReservationsLocked({next.reservation});
+      continue;
     }
+    *offered = OfferedSlot{commit_req[i], next, fd_attached};
   }
 }
 
@@ -627,213 +482,28 @@ StatusOr<std::vector<GetResult>> ClientImpl::GetChunks(uint64_t lease_id,
   out.reserve(items.size());
   for (size_t i = 0; i < items.size(); i += options_.max_in_flight) {
     size_t n = std::min<size_t>(options_.max_in_flight, items.size() - i);
-    // Device buffers (device.h): the shared-memory path copies from the slot to the device
-    // itself; over the transport the bytes arrive in host staging and go to the device after
-    // their checksum was verified.
-    // With the NCCL link, device buffers receive straight from kvd's GPU.
-    std::vector<GetItem> window(items.begin() + i, items.begin() + i + n);
-    std::vector<bool> staged(n, false), over_nccl(n, false);
-    if (get_staging_.size() < n) get_staging_.resize(n);
+    // Device buffers (device.h) receive straight from kvd's GPU over the NCCL link when there
+    // is one; the host path copies them from the slot or host staging.
+    std::span<const GetItem> window = items.subspan(i, n);
+    std::vector<bool> over_nccl(n, false);
     for (size_t j = 0; j < n; ++j) {
       if (window[j].out == nullptr) continue;
       KVD_ASSIGN_OR_RETURN(BufferLocation at, LocateForUse(window[j].out, "get buffer"));
-      if (at == BufferLocation::kCuda && nccl_ != nullptr) over_nccl[j] = true;
-      if (at == BufferLocation::kHost || session_.shared_memory || over_nccl[j]) continue;
-      window[j].out = get_staging_[j].Reserve(window[j].capacity, true);
-      staged[j] = true;
+      over_nccl[j] = at == BufferLocation::kCuda && nccl_ != nullptr;
     }
     std::vector<GetItem> plain, device;
     for (size_t j = 0; j < n; ++j) (over_nccl[j] ? device : plain).push_back(window[j]);
     std::vector<GetResult> plain_out, device_out, part;
     if (!plain.empty()) {
-      KVD_ASSIGN_OR_RETURN(plain_out, GetWindowLocked(lease_id, plain));
+      KVD_ASSIGN_OR_RETURN(plain_out, HostPath().GetWindow(lease_id, plain));
     }
     if (!device.empty()) {
-      KVD_ASSIGN_OR_RETURN(device_out, GetWindowLocked(lease_id, device, /*nccl=*/true));
+      KVD_ASSIGN_OR_RETURN(device_out, nccl_->GetWindow(lease_id, device));
     }
     size_t p = 0, d = 0;
     for (size_t j = 0; j < n; ++j) part.push_back(over_nccl[j] ? device_out[d++] : plain_out[p++]);
-    for (size_t j = 0; j < n; ++j) {
-      if (!staged[j]) continue;
-      KVD_RETURN_IF_ERROR(CopyFromHostTo(items[i + j].out, window[j].out, part[j].bytes,
-                                         items[i + j].cuda_stream, "get buffer"));
-    }
     out.insert(out.end(), part.begin(), part.end());
   }
-  return out;
-}
-
-StatusOr<std::vector<GetResult>> ClientImpl::GetWindowLocked(uint64_t lease_id,
-                                                             std::span<const GetItem> items,
-                                                             bool nccl) {
-  if (session_.shared_memory && !nccl) return GetWindowShmLocked(lease_id, items);
-  if (!nccl) KVD_RETURN_IF_ERROR(EnsureDaemonPeerLocked());
-  const size_t n = items.size();
-  if (nccl && nccl_staging_.size() < n) nccl_staging_.resize(n);
-  transport::Transport* t = Bulk(nccl);
-  struct Slot {
-    TransferHandle recv;
-    uint64_t request = 0;
-    bool transfer_done = false;
-    size_t received = 0;
-    uint64_t checksum = 0;  // of the received bytes, computed while the reply is on its way
-    std::unique_ptr<proto::DecodedMessage> reply;
-    bool finished = false;
-    Status status;
-  };
-  std::vector<Slot> slots(n);
-  std::vector<GetResult> out(n);
-  Status first_error;
-  // Post every receive first, then ask for the chunks: the daemon sends into posted buffers.
-  for (size_t i = 0; i < n && first_error.ok(); ++i) {
-    if (items[i].out == nullptr && items[i].capacity > 0) {
-      first_error = Status::InvalidArgument("get: null output buffer");
-      break;
-    }
-    uint64_t tag = next_tag_++;
-    // Where the transport copies the bytes itself (same host), it also hashes them.
-    auto h =
-        nccl ? PostNcclLocked(transport::TransferOp::kRecv, tag, items[i].out, items[i].capacity)
-             : transport_->PostRecv(daemon_peer_, tag, items[i].out, items[i].capacity,
-                                    {.want_checksum = true});
-    if (!h.ok()) {
-      first_error = h.status().WithContext("posting a receive");
-      break;
-    }
-    slots[i].recv = *h;
-    auto id = channel_->Send([&](proto::Request::Builder r) {
-      auto g = r.initGet();
-      g.setLeaseId(lease_id);
-      g.setChunkIndex(items[i].chunk_index);
-      g.setTag(tag);
-      g.setBufferBytes(items[i].capacity);
-      g.setForm(static_cast<proto::ChunkForm>(items[i].form));
-      g.setOverNccl(nccl);
-    });
-    if (!id.ok()) {
-      first_error = id.status();
-      break;
-    }
-    slots[i].request = *id;
-  }
-  if (!first_error.ok()) {
-    for (Slot& s : slots) {
-      if (s.recv.valid()) DropTransfer(s.recv, nccl);
-    }
-    return first_error;
-  }
-  // Drive transfers and replies together: an error reply (NOT_FOUND, ...) means no bytes come,
-  // so the receive is cancelled at once instead of waiting for its timeout.
-  auto deadline = DeadlineIn(options_.transfer_timeout_ms);
-  size_t remaining = n;
-  while (remaining > 0) {
-    size_t first_open = n;
-    for (size_t i = 0; i < n; ++i) {
-      if (!slots[i].finished && !slots[i].transfer_done) {
-        first_open = i;
-        break;
-      }
-    }
-    if (first_open < n) {
-      t->Wait(slots[first_open].recv, std::chrono::milliseconds(1)).IgnoreError();
-    } else {
-      // Every transfer is over: sleep on the control socket until a reply arrives (no spinning,
-      // which would steal the CPU the daemon needs to answer).
-      bool buffered = false;
-      for (const Slot& s : slots) buffered |= !s.finished && channel_->HasReply(s.request);
-      if (!buffered) channel_->connection()->Readable(std::min(deadline, DeadlineIn(50)));
-    }
-    for (size_t i = 0; i < n; ++i) {
-      Slot& s = slots[i];
-      if (s.finished) continue;
-      if (!s.transfer_done) {
-        auto st = t->Check(s.recv);
-        if (st.state == TransferState::kDone) {
-          s.transfer_done = true;
-          s.received = st.bytes;
-          // The daemon answers only after it sees the transfer end: checksum meanwhile (over a
-          // host copy of device bytes received over the link).
-          const uint8_t* bytes = static_cast<const uint8_t*>(items[i].out);
-          if (nccl) {
-            uint8_t* copy = nccl_staging_[i].Reserve(s.received, true);
-            s.status =
-                CopyToHostFrom(copy, items[i].out, s.received, items[i].cuda_stream, "get buffer");
-            bytes = copy;
-          }
-          if (s.status.ok()) {
-            s.checksum = !nccl && st.checksum_valid ? st.checksum : Checksum64(bytes, s.received);
-          }
-        } else if (st.state == TransferState::kError) {
-          s.transfer_done = true;
-          s.status = st.status.WithContext("receiving chunk bytes");
-        }
-      }
-      if (!s.reply) {
-        auto r = channel_->Poll(s.request);
-        if (!r.ok()) {
-          s.status = r.status();
-          if (!s.transfer_done) {
-            DropTransfer(s.recv, nccl);  // no bytes will come for a failed Get
-            s.transfer_done = true;
-            s.recv = {};
-          }
-          s.finished = true;
-          --remaining;
-          continue;
-        }
-        s.reply = std::move(r).value();
-      }
-      if (s.reply && s.transfer_done) {
-        s.finished = true;
-        --remaining;
-      }
-    }
-    if (remaining > 0 && internal::Clock::now() > deadline) {
-      for (Slot& s : slots) {
-        if (!s.finished) {
-          s.status = Status::DeadlineExceeded("get: no bytes or reply from kvd within " +
-                                              std::to_string(options_.transfer_timeout_ms) + " ms");
-          if (!s.transfer_done) channel_->Break(s.status).IgnoreError();
-        }
-      }
-      break;
-    }
-  }
-  for (size_t i = 0; i < n; ++i) {
-    Slot& s = slots[i];
-    if (s.recv.valid()) {
-      if (s.transfer_done)
-        t->Release(s.recv).IgnoreError();
-      else
-        DropTransfer(s.recv, nccl);
-    }
-    if (!s.status.ok()) {
-      if (first_error.ok()) first_error = s.status;
-      continue;
-    }
-    Status st = ReadReply(*s.reply, [&](proto::Response::Reader r) -> Status {
-      if (!r.isGet()) return WrongReply("get");
-      auto g = r.getGet();
-      out[i].bytes = g.getBytes();
-      out[i].checksum = g.getChecksum();
-      out[i].tokens = g.getTokens();
-      out[i].codec_id = g.getCodecId();
-      out[i].form =
-          g.getForm() == proto::ChunkForm::COMPACT ? ChunkForm::kCompact : ChunkForm::kRaw;
-      return Status::Ok();
-    });
-    if (st.ok() && out[i].bytes != s.received) {
-      st = Status::DataLoss("get: kvd announced " + std::to_string(out[i].bytes) + " bytes but " +
-                            std::to_string(s.received) + " arrived");
-    }
-    if (st.ok() && s.checksum != out[i].checksum) {
-      st = Status::DataLoss("get: checksum mismatch on chunk " +
-                            std::to_string(items[i].chunk_index) + " of lease " +
-                            std::to_string(lease_id));
-    }
-    if (!st.ok() && first_error.ok()) first_error = st;
-  }
-  if (!first_error.ok()) return first_error;
   return out;
 }
 

@@ -7,11 +7,18 @@
 #include <utility>
 #include <vector>
 
+#include "bulk_path.h"
 #include "connection.h"
+#include "get_reply.h"
 #include "kvd/client/client.h"
 #include "kvd/client/device.h"
 #include "kvd/transport/transport.h"
+#include "nccl_path.h"
+#include "reservation.h"
+#include "segment_table.h"
+#include "shm_path.h"
 #include "testing/test_hooks.h"
+#include "transfer_path.h"
 
 namespace kvd::client::internal {
 
@@ -31,20 +38,6 @@ struct InPlaceLink {
   ClientImpl* client = nullptr;  // GUARDED_BY(mu); null once the client is gone
 };
 
-// One mapping of an arena segment (read-only, plus the puts' writable view when there is one),
-// unmapped (and unpinned) when the client's segment table and every view and slot into it have
-// let go: a view outlives a remap of its segment and its Client without its bytes vanishing.
-struct SegmentMapping {
-  SegmentMapping(std::byte* d, std::byte* w, uint64_t s) : data(d), writable(w), size(s) {}
-  ~SegmentMapping();
-  SegmentMapping(const SegmentMapping&) = delete;
-  SegmentMapping& operator=(const SegmentMapping&) = delete;
-  std::byte* const data;
-  std::byte* const writable;  // null: none
-  const uint64_t size;
-  bool pinned = false;  // page-locked for device copies (device.h); set under ClientImpl::mu_
-};
-
 class ClientImpl final : public Client {
  public:
   ClientImpl(ClientOptions options, TestHooks hooks, std::unique_ptr<Channel> channel)
@@ -59,8 +52,20 @@ class ClientImpl final : public Client {
 
   // Creates the transport (engine role) and runs Hello. Called once by Connect.
   Status Handshake();
+  // Sends the Hello (`worker_address`: this client's transport, empty for an admin). A Hello
+  // that cannot be sent returns the refusal kvd may have sent first (admission limits).
+  StatusOr<uint64_t> SendHelloLocked(const std::string& worker_address);
+  // What a HelloReply grants beyond SessionInfo.
+  struct HelloGrant {
+    std::string daemon_address;  // kvd's transport address
+    bool reserve_ahead = false;  // HelloReply.reserveAhead
+  };
+  // Reads the HelloReply into session_ (and the protocol features it offers) and `*grant`.
+  Status ReadHelloReply(proto::DecodedMessage& reply, HelloGrant* grant);
 
   const ClientOptions& options() const { return options_; }
+  // True for CUDA device memory (device.h; the entry points have refused what cannot be used).
+  static bool IsDevice(const void* p);
   const SessionInfo& session() const { return session_; }
   const ChainHasher& hasher() const { return hasher_; }
   bool connected() const;
@@ -110,12 +115,28 @@ class ClientImpl final : public Client {
     KVD_ASSIGN_OR_RETURN(const uint64_t id, channel_->Send(std::forward<Fill>(fill)));
     return channel_->Await(id);
   }
-  // `nccl_checksums` set: every item's data is CUDA device memory sent over the NCCL link, and
-  // its checksum (over a host copy) is given.
   // PutChunks with mu_ held and the client usable.
   StatusOr<std::vector<PutResult>> PutChunksLocked(std::span<const PutItem> items);
-  StatusOr<std::vector<PutResult>> PutWindowLocked(
-      std::span<const PutItem> items, const std::vector<uint64_t>* nccl_checksums = nullptr);
+  // One window of PutChunks: routes every item, sends the inline ones, hands the others to
+  // their bulk paths.
+  StatusOr<std::vector<PutResult>> PutWindowLocked(std::span<const PutItem> window);
+  // INVALID_ARGUMENT for window queries of another size than the layout gives.
+  Status CheckWindowQueries(std::span<const PutItem> window) const;
+  // Where one item of a put window goes.
+  enum class PutRoute : uint8_t {
+    kInline,    // one InlinePut frame (inline_put.cc)
+    kHostPath,  // HostPath(): shared memory or the transport
+    kNccl,      // kvd's NCCL link, from CUDA device memory
+  };
+  // Routes every item of `window`, its device buffers located first (FAILED_PRECONDITION for
+  // device memory in a build without CUDA).
+  StatusOr<std::vector<PutRoute>> RoutePutsLocked(std::span<const PutItem> window) const;
+  // The path of items that are not CUDA device memory sent over the NCCL link: shared memory
+  // when the session has it, else the transport.
+  BulkPath& HostPath() {
+    if (shm_ != nullptr) return *shm_;
+    return *ucx_;
+  }
   // INVALID_ARGUMENT for a put item the daemon would refuse for its shape (null data, window
   // < 0, and with verify_locally a byte count the layout does not give).
   Status CheckPutItem(const PutItem& it) const;
@@ -129,24 +150,11 @@ class ClientImpl final : public Client {
   // Waits for the reply of an InlinePut and fills `out` (error: the daemon's, as sent). Sent
   // only to a daemon that announced HelloReply.inlinePut.
   Status AwaitInlinePutLocked(uint64_t request_id, const PutItem& it, PutResult* out);
-  // Phase 1 of a put window, shared by the UCX and shared-memory paths: checks every item
-  // (INVALID_ARGUMENT for null data or a raw byte count the layout does not give) and sends
-  // one Reserve per item without waiting. Returns the request ids, in item order.
-  // `abort_first`: a held slot (held_) to abort in the first Reserve's exchange
-  // (Reserve.abortFirst), 0 = none.
+  // Phase 1 of a put window, shared by every bulk path: checks every item (INVALID_ARGUMENT
+  // for null data or a raw byte count the layout does not give) and sends one Reserve per item
+  // without waiting. Returns the request ids, in item order.
   StatusOr<std::vector<uint64_t>> SendReservesLocked(std::span<const PutItem> items,
-                                                     bool over_nccl = false,
-                                                     uint64_t abort_first = 0);
-  // What kvd answered to one Reserve.
-  struct Reservation {
-    uint64_t id = 0;
-    uint64_t tag = 0;  // over the transport: the tag of the bulk transfer
-    // Shared-memory path: the arena slot the bytes go to (has_slot false: none offered).
-    bool has_slot = false;
-    uint32_t segment = 0;
-    uint64_t offset = 0, generation = 0;
-    bool fd_attached = false;
-  };
+                                                     const ReserveExtras& extras = {});
   // Waits for the reply to the Reserve `request_id` of `item` and fills out->already_stored and
   // out->bytes. Errors: the channel's (context "reserve"), the daemon's, INTERNAL for another
   // message.
@@ -156,36 +164,6 @@ class ClientImpl final : public Client {
   // window queries still held apart (shared-memory path; the transport path staged them).
   static size_t PutBytes(const PutItem& it) {
     return it.bytes + it.window_queries.size() * sizeof(float);
-  }
-  // `nccl`: every item's `out` is CUDA device memory, received over the NCCL link; its checksum
-  // is verified over a host copy (get_staging_).
-  StatusOr<std::vector<GetResult>> GetWindowLocked(uint64_t lease_id,
-                                                   std::span<const GetItem> items,
-                                                   bool nccl = false);
-  // Waits for `transfer` (progressing the transport) while watching the control connection,
-  // bounded by transfer_timeout_ms. On failure the transfer is cancelled. Always released.
-  // `nccl`: a transfer of the NCCL link.
-  Status FinishTransfer(transport::TransferHandle transfer, bool nccl = false);
-  // Cancels, waits (bounded) and releases a transfer; best effort.
-  void DropTransfer(transport::TransferHandle transfer, bool nccl = false);
-  // The transport (false) or the NCCL link (true), and the daemon's peer on it.
-  transport::Transport* Bulk(bool nccl) const { return nccl ? nccl_.get() : transport_.get(); }
-  transport::PeerHandle BulkPeer(bool nccl) const { return nccl ? nccl_peer_ : daemon_peer_; }
-  // Connects the transport to kvd (daemon_address_) unless it already is: on the first put or
-  // get over the transport, so a session that moves no bytes over it (shared memory, lookups
-  // only) holds no endpoint to kvd (nor kvd one to it).
-  Status EnsureDaemonPeerLocked();
-
-  // ---- NCCL link (nccl.cc) ----
-  // Creates the NCCL transport and joins kvd's link (ClientOptions::nccl). Called by Handshake.
-  Status JoinNcclLocked();
-  // Posts a send / receive of CUDA device memory over the link.
-  StatusOr<transport::TransferHandle> PostNcclLocked(transport::TransferOp op, uint64_t tag,
-                                                     const void* device_buffer, size_t bytes);
-  // True when a put of `it` goes over the link: the link is up, the data is CUDA device memory
-  // and no window queries are held apart (NCCL sends one buffer per message).
-  bool PutsOverNccl(const PutItem& it, BufferLocation data_at) const {
-    return nccl_ != nullptr && data_at == BufferLocation::kCuda && it.window_queries.empty();
   }
   void AbortReservationsLocked(const std::vector<uint64_t>& reservation_ids);
   // Phase 3 of a put window, shared by the transport and shared-memory paths: sends one Commit
@@ -202,77 +180,26 @@ class ClientImpl final : public Client {
                                                     uint64_t reserve_next = 0);
   // Awaits every commit of SendCommitsLocked and fills each item's bytes, stored_bytes,
   // codec_id (and already_stored for a put into a held slot that found its chunk stored); the
-  // first failure goes to `*first_error` (left as it is if already set). A reply carrying a slot
-  // held ahead (CommitReply.next) maps it (its memfd taken) and keeps it in held_.
+  // first failure goes to `*first_error` (left as it is if already set). A slot a reply holds
+  // ahead (CommitReply.next, when a commit asked for one) goes to `*offered`; without
+  // `offered` it is aborted.
   void AwaitCommitsLocked(const std::vector<uint64_t>& commit_req, std::vector<PutResult>& out,
-                          Status* first_error);
-  // ---- reserve-ahead (ClientOptions::reserve_ahead; kvd.capnp, Commit) ----
-  // The bytes to ask ahead for with the commit of a put window whose last item is `last`: its
-  // size when the session offers reserve-ahead and the option is on, else 0.
-  uint64_t ReserveNextBytes(const PutItem& last) const;
-  // A slot kvd reserved ahead for this client's next put (reservation 0: none).
-  struct HeldSlot {
-    uint64_t reservation = 0;
-    uint64_t bytes = 0;
-    uint32_t segment = 0;
-    uint64_t offset = 0, generation = 0;
-    Deadline use_by{};  // used only before this: half of the reservation TTL
-  };
-  HeldSlot held_;                    // GUARDED_BY(mu_)
-  uint64_t reserve_next_asked_ = 0;  // the last SendCommitsLocked's reserve_next; GUARDED_BY(mu_)
-  // HelloReply.reserveAhead. GUARDED_BY(mu_)
-  bool reserve_ahead_offered_ = false;
+                          Status* first_error, OfferedSlot* offered = nullptr);
 
   // ---- shared-memory path (shm.cc) ----
-  // A shared-memory Get reply: the chunk's metadata and its pinned slot.
-  struct ShmGetReply {
-    GetResult result;
-    uint64_t read_id = 0;  // nonzero: a read to end, even when the reply is refused below
-    uint32_t read_ttl_ms = 0;
-    uint32_t segment = 0;
-    uint64_t offset = 0, generation = 0;
-    bool fd_attached = false;
-  };
   // Sends a shared-memory Get (no tag) without waiting; returns its request id.
   StatusOr<uint64_t> SendShmGetLocked(uint64_t lease_id, uint32_t chunk_index, uint64_t capacity,
                                       ChunkForm form);
   // Awaits and reads the reply of SendShmGetLocked. Errors: the daemon's, INTERNAL for another
   // message or no slot, OUT_OF_RANGE for a chunk larger than `capacity` (a memfd that came with
   // a refused reply is closed).
-  Status AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, ShmGetReply* got);
-  StatusOr<std::vector<PutResult>> PutWindowShmLocked(std::span<const PutItem> items);
-  StatusOr<std::vector<GetResult>> GetWindowShmLocked(uint64_t lease_id,
-                                                      std::span<const GetItem> items);
-  // The address of `bytes` at a slot of a reply to `request_id`, mapping the segment's memfd if
-  // the reply carried one, with the slot's pages mapped in (unless `populate` is false: a put
-  // that writes through the writable view does not read the read-only mapping). INTERNAL if the
-  // slot lies outside what is mapped.
+  Status AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, GetReply* got);
+  // The address of `bytes` at a slot of a reply to `request_id`, mapping the segment's memfd
+  // first if the reply carried one (SegmentTable::Map, then Slot). INTERNAL for an announced
+  // memfd that did not arrive, and SegmentTable's errors.
   StatusOr<std::byte*> SlotLocked(uint64_t request_id, uint32_t segment, uint64_t offset,
                                   uint64_t generation, bool fd_attached, uint64_t bytes,
                                   bool populate = true);
-  void UnmapSegmentsLocked();
-  struct MappedSegment {
-    uint64_t generation = 0;
-    std::byte* data = nullptr;
-    uint64_t size = 0;
-    bool pin_tried = false;  // page-locked for device copies on first use (device.h)
-    // Owns the mappings above; shared with the views and slots into the segment.
-    std::shared_ptr<SegmentMapping> mapping;
-    std::vector<bool> populated;  // per kPopulateGranule (shm.cc): page tables filled
-    // ClientOptions::shm_writable_view: the segment mapped a second time, read-write, for puts
-    // only (null when off, for a read-only session, or when that mapping failed).
-    std::byte* writable = nullptr;
-    std::vector<bool> writable_populated;  // as `populated`, for `writable`
-  };
-  static void UnmapSegment(MappedSegment& seg);
-  // The writable view of [offset, offset + bytes) of a mapped segment (its page tables filled
-  // on first use), or null when the segment has none. REQUIRES: SlotLocked accepted the range.
-  std::byte* WritableSlotLocked(uint32_t segment, uint64_t offset, uint64_t bytes);
-  // Page-locks a mapped segment the first time a device buffer is copied to or from it.
-  void PinSegmentLocked(uint32_t segment);
-  // True for CUDA device memory (device.h; the entry points have refused what cannot be used).
-  static bool IsDevice(const void* p);
-  std::map<uint32_t, MappedSegment> segments_;  // GUARDED_BY(mu_)
   // At most this many entries in live_leases_ (a client that never releases its leases).
   static constexpr size_t kMaxLiveLeases = 4096;
 
@@ -280,13 +207,14 @@ class ClientImpl final : public Client {
   const TestHooks hooks_;
   ChainHasher hasher_;
   mutable std::mutex mu_;
-  std::unique_ptr<Channel> channel_;                 // GUARDED_BY(mu_)
-  std::unique_ptr<transport::Transport> transport_;  // engine role; GUARDED_BY(mu_)
-  transport::PeerHandle daemon_peer_;                // GUARDED_BY(mu_)
-  std::string daemon_address_;  // kvd's transport address (HelloReply); GUARDED_BY(mu_)
-  std::unique_ptr<transport::Transport> nccl_;  // ClientOptions::nccl; GUARDED_BY(mu_)
-  transport::PeerHandle nccl_peer_;             // kvd on the link; GUARDED_BY(mu_)
-  uint64_t next_tag_ = 1;                       // GUARDED_BY(mu_)
+  std::unique_ptr<Channel> channel_;  // GUARDED_BY(mu_)
+  // The arena segments mapped (shared memory). GUARDED_BY(mu_)
+  SegmentTable segments_{options_.shm_writable_view && !options_.read_only};
+  // The bulk paths (bulk_path.h). GUARDED_BY(mu_)
+  std::unique_ptr<UcxPath> ucx_;    // the engine role's transport; null for an admin
+  std::unique_ptr<ShmPath> shm_;    // when the session has shared memory
+  std::unique_ptr<NcclPath> nccl_;  // ClientOptions::nccl
+  uint64_t next_tag_ = 1;           // of the transfers on both transports; GUARDED_BY(mu_)
   // HelloReply.leaseReleasesOnRequests: ReleaseLease of a lease this client holds goes out with
   // the next request instead of an exchange of its own.
   bool lease_releases_on_requests_ = false;  // GUARDED_BY(mu_)
@@ -295,28 +223,20 @@ class ClientImpl final : public Client {
   // the next request; any other id gets the ReleaseLease exchange and the daemon's answer.
   std::map<uint64_t, Deadline> live_leases_;  // GUARDED_BY(mu_)
   SessionInfo session_;
-  std::vector<uint8_t> staging_;  // PutLayers/GetLayers; GUARDED_BY(mu_)
-  // Host staging over the transport, one per chunk of a window, pinned for device copies
-  // (device.h): puts with window queries or device data, gets into device buffers.
-  std::vector<StagingBuffer> put_staging_;  // GUARDED_BY(mu_)
-  std::vector<StagingBuffer> get_staging_;  // GUARDED_BY(mu_)
-  // Host copies of device bytes received over the NCCL link, for their checksums.
-  std::vector<StagingBuffer> nccl_staging_;  // GUARDED_BY(mu_)
-  std::vector<uint8_t> inline_staging_;      // device bytes of an InlinePut; GUARDED_BY(mu_)
+  std::vector<uint8_t> inline_staging_;  // device bytes of an InlinePut; GUARDED_BY(mu_)
   // VECTOR weights by version (GetVectorWeights); GUARDED_BY(mu_)
   std::map<uint64_t, std::shared_ptr<const std::vector<uint8_t>>> weights_;
   bool subscribed_ = false;  // GUARDED_BY(mu_)
   std::shared_ptr<InPlaceLink> link_ = std::make_shared<InPlaceLink>();
 
+  // The bulk paths drive the window protocol (reserve, commit, the channel) of their client.
+  friend class TransferPath;
+  friend class NcclPath;
+  friend class ShmPath;
   friend class ::kvd::client::Client;
   friend StatusOr<std::unique_ptr<Client>> kvd::client::ConnectWithTestHooks(const ClientOptions&,
                                                                              const TestHooks&);
 };
-
-// Makes the pages under [slot, slot + bytes) of a segment mapping writable, or read-only again
-// (shm.cc). kvd page-aligns slots, so these pages hold this slot only. INTERNAL with the
-// kernel's reason when it refuses (EACCES: the segment came as a read-only descriptor).
-Status ProtectSlot(std::byte* slot, uint64_t bytes, bool writable);
 
 }  // namespace kvd::client::internal
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "client_impl.h"
+#include "get_reply.h"
 #include "kvd/common/hash.h"
 
 namespace kvd::client {
@@ -38,34 +39,36 @@ StatusOr<ChunkView> ClientImpl::ReadInPlace(uint64_t lease_id, uint32_t chunk_in
   const auto sent_at = std::chrono::steady_clock::now();
   KVD_ASSIGN_OR_RETURN(const uint64_t req,
                        SendShmGetLocked(lease_id, chunk_index, ~uint64_t{0}, options.form));
-  ShmGetReply got;
+  GetReply got;
   Status s = AwaitShmGetLocked(req, ~uint64_t{0}, &got);
   StatusOr<std::byte*> slot = s;
   if (s.ok()) {
     slot =
         SlotLocked(req, got.segment, got.offset, got.generation, got.fd_attached, got.result.bytes);
   }
-  if (slot.ok() && options.verify_checksum &&
-      Checksum64(*slot, got.result.bytes) != got.result.checksum) {
-    slot = Status::DataLoss("ReadInPlace: checksum mismatch on chunk " +
-                            std::to_string(chunk_index) + " of lease " + std::to_string(lease_id));
+  if (slot.ok() && options.verify_checksum) {
+    if (Status v = VerifyGet("ReadInPlace", got.result, Checksum64(*slot, got.result.bytes),
+                             lease_id, chunk_index);
+        !v.ok()) {
+      slot = v;
+    }
   }
   if (!slot.ok()) {
     // The read (if one was opened) ends as a view's does.
     if (got.read_id != 0) EndReadLocked(got.read_id);
     return slot.status();
   }
-  if (options.pin_for_device) PinSegmentLocked(got.segment);
-  const MappedSegment& seg = segments_.at(got.segment);
+  if (options.pin_for_device) segments_.Pin(got.segment);
+  const std::shared_ptr<SegmentMapping>& mapping = segments_.mapping(got.segment);
   ChunkView view;
   view.hold_ = std::make_unique<ChunkView::Hold>();
   view.hold_->link = link_;
-  view.hold_->mapping = seg.mapping;
+  view.hold_->mapping = mapping;
   view.hold_->read_id = got.read_id;
   view.data_ = *slot;
   view.result_ = got.result;
   view.verified_ = options.verify_checksum;
-  view.device_pinned_ = seg.mapping->pinned;
+  view.device_pinned_ = mapping->pinned;
   if (got.read_ttl_ms != 0)
     view.pinned_until_ = sent_at + std::chrono::milliseconds(got.read_ttl_ms);
   return view;
@@ -131,18 +134,17 @@ StatusOr<PutSlot> ClientImpl::ReservePut(const Hash128& hash, int tokens, size_t
     auto slot = SlotLocked(req[0], rv.segment, rv.offset, rv.generation, rv.fd_attached, bytes,
                            /*populate=*/!via_view);
     if (!slot.ok()) return abort(slot.status());
-    data = via_view ? WritableSlotLocked(rv.segment, rv.offset, bytes) : nullptr;
+    data = via_view ? segments_.WritableSlot(rv.segment, rv.offset, bytes) : nullptr;
     if (data == nullptr) {  // no writable view: open the slot's pages until the commit
       if (Status s = ProtectSlot(*slot, bytes, /*writable=*/true); !s.ok()) return abort(s);
       data = *slot;
       hold->opened = true;
     }
-    if (options.pin_for_device) PinSegmentLocked(rv.segment);
-    const MappedSegment& seg = segments_.at(rv.segment);
-    hold->mapping = seg.mapping;
+    if (options.pin_for_device) segments_.Pin(rv.segment);
+    hold->mapping = segments_.mapping(rv.segment);
     hold->reservation_id = rv.id;
     hold->read_only_slot = *slot;
-    pinned = seg.mapping->pinned;
+    pinned = hold->mapping->pinned;
   }
   PutSlot out;
   out.hold_ = std::move(hold);

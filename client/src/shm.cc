@@ -1,170 +1,42 @@
 // Client: the same-node shared-memory path (puts and gets copy straight into / out of the
 // daemon's arena slots; see ClientOptions::shared_memory and the ShmSlot message).
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "client_impl.h"
+#include "get_reply.h"
 #include "kvd/client/device.h"
 #include "kvd/common/copy_checksum.h"
 #include "kvd/common/hash.h"
 #include "kvd/proto/convert.h"
+#include "shm_path.h"
 
 namespace kvd::client::internal {
-namespace {
-
-// A segment's page tables are filled as its slots are first used, a granule at a time, not all
-// at the first map: filling a whole 64 MiB segment (MAP_POPULATE) took 40-50 ms on a loaded
-// 2-core box, a stall on whichever put or get first touched the segment. One
-// MADV_POPULATE_READ per slot still spares the copy a fault per page (a write fault per 4 KiB
-// page cost ~4x more here); shmem needs no write notification, so once ProtectSlot opens a
-// slot for writing its PTEs are writable and a put's stores do not fault either.
-constexpr uint64_t kPopulateGranule = uint64_t{256} << 10;
-
-// Fills the page tables of the granules of [offset, offset + bytes) of `data` not filled yet
-// (`filled`, one flag per granule), in one madvise call. Best effort: where the kernel lacks
-// MADV_POPULATE_* (before Linux 5.14) the copy faults the pages in.
-void PopulateGranules(std::byte* data, uint64_t size, std::vector<bool>& filled, uint64_t offset,
-                      uint64_t bytes, int advice) {
-  if (bytes == 0) return;
-  const uint64_t first = offset / kPopulateGranule, last = (offset + bytes - 1) / kPopulateGranule;
-  uint64_t from = last + 1, to = first;
-  for (uint64_t g = first; g <= last; ++g) {
-    if (!filled[g]) {
-      from = std::min(from, g);
-      to = std::max(to, g);
-    }
-  }
-  if (from > to) return;
-  const uint64_t begin = from * kPopulateGranule;
-  const uint64_t end = std::min(size, (to + 1) * kPopulateGranule);
-  ::madvise(data + begin, end - begin, advice);
-  for (uint64_t g = from; g <= to; ++g) filled[g] = true;
-}
-
-}  // namespace
-
-Status ProtectSlot(std::byte* slot, uint64_t bytes, bool writable) {
-  if (bytes == 0) return Status::Ok();
-  static const uintptr_t page = static_cast<uintptr_t>(std::max<long>(::sysconf(_SC_PAGESIZE), 1));
-  const uintptr_t start = reinterpret_cast<uintptr_t>(slot) & ~(page - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(slot) + bytes + page - 1) & ~(page - 1);
-  if (::mprotect(reinterpret_cast<void*>(start), end - start,
-                 writable ? PROT_READ | PROT_WRITE : PROT_READ) != 0) {
-    return Status::Internal(std::string("making a shared-memory slot ") +
-                            (writable ? "writable" : "read-only") + ": " + std::strerror(errno));
-  }
-  return Status::Ok();
-}
-
-SegmentMapping::~SegmentMapping() {
-  if (pinned) ActiveDeviceMemoryOps().Unpin(data);
-  ::munmap(data, size);
-  if (writable != nullptr) ::munmap(writable, size);
-}
-
 bool ClientImpl::IsDevice(const void* p) {
   if (p == nullptr) return false;
   auto at = ActiveDeviceMemoryOps().Locate(p);
   return at.ok() && *at == BufferLocation::kCuda;
 }
 
-void ClientImpl::UnmapSegment(MappedSegment& seg) {
-  // Unmapped here unless a ChunkView or PutSlot still holds the mapping.
-  seg.mapping.reset();
-}
-
-std::byte* ClientImpl::WritableSlotLocked(uint32_t segment, uint64_t offset, uint64_t bytes) {
-  auto it = segments_.find(segment);
-  if (it == segments_.end() || it->second.writable == nullptr) return nullptr;
-  MappedSegment& seg = it->second;
-  // Write-populated: the copy's stores then take no fault at all.
-  PopulateGranules(seg.writable, seg.size, seg.writable_populated, offset, bytes,
-                   MADV_POPULATE_WRITE);
-  return seg.writable + offset;
-}
-
-void ClientImpl::PinSegmentLocked(uint32_t segment) {
-  auto it = segments_.find(segment);
-  if (it == segments_.end() || it->second.pin_tried) return;
-  it->second.pin_tried = true;
-  // Best effort: an unpinned segment still works (the driver stages the copy).
-  it->second.mapping->pinned = ActiveDeviceMemoryOps().Pin(it->second.data, it->second.size).ok();
-}
-
-void ClientImpl::UnmapSegmentsLocked() {
-  for (auto& [index, seg] : segments_) UnmapSegment(seg);
-  segments_.clear();
-}
-
 std::vector<SharedSegment> ClientImpl::SharedSegments() const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<SharedSegment> out;
-  for (const auto& [index, seg] : segments_) {
-    out.push_back(SharedSegment{index, seg.generation, seg.data, seg.size});
-  }
-  return out;
+  return segments_.List();
 }
 
 StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segment, uint64_t offset,
                                             uint64_t generation, bool fd_attached, uint64_t bytes,
                                             bool populate) {
   if (fd_attached) {
-    int fd = channel_->TakeFd(request_id);
+    const int fd = channel_->TakeFd(request_id);
     if (fd < 0) return Status::Internal("kvd announced an arena memfd that did not arrive");
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
-      ::close(fd);
-      return Status::Internal("the arena memfd from kvd has no size");
-    }
-    const uint64_t size = static_cast<uint64_t>(st.st_size);
-    // Read-only: committed chunks are immutable here; a put opens its own slot (ProtectSlot).
-    // The page tables are filled per slot below (kPopulateGranule).
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-    const int err = errno;
-    // The puts' writable view (ClientOptions::shm_writable_view); without it (refused, or a
-    // read-only descriptor) puts take the mprotect route.
-    void* w = MAP_FAILED;
-    if (p != MAP_FAILED && options_.shm_writable_view && !options_.read_only) {
-      w = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    }
-    ::close(fd);
-    if (p == MAP_FAILED) {
-      return Status::ResourceExhausted(std::string("mapping an arena segment of kvd: ") +
-                                       std::strerror(err));
-    }
-    auto old = segments_.find(segment);
-    if (old != segments_.end()) UnmapSegment(old->second);
-    MappedSegment& seg = segments_[segment];
-    seg = MappedSegment();
-    seg.generation = generation;
-    seg.data = static_cast<std::byte*>(p);
-    seg.size = size;
-    const uint64_t granules = (size + kPopulateGranule - 1) / kPopulateGranule;
-    seg.populated.assign(granules, false);
-    if (w != MAP_FAILED) {
-      seg.writable = static_cast<std::byte*>(w);
-      seg.writable_populated.assign(granules, false);
-    }
-    seg.mapping = std::make_shared<SegmentMapping>(seg.data, seg.writable, size);
+    KVD_RETURN_IF_ERROR(segments_.Map(fd, segment, generation));
   }
-  auto it = segments_.find(segment);
-  if (it == segments_.end() || it->second.generation != generation) {
-    return Status::Internal("kvd named arena segment " + std::to_string(segment) + " (generation " +
-                            std::to_string(generation) + ") that this client has not mapped");
-  }
-  MappedSegment& seg = it->second;
-  if (offset > seg.size || bytes > seg.size - offset) {
-    return Status::Internal("kvd named a slot outside arena segment " + std::to_string(segment));
-  }
-  if (populate)
-    PopulateGranules(seg.data, seg.size, seg.populated, offset, bytes, MADV_POPULATE_READ);
-  return seg.data + offset;
+  return segments_.Slot(segment, generation, offset, bytes, populate);
 }
 
 StatusOr<uint64_t> ClientImpl::SendShmGetLocked(uint64_t lease_id, uint32_t chunk_index,
@@ -178,31 +50,11 @@ StatusOr<uint64_t> ClientImpl::SendShmGetLocked(uint64_t lease_id, uint32_t chun
   });
 }
 
-Status ClientImpl::AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, ShmGetReply* got) {
+Status ClientImpl::AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, GetReply* got) {
   auto reply = channel_->Await(request_id);
   if (!reply.ok()) return reply.status();
-  bool has_slot = false;
-  Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
-    if (!r.isGet()) return WrongReply("get");
-    auto g = r.getGet();
-    got->result.bytes = g.getBytes();
-    got->result.checksum = g.getChecksum();
-    got->result.tokens = g.getTokens();
-    got->result.codec_id = g.getCodecId();
-    got->result.form =
-        g.getForm() == proto::ChunkForm::COMPACT ? ChunkForm::kCompact : ChunkForm::kRaw;
-    got->read_id = g.getReadId();
-    got->read_ttl_ms = g.getReadTtlMs();
-    has_slot = g.hasShm();
-    if (has_slot) {
-      got->segment = g.getShm().getSegment();
-      got->offset = g.getShm().getOffset();
-      got->generation = g.getShm().getGeneration();
-      got->fd_attached = g.getShm().getFdAttached();
-    }
-    return Status::Ok();
-  });
-  if (s.ok() && !has_slot) s = Status::Internal("kvd answered a get without a memory slot");
+  Status s = ReadGetReply(**reply, got);
+  if (s.ok() && !got->has_slot) s = Status::Internal("kvd answered a get without a memory slot");
   if (s.ok() && got->result.bytes > capacity) {
     s = Status::OutOfRange("get: chunk of " + std::to_string(got->result.bytes) +
                            " bytes, buffer of " + std::to_string(capacity));
@@ -213,28 +65,26 @@ Status ClientImpl::AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, Shm
   return s;
 }
 
-StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const PutItem> items) {
+StatusOr<std::vector<PutResult>> ShmPath::PutWindow(std::span<const PutItem> items) {
+  ClientImpl& c = client_;
   const size_t n = items.size();
-  // Reserve-ahead: the first chunk goes into the slot held since the last put when it fits
-  // (same size, half its TTL left): no Reserve for it. A held slot it does not fit is aborted
-  // in the exchange of the first Reserve (or, with nothing to reserve, on its own).
-  const HeldSlot held = held_;
-  held_ = HeldSlot();
-  const bool use_held = held.reservation != 0 && n > 0 && PutBytes(items[0]) == held.bytes &&
-                        internal::Clock::now() < held.use_by;
-  if (use_held) KVD_RETURN_IF_ERROR(CheckPutItem(items[0]));
+  const HeldSlot held = std::exchange(held_, HeldSlot());
+  const bool use_held = held.reservation != 0 && n > 0 &&
+                        ClientImpl::PutBytes(items[0]) == held.bytes && Clock::now() < held.use_by;
+  if (use_held) KVD_RETURN_IF_ERROR(c.CheckPutItem(items[0]));
+  // Phase 1: a Reserve for every chunk but the one going into the held slot.
   const uint64_t abort_first = held.reservation != 0 && !use_held ? held.reservation : 0;
   const size_t first_reserved = use_held ? 1 : 0;
   std::vector<uint64_t> req(n, 0);
   if (first_reserved < n) {
-    auto sent = SendReservesLocked(items.subspan(first_reserved), false, abort_first);
+    auto sent = c.SendReservesLocked(items.subspan(first_reserved), {.abort_first = abort_first});
     if (!sent.ok()) {
-      if (use_held) AbortReservationsLocked({held.reservation});
+      if (use_held) c.AbortReservationsLocked({held.reservation});
       return sent.status();
     }
     std::copy(sent->begin(), sent->end(), req.begin() + first_reserved);
   } else if (abort_first != 0) {
-    AbortReservationsLocked({abort_first});
+    c.AbortReservationsLocked({abort_first});
   }
   // Phase 2: as each reservation comes back, copy the chunk into its slot and checksum it.
   std::vector<PutResult> out(n);
@@ -244,16 +94,10 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
   for (size_t i = 0; i < n; ++i) {
     StatusOr<Reservation> rv = Status::Internal("unset");
     if (i == 0 && use_held) {
-      Reservation h;
-      h.id = held.reservation;
-      h.has_slot = true;
-      h.segment = held.segment;
-      h.offset = held.offset;
-      h.generation = held.generation;
-      rv = h;  // mapped when it came (no memfd with it now)
-      out[0].bytes = PutBytes(items[0]);
+      rv = held.AsReservation();  // mapped when it came (no memfd with it now)
+      out[0].bytes = ClientImpl::PutBytes(items[0]);
     } else {
-      rv = AwaitReserveLocked(req[i], items[i], &out[i]);
+      rv = c.AwaitReserveLocked(req[i], items[i], &out[i]);
     }
     if (!rv.ok()) {
       if (first_error.ok()) first_error = rv.status();
@@ -262,157 +106,167 @@ StatusOr<std::vector<PutResult>> ClientImpl::PutWindowShmLocked(std::span<const 
     reservation[i] = rv->id;
     if (out[i].already_stored) continue;
     to_abort.push_back(reservation[i]);
-    if (!rv->has_slot) {
-      if (first_error.ok()) first_error = Status::Internal("kvd reserved without a memory slot");
-      continue;
-    }
-    const size_t put_bytes = PutBytes(items[i]);
-    // Device memory (device.h) is copied straight into the slot on the item's stream; the
-    // checksum then reads the slot.
-    const bool from_device = IsDevice(items[i].data) || IsDevice(items[i].window_queries.data());
-    // Host bytes alone are copied and checksummed in one pass over them (copy_checksum.h),
-    // through the writable view when there is one (no protection change of the slot, and no
-    // page-table fill of the read-only mapping, which a later get of the slot does). The slot
-    // is read later by other processes, not by this thread: non-temporal stores.
-    const bool fused = !from_device && items[i].window_queries.empty();
-    const bool via_view = fused && options_.shm_writable_view && !options_.read_only;
-    auto slot = SlotLocked(req[i], rv->segment, rv->offset, rv->generation, rv->fd_attached,
-                           put_bytes, /*populate=*/!via_view);
-    if (!slot.ok()) {
-      if (first_error.ok()) first_error = slot.status();
-      continue;
-    }
-    if (!first_error.ok()) continue;
-    if (from_device) PinSegmentLocked(rv->segment);
-    if (std::byte* view = fused ? WritableSlotLocked(rv->segment, rv->offset, put_bytes) : nullptr;
-        view != nullptr) {
-      Status located = LocateForUse(items[i].data, "put data").status();
-      if (!located.ok()) {
-        first_error = located;
-        continue;
-      }
-      checksum[i] =
-          CopyWithChecksum64(view, items[i].data, items[i].bytes, CopyDestination::kNotReadSoon);
-      continue;
-    }
-    Status copied = ProtectSlot(*slot, put_bytes, /*writable=*/true);
-    if (copied.ok() && fused) {
-      copied = LocateForUse(items[i].data, "put data").status();
-      if (copied.ok()) {
-        checksum[i] =
-            CopyWithChecksum64(*slot, items[i].data, items[i].bytes, CopyDestination::kNotReadSoon);
-      }
-    } else if (copied.ok()) {
-      copied =
-          CopyToHostFrom(*slot, items[i].data, items[i].bytes, items[i].cuda_stream, "put data");
-      if (copied.ok() && !items[i].window_queries.empty()) {
-        // The window queries follow the raw chunk in the slot (no staging copy); the checksum
-        // then reads the slot once instead of two source buffers.
-        copied =
-            CopyToHostFrom(*slot + items[i].bytes, items[i].window_queries.data(),
-                           put_bytes - items[i].bytes, items[i].cuda_stream, "put window queries");
-      }
-    }
-    // Read-only again before the commit goes out (the copies above have completed).
-    Status closed = ProtectSlot(*slot, put_bytes, /*writable=*/false);
-    if (copied.ok()) copied = closed;
-    if (!copied.ok()) {
-      first_error = copied;
-      continue;
-    }
-    if (!fused) checksum[i] = Checksum64(*slot, put_bytes);
+    Status s = FillSlot(req[i], *rv, items[i], /*copy=*/first_error.ok(), &checksum[i]);
+    if (!s.ok() && first_error.ok()) first_error = s;
   }
   if (!first_error.ok()) {
-    AbortReservationsLocked(to_abort);
+    c.AbortReservationsLocked(to_abort);
     return first_error;
   }
-  if (hooks_.before_commit) hooks_.before_commit();
-  // Phase 3: commit with checksums (pipelined).
+  if (c.hooks_.before_commit) c.hooks_.before_commit();
+  // Phase 3: commit with checksums (pipelined), the last commit asking for the next slot.
+  const uint64_t reserve_next = reserve_ahead_ && n > 0 ? ClientImpl::PutBytes(items[n - 1]) : 0;
   KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> commit_req,
-                       SendCommitsLocked(out, reservation, checksum, use_held ? &items[0] : nullptr,
-                                         n > 0 ? ReserveNextBytes(items[n - 1]) : 0));
-  AwaitCommitsLocked(commit_req, out, &first_error);
+                       c.SendCommitsLocked(out, reservation, checksum,
+                                           use_held ? &items[0] : nullptr, reserve_next));
+  OfferedSlot offered;
+  c.AwaitCommitsLocked(commit_req, out, &first_error, &offered);
+  Keep(offered, reserve_next);
   if (!first_error.ok()) return first_error;
   return out;
 }
 
-StatusOr<std::vector<GetResult>> ClientImpl::GetWindowShmLocked(uint64_t lease_id,
-                                                                std::span<const GetItem> items) {
+void ShmPath::Keep(const OfferedSlot& offered, uint64_t bytes) {
+  ClientImpl& c = client_;
+  if (offered.slot.reservation == 0) return;
+  HeldSlot next = offered.slot;
+  next.bytes = bytes;  // what this client asked for: the last put's size
+  // Mapped now (its memfd, when attached, is taken with the commit's reply).
+  auto slot = c.SlotLocked(offered.request_id, next.segment, next.offset, next.generation,
+                           offered.fd_attached, next.bytes, /*populate=*/false);
+  if (!slot.ok()) {
+    c.AbortReservationsLocked({next.reservation});
+    return;
+  }
+  if (held_.reservation != 0) c.AbortReservationsLocked({held_.reservation});
+  held_ = next;
+}
+
+Status ShmPath::FillSlot(uint64_t request_id, const Reservation& rv, const PutItem& item, bool copy,
+                         uint64_t* checksum) {
+  ClientImpl& c = client_;
+  if (!rv.has_slot) return Status::Internal("kvd reserved without a memory slot");
+  const size_t put_bytes = ClientImpl::PutBytes(item);
+  // Device memory (device.h) is copied straight into the slot on the item's stream; the
+  // checksum then reads the slot.
+  const bool from_device =
+      ClientImpl::IsDevice(item.data) || ClientImpl::IsDevice(item.window_queries.data());
+  // Host bytes alone are copied and checksummed in one pass over them (copy_checksum.h),
+  // through the writable view when there is one (no protection change of the slot, and no
+  // page-table fill of the read-only mapping, which a later get of the slot does). The slot
+  // is read later by other processes, not by this thread: non-temporal stores.
+  const bool fused = !from_device && item.window_queries.empty();
+  const bool via_view = fused && c.options_.shm_writable_view && !c.options_.read_only;
+  KVD_ASSIGN_OR_RETURN(auto slot, c.SlotLocked(request_id, rv.segment, rv.offset, rv.generation,
+                                               rv.fd_attached, put_bytes, /*populate=*/!via_view));
+  if (!copy) return Status::Ok();
+  if (from_device) c.segments_.Pin(rv.segment);
+  if (std::byte* view =
+          fused ? c.segments_.WritableSlot(rv.segment, rv.offset, put_bytes) : nullptr;
+      view != nullptr) {
+    KVD_RETURN_IF_ERROR(LocateForUse(item.data, "put data").status());
+    *checksum = CopyWithChecksum64(view, item.data, item.bytes, CopyDestination::kNotReadSoon);
+    return Status::Ok();
+  }
+  Status copied = ProtectSlot(slot, put_bytes, /*writable=*/true);
+  if (copied.ok() && fused) {
+    copied = LocateForUse(item.data, "put data").status();
+    if (copied.ok()) {
+      *checksum = CopyWithChecksum64(slot, item.data, item.bytes, CopyDestination::kNotReadSoon);
+    }
+  } else if (copied.ok()) {
+    copied = CopyToHostFrom(slot, item.data, item.bytes, item.cuda_stream, "put data");
+    if (copied.ok() && !item.window_queries.empty()) {
+      // The window queries follow the raw chunk in the slot (no staging copy); the checksum
+      // then reads the slot once instead of two source buffers.
+      copied = CopyToHostFrom(slot + item.bytes, item.window_queries.data(), put_bytes - item.bytes,
+                              item.cuda_stream, "put window queries");
+    }
+  }
+  // Read-only again before the commit goes out (the copies above have completed).
+  Status closed = ProtectSlot(slot, put_bytes, /*writable=*/false);
+  if (copied.ok()) copied = closed;
+  KVD_RETURN_IF_ERROR(copied);
+  if (!fused) *checksum = Checksum64(slot, put_bytes);
+  return Status::Ok();
+}
+
+StatusOr<std::vector<GetResult>> ShmPath::GetWindow(uint64_t lease_id,
+                                                    std::span<const GetItem> items) {
+  ClientImpl& c = client_;
   const size_t n = items.size();
-  std::vector<uint64_t> req(n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    if (items[i].out == nullptr && items[i].capacity > 0) {
+  for (const GetItem& item : items) {
+    if (item.out == nullptr && item.capacity > 0) {
       return Status::InvalidArgument("get: null output buffer");
     }
-    KVD_RETURN_IF_ERROR(LocateForUse(items[i].out, "get buffer").status());
+    KVD_RETURN_IF_ERROR(LocateForUse(item.out, "get buffer").status());
   }
   // Ask for every chunk (pipelined); each reply names the pinned slot.
+  std::vector<uint64_t> req(n, 0);
   for (size_t i = 0; i < n; ++i) {
-    KVD_ASSIGN_OR_RETURN(
-        req[i], SendShmGetLocked(lease_id, items[i].chunk_index, items[i].capacity, items[i].form));
+    KVD_ASSIGN_OR_RETURN(req[i], c.SendShmGetLocked(lease_id, items[i].chunk_index,
+                                                    items[i].capacity, items[i].form));
   }
   std::vector<GetResult> out(n);
   std::vector<uint64_t> reads;
   Status first_error;
   for (size_t i = 0; i < n; ++i) {
-    ShmGetReply got;
-    Status s = AwaitShmGetLocked(req[i], items[i].capacity, &got);
+    GetReply got;
+    Status s = c.AwaitShmGetLocked(req[i], items[i].capacity, &got);
     if (got.read_id != 0) reads.push_back(got.read_id);
-    if (!s.ok()) {
-      if (first_error.ok()) first_error = s;
-      continue;
+    if (s.ok()) {
+      out[i] = got.result;
+      s = CopyOut(req[i], lease_id, items[i], got);
     }
-    out[i] = got.result;
-    const uint32_t segment = got.segment;
-    auto slot =
-        SlotLocked(req[i], segment, got.offset, got.generation, got.fd_attached, out[i].bytes);
-    if (!slot.ok()) {
-      if (first_error.ok()) first_error = slot.status();
-      continue;
-    }
-    // End to end: the bytes must match the checksum the writer committed. The slot is checked
-    // (it stays pinned by the read until released below): for a host buffer in the same pass
-    // as the copy (each block hashed, then copied from the cache); for a device buffer
-    // (device.h) first, then copied on the item's stream.
-    const bool to_device = IsDevice(items[i].out);
-    if (to_device) PinSegmentLocked(segment);
-    const uint64_t sum = to_device ? Checksum64(*slot, out[i].bytes)
-                                   : CopyWithChecksum64(items[i].out, *slot, out[i].bytes);
-    if (sum != out[i].checksum) {
-      if (first_error.ok()) {
-        first_error = Status::DataLoss("get: checksum mismatch on chunk " +
-                                       std::to_string(items[i].chunk_index) + " of lease " +
-                                       std::to_string(lease_id));
-      }
-      continue;
-    }
-    if (to_device) {
-      Status copied =
-          CopyFromHostTo(items[i].out, *slot, out[i].bytes, items[i].cuda_stream, "get buffer");
-      if (!copied.ok() && first_error.ok()) first_error = copied;
-    }
+    if (!s.ok() && first_error.ok()) first_error = s;
   }
+  Status ended = EndReads(reads);
+  if (first_error.ok()) first_error = ended;
+  if (!first_error.ok()) return first_error;
+  return out;
+}
+
+Status ShmPath::CopyOut(uint64_t request_id, uint64_t lease_id, const GetItem& item,
+                        const GetReply& got) {
+  ClientImpl& c = client_;
+  const uint64_t bytes = got.result.bytes;
+  KVD_ASSIGN_OR_RETURN(auto slot, c.SlotLocked(request_id, got.segment, got.offset, got.generation,
+                                               got.fd_attached, bytes));
+  // End to end: the bytes must match the checksum the writer committed. The slot is checked
+  // (it stays pinned by the read until it ends): for a host buffer in the same pass as the copy
+  // (each block hashed, then copied from the cache); for a device buffer (device.h) first,
+  // then copied on the item's stream.
+  const bool to_device = ClientImpl::IsDevice(item.out);
+  if (to_device) c.segments_.Pin(got.segment);
+  const uint64_t sum =
+      to_device ? Checksum64(slot, bytes) : CopyWithChecksum64(item.out, slot, bytes);
+  KVD_RETURN_IF_ERROR(VerifyGet("get", got.result, sum, lease_id, item.chunk_index));
+  if (!to_device) return Status::Ok();
+  return CopyFromHostTo(item.out, slot, bytes, item.cuda_stream, "get buffer");
+}
+
+Status ShmPath::EndReads(const std::vector<uint64_t>& reads) {
+  ClientImpl& c = client_;
   // The bytes are ours now: the reads end so the chunks may be evicted again. A daemon that
   // takes Request.releaseReads gets them with the next request, whatever it is (no exchange
   // here: the get was one round trip); an older one gets ReleaseReads (pipelined).
-  if (session_.releases_on_requests && !hooks_.release_reads_apart) {
-    channel_->DeferReleases(reads);
-    if (!first_error.ok()) return first_error;
-    return out;
+  if (c.session_.releases_on_requests && !c.hooks_.release_reads_apart) {
+    c.channel_->DeferReleases(reads);
+    return Status::Ok();
   }
   std::vector<uint64_t> release_req;
   for (uint64_t read : reads) {
     auto id =
-        channel_->Send([&](proto::Request::Builder r) { r.initReleaseRead().setReadId(read); });
+        c.channel_->Send([&](proto::Request::Builder r) { r.initReleaseRead().setReadId(read); });
     if (!id.ok()) break;
     release_req.push_back(*id);
   }
+  Status first_error;
   for (uint64_t id : release_req) {
-    auto r = channel_->Await(id);
+    auto r = c.channel_->Await(id);
     if (!r.ok() && first_error.ok()) first_error = r.status().WithContext("release of a read");
   }
-  if (!first_error.ok()) return first_error;
-  return out;
+  return first_error;
 }
 
 }  // namespace kvd::client::internal

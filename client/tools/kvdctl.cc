@@ -9,6 +9,10 @@
 //       runs `kvd-demo calibrate` (the reference engine; found next to kvdctl, else on PATH) with
 //       the same arguments, so that kvdctl itself links no engine. See kvd-demo's usage.
 //   kvdctl [--addr ADDR] [--json] events [--namespace N] [--count K] [--queue Q]
+//   kvdctl [--json] cluster --etcd HOST:PORT[,...] --name CLUSTER
+//       the members as etcd holds them (read from etcd, not from a kvd); the cluster token, if
+//       any, from $KVD_CLUSTER_TOKEN (records with another token show as refused). Exit 1 when
+//       etcd does not answer.
 //
 // ADDR is host:port or unix:/path (default $KVD_ADDR, else 127.0.0.1:7400).
 // Exit codes: 0 ok (health: serving, DEGRADED included: it still serves, the status line says
@@ -28,6 +32,7 @@
 #include <string>
 #include <thread>
 
+#include "cluster_view.h"
 #include "kvd/client/client.h"
 #include "kvd/client/json.h"
 #include "kvd/common/cli.h"
@@ -226,8 +231,22 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   events->add_option("--queue", queue, "events kvd queues for us before it drops (0 = default)")
       ->check(CLI::Range(int64_t{0}, int64_t{UINT32_MAX}));
+  kvd::tools::ClusterViewOptions cluster_view;
+  CLI::App* cluster = app.add_subcommand(
+      "cluster", "members of a kvd cluster from etcd: health, lease left, registration age, "
+                 "occupancy per tier, models");
+  cluster->add_option("--etcd", cluster_view.etcd, "etcd endpoints host:port (comma-separated)")
+      ->delimiter(',')
+      ->required();
+  cluster->add_option("--name", cluster_view.name, "the cluster's name (cluster.name)")->required();
   if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
   const std::string cmd = app.get_subcommands().front()->get_name();
+  if (cmd == "cluster") {
+    cluster_view.json = json;
+    if (timeout_ms > 0) cluster_view.timeout_ms = timeout_ms;
+    if (const char* token = std::getenv("KVD_CLUSTER_TOKEN")) cluster_view.token = token;
+    return kvd::tools::ShowCluster(cluster_view, std::cout, std::cerr);
+  }
 
   kvd::client::ClientOptions o;
   o.role = kvd::client::Role::kAdmin;

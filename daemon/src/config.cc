@@ -156,6 +156,13 @@ const ModelConfig* DaemonConfig::FindModel(std::string_view name) const {
   return nullptr;
 }
 
+std::optional<cluster::MembershipOptions> DaemonConfig::ResolvedCluster() const {
+  if (!cluster) return std::nullopt;
+  cluster::MembershipOptions resolved = *cluster;
+  if (resolved.node.empty()) resolved.node = node_name;
+  return resolved;
+}
+
 Status DaemonConfig::Validate() const {
   if (node_name.empty()) return Status::InvalidArgument("node: must not be empty");
   // Strings kvd sends to clients (Cap'n Proto Text, JSON) must be text.
@@ -169,6 +176,7 @@ Status DaemonConfig::Validate() const {
                                    " is outside [1, 1048576]");
   }
   if (hash_seed.empty()) return Status::InvalidArgument("hash_seed: must not be empty");
+  if (cluster) KVD_RETURN_IF_ERROR(ResolvedCluster()->Validate());
   if (models.empty()) return Status::InvalidArgument("models: at least one model is required");
   std::set<std::string> names;
   for (size_t i = 0; i < models.size(); ++i) {

@@ -347,12 +347,38 @@ Status BindQuotas(const YAML::Node& n, QuotaOptions* q) {
   return Status::Ok();
 }
 
+// `cluster: {etcd: [host:port, ...], name, node, lease_ttl_s, token}`; etcd may be one string.
+Status BindCluster(const YAML::Node& n, cluster::MembershipOptions* o) {
+  KVD_RETURN_IF_ERROR(CheckMap(n, "cluster", {"etcd", "name", "node", "lease_ttl_s", "token"}));
+  const YAML::Node etcd = n["etcd"];
+  if (!etcd.IsDefined() || etcd.IsNull()) {
+    // left empty: MembershipOptions::Validate names it
+  } else if (etcd.IsScalar()) {
+    o->etcd = {etcd.Scalar()};
+  } else if (etcd.IsSequence()) {
+    for (size_t i = 0; i < etcd.size(); ++i) {
+      if (!etcd[i].IsScalar()) {
+        return Status::InvalidArgument("cluster.etcd[" + std::to_string(i) +
+                                       "]: must be an endpoint host:port");
+      }
+      o->etcd.push_back(etcd[i].Scalar());
+    }
+  } else {
+    return Status::InvalidArgument("cluster.etcd: must be a list of endpoints host:port");
+  }
+  KVD_RETURN_IF_ERROR(GetString(n, "cluster", "name", &o->name));
+  KVD_RETURN_IF_ERROR(GetString(n, "cluster", "node", &o->node));
+  KVD_RETURN_IF_ERROR(GetInt(n, "cluster", "lease_ttl_s", &o->lease_ttl_s, 2, 3600));
+  KVD_RETURN_IF_ERROR(GetString(n, "cluster", "token", &o->token));
+  return Status::Ok();
+}
+
 Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   if (root.IsNull() || !root.IsDefined()) return Status::Ok();  // an empty file: all defaults
   KVD_RETURN_IF_ERROR(
       CheckMap(root, "",
                {"node", "listen", "metrics", "transport", "chunk_tokens", "hash_seed", "models",
-                "tiers", "limits", "auth", "quotas", "state_dir", "protocol"}));
+                "tiers", "limits", "auth", "quotas", "state_dir", "protocol", "cluster"}));
   KVD_RETURN_IF_ERROR(GetString(root, "", "state_dir", &c->state_dir));
   KVD_RETURN_IF_ERROR(GetString(root, "", "node", &c->node_name));
   if (YAML::Node n = root["listen"]; n.IsDefined()) {
@@ -459,6 +485,11 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     KVD_RETURN_IF_ERROR(GetString(n, "auth", "tokens_file", &c->auth.tokens_file));
     KVD_RETURN_IF_ERROR(
         GetBool(n, "auth", "allow_unauthenticated", &c->auth.allow_unauthenticated));
+  }
+  if (YAML::Node n = root["cluster"]; n.IsDefined() && !n.IsNull()) {
+    cluster::MembershipOptions cluster;
+    KVD_RETURN_IF_ERROR(BindCluster(n, &cluster));
+    c->cluster = std::move(cluster);
   }
   if (YAML::Node n = root["quotas"]; n.IsDefined() && !n.IsNull()) {
     KVD_RETURN_IF_ERROR(BindQuotas(n, &c->quotas));

@@ -11,7 +11,8 @@ namespace {
 const std::set<std::string>& GaugeCounters() {
   static const std::set<std::string> gauges = {
       "host_reservations_open",     "host_leases_open",    "host_reads_open",
-      "host_arena_allocated_bytes", "disk_writes_stopped", "transport_peers_open"};
+      "host_arena_allocated_bytes", "disk_writes_stopped", "transport_peers_open",
+      "cluster_reachable",          "cluster_members",     "cluster_refused"};
   return gauges;
 }
 

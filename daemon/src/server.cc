@@ -7,7 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
+#include "cluster_member.h"
 #include "kvd/common/log_limiter.h"
 #include "kvd/common/logging.h"
 #include "listen_address.h"
@@ -208,8 +211,13 @@ Status Server::Impl::Init() {
     KVD_LOG(INFO) << "gpu tier allocated" << Kv("device", gpu_->device_name())
                   << Kv("capacity", FormatByteSize(config_.gpu_tier->capacity_bytes));
   }
-  auto manager =
-      storage::TierManager::Create(config_.placement, tier_.get(), disk_.get(), gpu_.get());
+  // The tiers, fastest first: what the manager does with each follows from its place and its
+  // capability queries (tier_manager.h).
+  std::vector<storage::Tier*> tiers;
+  if (gpu_ != nullptr) tiers.push_back(gpu_.get());
+  tiers.push_back(tier_.get());
+  if (disk_ != nullptr) tiers.push_back(disk_.get());
+  auto manager = storage::TierManager::Create(config_.placement, std::move(tiers));
   if (!manager.ok()) return manager.status().WithContext("tiers.placement");
   manager_ = std::move(*manager);
   manager_->SetEventListener(&events_);
@@ -322,6 +330,10 @@ Status Server::Impl::Start() {
   if (unix_acceptor_) asio::co_spawn(io_, AcceptUnix(), asio::detached);
   expiry_timer_.emplace(io_);
   asio::co_spawn(io_, ExpiryLoop(), asio::detached);
+  if (config_.cluster) {
+    KVD_ASSIGN_OR_RETURN(membership_, StartClusterMembership(config_, tcp_address_, local_address_,
+                                                             manager_.get()));
+  }
   if (deps_.handle_signals) {
     signals_.emplace(io_, SIGINT, SIGTERM);
     signals_->async_wait([this](boost::system::error_code ec, int signal) {
@@ -364,6 +376,7 @@ void Server::Impl::StopPrefault() {
 void Server::Impl::Run() {
   if (shutdown_requested_.load()) asio::post(io_, [this] { BeginShutdown(); });
   io_.run();
+  if (membership_) membership_->Stop();  // revokes the lease: the others see this node leave
   StopPrefault();
   progress_->Stop();
   nccl_->Stop();
@@ -598,7 +611,7 @@ std::string Server::tcp_address() const { return impl_->tcp_address_; }
 std::string Server::unix_path() const { return impl_->unix_path_; }
 std::string Server::metrics_address() const { return impl_->metrics_address_; }
 size_t Server::session_count() const { return impl_->session_count(); }
-storage::HostTier* Server::host_tier() { return impl_->tier(); }
+storage::HostTier* Server::host_tier() { return impl_->host_tier(); }
 storage::DiskTier* Server::disk_tier() { return impl_->disk(); }
 transport::Transport* Server::transport() { return impl_->transport(); }
 const DaemonConfig& Server::config() const { return impl_->config(); }

@@ -18,6 +18,7 @@
 #include "asio_util.h"
 #include "auth.h"
 #include "event_hub.h"
+#include "kvd/cluster/membership.h"
 #include "kvd/daemon/chunk_codec.h"
 #include "kvd/daemon/server.h"
 #include "kvd/storage/disk_tier.h"
@@ -27,6 +28,7 @@
 #include "nccl_link.h"
 #include "progress_loop.h"
 #include "put_ledger.h"
+#include "session_services.h"
 #include "read_buffer.h"
 #include "shm_arena.h"
 
@@ -70,7 +72,7 @@ struct DaemonCounters {
   uint64_t nccl_refused = 0;          // NcclConnects refused: the daemon cannot run NCCL
 };
 
-class Server::Impl : public ReservationBook {
+class Server::Impl : public ReservationBook, public PutServices, public GetServices {
  public:
   Impl(DaemonConfig config, ServerDeps deps);
   ~Impl();
@@ -81,26 +83,31 @@ class Server::Impl : public ReservationBook {
   void Shutdown();  // thread-safe
 
   // ---- for sessions (io_context thread) ----
-  const DaemonConfig& config() const { return config_; }
+  const DaemonConfig& config() const override { return config_; }
   const AuthTokens& auth() const { return auth_; }
-  asio::io_context& io() { return io_; }
-  asio::thread_pool& pool() { return pool_; }
-  storage::HostTier* tier() { return tier_.get(); }
-  // Host + optional disk: lookups (with promotion), list, evict, stats go through it.
-  storage::TierManager* tiers() { return manager_.get(); }
+  asio::io_context& io() override { return io_; }
+  asio::thread_pool& pool() override { return pool_; }
+  // The host tier's arena bookkeeping that is not a store: a put's reservation before its commit
+  // (Reserve, ReserveAhead, NameReservation, Abort), a lease's pinned reads (Get, ReleaseRead,
+  // ReleaseLease), the shared-memory segment of an offset, and a closed session's ReclaimOwner.
+  // Every store of a chunk (Commit, Insert) goes through tier_manager().
+  storage::HostTier* host_tier() override { return tier_.get(); }
+  // Every tier (host, optional disk and gpu): every store of a committed chunk, lookups (with
+  // promotion), list, evict, stats and the checks of bytes leaving host memory go through it.
+  storage::TierManager* tier_manager() override { return manager_.get(); }
   storage::DiskTier* disk() { return disk_.get(); }
   // The ingest/serve codec of a model with a compression policy; nullptr for a raw model.
   ChunkCodec* codec(const std::string& model) const;
   const std::map<std::string, std::unique_ptr<ChunkCodec>>& codecs() const { return codecs_; }
   // Starts a demotion pass on the pool if a disk tier exists, none is running and the host tier
   // is above placement.high_watermark.
-  void MaybeDemote();
-  transport::Transport* transport() { return transport_.get(); }
+  void MaybeDemote() override;
+  transport::Transport* transport() override { return transport_.get(); }
   ProgressLoop& progress() { return *progress_; }
   // The NCCL link of device-memory sessions (made on the first NcclConnect: NcclLink::Ensure).
-  NcclLink& nccl() { return *nccl_; }
-  Clock* clock() { return clock_; }
-  DaemonCounters& counters() { return counters_; }
+  NcclLink& nccl() override { return *nccl_; }
+  Clock* clock() override { return clock_; }
+  DaemonCounters& counters() override { return counters_; }
   // Chunk events of every tier, fanned out to subscribed sessions.
   EventHub& events() { return events_; }
   // Request latencies and the Prometheus rendering (metrics.h).
@@ -142,6 +149,11 @@ class Server::Impl : public ReservationBook {
   void AddSession(asio::generic::stream_protocol::socket socket, std::string peer, PeerInfo info,
                   const std::string& counted_as);
   asio::awaitable<void> ExpiryLoop();
+  // Snapshot's counters of the tiers (host, disk, gpu figures; zero for a tier the node lacks),
+  // the arena and the tier manager's placement and integrity counts.
+  std::vector<std::pair<std::string, uint64_t>> TierCounterList(const storage::TierStats& host,
+                                                                const storage::TierStats& disk,
+                                                                const storage::TierStats& gpu) const;
   void BeginShutdown();
   void StartPrefault();
   void StopPrefault();
@@ -165,6 +177,9 @@ class Server::Impl : public ReservationBook {
   std::unique_ptr<storage::DiskTier> disk_;
   std::unique_ptr<storage::GpuTier> gpu_;  // tiers.gpu; declared before manager_ (outlives it)
   std::unique_ptr<storage::TierManager> manager_;
+  // config.cluster: this node's registration in etcd (thread-safe; started by Start, stopped by
+  // Run after the io_context ends). nullptr for a single node.
+  std::unique_ptr<cluster::Membership> membership_;
   // One per model with a compression policy. Declared after the tiers: destroyed (pool threads
   // joined) before them.
   std::map<std::string, std::unique_ptr<ChunkCodec>> codecs_;

@@ -21,12 +21,14 @@ using transport::TransferStatus;
 
 Session::Session(Server::Impl* server, uint64_t id, Socket socket, std::string peer)
     : server_(server),
+      put_services_(server),
+      get_services_(server),
       id_(id),
       socket_(std::move(socket)),
       peer_(std::move(peer)),
       puts_({.owner = id,
              .book = server,
-             .host = server->tier(),
+             .host = server->host_tier(),
              .reservation_ttl_ms = server->config().limits.reservation_ttl_ms,
              .expect_transfers =
                  [this](bool nccl, int64_t delta) { BulkProgress(nccl).ExpectTransfers(delta); },
@@ -195,127 +197,140 @@ asio::awaitable<bool> Session::CancelAndRelease(TransferHandle h, bool nccl) {
   co_return true;
 }
 
-asio::awaitable<void> Session::ReadLoop() {
-  const int max_inflight = server_->config().limits.max_inflight_per_session;
+StatusOr<uint32_t> Session::FrameLength(const uint8_t* header) const {
   const LimitsOptions& limits = server_->config().limits;
+  if (hello_done_) {
+    return proto::ParseFrameHeader({header, proto::kFrameHeaderBytes}, limits.max_frame_bytes);
+  }
   // Before Hello only small frames (a Hello is a few hundred bytes): a connection that has not
   // authenticated never holds more than its base buffer.
   const uint32_t before_hello = std::min(limits.max_frame_bytes_before_hello, limits.max_frame_bytes);
-  auto frame_length = [&](const uint8_t* header) -> StatusOr<uint32_t> {
-    if (hello_done_) {
-      return proto::ParseFrameHeader({header, proto::kFrameHeaderBytes}, limits.max_frame_bytes);
+  auto length = proto::ParseFrameHeader({header, proto::kFrameHeaderBytes}, before_hello);
+  if (!length.ok() && length.status().code() == StatusCode::kOutOfRange) {
+    return length.status().WithContext("before Hello (limits.max_frame_bytes_before_hello=" +
+                                       std::to_string(before_hello) + ")");
+  }
+  return length;
+}
+
+bool Session::AtInflightLimit() const {
+  return static_cast<int64_t>(writer_.pending()) >=
+         server_->config().limits.max_inflight_per_session;
+}
+
+bool Session::HandleBufferedFrames(Inbox& in) {
+  while (!read_closed_ && !closed_ && in.end - in.begin >= proto::kFrameHeaderBytes) {
+    if (AtInflightLimit()) return true;
+    auto length = FrameLength(in.buffer.data() + in.begin);
+    if (!length.ok()) {
+      // The stream cannot be resynchronised: say why, then close.
+      ++server_->counters().bad_frames;
+      KVD_LOG(WARNING) << "bad frame header; closing" << Kv("session", id_) << Kv("peer", peer_)
+                       << Kv("status", length.status());
+      uint64_t seq = writer_.NextSeq();
+      CompleteError(seq, 0, length.status());
+      CloseAfter(seq);
+      return false;
     }
-    auto length = proto::ParseFrameHeader({header, proto::kFrameHeaderBytes}, before_hello);
-    if (!length.ok() && length.status().code() == StatusCode::kOutOfRange) {
-      return length.status().WithContext(
-          "before Hello (limits.max_frame_bytes_before_hello=" + std::to_string(before_hello) +
-          ")");
+    const size_t total = proto::kFrameHeaderBytes + *length;
+    if (in.end - in.begin < total) return false;
+    if (in.frame_deadline_armed) {
+      read_deadline_.cancel();
+      in.frame_deadline_armed = false;
     }
-    return length;
-  };
+    ++server_->counters().frames_in;
+    auto message =
+        proto::DecodePayload({in.buffer.data() + in.begin + proto::kFrameHeaderBytes, *length});
+    in.begin += total;
+    if (!message.ok()) {
+      ++server_->counters().bad_frames;
+      CompleteError(writer_.NextSeq(), 0, message.status());
+      continue;
+    }
+    HandleFrame(std::move(*message));
+    if (hello_done_ && !handshake_deadline_done_) {
+      handshake_deadline_done_ = true;
+      read_deadline_.cancel();
+    }
+  }
+  return false;
+}
+
+bool Session::MakeRoomToRead(Inbox& in) {
+  // Keep the partial frame at the front, and make room for it.
+  if (in.begin == in.end) {
+    in.begin = in.end = 0;
+  } else if (in.begin > 0) {
+    std::memmove(in.buffer.data(), in.buffer.data() + in.begin, in.end - in.begin);
+    in.end -= in.begin;
+    in.begin = 0;
+  }
+  // Large frames are rare: their buffer goes back as soon as what is left fits the base one.
+  if (in.buffer.large() && in.end <= ReadBuffer::kBaseBytes) in.buffer.Shrink(in.end);
+  if (in.end < in.buffer.size()) return true;
+  // A frame larger than the buffer (its header is in, and valid).
+  const auto length = FrameLength(in.buffer.data());
+  Status fit = in.buffer.Fit(proto::kFrameHeaderBytes + *length, in.end);
+  if (fit.ok()) return true;
+  LogFrameRefused(fit);
+  uint64_t seq = writer_.NextSeq();
+  CompleteError(seq, 0, fit);
+  CloseAfter(seq);
+  writer_.Flush();
+  return false;
+}
+
+void Session::LogReadEnd(const boost::system::error_code& ec, size_t buffered) {
+  if (buffered > 0) {
+    ++server_->counters().bad_frames;
+    KVD_LOG(WARNING) << "connection ended inside a frame (truncated frame)" << Kv("session", id_)
+                     << Kv("peer", peer_) << Kv("buffered_bytes", buffered)
+                     << Kv("error", ec.message());
+  } else if (ec != asio::error::eof && ec != asio::error::operation_aborted) {
+    KVD_LOG(DEBUG) << "read failed" << Kv("session", id_) << Kv("error", ec.message());
+  }
+}
+
+asio::awaitable<void> Session::ReadLoop() {
+  const LimitsOptions& limits = server_->config().limits;
   ArmReadDeadline(limits.handshake_timeout_ms, "no Hello within limits.handshake_timeout_ms");
   // Buffered: one read takes whatever the socket has (usually a whole request, or several
   // pipelined ones), and every complete frame in the buffer is handled before the next read.
   // A frame larger than the 16 KiB base buffer gets a buffer of its own size, charged to the
   // daemon's frame budget (read_buffer.h): a partial frame costs the bytes received.
-  ReadBuffer in(&server_->frame_budget());
-  size_t begin = 0, end = 0;          // unhandled bytes are in[begin, end)
-  bool frame_deadline_armed = false;  // armed for the partial frame at in[begin]
+  Inbox in{.buffer = ReadBuffer(&server_->frame_budget())};
   boost::system::error_code ec;
   while (!read_closed_ && !closed_) {
     // Handle the complete frames buffered, up to the pipelining limit.
     writer_.SetBatching(true);
-    bool at_limit = false;  // stopped by the limit with a header (or more) still buffered
-    while (!read_closed_ && !closed_ && end - begin >= proto::kFrameHeaderBytes) {
-      if (static_cast<int64_t>(writer_.pending()) >= max_inflight) {
-        at_limit = true;
-        break;
-      }
-      auto length = frame_length(in.data() + begin);
-      if (!length.ok()) {
-        // The stream cannot be resynchronised: say why, then close.
-        ++server_->counters().bad_frames;
-        KVD_LOG(WARNING) << "bad frame header; closing" << Kv("session", id_) << Kv("peer", peer_)
-                         << Kv("status", length.status());
-        uint64_t seq = writer_.NextSeq();
-        CompleteError(seq, 0, length.status());
-        CloseAfter(seq);
-        break;
-      }
-      const size_t total = proto::kFrameHeaderBytes + *length;
-      if (end - begin < total) break;
-      if (frame_deadline_armed) {
-        read_deadline_.cancel();
-        frame_deadline_armed = false;
-      }
-      ++server_->counters().frames_in;
-      auto message = proto::DecodePayload({in.data() + begin + proto::kFrameHeaderBytes, *length});
-      begin += total;
-      if (!message.ok()) {
-        ++server_->counters().bad_frames;
-        CompleteError(writer_.NextSeq(), 0, message.status());
-        continue;
-      }
-      HandleFrame(std::move(*message));
-      if (hello_done_ && !handshake_deadline_done_) {
-        handshake_deadline_done_ = true;
-        read_deadline_.cancel();
-      }
-    }
+    const bool at_limit = HandleBufferedFrames(in);  // with a header (or more) still buffered
     writer_.SetBatching(false);
     // The replies those requests completed at once go out now, in one write, without waking the
     // writer (it takes over whatever cannot be written without blocking).
     writer_.Flush();
     if (read_closed_ || closed_ || writer_.done()) break;
-    if (static_cast<int64_t>(writer_.pending()) >= max_inflight) {
+    if (AtInflightLimit()) {
       // At the pipelining limit nothing more is read (the buffer cannot grow past one frame).
       co_await reader_event_.Wait();  // the writer wakes it as replies go out
       continue;
     }
     if (at_limit) continue;  // the flush above lifted the limit: handle what is buffered first
-    // Read more: keep the partial frame at the front, and make room for it.
-    if (begin == end) {
-      begin = end = 0;
-    } else if (begin > 0) {
-      std::memmove(in.data(), in.data() + begin, end - begin);
-      end -= begin;
-      begin = 0;
-    }
-    // Large frames are rare: their buffer goes back as soon as what is left fits the base one.
-    if (in.large() && end <= ReadBuffer::kBaseBytes) in.Shrink(end);
-    if (end == in.size()) {  // a frame larger than the buffer (its header is in, and valid)
-      const auto length = frame_length(in.data());
-      if (Status fit = in.Fit(proto::kFrameHeaderBytes + *length, end); !fit.ok()) {
-        LogFrameRefused(fit);
-        uint64_t seq = writer_.NextSeq();
-        CompleteError(seq, 0, fit);
-        CloseAfter(seq);
-        writer_.Flush();
-        break;
-      }
-    }
+    if (!MakeRoomToRead(in)) break;
     // After Hello the connection may idle between frames, but never stall inside one. Before
     // Hello the handshake deadline keeps running.
-    if (hello_done_ && end > 0 && !frame_deadline_armed) {
+    if (hello_done_ && in.end > 0 && !in.frame_deadline_armed) {
       ArmReadDeadline(limits.frame_timeout_ms,
                       "frame payload not complete within limits.frame_timeout_ms");
-      frame_deadline_armed = true;
+      in.frame_deadline_armed = true;
     }
-    const size_t got =
-        co_await socket_.async_read_some(asio::buffer(in.data() + end, in.size() - end),
-                                         asio::redirect_error(asio::use_awaitable, ec));
+    const size_t got = co_await socket_.async_read_some(
+        asio::buffer(in.buffer.data() + in.end, in.buffer.size() - in.end),
+        asio::redirect_error(asio::use_awaitable, ec));
     if (ec) {
-      if (end > 0) {
-        ++server_->counters().bad_frames;
-        KVD_LOG(WARNING) << "connection ended inside a frame (truncated frame)"
-                         << Kv("session", id_) << Kv("peer", peer_) << Kv("buffered_bytes", end)
-                         << Kv("error", ec.message());
-      } else if (ec != asio::error::eof && ec != asio::error::operation_aborted) {
-        KVD_LOG(DEBUG) << "read failed" << Kv("session", id_) << Kv("error", ec.message());
-      }
+      LogReadEnd(ec, in.end);
       break;
     }
-    end += got;
+    in.end += got;
     idle_.Touch();
   }
   writer_.SetBatching(false);
@@ -348,14 +363,46 @@ asio::awaitable<void> Session::WriteLoop() {
   idle_event_.Notify();
 }
 
-asio::awaitable<void> Session::Teardown() {
-  transport::Transport* t = server_->transport();
-  // 1. Stop this client's transfers; their handlers see CANCELLED and finish.
+void Session::CancelTransfers() {
   for (const auto& [id, put] : puts_.puts()) {
     if (put.recv.valid()) Bulk(put.nccl)->Cancel(put.recv).IgnoreError();
   }
-  for (uint64_t send : active_sends_) t->Cancel(TransferHandle{send}).IgnoreError();
+  for (uint64_t send : active_sends_) Bulk(false)->Cancel(TransferHandle{send}).IgnoreError();
   for (uint64_t send : active_nccl_sends_) Bulk(true)->Cancel(TransferHandle{send}).IgnoreError();
+}
+
+asio::awaitable<void> Session::DisconnectPeer(bool nccl) {
+  transport::PeerHandle* held = nccl ? &nccl_peer_ : &transport_peer_;
+  if (!held->valid()) co_return;
+  transport::Transport* t = Bulk(nccl);
+  const transport::PeerHandle peer = *held;
+  Status s = co_await OffloadTo<Status>(server_->pool(), server_->io(),
+                                        [t, peer] { return t->Disconnect(peer); });
+  if (!s.ok() && s.code() != StatusCode::kNotFound) {
+    KVD_LOG(WARNING) << (nccl ? "NCCL link disconnect failed" : "transport disconnect failed")
+                     << Kv("session", id_) << Kv("status", s);
+  }
+  *held = {};
+}
+
+asio::awaitable<uint64_t> Session::EndOpenPuts() {
+  uint64_t leaked = 0;
+  while (!puts_.empty()) {
+    // A shared-memory put has no transfer: a client killed while writing leaves its reservation
+    // here, reclaimed by ReclaimOwner (never committed, so never visible).
+    const uint64_t reservation = puts_.puts().begin()->first;
+    const PendingPut put = puts_.puts().begin()->second;
+    bool ended = true;
+    if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
+    if (!ended) ++leaked;
+    puts_.EndPut(reservation, {.end = PutEnd::kReclaimed, .transfer_ended = ended});
+  }
+  co_return leaked;
+}
+
+asio::awaitable<void> Session::Teardown() {
+  // 1. Stop this client's transfers; their handlers see CANCELLED and finish.
+  CancelTransfers();
   if (subscription_ != nullptr) {
     server_->events().Unsubscribe(subscription_);
     events_event_.Notify();  // the pump sees read_closed_ and ends
@@ -376,42 +423,15 @@ asio::awaitable<void> Session::Teardown() {
   while (!writer_.done()) co_await idle_event_.Wait();
   // 3. Close the transport endpoint off the io_context thread: it ends every transfer posted
   //    with this peer, so the receives of uncommitted puts are finished afterwards.
-  if (transport_peer_.valid()) {
-    transport::PeerHandle peer = transport_peer_;
-    Status s = co_await OffloadTo<Status>(server_->pool(), server_->io(),
-                                          [t, peer] { return t->Disconnect(peer); });
-    if (!s.ok() && s.code() != StatusCode::kNotFound) {
-      KVD_LOG(WARNING) << "transport disconnect failed" << Kv("session", id_) << Kv("status", s);
-    }
-    transport_peer_ = {};
-  }
-  if (nccl_peer_.valid()) {
-    transport::Transport* link = Bulk(true);
-    transport::PeerHandle peer = nccl_peer_;
-    Status s = co_await OffloadTo<Status>(server_->pool(), server_->io(),
-                                          [link, peer] { return link->Disconnect(peer); });
-    if (!s.ok() && s.code() != StatusCode::kNotFound) {
-      KVD_LOG(WARNING) << "NCCL link disconnect failed" << Kv("session", id_) << Kv("status", s);
-    }
-    nccl_peer_ = {};
-  }
-  uint64_t leaked = 0;
+  co_await DisconnectPeer(/*nccl=*/false);
+  co_await DisconnectPeer(/*nccl=*/true);
   const size_t open_puts = puts_.size();
-  while (!puts_.empty()) {
-    // A shared-memory put has no transfer: a client killed while writing leaves its reservation
-    // here, reclaimed below (never committed, so never visible).
-    const uint64_t reservation = puts_.puts().begin()->first;
-    const PendingPut put = puts_.puts().begin()->second;
-    bool ended = true;
-    if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
-    if (!ended) ++leaked;
-    puts_.EndPut(reservation, {.end = PutEnd::kReclaimed, .transfer_ended = ended});
-  }
+  const uint64_t leaked = co_await EndOpenPuts();
   shm_reads_.clear();  // ReclaimOwner below ends them
   // 4. Return everything the client held in the tier.
   storage::ReclaimResult reclaimed;
   if (leaked == 0) {
-    reclaimed = server_->tier()->ReclaimOwner(id_);
+    reclaimed = server_->host_tier()->ReclaimOwner(id_);
   } else {
     KVD_LOG(ERROR) << "not reclaiming a session's reservations: transfers still in flight"
                    << Kv("session", id_) << Kv("transfers", leaked);
@@ -422,6 +442,14 @@ asio::awaitable<void> Session::Teardown() {
                 << Kv("reclaimed_reservations", reclaimed.reservations)
                 << Kv("released_leases", reclaimed.leases) << Kv("released_reads", reclaimed.reads);
   server_->SessionClosed(id_);
+}
+
+StatusOr<transport::PeerHandle> Session::TransportPeer() {
+  if (transport_peer_.valid()) return transport_peer_;
+  auto peer = server_->transport()->Connect(client_transport_address_);
+  if (!peer.ok()) return peer.status().WithContext("cannot reach the client's transport address");
+  transport_peer_ = *peer;
+  return transport_peer_;
 }
 
 }  // namespace kvd::daemon

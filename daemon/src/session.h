@@ -25,6 +25,7 @@
 
 #include "asio_util.h"
 #include "event_hub.h"
+#include "get_request.h"
 #include "hello_check.h"
 #include "idle_watch.h"
 #include "put_ledger.h"
@@ -35,6 +36,7 @@
 #include "kvd/proto/kvd.capnp.h"
 #include "kvd/transport/types.h"
 #include "server_impl.h"
+#include "session_services.h"
 
 namespace kvd::daemon {
 
@@ -61,6 +63,15 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t id() const { return id_; }
 
  private:
+  // A chunk as a put describes it (Reserve, InlinePut, Commit.chunk).
+  struct PutShape {
+    Hash128 hash;
+    uint32_t tokens = 0;
+    uint64_t bytes = 0;
+    uint64_t first_position = 0;
+    uint32_t window = 0;  // window-query tokens after the K/V bytes
+  };
+  static PutShape ShapeOf(proto::Reserve::Reader chunk);
   // A put's checks passed and its space is reserved (or the chunk exists already).
   struct ReservedPut {
     bool already_stored = false;  // dedup: nothing reserved
@@ -70,8 +81,36 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // ---- I/O (session.cc) ----
   asio::awaitable<void> ReadLoop();
+  // What ReadLoop has read: unhandled bytes are buffer[begin, end).
+  struct Inbox {
+    ReadBuffer buffer;
+    size_t begin = 0;
+    size_t end = 0;
+    bool frame_deadline_armed = false;  // armed for the partial frame at buffer[begin]
+  };
+  // The payload length a frame header announces, within limits.max_frame_bytes (before Hello:
+  // limits.max_frame_bytes_before_hello too, OUT_OF_RANGE saying so).
+  StatusOr<uint32_t> FrameLength(const uint8_t* header) const;
+  // True when limits.max_inflight_per_session replies are pending.
+  bool AtInflightLimit() const;
+  // Handles the complete frames in `in`, stopping at the pipelining limit (returns true: a header
+  // or more is still buffered) or at a bad header (an error reply, then close).
+  bool HandleBufferedFrames(Inbox& in);
+  // Moves the partial frame to the front of `in`, shrinks a large buffer no longer needed, and
+  // grows it for a frame larger than it (within the frame budget). False when the budget refuses
+  // the frame: an error reply, then close.
+  bool MakeRoomToRead(Inbox& in);
+  // Logs why reading ended (a truncated frame is a bad frame).
+  void LogReadEnd(const boost::system::error_code& ec, size_t buffered);
   asio::awaitable<void> WriteLoop();
   asio::awaitable<void> Teardown();
+  // Teardown's steps: cancels every transfer of this connection (puts' receives, Gets' sends);
+  // closes the client's transport endpoint (nccl false) or NCCL link peer (true) off the
+  // io_context thread, if it has one; ends every open put in the ledger (kReclaimed), waiting
+  // for its receive to end, and returns how many did not (their space must not be reused).
+  void CancelTransfers();
+  asio::awaitable<void> DisconnectPeer(bool nccl);
+  asio::awaitable<uint64_t> EndOpenPuts();
   void HandleFrame(std::unique_ptr<proto::DecodedMessage> message);
   // Observes the latency of request `seq` if it is timed (Lookup, Commit, InlinePut, Get).
   void ObserveLatency(uint64_t seq);
@@ -104,8 +143,16 @@ class Session : public std::enable_shared_from_this<Session> {
     int fd = -1;
   };
 
-  // ---- requests (session_data.cc) ----
+  // ---- requests: dispatch and Hello (session_dispatch.cc), lookup and leases
+  // (session_lookup.cc), put (session_put.cc, session_commit.cc), get (session_get.cc),
+  // shared memory (session_shm.cc) ----
+  // Refuses anything before Hello, applies the releases a request carries, refuses a switched-off
+  // kind, starts the latency timer of a timed one, then HandleRequest.
   Status Dispatch(uint64_t seq, proto::Request::Reader request);
+  // Request.releaseReads / releaseLeases, where the protocol options take them.
+  void ReleasePiggybacked(proto::Request::Reader request);
+  // Calls the handler of the request's kind (INVALID_ARGUMENT for a kind this daemon lacks).
+  void HandleRequest(uint64_t seq, uint64_t rid, proto::Request::Reader request);
   // CheckHello (hello_check.h), then AnswerHello, or the refusal and close.
   void HandleHello(uint64_t seq, uint64_t rid, proto::Hello::Reader hello);
   // Applies a Hello's grant to this session and answers with HelloReply.
@@ -120,8 +167,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // and the policy's needs, bytes == layout.ChunkBytes(tokens) + window queries, max_chunk_bytes;
   // then the ingest admission (compressing model) and the host-tier reservation (capacity,
   // namespace quota). A dedup is counted and returned as already_stored.
-  StatusOr<ReservedPut> ReservePut(const char* op, const Hash128& hash, uint32_t tokens,
-                                   uint64_t bytes, uint64_t first_position, uint32_t window);
+  StatusOr<ReservedPut> ReservePut(const char* op, const PutShape& shape);
   // The tier TTL of this session's reservations: a backstop well after limits.reservation_ttl_ms.
   std::chrono::milliseconds TierReservationTtl() const;
   // The shape checks of ReservePut: tokens, window and the policy's needs, bytes, max_chunk_bytes.
@@ -145,12 +191,31 @@ class Session : public std::enable_shared_from_this<Session> {
   // request owns it (else skipped).
   void AbortHeldSlot(uint64_t reservation);
   void HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader reserve);
+  // Posts the receive of a reserved put's bytes (`put->bytes`, tagged `tag`): over the NCCL link
+  // into device staging (put->nccl, put->staging set), else over the transport straight into
+  // `reservation` (with the landed bytes' checksum). The caller aborts the reservation on an
+  // error (UNAVAILABLE and others, with context).
+  StatusOr<transport::TransferHandle> PostPutReceive(const storage::Reservation& reservation,
+                                                     uint64_t tag, bool over_nccl,
+                                                     PendingPut* put);
   // One-exchange put of a small chunk: ReservePut, copy the frame's bytes into the reservation,
   // then the Commit path (FinishCommit) with the given checksum; answered with CommitReply.
   void HandleInlinePut(uint64_t seq, uint64_t rid, proto::InlinePut::Reader put);
   void HandleCommit(uint64_t seq, uint64_t rid, proto::Commit::Reader commit);
   void HandleAbort(uint64_t seq, uint64_t rid, proto::Abort::Reader abort);
+  // Get (session_get.cc): OpenGet, then over the NCCL link (FinishNcclGet), from shared memory
+  // (ServeShmGet) or sent over the transport (SendGet, FinishGet).
   void HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get);
+  // The read a Get asks for, pinned: role, NCCL link, lease, CheckGetOf (get_request.h), and for
+  // bytes leaving host memory the tier manager's check that they are still the committed ones
+  // (DATA_LOSS, the chunk dropped). On an error nothing stays pinned.
+  StatusOr<storage::ReadView> OpenGet(const GetAsk& ask, bool over_nccl);
+  // Answers with the slot of `view` in the arena; the read stays pinned until ReleaseRead.
+  void ServeShmGet(uint64_t seq, uint64_t rid, const storage::ReadView& view);
+  // Posts the send of `view` with the client's `tag` and waits for it in FinishGet.
+  void SendGet(uint64_t seq, uint64_t rid, const storage::ReadView& view, uint64_t tag);
+  // Counts a Get served (gets, get_bytes).
+  void CountGet(uint64_t bytes);
   // NCCL link (session_nccl.cc): joins the daemon's NCCL transport with the client's.
   void HandleNcclConnect(uint64_t seq, uint64_t rid, proto::NcclConnect::Reader connect);
   // A Get over the link: stages the chunk in device memory (off the io_context thread), sends it
@@ -160,10 +225,23 @@ class Session : public std::enable_shared_from_this<Session> {
   // Gives a staging buffer back to the link (nullptr: nothing).
   void FreeStaging(void* staging);
   void HandleReleaseLease(uint64_t seq, uint64_t rid, proto::ReleaseLease::Reader release);
+  // The end of a put (session_commit.cc): waits for its bytes, runs its commit route
+  // (commit_route.h), ends it in the ledger with the outcome and answers CommitReply.
   // `reserve_next` > 0: on success, also reserve that many bytes ahead (Commit.reserveNext) and
   // answer the held slot in CommitReply.next.
   asio::awaitable<void> FinishCommit(uint64_t seq, uint64_t rid, uint64_t reservation,
                                      uint64_t checksum, uint64_t reserve_next = 0);
+  // A successful put's CommitReply.
+  struct CommitAnswer {
+    uint64_t bytes = 0;         // the put's bytes
+    uint64_t stored_bytes = 0;  // what the tiers hold (compact bytes for a compressed put)
+    uint32_t codec_id = 0;
+    bool already_stored = false;  // a slot held ahead whose chunk was already stored
+  };
+  // Answers `seq` with `answer`, after reserving `reserve_next` bytes ahead (ReserveAheadFor)
+  // when > 0: a held slot goes out in CommitReply.next (with its memfd if the client lacks it).
+  void AnswerCommit(uint64_t seq, uint64_t rid, const CommitAnswer& answer,
+                    uint64_t reserve_next);
   // The codec id lookups and gets of this session use now (0 = raw).
   uint32_t ServedCodecId() const;
   asio::awaitable<void> FinishAbort(uint64_t seq, uint64_t rid, uint64_t reservation);
@@ -179,6 +257,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // place: files `put` (written_in_place) and registers the reservation; returns the slot's
   // PrepareShm reference. On its error the reservation is aborted and nothing is filed.
   StatusOr<ShmRef> HoldShmSlot(uint64_t id, uint64_t offset, PendingPut put);
+  // Sets a reply's ShmSlot to `ref` (fdAttached: ref.fd is set).
+  static void SetShmSlot(const ShmRef& ref, proto::ShmSlot::Builder slot);
   // Completes `seq` with `frame`, attaching ref.fd if set (and remembering what the client has).
   void CompleteShm(uint64_t seq, Frame frame, const ShmRef& ref);
   void HandleReleaseRead(uint64_t seq, uint64_t rid, proto::ReleaseRead::Reader release);
@@ -213,6 +293,10 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::awaitable<void> PumpEvents(uint64_t rid);
 
   Server::Impl* server_;
+  // What the put path (session_put.cc, session_commit.cc) and the read path (session_lookup.cc,
+  // session_get.cc) use of the daemon: the server, seen through session_services.h.
+  PutServices* const put_services_;
+  GetServices* const get_services_;
   const uint64_t id_;
   Socket socket_;
   const std::string peer_;  // remote socket address, for logs

@@ -1,5 +1,5 @@
 // Session requests of the NCCL link: NcclConnect, and Gets over the link. Puts over the link are
-// Reserve/Commit with Reserve.overNccl (session_data.cc): only where their bytes land differs.
+// Reserve/Commit with Reserve.overNccl (session_put.cc, session_commit.cc): only where their bytes land differs.
 #include "kvd/common/logging.h"
 #include "responses.h"
 #include "session.h"
@@ -72,7 +72,7 @@ asio::awaitable<void> Session::FinishNcclGet(uint64_t seq, uint64_t rid, storage
   const uint64_t bytes = view.meta.size_bytes;
   auto fail = [&](const Status& status, void* staging) {
     FreeStaging(staging);
-    server_->tier()->ReleaseRead(view.read_id).IgnoreError();
+    server_->host_tier()->ReleaseRead(view.read_id).IgnoreError();
     CompleteError(seq, rid, status);
   };
   auto staging = link.AcquireStaging(bytes);
@@ -82,7 +82,7 @@ asio::awaitable<void> Session::FinishNcclGet(uint64_t seq, uint64_t rid, storage
   }
   void* dst = *staging;
   const std::byte* src = view.data;
-  storage::GpuTier* gpu = server_->tiers()->gpu();
+  storage::GpuTier* gpu = server_->tier_manager()->gpu();
   const storage::ChunkKey* key = &view.meta.key;  // in this coroutine's frame
   // From the GPU tier's copy when it holds one (device to device; verified when it was stored),
   // else from the leased host bytes.

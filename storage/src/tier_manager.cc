@@ -1,6 +1,8 @@
 #include "kvd/storage/tier_manager.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 #include <unordered_set>
 
 #include "kvd/common/hash.h"
@@ -8,20 +10,57 @@
 
 namespace kvd::storage {
 
+namespace {
+
+std::string TierName(const Tier& tier) { return std::string(TierKindName(tier.kind())); }
+
+}  // namespace
+
 StatusOr<std::unique_ptr<TierManager>> TierManager::Create(const TierManagerOptions& options,
-                                                           HostTier* host, DiskTier* disk,
-                                                           GpuTier* gpu) {
+                                                           std::vector<Tier*> tiers) {
   KVD_RETURN_IF_ERROR(options.Validate());
-  if (host == nullptr) return Status::InvalidArgument("tier manager: a host tier is required");
-  return std::unique_ptr<TierManager>(new TierManager(options, host, disk, gpu));
+  std::optional<size_t> serving;
+  std::unordered_set<const Tier*> seen;
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    const Tier* t = tiers[i];
+    const std::string at = "tier manager: tier " + std::to_string(i);
+    if (t == nullptr) return Status::InvalidArgument(at + " is null");
+    if (!seen.insert(t).second) return Status::InvalidArgument(at + " is listed twice");
+    if (!t->serves_in_place()) continue;
+    if (serving) return Status::InvalidArgument(at + ": a second tier that serves in place");
+    if (dynamic_cast<const HostTier*>(t) == nullptr) {
+      return Status::InvalidArgument(at + " serves in place but is not a HostTier");
+    }
+    serving = i;
+  }
+  if (!serving) return Status::InvalidArgument("tier manager: a host tier is required");
+  for (size_t i = 0; i < *serving; ++i) {
+    if (tiers[i]->durable()) {
+      return Status::InvalidArgument("tier manager: tier " + std::to_string(i) + " (" +
+                                     TierName(*tiers[i]) + ") is durable but above host");
+    }
+  }
+  return std::unique_ptr<TierManager>(new TierManager(options, std::move(tiers), *serving));
 }
 
-TierManager::TierManager(const TierManagerOptions& options, HostTier* host, DiskTier* disk,
-                         GpuTier* gpu)
-    : options_(options), host_(host), disk_(disk), gpu_(gpu) {}
+TierManager::TierManager(const TierManagerOptions& options, std::vector<Tier*> tiers,
+                         size_t serving)
+    : options_(options),
+      tiers_(std::move(tiers)),
+      host_(static_cast<HostTier*>(tiers_[serving])),
+      above_(tiers_.begin(), tiers_.begin() + static_cast<std::ptrdiff_t>(serving)),
+      below_(tiers_.begin() + static_cast<std::ptrdiff_t>(serving) + 1, tiers_.end()) {
+  for (Tier* t : below_) {
+    if (t->durable()) durable_.push_back(t);
+  }
+  for (Tier* t : tiers_) {
+    if (disk_ == nullptr) disk_ = dynamic_cast<DiskTier*>(t);
+    if (gpu_ == nullptr) gpu_ = dynamic_cast<GpuTier*>(t);
+  }
+}
 
 Status TierManager::Commit(ReservationId id, uint64_t checksum, CommitCheck check) {
-  if (disk_ == nullptr) return host_->Commit(id, checksum, check);
+  if (durable_.empty()) return host_->Commit(id, checksum, check);
   // The write-through below copies the bytes out of host memory: verified here, whatever `check`.
   (void)check;
   ReadView pinned;
@@ -34,14 +73,13 @@ Status TierManager::Commit(ReservationId id, uint64_t checksum, CommitCheck chec
   // committed first): the disk Insert waits for it and writes these bytes itself if it failed,
   // so OK and dedup alike mean the chunk is on disk before this commit is acknowledged.
   const ChunkKey key = pinned.meta.key;
-  Status d = Status::Ok();
-  if (s.ok() || !disk_->Contains(key)) {
-    d = disk_->Insert(key, pinned.meta.tokens, pinned.meta.checksum,
-                      std::span<const std::byte>(pinned.data, pinned.meta.size_bytes));
-  }
+  bool host_only = false;  // KeepInHost: as durable as the disk's state allows (host only)
+  Status d = WriteThrough(key, pinned.meta.tokens, pinned.meta.checksum,
+                          std::span<const std::byte>(pinned.data, pinned.meta.size_bytes),
+                          /*only_missing=*/!s.ok(), &host_only);
   host_->ReleaseRead(pinned.read_id).IgnoreError();  // our own live read
-  if (d.ok() || IsDedup(d) || KeepInHost(d)) {
-    host_->MarkDurable(key);  // as durable as the disk's state allows (KeepInHost: host only)
+  if (d.ok() || IsDedup(d)) {
+    host_->MarkDurable(key);
     return s;
   }
   if (!s.ok()) return d.WithContext("write-through of the already stored " + key.ToString());
@@ -50,40 +88,70 @@ Status TierManager::Commit(ReservationId id, uint64_t checksum, CommitCheck chec
   return d.WithContext("write-through of " + key.ToString() + " to the disk tier");
 }
 
-bool TierManager::KeepInHost(const Status& disk_write) const {
-  return !disk_write.ok() && !IsDedup(disk_write) && disk_->writes_stopped() &&
+Status TierManager::WriteThrough(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                                 std::span<const std::byte> bytes, bool only_missing,
+                                 bool* host_only) {
+  Status dedup = Status::Ok();
+  bool all_dedup = true;
+  for (Tier* t : durable_) {
+    if (only_missing && t->Contains(key)) {
+      all_dedup = false;
+      continue;
+    }
+    Status w = t->Insert(key, tokens, checksum, bytes);
+    if (IsDedup(w)) {
+      dedup = std::move(w);
+      continue;
+    }
+    all_dedup = false;
+    if (KeepInHost(*t, w)) {
+      *host_only = true;
+    } else if (!w.ok()) {
+      return w;
+    }
+  }
+  return all_dedup ? dedup : Status::Ok();
+}
+
+bool TierManager::KeepInHost(const Tier& tier, const Status& write) const {
+  return !write.ok() && !IsDedup(write) && tier.writes_stopped() &&
          options_.on_disk_error == TierManagerOptions::OnDiskError::kKeepInHost;
 }
 
-Status TierManager::InsertIntoGpu(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
-                                  std::span<const std::byte> bytes) {
-  while (!gpu_->HasRoomFor(bytes.size())) {
-    const std::vector<ChunkMeta> lru = gpu_->LeastRecentlyUsed(1);
+Status TierManager::InsertAbove(Tier& above, const ChunkKey& key, uint32_t tokens,
+                                uint64_t checksum, std::span<const std::byte> bytes) {
+  while (!above.HasRoomFor(bytes.size())) {
+    const std::vector<ChunkMeta> lru = above.LeastRecentlyUsed(1);
     if (lru.empty()) break;  // everything left is being read: Insert says RESOURCE_EXHAUSTED
-    KVD_RETURN_IF_ERROR(DemoteFromGpu(lru.front()));
+    KVD_RETURN_IF_ERROR(DemoteToHost(above, lru.front()));
   }
-  return gpu_->Insert(key, tokens, checksum, bytes);
+  return above.Insert(key, tokens, checksum, bytes);
 }
 
 Status TierManager::PromoteFromDevice(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
                                       const void* device_src, uint64_t bytes) {
-  if (gpu_ == nullptr) return Status::FailedPrecondition("no gpu tier");
-  if (gpu_->Contains(key)) return Status::AlreadyExists(key.ToString() + " is in the gpu tier");
-  if (!gpu_->HasRoomFor(bytes)) {
+  auto device = std::find_if(above_.begin(), above_.end(),
+                             [](const Tier* t) { return t->kind() == TierKind::kGpu; });
+  if (device == above_.end()) return Status::FailedPrecondition("no gpu tier");
+  Tier& gpu = **device;
+  if (gpu.Contains(key)) return Status::AlreadyExists(key.ToString() + " is in the gpu tier");
+  if (!gpu.HasRoomFor(bytes)) {
     return Status::ResourceExhausted("the gpu tier has no room for " + std::to_string(bytes) +
                                      " bytes now");
   }
-  return gpu_->InsertFromDevice(key, tokens, checksum, device_src, bytes);
+  return gpu.InsertFromDevice(key, tokens, checksum, device_src, bytes);
 }
 
-Status TierManager::DemoteFromGpu(const ChunkMeta& meta) {
-  // Through a host reservation: the GPU copies straight into the host arena (verified), and
-  // Commit verifies again; only then does the GPU copy go.
-  Status moved = PromoteToHost(*gpu_, meta.key);
-  if (!moved.ok() && !IsDedup(moved)) return moved.WithContext("demote from the gpu tier");
-  Status r = gpu_->Remove(meta.key);
+Status TierManager::DemoteToHost(Tier& above, const ChunkMeta& meta) {
+  // Through a host reservation: the tier copies straight into the host arena (verified), and
+  // Commit verifies again; only then does the upper copy go.
+  Status moved = PromoteToHost(above, meta.key);
+  if (!moved.ok() && !IsDedup(moved)) {
+    return moved.WithContext("demote from the " + TierName(above) + " tier");
+  }
+  Status r = above.Remove(meta.key);
   if (!r.ok()) return r;  // being read (FAILED_PRECONDITION) or already gone: not a demotion
-  gpu_->CountDemotion();
+  above.CountDemotion();
   std::lock_guard<std::mutex> lock(counters_mu_);
   demotions_++;
   return Status::Ok();
@@ -113,33 +181,40 @@ bool TierManager::VerifyLeavingHost(const ReadView& view, const char* destinatio
 
 Status TierManager::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
                            std::span<const std::byte> bytes) {
-  if (gpu_ != nullptr && !bytes.empty() && !gpu_->CanEverHold(bytes.size())) {
-    // Demoting would empty the GPU tier and still not make room: host (and disk) directly.
-    std::lock_guard<std::mutex> lock(counters_mu_);
-    if (gpu_skipped_++ == 0) {
-      KVD_LOG(WARNING) << "a chunk is larger than the gpu tier can ever hold; such chunks are "
-                          "stored in host (counted in gpu_skipped)"
-                       << Kv("key", key.ToString()) << Kv("bytes", bytes.size())
-                       << Kv("gpu_capacity", gpu_->capacity_bytes());
+  for (Tier* above : above_) {
+    if (!bytes.empty() && !above->CanEverHold(bytes.size())) {
+      // Demoting would empty the tier and still not make room: the next tier (host) directly.
+      std::lock_guard<std::mutex> lock(counters_mu_);
+      if (gpu_skipped_++ == 0) {
+        KVD_LOG(WARNING) << "a chunk is larger than a tier above host can ever hold; such chunks "
+                            "are stored below it (counted in gpu_skipped)"
+                         << Kv("tier", TierName(*above)) << Kv("key", key.ToString())
+                         << Kv("bytes", bytes.size())
+                         << Kv("capacity", above->GetStats().capacity_bytes);
+      }
+      continue;
     }
-  } else if (gpu_ != nullptr && !host_->Describe(key).ok()) {
-    Status g = InsertIntoGpu(key, tokens, checksum, bytes);
+    if (host_->Describe(key).ok()) break;  // a dedup in host, below
+    Status g = InsertAbove(*above, key, tokens, checksum, bytes);
     if (g.code() == StatusCode::kDataLoss || g.code() == StatusCode::kInvalidArgument) return g;
     if (g.ok() || IsDedup(g)) {
-      if (disk_ == nullptr) return g;
-      Status d = disk_->Insert(key, tokens, checksum, bytes);
+      if (durable_.empty()) return g;
+      bool host_only = false;  // in the tier above only while disk writes are stopped
+      Status d = WriteThrough(key, tokens, checksum, bytes, /*only_missing=*/false, &host_only);
+      if (host_only) return g;
       if (d.ok() || IsDedup(d)) return IsDedup(g) && IsDedup(d) ? g : Status::Ok();
-      if (KeepInHost(d)) return g;  // in the GPU tier only while disk writes are stopped
-      if (g.ok()) gpu_->Remove(key).IgnoreError();  // not durable: not acknowledged either
+      if (g.ok()) above->Remove(key).IgnoreError();  // not durable: not acknowledged either
       return d.WithContext("insert of " + key.ToString());
     }
     // No room even after demoting, or the device failed: the host path below.
-    KVD_LOG(WARNING) << "gpu tier could not take a chunk; storing it in host"
-                     << Kv("key", key.ToString()) << Kv("status", g);
+    KVD_LOG(WARNING) << "tier above host could not take a chunk; storing it below"
+                     << Kv("tier", TierName(*above)) << Kv("key", key.ToString())
+                     << Kv("status", g);
   }
-  if (disk_ == nullptr) return host_->Insert(key, tokens, checksum, bytes);
-  Status d = disk_->Insert(key, tokens, checksum, bytes);
-  if (KeepInHost(d)) return host_->Insert(key, tokens, checksum, bytes);
+  if (durable_.empty()) return host_->Insert(key, tokens, checksum, bytes);
+  bool host_only = false;
+  Status d = WriteThrough(key, tokens, checksum, bytes, /*only_missing=*/false, &host_only);
+  if (host_only) return host_->Insert(key, tokens, checksum, bytes);
   if (!d.ok() && !IsDedup(d)) return d.WithContext("insert of " + key.ToString());
   Status h = host_->Insert(key, tokens, checksum, bytes);
   if (IsDedup(h)) host_->MarkDurable(key);  // a host copy committed pending: on disk now
@@ -164,11 +239,22 @@ Status TierManager::PromoteToHost(Tier& from, const ChunkKey& key) {
   return Status::Ok();
 }
 
+Tier* TierManager::FindForLookup(const ChunkKey& key) {
+  for (Tier* t : above_) {
+    if (t->Touch(key)) return t;  // copied down for the serve path; the tier keeps it
+  }
+  if (!options_.promote_on_hit) return nullptr;
+  for (Tier* t : below_) {
+    if (t->Contains(key)) return t;
+  }
+  return nullptr;
+}
+
 StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
-  const bool from_disk = disk_ != nullptr && options_.promote_on_hit;
-  if (!from_disk && gpu_ == nullptr) return host_->Lookup(request);
-  // Walk the prefix: chunks in host are pinned by a short read, disk-only ones are promoted
-  // (and then pinned), so promoting chunk i cannot evict chunks 0..i-1 of the same prefix.
+  const bool from_below = !below_.empty() && options_.promote_on_hit;
+  if (!from_below && above_.empty()) return host_->Lookup(request);
+  // Walk the prefix: chunks in host are pinned by a short read, others are promoted (and then
+  // pinned), so promoting chunk i cannot evict chunks 0..i-1 of the same prefix.
   // Up to the first repeated hash, where HostTier::Lookup ends the prefix too.
   std::vector<ReadId> pins;
   const size_t distinct = DistinctPrefix(request.chunk_hashes);
@@ -176,14 +262,8 @@ StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
     const ChunkKey key = request.KeyAt(i);
     auto view = host_->GetByKey(key, request.owner);
     if (!view.ok()) {
-      Tier* from = nullptr;
-      if (gpu_ != nullptr && gpu_->Touch(key)) {
-        from = gpu_;  // copied down for the serve path; the GPU keeps it
-      } else if (from_disk && disk_->Contains(key)) {
-        from = disk_;
-      } else {
-        break;
-      }
+      Tier* from = FindForLookup(key);
+      if (from == nullptr) break;
       if (Status p = PromoteToHost(*from, key); !p.ok() && !IsDedup(p)) {
         // No room in host, or corrupt / unreadable in that tier: the prefix ends here.
         {
@@ -192,18 +272,19 @@ StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
           if (p.code() != StatusCode::kResourceExhausted) promote_errors_++;
         }
         KVD_LOG(WARNING) << "copy into host failed; lookup prefix shortened"
-                         << Kv("from", TierKindName(from->kind())) << Kv("key", key.ToString())
+                         << Kv("from", TierName(*from)) << Kv("key", key.ToString())
                          << Kv("status", p);
         break;
       }
       view = host_->GetByKey(key, request.owner);
       if (!view.ok()) break;
-    } else if (gpu_ != nullptr && options_.promote_on_hit && !gpu_->Touch(key) &&
-               gpu_->HasRoomFor(view->meta.size_bytes)) {
-      // A host hit goes up into the GPU tier when it has room now (best effort), unless its
-      // host copy changed after the commit: then it is dropped and the prefix ends here.
-      if (!VerifyLeavingHost(*view, "gpu")) break;
-      gpu_->Insert(key, view->meta.tokens, view->meta.checksum,
+    } else if (!above_.empty() && options_.promote_on_hit && !above_.back()->Touch(key) &&
+               above_.back()->HasRoomFor(view->meta.size_bytes)) {
+      // A host hit goes up into the tier right above host when it has room now (best effort),
+      // unless its host copy changed after the commit: then it is dropped and the prefix ends.
+      if (!VerifyLeavingHost(*view, TierName(*above_.back()).c_str())) break;
+      above_.back()
+          ->Insert(key, view->meta.tokens, view->meta.checksum,
                    std::span<const std::byte>(view->data, view->meta.size_bytes))
           .IgnoreError();
     }
@@ -217,42 +298,51 @@ StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
 StatusOr<DemoteResult> TierManager::MaybeDemote() {
   DemoteResult out;
   std::lock_guard<std::mutex> pass(demote_mu_);
-  if (gpu_ != nullptr && gpu_->Occupancy() > options_.high_watermark) {
-    while (gpu_->Occupancy() > options_.low_watermark) {
-      const std::vector<ChunkMeta> lru = gpu_->LeastRecentlyUsed(1);
-      if (lru.empty() || !DemoteFromGpu(lru.front()).ok()) break;  // all read, or host full
+  for (Tier* above : above_) {
+    if (above->Occupancy() <= options_.high_watermark) continue;
+    while (above->Occupancy() > options_.low_watermark) {
+      const std::vector<ChunkMeta> lru = above->LeastRecentlyUsed(1);
+      if (lru.empty() || !DemoteToHost(*above, lru.front()).ok()) break;  // all read / host full
       out.gpu_demoted++;
     }
   }
   out.occupancy_before = host_->Occupancy();
   out.occupancy_after = out.occupancy_before;
-  if (disk_ == nullptr || out.occupancy_before <= options_.high_watermark) return out;
+  if (below_.empty() || out.occupancy_before <= options_.high_watermark) return out;
   // Stopped disk writes: the host copies are the only ones of some chunks; none is dropped.
-  if (disk_->writes_stopped()) return out;
+  for (const Tier* t : below_) {
+    if (t->writes_stopped()) return out;
+  }
+  Status s = DemoteHost(*below_.front(), out);
+  out.occupancy_after = host_->Occupancy();
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> lock(counters_mu_);
+  demotions_ += out.demoted;
+  return out;
+}
+
+Status TierManager::DemoteHost(Tier& below, DemoteResult& out) {
   while (host_->Occupancy() > options_.low_watermark) {
     const std::vector<ChunkMeta> batch = host_->LeastRecentlyUsed(16);
     if (batch.empty()) break;  // everything left is pinned
     bool progressed = false;
     for (const ChunkMeta& m : batch) {
       if (host_->Occupancy() <= options_.low_watermark) break;
-      if (!disk_->Contains(m.key)) {  // written through already in the common case
+      if (!below.Contains(m.key)) {  // written through already in the common case
         auto view = host_->GetByKey(m.key, 0);
         if (!view.ok()) {
           out.skipped++;
           continue;
         }
-        if (!VerifyLeavingHost(*view, "disk")) {
+        if (!VerifyLeavingHost(*view, TierName(below).c_str())) {
           out.corrupt_dropped++;
           progressed = true;  // its space is free (or will be at its last unpin)
           continue;
         }
-        Status s = disk_->Insert(m.key, view->meta.tokens, view->meta.checksum,
-                                 std::span<const std::byte>(view->data, view->meta.size_bytes));
+        Status s = below.Insert(m.key, view->meta.tokens, view->meta.checksum,
+                                std::span<const std::byte>(view->data, view->meta.size_bytes));
         host_->ReleaseRead(view->read_id).IgnoreError();  // our own live read
-        if (!s.ok() && !IsDedup(s)) {
-          out.occupancy_after = host_->Occupancy();
-          return s.WithContext("demote " + m.key.ToString());
-        }
+        if (!s.ok() && !IsDedup(s)) return s.WithContext("demote " + m.key.ToString());
       }
       // Copied: drop it from host unless somebody pinned it meanwhile (then it stays in both).
       if (host_->Remove(m.key).ok()) {
@@ -265,10 +355,7 @@ StatusOr<DemoteResult> TierManager::MaybeDemote() {
     }
     if (!progressed) break;
   }
-  out.occupancy_after = host_->Occupancy();
-  std::lock_guard<std::mutex> lock(counters_mu_);
-  demotions_ += out.demoted;
-  return out;
+  return Status::Ok();
 }
 
 std::vector<ChunkMeta> TierManager::List(const ChunkFilter& filter, size_t limit) const {
@@ -276,9 +363,7 @@ std::vector<ChunkMeta> TierManager::List(const ChunkFilter& filter, size_t limit
   // highest tier's copy; the limit counts distinct chunks.
   std::vector<ChunkMeta> out;
   std::unordered_set<ChunkKey, ChunkKeyHasher> seen;
-  for (const Tier* t : {static_cast<const Tier*>(gpu_), static_cast<const Tier*>(host_),
-                        static_cast<const Tier*>(disk_)}) {
-    if (t == nullptr) continue;
+  for (const Tier* t : tiers_) {
     for (ChunkMeta& m : t->List(filter, 0)) {
       if (limit != 0 && out.size() >= limit) return out;
       if (seen.insert(m.key).second) out.push_back(std::move(m));
@@ -288,16 +373,17 @@ std::vector<ChunkMeta> TierManager::List(const ChunkFilter& filter, size_t limit
 }
 
 EvictResult TierManager::Evict(const ChunkFilter& filter) {
-  // Per chunk, so that a chunk with copies in two tiers counts once. The lower tiers go first:
-  // once the disk and GPU copies are gone, a concurrent lookup cannot copy the chunk back into
-  // host between the removals.
+  // Per chunk, so that a chunk with copies in two tiers counts once. The other tiers go first,
+  // from the bottom up: once their copies are gone, a concurrent lookup cannot copy the chunk
+  // back into host between the removals.
+  std::vector<Tier*> order(below_.rbegin(), below_.rend());
+  order.insert(order.end(), above_.rbegin(), above_.rend());
+  order.push_back(host_);
   EvictResult out;
   for (const ChunkMeta& m : List(filter, 0)) {
     const ChunkFilter one = ChunkFilter::Key(m.key);
     bool deferred = false, removed = false;
-    for (Tier* t :
-         {static_cast<Tier*>(disk_), static_cast<Tier*>(gpu_), static_cast<Tier*>(host_)}) {
-      if (t == nullptr) continue;
+    for (Tier* t : order) {
       const EvictResult r = t->Evict(one);
       deferred = deferred || r.deferred > 0;
       removed = removed || r.evicted > 0;
@@ -314,16 +400,12 @@ EvictResult TierManager::Evict(const ChunkFilter& filter) {
 
 std::vector<TierStats> TierManager::GetStats() const {
   std::vector<TierStats> out;
-  if (gpu_ != nullptr) out.push_back(gpu_->GetStats());
-  out.push_back(host_->GetStats());
-  if (disk_ != nullptr) out.push_back(disk_->GetStats());
+  for (const Tier* t : tiers_) out.push_back(t->GetStats());
   return out;
 }
 
 void TierManager::SetEventListener(ChunkEventListener* listener) {
-  host_->SetEventListener(listener);
-  if (disk_ != nullptr) disk_->SetEventListener(listener);
-  if (gpu_ != nullptr) gpu_->SetEventListener(listener);
+  for (Tier* t : tiers_) t->SetEventListener(listener);
 }
 
 uint64_t TierManager::promotions() const {

@@ -214,6 +214,22 @@ def test_deployment_files_carry_the_project_version():
     assert 'input = "../../CMakeLists.txt"' in pyproject
 
 
+def test_docs_state_the_project_version():
+    """The user docs may state the version (an image tag, a line of kvd's log): each statement
+    is the project version, so a release that bumps it finds every stale one here."""
+    version = project_version()
+    docs = os.path.join(ROOT, "docs")
+    pages = [os.path.join(docs, n) for n in sorted(os.listdir(docs)) if n.endswith(".md")]
+    stated = []
+    for page in pages + [os.path.join(ROOT, "README.md")]:
+        with open(page) as f:
+            for m in re.finditer(r"\bkvd[: ](\d+\.\d+\.\d+)\b", f.read()):
+                stated.append((os.path.relpath(page, ROOT), m.group(0), m.group(1)))
+    assert stated, "no page states kvd's version: drop this test or the pattern is wrong"
+    stale = [(page, text) for page, text, v in stated if v != version]
+    assert not stale, f"pages stating another version than {version}: {stale}"
+
+
 def test_bad_topology_in_the_check_is_caught(tmp_path):
     # The check above can fail: a topology with an unknown key is refused by kvd.
     with pytest.raises(AssertionError, match="refused the topology"):

@@ -44,7 +44,7 @@ class HostDiskFixture : public ::testing::Test {
     disk_ = std::move(d).value();
   }
   void CreateManager(const TierManagerOptions& options) {
-    auto m = TierManager::Create(options, host_.get(), disk_.get());
+    auto m = TierManager::Create(options, {host_.get(), disk_.get()});
     ASSERT_TRUE(m.ok()) << m.status();
     manager_ = std::move(m).value();
   }

@@ -39,7 +39,7 @@ class TierManagerGpuTest : public ::testing::Test {
     TierManagerOptions o;
     o.high_watermark = 0.75;  // 3 of 4 GPU chunks
     o.low_watermark = 0.5;    // 2 of 4
-    auto m = TierManager::Create(o, host_.get(), nullptr, gpu_.get());
+    auto m = TierManager::Create(o, {gpu_.get(), host_.get()});
     ASSERT_TRUE(m.ok()) << m.status();
     manager_ = std::move(m).value();
     for (int i = 0; i < 12; ++i) chunks_.push_back(RandomBytes(kChunk, 300 + i));
@@ -129,7 +129,7 @@ TEST_F(TierManagerGpuTest, ACommittedChunkOnTheDeviceIsCopiedUpWithoutTheHostWhe
   EXPECT_EQ(full.code(), StatusCode::kResourceExhausted) << full;
   EXPECT_FALSE(gpu_->Contains(MakeKey(4)));
   EXPECT_EQ(manager_->demotions(), 0u) << "no demotion for an eager copy";
-  auto no_gpu = TierManager::Create(TierManagerOptions{}, host_.get(), nullptr, nullptr);
+  auto no_gpu = TierManager::Create(TierManagerOptions{}, {host_.get()});
   ASSERT_TRUE(no_gpu.ok());
   EXPECT_EQ((*no_gpu)->PromoteFromDevice(MakeKey(4), 256, sum, device, kChunk).code(),
             StatusCode::kFailedPrecondition);

@@ -42,11 +42,10 @@ class TierManagerTest : public testing::HostDiskFixture {
 TEST_F(TierManagerTest, RejectsBadOptions) {
   TierManagerOptions o;
   o.low_watermark = 0.95;
-  auto m = TierManager::Create(o, host_.get(), nullptr);
+  auto m = TierManager::Create(o, {host_.get()});
   EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(m.status(), "low_watermark")) << m.status();
-  EXPECT_EQ(TierManager::Create({}, nullptr, nullptr).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(TierManager::Create({}, {nullptr}).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(TierManagerTest, DemotesLeastRecentlyUsedAboveHighWatermark) {
@@ -165,7 +164,7 @@ TEST_F(TierManagerTest, DiskChunksAreServedAfterARestart) {
   disk_.reset();
   OpenDisk();  // "restart": a fresh host tier would be empty; the disk index is rebuilt
   ASSERT_TRUE(host_->Evict(ChunkFilter::All()).evicted == 0);
-  auto m = TierManager::Create({}, host_.get(), disk_.get());
+  auto m = TierManager::Create({}, {host_.get(), disk_.get()});
   ASSERT_TRUE(m.ok());
   auto r = (*m)->Lookup(ChainRequest(0, 2));
   ASSERT_TRUE(r.ok());
@@ -341,7 +340,7 @@ TEST_F(TierManagerTest, FailedDiskWriteFailsTheCommitAndLeavesNothingInHost) {
   auto d = DiskTier::Open(o);
   ASSERT_TRUE(d.ok()) << d.status();
   disk_ = std::move(d).value();
-  auto m = TierManager::Create({}, host_.get(), disk_.get());
+  auto m = TierManager::Create({}, {host_.get(), disk_.get()});
   ASSERT_TRUE(m.ok());
   Status s = ManagerPut(**m, MakeKey(3), RandomBytes(kChunk, 3));
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
@@ -379,7 +378,7 @@ TEST_F(TierManagerTest, WithADiskTierATrustedCommitIsStillVerifiedBeforeTheWrite
   EXPECT_FALSE(disk_->Contains(MakeKey(8)));
   EXPECT_EQ(host_->Describe(MakeKey(8)).status().code(), StatusCode::kNotFound);
   // Without a disk tier the host tier records it unread.
-  auto m = TierManager::Create({}, host_.get(), nullptr);
+  auto m = TierManager::Create({}, {host_.get()});
   ASSERT_TRUE(m.ok());
   auto r2 = host_->Reserve(MakeKey(9), bytes.size(), 256, /*owner=*/1);
   ASSERT_TRUE(r2.ok()) << r2.status();
@@ -390,7 +389,7 @@ TEST_F(TierManagerTest, WithADiskTierATrustedCommitIsStillVerifiedBeforeTheWrite
 }
 
 TEST_F(TierManagerTest, WithoutADiskTierCommitAndInsertAreTheHostTiers) {
-  auto m = TierManager::Create({}, host_.get(), nullptr);
+  auto m = TierManager::Create({}, {host_.get()});
   ASSERT_TRUE(m.ok());
   ASSERT_TRUE(ManagerPut(**m, MakeKey(1), RandomBytes(kChunk, 1)).ok());
   EXPECT_TRUE(host_->Describe(MakeKey(1)).ok());
@@ -437,7 +436,7 @@ TEST_F(TierManagerTest, EveryTierTellsItsListenerWhatItStoresAndRemovesAndWhy) {
 }
 
 TEST_F(TierManagerTest, HostEvictionForRoomIsAnEvictedEvent) {
-  auto m = TierManager::Create({}, host_.get(), nullptr);  // no disk: LRU eviction drops
+  auto m = TierManager::Create({}, {host_.get()});  // no disk: LRU eviction drops
   ASSERT_TRUE(m.ok());
   Recorder rec;
   (*m)->SetEventListener(&rec);

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvd/cluster/membership.h"
 #include "kvd/common/layout.h"
 #include "kvd/common/status.h"
 #include "kvd/daemon/compression_policy.h"
@@ -288,6 +289,13 @@ struct DaemonConfig {
   AuthOptions auth;
   QuotaOptions quotas;
   ProtocolOptions protocol;
+  // The cluster this node is a member of (YAML `cluster`: etcd, name, node, lease_ttl_s, token;
+  // see kvd/cluster/membership.h). Absent (default): a single node that never talks to etcd.
+  // Present: kvd registers in etcd at start and keeps a member list (docs/deployment.md
+  // "Cluster"); etcd being unreachable never stops kvd from serving its own node.
+  std::optional<cluster::MembershipOptions> cluster;
+  // `cluster` with cluster.node defaulted to node_name; nullopt without a cluster.
+  std::optional<cluster::MembershipOptions> ResolvedCluster() const;
   // Where daemon state other than chunks (VECTOR calibration weights) is saved WITHOUT a disk
   // tier: files in this directory. YAML `state_dir`. "" (default) = the directory of the config
   // file kvd was started with (`config_dir`, set by kvd); with neither (embedded default config)

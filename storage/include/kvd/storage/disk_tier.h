@@ -90,6 +90,7 @@ class DiskTier final : public Tier {
   DiskTier& operator=(const DiskTier&) = delete;
 
   TierKind kind() const override { return TierKind::kDisk; }
+  bool durable() const override { return true; }
   // Also: RESOURCE_EXHAUSTED when bytes > capacity_bytes; UNAVAILABLE on a RocksDB write error;
   // FAILED_PRECONDITION while writes are stopped (Health().writes_stopped; nothing written).
   Status Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
@@ -104,7 +105,7 @@ class DiskTier final : public Tier {
   void SetEventListener(ChunkEventListener* listener) override;
 
   // Whether the chunk is in the index (cheap; no I/O).
-  bool Contains(const ChunkKey& key) const;
+  bool Contains(const ChunkKey& key) const override;
   // Chunks restored from the database by Open.
   uint64_t restored_chunks() const;
   // Metadata records Open could not decode: logged, left in the database untouched and not
@@ -127,7 +128,7 @@ class DiskTier final : public Tier {
   // The database's state (see DiskHealthReport). Thread-safe.
   DiskHealthReport Health() const;
   // Health().writes_stopped, cheaply.
-  bool writes_stopped() const;
+  bool writes_stopped() const override;
   // Flushes memtables to SST files (tests, clean shutdown with use_wal=false).
   Status Flush();
 

@@ -73,25 +73,25 @@ class GpuTier final : public Tier {
   // Insert's contract with `device_src` a device pointer of this tier's device (copied on the
   // device). The checksum is recorded, not verified.
   Status InsertFromDevice(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
-                          const void* device_src, uint64_t bytes);
+                          const void* device_src, uint64_t bytes) override;
   // ReadInto's contract into device memory (`capacity` bytes at `device_dst`); not verified.
   StatusOr<ChunkMeta> ReadIntoDevice(const ChunkKey& key, void* device_dst, uint64_t capacity);
 
-  // ---- for the TierManager ----
-  bool Contains(const ChunkKey& key) const;
+  // ---- placement queries (tier.h) ----
+  bool Contains(const ChunkKey& key) const override;
   // Counts one lookup of `key`: a hit (true, the chunk becomes most recently used) or a miss.
-  bool Touch(const ChunkKey& key);
+  bool Touch(const ChunkKey& key) override;
   // Up to `max_chunks` unpinned chunks, least recently used first.
-  std::vector<ChunkMeta> LeastRecentlyUsed(size_t max_chunks) const;
+  std::vector<ChunkMeta> LeastRecentlyUsed(size_t max_chunks) const override;
   // Allocated bytes (incl. alignment padding) / capacity, in [0, 1].
-  double Occupancy() const;
+  double Occupancy() const override;
   // Whether a chunk of `bytes` fits now without demoting anything.
-  bool HasRoomFor(uint64_t bytes) const;
+  bool HasRoomFor(uint64_t bytes) const override;
   // Whether a chunk of `bytes` could be held at all: 1..max_chunk_bytes (when set) and, rounded
   // up to the alignment, within the capacity. False means demoting makes no room for it.
-  bool CanEverHold(uint64_t bytes) const;
+  bool CanEverHold(uint64_t bytes) const override;
   // Counts a chunk moved down to host (TierManager's demotion) as an eviction.
-  void CountDemotion();
+  void CountDemotion() override;
 
   std::string device_name() const;
   uint64_t capacity_bytes() const;

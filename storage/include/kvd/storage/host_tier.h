@@ -307,6 +307,7 @@ class HostTier final : public Tier {
 
   // ---- Tier ----
   TierKind kind() const override { return TierKind::kHost; }
+  bool serves_in_place() const override { return true; }
   Status Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
                 std::span<const std::byte> bytes) override;
   StatusOr<ChunkMeta> ReadInto(const ChunkKey& key, std::span<std::byte> out) override;
@@ -320,9 +321,9 @@ class HostTier final : public Tier {
   // ---- for the TierManager ----
 
   // Up to `max_chunks` committed, unpinned chunks in least-recently-used order (oldest first).
-  std::vector<ChunkMeta> LeastRecentlyUsed(size_t max_chunks) const;
+  std::vector<ChunkMeta> LeastRecentlyUsed(size_t max_chunks) const override;
   // used_bytes + reserved bytes in arena terms (incl. padding) / capacity, in [0, 1].
-  double Occupancy() const;
+  double Occupancy() const override;
 
   ArenaStats GetArenaStats() const;
   // Segments (options.segment_bytes; 0 = one segment spanning the arena). A chunk at region

@@ -86,15 +86,17 @@ struct DiskTierOptions {
   Status Validate() const;
 };
 
-// TierManager: placement between the host tier and the disk tier.
+// TierManager: placement across its tiers (tier_manager.h).
 struct TierManagerOptions {
   // When the host tier's used + reserved bytes exceed this fraction of its capacity, its
-  // least-recently-used unpinned chunks are copied to disk and dropped from host until usage is
-  // back under low_watermark. Default 0.90. Range (0, 1].
+  // least-recently-used unpinned chunks are copied to the tier below host (disk) and dropped from
+  // host until usage is back under low_watermark; a tier above host (GPU) is moved down to host
+  // the same way above its own. Default 0.90. Range (0, 1].
   double high_watermark = 0.90;
   // Target of a demotion pass. Default 0.75. Range [0, high_watermark].
   double low_watermark = 0.75;
-  // Copy a chunk found only on disk back to host memory on a Lookup hit. Default true.
+  // Copy a chunk found only below host (on disk) back to host memory on a Lookup hit, and a host
+  // hit up into the tier right above host when it has room. Default true.
   bool promote_on_hit = true;
   // What a put gets while the disk tier's writes are stopped (DiskTier::Health().writes_stopped:
   // a RocksDB background error). kKeepInHost (default): the put is acknowledged once it is in

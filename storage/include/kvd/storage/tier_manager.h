@@ -1,5 +1,15 @@
-// TierManager: THE store path of committed chunks, and placement across the host tier and
-// (optionally) the disk tier.
+// TierManager: THE store path of committed chunks, and placement across an ordered list of tiers.
+//
+// Tiers: the manager is given its tiers fastest first (the daemon: GPU, host, disk, each when
+// configured). Exactly one serves in place (Tier::serves_in_place: the HostTier, "host" below);
+// what the manager does with every other tier follows from its place relative to host and from
+// its capability queries (tier.h), never from its type:
+// - a tier ABOVE host (the GPU tier) is a cache that chunks produced in the daemon land in first,
+//   moved down to host under pressure and copied up on a hit;
+// - a tier BELOW host is where host demotes to under pressure and promotes from on a hit; a
+//   durable one (Tier::durable: the disk tier) also gets every committed chunk written through.
+// A durable tier above host is refused. Below, "disk tier" reads "durable tiers" and "GPU tier"
+// "tiers above host"; with several, each is written / probed in list order.
 //
 // Store contract (every store of a committed chunk goes through here):
 // - Commit(reservation, checksum): commit of a host reservation (bytes written in place by the
@@ -10,7 +20,7 @@
 //   kill -9 of the process (not a power loss unless DiskTierOptions::sync_writes). If the disk
 //   write fails the call fails (UNAVAILABLE naming the key) and the chunk is not acknowledged.
 //   While the disk tier's writes are stopped by a RocksDB background error
-//   (DiskTier::writes_stopped), options.on_disk_error decides: kKeepInHost (default) makes OK
+//   (Tier::writes_stopped), options.on_disk_error decides: kKeepInHost (default) makes OK
 //   mean published in host memory only, as without a disk tier, and MaybeDemote drops nothing;
 //   kFailPuts keeps the failure.
 //   Without a disk tier, OK means published in host memory; under pressure the host tier then
@@ -21,21 +31,22 @@
 //   reservation only ever drops copies. The disk tier's own capacity (DiskTierOptions::
 //   capacity_bytes) bounds what is kept: above it the disk tier evicts its least-recently-used
 //   chunks (documented policy, counted in its evictions).
-// - Dedup: a key already stored returns ALREADY_EXISTS with Reason::kDedup (IsDedup); with a disk tier the
-//   stored chunk is copied to disk first if it has no disk copy yet. A dedup is as durable as an
-//   OK: while the first writer's disk write of a chunk is in progress, the chunk is served but a
-//   host Reserve of its key is not a dedup (Durability::kPending), and a second writer's Commit
-//   waits for that write (writing the chunk itself if it fails) before it returns.
+// - Dedup: a key already stored returns ALREADY_EXISTS with Reason::kDedup (IsDedup); with a disk
+//   tier the stored chunk is copied to disk first if it has no disk copy yet. A dedup is as
+//   durable as an OK: while the first writer's disk write of a chunk is in progress, the chunk is
+//   served but a host Reserve of its key is not a dedup (Durability::kPending), and a second
+//   writer's Commit waits for that write (writing the chunk itself if it fails) before it returns.
 //
 // Placement:
-// - MaybeDemote(): when the host tier's occupancy is above high_watermark, drops its
-//   least-recently-used unpinned chunks from host (copying any without a disk copy first) until
-//   occupancy is at or below low_watermark, keeping room free for reservations. The daemon calls
-//   it from a timer and after commits. Without a disk tier it does nothing.
+// - MaybeDemote(): when the host tier's occupancy is above high_watermark, moves its
+//   least-recently-used unpinned chunks to the first tier below host (copying any it lacks
+//   first) until occupancy is at or below low_watermark, keeping room free for reservations.
+//   The daemon calls it from a timer and after commits. Without a tier below host it does
+//   nothing.
 // - Lookup(): the host tier's Lookup, after promoting into host the chunks of the requested
-//   prefix that are only on disk (when promote_on_hit), so the result and its lease cover both
-//   tiers. A chunk whose disk copy is corrupt stops the prefix there (it is dropped by the disk
-//   tier, counted in its checksum_failures, logged) and is counted in promote_failures().
+//   prefix that are only in a tier below (when promote_on_hit), so the result and its lease cover
+//   every tier. A chunk whose lower copy is corrupt stops the prefix there (it is dropped by the
+//   disk tier, counted in its checksum_failures, logged) and is counted in promote_failures().
 // - List / Evict / stats span every tier; List and Evict count a chunk once however many
 //   tiers hold a copy of it.
 //
@@ -45,14 +56,15 @@
 //   first moves its least-recently-used chunks down to host (copy to host, then drop from the
 //   GPU: never a drop without a copy); if it still cannot take the chunk (or its device fails),
 //   the chunk takes the host path instead. A chunk the GPU tier can never hold (larger than its
-//   capacity or max_chunk_bytes: GpuTier::CanEverHold) takes the host path at once, demoting
+//   capacity or max_chunk_bytes: Tier::CanEverHold) takes the host path at once, demoting
 //   nothing, and is counted in gpu_skipped(). A key already in host is a dedup, as before.
 // - Lookup: a chunk of the prefix that is only in the GPU tier is copied into host (the serve
 //   path reads host memory) and stays in the GPU, most recently used; with promote_on_hit a host
-//   hit is also copied up into the GPU tier when it has room now (no demotion for it).
+//   hit is also copied up into the tier right above host when it has room now (no demotion).
 // - PromoteFromDevice: a committed chunk whose bytes are also in device memory (a put that
-//   arrived over NCCL) is copied device to device into the GPU tier when it has room now, the
-//   same eager copy up as a host hit's, without the host round trip.
+//   arrived over NCCL) is copied device to device into the GPU tier (the tier above host whose
+//   kind() is kGpu) when it has room now, the same eager copy up as a host hit's, without the
+//   host round trip.
 // - MaybeDemote first moves GPU chunks down to host while the GPU tier is above high_watermark
 //   (to low_watermark), then runs the host pass.
 //
@@ -63,6 +75,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <vector>
@@ -77,8 +90,8 @@
 namespace kvd::storage {
 
 struct DemoteResult {
-  uint64_t gpu_demoted = 0;      // chunks copied from the GPU tier to host and dropped from the GPU
-  uint64_t demoted = 0;          // chunks copied to disk and dropped from host
+  uint64_t gpu_demoted = 0;      // chunks copied from tiers above host to host and dropped there
+  uint64_t demoted = 0;          // chunks copied to the tier below host and dropped from host
   uint64_t bytes = 0;            // their payload bytes
   uint64_t skipped = 0;          // chunks that became pinned or vanished meanwhile
   uint64_t corrupt_dropped = 0;  // host copies whose bytes no longer matched their checksum
@@ -88,11 +101,11 @@ struct DemoteResult {
 
 class TierManager {
  public:
-  // `host` is required; `disk` and `gpu` may be null. None is owned; all outlive this.
-  // Errors: INVALID_ARGUMENT (options.Validate(), null host).
+  // `tiers` fastest first (see the file comment); none is owned, all outlive this.
+  // Errors: INVALID_ARGUMENT (options.Validate(), a null or repeated tier, not exactly one tier
+  // that serves in place, a serving tier that is not a HostTier, a durable tier above it).
   static StatusOr<std::unique_ptr<TierManager>> Create(const TierManagerOptions& options,
-                                                       HostTier* host, DiskTier* disk,
-                                                       GpuTier* gpu = nullptr);
+                                                       std::vector<Tier*> tiers);
 
   // Commit of host reservation `id` (HostTier::Commit's errors), then, with a disk tier, the
   // durable disk write (UNAVAILABLE / RESOURCE_EXHAUSTED from the disk tier, with context; the
@@ -128,15 +141,16 @@ class TierManager {
   StatusOr<DemoteResult> MaybeDemote();
 
   // Matching chunks of every tier, each chunk ONCE (a chunk with copies in two tiers is listed
-  // as its highest tier's copy: GPU, then host, then disk), up to `limit` distinct chunks
-  // (0 = no limit).
+  // as its highest tier's copy, in list order: GPU, then host, then disk), up to `limit`
+  // distinct chunks (0 = no limit).
   std::vector<ChunkMeta> List(const ChunkFilter& filter, size_t limit) const;
-  // Evicts matching chunks from every tier (lower tiers first, so that a concurrent lookup
-  // cannot copy a chunk back up meanwhile). Counted per chunk, not per copy: `deferred` = chunks
-  // with a copy pinned by a lease or read (hidden now, freed at the last unpin), `evicted` and
-  // `bytes` = the other chunks removed (their payload bytes once).
+  // Evicts matching chunks from every tier (the tiers other than host from the bottom of the
+  // list up, then host, so that a concurrent lookup cannot copy a chunk back up meanwhile). Counted
+  // per chunk, not per copy: `deferred` = chunks with a copy pinned by a lease or read (hidden now,
+  // freed at the last unpin), `evicted` and `bytes` = the other chunks removed (their payload bytes
+  // once).
   EvictResult Evict(const ChunkFilter& filter);
-  // GPU stats first if present, then host, then disk if present.
+  // One per tier, in list order (GPU, host, disk for the daemon's tiers).
   std::vector<TierStats> GetStats() const;
 
   // Sets the chunk event listener of every tier (chunk_events.h; not owned, null = nobody):
@@ -146,7 +160,7 @@ class TierManager {
 
   uint64_t promotions() const;
   uint64_t demotions() const;
-  // Promotions from disk that failed (corrupt disk copy, disk read error, no room in host).
+  // Promotions into host that failed (corrupt lower copy, read error, no room in host).
   uint64_t promote_failures() const;
   // Of promote_failures(), those that were not a lack of room in host: a corrupt or unreadable
   // copy in the lower tier (damage, not load).
@@ -157,34 +171,52 @@ class TierManager {
   // at the last unpin), logs one line and counts it in host_corrupt_dropped(). Thread-safe.
   bool VerifyLeavingHost(const ReadView& view, const char* destination);
 
-  // Inserts that skipped the GPU tier because it can never hold the chunk (see the file comment).
+  // Inserts that skipped a tier above host because it can never hold the chunk (see the file
+  // comment).
   uint64_t gpu_skipped() const;
   // Host copies found changed after their commit when they were about to leave host memory
   // (demotion to disk, a copy up into the GPU tier) and dropped instead (never written on).
   uint64_t host_corrupt_dropped() const;
 
+  // The serving tier, and the first DiskTier / GpuTier of the list (null when there is none),
+  // for callers that use what only those classes offer.
   HostTier* host() const { return host_; }
   DiskTier* disk() const { return disk_; }
   GpuTier* gpu() const { return gpu_; }
 
  private:
-  TierManager(const TierManagerOptions& options, HostTier* host, DiskTier* disk, GpuTier* gpu);
-  // Copies `key` from `from` (disk or GPU) into host. REQUIRES: `from` holds it (else NOT_FOUND).
+  TierManager(const TierManagerOptions& options, std::vector<Tier*> tiers, size_t serving);
+  // Copies `key` from `from` (a tier above or below) into host. REQUIRES: `from` holds it (else
+  // NOT_FOUND).
   Status PromoteToHost(Tier& from, const ChunkKey& key);
-  // Insert into the GPU tier, first moving its LRU chunks to host until the chunk fits.
-  Status InsertIntoGpu(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
-                       std::span<const std::byte> bytes);
-  // Whether a failed disk write of a put leaves the put acknowledged in host only: the disk
-  // tier's writes are stopped and options_.on_disk_error says kKeepInHost.
-  bool KeepInHost(const Status& disk_write) const;
-  // Moves one GPU chunk to host (copy, then drop from the GPU). OK if moved; else why not.
-  Status DemoteFromGpu(const ChunkMeta& meta);
+  // Insert into `above` (a tier above host), first moving its LRU chunks to host until it fits.
+  Status InsertAbove(Tier& above, const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                     std::span<const std::byte> bytes);
+  // Writes the chunk to every durable tier (skipping those that hold it when `only_missing`).
+  // OK when each stored it (the dedup status when each held it already), else the first failure;
+  // a failure KeepInHost allows sets *host_only and is passed over.
+  Status WriteThrough(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                      std::span<const std::byte> bytes, bool only_missing, bool* host_only);
+  // Whether a failed write of a put to durable tier `tier` leaves the put acknowledged in host
+  // only: the tier's writes are stopped and options_.on_disk_error says kKeepInHost.
+  bool KeepInHost(const Tier& tier, const Status& write) const;
+  // Moves one chunk of `above` to host (copy, then drop from `above`). OK if moved; else why not.
+  Status DemoteToHost(Tier& above, const ChunkMeta& meta);
+  // The tier a lookup copies `key` into host from: the first tier above host that holds it
+  // (Touch), else, with promote_on_hit, the first below. Null when none does.
+  Tier* FindForLookup(const ChunkKey& key);
+  // The host pass of MaybeDemote into `below`.
+  Status DemoteHost(Tier& below, DemoteResult& out);
 
   const TierManagerOptions options_;
-  HostTier* const host_;
-  DiskTier* const disk_;
-  GpuTier* const gpu_;
-  std::mutex demote_mu_;  // serializes MaybeDemote passes; guards nothing else
+  const std::vector<Tier*> tiers_;  // fastest first
+  HostTier* const host_;            // tiers_[serving]
+  const std::vector<Tier*> above_;  // the tiers before host, in list order
+  const std::vector<Tier*> below_;  // the tiers after host, in list order
+  std::vector<Tier*> durable_;      // of below_, the durable ones (set once, by the constructor)
+  DiskTier* disk_ = nullptr;        // set once, by the constructor
+  GpuTier* gpu_ = nullptr;          // set once, by the constructor
+  std::mutex demote_mu_;            // serializes MaybeDemote passes; guards nothing else
   mutable std::mutex counters_mu_;
   uint64_t promotions_ = 0;            // guarded by counters_mu_
   uint64_t demotions_ = 0;             // guarded by counters_mu_

@@ -1,0 +1,164 @@
+// The values the Client's data calls take and return: put and get items, their results, and
+// what the daemon granted at the handshake (part of client.h; include that). Plain structs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvd/common/hash.h"
+#include "kvd/common/layout.h"
+
+namespace kvd::client {
+
+// ---- results ----
+struct LookupResult {
+  uint32_t matched_chunks = 0;
+  uint64_t matched_tokens = 0;
+  uint64_t lease_id = 0;  // 0 when nothing matched (nothing to release)
+  uint32_t lease_ttl_ms = 0;
+};
+
+struct PutResult {
+  uint64_t bytes = 0;           // bytes sent (raw chunk + window queries)
+  bool already_stored = false;  // the daemon had the chunk: nothing was sent
+  uint64_t stored_bytes = 0;    // bytes the daemon stored (the compact chunk under a policy)
+  uint32_t codec_id = 0;        // codec id of the stored chunk's key (0 = raw)
+};
+
+// The form of a chunk (proto ChunkForm).
+enum class ChunkForm : uint8_t {
+  kAsStored = 0,  // Get only: whatever the chunk is stored as
+  kRaw = 1,       // the raw chunk layout (common/layout.h)
+  kCompact = 2,   // the compact chunk (docs/chunk-format.md); expand with kvd/client/expand.h
+};
+
+struct GetResult {
+  uint64_t bytes = 0;
+  uint64_t checksum = 0;  // verified against the received bytes
+  uint32_t tokens = 0;    // tokens of the original (raw) chunk
+  uint32_t codec_id = 0;  // the stored chunk's codec id (0 = raw)
+  ChunkForm form = ChunkForm::kRaw;
+};
+
+// Bytes of W window-query tokens for `layout`: W * num_layers * num_q_heads * head_dim float32.
+size_t WindowQueryBytes(const ModelLayout& layout, int window);
+
+// One chunk to put: `bytes` bytes at `data` in the raw chunk layout (common/layout.h), which
+// must equal layout.ChunkBytes(tokens). The buffers are borrowed until the call returns.
+//
+// For a model with a compression policy (SessionInfo::codec_id != 0) a put may carry the
+// post-RoPE queries of the chunk's LAST `window` tokens (window = SessionInfo::window_tokens):
+// per layer, [window, num_q_heads, head_dim] float32 row-major, layer after layer
+// (WindowQueryBytes floats in all). Either in `window_queries` (over the transport the library
+// stages raw + queries in one buffer: one copy; over shared memory both are copied straight into
+// the reserved slot), or already appended to `data` (then `bytes` covers both, no copy).
+// `first_position` is the position of the chunk's first token in its sequence (RoPE
+// de-rotation and merged-slot positions need it).
+//
+// `data` and `window_queries` may be host or CUDA device memory (kvd/client/device.h classifies
+// them): device bytes are copied on `cuda_stream` (a cudaStream_t; nullptr = the default
+// stream) straight into the daemon's shared-memory slot, or over the transport into a host
+// staging buffer, and the put returns once they left the device. A build without CUDA refuses
+// a device pointer with UNIMPLEMENTED "built without CUDA".
+struct PutItem {
+  Hash128 hash;
+  int tokens = 0;
+  const void* data = nullptr;
+  size_t bytes = 0;
+  uint64_t first_position = 0;
+  int window = 0;
+  std::span<const float> window_queries = {};
+  void* cuda_stream = nullptr;
+};
+
+// One chunk of a lease to read into [out, out + capacity).
+// `out` may be host or CUDA device memory (kvd/client/device.h): device buffers get the bytes
+// copied on `cuda_stream` (nullptr = the default stream) from the daemon's shared-memory slot,
+// or over the transport from a host staging buffer, after the checksum was verified; the get
+// returns once they are on the device.
+struct GetItem {
+  uint32_t chunk_index = 0;
+  void* out = nullptr;
+  size_t capacity = 0;
+  // The form wanted; a form the stored chunk cannot give is FAILED_PRECONDITION (the daemon
+  // stores one form and does not convert).
+  ChunkForm form = ChunkForm::kAsStored;
+  void* cuda_stream = nullptr;
+};
+
+// VECTOR calibration of a model (Client::GetCalibration, kvdctl calibration).
+struct CalibrationInfo {
+  std::string model;
+  std::string state;  // "collecting", "calibrated", "not-routing"
+  uint64_t tokens_seen = 0, tokens_needed = 0;
+  uint64_t version = 0;
+  uint32_t codec_id = 0;
+  uint32_t num_layers = 0, num_kv_heads = 0;
+  double r2_threshold = 0;
+  std::vector<double> r2;    // [layers * kv heads] once calibrated
+  std::vector<bool> routes;  // r2 >= r2_threshold
+};
+
+// One layer of a chunk as the engine holds it: K and V, each [tokens, num_kv_heads, head_dim]
+// of layout.dtype, row-major, contiguous.
+struct LayerKV {
+  const void* k = nullptr;
+  const void* v = nullptr;
+};
+struct MutableLayerKV {
+  void* k = nullptr;
+  void* v = nullptr;
+};
+
+// What the daemon said at the handshake.
+struct SessionInfo {
+  uint64_t session_id = 0;
+  std::string daemon_version;
+  std::string node_name;
+  uint32_t chunk_tokens = 0;
+  uint32_t max_frame_bytes = 0;
+  uint64_t max_chunk_bytes = 0;
+  std::string transport;
+  // The daemon granted the shared-memory path (see ClientOptions::shared_memory).
+  bool shared_memory = false;
+  // The daemon took this session as a reading one (ClientOptions::read_only).
+  bool read_only = false;
+  // The daemon ends shared-memory reads named on any request (Request.releaseReads), so a
+  // shared-memory get is one exchange: its reads' ends go out with the next request. False for
+  // an older daemon: each get then ends its reads with one more exchange before returning.
+  bool releases_on_requests = false;
+  // The daemon takes one-exchange puts of small chunks (HelloReply.inlinePut; see
+  // ClientOptions::inline_put_bytes). False for an older daemon: every put takes three steps.
+  bool inline_put = false;
+  // Compression (engine role): the codec id lookups and gets use (0 = raw), the policy's digest
+  // and canonical form ("" = none), the window W puts should carry, whether puts without window
+  // queries are refused, and the VECTOR calibration version the codec id includes (0 = none).
+  uint32_t codec_id = 0;
+  uint64_t policy_digest = 0;
+  std::string policy;
+  uint32_t window_tokens = 0;
+  bool needs_queries = false;
+  uint64_t calibration_version = 0;
+  // Every chunk's dense form (kvd/client/expand.h) has one K/V slot per token position: true for
+  // a raw model and for a policy that merges or quantizes without evicting (false with an older
+  // daemon). What an engine that addresses KV by position (vLLM's paged blocks) can take.
+  bool keeps_positions = false;
+  // ClientOptions::nccl: the link is joined; what carries its bytes (e.g. "NCCL 2.28.3") and
+  // kvd's CUDA device on it.
+  bool nccl = false;
+  std::string nccl_library;
+  int nccl_daemon_device = 0;
+};
+
+// A segment of the daemon's shared-memory arena mapped into this process (diagnostics, tests).
+struct SharedSegment {
+  uint32_t index = 0;
+  uint64_t generation = 0;
+  const std::byte* data = nullptr;
+  uint64_t size = 0;
+};
+
+}  // namespace kvd::client

@@ -1,0 +1,533 @@
+// etcd's gRPC gateway over HTTP/1.1 with Beast. Boost and JSON exceptions stay in this file.
+#include "kvd/cluster/etcd_client.h"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <charconv>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <utility>
+
+#include "base64.h"
+
+namespace kvd::cluster {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using boost::system::error_code;
+using Json = nlohmann::json;
+
+// The gateway prefix of etcd 3.4 (it also serves /v3beta/; 3.5 dropped that).
+constexpr const char* kApiPrefix = "/v3/";
+
+struct HostPort {
+  std::string host;
+  std::string port;
+};
+
+std::optional<HostPort> SplitEndpoint(const std::string& endpoint) {
+  std::string text = endpoint;
+  if (text.rfind("http://", 0) == 0) text = text.substr(7);
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) return std::nullopt;
+  HostPort hp{text.substr(0, colon), text.substr(colon + 1)};
+  if (hp.host.front() == '[' && hp.host.back() == ']')
+    hp.host = hp.host.substr(1, hp.host.size() - 2);
+  int port = 0;
+  auto [ptr, ec] = std::from_chars(hp.port.data(), hp.port.data() + hp.port.size(), port);
+  if (ec != std::errc() || ptr != hp.port.data() + hp.port.size() || port <= 0 || port > 65535) {
+    return std::nullopt;
+  }
+  return hp;
+}
+
+// gRPC status codes (as the gateway reports them in "code") onto kvd's.
+Status FromGrpc(int code, const std::string& message) {
+  const std::string m = "etcd: " + message;
+  switch (code) {
+    case 0:
+      return Status::Ok();
+    case 1:
+      return Status::Cancelled(m);
+    case 3:
+      return Status::InvalidArgument(m);
+    case 4:
+      return Status::DeadlineExceeded(m);
+    case 5:
+      return Status::NotFound(m);
+    case 6:
+      return Status::AlreadyExists(m);
+    case 7:
+    case 16:
+      return Status::PermissionDenied(m);
+    case 8:
+      return Status::ResourceExhausted(m);
+    case 9:
+      return Status::FailedPrecondition(m);
+    case 10:
+      return Status::Aborted(m);
+    case 11:
+      return Status::OutOfRange(m);
+    case 12:
+      return Status::Unimplemented(m);
+    case 14:
+      return Status::Unavailable(m);
+    case 15:
+      return Status::DataLoss(m);
+    default:
+      return Status::Internal(m + " (gRPC code " + std::to_string(code) + ")");
+  }
+}
+
+// The gateway writes int64 fields as strings; accept numbers too. Absent: `fallback`.
+int64_t Int64Field(const Json& j, const char* key, int64_t fallback = 0) {
+  auto it = j.find(key);
+  if (it == j.end()) return fallback;
+  if (it->is_number_integer()) return it->get<int64_t>();
+  if (it->is_string()) {
+    const std::string& s = it->get_ref<const std::string&>();
+    int64_t v = 0;
+    auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec == std::errc() && ptr == s.data() + s.size()) return v;
+  }
+  return fallback;
+}
+
+StatusOr<std::string> Bytes(const Json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) return std::string();
+  auto bytes = Base64Decode(it->get_ref<const std::string&>());
+  if (!bytes.ok())
+    return Status::Internal("etcd: reply field " + std::string(key) + ": " +
+                            bytes.status().message());
+  return bytes;
+}
+
+StatusOr<KeyValue> ParseKeyValue(const Json& j) {
+  KeyValue kv;
+  KVD_ASSIGN_OR_RETURN(kv.key, Bytes(j, "key"));
+  KVD_ASSIGN_OR_RETURN(kv.value, Bytes(j, "value"));
+  kv.lease = Int64Field(j, "lease");
+  kv.create_revision = Int64Field(j, "create_revision");
+  kv.mod_revision = Int64Field(j, "mod_revision");
+  return kv;
+}
+
+// An error object of the gateway ({"error": ..., "code": N, "message": ...}), or OK.
+Status GatewayError(const Json& j) {
+  const Json* e = &j;
+  if (auto it = j.find("error"); it != j.end() && it->is_object()) e = &*it;  // in a stream
+  if (!e->contains("code")) return Status::Ok();
+  const int code = static_cast<int>(Int64Field(*e, "code"));
+  std::string message = e->value("message", std::string());
+  if (message.empty() && e->contains("error") && (*e)["error"].is_string()) {
+    message = (*e)["error"].get<std::string>();
+  }
+  return FromGrpc(code, message);
+}
+
+// Runs `f`, turning an exception (a JSON reply of unexpected shape) into INTERNAL: nothing
+// thrown leaves this file.
+template <typename F>
+auto Guarded(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return Status::Internal(std::string("etcd: unexpected reply: ") + e.what());
+  }
+}
+
+std::string Describe(const error_code& ec) {
+  return ec == beast::error::timeout ? "timed out" : ec.message();
+}
+
+// One HTTP connection to one endpoint, driven on its own io_context so that every wait is bounded.
+class Connection {
+ public:
+  // Connects to the first endpoint that accepts within connect_timeout.
+  static StatusOr<std::unique_ptr<Connection>> Open(const EtcdClientOptions& options) {
+    auto c = std::unique_ptr<Connection>(new Connection());
+    std::string tried;
+    for (const std::string& endpoint : options.endpoints) {
+      auto hp = SplitEndpoint(endpoint);
+      if (!hp)
+        return Status::InvalidArgument("etcd endpoint \"" + endpoint + "\" is not host:port");
+      error_code ec;
+      asio::ip::tcp::resolver resolver(c->ioc_);
+      auto results = resolver.resolve(hp->host, hp->port, ec);
+      if (!ec) {
+        c->stream_.expires_after(options.connect_timeout);
+        ec = asio::error::would_block;
+        c->stream_.async_connect(results, [&](error_code e, const auto&) { ec = e; });
+        c->RunUntilDone();
+      }
+      if (!ec) {
+        c->host_ = endpoint;
+        return c;
+      }
+      tried += (tried.empty() ? "" : "; ") + endpoint + ": " + Describe(ec);
+      c->stream_.close();
+    }
+    return Status::Unavailable("etcd unreachable (" + tried + ")");
+  }
+
+  // Writes a POST of `body` to `path` (request_timeout bounds the write).
+  Status Send(const std::string& path, const std::string& body, std::chrono::milliseconds timeout) {
+    http::request<http::string_body> req{http::verb::post, path, 11};
+    req.set(http::field::host, host_);
+    req.set(http::field::content_type, "application/json");
+    req.body() = body;
+    req.prepare_payload();
+    stream_.expires_after(timeout);
+    error_code ec = asio::error::would_block;
+    http::async_write(stream_, req, [&](error_code e, size_t) { ec = e; });
+    RunUntilDone();
+    if (ec) return Status::Unavailable("etcd " + host_ + ": sending " + path + ": " + Describe(ec));
+    return Status::Ok();
+  }
+
+  // One whole response (request_timeout bounds it), parsed as JSON; etcd's error object as its
+  // Status.
+  StatusOr<Json> Call(const std::string& path, const Json& body,
+                      std::chrono::milliseconds timeout) {
+    KVD_RETURN_IF_ERROR(Send(path, body.dump(), timeout));
+    http::response<http::string_body> res;
+    error_code ec = asio::error::would_block;
+    http::async_read(stream_, buffer_, res, [&](error_code e, size_t) { ec = e; });
+    RunUntilDone();
+    if (ec == beast::error::timeout) {
+      return Status::DeadlineExceeded("etcd " + host_ + ": no answer to " + path + " within " +
+                                      std::to_string(timeout.count()) + " ms");
+    }
+    if (ec) return Status::Unavailable("etcd " + host_ + ": reading " + path + ": " + ec.message());
+    Json j = Json::parse(res.body(), nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      return Status::Internal("etcd " + host_ + ": " + path + " answered HTTP " +
+                              std::to_string(res.result_int()) + " with a body that is not JSON");
+    }
+    KVD_RETURN_IF_ERROR(GatewayError(j));
+    if (res.result() != http::status::ok) {
+      return Status::Internal("etcd " + host_ + ": " + path + " answered HTTP " +
+                              std::to_string(res.result_int()));
+    }
+    return j;
+  }
+
+  asio::io_context& ioc() { return ioc_; }
+  beast::tcp_stream& stream() { return stream_; }
+  beast::flat_buffer& buffer() { return buffer_; }
+  const std::string& host() const { return host_; }
+
+ private:
+  Connection() = default;
+  void RunUntilDone() {
+    ioc_.restart();
+    ioc_.run();
+  }
+
+  asio::io_context ioc_;
+  beast::tcp_stream stream_{ioc_};
+  beast::flat_buffer buffer_;
+  std::string host_;
+};
+
+StatusOr<Json> Call(const EtcdClientOptions& options, const std::string& method, const Json& body) {
+  KVD_ASSIGN_OR_RETURN(auto connection, Connection::Open(options));
+  return connection->Call(kApiPrefix + method, body, options.request_timeout);
+}
+
+class GatewayWatchStream : public WatchStream {
+ public:
+  explicit GatewayWatchStream(std::unique_ptr<Connection> c) : c_(std::move(c)) {
+    parser_.body_limit(boost::none);
+  }
+  ~GatewayWatchStream() override {
+    error_code ec;
+    c_->stream().socket().shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+    c_->stream().close();
+    c_->ioc().restart();
+    c_->ioc().poll();  // lets the cancelled read finish before the parser goes away
+  }
+
+  // Reads the header and the "created" message within `timeout`.
+  Status Created(std::chrono::milliseconds timeout) {
+    c_->stream().expires_after(timeout);
+    error_code ec = asio::error::would_block;
+    http::async_read_header(c_->stream(), c_->buffer(), parser_,
+                            [&](error_code e, size_t) { ec = e; });
+    c_->ioc().restart();
+    c_->ioc().run();
+    if (ec == beast::error::timeout) {
+      return Status::DeadlineExceeded("etcd " + c_->host() + ": watch not answered within " +
+                                      std::to_string(timeout.count()) + " ms");
+    }
+    if (ec) return Status::Unavailable("etcd " + c_->host() + ": watch: " + ec.message());
+    c_->stream().expires_never();
+    if (parser_.get().result() != http::status::ok) {
+      return Status::Internal("etcd " + c_->host() + ": watch answered HTTP " +
+                              std::to_string(parser_.get().result_int()));
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      auto line = NextLine(left);
+      if (!line.ok()) return line.status();
+      Json j = Json::parse(*line, nullptr, false);
+      KVD_ASSIGN_OR_RETURN(auto result, Result(j));
+      if (result.value("created", false)) return Status::Ok();
+    }
+    return Status::DeadlineExceeded("etcd " + c_->host() + ": watch not confirmed within " +
+                                    std::to_string(timeout.count()) + " ms");
+  }
+
+  StatusOr<std::vector<WatchEvent>> Next(std::chrono::milliseconds timeout) override {
+    return Guarded([&] { return NextEvents(timeout); });
+  }
+
+  int64_t revision() const override { return revision_; }
+
+ private:
+  StatusOr<std::vector<WatchEvent>> NextEvents(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::vector<WatchEvent> events;
+    while (events.empty()) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        return Status::DeadlineExceeded("etcd watch: no event within " +
+                                        std::to_string(timeout.count()) + " ms");
+      }
+      auto line = NextLine(left);
+      if (!line.ok()) return line.status();
+      Json j = Json::parse(*line, nullptr, false);
+      KVD_ASSIGN_OR_RETURN(auto result, Result(j));
+      if (result.value("canceled", false)) {
+        return Status::Aborted("etcd " + c_->host() + ": watch cancelled: " +
+                               result.value("cancel_reason", std::string("(no reason given)")) +
+                               " (compact_revision " +
+                               std::to_string(Int64Field(result, "compact_revision")) + ")");
+      }
+      auto evs = result.find("events");
+      if (evs == result.end() || !evs->is_array()) continue;
+      for (const Json& e : *evs) {
+        WatchEvent event;
+        event.type = e.value("type", std::string("PUT")) == "DELETE" ? WatchEvent::Type::kDelete
+                                                                     : WatchEvent::Type::kPut;
+        if (auto kv = e.find("kv"); kv != e.end()) {
+          KVD_ASSIGN_OR_RETURN(event.kv, ParseKeyValue(*kv));
+        }
+        events.push_back(std::move(event));
+      }
+    }
+    return events;
+  }
+
+  // The "result" of a stream message; its revision noted.
+  StatusOr<Json> Result(const Json& j) {
+    if (j.is_discarded() || !j.is_object()) {
+      return Status::Internal("etcd " + c_->host() + ": watch sent a line that is not JSON");
+    }
+    KVD_RETURN_IF_ERROR(GatewayError(j));
+    auto it = j.find("result");
+    if (it == j.end() || !it->is_object()) {
+      return Status::Internal("etcd " + c_->host() + ": watch message without a result");
+    }
+    if (auto h = it->find("header"); h != it->end()) {
+      revision_ = std::max(revision_, Int64Field(*h, "revision"));
+    }
+    return *it;
+  }
+
+  // One '\n'-terminated message of the body within `timeout`. The read stays posted across
+  // calls: a timeout leaves it pending, and the next call waits on it again.
+  StatusOr<std::string> NextLine(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      if (size_t nl = pending_.find('\n'); nl != std::string::npos) {
+        std::string line = pending_.substr(0, nl);
+        pending_.erase(0, nl + 1);
+        if (line.find_first_not_of(" \r\t") == std::string::npos) continue;
+        return line;
+      }
+      if (ended_) {
+        return Status::Unavailable("etcd " + c_->host() + ": watch connection ended" +
+                                   (end_reason_.empty() ? "" : ": " + end_reason_));
+      }
+      if (!reading_) StartRead();
+      auto left = deadline - std::chrono::steady_clock::now();
+      if (left.count() <= 0) {
+        return Status::DeadlineExceeded("etcd watch: nothing within the wait");
+      }
+      c_->ioc().restart();
+      c_->ioc().run_for(left);
+    }
+  }
+
+  void StartRead() {
+    reading_ = true;
+    parser_.get().body().data = chunk_;
+    parser_.get().body().size = sizeof chunk_;
+    http::async_read_some(c_->stream(), c_->buffer(), parser_, [this](error_code ec, size_t) {
+      reading_ = false;
+      const size_t got = sizeof chunk_ - parser_.get().body().size;
+      pending_.append(chunk_, got);
+      if (ec == http::error::need_buffer) ec = {};
+      if (ec) {
+        ended_ = true;
+        end_reason_ = ec.message();
+      } else if (parser_.is_done()) {
+        ended_ = true;
+      }
+    });
+  }
+
+  std::unique_ptr<Connection> c_;
+  http::response_parser<http::buffer_body> parser_;
+  char chunk_[16384];
+  std::string pending_;
+  bool reading_ = false;
+  bool ended_ = false;
+  std::string end_reason_;
+  int64_t revision_ = 0;
+};
+
+LeaseInfo ParseLease(const Json& j) {
+  LeaseInfo info;
+  info.id = Int64Field(j, "ID");
+  info.ttl_s = Int64Field(j, "TTL", 0);
+  info.granted_ttl_s = Int64Field(j, "grantedTTL", info.ttl_s);
+  return info;
+}
+
+}  // namespace
+
+Status EtcdClientOptions::Validate() const {
+  if (endpoints.empty()) return Status::InvalidArgument("etcd: no endpoint given");
+  for (const std::string& e : endpoints) {
+    if (!SplitEndpoint(e)) {
+      return Status::InvalidArgument("etcd endpoint \"" + e + "\" is not host:port");
+    }
+  }
+  if (connect_timeout.count() <= 0 || request_timeout.count() <= 0) {
+    return Status::InvalidArgument("etcd: timeouts must be > 0 ms");
+  }
+  return Status::Ok();
+}
+
+std::string PrefixRangeEnd(const std::string& prefix) {
+  std::string end = prefix;
+  while (!end.empty()) {
+    auto& last = reinterpret_cast<unsigned char&>(end.back());
+    if (last < 0xff) {
+      ++last;
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+EtcdClient::EtcdClient(EtcdClientOptions options) : options_(std::move(options)) {}
+
+StatusOr<LeaseInfo> EtcdClient::LeaseGrant(int64_t ttl_s) {
+  return Guarded([&]() -> StatusOr<LeaseInfo> {
+    KVD_ASSIGN_OR_RETURN(Json j, Call(options_, "lease/grant", Json{{"TTL", ttl_s}}));
+    LeaseInfo info = ParseLease(j);
+    if (info.id == 0) return Status::Internal("etcd: lease/grant answered without a lease ID");
+    info.granted_ttl_s = info.ttl_s;
+    return info;
+  });
+}
+
+StatusOr<LeaseInfo> EtcdClient::LeaseKeepAlive(int64_t lease_id) {
+  return Guarded([&]() -> StatusOr<LeaseInfo> {
+    KVD_ASSIGN_OR_RETURN(Json j,
+                         Call(options_, "lease/keepalive", Json{{"ID", std::to_string(lease_id)}}));
+    auto it = j.find("result");
+    if (it == j.end() || !it->is_object()) {
+      return Status::Internal("etcd: lease/keepalive answered without a result");
+    }
+    LeaseInfo info = ParseLease(*it);
+    info.id = lease_id;
+    // An expired or revoked lease is answered with no TTL (0).
+    if (info.ttl_s <= 0) {
+      return Status::NotFound("etcd: lease " + std::to_string(lease_id) + " no longer exists");
+    }
+    return info;
+  });
+}
+
+Status EtcdClient::LeaseRevoke(int64_t lease_id) {
+  return Guarded([&]() -> Status {
+    return Call(options_, "lease/revoke", Json{{"ID", std::to_string(lease_id)}}).status();
+  });
+}
+
+StatusOr<LeaseInfo> EtcdClient::LeaseTimeToLive(int64_t lease_id) {
+  return Guarded([&]() -> StatusOr<LeaseInfo> {
+    KVD_ASSIGN_OR_RETURN(
+        Json j, Call(options_, "lease/timetolive", Json{{"ID", std::to_string(lease_id)}}));
+    LeaseInfo info = ParseLease(j);
+    info.id = lease_id;
+    return info;
+  });
+}
+
+Status EtcdClient::Put(const std::string& key, const std::string& value, int64_t lease_id) {
+  return Guarded([&]() -> Status {
+    Json body{{"key", Base64Encode(key)}, {"value", Base64Encode(value)}};
+    if (lease_id != 0) body["lease"] = std::to_string(lease_id);
+    return Call(options_, "kv/put", body).status();
+  });
+}
+
+StatusOr<RangeResult> EtcdClient::RangePrefix(const std::string& prefix) {
+  return Guarded([&]() -> StatusOr<RangeResult> {
+    if (prefix.empty()) return Status::InvalidArgument("etcd range: empty prefix");
+    KVD_ASSIGN_OR_RETURN(Json j, Call(options_, "kv/range",
+                                      Json{{"key", Base64Encode(prefix)},
+                                           {"range_end", Base64Encode(PrefixRangeEnd(prefix))}}));
+    RangeResult result;
+    if (auto h = j.find("header"); h != j.end()) result.revision = Int64Field(*h, "revision");
+    if (auto kvs = j.find("kvs"); kvs != j.end() && kvs->is_array()) {
+      for (const Json& kv : *kvs) {
+        KVD_ASSIGN_OR_RETURN(KeyValue parsed, ParseKeyValue(kv));
+        result.kvs.push_back(std::move(parsed));
+      }
+    }
+    return result;
+  });
+}
+
+StatusOr<int64_t> EtcdClient::Delete(const std::string& key) {
+  return Guarded([&]() -> StatusOr<int64_t> {
+    KVD_ASSIGN_OR_RETURN(Json j,
+                         Call(options_, "kv/deleterange", Json{{"key", Base64Encode(key)}}));
+    return Int64Field(j, "deleted");
+  });
+}
+
+StatusOr<std::unique_ptr<WatchStream>> EtcdClient::WatchPrefix(const std::string& prefix,
+                                                               int64_t start_revision) {
+  return Guarded([&]() -> StatusOr<std::unique_ptr<WatchStream>> {
+    if (prefix.empty()) return Status::InvalidArgument("etcd watch: empty prefix");
+    KVD_ASSIGN_OR_RETURN(auto connection, Connection::Open(options_));
+    Json create{{"key", Base64Encode(prefix)}, {"range_end", Base64Encode(PrefixRangeEnd(prefix))}};
+    if (start_revision > 0) create["start_revision"] = std::to_string(start_revision);
+    KVD_RETURN_IF_ERROR(connection->Send(std::string(kApiPrefix) + "watch",
+                                         Json{{"create_request", create}}.dump(),
+                                         options_.request_timeout));
+    auto stream = std::make_unique<GatewayWatchStream>(std::move(connection));
+    KVD_RETURN_IF_ERROR(stream->Created(options_.request_timeout));
+    return std::unique_ptr<WatchStream>(std::move(stream));
+  });
+}
+
+}  // namespace kvd::cluster

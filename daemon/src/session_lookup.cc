@@ -1,0 +1,94 @@
+// Session requests of the lookup path: Lookup (a lease on the matched prefix) and lease release.
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "kvd/proto/convert.h"
+#include "kvd/storage/host_tier.h"
+#include "kvd/storage/tier_manager.h"
+#include "responses.h"
+#include "session.h"
+
+namespace kvd::daemon {
+
+void Session::ReleaseLeasesOf(capnp::List<uint64_t>::Reader leases) {
+  // Only this connection's live leases (HostTier checks the owner); an id already ended (lease
+  // TTL), another connection's or never issued is skipped: this carries no reply to say so.
+  for (uint64_t lease : leases) get_services_->host_tier()->ReleaseLease(lease, id_).IgnoreError();
+}
+
+uint32_t Session::ServedCodecId() const {
+  return codec_ != nullptr ? codec_->codec_id() : storage::kRawCodecId;
+}
+
+void Session::HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader lookup) {
+  storage::LookupRequest request;
+  auto chain = lookup.getChain();
+  request.chunk_hashes.reserve(chain.size());
+  for (auto h : chain) request.chunk_hashes.push_back(proto::FromProto(h));
+  const uint32_t ttl_ms = lookup.getLeaseTtlMs();
+  if (Status s = RequireEngine("Lookup"); !s.ok()) return CompleteError(seq, rid, s);
+
+  const auto& limits = get_services_->config().limits;
+  if (request.chunk_hashes.size() > static_cast<size_t>(limits.max_chain_chunks)) {
+    return CompleteError(
+        seq, rid,
+        Status::OutOfRange("lookup chain of " + std::to_string(request.chunk_hashes.size()) +
+                           " chunks is over limits.max_chain_chunks " +
+                           std::to_string(limits.max_chain_chunks)));
+  }
+  // A longer lease than max_lease_ttl_ms is cut to it (the reply carries the TTL granted).
+  int64_t ttl =
+      ttl_ms == 0 ? limits.lease_ttl_ms : std::min<int64_t>(ttl_ms, limits.max_lease_ttl_ms);
+  request.name_space = name_space_;
+  request.model = model_->name;
+  request.layout_digest = layout_digest_;
+  request.codec_id = ServedCodecId();
+  request.owner = id_;
+  request.lease_ttl = std::chrono::milliseconds(ttl);
+  storage::TierManager* tiers = get_services_->tier_manager();
+  if (tiers->disk() == nullptr) {
+    // Host only: an in-memory index walk, answered inline.
+    CompleteLookup(seq, rid, tiers->Lookup(request), ttl);
+    return;
+  }
+  // A lookup may promote chunks from disk (RocksDB reads): off the io_context thread.
+  SpawnHandler(
+      FinishLookup(seq, rid, std::make_shared<storage::LookupRequest>(std::move(request)), ttl));
+}
+
+asio::awaitable<void> Session::FinishLookup(uint64_t seq, uint64_t rid,
+                                            std::shared_ptr<const storage::LookupRequest> request,
+                                            int64_t ttl) {
+  auto self = shared_from_this();
+  storage::TierManager* tiers = get_services_->tier_manager();
+  // Only trivially destructible captures in a co_await expression: GCC 12 may destroy a
+  // temporary of such an expression twice.
+  const storage::LookupRequest* req = request.get();
+  auto result = co_await OffloadTo<StatusOr<storage::LookupResult>>(
+      get_services_->pool(), get_services_->io(), [tiers, req] { return tiers->Lookup(*req); });
+  CompleteLookup(seq, rid, result, ttl);
+}
+
+void Session::CompleteLookup(uint64_t seq, uint64_t rid,
+                             const StatusOr<storage::LookupResult>& result, int64_t ttl) {
+  if (!result.ok()) return CompleteError(seq, rid, result.status());
+  Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
+             auto reply = r.initLookup();
+             reply.setMatchedChunks(static_cast<uint32_t>(result->matched_chunks));
+             reply.setMatchedTokens(result->matched_tokens);
+             reply.setLeaseId(result->lease_id);
+             reply.setLeaseTtlMs(result->lease_id == 0 ? 0 : static_cast<uint32_t>(ttl));
+           }));
+}
+
+void Session::HandleReleaseLease(uint64_t seq, uint64_t rid, proto::ReleaseLease::Reader release) {
+  const uint64_t lease = release.getLeaseId();
+  if (Status s = RequireEngine("ReleaseLease"); !s.ok()) return CompleteError(seq, rid, s);
+  Status s = get_services_->host_tier()->ReleaseLease(lease, id_);
+  if (!s.ok()) return CompleteError(seq, rid, s);
+  Complete(seq, MakeAck(rid));
+}
+
+}  // namespace kvd::daemon

@@ -1,0 +1,70 @@
+// The topology's `cluster` section: absent -> a single node; present -> bound; invalid -> an
+// INVALID_ARGUMENT naming the key.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "kvd/daemon/config.h"
+
+namespace kvd::daemon {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ClusterConfigTest, AbsentIsASingleNode) {
+  auto c = ParseConfigYaml("node: n1\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->cluster.has_value());
+  EXPECT_FALSE(c->ResolvedCluster().has_value());
+}
+
+TEST(ClusterConfigTest, BindsEveryKeyAndDefaultsNodeToTheNodeName) {
+  auto c = ParseConfigYaml(
+      "node: n1\n"
+      "cluster:\n"
+      "  etcd: [127.0.0.1:2379, \"etcd-2:2379\"]\n"
+      "  name: prod\n"
+      "  lease_ttl_s: 7\n"
+      "  token: s3cret\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->cluster.has_value());
+  EXPECT_EQ(c->cluster->etcd, (std::vector<std::string>{"127.0.0.1:2379", "etcd-2:2379"}));
+  EXPECT_EQ(c->cluster->name, "prod");
+  EXPECT_EQ(c->cluster->node, "");
+  EXPECT_EQ(c->ResolvedCluster()->node, "n1");
+  EXPECT_EQ(c->cluster->lease_ttl_s, 7);
+  EXPECT_EQ(c->cluster->token, "s3cret");
+
+  auto one = ParseConfigYaml("cluster: {etcd: 10.0.0.1:2379, name: c, node: other}\n");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->cluster->etcd, std::vector<std::string>{"10.0.0.1:2379"});
+  EXPECT_EQ(one->ResolvedCluster()->node, "other");
+  EXPECT_EQ(one->cluster->lease_ttl_s, 10);  // the default
+}
+
+TEST(ClusterConfigTest, InvalidValuesNameTheKey) {
+  struct Case {
+    const char* yaml;
+    const char* names;
+  };
+  const Case cases[] = {
+      {"cluster: {name: c}\n", "cluster.etcd: required"},
+      {"cluster: {etcd: [\"no-port\"], name: c}\n", "cluster.etcd"},
+      {"cluster: {etcd: [{a: 1}], name: c}\n", "cluster.etcd[0]"},
+      {"cluster: {etcd: [h:1]}\n", "cluster.name: required"},
+      {"cluster: {etcd: [h:1], name: \"a/b\"}\n", "cluster.name"},
+      {"cluster: {etcd: [h:1], name: c, node: \"x y\"}\n", "cluster.node"},
+      {"node: \"has space\"\ncluster: {etcd: [h:1], name: c}\n", "cluster.node"},
+      {"cluster: {etcd: [h:1], name: c, lease_ttl_s: 1}\n", "cluster.lease_ttl_s"},
+      {"cluster: {etcd: [h:1], name: c, members: 3}\n", "cluster.members: unknown key"},
+      {"cluster: [h:1]\n", "cluster: must be a mapping"},
+  };
+  for (const Case& c : cases) {
+    auto parsed = ParseConfigYaml(c.yaml, "t.yaml");
+    ASSERT_FALSE(parsed.ok()) << c.yaml;
+    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << c.yaml;
+    EXPECT_THAT(parsed.status().message(), HasSubstr(c.names)) << c.yaml;
+  }
+}
+
+}  // namespace
+}  // namespace kvd::daemon
