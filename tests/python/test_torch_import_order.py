@@ -3,7 +3,11 @@ the _kvd extension load the CUDA runtime and NCCL on first device use, not at im
 runs in a fresh interpreter, where nothing else has loaded a library yet.
 
 torch: the first Python among $KVD_TORCH_PYTHON and <repository>/.cache/vllm-venv/bin/python
-(deploy's vLLM venv) that imports torch; without one the torch cases skip and say so."""
+(deploy's vLLM venv) that imports torch; without one the torch cases skip and say so, or fail
+with KVD_REQUIRE_TORCH=1 (ctest vllm_import_order runs this file in the vLLM venv, label vllm).
+Were NCCL mapped at `import kvd` (a NEEDED entry of the extension or libkvd_client), torch's
+import after it would fail: the CUDA toolkit's NCCL 2.28 lacks a symbol torch 2.13's
+libtorch_cuda.so needs (`undefined symbol: ncclCommResume`)."""
 
 import os
 import subprocess
@@ -75,6 +79,8 @@ with kvd.connect({daemon.address!r}, model="stories260k", ucx_tls="sm,tcp",
 def test_kvd_and_torch_import_in_either_order(order):
     python, why = torch_python()
     if python is None:
+        if os.environ.get("KVD_REQUIRE_TORCH") == "1":  # ctest vllm_import_order: the venv is there
+            pytest.fail(why)
         pytest.skip(why)
     first, second = order
     code = f"""

@@ -34,8 +34,9 @@ What it does, in vLLM's call order:
              request_finished            True while the request's async load is in flight (vLLM
                                          frees its blocks once the load is reported finished);
                                          saves are synchronous, so otherwise False
-  worker     register_kv_caches          the paged caches, [2, num_blocks, block_size, heads, dim]
-                                         per layer (vLLM's FlashAttention layout)
+  worker     register_kv_caches          the paged caches, vLLM's [B, H, N, C] view per layer;
+                                         where each token's K/V lie is learned from the
+                                         attention backend's own op (vllm_layout)
              start_load_kv               async loads: handed to the loader thread, returns at
                                          once; in-step loads: Lookup + Get into host staging
              wait_for_layer_load         in-step loads: scatters that layer's K/V into the blocks
@@ -460,11 +461,13 @@ class KvdConnector(KVConnectorBase_V1):
             cache = self._kv_caches[name]
             tl = self._token_layout(name, cache, head_dim, probed)
             shape = tuple(int(x) for x in cache.shape)
-            if shape[1] != heads or _itemsize(cache) != dtype_bytes:
+            dtype = _dtype_name(cache)
+            if shape[1] != heads or _itemsize(cache) != dtype_bytes or (
+                    dtype in _DTYPE_BYTES and dtype != layout["dtype"]):
                 raise ValueError(
                     f"kvd model {self._cfg['kvd_model']!r} has layers/kv_heads/head_dim "
                     f"{(layout['num_layers'], heads, head_dim)} of {layout['dtype']}; vLLM's "
-                    f"cache {name} is {shape} with {_itemsize(cache)}-byte elements")
+                    f"cache {name} is {shape} of {dtype} ({_itemsize(cache)}-byte elements)")
             if self._block_size % tl.block_tokens:
                 raise UnsupportedLayoutError(
                     f"attention backend {tl.backend}: kernel blocks of {tl.block_tokens} "
@@ -743,6 +746,11 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 def _itemsize(t):
     return t.element_size() if hasattr(t, "element_size") else t.itemsize
+
+
+def _dtype_name(t):
+    """The element type's name as kvd's layouts spell it (float16, bfloat16, ...)."""
+    return str(t.dtype).removeprefix("torch.")
 
 
 def _layer_order(name):
