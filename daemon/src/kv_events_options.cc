@@ -26,8 +26,8 @@ Status CheckEndpoint(const char* key, const std::string& endpoint) {
 Status CheckRange(const char* key, int64_t value, int64_t lo, int64_t hi) {
   if (value >= lo && value <= hi) return Status::Ok();
   return Status::InvalidArgument(std::string("kv_events.") + key + ": " + std::to_string(value) +
-                                 " is outside [" + std::to_string(lo) + ", " +
-                                 std::to_string(hi) + "]");
+                                 " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                 "]");
 }
 
 }  // namespace
