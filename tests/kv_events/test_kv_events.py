@@ -73,11 +73,21 @@ class Subscriber:
     def take(self, seq, payload):
         batch = self.decoder.decode(payload)
         self.batches.append((seq, batch))
+        self.apply(batch)
+
+    def apply(self, batch):
         for e in batch.events:
             if isinstance(e, BlockStored):
                 self.index.update(e.block_hashes)
             elif isinstance(e, BlockRemoved):
                 self.index.difference_update(e.block_hashes)
+
+    def reorder(self):
+        """Sorts the batches by sequence number and rebuilds the index in that order."""
+        self.batches.sort(key=lambda sb: sb[0])
+        self.index = set()
+        for _, batch in self.batches:
+            self.apply(batch)
 
     def drain(self, until, timeout=10.0):
         """Receives until `until(self)` holds (or fails after `timeout` seconds)."""
@@ -165,7 +175,7 @@ def test_missed_batches_come_back_through_replay(kvd):
             if seq < missed_upto:
                 late.take(seq, payload)
         assert replayed == list(range(len(replayed))) and replayed[-1] >= missed_upto
-        late.batches.sort(key=lambda sb: sb[0])
+        late.reorder()
         early.drain(lambda s: s.index == set(listed(kvd)))
         late.drain(lambda s: s.index == set(listed(kvd)))
         assert [sb[0] for sb in late.batches] == [sb[0] for sb in early.batches]
