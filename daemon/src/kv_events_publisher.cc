@@ -153,7 +153,11 @@ KvEventsPublisher::~KvEventsPublisher() { Stop(); }
 void KvEventsPublisher::Stop() {
   if (sub_) hub_->Unsubscribe(sub_);
   stop_.store(true);
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    thread_.join();
+    KVD_LOG(INFO) << "kv_events stopped" << Kv("batches", published())
+                  << Kv("events_lost", dropped());
+  }
   if (replay_ != nullptr) zmq_close(replay_);
   if (pub_ != nullptr) zmq_close(pub_);
   if (context_ != nullptr) zmq_ctx_term(context_);

@@ -133,6 +133,12 @@ def test_puts_then_evictions_decode_with_vllm(kvd):
         assert removed and removed <= set(first)
         assert all(e.medium == "CPU" for e in events(sub, BlockRemoved))
 
+        # More prompts through the 3-chunk tier: the index keeps up with kvd's contents.
+        for _ in range(8):
+            roundtrip(kvd)
+        now = listed(kvd)
+        sub.drain(lambda s: s.index == set(now))
+
         # An admin evict of everything: every block is removed.
         subprocess.run([KVDCTL, "--addr", kvd.address, "evict", "--all"], check=True,
                        capture_output=True, timeout=30)
