@@ -3,12 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "config_cases.h"
 #include "kvd/daemon/config.h"
 
 namespace kvd::daemon {
 namespace {
-
-using ::testing::HasSubstr;
 
 TEST(KvEventsConfigTest, AbsentIsOff) {
   auto c = ParseConfigYaml("node: n1\n");
@@ -38,11 +37,7 @@ TEST(KvEventsConfigTest, BindsEveryKeyWithDefaults) {
 }
 
 TEST(KvEventsConfigTest, InvalidValuesNameTheKey) {
-  struct Case {
-    const char* yaml;
-    const char* names;
-  };
-  const Case cases[] = {
+  ExpectInvalidNamingKey({
       {"kv_events: {topic: t}\n", "kv_events.endpoint: required"},
       {"kv_events: {endpoint: '127.0.0.1:5557'}\n", "kv_events.endpoint"},
       {"kv_events: {endpoint: 'tcp://127.0.0.1'}\n", "kv_events.endpoint"},
@@ -56,13 +51,7 @@ TEST(KvEventsConfigTest, InvalidValuesNameTheKey) {
       {"kv_events: {endpoint: 'tcp://h:1', hwm: x}\n", "kv_events.hwm"},
       {"kv_events: {endpoint: 'tcp://h:1', port: 3}\n", "kv_events.port: unknown key"},
       {"kv_events: [a]\n", "kv_events: must be a mapping"},
-  };
-  for (const Case& c : cases) {
-    auto parsed = ParseConfigYaml(c.yaml, "t.yaml");
-    ASSERT_FALSE(parsed.ok()) << c.yaml;
-    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << c.yaml;
-    EXPECT_THAT(parsed.status().message(), HasSubstr(c.names)) << c.yaml;
-  }
+  });
 }
 
 }  // namespace
