@@ -32,15 +32,21 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def kvd():
+def start_kvd(tiers_extra=""):
+    """kvd publishing KV events; `tiers_extra`: more lines of its `tiers:` map."""
     pub, replay = free_port(), free_port()
     # stories260k: 327,680 bytes per chunk of 256 tokens; 1 MiB holds three.
-    d = KvdDaemon(capacity="1MiB", chunk_tokens=CHUNK_TOKENS, extra=(
+    d = KvdDaemon(capacity="1MiB", chunk_tokens=CHUNK_TOKENS, extra=tiers_extra + (
         f"kv_events: {{endpoint: 'tcp://127.0.0.1:{pub}', "
         f"replay_endpoint: 'tcp://127.0.0.1:{replay}', topic: {TOPIC.decode()}}}"))
     d.pub_endpoint = f"tcp://127.0.0.1:{pub}"
     d.replay_endpoint = f"tcp://127.0.0.1:{replay}"
+    return d
+
+
+@pytest.fixture
+def kvd():
+    d = start_kvd()
     yield d
     d.stop()
 
@@ -200,3 +206,36 @@ def test_invalid_section_exits_2_naming_the_key(tmp_path):
                        timeout=30)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "kv_events.endpoint" in r.stdout + r.stderr
+
+
+def medium_index(sub, medium):
+    """The blocks `sub`'s events say `medium` holds (events applied in sequence order)."""
+    index = set()
+    for _, batch in sorted(sub.batches, key=lambda sb: sb[0]):
+        for e in batch.events:
+            if e.medium != medium:
+                continue
+            if isinstance(e, BlockStored):
+                index.update(e.block_hashes)
+            else:
+                index.difference_update(e.block_hashes)
+    return index
+
+
+def test_disk_tier_blocks_are_storage_medium(tmp_path):
+    d = start_kvd(f"  disk: {{path: '{tmp_path / 'disk'}', capacity: 64MiB}}\n")
+    ctx = zmq.Context()
+    try:
+        sub = connect_and_settle(ctx, d.pub_endpoint)
+        for _ in range(3):
+            roundtrip(d)
+        now = listed(d)
+        in_host = {h for h, c in now.items() if c["tier"] == "host"}
+        only_on_disk = {h for h, c in now.items() if c["tier"] == "disk"}
+        assert only_on_disk, now  # 6 chunks, the host tier holds 3
+        # The host tier's blocks are CPU; those evicted from it and kept on disk are STORAGE.
+        sub.drain(lambda s: medium_index(s, "CPU") == in_host
+                  and medium_index(s, "STORAGE") >= only_on_disk)
+    finally:
+        ctx.destroy(linger=0)
+        d.stop()
