@@ -19,7 +19,10 @@ PACKAGES=(build-essential cmake ninja-build pkg-config ccache git
   python3-dev pybind11-dev python3-numpy python3-pytest python3-yaml libcli11-dev
   # etcd 3.4: the store of cluster membership (kvd talks to its HTTP gateway); the cluster tests
   # start a private etcd-server on loopback, and operators inspect it with etcdctl.
-  etcd-server etcd-client)
+  etcd-server etcd-client
+  # KV events in vLLM's KVEvents wire format (daemon kv_events:): ZeroMQ PUB/ROUTER sockets and
+  # msgpack encoding (header-only msgpack-cxx).
+  libzmq3-dev libmsgpack-cxx-dev)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

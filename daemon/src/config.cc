@@ -177,6 +177,7 @@ Status DaemonConfig::Validate() const {
   }
   if (hash_seed.empty()) return Status::InvalidArgument("hash_seed: must not be empty");
   if (cluster) KVD_RETURN_IF_ERROR(ResolvedCluster()->Validate());
+  if (kv_events) KVD_RETURN_IF_ERROR(kv_events->Validate());
   if (models.empty()) return Status::InvalidArgument("models: at least one model is required");
   std::set<std::string> names;
   for (size_t i = 0; i < models.size(); ++i) {

@@ -373,12 +373,28 @@ Status BindCluster(const YAML::Node& n, cluster::MembershipOptions* o) {
   return Status::Ok();
 }
 
+// `kv_events: {endpoint, replay_endpoint, topic, buffer_steps, max_batch_events, hwm}`.
+Status BindKvEvents(const YAML::Node& n, KvEventsOptions* o) {
+  KVD_RETURN_IF_ERROR(CheckMap(n, "kv_events",
+                               {"endpoint", "replay_endpoint", "topic", "buffer_steps",
+                                "max_batch_events", "hwm"}));
+  KVD_RETURN_IF_ERROR(GetString(n, "kv_events", "endpoint", &o->endpoint));
+  KVD_RETURN_IF_ERROR(GetString(n, "kv_events", "replay_endpoint", &o->replay_endpoint));
+  KVD_RETURN_IF_ERROR(GetString(n, "kv_events", "topic", &o->topic));
+  KVD_RETURN_IF_ERROR(GetInt(n, "kv_events", "buffer_steps", &o->buffer_steps, 1, 10000000));
+  KVD_RETURN_IF_ERROR(
+      GetInt(n, "kv_events", "max_batch_events", &o->max_batch_events, 1, 65536));
+  KVD_RETURN_IF_ERROR(GetInt(n, "kv_events", "hwm", &o->hwm, 1, 10000000));
+  return Status::Ok();
+}
+
 Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   if (root.IsNull() || !root.IsDefined()) return Status::Ok();  // an empty file: all defaults
   KVD_RETURN_IF_ERROR(
       CheckMap(root, "",
                {"node", "listen", "metrics", "transport", "chunk_tokens", "hash_seed", "models",
-                "tiers", "limits", "auth", "quotas", "state_dir", "protocol", "cluster"}));
+                "tiers", "limits", "auth", "quotas", "state_dir", "protocol", "cluster",
+                "kv_events"}));
   KVD_RETURN_IF_ERROR(GetString(root, "", "state_dir", &c->state_dir));
   KVD_RETURN_IF_ERROR(GetString(root, "", "node", &c->node_name));
   if (YAML::Node n = root["listen"]; n.IsDefined()) {
@@ -490,6 +506,11 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     cluster::MembershipOptions cluster;
     KVD_RETURN_IF_ERROR(BindCluster(n, &cluster));
     c->cluster = std::move(cluster);
+  }
+  if (YAML::Node n = root["kv_events"]; n.IsDefined() && !n.IsNull()) {
+    KvEventsOptions kv_events;
+    KVD_RETURN_IF_ERROR(BindKvEvents(n, &kv_events));
+    c->kv_events = std::move(kv_events);
   }
   if (YAML::Node n = root["quotas"]; n.IsDefined() && !n.IsNull()) {
     KVD_RETURN_IF_ERROR(BindQuotas(n, &c->quotas));

@@ -330,6 +330,9 @@ Status Server::Impl::Start() {
   if (unix_acceptor_) asio::co_spawn(io_, AcceptUnix(), asio::detached);
   expiry_timer_.emplace(io_);
   asio::co_spawn(io_, ExpiryLoop(), asio::detached);
+  if (config_.kv_events) {
+    KVD_ASSIGN_OR_RETURN(kv_events_, KvEventsPublisher::Start(*config_.kv_events, &events_));
+  }
   if (config_.cluster) {
     KVD_ASSIGN_OR_RETURN(membership_, StartClusterMembership(config_, tcp_address_, local_address_,
                                                              manager_.get()));
@@ -377,6 +380,7 @@ void Server::Impl::Run() {
   if (shutdown_requested_.load()) asio::post(io_, [this] { BeginShutdown(); });
   io_.run();
   if (membership_) membership_->Stop();  // revokes the lease: the others see this node leave
+  if (kv_events_) kv_events_->Stop();
   StopPrefault();
   progress_->Stop();
   nccl_->Stop();

@@ -23,6 +23,7 @@
 #include "kvd/daemon/server.h"
 #include "kvd/storage/disk_tier.h"
 #include "kvd/storage/tier_manager.h"
+#include "kv_events_publisher.h"
 #include "metrics.h"
 #include "metrics_http.h"
 #include "nccl_link.h"
@@ -180,6 +181,9 @@ class Server::Impl : public ReservationBook, public PutServices, public GetServi
   // config.cluster: this node's registration in etcd (thread-safe; started by Start, stopped by
   // Run after the io_context ends). nullptr for a single node.
   std::unique_ptr<cluster::Membership> membership_;
+  // config.kv_events: the tiers' events published in vLLM's KVEvents format (started by Start,
+  // stopped by Run after the loop).
+  std::unique_ptr<KvEventsPublisher> kv_events_;
   // One per model with a compression policy. Declared after the tiers: destroyed (pool threads
   // joined) before them.
   std::map<std::string, std::unique_ptr<ChunkCodec>> codecs_;

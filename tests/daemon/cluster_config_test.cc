@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "config_cases.h"
 #include "kvd/daemon/config.h"
 
 namespace kvd::daemon {
@@ -42,11 +43,7 @@ TEST(ClusterConfigTest, BindsEveryKeyAndDefaultsNodeToTheNodeName) {
 }
 
 TEST(ClusterConfigTest, InvalidValuesNameTheKey) {
-  struct Case {
-    const char* yaml;
-    const char* names;
-  };
-  const Case cases[] = {
+  ExpectInvalidNamingKey({
       {"cluster: {name: c}\n", "cluster.etcd: required"},
       {"cluster: {etcd: [\"no-port\"], name: c}\n", "cluster.etcd"},
       {"cluster: {etcd: [{a: 1}], name: c}\n", "cluster.etcd[0]"},
@@ -57,13 +54,7 @@ TEST(ClusterConfigTest, InvalidValuesNameTheKey) {
       {"cluster: {etcd: [h:1], name: c, lease_ttl_s: 1}\n", "cluster.lease_ttl_s"},
       {"cluster: {etcd: [h:1], name: c, members: 3}\n", "cluster.members: unknown key"},
       {"cluster: [h:1]\n", "cluster: must be a mapping"},
-  };
-  for (const Case& c : cases) {
-    auto parsed = ParseConfigYaml(c.yaml, "t.yaml");
-    ASSERT_FALSE(parsed.ok()) << c.yaml;
-    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << c.yaml;
-    EXPECT_THAT(parsed.status().message(), HasSubstr(c.names)) << c.yaml;
-  }
+  });
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "kvd/common/layout.h"
 #include "kvd/common/status.h"
 #include "kvd/daemon/compression_policy.h"
+#include "kvd/daemon/kv_events.h"
 #include "kvd/storage/gpu_tier.h"
 #include "kvd/storage/options.h"
 #include "kvd/transport/options.h"
@@ -296,6 +297,10 @@ struct DaemonConfig {
   std::optional<cluster::MembershipOptions> cluster;
   // `cluster` with cluster.node defaulted to node_name; nullopt without a cluster.
   std::optional<cluster::MembershipOptions> ResolvedCluster() const;
+  // KV events for routers in vLLM's KVEvents wire format (YAML `kv_events`: endpoint,
+  // replay_endpoint, topic, buffer_steps, max_batch_events, hwm; kvd/daemon/kv_events.h).
+  // Absent (default): nothing is published.
+  std::optional<KvEventsOptions> kv_events;
   // Where daemon state other than chunks (VECTOR calibration weights) is saved WITHOUT a disk
   // tier: files in this directory. YAML `state_dir`. "" (default) = the directory of the config
   // file kvd was started with (`config_dir`, set by kvd); with neither (embedded default config)

@@ -1,0 +1,236 @@
+#include "kv_events_publisher.h"
+
+#include <zmq.h>
+
+#include <chrono>
+#include <cstring>
+#include <msgpack.hpp>
+#include <string_view>
+
+#include "kvd/common/logging.h"
+
+namespace kvd::daemon {
+namespace {
+
+using Packer = msgpack::packer<msgpack::sbuffer>;
+
+// Poll period of the thread while no event is queued (replay requests are answered meanwhile).
+constexpr int kIdlePollMs = 10;
+
+void PackStr(Packer& pk, std::string_view s) {
+  pk.pack_str(static_cast<uint32_t>(s.size()));
+  pk.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
+}
+
+// vLLM's medium names (MEDIUM_GPU / MEDIUM_CPU / MEDIUM_STORAGE) of kvd's tiers.
+std::string_view Medium(storage::TierKind tier) {
+  switch (tier) {
+    case storage::TierKind::kGpu:
+      return "GPU";
+    case storage::TierKind::kHost:
+      return "CPU";
+    case storage::TierKind::kDisk:
+      return "STORAGE";
+  }
+  return "CPU";
+}
+
+// The block hash routers key on: the low 64 bits of the chunk's chain hash (vLLM's integer block
+// hashes are likewise the low 64 bits of its digest).
+uint64_t BlockHash(const storage::ChunkKey& key) { return key.chain_hash.lo; }
+
+void PackStored(Packer& pk, const storage::ChunkEvent& e) {
+  pk.pack_map(8);
+  PackStr(pk, "type");
+  PackStr(pk, "BlockStored");
+  PackStr(pk, "block_hashes");
+  pk.pack_array(1);
+  pk.pack_uint64(BlockHash(e.key));
+  PackStr(pk, "parent_block_hash");
+  pk.pack_nil();  // kvd's chunk key is a chain hash: it does not know its parent's
+  PackStr(pk, "token_ids");
+  pk.pack_array(0);  // kvd receives chain hashes, never token ids
+  PackStr(pk, "block_size");
+  pk.pack_uint32(e.tokens);
+  PackStr(pk, "lora_id");
+  pk.pack_nil();
+  PackStr(pk, "medium");
+  PackStr(pk, Medium(e.tier));
+  PackStr(pk, "lora_name");
+  pk.pack_nil();
+}
+
+void PackRemoved(Packer& pk, const storage::ChunkEvent& e) {
+  pk.pack_map(3);
+  PackStr(pk, "type");
+  PackStr(pk, "BlockRemoved");
+  PackStr(pk, "block_hashes");
+  pk.pack_array(1);
+  pk.pack_uint64(BlockHash(e.key));
+  PackStr(pk, "medium");
+  PackStr(pk, Medium(e.tier));
+}
+
+std::string BigEndian(uint64_t v) {
+  std::string out(8, '\0');
+  for (int i = 7; i >= 0; --i, v >>= 8) out[i] = static_cast<char>(v & 0xff);
+  return out;
+}
+
+// Sends `frames` as one multipart message (blocking; PUB never blocks, it drops at its HWM).
+void SendMultipart(void* socket, std::initializer_list<std::string_view> frames) {
+  size_t i = 0;
+  for (std::string_view f : frames) {
+    const int flags = ++i < frames.size() ? ZMQ_SNDMORE : 0;
+    if (zmq_send(socket, f.data(), f.size(), flags) < 0) {
+      KVD_LOG(WARNING) << "kv_events: send failed" << Kv("error", zmq_strerror(zmq_errno()));
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+std::string EncodeKvEventBatch(double ts, const std::vector<QueuedEvent>& events) {
+  uint32_t n = 0;
+  for (const QueuedEvent& q : events) n += q.dropped == 0 ? 1 : 0;
+  msgpack::sbuffer buf;
+  Packer pk(&buf);
+  pk.pack_array(3);
+  pk.pack_double(ts);
+  pk.pack_array(n);
+  for (const QueuedEvent& q : events) {
+    if (q.dropped != 0) continue;
+    if (q.event.kind == storage::ChunkEventKind::kStored) {
+      PackStored(pk, q.event);
+    } else {
+      PackRemoved(pk, q.event);
+    }
+  }
+  pk.pack_uint32(0);  // data_parallel_rank
+  return std::string(buf.data(), buf.size());
+}
+
+KvEventsPublisher::KvEventsPublisher(KvEventsOptions options, EventHub* hub)
+    : options_(std::move(options)), hub_(hub) {}
+
+StatusOr<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(
+    const KvEventsOptions& options, EventHub* hub) {
+  std::unique_ptr<KvEventsPublisher> p(new KvEventsPublisher(options, hub));
+  KVD_RETURN_IF_ERROR(p->Bind());
+  // The admin tenant (""), every namespace, the largest queue the hub grants. The thread polls:
+  // the wake callback has nothing to do.
+  p->sub_ = hub->Subscribe("", std::nullopt, UINT32_MAX, [] {});
+  p->thread_ = std::thread([raw = p.get()] { raw->Run(); });
+  KVD_LOG(INFO) << "kv_events publishing" << Kv("endpoint", options.endpoint)
+                << Kv("replay_endpoint", options.replay_endpoint) << Kv("topic", options.topic);
+  return p;
+}
+
+Status KvEventsPublisher::Bind() {
+  context_ = zmq_ctx_new();
+  if (context_ == nullptr) return Status::Internal("kv_events: zmq_ctx_new failed");
+  pub_ = zmq_socket(context_, ZMQ_PUB);
+  const int hwm = static_cast<int>(options_.hwm), linger = 0;
+  zmq_setsockopt(pub_, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+  zmq_setsockopt(pub_, ZMQ_LINGER, &linger, sizeof(linger));
+  if (zmq_bind(pub_, options_.endpoint.c_str()) != 0) {
+    return Status::Unavailable("kv_events.endpoint: cannot bind \"" + options_.endpoint +
+                               "\": " + zmq_strerror(zmq_errno()));
+  }
+  if (options_.replay_endpoint.empty()) return Status::Ok();
+  replay_ = zmq_socket(context_, ZMQ_ROUTER);
+  zmq_setsockopt(replay_, ZMQ_LINGER, &linger, sizeof(linger));
+  if (zmq_bind(replay_, options_.replay_endpoint.c_str()) != 0) {
+    return Status::Unavailable("kv_events.replay_endpoint: cannot bind \"" +
+                               options_.replay_endpoint + "\": " + zmq_strerror(zmq_errno()));
+  }
+  return Status::Ok();
+}
+
+KvEventsPublisher::~KvEventsPublisher() { Stop(); }
+
+void KvEventsPublisher::Stop() {
+  if (sub_) hub_->Unsubscribe(sub_);
+  stop_.store(true);
+  if (thread_.joinable()) {
+    thread_.join();
+    KVD_LOG(INFO) << "kv_events stopped" << Kv("batches", published())
+                  << Kv("events_lost", dropped());
+  }
+  if (replay_ != nullptr) zmq_close(replay_);
+  if (pub_ != nullptr) zmq_close(pub_);
+  if (context_ != nullptr) zmq_ctx_term(context_);
+  replay_ = pub_ = context_ = nullptr;
+}
+
+void KvEventsPublisher::Run() {
+  std::vector<QueuedEvent> batch;
+  bool more = false;  // the last Take filled a batch: do not wait before the next
+  while (!stop_.load()) {
+    zmq_pollitem_t item{replay_, 0, ZMQ_POLLIN, 0};
+    const int timeout = more ? 0 : kIdlePollMs;
+    if (replay_ != nullptr) {
+      if (zmq_poll(&item, 1, timeout) > 0 && (item.revents & ZMQ_POLLIN)) ServeReplay();
+    } else if (!more) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(timeout));
+    }
+    batch.clear();
+    hub_->Take(*sub_, static_cast<size_t>(options_.max_batch_events), &batch);
+    more = batch.size() == static_cast<size_t>(options_.max_batch_events);
+    uint64_t lost = 0;
+    size_t events = 0;
+    for (const QueuedEvent& q : batch) {
+      lost += q.dropped;
+      events += q.dropped == 0 ? 1 : 0;
+    }
+    if (lost > 0) {
+      dropped_.fetch_add(lost);
+      KVD_LOG(WARNING) << "kv_events: the event queue overflowed; routers miss events"
+                       << Kv("lost", lost);
+    }
+    if (events > 0) Publish(batch);
+  }
+}
+
+void KvEventsPublisher::Publish(const std::vector<QueuedEvent>& events) {
+  const double ts =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::string payload = EncodeKvEventBatch(ts, events);
+  const uint64_t seq = next_sequence_.load();
+  const std::string seq_bytes = BigEndian(seq);
+  SendMultipart(pub_, {options_.topic, seq_bytes, payload});
+  next_sequence_.store(seq + 1);
+  if (replay_ == nullptr) return;
+  kept_.emplace_back(seq, std::move(payload));
+  while (kept_.size() > static_cast<size_t>(options_.buffer_steps)) kept_.pop_front();
+}
+
+void KvEventsPublisher::ServeReplay() {
+  std::vector<std::string> frames;
+  for (int more = 1; more;) {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    if (zmq_msg_recv(&msg, replay_, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&msg);
+      return;
+    }
+    frames.emplace_back(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+    more = zmq_msg_more(&msg);
+    zmq_msg_close(&msg);
+  }
+  if (frames.size() != 3 || frames[2].size() != 8) {
+    KVD_LOG(WARNING) << "kv_events: malformed replay request" << Kv("frames", frames.size());
+    return;
+  }
+  uint64_t start = 0;
+  for (unsigned char c : frames[2]) start = (start << 8) | c;
+  const std::string& client = frames[0];
+  for (const auto& [seq, payload] : kept_) {
+    if (seq < start) continue;
+    SendMultipart(replay_, {client, "", options_.topic, BigEndian(seq), payload});
+  }
+  SendMultipart(replay_, {client, "", "", BigEndian(UINT64_MAX), ""});  // -1: the end
+}
+
+}  // namespace kvd::daemon

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs test_kv_events.py with the vLLM venv's python (it decodes with vLLM's own classes):
+#   run_pytest.sh VENV_PYTHON [pytest args...]
+# Exit 77 (ctest: skipped) when deploy/setup-vllm.sh did not install the venv.
+set -euo pipefail
+py=$1
+shift
+venv=$(dirname "$(dirname "$py")")
+if [[ ! -x $py ]] || ! compgen -G "$venv/lib/python3*/site-packages/vllm/distributed/kv_events.py" \
+    >/dev/null; then
+  echo "SKIP: no vLLM venv with vllm.distributed.kv_events at $py (deploy/setup-vllm.sh)"
+  exit 77
+fi
+cd "$(dirname "$0")"
+exec "$py" -m pytest -q -p no:cacheprovider -rA test_kv_events.py "$@"
