@@ -39,7 +39,6 @@ class RelayTransport : public Transport {
 
   static StatusOr<std::unique_ptr<Transport>> Create(const TransportOptions& options) {
     RelayOptions relay = BackendOptionsOf<RelayOptions>(options);
-    KVD_RETURN_IF_ERROR(relay.Validate());  // the defaults when none were set
     TransportOptions inner = options;
     inner.backend = "loopback";
     inner.backend_options = nullptr;
