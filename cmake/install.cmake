@@ -43,7 +43,11 @@ if(TARGET kvd_client)
     ${PROJECT_SOURCE_DIR}/common/include/kvd/common/layout.h
     ${PROJECT_SOURCE_DIR}/common/include/kvd/common/status.h
     DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvd/common)
-  install(FILES ${PROJECT_SOURCE_DIR}/transport/include/kvd/transport/options.h
+  install(FILES
+    ${PROJECT_SOURCE_DIR}/transport/include/kvd/transport/loopback_options.h
+    ${PROJECT_SOURCE_DIR}/transport/include/kvd/transport/nccl_options.h
+    ${PROJECT_SOURCE_DIR}/transport/include/kvd/transport/options.h
+    ${PROJECT_SOURCE_DIR}/transport/include/kvd/transport/ucx_options.h
     DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvd/transport)
 
   install(EXPORT kvdTargets NAMESPACE kvd:: DESTINATION ${KVD_INSTALL_CMAKEDIR})

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include "kvd/common/logging.h"
 #include "kvd/daemon/config.h"
+#include "kvd/transport/registry.h"
 #include "quotas.h"
 
 namespace kvd::daemon {
@@ -388,6 +390,20 @@ Status BindKvEvents(const YAML::Node& n, KvEventsOptions* o) {
   return Status::Ok();
 }
 
+// The `transport:` section: its scalars go to the transport registry, whose backends bind their
+// own keys (kvd/transport/registry.h).
+Status BindTransport(const YAML::Node& n, transport::TransportOptions* t) {
+  if (!n.IsMap()) return Status::InvalidArgument("transport: must be a mapping");
+  transport::TransportSection section;
+  for (const auto& kv : n) {
+    std::string key = kv.first.as<std::string>();
+    std::string text;
+    KVD_ASSIGN_OR_RETURN(bool present, Scalar(n, "transport", key.c_str(), &text));
+    section.emplace_back(key, present ? std::optional<std::string>(text) : std::nullopt);
+  }
+  return transport::BindTransportOptions(section, t);
+}
+
 Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   if (root.IsNull() || !root.IsDefined()) return Status::Ok();  // an empty file: all defaults
   KVD_RETURN_IF_ERROR(
@@ -407,24 +423,7 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     KVD_RETURN_IF_ERROR(GetString(n, "metrics", "listen", &c->metrics.listen));
   }
   if (YAML::Node n = root["transport"]; n.IsDefined()) {
-    KVD_RETURN_IF_ERROR(CheckMap(n, "transport",
-                                 {"backend", "ucx_tls", "net_devices", "keepalive_interval_ms",
-                                  "enable_rma", "enable_wakeup", "loopback_domain",
-                                  "close_timeout_ms", "nccl_device", "nccl_init_timeout_ms"}));
-    auto& t = c->transport;
-    KVD_RETURN_IF_ERROR(GetString(n, "transport", "backend", &t.backend));
-    KVD_RETURN_IF_ERROR(GetString(n, "transport", "ucx_tls", &t.ucx_tls));
-    KVD_RETURN_IF_ERROR(GetString(n, "transport", "net_devices", &t.net_devices));
-    KVD_RETURN_IF_ERROR(
-        GetInt(n, "transport", "keepalive_interval_ms", &t.keepalive_interval_ms, 0, 3600000));
-    KVD_RETURN_IF_ERROR(GetBool(n, "transport", "enable_rma", &t.enable_rma));
-    KVD_RETURN_IF_ERROR(GetBool(n, "transport", "enable_wakeup", &t.enable_wakeup));
-    KVD_RETURN_IF_ERROR(GetString(n, "transport", "loopback_domain", &t.loopback_domain));
-    KVD_RETURN_IF_ERROR(
-        GetInt(n, "transport", "close_timeout_ms", &t.close_timeout_ms, 0, 3600000));
-    KVD_RETURN_IF_ERROR(GetInt(n, "transport", "nccl_device", &t.nccl_device, 0, 1023));
-    KVD_RETURN_IF_ERROR(
-        GetInt(n, "transport", "nccl_init_timeout_ms", &t.nccl_init_timeout_ms, 1, 3600000));
+    KVD_RETURN_IF_ERROR(BindTransport(n, &c->transport));
   }
   KVD_RETURN_IF_ERROR(GetInt(root, "", "chunk_tokens", &c->chunk_tokens, 1, 1 << 20));
   KVD_RETURN_IF_ERROR(GetString(root, "", "hash_seed", &c->hash_seed));

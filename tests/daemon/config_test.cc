@@ -179,6 +179,13 @@ TEST(ConfigTest, InvalidValuesNameKeyAndValue) {
        "head_dim: 2}}]",
        {"models[0].compression", "kvslimmer"}},
       {"transport: {enable_rma: maybe}", {"transport.enable_rma", "maybe"}},
+      // The backends bind their own keys (kvd/transport/registry.h); errors still name them.
+      {"transport: {ucx_tsl: tcp}", {"transport.ucx_tsl", "unknown key", "ucx_tls"}},
+      {"transport: {backend: loopback, colour:}", {"transport.colour", "unknown key"}},
+      {"transport: {nccl_device: 1024}", {"transport.nccl_device", "1024", "[0, 1023]"}},
+      {"transport: {keepalive_interval_ms: soon}", {"transport.keepalive_interval_ms", "soon"}},
+      {"transport: {close_timeout_ms: -1}", {"transport.close_timeout_ms", "-1"}},
+      {"transport: [ucx]", {"transport", "mapping"}},
       {"transport: {backend: none}\ntiers: {host: {shared_memory: false}}",
        {"transport.backend: none", "tiers.host.shared_memory"}},
       {"transport: {backend: none}\ntiers: {host: {capacity: 64MiB, segment: 64MiB}}",

@@ -3,10 +3,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "kvd/transport/options.h"
+#include "kvd/transport/registry.h"
+#include "relay_backend.h"
 
 namespace kvd::transport::testing {
 
@@ -28,10 +32,23 @@ inline size_t FirstMismatch(uint64_t seed, const uint8_t* p, size_t n) {
   return n;
 }
 
-// Named configurations the tests run over: "loopback", "ucx-tcp", "ucx-sm".
+// The topology's `transport:` section of the "relay" configuration (relay_backend.h).
+inline TransportSection RelaySection() {
+  return {{"backend", "relay"}, {"relay_channel", "contract"}, {"relay_progress_passes", "2"}};
+}
+
+// Named configurations the tests run over: "loopback", "ucx-tcp", "ucx-sm", "ucx-shm-trusted",
+// "relay" (a backend registered by the test, bound from RelaySection; aborts if that fails).
 inline TransportOptions OptionsFor(const std::string& config) {
   TransportOptions o;
-  if (config == "loopback") {
+  if (config == "relay") {
+    Status s = RegisterRelayBackend();
+    if (s.ok()) s = BindTransportOptions(RelaySection(), &o);
+    if (!s.ok()) {
+      std::fprintf(stderr, "OptionsFor(relay): %s\n", s.ToString().c_str());
+      std::abort();
+    }
+  } else if (config == "loopback") {
     o.backend = "loopback";
   } else if (config == "ucx-tcp") {  // everything through UCX over tcp
     o.ucx_tls = "tcp";

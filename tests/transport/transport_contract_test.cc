@@ -1,15 +1,19 @@
 // The Transport contract, run in one process over every backend configuration: loopback, UCX over
-// tcp and UCX over shared memory (two UCX contexts/workers talking to each other).
+// tcp and UCX over shared memory (two UCX contexts/workers talking to each other), and "relay",
+// a backend registered by the test itself (relay_backend.h).
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "kvd/common/hash.h"
+#include "kvd/transport/registry.h"
 #include "kvd/transport/transport.h"
 #include "test_util.h"
 
@@ -89,7 +93,7 @@ class TransportContractTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(TransportContractTest, CapabilitiesNameTheBackend) {
   const Capabilities& c = a_->capabilities();
-  EXPECT_EQ(c.backend, GetParam() == "loopback" ? "loopback" : "ucx");
+  EXPECT_EQ(c.backend, GetParam().rfind("ucx", 0) == 0 ? "ucx" : GetParam());
   EXPECT_TRUE(c.host_memory);
   EXPECT_TRUE(c.tag_messages);
   EXPECT_EQ(c.peer_failure_detection, GetParam() != "ucx-shm-trusted");
@@ -540,7 +544,8 @@ TEST_P(TransportContractTest, ManyThreadsPostWhileProgressThreadsRun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TransportContractTest,
-                         ::testing::Values("loopback", "ucx-tcp", "ucx-sm", "ucx-shm-trusted"),
+                         ::testing::Values("loopback", "ucx-tcp", "ucx-sm", "ucx-shm-trusted",
+                                           "relay"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n) c = c == '-' ? '_' : c;
@@ -576,6 +581,78 @@ TEST(TransportRegistryTest, NewBackendRegistersWithoutEditingTheBase) {
   EXPECT_EQ((*t)->capabilities().backend, "loopback");
   auto names = RegisteredTransportBackends();
   EXPECT_NE(std::find(names.begin(), names.end(), "test-wrapper"), names.end());
+}
+
+// A backend registered outside transport/ binds its own topology keys into its own options.
+TEST(TransportRegistryTest, RegisteredBackendBindsItsOwnKeys) {
+  TransportOptions o = testing::OptionsFor("relay");
+  EXPECT_EQ(o.backend, "relay");
+  testing::RelayOptions relay = BackendOptionsOf<testing::RelayOptions>(o);
+  EXPECT_EQ(relay.channel, "contract");
+  EXPECT_EQ(relay.progress_passes, 2);
+  EXPECT_EQ(testing::RelayOptions{}.channel, "default");  // documented defaults
+  EXPECT_EQ(testing::RelayOptions{}.progress_passes, 1);
+  EXPECT_EQ(BackendOptionsOf<testing::RelayOptions>(TransportOptions{}).channel, "default");
+  // Copies do not share what a binder writes afterwards.
+  TransportOptions copy = o;
+  ASSERT_TRUE(BindTransportOptions({{"relay_channel", "other"}}, &copy).ok());
+  EXPECT_EQ(BackendOptionsOf<testing::RelayOptions>(copy).channel, "other");
+  EXPECT_EQ(BackendOptionsOf<testing::RelayOptions>(o).channel, "contract");
+  EXPECT_EQ(BackendOptionsOf<testing::RelayOptions>(copy).progress_passes, 2);
+}
+
+TEST(TransportRegistryTest, BindingErrorsNameTheKey) {
+  ASSERT_TRUE(testing::RegisterRelayBackend().ok());
+  struct Case {
+    TransportSection section;
+    std::string expected;
+  };
+  std::vector<Case> cases = {
+      {{{"backend", "relay"}, {"relay_chanel", "x"}}, "transport.relay_chanel: unknown key"},
+      // A backend's keys are not known with another backend chosen (the built-ins' are).
+      {{{"backend", "ucx"}, {"relay_channel", "x"}}, "transport.relay_channel: unknown key"},
+      {{{"backend", "relay"}, {"relay_progress_passes", "0"}},
+       "transport.relay_progress_passes: \"0\" is outside [1, 64]"},
+      {{{"backend", "relay"}, {"relay_progress_passes", "two"}},
+       "transport.relay_progress_passes: \"two\" is not an integer"},
+      {{{"backend", "loopback"}, {"nccl_device", "2000"}}, "transport.nccl_device"},
+      {{{"enable_rma", "maybe"}}, "transport.enable_rma: \"maybe\" is not a boolean"},
+  };
+  for (const Case& c : cases) {
+    TransportOptions o;
+    Status s = BindTransportOptions(c.section, &o);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.expected;
+    EXPECT_NE(s.message().find(c.expected), std::string::npos) << s;
+  }
+  // The built-in backends' keys bind whichever backend is chosen; a key without a value is
+  // known and keeps its default.
+  TransportOptions o;
+  ASSERT_TRUE(BindTransportOptions({{"backend", "relay"},
+                                    {"ucx_tls", "tcp"},
+                                    {"nccl_device", "3"},
+                                    {"loopback_domain", std::nullopt},
+                                    {"close_timeout_ms", "10"}},
+                                   &o)
+                  .ok());
+  EXPECT_EQ(o.ucx_tls, "tcp");
+  EXPECT_EQ(o.nccl_device, 3);
+  EXPECT_EQ(o.loopback_domain, "default");
+  EXPECT_EQ(o.close_timeout_ms, 10);
+}
+
+TEST(TransportRegistryTest, CreateValidatesTheBackendsOwnOptions) {
+  TransportOptions o = testing::OptionsFor("relay");
+  MutableBackendOptions<testing::RelayOptions>(&o).channel = "";
+  auto t = CreateTransport(o);
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("RelayOptions.channel"), std::string::npos) << t.status();
+  TransportBackend keyless;
+  keyless.name = "test-keyless";
+  keyless.create = [](const TransportOptions&) {
+    return StatusOr<std::unique_ptr<Transport>>(Status::Internal("x"));
+  };
+  keyless.keys.push_back({"test_key", nullptr});
+  EXPECT_EQ(RegisterTransportBackend(keyless).code(), StatusCode::kInvalidArgument);
 }
 
 // RMA is off unless asked for (options.h: with it on, any peer can read and write this process's

@@ -1,13 +1,5 @@
 #include "kvd/transport/transport.h"
 
-#include <algorithm>
-#include <map>
-#include <mutex>
-
-#include "loopback/loopback_transport.h"
-#include "nccl/nccl_transport.h"
-#include "ucx/ucx_transport.h"
-
 namespace kvd::transport {
 
 std::string_view MemoryTypeName(MemoryType type) {
@@ -34,50 +26,16 @@ std::string_view TransferOpName(TransferOp op) {
   return "unknown";
 }
 
-namespace {
-
-bool ValidUcxList(const std::string& s) {
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == ',' || c == ':' ||
-           c == '.' || c == '-' || c == '^';
-  });
-}
-
-}  // namespace
-
 Status TransportOptions::Validate() const {
   if (backend.empty()) return Status::InvalidArgument("TransportOptions.backend is empty");
-  if (!ValidUcxList(ucx_tls)) {
-    return Status::InvalidArgument("TransportOptions.ucx_tls has an invalid character: '" +
-                                   ucx_tls + "' (expected e.g. \"tcp\" or \"sm,tcp\")");
-  }
-  if (!ValidUcxList(net_devices)) {
-    return Status::InvalidArgument("TransportOptions.net_devices has an invalid character: '" +
-                                   net_devices + "' (expected e.g. \"lo\" or \"eth0,lo\")");
-  }
-  if (keepalive_interval_ms < 0) {
-    return Status::InvalidArgument("TransportOptions.keepalive_interval_ms is negative: " +
-                                   std::to_string(keepalive_interval_ms));
-  }
-  if (cma_threshold_bytes < 0) {
-    return Status::InvalidArgument("TransportOptions.cma_threshold_bytes is negative: " +
-                                   std::to_string(cma_threshold_bytes));
-  }
   if (close_timeout_ms < 0) {
     return Status::InvalidArgument("TransportOptions.close_timeout_ms is negative: " +
                                    std::to_string(close_timeout_ms));
   }
-  if (nccl_device < 0) {
-    return Status::InvalidArgument("TransportOptions.nccl_device is negative: " +
-                                   std::to_string(nccl_device));
-  }
-  if (nccl_init_timeout_ms <= 0) {
-    return Status::InvalidArgument("TransportOptions.nccl_init_timeout_ms must be > 0, got " +
-                                   std::to_string(nccl_init_timeout_ms));
-  }
-  if (loopback_domain.empty()) {
-    return Status::InvalidArgument("TransportOptions.loopback_domain is empty");
-  }
+  KVD_RETURN_IF_ERROR(UcxOptions::Validate());
+  KVD_RETURN_IF_ERROR(LoopbackOptions::Validate());
+  KVD_RETURN_IF_ERROR(NcclOptions::Validate());
+  if (backend_options != nullptr) KVD_RETURN_IF_ERROR(backend_options->Validate());
   return Status::Ok();
 }
 
@@ -147,67 +105,6 @@ Status Transport::RecvBlocking(PeerHandle peer, uint64_t tag, void* data, size_t
                                std::chrono::milliseconds timeout, size_t* received) {
   KVD_ASSIGN_OR_RETURN(TransferHandle h, PostRecv(peer, tag, data, length));
   return FinishBlocking(*this, h, timeout, received);
-}
-
-// ---- registry ----
-
-namespace {
-
-struct Registry {
-  std::mutex mu;
-  std::map<std::string, TransportFactory> factories;
-};
-
-Registry& GetRegistry() {
-  static Registry* registry = [] {
-    auto* r = new Registry();
-    r->factories["ucx"] = &ucx::UcxTransport::Create;
-    r->factories["loopback"] = &loopback::LoopbackTransport::Create;
-    r->factories["none"] = &loopback::LoopbackTransport::CreateNone;  // no bulk transport
-    r->factories["nccl"] = &nccl::CreateNcclTransport;  // UNAVAILABLE without NCCL or a GPU
-    return r;
-  }();
-  return *registry;
-}
-
-}  // namespace
-
-StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options) {
-  KVD_RETURN_IF_ERROR(options.Validate());
-  TransportFactory factory;
-  {
-    Registry& r = GetRegistry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    auto it = r.factories.find(options.backend);
-    if (it == r.factories.end()) {
-      std::string names;
-      for (const auto& [name, f] : r.factories) names += (names.empty() ? "" : ", ") + name;
-      return Status::NotFound("unknown transport backend '" + options.backend +
-                              "' (registered: " + names + ")");
-    }
-    factory = it->second;
-  }
-  return factory(options);
-}
-
-Status RegisterTransportBackend(const std::string& name, TransportFactory factory) {
-  if (name.empty() || !factory) {
-    return Status::InvalidArgument("RegisterTransportBackend needs a name and a factory");
-  }
-  Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  if (!r.factories.emplace(name, std::move(factory)).second) {
-    return Status::AlreadyExists("transport backend '" + name + "' is already registered");
-  }
-  return Status::Ok();
-}
-
-std::vector<std::string> RegisteredTransportBackends() {
-  Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  std::vector<std::string> names;
-  for (const auto& [name, f] : r.factories) names.push_back(name);
-  return names;
 }
 
 }  // namespace kvd::transport

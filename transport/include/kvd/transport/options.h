@@ -1,75 +1,35 @@
 // Options of a Transport. Fixed at creation (none can change at runtime).
+//
+// Each backend owns its options: the built-in ones are UcxOptions, LoopbackOptions and
+// NcclOptions (ucx_options.h, ...), which TransportOptions carries as bases (so
+// `options.ucx_tls` reads as before); any other backend keeps its own struct, derived from
+// BackendOptions, in `backend_options` (MutableBackendOptions / BackendOptionsOf below). The
+// topology file's `transport:` keys reach them through each backend's registration
+// (registry.h, BindTransportOptions).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "kvd/common/status.h"
+#include "kvd/transport/loopback_options.h"
+#include "kvd/transport/nccl_options.h"
+#include "kvd/transport/ucx_options.h"
 
 namespace kvd::transport {
 
-struct TransportOptions {
+// Options of a backend registered outside transport/ (see registry.h). Copyable values.
+struct BackendOptions {
+  virtual ~BackendOptions() = default;
+  // INVALID_ARGUMENT naming the field if a value is out of range.
+  virtual Status Validate() const = 0;
+};
+
+struct TransportOptions : UcxOptions, LoopbackOptions, NcclOptions {
   // Registry name of the backend: "ucx" (default) or "loopback" (in-process, for tests); others
   // registered with RegisterTransportBackend.
   std::string backend = "ucx";
-
-  // ---- ucx backend ----
-  // UCX transports, as UCX_TLS: e.g. "tcp", "sm", "posix,sysv,cma,self", "sm,tcp". Empty (the
-  // default) leaves UCX's own choice (its environment, else all transports). When set it
-  // overrides the environment (applied with ucp_config_modify).
-  std::string ucx_tls;
-  // Network devices, as UCX_NET_DEVICES: e.g. "lo" for loopback tests. Empty: UCX's choice.
-  std::string net_devices;
-  // Interval of UCX's keepalive probes, which detect a peer that vanished without closing its
-  // connection (UCX_KEEPALIVE_INTERVAL). 0 keeps UCX's default (20 s in UCX 1.13). Default 1000.
-  // Smaller detects faster and costs a tiny message per peer per interval.
-  int64_t keepalive_interval_ms = 1000;
-  // Create endpoints with UCP_ERR_HANDLING_MODE_PEER, so a peer that vanishes fails its transfers
-  // with UNAVAILABLE instead of hanging (or aborting) the process. Default true. In UCX 1.13 the
-  // shared-memory transports (posix, sysv, cma) have no peer-failure support, so with this on
-  // UCX carries messages and RMA over tcp (see `KVD_UCX_PRINT_EP=1`), UCX_TLS must include tcp,
-  // and RMA needs the target to progress; cma_threshold_bytes restores memcpy-speed bulk. Turn
-  // it off only between processes that share a fate (a benchmark): UCX then uses posix/sysv/cma
-  // and one-sided RMA, but a peer dying mid-transfer ABORTS this process (UCX fatal error).
-  bool peer_failure_detection = true;
-  // Same-host bulk path: a send of at least this many bytes to a peer on the same host (same
-  // boot id, and this process could read a probe word of the peer with process_vm_readv, i.e.
-  // same user and ptrace allowed) moves by one process_vm_readv in the receiver (memcpy speed),
-  // while UCX carries only a 56-byte descriptor and a 16-byte ack. Exists because UCX 1.13 with
-  // peer_failure_detection on carries everything over tcp (~0.7 GB/s on loopback) while a copy
-  // runs at ~6-12 GB/s. A peer dying mid-copy gives UNAVAILABLE (no abort, unlike UCX's own cma
-  // without error handling). Needs both sides Connected to each other (the ack goes back on the
-  // receiver's endpoint). The receiver copies inside Progress()/Wait() of whichever thread
-  // calls them, with the transport's lock released (posting threads are not held up). The
-  // receiver reads only a sender that proves it holds
-  // the receiver's secret nonce (from LocalAddress, given out over the control plane), so a peer
-  // cannot aim it at another process's memory (a reader needs ptrace rights over the sender,
-  // which already let it read all of the sender). Default 64 KiB; 0 = off (all through UCX).
-  int64_t cma_threshold_bytes = 64 << 10;
-  // Expose RMA (Read/Write, Export/ImportRegion) and request UCP_FEATURE_RMA. Default false.
-  // SECURITY: with it on, every peer holding an endpoint to this transport can read and write
-  // ANY address of this process, not only exported regions: on the lanes UCX picks with
-  // peer_failure_detection (tcp) it emulates RMA in software, and the target reads or writes at
-  // the address in the message without checking the remote key (transport/README.md, "One-sided
-  // RMA"). Off, UCX installs no handler for those messages and the target drops them. Turn it
-  // on only between processes that trust each other, or on lanes that check keys in hardware
-  // (InfiniBand / RoCE verbs). kvd's daemon and client never use RMA.
-  bool enable_rma = false;
-  // Request UCP_FEATURE_WAKEUP so WaitForEvents can sleep on the worker's event fd instead of
-  // polling. Default true; falls back to short sleeps if the worker has no event fd.
-  bool enable_wakeup = true;
-
-  // ---- loopback backend ----
-  // Transports with the same domain name in one process can Connect to each other. Default
-  // "default". Tests use distinct names to isolate themselves.
-  std::string loopback_domain = "default";
-
-  // ---- nccl backend (GPU to GPU; see transport/README.md) ----
-  // CUDA device the transport's communicators, streams and allocations use. Default 0.
-  int nccl_device = 0;
-  // How long a peer's communicators may take to form (both sides Connected, see PeerBootstrap)
-  // before the peer fails with UNAVAILABLE. Default 30000. Must be > 0.
-  int64_t nccl_init_timeout_ms = 30000;
 
   // ---- all backends ----
   // How long Disconnect and the destructor wait for in-flight transfers to be cancelled and
@@ -77,9 +37,32 @@ struct TransportOptions {
   // memory UCX may still touch). Default 2000 ms.
   int64_t close_timeout_ms = 2000;
 
-  // INVALID_ARGUMENT naming the field if a value is out of range (backend empty, negative
-  // intervals, a character outside [A-Za-z0-9_,:.-] in ucx_tls/net_devices).
+  // The options of a backend registered outside transport/ (null: none set, its defaults).
+  // Shared between copies of TransportOptions; MutableBackendOptions copies before writing.
+  std::shared_ptr<const BackendOptions> backend_options;
+
+  // INVALID_ARGUMENT naming the field if a value is out of range (backend empty, a negative
+  // close_timeout_ms, then UcxOptions, LoopbackOptions, NcclOptions and backend_options'
+  // Validate in that order).
   Status Validate() const;
 };
+
+// The backend options of type T in `options`, for writing: a fresh copy of the present ones if
+// they are a T, else a default T (replacing any other type's).
+template <typename T>
+T& MutableBackendOptions(TransportOptions* options) {
+  const auto* present = dynamic_cast<const T*>(options->backend_options.get());
+  auto fresh = present != nullptr ? std::make_shared<T>(*present) : std::make_shared<T>();
+  T& ref = *fresh;
+  options->backend_options = std::move(fresh);
+  return ref;
+}
+
+// The backend options of type T in `options`: the set ones, or T's defaults if none of type T.
+template <typename T>
+T BackendOptionsOf(const TransportOptions& options) {
+  const auto* present = dynamic_cast<const T*>(options.backend_options.get());
+  return present != nullptr ? *present : T{};
+}
 
 }  // namespace kvd::transport

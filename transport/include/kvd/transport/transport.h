@@ -19,7 +19,7 @@
 // (off by default: with it, any peer can read and write this process's memory). "loopback"
 // (src/loopback/): memcpy between Transports of one process, same contract, for unit tests.
 // FaultInjectingTransport (fault_injection.h) wraps either. A new backend registers with
-// RegisterTransportBackend.
+// RegisterTransportBackend (registry.h: with its own topology keys).
 //
 // TAGS: callers use tags <= kMaxTag (2^62 - 1); the two top bits belong to the backends.
 //
@@ -210,8 +210,9 @@ using TransportFactory =
 // (UCX: UNAVAILABLE with a hint about UCX_TLS/UCX_NET_DEVICES) if it cannot start.
 StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options);
 
-// Adds a backend (e.g. a future "nccl") without editing this header. ALREADY_EXISTS if the name
-// is taken. Thread-safe. The built-in "ucx" and "loopback" are always registered.
+// Adds a backend that binds no topology keys of its own (registry.h registers one with keys).
+// ALREADY_EXISTS if the name is taken. Thread-safe. The built-in "ucx", "loopback", "none" and
+// "nccl" are always registered.
 Status RegisterTransportBackend(const std::string& name, TransportFactory factory);
 
 // Registered backend names, sorted. Thread-safe.
