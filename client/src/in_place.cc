@@ -130,7 +130,7 @@ StatusOr<PutSlot> ClientImpl::ReservePut(const Hash128& hash, int tokens, size_t
       return s;
     };
     if (!rv.has_slot) return abort(Status::Internal("kvd reserved without a memory slot"));
-    const bool via_view = options_.shm_writable_view && !options_.read_only;
+    const bool via_view = segments_.writable_view();
     auto slot = SlotLocked(req[0], rv.segment, rv.offset, rv.generation, rv.fd_attached, bytes,
                            /*populate=*/!via_view);
     if (!slot.ok()) return abort(slot.status());

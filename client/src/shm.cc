@@ -156,7 +156,7 @@ Status ShmPath::FillSlot(uint64_t request_id, const Reservation& rv, const PutIt
   // page-table fill of the read-only mapping, which a later get of the slot does). The slot
   // is read later by other processes, not by this thread: non-temporal stores.
   const bool fused = !from_device && item.window_queries.empty();
-  const bool via_view = fused && c.options_.shm_writable_view && !c.options_.read_only;
+  const bool via_view = fused && c.segments_.writable_view();
   KVD_ASSIGN_OR_RETURN(auto slot, c.SlotLocked(request_id, rv.segment, rv.offset, rv.generation,
                                                rv.fd_attached, put_bytes, /*populate=*/!via_view));
   if (!copy) return Status::Ok();
