@@ -395,12 +395,7 @@ StatusOr<Reservation> ClientImpl::AwaitReserveLocked(uint64_t request_id, const 
     res.id = rv.getReservationId();
     res.tag = rv.getTag();
     res.has_slot = rv.hasShm();
-    if (res.has_slot) {
-      res.segment = rv.getShm().getSegment();
-      res.offset = rv.getShm().getOffset();
-      res.generation = rv.getShm().getGeneration();
-      res.fd_attached = rv.getShm().getFdAttached();
-    }
+    if (res.has_slot) res.slot = ReadArenaSlot(rv.getShm());
     return Status::Ok();
   }));
   return res;
@@ -445,7 +440,6 @@ void ClientImpl::AwaitCommitsLocked(const std::vector<uint64_t>& commit_req,
       continue;
     }
     HeldSlot next;
-    bool fd_attached = false;
     Status s = ReadReply(**reply, [&](proto::Response::Reader r) -> Status {
       if (!r.isCommit()) return WrongReply("commit");
       auto c = r.getCommit();
@@ -456,10 +450,7 @@ void ClientImpl::AwaitCommitsLocked(const std::vector<uint64_t>& commit_req,
       if (c.hasNext() && c.getNext().hasShm()) {
         auto n = c.getNext();
         next.reservation = n.getReservationId();
-        next.segment = n.getShm().getSegment();
-        next.offset = n.getShm().getOffset();
-        next.generation = n.getShm().getGeneration();
-        fd_attached = n.getShm().getFdAttached();
+        next.slot = ReadArenaSlot(n.getShm());
         next.use_by = internal::Clock::now() + std::chrono::milliseconds(n.getTtlMs() / 2);
       }
       return Status::Ok();
@@ -470,7 +461,7 @@ void ClientImpl::AwaitCommitsLocked(const std::vector<uint64_t>& commit_req,
       AbortReservationsLocked({next.reservation});
       continue;
     }
-    *offered = OfferedSlot{commit_req[i], next, fd_attached};
+    *offered = OfferedSlot{commit_req[i], next};
   }
 }
 

@@ -197,8 +197,7 @@ class ClientImpl final : public Client {
   // The address of `bytes` at a slot of a reply to `request_id`, mapping the segment's memfd
   // first if the reply carried one (SegmentTable::Map, then Slot). INTERNAL for an announced
   // memfd that did not arrive, and SegmentTable's errors.
-  StatusOr<std::byte*> SlotLocked(uint64_t request_id, uint32_t segment, uint64_t offset,
-                                  uint64_t generation, bool fd_attached, uint64_t bytes,
+  StatusOr<std::byte*> SlotLocked(uint64_t request_id, const ArenaSlot& slot, uint64_t bytes,
                                   bool populate = true);
   // At most this many entries in live_leases_ (a client that never releases its leases).
   static constexpr size_t kMaxLiveLeases = 4096;

@@ -20,13 +20,7 @@ Status ReadGetReply(proto::DecodedMessage& reply, GetReply* out) {
     out->read_id = g.getReadId();
     out->read_ttl_ms = g.getReadTtlMs();
     out->has_slot = g.hasShm();
-    if (out->has_slot) {
-      auto shm = g.getShm();
-      out->segment = shm.getSegment();
-      out->offset = shm.getOffset();
-      out->generation = shm.getGeneration();
-      out->fd_attached = shm.getFdAttached();
-    }
+    if (out->has_slot) out->slot = ReadArenaSlot(g.getShm());
     return Status::Ok();
   });
 }

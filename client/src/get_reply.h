@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "arena_slot.h"
 #include "kvd/client/client.h"
 #include "kvd/proto/frame.h"
 
@@ -17,9 +18,7 @@ struct GetReply {
   uint32_t read_ttl_ms = 0;
   // Shared memory: the pinned slot holding the chunk (has_slot false: none named).
   bool has_slot = false;
-  uint32_t segment = 0;
-  uint64_t offset = 0, generation = 0;
-  bool fd_attached = false;  // the segment's memfd came with the reply
+  ArenaSlot slot;
 };
 
 // Decodes `reply` (an answer the channel did not turn into an error) into `out`. INTERNAL for

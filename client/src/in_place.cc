@@ -43,8 +43,7 @@ StatusOr<ChunkView> ClientImpl::ReadInPlace(uint64_t lease_id, uint32_t chunk_in
   Status s = AwaitShmGetLocked(req, ~uint64_t{0}, &got);
   StatusOr<std::byte*> slot = s;
   if (s.ok()) {
-    slot =
-        SlotLocked(req, got.segment, got.offset, got.generation, got.fd_attached, got.result.bytes);
+    slot = SlotLocked(req, got.slot, got.result.bytes);
   }
   if (slot.ok() && options.verify_checksum) {
     if (Status v = VerifyGet("ReadInPlace", got.result, Checksum64(*slot, got.result.bytes),
@@ -58,8 +57,8 @@ StatusOr<ChunkView> ClientImpl::ReadInPlace(uint64_t lease_id, uint32_t chunk_in
     if (got.read_id != 0) EndReadLocked(got.read_id);
     return slot.status();
   }
-  if (options.pin_for_device) segments_.Pin(got.segment);
-  const std::shared_ptr<SegmentMapping>& mapping = segments_.mapping(got.segment);
+  if (options.pin_for_device) segments_.Pin(got.slot.segment);
+  const std::shared_ptr<SegmentMapping>& mapping = segments_.mapping(got.slot.segment);
   ChunkView view;
   view.hold_ = std::make_unique<ChunkView::Hold>();
   view.hold_->link = link_;
@@ -130,18 +129,17 @@ StatusOr<PutSlot> ClientImpl::ReservePut(const Hash128& hash, int tokens, size_t
       return s;
     };
     if (!rv.has_slot) return abort(Status::Internal("kvd reserved without a memory slot"));
-    const bool via_view = options_.shm_writable_view && !options_.read_only;
-    auto slot = SlotLocked(req[0], rv.segment, rv.offset, rv.generation, rv.fd_attached, bytes,
-                           /*populate=*/!via_view);
+    const bool via_view = segments_.writable_view();
+    auto slot = SlotLocked(req[0], rv.slot, bytes, /*populate=*/!via_view);
     if (!slot.ok()) return abort(slot.status());
-    data = via_view ? segments_.WritableSlot(rv.segment, rv.offset, bytes) : nullptr;
+    data = via_view ? segments_.WritableSlot(rv.slot.segment, rv.slot.offset, bytes) : nullptr;
     if (data == nullptr) {  // no writable view: open the slot's pages until the commit
       if (Status s = ProtectSlot(*slot, bytes, /*writable=*/true); !s.ok()) return abort(s);
       data = *slot;
       hold->opened = true;
     }
-    if (options.pin_for_device) segments_.Pin(rv.segment);
-    hold->mapping = segments_.mapping(rv.segment);
+    if (options.pin_for_device) segments_.Pin(rv.slot.segment);
+    hold->mapping = segments_.mapping(rv.slot.segment);
     hold->reservation_id = rv.id;
     hold->read_only_slot = *slot;
     pinned = hold->mapping->pinned;

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "arena_slot.h"
 #include "connection.h"  // Deadline
 
 namespace kvd::client::internal {
@@ -13,9 +14,7 @@ struct Reservation {
   uint64_t tag = 0;  // over a transport: the tag of the bulk transfer
   // Shared-memory path: the arena slot the bytes go to (has_slot false: none offered).
   bool has_slot = false;
-  uint32_t segment = 0;
-  uint64_t offset = 0, generation = 0;
-  bool fd_attached = false;
+  ArenaSlot slot;
 };
 
 // A slot kvd reserved ahead for this client's next put (ClientOptions::reserve_ahead; kvd.capnp,
@@ -23,16 +22,11 @@ struct Reservation {
 struct HeldSlot {
   uint64_t reservation = 0;
   uint64_t bytes = 0;
-  uint32_t segment = 0;
-  uint64_t offset = 0, generation = 0;
+  ArenaSlot slot;     // held: mapped already (fd_attached false)
   Deadline use_by{};  // used only before this: half of the reservation TTL
-  // The slot as a Reserve's answer (its segment already mapped: no memfd).
+  // The slot as a Reserve's answer.
   Reservation AsReservation() const {
-    return Reservation{.id = reservation,
-                       .has_slot = true,
-                       .segment = segment,
-                       .offset = offset,
-                       .generation = generation};
+    return Reservation{.id = reservation, .has_slot = true, .slot = slot};
   }
 };
 
@@ -40,7 +34,6 @@ struct HeldSlot {
 struct OfferedSlot {
   uint64_t request_id = 0;  // the commit whose reply named it (and carried its memfd)
   HeldSlot slot;            // reservation 0: none offered; bytes: not filled
-  bool fd_attached = false;
 };
 
 // The extra fields of a window's Reserve messages.

@@ -90,15 +90,11 @@ Status SegmentTable::Map(int fd, uint32_t segment, uint64_t generation) {
   MappedSegment& seg = segments_[segment];
   seg = MappedSegment();  // an earlier mapping is let go (unmapped once no view holds it)
   seg.generation = generation;
-  seg.data = static_cast<std::byte*>(p);
-  seg.size = size;
   const uint64_t granules = (size + kPopulateGranule - 1) / kPopulateGranule;
   seg.populated.assign(granules, false);
-  if (w != MAP_FAILED) {
-    seg.writable = static_cast<std::byte*>(w);
-    seg.writable_populated.assign(granules, false);
-  }
-  seg.mapping = std::make_shared<SegmentMapping>(seg.data, seg.writable, size);
+  if (w != MAP_FAILED) seg.writable_populated.assign(granules, false);
+  seg.mapping = std::make_shared<SegmentMapping>(
+      static_cast<std::byte*>(p), w != MAP_FAILED ? static_cast<std::byte*>(w) : nullptr, size);
   return Status::Ok();
 }
 
@@ -110,36 +106,36 @@ StatusOr<std::byte*> SegmentTable::Slot(uint32_t segment, uint64_t generation, u
                             std::to_string(generation) + ") that this client has not mapped");
   }
   MappedSegment& seg = it->second;
-  if (offset > seg.size || bytes > seg.size - offset) {
+  const SegmentMapping& m = *seg.mapping;
+  if (offset > m.size || bytes > m.size - offset) {
     return Status::Internal("kvd named a slot outside arena segment " + std::to_string(segment));
   }
-  if (populate) {
-    PopulateGranules(seg.data, seg.size, seg.populated, offset, bytes, MADV_POPULATE_READ);
-  }
-  return seg.data + offset;
+  if (populate) PopulateGranules(m.data, m.size, seg.populated, offset, bytes, MADV_POPULATE_READ);
+  return m.data + offset;
 }
 
 std::byte* SegmentTable::WritableSlot(uint32_t segment, uint64_t offset, uint64_t bytes) {
   auto it = segments_.find(segment);
-  if (it == segments_.end() || it->second.writable == nullptr) return nullptr;
+  if (it == segments_.end() || it->second.mapping->writable == nullptr) return nullptr;
   MappedSegment& seg = it->second;
+  const SegmentMapping& m = *seg.mapping;
   // Write-populated: the copy's stores then take no fault at all.
-  PopulateGranules(seg.writable, seg.size, seg.writable_populated, offset, bytes,
-                   MADV_POPULATE_WRITE);
-  return seg.writable + offset;
+  PopulateGranules(m.writable, m.size, seg.writable_populated, offset, bytes, MADV_POPULATE_WRITE);
+  return m.writable + offset;
 }
 
 void SegmentTable::Pin(uint32_t segment) {
   auto it = segments_.find(segment);
   if (it == segments_.end() || it->second.pin_tried) return;
   it->second.pin_tried = true;
-  it->second.mapping->pinned = ActiveDeviceMemoryOps().Pin(it->second.data, it->second.size).ok();
+  SegmentMapping& m = *it->second.mapping;
+  m.pinned = ActiveDeviceMemoryOps().Pin(m.data, m.size).ok();
 }
 
 std::vector<SharedSegment> SegmentTable::List() const {
   std::vector<SharedSegment> out;
   for (const auto& [index, seg] : segments_) {
-    out.push_back(SharedSegment{index, seg.generation, seg.data, seg.size});
+    out.push_back(SharedSegment{index, seg.generation, seg.mapping->data, seg.mapping->size});
   }
   return out;
 }

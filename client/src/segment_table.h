@@ -39,6 +39,8 @@ class SegmentTable {
   // `writable_view`: map every segment a second time, read-write, for puts
   // (ClientOptions::shm_writable_view on a session that may put).
   explicit SegmentTable(bool writable_view) : writable_view_(writable_view) {}
+  // Puts may write through the writable view (WritableSlot), as constructed.
+  bool writable_view() const { return writable_view_; }
 
   // Maps arena segment `segment` of `generation` from its memfd `fd` (taken: closed here),
   // read-only (plus the writable view), in place of an earlier mapping of that index.
@@ -66,16 +68,13 @@ class SegmentTable {
  private:
   struct MappedSegment {
     uint64_t generation = 0;
-    std::byte* data = nullptr;
-    uint64_t size = 0;
     bool pin_tried = false;  // page-locked for device copies on first use (device.h)
-    // Owns the mappings; shared with the views and slots into the segment.
+    // Owns the mappings (read-only `data`; `writable`, the segment mapped a second time,
+    // read-write, for puts only: null when off, or when that mapping failed); shared with the
+    // views and slots into the segment.
     std::shared_ptr<SegmentMapping> mapping;
     std::vector<bool> populated;  // per kPopulateGranule (segment_table.cc): page tables filled
-    // The segment mapped a second time, read-write, for puts only (null when off, or when that
-    // mapping failed).
-    std::byte* writable = nullptr;
-    std::vector<bool> writable_populated;  // as `populated`, for `writable`
+    std::vector<bool> writable_populated;  // as `populated`, for mapping->writable
   };
 
   const bool writable_view_;

@@ -28,15 +28,14 @@ std::vector<SharedSegment> ClientImpl::SharedSegments() const {
   return segments_.List();
 }
 
-StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, uint32_t segment, uint64_t offset,
-                                            uint64_t generation, bool fd_attached, uint64_t bytes,
-                                            bool populate) {
-  if (fd_attached) {
+StatusOr<std::byte*> ClientImpl::SlotLocked(uint64_t request_id, const ArenaSlot& slot,
+                                            uint64_t bytes, bool populate) {
+  if (slot.fd_attached) {
     const int fd = channel_->TakeFd(request_id);
     if (fd < 0) return Status::Internal("kvd announced an arena memfd that did not arrive");
-    KVD_RETURN_IF_ERROR(segments_.Map(fd, segment, generation));
+    KVD_RETURN_IF_ERROR(segments_.Map(fd, slot.segment, slot.generation));
   }
-  return segments_.Slot(segment, generation, offset, bytes, populate);
+  return segments_.Slot(slot.segment, slot.generation, slot.offset, bytes, populate);
 }
 
 StatusOr<uint64_t> ClientImpl::SendShmGetLocked(uint64_t lease_id, uint32_t chunk_index,
@@ -60,7 +59,7 @@ Status ClientImpl::AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, Get
                            " bytes, buffer of " + std::to_string(capacity));
   }
   if (!s.ok()) {
-    if (int fd = got->fd_attached ? channel_->TakeFd(request_id) : -1; fd >= 0) ::close(fd);
+    if (int fd = got->slot.fd_attached ? channel_->TakeFd(request_id) : -1; fd >= 0) ::close(fd);
   }
   return s;
 }
@@ -132,13 +131,13 @@ void ShmPath::Keep(const OfferedSlot& offered, uint64_t bytes) {
   HeldSlot next = offered.slot;
   next.bytes = bytes;  // what this client asked for: the last put's size
   // Mapped now (its memfd, when attached, is taken with the commit's reply).
-  auto slot = c.SlotLocked(offered.request_id, next.segment, next.offset, next.generation,
-                           offered.fd_attached, next.bytes, /*populate=*/false);
+  auto slot = c.SlotLocked(offered.request_id, next.slot, next.bytes, /*populate=*/false);
   if (!slot.ok()) {
     c.AbortReservationsLocked({next.reservation});
     return;
   }
   if (held_.reservation != 0) c.AbortReservationsLocked({held_.reservation});
+  next.slot.fd_attached = false;  // its memfd is taken: mapped now
   held_ = next;
 }
 
@@ -156,13 +155,13 @@ Status ShmPath::FillSlot(uint64_t request_id, const Reservation& rv, const PutIt
   // page-table fill of the read-only mapping, which a later get of the slot does). The slot
   // is read later by other processes, not by this thread: non-temporal stores.
   const bool fused = !from_device && item.window_queries.empty();
-  const bool via_view = fused && c.options_.shm_writable_view && !c.options_.read_only;
-  KVD_ASSIGN_OR_RETURN(auto slot, c.SlotLocked(request_id, rv.segment, rv.offset, rv.generation,
-                                               rv.fd_attached, put_bytes, /*populate=*/!via_view));
+  const bool via_view = fused && c.segments_.writable_view();
+  KVD_ASSIGN_OR_RETURN(auto slot,
+                       c.SlotLocked(request_id, rv.slot, put_bytes, /*populate=*/!via_view));
   if (!copy) return Status::Ok();
-  if (from_device) c.segments_.Pin(rv.segment);
+  if (from_device) c.segments_.Pin(rv.slot.segment);
   if (std::byte* view =
-          fused ? c.segments_.WritableSlot(rv.segment, rv.offset, put_bytes) : nullptr;
+          fused ? c.segments_.WritableSlot(rv.slot.segment, rv.slot.offset, put_bytes) : nullptr;
       view != nullptr) {
     KVD_RETURN_IF_ERROR(LocateForUse(item.data, "put data").status());
     *checksum = CopyWithChecksum64(view, item.data, item.bytes, CopyDestination::kNotReadSoon);
@@ -230,14 +229,13 @@ Status ShmPath::CopyOut(uint64_t request_id, uint64_t lease_id, const GetItem& i
                         const GetReply& got) {
   ClientImpl& c = client_;
   const uint64_t bytes = got.result.bytes;
-  KVD_ASSIGN_OR_RETURN(auto slot, c.SlotLocked(request_id, got.segment, got.offset, got.generation,
-                                               got.fd_attached, bytes));
+  KVD_ASSIGN_OR_RETURN(auto slot, c.SlotLocked(request_id, got.slot, bytes));
   // End to end: the bytes must match the checksum the writer committed. The slot is checked
   // (it stays pinned by the read until it ends): for a host buffer in the same pass as the copy
   // (each block hashed, then copied from the cache); for a device buffer (device.h) first,
   // then copied on the item's stream.
   const bool to_device = ClientImpl::IsDevice(item.out);
-  if (to_device) c.segments_.Pin(got.segment);
+  if (to_device) c.segments_.Pin(got.slot.segment);
   const uint64_t sum =
       to_device ? Checksum64(slot, bytes) : CopyWithChecksum64(item.out, slot, bytes);
   KVD_RETURN_IF_ERROR(VerifyGet("get", got.result, sum, lease_id, item.chunk_index));

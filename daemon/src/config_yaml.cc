@@ -2,7 +2,6 @@
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "kvd/common/logging.h"
+#include "kvd/common/scalar_text.h"
 #include "kvd/daemon/config.h"
 #include "kvd/transport/registry.h"
 #include "quotas.h"
@@ -75,17 +75,7 @@ Status GetInt(const YAML::Node& map, const std::string& path, const char* key, I
   std::string text;
   KVD_ASSIGN_OR_RETURN(bool present, Scalar(map, path, key, &text));
   if (!present) return Status::Ok();
-  int64_t v = 0;
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || ptr != text.data() + text.size()) {
-    return Bad(Join(path, key), text, "is not an integer");
-  }
-  if (v < min_value || v > max_value) {
-    return Bad(Join(path, key), text,
-               "is outside [" + std::to_string(min_value) + ", " + std::to_string(max_value) + "]");
-  }
-  *out = static_cast<Int>(v);
-  return Status::Ok();
+  return ParseIntText(Join(path, key), text, min_value, max_value, out);
 }
 
 Status GetDouble(const YAML::Node& map, const std::string& path, const char* key, double* out) {
@@ -105,14 +95,7 @@ Status GetBool(const YAML::Node& map, const std::string& path, const char* key, 
   std::string text;
   KVD_ASSIGN_OR_RETURN(bool present, Scalar(map, path, key, &text));
   if (!present) return Status::Ok();
-  if (text == "true" || text == "yes" || text == "on") {
-    *out = true;
-  } else if (text == "false" || text == "no" || text == "off") {
-    *out = false;
-  } else {
-    return Bad(Join(path, key), text, "is not a boolean (true/false)");
-  }
-  return Status::Ok();
+  return ParseBoolText(Join(path, key), text, out);
 }
 
 template <typename Int>

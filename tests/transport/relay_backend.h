@@ -100,8 +100,8 @@ inline TransportBackend RelayBackend() {
        }},
       {"relay_progress_passes",
        [](S path, S text, TransportOptions* o) {
-         return ParseOptionInt(path, text, 1, 64,
-                               &MutableBackendOptions<RelayOptions>(o).progress_passes);
+         return ParseIntText(path, text, 1, 64,
+                             &MutableBackendOptions<RelayOptions>(o).progress_passes);
        }},
   };
   return b;

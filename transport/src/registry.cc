@@ -1,7 +1,6 @@
 // The backend registry (registry.h) and the binding of the topology's `transport:` section.
 #include "kvd/transport/registry.h"
 
-#include <charconv>
 #include <map>
 #include <mutex>
 
@@ -52,7 +51,7 @@ std::vector<TransportOptionKey> CommonKeys() {
       {"backend", [](S, S text, TransportOptions* o) { return (o->backend = text, Status::Ok()); }},
       {"close_timeout_ms",
        [](S path, S text, TransportOptions* o) {
-         return ParseOptionInt(path, text, 0, 3600000, &o->close_timeout_ms);
+         return ParseIntText(path, text, 0, 3600000, &o->close_timeout_ms);
        }},
   };
 }
@@ -75,37 +74,7 @@ std::vector<TransportOptionKey> KnownKeys(const std::string& backend) {
   return known;
 }
 
-Status Bad(const std::string& path, const std::string& text, const std::string& what) {
-  return Status::InvalidArgument(path + ": \"" + text + "\" " + what);
-}
-
 }  // namespace
-
-Status ParseOptionInt(const std::string& path, const std::string& text, int64_t min_value,
-                      int64_t max_value, int64_t* out) {
-  int64_t v = 0;
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || ptr != text.data() + text.size()) {
-    return Bad(path, text, "is not an integer");
-  }
-  if (v < min_value || v > max_value) {
-    return Bad(path, text,
-               "is outside [" + std::to_string(min_value) + ", " + std::to_string(max_value) + "]");
-  }
-  *out = v;
-  return Status::Ok();
-}
-
-Status ParseOptionBool(const std::string& path, const std::string& text, bool* out) {
-  if (text == "true" || text == "yes" || text == "on") {
-    *out = true;
-  } else if (text == "false" || text == "no" || text == "off") {
-    *out = false;
-  } else {
-    return Bad(path, text, "is not a boolean (true/false)");
-  }
-  return Status::Ok();
-}
 
 Status BindTransportOptions(const TransportSection& section, TransportOptions* options) {
   for (const auto& [key, text] : section) {

@@ -50,15 +50,15 @@ TransportBackend Backend() {
        [](S, S text, TransportOptions* o) { return (o->net_devices = text, Status::Ok()); }},
       {"keepalive_interval_ms",
        [](S path, S text, TransportOptions* o) {
-         return ParseOptionInt(path, text, 0, 3600000, &o->keepalive_interval_ms);
+         return ParseIntText(path, text, 0, 3600000, &o->keepalive_interval_ms);
        }},
       {"enable_rma",
        [](S path, S text, TransportOptions* o) {
-         return ParseOptionBool(path, text, &o->enable_rma);
+         return ParseBoolText(path, text, &o->enable_rma);
        }},
       {"enable_wakeup",
        [](S path, S text, TransportOptions* o) {
-         return ParseOptionBool(path, text, &o->enable_wakeup);
+         return ParseBoolText(path, text, &o->enable_wakeup);
        }},
   };
   return b;

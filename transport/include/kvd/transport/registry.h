@@ -5,7 +5,7 @@
 //   b.create = &MyTransport::Create;                     // reads BackendOptionsOf<MyOptions>
 //   b.keys.push_back({"mine_depth", [](const std::string& path, const std::string& text,
 //                                      TransportOptions* o) {
-//     return ParseOptionInt(path, text, 1, 64, &MutableBackendOptions<MyOptions>(o).depth);
+//     return ParseIntText(path, text, 1, 64, &MutableBackendOptions<MyOptions>(o).depth);
 //   }});
 //   KVD_RETURN_IF_ERROR(RegisterTransportBackend(std::move(b)));
 //
@@ -20,13 +20,14 @@
 #include <utility>
 #include <vector>
 
+#include "kvd/common/scalar_text.h"
 #include "kvd/transport/transport.h"
 
 namespace kvd::transport {
 
 // One `transport:` key a backend binds. `bind` applies the key's scalar text to `options`;
 // on a bad value it returns INVALID_ARGUMENT naming `path` (the key as the topology file spells
-// it, "transport.<key>"), e.g. via the Parse helpers below.
+// it, "transport.<key>"), e.g. via ParseIntText / ParseBoolText (kvd/common/scalar_text.h).
 struct TransportOptionKey {
   std::string name;
   std::function<Status(const std::string& path, const std::string& text, TransportOptions* options)>
@@ -53,20 +54,5 @@ using TransportSection = std::vector<std::pair<std::string, std::optional<std::s
 // INVALID_ARGUMENT "transport.<key>: unknown key (known here: ...)" for any other key, or the
 // binder's error naming the key.
 Status BindTransportOptions(const TransportSection& section, TransportOptions* options);
-
-// Parse helpers for binders. INVALID_ARGUMENT `<path>: "<text>" is not an integer` / `is
-// outside [min, max]` / `is not a boolean (true/false)`. A boolean is true/yes/on or
-// false/no/off.
-Status ParseOptionInt(const std::string& path, const std::string& text, int64_t min_value,
-                      int64_t max_value, int64_t* out);
-Status ParseOptionBool(const std::string& path, const std::string& text, bool* out);
-template <typename Int>
-Status ParseOptionInt(const std::string& path, const std::string& text, int64_t min_value,
-                      int64_t max_value, Int* out) {
-  int64_t v = 0;
-  KVD_RETURN_IF_ERROR(ParseOptionInt(path, text, min_value, max_value, &v));
-  *out = static_cast<Int>(v);
-  return Status::Ok();
-}
 
 }  // namespace kvd::transport
