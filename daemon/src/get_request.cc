@@ -4,14 +4,16 @@
 
 namespace kvd::daemon {
 
+std::string ChunkName(const GetAsk& ask) {
+  return "chunk " + std::to_string(ask.index) + " of lease " + std::to_string(ask.lease);
+}
+
 Status CheckGetOf(const GetAsk& ask, const storage::ChunkMeta& meta) {
-  const std::string chunk =
-      "chunk " + std::to_string(ask.index) + " of lease " + std::to_string(ask.lease);
   const bool compact = meta.key.codec_id != storage::kRawCodecId;
   if ((ask.form == proto::ChunkForm::RAW && compact) ||
       (ask.form == proto::ChunkForm::COMPACT && !compact)) {
     return Status::FailedPrecondition(
-        chunk + " is stored " +
+        ChunkName(ask) + " is stored " +
         (compact ? "compact (codec " + std::to_string(meta.key.codec_id) +
                        "); the daemon does not expand chunks: get it as stored and expand "
                        "it with the client library (kvd/client/expand.h)"
@@ -23,7 +25,7 @@ Status CheckGetOf(const GetAsk& ask, const storage::ChunkMeta& meta) {
                                    std::to_string(static_cast<int>(ask.form)));
   }
   if (ask.buffer_bytes < meta.size_bytes) {
-    return Status::OutOfRange(chunk + " is " + std::to_string(meta.size_bytes) +
+    return Status::OutOfRange(ChunkName(ask) + " is " + std::to_string(meta.size_bytes) +
                               " bytes; the client's buffer holds " +
                               std::to_string(ask.buffer_bytes));
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kvd/common/status.h"
 #include "kvd/proto/kvd.capnp.h"
@@ -17,6 +18,9 @@ struct GetAsk {
   proto::ChunkForm form = proto::ChunkForm::AS_STORED;
   uint64_t buffer_bytes = 0;  // what the client's buffer holds
 };
+
+// "chunk <index> of lease <lease>", as errors about it name it.
+std::string ChunkName(const GetAsk& ask);
 
 // OK when the chunk `meta` can go out as `ask` asks. FAILED_PRECONDITION: RAW asked of a compact
 // chunk (the daemon does not expand chunks) or COMPACT of a raw one; INVALID_ARGUMENT: a form this

@@ -558,8 +558,8 @@ void Server::Impl::MaybeDemote() {
         demoting_ = false;
         if (!result.ok()) {
           KVD_LOG(WARNING) << "demotion to disk failed" << Kv("status", result.status());
-        } else if (result->gpu_demoted > 0 || result->demoted > 0) {
-          KVD_LOG(DEBUG) << "gpu tier demoted to host" << Kv("chunks", result->gpu_demoted);
+        } else if (result->demoted_to_host > 0 || result->demoted > 0) {
+          KVD_LOG(DEBUG) << "demoted to host" << Kv("chunks", result->demoted_to_host);
           KVD_LOG(DEBUG) << "demoted to disk" << Kv("chunks", result->demoted)
                          << Kv("bytes", result->bytes)
                          << Kv("occupancy_before", result->occupancy_before)

@@ -73,7 +73,7 @@ struct DaemonCounters {
   uint64_t nccl_refused = 0;          // NcclConnects refused: the daemon cannot run NCCL
 };
 
-class Server::Impl : public ReservationBook, public PutServices, public GetServices {
+class Server::Impl : public ReservationBook, public PutServices {
  public:
   Impl(DaemonConfig config, ServerDeps deps);
   ~Impl();

@@ -296,7 +296,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // What the put path (session_put.cc, session_commit.cc) and the read path (session_lookup.cc,
   // session_get.cc) use of the daemon: the server, seen through session_services.h.
   PutServices* const put_services_;
-  GetServices* const get_services_;
+  SessionServices* const get_services_;
   const uint64_t id_;
   Socket socket_;
   const std::string peer_;  // remote socket address, for logs

@@ -1,11 +1,10 @@
 // The end of a put: its bytes land, one of the commit routes stores them, and Commit is answered.
 #include <chrono>
-#include <cinttypes>
-#include <cstdio>
 #include <functional>
 #include <optional>
 #include <string>
 
+#include "codec/hex.h"
 #include "commit_route.h"
 #include "kvd/common/hash.h"
 #include "kvd/common/logging.h"
@@ -21,12 +20,6 @@ using transport::TransferState;
 using transport::TransferStatus;
 
 namespace {
-
-std::string Hex64(uint64_t v) {
-  char buf[19];
-  std::snprintf(buf, sizeof(buf), "0x%016" PRIx64, v);
-  return buf;
-}
 
 // What the ingest pool did with a compressing put.
 struct Stored {
@@ -49,8 +42,8 @@ Stored CompressAndStore(ChunkCodec* codec, storage::HostTier* host, storage::Tie
   if (actual != checksum) {
     host->Abort(reservation).IgnoreError();
     out.status = Status::DataLoss("checksum mismatch for reservation " +
-                                  std::to_string(reservation) + ": client said " + Hex64(checksum) +
-                                  ", bytes received hash to " + Hex64(actual));
+                                  std::to_string(reservation) + ": client said 0x" +
+                                  Hex64(checksum) + ", bytes received hash to 0x" + Hex64(actual));
     return out;
   }
   auto encoded =

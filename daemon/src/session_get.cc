@@ -49,8 +49,7 @@ StatusOr<storage::ReadView> Session::OpenGet(const GetAsk& ask, bool over_nccl) 
   // a changed chunk is dropped (on the shared-memory path the client verifies what it reads).
   if (!shm_ &&
       !get_services_->tier_manager()->VerifyLeavingHost(view, over_nccl ? "nccl" : "transport")) {
-    return Status::DataLoss("get: checksum mismatch on chunk " + std::to_string(ask.index) +
-                            " of lease " + std::to_string(ask.lease) +
+    return Status::DataLoss("get: checksum mismatch on " + ChunkName(ask) +
                             ": its bytes changed in kvd's memory after the commit; chunk dropped");
   }
   return view;

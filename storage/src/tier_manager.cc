@@ -303,7 +303,7 @@ StatusOr<DemoteResult> TierManager::MaybeDemote() {
     while (above->Occupancy() > options_.low_watermark) {
       const std::vector<ChunkMeta> lru = above->LeastRecentlyUsed(1);
       if (lru.empty() || !DemoteToHost(*above, lru.front()).ok()) break;  // all read / host full
-      out.gpu_demoted++;
+      out.demoted_to_host++;
     }
   }
   out.occupancy_before = host_->Occupancy();

@@ -91,7 +91,7 @@ TEST_F(TierManagerGpuTest, GpuStoresAndDemotionsAreEventsOfTheirTiers) {
   // Full GPU: its least recently used chunks are copied to host, then dropped from the GPU.
   auto demoted = manager_->MaybeDemote();
   ASSERT_TRUE(demoted.ok()) << demoted.status();
-  ASSERT_EQ(demoted->gpu_demoted, 2u);
+  ASSERT_EQ(demoted->demoted_to_host, 2u);
   EXPECT_EQ(rec.Take(),
             (std::vector<std::string>{"stored host 0 " + k, "removed(moved) gpu 0 " + k,
                                       "stored host 1 " + k, "removed(moved) gpu 1 " + k}));
@@ -201,7 +201,7 @@ TEST_F(TierManagerGpuTest, MaybeDemoteBringsTheGpuToTheLowWatermark) {
   EXPECT_DOUBLE_EQ(gpu_->Occupancy(), 1.0);
   auto d = manager_->MaybeDemote();
   ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->gpu_demoted, 2u);
+  EXPECT_EQ(d->demoted_to_host, 2u);
   EXPECT_DOUBLE_EQ(gpu_->Occupancy(), 0.5);
   EXPECT_TRUE(HostHolds(0));
   EXPECT_TRUE(HostHolds(1));

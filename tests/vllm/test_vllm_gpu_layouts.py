@@ -75,8 +75,10 @@ _library = None  # keeps the CPU registration alive
 
 def _reshape_and_cache_flash_cpu(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype,
                                  k_scale, v_scale):
-    # What the CUDA kernel requires of its arguments, checked rather than assumed.
-    assert kv_cache_dtype == "auto", kv_cache_dtype
+    # What the CUDA kernel requires of its arguments, checked rather than assumed: no
+    # quantization ("auto", or the cache's own element type named, as the backends'
+    # supported_kv_cache_dtypes allow).
+    assert kv_cache_dtype in ("auto", str(key_cache.dtype).removeprefix("torch.")), kv_cache_dtype
     assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1
     assert key_cache.stride(0) == value_cache.stride(0)
     assert key_cache.shape[2:] == key.shape[1:] and value_cache.shape[2:] == value.shape[1:]
@@ -136,13 +138,13 @@ class Engine:
     block size, with kvd's connector registered on them."""
 
     def __init__(self, daemon, backend_name, layout, block_size, async_load=False,
-                 kvd_model=KVD_MODEL):
+                 kvd_model=KVD_MODEL, cache_dtype="auto"):
         _ensure_op()
         backend = _backend(backend_name)
         self.block_size = block_size
         self.num_blocks = PROMPT // block_size + 3  # more than the request's: some stay unused
         self.cfg = VllmConfig(
-            cache_config=CacheConfig(block_size=block_size),
+            cache_config=CacheConfig(block_size=block_size, cache_dtype=cache_dtype),
             kv_transfer_config=KVTransferConfig(
                 kv_connector="KvdConnector", kv_connector_module_path="kvd.vllm",
                 kv_role="kv_both", kv_connector_extra_config={
@@ -336,3 +338,16 @@ def test_a_cache_of_another_dtype_than_kvds_model_is_refused(daemon):
     # be read as the other type by every engine sharing the model.
     with pytest.raises(ValueError, match="float16.*bfloat16|bfloat16.*float16"):
         Engine(daemon, "FLASH_ATTN", KVCacheLayout.LBNHC, 16, kvd_model="tiny-bf16")
+
+
+def test_a_kv_cache_dtype_naming_the_models_own_dtype_is_accepted(daemon):
+    # kv_cache_dtype "float16" on kvd's float16 model: vLLM's caches are float16, as with "auto"
+    # (the layer says "float16", torch says "torch.float16": the same type).
+    engine = Engine(daemon, "FLASH_ATTN", KVCacheLayout.LBNHC, 16, cache_dtype="float16")
+    try:
+        for name in engine.names:
+            assert engine.layers[name].kv_cache_dtype == "float16"
+            assert engine.caches[name].dtype == torch.float16
+            assert engine.connector._token_layouts[name].backend == "FLASH_ATTN"
+    finally:
+        engine.close()

@@ -485,8 +485,10 @@ class KvdConnector(KVConnectorBase_V1):
         if layer is None:
             raise UnsupportedLayoutError(f"KV cache {name}: no attention layer of that name in "
                                          "vLLM's forward context to learn its layout from")
+        # vLLM names it as a string ("bfloat16", "fp8"); compared in kvd's spelling of the
+        # cache's own type, so naming the unquantized type the cache has is as good as "auto".
         dtype = getattr(layer, "kv_cache_dtype", "auto")
-        if dtype not in ("auto", None) and str(dtype) != str(getattr(cache, "dtype", "")):
+        if dtype not in ("auto", None) and str(dtype) != _dtype_name(cache):
             raise UnsupportedLayoutError(
                 f"attention backend {_backend_of(layer)}: kv_cache_dtype {dtype!r}; kvd stores "
                 "the model's own dtype (run vLLM with kv_cache_dtype auto)")

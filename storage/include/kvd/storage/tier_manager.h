@@ -90,7 +90,7 @@
 namespace kvd::storage {
 
 struct DemoteResult {
-  uint64_t gpu_demoted = 0;      // chunks copied from tiers above host to host and dropped there
+  uint64_t demoted_to_host = 0;  // chunks copied from the tiers above host to host, dropped there
   uint64_t demoted = 0;          // chunks copied to the tier below host and dropped from host
   uint64_t bytes = 0;            // their payload bytes
   uint64_t skipped = 0;          // chunks that became pinned or vanished meanwhile
