@@ -7,6 +7,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <charconv>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
@@ -46,42 +47,35 @@ std::optional<HostPort> SplitEndpoint(const std::string& endpoint) {
   return hp;
 }
 
-// gRPC status codes (as the gateway reports them in "code") onto kvd's.
+// gRPC status codes (as the gateway reports them in "code"), by number, onto kvd's. UNKNOWN (2)
+// and INTERNAL (13) have no counterpart but kvd's INTERNAL, which names the gRPC code.
+constexpr StatusCode kFromGrpc[] = {
+    StatusCode::kOk,                  // 0 OK
+    StatusCode::kCancelled,           // 1 CANCELLED
+    StatusCode::kInternal,            // 2 UNKNOWN
+    StatusCode::kInvalidArgument,     // 3 INVALID_ARGUMENT
+    StatusCode::kDeadlineExceeded,    // 4 DEADLINE_EXCEEDED
+    StatusCode::kNotFound,            // 5 NOT_FOUND
+    StatusCode::kAlreadyExists,       // 6 ALREADY_EXISTS
+    StatusCode::kPermissionDenied,    // 7 PERMISSION_DENIED
+    StatusCode::kResourceExhausted,   // 8 RESOURCE_EXHAUSTED
+    StatusCode::kFailedPrecondition,  // 9 FAILED_PRECONDITION
+    StatusCode::kAborted,             // 10 ABORTED
+    StatusCode::kOutOfRange,          // 11 OUT_OF_RANGE
+    StatusCode::kUnimplemented,       // 12 UNIMPLEMENTED
+    StatusCode::kInternal,            // 13 INTERNAL
+    StatusCode::kUnavailable,         // 14 UNAVAILABLE
+    StatusCode::kDataLoss,            // 15 DATA_LOSS
+    StatusCode::kPermissionDenied,    // 16 UNAUTHENTICATED
+};
+
 Status FromGrpc(int code, const std::string& message) {
-  const std::string m = "etcd: " + message;
-  switch (code) {
-    case 0:
-      return Status::Ok();
-    case 1:
-      return Status::Cancelled(m);
-    case 3:
-      return Status::InvalidArgument(m);
-    case 4:
-      return Status::DeadlineExceeded(m);
-    case 5:
-      return Status::NotFound(m);
-    case 6:
-      return Status::AlreadyExists(m);
-    case 7:
-    case 16:
-      return Status::PermissionDenied(m);
-    case 8:
-      return Status::ResourceExhausted(m);
-    case 9:
-      return Status::FailedPrecondition(m);
-    case 10:
-      return Status::Aborted(m);
-    case 11:
-      return Status::OutOfRange(m);
-    case 12:
-      return Status::Unimplemented(m);
-    case 14:
-      return Status::Unavailable(m);
-    case 15:
-      return Status::DataLoss(m);
-    default:
-      return Status::Internal(m + " (gRPC code " + std::to_string(code) + ")");
-  }
+  const bool known = code >= 0 && code < static_cast<int>(std::size(kFromGrpc));
+  const StatusCode kvd_code = known ? kFromGrpc[code] : StatusCode::kInternal;
+  if (kvd_code == StatusCode::kOk) return Status::Ok();
+  std::string m = "etcd: " + message;
+  if (kvd_code == StatusCode::kInternal) m += " (gRPC code " + std::to_string(code) + ")";
+  return Status(kvd_code, std::move(m));
 }
 
 // The gateway writes int64 fields as strings; accept numbers too. Absent: `fallback`.
