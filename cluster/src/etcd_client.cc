@@ -1,9 +1,11 @@
 // etcd's gRPC gateway over HTTP/1.1 with Beast. Boost and JSON exceptions stay in this file.
 #include "kvd/cluster/etcd_client.h"
 
+#include <atomic>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <charconv>
@@ -287,11 +289,19 @@ class GatewayWatchStream : public WatchStream {
 
   int64_t revision() const override { return revision_; }
 
+  // The flag answers every later Next; the posted stop ends the run of a Next under way (a
+  // posted handler survives the restart a run begins with, so none is missed).
+  void Interrupt() override {
+    interrupted_.store(true);
+    asio::post(c_->ioc(), [this] { c_->ioc().stop(); });
+  }
+
  private:
   StatusOr<std::vector<WatchEvent>> NextEvents(std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::vector<WatchEvent> events;
     while (events.empty()) {
+      if (interrupted_.load()) return Status::Cancelled("etcd watch: interrupted");
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) {
@@ -344,6 +354,7 @@ class GatewayWatchStream : public WatchStream {
   StatusOr<std::string> NextLine(std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
+      if (interrupted_) return Status::Cancelled("etcd watch: interrupted");
       if (size_t nl = pending_.find('\n'); nl != std::string::npos) {
         std::string line = pending_.substr(0, nl);
         pending_.erase(0, nl + 1);
@@ -388,6 +399,7 @@ class GatewayWatchStream : public WatchStream {
   std::string pending_;
   bool reading_ = false;
   bool ended_ = false;
+  std::atomic<bool> interrupted_{false};
   std::string end_reason_;
   int64_t revision_ = 0;
 };

@@ -117,6 +117,21 @@ TEST_F(EtcdClientTest, WatchStreamsPutsAndDeletesUnderThePrefixOnly) {
   EXPECT_GT((*watch)->revision(), range->revision);
 }
 
+TEST_F(EtcdClientTest, InterruptEndsAWaitingNextAndEveryLaterOne) {
+  EtcdClient etcd = Client();
+  auto watch = etcd.WatchPrefix("/i/", 0);
+  ASSERT_TRUE(watch.ok()) << watch.status();
+  Status waited;
+  std::thread waiter([&] { waited = (*watch)->Next(milliseconds(20000)).status(); });
+  usleep(200000);  // the waiter is (most likely) inside Next; either way it must end CANCELLED
+  (*watch)->Interrupt();
+  waiter.join();
+  EXPECT_EQ(waited.code(), StatusCode::kCancelled) << waited;
+  ASSERT_TRUE(etcd.Put("/i/a", "1").ok());  // an event: still CANCELLED
+  EXPECT_EQ((*watch)->Next(milliseconds(500)).status().code(), StatusCode::kCancelled);
+  EXPECT_EQ((*watch)->Next(milliseconds(0)).status().code(), StatusCode::kCancelled);
+}
+
 TEST_F(EtcdClientTest, WatchEndsUnavailableWhenEtcdDies) {
   EtcdClient etcd = Client();
   auto watch = etcd.WatchPrefix("/d/", 0);
