@@ -218,13 +218,14 @@ class Connection {
   beast::tcp_stream& stream() { return stream_; }
   beast::flat_buffer& buffer() { return buffer_; }
   const std::string& host() const { return host_; }
-
- private:
-  Connection() = default;
+  // Runs the io_context until no operation is left.
   void RunUntilDone() {
     ioc_.restart();
     ioc_.run();
   }
+
+ private:
+  Connection() = default;
 
   asio::io_context ioc_;
   beast::tcp_stream stream_{ioc_};
@@ -256,8 +257,7 @@ class GatewayWatchStream : public WatchStream {
     error_code ec = asio::error::would_block;
     http::async_read_header(c_->stream(), c_->buffer(), parser_,
                             [&](error_code e, size_t) { ec = e; });
-    c_->ioc().restart();
-    c_->ioc().run();
+    c_->RunUntilDone();
     if (ec == beast::error::timeout) {
       return Status::DeadlineExceeded("etcd " + c_->host() + ": watch not answered within " +
                                       std::to_string(timeout.count()) + " ms");
@@ -270,17 +270,14 @@ class GatewayWatchStream : public WatchStream {
     }
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) break;
-      auto line = NextLine(left);
-      if (!line.ok()) return line.status();
-      Json j = Json::parse(*line, nullptr, false);
-      KVD_ASSIGN_OR_RETURN(auto result, Result(j));
-      if (result.value("created", false)) return Status::Ok();
+      auto result = NextResult(deadline);
+      if (result.status().code() == StatusCode::kDeadlineExceeded) {
+        return Status::DeadlineExceeded("etcd " + c_->host() + ": watch not confirmed within " +
+                                        std::to_string(timeout.count()) + " ms");
+      }
+      if (!result.ok()) return result.status();
+      if (result->value("created", false)) return Status::Ok();
     }
-    return Status::DeadlineExceeded("etcd " + c_->host() + ": watch not confirmed within " +
-                                    std::to_string(timeout.count()) + " ms");
   }
 
   StatusOr<std::vector<WatchEvent>> Next(std::chrono::milliseconds timeout) override {
@@ -301,17 +298,12 @@ class GatewayWatchStream : public WatchStream {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::vector<WatchEvent> events;
     while (events.empty()) {
-      if (interrupted_.load()) return Status::Cancelled("etcd watch: interrupted");
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) {
+      auto next = NextResult(deadline);
+      if (next.status().code() == StatusCode::kDeadlineExceeded) {
         return Status::DeadlineExceeded("etcd watch: no event within " +
                                         std::to_string(timeout.count()) + " ms");
       }
-      auto line = NextLine(left);
-      if (!line.ok()) return line.status();
-      Json j = Json::parse(*line, nullptr, false);
-      KVD_ASSIGN_OR_RETURN(auto result, Result(j));
+      KVD_ASSIGN_OR_RETURN(Json result, std::move(next));
       if (result.value("canceled", false)) {
         return Status::Aborted("etcd " + c_->host() + ": watch cancelled: " +
                                result.value("cancel_reason", std::string("(no reason given)")) +
@@ -333,8 +325,12 @@ class GatewayWatchStream : public WatchStream {
     return events;
   }
 
-  // The "result" of a stream message; its revision noted.
-  StatusOr<Json> Result(const Json& j) {
+  // The "result" of the next stream message, read before `deadline`; its revision noted.
+  StatusOr<Json> NextResult(std::chrono::steady_clock::time_point deadline) {
+    KVD_ASSIGN_OR_RETURN(std::string line,
+                         NextLine(std::chrono::duration_cast<std::chrono::milliseconds>(
+                             deadline - std::chrono::steady_clock::now())));
+    Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) {
       return Status::Internal("etcd " + c_->host() + ": watch sent a line that is not JSON");
     }
