@@ -33,23 +33,14 @@ Json RowJson(const Row& row, int64_t now_ms) {
          {"lease_granted_ttl_s", row.lease.granted_ttl_s}};
   if (!row.record.ok()) return j;
   const cluster::MemberRecord& r = *row.record;
-  Json tiers = Json::array(), models = Json::array();
-  for (const auto& t : r.tiers) {
-    tiers.push_back(
-        {{"name", t.name}, {"capacity_bytes", t.capacity_bytes}, {"used_bytes", t.used_bytes}});
-  }
-  for (const auto& m : r.models) {
-    char digest[17];
-    std::snprintf(digest, sizeof digest, "%016llx",
-                  static_cast<unsigned long long>(m.layout_digest));
-    models.push_back({{"name", m.name}, {"layout_digest", digest}});
-  }
+  // Tiers and models as the record encodes them in etcd (MemberRecord::ToJson).
+  const Json record = Json::parse(r.ToJson());
   j["control"] = r.control_address;
   j["version"] = r.version;
   j["registered_unix_ms"] = r.registered_unix_ms;
   j["registered_age_ms"] = now_ms - r.registered_unix_ms;
-  j["tiers"] = tiers;
-  j["models"] = models;
+  j["tiers"] = record.at("tiers");
+  j["models"] = record.at("models");
   return j;
 }
 

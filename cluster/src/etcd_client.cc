@@ -1,12 +1,15 @@
 // etcd's gRPC gateway over HTTP/1.1 with Beast. Boost and JSON exceptions stay in this file.
 #include "kvd/cluster/etcd_client.h"
 
+#include <atomic>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <charconv>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
@@ -46,42 +49,35 @@ std::optional<HostPort> SplitEndpoint(const std::string& endpoint) {
   return hp;
 }
 
-// gRPC status codes (as the gateway reports them in "code") onto kvd's.
+// gRPC status codes (as the gateway reports them in "code"), by number, onto kvd's. UNKNOWN (2)
+// and INTERNAL (13) have no counterpart but kvd's INTERNAL, which names the gRPC code.
+constexpr StatusCode kFromGrpc[] = {
+    StatusCode::kOk,                  // 0 OK
+    StatusCode::kCancelled,           // 1 CANCELLED
+    StatusCode::kInternal,            // 2 UNKNOWN
+    StatusCode::kInvalidArgument,     // 3 INVALID_ARGUMENT
+    StatusCode::kDeadlineExceeded,    // 4 DEADLINE_EXCEEDED
+    StatusCode::kNotFound,            // 5 NOT_FOUND
+    StatusCode::kAlreadyExists,       // 6 ALREADY_EXISTS
+    StatusCode::kPermissionDenied,    // 7 PERMISSION_DENIED
+    StatusCode::kResourceExhausted,   // 8 RESOURCE_EXHAUSTED
+    StatusCode::kFailedPrecondition,  // 9 FAILED_PRECONDITION
+    StatusCode::kAborted,             // 10 ABORTED
+    StatusCode::kOutOfRange,          // 11 OUT_OF_RANGE
+    StatusCode::kUnimplemented,       // 12 UNIMPLEMENTED
+    StatusCode::kInternal,            // 13 INTERNAL
+    StatusCode::kUnavailable,         // 14 UNAVAILABLE
+    StatusCode::kDataLoss,            // 15 DATA_LOSS
+    StatusCode::kPermissionDenied,    // 16 UNAUTHENTICATED
+};
+
 Status FromGrpc(int code, const std::string& message) {
-  const std::string m = "etcd: " + message;
-  switch (code) {
-    case 0:
-      return Status::Ok();
-    case 1:
-      return Status::Cancelled(m);
-    case 3:
-      return Status::InvalidArgument(m);
-    case 4:
-      return Status::DeadlineExceeded(m);
-    case 5:
-      return Status::NotFound(m);
-    case 6:
-      return Status::AlreadyExists(m);
-    case 7:
-    case 16:
-      return Status::PermissionDenied(m);
-    case 8:
-      return Status::ResourceExhausted(m);
-    case 9:
-      return Status::FailedPrecondition(m);
-    case 10:
-      return Status::Aborted(m);
-    case 11:
-      return Status::OutOfRange(m);
-    case 12:
-      return Status::Unimplemented(m);
-    case 14:
-      return Status::Unavailable(m);
-    case 15:
-      return Status::DataLoss(m);
-    default:
-      return Status::Internal(m + " (gRPC code " + std::to_string(code) + ")");
-  }
+  const bool known = code >= 0 && code < static_cast<int>(std::size(kFromGrpc));
+  const StatusCode kvd_code = known ? kFromGrpc[code] : StatusCode::kInternal;
+  if (kvd_code == StatusCode::kOk) return Status::Ok();
+  std::string m = "etcd: " + message;
+  if (kvd_code == StatusCode::kInternal) m += " (gRPC code " + std::to_string(code) + ")";
+  return Status(kvd_code, std::move(m));
 }
 
 // The gateway writes int64 fields as strings; accept numbers too. Absent: `fallback`.
@@ -222,13 +218,14 @@ class Connection {
   beast::tcp_stream& stream() { return stream_; }
   beast::flat_buffer& buffer() { return buffer_; }
   const std::string& host() const { return host_; }
-
- private:
-  Connection() = default;
+  // Runs the io_context until no operation is left.
   void RunUntilDone() {
     ioc_.restart();
     ioc_.run();
   }
+
+ private:
+  Connection() = default;
 
   asio::io_context ioc_;
   beast::tcp_stream stream_{ioc_};
@@ -260,8 +257,7 @@ class GatewayWatchStream : public WatchStream {
     error_code ec = asio::error::would_block;
     http::async_read_header(c_->stream(), c_->buffer(), parser_,
                             [&](error_code e, size_t) { ec = e; });
-    c_->ioc().restart();
-    c_->ioc().run();
+    c_->RunUntilDone();
     if (ec == beast::error::timeout) {
       return Status::DeadlineExceeded("etcd " + c_->host() + ": watch not answered within " +
                                       std::to_string(timeout.count()) + " ms");
@@ -274,17 +270,14 @@ class GatewayWatchStream : public WatchStream {
     }
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) break;
-      auto line = NextLine(left);
-      if (!line.ok()) return line.status();
-      Json j = Json::parse(*line, nullptr, false);
-      KVD_ASSIGN_OR_RETURN(auto result, Result(j));
-      if (result.value("created", false)) return Status::Ok();
+      auto result = NextResult(deadline);
+      if (result.status().code() == StatusCode::kDeadlineExceeded) {
+        return Status::DeadlineExceeded("etcd " + c_->host() + ": watch not confirmed within " +
+                                        std::to_string(timeout.count()) + " ms");
+      }
+      if (!result.ok()) return result.status();
+      if (result->value("created", false)) return Status::Ok();
     }
-    return Status::DeadlineExceeded("etcd " + c_->host() + ": watch not confirmed within " +
-                                    std::to_string(timeout.count()) + " ms");
   }
 
   StatusOr<std::vector<WatchEvent>> Next(std::chrono::milliseconds timeout) override {
@@ -293,21 +286,24 @@ class GatewayWatchStream : public WatchStream {
 
   int64_t revision() const override { return revision_; }
 
+  // The flag answers every later Next; the posted stop ends the run of a Next under way (a
+  // posted handler survives the restart a run begins with, so none is missed).
+  void Interrupt() override {
+    interrupted_.store(true);
+    asio::post(c_->ioc(), [this] { c_->ioc().stop(); });
+  }
+
  private:
   StatusOr<std::vector<WatchEvent>> NextEvents(std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     std::vector<WatchEvent> events;
     while (events.empty()) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) {
+      auto next = NextResult(deadline);
+      if (next.status().code() == StatusCode::kDeadlineExceeded) {
         return Status::DeadlineExceeded("etcd watch: no event within " +
                                         std::to_string(timeout.count()) + " ms");
       }
-      auto line = NextLine(left);
-      if (!line.ok()) return line.status();
-      Json j = Json::parse(*line, nullptr, false);
-      KVD_ASSIGN_OR_RETURN(auto result, Result(j));
+      KVD_ASSIGN_OR_RETURN(Json result, std::move(next));
       if (result.value("canceled", false)) {
         return Status::Aborted("etcd " + c_->host() + ": watch cancelled: " +
                                result.value("cancel_reason", std::string("(no reason given)")) +
@@ -329,8 +325,12 @@ class GatewayWatchStream : public WatchStream {
     return events;
   }
 
-  // The "result" of a stream message; its revision noted.
-  StatusOr<Json> Result(const Json& j) {
+  // The "result" of the next stream message, read before `deadline`; its revision noted.
+  StatusOr<Json> NextResult(std::chrono::steady_clock::time_point deadline) {
+    KVD_ASSIGN_OR_RETURN(std::string line,
+                         NextLine(std::chrono::duration_cast<std::chrono::milliseconds>(
+                             deadline - std::chrono::steady_clock::now())));
+    Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) {
       return Status::Internal("etcd " + c_->host() + ": watch sent a line that is not JSON");
     }
@@ -350,6 +350,7 @@ class GatewayWatchStream : public WatchStream {
   StatusOr<std::string> NextLine(std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
+      if (interrupted_) return Status::Cancelled("etcd watch: interrupted");
       if (size_t nl = pending_.find('\n'); nl != std::string::npos) {
         std::string line = pending_.substr(0, nl);
         pending_.erase(0, nl + 1);
@@ -394,6 +395,7 @@ class GatewayWatchStream : public WatchStream {
   std::string pending_;
   bool reading_ = false;
   bool ended_ = false;
+  std::atomic<bool> interrupted_{false};
   std::string end_reason_;
   int64_t revision_ = 0;
 };

@@ -6,6 +6,7 @@
 #include "kvd/cluster/etcd_client.h"
 #include "kvd/cluster/membership.h"
 #include "kvd/common/hash.h"
+#include "kvd/common/hex.h"
 
 namespace kvd::cluster {
 namespace {
@@ -28,13 +29,7 @@ Status CheckId(const char* key, const std::string& value) {
   return Status::Ok();
 }
 
-// The digest travels as 16 hex digits (JSON numbers lose 64-bit integers in many readers).
-std::string Hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
+// Digests travel as 16 hex digits (Hex64; JSON numbers lose 64-bit integers in many readers).
 bool ParseHex64(const std::string& text, uint64_t* out) {
   if (text.empty() || text.size() > 16) return false;
   char* end = nullptr;

@@ -35,6 +35,7 @@ class Membership::Impl {
       std::lock_guard lock(mu_);
       if (stopping_) return;
       stopping_ = true;
+      if (watch_ != nullptr) watch_->Interrupt();  // the thread waits in it
     }
     wake_.notify_all();
     if (thread_.joinable()) thread_.join();
@@ -184,9 +185,20 @@ class Membership::Impl {
     KVD_ASSIGN_OR_RETURN(auto watch, etcd_.WatchPrefix(options_.MembersPrefix(), revision + 1));
     {
       std::lock_guard lock(mu_);
+      if (stopping_) return Status::Cancelled("stopping");
+      watch_ = watch.get();  // Stop interrupts it
       state_.reachable = true;
       state_.last_error.clear();
     }
+    Status ended = Watch(*watch);
+    std::lock_guard lock(mu_);
+    watch_ = nullptr;
+    return ended;
+  }
+
+  // Applies the watch's events and keeps the lease alive and the record current until etcd, the
+  // lease or Stop ends it.
+  Status Watch(WatchStream& watch) {
     logged_unreachable_ = false;
     KVD_LOG(INFO) << "cluster: registered" << Kv("cluster", options_.name)
                   << Kv("node", options_.node) << Kv("lease", lease_)
@@ -195,9 +207,9 @@ class Membership::Impl {
     auto next_keepalive = Clock::now() + keepalive_period;
     auto next_refresh = Clock::now() + options_.refresh_interval;
     while (!stopping()) {
-      auto wait = std::chrono::duration_cast<milliseconds>(next_keepalive - Clock::now());
-      wait = std::clamp(wait, milliseconds(1), milliseconds(200));  // Stop is seen within 200 ms
-      auto events = watch->Next(wait);
+      auto wait = std::chrono::duration_cast<milliseconds>(std::min(next_keepalive, next_refresh) -
+                                                           Clock::now());
+      auto events = watch.Next(std::max(wait, milliseconds(1)));  // Stop interrupts the wait
       if (events.ok()) {
         for (const WatchEvent& e : *events) {
           if (e.type == WatchEvent::Type::kDelete) {
@@ -240,6 +252,7 @@ class Membership::Impl {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   bool stopping_ = false;                       // GUARDED_BY(mu_)
+  WatchStream* watch_ = nullptr;                // GUARDED_BY(mu_), the session's, while open
   MembershipState state_;                       // GUARDED_BY(mu_), members/refused below
   std::map<std::string, Member> members_;       // GUARDED_BY(mu_), by key
   std::map<std::string, std::string> refused_;  // GUARDED_BY(mu_), by key

@@ -3,8 +3,8 @@
 
 #include <unistd.h>
 
-#include "codec/hex.h"
 #include "kvd/common/hash.h"
+#include "kvd/common/hex.h"
 #include "kvd/proto/convert.h"
 #include "kvd/proto/frame.h"
 

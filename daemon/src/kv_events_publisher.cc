@@ -1,7 +1,10 @@
 #include "kv_events_publisher.h"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <zmq.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <msgpack.hpp>
@@ -13,9 +16,6 @@ namespace kvd::daemon {
 namespace {
 
 using Packer = msgpack::packer<msgpack::sbuffer>;
-
-// Poll period of the thread while no event is queued (replay requests are answered meanwhile).
-constexpr int kIdlePollMs = 10;
 
 void PackStr(Packer& pk, std::string_view s) {
   pk.pack_str(static_cast<uint32_t>(s.size()));
@@ -118,9 +118,9 @@ StatusOr<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(
     const KvEventsOptions& options, EventHub* hub) {
   std::unique_ptr<KvEventsPublisher> p(new KvEventsPublisher(options, hub));
   KVD_RETURN_IF_ERROR(p->Bind());
-  // The admin tenant (""), every namespace, the largest queue the hub grants. The thread polls:
-  // the wake callback has nothing to do.
-  p->sub_ = hub->Subscribe("", std::nullopt, UINT32_MAX, [] {});
+  // The admin tenant (""), every namespace, the largest queue the hub grants. The hub wakes the
+  // thread through the eventfd when the queue turns non-empty.
+  p->sub_ = hub->Subscribe("", std::nullopt, UINT32_MAX, [raw = p.get()] { raw->Wake(); });
   p->thread_ = std::thread([raw = p.get()] { raw->Run(); });
   KVD_LOG(INFO) << "kv_events publishing" << Kv("endpoint", options.endpoint)
                 << Kv("replay_endpoint", options.replay_endpoint) << Kv("topic", options.topic);
@@ -128,6 +128,10 @@ StatusOr<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(
 }
 
 Status KvEventsPublisher::Bind() {
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) {
+    return Status::Internal(std::string("kv_events: eventfd failed: ") + std::strerror(errno));
+  }
   context_ = zmq_ctx_new();
   if (context_ == nullptr) return Status::Internal("kv_events: zmq_ctx_new failed");
   pub_ = zmq_socket(context_, ZMQ_PUB);
@@ -150,10 +154,17 @@ Status KvEventsPublisher::Bind() {
 
 KvEventsPublisher::~KvEventsPublisher() { Stop(); }
 
+void KvEventsPublisher::Wake() {
+  const uint64_t one = 1;
+  // Fails only when the counter is at its maximum: the thread is woken anyway.
+  (void)!::write(wake_fd_, &one, sizeof one);
+}
+
 void KvEventsPublisher::Stop() {
   if (sub_) hub_->Unsubscribe(sub_);
   stop_.store(true);
   if (thread_.joinable()) {
+    Wake();
     thread_.join();
     KVD_LOG(INFO) << "kv_events stopped" << Kv("batches", published())
                   << Kv("events_lost", dropped());
@@ -161,19 +172,23 @@ void KvEventsPublisher::Stop() {
   if (replay_ != nullptr) zmq_close(replay_);
   if (pub_ != nullptr) zmq_close(pub_);
   if (context_ != nullptr) zmq_ctx_term(context_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
   replay_ = pub_ = context_ = nullptr;
+  wake_fd_ = -1;
 }
 
 void KvEventsPublisher::Run() {
   std::vector<QueuedEvent> batch;
   bool more = false;  // the last Take filled a batch: do not wait before the next
   while (!stop_.load()) {
-    zmq_pollitem_t item{replay_, 0, ZMQ_POLLIN, 0};
-    const int timeout = more ? 0 : kIdlePollMs;
-    if (replay_ != nullptr) {
-      if (zmq_poll(&item, 1, timeout) > 0 && (item.revents & ZMQ_POLLIN)) ServeReplay();
-    } else if (!more) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(timeout));
+    // Sleeps until the hub wakes the thread (events queued, or Stop) or a replay request comes;
+    // not at all while the last Take left events behind.
+    zmq_pollitem_t items[2] = {{nullptr, wake_fd_, ZMQ_POLLIN, 0}, {replay_, 0, ZMQ_POLLIN, 0}};
+    const int n = replay_ != nullptr ? 2 : 1;
+    if (zmq_poll(items, n, more ? 0 : -1) > 0) {
+      uint64_t wakes;
+      if (items[0].revents & ZMQ_POLLIN) (void)!::read(wake_fd_, &wakes, sizeof wakes);
+      if (n == 2 && (items[1].revents & ZMQ_POLLIN)) ServeReplay();
     }
     batch.clear();
     hub_->Take(*sub_, static_cast<size_t>(options_.max_batch_events), &batch);

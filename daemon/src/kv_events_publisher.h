@@ -12,7 +12,8 @@
 //   payload], then the end marker [identity, "", "", -1 (8 bytes), ""].
 //
 // Threading: one thread of its own takes events from its hub subscription, publishes them and
-// answers replay requests; the sockets never leave it.
+// answers replay requests; the sockets never leave it. It sleeps in zmq_poll on an eventfd the
+// hub's wake callback writes (and on the replay socket), so an idle publisher costs no CPU.
 #pragma once
 
 #include <atomic>
@@ -51,6 +52,8 @@ class KvEventsPublisher {
  private:
   KvEventsPublisher(KvEventsOptions options, EventHub* hub);
   Status Bind();
+  // Wakes the thread (the hub's wake callback; Stop). Thread-safe.
+  void Wake();
   void Run();
   // Publishes `events` as one batch (and keeps it for replay).
   void Publish(const std::vector<QueuedEvent>& events);
@@ -60,6 +63,7 @@ class KvEventsPublisher {
   const KvEventsOptions options_;
   EventHub* const hub_;
   std::shared_ptr<EventHub::Subscription> sub_;
+  int wake_fd_ = -1;                                   // eventfd: Wake -> the thread
   void* context_ = nullptr;                            // zmq context
   void* pub_ = nullptr;                                // zmq PUB socket
   void* replay_ = nullptr;                             // zmq ROUTER socket, or null

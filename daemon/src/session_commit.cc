@@ -4,9 +4,9 @@
 #include <optional>
 #include <string>
 
-#include "codec/hex.h"
 #include "commit_route.h"
 #include "kvd/common/hash.h"
+#include "kvd/common/hex.h"
 #include "kvd/common/logging.h"
 #include "kvd/storage/host_tier.h"
 #include "kvd/storage/tier_manager.h"

@@ -117,6 +117,8 @@ TEST_F(ClusterE2eTest, NodesRegisterSeeEachOtherAndAKilledNodeLeavesWithinTheLea
     EXPECT_EQ(m["control"], kvds_[i]->tcp_address());
     EXPECT_EQ(m["lease_granted_ttl_s"], kLeaseTtlS);
     EXPECT_FALSE(m["tiers"].empty());
+    ASSERT_FALSE(m["models"].empty()) << out;
+    EXPECT_EQ(m["models"][0]["layout_digest"].get<std::string>().size(), 16u) << out;
   }
 
   const auto killed = std::chrono::steady_clock::now();

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <thread>
+#include <utility>
 
 #include "etcd_server.h"
 
@@ -114,6 +115,21 @@ TEST_F(EtcdClientTest, WatchStreamsPutsAndDeletesUnderThePrefixOnly) {
   EXPECT_EQ(events[1].type, WatchEvent::Type::kDelete);
   EXPECT_EQ(events[1].kv.key, "/w/before");
   EXPECT_GT((*watch)->revision(), range->revision);
+}
+
+TEST_F(EtcdClientTest, InterruptEndsAWaitingNextAndEveryLaterOne) {
+  EtcdClient etcd = Client();
+  auto watch = etcd.WatchPrefix("/i/", 0);
+  ASSERT_TRUE(watch.ok()) << watch.status();
+  Status waited;
+  std::thread waiter([&] { waited = (*watch)->Next(milliseconds(20000)).status(); });
+  usleep(200000);  // the waiter is (most likely) inside Next; either way it must end CANCELLED
+  (*watch)->Interrupt();
+  waiter.join();
+  EXPECT_EQ(waited.code(), StatusCode::kCancelled) << waited;
+  ASSERT_TRUE(etcd.Put("/i/a", "1").ok());  // an event: still CANCELLED
+  EXPECT_EQ((*watch)->Next(milliseconds(500)).status().code(), StatusCode::kCancelled);
+  EXPECT_EQ((*watch)->Next(milliseconds(0)).status().code(), StatusCode::kCancelled);
 }
 
 TEST_F(EtcdClientTest, WatchEndsUnavailableWhenEtcdDies) {
@@ -232,6 +248,39 @@ TEST(EtcdClientBadReplies, AreInternalErrorsNotCrashes) {
     CannedGateway gateway(R"({"kvs": [{"key": "!!!!!"}]})");  // not base64
     auto r = EtcdClient({.endpoints = {gateway.endpoint()}}).RangePrefix("/a/");
     EXPECT_EQ(r.status().code(), StatusCode::kInternal) << r.status();
+  }
+}
+
+TEST(EtcdClientBadReplies, EveryGrpcCodeMapsOntoKvdsCode) {
+  // gRPC's codes by number (grpc/status.h); UNKNOWN, INTERNAL and codes past 16 are INTERNAL.
+  const std::pair<int, StatusCode> cases[] = {
+      {0, StatusCode::kOk},
+      {1, StatusCode::kCancelled},
+      {2, StatusCode::kInternal},
+      {3, StatusCode::kInvalidArgument},
+      {4, StatusCode::kDeadlineExceeded},
+      {5, StatusCode::kNotFound},
+      {6, StatusCode::kAlreadyExists},
+      {7, StatusCode::kPermissionDenied},
+      {8, StatusCode::kResourceExhausted},
+      {9, StatusCode::kFailedPrecondition},
+      {10, StatusCode::kAborted},
+      {11, StatusCode::kOutOfRange},
+      {12, StatusCode::kUnimplemented},
+      {13, StatusCode::kInternal},
+      {14, StatusCode::kUnavailable},
+      {15, StatusCode::kDataLoss},
+      {16, StatusCode::kPermissionDenied},
+      {17, StatusCode::kInternal},
+      {-1, StatusCode::kInternal},
+  };
+  for (const auto& [grpc, want] : cases) {
+    CannedGateway gateway(R"({"code": )" + std::to_string(grpc) + R"(, "message": "m"})");
+    Status s = EtcdClient({.endpoints = {gateway.endpoint()}}).Put("/a", "b");
+    EXPECT_EQ(s.code(), want) << "gRPC code " << grpc << ": " << s;
+    if (want == StatusCode::kInternal) {
+      EXPECT_NE(s.message().find("gRPC code " + std::to_string(grpc)), std::string::npos) << s;
+    }
   }
 }
 

@@ -239,3 +239,22 @@ def test_disk_tier_blocks_are_storage_medium(tmp_path):
     finally:
         ctx.destroy(linger=0)
         d.stop()
+
+
+def test_without_replay_endpoint_events_still_flow():
+    """No replay socket: the publisher's thread waits on the event hub alone."""
+    pub = free_port()
+    d = KvdDaemon(capacity="1MiB", chunk_tokens=CHUNK_TOKENS,
+                  extra=f"kv_events: {{endpoint: 'tcp://127.0.0.1:{pub}', topic: {TOPIC.decode()}}}")
+    ctx = zmq.Context()
+    try:
+        sub = connect_and_settle(ctx, f"tcp://127.0.0.1:{pub}")
+        roundtrip(d)
+        first = listed(d)
+        sub.drain(lambda s: s.index == set(first))
+        roundtrip(d)  # an idle stretch between batches, then more: the thread wakes again
+        now = listed(d)
+        sub.drain(lambda s: s.index == set(now) and events(s, BlockRemoved))
+    finally:
+        ctx.destroy(linger=0)
+        d.stop()

@@ -6,7 +6,7 @@
 #include <iterator>
 #include <system_error>
 
-#include "hex.h"
+#include "kvd/common/hex.h"
 #include "kvd/storage/disk_tier.h"
 
 namespace kvd::daemon {

@@ -16,7 +16,7 @@
 #include <sstream>
 #include <thread>
 
-#include "hex.h"
+#include "kvd/common/hex.h"
 #include "kvd/common/log_limiter.h"
 #include "kvd/common/logging.h"
 #include "kvd/daemon/calibration_store.h"

@@ -17,7 +17,7 @@
 // message. No call blocks longer than connect_timeout per endpoint plus request_timeout.
 //
 // Thread safety: EtcdClient is thread-safe (each call uses its own connection; nothing is shared
-// but the immutable options). A WatchStream is used by one thread at a time.
+// but the immutable options). A WatchStream is used by one thread at a time (Interrupt aside).
 #pragma once
 
 #include <chrono>
@@ -79,6 +79,9 @@ class WatchStream {
   virtual StatusOr<std::vector<WatchEvent>> Next(std::chrono::milliseconds timeout) = 0;
   // The revision of the last message received (events or progress), 0 before any.
   virtual int64_t revision() const = 0;
+  // Makes a Next under way, and every later one, return CANCELLED at once. The one call that
+  // any thread may make while another is in Next.
+  virtual void Interrupt() = 0;
 };
 
 class EtcdClient {

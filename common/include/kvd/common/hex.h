@@ -1,4 +1,4 @@
-// 16 lowercase hex digits of a 64-bit value (calibration versions and digests in names and logs).
+// 16 lowercase hex digits of a 64-bit value (digests and versions in names, records and logs).
 #pragma once
 
 #include <cinttypes>
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-namespace kvd::daemon {
+namespace kvd {
 
 inline std::string Hex64(uint64_t v) {
   char buf[17];
@@ -14,4 +14,4 @@ inline std::string Hex64(uint64_t v) {
   return buf;
 }
 
-}  // namespace kvd::daemon
+}  // namespace kvd
