@@ -331,7 +331,10 @@ Status Server::Impl::Start() {
   expiry_timer_.emplace(io_);
   asio::co_spawn(io_, ExpiryLoop(), asio::detached);
   if (config_.kv_events) {
-    KVD_ASSIGN_OR_RETURN(kv_events_, KvEventsPublisher::Start(*config_.kv_events, &events_));
+    KVD_ASSIGN_OR_RETURN(kv_events_, KvEventsPublisher::Start(
+                                         *config_.kv_events, &events_, [m = manager_.get()] {
+                                           return m->ListCopies(storage::ChunkFilter::All());
+                                         }));
   }
   if (config_.cluster) {
     KVD_ASSIGN_OR_RETURN(membership_, StartClusterMembership(config_, tcp_address_, local_address_,

@@ -372,6 +372,16 @@ std::vector<ChunkMeta> TierManager::List(const ChunkFilter& filter, size_t limit
   return out;
 }
 
+std::vector<ChunkMeta> TierManager::ListCopies(const ChunkFilter& filter) const {
+  std::vector<ChunkMeta> out;
+  for (const Tier* t : tiers_) {
+    std::vector<ChunkMeta> copies = t->List(filter, 0);
+    out.insert(out.end(), std::make_move_iterator(copies.begin()),
+               std::make_move_iterator(copies.end()));
+  }
+  return out;
+}
+
 EvictResult TierManager::Evict(const ChunkFilter& filter) {
   // Per chunk, so that a chunk with copies in two tiers counts once. The other tiers go first,
   // from the bottom up: once their copies are gone, a concurrent lookup cannot copy the chunk

@@ -272,6 +272,15 @@ TEST_F(TierManagerTest, ListAndEvictCountAChunkWithCopiesInTwoTiersOnce) {
   }
   EXPECT_EQ(listed.size(), 5u);
   EXPECT_EQ(manager_->List(ChunkFilter::All(), 4).size(), 4u);  // the limit counts chunks
+  // ListCopies: every copy with its tier (chunks 0-2 twice, 3 on disk, 4 in host).
+  std::multiset<std::pair<uint64_t, TierKind>> copies;
+  for (const ChunkMeta& m : manager_->ListCopies(ChunkFilter::All())) {
+    copies.emplace(m.key.chain_hash.hi, m.tier);
+  }
+  std::multiset<std::pair<uint64_t, TierKind>> expected;
+  for (uint64_t n : {0, 1, 2, 4}) expected.emplace(MakeKey(n).chain_hash.hi, TierKind::kHost);
+  for (uint64_t n : {0, 1, 2, 3}) expected.emplace(MakeKey(n).chain_hash.hi, TierKind::kDisk);
+  EXPECT_EQ(copies, expected);
 
   auto lease = host_->Lookup(ChainRequest(1, 1));  // pin chunk 1's host copy
   ASSERT_TRUE(lease.ok());
