@@ -105,7 +105,7 @@ Status ClientImpl::Handshake() {
   if (options_.nccl) {
     transport::TransportOptions link = options_.transport;
     link.backend = hooks_.nccl_backend;
-    KVD_ASSIGN_OR_RETURN(nccl_, NcclPath::Join(*this, link));
+    KVD_ASSIGN_OR_RETURN(nccl_, NcclPath::Join(*this, link, &session_));
   }
   return Status::Ok();
 }
