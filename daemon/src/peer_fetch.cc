@@ -62,6 +62,7 @@ StatusOr<std::shared_ptr<client::Client>> PeerFetcher::ClientFor(const cluster::
   o.read_only = true;
   const int64_t timeout = config_.peer_fetch.timeout_ms;
   o.connect_timeout_ms = o.request_timeout_ms = o.transfer_timeout_ms = timeout;
+  o.max_in_flight = kFetchInFlight;
   KVD_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> made, client::Client::Connect(o));
   std::shared_ptr<client::Client> shared(std::move(made));
   std::lock_guard<std::mutex> lock(mu_);
@@ -71,32 +72,47 @@ StatusOr<std::shared_ptr<client::Client>> PeerFetcher::ClientFor(const cluster::
 
 uint32_t PeerFetcher::Fetch(client::Client& peer, uint64_t lease, size_t from, size_t to,
                             const PeerLookupRequest& request) {
-  std::vector<std::byte> buffer(request.model->layout.ChunkBytes(config_.chunk_tokens));
+  const size_t chunk_bytes = request.model->layout.ChunkBytes(config_.chunk_tokens);
+  // Up to kFetchInFlight chunks (and kFetchBatchBytes) per GetChunks call: one pipelined round
+  // trip per batch instead of one per chunk.
+  const size_t batch =
+      std::clamp<size_t>(kFetchBatchBytes / chunk_bytes, 1, static_cast<size_t>(kFetchInFlight));
+  std::vector<std::vector<std::byte>> buffers(std::min(batch, to - from),
+                                              std::vector<std::byte>(chunk_bytes));
   storage::ChunkKey key{request.name_space,
                         request.model->name,
                         request.model->layout.Digest(),
                         request.codec_id,
                         {}};
   uint32_t stored = 0;
-  for (size_t i = from; i < to; ++i) {
-    // Verified against the peer's checksum as it arrives (DATA_LOSS otherwise).
-    auto got = peer.Get(lease, static_cast<uint32_t>(i), buffer.data(), buffer.size());
+  for (size_t first = from; first < to; first += buffers.size()) {
+    const size_t n = std::min(buffers.size(), to - first);
+    std::vector<client::GetItem> items(n);
+    for (size_t j = 0; j < n; ++j) {
+      items[j] = {static_cast<uint32_t>(first + j), buffers[j].data(), chunk_bytes};
+    }
+    // Each chunk verified against the peer's checksum as it arrives (DATA_LOSS otherwise); a
+    // failed batch stores none of its chunks.
+    auto got = peer.GetChunks(lease, items);
     if (!got.ok()) {
       KVD_LOG(WARNING) << "peer fetch stopped" << Kv("peer", peer.session().node_name)
-                       << Kv("chunk", i) << Kv("error", got.status().ToString());
-      break;
+                       << Kv("first_chunk", first) << Kv("error", got.status().ToString());
+      return stored;
     }
-    if (got->codec_id != request.codec_id) break;  // another codec's chunk: not ours to store
-    key.chain_hash = request.chain[i];
-    // Insert computes the checksum again over the bytes it copies and refuses a mismatch.
-    Status s = tiers_->Insert(key, got->tokens, got->checksum,
-                              std::span<const std::byte>(buffer.data(), got->bytes));
-    if (!s.ok() && !storage::IsDedup(s)) {
-      KVD_LOG(WARNING) << "peer fetch: storing a fetched chunk failed" << Kv("chunk", i)
-                       << Kv("error", s.ToString());
-      break;
+    for (size_t j = 0; j < n; ++j) {
+      const client::GetResult& r = (*got)[j];
+      if (r.codec_id != request.codec_id) return stored;  // another codec's chunk: not ours
+      key.chain_hash = request.chain[first + j];
+      // Insert computes the checksum again over the bytes it copies and refuses a mismatch.
+      Status s = tiers_->Insert(key, r.tokens, r.checksum,
+                                std::span<const std::byte>(buffers[j].data(), r.bytes));
+      if (!s.ok() && !storage::IsDedup(s)) {
+        KVD_LOG(WARNING) << "peer fetch: storing a fetched chunk failed" << Kv("chunk", first + j)
+                         << Kv("error", s.ToString());
+        return stored;
+      }
+      ++stored;
     }
-    ++stored;
   }
   return stored;
 }

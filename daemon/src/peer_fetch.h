@@ -84,6 +84,10 @@ class PeerFetcher {
   uint32_t Fetch(client::Client& peer, uint64_t lease, size_t from, size_t to,
                  const PeerLookupRequest& request);
 
+  // A fetch keeps up to this many chunks, and at most kFetchBatchBytes, in flight.
+  static constexpr int kFetchInFlight = 8;
+  static constexpr size_t kFetchBatchBytes = size_t{64} << 20;
+
   const DaemonConfig& config_;
   const std::string self_;   // this node's cluster id
   const std::string token_;  // cluster.token
