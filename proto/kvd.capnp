@@ -171,6 +171,13 @@ struct LookupReply {
   leaseTtlMs @3 :UInt32;
   holders @4 :List(PrefixHolder);    # cluster scope: every node asked, this one first
   fetchedChunks @5 :UInt32;          # cluster scope: chunks copied from a peer for this lookup
+  foundIn @6 :List(TierChunks);      # where the matched chunks were found: per tier, how many
+                                     # (a chunk this lookup copied up from disk counts as disk)
+}
+
+struct TierChunks {
+  tier @0 :Text;                     # "gpu", "host", "disk"
+  chunks @1 :UInt32;
 }
 
 # Cluster scope: how long a prefix of the chain one node holds.
@@ -179,6 +186,7 @@ struct PrefixHolder {
   matchedChunks @1 :UInt32;          # leading chunks of the chain it holds (0 when not asked)
   error @2 :Text;                    # "" = answered; else why it gave no answer (unreachable,
                                      # refused: token or layout, timeout)
+  foundIn @3 :List(TierChunks);      # the node's LookupReply.foundIn
 }
 
 # Phase 1 of a put: allocate `bytes` for the chunk. The client then sends exactly `bytes` bytes

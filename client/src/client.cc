@@ -207,8 +207,15 @@ StatusOr<LookupResult> ClientImpl::Lookup(std::span<const Hash128> chain,
     out.lease_id = l.getLeaseId();
     out.lease_ttl_ms = l.getLeaseTtlMs();
     out.fetched_chunks = l.getFetchedChunks();
+    auto tiers = [](capnp::List<proto::TierChunks>::Reader list) {
+      std::vector<TierChunks> v;
+      for (auto t : list) v.push_back({t.getTier().cStr(), t.getChunks()});
+      return v;
+    };
+    out.found_in = tiers(l.getFoundIn());
     for (auto h : l.getHolders()) {
-      out.holders.push_back({h.getNode().cStr(), h.getMatchedChunks(), h.getError().cStr()});
+      out.holders.push_back(
+          {h.getNode().cStr(), h.getMatchedChunks(), h.getError().cStr(), tiers(h.getFoundIn())});
     }
     return Status::Ok();
   }));

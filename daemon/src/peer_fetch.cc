@@ -139,6 +139,8 @@ PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
       continue;
     }
     prefix.matched_chunks = found->matched_chunks;
+    for (const client::TierChunks& t : found->found_in)
+      prefix.found_in.push_back({t.tier, t.chunks});
     const bool longer =
         found->matched_chunks > best_matched && (*peer)->session().codec_id == request.codec_id;
     if (longer) {

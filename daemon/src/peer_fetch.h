@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvd/cluster/membership.h"
@@ -54,7 +55,8 @@ struct PeerLookupRequest {
 struct PeerPrefix {
   std::string node;
   uint32_t matched_chunks = 0;
-  std::string error;  // "" = answered
+  std::string error;                                       // "" = answered
+  std::vector<std::pair<std::string, uint32_t>> found_in;  // (tier, chunks) as the peer said
 };
 
 struct PeerLookupOutcome {

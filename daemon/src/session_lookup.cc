@@ -84,6 +84,27 @@ asio::awaitable<void> Session::FinishLookup(uint64_t seq, uint64_t rid,
 
 namespace {
 
+using TierCounts = std::vector<std::pair<std::string, uint32_t>>;
+
+// (tier, chunks) of a lookup's found_in, fastest tier first, tiers with none left out.
+TierCounts FoundInCounts(const std::vector<storage::TierKind>& found_in) {
+  TierCounts counts;
+  for (storage::TierKind kind :
+       {storage::TierKind::kGpu, storage::TierKind::kHost, storage::TierKind::kDisk}) {
+    const auto n = std::count(found_in.begin(), found_in.end(), kind);
+    if (n > 0)
+      counts.push_back({std::string(storage::TierKindName(kind)), static_cast<uint32_t>(n)});
+  }
+  return counts;
+}
+
+void SetTierChunks(const TierCounts& counts, capnp::List<proto::TierChunks>::Builder out) {
+  for (size_t i = 0; i < counts.size(); ++i) {
+    out[i].setTier(counts[i].first);
+    out[i].setChunks(counts[i].second);
+  }
+}
+
 struct ClusterLookupDone {
   StatusOr<storage::LookupResult> result;
   PeerLookupOutcome peers;
@@ -128,16 +149,22 @@ void Session::CompleteLookup(uint64_t seq, uint64_t rid,
              reply.setMatchedTokens(result->matched_tokens);
              reply.setLeaseId(result->lease_id);
              reply.setLeaseTtlMs(result->lease_id == 0 ? 0 : static_cast<uint32_t>(ttl));
+             const auto found_in = FoundInCounts(result->found_in);
+             SetTierChunks(found_in, reply.initFoundIn(static_cast<unsigned>(found_in.size())));
              if (peers == nullptr) return;
              reply.setFetchedChunks(peers->fetched_chunks);
              auto holders = reply.initHolders(static_cast<unsigned>(peers->peers.size() + 1));
              holders[0].setNode(get_services_->config().ResolvedCluster()->node);
              holders[0].setMatchedChunks(static_cast<uint32_t>(result->matched_chunks));
+             SetTierChunks(found_in,
+                           holders[0].initFoundIn(static_cast<unsigned>(found_in.size())));
              for (size_t i = 0; i < peers->peers.size(); ++i) {
                const PeerPrefix& p = peers->peers[i];
                holders[i + 1].setNode(p.node);
                holders[i + 1].setMatchedChunks(p.matched_chunks);
                holders[i + 1].setError(p.error);
+               SetTierChunks(p.found_in,
+                             holders[i + 1].initFoundIn(static_cast<unsigned>(p.found_in.size())));
              }
            }));
 }

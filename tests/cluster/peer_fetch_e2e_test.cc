@@ -129,6 +129,12 @@ TEST_F(PeerFetchE2eTest, ClusterLookupNamesEachNodesPrefixAndPeerFetchIsByteExac
   EXPECT_EQ(hb->matched_chunks, 4u) << hb->error;
   EXPECT_EQ(hc->matched_chunks, 2u) << hc->error;
   EXPECT_EQ(hb->error, "");
+  // Where b and c hold them: their host tiers (a has none before the fetch).
+  ASSERT_EQ(hb->found_in.size(), 1u);
+  EXPECT_EQ(hb->found_in[0].tier, "host");
+  EXPECT_EQ(hb->found_in[0].chunks, 4u);
+  ASSERT_EQ(hc->found_in.size(), 1u);
+  EXPECT_EQ(hc->found_in[0].chunks, 2u);
   EXPECT_EQ(hit->fetched_chunks, 4u);
   ASSERT_EQ(hit->matched_chunks, 4u);
   EXPECT_EQ(hit->holders[0].matched_chunks, 4u);

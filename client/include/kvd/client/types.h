@@ -14,11 +14,18 @@
 namespace kvd::client {
 
 // ---- results ----
-// Cluster scope: how long a prefix of the chain one node holds.
+// How many of a lookup's matched chunks one tier held.
+struct TierChunks {
+  std::string tier;  // "gpu", "host", "disk"
+  uint32_t chunks = 0;
+};
+
+// Cluster scope: how long a prefix of the chain one node holds, and in which tiers.
 struct PrefixHolder {
   std::string node;             // the member's cluster.node
   uint32_t matched_chunks = 0;  // leading chunks of the chain it holds
   std::string error;            // "" = answered; else why it gave no answer
+  std::vector<TierChunks> found_in;
 };
 
 struct LookupOptions {
@@ -39,6 +46,9 @@ struct LookupResult {
   // the daemon copied from a peer for it.
   std::vector<PrefixHolder> holders;
   uint32_t fetched_chunks = 0;
+  // Where the matched chunks were found, per tier (a chunk the lookup copied up from disk counts
+  // as disk; chunks fetched from a peer as host). Empty from a daemon that predates it.
+  std::vector<TierChunks> found_in;
 };
 
 struct PutResult {
