@@ -93,7 +93,7 @@ class ClientImpl final : public Client, public PathContext {
   const ChainHasher& hasher() const { return hasher_; }
   bool connected() const;
 
-  StatusOr<LookupResult> Lookup(std::span<const Hash128> chain);
+  StatusOr<LookupResult> Lookup(std::span<const Hash128> chain, const LookupOptions& options);
   Status ReleaseLease(uint64_t lease_id);
   StatusOr<std::vector<PutResult>> PutChunks(std::span<const PutItem> items);
   StatusOr<std::vector<GetResult>> GetChunks(uint64_t lease_id, std::span<const GetItem> items);

@@ -350,11 +350,12 @@ Status ReadClusterTokenFile(const std::string& path, std::string* token) {
   return Status::Ok();
 }
 
-// `cluster: {etcd: [host:port, ...], name, node, lease_ttl_s, token | token_file}`; etcd may be
-// one string.
-Status BindCluster(const YAML::Node& n, cluster::MembershipOptions* o) {
+// `cluster: {etcd: [host:port, ...], name, node, lease_ttl_s, token | token_file, peer_fetch,
+// peer_timeout_ms}`; etcd may be one string.
+Status BindCluster(const YAML::Node& n, cluster::MembershipOptions* o, PeerFetchOptions* peer) {
   KVD_RETURN_IF_ERROR(CheckMap(n, "cluster",
-                               {"etcd", "name", "node", "lease_ttl_s", "token", "token_file"}));
+                               {"etcd", "name", "node", "lease_ttl_s", "token", "token_file",
+                                "peer_fetch", "peer_timeout_ms"}));
   const YAML::Node etcd = n["etcd"];
   if (!etcd.IsDefined() || etcd.IsNull()) {
     // left empty: MembershipOptions::Validate names it
@@ -383,6 +384,18 @@ Status BindCluster(const YAML::Node& n, cluster::MembershipOptions* o) {
     }
     KVD_RETURN_IF_ERROR(ReadClusterTokenFile(token_file, &o->token));
   }
+  std::string policy = "store";
+  KVD_RETURN_IF_ERROR(GetString(n, "cluster", "peer_fetch", &policy));
+  if (policy == "store") {
+    peer->policy = PeerFetchOptions::Policy::kStore;
+  } else if (policy == "off") {
+    peer->policy = PeerFetchOptions::Policy::kOff;
+  } else {
+    return Status::InvalidArgument("cluster.peer_fetch: \"" + policy +
+                                   "\" is not a policy (store, off)");
+  }
+  KVD_RETURN_IF_ERROR(
+      GetInt(n, "cluster", "peer_timeout_ms", &peer->timeout_ms, 10, 60000));
   return Status::Ok();
 }
 
@@ -514,7 +527,7 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   }
   if (YAML::Node n = root["cluster"]; n.IsDefined() && !n.IsNull()) {
     cluster::MembershipOptions cluster;
-    KVD_RETURN_IF_ERROR(BindCluster(n, &cluster));
+    KVD_RETURN_IF_ERROR(BindCluster(n, &cluster, &c->peer_fetch));
     c->cluster = std::move(cluster);
   }
   if (YAML::Node n = root["kv_events"]; n.IsDefined() && !n.IsNull()) {

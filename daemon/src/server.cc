@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cluster_member.h"
+#include "peer_fetch.h"
 #include "kvd/common/log_limiter.h"
 #include "kvd/common/logging.h"
 #include "listen_address.h"
@@ -339,6 +340,7 @@ Status Server::Impl::Start() {
   if (config_.cluster) {
     KVD_ASSIGN_OR_RETURN(membership_, StartClusterMembership(config_, tcp_address_, local_address_,
                                                              manager_.get()));
+    peer_fetcher_ = std::make_unique<PeerFetcher>(config_, membership_.get(), manager_.get());
   }
   if (deps_.handle_signals) {
     signals_.emplace(io_, SIGINT, SIGTERM);

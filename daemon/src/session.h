@@ -30,6 +30,7 @@
 #include "get_request.h"
 #include "hello_check.h"
 #include "idle_watch.h"
+#include "peer_fetch.h"
 #include "put_ledger.h"
 #include "read_buffer.h"
 #include "reply_writer.h"
@@ -158,11 +159,17 @@ class Session : public std::enable_shared_from_this<Session> {
   // Applies a Hello's grant to this session and answers with HelloReply.
   void AnswerHello(uint64_t seq, uint64_t rid, Grant grant);
   void HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader lookup);
+  // `peers`: a cluster-scope lookup's answers of the other members (null: local scope).
   void CompleteLookup(uint64_t seq, uint64_t rid, const StatusOr<storage::LookupResult>& result,
-                      int64_t ttl);
+                      int64_t ttl, const PeerLookupOutcome* peers = nullptr);
   asio::awaitable<void> FinishLookup(uint64_t seq, uint64_t rid,
                                      std::shared_ptr<const storage::LookupRequest> request,
                                      int64_t ttl);
+  // A cluster-scope lookup (peer_fetch.h) on the worker pool: the local lookup, the peers' answers
+  // and fetch, then the local lookup again when chunks were fetched.
+  asio::awaitable<void> FinishClusterLookup(uint64_t seq, uint64_t rid,
+                                            std::shared_ptr<const storage::LookupRequest> request,
+                                            int64_t ttl);
   // The checks of a put (Reserve, InlinePut; `op` names it in errors): engine role, tokens, window
   // and the policy's needs, bytes == layout.ChunkBytes(tokens) + window queries, max_chunk_bytes;
   // then the ingest admission (compressing model) and the host-tier reservation (capacity,

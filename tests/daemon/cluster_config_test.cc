@@ -45,6 +45,14 @@ TEST(ClusterConfigTest, BindsEveryKeyAndDefaultsNodeToTheNodeName) {
   EXPECT_EQ(one->cluster->etcd, std::vector<std::string>{"10.0.0.1:2379"});
   EXPECT_EQ(one->ResolvedCluster()->node, "other");
   EXPECT_EQ(one->cluster->lease_ttl_s, 10);  // the default
+  EXPECT_EQ(one->peer_fetch.policy, PeerFetchOptions::Policy::kStore);  // the default
+  EXPECT_EQ(one->peer_fetch.timeout_ms, 2000);
+
+  auto off = ParseConfigYaml(
+      "cluster: {etcd: [h:1], name: c, peer_fetch: \"off\", peer_timeout_ms: 250}\n");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->peer_fetch.policy, PeerFetchOptions::Policy::kOff);
+  EXPECT_EQ(off->peer_fetch.timeout_ms, 250);
 }
 
 // A token kept in a file (a mounted Kubernetes Secret): read at load, one trailing newline
@@ -88,6 +96,8 @@ TEST(ClusterConfigTest, InvalidValuesNameTheKey) {
       {"node: \"has space\"\ncluster: {etcd: [h:1], name: c}\n", "cluster.node"},
       {"cluster: {etcd: [h:1], name: c, lease_ttl_s: 1}\n", "cluster.lease_ttl_s"},
       {"cluster: {etcd: [h:1], name: c, members: 3}\n", "cluster.members: unknown key"},
+      {"cluster: {etcd: [h:1], name: c, peer_fetch: copy}\n", "cluster.peer_fetch"},
+      {"cluster: {etcd: [h:1], name: c, peer_timeout_ms: 0}\n", "cluster.peer_timeout_ms"},
       {"cluster: [h:1]\n", "cluster: must be a mapping"},
   });
 }

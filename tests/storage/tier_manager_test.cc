@@ -76,6 +76,10 @@ TEST_F(TierManagerTest, DemotesLeastRecentlyUsedAboveHighWatermark) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->matched_chunks, 6u);
   EXPECT_EQ(manager_->promotions(), 3u);
+  // Where each was found: 0, 4 and 5 in host, 1..3 on disk (copied up by this lookup).
+  const std::vector<TierKind> found_in = {TierKind::kHost, TierKind::kDisk, TierKind::kDisk,
+                                          TierKind::kDisk, TierKind::kHost, TierKind::kHost};
+  EXPECT_EQ(r->found_in, found_in);
   for (size_t i = 0; i < 6; ++i) {
     auto view = host_->Get(r->lease_id, i);
     ASSERT_TRUE(view.ok()) << view.status();
