@@ -8,7 +8,8 @@
 #    of KVD_FRONTS_METHODS at its own p_c list, the passkey prompts asked of every front row
 #    (--passkey-fronts) -> $out/kvd (results.md, results.csv, fronts-<mode>.png, ...).
 # 2. With the kvpress venv of bench/quality-peers.sh (installed by it; skipped when it cannot be),
-#    kvpress's presses on the same segments at KVD_FRONTS_PRESS_RATIOS -> $out/kvpress, and
+#    kvpress's presses on the first KVD_FRONTS_PRESS_SEGMENTS of the same segments at
+#    KVD_FRONTS_PRESS_RATIOS -> $out/kvpress (transformers on the CPU is the slow part), and
 #    bench/kvpress/table.py --equal-bytes -> $out/peers.md: each press against kvd's best
 #    one-shot row storing at most the press's bytes, paired on the same segments.
 #
@@ -16,8 +17,9 @@
 #   KVD_FRONTS_SIZE          "SEGMENTS PREFIX CONTINUATION WINDOW" (default: "8 1024 128 32")
 #   KVD_FRONTS_METHODS       kvd-quality --methods (default below; name@p_c:p_c per method)
 #   KVD_FRONTS_PASSKEY       "CONTEXT TRIALS MULTIKEY" (default: "1024 4 8"; CONTEXT 0 = none)
-#   KVD_FRONTS_PRESSES       presses (default: streaming_llm,snapkv,keydiff,tova,expected_attention,knorm)
-#   KVD_FRONTS_PRESS_RATIOS  press p_c list (default: 0.5,0.9)
+#   KVD_FRONTS_PRESSES       presses (default: snapkv,streaming_llm,expected_attention,tova)
+#   KVD_FRONTS_PRESS_RATIOS  press p_c list (default: 0.9, i.e. 0.10 of the bytes)
+#   KVD_FRONTS_PRESS_SEGMENTS  segments for the presses (default: 4; paired on these)
 #   KVD_FRONTS_KVPRESS=0     skip step 2
 # Cost (2 cores, --jobs 2 --threads 1): about 900 s of CPU for step 1 and 300 s for step 2
 # (docs/quality.md gives the measured figures). CPU-heavy: on a shared machine run it under the
@@ -41,8 +43,9 @@ read -r pk_ctx pk_trials mk_trials <<< "${KVD_FRONTS_PASSKEY:-1024 4 8}"
 methods=${KVD_FRONTS_METHODS:-full,bf16@0,int8@0,fp8@0,int4@0:0.65,kvslimmer_gated@0.5,\
 snapkv@0.5:0.75:0.91,keydiff@0.5:0.75:0.91,snapkv+int4@0.5:0.65:0.83,keydiff+int4@0.5:0.65:0.83,\
 snapkv+int8@0.82,keydiff+int8@0.5:0.82}
-presses=${KVD_FRONTS_PRESSES:-streaming_llm,snapkv,keydiff,tova,expected_attention,knorm}
-press_ratios=${KVD_FRONTS_PRESS_RATIOS:-0.5,0.9}
+presses=${KVD_FRONTS_PRESSES:-snapkv,streaming_llm,expected_attention,tova}
+press_ratios=${KVD_FRONTS_PRESS_RATIOS:-0.9}
+press_segs=${KVD_FRONTS_PRESS_SEGMENTS:-4}
 mkdir -p "$out"
 
 log "kvd-quality: $segs segments of $prefix + $cont, window $window, passkey $pk_ctx tokens"
@@ -61,7 +64,7 @@ py=$(KVD_PEERS_SETUP_ONLY=1 bench/quality-peers.sh "$BUILD_DIR" | sed -n 's/^pyt
 log "kvpress presses: $presses at p_c $press_ratios"
 start=$(date +%s)
 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 /usr/bin/time -f "%U %S" -o "$out/kvpress.cpu" \
-  "$py" bench/kvpress/run_presses.py --gguf "$gguf" --out "$out/kvpress" --segments "$segs" \
+  "$py" bench/kvpress/run_presses.py --gguf "$gguf" --out "$out/kvpress" --segments "$press_segs" \
   --prefix "$prefix" --continuation "$cont" --window "$window" --ratios "$press_ratios" \
   --presses "$presses" --threads 2 > "$out/kvpress.log" 2>&1 \
   || { tail -20 "$out/kvpress.log" >&2; exit 1; }

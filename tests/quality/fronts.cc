@@ -5,14 +5,10 @@
 #include <cstdio>
 #include <sstream>
 
+#include "report.h"
+
 namespace kvd::quality {
 namespace {
-
-std::string Fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof(b), f, v);
-  return b;
-}
 
 bool InForm(const MethodResult& m, ServingForm form) {
   return m.stored_raw >= 0 && (form == ServingForm::kCompact || m.keeps_positions);

@@ -141,6 +141,23 @@ class Canvas {
   std::vector<unsigned char> px_;
 };
 
+// Six y grid lines from lo to hi with their values (printf `fmt`) left of the plot area
+// [left, right] x [top, bottom], then the x and y axes; Y maps a value to its pixel row.
+template <typename YMap>
+void DrawYGridAndAxes(Canvas& cv, int left, int right, int top, int bottom, double lo, double hi,
+                      const char* fmt, YMap Y) {
+  const Rgb axis{0, 0, 0}, grid{225, 225, 225};
+  for (int i = 0; i <= 5; ++i) {
+    const double v = lo + (hi - lo) * i / 5.0;
+    cv.Line(left, Y(v), right, Y(v), grid, 1);
+    char buf[16];
+    std::snprintf(buf, sizeof(buf), fmt, v);
+    cv.Text(8, static_cast<int>(Y(v)) - 5, buf, 2, axis);
+  }
+  cv.Line(left, bottom, right, bottom, axis, 2);
+  cv.Line(left, top, left, bottom, axis, 2);
+}
+
 }  // namespace
 
 Rgb SeriesColor(size_t i) { return kPalette[i % kPaletteSize]; }
@@ -263,15 +280,7 @@ Status WritePerplexityPlot(const HarnessReport& r, const std::string& path) {
     cv.Text(static_cast<int>(X(i / 20.0)) - 16, H - B + 10, buf, 2, axis);
   }
   cv.Text((L + right) / 2 - 30, H - B + 32, "p_c", 3, axis);
-  for (int i = 0; i <= 5; ++i) {  // y grid and tick labels
-    const double v = lo + (hi - lo) * i / 5.0;
-    cv.Line(L, Y(v), right, Y(v), grid, 1);
-    char buf[16];
-    std::snprintf(buf, sizeof(buf), "%.1f", v);
-    cv.Text(8, static_cast<int>(Y(v)) - 5, buf, 2, axis);
-  }
-  cv.Line(L, H - B, right, H - B, axis, 2);
-  cv.Line(L, T, L, H - B, axis, 2);
+  DrawYGridAndAxes(cv, L, right, T, H - B, lo, hi, "%.1f", Y);
   for (size_t i = 0; i < names.size(); ++i) {
     auto pts = series[names[i]];
     std::sort(pts.begin(), pts.end());
@@ -341,15 +350,7 @@ Status WriteFrontPlot(const HarnessReport& r, const std::string& mode, const std
     cv.Text(static_cast<int>(X(i / 10.0)) - 10, H - B + 10, buf, 2, axis);
   }
   cv.Text((L + right) / 2 - 60, H - B + 32, "stored/raw", 3, axis);
-  for (int i = 0; i <= 5; ++i) {
-    const double v = lo + (hi - lo) * i / 5.0;
-    cv.Line(L, Y(v), right, Y(v), grid, 1);
-    char buf[16];
-    std::snprintf(buf, sizeof(buf), "%.2f", v);
-    cv.Text(8, static_cast<int>(Y(v)) - 5, buf, 2, axis);
-  }
-  cv.Line(L, H - B, right, H - B, axis, 2);
-  cv.Line(L, T, L, H - B, axis, 2);
+  DrawYGridAndAxes(cv, L, right, T, H - B, lo, hi, "%.2f", Y);
   for (const MethodResult& m : r.rows) {
     if (m.stored_raw < 0 || (m.mode != mode && m.method != "full")) continue;
     cv.Dot(static_cast<int>(X(m.stored_raw)), static_cast<int>(Y(m.perplexity / e)), grey, 2);

@@ -12,15 +12,11 @@
 #include "plot.h"
 
 namespace kvd::quality {
-namespace {
-
 std::string Fmt(const char* f, double v) {
   char b[64];
   std::snprintf(b, sizeof(b), f, v);
   return b;
 }
-
-}  // namespace
 
 std::vector<std::string> ModesOf(const HarnessReport& r) {
   std::vector<std::string> modes;

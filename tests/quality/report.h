@@ -15,6 +15,9 @@ inline constexpr const char* kCsvHeader =
     "passkey_total,multikey_correct,multikey_total,seconds,cpu_seconds,stored_raw,form";
 inline constexpr size_t kCsvFields = 21;
 
+// `v` formatted by printf format `f` (one double conversion), e.g. Fmt("%.3f", 1.25).
+std::string Fmt(const char* f, double v);
+
 // One row per (method, mode, p_c) with the 95% bootstrap intervals (kCsvHeader), the engine first;
 // stored_raw is -1 where the method does not measure bytes, form "dense" or "compact" (fronts.h).
 std::string ToCsv(const HarnessReport& r);
