@@ -11,7 +11,8 @@ perplexity ratios with a 95% bootstrap interval over segments (resampled togethe
 on stdout. kvd's stored fraction is its stored_raw column (encoded chunk bytes over raw bfloat16
 bytes) where kvd-quality wrote one, else 1 - achieved_p_c; a press's is its kept fraction of
 tokens. --equal-bytes prints instead, for each press at each p_c, kvd's best one-shot row
-(lowest perplexity) storing at most the press's bytes, paired against the press.
+(lowest perplexity over kvd's segments) storing at most the press's bytes, its perplexity on the
+press's segments, paired against the press.
 """
 import argparse
 import csv
@@ -97,13 +98,16 @@ def main():
         print("| press at p_c | stored/raw, ppl/full | kvd's best at no more bytes (one-shot) "
               "| stored/raw, ppl/full | kvd / press, paired [95% CI] |\n|---|---|---|---|---|")
         for (m, r), seg in sorted(kvp.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
+            # kvd's best row is chosen on all its segments (its front), and shown on the press's
+            # segments only, so both columns cover the same text.
             within = [(ratio(s2, s2.keys()), k) for k, s2 in kvd.items()
                       if k[0] != "full" and stored[k] <= stored[(m, r)] + 1e-12]
             if not within:
                 print(f"| {m} at {r:g} | {stored[(m, r)]:.3f}, {ratio(seg, seg.keys()):.4f} "
                       "| none | - | - |")
                 continue
-            best_ratio, best = min(within)
+            best = min(within)[1]
+            best_ratio = ratio(kvd[best], [i for i in seg if i in kvd[best]])
             print(f"| {m} at {r:g} | {stored[(m, r)]:.3f}, {ratio(seg, seg.keys()):.4f} "
                   f"| {best[0]} at {best[1]:g} | {stored[best]:.3f}, {best_ratio:.4f} "
                   f"| {paired(kvd[best], seg)} |")
