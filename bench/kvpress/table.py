@@ -11,8 +11,8 @@ perplexity ratios with a 95% bootstrap interval over segments (resampled togethe
 on stdout. kvd's stored fraction is its stored_raw column (encoded chunk bytes over raw bfloat16
 bytes) where kvd-quality wrote one, else 1 - achieved_p_c; a press's is its kept fraction of
 tokens. --equal-bytes prints instead, for each press at each p_c, kvd's best one-shot row
-(lowest perplexity over kvd's segments) storing at most the press's bytes, its perplexity on the
-press's segments, paired against the press.
+measured in bytes (lowest perplexity over kvd's segments) storing at most the press's bytes,
+its perplexity on the press's segments, paired against the press.
 """
 import argparse
 import csv
@@ -56,6 +56,7 @@ def main():
 
     kvd = load_segments(os.path.join(a.kvd_out, "segments.csv"), True)
     stored = {}
+    in_bytes = set()  # kvd rows whose stored fraction is measured in bytes
     kvd_full = None
     with open(os.path.join(a.kvd_out, "results.csv")) as f:
         for r in csv.DictReader(f):
@@ -63,6 +64,8 @@ def main():
                 kvd_full = float(r["perplexity"])
             if r["mode"] == "one-shot":
                 measured = float(r.get("stored_raw") or -1)
+                if measured >= 0:
+                    in_bytes.add((r["method"], float(r["p_c"])))
                 stored[(r["method"], float(r["p_c"]))] = (
                     measured if measured >= 0 else 1 - float(r["achieved_p_c"]))
     not_run = []
@@ -101,7 +104,7 @@ def main():
             # kvd's best row is chosen on all its segments (its front), and shown on the press's
             # segments only, so both columns cover the same text.
             within = [(ratio(s2, s2.keys()), k) for k, s2 in kvd.items()
-                      if k[0] != "full" and stored[k] <= stored[(m, r)] + 1e-12]
+                      if k in in_bytes and k[0] != "full" and stored[k] <= stored[(m, r)] + 1e-12]
             if not within:
                 print(f"| {m} at {r:g} | {stored[(m, r)]:.3f}, {ratio(seg, seg.keys()):.4f} "
                       "| none | - | - |")
