@@ -31,6 +31,12 @@
 //   int8_recent32, int4_recent32, fp8_recent32   the same with the last 32 slots of every head
 //                                            (of every chunk, chunk-wise) unquantized
 //   keydiff+int8, keydiff+int4               KeyDiff eviction at p_c, then the quantize stage
+//   expected_attention                       expected attention (expected_attention.h) under the
+//                                            query statistics of the calibration prefixes' window
+//                                            queries (the last W of each, de-rotated at their
+//                                            positions): what kvd would have accumulated from
+//                                            earlier puts; the chunk's own queries are not used
+//   expected_attention+int8                  the same, then the int8 quantize stage
 //   For these the stored fraction is the encoded chunk's bytes (header, slot metadata, scales and
 //   checksum included) over the raw bfloat16 chunk's, not the half-pair count.
 // Every plan keeps 4 sinks and the W window tokens (W = the harness's window) and meets the
