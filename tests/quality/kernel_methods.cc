@@ -275,6 +275,17 @@ class KernelMethod : public CompressionMethod {
     in.query_stats = query_stats_.has_value() ? &*query_stats_ : nullptr;
     // Every calibration query is in before the first chunk: the statistics score from the start.
     o.expected_attention_min_queries = 1;
+    // Expected-attention terms: the plan defaults unless KVD_EA_FUTURE (future positions),
+    // KVD_EA_VALUE_NORM / KVD_EA_COVARIANCE (0 = off) override them (comparison runs).
+    if (const char* f = std::getenv("KVD_EA_FUTURE"); f != nullptr && *f != '\0') {
+      o.expected_attention.future_positions = std::strtoll(f, nullptr, 10);
+    }
+    if (const char* v = std::getenv("KVD_EA_VALUE_NORM"); v != nullptr && *v != '\0') {
+      o.expected_attention.value_norm = std::strtol(v, nullptr, 10) != 0;
+    }
+    if (const char* c = std::getenv("KVD_EA_COVARIANCE"); c != nullptr && *c != '\0') {
+      o.expected_attention.use_covariance = std::strtol(c, nullptr, 10) != 0;
+    }
     kernels::CompressionStats stats;
     std::vector<uint8_t> stored_raw;  // spec_.stored_bf16: the raw chunk in bfloat16
     ModelLayout stored_layout = layout;

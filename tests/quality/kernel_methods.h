@@ -36,6 +36,8 @@
 //                                            queries (the last W of each, de-rotated at their
 //                                            positions): what kvd would have accumulated from
 //                                            earlier puts; the chunk's own queries are not used
+//                                            (KVD_EA_FUTURE, KVD_EA_VALUE_NORM=0,
+//                                            KVD_EA_COVARIANCE=0 override the plan's terms)
 //   expected_attention+int8                  the same, then the int8 quantize stage
 //   For these the stored fraction is the encoded chunk's bytes (header, slot metadata, scales and
 //   checksum included) over the raw bfloat16 chunk's, not the half-pair count.
