@@ -30,7 +30,10 @@ Status Bad(const std::string& key, const std::string& value, const std::string& 
 }  // namespace
 
 bool CompressionPolicy::NeedsQueries() const {
-  return score == "snapkv" || score == "pyramidkv" || merge == "kvslimmer";
+  // expected_attention scores without the chunk's queries, but its statistics are built from
+  // them: engines are asked to send them.
+  return score == "snapkv" || score == "pyramidkv" || score == "expected_attention" ||
+         merge == "kvslimmer";
 }
 
 bool CompressionPolicy::KeepsPositions() const {
@@ -51,8 +54,15 @@ std::string CompressionPolicy::StagesName() const {
 }
 
 Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) const {
-  if (!OneOf(score, {"none", "snapkv", "keydiff", "pyramidkv"})) {
-    return Bad(key + ".stages", score, "is not a score method (snapkv, keydiff, pyramidkv)");
+  if (!OneOf(score, {"none", "snapkv", "keydiff", "pyramidkv", "expected_attention"})) {
+    return Bad(key + ".stages", score,
+               "is not a score method (snapkv, keydiff, pyramidkv, expected_attention)");
+  }
+  if (ea_future_positions < 1) {
+    return Bad(key + ".ea_future_positions", std::to_string(ea_future_positions), "must be >= 1");
+  }
+  if (ea_min_queries < 1) {
+    return Bad(key + ".ea_min_queries", std::to_string(ea_min_queries), "must be >= 1");
   }
   if (!OneOf(merge, {"none", "kvslimmer"})) {
     return Bad(key + ".stages", merge, "is not a merge method (kvslimmer)");
@@ -140,6 +150,9 @@ std::string CompressionPolicy::CanonicalForm() const {
          " max_group=" + std::to_string(max_group) + " min_cos=" + Num(min_cos) +
          " route_eps=" + Num(route_eps) + " r2_threshold=" + Num(r2_threshold) +
          " calibration_tokens=" + std::to_string(calibration_tokens) +
+         (score == "expected_attention"
+              ? " ea=" + std::to_string(ea_future_positions) + "/" + std::to_string(ea_min_queries)
+              : std::string()) +
          // Only when on, so that the codec ids of policies without it stay what they were.
          (Quantizes() ? " quant=" + quant_format + "/" + std::to_string(quant_group) + "/" +
                             std::to_string(quant_recent)

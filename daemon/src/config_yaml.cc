@@ -191,7 +191,8 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
                {"stages", "p_c", "window", "sinks", "pooling", "pooling_kernel", "keydiff_block",
                 "pyramid_beta", "merge_norm", "position", "max_group", "min_cos", "route_eps",
                 "r2_threshold", "calibration_tokens", "worker_threads", "queue_depth", "device",
-                "quant_format", "quant_group", "quant_recent"}));
+                "quant_format", "quant_group", "quant_recent", "ea_future_positions",
+                "ea_min_queries"}));
   CompressionPolicy p;
   const YAML::Node stages = node["stages"];
   if (!stages.IsDefined() || !stages.IsSequence() || stages.size() == 0) {
@@ -208,7 +209,8 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
     if (!stages[i].IsScalar()) return Status::InvalidArgument(key + ": must be a method name");
     std::string method = stages[i].Scalar();
     std::vector<std::pair<int, std::string>> parts;  // (stage, method)
-    if (method == "snapkv" || method == "keydiff" || method == "pyramidkv") {
+    if (method == "snapkv" || method == "keydiff" || method == "pyramidkv" ||
+        method == "expected_attention") {
       parts = {{0, method}};
     } else if (method == "kvslimmer") {
       parts = {{1, method}};
@@ -220,7 +222,8 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
       parts = {{3, "int8"}};  // the format: quant_format below
     } else {
       return Bad(key, method,
-                 "is not a method (score: snapkv, keydiff, pyramidkv; merge: kvslimmer; route: "
+                 "is not a method (score: snapkv, keydiff, pyramidkv, expected_attention; merge: "
+                 "kvslimmer; route: "
                  "vector; quantize: quantize; hybrid = snapkv + kvslimmer)");
     }
     for (const auto& [stage, name] : parts) {
@@ -264,6 +267,19 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
   KVD_RETURN_IF_ERROR(GetInt(node, path, "pooling_kernel", &p.pooling_kernel, 1, 1023));
   KVD_RETURN_IF_ERROR(GetInt(node, path, "keydiff_block", &p.keydiff_block, 0, 1 << 20));
   KVD_RETURN_IF_ERROR(GetDouble(node, path, "pyramid_beta", &p.pyramid_beta));
+  if (p.score != "expected_attention") {
+    for (const char* k : {"ea_future_positions", "ea_min_queries"}) {
+      if (node[k].IsDefined()) {
+        return Status::InvalidArgument(path + "." + k +
+                                       ": set, but stages has no expected_attention stage (e.g. "
+                                       "stages: [expected_attention])");
+      }
+    }
+  }
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "ea_future_positions", &p.ea_future_positions, 1,
+                             int64_t{1} << 30));
+  KVD_RETURN_IF_ERROR(
+      GetInt(node, path, "ea_min_queries", &p.ea_min_queries, 1, int64_t{1} << 40));
   KVD_RETURN_IF_ERROR(GetString(node, path, "merge_norm", &p.merge_norm));
   KVD_RETURN_IF_ERROR(GetString(node, path, "position", &p.position));
   KVD_RETURN_IF_ERROR(GetInt(node, path, "max_group", &p.max_group, 1, 1 << 20));

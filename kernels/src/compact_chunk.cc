@@ -187,7 +187,7 @@ std::string HeadName(int64_t idx, int heads) {
 }
 
 Status ValidateCodec(const CodecDescription& c) {
-  if (static_cast<uint8_t>(c.score) > static_cast<uint8_t>(ScoreStage::kPyramidKv) ||
+  if (static_cast<uint8_t>(c.score) > static_cast<uint8_t>(ScoreStage::kExpectedAttention) ||
       static_cast<uint8_t>(c.merge) > static_cast<uint8_t>(MergeStage::kKvSlimmer) ||
       static_cast<uint8_t>(c.merge_norm) > static_cast<uint8_t>(MergeNorm::kL1Code) ||
       static_cast<uint8_t>(c.route) > static_cast<uint8_t>(RouteStage::kVector) ||
@@ -435,6 +435,8 @@ std::string_view ScoreStageName(ScoreStage s) {
       return "keydiff";
     case ScoreStage::kPyramidKv:
       return "pyramidkv";
+    case ScoreStage::kExpectedAttention:
+      return "expected_attention";
   }
   return "unknown";
 }

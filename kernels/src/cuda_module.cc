@@ -123,6 +123,10 @@ Status QuantizeBlock(const QuantBlock& block, const float* x, uint8_t* out, int6
 Status DequantizeBlock(const QuantBlock& block, const uint8_t* in, float* out, void* stream) {
   KVD_CUDA_FORWARD(DequantizeBlock, block, in, out, stream);
 }
+Status ExpectedAttentionScores(const ExpectedQueries& q, ConstMatrixView keys,
+                               ConstMatrixView values, float* scores, void* stream) {
+  KVD_CUDA_FORWARD(ExpectedAttentionScores, q, keys, values, scores, stream);
+}
 Status ApplyMerges(std::span<const MergePair> pairs, RepresentativePosition position,
                    SlotSet* slots, void* stream) {
   KVD_CUDA_FORWARD(ApplyMerges, pairs, position, slots, stream);

@@ -2,7 +2,7 @@
 // program that uses them, in <libdir>/kvd/), loaded on first device use: a process that never
 // runs a kernel on the device maps neither the module nor the CUDA runtime it links. The host
 // side of kvd_kernels calls the cuda:: entry points (backend_a.h, serving_backend.h,
-// vector_backend.h, quantize_backend.h, plan_device_internal.h, device_serving_internal.h and the
+// vector_backend.h, quantize_backend.h, expected_attention_backend.h, plan_device_internal.h, device_serving_internal.h and the
 // two below) as
 // before; src/cuda_module.cc defines them as calls through this table, which the module's one
 // exported symbol hands out. Private to kvd_kernels.
@@ -18,6 +18,7 @@
 
 #include "backend_a.h"
 #include "device_serving_internal.h"
+#include "expected_attention_backend.h"
 #include "plan_device_internal.h"
 #include "quantize_backend.h"
 #include "serving_backend.h"
@@ -36,7 +37,7 @@ Status CopyToHostSync(void* host, const void* device, size_t bytes, void* stream
 
 // Raised with every change of CudaKernelsApi: the module and its loader are built together, a
 // module of another build is refused.
-inline constexpr int kCudaKernelsApiVersion = 2;
+inline constexpr int kCudaKernelsApiVersion = 3;
 
 struct CudaKernelsApi {
   int version = kCudaKernelsApiVersion;
@@ -63,6 +64,7 @@ struct CudaKernelsApi {
   decltype(&cuda::CopyToHostSync) CopyToHostSync = nullptr;
   decltype(&cuda::QuantizeBlock) QuantizeBlock = nullptr;
   decltype(&cuda::DequantizeBlock) DequantizeBlock = nullptr;
+  decltype(&cuda::ExpectedAttentionScores) ExpectedAttentionScores = nullptr;
 };
 
 // The module's table, loading it on the first call (once per process).

@@ -71,7 +71,7 @@ StatusOr<std::vector<int64_t>> ExactPyramidBudgets(int64_t n, int layers, int64_
 }  // namespace internal
 
 Status CompressionPlanOptions::Validate() const {
-  if (static_cast<uint8_t>(score) > static_cast<uint8_t>(ScoreStage::kPyramidKv) ||
+  if (static_cast<uint8_t>(score) > static_cast<uint8_t>(ScoreStage::kExpectedAttention) ||
       static_cast<uint8_t>(merge) > static_cast<uint8_t>(MergeStage::kKvSlimmer) ||
       static_cast<uint8_t>(route) > static_cast<uint8_t>(RouteStage::kVector)) {
     return Status::InvalidArgument("plan: unknown stage");
@@ -141,6 +141,13 @@ Status CompressionPlanOptions::Validate() const {
                                      std::to_string(route_min_r2));
     }
   }
+  if (score == ScoreStage::kExpectedAttention) {
+    KVD_RETURN_IF_ERROR(expected_attention.Validate().WithContext("plan"));
+    if (expected_attention_min_queries < 1) {
+      return Status::InvalidArgument("plan: expected_attention_min_queries must be >= 1, got " +
+                                     std::to_string(expected_attention_min_queries));
+    }
+  }
   if (head_budget == HeadBudget::kAdaptive) {
     if (score == ScoreStage::kNone) {
       return Status::InvalidArgument(
@@ -201,6 +208,25 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
     return Status::InvalidArgument("plan: num_q_heads is not a multiple of num_kv_heads");
   }
   const int group = layout.num_q_heads / H;
+  const QueryStatistics* query_stats = nullptr;
+  if (options.score == ScoreStage::kExpectedAttention) {
+    query_stats = input.query_stats;
+    if (query_stats != nullptr &&
+        (query_stats->num_layers() != L || query_stats->num_q_heads() != layout.num_q_heads ||
+         query_stats->head_dim() != d)) {
+      return Status::FailedPrecondition(
+          "plan: query statistics shape does not match the layout (layers, query heads, "
+          "head_dim)");
+    }
+    if (query_stats == nullptr ||
+        query_stats->MinCount() < options.expected_attention_min_queries) {
+      CompressionPlanOptions fallback = options;  // plan.h: one-shot KeyDiff until then
+      fallback.score = ScoreStage::kKeyDiff;
+      fallback.keydiff_block = 0;
+      return Compress(fallback, layout, input, stats, exec);
+    }
+  }
+  const int64_t last_position = *std::max_element(input.positions.begin(), input.positions.end());
   const bool have_queries = !input.window_queries.empty();
   const bool need_queries =
       options.score == ScoreStage::kSnapKv || options.score == ScoreStage::kPyramidKv ||
@@ -275,6 +301,15 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
     KVD_ASSIGN_OR_RETURN(std::vector<Matrix> values, GatherHeads(shape, v_bytes, convert_exec));
     total.stage.convert_ns += NanosSince(convert_start);
     std::vector<int64_t> head_pairs(static_cast<size_t>(H), layer_pairs[layer]);
+    std::vector<ExpectedQueries> expected(query_stats != nullptr ? static_cast<size_t>(H) : 0);
+    for (size_t h = 0; h < expected.size(); ++h) {
+      KVD_ASSIGN_OR_RETURN(expected[h],
+                           ExpectedQueriesFor(*query_stats, layer, static_cast<int>(h), group,
+                                              last_position, options.expected_attention));
+    }
+    const auto expected_of = [&](int64_t h) {
+      return expected.empty() ? nullptr : &expected[static_cast<size_t>(h)];
+    };
     if (options.head_budget == HeadBudget::kAdaptive) {
       std::vector<std::vector<float>> scores(static_cast<size_t>(H));
       ParallelFor(H, exec.num_threads, [&](int64_t h) {
@@ -283,7 +318,8 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
                                       ? input.window_queries[static_cast<size_t>(layer) * H + h]
                                       : ConstMatrixView{};
         head_status[h] =
-            internal::HeadScores(options, keys[h].View(), q, window, group, &scores[h]);
+            internal::HeadScores(options, keys[h].View(), values[h].View(), q, window, group,
+                                 expected_of(h), &scores[h]);
         adaptive_score_ns[h] += NanosSince(score_start);
       });
       for (int h = 0; h < H; ++h) {
@@ -303,6 +339,7 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
     ParallelFor(H, exec.num_threads, [&](int64_t h) {
       internal::HeadInput hi;
       hi.merge_layer_open = merge_layer_open;
+      hi.expected = expected_of(h);
       hi.options = &options;
       hi.rope = &rope;
       hi.keys = keys[h].View();

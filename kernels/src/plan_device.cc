@@ -42,6 +42,11 @@ Status CheckDevicePlanSupported(const CompressionPlanOptions& options) {
           "plan_device: merge_gate is not implemented on the device (use Compress)");
     }
   }
+  if (options.score == ScoreStage::kExpectedAttention) {
+    return Status::Unimplemented(
+        "plan_device: score expected_attention is not implemented on the device plan (use "
+        "Compress; its scores have a CUDA twin, ExpectedAttentionScores)");
+  }
   if (options.head_budget != HeadBudget::kUniform) {
     return Status::Unimplemented(
         "plan_device: head_budget kAdaptive is not implemented on the device (use Compress)");

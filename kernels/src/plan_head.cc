@@ -151,7 +151,8 @@ Status HeadPipeline::EnsureScores() {
   if (have_scores_) return Status::Ok();
   StageScope scope(&clock_, &times_.score_ns);
   KVD_RETURN_IF_ERROR(
-      HeadScores(opt_, in_.keys, in_.queries, in_.window, in_.group_size, &scores_));
+      HeadScores(opt_, in_.keys, in_.values, in_.queries, in_.window, in_.group_size,
+                 in_.expected, &scores_));
   have_scores_ = true;
   return Status::Ok();
 }
@@ -573,8 +574,8 @@ Status HeadPipeline::Run(CompactHead* out, CompressionStats* stats) {
 }  // namespace
 
 Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,
-                  ConstMatrixView queries, int64_t window, int group_size,
-                  std::vector<float>* scores) {
+                  ConstMatrixView values, ConstMatrixView queries, int64_t window, int group_size,
+                  const ExpectedQueries* expected, std::vector<float>* scores) {
   const int64_t n = keys.rows;
   scores->assign(static_cast<size_t>(n), 0.0f);
   switch (options.score) {
@@ -592,6 +593,14 @@ Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,
     }
     case ScoreStage::kKeyDiff:
       KVD_RETURN_IF_ERROR(KeyDiffScores(keys, *scores, {.num_threads = 1}));
+      break;
+    case ScoreStage::kExpectedAttention:
+      if (expected == nullptr) {
+        return Status::Internal("plan: expected_attention scores without expected queries");
+      }
+      KVD_RETURN_IF_ERROR(ExpectedAttentionScores(
+          *expected, keys, options.expected_attention.value_norm ? values : ConstMatrixView{},
+          *scores, {.num_threads = 1}));
       break;
   }
   return Status::Ok();

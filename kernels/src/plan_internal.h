@@ -23,6 +23,7 @@ struct HeadInput {
   const VectorHeadFit* fit = nullptr;  // non-null iff routing
   DType dtype = DType::kBFloat16;
   bool merge_layer_open = true;  // merge_gate: the layer gate (plan.h)
+  const ExpectedQueries* expected = nullptr;  // score kExpectedAttention: this head's queries
 };
 
 // merge_gate's layer statistic: the mean over heads of MeanCentredAdjacentCosine of the
@@ -31,9 +32,10 @@ StatusOr<double> LayerCentredAdjacentCosine(const RopeTable& rope, std::span<con
                                             std::span<const int64_t> positions);
 
 // The score stage of one head (plan.h: kNone = recency) into *scores [N]. Single-threaded.
+// `expected` is read by kExpectedAttention only (non-null there), `values` [N, d] too.
 Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,
-                  ConstMatrixView queries, int64_t window, int group_size,
-                  std::vector<float>* scores);
+                  ConstMatrixView values, ConstMatrixView queries, int64_t window, int group_size,
+                  const ExpectedQueries* expected, std::vector<float>* scores);
 
 // PyramidKV layer budgets of a chunk of n tokens adjusted so that they sum to exactly layers * m,
 // each within [forced, n] (plan.h). OUT_OF_RANGE when that is impossible.

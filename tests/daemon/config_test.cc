@@ -441,6 +441,7 @@ TEST(ConfigPolicyTest, ParsesStagesAndParameters) {
   EXPECT_FALSE(off.models[0].compression.has_value());
 }
 
+
 TEST(ConfigPolicyTest, ParsesTheQuantizeStageAndItsKeys) {
   auto alone = ParseConfigYaml(PolicyYaml("{stages: [quantize]}"));
   ASSERT_TRUE(alone.ok()) << alone.status();
@@ -512,6 +513,30 @@ CompressionPolicy Policy(const std::string& yaml) {
 const Status kNoDevice =
     Status::Unavailable("no CUDA device (cudaGetDeviceCount: cudaErrorNoDevice)");
 const Status kNoCuda = Status::Unimplemented("built without CUDA (this build has no CUDA kernels)");
+
+TEST(ConfigPolicyTest, ParsesTheExpectedAttentionStageAndItsKeys) {
+  auto c = ParseConfigYaml(
+      PolicyYaml("{stages: [expected_attention], ea_future_positions: 128, ea_min_queries: 64}"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const CompressionPolicy& p = *c->models[0].compression;
+  EXPECT_EQ(p.score, "expected_attention");
+  EXPECT_EQ(p.ea_future_positions, 128);
+  EXPECT_EQ(p.ea_min_queries, 64);
+  EXPECT_TRUE(p.NeedsQueries()) << "its statistics are built from the window queries";
+  EXPECT_EQ(p.StagesName(), "expected_attention");
+  const CompressionPolicy defaults = Policy("{stages: [expected_attention]}");
+  EXPECT_EQ(defaults.ea_future_positions, 512);
+  EXPECT_EQ(defaults.ea_min_queries, 256);
+  // Both keys change the stored bytes, so the codec id; a policy without the stage keeps its id.
+  EXPECT_NE(p.CodecId(0), defaults.CodecId(0));
+  CompressionPolicy other = defaults;
+  other.ea_min_queries = 257;
+  EXPECT_NE(other.CodecId(0), defaults.CodecId(0));
+  const CompressionPolicy keydiff = Policy("{stages: [keydiff]}");
+  CompressionPolicy keydiff_ea = keydiff;
+  keydiff_ea.ea_min_queries = 7;
+  EXPECT_EQ(keydiff.CodecId(0), keydiff_ea.CodecId(0));
+}
 
 TEST(IngestDeviceTest, ParsesTheSettingWithAutoAsDefault) {
   EXPECT_EQ(Policy("{stages: [snapkv]}").device, "auto");
@@ -682,6 +707,14 @@ TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
        {"models[0].compression.device", "\"gpu\"", "auto, cpu, cuda or cuda:N"}},
       {"{stages: [snapkv], device: \"cuda:x\"}", {"models[0].compression.device", "cuda:x"}},
       {"{stages: [snapkv], device: \"cuda:\"}", {"models[0].compression.device", "cuda:"}},
+      // expected attention
+      {"{stages: [expected_attention], ea_future_positions: 0}",
+       {"models[0].compression.ea_future_positions", "\"0\""}},
+      {"{stages: [expected_attention], ea_min_queries: -3}",
+       {"models[0].compression.ea_min_queries", "\"-3\""}},
+      {"{stages: [keydiff], ea_min_queries: 64}",
+       {"models[0].compression.ea_min_queries", "no expected_attention stage"}},
+      {"{stages: [expected_attention, keydiff]}", {"stages[1]", "keydiff", "second score method"}},
       // the quantize stage
       {"{stages: [quantize], quant_format: int3}",
        {"models[0].compression.quant_format", "\"int3\"", "int8, int4 or fp8_e4m3"}},

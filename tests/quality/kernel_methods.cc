@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "kvd/kernels/compact_chunk.h"
+#include "kvd/kernels/expected_attention.h"
 #include "kvd/kernels/rope.h"
 #include "kvd/kernels/serving.h"
 #include "kvd/kernels/vector.h"
@@ -134,6 +135,13 @@ constexpr MethodSpec kSpecs[] = {
      .score = ScoreStage::kSnapKv,
      .stored_bf16 = true,
      .quant = kernels::QuantFormat::kInt4},
+    // Expected attention under the query statistics of the calibration prefixes' window queries
+    // (kernel_methods.h), and the same with the int8 quantize stage.
+    {"expected_attention", ScoreStage::kExpectedAttention},
+    {.name = "expected_attention+int8",
+     .score = ScoreStage::kExpectedAttention,
+     .stored_bf16 = true,
+     .quant = kernels::QuantFormat::kInt8},
 };
 
 // The prefix cache as one raw float32 chunk: per layer K[N, H, d] then V[N, H, d].
@@ -162,7 +170,8 @@ class KernelMethod : public CompressionMethod {
 
   std::string name() const override { return spec_.name; }
   bool NeedsCalibration() const override {
-    return spec_.route == RouteStage::kVector && !spec_.online;
+    return (spec_.route == RouteStage::kVector && !spec_.online) ||
+           spec_.score == ScoreStage::kExpectedAttention;
   }
   // Online calibration carries the document's calibrator from chunk to chunk.
   bool ParallelSafe() const override { return !spec_.online; }
@@ -170,10 +179,16 @@ class KernelMethod : public CompressionMethod {
   Status Calibrate(const std::vector<PrefixCapture>& calibration) override {
     if (!NeedsCalibration()) return Status::Ok();
     if (calibration.empty()) {
-      return Status::FailedPrecondition(name() + " needs calibration prefixes (VECTOR), got none");
+      return Status::FailedPrecondition(name() +
+                                        " needs calibration prefixes (VECTOR or query "
+                                        "statistics), got none");
     }
     const llama::LlamaConfig& cfg = *calibration.front().config;
     const ModelLayout layout = cfg.ToModelLayout();
+    if (spec_.score == ScoreStage::kExpectedAttention) {
+      KVD_RETURN_IF_ERROR(CalibrateQueries(cfg, calibration));
+    }
+    if (spec_.route != RouteStage::kVector) return Status::Ok();
     KVD_ASSIGN_OR_RETURN(
         kernels::VectorCalibrator cal,
         kernels::VectorCalibrator::Create(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim));
@@ -196,8 +211,12 @@ class KernelMethod : public CompressionMethod {
   StatusOr<CompressedPrefix> Compress(const PrefixCapture& p, double p_c) override {
     if (p.config == nullptr) return Status::InvalidArgument("prefix without a model config");
     const llama::LlamaConfig& cfg = *p.config;
-    if (NeedsCalibration() && !weights_.has_value()) {
+    if (spec_.route == RouteStage::kVector && !spec_.online && !weights_.has_value()) {
       return Status::FailedPrecondition(name() + ": Compress before Calibrate (VECTOR weights)");
+    }
+    if (spec_.score == ScoreStage::kExpectedAttention && !query_stats_.has_value()) {
+      return Status::FailedPrecondition(name() +
+                                        ": Compress before Calibrate (query statistics)");
     }
     const ModelLayout layout = cfg.ToModelLayout();
     const int L = cfg.num_layers, H = cfg.num_kv_heads, d = cfg.head_dim;
@@ -262,6 +281,20 @@ class KernelMethod : public CompressionMethod {
     in.positions = pos;
     in.window_queries = q_views;
     in.weights = weights_.has_value() ? &*weights_ : nullptr;
+    in.query_stats = query_stats_.has_value() ? &*query_stats_ : nullptr;
+    // Every calibration query is in before the first chunk: the statistics score from the start.
+    o.expected_attention_min_queries = 1;
+    // Expected-attention terms: the plan defaults unless KVD_EA_FUTURE (future positions),
+    // KVD_EA_VALUE_NORM / KVD_EA_COVARIANCE (0 = off) override them (comparison runs).
+    if (const char* f = std::getenv("KVD_EA_FUTURE"); f != nullptr && *f != '\0') {
+      o.expected_attention.future_positions = std::strtoll(f, nullptr, 10);
+    }
+    if (const char* v = std::getenv("KVD_EA_VALUE_NORM"); v != nullptr && *v != '\0') {
+      o.expected_attention.value_norm = std::strtol(v, nullptr, 10) != 0;
+    }
+    if (const char* c = std::getenv("KVD_EA_COVARIANCE"); c != nullptr && *c != '\0') {
+      o.expected_attention.use_covariance = std::strtol(c, nullptr, 10) != 0;
+    }
     kernels::CompressionStats stats;
     std::vector<uint8_t> stored_raw;  // spec_.stored_bf16: the raw chunk in bfloat16
     ModelLayout stored_layout = layout;
@@ -325,6 +358,28 @@ class KernelMethod : public CompressionMethod {
     return so;
   }
 
+  // The query statistics of kernel_methods.h: each calibration prefix's window queries at their
+  // positions (the last W of the prefix), as kvd accumulates the window queries of puts.
+  Status CalibrateQueries(const llama::LlamaConfig& cfg,
+                          const std::vector<PrefixCapture>& calibration) {
+    KVD_ASSIGN_OR_RETURN(kernels::RopeTable rope, kernels::RopeTable::Create(cfg.rope, cfg.head_dim));
+    KVD_ASSIGN_OR_RETURN(query_stats_,
+                         kernels::QueryStatistics::Create(cfg.num_layers, cfg.num_q_heads, rope));
+    for (const PrefixCapture& p : calibration) {
+      const std::vector<int64_t> pos = Positions(p.cache);
+      if (static_cast<int>(pos.size()) < p.window ||
+          static_cast<int>(p.window_queries.size()) != cfg.num_layers) {
+        return Status::InvalidArgument(name() + ": calibration prefix without its window queries");
+      }
+      const std::span<const int64_t> qpos(pos.data() + pos.size() - p.window,
+                                          static_cast<size_t>(p.window));
+      for (int l = 0; l < cfg.num_layers; ++l) {
+        KVD_RETURN_IF_ERROR(query_stats_->Add(l, p.window_queries[l], qpos));
+      }
+    }
+    return Status::Ok();
+  }
+
   // Online calibration (kernel_methods.h): a chunk that starts the sequence (position 0) starts
   // a new accumulation; every chunk is added before it is compressed, so W is fitted on the
   // served document's tokens up to the end of this chunk, never on the continuation.
@@ -367,6 +422,7 @@ class KernelMethod : public CompressionMethod {
   MethodSpec spec_;
   std::optional<kernels::VectorWeights> weights_;
   std::optional<kernels::VectorCalibrator> online_;  // spec_.online: the document so far
+  std::optional<kernels::QueryStatistics> query_stats_;  // kExpectedAttention
   std::vector<double> r2_;
 };
 

@@ -32,6 +32,14 @@
 //                                            (of every chunk, chunk-wise) unquantized
 //   keydiff+int8, keydiff+int4               KeyDiff eviction at p_c, then the quantize stage
 //   snapkv+int8, snapkv+int4                 SnapKV eviction at p_c, then the quantize stage
+//   expected_attention                       expected attention (expected_attention.h) under the
+//                                            query statistics of the calibration prefixes' window
+//                                            queries (the last W of each, de-rotated at their
+//                                            positions): what kvd would have accumulated from
+//                                            earlier puts; the chunk's own queries are not used
+//                                            (KVD_EA_FUTURE, KVD_EA_VALUE_NORM=0,
+//                                            KVD_EA_COVARIANCE=0 override the plan's terms)
+//   expected_attention+int8                  the same, then the int8 quantize stage
 // Every method reports its stored fraction in half-pairs (CompressedPrefix::stored_fraction) and
 // in bytes (stored_bytes_fraction: the encoded chunk, header, slot metadata, scales, padding and
 // checksum included, over the raw bfloat16 chunk; stored_bytes.h).

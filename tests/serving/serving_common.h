@@ -96,11 +96,13 @@ inline Prompt MakePrompt(const ModelLayout& layout, const std::vector<int>& toke
   return p;
 }
 
-// The same compression in-process (what the daemon must store byte for byte).
+// The same compression in-process (what the daemon must store byte for byte). The window
+// queries go in for SnapKV and expected attention (whose statistics are `query_stats`).
 inline StatusOr<std::vector<uint8_t>> InProcess(const ModelLayout& layout, const Chunk& c,
                                                 uint64_t first_position,
                                                 kk::CompressionPlanOptions o,
-                                                const kk::VectorWeights* weights = nullptr) {
+                                                const kk::VectorWeights* weights = nullptr,
+                                                const kk::QueryStatistics* query_stats = nullptr) {
   const int64_t n = static_cast<int64_t>(c.raw.size() / layout.ChunkBytes(1));
   std::vector<int64_t> positions(n);
   for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int64_t>(first_position) + i;
@@ -108,7 +110,7 @@ inline StatusOr<std::vector<uint8_t>> InProcess(const ModelLayout& layout, const
   f32.dtype = DType::kFloat32;
   std::vector<kk::Matrix> q;
   std::vector<kk::ConstMatrixView> views;
-  if (o.score == kk::ScoreStage::kSnapKv) {
+  if (o.score == kk::ScoreStage::kSnapKv || o.score == kk::ScoreStage::kExpectedAttention) {
     const size_t per_layer = c.queries.size() / layout.num_layers;
     for (int l = 0; l < layout.num_layers; ++l) {
       KVD_ASSIGN_OR_RETURN(auto m,
@@ -122,6 +124,7 @@ inline StatusOr<std::vector<uint8_t>> InProcess(const ModelLayout& layout, const
   in.positions = positions;
   in.window_queries = views;
   in.weights = weights;
+  in.query_stats = query_stats;
   kk::ExecOptions exec;
   exec.num_threads = 1;
   KVD_ASSIGN_OR_RETURN(auto chunk, kk::Compress(o, layout, in, nullptr, exec));

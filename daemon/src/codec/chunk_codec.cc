@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "codec/query_stats_record.h"
 #include "kvd/common/hex.h"
 #include "kvd/common/log_limiter.h"
 #include "kvd/common/logging.h"
@@ -33,10 +34,13 @@ namespace {
 
 kk::CompressionPlanOptions PlanOptions(const CompressionPolicy& p) {
   kk::CompressionPlanOptions o;
-  o.score = p.score == "snapkv"      ? kk::ScoreStage::kSnapKv
-            : p.score == "keydiff"   ? kk::ScoreStage::kKeyDiff
-            : p.score == "pyramidkv" ? kk::ScoreStage::kPyramidKv
-                                     : kk::ScoreStage::kNone;
+  o.score = p.score == "snapkv"               ? kk::ScoreStage::kSnapKv
+            : p.score == "keydiff"            ? kk::ScoreStage::kKeyDiff
+            : p.score == "pyramidkv"          ? kk::ScoreStage::kPyramidKv
+            : p.score == "expected_attention" ? kk::ScoreStage::kExpectedAttention
+                                              : kk::ScoreStage::kNone;
+  o.expected_attention.future_positions = p.ea_future_positions;
+  o.expected_attention_min_queries = p.ea_min_queries;
   o.merge = p.merge == "kvslimmer" ? kk::MergeStage::kKvSlimmer : kk::MergeStage::kNone;
   o.route = p.route == "vector" ? kk::RouteStage::kVector : kk::RouteStage::kNone;
   o.p_c = p.p_c;
@@ -236,6 +240,91 @@ struct ChunkCodec::Impl {
   std::vector<uint8_t> weights_bytes;                // guarded by cal_mu
   std::atomic<uint32_t> codec_id{0};
   std::atomic<uint64_t> version{0};
+
+  // ---- expected-attention query statistics (score == expected_attention) ----
+  std::string query_record;  // CalibrationRecordName("query-statistics", ...)
+  mutable std::mutex query_mu;
+  std::optional<kk::QueryStatistics> queries;  // guarded by query_mu; every query seen
+  // guarded by query_mu: the snapshot chunks are scored with, replaced after each put
+  std::shared_ptr<const kk::QueryStatistics> query_snapshot;
+  int64_t query_saved = 0;  // guarded by query_mu; queries per layer in the saved record
+
+  // Creates the statistics, reloading the saved record when there is a usable one (a record
+  // that cannot be read, fails its checksum or has another shape is refused with one ERROR line
+  // and accumulation starts at zero, as VECTOR's).
+  Status StartQueryStatistics() {
+    KVD_ASSIGN_OR_RETURN(kk::RopeTable rope,
+                         kk::RopeTable::Create(model.layout.rope, model.layout.head_dim));
+    KVD_ASSIGN_OR_RETURN(queries, kk::QueryStatistics::Create(model.layout.num_layers,
+                                                              model.layout.num_q_heads, rope));
+    if (store != nullptr) {
+      auto bytes = store->Load(query_record);
+      Status bad = bytes.ok() ? Status::Ok() : bytes.status();
+      if (bad.ok()) {
+        auto saved = DeserializeQueryStatistics(*bytes, model.layout.num_layers,
+                                                model.layout.num_q_heads, rope);
+        if (saved.ok()) {
+          queries = std::move(*saved);
+          query_saved = queries->MinCount();
+          KVD_LOG(INFO) << "expected-attention query statistics reloaded" << Kv("model", model.name)
+                        << Kv("record", store->Where(query_record)) << Kv("queries", query_saved)
+                        << Kv("needed", policy.ea_min_queries);
+        } else {
+          bad = saved.status();
+        }
+      }
+      if (!bad.ok() && bad.code() != StatusCode::kNotFound) {
+        KVD_LOG(ERROR) << "saved expected-attention query statistics refused, collecting from zero"
+                       << Kv("model", model.name) << Kv("record", store->Where(query_record))
+                       << Kv("status", bad);
+      }
+    }
+    query_snapshot = std::make_shared<const kk::QueryStatistics>(*queries);
+    return Status::Ok();
+  }
+
+  // Adds a put's window queries (per layer [W, q_heads, d] float32, the last W of `positions`)
+  // and returns the statistics to score it with. Saved every eighth of ea_min_queries (and
+  // every put until then), so a restart resumes. A put whose queries cannot be added is scored
+  // with the statistics as they were (logged).
+  std::shared_ptr<const kk::QueryStatistics> AddQueries(std::span<const uint8_t> query_bytes,
+                                                        uint32_t window,
+                                                        std::span<const int64_t> positions) {
+    std::lock_guard lock(query_mu);
+    if (window == 0 || !queries) return query_snapshot;
+    const size_t per_layer = query_bytes.size() / model.layout.num_layers;
+    const std::span<const int64_t> qpos = positions.subspan(positions.size() - window);
+    kk::QueryStatistics next = *queries;
+    for (int l = 0; l < model.layout.num_layers; ++l) {
+      const std::span<const float> q(
+          reinterpret_cast<const float*>(query_bytes.data() + per_layer * l),
+          per_layer / sizeof(float));
+      if (Status s = next.Add(l, q, qpos); !s.ok()) {
+        KVD_LOG(WARNING) << "expected-attention statistics skipped a put" << Kv("model", model.name)
+                         << Kv("status", s);
+        return query_snapshot;
+      }
+    }
+    const bool became_ready =
+        queries->MinCount() < policy.ea_min_queries && next.MinCount() >= policy.ea_min_queries;
+    queries = std::move(next);
+    query_snapshot = std::make_shared<const kk::QueryStatistics>(*queries);
+    if (became_ready) {
+      KVD_LOG(INFO) << "expected-attention query statistics ready: chunks are scored with them"
+                    << Kv("model", model.name) << Kv("queries", queries->MinCount());
+    }
+    const int64_t step = std::max<int64_t>(1, policy.ea_min_queries / 8);
+    const int64_t count = queries->MinCount();
+    if (store != nullptr && (count < policy.ea_min_queries || count - query_saved >= step)) {
+      if (Status p = store->Save(query_record, SerializeQueryStatistics(*queries)); p.ok()) {
+        query_saved = count;
+      } else {
+        KVD_LOG(WARNING) << "expected-attention query statistics not saved"
+                         << Kv("model", model.name) << Kv("status", p);
+      }
+    }
+    return query_snapshot;
+  }
 
   // ---- stage times (Stats) ----
   std::array<std::atomic<uint64_t>, kIngestStages> stage_nanos{};
@@ -451,8 +540,16 @@ StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(const ModelConfig& mode
                 << Kv("reason", impl->device.reason);
   (void)chunk_tokens;
   impl->codec_id = impl->policy.CodecId(0);
-  if (impl->policy.route == "vector") {
+  if (impl->policy.route == "vector" || impl->policy.score == "expected_attention") {
     impl->store = std::move(store);
+  }
+  if (impl->policy.score == "expected_attention") {
+    // The statistics score chunks but never change how a chunk is served: the codec id stays.
+    impl->query_record = CalibrationRecordName("query-statistics", model.name,
+                                               model.layout.Digest(), impl->policy.Digest());
+    KVD_RETURN_IF_ERROR(impl->StartQueryStatistics().WithContext("model " + model.name));
+  }
+  if (impl->policy.route == "vector") {
     impl->record = CalibrationRecordName("vector-weights", model.name, model.layout.Digest(),
                                          impl->policy.Digest());
     impl->progress_record = CalibrationRecordName("vector-accumulators", model.name,
@@ -545,6 +642,10 @@ StatusOr<EncodedChunk> ChunkCodec::Encode(std::span<const uint8_t> put_bytes, ui
   for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int64_t>(first_position) + i;
 
   if (impl_->policy.route == "vector") impl_->Calibrate(raw, positions);
+  std::shared_ptr<const kk::QueryStatistics> query_stats;
+  if (impl_->policy.score == "expected_attention") {
+    query_stats = impl_->AddQueries(put_bytes.subspan(raw_bytes), window, positions);
+  }
   std::shared_ptr<const kk::VectorWeights> weights;
   {
     std::lock_guard lock(impl_->cal_mu);
@@ -618,6 +719,7 @@ StatusOr<EncodedChunk> ChunkCodec::Encode(std::span<const uint8_t> put_bytes, ui
       input.positions = positions;
       input.window_queries = views;
       input.weights = w;
+      input.query_stats = query_stats.get();
       kk::ExecOptions exec;
       exec.num_threads = 1;  // the pool's threads are the parallelism
       KVD_ASSIGN_OR_RETURN(auto c, kk::Compress(o, layout, input, &stats, exec));

@@ -39,6 +39,7 @@ CudaKernelsApi MakeApi() {
   api.CopyToHostSync = &CopyToHostSync;
   api.QuantizeBlock = &QuantizeBlock;
   api.DequantizeBlock = &DequantizeBlock;
+  api.ExpectedAttentionScores = &ExpectedAttentionScores;
   return api;
 }
 

@@ -453,6 +453,8 @@ class CudaPlanState final : public DevicePlan::State {
               "plan_device: clear scores");
         }
         break;
+      case ScoreStage::kExpectedAttention:  // refused by CheckDevicePlanSupported
+        return Status::Unimplemented("plan_device: score expected_attention");
     }
     KVD_RETURN_IF_ERROR(mark(kScored));
     // 3. selection, compaction (slot j of row r = token slot_token[r, j], ascending), gather.

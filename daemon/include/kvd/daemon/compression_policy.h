@@ -39,7 +39,7 @@ namespace kvd::daemon {
 
 struct CompressionPolicy {
   // ---- stages (see the file comment) ----
-  std::string score = "snapkv";  // none | snapkv | keydiff | pyramidkv
+  std::string score = "snapkv";  // none | snapkv | keydiff | pyramidkv | expected_attention
   std::string merge = "none";    // none | kvslimmer
   std::string route = "none";    // none | vector
   // The quantize stage (kernels/quantize.h): "none" (the stage is not listed) or the element
@@ -62,6 +62,13 @@ struct CompressionPolicy {
   int pooling_kernel = 5;
   // KeyDiff block size; 0 (default) = one-shot.
   int keydiff_block = 0;
+  // expected_attention (kernels/expected_attention.h): the future positions the query rotation
+  // is averaged over (>= 1, default 512), and the window queries per layer the model's query
+  // statistics must hold before they score (>= 1, default 256); until then chunks are scored
+  // with one-shot KeyDiff (and say so in their score stage). The statistics are accumulated
+  // from the window queries of every put of the model and saved like VECTOR's calibration.
+  int64_t ea_future_positions = 512;
+  int64_t ea_min_queries = 256;
   // PyramidKV beta, >= 1. Default 20.
   double pyramid_beta = 20.0;
   // KVSlimmer weight variant: "l2" (default) or "l1code".

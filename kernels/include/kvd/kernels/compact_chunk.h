@@ -26,7 +26,13 @@
 namespace kvd::kernels {
 
 // Stages of a compression plan, as recorded in a compact chunk (values are on-disk codes).
-enum class ScoreStage : uint8_t { kNone = 0, kSnapKv = 1, kKeyDiff = 2, kPyramidKv = 3 };
+enum class ScoreStage : uint8_t {
+  kNone = 0,
+  kSnapKv = 1,
+  kKeyDiff = 2,
+  kPyramidKv = 3,
+  kExpectedAttention = 4,
+};
 enum class MergeStage : uint8_t { kNone = 0, kKvSlimmer = 1 };
 enum class RouteStage : uint8_t { kNone = 0, kVector = 1 };
 // Element format of quantized keys and values (quantize.h; docs/algorithms.md 6).

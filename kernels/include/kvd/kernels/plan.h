@@ -3,6 +3,12 @@
 //
 // Stages and what each combination does, per (layer, KV head) of N tokens:
 //   score  kNone (recency: the latest tokens win) | kSnapKv | kKeyDiff | kPyramidKv
+//          | kExpectedAttention (expected_attention.h: the keys' expected attention under the
+//          model's query statistics, CompressionInput::query_stats, averaged over the
+//          `expected_attention.future_positions` positions after the chunk's last token; the
+//          chunk's own window queries are not used. Fallback: while query_stats is null or
+//          MinCount() < expected_attention_min_queries the plan scores with one-shot KeyDiff
+//          and the chunk records kKeyDiff, the stage that scored it)
 //   merge  kNone | kKvSlimmer
 //   route  kNone | kVector
 //   - merge kNone:        keep the top `pool` tokens by score (eviction; section 5.1/5.2).
@@ -84,6 +90,7 @@
 
 #include "kvd/common/layout.h"
 #include "kvd/kernels/compact_chunk.h"
+#include "kvd/kernels/expected_attention.h"
 #include "kvd/kernels/kvslimmer.h"
 #include "kvd/kernels/snapkv.h"
 #include "kvd/kernels/types.h"
@@ -103,6 +110,11 @@ struct CompressionPlanOptions {
   int pooling_kernel = 5;  // SnapKV/PyramidKV pooling kernel, odd >= 1
   PoolingKind pooling = PoolingKind::kAvg;
   int64_t keydiff_block = 0;   // KeyDiff: 0 = one-shot, else the block-wise block size (128)
+  // kExpectedAttention: future positions, covariance and value-norm terms (expected_attention.h).
+  ExpectedAttentionOptions expected_attention;
+  // kExpectedAttention: the fewest window queries per layer the statistics must hold before they
+  // score (file comment: KeyDiff until then), >= 1. Default 256 (8 puts of 32 window queries).
+  int64_t expected_attention_min_queries = 256;
   double pyramid_beta = 20.0;  // PyramidKV beta, >= 1
   MergeNorm merge_norm = MergeNorm::kL2;                            // KVSlimmer weight variant
   PairLambda pair_lambda = PairLambda::kAsymKv;                     // KVSlimmer pair ranking
@@ -226,6 +238,9 @@ struct CompressionInput {
   // Empty = none (then scorers/mergers that need queries fail with FAILED_PRECONDITION).
   std::span<const ConstMatrixView> window_queries;
   const VectorWeights* weights = nullptr;  // required when route == kVector
+  // kExpectedAttention: the model's query statistics (same layers, query heads and head_dim as
+  // the layout; FAILED_PRECONDITION otherwise). Null or too few queries: KeyDiff (file comment).
+  const QueryStatistics* query_stats = nullptr;
 };
 
 // Compresses one chunk. Errors: INVALID_ARGUMENT for a bad layout, raw size, positions count or
