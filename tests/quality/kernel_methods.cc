@@ -42,7 +42,13 @@ struct MethodSpec {
   bool stored_bf16 = false;
   kernels::QuantFormat quant = kernels::QuantFormat::kNone;
   uint32_t quant_recent = 0;
+  bool quant_rotate = false;  // the Hadamard rotation before quantization
+  kernels::QuantFormat quant_values = kernels::QuantFormat::kNone;  // kNone: values as keys
 };
+
+constexpr kernels::QuantFormat kI4 = kernels::QuantFormat::kInt4;
+constexpr kernels::QuantFormat kI3 = kernels::QuantFormat::kInt3;
+constexpr kernels::QuantFormat kI2 = kernels::QuantFormat::kInt2;
 
 constexpr kernels::HeadBudget kAda = kernels::HeadBudget::kAdaptive;
 constexpr kernels::HeadBudget kUni = kernels::HeadBudget::kUniform;
@@ -125,6 +131,37 @@ constexpr MethodSpec kSpecs[] = {
      .score = ScoreStage::kKeyDiff,
      .stored_bf16 = true,
      .quant = kernels::QuantFormat::kInt4},
+    // The dense front below int4: the Hadamard rotation, 3 and 2 bits, keys and values at
+    // different widths ("int3k_int2v": keys int3, values int2), a bfloat16 recent window.
+    {.name = "int4_rot", .stored_bf16 = true, .quant = kI4, .quant_rotate = true},
+    {.name = "int3", .stored_bf16 = true, .quant = kI3},
+    {.name = "int3_rot", .stored_bf16 = true, .quant = kI3, .quant_rotate = true},
+    {.name = "int2_rot", .stored_bf16 = true, .quant = kI2, .quant_rotate = true},
+    {.name = "int3_rot_recent32",
+     .stored_bf16 = true,
+     .quant = kI3,
+     .quant_recent = 32,
+     .quant_rotate = true},
+    {.name = "int2_rot_recent32",
+     .stored_bf16 = true,
+     .quant = kI2,
+     .quant_recent = 32,
+     .quant_rotate = true},
+    {.name = "int3k_int2v_rot",
+     .stored_bf16 = true,
+     .quant = kI3,
+     .quant_rotate = true,
+     .quant_values = kI2},
+    {.name = "int2k_int3v_rot",
+     .stored_bf16 = true,
+     .quant = kI2,
+     .quant_rotate = true,
+     .quant_values = kI3},
+    {.name = "int4k_int2v_rot",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .quant_rotate = true,
+     .quant_values = kI2},
 };
 
 // The prefix cache as one raw float32 chunk: per layer K[N, H, d] then V[N, H, d].
@@ -271,7 +308,10 @@ class KernelMethod : public CompressionMethod {
       o.quant = {.format = spec_.quant,
                  .key_group = group,
                  .value_group = group,
-                 .recent = spec_.quant_recent};
+                 .recent = spec_.quant_recent,
+                 .rotation = spec_.quant_rotate ? kernels::QuantRotation::kHadamard
+                                                : kernels::QuantRotation::kNone,
+                 .value_format = spec_.quant_values};
     }
     KVD_ASSIGN_OR_RETURN(kernels::CompactChunk chunk,
                          kernels::Compress(o, stored_layout, in, &stats));

@@ -31,6 +31,11 @@
 //   int8_recent32, int4_recent32, fp8_recent32   the same with the last 32 slots of every head
 //                                            (of every chunk, chunk-wise) unquantized
 //   keydiff+int8, keydiff+int4               KeyDiff eviction at p_c, then the quantize stage
+//   int4_rot, int3_rot, int2_rot             the quantize stage with the Hadamard rotation
+//   int3                                     3-bit codes without it
+//   int3_rot_recent32, int2_rot_recent32     rotated, the last 32 slots unquantized
+//   int3k_int2v_rot, int2k_int3v_rot,        rotated, keys and values at different widths
+//   int4k_int2v_rot                          (keys first)
 //   For these the stored fraction is the encoded chunk's bytes (header, slot metadata, scales and
 //   checksum included) over the raw bfloat16 chunk's, not the half-pair count.
 // Every plan keeps 4 sinks and the W window tokens (W = the harness's window) and meets the
