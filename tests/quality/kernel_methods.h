@@ -35,7 +35,13 @@
 //   int3                                     3-bit codes without it
 //   int3_rot_recent32, int2_rot_recent32     rotated, the last 32 slots unquantized
 //   int3k_int2v_rot, int2k_int3v_rot,        rotated, keys and values at different widths
-//   int4k_int2v_rot                          (keys first)
+//   int4k_int2v_rot                          (keys first); int4k_int2v, int3k_int2v unrotated
+//   int3k_int2v_rot_kg32, int3k_int2v_kg32,  keys per channel over 32 / 256 slots instead of 64
+//   int4k_int2v_kg256
+//   int4_rot_tokenkeys, int3_rot_tokenkeys   an experiment: rotated keys grouped per slot over
+//                                            64 channels (as values), quantized in memory (the
+//                                            format stores keys per channel); stored fraction
+//                                            that of int4_rot / int3_rot
 //   For these the stored fraction is the encoded chunk's bytes (header, slot metadata, scales and
 //   checksum included) over the raw bfloat16 chunk's, not the half-pair count.
 // Every plan keeps 4 sinks and the W window tokens (W = the harness's window) and meets the
