@@ -193,9 +193,10 @@ Status DaemonConfig::Validate() const {
       KVD_RETURN_IF_ERROR(m.compression->Validate(key + ".compression", chunk_tokens));
       const int d = m.layout.head_dim;
       if (m.compression->quant_rotate == "hadamard" && (d & (d - 1)) != 0) {
-        return Status::InvalidArgument(key + ".compression.quant_rotate: \"hadamard\" needs a "
-                                       "power-of-two head_dim; " + m.name + " has " +
-                                       std::to_string(d));
+        return Status::InvalidArgument(key +
+                                       ".compression.quant_rotate: \"hadamard\" needs a "
+                                       "power-of-two head_dim; " +
+                                       m.name + " has " + std::to_string(d));
       }
     }
     uint64_t chunk = m.layout.ChunkBytes(chunk_tokens);

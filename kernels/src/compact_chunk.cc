@@ -1,7 +1,7 @@
 // Compact chunk validation and the v2 / v3 / v4 byte format (docs/chunk-format.md is the spec;
 // keep both in step; v3 is v2 with the quantize stage's fields in a 96-byte header, v4 is v3 with
-// the rotation and the value format in its reserved bytes). Version 1 chunks are read by compact_chunk_v1.cc; the slot metadata of v2 is coded by
-// slot_metadata.cc.
+// the rotation and the value format in its reserved bytes). Version 1 chunks are read by
+// compact_chunk_v1.cc; the slot metadata of v2 is coded by slot_metadata.cc.
 #include "kvd/kernels/compact_chunk.h"
 
 #include <algorithm>
@@ -131,8 +131,8 @@ StatusOr<CompactChunk> DecodeV2(std::span<const uint8_t> bytes, uint16_t version
     }
     if (NeedsV4(c.codec.quant) != v4) {
       return Status::DataLoss("corrupt compact chunk: version " + std::to_string(version) +
-                              " for a quantize stage that version " +
-                              (v4 ? "3" : "4") + " records");
+                              " for a quantize stage that version " + (v4 ? "3" : "4") +
+                              " records");
     }
   } else if (reserved16 != 0) {
     return Status::DataLoss("corrupt compact chunk: reserved bytes not zero");
@@ -313,8 +313,9 @@ Status CompactChunk::Validate() const {
   if (original_tokens < 0) return Status::InvalidArgument("compact chunk: original_tokens < 0");
   KVD_RETURN_IF_ERROR(ValidateCodec(codec));
   if (codec.quant.rotation == QuantRotation::kHadamard && (head_dim & (head_dim - 1)) != 0) {
-    return Status::InvalidArgument("compact chunk: the hadamard rotation needs a power-of-two "
-                                   "head_dim, got " + std::to_string(head_dim));
+    return Status::InvalidArgument(
+        "compact chunk: the hadamard rotation needs a power-of-two head_dim, got " +
+        std::to_string(head_dim));
   }
   if (heads.size() != static_cast<size_t>(num_layers) * num_kv_heads) {
     return Status::InvalidArgument("compact chunk: " + std::to_string(heads.size()) +
@@ -528,12 +529,12 @@ size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDe
   if (!quant.quantized()) return static_cast<size_t>(rows) * row;
   const size_t n = static_cast<size_t>(rows);
   const size_t rq = n > quant.recent ? n - quant.recent : 0;  // quantized rows
-  const QuantBlock b{.format = quant.FormatOf(keys),
-                     .keys = keys,
-                     .rows = static_cast<int64_t>(rq),
-                     .d = head_dim,
-                     .group = static_cast<int>(
-                         std::max<uint32_t>(keys ? quant.key_group : quant.value_group, 1))};
+  const QuantBlock b{
+      .format = quant.FormatOf(keys),
+      .keys = keys,
+      .rows = static_cast<int64_t>(rq),
+      .d = head_dim,
+      .group = static_cast<int>(std::max<uint32_t>(keys ? quant.key_group : quant.value_group, 1))};
   return b.Bytes() + (n - rq) * row;
 }
 

@@ -191,7 +191,9 @@ KVD_QHD void WalshHadamard(float* x, int d) {
   }
 }
 
-KVD_QHD float HadamardScale(int d) { return static_cast<float>(1.0 / sqrt(static_cast<double>(d))); }
+KVD_QHD float HadamardScale(int d) {
+  return static_cast<float>(1.0 / sqrt(static_cast<double>(d)));
+}
 
 // x <- R x (forward) or R^-1 x.
 KVD_QHD void HadamardRotate(float* x, int d, bool inverse) {

@@ -13,9 +13,9 @@ namespace kvd::kernels {
 
 // The quantized rows of one matrix: `rows` rows of `d` floats, keys per channel over `group`
 // rows, values per row over `group` channels, after the rotation (if any) of every row. Layout
-// of the bytes: codes [rows, CodeRow()] (fewer than 8 bits: a bit stream, quant::GetCode), then Groups() parameter records of ParamBytes()
-// (int: float16 min, float16 scale; fp8: float16 scale), keys in (row group, channel) order,
-// values in (row, channel group) order.
+// of the bytes: codes [rows, CodeRow()] (fewer than 8 bits: a bit stream, quant::GetCode), then
+// Groups() parameter records of ParamBytes() (int: float16 min, float16 scale; fp8: float16 scale),
+// keys in (row group, channel) order, values in (row, channel group) order.
 struct QuantBlock {
   QuantFormat format = QuantFormat::kInt8;
   bool keys = true;

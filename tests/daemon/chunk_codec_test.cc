@@ -152,12 +152,12 @@ TEST(ChunkCodecTest, TheRotationAndValueFormatOfThePolicyAreInTheStoredChunk) {
   EXPECT_EQ(version, 4);
   auto c = kernels::DecodeCompactChunk(e->bytes);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->codec.quant, (kernels::QuantDescription{
-                                .format = kernels::QuantFormat::kInt3,
-                                .key_group = 8,
-                                .value_group = 8,
-                                .rotation = kernels::QuantRotation::kHadamard,
-                                .value_format = kernels::QuantFormat::kInt2}));
+  EXPECT_EQ(c->codec.quant,
+            (kernels::QuantDescription{.format = kernels::QuantFormat::kInt3,
+                                       .key_group = 8,
+                                       .value_group = 8,
+                                       .rotation = kernels::QuantRotation::kHadamard,
+                                       .value_format = kernels::QuantFormat::kInt2}));
   EXPECT_TRUE(kernels::DequantizeChunk(*c).ok());
 }
 

@@ -496,9 +496,9 @@ TEST(ConfigPolicyTest, ParsesTheQuantizeStageAndItsKeys) {
   qsame.quant_value_format = "int8";
   EXPECT_EQ(q.CodecId(0), qsame.CodecId(0));
 
-  auto rot = ParseConfigYaml(PolicyYaml(
-      "{stages: [quantize], quant_format: int3, quant_rotate: hadamard, "
-      "quant_value_format: int2}"));
+  auto rot =
+      ParseConfigYaml(PolicyYaml("{stages: [quantize], quant_format: int3, quant_rotate: hadamard, "
+                                 "quant_value_format: int2}"));
   ASSERT_TRUE(rot.ok()) << rot.status();
   EXPECT_EQ(rot->models[0].compression->quant_rotate, "hadamard");
   EXPECT_EQ(rot->models[0].compression->quant_value_format, "int2");
@@ -726,8 +726,7 @@ TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
       {"{stages: [quantize], quant_group: 0}",
        {"models[0].compression.quant_group", "\"0\"", "[1, 65536]"}},
       {"{stages: [quantize], quant_group: 70000}", {"models[0].compression.quant_group"}},
-      {"{stages: [quantize], quant_recent: -1}",
-       {"models[0].compression.quant_recent", "\"-1\""}},
+      {"{stages: [quantize], quant_recent: -1}", {"models[0].compression.quant_recent", "\"-1\""}},
       {"{stages: [keydiff], quant_format: int4}",
        {"models[0].compression.quant_format", "no quantize stage"}},
       {"{stages: [keydiff], quant_group: 32}",

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 
 #include "compact_chunk_golden.h"
 #include "kvd/common/hash.h"
@@ -468,11 +469,10 @@ namespace {
 
 // A plan-shaped chunk with finite keys and values, quantized (int4, keys over 4 slots, values over
 // 3 channels, the last 2 rows of each head kept): the version 3 format.
-CompactChunk QuantizedChunk(uint64_t seed,
-                            QuantDescription q = {.format = QuantFormat::kInt4,
-                                                  .key_group = 4,
-                                                  .value_group = 3,
-                                                  .recent = 2}) {
+CompactChunk QuantizedChunk(uint64_t seed, QuantDescription q = {.format = QuantFormat::kInt4,
+                                                                 .key_group = 4,
+                                                                 .value_group = 3,
+                                                                 .recent = 2}) {
   CompactChunk c = PlanShapedChunk(2, 3, 8, true, true, false, 256, seed);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> dist(0.0f, 2.0f);
@@ -510,16 +510,29 @@ TEST(CompactChunkV3, QuantizedChunksRoundTripAsVersion3) {
   EXPECT_EQ(bytes.size(), (96 + MetadataBytes(bytes) + 63) / 64 * 64 + data + 8);
 }
 
+// One byte of a chunk's body set to `value`, the chunk restamped: DATA_LOSS "corrupt compact
+// chunk" with `message`.
+struct Damage {
+  size_t offset;
+  uint8_t value;
+  const char* message;
+};
+void ExpectDamageRefused(const std::vector<uint8_t>& good, std::span<const Damage> cases) {
+  const std::vector<uint8_t> body(good.begin(), good.end() - 8);
+  for (const Damage& d : cases) {
+    auto bad = body;
+    bad[d.offset] = d.value;
+    auto r = DecodeCompactChunk(Restamp(bad));
+    ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << d.offset << " " << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("corrupt compact chunk")) << d.offset;
+    EXPECT_THAT(r.status().message(), HasSubstr(d.message)) << d.offset << " " << r.status();
+  }
+}
+
 TEST(CompactChunkV3, TruncationAndDamageAreErrors) {
   const CompactChunk c = QuantizedChunk(62);
   const std::vector<uint8_t> good = *EncodeCompactChunk(c);
   ExpectEveryPrefixRefused(good, 96);
-  const std::vector<uint8_t> body(good.begin(), good.end() - 8);
-  struct Damage {
-    size_t offset;
-    uint8_t value;
-    const char* message;
-  };
   const Damage cases[] = {
       {26, 0, "version 3 without a quant format"},
       {26, 9, "unknown quant format"},
@@ -530,14 +543,7 @@ TEST(CompactChunkV3, TruncationAndDamageAreErrors) {
       {88, 3, "corrupt compact chunk"},  // recent 2 -> 3: the rows no longer add up
       {6, 80, "header size"},
   };
-  for (const Damage& d : cases) {
-    auto bad = body;
-    bad[d.offset] = d.value;
-    auto r = DecodeCompactChunk(Restamp(bad));
-    ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << d.offset << " " << r.status();
-    EXPECT_THAT(r.status().message(), HasSubstr("corrupt compact chunk")) << d.offset;
-    EXPECT_THAT(r.status().message(), HasSubstr(d.message)) << d.offset << " " << r.status();
-  }
+  ExpectDamageRefused(good, cases);
 }
 
 // Version 4: a rotation, int3 / int2 or a value format of its own. The fields sit in version 3's
@@ -563,13 +569,13 @@ TEST(CompactChunkV4, RotatedAndNarrowChunksRoundTripAsVersion4) {
   for (const QuantDescription& q :
        {QuantDescription{.format = QuantFormat::kInt2, .key_group = 4, .value_group = 8},
         QuantDescription{.format = QuantFormat::kInt4,
-                         .key_group = 4,
-                         .value_group = 8,
-                         .rotation = QuantRotation::kHadamard},
+        .key_group = 4,
+        .value_group = 8,
+        .rotation = QuantRotation::kHadamard},
         QuantDescription{.format = QuantFormat::kInt8,
-                         .key_group = 4,
-                         .value_group = 8,
-                         .value_format = QuantFormat::kInt4}}) {
+        .key_group = 4,
+        .value_group = 8,
+        .value_format = QuantFormat::kInt4}}) {
     const CompactChunk one = QuantizedChunk(64, q);
     ExpectRoundTrip(one);
     const std::vector<uint8_t> b = *EncodeCompactChunk(one);
@@ -589,12 +595,6 @@ TEST(CompactChunkV4, RotatedAndNarrowChunksRoundTripAsVersion4) {
 TEST(CompactChunkV4, DamageIsAnError) {
   const std::vector<uint8_t> good = *EncodeCompactChunk(QuantizedChunk(65, kV4Quant));
   ExpectEveryPrefixRefused(good, 96);
-  const std::vector<uint8_t> body(good.begin(), good.end() - 8);
-  struct Damage {
-    size_t offset;
-    uint8_t value;
-    const char* message;
-  };
   const Damage cases[] = {
       {27, 7, "unknown quant rotation"},
       {92, 9, "unknown quant format"},
@@ -602,13 +602,7 @@ TEST(CompactChunkV4, DamageIsAnError) {
       {93, 1, "value format"},
       {26, 0, "version 4 without a quant format"},
   };
-  for (const Damage& d : cases) {
-    auto bad = body;
-    bad[d.offset] = d.value;
-    auto r = DecodeCompactChunk(Restamp(bad));
-    ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << d.offset << " " << r.status();
-    EXPECT_THAT(r.status().message(), HasSubstr(d.message)) << d.offset << " " << r.status();
-  }
+  ExpectDamageRefused(good, cases);
   // A version 4 header for what version 3 records (int4, no rotation, one format): not what an
   // encoder writes. Sizes still add up (int4 keys and values over the same groups).
   const std::vector<uint8_t> v3 = *EncodeCompactChunk(QuantizedChunk(66));

@@ -255,11 +255,11 @@ std::vector<double> RefHadamard(const float* x, int d) {
 // the row errs by the inverse rotation of that error, an orthogonal map: its L2 norm is at most
 // sqrt(sum (scale / 2)^2), plus float32 rounding of the two transforms (log2 d adds each).
 TEST(QuantizeTest, HadamardRotationMatchesTheFloat64Reference) {
-  for (const QuantFormat f : {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kInt3,
-                              QuantFormat::kInt2}) {
+  for (const QuantFormat f :
+       {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kInt3, QuantFormat::kInt2}) {
     const int qmax = RefQmax(f);
-    for (const Shape& s : {Shape{100, 64, 64}, Shape{33, 64, 8}, Shape{64, 128, 32},
-                           Shape{5, 8, 2}, Shape{17, 1, 4}}) {
+    for (const Shape& s : {Shape{100, 64, 64}, Shape{33, 64, 8}, Shape{64, 128, 32}, Shape{5, 8, 2},
+                           Shape{17, 1, 4}}) {
       for (const bool keys : {true, false}) {
         QuantDescription q{.format = f,
                            .key_group = static_cast<uint32_t>(s.group),
@@ -554,27 +554,27 @@ TEST(QuantizeCuda, MatchesTheCpuKernelBitForBit) {
                               QuantFormat::kInt3, QuantFormat::kInt2}) {
     for (const Shape& s : kShapes) {
       for (const bool keys : {true, false}) {
-       for (const QuantRotation rot : {QuantRotation::kNone, QuantRotation::kHadamard}) {
-        if (rot == QuantRotation::kHadamard && (s.d & (s.d - 1)) != 0) continue;
-        const QuantDescription q{.format = f,
-                                 .key_group = static_cast<uint32_t>(s.group),
-                                 .value_group = static_cast<uint32_t>(s.group),
-                                 .recent = s.rows > 10 ? 3u : 0u,
-                                 .rotation = rot};
-        for (const Matrix& x : Inputs(s.rows, s.d, 7 + s.rows)) {
-          const size_t n = QuantizedRowsBytes(x.rows, s.d, DType::kBFloat16, q, keys);
-          std::vector<uint8_t> cpu(n), gpu(n, 0xAA);
-          ASSERT_TRUE(QuantizeRows(x.View(), DType::kBFloat16, q, keys, cpu).ok());
-          Status st = QuantizeRows(x.View(), DType::kBFloat16, q, keys, gpu, cuda);
-          ASSERT_TRUE(st.ok()) << st;
-          ASSERT_EQ(cpu, gpu) << QuantFormatName(f) << " rows " << s.rows << " group " << s.group
-                              << (keys ? " keys" : " values") << " " << QuantRotationName(rot);
-          Matrix a(x.rows, s.d), b(x.rows, s.d);
-          ASSERT_TRUE(DequantizeRows(cpu, DType::kBFloat16, q, keys, a.View()).ok());
-          ASSERT_TRUE(DequantizeRows(cpu, DType::kBFloat16, q, keys, b.View(), cuda).ok());
-          ASSERT_EQ(a.values, b.values);
+        for (const QuantRotation rot : {QuantRotation::kNone, QuantRotation::kHadamard}) {
+          if (rot == QuantRotation::kHadamard && (s.d & (s.d - 1)) != 0) continue;
+          const QuantDescription q{.format = f,
+                                   .key_group = static_cast<uint32_t>(s.group),
+                                   .value_group = static_cast<uint32_t>(s.group),
+                                   .recent = s.rows > 10 ? 3u : 0u,
+                                   .rotation = rot};
+          for (const Matrix& x : Inputs(s.rows, s.d, 7 + s.rows)) {
+            const size_t n = QuantizedRowsBytes(x.rows, s.d, DType::kBFloat16, q, keys);
+            std::vector<uint8_t> cpu(n), gpu(n, 0xAA);
+            ASSERT_TRUE(QuantizeRows(x.View(), DType::kBFloat16, q, keys, cpu).ok());
+            Status st = QuantizeRows(x.View(), DType::kBFloat16, q, keys, gpu, cuda);
+            ASSERT_TRUE(st.ok()) << st;
+            ASSERT_EQ(cpu, gpu) << QuantFormatName(f) << " rows " << s.rows << " group " << s.group
+                                << (keys ? " keys" : " values") << " " << QuantRotationName(rot);
+            Matrix a(x.rows, s.d), b(x.rows, s.d);
+            ASSERT_TRUE(DequantizeRows(cpu, DType::kBFloat16, q, keys, a.View()).ok());
+            ASSERT_TRUE(DequantizeRows(cpu, DType::kBFloat16, q, keys, b.View(), cuda).ok());
+            ASSERT_EQ(a.values, b.values);
+          }
         }
-       }
       }
     }
   }

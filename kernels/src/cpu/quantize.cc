@@ -61,7 +61,8 @@ int64_t QuantizeBlock(const QuantBlock& b, const float* in, uint8_t* out) {
   const float* x = in;
   if (b.rotated()) {
     rotated.assign(in, in + b.rows * b.d);
-    for (int64_t r = 0; r < b.rows; ++r) quant::HadamardRotate(rotated.data() + r * b.d, b.d, false);
+    for (int64_t r = 0; r < b.rows; ++r)
+      quant::HadamardRotate(rotated.data() + r * b.d, b.d, false);
     x = rotated.data();
   }
   std::memset(out, 0, b.CodeBytes());  // codes are or-ed in; rows may end in unused bits

@@ -20,9 +20,20 @@ struct BlockShape {
 };
 
 BlockShape Shape(const QuantBlock& b) {
-  return {static_cast<int>(b.format), b.keys ? 1 : 0, b.d, b.group, b.bits(), b.qmax(),
-          b.ParamBytes(), b.rotated() ? 1 : 0, b.rows, static_cast<int64_t>(b.CodeRow()),
-          static_cast<int64_t>(b.CodeBytes()), b.RowGroups(), b.ColGroups(), b.Groups()};
+  return {static_cast<int>(b.format),
+          b.keys ? 1 : 0,
+          b.d,
+          b.group,
+          b.bits(),
+          b.qmax(),
+          b.ParamBytes(),
+          b.rotated() ? 1 : 0,
+          b.rows,
+          static_cast<int64_t>(b.CodeRow()),
+          static_cast<int64_t>(b.CodeBytes()),
+          b.RowGroups(),
+          b.ColGroups(),
+          b.Groups()};
 }
 
 __device__ void PutParam(uint8_t* p, uint16_t v) {
@@ -94,10 +105,9 @@ __global__ void PackKernel(BlockShape s, const float* __restrict__ x, uint8_t* _
   for (int64_t c = 0; c < s.d; ++c) {
     const uint8_t* p = out + s.code_bytes + GroupOf(s, r, c) * s.param_bytes;
     const float v = x[r * s.d + c];
-    const uint8_t code =
-        Fp8(s) ? quant::Fp8Code(v, quant::HalfBitsToFloat(GetParam(p)))
-               : quant::IntCode(v, quant::HalfBitsToFloat(GetParam(p)),
-                                quant::HalfBitsToFloat(GetParam(p + 2)), s.qmax);
+    const uint8_t code = Fp8(s) ? quant::Fp8Code(v, quant::HalfBitsToFloat(GetParam(p)))
+                                : quant::IntCode(v, quant::HalfBitsToFloat(GetParam(p)),
+                                                 quant::HalfBitsToFloat(GetParam(p + 2)), s.qmax);
     quant::OrCode(row, c, s.bits, code);
   }
 }

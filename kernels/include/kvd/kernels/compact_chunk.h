@@ -142,8 +142,8 @@ size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDe
 // chunks give equal bytes. INVALID_ARGUMENT when Validate() fails.
 StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk);
 
-// Decodes and fully validates format versions 4, 3 and 2, and version 1 (written by earlier builds).
-// Errors, in the order checked:
+// Decodes and fully validates format versions 4, 3 and 2, and version 1 (written by earlier
+// builds). Errors, in the order checked:
 //   DATA_LOSS "truncated" when shorter than the fixed header + trailer;
 //   INVALID_ARGUMENT "bad magic" / "unsupported compact chunk version N";
 //   DATA_LOSS "size mismatch" when the header's total size differs from the bytes given;
@@ -159,8 +159,8 @@ StatusOr<CompactChunk> DecodeCompactChunk(std::span<const uint8_t> bytes);
 std::string_view ScoreStageName(ScoreStage s);
 std::string_view MergeStageName(MergeStage s);
 std::string_view RouteStageName(RouteStage s);
-std::string_view QuantFormatName(QuantFormat f);  // "none", "int8", "int4", "fp8_e4m3", "int3",
-                                                  // "int2"
-std::string_view QuantRotationName(QuantRotation r);  // "none", "hadamard"
+// "none", "int8", "int4", "fp8_e4m3", "int3", "int2"; "none", "hadamard".
+std::string_view QuantFormatName(QuantFormat f);
+std::string_view QuantRotationName(QuantRotation r);
 
 }  // namespace kvd::kernels

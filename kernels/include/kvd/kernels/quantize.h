@@ -2,7 +2,8 @@
 // bits, after score / merge / route, KIVI style. Keys are quantized per channel over groups of
 // `key_group` consecutive slots (a key channel's outliers stay in their channel), values per
 // slot over groups of `value_group` consecutive channels. Formats:
-//   int8, int4, int3, int2  asymmetric: per group a float16 minimum (the largest float16 <= the group's
+//   int8, int4, int3, int2  asymmetric: per group a float16 minimum (the largest float16 <= the
+//   group's
 //               minimum) and a float16 scale (the smallest float16 >= (max - min) / (2^b - 1));
 //               x' = min + q * scale, q = round((x - min) / scale): |x - x'| <= scale / 2.
 //   fp8_e4m3    symmetric: per group a float16 scale (the smallest float16 >= absmax / 448), the
