@@ -78,6 +78,14 @@ Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) con
   if (quant_group < 1 || quant_group > 65536) {
     return Bad(key + ".quant_group", std::to_string(quant_group), "is outside [1, 65536]");
   }
+  if (quant_key_group < 0 || quant_key_group > 65536) {
+    return Bad(key + ".quant_key_group", std::to_string(quant_key_group),
+               "is outside [1, 65536] (0: quant_group)");
+  }
+  if (!Quantizes() && quant_key_group != 0) {
+    return Bad(key + ".quant_key_group", std::to_string(quant_key_group),
+               "is set, but the policy has no quantize stage");
+  }
   if (quant_recent < 0 || quant_recent > (1 << 30)) {
     return Bad(key + ".quant_recent", std::to_string(quant_recent), "is outside [0, 2^30]");
   }
@@ -158,6 +166,9 @@ std::string CompressionPolicy::CanonicalForm() const {
                       : std::string()) +
          // Likewise the rotation and a value format of their own.
          (quant_rotate != "none" ? " quant_rotate=" + quant_rotate : std::string()) +
+         (quant_key_group != 0 && quant_key_group != quant_group
+              ? " quant_key_group=" + std::to_string(quant_key_group)
+              : std::string()) +
          (quant_value_format != "same" && quant_value_format != quant_format
               ? " quant_values=" + quant_value_format
               : std::string());

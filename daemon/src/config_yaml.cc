@@ -191,7 +191,7 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
                {"stages", "p_c", "window", "sinks", "pooling", "pooling_kernel", "keydiff_block",
                 "pyramid_beta", "merge_norm", "position", "max_group", "min_cos", "route_eps",
                 "r2_threshold", "calibration_tokens", "worker_threads", "queue_depth", "device",
-                "quant_format", "quant_group", "quant_recent", "quant_rotate",
+                "quant_format", "quant_group", "quant_key_group", "quant_recent", "quant_rotate",
                 "quant_value_format"}));
   CompressionPolicy p;
   const YAML::Node stages = node["stages"];
@@ -249,12 +249,13 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
                  "precision)");
     }
     KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_group", &p.quant_group, 1, 65536));
+    KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_key_group", &p.quant_key_group, 1, 65536));
     KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_recent", &p.quant_recent, 0, 1 << 30));
     KVD_RETURN_IF_ERROR(GetString(node, path, "quant_rotate", &p.quant_rotate));
     KVD_RETURN_IF_ERROR(GetString(node, path, "quant_value_format", &p.quant_value_format));
   } else {
-    for (const char* k : {"quant_format", "quant_group", "quant_recent", "quant_rotate",
-                          "quant_value_format"}) {
+    for (const char* k : {"quant_format", "quant_group", "quant_key_group", "quant_recent",
+                          "quant_rotate", "quant_value_format"}) {
       if (node[k].IsDefined()) {
         return Status::InvalidArgument(path + "." + k +
                                        ": set, but stages has no quantize stage (e.g. "

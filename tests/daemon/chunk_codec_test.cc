@@ -134,13 +134,14 @@ TEST(ChunkCodecTest, TheQuantizeStageOfThePolicyIsInTheStoredChunk) {
   EXPECT_LT(q->bytes.size(), p->bytes.size());
 }
 
-// The rotation and a value format of their own reach the stored chunk (version 4), and the
-// chunk decodes and dequantizes.
+// The rotation, a value format and a key group of their own reach the stored chunk (version 4),
+// and the chunk decodes and dequantizes.
 TEST(ChunkCodecTest, TheRotationAndValueFormatOfThePolicyAreInTheStoredChunk) {
   auto config = ParseConfigYaml(
       "models: [{name: m, layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 8, dtype: "
       "float32}, compression: {stages: [quantize], quant_format: int3, quant_group: 8, "
-      "quant_rotate: hadamard, quant_value_format: int2, window: 4, sinks: 2, device: cpu}}]");
+      "quant_key_group: 5, quant_rotate: hadamard, quant_value_format: int2, window: 4, sinks: 2, "
+      "device: cpu}}]");
   ASSERT_TRUE(config.ok()) << config.status();
   const ModelConfig& m = config->models[0];
   auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
@@ -154,7 +155,7 @@ TEST(ChunkCodecTest, TheRotationAndValueFormatOfThePolicyAreInTheStoredChunk) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->codec.quant,
             (kernels::QuantDescription{.format = kernels::QuantFormat::kInt3,
-                                       .key_group = 8,
+                                       .key_group = 5,
                                        .value_group = 8,
                                        .rotation = kernels::QuantRotation::kHadamard,
                                        .value_format = kernels::QuantFormat::kInt2}));

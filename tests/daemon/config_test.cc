@@ -483,8 +483,10 @@ TEST(ConfigPolicyTest, ParsesTheQuantizeStageAndItsKeys) {
   qrot.quant_rotate = "hadamard";
   CompressionPolicy qv = q;
   qv.quant_value_format = "int2";
+  CompressionPolicy qk = q;
+  qk.quant_key_group = 37;
   EXPECT_EQ(plain.CanonicalForm().find("quant"), std::string::npos);
-  for (const CompressionPolicy* other : {&q4, &qg, &qr, &qrot, &qv}) {
+  for (const CompressionPolicy* other : {&q4, &qg, &qr, &qrot, &qv, &qk}) {
     EXPECT_NE(q.CodecId(0), other->CodecId(0));
   }
   EXPECT_NE(plain.CodecId(0), q.CodecId(0));
@@ -494,6 +496,7 @@ TEST(ConfigPolicyTest, ParsesTheQuantizeStageAndItsKeys) {
   EXPECT_EQ(q.CanonicalForm().find("quant_values"), std::string::npos);
   CompressionPolicy qsame = q;
   qsame.quant_value_format = "int8";
+  qsame.quant_key_group = qsame.quant_group;
   EXPECT_EQ(q.CodecId(0), qsame.CodecId(0));
 
   auto rot =
@@ -719,6 +722,10 @@ TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
        {"models[0].compression.quant_value_format", "\"int1\"", "same, int8, int4, int3"}},
       {"{stages: [keydiff], quant_rotate: hadamard}",
        {"models[0].compression.quant_rotate", "no quantize stage"}},
+      {"{stages: [quantize], quant_key_group: 0}",
+       {"models[0].compression.quant_key_group", "\"0\"", "[1, 65536]"}},
+      {"{stages: [keydiff], quant_key_group: 32}",
+       {"models[0].compression.quant_key_group", "no quantize stage"}},
       {"{stages: [keydiff], quant_value_format: int2}",
        {"models[0].compression.quant_value_format", "no quantize stage"}},
       {"{stages: [quantize], quant_format: none}",

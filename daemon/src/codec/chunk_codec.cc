@@ -66,7 +66,8 @@ kk::CompressionPlanOptions PlanOptions(const CompressionPolicy& p) {
     const kk::QuantFormat values =
         p.quant_value_format == "same" ? keys : QuantFormatOf(p.quant_value_format);
     o.quant = {.format = keys,
-               .key_group = static_cast<uint32_t>(p.quant_group),
+               .key_group =
+                   static_cast<uint32_t>(p.quant_key_group > 0 ? p.quant_key_group : p.quant_group),
                .value_group = static_cast<uint32_t>(p.quant_group),
                .recent = static_cast<uint32_t>(p.quant_recent),
                .rotation = p.quant_rotate == "hadamard" ? kk::QuantRotation::kHadamard
