@@ -11,7 +11,8 @@
 # 2. Converts the demo GGUF to an HF folder (deploy/vllm/convert-gguf-to-hf.py) if missing.
 # 3. Runs $BIN/kvd-quality (kvd's methods) and bench/kvpress/run_presses.py (kvpress's presses)
 #    on the same segments and prints one table (bench/kvpress/table.py), paired against kvd's
-#    sink_recent.
+#    sink_recent, then each press against kvd's best row at no more stored bytes (--equal-bytes;
+#    kvd's bytes are the encoded chunks', a press's its kept fraction of tokens).
 #
 #   KVD_KVPRESS_VENV  venv folder (default: <repo>/.cache/kvpress-venv)
 #   KVD_PEERS_OUT     results folder (default: quality-peers)
@@ -84,3 +85,6 @@ pair_args=()
 for p in $pairs; do pair_args+=(--pair "$p"); done
 "$py" bench/kvpress/table.py "$out/kvd" "$out/kvpress" --against sink_recent "${pair_args[@]}" \
   | tee "$out/table.md"
+# At equal stored bytes: each press against kvd's best row storing no more (stored_raw).
+echo | tee -a "$out/table.md"
+"$py" bench/kvpress/table.py "$out/kvd" "$out/kvpress" --equal-bytes | tee -a "$out/table.md"

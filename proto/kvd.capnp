@@ -92,6 +92,10 @@ struct Hello {
                                      # read-only descriptors (no writable mapping is possible)
   keepIdle @13 :Bool;                # ask not to be closed for sending no request for
                                      # limits.idle_timeout_ms (the kvd client's engines ask)
+  clusterToken @14 :Text;            # a kvd of this daemon's cluster fetching chunks (peer
+                                     # fetch): its cluster.token, which must equal this daemon's
+                                     # (PERMISSION_DENIED naming why otherwise); stands in for the
+                                     # namespace token and makes the session read-only. "" = none
 }
 
 # The form of a stored chunk: raw (common/layout.h) or compact (docs/chunk-format.md).
@@ -129,6 +133,8 @@ struct HelloReply {
                                     # slot per token position (raw, or a policy that merges or
                                     # quantizes without evicting): engines that address KV by
                                     # position can take it (older daemons: false)
+  clusterLookup @21 :Bool;          # the daemon is a cluster member and takes Lookup.cluster
+                                    # (older daemons and single nodes: false)
 }
 
 # Where the bytes of a reservation or read lie in the daemon's shared-memory arena (sessions with
@@ -150,6 +156,12 @@ struct ShmSlot {
 struct Lookup {
   chain @0 :List(Hash128);
   leaseTtlMs @1 :UInt32;             # 0 = the daemon's default
+  cluster @2 :Bool;                  # cluster scope (HelloReply.clusterLookup): the daemon also
+                                     # asks the other members of its cluster with the same model
+                                     # and layout, lists them in LookupReply.holders, and (policy
+                                     # cluster.peer_fetch) first copies the chunks a peer holds
+                                     # beyond its own prefix into its host tier, so that the lease
+                                     # and Get cover them like local chunks
 }
 
 struct LookupReply {
@@ -157,6 +169,24 @@ struct LookupReply {
   matchedTokens @1 :UInt64;
   leaseId @2 :UInt64;                # 0 when nothing matched
   leaseTtlMs @3 :UInt32;
+  holders @4 :List(PrefixHolder);    # cluster scope: every node asked, this one first
+  fetchedChunks @5 :UInt32;          # cluster scope: chunks copied from a peer for this lookup
+  foundIn @6 :List(TierChunks);      # where the matched chunks were found: per tier, how many
+                                     # (a chunk this lookup copied up from disk counts as disk)
+}
+
+struct TierChunks {
+  tier @0 :Text;                     # "gpu", "host", "disk"
+  chunks @1 :UInt32;
+}
+
+# Cluster scope: how long a prefix of the chain one node holds.
+struct PrefixHolder {
+  node @0 :Text;                     # cluster.node of the member
+  matchedChunks @1 :UInt32;          # leading chunks of the chain it holds (0 when not asked)
+  error @2 :Text;                    # "" = answered; else why it gave no answer (unreachable,
+                                     # refused: token or layout, timeout)
+  foundIn @3 :List(TierChunks);      # the node's LookupReply.foundIn
 }
 
 # Phase 1 of a put: allocate `bytes` for the chunk. The client then sends exactly `bytes` bytes

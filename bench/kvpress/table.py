@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """One table of kvd-quality's methods and kvpress's presses on the same segments.
 
-    table.py KVD_OUT KVPRESS_OUT [--against sink_recent] [--bootstrap 2000]
+    table.py KVD_OUT KVPRESS_OUT [--against sink_recent] [--bootstrap 2000] [--equal-bytes]
 
 KVD_OUT is a kvd-quality --out folder (results.csv, segments.csv), KVPRESS_OUT a
 run_presses.py --out folder. Each method is shown at each p_c as perplexity / its own engine's
 full-cache perplexity (so the two engines' small full-cache difference cancels), with the stored
 fraction of raw K+V bytes, and paired against one kvd method: the ratio of the two
 perplexity ratios with a 95% bootstrap interval over segments (resampled together). Markdown
-on stdout.
+on stdout. kvd's stored fraction is its stored_raw column (encoded chunk bytes over raw bfloat16
+bytes) where kvd-quality wrote one, else 1 - achieved_p_c; a press's is its kept fraction of
+tokens. --equal-bytes prints instead, for each press at each p_c, kvd's best one-shot row
+measured in bytes (lowest perplexity over kvd's segments) storing at most the press's bytes,
+its perplexity on the press's segments, paired against the press.
 """
 import argparse
 import csv
@@ -46,17 +50,24 @@ def main():
     ap.add_argument("--pair", action="append", default=[], metavar="A@PC,B@PC",
                     help="also compare A at its p_c with B at its p_c (any rows, either engine), "
                          "e.g. int4@0.75,kvpress:snapkv@0.9; repeatable")
+    ap.add_argument("--equal-bytes", action="store_true",
+                    help="each press against kvd's best row at no more stored bytes")
     a = ap.parse_args()
 
     kvd = load_segments(os.path.join(a.kvd_out, "segments.csv"), True)
     stored = {}
+    in_bytes = set()  # kvd rows whose stored fraction is measured in bytes
     kvd_full = None
     with open(os.path.join(a.kvd_out, "results.csv")) as f:
         for r in csv.DictReader(f):
             if r["method"] == "engine":
                 kvd_full = float(r["perplexity"])
             if r["mode"] == "one-shot":
-                stored[(r["method"], float(r["p_c"]))] = 1 - float(r["achieved_p_c"])
+                measured = float(r.get("stored_raw") or -1)
+                if measured >= 0:
+                    in_bytes.add((r["method"], float(r["p_c"])))
+                stored[(r["method"], float(r["p_c"]))] = (
+                    measured if measured >= 0 else 1 - float(r["achieved_p_c"]))
     not_run = []
     with open(os.path.join(a.kvpress_out, "results.csv")) as f:
         for r in csv.DictReader(f):
@@ -82,6 +93,28 @@ def main():
         lo = boots[int(0.025 * len(boots))]
         hi = boots[min(len(boots) - 1, int(0.975 * len(boots)))]
         return f"{ratio(seg, idx) / ratio(base, idx):.3f} [{lo:.3f}, {hi:.3f}]"
+
+    if a.equal_bytes:
+        rng = random.Random(1)
+        print(f"full cache perplexity: kvd reference engine {kvd_full:.6f}, "
+              f"transformers (kvpress venv) {hf_full:.6f}\n")
+        print("| press at p_c | stored/raw, ppl/full | kvd's best at no more bytes (one-shot) "
+              "| stored/raw, ppl/full | kvd / press, paired [95% CI] |\n|---|---|---|---|---|")
+        for (m, r), seg in sorted(kvp.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
+            # kvd's best row is chosen on all its segments (its front), and shown on the press's
+            # segments only, so both columns cover the same text.
+            within = [(ratio(s2, s2.keys()), k) for k, s2 in kvd.items()
+                      if k in in_bytes and k[0] != "full" and stored[k] <= stored[(m, r)] + 1e-12]
+            if not within:
+                print(f"| {m} at {r:g} | {stored[(m, r)]:.3f}, {ratio(seg, seg.keys()):.4f} "
+                      "| none | - | - |")
+                continue
+            best = min(within)[1]
+            best_ratio = ratio(kvd[best], [i for i in seg if i in kvd[best]])
+            print(f"| {m} at {r:g} | {stored[(m, r)]:.3f}, {ratio(seg, seg.keys()):.4f} "
+                  f"| {best[0]} at {best[1]:g} | {stored[best]:.3f}, {best_ratio:.4f} "
+                  f"| {paired(kvd[best], seg)} |")
+        return
 
     ratios = sorted({k[1] for k in rows})
     methods = list(dict.fromkeys(k[0] for k in rows))

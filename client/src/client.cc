@@ -105,7 +105,7 @@ Status ClientImpl::Handshake() {
   if (options_.nccl) {
     transport::TransportOptions link = options_.transport;
     link.backend = hooks_.nccl_backend;
-    KVD_ASSIGN_OR_RETURN(nccl_, NcclPath::Join(*this, link));
+    KVD_ASSIGN_OR_RETURN(nccl_, NcclPath::Join(*this, link, &session_));
   }
   return Status::Ok();
 }
@@ -126,6 +126,7 @@ StatusOr<uint64_t> ClientImpl::SendHelloLocked(const std::string& worker_address
                                     worker_address.size()));
     h.setCodecId(options_.codec_id);
     h.setAuthToken(options_.auth_token);
+    h.setClusterToken(options_.cluster_token);
     auto parsed = ParseDaemonAddress(options_.address);
     h.setSharedMemory(options_.shared_memory && parsed.ok() && parsed->is_unix);
     h.setReadOnly(options_.read_only);
@@ -165,6 +166,7 @@ Status ClientImpl::ReadHelloReply(proto::DecodedMessage& reply, HelloGrant* gran
     session_.read_only = h.getReadOnly();
     session_.releases_on_requests = h.getReleasesOnRequests();
     session_.inline_put = h.getInlinePut();
+    session_.cluster_lookup = h.getClusterLookup();
     lease_releases_on_requests_ = h.getLeaseReleasesOnRequests();
     grant->reserve_ahead = h.getReserveAhead();
     session_.codec_id = h.getCodecId();
@@ -180,15 +182,21 @@ Status ClientImpl::ReadHelloReply(proto::DecodedMessage& reply, HelloGrant* gran
   });
 }
 
-StatusOr<LookupResult> ClientImpl::Lookup(std::span<const Hash128> chain) {
+StatusOr<LookupResult> ClientImpl::Lookup(std::span<const Hash128> chain,
+                                          const LookupOptions& options) {
   std::lock_guard<std::mutex> lock(mu_);
   KVD_RETURN_IF_ERROR(CheckUsable(true));
+  if (options.cluster && !session_.cluster_lookup) {
+    return Status::FailedPrecondition("cluster-scope lookup: kvd " + session_.node_name +
+                                      " is not a cluster member (or predates cluster lookups)");
+  }
   KVD_ASSIGN_OR_RETURN(auto reply, CallLocked([&](proto::Request::Builder r) {
                          auto l = r.initLookup();
                          auto list = l.initChain(static_cast<unsigned>(chain.size()));
                          for (size_t i = 0; i < chain.size(); ++i)
                            proto::ToProto(chain[i], list[i]);
                          l.setLeaseTtlMs(options_.lease_ttl_ms);
+                         l.setCluster(options.cluster);
                        }));
   LookupResult out;
   KVD_RETURN_IF_ERROR(ReadReply(*reply, [&](proto::Response::Reader r) -> Status {
@@ -198,6 +206,17 @@ StatusOr<LookupResult> ClientImpl::Lookup(std::span<const Hash128> chain) {
     out.matched_tokens = l.getMatchedTokens();
     out.lease_id = l.getLeaseId();
     out.lease_ttl_ms = l.getLeaseTtlMs();
+    out.fetched_chunks = l.getFetchedChunks();
+    auto tiers = [](capnp::List<proto::TierChunks>::Reader list) {
+      std::vector<TierChunks> v;
+      for (auto t : list) v.push_back({t.getTier().cStr(), t.getChunks()});
+      return v;
+    };
+    out.found_in = tiers(l.getFoundIn());
+    for (auto h : l.getHolders()) {
+      out.holders.push_back(
+          {h.getNode().cStr(), h.getMatchedChunks(), h.getError().cStr(), tiers(h.getFoundIn())});
+    }
     return Status::Ok();
   }));
   if (out.lease_id != 0) {
@@ -538,7 +557,11 @@ const ChainHasher& Client::hasher() const { return Impl(this)->hasher(); }
 bool Client::connected() const { return Impl(this)->connected(); }
 
 StatusOr<LookupResult> Client::Lookup(std::span<const Hash128> chain) {
-  return Impl(this)->Lookup(chain);
+  return Impl(this)->Lookup(chain, LookupOptions{});
+}
+StatusOr<LookupResult> Client::Lookup(std::span<const Hash128> chain,
+                                      const LookupOptions& options) {
+  return Impl(this)->Lookup(chain, options);
 }
 Status Client::ReleaseLease(uint64_t lease_id) { return Impl(this)->ReleaseLease(lease_id); }
 Status Client::FlushReleases() { return Impl(this)->FlushReleases(); }

@@ -14,6 +14,7 @@
 #include "kvd/client/device.h"
 #include "kvd/transport/transport.h"
 #include "nccl_path.h"
+#include "path_context.h"
 #include "reservation.h"
 #include "segment_table.h"
 #include "shm_path.h"
@@ -38,7 +39,7 @@ struct InPlaceLink {
   ClientImpl* client = nullptr;  // GUARDED_BY(mu); null once the client is gone
 };
 
-class ClientImpl final : public Client {
+class ClientImpl final : public Client, public PathContext {
  public:
   ClientImpl(ClientOptions options, TestHooks hooks, std::unique_ptr<Channel> channel)
       : options_(std::move(options)),
@@ -63,14 +64,36 @@ class ClientImpl final : public Client {
   // Reads the HelloReply into session_ (and the protocol features it offers) and `*grant`.
   Status ReadHelloReply(proto::DecodedMessage& reply, HelloGrant* grant);
 
-  const ClientOptions& options() const { return options_; }
-  // True for CUDA device memory (device.h; the entry points have refused what cannot be used).
-  static bool IsDevice(const void* p);
-  const SessionInfo& session() const { return session_; }
+  // ---- PathContext (path_context.h): what the bulk paths drive ----
+  const ClientOptions& options() const override { return options_; }
+  const TestHooks& hooks() const override { return hooks_; }
+  const SessionInfo& session() const override { return session_; }
+  Channel& channel() override { return *channel_; }
+  SegmentTable& segments() override { return segments_; }
+  uint64_t NextTag() override { return next_tag_++; }
+  Status CheckPutItem(const PutItem& it) const override;
+  StatusOr<std::vector<uint64_t>> SendReservesLocked(std::span<const PutItem> items,
+                                                     const ReserveExtras& extras) override;
+  StatusOr<Reservation> AwaitReserveLocked(uint64_t request_id, const PutItem& item,
+                                           PutResult* out) override;
+  void AbortReservationsLocked(const std::vector<uint64_t>& reservation_ids) override;
+  StatusOr<std::vector<uint64_t>> SendCommitsLocked(const std::vector<PutResult>& out,
+                                                    const std::vector<uint64_t>& reservation,
+                                                    const std::vector<uint64_t>& checksum,
+                                                    const PutItem* named,
+                                                    uint64_t reserve_next) override;
+  void AwaitCommitsLocked(const std::vector<uint64_t>& commit_req, std::vector<PutResult>& out,
+                          Status* first_error, OfferedSlot* offered) override;
+  StatusOr<uint64_t> SendShmGetLocked(uint64_t lease_id, uint32_t chunk_index, uint64_t capacity,
+                                      ChunkForm form) override;
+  Status AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, GetReply* got) override;
+  StatusOr<std::byte*> SlotLocked(uint64_t request_id, const ArenaSlot& slot, uint64_t bytes,
+                                  bool populate) override;
+
   const ChainHasher& hasher() const { return hasher_; }
   bool connected() const;
 
-  StatusOr<LookupResult> Lookup(std::span<const Hash128> chain);
+  StatusOr<LookupResult> Lookup(std::span<const Hash128> chain, const LookupOptions& options);
   Status ReleaseLease(uint64_t lease_id);
   StatusOr<std::vector<PutResult>> PutChunks(std::span<const PutItem> items);
   StatusOr<std::vector<GetResult>> GetChunks(uint64_t lease_id, std::span<const GetItem> items);
@@ -137,9 +160,6 @@ class ClientImpl final : public Client {
     if (shm_ != nullptr) return *shm_;
     return *ucx_;
   }
-  // INVALID_ARGUMENT for a put item the daemon would refuse for its shape (null data, window
-  // < 0, and with verify_locally a byte count the layout does not give).
-  Status CheckPutItem(const PutItem& it) const;
 
   // ---- one-exchange puts of small chunks (inline_put.cc) ----
   // True when `it` goes as an InlinePut (ClientOptions::inline_put_bytes).
@@ -150,55 +170,7 @@ class ClientImpl final : public Client {
   // Waits for the reply of an InlinePut and fills `out` (error: the daemon's, as sent). Sent
   // only to a daemon that announced HelloReply.inlinePut.
   Status AwaitInlinePutLocked(uint64_t request_id, const PutItem& it, PutResult* out);
-  // Phase 1 of a put window, shared by every bulk path: checks every item (INVALID_ARGUMENT
-  // for null data or a raw byte count the layout does not give) and sends one Reserve per item
-  // without waiting. Returns the request ids, in item order.
-  StatusOr<std::vector<uint64_t>> SendReservesLocked(std::span<const PutItem> items,
-                                                     const ReserveExtras& extras = {});
-  // Waits for the reply to the Reserve `request_id` of `item` and fills out->already_stored and
-  // out->bytes. Errors: the channel's (context "reserve"), the daemon's, INTERNAL for another
-  // message.
-  StatusOr<Reservation> AwaitReserveLocked(uint64_t request_id, const PutItem& item,
-                                           PutResult* out);
-  // Bytes a put sends: the raw chunk (plus any queries already appended to it) plus the
-  // window queries still held apart (shared-memory path; the transport path staged them).
-  static size_t PutBytes(const PutItem& it) {
-    return it.bytes + it.window_queries.size() * sizeof(float);
-  }
-  void AbortReservationsLocked(const std::vector<uint64_t>& reservation_ids);
-  // Phase 3 of a put window, shared by the transport and shared-memory paths: sends one Commit
-  // (reservation and checksum) for every item not already stored, without waiting. Returns the
-  // request ids in item order, 0 for an item already stored. On a send failure returns it
-  // (the channel is then broken; what was sent is not awaited).
-  // Reserve-ahead (shared-memory path): `named`, when set, is the chunk put into the held slot
-  // `reservation[0]` (Commit.chunk names it); `reserve_next` > 0 asks, on the last commit sent,
-  // for the next put's slot (Commit.reserveNext).
-  StatusOr<std::vector<uint64_t>> SendCommitsLocked(const std::vector<PutResult>& out,
-                                                    const std::vector<uint64_t>& reservation,
-                                                    const std::vector<uint64_t>& checksum,
-                                                    const PutItem* named = nullptr,
-                                                    uint64_t reserve_next = 0);
-  // Awaits every commit of SendCommitsLocked and fills each item's bytes, stored_bytes,
-  // codec_id (and already_stored for a put into a held slot that found its chunk stored); the
-  // first failure goes to `*first_error` (left as it is if already set). A slot a reply holds
-  // ahead (CommitReply.next, when a commit asked for one) goes to `*offered`; without
-  // `offered` it is aborted.
-  void AwaitCommitsLocked(const std::vector<uint64_t>& commit_req, std::vector<PutResult>& out,
-                          Status* first_error, OfferedSlot* offered = nullptr);
 
-  // ---- shared-memory path (shm.cc) ----
-  // Sends a shared-memory Get (no tag) without waiting; returns its request id.
-  StatusOr<uint64_t> SendShmGetLocked(uint64_t lease_id, uint32_t chunk_index, uint64_t capacity,
-                                      ChunkForm form);
-  // Awaits and reads the reply of SendShmGetLocked. Errors: the daemon's, INTERNAL for another
-  // message or no slot, OUT_OF_RANGE for a chunk larger than `capacity` (a memfd that came with
-  // a refused reply is closed).
-  Status AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, GetReply* got);
-  // The address of `bytes` at a slot of a reply to `request_id`, mapping the segment's memfd
-  // first if the reply carried one (SegmentTable::Map, then Slot). INTERNAL for an announced
-  // memfd that did not arrive, and SegmentTable's errors.
-  StatusOr<std::byte*> SlotLocked(uint64_t request_id, const ArenaSlot& slot, uint64_t bytes,
-                                  bool populate = true);
   // At most this many entries in live_leases_ (a client that never releases its leases).
   static constexpr size_t kMaxLiveLeases = 4096;
 
@@ -228,10 +200,6 @@ class ClientImpl final : public Client {
   bool subscribed_ = false;  // GUARDED_BY(mu_)
   std::shared_ptr<InPlaceLink> link_ = std::make_shared<InPlaceLink>();
 
-  // The bulk paths drive the window protocol (reserve, commit, the channel) of their client.
-  friend class TransferPath;
-  friend class NcclPath;
-  friend class ShmPath;
   friend class ::kvd::client::Client;
   friend StatusOr<std::unique_ptr<Client>> kvd::client::ConnectWithTestHooks(const ClientOptions&,
                                                                              const TestHooks&);

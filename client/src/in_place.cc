@@ -43,7 +43,7 @@ StatusOr<ChunkView> ClientImpl::ReadInPlace(uint64_t lease_id, uint32_t chunk_in
   Status s = AwaitShmGetLocked(req, ~uint64_t{0}, &got);
   StatusOr<std::byte*> slot = s;
   if (s.ok()) {
-    slot = SlotLocked(req, got.slot, got.result.bytes);
+    slot = SlotLocked(req, got.slot, got.result.bytes, /*populate=*/true);
   }
   if (slot.ok() && options.verify_checksum) {
     if (Status v = VerifyGet("ReadInPlace", got.result, Checksum64(*slot, got.result.bytes),
@@ -113,7 +113,7 @@ StatusOr<PutSlot> ClientImpl::ReservePut(const Hash128& hash, int tokens, size_t
   item.tokens = tokens;
   item.data = &item;  // never read: the engine writes the slot itself (CheckPutItem wants one)
   item.bytes = bytes;
-  KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> req, SendReservesLocked({&item, 1}));
+  KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> req, SendReservesLocked({&item, 1}, {}));
   PutResult reserved;
   KVD_ASSIGN_OR_RETURN(const Reservation rv, AwaitReserveLocked(req[0], item, &reserved));
   // The PutSlot is made last: one dropped on an error path here would abort through this
@@ -188,8 +188,9 @@ StatusOr<PutResult> ClientImpl::CommitPut(PutSlot&& slot) {
   Status first_error;
   KVD_ASSIGN_OR_RETURN(
       const std::vector<uint64_t> commit_req,
-      SendCommitsLocked(results, {hold->reservation_id}, {Checksum64(data, bytes)}));
-  AwaitCommitsLocked(commit_req, results, &first_error);
+      SendCommitsLocked(results, {hold->reservation_id}, {Checksum64(data, bytes)},
+                        /*named=*/nullptr, /*reserve_next=*/0));
+  AwaitCommitsLocked(commit_req, results, &first_error, /*offered=*/nullptr);
   if (!first_error.ok()) return first_error;
   return results[0];
 }

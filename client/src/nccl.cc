@@ -2,15 +2,16 @@
 #include <string>
 #include <utility>
 
-#include "client_impl.h"
+#include "path_context.h"
 #include "kvd/common/hash.h"
 #include "kvd/common/logging.h"
 #include "nccl_path.h"
 
 namespace kvd::client::internal {
 
-StatusOr<std::unique_ptr<NcclPath>> NcclPath::Join(ClientImpl& client,
-                                                   const transport::TransportOptions& options) {
+StatusOr<std::unique_ptr<NcclPath>> NcclPath::Join(PathContext& client,
+                                                   const transport::TransportOptions& options,
+                                                   SessionInfo* session_out) {
   auto t = transport::CreateTransport(options);
   if (!t.ok()) {
     return t.status().WithContext(
@@ -21,15 +22,15 @@ StatusOr<std::unique_ptr<NcclPath>> NcclPath::Join(ClientImpl& client,
   std::unique_ptr<NcclPath> path(
       new NcclPath(client, std::move(t).value(), "bulk transfer over NCCL", /*over_nccl=*/true));
   KVD_ASSIGN_OR_RETURN(std::string address, path->transport_->LocalAddress());
-  Channel& channel = *client.channel_;
+  Channel& channel = client.channel();
   auto id = channel.Send([&](proto::Request::Builder r) {
     r.initNcclConnect().setAddress(
         kj::arrayPtr(reinterpret_cast<const kj::byte*>(address.data()), address.size()));
   });
   if (!id.ok()) return id.status().WithContext("NcclConnect");
-  auto reply = channel.Await(*id, DeadlineIn(client.options_.connect_timeout_ms));
+  auto reply = channel.Await(*id, DeadlineIn(client.options().connect_timeout_ms));
   if (!reply.ok()) return reply.status().WithContext("kvd did not join the NCCL link");
-  SessionInfo& session = client.session_;
+  SessionInfo& session = *session_out;
   std::string bootstrap, daemon_address;
   KVD_RETURN_IF_ERROR(proto::TryDecode([&]() -> Status {
     auto r = (*reply)->Root<proto::Response>();

@@ -14,10 +14,11 @@ namespace kvd::client::internal {
 class NcclPath final : public TransferPath {
  public:
   // Creates the link's transport (`options`, its backend already chosen) and joins kvd's link
-  // over `client`'s channel (NcclConnect), filling SessionInfo's NCCL fields. Errors: the
+  // over `client`'s channel (NcclConnect), filling `*session`'s NCCL fields. Errors: the
   // transport's, the channel's, the daemon's; INTERNAL for another reply.
-  static StatusOr<std::unique_ptr<NcclPath>> Join(ClientImpl& client,
-                                                  const transport::TransportOptions& options);
+  static StatusOr<std::unique_ptr<NcclPath>> Join(PathContext& client,
+                                                  const transport::TransportOptions& options,
+                                                  SessionInfo* session);
 
   // True when a put of `item`, whose data lies `data_at`, goes over the link: CUDA device
   // memory with no window queries held apart (the link sends one buffer per message).

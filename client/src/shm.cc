@@ -17,7 +17,7 @@
 #include "shm_path.h"
 
 namespace kvd::client::internal {
-bool ClientImpl::IsDevice(const void* p) {
+bool IsDevice(const void* p) {
   if (p == nullptr) return false;
   auto at = ActiveDeviceMemoryOps().Locate(p);
   return at.ok() && *at == BufferLocation::kCuda;
@@ -65,11 +65,11 @@ Status ClientImpl::AwaitShmGetLocked(uint64_t request_id, uint64_t capacity, Get
 }
 
 StatusOr<std::vector<PutResult>> ShmPath::PutWindow(std::span<const PutItem> items) {
-  ClientImpl& c = client_;
+  PathContext& c = client_;
   const size_t n = items.size();
   const HeldSlot held = std::exchange(held_, HeldSlot());
   const bool use_held = held.reservation != 0 && n > 0 &&
-                        ClientImpl::PutBytes(items[0]) == held.bytes && Clock::now() < held.use_by;
+                        PutBytes(items[0]) == held.bytes && Clock::now() < held.use_by;
   if (use_held) KVD_RETURN_IF_ERROR(c.CheckPutItem(items[0]));
   // Phase 1: a Reserve for every chunk but the one going into the held slot.
   const uint64_t abort_first = held.reservation != 0 && !use_held ? held.reservation : 0;
@@ -94,7 +94,7 @@ StatusOr<std::vector<PutResult>> ShmPath::PutWindow(std::span<const PutItem> ite
     StatusOr<Reservation> rv = Status::Internal("unset");
     if (i == 0 && use_held) {
       rv = held.AsReservation();  // mapped when it came (no memfd with it now)
-      out[0].bytes = ClientImpl::PutBytes(items[0]);
+      out[0].bytes = PutBytes(items[0]);
     } else {
       rv = c.AwaitReserveLocked(req[i], items[i], &out[i]);
     }
@@ -112,9 +112,9 @@ StatusOr<std::vector<PutResult>> ShmPath::PutWindow(std::span<const PutItem> ite
     c.AbortReservationsLocked(to_abort);
     return first_error;
   }
-  if (c.hooks_.before_commit) c.hooks_.before_commit();
+  if (c.hooks().before_commit) c.hooks().before_commit();
   // Phase 3: commit with checksums (pipelined), the last commit asking for the next slot.
-  const uint64_t reserve_next = reserve_ahead_ && n > 0 ? ClientImpl::PutBytes(items[n - 1]) : 0;
+  const uint64_t reserve_next = reserve_ahead_ && n > 0 ? PutBytes(items[n - 1]) : 0;
   KVD_ASSIGN_OR_RETURN(const std::vector<uint64_t> commit_req,
                        c.SendCommitsLocked(out, reservation, checksum,
                                            use_held ? &items[0] : nullptr, reserve_next));
@@ -126,7 +126,7 @@ StatusOr<std::vector<PutResult>> ShmPath::PutWindow(std::span<const PutItem> ite
 }
 
 void ShmPath::Keep(const OfferedSlot& offered, uint64_t bytes) {
-  ClientImpl& c = client_;
+  PathContext& c = client_;
   if (offered.slot.reservation == 0) return;
   HeldSlot next = offered.slot;
   next.bytes = bytes;  // what this client asked for: the last put's size
@@ -143,25 +143,25 @@ void ShmPath::Keep(const OfferedSlot& offered, uint64_t bytes) {
 
 Status ShmPath::FillSlot(uint64_t request_id, const Reservation& rv, const PutItem& item, bool copy,
                          uint64_t* checksum) {
-  ClientImpl& c = client_;
+  PathContext& c = client_;
   if (!rv.has_slot) return Status::Internal("kvd reserved without a memory slot");
-  const size_t put_bytes = ClientImpl::PutBytes(item);
+  const size_t put_bytes = PutBytes(item);
   // Device memory (device.h) is copied straight into the slot on the item's stream; the
   // checksum then reads the slot.
   const bool from_device =
-      ClientImpl::IsDevice(item.data) || ClientImpl::IsDevice(item.window_queries.data());
+      IsDevice(item.data) || IsDevice(item.window_queries.data());
   // Host bytes alone are copied and checksummed in one pass over them (copy_checksum.h),
   // through the writable view when there is one (no protection change of the slot, and no
   // page-table fill of the read-only mapping, which a later get of the slot does). The slot
   // is read later by other processes, not by this thread: non-temporal stores.
   const bool fused = !from_device && item.window_queries.empty();
-  const bool via_view = fused && c.segments_.writable_view();
+  const bool via_view = fused && c.segments().writable_view();
   KVD_ASSIGN_OR_RETURN(auto slot,
                        c.SlotLocked(request_id, rv.slot, put_bytes, /*populate=*/!via_view));
   if (!copy) return Status::Ok();
-  if (from_device) c.segments_.Pin(rv.slot.segment);
+  if (from_device) c.segments().Pin(rv.slot.segment);
   if (std::byte* view =
-          fused ? c.segments_.WritableSlot(rv.slot.segment, rv.slot.offset, put_bytes) : nullptr;
+          fused ? c.segments().WritableSlot(rv.slot.segment, rv.slot.offset, put_bytes) : nullptr;
       view != nullptr) {
     KVD_RETURN_IF_ERROR(LocateForUse(item.data, "put data").status());
     *checksum = CopyWithChecksum64(view, item.data, item.bytes, CopyDestination::kNotReadSoon);
@@ -192,7 +192,7 @@ Status ShmPath::FillSlot(uint64_t request_id, const Reservation& rv, const PutIt
 
 StatusOr<std::vector<GetResult>> ShmPath::GetWindow(uint64_t lease_id,
                                                     std::span<const GetItem> items) {
-  ClientImpl& c = client_;
+  PathContext& c = client_;
   const size_t n = items.size();
   for (const GetItem& item : items) {
     if (item.out == nullptr && item.capacity > 0) {
@@ -227,15 +227,15 @@ StatusOr<std::vector<GetResult>> ShmPath::GetWindow(uint64_t lease_id,
 
 Status ShmPath::CopyOut(uint64_t request_id, uint64_t lease_id, const GetItem& item,
                         const GetReply& got) {
-  ClientImpl& c = client_;
+  PathContext& c = client_;
   const uint64_t bytes = got.result.bytes;
-  KVD_ASSIGN_OR_RETURN(auto slot, c.SlotLocked(request_id, got.slot, bytes));
+  KVD_ASSIGN_OR_RETURN(auto slot, c.SlotLocked(request_id, got.slot, bytes, /*populate=*/true));
   // End to end: the bytes must match the checksum the writer committed. The slot is checked
   // (it stays pinned by the read until it ends): for a host buffer in the same pass as the copy
   // (each block hashed, then copied from the cache); for a device buffer (device.h) first,
   // then copied on the item's stream.
-  const bool to_device = ClientImpl::IsDevice(item.out);
-  if (to_device) c.segments_.Pin(got.slot.segment);
+  const bool to_device = IsDevice(item.out);
+  if (to_device) c.segments().Pin(got.slot.segment);
   const uint64_t sum =
       to_device ? Checksum64(slot, bytes) : CopyWithChecksum64(item.out, slot, bytes);
   KVD_RETURN_IF_ERROR(VerifyGet("get", got.result, sum, lease_id, item.chunk_index));
@@ -244,24 +244,24 @@ Status ShmPath::CopyOut(uint64_t request_id, uint64_t lease_id, const GetItem& i
 }
 
 Status ShmPath::EndReads(const std::vector<uint64_t>& reads) {
-  ClientImpl& c = client_;
+  PathContext& c = client_;
   // The bytes are ours now: the reads end so the chunks may be evicted again. A daemon that
   // takes Request.releaseReads gets them with the next request, whatever it is (no exchange
   // here: the get was one round trip); an older one gets ReleaseReads (pipelined).
-  if (c.session_.releases_on_requests && !c.hooks_.release_reads_apart) {
-    c.channel_->DeferReleases(reads);
+  if (c.session().releases_on_requests && !c.hooks().release_reads_apart) {
+    c.channel().DeferReleases(reads);
     return Status::Ok();
   }
   std::vector<uint64_t> release_req;
   for (uint64_t read : reads) {
     auto id =
-        c.channel_->Send([&](proto::Request::Builder r) { r.initReleaseRead().setReadId(read); });
+        c.channel().Send([&](proto::Request::Builder r) { r.initReleaseRead().setReadId(read); });
     if (!id.ok()) break;
     release_req.push_back(*id);
   }
   Status first_error;
   for (uint64_t id : release_req) {
-    auto r = c.channel_->Await(id);
+    auto r = c.channel().Await(id);
     if (!r.ok() && first_error.ok()) first_error = r.status().WithContext("release of a read");
   }
   return first_error;

@@ -9,13 +9,13 @@
 
 namespace kvd::client::internal {
 
-class ClientImpl;
+class PathContext;
 
 class ShmPath final : public BulkPath {
  public:
   // `reserve_ahead`: ClientOptions::reserve_ahead, offered by kvd (HelloReply.reserveAhead),
   // on a session that may put.
-  ShmPath(ClientImpl& client, bool reserve_ahead)
+  ShmPath(PathContext& client, bool reserve_ahead)
       : client_(client), reserve_ahead_(reserve_ahead) {}
 
   // Reserve-ahead: the window's last commit asks kvd to hold a slot of the last chunk's size
@@ -43,7 +43,7 @@ class ShmPath final : public BulkPath {
   // Ends the reads a get window opened (see GetWindow).
   Status EndReads(const std::vector<uint64_t>& reads);
 
-  ClientImpl& client_;
+  PathContext& client_;
   const bool reserve_ahead_;
   HeldSlot held_;  // a slot kvd holds for the next put (reservation 0: none)
 };

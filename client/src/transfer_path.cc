@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <string>
 
-#include "client_impl.h"
+#include "path_context.h"
 #include "kvd/common/hash.h"
 
 namespace kvd::client::internal {
@@ -13,7 +13,7 @@ using transport::TransferHandle;
 using transport::TransferOp;
 using transport::TransferState;
 
-TransferPath::TransferPath(ClientImpl& client, std::unique_ptr<transport::Transport> transport,
+TransferPath::TransferPath(PathContext& client, std::unique_ptr<transport::Transport> transport,
                            const char* context, bool over_nccl)
     : client_(client), transport_(std::move(transport)), context_(context), over_nccl_(over_nccl) {}
 
@@ -23,13 +23,13 @@ TransferPath::~TransferPath() {
 
 void TransferPath::Drop(TransferHandle transfer) {
   transport_->Cancel(transfer).IgnoreError();
-  transport_->Wait(transfer, std::chrono::milliseconds(client_.options_.transport.close_timeout_ms))
+  transport_->Wait(transfer, std::chrono::milliseconds(client_.options().transport.close_timeout_ms))
       .IgnoreError();
   transport_->Release(transfer).IgnoreError();
 }
 
 Status TransferPath::Finish(TransferHandle transfer) {
-  const int64_t timeout_ms = client_.options_.transfer_timeout_ms;
+  const int64_t timeout_ms = client_.options().transfer_timeout_ms;
   auto deadline = DeadlineIn(timeout_ms);
   while (true) {
     Status s = transport_->Wait(transfer, std::chrono::milliseconds(2));
@@ -41,7 +41,7 @@ Status TransferPath::Finish(TransferHandle transfer) {
       transport_->Release(transfer).IgnoreError();
       return s.WithContext(context_);
     }
-    Status c = client_.channel_->Pump();  // a dead daemon shows on the control socket first
+    Status c = client_.channel().Pump();  // a dead daemon shows on the control socket first
     if (!c.ok() || Clock::now() > deadline) {
       Drop(transfer);
       return c.ok() ? Status::DeadlineExceeded("bulk transfer did not finish within " +
@@ -84,16 +84,17 @@ StatusOr<std::vector<PutResult>> TransferPath::PutWindow(std::span<const PutItem
   // the daemon's commit waits for its receive to end, so the client does not wait for each
   // send's completion first (that would add a transport ack and a control round trip per
   // window). With TestHooks::before_commit set, the sends finish before the hook and the commits.
-  const bool commit_early = !client_.hooks_.before_commit;
+  const bool commit_early = !client_.hooks().before_commit;
   if (!commit_early) {
     FinishSends(sends, &first_error);
     if (!first_error.ok()) {
       client_.AbortReservationsLocked(to_abort);
       return first_error;
     }
-    client_.hooks_.before_commit();
+    client_.hooks().before_commit();
   }
-  auto commit_req = client_.SendCommitsLocked(out, reservation, checksum);
+  auto commit_req = client_.SendCommitsLocked(out, reservation, checksum, /*named=*/nullptr,
+                                              /*reserve_next=*/0);
   if (!commit_req.ok()) {
     Status dropped = commit_req.status();
     FinishSends(sends, &dropped);
@@ -102,7 +103,7 @@ StatusOr<std::vector<PutResult>> TransferPath::PutWindow(std::span<const PutItem
   // A failed send fails its commit at the daemon too (its receive errs or times out), so every
   // commit reply is still awaited; the send's own error is the one returned.
   if (commit_early) FinishSends(sends, &first_error);
-  client_.AwaitCommitsLocked(*commit_req, out, &first_error);
+  client_.AwaitCommitsLocked(*commit_req, out, &first_error, /*offered=*/nullptr);
   if (!first_error.ok()) return first_error;
   return out;
 }
@@ -166,14 +167,14 @@ Status TransferPath::PostGets(uint64_t lease_id, std::span<const GetItem> items,
       error = Status::InvalidArgument("get: null output buffer");
       break;
     }
-    const uint64_t tag = client_.next_tag_++;
+    const uint64_t tag = client_.NextTag();
     auto h = Post(TransferOp::kRecv, tag, item.out, item.capacity);
     if (!h.ok()) {
       error = h.status().WithContext("posting a receive");
       break;
     }
     gets[i].recv = *h;
-    auto id = client_.channel_->Send([&](proto::Request::Builder r) {
+    auto id = client_.channel().Send([&](proto::Request::Builder r) {
       auto g = r.initGet();
       g.setLeaseId(lease_id);
       g.setChunkIndex(item.chunk_index);
@@ -199,8 +200,8 @@ Status TransferPath::PostGets(uint64_t lease_id, std::span<const GetItem> items,
 void TransferPath::AwaitGets(std::span<const GetItem> items, std::vector<PendingGet>& gets) {
   // Transfers and replies are driven together: an error reply (NOT_FOUND, ...) means no bytes
   // come, so the receive is cancelled at once instead of waiting for its timeout.
-  Channel& channel = *client_.channel_;
-  const int64_t timeout_ms = client_.options_.transfer_timeout_ms;
+  Channel& channel = client_.channel();
+  const int64_t timeout_ms = client_.options().transfer_timeout_ms;
   auto deadline = DeadlineIn(timeout_ms);
   size_t remaining = gets.size();
   while (remaining > 0) {
@@ -246,7 +247,7 @@ bool TransferPath::StepGet(const GetItem& item, PendingGet& g) {
     }
   }
   if (!g.reply) {
-    auto r = client_.channel_->Poll(g.request);
+    auto r = client_.channel().Poll(g.request);
     if (!r.ok()) {
       g.status = r.status();
       if (!g.transfer_done) {
@@ -297,7 +298,7 @@ StatusOr<std::vector<GetResult>> TransferPath::FinishGets(uint64_t lease_id,
 
 // ---- UcxPath ----
 
-StatusOr<std::unique_ptr<UcxPath>> UcxPath::Create(ClientImpl& client,
+StatusOr<std::unique_ptr<UcxPath>> UcxPath::Create(PathContext& client,
                                                    const transport::TransportOptions& options) {
   auto t = transport::CreateTransport(options);
   if (!t.ok()) return t.status().WithContext("creating the client transport");
@@ -317,7 +318,7 @@ StatusOr<std::vector<PutResult>> UcxPath::PutWindow(std::span<const PutItem> ite
   std::vector<PutItem> staged(items.begin(), items.end());
   size_t used = 0;
   for (PutItem& it : staged) {
-    const bool data_on_device = ClientImpl::IsDevice(it.data);
+    const bool data_on_device = IsDevice(it.data);
     if (it.window_queries.empty() && !data_on_device) continue;
     if (used == put_staging_.size()) put_staging_.emplace_back();
     KVD_RETURN_IF_ERROR(Stage(it, data_on_device, put_staging_[used++]));
@@ -328,7 +329,7 @@ StatusOr<std::vector<PutResult>> UcxPath::PutWindow(std::span<const PutItem> ite
 Status UcxPath::Stage(PutItem& it, bool data_on_device, StagingBuffer& staging) {
   const size_t qbytes = it.window_queries.size() * sizeof(float);
   uint8_t* buf = staging.Reserve(it.bytes + qbytes,
-                                 data_on_device || ClientImpl::IsDevice(it.window_queries.data()));
+                                 data_on_device || IsDevice(it.window_queries.data()));
   KVD_RETURN_IF_ERROR(CopyToHostFrom(buf, it.data, it.bytes, it.cuda_stream, "put data"));
   KVD_RETURN_IF_ERROR(CopyToHostFrom(buf + it.bytes, it.window_queries.data(), qbytes,
                                      it.cuda_stream, "put window queries"));
@@ -343,7 +344,7 @@ StatusOr<std::vector<GetResult>> UcxPath::GetWindow(uint64_t lease_id,
   std::vector<GetItem> staged(items.begin(), items.end());
   if (get_staging_.size() < items.size()) get_staging_.resize(items.size());
   for (size_t i = 0; i < staged.size(); ++i) {
-    if (ClientImpl::IsDevice(staged[i].out)) {
+    if (IsDevice(staged[i].out)) {
       staged[i].out = get_staging_[i].Reserve(staged[i].capacity, true);
     }
   }

@@ -11,7 +11,7 @@
 
 namespace kvd::client::internal {
 
-class ClientImpl;
+class PathContext;
 
 // A put window: one Reserve per chunk, one send per chunk to the tag of its reservation, the
 // commits sent while the bytes still move (kvd's commit waits for its receive). A get window:
@@ -29,7 +29,7 @@ class TransferPath : public BulkPath {
  protected:
   // `context` prefixes a failed transfer's error; `over_nccl` is the overNccl flag of this
   // path's Reserve and Get messages.
-  TransferPath(ClientImpl& client, std::unique_ptr<transport::Transport> transport,
+  TransferPath(PathContext& client, std::unique_ptr<transport::Transport> transport,
                const char* context, bool over_nccl);
 
   // Connects the transport to kvd unless it is (peer_). Called before every window.
@@ -43,7 +43,7 @@ class TransferPath : public BulkPath {
   virtual StatusOr<uint64_t> ReceivedChecksum(const GetItem& item,
                                               const transport::TransferStatus& done) = 0;
 
-  ClientImpl& client_;
+  PathContext& client_;
   std::unique_ptr<transport::Transport> transport_;
   transport::PeerHandle peer_;  // kvd on the transport; invalid until connected
 
@@ -82,7 +82,7 @@ class TransferPath : public BulkPath {
 // over it holds no endpoint to kvd.
 class UcxPath final : public TransferPath {
  public:
-  static StatusOr<std::unique_ptr<UcxPath>> Create(ClientImpl& client,
+  static StatusOr<std::unique_ptr<UcxPath>> Create(PathContext& client,
                                                    const transport::TransportOptions& options);
   // kvd's worker address (HelloReply.workerAddress).
   void set_daemon_address(std::string address) { daemon_address_ = std::move(address); }

@@ -5,7 +5,7 @@
 //             [--net-devices DEV] [--no-shm] [--verify] [--daemon-pid PID | --ready-file F]
 //             [--finite-values] [--retry-busy] [--inline-put-bytes B] [--warmup W]
 //             [--shm-inline-put-bytes B] [--in-place] [--reserve-ahead] [--lookups N]
-//             [--pingpong-floor N] [--reply-spin-us U] [--json]
+//             [--pingpong-floor N] [--reply-spin-us U] [--put-addr ADDR] [--cluster] [--json]
 //   kvd-bench --op memcpy --chunk-bytes B --count N --concurrency C [--scatter-bytes S] [--json]
 //   kvd-bench --op pingpong --count N [--json]
 //
@@ -32,6 +32,11 @@
 // too (GB/s = 1e9 bytes/s). Latencies are per
 // call (per batch of D with --depth > 1). --op get still stores the chunks first (untimed
 // output).
+//
+// Peer fetch (a kvd cluster): --put-addr ADDR puts the chunks through another kvd of the cluster,
+// and --cluster makes every Lookup cluster-scoped (LookupOptions::cluster): the lookup phase's
+// lookups then copy the chunks from that peer into the --addr kvd, and its throughput counts the
+// bytes fetched (LookupResult::fetched_chunks); the get phase then reads them there.
 //
 // --in-place (shared-memory path only): the zero-copy calls an engine that DMAs its KV uses. A put
 // is ReservePut, a memcpy of the chunk's bytes from the thread's buffer into the slot (standing
@@ -516,11 +521,11 @@ int main(int argc, char** argv) {
       "exit codes: 0 ok, 1 a failed operation, 2 usage, 3 cannot connect");
   kvd::tools::ConnectionFlags connection;
   kvd::tools::AddConnectionOptions(app, &connection);
-  std::string model, op = "both", ready_file;
+  std::string model, op = "both", ready_file, put_addr;
   int64_t count = 100, concurrency = 1, depth = 1, lookup_batch = 64, lookup_chain = 1, tokens = 0,
           chunk_bytes_arg = 0, daemon_pid = 0, warmup = 0, lookups = 0, pingpong_floor = 0;
   bool json = false, verify = false, no_shm = false, finite = false, retry_busy = false,
-       in_place = false, reserve_ahead = false;
+       in_place = false, reserve_ahead = false, cluster = false;
   app.add_option("--model", model, "a model registered in kvd (all ops but memcpy)");
   app.add_option("--chunk-bytes", chunk_bytes_arg,
                  "bytes per chunk (a whole number of the model's tokens)")
@@ -584,6 +589,10 @@ int main(int argc, char** argv) {
   app.add_flag("--reserve-ahead", reserve_ahead,
                "shared-memory puts: each commit reserves the next put's slot "
                "(ClientOptions::reserve_ahead; one exchange per put)");
+  app.add_option("--put-addr", put_addr,
+                 "put through the kvd at this address (another member of --addr's cluster)");
+  app.add_flag("--cluster", cluster,
+               "cluster-scope lookups: chunks a peer holds are fetched into --addr's kvd");
   app.add_flag("--json", json, "print one JSON object");
   if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
   kvd::client::ClientOptions base;
@@ -680,6 +689,22 @@ int main(int argc, char** argv) {
     }
     clients[t] = std::move(c).value();
   }
+  // The put phase's clients: those above, or as many of the --put-addr kvd.
+  std::vector<std::unique_ptr<kvd::client::Client>> put_clients(put_addr.empty() ? 0 : nthreads);
+  for (auto& pc : put_clients) {
+    kvd::client::ClientOptions o = base;
+    o.address = put_addr;
+    auto c = kvd::client::Client::Connect(o);
+    if (!c.ok()) {
+      std::cerr << "kvd-bench: connect to --put-addr: " << c.status() << "\n";
+      return c.status().code() == kvd::StatusCode::kUnavailable ? 3 : 1;
+    }
+    pc = std::move(c).value();
+  }
+  auto writer = [&](int t) -> kvd::client::Client& {
+    return put_clients.empty() ? *clients[t] : *put_clients[t];
+  };
+  const kvd::client::LookupOptions lookup_options{.cluster = cluster};
 
   const auto fill = finite ? FillFiniteChunk : FillChunk;
   std::vector<uint64_t> busy_retries(nthreads, 0);
@@ -732,11 +757,11 @@ int main(int argc, char** argv) {
 
   // One PutChunks call, retried while kvd's ingest pool is full with --retry-busy.
   auto put_chunks = [&](int t, std::span<const kvd::client::PutItem> items) {
-    auto r = clients[t]->PutChunks(items);
+    auto r = writer(t).PutChunks(items);
     while (retry_busy && !r.ok() && r.status().code() == kvd::StatusCode::kResourceExhausted) {
       ++busy_retries[t];
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      r = clients[t]->PutChunks(items);
+      r = writer(t).PutChunks(items);
     }
     return r;
   };
@@ -793,7 +818,7 @@ int main(int argc, char** argv) {
             auto t0 = Clock::now();
             own_s[t] += std::chrono::duration<double>(t0 - fill0).count();
             if (in_place) {  // n == 1
-              KVD_RETURN_IF_ERROR(PutInPlace(*clients[t], items[0]));
+              KVD_RETURN_IF_ERROR(PutInPlace(writer(t), items[0]));
               lat.push_back(us_since(t0));
               ++ops;
               bytes += chunk_bytes;
@@ -832,7 +857,7 @@ int main(int argc, char** argv) {
             std::vector<kvd::Hash128> chain(nb);
             for (size_t j = 0; j < nb; ++j) chain[j] = ChunkHash(run, idx[b + j]);
             auto t0 = Clock::now();
-            auto r = clients[t]->Lookup(chain);
+            auto r = clients[t]->Lookup(chain, lookup_options);
             lat.push_back(us_since(t0));
             if (!r.ok()) return r.status();
             if (r->matched_chunks != nb) {
@@ -841,6 +866,7 @@ int main(int argc, char** argv) {
                                       "the host tier may be smaller than count x chunk bytes)");
             }
             ++ops;
+            bytes += r->fetched_chunks * chunk_bytes;
             KVD_RETURN_IF_ERROR(clients[t]->ReleaseLease(r->lease_id));
           }
           return Status::Ok();
@@ -859,7 +885,7 @@ int main(int argc, char** argv) {
             size_t nb = std::min<size_t>(lookup_batch, idx.size() - b);
             std::vector<kvd::Hash128> chain(nb);
             for (size_t j = 0; j < nb; ++j) chain[j] = ChunkHash(run, idx[b + j]);
-            auto l = clients[t]->Lookup(chain);
+            auto l = clients[t]->Lookup(chain, lookup_options);
             if (!l.ok()) return l.status();
             if (l->matched_chunks != nb) {
               return Status::NotFound("only " + std::to_string(l->matched_chunks) + " of " +
@@ -913,6 +939,7 @@ int main(int argc, char** argv) {
   }
   const bool shm_used = !clients.empty() && clients[0] && clients[0]->session().shared_memory;
   clients.clear();
+  put_clients.clear();
 
   nlohmann::json j = {
       {"model", model}, {"chunk_bytes", chunk_bytes},        {"tokens", tokens},
@@ -925,6 +952,8 @@ int main(int argc, char** argv) {
   j["inline_put_bytes"] = inline_limit;
   j["inline_puts"] = chunk_bytes <= inline_limit;
   j["lookup_chain"] = lookup_chain;
+  j["cluster"] = cluster;
+  if (!put_addr.empty()) j["put_addr"] = put_addr;
   j["reply_spin_us"] = base.reply_spin_us;
   if (lookups > 0) j["lookups"] = lookups;
   if (pingpong_floor > 0) j["pingpong_floor"] = pingpong_floor;

@@ -30,7 +30,8 @@ Status ReceiveOutcome(const transport::TransferStatus& st, const ReceiveFacts& p
         ") did not arrive within limits.transfer_timeout_ms=" + std::to_string(put.timeout_ms));
   }
   if (st.state == transport::TransferState::kError) {
-    return st.status.WithContext("receive of " + name + (put.nccl ? " over the NCCL link" : ""));
+    return st.status.WithContext("receive of " + name +
+                                 (put.link == BulkLink::kNccl ? " over the NCCL link" : ""));
   }
   if (st.bytes != put.bytes) {
     return Status::DataLoss(name + ": received " + std::to_string(st.bytes) + " bytes, expected " +

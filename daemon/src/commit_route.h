@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "bulk_link.h"
 #include "kvd/common/status.h"
 #include "kvd/storage/host_tier.h"
 #include "kvd/transport/types.h"
@@ -52,7 +53,7 @@ struct ReceiveFacts {
   uint64_t reservation = 0;
   uint64_t bytes = 0;  // expected
   uint64_t tag = 0;
-  bool nccl = false;       // over the NCCL link
+  BulkLink link = BulkLink::kTransport;
   int64_t timeout_ms = 0;  // limits.transfer_timeout_ms
 };
 

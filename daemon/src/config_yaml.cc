@@ -338,9 +338,30 @@ Status BindQuotas(const YAML::Node& n, QuotaOptions* q) {
   return Status::Ok();
 }
 
-// `cluster: {etcd: [host:port, ...], name, node, lease_ttl_s, token}`; etcd may be one string.
-Status BindCluster(const YAML::Node& n, cluster::MembershipOptions* o) {
-  KVD_RETURN_IF_ERROR(CheckMap(n, "cluster", {"etcd", "name", "node", "lease_ttl_s", "token"}));
+// `cluster.token_file`: the token is the file's content less one trailing newline (a mounted
+// Kubernetes Secret), read once at load.
+Status ReadClusterTokenFile(const std::string& path, std::string* token) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return Status::InvalidArgument("cluster.token_file: cannot read \"" + path + "\"");
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  *token = text.str();
+  if (!token->empty() && token->back() == '\n') token->pop_back();
+  if (!token->empty() && token->back() == '\r') token->pop_back();
+  if (token->empty()) {
+    return Status::InvalidArgument("cluster.token_file: \"" + path + "\" is empty");
+  }
+  return Status::Ok();
+}
+
+// `cluster: {etcd: [host:port, ...], name, node, lease_ttl_s, token | token_file, peer_fetch,
+// peer_timeout_ms}`; etcd may be one string.
+Status BindCluster(const YAML::Node& n, cluster::MembershipOptions* o, PeerFetchOptions* peer) {
+  KVD_RETURN_IF_ERROR(CheckMap(n, "cluster",
+                               {"etcd", "name", "node", "lease_ttl_s", "token", "token_file",
+                                "peer_fetch", "peer_timeout_ms"}));
   const YAML::Node etcd = n["etcd"];
   if (!etcd.IsDefined() || etcd.IsNull()) {
     // left empty: MembershipOptions::Validate names it
@@ -361,6 +382,26 @@ Status BindCluster(const YAML::Node& n, cluster::MembershipOptions* o) {
   KVD_RETURN_IF_ERROR(GetString(n, "cluster", "node", &o->node));
   KVD_RETURN_IF_ERROR(GetInt(n, "cluster", "lease_ttl_s", &o->lease_ttl_s, 2, 3600));
   KVD_RETURN_IF_ERROR(GetString(n, "cluster", "token", &o->token));
+  std::string token_file;
+  KVD_RETURN_IF_ERROR(GetString(n, "cluster", "token_file", &token_file));
+  if (!token_file.empty()) {
+    if (!o->token.empty()) {
+      return Status::InvalidArgument("cluster.token_file: give either token or token_file");
+    }
+    KVD_RETURN_IF_ERROR(ReadClusterTokenFile(token_file, &o->token));
+  }
+  std::string policy = "store";
+  KVD_RETURN_IF_ERROR(GetString(n, "cluster", "peer_fetch", &policy));
+  if (policy == "store") {
+    peer->policy = PeerFetchOptions::Policy::kStore;
+  } else if (policy == "off") {
+    peer->policy = PeerFetchOptions::Policy::kOff;
+  } else {
+    return Status::InvalidArgument("cluster.peer_fetch: \"" + policy +
+                                   "\" is not a policy (store, off)");
+  }
+  KVD_RETURN_IF_ERROR(
+      GetInt(n, "cluster", "peer_timeout_ms", &peer->timeout_ms, 10, 60000));
   return Status::Ok();
 }
 
@@ -492,7 +533,7 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   }
   if (YAML::Node n = root["cluster"]; n.IsDefined() && !n.IsNull()) {
     cluster::MembershipOptions cluster;
-    KVD_RETURN_IF_ERROR(BindCluster(n, &cluster));
+    KVD_RETURN_IF_ERROR(BindCluster(n, &cluster, &c->peer_fetch));
     c->cluster = std::move(cluster);
   }
   if (YAML::Node n = root["kv_events"]; n.IsDefined() && !n.IsNull()) {

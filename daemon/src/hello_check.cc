@@ -93,6 +93,7 @@ HelloFields ReadHello(proto::Hello::Reader hello) {
   f.read_only = hello.getReadOnly();
   f.keep_idle = hello.getKeepIdle();
   f.auth_token = hello.getAuthToken();
+  f.cluster_token = hello.getClusterToken();
   if (f.role == proto::Role::ENGINE) f.layout = proto::FromProto(hello.getLayout());
   return f;
 }
@@ -122,10 +123,29 @@ StatusOr<Grant> CheckHello(const HelloTerms& terms, const HelloFields& hello,
   grant.name_space = hello.name_space.empty() ? "default" : hello.name_space;
   grant.read_only = hello.read_only;
   grant.keep_idle = hello.keep_idle;
-  KVD_RETURN_IF_ERROR(Authenticate(*terms.auth, peer.info, role == proto::Role::ENGINE,
-                                   grant.name_space, hello.auth_token));
+  if (!hello.cluster_token.empty()) {
+    KVD_RETURN_IF_ERROR(AuthenticatePeer(*terms.config, hello.cluster_token));
+    grant.read_only = true;
+  } else {
+    KVD_RETURN_IF_ERROR(Authenticate(*terms.auth, peer.info, role == proto::Role::ENGINE,
+                                     grant.name_space, hello.auth_token));
+  }
   if (role == proto::Role::ENGINE) KVD_RETURN_IF_ERROR(CheckEngine(terms, hello, peer, &grant));
   return grant;
+}
+
+Status AuthenticatePeer(const DaemonConfig& config, const std::string& cluster_token) {
+  if (!config.cluster) {
+    return Status::PermissionDenied(
+        "cluster token given, but this kvd is in no cluster (no cluster section): no peer "
+        "sessions");
+  }
+  if (config.cluster->token.empty() || !TokenEquals(config.cluster->token, cluster_token)) {
+    return Status::PermissionDenied("cluster token mismatch: the peer's cluster.token is not "
+                                    "this node's (cluster " +
+                                    config.cluster->name + ")");
+  }
+  return Status::Ok();
 }
 
 Status Authenticate(const AuthTokens& auth, const PeerInfo& peer, bool engine,

@@ -32,6 +32,7 @@ struct HelloFields {
   bool read_only = false;
   bool keep_idle = false;
   std::string auth_token;
+  std::string cluster_token;  // a peer kvd of this cluster (Hello.clusterToken); "" = none
   StatusOr<ModelLayout> layout = Status::InvalidArgument("no layout");  // engine role only
 };
 
@@ -72,7 +73,8 @@ struct Grant {
 // The Grant of `hello`, or why it is refused: FAILED_PRECONDITION (protocol version, layout,
 // hash seed, chunk size or codec mismatch; no bulk transport without shared memory),
 // INVALID_ARGUMENT (unknown role, text not UTF-8, no worker address, a bad layout),
-// PERMISSION_DENIED (Authenticate), NOT_FOUND (unknown model).
+// PERMISSION_DENIED (Authenticate, or a cluster token this daemon does not share: see
+// AuthenticatePeer), NOT_FOUND (unknown model).
 StatusOr<Grant> CheckHello(const HelloTerms& terms, const HelloFields& hello,
                            const HelloPeer& peer);
 
@@ -80,5 +82,10 @@ StatusOr<Grant> CheckHello(const HelloTerms& terms, const HelloFields& hello,
 // (see AuthOptions): PERMISSION_DENIED with the reason.
 Status Authenticate(const AuthTokens& auth, const PeerInfo& peer, bool engine,
                     const std::string& name_space, const std::string& token);
+
+// A Hello with a cluster token (a peer kvd fetching chunks): OK when this daemon is in a cluster
+// whose cluster.token equals it; PERMISSION_DENIED naming why otherwise. A peer's session needs
+// no namespace token and is read-only.
+Status AuthenticatePeer(const DaemonConfig& config, const std::string& cluster_token);
 
 }  // namespace kvd::daemon

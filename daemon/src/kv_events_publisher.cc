@@ -5,6 +5,7 @@
 #include <zmq.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <msgpack.hpp>
@@ -91,14 +92,20 @@ void SendMultipart(void* socket, std::initializer_list<std::string_view> frames)
 
 }  // namespace
 
-std::string EncodeKvEventBatch(double ts, const std::vector<QueuedEvent>& events) {
-  uint32_t n = 0;
+std::string EncodeKvEventBatch(double ts, bool cleared_first,
+                               const std::vector<QueuedEvent>& events) {
+  uint32_t n = cleared_first ? 1 : 0;
   for (const QueuedEvent& q : events) n += q.dropped == 0 ? 1 : 0;
   msgpack::sbuffer buf;
   Packer pk(&buf);
   pk.pack_array(3);
   pk.pack_double(ts);
   pk.pack_array(n);
+  if (cleared_first) {
+    pk.pack_map(1);
+    PackStr(pk, "type");
+    PackStr(pk, "AllBlocksCleared");
+  }
   for (const QueuedEvent& q : events) {
     if (q.dropped != 0) continue;
     if (q.event.kind == storage::ChunkEventKind::kStored) {
@@ -111,12 +118,14 @@ std::string EncodeKvEventBatch(double ts, const std::vector<QueuedEvent>& events
   return std::string(buf.data(), buf.size());
 }
 
-KvEventsPublisher::KvEventsPublisher(KvEventsOptions options, EventHub* hub)
-    : options_(std::move(options)), hub_(hub) {}
+KvEventsPublisher::KvEventsPublisher(KvEventsOptions options, EventHub* hub,
+                                     ListCopiesFn list_copies)
+    : options_(std::move(options)), hub_(hub), list_copies_(std::move(list_copies)) {}
 
 StatusOr<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(
-    const KvEventsOptions& options, EventHub* hub) {
-  std::unique_ptr<KvEventsPublisher> p(new KvEventsPublisher(options, hub));
+    const KvEventsOptions& options, EventHub* hub, ListCopiesFn list_copies) {
+  std::unique_ptr<KvEventsPublisher> p(
+      new KvEventsPublisher(options, hub, std::move(list_copies)));
   KVD_RETURN_IF_ERROR(p->Bind());
   // The admin tenant (""), every namespace, the largest queue the hub grants. The hub wakes the
   // thread through the eventfd when the queue turns non-empty.
@@ -178,6 +187,9 @@ void KvEventsPublisher::Stop() {
 }
 
 void KvEventsPublisher::Run() {
+  // Subscribed before this listing: a change made meanwhile is in the listing, in the queue, or
+  // both, and either order ends with the router's index equal to the tiers.
+  Resync();
   std::vector<QueuedEvent> batch;
   bool more = false;  // the last Take filled a batch: do not wait before the next
   while (!stop_.load()) {
@@ -193,25 +205,52 @@ void KvEventsPublisher::Run() {
     batch.clear();
     hub_->Take(*sub_, static_cast<size_t>(options_.max_batch_events), &batch);
     more = batch.size() == static_cast<size_t>(options_.max_batch_events);
+    // Events were lost at each marker: what came before the last one is superseded by a
+    // resync listed now; what came after it follows.
     uint64_t lost = 0;
-    size_t events = 0;
-    for (const QueuedEvent& q : batch) {
-      lost += q.dropped;
-      events += q.dropped == 0 ? 1 : 0;
+    size_t after_last_marker = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (batch[i].dropped == 0) continue;
+      lost += batch[i].dropped;
+      after_last_marker = i + 1;
     }
     if (lost > 0) {
       dropped_.fetch_add(lost);
-      KVD_LOG(WARNING) << "kv_events: the event queue overflowed; routers miss events"
+      KVD_LOG(WARNING) << "kv_events: the event queue overflowed; resyncing routers"
                        << Kv("lost", lost);
+      batch.erase(batch.begin(), batch.begin() + static_cast<ptrdiff_t>(after_last_marker));
+      Resync();
     }
-    if (events > 0) Publish(batch);
+    if (!batch.empty()) Publish(false, batch);
   }
 }
 
-void KvEventsPublisher::Publish(const std::vector<QueuedEvent>& events) {
+void KvEventsPublisher::Resync() {
+  const std::vector<storage::ChunkMeta> copies = list_copies_();
+  const size_t per_batch = static_cast<size_t>(options_.max_batch_events);
+  std::vector<QueuedEvent> events;
+  events.reserve(std::min(copies.size(), per_batch));
+  bool first = true;
+  for (size_t i = 0; i <= copies.size(); ++i) {
+    // The first batch carries AllBlocksCleared and one copy fewer.
+    if (i == copies.size() || events.size() + (first ? 1 : 0) == per_batch) {
+      if (first || !events.empty()) Publish(first, events);
+      first = false;
+      events.clear();
+      if (i == copies.size()) break;
+    }
+    QueuedEvent q;
+    q.event = storage::MakeChunkEvent(storage::ChunkEventKind::kStored, storage::RemoveReason::kNone,
+                                      copies[i].tier, copies[i]);
+    events.push_back(std::move(q));
+  }
+  resyncs_.fetch_add(1);
+}
+
+void KvEventsPublisher::Publish(bool cleared_first, const std::vector<QueuedEvent>& events) {
   const double ts =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  std::string payload = EncodeKvEventBatch(ts, events);
+  std::string payload = EncodeKvEventBatch(ts, cleared_first, events);
   const uint64_t seq = next_sequence_.load();
   const std::string seq_bytes = BigEndian(seq);
   SendMultipart(pub_, {options_.topic, seq_bytes, payload});

@@ -6,7 +6,7 @@
 namespace kvd::daemon {
 
 void PutLedger::File(uint64_t id, PendingPut put) {
-  if (put.recv.valid()) deps_.expect_transfers(put.nccl, 1);  // keep polling the transport
+  if (put.recv.valid()) deps_.expect_transfers(put.link, 1);  // keep polling the transport
   puts_[id] = std::move(put);
   deps_.book->RegisterReservation(id, deps_.owner);
 }
@@ -50,7 +50,7 @@ void PutLedger::EndPut(uint64_t id, const PutOutcome& outcome) {
   auto it = puts_.find(id);
   if (it == puts_.end()) return;
   if (outcome.transfer_ended) deps_.free_staging(it->second.staging);
-  if (it->second.recv.valid()) deps_.expect_transfers(it->second.nccl, -1);
+  if (it->second.recv.valid()) deps_.expect_transfers(it->second.link, -1);
   puts_.erase(it);
   // The tier still holds the space of a put that neither committed nor failed in the tier, but
   // for the session's end (ReclaimOwner returns it) and a transfer that may still write there.

@@ -17,6 +17,7 @@
 #include <optional>
 #include <vector>
 
+#include "bulk_link.h"
 #include "kvd/common/status.h"
 #include "kvd/storage/host_tier.h"
 #include "kvd/transport/types.h"
@@ -53,9 +54,9 @@ struct PendingPut {
   uint32_t tokens = 0;
   uint64_t first_position = 0;
   uint32_t window = 0;
-  // Over the NCCL link (Reserve.overNccl): `recv` is the link's, into `staging` (device memory
-  // of the link, freed once the receive ended), copied into `data` before the commit.
-  bool nccl = false;
+  // The link `recv` is on. kNccl (Reserve.overNccl): into `staging` (device memory of the link,
+  // freed once the receive ended), copied into `data` before the commit.
+  BulkLink link = BulkLink::kTransport;
   void* staging = nullptr;
   // Reserved ahead by a Commit's reserveNext (HelloReply.reserveAhead): no chunk yet; `key`
   // holds the session's namespace/model/codec with no hash, `tokens` 0, until the Commit that
@@ -90,9 +91,8 @@ class PutLedger {
     ReservationBook* book = nullptr;
     storage::HostTier* host = nullptr;
     int64_t reservation_ttl_ms = 0;  // limits.reservation_ttl_ms, for the expiry reason
-    // `delta` transfers more (or fewer) are due on the daemon's transport (nccl false) or the
-    // NCCL link (ProgressLoop::ExpectTransfers).
-    std::function<void(bool nccl, int64_t delta)> expect_transfers;
+    // `delta` transfers more (or fewer) are due on `link` (ProgressLoop::ExpectTransfers).
+    std::function<void(BulkLink link, int64_t delta)> expect_transfers;
     // Gives a staging buffer back to the NCCL link (nullptr: nothing).
     std::function<void(void* staging)> free_staging;
   };

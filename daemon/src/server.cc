@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cluster_member.h"
+#include "peer_fetch.h"
 #include "kvd/common/log_limiter.h"
 #include "kvd/common/logging.h"
 #include "listen_address.h"
@@ -331,11 +332,15 @@ Status Server::Impl::Start() {
   expiry_timer_.emplace(io_);
   asio::co_spawn(io_, ExpiryLoop(), asio::detached);
   if (config_.kv_events) {
-    KVD_ASSIGN_OR_RETURN(kv_events_, KvEventsPublisher::Start(*config_.kv_events, &events_));
+    KVD_ASSIGN_OR_RETURN(kv_events_, KvEventsPublisher::Start(
+                                         *config_.kv_events, &events_, [m = manager_.get()] {
+                                           return m->ListCopies(storage::ChunkFilter::All());
+                                         }));
   }
   if (config_.cluster) {
     KVD_ASSIGN_OR_RETURN(membership_, StartClusterMembership(config_, tcp_address_, local_address_,
                                                              manager_.get()));
+    peer_fetcher_ = std::make_unique<PeerFetcher>(config_, membership_.get(), manager_.get());
   }
   if (deps_.handle_signals) {
     signals_.emplace(io_, SIGINT, SIGTERM);

@@ -27,6 +27,7 @@
 #include "metrics.h"
 #include "metrics_http.h"
 #include "nccl_link.h"
+#include "peer_fetch.h"
 #include "progress_loop.h"
 #include "put_ledger.h"
 #include "session_services.h"
@@ -109,6 +110,7 @@ class Server::Impl : public ReservationBook, public PutServices {
   NcclLink& nccl() override { return *nccl_; }
   Clock* clock() override { return clock_; }
   DaemonCounters& counters() override { return counters_; }
+  PeerFetcher* peer_fetcher() override { return peer_fetcher_.get(); }
   // Chunk events of every tier, fanned out to subscribed sessions.
   EventHub& events() { return events_; }
   // Request latencies and the Prometheus rendering (metrics.h).
@@ -181,6 +183,8 @@ class Server::Impl : public ReservationBook, public PutServices {
   // config.cluster: this node's registration in etcd (thread-safe; started by Start, stopped by
   // Run after the io_context ends). nullptr for a single node.
   std::unique_ptr<cluster::Membership> membership_;
+  // config.cluster: cluster-scope lookups and peer fetch over membership_ (made by Start).
+  std::unique_ptr<PeerFetcher> peer_fetcher_;
   // config.kv_events: the tiers' events published in vLLM's KVEvents format (started by Start,
   // stopped by Run after the loop).
   std::unique_ptr<KvEventsPublisher> kv_events_;

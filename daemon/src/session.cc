@@ -31,7 +31,7 @@ Session::Session(Server::Impl* server, uint64_t id, Socket socket, std::string p
              .host = server->host_tier(),
              .reservation_ttl_ms = server->config().limits.reservation_ttl_ms,
              .expect_transfers =
-                 [this](bool nccl, int64_t delta) { BulkProgress(nccl).ExpectTransfers(delta); },
+                 [this](BulkLink link, int64_t delta) { BulkProgress(link).ExpectTransfers(delta); },
              .free_staging = [this](void* staging) { FreeStaging(staging); }}),
       writer_(server->io(), socket_, id, &server->counters().frames_out,
               [this] {
@@ -166,28 +166,28 @@ void Session::SpawnHandler(asio::awaitable<void> body) {
       asio::detached);
 }
 
-transport::Transport* Session::Bulk(bool nccl) {
-  return nccl ? server_->nccl().transport() : server_->transport();
+transport::Transport* Session::Bulk(BulkLink link) {
+  return link == BulkLink::kNccl ? server_->nccl().transport() : server_->transport();
 }
 
-ProgressLoop& Session::BulkProgress(bool nccl) {
-  return nccl ? server_->nccl().progress() : server_->progress();
+ProgressLoop& Session::BulkProgress(BulkLink link) {
+  return link == BulkLink::kNccl ? server_->nccl().progress() : server_->progress();
 }
 
 asio::awaitable<TransferStatus> Session::AwaitTransfer(TransferHandle h, int64_t timeout_ms,
-                                                       bool nccl) {
+                                                       BulkLink link) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  ProgressLoop* progress = &BulkProgress(nccl);
+  ProgressLoop* progress = &BulkProgress(link);
   co_return co_await AwaitCallback<TransferStatus>(
       server_->io(), [progress, h, deadline](std::function<void(TransferStatus)> complete) {
         progress->Watch(h, deadline, [complete](const TransferStatus& st) { complete(st); });
       });
 }
 
-asio::awaitable<bool> Session::CancelAndRelease(TransferHandle h, bool nccl) {
-  transport::Transport* t = Bulk(nccl);
+asio::awaitable<bool> Session::CancelAndRelease(TransferHandle h, BulkLink link) {
+  transport::Transport* t = Bulk(link);
   t->Cancel(h).IgnoreError();  // OK if it already finished
-  TransferStatus st = co_await AwaitTransfer(h, server_->config().transport.close_timeout_ms, nccl);
+  TransferStatus st = co_await AwaitTransfer(h, server_->config().transport.close_timeout_ms, link);
   if (st.state == TransferState::kInProgress) {
     KVD_LOG(ERROR) << "transfer did not end after cancel; its buffer stays reserved"
                    << Kv("session", id_) << Kv("transfer", h.id);
@@ -365,21 +365,24 @@ asio::awaitable<void> Session::WriteLoop() {
 
 void Session::CancelTransfers() {
   for (const auto& [id, put] : puts_.puts()) {
-    if (put.recv.valid()) Bulk(put.nccl)->Cancel(put.recv).IgnoreError();
+    if (put.recv.valid()) Bulk(put.link)->Cancel(put.recv).IgnoreError();
   }
-  for (uint64_t send : active_sends_) Bulk(false)->Cancel(TransferHandle{send}).IgnoreError();
-  for (uint64_t send : active_nccl_sends_) Bulk(true)->Cancel(TransferHandle{send}).IgnoreError();
+  for (BulkLink link : {BulkLink::kTransport, BulkLink::kNccl}) {
+    for (uint64_t send : Link(link).active_sends) {
+      Bulk(link)->Cancel(TransferHandle{send}).IgnoreError();
+    }
+  }
 }
 
-asio::awaitable<void> Session::DisconnectPeer(bool nccl) {
-  transport::PeerHandle* held = nccl ? &nccl_peer_ : &transport_peer_;
+asio::awaitable<void> Session::DisconnectPeer(BulkLink link) {
+  transport::PeerHandle* held = &Link(link).peer;
   if (!held->valid()) co_return;
-  transport::Transport* t = Bulk(nccl);
+  transport::Transport* t = Bulk(link);
   const transport::PeerHandle peer = *held;
   Status s = co_await OffloadTo<Status>(server_->pool(), server_->io(),
                                         [t, peer] { return t->Disconnect(peer); });
   if (!s.ok() && s.code() != StatusCode::kNotFound) {
-    KVD_LOG(WARNING) << (nccl ? "NCCL link disconnect failed" : "transport disconnect failed")
+    KVD_LOG(WARNING) << BulkLinkName(link) << " disconnect failed"
                      << Kv("session", id_) << Kv("status", s);
   }
   *held = {};
@@ -393,7 +396,7 @@ asio::awaitable<uint64_t> Session::EndOpenPuts() {
     const uint64_t reservation = puts_.puts().begin()->first;
     const PendingPut put = puts_.puts().begin()->second;
     bool ended = true;
-    if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
+    if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.link);
     if (!ended) ++leaked;
     puts_.EndPut(reservation, {.end = PutEnd::kReclaimed, .transfer_ended = ended});
   }
@@ -423,8 +426,8 @@ asio::awaitable<void> Session::Teardown() {
   while (!writer_.done()) co_await idle_event_.Wait();
   // 3. Close the transport endpoint off the io_context thread: it ends every transfer posted
   //    with this peer, so the receives of uncommitted puts are finished afterwards.
-  co_await DisconnectPeer(/*nccl=*/false);
-  co_await DisconnectPeer(/*nccl=*/true);
+  co_await DisconnectPeer(BulkLink::kTransport);
+  co_await DisconnectPeer(BulkLink::kNccl);
   const size_t open_puts = puts_.size();
   const uint64_t leaked = co_await EndOpenPuts();
   shm_reads_.clear();  // ReclaimOwner below ends them
@@ -445,11 +448,12 @@ asio::awaitable<void> Session::Teardown() {
 }
 
 StatusOr<transport::PeerHandle> Session::TransportPeer() {
-  if (transport_peer_.valid()) return transport_peer_;
+  LinkState& held = Link(BulkLink::kTransport);
+  if (held.peer.valid()) return held.peer;
   auto peer = server_->transport()->Connect(client_transport_address_);
   if (!peer.ok()) return peer.status().WithContext("cannot reach the client's transport address");
-  transport_peer_ = *peer;
-  return transport_peer_;
+  held.peer = *peer;
+  return held.peer;
 }
 
 }  // namespace kvd::daemon

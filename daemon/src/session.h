@@ -15,6 +15,7 @@
 // Threading: every method runs on the io_context thread.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -24,10 +25,12 @@
 #include <vector>
 
 #include "asio_util.h"
+#include "bulk_link.h"
 #include "event_hub.h"
 #include "get_request.h"
 #include "hello_check.h"
 #include "idle_watch.h"
+#include "peer_fetch.h"
 #include "put_ledger.h"
 #include "read_buffer.h"
 #include "reply_writer.h"
@@ -105,11 +108,10 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::awaitable<void> WriteLoop();
   asio::awaitable<void> Teardown();
   // Teardown's steps: cancels every transfer of this connection (puts' receives, Gets' sends);
-  // closes the client's transport endpoint (nccl false) or NCCL link peer (true) off the
-  // io_context thread, if it has one; ends every open put in the ledger (kReclaimed), waiting
+  // closes the session's peer on `link` off the io_context thread, if it has one; ends every open put in the ledger (kReclaimed), waiting
   // for its receive to end, and returns how many did not (their space must not be reused).
   void CancelTransfers();
-  asio::awaitable<void> DisconnectPeer(bool nccl);
+  asio::awaitable<void> DisconnectPeer(BulkLink link);
   asio::awaitable<uint64_t> EndOpenPuts();
   void HandleFrame(std::unique_ptr<proto::DecodedMessage> message);
   // Observes the latency of request `seq` if it is timed (Lookup, Commit, InlinePut, Get).
@@ -123,16 +125,15 @@ class Session : public std::enable_shared_from_this<Session> {
   void CloseAfter(uint64_t seq);
   // Runs `body` as a handler coroutine (counted, so teardown waits for it).
   void SpawnHandler(asio::awaitable<void> body);
-  // Waits for a transfer (on the progress thread) up to `timeout_ms`. `nccl`: a transfer of the
-  // NCCL link (its transport and progress thread) rather than of the daemon's transport.
+  // Waits for a transfer of `link` (on its progress thread) up to `timeout_ms`.
   asio::awaitable<transport::TransferStatus> AwaitTransfer(transport::TransferHandle h,
-                                                           int64_t timeout_ms, bool nccl = false);
+                                                           int64_t timeout_ms, BulkLink link);
   // Cancels a transfer and waits until the transport confirms it ended (up to the transport's
   // close timeout); releases the handle if it did. Returns false if it is still in flight.
-  asio::awaitable<bool> CancelAndRelease(transport::TransferHandle h, bool nccl = false);
-  // The transport and progress loop of the daemon (false) or of the NCCL link (true).
-  transport::Transport* Bulk(bool nccl);
-  ProgressLoop& BulkProgress(bool nccl);
+  asio::awaitable<bool> CancelAndRelease(transport::TransferHandle h, BulkLink link);
+  // The daemon's transport and progress loop of `link`.
+  transport::Transport* Bulk(BulkLink link);
+  ProgressLoop& BulkProgress(BulkLink link);
 
   // A shared-memory slot (PrepareShm): segment, offset in it, generation, and the segment's memfd
   // when the client has not got this generation yet (fd -1 otherwise).
@@ -158,11 +159,17 @@ class Session : public std::enable_shared_from_this<Session> {
   // Applies a Hello's grant to this session and answers with HelloReply.
   void AnswerHello(uint64_t seq, uint64_t rid, Grant grant);
   void HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader lookup);
+  // `peers`: a cluster-scope lookup's answers of the other members (null: local scope).
   void CompleteLookup(uint64_t seq, uint64_t rid, const StatusOr<storage::LookupResult>& result,
-                      int64_t ttl);
+                      int64_t ttl, const PeerLookupOutcome* peers = nullptr);
   asio::awaitable<void> FinishLookup(uint64_t seq, uint64_t rid,
                                      std::shared_ptr<const storage::LookupRequest> request,
                                      int64_t ttl);
+  // A cluster-scope lookup (peer_fetch.h) on the worker pool: the local lookup, the peers' answers
+  // and fetch, then the local lookup again when chunks were fetched.
+  asio::awaitable<void> FinishClusterLookup(uint64_t seq, uint64_t rid,
+                                            std::shared_ptr<const storage::LookupRequest> request,
+                                            int64_t ttl);
   // The checks of a put (Reserve, InlinePut; `op` names it in errors): engine role, tokens, window
   // and the policy's needs, bytes == layout.ChunkBytes(tokens) + window queries, max_chunk_bytes;
   // then the ingest admission (compressing model) and the host-tier reservation (capacity,
@@ -192,11 +199,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void AbortHeldSlot(uint64_t reservation);
   void HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader reserve);
   // Posts the receive of a reserved put's bytes (`put->bytes`, tagged `tag`): over the NCCL link
-  // into device staging (put->nccl, put->staging set), else over the transport straight into
+  // into device staging (put->link, put->staging set), else over the transport straight into
   // `reservation` (with the landed bytes' checksum). The caller aborts the reservation on an
   // error (UNAVAILABLE and others, with context).
   StatusOr<transport::TransferHandle> PostPutReceive(const storage::Reservation& reservation,
-                                                     uint64_t tag, bool over_nccl,
+                                                     uint64_t tag, BulkLink link,
                                                      PendingPut* put);
   // One-exchange put of a small chunk: ReservePut, copy the frame's bytes into the reservation,
   // then the Commit path (FinishCommit) with the given checksum; answered with CommitReply.
@@ -209,7 +216,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // The read a Get asks for, pinned: role, NCCL link, lease, CheckGetOf (get_request.h), and for
   // bytes leaving host memory the tier manager's check that they are still the committed ones
   // (DATA_LOSS, the chunk dropped). On an error nothing stays pinned.
-  StatusOr<storage::ReadView> OpenGet(const GetAsk& ask, bool over_nccl);
+  StatusOr<storage::ReadView> OpenGet(const GetAsk& ask, BulkLink link);
   // Answers with the slot of `view` in the arena; the read stays pinned until ReleaseRead.
   void ServeShmGet(uint64_t seq, uint64_t rid, const storage::ReadView& view);
   // Posts the send of `view` with the client's `tag` and waits for it in FinishGet.
@@ -246,7 +253,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint32_t ServedCodecId() const;
   asio::awaitable<void> FinishAbort(uint64_t seq, uint64_t rid, uint64_t reservation);
   asio::awaitable<void> FinishGet(uint64_t seq, uint64_t rid, storage::ReadView view,
-                                  transport::TransferHandle send, bool nccl = false,
+                                  transport::TransferHandle send, BulkLink link,
                                   void* staging = nullptr);
   asio::awaitable<void> ExpirePut(uint64_t reservation);
   // Shared-memory sessions: where region offset `offset` lies (segment, offset in it,
@@ -311,13 +318,17 @@ class Session : public std::enable_shared_from_this<Session> {
   const ModelConfig* model_ = nullptr;
   uint64_t layout_digest_ = 0;
   ChunkCodec* codec_ = nullptr;  // the model's codec when it has a compression policy
-  // The client's transport endpoint: Connected to client_transport_address_ on the session's
-  // first transport transfer (TransportPeer), so a shared-memory session never has one.
-  // Disconnected for good when the session ends.
-  transport::PeerHandle transport_peer_;
+  // Per link: the session's peer and the sends of its Gets in flight (cancelled at teardown).
+  // The transport's peer is Connected to client_transport_address_ on the session's first
+  // transport transfer (TransportPeer), so a shared-memory session never has one; the NCCL
+  // link's comes from NcclConnect. Disconnected for good when the session ends.
+  struct LinkState {
+    transport::PeerHandle peer;
+    std::set<uint64_t> active_sends;
+  };
+  std::array<LinkState, kBulkLinks> links_;
+  LinkState& Link(BulkLink link) { return links_[static_cast<size_t>(link)]; }
   std::string client_transport_address_;  // Hello.workerAddress
-  // This session's peer on the NCCL link (NcclConnect); invalid when it has none.
-  transport::PeerHandle nccl_peer_;
   // Shared-memory path (Hello asked for it on a unix socket and the daemon has a ShmArena).
   bool shm_ = false;
   // Hello.readOnly: puts are refused, and arena memfds go out as read-only descriptors.
@@ -327,9 +338,6 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Puts between Reserve and their end (put_ledger.h).
   PutLedger puts_;
-  // Sends of Gets in flight (cancelled at teardown).
-  std::set<uint64_t> active_sends_;
-  std::set<uint64_t> active_nccl_sends_;  // the same, over the NCCL link
   uint64_t next_tag_ = 1;
 
   // Request sequencing and the ordered replies.

@@ -204,20 +204,20 @@ asio::awaitable<void> Session::FinishCommit(uint64_t seq, uint64_t rid, uint64_t
        .tiers = put_services_->tier_manager(),
        .pool = &put_services_->pool(),
        .codec = codec,
-       .staging_memory = put.nccl ? put_services_->nccl().memory() : nullptr},
+       .staging_memory = put.link == BulkLink::kNccl ? put_services_->nccl().memory() : nullptr},
       &put, reservation, checksum,
       CommitCheckFor(put.written_in_place, put_services_->config().host_verify_shm_commits));
   const Landed landed = co_await AwaitLanded(
-      put_services_->io(), &BulkProgress(put.nccl), &runner, put.recv, put.bytes,
+      put_services_->io(), &BulkProgress(put.link), &runner, put.recv, put.bytes,
       std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms));
   const TransferStatus& st = landed.st;
-  Status status = ReceiveOutcome(st, {reservation, put.bytes, put.tag, put.nccl, timeout_ms});
+  Status status = ReceiveOutcome(st, {reservation, put.bytes, put.tag, put.link, timeout_ms});
   if (st.state == TransferState::kInProgress) ++put_services_->counters().transfer_timeouts;
   bool ended = true;
   if (st.state == TransferState::kInProgress) {
-    ended = co_await CancelAndRelease(put.recv, put.nccl);
+    ended = co_await CancelAndRelease(put.recv, put.link);
   } else if (put.recv.valid()) {
-    Bulk(put.nccl)->Release(put.recv).IgnoreError();
+    Bulk(put.link)->Release(put.recv).IgnoreError();
   }
   if (!status.ok()) {
     puts_.EndPut(reservation,

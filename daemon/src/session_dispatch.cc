@@ -230,6 +230,7 @@ void Session::AnswerHello(uint64_t seq, uint64_t rid, Grant grant) {
              reply.setLeaseReleasesOnRequests(config.protocol.lease_releases_on_requests);
              reply.setReserveAhead(ReservesAhead());
              reply.setInlinePut(config.protocol.inline_put);
+             reply.setClusterLookup(engine_ && server_->peer_fetcher() != nullptr);
              reply.setKeepsPositions(codec_ == nullptr || codec_->policy().KeepsPositions());
              if (codec_ != nullptr) {
                const CompressionPolicy& p = codec_->policy();

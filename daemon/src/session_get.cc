@@ -20,17 +20,17 @@ void Session::HandleGet(uint64_t seq, uint64_t rid, proto::Get::Reader get) {
                    .form = get.getForm(),
                    .buffer_bytes = get.getBufferBytes()};
   const uint64_t tag = get.getTag();
-  const bool over_nccl = get.getOverNccl();
-  auto view = OpenGet(ask, over_nccl);
+  const BulkLink link = get.getOverNccl() ? BulkLink::kNccl : BulkLink::kTransport;
+  auto view = OpenGet(ask, link);
   if (!view.ok()) return CompleteError(seq, rid, view.status());
-  if (over_nccl) return SpawnHandler(FinishNcclGet(seq, rid, *view, tag));
+  if (link == BulkLink::kNccl) return SpawnHandler(FinishNcclGet(seq, rid, *view, tag));
   if (shm_) return ServeShmGet(seq, rid, *view);
   SendGet(seq, rid, *view, tag);
 }
 
-StatusOr<storage::ReadView> Session::OpenGet(const GetAsk& ask, bool over_nccl) {
+StatusOr<storage::ReadView> Session::OpenGet(const GetAsk& ask, BulkLink link) {
   KVD_RETURN_IF_ERROR(RequireEngine("Get"));
-  if (over_nccl && !nccl_peer_.valid()) {
+  if (link == BulkLink::kNccl && !Link(BulkLink::kNccl).peer.valid()) {
     return Status::FailedPrecondition(
         "Get.overNccl: this session has no NCCL link; send NcclConnect first "
         "(or get over the transport)");
@@ -48,7 +48,7 @@ StatusOr<storage::ReadView> Session::OpenGet(const GetAsk& ask, bool over_nccl) 
   // Bytes about to leave host memory (transport or NCCL send) must still be the committed ones;
   // a changed chunk is dropped (on the shared-memory path the client verifies what it reads).
   if (!shm_ &&
-      !get_services_->tier_manager()->VerifyLeavingHost(view, over_nccl ? "nccl" : "transport")) {
+      !get_services_->tier_manager()->VerifyLeavingHost(view, link == BulkLink::kNccl ? "nccl" : "transport")) {
     return Status::DataLoss("get: checksum mismatch on " + ChunkName(ask) +
                             ": its bytes changed in kvd's memory after the commit; chunk dropped");
   }
@@ -86,8 +86,8 @@ void Session::SendGet(uint64_t seq, uint64_t rid, const storage::ReadView& view,
     get_services_->host_tier()->ReleaseRead(view.read_id).IgnoreError();
     return CompleteError(seq, rid, send.status().WithContext("cannot send the chunk"));
   }
-  active_sends_.insert(send->id);
-  SpawnHandler(FinishGet(seq, rid, view, *send));
+  Link(BulkLink::kTransport).active_sends.insert(send->id);
+  SpawnHandler(FinishGet(seq, rid, view, *send, BulkLink::kTransport));
 }
 
 void Session::CountGet(uint64_t bytes) {
@@ -96,10 +96,10 @@ void Session::CountGet(uint64_t bytes) {
 }
 
 asio::awaitable<void> Session::FinishGet(uint64_t seq, uint64_t rid, storage::ReadView view,
-                                         TransferHandle send, bool nccl, void* staging) {
+                                         TransferHandle send, BulkLink link, void* staging) {
   auto self = shared_from_this();
   const int64_t timeout_ms = get_services_->config().limits.transfer_timeout_ms;
-  TransferStatus st = co_await AwaitTransfer(send, timeout_ms, nccl);
+  TransferStatus st = co_await AwaitTransfer(send, timeout_ms, link);
   Status status;
   bool ended = true;
   if (st.state == TransferState::kInProgress) {
@@ -108,15 +108,15 @@ asio::awaitable<void> Session::FinishGet(uint64_t seq, uint64_t rid, storage::Re
         "the client did not take the chunk (" + std::to_string(view.meta.size_bytes) +
         " bytes) within limits.transfer_timeout_ms=" + std::to_string(timeout_ms) +
         "; did it post a receive with the Get's tag?");
-    ended = co_await CancelAndRelease(send, nccl);
+    ended = co_await CancelAndRelease(send, link);
   } else {
     if (st.state == TransferState::kError) {
-      status = st.status.WithContext(nccl ? "send of the chunk over the NCCL link"
-                                          : "send of the chunk");
+      status = st.status.WithContext(link == BulkLink::kNccl ? "send of the chunk over the NCCL link"
+                                                             : "send of the chunk");
     }
-    Bulk(nccl)->Release(send).IgnoreError();
+    Bulk(link)->Release(send).IgnoreError();
   }
-  (nccl ? active_nccl_sends_ : active_sends_).erase(send.id);
+  Link(link).active_sends.erase(send.id);
   if (ended) FreeStaging(staging);
   // The pin goes only once the transport no longer reads the chunk's bytes.
   if (ended) get_services_->host_tier()->ReleaseRead(view.read_id).IgnoreError();

@@ -48,6 +48,17 @@ void Session::HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader loo
   request.owner = id_;
   request.lease_ttl = std::chrono::milliseconds(ttl);
   storage::TierManager* tiers = get_services_->tier_manager();
+  if (lookup.getCluster()) {
+    if (get_services_->peer_fetcher() == nullptr) {
+      return CompleteError(seq, rid,
+                           Status::FailedPrecondition(
+                               "cluster-scope lookup: this kvd is in no cluster (no cluster "
+                               "section); HelloReply.clusterLookup says so"));
+    }
+    SpawnHandler(FinishClusterLookup(
+        seq, rid, std::make_shared<storage::LookupRequest>(std::move(request)), ttl));
+    return;
+  }
   if (tiers->disk() == nullptr) {
     // Host only: an in-memory index walk, answered inline.
     CompleteLookup(seq, rid, tiers->Lookup(request), ttl);
@@ -71,8 +82,66 @@ asio::awaitable<void> Session::FinishLookup(uint64_t seq, uint64_t rid,
   CompleteLookup(seq, rid, result, ttl);
 }
 
+namespace {
+
+using TierCounts = std::vector<std::pair<std::string, uint32_t>>;
+
+// (tier, chunks) of a lookup's found_in, fastest tier first, tiers with none left out.
+TierCounts FoundInCounts(const std::vector<storage::TierKind>& found_in) {
+  TierCounts counts;
+  for (storage::TierKind kind :
+       {storage::TierKind::kGpu, storage::TierKind::kHost, storage::TierKind::kDisk}) {
+    const auto n = std::count(found_in.begin(), found_in.end(), kind);
+    if (n > 0)
+      counts.push_back({std::string(storage::TierKindName(kind)), static_cast<uint32_t>(n)});
+  }
+  return counts;
+}
+
+void SetTierChunks(const TierCounts& counts, capnp::List<proto::TierChunks>::Builder out) {
+  for (size_t i = 0; i < counts.size(); ++i) {
+    out[i].setTier(counts[i].first);
+    out[i].setChunks(counts[i].second);
+  }
+}
+
+struct ClusterLookupDone {
+  StatusOr<storage::LookupResult> result;
+  PeerLookupOutcome peers;
+};
+
+}  // namespace
+
+asio::awaitable<void> Session::FinishClusterLookup(
+    uint64_t seq, uint64_t rid, std::shared_ptr<const storage::LookupRequest> request,
+    int64_t ttl) {
+  auto self = shared_from_this();
+  const storage::LookupRequest* req = request.get();
+  storage::TierManager* tiers = get_services_->tier_manager();
+  storage::HostTier* host = get_services_->host_tier();
+  PeerFetcher* fetcher = get_services_->peer_fetcher();
+  const ModelConfig* model = model_;
+  const std::string* name_space = &name_space_;
+  auto done = co_await OffloadTo<ClusterLookupDone>(
+      get_services_->pool(), get_services_->io(),
+      [tiers, host, fetcher, model, name_space, req]() -> ClusterLookupDone {
+        ClusterLookupDone d{tiers->Lookup(*req), {}};
+        if (!d.result.ok()) return d;
+        PeerLookupRequest ask{*name_space, model, req->codec_id, req->chunk_hashes,
+                              d.result->matched_chunks};
+        d.peers = fetcher->AskPeers(ask);
+        if (d.peers.fetched_chunks == 0) return d;
+        // The fetched chunks extend the prefix: one lease over the whole of it.
+        if (d.result->lease_id != 0) host->ReleaseLease(d.result->lease_id, req->owner).IgnoreError();
+        d.result = tiers->Lookup(*req);
+        return d;
+      });
+  CompleteLookup(seq, rid, done.result, ttl, &done.peers);
+}
+
 void Session::CompleteLookup(uint64_t seq, uint64_t rid,
-                             const StatusOr<storage::LookupResult>& result, int64_t ttl) {
+                             const StatusOr<storage::LookupResult>& result, int64_t ttl,
+                             const PeerLookupOutcome* peers) {
   if (!result.ok()) return CompleteError(seq, rid, result.status());
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initLookup();
@@ -80,6 +149,23 @@ void Session::CompleteLookup(uint64_t seq, uint64_t rid,
              reply.setMatchedTokens(result->matched_tokens);
              reply.setLeaseId(result->lease_id);
              reply.setLeaseTtlMs(result->lease_id == 0 ? 0 : static_cast<uint32_t>(ttl));
+             const auto found_in = FoundInCounts(result->found_in);
+             SetTierChunks(found_in, reply.initFoundIn(static_cast<unsigned>(found_in.size())));
+             if (peers == nullptr) return;
+             reply.setFetchedChunks(peers->fetched_chunks);
+             auto holders = reply.initHolders(static_cast<unsigned>(peers->peers.size() + 1));
+             holders[0].setNode(get_services_->config().ResolvedCluster()->node);
+             holders[0].setMatchedChunks(static_cast<uint32_t>(result->matched_chunks));
+             SetTierChunks(found_in,
+                           holders[0].initFoundIn(static_cast<unsigned>(found_in.size())));
+             for (size_t i = 0; i < peers->peers.size(); ++i) {
+               const PeerPrefix& p = peers->peers[i];
+               holders[i + 1].setNode(p.node);
+               holders[i + 1].setMatchedChunks(p.matched_chunks);
+               holders[i + 1].setError(p.error);
+               SetTierChunks(p.found_in,
+                             holders[i + 1].initFoundIn(static_cast<unsigned>(p.found_in.size())));
+             }
            }));
 }
 

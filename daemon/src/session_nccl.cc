@@ -14,7 +14,7 @@ void Session::HandleNcclConnect(uint64_t seq, uint64_t rid, proto::NcclConnect::
   auto bytes = connect.getAddress();
   const std::string address(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
   if (Status s = RequireEngine("NcclConnect"); !s.ok()) return CompleteError(seq, rid, s);
-  if (nccl_peer_.valid()) {
+  if (Link(BulkLink::kNccl).peer.valid()) {
     return CompleteError(
         seq, rid,
         Status::FailedPrecondition("NcclConnect: this session already has an NCCL link (one per "
@@ -49,7 +49,7 @@ void Session::HandleNcclConnect(uint64_t seq, uint64_t rid, proto::NcclConnect::
                          (bootstrap.ok() ? local.status() : bootstrap.status())
                              .WithContext("NcclConnect: the link's bootstrap bytes"));
   }
-  nccl_peer_ = *peer;
+  Link(BulkLink::kNccl).peer = *peer;
   ++server_->counters().nccl_links;
   KVD_LOG(INFO) << "NCCL link joined" << Kv("session", id_) << Kv("client", client_id_)
                 << Kv("library", t->capabilities().library) << Kv("device", link.device());
@@ -99,14 +99,14 @@ asio::awaitable<void> Session::FinishNcclGet(uint64_t seq, uint64_t rid, storage
     fail(copied.WithContext("copying the chunk into device staging"), dst);
     co_return;
   }
-  if (read_closed_ || closed_ || !nccl_peer_.valid()) {
+  if (read_closed_ || closed_ || !Link(BulkLink::kNccl).peer.valid()) {
     // The teardown already cancelled this session's sends: post nothing more.
     fail(Status::Cancelled("the session is closing"), dst);
     co_return;
   }
   transport::TransferRequest request;
   request.op = transport::TransferOp::kSend;
-  request.peer = nccl_peer_;
+  request.peer = Link(BulkLink::kNccl).peer;
   request.tag = tag;
   request.buffer = dst;
   request.length = bytes;
@@ -116,8 +116,8 @@ asio::awaitable<void> Session::FinishNcclGet(uint64_t seq, uint64_t rid, storage
     fail(send.status().WithContext("cannot send the chunk over the NCCL link"), dst);
     co_return;
   }
-  active_nccl_sends_.insert(send->id);
-  co_await FinishGet(seq, rid, view, *send, /*nccl=*/true, dst);
+  Link(BulkLink::kNccl).active_sends.insert(send->id);
+  co_await FinishGet(seq, rid, view, *send, BulkLink::kNccl, dst);
 }
 
 }  // namespace kvd::daemon

@@ -112,12 +112,12 @@ StatusOr<Session::ReservedPut> Session::ReservePut(const char* op, const PutShap
 
 void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader reserve) {
   const PutShape shape = ShapeOf(reserve);
-  const bool over_nccl = reserve.getOverNccl();
+  const BulkLink link = reserve.getOverNccl() ? BulkLink::kNccl : BulkLink::kTransport;
   const uint64_t abort_first = reserve.getAbortFirst();
   if (Status s = RequireEngine("Reserve"); !s.ok()) return CompleteError(seq, rid, s);
   // A held slot this put does not fit goes first: its space may be what this put needs.
   if (abort_first != 0 && ReservesAhead()) AbortHeldSlot(abort_first);
-  if (over_nccl && !nccl_peer_.valid()) {
+  if (link == BulkLink::kNccl && !Link(BulkLink::kNccl).peer.valid()) {
     return CompleteError(seq, rid,
                          Status::FailedPrecondition(
                              "Reserve.overNccl: this session has no NCCL link; send NcclConnect "
@@ -134,7 +134,7 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
   const int64_t ttl_ms = put_services_->config().limits.reservation_ttl_ms;
   const storage::Reservation* reservation = &reserved->reservation;
   PendingPut put = std::move(reserved->put);
-  if (shm_ && !over_nccl) {
+  if (shm_ && link == BulkLink::kTransport) {
     // The client writes the bytes into the slot itself; nothing to receive.
     auto ref = HoldShmSlot(reservation->id, reservation->offset, std::move(put));
     if (!ref.ok()) return CompleteError(seq, rid, ref.status());
@@ -151,7 +151,7 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
     return;
   }
   const uint64_t tag = (id_ << 40) | (next_tag_++ & ((uint64_t{1} << 40) - 1));
-  auto recv = PostPutReceive(*reservation, tag, over_nccl, &put);
+  auto recv = PostPutReceive(*reservation, tag, link, &put);
   if (!recv.ok()) {
     put_services_->host_tier()->Abort(reservation->id).IgnoreError();
     return CompleteError(seq, rid, recv.status());
@@ -169,26 +169,26 @@ void Session::HandleReserve(uint64_t seq, uint64_t rid, proto::Reserve::Reader r
 }
 
 StatusOr<TransferHandle> Session::PostPutReceive(const storage::Reservation& reservation,
-                                                 uint64_t tag, bool over_nccl, PendingPut* put) {
+                                                 uint64_t tag, BulkLink link, PendingPut* put) {
   const uint64_t bytes = put->bytes;
   StatusOr<TransferHandle> recv = Status::Internal("no receive");
-  if (over_nccl) {
+  if (link == BulkLink::kNccl) {
     // The bytes land in device memory of the link, copied into the reservation on Commit.
-    NcclLink& link = put_services_->nccl();
-    auto staging = link.AcquireStaging(bytes);
+    NcclLink& nccl = put_services_->nccl();
+    auto staging = nccl.AcquireStaging(bytes);
     if (!staging.ok()) {
       return staging.status().WithContext("cannot stage the put over the NCCL link");
     }
     transport::TransferRequest request;
     request.op = transport::TransferOp::kRecv;
-    request.peer = nccl_peer_;
+    request.peer = Link(BulkLink::kNccl).peer;
     request.tag = tag;
     request.buffer = *staging;
     request.length = bytes;
-    request.memory_type = link.memory_type();
-    recv = link.transport()->Post(request);
+    request.memory_type = nccl.memory_type();
+    recv = nccl.transport()->Post(request);
     if (!recv.ok()) FreeStaging(*staging);
-    put->nccl = true;
+    put->link = BulkLink::kNccl;
     put->staging = *staging;
   } else {
     // The transport hashes the bytes as they land where it copies them itself (same host):
@@ -343,7 +343,7 @@ asio::awaitable<void> Session::FinishAbort(uint64_t seq, uint64_t rid, uint64_t 
   auto self = shared_from_this();
   const PendingPut put = *puts_.Find(reservation);
   bool ended = true;
-  if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
+  if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.link);
   puts_.EndPut(reservation, {.end = PutEnd::kAbortedByClient, .transfer_ended = ended});
   Complete(seq, MakeAck(rid));
 }
@@ -357,7 +357,7 @@ asio::awaitable<void> Session::ExpirePut(uint64_t reservation) {
   auto self = shared_from_this();
   const PendingPut put = *puts_.Find(reservation);
   bool ended = true;
-  if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.nccl);
+  if (put.recv.valid()) ended = co_await CancelAndRelease(put.recv, put.link);
   puts_.EndPut(reservation, {.end = PutEnd::kExpired, .transfer_ended = ended});
   ++put_services_->counters().reservations_expired;
   KVD_LOG(INFO) << "reservation expired" << Kv("session", id_) << Kv("client", client_id_)

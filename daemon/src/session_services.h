@@ -23,6 +23,7 @@ namespace kvd::daemon {
 
 struct DaemonCounters;
 class NcclLink;
+class PeerFetcher;
 
 // What every session path uses of the daemon; all the read path (Lookup and lease release:
 // session_lookup.cc; Get over the transport or from shared memory: session_get.cc) needs.
@@ -44,6 +45,9 @@ class SessionServices {
   // The worker pool the verifying commits and the lookups with a disk tier run on.
   virtual asio::thread_pool& pool() = 0;
   virtual DaemonCounters& counters() = 0;
+  // Cluster-scope lookups and peer fetch (thread-safe; blocks: call on the pool); null when the
+  // daemon is in no cluster.
+  virtual PeerFetcher* peer_fetcher() = 0;
 };
 
 // The put path (Reserve, InlinePut, Commit, Abort, reserve-ahead, expiry: session_put.cc,

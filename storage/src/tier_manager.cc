@@ -252,18 +252,25 @@ Tier* TierManager::FindForLookup(const ChunkKey& key) {
 
 StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
   const bool from_below = !below_.empty() && options_.promote_on_hit;
-  if (!from_below && above_.empty()) return host_->Lookup(request);
+  if (!from_below && above_.empty()) {
+    StatusOr<LookupResult> result = host_->Lookup(request);
+    if (result.ok()) result->found_in.assign(result->matched_chunks, TierKind::kHost);
+    return result;
+  }
   // Walk the prefix: chunks in host are pinned by a short read, others are promoted (and then
   // pinned), so promoting chunk i cannot evict chunks 0..i-1 of the same prefix.
   // Up to the first repeated hash, where HostTier::Lookup ends the prefix too.
   std::vector<ReadId> pins;
+  std::vector<TierKind> found_in;
   const size_t distinct = DistinctPrefix(request.chunk_hashes);
   for (size_t i = 0; i < distinct; ++i) {
     const ChunkKey key = request.KeyAt(i);
     auto view = host_->GetByKey(key, request.owner);
+    TierKind origin = TierKind::kHost;
     if (!view.ok()) {
       Tier* from = FindForLookup(key);
       if (from == nullptr) break;
+      origin = from->kind();
       if (Status p = PromoteToHost(*from, key); !p.ok() && !IsDedup(p)) {
         // No room in host, or corrupt / unreadable in that tier: the prefix ends here.
         {
@@ -289,9 +296,14 @@ StatusOr<LookupResult> TierManager::Lookup(const LookupRequest& request) {
           .IgnoreError();
     }
     pins.push_back(view->read_id);
+    found_in.push_back(origin);
   }
   StatusOr<LookupResult> result = host_->Lookup(request);       // the lease pins what it matched
   for (ReadId id : pins) host_->ReleaseRead(id).IgnoreError();  // our own live reads
+  if (result.ok()) {
+    found_in.resize(result->matched_chunks, TierKind::kHost);
+    result->found_in = std::move(found_in);
+  }
   return result;
 }
 
@@ -368,6 +380,16 @@ std::vector<ChunkMeta> TierManager::List(const ChunkFilter& filter, size_t limit
       if (limit != 0 && out.size() >= limit) return out;
       if (seen.insert(m.key).second) out.push_back(std::move(m));
     }
+  }
+  return out;
+}
+
+std::vector<ChunkMeta> TierManager::ListCopies(const ChunkFilter& filter) const {
+  std::vector<ChunkMeta> out;
+  for (const Tier* t : tiers_) {
+    std::vector<ChunkMeta> copies = t->List(filter, 0);
+    out.insert(out.end(), std::make_move_iterator(copies.begin()),
+               std::make_move_iterator(copies.end()));
   }
   return out;
 }

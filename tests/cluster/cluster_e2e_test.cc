@@ -19,17 +19,6 @@ using std::chrono::milliseconds;
 
 constexpr int kLeaseTtlS = 3;
 
-// A value of a kvd_<name> series on a /metrics page; -1 when absent or unreachable.
-double MetricValue(const KvdProcess& kvd, const std::string& name) {
-  auto page = HttpGet(kvd.metrics_address(), "/metrics");
-  if (!page.ok()) return -1;
-  const std::string prefix = "\n" + name + "{";
-  size_t at = page->find(prefix);
-  if (at == std::string::npos) return -1;
-  size_t space = page->find("} ", at);
-  return std::atof(page->c_str() + space + 2);
-}
-
 class ClusterE2eTest : public cluster_test::EtcdTest {
  protected:
   void SetUp() override {

@@ -63,7 +63,7 @@ TEST(CommitRouteTest, OnlyASharedMemoryPutTrustsItsWriterAndOnlyWithoutVerifyShm
 }
 
 ReceiveFacts Put() {
-  return {.reservation = 7, .bytes = 4096, .tag = 99, .nccl = false, .timeout_ms = 250};
+  return {.reservation = 7, .bytes = 4096, .tag = 99, .link = BulkLink::kTransport, .timeout_ms = 250};
 }
 
 transport::TransferStatus Done(size_t bytes) {
@@ -91,7 +91,7 @@ TEST(ReceiveOutcomeTest, ATransportErrorKeepsItsCodeAndSaysWhichReceive) {
   EXPECT_THAT(s.message(), HasSubstr("receive of reservation 7"));
   EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("NCCL")));
   ReceiveFacts nccl = Put();
-  nccl.nccl = true;
+  nccl.link = BulkLink::kNccl;
   EXPECT_THAT(ReceiveOutcome(st, nccl).message(), HasSubstr("over the NCCL link"));
 }
 

@@ -4,6 +4,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -58,12 +59,24 @@ def test_containerfile_is_multistage_portable_and_unprivileged():
 
 # ---- Kubernetes (plain manifests and the Helm chart) ----
 
-def render_helm(chart_dir, release="kvd"):
+def set_value(values, dotted, value):
+    """`helm --set a.b=value` on a values mapping."""
+    *path, last = dotted.split(".")
+    for part in path:
+        values = values[part]
+    assert last in values, f"no value {dotted} in values.yaml"
+    values[last] = value
+
+
+def render_helm(chart_dir, release="kvd", overrides=None):
     """Renders the chart's templates for the constructs it uses ({{ .Values.x }}, .Release.Name,
-    quote, default .Chart.AppVersion, toYaml | nindent, include | sha256sum); anything else
-    fails the test."""
+    quote, default .Chart.AppVersion, toYaml | nindent, include | sha256sum, nested
+    {{- if .Values.x }} ... {{- end }}); anything else fails the test. `overrides`: {"a.b": v}
+    as `helm --set` gives them."""
     with open(os.path.join(chart_dir, "values.yaml")) as f:
         values = yaml.safe_load(f)
+    for dotted, value in (overrides or {}).items():
+        set_value(values, dotted, value)
     with open(os.path.join(chart_dir, "Chart.yaml")) as f:
         chart = yaml.safe_load(f)
 
@@ -94,10 +107,21 @@ def render_helm(chart_dir, release="kvd"):
             return "0" * 64
         raise AssertionError(f"template construct not understood by the test: {{{{ {body} }}}}")
 
+    # An if block with no other if inside it, with the whitespace {{- trims before each tag.
+    innermost_if = re.compile(
+        r"\s*\{\{- if \.Values\.([\w.]+) \}\}((?:(?!\{\{- if ).)*?)\s*\{\{- end \}\}", re.S)
+
+    def conditionals(text):
+        while True:
+            text, n = innermost_if.subn(lambda m: m.group(2) if lookup(m.group(1)) else "", text)
+            if n == 0:
+                assert "{{- if" not in text and "{{- end" not in text, "unbalanced if/end"
+                return text
+
     docs = []
     for name in sorted(os.listdir(os.path.join(chart_dir, "templates"))):
         with open(os.path.join(chart_dir, "templates", name)) as f:
-            text = f.read()
+            text = conditionals(f.read())
         text = re.sub(r"\s*\{\{-(.*?)\}\}", lambda m: expr(m.group(1), 0), text)
         text = re.sub(r"\{\{(.*?)\}\}", lambda m: expr(m.group(1), 0), text)
         docs.extend(d for d in yaml.safe_load_all(text) if d)
@@ -152,6 +176,7 @@ def test_daemonset_and_configmap(source):
         by_kind.setdefault(d["kind"], []).append(d)
     (cm,) = by_kind["ConfigMap"]
     (ds,) = by_kind["DaemonSet"]
+    assert "StatefulSet" not in by_kind  # etcd only with cluster.enabled
     assert ds["apiVersion"] == "apps/v1" and cm["apiVersion"] == "v1"
     spec = ds["spec"]["template"]["spec"]
     labels = ds["spec"]["template"]["metadata"]["labels"]
@@ -179,6 +204,117 @@ def test_daemonset_and_configmap(source):
     assert probe[probe.index("--addr") + 1] == "unix:" + topo["listen"]["unix"]
     with tempfile.TemporaryDirectory() as tmp:
         check_kvd_on_topology(cm["data"]["topology.yaml"], tmp)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_from_field(container, name):
+    (e,) = [e for e in container["env"] if e["name"] == name]
+    return e["valueFrom"]["fieldRef"]["fieldPath"]
+
+
+def test_helm_cluster_renders_etcd_and_the_membership():
+    """cluster.enabled: an etcd StatefulSet whose SRV discovery names its own peer Service, and
+    kvds whose topology points at etcd's client Service and at the mounted token Secret."""
+    docs = render_helm(os.path.join(DEPLOY, "helm", "kvd"),
+                       overrides={"cluster.enabled": True, "cluster.tokenSecret": "kvd-token"})
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+    (sts,) = by_kind["StatefulSet"]
+    services = {d["metadata"]["name"]: d for d in by_kind["Service"]}
+    peer = services[sts["spec"]["serviceName"]]
+    assert peer["spec"]["clusterIP"] == "None" and peer["spec"]["publishNotReadyAddresses"]
+    assert {"name": "etcd-server", "port": 2380, "targetPort": 2380} in peer["spec"]["ports"]
+    pod = sts["spec"]["template"]
+    assert peer["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (etcd,) = pod["spec"]["containers"]
+    assert env_from_field(etcd, "POD_NAME") == "metadata.name"
+    assert env_from_field(etcd, "POD_NAMESPACE") == "metadata.namespace"
+    flags = dict(a.split("=", 1) for a in etcd["args"])
+    domain = flags["--discovery-srv"]
+    assert domain == peer["metadata"]["name"] + ".$(POD_NAMESPACE).svc.cluster.local"
+    # Each member advertises the name its SRV record points at: <pod>.<peer Service>.<domain>.
+    assert flags["--initial-advertise-peer-urls"] == f"http://$(POD_NAME).{domain}:2380"
+    assert flags["--name"] == "$(POD_NAME)"
+    if shutil.which("etcd"):  # every flag is one the real etcd 3.4 knows
+        usage = subprocess.run(["etcd", "--help"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True).stdout
+        known = set(re.findall(r"^\s+(--[\w-]+)", usage, re.M))
+        assert set(flags) <= known, set(flags) - known
+
+    (cm,) = by_kind["ConfigMap"]
+    topo = yaml.safe_load(cm["data"]["topology.yaml"])
+    client_svc = services[topo["cluster"]["etcd"][0].rsplit(":", 1)[0]]
+    assert client_svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert {p["port"] for p in client_svc["spec"]["ports"]} == {2379}
+    (ds,) = by_kind["DaemonSet"]
+    spec = ds["spec"]["template"]["spec"]
+    (kvd,) = spec["containers"]
+    assert kvd["args"][kvd["args"].index("--node") + 1] == "$(NODE_NAME)"
+    assert env_from_field(kvd, "NODE_NAME") == "spec.nodeName"
+    secret_vol = next(v for v in spec["volumes"] if "secret" in v)
+    assert secret_vol["secret"]["secretName"] == "kvd-token"
+    mount = next(m for m in kvd["volumeMounts"] if m["name"] == secret_vol["name"])
+    assert topo["cluster"]["token_file"] == mount["mountPath"] + "/token"
+
+
+@pytest.mark.skipif(shutil.which("etcd") is None or shutil.which("etcdctl") is None,
+                    reason="etcd-server / etcd-client not installed")
+def test_helm_cluster_topology_registers_in_a_real_etcd(tmp_path):
+    """The chart's cluster topology, with the endpoint and the Secret's path moved onto this
+    machine, makes a real kvd register in a real etcd under the node name the pod passes."""
+    docs = render_helm(os.path.join(DEPLOY, "helm", "kvd"),
+                       overrides={"cluster.enabled": True, "cluster.tokenSecret": "kvd-token"})
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    topo = yaml.safe_load(cm["data"]["topology.yaml"])
+    client_port, peer_port = free_port(), free_port()
+    etcd = tied_popen.popen(
+        ["etcd", "--name", "t", "--data-dir", str(tmp_path / "etcd"),
+         "--listen-client-urls", f"http://127.0.0.1:{client_port}",
+         "--advertise-client-urls", f"http://127.0.0.1:{client_port}",
+         "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+         "--initial-cluster", f"t=http://127.0.0.1:{peer_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (tmp_path / "token").write_text("s3cret\n")
+    topo["cluster"]["etcd"] = [f"127.0.0.1:{client_port}"]
+    topo["cluster"]["token_file"] = str(tmp_path / "token")
+    topo["cluster"]["lease_ttl_s"] = 3
+    topo["tiers"]["host"].update(capacity="16MiB", prefault=False)
+    topo["listen"] = {"tcp": "127.0.0.1:0", "unix": str(tmp_path / "kvd.sock")}
+    topo["metrics"]["listen"] = "127.0.0.1:0"
+    cfg = tmp_path / "topology.yaml"
+    cfg.write_text(yaml.safe_dump(topo))
+    kvd = tied_popen.popen([KVD, "--config", str(cfg), "--node", "worker-7"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        prefix = f"/kvd/{topo['cluster']['name']}/members/"
+        deadline = time.monotonic() + 30
+        record = None
+        while record is None:
+            assert kvd.poll() is None, "kvd stopped:\n" + kvd.stdout.read()
+            assert time.monotonic() < deadline, "kvd never registered in etcd"
+            out = subprocess.run(
+                ["etcdctl", "--endpoints", f"127.0.0.1:{client_port}", "get", "--prefix",
+                 prefix], env=dict(os.environ, ETCDCTL_API="3"), capture_output=True, text=True)
+            lines = out.stdout.splitlines()
+            if len(lines) >= 2:
+                assert lines[0] == prefix + "worker-7"
+                record = json.loads(lines[1])
+            else:
+                time.sleep(0.2)
+        assert record["node"] == "worker-7"
+        assert re.fullmatch(r"[0-9a-f]{16}", record["token_digest"])  # the file's token
+    finally:
+        kvd.terminate()
+        kvd.wait(10)
+        etcd.terminate()
+        etcd.wait(10)
 
 
 def test_helm_chart_metadata():

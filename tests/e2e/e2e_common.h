@@ -81,6 +81,17 @@ class TenantsE2eFixture : public ::testing::Test {
   std::unique_ptr<KvdProcess> kvd_;
 };
 
+// A value of a kvd_<name> series on `kvd`'s /metrics page; -1 when absent or unreachable.
+inline double MetricValue(const KvdProcess& kvd, const std::string& name) {
+  auto page = HttpGet(kvd.metrics_address(), "/metrics");
+  if (!page.ok()) return -1;
+  const std::string prefix = "\n" + name + "{";
+  size_t at = page->find(prefix);
+  if (at == std::string::npos) return -1;
+  size_t space = page->find("} ", at);
+  return std::atof(page->c_str() + space + 2);
+}
+
 inline std::unique_ptr<KvdProcess> StartKvd(const KvdConfig& config) {
   auto k = KvdProcess::Start(config);
   EXPECT_TRUE(k.ok()) << k.status();

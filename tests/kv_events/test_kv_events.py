@@ -1,7 +1,8 @@
 """kvd's KV events in vLLM's KVEvents wire format, decoded by vLLM's own classes
 (vllm.distributed.kv_events.KVEventBatch via msgspec) from a real kvd: puts and evictions give
 BlockStored / BlockRemoved batches numbered 0, 1, 2, ...; the index they build equals
-`kvdctl ls`; a subscriber that missed batches gets them from the replay endpoint."""
+`kvdctl ls`; a subscriber that missed batches gets them from the replay endpoint; batch 0 is
+AllBlocksCleared and the chunks a restarted kvd restored from its disk tier."""
 
 import json
 import os
@@ -13,7 +14,8 @@ import time
 import msgspec
 import pytest
 import zmq
-from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
+from vllm.distributed.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored,
+                                        KVEventBatch)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -65,6 +67,17 @@ def listed(kvd):
     return {int(c["hash"][16:], 16): c for c in json.loads(out)["chunks"]}
 
 
+def apply_events(index, batch):
+    """A router's index of block hashes, updated by one KVEventBatch."""
+    for e in batch.events:
+        if isinstance(e, AllBlocksCleared):
+            index.clear()
+        elif isinstance(e, BlockStored):
+            index.update(e.block_hashes)
+        elif isinstance(e, BlockRemoved):
+            index.difference_update(e.block_hashes)
+
+
 class Subscriber:
     """A router's side: a SUB socket decoding with vLLM's KVEventBatch, an index of the blocks."""
 
@@ -82,11 +95,7 @@ class Subscriber:
         self.apply(batch)
 
     def apply(self, batch):
-        for e in batch.events:
-            if isinstance(e, BlockStored):
-                self.index.update(e.block_hashes)
-            elif isinstance(e, BlockRemoved):
-                self.index.difference_update(e.block_hashes)
+        apply_events(self.index, batch)
 
     def reorder(self):
         """Sorts the batches by sequence number and rebuilds the index in that order."""
@@ -151,8 +160,9 @@ def test_puts_then_evictions_decode_with_vllm(kvd):
         assert listed(kvd) == {}
         sub.drain(lambda s: not s.index)
 
+        # Consecutive numbers (batch 0, the start's resync, came before this subscriber).
         seqs = [seq for seq, _ in sub.batches]
-        assert seqs == list(range(len(seqs))), seqs
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
         assert all(b.data_parallel_rank == 0 and b.ts > 0 for _, b in sub.batches)
     finally:
         ctx.destroy(linger=0)
@@ -190,7 +200,10 @@ def test_missed_batches_come_back_through_replay(kvd):
         late.reorder()
         early.drain(lambda s: s.index == set(listed(kvd)))
         late.drain(lambda s: s.index == set(listed(kvd)))
-        assert [sb[0] for sb in late.batches] == [sb[0] for sb in early.batches]
+        # Both saw every batch after the start's resync (batch 0, which only the replay gave).
+        assert [s for s, _ in late.batches if s > 0] == [s for s, _ in early.batches if s > 0]
+        assert late.batches[0][0] == 0 and isinstance(late.batches[0][1].events[0],
+                                                      AllBlocksCleared)
     finally:
         ctx.destroy(linger=0)
 
@@ -206,6 +219,54 @@ def test_invalid_section_exits_2_naming_the_key(tmp_path):
                        timeout=30)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "kv_events.endpoint" in r.stdout + r.stderr
+
+
+def replay_all(ctx, endpoint):
+    """Every batch kvd keeps, from the replay endpoint: [(seq, KVEventBatch)]."""
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+    decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+    out = []
+    while True:
+        assert dealer.poll(10000), "the replay endpoint did not answer"
+        _, _, seq, payload = dealer.recv_multipart()
+        seq = int.from_bytes(seq, "big", signed=True)
+        if seq == END_SEQ:
+            return out
+        out.append((seq, decoder.decode(payload)))
+
+
+def test_restart_announces_cleared_then_what_the_disk_restored(tmp_path):
+    """A router that indexed a kvd before it restarted: batch 0 of the new kvd clears the node's
+    blocks and names every chunk restored from the disk tier (STORAGE), so the index equals
+    `kvdctl ls` without a token of the old run."""
+    disk = f"  disk: {{path: '{tmp_path / 'disk'}', capacity: 64MiB}}\n"
+    d = start_kvd(disk)
+    try:
+        for _ in range(3):
+            roundtrip(d)
+        before = listed(d)
+    finally:
+        d.stop()
+    d = start_kvd(disk)
+    ctx = zmq.Context()
+    try:
+        now = listed(d)
+        assert now and set(now) <= set(before)
+        assert all(c["tier"] == "disk" for c in now.values())
+        batches = replay_all(ctx, d.replay_endpoint)
+        assert [seq for seq, _ in batches] == list(range(len(batches)))
+        first = batches[0][1].events
+        assert isinstance(first[0], AllBlocksCleared)
+        assert all(isinstance(e, BlockStored) and e.medium == "STORAGE" for e in first[1:])
+        index = set(before) | {"stale"}  # what a router held of the old run
+        for _, batch in batches:
+            apply_events(index, batch)
+        assert index == set(now)
+    finally:
+        ctx.destroy(linger=0)
+        d.stop()
 
 
 def medium_index(sub, medium):

@@ -11,9 +11,11 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "bootstrap.h"
+#include "fronts.h"
 #include "kvd/llama/engine.h"
 #include "kvd/llama/tokenizer.h"
 #include "manifest.h"
@@ -163,6 +165,9 @@ std::vector<int32_t> BuildContext(
     }
     if (u < units) ctx.insert(ctx.end(), unit.begin(), unit.end());
   }
+  // Filler up to exactly `tokens` (a multiple of the chunk size stays one, for chunk-wise rows).
+  for (size_t i = 0; static_cast<int>(ctx.size()) < tokens; ++i)
+    ctx.push_back(unit[i % unit.size()]);
   return ctx;
 }
 
@@ -271,6 +276,35 @@ void Progress(const HarnessOptions& o, Clock::time_point t0, const std::string& 
 
 }  // namespace
 
+StatusOr<MethodRatios> ParseMethodSpec(const std::string& entry,
+                                       const std::vector<double>& ratios) {
+  const size_t at = entry.find('@');
+  MethodRatios m{entry.substr(0, at), ratios};
+  if (m.name.empty()) return Status::InvalidArgument("harness options: empty method name");
+  if (at == std::string::npos) return m;
+  m.ratios.clear();
+  std::stringstream list(entry.substr(at + 1));
+  std::string cell;
+  while (std::getline(list, cell, ':')) {
+    size_t used = 0;
+    double r = -1;
+    try {
+      r = std::stod(cell, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != cell.size() || cell.empty() || !(r >= 0 && r < 1)) {
+      return Status::InvalidArgument("harness options: method '" + entry + "': p_c '" + cell +
+                                     "' is not a number in [0, 1)");
+    }
+    m.ratios.push_back(r);
+  }
+  if (m.ratios.empty()) {
+    return Status::InvalidArgument("harness options: method '" + entry + "' lists no p_c");
+  }
+  return m;
+}
+
 int HarnessOptions::EffectiveJobs(size_t items) const {
   int j = jobs;
   if (j == 0) {
@@ -348,15 +382,24 @@ Status HarnessOptions::Validate() const {
   for (double d : passkey_depths) {
     if (!(d >= 0 && d <= 1)) return bad("passkey depth outside [0, 1]");
   }
+  std::vector<std::string> names;
+  for (const std::string& entry : methods) {
+    KVD_ASSIGN_OR_RETURN(MethodRatios m, ParseMethodSpec(entry, ratios));
+    names.push_back(m.name);
+  }
   for (const std::string& m : passkey_methods) {
-    if (std::find(methods.begin(), methods.end(), m) == methods.end()) {
+    if (std::find(names.begin(), names.end(), m) == names.end()) {
       return bad("passkey method '" + m + "' is not in methods");
     }
   }
   for (const std::string& m : paired_against) {
-    if (std::find(methods.begin(), methods.end(), m) == methods.end()) {
+    if (std::find(names.begin(), names.end(), m) == names.end()) {
       return bad("paired-against method '" + m + "' is not in methods");
     }
+  }
+  if (passkey_fronts && chunked && passkey_filler_tokens % chunk_tokens != 0) {
+    return bad("passkey on the fronts in chunk-wise mode needs the passkey context (" +
+               std::to_string(passkey_filler_tokens) + ") to be a multiple of chunk_tokens");
   }
   return Status::Ok();
 }
@@ -441,6 +484,7 @@ StatusOr<CompressedPrefix> CompressInMode(CompressionMethod& m, const PrefixCapt
   }
   CompressedPrefix whole;
   whole.stored_fraction = 0;
+  whole.stored_bytes_fraction = 0;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const int b = static_cast<int>(c) * o.chunk_tokens;
     const int e = std::min(n, b + o.chunk_tokens);
@@ -450,6 +494,12 @@ StatusOr<CompressedPrefix> CompressInMode(CompressionMethod& m, const PrefixCapt
     const double stored = out->stored_fraction >= 0 ? out->stored_fraction
                                                     : 1.0 - AchievedCompression(out->cache, e - b);
     whole.stored_fraction += stored * (e - b) / n;
+    // Raw bytes are proportional to tokens: the chunks' fractions weighted by their tokens.
+    if (out->stored_bytes_fraction < 0 || whole.stored_bytes_fraction < 0) {
+      whole.stored_bytes_fraction = -1;
+    } else {
+      whole.stored_bytes_fraction += out->stored_bytes_fraction * (e - b) / n;
+    }
     AppendCompact(out->cache, &whole.cache);
   }
   return whole;
@@ -507,9 +557,12 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
 
   // Methods (+ calibration on disjoint texts).
   std::vector<std::unique_ptr<CompressionMethod>> methods;
-  for (const std::string& name : o.methods) {
-    KVD_ASSIGN_OR_RETURN(auto m, registry.Create(name));
+  std::vector<std::vector<double>> method_ratios;
+  for (const std::string& entry : o.methods) {
+    KVD_ASSIGN_OR_RETURN(MethodRatios spec, ParseMethodSpec(entry, o.ratios));
+    KVD_ASSIGN_OR_RETURN(auto m, registry.Create(spec.name));
     methods.push_back(std::move(m));
+    method_ratios.push_back(std::move(spec.ratios));
   }
   auto first_session =
       std::make_unique<LlamaSession>(model, llama::SessionOptions{.threads = o.threads});
@@ -554,7 +607,7 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
       if (methods[m]->name() == "full") {
         if (mode == o.modes.front()) keys.push_back({m, 0.0, kModeOneShot});
       } else {
-        for (double r : o.ratios) keys.push_back({m, r, mode});
+        for (double r : method_ratios[m]) keys.push_back({m, r, mode});
       }
     }
   }
@@ -572,7 +625,8 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
   // kept per segment and summed in segment order below, so the report does not depend on jobs.
   struct RowOutcome {
     Scores scores;
-    double stored = 0, seconds = 0, cpu_seconds = 0;
+    double stored = 0, stored_bytes = -1, seconds = 0, cpu_seconds = 0;
+    bool keeps_positions = false;
   };
   struct SegmentOutcome {
     Scores engine;
@@ -626,6 +680,8 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
       KVD_ASSIGN_OR_RETURN(out.rows[k].scores,
                            ScoreContinuation(other, cfg, seg.continuation, &ref, nullptr));
       out.rows[k].stored = cache->stored_fraction;
+      out.rows[k].stored_bytes = cache->stored_bytes_fraction;
+      out.rows[k].keeps_positions = KeepsPositions(cache->cache, o.prefix_tokens);
       out.rows[k].seconds = Since(tr);
       out.rows[k].cpu_seconds = ThreadCpuSeconds() - cpu0;
     }
@@ -637,6 +693,10 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
                  std::to_string(std::exp(out.engine.nll / out.engine.n)));
     return Status::Ok();
   }));
+  for (size_t k = 0; k < keys.size(); ++k) {
+    rep.rows[k].stored_raw = 0;
+    rep.rows[k].keeps_positions = true;
+  }
   for (const SegmentOutcome& out : outcomes) {
     rep.engine_nll_sum += out.engine.nll;
     rep.engine_scored_tokens += out.engine.n;
@@ -645,6 +705,10 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
       MethodResult& row = rep.rows[k];
       const RowOutcome& ro = out.rows[k];
       row.achieved_p_c += (1.0 - ro.stored) / segments.size();
+      row.stored_raw = ro.stored_bytes < 0 || row.stored_raw < 0
+                           ? -1
+                           : row.stored_raw + ro.stored_bytes / segments.size();
+      row.keeps_positions = row.keeps_positions && ro.keeps_positions;
       row.nll_sum += ro.scores.nll;
       row.scored_tokens += ro.scores.n;
       row.top1_agreement += static_cast<double>(ro.scores.agree);
@@ -658,14 +722,36 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     }
   }
 
-  // Passkey retrieval (one-shot rows: the question comes after the compressed context), prompts
-  // in parallel like the segments; results summed in prompt order.
+  for (MethodResult& row : rep.rows) {
+    row.perplexity = std::exp(row.nll_sum / static_cast<double>(row.scored_tokens));
+    row.top1_agreement /= static_cast<double>(row.scored_tokens);
+    double s = 0;
+    for (double e : row.layer_rel_error) s += e;
+    row.mean_rel_error = s / cfg.num_layers;
+    const BootstrapResult b = BootstrapSegments(
+        {row.seg_nll, rep.engine_seg_nll, row.seg_n, row.seg_agree}, o.bootstrap_samples);
+    row.ppl_ratio_lo = b.ppl_ratio.lo;
+    row.ppl_ratio_hi = b.ppl_ratio.hi;
+    row.top1_lo = b.top1.lo;
+    row.top1_hi = b.top1.hi;
+  }
+  rep.engine_perplexity =
+      std::exp(rep.engine_nll_sum / static_cast<double>(rep.engine_scored_tokens));
+
+  // Passkey retrieval (the question comes after the compressed context): the listed methods'
+  // one-shot rows, and with passkey_fronts every row on a front in its own mode. Prompts in
+  // parallel like the segments; results summed in prompt order.
   const std::vector<PasskeyPrompt> prompts = BuildPasskeyPrompts(*tok, o);
   std::vector<bool> passkey_row(keys.size());
+  const std::vector<bool> on_front = OnAnyFront(rep);
+  bool chunked_prompts = false;
   for (size_t k = 0; k < keys.size(); ++k) {
-    passkey_row[k] =
+    const bool listed =
         o.passkey_methods.empty() || std::find(o.passkey_methods.begin(), o.passkey_methods.end(),
                                                rep.rows[k].method) != o.passkey_methods.end();
+    passkey_row[k] =
+        (listed && rep.rows[k].mode == kModeOneShot) || (o.passkey_fronts && on_front[k]);
+    chunked_prompts = chunked_prompts || (passkey_row[k] && rep.rows[k].mode == kModeChunkWise);
   }
   struct PromptOutcome {
     bool engine_ok = false;
@@ -688,13 +774,15 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     const PasskeyPrompt& p = prompts[pi];
     PromptOutcome& out = answers[pi];
     out.row_ok.assign(keys.size(), -1);
-    KVD_ASSIGN_OR_RETURN(PrefixCapture prefix, Capture(s, model, p.context, o.window));
+    std::vector<ChunkQueries> chunk_queries;
+    KVD_ASSIGN_OR_RETURN(PrefixCapture prefix,
+                         CaptureChunked(s, model, p.context, o, chunked_prompts, &chunk_queries));
     KVD_ASSIGN_OR_RETURN(out.engine_ok, AnswerPasskey(s, p));
     for (size_t k = 0; k < keys.size(); ++k) {
       const MethodResult& row = rep.rows[k];
-      if (row.mode != kModeOneShot || !passkey_row[k]) continue;
+      if (!passkey_row[k]) continue;
       CompressionMethod& m = *methods[keys[k].method];
-      auto cache = m.Compress(prefix, row.p_c);
+      auto cache = CompressInMode(m, prefix, chunk_queries, o, row.mode, row.p_c);
       if (!cache.ok()) return cache.status().WithContext(m.name() + " (passkey)");
       KVD_RETURN_IF_ERROR(other.LoadCompact(cache->cache));
       KVD_ASSIGN_OR_RETURN(bool ok, AnswerPasskey(other, p));
@@ -735,21 +823,6 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     }
   }
 
-  for (MethodResult& row : rep.rows) {
-    row.perplexity = std::exp(row.nll_sum / static_cast<double>(row.scored_tokens));
-    row.top1_agreement /= static_cast<double>(row.scored_tokens);
-    double s = 0;
-    for (double e : row.layer_rel_error) s += e;
-    row.mean_rel_error = s / cfg.num_layers;
-    const BootstrapResult b = BootstrapSegments(
-        {row.seg_nll, rep.engine_seg_nll, row.seg_n, row.seg_agree}, o.bootstrap_samples);
-    row.ppl_ratio_lo = b.ppl_ratio.lo;
-    row.ppl_ratio_hi = b.ppl_ratio.hi;
-    row.top1_lo = b.top1.lo;
-    row.top1_hi = b.top1.hi;
-  }
-  rep.engine_perplexity =
-      std::exp(rep.engine_nll_sum / static_cast<double>(rep.engine_scored_tokens));
   rep.seconds = Since(t0);
   return rep;
 }

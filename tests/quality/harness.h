@@ -29,7 +29,8 @@ struct HarnessOptions {
   // manifest's `eval` texts (their sha256 is computed and reported); calibration still comes from
   // the manifest's `calib` texts.
   std::vector<std::string> text_files;
-  // Registry names. The default is every scorer with uniform and AdaKV head budgets, SnapKV and
+  // Registry names, each optionally with its own p_c list, "name@0.5:0.75" (default: `ratios`).
+  // The default is every scorer with uniform and AdaKV head budgets, SnapKV and
   // AdaKV + VECTOR, KVSlimmer, the hybrid and the error-aware hybrid; left out to fit the time
   // limit (docs/quality.md, "Running it"): keydiff+vector, pyramidkv+vector, kvslimmer_l1_code and
   // pyramidkv_ada (identical to adakv at these sizes). --list-methods shows every registered one.
@@ -38,8 +39,8 @@ struct HarnessOptions {
       "keydiff_ada", "snapkv+vector", "adakv+vector", "kvslimmer_l2", "hybrid",    "hybrid_ea"};
   std::vector<double> ratios = {0.5, 0.75, 0.9};  // p_c values, each in [0, 1)
   std::vector<std::string> modes = {kModeOneShot, kModeChunkWise};
-  // Sizes of the default run: docs/quality.md, "Running it" (estimated from a measured fraction to fit
-  // 20 minutes of CPU on one engine thread).
+  // Sizes of the default run: docs/quality.md, "Running it" (estimated from a measured fraction to
+  // fit 20 minutes of CPU on one engine thread).
   int prefix_tokens = 1024;          // compressed prefix length N
   int continuation_tokens = 128;     // scored continuation C (C - 1 predictions per segment)
   int max_segments = 10;             // eval segments (round-robin over the eval texts)
@@ -55,6 +56,11 @@ struct HarnessOptions {
   // Methods whose one-shot rows answer the passkey prompts (each prompt costs one engine call per
   // row); empty = every method. Each must be in `methods`.
   std::vector<std::string> passkey_methods = {"full", "snapkv", "keydiff"};
+  // Also ask the passkey prompts of every row on a front (fronts.h) of its mode, in that mode
+  // (chunk-wise rows compress the prompt chunk by chunk). Costs one engine call per prompt and
+  // front row, after the segments. Chunk-wise needs passkey_filler_tokens to be a multiple of
+  // chunk_tokens. Default false.
+  bool passkey_fronts = false;
   int bootstrap_samples = 2000;  // bootstrap resamples of the segments for the 95% intervals
   // Methods every other method is compared with, paired on the same segments, in results.md
   // (report.h PairedToMarkdown); default none. Each must be in `methods`.
@@ -84,6 +90,11 @@ struct MethodResult {
   std::string mode = kModeOneShot;
   double p_c = 0;           // requested ("full" is reported at 0)
   double achieved_p_c = 0;  // measured from the slots kept, averaged over segments
+  // Stored bytes over raw bfloat16 bytes (CompressedPrefix::stored_bytes_fraction), averaged over
+  // segments; -1 when the method does not measure bytes.
+  double stored_raw = -1;
+  // Dense serving form on every segment: one slot per token position (fronts.h KeepsPositions).
+  bool keeps_positions = false;
   int64_t scored_tokens = 0;
   double nll_sum = 0;
   double perplexity = 0;
@@ -128,6 +139,14 @@ struct HarnessReport {
   std::map<std::string, std::vector<double>> calibration_r2;  // method -> per layer
   double seconds = 0;
 };
+
+// A --methods entry "name" or "name@0.5:0.75": the registry name and its p_c list (`ratios`
+// without "@"). INVALID_ARGUMENT for an empty name or a p_c outside [0, 1).
+struct MethodRatios {
+  std::string name;
+  std::vector<double> ratios;
+};
+StatusOr<MethodRatios> ParseMethodSpec(const std::string& entry, const std::vector<double>& ratios);
 
 // Runs every method x ratio. Errors: INVALID_ARGUMENT (options), NOT_FOUND (manifest, methods),
 // FAILED_PRECONDITION (model without tokenizer, too little text), and any method's error with

@@ -12,6 +12,7 @@
 #include "kvd/kernels/rope.h"
 #include "kvd/kernels/serving.h"
 #include "kvd/kernels/vector.h"
+#include "stored_bytes.h"
 
 namespace kvd::quality {
 namespace {
@@ -38,8 +39,8 @@ struct MethodSpec {
   bool route_adaptive = false;
   bool online = false;
   // Stored as kvd stores it (kernel_methods.h): the cache as a bfloat16 chunk, the quantize stage
-  // (format kNone: none) with its recent window, encoded and decoded; the stored fraction is the
-  // encoded bytes over the raw bfloat16 chunk's.
+  // (format kNone: none) with its recent window, encoded and decoded (every method's stored bytes
+  // are measured on its chunk in bfloat16: stored_bytes.h).
   bool stored_bf16 = false;
   kernels::QuantFormat quant = kernels::QuantFormat::kNone;
   uint32_t quant_recent = 0;
@@ -136,6 +137,14 @@ constexpr MethodSpec kSpecs[] = {
      .quant = kernels::QuantFormat::kInt8},
     {.name = "keydiff+int4",
      .score = ScoreStage::kKeyDiff,
+     .stored_bf16 = true,
+     .quant = kernels::QuantFormat::kInt4},
+    {.name = "snapkv+int8",
+     .score = ScoreStage::kSnapKv,
+     .stored_bf16 = true,
+     .quant = kernels::QuantFormat::kInt8},
+    {.name = "snapkv+int4",
+     .score = ScoreStage::kSnapKv,
      .stored_bf16 = true,
      .quant = kernels::QuantFormat::kInt4},
     // The dense front below int4: the Hadamard rotation, 3 and 2 bits, keys and values at
@@ -385,14 +394,12 @@ class KernelMethod : public CompressionMethod {
     }
     KVD_ASSIGN_OR_RETURN(kernels::CompactChunk chunk,
                          kernels::Compress(o, stored_layout, in, &stats));
-    double stored_bytes_fraction = -1;
     if (spec_.stored_bf16) {
       // Served from the real bytes: encoded, then decoded.
       KVD_ASSIGN_OR_RETURN(const std::vector<uint8_t> bytes, kernels::EncodeCompactChunk(chunk));
       KVD_ASSIGN_OR_RETURN(chunk, kernels::DecodeCompactChunk(bytes));
-      stored_bytes_fraction =
-          static_cast<double>(bytes.size()) / static_cast<double>(stored_raw.size());
     }
+    KVD_ASSIGN_OR_RETURN(const double stored_bytes_fraction, StoredBytesFraction(chunk));
     if (spec_.keys_per_token) {
       const kernels::QuantDescription q = o.quant;
       o.quant = {};
@@ -420,7 +427,7 @@ class KernelMethod : public CompressionMethod {
     // Stored fraction in half-pairs: keys + stored values over 2 N per (layer, head).
     out.stored_fraction =
         static_cast<double>(chunk.HalfPairs()) / (2.0 * static_cast<double>(N) * L * H);
-    if (stored_bytes_fraction >= 0) out.stored_fraction = stored_bytes_fraction;
+    out.stored_bytes_fraction = stored_bytes_fraction;
     return out;
   }
 
@@ -494,13 +501,6 @@ const std::vector<std::string>& KernelMethodNames() {
     return v;
   }();
   return *names;
-}
-
-bool CountsStoredBytes(const std::string& name) {
-  for (const MethodSpec& s : kSpecs) {
-    if (name == s.name) return s.stored_bf16;
-  }
-  return false;
 }
 
 StatusOr<std::unique_ptr<CompressionMethod>> CreateKernelMethod(const std::string& name) {

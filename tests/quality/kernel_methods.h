@@ -31,6 +31,7 @@
 //   int8_recent32, int4_recent32, fp8_recent32   the same with the last 32 slots of every head
 //                                            (of every chunk, chunk-wise) unquantized
 //   keydiff+int8, keydiff+int4               KeyDiff eviction at p_c, then the quantize stage
+//   snapkv+int8, snapkv+int4                 SnapKV eviction at p_c, then the quantize stage
 //   int4_rot, int3_rot, int2_rot             the quantize stage with the Hadamard rotation
 //   int3                                     3-bit codes without it
 //   int3_rot_recent32, int2_rot_recent32     rotated, the last 32 slots unquantized
@@ -43,8 +44,9 @@
 //                                            64 channels (as values), quantized in memory (the
 //                                            format stores keys per channel); stored fraction
 //                                            that of int4_rot / int3_rot
-//   For these the stored fraction is the encoded chunk's bytes (header, slot metadata, scales and
-//   checksum included) over the raw bfloat16 chunk's, not the half-pair count.
+// Every method reports its stored fraction in half-pairs (CompressedPrefix::stored_fraction) and
+// in bytes (stored_bytes_fraction: the encoded chunk, header, slot metadata, scales, padding and
+// checksum included, over the raw bfloat16 chunk; stored_bytes.h).
 // Every plan keeps 4 sinks and the W window tokens (W = the harness's window) and meets the
 // half-pair budget 2 M, M = llround((1 - p_c) N), exactly (PyramidKV: over the whole prefix).
 //
@@ -69,10 +71,6 @@ inline constexpr double kVectorRidge = 1e-4;
 
 // Names of the kernel methods, in the order the report lists them.
 const std::vector<std::string>& KernelMethodNames();
-
-// True when `name` reports its stored fraction in encoded bytes over raw bfloat16 bytes (bf16,
-// the quantize methods) rather than in half-pairs.
-bool CountsStoredBytes(const std::string& name);
 
 // The method `name` (one of KernelMethodNames()); NOT_FOUND otherwise.
 StatusOr<std::unique_ptr<CompressionMethod>> CreateKernelMethod(const std::string& name);

@@ -6,7 +6,8 @@
 //               [--modes a,b]
 //               [--chunk N] [--chunk-window W] [--passkey-trials N] [--multikey-trials N]
 //               [--calib-segments N] [--bootstrap N] [--passkey-methods a,b]
-//               [--paired-against a,b]
+//               [--paired-against a,b] [--passkey-fronts]
+// A --methods entry may carry its own p_c list: keydiff+int4@0.5:0.65.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -32,7 +33,9 @@ int main(int argc, char** argv) {
       "attention error and passkey retrieval of each method against the full cache)",
       "kvd-quality"};
   app.footer(
-      "kvd-quality --plot-from results.csv --out DIR re-draws DIR/perplexity-<mode>.png\n"
+      "kvd-quality --plot-from results.csv --out DIR re-draws DIR/perplexity-<mode>.png and "
+      "fronts-<mode>.png\n"
+      "a --methods entry may carry its own p_c list: keydiff+int4@0.5:0.65\n"
       "exit codes: 0 ok, 1 failure, 2 usage");
   // --quick first: its preset is applied before the options given with it (CLI11 stores the
   // options in the order they are declared), so explicit options override the preset.
@@ -98,6 +101,9 @@ int main(int argc, char** argv) {
                  "sessions of --threads threads (0 = cores / threads; 1 with --threads 0)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 10));
+  app.add_flag("--passkey-fronts", o.passkey_fronts,
+               "also ask the passkey prompts of every row on a dense or compact front, in its "
+               "mode (one engine call per prompt and front row)");
   app.add_option("--plot-from", plot_from, "re-draw the plots of this results.csv into --out");
   bool list_methods = false;
   app.add_flag("--list-methods", list_methods, "print the registered methods and exit");

@@ -10,7 +10,10 @@ class FullMethod : public CompressionMethod {
  public:
   std::string name() const override { return "full"; }
   StatusOr<CompressedPrefix> Compress(const PrefixCapture& p, double) override {
-    return CompressedPrefix{CompactFromDense(p.cache, p.config->num_kv_heads, p.config->head_dim)};
+    // kvd stores an uncompressed chunk as its raw bytes.
+    return CompressedPrefix{
+        .cache = CompactFromDense(p.cache, p.config->num_kv_heads, p.config->head_dim),
+        .stored_bytes_fraction = 1.0};
   }
 };
 

@@ -38,6 +38,10 @@ struct CompressedPrefix {
   // (right when every slot stores its key and value; VECTOR stores fewer values than keys and
   // its rebuilt values are not stored, so it sets this itself).
   double stored_fraction = -1;
+  // Stored bytes over raw bytes: the encoded chunk kvd would store for this cache (bfloat16,
+  // header, slot metadata, quantization scales, padding and checksum included) over the raw
+  // bfloat16 chunk. Negative (default) = not measured (the row is left out of the fronts).
+  double stored_bytes_fraction = -1;
 };
 
 class CompressionMethod {

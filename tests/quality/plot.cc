@@ -7,6 +7,8 @@
 #include <fstream>
 #include <map>
 
+#include "fronts.h"
+
 #ifdef KVD_QUALITY_HAVE_ZLIB
 #include <zlib.h>
 #endif
@@ -45,7 +47,7 @@ void Chunk(std::string* out, const char* type, const std::string& data) {
 }
 
 // 3x5 glyphs, rows top to bottom, 3 bits each (MSB left): digits, '.', the letters (drawn as
-// capitals, for upper and lower case) and "_+-:,()".
+// capitals, for upper and lower case) and "_+-:,()/".
 const uint8_t kDigits[10][5] = {{7, 5, 5, 5, 7}, {2, 6, 2, 2, 7}, {7, 1, 7, 4, 7}, {7, 1, 7, 1, 7},
                                 {5, 5, 7, 1, 1}, {7, 4, 7, 1, 7}, {7, 4, 7, 5, 7}, {7, 1, 1, 1, 1},
                                 {7, 5, 7, 5, 7}, {7, 5, 7, 1, 7}};
@@ -62,7 +64,8 @@ const uint8_t* Glyph(char ch) {
   static const uint8_t kDot[5] = {0, 0, 0, 0, 2}, kUnderscore[5] = {0, 0, 0, 0, 7},
                        kPlus[5] = {0, 2, 7, 2, 0}, kMinus[5] = {0, 0, 7, 0, 0},
                        kColon[5] = {0, 2, 0, 2, 0}, kComma[5] = {0, 0, 0, 2, 4},
-                       kOpen[5] = {1, 2, 2, 2, 1}, kClose[5] = {4, 2, 2, 2, 4};
+                       kOpen[5] = {1, 2, 2, 2, 1}, kClose[5] = {4, 2, 2, 2, 4},
+                       kSlash[5] = {1, 1, 2, 4, 4};
   if (ch >= '0' && ch <= '9') return kDigits[ch - '0'];
   if (ch >= 'a' && ch <= 'z') return kLetters[ch - 'a'];
   if (ch >= 'A' && ch <= 'Z') return kLetters[ch - 'A'];
@@ -83,6 +86,8 @@ const uint8_t* Glyph(char ch) {
       return kOpen;
     case ')':
       return kClose;
+    case '/':
+      return kSlash;
     default:
       return nullptr;
   }
@@ -135,6 +140,23 @@ class Canvas {
   int w_, h_;
   std::vector<unsigned char> px_;
 };
+
+// Six y grid lines from lo to hi with their values (printf `fmt`) left of the plot area
+// [left, right] x [top, bottom], then the x and y axes; Y maps a value to its pixel row.
+template <typename YMap>
+void DrawYGridAndAxes(Canvas& cv, int left, int right, int top, int bottom, double lo, double hi,
+                      const char* fmt, YMap Y) {
+  const Rgb axis{0, 0, 0}, grid{225, 225, 225};
+  for (int i = 0; i <= 5; ++i) {
+    const double v = lo + (hi - lo) * i / 5.0;
+    cv.Line(left, Y(v), right, Y(v), grid, 1);
+    char buf[16];
+    std::snprintf(buf, sizeof(buf), fmt, v);
+    cv.Text(8, static_cast<int>(Y(v)) - 5, buf, 2, axis);
+  }
+  cv.Line(left, bottom, right, bottom, axis, 2);
+  cv.Line(left, top, left, bottom, axis, 2);
+}
 
 }  // namespace
 
@@ -258,15 +280,7 @@ Status WritePerplexityPlot(const HarnessReport& r, const std::string& path) {
     cv.Text(static_cast<int>(X(i / 20.0)) - 16, H - B + 10, buf, 2, axis);
   }
   cv.Text((L + right) / 2 - 30, H - B + 32, "p_c", 3, axis);
-  for (int i = 0; i <= 5; ++i) {  // y grid and tick labels
-    const double v = lo + (hi - lo) * i / 5.0;
-    cv.Line(L, Y(v), right, Y(v), grid, 1);
-    char buf[16];
-    std::snprintf(buf, sizeof(buf), "%.1f", v);
-    cv.Text(8, static_cast<int>(Y(v)) - 5, buf, 2, axis);
-  }
-  cv.Line(L, H - B, right, H - B, axis, 2);
-  cv.Line(L, T, L, H - B, axis, 2);
+  DrawYGridAndAxes(cv, L, right, T, H - B, lo, hi, "%.1f", Y);
   for (size_t i = 0; i < names.size(); ++i) {
     auto pts = series[names[i]];
     std::sort(pts.begin(), pts.end());
@@ -301,6 +315,72 @@ Status WritePerplexityPlot(const HarnessReport& r, const std::string& path) {
       }
     }
     cv.Text(right + 58, ly, label, 2, c);
+  }
+  const std::string png = EncodePng(W, H, cv.pixels(), /*compress=*/true);
+  std::ofstream out(path, std::ios::binary);
+  out.write(png.data(), static_cast<std::streamsize>(png.size()));
+  if (!out) return Status::Internal("cannot write " + path);
+  return Status::Ok();
+}
+
+Status WriteFrontPlot(const HarnessReport& r, const std::string& mode, const std::string& path) {
+  constexpr int W = 1280, H = 620, L = 90, R = 400, T = 50, B = 60;
+  constexpr double kMaxRatio = 2.5;
+  Canvas cv(W, H);
+  const double e = r.engine_perplexity > 0 ? r.engine_perplexity : 1.0;
+  double lo = 1.0, hi = 1.0;
+  for (const MethodResult& m : r.rows) {
+    if (m.stored_raw < 0 || !std::isfinite(m.perplexity)) continue;
+    lo = std::min(lo, m.perplexity / e);
+    hi = std::max(hi, std::min(kMaxRatio, m.perplexity / e));
+  }
+  const double pad = 0.05 * (hi - lo + 1e-3);
+  lo -= pad;
+  hi += pad;
+  const int right = W - R;
+  auto X = [&](double x) { return L + std::clamp(x, 0.0, 1.05) / 1.05 * (right - L); };
+  auto Y = [&](double y) { return H - B - (std::min(y, hi) - lo) / (hi - lo) * (H - T - B); };
+  const Rgb axis{0, 0, 0}, grid{225, 225, 225}, grey{170, 170, 170};
+  const Rgb colors[2] = {{30, 90, 220}, {220, 30, 30}};
+  cv.Text(L, 14, "perplexity per stored byte, " + mode + " (dense: blue, compact: red)", 3, axis);
+  for (int i = 0; i <= 10; ++i) {
+    cv.Line(X(i / 10.0), T, X(i / 10.0), H - B, grid, 1);
+    char buf[8];
+    std::snprintf(buf, sizeof(buf), "%.1f", i / 10.0);
+    cv.Text(static_cast<int>(X(i / 10.0)) - 10, H - B + 10, buf, 2, axis);
+  }
+  cv.Text((L + right) / 2 - 60, H - B + 32, "stored/raw", 3, axis);
+  DrawYGridAndAxes(cv, L, right, T, H - B, lo, hi, "%.2f", Y);
+  for (const MethodResult& m : r.rows) {
+    if (m.stored_raw < 0 || (m.mode != mode && m.method != "full")) continue;
+    cv.Dot(static_cast<int>(X(m.stored_raw)), static_cast<int>(Y(m.perplexity / e)), grey, 2);
+  }
+  int number = 0, ly = T;
+  for (ServingForm form : {ServingForm::kDense, ServingForm::kCompact}) {
+    const Rgb c = colors[form == ServingForm::kDense ? 0 : 1];
+    const std::vector<size_t> front = ParetoFront(r, mode, form);
+    for (size_t i = 0; i < front.size(); ++i) {
+      const MethodResult& m = r.rows[front[i]];
+      const double x = m.stored_raw, y = m.perplexity / e;
+      if (i + 1 < front.size()) {
+        const MethodResult& n = r.rows[front[i + 1]];
+        cv.Line(X(x), Y(y), X(n.stored_raw), Y(n.perplexity / e), c, 2,
+                form == ServingForm::kCompact);
+      }
+      const int px = static_cast<int>(X(x)), py = static_cast<int>(Y(y));
+      if (y > hi) {
+        cv.UpTriangle(px, py, c, 7);
+      } else {
+        cv.Dot(px, py, c, 4);
+      }
+      ++number;
+      cv.Text(px + 6, py + (form == ServingForm::kDense ? -14 : 6), std::to_string(number), 2, c);
+      char label[128];
+      std::snprintf(label, sizeof(label), "%d %s %.2f: %.3f, %.3f", number, m.method.c_str(), m.p_c,
+                    x, y);
+      if (ly < H - 20) cv.Text(right + 20, ly, label, 2, c);
+      ly += 18;
+    }
   }
   const std::string png = EncodePng(W, H, cv.pixels(), /*compress=*/true);
   std::ofstream out(path, std::ios::binary);

@@ -33,4 +33,9 @@ std::string StoredZlib(const std::string& raw);
 // Writes the plot to `path`. "full" (p_c 0 only) is drawn as a horizontal dashed line.
 Status WritePerplexityPlot(const HarnessReport& r, const std::string& path);
 
+// Writes the fronts of `mode` (fronts.h) to `path`: stored/raw (x, 0 to 1) against perplexity /
+// engine (y, capped at 2.5), every row measured in bytes a grey dot, the dense front in blue and
+// the compact front in red, each front point numbered; the legend names the numbered points.
+Status WriteFrontPlot(const HarnessReport& r, const std::string& mode, const std::string& path);
+
 }  // namespace kvd::quality

@@ -173,6 +173,23 @@ TEST(HarnessOptionsTest, Validate) {
   EXPECT_NE(p.Validate().message().find("passkey method 'keydiff' is not in methods"),
             std::string::npos)
       << p.Validate();
+  // Per-method p_c lists: the name counts for the passkey and paired lists.
+  p.methods = {"full", "snapkv", "keydiff@0.5:0.9"};
+  EXPECT_TRUE(p.Validate().ok()) << p.Validate();
+  auto spec = ParseMethodSpec("keydiff+int4@0:0.65", {0.5});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name, "keydiff+int4");
+  EXPECT_EQ(spec->ratios, (std::vector<double>{0.0, 0.65}));
+  EXPECT_EQ(ParseMethodSpec("snapkv", {0.5, 0.9})->ratios, (std::vector<double>{0.5, 0.9}));
+  for (const char* bad : {"snapkv@", "snapkv@1", "snapkv@0.5:x", "@0.5"}) {
+    EXPECT_EQ(ParseMethodSpec(bad, {0.5}).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  // Passkey on the fronts, chunk-wise: the context must be whole chunks.
+  p.passkey_fronts = true;
+  p.passkey_filler_tokens = 1000;
+  EXPECT_NE(p.Validate().message().find("multiple of chunk_tokens"), std::string::npos);
+  p.passkey_filler_tokens = 1024;
+  EXPECT_TRUE(p.Validate().ok()) << p.Validate();
 }
 
 TEST(ManifestTest, TextFilesAreHashedAndMustBeUtf8) {
@@ -254,6 +271,7 @@ TEST(ReportTest, CsvAndMarkdown) {
   m.top1_agreement = 0.9;
   m.layer_rel_error = {0.1, 0.3};
   m.mean_rel_error = 0.2;
+  m.stored_raw = 0.5123;
   r.rows.push_back(m);
   const std::string csv = ToCsv(r);
   m.ppl_ratio_lo = 1.2;
@@ -274,6 +292,13 @@ TEST(ReportTest, CsvAndMarkdown) {
   EXPECT_EQ(back->rows[0].mode, "one-shot");
   EXPECT_DOUBLE_EQ(back->rows[0].ppl_ratio_hi, 1.3);
   EXPECT_DOUBLE_EQ(back->rows[0].top1_lo, 0.85);
+  EXPECT_DOUBLE_EQ(back->rows[0].stored_raw, 0.5123);
+  EXPECT_FALSE(back->rows[0].keeps_positions);
+  // The 19-field layout (before stored bytes and forms) reads with no bytes measured.
+  auto no_bytes =
+      FromCsv("h\nsnapkv,chunk-wise,0.5,0.5,10,12,1.2,1.1,1.3,0.9,0.8,1,0.1,0,0,0,0,1,1\n");
+  ASSERT_TRUE(no_bytes.ok()) << no_bytes.status();
+  EXPECT_LT(no_bytes->rows[0].stored_raw, 0);
   // The 11-field layout of earlier runs still re-plots (as one-shot rows).
   auto old = FromCsv(
       "h\nengine,0,0,2040,14.054,1,1,0,3,3,0\nsnapkv,0.5000,0.5,2040,14.212,1.011,0.942,0.09,0,3,"
@@ -289,7 +314,7 @@ TEST(ReportTest, CsvAndMarkdown) {
   EXPECT_DOUBLE_EQ(back->engine_perplexity, 10.0);
   auto bad = FromCsv("header\nbad,row\n");
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("line 2 has 2 fields, expected 19"), std::string::npos)
+  EXPECT_NE(bad.status().message().find("line 2 has 2 fields, expected 21"), std::string::npos)
       << bad.status();
   const std::string md = ToMarkdown(r, "kvd-quality --quick");
   EXPECT_NE(md.find("| sink_recent | 0.50 |"), std::string::npos) << md;
@@ -328,7 +353,8 @@ TEST(ReportTest, WritesFilesAndAValidPng) {
     ASSERT_EQ(one.rows.size(), 4u);  // full + 3 ratios of this mode
     EXPECT_EQ(PlotLegend(one), (std::vector<std::string>{"full: black", "sink_recent: red"}));
   }
-  for (const char* f : {"results.csv", "segments.csv", "layers.csv", "results.md"}) {
+  for (const char* f : {"results.csv", "segments.csv", "layers.csv", "results.md",
+                        "fronts-one-shot.png", "fronts-chunk-wise.png"}) {
     EXPECT_TRUE(std::ifstream(dir + "/" + f).good()) << f;
   }
 }

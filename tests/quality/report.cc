@@ -8,18 +8,15 @@
 #include <sstream>
 
 #include "bootstrap.h"
+#include "fronts.h"
 #include "plot.h"
 
 namespace kvd::quality {
-namespace {
-
 std::string Fmt(const char* f, double v) {
   char b[64];
   std::snprintf(b, sizeof(b), f, v);
   return b;
 }
-
-}  // namespace
 
 std::vector<std::string> ModesOf(const HarnessReport& r) {
   std::vector<std::string> modes;
@@ -45,7 +42,7 @@ std::string ToCsv(const HarnessReport& r) {
   os << kCsvHeader << "\n";
   os << "engine,one-shot,0,0," << r.engine_scored_tokens << "," << Fmt("%.6f", r.engine_perplexity)
      << ",1,1,1,1,1,1,0," << r.engine_passkey_correct << "," << r.engine_passkey_total << ","
-     << r.engine_multikey_correct << "," << r.engine_multikey_total << ",0,0\n";
+     << r.engine_multikey_correct << "," << r.engine_multikey_total << ",0,0,1,dense\n";
   for (const MethodResult& m : r.rows) {
     os << m.method << "," << m.mode << "," << Fmt("%.4f", m.p_c) << ","
        << Fmt("%.4f", m.achieved_p_c) << "," << m.scored_tokens << "," << Fmt("%.6f", m.perplexity)
@@ -54,7 +51,9 @@ std::string ToCsv(const HarnessReport& r) {
        << Fmt("%.6f", m.top1_agreement) << "," << Fmt("%.6f", m.top1_lo) << ","
        << Fmt("%.6f", m.top1_hi) << "," << Fmt("%.6f", m.mean_rel_error) << "," << m.passkey_correct
        << "," << m.passkey_total << "," << m.multikey_correct << "," << m.multikey_total << ","
-       << Fmt("%.2f", m.seconds) << "," << Fmt("%.2f", m.cpu_seconds) << "\n";
+       << Fmt("%.2f", m.seconds) << "," << Fmt("%.2f", m.cpu_seconds) << ","
+       << Fmt("%.4f", m.stored_raw) << ","
+       << ServingFormName(m.keeps_positions ? ServingForm::kDense : ServingForm::kCompact) << "\n";
   }
   return os.str();
 }
@@ -107,10 +106,10 @@ std::string ToMarkdown(const HarnessReport& r, const std::string& command) {
   std::string depths;
   for (double d : o.passkey_depths) depths += (depths.empty() ? "" : " / ") + Fmt("%.2f", d);
   for (const std::string& mode : ModesOf(r)) {
-    os << "\n## " << mode << "\n\n| method | p_c | achieved p_c | perplexity | vs full [95% CI] "
-       << "| top-1 agreement [95% CI] | attn rel. error | passkey " << depths
-       << " | multi-key |\n|---|---|---|---|---|---|---|---|---|\n";
-    os << "| engine (uncompressed) | 0 | 0 | " << Fmt("%.3f", r.engine_perplexity)
+    os << "\n## " << mode << "\n\n| method | p_c | achieved p_c | stored/raw | form | perplexity "
+       << "| vs full [95% CI] | top-1 agreement [95% CI] | attn rel. error | passkey " << depths
+       << " | multi-key |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+    os << "| engine (uncompressed) | 0 | 0 | 1.000 | dense | " << Fmt("%.3f", r.engine_perplexity)
        << " | 1.000 | 1.000 | 0 | " << r.engine_passkey_correct << "/" << r.engine_passkey_total
        << " | " << r.engine_multikey_correct << "/" << r.engine_multikey_total << " |\n";
     for (const MethodResult& m : RowsOfMode(r, mode).rows) {
@@ -121,9 +120,11 @@ std::string ToMarkdown(const HarnessReport& r, const std::string& command) {
       }
       if (pk.empty())
         pk = std::to_string(m.passkey_correct) + "/" + std::to_string(m.passkey_total);
-      const bool asked = m.mode == kModeOneShot && m.passkey_total + m.multikey_total > 0;
+      const bool asked = m.passkey_total + m.multikey_total > 0;
       if (!asked) pk = "-";
       os << "| " << m.method << " | " << Fmt("%.2f", m.p_c) << " | " << Fmt("%.3f", m.achieved_p_c)
+         << " | " << (m.stored_raw < 0 ? std::string("-") : Fmt("%.3f", m.stored_raw)) << " | "
+         << ServingFormName(m.keeps_positions ? ServingForm::kDense : ServingForm::kCompact)
          << " | " << Fmt("%.3f", m.perplexity) << " | "
          << Fmt("%.3f", m.perplexity / r.engine_perplexity) << " [" << Fmt("%.3f", m.ppl_ratio_lo)
          << ", " << Fmt("%.3f", m.ppl_ratio_hi) << "] | " << Fmt("%.3f", m.top1_agreement) << " ["
@@ -137,6 +138,10 @@ std::string ToMarkdown(const HarnessReport& r, const std::string& command) {
     for (const std::string& l : PlotLegend(RowsOfMode(r, mode))) os << " " << l << ";";
     os << "\n";
   }
+  os << FrontsToMarkdown(r);
+  os << "\nFront plots: `" << FrontPlotFileName("<mode>")
+     << "` (stored/raw against perplexity / full; dense front blue, compact front red, every "
+        "other row grey).\n";
   os << PairedToMarkdown(r, o.paired_against);
   if (!r.calibration_r2.empty()) {
     os << "\nCalibration R^2 per layer (calib texts, disjoint from eval):\n\n";
@@ -208,6 +213,7 @@ std::string PairedToMarkdown(const HarnessReport& r, const std::vector<std::stri
 }
 
 std::string PlotFileName(const std::string& mode) { return "perplexity-" + mode + ".png"; }
+std::string FrontPlotFileName(const std::string& mode) { return "fronts-" + mode + ".png"; }
 
 StatusOr<HarnessReport> FromCsv(const std::string& csv) {
   HarnessReport r;
@@ -228,12 +234,14 @@ StatusOr<HarnessReport> FromCsv(const std::string& csv) {
       f.insert(f.begin() + 10, {"0", "0"});
       f.insert(f.begin() + 15, {"0", "0"});
     }
-    // The layout before cpu_seconds (18 fields) reads with cpu_seconds 0.
-    if (f.size() == kCsvFields - 1) f.push_back("0");
+    // The layout before cpu_seconds (18 fields) reads with cpu_seconds 0, the one before
+    // stored_raw and form (19 fields) with no bytes measured.
+    if (f.size() == kCsvFields - 3) f.push_back("0");
+    if (f.size() == kCsvFields - 2) f.insert(f.end(), {"-1", "compact"});
     if (f.size() != kCsvFields) {
-      return Status::InvalidArgument("results CSV line " + std::to_string(no) + " has " +
-                                     std::to_string(f.size()) + " fields, expected " +
-                                     std::to_string(kCsvFields) + " (or 18 or 11, older layouts)");
+      return Status::InvalidArgument(
+          "results CSV line " + std::to_string(no) + " has " + std::to_string(f.size()) +
+          " fields, expected " + std::to_string(kCsvFields) + " (or 19, 18 or 11, older layouts)");
     }
     try {
       if (f[0] == "engine") {
@@ -264,6 +272,12 @@ StatusOr<HarnessReport> FromCsv(const std::string& csv) {
       m.multikey_total = std::stoi(f[16]);
       m.seconds = std::stod(f[17]);
       m.cpu_seconds = std::stod(f[18]);
+      m.stored_raw = std::stod(f[19]);
+      if (f[20] != "dense" && f[20] != "compact") {
+        return Status::InvalidArgument("results CSV line " + std::to_string(no) + ": form '" +
+                                       f[20] + "' is not dense or compact");
+      }
+      m.keeps_positions = f[20] == "dense";
       r.rows.push_back(m);
     } catch (const std::exception&) {
       return Status::InvalidArgument("results CSV line " + std::to_string(no) +
@@ -276,6 +290,7 @@ StatusOr<HarnessReport> FromCsv(const std::string& csv) {
 Status WritePlots(const HarnessReport& r, const std::string& dir) {
   for (const std::string& mode : ModesOf(r)) {
     KVD_RETURN_IF_ERROR(WritePerplexityPlot(RowsOfMode(r, mode), dir + "/" + PlotFileName(mode)));
+    KVD_RETURN_IF_ERROR(WriteFrontPlot(r, mode, dir + "/" + FrontPlotFileName(mode)));
   }
   return Status::Ok();
 }

@@ -76,6 +76,10 @@ TEST_F(TierManagerTest, DemotesLeastRecentlyUsedAboveHighWatermark) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->matched_chunks, 6u);
   EXPECT_EQ(manager_->promotions(), 3u);
+  // Where each was found: 0, 4 and 5 in host, 1..3 on disk (copied up by this lookup).
+  const std::vector<TierKind> found_in = {TierKind::kHost, TierKind::kDisk, TierKind::kDisk,
+                                          TierKind::kDisk, TierKind::kHost, TierKind::kHost};
+  EXPECT_EQ(r->found_in, found_in);
   for (size_t i = 0; i < 6; ++i) {
     auto view = host_->Get(r->lease_id, i);
     ASSERT_TRUE(view.ok()) << view.status();
@@ -272,6 +276,15 @@ TEST_F(TierManagerTest, ListAndEvictCountAChunkWithCopiesInTwoTiersOnce) {
   }
   EXPECT_EQ(listed.size(), 5u);
   EXPECT_EQ(manager_->List(ChunkFilter::All(), 4).size(), 4u);  // the limit counts chunks
+  // ListCopies: every copy with its tier (chunks 0-2 twice, 3 on disk, 4 in host).
+  std::multiset<std::pair<uint64_t, TierKind>> copies;
+  for (const ChunkMeta& m : manager_->ListCopies(ChunkFilter::All())) {
+    copies.emplace(m.key.chain_hash.hi, m.tier);
+  }
+  std::multiset<std::pair<uint64_t, TierKind>> expected;
+  for (uint64_t n : {0, 1, 2, 4}) expected.emplace(MakeKey(n).chain_hash.hi, TierKind::kHost);
+  for (uint64_t n : {0, 1, 2, 3}) expected.emplace(MakeKey(n).chain_hash.hi, TierKind::kDisk);
+  EXPECT_EQ(copies, expected);
 
   auto lease = host_->Lookup(ChainRequest(1, 1));  // pin chunk 1's host copy
   ASSERT_TRUE(lease.ok());

@@ -56,6 +56,10 @@ TransportBackend Backend() {
        [](S path, S text, TransportOptions* o) {
          return ParseBoolText(path, text, &o->enable_rma);
        }},
+      {"cma_threshold_bytes",
+       [](S path, S text, TransportOptions* o) {
+         return ParseIntText(path, text, 0, int64_t{1} << 40, &o->cma_threshold_bytes);
+       }},
       {"enable_wakeup",
        [](S path, S text, TransportOptions* o) {
          return ParseBoolText(path, text, &o->enable_wakeup);

@@ -78,6 +78,8 @@ class Client {
   // Longest stored prefix of `chain` (chunk keys, see hashing.h) and a lease pinning the
   // matched chunks. Release the lease (ReleaseLease) when done; it expires otherwise.
   StatusOr<LookupResult> Lookup(std::span<const Hash128> chain);
+  // The same with options (LookupOptions: cluster scope).
+  StatusOr<LookupResult> Lookup(std::span<const Hash128> chain, const LookupOptions& options);
   // Ends a lease. A live lease that this client's Lookup took, with a daemon that takes
   // releases on requests (every kvd since Request.releaseLeases), costs no exchange: it returns
   // OK at once and the lease ends when the daemon reads this client's next request of any kind

@@ -36,11 +36,13 @@ extern "C" {
  * not load (the dynamic loader finds no libkvd_client.so.<N>) instead of misreading a struct.
  * Loaders by path (dlopen, ctypes, cffi) compare kvd_client_abi_version() with the number they
  * were written for.
+ *   4: ClientOptions::cluster_token, LookupResult::holders and fetched_chunks,
+ *      SessionInfo::cluster_lookup (cluster-scope lookups and peer fetch).
  *   3: ClientOptions loses its test seams (test_*), SessionInfo::inline_put.
  *   2: ClientOptions::reserve_ahead (C: kvd_config.reserve_ahead, appended: compatible).
  *   1: kvd_config and the results start with struct_size (their inits are inline).
  *   0: the first releases. */
-#define KVD_CLIENT_ABI_VERSION 3
+#define KVD_CLIENT_ABI_VERSION 4
 
 /* KVD_CLIENT_ABI_VERSION of the library that is loaded. */
 int kvd_client_abi_version(void);

@@ -26,6 +26,11 @@ struct ClientOptions {
   // when the daemon is configured with auth.tokens_file. "" (default) = none. A wrong or missing
   // token fails Connect with PERMISSION_DENIED.
   std::string auth_token;
+  // A kvd of a cluster talking to another member (peer fetch): the cluster's cluster.token. The
+  // daemon checks it against its own (PERMISSION_DENIED naming why when it differs or the daemon
+  // is in no cluster); it stands in for auth_token and the session is read-only. "" (default):
+  // an ordinary client.
+  std::string cluster_token;
   // kEngine (default): puts and gets; needs model, layout and a transport.
   // kAdmin: stats, list, evict, health only; no model, no transport is created.
   Role role = Role::kEngine;

@@ -14,11 +14,41 @@
 namespace kvd::client {
 
 // ---- results ----
+// How many of a lookup's matched chunks one tier held.
+struct TierChunks {
+  std::string tier;  // "gpu", "host", "disk"
+  uint32_t chunks = 0;
+};
+
+// Cluster scope: how long a prefix of the chain one node holds, and in which tiers.
+struct PrefixHolder {
+  std::string node;             // the member's cluster.node
+  uint32_t matched_chunks = 0;  // leading chunks of the chain it holds
+  std::string error;            // "" = answered; else why it gave no answer
+  std::vector<TierChunks> found_in;
+};
+
+struct LookupOptions {
+  // Cluster scope (default false: this daemon only). The daemon also asks the other members of
+  // its cluster that serve the same model and layout, lists every node's prefix in
+  // LookupResult::holders and, by its cluster.peer_fetch policy, first copies the chunks a peer
+  // holds beyond its own prefix into its host tier: the lease and Get then cover them like local
+  // chunks. Needs SessionInfo::cluster_lookup (FAILED_PRECONDITION otherwise).
+  bool cluster = false;
+};
+
 struct LookupResult {
   uint32_t matched_chunks = 0;
   uint64_t matched_tokens = 0;
   uint64_t lease_id = 0;  // 0 when nothing matched (nothing to release)
   uint32_t lease_ttl_ms = 0;
+  // Cluster scope only: every node asked (this daemon first), and the chunks of this lease that
+  // the daemon copied from a peer for it.
+  std::vector<PrefixHolder> holders;
+  uint32_t fetched_chunks = 0;
+  // Where the matched chunks were found, per tier (a chunk the lookup copied up from disk counts
+  // as disk; chunks fetched from a peer as host). Empty from a daemon that predates it.
+  std::vector<TierChunks> found_in;
 };
 
 struct PutResult {
@@ -133,6 +163,8 @@ struct SessionInfo {
   // The daemon takes one-exchange puts of small chunks (HelloReply.inlinePut; see
   // ClientOptions::inline_put_bytes). False for an older daemon: every put takes three steps.
   bool inline_put = false;
+  // The daemon is a cluster member and takes cluster-scope lookups (LookupOptions::cluster).
+  bool cluster_lookup = false;
   // Compression (engine role): the codec id lookups and gets use (0 = raw), the policy's digest
   // and canonical form ("" = none), the window W puts should carry, whether puts without window
   // queries are refused, and the VECTOR calibration version the codec id includes (0 = none).

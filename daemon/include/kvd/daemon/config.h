@@ -200,6 +200,24 @@ struct ProtocolOptions {
   bool operator==(const ProtocolOptions&) const = default;
 };
 
+// What a cluster-scope Lookup does with the chunks a peer holds beyond this node's prefix
+// (YAML cluster.peer_fetch, cluster.peer_timeout_ms). Fixed at start.
+struct PeerFetchOptions {
+  enum class Policy {
+    // "store" (default): copy them from the peer holding the longest prefix into the host tier
+    // (checksum verified on arrival), then lease and serve them like local chunks; later lookups
+    // find them here.
+    kStore,
+    // "off": only report which nodes hold how long a prefix (LookupReply.holders); nothing moves.
+    kOff,
+  };
+  Policy policy = Policy::kStore;
+  // Bound of every step with one peer: connect and handshake, one lookup, one chunk's transfer.
+  // A peer that does not answer within it is skipped (its chunks are a miss). Default 2000 ms,
+  // range [10, 60000].
+  int64_t timeout_ms = 2000;
+};
+
 struct DaemonConfig;
 
 // What this machine offers the tiers, for the start-up check DaemonConfig::CheckResources.
@@ -295,6 +313,8 @@ struct DaemonConfig {
   // Present: kvd registers in etcd at start and keeps a member list (docs/deployment.md
   // "Cluster"); etcd being unreachable never stops kvd from serving its own node.
   std::optional<cluster::MembershipOptions> cluster;
+  // Cluster-scope lookups and peer fetch (keys of the same `cluster` section; unused without it).
+  PeerFetchOptions peer_fetch;
   // `cluster` with cluster.node defaulted to node_name; nullopt without a cluster.
   std::optional<cluster::MembershipOptions> ResolvedCluster() const;
   // KV events for routers in vLLM's KVEvents wire format (YAML `kv_events`: endpoint,

@@ -136,6 +136,9 @@ struct LookupResult {
   LeaseId lease_id = 0;         // 0 iff matched_chunks == 0 (no lease is created for a miss)
   int64_t lease_deadline_ns = 0;
   std::vector<ChunkMeta> chunks;  // metadata of the matched chunks, in order
+  // TierManager::Lookup only: per matched chunk, the tier it was found in (host, or the tier it
+  // was copied into host from by this lookup). Empty from HostTier::Lookup.
+  std::vector<TierKind> found_in;
 };
 
 // A pinned, read-only view of a committed chunk. `data` stays valid until ReleaseRead(read_id).

@@ -144,6 +144,10 @@ class TierManager {
   // as its highest tier's copy, in list order: GPU, then host, then disk), up to `limit`
   // distinct chunks (0 = no limit).
   std::vector<ChunkMeta> List(const ChunkFilter& filter, size_t limit) const;
+  // Every copy of every matching chunk, per tier (a chunk in host and on disk is listed twice,
+  // each with its `tier`), in list order: what the tiers' chunk events have announced as stored
+  // and not removed.
+  std::vector<ChunkMeta> ListCopies(const ChunkFilter& filter) const;
   // Evicts matching chunks from every tier (the tiers other than host from the bottom of the
   // list up, then host, so that a concurrent lookup cannot copy a chunk back up meanwhile). Counted
   // per chunk, not per copy: `deferred` = chunks with a copy pinned by a lease or read (hidden now,

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Every figure of docs/quality.md's "Fronts" section: quality per stored byte, dense and compact
+# fronts in both modes, passkey on the fronts, and kvpress's presses at equal stored bytes.
+#
+#   bench/quality-fronts.sh [BUILD_DIR]
+#
+# 1. $BIN/kvd-quality on 8 segments of 1024 + 128 tokens, one-shot and chunk-wise, every method
+#    of KVD_FRONTS_METHODS at its own p_c list, the passkey prompts asked of every front row
+#    (--passkey-fronts) -> $out/kvd (results.md, results.csv, fronts-<mode>.png, ...).
+# 2. With the kvpress venv of bench/quality-peers.sh (installed by it; skipped when it cannot be),
+#    kvpress's presses on the first KVD_FRONTS_PRESS_SEGMENTS of the same segments at
+#    KVD_FRONTS_PRESS_RATIOS -> $out/kvpress (transformers on the CPU is the slow part), and
+#    bench/kvpress/table.py --equal-bytes -> $out/peers.md: each press against kvd's best
+#    one-shot row storing at most the press's bytes, paired on the same segments.
+#
+#   KVD_FRONTS_OUT           results folder (default: quality-fronts)
+#   KVD_FRONTS_SIZE          "SEGMENTS PREFIX CONTINUATION WINDOW" (default: "8 1024 128 32")
+#   KVD_FRONTS_METHODS       kvd-quality --methods (default below; name@p_c:p_c per method)
+#   KVD_FRONTS_PASSKEY       "CONTEXT TRIALS MULTIKEY" (default: "1024 4 8"; CONTEXT 0 = none)
+#   KVD_FRONTS_PRESSES       presses (default: snapkv,streaming_llm,expected_attention,tova)
+#   KVD_FRONTS_PRESS_RATIOS  press p_c list (default: 0.9, i.e. 0.10 of the bytes)
+#   KVD_FRONTS_PRESS_SEGMENTS  segments for the presses (default: 4; paired on these)
+#   KVD_FRONTS_KVPRESS=0     skip step 2
+# Cost (2 cores, --jobs 2 --threads 1): about 450 s of CPU for step 1 and 350 s for step 2
+# (docs/quality.md gives the measured figures). CPU-heavy: on a shared machine run it under the
+# build lock (flock /tmp/kvd-build.lock ...).
+set -euo pipefail
+repo_root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$repo_root"
+source bench/lib.sh
+bench_build_dir "${1:-}"
+bench_binaries quality-fronts kvd-quality
+
+log() { echo "[quality-fronts] $*" >&2; }
+gguf="$repo_root/models-cache/SmolLM2-135M-Instruct.Q4_1.gguf"
+[[ -f $gguf ]] || gguf=$(./deploy/fetch-models.sh)
+out=${KVD_FRONTS_OUT:-quality-fronts}
+read -r segs prefix cont window <<< "${KVD_FRONTS_SIZE:-8 1024 128 32}"
+read -r pk_ctx pk_trials mk_trials <<< "${KVD_FRONTS_PASSKEY:-1024 4 8}"
+# Dense candidates at p_c 0 (every token, stored in fewer bits) and KVSlimmer's merges; compact
+# ones: eviction alone, and eviction then quantization at the p_c that land near 0.14, 0.10 and
+# 0.05 of the bytes (int4 stores 0.28 of every token's bytes, int8 0.53).
+methods=${KVD_FRONTS_METHODS:-full,bf16@0,int8@0,fp8@0,int4@0:0.65,kvslimmer_gated@0.5,\
+snapkv@0.5:0.75:0.91,keydiff@0.5:0.75:0.91,snapkv+int4@0.5:0.65:0.83,keydiff+int4@0.5:0.65:0.83,\
+snapkv+int8@0.82,keydiff+int8@0.5:0.82}
+presses=${KVD_FRONTS_PRESSES:-snapkv,streaming_llm,expected_attention,tova}
+press_ratios=${KVD_FRONTS_PRESS_RATIOS:-0.9}
+press_segs=${KVD_FRONTS_PRESS_SEGMENTS:-4}
+mkdir -p "$out"
+
+log "kvd-quality: $segs segments of $prefix + $cont, window $window, passkey $pk_ctx tokens"
+start=$(date +%s)
+/usr/bin/time -f "%U %S" -o "$out/kvd.cpu" "$BIN/kvd-quality" --model "$gguf" --out "$out/kvd" \
+  --segments "$segs" --prefix "$prefix" --continuation "$cont" --window "$window" --chunk 256 \
+  --chunk-window 16 --modes chunk-wise,one-shot --calib-segments 0 --methods "$methods" \
+  --passkey "$pk_ctx" --passkey-trials "$pk_trials" --multikey-trials "$mk_trials" \
+  --passkey-methods full --passkey-fronts --jobs 2 --threads 1 > "$out/kvd.log" 2>&1 \
+  || { tail -20 "$out/kvd.log" >&2; exit 1; }
+log "kvd-quality: $(( $(date +%s) - start )) s wall, $(awk '{print $1 + $2}' "$out/kvd.cpu") s CPU"
+
+[[ ${KVD_FRONTS_KVPRESS:-1} == 1 ]] || exit 0
+py=$(KVD_PEERS_SETUP_ONLY=1 bench/quality-peers.sh "$BUILD_DIR" | sed -n 's/^python=//p')
+[[ -n $py ]] || { log "no kvpress venv (bench/quality-peers.sh says why); kvpress skipped"; exit 0; }
+log "kvpress presses: $presses at p_c $press_ratios"
+start=$(date +%s)
+HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 /usr/bin/time -f "%U %S" -o "$out/kvpress.cpu" \
+  "$py" bench/kvpress/run_presses.py --gguf "$gguf" --out "$out/kvpress" --segments "$press_segs" \
+  --prefix "$prefix" --continuation "$cont" --window "$window" --ratios "$press_ratios" \
+  --presses "$presses" --threads 2 > "$out/kvpress.log" 2>&1 \
+  || { tail -20 "$out/kvpress.log" >&2; exit 1; }
+log "kvpress: $(( $(date +%s) - start )) s wall, $(awk '{print $1 + $2}' "$out/kvpress.cpu") s CPU"
+"$py" bench/kvpress/table.py "$out/kvd" "$out/kvpress" --equal-bytes | tee "$out/peers.md"

@@ -1,0 +1,164 @@
+#include "peer_fetch.h"
+
+#include <algorithm>
+#include <cstddef>
+
+#include "kvd/client/client.h"
+#include "kvd/common/hex.h"
+#include "kvd/common/logging.h"
+#include "kvd/storage/tier.h"
+
+namespace kvd::daemon {
+
+PeerFetcher::PeerFetcher(const DaemonConfig& config, const cluster::Membership* membership,
+                         storage::TierManager* tiers)
+    : config_(config),
+      self_(config.ResolvedCluster()->node),
+      token_(config.cluster->token),
+      membership_(membership),
+      tiers_(tiers) {}
+
+PeerFetcher::~PeerFetcher() = default;
+
+std::string PeerFetcher::Ineligible(const cluster::MemberRecord& peer,
+                                    const PeerLookupRequest& request) const {
+  const std::string& name = request.model->name;
+  const uint64_t digest = request.model->layout.Digest();
+  auto it = std::find_if(peer.models.begin(), peer.models.end(),
+                         [&](const auto& m) { return m.name == name; });
+  if (it == peer.models.end()) return "does not serve model " + name;
+  if (it->layout_digest != digest) {
+    return "layout of model " + name + " differs (digest " + Hex64(it->layout_digest) + " there, " +
+           Hex64(digest) + " here): chunks never travel between them";
+  }
+  if (peer.control_address.empty()) return "has no TCP control address";
+  return "";
+}
+
+StatusOr<std::shared_ptr<client::Client>> PeerFetcher::ClientFor(const cluster::MemberRecord& peer,
+                                                                 const PeerLookupRequest& request) {
+  const std::string key =
+      peer.control_address + "|" + request.name_space + "|" + request.model->name;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = clients_.find(key);
+    if (it != clients_.end()) {
+      if (it->second->connected()) return it->second;
+      clients_.erase(it);  // broken (the peer died or restarted): connect again
+    }
+  }
+  client::ClientOptions o;
+  o.address = peer.control_address;
+  o.client_id = "kvd-peer-" + self_;
+  o.name_space = request.name_space;
+  o.cluster_token = token_;
+  o.model = request.model->name;
+  o.layout = request.model->layout;
+  o.hash_seed = config_.hash_seed;
+  o.chunk_tokens = config_.chunk_tokens;
+  o.block_tokens = config_.chunk_tokens;  // the peer client hashes nothing
+  o.transport = config_.transport;
+  o.shared_memory = false;
+  o.read_only = true;
+  const int64_t timeout = config_.peer_fetch.timeout_ms;
+  o.connect_timeout_ms = o.request_timeout_ms = o.transfer_timeout_ms = timeout;
+  o.max_in_flight = kFetchInFlight;
+  KVD_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> made, client::Client::Connect(o));
+  std::shared_ptr<client::Client> shared(std::move(made));
+  std::lock_guard<std::mutex> lock(mu_);
+  clients_[key] = shared;  // a concurrent connect to the same peer: the last one is kept
+  return shared;
+}
+
+uint32_t PeerFetcher::Fetch(client::Client& peer, uint64_t lease, size_t from, size_t to,
+                            const PeerLookupRequest& request) {
+  const size_t chunk_bytes = request.model->layout.ChunkBytes(config_.chunk_tokens);
+  // Up to kFetchInFlight chunks (and kFetchBatchBytes) per GetChunks call: one pipelined round
+  // trip per batch instead of one per chunk.
+  const size_t batch =
+      std::clamp<size_t>(kFetchBatchBytes / chunk_bytes, 1, static_cast<size_t>(kFetchInFlight));
+  std::vector<std::vector<std::byte>> buffers(std::min(batch, to - from),
+                                              std::vector<std::byte>(chunk_bytes));
+  storage::ChunkKey key{request.name_space,
+                        request.model->name,
+                        request.model->layout.Digest(),
+                        request.codec_id,
+                        {}};
+  uint32_t stored = 0;
+  for (size_t first = from; first < to; first += buffers.size()) {
+    const size_t n = std::min(buffers.size(), to - first);
+    std::vector<client::GetItem> items(n);
+    for (size_t j = 0; j < n; ++j) {
+      items[j] = {static_cast<uint32_t>(first + j), buffers[j].data(), chunk_bytes};
+    }
+    // Each chunk verified against the peer's checksum as it arrives (DATA_LOSS otherwise); a
+    // failed batch stores none of its chunks.
+    auto got = peer.GetChunks(lease, items);
+    if (!got.ok()) {
+      KVD_LOG(WARNING) << "peer fetch stopped" << Kv("peer", peer.session().node_name)
+                       << Kv("first_chunk", first) << Kv("error", got.status().ToString());
+      return stored;
+    }
+    for (size_t j = 0; j < n; ++j) {
+      const client::GetResult& r = (*got)[j];
+      if (r.codec_id != request.codec_id) return stored;  // another codec's chunk: not ours
+      key.chain_hash = request.chain[first + j];
+      // Insert computes the checksum again over the bytes it copies and refuses a mismatch.
+      Status s = tiers_->Insert(key, r.tokens, r.checksum,
+                                std::span<const std::byte>(buffers[j].data(), r.bytes));
+      if (!s.ok() && !storage::IsDedup(s)) {
+        KVD_LOG(WARNING) << "peer fetch: storing a fetched chunk failed" << Kv("chunk", first + j)
+                         << Kv("error", s.ToString());
+        return stored;
+      }
+      ++stored;
+    }
+  }
+  return stored;
+}
+
+PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
+  PeerLookupOutcome out;
+  std::shared_ptr<client::Client> best;
+  uint64_t best_lease = 0;
+  uint32_t best_matched = 0;
+  for (const cluster::Member& m : membership_->state().members) {
+    if (m.record.node == self_) continue;
+    PeerPrefix& prefix = out.peers.emplace_back();
+    prefix.node = m.record.node;
+    prefix.error = Ineligible(m.record, request);
+    if (!prefix.error.empty()) continue;
+    auto peer = ClientFor(m.record, request);
+    if (!peer.ok()) {
+      prefix.error = peer.status().ToString();
+      continue;
+    }
+    auto found = (*peer)->Lookup(request.chain);
+    if (!found.ok()) {
+      prefix.error = found.status().ToString();
+      continue;
+    }
+    prefix.matched_chunks = found->matched_chunks;
+    for (const client::TierChunks& t : found->found_in)
+      prefix.found_in.push_back({t.tier, t.chunks});
+    const bool longer =
+        found->matched_chunks > best_matched && (*peer)->session().codec_id == request.codec_id;
+    if (longer) {
+      if (best) best->ReleaseLease(best_lease).IgnoreError();
+      best = *peer;
+      best_lease = found->lease_id;
+      best_matched = found->matched_chunks;
+    } else if (found->lease_id != 0) {
+      (*peer)->ReleaseLease(found->lease_id).IgnoreError();
+    }
+  }
+  if (!best) return out;
+  if (config_.peer_fetch.policy == PeerFetchOptions::Policy::kStore &&
+      best_matched > request.local_matched) {
+    out.fetched_chunks = Fetch(*best, best_lease, request.local_matched, best_matched, request);
+  }
+  best->ReleaseLease(best_lease).IgnoreError();
+  return out;
+}
+
+}  // namespace kvd::daemon

@@ -1,0 +1,103 @@
+// Cluster-scope lookups (Lookup.cluster): which members hold how long a prefix of a chain, and
+// peer fetch: copying the chunks a peer holds beyond this node's prefix into the host tier.
+// Private to daemon/.
+//
+// Mechanism: fan-out. The members come from the membership (etcd); each other member that serves
+// the same model with the same layout digest is asked a local Lookup of the whole chain over its
+// TCP control address, as a peer client (libkvd_client with ClientOptions::cluster_token, one
+// cached connection per peer, namespace and model). Nothing is indexed ahead: an answer is as
+// fresh as the peers' tiers at the moment of the lookup; the member list is as fresh as the etcd
+// watch (a dead node is listed until its lease expires and then answers "unreachable").
+//
+// The chunks move over the bulk transport (the peer client's UCX worker to the peer's), are
+// checked against the peer's checksum on arrival (libkvd_client's Get) and again by the host
+// tier's Insert, then stored under the same key. A chunk never travels between nodes whose
+// layouts of the model differ: such a member is not asked (the holder's error names why), and
+// its Hello would be refused anyway (layout mismatch).
+//
+// Failure semantics: every step with a peer is bounded by PeerFetchOptions::timeout_ms. A peer
+// that fails (dead, refused, timed out) contributes nothing; a fetch that fails midway keeps the
+// chunks fetched before it (each one whole and verified) and the rest is a miss.
+//
+// Thread safety: AskPeers is thread-safe and blocks (network round trips): call it on the worker
+// pool, never on the io_context thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kvd/cluster/membership.h"
+#include "kvd/common/hash.h"
+#include "kvd/daemon/config.h"
+#include "kvd/storage/tier_manager.h"
+
+namespace kvd::client {
+class Client;
+}  // namespace kvd::client
+
+namespace kvd::daemon {
+
+// One cluster-scope lookup, as the session asks it.
+struct PeerLookupRequest {
+  std::string name_space;
+  const ModelConfig* model = nullptr;
+  uint32_t codec_id = 0;       // the session's codec: only a peer serving the same is fetched
+  std::vector<Hash128> chain;  // the whole chain, chunk 0 first
+  size_t local_matched = 0;    // this node's prefix (chunks)
+};
+
+// How long a prefix one member holds (proto PrefixHolder).
+struct PeerPrefix {
+  std::string node;
+  uint32_t matched_chunks = 0;
+  std::string error;                                       // "" = answered
+  std::vector<std::pair<std::string, uint32_t>> found_in;  // (tier, chunks) as the peer said
+};
+
+struct PeerLookupOutcome {
+  std::vector<PeerPrefix> peers;  // every other member, by node id
+  uint32_t fetched_chunks = 0;    // chunks stored here from the longest peer prefix
+};
+
+class PeerFetcher {
+ public:
+  // `membership` and `tiers` outlive this. REQUIRES: config.cluster.
+  PeerFetcher(const DaemonConfig& config, const cluster::Membership* membership,
+              storage::TierManager* tiers);
+  ~PeerFetcher();
+
+  // Asks the other members (see the file comment) and, under PeerFetchOptions::Policy::kStore,
+  // fetches chunks [local_matched, longest peer prefix) from the peer holding the longest prefix
+  // into the host tier.
+  PeerLookupOutcome AskPeers(const PeerLookupRequest& request);
+
+ private:
+  // A connected peer client for (peer, namespace, model), made or reused.
+  StatusOr<std::shared_ptr<client::Client>> ClientFor(const cluster::MemberRecord& peer,
+                                                      const PeerLookupRequest& request);
+  // Why `peer` is not asked for `request`'s model ("" = it is).
+  std::string Ineligible(const cluster::MemberRecord& peer, const PeerLookupRequest& request) const;
+  // Copies chunks [from, to) of `lease` from `peer` into the host tier; the number stored.
+  uint32_t Fetch(client::Client& peer, uint64_t lease, size_t from, size_t to,
+                 const PeerLookupRequest& request);
+
+  // A fetch keeps up to this many chunks, and at most kFetchBatchBytes, in flight.
+  static constexpr int kFetchInFlight = 8;
+  static constexpr size_t kFetchBatchBytes = size_t{64} << 20;
+
+  const DaemonConfig& config_;
+  const std::string self_;   // this node's cluster id
+  const std::string token_;  // cluster.token
+  const cluster::Membership* const membership_;
+  storage::TierManager* const tiers_;
+
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<client::Client>> clients_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace kvd::daemon

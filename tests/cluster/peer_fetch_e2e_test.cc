@@ -1,0 +1,286 @@
+// Cluster-scope lookups and peer fetch between three real kvd processes (127.0.0.2-4, UCX over
+// tcp) on a real etcd-server: which node holds how long a prefix; a chunk a peer holds is fetched
+// byte-exact and served like a local one; a wrong cluster token and a differing layout are
+// refused naming why; a peer killed with SIGKILL during fetches gives misses, never wrong bytes,
+// never a hang. Skipped when etcd is not installed.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "e2e_common.h"
+#include "etcd_server.h"
+
+namespace kvd::e2e {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr char kToken[] = "peer-fetch-token";
+constexpr int kPeerTimeoutMs = 1000;
+
+// A model registered with another layout on node c (same name, same chain hashes).
+constexpr char kTinyModel[] = "tiny";
+ModelLayout TinyLayout(int head_dim) {
+  ModelLayout l;
+  l.num_layers = 2;
+  l.num_kv_heads = 2;
+  l.num_q_heads = 2;
+  l.head_dim = head_dim;
+  l.dtype = DType::kFloat32;
+  l.rope.pairing = RopePairing::kInterleaved;
+  return l;
+}
+std::string TinyModelYaml(int head_dim) {
+  return "  - name: tiny\n    layout: {layers: 2, kv_heads: 2, q_heads: 2, head_dim: " +
+         std::to_string(head_dim) +
+         ", dtype: float32, rope: {theta: 10000, pairing: interleaved, scaling: none}}\n";
+}
+
+class PeerFetchE2eTest : public cluster_test::EtcdTest {
+ protected:
+  void SetUp() override {
+    EtcdTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    for (int i = 0; i < 3; ++i) {
+      kvds_.push_back(
+          StartNode(std::string(1, static_cast<char>('a' + i)), 2 + i, kToken, i == 2 ? 16 : 8));
+      ASSERT_NE(kvds_.back(), nullptr);
+    }
+    ASSERT_TRUE(AllSeeMembers(3)) << kvds_[0]->Log();
+  }
+  void TearDown() override {
+    for (auto& kvd : kvds_) {
+      if (kvd && kvd->Alive()) {
+        EXPECT_EQ(kvd->Stop(), 0) << kvd->Log();
+      }
+    }
+  }
+
+  std::unique_ptr<KvdProcess> StartNode(const std::string& node, int ip_last, const char* token,
+                                        int tiny_head_dim) {
+    KvdConfig c;
+    c.ucx_tls = "tcp";
+    c.host_capacity = "96MiB";
+    c.listen = "127.0.0." + std::to_string(ip_last) + ":0";
+    c.metrics = true;
+    c.extra_models = TinyModelYaml(tiny_head_dim);
+    c.extra_yaml = "cluster:\n  etcd: [" + etcd_->endpoint() + "]\n  name: pf\n  node: " + node +
+                   "\n  lease_ttl_s: 3\n  token: " + token +
+                   "\n  peer_timeout_ms: " + std::to_string(kPeerTimeoutMs) + "\n";
+    return StartKvd(c);
+  }
+
+  // Every live kvd lists `members` members (this node included).
+  bool AllSeeMembers(double members) {
+    return Eventually(
+        [&] {
+          for (auto& kvd : kvds_) {
+            if (kvd->Alive() && MetricValue(*kvd, "kvd_cluster_members") != members) return false;
+          }
+          return true;
+        },
+        milliseconds(10000));
+  }
+
+  std::vector<std::unique_ptr<KvdProcess>> kvds_;
+};
+
+// Puts chunks [0, n) of `chain` on `c`, returning their bytes.
+std::vector<std::vector<uint8_t>> PutPrefix(client::Client& c, const std::vector<Hash128>& chain,
+                                            size_t n, uint64_t seed) {
+  std::vector<std::vector<uint8_t>> bytes;
+  for (size_t i = 0; i < n; ++i) bytes.push_back(PutChunk(c, chain[i], seed + i));
+  return bytes;
+}
+
+const client::PrefixHolder* HolderOf(const client::LookupResult& r, const std::string& node) {
+  for (const auto& h : r.holders) {
+    if (h.node == node) return &h;
+  }
+  return nullptr;
+}
+
+TEST_F(PeerFetchE2eTest, ClusterLookupNamesEachNodesPrefixAndPeerFetchIsByteExact) {
+  auto a = ConnectOrFail(kvds_[0]->EngineOptions("reader-a"));
+  auto b = ConnectOrFail(kvds_[1]->EngineOptions("writer-b"));
+  auto c = ConnectOrFail(kvds_[2]->EngineOptions("writer-c"));
+  ASSERT_TRUE(a && b && c);
+  EXPECT_TRUE(a->session().cluster_lookup);
+  auto chain = a->hasher().ChunkChain(RandomTokens(4 * 256, 7), true);
+  ASSERT_EQ(chain.size(), 4u);
+  auto bytes = PutPrefix(*b, chain, 4, 100);  // b holds 4 chunks, c the first 2
+  PutPrefix(*c, chain, 2, 100);
+
+  auto local = a->Lookup(chain);
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(local->matched_chunks, 0u);
+  EXPECT_TRUE(local->holders.empty());
+
+  auto hit = a->Lookup(chain, {.cluster = true});
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  ASSERT_EQ(hit->holders.size(), 3u);
+  EXPECT_EQ(hit->holders[0].node, "a");
+  const auto* hb = HolderOf(*hit, "b");
+  const auto* hc = HolderOf(*hit, "c");
+  ASSERT_TRUE(hb && hc);
+  EXPECT_EQ(hb->matched_chunks, 4u) << hb->error;
+  EXPECT_EQ(hc->matched_chunks, 2u) << hc->error;
+  EXPECT_EQ(hb->error, "");
+  // Where b and c hold them: their host tiers (a has none before the fetch).
+  ASSERT_EQ(hb->found_in.size(), 1u);
+  EXPECT_EQ(hb->found_in[0].tier, "host");
+  EXPECT_EQ(hb->found_in[0].chunks, 4u);
+  ASSERT_EQ(hc->found_in.size(), 1u);
+  EXPECT_EQ(hc->found_in[0].chunks, 2u);
+  EXPECT_EQ(hit->fetched_chunks, 4u);
+  ASSERT_EQ(hit->matched_chunks, 4u);
+  EXPECT_EQ(hit->holders[0].matched_chunks, 4u);
+  for (uint32_t i = 0; i < 4; ++i) {
+    std::vector<uint8_t> out(bytes[i].size());
+    auto got = a->Get(hit->lease_id, i, out.data(), out.size());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(out == bytes[i]) << "chunk " << i << " differs";
+  }
+  ASSERT_TRUE(a->ReleaseLease(hit->lease_id).ok());
+
+  // Stored on a now: a local lookup finds them, a cluster one fetches nothing more.
+  auto again = a->Lookup(chain);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->matched_chunks, 4u);
+  if (again->lease_id != 0) EXPECT_TRUE(a->ReleaseLease(again->lease_id).ok());
+  auto cluster_again = a->Lookup(chain, {.cluster = true});
+  ASSERT_TRUE(cluster_again.ok()) << cluster_again.status();
+  EXPECT_EQ(cluster_again->fetched_chunks, 0u);
+  EXPECT_EQ(cluster_again->matched_chunks, 4u);
+}
+
+TEST_F(PeerFetchE2eTest, AWrongClusterTokenIsRefusedNamingWhy) {
+  client::ClientOptions o = kvds_[1]->EngineOptions("impostor");
+  o.cluster_token = "not-the-token";
+  auto refused = client::Client::Connect(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_NE(refused.status().message().find("cluster token mismatch"), std::string::npos)
+      << refused.status();
+
+  // The right token is a read-only peer session.
+  o.cluster_token = kToken;
+  auto peer = ConnectOrFail(o);
+  ASSERT_NE(peer, nullptr);
+  EXPECT_TRUE(peer->session().read_only);
+
+  // A kvd of the same cluster name with another token is never a member, so never asked.
+  auto d = StartNode("d", 5, "another-token", 8);
+  ASSERT_NE(d, nullptr);
+  auto writer = ConnectOrFail(d->EngineOptions("writer-d"));
+  auto reader = ConnectOrFail(kvds_[0]->EngineOptions("reader-a"));
+  ASSERT_TRUE(writer && reader);
+  auto chain = reader->hasher().ChunkChain(RandomTokens(256, 9), true);
+  PutPrefix(*writer, chain, 1, 300);
+  ASSERT_TRUE(Eventually([&] { return MetricValue(*kvds_[0], "kvd_cluster_refused") >= 1; },
+                         milliseconds(10000)));
+  auto hit = reader->Lookup(chain, {.cluster = true});
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(hit->matched_chunks, 0u);
+  EXPECT_EQ(HolderOf(*hit, "d"), nullptr);
+  EXPECT_EQ(d->Stop(), 0);
+}
+
+TEST_F(PeerFetchE2eTest, AChunkNeverTravelsToANodeWhoseLayoutDiffers) {
+  // c registers "tiny" with head_dim 16, a and b with 8.
+  client::ClientOptions on_c = kvds_[2]->EngineOptions("writer-c");
+  on_c.model = kTinyModel;
+  on_c.layout = TinyLayout(16);
+  auto writer = ConnectOrFail(on_c);
+  client::ClientOptions on_a = kvds_[0]->EngineOptions("reader-a");
+  on_a.model = kTinyModel;
+  on_a.layout = TinyLayout(8);
+  auto reader = ConnectOrFail(on_a);
+  ASSERT_TRUE(writer && reader);
+  auto chain = reader->hasher().ChunkChain(RandomTokens(256, 11), true);
+  PutPrefix(*writer, chain, 1, 400);
+
+  auto hit = reader->Lookup(chain, {.cluster = true});
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(hit->matched_chunks, 0u);
+  EXPECT_EQ(hit->fetched_chunks, 0u);
+  const auto* hc = HolderOf(*hit, "c");
+  ASSERT_NE(hc, nullptr);
+  EXPECT_EQ(hc->matched_chunks, 0u);
+  EXPECT_NE(hc->error.find("layout of model tiny differs"), std::string::npos) << hc->error;
+
+  // And c itself refuses a peer of a's layout, naming the field.
+  client::ClientOptions peer = on_a;
+  peer.address = kvds_[2]->tcp_address();
+  peer.cluster_token = kToken;
+  auto refused = client::Client::Connect(peer);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("layout mismatch"), std::string::npos)
+      << refused.status();
+}
+
+TEST_F(PeerFetchE2eTest, APeerKilledDuringFetchesGivesMissesNeverWrongBytesNorAHang) {
+  constexpr int kCycles = 50;
+  constexpr size_t kChunks = 2;
+  auto b = ConnectOrFail(kvds_[1]->EngineOptions("writer-b"));
+  auto a = ConnectOrFail(kvds_[0]->EngineOptions("reader-a"));
+  ASSERT_TRUE(a && b);
+  std::vector<std::vector<Hash128>> chains;
+  std::vector<std::vector<std::vector<uint8_t>>> bytes;
+  for (int i = 0; i < kCycles; ++i) {
+    chains.push_back(a->hasher().ChunkChain(RandomTokens(kChunks * 256, 1000 + i), true));
+    bytes.push_back(PutPrefix(*b, chains.back(), kChunks, 5000 + 10 * i));
+  }
+  b.reset();
+
+  std::atomic<int> cycle{0};
+  std::thread killer([&] {
+    while (cycle.load() < kCycles / 4) std::this_thread::sleep_for(milliseconds(1));
+    std::this_thread::sleep_for(milliseconds(3));  // into a cycle's fetch
+    kvds_[1]->Kill();
+  });
+  int fetched = 0, missed = 0, partial = 0;
+  double longest_s = 0;
+  for (int i = 0; i < kCycles; ++i) {
+    cycle.store(i);
+    const auto start = std::chrono::steady_clock::now();
+    auto hit = a->Lookup(chains[i], {.cluster = true});
+    longest_s = std::max(
+        longest_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    ASSERT_TRUE(hit.ok()) << "cycle " << i << ": " << hit.status();
+    for (uint32_t k = 0; k < hit->matched_chunks; ++k) {
+      std::vector<uint8_t> out(bytes[i][k].size());
+      auto got = a->Get(hit->lease_id, k, out.data(), out.size());
+      ASSERT_TRUE(got.ok()) << "cycle " << i << " chunk " << k << ": " << got.status();
+      ASSERT_TRUE(out == bytes[i][k]) << "wrong bytes: cycle " << i << " chunk " << k;
+    }
+    if (hit->lease_id != 0) EXPECT_TRUE(a->ReleaseLease(hit->lease_id).ok());
+    if (hit->matched_chunks == kChunks) {
+      ++fetched;
+    } else if (hit->matched_chunks == 0) {
+      ++missed;
+    } else {
+      ++partial;
+    }
+  }
+  killer.join();
+  std::printf(
+      "[peer-fetch] %d cycles, peer b SIGKILLed at cycle %d: %d fetched whole, %d "
+      "partial, %d misses; slowest cluster lookup %.3f s (peer timeout %d ms)\n",
+      kCycles, kCycles / 4, fetched, partial, missed, longest_s, kPeerTimeoutMs);
+  EXPECT_GE(fetched, kCycles / 4 - 1);
+  EXPECT_GE(missed, kCycles / 2);
+  // No hang: every step with the dead peer is bounded by the peer timeout (connect, lookup,
+  // one transfer), so a lookup ends within a few of them (a generous bound, not a speed).
+  EXPECT_LT(longest_s, 10.0);
+  // a still serves (and its peer c still answers).
+  auto c_hit = a->Lookup(chains[0], {.cluster = true});
+  ASSERT_TRUE(c_hit.ok()) << c_hit.status();
+}
+
+}  // namespace
+}  // namespace kvd::e2e
