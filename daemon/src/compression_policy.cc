@@ -70,11 +70,31 @@ Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) con
   if (!OneOf(route, {"none", "vector"})) {
     return Bad(key + ".stages", route, "is not a route method (vector)");
   }
-  if (!OneOf(quant_format, {"none", "int8", "int4", "fp8_e4m3"})) {
-    return Bad(key + ".quant_format", quant_format, "is not int8, int4 or fp8_e4m3");
+  if (!OneOf(quant_format, {"none", "int8", "int4", "int3", "int2", "fp8_e4m3"})) {
+    return Bad(key + ".quant_format", quant_format, "is not int8, int4, int3, int2 or fp8_e4m3");
+  }
+  if (!OneOf(quant_value_format, {"same", "int8", "int4", "int3", "int2", "fp8_e4m3"})) {
+    return Bad(key + ".quant_value_format", quant_value_format,
+               "is not same, int8, int4, int3, int2 or fp8_e4m3");
+  }
+  if (!OneOf(quant_rotate, {"none", "hadamard"})) {
+    return Bad(key + ".quant_rotate", quant_rotate, "is not none or hadamard");
+  }
+  if (!Quantizes() && (quant_rotate != "none" || quant_value_format != "same")) {
+    return Bad(key + (quant_rotate != "none" ? ".quant_rotate" : ".quant_value_format"),
+               quant_rotate != "none" ? quant_rotate : quant_value_format,
+               "is set, but the policy has no quantize stage");
   }
   if (quant_group < 1 || quant_group > 65536) {
     return Bad(key + ".quant_group", std::to_string(quant_group), "is outside [1, 65536]");
+  }
+  if (quant_key_group < 0 || quant_key_group > 65536) {
+    return Bad(key + ".quant_key_group", std::to_string(quant_key_group),
+               "is outside [1, 65536] (0: quant_group)");
+  }
+  if (!Quantizes() && quant_key_group != 0) {
+    return Bad(key + ".quant_key_group", std::to_string(quant_key_group),
+               "is set, but the policy has no quantize stage");
   }
   if (quant_recent < 0 || quant_recent > (1 << 30)) {
     return Bad(key + ".quant_recent", std::to_string(quant_recent), "is outside [0, 2^30]");
@@ -156,7 +176,15 @@ std::string CompressionPolicy::CanonicalForm() const {
          // Only when on, so that the codec ids of policies without it stay what they were.
          (Quantizes() ? " quant=" + quant_format + "/" + std::to_string(quant_group) + "/" +
                             std::to_string(quant_recent)
-                      : std::string());
+                      : std::string()) +
+         // Likewise the rotation and a value format of their own.
+         (quant_rotate != "none" ? " quant_rotate=" + quant_rotate : std::string()) +
+         (quant_key_group != 0 && quant_key_group != quant_group
+              ? " quant_key_group=" + std::to_string(quant_key_group)
+              : std::string()) +
+         (quant_value_format != "same" && quant_value_format != quant_format
+              ? " quant_values=" + quant_value_format
+              : std::string());
 }
 
 int CompressionPolicy::CudaOrdinal() const {

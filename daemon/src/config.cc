@@ -191,6 +191,13 @@ Status DaemonConfig::Validate() const {
     KVD_RETURN_IF_ERROR(m.layout.Validate().WithContext(key + " (" + m.name + ").layout"));
     if (m.compression) {
       KVD_RETURN_IF_ERROR(m.compression->Validate(key + ".compression", chunk_tokens));
+      const int d = m.layout.head_dim;
+      if (m.compression->quant_rotate == "hadamard" && (d & (d - 1)) != 0) {
+        return Status::InvalidArgument(key +
+                                       ".compression.quant_rotate: \"hadamard\" needs a "
+                                       "power-of-two head_dim; " +
+                                       m.name + " has " + std::to_string(d));
+      }
     }
     uint64_t chunk = m.layout.ChunkBytes(chunk_tokens);
     if (chunk > limits.max_chunk_bytes) {

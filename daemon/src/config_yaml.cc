@@ -191,8 +191,8 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
                {"stages", "p_c", "window", "sinks", "pooling", "pooling_kernel", "keydiff_block",
                 "pyramid_beta", "merge_norm", "position", "max_group", "min_cos", "route_eps",
                 "r2_threshold", "calibration_tokens", "worker_threads", "queue_depth", "device",
-                "quant_format", "quant_group", "quant_recent", "ea_future_positions",
-                "ea_min_queries"}));
+                 "quant_format", "quant_group", "quant_key_group", "quant_recent", "quant_rotate",
+                 "quant_value_format", "ea_future_positions", "ea_min_queries"}));
   CompressionPolicy p;
   const YAML::Node stages = node["stages"];
   if (!stages.IsDefined() || !stages.IsSequence() || stages.size() == 0) {
@@ -247,12 +247,17 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
     KVD_RETURN_IF_ERROR(GetString(node, path, "quant_format", &p.quant_format));
     if (p.quant_format == "none") {
       return Bad(Join(path, "quant_format"), p.quant_format,
-                 "is not int8, int4 or fp8_e4m3 (drop the quantize stage to store full precision)");
+                 "is not int8, int4, int3, int2 or fp8_e4m3 (drop the quantize stage to store full "
+                 "precision)");
     }
     KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_group", &p.quant_group, 1, 65536));
+    KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_key_group", &p.quant_key_group, 1, 65536));
     KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_recent", &p.quant_recent, 0, 1 << 30));
+    KVD_RETURN_IF_ERROR(GetString(node, path, "quant_rotate", &p.quant_rotate));
+    KVD_RETURN_IF_ERROR(GetString(node, path, "quant_value_format", &p.quant_value_format));
   } else {
-    for (const char* k : {"quant_format", "quant_group", "quant_recent"}) {
+    for (const char* k : {"quant_format", "quant_group", "quant_key_group", "quant_recent",
+                          "quant_rotate", "quant_value_format"}) {
       if (node[k].IsDefined()) {
         return Status::InvalidArgument(path + "." + k +
                                        ": set, but stages has no quantize stage (e.g. "

@@ -1,6 +1,7 @@
-// Compact chunk validation and the v2 / v3 byte format (docs/chunk-format.md is the spec; keep
-// both in step; v3 is v2 with the quantize stage's fields in a 96-byte header). Version 1 chunks are read by compact_chunk_v1.cc; the slot metadata of v2 is coded by
-// slot_metadata.cc.
+// Compact chunk validation and the v2 / v3 / v4 byte format (docs/chunk-format.md is the spec;
+// keep both in step; v3 is v2 with the quantize stage's fields in a 96-byte header, v4 is v3 with
+// the rotation and the value format in its reserved bytes). Version 1 chunks are read by
+// compact_chunk_v1.cc; the slot metadata of v2 is coded by slot_metadata.cc.
 #include "kvd/kernels/compact_chunk.h"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "byte_io.h"
 #include "compact_chunk_internal.h"
 #include "kvd/common/hash.h"
+#include "quantize_backend.h"
 #include "slot_metadata.h"
 
 namespace kvd::kernels {
@@ -24,11 +26,25 @@ using internal::ValidateCodec;
 namespace {
 
 constexpr uint16_t kVersion = 2;           // unquantized chunks: byte for byte what v2 writers wrote
-constexpr uint16_t kQuantizedVersion = 3;  // chunks with a quantize stage
+constexpr uint16_t kQuantizedVersion = 3;  // chunks with a quantize stage version 3 can record
+constexpr uint16_t kQuantizedV4Version = 4;  // the rest: rotation, int3 / int2, value format
 constexpr size_t kHeaderBytes = 80;
 constexpr size_t kQuantizedHeaderBytes = 96;
 constexpr size_t kDataAlign = 64;
 constexpr size_t kTrailerBytes = internal::kCompactChunkTrailerBytes;
+
+// Whether a quantized chunk needs version 4: what version 3's fields cannot say.
+bool NeedsV4(const QuantDescription& q) {
+  const auto v3_format = [](QuantFormat f) {
+    return f == QuantFormat::kInt8 || f == QuantFormat::kInt4 || f == QuantFormat::kFp8E4M3;
+  };
+  return q.rotation != QuantRotation::kNone || q.value_format != QuantFormat::kNone ||
+         !v3_format(q.format);
+}
+
+uint16_t VersionOf(const QuantDescription& q) {
+  return !q.quantized() ? kVersion : NeedsV4(q) ? kQuantizedV4Version : kQuantizedVersion;
+}
 
 size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -54,13 +70,15 @@ int64_t PositionBase(const CompactChunk& chunk) {
 size_t MinRowBytes(const CompactChunk& c) {
   const QuantDescription& q = c.codec.quant;
   if (!q.quantized()) return static_cast<size_t>(c.head_dim) * DTypeSize(c.dtype);
-  return q.format == QuantFormat::kInt4 ? (static_cast<size_t>(c.head_dim) + 1) / 2
-                                        : static_cast<size_t>(c.head_dim);
+  const QuantBlock k{.format = q.format, .d = c.head_dim};
+  const QuantBlock v{.format = q.ValueFormat(), .d = c.head_dim};
+  return std::max<size_t>(1, std::min(k.CodeRow(), v.CodeRow()));
 }
 
-// Versions 2 and 3 (`version`, already checked to be one of them).
+// Versions 2, 3 and 4 (`version`, already checked to be one of them).
 StatusOr<CompactChunk> DecodeV2(std::span<const uint8_t> bytes, uint16_t version) {
-  const size_t header_size = version == kQuantizedVersion ? kQuantizedHeaderBytes : kHeaderBytes;
+  const bool quantized = version != kVersion;
+  const size_t header_size = quantized ? kQuantizedHeaderBytes : kHeaderBytes;
   if (bytes.size() < header_size + kTrailerBytes) {
     return Status::DataLoss("compact chunk truncated: " + std::to_string(bytes.size()) +
                             " bytes, a version " + std::to_string(version) +
@@ -82,26 +100,40 @@ StatusOr<CompactChunk> DecodeV2(std::span<const uint8_t> bytes, uint16_t version
   r.Get(&reserved16), r.Get(&meta_bytes);
   r.Get(&c.codec.p_c), r.Get(&c.codec.calibration_version), r.Get(&c.original_tokens);
   r.Get(&c.layout_digest), r.Get(&position_base), r.Get(&total);
-  uint32_t quant_fields[4] = {};  // v3: key_group, value_group, recent, reserved
-  if (version == kQuantizedVersion) {
+  uint32_t quant_fields[4] = {};  // key_group, value_group, recent, v3 reserved / v4 value format
+  if (quantized) {
     for (uint32_t& q : quant_fields) r.Get(&q);
   }
   KVD_RETURN_IF_ERROR(internal::CheckSizeAndChecksum(bytes, total));
   // From here the bytes are what an encoder wrote; inconsistencies mean a broken encoder.
   if (header_bytes != header_size) return Status::DataLoss("corrupt compact chunk: header size");
-  if (version == kQuantizedVersion) {
-    // Offset 26: the quant format (1 byte), then a reserved byte.
+  if (quantized) {
+    // Offset 26: the quant format (1 byte), then the rotation (v4; reserved in v3).
     const uint8_t format = static_cast<uint8_t>(reserved16 & 0xff);
-    if ((reserved16 >> 8) != 0 || quant_fields[3] != 0) {
+    const uint8_t rotation = static_cast<uint8_t>(reserved16 >> 8);
+    const bool v4 = version == kQuantizedV4Version;
+    if (!v4 && (rotation != 0 || quant_fields[3] != 0)) {
       return Status::DataLoss("corrupt compact chunk: reserved bytes not zero");
     }
     if (format == 0) {
-      return Status::DataLoss("corrupt compact chunk: version 3 without a quant format");
+      return Status::DataLoss("corrupt compact chunk: version " + std::to_string(version) +
+                              " without a quant format");
     }
+    if (quant_fields[3] > 0xff) return Status::DataLoss("corrupt compact chunk: value format");
     c.codec.quant = {.format = static_cast<QuantFormat>(format),
                      .key_group = quant_fields[0],
                      .value_group = quant_fields[1],
-                     .recent = quant_fields[2]};
+                     .recent = quant_fields[2],
+                     .rotation = static_cast<QuantRotation>(rotation),
+                     .value_format = static_cast<QuantFormat>(quant_fields[3])};
+    if (Status s = ValidateCodec(c.codec); !s.ok()) {
+      return Status::DataLoss("corrupt compact chunk: " + s.message());
+    }
+    if (NeedsV4(c.codec.quant) != v4) {
+      return Status::DataLoss("corrupt compact chunk: version " + std::to_string(version) +
+                              " for a quantize stage that version " + (v4 ? "3" : "4") +
+                              " records");
+    }
   } else if (reserved16 != 0) {
     return Status::DataLoss("corrupt compact chunk: reserved bytes not zero");
   }
@@ -198,12 +230,22 @@ Status ValidateCodec(const CodecDescription& c) {
     return Status::InvalidArgument("codec: p_c " + std::to_string(c.p_c) + " not in [0, 1)");
   }
   const QuantDescription& q = c.quant;
-  if (static_cast<uint8_t>(q.format) > static_cast<uint8_t>(QuantFormat::kFp8E4M3)) {
+  if (static_cast<uint8_t>(q.format) > static_cast<uint8_t>(QuantFormat::kInt2) ||
+      static_cast<uint8_t>(q.value_format) > static_cast<uint8_t>(QuantFormat::kInt2)) {
     return Status::InvalidArgument("codec: unknown quant format");
   }
+  if (static_cast<uint8_t>(q.rotation) > static_cast<uint8_t>(QuantRotation::kHadamard)) {
+    return Status::InvalidArgument("codec: unknown quant rotation");
+  }
+  if (q.value_format != QuantFormat::kNone && q.value_format == q.format) {
+    return Status::InvalidArgument(
+        "codec: quant value format equal to the key format (leave it none)");
+  }
   if (!q.quantized()) {
-    if (q.key_group != 0 || q.value_group != 0 || q.recent != 0) {
-      return Status::InvalidArgument("codec: quant groups or recent window without a format");
+    if (q.key_group != 0 || q.value_group != 0 || q.recent != 0 ||
+        q.rotation != QuantRotation::kNone || q.value_format != QuantFormat::kNone) {
+      return Status::InvalidArgument(
+          "codec: quant groups, recent window, rotation or value format without a format");
     }
   } else if (q.key_group < 1 || q.key_group > kMaxQuantGroup || q.value_group < 1 ||
              q.value_group > kMaxQuantGroup || q.recent > kMaxQuantRecent) {
@@ -270,6 +312,11 @@ Status CompactChunk::Validate() const {
   }
   if (original_tokens < 0) return Status::InvalidArgument("compact chunk: original_tokens < 0");
   KVD_RETURN_IF_ERROR(ValidateCodec(codec));
+  if (codec.quant.rotation == QuantRotation::kHadamard && (head_dim & (head_dim - 1)) != 0) {
+    return Status::InvalidArgument(
+        "compact chunk: the hadamard rotation needs a power-of-two head_dim, got " +
+        std::to_string(head_dim));
+  }
   if (heads.size() != static_cast<size_t>(num_layers) * num_kv_heads) {
     return Status::InvalidArgument("compact chunk: " + std::to_string(heads.size()) +
                                    " heads, expected num_layers * num_kv_heads");
@@ -366,7 +413,7 @@ StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk) {
   out.reserve(total);
   internal::ByteWriter w(&out);
   w.PutBytes(internal::kCompactChunkMagic, 4);
-  w.Put(quant.quantized() ? kQuantizedVersion : kVersion);
+  w.Put(VersionOf(quant));
   w.Put(static_cast<uint16_t>(header_size));
   w.Put(static_cast<uint32_t>(chunk.num_layers));
   w.Put(static_cast<uint32_t>(chunk.num_kv_heads));
@@ -377,8 +424,8 @@ StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk) {
   w.Put(static_cast<uint8_t>(chunk.codec.merge_norm));
   w.Put(static_cast<uint8_t>(chunk.codec.route));
   w.Put(static_cast<uint8_t>(chunk.codec.position));
-  w.Put(static_cast<uint8_t>(quant.format));  // 0 in version 2 (reserved there)
-  w.Put(uint8_t{0});
+  w.Put(static_cast<uint8_t>(quant.format));    // 0 in version 2 (reserved there)
+  w.Put(static_cast<uint8_t>(quant.rotation));  // 0 in versions 2 and 3
   w.Put(static_cast<uint32_t>(meta.size()));
   w.Put(chunk.codec.p_c);
   w.Put(chunk.codec.calibration_version);
@@ -390,7 +437,7 @@ StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk) {
     w.Put(quant.key_group);
     w.Put(quant.value_group);
     w.Put(quant.recent);
-    w.Put(uint32_t{0});
+    w.Put(static_cast<uint32_t>(quant.value_format));  // 0 in version 3
   }
   w.PutBytes(meta.data(), meta.size());
   w.Align(kDataAlign);
@@ -418,9 +465,9 @@ StatusOr<CompactChunk> DecodeCompactChunk(std::span<const uint8_t> bytes) {
   uint16_t version;
   std::memcpy(&version, bytes.data() + 4, 2);
   if (version == 1) return internal::DecodeCompactChunkV1(bytes);
-  if (version != kVersion && version != kQuantizedVersion) {
+  if (version != kVersion && version != kQuantizedVersion && version != kQuantizedV4Version) {
     return Status::InvalidArgument("unsupported compact chunk version " + std::to_string(version) +
-                                   " (this build reads 1, 2 and 3)");
+                                   " (this build reads 1, 2, 3 and 4)");
   }
   return DecodeV2(bytes, version);
 }
@@ -459,6 +506,19 @@ std::string_view QuantFormatName(QuantFormat f) {
       return "int4";
     case QuantFormat::kFp8E4M3:
       return "fp8_e4m3";
+    case QuantFormat::kInt3:
+      return "int3";
+    case QuantFormat::kInt2:
+      return "int2";
+  }
+  return "unknown";
+}
+std::string_view QuantRotationName(QuantRotation r) {
+  switch (r) {
+    case QuantRotation::kNone:
+      return "none";
+    case QuantRotation::kHadamard:
+      return "hadamard";
   }
   return "unknown";
 }
@@ -471,12 +531,13 @@ size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDe
   if (!quant.quantized()) return static_cast<size_t>(rows) * row;
   const size_t n = static_cast<size_t>(rows);
   const size_t rq = n > quant.recent ? n - quant.recent : 0;  // quantized rows
-  const size_t code_row = quant.format == QuantFormat::kInt4 ? (d + 1) / 2 : d;
-  const size_t param = quant.format == QuantFormat::kFp8E4M3 ? 2 : 4;  // float16 scale (+ min)
-  const size_t kg = std::max<uint32_t>(quant.key_group, 1);
-  const size_t vg = std::max<uint32_t>(quant.value_group, 1);
-  const size_t groups = keys ? (rq + kg - 1) / kg * d : rq * ((d + vg - 1) / vg);
-  return rq * code_row + groups * param + (n - rq) * row;
+  const QuantBlock b{
+      .format = quant.FormatOf(keys),
+      .keys = keys,
+      .rows = static_cast<int64_t>(rq),
+      .d = head_dim,
+      .group = static_cast<int>(std::max<uint32_t>(keys ? quant.key_group : quant.value_group, 1))};
+  return b.Bytes() + (n - rq) * row;
 }
 
 std::string_view RouteStageName(RouteStage s) {

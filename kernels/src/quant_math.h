@@ -137,12 +137,75 @@ KVD_QHD uint8_t Fp8Code(float x, float scale) {
 
 KVD_QHD float Fp8Value(uint8_t code, float scale) { return E4M3ToFloat(code) * scale; }
 
-// A code of `bits` (8 or 4) at element `i` of a packed row (4 bits: element 2k in the low nibble
-// of byte k, 2k+1 in the high nibble).
+// Codes of `bits` (8, 4, 3 or 2) packed into a row as a little-endian bit stream: element i takes
+// bits [i * bits, (i + 1) * bits) counted from bit 0 of byte 0 (4 bits: element 2k in the low
+// nibble of byte k, 2k+1 in the high nibble; 3 bits: an element may straddle two bytes). A row of
+// d codes takes ceil(d * bits / 8) bytes; the bits after the last code are 0.
 KVD_QHD uint8_t GetCode(const uint8_t* row, int64_t i, int bits) {
   if (bits == 8) return row[i];
-  const uint8_t b = row[i >> 1];
-  return (i & 1) ? static_cast<uint8_t>(b >> 4) : static_cast<uint8_t>(b & 0xfu);
+  const int64_t bit = i * bits;
+  const int shift = static_cast<int>(bit & 7);
+  unsigned v = row[bit >> 3];
+  if (shift + bits > 8) v |= static_cast<unsigned>(row[(bit >> 3) + 1]) << 8;
+  return static_cast<uint8_t>((v >> shift) & ((1u << bits) - 1));
+}
+
+// Sets the code of element i in a row whose bits for it are still 0.
+KVD_QHD void OrCode(uint8_t* row, int64_t i, int bits, uint8_t code) {
+  if (bits == 8) {
+    row[i] = code;
+    return;
+  }
+  const int64_t bit = i * bits;
+  const int shift = static_cast<int>(bit & 7);
+  row[bit >> 3] = static_cast<uint8_t>(row[bit >> 3] | ((code << shift) & 0xffu));
+  if (shift + bits > 8) {
+    row[(bit >> 3) + 1] = static_cast<uint8_t>(row[(bit >> 3) + 1] | (code >> (8 - shift)));
+  }
+}
+
+// The randomized Hadamard rotation R = H D / sqrt(d) of a row of d = 2^k floats (H the Sylvester
+// Hadamard matrix, D = diag(s), s_i = +-1 the top bit of SplitMix64(kHadamardSeed + i)). R is
+// orthogonal, R^-1 = D H / sqrt(d). Adds, subtractions, sign flips and one multiplication per
+// element in a fixed order (no fused operations), so both backends agree bit for bit.
+inline constexpr uint64_t kHadamardSeed = 0x6b76642d68616431ull;  // "kvd-had1"
+
+KVD_QHD bool HadamardSignNegative(int i) {
+  uint64_t z = kHadamardSeed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return (z >> 63) != 0;
+}
+
+// The fast Walsh-Hadamard transform of x (unnormalized, in place; d a power of two).
+KVD_QHD void WalshHadamard(float* x, int d) {
+  for (int h = 1; h < d; h *= 2) {
+    for (int i = 0; i < d; i += 2 * h) {
+      for (int j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+}
+
+KVD_QHD float HadamardScale(int d) {
+  return static_cast<float>(1.0 / sqrt(static_cast<double>(d)));
+}
+
+// x <- R x (forward) or R^-1 x.
+KVD_QHD void HadamardRotate(float* x, int d, bool inverse) {
+  if (!inverse) {
+    for (int i = 0; i < d; ++i) x[i] = HadamardSignNegative(i) ? -x[i] : x[i];
+  }
+  WalshHadamard(x, d);
+  const float scale = HadamardScale(d);
+  for (int i = 0; i < d; ++i) x[i] = x[i] * scale;
+  if (inverse) {
+    for (int i = 0; i < d; ++i) x[i] = HadamardSignNegative(i) ? -x[i] : x[i];
+  }
 }
 
 }  // namespace kvd::kernels::quant

@@ -14,11 +14,21 @@ namespace {
 
 QuantBlock Block(const QuantDescription& q, bool keys, int64_t rows, int d) {
   const int64_t rq = rows > static_cast<int64_t>(q.recent) ? rows - q.recent : 0;
-  return {.format = q.format,
+  return {.format = q.FormatOf(keys),
           .keys = keys,
           .rows = rq,
           .d = d,
-          .group = static_cast<int>(keys ? q.key_group : q.value_group)};
+          .group = static_cast<int>(keys ? q.key_group : q.value_group),
+          .rotation = q.rotation};
+}
+
+// INVALID_ARGUMENT when the rotation cannot apply to rows of d elements.
+Status CheckRotation(const QuantDescription& q, int d, const char* what) {
+  if (q.rotation == QuantRotation::kHadamard && (d < 1 || (d & (d - 1)) != 0)) {
+    return Status::InvalidArgument(std::string(what) + ": the hadamard rotation needs a " +
+                                   "power-of-two head_dim, got " + std::to_string(d));
+  }
+  return Status::Ok();
 }
 
 // A dense copy of the view's first `rows` rows.
@@ -48,6 +58,7 @@ Status QuantizeRows(ConstMatrixView rows, DType dtype, const QuantDescription& q
                                    " bytes, expected " +
                                    std::to_string(QuantizedRowsBytes(rows.rows, d, dtype, q, keys)));
   }
+  KVD_RETURN_IF_ERROR(CheckRotation(q, d, "QuantizeRows"));
   KVD_RETURN_IF_ERROR(CheckFinite(rows, "QuantizeRows input"));
   const QuantBlock b = Block(q, keys, rows.rows, d);
   const std::vector<float> x = Dense(rows, b.rows);
@@ -84,6 +95,7 @@ Status DequantizeRows(std::span<const uint8_t> in, DType dtype, const QuantDescr
                                    " bytes, expected " +
                                    std::to_string(QuantizedRowsBytes(out.rows, d, dtype, q, keys)));
   }
+  KVD_RETURN_IF_ERROR(CheckRotation(q, d, "DequantizeRows"));
   const QuantBlock b = Block(q, keys, out.rows, d);
   std::vector<float> x(static_cast<size_t>(b.rows) * d);
   if (exec.backend == Backend::kCuda) {

@@ -12,21 +12,34 @@
 namespace kvd::kernels {
 
 // The quantized rows of one matrix: `rows` rows of `d` floats, keys per channel over `group`
-// rows, values per row over `group` channels. Layout of the bytes: codes [rows, CodeRow()]
-// (4 bits: two per byte, low nibble first), then Groups() parameter records of ParamBytes()
-// (int: float16 min, float16 scale; fp8: float16 scale), keys in (row group, channel) order,
-// values in (row, channel group) order.
+// rows, values per row over `group` channels, after the rotation (if any) of every row. Layout
+// of the bytes: codes [rows, CodeRow()] (fewer than 8 bits: a bit stream, quant::GetCode), then
+// Groups() parameter records of ParamBytes() (int: float16 min, float16 scale; fp8: float16 scale),
+// keys in (row group, channel) order, values in (row, channel group) order.
 struct QuantBlock {
   QuantFormat format = QuantFormat::kInt8;
   bool keys = true;
   int64_t rows = 0;
   int d = 0;
   int group = 1;
+  QuantRotation rotation = QuantRotation::kNone;
 
   bool fp8() const { return format == QuantFormat::kFp8E4M3; }
-  int bits() const { return format == QuantFormat::kInt4 ? 4 : 8; }
+  bool rotated() const { return rotation != QuantRotation::kNone; }
+  int bits() const {
+    switch (format) {
+      case QuantFormat::kInt4:
+        return 4;
+      case QuantFormat::kInt3:
+        return 3;
+      case QuantFormat::kInt2:
+        return 2;
+      default:
+        return 8;
+    }
+  }
   int qmax() const { return (1 << bits()) - 1; }
-  size_t CodeRow() const { return bits() == 4 ? (static_cast<size_t>(d) + 1) / 2 : d; }
+  size_t CodeRow() const { return (static_cast<size_t>(d) * bits() + 7) / 8; }
   size_t CodeBytes() const { return static_cast<size_t>(rows) * CodeRow(); }
   int ParamBytes() const { return fp8() ? 2 : 4; }
   int64_t RowGroups() const { return (rows + group - 1) / group; }  // keys

@@ -13,6 +13,7 @@
 
 #include "kvd/daemon/config.h"
 #include "kvd/kernels/compact_chunk.h"
+#include "kvd/kernels/quantize.h"
 
 namespace kvd::daemon {
 namespace {
@@ -131,6 +132,34 @@ TEST(ChunkCodecTest, TheQuantizeStageOfThePolicyIsInTheStoredChunk) {
   EXPECT_EQ(qc->codec.score, kernels::ScoreStage::kKeyDiff);
   EXPECT_EQ(ac->codec.score, kernels::ScoreStage::kNone);
   EXPECT_LT(q->bytes.size(), p->bytes.size());
+}
+
+// The rotation, a value format and a key group of their own reach the stored chunk (version 4),
+// and the chunk decodes and dequantizes.
+TEST(ChunkCodecTest, TheRotationAndValueFormatOfThePolicyAreInTheStoredChunk) {
+  auto config = ParseConfigYaml(
+      "models: [{name: m, layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 8, dtype: "
+      "float32}, compression: {stages: [quantize], quant_format: int3, quant_group: 8, "
+      "quant_key_group: 5, quant_rotate: hadamard, quant_value_format: int2, window: 4, sinks: 2, "
+      "device: cpu}}]");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const ModelConfig& m = config->models[0];
+  auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  auto e = (*codec)->Encode(PutBytes(**codec, m, 5), kTokens, 0, kWindow);
+  ASSERT_TRUE(e.ok()) << e.status();
+  uint16_t version;
+  std::memcpy(&version, e->bytes.data() + 4, 2);
+  EXPECT_EQ(version, 4);
+  auto c = kernels::DecodeCompactChunk(e->bytes);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->codec.quant,
+            (kernels::QuantDescription{.format = kernels::QuantFormat::kInt3,
+                                       .key_group = 5,
+                                       .value_group = 8,
+                                       .rotation = kernels::QuantRotation::kHadamard,
+                                       .value_format = kernels::QuantFormat::kInt2}));
+  EXPECT_TRUE(kernels::DequantizeChunk(*c).ok());
 }
 
 // CompressionPolicy::KeepsPositions (HelloReply.keepsPositions: what vLLM's connector serves)

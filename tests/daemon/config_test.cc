@@ -480,11 +480,42 @@ TEST(ConfigPolicyTest, ParsesTheQuantizeStageAndItsKeys) {
   qg.quant_group = 32;
   CompressionPolicy qr = q;
   qr.quant_recent = 8;
+  CompressionPolicy qrot = q;
+  qrot.quant_rotate = "hadamard";
+  CompressionPolicy qv = q;
+  qv.quant_value_format = "int2";
+  CompressionPolicy qk = q;
+  qk.quant_key_group = 37;
   EXPECT_EQ(plain.CanonicalForm().find("quant"), std::string::npos);
-  for (const CompressionPolicy* other : {&q4, &qg, &qr}) {
+  for (const CompressionPolicy* other : {&q4, &qg, &qr, &qrot, &qv, &qk}) {
     EXPECT_NE(q.CodecId(0), other->CodecId(0));
   }
   EXPECT_NE(plain.CodecId(0), q.CodecId(0));
+  // Without them the canonical form (so every stored chunk's key) is what it was; a value
+  // format equal to the key format is the same policy.
+  EXPECT_EQ(q.CanonicalForm().find("quant_rotate"), std::string::npos);
+  EXPECT_EQ(q.CanonicalForm().find("quant_values"), std::string::npos);
+  CompressionPolicy qsame = q;
+  qsame.quant_value_format = "int8";
+  qsame.quant_key_group = qsame.quant_group;
+  EXPECT_EQ(q.CodecId(0), qsame.CodecId(0));
+
+  auto rot =
+      ParseConfigYaml(PolicyYaml("{stages: [quantize], quant_format: int3, quant_rotate: hadamard, "
+                                 "quant_value_format: int2}"));
+  ASSERT_TRUE(rot.ok()) << rot.status();
+  EXPECT_EQ(rot->models[0].compression->quant_rotate, "hadamard");
+  EXPECT_EQ(rot->models[0].compression->quant_value_format, "int2");
+  EXPECT_EQ(rot->models[0].compression->quant_format, "int3");
+  // The rotation needs a power-of-two head_dim.
+  auto odd = ParseConfigYaml(
+      "models: [{name: m, layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 12}, "
+      "compression: {stages: [quantize], quant_rotate: hadamard}}]");
+  ASSERT_FALSE(odd.ok());
+  EXPECT_EQ(odd.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(odd.status().message(),
+              HasSubstr("models[0].compression.quant_rotate: \"hadamard\" needs a power-of-two "
+                        "head_dim; m has 12"));
 }
 
 TEST(ConfigPolicyTest, CodecIdFollowsEveryByteChangingParameterAndCalibration) {
@@ -716,15 +747,26 @@ TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
        {"models[0].compression.ea_min_queries", "no expected_attention stage"}},
       {"{stages: [expected_attention, keydiff]}", {"stages[1]", "keydiff", "second score method"}},
       // the quantize stage
-      {"{stages: [quantize], quant_format: int3}",
-       {"models[0].compression.quant_format", "\"int3\"", "int8, int4 or fp8_e4m3"}},
+      {"{stages: [quantize], quant_format: int5}",
+       {"models[0].compression.quant_format", "\"int5\"", "int8, int4, int3, int2 or fp8_e4m3"}},
+      {"{stages: [quantize], quant_rotate: walsh}",
+       {"models[0].compression.quant_rotate", "\"walsh\"", "none or hadamard"}},
+      {"{stages: [quantize], quant_value_format: int1}",
+       {"models[0].compression.quant_value_format", "\"int1\"", "same, int8, int4, int3"}},
+      {"{stages: [keydiff], quant_rotate: hadamard}",
+       {"models[0].compression.quant_rotate", "no quantize stage"}},
+      {"{stages: [quantize], quant_key_group: 0}",
+       {"models[0].compression.quant_key_group", "\"0\"", "[1, 65536]"}},
+      {"{stages: [keydiff], quant_key_group: 32}",
+       {"models[0].compression.quant_key_group", "no quantize stage"}},
+      {"{stages: [keydiff], quant_value_format: int2}",
+       {"models[0].compression.quant_value_format", "no quantize stage"}},
       {"{stages: [quantize], quant_format: none}",
        {"models[0].compression.quant_format", "\"none\"", "drop the quantize stage"}},
       {"{stages: [quantize], quant_group: 0}",
        {"models[0].compression.quant_group", "\"0\"", "[1, 65536]"}},
       {"{stages: [quantize], quant_group: 70000}", {"models[0].compression.quant_group"}},
-      {"{stages: [quantize], quant_recent: -1}",
-       {"models[0].compression.quant_recent", "\"-1\""}},
+      {"{stages: [quantize], quant_recent: -1}", {"models[0].compression.quant_recent", "\"-1\""}},
       {"{stages: [keydiff], quant_format: int4}",
        {"models[0].compression.quant_format", "no quantize stage"}},
       {"{stages: [keydiff], quant_group: 32}",

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 
 #include "compact_chunk_golden.h"
 #include "kvd/common/hash.h"
@@ -317,10 +318,10 @@ TEST(CompactChunk, DecodeRejectsDamage) {
   EXPECT_THAT(DecodeCompactChunk(bad).status().message(), HasSubstr("bad magic"));
 
   bad = good;
-  bad[4] = 4;
+  bad[4] = 5;
   EXPECT_EQ(DecodeCompactChunk(bad).status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(DecodeCompactChunk(bad).status().message(),
-              HasSubstr("unsupported compact chunk version 4 (this build reads 1, 2 and 3)"));
+              HasSubstr("unsupported compact chunk version 5 (this build reads 1, 2, 3 and 4)"));
 
   auto cut = std::span(good).first(good.size() - 1);
   EXPECT_EQ(DecodeCompactChunk(cut).status().code(), StatusCode::kDataLoss);
@@ -468,7 +469,10 @@ namespace {
 
 // A plan-shaped chunk with finite keys and values, quantized (int4, keys over 4 slots, values over
 // 3 channels, the last 2 rows of each head kept): the version 3 format.
-CompactChunk QuantizedChunk(uint64_t seed) {
+CompactChunk QuantizedChunk(uint64_t seed, QuantDescription q = {.format = QuantFormat::kInt4,
+                                                                 .key_group = 4,
+                                                                 .value_group = 3,
+                                                                 .recent = 2}) {
   CompactChunk c = PlanShapedChunk(2, 3, 8, true, true, false, 256, seed);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> dist(0.0f, 2.0f);
@@ -480,10 +484,9 @@ CompactChunk QuantizedChunk(uint64_t seed) {
       }
     }
   }
-  auto q = QuantizeChunk(
-      c, {.format = QuantFormat::kInt4, .key_group = 4, .value_group = 3, .recent = 2});
-  EXPECT_TRUE(q.ok()) << q.status();
-  return *q;
+  auto quantized = QuantizeChunk(c, q);
+  EXPECT_TRUE(quantized.ok()) << quantized.status();
+  return *quantized;
 }
 
 TEST(CompactChunkV3, QuantizedChunksRoundTripAsVersion3) {
@@ -507,16 +510,29 @@ TEST(CompactChunkV3, QuantizedChunksRoundTripAsVersion3) {
   EXPECT_EQ(bytes.size(), (96 + MetadataBytes(bytes) + 63) / 64 * 64 + data + 8);
 }
 
+// One byte of a chunk's body set to `value`, the chunk restamped: DATA_LOSS "corrupt compact
+// chunk" with `message`.
+struct Damage {
+  size_t offset;
+  uint8_t value;
+  const char* message;
+};
+void ExpectDamageRefused(const std::vector<uint8_t>& good, std::span<const Damage> cases) {
+  const std::vector<uint8_t> body(good.begin(), good.end() - 8);
+  for (const Damage& d : cases) {
+    auto bad = body;
+    bad[d.offset] = d.value;
+    auto r = DecodeCompactChunk(Restamp(bad));
+    ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << d.offset << " " << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("corrupt compact chunk")) << d.offset;
+    EXPECT_THAT(r.status().message(), HasSubstr(d.message)) << d.offset << " " << r.status();
+  }
+}
+
 TEST(CompactChunkV3, TruncationAndDamageAreErrors) {
   const CompactChunk c = QuantizedChunk(62);
   const std::vector<uint8_t> good = *EncodeCompactChunk(c);
   ExpectEveryPrefixRefused(good, 96);
-  const std::vector<uint8_t> body(good.begin(), good.end() - 8);
-  struct Damage {
-    size_t offset;
-    uint8_t value;
-    const char* message;
-  };
   const Damage cases[] = {
       {26, 0, "version 3 without a quant format"},
       {26, 9, "unknown quant format"},
@@ -527,14 +543,74 @@ TEST(CompactChunkV3, TruncationAndDamageAreErrors) {
       {88, 3, "corrupt compact chunk"},  // recent 2 -> 3: the rows no longer add up
       {6, 80, "header size"},
   };
-  for (const Damage& d : cases) {
-    auto bad = body;
-    bad[d.offset] = d.value;
-    auto r = DecodeCompactChunk(Restamp(bad));
-    ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << d.offset << " " << r.status();
-    EXPECT_THAT(r.status().message(), HasSubstr("corrupt compact chunk")) << d.offset;
-    EXPECT_THAT(r.status().message(), HasSubstr(d.message)) << d.offset << " " << r.status();
+  ExpectDamageRefused(good, cases);
+}
+
+// Version 4: a rotation, int3 / int2 or a value format of its own. The fields sit in version 3's
+// reserved bytes (27: rotation; 92: value format); version 3 stays what plain int8 / int4 / fp8
+// chunks are written as.
+const QuantDescription kV4Quant{.format = QuantFormat::kInt3,
+                                .key_group = 4,
+                                .value_group = 8,
+                                .recent = 1,
+                                .rotation = QuantRotation::kHadamard,
+                                .value_format = QuantFormat::kInt2};
+
+TEST(CompactChunkV4, RotatedAndNarrowChunksRoundTripAsVersion4) {
+  const CompactChunk c = QuantizedChunk(63, kV4Quant);
+  ExpectRoundTrip(c);
+  const std::vector<uint8_t> bytes = *EncodeCompactChunk(c);
+  uint16_t version;
+  std::memcpy(&version, bytes.data() + 4, 2);
+  EXPECT_EQ(version, 4);
+  EXPECT_EQ(bytes[26], static_cast<uint8_t>(QuantFormat::kInt3));
+  EXPECT_EQ(bytes[27], static_cast<uint8_t>(QuantRotation::kHadamard));
+  EXPECT_EQ(bytes[92], static_cast<uint8_t>(QuantFormat::kInt2));
+  for (const QuantDescription& q :
+       {QuantDescription{.format = QuantFormat::kInt2, .key_group = 4, .value_group = 8},
+        QuantDescription{.format = QuantFormat::kInt4,
+        .key_group = 4,
+        .value_group = 8,
+        .rotation = QuantRotation::kHadamard},
+        QuantDescription{.format = QuantFormat::kInt8,
+        .key_group = 4,
+        .value_group = 8,
+        .value_format = QuantFormat::kInt4}}) {
+    const CompactChunk one = QuantizedChunk(64, q);
+    ExpectRoundTrip(one);
+    const std::vector<uint8_t> b = *EncodeCompactChunk(one);
+    std::memcpy(&version, b.data() + 4, 2);
+    EXPECT_EQ(version, 4) << QuantFormatName(q.format);
   }
+  // The rotation needs a power-of-two head_dim; a value format equal to the key format is
+  // written as none (one encoding per chunk).
+  CompactChunk odd = c;
+  odd.head_dim = 6;
+  EXPECT_THAT(odd.Validate().message(), HasSubstr("power-of-two head_dim, got 6"));
+  CompactChunk same = c;
+  same.codec.quant.value_format = QuantFormat::kInt3;
+  EXPECT_THAT(same.Validate().message(), HasSubstr("value format equal to the key format"));
+}
+
+TEST(CompactChunkV4, DamageIsAnError) {
+  const std::vector<uint8_t> good = *EncodeCompactChunk(QuantizedChunk(65, kV4Quant));
+  ExpectEveryPrefixRefused(good, 96);
+  const Damage cases[] = {
+      {27, 7, "unknown quant rotation"},
+      {92, 9, "unknown quant format"},
+      {92, 4, "value format equal to the key format"},
+      {93, 1, "value format"},
+      {26, 0, "version 4 without a quant format"},
+  };
+  ExpectDamageRefused(good, cases);
+  // A version 4 header for what version 3 records (int4, no rotation, one format): not what an
+  // encoder writes. Sizes still add up (int4 keys and values over the same groups).
+  const std::vector<uint8_t> v3 = *EncodeCompactChunk(QuantizedChunk(66));
+  auto bad = std::vector<uint8_t>(v3.begin(), v3.end() - 8);
+  bad[4] = 4;
+  auto r = DecodeCompactChunk(Restamp(bad));
+  ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("version 4 for a quantize stage that version 3"));
 }
 
 }  // namespace

@@ -139,9 +139,23 @@ std::vector<Matrix> Inputs(int64_t rows, int d, uint64_t seed) {
 // (within float32 rounding; at a rounding tie q may differ by one), and is within scale / 2 of
 // the input, scale being at most the reference's: (max - min) / qmax widened by the float16
 // minimum's rounding (<= one float16 ulp of the minimum) and rounded up to float16 (<= 2^-10).
+int RefQmax(QuantFormat f) {
+  switch (f) {
+    case QuantFormat::kInt4:
+      return 15;
+    case QuantFormat::kInt3:
+      return 7;
+    case QuantFormat::kInt2:
+      return 3;
+    default:
+      return 255;
+  }
+}
+
 TEST(QuantizeTest, IntFormatsMatchTheFloat64ReferenceWithinHalfAScale) {
-  for (const QuantFormat f : {QuantFormat::kInt8, QuantFormat::kInt4}) {
-    const int qmax = f == QuantFormat::kInt8 ? 255 : 15;
+  for (const QuantFormat f :
+       {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kInt3, QuantFormat::kInt2}) {
+    const int qmax = RefQmax(f);
     for (const Shape& s : kShapes) {
       for (const bool keys : {true, false}) {
         const QuantDescription q{.format = f,
@@ -215,6 +229,123 @@ TEST(QuantizeTest, Fp8MatchesTheFloat64ReferenceWithinItsRelativeError) {
   }
 }
 
+// The documented rotation in float64: y = H D x / sqrt(d), s_i = +-1 from the top bit of
+// SplitMix64(seed + (i + 1) * golden), written here from the description in quantize.h.
+std::vector<double> RefHadamard(const float* x, int d) {
+  std::vector<double> y(x, x + d);
+  for (int i = 0; i < d; ++i) {
+    uint64_t z = 0x6b76642d68616431ull + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    if (z >> 63) y[i] = -y[i];
+  }
+  std::vector<double> out(d, 0.0);
+  for (int r = 0; r < d; ++r) {  // H[r][c] = (-1)^popcount(r & c)
+    for (int c = 0; c < d; ++c) out[r] += (__builtin_popcount(r & c) & 1 ? -1.0 : 1.0) * y[c];
+    out[r] /= std::sqrt(static_cast<double>(d));
+  }
+  return out;
+}
+
+// Rotated integer formats. The codes hold the rotated rows: read back without the rotation they
+// are within half a scale of the float64 rotation (the scale the float64 reference derives from
+// its rotated group, widened by one float16 ulp: the kernel rotates in float32, within 2^-20
+// relative of it, which may move the float16 minimum or scale by one step). Read back with it,
+// the row errs by the inverse rotation of that error, an orthogonal map: its L2 norm is at most
+// sqrt(sum (scale / 2)^2), plus float32 rounding of the two transforms (log2 d adds each).
+TEST(QuantizeTest, HadamardRotationMatchesTheFloat64Reference) {
+  for (const QuantFormat f :
+       {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kInt3, QuantFormat::kInt2}) {
+    const int qmax = RefQmax(f);
+    for (const Shape& s : {Shape{100, 64, 64}, Shape{33, 64, 8}, Shape{64, 128, 32}, Shape{5, 8, 2},
+                           Shape{17, 1, 4}}) {
+      for (const bool keys : {true, false}) {
+        QuantDescription q{.format = f,
+                           .key_group = static_cast<uint32_t>(s.group),
+                           .value_group = static_cast<uint32_t>(s.group),
+                           .rotation = QuantRotation::kHadamard};
+        QuantDescription plain = q;
+        plain.rotation = QuantRotation::kNone;
+        for (const Matrix& x : Inputs(s.rows, s.d, 300 + s.rows)) {
+          const std::string where = std::string(QuantFormatName(f)) + (keys ? " keys" : " values") +
+                                    " rows " + std::to_string(s.rows) + " d " +
+                                    std::to_string(s.d) + " group " + std::to_string(s.group);
+          std::vector<uint8_t> bytes(QuantizedRowsBytes(x.rows, s.d, DType::kBFloat16, q, keys));
+          ASSERT_EQ(bytes.size(), QuantizedRowsBytes(x.rows, s.d, DType::kBFloat16, plain, keys));
+          ASSERT_TRUE(QuantizeRows(x.View(), DType::kBFloat16, q, keys, bytes).ok()) << where;
+          Matrix rotated(x.rows, s.d), back(x.rows, s.d);
+          ASSERT_TRUE(DequantizeRows(bytes, DType::kBFloat16, plain, keys, rotated.View()).ok());
+          ASSERT_TRUE(DequantizeRows(bytes, DType::kBFloat16, q, keys, back.View()).ok());
+          Matrix y(x.rows, s.d);  // the float64 rotation, for the groups' ranges
+          std::vector<std::vector<double>> yd;
+          double largest = 0;
+          for (int64_t r = 0; r < x.rows; ++r) {
+            yd.push_back(RefHadamard(x.Row(r), s.d));
+            for (double v : yd.back()) largest = std::max(largest, std::fabs(v));
+          }
+          std::vector<double> row_err2(x.rows, 0.0);
+          for (const auto& group : Groups(s.rows, s.d, s.group, keys)) {
+            std::vector<double> ys;
+            for (auto [r, c] : group) ys.push_back(yd[r][c]);
+            const RefGroup g = RefIntGroup(ys, qmax);
+            const double scale = g.scale + HalfUlp(g.scale) + std::ldexp(1.0, -20) * largest;
+            for (auto [r, c] : group) {
+              const double err = std::fabs(rotated.Row(r)[c] - yd[r][c]);
+              ASSERT_LE(err, scale / 2 * (1 + 1e-5) + HalfUlp(g.min) + 1e-5 * largest)
+                  << where << " at " << r << "," << c;
+              row_err2[r] += (scale / 2) * (scale / 2);
+            }
+          }
+          for (int64_t r = 0; r < x.rows; ++r) {
+            double norm2 = 0;
+            for (int c = 0; c < s.d; ++c) {
+              const double e = back.Row(r)[c] - x.Row(r)[c];
+              norm2 += e * e;
+            }
+            ASSERT_LE(std::sqrt(norm2), std::sqrt(row_err2[r]) * (1 + 1e-5) + 1e-5 * largest)
+                << where << " row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantizeTest, HadamardRotationNeedsAPowerOfTwoHeadDim) {
+  const QuantDescription q{.format = QuantFormat::kInt4,
+                           .key_group = 4,
+                           .value_group = 4,
+                           .rotation = QuantRotation::kHadamard};
+  const Matrix x = RandomMatrix(5, 96, 3);
+  std::vector<uint8_t> out(QuantizedRowsBytes(5, 96, DType::kFloat32, q, true));
+  const Status s = QuantizeRows(x.View(), DType::kFloat32, q, true, out);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("power-of-two head_dim, got 96"));
+  Matrix y(5, 96);
+  EXPECT_THAT(DequantizeRows(out, DType::kFloat32, q, true, y.View()).message(),
+              HasSubstr("power-of-two head_dim, got 96"));
+}
+
+// Keys and values in different formats: each part takes its own format's bytes and error.
+TEST(QuantizeTest, ValuesMayTakeAnotherFormat) {
+  const QuantDescription q{.format = QuantFormat::kInt4,
+                           .key_group = 32,
+                           .value_group = 32,
+                           .value_format = QuantFormat::kInt2};
+  EXPECT_EQ(QuantizedRowsBytes(64, 64, DType::kBFloat16, q, true), 64u * 32 + 2 * 64 * 4);
+  EXPECT_EQ(QuantizedRowsBytes(64, 64, DType::kBFloat16, q, false), 64u * 16 + 64 * 2 * 4);
+  const Matrix x = Bf16(RandomMatrix(64, 64, 9));
+  auto k = RoundTrip(x, q, true);
+  auto v = RoundTrip(x, q, false);
+  QuantDescription i2 = q;
+  i2.format = QuantFormat::kInt2;
+  i2.value_format = QuantFormat::kNone;
+  auto v2 = RoundTrip(x, i2, false);
+  ASSERT_TRUE(k.ok() && v.ok() && v2.ok());
+  EXPECT_EQ(v->values, v2->values);  // the values exactly as int2 alone
+}
+
 TEST(QuantizeTest, RecentRowsAreStoredExactlyAndTheRestQuantized) {
   const Matrix x = Bf16(RandomCorrelatedKeys(100, 64, 5));
   for (const bool keys : {true, false}) {
@@ -256,6 +387,13 @@ TEST(QuantizeTest, RowsBytesFollowTheFormat) {
   EXPECT_EQ(QuantizedRowsBytes(0, 64, DType::kBFloat16, r, false), 0u);
   // Odd d in 4 bits: rows end in a spare nibble.
   EXPECT_EQ(QuantizedRowsBytes(3, 7, DType::kFloat32, i4, false), 3u * 4 + 3 * 4);
+  // 3 and 2 bits: ceil(d * bits / 8) bytes a row, the same float16 min and scale a group.
+  const QuantDescription i3{.format = QuantFormat::kInt3, .key_group = 64, .value_group = 64};
+  const QuantDescription i2{.format = QuantFormat::kInt2, .key_group = 64, .value_group = 64};
+  EXPECT_EQ(QuantizedRowsBytes(256, 64, DType::kBFloat16, i3, true), 256u * 24 + 4 * 64 * 4);
+  EXPECT_EQ(QuantizedRowsBytes(256, 64, DType::kBFloat16, i2, false), 256u * 16 + 256 * 4);
+  EXPECT_EQ(QuantizedRowsBytes(3, 7, DType::kFloat32, i3, false), 3u * 3 + 3 * 4);
+  EXPECT_EQ(QuantizedRowsBytes(3, 7, DType::kFloat32, i2, false), 3u * 2 + 3 * 4);
 }
 
 TEST(QuantizeTest, RefusesWhatItCannotQuantize) {
@@ -412,25 +550,30 @@ TEST(QuantizeTest, ComposesWithTheScoreStageAndServes) {
 TEST(QuantizeCuda, MatchesTheCpuKernelBitForBit) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   const ExecOptions cuda{.backend = Backend::kCuda};
-  for (const QuantFormat f : {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kFp8E4M3}) {
+  for (const QuantFormat f : {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kFp8E4M3,
+                              QuantFormat::kInt3, QuantFormat::kInt2}) {
     for (const Shape& s : kShapes) {
       for (const bool keys : {true, false}) {
-        const QuantDescription q{.format = f,
-                                 .key_group = static_cast<uint32_t>(s.group),
-                                 .value_group = static_cast<uint32_t>(s.group),
-                                 .recent = s.rows > 10 ? 3u : 0u};
-        for (const Matrix& x : Inputs(s.rows, s.d, 7 + s.rows)) {
-          const size_t n = QuantizedRowsBytes(x.rows, s.d, DType::kBFloat16, q, keys);
-          std::vector<uint8_t> cpu(n), gpu(n, 0xAA);
-          ASSERT_TRUE(QuantizeRows(x.View(), DType::kBFloat16, q, keys, cpu).ok());
-          Status st = QuantizeRows(x.View(), DType::kBFloat16, q, keys, gpu, cuda);
-          ASSERT_TRUE(st.ok()) << st;
-          ASSERT_EQ(cpu, gpu) << QuantFormatName(f) << " rows " << s.rows << " group " << s.group
-                              << (keys ? " keys" : " values");
-          Matrix a(x.rows, s.d), b(x.rows, s.d);
-          ASSERT_TRUE(DequantizeRows(cpu, DType::kBFloat16, q, keys, a.View()).ok());
-          ASSERT_TRUE(DequantizeRows(cpu, DType::kBFloat16, q, keys, b.View(), cuda).ok());
-          ASSERT_EQ(a.values, b.values);
+        for (const QuantRotation rot : {QuantRotation::kNone, QuantRotation::kHadamard}) {
+          if (rot == QuantRotation::kHadamard && (s.d & (s.d - 1)) != 0) continue;
+          const QuantDescription q{.format = f,
+                                   .key_group = static_cast<uint32_t>(s.group),
+                                   .value_group = static_cast<uint32_t>(s.group),
+                                   .recent = s.rows > 10 ? 3u : 0u,
+                                   .rotation = rot};
+          for (const Matrix& x : Inputs(s.rows, s.d, 7 + s.rows)) {
+            const size_t n = QuantizedRowsBytes(x.rows, s.d, DType::kBFloat16, q, keys);
+            std::vector<uint8_t> cpu(n), gpu(n, 0xAA);
+            ASSERT_TRUE(QuantizeRows(x.View(), DType::kBFloat16, q, keys, cpu).ok());
+            Status st = QuantizeRows(x.View(), DType::kBFloat16, q, keys, gpu, cuda);
+            ASSERT_TRUE(st.ok()) << st;
+            ASSERT_EQ(cpu, gpu) << QuantFormatName(f) << " rows " << s.rows << " group " << s.group
+                                << (keys ? " keys" : " values") << " " << QuantRotationName(rot);
+            Matrix a(x.rows, s.d), b(x.rows, s.d);
+            ASSERT_TRUE(DequantizeRows(cpu, DType::kBFloat16, q, keys, a.View()).ok());
+            ASSERT_TRUE(DequantizeRows(cpu, DType::kBFloat16, q, keys, b.View(), cuda).ok());
+            ASSERT_EQ(a.values, b.values);
+          }
         }
       }
     }

@@ -9,6 +9,7 @@
 
 #include "kvd/kernels/compact_chunk.h"
 #include "kvd/kernels/expected_attention.h"
+#include "kvd/kernels/quantize.h"
 #include "kvd/kernels/rope.h"
 #include "kvd/kernels/serving.h"
 #include "kvd/kernels/vector.h"
@@ -44,7 +45,19 @@ struct MethodSpec {
   bool stored_bf16 = false;
   kernels::QuantFormat quant = kernels::QuantFormat::kNone;
   uint32_t quant_recent = 0;
+  bool quant_rotate = false;  // the Hadamard rotation before quantization
+  kernels::QuantFormat quant_values = kernels::QuantFormat::kNone;  // kNone: values as keys
+  // An experiment the chunk format cannot store: keys grouped per slot over channels (as values
+  // are) instead of per channel over slots. Served from that quantization done in memory; the
+  // stored fraction is that of the chunk with per-channel keys (the same bytes when the slot
+  // count is a multiple of the group).
+  bool keys_per_token = false;
+  uint32_t key_group = 0;  // slots per key group; 0: as values (64 or KVD_QUANT_GROUP)
 };
+
+constexpr kernels::QuantFormat kI4 = kernels::QuantFormat::kInt4;
+constexpr kernels::QuantFormat kI3 = kernels::QuantFormat::kInt3;
+constexpr kernels::QuantFormat kI2 = kernels::QuantFormat::kInt2;
 
 constexpr kernels::HeadBudget kAda = kernels::HeadBudget::kAdaptive;
 constexpr kernels::HeadBudget kUni = kernels::HeadBudget::kUniform;
@@ -142,7 +155,101 @@ constexpr MethodSpec kSpecs[] = {
      .score = ScoreStage::kExpectedAttention,
      .stored_bf16 = true,
      .quant = kernels::QuantFormat::kInt8},
+    // The dense front below int4: the Hadamard rotation, 3 and 2 bits, keys and values at
+    // different widths ("int3k_int2v": keys int3, values int2), a bfloat16 recent window.
+    {.name = "int4_rot", .stored_bf16 = true, .quant = kI4, .quant_rotate = true},
+    {.name = "int3", .stored_bf16 = true, .quant = kI3},
+    {.name = "int3_rot", .stored_bf16 = true, .quant = kI3, .quant_rotate = true},
+    {.name = "int2_rot", .stored_bf16 = true, .quant = kI2, .quant_rotate = true},
+    {.name = "int3_rot_recent32",
+     .stored_bf16 = true,
+     .quant = kI3,
+     .quant_recent = 32,
+     .quant_rotate = true},
+    {.name = "int2_rot_recent32",
+     .stored_bf16 = true,
+     .quant = kI2,
+     .quant_recent = 32,
+     .quant_rotate = true},
+    {.name = "int3k_int2v_rot",
+     .stored_bf16 = true,
+     .quant = kI3,
+     .quant_rotate = true,
+     .quant_values = kI2},
+    {.name = "int2k_int3v_rot",
+     .stored_bf16 = true,
+     .quant = kI2,
+     .quant_rotate = true,
+     .quant_values = kI3},
+    {.name = "int4k_int2v_rot",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .quant_rotate = true,
+     .quant_values = kI2},
+    {.name = "int4k_int2v", .stored_bf16 = true, .quant = kI4, .quant_values = kI2},
+    {.name = "int3k_int2v", .stored_bf16 = true, .quant = kI3, .quant_values = kI2},
+    // Key groups of other sizes (slots per channel group; values stay per 64 channels).
+    {.name = "int3k_int2v_rot_kg32",
+     .stored_bf16 = true,
+     .quant = kI3,
+     .quant_rotate = true,
+     .quant_values = kI2,
+     .key_group = 32},
+    // 7 and 6 key groups per 256-slot chunk: 51 and 50 bytes a slot with int2 values (<= 0.20).
+    {.name = "int3k_int2v_rot_kg37",
+     .stored_bf16 = true,
+     .quant = kI3,
+     .quant_rotate = true,
+     .quant_values = kI2,
+     .key_group = 37},
+    {.name = "int3k_int2v_rot_kg43",
+     .stored_bf16 = true,
+     .quant = kI3,
+     .quant_rotate = true,
+     .quant_values = kI2,
+     .key_group = 43},
+    {.name = "int3k_int2v_kg32",
+     .stored_bf16 = true,
+     .quant = kI3,
+     .quant_values = kI2,
+     .key_group = 32},
+    {.name = "int4k_int2v_kg256",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .quant_values = kI2,
+     .key_group = 256},
+    {.name = "int4_rot_tokenkeys",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .quant_rotate = true,
+     .keys_per_token = true},
+    {.name = "int3_rot_tokenkeys",
+     .stored_bf16 = true,
+     .quant = kI3,
+     .quant_rotate = true,
+     .keys_per_token = true},
 };
+
+// `chunk` (unquantized) with every head's keys and values quantized per slot (the values'
+// grouping for both, MethodSpec::keys_per_token) and dequantized back into the chunk dtype.
+Status QuantizeKeysPerToken(const kernels::QuantDescription& q, kernels::CompactChunk* chunk) {
+  const int d = chunk->head_dim;
+  for (kernels::CompactHead& h : chunk->heads) {
+    for (const bool keys : {true, false}) {
+      std::vector<uint8_t>& rows = keys ? h.keys : h.values;
+      const int64_t n = keys ? h.slots() : h.value_slots();
+      kernels::Matrix m(n, d);
+      ConvertToFloat(chunk->dtype, rows.data(), m.values.data(), static_cast<size_t>(n) * d);
+      kernels::QuantDescription qt = q;
+      if (keys) qt.value_format = kernels::QuantFormat::kNone;  // keys in the key format
+      std::vector<uint8_t> bytes(kernels::QuantizedRowsBytes(n, d, chunk->dtype, qt, false));
+      KVD_RETURN_IF_ERROR(kernels::QuantizeRows(m.View(), chunk->dtype, qt, false, bytes));
+      KVD_RETURN_IF_ERROR(kernels::DequantizeRows(bytes, chunk->dtype, qt, false, m.View()));
+      ConvertFromFloat(chunk->dtype, m.values.data(), rows.data(), static_cast<size_t>(n) * d);
+    }
+  }
+  return Status::Ok();
+}
 
 // The prefix cache as one raw float32 chunk: per layer K[N, H, d] then V[N, H, d].
 std::vector<uint8_t> RawChunk(const llama::DenseKvCache& cache) {
@@ -311,9 +418,12 @@ class KernelMethod : public CompressionMethod {
         group = static_cast<uint32_t>(std::strtoul(g, nullptr, 10));
       }
       o.quant = {.format = spec_.quant,
-                 .key_group = group,
+                 .key_group = spec_.key_group > 0 ? spec_.key_group : group,
                  .value_group = group,
-                 .recent = spec_.quant_recent};
+                 .recent = spec_.quant_recent,
+                 .rotation = spec_.quant_rotate ? kernels::QuantRotation::kHadamard
+                                                : kernels::QuantRotation::kNone,
+                 .value_format = spec_.quant_values};
     }
     KVD_ASSIGN_OR_RETURN(kernels::CompactChunk chunk,
                          kernels::Compress(o, stored_layout, in, &stats));
@@ -323,6 +433,12 @@ class KernelMethod : public CompressionMethod {
       KVD_ASSIGN_OR_RETURN(chunk, kernels::DecodeCompactChunk(bytes));
     }
     KVD_ASSIGN_OR_RETURN(const double stored_bytes_fraction, StoredBytesFraction(chunk));
+    if (spec_.keys_per_token) {
+      const kernels::QuantDescription q = o.quant;
+      o.quant = {};
+      KVD_ASSIGN_OR_RETURN(chunk, kernels::Compress(o, stored_layout, in, &stats));
+      KVD_RETURN_IF_ERROR(QuantizeKeysPerToken(q, &chunk));
+    }
 
     KVD_ASSIGN_OR_RETURN(kernels::RopeTable rope, kernels::RopeTable::Create(cfg.rope, d));
     CompressedPrefix out;

@@ -40,6 +40,18 @@
 //                                            (KVD_EA_FUTURE, KVD_EA_VALUE_NORM=0,
 //                                            KVD_EA_COVARIANCE=0 override the plan's terms)
 //   expected_attention+int8                  the same, then the int8 quantize stage
+//   int4_rot, int3_rot, int2_rot             the quantize stage with the Hadamard rotation
+//   int3                                     3-bit codes without it
+//   int3_rot_recent32, int2_rot_recent32     rotated, the last 32 slots unquantized
+//   int3k_int2v_rot, int2k_int3v_rot,        rotated, keys and values at different widths
+//   int4k_int2v_rot                          (keys first); int4k_int2v, int3k_int2v unrotated
+//   int3k_int2v_rot_kg32, int3k_int2v_kg32,  keys per channel over 32 / 256 / 37 / 43 slots
+//   int4k_int2v_kg256, int3k_int2v_rot_kg37,  instead of 64
+//   int3k_int2v_rot_kg43
+//   int4_rot_tokenkeys, int3_rot_tokenkeys   an experiment: rotated keys grouped per slot over
+//                                            64 channels (as values), quantized in memory (the
+//                                            format stores keys per channel); stored fraction
+//                                            that of int4_rot / int3_rot
 // Every method reports its stored fraction in half-pairs (CompressedPrefix::stored_fraction) and
 // in bytes (stored_bytes_fraction: the encoded chunk, header, slot metadata, scales, padding and
 // checksum included, over the raw bfloat16 chunk; stored_bytes.h).

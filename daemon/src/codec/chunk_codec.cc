@@ -32,6 +32,15 @@ namespace kk = kvd::kernels;
 
 namespace {
 
+// A validated quant_format / quant_value_format name (not "none" / "same").
+kk::QuantFormat QuantFormatOf(const std::string& name) {
+  if (name == "int4") return kk::QuantFormat::kInt4;
+  if (name == "int3") return kk::QuantFormat::kInt3;
+  if (name == "int2") return kk::QuantFormat::kInt2;
+  if (name == "fp8_e4m3") return kk::QuantFormat::kFp8E4M3;
+  return kk::QuantFormat::kInt8;
+}
+
 kk::CompressionPlanOptions PlanOptions(const CompressionPolicy& p) {
   kk::CompressionPlanOptions o;
   o.score = p.score == "snapkv"               ? kk::ScoreStage::kSnapKv
@@ -57,12 +66,17 @@ kk::CompressionPlanOptions PlanOptions(const CompressionPolicy& p) {
   o.hybrid_max_group = p.max_group;
   o.hybrid_min_cos = p.min_cos;
   if (p.Quantizes()) {
-    o.quant = {.format = p.quant_format == "int4"       ? kk::QuantFormat::kInt4
-                         : p.quant_format == "fp8_e4m3" ? kk::QuantFormat::kFp8E4M3
-                                                        : kk::QuantFormat::kInt8,
-               .key_group = static_cast<uint32_t>(p.quant_group),
+    const kk::QuantFormat keys = QuantFormatOf(p.quant_format);
+    const kk::QuantFormat values =
+        p.quant_value_format == "same" ? keys : QuantFormatOf(p.quant_value_format);
+    o.quant = {.format = keys,
+               .key_group =
+                   static_cast<uint32_t>(p.quant_key_group > 0 ? p.quant_key_group : p.quant_group),
                .value_group = static_cast<uint32_t>(p.quant_group),
-               .recent = static_cast<uint32_t>(p.quant_recent)};
+               .recent = static_cast<uint32_t>(p.quant_recent),
+               .rotation = p.quant_rotate == "hadamard" ? kk::QuantRotation::kHadamard
+                                                        : kk::QuantRotation::kNone,
+               .value_format = values == keys ? kk::QuantFormat::kNone : values};
   }
   return o;
 }

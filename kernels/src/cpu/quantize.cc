@@ -1,6 +1,7 @@
 // CPU kernel of the quantize stage (quantize_backend.h; math in quant_math.h).
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "quant_math.h"
 #include "quantize_backend.h"
@@ -13,16 +14,6 @@ uint16_t GetParam(const uint8_t* p) {
   uint16_t v;
   std::memcpy(&v, p, 2);
   return v;
-}
-
-void PutCode(uint8_t* row, int64_t i, int bits, uint8_t code) {
-  if (bits == 8) {
-    row[i] = code;
-  } else if (i & 1) {
-    row[i >> 1] = static_cast<uint8_t>((row[i >> 1] & 0x0fu) | (code << 4));
-  } else {
-    row[i >> 1] = static_cast<uint8_t>((row[i >> 1] & 0xf0u) | code);
-  }
 }
 
 // Quantizes the elements x[r * d + c] for (r, c) in the group: rows [r0, r1) x channels [c0, c1).
@@ -44,7 +35,7 @@ bool QuantizeGroup(const QuantBlock& b, const float* x, int64_t r0, int64_t r1, 
     const float scale = quant::HalfBitsToFloat(sc);
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t c = c0; c < c1; ++c) {
-        PutCode(codes + r * b.CodeRow(), c, 8, quant::Fp8Code(x[r * b.d + c], scale));
+        quant::OrCode(codes + r * b.CodeRow(), c, 8, quant::Fp8Code(x[r * b.d + c], scale));
       }
     }
     return true;
@@ -56,8 +47,8 @@ bool QuantizeGroup(const QuantBlock& b, const float* x, int64_t r0, int64_t r1, 
   const float minf = quant::HalfBitsToFloat(mn), scale = quant::HalfBitsToFloat(sc);
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t c = c0; c < c1; ++c) {
-      PutCode(codes + r * b.CodeRow(), c, b.bits(),
-              quant::IntCode(x[r * b.d + c], minf, scale, b.qmax()));
+      quant::OrCode(codes + r * b.CodeRow(), c, b.bits(),
+                    quant::IntCode(x[r * b.d + c], minf, scale, b.qmax()));
     }
   }
   return true;
@@ -65,8 +56,16 @@ bool QuantizeGroup(const QuantBlock& b, const float* x, int64_t r0, int64_t r1, 
 
 }  // namespace
 
-int64_t QuantizeBlock(const QuantBlock& b, const float* x, uint8_t* out) {
-  std::memset(out, 0, b.CodeBytes());  // 4-bit rows of odd d end in an unused nibble
+int64_t QuantizeBlock(const QuantBlock& b, const float* in, uint8_t* out) {
+  std::vector<float> rotated;
+  const float* x = in;
+  if (b.rotated()) {
+    rotated.assign(in, in + b.rows * b.d);
+    for (int64_t r = 0; r < b.rows; ++r)
+      quant::HadamardRotate(rotated.data() + r * b.d, b.d, false);
+    x = rotated.data();
+  }
+  std::memset(out, 0, b.CodeBytes());  // codes are or-ed in; rows may end in unused bits
   uint8_t* params = out + b.CodeBytes();
   int64_t g = 0;
   if (b.keys) {
@@ -100,6 +99,7 @@ void DequantizeBlock(const QuantBlock& b, const uint8_t* in, float* out) {
                   : quant::IntValue(code, quant::HalfBitsToFloat(GetParam(p)),
                                     quant::HalfBitsToFloat(GetParam(p + 2)));
     }
+    if (b.rotated()) quant::HadamardRotate(out + r * b.d, b.d, true);
   }
 }
 

@@ -15,14 +15,25 @@ constexpr int kThreads = 128;
 __device__ __forceinline__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 struct BlockShape {
-  int format, keys, d, group, bits, qmax, param_bytes;
-  int64_t rows, code_row, code_bytes, row_groups, col_groups;
+  int format, keys, d, group, bits, qmax, param_bytes, rotated;
+  int64_t rows, code_row, code_bytes, row_groups, col_groups, groups;
 };
 
 BlockShape Shape(const QuantBlock& b) {
-  return {static_cast<int>(b.format), b.keys ? 1 : 0, b.d, b.group, b.bits(), b.qmax(),
-          b.ParamBytes(), b.rows, static_cast<int64_t>(b.CodeRow()),
-          static_cast<int64_t>(b.CodeBytes()), b.RowGroups(), b.ColGroups()};
+  return {static_cast<int>(b.format),
+          b.keys ? 1 : 0,
+          b.d,
+          b.group,
+          b.bits(),
+          b.qmax(),
+          b.ParamBytes(),
+          b.rotated() ? 1 : 0,
+          b.rows,
+          static_cast<int64_t>(b.CodeRow()),
+          static_cast<int64_t>(b.CodeBytes()),
+          b.RowGroups(),
+          b.ColGroups(),
+          b.Groups()};
 }
 
 __device__ void PutParam(uint8_t* p, uint16_t v) {
@@ -33,9 +44,34 @@ __device__ uint16_t GetParam(const uint8_t* p) {
   return static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8));
 }
 
-// Parameters of the group of rows [r0, r1) x channels [c0, c1); false when they do not fit.
-__device__ bool GroupParams(const BlockShape& s, const float* x, int64_t r0, int64_t r1,
-                            int64_t c0, int64_t c1, uint8_t* param, float* a, float* b) {
+__device__ bool Fp8(const BlockShape& s) {
+  return s.format == static_cast<int>(QuantFormat::kFp8E4M3);
+}
+
+// Group g of the block: keys (row group, channel), values (row, channel group).
+__device__ int64_t GroupOf(const BlockShape& s, int64_t r, int64_t c) {
+  return s.keys ? (r / s.group) * s.d + c : r * s.col_groups + c / s.group;
+}
+
+// One thread per row: x <- R x (or R^-1 x), quant_math.h's rotation.
+__global__ void RotateKernel(BlockShape s, float* __restrict__ x, bool inverse) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (r >= s.rows) return;
+  quant::HadamardRotate(x + r * s.d, s.d, inverse);
+}
+
+// One thread per group: its parameters (the min and max reduction in the CPU kernel's order).
+__global__ void ParamsKernel(BlockShape s, const float* __restrict__ x, uint8_t* __restrict__ out,
+                             unsigned long long* bad) {
+  const int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (g >= s.groups) return;
+  int64_t r0, r1, c0, c1;
+  if (s.keys) {
+    r0 = (g / s.d) * s.group, r1 = Min64(s.rows, r0 + s.group), c0 = g % s.d, c1 = c0 + 1;
+  } else {
+    r0 = g / s.col_groups, r1 = r0 + 1, c0 = (g % s.col_groups) * s.group;
+    c1 = Min64(s.d, c0 + s.group);
+  }
   float lo = x[r0 * s.d + c0], hi = lo, absmax = 0.0f;
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t c = c0; c < c1; ++c) {
@@ -45,84 +81,34 @@ __device__ bool GroupParams(const BlockShape& s, const float* x, int64_t r0, int
       absmax = fmaxf(absmax, fabsf(v));
     }
   }
-  if (s.format == static_cast<int>(QuantFormat::kFp8E4M3)) {
+  uint8_t* param = out + s.code_bytes + g * s.param_bytes;
+  bool ok;
+  if (Fp8(s)) {
     uint16_t sc;
-    if (!quant::Fp8GroupScale(absmax, &sc)) return false;
-    PutParam(param, sc);
-    *a = quant::HalfBitsToFloat(sc);
-    return true;
+    ok = quant::Fp8GroupScale(absmax, &sc);
+    if (ok) PutParam(param, sc);
+  } else {
+    uint16_t mn, sc;
+    ok = quant::IntGroupParams(lo, hi, s.qmax, &mn, &sc);
+    if (ok) PutParam(param, mn), PutParam(param + 2, sc);
   }
-  uint16_t mn, sc;
-  if (!quant::IntGroupParams(lo, hi, s.qmax, &mn, &sc)) return false;
-  PutParam(param, mn);
-  PutParam(param + 2, sc);
-  *a = quant::HalfBitsToFloat(mn);
-  *b = quant::HalfBitsToFloat(sc);
-  return true;
+  if (!ok) atomicMin(bad, static_cast<unsigned long long>(g));
 }
 
-__device__ uint8_t Code(const BlockShape& s, float v, float a, float b) {
-  return s.format == static_cast<int>(QuantFormat::kFp8E4M3) ? quant::Fp8Code(v, a)
-                                                             : quant::IntCode(v, a, b, s.qmax);
-}
-
-__device__ void ReportBad(unsigned long long* bad, int64_t g) {
-  atomicMin(bad, static_cast<unsigned long long>(g));
-}
-
-// Keys: one thread per (row group, channel pair), so the two nibbles of a 4-bit byte are
-// written by one thread.
-__global__ void QuantizeKeysKernel(BlockShape s, const float* __restrict__ x,
-                                   uint8_t* __restrict__ out, unsigned long long* bad) {
-  const int64_t pairs = (s.d + 1) / 2;
-  const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (idx >= s.row_groups * pairs) return;
-  const int64_t rg = idx / pairs, c0 = (idx % pairs) * 2;
-  const int64_t r0 = rg * s.group, r1 = Min64(s.rows, r0 + s.group);
-  uint8_t* params = out + s.code_bytes;
-  for (int64_t c = c0; c < Min64(c0 + 2, s.d); ++c) {
-    const int64_t g = rg * s.d + c;
-    float a = 0.0f, b = 0.0f;
-    if (!GroupParams(s, x, r0, r1, c, c + 1, params + g * s.param_bytes, &a, &b)) {
-      ReportBad(bad, g);
-      return;
-    }
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t code = Code(s, x[r * s.d + c], a, b);
-      uint8_t* row = out + r * s.code_row;
-      if (s.bits == 8) {
-        row[c] = code;
-      } else {
-        row[c >> 1] = (c & 1) ? static_cast<uint8_t>(row[c >> 1] | (code << 4)) : code;
-      }
-    }
-  }
-}
-
-// Values: one thread per row (its groups in order, so 4-bit bytes are whole within a thread).
-__global__ void QuantizeValuesKernel(BlockShape s, const float* __restrict__ x,
-                                     uint8_t* __restrict__ out, unsigned long long* bad) {
+// One thread per row: its codes, packed (a row's bytes are whole within a thread, whatever the
+// width).
+__global__ void PackKernel(BlockShape s, const float* __restrict__ x, uint8_t* __restrict__ out) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (r >= s.rows) return;
-  uint8_t* params = out + s.code_bytes;
   uint8_t* row = out + r * s.code_row;
   for (int64_t i = 0; i < s.code_row; ++i) row[i] = 0;
-  for (int64_t cg = 0; cg < s.col_groups; ++cg) {
-    const int64_t g = r * s.col_groups + cg;
-    const int64_t c0 = cg * s.group, c1 = Min64(s.d, c0 + s.group);
-    float a = 0.0f, b = 0.0f;
-    if (!GroupParams(s, x, r, r + 1, c0, c1, params + g * s.param_bytes, &a, &b)) {
-      ReportBad(bad, g);
-      return;
-    }
-    for (int64_t c = c0; c < c1; ++c) {
-      const uint8_t code = Code(s, x[r * s.d + c], a, b);
-      if (s.bits == 8) {
-        row[c] = code;
-      } else {
-        row[c >> 1] = static_cast<uint8_t>(row[c >> 1] | ((c & 1) ? (code << 4) : code));
-      }
-    }
+  for (int64_t c = 0; c < s.d; ++c) {
+    const uint8_t* p = out + s.code_bytes + GroupOf(s, r, c) * s.param_bytes;
+    const float v = x[r * s.d + c];
+    const uint8_t code = Fp8(s) ? quant::Fp8Code(v, quant::HalfBitsToFloat(GetParam(p)))
+                                : quant::IntCode(v, quant::HalfBitsToFloat(GetParam(p)),
+                                                 quant::HalfBitsToFloat(GetParam(p + 2)), s.qmax);
+    quant::OrCode(row, c, s.bits, code);
   }
 }
 
@@ -132,13 +118,11 @@ __global__ void DequantizeKernel(BlockShape s, const uint8_t* __restrict__ in,
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (idx >= s.rows * s.d) return;
   const int64_t r = idx / s.d, c = idx % s.d;
-  const int64_t g = s.keys ? (r / s.group) * s.d + c : r * s.col_groups + c / s.group;
-  const uint8_t* p = in + s.code_bytes + g * s.param_bytes;
+  const uint8_t* p = in + s.code_bytes + GroupOf(s, r, c) * s.param_bytes;
   const uint8_t code = quant::GetCode(in + r * s.code_row, c, s.bits);
-  out[idx] = s.format == static_cast<int>(QuantFormat::kFp8E4M3)
-                 ? quant::Fp8Value(code, quant::HalfBitsToFloat(GetParam(p)))
-                 : quant::IntValue(code, quant::HalfBitsToFloat(GetParam(p)),
-                                   quant::HalfBitsToFloat(GetParam(p + 2)));
+  out[idx] = Fp8(s) ? quant::Fp8Value(code, quant::HalfBitsToFloat(GetParam(p)))
+                    : quant::IntValue(code, quant::HalfBitsToFloat(GetParam(p)),
+                                      quant::HalfBitsToFloat(GetParam(p + 2)));
 }
 
 }  // namespace
@@ -160,14 +144,12 @@ Status QuantizeBlock(const QuantBlock& block, const float* x, uint8_t* out, int6
   const unsigned long long none = ~0ull;
   KVD_RETURN_IF_ERROR(dbad.Allocate(1));
   KVD_RETURN_IF_ERROR(dbad.Upload(&none, 1, stream));
-  if (block.keys) {
-    const int64_t work = s.row_groups * ((s.d + 1) / 2);
-    QuantizeKeysKernel<<<Blocks(work, kThreads), kThreads, 0, stream>>>(s, dx.get(), dout.get(),
-                                                                        dbad.get());
-  } else {
-    QuantizeValuesKernel<<<Blocks(s.rows, kThreads), kThreads, 0, stream>>>(s, dx.get(),
-                                                                            dout.get(), dbad.get());
+  if (block.rotated()) {
+    RotateKernel<<<Blocks(s.rows, kThreads), kThreads, 0, stream>>>(s, dx.get(), false);
   }
+  ParamsKernel<<<Blocks(s.groups, kThreads), kThreads, 0, stream>>>(s, dx.get(), dout.get(),
+                                                                    dbad.get());
+  PackKernel<<<Blocks(s.rows, kThreads), kThreads, 0, stream>>>(s, dx.get(), dout.get());
   KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "QuantizeKernel launch");
   unsigned long long bad = none;
   KVD_RETURN_IF_ERROR(dbad.Download(&bad, 1, stream));
@@ -189,6 +171,9 @@ Status DequantizeBlock(const QuantBlock& block, const uint8_t* in, float* out, v
   KVD_RETURN_IF_ERROR(dout.Allocate(n));
   DequantizeKernel<<<Blocks(static_cast<int64_t>(n), kThreads), kThreads, 0, stream>>>(
       s, din.get(), dout.get());
+  if (block.rotated()) {
+    RotateKernel<<<Blocks(s.rows, kThreads), kThreads, 0, stream>>>(s, dout.get(), true);
+  }
   KVD_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "DequantizeKernel launch");
   KVD_RETURN_IF_ERROR(dout.Download(out, n, stream));
   return FinishLaunch(stream, "DequantizeBlock");

@@ -14,12 +14,14 @@
 //   route:    vector                          (needs a score or merge stage before it: routing
 //                                              picks among the slots an earlier stage kept)
 //   quantize: quantize                        (keys and values in fewer bits: quant_format,
-//                                              quant_group, quant_recent; `[quantize]` alone
+//                                              quant_group, quant_key_group, quant_recent,
+//                                              quant_rotate, quant_value_format; `[quantize]` alone
 //                                              keeps every token: its p_c defaults to 0)
 // Refused (INVALID_ARGUMENT naming the key and value, kvd exits 2): an unknown method, two
 // methods of one stage, a method listed after a later stage (e.g. [vector, snapkv]), an empty
-// list, a lone `vector`, quant_* keys without the quantize stage, p_c outside [0, 1), a budget that cannot hold the sinks and window of a
-// full chunk (llround((1 - p_c) * chunk_tokens) < sinks + window).
+// list, a lone `vector`, quant_* keys without the quantize stage, p_c outside [0, 1), a budget that
+// cannot hold the sinks and window of a full chunk (llround((1 - p_c) * chunk_tokens) < sinks +
+// window).
 //
 // Codec id: the 32-bit digest of CanonicalForm() and the calibration version (0 before VECTOR
 // calibration completes, or when the policy does not route). It is part of every chunk key, so a
@@ -43,13 +45,20 @@ struct CompressionPolicy {
   std::string merge = "none";    // none | kvslimmer
   std::string route = "none";    // none | vector
   // The quantize stage (kernels/quantize.h): "none" (the stage is not listed) or the element
-  // format, "int8" (the default when `quantize` is listed), "int4" or "fp8_e4m3". Keys are
-  // quantized per channel over `quant_group` slots, values per slot over `quant_group` channels
-  // (default 64, in [1, 65536]); the last `quant_recent` slots of every head stay unquantized
-  // (default 0, in [0, 2^30]).
+  // format, "int8" (the default when `quantize` is listed), "int4", "int3", "int2" or
+  // "fp8_e4m3". Keys are quantized per channel over `quant_group` slots, values per slot over
+  // `quant_group` channels (default 64, in [1, 65536]); the last `quant_recent` slots of every
+  // head stay unquantized (default 0, in [0, 2^30]). `quant_rotate`: "none" (default) or
+  // "hadamard" (a fixed randomized Hadamard rotation of every row before quantization; needs a
+  // power-of-two head_dim). `quant_value_format`: "same" (default: values in quant_format) or
+  // a format of its own for the values. `quant_key_group`: slots per key group when it differs
+  // from quant_group (0, the default: quant_group; else in [1, 65536]).
   std::string quant_format = "none";
   int quant_group = 64;
+  int quant_key_group = 0;
   int quant_recent = 0;
+  std::string quant_rotate = "none";
+  std::string quant_value_format = "same";
   // Fraction of the chunk's K/V half-pairs removed, in [0, 1). Default 0.5.
   double p_c = 0.5;
   // Window queries per chunk: the last `window` tokens of the chunk, whose post-RoPE queries the

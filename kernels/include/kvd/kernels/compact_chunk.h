@@ -36,18 +36,34 @@ enum class ScoreStage : uint8_t {
 enum class MergeStage : uint8_t { kNone = 0, kKvSlimmer = 1 };
 enum class RouteStage : uint8_t { kNone = 0, kVector = 1 };
 // Element format of quantized keys and values (quantize.h; docs/algorithms.md 6).
-enum class QuantFormat : uint8_t { kNone = 0, kInt8 = 1, kInt4 = 2, kFp8E4M3 = 3 };
+enum class QuantFormat : uint8_t {
+  kNone = 0,
+  kInt8 = 1,
+  kInt4 = 2,
+  kFp8E4M3 = 3,
+  kInt3 = 4,  // 3-bit codes, bit-packed
+  kInt2 = 5,  // 2-bit codes, four per byte
+};
+// An orthogonal transform applied to every key row and value row before quantization and
+// inverted after dequantization (quantize.h): it spreads a channel's outliers over all channels.
+enum class QuantRotation : uint8_t { kNone = 0, kHadamard = 1 };
 
 // The quantize stage as a chunk records it. With format kNone the other fields are 0 and the
 // heads hold keys and values in the chunk dtype; otherwise each head's `keys` and `values` hold
 // the quantized rows of quantize.h (QuantizedRowsBytes: codes, float16 scales, then the last
 // `recent` rows in the chunk dtype).
 struct QuantDescription {
-  QuantFormat format = QuantFormat::kNone;
+  QuantFormat format = QuantFormat::kNone;  // the keys' format (and the values' by default)
   uint32_t key_group = 0;    // keys: tokens (slots) per group of one channel, >= 1
   uint32_t value_group = 0;  // values: channels per group of one token, >= 1
   uint32_t recent = 0;       // the last `recent` key rows and value rows stay in the chunk dtype
+  QuantRotation rotation = QuantRotation::kNone;  // applied to the quantized rows only
+  QuantFormat value_format = QuantFormat::kNone;  // kNone: values in `format` too
   bool quantized() const { return format != QuantFormat::kNone; }
+  QuantFormat ValueFormat() const {
+    return value_format == QuantFormat::kNone ? format : value_format;
+  }
+  QuantFormat FormatOf(bool keys) const { return keys ? format : ValueFormat(); }
   bool operator==(const QuantDescription&) const = default;
 };
 
@@ -120,9 +136,11 @@ struct CompactChunk {
 size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDescription& quant,
                           bool keys);
 
-// Bytes of format version 2 (docs/chunk-format.md), or version 3 when the chunk is quantized
-// (version 2 plus the quantize stage's fields; its heads' rows are QuantizedRowsBytes): an
-// 80-byte header (96 in version 3), the bit-packed slot
+// Bytes of format version 2 (docs/chunk-format.md), version 3 when the chunk is quantized
+// (version 2 plus the quantize stage's fields; its heads' rows are QuantizedRowsBytes), or version
+// 4 when the quantize stage uses what version 3 cannot record (a rotation, int3 / int2, values in
+// another format than keys; version 3 plus those fields in its reserved bytes): an
+// 80-byte header (96 in versions 3 and 4), the bit-packed slot
 // metadata of every head (slot counts, cardinalities, positions relative to the chunk's first
 // token, rebuild flags), the keys and values of every head back to back from a 64-byte aligned
 // offset, an xxh3-64 trailer. Metadata takes a few bits per slot, so the size is the keys and
@@ -130,8 +148,8 @@ size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDe
 // chunks give equal bytes. INVALID_ARGUMENT when Validate() fails.
 StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk);
 
-// Decodes and fully validates format versions 3 and 2, and version 1 (written by earlier builds).
-// Errors, in the order checked:
+// Decodes and fully validates format versions 4, 3 and 2, and version 1 (written by earlier
+// builds). Errors, in the order checked:
 //   DATA_LOSS "truncated" when shorter than the fixed header + trailer;
 //   INVALID_ARGUMENT "bad magic" / "unsupported compact chunk version N";
 //   DATA_LOSS "size mismatch" when the header's total size differs from the bytes given;
@@ -147,6 +165,8 @@ StatusOr<CompactChunk> DecodeCompactChunk(std::span<const uint8_t> bytes);
 std::string_view ScoreStageName(ScoreStage s);
 std::string_view MergeStageName(MergeStage s);
 std::string_view RouteStageName(RouteStage s);
-std::string_view QuantFormatName(QuantFormat f);  // "none", "int8", "int4", "fp8_e4m3"
+// "none", "int8", "int4", "fp8_e4m3", "int3", "int2"; "none", "hadamard".
+std::string_view QuantFormatName(QuantFormat f);
+std::string_view QuantRotationName(QuantRotation r);
 
 }  // namespace kvd::kernels

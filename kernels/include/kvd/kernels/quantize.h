@@ -2,14 +2,19 @@
 // bits, after score / merge / route, KIVI style. Keys are quantized per channel over groups of
 // `key_group` consecutive slots (a key channel's outliers stay in their channel), values per
 // slot over groups of `value_group` consecutive channels. Formats:
-//   int8, int4  asymmetric: per group a float16 minimum (the largest float16 <= the group's
+//   int8, int4, int3, int2  asymmetric: per group a float16 minimum (the largest float16 <= the
+//   group's
 //               minimum) and a float16 scale (the smallest float16 >= (max - min) / (2^b - 1));
 //               x' = min + q * scale, q = round((x - min) / scale): |x - x'| <= scale / 2.
 //   fp8_e4m3    symmetric: per group a float16 scale (the smallest float16 >= absmax / 448), the
 //               element x / scale rounded to nearest even e4m3: |x - x'| <= 2^-4 |x| for
 //               |x| >= 2^-6 scale, <= 2^-10 scale below (the e4m3 subnormals).
+// Values may take a format of their own (QuantDescription::value_format). With rotation kHadamard
+// every quantized row x (head_dim a power of two, else INVALID_ARGUMENT) is replaced by
+// H D x / sqrt(d) (D fixed random signs, docs/algorithms.md 6) before its groups are formed, and
+// rotated back after dequantization: the row's L2 error is that of its rotated codes.
 // The last `recent` key rows and value rows of every head stay in the chunk dtype. Byte layout:
-// docs/chunk-format.md (version 3). Dequantization happens where chunks are served
+// docs/chunk-format.md (versions 3 and 4). Dequantization happens where chunks are served
 // (BuildServingHead, ExpandDenseChunk, DeviceCompactChunk::Upload).
 #pragma once
 
