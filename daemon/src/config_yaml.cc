@@ -191,8 +191,8 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
                {"stages", "p_c", "window", "sinks", "pooling", "pooling_kernel", "keydiff_block",
                 "pyramid_beta", "merge_norm", "position", "max_group", "min_cos", "route_eps",
                 "r2_threshold", "calibration_tokens", "worker_threads", "queue_depth", "device",
-                 "quant_format", "quant_group", "quant_key_group", "quant_recent", "quant_rotate",
-                 "quant_value_format", "ea_future_positions", "ea_min_queries"}));
+                "quant_format", "quant_group", "quant_key_group", "quant_recent", "quant_rotate",
+                "quant_value_format", "ea_future_positions", "ea_min_queries"}));
   CompressionPolicy p;
   const YAML::Node stages = node["stages"];
   if (!stages.IsDefined() || !stages.IsSequence() || stages.size() == 0) {
