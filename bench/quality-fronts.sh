@@ -21,7 +21,7 @@
 #   KVD_FRONTS_PRESS_RATIOS  press p_c list (default: 0.9, i.e. 0.10 of the bytes)
 #   KVD_FRONTS_PRESS_SEGMENTS  segments for the presses (default: 4; paired on these)
 #   KVD_FRONTS_KVPRESS=0     skip step 2
-# Cost (2 cores, --jobs 2 --threads 1): about 450 s of CPU for step 1 and 350 s for step 2
+# Cost (2 cores, --jobs 2 --threads 1): about 600 s of CPU for step 1 and 120-350 s for step 2
 # (docs/quality.md gives the measured figures). CPU-heavy: on a shared machine run it under the
 # build lock (flock /tmp/kvd-build.lock ...).
 set -euo pipefail
@@ -40,9 +40,13 @@ read -r pk_ctx pk_trials mk_trials <<< "${KVD_FRONTS_PASSKEY:-1024 4 8}"
 # Dense candidates at p_c 0 (every token, stored in fewer bits) and KVSlimmer's merges; compact
 # ones: eviction alone, and eviction then quantization at the p_c that land near 0.14, 0.10 and
 # 0.05 of the bytes (int4 stores 0.28 of every token's bytes, int8 0.53).
-methods=${KVD_FRONTS_METHODS:-full,bf16@0,int8@0,fp8@0,int4@0:0.65,kvslimmer_gated@0.5,\
-snapkv@0.5:0.75:0.91,keydiff@0.5:0.75:0.91,snapkv+int4@0.5:0.65:0.83,keydiff+int4@0.5:0.65:0.83,\
-snapkv+int8@0.82,keydiff+int8@0.5:0.82}
+# Below int4 on the dense front: the rotated forms (3-bit keys over 37 slots with 2-bit values,
+# 4-bit keys with 2-bit values). Expected attention (statistics of the calibration prefixes'
+# window queries) alone and with int8, beside the eviction rows.
+methods=${KVD_FRONTS_METHODS:-full,bf16@0,int8@0,fp8@0,int4@0:0.65,int4k_int2v_rot@0,\
+int3k_int2v_rot_kg37@0,kvslimmer_gated@0.5,sink_recent@0.5:0.75:0.9,snapkv@0.5:0.75:0.91,\
+keydiff@0.5:0.75:0.91,expected_attention@0.5:0.75:0.9,snapkv+int4@0.5:0.66:0.83,\
+keydiff+int4@0.5:0.65:0.83,snapkv+int8@0.82,keydiff+int8@0.5:0.82,expected_attention+int8@0.5:0.82}
 presses=${KVD_FRONTS_PRESSES:-snapkv,streaming_llm,expected_attention,tova}
 press_ratios=${KVD_FRONTS_PRESS_RATIOS:-0.9}
 press_segs=${KVD_FRONTS_PRESS_SEGMENTS:-4}
@@ -52,7 +56,8 @@ log "kvd-quality: $segs segments of $prefix + $cont, window $window, passkey $pk
 start=$(date +%s)
 /usr/bin/time -f "%U %S" -o "$out/kvd.cpu" "$BIN/kvd-quality" --model "$gguf" --out "$out/kvd" \
   --segments "$segs" --prefix "$prefix" --continuation "$cont" --window "$window" --chunk 256 \
-  --chunk-window 16 --modes chunk-wise,one-shot --calib-segments 0 --methods "$methods" \
+  --chunk-window 16 --modes chunk-wise,one-shot --calib-segments 4 --methods "$methods" \
+  --paired-against sink_recent,keydiff \
   --passkey "$pk_ctx" --passkey-trials "$pk_trials" --multikey-trials "$mk_trials" \
   --passkey-methods full --passkey-fronts --jobs 2 --threads 1 > "$out/kvd.log" 2>&1 \
   || { tail -20 "$out/kvd.log" >&2; exit 1; }
