@@ -77,6 +77,7 @@ struct Flags {
   int chunk_tokens = 256, segment_tokens = 0;
   double p_c = 0.5;
   std::string score = "keydiff";
+  std::string quant = "int8";
   bool baseline = false, token_ids = false;
   kvd::tools::ConnectionFlags connection;
 };
@@ -216,11 +217,20 @@ int RunLocal(const Flags& f) {
   const std::string& model_name = f.model;
   kvd::ModelLayout layout = s.model->config().ToModelLayout();
   layout.dtype = kvd::DType::kBFloat16;       // as kvd's topology registers the model
-  kvd::kernels::CompressionPlanOptions plan;  // eviction only: the daemon's {stages: [SCORE]}
+  // The daemon's {stages: [SCORE, quantize], quant_format: QUANT} (or {stages: [SCORE]} for
+  // --quant none), with its default groups: keys per channel over 64 slots, values per slot over
+  // 64 channels.
+  kvd::kernels::CompressionPlanOptions plan;
   plan.score =
       f.score == "snapkv" ? kvd::kernels::ScoreStage::kSnapKv : kvd::kernels::ScoreStage::kKeyDiff;
   plan.p_c = p_c;
   plan.window = s.window;
+  if (f.quant != "none") {
+    plan.quant = {.format = f.quant == "int4" ? kvd::kernels::QuantFormat::kInt4
+                                              : kvd::kernels::QuantFormat::kInt8,
+                  .key_group = 64,
+                  .value_group = 64};
+  }
   if (Status v = plan.Validate(); !v.ok()) return Fail("--p-c / --window", v);
 
   const int chunks = CachedChunks(s);
@@ -722,6 +732,12 @@ int main(int argc, char** argv) {
                    "eviction scorer: keydiff (the embedded default's policy) or snapkv")
       ->capture_default_str()
       ->check(CLI::IsMember({"keydiff", "snapkv"}));
+  local
+      ->add_option("--quant", f.quant,
+                   "the quantize stage after eviction: int8 (the embedded default's policy), "
+                   "int4 or none")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"int8", "int4", "none"}));
   local->add_option("--full-logits-out", f.full_logits_out,
                     "write the held-out logits of the full cache (raw float32)");
 

@@ -74,9 +74,9 @@ TEST(ConfigTest, EmbeddedDefaultRegistersTheThreeModels) {
   EXPECT_EQ(smol->layout.dtype, DType::kBFloat16);
   EXPECT_EQ(smol->layout.rope.theta, 100000);
   // The serving default (docs/quality.md, "Choosing a policy"): KeyDiff eviction, p_c 0.5,
-  // 32-token window, 4 sinks; it needs no window queries.
+  // 32-token window, 4 sinks, then int8 quantization; it needs no window queries.
   ASSERT_TRUE(smol->compression.has_value());
-  EXPECT_EQ(smol->compression->StagesName(), "keydiff");
+  EXPECT_EQ(smol->compression->StagesName(), "keydiff+int8");
   EXPECT_EQ(smol->compression->p_c, 0.5);
   EXPECT_EQ(smol->compression->window, 32);
   EXPECT_EQ(smol->compression->sinks, 4);
