@@ -183,6 +183,79 @@ CodecDescription CompressionPlanOptions::Codec(uint64_t calibration_version) con
           .quant = {}};  // set by the quantize stage (QuantizeChunk)
 }
 
+namespace {
+
+// Adds one head's counters to the plan's.
+void AddHeadStats(const CompressionStats& s, CompressionStats* total) {
+  total->heads += s.heads;
+  total->input_tokens += s.input_tokens;
+  total->slots += s.slots;
+  total->rebuild_slots += s.rebuild_slots;
+  total->merged_tokens += s.merged_tokens;
+  total->evicted_tokens += s.evicted_tokens;
+  total->budget_half_pairs += s.budget_half_pairs;
+  total->half_pairs += s.half_pairs;
+  total->route_reductions += s.route_reductions;
+  total->route_floor_heads += s.route_floor_heads;
+  total->error_aware_evicted += s.error_aware_evicted;
+  total->gate_evicted_tokens += s.gate_evicted_tokens;
+  total->kvslimmer += s.kvslimmer;
+  total->stage += s.stage;
+}
+
+// The window queries and VECTOR weights Compress needs, checked against the options and the
+// layout (`group` query heads per KV head). Returns the weights to route with (null: no route).
+StatusOr<const VectorWeights*> CheckQueriesAndWeights(const CompressionPlanOptions& options,
+                                                      const ModelLayout& layout,
+                                                      const CompressionInput& input, int group) {
+  const int L = layout.num_layers;
+  const int H = layout.num_kv_heads;
+  const int64_t d = layout.head_dim;
+  const bool have_queries = !input.window_queries.empty();
+  const bool need_queries =
+      options.score == ScoreStage::kSnapKv || options.score == ScoreStage::kPyramidKv ||
+      (options.merge == MergeStage::kKvSlimmer && options.score == ScoreStage::kNone);
+  if (need_queries && !have_queries) {
+    return Status::FailedPrecondition(
+        std::string("plan: ") +
+        (options.merge == MergeStage::kKvSlimmer && options.score == ScoreStage::kNone
+             ? "kvslimmer"
+             : ScoreStageName(options.score).data()) +
+        " needs window queries");
+  }
+  if (options.hybrid_error_aware && !have_queries) {
+    return Status::FailedPrecondition(
+        "plan: hybrid_error_aware needs window queries (its error estimate uses them)");
+  }
+  if (have_queries) {
+    if (input.window_queries.size() != static_cast<size_t>(L) * H) {
+      return Status::InvalidArgument(
+          "plan: window_queries must hold num_layers * num_kv_heads views");
+    }
+    for (size_t i = 0; i < input.window_queries.size(); ++i) {
+      const ConstMatrixView& q = input.window_queries[i];
+      if (q.rows != options.window * group || q.cols != d || q.ld < q.cols || q.data == nullptr) {
+        return Status::InvalidArgument("plan: window queries of " +
+                                       HeadName(static_cast<int>(i) / H, static_cast<int>(i) % H) +
+                                       " must be [window * G, d] = [" +
+                                       std::to_string(options.window * group) + ", " +
+                                       std::to_string(d) + "]");
+      }
+      KVD_RETURN_IF_ERROR(CheckFinite(q, "window queries"));
+    }
+  }
+  if (options.route != RouteStage::kVector) return nullptr;
+  const VectorWeights* weights = input.weights;
+  if (weights == nullptr) return Status::FailedPrecondition("plan: vector routing needs weights");
+  if (weights->num_layers != L || weights->num_kv_heads != H || weights->head_dim != d ||
+      weights->heads.size() != static_cast<size_t>(L) * H) {
+    return Status::FailedPrecondition("plan: VECTOR weights shape does not match the layout");
+  }
+  return weights;
+}
+
+}  // namespace
+
 StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const ModelLayout& layout,
                                 const CompressionInput& input, CompressionStats* stats,
                                 const ExecOptions& exec) {
@@ -228,47 +301,8 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
   }
   const int64_t last_position = *std::max_element(input.positions.begin(), input.positions.end());
   const bool have_queries = !input.window_queries.empty();
-  const bool need_queries =
-      options.score == ScoreStage::kSnapKv || options.score == ScoreStage::kPyramidKv ||
-      (options.merge == MergeStage::kKvSlimmer && options.score == ScoreStage::kNone);
-  if (need_queries && !have_queries) {
-    return Status::FailedPrecondition(
-        std::string("plan: ") +
-        (options.merge == MergeStage::kKvSlimmer && options.score == ScoreStage::kNone
-             ? "kvslimmer"
-             : ScoreStageName(options.score).data()) +
-        " needs window queries");
-  }
-  if (options.hybrid_error_aware && !have_queries) {
-    return Status::FailedPrecondition(
-        "plan: hybrid_error_aware needs window queries (its error estimate uses them)");
-  }
-  if (have_queries) {
-    if (input.window_queries.size() != static_cast<size_t>(L) * H) {
-      return Status::InvalidArgument(
-          "plan: window_queries must hold num_layers * num_kv_heads views");
-    }
-    for (size_t i = 0; i < input.window_queries.size(); ++i) {
-      const ConstMatrixView& q = input.window_queries[i];
-      if (q.rows != options.window * group || q.cols != d || q.ld < q.cols || q.data == nullptr) {
-        return Status::InvalidArgument("plan: window queries of " +
-                                       HeadName(static_cast<int>(i) / H, static_cast<int>(i) % H) +
-                                       " must be [window * G, d] = [" +
-                                       std::to_string(options.window * group) + ", " +
-                                       std::to_string(d) + "]");
-      }
-      KVD_RETURN_IF_ERROR(CheckFinite(q, "window queries"));
-    }
-  }
-  const VectorWeights* weights = nullptr;
-  if (options.route == RouteStage::kVector) {
-    weights = input.weights;
-    if (weights == nullptr) return Status::FailedPrecondition("plan: vector routing needs weights");
-    if (weights->num_layers != L || weights->num_kv_heads != H || weights->head_dim != d ||
-        weights->heads.size() != static_cast<size_t>(L) * H) {
-      return Status::FailedPrecondition("plan: VECTOR weights shape does not match the layout");
-    }
-  }
+  KVD_ASSIGN_OR_RETURN(const VectorWeights* weights,
+                       CheckQueriesAndWeights(options, layout, input, group));
   const int64_t window = have_queries ? options.window : 0;
   const int64_t forced = std::min<int64_t>(n, options.sinks) + window;
   if (n < options.sinks + window) {
@@ -357,21 +391,7 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
     });
     for (int h = 0; h < H; ++h) {
       KVD_RETURN_IF_ERROR(head_status[h].WithContext("plan: " + HeadName(layer, h)));
-      const CompressionStats& s = head_stats[h];
-      total.heads += s.heads;
-      total.input_tokens += s.input_tokens;
-      total.slots += s.slots;
-      total.rebuild_slots += s.rebuild_slots;
-      total.merged_tokens += s.merged_tokens;
-      total.evicted_tokens += s.evicted_tokens;
-      total.budget_half_pairs += s.budget_half_pairs;
-      total.half_pairs += s.half_pairs;
-      total.route_reductions += s.route_reductions;
-      total.route_floor_heads += s.route_floor_heads;
-      total.error_aware_evicted += s.error_aware_evicted;
-      total.gate_evicted_tokens += s.gate_evicted_tokens;
-      total.kvslimmer += s.kvslimmer;
-      total.stage += s.stage;
+      AddHeadStats(head_stats[h], &total);
     }
   }
   for (int64_t ns : adaptive_score_ns) total.stage.score_ns += ns;
