@@ -95,15 +95,26 @@ Server::Impl::~Impl() {
 
 Status Server::Impl::Init() {
   KVD_RETURN_IF_ERROR(config_.Validate());
-  if (!config_.auth.tokens_file.empty()) {
-    KVD_ASSIGN_OR_RETURN(auth_, LoadAuthTokens(config_.auth.tokens_file));
-    if (auth_.loose_permissions) {
-      KVD_LOG(WARNING) << "auth.tokens_file is readable by group or others; chmod 600 it"
-                       << Kv("path", config_.auth.tokens_file);
-    }
-    KVD_LOG(INFO) << "auth on" << Kv("namespaces", auth_.namespaces.size())
-                  << Kv("admin_token", auth_.admin.empty() ? "no (unix socket only)" : "yes");
+  KVD_RETURN_IF_ERROR(LoadAuth());
+  KVD_RETURN_IF_ERROR(StartTransport());
+  KVD_RETURN_IF_ERROR(CreateHostTier());
+  KVD_RETURN_IF_ERROR(CreateTierManager());
+  return CreateCodecs();
+}
+
+Status Server::Impl::LoadAuth() {
+  if (config_.auth.tokens_file.empty()) return Status::Ok();
+  KVD_ASSIGN_OR_RETURN(auth_, LoadAuthTokens(config_.auth.tokens_file));
+  if (auth_.loose_permissions) {
+    KVD_LOG(WARNING) << "auth.tokens_file is readable by group or others; chmod 600 it"
+                     << Kv("path", config_.auth.tokens_file);
   }
+  KVD_LOG(INFO) << "auth on" << Kv("namespaces", auth_.namespaces.size())
+                << Kv("admin_token", auth_.admin.empty() ? "no (unix socket only)" : "yes");
+  return Status::Ok();
+}
+
+Status Server::Impl::StartTransport() {
   if (deps_.transport) {
     transport_ = std::move(deps_.transport);
   } else {
@@ -123,6 +134,10 @@ Status Server::Impl::Init() {
   transport_description_ = proto::ValidUtf8(
       caps.backend + (caps.transports.empty() ? "" : ":" + caps.transports));
 
+  return Status::Ok();
+}
+
+Status Server::Impl::CreateHostTier() {
   storage::HostTierOptions host = config_.host_tier;
   host.max_chunk_bytes = config_.limits.max_chunk_bytes;
   host.lease_ttl = std::chrono::milliseconds(config_.limits.lease_ttl_ms);
@@ -190,6 +205,10 @@ Status Server::Impl::Init() {
       clock_, shm_.get());
   if (!tier.ok()) return tier.status().WithContext("host tier");
   tier_ = std::move(*tier);
+  return Status::Ok();
+}
+
+Status Server::Impl::CreateTierManager() {
   if (config_.disk_tier) {
     auto disk = storage::DiskTier::Open(*config_.disk_tier, clock_);
     if (!disk.ok()) return disk.status().WithContext("disk tier at " + config_.disk_tier->path);
@@ -226,6 +245,10 @@ Status Server::Impl::Init() {
   nccl_ = std::make_unique<NcclLink>(
       config_.transport, config_.gpu_tier ? config_.gpu_device : config_.transport.nccl_device,
       std::move(deps_.nccl_transport), std::move(deps_.nccl_device_memory));
+  return Status::Ok();
+}
+
+Status Server::Impl::CreateCodecs() {
   for (size_t i = 0; i < config_.models.size(); ++i) {
     const ModelConfig& m = config_.models[i];
     if (!m.compression) continue;

@@ -79,8 +79,14 @@ class Server::Impl : public ReservationBook, public PutServices {
   Impl(DaemonConfig config, ServerDeps deps);
   ~Impl();
 
-  Status Init();   // transport, arena, tier
+  Status Init();   // auth, transport, tiers, codecs (its steps below, in order)
   Status Start();  // listeners, progress thread
+  // Init's steps.
+  Status LoadAuth();            // auth.tokens_file
+  Status StartTransport();      // the bulk transport and its address
+  Status CreateHostTier();      // the host arena (shared memory or registered) and the HostTier
+  Status CreateTierManager();   // the disk and GPU tiers, the manager over all, the NCCL link
+  Status CreateCodecs();        // a ChunkCodec per model with a compression policy
   void Run();
   void Shutdown();  // thread-safe
 
