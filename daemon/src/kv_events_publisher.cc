@@ -226,23 +226,21 @@ void KvEventsPublisher::Run() {
 }
 
 void KvEventsPublisher::Resync() {
-  const std::vector<storage::ChunkMeta> copies = list_copies_();
-  const size_t per_batch = static_cast<size_t>(options_.max_batch_events);
-  std::vector<QueuedEvent> events;
-  events.reserve(std::min(copies.size(), per_batch));
-  bool first = true;
-  for (size_t i = 0; i <= copies.size(); ++i) {
-    // The first batch carries AllBlocksCleared and one copy fewer.
-    if (i == copies.size() || events.size() + (first ? 1 : 0) == per_batch) {
-      if (first || !events.empty()) Publish(first, events);
-      first = false;
-      events.clear();
-      if (i == copies.size()) break;
-    }
+  std::vector<QueuedEvent> copies;
+  for (const storage::ChunkMeta& m : list_copies_()) {
     QueuedEvent q;
-    q.event = storage::MakeChunkEvent(storage::ChunkEventKind::kStored, storage::RemoveReason::kNone,
-                                      copies[i].tier, copies[i]);
-    events.push_back(std::move(q));
+    q.event = storage::MakeChunkEvent(storage::ChunkEventKind::kStored,
+                                      storage::RemoveReason::kNone, m.tier, m);
+    copies.push_back(std::move(q));
+  }
+  // Batches of max_batch_events; the first carries AllBlocksCleared and one copy fewer.
+  const size_t per_batch = static_cast<size_t>(options_.max_batch_events);
+  size_t end = std::min(copies.size(), per_batch - 1);
+  Publish(true, {copies.begin(), copies.begin() + static_cast<ptrdiff_t>(end)});
+  for (size_t at = end; at < copies.size(); at = end) {
+    end = std::min(copies.size(), at + per_batch);
+    Publish(false, {copies.begin() + static_cast<ptrdiff_t>(at),
+                    copies.begin() + static_cast<ptrdiff_t>(end)});
   }
   resyncs_.fetch_add(1);
 }

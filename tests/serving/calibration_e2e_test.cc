@@ -85,19 +85,8 @@ void FlipByte(const fs::path& path, std::streamoff offset) {
   ASSERT_TRUE(f.good()) << "cannot flip byte " << offset << " of " << path;
 }
 
-class CalibrationE2eTest : public ServingFixture {
+class CalibrationE2eTest : public ServingDirFixture {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/kvd-calib-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    if (kvd_ && kvd_->Alive()) EXPECT_EQ(kvd_->Stop(), 0) << kvd_->Log();
-    kvd_.reset();
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
   // (Re)starts kvd with the vector model under `policy`, a disk tier in dir_/disk when `disk`,
   // and state_dir dir_/state otherwise.
   void Restart(const std::string& policy, bool disk) {
@@ -157,7 +146,6 @@ class CalibrationE2eTest : public ServingFixture {
     EXPECT_TRUE(w.ok()) << w.status();
     return w.ok() ? **w : std::vector<uint8_t>{};
   }
-  std::string dir_;
 };
 
 // Calibrates with 4 structured chunks: even heads route, odd heads do not.

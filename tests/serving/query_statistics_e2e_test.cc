@@ -16,7 +16,6 @@
 namespace kvd::e2e {
 namespace {
 
-namespace fs = std::filesystem;
 
 const std::string kEaModel = "stories-ea";
 constexpr char kEaPolicy[] =
@@ -33,19 +32,8 @@ kk::CompressionPlanOptions EaOptions() {
   return o;
 }
 
-class QueryStatisticsE2eTest : public ServingFixture {
+class QueryStatisticsE2eTest : public ServingDirFixture {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/kvd-qstats-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    if (kvd_ && kvd_->Alive()) EXPECT_EQ(kvd_->Stop(), 0) << kvd_->Log();
-    kvd_.reset();
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
   void Restart() {
     if (kvd_ && kvd_->Alive()) ASSERT_EQ(kvd_->Stop(), 0) << kvd_->Log();
     kvd_.reset();
@@ -63,7 +51,6 @@ class QueryStatisticsE2eTest : public ServingFixture {
     EXPECT_TRUE(c.ReleaseLease(hit->lease_id).ok());
     return out;
   }
-  std::string dir_;
 };
 
 TEST_F(QueryStatisticsE2eTest, PutsBuildStatisticsThatScoreChunksAndSurviveARestart) {

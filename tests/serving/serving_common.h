@@ -3,8 +3,10 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -168,6 +170,24 @@ class ServingFixture : public ::testing::Test {
     return buf;
   }
   std::unique_ptr<KvdProcess> kvd_;
+};
+
+// A ServingFixture whose kvd keeps state in a temp folder `dir_` (a disk tier, a state_dir),
+// removed with kvd at the end of each test.
+class ServingDirFixture : public ServingFixture {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kvd-serving-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    if (kvd_ && kvd_->Alive()) EXPECT_EQ(kvd_->Stop(), 0) << kvd_->Log();
+    kvd_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string dir_;
 };
 
 inline kk::CompressionPlanOptions SnapKvOptions() {

@@ -258,8 +258,8 @@ struct ChunkCodec::Impl {
   // ---- expected-attention query statistics (score == expected_attention) ----
   std::string query_record;  // CalibrationRecordName("query-statistics", ...)
   mutable std::mutex query_mu;
-  std::optional<kk::QueryStatistics> queries;  // guarded by query_mu; every query seen
-  // guarded by query_mu: the snapshot chunks are scored with, replaced after each put
+  // guarded by query_mu: every query seen so far, the statistics chunks are scored with; a put
+  // replaces it (readers keep the one they took). Null until StartQueryStatistics.
   std::shared_ptr<const kk::QueryStatistics> query_snapshot;
   int64_t query_saved = 0;  // guarded by query_mu; queries per layer in the saved record
 
@@ -269,8 +269,9 @@ struct ChunkCodec::Impl {
   Status StartQueryStatistics() {
     KVD_ASSIGN_OR_RETURN(kk::RopeTable rope,
                          kk::RopeTable::Create(model.layout.rope, model.layout.head_dim));
-    KVD_ASSIGN_OR_RETURN(queries, kk::QueryStatistics::Create(model.layout.num_layers,
-                                                              model.layout.num_q_heads, rope));
+    KVD_ASSIGN_OR_RETURN(kk::QueryStatistics queries,
+                         kk::QueryStatistics::Create(model.layout.num_layers,
+                                                     model.layout.num_q_heads, rope));
     if (store != nullptr) {
       auto bytes = store->Load(query_record);
       Status bad = bytes.ok() ? Status::Ok() : bytes.status();
@@ -279,7 +280,7 @@ struct ChunkCodec::Impl {
                                                 model.layout.num_q_heads, rope);
         if (saved.ok()) {
           queries = std::move(*saved);
-          query_saved = queries->MinCount();
+          query_saved = queries.MinCount();
           KVD_LOG(INFO) << "expected-attention query statistics reloaded" << Kv("model", model.name)
                         << Kv("record", store->Where(query_record)) << Kv("queries", query_saved)
                         << Kv("needed", policy.ea_min_queries);
@@ -293,7 +294,7 @@ struct ChunkCodec::Impl {
                        << Kv("status", bad);
       }
     }
-    query_snapshot = std::make_shared<const kk::QueryStatistics>(*queries);
+    query_snapshot = std::make_shared<const kk::QueryStatistics>(std::move(queries));
     return Status::Ok();
   }
 
@@ -305,10 +306,10 @@ struct ChunkCodec::Impl {
                                                         uint32_t window,
                                                         std::span<const int64_t> positions) {
     std::lock_guard lock(query_mu);
-    if (window == 0 || !queries) return query_snapshot;
+    if (window == 0 || !query_snapshot) return query_snapshot;
     const size_t per_layer = query_bytes.size() / model.layout.num_layers;
     const std::span<const int64_t> qpos = positions.subspan(positions.size() - window);
-    kk::QueryStatistics next = *queries;
+    kk::QueryStatistics next = *query_snapshot;  // the one copy a put makes
     for (int l = 0; l < model.layout.num_layers; ++l) {
       const std::span<const float> q(
           reinterpret_cast<const float*>(query_bytes.data() + per_layer * l),
@@ -319,18 +320,18 @@ struct ChunkCodec::Impl {
         return query_snapshot;
       }
     }
-    const bool became_ready =
-        queries->MinCount() < policy.ea_min_queries && next.MinCount() >= policy.ea_min_queries;
-    queries = std::move(next);
-    query_snapshot = std::make_shared<const kk::QueryStatistics>(*queries);
+    const bool became_ready = query_snapshot->MinCount() < policy.ea_min_queries &&
+                              next.MinCount() >= policy.ea_min_queries;
+    query_snapshot = std::make_shared<const kk::QueryStatistics>(std::move(next));
+    const kk::QueryStatistics& queries = *query_snapshot;
     if (became_ready) {
       KVD_LOG(INFO) << "expected-attention query statistics ready: chunks are scored with them"
-                    << Kv("model", model.name) << Kv("queries", queries->MinCount());
+                    << Kv("model", model.name) << Kv("queries", queries.MinCount());
     }
     const int64_t step = std::max<int64_t>(1, policy.ea_min_queries / 8);
-    const int64_t count = queries->MinCount();
+    const int64_t count = queries.MinCount();
     if (store != nullptr && (count < policy.ea_min_queries || count - query_saved >= step)) {
-      if (Status p = store->Save(query_record, SerializeQueryStatistics(*queries)); p.ok()) {
+      if (Status p = store->Save(query_record, SerializeQueryStatistics(queries)); p.ok()) {
         query_saved = count;
       } else {
         KVD_LOG(WARNING) << "expected-attention query statistics not saved"
