@@ -112,9 +112,26 @@ uint32_t PeerFetcher::Fetch(client::Client& peer, uint64_t lease, size_t from, s
         return stored;
       }
       ++stored;
+      std::lock_guard lock(mu_);
+      counts_.fetched_bytes += r.bytes;
     }
   }
   return stored;
+}
+
+std::vector<std::pair<std::string, uint64_t>> PeerFetchCounters(const PeerFetchCounts& c) {
+  return {{"cluster_lookups", c.lookups},
+          {"cluster_peer_asks", c.peer_asks},
+          {"cluster_peer_errors", c.peer_errors},
+          {"cluster_fetches", c.fetches},
+          {"cluster_fetched_chunks", c.fetched_chunks},
+          {"cluster_fetched_bytes", c.fetched_bytes},
+          {"cluster_fetch_failures", c.fetch_failures}};
+}
+
+PeerFetchCounts PeerFetcher::counts() const {
+  std::lock_guard lock(mu_);
+  return counts_;
 }
 
 PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
@@ -122,20 +139,24 @@ PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
   std::shared_ptr<client::Client> best;
   uint64_t best_lease = 0;
   uint32_t best_matched = 0;
+  uint64_t asked = 0, errors = 0;
   for (const cluster::Member& m : membership_->state().members) {
     if (m.record.node == self_) continue;
     PeerPrefix& prefix = out.peers.emplace_back();
     prefix.node = m.record.node;
     prefix.error = Ineligible(m.record, request);
     if (!prefix.error.empty()) continue;
+    ++asked;
     auto peer = ClientFor(m.record, request);
     if (!peer.ok()) {
       prefix.error = peer.status().ToString();
+      ++errors;
       continue;
     }
     auto found = (*peer)->Lookup(request.chain);
     if (!found.ok()) {
       prefix.error = found.status().ToString();
+      ++errors;
       continue;
     }
     prefix.matched_chunks = found->matched_chunks;
@@ -152,10 +173,21 @@ PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
       (*peer)->ReleaseLease(found->lease_id).IgnoreError();
     }
   }
+  {
+    std::lock_guard lock(mu_);
+    ++counts_.lookups;
+    counts_.peer_asks += asked;
+    counts_.peer_errors += errors;
+  }
   if (!best) return out;
   if (config_.peer_fetch.policy == PeerFetchOptions::Policy::kStore &&
       best_matched > request.local_matched) {
+    const uint32_t wanted = best_matched - static_cast<uint32_t>(request.local_matched);
     out.fetched_chunks = Fetch(*best, best_lease, request.local_matched, best_matched, request);
+    std::lock_guard lock(mu_);
+    ++counts_.fetches;
+    counts_.fetched_chunks += out.fetched_chunks;
+    if (out.fetched_chunks < wanted) ++counts_.fetch_failures;
   }
   best->ReleaseLease(best_lease).IgnoreError();
   return out;

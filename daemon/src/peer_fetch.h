@@ -64,6 +64,20 @@ struct PeerLookupOutcome {
   uint32_t fetched_chunks = 0;    // chunks stored here from the longest peer prefix
 };
 
+// What the fetcher did since start (kvdctl stats / metrics: kvd_cluster_<name>_total).
+struct PeerFetchCounts {
+  uint64_t lookups = 0;         // cluster-scope lookups that asked the members
+  uint64_t peer_asks = 0;       // members asked (eligible: same model and layout)
+  uint64_t peer_errors = 0;     // of those, no answer: connection, auth or lookup failed
+  uint64_t fetches = 0;         // lookups that fetched from a peer (policy store)
+  uint64_t fetched_chunks = 0;  // chunks stored here from peers
+  uint64_t fetched_bytes = 0;   // their bytes
+  uint64_t fetch_failures = 0;  // fetches that stopped before the peer's prefix (a miss)
+};
+
+// The counts as stats counters, named cluster_<field>, in the struct's order.
+std::vector<std::pair<std::string, uint64_t>> PeerFetchCounters(const PeerFetchCounts& c);
+
 class PeerFetcher {
  public:
   // `membership` and `tiers` outlive this. REQUIRES: config.cluster.
@@ -75,6 +89,9 @@ class PeerFetcher {
   // fetches chunks [local_matched, longest peer prefix) from the peer holding the longest prefix
   // into the host tier.
   PeerLookupOutcome AskPeers(const PeerLookupRequest& request);
+
+  // Thread-safe.
+  PeerFetchCounts counts() const;
 
  private:
   // A connected peer client for (peer, namespace, model), made or reused.
@@ -96,8 +113,9 @@ class PeerFetcher {
   const cluster::Membership* const membership_;
   storage::TierManager* const tiers_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<client::Client>> clients_;  // GUARDED_BY(mu_)
+  PeerFetchCounts counts_;                                          // GUARDED_BY(mu_)
 };
 
 }  // namespace kvd::daemon

@@ -145,6 +145,16 @@ TEST_F(PeerFetchE2eTest, ClusterLookupNamesEachNodesPrefixAndPeerFetchIsByteExac
     EXPECT_TRUE(out == bytes[i]) << "chunk " << i << " differs";
   }
   ASSERT_TRUE(a->ReleaseLease(hit->lease_id).ok());
+  // a's metrics count the lookup, the two members asked and the fetch.
+  double fetched_bytes = 0;
+  for (const auto& b : bytes) fetched_bytes += static_cast<double>(b.size());
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_lookups_total"), 1);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_peer_asks_total"), 2);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_peer_errors_total"), 0);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_fetches_total"), 1);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_fetched_chunks_total"), 4);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_fetched_bytes_total"), fetched_bytes);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_fetch_failures_total"), 0);
 
   // Stored on a now: a local lookup finds them, a cluster one fetches nothing more.
   auto again = a->Lookup(chain);
@@ -155,6 +165,8 @@ TEST_F(PeerFetchE2eTest, ClusterLookupNamesEachNodesPrefixAndPeerFetchIsByteExac
   ASSERT_TRUE(cluster_again.ok()) << cluster_again.status();
   EXPECT_EQ(cluster_again->fetched_chunks, 0u);
   EXPECT_EQ(cluster_again->matched_chunks, 4u);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_lookups_total"), 2);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_fetches_total"), 1);
 }
 
 TEST_F(PeerFetchE2eTest, AWrongClusterTokenIsRefusedNamingWhy) {
@@ -274,6 +286,12 @@ TEST_F(PeerFetchE2eTest, APeerKilledDuringFetchesGivesMissesNeverWrongBytesNorAH
       kCycles, kCycles / 4, fetched, partial, missed, longest_s, kPeerTimeoutMs);
   EXPECT_GE(fetched, kCycles / 4 - 1);
   EXPECT_GE(missed, kCycles / 2);
+  // a's metrics agree: every cycle a cluster lookup, every chunk served fetched, and the dead
+  // peer's refusals counted as peer errors.
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_lookups_total"), kCycles);
+  EXPECT_GE(MetricValue(*kvds_[0], "kvd_cluster_fetched_chunks_total"),
+            static_cast<double>(fetched * kChunks));
+  EXPECT_GE(MetricValue(*kvds_[0], "kvd_cluster_peer_errors_total"), missed);
   // No hang: every step with the dead peer is bounded by the peer timeout (connect, lookup,
   // one transfer), so a lookup ends within a few of them (a generous bound, not a speed).
   EXPECT_LT(longest_s, 10.0);
