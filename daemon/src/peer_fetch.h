@@ -15,6 +15,8 @@
 // layouts of the model differ: such a member is not asked (the holder's error names why), and
 // its Hello would be refused anyway (layout mismatch).
 //
+// The members are asked at once (a thread each), so a lookup waits for its slowest peer.
+//
 // Failure semantics: every step with a peer is bounded by PeerFetchOptions::timeout_ms. A peer
 // that fails (dead, refused, timed out) contributes nothing; a fetch that fails midway keeps the
 // chunks fetched before it (each one whole and verified) and the rest is a miss.

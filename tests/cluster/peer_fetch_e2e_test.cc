@@ -4,6 +4,7 @@
 // refused naming why; a peer killed with SIGKILL during fetches gives misses, never wrong bytes,
 // never a hang. Skipped when etcd is not installed.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <atomic>
 #include <chrono>
@@ -286,18 +287,48 @@ TEST_F(PeerFetchE2eTest, APeerKilledDuringFetchesGivesMissesNeverWrongBytesNorAH
       kCycles, kCycles / 4, fetched, partial, missed, longest_s, kPeerTimeoutMs);
   EXPECT_GE(fetched, kCycles / 4 - 1);
   EXPECT_GE(missed, kCycles / 2);
-  // a's metrics agree: every cycle a cluster lookup, every chunk served fetched, and the dead
-  // peer's refusals counted as peer errors.
+  // a's metrics agree: every cycle a cluster lookup, every chunk served fetched, and each miss
+  // either the dead peer's error or a fetch it cut short.
   EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_lookups_total"), kCycles);
   EXPECT_GE(MetricValue(*kvds_[0], "kvd_cluster_fetched_chunks_total"),
             static_cast<double>(fetched * kChunks));
-  EXPECT_GE(MetricValue(*kvds_[0], "kvd_cluster_peer_errors_total"), missed);
+  EXPECT_GE(MetricValue(*kvds_[0], "kvd_cluster_peer_errors_total") +
+                MetricValue(*kvds_[0], "kvd_cluster_fetch_failures_total"),
+            missed);
   // No hang: every step with the dead peer is bounded by the peer timeout (connect, lookup,
   // one transfer), so a lookup ends within a few of them (a generous bound, not a speed).
   EXPECT_LT(longest_s, 10.0);
   // a still serves (and its peer c still answers).
   auto c_hit = a->Lookup(chains[0], {.cluster = true});
   ASSERT_TRUE(c_hit.ok()) << c_hit.status();
+}
+
+// Two peers that stop answering (SIGSTOP: their sockets accept, nothing replies) cost a cluster
+// lookup one peer timeout, not one per peer: the members are asked at once.
+TEST_F(PeerFetchE2eTest, SilentPeersCostOneTimeoutNotOnePerPeer) {
+  auto a = ConnectOrFail(kvds_[0]->EngineOptions("reader-a"));
+  ASSERT_TRUE(a);
+  auto chain = a->hasher().ChunkChain(RandomTokens(256, 11), true);
+  ASSERT_EQ(::kill(kvds_[1]->pid(), SIGSTOP), 0);
+  ASSERT_EQ(::kill(kvds_[2]->pid(), SIGSTOP), 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto hit = a->Lookup(chain, {.cluster = true});
+  const double took_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::kill(kvds_[1]->pid(), SIGCONT);
+  ::kill(kvds_[2]->pid(), SIGCONT);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(hit->matched_chunks, 0u);
+  ASSERT_EQ(hit->holders.size(), 3u);
+  for (const char* node : {"b", "c"}) {
+    const auto* h = HolderOf(*hit, node);
+    ASSERT_NE(h, nullptr) << node;
+    EXPECT_NE(h->error.find("DEADLINE_EXCEEDED"), std::string::npos) << node << ": " << h->error;
+  }
+  std::printf("[peer-fetch] two silent peers: cluster lookup took %.3f s (peer timeout %d ms)\n",
+              took_s, kPeerTimeoutMs);
+  // Asked one after the other, two peers take two timeouts (2 s); at once, one.
+  EXPECT_LT(took_s, 1.8 * kPeerTimeoutMs / 1000.0);
 }
 
 }  // namespace
