@@ -100,6 +100,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -174,9 +175,11 @@ kvd::Hash128 ChunkHash(uint64_t run, uint64_t index) {
 
 // The daemon's pid from kvd's --ready-file JSON ({"pid": N, ...}); 0 when absent.
 int64_t PidFromReadyFile(const std::string& path, std::string* error) {
-  std::ifstream in(path);
-  if (!in) {
-    *error = "cannot read --ready-file " + path;
+  std::error_code ec;
+  std::ifstream in;
+  if (std::filesystem::is_regular_file(path, ec)) in.open(path);
+  if (!in.is_open()) {
+    *error = "cannot read --ready-file " + path + " (not a readable file)";
     return 0;
   }
   auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
