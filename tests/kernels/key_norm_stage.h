@@ -17,8 +17,9 @@ inline constexpr ScoreStage kKeyNorm = static_cast<ScoreStage>(kKeyNormCode);
 // The kernel: scores[i] = |k_i| (higher = keep).
 inline Status KeyNormScores(const ScoreHeadInput& in, std::span<float> scores) {
   for (int64_t i = 0; i < in.keys.rows; ++i) {
+    const float* k = in.keys.Row(i);
     double sum = 0.0;
-    for (int64_t c = 0; c < in.keys.cols; ++c) sum += double(in.keys.Row(i)[c]) * in.keys.Row(i)[c];
+    for (int64_t c = 0; c < in.keys.cols; ++c) sum += double(k[c]) * k[c];
     scores[static_cast<size_t>(i)] = static_cast<float>(std::sqrt(sum));
   }
   return Status::Ok();
