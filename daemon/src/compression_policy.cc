@@ -6,6 +6,7 @@
 #include <initializer_list>
 
 #include "kvd/common/hash.h"
+#include "stage_policy.h"
 
 namespace kvd::daemon {
 namespace {
@@ -30,14 +31,19 @@ Status Bad(const std::string& key, const std::string& value, const std::string& 
 }  // namespace
 
 bool CompressionPolicy::NeedsQueries() const {
-  // expected_attention scores without the chunk's queries, but its statistics are built from
-  // them: engines are asked to send them.
-  return score == "snapkv" || score == "pyramidkv" || score == "expected_attention" ||
-         merge == "kvslimmer";
+  // A query-statistics stage (expected_attention) scores without the chunk's queries, but its
+  // statistics are built from them: engines are asked to send them.
+  for (const kernels::StageRegistration* s : ListedStages(*this)) {
+    if (s->needs_window_queries || s->needs_query_stats) return true;
+  }
+  return false;
 }
 
 bool CompressionPolicy::KeepsPositions() const {
-  return p_c == 0.0 || (score == "none" && merge == "kvslimmer");
+  if (p_c == 0.0) return true;
+  // Recency (score none) evicts unless a merge stage keeps every token in a slot.
+  const kernels::StageRegistration* m = PolicyStage(kernels::StageKind::kMerge, merge);
+  return score == "none" && m != nullptr && m->keeps_positions;
 }
 
 std::string CompressionPolicy::StagesName() const {
@@ -54,9 +60,9 @@ std::string CompressionPolicy::StagesName() const {
 }
 
 Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) const {
-  if (!OneOf(score, {"none", "snapkv", "keydiff", "pyramidkv", "expected_attention"})) {
+  if (score != "none" && PolicyStage(kernels::StageKind::kScore, score) == nullptr) {
     return Bad(key + ".stages", score,
-               "is not a score method (snapkv, keydiff, pyramidkv, expected_attention)");
+               "is not a score method (" + PolicyMethodList(kernels::StageKind::kScore) + ")");
   }
   if (ea_future_positions < 1) {
     return Bad(key + ".ea_future_positions", std::to_string(ea_future_positions), "must be >= 1");
@@ -64,11 +70,13 @@ Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) con
   if (ea_min_queries < 1) {
     return Bad(key + ".ea_min_queries", std::to_string(ea_min_queries), "must be >= 1");
   }
-  if (!OneOf(merge, {"none", "kvslimmer"})) {
-    return Bad(key + ".stages", merge, "is not a merge method (kvslimmer)");
+  if (merge != "none" && PolicyStage(kernels::StageKind::kMerge, merge) == nullptr) {
+    return Bad(key + ".stages", merge,
+               "is not a merge method (" + PolicyMethodList(kernels::StageKind::kMerge) + ")");
   }
-  if (!OneOf(route, {"none", "vector"})) {
-    return Bad(key + ".stages", route, "is not a route method (vector)");
+  if (route != "none" && PolicyStage(kernels::StageKind::kRoute, route) == nullptr) {
+    return Bad(key + ".stages", route,
+               "is not a route method (" + PolicyMethodList(kernels::StageKind::kRoute) + ")");
   }
   if (!OneOf(quant_format, {"none", "int8", "int4", "int3", "int2", "fp8_e4m3"})) {
     return Bad(key + ".quant_format", quant_format, "is not int8, int4, int3, int2 or fp8_e4m3");

@@ -10,6 +10,7 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -20,6 +21,7 @@
 #include "kvd/daemon/config.h"
 #include "kvd/transport/registry.h"
 #include "quotas.h"
+#include "stage_policy.h"
 
 namespace kvd::daemon {
 namespace {
@@ -34,7 +36,7 @@ Status Bad(const std::string& key, const std::string& value, const std::string& 
 
 // Requires `node` to be a map whose keys are all in `allowed`.
 Status CheckMap(const YAML::Node& node, const std::string& path,
-                std::initializer_list<const char*> allowed) {
+                std::span<const char* const> allowed) {
   if (!node.IsMap()) {
     return Status::InvalidArgument((path.empty() ? "document" : path) + ": must be a mapping");
   }
@@ -49,6 +51,10 @@ Status CheckMap(const YAML::Node& node, const std::string& path,
     }
   }
   return Status::Ok();
+}
+Status CheckMap(const YAML::Node& node, const std::string& path,
+                std::initializer_list<const char*> allowed) {
+  return CheckMap(node, path, std::span<const char* const>(allowed.begin(), allowed.size()));
 }
 
 // Reads a scalar as text; false if the key is absent.
@@ -173,8 +179,131 @@ Status BindLayout(const YAML::Node& node, const std::string& path, ModelLayout* 
   return Status::Ok();
 }
 
-// `compression: off` (raw) or a policy mapping (compression_policy.h). Stage order and method
-// names are checked here (they are YAML-level facts); the rest by CompressionPolicy::Validate.
+// The quantize stage's keys (`quantize` listed).
+Status BindQuantizeKeys(const YAML::Node& node, const std::string& path, CompressionPolicy* p) {
+  // `[quantize]` alone keeps every token unless p_c says otherwise (recency then evicts).
+  if (p->score == "none" && p->merge == "none" && p->route == "none") p->p_c = 0.0;
+  KVD_RETURN_IF_ERROR(GetString(node, path, "quant_format", &p->quant_format));
+  if (p->quant_format == "none") {
+    return Bad(Join(path, "quant_format"), p->quant_format,
+               "is not int8, int4, int3, int2 or fp8_e4m3 (drop the quantize stage to store full "
+               "precision)");
+  }
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_group", &p->quant_group, 1, 65536));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_key_group", &p->quant_key_group, 1, 65536));
+  KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_recent", &p->quant_recent, 0, 1 << 30));
+  KVD_RETURN_IF_ERROR(GetString(node, path, "quant_rotate", &p->quant_rotate));
+  return GetString(node, path, "quant_value_format", &p->quant_value_format);
+}
+
+// The expected_attention stage's keys (`expected_attention` listed).
+Status BindExpectedAttentionKeys(const YAML::Node& node, const std::string& path,
+                                 CompressionPolicy* p) {
+  KVD_RETURN_IF_ERROR(
+      GetInt(node, path, "ea_future_positions", &p->ea_future_positions, 1, int64_t{1} << 30));
+  return GetInt(node, path, "ea_min_queries", &p->ea_min_queries, 1, int64_t{1} << 40);
+}
+
+// Policy keys that only one stage reads: bound when the stage is listed, refused otherwise.
+// A stage with keys of its own adds its row (and its fields to CompressionPolicy).
+struct StageKeys {
+  const char* stage;    // the registered stage (kernels/stages.h)
+  const char* example;  // a `stages` list with it, for the error
+  std::vector<const char*> keys;
+  Status (*bind)(const YAML::Node& node, const std::string& path, CompressionPolicy* p);
+};
+
+const std::vector<StageKeys>& StageKeyTable() {
+  static const std::vector<StageKeys> table = {
+      {"quantize",
+       "[keydiff, quantize]",
+       {"quant_format", "quant_group", "quant_key_group", "quant_recent", "quant_rotate",
+        "quant_value_format"},
+       BindQuantizeKeys},
+      {"expected_attention",
+       "[expected_attention]",
+       {"ea_future_positions", "ea_min_queries"},
+       BindExpectedAttentionKeys},
+  };
+  return table;
+}
+
+Status BindStageKeys(const YAML::Node& node, const std::string& path, CompressionPolicy* p) {
+  const std::vector<const kernels::StageRegistration*> listed = ListedStages(*p);
+  for (const StageKeys& sk : StageKeyTable()) {
+    bool on = false;
+    for (const kernels::StageRegistration* s : listed) on = on || s->name == sk.stage;
+    if (on) {
+      KVD_RETURN_IF_ERROR(sk.bind(node, path, p));
+      continue;
+    }
+    for (const char* k : sk.keys) {
+      if (node[k].IsDefined()) {
+        return Status::InvalidArgument(path + "." + k + ": set, but stages has no " + sk.stage +
+                                       " stage (e.g. stages: " + sk.example + ")");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// The `stages` list into p's score, merge, route and quantize (order and method names are
+// YAML-level facts, checked here). Methods are the registered stages (kernels/stages.h).
+Status BindStages(const YAML::Node& node, const std::string& path, CompressionPolicy* p) {
+  namespace kk = kvd::kernels;
+  const YAML::Node stages = node["stages"];
+  if (!stages.IsDefined() || !stages.IsSequence() || stages.size() == 0) {
+    return Status::InvalidArgument(
+        path +
+        ".stages: required, a non-empty list of methods in the order "
+        "score, merge, route, quantize (e.g. [snapkv], [snapkv, vector], "
+        "[keydiff, quantize])");
+  }
+  p->score = "none";
+  int last_stage = -1;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const std::string key = path + ".stages[" + std::to_string(i) + "]";
+    if (!stages[i].IsScalar()) return Status::InvalidArgument(key + ": must be a method name");
+    std::string method = stages[i].Scalar();
+    std::vector<std::pair<kk::StageKind, std::string>> parts;  // (stage, method)
+    const kk::StageRegistration* s = kk::StageRegistry::Global().Find(method);
+    if (method == "hybrid") {
+      parts = {{kk::StageKind::kScore, "snapkv"}, {kk::StageKind::kMerge, "kvslimmer"}};
+    } else if (s != nullptr && PolicyStage(s->kind, method) != nullptr) {
+      // The quantize stage's value is its format: quant_format (BindQuantizeKeys).
+      parts = {{s->kind, s->kind == kk::StageKind::kQuantize ? "int8" : method}};
+    } else {
+      return Bad(key, method,
+                 "is not a method (score: " + PolicyMethodList(kk::StageKind::kScore) +
+                     "; merge: " + PolicyMethodList(kk::StageKind::kMerge) +
+                     "; route: " + PolicyMethodList(kk::StageKind::kRoute) + "; quantize: " +
+                     PolicyMethodList(kk::StageKind::kQuantize) + "; hybrid = snapkv + kvslimmer)");
+    }
+    for (const auto& [kind, name] : parts) {
+      const int stage = static_cast<int>(kind);
+      if (stage == last_stage) {
+        return Bad(
+            key, method,
+            "is a second " + std::string(kk::StageKindName(kind)) + " method (one per stage)");
+      }
+      if (stage < last_stage) {
+        return Bad(key, method,
+                   "is a " + std::string(kk::StageKindName(kind)) + " method listed after the " +
+                       std::string(kk::StageKindName(static_cast<kk::StageKind>(last_stage))) +
+                       " stage; stages run in the order score, merge, route, quantize");
+      }
+      last_stage = stage;
+      (kind == kk::StageKind::kScore   ? p->score
+       : kind == kk::StageKind::kMerge ? p->merge
+       : kind == kk::StageKind::kRoute ? p->route
+                                       : p->quant_format) = name;
+    }
+  }
+  return Status::Ok();
+}
+
+// `compression: off` (raw) or a policy mapping (compression_policy.h). The stages and their keys
+// are bound above; the rest is checked by CompressionPolicy::Validate.
 Status BindCompression(const YAML::Node& node, const std::string& path,
                        std::optional<CompressionPolicy>* out) {
   if (node.IsScalar()) {
@@ -186,85 +315,17 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
     return Bad(path, text,
                "is not \"off\" or a policy mapping (e.g. {stages: [snapkv], p_c: 0.5})");
   }
-  KVD_RETURN_IF_ERROR(
-      CheckMap(node, path,
-               {"stages", "p_c", "window", "sinks", "pooling", "pooling_kernel", "keydiff_block",
-                "pyramid_beta", "merge_norm", "position", "max_group", "min_cos", "route_eps",
-                "r2_threshold", "calibration_tokens", "worker_threads", "queue_depth", "device",
-                "quant_format", "quant_group", "quant_key_group", "quant_recent", "quant_rotate",
-                "quant_value_format", "ea_future_positions", "ea_min_queries"}));
+  std::vector<const char*> allowed = {
+      "stages",         "p_c",           "window",       "sinks",        "pooling",
+      "pooling_kernel", "keydiff_block", "pyramid_beta", "merge_norm",   "position",
+      "max_group",      "min_cos",       "route_eps",    "r2_threshold", "calibration_tokens",
+      "worker_threads", "queue_depth",   "device"};
+  for (const StageKeys& sk : StageKeyTable())
+    allowed.insert(allowed.end(), sk.keys.begin(), sk.keys.end());
+  KVD_RETURN_IF_ERROR(CheckMap(node, path, allowed));
   CompressionPolicy p;
-  const YAML::Node stages = node["stages"];
-  if (!stages.IsDefined() || !stages.IsSequence() || stages.size() == 0) {
-    return Status::InvalidArgument(path +
-                                   ".stages: required, a non-empty list of methods in the order "
-                                   "score, merge, route, quantize (e.g. [snapkv], [snapkv, vector], "
-                                   "[keydiff, quantize])");
-  }
-  p.score = "none";
-  int last_stage = -1;
-  const char* kStageNames[] = {"score", "merge", "route", "quantize"};
-  for (size_t i = 0; i < stages.size(); ++i) {
-    const std::string key = path + ".stages[" + std::to_string(i) + "]";
-    if (!stages[i].IsScalar()) return Status::InvalidArgument(key + ": must be a method name");
-    std::string method = stages[i].Scalar();
-    std::vector<std::pair<int, std::string>> parts;  // (stage, method)
-    if (method == "snapkv" || method == "keydiff" || method == "pyramidkv" ||
-        method == "expected_attention") {
-      parts = {{0, method}};
-    } else if (method == "kvslimmer") {
-      parts = {{1, method}};
-    } else if (method == "vector") {
-      parts = {{2, method}};
-    } else if (method == "hybrid") {
-      parts = {{0, "snapkv"}, {1, "kvslimmer"}};
-    } else if (method == "quantize") {
-      parts = {{3, "int8"}};  // the format: quant_format below
-    } else {
-      return Bad(key, method,
-                 "is not a method (score: snapkv, keydiff, pyramidkv, expected_attention; merge: "
-                 "kvslimmer; route: "
-                 "vector; quantize: quantize; hybrid = snapkv + kvslimmer)");
-    }
-    for (const auto& [stage, name] : parts) {
-      if (stage == last_stage) {
-        return Bad(key, method,
-                   std::string("is a second ") + kStageNames[stage] + " method (one per stage)");
-      }
-      if (stage < last_stage) {
-        return Bad(key, method,
-                   std::string("is a ") + kStageNames[stage] + " method listed after the " +
-                       kStageNames[last_stage] +
-                       " stage; stages run in the order score, merge, route, quantize");
-      }
-      last_stage = stage;
-      (stage == 0 ? p.score : stage == 1 ? p.merge : stage == 2 ? p.route : p.quant_format) = name;
-    }
-  }
-  if (p.Quantizes()) {
-    // `[quantize]` alone keeps every token unless p_c says otherwise (recency then evicts).
-    if (p.score == "none" && p.merge == "none" && p.route == "none") p.p_c = 0.0;
-    KVD_RETURN_IF_ERROR(GetString(node, path, "quant_format", &p.quant_format));
-    if (p.quant_format == "none") {
-      return Bad(Join(path, "quant_format"), p.quant_format,
-                 "is not int8, int4, int3, int2 or fp8_e4m3 (drop the quantize stage to store full "
-                 "precision)");
-    }
-    KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_group", &p.quant_group, 1, 65536));
-    KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_key_group", &p.quant_key_group, 1, 65536));
-    KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_recent", &p.quant_recent, 0, 1 << 30));
-    KVD_RETURN_IF_ERROR(GetString(node, path, "quant_rotate", &p.quant_rotate));
-    KVD_RETURN_IF_ERROR(GetString(node, path, "quant_value_format", &p.quant_value_format));
-  } else {
-    for (const char* k : {"quant_format", "quant_group", "quant_key_group", "quant_recent",
-                          "quant_rotate", "quant_value_format"}) {
-      if (node[k].IsDefined()) {
-        return Status::InvalidArgument(path + "." + k +
-                                       ": set, but stages has no quantize stage (e.g. "
-                                       "stages: [keydiff, quantize])");
-      }
-    }
-  }
+  KVD_RETURN_IF_ERROR(BindStages(node, path, &p));
+  KVD_RETURN_IF_ERROR(BindStageKeys(node, path, &p));
   KVD_RETURN_IF_ERROR(GetDouble(node, path, "p_c", &p.p_c));
   KVD_RETURN_IF_ERROR(GetInt(node, path, "window", &p.window, 1, 1 << 20));
   KVD_RETURN_IF_ERROR(GetInt(node, path, "sinks", &p.sinks, 0, 1 << 20));
@@ -272,19 +333,6 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
   KVD_RETURN_IF_ERROR(GetInt(node, path, "pooling_kernel", &p.pooling_kernel, 1, 1023));
   KVD_RETURN_IF_ERROR(GetInt(node, path, "keydiff_block", &p.keydiff_block, 0, 1 << 20));
   KVD_RETURN_IF_ERROR(GetDouble(node, path, "pyramid_beta", &p.pyramid_beta));
-  if (p.score != "expected_attention") {
-    for (const char* k : {"ea_future_positions", "ea_min_queries"}) {
-      if (node[k].IsDefined()) {
-        return Status::InvalidArgument(path + "." + k +
-                                       ": set, but stages has no expected_attention stage (e.g. "
-                                       "stages: [expected_attention])");
-      }
-    }
-  }
-  KVD_RETURN_IF_ERROR(GetInt(node, path, "ea_future_positions", &p.ea_future_positions, 1,
-                             int64_t{1} << 30));
-  KVD_RETURN_IF_ERROR(
-      GetInt(node, path, "ea_min_queries", &p.ea_min_queries, 1, int64_t{1} << 40));
   KVD_RETURN_IF_ERROR(GetString(node, path, "merge_norm", &p.merge_norm));
   KVD_RETURN_IF_ERROR(GetString(node, path, "position", &p.position));
   KVD_RETURN_IF_ERROR(GetInt(node, path, "max_group", &p.max_group, 1, 1 << 20));

@@ -5,6 +5,7 @@
 #include "kvd/storage/tier_manager.h"
 #include "responses.h"
 #include "session.h"
+#include "stage_policy.h"
 
 namespace kvd::daemon {
 
@@ -187,7 +188,7 @@ void Session::HandleCalibration(uint64_t seq, uint64_t rid,
       }
       continue;
     }
-    if (model.empty() && codec->policy().route != "vector") continue;
+    if (model.empty() && !NeedsCalibration(codec->policy())) continue;
     rows.push_back({m.name, &m, codec, codec->Calibration()});
   }
   if (!model.empty() && rows.empty()) {

@@ -12,6 +12,7 @@
 #include "byte_io.h"
 #include "compact_chunk_internal.h"
 #include "kvd/common/hash.h"
+#include "kvd/kernels/stages.h"
 #include "quantize_backend.h"
 #include "slot_metadata.h"
 
@@ -219,10 +220,10 @@ std::string HeadName(int64_t idx, int heads) {
 }
 
 Status ValidateCodec(const CodecDescription& c) {
-  if (static_cast<uint8_t>(c.score) > static_cast<uint8_t>(ScoreStage::kExpectedAttention) ||
-      static_cast<uint8_t>(c.merge) > static_cast<uint8_t>(MergeStage::kKvSlimmer) ||
+  if (FindStage(c.score) == nullptr ||
+      (c.merge != MergeStage::kNone && FindStage(c.merge) == nullptr) ||
       static_cast<uint8_t>(c.merge_norm) > static_cast<uint8_t>(MergeNorm::kL1Code) ||
-      static_cast<uint8_t>(c.route) > static_cast<uint8_t>(RouteStage::kVector) ||
+      (c.route != RouteStage::kNone && FindStage(c.route) == nullptr) ||
       static_cast<uint8_t>(c.position) > static_cast<uint8_t>(RepresentativePosition::kWeighted)) {
     return Status::InvalidArgument("codec: unknown stage code");
   }
@@ -473,28 +474,14 @@ StatusOr<CompactChunk> DecodeCompactChunk(std::span<const uint8_t> bytes) {
 }
 
 std::string_view ScoreStageName(ScoreStage s) {
-  switch (s) {
-    case ScoreStage::kNone:
-      return "none";
-    case ScoreStage::kSnapKv:
-      return "snapkv";
-    case ScoreStage::kKeyDiff:
-      return "keydiff";
-    case ScoreStage::kPyramidKv:
-      return "pyramidkv";
-    case ScoreStage::kExpectedAttention:
-      return "expected_attention";
-  }
-  return "unknown";
+  if (s == ScoreStage::kNone) return "none";
+  const StageRegistration* stage = FindStage(s);
+  return stage == nullptr ? "unknown" : std::string_view(stage->name);
 }
 std::string_view MergeStageName(MergeStage s) {
-  switch (s) {
-    case MergeStage::kNone:
-      return "none";
-    case MergeStage::kKvSlimmer:
-      return "kvslimmer";
-  }
-  return "unknown";
+  if (s == MergeStage::kNone) return "none";
+  const StageRegistration* stage = FindStage(s);
+  return stage == nullptr ? "unknown" : std::string_view(stage->name);
 }
 std::string_view QuantFormatName(QuantFormat f) {
   switch (f) {
@@ -541,13 +528,9 @@ size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDe
 }
 
 std::string_view RouteStageName(RouteStage s) {
-  switch (s) {
-    case RouteStage::kNone:
-      return "none";
-    case RouteStage::kVector:
-      return "vector";
-  }
-  return "unknown";
+  if (s == RouteStage::kNone) return "none";
+  const StageRegistration* stage = FindStage(s);
+  return stage == nullptr ? "unknown" : std::string_view(stage->name);
 }
 
 }  // namespace kvd::kernels

@@ -13,6 +13,7 @@
 #include "kvd/kernels/pyramidkv.h"
 #include "kvd/kernels/quantize.h"
 #include "kvd/kernels/rope.h"
+#include "kvd/kernels/stages.h"
 #include "plan_internal.h"
 
 namespace kvd::kernels {
@@ -71,9 +72,8 @@ StatusOr<std::vector<int64_t>> ExactPyramidBudgets(int64_t n, int layers, int64_
 }  // namespace internal
 
 Status CompressionPlanOptions::Validate() const {
-  if (static_cast<uint8_t>(score) > static_cast<uint8_t>(ScoreStage::kExpectedAttention) ||
-      static_cast<uint8_t>(merge) > static_cast<uint8_t>(MergeStage::kKvSlimmer) ||
-      static_cast<uint8_t>(route) > static_cast<uint8_t>(RouteStage::kVector)) {
+  if (FindStage(score) == nullptr || (merge != MergeStage::kNone && FindStage(merge) == nullptr) ||
+      (route != RouteStage::kNone && FindStage(route) == nullptr)) {
     return Status::InvalidArgument("plan: unknown stage");
   }
   if (!(p_c >= 0.0 && p_c < 1.0)) {
@@ -141,12 +141,8 @@ Status CompressionPlanOptions::Validate() const {
                                      std::to_string(route_min_r2));
     }
   }
-  if (score == ScoreStage::kExpectedAttention) {
-    KVD_RETURN_IF_ERROR(expected_attention.Validate().WithContext("plan"));
-    if (expected_attention_min_queries < 1) {
-      return Status::InvalidArgument("plan: expected_attention_min_queries must be >= 1, got " +
-                                     std::to_string(expected_attention_min_queries));
-    }
+  if (const StageRegistration* s = FindStage(score); s->validate != nullptr) {
+    KVD_RETURN_IF_ERROR(s->validate(*this));
   }
   if (head_budget == HeadBudget::kAdaptive) {
     if (score == ScoreStage::kNone) {
@@ -212,16 +208,13 @@ StatusOr<const VectorWeights*> CheckQueriesAndWeights(const CompressionPlanOptio
   const int H = layout.num_kv_heads;
   const int64_t d = layout.head_dim;
   const bool have_queries = !input.window_queries.empty();
-  const bool need_queries =
-      options.score == ScoreStage::kSnapKv || options.score == ScoreStage::kPyramidKv ||
-      (options.merge == MergeStage::kKvSlimmer && options.score == ScoreStage::kNone);
-  if (need_queries && !have_queries) {
-    return Status::FailedPrecondition(
-        std::string("plan: ") +
-        (options.merge == MergeStage::kKvSlimmer && options.score == ScoreStage::kNone
-             ? "kvslimmer"
-             : ScoreStageName(options.score).data()) +
-        " needs window queries");
+  // A merge stage needs the queries only on its own (the hybrid weighs uniformly without them).
+  const StageRegistration* needy =
+      options.score == ScoreStage::kNone && options.merge != MergeStage::kNone
+          ? FindStage(options.merge)
+          : FindStage(options.score);
+  if (needy->needs_window_queries && !have_queries) {
+    return Status::FailedPrecondition("plan: " + needy->name + " needs window queries");
   }
   if (options.hybrid_error_aware && !have_queries) {
     return Status::FailedPrecondition(
@@ -282,7 +275,8 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
   }
   const int group = layout.num_q_heads / H;
   const QueryStatistics* query_stats = nullptr;
-  if (options.score == ScoreStage::kExpectedAttention) {
+  const StageRegistration* score = FindStage(options.score);
+  if (score->needs_query_stats) {
     query_stats = input.query_stats;
     if (query_stats != nullptr &&
         (query_stats->num_layers() != L || query_stats->num_q_heads() != layout.num_q_heads ||
@@ -312,8 +306,8 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
   }
   const int64_t m = std::llround((1.0 - options.p_c) * static_cast<double>(n));
   std::vector<int64_t> layer_pairs(static_cast<size_t>(L), m);
-  if (options.score == ScoreStage::kPyramidKv) {
-    KVD_ASSIGN_OR_RETURN(layer_pairs, internal::ExactPyramidBudgets(n, L, m, forced, options));
+  if (score->layer_budgets != nullptr) {
+    KVD_ASSIGN_OR_RETURN(layer_pairs, score->layer_budgets(n, L, m, forced, options));
   }
   KVD_ASSIGN_OR_RETURN(RopeTable rope, RopeTable::Create(layout.rope, layout.head_dim));
 

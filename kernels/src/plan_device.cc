@@ -13,6 +13,7 @@
 
 #include "backend_a.h"
 #include "kvd/kernels/quantize.h"
+#include "kvd/kernels/stages.h"
 #include "plan_device_internal.h"
 #include "plan_internal.h"
 
@@ -42,10 +43,9 @@ Status CheckDevicePlanSupported(const CompressionPlanOptions& options) {
           "plan_device: merge_gate is not implemented on the device (use Compress)");
     }
   }
-  if (options.score == ScoreStage::kExpectedAttention) {
-    return Status::Unimplemented(
-        "plan_device: score expected_attention is not implemented on the device plan (use "
-        "Compress; its scores have a CUDA twin, ExpectedAttentionScores)");
+  if (!FindStage(options.score)->device) {
+    return Status::Unimplemented("plan_device: score " + FindStage(options.score)->name +
+                                 " is not implemented on the device plan (use Compress)");
   }
   if (options.head_budget != HeadBudget::kUniform) {
     return Status::Unimplemented(
@@ -74,9 +74,8 @@ StatusOr<DevicePlanBudget> ComputeDevicePlanBudget(const CompressionPlanOptions&
   b.forced = std::min<int64_t>(n, options.sinks) + b.window;
   const int64_t m = std::llround((1.0 - options.p_c) * static_cast<double>(n));
   b.kept_pairs.assign(static_cast<size_t>(num_layers), m);
-  if (options.score == ScoreStage::kPyramidKv) {
-    KVD_ASSIGN_OR_RETURN(b.kept_pairs,
-                         internal::ExactPyramidBudgets(n, num_layers, m, b.forced, options));
+  if (const StageRegistration* s = FindStage(options.score); s->layer_budgets != nullptr) {
+    KVD_ASSIGN_OR_RETURN(b.kept_pairs, s->layer_budgets(n, num_layers, m, b.forced, options));
   }
   for (int layer = 0; layer < num_layers; ++layer) {
     const int64_t ml = b.kept_pairs[static_cast<size_t>(layer)];
@@ -197,11 +196,9 @@ StatusOr<CompactChunk> DevicePlan::Compress(const DeviceChunkInput& input,
     if (p < 0) return Status::InvalidArgument("plan: negative position");
   }
   const bool have_queries = input.window_queries != nullptr;
-  const bool need_queries =
-      options_.score == ScoreStage::kSnapKv || options_.score == ScoreStage::kPyramidKv;
-  if (need_queries && !have_queries) {
-    return Status::FailedPrecondition(
-        std::string("plan: ") + ScoreStageName(options_.score).data() + " needs window queries");
+  if (const StageRegistration* s = FindStage(options_.score);
+      s->needs_window_queries && !have_queries) {
+    return Status::FailedPrecondition("plan: " + s->name + " needs window queries");
   }
   const int L = layout_.num_layers, H = layout_.num_kv_heads;
   const int64_t d = layout_.head_dim;

@@ -14,6 +14,7 @@
 #include "kvd/kernels/observation.h"
 #include "kvd/kernels/scorers.h"
 #include "kvd/kernels/snapkv.h"
+#include "kvd/kernels/stages.h"
 #include "plan_internal.h"
 #include "window_error.h"
 
@@ -576,34 +577,17 @@ Status HeadPipeline::Run(CompactHead* out, CompressionStats* stats) {
 Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,
                   ConstMatrixView values, ConstMatrixView queries, int64_t window, int group_size,
                   const ExpectedQueries* expected, std::vector<float>* scores) {
-  const int64_t n = keys.rows;
-  scores->assign(static_cast<size_t>(n), 0.0f);
-  switch (options.score) {
-    case ScoreStage::kNone:  // recency: later tokens first
-      for (int64_t i = 0; i < n; ++i) (*scores)[i] = static_cast<float>(i);
-      break;
-    case ScoreStage::kSnapKv:
-    case ScoreStage::kPyramidKv: {
-      SnapKvOptions so{.window = static_cast<int>(window),
-                       .kernel_size = options.pooling_kernel,
-                       .pooling = options.pooling,
-                       .group_size = group_size};
-      KVD_RETURN_IF_ERROR(SnapKvScores(queries, keys, so, *scores, {.num_threads = 1}));
-      break;
-    }
-    case ScoreStage::kKeyDiff:
-      KVD_RETURN_IF_ERROR(KeyDiffScores(keys, *scores, {.num_threads = 1}));
-      break;
-    case ScoreStage::kExpectedAttention:
-      if (expected == nullptr) {
-        return Status::Internal("plan: expected_attention scores without expected queries");
-      }
-      KVD_RETURN_IF_ERROR(ExpectedAttentionScores(
-          *expected, keys, options.expected_attention.value_norm ? values : ConstMatrixView{},
-          *scores, {.num_threads = 1}));
-      break;
-  }
-  return Status::Ok();
+  scores->assign(static_cast<size_t>(keys.rows), 0.0f);
+  const StageRegistration* stage = FindStage(options.score);
+  if (stage == nullptr) return Status::InvalidArgument("plan: unknown stage");
+  const ScoreHeadInput in{.options = &options,
+                          .keys = keys,
+                          .values = values,
+                          .queries = queries,
+                          .window = window,
+                          .group_size = group_size,
+                          .expected = stage->needs_query_stats ? expected : nullptr};
+  return stage->score(in, *scores);
 }
 
 StatusOr<double> LayerCentredAdjacentCosine(const RopeTable& rope, std::span<const Matrix> keys,

@@ -31,8 +31,8 @@ struct HeadInput {
 StatusOr<double> LayerCentredAdjacentCosine(const RopeTable& rope, std::span<const Matrix> keys,
                                             std::span<const int64_t> positions);
 
-// The score stage of one head (plan.h: kNone = recency) into *scores [N]. Single-threaded.
-// `expected` is read by kExpectedAttention only (non-null there), `values` [N, d] too.
+// The score stage of one head (its registration's ScoreFn, stages.h) into *scores [N].
+// Single-threaded. `expected` is passed to needs_query_stats stages only (non-null there).
 Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,
                   ConstMatrixView values, ConstMatrixView queries, int64_t window, int group_size,
                   const ExpectedQueries* expected, std::vector<float>* scores);

@@ -58,6 +58,7 @@
 #include "kvd/common/dtype.h"
 #include "kvd/kernels/compact_chunk.h"
 #include "kvd/kernels/plan.h"
+#include "kvd/kernels/stages.h"
 #include "kvd/llama/disagg.h"
 #include "kvd/llama/model.h"
 #include "kvd/llama/tokenizer.h"
@@ -221,8 +222,8 @@ int RunLocal(const Flags& f) {
   // --quant none), with its default groups: keys per channel over 64 slots, values per slot over
   // 64 channels.
   kvd::kernels::CompressionPlanOptions plan;
-  plan.score =
-      f.score == "snapkv" ? kvd::kernels::ScoreStage::kSnapKv : kvd::kernels::ScoreStage::kKeyDiff;
+  plan.score = static_cast<kvd::kernels::ScoreStage>(
+      kvd::kernels::StageRegistry::Global().Find(f.score)->code);  // a --score choice
   plan.p_c = p_c;
   plan.window = s.window;
   if (f.quant != "none") {

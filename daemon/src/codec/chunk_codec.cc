@@ -25,6 +25,7 @@
 #include "kvd/kernels/plan.h"
 #include "kvd/kernels/plan_device.h"
 #include "kvd/kernels/vector.h"
+#include "stage_policy.h"
 
 namespace kvd::daemon {
 
@@ -43,15 +44,9 @@ kk::QuantFormat QuantFormatOf(const std::string& name) {
 
 kk::CompressionPlanOptions PlanOptions(const CompressionPolicy& p) {
   kk::CompressionPlanOptions o;
-  o.score = p.score == "snapkv"               ? kk::ScoreStage::kSnapKv
-            : p.score == "keydiff"            ? kk::ScoreStage::kKeyDiff
-            : p.score == "pyramidkv"          ? kk::ScoreStage::kPyramidKv
-            : p.score == "expected_attention" ? kk::ScoreStage::kExpectedAttention
-                                              : kk::ScoreStage::kNone;
+  SetPlanStages(p, &o);
   o.expected_attention.future_positions = p.ea_future_positions;
   o.expected_attention_min_queries = p.ea_min_queries;
-  o.merge = p.merge == "kvslimmer" ? kk::MergeStage::kKvSlimmer : kk::MergeStage::kNone;
-  o.route = p.route == "vector" ? kk::RouteStage::kVector : kk::RouteStage::kNone;
   o.p_c = p.p_c;
   o.window = p.window;
   o.sinks = p.sinks;
@@ -168,7 +163,7 @@ Status CheckIngestDevices(const DaemonConfig& config) {
   for (size_t i = 0; i < config.models.size(); ++i) {
     const ModelConfig& m = config.models[i];
     if (!m.compression) continue;
-    if (m.compression->route == "vector") {
+    if (NeedsCalibration(*m.compression)) {
       KVD_RETURN_IF_ERROR(kk::LoadBlas().WithContext("models[" + std::to_string(i) +
                                                      "].compression.route: vector"));
     }
@@ -555,16 +550,16 @@ StatusOr<std::unique_ptr<ChunkCodec>> ChunkCodec::Create(const ModelConfig& mode
                 << Kv("reason", impl->device.reason);
   (void)chunk_tokens;
   impl->codec_id = impl->policy.CodecId(0);
-  if (impl->policy.route == "vector" || impl->policy.score == "expected_attention") {
+  if (NeedsCalibration(impl->policy) || NeedsQueryStats(impl->policy)) {
     impl->store = std::move(store);
   }
-  if (impl->policy.score == "expected_attention") {
+  if (NeedsQueryStats(impl->policy)) {
     // The statistics score chunks but never change how a chunk is served: the codec id stays.
     impl->query_record = CalibrationRecordName("query-statistics", model.name,
                                                model.layout.Digest(), impl->policy.Digest());
     KVD_RETURN_IF_ERROR(impl->StartQueryStatistics().WithContext("model " + model.name));
   }
-  if (impl->policy.route == "vector") {
+  if (NeedsCalibration(impl->policy)) {
     impl->record = CalibrationRecordName("vector-weights", model.name, model.layout.Digest(),
                                          impl->policy.Digest());
     impl->progress_record = CalibrationRecordName("vector-accumulators", model.name,
@@ -656,9 +651,9 @@ StatusOr<EncodedChunk> ChunkCodec::Encode(std::span<const uint8_t> put_bytes, ui
   std::vector<int64_t> positions(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int64_t>(first_position) + i;
 
-  if (impl_->policy.route == "vector") impl_->Calibrate(raw, positions);
+  if (NeedsCalibration(impl_->policy)) impl_->Calibrate(raw, positions);
   std::shared_ptr<const kk::QueryStatistics> query_stats;
-  if (impl_->policy.score == "expected_attention") {
+  if (NeedsQueryStats(impl_->policy)) {
     query_stats = impl_->AddQueries(put_bytes.subspan(raw_bytes), window, positions);
   }
   std::shared_ptr<const kk::VectorWeights> weights;
@@ -797,7 +792,7 @@ CalibrationStatus ChunkCodec::Calibration() const {
   const CompressionPolicy& p = impl_->policy;
   s.tokens_needed = static_cast<uint64_t>(p.calibration_tokens);
   std::lock_guard lock(impl_->cal_mu);
-  if (p.route != "vector") {
+  if (!NeedsCalibration(p)) {
     s.state = "not-routing";
     return s;
   }

@@ -8,8 +8,10 @@
 // Stages run in the fixed order score -> merge -> route -> quantize (the kernels' plan order).
 // The YAML names them as an ordered list of methods, e.g. `stages: [snapkv]`, `[snapkv, vector]`,
 // `[snapkv, kvslimmer]` (the hybrid; `hybrid` is an alias), `[kvslimmer]`, `[keydiff]`,
-// `[quantize]`, `[keydiff, quantize]`:
-//   score:    snapkv | keydiff | pyramidkv   (absent = recency: the latest tokens win)
+// `[quantize]`, `[keydiff, quantize]`. The methods are the stages of the kernels' stage
+// registry (kernels/stages.h); the built-in ones:
+//   score:    snapkv | keydiff | pyramidkv | expected_attention
+//                                             (absent = recency: the latest tokens win)
 //   merge:    kvslimmer
 //   route:    vector                          (needs a score or merge stage before it: routing
 //                                              picks among the slots an earlier stage kept)
@@ -41,7 +43,7 @@ namespace kvd::daemon {
 
 struct CompressionPolicy {
   // ---- stages (see the file comment) ----
-  std::string score = "snapkv";  // none | snapkv | keydiff | pyramidkv | expected_attention
+  std::string score = "snapkv";  // none or a registered score stage (snapkv, keydiff, ...)
   std::string merge = "none";    // none | kvslimmer
   std::string route = "none";    // none | vector
   // The quantize stage (kernels/quantize.h): "none" (the stage is not listed) or the element
@@ -111,7 +113,8 @@ struct CompressionPolicy {
   Status Validate(const std::string& key, int chunk_tokens) const;
   // True when the quantize stage is on.
   bool Quantizes() const { return quant_format != "none"; }
-  // True when a stage needs the window queries (snapkv, pyramidkv, kvslimmer).
+  // True when a listed stage needs the window queries (snapkv, pyramidkv, kvslimmer) or
+  // statistics built from them (expected_attention): the registry's capabilities.
   bool NeedsQueries() const;
   // True when the dense expansion of every chunk has one slot per token position of the raw
   // chunk: nothing is removed (p_c 0, e.g. `[quantize]` alone) or KVSlimmer alone merges every

@@ -25,7 +25,9 @@
 
 namespace kvd::kernels {
 
-// Stages of a compression plan, as recorded in a compact chunk (values are on-disk codes).
+// Stages of a compression plan, as recorded in a compact chunk (values are on-disk codes). The
+// enumerators are the built-in stages; a code is valid when a stage is registered under it
+// (stages.h), so a stage registered at run time records its own code.
 enum class ScoreStage : uint8_t {
   kNone = 0,
   kSnapKv = 1,

@@ -1,7 +1,8 @@
 // Compression plans (docs/algorithms.md 5): score -> select -> merge -> route, each stage optional,
 // turning one raw chunk (engine layout of common/layout.h) into a CompactChunk.
 //
-// Stages and what each combination does, per (layer, KV head) of N tokens:
+// Stages and what each combination does, per (layer, KV head) of N tokens (the stages a plan can
+// run, their codes and capabilities are the stage registry's, stages.h):
 //   score  kNone (recency: the latest tokens win) | kSnapKv | kKeyDiff | kPyramidKv
 //          | kExpectedAttention (expected_attention.h: the keys' expected attention under the
 //          model's query statistics, CompressionInput::query_stats, averaged over the
@@ -9,6 +10,7 @@
 //          chunk's own window queries are not used. Fallback: while query_stats is null or
 //          MinCount() < expected_attention_min_queries the plan scores with one-shot KeyDiff
 //          and the chunk records kKeyDiff, the stage that scored it)
+//          | any other registered score stage (its ScoreFn scores each head; higher = keep)
 //   merge  kNone | kKvSlimmer
 //   route  kNone | kVector
 //   - merge kNone:        keep the top `pool` tokens by score (eviction; section 5.1/5.2).

@@ -27,7 +27,8 @@
 // CPU plan's in the last bits, and two middle tokens whose scores are that close may be chosen
 // differently. The CPU/device comparison (tests/kernels/plan_device_test.cc) bounds the difference.
 //
-// Supported: score kNone, kSnapKv, kPyramidKv, kKeyDiff (one-shot and block-wise keydiff_block;
+// Supported: the score stages registered with `device` (stages.h): kNone, kSnapKv, kPyramidKv,
+// kKeyDiff (one-shot and block-wise keydiff_block;
 // a zero-norm key is refused as by Compress); merge kNone, or kKvSlimmer after a score stage (the
 // hybrid, with hybrid_max_group, hybrid_min_cos, position and merge_guard; without routing,
 // hybrid_error_aware or merge_gate); route kNone, kVector (linear or affine weights: the residual

@@ -1,0 +1,119 @@
+// The compression stage registry: one registration per method of the plan (plan.h), holding what
+// the plans, the chunk format and the daemon's policy need to know about it.
+//
+// Every stage a compact chunk can record is registered here: its policy name (what a YAML
+// `stages:` list says), its kind (score, merge, route, quantize), its on-disk code (the byte a
+// compact chunk records in CodecDescription; it never changes once chunks carry it), its
+// capabilities, and, for a score stage, the function that scores one head. The CPU plan
+// (Compress), the device plan's support check, the compact chunk's codec check and the daemon's
+// policy parser, compression policy and chunk codec all read this registry.
+//
+// Built-in stages (registered before the first lookup):
+//   score:    none (code 0: recency, the latest tokens win), snapkv (1), keydiff (2),
+//             pyramidkv (3), expected_attention (4)
+//   merge:    kvslimmer (1)
+//   route:    vector (1)
+//   quantize: quantize (code 0: a chunk records the element format, QuantFormat, instead)
+//
+// Adding a score stage: its kernel (scores of one head: higher = keep) and one Register call
+// with a code not yet used, e.g.
+//   StageRegistry::Global().Register({.name = "key_norm", .kind = StageKind::kScore, .code = 200,
+//                                     .score = KeyNormScores});
+// then `stages: [key_norm]` in a policy, and CompressionPlanOptions::score =
+// static_cast<ScoreStage>(200) in the plan (docs/extending.md).
+//
+// Thread safety: Register and the lookups may be called from any thread; a registration is never
+// removed, so the pointers the lookups return stay valid for the life of the process.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvd/common/status.h"
+#include "kvd/kernels/plan.h"
+
+namespace kvd::kernels {
+
+enum class StageKind : uint8_t { kScore = 0, kMerge = 1, kRoute = 2, kQuantize = 3 };
+
+// "score", "merge", "route", "quantize".
+std::string_view StageKindName(StageKind kind);
+
+// What a score stage sees of one (layer, KV head).
+struct ScoreHeadInput {
+  const CompressionPlanOptions* options = nullptr;
+  ConstMatrixView keys;     // [N, d] post-RoPE
+  ConstMatrixView values;   // [N, d]
+  ConstMatrixView queries;  // [W*G, d] post-RoPE window queries, or rows == 0 (none)
+  int64_t window = 0;       // effective window (0 without queries)
+  int group_size = 1;       // query heads per KV head
+  // needs_query_stats stages: this head's expected queries (non-null there), else null.
+  const ExpectedQueries* expected = nullptr;
+};
+
+// Scores one head into scores[N] (higher = keep). Single-threaded.
+using ScoreFn = Status (*)(const ScoreHeadInput& in, std::span<float> scores);
+// Per-layer kept-token budgets of a chunk of n tokens summing to exactly layers * m, each within
+// [forced, n] (plan.h PyramidKV). Null in a registration: every layer keeps m.
+using LayerBudgetsFn = StatusOr<std::vector<int64_t>> (*)(int64_t n, int layers, int64_t m,
+                                                          int64_t forced,
+                                                          const CompressionPlanOptions& options);
+// Checks the plan options the stage reads (INVALID_ARGUMENT naming the field); run by
+// CompressionPlanOptions::Validate when the stage is the plan's.
+using ValidateFn = Status (*)(const CompressionPlanOptions& options);
+
+struct StageRegistration {
+  std::string name;  // policy name, unique over all kinds ("snapkv")
+  StageKind kind = StageKind::kScore;
+  uint8_t code = 0;  // on-disk code, unique within the kind
+  // The stage alone keeps one slot per token position of the raw chunk (KVSlimmer merges every
+  // token into a slot); a score stage with p_c > 0 evicts.
+  bool keeps_positions = false;
+  // The plan refuses to run it without window queries (FAILED_PRECONDITION).
+  bool needs_window_queries = false;
+  // It needs a calibration before it acts (VECTOR's weights).
+  bool needs_calibration = false;
+  // It scores with the model's query statistics (CompressionInput::query_stats), built from the
+  // window queries of every put: engines must send them. Until the statistics hold
+  // expected_attention_min_queries queries the plan scores with one-shot KeyDiff.
+  bool needs_query_stats = false;
+  // The device plan (plan_device.h) runs it; else CheckDevicePlanSupported is UNIMPLEMENTED.
+  bool device = false;
+  // Score stages: the head scorer (required). Others: null.
+  ScoreFn score = nullptr;
+  // Score stages: per-layer budgets (null = uniform).
+  LayerBudgetsFn layer_budgets = nullptr;
+  // Score stages: the check of its options (null = none).
+  ValidateFn validate = nullptr;
+};
+
+class StageRegistry {
+ public:
+  // The process-wide registry, built-in stages included.
+  static StageRegistry& Global();
+
+  // ALREADY_EXISTS when the name or (kind, code) is taken; INVALID_ARGUMENT for an empty name, a
+  // score stage without `score`, or a `score`/`layer_budgets`/`validate` on another kind.
+  Status Register(StageRegistration registration);
+
+  // Null when not registered.
+  const StageRegistration* Find(StageKind kind, uint8_t code) const;
+  const StageRegistration* Find(std::string_view name) const;
+  // The stages of one kind in registration order.
+  std::vector<const StageRegistration*> OfKind(StageKind kind) const;
+
+ private:
+  StageRegistry();
+  struct Impl;
+  Impl* impl_;  // never freed: the registry lives as long as the process
+};
+
+// Shorthands on the global registry (null when not registered).
+const StageRegistration* FindStage(ScoreStage s);
+const StageRegistration* FindStage(MergeStage s);
+const StageRegistration* FindStage(RouteStage s);
+
+}  // namespace kvd::kernels

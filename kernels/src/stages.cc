@@ -1,0 +1,193 @@
+// The compression stage registry (stages.h) and the built-in stages' registrations.
+#include "kvd/kernels/stages.h"
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+
+#include "kvd/kernels/expected_attention.h"
+#include "kvd/kernels/keydiff.h"
+#include "kvd/kernels/snapkv.h"
+#include "plan_internal.h"
+
+namespace kvd::kernels {
+namespace {
+
+Status RecencyScores(const ScoreHeadInput& in, std::span<float> scores) {
+  for (size_t i = 0; i < scores.size(); ++i) scores[i] = static_cast<float>(i);  // later first
+  return Status::Ok();
+}
+
+// SnapKV and PyramidKV score alike (PyramidKV differs in its layer budgets).
+Status SnapKvHeadScores(const ScoreHeadInput& in, std::span<float> scores) {
+  SnapKvOptions so{.window = static_cast<int>(in.window),
+                   .kernel_size = in.options->pooling_kernel,
+                   .pooling = in.options->pooling,
+                   .group_size = in.group_size};
+  return SnapKvScores(in.queries, in.keys, so, scores, {.num_threads = 1});
+}
+
+Status KeyDiffHeadScores(const ScoreHeadInput& in, std::span<float> scores) {
+  return KeyDiffScores(in.keys, scores, {.num_threads = 1});
+}
+
+Status ExpectedAttentionHeadScores(const ScoreHeadInput& in, std::span<float> scores) {
+  if (in.expected == nullptr) {
+    return Status::Internal("plan: expected_attention scores without expected queries");
+  }
+  return ExpectedAttentionScores(
+      *in.expected, in.keys,
+      in.options->expected_attention.value_norm ? in.values : ConstMatrixView{}, scores,
+      {.num_threads = 1});
+}
+
+Status ValidateExpectedAttention(const CompressionPlanOptions& o) {
+  KVD_RETURN_IF_ERROR(o.expected_attention.Validate().WithContext("plan"));
+  if (o.expected_attention_min_queries < 1) {
+    return Status::InvalidArgument("plan: expected_attention_min_queries must be >= 1, got " +
+                                   std::to_string(o.expected_attention_min_queries));
+  }
+  return Status::Ok();
+}
+
+std::vector<StageRegistration> BuiltinStages() {
+  return {
+      {.name = "none",
+       .kind = StageKind::kScore,
+       .code = 0,
+       .device = true,
+       .score = RecencyScores},
+      {.name = "snapkv",
+       .kind = StageKind::kScore,
+       .code = 1,
+       .needs_window_queries = true,
+       .device = true,
+       .score = SnapKvHeadScores},
+      {.name = "keydiff",
+       .kind = StageKind::kScore,
+       .code = 2,
+       .device = true,
+       .score = KeyDiffHeadScores},
+      {.name = "pyramidkv",
+       .kind = StageKind::kScore,
+       .code = 3,
+       .needs_window_queries = true,
+       .device = true,
+       .score = SnapKvHeadScores,
+       .layer_budgets = internal::ExactPyramidBudgets},
+      {.name = "expected_attention",
+       .kind = StageKind::kScore,
+       .code = 4,
+       .needs_query_stats = true,
+       .score = ExpectedAttentionHeadScores,
+       .validate = ValidateExpectedAttention},
+      // The device plan runs KVSlimmer only as the hybrid's merge (plan_device.h).
+      {.name = "kvslimmer",
+       .kind = StageKind::kMerge,
+       .code = 1,
+       .keeps_positions = true,
+       .needs_window_queries = true,
+       .device = true},
+      {.name = "vector",
+       .kind = StageKind::kRoute,
+       .code = 1,
+       .needs_calibration = true,
+       .device = true},
+      {.name = "quantize",
+       .kind = StageKind::kQuantize,
+       .code = 0,
+       .keeps_positions = true,
+       .device = true},
+  };
+}
+
+}  // namespace
+
+std::string_view StageKindName(StageKind kind) {
+  switch (kind) {
+    case StageKind::kScore:
+      return "score";
+    case StageKind::kMerge:
+      return "merge";
+    case StageKind::kRoute:
+      return "route";
+    case StageKind::kQuantize:
+      return "quantize";
+  }
+  return "unknown";
+}
+
+struct StageRegistry::Impl {
+  mutable std::shared_mutex mu;
+  std::deque<StageRegistration> stages;  // deque: pointers stay valid as it grows
+};
+
+StageRegistry::StageRegistry() : impl_(new Impl) {
+  for (StageRegistration& r : BuiltinStages()) impl_->stages.push_back(std::move(r));
+}
+
+StageRegistry& StageRegistry::Global() {
+  static StageRegistry* registry = new StageRegistry();  // never destroyed (stages.h)
+  return *registry;
+}
+
+Status StageRegistry::Register(StageRegistration r) {
+  if (r.name.empty()) return Status::InvalidArgument("stages: a stage needs a name");
+  if (r.kind == StageKind::kScore && r.score == nullptr) {
+    return Status::InvalidArgument("stages: score stage " + r.name + " has no score function");
+  }
+  if (r.kind != StageKind::kScore &&
+      (r.score != nullptr || r.layer_budgets != nullptr || r.validate != nullptr)) {
+    return Status::InvalidArgument(
+        "stages: " + r.name + " is not a score stage but has a score, budget or validate function");
+  }
+  std::unique_lock lock(impl_->mu);
+  for (const StageRegistration& s : impl_->stages) {
+    if (s.name == r.name) return Status::AlreadyExists("stages: " + r.name + " is registered");
+    if (s.kind == r.kind && s.code == r.code) {
+      return Status::AlreadyExists("stages: " + std::string(StageKindName(r.kind)) + " code " +
+                                   std::to_string(r.code) + " is " + s.name + "'s");
+    }
+  }
+  impl_->stages.push_back(std::move(r));
+  return Status::Ok();
+}
+
+const StageRegistration* StageRegistry::Find(StageKind kind, uint8_t code) const {
+  std::shared_lock lock(impl_->mu);
+  for (const StageRegistration& s : impl_->stages) {
+    if (s.kind == kind && s.code == code) return &s;
+  }
+  return nullptr;
+}
+
+const StageRegistration* StageRegistry::Find(std::string_view name) const {
+  std::shared_lock lock(impl_->mu);
+  for (const StageRegistration& s : impl_->stages) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+std::vector<const StageRegistration*> StageRegistry::OfKind(StageKind kind) const {
+  std::shared_lock lock(impl_->mu);
+  std::vector<const StageRegistration*> out;
+  for (const StageRegistration& s : impl_->stages) {
+    if (s.kind == kind) out.push_back(&s);
+  }
+  return out;
+}
+
+const StageRegistration* FindStage(ScoreStage s) {
+  return StageRegistry::Global().Find(StageKind::kScore, static_cast<uint8_t>(s));
+}
+const StageRegistration* FindStage(MergeStage s) {
+  return StageRegistry::Global().Find(StageKind::kMerge, static_cast<uint8_t>(s));
+}
+const StageRegistration* FindStage(RouteStage s) {
+  return StageRegistry::Global().Find(StageKind::kRoute, static_cast<uint8_t>(s));
+}
+
+}  // namespace kvd::kernels

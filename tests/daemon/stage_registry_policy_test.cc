@@ -1,0 +1,94 @@
+// The daemon's policy reads the stage registry (kernels/stages.h): a toy score stage registered
+// once (tests/kernels/key_norm_stage.h) is a `stages:` method, has a codec id of its own, and
+// its chunks are compressed by the chunk codec and record its on-disk code.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../kernels/key_norm_stage.h"
+#include "kvd/daemon/chunk_codec.h"
+#include "kvd/daemon/config.h"
+#include "kvd/kernels/compact_chunk.h"
+
+namespace kvd::daemon {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint32_t kTokens = 64, kWindow = 4;
+
+StatusOr<DaemonConfig> Parse(const std::string& policy) {
+  return ParseConfigYaml(
+      "models: [{name: m, layout: {layers: 2, kv_heads: 2, q_heads: 4, head_dim: 8, dtype: "
+      "float32}, compression: " +
+      policy + "}]");
+}
+
+TEST(StageRegistryPolicyTest, AToyScoreStageIsAPolicyMethodWithOneRegistration) {
+  ASSERT_TRUE(kernels::testing::RegisterKeyNormStage().ok());
+  auto config = Parse("{stages: [key_norm, quantize], window: 4, sinks: 2, device: cpu}");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const ModelConfig& m = config->models[0];
+  ASSERT_TRUE(m.compression);
+  const CompressionPolicy& p = *m.compression;
+  EXPECT_EQ(p.score, "key_norm");
+  EXPECT_EQ(p.StagesName(), "key_norm+int8");
+  EXPECT_FALSE(p.NeedsQueries());
+  EXPECT_FALSE(p.KeepsPositions());
+  EXPECT_THAT(p.CanonicalForm(), HasSubstr("score=key_norm "));
+  CompressionPolicy keydiff = p;
+  keydiff.score = "keydiff";
+  EXPECT_NE(p.CodecId(0), keydiff.CodecId(0));
+
+  auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v((m.layout.ChunkBytes(kTokens) + (*codec)->QueryBytes(kWindow)) /
+                       sizeof(float));
+  for (float& x : v) x = dist(rng);
+  std::vector<uint8_t> put(v.size() * sizeof(float));
+  std::memcpy(put.data(), v.data(), put.size());
+  auto encoded = (*codec)->Encode(put, kTokens, 0, kWindow);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  auto chunk = kernels::DecodeCompactChunk(encoded->bytes);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_EQ(chunk->codec.score, kernels::testing::kKeyNorm);
+  EXPECT_EQ(chunk->codec.quant.format, kernels::QuantFormat::kInt8);
+  EXPECT_EQ(chunk->heads[0].slots(), kTokens / 2);
+}
+
+TEST(StageRegistryPolicyTest, MethodErrorsNameTheRegisteredStages) {
+  auto unknown = Parse("{stages: [nope]}");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.status().message(),
+              HasSubstr("\"nope\" is not a method (score: snapkv, keydiff, pyramidkv, "
+                        "expected_attention"));
+  EXPECT_THAT(unknown.status().message(),
+              HasSubstr("; merge: kvslimmer; route: vector; quantize: quantize; hybrid = snapkv "
+                        "+ kvslimmer)"));
+  // Recency is the score stage `none`, not a method a policy lists.
+  auto none = Parse("{stages: [none]}");
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(none.status().message(), HasSubstr("is not a method"));
+  auto order = Parse("{stages: [vector, keydiff]}");
+  ASSERT_FALSE(order.ok());
+  EXPECT_THAT(order.status().message(),
+              HasSubstr("\"keydiff\" is a score method listed after the route stage"));
+  auto second = Parse("{stages: [keydiff, snapkv]}");
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(second.status().message(), HasSubstr("is a second score method (one per stage)"));
+  auto stray = Parse("{stages: [keydiff], ea_min_queries: 8}");
+  ASSERT_FALSE(stray.ok());
+  EXPECT_THAT(stray.status().message(),
+              HasSubstr("ea_min_queries: set, but stages has no expected_attention stage (e.g. "
+                        "stages: [expected_attention])"));
+}
+
+}  // namespace
+}  // namespace kvd::daemon

@@ -1,0 +1,144 @@
+// The compression stage registry (stages.h): the built-in stages' on-disk codes and
+// capabilities, registration errors, and a toy score stage (key_norm_stage.h) that runs through
+// the CPU plan, the chunk format and the device plan's support check with one registration.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "key_norm_stage.h"
+#include "kvd/kernels/plan_device.h"
+#include "kvd/kernels/stages.h"
+#include "raw_layer.h"
+#include "reference.h"
+
+namespace kvd::kernels {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(StageRegistryTest, BuiltinStagesKeepTheirOnDiskCodesAndCapabilities) {
+  const StageRegistry& r = StageRegistry::Global();
+  struct Expected {
+    const char* name;
+    StageKind kind;
+    uint8_t code;
+  };
+  for (const Expected& e :
+       {Expected{"snapkv", StageKind::kScore, 1}, Expected{"keydiff", StageKind::kScore, 2},
+        Expected{"pyramidkv", StageKind::kScore, 3},
+        Expected{"expected_attention", StageKind::kScore, 4},
+        Expected{"kvslimmer", StageKind::kMerge, 1}, Expected{"vector", StageKind::kRoute, 1}}) {
+    const StageRegistration* s = r.Find(e.name);
+    ASSERT_NE(s, nullptr) << e.name;
+    EXPECT_EQ(s->kind, e.kind) << e.name;
+    EXPECT_EQ(s->code, e.code) << e.name;
+    EXPECT_EQ(r.Find(e.kind, e.code), s) << e.name;
+  }
+  EXPECT_EQ(FindStage(ScoreStage::kSnapKv)->name, "snapkv");
+  EXPECT_EQ(FindStage(ScoreStage::kExpectedAttention)->name, "expected_attention");
+  EXPECT_EQ(FindStage(MergeStage::kKvSlimmer)->name, "kvslimmer");
+  EXPECT_EQ(FindStage(RouteStage::kVector)->name, "vector");
+  EXPECT_EQ(FindStage(ScoreStage::kNone)->name, "none");  // recency
+  EXPECT_EQ(FindStage(MergeStage::kNone), nullptr);
+
+  EXPECT_TRUE(r.Find("snapkv")->needs_window_queries);
+  EXPECT_TRUE(r.Find("pyramidkv")->needs_window_queries);
+  EXPECT_FALSE(r.Find("keydiff")->needs_window_queries);
+  EXPECT_TRUE(r.Find("expected_attention")->needs_query_stats);
+  EXPECT_FALSE(r.Find("expected_attention")->device);
+  EXPECT_TRUE(r.Find("keydiff")->device);
+  EXPECT_NE(r.Find("pyramidkv")->layer_budgets, nullptr);
+  EXPECT_EQ(r.Find("snapkv")->layer_budgets, nullptr);
+  EXPECT_TRUE(r.Find("vector")->needs_calibration);
+  EXPECT_TRUE(r.Find("kvslimmer")->keeps_positions);
+  EXPECT_FALSE(r.Find("snapkv")->keeps_positions);
+  EXPECT_EQ(r.Find("quantize")->kind, StageKind::kQuantize);
+}
+
+TEST(StageRegistryTest, RegisterRefusesTakenNamesAndCodesAndScoreStagesWithoutAScorer) {
+  StageRegistry& r = StageRegistry::Global();
+  Status taken_name = r.Register(
+      {.name = "snapkv", .kind = StageKind::kScore, .code = 250, .score = testing::KeyNormScores});
+  EXPECT_EQ(taken_name.code(), StatusCode::kAlreadyExists) << taken_name;
+  Status taken_code = r.Register(
+      {.name = "other", .kind = StageKind::kScore, .code = 2, .score = testing::KeyNormScores});
+  EXPECT_EQ(taken_code.code(), StatusCode::kAlreadyExists) << taken_code;
+  EXPECT_THAT(taken_code.message(), HasSubstr("keydiff"));
+  Status no_scorer = r.Register({.name = "other", .kind = StageKind::kScore, .code = 251});
+  EXPECT_EQ(no_scorer.code(), StatusCode::kInvalidArgument) << no_scorer;
+  Status scorer_on_merge = r.Register(
+      {.name = "other", .kind = StageKind::kMerge, .code = 9, .score = testing::KeyNormScores});
+  EXPECT_EQ(scorer_on_merge.code(), StatusCode::kInvalidArgument) << scorer_on_merge;
+  EXPECT_EQ(r.Find("other"), nullptr);
+}
+
+TEST(StageRegistryTest, AnUnregisteredScoreCodeIsRefusedByThePlan) {
+  CompressionPlanOptions o;
+  o.score = static_cast<ScoreStage>(201);
+  Status s = o.Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("unknown stage"));
+}
+
+// key_norm keeps the sinks and the tokens whose keys have the largest norms, records its own
+// code in the chunk (which encodes and decodes), and is refused by the device plan (CPU only).
+TEST(StageRegistryTest, AToyScoreStageRunsThroughTheCpuPlanWithOneRegistration) {
+  ASSERT_TRUE(testing::RegisterKeyNormStage().ok()) << testing::RegisterKeyNormStage();
+  constexpr int kHeads = 2, kDim = 8;
+  constexpr int64_t kTokens = 64;
+  const ModelLayout layout = testing::Float32Layer(kHeads, /*group=*/2, kDim);
+  std::vector<Matrix> keys, values;
+  for (int h = 0; h < kHeads; ++h) {
+    keys.push_back(testing::RandomMatrix(kTokens, kDim, 11 + h));
+    values.push_back(testing::RandomMatrix(kTokens, kDim, 21 + h));
+  }
+  std::vector<uint8_t> raw(layout.ChunkBytes(kTokens), 0);
+  testing::WriteFloat32Layer(layout, 0, kTokens, keys, values, &raw);
+  const std::vector<int64_t> positions = testing::SequentialPositions(kTokens, 1000);
+
+  CompressionPlanOptions o;
+  o.score = testing::kKeyNorm;
+  o.p_c = 0.5;
+  o.sinks = 2;
+  CompressionInput in;  // no window queries: key_norm needs none
+  in.raw = raw;
+  in.positions = positions;
+  auto chunk = Compress(o, layout, in);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_EQ(chunk->codec.score, testing::kKeyNorm);
+  EXPECT_EQ(ScoreStageName(chunk->codec.score), "key_norm");
+
+  const int64_t kept = std::llround((1.0 - o.p_c) * kTokens);  // no queries: no window
+  for (int h = 0; h < kHeads; ++h) {
+    std::vector<double> norm(kTokens);
+    for (int64_t i = 0; i < kTokens; ++i) {
+      for (int c = 0; c < kDim; ++c) norm[i] += double(keys[h].Row(i)[c]) * keys[h].Row(i)[c];
+    }
+    std::vector<int64_t> order(kTokens - o.sinks);
+    std::iota(order.begin(), order.end(), o.sinks);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return norm[a] > norm[b]; });
+    std::vector<int64_t> want = {1000, 1001};  // the sinks
+    for (int64_t j = 0; j < kept - o.sinks; ++j) want.push_back(1000 + order[j]);
+    std::sort(want.begin(), want.end());
+    std::vector<int64_t> got = chunk->heads[h].positions;
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, want) << "head " << h;
+  }
+
+  auto bytes = EncodeCompactChunk(*chunk);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto back = DecodeCompactChunk(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->codec.score, testing::kKeyNorm);
+
+  Status device = CheckDevicePlanSupported(o);
+  EXPECT_EQ(device.code(), StatusCode::kUnimplemented) << device;
+  EXPECT_THAT(device.message(), HasSubstr("key_norm"));
+}
+
+}  // namespace
+}  // namespace kvd::kernels
