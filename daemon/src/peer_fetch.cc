@@ -20,10 +20,9 @@ PeerFetcher::PeerFetcher(const DaemonConfig& config, const cluster::Membership* 
 
 PeerFetcher::~PeerFetcher() = default;
 
-std::string PeerFetcher::Ineligible(const cluster::MemberRecord& peer,
-                                    const PeerLookupRequest& request) const {
-  const std::string& name = request.model->name;
-  const uint64_t digest = request.model->layout.Digest();
+std::string MemberIneligible(const cluster::MemberRecord& peer, const ModelConfig& model) {
+  const std::string& name = model.name;
+  const uint64_t digest = model.layout.Digest();
   auto it = std::find_if(peer.models.begin(), peer.models.end(),
                          [&](const auto& m) { return m.name == name; });
   if (it == peer.models.end()) return "does not serve model " + name;
@@ -117,6 +116,11 @@ uint32_t PeerFetcher::Fetch(client::Client& peer, uint64_t lease, size_t from, s
   return stored;
 }
 
+StatusOr<PlacementOutcome> PeerFetcher::Place(const ModelConfig& model, const Hash128& first,
+                                              std::string_view node) const {
+  return PlaceChain(membership_->state(), self_, model, first, node);
+}
+
 PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
   PeerLookupOutcome out;
   std::shared_ptr<client::Client> best;
@@ -126,7 +130,7 @@ PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
     if (m.record.node == self_) continue;
     PeerPrefix& prefix = out.peers.emplace_back();
     prefix.node = m.record.node;
-    prefix.error = Ineligible(m.record, request);
+    prefix.error = MemberIneligible(m.record, *request.model);
     if (!prefix.error.empty()) continue;
     auto peer = ClientFor(m.record, request);
     if (!peer.ok()) {
