@@ -1,0 +1,148 @@
+// Cluster faults during peer fetches, with three real kvds (127.0.0.2-4, UCX over tcp) on a
+// real etcd-server: etcd stopped and restarted while a node fetches from a peer. Every fetch is
+// checked byte for byte and timed. Skipped when etcd is not installed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "peer_cluster.h"
+
+namespace kvd::e2e {
+namespace {
+
+class ClusterFaultsE2eTest : public PeerClusterTest {};
+
+// What a run of cluster-scope lookups on a reader saw.
+struct FetchCounts {
+  int fetches = 0;       // lookups asked
+  int whole = 0;         // every chunk of the chain matched and read back
+  int partial = 0;       // some leading chunks
+  int misses = 0;        // none
+  int wrong_bytes = 0;   // chunks read back that differ from what was put: must stay 0
+  int failed = 0;        // lookups or gets that returned an error
+  double longest_s = 0;  // the slowest lookup and its gets
+};
+
+// One cluster-scope lookup of `chain` on `reader` and a Get of every matched chunk, checked
+// against `bytes`.
+void FetchAndCheck(client::Client& reader, const std::vector<Hash128>& chain,
+                   const std::vector<std::vector<uint8_t>>& bytes, FetchCounts* counts) {
+  const auto start = std::chrono::steady_clock::now();
+  ++counts->fetches;
+  auto hit = reader.Lookup(chain, {.cluster = true});
+  if (!hit.ok()) {
+    ++counts->failed;
+    return;
+  }
+  for (uint32_t k = 0; k < hit->matched_chunks; ++k) {
+    std::vector<uint8_t> out(bytes[k].size());
+    auto got = reader.Get(hit->lease_id, k, out.data(), out.size());
+    if (!got.ok()) {
+      ++counts->failed;
+    } else if (out != bytes[k]) {
+      ++counts->wrong_bytes;
+    }
+  }
+  if (hit->lease_id != 0) reader.ReleaseLease(hit->lease_id).IgnoreError();
+  if (hit->matched_chunks == chain.size()) {
+    ++counts->whole;
+  } else if (hit->matched_chunks == 0) {
+    ++counts->misses;
+  } else {
+    ++counts->partial;
+  }
+  counts->longest_s =
+      std::max(counts->longest_s,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+void Print(const char* phase, const FetchCounts& c) {
+  std::printf(
+      "[cluster-faults] %-24s %3d fetches: %3d whole, %d partial, %d misses, %d wrong bytes, "
+      "%d failed calls; slowest %.3f s\n",
+      phase, c.fetches, c.whole, c.partial, c.misses, c.wrong_bytes, c.failed, c.longest_s);
+}
+
+// etcd is SIGKILLed and restarted while a fetches chains from b. What the code does: the data
+// path needs no etcd. While etcd is away every kvd keeps its last member list (reachable 0 on
+// /metrics, Place says membership_current false) and a keeps fetching from b through it; once
+// etcd is back every kvd registers again and the list is current. Phases: 0 from the start
+// through the kill until every kvd reports etcd unreachable, 1 from then through the restart
+// until every kvd has registered again, 2 after that.
+TEST_F(ClusterFaultsE2eTest, EtcdKilledAndRestartedDuringPeerFetchesNoWrongBytesNoHang) {
+  constexpr int kPhases = 3;
+  constexpr int kPerPhase = 60;  // at most; the fetcher waits for the next phase when done
+  constexpr int kChains = kPhases * kPerPhase;
+  auto writer = ConnectOrFail(kvds_[1]->EngineOptions("writer-b"));
+  auto reader = ConnectOrFail(kvds_[0]->EngineOptions("reader-a"));
+  ASSERT_TRUE(writer && reader);
+  std::vector<std::vector<Hash128>> chains;
+  std::vector<std::vector<std::vector<uint8_t>>> bytes;
+  for (int i = 0; i < kChains; ++i) {
+    chains.push_back(reader->hasher().ChunkChain(RandomTokens(256, 3000 + i), true));
+    bytes.push_back(PutPrefix(*writer, chains.back(), 1, 7000 + i));
+  }
+  writer.reset();
+
+  std::atomic<int> phase{0};
+  std::atomic<bool> stop{false};
+  FetchCounts counts[kPhases];
+  std::atomic<int> done[kPhases] = {0, 0, 0};
+  std::thread fetcher([&] {
+    int next = 0;
+    while (!stop.load()) {
+      const int p = phase.load();
+      if (done[p].load() >= kPerPhase) {
+        std::this_thread::sleep_for(milliseconds(5));
+        continue;
+      }
+      FetchAndCheck(*reader, chains[next], bytes[next], &counts[p]);
+      ++next;
+      done[p].fetch_add(1);
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+  });
+  auto after_fetches = [&](int p, int n) {
+    return Eventually([&] { return done[p].load() >= n; }, milliseconds(20000));
+  };
+
+  EXPECT_TRUE(after_fetches(0, 10));
+  etcd_->Kill();
+  EXPECT_TRUE(AllSee(0, -1, milliseconds(5000)));
+  phase.store(1);
+  auto placed = reader->Place(chains[0]);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_FALSE(placed->membership_current);
+  EXPECT_EQ(placed->targets.size(), 3u);
+  EXPECT_TRUE(after_fetches(1, 20));
+
+  ASSERT_TRUE(etcd_->Restart().ok());
+  EXPECT_TRUE(AllSee(1, 3, milliseconds(15000)));
+  phase.store(2);
+  EXPECT_TRUE(after_fetches(2, 10));
+  stop.store(true);
+  fetcher.join();
+  placed = reader->Place(chains[0]);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_TRUE(placed->membership_current);
+  for (auto& kvd : kvds_) EXPECT_GE(MetricValue(*kvd, "kvd_cluster_registrations_total"), 2);
+
+  const char* names[kPhases] = {"etcd up, then killed:", "etcd seen away:", "registered again:"};
+  for (int p = 0; p < kPhases; ++p) {
+    Print(names[p], counts[p]);
+    EXPECT_EQ(counts[p].wrong_bytes, 0) << names[p];
+    EXPECT_EQ(counts[p].failed, 0) << names[p];
+    // b never went away: every fetch is whole, etcd or not.
+    EXPECT_EQ(counts[p].whole, counts[p].fetches) << names[p];
+    EXPECT_GE(counts[p].fetches, 10) << names[p];
+    // No hang: a generous bound, not a speed (each peer step is bounded by kPeerTimeoutMs).
+    EXPECT_LT(counts[p].longest_s, 10.0) << names[p];
+  }
+}
+
+}  // namespace
+}  // namespace kvd::e2e
