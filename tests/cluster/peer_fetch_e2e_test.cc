@@ -168,14 +168,16 @@ uint32_t LocalPrefix(KvdProcess& kvd, const std::vector<Hash128>& chain) {
   return hit->matched_chunks;
 }
 
-// Puts `chain` through a client of `base`'s daemon to the member `target` names: over UCX to
-// that kvd (no inline puts: the bytes take the bulk transport).
+// Puts `chain` through a client of `base`'s daemon to the member `target` names: over UCX's tcp
+// lane to that kvd, as between two hosts (no inline puts, and no same-host copy: every byte
+// through UCX).
 std::vector<std::vector<uint8_t>> PutPlaced(const client::ClientOptions& base,
                                             const client::PlacementTarget& target,
                                             const std::vector<Hash128>& chain, uint64_t seed) {
   client::ClientOptions o = client::PlacedOptions(base, target);
   o.client_id = "prefill-to-" + target.node;
   o.inline_put_bytes = 0;
+  o.transport.cma_threshold_bytes = 0;
   auto to = ConnectOrFail(o);
   if (to == nullptr) return {};
   EXPECT_EQ(to->session().transport.find("ucx"), 0u) << to->session().transport;
