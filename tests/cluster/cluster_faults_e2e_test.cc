@@ -127,7 +127,7 @@ TEST_F(ClusterFaultsE2eTest, EtcdKilledAndRestartedDuringPeerFetchesNoWrongBytes
 
   EXPECT_TRUE(after_fetches(0, 10));
   etcd_->Kill();
-  EXPECT_TRUE(AllSee(0, -1, milliseconds(5000)));
+  EXPECT_TRUE(AllSee(-1, 0, milliseconds(5000)));
   phase.store(1);
   auto placed = reader->Place(chains[0]);
   ASSERT_TRUE(placed.ok()) << placed.status();
@@ -136,7 +136,7 @@ TEST_F(ClusterFaultsE2eTest, EtcdKilledAndRestartedDuringPeerFetchesNoWrongBytes
   EXPECT_TRUE(after_fetches(1, 20));
 
   ASSERT_TRUE(etcd_->Restart().ok());
-  EXPECT_TRUE(AllSee(1, 3, milliseconds(15000)));
+  EXPECT_TRUE(AllSee(3, 1, milliseconds(15000)));
   phase.store(2);
   EXPECT_TRUE(after_fetches(2, 10));
   stop.store(true);
@@ -235,7 +235,7 @@ TEST_F(ClusterFaultsE2eTest, RandomizedFaultCyclesServeNoWrongBytesAndNoCallHang
       ++restarts;
     }
     if (fault == Fault::kEtcd) ASSERT_TRUE(etcd_->Restart().ok()) << "cycle " << cycle;
-    if (!AllSee(1, 3, milliseconds(5000))) ++slow_to_converge;
+    if (!AllSee(3, 1, milliseconds(5000))) ++slow_to_converge;
   }
   const double took_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

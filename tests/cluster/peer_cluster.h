@@ -38,6 +38,22 @@ inline std::string TinyModelYaml(int head_dim) {
          ", dtype: float32, rope: {theta: 10000, pairing: interleaved, scaling: none}}\n";
 }
 
+// Every live kvd of `kvds` reports kvd_cluster_reachable == `reachable` (1: etcd answers) and,
+// when `members` >= 0, that many members (itself included), within `timeout`.
+inline bool ClusterAllSee(const std::vector<std::unique_ptr<KvdProcess>>& kvds, double members,
+                          double reachable, milliseconds timeout) {
+  return Eventually(
+      [&] {
+        for (auto& kvd : kvds) {
+          if (!kvd->Alive()) continue;
+          if (MetricValue(*kvd, "kvd_cluster_reachable") != reachable) return false;
+          if (members >= 0 && MetricValue(*kvd, "kvd_cluster_members") != members) return false;
+        }
+        return true;
+      },
+      timeout);
+}
+
 // Three kvds a, b, c on 127.0.0.2-4 in cluster "pf" (token kToken, lease TTL 3 s, UCX over
 // tcp); c registers model tiny with another layout than a and b.
 class PeerClusterTest : public cluster_test::EtcdTest {
@@ -86,19 +102,8 @@ class PeerClusterTest : public cluster_test::EtcdTest {
         milliseconds(10000));
   }
 
-  // Every live kvd reports kvd_cluster_reachable == `reachable` (1: etcd answers) and, when
-  // `members` >= 0, that many members.
-  bool AllSee(double reachable, double members, milliseconds timeout) {
-    return Eventually(
-        [&] {
-          for (auto& kvd : kvds_) {
-            if (!kvd->Alive()) continue;
-            if (MetricValue(*kvd, "kvd_cluster_reachable") != reachable) return false;
-            if (members >= 0 && MetricValue(*kvd, "kvd_cluster_members") != members) return false;
-          }
-          return true;
-        },
-        timeout);
+  bool AllSee(double members, double reachable, milliseconds timeout) {
+    return ClusterAllSee(kvds_, members, reachable, timeout);
   }
 
   std::vector<std::unique_ptr<KvdProcess>> kvds_;
