@@ -13,7 +13,8 @@
 #
 #   KVD_DISAGG_LENGTHS      prompt lengths (default 1024,2048,4096)
 #   KVD_DISAGG_REPEATS      fresh prompts per length (default 3)
-#   KVD_DISAGG_COMPRESSION  the kvd model's policy (default off; e.g. "{stages: [quantize]}")
+#   KVD_DISAGG_COMPRESSION  the kvd model's policy (default "{stages: [quantize]}": int8, the dense
+#                           form's default, docs/quality.md; "off" stores the raw chunks)
 #   KVD_DISAGG_JSON         also write every sample there
 #   KVD_BUILD_DIR           kvd's build folder (default build; ./deploy/setup.sh makes it)
 # Needs ./deploy/setup.sh and ./deploy/setup-vllm.sh to have run. Logs stay in a temp folder,
@@ -25,6 +26,7 @@ build=$(realpath "${KVD_BUILD_DIR:-build}")
 venv=${KVD_VLLM_VENV:-$repo/.cache/vllm-venv}
 model=${KVD_VLLM_MODEL:-$repo/models-cache/SmolLM2-135M-Instruct-hf}
 port=${KVD_DISAGG_PORT:-8000}
+policy=${KVD_DISAGG_COMPRESSION:-"{stages: [quantize]}"}
 serve=0
 [[ ${1:-} == --serve ]] && serve=1
 
@@ -45,7 +47,7 @@ healthy() { python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.a
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 kvd_port=$(free_port) prefill_port=$(free_port) decode_port=$(free_port)
 
-# kvd: the demo model's layout (deploy/configs/default.yaml), served raw unless asked.
+# kvd: the demo model's layout (deploy/configs/default.yaml), int8 chunks unless asked.
 cat > "$work/topology.yaml" << EOF
 node: disagg
 transport: {backend: ucx, ucx_tls: "sm,tcp", net_devices: lo}
@@ -53,7 +55,7 @@ models:
   - name: smollm2-135m
     layout: {layers: 30, kv_heads: 3, q_heads: 9, head_dim: 64, dtype: bfloat16,
              rope: {theta: 100000, pairing: halves, scaling: none}}
-    compression: ${KVD_DISAGG_COMPRESSION:-off}
+    compression: $policy
 chunk_tokens: 256
 tiers:
   host: {capacity: 2GiB, prefault: false, shared_memory: false}
@@ -105,7 +107,7 @@ python3 deploy/vllm/disagg_bench.py --prefill "http://127.0.0.1:$prefill_port" \
   --kvdctl "$build/bin/kvdctl" --kvd "127.0.0.1:$kvd_port" \
   --lengths "${KVD_DISAGG_LENGTHS:-1024,2048,4096}" --repeats "${KVD_DISAGG_REPEATS:-3}" \
   ${KVD_DISAGG_JSON:+--json "$KVD_DISAGG_JSON"}
-echo "[disagg] kvd policy: ${KVD_DISAGG_COMPRESSION:-off}; logs: $work" >&2
+echo "[disagg] kvd policy: $policy; logs: $work" >&2
 if ((serve)); then
   echo "[disagg] serving: curl http://127.0.0.1:$port/v1/completions -d '{\"model\": \"smollm2\", \"prompt\": \"...\", \"max_tokens\": 32}'" >&2
   wait

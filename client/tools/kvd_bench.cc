@@ -100,7 +100,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -173,9 +175,11 @@ kvd::Hash128 ChunkHash(uint64_t run, uint64_t index) {
 
 // The daemon's pid from kvd's --ready-file JSON ({"pid": N, ...}); 0 when absent.
 int64_t PidFromReadyFile(const std::string& path, std::string* error) {
-  std::ifstream in(path);
-  if (!in) {
-    *error = "cannot read --ready-file " + path;
+  std::error_code ec;
+  std::ifstream in;
+  if (std::filesystem::is_regular_file(path, ec)) in.open(path);
+  if (!in.is_open()) {
+    *error = "cannot read --ready-file " + path + " (not a readable file)";
     return 0;
   }
   auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -271,37 +275,131 @@ void PrintPhases(const std::vector<PhaseResult>& phases, nlohmann::json header, 
   kvd::tools::PrintTable(std::cout, head, rows);
 }
 
-// --op memcpy (see the header comment); `scatter_bytes`: memcpy_scatter's destinations in all
-// (0: count x bytes). Returns the exit code.
-int RunMemcpy(size_t bytes, int64_t count, int64_t concurrency, uint64_t scatter_bytes, bool json) {
-  const int nthreads = static_cast<int>(std::min(concurrency, count));
-  std::vector<std::vector<uint8_t>> src(nthreads, std::vector<uint8_t>(bytes));
-  for (int t = 0; t < nthreads; ++t) FillChunk(src[t].data(), bytes, 1, t);
+// The phases of --op memcpy, each a destination kind (see the header comment).
+enum class MemcpyDst { kFresh, kWarm, kSpread, kScatter };
+
+const char* MemcpyPhaseName(MemcpyDst mode) {
+  return mode == MemcpyDst::kFresh    ? "memcpy_fresh"
+         : mode == MemcpyDst::kWarm   ? "memcpy_warm"
+         : mode == MemcpyDst::kSpread ? "memcpy_spread"
+                                      : "memcpy_scatter";
+}
+
+// What --op memcpy copies from, made once for all its phases.
+struct MemcpySources {
+  size_t bytes = 0;   // one copy
+  int64_t count = 0;  // copies in all, per phase
+  int nthreads = 0;
+  std::vector<std::vector<uint8_t>> src;     // per thread: its warm source
+  std::vector<std::vector<uint8_t>> spread;  // memcpy_spread's: one per chunk (then reused)
+  // memcpy_scatter's destinations: one region of scatter_per_thread x nthreads chunks, thread t
+  // writing chunks t, t + nthreads, ... in turn (never another thread's).
+  size_t scatter_per_thread = 0;
+};
+
+// `scatter_bytes`: memcpy_scatter's destinations in all (0: count x bytes).
+MemcpySources MakeMemcpySources(size_t bytes, int64_t count, int64_t concurrency,
+                                uint64_t scatter_bytes) {
+  MemcpySources m;
+  m.bytes = bytes;
+  m.count = count;
+  m.nthreads = static_cast<int>(std::min(concurrency, count));
+  m.src.assign(m.nthreads, std::vector<uint8_t>(bytes));
+  for (int t = 0; t < m.nthreads; ++t) FillChunk(m.src[t].data(), bytes, 1, t);
   // memcpy_spread's sources: one per chunk, at most kMaxSpreadBytes in all (then reused in turn).
   constexpr size_t kMaxSpreadBytes = size_t{1} << 30;
   const size_t spread_n = std::clamp<size_t>(kMaxSpreadBytes / std::max<size_t>(bytes, 1), 1,
                                              static_cast<size_t>(count));
-  std::vector<std::vector<uint8_t>> spread(spread_n, std::vector<uint8_t>(bytes));
-  for (size_t i = 0; i < spread_n; ++i) FillChunk(spread[i].data(), bytes, 2, i);
-  // memcpy_scatter's destinations: one region of scatter_per_thread x nthreads chunks, thread t
-  // writing chunks t, t + nthreads, ... in turn (never another thread's), made (touched) before
-  // its phase and freed after it.
+  m.spread.assign(spread_n, std::vector<uint8_t>(bytes));
+  for (size_t i = 0; i < spread_n; ++i) FillChunk(m.spread[i].data(), bytes, 2, i);
   const uint64_t scatter_total =
       scatter_bytes > 0 ? scatter_bytes : static_cast<uint64_t>(count) * bytes;
-  const size_t scatter_per_thread = std::max<size_t>(1, scatter_total / bytes / nthreads);
+  m.scatter_per_thread = std::max<size_t>(1, scatter_total / bytes / m.nthreads);
+  return m;
+}
+
+// What one thread of a memcpy phase did.
+struct MemcpyThreadResult {
+  std::vector<double> latencies_us;  // per copy
+  uint64_t ops = 0;
+  double busy_seconds = 0;  // wall time since the phase's start less its own work
+  bool map_failed = false;  // a fresh destination could not be mapped (the thread stopped)
+};
+
+// Thread t's copies of one phase; `scatter`: memcpy_scatter's destination region.
+void CopyOnThread(const MemcpySources& m, MemcpyDst mode, uint8_t* scatter, int t,
+                  Clock::time_point start, MemcpyThreadResult* out) {
+  const bool fresh = mode == MemcpyDst::kFresh;
+  const size_t bytes = m.bytes;
+  // mapping and unmapping, and the warm destination's allocation and first touch: not
+  // part of the copy
+  const auto alloc0 = Clock::now();
+  std::vector<uint8_t> warm(mode == MemcpyDst::kWarm || mode == MemcpyDst::kSpread ? bytes : 0,
+                            1);  // touched: its pages exist
+  double own = std::chrono::duration<double>(Clock::now() - alloc0).count();
+  size_t scatter_next = 0;  // this thread's next memcpy_scatter destination
+  for (int64_t i = t; i < m.count; i += m.nthreads) {
+    auto m0 = Clock::now();
+    uint8_t* dst = fresh ? MapFresh(bytes) : warm.data();
+    if (mode == MemcpyDst::kScatter) {
+      dst = scatter + (scatter_next * m.nthreads + t) * bytes;
+      scatter_next = (scatter_next + 1) % m.scatter_per_thread;
+    }
+    if (dst == nullptr) {
+      out->map_failed = true;
+      return;
+    }
+    auto t0 = Clock::now();
+    const uint8_t* from =
+        mode == MemcpyDst::kSpread ? m.spread[i % m.spread.size()].data() : m.src[t].data();
+    std::memcpy(dst, from, bytes);
+    auto t1 = Clock::now();
+    out->latencies_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    if (fresh) ::munmap(dst, bytes);
+    own += std::chrono::duration<double>(t0 - m0).count() +
+           std::chrono::duration<double>(Clock::now() - t1).count();
+    ++out->ops;
+  }
+  out->busy_seconds = std::chrono::duration<double>(Clock::now() - start).count() - own;
+}
+
+// One memcpy phase on every thread at once; `*map_failed` when a thread could not map.
+PhaseResult RunMemcpyPhase(const MemcpySources& m, MemcpyDst mode, uint8_t* scatter,
+                           bool* map_failed) {
+  PhaseResult result;
+  result.name = MemcpyPhaseName(mode);
+  std::vector<MemcpyThreadResult> per_thread(m.nthreads);
+  std::vector<std::thread> threads;
+  const auto start = Clock::now();
+  for (int t = 0; t < m.nthreads; ++t) {
+    threads.emplace_back([&, t]() { CopyOnThread(m, mode, scatter, t, start, &per_thread[t]); });
+  }
+  for (auto& th : threads) th.join();
+  result.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  *map_failed = false;
+  for (const MemcpyThreadResult& r : per_thread) {
+    result.seconds = std::max(result.seconds, r.busy_seconds);
+    result.ops += r.ops;
+    result.latencies_us.insert(result.latencies_us.end(), r.latencies_us.begin(),
+                               r.latencies_us.end());
+    *map_failed = *map_failed || r.map_failed;
+  }
+  result.bytes = result.ops * m.bytes;
+  return result;
+}
+
+// --op memcpy (see the header comment); `scatter_bytes`: memcpy_scatter's destinations in all
+// (0: count x bytes). Returns the exit code.
+int RunMemcpy(size_t bytes, int64_t count, int64_t concurrency, uint64_t scatter_bytes, bool json) {
+  const MemcpySources m = MakeMemcpySources(bytes, count, concurrency, scatter_bytes);
   std::vector<PhaseResult> phases;
   bool failed = false;
-  enum class Dst { kFresh, kWarm, kSpread, kScatter };
-  for (const Dst mode : {Dst::kFresh, Dst::kWarm, Dst::kSpread, Dst::kScatter}) {
-    const bool fresh = mode == Dst::kFresh;
-    PhaseResult result;
-    result.name = fresh                  ? "memcpy_fresh"
-                  : mode == Dst::kWarm   ? "memcpy_warm"
-                  : mode == Dst::kSpread ? "memcpy_spread"
-                                         : "memcpy_scatter";
+  for (const MemcpyDst mode :
+       {MemcpyDst::kFresh, MemcpyDst::kWarm, MemcpyDst::kSpread, MemcpyDst::kScatter}) {
+    // memcpy_scatter's region: made (touched) before its phase and freed after it.
     uint8_t* scatter = nullptr;
-    const size_t scatter_region = scatter_per_thread * nthreads * bytes;
-    if (mode == Dst::kScatter) {
+    const size_t scatter_region = m.scatter_per_thread * m.nthreads * bytes;
+    if (mode == MemcpyDst::kScatter) {
       scatter = MapFresh(scatter_region);
       if (scatter == nullptr) {
         std::cerr << "kvd-bench: mmap of " << scatter_region << " bytes failed\n";
@@ -310,53 +408,8 @@ int RunMemcpy(size_t bytes, int64_t count, int64_t concurrency, uint64_t scatter
       }
       std::memset(scatter, 0, scatter_region);  // its pages exist, as a prefaulted arena's do
     }
-    std::vector<std::vector<double>> lat(nthreads);
-    std::vector<double> busy(nthreads, 0.0);
-    std::vector<uint64_t> ops(nthreads, 0);
-    std::atomic<bool> map_failed{false};
-    std::vector<std::thread> threads;
-    const auto start = Clock::now();
-    for (int t = 0; t < nthreads; ++t) {
-      threads.emplace_back([&, t]() {
-        // mapping and unmapping, and the warm destination's allocation and first touch: not
-        // part of the copy
-        const auto alloc0 = Clock::now();
-        std::vector<uint8_t> warm(mode == Dst::kWarm || mode == Dst::kSpread ? bytes : 0,
-                                  1);  // touched: its pages exist
-        double own = std::chrono::duration<double>(Clock::now() - alloc0).count();
-        size_t scatter_next = 0;  // this thread's next memcpy_scatter destination
-        for (int64_t i = t; i < count; i += nthreads) {
-          auto m0 = Clock::now();
-          uint8_t* dst = fresh ? MapFresh(bytes) : warm.data();
-          if (mode == Dst::kScatter) {
-            dst = scatter + (scatter_next * nthreads + t) * bytes;
-            scatter_next = (scatter_next + 1) % scatter_per_thread;
-          }
-          if (dst == nullptr) {
-            map_failed = true;
-            return;
-          }
-          auto t0 = Clock::now();
-          const uint8_t* from = mode == Dst::kSpread ? spread[i % spread_n].data() : src[t].data();
-          std::memcpy(dst, from, bytes);
-          auto t1 = Clock::now();
-          lat[t].push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-          if (fresh) ::munmap(dst, bytes);
-          own += std::chrono::duration<double>(t0 - m0).count() +
-                 std::chrono::duration<double>(Clock::now() - t1).count();
-          ++ops[t];
-        }
-        busy[t] = std::chrono::duration<double>(Clock::now() - start).count() - own;
-      });
-    }
-    for (auto& th : threads) th.join();
-    result.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    result.seconds = *std::max_element(busy.begin(), busy.end());
-    for (int t = 0; t < nthreads; ++t) {
-      result.ops += ops[t];
-      result.latencies_us.insert(result.latencies_us.end(), lat[t].begin(), lat[t].end());
-    }
-    result.bytes = result.ops * bytes;
+    bool map_failed = false;
+    PhaseResult result = RunMemcpyPhase(m, mode, scatter, &map_failed);
     if (scatter != nullptr) ::munmap(scatter, scatter_region);
     if (map_failed) {
       std::cerr << "kvd-bench: mmap of " << bytes << " bytes failed\n";
@@ -366,12 +419,12 @@ int RunMemcpy(size_t bytes, int64_t count, int64_t concurrency, uint64_t scatter
   }
   nlohmann::json j = {{"chunk_bytes", bytes},
                       {"count", count},
-                      {"concurrency", nthreads},
+                      {"concurrency", m.nthreads},
                       {"op", "memcpy"},
                       {"ok", !failed}};
   PrintPhases(phases, std::move(j), json,
               "kvd-bench: memcpy of " + kvd::tools::HumanBytes(bytes) + ", count " +
-                  std::to_string(count) + ", concurrency " + std::to_string(nthreads));
+                  std::to_string(count) + ", concurrency " + std::to_string(m.nthreads));
   return failed ? 1 : 0;
 }
 
@@ -509,6 +562,601 @@ int RunPingPong(int64_t count, bool json) {
   return ok ? 0 : 1;
 }
 
+// The command line (see the header comment and --help for each flag's meaning and default).
+struct BenchFlags {
+  kvd::tools::ConnectionFlags connection;
+  std::string model, op = "both", ready_file, put_addr;
+  int64_t count = 100, concurrency = 1, depth = 1, lookup_batch = 64, lookup_chain = 1, tokens = 0,
+          chunk_bytes_arg = 0, daemon_pid = 0, warmup = 0, lookups = 0, pingpong_floor = 0;
+  bool json = false, verify = false, no_shm = false, finite = false, retry_busy = false,
+       in_place = false, reserve_ahead = false, cluster = false;
+  int64_t inline_put_bytes = static_cast<int64_t>(kvd::client::ClientOptions().inline_put_bytes);
+  int64_t shm_inline_put_bytes =
+      static_cast<int64_t>(kvd::client::ClientOptions().shm_inline_put_bytes);
+  int64_t reply_spin_us = kvd::client::ClientOptions().reply_spin_us;
+  int64_t scatter_bytes = 0;
+};
+
+// Declares every flag of kvd-bench on `app`, bound to `f`.
+void AddBenchOptions(CLI::App& app, BenchFlags* f) {
+  kvd::tools::AddConnectionOptions(app, &f->connection);
+  app.add_option("--model", f->model, "a model registered in kvd (all ops but memcpy)");
+  app.add_option("--chunk-bytes", f->chunk_bytes_arg,
+                 "bytes per chunk (a whole number of the model's tokens)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--tokens", f->tokens, "tokens per chunk (exactly one of this and --chunk-bytes)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--count", f->count, "chunks (default 100)")->transform(CLI::AsSizeValue(false));
+  app.add_option("--concurrency", f->concurrency,
+                 "client threads, one connection each (default 1)");
+  app.add_option("--op", f->op,
+                 "put, get, both (default), or the references without a daemon: memcpy, "
+                 "pingpong");
+  app.add_option("--depth", f->depth, "chunks in flight per client call (default 1)");
+  app.add_option("--lookup-batch", f->lookup_batch,
+                 "chunks per Lookup of the get phase (default 64)");
+  app.add_option("--lookup-chain", f->lookup_chain,
+                 "chunks per Lookup of the lookup phase (default 1); its ops are Lookup calls");
+  app.add_option("--lookups", f->lookups,
+                 "Lookup calls of the lookup phase in all, going round the chunks (default 0: "
+                 "one per --lookup-chain chunks)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--pingpong-floor", f->pingpong_floor,
+                 "a unix socket pair ping-pong of this many exchanges right before the lookup "
+                 "phase, reported as phases \"pingpong\" and \"pingpong_cross_cpu\" (default 0: "
+                 "none)")
+      ->transform(CLI::AsSizeValue(false));
+  auto* pid_opt = app.add_option("--daemon-pid", f->daemon_pid,
+                                 "report the daemon's CPU, context switches and read/write "
+                                 "system calls per operation (kvd on this machine)")
+                      ->check(CLI::PositiveNumber);
+  app.add_option("--ready-file", f->ready_file, "kvd's --ready-file output, naming its pid")
+      ->excludes(pid_opt);
+  app.add_flag("--no-shm", f->no_shm, "force the transport (UCX) path over a unix socket");
+  app.add_flag("--verify", f->verify, "compare every byte read back");
+  app.add_flag("--finite-values", f->finite,
+               "chunks of finite values of magnitude ~1 (bf16/fp16/fp32; for a compressing model)");
+  app.add_flag("--retry-busy", f->retry_busy,
+               "retry puts refused for a full ingest pool (RESOURCE_EXHAUSTED) every 2 ms");
+  app.add_option("--inline-put-bytes", f->inline_put_bytes,
+                 "puts of at most this many bytes in one exchange (default 64 KiB; 0 = off)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--warmup", f->warmup,
+                 "untimed put + get rounds per client thread before the timed phases, with keys "
+                 "of their own (default 0); reported as phase \"warmup\"")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--shm-inline-put-bytes", f->shm_inline_put_bytes,
+                 "on the shared-memory path, inline puts only up to this too (default 32 KiB)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--reply-spin-us", f->reply_spin_us,
+                 "how long a client waiting for kvd's reply looks for it before it sleeps, "
+                 "microseconds (ClientOptions::reply_spin_us; default 50; 0 = sleep at once)");
+  app.add_option("--scatter-bytes", f->scatter_bytes,
+                 "--op memcpy: memcpy_scatter's destinations in all (default count x chunk bytes; "
+                 "give kvd's arena size)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_flag("--in-place", f->in_place,
+               "zero-copy puts and gets (ReservePut/CommitPut, ReadInPlace; shared memory only)");
+  app.add_flag("--reserve-ahead", f->reserve_ahead,
+               "shared-memory puts: each commit reserves the next put's slot "
+               "(ClientOptions::reserve_ahead; one exchange per put)");
+  app.add_option("--put-addr", f->put_addr,
+                 "put through the kvd at this address (another member of --addr's cluster)");
+  app.add_flag("--cluster", f->cluster,
+               "cluster-scope lookups: chunks a peer holds are fetched into --addr's kvd");
+  app.add_flag("--json", f->json, "print one JSON object");
+}
+
+// Checks the flags every --op shares, resolves --ready-file into f->daemon_pid and probes that
+// pid. Empty when all is well, else the usage error.
+std::string CheckFlags(BenchFlags* f) {
+  const std::string& op = f->op;
+  if (op != "put" && op != "get" && op != "both" && op != "memcpy" && op != "pingpong")
+    return "--op must be put, get, both, memcpy or pingpong";
+  if (f->count <= 0 || f->concurrency <= 0 || f->depth <= 0 || f->lookup_batch <= 0 ||
+      f->lookup_chain <= 0) {
+    return "--count, --concurrency, --depth, --lookup-batch and --lookup-chain must be > 0";
+  }
+  if (f->warmup < 0) return "--warmup must be >= 0";
+  if (f->lookups < 0 || f->pingpong_floor < 0) {
+    return "--lookups and --pingpong-floor must be >= 0";
+  }
+  if ((f->lookups > 0 || f->pingpong_floor > 0) && op != "get" && op != "both") {
+    return "--lookups and --pingpong-floor need a lookup phase (--op get or both)";
+  }
+  if (f->in_place && (f->depth != 1 || f->no_shm || op == "memcpy" || op == "pingpong")) {
+    return "--in-place needs --depth 1 and the shared-memory path (not --no-shm)";
+  }
+  if (f->warmup > 0 && (op == "memcpy" || op == "pingpong")) {
+    return "--warmup needs a daemon (not --op " + op + ")";
+  }
+  if (f->scatter_bytes < 0) return "--scatter-bytes must be >= 0";
+  if (f->scatter_bytes > 0 && op != "memcpy") return "--scatter-bytes needs --op memcpy";
+  if (!f->ready_file.empty()) {
+    std::string why;
+    f->daemon_pid = PidFromReadyFile(f->ready_file, &why);
+    if (f->daemon_pid <= 0) return why;
+  }
+  if (f->daemon_pid > 0) {
+    auto probe = kvd::tools::SampleProcess(static_cast<pid_t>(f->daemon_pid));
+    if (!probe.ok()) {
+      return "daemon pid " + std::to_string(f->daemon_pid) + ": " + probe.status().ToString();
+    }
+  }
+  return "";
+}
+
+// The chunks of a daemon run: tokens each and their size in bytes.
+struct ChunkShape {
+  int64_t tokens = 0;
+  size_t chunk_bytes = 0;
+};
+
+// Asks kvd for the model's layout, sizes the chunks from --tokens or --chunk-bytes and fills the
+// clients' options `base` (connection flags applied already). -1 when all is well, else the exit
+// code (a usage error printed, or the failed lookup of the model).
+int ConfigureClients(const CLI::App& app, const BenchFlags& f, kvd::client::ClientOptions* base,
+                     ChunkShape* shape) {
+  auto usage_error = [&](const std::string& why) { return kvd::cli::UsageError(app, why); };
+  uint32_t chunk_tokens = 0;
+  auto info = kvd::tools::FindModel(*base, f.model, &chunk_tokens);
+  if (!info.ok()) {
+    std::cerr << "kvd-bench: " << info.status() << "\n";
+    return info.status().code() == kvd::StatusCode::kUnavailable ? 3 : 1;
+  }
+  const kvd::ModelLayout layout = info->layout;
+  const size_t per_token = layout.ChunkBytes(1);
+  shape->tokens = f.tokens;
+  if (f.chunk_bytes_arg > 0) {
+    if (f.chunk_bytes_arg % per_token != 0) {
+      return usage_error("--chunk-bytes " + std::to_string(f.chunk_bytes_arg) +
+                         " is not a whole number of tokens of " + f.model + " (" +
+                         std::to_string(per_token) + " bytes per token)");
+    }
+    shape->tokens = f.chunk_bytes_arg / per_token;
+  }
+  if (shape->tokens > static_cast<int64_t>(chunk_tokens)) {
+    return usage_error("a chunk holds at most " + std::to_string(chunk_tokens) + " tokens, asked " +
+                       std::to_string(shape->tokens));
+  }
+  shape->chunk_bytes = layout.ChunkBytes(static_cast<int>(shape->tokens));
+  base->model = f.model;
+  base->layout = layout;
+  base->chunk_tokens = static_cast<int>(chunk_tokens);
+  base->block_tokens = std::gcd(16, static_cast<int>(chunk_tokens));
+  base->max_in_flight = static_cast<int>(f.depth);
+  base->shared_memory = !f.no_shm;
+  base->reserve_ahead = f.reserve_ahead;
+  base->inline_put_bytes = static_cast<size_t>(std::max<int64_t>(f.inline_put_bytes, 0));
+  base->shm_inline_put_bytes = static_cast<size_t>(std::max<int64_t>(f.shm_inline_put_bytes, 0));
+  if (f.reply_spin_us < 0) return usage_error("--reply-spin-us must be >= 0");
+  // Validate() names a value above the limit.
+  base->reply_spin_us = static_cast<uint32_t>(
+      std::min<int64_t>(f.reply_spin_us, kvd::client::ClientOptions::kMaxReplySpinUs + int64_t{1}));
+  if (Status v = base->Validate(); !v.ok()) return usage_error(v.message());
+  return -1;
+}
+
+// What one phase thread did: its latencies (us), operations and bytes.
+struct ThreadTally {
+  std::vector<double> latencies_us;
+  uint64_t ops = 0, bytes = 0;
+};
+
+double MicrosSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+// A run against kvd (--op put, get, both): its clients, the phases in order, and the report.
+class DaemonBench {
+ public:
+  DaemonBench(const BenchFlags& flags, const kvd::client::ClientOptions& base, ChunkShape shape)
+      : f_(flags),
+        base_(base),
+        tokens_(shape.tokens),
+        chunk_bytes_(shape.chunk_bytes),
+        run_(static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
+             (static_cast<uint64_t>(::getpid()) << 32)),
+        nthreads_(static_cast<int>(std::min(flags.concurrency, flags.count))),
+        lookup_options_{.cluster = flags.cluster},
+        fill_(flags.finite ? FillFiniteChunk : FillChunk),
+        busy_retries_(nthreads_, 0),
+        own_s_(nthreads_, 0.0) {}
+
+  // Connects one client per thread to --addr (and as many to --put-addr). -1 when all are
+  // connected, else the exit code.
+  int Connect();
+  // The phases in order (warmup, put, the ping-pong floor, lookup, get), each only while no
+  // earlier one failed.
+  void RunPhases();
+  // Closes the clients, prints the phases and returns the exit code.
+  int Report();
+
+ private:
+  using PhaseBody = std::function<Status(int t, ThreadTally& tally)>;
+
+  // Runs `body` on every client thread at once and sums what they did into one phase; the first
+  // error lands in first_error_.
+  PhaseResult RunPhase(const std::string& name, const PhaseBody& body);
+  Status WarmupThread(int t, ThreadTally& tally);
+  Status PutThread(int t, ThreadTally& tally);
+  Status LookupThread(int t, ThreadTally& tally);
+  Status GetThread(int t, ThreadTally& tally);
+  // The get phase's reads of one leased batch of `nb` chunks starting at idx[b].
+  Status ReadBatchInPlace(int t, const std::vector<uint64_t>& idx, size_t b, size_t nb,
+                          uint64_t lease_id, OwnBuffers& expect, ThreadTally& tally);
+  Status ReadBatchCopies(int t, const std::vector<uint64_t>& idx, size_t b, size_t nb,
+                         uint64_t lease_id, OwnBuffers& bufs, OwnBuffers& expect,
+                         ThreadTally& tally);
+  // The put phase's client of thread t: its --addr client, or its --put-addr one.
+  kvd::client::Client& Writer(int t) {
+    return put_clients_.empty() ? *clients_[t] : *put_clients_[t];
+  }
+  // Chunk indices of thread t: t, t + nthreads, ...
+  std::vector<uint64_t> Indices(int t) const {
+    std::vector<uint64_t> v;
+    for (uint64_t i = t; i < static_cast<uint64_t>(f_.count); i += nthreads_) v.push_back(i);
+    return v;
+  }
+  // One PutChunks call, retried while kvd's ingest pool is full with --retry-busy.
+  kvd::StatusOr<std::vector<kvd::client::PutResult>> PutChunks(
+      int t, std::span<const kvd::client::PutItem> items);
+  // Adds the busy retries counted since the last call to the latest phase.
+  void TakeBusyRetries() {
+    for (uint64_t& b : busy_retries_) phases_.back().busy_retries += std::exchange(b, 0);
+  }
+
+  const BenchFlags& f_;
+  const kvd::client::ClientOptions base_;
+  const int64_t tokens_;
+  const size_t chunk_bytes_;
+  const uint64_t run_;
+  const int nthreads_;
+  const kvd::client::LookupOptions lookup_options_;
+  void (*const fill_)(uint8_t*, size_t, uint64_t, uint64_t);
+  std::vector<std::unique_ptr<kvd::client::Client>> clients_;
+  // The put phase's clients: none (clients_ put), or as many of the --put-addr kvd.
+  std::vector<std::unique_ptr<kvd::client::Client>> put_clients_;
+  std::vector<uint64_t> busy_retries_;  // per thread, since the last TakeBusyRetries
+  std::vector<double> own_s_;           // per thread: seconds of the bench's own work
+  std::mutex mu_;
+  Status first_error_;  // GUARDED_BY(mu_) while a phase runs
+  std::vector<PhaseResult> phases_;
+};
+
+int DaemonBench::Connect() {
+  clients_.resize(nthreads_);
+  for (int t = 0; t < nthreads_; ++t) {
+    auto c = kvd::client::Client::Connect(base_);
+    if (!c.ok()) {
+      std::cerr << "kvd-bench: connect: " << c.status() << "\n";
+      return c.status().code() == kvd::StatusCode::kUnavailable ? 3 : 1;
+    }
+    clients_[t] = std::move(c).value();
+  }
+  put_clients_.resize(f_.put_addr.empty() ? 0 : nthreads_);
+  for (auto& pc : put_clients_) {
+    kvd::client::ClientOptions o = base_;
+    o.address = f_.put_addr;
+    auto c = kvd::client::Client::Connect(o);
+    if (!c.ok()) {
+      std::cerr << "kvd-bench: connect to --put-addr: " << c.status() << "\n";
+      return c.status().code() == kvd::StatusCode::kUnavailable ? 3 : 1;
+    }
+    pc = std::move(c).value();
+  }
+  return -1;
+}
+
+PhaseResult DaemonBench::RunPhase(const std::string& name, const PhaseBody& body) {
+  PhaseResult result;
+  result.name = name;
+  std::vector<std::thread> threads;
+  std::fill(own_s_.begin(), own_s_.end(), 0.0);
+  std::vector<double> busy_s(nthreads_, 0.0);
+  std::optional<kvd::tools::ProcSample> before;
+  if (f_.daemon_pid > 0) {
+    auto s = kvd::tools::SampleProcess(static_cast<pid_t>(f_.daemon_pid));
+    if (s.ok()) before = *s;
+  }
+  auto start = Clock::now();
+  for (int t = 0; t < nthreads_; ++t) {
+    threads.emplace_back([&, t]() {
+      ThreadTally tally;
+      Status s = body(t, tally);
+      busy_s[t] = std::chrono::duration<double>(Clock::now() - start).count() - own_s_[t];
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!s.ok() && first_error_.ok()) first_error_ = s.WithContext(name);
+      result.latencies_us.insert(result.latencies_us.end(), tally.latencies_us.begin(),
+                                 tally.latencies_us.end());
+      result.ops += tally.ops;
+      result.bytes += tally.bytes;
+    });
+  }
+  for (auto& th : threads) th.join();
+  result.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  result.seconds = *std::max_element(busy_s.begin(), busy_s.end());
+  if (before) {
+    auto after = kvd::tools::SampleProcess(static_cast<pid_t>(f_.daemon_pid));
+    if (after.ok()) result.daemon = kvd::tools::Delta(*before, *after);
+  }
+  return result;
+}
+
+kvd::StatusOr<std::vector<kvd::client::PutResult>> DaemonBench::PutChunks(
+    int t, std::span<const kvd::client::PutItem> items) {
+  auto r = Writer(t).PutChunks(items);
+  while (f_.retry_busy && !r.ok() && r.status().code() == kvd::StatusCode::kResourceExhausted) {
+    ++busy_retries_[t];
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    r = Writer(t).PutChunks(items);
+  }
+  return r;
+}
+
+// Each round: put, look up, get and release one chunk of this thread's own warmup keys (those of
+// another run value, never the timed phases').
+Status DaemonBench::WarmupThread(int t, ThreadTally& tally) {
+  const uint64_t warmup_run = run_ ^ 0x7761726d75702121ull;
+  OwnBuffers buf(2, chunk_bytes_, &own_s_[t]);  // the put's source, the get's destination
+  for (int64_t i = 0; i < f_.warmup; ++i) {
+    const uint64_t index = static_cast<uint64_t>(t) * f_.warmup + i;
+    const kvd::Hash128 hash = ChunkHash(warmup_run, index);
+    auto fill0 = Clock::now();
+    fill_(buf[0], chunk_bytes_, warmup_run, index);
+    const kvd::client::PutItem item{hash, static_cast<int>(tokens_), buf[0], chunk_bytes_};
+    auto t0 = Clock::now();
+    own_s_[t] += std::chrono::duration<double>(t0 - fill0).count();
+    auto r = PutChunks(t, {&item, 1});
+    if (!r.ok()) return r.status();
+    auto l = clients_[t]->Lookup({&hash, 1});
+    if (!l.ok()) return l.status();
+    if (l->matched_chunks != 1) {
+      return Status::NotFound("warmup chunk " + std::to_string(index) +
+                              " missing right after its put");
+    }
+    const kvd::client::GetItem get{0, buf[1], chunk_bytes_};
+    auto g = clients_[t]->GetChunks(l->lease_id, {&get, 1});
+    if (!g.ok()) return g.status();
+    KVD_RETURN_IF_ERROR(clients_[t]->ReleaseLease(l->lease_id));
+    tally.latencies_us.push_back(MicrosSince(t0));
+    ++tally.ops;
+    tally.bytes += 2 * chunk_bytes_;
+  }
+  return Status::Ok();
+}
+
+// This thread's chunks, --depth per PutChunks call (or one in place).
+Status DaemonBench::PutThread(int t, ThreadTally& tally) {
+  const size_t depth = static_cast<size_t>(f_.depth);
+  auto idx = Indices(t);
+  OwnBuffers bufs(depth, chunk_bytes_, &own_s_[t]);
+  for (size_t i = 0; i < idx.size(); i += depth) {
+    size_t n = std::min<size_t>(depth, idx.size() - i);
+    std::vector<kvd::client::PutItem> items(n);
+    auto fill0 = Clock::now();
+    for (size_t j = 0; j < n; ++j) {
+      fill_(bufs[j], chunk_bytes_, run_, idx[i + j]);
+      items[j] = {ChunkHash(run_, idx[i + j]), static_cast<int>(tokens_), bufs[j], chunk_bytes_};
+    }
+    auto t0 = Clock::now();
+    own_s_[t] += std::chrono::duration<double>(t0 - fill0).count();
+    if (f_.in_place) {  // n == 1
+      KVD_RETURN_IF_ERROR(PutInPlace(Writer(t), items[0]));
+      tally.latencies_us.push_back(MicrosSince(t0));
+      ++tally.ops;
+      tally.bytes += chunk_bytes_;
+      continue;
+    }
+    auto r = PutChunks(t, items);
+    tally.latencies_us.push_back(MicrosSince(t0));
+    if (!r.ok()) return r.status();
+    tally.ops += n;
+    tally.bytes += n * chunk_bytes_;
+  }
+  return Status::Ok();
+}
+
+// One Lookup per --lookup-chain chunks of this thread, or its share of --lookups calls.
+Status DaemonBench::LookupThread(int t, ThreadTally& tally) {
+  const size_t lookup_chain = static_cast<size_t>(f_.lookup_chain);
+  const int64_t lookups = f_.lookups;
+  auto idx = Indices(t);
+  // The chain starts of this thread, in turn, as many as --lookups asks of it (the
+  // threads share the calls: thread t makes lookups / nthreads, one more for t below
+  // the remainder); by default each chain once.
+  std::vector<size_t> starts;
+  for (size_t b = 0; b < idx.size(); b += lookup_chain) starts.push_back(b);
+  const size_t calls = lookups == 0
+                           ? starts.size()
+                           : static_cast<size_t>(lookups / nthreads_ + (t < lookups % nthreads_));
+  for (size_t c = 0; c < calls && !starts.empty(); ++c) {
+    const size_t b = starts[c % starts.size()];
+    size_t nb = std::min<size_t>(lookup_chain, idx.size() - b);
+    std::vector<kvd::Hash128> chain(nb);
+    for (size_t j = 0; j < nb; ++j) chain[j] = ChunkHash(run_, idx[b + j]);
+    auto t0 = Clock::now();
+    auto r = clients_[t]->Lookup(chain, lookup_options_);
+    tally.latencies_us.push_back(MicrosSince(t0));
+    if (!r.ok()) return r.status();
+    if (r->matched_chunks != nb) {
+      return Status::NotFound("chunk " + std::to_string(idx[b + r->matched_chunks]) +
+                              " missing at lookup (evicted? "
+                              "the host tier may be smaller than count x chunk bytes)");
+    }
+    ++tally.ops;
+    tally.bytes += r->fetched_chunks * chunk_bytes_;
+    KVD_RETURN_IF_ERROR(clients_[t]->ReleaseLease(r->lease_id));
+  }
+  return Status::Ok();
+}
+
+// As an engine reads a prompt: one Lookup (one lease) for a run of up to --lookup-batch chunks,
+// then Gets of --depth chunks per call, then one ReleaseLease. The latency is per Get call; the
+// throughput counts the whole phase (lookups and releases included).
+Status DaemonBench::GetThread(int t, ThreadTally& tally) {
+  const size_t lookup_batch = static_cast<size_t>(f_.lookup_batch);
+  auto idx = Indices(t);
+  OwnBuffers bufs(f_.depth, chunk_bytes_, &own_s_[t]);
+  OwnBuffers expect(f_.verify ? 1 : 0, chunk_bytes_, &own_s_[t]);
+  for (size_t b = 0; b < idx.size(); b += lookup_batch) {
+    size_t nb = std::min<size_t>(lookup_batch, idx.size() - b);
+    std::vector<kvd::Hash128> chain(nb);
+    for (size_t j = 0; j < nb; ++j) chain[j] = ChunkHash(run_, idx[b + j]);
+    auto l = clients_[t]->Lookup(chain, lookup_options_);
+    if (!l.ok()) return l.status();
+    if (l->matched_chunks != nb) {
+      return Status::NotFound("only " + std::to_string(l->matched_chunks) + " of " +
+                              std::to_string(nb) + " chunks found at get");
+    }
+    if (f_.in_place) {
+      KVD_RETURN_IF_ERROR(ReadBatchInPlace(t, idx, b, nb, l->lease_id, expect, tally));
+    } else {
+      KVD_RETURN_IF_ERROR(ReadBatchCopies(t, idx, b, nb, l->lease_id, bufs, expect, tally));
+    }
+    KVD_RETURN_IF_ERROR(clients_[t]->ReleaseLease(l->lease_id));
+  }
+  return Status::Ok();
+}
+
+Status DaemonBench::ReadBatchInPlace(int t, const std::vector<uint64_t>& idx, size_t b, size_t nb,
+                                     uint64_t lease_id, OwnBuffers& expect, ThreadTally& tally) {
+  for (size_t i = 0; i < nb; ++i) {
+    auto t0 = Clock::now();
+    auto v = clients_[t]->ReadInPlace(lease_id, static_cast<uint32_t>(i));
+    if (!v.ok()) return v.status();
+    tally.latencies_us.push_back(MicrosSince(t0));
+    if (f_.verify) {
+      auto v0 = Clock::now();
+      fill_(expect[0], chunk_bytes_, run_, idx[b + i]);
+      if (v->size() != chunk_bytes_ || std::memcmp(expect[0], v->data(), chunk_bytes_) != 0) {
+        return Status::DataLoss("chunk " + std::to_string(idx[b + i]) + " differs");
+      }
+      own_s_[t] += std::chrono::duration<double>(Clock::now() - v0).count();
+    }
+    v->Release();  // ends the read with the next request
+    ++tally.ops;
+    tally.bytes += chunk_bytes_;
+  }
+  return Status::Ok();
+}
+
+Status DaemonBench::ReadBatchCopies(int t, const std::vector<uint64_t>& idx, size_t b, size_t nb,
+                                    uint64_t lease_id, OwnBuffers& bufs, OwnBuffers& expect,
+                                    ThreadTally& tally) {
+  const size_t depth = static_cast<size_t>(f_.depth);
+  for (size_t i = 0; i < nb; i += depth) {
+    size_t n = std::min<size_t>(depth, nb - i);
+    std::vector<kvd::client::GetItem> items(n);
+    for (size_t j = 0; j < n; ++j) {
+      items[j] = {static_cast<uint32_t>(i + j), bufs[j], chunk_bytes_};
+    }
+    auto t0 = Clock::now();
+    auto r = clients_[t]->GetChunks(lease_id, items);
+    tally.latencies_us.push_back(MicrosSince(t0));
+    if (!r.ok()) return r.status();
+    if (f_.verify) {
+      auto v0 = Clock::now();
+      for (size_t j = 0; j < n; ++j) {
+        fill_(expect[0], chunk_bytes_, run_, idx[b + i + j]);
+        if (std::memcmp(expect[0], bufs[j], chunk_bytes_) != 0) {
+          return Status::DataLoss("chunk " + std::to_string(idx[b + i + j]) + " differs");
+        }
+      }
+      own_s_[t] += std::chrono::duration<double>(Clock::now() - v0).count();
+    }
+    tally.ops += n;
+    tally.bytes += n * chunk_bytes_;
+  }
+  return Status::Ok();
+}
+
+void DaemonBench::RunPhases() {
+  if (f_.warmup > 0) {
+    phases_.push_back(
+        RunPhase("warmup", [this](int t, ThreadTally& tally) { return WarmupThread(t, tally); }));
+    TakeBusyRetries();
+  }
+  if (first_error_.ok()) {
+    phases_.push_back(
+        RunPhase("put", [this](int t, ThreadTally& tally) { return PutThread(t, tally); }));
+    TakeBusyRetries();
+  }
+  const bool reads = f_.op != "put";
+  if (reads && first_error_.ok() && f_.pingpong_floor > 0 &&
+      !PingPongPhases(f_.pingpong_floor, &phases_)) {
+    first_error_ = Status::Internal("the --pingpong-floor ping-pong failed");
+  }
+  if (reads && first_error_.ok()) {
+    phases_.push_back(
+        RunPhase("lookup", [this](int t, ThreadTally& tally) { return LookupThread(t, tally); }));
+  }
+  if (reads && first_error_.ok()) {
+    phases_.push_back(
+        RunPhase("get", [this](int t, ThreadTally& tally) { return GetThread(t, tally); }));
+  }
+}
+
+int DaemonBench::Report() {
+  const bool shm_used = !clients_.empty() && clients_[0] && clients_[0]->session().shared_memory;
+  clients_.clear();
+  put_clients_.clear();
+
+  nlohmann::json j = {
+      {"model", f_.model}, {"chunk_bytes", chunk_bytes_},        {"tokens", tokens_},
+      {"count", f_.count}, {"concurrency", nthreads_},           {"depth", f_.depth},
+      {"op", f_.op},       {"ucx_tls", base_.transport.ucx_tls}, {"ok", first_error_.ok()}};
+  const size_t inline_limit = shm_used
+                                  ? std::min(base_.inline_put_bytes, base_.shm_inline_put_bytes)
+                                  : base_.inline_put_bytes;
+  j["shared_memory"] = shm_used;
+  j["in_place"] = f_.in_place;
+  j["inline_put_bytes"] = inline_limit;
+  j["inline_puts"] = chunk_bytes_ <= inline_limit;
+  j["lookup_chain"] = f_.lookup_chain;
+  j["cluster"] = f_.cluster;
+  if (!f_.put_addr.empty()) j["put_addr"] = f_.put_addr;
+  j["reply_spin_us"] = base_.reply_spin_us;
+  if (f_.lookups > 0) j["lookups"] = f_.lookups;
+  if (f_.pingpong_floor > 0) j["pingpong_floor"] = f_.pingpong_floor;
+  if (f_.daemon_pid > 0) j["daemon_pid"] = f_.daemon_pid;
+  if (!first_error_.ok()) j["error"] = first_error_.ToString();
+  if (f_.warmup > 0) j["warmup_rounds"] = f_.warmup;
+  if (f_.op == "get") {  // the untimed put
+    phases_.erase(std::remove_if(phases_.begin(), phases_.end(),
+                                 [](const PhaseResult& p) { return p.name == "put"; }),
+                  phases_.end());
+  }
+  PrintPhases(phases_, std::move(j), f_.json,
+              "kvd-bench: model " + f_.model + ", " + kvd::tools::HumanBytes(chunk_bytes_) +
+                  " chunks (" + std::to_string(tokens_) + " tokens), count " +
+                  std::to_string(f_.count) + ", concurrency " + std::to_string(nthreads_) +
+                  ", depth " + std::to_string(f_.depth) + ", ucx_tls '" + base_.transport.ucx_tls +
+                  "'" + (shm_used ? ", shared memory" : "") + (f_.in_place ? ", in place" : "") +
+                  (chunk_bytes_ <= inline_limit ? ", inline puts" : ""));
+  if (!first_error_.ok()) {
+    std::cerr << "kvd-bench: " << first_error_ << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+// --op put, get or both (flags checked by CheckFlags). Returns the exit code.
+int RunAgainstDaemon(const CLI::App& app, const BenchFlags& f) {
+  if (f.model.empty()) return kvd::cli::UsageError(app, "--model is required");
+  if ((f.tokens > 0) == (f.chunk_bytes_arg > 0)) {
+    return kvd::cli::UsageError(app, "give exactly one of --chunk-bytes and --tokens");
+  }
+  kvd::client::ClientOptions base;
+  kvd::tools::ApplyConnectionFlags(f.connection, &base);
+  ChunkShape shape;
+  if (int rc = ConfigureClients(app, f, &base, &shape); rc >= 0) return rc;
+  DaemonBench bench(f, base, shape);
+  if (int rc = bench.Connect(); rc >= 0) return rc;
+  bench.RunPhases();
+  return bench.Report();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -519,462 +1167,17 @@ int main(int argc, char** argv) {
       "kvd-bench --op pingpong --count N [--json] need no daemon\n"
       "sizes and counts take K/M/G suffixes (1024-based)\n"
       "exit codes: 0 ok, 1 a failed operation, 2 usage, 3 cannot connect");
-  kvd::tools::ConnectionFlags connection;
-  kvd::tools::AddConnectionOptions(app, &connection);
-  std::string model, op = "both", ready_file, put_addr;
-  int64_t count = 100, concurrency = 1, depth = 1, lookup_batch = 64, lookup_chain = 1, tokens = 0,
-          chunk_bytes_arg = 0, daemon_pid = 0, warmup = 0, lookups = 0, pingpong_floor = 0;
-  bool json = false, verify = false, no_shm = false, finite = false, retry_busy = false,
-       in_place = false, reserve_ahead = false, cluster = false;
-  app.add_option("--model", model, "a model registered in kvd (all ops but memcpy)");
-  app.add_option("--chunk-bytes", chunk_bytes_arg,
-                 "bytes per chunk (a whole number of the model's tokens)")
-      ->transform(CLI::AsSizeValue(false));
-  app.add_option("--tokens", tokens, "tokens per chunk (exactly one of this and --chunk-bytes)")
-      ->transform(CLI::AsSizeValue(false));
-  app.add_option("--count", count, "chunks (default 100)")->transform(CLI::AsSizeValue(false));
-  app.add_option("--concurrency", concurrency, "client threads, one connection each (default 1)");
-  app.add_option("--op", op,
-                 "put, get, both (default), or the references without a daemon: memcpy, "
-                 "pingpong");
-  app.add_option("--depth", depth, "chunks in flight per client call (default 1)");
-  app.add_option("--lookup-batch", lookup_batch, "chunks per Lookup of the get phase (default 64)");
-  app.add_option("--lookup-chain", lookup_chain,
-                 "chunks per Lookup of the lookup phase (default 1); its ops are Lookup calls");
-  app.add_option("--lookups", lookups,
-                 "Lookup calls of the lookup phase in all, going round the chunks (default 0: "
-                 "one per --lookup-chain chunks)")
-      ->transform(CLI::AsSizeValue(false));
-  app.add_option("--pingpong-floor", pingpong_floor,
-                 "a unix socket pair ping-pong of this many exchanges right before the lookup "
-                 "phase, reported as phases \"pingpong\" and \"pingpong_cross_cpu\" (default 0: "
-                 "none)")
-      ->transform(CLI::AsSizeValue(false));
-  auto* pid_opt = app.add_option("--daemon-pid", daemon_pid,
-                                 "report the daemon's CPU, context switches and read/write "
-                                 "system calls per operation (kvd on this machine)")
-                      ->check(CLI::PositiveNumber);
-  app.add_option("--ready-file", ready_file, "kvd's --ready-file output, naming its pid")
-      ->excludes(pid_opt);
-  app.add_flag("--no-shm", no_shm, "force the transport (UCX) path over a unix socket");
-  app.add_flag("--verify", verify, "compare every byte read back");
-  app.add_flag("--finite-values", finite,
-               "chunks of finite values of magnitude ~1 (bf16/fp16/fp32; for a compressing model)");
-  app.add_flag("--retry-busy", retry_busy,
-               "retry puts refused for a full ingest pool (RESOURCE_EXHAUSTED) every 2 ms");
-  int64_t inline_put_bytes = static_cast<int64_t>(kvd::client::ClientOptions().inline_put_bytes);
-  app.add_option("--inline-put-bytes", inline_put_bytes,
-                 "puts of at most this many bytes in one exchange (default 64 KiB; 0 = off)")
-      ->transform(CLI::AsSizeValue(false));
-  app.add_option("--warmup", warmup,
-                 "untimed put + get rounds per client thread before the timed phases, with keys "
-                 "of their own (default 0); reported as phase \"warmup\"")
-      ->transform(CLI::AsSizeValue(false));
-  int64_t shm_inline_put_bytes =
-      static_cast<int64_t>(kvd::client::ClientOptions().shm_inline_put_bytes);
-  app.add_option("--shm-inline-put-bytes", shm_inline_put_bytes,
-                 "on the shared-memory path, inline puts only up to this too (default 32 KiB)")
-      ->transform(CLI::AsSizeValue(false));
-  int64_t reply_spin_us = kvd::client::ClientOptions().reply_spin_us;
-  app.add_option("--reply-spin-us", reply_spin_us,
-                 "how long a client waiting for kvd's reply looks for it before it sleeps, "
-                 "microseconds (ClientOptions::reply_spin_us; default 50; 0 = sleep at once)");
-  int64_t scatter_bytes = 0;
-  app.add_option("--scatter-bytes", scatter_bytes,
-                 "--op memcpy: memcpy_scatter's destinations in all (default count x chunk bytes; "
-                 "give kvd's arena size)")
-      ->transform(CLI::AsSizeValue(false));
-  app.add_flag("--in-place", in_place,
-               "zero-copy puts and gets (ReservePut/CommitPut, ReadInPlace; shared memory only)");
-  app.add_flag("--reserve-ahead", reserve_ahead,
-               "shared-memory puts: each commit reserves the next put's slot "
-               "(ClientOptions::reserve_ahead; one exchange per put)");
-  app.add_option("--put-addr", put_addr,
-                 "put through the kvd at this address (another member of --addr's cluster)");
-  app.add_flag("--cluster", cluster,
-               "cluster-scope lookups: chunks a peer holds are fetched into --addr's kvd");
-  app.add_flag("--json", json, "print one JSON object");
+  BenchFlags flags;
+  AddBenchOptions(app, &flags);
   if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
-  kvd::client::ClientOptions base;
-  kvd::tools::ApplyConnectionFlags(connection, &base);
-  auto usage_error = [&](const std::string& why) { return kvd::cli::UsageError(app, why); };
-  if (op != "put" && op != "get" && op != "both" && op != "memcpy" && op != "pingpong")
-    return usage_error("--op must be put, get, both, memcpy or pingpong");
-  if (count <= 0 || concurrency <= 0 || depth <= 0 || lookup_batch <= 0 || lookup_chain <= 0) {
-    return usage_error(
-        "--count, --concurrency, --depth, --lookup-batch and --lookup-chain must be > 0");
-  }
-  if (warmup < 0) return usage_error("--warmup must be >= 0");
-  if (lookups < 0 || pingpong_floor < 0) {
-    return usage_error("--lookups and --pingpong-floor must be >= 0");
-  }
-  if ((lookups > 0 || pingpong_floor > 0) && op != "get" && op != "both") {
-    return usage_error("--lookups and --pingpong-floor need a lookup phase (--op get or both)");
-  }
-  if (in_place && (depth != 1 || no_shm || op == "memcpy" || op == "pingpong")) {
-    return usage_error("--in-place needs --depth 1 and the shared-memory path (not --no-shm)");
-  }
-  if (warmup > 0 && (op == "memcpy" || op == "pingpong")) {
-    return usage_error("--warmup needs a daemon (not --op " + op + ")");
-  }
-  if (scatter_bytes < 0) return usage_error("--scatter-bytes must be >= 0");
-  if (scatter_bytes > 0 && op != "memcpy") return usage_error("--scatter-bytes needs --op memcpy");
-  if (!ready_file.empty()) {
-    std::string why;
-    daemon_pid = PidFromReadyFile(ready_file, &why);
-    if (daemon_pid <= 0) return usage_error(why);
-  }
-  if (daemon_pid > 0) {
-    auto probe = kvd::tools::SampleProcess(static_cast<pid_t>(daemon_pid));
-    if (!probe.ok())
-      return usage_error("daemon pid " + std::to_string(daemon_pid) + ": " +
-                         probe.status().ToString());
-  }
-  if (op == "pingpong") return RunPingPong(count, json);
-  if (op == "memcpy") {
-    if (chunk_bytes_arg <= 0 || tokens > 0) return usage_error("--op memcpy needs --chunk-bytes");
-    return RunMemcpy(static_cast<size_t>(chunk_bytes_arg), count, concurrency,
-                     static_cast<uint64_t>(scatter_bytes), json);
-  }
-  if (model.empty()) return usage_error("--model is required");
-  if ((tokens > 0) == (chunk_bytes_arg > 0)) {
-    return usage_error("give exactly one of --chunk-bytes and --tokens");
-  }
-
-  uint32_t chunk_tokens = 0;
-  auto info = kvd::tools::FindModel(base, model, &chunk_tokens);
-  if (!info.ok()) {
-    std::cerr << "kvd-bench: " << info.status() << "\n";
-    return info.status().code() == kvd::StatusCode::kUnavailable ? 3 : 1;
-  }
-  const kvd::ModelLayout layout = info->layout;
-  const size_t per_token = layout.ChunkBytes(1);
-  if (chunk_bytes_arg > 0) {
-    if (chunk_bytes_arg % per_token != 0) {
-      return usage_error("--chunk-bytes " + std::to_string(chunk_bytes_arg) +
-                         " is not a whole number of tokens of " + model + " (" +
-                         std::to_string(per_token) + " bytes per token)");
+  if (std::string why = CheckFlags(&flags); !why.empty()) return kvd::cli::UsageError(app, why);
+  if (flags.op == "pingpong") return RunPingPong(flags.count, flags.json);
+  if (flags.op == "memcpy") {
+    if (flags.chunk_bytes_arg <= 0 || flags.tokens > 0) {
+      return kvd::cli::UsageError(app, "--op memcpy needs --chunk-bytes");
     }
-    tokens = chunk_bytes_arg / per_token;
+    return RunMemcpy(static_cast<size_t>(flags.chunk_bytes_arg), flags.count, flags.concurrency,
+                     static_cast<uint64_t>(flags.scatter_bytes), flags.json);
   }
-  if (tokens > static_cast<int64_t>(chunk_tokens)) {
-    return usage_error("a chunk holds at most " + std::to_string(chunk_tokens) + " tokens, asked " +
-                       std::to_string(tokens));
-  }
-  const size_t chunk_bytes = layout.ChunkBytes(static_cast<int>(tokens));
-  base.model = model;
-  base.layout = layout;
-  base.chunk_tokens = static_cast<int>(chunk_tokens);
-  base.block_tokens = std::gcd(16, static_cast<int>(chunk_tokens));
-  base.max_in_flight = static_cast<int>(depth);
-  base.shared_memory = !no_shm;
-  base.reserve_ahead = reserve_ahead;
-  base.inline_put_bytes = static_cast<size_t>(std::max<int64_t>(inline_put_bytes, 0));
-  base.shm_inline_put_bytes = static_cast<size_t>(std::max<int64_t>(shm_inline_put_bytes, 0));
-  if (reply_spin_us < 0) return usage_error("--reply-spin-us must be >= 0");
-  // Validate() names a value above the limit.
-  base.reply_spin_us = static_cast<uint32_t>(
-      std::min<int64_t>(reply_spin_us, kvd::client::ClientOptions::kMaxReplySpinUs + int64_t{1}));
-  if (Status v = base.Validate(); !v.ok()) return usage_error(v.message());
-
-  const uint64_t run = static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
-                       (static_cast<uint64_t>(::getpid()) << 32);
-  const int nthreads = static_cast<int>(std::min(concurrency, count));
-  std::vector<std::unique_ptr<kvd::client::Client>> clients(nthreads);
-  for (int t = 0; t < nthreads; ++t) {
-    auto c = kvd::client::Client::Connect(base);
-    if (!c.ok()) {
-      std::cerr << "kvd-bench: connect: " << c.status() << "\n";
-      return c.status().code() == kvd::StatusCode::kUnavailable ? 3 : 1;
-    }
-    clients[t] = std::move(c).value();
-  }
-  // The put phase's clients: those above, or as many of the --put-addr kvd.
-  std::vector<std::unique_ptr<kvd::client::Client>> put_clients(put_addr.empty() ? 0 : nthreads);
-  for (auto& pc : put_clients) {
-    kvd::client::ClientOptions o = base;
-    o.address = put_addr;
-    auto c = kvd::client::Client::Connect(o);
-    if (!c.ok()) {
-      std::cerr << "kvd-bench: connect to --put-addr: " << c.status() << "\n";
-      return c.status().code() == kvd::StatusCode::kUnavailable ? 3 : 1;
-    }
-    pc = std::move(c).value();
-  }
-  auto writer = [&](int t) -> kvd::client::Client& {
-    return put_clients.empty() ? *clients[t] : *put_clients[t];
-  };
-  const kvd::client::LookupOptions lookup_options{.cluster = cluster};
-
-  const auto fill = finite ? FillFiniteChunk : FillChunk;
-  std::vector<uint64_t> busy_retries(nthreads, 0);
-  std::mutex mu;
-  Status first_error;
-  std::vector<double> own_s(nthreads, 0.0);  // per thread: seconds of the bench's own work
-  auto run_phase = [&](const std::string& name, auto&& body) {
-    PhaseResult result;
-    result.name = name;
-    std::vector<std::thread> threads;
-    std::fill(own_s.begin(), own_s.end(), 0.0);
-    std::vector<double> busy_s(nthreads, 0.0);
-    std::optional<kvd::tools::ProcSample> before;
-    if (daemon_pid > 0) {
-      auto s = kvd::tools::SampleProcess(static_cast<pid_t>(daemon_pid));
-      if (s.ok()) before = *s;
-    }
-    auto start = Clock::now();
-    for (int t = 0; t < nthreads; ++t) {
-      threads.emplace_back([&, t]() {
-        std::vector<double> lat;
-        uint64_t ops = 0, bytes = 0;
-        Status s = body(t, lat, ops, bytes);
-        busy_s[t] = std::chrono::duration<double>(Clock::now() - start).count() - own_s[t];
-        std::lock_guard<std::mutex> lock(mu);
-        if (!s.ok() && first_error.ok()) first_error = s.WithContext(name);
-        result.latencies_us.insert(result.latencies_us.end(), lat.begin(), lat.end());
-        result.ops += ops;
-        result.bytes += bytes;
-      });
-    }
-    for (auto& th : threads) th.join();
-    result.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    result.seconds = *std::max_element(busy_s.begin(), busy_s.end());
-    if (before) {
-      auto after = kvd::tools::SampleProcess(static_cast<pid_t>(daemon_pid));
-      if (after.ok()) result.daemon = kvd::tools::Delta(*before, *after);
-    }
-    return result;
-  };
-  // Chunk indices of thread t: t, t + nthreads, ...
-  auto indices = [&](int t) {
-    std::vector<uint64_t> v;
-    for (uint64_t i = t; i < static_cast<uint64_t>(count); i += nthreads) v.push_back(i);
-    return v;
-  };
-  auto us_since = [](Clock::time_point t0) {
-    return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-  };
-
-  // One PutChunks call, retried while kvd's ingest pool is full with --retry-busy.
-  auto put_chunks = [&](int t, std::span<const kvd::client::PutItem> items) {
-    auto r = writer(t).PutChunks(items);
-    while (retry_busy && !r.ok() && r.status().code() == kvd::StatusCode::kResourceExhausted) {
-      ++busy_retries[t];
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      r = writer(t).PutChunks(items);
-    }
-    return r;
-  };
-
-  std::vector<PhaseResult> phases;
-  if (warmup > 0) {
-    // Keys of another run value: never those of the timed phases.
-    const uint64_t warmup_run = run ^ 0x7761726d75702121ull;
-    phases.push_back(run_phase(
-        "warmup", [&](int t, std::vector<double>& lat, uint64_t& ops, uint64_t& bytes) -> Status {
-          OwnBuffers buf(2, chunk_bytes, &own_s[t]);  // the put's source, the get's destination
-          for (int64_t i = 0; i < warmup; ++i) {
-            const uint64_t index = static_cast<uint64_t>(t) * warmup + i;
-            const kvd::Hash128 hash = ChunkHash(warmup_run, index);
-            auto fill0 = Clock::now();
-            fill(buf[0], chunk_bytes, warmup_run, index);
-            const kvd::client::PutItem item{hash, static_cast<int>(tokens), buf[0], chunk_bytes};
-            auto t0 = Clock::now();
-            own_s[t] += std::chrono::duration<double>(t0 - fill0).count();
-            auto r = put_chunks(t, {&item, 1});
-            if (!r.ok()) return r.status();
-            auto l = clients[t]->Lookup({&hash, 1});
-            if (!l.ok()) return l.status();
-            if (l->matched_chunks != 1) {
-              return Status::NotFound("warmup chunk " + std::to_string(index) +
-                                      " missing right after its put");
-            }
-            const kvd::client::GetItem get{0, buf[1], chunk_bytes};
-            auto g = clients[t]->GetChunks(l->lease_id, {&get, 1});
-            if (!g.ok()) return g.status();
-            KVD_RETURN_IF_ERROR(clients[t]->ReleaseLease(l->lease_id));
-            lat.push_back(us_since(t0));
-            ++ops;
-            bytes += 2 * chunk_bytes;
-          }
-          return Status::Ok();
-        }));
-    for (uint64_t& b : busy_retries) phases.back().busy_retries += std::exchange(b, 0);
-  }
-  if (first_error.ok()) {
-    phases.push_back(run_phase(
-        "put", [&](int t, std::vector<double>& lat, uint64_t& ops, uint64_t& bytes) -> Status {
-          auto idx = indices(t);
-          OwnBuffers bufs(depth, chunk_bytes, &own_s[t]);
-          for (size_t i = 0; i < idx.size(); i += depth) {
-            size_t n = std::min<size_t>(depth, idx.size() - i);
-            std::vector<kvd::client::PutItem> items(n);
-            auto fill0 = Clock::now();
-            for (size_t j = 0; j < n; ++j) {
-              fill(bufs[j], chunk_bytes, run, idx[i + j]);
-              items[j] = {ChunkHash(run, idx[i + j]), static_cast<int>(tokens), bufs[j],
-                          chunk_bytes};
-            }
-            auto t0 = Clock::now();
-            own_s[t] += std::chrono::duration<double>(t0 - fill0).count();
-            if (in_place) {  // n == 1
-              KVD_RETURN_IF_ERROR(PutInPlace(writer(t), items[0]));
-              lat.push_back(us_since(t0));
-              ++ops;
-              bytes += chunk_bytes;
-              continue;
-            }
-            auto r = put_chunks(t, items);
-            lat.push_back(us_since(t0));
-            if (!r.ok()) return r.status();
-            ops += n;
-            bytes += n * chunk_bytes;
-          }
-          return Status::Ok();
-        }));
-    for (uint64_t b : busy_retries) phases.back().busy_retries += b;
-  }
-
-  if (op != "put" && first_error.ok() && pingpong_floor > 0 &&
-      !PingPongPhases(pingpong_floor, &phases)) {
-    first_error = Status::Internal("the --pingpong-floor ping-pong failed");
-  }
-  if (op != "put" && first_error.ok()) {
-    phases.push_back(run_phase(
-        "lookup", [&](int t, std::vector<double>& lat, uint64_t& ops, uint64_t& bytes) -> Status {
-          auto idx = indices(t);
-          // The chain starts of this thread, in turn, as many as --lookups asks of it (the
-          // threads share the calls: thread t makes lookups / nthreads, one more for t below
-          // the remainder); by default each chain once.
-          std::vector<size_t> starts;
-          for (size_t b = 0; b < idx.size(); b += lookup_chain) starts.push_back(b);
-          const size_t calls =
-              lookups == 0 ? starts.size()
-                           : static_cast<size_t>(lookups / nthreads + (t < lookups % nthreads));
-          for (size_t c = 0; c < calls && !starts.empty(); ++c) {
-            const size_t b = starts[c % starts.size()];
-            size_t nb = std::min<size_t>(lookup_chain, idx.size() - b);
-            std::vector<kvd::Hash128> chain(nb);
-            for (size_t j = 0; j < nb; ++j) chain[j] = ChunkHash(run, idx[b + j]);
-            auto t0 = Clock::now();
-            auto r = clients[t]->Lookup(chain, lookup_options);
-            lat.push_back(us_since(t0));
-            if (!r.ok()) return r.status();
-            if (r->matched_chunks != nb) {
-              return Status::NotFound("chunk " + std::to_string(idx[b + r->matched_chunks]) +
-                                      " missing at lookup (evicted? "
-                                      "the host tier may be smaller than count x chunk bytes)");
-            }
-            ++ops;
-            bytes += r->fetched_chunks * chunk_bytes;
-            KVD_RETURN_IF_ERROR(clients[t]->ReleaseLease(r->lease_id));
-          }
-          return Status::Ok();
-        }));
-  }
-  if (op != "put" && first_error.ok()) {
-    phases.push_back(run_phase(
-        "get", [&](int t, std::vector<double>& lat, uint64_t& ops, uint64_t& bytes) -> Status {
-          // As an engine reads a prompt: one Lookup (one lease) for a run of up to `lookup_batch`
-          // chunks, then Gets of `depth` chunks per call, then one ReleaseLease. The latency is
-          // per Get call; the throughput counts the whole phase (lookups and releases included).
-          auto idx = indices(t);
-          OwnBuffers bufs(depth, chunk_bytes, &own_s[t]);
-          OwnBuffers expect(verify ? 1 : 0, chunk_bytes, &own_s[t]);
-          for (size_t b = 0; b < idx.size(); b += lookup_batch) {
-            size_t nb = std::min<size_t>(lookup_batch, idx.size() - b);
-            std::vector<kvd::Hash128> chain(nb);
-            for (size_t j = 0; j < nb; ++j) chain[j] = ChunkHash(run, idx[b + j]);
-            auto l = clients[t]->Lookup(chain, lookup_options);
-            if (!l.ok()) return l.status();
-            if (l->matched_chunks != nb) {
-              return Status::NotFound("only " + std::to_string(l->matched_chunks) + " of " +
-                                      std::to_string(nb) + " chunks found at get");
-            }
-            for (size_t i = 0; i < nb && in_place; ++i) {
-              auto t0 = Clock::now();
-              auto v = clients[t]->ReadInPlace(l->lease_id, static_cast<uint32_t>(i));
-              if (!v.ok()) return v.status();
-              lat.push_back(us_since(t0));
-              if (verify) {
-                auto v0 = Clock::now();
-                fill(expect[0], chunk_bytes, run, idx[b + i]);
-                if (v->size() != chunk_bytes ||
-                    std::memcmp(expect[0], v->data(), chunk_bytes) != 0) {
-                  return Status::DataLoss("chunk " + std::to_string(idx[b + i]) + " differs");
-                }
-                own_s[t] += std::chrono::duration<double>(Clock::now() - v0).count();
-              }
-              v->Release();  // ends the read with the next request
-              ++ops;
-              bytes += chunk_bytes;
-            }
-            for (size_t i = 0; i < nb && !in_place; i += depth) {
-              size_t n = std::min<size_t>(depth, nb - i);
-              std::vector<kvd::client::GetItem> items(n);
-              for (size_t j = 0; j < n; ++j) {
-                items[j] = {static_cast<uint32_t>(i + j), bufs[j], chunk_bytes};
-              }
-              auto t0 = Clock::now();
-              auto r = clients[t]->GetChunks(l->lease_id, items);
-              lat.push_back(us_since(t0));
-              if (!r.ok()) return r.status();
-              if (verify) {
-                auto v0 = Clock::now();
-                for (size_t j = 0; j < n; ++j) {
-                  fill(expect[0], chunk_bytes, run, idx[b + i + j]);
-                  if (std::memcmp(expect[0], bufs[j], chunk_bytes) != 0) {
-                    return Status::DataLoss("chunk " + std::to_string(idx[b + i + j]) + " differs");
-                  }
-                }
-                own_s[t] += std::chrono::duration<double>(Clock::now() - v0).count();
-              }
-              ops += n;
-              bytes += n * chunk_bytes;
-            }
-            KVD_RETURN_IF_ERROR(clients[t]->ReleaseLease(l->lease_id));
-          }
-          return Status::Ok();
-        }));
-  }
-  const bool shm_used = !clients.empty() && clients[0] && clients[0]->session().shared_memory;
-  clients.clear();
-  put_clients.clear();
-
-  nlohmann::json j = {
-      {"model", model}, {"chunk_bytes", chunk_bytes},        {"tokens", tokens},
-      {"count", count}, {"concurrency", nthreads},           {"depth", depth},
-      {"op", op},       {"ucx_tls", base.transport.ucx_tls}, {"ok", first_error.ok()}};
-  const size_t inline_limit =
-      shm_used ? std::min(base.inline_put_bytes, base.shm_inline_put_bytes) : base.inline_put_bytes;
-  j["shared_memory"] = shm_used;
-  j["in_place"] = in_place;
-  j["inline_put_bytes"] = inline_limit;
-  j["inline_puts"] = chunk_bytes <= inline_limit;
-  j["lookup_chain"] = lookup_chain;
-  j["cluster"] = cluster;
-  if (!put_addr.empty()) j["put_addr"] = put_addr;
-  j["reply_spin_us"] = base.reply_spin_us;
-  if (lookups > 0) j["lookups"] = lookups;
-  if (pingpong_floor > 0) j["pingpong_floor"] = pingpong_floor;
-  if (daemon_pid > 0) j["daemon_pid"] = daemon_pid;
-  if (!first_error.ok()) j["error"] = first_error.ToString();
-  if (warmup > 0) j["warmup_rounds"] = warmup;
-  if (op == "get") {  // the untimed put
-    phases.erase(std::remove_if(phases.begin(), phases.end(),
-                                [](const PhaseResult& p) { return p.name == "put"; }),
-                 phases.end());
-  }
-  PrintPhases(phases, std::move(j), json,
-              "kvd-bench: model " + model + ", " + kvd::tools::HumanBytes(chunk_bytes) +
-                  " chunks (" + std::to_string(tokens) + " tokens), count " +
-                  std::to_string(count) + ", concurrency " + std::to_string(nthreads) + ", depth " +
-                  std::to_string(depth) + ", ucx_tls '" + base.transport.ucx_tls + "'" +
-                  (shm_used ? ", shared memory" : "") + (in_place ? ", in place" : "") +
-                  (chunk_bytes <= inline_limit ? ", inline puts" : ""));
-  if (!first_error.ok()) {
-    std::cerr << "kvd-bench: " << first_error << "\n";
-    return 1;
-  }
-  return 0;
+  return RunAgainstDaemon(app, flags);
 }

@@ -162,52 +162,81 @@ int ExecCalibrate(const std::string& addr, const std::vector<std::string>& rest)
   return kExitDaemonError;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"kvdctl: inspect and manage a running kvd", "kvdctl"};
-  app.fallthrough();  // global options may follow the command
-  app.require_subcommand(1);
-  app.footer(
-      "ADDR: host:port or unix:/path (default $KVD_ADDR, else 127.0.0.1:7400)\n"
-      "over TCP to a daemon with auth.tokens_file, the admin token is read from $KVD_ADMIN_TOKEN\n"
-      "exit codes: 0 ok, 1 daemon error or unhealthy, 2 usage, 3 cannot connect");
+// The command line: the global flags and those of every command (see --help).
+struct CtlFlags {
   std::string addr, client_id;
   int64_t timeout_ms = 0;
   bool json = false;
-  app.add_option("--addr", addr, "daemon address (ADDR)");
-  app.add_flag("--json", json, "print one JSON object");
-  app.add_option("--timeout-ms", timeout_ms, "connect and request timeout")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--client-id", client_id, "name shown in the daemon's logs");
+  bool watch = false;                           // stats
+  std::string ns, model, chunk;                 // ls, evict, calibration, events
+  int64_t limit = 100;                          // ls
+  bool all = false;                             // evict
+  int64_t count = 0, queue = 0;                 // events
+  kvd::tools::ClusterViewOptions cluster_view;  // cluster
+};
 
-  bool watch = false;
+void AddGlobalOptions(CLI::App& app, CtlFlags* f) {
+  app.add_option("--addr", f->addr, "daemon address (ADDR)");
+  app.add_flag("--json", f->json, "print one JSON object");
+  app.add_option("--timeout-ms", f->timeout_ms, "connect and request timeout")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--client-id", f->client_id, "name shown in the daemon's logs");
+}
+
+// stats, ls, evict, health, calibration and calibrate (whose arguments kvd-demo parses).
+void AddDaemonCommands(CLI::App& app, CtlFlags* f) {
   app.add_subcommand("stats", "per tier, per model and per namespace occupancy")
-      ->add_flag("--watch", watch, "redraw every second until interrupted");
-  std::string ns, model, chunk;
-  int64_t limit = 100;
+      ->add_flag("--watch", f->watch, "redraw every second until interrupted");
   CLI::App* ls = app.add_subcommand("ls", "list cached chunks, most recent first");
-  ls->add_option("--namespace", ns, "only this namespace");
-  ls->add_option("--model", model, "only this model");
-  ls->add_option("--limit", limit, "at most this many (default 100; 0 = all)")
+  ls->add_option("--namespace", f->ns, "only this namespace");
+  ls->add_option("--model", f->model, "only this model");
+  ls->add_option("--limit", f->limit, "at most this many (default 100; 0 = all)")
       ->check(CLI::Range(int64_t{0}, int64_t{UINT32_MAX}));
-  bool all = false;
   CLI::App* evict = app.add_subcommand("evict", "evict unpinned chunks (exactly one scope)");
-  evict->add_flag("--all", all, "every chunk");
-  evict->add_option("--namespace", ns, "the chunks of a namespace");
-  evict->add_option("--model", model, "the chunks of a model");
-  evict->add_option("--chunk", chunk, "one chunk (32 hex digits)");
+  evict->add_flag("--all", f->all, "every chunk");
+  evict->add_option("--namespace", f->ns, "the chunks of a namespace");
+  evict->add_option("--model", f->model, "the chunks of a model");
+  evict->add_option("--chunk", f->chunk, "one chunk (32 hex digits)");
   app.add_subcommand("health", "daemon and tier health");
   app.add_subcommand("calibration",
                      "VECTOR calibration per model: tokens seen / needed, state, R^2 per layer "
                      "and KV head, which heads route")
-      ->add_option("--model", model, "only this model (default: every model that routes values)");
+      ->add_option("--model", f->model,
+                   "only this model (default: every model that routes values)");
   app.add_subcommand(
       "calibrate",
       "feed a corpus through the reference engine so that a model's VECTOR calibration completes: "
       "runs `kvd-demo calibrate ARGS` (--model M --model-file GGUF --from FILE [--token-ids] "
       "[--segment-tokens N] [--threads N] [--ucx-tls T] [--net-devices D] [--namespace NS])");
-  // `calibrate`: every argument after it goes to kvd-demo as is (not parsed here).
+}
+
+// events and cluster.
+void AddStreamAndClusterCommands(CLI::App& app, CtlFlags* f) {
+  CLI::App* events = app.add_subcommand(
+      "events", "stream KV cache events (stored / removed / dropped), one line each");
+  events->add_option("--namespace", f->ns, "only this namespace (default: all)");
+  events
+      ->add_option("--count", f->count,
+                   "stop after this many events (default 0: until interrupted)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  events->add_option("--queue", f->queue, "events kvd queues for us before it drops (0 = default)")
+      ->check(CLI::Range(int64_t{0}, int64_t{UINT32_MAX}));
+  CLI::App* cluster = app.add_subcommand(
+      "cluster",
+      "members of a kvd cluster from etcd: health, lease left, registration age, "
+      "occupancy per tier, models");
+  cluster->add_option("--etcd", f->cluster_view.etcd, "etcd endpoints host:port (comma-separated)")
+      ->delimiter(',')
+      ->required();
+  cluster->add_option("--name", f->cluster_view.name, "the cluster's name (cluster.name)")
+      ->required();
+}
+
+// `calibrate`: every argument after it goes to kvd-demo as is (not parsed here). Scans argv for
+// the command; when it is calibrate, replaces kvdctl with kvd-demo and returns only if that
+// cannot run. -1 when the command is another.
+int ForwardCalibrate(int argc, char** argv) {
+  std::string addr;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--addr" || a == "--timeout-ms" || a == "--client-id") {
@@ -223,145 +252,185 @@ int main(int argc, char** argv) {
       return ExecCalibrate(addr, std::vector<std::string>(argv + i + 1, argv + argc));
     }
   }
-  int64_t count = 0, queue = 0;
-  CLI::App* events = app.add_subcommand(
-      "events", "stream KV cache events (stored / removed / dropped), one line each");
-  events->add_option("--namespace", ns, "only this namespace (default: all)");
-  events->add_option("--count", count, "stop after this many events (default 0: until interrupted)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  events->add_option("--queue", queue, "events kvd queues for us before it drops (0 = default)")
-      ->check(CLI::Range(int64_t{0}, int64_t{UINT32_MAX}));
-  kvd::tools::ClusterViewOptions cluster_view;
-  CLI::App* cluster = app.add_subcommand(
-      "cluster", "members of a kvd cluster from etcd: health, lease left, registration age, "
-                 "occupancy per tier, models");
-  cluster->add_option("--etcd", cluster_view.etcd, "etcd endpoints host:port (comma-separated)")
-      ->delimiter(',')
-      ->required();
-  cluster->add_option("--name", cluster_view.name, "the cluster's name (cluster.name)")->required();
-  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
-  const std::string cmd = app.get_subcommands().front()->get_name();
-  if (cmd == "cluster") {
-    cluster_view.json = json;
-    if (timeout_ms > 0) cluster_view.timeout_ms = timeout_ms;
-    if (const char* token = std::getenv("KVD_CLUSTER_TOKEN")) cluster_view.token = token;
-    return kvd::tools::ShowCluster(cluster_view, std::cout, std::cerr);
-  }
+  return -1;
+}
 
+// kvdctl cluster: reads etcd, not a kvd.
+int RunCluster(const CtlFlags& f) {
+  kvd::tools::ClusterViewOptions view = f.cluster_view;
+  view.json = f.json;
+  if (f.timeout_ms > 0) view.timeout_ms = f.timeout_ms;
+  if (const char* token = std::getenv("KVD_CLUSTER_TOKEN")) view.token = token;
+  return kvd::tools::ShowCluster(view, std::cout, std::cerr);
+}
+
+// The admin client's options from the flags and the environment.
+kvd::client::ClientOptions AdminOptions(const CtlFlags& f) {
   kvd::client::ClientOptions o;
   o.role = kvd::client::Role::kAdmin;
   o.connect_timeout_ms = 3000;
-  if (!addr.empty()) {
-    o.address = addr;
+  if (!f.addr.empty()) {
+    o.address = f.addr;
   } else if (const char* env = std::getenv("KVD_ADDR")) {
     o.address = env;
   }
-  if (!client_id.empty()) o.client_id = client_id;
-  if (timeout_ms > 0) o.connect_timeout_ms = o.request_timeout_ms = timeout_ms;
+  if (!f.client_id.empty()) o.client_id = f.client_id;
+  if (f.timeout_ms > 0) o.connect_timeout_ms = o.request_timeout_ms = f.timeout_ms;
   // Over TCP to a daemon with auth.tokens_file: the admin token (from the environment, not
   // argv, where ps would show it).
   if (const char* token = std::getenv("KVD_ADMIN_TOKEN")) o.auth_token = token;
+  return o;
+}
 
-  kvd::client::EvictFilter filter;
-  if (cmd == "evict") {
-    int scopes = all + !ns.empty() + !model.empty() + !chunk.empty();
-    if (scopes != 1)
-      return kvd::cli::UsageError(
-          app, "evict needs exactly one of --all, --namespace, --model, --chunk");
-    if (!ns.empty()) {
-      filter.kind = kvd::client::EvictFilter::Kind::kNamespace;
-      filter.name = ns;
-    } else if (!model.empty()) {
-      filter.kind = kvd::client::EvictFilter::Kind::kModel;
-      filter.name = model;
-    } else if (!chunk.empty()) {
-      filter.kind = kvd::client::EvictFilter::Kind::kChunk;
-      if (!kvd::Hash128::FromHex(chunk, &filter.chunk)) {
-        return kvd::cli::UsageError(app, "--chunk needs 32 hex digits, got '" + chunk + "'");
-      }
+// evict's one scope into `filter`. Empty when all is well, else the usage error.
+std::string EvictScope(const CtlFlags& f, kvd::client::EvictFilter* filter) {
+  int scopes = f.all + !f.ns.empty() + !f.model.empty() + !f.chunk.empty();
+  if (scopes != 1) return "evict needs exactly one of --all, --namespace, --model, --chunk";
+  if (!f.ns.empty()) {
+    filter->kind = kvd::client::EvictFilter::Kind::kNamespace;
+    filter->name = f.ns;
+  } else if (!f.model.empty()) {
+    filter->kind = kvd::client::EvictFilter::Kind::kModel;
+    filter->name = f.model;
+  } else if (!f.chunk.empty()) {
+    filter->kind = kvd::client::EvictFilter::Kind::kChunk;
+    if (!kvd::Hash128::FromHex(f.chunk, &filter->chunk)) {
+      return "--chunk needs 32 hex digits, got '" + f.chunk + "'";
     }
   }
+  return "";
+}
 
-  auto client = kvd::client::Client::Connect(o);
+// --watch: one frame per second (the screen is cleared first on a terminal; with --json one
+// compact object per line) until interrupted or the daemon goes away.
+int RunStats(kvd::client::Client& c, const CtlFlags& f) {
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  for (;;) {
+    auto next = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    auto s = c.GetStats();
+    if (!s.ok()) return Fail(s.status(), f.json, false);
+    if (f.json) {
+      std::cout << kvd::client::StatsToJson(*s, f.watch ? -1 : 2) << std::endl;
+    } else {
+      if (f.watch && tty) std::cout << "\033[H\033[2J";
+      PrintStats(*s);
+      if (f.watch && !tty) std::cout << "--\n";
+      std::cout << std::flush;
+    }
+    if (!f.watch) break;
+    std::this_thread::sleep_until(next);
+  }
+  return kExitOk;
+}
+
+int RunList(kvd::client::Client& c, const CtlFlags& f) {
+  auto l = c.List({f.ns, f.model, static_cast<uint32_t>(f.limit)});
+  if (!l.ok()) return Fail(l.status(), f.json, false);
+  if (f.json)
+    std::cout << kvd::client::ListToJson(*l) << "\n";
+  else
+    PrintList(*l);
+  return kExitOk;
+}
+
+int RunEvict(kvd::client::Client& c, const kvd::client::EvictFilter& filter, bool json) {
+  auto e = c.Evict(filter);
+  if (!e.ok()) return Fail(e.status(), json, false);
+  if (json) {
+    std::cout << kvd::client::EvictToJson(*e) << "\n";
+  } else {
+    std::cout << "evicted " << e->chunks << " chunks (" << HumanBytes(e->bytes) << ")";
+    if (e->skipped_pinned) std::cout << "; " << e->skipped_pinned << " leased chunks kept";
+    std::cout << "\n";
+  }
+  return kExitOk;
+}
+
+int RunCalibration(kvd::client::Client& c, const CtlFlags& f) {
+  auto cal = c.GetCalibration(f.model);
+  if (!cal.ok()) return Fail(cal.status(), f.json, false);
+  if (f.json)
+    std::cout << kvd::client::CalibrationToJson(*cal) << "\n";
+  else
+    PrintCalibration(std::cout, *cal);
+  return kExitOk;
+}
+
+// One line per event (JSON with --json) until interrupted, the daemon goes away, or --count.
+int RunEvents(kvd::client::Client& c, const CtlFlags& f) {
+  auto sub = c.SubscribeEvents({f.ns, static_cast<uint32_t>(f.queue)});
+  if (!sub.ok()) return Fail(sub.status(), f.json, false);
+  int64_t seen = 0;
+  while (f.count == 0 || seen < f.count) {
+    auto batch = c.PollEvents(1000);
+    if (!batch.ok()) return Fail(batch.status(), f.json, false);
+    for (const auto& e : *batch) {
+      std::cout << (f.json ? kvd::client::EventToJson(e) : kvd::client::EventToText(e)) << "\n";
+      if (f.count != 0 && ++seen >= f.count) break;
+    }
+    std::cout << std::flush;
+  }
+  return kExitOk;
+}
+
+int RunHealth(kvd::client::Client& c, bool json) {
+  auto h = c.GetHealth();
+  if (!h.ok()) return Fail(h.status(), json, false);
+  if (json) {
+    std::cout << kvd::client::HealthToJson(*h) << "\n";
+  } else {
+    std::cout << (!h->ok        ? "UNHEALTHY"
+                  : h->degraded ? "DEGRADED"
+                                : "OK")
+              << "  " << h->status << "  uptime " << HumanDuration(h->uptime_ms) << "  transport "
+              << h->transport << "\n";
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& t : h->tiers) rows.push_back({t.name, t.ok ? "ok" : "FAIL", t.detail});
+    if (!rows.empty()) PrintTable(std::cout, {"TIER", "STATE", "DETAIL"}, rows);
+  }
+  return h->ok ? kExitOk : kExitDaemonError;
+}
+
+// The commands that talk to one kvd: connects as admin and runs `cmd`. Returns the exit code.
+int RunDaemonCommand(const CLI::App& app, const std::string& cmd, const CtlFlags& f) {
+  kvd::client::EvictFilter filter;
+  if (cmd == "evict") {
+    if (std::string why = EvictScope(f, &filter); !why.empty()) {
+      return kvd::cli::UsageError(app, why);
+    }
+  }
+  auto client = kvd::client::Client::Connect(AdminOptions(f));
   if (!client.ok()) {
     if (client.status().code() == StatusCode::kInvalidArgument)
       return kvd::cli::UsageError(app, client.status().message());
-    return Fail(client.status(), json, true);
+    return Fail(client.status(), f.json, true);
   }
-  auto& c = *client;
-  if (cmd == "stats") {
-    // --watch: one frame per second (the screen is cleared first on a terminal; with --json one
-    // compact object per line) until interrupted or the daemon goes away.
-    const bool tty = ::isatty(STDOUT_FILENO) == 1;
-    for (;;) {
-      auto next = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      auto s = c->GetStats();
-      if (!s.ok()) return Fail(s.status(), json, false);
-      if (json) {
-        std::cout << kvd::client::StatsToJson(*s, watch ? -1 : 2) << std::endl;
-      } else {
-        if (watch && tty) std::cout << "\033[H\033[2J";
-        PrintStats(*s);
-        if (watch && !tty) std::cout << "--\n";
-        std::cout << std::flush;
-      }
-      if (!watch) break;
-      std::this_thread::sleep_until(next);
-    }
-  } else if (cmd == "ls") {
-    auto l = c->List({ns, model, static_cast<uint32_t>(limit)});
-    if (!l.ok()) return Fail(l.status(), json, false);
-    if (json)
-      std::cout << kvd::client::ListToJson(*l) << "\n";
-    else
-      PrintList(*l);
-  } else if (cmd == "evict") {
-    auto e = c->Evict(filter);
-    if (!e.ok()) return Fail(e.status(), json, false);
-    if (json) {
-      std::cout << kvd::client::EvictToJson(*e) << "\n";
-    } else {
-      std::cout << "evicted " << e->chunks << " chunks (" << HumanBytes(e->bytes) << ")";
-      if (e->skipped_pinned) std::cout << "; " << e->skipped_pinned << " leased chunks kept";
-      std::cout << "\n";
-    }
-  } else if (cmd == "calibration") {
-    auto cal = c->GetCalibration(model);
-    if (!cal.ok()) return Fail(cal.status(), json, false);
-    if (json)
-      std::cout << kvd::client::CalibrationToJson(*cal) << "\n";
-    else
-      PrintCalibration(std::cout, *cal);
-  } else if (cmd == "events") {
-    // One line per event (JSON with --json) until interrupted, the daemon goes away, or --count.
-    auto sub = c->SubscribeEvents({ns, static_cast<uint32_t>(queue)});
-    if (!sub.ok()) return Fail(sub.status(), json, false);
-    int64_t seen = 0;
-    while (count == 0 || seen < count) {
-      auto batch = c->PollEvents(1000);
-      if (!batch.ok()) return Fail(batch.status(), json, false);
-      for (const auto& e : *batch) {
-        std::cout << (json ? kvd::client::EventToJson(e) : kvd::client::EventToText(e)) << "\n";
-        if (count != 0 && ++seen >= count) break;
-      }
-      std::cout << std::flush;
-    }
-  } else {  // health
-    auto h = c->GetHealth();
-    if (!h.ok()) return Fail(h.status(), json, false);
-    if (json) {
-      std::cout << kvd::client::HealthToJson(*h) << "\n";
-    } else {
-      std::cout << (!h->ok        ? "UNHEALTHY"
-                    : h->degraded ? "DEGRADED"
-                                  : "OK")
-                << "  " << h->status << "  uptime " << HumanDuration(h->uptime_ms) << "  transport "
-                << h->transport << "\n";
-      std::vector<std::vector<std::string>> rows;
-      for (const auto& t : h->tiers) rows.push_back({t.name, t.ok ? "ok" : "FAIL", t.detail});
-      if (!rows.empty()) PrintTable(std::cout, {"TIER", "STATE", "DETAIL"}, rows);
-    }
-    if (!h->ok) return kExitDaemonError;
-  }
-  return kExitOk;
+  kvd::client::Client& c = **client;
+  if (cmd == "stats") return RunStats(c, f);
+  if (cmd == "ls") return RunList(c, f);
+  if (cmd == "evict") return RunEvict(c, filter, f.json);
+  if (cmd == "calibration") return RunCalibration(c, f);
+  if (cmd == "events") return RunEvents(c, f);
+  return RunHealth(c, f.json);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvdctl: inspect and manage a running kvd", "kvdctl"};
+  app.fallthrough();  // global options may follow the command
+  app.require_subcommand(1);
+  app.footer(
+      "ADDR: host:port or unix:/path (default $KVD_ADDR, else 127.0.0.1:7400)\n"
+      "over TCP to a daemon with auth.tokens_file, the admin token is read from $KVD_ADMIN_TOKEN\n"
+      "exit codes: 0 ok, 1 daemon error or unhealthy, 2 usage, 3 cannot connect");
+  CtlFlags flags;
+  AddGlobalOptions(app, &flags);
+  AddDaemonCommands(app, &flags);
+  AddStreamAndClusterCommands(app, &flags);
+  if (int rc = ForwardCalibrate(argc, argv); rc >= 0) return rc;
+  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
+  const std::string cmd = app.get_subcommands().front()->get_name();
+  if (cmd == "cluster") return RunCluster(flags);
+  return RunDaemonCommand(app, cmd, flags);
 }

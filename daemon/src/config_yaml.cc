@@ -449,13 +449,162 @@ Status BindTransport(const YAML::Node& n, transport::TransportOptions* t) {
   return transport::BindTransportOptions(section, t);
 }
 
+// tiers.gpu: present and not null makes a GPU tier.
+Status BindGpuTier(const YAML::Node& g, DaemonConfig* c) {
+  KVD_RETURN_IF_ERROR(
+      CheckMap(g, "tiers.gpu", {"capacity", "device", "alignment", "verify_checksums"}));
+  storage::GpuTierOptions gpu;
+  KVD_RETURN_IF_ERROR(GetBytes(g, "tiers.gpu", "capacity", &gpu.capacity_bytes));
+  if (gpu.capacity_bytes == 0) return Status::InvalidArgument("tiers.gpu.capacity: required");
+  KVD_RETURN_IF_ERROR(GetBytes(g, "tiers.gpu", "alignment", &gpu.alignment));
+  KVD_RETURN_IF_ERROR(GetBool(g, "tiers.gpu", "verify_checksums", &gpu.verify_checksums));
+  KVD_RETURN_IF_ERROR(GetInt(g, "tiers.gpu", "device", &c->gpu_device, 0, 1023));
+  c->gpu_tier = gpu;
+  return Status::Ok();
+}
+
+// tiers.disk: present and not null makes a disk tier; on_error sets the placement's policy.
+Status BindDiskTier(const YAML::Node& d, DaemonConfig* c) {
+  KVD_RETURN_IF_ERROR(CheckMap(d, "tiers.disk",
+                               {"path", "capacity", "use_wal", "sync_writes", "verify_checksums",
+                                "block_cache", "on_error"}));
+  storage::DiskTierOptions disk;
+  KVD_RETURN_IF_ERROR(GetString(d, "tiers.disk", "path", &disk.path));
+  if (disk.path.empty()) return Status::InvalidArgument("tiers.disk.path: required");
+  KVD_RETURN_IF_ERROR(GetBytes(d, "tiers.disk", "capacity", &disk.capacity_bytes));
+  KVD_RETURN_IF_ERROR(GetBool(d, "tiers.disk", "use_wal", &disk.use_wal));
+  KVD_RETURN_IF_ERROR(GetBool(d, "tiers.disk", "sync_writes", &disk.sync_writes));
+  KVD_RETURN_IF_ERROR(GetBool(d, "tiers.disk", "verify_checksums", &disk.verify_checksums));
+  KVD_RETURN_IF_ERROR(GetBytes(d, "tiers.disk", "block_cache", &disk.block_cache_bytes));
+  std::string on_error = "keep_in_host";
+  KVD_RETURN_IF_ERROR(GetString(d, "tiers.disk", "on_error", &on_error));
+  if (on_error == "keep_in_host") {
+    c->placement.on_disk_error = storage::TierManagerOptions::OnDiskError::kKeepInHost;
+  } else if (on_error == "fail_puts") {
+    c->placement.on_disk_error = storage::TierManagerOptions::OnDiskError::kFailPuts;
+  } else {
+    return Status::InvalidArgument("tiers.disk.on_error: \"" + on_error +
+                                   "\" is not keep_in_host or fail_puts");
+  }
+  c->disk_tier = std::move(disk);
+  return Status::Ok();
+}
+
+Status BindPlacement(const YAML::Node& p, DaemonConfig* c) {
+  KVD_RETURN_IF_ERROR(
+      CheckMap(p, "tiers.placement", {"high_watermark", "low_watermark", "promote_on_hit"}));
+  KVD_RETURN_IF_ERROR(
+      GetDouble(p, "tiers.placement", "high_watermark", &c->placement.high_watermark));
+  KVD_RETURN_IF_ERROR(
+      GetDouble(p, "tiers.placement", "low_watermark", &c->placement.low_watermark));
+  KVD_RETURN_IF_ERROR(
+      GetBool(p, "tiers.placement", "promote_on_hit", &c->placement.promote_on_hit));
+  return Status::Ok();
+}
+
+Status BindHostTier(const YAML::Node& h, DaemonConfig* c) {
+  KVD_RETURN_IF_ERROR(CheckMap(h, "tiers.host",
+                               {"capacity", "alignment", "read_ttl_ms", "prefault", "shared_memory",
+                                "segment", "verify_shm_commits"}));
+  KVD_RETURN_IF_ERROR(GetBool(h, "tiers.host", "shared_memory", &c->host_shared_memory));
+  KVD_RETURN_IF_ERROR(GetBytes(h, "tiers.host", "segment", &c->host_tier.segment_bytes));
+  KVD_RETURN_IF_ERROR(GetBool(h, "tiers.host", "prefault", &c->host_prefault));
+  KVD_RETURN_IF_ERROR(GetBool(h, "tiers.host", "verify_shm_commits", &c->host_verify_shm_commits));
+  KVD_RETURN_IF_ERROR(GetBytes(h, "tiers.host", "capacity", &c->host_tier.capacity_bytes));
+  KVD_RETURN_IF_ERROR(GetBytes(h, "tiers.host", "alignment", &c->host_tier.alignment));
+  int64_t read_ttl = c->host_tier.read_ttl.count();
+  KVD_RETURN_IF_ERROR(GetInt(h, "tiers.host", "read_ttl_ms", &read_ttl, 1, 86400000));
+  c->host_tier.read_ttl = std::chrono::milliseconds(read_ttl);
+  return Status::Ok();
+}
+
+// tiers: the host tier, the optional GPU and disk tiers, and placement between them.
+Status BindTiers(const YAML::Node& n, DaemonConfig* c) {
+  KVD_RETURN_IF_ERROR(
+      CheckMap(n, "tiers", {"host", "disk", "gpu", "placement", "allow_overcommit"}));
+  KVD_RETURN_IF_ERROR(GetBool(n, "tiers", "allow_overcommit", &c->allow_overcommit));
+  if (YAML::Node g = n["gpu"]; g.IsDefined() && !g.IsNull()) {
+    KVD_RETURN_IF_ERROR(BindGpuTier(g, c));
+  }
+  if (YAML::Node d = n["disk"]; d.IsDefined() && !d.IsNull()) {
+    KVD_RETURN_IF_ERROR(BindDiskTier(d, c));
+  }
+  if (YAML::Node p = n["placement"]; p.IsDefined()) {
+    KVD_RETURN_IF_ERROR(BindPlacement(p, c));
+  }
+  if (YAML::Node h = n["host"]; h.IsDefined()) {
+    KVD_RETURN_IF_ERROR(BindHostTier(h, c));
+  }
+  return Status::Ok();
+}
+
+Status BindAuth(const YAML::Node& n, DaemonConfig* c) {
+  KVD_RETURN_IF_ERROR(CheckMap(n, "auth", {"tokens_file", "allow_unauthenticated"}));
+  KVD_RETURN_IF_ERROR(GetString(n, "auth", "tokens_file", &c->auth.tokens_file));
+  KVD_RETURN_IF_ERROR(GetBool(n, "auth", "allow_unauthenticated", &c->auth.allow_unauthenticated));
+  return Status::Ok();
+}
+
+Status BindProtocol(const YAML::Node& n, DaemonConfig* c) {
+  KVD_RETURN_IF_ERROR(CheckMap(
+      n, "protocol",
+      {"releases_on_requests", "inline_put", "lease_releases_on_requests", "reserve_ahead"}));
+  KVD_RETURN_IF_ERROR(GetBool(n, "protocol", "lease_releases_on_requests",
+                              &c->protocol.lease_releases_on_requests));
+  KVD_RETURN_IF_ERROR(
+      GetBool(n, "protocol", "releases_on_requests", &c->protocol.releases_on_requests));
+  KVD_RETURN_IF_ERROR(GetBool(n, "protocol", "inline_put", &c->protocol.inline_put));
+  KVD_RETURN_IF_ERROR(GetBool(n, "protocol", "reserve_ahead", &c->protocol.reserve_ahead));
+  return Status::Ok();
+}
+
+Status BindLimits(const YAML::Node& n, DaemonConfig* c) {
+  KVD_RETURN_IF_ERROR(CheckMap(
+      n, "limits",
+      {"max_frame_bytes", "max_chunk_bytes", "reservation_ttl_ms", "lease_ttl_ms",
+       "transfer_timeout_ms", "max_sessions", "max_inflight_per_session", "max_lease_ttl_ms",
+       "max_leases_per_session", "max_chain_chunks", "handshake_timeout_ms", "frame_timeout_ms",
+       "max_sessions_per_peer", "admin_reserve_sessions", "max_frame_bytes_before_hello",
+       "frame_buffer_budget_bytes", "unauthenticated_share", "unauthenticated_grace_ms",
+       "idle_timeout_ms"}));
+  auto& l = c->limits;
+  KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_frame_bytes", &l.max_frame_bytes));
+  KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_chunk_bytes", &l.max_chunk_bytes));
+  constexpr int64_t kDay = 86400000;
+  KVD_RETURN_IF_ERROR(GetInt(n, "limits", "reservation_ttl_ms", &l.reservation_ttl_ms, 1, kDay));
+  KVD_RETURN_IF_ERROR(GetInt(n, "limits", "lease_ttl_ms", &l.lease_ttl_ms, 1, kDay));
+  KVD_RETURN_IF_ERROR(GetInt(n, "limits", "transfer_timeout_ms", &l.transfer_timeout_ms, 1, kDay));
+  KVD_RETURN_IF_ERROR(GetInt(n, "limits", "max_sessions", &l.max_sessions, 1, 1 << 20));
+  KVD_RETURN_IF_ERROR(
+      GetInt(n, "limits", "max_inflight_per_session", &l.max_inflight_per_session, 1, 1 << 16));
+  KVD_RETURN_IF_ERROR(GetInt(n, "limits", "max_lease_ttl_ms", &l.max_lease_ttl_ms, 1, kDay));
+  KVD_RETURN_IF_ERROR(
+      GetInt(n, "limits", "max_leases_per_session", &l.max_leases_per_session, 1, 1 << 24));
+  KVD_RETURN_IF_ERROR(GetInt(n, "limits", "max_chain_chunks", &l.max_chain_chunks, 1, 1 << 24));
+  KVD_RETURN_IF_ERROR(
+      GetInt(n, "limits", "handshake_timeout_ms", &l.handshake_timeout_ms, 1, kDay));
+  KVD_RETURN_IF_ERROR(GetInt(n, "limits", "frame_timeout_ms", &l.frame_timeout_ms, 1, kDay));
+  KVD_RETURN_IF_ERROR(
+      GetInt(n, "limits", "max_sessions_per_peer", &l.max_sessions_per_peer, 1, 1 << 20));
+  KVD_RETURN_IF_ERROR(
+      GetInt(n, "limits", "admin_reserve_sessions", &l.admin_reserve_sessions, 0, 1 << 16));
+  KVD_RETURN_IF_ERROR(
+      GetBytes(n, "limits", "max_frame_bytes_before_hello", &l.max_frame_bytes_before_hello));
+  KVD_RETURN_IF_ERROR(
+      GetBytes(n, "limits", "frame_buffer_budget_bytes", &l.frame_buffer_budget_bytes));
+  KVD_RETURN_IF_ERROR(GetDouble(n, "limits", "unauthenticated_share", &l.unauthenticated_share));
+  KVD_RETURN_IF_ERROR(
+      GetInt(n, "limits", "unauthenticated_grace_ms", &l.unauthenticated_grace_ms, 0, kDay));
+  KVD_RETURN_IF_ERROR(GetInt(n, "limits", "idle_timeout_ms", &l.idle_timeout_ms, 0, kDay));
+  return Status::Ok();
+}
+
 Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
   if (root.IsNull() || !root.IsDefined()) return Status::Ok();  // an empty file: all defaults
-  KVD_RETURN_IF_ERROR(
-      CheckMap(root, "",
-               {"node", "listen", "metrics", "transport", "chunk_tokens", "hash_seed", "models",
-                "tiers", "limits", "auth", "quotas", "state_dir", "protocol", "cluster",
-                "kv_events"}));
+  KVD_RETURN_IF_ERROR(CheckMap(
+      root, "",
+      {"node", "listen", "metrics", "transport", "chunk_tokens", "hash_seed", "models", "tiers",
+       "limits", "auth", "quotas", "state_dir", "protocol", "cluster", "kv_events"}));
   KVD_RETURN_IF_ERROR(GetString(root, "", "state_dir", &c->state_dir));
   KVD_RETURN_IF_ERROR(GetString(root, "", "node", &c->node_name));
   if (YAML::Node n = root["listen"]; n.IsDefined()) {
@@ -476,75 +625,10 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     KVD_RETURN_IF_ERROR(BindModels(n, &c->models));
   }
   if (YAML::Node n = root["tiers"]; n.IsDefined()) {
-    KVD_RETURN_IF_ERROR(
-        CheckMap(n, "tiers", {"host", "disk", "gpu", "placement", "allow_overcommit"}));
-    KVD_RETURN_IF_ERROR(GetBool(n, "tiers", "allow_overcommit", &c->allow_overcommit));
-    if (YAML::Node g = n["gpu"]; g.IsDefined() && !g.IsNull()) {
-      KVD_RETURN_IF_ERROR(
-          CheckMap(g, "tiers.gpu", {"capacity", "device", "alignment", "verify_checksums"}));
-      storage::GpuTierOptions gpu;
-      KVD_RETURN_IF_ERROR(GetBytes(g, "tiers.gpu", "capacity", &gpu.capacity_bytes));
-      if (gpu.capacity_bytes == 0) return Status::InvalidArgument("tiers.gpu.capacity: required");
-      KVD_RETURN_IF_ERROR(GetBytes(g, "tiers.gpu", "alignment", &gpu.alignment));
-      KVD_RETURN_IF_ERROR(GetBool(g, "tiers.gpu", "verify_checksums", &gpu.verify_checksums));
-      KVD_RETURN_IF_ERROR(GetInt(g, "tiers.gpu", "device", &c->gpu_device, 0, 1023));
-      c->gpu_tier = gpu;
-    }
-    if (YAML::Node d = n["disk"]; d.IsDefined() && !d.IsNull()) {
-      KVD_RETURN_IF_ERROR(CheckMap(d, "tiers.disk",
-                                   {"path", "capacity", "use_wal", "sync_writes",
-                                    "verify_checksums", "block_cache", "on_error"}));
-      storage::DiskTierOptions disk;
-      KVD_RETURN_IF_ERROR(GetString(d, "tiers.disk", "path", &disk.path));
-      if (disk.path.empty()) return Status::InvalidArgument("tiers.disk.path: required");
-      KVD_RETURN_IF_ERROR(GetBytes(d, "tiers.disk", "capacity", &disk.capacity_bytes));
-      KVD_RETURN_IF_ERROR(GetBool(d, "tiers.disk", "use_wal", &disk.use_wal));
-      KVD_RETURN_IF_ERROR(GetBool(d, "tiers.disk", "sync_writes", &disk.sync_writes));
-      KVD_RETURN_IF_ERROR(GetBool(d, "tiers.disk", "verify_checksums", &disk.verify_checksums));
-      KVD_RETURN_IF_ERROR(GetBytes(d, "tiers.disk", "block_cache", &disk.block_cache_bytes));
-      std::string on_error = "keep_in_host";
-      KVD_RETURN_IF_ERROR(GetString(d, "tiers.disk", "on_error", &on_error));
-      if (on_error == "keep_in_host") {
-        c->placement.on_disk_error = storage::TierManagerOptions::OnDiskError::kKeepInHost;
-      } else if (on_error == "fail_puts") {
-        c->placement.on_disk_error = storage::TierManagerOptions::OnDiskError::kFailPuts;
-      } else {
-        return Status::InvalidArgument("tiers.disk.on_error: \"" + on_error +
-                                       "\" is not keep_in_host or fail_puts");
-      }
-      c->disk_tier = std::move(disk);
-    }
-    if (YAML::Node p = n["placement"]; p.IsDefined()) {
-      KVD_RETURN_IF_ERROR(
-          CheckMap(p, "tiers.placement", {"high_watermark", "low_watermark", "promote_on_hit"}));
-      KVD_RETURN_IF_ERROR(
-          GetDouble(p, "tiers.placement", "high_watermark", &c->placement.high_watermark));
-      KVD_RETURN_IF_ERROR(
-          GetDouble(p, "tiers.placement", "low_watermark", &c->placement.low_watermark));
-      KVD_RETURN_IF_ERROR(
-          GetBool(p, "tiers.placement", "promote_on_hit", &c->placement.promote_on_hit));
-    }
-    if (YAML::Node h = n["host"]; h.IsDefined()) {
-      KVD_RETURN_IF_ERROR(CheckMap(h, "tiers.host",
-                                   {"capacity", "alignment", "read_ttl_ms", "prefault",
-                                    "shared_memory", "segment", "verify_shm_commits"}));
-      KVD_RETURN_IF_ERROR(GetBool(h, "tiers.host", "shared_memory", &c->host_shared_memory));
-      KVD_RETURN_IF_ERROR(GetBytes(h, "tiers.host", "segment", &c->host_tier.segment_bytes));
-      KVD_RETURN_IF_ERROR(GetBool(h, "tiers.host", "prefault", &c->host_prefault));
-      KVD_RETURN_IF_ERROR(
-          GetBool(h, "tiers.host", "verify_shm_commits", &c->host_verify_shm_commits));
-      KVD_RETURN_IF_ERROR(GetBytes(h, "tiers.host", "capacity", &c->host_tier.capacity_bytes));
-      KVD_RETURN_IF_ERROR(GetBytes(h, "tiers.host", "alignment", &c->host_tier.alignment));
-      int64_t read_ttl = c->host_tier.read_ttl.count();
-      KVD_RETURN_IF_ERROR(GetInt(h, "tiers.host", "read_ttl_ms", &read_ttl, 1, 86400000));
-      c->host_tier.read_ttl = std::chrono::milliseconds(read_ttl);
-    }
+    KVD_RETURN_IF_ERROR(BindTiers(n, c));
   }
   if (YAML::Node n = root["auth"]; n.IsDefined()) {
-    KVD_RETURN_IF_ERROR(CheckMap(n, "auth", {"tokens_file", "allow_unauthenticated"}));
-    KVD_RETURN_IF_ERROR(GetString(n, "auth", "tokens_file", &c->auth.tokens_file));
-    KVD_RETURN_IF_ERROR(
-        GetBool(n, "auth", "allow_unauthenticated", &c->auth.allow_unauthenticated));
+    KVD_RETURN_IF_ERROR(BindAuth(n, c));
   }
   if (YAML::Node n = root["cluster"]; n.IsDefined() && !n.IsNull()) {
     cluster::MembershipOptions cluster;
@@ -560,55 +644,10 @@ Status BindDocument(const YAML::Node& root, DaemonConfig* c) {
     KVD_RETURN_IF_ERROR(BindQuotas(n, &c->quotas));
   }
   if (YAML::Node n = root["protocol"]; n.IsDefined()) {
-    KVD_RETURN_IF_ERROR(CheckMap(
-        n, "protocol",
-        {"releases_on_requests", "inline_put", "lease_releases_on_requests", "reserve_ahead"}));
-    KVD_RETURN_IF_ERROR(GetBool(n, "protocol", "lease_releases_on_requests",
-                                &c->protocol.lease_releases_on_requests));
-    KVD_RETURN_IF_ERROR(
-        GetBool(n, "protocol", "releases_on_requests", &c->protocol.releases_on_requests));
-    KVD_RETURN_IF_ERROR(GetBool(n, "protocol", "inline_put", &c->protocol.inline_put));
-    KVD_RETURN_IF_ERROR(GetBool(n, "protocol", "reserve_ahead", &c->protocol.reserve_ahead));
+    KVD_RETURN_IF_ERROR(BindProtocol(n, c));
   }
   if (YAML::Node n = root["limits"]; n.IsDefined()) {
-    KVD_RETURN_IF_ERROR(CheckMap(
-        n, "limits",
-        {"max_frame_bytes", "max_chunk_bytes", "reservation_ttl_ms", "lease_ttl_ms",
-         "transfer_timeout_ms", "max_sessions", "max_inflight_per_session", "max_lease_ttl_ms",
-         "max_leases_per_session", "max_chain_chunks", "handshake_timeout_ms", "frame_timeout_ms",
-         "max_sessions_per_peer", "admin_reserve_sessions", "max_frame_bytes_before_hello",
-         "frame_buffer_budget_bytes", "unauthenticated_share", "unauthenticated_grace_ms",
-         "idle_timeout_ms"}));
-    auto& l = c->limits;
-    KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_frame_bytes", &l.max_frame_bytes));
-    KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_chunk_bytes", &l.max_chunk_bytes));
-    constexpr int64_t kDay = 86400000;
-    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "reservation_ttl_ms", &l.reservation_ttl_ms, 1, kDay));
-    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "lease_ttl_ms", &l.lease_ttl_ms, 1, kDay));
-    KVD_RETURN_IF_ERROR(
-        GetInt(n, "limits", "transfer_timeout_ms", &l.transfer_timeout_ms, 1, kDay));
-    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "max_sessions", &l.max_sessions, 1, 1 << 20));
-    KVD_RETURN_IF_ERROR(
-        GetInt(n, "limits", "max_inflight_per_session", &l.max_inflight_per_session, 1, 1 << 16));
-    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "max_lease_ttl_ms", &l.max_lease_ttl_ms, 1, kDay));
-    KVD_RETURN_IF_ERROR(
-        GetInt(n, "limits", "max_leases_per_session", &l.max_leases_per_session, 1, 1 << 24));
-    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "max_chain_chunks", &l.max_chain_chunks, 1, 1 << 24));
-    KVD_RETURN_IF_ERROR(
-        GetInt(n, "limits", "handshake_timeout_ms", &l.handshake_timeout_ms, 1, kDay));
-    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "frame_timeout_ms", &l.frame_timeout_ms, 1, kDay));
-    KVD_RETURN_IF_ERROR(
-        GetInt(n, "limits", "max_sessions_per_peer", &l.max_sessions_per_peer, 1, 1 << 20));
-    KVD_RETURN_IF_ERROR(
-        GetInt(n, "limits", "admin_reserve_sessions", &l.admin_reserve_sessions, 0, 1 << 16));
-    KVD_RETURN_IF_ERROR(GetBytes(n, "limits", "max_frame_bytes_before_hello",
-                                 &l.max_frame_bytes_before_hello));
-    KVD_RETURN_IF_ERROR(
-        GetBytes(n, "limits", "frame_buffer_budget_bytes", &l.frame_buffer_budget_bytes));
-    KVD_RETURN_IF_ERROR(GetDouble(n, "limits", "unauthenticated_share", &l.unauthenticated_share));
-    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "unauthenticated_grace_ms",
-                               &l.unauthenticated_grace_ms, 0, kDay));
-    KVD_RETURN_IF_ERROR(GetInt(n, "limits", "idle_timeout_ms", &l.idle_timeout_ms, 0, kDay));
+    KVD_RETURN_IF_ERROR(BindLimits(n, c));
   }
   return Status::Ok();
 }

@@ -78,61 +78,66 @@ bool WriteReadyFile(const std::string& path, const std::string& content) {
   return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CatchEarlySignals();
-  CLI::App app{"kvd: the KV-cache daemon", "kvd"};
-  app.footer("exit codes: 0 clean shutdown, 1 cannot start, 2 bad command line or config");
+// The command line (see --help); the has_* fields say whether an override flag was given.
+struct DaemonFlags {
   std::string config_path, listen, unix_path, node, ready_file, log_format, log_level;
   bool print_default = false;
-  app.add_option("--config", config_path,
+  CLI::Option* listen_opt = nullptr;
+  CLI::Option* unix_opt = nullptr;
+  CLI::Option* node_opt = nullptr;
+};
+
+void AddDaemonOptions(CLI::App& app, DaemonFlags* f) {
+  app.add_option("--config", f->config_path,
                  "topology YAML (default: the embedded default, see --print-default-config)");
-  auto* listen_opt = app.add_option(
-      "--listen", listen,
+  f->listen_opt = app.add_option(
+      "--listen", f->listen,
       "TCP listen address HOST:PORT (overrides listen.tcp; port 0 = ephemeral; none disables)");
-  auto* unix_opt = app.add_option("--unix", unix_path,
-                                  "unix-socket path (overrides listen.unix; auto, or none)");
-  auto* node_opt = app.add_option("--node", node, "node name (overrides node)");
-  app.add_option("--ready-file", ready_file,
+  f->unix_opt = app.add_option("--unix", f->unix_path,
+                               "unix-socket path (overrides listen.unix; auto, or none)");
+  f->node_opt = app.add_option("--node", f->node, "node name (overrides node)");
+  app.add_option("--ready-file", f->ready_file,
                  "once listening, write {\"tcp\",\"unix\",\"metrics\",\"pid\"} JSON here");
-  app.add_option("--log-format", log_format, "log record format (default text; env KVD_LOG_FORMAT)")
+  app.add_option("--log-format", f->log_format,
+                 "log record format (default text; env KVD_LOG_FORMAT)")
       ->check(CLI::IsMember({"text", "json"}));
-  app.add_option("--log-level", log_level,
+  app.add_option("--log-level", f->log_level,
                  "debug, info, warning, error (default info; env "
                  "KVD_LOG_LEVEL)")
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
-  app.add_flag("--print-default-config", print_default,
+  app.add_flag("--print-default-config", f->print_default,
                "print the embedded default topology and exit");
-  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
-  if (print_default) {
-    std::cout << kvd::daemon::EmbeddedDefaultConfigYaml();
-    return 0;
+}
+
+// --log-format and --log-level, when given.
+void ApplyLogFlags(const DaemonFlags& f) {
+  if (!f.log_format.empty()) {
+    kvd::SetLogFormat(f.log_format == "json" ? kvd::LogFormat::kJson : kvd::LogFormat::kText);
   }
-  if (!log_format.empty()) {
-    kvd::SetLogFormat(log_format == "json" ? kvd::LogFormat::kJson : kvd::LogFormat::kText);
-  }
-  if (!log_level.empty()) {
+  if (!f.log_level.empty()) {
     kvd::LogLevel level;
-    kvd::ParseLogLevel(log_level, &level);  // IsMember above admits only valid levels
+    kvd::ParseLogLevel(f.log_level, &level);  // IsMember admits only valid levels
     kvd::SetLogLevel(level);
   }
-  const bool has_listen = listen_opt->count() > 0, has_unix = unix_opt->count() > 0,
-             has_node = node_opt->count() > 0;
+}
 
-  auto config = config_path.empty()
+// The topology (--config, else the embedded default) with the flags' overrides, validated and
+// held against this machine's resources. -1 when it is fit to start, else the exit code (the
+// message printed).
+int LoadConfig(const DaemonFlags& f, kvd::daemon::DaemonConfig* out) {
+  auto config = f.config_path.empty()
                     ? kvd::daemon::ParseConfigYaml(kvd::daemon::EmbeddedDefaultConfigYaml(),
                                                    "embedded default config")
-                    : kvd::daemon::LoadConfigFile(config_path);
+                    : kvd::daemon::LoadConfigFile(f.config_path);
   if (!config.ok()) {
     std::cerr << "kvd: " << config.status().message() << "\n";
     return kExitUsage;
   }
-  if (has_listen) config->listen.tcp = listen == "none" ? "" : listen;
-  if (has_unix) config->listen.unix_path = unix_path == "none" ? "" : unix_path;
-  if (has_node) config->node_name = node;
-  if (!config_path.empty()) {
-    config->config_dir = std::filesystem::absolute(config_path).parent_path().string();
+  if (f.listen_opt->count() > 0) config->listen.tcp = f.listen == "none" ? "" : f.listen;
+  if (f.unix_opt->count() > 0) config->listen.unix_path = f.unix_path == "none" ? "" : f.unix_path;
+  if (f.node_opt->count() > 0) config->node_name = f.node;
+  if (!f.config_path.empty()) {
+    config->config_dir = std::filesystem::absolute(f.config_path).parent_path().string();
   }
   if (kvd::Status s = config->Validate(); !s.ok()) {
     std::cerr << "kvd: " << s.message() << "\n";
@@ -147,32 +152,59 @@ int main(int argc, char** argv) {
     KVD_LOG(WARNING) << "starting over this machine's capacity (tiers.allow_overcommit)"
                      << kvd::Kv("problem", s.message());
   }
-
   // compression.device: cuda that this process cannot honour is a configuration error.
   if (kvd::Status s = kvd::daemon::CheckIngestDevices(*config); !s.ok()) {
     std::cerr << "kvd: " << s.message() << "\n";
     return kExitUsage;
   }
+  *out = std::move(config).value();
+  return -1;
+}
 
+// Fault-injection seam for the tests of a signal during start-up (KVD_TEST_STARTUP_PAUSE_MS):
+// the arena and the transport exist, the listeners do not yet. A signal ends the pause early. It
+// is polled: the signal may be handled on any thread (UCX's and the pool's exist by now), so this
+// thread's sleep is not always the one it interrupts.
+void PauseStartupForTests() {
+  const char* pause = std::getenv("KVD_TEST_STARTUP_PAUSE_MS");
+  if (pause == nullptr) return;
+  KVD_LOG(INFO) << "start-up paused (KVD_TEST_STARTUP_PAUSE_MS)" << kvd::Kv("ms", pause);
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(std::strtol(pause, nullptr, 10));
+  while (g_early_signal == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// --ready-file's content: the addresses kvd listens on and its pid.
+std::string ReadyJson(const kvd::daemon::Server& server) {
+  return "{\"tcp\":\"" + JsonEscape(server.tcp_address()) + "\",\"unix\":\"" +
+         JsonEscape(server.unix_path()) + "\",\"metrics\":\"" +
+         JsonEscape(server.metrics_address()) + "\",\"pid\":" + std::to_string(::getpid()) + "}\n";
+}
+
+void LogReady(kvd::daemon::Server& server, const kvd::daemon::DaemonConfig& config) {
+  const auto& host = server.config().host_tier;
+  KVD_LOG(INFO) << "kvd ready" << kvd::Kv("node", config.node_name)
+                << kvd::Kv("tcp", server.tcp_address()) << kvd::Kv("unix", server.unix_path())
+                << kvd::Kv("metrics", server.metrics_address())
+                << kvd::Kv("transport", server.transport()->capabilities().backend)
+                << kvd::Kv("host_capacity", kvd::daemon::FormatByteSize(host.capacity_bytes))
+                << kvd::Kv("models", config.models.size())
+                << kvd::Kv("chunk_tokens", config.chunk_tokens);
+}
+
+// Creates and starts the server, announces it (--ready-file, the log) and serves until a signal.
+// Returns the exit code.
+int Serve(const kvd::daemon::DaemonConfig& config, const std::string& ready_file) {
   kvd::daemon::ServerDeps deps;
   deps.handle_signals = true;
-  auto server = kvd::daemon::Server::Create(*config, std::move(deps));
+  auto server = kvd::daemon::Server::Create(config, std::move(deps));
   if (!server.ok()) {
     KVD_LOG(ERROR) << "kvd cannot start" << kvd::Kv("status", server.status());
     return kExitRuntime;
   }
-  if (const char* pause = std::getenv("KVD_TEST_STARTUP_PAUSE_MS"); pause != nullptr) {
-    // Fault-injection seam for the tests of a signal during start-up: the arena and the
-    // transport exist, the listeners do not yet. A signal ends the pause early. It is polled:
-    // the signal may be handled on any thread (UCX's and the pool's exist by now), so this
-    // thread's sleep is not always the one it interrupts.
-    KVD_LOG(INFO) << "start-up paused (KVD_TEST_STARTUP_PAUSE_MS)" << kvd::Kv("ms", pause);
-    const auto until = std::chrono::steady_clock::now() +
-                       std::chrono::milliseconds(std::strtol(pause, nullptr, 10));
-    while (g_early_signal == 0 && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  }
+  PauseStartupForTests();
   if (kvd::Status s = (*server)->Start(); !s.ok()) {
     KVD_LOG(ERROR) << "kvd cannot listen" << kvd::Kv("status", s);
     return kExitRuntime;
@@ -187,28 +219,33 @@ int main(int argc, char** argv) {
     KVD_LOG(INFO) << "kvd stopped";
     return 0;
   }
-  const std::string tcp = (*server)->tcp_address();
-  const std::string unix_socket = (*server)->unix_path();
-  if (!ready_file.empty()) {
-    std::string json = "{\"tcp\":\"" + JsonEscape(tcp) + "\",\"unix\":\"" +
-                       JsonEscape(unix_socket) + "\",\"metrics\":\"" +
-                       JsonEscape((*server)->metrics_address()) +
-                       "\",\"pid\":" + std::to_string(::getpid()) + "}\n";
-    if (!WriteReadyFile(ready_file, json)) {
-      KVD_LOG(ERROR) << "cannot write the ready file" << kvd::Kv("path", ready_file);
-      return kExitRuntime;
-    }
+  if (!ready_file.empty() && !WriteReadyFile(ready_file, ReadyJson(**server))) {
+    KVD_LOG(ERROR) << "cannot write the ready file" << kvd::Kv("path", ready_file);
+    return kExitRuntime;
   }
-  const auto& host = (*server)->config().host_tier;
-  KVD_LOG(INFO) << "kvd ready" << kvd::Kv("node", config->node_name) << kvd::Kv("tcp", tcp)
-                << kvd::Kv("unix", unix_socket) << kvd::Kv("metrics", (*server)->metrics_address())
-                << kvd::Kv("transport", (*server)->transport()->capabilities().backend)
-                << kvd::Kv("host_capacity", kvd::daemon::FormatByteSize(host.capacity_bytes))
-                << kvd::Kv("models", config->models.size())
-                << kvd::Kv("chunk_tokens", config->chunk_tokens);
+  LogReady(**server, config);
   (*server)->Run();
   KVD_LOG(INFO) << "kvd stopped";
   server->reset();
   if (!ready_file.empty()) ::unlink(ready_file.c_str());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CatchEarlySignals();
+  CLI::App app{"kvd: the KV-cache daemon", "kvd"};
+  app.footer("exit codes: 0 clean shutdown, 1 cannot start, 2 bad command line or config");
+  DaemonFlags flags;
+  AddDaemonOptions(app, &flags);
+  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
+  if (flags.print_default) {
+    std::cout << kvd::daemon::EmbeddedDefaultConfigYaml();
+    return 0;
+  }
+  ApplyLogFlags(flags);
+  kvd::daemon::DaemonConfig config;
+  if (int rc = LoadConfig(flags, &config); rc >= 0) return rc;
+  return Serve(config, flags.ready_file);
 }

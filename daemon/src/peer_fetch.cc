@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <future>
 
 #include "kvd/client/client.h"
 #include "kvd/common/hex.h"
@@ -111,6 +112,8 @@ uint32_t PeerFetcher::Fetch(client::Client& peer, uint64_t lease, size_t from, s
         return stored;
       }
       ++stored;
+      std::lock_guard lock(mu_);
+      counts_.fetched_bytes += r.bytes;
     }
   }
   return stored;
@@ -121,45 +124,93 @@ StatusOr<PlacementOutcome> PeerFetcher::Place(const ModelConfig& model, const Ha
   return PlaceChain(membership_->state(), self_, model, first, node);
 }
 
+std::vector<std::pair<std::string, uint64_t>> PeerFetchCounters(const PeerFetchCounts& c) {
+  return {{"cluster_lookups", c.lookups},
+          {"cluster_peer_asks", c.peer_asks},
+          {"cluster_peer_errors", c.peer_errors},
+          {"cluster_fetches", c.fetches},
+          {"cluster_fetched_chunks", c.fetched_chunks},
+          {"cluster_fetched_bytes", c.fetched_bytes},
+          {"cluster_fetch_failures", c.fetch_failures}};
+}
+
+PeerFetchCounts PeerFetcher::counts() const {
+  std::lock_guard lock(mu_);
+  return counts_;
+}
+
 PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
   PeerLookupOutcome out;
-  std::shared_ptr<client::Client> best;
-  uint64_t best_lease = 0;
-  uint32_t best_matched = 0;
+  // Every eligible member is asked at once, each on a thread of its own: a lookup waits for the
+  // slowest peer (at most one peer timeout), not for the sum of them.
+  struct Answer {
+    std::shared_ptr<client::Client> peer;
+    StatusOr<client::LookupResult> found = Status(StatusCode::kInternal, "peer not asked");
+  };
+  std::vector<std::future<Answer>> asks;
+  std::vector<size_t> asked_index;  // out.peers index of each ask
   for (const cluster::Member& m : membership_->state().members) {
     if (m.record.node == self_) continue;
     PeerPrefix& prefix = out.peers.emplace_back();
     prefix.node = m.record.node;
     prefix.error = MemberIneligible(m.record, *request.model);
     if (!prefix.error.empty()) continue;
-    auto peer = ClientFor(m.record, request);
-    if (!peer.ok()) {
-      prefix.error = peer.status().ToString();
+    asked_index.push_back(out.peers.size() - 1);
+    asks.push_back(std::async(std::launch::async, [this, record = m.record, &request] {
+      Answer a;
+      auto peer = ClientFor(record, request);
+      if (!peer.ok()) {
+        a.found = peer.status();
+        return a;
+      }
+      a.peer = *std::move(peer);
+      a.found = a.peer->Lookup(request.chain);
+      return a;
+    }));
+  }
+  std::shared_ptr<client::Client> best;
+  uint64_t best_lease = 0;
+  uint32_t best_matched = 0;
+  uint64_t errors = 0;
+  for (size_t i = 0; i < asks.size(); ++i) {
+    Answer a = asks[i].get();
+    PeerPrefix& prefix = out.peers[asked_index[i]];
+    if (!a.found.ok()) {
+      prefix.error = a.found.status().ToString();
+      ++errors;
       continue;
     }
-    auto found = (*peer)->Lookup(request.chain);
-    if (!found.ok()) {
-      prefix.error = found.status().ToString();
-      continue;
-    }
-    prefix.matched_chunks = found->matched_chunks;
-    for (const client::TierChunks& t : found->found_in)
+    const client::LookupResult& found = *a.found;
+    prefix.matched_chunks = found.matched_chunks;
+    for (const client::TierChunks& t : found.found_in)
       prefix.found_in.push_back({t.tier, t.chunks});
     const bool longer =
-        found->matched_chunks > best_matched && (*peer)->session().codec_id == request.codec_id;
+        found.matched_chunks > best_matched && a.peer->session().codec_id == request.codec_id;
     if (longer) {
       if (best) best->ReleaseLease(best_lease).IgnoreError();
-      best = *peer;
-      best_lease = found->lease_id;
-      best_matched = found->matched_chunks;
-    } else if (found->lease_id != 0) {
-      (*peer)->ReleaseLease(found->lease_id).IgnoreError();
+      best = a.peer;
+      best_lease = found.lease_id;
+      best_matched = found.matched_chunks;
+    } else if (found.lease_id != 0) {
+      a.peer->ReleaseLease(found.lease_id).IgnoreError();
     }
+  }
+  const uint64_t asked = asks.size();
+  {
+    std::lock_guard lock(mu_);
+    ++counts_.lookups;
+    counts_.peer_asks += asked;
+    counts_.peer_errors += errors;
   }
   if (!best) return out;
   if (config_.peer_fetch.policy == PeerFetchOptions::Policy::kStore &&
       best_matched > request.local_matched) {
+    const uint32_t wanted = best_matched - static_cast<uint32_t>(request.local_matched);
     out.fetched_chunks = Fetch(*best, best_lease, request.local_matched, best_matched, request);
+    std::lock_guard lock(mu_);
+    ++counts_.fetches;
+    counts_.fetched_chunks += out.fetched_chunks;
+    if (out.fetched_chunks < wanted) ++counts_.fetch_failures;
   }
   best->ReleaseLease(best_lease).IgnoreError();
   return out;

@@ -15,6 +15,8 @@
 // layouts of the model differ: such a member is not asked (the holder's error names why), and
 // its Hello would be refused anyway (layout mismatch).
 //
+// The members are asked at once (a thread each), so a lookup waits for its slowest peer.
+//
 // Failure semantics: every step with a peer is bounded by PeerFetchOptions::timeout_ms. A peer
 // that fails (dead, refused, timed out) contributes nothing; a fetch that fails midway keeps the
 // chunks fetched before it (each one whole and verified) and the rest is a miss.
@@ -70,6 +72,20 @@ struct PeerLookupOutcome {
 // the model, its layout of it differs, or it has no TCP control address.
 std::string MemberIneligible(const cluster::MemberRecord& peer, const ModelConfig& model);
 
+// What the fetcher did since start (kvdctl stats / metrics: kvd_cluster_<name>_total).
+struct PeerFetchCounts {
+  uint64_t lookups = 0;         // cluster-scope lookups that asked the members
+  uint64_t peer_asks = 0;       // members asked (eligible: same model and layout)
+  uint64_t peer_errors = 0;     // of those, no answer: connection, auth or lookup failed
+  uint64_t fetches = 0;         // lookups that fetched from a peer (policy store)
+  uint64_t fetched_chunks = 0;  // chunks stored here from peers
+  uint64_t fetched_bytes = 0;   // their bytes
+  uint64_t fetch_failures = 0;  // fetches that stopped before the peer's prefix (a miss)
+};
+
+// The counts as stats counters, named cluster_<field>, in the struct's order.
+std::vector<std::pair<std::string, uint64_t>> PeerFetchCounters(const PeerFetchCounts& c);
+
 class PeerFetcher {
  public:
   // `membership` and `tiers` outlive this. REQUIRES: config.cluster.
@@ -86,6 +102,9 @@ class PeerFetcher {
   // on the network.
   StatusOr<PlacementOutcome> Place(const ModelConfig& model, const Hash128& first,
                                    std::string_view node) const;
+
+  // Thread-safe.
+  PeerFetchCounts counts() const;
 
  private:
   // A connected peer client for (peer, namespace, model), made or reused.
@@ -105,8 +124,9 @@ class PeerFetcher {
   const cluster::Membership* const membership_;
   storage::TierManager* const tiers_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<client::Client>> clients_;  // GUARDED_BY(mu_)
+  PeerFetchCounts counts_;                                          // GUARDED_BY(mu_)
 };
 
 }  // namespace kvd::daemon

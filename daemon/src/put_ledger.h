@@ -78,7 +78,7 @@ enum class PutEnd {
 
 struct PutOutcome {
   PutEnd end;
-  Status cause;  // kTransferFailed, kCommitFailed, kCommitRefused: why
+  Status cause{};  // kTransferFailed, kCommitFailed, kCommitRefused: why
   // False when a transfer may still write the put's bytes (its cancel did not end it): the
   // space and the staging stay reserved, never reused while the transport may write there.
   bool transfer_ended = true;

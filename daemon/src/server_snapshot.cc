@@ -8,6 +8,7 @@
 #include "disk_damage.h"
 #include "kvd/storage/host_tier.h"
 #include "kvd/storage/tier_manager.h"
+#include "peer_fetch.h"
 #include "server_impl.h"
 
 namespace kvd::daemon {
@@ -158,6 +159,7 @@ StatsSnapshot Server::Impl::Snapshot() {
       disk_ != nullptr ? disk_->Health() : storage::DiskHealthReport{};
   Append(DiskHealthCounters(disk_health), &s.counters);
   if (membership_) Append(ClusterCounters(*membership_), &s.counters);
+  if (peer_fetcher_) Append(PeerFetchCounters(peer_fetcher_->counts()), &s.counters);
   for (const ModelConfig& m : config_.models) {
     if (const ChunkCodec* codec = this->codec(m.name); codec != nullptr) {
       s.compression.emplace_back(m.name, codec->Stats());

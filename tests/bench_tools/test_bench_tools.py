@@ -94,6 +94,9 @@ def test_usage_errors_name_the_problem():
     assert r.returncode == 2 and "daemon pid 99999999: NOT_FOUND" in r.stderr, r.stderr
     r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--ready-file", "/nonexistent"])
     assert r.returncode == 2 and "cannot read --ready-file /nonexistent" in r.stderr
+    # A folder is not a ready file: the same usage error, not an abort.
+    r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--ready-file", "/tmp"])
+    assert r.returncode == 2 and "cannot read --ready-file /tmp" in r.stderr, r
     r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--warmup", "2"])
     assert r.returncode == 2 and "--warmup needs a daemon" in r.stderr, r.stderr
     r = run([BENCH, "--op", "memcpy", "--chunk-bytes", "64K", "--scatter-bytes", "-1"])

@@ -5,6 +5,7 @@
 // never a hang; a prefill engine puts to the decode node's kvd (named, or chosen by the
 // placement rule) and the decode node reads it local. Skipped when etcd is not installed.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <atomic>
 #include <chrono>
@@ -62,6 +63,16 @@ TEST_F(PeerFetchE2eTest, ClusterLookupNamesEachNodesPrefixAndPeerFetchIsByteExac
     EXPECT_TRUE(out == bytes[i]) << "chunk " << i << " differs";
   }
   ASSERT_TRUE(a->ReleaseLease(hit->lease_id).ok());
+  // a's metrics count the lookup, the two members asked and the fetch.
+  double fetched_bytes = 0;
+  for (const auto& b : bytes) fetched_bytes += static_cast<double>(b.size());
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_lookups_total"), 1);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_peer_asks_total"), 2);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_peer_errors_total"), 0);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_fetches_total"), 1);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_fetched_chunks_total"), 4);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_fetched_bytes_total"), fetched_bytes);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_fetch_failures_total"), 0);
 
   // Stored on a now: a local lookup finds them, a cluster one fetches nothing more.
   auto again = a->Lookup(chain);
@@ -72,6 +83,8 @@ TEST_F(PeerFetchE2eTest, ClusterLookupNamesEachNodesPrefixAndPeerFetchIsByteExac
   ASSERT_TRUE(cluster_again.ok()) << cluster_again.status();
   EXPECT_EQ(cluster_again->fetched_chunks, 0u);
   EXPECT_EQ(cluster_again->matched_chunks, 4u);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_lookups_total"), 2);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_fetches_total"), 1);
 }
 
 TEST_F(PeerFetchE2eTest, AWrongClusterTokenIsRefusedNamingWhy) {
@@ -344,12 +357,48 @@ TEST_F(PeerFetchE2eTest, APeerKilledDuringFetchesGivesMissesNeverWrongBytesNorAH
       kCycles, kCycles / 4, fetched, partial, missed, longest_s, kPeerTimeoutMs);
   EXPECT_GE(fetched, kCycles / 4 - 1);
   EXPECT_GE(missed, kCycles / 2);
+  // a's metrics agree: every cycle a cluster lookup, every chunk served fetched, and each miss
+  // either the dead peer's error or a fetch it cut short.
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_lookups_total"), kCycles);
+  EXPECT_GE(MetricValue(*kvds_[0], "kvd_cluster_fetched_chunks_total"),
+            static_cast<double>(fetched * kChunks));
+  EXPECT_GE(MetricValue(*kvds_[0], "kvd_cluster_peer_errors_total") +
+                MetricValue(*kvds_[0], "kvd_cluster_fetch_failures_total"),
+            missed);
   // No hang: every step with the dead peer is bounded by the peer timeout (connect, lookup,
   // one transfer), so a lookup ends within a few of them (a generous bound, not a speed).
   EXPECT_LT(longest_s, 10.0);
   // a still serves (and its peer c still answers).
   auto c_hit = a->Lookup(chains[0], {.cluster = true});
   ASSERT_TRUE(c_hit.ok()) << c_hit.status();
+}
+
+// Two peers that stop answering (SIGSTOP: their sockets accept, nothing replies) cost a cluster
+// lookup one peer timeout, not one per peer: the members are asked at once.
+TEST_F(PeerFetchE2eTest, SilentPeersCostOneTimeoutNotOnePerPeer) {
+  auto a = ConnectOrFail(kvds_[0]->EngineOptions("reader-a"));
+  ASSERT_TRUE(a);
+  auto chain = a->hasher().ChunkChain(RandomTokens(256, 11), true);
+  ASSERT_EQ(::kill(kvds_[1]->pid(), SIGSTOP), 0);
+  ASSERT_EQ(::kill(kvds_[2]->pid(), SIGSTOP), 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto hit = a->Lookup(chain, {.cluster = true});
+  const double took_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::kill(kvds_[1]->pid(), SIGCONT);
+  ::kill(kvds_[2]->pid(), SIGCONT);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(hit->matched_chunks, 0u);
+  ASSERT_EQ(hit->holders.size(), 3u);
+  for (const char* node : {"b", "c"}) {
+    const auto* h = HolderOf(*hit, node);
+    ASSERT_NE(h, nullptr) << node;
+    EXPECT_NE(h->error.find("DEADLINE_EXCEEDED"), std::string::npos) << node << ": " << h->error;
+  }
+  std::printf("[peer-fetch] two silent peers: cluster lookup took %.3f s (peer timeout %d ms)\n",
+              took_s, kPeerTimeoutMs);
+  // Asked one after the other, two peers take two timeouts (2 s); at once, one.
+  EXPECT_LT(took_s, 1.8 * kPeerTimeoutMs / 1000.0);
 }
 
 }  // namespace

@@ -250,9 +250,8 @@ void SetBufferSlots(PyHeapTypeObject* heap_type, getbufferproc get, releasebuffe
   heap_type->as_buffer.bf_releasebuffer = release;
 }
 
-}  // namespace
-
-void BindInPlace(py::module_& m, py::class_<PyClient>& client) {
+// kvd._kvd.ChunkView: a chunk read in place (the buffer protocol over the daemon's bytes).
+void BindChunkView(py::module_& m) {
   py::class_<PyChunkView>(m, "ChunkView", py::custom_type_setup([](PyHeapTypeObject* t) {
                             SetBufferSlots(t, ViewGetBuffer, ReleaseExport<PyChunkView>);
                           }))
@@ -297,7 +296,10 @@ void BindInPlace(py::module_& m, py::class_<PyClient>& client) {
                ", tokens=" + std::to_string(v.result.tokens) + ", form=" + FormName(v.result.form) +
                (v.released ? ", released" : "") + ")";
       });
+}
 
+// kvd._kvd.PutSlot: a reserved slot the caller writes before commit (writable buffer protocol).
+void BindPutSlot(py::module_& m) {
   py::class_<PyPutSlot>(m, "PutSlot", py::custom_type_setup([](PyHeapTypeObject* t) {
                           SetBufferSlots(t, SlotGetBuffer, ReleaseExport<PyPutSlot>);
                         }))
@@ -332,7 +334,10 @@ void BindInPlace(py::module_& m, py::class_<PyClient>& client) {
                ", bytes=" + std::to_string(s.size) + (s.already_stored ? ", already_stored" : "") +
                (s.ended != nullptr ? std::string(", ") + s.ended : std::string()) + ")";
       });
+}
 
+// The Client's zero-copy methods: read_in_place, reserve_put, commit_put, flush_releases.
+void BindInPlaceCalls(py::class_<PyClient>& client) {
   client
       .def(
           "read_in_place",
@@ -381,6 +386,14 @@ void BindInPlace(py::module_& m, py::class_<PyClient>& client) {
         }
         Check(s);
       });
+}
+
+}  // namespace
+
+void BindInPlace(py::module_& m, py::class_<PyClient>& client) {
+  BindChunkView(m);
+  BindPutSlot(m);
+  BindInPlaceCalls(client);
 }
 
 }  // namespace kvd::python

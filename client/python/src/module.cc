@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -156,13 +157,8 @@ kvd::ModelLayout RegisteredLayout(const ClientOptions& engine, const std::string
                          engine.address));
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_kvd, m) {
-  m.doc() = "Binding of libkvd_client (use the kvd package)";
-  // kvd's version (project(kvd VERSION ...) in kvd's CMakeLists.txt; client/python/CMakeLists.txt).
-  m.attr("__version__") = KVD_PACKAGE_VERSION;
-
+// kvd._kvd.Hash128: a chunk's key.
+void BindHash128(py::module_& m) {
   py::class_<Hash128>(m, "Hash128")
       .def(py::init([](uint64_t hi, uint64_t lo) {
              return Hash128{hi, lo};
@@ -182,7 +178,10 @@ PYBIND11_MODULE(_kvd, m) {
       .def("__repr__", [](const Hash128& h) { return "Hash128('" + h.ToHex() + "')"; })
       .def("__eq__", [](const Hash128& a, const Hash128& b) { return a == b; })
       .def("__hash__", [](const Hash128& h) { return kvd::Hash128Hasher()(h); });
+}
 
+// The results of Client calls: LookupResult, PutResult, GetResult (read-only attributes).
+void BindResults(py::module_& m) {
   py::class_<kvd::client::LookupResult>(m, "LookupResult")
       .def_readonly("matched_chunks", &kvd::client::LookupResult::matched_chunks)
       .def_readonly("matched_tokens", &kvd::client::LookupResult::matched_tokens)
@@ -201,63 +200,72 @@ PYBIND11_MODULE(_kvd, m) {
       .def_readonly("checksum", &kvd::client::GetResult::checksum)
       .def_readonly("tokens", &kvd::client::GetResult::tokens)
       .def_readonly("codec_id", &kvd::client::GetResult::codec_id);
+}
 
-  py::class_<PyClient> client(m, "Client");
+// Client.connect: the keyword arguments (their defaults in BindConnect) into ClientOptions, then
+// a connection; an engine connection without a layout asks the daemon for the model's.
+PyClient ConnectClient(const std::string& address, const std::string& model,
+                       std::optional<py::dict> layout, const std::string& name_space,
+                       const std::string& client_id, const std::string& hash_seed, int chunk_tokens,
+                       int block_tokens, const std::string& ucx_tls, const std::string& net_devices,
+                       bool admin, int64_t timeout_ms, int max_in_flight, bool nccl,
+                       int nccl_device, int64_t inline_put_bytes, bool read_only,
+                       bool shared_memory, bool reserve_ahead) {
+  ClientOptions o;
+  o.address = address;
+  o.client_id = client_id;
+  o.name_space = name_space;
+  o.hash_seed = hash_seed;
+  o.chunk_tokens = chunk_tokens;
+  o.block_tokens = block_tokens;
+  o.transport.ucx_tls = ucx_tls;
+  o.transport.net_devices = net_devices;
+  o.max_in_flight = max_in_flight;
+  o.nccl = nccl;  // CUDA tensors move GPU to GPU over kvd's NCCL link
+  o.transport.nccl_device = nccl_device;
+  if (inline_put_bytes < 0) {
+    Raise(Status::InvalidArgument("inline_put_bytes must be >= 0 (0 = off), got " +
+                                  std::to_string(inline_put_bytes)));
+  }
+  o.inline_put_bytes = static_cast<size_t>(inline_put_bytes);
+  o.read_only = read_only;          // a reading session: puts refused, read-only mappings
+  o.shared_memory = shared_memory;  // asked for on a unix-socket address
+  o.reserve_ahead = reserve_ahead;  // a put's commit reserves the next put's slot
+  if (timeout_ms > 0) {
+    o.connect_timeout_ms = o.request_timeout_ms = o.transfer_timeout_ms = timeout_ms;
+  }
+  if (admin) {
+    o.role = kvd::client::Role::kAdmin;
+  } else {
+    if (model.empty()) {
+      Raise(
+          Status::InvalidArgument("model: an engine connection needs a model name "
+                                  "(or admin=True)"));
+    }
+    o.model = model;
+    o.layout = layout ? LayoutFromDict(*layout) : RegisteredLayout(o, model);
+  }
+  return PyClient{Connect(o)};
+}
+
+// Client.connect, a static method.
+void BindConnect(py::class_<PyClient>& client) {
+  client.def_static(
+      "connect", &ConnectClient, py::arg("address") = "127.0.0.1:7400", py::arg("model") = "",
+      py::arg("layout") = py::none(), py::arg("namespace") = "", py::arg("client_id") = "",
+      py::arg("hash_seed") = "kvd-default-seed", py::arg("chunk_tokens") = 256,
+      py::arg("block_tokens") = 16, py::arg("ucx_tls") = "", py::arg("net_devices") = "",
+      py::arg("admin") = false, py::arg("timeout_ms") = 0, py::arg("max_in_flight") = 8,
+      py::arg("nccl") = false, py::arg("nccl_device") = 0,
+      py::arg("inline_put_bytes") = kvd::client::ClientOptions().inline_put_bytes,
+      py::arg("read_only") = false,
+      py::arg("shared_memory") = kvd::client::ClientOptions().shared_memory,
+      py::arg("reserve_ahead") = kvd::client::ClientOptions().reserve_ahead);
+}
+
+// The Client's read-only properties: its layout and chunk size, and what the session granted.
+void BindClientProperties(py::class_<PyClient>& client) {
   client
-      .def_static(
-          "connect",
-          [](const std::string& address, const std::string& model, std::optional<py::dict> layout,
-             const std::string& name_space, const std::string& client_id,
-             const std::string& hash_seed, int chunk_tokens, int block_tokens,
-             const std::string& ucx_tls, const std::string& net_devices, bool admin,
-             int64_t timeout_ms, int max_in_flight, bool nccl, int nccl_device,
-             int64_t inline_put_bytes, bool read_only, bool shared_memory, bool reserve_ahead) {
-            ClientOptions o;
-            o.address = address;
-            o.client_id = client_id;
-            o.name_space = name_space;
-            o.hash_seed = hash_seed;
-            o.chunk_tokens = chunk_tokens;
-            o.block_tokens = block_tokens;
-            o.transport.ucx_tls = ucx_tls;
-            o.transport.net_devices = net_devices;
-            o.max_in_flight = max_in_flight;
-            o.nccl = nccl;  // CUDA tensors move GPU to GPU over kvd's NCCL link
-            o.transport.nccl_device = nccl_device;
-            if (inline_put_bytes < 0) {
-              Raise(Status::InvalidArgument("inline_put_bytes must be >= 0 (0 = off), got " +
-                                            std::to_string(inline_put_bytes)));
-            }
-            o.inline_put_bytes = static_cast<size_t>(inline_put_bytes);
-            o.read_only = read_only;          // a reading session: puts refused, read-only mappings
-            o.shared_memory = shared_memory;  // asked for on a unix-socket address
-            o.reserve_ahead = reserve_ahead;  // a put's commit reserves the next put's slot
-            if (timeout_ms > 0) {
-              o.connect_timeout_ms = o.request_timeout_ms = o.transfer_timeout_ms = timeout_ms;
-            }
-            if (admin) {
-              o.role = kvd::client::Role::kAdmin;
-            } else {
-              if (model.empty()) {
-                Raise(
-                    Status::InvalidArgument("model: an engine connection needs a model name "
-                                            "(or admin=True)"));
-              }
-              o.model = model;
-              o.layout = layout ? LayoutFromDict(*layout) : RegisteredLayout(o, model);
-            }
-            return PyClient{Connect(o)};
-          },
-          py::arg("address") = "127.0.0.1:7400", py::arg("model") = "",
-          py::arg("layout") = py::none(), py::arg("namespace") = "", py::arg("client_id") = "",
-          py::arg("hash_seed") = "kvd-default-seed", py::arg("chunk_tokens") = 256,
-          py::arg("block_tokens") = 16, py::arg("ucx_tls") = "", py::arg("net_devices") = "",
-          py::arg("admin") = false, py::arg("timeout_ms") = 0, py::arg("max_in_flight") = 8,
-          py::arg("nccl") = false, py::arg("nccl_device") = 0,
-          py::arg("inline_put_bytes") = kvd::client::ClientOptions().inline_put_bytes,
-          py::arg("read_only") = false,
-          py::arg("shared_memory") = kvd::client::ClientOptions().shared_memory,
-          py::arg("reserve_ahead") = kvd::client::ClientOptions().reserve_ahead)
       .def_property_readonly("layout",
                              [](PyClient& self) {
                                Client& c = self.get();
@@ -285,14 +293,18 @@ PYBIND11_MODULE(_kvd, m) {
                              })
       .def_property_readonly("codec_id",
                              [](PyClient& self) { return self.get().session().codec_id; })
-      .def_property_readonly("policy",
-                             [](PyClient& self) { return self.get().session().policy; })
+      .def_property_readonly("policy", [](PyClient& self) { return self.get().session().policy; })
       .def_property_readonly("needs_queries",
                              [](PyClient& self) { return self.get().session().needs_queries; })
       .def_property_readonly("keeps_positions",
                              [](PyClient& self) { return self.get().session().keeps_positions; })
-      .def_property_readonly("connected",
-                             [](PyClient& self) { return self.client && self.client->connected(); })
+      .def_property_readonly(
+          "connected", [](PyClient& self) { return self.client && self.client->connected(); });
+}
+
+// Client.hash and Client.chunk_tokens_of: the chunk keys of a token sequence (no daemon call).
+void BindHashing(py::class_<PyClient>& client) {
+  client
       .def(
           "hash",
           [](PyClient& self, py::handle tokens, bool include_partial_chunk,
@@ -308,7 +320,12 @@ PYBIND11_MODULE(_kvd, m) {
             Client& c = self.get();
             return c.hasher().ChunkTokens(total_tokens, index);
           },
-          py::arg("total_tokens"), py::arg("index"))
+          py::arg("total_tokens"), py::arg("index"));
+}
+
+// Client.lookup and Client.release: a lease on the longest stored prefix of a chain, and its end.
+void BindLeases(py::class_<PyClient>& client) {
+  client
       .def(
           "lookup",
           [](PyClient& self, const std::vector<Hash128>& chain) {
@@ -332,7 +349,80 @@ PYBIND11_MODULE(_kvd, m) {
             }
             Check(s);
           },
-          py::arg("lease_id"))
+          py::arg("lease_id"));
+}
+
+// Views of the per-layer buffers `k` and `v` (as many of each; else INVALID_ARGUMENT naming
+// `call`), their pointers set in `layers` (one per layer); `size_error(what, bytes)` is the
+// message for a buffer of the wrong size, empty when it fits.
+template <typename LayerKV>
+std::vector<BufferView> LayerViews(
+    const char* call, py::sequence k, py::sequence v, bool writable, std::vector<LayerKV>* layers,
+    const std::function<std::string(const std::string& what, size_t bytes)>& size_error) {
+  std::vector<BufferView> views;
+  layers->resize(py::len(k));
+  if (py::len(k) != py::len(v)) {
+    Raise(Status::InvalidArgument(std::string(call) + ": " + std::to_string(py::len(k)) +
+                                  " K layers but " + std::to_string(py::len(v)) + " V layers"));
+  }
+  for (size_t i = 0; i < layers->size(); ++i) {
+    for (int kv = 0; kv < 2; ++kv) {
+      std::string what = std::string(kv ? "v[" : "k[") + std::to_string(i) + "]";
+      views.push_back(View(kv ? v[i] : k[i], writable, what.c_str()));
+      if (std::string why = size_error(what, views.back().size()); !why.empty()) {
+        Raise(Status::InvalidArgument(why));
+      }
+      (kv ? (*layers)[i].v : (*layers)[i].k) = views.back().data();
+    }
+  }
+  return views;
+}
+
+// Client.put_layers: one chunk from per-layer K and V buffers of `tokens` tokens each.
+kvd::client::PutResult PutLayers(PyClient& self, const Hash128& hash, int tokens, py::sequence k,
+                                 py::sequence v) {
+  Client& c = self.get();
+  const size_t want = static_cast<size_t>(tokens) * c.options().layout.TokenBytes();
+  std::vector<kvd::client::LayerKV> layers;
+  std::vector<BufferView> views =
+      LayerViews("put_layers", k, v, /*writable=*/false, &layers,
+                 [&](const std::string& what, size_t bytes) -> std::string {
+                   if (bytes == want) return "";
+                   return what + ": " + std::to_string(bytes) + " bytes, the layout needs " +
+                          std::to_string(want) + " for " + std::to_string(tokens) + " tokens";
+                 });
+  StatusOr<kvd::client::PutResult> r = Status::Internal("");
+  {
+    py::gil_scoped_release nogil;
+    r = c.PutLayers(hash, tokens, layers);
+  }
+  return Check(std::move(r));
+}
+
+// Client.get_layers: one chunk into per-layer K and V buffers with room for `capacity_tokens`.
+kvd::client::GetResult GetLayers(PyClient& self, uint64_t lease_id, uint32_t chunk_index,
+                                 py::sequence k, py::sequence v, int capacity_tokens) {
+  Client& c = self.get();
+  const size_t want = static_cast<size_t>(capacity_tokens) * c.options().layout.TokenBytes();
+  std::vector<kvd::client::MutableLayerKV> layers;
+  std::vector<BufferView> views =
+      LayerViews("get_layers", k, v, /*writable=*/true, &layers,
+                 [&](const std::string& what, size_t bytes) -> std::string {
+                   if (bytes >= want) return "";
+                   return what + ": " + std::to_string(bytes) + " bytes, " +
+                          std::to_string(capacity_tokens) + " tokens need " + std::to_string(want);
+                 });
+  StatusOr<kvd::client::GetResult> r = Status::Internal("");
+  {
+    py::gil_scoped_release nogil;
+    r = c.GetLayers(lease_id, chunk_index, layers, capacity_tokens);
+  }
+  return Check(std::move(r));
+}
+
+// Client.put, put_layers, get, get_dense and get_layers: the chunks' bytes in and out.
+void BindPutGet(py::class_<PyClient>& client) {
+  client
       .def(
           "put",
           [](PyClient& self, const Hash128& hash, int tokens, py::handle data) {
@@ -346,38 +436,7 @@ PYBIND11_MODULE(_kvd, m) {
             return Check(std::move(r));
           },
           py::arg("hash"), py::arg("tokens"), py::arg("data"))
-      .def(
-          "put_layers",
-          [](PyClient& self, const Hash128& hash, int tokens, py::sequence k, py::sequence v) {
-            Client& c = self.get();
-            std::vector<BufferView> views;
-            std::vector<kvd::client::LayerKV> layers(py::len(k));
-            if (py::len(k) != py::len(v)) {
-              Raise(Status::InvalidArgument("put_layers: " + std::to_string(py::len(k)) +
-                                            " K layers but " + std::to_string(py::len(v)) +
-                                            " V layers"));
-            }
-            const size_t want = static_cast<size_t>(tokens) * c.options().layout.TokenBytes();
-            for (size_t i = 0; i < layers.size(); ++i) {
-              for (int kv = 0; kv < 2; ++kv) {
-                std::string what = std::string(kv ? "v[" : "k[") + std::to_string(i) + "]";
-                views.push_back(View(kv ? v[i] : k[i], false, what.c_str()));
-                if (views.back().size() != want) {
-                  Raise(Status::InvalidArgument(what + ": " + std::to_string(views.back().size()) +
-                                                " bytes, the layout needs " + std::to_string(want) +
-                                                " for " + std::to_string(tokens) + " tokens"));
-                }
-                (kv ? layers[i].v : layers[i].k) = views.back().data();
-              }
-            }
-            StatusOr<kvd::client::PutResult> r = Status::Internal("");
-            {
-              py::gil_scoped_release nogil;
-              r = c.PutLayers(hash, tokens, layers);
-            }
-            return Check(std::move(r));
-          },
-          py::arg("hash"), py::arg("tokens"), py::arg("k"), py::arg("v"))
+      .def("put_layers", &PutLayers, py::arg("hash"), py::arg("tokens"), py::arg("k"), py::arg("v"))
       .def(
           "get",
           [](PyClient& self, uint64_t lease_id, uint32_t chunk_index, py::handle out) {
@@ -406,41 +465,13 @@ PYBIND11_MODULE(_kvd, m) {
             return py::make_tuple(got, tokens);
           },
           py::arg("lease_id"), py::arg("chunk_index"), py::arg("out"))
-      .def(
-          "get_layers",
-          [](PyClient& self, uint64_t lease_id, uint32_t chunk_index, py::sequence k,
-             py::sequence v, int capacity_tokens) {
-            Client& c = self.get();
-            std::vector<BufferView> views;
-            std::vector<kvd::client::MutableLayerKV> layers(py::len(k));
-            if (py::len(k) != py::len(v)) {
-              Raise(Status::InvalidArgument("get_layers: " + std::to_string(py::len(k)) +
-                                            " K layers but " + std::to_string(py::len(v)) +
-                                            " V layers"));
-            }
-            const size_t want =
-                static_cast<size_t>(capacity_tokens) * c.options().layout.TokenBytes();
-            for (size_t i = 0; i < layers.size(); ++i) {
-              for (int kv = 0; kv < 2; ++kv) {
-                std::string what = std::string(kv ? "v[" : "k[") + std::to_string(i) + "]";
-                views.push_back(View(kv ? v[i] : k[i], true, what.c_str()));
-                if (views.back().size() < want) {
-                  Raise(Status::InvalidArgument(what + ": " + std::to_string(views.back().size()) +
-                                                " bytes, " + std::to_string(capacity_tokens) +
-                                                " tokens need " + std::to_string(want)));
-                }
-                (kv ? layers[i].v : layers[i].k) = views.back().data();
-              }
-            }
-            StatusOr<kvd::client::GetResult> r = Status::Internal("");
-            {
-              py::gil_scoped_release nogil;
-              r = c.GetLayers(lease_id, chunk_index, layers, capacity_tokens);
-            }
-            return Check(std::move(r));
-          },
-          py::arg("lease_id"), py::arg("chunk_index"), py::arg("k"), py::arg("v"),
-          py::arg("capacity_tokens"))
+      .def("get_layers", &GetLayers, py::arg("lease_id"), py::arg("chunk_index"), py::arg("k"),
+           py::arg("v"), py::arg("capacity_tokens"));
+}
+
+// Client.stats, health, subscribe_events, poll_events and close: the daemon's state and events.
+void BindDaemonCalls(py::class_<PyClient>& client) {
+  client
       .def("stats",
            [](PyClient& self) {
              Client& c = self.get();
@@ -498,5 +529,22 @@ PYBIND11_MODULE(_kvd, m) {
         py::gil_scoped_release nogil;
         c.reset();  // says goodbye; bounded by the timeouts
       });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_kvd, m) {
+  m.doc() = "Binding of libkvd_client (use the kvd package)";
+  // kvd's version (project(kvd VERSION ...) in kvd's CMakeLists.txt; client/python/CMakeLists.txt).
+  m.attr("__version__") = KVD_PACKAGE_VERSION;
+  BindHash128(m);
+  BindResults(m);
+  py::class_<PyClient> client(m, "Client");
+  BindConnect(client);
+  BindClientProperties(client);
+  BindHashing(client);
+  BindLeases(client);
+  BindPutGet(client);
+  BindDaemonCalls(client);
   kvd::python::BindInPlace(m, client);
 }
