@@ -69,12 +69,15 @@ class NetnsLab {
         *why = s.ToString();
         return nullptr;  // the destructor removes what was made
       }
+      if (step[0] == "link" && step.back() == lab->ns_) lab->veth_moved_ = true;
     }
     return lab;
   }
   ~NetnsLab() {
-    Ip({"netns", "del", ns_}).IgnoreError();
-    Ip({"link", "del", veth_root_}).IgnoreError();  // gone with the namespace, unless it failed
+    const bool ns_gone = Ip({"netns", "del", ns_}).ok();
+    // The pair goes with the namespace once its end is in there; else (Create failed before
+    // moving it, or the namespace would not go) the root end is deleted by name.
+    if (!ns_gone || !veth_moved_) Ip({"link", "del", veth_root_}).IgnoreError();
     Ip({"link", "del", bridge_}).IgnoreError();
   }
 
@@ -99,6 +102,7 @@ class NetnsLab {
     return Status::Unavailable(cmd + "exited " + std::to_string(rc));
   }
   std::string ip_, bridge_, ns_, veth_root_, veth_ns_, root_ip_, ns_ip_;
+  bool veth_moved_ = false;  // the pair's end is in the namespace
 };
 
 class ClusterNetnsE2eTest : public ::testing::Test {
