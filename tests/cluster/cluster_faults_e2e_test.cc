@@ -75,6 +75,17 @@ void FetchAndCheck(client::Client& reader, const std::vector<Hash128>& chain,
   if (took_s > kHungS) ++counts->hung;
 }
 
+// Stops a thread's loop and joins it however the test ends: a failed ASSERT returns early, and a
+// joinable std::thread destroyed would end the process (leaving its kvds' folders behind).
+struct StopAndJoin {
+  std::atomic<bool>& stop;
+  std::thread& thread;
+  ~StopAndJoin() {
+    stop.store(true);
+    if (thread.joinable()) thread.join();
+  }
+};
+
 void Print(const char* phase, const FetchCounts& c) {
   std::printf(
       "[cluster-faults] %-24s %3d fetches: %3d whole, %d partial, %d misses, %d wrong bytes, "
@@ -121,6 +132,7 @@ TEST_F(ClusterFaultsE2eTest, EtcdKilledAndRestartedDuringPeerFetchesNoWrongBytes
       std::this_thread::sleep_for(milliseconds(50));
     }
   });
+  StopAndJoin join_fetcher{stop, fetcher};  // also when a failed ASSERT returns early
   auto after_fetches = [&](int p, int n) {
     return Eventually([&] { return done[p].load() >= n; }, milliseconds(20000));
   };
