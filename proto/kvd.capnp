@@ -135,6 +135,8 @@ struct HelloReply {
                                     # position can take it (older daemons: false)
   clusterLookup @21 :Bool;          # the daemon is a cluster member and takes Lookup.cluster
                                     # (older daemons and single nodes: false)
+  clusterPlacement @22 :Bool;       # the daemon is a cluster member and takes Placement
+                                    # (older daemons and single nodes: false)
 }
 
 # Where the bytes of a reservation or read lie in the daemon's shared-memory arena (sessions with
@@ -187,6 +189,30 @@ struct PrefixHolder {
   error @2 :Text;                    # "" = answered; else why it gave no answer (unreachable,
                                      # refused: token or layout, timeout)
   foundIn @3 :List(TierChunks);      # the node's LookupReply.foundIn
+}
+
+# Where a prefill engine puts a chain's chunks so that the node that decodes it holds them
+# (HelloReply.clusterPlacement). The candidates are the members that serve the session's model
+# with the same layout and have a TCP control address, this daemon included. Without `node`, the
+# placement rule ranks them: rendezvous hashing of chain[0] (docs/deployment.md "Placement for
+# prefill"). With `node`, that member only: NOT_FOUND when it is no member, FAILED_PRECONDITION
+# naming why when it is not a candidate. UNAVAILABLE when no member list was ever seen.
+struct Placement {
+  chain @0 :List(Hash128);           # the chain to place; the rule reads chain[0]; non-empty
+  node @1 :Text;                     # "" = the placement rule; else this member's cluster.node
+}
+
+struct PlacementReply {
+  targets @0 :List(PlacementTarget); # best first: put to targets[0]; the rest (rule only) are the
+                                     # next choices, in order, should it fail
+  membershipCurrent @1 :Bool;        # false: etcd is unreachable and the candidates come from the
+                                     # last member list seen
+}
+
+struct PlacementTarget {
+  node @0 :Text;                     # cluster.node of the member
+  controlAddress @1 :Text;           # its TCP control address "host:port": connect there, put
+  local @2 :Bool;                    # the member is the daemon that answered
 }
 
 # Phase 1 of a put: allocate `bytes` for the chunk. The client then sends exactly `bytes` bytes
@@ -534,6 +560,7 @@ struct Request {
     subscribe @16 :SubscribeRequest;
     ncclConnect @17 :NcclConnect;
     inlinePut @18 :InlinePut;        # answered with `commit`
+    placement @21 :Placement;        # answered with `placement`
   }
   # Shared-memory reads (GetReply.readId) the client is done with, carried on any request instead
   # of one ReleaseRead exchange each (sent only to a daemon whose HelloReply.releasesOnRequests
@@ -567,5 +594,6 @@ struct Response {
     subscribed @14 :SubscribeReply;
     events @15 :EventBatch;          # unasked, after `subscribed`, with the Subscribe's requestId
     ncclConnected @16 :NcclConnectReply;
+    placement @17 :PlacementReply;
   }
 }

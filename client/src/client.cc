@@ -167,6 +167,7 @@ Status ClientImpl::ReadHelloReply(proto::DecodedMessage& reply, HelloGrant* gran
     session_.releases_on_requests = h.getReleasesOnRequests();
     session_.inline_put = h.getInlinePut();
     session_.cluster_lookup = h.getClusterLookup();
+    session_.cluster_placement = h.getClusterPlacement();
     lease_releases_on_requests_ = h.getLeaseReleasesOnRequests();
     grant->reserve_ahead = h.getReserveAhead();
     session_.codec_id = h.getCodecId();
@@ -228,6 +229,36 @@ StatusOr<LookupResult> ClientImpl::Lookup(std::span<const Hash128> chain,
       live_leases_[out.lease_id] = now + std::chrono::milliseconds(out.lease_ttl_ms);
     }
   }
+  return out;
+}
+
+StatusOr<PlacementResult> ClientImpl::Place(std::span<const Hash128> chain,
+                                            const PlacementOptions& options) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KVD_RETURN_IF_ERROR(CheckUsable(true));
+  if (!session_.cluster_placement) {
+    return Status::FailedPrecondition("placement: kvd " + session_.node_name +
+                                      " is not a cluster member (or predates placement)");
+  }
+  if (chain.empty()) return Status::InvalidArgument("placement: the chain is empty");
+  KVD_ASSIGN_OR_RETURN(auto reply, CallLocked([&](proto::Request::Builder r) {
+                         auto p = r.initPlacement();
+                         auto list = p.initChain(static_cast<unsigned>(chain.size()));
+                         for (size_t i = 0; i < chain.size(); ++i)
+                           proto::ToProto(chain[i], list[i]);
+                         p.setNode(options.node);
+                       }));
+  PlacementResult out;
+  KVD_RETURN_IF_ERROR(ReadReply(*reply, [&](proto::Response::Reader r) -> Status {
+    if (!r.isPlacement()) return WrongReply("placement");
+    auto p = r.getPlacement();
+    out.membership_current = p.getMembershipCurrent();
+    for (auto t : p.getTargets()) {
+      out.targets.push_back({t.getNode().cStr(), t.getControlAddress().cStr(), t.getLocal()});
+    }
+    return Status::Ok();
+  }));
+  if (out.targets.empty()) return Status::Internal("placement: the daemon named no target");
   return out;
 }
 
@@ -563,7 +594,18 @@ StatusOr<LookupResult> Client::Lookup(std::span<const Hash128> chain,
                                       const LookupOptions& options) {
   return Impl(this)->Lookup(chain, options);
 }
+StatusOr<PlacementResult> Client::Place(std::span<const Hash128> chain,
+                                        const PlacementOptions& options) {
+  return Impl(this)->Place(chain, options);
+}
 Status Client::ReleaseLease(uint64_t lease_id) { return Impl(this)->ReleaseLease(lease_id); }
+
+ClientOptions PlacedOptions(const ClientOptions& base, const PlacementTarget& target) {
+  if (target.local) return base;
+  ClientOptions o = base;
+  o.address = target.control_address;
+  return o;
+}
 Status Client::FlushReleases() { return Impl(this)->FlushReleases(); }
 
 StatusOr<PutResult> Client::Put(const Hash128& hash, int tokens, const void* data, size_t bytes) {

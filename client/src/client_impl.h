@@ -94,6 +94,7 @@ class ClientImpl final : public Client, public PathContext {
   bool connected() const;
 
   StatusOr<LookupResult> Lookup(std::span<const Hash128> chain, const LookupOptions& options);
+  StatusOr<PlacementResult> Place(std::span<const Hash128> chain, const PlacementOptions& options);
   Status ReleaseLease(uint64_t lease_id);
   StatusOr<std::vector<PutResult>> PutChunks(std::span<const PutItem> items);
   StatusOr<std::vector<GetResult>> GetChunks(uint64_t lease_id, std::span<const GetItem> items);

@@ -21,10 +21,9 @@ PeerFetcher::PeerFetcher(const DaemonConfig& config, const cluster::Membership* 
 
 PeerFetcher::~PeerFetcher() = default;
 
-std::string PeerFetcher::Ineligible(const cluster::MemberRecord& peer,
-                                    const PeerLookupRequest& request) const {
-  const std::string& name = request.model->name;
-  const uint64_t digest = request.model->layout.Digest();
+std::string MemberIneligible(const cluster::MemberRecord& peer, const ModelConfig& model) {
+  const std::string& name = model.name;
+  const uint64_t digest = model.layout.Digest();
   auto it = std::find_if(peer.models.begin(), peer.models.end(),
                          [&](const auto& m) { return m.name == name; });
   if (it == peer.models.end()) return "does not serve model " + name;
@@ -120,6 +119,11 @@ uint32_t PeerFetcher::Fetch(client::Client& peer, uint64_t lease, size_t from, s
   return stored;
 }
 
+StatusOr<PlacementOutcome> PeerFetcher::Place(const ModelConfig& model, const Hash128& first,
+                                              std::string_view node) const {
+  return PlaceChain(membership_->state(), self_, model, first, node);
+}
+
 std::vector<std::pair<std::string, uint64_t>> PeerFetchCounters(const PeerFetchCounts& c) {
   return {{"cluster_lookups", c.lookups},
           {"cluster_peer_asks", c.peer_asks},
@@ -149,7 +153,7 @@ PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
     if (m.record.node == self_) continue;
     PeerPrefix& prefix = out.peers.emplace_back();
     prefix.node = m.record.node;
-    prefix.error = Ineligible(m.record, request);
+    prefix.error = MemberIneligible(m.record, *request.model);
     if (!prefix.error.empty()) continue;
     asked_index.push_back(out.peers.size() - 1);
     asks.push_back(std::async(std::launch::async, [this, record = m.record, &request] {

@@ -30,9 +30,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "cluster_placement.h"
 #include "kvd/cluster/membership.h"
 #include "kvd/common/hash.h"
 #include "kvd/daemon/config.h"
@@ -66,6 +68,10 @@ struct PeerLookupOutcome {
   uint32_t fetched_chunks = 0;    // chunks stored here from the longest peer prefix
 };
 
+// Why member `peer` can hold no chunk of `model` from this node ("" = it can): it does not serve
+// the model, its layout of it differs, or it has no TCP control address.
+std::string MemberIneligible(const cluster::MemberRecord& peer, const ModelConfig& model);
+
 // What the fetcher did since start (kvdctl stats / metrics: kvd_cluster_<name>_total).
 struct PeerFetchCounts {
   uint64_t lookups = 0;         // cluster-scope lookups that asked the members
@@ -92,6 +98,11 @@ class PeerFetcher {
   // into the host tier.
   PeerLookupOutcome AskPeers(const PeerLookupRequest& request);
 
+  // PlaceChain (cluster_placement.h) over the current member list. Thread-safe, does not block
+  // on the network.
+  StatusOr<PlacementOutcome> Place(const ModelConfig& model, const Hash128& first,
+                                   std::string_view node) const;
+
   // Thread-safe.
   PeerFetchCounts counts() const;
 
@@ -99,8 +110,6 @@ class PeerFetcher {
   // A connected peer client for (peer, namespace, model), made or reused.
   StatusOr<std::shared_ptr<client::Client>> ClientFor(const cluster::MemberRecord& peer,
                                                       const PeerLookupRequest& request);
-  // Why `peer` is not asked for `request`'s model ("" = it is).
-  std::string Ineligible(const cluster::MemberRecord& peer, const PeerLookupRequest& request) const;
   // Copies chunks [from, to) of `lease` from `peer` into the host tier; the number stored.
   uint32_t Fetch(client::Client& peer, uint64_t lease, size_t from, size_t to,
                  const PeerLookupRequest& request);

@@ -170,6 +170,8 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::awaitable<void> FinishClusterLookup(uint64_t seq, uint64_t rid,
                                             std::shared_ptr<const storage::LookupRequest> request,
                                             int64_t ttl);
+  // Placement (cluster_placement.h): answered inline from the member list.
+  void HandlePlacement(uint64_t seq, uint64_t rid, proto::Placement::Reader placement);
   // The checks of a put (Reserve, InlinePut; `op` names it in errors): engine role, tokens, window
   // and the policy's needs, bytes == layout.ChunkBytes(tokens) + window queries, max_chunk_bytes;
   // then the ingest admission (compressing model) and the host-tier reservation (capacity,

@@ -150,6 +150,9 @@ void Session::HandleRequest(uint64_t seq, uint64_t rid, proto::Request::Reader r
     case proto::Request::NCCL_CONNECT:
       HandleNcclConnect(seq, rid, request.getNcclConnect());
       break;
+    case proto::Request::PLACEMENT:
+      HandlePlacement(seq, rid, request.getPlacement());
+      break;
     case proto::Request::BYE:
       Complete(seq, MakeAck(rid));
       CloseAfter(seq);
@@ -231,6 +234,7 @@ void Session::AnswerHello(uint64_t seq, uint64_t rid, Grant grant) {
              reply.setReserveAhead(ReservesAhead());
              reply.setInlinePut(config.protocol.inline_put);
              reply.setClusterLookup(engine_ && server_->peer_fetcher() != nullptr);
+             reply.setClusterPlacement(engine_ && server_->peer_fetcher() != nullptr);
              reply.setKeepsPositions(codec_ == nullptr || codec_->policy().KeepsPositions());
              if (codec_ != nullptr) {
                const CompressionPolicy& p = codec_->policy();

@@ -1,4 +1,5 @@
-// Session requests of the lookup path: Lookup (a lease on the matched prefix) and lease release.
+// Session requests of the lookup path: Lookup (a lease on the matched prefix), lease release,
+// and Placement (where a prefill engine puts a chain in the cluster).
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -50,10 +51,10 @@ void Session::HandleLookup(uint64_t seq, uint64_t rid, proto::Lookup::Reader loo
   storage::TierManager* tiers = get_services_->tier_manager();
   if (lookup.getCluster()) {
     if (get_services_->peer_fetcher() == nullptr) {
-      return CompleteError(seq, rid,
-                           Status::FailedPrecondition(
-                               "cluster-scope lookup: this kvd is in no cluster (no cluster "
-                               "section); HelloReply.clusterLookup says so"));
+      return CompleteError(
+          seq, rid,
+          Status::FailedPrecondition("cluster-scope lookup: this kvd is in no cluster (no cluster "
+                                     "section); HelloReply.clusterLookup says so"));
     }
     SpawnHandler(FinishClusterLookup(
         seq, rid, std::make_shared<storage::LookupRequest>(std::move(request)), ttl));
@@ -132,7 +133,8 @@ asio::awaitable<void> Session::FinishClusterLookup(
         d.peers = fetcher->AskPeers(ask);
         if (d.peers.fetched_chunks == 0) return d;
         // The fetched chunks extend the prefix: one lease over the whole of it.
-        if (d.result->lease_id != 0) host->ReleaseLease(d.result->lease_id, req->owner).IgnoreError();
+        if (d.result->lease_id != 0)
+          host->ReleaseLease(d.result->lease_id, req->owner).IgnoreError();
         d.result = tiers->Lookup(*req);
         return d;
       });
@@ -165,6 +167,33 @@ void Session::CompleteLookup(uint64_t seq, uint64_t rid,
                holders[i + 1].setError(p.error);
                SetTierChunks(p.found_in,
                              holders[i + 1].initFoundIn(static_cast<unsigned>(p.found_in.size())));
+             }
+           }));
+}
+
+void Session::HandlePlacement(uint64_t seq, uint64_t rid, proto::Placement::Reader placement) {
+  if (Status s = RequireEngine("Placement"); !s.ok()) return CompleteError(seq, rid, s);
+  PeerFetcher* fetcher = get_services_->peer_fetcher();
+  if (fetcher == nullptr) {
+    return CompleteError(
+        seq, rid,
+        Status::FailedPrecondition("placement: this kvd is in no cluster (no cluster section); "
+                                   "HelloReply.clusterPlacement says so"));
+  }
+  auto chain = placement.getChain();
+  if (chain.size() == 0) {
+    return CompleteError(seq, rid, Status::InvalidArgument("placement: the chain is empty"));
+  }
+  auto placed = fetcher->Place(*model_, proto::FromProto(chain[0]), placement.getNode().cStr());
+  if (!placed.ok()) return CompleteError(seq, rid, placed.status());
+  Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
+             auto reply = r.initPlacement();
+             reply.setMembershipCurrent(placed->membership_current);
+             auto targets = reply.initTargets(static_cast<unsigned>(placed->targets.size()));
+             for (size_t i = 0; i < placed->targets.size(); ++i) {
+               targets[i].setNode(placed->targets[i].node);
+               targets[i].setControlAddress(placed->targets[i].control_address);
+               targets[i].setLocal(placed->targets[i].local);
              }
            }));
 }

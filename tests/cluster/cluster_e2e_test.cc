@@ -9,13 +9,10 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "e2e_common.h"
-#include "etcd_server.h"
+#include "peer_cluster.h"
 
 namespace kvd::e2e {
 namespace {
-
-using std::chrono::milliseconds;
 
 constexpr int kLeaseTtlS = 3;
 
@@ -46,16 +43,7 @@ class ClusterE2eTest : public cluster_test::EtcdTest {
 
   // Waits until every live kvd reports `members` members and reachable == `reachable`.
   bool AllSee(double members, double reachable, milliseconds timeout) {
-    return Eventually(
-        [&] {
-          for (auto& kvd : kvds_) {
-            if (!kvd->Alive()) continue;
-            if (MetricValue(*kvd, "kvd_cluster_reachable") != reachable) return false;
-            if (members >= 0 && MetricValue(*kvd, "kvd_cluster_members") != members) return false;
-          }
-          return true;
-        },
-        timeout);
+    return ClusterAllSee(kvds_, members, reachable, timeout);
   }
 
   std::string Kvdctl(int* rc) {

@@ -2,107 +2,24 @@
 // tcp) on a real etcd-server: which node holds how long a prefix; a chunk a peer holds is fetched
 // byte-exact and served like a local one; a wrong cluster token and a differing layout are
 // refused naming why; a peer killed with SIGKILL during fetches gives misses, never wrong bytes,
-// never a hang. Skipped when etcd is not installed.
+// never a hang; a prefill engine puts to the decode node's kvd (named, or chosen by the
+// placement rule) and the decode node reads it local. Skipped when etcd is not installed.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <thread>
 
-#include "e2e_common.h"
-#include "etcd_server.h"
+#include "kvd/cluster/placement.h"
+#include "peer_cluster.h"
 
 namespace kvd::e2e {
 namespace {
 
-using std::chrono::milliseconds;
-
-constexpr char kToken[] = "peer-fetch-token";
-constexpr int kPeerTimeoutMs = 1000;
-
-// A model registered with another layout on node c (same name, same chain hashes).
-constexpr char kTinyModel[] = "tiny";
-ModelLayout TinyLayout(int head_dim) {
-  ModelLayout l;
-  l.num_layers = 2;
-  l.num_kv_heads = 2;
-  l.num_q_heads = 2;
-  l.head_dim = head_dim;
-  l.dtype = DType::kFloat32;
-  l.rope.pairing = RopePairing::kInterleaved;
-  return l;
-}
-std::string TinyModelYaml(int head_dim) {
-  return "  - name: tiny\n    layout: {layers: 2, kv_heads: 2, q_heads: 2, head_dim: " +
-         std::to_string(head_dim) +
-         ", dtype: float32, rope: {theta: 10000, pairing: interleaved, scaling: none}}\n";
-}
-
-class PeerFetchE2eTest : public cluster_test::EtcdTest {
- protected:
-  void SetUp() override {
-    EtcdTest::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
-    for (int i = 0; i < 3; ++i) {
-      kvds_.push_back(
-          StartNode(std::string(1, static_cast<char>('a' + i)), 2 + i, kToken, i == 2 ? 16 : 8));
-      ASSERT_NE(kvds_.back(), nullptr);
-    }
-    ASSERT_TRUE(AllSeeMembers(3)) << kvds_[0]->Log();
-  }
-  void TearDown() override {
-    for (auto& kvd : kvds_) {
-      if (kvd && kvd->Alive()) {
-        EXPECT_EQ(kvd->Stop(), 0) << kvd->Log();
-      }
-    }
-  }
-
-  std::unique_ptr<KvdProcess> StartNode(const std::string& node, int ip_last, const char* token,
-                                        int tiny_head_dim) {
-    KvdConfig c;
-    c.ucx_tls = "tcp";
-    c.host_capacity = "96MiB";
-    c.listen = "127.0.0." + std::to_string(ip_last) + ":0";
-    c.metrics = true;
-    c.extra_models = TinyModelYaml(tiny_head_dim);
-    c.extra_yaml = "cluster:\n  etcd: [" + etcd_->endpoint() + "]\n  name: pf\n  node: " + node +
-                   "\n  lease_ttl_s: 3\n  token: " + token +
-                   "\n  peer_timeout_ms: " + std::to_string(kPeerTimeoutMs) + "\n";
-    return StartKvd(c);
-  }
-
-  // Every live kvd lists `members` members (this node included).
-  bool AllSeeMembers(double members) {
-    return Eventually(
-        [&] {
-          for (auto& kvd : kvds_) {
-            if (kvd->Alive() && MetricValue(*kvd, "kvd_cluster_members") != members) return false;
-          }
-          return true;
-        },
-        milliseconds(10000));
-  }
-
-  std::vector<std::unique_ptr<KvdProcess>> kvds_;
-};
-
-// Puts chunks [0, n) of `chain` on `c`, returning their bytes.
-std::vector<std::vector<uint8_t>> PutPrefix(client::Client& c, const std::vector<Hash128>& chain,
-                                            size_t n, uint64_t seed) {
-  std::vector<std::vector<uint8_t>> bytes;
-  for (size_t i = 0; i < n; ++i) bytes.push_back(PutChunk(c, chain[i], seed + i));
-  return bytes;
-}
-
-const client::PrefixHolder* HolderOf(const client::LookupResult& r, const std::string& node) {
-  for (const auto& h : r.holders) {
-    if (h.node == node) return &h;
-  }
-  return nullptr;
-}
+class PeerFetchE2eTest : public PeerClusterTest {};
 
 TEST_F(PeerFetchE2eTest, ClusterLookupNamesEachNodesPrefixAndPeerFetchIsByteExact) {
   auto a = ConnectOrFail(kvds_[0]->EngineOptions("reader-a"));
@@ -234,6 +151,159 @@ TEST_F(PeerFetchE2eTest, AChunkNeverTravelsToANodeWhoseLayoutDiffers) {
   EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_NE(refused.status().message().find("layout mismatch"), std::string::npos)
       << refused.status();
+}
+
+// The decode node's view of a chain a prefill engine placed on it: every chunk local and
+// byte-exact.
+void ExpectDecodesLocally(KvdProcess& kvd, const std::vector<Hash128>& chain,
+                          const std::vector<std::vector<uint8_t>>& bytes) {
+  auto decode = ConnectOrFail(kvd.EngineOptions("decode"));
+  ASSERT_NE(decode, nullptr);
+  auto hit = decode->Lookup(chain);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  ASSERT_EQ(hit->matched_chunks, chain.size());
+  for (uint32_t i = 0; i < chain.size(); ++i) {
+    std::vector<uint8_t> out(bytes[i].size());
+    auto got = decode->Get(hit->lease_id, i, out.data(), out.size());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(out == bytes[i]) << "chunk " << i << " differs";
+  }
+  EXPECT_TRUE(decode->ReleaseLease(hit->lease_id).ok());
+}
+
+// How many leading chunks of `chain` `kvd` holds itself.
+uint32_t LocalPrefix(KvdProcess& kvd, const std::vector<Hash128>& chain) {
+  auto c = ConnectOrFail(kvd.EngineOptions("probe"));
+  if (c == nullptr) return ~0u;
+  auto hit = c->Lookup(chain);
+  if (!hit.ok()) return ~0u;
+  if (hit->lease_id != 0) c->ReleaseLease(hit->lease_id).IgnoreError();
+  return hit->matched_chunks;
+}
+
+// Puts `chain` through a client of `base`'s daemon to the member `target` names: over UCX's tcp
+// lane to that kvd, as between two hosts (no inline puts, and no same-host copy: every byte
+// through UCX).
+std::vector<std::vector<uint8_t>> PutPlaced(const client::ClientOptions& base,
+                                            const client::PlacementTarget& target,
+                                            const std::vector<Hash128>& chain, uint64_t seed) {
+  client::ClientOptions o = client::PlacedOptions(base, target);
+  o.client_id = "prefill-to-" + target.node;
+  o.inline_put_bytes = 0;
+  o.transport.cma_threshold_bytes = 0;
+  auto to = ConnectOrFail(o);
+  if (to == nullptr) return {};
+  EXPECT_EQ(to->session().transport.find("ucx"), 0u) << to->session().transport;
+  return PutPrefix(*to, chain, chain.size(), seed);
+}
+
+TEST_F(PeerFetchE2eTest, PrefillOnAPutsToTheNamedDecodeNodeBAndDecodeOnBReadsItLocal) {
+  const client::ClientOptions on_a = kvds_[0]->EngineOptions("prefill-a");
+  auto prefill = ConnectOrFail(on_a);
+  ASSERT_NE(prefill, nullptr);
+  EXPECT_TRUE(prefill->session().cluster_placement);
+  auto chain = prefill->hasher().ChunkChain(RandomTokens(3 * 256, 21), true);
+  ASSERT_EQ(chain.size(), 3u);
+
+  auto placed = prefill->Place(chain, {.node = "b"});
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_TRUE(placed->membership_current);
+  ASSERT_EQ(placed->targets.size(), 1u);
+  EXPECT_EQ(placed->targets[0].node, "b");
+  EXPECT_EQ(placed->targets[0].control_address, kvds_[1]->tcp_address());
+  EXPECT_FALSE(placed->targets[0].local);
+
+  auto bytes = PutPlaced(on_a, placed->targets[0], chain, 600);
+  ASSERT_EQ(bytes.size(), 3u);
+  ExpectDecodesLocally(*kvds_[1], chain, bytes);
+  EXPECT_EQ(LocalPrefix(*kvds_[0], chain), 0u) << "the chunks are on a, where no one decodes";
+  EXPECT_EQ(LocalPrefix(*kvds_[2], chain), 0u);
+
+  // b's cluster view agrees: b holds all three, the others none, nothing to fetch.
+  auto decode = ConnectOrFail(kvds_[1]->EngineOptions("decode-b"));
+  ASSERT_NE(decode, nullptr);
+  auto seen = decode->Lookup(chain, {.cluster = true});
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_EQ(seen->fetched_chunks, 0u);
+  ASSERT_NE(HolderOf(*seen, "a"), nullptr);
+  EXPECT_EQ(HolderOf(*seen, "a")->matched_chunks, 0u);
+  EXPECT_EQ(HolderOf(*seen, "b")->matched_chunks, 3u);
+}
+
+TEST_F(PeerFetchE2eTest, ThePlacementRuleIsRendezvousOnTheFirstChunkAndEveryNodeAgrees) {
+  const client::ClientOptions on_a = kvds_[0]->EngineOptions("prefill-a");
+  std::vector<std::unique_ptr<client::Client>> clients;
+  for (auto& kvd : kvds_) clients.push_back(ConnectOrFail(kvd->EngineOptions("placer")));
+  ASSERT_TRUE(clients[0] && clients[1] && clients[2]);
+  const std::vector<std::string> nodes = {"a", "b", "c"};
+  std::map<std::string, int> chosen;
+  for (uint64_t seed = 0; seed < 12; ++seed) {
+    auto chain = clients[0]->hasher().ChunkChain(RandomTokens(2 * 256, 700 + seed), true);
+    std::vector<client::PlacementTarget> first_answer;
+    for (size_t i = 0; i < clients.size(); ++i) {
+      auto placed = clients[i]->Place(chain);
+      ASSERT_TRUE(placed.ok()) << placed.status();
+      ASSERT_EQ(placed->targets.size(), 3u);
+      for (const auto& t : placed->targets) EXPECT_EQ(t.local, t.node == nodes[i]);
+      if (i == 0) {
+        first_answer = placed->targets;
+        const auto order = cluster::RendezvousOrder(chain[0], nodes);
+        for (size_t k = 0; k < 3; ++k) EXPECT_EQ(placed->targets[k].node, nodes[order[k]]);
+        continue;
+      }
+      for (size_t k = 0; k < 3; ++k) {
+        EXPECT_EQ(placed->targets[k].node, first_answer[k].node) << "node " << nodes[i];
+        EXPECT_EQ(placed->targets[k].control_address, first_answer[k].control_address);
+      }
+    }
+    // The rule keys on chunk 0 only: a longer chain with the same first chunk goes there too.
+    auto longer = clients[1]->hasher().ChunkChain(RandomTokens(2 * 256, 700 + seed), true);
+    longer.push_back(Hash128{seed, 1});
+    auto same = clients[1]->Place(longer);
+    ASSERT_TRUE(same.ok()) << same.status();
+    EXPECT_EQ(same->targets[0].node, first_answer[0].node);
+    if (seed >= 3) continue;
+    // Put from a to the chosen node: only it holds the chain.
+    const auto& target = first_answer[0];
+    ++chosen[target.node];
+    auto bytes = PutPlaced(on_a, target, chain, 800 + 10 * seed);
+    ASSERT_EQ(bytes.size(), 2u);
+    for (size_t i = 0; i < kvds_.size(); ++i) {
+      if (nodes[i] == target.node) {
+        ExpectDecodesLocally(*kvds_[i], chain, bytes);
+      } else {
+        EXPECT_EQ(LocalPrefix(*kvds_[i], chain), 0u) << nodes[i];
+      }
+    }
+  }
+}
+
+TEST_F(PeerFetchE2eTest, PlacementNeverNamesANodeWhoseLayoutDiffersAndSaysWhy) {
+  // c registers "tiny" with head_dim 16, a and b with 8.
+  client::ClientOptions on_a = kvds_[0]->EngineOptions("prefill-a");
+  on_a.model = kTinyModel;
+  on_a.layout = TinyLayout(8);
+  auto prefill = ConnectOrFail(on_a);
+  ASSERT_NE(prefill, nullptr);
+  for (uint64_t seed = 0; seed < 8; ++seed) {
+    auto chain = prefill->hasher().ChunkChain(RandomTokens(256, 900 + seed), true);
+    auto placed = prefill->Place(chain);
+    ASSERT_TRUE(placed.ok()) << placed.status();
+    ASSERT_EQ(placed->targets.size(), 2u);
+    for (const auto& t : placed->targets) EXPECT_NE(t.node, "c");
+  }
+  auto chain = prefill->hasher().ChunkChain(RandomTokens(256, 999), true);
+  auto to_c = prefill->Place(chain, {.node = "c"});
+  ASSERT_FALSE(to_c.ok());
+  EXPECT_EQ(to_c.status().code(), StatusCode::kFailedPrecondition) << to_c.status();
+  EXPECT_NE(to_c.status().message().find("layout of model tiny differs"), std::string::npos)
+      << to_c.status();
+  auto nowhere = prefill->Place(chain, {.node = "zz"});
+  ASSERT_FALSE(nowhere.ok());
+  EXPECT_EQ(nowhere.status().code(), StatusCode::kNotFound) << nowhere.status();
+  EXPECT_NE(nowhere.status().message().find("members: a, b, c"), std::string::npos)
+      << nowhere.status();
+  EXPECT_EQ(prefill->Place({}).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(PeerFetchE2eTest, APeerKilledDuringFetchesGivesMissesNeverWrongBytesNorAHang) {

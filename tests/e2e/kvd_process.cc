@@ -102,7 +102,7 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Spawn(const KvdConfig& c) {
     std::ofstream y(config_path);
     y << "node: kvd-e2e\n"
       << "transport:\n  backend: " << c.transport_backend << "\n  ucx_tls: \"" << c.ucx_tls
-      << "\"\n  net_devices: lo\n"
+      << "\"\n  net_devices: " << c.net_devices << "\n"
       << "  keepalive_interval_ms: 500\n"
       << (c.enable_rma ? "  enable_rma: true\n" : "") << "  nccl_device: " << c.nccl_device
       << "\n  nccl_init_timeout_ms: " << c.nccl_init_timeout_ms << "\n"
@@ -144,8 +144,12 @@ StatusOr<std::unique_ptr<KvdProcess>> KvdProcess::Spawn(const KvdConfig& c) {
   // a new test fail on it).
   const char* other = std::getenv("KVD_E2E_KVD");
   const std::string binary = other != nullptr && *other != '\0' ? other : KVD_BINARY;
-  std::vector<std::string> argv = {binary,   "--config", config_path,    "--listen", c.listen,
-                                   "--unix", p->unix_,   "--ready-file", ready};
+  std::vector<std::string> argv = c.exec_prefix;
+  for (const std::string& a :
+       {binary, std::string("--config"), config_path, std::string("--listen"), c.listen,
+        std::string("--unix"), p->unix_, std::string("--ready-file"), ready}) {
+    argv.push_back(a);
+  }
   const int log = ::open(p->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log < 0)
     return Status::Internal("cannot create " + p->log_path_ + ": " + std::strerror(errno));

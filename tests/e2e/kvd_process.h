@@ -73,6 +73,11 @@ struct KvdConfig {
   bool enable_rma = false;
   // transport.backend: "ucx", or "none" (no bulk transport, shared-memory engines only).
   std::string transport_backend = "ucx";
+  // transport.net_devices: the interfaces UCX may use.
+  std::string net_devices = "lo";
+  // Runs kvd under this command (e.g. {"ip", "netns", "exec", "ns1"}, which execs kvd in the
+  // same process); empty (default): kvd directly.
+  std::vector<std::string> exec_prefix;
 };
 
 // The stories260k layout registered in every e2e daemon (small chunks: 320 KiB per 256 tokens).

@@ -80,6 +80,17 @@ class Client {
   StatusOr<LookupResult> Lookup(std::span<const Hash128> chain);
   // The same with options (LookupOptions: cluster scope).
   StatusOr<LookupResult> Lookup(std::span<const Hash128> chain, const LookupOptions& options);
+  // Placement for prefill: the member of this daemon's cluster to put `chain`'s chunks to, so
+  // that the node that decodes the chain finds them local (by the cluster's placement rule, or
+  // the member named in options.node). Connect a client to it (PlacedOptions) and Put there:
+  // the chunks travel over that client's transport (UCX) straight to the target kvd, and only
+  // it stores them. Errors: FAILED_PRECONDITION when the daemon is in no cluster
+  // (SessionInfo::cluster_placement) or the named member cannot hold this model's chunks (its
+  // layout differs: the message says why), NOT_FOUND for a named node that is no member,
+  // UNAVAILABLE when the daemon never saw a member list (etcd unreachable since its start),
+  // INVALID_ARGUMENT for an empty chain.
+  StatusOr<PlacementResult> Place(std::span<const Hash128> chain,
+                                  const PlacementOptions& options = {});
   // Ends a lease. A live lease that this client's Lookup took, with a daemon that takes
   // releases on requests (every kvd since Request.releaseLeases), costs no exchange: it returns
   // OK at once and the lease ends when the daemon reads this client's next request of any kind
@@ -185,6 +196,13 @@ Status GatherLayers(const ModelLayout& layout, int tokens, std::span<const Layer
 // Scatters a raw chunk (host memory) into per-layer K/V buffers (host or device memory).
 Status ScatterLayers(const ModelLayout& layout, int tokens, const void* raw,
                      std::span<const MutableLayerKV> layers, void* cuda_stream = nullptr);
+
+// The options of a client that puts to `target` (Client::Place): `base` (the client of the
+// daemon that answered) with address = target.control_address, unless target.local (then
+// `base` as is: this daemon, over whatever address and path it already uses). The target is
+// asked for the same model, layout, namespace and credentials (auth_token), so they must be
+// valid there too.
+ClientOptions PlacedOptions(const ClientOptions& base, const PlacementTarget& target);
 
 // Parses "host:port" / "unix:/path" (what ClientOptions::address accepts).
 struct DaemonAddress {

@@ -51,6 +51,29 @@ struct LookupResult {
   std::vector<TierChunks> found_in;
 };
 
+// Placement for prefill (Client::Place): where to put a chain's chunks in the cluster.
+struct PlacementOptions {
+  // "" (default): the cluster's placement rule, rendezvous hashing of the chain's first chunk
+  // hash over the members that serve this session's model with the same layout (the daemon
+  // answering included; docs/deployment.md "Placement for prefill"). Else the member whose
+  // cluster.node this is (the decode node a scheduler already chose).
+  std::string node;
+};
+
+struct PlacementTarget {
+  std::string node;             // the member's cluster.node
+  std::string control_address;  // its TCP control address, "host:port"
+  bool local = false;           // the member is the daemon that answered
+};
+
+struct PlacementResult {
+  // Best first: put to targets[0]; by the rule, the rest are the next choices in order (a
+  // named node: that one alone).
+  std::vector<PlacementTarget> targets;
+  // False: etcd is unreachable and the daemon answered from the last member list it saw.
+  bool membership_current = false;
+};
+
 struct PutResult {
   uint64_t bytes = 0;           // bytes sent (raw chunk + window queries)
   bool already_stored = false;  // the daemon had the chunk: nothing was sent
@@ -165,6 +188,8 @@ struct SessionInfo {
   bool inline_put = false;
   // The daemon is a cluster member and takes cluster-scope lookups (LookupOptions::cluster).
   bool cluster_lookup = false;
+  // The daemon is a cluster member and answers Client::Place.
+  bool cluster_placement = false;
   // Compression (engine role): the codec id lookups and gets use (0 = raw), the policy's digest
   // and canonical form ("" = none), the window W puts should carry, whether puts without window
   // queries are refused, and the VECTOR calibration version the codec id includes (0 = none).

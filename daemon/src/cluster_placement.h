@@ -1,0 +1,37 @@
+// Placement for prefill (proto Placement): which member a prefill engine puts a chain's chunks to.
+// Private to daemon/.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvd/cluster/membership.h"
+#include "kvd/common/hash.h"
+#include "kvd/common/status.h"
+#include "kvd/daemon/config.h"
+
+namespace kvd::daemon {
+
+struct PlacementTarget {
+  std::string node;
+  std::string control_address;
+  bool local = false;  // the member is this daemon
+};
+
+struct PlacementOutcome {
+  std::vector<PlacementTarget> targets;  // best first
+  bool membership_current = false;       // etcd answered the last call
+};
+
+// The placement of a chain whose first chunk hash is `first`, for `model`, from the member list
+// `state` of the node `self`. `node` "": every candidate (a member serving `model` with the same
+// layout and a TCP control address), ranked by cluster::RendezvousOrder. `node` named: that
+// member alone; NOT_FOUND when it is no member, FAILED_PRECONDITION naming why when it is no
+// candidate. UNAVAILABLE when the list is empty (never registered: etcd unreachable since the
+// start) or, by the rule, when no member is a candidate.
+StatusOr<PlacementOutcome> PlaceChain(const cluster::MembershipState& state, std::string_view self,
+                                      const ModelConfig& model, const Hash128& first,
+                                      std::string_view node);
+
+}  // namespace kvd::daemon
