@@ -601,6 +601,17 @@ Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,
       KVD_RETURN_IF_ERROR(ExpectedAttentionScores(
           *expected, keys, options.expected_attention.value_norm ? values : ConstMatrixView{},
           *scores, {.num_threads = 1}));
+      if (options.expected_attention.keydiff_share > 0.0) {
+        // Part of the evictable tokens by KeyDiff's rank (expected_attention.h).
+        std::vector<float> keydiff(static_cast<size_t>(n));
+        KVD_RETURN_IF_ERROR(KeyDiffScores(keys, keydiff, {.num_threads = 1}));
+        const int64_t begin = std::min(options.sinks, n);
+        const int64_t end = std::max(begin, n - window);
+        const std::vector<float> expected_scores = *scores;
+        KVD_RETURN_IF_ERROR(FuseKeyDiffRanks(expected_scores, keydiff,
+                                             options.expected_attention.keydiff_share, begin, end,
+                                             *scores));
+      }
       break;
   }
   return Status::Ok();

@@ -38,8 +38,13 @@
 //                                            positions): what kvd would have accumulated from
 //                                            earlier puts; the chunk's own queries are not used
 //                                            (KVD_EA_FUTURE, KVD_EA_VALUE_NORM=0,
-//                                            KVD_EA_COVARIANCE=0 override the plan's terms)
+//                                            KVD_EA_COVARIANCE=0, KVD_EA_KEYDIFF_SHARE override
+//                                            the method's terms)
 //   expected_attention+int8                  the same, then the int8 quantize stage
+//   expected_attention_nocov, _novnorm       without the covariance term, without the value norm
+//   ea_keydiff25, ea_keydiff50,              a quarter / half of the evictable tokens kept by
+//   ea_nocov_keydiff50, ea_keydiff50+int8    KeyDiff's rank instead (keydiff_share; the others by
+//                                            expected attention), without the covariance, int8
 //   int4_rot, int3_rot, int2_rot             the quantize stage with the Hadamard rotation
 //   int3                                     3-bit codes without it
 //   int3_rot_recent32, int2_rot_recent32     rotated, the last 32 slots unquantized
