@@ -192,7 +192,8 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
                 "pyramid_beta", "merge_norm", "position", "max_group", "min_cos", "route_eps",
                 "r2_threshold", "calibration_tokens", "worker_threads", "queue_depth", "device",
                 "quant_format", "quant_group", "quant_key_group", "quant_recent", "quant_rotate",
-                "quant_value_format", "ea_future_positions", "ea_min_queries"}));
+                "quant_value_format", "ea_future_positions", "ea_min_queries", "ea_covariance",
+                "ea_keydiff_share"}));
   CompressionPolicy p;
   const YAML::Node stages = node["stages"];
   if (!stages.IsDefined() || !stages.IsSequence() || stages.size() == 0) {
@@ -273,7 +274,8 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
   KVD_RETURN_IF_ERROR(GetInt(node, path, "keydiff_block", &p.keydiff_block, 0, 1 << 20));
   KVD_RETURN_IF_ERROR(GetDouble(node, path, "pyramid_beta", &p.pyramid_beta));
   if (p.score != "expected_attention") {
-    for (const char* k : {"ea_future_positions", "ea_min_queries"}) {
+    for (const char* k :
+         {"ea_future_positions", "ea_min_queries", "ea_covariance", "ea_keydiff_share"}) {
       if (node[k].IsDefined()) {
         return Status::InvalidArgument(path + "." + k +
                                        ": set, but stages has no expected_attention stage (e.g. "
@@ -285,6 +287,8 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
                              int64_t{1} << 30));
   KVD_RETURN_IF_ERROR(
       GetInt(node, path, "ea_min_queries", &p.ea_min_queries, 1, int64_t{1} << 40));
+  KVD_RETURN_IF_ERROR(GetBool(node, path, "ea_covariance", &p.ea_covariance));
+  KVD_RETURN_IF_ERROR(GetDouble(node, path, "ea_keydiff_share", &p.ea_keydiff_share));
   KVD_RETURN_IF_ERROR(GetString(node, path, "merge_norm", &p.merge_norm));
   KVD_RETURN_IF_ERROR(GetString(node, path, "position", &p.position));
   KVD_RETURN_IF_ERROR(GetInt(node, path, "max_group", &p.max_group, 1, 1 << 20));

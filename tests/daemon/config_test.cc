@@ -569,6 +569,26 @@ TEST(ConfigPolicyTest, ParsesTheExpectedAttentionStageAndItsKeys) {
   EXPECT_EQ(keydiff.CodecId(0), keydiff_ea.CodecId(0));
 }
 
+TEST(ConfigPolicyTest, ParsesTheExpectedAttentionCovarianceAndKeyDiffShare) {
+  const CompressionPolicy defaults = Policy("{stages: [expected_attention]}");
+  EXPECT_TRUE(defaults.ea_covariance);
+  EXPECT_EQ(defaults.ea_keydiff_share, 0.0);
+  const CompressionPolicy p =
+      Policy("{stages: [expected_attention], ea_covariance: false, ea_keydiff_share: 0.5}");
+  EXPECT_FALSE(p.ea_covariance);
+  EXPECT_EQ(p.ea_keydiff_share, 0.5);
+  // Each changes what is kept, so the codec id; the defaults keep the id they had.
+  CompressionPolicy cov = defaults;
+  cov.ea_covariance = false;
+  CompressionPolicy share = defaults;
+  share.ea_keydiff_share = 0.25;
+  EXPECT_NE(cov.CodecId(0), defaults.CodecId(0));
+  EXPECT_NE(share.CodecId(0), defaults.CodecId(0));
+  EXPECT_NE(share.CodecId(0), cov.CodecId(0));
+  EXPECT_EQ(defaults.CanonicalForm().find("ea_covariance"), std::string::npos);
+  EXPECT_EQ(defaults.CanonicalForm().find("ea_keydiff_share"), std::string::npos);
+}
+
 TEST(IngestDeviceTest, ParsesTheSettingWithAutoAsDefault) {
   EXPECT_EQ(Policy("{stages: [snapkv]}").device, "auto");
   EXPECT_EQ(Policy("{stages: [snapkv], device: cpu}").device, "cpu");
@@ -745,6 +765,12 @@ TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
        {"models[0].compression.ea_min_queries", "\"-3\""}},
       {"{stages: [keydiff], ea_min_queries: 64}",
        {"models[0].compression.ea_min_queries", "no expected_attention stage"}},
+      {"{stages: [keydiff], ea_keydiff_share: 0.5}",
+       {"models[0].compression.ea_keydiff_share", "no expected_attention stage"}},
+      {"{stages: [expected_attention], ea_keydiff_share: 1}",
+       {"models[0].compression.ea_keydiff_share", "[0, 1)"}},
+      {"{stages: [expected_attention], ea_covariance: maybe}",
+       {"models[0].compression.ea_covariance", "maybe"}},
       {"{stages: [expected_attention, keydiff]}", {"stages[1]", "keydiff", "second score method"}},
       // the quantize stage
       {"{stages: [quantize], quant_format: int5}",

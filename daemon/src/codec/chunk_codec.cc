@@ -50,6 +50,8 @@ kk::CompressionPlanOptions PlanOptions(const CompressionPolicy& p) {
                                               : kk::ScoreStage::kNone;
   o.expected_attention.future_positions = p.ea_future_positions;
   o.expected_attention_min_queries = p.ea_min_queries;
+  o.expected_attention.use_covariance = p.ea_covariance;
+  o.expected_attention.keydiff_share = p.ea_keydiff_share;
   o.merge = p.merge == "kvslimmer" ? kk::MergeStage::kKvSlimmer : kk::MergeStage::kNone;
   o.route = p.route == "vector" ? kk::RouteStage::kVector : kk::RouteStage::kNone;
   o.p_c = p.p_c;
