@@ -169,6 +169,7 @@ constexpr MethodSpec kSpecs[] = {
      .ea_value_norm = false},
     {.name = "ea_keydiff25", .score = ScoreStage::kExpectedAttention, .ea_keydiff_share = 0.25},
     {.name = "ea_keydiff50", .score = ScoreStage::kExpectedAttention, .ea_keydiff_share = 0.5},
+    {.name = "ea_keydiff75", .score = ScoreStage::kExpectedAttention, .ea_keydiff_share = 0.75},
     {.name = "ea_nocov_keydiff50",
      .score = ScoreStage::kExpectedAttention,
      .ea_covariance = false,

@@ -42,9 +42,10 @@
 //                                            the method's terms)
 //   expected_attention+int8                  the same, then the int8 quantize stage
 //   expected_attention_nocov, _novnorm       without the covariance term, without the value norm
-//   ea_keydiff25, ea_keydiff50,              a quarter / half of the evictable tokens kept by
-//   ea_nocov_keydiff50, ea_keydiff50+int8    KeyDiff's rank instead (keydiff_share; the others by
-//                                            expected attention), without the covariance, int8
+//   ea_keydiff25, ea_keydiff50, ea_keydiff75  a quarter / half / three quarters of the evictable
+//   ea_nocov_keydiff50, ea_keydiff50+int8    tokens kept by KeyDiff's rank instead (keydiff_share;
+//                                            the others by expected attention), without the
+//                                            covariance, with int8
 //   int4_rot, int3_rot, int2_rot             the quantize stage with the Hadamard rotation
 //   int3                                     3-bit codes without it
 //   int3_rot_recent32, int2_rot_recent32     rotated, the last 32 slots unquantized
