@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "kvd/kernels/convert.h"
@@ -261,46 +262,71 @@ std::vector<uint8_t> RawChunk(const ModelLayout& layout, int64_t n, uint64_t see
   return raw;
 }
 
-TEST(ExpectedAttentionPlanTest, ScoreStageFourKeepsTheBestExpectedTokens) {
-  ModelLayout layout;
-  layout.num_layers = 2;
-  layout.num_kv_heads = 2;
-  layout.num_q_heads = 4;
-  layout.head_dim = 64;
-  layout.dtype = DType::kFloat32;
-  ASSERT_TRUE(layout.Validate().ok());
-  const int64_t n = 96;
-  const std::vector<uint8_t> raw = RawChunk(layout, n, 7);
-  const std::vector<int64_t> pos = testing::SequentialPositions(n, 512);
-  auto rope = RopeTable::Create(layout.rope, layout.head_dim);
-  ASSERT_TRUE(rope.ok());
-  auto stats = QueryStatistics::Create(2, 4, *rope);
-  ASSERT_TRUE(stats.ok());
-  Matrix q = testing::RandomMatrix(32, 4 * 64, 8, 1.0f, 0.5f);
-  for (int l = 0; l < 2; ++l) {
-    ASSERT_TRUE(stats->Add(l, q.values, testing::SequentialPositions(32, 100)).ok());
+// A 96-token float32 chunk of 2 layers x 2 KV heads (4 query heads, d 64) and query statistics
+// of 32 window queries per layer.
+class ExpectedAttentionPlanTest : public ::testing::Test {
+ protected:
+  static constexpr int64_t n = 96;
+  void SetUp() override {
+    layout.num_layers = 2;
+    layout.num_kv_heads = 2;
+    layout.num_q_heads = 4;
+    layout.head_dim = 64;
+    layout.dtype = DType::kFloat32;
+    ASSERT_TRUE(layout.Validate().ok());
+    raw = RawChunk(layout, n, 7);
+    pos = testing::SequentialPositions(n, 512);
+    auto rope = RopeTable::Create(layout.rope, layout.head_dim);
+    ASSERT_TRUE(rope.ok());
+    auto st = QueryStatistics::Create(2, 4, *rope);
+    ASSERT_TRUE(st.ok());
+    stats = std::move(*st);
+    Matrix q = testing::RandomMatrix(32, 4 * 64, 8, 1.0f, 0.5f);
+    for (int l = 0; l < 2; ++l) {
+      ASSERT_TRUE(stats->Add(l, q.values, testing::SequentialPositions(32, 100)).ok());
+    }
+    o.expected_attention_min_queries = 32;
+    in = CompressionInput{.raw = raw, .positions = pos};
+    in.query_stats = &*stats;
   }
+  // Keys and values of every KV head of layer l.
+  void LayerHeads(int l, std::vector<Matrix>* keys, std::vector<Matrix>* vals) const {
+    const EngineTensorShape shape{
+        .tokens = n, .num_heads = 2, .head_dim = 64, .dtype = DType::kFloat32};
+    auto k = GatherHeads(shape, raw.data() + layout.LayerOffset(l, static_cast<int>(n)));
+    auto v = GatherHeads(shape, raw.data() + layout.LayerOffset(l, static_cast<int>(n)) +
+                                    static_cast<size_t>(n) * layout.TokenBytes());
+    ASSERT_TRUE(k.ok() && v.ok());
+    *keys = std::move(*k);
+    *vals = std::move(*v);
+  }
+  // The kernel's expected-attention scores of (l, h) under the plan's options.
+  void Scores(int l, int h, const Matrix& keys, const Matrix& vals, std::vector<float>* s) const {
+    auto eq = ExpectedQueriesFor(*stats, l, h, 2, pos.back(), o.expected_attention);
+    ASSERT_TRUE(eq.ok());
+    s->assign(n, 0.0f);
+    ASSERT_TRUE(ExpectedAttentionScores(*eq, keys.View(), vals.View(), *s).ok());
+  }
+  ModelLayout layout;
+  std::vector<uint8_t> raw;
+  std::vector<int64_t> pos;
+  std::optional<QueryStatistics> stats;
   CompressionPlanOptions o{.score = ScoreStage::kExpectedAttention, .p_c = 0.75, .sinks = 4};
-  o.expected_attention_min_queries = 32;
-  CompressionInput in{.raw = raw, .positions = pos};
-  in.query_stats = &*stats;
+  CompressionInput in;
+};
+
+TEST_F(ExpectedAttentionPlanTest, ScoreStageFourKeepsTheBestExpectedTokens) {
   auto chunk = Compress(o, layout, in);
   ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
   EXPECT_EQ(chunk->codec.score, ScoreStage::kExpectedAttention);
   EXPECT_EQ(static_cast<int>(chunk->codec.score), 4);
   // Kept tokens = SelectTopK of the kernel's scores on the same head.
-  const EngineTensorShape shape{
-      .tokens = n, .num_heads = 2, .head_dim = 64, .dtype = DType::kFloat32};
   for (int l = 0; l < 2; ++l) {
-    auto keys = GatherHeads(shape, raw.data() + layout.LayerOffset(l, static_cast<int>(n)));
-    auto vals = GatherHeads(shape, raw.data() + layout.LayerOffset(l, static_cast<int>(n)) +
-                                       static_cast<size_t>(n) * layout.TokenBytes());
-    ASSERT_TRUE(keys.ok() && vals.ok());
+    std::vector<Matrix> keys, vals;
+    ASSERT_NO_FATAL_FAILURE(LayerHeads(l, &keys, &vals));
     for (int h = 0; h < 2; ++h) {
-      auto eq = ExpectedQueriesFor(*stats, l, h, 2, pos.back(), o.expected_attention);
-      ASSERT_TRUE(eq.ok());
-      std::vector<float> s(n);
-      ASSERT_TRUE(ExpectedAttentionScores(*eq, (*keys)[h].View(), (*vals)[h].View(), s).ok());
+      std::vector<float> s;
+      ASSERT_NO_FATAL_FAILURE(Scores(l, h, keys[h], vals[h], &s));
       auto kept = SelectTopK(s, 24, {.sinks = 4});
       ASSERT_TRUE(kept.ok());
       const std::vector<int64_t>& got = chunk->Head(l, h).positions;
@@ -331,7 +357,7 @@ TEST(ExpectedAttentionPlanTest, ScoreStageFourKeepsTheBestExpectedTokens) {
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(none->codec.score, ScoreStage::kKeyDiff);
   // Statistics of another model are refused.
-  auto other = QueryStatistics::Create(2, 2, *rope);
+  auto other = QueryStatistics::Create(2, 2, stats->rope());
   ASSERT_TRUE(other.ok());
   in.query_stats = &*other;
   EXPECT_EQ(Compress(o, layout, in).status().code(), StatusCode::kFailedPrecondition);
@@ -385,47 +411,20 @@ TEST(ExpectedAttentionFuseTest, FuseKeyDiffRanksMatchesTheRankFormula) {
 
 // keydiff_share 0.5 in the plan: the kept middle tokens are, rank by rank, expected attention's
 // and KeyDiff's next best (the lower index first at a rank), until the budget is full.
-TEST(ExpectedAttentionPlanTest, KeyDiffShareKeepsBothOrdersTurnAbout) {
-  ModelLayout layout;
-  layout.num_layers = 2;
-  layout.num_kv_heads = 2;
-  layout.num_q_heads = 4;
-  layout.head_dim = 64;
-  layout.dtype = DType::kFloat32;
-  ASSERT_TRUE(layout.Validate().ok());
-  const int64_t n = 96, kept = 24, sinks = 4;
-  const std::vector<uint8_t> raw = RawChunk(layout, n, 7);
-  const std::vector<int64_t> pos = testing::SequentialPositions(n, 512);
-  auto rope = RopeTable::Create(layout.rope, layout.head_dim);
-  ASSERT_TRUE(rope.ok());
-  auto stats = QueryStatistics::Create(2, 4, *rope);
-  ASSERT_TRUE(stats.ok());
-  Matrix q = testing::RandomMatrix(32, 4 * 64, 8, 1.0f, 0.5f);
-  for (int l = 0; l < 2; ++l) {
-    ASSERT_TRUE(stats->Add(l, q.values, testing::SequentialPositions(32, 100)).ok());
-  }
-  CompressionPlanOptions o{.score = ScoreStage::kExpectedAttention, .p_c = 0.75, .sinks = 4};
-  o.expected_attention_min_queries = 32;
+TEST_F(ExpectedAttentionPlanTest, KeyDiffShareKeepsBothOrdersTurnAbout) {
+  const int64_t kept = 24, sinks = 4;
   o.expected_attention.keydiff_share = 0.5;
-  CompressionInput in{.raw = raw, .positions = pos};
-  in.query_stats = &*stats;
   auto chunk = Compress(o, layout, in);
   ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
   EXPECT_EQ(chunk->codec.score, ScoreStage::kExpectedAttention);
-  const EngineTensorShape shape{
-      .tokens = n, .num_heads = 2, .head_dim = 64, .dtype = DType::kFloat32};
   int differs_from_expected = 0;
   for (int l = 0; l < 2; ++l) {
-    auto keys = GatherHeads(shape, raw.data() + layout.LayerOffset(l, static_cast<int>(n)));
-    auto vals = GatherHeads(shape, raw.data() + layout.LayerOffset(l, static_cast<int>(n)) +
-                                       static_cast<size_t>(n) * layout.TokenBytes());
-    ASSERT_TRUE(keys.ok() && vals.ok());
+    std::vector<Matrix> keys, vals;
+    ASSERT_NO_FATAL_FAILURE(LayerHeads(l, &keys, &vals));
     for (int h = 0; h < 2; ++h) {
-      auto eq = ExpectedQueriesFor(*stats, l, h, 2, pos.back(), o.expected_attention);
-      ASSERT_TRUE(eq.ok());
-      std::vector<float> ea(n), kd(n);
-      ASSERT_TRUE(ExpectedAttentionScores(*eq, (*keys)[h].View(), (*vals)[h].View(), ea).ok());
-      ASSERT_TRUE(KeyDiffScores((*keys)[h].View(), kd).ok());
+      std::vector<float> ea, kd(n);
+      ASSERT_NO_FATAL_FAILURE(Scores(l, h, keys[h], vals[h], &ea));
+      ASSERT_TRUE(KeyDiffScores(keys[h].View(), kd).ok());
       // Each order's middle tokens, best first (ties to the lower index).
       auto order = [&](const std::vector<float>& s) {
         std::vector<int64_t> o(n - sinks);
