@@ -70,6 +70,9 @@ Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) con
   if (ea_min_queries < 1) {
     return Bad(key + ".ea_min_queries", std::to_string(ea_min_queries), "must be >= 1");
   }
+  if (!(ea_keydiff_share >= 0.0 && ea_keydiff_share < 1.0)) {
+    return Bad(key + ".ea_keydiff_share", Num(ea_keydiff_share), "must be in [0, 1)");
+  }
   if (merge != "none" && PolicyStage(kernels::StageKind::kMerge, merge) == nullptr) {
     return Bad(key + ".stages", merge,
                "is not a merge method (" + PolicyMethodList(kernels::StageKind::kMerge) + ")");
@@ -180,6 +183,12 @@ std::string CompressionPolicy::CanonicalForm() const {
          " calibration_tokens=" + std::to_string(calibration_tokens) +
          (score == "expected_attention"
               ? " ea=" + std::to_string(ea_future_positions) + "/" + std::to_string(ea_min_queries)
+              : std::string()) +
+         // The expected-attention variants only when set, so that earlier codec ids stay.
+         (score == "expected_attention" && !ea_covariance ? std::string(" ea_covariance=0")
+                                                          : std::string()) +
+         (score == "expected_attention" && ea_keydiff_share != 0.0
+              ? " ea_keydiff_share=" + Num(ea_keydiff_share)
               : std::string()) +
          // Only when on, so that the codec ids of policies without it stay what they were.
          (Quantizes() ? " quant=" + quant_format + "/" + std::to_string(quant_group) + "/" +

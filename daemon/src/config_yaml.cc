@@ -201,7 +201,10 @@ Status BindExpectedAttentionKeys(const YAML::Node& node, const std::string& path
                                  CompressionPolicy* p) {
   KVD_RETURN_IF_ERROR(
       GetInt(node, path, "ea_future_positions", &p->ea_future_positions, 1, int64_t{1} << 30));
-  return GetInt(node, path, "ea_min_queries", &p->ea_min_queries, 1, int64_t{1} << 40);
+  KVD_RETURN_IF_ERROR(
+      GetInt(node, path, "ea_min_queries", &p->ea_min_queries, 1, int64_t{1} << 40));
+  KVD_RETURN_IF_ERROR(GetBool(node, path, "ea_covariance", &p->ea_covariance));
+  return GetDouble(node, path, "ea_keydiff_share", &p->ea_keydiff_share);
 }
 
 // Policy keys that only one stage reads: bound when the stage is listed, refused otherwise.
@@ -222,7 +225,7 @@ const std::vector<StageKeys>& StageKeyTable() {
        BindQuantizeKeys},
       {"expected_attention",
        "[expected_attention]",
-       {"ea_future_positions", "ea_min_queries"},
+       {"ea_future_positions", "ea_min_queries", "ea_covariance", "ea_keydiff_share"},
        BindExpectedAttentionKeys},
   };
   return table;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "backend_a.h"
 #include "expected_attention_backend.h"
@@ -125,6 +126,59 @@ Status ExpectedAttentionOptions::Validate() const {
   if (future_positions < 1) {
     return Status::InvalidArgument("expected_attention: future_positions must be >= 1, got " +
                                    std::to_string(future_positions));
+  }
+  if (!(keydiff_share >= 0.0 && keydiff_share < 1.0)) {
+    return Status::InvalidArgument("expected_attention: keydiff_share must be in [0, 1), got " +
+                                   std::to_string(keydiff_share));
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// rank[i - begin] = the rank of token i among [begin, end) by descending score, ties to the
+// lower index (0 = best).
+std::vector<int64_t> Ranks(std::span<const float> scores, int64_t begin, int64_t end) {
+  std::vector<int64_t> order(static_cast<size_t>(end - begin));
+  for (int64_t i = begin; i < end; ++i) order[i - begin] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return scores[a] > scores[b]; });
+  std::vector<int64_t> rank(order.size());
+  for (size_t r = 0; r < order.size(); ++r) rank[order[r] - begin] = static_cast<int64_t>(r);
+  return rank;
+}
+
+}  // namespace
+
+Status FuseKeyDiffRanks(std::span<const float> expected, std::span<const float> keydiff,
+                        double keydiff_share, int64_t begin, int64_t end, std::span<float> fused) {
+  const int64_t n = static_cast<int64_t>(expected.size());
+  if (keydiff.size() != expected.size() || fused.size() != expected.size()) {
+    return Status::InvalidArgument("fuse keydiff ranks: score spans of different sizes");
+  }
+  if (!(0 <= begin && begin <= end && end <= n)) {
+    return Status::InvalidArgument("fuse keydiff ranks: range [" + std::to_string(begin) + ", " +
+                                   std::to_string(end) + ") outside " + std::to_string(n) +
+                                   " tokens");
+  }
+  if (!(keydiff_share >= 0.0 && keydiff_share < 1.0)) {
+    return Status::InvalidArgument("fuse keydiff ranks: keydiff_share must be in [0, 1), got " +
+                                   std::to_string(keydiff_share));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(expected[i]) || std::isnan(keydiff[i])) {
+      return Status::InvalidArgument("fuse keydiff ranks: NaN score");
+    }
+  }
+  const std::vector<int64_t> re = Ranks(expected, begin, end);
+  const std::vector<int64_t> rk = Ranks(keydiff, begin, end);
+  std::fill(fused.begin(), fused.end(), 0.0f);
+  for (int64_t i = begin; i < end; ++i) {
+    double depth = static_cast<double>(re[i - begin]) / (1.0 - keydiff_share);
+    if (keydiff_share > 0.0) {
+      depth = std::min(depth, static_cast<double>(rk[i - begin]) / keydiff_share);
+    }
+    fused[i] = static_cast<float>(-depth);
   }
   return Status::Ok();
 }

@@ -1,11 +1,13 @@
 // The compression stage registry (stages.h) and the built-in stages' registrations.
 #include "kvd/kernels/stages.h"
 
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <vector>
 
 #include "kvd/kernels/expected_attention.h"
 #include "kvd/kernels/keydiff.h"
@@ -37,10 +39,19 @@ Status ExpectedAttentionHeadScores(const ScoreHeadInput& in, std::span<float> sc
   if (in.expected == nullptr) {
     return Status::Internal("plan: expected_attention scores without expected queries");
   }
-  return ExpectedAttentionScores(
-      *in.expected, in.keys,
-      in.options->expected_attention.value_norm ? in.values : ConstMatrixView{}, scores,
-      {.num_threads = 1});
+  const ExpectedAttentionOptions& ea = in.options->expected_attention;
+  KVD_RETURN_IF_ERROR(ExpectedAttentionScores(*in.expected, in.keys,
+                                              ea.value_norm ? in.values : ConstMatrixView{},
+                                              scores, {.num_threads = 1}));
+  if (ea.keydiff_share <= 0.0) return Status::Ok();
+  // Part of the evictable tokens by KeyDiff's rank (expected_attention.h FuseKeyDiffRanks).
+  const int64_t n = in.keys.rows;
+  std::vector<float> keydiff(static_cast<size_t>(n));
+  KVD_RETURN_IF_ERROR(KeyDiffScores(in.keys, keydiff, {.num_threads = 1}));
+  const int64_t begin = std::min(in.options->sinks, n);
+  const int64_t end = std::max(begin, n - in.window);
+  const std::vector<float> expected_scores(scores.begin(), scores.end());
+  return FuseKeyDiffRanks(expected_scores, keydiff, ea.keydiff_share, begin, end, scores);
 }
 
 Status ValidateExpectedAttention(const CompressionPlanOptions& o) {

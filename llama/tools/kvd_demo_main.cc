@@ -13,7 +13,8 @@
 //   kvd-demo local   --model-file GGUF [text options] [--p-c X] [--score keydiff|snapkv]
 //       the same in one process without kvd: the full cache against the cache compressed chunk
 //       by chunk (kernels' plan, each chunk with only its own K/V and last-W queries; default
-//       KeyDiff eviction, the policy of the embedded default's smollm2-135m).
+//       KeyDiff eviction, what the embedded default's smollm2-135m policy scores by until kvd
+//       has seen 256 window queries per layer).
 //   kvd-demo calibrate --addr ADDR --model-file GGUF --model M --from FILE [--token-ids]
 //                      [--segment-tokens N] [--threads N] [--namespace NS]
 //       feeds a corpus through the engine and puts its raw chunks (with window queries) to kvd

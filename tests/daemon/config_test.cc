@@ -73,14 +73,17 @@ TEST(ConfigTest, EmbeddedDefaultRegistersTheThreeModels) {
   EXPECT_EQ(smol->layout.head_dim, 64);
   EXPECT_EQ(smol->layout.dtype, DType::kBFloat16);
   EXPECT_EQ(smol->layout.rope.theta, 100000);
-  // The serving default (docs/quality.md, "Choosing a policy"): KeyDiff eviction, p_c 0.5,
-  // 32-token window, 4 sinks, then int8 quantization; it needs no window queries.
+  // The serving default (docs/quality.md, "Choosing a policy"): expected attention with half the
+  // evictable tokens by KeyDiff's rank, p_c 0.5, 32-token window, 4 sinks, then int8
+  // quantization; its query statistics grow from the window queries.
   ASSERT_TRUE(smol->compression.has_value());
-  EXPECT_EQ(smol->compression->StagesName(), "keydiff+int8");
+  EXPECT_EQ(smol->compression->StagesName(), "expected_attention+int8");
+  EXPECT_EQ(smol->compression->ea_keydiff_share, 0.5);
+  EXPECT_TRUE(smol->compression->ea_covariance);
   EXPECT_EQ(smol->compression->p_c, 0.5);
   EXPECT_EQ(smol->compression->window, 32);
   EXPECT_EQ(smol->compression->sinks, 4);
-  EXPECT_FALSE(smol->compression->NeedsQueries());
+  EXPECT_TRUE(smol->compression->NeedsQueries());
   const ModelConfig* stories = c.FindModel("stories260k");
   ASSERT_NE(stories, nullptr);
   EXPECT_EQ(stories->layout.dtype, DType::kFloat32);
@@ -569,6 +572,26 @@ TEST(ConfigPolicyTest, ParsesTheExpectedAttentionStageAndItsKeys) {
   EXPECT_EQ(keydiff.CodecId(0), keydiff_ea.CodecId(0));
 }
 
+TEST(ConfigPolicyTest, ParsesTheExpectedAttentionCovarianceAndKeyDiffShare) {
+  const CompressionPolicy defaults = Policy("{stages: [expected_attention]}");
+  EXPECT_TRUE(defaults.ea_covariance);
+  EXPECT_EQ(defaults.ea_keydiff_share, 0.0);
+  const CompressionPolicy p =
+      Policy("{stages: [expected_attention], ea_covariance: false, ea_keydiff_share: 0.5}");
+  EXPECT_FALSE(p.ea_covariance);
+  EXPECT_EQ(p.ea_keydiff_share, 0.5);
+  // Each changes what is kept, so the codec id; the defaults keep the id they had.
+  CompressionPolicy cov = defaults;
+  cov.ea_covariance = false;
+  CompressionPolicy share = defaults;
+  share.ea_keydiff_share = 0.25;
+  EXPECT_NE(cov.CodecId(0), defaults.CodecId(0));
+  EXPECT_NE(share.CodecId(0), defaults.CodecId(0));
+  EXPECT_NE(share.CodecId(0), cov.CodecId(0));
+  EXPECT_EQ(defaults.CanonicalForm().find("ea_covariance"), std::string::npos);
+  EXPECT_EQ(defaults.CanonicalForm().find("ea_keydiff_share"), std::string::npos);
+}
+
 TEST(IngestDeviceTest, ParsesTheSettingWithAutoAsDefault) {
   EXPECT_EQ(Policy("{stages: [snapkv]}").device, "auto");
   EXPECT_EQ(Policy("{stages: [snapkv], device: cpu}").device, "cpu");
@@ -603,9 +626,10 @@ TEST(IngestDeviceTest, AutoPicksTheCudaPlanWhenTheDeviceRunsThePolicy) {
   EXPECT_TRUE(block->cuda);
 }
 
-// kvd's default policy (the built-in model list and deploy/configs/default.yaml: KeyDiff) runs on
-// the CUDA plan when the node has a device, and on the CPU plan, saying why, when it has none.
-TEST(IngestDeviceTest, TheDefaultPolicyRunsOnTheDevice) {
+// kvd's default policy (the built-in model list and deploy/configs/default.yaml: expected
+// attention with a KeyDiff share) runs on the CPU plan, saying why: the CUDA plan has no
+// expected_attention stage; and without a device, saying that.
+TEST(IngestDeviceTest, TheDefaultPolicyRunsOnTheCpuPlanSayingWhy) {
   std::vector<CompressionPolicy> defaults;
   for (const ModelConfig& m : DaemonConfig::BuiltinModels()) {
     if (m.compression) defaults.push_back(*m.compression);
@@ -618,13 +642,13 @@ TEST(IngestDeviceTest, TheDefaultPolicyRunsOnTheDevice) {
   ASSERT_FALSE(defaults.empty());
   for (const CompressionPolicy& p : defaults) {
     SCOPED_TRACE(p.CanonicalForm());
-    EXPECT_EQ(p.score, "keydiff");
+    EXPECT_EQ(p.score, "expected_attention");
     EXPECT_EQ(p.device, "auto");
     auto on_gpu = ChooseIngestDevice(p, "models[0].compression", Status::Ok());
     ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
-    EXPECT_TRUE(on_gpu->cuda);
-    EXPECT_EQ(on_gpu->Name(), "cuda:0");
-    EXPECT_THAT(on_gpu->reason, HasSubstr("auto: CUDA device 0 runs the CUDA plan of keydiff"));
+    EXPECT_FALSE(on_gpu->cuda);
+    EXPECT_THAT(on_gpu->reason,
+                HasSubstr("auto: the CUDA plan does not implement expected_attention+int8"));
     auto no_gpu = ChooseIngestDevice(p, "models[0].compression", kNoDevice);
     ASSERT_TRUE(no_gpu.ok()) << no_gpu.status();
     EXPECT_FALSE(no_gpu->cuda);
@@ -745,6 +769,12 @@ TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
        {"models[0].compression.ea_min_queries", "\"-3\""}},
       {"{stages: [keydiff], ea_min_queries: 64}",
        {"models[0].compression.ea_min_queries", "no expected_attention stage"}},
+      {"{stages: [keydiff], ea_keydiff_share: 0.5}",
+       {"models[0].compression.ea_keydiff_share", "no expected_attention stage"}},
+      {"{stages: [expected_attention], ea_keydiff_share: 1}",
+       {"models[0].compression.ea_keydiff_share", "[0, 1)"}},
+      {"{stages: [expected_attention], ea_covariance: maybe}",
+       {"models[0].compression.ea_covariance", "maybe"}},
       {"{stages: [expected_attention, keydiff]}", {"stages[1]", "keydiff", "second score method"}},
       // the quantize stage
       {"{stages: [quantize], quant_format: int5}",

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "kvd/kernels/convert.h"
@@ -261,46 +262,71 @@ std::vector<uint8_t> RawChunk(const ModelLayout& layout, int64_t n, uint64_t see
   return raw;
 }
 
-TEST(ExpectedAttentionPlanTest, ScoreStageFourKeepsTheBestExpectedTokens) {
-  ModelLayout layout;
-  layout.num_layers = 2;
-  layout.num_kv_heads = 2;
-  layout.num_q_heads = 4;
-  layout.head_dim = 64;
-  layout.dtype = DType::kFloat32;
-  ASSERT_TRUE(layout.Validate().ok());
-  const int64_t n = 96;
-  const std::vector<uint8_t> raw = RawChunk(layout, n, 7);
-  const std::vector<int64_t> pos = testing::SequentialPositions(n, 512);
-  auto rope = RopeTable::Create(layout.rope, layout.head_dim);
-  ASSERT_TRUE(rope.ok());
-  auto stats = QueryStatistics::Create(2, 4, *rope);
-  ASSERT_TRUE(stats.ok());
-  Matrix q = testing::RandomMatrix(32, 4 * 64, 8, 1.0f, 0.5f);
-  for (int l = 0; l < 2; ++l) {
-    ASSERT_TRUE(stats->Add(l, q.values, testing::SequentialPositions(32, 100)).ok());
+// A 96-token float32 chunk of 2 layers x 2 KV heads (4 query heads, d 64) and query statistics
+// of 32 window queries per layer.
+class ExpectedAttentionPlanTest : public ::testing::Test {
+ protected:
+  static constexpr int64_t n = 96;
+  void SetUp() override {
+    layout.num_layers = 2;
+    layout.num_kv_heads = 2;
+    layout.num_q_heads = 4;
+    layout.head_dim = 64;
+    layout.dtype = DType::kFloat32;
+    ASSERT_TRUE(layout.Validate().ok());
+    raw = RawChunk(layout, n, 7);
+    pos = testing::SequentialPositions(n, 512);
+    auto rope = RopeTable::Create(layout.rope, layout.head_dim);
+    ASSERT_TRUE(rope.ok());
+    auto st = QueryStatistics::Create(2, 4, *rope);
+    ASSERT_TRUE(st.ok());
+    stats = std::move(*st);
+    Matrix q = testing::RandomMatrix(32, 4 * 64, 8, 1.0f, 0.5f);
+    for (int l = 0; l < 2; ++l) {
+      ASSERT_TRUE(stats->Add(l, q.values, testing::SequentialPositions(32, 100)).ok());
+    }
+    o.expected_attention_min_queries = 32;
+    in = CompressionInput{.raw = raw, .positions = pos};
+    in.query_stats = &*stats;
   }
+  // Keys and values of every KV head of layer l.
+  void LayerHeads(int l, std::vector<Matrix>* keys, std::vector<Matrix>* vals) const {
+    const EngineTensorShape shape{
+        .tokens = n, .num_heads = 2, .head_dim = 64, .dtype = DType::kFloat32};
+    auto k = GatherHeads(shape, raw.data() + layout.LayerOffset(l, static_cast<int>(n)));
+    auto v = GatherHeads(shape, raw.data() + layout.LayerOffset(l, static_cast<int>(n)) +
+                                    static_cast<size_t>(n) * layout.TokenBytes());
+    ASSERT_TRUE(k.ok() && v.ok());
+    *keys = std::move(*k);
+    *vals = std::move(*v);
+  }
+  // The kernel's expected-attention scores of (l, h) under the plan's options.
+  void Scores(int l, int h, const Matrix& keys, const Matrix& vals, std::vector<float>* s) const {
+    auto eq = ExpectedQueriesFor(*stats, l, h, 2, pos.back(), o.expected_attention);
+    ASSERT_TRUE(eq.ok());
+    s->assign(n, 0.0f);
+    ASSERT_TRUE(ExpectedAttentionScores(*eq, keys.View(), vals.View(), *s).ok());
+  }
+  ModelLayout layout;
+  std::vector<uint8_t> raw;
+  std::vector<int64_t> pos;
+  std::optional<QueryStatistics> stats;
   CompressionPlanOptions o{.score = ScoreStage::kExpectedAttention, .p_c = 0.75, .sinks = 4};
-  o.expected_attention_min_queries = 32;
-  CompressionInput in{.raw = raw, .positions = pos};
-  in.query_stats = &*stats;
+  CompressionInput in;
+};
+
+TEST_F(ExpectedAttentionPlanTest, ScoreStageFourKeepsTheBestExpectedTokens) {
   auto chunk = Compress(o, layout, in);
   ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
   EXPECT_EQ(chunk->codec.score, ScoreStage::kExpectedAttention);
   EXPECT_EQ(static_cast<int>(chunk->codec.score), 4);
   // Kept tokens = SelectTopK of the kernel's scores on the same head.
-  const EngineTensorShape shape{
-      .tokens = n, .num_heads = 2, .head_dim = 64, .dtype = DType::kFloat32};
   for (int l = 0; l < 2; ++l) {
-    auto keys = GatherHeads(shape, raw.data() + layout.LayerOffset(l, static_cast<int>(n)));
-    auto vals = GatherHeads(shape, raw.data() + layout.LayerOffset(l, static_cast<int>(n)) +
-                                       static_cast<size_t>(n) * layout.TokenBytes());
-    ASSERT_TRUE(keys.ok() && vals.ok());
+    std::vector<Matrix> keys, vals;
+    ASSERT_NO_FATAL_FAILURE(LayerHeads(l, &keys, &vals));
     for (int h = 0; h < 2; ++h) {
-      auto eq = ExpectedQueriesFor(*stats, l, h, 2, pos.back(), o.expected_attention);
-      ASSERT_TRUE(eq.ok());
-      std::vector<float> s(n);
-      ASSERT_TRUE(ExpectedAttentionScores(*eq, (*keys)[h].View(), (*vals)[h].View(), s).ok());
+      std::vector<float> s;
+      ASSERT_NO_FATAL_FAILURE(Scores(l, h, keys[h], vals[h], &s));
       auto kept = SelectTopK(s, 24, {.sinks = 4});
       ASSERT_TRUE(kept.ok());
       const std::vector<int64_t>& got = chunk->Head(l, h).positions;
@@ -331,12 +357,106 @@ TEST(ExpectedAttentionPlanTest, ScoreStageFourKeepsTheBestExpectedTokens) {
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(none->codec.score, ScoreStage::kKeyDiff);
   // Statistics of another model are refused.
-  auto other = QueryStatistics::Create(2, 2, *rope);
+  auto other = QueryStatistics::Create(2, 2, stats->rope());
   ASSERT_TRUE(other.ok());
   in.query_stats = &*other;
   EXPECT_EQ(Compress(o, layout, in).status().code(), StatusCode::kFailedPrecondition);
   o.expected_attention.future_positions = 0;
   EXPECT_THAT(Compress(o, layout, in).status().message(), HasSubstr("future_positions"));
+}
+
+// The rank of i among [begin, end) by descending score, ties to the lower index, counted.
+int64_t NaiveRank(std::span<const float> s, int64_t begin, int64_t end, int64_t i) {
+  int64_t r = 0;
+  for (int64_t j = begin; j < end; ++j) r += (s[j] > s[i] || (s[j] == s[i] && j < i)) ? 1 : 0;
+  return r;
+}
+
+TEST(ExpectedAttentionFuseTest, FuseKeyDiffRanksMatchesTheRankFormula) {
+  const int64_t n = 40, begin = 3, end = 31;
+  Matrix a = testing::RandomMatrix(n, 1, 21, 1.0f, 0.0f);
+  Matrix b = testing::RandomMatrix(n, 1, 22, 1.0f, 0.0f);
+  a.values[10] = a.values[11];  // a tie: the lower index ranks first
+  for (double s : {0.0, 0.25, 0.5, 0.7}) {
+    std::vector<float> fused(n, 5.0f);
+    ASSERT_TRUE(FuseKeyDiffRanks(a.values, b.values, s, begin, end, fused).ok());
+    for (int64_t i = 0; i < n; ++i) {
+      double want = 0.0;
+      if (i >= begin && i < end) {
+        double depth = NaiveRank(a.values, begin, end, i) / (1.0 - s);
+        if (s > 0) depth = std::min(depth, NaiveRank(b.values, begin, end, i) / s);
+        want = -depth;
+      }
+      EXPECT_FLOAT_EQ(fused[i], static_cast<float>(want)) << s << " " << i;
+    }
+  }
+  std::vector<float> fused(n);
+  EXPECT_EQ(FuseKeyDiffRanks(a.values, b.values, 1.0, begin, end, fused).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(FuseKeyDiffRanks(a.values, b.values, -0.1, begin, end, fused).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(FuseKeyDiffRanks(a.values, b.values, 0.5, 5, 41, fused).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      FuseKeyDiffRanks(a.values, std::span<const float>(b.values).first(39), 0.5, begin, end, fused)
+          .code(),
+      StatusCode::kInvalidArgument);
+  a.values[4] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(FuseKeyDiffRanks(a.values, b.values, 0.5, begin, end, fused).code(),
+            StatusCode::kInvalidArgument);
+  ExpectedAttentionOptions bad;
+  bad.keydiff_share = 1.0;
+  EXPECT_THAT(bad.Validate().message(), HasSubstr("keydiff_share"));
+}
+
+// keydiff_share 0.5 in the plan: the kept middle tokens are, rank by rank, expected attention's
+// and KeyDiff's next best (the lower index first at a rank), until the budget is full.
+TEST_F(ExpectedAttentionPlanTest, KeyDiffShareKeepsBothOrdersTurnAbout) {
+  const int64_t kept = 24, sinks = 4;
+  o.expected_attention.keydiff_share = 0.5;
+  auto chunk = Compress(o, layout, in);
+  ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+  EXPECT_EQ(chunk->codec.score, ScoreStage::kExpectedAttention);
+  int differs_from_expected = 0;
+  for (int l = 0; l < 2; ++l) {
+    std::vector<Matrix> keys, vals;
+    ASSERT_NO_FATAL_FAILURE(LayerHeads(l, &keys, &vals));
+    for (int h = 0; h < 2; ++h) {
+      std::vector<float> ea, kd(n);
+      ASSERT_NO_FATAL_FAILURE(Scores(l, h, keys[h], vals[h], &ea));
+      ASSERT_TRUE(KeyDiffScores(keys[h].View(), kd).ok());
+      // Each order's middle tokens, best first (ties to the lower index).
+      auto order = [&](const std::vector<float>& s) {
+        std::vector<int64_t> o(n - sinks);
+        for (int64_t i = sinks; i < n; ++i) o[i - sinks] = i;
+        std::stable_sort(o.begin(), o.end(), [&](int64_t x, int64_t y) { return s[x] > s[y]; });
+        return o;
+      };
+      const std::vector<int64_t> by_ea = order(ea), by_kd = order(kd);
+      std::vector<bool> take(n, false);
+      for (int64_t i = 0; i < sinks; ++i) take[i] = true;
+      int64_t taken = sinks;
+      for (size_t r = 0; r < by_ea.size() && taken < kept; ++r) {
+        for (int64_t t : {std::min(by_ea[r], by_kd[r]), std::max(by_ea[r], by_kd[r])}) {
+          if (taken < kept && !take[t]) {
+            take[t] = true;
+            ++taken;
+          }
+        }
+      }
+      std::vector<int64_t> want;
+      for (int64_t i = 0; i < n; ++i) {
+        if (take[i]) want.push_back(pos[i]);
+      }
+      EXPECT_EQ(chunk->Head(l, h).positions, want) << l << " " << h;
+      auto ea_only = SelectTopK(ea, kept, {.sinks = sinks});
+      ASSERT_TRUE(ea_only.ok());
+      std::vector<int64_t> ea_pos;
+      for (int32_t i : *ea_only) ea_pos.push_back(pos[i]);
+      differs_from_expected += ea_pos != want ? 1 : 0;
+    }
+  }
+  EXPECT_GT(differs_from_expected, 0);  // the share changes what is kept
 }
 
 }  // namespace

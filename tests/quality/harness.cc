@@ -397,8 +397,9 @@ Status HarnessOptions::Validate() const {
       return bad("paired-against method '" + m + "' is not in methods");
     }
   }
-  if (passkey_fronts && chunked && passkey_filler_tokens % chunk_tokens != 0) {
-    return bad("passkey on the fronts in chunk-wise mode needs the passkey context (" +
+  if ((passkey_fronts || passkey_chunk_wise) && chunked &&
+      passkey_filler_tokens % chunk_tokens != 0) {
+    return bad("passkey in chunk-wise mode needs the passkey context (" +
                std::to_string(passkey_filler_tokens) + ") to be a multiple of chunk_tokens");
   }
   return Status::Ok();
@@ -749,8 +750,9 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     const bool listed =
         o.passkey_methods.empty() || std::find(o.passkey_methods.begin(), o.passkey_methods.end(),
                                                rep.rows[k].method) != o.passkey_methods.end();
-    passkey_row[k] =
-        (listed && rep.rows[k].mode == kModeOneShot) || (o.passkey_fronts && on_front[k]);
+    const bool listed_mode = rep.rows[k].mode == kModeOneShot ||
+                             (o.passkey_chunk_wise && rep.rows[k].mode == kModeChunkWise);
+    passkey_row[k] = (listed && listed_mode) || (o.passkey_fronts && on_front[k]);
     chunked_prompts = chunked_prompts || (passkey_row[k] && rep.rows[k].mode == kModeChunkWise);
   }
   struct PromptOutcome {

@@ -61,6 +61,10 @@ struct HarnessOptions {
   // front row, after the segments. Chunk-wise needs passkey_filler_tokens to be a multiple of
   // chunk_tokens. Default false.
   bool passkey_fronts = false;
+  // Also ask the passkey prompts of the passkey methods' chunk-wise rows, compressed chunk by
+  // chunk (the serving path); needs passkey_filler_tokens a multiple of chunk_tokens. Default
+  // false.
+  bool passkey_chunk_wise = false;
   int bootstrap_samples = 2000;  // bootstrap resamples of the segments for the 95% intervals
   // Methods every other method is compared with, paired on the same segments, in results.md
   // (report.h PairedToMarkdown); default none. Each must be in `methods`.

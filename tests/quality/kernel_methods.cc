@@ -53,6 +53,10 @@ struct MethodSpec {
   // count is a multiple of the group).
   bool keys_per_token = false;
   uint32_t key_group = 0;  // slots per key group; 0: as values (64 or KVD_QUANT_GROUP)
+  // Expected-attention terms (ExpectedAttentionOptions): covariance, value norm, KeyDiff share.
+  bool ea_covariance = true;
+  bool ea_value_norm = true;
+  double ea_keydiff_share = 0.0;
 };
 
 constexpr kernels::QuantFormat kI4 = kernels::QuantFormat::kInt4;
@@ -155,6 +159,26 @@ constexpr MethodSpec kSpecs[] = {
      .score = ScoreStage::kExpectedAttention,
      .stored_bf16 = true,
      .quant = kernels::QuantFormat::kInt8},
+    // Its terms one by one: without the covariance, without the value norm; and with a share of
+    // the evictable tokens kept by KeyDiff's rank (FuseKeyDiffRanks), alone and with int8.
+    {.name = "expected_attention_nocov",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_covariance = false},
+    {.name = "expected_attention_novnorm",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_value_norm = false},
+    {.name = "ea_keydiff25", .score = ScoreStage::kExpectedAttention, .ea_keydiff_share = 0.25},
+    {.name = "ea_keydiff50", .score = ScoreStage::kExpectedAttention, .ea_keydiff_share = 0.5},
+    {.name = "ea_keydiff75", .score = ScoreStage::kExpectedAttention, .ea_keydiff_share = 0.75},
+    {.name = "ea_nocov_keydiff50",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_covariance = false,
+     .ea_keydiff_share = 0.5},
+    {.name = "ea_keydiff50+int8",
+     .score = ScoreStage::kExpectedAttention,
+     .stored_bf16 = true,
+     .quant = kernels::QuantFormat::kInt8,
+     .ea_keydiff_share = 0.5},
     // The dense front below int4: the Hadamard rotation, 3 and 2 bits, keys and values at
     // different widths ("int3k_int2v": keys int3, values int2), a bfloat16 recent window.
     {.name = "int4_rot", .stored_bf16 = true, .quant = kI4, .quant_rotate = true},
@@ -216,6 +240,12 @@ constexpr MethodSpec kSpecs[] = {
     {.name = "int4k_int2v_kg256",
      .stored_bf16 = true,
      .quant = kI4,
+     .quant_values = kI2,
+     .key_group = 256},
+    {.name = "int4k_int2v_rot_kg256",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .quant_rotate = true,
      .quant_values = kI2,
      .key_group = 256},
     {.name = "int4_rot_tokenkeys",
@@ -391,8 +421,12 @@ class KernelMethod : public CompressionMethod {
     in.query_stats = query_stats_.has_value() ? &*query_stats_ : nullptr;
     // Every calibration query is in before the first chunk: the statistics score from the start.
     o.expected_attention_min_queries = 1;
-    // Expected-attention terms: the plan defaults unless KVD_EA_FUTURE (future positions),
-    // KVD_EA_VALUE_NORM / KVD_EA_COVARIANCE (0 = off) override them (comparison runs).
+    o.expected_attention.use_covariance = spec_.ea_covariance;
+    o.expected_attention.value_norm = spec_.ea_value_norm;
+    o.expected_attention.keydiff_share = spec_.ea_keydiff_share;
+    // Expected-attention terms: the method's unless KVD_EA_FUTURE (future positions),
+    // KVD_EA_VALUE_NORM / KVD_EA_COVARIANCE (0 = off), KVD_EA_KEYDIFF_SHARE override them
+    // (comparison runs).
     if (const char* f = std::getenv("KVD_EA_FUTURE"); f != nullptr && *f != '\0') {
       o.expected_attention.future_positions = std::strtoll(f, nullptr, 10);
     }
@@ -401,6 +435,9 @@ class KernelMethod : public CompressionMethod {
     }
     if (const char* c = std::getenv("KVD_EA_COVARIANCE"); c != nullptr && *c != '\0') {
       o.expected_attention.use_covariance = std::strtol(c, nullptr, 10) != 0;
+    }
+    if (const char* k = std::getenv("KVD_EA_KEYDIFF_SHARE"); k != nullptr && *k != '\0') {
+      o.expected_attention.keydiff_share = std::strtod(k, nullptr);
     }
     kernels::CompressionStats stats;
     std::vector<uint8_t> stored_raw;  // spec_.stored_bf16: the raw chunk in bfloat16

@@ -38,8 +38,14 @@
 //                                            positions): what kvd would have accumulated from
 //                                            earlier puts; the chunk's own queries are not used
 //                                            (KVD_EA_FUTURE, KVD_EA_VALUE_NORM=0,
-//                                            KVD_EA_COVARIANCE=0 override the plan's terms)
+//                                            KVD_EA_COVARIANCE=0, KVD_EA_KEYDIFF_SHARE override
+//                                            the method's terms)
 //   expected_attention+int8                  the same, then the int8 quantize stage
+//   expected_attention_nocov, _novnorm       without the covariance term, without the value norm
+//   ea_keydiff25, ea_keydiff50, ea_keydiff75  a quarter / half / three quarters of the evictable
+//   ea_nocov_keydiff50, ea_keydiff50+int8    tokens kept by KeyDiff's rank instead (keydiff_share;
+//                                            the others by expected attention), without the
+//                                            covariance, with int8
 //   int4_rot, int3_rot, int2_rot             the quantize stage with the Hadamard rotation
 //   int3                                     3-bit codes without it
 //   int3_rot_recent32, int2_rot_recent32     rotated, the last 32 slots unquantized
@@ -47,7 +53,7 @@
 //   int4k_int2v_rot                          (keys first); int4k_int2v, int3k_int2v unrotated
 //   int3k_int2v_rot_kg32, int3k_int2v_kg32,  keys per channel over 32 / 256 / 37 / 43 slots
 //   int4k_int2v_kg256, int3k_int2v_rot_kg37,  instead of 64
-//   int3k_int2v_rot_kg43
+//   int3k_int2v_rot_kg43, int4k_int2v_rot_kg256
 //   int4_rot_tokenkeys, int3_rot_tokenkeys   an experiment: rotated keys grouped per slot over
 //                                            64 channels (as values), quantized in memory (the
 //                                            format stores keys per channel); stored fraction

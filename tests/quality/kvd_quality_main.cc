@@ -104,6 +104,9 @@ int main(int argc, char** argv) {
   app.add_flag("--passkey-fronts", o.passkey_fronts,
                "also ask the passkey prompts of every row on a dense or compact front, in its "
                "mode (one engine call per prompt and front row)");
+  app.add_flag("--passkey-chunk-wise", o.passkey_chunk_wise,
+               "also ask the passkey prompts of the passkey methods' chunk-wise rows, chunk by "
+               "chunk (the serving path)");
   app.add_option("--plot-from", plot_from, "re-draw the plots of this results.csv into --out");
   bool list_methods = false;
   app.add_flag("--list-methods", list_methods, "print the registered methods and exit");

@@ -190,6 +190,13 @@ TEST(HarnessOptionsTest, Validate) {
   EXPECT_NE(p.Validate().message().find("multiple of chunk_tokens"), std::string::npos);
   p.passkey_filler_tokens = 1024;
   EXPECT_TRUE(p.Validate().ok()) << p.Validate();
+  // The passkey methods asked chunk-wise: the same condition.
+  p.passkey_fronts = false;
+  p.passkey_chunk_wise = true;
+  p.passkey_filler_tokens = 1000;
+  EXPECT_NE(p.Validate().message().find("multiple of chunk_tokens"), std::string::npos);
+  p.passkey_filler_tokens = 1024;
+  EXPECT_TRUE(p.Validate().ok()) << p.Validate();
 }
 
 TEST(ManifestTest, TextFilesAreHashedAndMustBeUtf8) {

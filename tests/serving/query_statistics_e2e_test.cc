@@ -115,5 +115,43 @@ TEST_F(QueryStatisticsE2eTest, PutsBuildStatisticsThatScoreChunksAndSurviveARest
   EXPECT_TRUE(third == *want2);
 }
 
+// The policy's ea_covariance and ea_keydiff_share reach the plan: kvd stores what the kernels
+// store with those options, not what they store without them.
+TEST_F(QueryStatisticsE2eTest, CovarianceAndKeyDiffShareReachThePlan) {
+  StartKvd(PolicyModel(kEaModel,
+                       "{stages: [expected_attention], p_c: 0.5, window: 32, sinks: 4, "
+                       "ea_min_queries: 32, ea_covariance: false, ea_keydiff_share: 0.5, "
+                       "worker_threads: 1, queue_depth: 4, device: cpu}"),
+           "state_dir: " + dir_ + "/state\n");
+  auto c = Connect(kEaModel);
+  ASSERT_NE(c, nullptr);
+  const ModelLayout layout = c->options().layout;
+  auto rope = kk::RopeTable::Create(layout.rope, layout.head_dim);
+  ASSERT_TRUE(rope.ok());
+  auto stats = kk::QueryStatistics::Create(layout.num_layers, layout.num_q_heads, *rope);
+  ASSERT_TRUE(stats.ok());
+  const Chunk chunk = MakeChunk(layout, kTokens, 50);
+  std::vector<int64_t> pos(kWindow);
+  for (int w = 0; w < kWindow; ++w) pos[w] = static_cast<int64_t>(kTokens - kWindow + w);
+  const size_t per_layer = chunk.queries.size() / layout.num_layers;
+  for (int l = 0; l < layout.num_layers; ++l) {
+    ASSERT_TRUE(
+        stats->Add(l, std::span<const float>(chunk.queries).subspan(per_layer * l, per_layer), pos)
+            .ok());
+  }
+  const std::vector<uint8_t> got = PutAndGet(*c, chunk, 0);
+  ASSERT_GT(got.size(), 21u);
+  EXPECT_EQ(got[21], static_cast<uint8_t>(kk::ScoreStage::kExpectedAttention));
+  kk::CompressionPlanOptions o = EaOptions();
+  o.expected_attention_min_queries = 32;
+  auto plain = InProcess(layout, chunk, 0, o, nullptr, &*stats);
+  o.expected_attention.use_covariance = false;
+  o.expected_attention.keydiff_share = 0.5;
+  auto want = InProcess(layout, chunk, 0, o, nullptr, &*stats);
+  ASSERT_TRUE(plain.ok() && want.ok());
+  EXPECT_TRUE(got == *want) << "kvd's chunk differs from the kernels' with the policy's options";
+  EXPECT_FALSE(got == *plain) << "the options changed nothing: the test cannot tell";
+}
+
 }  // namespace
 }  // namespace kvd::e2e

@@ -47,6 +47,8 @@ kk::CompressionPlanOptions PlanOptions(const CompressionPolicy& p) {
   SetPlanStages(p, &o);
   o.expected_attention.future_positions = p.ea_future_positions;
   o.expected_attention_min_queries = p.ea_min_queries;
+  o.expected_attention.use_covariance = p.ea_covariance;
+  o.expected_attention.keydiff_share = p.ea_keydiff_share;
   o.p_c = p.p_c;
   o.window = p.window;
   o.sinks = p.sinks;

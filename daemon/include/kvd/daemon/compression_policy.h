@@ -80,6 +80,11 @@ struct CompressionPolicy {
   // from the window queries of every put of the model and saved like VECTOR's calibration.
   int64_t ea_future_positions = 512;
   int64_t ea_min_queries = 256;
+  // expected_attention: the query covariance term (default true; false scores by the mean query
+  // alone), and the share of the evictable tokens kept by KeyDiff's rank instead (in [0, 1),
+  // default 0: expected attention alone; kernels' FuseKeyDiffRanks).
+  bool ea_covariance = true;
+  double ea_keydiff_share = 0.0;
   // PyramidKV beta, >= 1. Default 20.
   double pyramid_beta = 20.0;
   // KVSlimmer weight variant: "l2" (default) or "l1code".

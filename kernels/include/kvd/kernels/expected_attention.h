@@ -92,6 +92,10 @@ struct ExpectedAttentionOptions {
   int64_t future_positions = 512;
   bool use_covariance = true;  // false: z = m . k / sqrt d only
   bool value_norm = true;      // multiply by |v_i| (the paper's rescaling)
+  // s: the share of the evictable tokens kept by KeyDiff's rank instead (FuseKeyDiffRanks), in
+  // [0, 1); 0 = expected attention alone. KeyDiff keeps the distinctive keys a later question
+  // asks for (a passkey), which expected attention under the average query ranks low.
+  double keydiff_share = 0.0;
 
   Status Validate() const;
 };
@@ -121,5 +125,15 @@ StatusOr<ExpectedQueries> ExpectedQueriesFor(const QueryStatistics& stats, int l
 Status ExpectedAttentionScores(const ExpectedQueries& q, ConstMatrixView keys,
                                ConstMatrixView values, std::span<float> scores,
                                const ExecOptions& exec = {});
+
+// Fuses the expected-attention and KeyDiff scores of N tokens by rank. r_e(i) and r_k(i) are token
+// i's ranks (0 = highest score, ties to the lower index) among the tokens [begin, end) in each
+// order; fused[i] = -min(r_e(i) / (1 - s), r_k(i) / s) there (s = 0: -r_e(i)), 0 outside (the
+// forced sinks and window). The top B tokens of [begin, end) by fused are the union of the
+// (1 - s) x best by expected attention and the s x best by KeyDiff, x chosen to make B.
+// INVALID_ARGUMENT for spans of different sizes, 0 <= begin <= end <= N violated, s outside
+// [0, 1) or a NaN score.
+Status FuseKeyDiffRanks(std::span<const float> expected, std::span<const float> keydiff,
+                        double keydiff_share, int64_t begin, int64_t end, std::span<float> fused);
 
 }  // namespace kvd::kernels
