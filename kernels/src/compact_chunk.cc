@@ -76,118 +76,145 @@ size_t MinRowBytes(const CompactChunk& c) {
   return std::max<size_t>(1, std::min(k.CodeRow(), v.CodeRow()));
 }
 
-// Versions 2, 3 and 4 (`version`, already checked to be one of them).
-StatusOr<CompactChunk> DecodeV2(std::span<const uint8_t> bytes, uint16_t version) {
+// The fixed header of a version 2, 3 or 4 chunk as read; the codec and dimensions go straight
+// into the chunk being decoded.
+struct V2Header {
+  size_t size = 0;  // the header size the version implies
+  uint16_t header_bytes = 0;
+  uint16_t reserved16 = 0;  // v3 / v4: the quant format, then the rotation (v4)
+  uint32_t meta_bytes = 0;
+  internal::ChunkHeaderFields fields;
+  int64_t position_base = 0;
+  uint32_t quant_fields[4] = {};  // key_group, value_group, recent, v3 reserved / v4 value format
+};
+
+// Reads the header of `bytes` into `h` and `c` (p_c, calibration version, original tokens,
+// layout digest) and checks the chunk's size, checksum and header size.
+Status ReadV2Header(std::span<const uint8_t> bytes, uint16_t version, V2Header* h,
+                    CompactChunk* c) {
   const bool quantized = version != kVersion;
-  const size_t header_size = quantized ? kQuantizedHeaderBytes : kHeaderBytes;
-  if (bytes.size() < header_size + kTrailerBytes) {
+  h->size = quantized ? kQuantizedHeaderBytes : kHeaderBytes;
+  if (bytes.size() < h->size + kTrailerBytes) {
     return Status::DataLoss("compact chunk truncated: " + std::to_string(bytes.size()) +
                             " bytes, a version " + std::to_string(version) +
                             " header and trailer alone need " +
-                            std::to_string(header_size + kTrailerBytes));
+                            std::to_string(h->size + kTrailerBytes));
   }
   internal::ByteReader r(bytes);
   uint8_t magic[4];
-  uint16_t header_bytes = 0, reserved16 = 0;
-  uint32_t meta_bytes = 0;
-  internal::ChunkHeaderFields f;
-  CompactChunk c;
-  int64_t position_base = 0;
+  internal::ChunkHeaderFields& f = h->fields;
   uint64_t total = 0;  // the size check is first: the 88 bytes checked by the caller hold it
   uint16_t version_read = 0;
-  r.GetBytes(magic, 4), r.Get(&version_read), r.Get(&header_bytes);
+  r.GetBytes(magic, 4), r.Get(&version_read), r.Get(&h->header_bytes);
   r.Get(&f.layers), r.Get(&f.kv_heads), r.Get(&f.head_dim), r.Get(&f.dtype);
   r.GetBytes(f.stages, 5);
-  r.Get(&reserved16), r.Get(&meta_bytes);
-  r.Get(&c.codec.p_c), r.Get(&c.codec.calibration_version), r.Get(&c.original_tokens);
-  r.Get(&c.layout_digest), r.Get(&position_base), r.Get(&total);
-  uint32_t quant_fields[4] = {};  // key_group, value_group, recent, v3 reserved / v4 value format
+  r.Get(&h->reserved16), r.Get(&h->meta_bytes);
+  r.Get(&c->codec.p_c), r.Get(&c->codec.calibration_version), r.Get(&c->original_tokens);
+  r.Get(&c->layout_digest), r.Get(&h->position_base), r.Get(&total);
   if (quantized) {
-    for (uint32_t& q : quant_fields) r.Get(&q);
+    for (uint32_t& q : h->quant_fields) r.Get(&q);
   }
   KVD_RETURN_IF_ERROR(internal::CheckSizeAndChecksum(bytes, total));
   // From here the bytes are what an encoder wrote; inconsistencies mean a broken encoder.
-  if (header_bytes != header_size) return Status::DataLoss("corrupt compact chunk: header size");
-  if (quantized) {
-    // Offset 26: the quant format (1 byte), then the rotation (v4; reserved in v3).
-    const uint8_t format = static_cast<uint8_t>(reserved16 & 0xff);
-    const uint8_t rotation = static_cast<uint8_t>(reserved16 >> 8);
-    const bool v4 = version == kQuantizedV4Version;
-    if (!v4 && (rotation != 0 || quant_fields[3] != 0)) {
+  if (h->header_bytes != h->size) return Status::DataLoss("corrupt compact chunk: header size");
+  return Status::Ok();
+}
+
+// Sets c->codec.quant from a version 3 or 4 header; checks that a version 2 header leaves the
+// quantize stage's bytes zero.
+Status DecodeQuantFields(const V2Header& h, uint16_t version, CompactChunk* c) {
+  if (version == kVersion) {
+    if (h.reserved16 != 0)
       return Status::DataLoss("corrupt compact chunk: reserved bytes not zero");
-    }
-    if (format == 0) {
-      return Status::DataLoss("corrupt compact chunk: version " + std::to_string(version) +
-                              " without a quant format");
-    }
-    if (quant_fields[3] > 0xff) return Status::DataLoss("corrupt compact chunk: value format");
-    c.codec.quant = {.format = static_cast<QuantFormat>(format),
-                     .key_group = quant_fields[0],
-                     .value_group = quant_fields[1],
-                     .recent = quant_fields[2],
-                     .rotation = static_cast<QuantRotation>(rotation),
-                     .value_format = static_cast<QuantFormat>(quant_fields[3])};
-    if (Status s = ValidateCodec(c.codec); !s.ok()) {
-      return Status::DataLoss("corrupt compact chunk: " + s.message());
-    }
-    if (NeedsV4(c.codec.quant) != v4) {
-      return Status::DataLoss("corrupt compact chunk: version " + std::to_string(version) +
-                              " for a quantize stage that version " + (v4 ? "3" : "4") +
-                              " records");
-    }
-  } else if (reserved16 != 0) {
+    return Status::Ok();
+  }
+  // Offset 26: the quant format (1 byte), then the rotation (v4; reserved in v3).
+  const uint8_t format = static_cast<uint8_t>(h.reserved16 & 0xff);
+  const uint8_t rotation = static_cast<uint8_t>(h.reserved16 >> 8);
+  const bool v4 = version == kQuantizedV4Version;
+  if (!v4 && (rotation != 0 || h.quant_fields[3] != 0)) {
     return Status::DataLoss("corrupt compact chunk: reserved bytes not zero");
   }
-  KVD_RETURN_IF_ERROR(internal::SetChunkHeader(f, &c));
+  if (format == 0) {
+    return Status::DataLoss("corrupt compact chunk: version " + std::to_string(version) +
+                            " without a quant format");
+  }
+  if (h.quant_fields[3] > 0xff) return Status::DataLoss("corrupt compact chunk: value format");
+  c->codec.quant = {.format = static_cast<QuantFormat>(format),
+                    .key_group = h.quant_fields[0],
+                    .value_group = h.quant_fields[1],
+                    .recent = h.quant_fields[2],
+                    .rotation = static_cast<QuantRotation>(rotation),
+                    .value_format = static_cast<QuantFormat>(h.quant_fields[3])};
+  if (Status s = ValidateCodec(c->codec); !s.ok()) {
+    return Status::DataLoss("corrupt compact chunk: " + s.message());
+  }
+  if (NeedsV4(c->codec.quant) != v4) {
+    return Status::DataLoss("corrupt compact chunk: version " + std::to_string(version) +
+                            " for a quantize stage that version " + (v4 ? "3" : "4") + " records");
+  }
+  return Status::Ok();
+}
+
+// The offset of the data section: the slot metadata rounded up to kDataAlign, checked to end
+// before the trailer and to be followed by zero padding.
+StatusOr<size_t> DataSectionStart(std::span<const uint8_t> bytes, const V2Header& h) {
   const size_t body_end = bytes.size() - kTrailerBytes;
-  const size_t meta_end = header_size + static_cast<size_t>(meta_bytes);
+  const size_t meta_end = h.size + static_cast<size_t>(h.meta_bytes);
   const size_t data_start = AlignUp(meta_end, kDataAlign);
   if (data_start > body_end) {
-    return Status::DataLoss("corrupt compact chunk: " + std::to_string(meta_bytes) +
+    return Status::DataLoss("corrupt compact chunk: " + std::to_string(h.meta_bytes) +
                             " bytes of slot metadata run past the end");
   }
   if (std::any_of(bytes.begin() + meta_end, bytes.begin() + data_start,
                   [](uint8_t b) { return b != 0; })) {
     return Status::DataLoss("corrupt compact chunk: nonzero padding before the data section");
   }
-  const size_t num_heads = static_cast<size_t>(f.layers) * f.kv_heads;
-  if (num_heads > 4 * static_cast<size_t>(meta_bytes)) {  // every head takes >= 2 bits
+  return data_start;
+}
+
+// Decodes every head's slot metadata into c->heads (no rows yet), checking that the slots' rows
+// fill the `data_bytes` of the data section exactly and that the metadata ends where the header
+// says, padded with zero bits.
+Status DecodeHeadSlots(std::span<const uint8_t> bytes, const V2Header& h, size_t data_bytes,
+                       CompactChunk* c) {
+  const size_t num_heads = static_cast<size_t>(h.fields.layers) * h.fields.kv_heads;
+  if (num_heads > 4 * static_cast<size_t>(h.meta_bytes)) {  // every head takes >= 2 bits
     return Status::DataLoss("corrupt compact chunk: " + std::to_string(num_heads) +
-                            " heads cannot fit in " + std::to_string(meta_bytes) +
+                            " heads cannot fit in " + std::to_string(h.meta_bytes) +
                             " bytes of slot metadata");
   }
-  const size_t min_row = MinRowBytes(c);
-  size_t data_left = body_end - data_start;
-  internal::BitReader meta(bytes.subspan(header_size, meta_bytes));
+  const size_t min_row = MinRowBytes(*c);
+  size_t data_left = data_bytes;
+  internal::BitReader meta(bytes.subspan(h.size, h.meta_bytes));
   internal::SlotCodingState state;
-  const bool has_route = c.codec.route != RouteStage::kNone;
-  c.heads.resize(num_heads);
+  const bool has_route = c->codec.route != RouteStage::kNone;
+  c->heads.resize(num_heads);
   for (size_t i = 0; i < num_heads; ++i) {
-    CompactHead& h = c.heads[i];
-    Status s =
-        internal::DecodeSlotMetadata(&meta, has_route, position_base, data_left / min_row, &state,
-                                     &h);
+    CompactHead& head = c->heads[i];
+    Status s = internal::DecodeSlotMetadata(&meta, has_route, h.position_base, data_left / min_row,
+                                            &state, &head);
     if (!s.ok()) {
       return Status::DataLoss(
-          "corrupt compact chunk: " + HeadName(static_cast<int64_t>(i), c.num_kv_heads) + ": " +
+          "corrupt compact chunk: " + HeadName(static_cast<int64_t>(i), c->num_kv_heads) + ": " +
           s.message());
     }
     const size_t need =
-        QuantizedRowsBytes(h.slots(), c.head_dim, c.dtype, c.codec.quant, true) +
-        QuantizedRowsBytes(h.value_slots(), c.head_dim, c.dtype, c.codec.quant, false);
+        QuantizedRowsBytes(head.slots(), c->head_dim, c->dtype, c->codec.quant, true) +
+        QuantizedRowsBytes(head.value_slots(), c->head_dim, c->dtype, c->codec.quant, false);
     if (need > data_left) {
       return Status::DataLoss(
-          "corrupt compact chunk: " + HeadName(static_cast<int64_t>(i), c.num_kv_heads) +
+          "corrupt compact chunk: " + HeadName(static_cast<int64_t>(i), c->num_kv_heads) +
           ": its keys and values need " + std::to_string(need) + " bytes, the data section has " +
           std::to_string(data_left) + " left");
     }
     data_left -= need;
   }
   const uint64_t used_bytes = (meta.bit_pos() + 7) / 8;
-  if (used_bytes != meta_bytes) {
+  if (used_bytes != h.meta_bytes) {
     return Status::DataLoss("corrupt compact chunk: slot metadata ends after " +
                             std::to_string(used_bytes) + " bytes, the header says " +
-                            std::to_string(meta_bytes));
+                            std::to_string(h.meta_bytes));
   }
   uint64_t pad_bits = 0;
   if (!meta.Get(static_cast<int>(meta.bits_left()), &pad_bits) || pad_bits != 0) {
@@ -197,14 +224,32 @@ StatusOr<CompactChunk> DecodeV2(std::span<const uint8_t> bytes, uint16_t version
     return Status::DataLoss("corrupt compact chunk: " + std::to_string(data_left) +
                             " bytes of data beyond what the slots hold");
   }
-  const uint8_t* p = bytes.data() + data_start;
-  for (CompactHead& h : c.heads) {
-    h.keys.assign(p, p + QuantizedRowsBytes(h.slots(), c.head_dim, c.dtype, c.codec.quant, true));
-    p += h.keys.size();
-    h.values.assign(
-        p, p + QuantizedRowsBytes(h.value_slots(), c.head_dim, c.dtype, c.codec.quant, false));
-    p += h.values.size();
+  return Status::Ok();
+}
+
+// Copies each head's key rows, then its value rows, from the data section at `data`, in head
+// order. REQUIRES the heads' slots checked to fill the section (DecodeHeadSlots).
+void CopyHeadRows(const uint8_t* data, CompactChunk* c) {
+  for (CompactHead& h : c->heads) {
+    h.keys.assign(
+        data, data + QuantizedRowsBytes(h.slots(), c->head_dim, c->dtype, c->codec.quant, true));
+    data += h.keys.size();
+    h.values.assign(data, data + QuantizedRowsBytes(h.value_slots(), c->head_dim, c->dtype,
+                                                    c->codec.quant, false));
+    data += h.values.size();
   }
+}
+
+// Versions 2, 3 and 4 (`version`, already checked to be one of them).
+StatusOr<CompactChunk> DecodeV2(std::span<const uint8_t> bytes, uint16_t version) {
+  V2Header h;
+  CompactChunk c;
+  KVD_RETURN_IF_ERROR(ReadV2Header(bytes, version, &h, &c));
+  KVD_RETURN_IF_ERROR(DecodeQuantFields(h, version, &c));
+  KVD_RETURN_IF_ERROR(internal::SetChunkHeader(h.fields, &c));
+  KVD_ASSIGN_OR_RETURN(const size_t data_start, DataSectionStart(bytes, h));
+  KVD_RETURN_IF_ERROR(DecodeHeadSlots(bytes, h, bytes.size() - kTrailerBytes - data_start, &c));
+  CopyHeadRows(bytes.data() + data_start, &c);
   if (Status s = c.Validate(); !s.ok()) {
     return Status::DataLoss("corrupt compact chunk: " + s.message());
   }

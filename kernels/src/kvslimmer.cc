@@ -250,17 +250,23 @@ int64_t KvSlimmerMinBudget(int64_t slots, const KvSlimmerOptions& options) {
   return protected_slots + (slots > protected_slots ? 1 : 0);
 }
 
-Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
-                         std::span<const int64_t> query_positions, int64_t slot_budget,
-                         const KvSlimmerOptions& options, SlotSet* slots, KvSlimmerStats* stats,
-                         const ExecOptions& exec) {
-  KVD_RETURN_IF_ERROR(options.Validate());
-  if (slots == nullptr || stats == nullptr) {
-    return Status::InvalidArgument("kvslimmer: null slots or stats");
-  }
-  const int64_t d = rope.head_dim();
-  KVD_RETURN_IF_ERROR(CheckHeadDim(d).WithContext("kvslimmer"));
-  KVD_RETURN_IF_ERROR(slots->Validate(d));
+namespace {
+
+// Scratch of one KvSlimmerCompress, reused across its rounds.
+struct RoundScratch {
+  Matrix post;              // [S, d] the slots' keys rotated to their positions
+  std::vector<float> bias;  // [S] log cardinality
+  std::vector<float> mass;  // [S] attention mass from the observation queries
+  PairStatistics pair_stats;
+  std::vector<MergePair> pairs;  // the round's merges
+  std::vector<int64_t> drops;    // the round's gate evictions, ascending
+};
+
+// The arguments of KvSlimmerCompress against each other: query shape and positions, finite
+// queries, the gate center, and a budget between KvSlimmerMinBudget and the slot count.
+Status CheckCompressInput(int64_t d, ConstMatrixView queries,
+                          std::span<const int64_t> query_positions, int64_t slot_budget,
+                          const KvSlimmerOptions& options, const SlotSet& slots) {
   if (queries.cols != d || queries.rows < 1 || queries.rows % options.group_size != 0) {
     return Status::InvalidArgument(
         "kvslimmer: observation queries must be [W*G, d] with W >= 1, G=" +
@@ -273,13 +279,12 @@ Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
                                    " query positions for W=" + std::to_string(w) + " queries");
   }
   KVD_RETURN_IF_ERROR(CheckFinite(queries, "kvslimmer: queries"));
-  const bool gated = !options.gate_center.empty();
-  if (gated && options.gate_center.size() != static_cast<size_t>(d)) {
+  if (!options.gate_center.empty() && options.gate_center.size() != static_cast<size_t>(d)) {
     return Status::InvalidArgument("kvslimmer: gate_center has " +
                                    std::to_string(options.gate_center.size()) +
                                    " entries, head_dim is " + std::to_string(d));
   }
-  int64_t s = slots->size();
+  const int64_t s = slots.size();
   if (s < options.sinks) {
     return Status::InvalidArgument("kvslimmer: " + std::to_string(s) +
                                    " slots is smaller than the sinks (" +
@@ -298,72 +303,120 @@ Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
                               " and window " + std::to_string(options.window) +
                               " are never merged)");
   }
+  return Status::Ok();
+}
+
+// scratch->mass: the attention mass each slot gets from the observation queries, its keys
+// rotated to its position and its logit biased by log cardinality.
+Status SlotAttentionMass(const RopeTable& rope, ConstMatrixView queries,
+                         std::span<const int64_t> query_positions, const KvSlimmerOptions& options,
+                         const SlotSet& slots, RoundScratch* scratch, const ExecOptions& exec) {
+  const int64_t s = slots.size();
+  scratch->post = Matrix(s, rope.head_dim());
+  KVD_RETURN_IF_ERROR(RotateSlotKeys(rope, slots, scratch->post.View(), exec));
+  scratch->bias.resize(static_cast<size_t>(s));
+  for (int64_t j = 0; j < s; ++j) {
+    scratch->bias[static_cast<size_t>(j)] =
+        std::log(static_cast<float>(slots.cardinality[static_cast<size_t>(j)]));
+  }
+  scratch->mass.assign(static_cast<size_t>(s), 0.0f);
   ObservationOptions obs;
   obs.mask = options.mask;
   obs.group_size = options.group_size;
-  Matrix post;
-  std::vector<float> bias, mass;
-  PairStatistics pair_stats;
-  std::vector<MergePair> pairs;
-  std::vector<int64_t> drops;
+  ObservationHead head{queries, scratch->post.View(), scratch->bias, query_positions,
+                       slots.positions};
+  return ComputeAttentionMass(head, obs, scratch->mass, exec);
+}
+
+// Splits the chosen pairs (j, j + 1) into gate evictions (with a gate, the less attended slot
+// of a pair whose centred cosine is below gate_min_cos, or of every pair with gate_evict_all)
+// and merges with their weights, counting both in *local.
+void SplitChosenPairs(std::span<const int64_t> chosen, const KvSlimmerOptions& options,
+                      const SlotSet& slots, RoundScratch* scratch, KvSlimmerStats* local) {
+  const bool gated = !options.gate_center.empty();
+  const int64_t d = slots.keys_pre.cols;
+  const std::vector<float>& mass = scratch->mass;
+  scratch->pairs.clear();
+  scratch->drops.clear();
+  for (int64_t j : chosen) {
+    if (gated &&
+        (options.gate_evict_all || CentredCosine(slots.keys_pre.Row(j), slots.keys_pre.Row(j + 1),
+                                                 options.gate_center, d) < options.gate_min_cos)) {
+      const int64_t drop =
+          mass[static_cast<size_t>(j + 1)] < mass[static_cast<size_t>(j)] ? j + 1 : j;
+      scratch->drops.push_back(drop);
+      local->gate_evicted_slots += 1;
+      local->gate_evicted_tokens += slots.cardinality[static_cast<size_t>(drop)];
+      continue;
+    }
+    const MergeWeightResult r = ComputeMergeWeights(options.norm, slots, scratch->pair_stats, j,
+                                                    options.guard, options.guard_alpha_margin);
+    local->guard_fallbacks += r.guard_fallback ? 1 : 0;
+    local->guard_clamps += r.guard_clamped ? 1 : 0;
+    local->guard_clamp_to_less += r.clamp_to_less ? 1 : 0;
+    local->guard_alpha_fallbacks += r.alpha_fallback ? 1 : 0;
+    scratch->pairs.push_back(r.pair);
+  }
+}
+
+// One round: ranks the mergeable pairs between the sinks and the window by the slots' attention
+// mass, takes up to (slots - slot_budget) disjoint ones, evicts or merges each.
+Status MergeRound(const RopeTable& rope, ConstMatrixView queries,
+                  std::span<const int64_t> query_positions, int64_t slot_budget,
+                  const KvSlimmerOptions& options, SlotSet* slots, RoundScratch* scratch,
+                  KvSlimmerStats* local, const ExecOptions& exec) {
+  const int64_t s = slots->size();
+  KVD_RETURN_IF_ERROR(
+      SlotAttentionMass(rope, queries, query_positions, options, *slots, scratch, exec));
+  const int64_t begin = options.sinks, end = s - options.window;
+  KVD_RETURN_IF_ERROR(
+      ComputePairStatistics(scratch->mass, begin, end, options.norm, slots, &scratch->pair_stats));
+  const std::vector<double> rank =
+      RankPairs(scratch->mass, *slots, begin, end, options.lambda, options.gamma);
+  const std::vector<int64_t> chosen = SelectDisjointPairs(rank, s - slot_budget);
+  if (chosen.empty()) {
+    return Status::Internal("kvslimmer: no mergeable pair among " + std::to_string(s) + " slots");
+  }
+  SplitChosenPairs(chosen, options, *slots, scratch, local);
+  if (!scratch->drops.empty()) {  // drop first, then merge the remaining pairs at their new indices
+    size_t k = 0;
+    for (MergePair& p : scratch->pairs) {
+      while (k < scratch->drops.size() && scratch->drops[k] < p.first) ++k;
+      p.first -= static_cast<int64_t>(k);
+    }
+    EraseSlots(scratch->drops, slots);
+  }
+  KVD_RETURN_IF_ERROR(ApplyMerges(scratch->pairs, options.position, slots, exec));
+  local->pairs_merged += static_cast<int64_t>(scratch->pairs.size());
+  local->rounds += 1;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status KvSlimmerCompress(const RopeTable& rope, ConstMatrixView queries,
+                         std::span<const int64_t> query_positions, int64_t slot_budget,
+                         const KvSlimmerOptions& options, SlotSet* slots, KvSlimmerStats* stats,
+                         const ExecOptions& exec) {
+  KVD_RETURN_IF_ERROR(options.Validate());
+  if (slots == nullptr || stats == nullptr) {
+    return Status::InvalidArgument("kvslimmer: null slots or stats");
+  }
+  const int64_t d = rope.head_dim();
+  KVD_RETURN_IF_ERROR(CheckHeadDim(d).WithContext("kvslimmer"));
+  KVD_RETURN_IF_ERROR(slots->Validate(d));
+  KVD_RETURN_IF_ERROR(
+      CheckCompressInput(d, queries, query_positions, slot_budget, options, *slots));
+  RoundScratch scratch;
   KvSlimmerStats local;
-  while (s > slot_budget) {
+  for (int64_t s = slots->size(); s > slot_budget; s = slots->size()) {
     if (local.rounds >= options.max_rounds) {
       return Status::Internal("kvslimmer: budget " + std::to_string(slot_budget) +
                               " not reached after " + std::to_string(local.rounds) + " rounds (" +
                               std::to_string(s) + " slots)");
     }
-    post = Matrix(s, d);
-    KVD_RETURN_IF_ERROR(RotateSlotKeys(rope, *slots, post.View(), exec));
-    bias.resize(static_cast<size_t>(s));
-    for (int64_t j = 0; j < s; ++j) {
-      bias[static_cast<size_t>(j)] =
-          std::log(static_cast<float>(slots->cardinality[static_cast<size_t>(j)]));
-    }
-    mass.assign(static_cast<size_t>(s), 0.0f);
-    ObservationHead head{queries, post.View(), bias, query_positions, slots->positions};
-    KVD_RETURN_IF_ERROR(ComputeAttentionMass(head, obs, mass, exec));
-    const int64_t begin = options.sinks, end = s - options.window;
-    KVD_RETURN_IF_ERROR(ComputePairStatistics(mass, begin, end, options.norm, slots, &pair_stats));
-    const std::vector<double> rank =
-        RankPairs(mass, *slots, begin, end, options.lambda, options.gamma);
-    const std::vector<int64_t> chosen = SelectDisjointPairs(rank, s - slot_budget);
-    if (chosen.empty()) {
-      return Status::Internal("kvslimmer: no mergeable pair among " + std::to_string(s) + " slots");
-    }
-    pairs.clear();
-    drops.clear();
-    for (int64_t j : chosen) {
-      if (gated && (options.gate_evict_all ||
-                    CentredCosine(slots->keys_pre.Row(j), slots->keys_pre.Row(j + 1),
-                                  options.gate_center, d) < options.gate_min_cos)) {
-        const int64_t drop =
-            mass[static_cast<size_t>(j + 1)] < mass[static_cast<size_t>(j)] ? j + 1 : j;
-        drops.push_back(drop);
-        local.gate_evicted_slots += 1;
-        local.gate_evicted_tokens += slots->cardinality[static_cast<size_t>(drop)];
-        continue;
-      }
-      const MergeWeightResult r = ComputeMergeWeights(options.norm, *slots, pair_stats, j,
-                                                      options.guard, options.guard_alpha_margin);
-      local.guard_fallbacks += r.guard_fallback ? 1 : 0;
-      local.guard_clamps += r.guard_clamped ? 1 : 0;
-      local.guard_clamp_to_less += r.clamp_to_less ? 1 : 0;
-      local.guard_alpha_fallbacks += r.alpha_fallback ? 1 : 0;
-      pairs.push_back(r.pair);
-    }
-    if (!drops.empty()) {  // drop first, then merge the remaining pairs at their new indices
-      size_t k = 0;
-      for (MergePair& p : pairs) {
-        while (k < drops.size() && drops[k] < p.first) ++k;
-        p.first -= static_cast<int64_t>(k);
-      }
-      EraseSlots(drops, slots);
-    }
-    KVD_RETURN_IF_ERROR(ApplyMerges(pairs, options.position, slots, exec));
-    local.pairs_merged += static_cast<int64_t>(pairs.size());
-    local.rounds += 1;
-    s = slots->size();
+    KVD_RETURN_IF_ERROR(MergeRound(rope, queries, query_positions, slot_budget, options, slots,
+                                   &scratch, &local, exec));
   }
   *stats += local;
   return Status::Ok();

@@ -247,19 +247,9 @@ StatusOr<const VectorWeights*> CheckQueriesAndWeights(const CompressionPlanOptio
   return weights;
 }
 
-}  // namespace
-
-StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const ModelLayout& layout,
-                                const CompressionInput& input, CompressionStats* stats,
-                                const ExecOptions& exec) {
-  const Clock::time_point start = Clock::now();
-  KVD_RETURN_IF_ERROR(options.Validate());
-  KVD_RETURN_IF_ERROR(layout.Validate());
-  KVD_RETURN_IF_ERROR(CheckHeadDim(layout.head_dim).WithContext("plan"));
+// The chunk's shape against the layout: tokens, raw bytes, positions, query heads per KV head.
+Status CheckChunk(const ModelLayout& layout, const CompressionInput& input) {
   const int64_t n = static_cast<int64_t>(input.positions.size());
-  const int L = layout.num_layers;
-  const int H = layout.num_kv_heads;
-  const int64_t d = layout.head_dim;
   if (n < 1) return Status::InvalidArgument("plan: the chunk has no tokens");
   if (input.raw.size() != layout.ChunkBytes(static_cast<int>(n))) {
     return Status::InvalidArgument("plan: raw chunk has " + std::to_string(input.raw.size()) +
@@ -270,21 +260,205 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
   for (int64_t p : input.positions) {
     if (p < 0) return Status::InvalidArgument("plan: negative position");
   }
-  if (layout.num_q_heads % H != 0) {
+  if (layout.num_q_heads % layout.num_kv_heads != 0) {
     return Status::InvalidArgument("plan: num_q_heads is not a multiple of num_kv_heads");
   }
-  const int group = layout.num_q_heads / H;
+  return Status::Ok();
+}
+
+// Query statistics, when given, must have the layout's layers, query heads and head_dim.
+Status CheckQueryStatsShape(const QueryStatistics* query_stats, const ModelLayout& layout) {
+  if (query_stats != nullptr && (query_stats->num_layers() != layout.num_layers ||
+                                 query_stats->num_q_heads() != layout.num_q_heads ||
+                                 query_stats->head_dim() != layout.head_dim)) {
+    return Status::FailedPrecondition(
+        "plan: query statistics shape does not match the layout (layers, query heads, "
+        "head_dim)");
+  }
+  return Status::Ok();
+}
+
+// The pairs each layer keeps: m = round((1 - p_c) * n) per layer, or the score's layer budgets.
+// Fails when the chunk is shorter than its sinks and window.
+StatusOr<std::vector<int64_t>> LayerPairs(const StageRegistration& score,
+                                          const CompressionPlanOptions& options, int64_t n,
+                                          int layers, int64_t window) {
+  const int64_t forced = std::min<int64_t>(n, options.sinks) + window;
+  if (n < options.sinks + window) {
+    return Status::InvalidArgument("plan: N=" + std::to_string(n) + " is smaller than sinks (" +
+                                   std::to_string(options.sinks) + ") + window (" +
+                                   std::to_string(window) + ")");
+  }
+  const int64_t m = std::llround((1.0 - options.p_c) * static_cast<double>(n));
+  std::vector<int64_t> layer_pairs(static_cast<size_t>(layers), m);
+  if (score.layer_budgets != nullptr) {
+    KVD_ASSIGN_OR_RETURN(layer_pairs, score.layer_budgets(n, layers, m, forced, options));
+  }
+  return layer_pairs;
+}
+
+// What every layer of one Compress call reads; its input and options are checked.
+struct PlanRun {
+  const CompressionPlanOptions& options;
+  const ModelLayout& layout;
+  const CompressionInput& input;
+  const ExecOptions& exec;
+  ExecOptions convert_exec;            // exec's backend, threads and stream
+  const QueryStatistics* query_stats;  // null unless the score reads expected queries
+  const VectorWeights* weights;        // null unless routing with VECTOR weights
+  const RopeTable& rope;
+  int group;              // query heads per KV head
+  int64_t window;         // options.window with window queries, else 0
+  int64_t last_position;  // the chunk's largest position
+
+  int kv_heads() const { return layout.num_kv_heads; }
+  int64_t tokens() const { return static_cast<int64_t>(input.positions.size()); }
+  // The window queries of (layer, h); empty without window queries.
+  ConstMatrixView Queries(int layer, int64_t h) const {
+    return input.window_queries.empty()
+               ? ConstMatrixView{}
+               : input.window_queries[static_cast<size_t>(layer) * kv_heads() + h];
+  }
+};
+
+// The layer's key and value heads, converted from the raw chunk; the time goes to convert_ns.
+Status GatherLayer(const PlanRun& run, int layer, std::vector<Matrix>* keys,
+                   std::vector<Matrix>* values, CompressionStats* total) {
+  const int64_t n = run.tokens();
+  const ModelLayout& layout = run.layout;
+  const EngineTensorShape shape{.tokens = n,
+                                .num_heads = layout.num_kv_heads,
+                                .head_dim = layout.head_dim,
+                                .dtype = layout.dtype};
+  const uint8_t* k_bytes = run.input.raw.data() + layout.LayerOffset(layer, static_cast<int>(n));
+  const uint8_t* v_bytes = k_bytes + static_cast<size_t>(n) * layout.TokenBytes();
+  const Clock::time_point convert_start = Clock::now();
+  KVD_ASSIGN_OR_RETURN(*keys, GatherHeads(shape, k_bytes, run.convert_exec));
+  KVD_ASSIGN_OR_RETURN(*values, GatherHeads(shape, v_bytes, run.convert_exec));
+  total->stage.convert_ns += NanosSince(convert_start);
+  return Status::Ok();
+}
+
+// The expected queries of each KV head of the layer; empty without query statistics.
+StatusOr<std::vector<ExpectedQueries>> LayerExpectedQueries(const PlanRun& run, int layer) {
+  std::vector<ExpectedQueries> expected(
+      run.query_stats != nullptr ? static_cast<size_t>(run.kv_heads()) : 0);
+  for (size_t h = 0; h < expected.size(); ++h) {
+    KVD_ASSIGN_OR_RETURN(expected[h],
+                         ExpectedQueriesFor(*run.query_stats, layer, static_cast<int>(h), run.group,
+                                            run.last_position, run.options.expected_attention));
+  }
+  return expected;
+}
+
+// HeadBudget::kAdaptive: the layer's `layer_pairs` shared among its heads by their scores; the
+// scoring time goes to score_ns.
+StatusOr<std::vector<int64_t>> AdaptiveLayerHeadPairs(const PlanRun& run, int layer,
+                                                      const std::vector<Matrix>& keys,
+                                                      const std::vector<Matrix>& values,
+                                                      const std::vector<ExpectedQueries>& expected,
+                                                      int64_t layer_pairs,
+                                                      CompressionStats* total) {
+  const int H = run.kv_heads();
+  std::vector<std::vector<float>> scores(static_cast<size_t>(H));
+  std::vector<Status> head_status(static_cast<size_t>(H));
+  std::vector<int64_t> score_ns(static_cast<size_t>(H), 0);
+  ParallelFor(H, run.exec.num_threads, [&](int64_t h) {
+    const Clock::time_point score_start = Clock::now();
+    head_status[h] = internal::HeadScores(
+        run.options, keys[h].View(), values[h].View(), run.Queries(layer, h), run.window, run.group,
+        expected.empty() ? nullptr : &expected[static_cast<size_t>(h)], &scores[h]);
+    score_ns[h] += NanosSince(score_start);
+  });
+  for (int h = 0; h < H; ++h) {
+    KVD_RETURN_IF_ERROR(head_status[h].WithContext("plan: scores of " + HeadName(layer, h)));
+  }
+  for (int64_t ns : score_ns) total->stage.score_ns += ns;
+  return AdaptiveHeadBudgets(scores, layer_pairs, run.options.sinks, run.window,
+                             run.options.adaptive_floor);
+}
+
+// Whether the merge gate lets the layer merge (always without the gate); a closed layer is
+// counted in gate_closed_layers.
+StatusOr<bool> MergeLayerOpen(const PlanRun& run, const std::vector<Matrix>& keys,
+                              CompressionStats* total) {
+  if (!run.options.merge_gate) return true;
+  KVD_ASSIGN_OR_RETURN(const double adjacent,
+                       internal::LayerCentredAdjacentCosine(run.rope, keys, run.input.positions));
+  const bool open = adjacent >= run.options.merge_gate_layer_min;
+  total->gate_closed_layers += open ? 0 : 1;
+  return open;
+}
+
+// Compresses one layer's heads in parallel into `chunk`, each keeping its `head_pairs`.
+Status CompressLayerHeads(const PlanRun& run, int layer, const std::vector<Matrix>& keys,
+                          const std::vector<Matrix>& values,
+                          const std::vector<ExpectedQueries>& expected,
+                          const std::vector<int64_t>& head_pairs, bool merge_layer_open,
+                          CompactChunk* chunk, CompressionStats* total) {
+  const int H = run.kv_heads();
+  std::vector<CompressionStats> head_stats(static_cast<size_t>(H));
+  std::vector<Status> head_status(static_cast<size_t>(H));
+  ParallelFor(H, run.exec.num_threads, [&](int64_t h) {
+    internal::HeadInput hi;
+    hi.merge_layer_open = merge_layer_open;
+    hi.expected = expected.empty() ? nullptr : &expected[static_cast<size_t>(h)];
+    hi.options = &run.options;
+    hi.rope = &run.rope;
+    hi.keys = keys[h].View();
+    hi.values = values[h].View();
+    hi.positions = run.input.positions;
+    if (!run.input.window_queries.empty()) hi.queries = run.Queries(layer, h);
+    hi.group_size = run.group;
+    hi.window = run.window;
+    hi.kept_pairs = head_pairs[h];
+    hi.fit = run.weights != nullptr ? &run.weights->Head(layer, static_cast<int>(h)) : nullptr;
+    hi.dtype = run.layout.dtype;
+    head_stats[h] = CompressionStats{};
+    head_status[h] =
+        internal::CompressHead(hi, &chunk->Head(layer, static_cast<int>(h)), &head_stats[h]);
+  });
+  for (int h = 0; h < H; ++h) {
+    KVD_RETURN_IF_ERROR(head_status[h].WithContext("plan: " + HeadName(layer, h)));
+    AddHeadStats(head_stats[h], total);
+  }
+  return Status::Ok();
+}
+
+// One layer of the plan: convert, budget the heads, gate the merges, compress each head.
+Status CompressLayer(const PlanRun& run, int layer, int64_t layer_pairs, CompactChunk* chunk,
+                     CompressionStats* total) {
+  std::vector<Matrix> keys, values;
+  KVD_RETURN_IF_ERROR(GatherLayer(run, layer, &keys, &values, total));
+  std::vector<int64_t> head_pairs(static_cast<size_t>(run.kv_heads()), layer_pairs);
+  KVD_ASSIGN_OR_RETURN(const std::vector<ExpectedQueries> expected,
+                       LayerExpectedQueries(run, layer));
+  if (run.options.head_budget == HeadBudget::kAdaptive) {
+    KVD_ASSIGN_OR_RETURN(
+        head_pairs, AdaptiveLayerHeadPairs(run, layer, keys, values, expected, layer_pairs, total));
+  }
+  KVD_ASSIGN_OR_RETURN(const bool merge_layer_open, MergeLayerOpen(run, keys, total));
+  return CompressLayerHeads(run, layer, keys, values, expected, head_pairs, merge_layer_open, chunk,
+                            total);
+}
+
+}  // namespace
+
+StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const ModelLayout& layout,
+                                const CompressionInput& input, CompressionStats* stats,
+                                const ExecOptions& exec) {
+  const Clock::time_point start = Clock::now();
+  KVD_RETURN_IF_ERROR(options.Validate());
+  KVD_RETURN_IF_ERROR(layout.Validate());
+  KVD_RETURN_IF_ERROR(CheckHeadDim(layout.head_dim).WithContext("plan"));
+  KVD_RETURN_IF_ERROR(CheckChunk(layout, input));
+  const int64_t n = static_cast<int64_t>(input.positions.size());
+  const int group = layout.num_q_heads / layout.num_kv_heads;
   const QueryStatistics* query_stats = nullptr;
   const StageRegistration* score = FindStage(options.score);
   if (score->needs_query_stats) {
     query_stats = input.query_stats;
-    if (query_stats != nullptr &&
-        (query_stats->num_layers() != L || query_stats->num_q_heads() != layout.num_q_heads ||
-         query_stats->head_dim() != d)) {
-      return Status::FailedPrecondition(
-          "plan: query statistics shape does not match the layout (layers, query heads, "
-          "head_dim)");
-    }
+    KVD_RETURN_IF_ERROR(CheckQueryStatsShape(query_stats, layout));
     if (query_stats == nullptr ||
         query_stats->MinCount() < options.expected_attention_min_queries) {
       CompressionPlanOptions fallback = options;  // plan.h: one-shot KeyDiff until then
@@ -293,105 +467,35 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
       return Compress(fallback, layout, input, stats, exec);
     }
   }
-  const int64_t last_position = *std::max_element(input.positions.begin(), input.positions.end());
-  const bool have_queries = !input.window_queries.empty();
   KVD_ASSIGN_OR_RETURN(const VectorWeights* weights,
                        CheckQueriesAndWeights(options, layout, input, group));
-  const int64_t window = have_queries ? options.window : 0;
-  const int64_t forced = std::min<int64_t>(n, options.sinks) + window;
-  if (n < options.sinks + window) {
-    return Status::InvalidArgument("plan: N=" + std::to_string(n) + " is smaller than sinks (" +
-                                   std::to_string(options.sinks) + ") + window (" +
-                                   std::to_string(window) + ")");
-  }
-  const int64_t m = std::llround((1.0 - options.p_c) * static_cast<double>(n));
-  std::vector<int64_t> layer_pairs(static_cast<size_t>(L), m);
-  if (score->layer_budgets != nullptr) {
-    KVD_ASSIGN_OR_RETURN(layer_pairs, score->layer_budgets(n, L, m, forced, options));
-  }
+  const int64_t window = !input.window_queries.empty() ? options.window : 0;
+  KVD_ASSIGN_OR_RETURN(const std::vector<int64_t> layer_pairs,
+                       LayerPairs(*score, options, n, layout.num_layers, window));
   KVD_ASSIGN_OR_RETURN(RopeTable rope, RopeTable::Create(layout.rope, layout.head_dim));
-
+  const PlanRun run{
+      .options = options,
+      .layout = layout,
+      .input = input,
+      .exec = exec,
+      .convert_exec = {.backend = exec.backend,
+                       .num_threads = exec.num_threads,
+                       .cuda_stream = exec.cuda_stream},
+      .query_stats = query_stats,
+      .weights = weights,
+      .rope = rope,
+      .group = group,
+      .window = window,
+      .last_position = *std::max_element(input.positions.begin(), input.positions.end())};
   CompactChunk chunk =
       CompactChunk::ForLayout(layout, n, options.Codec(weights != nullptr ? weights->version : 0));
-
-  const EngineTensorShape shape{.tokens = n, .num_heads = H, .head_dim = d, .dtype = layout.dtype};
-  const ExecOptions convert_exec{
-      .backend = exec.backend, .num_threads = exec.num_threads, .cuda_stream = exec.cuda_stream};
-  std::vector<CompressionStats> head_stats(static_cast<size_t>(H));
-  std::vector<Status> head_status(static_cast<size_t>(H));
-  std::vector<int64_t> adaptive_score_ns(static_cast<size_t>(H), 0);
   CompressionStats total;
-  for (int layer = 0; layer < L; ++layer) {
-    const uint8_t* k_bytes = input.raw.data() + layout.LayerOffset(layer, static_cast<int>(n));
-    const uint8_t* v_bytes = k_bytes + static_cast<size_t>(n) * layout.TokenBytes();
-    const Clock::time_point convert_start = Clock::now();
-    KVD_ASSIGN_OR_RETURN(std::vector<Matrix> keys, GatherHeads(shape, k_bytes, convert_exec));
-    KVD_ASSIGN_OR_RETURN(std::vector<Matrix> values, GatherHeads(shape, v_bytes, convert_exec));
-    total.stage.convert_ns += NanosSince(convert_start);
-    std::vector<int64_t> head_pairs(static_cast<size_t>(H), layer_pairs[layer]);
-    std::vector<ExpectedQueries> expected(query_stats != nullptr ? static_cast<size_t>(H) : 0);
-    for (size_t h = 0; h < expected.size(); ++h) {
-      KVD_ASSIGN_OR_RETURN(expected[h],
-                           ExpectedQueriesFor(*query_stats, layer, static_cast<int>(h), group,
-                                              last_position, options.expected_attention));
-    }
-    const auto expected_of = [&](int64_t h) {
-      return expected.empty() ? nullptr : &expected[static_cast<size_t>(h)];
-    };
-    if (options.head_budget == HeadBudget::kAdaptive) {
-      std::vector<std::vector<float>> scores(static_cast<size_t>(H));
-      ParallelFor(H, exec.num_threads, [&](int64_t h) {
-        const Clock::time_point score_start = Clock::now();
-        const ConstMatrixView q = have_queries
-                                      ? input.window_queries[static_cast<size_t>(layer) * H + h]
-                                      : ConstMatrixView{};
-        head_status[h] =
-            internal::HeadScores(options, keys[h].View(), values[h].View(), q, window, group,
-                                 expected_of(h), &scores[h]);
-        adaptive_score_ns[h] += NanosSince(score_start);
-      });
-      for (int h = 0; h < H; ++h) {
-        KVD_RETURN_IF_ERROR(head_status[h].WithContext("plan: scores of " + HeadName(layer, h)));
-      }
-      KVD_ASSIGN_OR_RETURN(head_pairs,
-                           AdaptiveHeadBudgets(scores, layer_pairs[layer], options.sinks, window,
-                                               options.adaptive_floor));
-    }
-    bool merge_layer_open = true;
-    if (options.merge_gate) {
-      KVD_ASSIGN_OR_RETURN(const double adjacent,
-                           internal::LayerCentredAdjacentCosine(rope, keys, input.positions));
-      merge_layer_open = adjacent >= options.merge_gate_layer_min;
-      total.gate_closed_layers += merge_layer_open ? 0 : 1;
-    }
-    ParallelFor(H, exec.num_threads, [&](int64_t h) {
-      internal::HeadInput hi;
-      hi.merge_layer_open = merge_layer_open;
-      hi.expected = expected_of(h);
-      hi.options = &options;
-      hi.rope = &rope;
-      hi.keys = keys[h].View();
-      hi.values = values[h].View();
-      hi.positions = input.positions;
-      if (have_queries) hi.queries = input.window_queries[static_cast<size_t>(layer) * H + h];
-      hi.group_size = group;
-      hi.window = window;
-      hi.kept_pairs = head_pairs[h];
-      hi.fit = weights != nullptr ? &weights->Head(layer, static_cast<int>(h)) : nullptr;
-      hi.dtype = layout.dtype;
-      head_stats[h] = CompressionStats{};
-      head_status[h] =
-          internal::CompressHead(hi, &chunk.Head(layer, static_cast<int>(h)), &head_stats[h]);
-    });
-    for (int h = 0; h < H; ++h) {
-      KVD_RETURN_IF_ERROR(head_status[h].WithContext("plan: " + HeadName(layer, h)));
-      AddHeadStats(head_stats[h], &total);
-    }
+  for (int layer = 0; layer < layout.num_layers; ++layer) {
+    KVD_RETURN_IF_ERROR(CompressLayer(run, layer, layer_pairs[layer], &chunk, &total));
   }
-  for (int64_t ns : adaptive_score_ns) total.stage.score_ns += ns;
   if (options.quant.quantized()) {
     const Clock::time_point quant_start = Clock::now();
-    KVD_ASSIGN_OR_RETURN(chunk, QuantizeChunk(chunk, options.quant, convert_exec));
+    KVD_ASSIGN_OR_RETURN(chunk, QuantizeChunk(chunk, options.quant, run.convert_exec));
     total.stage.encode_ns += NanosSince(quant_start);
   }
   total.total_ns = NanosSince(start);

@@ -179,6 +179,15 @@ Status CheckIngestDevices(const DaemonConfig& config) {
   return Status::Ok();
 }
 
+// One put as Encode splits it: the chunk's raw KV rows, then its window queries (float32 on the
+// wire, empty when window is 0), and the absolute position of each token.
+struct PutChunk {
+  std::span<const uint8_t> raw;
+  std::span<const uint8_t> window_queries;
+  uint32_t window = 0;
+  std::vector<int64_t> positions;
+};
+
 // One worker's CUDA plans (the pool hands one to each running Encode): without routing, and
 // with the VECTOR weights of `routed_version`. Each owns its stream.
 struct DeviceWorker {
@@ -353,6 +362,30 @@ struct ChunkCodec::Impl {
     }
   }
 
+  // ---- one chunk's encoding (Encode) ----
+  // What a chunk is compressed with: the query statistics it is scored with (null unless the
+  // policy scores with expected attention) and the VECTOR weights (null until calibrated).
+  struct ChunkContext {
+    std::shared_ptr<const kk::QueryStatistics> query_stats;
+    std::shared_ptr<const kk::VectorWeights> weights;
+  };
+  class PlanRuns;
+
+  // Feeds the put to calibration and to the query statistics where the policy needs them, and
+  // returns the context its chunk is compressed with.
+  ChunkContext Observe(const PutChunk& put);
+  // True when a chunk of `tokens` cannot keep more than its sinks and window: it is stored
+  // lossless.
+  bool StoresLossless(int64_t tokens, uint32_t window) const;
+  // Runs the plan on the chunk (routed when there are weights, with weakly calibrated heads taken
+  // from the plan without routing), adding the stage times to `stages`.
+  StatusOr<kk::CompactChunk> CompressChunk(const PutChunk& put, const ChunkContext& context,
+                                           kk::CompressionStageTimes* stages);
+  // Serializes `chunk`, compressed from `tokens` raw tokens, into `out` (bytes and half-pair
+  // counts) and records the chunk's stage times, serialization included.
+  Status Serialize(const kk::CompactChunk& chunk, int64_t tokens,
+                   const kk::CompressionStageTimes& stages, EncodedChunk* out);
+
   void WorkerLoop() {
     for (;;) {
       std::function<void()> job;
@@ -517,6 +550,161 @@ struct ChunkCodec::Impl {
   }
 };
 
+// The plan runs of one chunk (one, or two when weak heads are taken from the plan without
+// routing), on the pool's CUDA worker when the codec has a device, else on the CPU; a CUDA
+// failure that the CPU plan may recover from (internal, resource exhausted, unavailable) runs it
+// on the CPU plan. Holds the worker until destroyed.
+class ChunkCodec::Impl::PlanRuns {
+ public:
+  PlanRuns(Impl* impl, const PutChunk& put, const kk::QueryStatistics* query_stats,
+           kk::CompressionStageTimes* stages)
+      : impl_(impl), put_(put), query_stats_(query_stats), stages_(stages) {
+    if (impl_->device.cuda) worker_ = impl_->TakeDevice();
+  }
+  ~PlanRuns() {
+    if (worker_ != nullptr) impl_->ReturnDevice(std::move(worker_));
+  }
+  PlanRuns(const PlanRuns&) = delete;
+  PlanRuns& operator=(const PlanRuns&) = delete;
+
+  // One run of the plan for `o` (route none, or vector with `w`), its stage times added.
+  StatusOr<kk::CompactChunk> Run(const kk::CompressionPlanOptions& o, const kk::VectorWeights* w) {
+    if (worker_ != nullptr) {
+      auto c = RunOnDevice(o, w);
+      if (c.ok()) return c;
+      const StatusCode code = c.status().code();
+      if (code != StatusCode::kInternal && code != StatusCode::kResourceExhausted &&
+          code != StatusCode::kUnavailable) {
+        return c.status();
+      }
+      LogFallback(c.status());
+    }
+    return RunOnCpu(o, w);
+  }
+
+ private:
+  StatusOr<kk::CompactChunk> RunOnDevice(const kk::CompressionPlanOptions& o,
+                                         const kk::VectorWeights* w) {
+    kk::CompressionStats stats;
+    kk::HostChunkInput in{.raw = put_.raw,
+                          .positions = put_.positions,
+                          .window_queries = put_.window_queries,
+                          .window_queries_float32 = true};
+    auto c = impl_->CompressOnDevice(worker_.get(), o, w, in, &stats);
+    if (c.ok()) *stages_ += stats.stage;
+    return c;
+  }
+
+  void LogFallback(const Status& status) {
+    if (const uint64_t chunks = impl_->fallback_log.Occur(); chunks > 0) {
+      KVD_LOG(WARNING) << "CUDA plan failed on a chunk; the CPU plan compresses it (logged "
+                          "at most once a minute)"
+                       << Kv("model", impl_->model.name) << Kv("device", impl_->device.Name())
+                       << Kv("status", status) << Kv("chunks_since_last_record", chunks)
+                       << Kv("chunks_total", impl_->fallback_log.total());
+    }
+  }
+
+  StatusOr<kk::CompactChunk> RunOnCpu(const kk::CompressionPlanOptions& o,
+                                      const kk::VectorWeights* w) {
+    KVD_RETURN_IF_ERROR(GatherCpuQueries());
+    kk::CompressionInput input;
+    input.raw = put_.raw;
+    input.positions = put_.positions;
+    input.window_queries = views_;
+    input.weights = w;
+    input.query_stats = query_stats_;
+    kk::ExecOptions exec;
+    exec.num_threads = 1;  // the pool's threads are the parallelism
+    kk::CompressionStats stats;
+    KVD_ASSIGN_OR_RETURN(auto c, kk::Compress(o, impl_->model.layout, input, &stats, exec));
+    *stages_ += stats.stage;
+    return c;
+  }
+
+  // The CPU plan's input, built on first use: the window queries rearranged per (layer, KV head).
+  Status GatherCpuQueries() {
+    if (cpu_queries_ready_ || put_.window == 0) return Status::Ok();
+    const ModelLayout& layout = impl_->model.layout;
+    ModelLayout f32 = layout;
+    f32.dtype = DType::kFloat32;
+    const uint64_t per_layer = put_.window_queries.size() / layout.num_layers;
+    for (int l = 0; l < layout.num_layers; ++l) {
+      KVD_ASSIGN_OR_RETURN(
+          auto m,
+          kk::GatherWindowQueries(f32, put_.window_queries.data() + per_layer * l, put_.window));
+      for (auto& mat : m) queries_.push_back(std::move(mat));
+    }
+    for (const auto& m : queries_) views_.push_back(m.View());
+    cpu_queries_ready_ = true;
+    return Status::Ok();
+  }
+
+  Impl* impl_;
+  const PutChunk& put_;
+  const kk::QueryStatistics* query_stats_;
+  kk::CompressionStageTimes* stages_;
+  std::unique_ptr<DeviceWorker> worker_;  // null when the codec has no CUDA device
+  std::vector<kk::Matrix> queries_;
+  std::vector<kk::ConstMatrixView> views_;
+  bool cpu_queries_ready_ = false;
+};
+
+ChunkCodec::Impl::ChunkContext ChunkCodec::Impl::Observe(const PutChunk& put) {
+  if (NeedsCalibration(policy)) Calibrate(put.raw, put.positions);
+  ChunkContext context;
+  if (NeedsQueryStats(policy)) {
+    context.query_stats = AddQueries(put.window_queries, put.window, put.positions);
+  }
+  std::lock_guard lock(cal_mu);
+  context.weights = weights;
+  return context;
+}
+
+bool ChunkCodec::Impl::StoresLossless(int64_t tokens, uint32_t window) const {
+  const int64_t forced = policy.sinks + (window > 0 ? policy.window : 0);
+  const int64_t kept = std::llround((1.0 - policy.p_c) * static_cast<double>(tokens));
+  return tokens < policy.sinks + policy.window + 1 || kept < forced;
+}
+
+StatusOr<kk::CompactChunk> ChunkCodec::Impl::CompressChunk(const PutChunk& put,
+                                                           const ChunkContext& context,
+                                                           kk::CompressionStageTimes* stages) {
+  PlanRuns runs(this, put, context.query_stats.get(), stages);
+  const kk::VectorWeights* w = context.weights.get();
+  kk::CompressionPlanOptions options = plan;
+  if (w == nullptr) options.route = kk::RouteStage::kNone;
+  KVD_ASSIGN_OR_RETURN(kk::CompactChunk chunk, runs.Run(options, w));
+  if (w == nullptr) return chunk;
+  // Heads whose calibration fit is below the threshold route nothing: take them from the same
+  // plan without routing (each head meets its budget on its own, so the total stays).
+  std::vector<size_t> weak;
+  for (size_t i = 0; i < w->heads.size(); ++i) {
+    if (w->heads[i].r2 < policy.r2_threshold) weak.push_back(i);
+  }
+  if (!weak.empty()) {
+    options.route = kk::RouteStage::kNone;
+    KVD_ASSIGN_OR_RETURN(kk::CompactChunk plain, runs.Run(options, nullptr));
+    for (size_t i : weak) chunk.heads[i] = std::move(plain.heads[i]);
+  }
+  chunk.codec.calibration_version = w->version;
+  return chunk;
+}
+
+Status ChunkCodec::Impl::Serialize(const kk::CompactChunk& chunk, int64_t tokens,
+                                   const kk::CompressionStageTimes& stages, EncodedChunk* out) {
+  const ModelLayout& layout = model.layout;
+  out->half_pairs = chunk.HalfPairs();
+  out->raw_half_pairs = 2 * tokens * layout.num_layers * layout.num_kv_heads;
+  const auto start = std::chrono::steady_clock::now();
+  KVD_ASSIGN_OR_RETURN(out->bytes, kk::EncodeCompactChunk(chunk));
+  const auto end = std::chrono::steady_clock::now();
+  AddStageTimes(stages,
+                std::max<int64_t>(
+                    1, std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count()));
+  return Status::Ok();
+}
+
 ChunkCodec::ChunkCodec(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 ChunkCodec::~ChunkCodec() {
@@ -640,138 +828,33 @@ void ChunkCodec::Submit(Ticket ticket, std::function<void()> job) {
 StatusOr<EncodedChunk> ChunkCodec::Encode(std::span<const uint8_t> put_bytes, uint32_t tokens,
                                           uint64_t first_position, uint32_t window) {
   const auto start = std::chrono::steady_clock::now();
-  const ModelLayout& layout = impl_->model.layout;
-  const uint64_t raw_bytes = layout.ChunkBytes(static_cast<int>(tokens));
+  const uint64_t raw_bytes = impl_->model.layout.ChunkBytes(static_cast<int>(tokens));
   if (put_bytes.size() != raw_bytes + QueryBytes(window)) {
     return Status::InvalidArgument("put of " + std::to_string(put_bytes.size()) +
                                    " bytes != " + std::to_string(raw_bytes) + " raw + " +
                                    std::to_string(QueryBytes(window)) + " window-query bytes");
   }
   KVD_RETURN_IF_ERROR(CheckPut(tokens, window));
-  const std::span<const uint8_t> raw = put_bytes.first(raw_bytes);
-  const int64_t n = tokens;
-  std::vector<int64_t> positions(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int64_t>(first_position) + i;
-
-  if (NeedsCalibration(impl_->policy)) impl_->Calibrate(raw, positions);
-  std::shared_ptr<const kk::QueryStatistics> query_stats;
-  if (NeedsQueryStats(impl_->policy)) {
-    query_stats = impl_->AddQueries(put_bytes.subspan(raw_bytes), window, positions);
+  PutChunk put{.raw = put_bytes.first(raw_bytes),
+               .window_queries = put_bytes.subspan(raw_bytes),
+               .window = window,
+               .positions = std::vector<int64_t>(tokens)};
+  for (int64_t i = 0; i < int64_t{tokens}; ++i) {
+    put.positions[i] = static_cast<int64_t>(first_position) + i;
   }
-  std::shared_ptr<const kk::VectorWeights> weights;
-  {
-    std::lock_guard lock(impl_->cal_mu);
-    weights = impl_->weights;
-  }
-  const uint64_t version = weights ? weights->version : 0;
-
+  const Impl::ChunkContext context = impl_->Observe(put);
   EncodedChunk out;
-  out.codec_id = impl_->policy.CodecId(version);
-  const CompressionPolicy& p = impl_->policy;
-  const int64_t forced = p.sinks + (window > 0 ? p.window : 0);
-  const int64_t kept = std::llround((1.0 - p.p_c) * static_cast<double>(n));
+  out.codec_id = impl_->policy.CodecId(context.weights ? context.weights->version : 0);
   kk::CompactChunk chunk;
   kk::CompressionStageTimes stages;  // summed over the plan runs of this chunk
-  if (n < p.sinks + p.window + 1 || kept < forced) {
-    chunk = LosslessChunk(layout, raw, n, first_position);
+  if (impl_->StoresLossless(tokens, window)) {
+    chunk = LosslessChunk(impl_->model.layout, put.raw, tokens, first_position);
     out.lossless = true;
   } else {
-    const std::span<const uint8_t> query_bytes = put_bytes.subspan(raw_bytes);
-    // CPU plan input (built on first use): window queries, float32 on the wire, rearranged per
-    // (layer, KV head).
-    std::vector<kk::Matrix> queries;
-    std::vector<kk::ConstMatrixView> views;
-    bool cpu_input_ready = false;
-    auto cpu_input = [&]() -> Status {
-      if (cpu_input_ready || window == 0) return Status::Ok();
-      ModelLayout f32 = layout;
-      f32.dtype = DType::kFloat32;
-      const uint64_t per_layer = QueryBytes(window) / layout.num_layers;
-      for (int l = 0; l < layout.num_layers; ++l) {
-        KVD_ASSIGN_OR_RETURN(
-            auto m, kk::GatherWindowQueries(f32, query_bytes.data() + per_layer * l, window));
-        for (auto& mat : m) queries.push_back(std::move(mat));
-      }
-      for (const auto& m : queries) views.push_back(m.View());
-      cpu_input_ready = true;
-      return Status::Ok();
-    };
-    std::unique_ptr<DeviceWorker> worker;
-    if (impl_->device.cuda) worker = impl_->TakeDevice();
-    // One run of the plan (CUDA or CPU) for `o`, its stage times added.
-    auto run = [&](const kk::CompressionPlanOptions& o,
-                   const kk::VectorWeights* w) -> StatusOr<kk::CompactChunk> {
-      kk::CompressionStats stats;
-      if (worker != nullptr) {
-        kk::HostChunkInput in{.raw = raw,
-                              .positions = positions,
-                              .window_queries = query_bytes,
-                              .window_queries_float32 = true};
-        auto c = impl_->CompressOnDevice(worker.get(), o, w, in, &stats);
-        if (c.ok()) {
-          stages += stats.stage;
-          return c;
-        }
-        const StatusCode code = c.status().code();
-        if (code != StatusCode::kInternal && code != StatusCode::kResourceExhausted &&
-            code != StatusCode::kUnavailable) {
-          return c.status();
-        }
-        if (const uint64_t chunks = impl_->fallback_log.Occur(); chunks > 0) {
-          KVD_LOG(WARNING) << "CUDA plan failed on a chunk; the CPU plan compresses it (logged "
-                              "at most once a minute)"
-                           << Kv("model", impl_->model.name) << Kv("device", impl_->device.Name())
-                           << Kv("status", c.status()) << Kv("chunks_since_last_record", chunks)
-                           << Kv("chunks_total", impl_->fallback_log.total());
-        }
-      }
-      KVD_RETURN_IF_ERROR(cpu_input());
-      kk::CompressionInput input;
-      input.raw = raw;
-      input.positions = positions;
-      input.window_queries = views;
-      input.weights = w;
-      input.query_stats = query_stats.get();
-      kk::ExecOptions exec;
-      exec.num_threads = 1;  // the pool's threads are the parallelism
-      KVD_ASSIGN_OR_RETURN(auto c, kk::Compress(o, layout, input, &stats, exec));
-      stages += stats.stage;
-      return c;
-    };
-    kk::CompressionPlanOptions plan = impl_->plan;
-    if (!weights) plan.route = kk::RouteStage::kNone;
-    auto compressed = run(plan, weights.get());
-    if (compressed.ok() && weights) {
-      // Heads whose calibration fit is below the threshold route nothing: take them from the
-      // same plan without routing (each head meets its budget on its own, so the total stays).
-      std::vector<size_t> weak;
-      for (size_t i = 0; i < weights->heads.size(); ++i) {
-        if (weights->heads[i].r2 < p.r2_threshold) weak.push_back(i);
-      }
-      if (!weak.empty()) {
-        plan.route = kk::RouteStage::kNone;
-        auto plain = run(plan, nullptr);
-        if (plain.ok()) {
-          for (size_t i : weak) compressed->heads[i] = std::move(plain->heads[i]);
-        } else {
-          compressed = plain.status();
-        }
-      }
-      if (compressed.ok()) compressed->codec.calibration_version = version;
-    }
-    if (worker != nullptr) impl_->ReturnDevice(std::move(worker));
-    if (!compressed.ok()) return compressed.status();
-    chunk = std::move(*compressed);
+    KVD_ASSIGN_OR_RETURN(chunk, impl_->CompressChunk(put, context, &stages));
   }
-  out.half_pairs = chunk.HalfPairs();
-  out.raw_half_pairs = 2 * n * layout.num_layers * layout.num_kv_heads;
-  const auto serialize_start = std::chrono::steady_clock::now();
-  KVD_ASSIGN_OR_RETURN(out.bytes, kk::EncodeCompactChunk(chunk));
+  KVD_RETURN_IF_ERROR(impl_->Serialize(chunk, tokens, stages, &out));
   const auto end = std::chrono::steady_clock::now();
-  impl_->AddStageTimes(
-      stages,
-      std::max<int64_t>(
-          1, std::chrono::duration_cast<std::chrono::nanoseconds>(end - serialize_start).count()));
   out.compress_ms = std::chrono::duration<double, std::milli>(end - start).count();
   return out;
 }
