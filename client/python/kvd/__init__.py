@@ -34,7 +34,8 @@ gather/scatter per-layer K/V arrays for you).
 from ._errors import *  # noqa: F401,F403
 from ._errors import Error, error_for_code  # noqa: F401
 from ._kvd import (  # noqa: F401
-    ChunkView, Client, GetResult, Hash128, LookupResult, PutResult, PutSlot)
+    ChunkView, Client, GetResult, Hash128, LookupResult, PlacementResult, PlacementTarget,
+    PrefixHolder, PutResult, PutSlot)
 from ._kvd import __version__  # noqa: F401  (kvd's version, set by the build)
 
 
