@@ -21,6 +21,9 @@ struct kvd_chunk_view {
 struct kvd_put_slot {
   kvd::client::PutSlot slot;
 };
+struct kvd_placement {
+  kvd::client::PlacementResult result;
+};
 
 namespace {
 
@@ -49,6 +52,12 @@ int Guard(Fn&& fn) {
 }
 
 kvd::Hash128 ToHash(kvd_hash128 h) { return kvd::Hash128{h.hi, h.lo}; }
+
+std::vector<kvd::Hash128> ToChain(const kvd_hash128* chain, size_t length) {
+  std::vector<kvd::Hash128> out(length);
+  for (size_t i = 0; i < length; ++i) out[i] = ToHash(chain[i]);
+  return out;
+}
 
 kvd::ModelLayout ToLayout(const kvd_layout& l) {
   kvd::ModelLayout out;
@@ -130,6 +139,8 @@ void WriteResult(const kvd::client::LookupResult& r, kvd_lookup_result* out) {
   v.matched_tokens = r.matched_tokens;
   v.lease_id = r.lease_id;
   v.lease_ttl_ms = r.lease_ttl_ms;
+  v.fetched_chunks = r.fetched_chunks;
+  v.num_holders = static_cast<uint32_t>(r.holders.size());
   WriteResult(v, out);
 }
 
@@ -268,11 +279,95 @@ int kvd_client_lookup(kvd_client* client, const kvd_hash128* chain, size_t chain
     KVD_C_REQUIRE(client != nullptr && out != nullptr, "client and out must not be NULL");
     KVD_C_REQUIRE(chain != nullptr || chain_length == 0, "chain is NULL");
     if (kvd::Status s = CheckResult(*out); !s.ok()) return Fail(s);
-    std::vector<kvd::Hash128> c(chain_length);
-    for (size_t i = 0; i < chain_length; ++i) c[i] = ToHash(chain[i]);
-    auto r = client->impl->Lookup(c);
+    auto r = client->impl->Lookup(ToChain(chain, chain_length));
     if (!r.ok()) return Fail(r.status());
     WriteResult(*r, out);
+    return KVD_OK;
+  });
+}
+
+int kvd_client_lookup_cluster(kvd_client* client, const kvd_hash128* chain, size_t chain_length,
+                              kvd_lookup_result* out, char** holders_json) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && out != nullptr, "client and out must not be NULL");
+    KVD_C_REQUIRE(chain != nullptr || chain_length == 0, "chain is NULL");
+    if (holders_json != nullptr) *holders_json = nullptr;
+    if (kvd::Status s = CheckResult(*out); !s.ok()) return Fail(s);
+    auto r = client->impl->Lookup(ToChain(chain, chain_length), {.cluster = true});
+    if (!r.ok()) return Fail(r.status());
+    if (holders_json != nullptr) {
+      *holders_json = CopyString(kvd::client::HoldersToJson(r->holders));
+      if (*holders_json == nullptr) {
+        (void)client->impl->ReleaseLease(r->lease_id);  // the caller never learns of the lease
+        return Fail(KVD_RESOURCE_EXHAUSTED, "RESOURCE_EXHAUSTED: malloc failed");
+      }
+    }
+    WriteResult(*r, out);
+    return KVD_OK;
+  });
+}
+
+int kvd_client_place(kvd_client* client, const kvd_hash128* chain, size_t chain_length,
+                     const char* node, kvd_placement** out) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && out != nullptr, "client and out must not be NULL");
+    KVD_C_REQUIRE(chain != nullptr || chain_length == 0, "chain is NULL");
+    *out = nullptr;
+    kvd::client::PlacementOptions o;
+    if (node != nullptr) o.node = node;
+    auto r = client->impl->Place(ToChain(chain, chain_length), o);
+    if (!r.ok()) return Fail(r.status());
+    *out = new kvd_placement{std::move(r).value()};
+    return KVD_OK;
+  });
+}
+
+size_t kvd_placement_count(const kvd_placement* placement) {
+  return placement == nullptr ? 0 : placement->result.targets.size();
+}
+
+int kvd_placement_membership_current(const kvd_placement* placement) {
+  return placement != nullptr && placement->result.membership_current ? 1 : 0;
+}
+
+int kvd_placement_target(const kvd_placement* placement, size_t index, const char** node,
+                         const char** control_address, int* local) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(placement != nullptr, "placement is NULL");
+    const auto& targets = placement->result.targets;
+    if (index >= targets.size()) {
+      return Fail(KVD_OUT_OF_RANGE, "OUT_OF_RANGE: target " + std::to_string(index) + " of " +
+                                        std::to_string(targets.size()));
+    }
+    if (node != nullptr) *node = targets[index].node.c_str();
+    if (control_address != nullptr) *control_address = targets[index].control_address.c_str();
+    if (local != nullptr) *local = targets[index].local ? 1 : 0;
+    return KVD_OK;
+  });
+}
+
+void kvd_placement_free(kvd_placement* placement) {
+  Guard([&]() -> int {
+    delete placement;
+    return KVD_OK;
+  });
+}
+
+int kvd_client_connect_placed(kvd_client* client, const kvd_placement* placement, size_t index,
+                              kvd_client** out) {
+  return Guard([&]() -> int {
+    KVD_C_REQUIRE(client != nullptr && placement != nullptr && out != nullptr,
+                  "client, placement and out must not be NULL");
+    *out = nullptr;
+    const auto& targets = placement->result.targets;
+    if (index >= targets.size()) {
+      return Fail(KVD_OUT_OF_RANGE, "OUT_OF_RANGE: target " + std::to_string(index) + " of " +
+                                        std::to_string(targets.size()));
+    }
+    auto placed = kvd::client::Client::Connect(
+        kvd::client::PlacedOptions(client->impl->options(), targets[index]));
+    if (!placed.ok()) return Fail(placed.status());
+    *out = new kvd_client{std::move(placed).value()};
     return KVD_OK;
   });
 }

@@ -107,8 +107,23 @@ std::string SessionToJson(const SessionInfo& s, int indent) {
                    {"window_tokens", s.window_tokens},
                    {"needs_queries", s.needs_queries},
                    {"keeps_positions", s.keeps_positions},
-                   {"nccl", s.nccl}},
+                   {"nccl", s.nccl},
+                   {"cluster_lookup", s.cluster_lookup},
+                   {"cluster_placement", s.cluster_placement}},
               indent);
+}
+
+std::string HoldersToJson(const std::vector<PrefixHolder>& holders, int indent) {
+  json out = json::array();
+  for (const auto& h : holders) {
+    json found_in = json::array();
+    for (const auto& t : h.found_in) found_in.push_back({{"tier", t.tier}, {"chunks", t.chunks}});
+    out.push_back({{"node", h.node},
+                   {"matched_chunks", h.matched_chunks},
+                   {"error", h.error},
+                   {"found_in", found_in}});
+  }
+  return Dump(out, indent);
 }
 
 std::string CalibrationToJson(const std::vector<CalibrationInfo>& models, int indent) {

@@ -249,6 +249,40 @@ TEST(CApiTest, ResultSizesAreTheCallersAndAreChecked) {
   kvd_client_close(client);
 }
 
+// A daemon in no cluster: placement and cluster-scope lookups fail with FAILED_PRECONDITION naming
+// why (the session JSON says so up front), and hand out nothing.
+TEST(CApiTest, ClusterCallsOnADaemonInNoClusterAreRefusedNamingWhy) {
+  kvd::client::testing::FakeDaemon daemon("default", {});
+  std::string address = daemon.address();
+  kvd_config c = TinyConfig(address);
+  c.address = address.c_str();
+  kvd_client* client = nullptr;
+  ASSERT_EQ(kvd_client_connect(&c, &client), KVD_OK) << kvd_last_error();
+  char* session = nullptr;
+  ASSERT_EQ(kvd_client_session_json(client, &session), KVD_OK);
+  auto s = nlohmann::json::parse(session);
+  kvd_free_string(session);
+  EXPECT_EQ(s["cluster_lookup"], false);
+  EXPECT_EQ(s["cluster_placement"], false);
+
+  const kvd_hash128 chain[1] = {{1, 2}};
+  kvd_lookup_result r;
+  kvd_lookup_result_init(&r);
+  char* holders = reinterpret_cast<char*>(0x1);
+  EXPECT_EQ(kvd_client_lookup_cluster(client, chain, 1, &r, &holders), KVD_FAILED_PRECONDITION);
+  EXPECT_EQ(holders, nullptr);
+  EXPECT_NE(std::string(kvd_last_error()).find("not a cluster member"), std::string::npos)
+      << kvd_last_error();
+  kvd_placement* placement = reinterpret_cast<kvd_placement*>(0x1);
+  EXPECT_EQ(kvd_client_place(client, chain, 1, nullptr, &placement), KVD_FAILED_PRECONDITION);
+  EXPECT_EQ(placement, nullptr);
+  EXPECT_NE(std::string(kvd_last_error()).find("not a cluster member"), std::string::npos)
+      << kvd_last_error();
+  EXPECT_EQ(kvd_placement_count(nullptr), 0u);
+  EXPECT_EQ(kvd_placement_target(nullptr, 0, nullptr, nullptr, nullptr), KVD_INVALID_ARGUMENT);
+  kvd_client_close(client);
+}
+
 TEST(CApiTest, RoundTripThroughTheFakeDaemon) {
   // The C config has no loopback domain: the C ABI uses the default one.
   kvd::client::testing::FakeDaemon daemon("default", {});

@@ -118,6 +118,16 @@ inline std::vector<std::vector<uint8_t>> PutPrefix(client::Client& c,
   return bytes;
 }
 
+// How many leading chunks of `chain` `kvd` holds itself.
+inline uint32_t LocalPrefix(KvdProcess& kvd, const std::vector<Hash128>& chain) {
+  auto c = ConnectOrFail(kvd.EngineOptions("probe"));
+  if (c == nullptr) return ~0u;
+  auto hit = c->Lookup(chain);
+  if (!hit.ok()) return ~0u;
+  if (hit->lease_id != 0) c->ReleaseLease(hit->lease_id).IgnoreError();
+  return hit->matched_chunks;
+}
+
 inline const client::PrefixHolder* HolderOf(const client::LookupResult& r,
                                             const std::string& node) {
   for (const auto& h : r.holders) {

@@ -171,16 +171,6 @@ void ExpectDecodesLocally(KvdProcess& kvd, const std::vector<Hash128>& chain,
   EXPECT_TRUE(decode->ReleaseLease(hit->lease_id).ok());
 }
 
-// How many leading chunks of `chain` `kvd` holds itself.
-uint32_t LocalPrefix(KvdProcess& kvd, const std::vector<Hash128>& chain) {
-  auto c = ConnectOrFail(kvd.EngineOptions("probe"));
-  if (c == nullptr) return ~0u;
-  auto hit = c->Lookup(chain);
-  if (!hit.ok()) return ~0u;
-  if (hit->lease_id != 0) c->ReleaseLease(hit->lease_id).IgnoreError();
-  return hit->matched_chunks;
-}
-
 // Puts `chain` through a client of `base`'s daemon to the member `target` names: over UCX's tcp
 // lane to that kvd, as between two hosts (no inline puts, and no same-host copy: every byte
 // through UCX).

@@ -79,12 +79,17 @@ class KvdDaemon:
             return f.read()
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        stop_process(self.proc, self._log, self.dir)
+
+
+def stop_process(proc, log, folder):
+    """SIGTERM (SIGKILL after 10 s) and reap `proc`, close its `log`, remove its `folder`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    log.close()
+    shutil.rmtree(folder, ignore_errors=True)

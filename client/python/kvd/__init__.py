@@ -22,6 +22,13 @@ slot, published by slot.commit() (or c.commit_put(slot)) and aborted when releas
 uncommitted; c.flush_releases(). Both are context managers; a buffer exported from one keeps it
 alive (see docs/python.md, "Zero-copy reads and writes in Python").
 
+In a cluster (docs/python.md, "Clusters"): c.lookup(chain, cluster=True) also asks the other
+members, lists each node's prefix in hit.holders (kvd.PrefixHolder: node, matched_chunks, error,
+found_in) and counts the chunks copied from a peer in hit.fetched_chunks; c.place(chain, node="")
+-> kvd.PlacementResult (targets: kvd.PlacementTarget(node, control_address, local), best first)
+says where a prefill engine puts a chain, and c.connect_placed(target) connects there. On a kvd
+in no cluster both raise kvd.FailedPreconditionError.
+
 KV cache events (for routers): c.subscribe_events(namespace="", queue_limit=0), then
 c.poll_events(timeout_ms) returns a list of dicts shaped like `kvdctl events --json` lines
 ({"seq", "event": "stored"|"removed"|"dropped", "tier", "namespace", "model", "hash", ...}).
@@ -34,7 +41,8 @@ gather/scatter per-layer K/V arrays for you).
 from ._errors import *  # noqa: F401,F403
 from ._errors import Error, error_for_code  # noqa: F401
 from ._kvd import (  # noqa: F401
-    ChunkView, Client, GetResult, Hash128, LookupResult, PutResult, PutSlot)
+    ChunkView, Client, GetResult, Hash128, LookupResult, PlacementResult, PlacementTarget,
+    PrefixHolder, PutResult, PutSlot)
 from ._kvd import __version__  # noqa: F401  (kvd's version, set by the build)
 
 

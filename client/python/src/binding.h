@@ -38,8 +38,16 @@ struct PyClient {
   }
 };
 
+// Client::Connect with the GIL released; a failure raises.
+std::unique_ptr<client::Client> Connect(const client::ClientOptions& o);
+
 // Registers kvd._kvd.ChunkView and kvd._kvd.PutSlot and the Client's zero-copy methods
 // (read_in_place, reserve_put, commit_put, flush_releases); in_place.cc.
 void BindInPlace(pybind11::module_& m, pybind11::class_<PyClient>& client);
+
+// Registers kvd._kvd.PrefixHolder, PlacementTarget and PlacementResult, the cluster attributes of
+// LookupResult (holders, fetched_chunks, found_in) and the Client's placement methods (place,
+// connect_placed); cluster.cc.
+void BindCluster(pybind11::module_& m, pybind11::class_<PyClient>& client);
 
 }  // namespace kvd::python

@@ -27,6 +27,7 @@ using kvd::client::Client;
 using kvd::client::ClientOptions;
 using kvd::python::BufferView;
 using kvd::python::Check;
+using kvd::python::Connect;
 using kvd::python::PyClient;
 using kvd::python::Raise;
 
@@ -47,6 +48,22 @@ void SetError(const Status& s) {
 void Raise(const Status& s) {
   SetError(s);
   throw py::error_already_set();
+}
+
+std::unique_ptr<client::Client> Connect(const client::ClientOptions& o) {
+  std::unique_ptr<Client> client;
+  Status status;
+  {
+    py::gil_scoped_release nogil;
+    auto c = client::Client::Connect(o);
+    if (c.ok()) {
+      client = std::move(c).value();
+    } else {
+      status = c.status();
+    }
+  }
+  Check(status);
+  return client;
 }
 
 }  // namespace kvd::python
@@ -119,22 +136,6 @@ py::dict LayoutToDict(const kvd::ModelLayout& l) {
 }
 
 py::object JsonLoads(const std::string& s) { return py::module_::import("json").attr("loads")(s); }
-
-std::unique_ptr<Client> Connect(const ClientOptions& o) {
-  std::unique_ptr<Client> client;
-  Status status;
-  {
-    py::gil_scoped_release nogil;
-    auto c = Client::Connect(o);
-    if (c.ok()) {
-      client = std::move(c).value();
-    } else {
-      status = c.status();
-    }
-  }
-  Check(status);
-  return client;
-}
 
 // Layout of `model` as the daemon registered it (admin connection).
 kvd::ModelLayout RegisteredLayout(const ClientOptions& engine, const std::string& model) {
@@ -323,21 +324,22 @@ void BindHashing(py::class_<PyClient>& client) {
           py::arg("total_tokens"), py::arg("index"));
 }
 
-// Client.lookup and Client.release: a lease on the longest stored prefix of a chain, and its end.
+// Client.lookup and Client.release: a lease on the longest stored prefix of a chain (cluster=True:
+// at cluster scope, LookupOptions::cluster), and its end.
 void BindLeases(py::class_<PyClient>& client) {
   client
       .def(
           "lookup",
-          [](PyClient& self, const std::vector<Hash128>& chain) {
+          [](PyClient& self, const std::vector<Hash128>& chain, bool cluster) {
             Client& c = self.get();
             StatusOr<kvd::client::LookupResult> r = Status::Internal("");
             {
               py::gil_scoped_release nogil;
-              r = c.Lookup(chain);
+              r = c.Lookup(chain, {.cluster = cluster});
             }
             return Check(std::move(r));
           },
-          py::arg("chain"))
+          py::arg("chain"), py::kw_only(), py::arg("cluster") = false)
       .def(
           "release",
           [](PyClient& self, uint64_t lease_id) {
@@ -547,4 +549,5 @@ PYBIND11_MODULE(_kvd, m) {
   BindPutGet(client);
   BindDaemonCalls(client);
   kvd::python::BindInPlace(m, client);
+  kvd::python::BindCluster(m, client);
 }

@@ -33,8 +33,12 @@ std::string EventToJson(const KvEvent& event, int indent = -1);
 std::string EventToText(const KvEvent& event);
 // What the daemon granted at the handshake: {"session_id","daemon_version","node",
 //  "chunk_tokens","max_frame_bytes","max_chunk_bytes","transport","shared_memory","read_only",
-//  "codec_id","policy","window_tokens","needs_queries","keeps_positions","nccl"}
+//  "codec_id","policy","window_tokens","needs_queries","keeps_positions","nccl",
+//  "cluster_lookup","cluster_placement"}
 std::string SessionToJson(const SessionInfo& session, int indent = 2);
+// A cluster-scope lookup's holders (LookupResult::holders), this daemon first:
+//  [{"node","matched_chunks","error","found_in":[{"tier","chunks"}]}]
+std::string HoldersToJson(const std::vector<PrefixHolder>& holders, int indent = -1);
 // {"code":"NOT_FOUND","message":...}
 std::string StatusToJson(const Status& status, int indent = 2);
 

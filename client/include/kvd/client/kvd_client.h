@@ -37,7 +37,9 @@ extern "C" {
  * Loaders by path (dlopen, ctypes, cffi) compare kvd_client_abi_version() with the number they
  * were written for.
  *   4: ClientOptions::cluster_token, LookupResult::holders and fetched_chunks,
- *      SessionInfo::cluster_lookup (cluster-scope lookups and peer fetch).
+ *      SessionInfo::cluster_lookup (cluster-scope lookups and peer fetch). Added since, compatibly
+ *      (the version stays): kvd_client_lookup_cluster, kvd_lookup_result.fetched_chunks and
+ *      num_holders, kvd_client_place, kvd_placement_*, kvd_client_connect_placed.
  *   3: ClientOptions loses its test seams (test_*), SessionInfo::inline_put.
  *   2: ClientOptions::reserve_ahead (C: kvd_config.reserve_ahead, appended: compatible).
  *   1: kvd_config and the results start with struct_size (their inits are inline).
@@ -150,6 +152,11 @@ typedef struct kvd_lookup_result {
   uint64_t matched_tokens;
   uint64_t lease_id; /* 0 when nothing matched */
   uint32_t lease_ttl_ms;
+  /* Added after the first sized release; cluster-scope lookups (kvd_client_lookup_cluster) only,
+   * zero otherwise: the chunks of this lease the daemon copied from a peer for it, and how many
+   * nodes were asked (this daemon included; the holders' JSON lists each). */
+  uint32_t fetched_chunks;
+  uint32_t num_holders;
 } kvd_lookup_result;
 
 typedef struct kvd_get_result {
@@ -194,8 +201,8 @@ static inline void kvd_config_init(kvd_config* config) {
 int kvd_client_connect(const kvd_config* config, kvd_client** out);
 /* What the daemon granted at the handshake, as JSON: {"session_id","daemon_version","node",
  * "chunk_tokens","max_frame_bytes","max_chunk_bytes","transport","shared_memory","read_only",
- * "codec_id","policy","window_tokens","needs_queries","keeps_positions","nccl"}. Free *json with
- * kvd_free_string. */
+ * "codec_id","policy","window_tokens","needs_queries","keeps_positions","nccl","cluster_lookup",
+ * "cluster_placement"}. Free *json with kvd_free_string. */
 int kvd_client_session_json(kvd_client* client, char** json);
 /* Says goodbye and frees the client. NULL is ignored. */
 void kvd_client_close(kvd_client* client);
@@ -211,6 +218,16 @@ int kvd_client_chunk_chain(kvd_client* client, const int32_t* tokens, size_t num
  * (no lease is taken). */
 int kvd_client_lookup(kvd_client* client, const kvd_hash128* chain, size_t chain_length,
                       kvd_lookup_result* out);
+/* The same at cluster scope (kvd/client/types.h LookupOptions::cluster): the daemon also asks
+ * the members of its cluster that serve the same model and layout and, by its cluster.peer_fetch
+ * policy, first copies the chunks a peer holds beyond its own prefix, so the lease and
+ * kvd_client_get cover them like local ones. *out gets the match and fetched_chunks and
+ * num_holders. *holders_json (may be NULL: not wanted) gets a JSON array, one object per node
+ * asked, this daemon first: [{"node","matched_chunks","error" ("" = answered),"found_in":
+ * [{"tier","chunks"}]}]; free it with kvd_free_string. KVD_FAILED_PRECONDITION naming the reason
+ * when the daemon is in no cluster (session JSON "cluster_lookup" false). */
+int kvd_client_lookup_cluster(kvd_client* client, const kvd_hash128* chain, size_t chain_length,
+                              kvd_lookup_result* out, char** holders_json);
 int kvd_client_release_lease(kvd_client* client, uint64_t lease_id);
 /* Ends now the lease and read releases that ride on the client's next request (see
  * Client::FlushReleases in client.h): one exchange, none when nothing is pending. */
@@ -262,6 +279,36 @@ int kvd_client_reserve_put(kvd_client* client, kvd_hash128 hash, int32_t tokens,
 int kvd_client_commit_put(kvd_client* client, kvd_put_slot* slot, uint64_t* stored_bytes);
 /* Aborts an uncommitted slot's reservation and frees it. NULL is ignored. */
 void kvd_put_slot_abort(kvd_put_slot* slot);
+
+/* Placement for prefill (Client::Place and PlacedOptions in kvd/client/client.h): the members of
+ * this daemon's cluster to put `chain`'s chunks to, so that the node that decodes the chain finds
+ * them local. node NULL or "": the cluster's placement rule (rendezvous hashing of the chain's
+ * first chunk over the members serving this model with the same layout), best first; else the
+ * member whose cluster.node it is, alone. On success *out is a placement to free with
+ * kvd_placement_free. KVD_FAILED_PRECONDITION naming the reason when the daemon is in no cluster
+ * (session JSON "cluster_placement" false) or the named member cannot hold this model's chunks;
+ * KVD_NOT_FOUND when no member of that name is up. */
+typedef struct kvd_placement kvd_placement; /* opaque */
+int kvd_client_place(kvd_client* client, const kvd_hash128* chain, size_t chain_length,
+                     const char* node, kvd_placement** out);
+/* The number of targets (0 for NULL). */
+size_t kvd_placement_count(const kvd_placement* placement);
+/* 1: the member list was current; 0: etcd was unreachable and the daemon answered from the last
+ * list it saw (or placement is NULL). */
+int kvd_placement_membership_current(const kvd_placement* placement);
+/* Target `index` (0 = best): its cluster.node, its TCP control address ("host:port") and whether
+ * it is the daemon that answered (*local 1). The strings live as long as the placement. Any out
+ * pointer may be NULL. KVD_OUT_OF_RANGE when index >= kvd_placement_count. */
+int kvd_placement_target(const kvd_placement* placement, size_t index, const char** node,
+                         const char** control_address, int* local);
+/* Frees a placement. NULL is ignored. */
+void kvd_placement_free(kvd_placement* placement);
+/* Connects a client to target `index` of a placement (kvd::client::PlacedOptions): `client`'s
+ * settings (model, layout, namespace, credentials, transport) with the target's control address,
+ * or a second connection over `client`'s own address when the target is local. Put the chain's
+ * chunks through *out; free it with kvd_client_close. */
+int kvd_client_connect_placed(kvd_client* client, const kvd_placement* placement, size_t index,
+                              kvd_client** out);
 
 /* Admin calls; JSON in the same shape as `kvdctl ... --json`. Free *json with kvd_free_string. */
 int kvd_client_stats_json(kvd_client* client, char** json);
