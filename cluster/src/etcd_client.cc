@@ -49,6 +49,12 @@ std::optional<HostPort> SplitEndpoint(const std::string& endpoint) {
   return hp;
 }
 
+// The Host header's value for an endpoint: host:port, an IPv6 host in brackets, no scheme.
+std::string HostHeader(const HostPort& hp) {
+  const bool v6 = hp.host.find(':') != std::string::npos;
+  return (v6 ? "[" + hp.host + "]" : hp.host) + ":" + hp.port;
+}
+
 // gRPC status codes (as the gateway reports them in "code"), by number, onto kvd's. UNKNOWN (2)
 // and INTERNAL (13) have no counterpart but kvd's INTERNAL, which names the gRPC code.
 constexpr StatusCode kFromGrpc[] = {
@@ -163,7 +169,7 @@ class Connection {
         c->RunUntilDone();
       }
       if (!ec) {
-        c->host_ = endpoint;
+        c->host_ = HostHeader(*hp);
         return c;
       }
       tried += (tried.empty() ? "" : "; ") + endpoint + ": " + Describe(ec);
@@ -413,6 +419,11 @@ LeaseInfo ParseLease(const Json& j) {
 Status EtcdClientOptions::Validate() const {
   if (endpoints.empty()) return Status::InvalidArgument("etcd: no endpoint given");
   for (const std::string& e : endpoints) {
+    if (e.rfind("https://", 0) == 0) {
+      return Status::InvalidArgument("etcd endpoint \"" + e +
+                                     "\": https is not supported (kvd speaks plain HTTP to etcd's "
+                                     "gateway; give http://host:port or host:port)");
+    }
     if (!SplitEndpoint(e)) {
       return Status::InvalidArgument("etcd endpoint \"" + e + "\" is not host:port");
     }

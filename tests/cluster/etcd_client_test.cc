@@ -49,6 +49,18 @@ TEST_F(EtcdClientTest, PutAndRangeByPrefixWithBinaryBytes) {
   EXPECT_EQ(etcd.RangePrefix("").status().code(), StatusCode::kInvalidArgument);
 }
 
+// etcdctl's form of an endpoint, with the scheme, works as well as host:port.
+TEST_F(EtcdClientTest, AnEndpointWithTheHttpSchemeWorks) {
+  EtcdClient etcd({.endpoints = {"http://" + etcd_->endpoint()},
+                   .connect_timeout = milliseconds(500),
+                   .request_timeout = milliseconds(1000)});
+  ASSERT_TRUE(etcd.Put("/scheme/a", "1").ok());
+  auto range = etcd.RangePrefix("/scheme/");
+  ASSERT_TRUE(range.ok()) << range.status();
+  ASSERT_EQ(range->kvs.size(), 1u);
+  EXPECT_EQ(range->kvs[0].value, "1");
+}
+
 TEST_F(EtcdClientTest, LeaseKeepsKeyUntilRevokedThenIsGone) {
   EtcdClient etcd = Client();
   auto lease = etcd.LeaseGrant(30);
@@ -289,8 +301,12 @@ TEST(EtcdClientOptions, ValidateNamesTheBadEndpoint) {
   Status s = EtcdClientOptions{.endpoints = {"127.0.0.1"}}.Validate();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("127.0.0.1"), std::string::npos);
-  EtcdClientOptions good{.endpoints = {"localhost:2379", "[::1]:2379"}};
+  EtcdClientOptions good{.endpoints = {"localhost:2379", "[::1]:2379", "http://10.0.0.5:2379"}};
   EXPECT_TRUE(good.Validate().ok());
+  // kvd speaks plain HTTP to etcd: a TLS endpoint is refused, saying so.
+  s = EtcdClientOptions{.endpoints = {"https://10.0.0.5:2379"}}.Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("https"), std::string::npos) << s;
 }
 
 TEST(PrefixRangeEnd, IncrementsTheLastByteBelow0xff) {
