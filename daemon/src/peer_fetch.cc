@@ -5,7 +5,6 @@
 #include <future>
 
 #include "kvd/client/client.h"
-#include "kvd/common/hex.h"
 #include "kvd/common/logging.h"
 #include "kvd/storage/tier.h"
 
@@ -20,20 +19,6 @@ PeerFetcher::PeerFetcher(const DaemonConfig& config, const cluster::Membership* 
       tiers_(tiers) {}
 
 PeerFetcher::~PeerFetcher() = default;
-
-std::string MemberIneligible(const cluster::MemberRecord& peer, const ModelConfig& model) {
-  const std::string& name = model.name;
-  const uint64_t digest = model.layout.Digest();
-  auto it = std::find_if(peer.models.begin(), peer.models.end(),
-                         [&](const auto& m) { return m.name == name; });
-  if (it == peer.models.end()) return "does not serve model " + name;
-  if (it->layout_digest != digest) {
-    return "layout of model " + name + " differs (digest " + Hex64(it->layout_digest) + " there, " +
-           Hex64(digest) + " here): chunks never travel between them";
-  }
-  if (peer.control_address.empty()) return "has no TCP control address";
-  return "";
-}
 
 StatusOr<std::shared_ptr<client::Client>> PeerFetcher::ClientFor(const cluster::MemberRecord& peer,
                                                                  const PeerLookupRequest& request) {

@@ -68,10 +68,6 @@ struct PeerLookupOutcome {
   uint32_t fetched_chunks = 0;    // chunks stored here from the longest peer prefix
 };
 
-// Why member `peer` can hold no chunk of `model` from this node ("" = it can): it does not serve
-// the model, its layout of it differs, or it has no TCP control address.
-std::string MemberIneligible(const cluster::MemberRecord& peer, const ModelConfig& model);
-
 // What the fetcher did since start (kvdctl stats / metrics: kvd_cluster_<name>_total).
 struct PeerFetchCounts {
   uint64_t lookups = 0;         // cluster-scope lookups that asked the members
