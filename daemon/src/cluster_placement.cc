@@ -1,7 +1,9 @@
 #include "cluster_placement.h"
 
+#include <algorithm>
+
 #include "kvd/cluster/placement.h"
-#include "peer_fetch.h"
+#include "kvd/common/hex.h"
 
 namespace kvd::daemon {
 
@@ -19,6 +21,20 @@ std::string MemberList(const cluster::MembershipState& state) {
 }
 
 }  // namespace
+
+std::string MemberIneligible(const cluster::MemberRecord& peer, const ModelConfig& model) {
+  const std::string& name = model.name;
+  const uint64_t digest = model.layout.Digest();
+  auto it = std::find_if(peer.models.begin(), peer.models.end(),
+                         [&](const auto& m) { return m.name == name; });
+  if (it == peer.models.end()) return "does not serve model " + name;
+  if (it->layout_digest != digest) {
+    return "layout of model " + name + " differs (digest " + Hex64(it->layout_digest) + " there, " +
+           Hex64(digest) + " here): chunks never travel between them";
+  }
+  if (peer.control_address.empty()) return "has no TCP control address";
+  return "";
+}
 
 StatusOr<PlacementOutcome> PlaceChain(const cluster::MembershipState& state, std::string_view self,
                                       const ModelConfig& model, const Hash128& first,

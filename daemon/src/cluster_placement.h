@@ -24,6 +24,11 @@ struct PlacementOutcome {
   bool membership_current = false;       // etcd answered the last call
 };
 
+// Why member `peer` can hold no chunk of `model` from this node ("" = it can): it does not serve
+// the model, its layout of it differs, or it has no TCP control address. Peer fetch asks only
+// the members it names "" and placement ranks only those.
+std::string MemberIneligible(const cluster::MemberRecord& peer, const ModelConfig& model);
+
 // The placement of a chain whose first chunk hash is `first`, for `model`, from the member list
 // `state` of the node `self`. `node` "": every candidate (a member serving `model` with the same
 // layout and a TCP control address), ranked by cluster::RendezvousOrder. `node` named: that

@@ -28,6 +28,14 @@ Status Bad(const std::string& key, const std::string& value, const std::string& 
   return Status::InvalidArgument(key + ": \"" + value + "\" " + what);
 }
 
+// `method` is "none" or a registered stage of `kind` (stage_policy.h PolicyStage).
+Status CheckMethod(const std::string& key, kernels::StageKind kind, const std::string& method) {
+  if (method == "none" || PolicyStage(kind, method) != nullptr) return Status::Ok();
+  return Bad(key + ".stages", method,
+             "is not a " + std::string(kernels::StageKindName(kind)) + " method (" +
+                 PolicyMethodList(kind) + ")");
+}
+
 }  // namespace
 
 bool CompressionPolicy::NeedsQueries() const {
@@ -60,10 +68,7 @@ std::string CompressionPolicy::StagesName() const {
 }
 
 Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) const {
-  if (score != "none" && PolicyStage(kernels::StageKind::kScore, score) == nullptr) {
-    return Bad(key + ".stages", score,
-               "is not a score method (" + PolicyMethodList(kernels::StageKind::kScore) + ")");
-  }
+  KVD_RETURN_IF_ERROR(CheckMethod(key, kernels::StageKind::kScore, score));
   if (ea_future_positions < 1) {
     return Bad(key + ".ea_future_positions", std::to_string(ea_future_positions), "must be >= 1");
   }
@@ -73,14 +78,8 @@ Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) con
   if (!(ea_keydiff_share >= 0.0 && ea_keydiff_share < 1.0)) {
     return Bad(key + ".ea_keydiff_share", Num(ea_keydiff_share), "must be in [0, 1)");
   }
-  if (merge != "none" && PolicyStage(kernels::StageKind::kMerge, merge) == nullptr) {
-    return Bad(key + ".stages", merge,
-               "is not a merge method (" + PolicyMethodList(kernels::StageKind::kMerge) + ")");
-  }
-  if (route != "none" && PolicyStage(kernels::StageKind::kRoute, route) == nullptr) {
-    return Bad(key + ".stages", route,
-               "is not a route method (" + PolicyMethodList(kernels::StageKind::kRoute) + ")");
-  }
+  KVD_RETURN_IF_ERROR(CheckMethod(key, kernels::StageKind::kMerge, merge));
+  KVD_RETURN_IF_ERROR(CheckMethod(key, kernels::StageKind::kRoute, route));
   if (!OneOf(quant_format, {"none", "int8", "int4", "int3", "int2", "fp8_e4m3"})) {
     return Bad(key + ".quant_format", quant_format, "is not int8, int4, int3, int2 or fp8_e4m3");
   }

@@ -5,7 +5,6 @@
 #include <future>
 
 #include "kvd/client/client.h"
-#include "kvd/common/hex.h"
 #include "kvd/common/logging.h"
 #include "kvd/storage/tier.h"
 
@@ -20,20 +19,6 @@ PeerFetcher::PeerFetcher(const DaemonConfig& config, const cluster::Membership* 
       tiers_(tiers) {}
 
 PeerFetcher::~PeerFetcher() = default;
-
-std::string MemberIneligible(const cluster::MemberRecord& peer, const ModelConfig& model) {
-  const std::string& name = model.name;
-  const uint64_t digest = model.layout.Digest();
-  auto it = std::find_if(peer.models.begin(), peer.models.end(),
-                         [&](const auto& m) { return m.name == name; });
-  if (it == peer.models.end()) return "does not serve model " + name;
-  if (it->layout_digest != digest) {
-    return "layout of model " + name + " differs (digest " + Hex64(it->layout_digest) + " there, " +
-           Hex64(digest) + " here): chunks never travel between them";
-  }
-  if (peer.control_address.empty()) return "has no TCP control address";
-  return "";
-}
 
 StatusOr<std::shared_ptr<client::Client>> PeerFetcher::ClientFor(const cluster::MemberRecord& peer,
                                                                  const PeerLookupRequest& request) {
@@ -70,8 +55,8 @@ StatusOr<std::shared_ptr<client::Client>> PeerFetcher::ClientFor(const cluster::
   return shared;
 }
 
-uint32_t PeerFetcher::Fetch(client::Client& peer, uint64_t lease, size_t from, size_t to,
-                            const PeerLookupRequest& request) {
+PeerFetcher::Fetched PeerFetcher::Fetch(client::Client& peer, uint64_t lease, size_t from,
+                                        size_t to, const PeerLookupRequest& request) {
   const size_t chunk_bytes = request.model->layout.ChunkBytes(config_.chunk_tokens);
   // Up to kFetchInFlight chunks (and kFetchBatchBytes) per GetChunks call: one pipelined round
   // trip per batch instead of one per chunk.
@@ -84,7 +69,7 @@ uint32_t PeerFetcher::Fetch(client::Client& peer, uint64_t lease, size_t from, s
                         request.model->layout.Digest(),
                         request.codec_id,
                         {}};
-  uint32_t stored = 0;
+  Fetched stored;
   for (size_t first = from; first < to; first += buffers.size()) {
     const size_t n = std::min(buffers.size(), to - first);
     std::vector<client::GetItem> items(n);
@@ -111,9 +96,8 @@ uint32_t PeerFetcher::Fetch(client::Client& peer, uint64_t lease, size_t from, s
                          << Kv("error", s.ToString());
         return stored;
       }
-      ++stored;
-      std::lock_guard lock(mu_);
-      counts_.fetched_bytes += r.bytes;
+      ++stored.chunks;
+      stored.bytes += r.bytes;
     }
   }
   return stored;
@@ -206,10 +190,12 @@ PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
   if (config_.peer_fetch.policy == PeerFetchOptions::Policy::kStore &&
       best_matched > request.local_matched) {
     const uint32_t wanted = best_matched - static_cast<uint32_t>(request.local_matched);
-    out.fetched_chunks = Fetch(*best, best_lease, request.local_matched, best_matched, request);
+    const Fetched fetched = Fetch(*best, best_lease, request.local_matched, best_matched, request);
+    out.fetched_chunks = fetched.chunks;
     std::lock_guard lock(mu_);
     ++counts_.fetches;
-    counts_.fetched_chunks += out.fetched_chunks;
+    counts_.fetched_chunks += fetched.chunks;
+    counts_.fetched_bytes += fetched.bytes;
     if (out.fetched_chunks < wanted) ++counts_.fetch_failures;
   }
   best->ReleaseLease(best_lease).IgnoreError();

@@ -68,10 +68,6 @@ struct PeerLookupOutcome {
   uint32_t fetched_chunks = 0;    // chunks stored here from the longest peer prefix
 };
 
-// Why member `peer` can hold no chunk of `model` from this node ("" = it can): it does not serve
-// the model, its layout of it differs, or it has no TCP control address.
-std::string MemberIneligible(const cluster::MemberRecord& peer, const ModelConfig& model);
-
 // What the fetcher did since start (kvdctl stats / metrics: kvd_cluster_<name>_total).
 struct PeerFetchCounts {
   uint64_t lookups = 0;         // cluster-scope lookups that asked the members
@@ -110,9 +106,14 @@ class PeerFetcher {
   // A connected peer client for (peer, namespace, model), made or reused.
   StatusOr<std::shared_ptr<client::Client>> ClientFor(const cluster::MemberRecord& peer,
                                                       const PeerLookupRequest& request);
-  // Copies chunks [from, to) of `lease` from `peer` into the host tier; the number stored.
-  uint32_t Fetch(client::Client& peer, uint64_t lease, size_t from, size_t to,
-                 const PeerLookupRequest& request);
+  // What a Fetch stored: whole chunks and their bytes.
+  struct Fetched {
+    uint32_t chunks = 0;
+    uint64_t bytes = 0;
+  };
+  // Copies chunks [from, to) of `lease` from `peer` into the host tier; what it stored.
+  Fetched Fetch(client::Client& peer, uint64_t lease, size_t from, size_t to,
+                const PeerLookupRequest& request);
 
   // A fetch keeps up to this many chunks, and at most kFetchBatchBytes, in flight.
   static constexpr int kFetchInFlight = 8;

@@ -6,11 +6,9 @@ namespace kvd::daemon {
 namespace kk = kvd::kernels;
 
 const kk::StageRegistration* PolicyStage(kk::StageKind kind, const std::string& name) {
-  if (name == "none") return nullptr;
+  if (name == "none") return nullptr;  // recency, score code 0, is registered as "none"
   const kk::StageRegistration* s = kk::StageRegistry::Global().Find(name);
-  if (s == nullptr || s->kind != kind) return nullptr;
-  if (kind == kk::StageKind::kScore && s->code == 0) return nullptr;  // recency is "none"
-  return s;
+  return s != nullptr && s->kind == kind ? s : nullptr;
 }
 
 std::string PolicyMethodList(kk::StageKind kind) {
@@ -33,18 +31,24 @@ std::vector<const kk::StageRegistration*> ListedStages(const CompressionPolicy& 
   return out;
 }
 
-bool NeedsCalibration(const CompressionPolicy& p) {
+namespace {
+
+// Whether a listed stage has `capability` (a bool of StageRegistration).
+bool AnyListedStageHas(const CompressionPolicy& p, bool kk::StageRegistration::*capability) {
   for (const kk::StageRegistration* s : ListedStages(p)) {
-    if (s->needs_calibration) return true;
+    if (s->*capability) return true;
   }
   return false;
 }
 
+}  // namespace
+
+bool NeedsCalibration(const CompressionPolicy& p) {
+  return AnyListedStageHas(p, &kk::StageRegistration::needs_calibration);
+}
+
 bool NeedsQueryStats(const CompressionPolicy& p) {
-  for (const kk::StageRegistration* s : ListedStages(p)) {
-    if (s->needs_query_stats) return true;
-  }
-  return false;
+  return AnyListedStageHas(p, &kk::StageRegistration::needs_query_stats);
 }
 
 void SetPlanStages(const CompressionPolicy& p, kk::CompressionPlanOptions* o) {

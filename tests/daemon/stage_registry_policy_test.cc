@@ -90,5 +90,26 @@ TEST(StageRegistryPolicyTest, MethodErrorsNameTheRegisteredStages) {
                         "stages: [expected_attention])"));
 }
 
+// CompressionPolicy::Validate on a policy built in code (not from YAML): a method that is no
+// registered stage of its kind is named with the kind and the registered methods.
+TEST(StageRegistryPolicyTest, ValidateNamesTheKindOfAnUnregisteredMethod) {
+  const std::string key = "models[0].compression";
+  CompressionPolicy p;
+  p.score = "vector";  // a route stage
+  Status s = p.Validate(key, 64);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr(key + ".stages: \"vector\" is not a score method (snapkv, "));
+  p.score = "snapkv";
+  p.merge = "nope";
+  s = p.Validate(key, 64);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("\"nope\" is not a merge method (kvslimmer)"));
+  p.merge = "none";
+  p.route = "kvslimmer";
+  s = p.Validate(key, 64);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("\"kvslimmer\" is not a route method (vector)"));
+}
+
 }  // namespace
 }  // namespace kvd::daemon
