@@ -731,7 +731,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   local
       ->add_option("--score", f.score,
-                   "eviction scorer: keydiff (the embedded default's policy) or snapkv")
+                   "eviction scorer: keydiff (what the embedded default's expected-attention "
+                   "policy scores by until kvd has query statistics) or snapkv")
       ->capture_default_str()
       ->check(CLI::IsMember({"keydiff", "snapkv"}));
   local
