@@ -121,19 +121,29 @@ stop_kvd() {
 # cpu_ticks PID: utime + stime of PID (clock ticks, all threads) from /proc/PID/stat.
 cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
 
+# Where run_perftest's two ends run. Defaults: both on loopback (UCX_NET_DEVICES=lo), the client
+# dialing 127.0.0.1. A script may set the server's command prefix (e.g. ip netns exec NS), each
+# end's UCX_NET_DEVICES and the address the client dials.
+perftest_server_prefix=()
+perftest_server_dev=lo
+perftest_client_dev=lo
+perftest_host=127.0.0.1
+
 # run_perftest TEST SIZE COUNT TLS [FLAG...]: one ucx_perftest TEST (tag_bw, tag_lat, ...) of
-# SIZE-byte messages between a server and a client on loopback, both given the FLAGs (e.g. -e:
-# endpoints with peer error handling, as kvd's are); prints the client's "Final:" line fields
+# SIZE-byte messages between a server and a client (placed as the perftest_* variables above
+# say), both given the FLAGs (e.g. -e: endpoints with peer error handling, as kvd's are); prints
+# the client's "Final:" line fields
 # "iters lat50_us lat_avg_us lat_overall_us bw_avg_MiBs bw_overall_MiBs rate_avg rate_overall".
 run_perftest() {
   local test=$1 size=$2 count=$3 tls=$4 port=$((20000 + RANDOM % 20000)) srv line
   local flags=("${@:5}")
-  UCX_TLS=$tls UCX_NET_DEVICES=lo ucx_perftest -t "$test" -s "$size" -n "$count" -p "$port" \
+  "${perftest_server_prefix[@]}" env UCX_TLS="$tls" UCX_NET_DEVICES="$perftest_server_dev" \
+    ucx_perftest -t "$test" -s "$size" -n "$count" -p "$port" \
     "${flags[@]}" >"$work/perf-server.log" 2>&1 &
   srv=$!
   sleep 1
-  if ! UCX_TLS=$tls UCX_NET_DEVICES=lo ucx_perftest 127.0.0.1 -t "$test" -s "$size" -n "$count" \
-    -p "$port" "${flags[@]}" >"$work/perf-client.log" 2>&1; then
+  if ! UCX_TLS=$tls UCX_NET_DEVICES=$perftest_client_dev ucx_perftest "$perftest_host" -t "$test" \
+    -s "$size" -n "$count" -p "$port" "${flags[@]}" >"$work/perf-client.log" 2>&1; then
     kill "$srv" 2>/dev/null || true
     wait "$srv" 2>/dev/null || true
     cat "$work/perf-client.log" >&2
