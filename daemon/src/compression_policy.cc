@@ -36,6 +36,141 @@ Status CheckMethod(const std::string& key, kernels::StageKind kind, const std::s
                  PolicyMethodList(kind) + ")");
 }
 
+// The score stage and expected_attention's knobs.
+Status CheckScore(const CompressionPolicy& p, const std::string& key) {
+  KVD_RETURN_IF_ERROR(CheckMethod(key, kernels::StageKind::kScore, p.score));
+  if (p.ea_future_positions < 1) {
+    return Bad(key + ".ea_future_positions", std::to_string(p.ea_future_positions), "must be >= 1");
+  }
+  if (p.ea_min_queries < 1) {
+    return Bad(key + ".ea_min_queries", std::to_string(p.ea_min_queries), "must be >= 1");
+  }
+  if (!(p.ea_keydiff_share >= 0.0 && p.ea_keydiff_share < 1.0)) {
+    return Bad(key + ".ea_keydiff_share", Num(p.ea_keydiff_share), "must be in [0, 1)");
+  }
+  return Status::Ok();
+}
+
+// The quantize stage's knobs, and none of them set without that stage.
+Status CheckQuantization(const CompressionPolicy& p, const std::string& key) {
+  if (!OneOf(p.quant_format, {"none", "int8", "int4", "int3", "int2", "fp8_e4m3"})) {
+    return Bad(key + ".quant_format", p.quant_format, "is not int8, int4, int3, int2 or fp8_e4m3");
+  }
+  if (!OneOf(p.quant_value_format, {"same", "int8", "int4", "int3", "int2", "fp8_e4m3"})) {
+    return Bad(key + ".quant_value_format", p.quant_value_format,
+               "is not same, int8, int4, int3, int2 or fp8_e4m3");
+  }
+  if (!OneOf(p.quant_rotate, {"none", "hadamard"})) {
+    return Bad(key + ".quant_rotate", p.quant_rotate, "is not none or hadamard");
+  }
+  if (!p.Quantizes() && (p.quant_rotate != "none" || p.quant_value_format != "same")) {
+    return Bad(key + (p.quant_rotate != "none" ? ".quant_rotate" : ".quant_value_format"),
+               p.quant_rotate != "none" ? p.quant_rotate : p.quant_value_format,
+               "is set, but the policy has no quantize stage");
+  }
+  if (p.quant_group < 1 || p.quant_group > 65536) {
+    return Bad(key + ".quant_group", std::to_string(p.quant_group), "is outside [1, 65536]");
+  }
+  if (p.quant_key_group < 0 || p.quant_key_group > 65536) {
+    return Bad(key + ".quant_key_group", std::to_string(p.quant_key_group),
+               "is outside [1, 65536] (0: quant_group)");
+  }
+  if (!p.Quantizes() && p.quant_key_group != 0) {
+    return Bad(key + ".quant_key_group", std::to_string(p.quant_key_group),
+               "is set, but the policy has no quantize stage");
+  }
+  if (p.quant_recent < 0 || p.quant_recent > (1 << 30)) {
+    return Bad(key + ".quant_recent", std::to_string(p.quant_recent), "is outside [0, 2^30]");
+  }
+  return Status::Ok();
+}
+
+// At least one stage, and a route stage only after a score or merge stage.
+Status CheckStageChain(const CompressionPolicy& p, const std::string& key) {
+  if (p.score == "none" && p.merge == "none" && p.route == "none" && !p.Quantizes()) {
+    return Status::InvalidArgument(key +
+                                   ".stages: no stage; omit `compression` (or write "
+                                   "`compression: off`) for a raw model");
+  }
+  if (p.route != "none" && p.score == "none" && p.merge == "none") {
+    return Bad(key + ".stages", p.route,
+               "needs a score or merge stage before it (routing picks among the slots an "
+               "earlier stage kept)");
+  }
+  return Status::Ok();
+}
+
+// What the score stages select with: the kept share, window, sinks, pooling, KeyDiff, pyramid.
+Status CheckSelection(const CompressionPolicy& p, const std::string& key) {
+  if (!(p.p_c >= 0.0 && p.p_c < 1.0)) return Bad(key + ".p_c", Num(p.p_c), "is outside [0, 1)");
+  if (p.window < 1) return Bad(key + ".window", std::to_string(p.window), "must be >= 1");
+  if (p.sinks < 0) return Bad(key + ".sinks", std::to_string(p.sinks), "must be >= 0");
+  if (!OneOf(p.pooling, {"avg", "max"})) {
+    return Bad(key + ".pooling", p.pooling, "is not avg or max");
+  }
+  if (p.pooling_kernel < 1 || p.pooling_kernel % 2 == 0) {
+    return Bad(key + ".pooling_kernel", std::to_string(p.pooling_kernel), "must be odd and >= 1");
+  }
+  if (p.keydiff_block < 0) {
+    return Bad(key + ".keydiff_block", std::to_string(p.keydiff_block), "must be >= 0");
+  }
+  if (!(p.pyramid_beta >= 1.0)) {
+    return Bad(key + ".pyramid_beta", Num(p.pyramid_beta), "must be >= 1");
+  }
+  return Status::Ok();
+}
+
+// The merge and route stages' knobs and the calibration they run on.
+Status CheckMergeAndRoute(const CompressionPolicy& p, const std::string& key) {
+  if (!OneOf(p.merge_norm, {"l2", "l1code"})) {
+    return Bad(key + ".merge_norm", p.merge_norm, "is not l2 or l1code");
+  }
+  if (!OneOf(p.position, {"last", "weighted"})) {
+    return Bad(key + ".position", p.position, "is not last or weighted");
+  }
+  if (p.max_group < 1) return Bad(key + ".max_group", std::to_string(p.max_group), "must be >= 1");
+  if (!(p.min_cos >= -1.0 && p.min_cos <= 1.0)) {
+    return Bad(key + ".min_cos", Num(p.min_cos), "is outside [-1, 1]");
+  }
+  if (!(p.route_eps >= 0.0 && p.route_eps < 1.0)) {
+    return Bad(key + ".route_eps", Num(p.route_eps), "is outside [0, 1)");
+  }
+  if (!(p.r2_threshold >= 0.0 && p.r2_threshold <= 1.0)) {
+    return Bad(key + ".r2_threshold", Num(p.r2_threshold), "is outside [0, 1]");
+  }
+  if (p.calibration_tokens < 1) {
+    return Bad(key + ".calibration_tokens", std::to_string(p.calibration_tokens), "must be >= 1");
+  }
+  return Status::Ok();
+}
+
+// Where and how wide the compression runs: worker threads, queue, device.
+Status CheckExecution(const CompressionPolicy& p, const std::string& key) {
+  if (p.worker_threads < 1 || p.worker_threads > 256) {
+    return Bad(key + ".worker_threads", std::to_string(p.worker_threads), "is outside [1, 256]");
+  }
+  if (p.queue_depth < 1 || p.queue_depth > 65536) {
+    return Bad(key + ".queue_depth", std::to_string(p.queue_depth), "is outside [1, 65536]");
+  }
+  if (!OneOf(p.device, {"auto", "cpu", "cuda"}) && p.CudaOrdinal() < 0) {
+    return Bad(key + ".device", p.device, "is not auto, cpu, cuda or cuda:N (a device ordinal)");
+  }
+  return Status::Ok();
+}
+
+// A full chunk keeps at least sinks + window tokens.
+Status CheckKeptTokens(const CompressionPolicy& p, const std::string& key, int chunk_tokens) {
+  const long long kept = std::llround((1.0 - p.p_c) * chunk_tokens);
+  if (kept < static_cast<long long>(p.sinks) + p.window) {
+    return Bad(key + ".p_c", Num(p.p_c),
+               "keeps " + std::to_string(kept) + " of a full chunk's " +
+                   std::to_string(chunk_tokens) + " tokens, fewer than sinks (" +
+                   std::to_string(p.sinks) + ") + window (" + std::to_string(p.window) +
+                   "): lower p_c, sinks or window");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool CompressionPolicy::NeedsQueries() const {
@@ -68,107 +203,15 @@ std::string CompressionPolicy::StagesName() const {
 }
 
 Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) const {
-  KVD_RETURN_IF_ERROR(CheckMethod(key, kernels::StageKind::kScore, score));
-  if (ea_future_positions < 1) {
-    return Bad(key + ".ea_future_positions", std::to_string(ea_future_positions), "must be >= 1");
-  }
-  if (ea_min_queries < 1) {
-    return Bad(key + ".ea_min_queries", std::to_string(ea_min_queries), "must be >= 1");
-  }
-  if (!(ea_keydiff_share >= 0.0 && ea_keydiff_share < 1.0)) {
-    return Bad(key + ".ea_keydiff_share", Num(ea_keydiff_share), "must be in [0, 1)");
-  }
+  KVD_RETURN_IF_ERROR(CheckScore(*this, key));
   KVD_RETURN_IF_ERROR(CheckMethod(key, kernels::StageKind::kMerge, merge));
   KVD_RETURN_IF_ERROR(CheckMethod(key, kernels::StageKind::kRoute, route));
-  if (!OneOf(quant_format, {"none", "int8", "int4", "int3", "int2", "fp8_e4m3"})) {
-    return Bad(key + ".quant_format", quant_format, "is not int8, int4, int3, int2 or fp8_e4m3");
-  }
-  if (!OneOf(quant_value_format, {"same", "int8", "int4", "int3", "int2", "fp8_e4m3"})) {
-    return Bad(key + ".quant_value_format", quant_value_format,
-               "is not same, int8, int4, int3, int2 or fp8_e4m3");
-  }
-  if (!OneOf(quant_rotate, {"none", "hadamard"})) {
-    return Bad(key + ".quant_rotate", quant_rotate, "is not none or hadamard");
-  }
-  if (!Quantizes() && (quant_rotate != "none" || quant_value_format != "same")) {
-    return Bad(key + (quant_rotate != "none" ? ".quant_rotate" : ".quant_value_format"),
-               quant_rotate != "none" ? quant_rotate : quant_value_format,
-               "is set, but the policy has no quantize stage");
-  }
-  if (quant_group < 1 || quant_group > 65536) {
-    return Bad(key + ".quant_group", std::to_string(quant_group), "is outside [1, 65536]");
-  }
-  if (quant_key_group < 0 || quant_key_group > 65536) {
-    return Bad(key + ".quant_key_group", std::to_string(quant_key_group),
-               "is outside [1, 65536] (0: quant_group)");
-  }
-  if (!Quantizes() && quant_key_group != 0) {
-    return Bad(key + ".quant_key_group", std::to_string(quant_key_group),
-               "is set, but the policy has no quantize stage");
-  }
-  if (quant_recent < 0 || quant_recent > (1 << 30)) {
-    return Bad(key + ".quant_recent", std::to_string(quant_recent), "is outside [0, 2^30]");
-  }
-  if (score == "none" && merge == "none" && route == "none" && !Quantizes()) {
-    return Status::InvalidArgument(key +
-                                   ".stages: no stage; omit `compression` (or write "
-                                   "`compression: off`) for a raw model");
-  }
-  if (route != "none" && score == "none" && merge == "none") {
-    return Bad(key + ".stages", route,
-               "needs a score or merge stage before it (routing picks among the slots an "
-               "earlier stage kept)");
-  }
-  if (!(p_c >= 0.0 && p_c < 1.0)) return Bad(key + ".p_c", Num(p_c), "is outside [0, 1)");
-  if (window < 1) return Bad(key + ".window", std::to_string(window), "must be >= 1");
-  if (sinks < 0) return Bad(key + ".sinks", std::to_string(sinks), "must be >= 0");
-  if (!OneOf(pooling, {"avg", "max"})) return Bad(key + ".pooling", pooling, "is not avg or max");
-  if (pooling_kernel < 1 || pooling_kernel % 2 == 0) {
-    return Bad(key + ".pooling_kernel", std::to_string(pooling_kernel), "must be odd and >= 1");
-  }
-  if (keydiff_block < 0) {
-    return Bad(key + ".keydiff_block", std::to_string(keydiff_block), "must be >= 0");
-  }
-  if (!(pyramid_beta >= 1.0)) {
-    return Bad(key + ".pyramid_beta", Num(pyramid_beta), "must be >= 1");
-  }
-  if (!OneOf(merge_norm, {"l2", "l1code"})) {
-    return Bad(key + ".merge_norm", merge_norm, "is not l2 or l1code");
-  }
-  if (!OneOf(position, {"last", "weighted"})) {
-    return Bad(key + ".position", position, "is not last or weighted");
-  }
-  if (max_group < 1) return Bad(key + ".max_group", std::to_string(max_group), "must be >= 1");
-  if (!(min_cos >= -1.0 && min_cos <= 1.0)) {
-    return Bad(key + ".min_cos", Num(min_cos), "is outside [-1, 1]");
-  }
-  if (!(route_eps >= 0.0 && route_eps < 1.0)) {
-    return Bad(key + ".route_eps", Num(route_eps), "is outside [0, 1)");
-  }
-  if (!(r2_threshold >= 0.0 && r2_threshold <= 1.0)) {
-    return Bad(key + ".r2_threshold", Num(r2_threshold), "is outside [0, 1]");
-  }
-  if (calibration_tokens < 1) {
-    return Bad(key + ".calibration_tokens", std::to_string(calibration_tokens), "must be >= 1");
-  }
-  if (worker_threads < 1 || worker_threads > 256) {
-    return Bad(key + ".worker_threads", std::to_string(worker_threads), "is outside [1, 256]");
-  }
-  if (queue_depth < 1 || queue_depth > 65536) {
-    return Bad(key + ".queue_depth", std::to_string(queue_depth), "is outside [1, 65536]");
-  }
-  if (!OneOf(device, {"auto", "cpu", "cuda"}) && CudaOrdinal() < 0) {
-    return Bad(key + ".device", device, "is not auto, cpu, cuda or cuda:N (a device ordinal)");
-  }
-  const long long kept = std::llround((1.0 - p_c) * chunk_tokens);
-  if (kept < static_cast<long long>(sinks) + window) {
-    return Bad(key + ".p_c", Num(p_c),
-               "keeps " + std::to_string(kept) + " of a full chunk's " +
-                   std::to_string(chunk_tokens) + " tokens, fewer than sinks (" +
-                   std::to_string(sinks) + ") + window (" + std::to_string(window) +
-                   "): lower p_c, sinks or window");
-  }
-  return Status::Ok();
+  KVD_RETURN_IF_ERROR(CheckQuantization(*this, key));
+  KVD_RETURN_IF_ERROR(CheckStageChain(*this, key));
+  KVD_RETURN_IF_ERROR(CheckSelection(*this, key));
+  KVD_RETURN_IF_ERROR(CheckMergeAndRoute(*this, key));
+  KVD_RETURN_IF_ERROR(CheckExecution(*this, key));
+  return CheckKeptTokens(*this, key, chunk_tokens);
 }
 
 std::string CompressionPolicy::CanonicalForm() const {

@@ -62,31 +62,8 @@ std::string Label(const char* key, const std::string& value) {
   return std::string(key) + "=\"" + Escape(value) + "\"";
 }
 
-}  // namespace
-
-const char* LatencyOpName(LatencyOp op) {
-  switch (op) {
-    case LatencyOp::kLookup:
-      return "lookup";
-    case LatencyOp::kPut:
-      return "put";
-    case LatencyOp::kGet:
-      return "get";
-  }
-  return "?";
-}
-
-void LatencyHistogram::Observe(int64_t nanos) {
-  const double seconds = nanos < 0 ? 0.0 : static_cast<double>(nanos) * 1e-9;
-  size_t i = 0;
-  while (i < kBoundsSeconds.size() && seconds > kBoundsSeconds[i]) ++i;
-  ++counts_[i];
-  ++count_;
-  sum_seconds_ += seconds;
-}
-
-std::string Metrics::RenderPrometheus(const StatsSnapshot& s) const {
-  Writer w(s.node_name);
+// kvd_up, the uptime, the open sessions and whether damage was found.
+void WriteDaemonState(Writer& w, const StatsSnapshot& s) {
   w.Family("kvd_up", "gauge", "1 while the daemon serves");
   w.Sample("kvd_up", "", 1);
   w.Family("kvd_uptime_seconds", "gauge", "Seconds since the daemon started");
@@ -97,7 +74,10 @@ std::string Metrics::RenderPrometheus(const StatsSnapshot& s) const {
            "1 while damage to stored data found since start is counted (kvdctl health says "
            "what)");
   w.Sample("kvd_degraded", "", s.damage.empty() ? 0 : 1);
+}
 
+// One family per tier counter, one sample per tier.
+void WriteTiers(Writer& w, const StatsSnapshot& s) {
   struct TierField {
     const char* name;
     const char* type;
@@ -128,25 +108,31 @@ std::string Metrics::RenderPrometheus(const StatsSnapshot& s) const {
       w.Sample(f.name, Label("tier", std::string(storage::TierKindName(t.kind))), t.*(f.field));
     }
   }
+}
 
-  auto groups = [&](const char* label, const std::map<std::string, storage::UsageStats>& g) {
-    const std::string chunks = std::string("kvd_") + label + "_chunks";
-    const std::string bytes = std::string("kvd_") + label + "_bytes";
-    w.Family(chunks, "gauge", std::string("Committed chunks per ") + label + " (all tiers)");
-    for (const auto& [name, u] : g) w.Sample(chunks, Label(label, name), u.chunks);
-    w.Family(bytes, "gauge", std::string("Payload bytes per ") + label + " (all tiers)");
-    for (const auto& [name, u] : g) w.Sample(bytes, Label(label, name), u.bytes);
-  };
-  groups("model", s.per_model);
-  groups("namespace", s.per_namespace);
+// kvd_<label>_chunks and kvd_<label>_bytes, one sample per model or namespace.
+void WriteUsageGroups(Writer& w, const char* label,
+                      const std::map<std::string, storage::UsageStats>& g) {
+  const std::string chunks = std::string("kvd_") + label + "_chunks";
+  const std::string bytes = std::string("kvd_") + label + "_bytes";
+  w.Family(chunks, "gauge", std::string("Committed chunks per ") + label + " (all tiers)");
+  for (const auto& [name, u] : g) w.Sample(chunks, Label(label, name), u.chunks);
+  w.Family(bytes, "gauge", std::string("Payload bytes per ") + label + " (all tiers)");
+  for (const auto& [name, u] : g) w.Sample(bytes, Label(label, name), u.bytes);
+}
 
+// StatsReply's counters: running totals as counters (_total), levels as gauges.
+void WriteCounters(Writer& w, const StatsSnapshot& s) {
   for (const auto& [name, value] : s.counters) {
     const bool gauge = GaugeCounters().count(name) > 0;
     const std::string metric = "kvd_" + name + (gauge ? "" : "_total");
     w.Family(metric, gauge ? "gauge" : "counter", "kvdctl stats counter " + name);
     w.Sample(metric, "", value);
   }
+}
 
+// Each model's ingest: the device it compresses on and the time and chunks of each stage.
+void WriteIngest(Writer& w, const StatsSnapshot& s) {
   w.Family("kvd_ingest_device", "gauge",
            "1 for the device a model's ingest compresses on (device=\"cpu\" or \"cuda:N\")");
   for (const auto& [model, ingest] : s.compression) {
@@ -168,12 +154,15 @@ std::string Metrics::RenderPrometheus(const StatsSnapshot& s) const {
       w.Sample(stage_chunks, Label("model", model) + "," + Label("stage", t.stage), t.chunks);
     }
   }
+}
 
+// The request latency histogram, one series per operation.
+void WriteLatency(Writer& w, const Metrics& m) {
   const std::string h = "kvd_request_duration_seconds";
   w.Family(h, "histogram",
            "Server-side latency of lookup, put (commit to acknowledgement) and get requests");
   for (int op = 0; op < kLatencyOps; ++op) {
-    const LatencyHistogram& hist = latency_[op];
+    const LatencyHistogram& hist = m.latency(static_cast<LatencyOp>(op));
     const std::string op_label = Label("op", LatencyOpName(static_cast<LatencyOp>(op)));
     uint64_t cumulative = 0;
     for (size_t i = 0; i < LatencyHistogram::kBoundsSeconds.size(); ++i) {
@@ -186,6 +175,40 @@ std::string Metrics::RenderPrometheus(const StatsSnapshot& s) const {
     w.Sample(h + "_sum", op_label, Number(hist.sum_seconds()));
     w.Sample(h + "_count", op_label, hist.count());
   }
+}
+
+}  // namespace
+
+const char* LatencyOpName(LatencyOp op) {
+  switch (op) {
+    case LatencyOp::kLookup:
+      return "lookup";
+    case LatencyOp::kPut:
+      return "put";
+    case LatencyOp::kGet:
+      return "get";
+  }
+  return "?";
+}
+
+void LatencyHistogram::Observe(int64_t nanos) {
+  const double seconds = nanos < 0 ? 0.0 : static_cast<double>(nanos) * 1e-9;
+  size_t i = 0;
+  while (i < kBoundsSeconds.size() && seconds > kBoundsSeconds[i]) ++i;
+  ++counts_[i];
+  ++count_;
+  sum_seconds_ += seconds;
+}
+
+std::string Metrics::RenderPrometheus(const StatsSnapshot& s) const {
+  Writer w(s.node_name);
+  WriteDaemonState(w, s);
+  WriteTiers(w, s);
+  WriteUsageGroups(w, "model", s.per_model);
+  WriteUsageGroups(w, "namespace", s.per_namespace);
+  WriteCounters(w, s);
+  WriteIngest(w, s);
+  WriteLatency(w, *this);
   return w.Take();
 }
 
