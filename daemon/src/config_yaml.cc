@@ -460,11 +460,13 @@ Status BindCluster(const YAML::Node& n, cluster::MembershipOptions* o, PeerFetch
   KVD_RETURN_IF_ERROR(GetString(n, "cluster", "peer_fetch", &policy));
   if (policy == "store") {
     peer->policy = PeerFetchOptions::Policy::kStore;
+  } else if (policy == "serve") {
+    peer->policy = PeerFetchOptions::Policy::kServe;
   } else if (policy == "off") {
     peer->policy = PeerFetchOptions::Policy::kOff;
   } else {
     return Status::InvalidArgument("cluster.peer_fetch: \"" + policy +
-                                   "\" is not a policy (store, off)");
+                                   "\" is not a policy (store, serve, off)");
   }
   KVD_RETURN_IF_ERROR(
       GetInt(n, "cluster", "peer_timeout_ms", &peer->timeout_ms, 10, 60000));

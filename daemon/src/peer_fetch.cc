@@ -89,8 +89,10 @@ PeerFetcher::Fetched PeerFetcher::Fetch(client::Client& peer, uint64_t lease, si
       if (r.codec_id != request.codec_id) return stored;  // another codec's chunk: not ours
       key.chain_hash = request.chain[first + j];
       // Insert computes the checksum again over the bytes it copies and refuses a mismatch.
-      Status s = tiers_->Insert(key, r.tokens, r.checksum,
-                                std::span<const std::byte>(buffers[j].data(), r.bytes));
+      const std::span<const std::byte> bytes(buffers[j].data(), r.bytes);
+      Status s = config_.peer_fetch.policy == PeerFetchOptions::Policy::kServe
+                     ? tiers_->host()->InsertTransient(key, r.tokens, r.checksum, bytes)
+                     : tiers_->Insert(key, r.tokens, r.checksum, bytes);
       if (!s.ok() && !storage::IsDedup(s)) {
         KVD_LOG(WARNING) << "peer fetch: storing a fetched chunk failed" << Kv("chunk", first + j)
                          << Kv("error", s.ToString());
@@ -187,7 +189,7 @@ PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
     counts_.peer_errors += errors;
   }
   if (!best) return out;
-  if (config_.peer_fetch.policy == PeerFetchOptions::Policy::kStore &&
+  if (config_.peer_fetch.policy != PeerFetchOptions::Policy::kOff &&
       best_matched > request.local_matched) {
     const uint32_t wanted = best_matched - static_cast<uint32_t>(request.local_matched);
     const Fetched fetched = Fetch(*best, best_lease, request.local_matched, best_matched, request);

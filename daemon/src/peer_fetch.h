@@ -73,7 +73,7 @@ struct PeerFetchCounts {
   uint64_t lookups = 0;         // cluster-scope lookups that asked the members
   uint64_t peer_asks = 0;       // members asked (eligible: same model and layout)
   uint64_t peer_errors = 0;     // of those, no answer: connection, auth or lookup failed
-  uint64_t fetches = 0;         // lookups that fetched from a peer (policy store)
+  uint64_t fetches = 0;         // lookups that fetched from a peer (policy store or serve)
   uint64_t fetched_chunks = 0;  // chunks stored here from peers
   uint64_t fetched_bytes = 0;   // their bytes
   uint64_t fetch_failures = 0;  // fetches that stopped before the peer's prefix (a miss)
@@ -89,9 +89,9 @@ class PeerFetcher {
               storage::TierManager* tiers);
   ~PeerFetcher();
 
-  // Asks the other members (see the file comment) and, under PeerFetchOptions::Policy::kStore,
-  // fetches chunks [local_matched, longest peer prefix) from the peer holding the longest prefix
-  // into the host tier.
+  // Asks the other members (see the file comment) and, under PeerFetchOptions::Policy::kStore or
+  // kServe, fetches chunks [local_matched, longest peer prefix) from the peer holding the longest
+  // prefix into the host tier (kServe: HostTier::InsertTransient, gone after their last unpin).
   PeerLookupOutcome AskPeers(const PeerLookupRequest& request);
 
   // PlaceChain (cluster_placement.h) over the current member list. Thread-safe, does not block

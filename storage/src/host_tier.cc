@@ -171,6 +171,8 @@ void HostTier::Impl::UnpinLocked(HostEntry* e) {
   if (e->visible) {
     pinned_bytes_ -= e->meta.size_bytes;
     pinned_arena_bytes_ -= e->arena_bytes;
+    // A served-through chunk goes with its last pin (`e` is freed here).
+    if (e->transient) DropEntryLocked(e, RemoveReason::kEvicted);
     return;
   }
   // A hidden entry's last pin: free it now.
@@ -495,6 +497,7 @@ StatusOr<Reservation> HostTier::Impl::ReserveLocked(const ChunkKey& key, uint64_
     // A chunk whose disk copy is still being written is not "already stored" yet: this writer
     // reserves and sends its bytes, and its commit waits for (or makes) the durable copy.
     if (stored->second->durable) {
+      stored->second->transient = false;  // this writer stores it too: it stays
       s.counters_.dedup_puts++;
       return DedupStatus(key);
     }
@@ -660,6 +663,7 @@ Status HostTier::CommitPinned(ReservationId id, uint64_t checksum, ReadView* pin
   if (auto stored = s.index_.find(r.key); stored != s.index_.end()) {
     const ChunkKey key = r.key;
     HostEntry* existing = stored->second.get();
+    if (!r.transient) existing->transient = false;  // an independent store: it stays
     s.DropReservationLocked(id, RetireReason::kDedup);
     s.counters_.dedup_puts++;
     if (pinned != nullptr) {
@@ -679,6 +683,7 @@ Status HostTier::CommitPinned(ReservationId id, uint64_t checksum, ReadView* pin
   e->offset = r.offset;
   e->arena_bytes = r.arena_bytes;
   e->durable = durability == Durability::kDurable;
+  e->transient = r.transient;
   s.reserved_bytes_ -= r.size_bytes;
   s.reserved_segments_.Remove(s.arena_.SegmentOf(r.offset), r.key.name_space);
   s.ReleaseNamespaceReservationLocked(r.key.name_space, r.size_bytes);

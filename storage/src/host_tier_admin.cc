@@ -1,4 +1,5 @@
 // HostTier: the Tier interface (copy-in / copy-out), listing, admin eviction and stats.
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -17,6 +18,26 @@ Status NotStored(const ChunkKey& key) {
 Status HostTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
                         std::span<const std::byte> bytes) {
   KVD_ASSIGN_OR_RETURN(Reservation r, Reserve(key, bytes.size(), tokens, /*owner=*/0));
+  std::memcpy(r.data, bytes.data(), bytes.size());
+  return Commit(r.id, checksum);
+}
+
+Status HostTier::InsertTransient(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                                 std::span<const std::byte> bytes) {
+  Impl& s = *impl_;
+  const int64_t now = s.clock_->NowNanos();
+  Reservation r;
+  {
+    std::lock_guard<std::mutex> lock(s.mu_);
+    // Already stored: left as it is (a stored chunk never becomes transient).
+    if (s.index_.contains(key)) {
+      s.counters_.dedup_puts++;
+      return storage::DedupStatus("chunk " + key.ToString() + " is already stored");
+    }
+    KVD_ASSIGN_OR_RETURN(r, s.ReserveLocked(key, bytes.size(), tokens, /*owner=*/0,
+                                            std::chrono::milliseconds{0}, now, /*ahead=*/false));
+    s.reservations_.at(r.id).transient = true;
+  }
   std::memcpy(r.data, bytes.data(), bytes.size());
   return Commit(r.id, checksum);
 }
@@ -145,7 +166,7 @@ std::vector<ChunkMeta> HostTier::LeastRecentlyUsed(size_t max_chunks) const {
   std::vector<ChunkMeta> out;
   std::lock_guard<std::mutex> lock(s.mu_);
   for (auto it = s.lru_.rbegin(); it != s.lru_.rend() && out.size() < max_chunks; ++it) {
-    if ((*it)->pins == 0) out.push_back((*it)->meta);
+    if ((*it)->pins == 0 && !(*it)->transient) out.push_back((*it)->meta);
   }
   return out;
 }

@@ -28,6 +28,9 @@ struct HostEntry {
   bool visible = true;
   // false while a lower tier's copy is being written (Durability::kPending): no dedup at Reserve.
   bool durable = true;
+  // Served through (HostTier::InsertTransient): dropped at its last unpin, never offered for
+  // demotion. Cleared when another writer stores the key (a Reserve or Commit that dedups on it).
+  bool transient = false;
   std::list<HostEntry*>::iterator lru_it;  // valid iff visible
 };
 
@@ -62,6 +65,7 @@ class HostTier::Impl {
     // Made by ReserveAhead: `key.hash` and `tokens` mean nothing until NameReservation.
     bool ahead = false;
     bool named = true;
+    bool transient = false;  // made by InsertTransient: the entry it commits is transient
     bool committing = false;  // a Commit is verifying the bytes without the lock
     // Set when Abort / ReclaimOwner hit a committing reservation: that Commit then fails.
     bool cancelled = false;

@@ -87,6 +87,7 @@ class PeerClusterTest : public cluster_test::EtcdTest {
     c.extra_yaml = "cluster:\n  etcd: [" + etcd_->endpoint() + "]\n  name: pf\n  node: " + node +
                    "\n  lease_ttl_s: 3\n  token: " + token +
                    "\n  peer_timeout_ms: " + std::to_string(kPeerTimeoutMs) + "\n";
+    if (!peer_fetch_.empty()) c.extra_yaml += "  peer_fetch: " + peer_fetch_ + "\n";
     return StartKvd(c);
   }
 
@@ -107,6 +108,7 @@ class PeerClusterTest : public cluster_test::EtcdTest {
   }
 
   std::vector<std::unique_ptr<KvdProcess>> kvds_;
+  std::string peer_fetch_;  // cluster.peer_fetch of every node ("": the default, store)
 };
 
 // Puts chunks [0, n) of `chain` on `c`, returning their bytes.

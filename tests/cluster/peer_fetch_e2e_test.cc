@@ -87,6 +87,88 @@ TEST_F(PeerFetchE2eTest, ClusterLookupNamesEachNodesPrefixAndPeerFetchIsByteExac
   EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_fetches_total"), 1);
 }
 
+// Every node with cluster.peer_fetch: serve.
+class PeerServeE2eTest : public PeerClusterTest {
+ protected:
+  PeerServeE2eTest() { peer_fetch_ = "serve"; }
+};
+
+// Chunks [0, bytes.size()) of `lease` read on `c` are `bytes`.
+void ExpectLeaseReads(client::Client& c, uint64_t lease,
+                      const std::vector<std::vector<uint8_t>>& bytes) {
+  for (uint32_t i = 0; i < bytes.size(); ++i) {
+    std::vector<uint8_t> out(bytes[i].size());
+    auto got = c.Get(lease, i, out.data(), out.size());
+    ASSERT_TRUE(got.ok()) << "chunk " << i << ": " << got.status();
+    EXPECT_TRUE(out == bytes[i]) << "chunk " << i << " differs";
+  }
+}
+
+// Releases `lease` and sends what `c` deferred (a released lease and the reads of its gets
+// ride the next request) at once.
+void EndLease(client::Client& c, uint64_t lease) {
+  ASSERT_TRUE(c.ReleaseLease(lease).ok());
+  ASSERT_TRUE(c.FlushReleases().ok());
+}
+
+// Served through: a's cluster lookup serves b's chunks byte-exact under one lease; a second
+// reader's own lease keeps them readable after the first is released; once no lease holds them
+// they are gone from a's host tier (a local lookup misses, a cluster lookup fetches again); a
+// lease ended by a disconnect lets them go too; a chunk put on a while served stays.
+TEST_F(PeerServeE2eTest, ServedChunksLeaveTheHostTierWithTheLastLease) {
+  auto a = ConnectOrFail(kvds_[0]->EngineOptions("reader-a"));
+  auto second = ConnectOrFail(kvds_[0]->EngineOptions("second-reader-a"));
+  auto b = ConnectOrFail(kvds_[1]->EngineOptions("writer-b"));
+  auto admin = ConnectOrFail(kvds_[0]->AdminOptions());
+  ASSERT_TRUE(a && second && b && admin);
+  auto chain = a->hasher().ChunkChain(RandomTokens(4 * 256, 17), true);
+  ASSERT_EQ(chain.size(), 4u);
+  auto bytes = PutPrefix(*b, chain, 4, 500);
+
+  auto hit = a->Lookup(chain, {.cluster = true});
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(hit->fetched_chunks, 4u);
+  ASSERT_EQ(hit->matched_chunks, 4u);
+  ExpectLeaseReads(*a, hit->lease_id, bytes);
+  EXPECT_EQ(HostTier(*admin).chunks, 4u);  // held while leased
+
+  auto own = second->Lookup(chain);  // a local lookup while they are held: found, leased
+  ASSERT_TRUE(own.ok()) << own.status();
+  ASSERT_EQ(own->matched_chunks, 4u);
+  EndLease(*a, hit->lease_id);
+  ExpectLeaseReads(*second, own->lease_id, bytes);  // still there for the second reader
+  EXPECT_EQ(HostTier(*admin).chunks, 4u);
+  EndLease(*second, own->lease_id);
+
+  EXPECT_EQ(LocalPrefix(*kvds_[0], chain), 0u);
+  EXPECT_EQ(HostTier(*admin).chunks, 0u);
+  EXPECT_EQ(HostTier(*admin).used_bytes, 0u);
+  EXPECT_EQ(LocalPrefix(*kvds_[1], chain), 4u);  // b keeps its own
+
+  // Fetched again by the next cluster lookup; a disconnect ends that lease, and they go.
+  {
+    auto leaver = ConnectOrFail(kvds_[0]->EngineOptions("leaver-a"));
+    ASSERT_NE(leaver, nullptr);
+    auto again = leaver->Lookup(chain, {.cluster = true});
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->fetched_chunks, 4u);
+    EXPECT_EQ(again->matched_chunks, 4u);
+  }
+  EXPECT_TRUE(Eventually([&] { return HostTier(*admin).chunks == 0; }, milliseconds(5000)));
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_fetched_chunks_total"), 8);
+
+  // A put of chunk 0 on a while it is served stores it: it stays, the rest go.
+  auto writer = ConnectOrFail(kvds_[0]->EngineOptions("writer-a"));
+  ASSERT_NE(writer, nullptr);
+  auto third = a->Lookup(chain, {.cluster = true});
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->fetched_chunks, 4u);
+  PutChunk(*writer, chain[0], 500);
+  EndLease(*a, third->lease_id);
+  EXPECT_EQ(LocalPrefix(*kvds_[0], chain), 1u);
+  EXPECT_EQ(HostTier(*admin).chunks, 1u);
+}
+
 TEST_F(PeerFetchE2eTest, AWrongClusterTokenIsRefusedNamingWhy) {
   client::ClientOptions o = kvds_[1]->EngineOptions("impostor");
   o.cluster_token = "not-the-token";

@@ -53,6 +53,10 @@ TEST(ClusterConfigTest, BindsEveryKeyAndDefaultsNodeToTheNodeName) {
   ASSERT_TRUE(off.ok()) << off.status();
   EXPECT_EQ(off->peer_fetch.policy, PeerFetchOptions::Policy::kOff);
   EXPECT_EQ(off->peer_fetch.timeout_ms, 250);
+
+  auto serve = ParseConfigYaml("cluster: {etcd: [h:1], name: c, peer_fetch: serve}\n");
+  ASSERT_TRUE(serve.ok()) << serve.status();
+  EXPECT_EQ(serve->peer_fetch.policy, PeerFetchOptions::Policy::kServe);
 }
 
 // A token kept in a file (a mounted Kubernetes Secret): read at load, one trailing newline

@@ -208,6 +208,11 @@ struct PeerFetchOptions {
     // (checksum verified on arrival), then lease and serve them like local chunks; later lookups
     // find them here.
     kStore,
+    // "serve": fetched and served exactly as under "store" (same lease, same Get), but not kept:
+    // once no lease or read pins a fetched chunk (the lease was released or expired), it leaves
+    // the host tier, so a later local lookup misses it and a later cluster lookup fetches it
+    // again. A chunk that was stored here otherwise (already stored, or put while served) stays.
+    kServe,
     // "off": only report which nodes hold how long a prefix (LookupReply.holders); nothing moves.
     kOff,
   };

@@ -308,6 +308,14 @@ class HostTier final : public Tier {
   // NOT_FOUND if it is not stored.
   Status DropCorrupt(const ChunkKey& key);
 
+  // Insert (below), but the chunk is served through, not kept: it is dropped (event reason
+  // "evicted") as soon as no lease or read pins it after one has (a chunk never pinned stays
+  // until LRU eviction), and LeastRecentlyUsed never offers it for demotion. A key already stored
+  // is the dedup ALREADY_EXISTS and stays as it is. Another writer storing the key (a Reserve or
+  // Commit that dedups on it) makes it an ordinary chunk. Errors: those of Insert.
+  Status InsertTransient(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                         std::span<const std::byte> bytes);
+
   // ---- Tier ----
   TierKind kind() const override { return TierKind::kHost; }
   bool serves_in_place() const override { return true; }
