@@ -131,6 +131,12 @@ Status ExpectedAttentionOptions::Validate() const {
     return Status::InvalidArgument("expected_attention: keydiff_share must be in [0, 1), got " +
                                    std::to_string(keydiff_share));
   }
+  if (!(recent_share >= 0.0 && keydiff_share + recent_share < 1.0)) {
+    return Status::InvalidArgument(
+        "expected_attention: recent_share must be >= 0 with keydiff_share + recent_share < 1, "
+        "got " +
+        std::to_string(recent_share));
+  }
   return Status::Ok();
 }
 
@@ -151,7 +157,8 @@ std::vector<int64_t> Ranks(std::span<const float> scores, int64_t begin, int64_t
 }  // namespace
 
 Status FuseKeyDiffRanks(std::span<const float> expected, std::span<const float> keydiff,
-                        double keydiff_share, int64_t begin, int64_t end, std::span<float> fused) {
+                        double keydiff_share, double recent_share, int64_t begin, int64_t end,
+                        std::span<float> fused) {
   const int64_t n = static_cast<int64_t>(expected.size());
   if (keydiff.size() != expected.size() || fused.size() != expected.size()) {
     return Status::InvalidArgument("fuse keydiff ranks: score spans of different sizes");
@@ -161,9 +168,10 @@ Status FuseKeyDiffRanks(std::span<const float> expected, std::span<const float> 
                                    std::to_string(end) + ") outside " + std::to_string(n) +
                                    " tokens");
   }
-  if (!(keydiff_share >= 0.0 && keydiff_share < 1.0)) {
-    return Status::InvalidArgument("fuse keydiff ranks: keydiff_share must be in [0, 1), got " +
-                                   std::to_string(keydiff_share));
+  if (!(keydiff_share >= 0.0 && recent_share >= 0.0 && keydiff_share + recent_share < 1.0)) {
+    return Status::InvalidArgument(
+        "fuse keydiff ranks: shares must be >= 0 with keydiff_share + recent_share < 1, got " +
+        std::to_string(keydiff_share) + " and " + std::to_string(recent_share));
   }
   for (int64_t i = 0; i < n; ++i) {
     if (std::isnan(expected[i]) || std::isnan(keydiff[i])) {
@@ -174,9 +182,12 @@ Status FuseKeyDiffRanks(std::span<const float> expected, std::span<const float> 
   const std::vector<int64_t> rk = Ranks(keydiff, begin, end);
   std::fill(fused.begin(), fused.end(), 0.0f);
   for (int64_t i = begin; i < end; ++i) {
-    double depth = static_cast<double>(re[i - begin]) / (1.0 - keydiff_share);
+    double depth = static_cast<double>(re[i - begin]) / (1.0 - keydiff_share - recent_share);
     if (keydiff_share > 0.0) {
       depth = std::min(depth, static_cast<double>(rk[i - begin]) / keydiff_share);
+    }
+    if (recent_share > 0.0) {
+      depth = std::min(depth, static_cast<double>(end - 1 - i) / recent_share);
     }
     fused[i] = static_cast<float>(-depth);
   }

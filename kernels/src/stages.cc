@@ -41,17 +41,22 @@ Status ExpectedAttentionHeadScores(const ScoreHeadInput& in, std::span<float> sc
   }
   const ExpectedAttentionOptions& ea = in.options->expected_attention;
   KVD_RETURN_IF_ERROR(ExpectedAttentionScores(*in.expected, in.keys,
-                                              ea.value_norm ? in.values : ConstMatrixView{},
-                                              scores, {.num_threads = 1}));
-  if (ea.keydiff_share <= 0.0) return Status::Ok();
-  // Part of the evictable tokens by KeyDiff's rank (expected_attention.h FuseKeyDiffRanks).
+                                              ea.value_norm ? in.values : ConstMatrixView{}, scores,
+                                              {.num_threads = 1}));
+  if (ea.keydiff_share <= 0.0 && ea.recent_share <= 0.0) return Status::Ok();
+  // Part of the evictable tokens by KeyDiff's rank and by recency (expected_attention.h
+  // FuseKeyDiffRanks).
   const int64_t n = in.keys.rows;
-  std::vector<float> keydiff(static_cast<size_t>(n));
-  KVD_RETURN_IF_ERROR(KeyDiffScores(in.keys, keydiff, {.num_threads = 1}));
+  const std::vector<float> expected_scores(scores.begin(), scores.end());
+  std::vector<float> keydiff;
+  if (ea.keydiff_share > 0.0) {
+    keydiff.resize(static_cast<size_t>(n));
+    KVD_RETURN_IF_ERROR(KeyDiffScores(in.keys, keydiff, {.num_threads = 1}));
+  }
   const int64_t begin = std::min(in.options->sinks, n);
   const int64_t end = std::max(begin, n - in.window);
-  const std::vector<float> expected_scores(scores.begin(), scores.end());
-  return FuseKeyDiffRanks(expected_scores, keydiff, ea.keydiff_share, begin, end, scores);
+  return FuseKeyDiffRanks(expected_scores, ea.keydiff_share > 0.0 ? keydiff : expected_scores,
+                          ea.keydiff_share, ea.recent_share, begin, end, scores);
 }
 
 Status ValidateExpectedAttention(const CompressionPlanOptions& o) {

@@ -379,7 +379,7 @@ TEST(ExpectedAttentionFuseTest, FuseKeyDiffRanksMatchesTheRankFormula) {
   a.values[10] = a.values[11];  // a tie: the lower index ranks first
   for (double s : {0.0, 0.25, 0.5, 0.7}) {
     std::vector<float> fused(n, 5.0f);
-    ASSERT_TRUE(FuseKeyDiffRanks(a.values, b.values, s, begin, end, fused).ok());
+    ASSERT_TRUE(FuseKeyDiffRanks(a.values, b.values, s, 0.0, begin, end, fused).ok());
     for (int64_t i = 0; i < n; ++i) {
       double want = 0.0;
       if (i >= begin && i < end) {
@@ -391,22 +391,86 @@ TEST(ExpectedAttentionFuseTest, FuseKeyDiffRanksMatchesTheRankFormula) {
     }
   }
   std::vector<float> fused(n);
-  EXPECT_EQ(FuseKeyDiffRanks(a.values, b.values, 1.0, begin, end, fused).code(),
+  EXPECT_EQ(FuseKeyDiffRanks(a.values, b.values, 1.0, 0.0, begin, end, fused).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(FuseKeyDiffRanks(a.values, b.values, -0.1, begin, end, fused).code(),
+  EXPECT_EQ(FuseKeyDiffRanks(a.values, b.values, -0.1, 0.0, begin, end, fused).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(FuseKeyDiffRanks(a.values, b.values, 0.5, 5, 41, fused).code(),
+  EXPECT_EQ(FuseKeyDiffRanks(a.values, b.values, 0.5, 0.0, 5, 41, fused).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      FuseKeyDiffRanks(a.values, std::span<const float>(b.values).first(39), 0.5, begin, end, fused)
-          .code(),
-      StatusCode::kInvalidArgument);
+  EXPECT_EQ(FuseKeyDiffRanks(a.values, std::span<const float>(b.values).first(39), 0.5, 0.0, begin,
+                             end, fused)
+                .code(),
+            StatusCode::kInvalidArgument);
   a.values[4] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_EQ(FuseKeyDiffRanks(a.values, b.values, 0.5, begin, end, fused).code(),
+  EXPECT_EQ(FuseKeyDiffRanks(a.values, b.values, 0.5, 0.0, begin, end, fused).code(),
             StatusCode::kInvalidArgument);
   ExpectedAttentionOptions bad;
   bad.keydiff_share = 1.0;
   EXPECT_THAT(bad.Validate().message(), HasSubstr("keydiff_share"));
+}
+
+// With a recency share r the top B are the union of the best by expected attention, the best by
+// KeyDiff and the most recent: r_r(i) = end - 1 - i, checked against the float64 formula and, for
+// every budget B, against that union built by brute force.
+TEST(ExpectedAttentionFuseTest, FuseKeyDiffRanksKeepsTheMostRecentShare) {
+  const int64_t n = 48, begin = 4, end = 36;
+  Matrix a = testing::RandomMatrix(n, 1, 31, 1.0f, 0.0f);
+  Matrix b = testing::RandomMatrix(n, 1, 32, 1.0f, 0.0f);
+  struct Shares {
+    double s, r;
+  };
+  for (Shares sh : {Shares{0.0, 0.2}, Shares{0.4, 0.2}, Shares{0.33, 0.33}, Shares{0.0, 0.9}}) {
+    std::vector<float> fused(n, 5.0f);
+    ASSERT_TRUE(FuseKeyDiffRanks(a.values, b.values, sh.s, sh.r, begin, end, fused).ok());
+    std::vector<double> depth(n, 0.0);  // float64
+    for (int64_t i = 0; i < n; ++i) {
+      if (i >= begin && i < end) {
+        depth[i] = NaiveRank(a.values, begin, end, i) / (1.0 - sh.s - sh.r);
+        if (sh.s > 0) depth[i] = std::min(depth[i], NaiveRank(b.values, begin, end, i) / sh.s);
+        depth[i] = std::min(depth[i], static_cast<double>(end - 1 - i) / sh.r);
+      }
+      EXPECT_FLOAT_EQ(fused[i], static_cast<float>(-depth[i])) << sh.s << " " << sh.r << " " << i;
+    }
+    // The top B by fused: every token in it is among the x (1 - s - r) best by expected
+    // attention, the x s best by KeyDiff or the x r most recent, with x the B-th depth.
+    auto top = SelectTopK(fused, begin + (n - end) + 10, {.sinks = begin, .window = n - end});
+    ASSERT_TRUE(top.ok());
+    std::vector<double> depths;
+    for (int64_t i : *top) {
+      if (i >= begin && i < end) depths.push_back(depth[i]);
+    }
+    ASSERT_EQ(depths.size(), 10u);
+    const double x = *std::max_element(depths.begin(), depths.end());
+    for (int64_t i : *top) {
+      if (i < begin || i >= end) continue;
+      const bool by_ea = NaiveRank(a.values, begin, end, i) <= x * (1.0 - sh.s - sh.r) + 1e-9;
+      const bool by_kd = sh.s > 0 && NaiveRank(b.values, begin, end, i) <= x * sh.s + 1e-9;
+      const bool by_recent = static_cast<double>(end - 1 - i) <= x * sh.r + 1e-9;
+      EXPECT_TRUE(by_ea || by_kd || by_recent) << sh.s << " " << sh.r << " " << i;
+    }
+    for (int64_t i = begin; i < end; ++i) {  // and every token of a smaller depth is in it
+      if (depth[i] < x - 1e-9) {
+        EXPECT_NE(std::find(top->begin(), top->end(), i), top->end()) << sh.s << " " << sh.r;
+      }
+    }
+    if (sh.r == 0.9) {
+      // Almost all by recency: the 9 most recent evictable tokens are kept.
+      for (int64_t i = end - 9; i < end; ++i) {
+        EXPECT_NE(std::find(top->begin(), top->end(), i), top->end()) << i;
+      }
+    }
+  }
+  std::vector<float> fused(n);
+  EXPECT_EQ(FuseKeyDiffRanks(a.values, b.values, 0.5, 0.5, begin, end, fused).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(FuseKeyDiffRanks(a.values, b.values, 0.2, -0.1, begin, end, fused).code(),
+            StatusCode::kInvalidArgument);
+  ExpectedAttentionOptions bad;
+  bad.keydiff_share = 0.5;
+  bad.recent_share = 0.5;
+  EXPECT_THAT(bad.Validate().message(), HasSubstr("recent_share"));
+  bad.recent_share = 0.4;
+  EXPECT_TRUE(bad.Validate().ok());
 }
 
 // keydiff_share 0.5 in the plan: the kept middle tokens are, rank by rank, expected attention's

@@ -57,6 +57,9 @@ struct MethodSpec {
   bool ea_covariance = true;
   bool ea_value_norm = true;
   double ea_keydiff_share = 0.0;
+  double ea_recent_share = 0.0;  // the share kept by recency (ExpectedAttentionOptions)
+  // The KeyDiff share grows with the ratio: s = p_c (1 - ea_recent_share), ea_keydiff_share unused.
+  bool ea_keydiff_by_ratio = false;
 };
 
 constexpr kernels::QuantFormat kI4 = kernels::QuantFormat::kInt4;
@@ -179,6 +182,22 @@ constexpr MethodSpec kSpecs[] = {
      .stored_bf16 = true,
      .quant = kernels::QuantFormat::kInt8,
      .ea_keydiff_share = 0.5},
+    // Part kept by recency (the most recent evictable tokens, as sink_recent keeps them): EA /
+    // KeyDiff / recency 0.4 / 0.4 / 0.2 and thirds; the KeyDiff share p_c, alone and with a
+    // fifth by recency.
+    {.name = "ea_keydiff40_recent20",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_keydiff_share = 0.4,
+     .ea_recent_share = 0.2},
+    {.name = "ea_keydiff33_recent33",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_keydiff_share = 0.33,
+     .ea_recent_share = 0.33},
+    {.name = "ea_keydiff_pc", .score = ScoreStage::kExpectedAttention, .ea_keydiff_by_ratio = true},
+    {.name = "ea_keydiff_pc_recent20",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_recent_share = 0.2,
+     .ea_keydiff_by_ratio = true},
     // The dense front below int4: the Hadamard rotation, 3 and 2 bits, keys and values at
     // different widths ("int3k_int2v": keys int3, values int2), a bfloat16 recent window.
     {.name = "int4_rot", .stored_bf16 = true, .quant = kI4, .quant_rotate = true},
@@ -352,8 +371,7 @@ class KernelMethod : public CompressionMethod {
       return Status::FailedPrecondition(name() + ": Compress before Calibrate (VECTOR weights)");
     }
     if (spec_.score == ScoreStage::kExpectedAttention && !query_stats_.has_value()) {
-      return Status::FailedPrecondition(name() +
-                                        ": Compress before Calibrate (query statistics)");
+      return Status::FailedPrecondition(name() + ": Compress before Calibrate (query statistics)");
     }
     const ModelLayout layout = cfg.ToModelLayout();
     const int L = cfg.num_layers, H = cfg.num_kv_heads, d = cfg.head_dim;
@@ -423,10 +441,12 @@ class KernelMethod : public CompressionMethod {
     o.expected_attention_min_queries = 1;
     o.expected_attention.use_covariance = spec_.ea_covariance;
     o.expected_attention.value_norm = spec_.ea_value_norm;
-    o.expected_attention.keydiff_share = spec_.ea_keydiff_share;
+    o.expected_attention.keydiff_share =
+        spec_.ea_keydiff_by_ratio ? p_c * (1.0 - spec_.ea_recent_share) : spec_.ea_keydiff_share;
+    o.expected_attention.recent_share = spec_.ea_recent_share;
     // Expected-attention terms: the method's unless KVD_EA_FUTURE (future positions),
-    // KVD_EA_VALUE_NORM / KVD_EA_COVARIANCE (0 = off), KVD_EA_KEYDIFF_SHARE override them
-    // (comparison runs).
+    // KVD_EA_VALUE_NORM / KVD_EA_COVARIANCE (0 = off), KVD_EA_KEYDIFF_SHARE,
+    // KVD_EA_RECENT_SHARE override them (comparison runs).
     if (const char* f = std::getenv("KVD_EA_FUTURE"); f != nullptr && *f != '\0') {
       o.expected_attention.future_positions = std::strtoll(f, nullptr, 10);
     }
@@ -438,6 +458,9 @@ class KernelMethod : public CompressionMethod {
     }
     if (const char* k = std::getenv("KVD_EA_KEYDIFF_SHARE"); k != nullptr && *k != '\0') {
       o.expected_attention.keydiff_share = std::strtod(k, nullptr);
+    }
+    if (const char* r = std::getenv("KVD_EA_RECENT_SHARE"); r != nullptr && *r != '\0') {
+      o.expected_attention.recent_share = std::strtod(r, nullptr);
     }
     kernels::CompressionStats stats;
     std::vector<uint8_t> stored_raw;  // spec_.stored_bf16: the raw chunk in bfloat16
@@ -515,7 +538,8 @@ class KernelMethod : public CompressionMethod {
   // positions (the last W of the prefix), as kvd accumulates the window queries of puts.
   Status CalibrateQueries(const llama::LlamaConfig& cfg,
                           const std::vector<PrefixCapture>& calibration) {
-    KVD_ASSIGN_OR_RETURN(kernels::RopeTable rope, kernels::RopeTable::Create(cfg.rope, cfg.head_dim));
+    KVD_ASSIGN_OR_RETURN(kernels::RopeTable rope,
+                         kernels::RopeTable::Create(cfg.rope, cfg.head_dim));
     KVD_ASSIGN_OR_RETURN(query_stats_,
                          kernels::QueryStatistics::Create(cfg.num_layers, cfg.num_q_heads, rope));
     for (const PrefixCapture& p : calibration) {
@@ -574,7 +598,7 @@ class KernelMethod : public CompressionMethod {
   }
   MethodSpec spec_;
   std::optional<kernels::VectorWeights> weights_;
-  std::optional<kernels::VectorCalibrator> online_;  // spec_.online: the document so far
+  std::optional<kernels::VectorCalibrator> online_;      // spec_.online: the document so far
   std::optional<kernels::QueryStatistics> query_stats_;  // kExpectedAttention
   std::vector<double> r2_;
 };

@@ -38,7 +38,8 @@
 //                                            positions): what kvd would have accumulated from
 //                                            earlier puts; the chunk's own queries are not used
 //                                            (KVD_EA_FUTURE, KVD_EA_VALUE_NORM=0,
-//                                            KVD_EA_COVARIANCE=0, KVD_EA_KEYDIFF_SHARE override
+//                                            KVD_EA_COVARIANCE=0, KVD_EA_KEYDIFF_SHARE,
+//                                            KVD_EA_RECENT_SHARE override
 //                                            the method's terms)
 //   expected_attention+int8                  the same, then the int8 quantize stage
 //   expected_attention_nocov, _novnorm       without the covariance term, without the value norm
@@ -46,6 +47,11 @@
 //   ea_nocov_keydiff50, ea_keydiff50+int8    tokens kept by KeyDiff's rank instead (keydiff_share;
 //                                            the others by expected attention), without the
 //                                            covariance, with int8
+//   ea_keydiff40_recent20,                   expected attention / KeyDiff / recency shares
+//   ea_keydiff33_recent33                    0.4 / 0.4 / 0.2 and 0.34 / 0.33 / 0.33 (recent_share:
+//                                            the most recent evictable tokens, as sink_recent)
+//   ea_keydiff_pc, ea_keydiff_pc_recent20    KeyDiff share p_c (0.5 / 0.75 / 0.9), and 0.8 p_c
+//                                            with recency 0.2
 //   int4_rot, int3_rot, int2_rot             the quantize stage with the Hadamard rotation
 //   int3                                     3-bit codes without it
 //   int3_rot_recent32, int2_rot_recent32     rotated, the last 32 slots unquantized

@@ -96,6 +96,9 @@ struct ExpectedAttentionOptions {
   // [0, 1); 0 = expected attention alone. KeyDiff keeps the distinctive keys a later question
   // asks for (a passkey), which expected attention under the average query ranks low.
   double keydiff_share = 0.0;
+  // r: the share of the evictable tokens kept by recency instead (the most recent ones before the
+  // window, as sink_recent keeps them), in [0, 1) with s + r < 1; 0 = none.
+  double recent_share = 0.0;
 
   Status Validate() const;
 };
@@ -126,14 +129,16 @@ Status ExpectedAttentionScores(const ExpectedQueries& q, ConstMatrixView keys,
                                ConstMatrixView values, std::span<float> scores,
                                const ExecOptions& exec = {});
 
-// Fuses the expected-attention and KeyDiff scores of N tokens by rank. r_e(i) and r_k(i) are token
-// i's ranks (0 = highest score, ties to the lower index) among the tokens [begin, end) in each
-// order; fused[i] = -min(r_e(i) / (1 - s), r_k(i) / s) there (s = 0: -r_e(i)), 0 outside (the
-// forced sinks and window). The top B tokens of [begin, end) by fused are the union of the
-// (1 - s) x best by expected attention and the s x best by KeyDiff, x chosen to make B.
-// INVALID_ARGUMENT for spans of different sizes, 0 <= begin <= end <= N violated, s outside
-// [0, 1) or a NaN score.
+// Fuses the expected-attention and KeyDiff scores of N tokens, and their recency, by rank. r_e(i),
+// r_k(i) and r_r(i) are token i's ranks (0 = first, ties to the lower index) among the tokens
+// [begin, end) by descending expected attention, descending KeyDiff score and descending position
+// (r_r(i) = end - 1 - i); fused[i] = -min(r_e(i) / (1 - s - r), r_k(i) / s, r_r(i) / r) there (a
+// term with share 0 left out), 0 outside (the forced sinks and window). The top B tokens of
+// [begin, end) by fused are the union of the (1 - s - r) x best by expected attention, the s x
+// best by KeyDiff and the r x most recent, x chosen to make B. INVALID_ARGUMENT for spans of
+// different sizes, 0 <= begin <= end <= N violated, s or r negative, s + r >= 1 or a NaN score.
 Status FuseKeyDiffRanks(std::span<const float> expected, std::span<const float> keydiff,
-                        double keydiff_share, int64_t begin, int64_t end, std::span<float> fused);
+                        double keydiff_share, double recent_share, int64_t begin, int64_t end,
+                        std::span<float> fused);
 
 }  // namespace kvd::kernels
