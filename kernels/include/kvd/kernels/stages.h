@@ -22,11 +22,18 @@
 // then `stages: [key_norm]` in a policy, and CompressionPlanOptions::score =
 // static_cast<ScoreStage>(200) in the plan (docs/extending.md).
 //
+// Policy keys: a registration may declare the keys of kvd's compression policy it reads
+// (StagePolicyKey: name, type, range, default). The daemon's policy parser accepts such a key only
+// in a policy that lists the stage, checks its value here (CheckStagePolicyKey), records it in
+// the policy's canonical form (so in the codec id) and hands it to the plan in
+// CompressionPlanOptions::stage_keys, where the stage reads it with StageKeyValue.
+//
 // Thread safety: Register and the lookups may be called from any thread; a registration is never
 // removed, so the pointers the lookups return stay valid for the life of the process.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -65,6 +72,20 @@ using LayerBudgetsFn = StatusOr<std::vector<int64_t>> (*)(int64_t n, int layers,
 // CompressionPlanOptions::Validate when the stage is the plan's.
 using ValidateFn = Status (*)(const CompressionPlanOptions& options);
 
+// The value type of a stage's policy key. Values travel as double (kInt: an integer, kBool: 0 or
+// 1).
+enum class PolicyKeyType : uint8_t { kInt = 0, kDouble = 1, kBool = 2 };
+
+// One key of kvd's compression policy (`models[i].compression.<name>`) that a stage owns.
+struct StagePolicyKey {
+  std::string name;  // unique over the keys of all stages, e.g. "key_norm_smallest"
+  PolicyKeyType type = PolicyKeyType::kDouble;
+  // kInt, kDouble: the accepted range, both ends included.
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+  double default_value = 0.0;  // the value when the policy does not set it (within the range)
+};
+
 struct StageRegistration {
   std::string name;  // policy name, unique over all kinds ("snapkv")
   StageKind kind = StageKind::kScore;
@@ -88,6 +109,8 @@ struct StageRegistration {
   LayerBudgetsFn layer_budgets = nullptr;
   // Score stages: the check of its options (null = none).
   ValidateFn validate = nullptr;
+  // The policy keys it reads (file comment; empty = none).
+  std::vector<StagePolicyKey> policy_keys;
 };
 
 class StageRegistry {
@@ -95,8 +118,9 @@ class StageRegistry {
   // The process-wide registry, built-in stages included.
   static StageRegistry& Global();
 
-  // ALREADY_EXISTS when the name or (kind, code) is taken; INVALID_ARGUMENT for an empty name, a
-  // score stage without `score`, or a `score`/`layer_budgets`/`validate` on another kind.
+  // ALREADY_EXISTS when the name, (kind, code) or a policy key's name is taken; INVALID_ARGUMENT
+  // for an empty name, a score stage without `score`, a `score`/`layer_budgets`/`validate` on
+  // another kind, or a policy key without a name or whose default fails CheckStagePolicyKey.
   Status Register(StageRegistration registration);
 
   // Null when not registered.
@@ -104,6 +128,12 @@ class StageRegistry {
   const StageRegistration* Find(std::string_view name) const;
   // The stages of one kind in registration order.
   std::vector<const StageRegistration*> OfKind(StageKind kind) const;
+  // The stage that declares the policy key `key` (and the key in *out when non-null); null when
+  // none does.
+  const StageRegistration* FindPolicyKey(std::string_view key,
+                                         const StagePolicyKey** out = nullptr) const;
+  // Every declared policy key's name, in registration order.
+  std::vector<std::string> PolicyKeyNames() const;
 
  private:
   StageRegistry();
@@ -115,5 +145,12 @@ class StageRegistry {
 const StageRegistration* FindStage(ScoreStage s);
 const StageRegistration* FindStage(MergeStage s);
 const StageRegistration* FindStage(RouteStage s);
+
+// INVALID_ARGUMENT "<key>: <value> is not an integer / a boolean (0 or 1) / a finite number /
+// outside [min, max]" when `value` does not fit the key.
+Status CheckStagePolicyKey(const StagePolicyKey& key, double value);
+// The value of the policy key `key` in the plan: options.stage_keys' entry, else the key's default;
+// 0 when no registered stage declares it.
+double StageKeyValue(const CompressionPlanOptions& options, std::string_view key);
 
 }  // namespace kvd::kernels
