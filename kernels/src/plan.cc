@@ -253,9 +253,12 @@ StatusOr<const VectorWeights*> CheckQueriesAndWeights(const CompressionPlanOptio
       KVD_RETURN_IF_ERROR(CheckFinite(q, "window queries"));
     }
   }
-  if (options.route != RouteStage::kVector) return nullptr;
+  const StageRegistration* route = FindStage(options.route);
+  if (route == nullptr || !route->needs_calibration) return nullptr;
   const VectorWeights* weights = input.weights;
-  if (weights == nullptr) return Status::FailedPrecondition("plan: vector routing needs weights");
+  if (weights == nullptr) {
+    return Status::FailedPrecondition("plan: " + route->name + " routing needs weights");
+  }
   if (weights->num_layers != L || weights->num_kv_heads != H || weights->head_dim != d ||
       weights->heads.size() != static_cast<size_t>(L) * H) {
     return Status::FailedPrecondition("plan: VECTOR weights shape does not match the layout");

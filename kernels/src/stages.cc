@@ -107,12 +107,14 @@ std::vector<StageRegistration> BuiltinStages() {
        .code = 1,
        .keeps_positions = true,
        .needs_window_queries = true,
-       .device = true},
+       .device = true,
+       .merge = internal::KvSlimmerMergeHead},
       {.name = "vector",
        .kind = StageKind::kRoute,
        .code = 1,
        .needs_calibration = true,
-       .device = true},
+       .device = true,
+       .route = internal::VectorRouteErrors},
       {.name = "quantize",
        .kind = StageKind::kQuantize,
        .code = 0,
@@ -151,16 +153,30 @@ StageRegistry& StageRegistry::Global() {
   return *registry;
 }
 
-Status StageRegistry::Register(StageRegistration r) {
-  if (r.name.empty()) return Status::InvalidArgument("stages: a stage needs a name");
-  if (r.kind == StageKind::kScore && r.score == nullptr) {
-    return Status::InvalidArgument("stages: score stage " + r.name + " has no score function");
+// Each kind's functions are there, and no other kind's.
+Status CheckStageFunctions(const StageRegistration& r) {
+  const bool score = r.kind == StageKind::kScore, merge = r.kind == StageKind::kMerge,
+             route = r.kind == StageKind::kRoute;
+  const std::string kind(StageKindName(r.kind));
+  if ((score && r.score == nullptr) || (merge && r.merge == nullptr) ||
+      (route && r.route == nullptr)) {
+    return Status::InvalidArgument("stages: " + kind + " stage " + r.name + " has no " + kind +
+                                   " function");
   }
-  if (r.kind != StageKind::kScore &&
-      (r.score != nullptr || r.layer_budgets != nullptr || r.validate != nullptr)) {
+  if (!score && (r.score != nullptr || r.layer_budgets != nullptr || r.validate != nullptr)) {
     return Status::InvalidArgument(
         "stages: " + r.name + " is not a score stage but has a score, budget or validate function");
   }
+  if ((!merge && r.merge != nullptr) || (!route && r.route != nullptr)) {
+    return Status::InvalidArgument("stages: " + r.name + " is a " + kind +
+                                   " stage but has a merge or route function");
+  }
+  return Status::Ok();
+}
+
+Status StageRegistry::Register(StageRegistration r) {
+  if (r.name.empty()) return Status::InvalidArgument("stages: a stage needs a name");
+  KVD_RETURN_IF_ERROR(CheckStageFunctions(r));
   for (size_t i = 0; i < r.policy_keys.size(); ++i) {
     const StagePolicyKey& k = r.policy_keys[i];
     if (k.name.empty()) return Status::InvalidArgument("stages: " + r.name + " has a nameless key");

@@ -1,7 +1,8 @@
 // The daemon's policy reads the stage registry (kernels/stages.h): a toy score stage registered
 // once (tests/kernels/key_norm_stage.h) is a `stages:` method, has a codec id of its own, and
 // its chunks are compressed by the chunk codec and record its on-disk code; its policy key,
-// declared in the same registration, is bound, checked, part of the codec id and reaches it.
+// declared in the same registration, is bound, checked, part of the codec id and reaches it. A
+// toy merge stage (tests/kernels/pair_mean_stage.h) is a method the same way.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "../kernels/key_norm_stage.h"
+#include "../kernels/pair_mean_stage.h"
 #include "kvd/daemon/chunk_codec.h"
 #include "kvd/daemon/config.h"
 #include "kvd/kernels/compact_chunk.h"
@@ -136,6 +138,27 @@ TEST(StageRegistryPolicyTest, AStagePolicyKeyIsRefusedWithoutItsStageOrWithABadV
   EXPECT_THAT(s.message(), HasSubstr("key_norm_smallest: set, but stages has no key_norm stage"));
 }
 
+// A toy merge stage registered once (tests/kernels/pair_mean_stage.h) is a `stages:` method
+// after a score method, and the chunk codec's chunks record its merge code.
+TEST(StageRegistryPolicyTest, AToyMergeStageIsAPolicyMethodWithOneRegistration) {
+  ASSERT_TRUE(kernels::testing::RegisterPairMeanStage().ok());
+  auto config = Parse("{stages: [keydiff, pair_mean], window: 4, sinks: 2, device: cpu}");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const ModelConfig& m = config->models[0];
+  EXPECT_EQ(m.compression->merge, "pair_mean");
+  EXPECT_EQ(m.compression->StagesName(), "keydiff+pair_mean");
+  auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  auto encoded = (*codec)->Encode(RandomPut(m, **codec), kTokens, 0, kWindow);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  auto chunk = kernels::DecodeCompactChunk(encoded->bytes);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_EQ(chunk->codec.merge, kernels::testing::kPairMean);
+  int64_t merged = 0;
+  for (int32_t c : chunk->heads[0].cardinality) merged += c > 1 ? 1 : 0;
+  EXPECT_GT(merged, 0);
+}
+
 TEST(StageRegistryPolicyTest, MethodErrorsNameTheRegisteredStages) {
   auto unknown = Parse("{stages: [nope]}");
   ASSERT_FALSE(unknown.ok());
@@ -143,9 +166,10 @@ TEST(StageRegistryPolicyTest, MethodErrorsNameTheRegisteredStages) {
   EXPECT_THAT(unknown.status().message(),
               HasSubstr("\"nope\" is not a method (score: snapkv, keydiff, pyramidkv, "
                         "expected_attention"));
+  // (Toy stages this binary registers follow the built-in ones in their kind's list.)
+  EXPECT_THAT(unknown.status().message(), HasSubstr("; merge: kvslimmer"));
   EXPECT_THAT(unknown.status().message(),
-              HasSubstr("; merge: kvslimmer; route: vector; quantize: quantize; hybrid = snapkv "
-                        "+ kvslimmer)"));
+              HasSubstr("; route: vector; quantize: quantize; hybrid = snapkv + kvslimmer)"));
   // Recency is the score stage `none`, not a method a policy lists.
   auto none = Parse("{stages: [none]}");
   ASSERT_FALSE(none.ok());
@@ -177,7 +201,7 @@ TEST(StageRegistryPolicyTest, ValidateNamesTheKindOfAnUnregisteredMethod) {
   p.merge = "nope";
   s = p.Validate(key, 64);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("\"nope\" is not a merge method (kvslimmer)"));
+  EXPECT_THAT(s.message(), HasSubstr("\"nope\" is not a merge method (kvslimmer"));
   p.merge = "none";
   p.route = "kvslimmer";
   s = p.Validate(key, 64);

@@ -1,17 +1,20 @@
 // The compression stage registry (stages.h): the built-in stages' on-disk codes and
-// capabilities, registration errors, and a toy score stage (key_norm_stage.h) that runs through
-// the CPU plan, the chunk format and the device plan's support check with one registration.
+// capabilities, registration errors, a toy score stage (key_norm_stage.h) and a toy merge stage
+// (pair_mean_stage.h) that run through the CPU plan, the chunk format and the device plan's
+// support check with one registration each.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
 #include "key_norm_stage.h"
 #include "kvd/kernels/plan_device.h"
 #include "kvd/kernels/stages.h"
+#include "pair_mean_stage.h"
 #include "raw_layer.h"
 #include "reference.h"
 
@@ -221,6 +224,79 @@ TEST(StageRegistryTest, RegisterRefusesATakenPolicyKeyAndADefaultOutsideItsRange
                                                     .default_value = 0}}});
   EXPECT_EQ(bad_default.code(), StatusCode::kInvalidArgument) << bad_default;
   EXPECT_THAT(bad_default.message(), HasSubstr("outside [1, 8]"));
+  EXPECT_EQ(r.Find("other"), nullptr);
+}
+
+// pair_mean (pair_mean_stage.h) merges each kept token with its evicted right neighbour; checked
+// slot by slot against the eviction plan's pool and a float64 mean, through the chunk format,
+// and refused by the device plan (CPU only).
+TEST(StageRegistryTest, AToyMergeStageRunsThroughTheCpuPlanWithOneRegistration) {
+  ASSERT_TRUE(testing::RegisterPairMeanStage().ok()) << testing::RegisterPairMeanStage();
+  const ToyChunk toy;
+  CompressionPlanOptions o;
+  o.score = ScoreStage::kKeyDiff;
+  o.p_c = 0.5;
+  o.sinks = 2;
+  auto pool_chunk = Compress(o, toy.layout, toy.Input());  // the pool: eviction's slots
+  ASSERT_TRUE(pool_chunk.ok()) << pool_chunk.status();
+  o.merge = testing::kPairMean;
+  CompressionStats stats;
+  auto chunk = Compress(o, toy.layout, toy.Input(), &stats);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_EQ(chunk->codec.merge, testing::kPairMean);
+  constexpr int64_t d = ToyChunk::kDim;
+  int64_t merged = 0;
+  for (int h = 0; h < ToyChunk::kHeads; ++h) {
+    const std::vector<int64_t> pool = SortedPositions(pool_chunk->heads[h]);
+    const CompactHead& head = chunk->heads[h];
+    ASSERT_EQ(head.slots(), static_cast<int64_t>(pool.size()));
+    std::vector<float> keys(head.keys.size() / sizeof(float)), values(keys.size());
+    std::memcpy(keys.data(), head.keys.data(), head.keys.size());
+    ASSERT_EQ(head.values.size(), head.keys.size());  // no routing: every slot stores its value
+    std::memcpy(values.data(), head.values.data(), head.values.size());
+    for (size_t j = 0; j < pool.size(); ++j) {
+      const int64_t a = pool[j] - 1000, b = a + 1;
+      const bool pair = a >= o.sinks && b < ToyChunk::kTokens &&
+                        !std::binary_search(pool.begin(), pool.end(), 1000 + b);
+      ASSERT_EQ(head.cardinality[j], pair ? 2 : 1) << "head " << h << " slot " << j;
+      EXPECT_EQ(head.positions[j], 1000 + (pair ? b : a));
+      for (int64_t c = 0; c < d; ++c) {
+        const double ka = toy.keys[h].Row(a)[c], va = toy.values[h].Row(a)[c];
+        const double want_key = pair ? 0.5 * (ka + toy.keys[h].Row(b)[c]) : ka;
+        const double want_value = pair ? 0.5 * (va + toy.values[h].Row(b)[c]) : va;
+        EXPECT_NEAR(keys[j * d + c], want_key, 1e-6) << "head " << h << " slot " << j;
+        EXPECT_NEAR(values[j * d + c], want_value, 1e-6) << "head " << h << " slot " << j;
+      }
+      merged += pair ? 2 : 0;
+    }
+  }
+  EXPECT_GT(merged, 0);
+  EXPECT_EQ(stats.merged_tokens, merged);
+  EXPECT_EQ(stats.half_pairs, stats.budget_half_pairs);
+
+  auto bytes = EncodeCompactChunk(*chunk);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto back = DecodeCompactChunk(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->codec.merge, testing::kPairMean);
+
+  Status device = CheckDevicePlanSupported(o);
+  EXPECT_EQ(device.code(), StatusCode::kUnimplemented) << device;
+  EXPECT_THAT(device.message(), HasSubstr("merge pair_mean"));
+  o.score = ScoreStage::kNone;  // the merge alone: pair_mean needs a pool
+  EXPECT_EQ(Compress(o, toy.layout, toy.Input()).status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(StageRegistryTest, RegisterRefusesAMergeOrRouteStageWithoutItsFunction) {
+  StageRegistry& r = StageRegistry::Global();
+  Status no_merge = r.Register({.name = "other", .kind = StageKind::kMerge, .code = 9});
+  EXPECT_EQ(no_merge.code(), StatusCode::kInvalidArgument) << no_merge;
+  EXPECT_THAT(no_merge.message(), HasSubstr("merge stage other has no merge function"));
+  Status no_route = r.Register({.name = "other", .kind = StageKind::kRoute, .code = 9});
+  EXPECT_EQ(no_route.code(), StatusCode::kInvalidArgument) << no_route;
+  Status merge_on_route = r.Register(
+      {.name = "other", .kind = StageKind::kRoute, .code = 9, .merge = testing::PairMeanMerge});
+  EXPECT_EQ(merge_on_route.code(), StatusCode::kInvalidArgument) << merge_on_route;
   EXPECT_EQ(r.Find("other"), nullptr);
 }
 
