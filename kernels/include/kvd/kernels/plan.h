@@ -11,8 +11,10 @@
 //          MinCount() < expected_attention_min_queries the plan scores with one-shot KeyDiff
 //          and the chunk records kKeyDiff, the stage that scored it)
 //          | any other registered score stage (its ScoreFn scores each head; higher = keep)
-//   merge  kNone | kKvSlimmer
-//   route  kNone | kVector
+//   merge  kNone | kKvSlimmer | any other registered merge stage (its MergeFn writes each head's
+//          slots from the score stage's pool)
+//   route  kNone | kVector | any other registered route stage (its RouteFn prices dropping each
+//          slot's value; the budget below is kept the same way)
 //   - merge kNone:        keep the top `pool` tokens by score (eviction; section 5.1/5.2).
 //   - score kNone + merge: KVSlimmer merges all N tokens down to `pool` slots (section 5.3).
 //   - score + merge:      the hybrid of section 5.4: the score picks the pool; every token outside
