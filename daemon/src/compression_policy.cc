@@ -211,6 +211,7 @@ Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) con
   KVD_RETURN_IF_ERROR(CheckSelection(*this, key));
   KVD_RETURN_IF_ERROR(CheckMergeAndRoute(*this, key));
   KVD_RETURN_IF_ERROR(CheckExecution(*this, key));
+  KVD_RETURN_IF_ERROR(CheckStageKeys(*this, key));
   return CheckKeptTokens(*this, key, chunk_tokens);
 }
 
@@ -243,7 +244,9 @@ std::string CompressionPolicy::CanonicalForm() const {
               : std::string()) +
          (quant_value_format != "same" && quant_value_format != quant_format
               ? " quant_values=" + quant_value_format
-              : std::string());
+              : std::string()) +
+         // Registered stages' keys, only those set (empty for the others).
+         StageKeysCanonicalForm(*this);
 }
 
 int CompressionPolicy::CudaOrdinal() const {

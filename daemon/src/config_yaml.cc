@@ -207,11 +207,11 @@ Status BindExpectedAttentionKeys(const YAML::Node& node, const std::string& path
   return GetDouble(node, path, "ea_keydiff_share", &p->ea_keydiff_share);
 }
 
-// Policy keys that only one stage reads: bound when the stage is listed, refused otherwise.
-// A stage with keys of its own adds its row (and its fields to CompressionPolicy).
+// The built-in keys that only one stage reads and that CompressionPolicy holds in fields of its
+// own: bound when the stage is listed, refused otherwise. A stage registered with policy keys
+// (kernels/stages.h StagePolicyKey) needs no row: BindRegisteredStageKeys binds those.
 struct StageKeys {
-  const char* stage;    // the registered stage (kernels/stages.h)
-  const char* example;  // a `stages` list with it, for the error
+  const char* stage;  // the registered stage (kernels/stages.h)
   std::vector<const char*> keys;
   Status (*bind)(const YAML::Node& node, const std::string& path, CompressionPolicy* p);
 };
@@ -219,35 +219,67 @@ struct StageKeys {
 const std::vector<StageKeys>& StageKeyTable() {
   static const std::vector<StageKeys> table = {
       {"quantize",
-       "[keydiff, quantize]",
        {"quant_format", "quant_group", "quant_key_group", "quant_recent", "quant_rotate",
         "quant_value_format"},
        BindQuantizeKeys},
       {"expected_attention",
-       "[expected_attention]",
        {"ea_future_positions", "ea_min_queries", "ea_covariance", "ea_keydiff_share"},
        BindExpectedAttentionKeys},
   };
   return table;
 }
 
+bool Listed(const CompressionPolicy& p, const kernels::StageRegistration* stage) {
+  for (const kernels::StageRegistration* s : ListedStages(p)) {
+    if (s == stage) return true;
+  }
+  return false;
+}
+
+// One registered stage key's value (its declaration's type), checked against the declaration.
+Status BindRegisteredStageKey(const YAML::Node& node, const std::string& path,
+                              const kernels::StagePolicyKey& key, CompressionPolicy* p) {
+  double value = 0.0;
+  if (key.type == kernels::PolicyKeyType::kBool) {
+    bool b = false;
+    KVD_RETURN_IF_ERROR(GetBool(node, path, key.name.c_str(), &b));
+    value = b ? 1.0 : 0.0;
+  } else {
+    KVD_RETURN_IF_ERROR(GetDouble(node, path, key.name.c_str(), &value));
+  }
+  Status s = kernels::CheckStagePolicyKey(key, value);
+  if (!s.ok()) return Status::InvalidArgument(path + "." + s.message());
+  p->stage_keys[key.name] = value;
+  return Status::Ok();
+}
+
+// The keys registered stages declare: bound into p->stage_keys when their stage is listed,
+// refused otherwise.
+Status BindRegisteredStageKeys(const YAML::Node& node, const std::string& path,
+                               CompressionPolicy* p) {
+  const kernels::StageRegistry& registry = kernels::StageRegistry::Global();
+  for (const std::string& name : registry.PolicyKeyNames()) {
+    if (!node[name].IsDefined()) continue;
+    const kernels::StagePolicyKey* key = nullptr;
+    const kernels::StageRegistration* owner = registry.FindPolicyKey(name, &key);
+    if (!Listed(*p, owner)) return StrayStageKey(path, name, *owner);
+    KVD_RETURN_IF_ERROR(BindRegisteredStageKey(node, path, *key, p));
+  }
+  return Status::Ok();
+}
+
 Status BindStageKeys(const YAML::Node& node, const std::string& path, CompressionPolicy* p) {
-  const std::vector<const kernels::StageRegistration*> listed = ListedStages(*p);
   for (const StageKeys& sk : StageKeyTable()) {
-    bool on = false;
-    for (const kernels::StageRegistration* s : listed) on = on || s->name == sk.stage;
-    if (on) {
+    const kernels::StageRegistration* stage = kernels::StageRegistry::Global().Find(sk.stage);
+    if (Listed(*p, stage)) {
       KVD_RETURN_IF_ERROR(sk.bind(node, path, p));
       continue;
     }
     for (const char* k : sk.keys) {
-      if (node[k].IsDefined()) {
-        return Status::InvalidArgument(path + "." + k + ": set, but stages has no " + sk.stage +
-                                       " stage (e.g. stages: " + sk.example + ")");
-      }
+      if (node[k].IsDefined()) return StrayStageKey(path, k, *stage);
     }
   }
-  return Status::Ok();
+  return BindRegisteredStageKeys(node, path, p);
 }
 
 // The `stages` list into p's score, merge, route and quantize (order and method names are
@@ -325,6 +357,8 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
       "worker_threads", "queue_depth",   "device"};
   for (const StageKeys& sk : StageKeyTable())
     allowed.insert(allowed.end(), sk.keys.begin(), sk.keys.end());
+  const std::vector<std::string> registered = kernels::StageRegistry::Global().PolicyKeyNames();
+  for (const std::string& k : registered) allowed.push_back(k.c_str());
   KVD_RETURN_IF_ERROR(CheckMap(node, path, allowed));
   CompressionPolicy p;
   KVD_RETURN_IF_ERROR(BindStages(node, path, &p));
@@ -468,22 +502,20 @@ Status BindCluster(const YAML::Node& n, cluster::MembershipOptions* o, PeerFetch
     return Status::InvalidArgument("cluster.peer_fetch: \"" + policy +
                                    "\" is not a policy (store, serve, off)");
   }
-  KVD_RETURN_IF_ERROR(
-      GetInt(n, "cluster", "peer_timeout_ms", &peer->timeout_ms, 10, 60000));
+  KVD_RETURN_IF_ERROR(GetInt(n, "cluster", "peer_timeout_ms", &peer->timeout_ms, 10, 60000));
   return Status::Ok();
 }
 
 // `kv_events: {endpoint, replay_endpoint, topic, buffer_steps, max_batch_events, hwm}`.
 Status BindKvEvents(const YAML::Node& n, KvEventsOptions* o) {
-  KVD_RETURN_IF_ERROR(CheckMap(n, "kv_events",
-                               {"endpoint", "replay_endpoint", "topic", "buffer_steps",
-                                "max_batch_events", "hwm"}));
+  KVD_RETURN_IF_ERROR(CheckMap(
+      n, "kv_events",
+      {"endpoint", "replay_endpoint", "topic", "buffer_steps", "max_batch_events", "hwm"}));
   KVD_RETURN_IF_ERROR(GetString(n, "kv_events", "endpoint", &o->endpoint));
   KVD_RETURN_IF_ERROR(GetString(n, "kv_events", "replay_endpoint", &o->replay_endpoint));
   KVD_RETURN_IF_ERROR(GetString(n, "kv_events", "topic", &o->topic));
   KVD_RETURN_IF_ERROR(GetInt(n, "kv_events", "buffer_steps", &o->buffer_steps, 1, 10000000));
-  KVD_RETURN_IF_ERROR(
-      GetInt(n, "kv_events", "max_batch_events", &o->max_batch_events, 1, 65536));
+  KVD_RETURN_IF_ERROR(GetInt(n, "kv_events", "max_batch_events", &o->max_batch_events, 1, 65536));
   KVD_RETURN_IF_ERROR(GetInt(n, "kv_events", "hwm", &o->hwm, 1, 10000000));
   return Status::Ok();
 }

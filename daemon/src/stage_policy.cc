@@ -1,6 +1,9 @@
 // Policy names onto registered stages (stage_policy.h).
 #include "stage_policy.h"
 
+#include <algorithm>
+#include <cstdio>
+
 namespace kvd::daemon {
 
 namespace kk = kvd::kernels;
@@ -58,6 +61,51 @@ void SetPlanStages(const CompressionPolicy& p, kk::CompressionPlanOptions* o) {
   o->score = score != nullptr ? static_cast<kk::ScoreStage>(score->code) : kk::ScoreStage::kNone;
   o->merge = merge != nullptr ? static_cast<kk::MergeStage>(merge->code) : kk::MergeStage::kNone;
   o->route = route != nullptr ? static_cast<kk::RouteStage>(route->code) : kk::RouteStage::kNone;
+  o->stage_keys = p.stage_keys;
+}
+
+std::string StageExample(const kk::StageRegistration& s) {
+  switch (s.kind) {
+    case kk::StageKind::kQuantize:
+      return "[keydiff, " + s.name + "]";
+    case kk::StageKind::kRoute:
+      return "[snapkv, " + s.name + "]";
+    case kk::StageKind::kScore:
+    case kk::StageKind::kMerge:
+      break;
+  }
+  return "[" + s.name + "]";
+}
+
+Status StrayStageKey(const std::string& path, const std::string& key,
+                     const kk::StageRegistration& owner) {
+  return Status::InvalidArgument(path + "." + key + ": set, but stages has no " + owner.name +
+                                 " stage (e.g. stages: " + StageExample(owner) + ")");
+}
+
+Status CheckStageKeys(const CompressionPolicy& p, const std::string& path) {
+  const std::vector<const kk::StageRegistration*> listed = ListedStages(p);
+  for (const auto& [name, value] : p.stage_keys) {
+    const kk::StagePolicyKey* key = nullptr;
+    const kk::StageRegistration* owner = kk::StageRegistry::Global().FindPolicyKey(name, &key);
+    if (owner == nullptr) return Status::InvalidArgument(path + "." + name + ": unknown key");
+    if (std::find(listed.begin(), listed.end(), owner) == listed.end()) {
+      return StrayStageKey(path, name, *owner);
+    }
+    Status s = kk::CheckStagePolicyKey(*key, value);
+    if (!s.ok()) return Status::InvalidArgument(path + "." + std::string(s.message()));
+  }
+  return Status::Ok();
+}
+
+std::string StageKeysCanonicalForm(const CompressionPolicy& p) {
+  std::string out;
+  for (const auto& [name, value] : p.stage_keys) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.17g", value);
+    out += " " + name + "=" + text;
+  }
+  return out;
 }
 
 }  // namespace kvd::daemon

@@ -27,7 +27,25 @@ std::vector<const kernels::StageRegistration*> ListedStages(const CompressionPol
 bool NeedsCalibration(const CompressionPolicy& p);
 bool NeedsQueryStats(const CompressionPolicy& p);
 
-// The plan's stage codes for the policy's score, merge and route (none: kNone).
+// The plan's stage codes for the policy's score, merge and route (none: kNone), and the policy's
+// stage keys.
 void SetPlanStages(const CompressionPolicy& p, kernels::CompressionPlanOptions* o);
+
+// A `stages` list that has `s`, for error messages: "[keydiff, quantize]" for a quantize stage,
+// "[snapkv, <name>]" for a route stage, else "[<name>]".
+std::string StageExample(const kernels::StageRegistration& s);
+
+// The error for `<path>.<key>` set in a policy whose stages lack `owner`, the stage that owns the
+// key: "set, but stages has no <owner> stage (e.g. stages: <example>)".
+Status StrayStageKey(const std::string& path, const std::string& key,
+                     const kernels::StageRegistration& owner);
+
+// p.stage_keys: each a key of a listed stage, with a value that fits its declaration
+// (INVALID_ARGUMENT naming `<path>.<key>`).
+Status CheckStageKeys(const CompressionPolicy& p, const std::string& path);
+
+// The stage keys' part of the canonical form: " <key>=<value>" per key set, in key order ("" when
+// none is set, so that the codec ids of policies without them stay).
+std::string StageKeysCanonicalForm(const CompressionPolicy& p);
 
 }  // namespace kvd::daemon

@@ -29,6 +29,21 @@ std::string HeadName(int layer, int head) {
   return "layer " + std::to_string(layer) + " head " + std::to_string(head);
 }
 
+// stage_keys: each a key of the plan's score, merge or route stage, with a value that fits it.
+Status ValidateStageKeys(const CompressionPlanOptions& o) {
+  for (const auto& [name, value] : o.stage_keys) {
+    const StagePolicyKey* key = nullptr;
+    const StageRegistration* owner = StageRegistry::Global().FindPolicyKey(name, &key);
+    if (owner == nullptr || (owner != FindStage(o.score) && owner != FindStage(o.merge) &&
+                             owner != FindStage(o.route))) {
+      return Status::InvalidArgument("plan: stage key " + name +
+                                     " is not a key of the plan's score, merge or route stage");
+    }
+    KVD_RETURN_IF_ERROR(CheckStagePolicyKey(*key, value).WithContext("plan"));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 namespace internal {
@@ -144,6 +159,7 @@ Status CompressionPlanOptions::Validate() const {
   if (const StageRegistration* s = FindStage(score); s->validate != nullptr) {
     KVD_RETURN_IF_ERROR(s->validate(*this));
   }
+  KVD_RETURN_IF_ERROR(ValidateStageKeys(*this));
   if (head_budget == HeadBudget::kAdaptive) {
     if (score == ScoreStage::kNone) {
       return Status::InvalidArgument(
@@ -237,9 +253,12 @@ StatusOr<const VectorWeights*> CheckQueriesAndWeights(const CompressionPlanOptio
       KVD_RETURN_IF_ERROR(CheckFinite(q, "window queries"));
     }
   }
-  if (options.route != RouteStage::kVector) return nullptr;
+  const StageRegistration* route = FindStage(options.route);
+  if (route == nullptr || !route->needs_calibration) return nullptr;
   const VectorWeights* weights = input.weights;
-  if (weights == nullptr) return Status::FailedPrecondition("plan: vector routing needs weights");
+  if (weights == nullptr) {
+    return Status::FailedPrecondition("plan: " + route->name + " routing needs weights");
+  }
   if (weights->num_layers != L || weights->num_kv_heads != H || weights->head_dim != d ||
       weights->heads.size() != static_cast<size_t>(L) * H) {
     return Status::FailedPrecondition("plan: VECTOR weights shape does not match the layout");

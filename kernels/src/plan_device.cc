@@ -43,9 +43,13 @@ Status CheckDevicePlanSupported(const CompressionPlanOptions& options) {
           "plan_device: merge_gate is not implemented on the device (use Compress)");
     }
   }
-  if (!FindStage(options.score)->device) {
-    return Status::Unimplemented("plan_device: score " + FindStage(options.score)->name +
-                                 " is not implemented on the device plan (use Compress)");
+  for (const StageRegistration* s :
+       {FindStage(options.score), FindStage(options.merge), FindStage(options.route)}) {
+    if (s != nullptr && !s->device) {
+      return Status::Unimplemented("plan_device: " + std::string(StageKindName(s->kind)) + " " +
+                                   s->name +
+                                   " is not implemented on the device plan (use Compress)");
+    }
   }
   if (options.head_budget != HeadBudget::kUniform) {
     return Status::Unimplemented(
@@ -115,7 +119,8 @@ StatusOr<DevicePlanBudget> ComputeDevicePlanBudget(const CompressionPlanOptions&
 }
 
 Status CheckDevicePlanDevice(int device) {
-  if (device < 0) return Status::InvalidArgument("CUDA device must be >= 0, got " + std::to_string(device));
+  if (device < 0)
+    return Status::InvalidArgument("CUDA device must be >= 0, got " + std::to_string(device));
 #if KVD_HAVE_CUDA
   if (std::string why = CudaKernelsUnavailable(device); !why.empty()) {
     return Status::Unavailable(why);
@@ -171,9 +176,9 @@ StatusOr<std::unique_ptr<DevicePlan>> DevicePlan::Create(const CompressionPlanOp
   plan->routing_ = routing;
   plan->calibration_version_ = routing ? weights->version : 0;
   KVD_ASSIGN_OR_RETURN(RopeTable rope, RopeTable::Create(layout.rope, layout.head_dim));
-  KVD_ASSIGN_OR_RETURN(plan->state_,
-                       cuda::CreateDevicePlanState(options, layout, rope,
-                                                   routing ? weights : nullptr, device));
+  KVD_ASSIGN_OR_RETURN(
+      plan->state_,
+      cuda::CreateDevicePlanState(options, layout, rope, routing ? weights : nullptr, device));
   return plan;
 #else
   return CheckCudaBackend("DevicePlan");

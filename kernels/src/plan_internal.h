@@ -7,6 +7,7 @@
 
 #include "kvd/kernels/plan.h"
 #include "kvd/kernels/rope.h"
+#include "kvd/kernels/stages.h"
 
 namespace kvd::kernels::internal {
 
@@ -20,9 +21,9 @@ struct HeadInput {
   int group_size = 1;
   int64_t window = 0;                  // effective window (0 without queries)
   int64_t kept_pairs = 0;              // M of this head
-  const VectorHeadFit* fit = nullptr;  // non-null iff routing
+  const VectorHeadFit* fit = nullptr;  // the head's VECTOR weights (a needs_calibration route)
   DType dtype = DType::kBFloat16;
-  bool merge_layer_open = true;  // merge_gate: the layer gate (plan.h)
+  bool merge_layer_open = true;               // merge_gate: the layer gate (plan.h)
   const ExpectedQueries* expected = nullptr;  // score kExpectedAttention: this head's queries
 };
 
@@ -41,6 +42,12 @@ Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,
 // each within [forced, n] (plan.h). OUT_OF_RANGE when that is impossible.
 StatusOr<std::vector<int64_t>> ExactPyramidBudgets(int64_t n, int layers, int64_t m, int64_t forced,
                                                    const CompressionPlanOptions& o);
+
+// The built-in merge and route steps (stages.h MergeFn, RouteFn): kvslimmer (merge_kvslimmer.cc:
+// the hybrid with a score stage, KVSlimmer's pairwise rounds without) and vector
+// (route_vector.cc: VECTOR residuals, or route_adaptive's relative ones).
+Status KvSlimmerMergeHead(const MergeHeadInput& in, HeadSlots* out);
+Status VectorRouteErrors(const RouteHeadInput& in, const HeadSlots& slots, std::vector<float>* err);
 
 // Compresses one head into *out; adds its counters to *stats. Single-threaded.
 Status CompressHead(const HeadInput& in, CompactHead* out, CompressionStats* stats);

@@ -2,6 +2,8 @@
 #include "kvd/kernels/stages.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -105,12 +107,14 @@ std::vector<StageRegistration> BuiltinStages() {
        .code = 1,
        .keeps_positions = true,
        .needs_window_queries = true,
-       .device = true},
+       .device = true,
+       .merge = internal::KvSlimmerMergeHead},
       {.name = "vector",
        .kind = StageKind::kRoute,
        .code = 1,
        .needs_calibration = true,
-       .device = true},
+       .device = true,
+       .route = internal::VectorRouteErrors},
       {.name = "quantize",
        .kind = StageKind::kQuantize,
        .code = 0,
@@ -149,19 +153,50 @@ StageRegistry& StageRegistry::Global() {
   return *registry;
 }
 
-Status StageRegistry::Register(StageRegistration r) {
-  if (r.name.empty()) return Status::InvalidArgument("stages: a stage needs a name");
-  if (r.kind == StageKind::kScore && r.score == nullptr) {
-    return Status::InvalidArgument("stages: score stage " + r.name + " has no score function");
+// Each kind's functions are there, and no other kind's.
+Status CheckStageFunctions(const StageRegistration& r) {
+  const bool score = r.kind == StageKind::kScore, merge = r.kind == StageKind::kMerge,
+             route = r.kind == StageKind::kRoute;
+  const std::string kind(StageKindName(r.kind));
+  if ((score && r.score == nullptr) || (merge && r.merge == nullptr) ||
+      (route && r.route == nullptr)) {
+    return Status::InvalidArgument("stages: " + kind + " stage " + r.name + " has no " + kind +
+                                   " function");
   }
-  if (r.kind != StageKind::kScore &&
-      (r.score != nullptr || r.layer_budgets != nullptr || r.validate != nullptr)) {
+  if (!score && (r.score != nullptr || r.layer_budgets != nullptr || r.validate != nullptr)) {
     return Status::InvalidArgument(
         "stages: " + r.name + " is not a score stage but has a score, budget or validate function");
+  }
+  if ((!merge && r.merge != nullptr) || (!route && r.route != nullptr)) {
+    return Status::InvalidArgument("stages: " + r.name + " is a " + kind +
+                                   " stage but has a merge or route function");
+  }
+  return Status::Ok();
+}
+
+Status StageRegistry::Register(StageRegistration r) {
+  if (r.name.empty()) return Status::InvalidArgument("stages: a stage needs a name");
+  KVD_RETURN_IF_ERROR(CheckStageFunctions(r));
+  for (size_t i = 0; i < r.policy_keys.size(); ++i) {
+    const StagePolicyKey& k = r.policy_keys[i];
+    if (k.name.empty()) return Status::InvalidArgument("stages: " + r.name + " has a nameless key");
+    KVD_RETURN_IF_ERROR(CheckStagePolicyKey(k, k.default_value).WithContext("stages: default"));
+    for (size_t j = 0; j < i; ++j) {
+      if (r.policy_keys[j].name == k.name) {
+        return Status::AlreadyExists("stages: " + r.name + " declares key " + k.name + " twice");
+      }
+    }
   }
   std::unique_lock lock(impl_->mu);
   for (const StageRegistration& s : impl_->stages) {
     if (s.name == r.name) return Status::AlreadyExists("stages: " + r.name + " is registered");
+    for (const StagePolicyKey& k : r.policy_keys) {
+      for (const StagePolicyKey& taken : s.policy_keys) {
+        if (taken.name == k.name) {
+          return Status::AlreadyExists("stages: policy key " + k.name + " is " + s.name + "'s");
+        }
+      }
+    }
     if (s.kind == r.kind && s.code == r.code) {
       return Status::AlreadyExists("stages: " + std::string(StageKindName(r.kind)) + " code " +
                                    std::to_string(r.code) + " is " + s.name + "'s");
@@ -194,6 +229,59 @@ std::vector<const StageRegistration*> StageRegistry::OfKind(StageKind kind) cons
     if (s.kind == kind) out.push_back(&s);
   }
   return out;
+}
+
+const StageRegistration* StageRegistry::FindPolicyKey(std::string_view key,
+                                                      const StagePolicyKey** out) const {
+  std::shared_lock lock(impl_->mu);
+  for (const StageRegistration& s : impl_->stages) {
+    for (const StagePolicyKey& k : s.policy_keys) {
+      if (k.name != key) continue;
+      if (out != nullptr) *out = &k;
+      return &s;
+    }
+  }
+  return nullptr;
+}
+
+std::vector<std::string> StageRegistry::PolicyKeyNames() const {
+  std::shared_lock lock(impl_->mu);
+  std::vector<std::string> out;
+  for (const StageRegistration& s : impl_->stages) {
+    for (const StagePolicyKey& k : s.policy_keys) out.push_back(k.name);
+  }
+  return out;
+}
+
+Status CheckStagePolicyKey(const StagePolicyKey& key, double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.17g", value);
+  const std::string head = key.name + ": " + text;
+  if (!std::isfinite(value)) return Status::InvalidArgument(head + " is not a finite number");
+  switch (key.type) {
+    case PolicyKeyType::kBool:
+      if (value != 0.0 && value != 1.0) {
+        return Status::InvalidArgument(head + " is not a boolean (0 or 1)");
+      }
+      return Status::Ok();
+    case PolicyKeyType::kInt:
+      if (value != std::trunc(value)) return Status::InvalidArgument(head + " is not an integer");
+      break;
+    case PolicyKeyType::kDouble:
+      break;
+  }
+  if (!(value >= key.min && value <= key.max)) {
+    char range[80];
+    std::snprintf(range, sizeof(range), "[%.17g, %.17g]", key.min, key.max);
+    return Status::InvalidArgument(head + " is outside " + range);
+  }
+  return Status::Ok();
+}
+
+double StageKeyValue(const CompressionPlanOptions& options, std::string_view key) {
+  if (auto it = options.stage_keys.find(key); it != options.stage_keys.end()) return it->second;
+  const StagePolicyKey* k = nullptr;
+  return StageRegistry::Global().FindPolicyKey(key, &k) != nullptr ? k->default_value : 0.0;
 }
 
 const StageRegistration* FindStage(ScoreStage s) {

@@ -1,15 +1,21 @@
 // The daemon's policy reads the stage registry (kernels/stages.h): a toy score stage registered
 // once (tests/kernels/key_norm_stage.h) is a `stages:` method, has a codec id of its own, and
-// its chunks are compressed by the chunk codec and record its on-disk code.
+// its chunks are compressed by the chunk codec and record its on-disk code; its policy key,
+// declared in the same registration, is bound, checked, part of the codec id and reaches it. A
+// toy merge stage (tests/kernels/pair_mean_stage.h) is a method the same way.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "../kernels/key_norm_stage.h"
+#include "../kernels/pair_mean_stage.h"
 #include "kvd/daemon/chunk_codec.h"
 #include "kvd/daemon/config.h"
 #include "kvd/kernels/compact_chunk.h"
@@ -26,6 +32,17 @@ StatusOr<DaemonConfig> Parse(const std::string& policy) {
       "models: [{name: m, layout: {layers: 2, kv_heads: 2, q_heads: 4, head_dim: 8, dtype: "
       "float32}, compression: " +
       policy + "}]");
+}
+
+// A put of kTokens tokens and kWindow window queries for the model of `m`, random float32.
+std::vector<uint8_t> RandomPut(const ModelConfig& m, const ChunkCodec& codec) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v((m.layout.ChunkBytes(kTokens) + codec.QueryBytes(kWindow)) / sizeof(float));
+  for (float& x : v) x = dist(rng);
+  std::vector<uint8_t> put(v.size() * sizeof(float));
+  std::memcpy(put.data(), v.data(), put.size());
+  return put;
 }
 
 TEST(StageRegistryPolicyTest, AToyScoreStageIsAPolicyMethodWithOneRegistration) {
@@ -46,13 +63,7 @@ TEST(StageRegistryPolicyTest, AToyScoreStageIsAPolicyMethodWithOneRegistration) 
 
   auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
   ASSERT_TRUE(codec.ok()) << codec.status();
-  std::mt19937 rng(7);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v((m.layout.ChunkBytes(kTokens) + (*codec)->QueryBytes(kWindow)) /
-                       sizeof(float));
-  for (float& x : v) x = dist(rng);
-  std::vector<uint8_t> put(v.size() * sizeof(float));
-  std::memcpy(put.data(), v.data(), put.size());
+  const std::vector<uint8_t> put = RandomPut(m, **codec);
   auto encoded = (*codec)->Encode(put, kTokens, 0, kWindow);
   ASSERT_TRUE(encoded.ok()) << encoded.status();
   auto chunk = kernels::DecodeCompactChunk(encoded->bytes);
@@ -62,6 +73,92 @@ TEST(StageRegistryPolicyTest, AToyScoreStageIsAPolicyMethodWithOneRegistration) 
   EXPECT_EQ(chunk->heads[0].slots(), kTokens / 2);
 }
 
+TEST(StageRegistryPolicyTest, AStagePolicyKeyIsBoundCheckedAndReachesTheStage) {
+  ASSERT_TRUE(kernels::testing::RegisterKeyNormStage().ok());
+  auto config =
+      Parse("{stages: [key_norm], key_norm_smallest: true, window: 4, sinks: 2, device: cpu}");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const ModelConfig& m = config->models[0];
+  const CompressionPolicy& p = *m.compression;
+  EXPECT_EQ(p.stage_keys, (std::map<std::string, double, std::less<>>{{"key_norm_smallest", 1}}));
+  EXPECT_THAT(p.CanonicalForm(), HasSubstr(" key_norm_smallest=1"));
+  CompressionPolicy unset = p;
+  unset.stage_keys.clear();
+  EXPECT_EQ(unset.CanonicalForm().find("key_norm_smallest"), std::string::npos);
+  EXPECT_NE(p.CodecId(0), unset.CodecId(0));
+
+  // Layer 0, head 0 keeps the sinks, the window and the smallest key norms (float64) between.
+  auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  const std::vector<uint8_t> put = RandomPut(m, **codec);
+  auto encoded = (*codec)->Encode(put, kTokens, 0, kWindow);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  auto chunk = kernels::DecodeCompactChunk(encoded->bytes);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  const int64_t heads = m.layout.num_kv_heads, d = m.layout.head_dim;
+  const auto* k = reinterpret_cast<const float*>(put.data());  // layer 0: K[N, H, d] first
+  std::vector<double> norm(kTokens, 0.0);
+  for (uint32_t i = 0; i < kTokens; ++i) {
+    for (int64_t c = 0; c < d; ++c) norm[i] += double(k[i * heads * d + c]) * k[i * heads * d + c];
+  }
+  std::vector<int64_t> middle(kTokens - kWindow - 2);
+  std::iota(middle.begin(), middle.end(), 2);
+  std::sort(middle.begin(), middle.end(), [&](int64_t a, int64_t b) { return norm[a] < norm[b]; });
+  std::vector<int64_t> want = {0, 1};
+  for (uint32_t i = kTokens - kWindow; i < kTokens; ++i) want.push_back(i);
+  want.insert(want.end(), middle.begin(), middle.begin() + (kTokens / 2 - 2 - kWindow));
+  std::sort(want.begin(), want.end());
+  std::vector<int64_t> got = chunk->heads[0].positions;
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, want);
+}
+
+TEST(StageRegistryPolicyTest, AStagePolicyKeyIsRefusedWithoutItsStageOrWithABadValue) {
+  ASSERT_TRUE(kernels::testing::RegisterKeyNormStage().ok());
+  auto stray = Parse("{stages: [keydiff], key_norm_smallest: true}");
+  ASSERT_FALSE(stray.ok());
+  EXPECT_EQ(stray.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(stray.status().message(),
+              HasSubstr("models[0].compression.key_norm_smallest: set, but stages has no key_norm "
+                        "stage (e.g. stages: [key_norm])"));
+  auto bad = Parse("{stages: [key_norm], key_norm_smallest: maybe}");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("models[0].compression.key_norm_smallest: \"maybe\" is not a boolean"));
+  CompressionPolicy p;
+  p.score = "key_norm";
+  p.stage_keys["key_norm_smallest"] = 2;
+  Status s = p.Validate("models[0].compression", 64);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(),
+              HasSubstr("models[0].compression.key_norm_smallest: 2 is not a boolean"));
+  p.score = "snapkv";
+  p.stage_keys["key_norm_smallest"] = 1;
+  s = p.Validate("models[0].compression", 64);
+  EXPECT_THAT(s.message(), HasSubstr("key_norm_smallest: set, but stages has no key_norm stage"));
+}
+
+// A toy merge stage registered once (tests/kernels/pair_mean_stage.h) is a `stages:` method
+// after a score method, and the chunk codec's chunks record its merge code.
+TEST(StageRegistryPolicyTest, AToyMergeStageIsAPolicyMethodWithOneRegistration) {
+  ASSERT_TRUE(kernels::testing::RegisterPairMeanStage().ok());
+  auto config = Parse("{stages: [keydiff, pair_mean], window: 4, sinks: 2, device: cpu}");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const ModelConfig& m = config->models[0];
+  EXPECT_EQ(m.compression->merge, "pair_mean");
+  EXPECT_EQ(m.compression->StagesName(), "keydiff+pair_mean");
+  auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  auto encoded = (*codec)->Encode(RandomPut(m, **codec), kTokens, 0, kWindow);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  auto chunk = kernels::DecodeCompactChunk(encoded->bytes);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_EQ(chunk->codec.merge, kernels::testing::kPairMean);
+  int64_t merged = 0;
+  for (int32_t c : chunk->heads[0].cardinality) merged += c > 1 ? 1 : 0;
+  EXPECT_GT(merged, 0);
+}
+
 TEST(StageRegistryPolicyTest, MethodErrorsNameTheRegisteredStages) {
   auto unknown = Parse("{stages: [nope]}");
   ASSERT_FALSE(unknown.ok());
@@ -69,9 +166,10 @@ TEST(StageRegistryPolicyTest, MethodErrorsNameTheRegisteredStages) {
   EXPECT_THAT(unknown.status().message(),
               HasSubstr("\"nope\" is not a method (score: snapkv, keydiff, pyramidkv, "
                         "expected_attention"));
+  // (Toy stages this binary registers follow the built-in ones in their kind's list.)
+  EXPECT_THAT(unknown.status().message(), HasSubstr("; merge: kvslimmer"));
   EXPECT_THAT(unknown.status().message(),
-              HasSubstr("; merge: kvslimmer; route: vector; quantize: quantize; hybrid = snapkv "
-                        "+ kvslimmer)"));
+              HasSubstr("; route: vector; quantize: quantize; hybrid = snapkv + kvslimmer)"));
   // Recency is the score stage `none`, not a method a policy lists.
   auto none = Parse("{stages: [none]}");
   ASSERT_FALSE(none.ok());
@@ -103,7 +201,7 @@ TEST(StageRegistryPolicyTest, ValidateNamesTheKindOfAnUnregisteredMethod) {
   p.merge = "nope";
   s = p.Validate(key, 64);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("\"nope\" is not a merge method (kvslimmer)"));
+  EXPECT_THAT(s.message(), HasSubstr("\"nope\" is not a merge method (kvslimmer"));
   p.merge = "none";
   p.route = "kvslimmer";
   s = p.Validate(key, 64);

@@ -1,17 +1,20 @@
 // The compression stage registry (stages.h): the built-in stages' on-disk codes and
-// capabilities, registration errors, and a toy score stage (key_norm_stage.h) that runs through
-// the CPU plan, the chunk format and the device plan's support check with one registration.
+// capabilities, registration errors, a toy score stage (key_norm_stage.h) and a toy merge stage
+// (pair_mean_stage.h) that run through the CPU plan, the chunk format and the device plan's
+// support check with one registration each.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
 #include "key_norm_stage.h"
 #include "kvd/kernels/plan_device.h"
 #include "kvd/kernels/stages.h"
+#include "pair_mean_stage.h"
 #include "raw_layer.h"
 #include "reference.h"
 
@@ -84,49 +87,72 @@ TEST(StageRegistryTest, AnUnregisteredScoreCodeIsRefusedByThePlan) {
   EXPECT_THAT(s.message(), HasSubstr("unknown stage"));
 }
 
-// key_norm keeps the sinks and the tokens whose keys have the largest norms, records its own
-// code in the chunk (which encodes and decodes), and is refused by the device plan (CPU only).
-TEST(StageRegistryTest, AToyScoreStageRunsThroughTheCpuPlanWithOneRegistration) {
-  ASSERT_TRUE(testing::RegisterKeyNormStage().ok()) << testing::RegisterKeyNormStage();
-  constexpr int kHeads = 2, kDim = 8;
-  constexpr int64_t kTokens = 64;
-  const ModelLayout layout = testing::Float32Layer(kHeads, /*group=*/2, kDim);
+// A one-layer float32 chunk of random keys and values (kHeads heads of [kTokens, kDim]).
+struct ToyChunk {
+  static constexpr int kHeads = 2, kDim = 8;
+  static constexpr int64_t kTokens = 64;
+  ModelLayout layout = testing::Float32Layer(kHeads, /*group=*/2, kDim);
   std::vector<Matrix> keys, values;
-  for (int h = 0; h < kHeads; ++h) {
-    keys.push_back(testing::RandomMatrix(kTokens, kDim, 11 + h));
-    values.push_back(testing::RandomMatrix(kTokens, kDim, 21 + h));
+  std::vector<uint8_t> raw;
+  std::vector<int64_t> positions = testing::SequentialPositions(kTokens, 1000);
+  ToyChunk() {
+    for (int h = 0; h < kHeads; ++h) {
+      keys.push_back(testing::RandomMatrix(kTokens, kDim, 11 + h));
+      values.push_back(testing::RandomMatrix(kTokens, kDim, 21 + h));
+    }
+    raw.assign(layout.ChunkBytes(kTokens), 0);
+    testing::WriteFloat32Layer(layout, 0, kTokens, keys, values, &raw);
   }
-  std::vector<uint8_t> raw(layout.ChunkBytes(kTokens), 0);
-  testing::WriteFloat32Layer(layout, 0, kTokens, keys, values, &raw);
-  const std::vector<int64_t> positions = testing::SequentialPositions(kTokens, 1000);
-
-  CompressionPlanOptions o;
-  o.score = testing::kKeyNorm;
-  o.p_c = 0.5;
-  o.sinks = 2;
-  CompressionInput in;  // no window queries: key_norm needs none
-  in.raw = raw;
-  in.positions = positions;
-  auto chunk = Compress(o, layout, in);
-  ASSERT_TRUE(chunk.ok()) << chunk.status();
-  EXPECT_EQ(chunk->codec.score, testing::kKeyNorm);
-  EXPECT_EQ(ScoreStageName(chunk->codec.score), "key_norm");
-
-  const int64_t kept = std::llround((1.0 - o.p_c) * kTokens);  // no queries: no window
-  for (int h = 0; h < kHeads; ++h) {
+  CompressionInput Input() const {  // no window queries: key_norm needs none
+    CompressionInput in;
+    in.raw = raw;
+    in.positions = positions;
+    return in;
+  }
+  // The positions key_norm keeps in head h: the sinks and the `kept - sinks` others whose keys
+  // have the largest (smallest) norms, in float64.
+  std::vector<int64_t> KeyNormPositions(int h, int64_t kept, int64_t sinks, bool smallest) const {
     std::vector<double> norm(kTokens);
     for (int64_t i = 0; i < kTokens; ++i) {
       for (int c = 0; c < kDim; ++c) norm[i] += double(keys[h].Row(i)[c]) * keys[h].Row(i)[c];
     }
-    std::vector<int64_t> order(kTokens - o.sinks);
-    std::iota(order.begin(), order.end(), o.sinks);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return norm[a] > norm[b]; });
-    std::vector<int64_t> want = {1000, 1001};  // the sinks
-    for (int64_t j = 0; j < kept - o.sinks; ++j) want.push_back(1000 + order[j]);
+    std::vector<int64_t> order(kTokens - sinks);
+    std::iota(order.begin(), order.end(), sinks);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return smallest ? norm[a] < norm[b] : norm[a] > norm[b];
+    });
+    std::vector<int64_t> want;
+    for (int64_t i = 0; i < sinks; ++i) want.push_back(1000 + i);
+    for (int64_t j = 0; j < kept - sinks; ++j) want.push_back(1000 + order[j]);
     std::sort(want.begin(), want.end());
-    std::vector<int64_t> got = chunk->heads[h].positions;
-    std::sort(got.begin(), got.end());
-    EXPECT_EQ(got, want) << "head " << h;
+    return want;
+  }
+};
+
+std::vector<int64_t> SortedPositions(const CompactHead& head) {
+  std::vector<int64_t> got = head.positions;
+  std::sort(got.begin(), got.end());
+  return got;
+}
+
+// key_norm keeps the sinks and the tokens whose keys have the largest norms, records its own
+// code in the chunk (which encodes and decodes), and is refused by the device plan (CPU only).
+TEST(StageRegistryTest, AToyScoreStageRunsThroughTheCpuPlanWithOneRegistration) {
+  ASSERT_TRUE(testing::RegisterKeyNormStage().ok()) << testing::RegisterKeyNormStage();
+  const ToyChunk toy;
+  CompressionPlanOptions o;
+  o.score = testing::kKeyNorm;
+  o.p_c = 0.5;
+  o.sinks = 2;
+  auto chunk = Compress(o, toy.layout, toy.Input());
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_EQ(chunk->codec.score, testing::kKeyNorm);
+  EXPECT_EQ(ScoreStageName(chunk->codec.score), "key_norm");
+
+  const int64_t kept = std::llround((1.0 - o.p_c) * ToyChunk::kTokens);  // no queries: no window
+  for (int h = 0; h < ToyChunk::kHeads; ++h) {
+    EXPECT_EQ(SortedPositions(chunk->heads[h]), toy.KeyNormPositions(h, kept, o.sinks, false))
+        << "head " << h;
   }
 
   auto bytes = EncodeCompactChunk(*chunk);
@@ -138,6 +164,140 @@ TEST(StageRegistryTest, AToyScoreStageRunsThroughTheCpuPlanWithOneRegistration) 
   Status device = CheckDevicePlanSupported(o);
   EXPECT_EQ(device.code(), StatusCode::kUnimplemented) << device;
   EXPECT_THAT(device.message(), HasSubstr("key_norm"));
+}
+
+// key_norm's policy key, declared in its registration, reaches its scores through
+// CompressionPlanOptions::stage_keys (key_norm_smallest keeps the smallest norms), and the plan
+// checks it against the declaration.
+TEST(StageRegistryTest, AStagePolicyKeyReachesTheStageAndIsChecked) {
+  ASSERT_TRUE(testing::RegisterKeyNormStage().ok()) << testing::RegisterKeyNormStage();
+  const StagePolicyKey* key = nullptr;
+  EXPECT_EQ(StageRegistry::Global().FindPolicyKey("key_norm_smallest", &key),
+            StageRegistry::Global().Find("key_norm"));
+  ASSERT_NE(key, nullptr);
+  EXPECT_EQ(key->type, PolicyKeyType::kBool);
+  const ToyChunk toy;
+  CompressionPlanOptions o;
+  o.score = testing::kKeyNorm;
+  o.sinks = 2;
+  EXPECT_EQ(StageKeyValue(o, testing::kKeyNormSmallest), 0.0);  // the default
+  o.stage_keys[testing::kKeyNormSmallest] = 1.0;
+  auto chunk = Compress(o, toy.layout, toy.Input());
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  const int64_t kept = std::llround((1.0 - o.p_c) * ToyChunk::kTokens);
+  for (int h = 0; h < ToyChunk::kHeads; ++h) {
+    EXPECT_EQ(SortedPositions(chunk->heads[h]), toy.KeyNormPositions(h, kept, o.sinks, true))
+        << "head " << h;
+  }
+
+  o.stage_keys[testing::kKeyNormSmallest] = 0.5;
+  Status not_bool = o.Validate();
+  EXPECT_EQ(not_bool.code(), StatusCode::kInvalidArgument) << not_bool;
+  EXPECT_THAT(not_bool.message(), HasSubstr("key_norm_smallest: 0.5 is not a boolean"));
+  o.stage_keys[testing::kKeyNormSmallest] = 1.0;
+  o.score = ScoreStage::kKeyDiff;  // the key's stage is not the plan's
+  Status stray = o.Validate();
+  EXPECT_EQ(stray.code(), StatusCode::kInvalidArgument) << stray;
+  EXPECT_THAT(stray.message(), HasSubstr("key_norm_smallest is not a key of the plan's"));
+  o.stage_keys = {{"no_such_key", 1.0}};
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(StageRegistryTest, RegisterRefusesATakenPolicyKeyAndADefaultOutsideItsRange) {
+  ASSERT_TRUE(testing::RegisterKeyNormStage().ok()) << testing::RegisterKeyNormStage();
+  StageRegistry& r = StageRegistry::Global();
+  Status taken = r.Register({.name = "other",
+                             .kind = StageKind::kScore,
+                             .code = 252,
+                             .score = testing::KeyNormScores,
+                             .policy_keys = {{.name = "key_norm_smallest"}}});
+  EXPECT_EQ(taken.code(), StatusCode::kAlreadyExists) << taken;
+  EXPECT_THAT(taken.message(), HasSubstr("key_norm"));
+  Status bad_default = r.Register({.name = "other",
+                                   .kind = StageKind::kScore,
+                                   .code = 252,
+                                   .score = testing::KeyNormScores,
+                                   .policy_keys = {{.name = "other_k",
+                                                    .type = PolicyKeyType::kInt,
+                                                    .min = 1,
+                                                    .max = 8,
+                                                    .default_value = 0}}});
+  EXPECT_EQ(bad_default.code(), StatusCode::kInvalidArgument) << bad_default;
+  EXPECT_THAT(bad_default.message(), HasSubstr("outside [1, 8]"));
+  EXPECT_EQ(r.Find("other"), nullptr);
+}
+
+// pair_mean (pair_mean_stage.h) merges each kept token with its evicted right neighbour; checked
+// slot by slot against the eviction plan's pool and a float64 mean, through the chunk format,
+// and refused by the device plan (CPU only).
+TEST(StageRegistryTest, AToyMergeStageRunsThroughTheCpuPlanWithOneRegistration) {
+  ASSERT_TRUE(testing::RegisterPairMeanStage().ok()) << testing::RegisterPairMeanStage();
+  const ToyChunk toy;
+  CompressionPlanOptions o;
+  o.score = ScoreStage::kKeyDiff;
+  o.p_c = 0.5;
+  o.sinks = 2;
+  auto pool_chunk = Compress(o, toy.layout, toy.Input());  // the pool: eviction's slots
+  ASSERT_TRUE(pool_chunk.ok()) << pool_chunk.status();
+  o.merge = testing::kPairMean;
+  CompressionStats stats;
+  auto chunk = Compress(o, toy.layout, toy.Input(), &stats);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_EQ(chunk->codec.merge, testing::kPairMean);
+  constexpr int64_t d = ToyChunk::kDim;
+  int64_t merged = 0;
+  for (int h = 0; h < ToyChunk::kHeads; ++h) {
+    const std::vector<int64_t> pool = SortedPositions(pool_chunk->heads[h]);
+    const CompactHead& head = chunk->heads[h];
+    ASSERT_EQ(head.slots(), static_cast<int64_t>(pool.size()));
+    std::vector<float> keys(head.keys.size() / sizeof(float)), values(keys.size());
+    std::memcpy(keys.data(), head.keys.data(), head.keys.size());
+    ASSERT_EQ(head.values.size(), head.keys.size());  // no routing: every slot stores its value
+    std::memcpy(values.data(), head.values.data(), head.values.size());
+    for (size_t j = 0; j < pool.size(); ++j) {
+      const int64_t a = pool[j] - 1000, b = a + 1;
+      const bool pair = a >= o.sinks && b < ToyChunk::kTokens &&
+                        !std::binary_search(pool.begin(), pool.end(), 1000 + b);
+      ASSERT_EQ(head.cardinality[j], pair ? 2 : 1) << "head " << h << " slot " << j;
+      EXPECT_EQ(head.positions[j], 1000 + (pair ? b : a));
+      for (int64_t c = 0; c < d; ++c) {
+        const double ka = toy.keys[h].Row(a)[c], va = toy.values[h].Row(a)[c];
+        const double want_key = pair ? 0.5 * (ka + toy.keys[h].Row(b)[c]) : ka;
+        const double want_value = pair ? 0.5 * (va + toy.values[h].Row(b)[c]) : va;
+        EXPECT_NEAR(keys[j * d + c], want_key, 1e-6) << "head " << h << " slot " << j;
+        EXPECT_NEAR(values[j * d + c], want_value, 1e-6) << "head " << h << " slot " << j;
+      }
+      merged += pair ? 2 : 0;
+    }
+  }
+  EXPECT_GT(merged, 0);
+  EXPECT_EQ(stats.merged_tokens, merged);
+  EXPECT_EQ(stats.half_pairs, stats.budget_half_pairs);
+
+  auto bytes = EncodeCompactChunk(*chunk);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto back = DecodeCompactChunk(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->codec.merge, testing::kPairMean);
+
+  Status device = CheckDevicePlanSupported(o);
+  EXPECT_EQ(device.code(), StatusCode::kUnimplemented) << device;
+  EXPECT_THAT(device.message(), HasSubstr("merge pair_mean"));
+  o.score = ScoreStage::kNone;  // the merge alone: pair_mean needs a pool
+  EXPECT_EQ(Compress(o, toy.layout, toy.Input()).status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(StageRegistryTest, RegisterRefusesAMergeOrRouteStageWithoutItsFunction) {
+  StageRegistry& r = StageRegistry::Global();
+  Status no_merge = r.Register({.name = "other", .kind = StageKind::kMerge, .code = 9});
+  EXPECT_EQ(no_merge.code(), StatusCode::kInvalidArgument) << no_merge;
+  EXPECT_THAT(no_merge.message(), HasSubstr("merge stage other has no merge function"));
+  Status no_route = r.Register({.name = "other", .kind = StageKind::kRoute, .code = 9});
+  EXPECT_EQ(no_route.code(), StatusCode::kInvalidArgument) << no_route;
+  Status merge_on_route = r.Register(
+      {.name = "other", .kind = StageKind::kRoute, .code = 9, .merge = testing::PairMeanMerge});
+  EXPECT_EQ(merge_on_route.code(), StatusCode::kInvalidArgument) << merge_on_route;
+  EXPECT_EQ(r.Find("other"), nullptr);
 }
 
 }  // namespace

@@ -295,308 +295,30 @@ class CudaPlanState final : public DevicePlan::State {
     return Status::Ok();
   }
 
+  // One chunk, in the CPU plan's stage order (plan_head.cc): convert, score, select, merge,
+  // route, encode; then the one synchronisation and the error word. Each step is enqueued on the
+  // stream. The score, merge and route steps implement the stages registered with `device`
+  // support (stages.h): the host's CheckDevicePlanSupported reads the registry and refuses the
+  // others before a plan is built (this module has no registry of its own).
   Status Run(const DeviceChunkInput& input, const DevicePlanJob& job,
              DevicePlanOutput* out) override {
     KVD_RETURN_IF_ERROR(SetDevice());
-    const DevicePlanBudget& b = *job.budget;
-    const int L = layout_.num_layers;
-    const int64_t H = layout_.num_kv_heads, d = layout_.head_dim, n = job.n, w = job.window;
-    const int64_t R = L * H;              // (layer, KV head) rows
-    const int64_t qrows = w * job.group;  // window query rows per KV head
-    const size_t e = DTypeSize(layout_.dtype);
-    // The per-layer table (file comment) and the packed output sizes.
-    std::vector<int64_t> meta(static_cast<size_t>(4 * L));
-    int64_t smax = 1, slot_count = 0, value_count = 0;
-    bool routing = false;
-    for (int l = 0; l < L; ++l) {
-      const int64_t sl = b.slots[l], rl = b.rebuild_slots[l];
-      meta[l] = sl;
-      meta[L + l] = rl;
-      meta[2 * L + l] = slot_count;
-      meta[3 * L + l] = value_count;
-      slot_count += H * sl;
-      value_count += H * (sl - rl);
-      smax = std::max(smax, sl);
-      routing |= rl > 0;
-    }
-    const size_t rnd = static_cast<size_t>(R * n * d), rsd = static_cast<size_t>(R * smax * d);
-    KVD_RETURN_IF_ERROR(Ensure(&kf_, rnd));
-    KVD_RETURN_IF_ERROR(Ensure(&vf_, rnd));
-    KVD_RETURN_IF_ERROR(Ensure(&qf_, static_cast<size_t>(R * std::max<int64_t>(qrows, 1) * d)));
-    KVD_RETURN_IF_ERROR(Ensure(&mass_, static_cast<size_t>(R * n)));
-    KVD_RETURN_IF_ERROR(Ensure(&scores_, static_cast<size_t>(R * n)));
-    KVD_RETURN_IF_ERROR(Ensure(&keep_, static_cast<size_t>(R * n)));
-    KVD_RETURN_IF_ERROR(Ensure(&slot_token_, static_cast<size_t>(R * smax)));
-    KVD_RETURN_IF_ERROR(Ensure(&sk_, rsd));
-    KVD_RETURN_IF_ERROR(Ensure(&sv_, rsd));
-    KVD_RETURN_IF_ERROR(Ensure(&spos_, static_cast<size_t>(R * smax)));
-    KVD_RETURN_IF_ERROR(Ensure(&flags_, static_cast<size_t>(R * smax)));
-    KVD_RETURN_IF_ERROR(Ensure(&value_slot_, static_cast<size_t>(R * smax)));
-    if (routing) {
-      KVD_RETURN_IF_ERROR(Ensure(&kpre_, rsd));
-      KVD_RETURN_IF_ERROR(Ensure(&residuals_, static_cast<size_t>(R * smax)));
-    }
-    const bool keydiff = options_.score == ScoreStage::kKeyDiff;
-    const bool blockwise = keydiff && options_.keydiff_block > 0;
-    // Block-wise KeyDiff: candidates = kept (<= S_l) + one block, and never more than N.
-    const int64_t cap = blockwise ? std::min(n, smax + options_.keydiff_block) : 0;
-    if (keydiff) {
-      KVD_RETURN_IF_ERROR(Ensure(&inv_norm_, static_cast<size_t>(R * n)));
-      KVD_RETURN_IF_ERROR(Ensure(&anchor_, static_cast<size_t>(R * d)));
-      KVD_RETURN_IF_ERROR(Ensure(&unit_anchor_, static_cast<size_t>(R * d)));
-      KVD_RETURN_IF_ERROR(Ensure(&anchor_ok_, static_cast<size_t>(R)));
-    }
-    if (blockwise) {
-      KVD_RETURN_IF_ERROR(Ensure(&cand_, static_cast<size_t>(R * cap)));
-      KVD_RETURN_IF_ERROR(Ensure(&cand_scores_, static_cast<size_t>(R * cap)));
-    }
-    const bool merging = options_.merge == MergeStage::kKvSlimmer;  // the hybrid (plan.h)
-    if (merging) {
-      KVD_RETURN_IF_ERROR(Ensure(&kpre_all_, rnd));
-      KVD_RETURN_IF_ERROR(Ensure(&owner_, static_cast<size_t>(R * n)));
-      KVD_RETURN_IF_ERROR(Ensure(&member_, static_cast<size_t>(R * n)));
-      KVD_RETURN_IF_ERROR(Ensure(&range_, static_cast<size_t>(2 * R * smax)));
-      KVD_RETURN_IF_ERROR(Ensure(&total_mass_, static_cast<size_t>(R * smax)));
-      KVD_RETURN_IF_ERROR(Ensure(&merged_key_pre_, rsd));
-      KVD_RETURN_IF_ERROR(Ensure(&card_, static_cast<size_t>(R * smax)));
-      KVD_RETURN_IF_ERROR(Ensure(&out_card_, static_cast<size_t>(slot_count)));
-    }
-    if (keydiff && R * n > INT_MAX) {  // KeyDiff reports a zero-norm key as an int row * n + token
-      return Status::InvalidArgument("plan_device: layers x kv_heads x N = " +
-                                     std::to_string(R * n) + " is above the kernels' int range");
-    }
-    KVD_RETURN_IF_ERROR(Ensure(&pos_, static_cast<size_t>(n)));
-    KVD_RETURN_IF_ERROR(Ensure(&meta_, meta.size()));
-    KVD_RETURN_IF_ERROR(Ensure(&err_, kErrWords));
-    KVD_RETURN_IF_ERROR(Ensure(&out_keys_, static_cast<size_t>(slot_count * d) * e));
-    KVD_RETURN_IF_ERROR(Ensure(&out_values_, static_cast<size_t>(value_count * d) * e));
-    KVD_RETURN_IF_ERROR(Ensure(&out_pos_, static_cast<size_t>(slot_count)));
-    KVD_RETURN_IF_ERROR(Ensure(&out_flags_, static_cast<size_t>(slot_count)));
-    if (device_.time_stages) KVD_RETURN_IF_ERROR(EnsureEvents(kMarks));
-    const auto mark = [&](Mark m) -> Status {
-      if (!device_.time_stages) return Status::Ok();
-      KVD_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[m], stream_),
-                               "plan_device: cudaEventRecord");
-      return Status::Ok();
-    };
-    // Inputs of the chunk (small): positions, the per-layer table, the error word.
-    KVD_RETURN_IF_ERROR(pos_.Upload(input.positions.data(), static_cast<size_t>(n), stream_));
-    KVD_RETURN_IF_ERROR(meta_.Upload(meta.data(), meta.size(), stream_));
-    const int no_err[kErrWords] = {0, INT_MAX, INT_MAX, INT_MAX};
-    KVD_RETURN_IF_ERROR(err_.Upload(no_err, kErrWords, stream_));
-    scores_n_ = n;
-    const Meta m{meta_.get(), L};
-    const int di = static_cast<int>(d);
-    const int dtype = static_cast<int>(layout_.dtype);
-
-    KVD_RETURN_IF_ERROR(mark(kStart));
-    // 1. every layer's K and V: engine layout -> float32 [R, n, d]; finiteness flagged.
-    const int64_t layer_elems = 2 * n * H * d;  // K then V of one layer, in elements
-    const auto* raw = static_cast<const uint8_t*>(input.raw);
-    KVD_RETURN_IF_ERROR(
-        LaunchGather(raw, kf_.get(), n, H, d, layout_.dtype, stream_, L, layer_elems));
-    KVD_RETURN_IF_ERROR(LaunchGather(raw + static_cast<size_t>(n * H * d) * e, vf_.get(), n, H, d,
-                                     layout_.dtype, stream_, L, layer_elems));
-    FiniteKernel<<<Blocks(static_cast<int64_t>(rnd), kThreads), kThreads, 0, stream_>>>(
-        kf_.get(), static_cast<int64_t>(rnd), kBadKeysValues, n * H * d, err_.get());
-    FiniteKernel<<<Blocks(static_cast<int64_t>(rnd), kThreads), kThreads, 0, stream_>>>(
-        vf_.get(), static_cast<int64_t>(rnd), kBadKeysValues, n * H * d, err_.get());
-    KVD_RETURN_IF_ERROR(Check("FiniteKernel"));
-    KVD_RETURN_IF_ERROR(mark(kConverted));
-    // 2. the window queries when given (their finiteness is checked whatever the score, as
-    // Compress does); Q[L, w, Hq, d] = [L, w, H, G*d] -> [L, H, w, G*d] = per row [w*G, d]
-    // (GatherWindowQueries).
-    if (input.window_queries != nullptr && qrows > 0) {
-      const int64_t qcount = R * qrows * d;
-      const DType qtype = input.window_queries_float32 ? DType::kFloat32 : layout_.dtype;
-      KVD_RETURN_IF_ERROR(LaunchGather(input.window_queries, qf_.get(), w, H, job.group * d, qtype,
-                                       stream_, L, qrows * H * d));
-      FiniteKernel<<<Blocks(qcount, kThreads), kThreads, 0, stream_>>>(
-          qf_.get(), qcount, kBadQueries, qrows * H * d, err_.get());
-      KVD_RETURN_IF_ERROR(Check("FiniteKernel"));
-    }
-    // Scores [R, n] (block-wise KeyDiff: 0; its walk selects in step 3).
-    switch (options_.score) {
-      case ScoreStage::kNone:
-        RecencyKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(scores_.get(), R, n);
-        KVD_RETURN_IF_ERROR(Check("RecencyKernel"));
-        break;
-      case ScoreStage::kSnapKv:
-      case ScoreStage::kPyramidKv:
-        KVD_RETURN_IF_ERROR(LaunchAttentionMass(
-            qf_.get(), kf_.get(), nullptr, nullptr, nullptr, mass_.get(), R, qrows, n, di,
-            job.group, MaskKind::kCausalWindow, 1.0f / std::sqrt(static_cast<float>(d)), stream_));
-        SnapScoreKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(
-            mass_.get(), scores_.get(), R, n, w, qrows, options_.pooling_kernel,
-            static_cast<int>(options_.pooling));
-        KVD_RETURN_IF_ERROR(Check("SnapScoreKernel"));
-        break;
-      case ScoreStage::kKeyDiff:
-        // Post-RoPE keys of all N tokens, as HeadScores passes them (keydiff.h). A zero-norm key
-        // is reported after the chunk (err word kErrZeroNorm: min row * n + token): one-shot
-        // scores every key; block-wise only the candidates it scores (its own report).
-        KVD_RETURN_IF_ERROR(LaunchKeyDiffNorms(kf_.get(), inv_norm_.get(),
-                                               err_.get() + (blockwise ? kErrUnused : kErrZeroNorm),
-                                               R * n, di, stream_));
-        if (!blockwise) {
-          KVD_RETURN_IF_ERROR(
-              LaunchKeyDiffAnchor(kf_.get(), inv_norm_.get(), anchor_.get(), n, di, stream_, R));
-          KVD_RETURN_IF_ERROR(LaunchKeyDiffUnitAnchor(anchor_.get(), unit_anchor_.get(),
-                                                      anchor_ok_.get(), n, di, stream_, R));
-          KVD_RETURN_IF_ERROR(LaunchKeyDiffScores(kf_.get(), inv_norm_.get(), unit_anchor_.get(),
-                                                  anchor_ok_.get(), scores_.get(), n, di, stream_,
-                                                  R));
-        } else {  // the walk selects (step 3)
-          KVD_CUDA_RETURN_IF_ERROR(
-              cudaMemsetAsync(scores_.get(), 0, static_cast<size_t>(R * n) * sizeof(float),
-                              stream_),
-              "plan_device: clear scores");
-        }
-        break;
-      case ScoreStage::kExpectedAttention:  // refused by CheckDevicePlanSupported
-        return Status::Unimplemented("plan_device: score expected_attention");
-    }
-    KVD_RETURN_IF_ERROR(mark(kScored));
-    // 3. selection, compaction (slot j of row r = token slot_token[r, j], ascending), gather.
-    if (blockwise) {
-      // meta's first L entries are S_l: every head of layer l keeps S_l tokens.
-      KVD_RETURN_IF_ERROR(LaunchKeyDiffBlockwiseSelect(
-          kf_.get(), inv_norm_.get(), meta_.get(), H, R, n, di, job.sinks, w,
-          options_.keydiff_block, cand_.get(), cand_scores_.get(), cap, keep_.get(),
-          err_.get() + kErrZeroNorm, stream_));
-    } else {
-      SelectKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(scores_.get(), keep_.get(), R,
-                                                                      H, n, job.sinks, w, m);
-      KVD_RETURN_IF_ERROR(Check("SelectKernel"));
-    }
-    CompactIndexKernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(keep_.get(), n, 1,
-                                                                           slot_token_.get(), smax);
-    KVD_RETURN_IF_ERROR(Check("CompactIndexKernel"));
-    KVD_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(spos_.get(), 0, static_cast<size_t>(R * smax) * sizeof(int64_t), stream_),
-        "plan_device: clear positions");
-    GatherSlotsKernel<<<Blocks(static_cast<int64_t>(rsd), kThreads), kThreads, 0, stream_>>>(
-        kf_.get(), vf_.get(), pos_.get(), slot_token_.get(), sk_.get(), sv_.get(), spos_.get(), R,
-        H, n, smax, di, m);
-    KVD_RETURN_IF_ERROR(Check("GatherSlotsKernel"));
-    KVD_RETURN_IF_ERROR(mark(kSelected));
-    // 3b. the hybrid merge: every token outside the pool joins its nearest absorber (or is
-    // evicted); merged slots get their mean pre-RoPE key rotated to their position, their value
-    // sum and cardinality. Weights: the window attention mass (computed here for KeyDiff), or
-    // uniform without queries or with merge_guard kMean, as MergeGroup.
-    if (merging) {
-      const bool have_queries = input.window_queries != nullptr && qrows > 0;
-      if (have_queries && options_.score == ScoreStage::kKeyDiff) {
-        KVD_RETURN_IF_ERROR(LaunchAttentionMass(
-            qf_.get(), kf_.get(), nullptr, nullptr, nullptr, mass_.get(), R, qrows, n, di,
-            job.group, MaskKind::kCausalWindow, 1.0f / std::sqrt(static_cast<float>(d)), stream_));
-      }
-      KVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kpre_all_.get(), kf_.get(), rnd * sizeof(float),
-                                               cudaMemcpyDeviceToDevice, stream_),
-                               "plan_device: copy keys");
-      KVD_RETURN_IF_ERROR(LaunchRope(kpre_all_.get(), pos_.get(), 0, inv_freq_.get(), n, R, d,
-                                     half_, interleaved_, RopeDirection::kDerotate, stream_));
-      KVD_CUDA_RETURN_IF_ERROR(
-          cudaMemsetAsync(merged_key_pre_.get(), 0, rsd * sizeof(float), stream_),
-          "plan_device: clear merged keys");
-      HybridMergeArgs a;
-      a.rows = R;
-      a.heads = H;
-      a.n = n;
-      a.smax = smax;
-      a.d = di;
-      a.sinks = job.sinks;
-      a.window = w;
-      a.max_group = options_.hybrid_max_group;
-      a.min_cos = options_.hybrid_min_cos;
-      a.weighted_position = options_.position == RepresentativePosition::kWeighted;
-      a.slots = meta_.get();  // the first L entries: S_l
-      a.slot_token = slot_token_.get();
-      a.kpre = kpre_all_.get();
-      a.values = vf_.get();
-      a.mass = have_queries && options_.merge_guard != MergeGuard::kMean ? mass_.get() : nullptr;
-      a.positions = pos_.get();
-      a.inv_freq = inv_freq_.get();
-      a.half = half_;
-      a.interleaved = interleaved_;
-      a.owner = owner_.get();
-      a.member = member_.get();
-      a.range = range_.get();
-      a.total_mass = total_mass_.get();
-      a.merged_key_pre = merged_key_pre_.get();
-      a.slot_keys = sk_.get();
-      a.slot_values = sv_.get();
-      a.slot_positions = spos_.get();
-      a.card = card_.get();
-      KVD_RETURN_IF_ERROR(LaunchHybridMerge(a, stream_));
-    }
-    KVD_RETURN_IF_ERROR(mark(kMerged));
-    // 4. VECTOR routing over the eligible slots [sinks, S_l - w) of every row.
-    if (routing) {
-      KVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kpre_.get(), sk_.get(), rsd * sizeof(float),
-                                               cudaMemcpyDeviceToDevice, stream_),
-                               "plan_device: copy slot keys");
-      KVD_RETURN_IF_ERROR(LaunchRope(kpre_.get(), spos_.get(), smax, inv_freq_.get(), smax, R, d,
-                                     half_, interleaved_, RopeDirection::kDerotate, stream_));
-    }
-    KVD_RETURN_IF_ERROR(mark(kDerotated));
-    if (routing) {
-      KVD_RETURN_IF_ERROR(LaunchVectorResiduals(kpre_.get(), wt_.get(), sv_.get(), smax, di,
-                                                residuals_.get(), stream_, R, bias_.get()));
-    }
-    RouteSelectKernel<<<Blocks(R * smax, kThreads), kThreads, 0, stream_>>>(
-        routing ? residuals_.get() : nullptr, flags_.get(), R, H, smax, job.sinks, w, m);
-    KVD_RETURN_IF_ERROR(Check("RouteSelectKernel"));
-    KVD_RETURN_IF_ERROR(mark(kRouted));
-    // 5. encode: stored values are the slots without the rebuild flag (padding excluded), then
-    // keys, values, positions and flags packed in (layer, head) order in the model dtype.
-    CompactIndexKernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(flags_.get(), smax, 0,
-                                                                           value_slot_.get(), smax);
-    KVD_RETURN_IF_ERROR(Check("CompactIndexKernel"));
-    PackKernel<<<Blocks(static_cast<int64_t>(rsd), kThreads), kThreads, 0, stream_>>>(
-        sk_.get(), sv_.get(), spos_.get(), flags_.get(), value_slot_.get(),
-        merging ? card_.get() : nullptr, out_keys_.get(), out_values_.get(), out_pos_.get(),
-        out_flags_.get(), merging ? out_card_.get() : nullptr, R, H, smax, di, dtype, m);
-    KVD_RETURN_IF_ERROR(Check("PackKernel"));
-    KVD_RETURN_IF_ERROR(mark(kEncoded));
-    // 6. the compact arrays (and the error word) to the host: the one synchronisation.
-    const size_t key_bytes = static_cast<size_t>(slot_count * d) * e;
-    const size_t value_bytes = static_cast<size_t>(value_count * d) * e;
-    out->keys.resize(key_bytes);
-    out->values.resize(value_bytes);
-    out->positions.resize(static_cast<size_t>(slot_count));
-    out->flags.resize(static_cast<size_t>(slot_count));
-    int err[kErrWords] = {0, 0, INT_MAX, INT_MAX};
-    KVD_RETURN_IF_ERROR(out_keys_.Download(out->keys.data(), key_bytes, stream_));
-    KVD_RETURN_IF_ERROR(out_values_.Download(out->values.data(), value_bytes, stream_));
-    KVD_RETURN_IF_ERROR(out_pos_.Download(out->positions.data(), out->positions.size(), stream_));
-    KVD_RETURN_IF_ERROR(out_flags_.Download(out->flags.data(), out->flags.size(), stream_));
-    out->cardinality.clear();
-    if (merging) {
-      out->cardinality.resize(static_cast<size_t>(slot_count));
-      KVD_RETURN_IF_ERROR(
-          out_card_.Download(out->cardinality.data(), out->cardinality.size(), stream_));
-    }
-    KVD_RETURN_IF_ERROR(err_.Download(err, kErrWords, stream_));
-    KVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "plan_device");
-    if (device_.time_stages) KVD_RETURN_IF_ERROR(StageTimes(&out->stage));
-    if (err[0] & kBadKeysValues) {
-      return Status::InvalidArgument("plan: non-finite keys/values (NaN or Inf) in layer " +
-                                     std::to_string(err[1]));
-    }
-    if (err[0] & kBadQueries) {
-      return Status::InvalidArgument("plan: non-finite window queries (NaN or Inf) in layer " +
-                                     std::to_string(err[1]));
-    }
-    if (err[kErrZeroNorm] != INT_MAX) {  // KeyDiff (keydiff.h): the CPU plan's error
-      const int64_t row = err[kErrZeroNorm] / n, token = err[kErrZeroNorm] % n;
-      return Status(StatusCode::kInvalidArgument,
-                    "plan: layer " + std::to_string(row / H) + " head " + std::to_string(row % H) +
-                        ": keydiff: zero-norm key at token " + std::to_string(token) +
-                        " (a key with no direction cannot be scored)",
-                    Reason::kZeroNormKey);
-    }
-    return Status::Ok();
+    const RunShape s = Shape(input, job);
+    KVD_RETURN_IF_ERROR(Reserve(s));
+    KVD_RETURN_IF_ERROR(UploadChunkInputs(input, s));
+    KVD_RETURN_IF_ERROR(Record(kStart));
+    KVD_RETURN_IF_ERROR(ConvertStep(input, s));
+    KVD_RETURN_IF_ERROR(QueriesStep(input, s));
+    KVD_RETURN_IF_ERROR(ScoreStep(s));
+    KVD_RETURN_IF_ERROR(Record(kScored));
+    KVD_RETURN_IF_ERROR(SelectStep(s));
+    KVD_RETURN_IF_ERROR(Record(kSelected));
+    if (s.merging) KVD_RETURN_IF_ERROR(MergeStep(s));
+    KVD_RETURN_IF_ERROR(Record(kMerged));
+    KVD_RETURN_IF_ERROR(RouteStep(s));
+    KVD_RETURN_IF_ERROR(EncodeStep(s));
+    KVD_RETURN_IF_ERROR(Record(kEncoded));
+    return Finish(s, out);
   }
 
   Status Upload(std::span<const uint8_t> raw, std::span<const uint8_t> queries,
@@ -624,6 +346,389 @@ class CudaPlanState final : public DevicePlan::State {
   }
 
  private:
+  // The sizes of one Run and which of its stages run.
+  struct RunShape {
+    int L = 0;
+    int64_t H = 0, d = 0, n = 0, w = 0;
+    int64_t R = 0;      // (layer, KV head) rows
+    int64_t qrows = 0;  // window query rows per KV head
+    int64_t sinks = 0;
+    int group = 1;
+    size_t e = 0;  // model dtype bytes
+    // The per-layer table (file comment) and the packed output sizes.
+    std::vector<int64_t> meta;
+    int64_t smax = 1, slot_count = 0, value_count = 0;
+    size_t rnd = 0, rsd = 0;  // [R, n, d] and [R, smax, d] elements
+    bool have_queries = false;
+    bool routing = false;
+    bool keydiff = false, blockwise = false;
+    int64_t cap = 0;       // block-wise KeyDiff: candidates per row
+    bool merging = false;  // the hybrid (plan.h)
+  };
+
+  RunShape Shape(const DeviceChunkInput& input, const DevicePlanJob& job) const {
+    const DevicePlanBudget& b = *job.budget;
+    RunShape s;
+    s.L = layout_.num_layers;
+    s.H = layout_.num_kv_heads;
+    s.d = layout_.head_dim;
+    s.n = job.n;
+    s.w = job.window;
+    s.R = s.L * s.H;
+    s.qrows = s.w * job.group;
+    s.sinks = job.sinks;
+    s.group = job.group;
+    s.e = DTypeSize(layout_.dtype);
+    s.meta.resize(static_cast<size_t>(4 * s.L));
+    for (int l = 0; l < s.L; ++l) {
+      const int64_t sl = b.slots[l], rl = b.rebuild_slots[l];
+      s.meta[l] = sl;
+      s.meta[s.L + l] = rl;
+      s.meta[2 * s.L + l] = s.slot_count;
+      s.meta[3 * s.L + l] = s.value_count;
+      s.slot_count += s.H * sl;
+      s.value_count += s.H * (sl - rl);
+      s.smax = std::max(s.smax, sl);
+      s.routing |= rl > 0;
+    }
+    s.rnd = static_cast<size_t>(s.R * s.n * s.d);
+    s.rsd = static_cast<size_t>(s.R * s.smax * s.d);
+    s.have_queries = input.window_queries != nullptr && s.qrows > 0;
+    s.keydiff = options_.score == ScoreStage::kKeyDiff;
+    s.blockwise = s.keydiff && options_.keydiff_block > 0;
+    // Block-wise KeyDiff: candidates = kept (<= S_l) + one block, and never more than N.
+    s.cap = s.blockwise ? std::min(s.n, s.smax + options_.keydiff_block) : 0;
+    s.merging = options_.merge == MergeStage::kKvSlimmer;
+    return s;
+  }
+
+  // The device buffers of one Run (grown, never shrunk).
+  Status Reserve(const RunShape& s) {
+    const int64_t R = s.R, n = s.n, d = s.d, smax = s.smax;
+    KVD_RETURN_IF_ERROR(Ensure(&kf_, s.rnd));
+    KVD_RETURN_IF_ERROR(Ensure(&vf_, s.rnd));
+    KVD_RETURN_IF_ERROR(Ensure(&qf_, static_cast<size_t>(R * std::max<int64_t>(s.qrows, 1) * d)));
+    KVD_RETURN_IF_ERROR(Ensure(&mass_, static_cast<size_t>(R * n)));
+    KVD_RETURN_IF_ERROR(Ensure(&scores_, static_cast<size_t>(R * n)));
+    KVD_RETURN_IF_ERROR(Ensure(&keep_, static_cast<size_t>(R * n)));
+    KVD_RETURN_IF_ERROR(Ensure(&slot_token_, static_cast<size_t>(R * smax)));
+    KVD_RETURN_IF_ERROR(Ensure(&sk_, s.rsd));
+    KVD_RETURN_IF_ERROR(Ensure(&sv_, s.rsd));
+    KVD_RETURN_IF_ERROR(Ensure(&spos_, static_cast<size_t>(R * smax)));
+    KVD_RETURN_IF_ERROR(Ensure(&flags_, static_cast<size_t>(R * smax)));
+    KVD_RETURN_IF_ERROR(Ensure(&value_slot_, static_cast<size_t>(R * smax)));
+    if (s.routing) {
+      KVD_RETURN_IF_ERROR(Ensure(&kpre_, s.rsd));
+      KVD_RETURN_IF_ERROR(Ensure(&residuals_, static_cast<size_t>(R * smax)));
+    }
+    if (s.keydiff) {
+      KVD_RETURN_IF_ERROR(Ensure(&inv_norm_, static_cast<size_t>(R * n)));
+      KVD_RETURN_IF_ERROR(Ensure(&anchor_, static_cast<size_t>(R * d)));
+      KVD_RETURN_IF_ERROR(Ensure(&unit_anchor_, static_cast<size_t>(R * d)));
+      KVD_RETURN_IF_ERROR(Ensure(&anchor_ok_, static_cast<size_t>(R)));
+    }
+    if (s.blockwise) {
+      KVD_RETURN_IF_ERROR(Ensure(&cand_, static_cast<size_t>(R * s.cap)));
+      KVD_RETURN_IF_ERROR(Ensure(&cand_scores_, static_cast<size_t>(R * s.cap)));
+    }
+    if (s.merging) KVD_RETURN_IF_ERROR(ReserveMerge(s));
+    if (s.keydiff &&
+        R * n > INT_MAX) {  // KeyDiff reports a zero-norm key as an int row * n + token
+      return Status::InvalidArgument("plan_device: layers x kv_heads x N = " +
+                                     std::to_string(R * n) + " is above the kernels' int range");
+    }
+    KVD_RETURN_IF_ERROR(Ensure(&pos_, static_cast<size_t>(n)));
+    KVD_RETURN_IF_ERROR(Ensure(&meta_, s.meta.size()));
+    KVD_RETURN_IF_ERROR(Ensure(&err_, kErrWords));
+    KVD_RETURN_IF_ERROR(Ensure(&out_keys_, static_cast<size_t>(s.slot_count * d) * s.e));
+    KVD_RETURN_IF_ERROR(Ensure(&out_values_, static_cast<size_t>(s.value_count * d) * s.e));
+    KVD_RETURN_IF_ERROR(Ensure(&out_pos_, static_cast<size_t>(s.slot_count)));
+    KVD_RETURN_IF_ERROR(Ensure(&out_flags_, static_cast<size_t>(s.slot_count)));
+    if (device_.time_stages) KVD_RETURN_IF_ERROR(EnsureEvents(kMarks));
+    return Status::Ok();
+  }
+
+  // The hybrid merge's buffers (HybridMergeArgs).
+  Status ReserveMerge(const RunShape& s) {
+    const size_t rs = static_cast<size_t>(s.R * s.smax);
+    KVD_RETURN_IF_ERROR(Ensure(&kpre_all_, s.rnd));
+    KVD_RETURN_IF_ERROR(Ensure(&owner_, static_cast<size_t>(s.R * s.n)));
+    KVD_RETURN_IF_ERROR(Ensure(&member_, static_cast<size_t>(s.R * s.n)));
+    KVD_RETURN_IF_ERROR(Ensure(&range_, 2 * rs));
+    KVD_RETURN_IF_ERROR(Ensure(&total_mass_, rs));
+    KVD_RETURN_IF_ERROR(Ensure(&merged_key_pre_, s.rsd));
+    KVD_RETURN_IF_ERROR(Ensure(&card_, rs));
+    return Ensure(&out_card_, static_cast<size_t>(s.slot_count));
+  }
+
+  // Inputs of the chunk (small): positions, the per-layer table, the error word.
+  Status UploadChunkInputs(const DeviceChunkInput& input, const RunShape& s) {
+    KVD_RETURN_IF_ERROR(pos_.Upload(input.positions.data(), static_cast<size_t>(s.n), stream_));
+    KVD_RETURN_IF_ERROR(meta_.Upload(s.meta.data(), s.meta.size(), stream_));
+    const int no_err[kErrWords] = {0, INT_MAX, INT_MAX, INT_MAX};
+    KVD_RETURN_IF_ERROR(err_.Upload(no_err, kErrWords, stream_));
+    scores_n_ = s.n;
+    return Status::Ok();
+  }
+
+  Meta MetaOf(const RunShape& s) const { return Meta{meta_.get(), s.L}; }
+
+  // The event of `m` when timing stages (DevicePlanOptions::time_stages).
+  Status Record(Mark m) {
+    if (!device_.time_stages) return Status::Ok();
+    KVD_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[m], stream_), "plan_device: cudaEventRecord");
+    return Status::Ok();
+  }
+
+  // 1. every layer's K and V: engine layout -> float32 [R, n, d]; finiteness flagged.
+  Status ConvertStep(const DeviceChunkInput& input, const RunShape& s) {
+    const int64_t n = s.n, H = s.H, d = s.d;
+    const int64_t layer_elems = 2 * n * H * d;  // K then V of one layer, in elements
+    const auto* raw = static_cast<const uint8_t*>(input.raw);
+    KVD_RETURN_IF_ERROR(
+        LaunchGather(raw, kf_.get(), n, H, d, layout_.dtype, stream_, s.L, layer_elems));
+    KVD_RETURN_IF_ERROR(LaunchGather(raw + static_cast<size_t>(n * H * d) * s.e, vf_.get(), n, H, d,
+                                     layout_.dtype, stream_, s.L, layer_elems));
+    const auto count = static_cast<int64_t>(s.rnd);
+    FiniteKernel<<<Blocks(count, kThreads), kThreads, 0, stream_>>>(
+        kf_.get(), count, kBadKeysValues, n * H * d, err_.get());
+    FiniteKernel<<<Blocks(count, kThreads), kThreads, 0, stream_>>>(
+        vf_.get(), count, kBadKeysValues, n * H * d, err_.get());
+    KVD_RETURN_IF_ERROR(Check("FiniteKernel"));
+    return Record(kConverted);
+  }
+
+  // 2. the window queries when given (their finiteness is checked whatever the score, as
+  // Compress does); Q[L, w, Hq, d] = [L, w, H, G*d] -> [L, H, w, G*d] = per row [w*G, d]
+  // (GatherWindowQueries).
+  Status QueriesStep(const DeviceChunkInput& input, const RunShape& s) {
+    if (!s.have_queries) return Status::Ok();
+    const int64_t qcount = s.R * s.qrows * s.d;
+    const DType qtype = input.window_queries_float32 ? DType::kFloat32 : layout_.dtype;
+    KVD_RETURN_IF_ERROR(LaunchGather(input.window_queries, qf_.get(), s.w, s.H, s.group * s.d,
+                                     qtype, stream_, s.L, s.qrows * s.H * s.d));
+    FiniteKernel<<<Blocks(qcount, kThreads), kThreads, 0, stream_>>>(
+        qf_.get(), qcount, kBadQueries, s.qrows * s.H * s.d, err_.get());
+    return Check("FiniteKernel");
+  }
+
+  // The window attention mass [R, n] (causal window, as ComputeAttentionMass).
+  Status AttentionMass(const RunShape& s) {
+    return LaunchAttentionMass(qf_.get(), kf_.get(), nullptr, nullptr, nullptr, mass_.get(), s.R,
+                               s.qrows, s.n, static_cast<int>(s.d), s.group,
+                               MaskKind::kCausalWindow, 1.0f / std::sqrt(static_cast<float>(s.d)),
+                               stream_);
+  }
+
+  // Scores [R, n] of the plan's score stage (block-wise KeyDiff: 0; its walk selects in step 3).
+  Status ScoreStep(const RunShape& s) {
+    const int64_t R = s.R, n = s.n;
+    switch (options_.score) {
+      case ScoreStage::kNone:
+        RecencyKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(scores_.get(), R, n);
+        return Check("RecencyKernel");
+      case ScoreStage::kSnapKv:
+      case ScoreStage::kPyramidKv:
+        KVD_RETURN_IF_ERROR(AttentionMass(s));
+        SnapScoreKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(
+            mass_.get(), scores_.get(), R, n, s.w, s.qrows, options_.pooling_kernel,
+            static_cast<int>(options_.pooling));
+        return Check("SnapScoreKernel");
+      case ScoreStage::kKeyDiff:
+        return KeyDiffScoreStep(s);
+      case ScoreStage::kExpectedAttention:  // refused by CheckDevicePlanSupported
+        return Status::Unimplemented("plan_device: score expected_attention");
+    }
+    return Status::Unimplemented("plan_device: score code " +  // likewise
+                                 std::to_string(static_cast<int>(options_.score)));
+  }
+
+  // KeyDiff on the post-RoPE keys of all N tokens, as HeadScores passes them (keydiff.h). A
+  // zero-norm key is reported after the chunk (err word kErrZeroNorm: min row * n + token):
+  // one-shot scores every key; block-wise only the candidates it scores (its own report).
+  Status KeyDiffScoreStep(const RunShape& s) {
+    const int64_t R = s.R, n = s.n;
+    const int di = static_cast<int>(s.d);
+    KVD_RETURN_IF_ERROR(LaunchKeyDiffNorms(kf_.get(), inv_norm_.get(),
+                                           err_.get() + (s.blockwise ? kErrUnused : kErrZeroNorm),
+                                           R * n, di, stream_));
+    if (s.blockwise) {  // the walk selects (step 3)
+      KVD_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(scores_.get(), 0, static_cast<size_t>(R * n) * sizeof(float), stream_),
+          "plan_device: clear scores");
+      return Status::Ok();
+    }
+    KVD_RETURN_IF_ERROR(
+        LaunchKeyDiffAnchor(kf_.get(), inv_norm_.get(), anchor_.get(), n, di, stream_, R));
+    KVD_RETURN_IF_ERROR(LaunchKeyDiffUnitAnchor(anchor_.get(), unit_anchor_.get(), anchor_ok_.get(),
+                                                n, di, stream_, R));
+    return LaunchKeyDiffScores(kf_.get(), inv_norm_.get(), unit_anchor_.get(), anchor_ok_.get(),
+                               scores_.get(), n, di, stream_, R);
+  }
+
+  // 3. selection, compaction (slot j of row r = token slot_token[r, j], ascending), gather.
+  Status SelectStep(const RunShape& s) {
+    const int64_t R = s.R, H = s.H, n = s.n, smax = s.smax;
+    const int di = static_cast<int>(s.d);
+    const Meta m = MetaOf(s);
+    if (s.blockwise) {
+      // meta's first L entries are S_l: every head of layer l keeps S_l tokens.
+      KVD_RETURN_IF_ERROR(LaunchKeyDiffBlockwiseSelect(
+          kf_.get(), inv_norm_.get(), meta_.get(), H, R, n, di, s.sinks, s.w,
+          options_.keydiff_block, cand_.get(), cand_scores_.get(), s.cap, keep_.get(),
+          err_.get() + kErrZeroNorm, stream_));
+    } else {
+      SelectKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(scores_.get(), keep_.get(), R,
+                                                                      H, n, s.sinks, s.w, m);
+      KVD_RETURN_IF_ERROR(Check("SelectKernel"));
+    }
+    CompactIndexKernel<<<static_cast<unsigned>(R), kThreads, 0, stream_>>>(keep_.get(), n, 1,
+                                                                           slot_token_.get(), smax);
+    KVD_RETURN_IF_ERROR(Check("CompactIndexKernel"));
+    KVD_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(spos_.get(), 0, static_cast<size_t>(R * smax) * sizeof(int64_t), stream_),
+        "plan_device: clear positions");
+    GatherSlotsKernel<<<Blocks(static_cast<int64_t>(s.rsd), kThreads), kThreads, 0, stream_>>>(
+        kf_.get(), vf_.get(), pos_.get(), slot_token_.get(), sk_.get(), sv_.get(), spos_.get(), R,
+        H, n, smax, di, m);
+    return Check("GatherSlotsKernel");
+  }
+
+  // 3b. the hybrid merge: every token outside the pool joins its nearest absorber (or is
+  // evicted); merged slots get their mean pre-RoPE key rotated to their position, their value
+  // sum and cardinality. Weights: the window attention mass (computed here for KeyDiff), or
+  // uniform without queries or with merge_guard kMean, as MergeGroup.
+  Status MergeStep(const RunShape& s) {
+    if (s.have_queries && options_.score == ScoreStage::kKeyDiff) {
+      KVD_RETURN_IF_ERROR(AttentionMass(s));
+    }
+    KVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kpre_all_.get(), kf_.get(), s.rnd * sizeof(float),
+                                             cudaMemcpyDeviceToDevice, stream_),
+                             "plan_device: copy keys");
+    KVD_RETURN_IF_ERROR(LaunchRope(kpre_all_.get(), pos_.get(), 0, inv_freq_.get(), s.n, s.R, s.d,
+                                   half_, interleaved_, RopeDirection::kDerotate, stream_));
+    KVD_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(merged_key_pre_.get(), 0, s.rsd * sizeof(float), stream_),
+        "plan_device: clear merged keys");
+    return LaunchHybridMerge(HybridArgs(s), stream_);
+  }
+
+  HybridMergeArgs HybridArgs(const RunShape& s) {
+    HybridMergeArgs a;
+    a.rows = s.R;
+    a.heads = s.H;
+    a.n = s.n;
+    a.smax = s.smax;
+    a.d = static_cast<int>(s.d);
+    a.sinks = s.sinks;
+    a.window = s.w;
+    a.max_group = options_.hybrid_max_group;
+    a.min_cos = options_.hybrid_min_cos;
+    a.weighted_position = options_.position == RepresentativePosition::kWeighted;
+    a.slots = meta_.get();  // the first L entries: S_l
+    a.slot_token = slot_token_.get();
+    a.kpre = kpre_all_.get();
+    a.values = vf_.get();
+    a.mass = s.have_queries && options_.merge_guard != MergeGuard::kMean ? mass_.get() : nullptr;
+    a.positions = pos_.get();
+    a.inv_freq = inv_freq_.get();
+    a.half = half_;
+    a.interleaved = interleaved_;
+    a.owner = owner_.get();
+    a.member = member_.get();
+    a.range = range_.get();
+    a.total_mass = total_mass_.get();
+    a.merged_key_pre = merged_key_pre_.get();
+    a.slot_keys = sk_.get();
+    a.slot_values = sv_.get();
+    a.slot_positions = spos_.get();
+    a.card = card_.get();
+    return a;
+  }
+
+  // 4. VECTOR routing over the eligible slots [sinks, S_l - w) of every row (none routed when
+  // the plan does not route: the flags are cleared).
+  Status RouteStep(const RunShape& s) {
+    if (s.routing) {
+      KVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kpre_.get(), sk_.get(), s.rsd * sizeof(float),
+                                               cudaMemcpyDeviceToDevice, stream_),
+                               "plan_device: copy slot keys");
+      KVD_RETURN_IF_ERROR(LaunchRope(kpre_.get(), spos_.get(), s.smax, inv_freq_.get(), s.smax, s.R,
+                                     s.d, half_, interleaved_, RopeDirection::kDerotate, stream_));
+    }
+    KVD_RETURN_IF_ERROR(Record(kDerotated));
+    if (s.routing) {
+      KVD_RETURN_IF_ERROR(LaunchVectorResiduals(kpre_.get(), wt_.get(), sv_.get(), s.smax,
+                                                static_cast<int>(s.d), residuals_.get(), stream_,
+                                                s.R, bias_.get()));
+    }
+    RouteSelectKernel<<<Blocks(s.R * s.smax, kThreads), kThreads, 0, stream_>>>(
+        s.routing ? residuals_.get() : nullptr, flags_.get(), s.R, s.H, s.smax, s.sinks, s.w,
+        MetaOf(s));
+    KVD_RETURN_IF_ERROR(Check("RouteSelectKernel"));
+    return Record(kRouted);
+  }
+
+  // 5. encode: stored values are the slots without the rebuild flag (padding excluded), then
+  // keys, values, positions and flags packed in (layer, head) order in the model dtype.
+  Status EncodeStep(const RunShape& s) {
+    CompactIndexKernel<<<static_cast<unsigned>(s.R), kThreads, 0, stream_>>>(
+        flags_.get(), s.smax, 0, value_slot_.get(), s.smax);
+    KVD_RETURN_IF_ERROR(Check("CompactIndexKernel"));
+    PackKernel<<<Blocks(static_cast<int64_t>(s.rsd), kThreads), kThreads, 0, stream_>>>(
+        sk_.get(), sv_.get(), spos_.get(), flags_.get(), value_slot_.get(),
+        s.merging ? card_.get() : nullptr, out_keys_.get(), out_values_.get(), out_pos_.get(),
+        out_flags_.get(), s.merging ? out_card_.get() : nullptr, s.R, s.H, s.smax,
+        static_cast<int>(s.d), static_cast<int>(layout_.dtype), MetaOf(s));
+    return Check("PackKernel");
+  }
+
+  // 6. the compact arrays (and the error word) to the host: the one synchronisation.
+  Status Finish(const RunShape& s, DevicePlanOutput* out) {
+    const size_t key_bytes = static_cast<size_t>(s.slot_count * s.d) * s.e;
+    const size_t value_bytes = static_cast<size_t>(s.value_count * s.d) * s.e;
+    out->keys.resize(key_bytes);
+    out->values.resize(value_bytes);
+    out->positions.resize(static_cast<size_t>(s.slot_count));
+    out->flags.resize(static_cast<size_t>(s.slot_count));
+    int err[kErrWords] = {0, 0, INT_MAX, INT_MAX};
+    KVD_RETURN_IF_ERROR(out_keys_.Download(out->keys.data(), key_bytes, stream_));
+    KVD_RETURN_IF_ERROR(out_values_.Download(out->values.data(), value_bytes, stream_));
+    KVD_RETURN_IF_ERROR(out_pos_.Download(out->positions.data(), out->positions.size(), stream_));
+    KVD_RETURN_IF_ERROR(out_flags_.Download(out->flags.data(), out->flags.size(), stream_));
+    out->cardinality.clear();
+    if (s.merging) {
+      out->cardinality.resize(static_cast<size_t>(s.slot_count));
+      KVD_RETURN_IF_ERROR(
+          out_card_.Download(out->cardinality.data(), out->cardinality.size(), stream_));
+    }
+    KVD_RETURN_IF_ERROR(err_.Download(err, kErrWords, stream_));
+    KVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "plan_device");
+    if (device_.time_stages) KVD_RETURN_IF_ERROR(StageTimes(&out->stage));
+    return ErrorWord(err, s);
+  }
+
+  // The error word the kernels wrote, as the CPU plan reports the same faults.
+  static Status ErrorWord(const int* err, const RunShape& s) {
+    if (err[0] & kBadKeysValues) {
+      return Status::InvalidArgument("plan: non-finite keys/values (NaN or Inf) in layer " +
+                                     std::to_string(err[1]));
+    }
+    if (err[0] & kBadQueries) {
+      return Status::InvalidArgument("plan: non-finite window queries (NaN or Inf) in layer " +
+                                     std::to_string(err[1]));
+    }
+    if (err[kErrZeroNorm] != INT_MAX) {  // KeyDiff (keydiff.h): the CPU plan's error
+      const int64_t row = err[kErrZeroNorm] / s.n, token = err[kErrZeroNorm] % s.n;
+      return Status(StatusCode::kInvalidArgument,
+                    "plan: layer " + std::to_string(row / s.H) + " head " +
+                        std::to_string(row % s.H) + ": keydiff: zero-norm key at token " +
+                        std::to_string(token) + " (a key with no direction cannot be scored)",
+                    Reason::kZeroNormKey);
+    }
+    return Status::Ok();
+  }
+
   Status EnsureEvents(size_t count) {
     while (events_.size() < count) {
       cudaEvent_t ev;

@@ -19,6 +19,8 @@
 //                                              quant_group, quant_key_group, quant_recent,
 //                                              quant_rotate, quant_value_format; `[quantize]` alone
 //                                              keeps every token: its p_c defaults to 0)
+// A registered stage may own policy keys of its own (kernels/stages.h StagePolicyKey); they are
+// accepted only when the stage is listed and land in `stage_keys`.
 // Refused (INVALID_ARGUMENT naming the key and value, kvd exits 2): an unknown method, two
 // methods of one stage, a method listed after a later stage (e.g. [vector, snapkv]), an empty
 // list, a lone `vector`, quant_* keys without the quantize stage, p_c outside [0, 1), a budget that
@@ -34,6 +36,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 
 #include "kvd/common/layout.h"
@@ -113,6 +117,11 @@ struct CompressionPolicy {
   // when that cannot be honoured). Not part of the codec id: both plans implement the same
   // compression (the CUDA plan's float32 scores may order two near-equal tokens differently).
   std::string device = "auto";
+  // Values of the policy keys that registered stages declare (kernels/stages.h StagePolicyKey),
+  // by key name: only the keys the YAML sets (the others have the stage's default). Each belongs
+  // to a listed stage and fits its declaration (Validate). Part of the canonical form when set,
+  // and handed to the plan as CompressionPlanOptions::stage_keys.
+  std::map<std::string, double, std::less<>> stage_keys;
 
   // INVALID_ARGUMENT naming `key` + ".<field>" and the value (see the file comment).
   Status Validate(const std::string& key, int chunk_tokens) const;

@@ -11,8 +11,10 @@
 //          MinCount() < expected_attention_min_queries the plan scores with one-shot KeyDiff
 //          and the chunk records kKeyDiff, the stage that scored it)
 //          | any other registered score stage (its ScoreFn scores each head; higher = keep)
-//   merge  kNone | kKvSlimmer
-//   route  kNone | kVector
+//   merge  kNone | kKvSlimmer | any other registered merge stage (its MergeFn writes each head's
+//          slots from the score stage's pool)
+//   route  kNone | kVector | any other registered route stage (its RouteFn prices dropping each
+//          slot's value; the budget below is kept the same way)
 //   - merge kNone:        keep the top `pool` tokens by score (eviction; section 5.1/5.2).
 //   - score kNone + merge: KVSlimmer merges all N tokens down to `pool` slots (section 5.3).
 //   - score + merge:      the hybrid of section 5.4: the score picks the pool; every token outside
@@ -87,7 +89,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kvd/common/layout.h"
@@ -111,13 +115,13 @@ struct CompressionPlanOptions {
   int64_t sinks = 4;       // first tokens never evicted/merged/routed, >= 0 (AsymKV: 32)
   int pooling_kernel = 5;  // SnapKV/PyramidKV pooling kernel, odd >= 1
   PoolingKind pooling = PoolingKind::kAvg;
-  int64_t keydiff_block = 0;   // KeyDiff: 0 = one-shot, else the block-wise block size (128)
+  int64_t keydiff_block = 0;  // KeyDiff: 0 = one-shot, else the block-wise block size (128)
   // kExpectedAttention: future positions, covariance and value-norm terms (expected_attention.h).
   ExpectedAttentionOptions expected_attention;
   // kExpectedAttention: the fewest window queries per layer the statistics must hold before they
   // score (file comment: KeyDiff until then), >= 1. Default 256 (8 puts of 32 window queries).
   int64_t expected_attention_min_queries = 256;
-  double pyramid_beta = 20.0;  // PyramidKV beta, >= 1
+  double pyramid_beta = 20.0;                                       // PyramidKV beta, >= 1
   MergeNorm merge_norm = MergeNorm::kL2;                            // KVSlimmer weight variant
   PairLambda pair_lambda = PairLambda::kAsymKv;                     // KVSlimmer pair ranking
   RepresentativePosition position = RepresentativePosition::kLast;  // merged slot position
@@ -178,6 +182,11 @@ struct CompressionPlanOptions {
   // key_group, value_group in [1, 65536] (KIVI and the quality runs use 64 and 64; a value group
   // beyond head_dim is one group per slot), recent >= 0 rows. Recorded in CodecDescription.
   QuantDescription quant;
+  // Policy keys of registered stages (stages.h StagePolicyKey) set for this plan, by key name;
+  // a key not here has its default. Each must be a key of the plan's score, merge or route stage
+  // and fit it (INVALID_ARGUMENT naming it). Not recorded in CodecDescription (the daemon's codec
+  // id records them).
+  std::map<std::string, double, std::less<>> stage_keys;
 
   // INVALID_ARGUMENT (OUT_OF_RANGE for p_c) naming the field.
   Status Validate() const;

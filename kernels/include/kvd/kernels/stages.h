@@ -22,11 +22,23 @@
 // then `stages: [key_norm]` in a policy, and CompressionPlanOptions::score =
 // static_cast<ScoreStage>(200) in the plan (docs/extending.md).
 //
+// Policy keys: a registration may declare the keys of kvd's compression policy it reads
+// (StagePolicyKey: name, type, range, default). The daemon's policy parser accepts such a key only
+// in a policy that lists the stage, checks its value here (CheckStagePolicyKey), records it in
+// the policy's canonical form (so in the codec id) and hands it to the plan in
+// CompressionPlanOptions::stage_keys, where the stage reads it with StageKeyValue.
+//
+// Adding a merge or route stage: its kernel and one Register call with a MergeFn (it writes the
+// head's slots, HeadSlots) or a RouteFn (the cost of dropping each slot's value); the CPU plan
+// (plan_head.cc) runs it through the registry. tests/kernels/pair_mean_stage.h is an example.
+//
 // Thread safety: Register and the lookups may be called from any thread; a registration is never
 // removed, so the pointers the lookups return stay valid for the life of the process.
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -34,6 +46,7 @@
 
 #include "kvd/common/status.h"
 #include "kvd/kernels/plan.h"
+#include "kvd/kernels/rope.h"
 
 namespace kvd::kernels {
 
@@ -65,6 +78,104 @@ using LayerBudgetsFn = StatusOr<std::vector<int64_t>> (*)(int64_t n, int layers,
 // CompressionPlanOptions::Validate when the stage is the plan's.
 using ValidateFn = Status (*)(const CompressionPlanOptions& options);
 
+// The slots of one (layer, KV head) before encoding: what a merge stage writes (the plan's
+// eviction without one) and a route stage flags. Slot j holds a key, the sum of its
+// cardinality[j] tokens' values (stored as their mean) and a position.
+struct HeadSlots {
+  Matrix keys_post;                  // [S, d] post-RoPE, at positions[j]
+  Matrix keys_pre;                   // [S, d] de-rotated (route stages read cardinality-1 slots')
+  Matrix value_sums;                 // [S, d]
+  std::vector<int32_t> cardinality;  // tokens in the slot, >= 1
+  std::vector<int64_t> positions;
+  std::vector<uint8_t> forced;   // a sink or window slot: never routed
+  std::vector<uint8_t> rebuild;  // set by the route step: the value is dropped
+  std::vector<int64_t> token;    // the token of a cardinality-1 slot, -1 when not known
+  int64_t size() const { return static_cast<int64_t>(cardinality.size()); }
+  // s zeroed slots of d columns: cardinality 1, position 0, not forced, token -1.
+  void Resize(int64_t s, int64_t d) {
+    keys_post = Matrix(s, d);
+    keys_pre = Matrix(s, d);
+    value_sums = Matrix(s, d);
+    cardinality.assign(s, 1);
+    positions.assign(s, 0);
+    forced.assign(s, 0);
+    rebuild.assign(s, 0);
+    token.assign(s, -1);
+  }
+};
+
+// What a merge or route stage may ask of its head beyond its inputs: computed once per head
+// (timed in the plan's stage times) and shared by the stages. Implemented by the plan.
+class HeadCache {
+ public:
+  virtual ~HeadCache() = default;
+  // The de-rotated (pre-RoPE) keys [N, d].
+  virtual StatusOr<ConstMatrixView> KeysPre() = 0;
+  // The window queries' attention mass per token [N] (causal window); empty without queries.
+  virtual StatusOr<std::span<const float>> Mass() = 0;
+  // The head's mean pre-RoPE key [d] (kvslimmer.h MeanCentredAdjacentCosine).
+  virtual StatusOr<std::span<const float>> Center() = 0;
+};
+
+// A merge stage's state for one head, kept across its calls for that head (the plan calls the
+// merge again with fewer slots when routing lowers its budget). Its counters are added to the
+// chunk's CompressionStats once, after the last call.
+class MergeState {
+ public:
+  virtual ~MergeState() = default;
+  virtual void AddStats(CompressionStats* stats) const = 0;
+};
+
+// What a merge stage sees of one head.
+struct MergeHeadInput {
+  const CompressionPlanOptions* options = nullptr;
+  const RopeTable* rope = nullptr;
+  ConstMatrixView keys;                // [N, d] post-RoPE
+  ConstMatrixView values;              // [N, d]
+  std::span<const int64_t> positions;  // [N]
+  ConstMatrixView queries;             // [W*G, d] post-RoPE window queries, or rows == 0
+  int64_t window = 0;                  // effective window (0 without queries)
+  int group_size = 1;                  // query heads per KV head
+  bool layer_open = true;              // merge_gate's layer gate (plan.h)
+  int64_t slots = 0;                   // S: the slots to write
+  // With a score stage: the S tokens it kept (ascending, sinks and window included), the slots
+  // the merge fills. Without one (the merge alone): empty.
+  std::span<const int32_t> pool;
+  bool selected = false;  // the plan has a score stage: `pool` holds its S tokens
+  HeadCache* cache = nullptr;
+  std::unique_ptr<MergeState>* state = nullptr;  // empty until the stage's first call fills it
+};
+// Writes the head's S slots into *out (Resize(S, d) first; the sinks' and window's slots
+// forced). The plan encodes them as they are. Single-threaded.
+using MergeFn = Status (*)(const MergeHeadInput& in, HeadSlots* out);
+
+// What a route stage sees of one head.
+struct RouteHeadInput {
+  const CompressionPlanOptions* options = nullptr;
+  ConstMatrixView values;              // [N, d] of the head's tokens
+  const VectorHeadFit* fit = nullptr;  // needs_calibration stages: the head's weights
+  HeadCache* cache = nullptr;
+};
+// Per slot of `slots`, the cost of dropping its value into *err (size S): finite where the slot
+// may drop it, +Inf elsewhere (forced and merged slots among them). The plan drops the values of
+// the 2a cheapest (ties: lower slot), lowering a until 2a slots may. Single-threaded.
+using RouteFn = Status (*)(const RouteHeadInput& in, const HeadSlots& slots,
+                           std::vector<float>* err);
+
+// The value type of a stage's policy key. Values travel as double (kInt: an integer, kBool: 0 or
+// 1).
+enum class PolicyKeyType : uint8_t { kInt = 0, kDouble = 1, kBool = 2 };
+
+// One key of kvd's compression policy (`models[i].compression.<name>`) that a stage owns.
+struct StagePolicyKey {
+  std::string name;  // unique over the keys of all stages, e.g. "key_norm_smallest"
+  PolicyKeyType type = PolicyKeyType::kDouble;
+  // kInt, kDouble: the accepted range, both ends included.
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+  double default_value = 0.0;  // the value when the policy does not set it (within the range)
+};
+
 struct StageRegistration {
   std::string name;  // policy name, unique over all kinds ("snapkv")
   StageKind kind = StageKind::kScore;
@@ -88,6 +199,12 @@ struct StageRegistration {
   LayerBudgetsFn layer_budgets = nullptr;
   // Score stages: the check of its options (null = none).
   ValidateFn validate = nullptr;
+  // Merge stages: the step that writes a head's slots (required). Others: null.
+  MergeFn merge = nullptr;
+  // Route stages: the step that prices dropping each slot's value (required). Others: null.
+  RouteFn route = nullptr;
+  // The policy keys it reads (file comment; empty = none).
+  std::vector<StagePolicyKey> policy_keys;
 };
 
 class StageRegistry {
@@ -95,8 +212,10 @@ class StageRegistry {
   // The process-wide registry, built-in stages included.
   static StageRegistry& Global();
 
-  // ALREADY_EXISTS when the name or (kind, code) is taken; INVALID_ARGUMENT for an empty name, a
-  // score stage without `score`, or a `score`/`layer_budgets`/`validate` on another kind.
+  // ALREADY_EXISTS when the name, (kind, code) or a policy key's name is taken; INVALID_ARGUMENT
+  // for an empty name, a score / merge / route stage without its `score` / `merge` / `route`
+  // function, such a function (or `layer_budgets`, `validate`) on another kind, or a policy key
+  // without a name or whose default fails CheckStagePolicyKey.
   Status Register(StageRegistration registration);
 
   // Null when not registered.
@@ -104,6 +223,12 @@ class StageRegistry {
   const StageRegistration* Find(std::string_view name) const;
   // The stages of one kind in registration order.
   std::vector<const StageRegistration*> OfKind(StageKind kind) const;
+  // The stage that declares the policy key `key` (and the key in *out when non-null); null when
+  // none does.
+  const StageRegistration* FindPolicyKey(std::string_view key,
+                                         const StagePolicyKey** out = nullptr) const;
+  // Every declared policy key's name, in registration order.
+  std::vector<std::string> PolicyKeyNames() const;
 
  private:
   StageRegistry();
@@ -115,5 +240,12 @@ class StageRegistry {
 const StageRegistration* FindStage(ScoreStage s);
 const StageRegistration* FindStage(MergeStage s);
 const StageRegistration* FindStage(RouteStage s);
+
+// INVALID_ARGUMENT "<key>: <value> is not an integer / a boolean (0 or 1) / a finite number /
+// outside [min, max]" when `value` does not fit the key.
+Status CheckStagePolicyKey(const StagePolicyKey& key, double value);
+// The value of the policy key `key` in the plan: options.stage_keys' entry, else the key's default;
+// 0 when no registered stage declares it.
+double StageKeyValue(const CompressionPlanOptions& options, std::string_view key);
 
 }  // namespace kvd::kernels
