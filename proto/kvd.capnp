@@ -175,6 +175,13 @@ struct LookupReply {
   fetchedChunks @5 :UInt32;          # cluster scope: chunks copied from a peer for this lookup
   foundIn @6 :List(TierChunks);      # where the matched chunks were found: per tier, how many
                                      # (a chunk this lookup copied up from disk counts as disk)
+  membershipCurrent @7 :Bool;        # cluster scope: true while etcd answers (the holders come
+                                     # from the current member list); false: etcd is unreachable
+                                     # and they come from the last member list seen. Local scope:
+                                     # false (no member list is read)
+  membershipAgeMs @8 :UInt64;        # cluster scope: 0 while membershipCurrent; else how long ago
+                                     # etcd last answered this daemon (since the daemon started
+                                     # when it never did). Local scope: 0
 }
 
 struct TierChunks {

@@ -141,6 +141,8 @@ void WriteResult(const kvd::client::LookupResult& r, kvd_lookup_result* out) {
   v.lease_ttl_ms = r.lease_ttl_ms;
   v.fetched_chunks = r.fetched_chunks;
   v.num_holders = static_cast<uint32_t>(r.holders.size());
+  v.membership_current = r.membership_current ? 1 : 0;
+  v.membership_age_ms = r.membership_age_ms;
   WriteResult(v, out);
 }
 

@@ -208,6 +208,8 @@ StatusOr<LookupResult> ClientImpl::Lookup(std::span<const Hash128> chain,
     out.lease_id = l.getLeaseId();
     out.lease_ttl_ms = l.getLeaseTtlMs();
     out.fetched_chunks = l.getFetchedChunks();
+    out.membership_current = l.getMembershipCurrent();
+    out.membership_age_ms = l.getMembershipAgeMs();
     auto tiers = [](capnp::List<proto::TierChunks>::Reader list) {
       std::vector<TierChunks> v;
       for (auto t : list) v.push_back({t.getTier().cStr(), t.getChunks()});

@@ -22,6 +22,10 @@ std::string MemberList(const cluster::MembershipState& state) {
 
 }  // namespace
 
+MembershipFreshness FreshnessOf(const cluster::MembershipState& state) {
+  return {state.reachable, static_cast<uint64_t>(std::max<int64_t>(state.age.count(), 0))};
+}
+
 std::string MemberIneligible(const cluster::MemberRecord& peer, const ModelConfig& model) {
   const std::string& name = model.name;
   const uint64_t digest = model.layout.Digest();
@@ -44,7 +48,7 @@ StatusOr<PlacementOutcome> PlaceChain(const cluster::MembershipState& state, std
         "placement: no member list yet (etcd unreachable: " + state.last_error + ")");
   }
   PlacementOutcome out;
-  out.membership_current = state.reachable;
+  out.membership = FreshnessOf(state);
   if (!node.empty()) {
     for (const cluster::Member& m : state.members) {
       if (m.record.node != node) continue;

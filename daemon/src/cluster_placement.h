@@ -2,6 +2,7 @@
 // Private to daemon/.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,9 +20,17 @@ struct PlacementTarget {
   bool local = false;  // the member is this daemon
 };
 
+// How current the member list an answer comes from is (proto membershipCurrent, membershipAgeMs).
+struct MembershipFreshness {
+  bool current = false;  // etcd answered the last call
+  uint64_t age_ms = 0;   // 0 while current; else since etcd last answered (MembershipState::age)
+};
+
+MembershipFreshness FreshnessOf(const cluster::MembershipState& state);
+
 struct PlacementOutcome {
   std::vector<PlacementTarget> targets;  // best first
-  bool membership_current = false;       // etcd answered the last call
+  MembershipFreshness membership;        // of the member list the targets come from
 };
 
 // Why member `peer` can hold no chunk of `model` from this node ("" = it can): it does not serve

@@ -135,7 +135,9 @@ PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
   };
   std::vector<std::future<Answer>> asks;
   std::vector<size_t> asked_index;  // out.peers index of each ask
-  for (const cluster::Member& m : membership_->state().members) {
+  const cluster::MembershipState state = membership_->state();
+  out.membership = FreshnessOf(state);
+  for (const cluster::Member& m : state.members) {
     if (m.record.node == self_) continue;
     PeerPrefix& prefix = out.peers.emplace_back();
     prefix.node = m.record.node;

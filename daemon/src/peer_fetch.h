@@ -64,8 +64,9 @@ struct PeerPrefix {
 };
 
 struct PeerLookupOutcome {
-  std::vector<PeerPrefix> peers;  // every other member, by node id
-  uint32_t fetched_chunks = 0;    // chunks stored here from the longest peer prefix
+  std::vector<PeerPrefix> peers;   // every other member, by node id
+  MembershipFreshness membership;  // of the member list the peers come from
+  uint32_t fetched_chunks = 0;     // chunks stored here from the longest peer prefix
 };
 
 // What the fetcher did since start (kvdctl stats / metrics: kvd_cluster_<name>_total).

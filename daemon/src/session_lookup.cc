@@ -155,6 +155,8 @@ void Session::CompleteLookup(uint64_t seq, uint64_t rid,
              SetTierChunks(found_in, reply.initFoundIn(static_cast<unsigned>(found_in.size())));
              if (peers == nullptr) return;
              reply.setFetchedChunks(peers->fetched_chunks);
+             reply.setMembershipCurrent(peers->membership.current);
+             reply.setMembershipAgeMs(peers->membership.age_ms);
              auto holders = reply.initHolders(static_cast<unsigned>(peers->peers.size() + 1));
              holders[0].setNode(get_services_->config().ResolvedCluster()->node);
              holders[0].setMatchedChunks(static_cast<uint32_t>(result->matched_chunks));
@@ -188,7 +190,7 @@ void Session::HandlePlacement(uint64_t seq, uint64_t rid, proto::Placement::Read
   if (!placed.ok()) return CompleteError(seq, rid, placed.status());
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initPlacement();
-             reply.setMembershipCurrent(placed->membership_current);
+             reply.setMembershipCurrent(placed->membership.current);
              auto targets = reply.initTargets(static_cast<unsigned>(placed->targets.size()));
              for (size_t i = 0; i < placed->targets.size(); ++i) {
                targets[i].setNode(placed->targets[i].node);

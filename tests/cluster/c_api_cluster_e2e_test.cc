@@ -97,6 +97,8 @@ TEST_F(CApiClusterE2eTest, PutThroughThePlacementToBThenAClusterLookupFromAFetch
   EXPECT_EQ(hit.matched_chunks, 3u);
   EXPECT_EQ(hit.fetched_chunks, 3u);
   EXPECT_EQ(hit.num_holders, 3u);
+  EXPECT_EQ(hit.membership_current, 1u) << "etcd answers: the member list is current";
+  EXPECT_EQ(hit.membership_age_ms, 0u);
   ASSERT_EQ(listed.size(), 3u);
   EXPECT_EQ(listed[0]["node"], "a");
   EXPECT_EQ(listed[0]["matched_chunks"], 3) << "a's own prefix, the fetched chunks included";

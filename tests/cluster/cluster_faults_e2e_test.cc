@@ -95,10 +95,10 @@ void Print(const char* phase, const FetchCounts& c) {
 
 // etcd is SIGKILLed and restarted while a fetches chains from b. What the code does: the data
 // path needs no etcd. While etcd is away every kvd keeps its last member list (reachable 0 on
-// /metrics, Place says membership_current false) and a keeps fetching from b through it; once
-// etcd is back every kvd registers again and the list is current. Phases: 0 from the start
-// through the kill until every kvd reports etcd unreachable, 1 from then through the restart
-// until every kvd has registered again, 2 after that.
+// /metrics; Place and cluster-scope lookups say membership_current false) and a keeps fetching
+// from b through it; once etcd is back every kvd registers again and the list is current.
+// Phases: 0 from the start through the kill until every kvd reports etcd unreachable, 1 from then
+// through the restart until every kvd has registered again, 2 after that.
 TEST_F(ClusterFaultsE2eTest, EtcdKilledAndRestartedDuringPeerFetchesNoWrongBytesNoHang) {
   constexpr int kPhases = 3;
   constexpr int kPerPhase = 60;  // at most; the fetcher waits for the next phase when done
@@ -145,6 +145,14 @@ TEST_F(ClusterFaultsE2eTest, EtcdKilledAndRestartedDuringPeerFetchesNoWrongBytes
   ASSERT_TRUE(placed.ok()) << placed.status();
   EXPECT_FALSE(placed->membership_current);
   EXPECT_EQ(placed->targets.size(), 3u);
+  // A cluster-scope lookup says so too: its holders come from the last member list seen, which
+  // is older than the moment etcd was killed.
+  auto seen = reader->Lookup(chains[0], {.cluster = true});
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_FALSE(seen->membership_current);
+  EXPECT_GT(seen->membership_age_ms, 0u);
+  EXPECT_EQ(seen->holders.size(), 3u);
+  reader->ReleaseLease(seen->lease_id).IgnoreError();
   EXPECT_TRUE(after_fetches(1, 20));
 
   ASSERT_TRUE(etcd_->Restart().ok());
@@ -156,6 +164,11 @@ TEST_F(ClusterFaultsE2eTest, EtcdKilledAndRestartedDuringPeerFetchesNoWrongBytes
   placed = reader->Place(chains[0]);
   ASSERT_TRUE(placed.ok()) << placed.status();
   EXPECT_TRUE(placed->membership_current);
+  seen = reader->Lookup(chains[0], {.cluster = true});
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_TRUE(seen->membership_current);
+  EXPECT_EQ(seen->membership_age_ms, 0u);
+  reader->ReleaseLease(seen->lease_id).IgnoreError();
   for (auto& kvd : kvds_) EXPECT_GE(MetricValue(*kvd, "kvd_cluster_registrations_total"), 2);
 
   const char* names[kPhases] = {"etcd up, then killed:", "etcd seen away:", "registered again:"};

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <set>
+#include <thread>
 
 #include "etcd_server.h"
 #include "kvd/cluster/etcd_client.h"
@@ -113,10 +114,15 @@ TEST_F(MembershipTest, EtcdGoneIsReportedThenRegisteredAgain) {
   MembershipState down = (*a)->state();
   EXPECT_EQ(Nodes(down), std::set<std::string>{"a"});  // the last list seen
   EXPECT_NE(down.last_error.find("UNAVAILABLE"), std::string::npos) << down.last_error;
+  // The list ages from etcd's last answer on: past it by the time the outage is seen, and on.
+  EXPECT_GT(down.age, milliseconds(0));
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_GE((*a)->state().age, down.age + milliseconds(100));
   ASSERT_TRUE(etcd_->Restart().ok());
   ASSERT_TRUE(Within(milliseconds(10000), [&] { return (*a)->state().reachable; }));
   MembershipState up = (*a)->state();
   EXPECT_EQ(up.registrations, 2);
+  EXPECT_EQ(up.age, milliseconds(0));  // current again
   EXPECT_NE(up.lease, down.lease);
   // The record is in etcd again, on the new lease.
   EtcdClient etcd({.endpoints = {etcd_->endpoint()}});

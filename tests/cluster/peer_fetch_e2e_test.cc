@@ -297,6 +297,8 @@ TEST_F(PeerFetchE2eTest, PrefillOnAPutsToTheNamedDecodeNodeBAndDecodeOnBReadsItL
   auto seen = decode->Lookup(chain, {.cluster = true});
   ASSERT_TRUE(seen.ok()) << seen.status();
   EXPECT_EQ(seen->fetched_chunks, 0u);
+  EXPECT_TRUE(seen->membership_current);
+  EXPECT_EQ(seen->membership_age_ms, 0u);
   ASSERT_NE(HolderOf(*seen, "a"), nullptr);
   EXPECT_EQ(HolderOf(*seen, "a")->matched_chunks, 0u);
   EXPECT_EQ(HolderOf(*seen, "b")->matched_chunks, 3u);

@@ -131,6 +131,22 @@ Status CheckRequest(proto::Request::Reader request) {
       std::vector<kvd::Hash128> chain;
       for (auto h : lookup.getChain()) chain.push_back(proto::FromProto(h));
       (void)lookup.getLeaseTtlMs();
+      (void)lookup.getCluster();
+      if (chain.size() > static_cast<size_t>(config.limits.max_chain_chunks)) {
+        CheckErrorReply(rid, Status::OutOfRange("lookup chain of " + std::to_string(chain.size()) +
+                                                " chunks is over limits.max_chain_chunks"));
+      }
+      break;
+    }
+    case proto::Request::PLACEMENT: {
+      auto placement = request.getPlacement();
+      std::vector<kvd::Hash128> chain;
+      for (auto h : placement.getChain()) chain.push_back(proto::FromProto(h));
+      if (chain.empty()) {
+        CheckErrorReply(rid, Status::InvalidArgument("placement: the chain is empty"));
+      }
+      // A named node is echoed in the NOT_FOUND and FAILED_PRECONDITION replies.
+      CheckEchoedText(rid, placement.getNode());
       break;
     }
     case proto::Request::RESERVE: {

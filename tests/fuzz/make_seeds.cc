@@ -120,6 +120,21 @@ std::vector<std::vector<uint8_t>> Requests(const kvd::daemon::DaemonConfig& conf
   }));
   out.push_back(Frame<proto::Request>([&](proto::Request::Builder r) {
     r.setRequestId(10);
+    auto l = r.initLookup();
+    auto chain = l.initChain(2);
+    for (uint32_t i = 0; i < 2; ++i) proto::ToProto(kvd::Hash128{i + 5, i * 3 + 1}, chain[i]);
+    l.setCluster(true);
+  }));
+  for (const char* node : {"", "decode-07"}) {
+    out.push_back(Frame<proto::Request>([&](proto::Request::Builder r) {
+      r.setRequestId(11);
+      auto p = r.initPlacement();
+      proto::ToProto(kvd::Hash128{21, 22}, p.initChain(1)[0]);
+      p.setNode(node);
+    }));
+  }
+  out.push_back(Frame<proto::Request>([&](proto::Request::Builder r) {
+    r.setRequestId(12);
     r.setBye();
   }));
   return out;
@@ -142,6 +157,33 @@ std::vector<std::vector<uint8_t>> Responses(const kvd::daemon::DaemonConfig& con
     models[0].setName(config.models.at(0).name);
     proto::ToProto(config.models.at(0).layout, models[0].initLayout());
     models[0].setChunkBytes(config.models.at(0).layout.ChunkBytes(config.chunk_tokens));
+  }));
+  out.push_back(Frame<proto::Response>([&](proto::Response::Builder r) {
+    r.setRequestId(10);
+    auto l = r.initLookup();
+    l.setMatchedChunks(2);
+    l.setMatchedTokens(512);
+    l.setLeaseId(3);
+    l.setLeaseTtlMs(5000);
+    l.setFetchedChunks(1);
+    auto found = l.initFoundIn(1);
+    found[0].setTier("host");
+    found[0].setChunks(2);
+    auto holders = l.initHolders(2);
+    holders[0].setNode("prefill-01");
+    holders[0].setMatchedChunks(2);
+    holders[1].setNode("decode-07");
+    holders[1].setError("UNAVAILABLE: connect to 10.0.0.7:7400");
+    l.setMembershipCurrent(false);
+    l.setMembershipAgeMs(1500);
+  }));
+  out.push_back(Frame<proto::Response>([&](proto::Response::Builder r) {
+    r.setRequestId(11);
+    auto p = r.initPlacement();
+    auto targets = p.initTargets(1);
+    targets[0].setNode("decode-07");
+    targets[0].setControlAddress("10.0.0.7:7400");
+    p.setMembershipCurrent(true);
   }));
   return out;
 }

@@ -118,9 +118,11 @@ def test_put_placed_on_b_then_a_cluster_lookup_from_a_fetches_it_byte_exact(clus
 
         local = prefill.lookup(chain)  # a itself holds none of them
         assert local.matched_chunks == 0 and local.holders == [] and local.fetched_chunks == 0
+        assert local.membership_current is False and local.membership_age_ms == 0  # local scope
 
         hit = prefill.lookup(chain, cluster=True)
         assert hit.matched_chunks == 3 and hit.fetched_chunks == 3
+        assert hit.membership_current is True and hit.membership_age_ms == 0
         assert [h.node for h in hit.holders] == ["a", "b"]
         held = hit.holders[1]
         assert isinstance(held, kvd.PrefixHolder)

@@ -24,7 +24,9 @@ alive (see docs/python.md, "Zero-copy reads and writes in Python").
 
 In a cluster (docs/python.md, "Clusters"): c.lookup(chain, cluster=True) also asks the other
 members, lists each node's prefix in hit.holders (kvd.PrefixHolder: node, matched_chunks, error,
-found_in) and counts the chunks copied from a peer in hit.fetched_chunks; c.place(chain, node="")
+found_in), counts the chunks copied from a peer in hit.fetched_chunks and says in
+hit.membership_current whether its member list is current (False while etcd is unreachable;
+hit.membership_age_ms: how long ago etcd last answered, 0 while current); c.place(chain, node="")
 -> kvd.PlacementResult (targets: kvd.PlacementTarget(node, control_address, local), best first)
 says where a prefill engine puts a chain, and c.connect_placed(target) connects there. On a kvd
 in no cluster both raise kvd.FailedPreconditionError.

@@ -1,5 +1,6 @@
 // The cluster side of kvd._kvd: what a cluster-scope lookup reports (LookupResult.holders,
-// .fetched_chunks, .found_in) and placement for prefill (Client.place, Client.connect_placed).
+// .fetched_chunks, .found_in, .membership_current, .membership_age_ms) and placement for prefill
+// (Client.place, Client.connect_placed).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -65,6 +66,8 @@ void BindResults(py::module_& m) {
   py::reinterpret_borrow<py::class_<LookupResult>>(m.attr("LookupResult"))
       .def_readonly("holders", &LookupResult::holders)
       .def_readonly("fetched_chunks", &LookupResult::fetched_chunks)
+      .def_readonly("membership_current", &LookupResult::membership_current)
+      .def_readonly("membership_age_ms", &LookupResult::membership_age_ms)
       .def_property_readonly("found_in",
                              [](const LookupResult& r) { return TierDict(r.found_in); });
 }

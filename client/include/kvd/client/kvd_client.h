@@ -39,7 +39,8 @@ extern "C" {
  *   4: ClientOptions::cluster_token, LookupResult::holders and fetched_chunks,
  *      SessionInfo::cluster_lookup (cluster-scope lookups and peer fetch). Added since, compatibly
  *      (the version stays): kvd_client_lookup_cluster, kvd_lookup_result.fetched_chunks and
- *      num_holders, kvd_client_place, kvd_placement_*, kvd_client_connect_placed.
+ *      num_holders, kvd_client_place, kvd_placement_*, kvd_client_connect_placed,
+ *      kvd_lookup_result.membership_current and membership_age_ms.
  *   3: ClientOptions loses its test seams (test_*), SessionInfo::inline_put.
  *   2: ClientOptions::reserve_ahead (C: kvd_config.reserve_ahead, appended: compatible).
  *   1: kvd_config and the results start with struct_size (their inits are inline).
@@ -157,6 +158,12 @@ typedef struct kvd_lookup_result {
    * nodes were asked (this daemon included; the holders' JSON lists each). */
   uint32_t fetched_chunks;
   uint32_t num_holders;
+  /* Added after those; cluster-scope lookups only, zero otherwise (and from a daemon that predates
+   * them): 1 while the daemon's etcd answers (the holders come from the current member list), 0
+   * when etcd is unreachable and they come from the last member list the daemon saw; that list
+   * is membership_age_ms old (the time since etcd last answered the daemon; 0 while current). */
+  uint32_t membership_current;
+  uint64_t membership_age_ms;
 } kvd_lookup_result;
 
 typedef struct kvd_get_result {
@@ -221,11 +228,12 @@ int kvd_client_lookup(kvd_client* client, const kvd_hash128* chain, size_t chain
 /* The same at cluster scope (kvd/client/types.h LookupOptions::cluster): the daemon also asks
  * the members of its cluster that serve the same model and layout and, by its cluster.peer_fetch
  * policy, first copies the chunks a peer holds beyond its own prefix, so the lease and
- * kvd_client_get cover them like local ones. *out gets the match and fetched_chunks and
- * num_holders. *holders_json (may be NULL: not wanted) gets a JSON array, one object per node
- * asked, this daemon first: [{"node","matched_chunks","error" ("" = answered),"found_in":
- * [{"tier","chunks"}]}]; free it with kvd_free_string. KVD_FAILED_PRECONDITION naming the reason
- * when the daemon is in no cluster (session JSON "cluster_lookup" false). */
+ * kvd_client_get cover them like local ones. *out gets the match, fetched_chunks, num_holders,
+ * membership_current and membership_age_ms. *holders_json (may be NULL: not wanted) gets a JSON
+ * array, one object per node asked, this daemon first: [{"node","matched_chunks","error"
+ * ("" = answered),"found_in":[{"tier","chunks"}]}]; free it with kvd_free_string.
+ * KVD_FAILED_PRECONDITION naming the reason when the daemon is in no cluster (session JSON
+ * "cluster_lookup" false). */
 int kvd_client_lookup_cluster(kvd_client* client, const kvd_hash128* chain, size_t chain_length,
                               kvd_lookup_result* out, char** holders_json);
 int kvd_client_release_lease(kvd_client* client, uint64_t lease_id);

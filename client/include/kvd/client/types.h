@@ -46,6 +46,12 @@ struct LookupResult {
   // the daemon copied from a peer for it.
   std::vector<PrefixHolder> holders;
   uint32_t fetched_chunks = 0;
+  // Cluster scope only: true while the daemon's etcd answers (the holders come from the current
+  // member list); false: etcd is unreachable and they come from the last member list the daemon
+  // saw, membership_age_ms old (the time since etcd last answered it; 0 while current). Local
+  // scope, and a daemon that predates them: false and 0.
+  bool membership_current = false;
+  uint64_t membership_age_ms = 0;
   // Where the matched chunks were found, per tier (a chunk the lookup copied up from disk counts
   // as disk; chunks fetched from a peer as host). Empty from a daemon that predates it.
   std::vector<TierChunks> found_in;

@@ -7,7 +7,8 @@
 //   membership->Stop();                           // revokes the lease: the node leaves at once
 //
 // Failure semantics (docs/reliability.md "Cluster membership"):
-// - etcd unreachable: state().reachable turns false (the member list is the last one seen);
+// - etcd unreachable: state().reachable turns false (the member list is the last one seen, its
+//   age the time since etcd last answered);
 //   nothing else of kvd depends on etcd. Membership retries every retry_interval and registers
 //   again (a new lease, the record put again) once etcd answers.
 // - A node that dies without Stop leaves when its lease expires: within lease_ttl_s of its last
@@ -116,6 +117,9 @@ struct MembershipState {
   int64_t lease = 0;
   // Why etcd is unreachable ("" while reachable).
   std::string last_error;
+  // How old the member list is: 0 while reachable (the watch keeps it current); while
+  // unreachable, the time since etcd last answered this node (since Start when it never did).
+  std::chrono::milliseconds age{0};
 };
 
 class Membership {
