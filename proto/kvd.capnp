@@ -406,6 +406,11 @@ struct StatsReply {
     stages @1 :List(StageTime);    # every stage, in pipeline order
     device @2 :Text;               # where the ingest compresses: "cpu" or "cuda:<ordinal>"
     deviceReason @3 :Text;         # why (compression.device and what kvd found at start)
+    # A policy with an expected_attention stage: the window queries per layer its query
+    # statistics hold (the fewest over layers) and the policy's ea_min_queries, from which they
+    # score chunks (below it KeyDiff scores them). Both 0 for a policy without that stage.
+    eaQueries @4 :UInt64;
+    eaMinQueries @5 :UInt64;
   }
 
   struct StageTime {

@@ -53,6 +53,8 @@ StatusOr<Stats> ClientImpl::GetStats() {
       ingest.model = m.getModel().cStr();
       ingest.device = m.getDevice().cStr();
       ingest.device_reason = m.getDeviceReason().cStr();
+      ingest.ea_queries = m.getEaQueries();
+      ingest.ea_min_queries = m.getEaMinQueries();
       for (auto t : m.getStages()) {
         ingest.stages.push_back({t.getStage().cStr(), t.getNanos(), t.getChunks()});
       }

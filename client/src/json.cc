@@ -45,10 +45,17 @@ std::string StatsToJson(const Stats& s, int indent) {
     for (const auto& t : m.stages) {
       stages.push_back({{"stage", t.stage}, {"nanos", t.nanos}, {"chunks", t.chunks}});
     }
+    json ea = nullptr;
+    if (m.ea_min_queries > 0) {
+      ea = {{"queries", m.ea_queries},
+            {"min_queries", m.ea_min_queries},
+            {"state", m.ExpectedAttentionActive() ? "active" : "keydiff-fallback"}};
+    }
     compression.push_back({{"model", m.model},
                            {"device", m.device},
                            {"device_reason", m.device_reason},
-                           {"stages", stages}});
+                           {"stages", stages},
+                           {"expected_attention", ea}});
   }
   json j = {{"node", s.node_name},         {"uptime_ms", s.uptime_ms},
             {"sessions", s.sessions},      {"tiers", tiers},

@@ -115,6 +115,11 @@ void PrintStats(const kvd::client::Stats& s) {
     for (const auto& m : s.compression) {
       std::cout << "model " << m.model << " compresses on " << m.device << " (" << m.device_reason
                 << ")\n";
+      if (m.ea_min_queries == 0) continue;
+      std::cout << "model " << m.model << " expected attention: "
+                << (m.ExpectedAttentionActive() ? "active" : "keydiff-fallback") << " ("
+                << m.ea_queries << " window queries per layer, scores from " << m.ea_min_queries
+                << ")\n";
     }
     std::vector<std::vector<std::string>> r;
     for (const auto& m : s.compression) {

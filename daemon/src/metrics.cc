@@ -138,6 +138,16 @@ void WriteIngest(Writer& w, const StatsSnapshot& s) {
   for (const auto& [model, ingest] : s.compression) {
     w.Sample("kvd_ingest_device", Label("model", model) + "," + Label("device", ingest.device), 1);
   }
+  w.Family("kvd_expected_attention_queries", "gauge",
+           "Window queries per layer a model's expected-attention statistics hold");
+  w.Family("kvd_expected_attention_active", "gauge",
+           "1 once the statistics score chunks (ea_min_queries reached), 0 while KeyDiff does");
+  for (const auto& [model, ingest] : s.compression) {
+    if (ingest.ea_min_queries == 0) continue;
+    w.Sample("kvd_expected_attention_queries", Label("model", model), ingest.ea_queries);
+    w.Sample("kvd_expected_attention_active", Label("model", model),
+             ingest.ea_queries >= ingest.ea_min_queries ? 1 : 0);
+  }
   const std::string stage_seconds = "kvd_compress_stage_seconds_total";
   const std::string stage_chunks = "kvd_compress_stage_chunks_total";
   w.Family(stage_seconds, "counter",

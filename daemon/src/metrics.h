@@ -77,7 +77,9 @@ class Metrics {
   //   kvd_<counter>_total for every StatsReply counter (kvd_<name> for the gauges among them)
   //   kvd_compress_stage_seconds_total{model,stage}, kvd_compress_stage_chunks_total{model,stage}
   //     for every model with a compression policy and every stage (StatsReply.compression),
-  //     kvd_ingest_device{model,device} (1) where its ingest compresses
+  //     kvd_ingest_device{model,device} (1) where its ingest compresses,
+  //     kvd_expected_attention_queries{model} and kvd_expected_attention_active{model} (1 or 0)
+  //     for a policy with an expected_attention stage
   //   kvd_request_duration_seconds{op="lookup"|"put"|"get"} histograms
   // Every series carries node="<node name>".
   std::string RenderPrometheus(const StatsSnapshot& snapshot) const;

@@ -72,6 +72,8 @@ void Session::HandleStats(uint64_t seq, uint64_t rid) {
                compression[i].setModel(model);
                compression[i].setDevice(ingest.device);
                compression[i].setDeviceReason(ingest.device_reason);
+               compression[i].setEaQueries(ingest.ea_queries);
+               compression[i].setEaMinQueries(ingest.ea_min_queries);
                auto stages = compression[i].initStages(ingest.stages.size());
                for (unsigned j = 0; j < ingest.stages.size(); ++j) {
                  stages[j].setStage(ingest.stages[j].stage);

@@ -2,7 +2,9 @@
 // queries build the model's query statistics; until they hold ea_min_queries per layer chunks are
 // scored with KeyDiff (score stage code 2), then with expected attention (code 4), byte for byte
 // what the kernels store in-process from the same puts' queries; the statistics survive a
-// restart (a chunk put after it is scored with every query seen before it).
+// restart (a chunk put after it is scored with every query seen before it). Stats (the client,
+// `kvdctl stats` and its --json, /metrics) show how many queries they hold and whether they score.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -16,6 +18,8 @@
 namespace kvd::e2e {
 namespace {
 
+using ::testing::ContainsRegex;
+using ::testing::HasSubstr;
 
 const std::string kEaModel = "stories-ea";
 constexpr char kEaPolicy[] =
@@ -37,7 +41,44 @@ class QueryStatisticsE2eTest : public ServingDirFixture {
   void Restart() {
     if (kvd_ && kvd_->Alive()) ASSERT_EQ(kvd_->Stop(), 0) << kvd_->Log();
     kvd_.reset();
-    StartKvd(PolicyModel(kEaModel, kEaPolicy), "state_dir: " + dir_ + "/state\n");
+    KvdConfig config;
+    config.extra_models = PolicyModel(kEaModel, kEaPolicy);
+    config.extra_yaml = "state_dir: " + dir_ + "/state\n";
+    config.metrics = true;
+    auto kvd = KvdProcess::Start(config);
+    ASSERT_TRUE(kvd.ok()) << kvd.status();
+    kvd_ = std::move(*kvd);
+  }
+  // The model's statistics as stats report them: `queries` window queries per layer of the 64
+  // they score from, active (expected attention scores chunks) or KeyDiff's fallback.
+  void ExpectStatsShow(client::Client& c, uint64_t queries, bool active) {
+    auto stats = c.GetStats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    ASSERT_EQ(stats->compression.size(), 1u);
+    const client::ModelIngestStats& m = stats->compression[0];
+    EXPECT_EQ(m.ea_queries, queries);
+    EXPECT_EQ(m.ea_min_queries, 64u);
+    EXPECT_EQ(m.ExpectedAttentionActive(), active);
+    const std::string q = std::to_string(queries);
+    const std::string state = active ? "active" : "keydiff-fallback";
+#ifdef KVDCTL_BINARY
+    std::string out;
+    ASSERT_EQ(RunProgram({KVDCTL_BINARY, "--addr", kvd_->tcp_address(), "stats"}, &out), 0) << out;
+    EXPECT_THAT(out, HasSubstr("model " + kEaModel + " expected attention: " + state + " (" + q +
+                               " window queries per layer, scores from 64)"));
+    ASSERT_EQ(RunProgram({KVDCTL_BINARY, "--addr", kvd_->tcp_address(), "--json", "stats"}, &out),
+              0)
+        << out;
+    EXPECT_THAT(out, ContainsRegex("\"expected_attention\": \\{[[:space:]]*\"min_queries\": 64,"
+                                   "[[:space:]]*\"queries\": " +
+                                   q + ",[[:space:]]*\"state\": \"" + state + "\""));
+#endif
+    auto scrape = HttpGet(kvd_->metrics_address(), "/metrics");
+    ASSERT_TRUE(scrape.ok()) << scrape.status();
+    EXPECT_THAT(*scrape, ContainsRegex("kvd_expected_attention_queries\\{[^}]*model=\"" + kEaModel +
+                                       "\"\\} " + q + "\n"));
+    EXPECT_THAT(*scrape, ContainsRegex("kvd_expected_attention_active\\{[^}]*model=\"" + kEaModel +
+                                       "\"\\} " + (active ? "1" : "0") + "\n"));
   }
   // Puts chunk `index` of prompt {5, .} (positions index * 256 ...), then gets it back compact.
   std::vector<uint8_t> PutAndGet(client::Client& c, const Chunk& chunk, uint64_t index) {
@@ -78,6 +119,7 @@ TEST_F(QueryStatisticsE2eTest, PutsBuildStatisticsThatScoreChunksAndSurviveARest
   };
   std::vector<Chunk> chunks;
   for (uint32_t i = 0; i < 3; ++i) chunks.push_back(MakeChunk(layout, kTokens, 40 + i));
+  ExpectStatsShow(*c, 0, false);
 
   // Chunk 0: 32 queries per layer < 64: KeyDiff scored it (the plan's fallback, code 2).
   const std::vector<uint8_t> first = PutAndGet(*c, chunks[0], 0);
@@ -87,6 +129,7 @@ TEST_F(QueryStatisticsE2eTest, PutsBuildStatisticsThatScoreChunksAndSurviveARest
   auto want0 = InProcess(layout, chunks[0], 0, EaOptions(), nullptr, &*stats);
   ASSERT_TRUE(want0.ok()) << want0.status();
   EXPECT_TRUE(first == *want0);
+  ExpectStatsShow(*c, 32, false);
 
   // Chunk 1: 64 queries: expected attention (code 4), the kernels' bytes for the same statistics.
   const std::vector<uint8_t> second = PutAndGet(*c, chunks[1], 1);
@@ -99,6 +142,7 @@ TEST_F(QueryStatisticsE2eTest, PutsBuildStatisticsThatScoreChunksAndSurviveARest
   auto decoded = kk::DecodeCompactChunk(second);
   ASSERT_TRUE(decoded.ok());
   EXPECT_EQ(decoded->codec.score, kk::ScoreStage::kExpectedAttention);
+  ExpectStatsShow(*c, 64, true);
 
   // Restart: the statistics come back (without them chunk 2 would be scored by KeyDiff).
   c.reset();
@@ -106,6 +150,7 @@ TEST_F(QueryStatisticsE2eTest, PutsBuildStatisticsThatScoreChunksAndSurviveARest
   c = Connect(kEaModel);
   ASSERT_NE(c, nullptr);
   EXPECT_NE(kvd_->Log().find("query statistics reloaded"), std::string::npos) << kvd_->Log();
+  ExpectStatsShow(*c, 64, true);
   const std::vector<uint8_t> third = PutAndGet(*c, chunks[2], 2);
   add(chunks[2], 2);
   ASSERT_GT(third.size(), 21u);

@@ -39,6 +39,14 @@ struct ModelIngestStats {
   std::vector<IngestStageTime> stages;  // pipeline order
   std::string device;                   // where it compresses: "cpu" or "cuda:N"
   std::string device_reason;            // why (compression.device, what kvd found at start)
+  // A policy with an expected_attention stage (ea_min_queries > 0): the window queries per layer
+  // its query statistics hold; they score chunks once ea_queries >= ea_min_queries, KeyDiff does
+  // before. Both 0 for a policy without that stage.
+  uint64_t ea_queries = 0;
+  uint64_t ea_min_queries = 0;
+  bool ExpectedAttentionActive() const {
+    return ea_min_queries > 0 && ea_queries >= ea_min_queries;
+  }
 };
 struct Stats {
   std::string node_name;

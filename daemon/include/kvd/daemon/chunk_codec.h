@@ -132,6 +132,12 @@ struct IngestStats {
   uint64_t device_fallbacks = 0;
   // Every stage of IngestStageNames(), in that order (zeros included).
   std::vector<IngestStageTime> stages;
+  // A policy with an expected_attention stage: its query statistics hold `ea_queries` window
+  // queries per layer (the fewest over layers, reloaded ones included) and score chunks from
+  // `ea_min_queries` (the policy's) on; below, chunks are scored with KeyDiff. Both 0 for a policy
+  // without that stage.
+  uint64_t ea_queries = 0;
+  uint64_t ea_min_queries = 0;
 };
 
 // The stage names of IngestStats::stages, in pipeline order.
@@ -178,7 +184,7 @@ class ChunkCodec {
   StatusOr<EncodedChunk> Encode(std::span<const uint8_t> put_bytes, uint32_t tokens,
                                 uint64_t first_position, uint32_t window);
 
-  // Stage times since start (see the file comment).
+  // Stage times since start (see the file comment) and the query statistics' count.
   IngestStats Stats() const;
 
   CalibrationStatus Calibration() const;
