@@ -181,6 +181,116 @@ Status VectorCalibrator::Merge(const VectorCalibrator& other) {
   return Status::Ok();
 }
 
+namespace {
+
+// Solves L L^T B = B in place, column by column (forward then backward substitution); `l` holds
+// the Cholesky factor in its lower triangle (Cholesky above), b is [d, d] row-major.
+void CholeskySolveColumns(const std::vector<double>& l, int d, std::vector<double>* b) {
+  std::vector<double>& x = *b;
+  for (int c = 0; c < d; ++c) {
+    for (int i = 0; i < d; ++i) {
+      double v = x[i * d + c];
+      for (int k = 0; k < i; ++k) v -= l[i * d + k] * x[k * d + c];
+      x[i * d + c] = v / l[i * d + i];
+    }
+    for (int i = d - 1; i >= 0; --i) {
+      double v = x[i * d + c];
+      for (int k = i + 1; k < d; ++k) v -= l[k * d + i] * x[k * d + c];
+      x[i * d + c] = v / l[i * d + i];
+    }
+  }
+}
+
+// The [d, d] float64 scratch of one head's solve, reused over the heads.
+struct SolveScratch {
+  explicit SolveScratch(int d)
+      : a(static_cast<size_t>(d) * d), b(a.size()), gb(a.size()), gram(a.size()), cross(a.size()) {}
+  std::vector<double> a;      // G + ridge I, then its Cholesky factor
+  std::vector<double> b;      // B = W^T = (G + ridge I)^-1 C
+  std::vector<double> gb;     // G B
+  std::vector<double> gram;   // G (centred for the affine fit)
+  std::vector<double> cross;  // C (centred for the affine fit)
+};
+
+// The fit of one head from its accumulators: W (and the bias when affine) and R^2.
+Status SolveHead(const VectorHeadStats& s, const VectorSolveOptions& options, int d,
+                 const std::string& name, SolveScratch* w, VectorHeadFit* fit) {
+  const double n = static_cast<double>(s.count);
+  w->gram = s.gram;
+  w->cross = s.cross;
+  double mean_sq = 0.0;
+  for (int c = 0; c < d; ++c) mean_sq += s.value_sum[c] * s.value_sum[c];
+  const double sst = s.value_sq_sum - mean_sq / n;
+  // Explained part of SSE = S_vv - 2 tr(B^T C) + tr(B^T G B); centred: SST - 2 tr(B^T Cc) + ...
+  double s_vv = s.value_sq_sum;
+  if (options.affine) {
+    for (int r = 0; r < d; ++r) {
+      for (int c = 0; c < d; ++c) {
+        w->gram[r * d + c] -= s.key_sum[r] * s.key_sum[c] / n;
+        w->cross[r * d + c] -= s.key_sum[r] * s.value_sum[c] / n;
+      }
+    }
+    s_vv = sst;
+  }
+  double trace = 0.0;
+  double max_diag = 0.0;
+  for (int i = 0; i < d; ++i) {
+    trace += w->gram[i * d + i];
+    max_diag = std::max(max_diag, w->gram[i * d + i]);
+  }
+  const double ridge = options.ridge_relative ? options.ridge * trace / d : options.ridge;
+  w->a = w->gram;
+  for (int i = 0; i < d; ++i) w->a[i * d + i] += ridge;
+  // A pivot this small relative to the largest diagonal is a rank deficiency up to rounding
+  // (d * 2^-52 ~ 3e-14 for d = 128), not information.
+  const double tol = 1e-12 * std::max(max_diag + ridge, 1e-300);
+  const int bad = Cholesky(&w->a, d, tol);
+  if (bad >= 0) {
+    return Status::FailedPrecondition("VECTOR solve: Gram of " + name + " is singular (pivot " +
+                                      std::to_string(bad) +
+                                      "); add a ridge or more diverse tokens");
+  }
+  w->b = w->cross;
+  CholeskySolveColumns(w->a, d, &w->b);
+  const std::vector<double>& b = w->b;
+  // R^2 from the accumulators: SSE = S_vv - 2 tr(B^T C) + tr(B^T G B).
+  cpu::Cblas().dsymm(CblasRowMajor, CblasLeft, CblasUpper, d, d, 1.0, w->gram.data(), d, b.data(),
+                     d, 0.0, w->gb.data(), d);
+  double tr_bc = 0.0;
+  double tr_bgb = 0.0;
+  for (size_t j = 0; j < b.size(); ++j) {
+    tr_bc += b[j] * w->cross[j];
+    tr_bgb += b[j] * w->gb[j];
+  }
+  const double sse = std::max(0.0, s_vv - 2.0 * tr_bc + tr_bgb);
+  fit->count = s.count;
+  if (sst > 1e-12 * std::max(s.value_sq_sum, 1e-300)) {
+    fit->r2 = 1.0 - sse / sst;
+  } else {
+    fit->r2 = sse <= 1e-12 * std::max(s.value_sq_sum, 1e-300) ? 1.0 : 0.0;
+  }
+  fit->w = Matrix(d, d);
+  for (int r = 0; r < d; ++r) {
+    for (int c = 0; c < d; ++c) fit->w.values[r * d + c] = static_cast<float>(b[c * d + r]);
+  }
+  if (options.affine) {
+    // b = (s_v - W s_k) / n with the float64 W.
+    fit->bias.resize(static_cast<size_t>(d));
+    for (int r = 0; r < d; ++r) {
+      double wk = 0.0;
+      for (int c = 0; c < d; ++c) wk += b[c * d + r] * s.key_sum[c];
+      fit->bias[r] = static_cast<float>((s.value_sum[r] - wk) / n);
+    }
+  }
+  if (!AllFinite(fit->w.values) || !AllFinite(fit->bias) || !std::isfinite(fit->r2)) {
+    return Status::FailedPrecondition("VECTOR solve: the fit of " + name +
+                                      " is not finite in float32 (accumulators out of range)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<VectorWeights> VectorCalibrator::Solve(const VectorSolveOptions& options) const {
   KVD_RETURN_IF_ERROR(options.Validate());
   if (options.affine && !key_sums_known_) {
@@ -188,108 +298,22 @@ StatusOr<VectorWeights> VectorCalibrator::Solve(const VectorSolveOptions& option
         "VECTOR solve: the affine fit needs key sums, which accumulators restored from format "
         "version 1 lack; recalibrate");
   }
-  const int d = head_dim_;
   VectorWeights out;
   out.num_layers = num_layers_;
   out.num_kv_heads = num_kv_heads_;
-  out.head_dim = d;
+  out.head_dim = head_dim_;
   out.heads.resize(heads_.size());
-  std::vector<double> a(static_cast<size_t>(d) * d);
-  std::vector<double> b(a.size());                      // B = W^T = (G + ridge I)^-1 C, [d, d]
-  std::vector<double> gb(a.size());                     // G B
-  std::vector<double> gram(a.size()), cross(a.size());  // G, C (centred for the affine fit)
+  SolveScratch scratch(head_dim_);
   for (size_t idx = 0; idx < heads_.size(); ++idx) {
-    const int layer = static_cast<int>(idx) / num_kv_heads_;
-    const int head = static_cast<int>(idx) % num_kv_heads_;
+    const std::string name =
+        HeadName(static_cast<int>(idx) / num_kv_heads_, static_cast<int>(idx) % num_kv_heads_);
     const VectorHeadStats& s = heads_[idx];
     if (s.count < options.min_tokens) {
-      return Status::FailedPrecondition("VECTOR solve: " + HeadName(layer, head) + " has " +
+      return Status::FailedPrecondition("VECTOR solve: " + name + " has " +
                                         std::to_string(s.count) + " tokens, needs " +
                                         std::to_string(options.min_tokens));
     }
-    const double n = static_cast<double>(s.count);
-    gram = s.gram;
-    cross = s.cross;
-    double mean_sq = 0.0;
-    for (int c = 0; c < d; ++c) mean_sq += s.value_sum[c] * s.value_sum[c];
-    const double sst = s.value_sq_sum - mean_sq / n;
-    // Explained part of SSE = S_vv - 2 tr(B^T C) + tr(B^T G B); centred: SST - 2 tr(B^T Cc) + ...
-    double s_vv = s.value_sq_sum;
-    if (options.affine) {
-      for (int r = 0; r < d; ++r) {
-        for (int c = 0; c < d; ++c) {
-          gram[r * d + c] -= s.key_sum[r] * s.key_sum[c] / n;
-          cross[r * d + c] -= s.key_sum[r] * s.value_sum[c] / n;
-        }
-      }
-      s_vv = sst;
-    }
-    double trace = 0.0;
-    double max_diag = 0.0;
-    for (int i = 0; i < d; ++i) {
-      trace += gram[i * d + i];
-      max_diag = std::max(max_diag, gram[i * d + i]);
-    }
-    const double ridge = options.ridge_relative ? options.ridge * trace / d : options.ridge;
-    a = gram;
-    for (int i = 0; i < d; ++i) a[i * d + i] += ridge;
-    // A pivot this small relative to the largest diagonal is a rank deficiency up to rounding
-    // (d * 2^-52 ~ 3e-14 for d = 128), not information.
-    const double tol = 1e-12 * std::max(max_diag + ridge, 1e-300);
-    const int bad = Cholesky(&a, d, tol);
-    if (bad >= 0) {
-      return Status::FailedPrecondition("VECTOR solve: Gram of " + HeadName(layer, head) +
-                                        " is singular (pivot " + std::to_string(bad) +
-                                        "); add a ridge or more diverse tokens");
-    }
-    // Solve L L^T B = C column by column (forward then backward substitution).
-    b = cross;
-    for (int c = 0; c < d; ++c) {
-      for (int i = 0; i < d; ++i) {
-        double v = b[i * d + c];
-        for (int k = 0; k < i; ++k) v -= a[i * d + k] * b[k * d + c];
-        b[i * d + c] = v / a[i * d + i];
-      }
-      for (int i = d - 1; i >= 0; --i) {
-        double v = b[i * d + c];
-        for (int k = i + 1; k < d; ++k) v -= a[k * d + i] * b[k * d + c];
-        b[i * d + c] = v / a[i * d + i];
-      }
-    }
-    // R^2 from the accumulators: SSE = S_vv - 2 tr(B^T C) + tr(B^T G B).
-    cpu::Cblas().dsymm(CblasRowMajor, CblasLeft, CblasUpper, d, d, 1.0, gram.data(), d, b.data(), d,
-                       0.0, gb.data(), d);
-    double tr_bc = 0.0;
-    double tr_bgb = 0.0;
-    for (size_t j = 0; j < b.size(); ++j) {
-      tr_bc += b[j] * cross[j];
-      tr_bgb += b[j] * gb[j];
-    }
-    const double sse = std::max(0.0, s_vv - 2.0 * tr_bc + tr_bgb);
-    VectorHeadFit& fit = out.heads[idx];
-    fit.count = s.count;
-    if (sst > 1e-12 * std::max(s.value_sq_sum, 1e-300)) {
-      fit.r2 = 1.0 - sse / sst;
-    } else {
-      fit.r2 = sse <= 1e-12 * std::max(s.value_sq_sum, 1e-300) ? 1.0 : 0.0;
-    }
-    fit.w = Matrix(d, d);
-    for (int r = 0; r < d; ++r) {
-      for (int c = 0; c < d; ++c) fit.w.values[r * d + c] = static_cast<float>(b[c * d + r]);
-    }
-    if (options.affine) {
-      // b = (s_v - W s_k) / n with the float64 W.
-      fit.bias.resize(static_cast<size_t>(d));
-      for (int r = 0; r < d; ++r) {
-        double wk = 0.0;
-        for (int c = 0; c < d; ++c) wk += b[c * d + r] * s.key_sum[c];
-        fit.bias[r] = static_cast<float>((s.value_sum[r] - wk) / n);
-      }
-    }
-    if (!AllFinite(fit.w.values) || !AllFinite(fit.bias) || !std::isfinite(fit.r2)) {
-      return Status::FailedPrecondition("VECTOR solve: the fit of " + HeadName(layer, head) +
-                                        " is not finite in float32 (accumulators out of range)");
-    }
+    KVD_RETURN_IF_ERROR(SolveHead(s, options, head_dim_, name, &scratch, &out.heads[idx]));
   }
   out.version = out.ComputeVersion();
   return out;

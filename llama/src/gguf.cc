@@ -69,111 +69,85 @@ size_t MinEncodedSize(GgufType t) {
   return 1;
 }
 
+// Reads one T and stores it in out->scalar as U (the GgufValue alternative for T).
+template <typename T, typename U>
+Status ReadScalar(Reader& r, const std::string& what, GgufValue* out) {
+  T v = 0;
+  KVD_RETURN_IF_ERROR(r.Read(&v, what));
+  out->scalar = U{v};
+  return Status::Ok();
+}
+
+Status ReadValue(Reader& r, GgufType type, GgufValue* out, int depth, const std::string& key);
+
+// An array's element type, count and elements (nested at most kMaxArrayDepth deep).
+Status ReadArray(Reader& r, GgufValue* out, int depth, const std::string& key) {
+  const std::string what = "value of " + key;
+  if (depth >= kMaxArrayDepth) {
+    return Status::OutOfRange("GGUF array nesting deeper than " + std::to_string(kMaxArrayDepth) +
+                              " in " + key);
+  }
+  uint32_t et = 0;
+  uint64_t n = 0;
+  KVD_RETURN_IF_ERROR(r.Read(&et, what));
+  if (et > static_cast<uint32_t>(GgufType::kFloat64)) {
+    return Status::DataLoss("GGUF array " + key + " has unknown element type " +
+                            std::to_string(et));
+  }
+  KVD_RETURN_IF_ERROR(r.Read(&n, what));
+  auto etype = static_cast<GgufType>(et);
+  if (n > r.remaining() / MinEncodedSize(etype))
+    return r.Truncated(what + " (array of " + std::to_string(n) + ")");
+  out->array_type = etype;
+  out->array.resize(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    KVD_RETURN_IF_ERROR(ReadValue(r, etype, &out->array[i], depth + 1, key));
+  }
+  return Status::Ok();
+}
+
 Status ReadValue(Reader& r, GgufType type, GgufValue* out, int depth, const std::string& key) {
   out->type = type;
-  auto what = "value of " + key;
+  const std::string what = "value of " + key;
   switch (type) {
-    case GgufType::kUint8: {
-      uint8_t v = 0;
-      KVD_RETURN_IF_ERROR(r.Read(&v, what));
-      out->scalar = uint64_t{v};
-      break;
-    }
-    case GgufType::kInt8: {
-      int8_t v = 0;
-      KVD_RETURN_IF_ERROR(r.Read(&v, what));
-      out->scalar = int64_t{v};
-      break;
-    }
-    case GgufType::kUint16: {
-      uint16_t v = 0;
-      KVD_RETURN_IF_ERROR(r.Read(&v, what));
-      out->scalar = uint64_t{v};
-      break;
-    }
-    case GgufType::kInt16: {
-      int16_t v = 0;
-      KVD_RETURN_IF_ERROR(r.Read(&v, what));
-      out->scalar = int64_t{v};
-      break;
-    }
-    case GgufType::kUint32: {
-      uint32_t v = 0;
-      KVD_RETURN_IF_ERROR(r.Read(&v, what));
-      out->scalar = uint64_t{v};
-      break;
-    }
-    case GgufType::kInt32: {
-      int32_t v = 0;
-      KVD_RETURN_IF_ERROR(r.Read(&v, what));
-      out->scalar = int64_t{v};
-      break;
-    }
-    case GgufType::kUint64: {
-      uint64_t v = 0;
-      KVD_RETURN_IF_ERROR(r.Read(&v, what));
-      out->scalar = v;
-      break;
-    }
-    case GgufType::kInt64: {
-      int64_t v = 0;
-      KVD_RETURN_IF_ERROR(r.Read(&v, what));
-      out->scalar = v;
-      break;
-    }
-    case GgufType::kFloat32: {
-      float v = 0;
-      KVD_RETURN_IF_ERROR(r.Read(&v, what));
-      out->scalar = double{v};
-      break;
-    }
-    case GgufType::kFloat64: {
-      double v = 0;
-      KVD_RETURN_IF_ERROR(r.Read(&v, what));
-      out->scalar = v;
-      break;
-    }
+    case GgufType::kUint8:
+      return ReadScalar<uint8_t, uint64_t>(r, what, out);
+    case GgufType::kInt8:
+      return ReadScalar<int8_t, int64_t>(r, what, out);
+    case GgufType::kUint16:
+      return ReadScalar<uint16_t, uint64_t>(r, what, out);
+    case GgufType::kInt16:
+      return ReadScalar<int16_t, int64_t>(r, what, out);
+    case GgufType::kUint32:
+      return ReadScalar<uint32_t, uint64_t>(r, what, out);
+    case GgufType::kInt32:
+      return ReadScalar<int32_t, int64_t>(r, what, out);
+    case GgufType::kUint64:
+      return ReadScalar<uint64_t, uint64_t>(r, what, out);
+    case GgufType::kInt64:
+      return ReadScalar<int64_t, int64_t>(r, what, out);
+    case GgufType::kFloat32:
+      return ReadScalar<float, double>(r, what, out);
+    case GgufType::kFloat64:
+      return ReadScalar<double, double>(r, what, out);
     case GgufType::kBool: {
       uint8_t v = 0;
       KVD_RETURN_IF_ERROR(r.Read(&v, what));
       if (v > 1) return Status::DataLoss("GGUF bool " + key + " holds " + std::to_string(v));
       out->scalar = uint64_t{v};
-      break;
+      return Status::Ok();
     }
     case GgufType::kString: {
       std::string s;
       KVD_RETURN_IF_ERROR(r.ReadString(&s, what));
       out->scalar = std::move(s);
-      break;
+      return Status::Ok();
     }
-    case GgufType::kArray: {
-      if (depth >= kMaxArrayDepth) {
-        return Status::OutOfRange("GGUF array nesting deeper than " +
-                                  std::to_string(kMaxArrayDepth) + " in " + key);
-      }
-      uint32_t et = 0;
-      uint64_t n = 0;
-      KVD_RETURN_IF_ERROR(r.Read(&et, what));
-      if (et > static_cast<uint32_t>(GgufType::kFloat64)) {
-        return Status::DataLoss("GGUF array " + key + " has unknown element type " +
-                                std::to_string(et));
-      }
-      KVD_RETURN_IF_ERROR(r.Read(&n, what));
-      auto etype = static_cast<GgufType>(et);
-      if (n > r.remaining() / MinEncodedSize(etype))
-        return r.Truncated(what + " (array of " + std::to_string(n) + ")");
-      out->array_type = etype;
-      out->array.resize(n);
-      for (uint64_t i = 0; i < n; ++i) {
-        KVD_RETURN_IF_ERROR(ReadValue(r, etype, &out->array[i], depth + 1, key));
-      }
-      break;
-    }
-    default:
-      return Status::DataLoss("GGUF key " + key + " has unknown value type " +
-                              std::to_string(static_cast<uint32_t>(type)));
+    case GgufType::kArray:
+      return ReadArray(r, out, depth, key);
   }
-  return Status::Ok();
+  return Status::DataLoss("GGUF key " + key + " has unknown value type " +
+                          std::to_string(static_cast<uint32_t>(type)));
 }
 
 }  // namespace
@@ -333,11 +307,14 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::Parse(std::string_view bytes) {
   return g;
 }
 
-Status GgufFile::ParseAll() {
-  Reader r(file_->data(), file_->size());
+namespace {
+
+// The magic, the version (2 or 3) and the two counts, each count bounded by the bytes left.
+Status ReadHeader(Reader& r, size_t file_size, uint32_t* version, uint64_t* n_tensors,
+                  uint64_t* n_kv) {
   uint32_t magic = 0;
-  if (file_->size() < 4) {
-    return Status::InvalidArgument("not a GGUF file: " + std::to_string(file_->size()) +
+  if (file_size < 4) {
+    return Status::InvalidArgument("not a GGUF file: " + std::to_string(file_size) +
                                    " bytes, too short for the magic");
   }
   KVD_RETURN_IF_ERROR(r.Read(&magic, "magic"));
@@ -349,21 +326,84 @@ Status GgufFile::ParseAll() {
     return Status::InvalidArgument(std::string("not a GGUF file: magic '") + m +
                                    "', expected 'GGUF'");
   }
-  KVD_RETURN_IF_ERROR(r.Read(&version_, "version"));
-  if (version_ == 1)
+  KVD_RETURN_IF_ERROR(r.Read(version, "version"));
+  if (*version == 1)
     return Status::InvalidArgument("GGUF version 1 is not supported (need 2 or 3)");
-  if (version_ == 0 || version_ > 3) {
-    return Status::Unimplemented("GGUF version " + std::to_string(version_) +
+  if (*version == 0 || *version > 3) {
+    return Status::Unimplemented("GGUF version " + std::to_string(*version) +
                                  " is not supported (need 2 or 3)");
   }
-  uint64_t n_tensors = 0, n_kv = 0;
-  KVD_RETURN_IF_ERROR(r.Read(&n_tensors, "tensor count"));
-  KVD_RETURN_IF_ERROR(r.Read(&n_kv, "metadata count"));
+  KVD_RETURN_IF_ERROR(r.Read(n_tensors, "tensor count"));
+  KVD_RETURN_IF_ERROR(r.Read(n_kv, "metadata count"));
   // Each KV takes at least 8 (key len) + 4 (type) + 1 bytes; each tensor info at least 8+4+8+4+8.
-  if (n_kv > r.remaining() / 13) return r.Truncated("metadata (" + std::to_string(n_kv) + " keys)");
-  if (n_tensors > r.remaining() / 32)
-    return r.Truncated("tensor infos (" + std::to_string(n_tensors) + ")");
+  if (*n_kv > r.remaining() / 13)
+    return r.Truncated("metadata (" + std::to_string(*n_kv) + " keys)");
+  if (*n_tensors > r.remaining() / 32)
+    return r.Truncated("tensor infos (" + std::to_string(*n_tensors) + ")");
+  return Status::Ok();
+}
 
+// general.alignment's value: a power of two <= 1 MiB.
+StatusOr<uint64_t> AlignmentValue(const GgufValue& a) {
+  if (!a.IsInteger()) return Status::InvalidArgument("general.alignment is not an integer");
+  uint64_t al = std::holds_alternative<uint64_t>(a.scalar)
+                    ? std::get<uint64_t>(a.scalar)
+                    : static_cast<uint64_t>(std::get<int64_t>(a.scalar));
+  if (al == 0 || (al & (al - 1)) != 0 || al > (1u << 20)) {
+    return Status::InvalidArgument("general.alignment " + std::to_string(al) +
+                                   " is not a power of two <= 1 MiB");
+  }
+  return al;
+}
+
+// Tensor info i: name, dims, type and offset, checked against the type's block and `alignment`
+// (ti->data is set later, once the data section's start is known).
+Status ReadTensorInfo(Reader& r, uint64_t i, uint64_t alignment, GgufTensorInfo* ti) {
+  KVD_RETURN_IF_ERROR(r.ReadString(&ti->name, "tensor name " + std::to_string(i)));
+  uint32_t nd = 0;
+  KVD_RETURN_IF_ERROR(r.Read(&nd, "dims of " + ti->name));
+  if (nd == 0 || nd > kMaxDims) {
+    return Status::OutOfRange("tensor " + ti->name + " has " + std::to_string(nd) + " dims (1.." +
+                              std::to_string(kMaxDims) + " allowed)");
+  }
+  ti->num_elements = 1;
+  for (uint32_t d = 0; d < nd; ++d) {
+    uint64_t ne = 0;
+    KVD_RETURN_IF_ERROR(r.Read(&ne, "dims of " + ti->name));
+    if (ne == 0 || ne > (uint64_t{1} << 40) ||
+        static_cast<uint64_t>(ti->num_elements) > (uint64_t{1} << 48) / ne) {
+      return Status::OutOfRange("tensor " + ti->name + " has an invalid dimension " +
+                                std::to_string(ne));
+    }
+    ti->dims.push_back(static_cast<int64_t>(ne));
+    ti->num_elements *= static_cast<int64_t>(ne);
+  }
+  KVD_RETURN_IF_ERROR(r.Read(&ti->type, "type of " + ti->name));
+  KVD_RETURN_IF_ERROR(r.Read(&ti->offset, "offset of " + ti->name));
+  int64_t be = 0, bb = 0;
+  if (!GgmlBlockInfo(ti->type, &be, &bb)) {
+    return Status::Unimplemented("tensor " + ti->name + " has unsupported type " +
+                                 GgmlTypeName(ti->type));
+  }
+  if (ti->dims[0] % be != 0) {
+    return Status::InvalidArgument("tensor " + ti->name + " row length " +
+                                   std::to_string(ti->dims[0]) + " is not a multiple of the " +
+                                   GgmlTypeName(ti->type) + " block size " + std::to_string(be));
+  }
+  ti->num_bytes = static_cast<uint64_t>(ti->num_elements / be * bb);
+  if (ti->offset % alignment != 0) {
+    return Status::DataLoss("tensor " + ti->name + " offset " + std::to_string(ti->offset) +
+                            " is not aligned to " + std::to_string(alignment));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status GgufFile::ParseAll() {
+  Reader r(file_->data(), file_->size());
+  uint64_t n_tensors = 0, n_kv = 0;
+  KVD_RETURN_IF_ERROR(ReadHeader(r, file_->size(), &version_, &n_tensors, &n_kv));
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key;
     KVD_RETURN_IF_ERROR(r.ReadString(&key, "metadata key " + std::to_string(i)));
@@ -377,65 +417,20 @@ Status GgufFile::ParseAll() {
     metadata_[key] = std::move(v);
   }
   if (const GgufValue* a = Find("general.alignment")) {
-    if (!a->IsInteger()) return Status::InvalidArgument("general.alignment is not an integer");
-    uint64_t al = std::holds_alternative<uint64_t>(a->scalar)
-                      ? std::get<uint64_t>(a->scalar)
-                      : static_cast<uint64_t>(std::get<int64_t>(a->scalar));
-    if (al == 0 || (al & (al - 1)) != 0 || al > (1u << 20)) {
-      return Status::InvalidArgument("general.alignment " + std::to_string(al) +
-                                     " is not a power of two <= 1 MiB");
-    }
-    alignment_ = al;
+    KVD_ASSIGN_OR_RETURN(alignment_, AlignmentValue(*a));
   }
-
   tensors_.resize(n_tensors);
   for (uint64_t i = 0; i < n_tensors; ++i) {
     GgufTensorInfo& ti = tensors_[i];
-    KVD_RETURN_IF_ERROR(r.ReadString(&ti.name, "tensor name " + std::to_string(i)));
-    uint32_t nd = 0;
-    KVD_RETURN_IF_ERROR(r.Read(&nd, "dims of " + ti.name));
-    if (nd == 0 || nd > kMaxDims) {
-      return Status::OutOfRange("tensor " + ti.name + " has " + std::to_string(nd) + " dims (1.." +
-                                std::to_string(kMaxDims) + " allowed)");
-    }
-    ti.num_elements = 1;
-    for (uint32_t d = 0; d < nd; ++d) {
-      uint64_t ne = 0;
-      KVD_RETURN_IF_ERROR(r.Read(&ne, "dims of " + ti.name));
-      if (ne == 0 || ne > (uint64_t{1} << 40) ||
-          static_cast<uint64_t>(ti.num_elements) > (uint64_t{1} << 48) / ne) {
-        return Status::OutOfRange("tensor " + ti.name + " has an invalid dimension " +
-                                  std::to_string(ne));
-      }
-      ti.dims.push_back(static_cast<int64_t>(ne));
-      ti.num_elements *= static_cast<int64_t>(ne);
-    }
-    KVD_RETURN_IF_ERROR(r.Read(&ti.type, "type of " + ti.name));
-    KVD_RETURN_IF_ERROR(r.Read(&ti.offset, "offset of " + ti.name));
-    int64_t be = 0, bb = 0;
-    if (!GgmlBlockInfo(ti.type, &be, &bb)) {
-      return Status::Unimplemented("tensor " + ti.name + " has unsupported type " +
-                                   GgmlTypeName(ti.type));
-    }
-    if (ti.dims[0] % be != 0) {
-      return Status::InvalidArgument("tensor " + ti.name + " row length " +
-                                     std::to_string(ti.dims[0]) + " is not a multiple of the " +
-                                     GgmlTypeName(ti.type) + " block size " + std::to_string(be));
-    }
-    ti.num_bytes = static_cast<uint64_t>(ti.num_elements / be * bb);
-    if (ti.offset % alignment_ != 0) {
-      return Status::DataLoss("tensor " + ti.name + " offset " + std::to_string(ti.offset) +
-                              " is not aligned to " + std::to_string(alignment_));
-    }
+    KVD_RETURN_IF_ERROR(ReadTensorInfo(r, i, alignment_, &ti));
     if (tensor_index_.count(ti.name) != 0) {
       return Status::InvalidArgument("duplicate tensor name " + ti.name);
     }
     tensor_index_.emplace(ti.name, i);
   }
-  uint64_t pos = r.pos();
-  data_offset_ = (pos + alignment_ - 1) / alignment_ * alignment_;
+  data_offset_ = (r.pos() + alignment_ - 1) / alignment_ * alignment_;
+  const uint64_t size = file_->size();
   for (GgufTensorInfo& ti : tensors_) {
-    uint64_t size = file_->size();
     if (data_offset_ > size || ti.offset > size - data_offset_ ||
         ti.num_bytes > size - data_offset_ - ti.offset) {
       return Status::DataLoss("tensor " + ti.name + " data [" + std::to_string(ti.offset) + ", " +

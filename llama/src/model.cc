@@ -82,6 +82,81 @@ Status LoadTensor(const GgufFile& g, const std::string& name, std::vector<int64_
   return Dequantize(t->type, t->data, out->data(), t->num_elements).WithContext(name);
 }
 
+// The model's configuration from the GGUF's llama.* and tokenizer metadata, validated.
+StatusOr<LlamaConfig> GgufConfig(const GgufFile& g) {
+  LlamaConfig c;
+  auto geti = [&g](const char* key) -> StatusOr<int> {
+    KVD_ASSIGN_OR_RETURN(int64_t v, g.GetInt(std::string("llama.") + key));
+    if (v <= 0 || v > (1 << 30)) {
+      return Status::OutOfRange(std::string("llama.") + key + " = " + std::to_string(v));
+    }
+    return static_cast<int>(v);
+  };
+  KVD_ASSIGN_OR_RETURN(c.dim, geti("embedding_length"));
+  KVD_ASSIGN_OR_RETURN(c.hidden_dim, geti("feed_forward_length"));
+  KVD_ASSIGN_OR_RETURN(c.num_layers, geti("block_count"));
+  KVD_ASSIGN_OR_RETURN(c.num_q_heads, geti("attention.head_count"));
+  KVD_ASSIGN_OR_RETURN(int64_t kvh, g.GetIntOr("llama.attention.head_count_kv", c.num_q_heads));
+  c.num_kv_heads = static_cast<int>(kvh);
+  KVD_ASSIGN_OR_RETURN(c.context_length, geti("context_length"));
+  if (c.num_q_heads <= 0 || c.dim % c.num_q_heads != 0) {
+    return Status::InvalidArgument("embedding_length " + std::to_string(c.dim) +
+                                   " is not a multiple of head_count " +
+                                   std::to_string(c.num_q_heads));
+  }
+  c.head_dim = c.dim / c.num_q_heads;
+  KVD_ASSIGN_OR_RETURN(double eps, g.GetFloatOr("llama.attention.layer_norm_rms_epsilon", 1e-5));
+  c.norm_eps = static_cast<float>(eps);
+  KVD_ASSIGN_OR_RETURN(c.rope.theta, g.GetFloatOr("llama.rope.freq_base", 10000.0));
+  KVD_ASSIGN_OR_RETURN(int64_t rot, g.GetIntOr("llama.rope.dimension_count", c.head_dim));
+  c.rope.rotary_dim = static_cast<int>(rot);
+  c.rope.pairing = RopePairing::kInterleaved;
+  std::string scaling = "none";
+  if (g.Find("llama.rope.scaling.type") != nullptr) {
+    KVD_ASSIGN_OR_RETURN(scaling, g.GetString("llama.rope.scaling.type"));
+  }
+  KVD_ASSIGN_OR_RETURN(double factor, g.GetFloatOr("llama.rope.scaling.factor", 0.0));
+  if (scaling == "linear" && factor > 0 && factor != 1.0) {
+    c.rope.scaling = RopeScaling::kLinear;
+    c.rope.factor = factor;
+  } else if (scaling != "none" && scaling != "linear") {
+    return Status::Unimplemented("RoPE scaling '" + scaling + "' is not supported");
+  }
+  KVD_ASSIGN_OR_RETURN(int64_t vocab, g.GetIntOr("llama.vocab_size", 0));
+  if (vocab == 0) {
+    const GgufValue* toks = g.Find("tokenizer.ggml.tokens");
+    if (toks != nullptr) vocab = static_cast<int64_t>(toks->array.size());
+    if (const GgufTensorInfo* e = g.FindTensor("token_embd.weight"); e && e->dims.size() == 2) {
+      vocab = e->dims[1];
+    }
+  }
+  c.vocab_size = static_cast<int>(vocab);
+  KVD_ASSIGN_OR_RETURN(int64_t bos, g.GetIntOr("tokenizer.ggml.bos_token_id", 1));
+  KVD_ASSIGN_OR_RETURN(int64_t eos, g.GetIntOr("tokenizer.ggml.eos_token_id", 2));
+  c.bos_token = static_cast<int>(bos);
+  c.eos_token = static_cast<int>(eos);
+  KVD_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+// The nine tensors of layer l.
+Status LoadLayer(const GgufFile& g, const LlamaConfig& c, int l, LayerWeights* w,
+                 std::map<std::string, int>* types) {
+  const int64_t d = c.dim, hd = c.head_dim, h = c.hidden_dim;
+  const int64_t qd = int64_t{c.num_q_heads} * hd, kvd = int64_t{c.num_kv_heads} * hd;
+  const std::string p = "blk." + std::to_string(l) + ".";
+  KVD_RETURN_IF_ERROR(LoadTensor(g, p + "attn_norm.weight", {d}, &w->attn_norm, types));
+  KVD_RETURN_IF_ERROR(LoadTensor(g, p + "attn_q.weight", {d, qd}, &w->wq, types));
+  KVD_RETURN_IF_ERROR(LoadTensor(g, p + "attn_k.weight", {d, kvd}, &w->wk, types));
+  KVD_RETURN_IF_ERROR(LoadTensor(g, p + "attn_v.weight", {d, kvd}, &w->wv, types));
+  KVD_RETURN_IF_ERROR(LoadTensor(g, p + "attn_output.weight", {qd, d}, &w->wo, types));
+  KVD_RETURN_IF_ERROR(LoadTensor(g, p + "ffn_norm.weight", {d}, &w->ffn_norm, types));
+  KVD_RETURN_IF_ERROR(LoadTensor(g, p + "ffn_gate.weight", {d, h}, &w->w_gate, types));
+  KVD_RETURN_IF_ERROR(LoadTensor(g, p + "ffn_down.weight", {h, d}, &w->w_down, types));
+  KVD_RETURN_IF_ERROR(LoadTensor(g, p + "ffn_up.weight", {d, h}, &w->w_up, types));
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::LoadGguf(const std::string& path) {
@@ -92,62 +167,11 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::LoadGguf(const std::string& pa
                                  "' is not supported (only 'llama')");
   }
   std::unique_ptr<LlamaModel> m(new LlamaModel());
-  LlamaConfig& c = m->config_;
-  auto geti = [&](const char* key) -> StatusOr<int> {
-    KVD_ASSIGN_OR_RETURN(int64_t v, g->GetInt(std::string("llama.") + key));
-    if (v <= 0 || v > (1 << 30)) {
-      return Status::OutOfRange(std::string("llama.") + key + " = " + std::to_string(v));
-    }
-    return static_cast<int>(v);
-  };
-  KVD_ASSIGN_OR_RETURN(c.dim, geti("embedding_length"));
-  KVD_ASSIGN_OR_RETURN(c.hidden_dim, geti("feed_forward_length"));
-  KVD_ASSIGN_OR_RETURN(c.num_layers, geti("block_count"));
-  KVD_ASSIGN_OR_RETURN(c.num_q_heads, geti("attention.head_count"));
-  KVD_ASSIGN_OR_RETURN(int64_t kvh, g->GetIntOr("llama.attention.head_count_kv", c.num_q_heads));
-  c.num_kv_heads = static_cast<int>(kvh);
-  KVD_ASSIGN_OR_RETURN(c.context_length, geti("context_length"));
-  if (c.num_q_heads <= 0 || c.dim % c.num_q_heads != 0) {
-    return Status::InvalidArgument("embedding_length " + std::to_string(c.dim) +
-                                   " is not a multiple of head_count " +
-                                   std::to_string(c.num_q_heads));
-  }
-  c.head_dim = c.dim / c.num_q_heads;
-  KVD_ASSIGN_OR_RETURN(double eps, g->GetFloatOr("llama.attention.layer_norm_rms_epsilon", 1e-5));
-  c.norm_eps = static_cast<float>(eps);
-  KVD_ASSIGN_OR_RETURN(c.rope.theta, g->GetFloatOr("llama.rope.freq_base", 10000.0));
-  KVD_ASSIGN_OR_RETURN(int64_t rot, g->GetIntOr("llama.rope.dimension_count", c.head_dim));
-  c.rope.rotary_dim = static_cast<int>(rot);
-  c.rope.pairing = RopePairing::kInterleaved;
-  std::string scaling = "none";
-  if (g->Find("llama.rope.scaling.type") != nullptr) {
-    KVD_ASSIGN_OR_RETURN(scaling, g->GetString("llama.rope.scaling.type"));
-  }
-  KVD_ASSIGN_OR_RETURN(double factor, g->GetFloatOr("llama.rope.scaling.factor", 0.0));
-  if (scaling == "linear" && factor > 0 && factor != 1.0) {
-    c.rope.scaling = RopeScaling::kLinear;
-    c.rope.factor = factor;
-  } else if (scaling != "none" && scaling != "linear") {
-    return Status::Unimplemented("RoPE scaling '" + scaling + "' is not supported");
-  }
-  KVD_ASSIGN_OR_RETURN(int64_t vocab, g->GetIntOr("llama.vocab_size", 0));
-  if (vocab == 0) {
-    const GgufValue* toks = g->Find("tokenizer.ggml.tokens");
-    if (toks != nullptr) vocab = static_cast<int64_t>(toks->array.size());
-    if (const GgufTensorInfo* e = g->FindTensor("token_embd.weight"); e && e->dims.size() == 2) {
-      vocab = e->dims[1];
-    }
-  }
-  c.vocab_size = static_cast<int>(vocab);
-  KVD_ASSIGN_OR_RETURN(int64_t bos, g->GetIntOr("tokenizer.ggml.bos_token_id", 1));
-  KVD_ASSIGN_OR_RETURN(int64_t eos, g->GetIntOr("tokenizer.ggml.eos_token_id", 2));
-  c.bos_token = static_cast<int>(bos);
-  c.eos_token = static_cast<int>(eos);
-  KVD_RETURN_IF_ERROR(c.Validate());
+  KVD_ASSIGN_OR_RETURN(m->config_, GgufConfig(*g));
+  const LlamaConfig& c = m->config_;
 
   std::map<std::string, int> types;
-  const int64_t d = c.dim, hd = c.head_dim, h = c.hidden_dim;
-  const int64_t qd = int64_t{c.num_q_heads} * hd, kvd = int64_t{c.num_kv_heads} * hd;
+  const int64_t d = c.dim;
   KVD_RETURN_IF_ERROR(
       LoadTensor(*g, "token_embd.weight", {d, c.vocab_size}, &m->token_embedding_, &types));
   KVD_RETURN_IF_ERROR(LoadTensor(*g, "output_norm.weight", {d}, &m->output_norm_, &types));
@@ -169,17 +193,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::LoadGguf(const std::string& pa
   }
   m->layers_.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
-    LayerWeights& w = m->layers_[l];
-    const std::string p = "blk." + std::to_string(l) + ".";
-    KVD_RETURN_IF_ERROR(LoadTensor(*g, p + "attn_norm.weight", {d}, &w.attn_norm, &types));
-    KVD_RETURN_IF_ERROR(LoadTensor(*g, p + "attn_q.weight", {d, qd}, &w.wq, &types));
-    KVD_RETURN_IF_ERROR(LoadTensor(*g, p + "attn_k.weight", {d, kvd}, &w.wk, &types));
-    KVD_RETURN_IF_ERROR(LoadTensor(*g, p + "attn_v.weight", {d, kvd}, &w.wv, &types));
-    KVD_RETURN_IF_ERROR(LoadTensor(*g, p + "attn_output.weight", {qd, d}, &w.wo, &types));
-    KVD_RETURN_IF_ERROR(LoadTensor(*g, p + "ffn_norm.weight", {d}, &w.ffn_norm, &types));
-    KVD_RETURN_IF_ERROR(LoadTensor(*g, p + "ffn_gate.weight", {d, h}, &w.w_gate, &types));
-    KVD_RETURN_IF_ERROR(LoadTensor(*g, p + "ffn_down.weight", {h, d}, &w.w_down, &types));
-    KVD_RETURN_IF_ERROR(LoadTensor(*g, p + "ffn_up.weight", {d, h}, &w.w_up, &types));
+    KVD_RETURN_IF_ERROR(LoadLayer(*g, c, l, &m->layers_[l], &types));
   }
   for (const auto& [name, n] : types) {
     if (!m->tensor_types_.empty()) m->tensor_types_ += " ";

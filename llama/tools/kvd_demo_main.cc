@@ -218,7 +218,7 @@ int RunLocal(const Flags& f) {
   const double p_c = f.p_c;
   const std::string& model_name = f.model;
   kvd::ModelLayout layout = s.model->config().ToModelLayout();
-  layout.dtype = kvd::DType::kBFloat16;       // as kvd's topology registers the model
+  layout.dtype = kvd::DType::kBFloat16;  // as kvd's topology registers the model
   // The daemon's {stages: [SCORE, quantize], quant_format: QUANT} (or {stages: [SCORE]} for
   // --quant none), with its default groups: keys per channel over 64 slots, values per slot over
   // 64 channels.
@@ -548,6 +548,71 @@ StatusOr<kvd::client::CalibrationInfo> CalibrationOf(kvd::client::Client& c,
   return all[0];
 }
 
+struct CalibrationPut {
+  int threads = 1;
+  int chunk_tokens = 0;
+  int window = 0;                  // the session's window tokens (0: none sent, 32 prefilled)
+  uint64_t salt = 0;               // xor-ed into every chunk hash's high word
+  uint64_t* chunks_put = nullptr;  // counts the chunks put
+};
+
+// Prefills one calibration prompt and puts its chunks (salted, with window queries when the
+// session takes them), retrying a full ingest queue after a pause.
+Status PutCalibrationPrompt(kvd::client::Client& c, const llama::LlamaModel& model,
+                            std::span<const int32_t> prompt, const CalibrationPut& p) {
+  llama::LlamaSession ses(model, {.threads = p.threads});
+  KVD_ASSIGN_OR_RETURN(
+      auto pre,
+      llama::PrefillChunks(ses, prompt, c.options().layout,
+                           {.chunk_tokens = p.chunk_tokens,
+                            .window = p.window > 0 ? p.window : std::min(32, p.chunk_tokens)}));
+  std::vector<kvd::Hash128> chain = c.hasher().ChunkChain(prompt, false);
+  for (size_t i = 0; i < pre.chunks.size(); ++i) {
+    const llama::PrefillChunk& ch = pre.chunks[i];
+    kvd::client::PutItem item{.hash = {chain[i].hi ^ p.salt, chain[i].lo},
+                              .tokens = ch.tokens,
+                              .data = ch.raw.data(),
+                              .bytes = ch.raw.size(),
+                              .first_position = static_cast<uint64_t>(ch.first_position)};
+    if (p.window > 0) {
+      item.window = ch.window;
+      item.window_queries = ch.window_queries;
+    }
+    for (;;) {  // the ingest queue may be full: retry after the hinted pause
+      auto put = c.PutChunks(std::span<const kvd::client::PutItem>(&item, 1));
+      if (put.ok()) break;
+      if (put.status().code() != kvd::StatusCode::kResourceExhausted) {
+        return put.status().WithContext("put chunk " + std::to_string(*p.chunks_put));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ++*p.chunks_put;
+  }
+  return Status::Ok();
+}
+
+// The calibration chunks are no prompt anyone will look up: evicts them when allowed (an admin
+// session; KVD_ADMIN_TOKEN when the daemon takes tokens), else says how to.
+void EvictCalibrationChunks(kvd::client::Client& c) {
+  kvd::client::ClientOptions admin_options = c.options();
+  admin_options.role = kvd::client::Role::kAdmin;
+  if (const char* token = std::getenv("KVD_ADMIN_TOKEN")) admin_options.auth_token = token;
+  auto admin = kvd::client::Client::Connect(admin_options);
+  auto evicted = admin.ok() ? (*admin)->Evict({.kind = kvd::client::EvictFilter::Kind::kNamespace,
+                                               .name = c.options().name_space})
+                            : StatusOr<kvd::client::EvictResult>(admin.status());
+  if (evicted.ok()) {
+    std::printf("[calibrate] evicted the %llu calibration chunks of namespace %s\n",
+                static_cast<unsigned long long>(evicted->chunks), c.options().name_space.c_str());
+  } else {
+    std::printf(
+        "[calibrate] calibration chunks left in namespace %s (%s); evict them with: "
+        "kvdctl evict --namespace %s\n",
+        c.options().name_space.c_str(), evicted.status().ToString().c_str(),
+        c.options().name_space.c_str());
+  }
+}
+
 int RunCalibrate(const Flags& f) {
   const std::string& model_path = f.model_file;
   const std::string& corpus_path = f.from;
@@ -604,33 +669,13 @@ int RunCalibrate(const Flags& f) {
        off += static_cast<size_t>(segment)) {
     const std::span<const int32_t> prompt =
         std::span<const int32_t>(*ids).subspan(off, std::min<size_t>(segment, ids->size() - off));
-    llama::LlamaSession ses(**model, {.threads = threads});
-    auto pre = llama::PrefillChunks(ses, prompt, layout,
-                                    {.chunk_tokens = s.chunk_tokens,
-                                     .window = window > 0 ? window : std::min(32, s.chunk_tokens)});
-    if (!pre.ok()) return Fail("prefill", pre.status());
-    std::vector<kvd::Hash128> chain = c.hasher().ChunkChain(prompt, false);
-    for (size_t i = 0; i < pre->chunks.size(); ++i) {
-      const llama::PrefillChunk& ch = pre->chunks[i];
-      kvd::client::PutItem item{.hash = {chain[i].hi ^ salt, chain[i].lo},
-                                .tokens = ch.tokens,
-                                .data = ch.raw.data(),
-                                .bytes = ch.raw.size(),
-                                .first_position = static_cast<uint64_t>(ch.first_position)};
-      if (window > 0) {
-        item.window = ch.window;
-        item.window_queries = ch.window_queries;
-      }
-      for (;;) {  // the ingest queue may be full: retry after the hinted pause
-        auto put = c.PutChunks(std::span<const kvd::client::PutItem>(&item, 1));
-        if (put.ok()) break;
-        if (put.status().code() != kvd::StatusCode::kResourceExhausted) {
-          return Fail("put chunk " + std::to_string(chunks_put), put.status());
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      ++chunks_put;
-    }
+    auto put = PutCalibrationPrompt(c, **model, prompt,
+                                    {.threads = threads,
+                                     .chunk_tokens = s.chunk_tokens,
+                                     .window = window,
+                                     .salt = salt,
+                                     .chunks_put = &chunks_put});
+    if (!put.ok()) return Fail("calibration put", put);
     cal = CalibrationOf(c, name);
     if (!cal.ok()) return Fail("calibration of " + name, cal.status());
     std::printf(
@@ -641,24 +686,7 @@ int RunCalibrate(const Flags& f) {
   }
   const double seconds = Since(t0);
 
-  // The calibration chunks are no prompt anyone will look up: evict them when allowed.
-  kvd::client::ClientOptions admin_options = c.options();
-  admin_options.role = kvd::client::Role::kAdmin;
-  if (const char* token = std::getenv("KVD_ADMIN_TOKEN")) admin_options.auth_token = token;
-  auto admin = kvd::client::Client::Connect(admin_options);
-  auto evicted = admin.ok() ? (*admin)->Evict({.kind = kvd::client::EvictFilter::Kind::kNamespace,
-                                               .name = c.options().name_space})
-                            : StatusOr<kvd::client::EvictResult>(admin.status());
-  if (evicted.ok()) {
-    std::printf("[calibrate] evicted the %llu calibration chunks of namespace %s\n",
-                static_cast<unsigned long long>(evicted->chunks), c.options().name_space.c_str());
-  } else {
-    std::printf(
-        "[calibrate] calibration chunks left in namespace %s (%s); evict them with: "
-        "kvdctl evict --namespace %s\n",
-        c.options().name_space.c_str(), evicted.status().ToString().c_str(),
-        c.options().name_space.c_str());
-  }
+  EvictCalibrationChunks(c);
   if (cal->state != "calibrated") {
     return Fail("calibrate", Status::FailedPrecondition(
                                  "the corpus " + corpus_path + " (" + std::to_string(ids->size()) +

@@ -1,7 +1,9 @@
 // Private state of HostTier (see host_tier.h for the contract). Split across host_tier.cc (the
-// write and read protocols) and host_tier_admin.cc (Tier interface, listing, eviction, stats).
+// write and read protocols), host_tier_impl.cc (the Impl's helpers) and host_tier_admin.cc
+// (Tier interface, listing, eviction, stats).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <list>
@@ -34,6 +36,11 @@ struct HostEntry {
   std::list<HostEntry*>::iterator lru_it;  // valid iff visible
 };
 
+// The deadline `ttl` after `now` (Clock nanoseconds).
+inline int64_t Deadline(int64_t now, std::chrono::milliseconds ttl) {
+  return now + std::chrono::duration_cast<std::chrono::nanoseconds>(ttl).count();
+}
+
 // The three kinds of ids (one id space).
 enum class IdKind : uint8_t { kReservation, kLease, kRead };
 const char* IdKindName(IdKind kind);
@@ -65,7 +72,7 @@ class HostTier::Impl {
     // Made by ReserveAhead: `key.hash` and `tokens` mean nothing until NameReservation.
     bool ahead = false;
     bool named = true;
-    bool transient = false;  // made by InsertTransient: the entry it commits is transient
+    bool transient = false;   // made by InsertTransient: the entry it commits is transient
     bool committing = false;  // a Commit is verifying the bytes without the lock
     // Set when Abort / ReclaimOwner hit a committing reservation: that Commit then fails.
     bool cancelled = false;
