@@ -282,6 +282,7 @@ TEST_F(PeerFetchE2eTest, PrefillOnAPutsToTheNamedDecodeNodeBAndDecodeOnBReadsItL
   auto placed = prefill->Place(chain, {.node = "b"});
   ASSERT_TRUE(placed.ok()) << placed.status();
   EXPECT_TRUE(placed->membership_current);
+  EXPECT_EQ(placed->membership_age_ms, 0u);
   ASSERT_EQ(placed->targets.size(), 1u);
   EXPECT_EQ(placed->targets[0].node, "b");
   EXPECT_EQ(placed->targets[0].control_address, kvds_[1]->tcp_address());
