@@ -214,6 +214,8 @@ struct PlacementReply {
                                      # next choices, in order, should it fail
   membershipCurrent @1 :Bool;        # false: etcd is unreachable and the candidates come from the
                                      # last member list seen
+  membershipAgeMs @2 :UInt64;        # 0 while membershipCurrent; else how long ago etcd last
+                                     # answered (the age of that member list)
 }
 
 struct PlacementTarget {

@@ -332,6 +332,10 @@ int kvd_placement_membership_current(const kvd_placement* placement) {
   return placement != nullptr && placement->result.membership_current ? 1 : 0;
 }
 
+uint64_t kvd_placement_membership_age_ms(const kvd_placement* placement) {
+  return placement != nullptr ? placement->result.membership_age_ms : 0;
+}
+
 int kvd_placement_target(const kvd_placement* placement, size_t index, const char** node,
                          const char** control_address, int* local) {
   return Guard([&]() -> int {

@@ -255,6 +255,7 @@ StatusOr<PlacementResult> ClientImpl::Place(std::span<const Hash128> chain,
     if (!r.isPlacement()) return WrongReply("placement");
     auto p = r.getPlacement();
     out.membership_current = p.getMembershipCurrent();
+    out.membership_age_ms = p.getMembershipAgeMs();
     for (auto t : p.getTargets()) {
       out.targets.push_back({t.getNode().cStr(), t.getControlAddress().cStr(), t.getLocal()});
     }

@@ -7,6 +7,7 @@
 #include "kvd/client/client.h"
 #include "kvd/common/logging.h"
 #include "kvd/storage/tier.h"
+#include "peer_fetch_faults.h"
 
 namespace kvd::daemon {
 
@@ -43,6 +44,7 @@ StatusOr<std::shared_ptr<client::Client>> PeerFetcher::ClientFor(const cluster::
   o.chunk_tokens = config_.chunk_tokens;
   o.block_tokens = config_.chunk_tokens;  // the peer client hashes nothing
   o.transport = config_.transport;
+  o.transport.backend = PeerFetchBackend(config_.transport.backend);
   o.shared_memory = false;
   o.read_only = true;
   const int64_t timeout = config_.peer_fetch.timeout_ms;

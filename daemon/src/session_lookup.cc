@@ -191,6 +191,7 @@ void Session::HandlePlacement(uint64_t seq, uint64_t rid, proto::Placement::Read
   Complete(seq, MakeResponse(rid, [&](proto::Response::Builder r) {
              auto reply = r.initPlacement();
              reply.setMembershipCurrent(placed->membership.current);
+             reply.setMembershipAgeMs(placed->membership.age_ms);
              auto targets = reply.initTargets(static_cast<unsigned>(placed->targets.size()));
              for (size_t i = 0; i < placed->targets.size(); ++i) {
                targets[i].setNode(placed->targets[i].node);

@@ -87,8 +87,10 @@ std::string ValidUtf8(std::string_view in) {
 void ToProto(const kvd::Status& s, Error::Builder out) {
   out.setCode(static_cast<uint16_t>(s.code()));
   // Messages may echo client input (names, Cap'n Proto exception text): the wire carries valid
-  // UTF-8 only (Cap'n Proto Text), bad bytes become U+FFFD.
-  out.setMessage(ValidUtf8(s.message()));
+  // UTF-8 only (Cap'n Proto Text), bad bytes become U+FFFD. The length is given: NUL is valid
+  // UTF-8, and a std::string converted implicitly would end at its first NUL (c_str()).
+  const std::string message = ValidUtf8(s.message());
+  out.setMessage(kj::StringPtr(message.c_str(), message.size()));
   out.setReason(static_cast<uint16_t>(s.reason()));
 }
 

@@ -62,6 +62,8 @@ TEST_F(CApiClusterE2eTest, PutThroughThePlacementToBThenAClusterLookupFromAFetch
       << kvd_last_error();
   ASSERT_EQ(kvd_placement_count(placement), 1u);
   EXPECT_EQ(kvd_placement_membership_current(placement), 1);
+  EXPECT_EQ(kvd_placement_membership_age_ms(placement), 0u);
+  EXPECT_EQ(kvd_placement_membership_age_ms(nullptr), 0u);
   const char* node = nullptr;
   const char* address = nullptr;
   int local = -1;

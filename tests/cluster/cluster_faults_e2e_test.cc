@@ -144,6 +144,7 @@ TEST_F(ClusterFaultsE2eTest, EtcdKilledAndRestartedDuringPeerFetchesNoWrongBytes
   auto placed = reader->Place(chains[0]);
   ASSERT_TRUE(placed.ok()) << placed.status();
   EXPECT_FALSE(placed->membership_current);
+  EXPECT_GT(placed->membership_age_ms, 0u);
   EXPECT_EQ(placed->targets.size(), 3u);
   // A cluster-scope lookup says so too: its holders come from the last member list seen, which
   // is older than the moment etcd was killed.
@@ -164,6 +165,7 @@ TEST_F(ClusterFaultsE2eTest, EtcdKilledAndRestartedDuringPeerFetchesNoWrongBytes
   placed = reader->Place(chains[0]);
   ASSERT_TRUE(placed.ok()) << placed.status();
   EXPECT_TRUE(placed->membership_current);
+  EXPECT_EQ(placed->membership_age_ms, 0u);
   seen = reader->Lookup(chains[0], {.cluster = true});
   ASSERT_TRUE(seen.ok()) << seen.status();
   EXPECT_TRUE(seen->membership_current);

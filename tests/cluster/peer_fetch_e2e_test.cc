@@ -2,14 +2,16 @@
 // tcp) on a real etcd-server: which node holds how long a prefix; a chunk a peer holds is fetched
 // byte-exact and served like a local one; a wrong cluster token and a differing layout are
 // refused naming why; a peer killed with SIGKILL during fetches gives misses, never wrong bytes,
-// never a hang; a prefill engine puts to the decode node's kvd (named, or chosen by the
-// placement rule) and the decode node reads it local. Skipped when etcd is not installed.
+// never a hang; bytes damaged in flight are a miss, never stored; a prefill engine puts to the
+// decode node's kvd (named, or chosen by the placement rule) and the decode node reads it local.
+// Skipped when etcd is not installed.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <thread>
 
@@ -280,6 +282,7 @@ TEST_F(PeerFetchE2eTest, PrefillOnAPutsToTheNamedDecodeNodeBAndDecodeOnBReadsItL
   auto placed = prefill->Place(chain, {.node = "b"});
   ASSERT_TRUE(placed.ok()) << placed.status();
   EXPECT_TRUE(placed->membership_current);
+  EXPECT_EQ(placed->membership_age_ms, 0u);
   ASSERT_EQ(placed->targets.size(), 1u);
   EXPECT_EQ(placed->targets[0].node, "b");
   EXPECT_EQ(placed->targets[0].control_address, kvds_[1]->tcp_address());
@@ -473,6 +476,64 @@ TEST_F(PeerFetchE2eTest, SilentPeersCostOneTimeoutNotOnePerPeer) {
               took_s, kPeerTimeoutMs);
   // Asked one after the other, two peers take two timeouts (2 s); at once, one.
   EXPECT_LT(took_s, 1.8 * kPeerTimeoutMs / 1000.0);
+}
+
+// Every node's first peer client receives its first chunk damaged in one byte on the way
+// (KVD_TEST_PEER_FETCH_CORRUPT_RECV, the daemon's fault-injection seam).
+class DamagedPeerFetchE2eTest : public PeerClusterTest {
+ protected:
+  void SetUp() override {
+    ::setenv("KVD_TEST_PEER_FETCH_CORRUPT_RECV", "1", 1);
+    PeerClusterTest::SetUp();
+    ::unsetenv("KVD_TEST_PEER_FETCH_CORRUPT_RECV");
+  }
+};
+
+// Bytes damaged in flight during a peer fetch fail the checksum on a: the reader gets a miss
+// (and recomputes), never wrong bytes; nothing damaged is stored on a (a local lookup misses, and
+// the recomputed chunk's put is stored, not taken for a duplicate); a keeps serving and its next
+// cluster lookup fetches the rest byte-exact.
+TEST_F(DamagedPeerFetchE2eTest, DamagedBytesAreAMissNeverWrongBytesAndAreNotStored) {
+  auto a = ConnectOrFail(kvds_[0]->EngineOptions("reader-a"));
+  auto b = ConnectOrFail(kvds_[1]->EngineOptions("writer-b"));
+  ASSERT_TRUE(a && b);
+  auto chain = a->hasher().ChunkChain(RandomTokens(4 * 256, 11), true);
+  ASSERT_EQ(chain.size(), 4u);
+  auto bytes = PutPrefix(*b, chain, 4, 300);
+
+  auto hit = a->Lookup(chain, {.cluster = true});
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  const auto* hb = HolderOf(*hit, "b");
+  ASSERT_NE(hb, nullptr);
+  EXPECT_EQ(hb->matched_chunks, 4u) << hb->error;
+  for (uint32_t i = 0; i < hit->matched_chunks; ++i) {  // whatever matched reads back exact
+    std::vector<uint8_t> out(bytes[i].size());
+    ASSERT_TRUE(a->Get(hit->lease_id, i, out.data(), out.size()).ok());
+    EXPECT_TRUE(out == bytes[i]) << "chunk " << i << " differs";
+  }
+  if (hit->lease_id != 0) EXPECT_TRUE(a->ReleaseLease(hit->lease_id).ok());
+  EXPECT_EQ(hit->matched_chunks, 0u);  // the damaged chunk is the first: a miss
+  EXPECT_EQ(hit->fetched_chunks, 0u);
+  EXPECT_EQ(MetricValue(*kvds_[0], "kvd_cluster_fetch_failures_total"), 1);
+  EXPECT_NE(kvds_[0]->Log().find("checksum mismatch"), std::string::npos) << kvds_[0]->Log();
+  EXPECT_EQ(LocalPrefix(*kvds_[0], chain), 0u);
+
+  // The reader recomputes chunk 0 and puts it on a: stored (no damaged copy holds the key).
+  EXPECT_TRUE(PutChunk(*a, chain[0], 300) == bytes[0]);
+  EXPECT_EQ(LocalPrefix(*kvds_[0], chain), 1u);
+
+  // a keeps serving: the next cluster lookup fetches chunks 1-3, byte-exact.
+  ASSERT_TRUE(kvds_[0]->Alive());
+  auto again = a->Lookup(chain, {.cluster = true});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->fetched_chunks, 3u);
+  ASSERT_EQ(again->matched_chunks, 4u);
+  for (uint32_t i = 0; i < 4; ++i) {
+    std::vector<uint8_t> out(bytes[i].size());
+    ASSERT_TRUE(a->Get(again->lease_id, i, out.data(), out.size()).ok());
+    EXPECT_TRUE(out == bytes[i]) << "chunk " << i << " differs";
+  }
+  EXPECT_TRUE(a->ReleaseLease(again->lease_id).ok());
 }
 
 }  // namespace

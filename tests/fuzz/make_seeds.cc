@@ -185,6 +185,14 @@ std::vector<std::vector<uint8_t>> Responses(const kvd::daemon::DaemonConfig& con
     targets[0].setControlAddress("10.0.0.7:7400");
     p.setMembershipCurrent(true);
   }));
+  out.push_back(Frame<proto::Response>([&](proto::Response::Builder r) {
+    // An Error whose message holds NUL bytes (valid UTF-8): its round trip keeps every byte.
+    r.setRequestId(12);
+    auto e = r.initError();
+    e.setCode(static_cast<uint16_t>(kvd::StatusCode::kInvalidArgument));
+    static constexpr char kText[] = "echo \"\0\0\x06\xfa\0x\"";
+    e.setMessage(kj::StringPtr(kText, sizeof kText - 1));
+  }));
   return out;
 }
 

@@ -110,6 +110,19 @@ TEST(ValidUtf8Test, ErrorMessagesOnTheWireAreValidUtf8) {
   EXPECT_EQ(FromProto(e.asReader()).code(), StatusCode::kNotFound);
 }
 
+TEST(ValidUtf8Test, ErrorMessagesKeepEmbeddedNulBytes) {
+  // NUL is valid UTF-8: a message that echoes it goes out whole, not cut at the first NUL.
+  const std::string message("echo \"\0\0\x06\xfa\0x\"", 13);
+  capnp::MallocMessageBuilder mb;
+  auto e = mb.initRoot<Error>();
+  ToProto(Status::InvalidArgument(message), e);
+  EXPECT_EQ(e.asReader().getMessage().size(), ValidUtf8(message).size());
+  Status s = FromProto(e.asReader());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), ValidUtf8(message));
+  EXPECT_EQ(s.message(), std::string("echo \"\0\0\x06\xef\xbf\xbd\0x\"", 15));
+}
+
 TEST(ValidUtf8Test, ErrorMessagesReadFromTheWireAreValidUtf8) {
   // A peer of another build (or a hostile one) may put any bytes into Error.message.
   capnp::MallocMessageBuilder mb;

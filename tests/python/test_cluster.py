@@ -106,6 +106,7 @@ def test_put_placed_on_b_then_a_cluster_lookup_from_a_fetches_it_byte_exact(clus
         assert len(chain) == 3
         placed = place_when_seen(prefill, chain, "b")
         assert isinstance(placed, kvd.PlacementResult) and placed.membership_current
+        assert placed.membership_age_ms == 0
         assert len(placed.targets) == 1
         target = placed.targets[0]
         assert isinstance(target, kvd.PlacementTarget)

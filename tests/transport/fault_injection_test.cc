@@ -67,6 +67,30 @@ TEST_F(FaultInjectionTest, TheNthPostFails) {
   }
 }
 
+TEST_F(FaultInjectionTest, TheNthReceiveArrivesDamaged) {
+  FaultPlan plan;
+  plan.corrupt_recv_number = 2;
+  faulty_->SetPlan(plan);
+  std::vector<uint8_t> src(1000);
+  testing::FillPattern(1, src.data(), src.size());
+  for (uint64_t tag = 1; tag <= 3; ++tag) {
+    std::vector<uint8_t> dst(src.size());
+    auto recv = a_->PostRecv(a_to_b_, tag, dst.data(), dst.size());
+    ASSERT_TRUE(recv.ok()) << recv.status();
+    ASSERT_TRUE(b_->SendBlocking(b_to_a_, tag, src.data(), src.size(), milliseconds(1000)).ok());
+    ASSERT_TRUE(a_->Wait(*recv, milliseconds(1000)).ok());
+    const TransferStatus done = a_->Check(*recv);
+    EXPECT_EQ(done.state, TransferState::kDone);
+    EXPECT_EQ(done.bytes, src.size());
+    // Only the second receive is damaged, in one byte, and only once however often it is checked.
+    size_t differing = 0;
+    for (size_t i = 0; i < src.size(); ++i) differing += dst[i] != src[i];
+    EXPECT_EQ(differing, tag == 2 ? 1u : 0u) << "receive " << tag;
+    if (tag == 2) EXPECT_FALSE(done.checksum_valid);
+    EXPECT_TRUE(a_->Release(*recv).ok());
+  }
+}
+
 TEST_F(FaultInjectionTest, PeerVanishesAfterKBytes) {
   FaultPlan plan;
   plan.vanish_after_bytes = 1500;

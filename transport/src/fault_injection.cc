@@ -109,6 +109,9 @@ StatusOr<TransferHandle> FaultInjectingTransport::Post(const TransferRequest& re
     }
   }
   KVD_ASSIGN_OR_RETURN(TransferHandle h, inner_->Post(request));
+  if (request.op == TransferOp::kRecv && ++recvs_ == plan_.corrupt_recv_number) {
+    to_corrupt_[h.id] = request.buffer;
+  }
   if (state != nullptr) {
     state->bytes_posted += static_cast<int64_t>(request.length);
     state->in_flight.insert(h.id);
@@ -125,6 +128,7 @@ TransferStatus FaultInjectingTransport::Check(TransferHandle transfer) {
   }
   TransferStatus s = inner_->Check(transfer);
   std::lock_guard<std::mutex> lock(mu_);
+  CorruptLocked(transfer.id, s);
   if (vanished_transfers_.count(transfer.id) != 0 && s.state != TransferState::kInProgress) {
     auto p = transfer_peer_.find(transfer.id);
     uint64_t peer = p == transfer_peer_.end() ? 0 : p->second;
@@ -141,6 +145,15 @@ TransferStatus FaultInjectingTransport::Check(TransferHandle transfer) {
     }
   }
   return s;
+}
+
+void FaultInjectingTransport::CorruptLocked(uint64_t transfer_id, TransferStatus& status) {
+  if (status.state != TransferState::kDone || status.bytes == 0) return;
+  auto it = to_corrupt_.find(transfer_id);
+  if (it == to_corrupt_.end()) return;
+  static_cast<uint8_t*>(it->second)[status.bytes / 2] ^= 0x5a;
+  status.checksum_valid = false;
+  to_corrupt_.erase(it);
 }
 
 Status FaultInjectingTransport::Wait(TransferHandle transfer, std::chrono::milliseconds timeout) {
@@ -170,6 +183,7 @@ Status FaultInjectingTransport::Release(TransferHandle transfer) {
   }
   KVD_RETURN_IF_ERROR(inner_->Release(transfer));
   std::lock_guard<std::mutex> lock(mu_);
+  to_corrupt_.erase(transfer.id);
   vanished_transfers_.erase(transfer.id);
   auto p = transfer_peer_.find(transfer.id);
   if (p != transfer_peer_.end()) {

@@ -27,7 +27,8 @@ members, lists each node's prefix in hit.holders (kvd.PrefixHolder: node, matche
 found_in), counts the chunks copied from a peer in hit.fetched_chunks and says in
 hit.membership_current whether its member list is current (False while etcd is unreachable;
 hit.membership_age_ms: how long ago etcd last answered, 0 while current); c.place(chain, node="")
--> kvd.PlacementResult (targets: kvd.PlacementTarget(node, control_address, local), best first)
+-> kvd.PlacementResult (targets: kvd.PlacementTarget(node, control_address, local), best first;
+membership_current, membership_age_ms as for a lookup)
 says where a prefill engine puts a chain, and c.connect_placed(target) connects there. On a kvd
 in no cluster both raise kvd.FailedPreconditionError.
 

@@ -55,12 +55,14 @@ void BindResults(py::module_& m) {
   py::class_<PlacementResult>(m, "PlacementResult")
       .def_readonly("targets", &PlacementResult::targets)
       .def_readonly("membership_current", &PlacementResult::membership_current)
+      .def_readonly("membership_age_ms", &PlacementResult::membership_age_ms)
       .def("__repr__", [](const PlacementResult& r) {
         std::string out = "PlacementResult(targets=[";
         for (size_t i = 0; i < r.targets.size(); ++i) {
           out += (i ? ", " : "") + TargetRepr(r.targets[i]);
         }
-        return out + "], membership_current=" + (r.membership_current ? "True" : "False") + ")";
+        return out + "], membership_current=" + (r.membership_current ? "True" : "False") +
+               ", membership_age_ms=" + std::to_string(r.membership_age_ms) + ")";
       });
   // LookupResult is registered in module.cc; its cluster-scope attributes are added here.
   py::reinterpret_borrow<py::class_<LookupResult>>(m.attr("LookupResult"))

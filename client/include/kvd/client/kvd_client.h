@@ -40,7 +40,8 @@ extern "C" {
  *      SessionInfo::cluster_lookup (cluster-scope lookups and peer fetch). Added since, compatibly
  *      (the version stays): kvd_client_lookup_cluster, kvd_lookup_result.fetched_chunks and
  *      num_holders, kvd_client_place, kvd_placement_*, kvd_client_connect_placed,
- *      kvd_lookup_result.membership_current and membership_age_ms.
+ *      kvd_lookup_result.membership_current and membership_age_ms,
+ *      kvd_placement_membership_age_ms.
  *   3: ClientOptions loses its test seams (test_*), SessionInfo::inline_put.
  *   2: ClientOptions::reserve_ahead (C: kvd_config.reserve_ahead, appended: compatible).
  *   1: kvd_config and the results start with struct_size (their inits are inline).
@@ -304,6 +305,9 @@ size_t kvd_placement_count(const kvd_placement* placement);
 /* 1: the member list was current; 0: etcd was unreachable and the daemon answered from the last
  * list it saw (or placement is NULL). */
 int kvd_placement_membership_current(const kvd_placement* placement);
+/* How long ago etcd last answered the daemon, in ms: 0 while the member list is current (or
+ * placement is NULL). */
+uint64_t kvd_placement_membership_age_ms(const kvd_placement* placement);
 /* Target `index` (0 = best): its cluster.node, its TCP control address ("host:port") and whether
  * it is the daemon that answered (*local 1). The strings live as long as the placement. Any out
  * pointer may be NULL. KVD_OUT_OF_RANGE when index >= kvd_placement_count. */

@@ -76,8 +76,10 @@ struct PlacementResult {
   // Best first: put to targets[0]; by the rule, the rest are the next choices in order (a
   // named node: that one alone).
   std::vector<PlacementTarget> targets;
-  // False: etcd is unreachable and the daemon answered from the last member list it saw.
+  // False: etcd is unreachable and the daemon answered from the last member list it saw,
+  // membership_age_ms old (the time since etcd last answered it; 0 while current).
   bool membership_current = false;
+  uint64_t membership_age_ms = 0;
 };
 
 struct PutResult {

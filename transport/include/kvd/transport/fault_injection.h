@@ -31,6 +31,12 @@ struct FaultPlan {
 
   // When not OK, Connect returns it without reaching the wrapped Transport. Default OK.
   Status connect_failure;
+
+  // The 1-based number of the kRecv Post (counting receives through this decorator) whose bytes
+  // arrive damaged: when it finishes with bytes, one byte of them is flipped in the buffer (and
+  // checksum_valid is cleared, so the caller hashes what is there), as if damaged on the wire.
+  // 0 (default) = never.
+  int64_t corrupt_recv_number = 0;
 };
 
 class FaultInjectingTransport : public Transport {
@@ -92,11 +98,15 @@ class FaultInjectingTransport : public Transport {
   // REQUIRES: mu_ held.
   void VanishLocked(PeerHandle peer, PeerFaultState& state);
   TransferHandle InjectLocked(Status status);
+  // REQUIRES: mu_ held. Damages the bytes of a finished receive chosen by corrupt_recv_number.
+  void CorruptLocked(uint64_t transfer_id, TransferStatus& status);
 
   std::unique_ptr<Transport> inner_;
   mutable std::mutex mu_;
   FaultPlan plan_;                              // GUARDED_BY(mu_)
   int64_t posts_ = 0;                           // GUARDED_BY(mu_)
+  int64_t recvs_ = 0;                           // GUARDED_BY(mu_)
+  std::map<uint64_t, void*> to_corrupt_;        // inner receive id -> buffer; GUARDED_BY(mu_)
   std::map<uint64_t, PeerFaultState> peers_;    // GUARDED_BY(mu_)
   std::map<uint64_t, uint64_t> transfer_peer_;  // inner transfer id -> peer id; GUARDED_BY(mu_)
   std::set<uint64_t> vanished_transfers_;       // inner ids failed by a vanish; GUARDED_BY(mu_)
