@@ -45,6 +45,20 @@ std::vector<uint8_t> RandomPut(const ModelConfig& m, const ChunkCodec& codec) {
   return put;
 }
 
+// RandomPut through a ChunkCodec of `m` and back out of the compact chunk's decoder.
+struct Encoded {
+  std::vector<uint8_t> put;
+  kernels::CompactChunk chunk;
+};
+StatusOr<Encoded> EncodeRandomPut(const ModelConfig& m) {
+  KVD_ASSIGN_OR_RETURN(auto codec, ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt));
+  Encoded out;
+  out.put = RandomPut(m, *codec);
+  KVD_ASSIGN_OR_RETURN(auto encoded, codec->Encode(out.put, kTokens, 0, kWindow));
+  KVD_ASSIGN_OR_RETURN(out.chunk, kernels::DecodeCompactChunk(encoded.bytes));
+  return out;
+}
+
 TEST(StageRegistryPolicyTest, AToyScoreStageIsAPolicyMethodWithOneRegistration) {
   ASSERT_TRUE(kernels::testing::RegisterKeyNormStage().ok());
   auto config = Parse("{stages: [key_norm, quantize], window: 4, sinks: 2, device: cpu}");
@@ -61,13 +75,9 @@ TEST(StageRegistryPolicyTest, AToyScoreStageIsAPolicyMethodWithOneRegistration) 
   keydiff.score = "keydiff";
   EXPECT_NE(p.CodecId(0), keydiff.CodecId(0));
 
-  auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
-  ASSERT_TRUE(codec.ok()) << codec.status();
-  const std::vector<uint8_t> put = RandomPut(m, **codec);
-  auto encoded = (*codec)->Encode(put, kTokens, 0, kWindow);
+  auto encoded = EncodeRandomPut(m);
   ASSERT_TRUE(encoded.ok()) << encoded.status();
-  auto chunk = kernels::DecodeCompactChunk(encoded->bytes);
-  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  const kernels::CompactChunk* chunk = &encoded->chunk;
   EXPECT_EQ(chunk->codec.score, kernels::testing::kKeyNorm);
   EXPECT_EQ(chunk->codec.quant.format, kernels::QuantFormat::kInt8);
   EXPECT_EQ(chunk->heads[0].slots(), kTokens / 2);
@@ -88,13 +98,10 @@ TEST(StageRegistryPolicyTest, AStagePolicyKeyIsBoundCheckedAndReachesTheStage) {
   EXPECT_NE(p.CodecId(0), unset.CodecId(0));
 
   // Layer 0, head 0 keeps the sinks, the window and the smallest key norms (float64) between.
-  auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
-  ASSERT_TRUE(codec.ok()) << codec.status();
-  const std::vector<uint8_t> put = RandomPut(m, **codec);
-  auto encoded = (*codec)->Encode(put, kTokens, 0, kWindow);
+  auto encoded = EncodeRandomPut(m);
   ASSERT_TRUE(encoded.ok()) << encoded.status();
-  auto chunk = kernels::DecodeCompactChunk(encoded->bytes);
-  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  const std::vector<uint8_t>& put = encoded->put;
+  const kernels::CompactChunk* chunk = &encoded->chunk;
   const int64_t heads = m.layout.num_kv_heads, d = m.layout.head_dim;
   const auto* k = reinterpret_cast<const float*>(put.data());  // layer 0: K[N, H, d] first
   std::vector<double> norm(kTokens, 0.0);
@@ -147,12 +154,9 @@ TEST(StageRegistryPolicyTest, AToyMergeStageIsAPolicyMethodWithOneRegistration) 
   const ModelConfig& m = config->models[0];
   EXPECT_EQ(m.compression->merge, "pair_mean");
   EXPECT_EQ(m.compression->StagesName(), "keydiff+pair_mean");
-  auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
-  ASSERT_TRUE(codec.ok()) << codec.status();
-  auto encoded = (*codec)->Encode(RandomPut(m, **codec), kTokens, 0, kWindow);
+  auto encoded = EncodeRandomPut(m);
   ASSERT_TRUE(encoded.ok()) << encoded.status();
-  auto chunk = kernels::DecodeCompactChunk(encoded->bytes);
-  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  const kernels::CompactChunk* chunk = &encoded->chunk;
   EXPECT_EQ(chunk->codec.merge, kernels::testing::kPairMean);
   int64_t merged = 0;
   for (int32_t c : chunk->heads[0].cardinality) merged += c > 1 ? 1 : 0;
