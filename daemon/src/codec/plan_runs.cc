@@ -6,6 +6,7 @@
 
 #include "codec/chunk_codec_impl.h"
 #include "kvd/common/logging.h"
+#include "stage_policy.h"
 
 namespace kvd::daemon {
 
@@ -144,7 +145,8 @@ StatusOr<kk::CompactChunk> ChunkCodec::Impl::CompressChunk(const PutChunk& put,
   PlanRuns runs(this, put, context.query_stats.get(), stages);
   const kk::VectorWeights* w = context.weights.get();
   kk::CompressionPlanOptions options = plan;
-  if (w == nullptr) options.route = kk::RouteStage::kNone;
+  // A route stage that needs a calibration (VECTOR) routes nothing until its weights exist.
+  if (w == nullptr && NeedsCalibration(policy)) options.route = kk::RouteStage::kNone;
   KVD_ASSIGN_OR_RETURN(kk::CompactChunk chunk, runs.Run(options, w));
   if (w == nullptr) return chunk;
   // Heads whose calibration fit is below the threshold route nothing: take them from the same
