@@ -1,4 +1,4 @@
-// Defaults and validation of the daemon config (YAML binding in config_yaml.cc).
+// Defaults and validation of the daemon config (YAML binding in config_yaml*.cc).
 #include "kvd/daemon/config.h"
 
 #include <pwd.h>
