@@ -1,4 +1,4 @@
-// Defaults and validation of the daemon config (YAML binding in config_yaml.cc).
+// Defaults and validation of the daemon config (YAML binding in config_yaml*.cc).
 #include "kvd/daemon/config.h"
 
 #include <pwd.h>
@@ -105,9 +105,9 @@ Status LimitsOptions::Validate() const {
     return Status::InvalidArgument("limits.admin_reserve_sessions: must be >= 0");
   }
   if (max_frame_bytes_before_hello < 1024 || max_frame_bytes_before_hello > (256u << 20)) {
-    return Status::InvalidArgument("limits.max_frame_bytes_before_hello: " +
-                                   std::to_string(max_frame_bytes_before_hello) +
-                                   " is outside [1024, 268435456]");
+    return Status::InvalidArgument(
+        "limits.max_frame_bytes_before_hello: " + std::to_string(max_frame_bytes_before_hello) +
+        " is outside [1024, 268435456]");
   }
   if (frame_buffer_budget_bytes < uint64_t{max_frame_bytes} + 12) {
     return Status::InvalidArgument(
@@ -117,8 +117,7 @@ Status LimitsOptions::Validate() const {
   }
   if (!(unauthenticated_share > 0 && unauthenticated_share <= 1)) {
     return Status::InvalidArgument("limits.unauthenticated_share: " +
-                                   std::to_string(unauthenticated_share) +
-                                   " is outside (0, 1]");
+                                   std::to_string(unauthenticated_share) + " is outside (0, 1]");
   }
   if (idle_timeout_ms < 0) {
     return Status::InvalidArgument("limits.idle_timeout_ms: " + std::to_string(idle_timeout_ms) +
@@ -163,6 +162,74 @@ std::optional<cluster::MembershipOptions> DaemonConfig::ResolvedCluster() const 
   return resolved;
 }
 
+namespace {
+
+// models[i]: a unique non-empty name, its layout, its compression policy, a full chunk within
+// limits.max_chunk_bytes.
+Status ValidateModel(const DaemonConfig& c, size_t i, std::set<std::string>* names) {
+  const ModelConfig& m = c.models[i];
+  std::string key = "models[" + std::to_string(i) + "]";
+  if (m.name.empty()) return Status::InvalidArgument(key + ".name: must not be empty");
+  KVD_RETURN_IF_ERROR(CheckUtf8(key + ".name", m.name));
+  if (!names->insert(m.name).second) {
+    return Status::InvalidArgument(key + ".name: \"" + m.name + "\" is registered twice");
+  }
+  KVD_RETURN_IF_ERROR(m.layout.Validate().WithContext(key + " (" + m.name + ").layout"));
+  if (m.compression) {
+    KVD_RETURN_IF_ERROR(m.compression->Validate(key + ".compression", c.chunk_tokens));
+    const int d = m.layout.head_dim;
+    if (m.compression->quant_rotate == "hadamard" && (d & (d - 1)) != 0) {
+      return Status::InvalidArgument(key +
+                                     ".compression.quant_rotate: \"hadamard\" needs a "
+                                     "power-of-two head_dim; " +
+                                     m.name + " has " + std::to_string(d));
+    }
+  }
+  uint64_t chunk = m.layout.ChunkBytes(c.chunk_tokens);
+  if (chunk > c.limits.max_chunk_bytes) {
+    return Status::InvalidArgument(key + " (" + m.name + "): a full chunk is " +
+                                   std::to_string(chunk) + " bytes, over limits.max_chunk_bytes " +
+                                   std::to_string(c.limits.max_chunk_bytes));
+  }
+  return Status::Ok();
+}
+
+// tiers.host: its options, the shared-memory path transport none needs, segments that hold a
+// full chunk of every model, a capacity.
+Status ValidateHostTier(const DaemonConfig& c) {
+  const storage::HostTierOptions& host_tier = c.host_tier;
+  KVD_RETURN_IF_ERROR(host_tier.Validate().WithContext("tiers.host"));
+  const bool segmented = c.host_shared_memory && host_tier.segment_bytes < host_tier.capacity_bytes;
+  if (c.transport.backend == "none" && !segmented) {
+    return Status::InvalidArgument(
+        "transport.backend: none serves engines only on the shared-memory path, which is off "
+        "here: set tiers.host.shared_memory true and tiers.host.segment below "
+        "tiers.host.capacity");
+  }
+  if (segmented) {
+    if (host_tier.segment_bytes == 0 || host_tier.segment_bytes % 4096 != 0) {
+      return Status::InvalidArgument(
+          "tiers.host.segment: " + std::to_string(host_tier.segment_bytes) +
+          " must be a non-zero multiple of the page size (4096)");
+    }
+    for (const auto& m : c.models) {
+      const uint64_t chunk = m.layout.ChunkBytes(c.chunk_tokens);
+      if (chunk > host_tier.segment_bytes) {
+        return Status::InvalidArgument(
+            "tiers.host.segment: " + std::to_string(host_tier.segment_bytes) +
+            " bytes is smaller than a full chunk of model " + m.name + " (" +
+            std::to_string(chunk) + " bytes); raise it or set tiers.host.shared_memory: false");
+      }
+    }
+  }
+  if (host_tier.capacity_bytes == 0) {
+    return Status::InvalidArgument("tiers.host.capacity: must be > 0");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status DaemonConfig::Validate() const {
   if (node_name.empty()) return Status::InvalidArgument("node: must not be empty");
   // Strings kvd sends to clients (Cap'n Proto Text, JSON) must be text.
@@ -180,59 +247,8 @@ Status DaemonConfig::Validate() const {
   if (kv_events) KVD_RETURN_IF_ERROR(kv_events->Validate());
   if (models.empty()) return Status::InvalidArgument("models: at least one model is required");
   std::set<std::string> names;
-  for (size_t i = 0; i < models.size(); ++i) {
-    const ModelConfig& m = models[i];
-    std::string key = "models[" + std::to_string(i) + "]";
-    if (m.name.empty()) return Status::InvalidArgument(key + ".name: must not be empty");
-    KVD_RETURN_IF_ERROR(CheckUtf8(key + ".name", m.name));
-    if (!names.insert(m.name).second) {
-      return Status::InvalidArgument(key + ".name: \"" + m.name + "\" is registered twice");
-    }
-    KVD_RETURN_IF_ERROR(m.layout.Validate().WithContext(key + " (" + m.name + ").layout"));
-    if (m.compression) {
-      KVD_RETURN_IF_ERROR(m.compression->Validate(key + ".compression", chunk_tokens));
-      const int d = m.layout.head_dim;
-      if (m.compression->quant_rotate == "hadamard" && (d & (d - 1)) != 0) {
-        return Status::InvalidArgument(key +
-                                       ".compression.quant_rotate: \"hadamard\" needs a "
-                                       "power-of-two head_dim; " +
-                                       m.name + " has " + std::to_string(d));
-      }
-    }
-    uint64_t chunk = m.layout.ChunkBytes(chunk_tokens);
-    if (chunk > limits.max_chunk_bytes) {
-      return Status::InvalidArgument(
-          key + " (" + m.name + "): a full chunk is " + std::to_string(chunk) +
-          " bytes, over limits.max_chunk_bytes " + std::to_string(limits.max_chunk_bytes));
-    }
-  }
-  KVD_RETURN_IF_ERROR(host_tier.Validate().WithContext("tiers.host"));
-  if (transport.backend == "none" &&
-      !(host_shared_memory && host_tier.segment_bytes < host_tier.capacity_bytes)) {
-    return Status::InvalidArgument(
-        "transport.backend: none serves engines only on the shared-memory path, which is off "
-        "here: set tiers.host.shared_memory true and tiers.host.segment below "
-        "tiers.host.capacity");
-  }
-  if (host_shared_memory && host_tier.segment_bytes < host_tier.capacity_bytes) {
-    if (host_tier.segment_bytes == 0 || host_tier.segment_bytes % 4096 != 0) {
-      return Status::InvalidArgument(
-          "tiers.host.segment: " + std::to_string(host_tier.segment_bytes) +
-          " must be a non-zero multiple of the page size (4096)");
-    }
-    for (const auto& m : models) {
-      const uint64_t chunk = m.layout.ChunkBytes(chunk_tokens);
-      if (chunk > host_tier.segment_bytes) {
-        return Status::InvalidArgument(
-            "tiers.host.segment: " + std::to_string(host_tier.segment_bytes) +
-            " bytes is smaller than a full chunk of model " + m.name + " (" +
-            std::to_string(chunk) + " bytes); raise it or set tiers.host.shared_memory: false");
-      }
-    }
-  }
-  if (host_tier.capacity_bytes == 0) {
-    return Status::InvalidArgument("tiers.host.capacity: must be > 0");
-  }
+  for (size_t i = 0; i < models.size(); ++i) KVD_RETURN_IF_ERROR(ValidateModel(*this, i, &names));
+  KVD_RETURN_IF_ERROR(ValidateHostTier(*this));
   if (disk_tier) KVD_RETURN_IF_ERROR(disk_tier->Validate().WithContext("tiers.disk"));
   if (gpu_tier) KVD_RETURN_IF_ERROR(gpu_tier->Validate().WithContext("tiers.gpu"));
   if (gpu_device < 0) {

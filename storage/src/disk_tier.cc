@@ -117,6 +117,18 @@ class DiskTier::Impl {
       }
     }
   }
+  // Insert's steps. CheckInsert: the arguments, the capacity, whether writes are stopped, the
+  // checksum of `bytes`. ClaimWrite: claims the key and `size` bytes of space (evicting for it)
+  // under mu_, waiting for a write of the same key in progress; DEDUP when the key is on disk.
+  // WriteClaimed: writes the claimed chunk without mu_. FinishWrite: releases the claim and, when
+  // `written` is OK, indexes the chunk.
+  Status CheckInsert(const ChunkKey& key, uint64_t checksum, std::span<const std::byte> bytes);
+  Status ClaimWrite(const ChunkKey& key, uint64_t size);
+  Status WriteClaimed(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                      std::span<const std::byte> bytes);
+  Status FinishWrite(const ChunkKey& key, uint32_t tokens, uint64_t checksum, uint64_t size,
+                     const Status& written);
+
   rocksdb::ColumnFamilyHandle* data_cf() const { return handles_[0]; }
   rocksdb::ColumnFamilyHandle* meta_cf() const { return handles_[1]; }
   rocksdb::ColumnFamilyHandle* state_cf() const { return handles_[2]; }
@@ -323,34 +335,64 @@ StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& option
 DiskTier::DiskTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DiskTier::~DiskTier() = default;
 
-Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
-                        std::span<const std::byte> bytes) {
-  Impl& s = *impl_;
+Status DiskTier::Impl::CheckInsert(const ChunkKey& key, uint64_t checksum,
+                                   std::span<const std::byte> bytes) {
   if (bytes.empty()) return Status::InvalidArgument("disk tier insert: no bytes");
   if (key.model.empty() || key.model.size() > 0xffff || key.name_space.size() > 0xffff) {
     return Status::InvalidArgument(
         "disk tier insert: model must be 1..65535 bytes and namespace "
         "<= 65535 bytes");
   }
-  if (bytes.size() > s.options_.capacity_bytes) {
+  if (bytes.size() > options_.capacity_bytes) {
     return Status::ResourceExhausted("disk tier: chunk of " + std::to_string(bytes.size()) +
                                      " bytes exceeds the capacity " +
-                                     std::to_string(s.options_.capacity_bytes));
+                                     std::to_string(options_.capacity_bytes));
   }
-  if (s.health_.writes_stopped()) {
-    s.health_.CountRefused();
+  if (health_.writes_stopped()) {
+    health_.CountRefused();
     return Status::FailedPrecondition("disk tier: writes stopped by a RocksDB background error (" +
-                                      s.health_.Report().stop_reason + "); " + key.ToString() +
+                                      health_.Report().stop_reason + "); " + key.ToString() +
                                       " not written");
   }
   const uint64_t actual = Checksum64(bytes.data(), bytes.size());
   if (actual != checksum) {
-    std::lock_guard<std::mutex> lock(s.mu_);
-    s.counters_.checksum_failures++;
+    std::lock_guard<std::mutex> lock(mu_);
+    counters_.checksum_failures++;
     return Status::DataLoss("disk tier insert of " + key.ToString() +
                             ": checksum mismatch: expected " + std::to_string(checksum) +
                             ", bytes have " + std::to_string(actual));
   }
+  return Status::Ok();
+}
+
+// Claim the key and the space under the lock; write without it. A write of the same key in
+// progress is waited for: its outcome decides (on disk: dedup; failed: this one writes), so the
+// dedup answer always means the chunk is on disk.
+Status DiskTier::Impl::ClaimWrite(const ChunkKey& key, uint64_t size) {
+  std::unique_lock<std::mutex> lock(mu_);
+  pending_done_.wait(lock, [&] { return pending_.count(key) == 0; });
+  if (index_.count(key) != 0) {
+    counters_.dedup_puts++;
+    return DedupStatus("chunk " + key.ToString() + " is already on disk");
+  }
+  while (used_bytes_ + pending_bytes_ + size > options_.capacity_bytes && !lru_.empty()) {
+    KVD_RETURN_IF_ERROR(DropLocked(lru_.back(), RemoveReason::kEvicted));
+    counters_.evictions++;
+  }
+  if (used_bytes_ + pending_bytes_ + size > options_.capacity_bytes) {
+    return Status::ResourceExhausted("disk tier full: " + std::to_string(size) +
+                                     " bytes do not fit next to " + std::to_string(pending_bytes_) +
+                                     " bytes being written (capacity " +
+                                     std::to_string(options_.capacity_bytes) + ")");
+  }
+  pending_.insert(key);
+  pending_bytes_ += size;
+  return Status::Ok();
+}
+
+Status DiskTier::Impl::WriteClaimed(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                                    std::span<const std::byte> bytes) {
+  KVD_RETURN_IF_ERROR(write_hook_ ? write_hook_(key) : Status::Ok());
   // The value is written as two parts (header, payload): no copy of the payload is made here.
   char header[codec::kValueHeaderBytes];
   codec::EncodeValueHeader({checksum, tokens}, header);
@@ -359,51 +401,35 @@ Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
   const rocksdb::Slice value_parts[2] = {
       rocksdb::Slice(header, sizeof(header)),
       rocksdb::Slice(reinterpret_cast<const char*>(bytes.data()), bytes.size())};
+  rocksdb::WriteBatch batch;
+  batch.Put(data_cf(), rocksdb::SliceParts(&key_slice, 1), rocksdb::SliceParts(value_parts, 2));
+  batch.Put(meta_cf(), k, codec::EncodeMeta({tokens, bytes.size(), checksum}));
+  return FromRocks(db_->Write(write_options_, &batch), "write " + key.ToString());
+}
 
-  {
-    // Claim the key and the space under the lock; write without it. A write of the same key in
-    // progress is waited for: its outcome decides (on disk: dedup; failed: this one writes), so
-    // the dedup answer always means the chunk is on disk.
-    std::unique_lock<std::mutex> lock(s.mu_);
-    s.pending_done_.wait(lock, [&] { return s.pending_.count(key) == 0; });
-    if (s.index_.count(key) != 0) {
-      s.counters_.dedup_puts++;
-      return DedupStatus("chunk " + key.ToString() + " is already on disk");
-    }
-    while (s.used_bytes_ + s.pending_bytes_ + bytes.size() > s.options_.capacity_bytes &&
-           !s.lru_.empty()) {
-      KVD_RETURN_IF_ERROR(s.DropLocked(s.lru_.back(), RemoveReason::kEvicted));
-      s.counters_.evictions++;
-    }
-    if (s.used_bytes_ + s.pending_bytes_ + bytes.size() > s.options_.capacity_bytes) {
-      return Status::ResourceExhausted(
-          "disk tier full: " + std::to_string(bytes.size()) + " bytes do not fit next to " +
-          std::to_string(s.pending_bytes_) + " bytes being written (capacity " +
-          std::to_string(s.options_.capacity_bytes) + ")");
-    }
-    s.pending_.insert(key);
-    s.pending_bytes_ += bytes.size();
-  }
-  Status written = s.write_hook_ ? s.write_hook_(key) : Status::Ok();
-  if (written.ok()) {
-    rocksdb::WriteBatch batch;
-    batch.Put(s.data_cf(), rocksdb::SliceParts(&key_slice, 1), rocksdb::SliceParts(value_parts, 2));
-    batch.Put(s.meta_cf(), k, codec::EncodeMeta({tokens, bytes.size(), checksum}));
-    written = FromRocks(s.db_->Write(s.write_options_, &batch), "write " + key.ToString());
-  }
-
-  std::lock_guard<std::mutex> lock(s.mu_);
-  s.pending_.erase(key);
-  s.pending_bytes_ -= bytes.size();
-  s.pending_done_.notify_all();
+Status DiskTier::Impl::FinishWrite(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                                   uint64_t size, const Status& written) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_.erase(key);
+  pending_bytes_ -= size;
+  pending_done_.notify_all();
   KVD_RETURN_IF_ERROR(written);
   auto e = std::make_unique<Impl::Entry>();
-  const int64_t now = s.clock_->NowNanos();
-  e->meta = ChunkMeta{key, tokens, bytes.size(), checksum, now, now, TierKind::kDisk};
-  s.EmitLocked(ChunkEventKind::kStored, RemoveReason::kNone, e->meta);
-  s.AddLocked(std::move(e));
-  s.counters_.commits++;
+  const int64_t now = clock_->NowNanos();
+  e->meta = ChunkMeta{key, tokens, size, checksum, now, now, TierKind::kDisk};
+  EmitLocked(ChunkEventKind::kStored, RemoveReason::kNone, e->meta);
+  AddLocked(std::move(e));
+  counters_.commits++;
   return Status::Ok();
+}
+
+Status DiskTier::Insert(const ChunkKey& key, uint32_t tokens, uint64_t checksum,
+                        std::span<const std::byte> bytes) {
+  Impl& s = *impl_;
+  KVD_RETURN_IF_ERROR(s.CheckInsert(key, checksum, bytes));
+  KVD_RETURN_IF_ERROR(s.ClaimWrite(key, bytes.size()));
+  const Status written = s.WriteClaimed(key, tokens, checksum, bytes);
+  return s.FinishWrite(key, tokens, checksum, bytes.size(), written);
 }
 
 StatusOr<ChunkMeta> DiskTier::ReadInto(const ChunkKey& key, std::span<std::byte> out) {

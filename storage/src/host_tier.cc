@@ -88,6 +88,63 @@ StatusOr<Reservation> HostTier::ReserveAhead(const ChunkKey& key, uint64_t bytes
   return s.ReserveLocked(key, bytes, /*tokens=*/0, owner, ttl, now, /*ahead=*/true);
 }
 
+Status HostTier::Impl::CheckFitsArenaLocked(uint64_t bytes) const {
+  if (arena_.segmented() && arena_.RoundUp(bytes) > arena_.max_block_bytes()) {
+    return Status::InvalidArgument("reserve: " + std::to_string(bytes) +
+                                   " bytes exceed one arena segment (segment_bytes " +
+                                   std::to_string(arena_.segment_bytes()) + ")");
+  }
+  if (arena_.RoundUp(bytes) > arena_.capacity()) {
+    return Status::ResourceExhausted("host tier: " + std::to_string(bytes) +
+                                     " bytes exceed the whole capacity (" + OccupancyLocked() +
+                                     ")");
+  }
+  return Status::Ok();
+}
+
+Status HostTier::Impl::CheckAheadHeadroomLocked(const ChunkKey& key, uint64_t bytes) const {
+  const double max_share = HostTier::kReserveAheadMaxShare;
+  const uint64_t held = reserved_arena_bytes_ + pinned_arena_bytes_ + hidden_arena_bytes_;
+  if (static_cast<double>(held + arena_.RoundUp(bytes)) >
+      max_share * static_cast<double>(capacity_)) {
+    return Status::ResourceExhausted(
+        "no headroom to reserve ahead: " + std::to_string(bytes) + " more bytes held would " +
+        "leave less than half the capacity evictable (" + OccupancyLocked() + ")");
+  }
+  const NamespaceQuota& q = options_.quotas.For(key.name_space);
+  const uint64_t quota = q.stored_bytes == 0 || q.reserved_bytes == 0
+                             ? std::max(q.stored_bytes, q.reserved_bytes)
+                             : std::min(q.stored_bytes, q.reserved_bytes);
+  auto r = ns_reserved_.find(key.name_space);
+  const uint64_t ns_held = r == ns_reserved_.end() ? 0 : r->second;
+  if (quota != 0 && static_cast<double>(ns_held + bytes) > max_share * static_cast<double>(quota)) {
+    return Status::ResourceExhausted("no headroom to reserve ahead: namespace \"" + key.name_space +
+                                     "\" would hold " + std::to_string(ns_held + bytes) +
+                                     " reserved bytes, over half its quota " +
+                                     std::to_string(quota));
+  }
+  return Status::Ok();
+}
+
+StatusOr<uint64_t> HostTier::Impl::AllocateLocked(const ChunkKey& key, uint64_t bytes,
+                                                  uint32_t* segment) {
+  KVD_RETURN_IF_ERROR(EnforceQuotaLocked(key.name_space, bytes));
+  KVD_RETURN_IF_ERROR(MakeRoomLocked(bytes, key.name_space));
+  const std::optional<SegmentedArena::Placement> place = arena_.Place(bytes, key.name_space);
+  if (!place) return Status::Internal("host tier: no placement after making room");
+  KVD_RETURN_IF_ERROR(CheckReservedSegmentsLocked(key.name_space, place->segment));
+  if (place->handover && listener_ != nullptr) {
+    KVD_RETURN_IF_ERROR(listener_->OnSegmentHandover(place->segment)
+                            .WithContext("reserve: arena segment " +
+                                         std::to_string(place->segment) + " for namespace \"" +
+                                         key.name_space + "\""));
+  }
+  const std::optional<uint64_t> offset = arena_.AllocateAt(*place, bytes, key.name_space);
+  if (!offset) return Status::Internal("host tier: allocation failed after making room");
+  *segment = place->segment;
+  return *offset;
+}
+
 StatusOr<Reservation> HostTier::Impl::ReserveLocked(const ChunkKey& key, uint64_t bytes,
                                                     uint32_t tokens, OwnerId owner,
                                                     std::chrono::milliseconds ttl, int64_t now,
@@ -110,57 +167,15 @@ StatusOr<Reservation> HostTier::Impl::ReserveLocked(const ChunkKey& key, uint64_
       return DedupStatus(key);
     }
   }
-  if (s.arena_.segmented() && s.arena_.RoundUp(bytes) > s.arena_.max_block_bytes()) {
-    return Status::InvalidArgument("reserve: " + std::to_string(bytes) +
-                                   " bytes exceed one arena segment (segment_bytes " +
-                                   std::to_string(s.arena_.segment_bytes()) + ")");
-  }
-  if (s.arena_.RoundUp(bytes) > s.arena_.capacity()) {
-    return Status::ResourceExhausted("host tier: " + std::to_string(bytes) +
-                                     " bytes exceed the whole capacity (" + s.OccupancyLocked() +
-                                     ")");
-  }
-  if (ahead) {
-    const double max_share = HostTier::kReserveAheadMaxShare;
-    const uint64_t held = s.reserved_arena_bytes_ + s.pinned_arena_bytes_ + s.hidden_arena_bytes_;
-    if (static_cast<double>(held + s.arena_.RoundUp(bytes)) >
-        max_share * static_cast<double>(s.capacity_)) {
-      return Status::ResourceExhausted(
-          "no headroom to reserve ahead: " + std::to_string(bytes) + " more bytes held would " +
-          "leave less than half the capacity evictable (" + s.OccupancyLocked() + ")");
-    }
-    const NamespaceQuota& q = s.options_.quotas.For(key.name_space);
-    const uint64_t quota = q.stored_bytes == 0 || q.reserved_bytes == 0
-                               ? std::max(q.stored_bytes, q.reserved_bytes)
-                               : std::min(q.stored_bytes, q.reserved_bytes);
-    auto r = s.ns_reserved_.find(key.name_space);
-    const uint64_t ns_held = r == s.ns_reserved_.end() ? 0 : r->second;
-    if (quota != 0 &&
-        static_cast<double>(ns_held + bytes) > max_share * static_cast<double>(quota)) {
-      return Status::ResourceExhausted(
-          "no headroom to reserve ahead: namespace \"" + key.name_space + "\" would hold " +
-          std::to_string(ns_held + bytes) + " reserved bytes, over half its quota " +
-          std::to_string(quota));
-    }
-  }
-  KVD_RETURN_IF_ERROR(s.EnforceQuotaLocked(key.name_space, bytes));
-  KVD_RETURN_IF_ERROR(s.MakeRoomLocked(bytes, key.name_space));
-  const std::optional<SegmentedArena::Placement> place = s.arena_.Place(bytes, key.name_space);
-  if (!place) return Status::Internal("host tier: no placement after making room");
-  KVD_RETURN_IF_ERROR(s.CheckReservedSegmentsLocked(key.name_space, place->segment));
-  if (place->handover && s.listener_ != nullptr) {
-    KVD_RETURN_IF_ERROR(s.listener_->OnSegmentHandover(place->segment)
-                            .WithContext("reserve: arena segment " +
-                                         std::to_string(place->segment) + " for namespace \"" +
-                                         key.name_space + "\""));
-  }
-  const std::optional<uint64_t> offset = s.arena_.AllocateAt(*place, bytes, key.name_space);
-  if (!offset) return Status::Internal("host tier: allocation failed after making room");
+  KVD_RETURN_IF_ERROR(s.CheckFitsArenaLocked(bytes));
+  if (ahead) KVD_RETURN_IF_ERROR(s.CheckAheadHeadroomLocked(key, bytes));
+  uint32_t segment = 0;
+  KVD_ASSIGN_OR_RETURN(const uint64_t offset, s.AllocateLocked(key, bytes, &segment));
   Impl::OpenReservation r;
   r.key = key;
-  r.offset = *offset;
+  r.offset = offset;
   r.size_bytes = bytes;
-  r.arena_bytes = s.arena_.BlockSize(*offset);
+  r.arena_bytes = s.arena_.BlockSize(offset);
   r.tokens = tokens;
   r.owner = owner;
   r.deadline_ns = Deadline(now, ttl);
@@ -169,7 +184,7 @@ StatusOr<Reservation> HostTier::Impl::ReserveLocked(const ChunkKey& key, uint64_
   s.reserved_bytes_ += bytes;
   s.reserved_arena_bytes_ += r.arena_bytes;
   s.ns_reserved_[key.name_space] += bytes;
-  s.reserved_segments_.Add(place->segment, key.name_space);
+  s.reserved_segments_.Add(segment, key.name_space);
   const ReservationId id = s.NextIdLocked();
   Reservation out{id, r.offset, s.base_ + r.offset, bytes, r.deadline_ns};
   s.reservations_.emplace(id, std::move(r));
@@ -213,37 +228,86 @@ void HostTier::MarkDurable(const ChunkKey& key) {
   if (auto it = s.index_.find(key); it != s.index_.end()) it->second->durable = true;
 }
 
+StatusOr<std::span<const std::byte>> HostTier::Impl::BeginCommitLocked(ReservationId id) {
+  auto it = reservations_.find(id);
+  if (it == reservations_.end()) return UnknownIdLocked(IdKind::kReservation, id);
+  OpenReservation& r = it->second;
+  if (r.committing) {
+    return Status::FailedPrecondition("reservation " + std::to_string(id) +
+                                      " is already being committed");
+  }
+  if (!r.named) {
+    return Status::FailedPrecondition("reservation " + std::to_string(id) +
+                                      " was reserved ahead and names no chunk yet "
+                                      "(NameReservation before Commit)");
+  }
+  if (clock_->NowNanos() > r.deadline_ns) {
+    DropReservationLocked(id, RetireReason::kExpired);
+    counters_.reservations_expired++;
+    return UnknownIdLocked(IdKind::kReservation, id);
+  }
+  r.committing = true;
+  return std::span<const std::byte>(base_ + r.offset, r.size_bytes);
+}
+
+Status HostTier::Impl::ChecksumMismatchLocked(ReservationId id, uint64_t expected,
+                                              uint64_t actual) {
+  const std::string key = reservations_.at(id).key.ToString();
+  DropReservationLocked(id, RetireReason::kDataLoss);
+  counters_.checksum_failures++;
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "expected %016llx, bytes have %016llx",
+                static_cast<unsigned long long>(expected), static_cast<unsigned long long>(actual));
+  return Status::DataLoss("commit of reservation " + std::to_string(id) + " (" + key +
+                          "): checksum mismatch: " + buf + "; reservation dropped");
+}
+
+HostEntry* HostTier::Impl::StoreCommittedLocked(ReservationId id, uint64_t checksum, int64_t now,
+                                                bool durable) {
+  auto it = reservations_.find(id);
+  OpenReservation& r = it->second;
+  auto entry = std::make_unique<HostEntry>();
+  HostEntry* e = entry.get();
+  e->meta.key = r.key;
+  e->meta.tokens = r.tokens;
+  e->meta.size_bytes = r.size_bytes;
+  e->meta.checksum = checksum;
+  e->meta.created_ns = now;
+  e->meta.last_access_ns = now;
+  e->meta.tier = TierKind::kHost;
+  e->offset = r.offset;
+  e->arena_bytes = r.arena_bytes;
+  e->durable = durable;
+  e->transient = r.transient;
+  reserved_bytes_ -= r.size_bytes;
+  reserved_segments_.Remove(arena_.SegmentOf(r.offset), r.key.name_space);
+  ReleaseNamespaceReservationLocked(r.key.name_space, r.size_bytes);
+  reserved_arena_bytes_ -= r.arena_bytes;
+  used_bytes_ += e->meta.size_bytes;
+  used_arena_bytes_ += e->arena_bytes;
+  AccountLocked(e->meta, /*add=*/true);
+  lru_.push_front(e);
+  e->lru_it = lru_.begin();
+  index_.emplace(e->meta.key, std::move(entry));
+  EmitLocked(ChunkEventKind::kStored, RemoveReason::kNone, e->meta);
+  reservations_.erase(it);
+  RetireLocked(id, IdKind::kReservation, RetireReason::kCommitted);
+  counters_.commits++;
+  return e;
+}
+
 Status HostTier::CommitPinned(ReservationId id, uint64_t checksum, ReadView* pinned,
                               CommitCheck check, Durability durability) {
   Impl& s = *impl_;
-  const std::byte* data = nullptr;
-  uint64_t size = 0;
+  std::span<const std::byte> bytes;
   {
     std::lock_guard<std::mutex> lock(s.mu_);
-    auto it = s.reservations_.find(id);
-    if (it == s.reservations_.end()) return s.UnknownIdLocked(IdKind::kReservation, id);
-    Impl::OpenReservation& r = it->second;
-    if (r.committing) {
-      return Status::FailedPrecondition("reservation " + std::to_string(id) +
-                                        " is already being committed");
-    }
-    if (!r.named) {
-      return Status::FailedPrecondition("reservation " + std::to_string(id) +
-                                        " was reserved ahead and names no chunk yet "
-                                        "(NameReservation before Commit)");
-    }
-    if (s.clock_->NowNanos() > r.deadline_ns) {
-      s.DropReservationLocked(id, RetireReason::kExpired);
-      s.counters_.reservations_expired++;
-      return s.UnknownIdLocked(IdKind::kReservation, id);
-    }
-    r.committing = true;
-    data = s.base_ + r.offset;
-    size = r.size_bytes;
+    KVD_ASSIGN_OR_RETURN(bytes, s.BeginCommitLocked(id));
   }
   // Verify without the lock: the bytes are the reserver's, and the block cannot be freed while
   // `committing` is set (Abort / ReclaimOwner only mark it cancelled; expiry skips it).
-  const uint64_t actual = check == CommitCheck::kVerify ? Checksum64(data, size) : checksum;
+  const uint64_t actual =
+      check == CommitCheck::kVerify ? Checksum64(bytes.data(), bytes.size()) : checksum;
   const int64_t now = s.clock_->NowNanos();
 
   std::lock_guard<std::mutex> lock(s.mu_);
@@ -257,17 +321,7 @@ Status HostTier::CommitPinned(ReservationId id, uint64_t checksum, ReadView* pin
     s.DropReservationLocked(id, reason);
     return s.UnknownIdLocked(IdKind::kReservation, id);
   }
-  if (actual != checksum) {
-    const std::string key = r.key.ToString();
-    s.DropReservationLocked(id, RetireReason::kDataLoss);
-    s.counters_.checksum_failures++;
-    char buf[96];
-    std::snprintf(buf, sizeof(buf), "expected %016llx, bytes have %016llx",
-                  static_cast<unsigned long long>(checksum),
-                  static_cast<unsigned long long>(actual));
-    return Status::DataLoss("commit of reservation " + std::to_string(id) + " (" + key +
-                            "): checksum mismatch: " + buf + "; reservation dropped");
-  }
+  if (actual != checksum) return s.ChecksumMismatchLocked(id, checksum, actual);
   if (auto stored = s.index_.find(r.key); stored != s.index_.end()) {
     const ChunkKey key = r.key;
     HostEntry* existing = stored->second.get();
@@ -279,33 +333,7 @@ Status HostTier::CommitPinned(ReservationId id, uint64_t checksum, ReadView* pin
     }
     return DedupStatus(key);
   }
-  auto entry = std::make_unique<HostEntry>();
-  HostEntry* e = entry.get();
-  e->meta.key = r.key;
-  e->meta.tokens = r.tokens;
-  e->meta.size_bytes = r.size_bytes;
-  e->meta.checksum = checksum;
-  e->meta.created_ns = now;
-  e->meta.last_access_ns = now;
-  e->meta.tier = TierKind::kHost;
-  e->offset = r.offset;
-  e->arena_bytes = r.arena_bytes;
-  e->durable = durability == Durability::kDurable;
-  e->transient = r.transient;
-  s.reserved_bytes_ -= r.size_bytes;
-  s.reserved_segments_.Remove(s.arena_.SegmentOf(r.offset), r.key.name_space);
-  s.ReleaseNamespaceReservationLocked(r.key.name_space, r.size_bytes);
-  s.reserved_arena_bytes_ -= r.arena_bytes;
-  s.used_bytes_ += e->meta.size_bytes;
-  s.used_arena_bytes_ += e->arena_bytes;
-  s.AccountLocked(e->meta, /*add=*/true);
-  s.lru_.push_front(e);
-  e->lru_it = s.lru_.begin();
-  s.index_.emplace(e->meta.key, std::move(entry));
-  s.EmitLocked(ChunkEventKind::kStored, RemoveReason::kNone, e->meta);
-  s.reservations_.erase(it);
-  s.RetireLocked(id, IdKind::kReservation, RetireReason::kCommitted);
-  s.counters_.commits++;
+  HostEntry* e = s.StoreCommittedLocked(id, checksum, now, durability == Durability::kDurable);
   if (pinned != nullptr) {
     KVD_ASSIGN_OR_RETURN(*pinned, s.StartReadLocked(e, /*owner=*/0, now));
   }

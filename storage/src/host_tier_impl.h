@@ -9,6 +9,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -141,6 +142,22 @@ class HostTier::Impl {
   std::string OccupancyLocked() const;
   void AccountLocked(const ChunkMeta& m, bool add);
   StatusOr<ReadView> StartReadLocked(HostEntry* e, OwnerId owner, int64_t now);
+  // ReserveLocked's steps. CheckFitsArenaLocked: INVALID_ARGUMENT when `bytes` exceed one
+  // arena segment, RESOURCE_EXHAUSTED when they exceed the whole capacity.
+  // CheckAheadHeadroomLocked: ReserveAhead's headroom rule (kReserveAheadMaxShare of the
+  // capacity, and of the namespace's quota). AllocateLocked: the quota, room, a placement and
+  // the block for `bytes` of key.name_space; its offset, and its segment in *segment.
+  Status CheckFitsArenaLocked(uint64_t bytes) const;
+  Status CheckAheadHeadroomLocked(const ChunkKey& key, uint64_t bytes) const;
+  StatusOr<uint64_t> AllocateLocked(const ChunkKey& key, uint64_t bytes, uint32_t* segment);
+  // CommitPinned's steps. BeginCommitLocked: marks reservation `id` committing and returns its
+  // bytes (NOT_FOUND when not live or expired, FAILED_PRECONDITION when unnamed or committing).
+  // ChecksumMismatchLocked: drops reservation `id`, whose bytes hash to `actual`, not
+  // `expected`; the DATA_LOSS to return. StoreCommittedLocked: the committing reservation's chunk
+  // as a new entry (the reservation retired as committed).
+  StatusOr<std::span<const std::byte>> BeginCommitLocked(ReservationId id);
+  Status ChecksumMismatchLocked(ReservationId id, uint64_t expected, uint64_t actual);
+  HostEntry* StoreCommittedLocked(ReservationId id, uint64_t checksum, int64_t now, bool durable);
   // Reserve / ReserveAhead (`ahead`: no dedup check, the headroom rule, unnamed).
   StatusOr<Reservation> ReserveLocked(const ChunkKey& key, uint64_t bytes, uint32_t tokens,
                                       OwnerId owner, std::chrono::milliseconds ttl, int64_t now,

@@ -2,7 +2,8 @@
 // once (tests/kernels/key_norm_stage.h) is a `stages:` method, has a codec id of its own, and
 // its chunks are compressed by the chunk codec and record its on-disk code; its policy key,
 // declared in the same registration, is bound, checked, part of the codec id and reaches it. A
-// toy merge stage (tests/kernels/pair_mean_stage.h) is a method the same way.
+// toy merge stage (tests/kernels/pair_mean_stage.h) and a toy route stage
+// (tests/kernels/mean_value_stage.h) are methods the same way.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "../kernels/key_norm_stage.h"
+#include "../kernels/mean_value_stage.h"
 #include "../kernels/pair_mean_stage.h"
 #include "kvd/daemon/chunk_codec.h"
 #include "kvd/daemon/config.h"
@@ -163,6 +165,43 @@ TEST(StageRegistryPolicyTest, AToyMergeStageIsAPolicyMethodWithOneRegistration) 
   EXPECT_GT(merged, 0);
 }
 
+// A toy route stage registered once (tests/kernels/mean_value_stage.h) is a `stages:` method
+// after a score method, needs no calibration, and the chunk codec's chunks record its route code
+// and drop the values it prices lowest: layer 0, head 0 checked slot by slot against a float64
+// reference (the values nearest the head's mean value, never a sink's or a window token's).
+TEST(StageRegistryPolicyTest, AToyRouteStageIsAPolicyMethodWithOneRegistration) {
+  ASSERT_TRUE(kernels::testing::RegisterMeanValueStage().ok());
+  auto config = Parse("{stages: [keydiff, mean_value], window: 4, sinks: 2, device: cpu}");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const ModelConfig& m = config->models[0];
+  EXPECT_EQ(m.compression->route, "mean_value");
+  EXPECT_EQ(m.compression->StagesName(), "keydiff+mean_value");
+  auto encoded = EncodeRandomPut(m);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  const kernels::CompactHead& head = encoded->chunk.heads[0];
+  EXPECT_EQ(encoded->chunk.codec.route, kernels::testing::kMeanValue);
+  const int64_t heads = m.layout.num_kv_heads, d = m.layout.head_dim;
+  const auto* v = reinterpret_cast<const float*>(encoded->put.data()) + kTokens * heads * d;
+  std::vector<double> mean(d, 0.0);  // layer 0: V[N, H, d] after K
+  for (uint32_t i = 0; i < kTokens; ++i) {
+    for (int64_t c = 0; c < d; ++c) mean[c] += double(v[i * heads * d + c]) / kTokens;
+  }
+  std::vector<std::pair<double, int64_t>> eligible;  // (price, slot)
+  for (int64_t j = 0; j < head.slots(); ++j) {
+    const int64_t t = head.positions[j];
+    if (t < 2 || t >= kTokens - kWindow) continue;
+    double price = 0.0;
+    for (int64_t c = 0; c < d; ++c) price += std::pow(v[t * heads * d + c] - mean[c], 2);
+    eligible.emplace_back(price, j);
+  }
+  std::sort(eligible.begin(), eligible.end());
+  const int64_t dropped = head.slots() - head.value_slots();
+  ASSERT_GT(dropped, 0);
+  std::vector<uint8_t> want(head.slots(), 0);
+  for (int64_t r = 0; r < dropped; ++r) want[eligible[r].second] = kernels::kSlotRebuildValue;
+  EXPECT_EQ(head.flags, want);
+}
+
 TEST(StageRegistryPolicyTest, MethodErrorsNameTheRegisteredStages) {
   auto unknown = Parse("{stages: [nope]}");
   ASSERT_FALSE(unknown.ok());
@@ -172,8 +211,9 @@ TEST(StageRegistryPolicyTest, MethodErrorsNameTheRegisteredStages) {
                         "expected_attention"));
   // (Toy stages this binary registers follow the built-in ones in their kind's list.)
   EXPECT_THAT(unknown.status().message(), HasSubstr("; merge: kvslimmer"));
+  EXPECT_THAT(unknown.status().message(), HasSubstr("; route: vector"));
   EXPECT_THAT(unknown.status().message(),
-              HasSubstr("; route: vector; quantize: quantize; hybrid = snapkv + kvslimmer)"));
+              HasSubstr("; quantize: quantize; hybrid = snapkv + kvslimmer)"));
   // Recency is the score stage `none`, not a method a policy lists.
   auto none = Parse("{stages: [none]}");
   ASSERT_FALSE(none.ok());
@@ -210,7 +250,7 @@ TEST(StageRegistryPolicyTest, ValidateNamesTheKindOfAnUnregisteredMethod) {
   p.route = "kvslimmer";
   s = p.Validate(key, 64);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("\"kvslimmer\" is not a route method (vector)"));
+  EXPECT_THAT(s.message(), HasSubstr("\"kvslimmer\" is not a route method (vector"));
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The compression stage registry (stages.h): the built-in stages' on-disk codes and
-// capabilities, registration errors, a toy score stage (key_norm_stage.h) and a toy merge stage
-// (pair_mean_stage.h) that run through the CPU plan, the chunk format and the device plan's
-// support check with one registration each.
+// capabilities, registration errors, a toy score stage (key_norm_stage.h), a toy merge stage
+// (pair_mean_stage.h) and a toy route stage (mean_value_stage.h) that run through the CPU plan,
+// the chunk format and the device plan's support check with one registration each.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +14,7 @@
 #include "key_norm_stage.h"
 #include "kvd/kernels/plan_device.h"
 #include "kvd/kernels/stages.h"
+#include "mean_value_stage.h"
 #include "pair_mean_stage.h"
 #include "raw_layer.h"
 #include "reference.h"
@@ -285,6 +286,87 @@ TEST(StageRegistryTest, AToyMergeStageRunsThroughTheCpuPlanWithOneRegistration) 
   EXPECT_THAT(device.message(), HasSubstr("merge pair_mean"));
   o.score = ScoreStage::kNone;  // the merge alone: pair_mean needs a pool
   EXPECT_EQ(Compress(o, toy.layout, toy.Input()).status().code(), StatusCode::kFailedPrecondition);
+}
+
+// mean_value's price (mean_value_stage.h) of dropping the value of each of head h's `tokens`, in
+// float64: the squared distance of the token's value from the mean value of the head's tokens.
+std::vector<double> MeanValueCosts(const ToyChunk& toy, int h, const std::vector<int64_t>& tokens) {
+  constexpr int64_t d = ToyChunk::kDim;
+  std::vector<double> mean(d, 0.0);
+  for (int64_t i = 0; i < ToyChunk::kTokens; ++i) {
+    for (int64_t c = 0; c < d; ++c) mean[c] += double(toy.values[h].Row(i)[c]) / ToyChunk::kTokens;
+  }
+  std::vector<double> cost;
+  for (int64_t a : tokens) {
+    double sum = 0.0;
+    for (int64_t c = 0; c < d; ++c) sum += std::pow(toy.values[h].Row(a)[c] - mean[c], 2);
+    cost.push_back(sum);
+  }
+  return cost;
+}
+
+// mean_value (mean_value_stage.h) drops the values nearest the head's mean value: checked slot by
+// slot against a float64 reference (the slots that drop their value are the non-sink slots of
+// lowest cost, every other slot stores its token's value, the budget is exact), through the
+// chunk format, and refused by the device plan (CPU only).
+TEST(StageRegistryTest, AToyRouteStageRunsThroughTheCpuPlanWithOneRegistration) {
+  ASSERT_TRUE(testing::RegisterMeanValueStage().ok()) << testing::RegisterMeanValueStage();
+  const ToyChunk toy;
+  CompressionPlanOptions o;
+  o.score = ScoreStage::kKeyDiff;
+  o.p_c = 0.5;
+  o.sinks = 2;
+  o.route = testing::kMeanValue;
+  CompressionStats stats;
+  auto chunk = Compress(o, toy.layout, toy.Input(), &stats);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  EXPECT_EQ(chunk->codec.route, testing::kMeanValue);
+  constexpr int64_t d = ToyChunk::kDim, kept = ToyChunk::kTokens / 2;  // p_c 0.5
+  int64_t dropped = 0;
+  for (int h = 0; h < ToyChunk::kHeads; ++h) {
+    const CompactHead& head = chunk->heads[h];
+    EXPECT_EQ(head.slots() + head.value_slots(), 2 * kept) << "head " << h;
+    std::vector<int64_t> tokens;
+    for (int64_t p : head.positions) tokens.push_back(p - 1000);
+    const std::vector<double> cost = MeanValueCosts(toy, h, tokens);
+    std::vector<int64_t> eligible;  // cheapest first, ties to the lower slot
+    for (int64_t j = 0; j < head.slots(); ++j) {
+      ASSERT_EQ(head.cardinality[j], 1);
+      if (tokens[j] >= o.sinks) eligible.push_back(j);
+    }
+    std::stable_sort(eligible.begin(), eligible.end(),
+                     [&](int64_t x, int64_t y) { return cost[x] < cost[y]; });
+    const int64_t r = head.slots() - head.value_slots();
+    std::vector<uint8_t> want_flag(head.slots(), 0);
+    for (int64_t i = 0; i < r; ++i) want_flag[eligible[i]] = kSlotRebuildValue;
+    EXPECT_EQ(head.flags, want_flag) << "head " << h;
+    std::vector<float> values(head.values.size() / sizeof(float));
+    std::memcpy(values.data(), head.values.data(), head.values.size());
+    int64_t v = 0;
+    for (int64_t j = 0; j < head.slots(); ++j) {
+      if (want_flag[j]) continue;
+      for (int64_t c = 0; c < d; ++c) {
+        EXPECT_EQ(values[v * d + c], toy.values[h].Row(tokens[j])[c])
+            << "head " << h << " slot " << j;
+      }
+      ++v;
+    }
+    dropped += r;
+  }
+  EXPECT_GT(dropped, 0);
+  EXPECT_EQ(stats.rebuild_slots, dropped);
+  EXPECT_EQ(stats.half_pairs, stats.budget_half_pairs);
+
+  auto bytes = EncodeCompactChunk(*chunk);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto back = DecodeCompactChunk(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->codec.route, testing::kMeanValue);
+  EXPECT_EQ(back->heads[0].flags, chunk->heads[0].flags);
+
+  Status device = CheckDevicePlanSupported(o);
+  EXPECT_EQ(device.code(), StatusCode::kUnimplemented) << device;
+  EXPECT_THAT(device.message(), HasSubstr("route mean_value"));
 }
 
 TEST(StageRegistryTest, RegisterRefusesAMergeOrRouteStageWithoutItsFunction) {

@@ -30,7 +30,8 @@
 //
 // Adding a merge or route stage: its kernel and one Register call with a MergeFn (it writes the
 // head's slots, HeadSlots) or a RouteFn (the cost of dropping each slot's value); the CPU plan
-// (plan_head.cc) runs it through the registry. tests/kernels/pair_mean_stage.h is an example.
+// (plan_head.cc) runs it through the registry. tests/kernels/pair_mean_stage.h (merge) and
+// tests/kernels/mean_value_stage.h (route) are examples.
 //
 // Thread safety: Register and the lookups may be called from any thread; a registration is never
 // removed, so the pointers the lookups return stay valid for the life of the process.
