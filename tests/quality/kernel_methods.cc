@@ -267,6 +267,15 @@ constexpr MethodSpec kSpecs[] = {
      .quant_rotate = true,
      .quant_values = kI2,
      .key_group = 256},
+    // The dense front below 0.20 of the bytes: KVSlimmer merges at p_c (every position kept, a
+    // merged slot expands to its tokens), then the rotated 4-bit keys / 2-bit values above.
+    {.name = "kvslimmer+int4k_int2v_rot_kg256",
+     .merge = MergeStage::kKvSlimmer,
+     .stored_bf16 = true,
+     .quant = kI4,
+     .quant_rotate = true,
+     .quant_values = kI2,
+     .key_group = 256},
     {.name = "int4_rot_tokenkeys",
      .stored_bf16 = true,
      .quant = kI4,
