@@ -97,26 +97,26 @@ for cycle in $(seq "$CYCLES"); do
   write_node c "$(member c)"
   cbench --op member --addr "$b" --node c --wait-ms 20000 >"$work/join.json" &
   watcher=$!
-  bench_bg_pids+=($watcher)
+  bench_bg_pids+=("$watcher")
   sleep 0.5  # the watcher is connected and polling
   spawned=$(now_ns)
   bench_cluster_node c 127.0.0.4
   wait "$watcher" || { cat "$work/join.json" >&2; exit 1; }
   seen=$(json_field "$work/join.json" seen_unix_ns)
-  echo "$(ms "$seen" "$spawned") $(ms "$seen" "$(mtime_ns "$work/c.ready")")" >>"$work/join.txt"
+  echo "$(ms "$seen" "$spawned") $(ms "$seen" "$(mtime_ns "$work/c.ready")")" | tee -a "$work/join.txt" >"$work/join.txt.last"
   cbench --op member --addr "$b" --node c --absent --wait-ms 30000 >"$work/leave.json" &
   watcher=$!
-  bench_bg_pids+=($watcher)
+  bench_bg_pids+=("$watcher")
   sleep 0.5
   killed=$(now_ns)
   kill -KILL "$node_pid"
   { wait "$node_pid"; } 2>/dev/null || true  # (no "Killed" notice from the shell)
   wait "$watcher" || { cat "$work/leave.json" >&2; exit 1; }
   seen=$(json_field "$work/leave.json" seen_unix_ns)
-  ms "$seen" "$killed" >>"$work/leave.txt"
-  echo >>"$work/leave.txt"
+  { ms "$seen" "$killed"; echo; } >>"$work/leave.txt"
+  read -r from_start from_ready <"$work/join.txt.last"
   printf "cycle %d: c started -> listed at b %s ms (%s ms after its ready file); kill -9 -> gone at b %s ms\n" \
-    "$cycle" $(tail -1 "$work/join.txt") "$(tail -1 "$work/leave.txt")"
+    "$cycle" "$from_start" "$from_ready" "$(tail -1 "$work/leave.txt")"
 done
 printf "started -> listed: median %s ms (max %s); ready -> listed: median %s ms; kill -9 -> gone: median %s ms (min %s, max %s)\n" \
   "$(cut -d' ' -f1 "$work/join.txt" | median)" "$(cut -d' ' -f1 "$work/join.txt" | sort -g | tail -1)" \
