@@ -41,7 +41,9 @@ bench_binaries cluster-staleness kvd kvd-bench kvd-cluster-bench kvdctl
 bench_tool cluster-staleness etcd etcd-server
 bench_scratch cluster-staleness
 bench_etcd 127.0.0.1
-events_port=$((40000 + RANDOM % 20000))
+# Below the ephemeral ports (32768 and up here), which any connection may hold, and apart from
+# the 20000-40000 bench_etcd draws from.
+events_port=$((10000 + RANDOM % 10000))
 
 # write_node NAME [YAML...]: $work/NAME.yaml, kvd NAME of a 1-layer model "bench" (chunks of 16
 # tokens, 32 bytes a token) with bench_topology's 256 MiB arena, each YAML line appended (e.g. a
