@@ -157,3 +157,52 @@ run_perftest() {
 
 # perftest_gbps FIELDS: GB/s (1e9) from run_perftest's bw_overall (ucx_perftest's MB are MiB).
 perftest_gbps() { awk -v m="$6" 'BEGIN {printf "%.3f", m * 1048576 / 1e9}'; }
+
+# bench_etcd HOST: starts a private etcd-server on HOST at a random port (its data in
+# $work/etcd, its log $work/etcd.log; stopped with the other background processes) and sets
+# etcd_host and etcd_port.
+bench_etcd() {
+  etcd_host=$1
+  etcd_port=$((20000 + RANDOM % 20000))
+  local url=http://$etcd_host:$etcd_port peer=http://$etcd_host:$((etcd_port + 1))
+  etcd --name=bench --data-dir="$work/etcd" --listen-client-urls="$url" \
+    --advertise-client-urls="$url" --listen-peer-urls="$peer" \
+    --initial-advertise-peer-urls="$peer" --initial-cluster="bench=$peer" \
+    --log-level=warn >"$work/etcd.log" 2>&1 &
+  bench_bg_pids+=($!)
+}
+
+# bench_cluster_node NAME IP [PREFIX...]: starts kvd NAME with the topology $work/NAME.yaml
+# (the script wrote it), listening on IP:0 without a unix socket, run under PREFIX (e.g. ip
+# netns exec NS); waits for its ready file ($work/NAME.ready) and sets node_addr (its TCP
+# address) and node_pid (also added to bench_bg_pids). Exits 1 naming the log when it is not
+# ready within 15 s.
+bench_cluster_node() {
+  local name=$1 ip=$2
+  shift 2
+  rm -f "$work/$name.ready"
+  "$@" "$BIN/kvd" --config "$work/$name.yaml" --listen "$ip:0" --unix none \
+    --ready-file "$work/$name.ready" >"$work/$name.log" 2>&1 &
+  node_pid=$!
+  bench_bg_pids+=($node_pid)
+  for _ in $(seq 300); do
+    [[ -s "$work/$name.ready" ]] && break
+    sleep 0.05
+  done
+  [[ -s "$work/$name.ready" ]] || { echo "[bench] kvd $name not ready:" >&2; cat "$work/$name.log" >&2; exit 1; }
+  node_addr=$(json_field "$work/$name.ready" tcp)
+}
+
+# bench_cluster_members CLUSTER N: waits (up to 10 s) until cluster CLUSTER on bench_etcd's
+# etcd lists N members; exits 1 when it does not.
+bench_cluster_members() {
+  local n=0
+  for _ in $(seq 100); do
+    n=$("$BIN/kvdctl" --json cluster --etcd "$etcd_host:$etcd_port" --name "$1" 2>/dev/null |
+      /usr/bin/python3 -c 'import json,sys; print(len(json.load(sys.stdin)["members"]))' 2>/dev/null || echo 0)
+    [[ $n == "$2" ]] && return 0
+    sleep 0.1
+  done
+  echo "[bench] cluster $1 lists $n members, not $2" >&2
+  exit 1
+}

@@ -76,15 +76,7 @@ else
   etcd_host=127.0.0.1 dev=lo
 fi
 
-# ---- etcd ----
-etcd_port=$((20000 + RANDOM % 20000))
-etcd_url=http://$etcd_host:$etcd_port
-peer_url=http://$etcd_host:$((etcd_port + 1))
-etcd --name=bench --data-dir="$work/etcd" --listen-client-urls="$etcd_url" \
-  --advertise-client-urls="$etcd_url" --listen-peer-urls="$peer_url" \
-  --initial-advertise-peer-urls="$peer_url" --initial-cluster="bench=$peer_url" \
-  --log-level=warn >"$work/etcd.log" 2>&1 &
-bench_bg_pids+=($!)
+bench_etcd "$etcd_host"
 
 # start_node NAME IP CMA_THRESHOLD DEVICE [PREFIX...]: kvd NAME of cluster "bench" listening on
 # IP, UCX on DEVICE, run under PREFIX (e.g. ip netns exec NS); sets node_addr.
@@ -97,15 +89,7 @@ start_node() {
   # Beyond loopback only on the pair this script made.
   [[ -n $VETH ]] && printf 'auth: {allow_unauthenticated: true}\n' >>"$work/kvd.yaml"
   mv "$work/kvd.yaml" "$work/$name.yaml"
-  "$@" "$BIN/kvd" --config "$work/$name.yaml" --listen "$ip:0" --unix none \
-    --ready-file "$work/$name.ready" >"$work/$name.log" 2>&1 &
-  bench_bg_pids+=($!)
-  for _ in $(seq 300); do
-    [[ -s "$work/$name.ready" ]] && break
-    sleep 0.05
-  done
-  [[ -s "$work/$name.ready" ]] || { echo "[peer-fetch] kvd $name not ready:" >&2; cat "$work/$name.log" >&2; exit 1; }
-  node_addr=$(json_field "$work/$name.ready" tcp)
+  bench_cluster_node "$name" "$ip" "$@"
 }
 # lanes: "NAME READER WRITER" per pair of kvds measured.
 if [[ -n $VETH ]]; then
@@ -126,14 +110,7 @@ else
   lanes=("cma $a $b" "ucx $c $node_addr")
   where="cma = kvd's same-host bulk path (a <- b), ucx = cma_threshold_bytes 0 (c <- d)"
 fi
-members=$((${#lanes[@]} * 2))
-for _ in $(seq 100); do
-  n=$("$BIN/kvdctl" --json cluster --etcd "$etcd_host:$etcd_port" --name bench 2>/dev/null |
-    /usr/bin/python3 -c 'import json,sys; print(len(json.load(sys.stdin)["members"]))' 2>/dev/null || echo 0)
-  [[ $n == "$members" ]] && break
-  sleep 0.1
-done
-[[ $n == "$members" ]] || { echo "[peer-fetch] the $members kvds did not all register" >&2; exit 1; }
+bench_cluster_members bench $((${#lanes[@]} * 2))
 
 bench() { "$BIN/kvd-bench" --model bench --ucx-tls "$TLS" --net-devices "$dev" --json "$@"; }
 

@@ -1,10 +1,13 @@
 """The benchmark tools without the peers: kvd-bench --op memcpy, kvd-bench's per-op daemon
-counters against a real kvd, the goal arithmetic of bench/peers-report.py, and one short
-run of bench/peers.sh (kvd's shared-memory path and memcpy only)."""
+counters against a real kvd, the goal arithmetic of bench/peers-report.py, one short
+run of bench/peers.sh (kvd's shared-memory path and memcpy only), kvd-cluster-bench's
+router-index report and one short run of bench/cluster-staleness.sh (skipped without etcd)."""
 
 import contextlib
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -426,4 +429,54 @@ def test_bench_peers_short_run(tmp_path):
     assert "| unix socket ping-pong p99 in the same runs" in r.stdout, r.stdout
     assert "| 64 KiB |" in r.stdout.split("== lookups on the unix socket")[1], r.stdout
     assert "| kvd shm in-place get 64 KiB / kvd shm get |" in r.stdout, r.stdout
+    assert not shm_left_behind(shm_before)
+
+
+def test_cluster_bench_router_index_reports_bytes_per_chunk():
+    cluster_bench = os.path.join(os.path.dirname(os.path.abspath(BENCH)), "kvd-cluster-bench")
+    r = run([cluster_bench, "--op", "router-index", "--count", "3000", "--holders-per-chunk", "2",
+             "--json"])
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["ok"] and j["chunks"] == 3000 and j["nodes"] == 3 and j["holders_per_chunk"] == 2
+    for index in ("bitmask", "entries", "prefix_tree"):
+        p = j[index]
+        # At least the 8-byte block hash each index keys on.
+        assert p["heap_bytes_per_chunk"] >= 8, (index, p)
+        assert p["heap_mib_per_million_chunks"] == pytest.approx(
+            p["heap_bytes_per_chunk"] * 1e6 / 1048576), (index, p)
+    r = run([cluster_bench, "--op", "router-index", "--holders-per-chunk", "4"])
+    assert r.returncode == 2 and "--holders-per-chunk 1 to --nodes" in r.stderr
+    r = run([cluster_bench, "--op", "staleness", "--addr", "127.0.0.1:1"])
+    assert r.returncode == 2 and "--op staleness needs --model, --put-addr and --holder" in r.stderr
+
+
+def test_bench_cluster_staleness_short_run():
+    build = os.path.dirname(os.path.dirname(os.path.abspath(BENCH)))
+    if not shutil.which("etcd"):
+        pytest.skip("etcd not installed (apt-get install etcd-server)")
+    env = dict(os.environ, KVD_BENCH_SAMPLES="3", KVD_BENCH_MEMBER_CYCLES="1",
+               KVD_BENCH_CHUNKS="2000", KVD_BENCH_BASELINE_CHUNKS="500")
+    shm_before = set(os.listdir("/dev/shm"))
+    r = subprocess.run(["bash", os.path.join(ROOT, "bench", "cluster-staleness.sh"), build],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    # (an event may arrive before the acknowledgement reaches the client: a negative time)
+    figures = r"p50 +-?[0-9.]+ us, p99 +-?[0-9.]+ us, max +-?[0-9.]+ us"
+    for line in ("commit -> b's cluster lookup lists a: +" + figures,
+                 "commit -> a's BlockStored at a subscriber: " + figures,
+                 "evict  -> b's cluster lookup no longer: +" + figures,
+                 "evict  -> a's BlockRemoved at a subscriber: " + figures):
+        assert re.search(line, out), (line, out)
+    # Cluster lookups see a change with the first lookup after it.
+    assert out.count("(lookups needed: at most 1)") == 2, out
+    assert re.search(r"cycle 1: c started -> listed at b [0-9.]+ ms .*kill -9 -> gone at b "
+                     r"[0-9.]+ ms", out), out
+    assert re.search(r"kvd in no cluster: +private memory .* bytes per chunk", out), out
+    assert re.search(r"kvd b, a cluster member: +private memory .* bytes per chunk", out), out
+    for holders in (1, 3):
+        for index in ("bitmask", "entries", "prefix_tree"):
+            assert re.search(rf"router index, 3 nodes, {holders} holding each chunk, {index}: +"
+                             r"[0-9.]+ bytes per chunk", out), out
     assert not shm_left_behind(shm_before)
