@@ -105,9 +105,9 @@ Status LimitsOptions::Validate() const {
     return Status::InvalidArgument("limits.admin_reserve_sessions: must be >= 0");
   }
   if (max_frame_bytes_before_hello < 1024 || max_frame_bytes_before_hello > (256u << 20)) {
-    return Status::InvalidArgument("limits.max_frame_bytes_before_hello: " +
-                                   std::to_string(max_frame_bytes_before_hello) +
-                                   " is outside [1024, 268435456]");
+    return Status::InvalidArgument(
+        "limits.max_frame_bytes_before_hello: " + std::to_string(max_frame_bytes_before_hello) +
+        " is outside [1024, 268435456]");
   }
   if (frame_buffer_budget_bytes < uint64_t{max_frame_bytes} + 12) {
     return Status::InvalidArgument(
@@ -117,8 +117,7 @@ Status LimitsOptions::Validate() const {
   }
   if (!(unauthenticated_share > 0 && unauthenticated_share <= 1)) {
     return Status::InvalidArgument("limits.unauthenticated_share: " +
-                                   std::to_string(unauthenticated_share) +
-                                   " is outside (0, 1]");
+                                   std::to_string(unauthenticated_share) + " is outside (0, 1]");
   }
   if (idle_timeout_ms < 0) {
     return Status::InvalidArgument("limits.idle_timeout_ms: " + std::to_string(idle_timeout_ms) +
@@ -130,8 +129,9 @@ Status LimitsOptions::Validate() const {
 transport::TransportOptions DaemonConfig::DefaultTransportOptions() {
   transport::TransportOptions t;
   t.backend = "ucx";
-  t.ucx_tls = "sm,tcp";
-  t.net_devices = "lo";
+  transport::UcxOptions& ucx = transport::MutableBackendOptions<transport::UcxOptions>(&t);
+  ucx.ucx_tls = "sm,tcp";
+  ucx.net_devices = "lo";
   return t;
 }
 

@@ -37,9 +37,10 @@ StatusOr<std::unique_ptr<Transport>> UcxTransport::Create(const TransportOptions
   return std::unique_ptr<Transport>(std::move(t));
 }
 
-UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) {
-  env_.tls = options.ucx_tls;
-  env_.net_devices = options.net_devices;
+UcxTransport::UcxTransport(const TransportOptions& options)
+    : close_timeout_ms_(options.close_timeout_ms), options_(BackendOptionsOf<UcxOptions>(options)) {
+  env_.tls = options_.ucx_tls;
+  env_.net_devices = options_.net_devices;
 }
 
 Status UcxTransport::Init() {
@@ -152,7 +153,7 @@ UcxTransport::~UcxTransport() {
       if (p.proof) p.proof[0] = p.proof[1] = 0;
       if (p.ep != nullptr) CloseEndpointLocked(p.ep, /*force=*/true, lock).IgnoreError();
     }
-    auto deadline = steady_clock::now() + milliseconds(options_.close_timeout_ms);
+    auto deadline = steady_clock::now() + milliseconds(close_timeout_ms_);
     auto pending = [&] {
       closing_.erase(std::remove_if(closing_.begin(), closing_.end(),
                                     [](void* r) {
@@ -172,7 +173,7 @@ UcxTransport::~UcxTransport() {
     while (pending() && steady_clock::now() < deadline) ucp_worker_progress(worker_);
     if (pending()) {
       KVD_LOG(WARNING) << "UCX transport closed with requests still in flight"
-                       << Kv("close_timeout_ms", options_.close_timeout_ms);
+                       << Kv("close_timeout_ms", close_timeout_ms_);
     }
     for (auto& [id, r] : regions_) ucp_mem_unmap(context_, r.memh);
     regions_.clear();
@@ -276,7 +277,7 @@ Status UcxTransport::Disconnect(PeerHandle peer) {
   peers_.erase(it);
   ++peer_totals_.disconnects;
   Status st = CloseEndpointLocked(ep, /*force=*/true, lock);
-  auto deadline = steady_clock::now() + milliseconds(options_.close_timeout_ms);
+  auto deadline = steady_clock::now() + milliseconds(close_timeout_ms_);
   while (!closing_.empty() && steady_clock::now() < deadline) {
     ucp_worker_progress(worker_);
     closing_.erase(std::remove_if(closing_.begin(), closing_.end(),

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kvd/transport/transport.h"
+#include "kvd/transport/ucx_options.h"
 #include "ucx/ucx_status.h"
 
 namespace kvd::transport::ucx {
@@ -173,7 +174,8 @@ class UcxTransport final : public Transport {
                            void* user_data);
   static void ErrorHandler(void* arg, ucp_ep_h ep, ucs_status_t status);
 
-  const TransportOptions options_;
+  const int64_t close_timeout_ms_;  // TransportOptions::close_timeout_ms
+  const UcxOptions options_;
   UcxEnvironment env_;
   Capabilities caps_;
   ucp_context_h context_ = nullptr;
