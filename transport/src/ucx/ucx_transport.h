@@ -125,7 +125,15 @@ class UcxTransport final : public Transport {
   };
 
   explicit UcxTransport(const TransportOptions& options);
+  // Init's steps, in order: the UCP context (UCX's configuration with this transport's options
+  // applied), the worker and this transport's address, the wake-up epoll set (enable_wakeup),
+  // the capabilities.
   Status Init();
+  Status CreateContext();
+  Status ApplyOptions(ucp_config_t* config) const;
+  Status CreateWorker();
+  Status SetUpWakeup();
+  void FillCapabilities();
   // Checks a descriptor's proof (its pid holds nonce_ at its proof address). Not cached: a
   // 16-byte read per descriptor, so a recycled pid cannot inherit a verdict.
   Status VerifyCmaSenderLocked(const CmaDescriptor& d);
