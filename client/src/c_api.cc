@@ -231,8 +231,9 @@ int kvd_client_connect(const kvd_config* caller, kvd_client** out) {
     if (c->chunk_tokens) o.chunk_tokens = c->chunk_tokens;
     if (c->block_tokens) o.block_tokens = c->block_tokens;
     if (c->transport_backend) o.transport.backend = c->transport_backend;
-    if (c->ucx_tls) o.transport.ucx_tls = c->ucx_tls;
-    if (c->net_devices) o.transport.net_devices = c->net_devices;
+    auto& ucx = kvd::transport::MutableBackendOptions<kvd::transport::UcxOptions>(&o.transport);
+    if (c->ucx_tls) ucx.ucx_tls = c->ucx_tls;
+    if (c->net_devices) ucx.net_devices = c->net_devices;
     if (c->connect_timeout_ms) o.connect_timeout_ms = c->connect_timeout_ms;
     if (c->request_timeout_ms) o.request_timeout_ms = c->request_timeout_ms;
     if (c->transfer_timeout_ms) o.transfer_timeout_ms = c->transfer_timeout_ms;

@@ -2,22 +2,23 @@
 #include <string>
 #include <utility>
 
-#include "path_context.h"
 #include "kvd/common/hash.h"
 #include "kvd/common/logging.h"
 #include "nccl_path.h"
+#include "path_context.h"
 
 namespace kvd::client::internal {
 
 StatusOr<std::unique_ptr<NcclPath>> NcclPath::Join(PathContext& client,
                                                    const transport::TransportOptions& options,
                                                    SessionInfo* session_out) {
+  const int device = transport::BackendOptionsOf<transport::NcclOptions>(options).nccl_device;
   auto t = transport::CreateTransport(options);
   if (!t.ok()) {
     return t.status().WithContext(
         "ClientOptions::nccl: creating this client's NCCL transport on "
         "CUDA device " +
-        std::to_string(options.nccl_device));
+        std::to_string(device));
   }
   std::unique_ptr<NcclPath> path(
       new NcclPath(client, std::move(t).value(), "bulk transfer over NCCL", /*over_nccl=*/true));
@@ -53,8 +54,7 @@ StatusOr<std::unique_ptr<NcclPath>> NcclPath::Join(PathContext& client,
   if (!peer.ok()) return peer.status().WithContext("joining kvd's NCCL link");
   path->peer_ = *peer;
   session.nccl = true;
-  KVD_LOG(INFO) << "NCCL link joined" << Kv("library", session.nccl_library)
-                << Kv("device", options.nccl_device)
+  KVD_LOG(INFO) << "NCCL link joined" << Kv("library", session.nccl_library) << Kv("device", device)
                 << Kv("kvd_device", session.nccl_daemon_device);
   return path;
 }

@@ -307,10 +307,17 @@ int DaemonBench::Report() {
   clients_.clear();
   put_clients_.clear();
 
-  nlohmann::json j = {
-      {"model", f_.model}, {"chunk_bytes", chunk_bytes_},        {"tokens", tokens_},
-      {"count", f_.count}, {"concurrency", nthreads_},           {"depth", f_.depth},
-      {"op", f_.op},       {"ucx_tls", base_.transport.ucx_tls}, {"ok", first_error_.ok()}};
+  const std::string tls =
+      transport::BackendOptionsOf<transport::UcxOptions>(base_.transport).ucx_tls;
+  nlohmann::json j = {{"model", f_.model},
+                      {"chunk_bytes", chunk_bytes_},
+                      {"tokens", tokens_},
+                      {"count", f_.count},
+                      {"concurrency", nthreads_},
+                      {"depth", f_.depth},
+                      {"op", f_.op},
+                      {"ucx_tls", tls},
+                      {"ok", first_error_.ok()}};
   const size_t inline_limit = shm_used
                                   ? std::min(base_.inline_put_bytes, base_.shm_inline_put_bytes)
                                   : base_.inline_put_bytes;
@@ -336,8 +343,8 @@ int DaemonBench::Report() {
               "kvd-bench: model " + f_.model + ", " + kvd::tools::HumanBytes(chunk_bytes_) +
                   " chunks (" + std::to_string(tokens_) + " tokens), count " +
                   std::to_string(f_.count) + ", concurrency " + std::to_string(nthreads_) +
-                  ", depth " + std::to_string(f_.depth) + ", ucx_tls '" + base_.transport.ucx_tls +
-                  "'" + (shm_used ? ", shared memory" : "") + (f_.in_place ? ", in place" : "") +
+                  ", depth " + std::to_string(f_.depth) + ", ucx_tls '" + tls + "'" +
+                  (shm_used ? ", shared memory" : "") + (f_.in_place ? ", in place" : "") +
                   (chunk_bytes_ <= inline_limit ? ", inline puts" : ""));
   if (!first_error_.ok()) {
     std::cerr << "kvd-bench: " << first_error_ << "\n";

@@ -91,8 +91,9 @@ void ApplyConnectionFlags(const ConnectionFlags& f, client::ClientOptions* o) {
     o->address = f.addr;
   else if (const char* env = std::getenv("KVD_ADDR"))
     o->address = env;
-  if (!f.ucx_tls.empty()) o->transport.ucx_tls = f.ucx_tls;
-  if (!f.net_devices.empty()) o->transport.net_devices = f.net_devices;
+  auto& ucx = transport::MutableBackendOptions<transport::UcxOptions>(&o->transport);
+  if (!f.ucx_tls.empty()) ucx.ucx_tls = f.ucx_tls;
+  if (!f.net_devices.empty()) ucx.net_devices = f.net_devices;
   if (!f.name_space.empty()) o->name_space = f.name_space;
   if (!f.hash_seed.empty()) o->hash_seed = f.hash_seed;
   if (!f.client_id.empty()) o->client_id = f.client_id;

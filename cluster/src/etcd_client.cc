@@ -10,6 +10,7 @@
 #include <boost/beast/http.hpp>
 #include <charconv>
 #include <iterator>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
@@ -148,12 +149,19 @@ std::string Describe(const error_code& ec) {
   return ec == beast::error::timeout ? "timed out" : ec.message();
 }
 
+// The steady_clock ticks of EtcdClient::last_response_ before any response.
+constexpr int64_t kNoResponse = std::numeric_limits<int64_t>::min();
+
+using ResponseTime = std::shared_ptr<std::atomic<int64_t>>;
+
 // One HTTP connection to one endpoint, driven on its own io_context so that every wait is bounded.
 class Connection {
  public:
-  // Connects to the first endpoint that accepts within connect_timeout.
-  static StatusOr<std::unique_ptr<Connection>> Open(const EtcdClientOptions& options) {
-    auto c = std::unique_ptr<Connection>(new Connection());
+  // Connects to the first endpoint that accepts within connect_timeout. Every reply and watch
+  // message without an error sets `answered` to the time it arrived.
+  static StatusOr<std::unique_ptr<Connection>> Open(const EtcdClientOptions& options,
+                                                    ResponseTime answered) {
+    auto c = std::unique_ptr<Connection>(new Connection(std::move(answered)));
     std::string tried;
     for (const std::string& endpoint : options.endpoints) {
       auto hp = SplitEndpoint(endpoint);
@@ -217,8 +225,12 @@ class Connection {
       return Status::Internal("etcd " + host_ + ": " + path + " answered HTTP " +
                               std::to_string(res.result_int()));
     }
+    Answered();
     return j;
   }
+
+  // etcd answered without an error now.
+  void Answered() { answered_->store(std::chrono::steady_clock::now().time_since_epoch().count()); }
 
   asio::io_context& ioc() { return ioc_; }
   beast::tcp_stream& stream() { return stream_; }
@@ -231,16 +243,18 @@ class Connection {
   }
 
  private:
-  Connection() = default;
+  explicit Connection(ResponseTime answered) : answered_(std::move(answered)) {}
 
+  const ResponseTime answered_;
   asio::io_context ioc_;
   beast::tcp_stream stream_{ioc_};
   beast::flat_buffer buffer_;
   std::string host_;
 };
 
-StatusOr<Json> Call(const EtcdClientOptions& options, const std::string& method, const Json& body) {
-  KVD_ASSIGN_OR_RETURN(auto connection, Connection::Open(options));
+StatusOr<Json> Call(const EtcdClientOptions& options, const ResponseTime& answered,
+                    const std::string& method, const Json& body) {
+  KVD_ASSIGN_OR_RETURN(auto connection, Connection::Open(options, answered));
   return connection->Call(kApiPrefix + method, body, options.request_timeout);
 }
 
@@ -348,6 +362,7 @@ class GatewayWatchStream : public WatchStream {
     if (auto h = it->find("header"); h != it->end()) {
       revision_ = std::max(revision_, Int64Field(*h, "revision"));
     }
+    c_->Answered();
     return *it;
   }
 
@@ -447,11 +462,20 @@ std::string PrefixRangeEnd(const std::string& prefix) {
   return std::string(1, '\0');  // every key
 }
 
-EtcdClient::EtcdClient(EtcdClientOptions options) : options_(std::move(options)) {}
+EtcdClient::EtcdClient(EtcdClientOptions options)
+    : options_(std::move(options)),
+      last_response_(std::make_shared<std::atomic<int64_t>>(kNoResponse)) {}
+
+std::optional<std::chrono::steady_clock::time_point> EtcdClient::last_response() const {
+  const int64_t ticks = last_response_->load();
+  if (ticks == kNoResponse) return std::nullopt;
+  return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(ticks));
+}
 
 StatusOr<LeaseInfo> EtcdClient::LeaseGrant(int64_t ttl_s) {
   return Guarded([&]() -> StatusOr<LeaseInfo> {
-    KVD_ASSIGN_OR_RETURN(Json j, Call(options_, "lease/grant", Json{{"TTL", ttl_s}}));
+    KVD_ASSIGN_OR_RETURN(Json j,
+                         Call(options_, last_response_, "lease/grant", Json{{"TTL", ttl_s}}));
     LeaseInfo info = ParseLease(j);
     if (info.id == 0) return Status::Internal("etcd: lease/grant answered without a lease ID");
     info.granted_ttl_s = info.ttl_s;
@@ -461,8 +485,8 @@ StatusOr<LeaseInfo> EtcdClient::LeaseGrant(int64_t ttl_s) {
 
 StatusOr<LeaseInfo> EtcdClient::LeaseKeepAlive(int64_t lease_id) {
   return Guarded([&]() -> StatusOr<LeaseInfo> {
-    KVD_ASSIGN_OR_RETURN(Json j,
-                         Call(options_, "lease/keepalive", Json{{"ID", std::to_string(lease_id)}}));
+    KVD_ASSIGN_OR_RETURN(Json j, Call(options_, last_response_, "lease/keepalive",
+                                      Json{{"ID", std::to_string(lease_id)}}));
     auto it = j.find("result");
     if (it == j.end() || !it->is_object()) {
       return Status::Internal("etcd: lease/keepalive answered without a result");
@@ -479,14 +503,15 @@ StatusOr<LeaseInfo> EtcdClient::LeaseKeepAlive(int64_t lease_id) {
 
 Status EtcdClient::LeaseRevoke(int64_t lease_id) {
   return Guarded([&]() -> Status {
-    return Call(options_, "lease/revoke", Json{{"ID", std::to_string(lease_id)}}).status();
+    return Call(options_, last_response_, "lease/revoke", Json{{"ID", std::to_string(lease_id)}})
+        .status();
   });
 }
 
 StatusOr<LeaseInfo> EtcdClient::LeaseTimeToLive(int64_t lease_id) {
   return Guarded([&]() -> StatusOr<LeaseInfo> {
-    KVD_ASSIGN_OR_RETURN(
-        Json j, Call(options_, "lease/timetolive", Json{{"ID", std::to_string(lease_id)}}));
+    KVD_ASSIGN_OR_RETURN(Json j, Call(options_, last_response_, "lease/timetolive",
+                                      Json{{"ID", std::to_string(lease_id)}}));
     LeaseInfo info = ParseLease(j);
     info.id = lease_id;
     return info;
@@ -497,14 +522,14 @@ Status EtcdClient::Put(const std::string& key, const std::string& value, int64_t
   return Guarded([&]() -> Status {
     Json body{{"key", Base64Encode(key)}, {"value", Base64Encode(value)}};
     if (lease_id != 0) body["lease"] = std::to_string(lease_id);
-    return Call(options_, "kv/put", body).status();
+    return Call(options_, last_response_, "kv/put", body).status();
   });
 }
 
 StatusOr<RangeResult> EtcdClient::RangePrefix(const std::string& prefix) {
   return Guarded([&]() -> StatusOr<RangeResult> {
     if (prefix.empty()) return Status::InvalidArgument("etcd range: empty prefix");
-    KVD_ASSIGN_OR_RETURN(Json j, Call(options_, "kv/range",
+    KVD_ASSIGN_OR_RETURN(Json j, Call(options_, last_response_, "kv/range",
                                       Json{{"key", Base64Encode(prefix)},
                                            {"range_end", Base64Encode(PrefixRangeEnd(prefix))}}));
     RangeResult result;
@@ -521,8 +546,8 @@ StatusOr<RangeResult> EtcdClient::RangePrefix(const std::string& prefix) {
 
 StatusOr<int64_t> EtcdClient::Delete(const std::string& key) {
   return Guarded([&]() -> StatusOr<int64_t> {
-    KVD_ASSIGN_OR_RETURN(Json j,
-                         Call(options_, "kv/deleterange", Json{{"key", Base64Encode(key)}}));
+    KVD_ASSIGN_OR_RETURN(
+        Json j, Call(options_, last_response_, "kv/deleterange", Json{{"key", Base64Encode(key)}}));
     return Int64Field(j, "deleted");
   });
 }
@@ -531,7 +556,7 @@ StatusOr<std::unique_ptr<WatchStream>> EtcdClient::WatchPrefix(const std::string
                                                                int64_t start_revision) {
   return Guarded([&]() -> StatusOr<std::unique_ptr<WatchStream>> {
     if (prefix.empty()) return Status::InvalidArgument("etcd watch: empty prefix");
-    KVD_ASSIGN_OR_RETURN(auto connection, Connection::Open(options_));
+    KVD_ASSIGN_OR_RETURN(auto connection, Connection::Open(options_, last_response_));
     Json create{{"key", Base64Encode(prefix)}, {"range_end", Base64Encode(PrefixRangeEnd(prefix))}};
     if (start_revision > 0) create["start_revision"] = std::to_string(start_revision);
     KVD_RETURN_IF_ERROR(connection->Send(std::string(kApiPrefix) + "watch",

@@ -44,8 +44,9 @@ class Membership::Impl {
   MembershipState state() const {
     std::lock_guard lock(mu_);
     MembershipState s = state_;
-    if (!s.reachable) {
-      s.age = std::chrono::duration_cast<milliseconds>(Clock::now() - last_answer_);
+    if (!s.reachable) {  // etcd's last answer to this node, else Start
+      s.age = std::chrono::duration_cast<milliseconds>(Clock::now() -
+                                                       etcd_.last_response().value_or(started_));
     }
     for (const auto& [key, member] : members_) s.members.push_back(member);
     for (const auto& [key, why] : refused_) s.refused.push_back(why);
@@ -98,12 +99,6 @@ class Membership::Impl {
     }
   }
 
-  // etcd answered a call of this node now.
-  void Answered() {
-    std::lock_guard lock(mu_);
-    last_answer_ = Clock::now();
-  }
-
   MemberRecord OwnRecord() {
     MemberRecord r = source_ ? source_() : MemberRecord{};
     r.node = options_.node;
@@ -119,7 +114,6 @@ class Membership::Impl {
                                     std::chrono::system_clock::now().time_since_epoch())
                                     .count();
     KVD_RETURN_IF_ERROR(etcd_.Put(key_, record.ToJson(), lease.id));
-    Answered();
     // A lease of an earlier registration may outlive the outage (etcd keeps leases across its
     // restarts); the record moved to the new one, so revoking the old deletes nothing else.
     if (lease_ != 0 && lease_ != lease.id) etcd_.LeaseRevoke(lease_).IgnoreError();
@@ -134,7 +128,6 @@ class Membership::Impl {
   // Replaces the member list with what etcd holds now.
   StatusOr<int64_t> List() {
     KVD_ASSIGN_OR_RETURN(RangeResult range, etcd_.RangePrefix(options_.MembersPrefix()));
-    Answered();
     std::map<std::string, Member> before;
     {
       std::lock_guard lock(mu_);
@@ -222,7 +215,6 @@ class Membership::Impl {
                                                            Clock::now());
       auto events = watch.Next(std::max(wait, milliseconds(1)));  // Stop interrupts the wait
       if (events.ok()) {
-        Answered();
         for (const WatchEvent& e : *events) {
           if (e.type == WatchEvent::Type::kDelete) {
             Remove(e.kv.key);
@@ -235,7 +227,6 @@ class Membership::Impl {
       }
       if (Clock::now() >= next_keepalive) {
         KVD_RETURN_IF_ERROR(etcd_.LeaseKeepAlive(lease_).status());
-        Answered();
         next_keepalive = Clock::now() + keepalive_period;
       }
       if (Clock::now() >= next_refresh) {
@@ -243,7 +234,6 @@ class Membership::Impl {
         now.registered_unix_ms = published_.registered_unix_ms;
         if (!(now == published_)) {
           KVD_RETURN_IF_ERROR(etcd_.Put(key_, now.ToJson(), lease_));
-          Answered();
           published_ = now;
         }
         next_refresh = Clock::now() + options_.refresh_interval;
@@ -254,8 +244,9 @@ class Membership::Impl {
 
   const MembershipOptions options_;
   const RecordSource source_;
-  EtcdClient etcd_;
+  EtcdClient etcd_;  // its last_response() is when etcd last answered this node
   const std::string key_;
+  const Clock::time_point started_ = Clock::now();
   std::thread thread_;
 
   // Membership thread only.
@@ -265,12 +256,11 @@ class Membership::Impl {
 
   mutable std::mutex mu_;
   std::condition_variable wake_;
-  bool stopping_ = false;                         // GUARDED_BY(mu_)
-  WatchStream* watch_ = nullptr;                  // GUARDED_BY(mu_), the session's, while open
-  MembershipState state_;                         // GUARDED_BY(mu_), members/refused below
-  std::map<std::string, Member> members_;         // GUARDED_BY(mu_), by key
-  std::map<std::string, std::string> refused_;    // GUARDED_BY(mu_), by key
-  Clock::time_point last_answer_ = Clock::now();  // GUARDED_BY(mu_); creation until etcd answers
+  bool stopping_ = false;                       // GUARDED_BY(mu_)
+  WatchStream* watch_ = nullptr;                // GUARDED_BY(mu_), the session's, while open
+  MembershipState state_;                       // GUARDED_BY(mu_), members/refused below
+  std::map<std::string, Member> members_;       // GUARDED_BY(mu_), by key
+  std::map<std::string, std::string> refused_;  // GUARDED_BY(mu_), by key
 };
 
 StatusOr<std::unique_ptr<Membership>> Membership::Start(MembershipOptions options,

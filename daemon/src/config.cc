@@ -129,8 +129,9 @@ Status LimitsOptions::Validate() const {
 transport::TransportOptions DaemonConfig::DefaultTransportOptions() {
   transport::TransportOptions t;
   t.backend = "ucx";
-  t.ucx_tls = "sm,tcp";
-  t.net_devices = "lo";
+  transport::UcxOptions& ucx = transport::MutableBackendOptions<transport::UcxOptions>(&t);
+  ucx.ucx_tls = "sm,tcp";
+  ucx.net_devices = "lo";
   return t;
 }
 

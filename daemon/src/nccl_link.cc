@@ -89,7 +89,7 @@ Status NcclLink::Ensure() {
   if (!transport_) {
     transport::TransportOptions o = options_;
     o.backend = "nccl";
-    o.nccl_device = device_;
+    transport::MutableBackendOptions<transport::NcclOptions>(&o).nccl_device = device_;
     auto t = transport::CreateTransport(o);
     if (!t.ok()) return fail(t.status());
     transport_ = std::move(*t);

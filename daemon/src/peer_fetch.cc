@@ -127,15 +127,58 @@ PeerFetchCounts PeerFetcher::counts() const {
   return counts_;
 }
 
+namespace {
+
+// One member's answer to a lookup: its client and what it holds, or why it did not answer.
+struct PeerAnswer {
+  std::shared_ptr<client::Client> peer;
+  StatusOr<client::LookupResult> found = Status(StatusCode::kInternal, "peer not asked");
+};
+
+// The longest prefix a member holds in the session's codec, with the lease on it.
+struct BestPeer {
+  std::shared_ptr<client::Client> peer;
+  uint64_t lease = 0;
+  uint32_t matched = 0;
+};
+
+// Waits for every answer, fills its row of `out->peers` (asked_index[i] for asks[i]), keeps the
+// lease of the best one and releases the others'. Counts the members that did not answer.
+BestPeer CollectAnswers(std::vector<std::future<PeerAnswer>>& asks,
+                        const std::vector<size_t>& asked_index, uint32_t codec_id,
+                        PeerLookupOutcome* out, uint64_t* errors) {
+  BestPeer best;
+  for (size_t i = 0; i < asks.size(); ++i) {
+    PeerAnswer a = asks[i].get();
+    PeerPrefix& prefix = out->peers[asked_index[i]];
+    if (!a.found.ok()) {
+      prefix.error = a.found.status().ToString();
+      ++*errors;
+      continue;
+    }
+    const client::LookupResult& found = *a.found;
+    prefix.matched_chunks = found.matched_chunks;
+    for (const client::TierChunks& t : found.found_in)
+      prefix.found_in.push_back({t.tier, t.chunks});
+    const bool longer =
+        found.matched_chunks > best.matched && a.peer->session().codec_id == codec_id;
+    if (longer) {
+      if (best.peer) best.peer->ReleaseLease(best.lease).IgnoreError();
+      best = {a.peer, found.lease_id, found.matched_chunks};
+    } else if (found.lease_id != 0) {
+      a.peer->ReleaseLease(found.lease_id).IgnoreError();
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
 PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
   PeerLookupOutcome out;
   // Every eligible member is asked at once, each on a thread of its own: a lookup waits for the
   // slowest peer (at most one peer timeout), not for the sum of them.
-  struct Answer {
-    std::shared_ptr<client::Client> peer;
-    StatusOr<client::LookupResult> found = Status(StatusCode::kInternal, "peer not asked");
-  };
-  std::vector<std::future<Answer>> asks;
+  std::vector<std::future<PeerAnswer>> asks;
   std::vector<size_t> asked_index;  // out.peers index of each ask
   const cluster::MembershipState state = membership_->state();
   out.membership = FreshnessOf(state);
@@ -147,7 +190,7 @@ PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
     if (!prefix.error.empty()) continue;
     asked_index.push_back(out.peers.size() - 1);
     asks.push_back(std::async(std::launch::async, [this, record = m.record, &request] {
-      Answer a;
+      PeerAnswer a;
       auto peer = ClientFor(record, request);
       if (!peer.ok()) {
         a.found = peer.status();
@@ -158,54 +201,33 @@ PeerLookupOutcome PeerFetcher::AskPeers(const PeerLookupRequest& request) {
       return a;
     }));
   }
-  std::shared_ptr<client::Client> best;
-  uint64_t best_lease = 0;
-  uint32_t best_matched = 0;
   uint64_t errors = 0;
-  for (size_t i = 0; i < asks.size(); ++i) {
-    Answer a = asks[i].get();
-    PeerPrefix& prefix = out.peers[asked_index[i]];
-    if (!a.found.ok()) {
-      prefix.error = a.found.status().ToString();
-      ++errors;
-      continue;
-    }
-    const client::LookupResult& found = *a.found;
-    prefix.matched_chunks = found.matched_chunks;
-    for (const client::TierChunks& t : found.found_in)
-      prefix.found_in.push_back({t.tier, t.chunks});
-    const bool longer =
-        found.matched_chunks > best_matched && a.peer->session().codec_id == request.codec_id;
-    if (longer) {
-      if (best) best->ReleaseLease(best_lease).IgnoreError();
-      best = a.peer;
-      best_lease = found.lease_id;
-      best_matched = found.matched_chunks;
-    } else if (found.lease_id != 0) {
-      a.peer->ReleaseLease(found.lease_id).IgnoreError();
-    }
-  }
-  const uint64_t asked = asks.size();
+  const BestPeer best = CollectAnswers(asks, asked_index, request.codec_id, &out, &errors);
   {
     std::lock_guard lock(mu_);
     ++counts_.lookups;
-    counts_.peer_asks += asked;
+    counts_.peer_asks += asks.size();
     counts_.peer_errors += errors;
   }
-  if (!best) return out;
+  if (!best.peer) return out;
   if (config_.peer_fetch.policy != PeerFetchOptions::Policy::kOff &&
-      best_matched > request.local_matched) {
-    const uint32_t wanted = best_matched - static_cast<uint32_t>(request.local_matched);
-    const Fetched fetched = Fetch(*best, best_lease, request.local_matched, best_matched, request);
-    out.fetched_chunks = fetched.chunks;
-    std::lock_guard lock(mu_);
-    ++counts_.fetches;
-    counts_.fetched_chunks += fetched.chunks;
-    counts_.fetched_bytes += fetched.bytes;
-    if (out.fetched_chunks < wanted) ++counts_.fetch_failures;
+      best.matched > request.local_matched) {
+    FetchPrefix(*best.peer, best.lease, best.matched, request, &out);
   }
-  best->ReleaseLease(best_lease).IgnoreError();
+  best.peer->ReleaseLease(best.lease).IgnoreError();
   return out;
+}
+
+void PeerFetcher::FetchPrefix(client::Client& peer, uint64_t lease, uint32_t matched,
+                              const PeerLookupRequest& request, PeerLookupOutcome* out) {
+  const uint32_t wanted = matched - static_cast<uint32_t>(request.local_matched);
+  const Fetched fetched = Fetch(peer, lease, request.local_matched, matched, request);
+  out->fetched_chunks = fetched.chunks;
+  std::lock_guard lock(mu_);
+  ++counts_.fetches;
+  counts_.fetched_chunks += fetched.chunks;
+  counts_.fetched_bytes += fetched.bytes;
+  if (out->fetched_chunks < wanted) ++counts_.fetch_failures;
 }
 
 }  // namespace kvd::daemon

@@ -115,6 +115,10 @@ class PeerFetcher {
   // Copies chunks [from, to) of `lease` from `peer` into the host tier; what it stored.
   Fetched Fetch(client::Client& peer, uint64_t lease, size_t from, size_t to,
                 const PeerLookupRequest& request);
+  // Fetches the chunks past request.local_matched up to `matched` of `lease` from `peer` (the
+  // longest prefix AskPeers found) into out->fetched_chunks, and counts the fetch.
+  void FetchPrefix(client::Client& peer, uint64_t lease, uint32_t matched,
+                   const PeerLookupRequest& request, PeerLookupOutcome* out);
 
   // A fetch keeps up to this many chunks, and at most kFetchBatchBytes, in flight.
   static constexpr int kFetchInFlight = 8;

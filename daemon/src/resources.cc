@@ -128,14 +128,15 @@ Status DaemonConfig::CheckResources(const MachineResources& m) const {
                                    m.memory_source + ", " + std::to_string(m.memory_bytes) +
                                    " bytes" + OverrideHint());
   }
-  if (!SharedMemoryArena() && transport.backend == "ucx" && UcxSharedMemory(transport.ucx_tls) &&
+  const std::string tls = transport::BackendOptionsOf<transport::UcxOptions>(transport).ucx_tls;
+  if (!SharedMemoryArena() && transport.backend == "ucx" && UcxSharedMemory(tls) &&
       m.dev_shm_free_bytes != 0 && host > m.dev_shm_free_bytes) {
     return Status::InvalidArgument(
         "tiers.host.capacity: " + FormatByteSize(host) + " (" + std::to_string(host) +
         " bytes) does not fit in the " + std::to_string(m.dev_shm_free_bytes) +
         " bytes free in /dev/shm, where UCX may place the host tier (the shared-memory path is "
         "off and transport.ucx_tls \"" +
-        transport.ucx_tls + "\" has shared-memory transports)" + OverrideHint());
+        tls + "\" has shared-memory transports)" + OverrideHint());
   }
   if (disk_tier && m.disk_free_bytes != 0 && disk_tier->capacity_bytes > m.disk_free_bytes) {
     return Status::InvalidArgument(

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "cluster_member.h"
-#include "peer_fetch.h"
 #include "kvd/common/log_limiter.h"
 #include "kvd/common/logging.h"
 #include "listen_address.h"
+#include "peer_fetch.h"
 #include "quotas.h"
 #include "responses.h"
 #include "server_impl.h"
@@ -45,8 +45,8 @@ void AdviseHugePages(std::byte* data, uint64_t bytes) {
 // What the UCX transport exposes beyond kvd's own checks (docs/reliability.md, "Trust
 // boundaries"), said once at start where an operator may not expect it.
 void WarnAboutTheTransportsTrust(const DaemonConfig& config) {
-  const transport::TransportOptions& t = config.transport;
-  if (t.backend != "ucx") return;
+  if (config.transport.backend != "ucx") return;
+  const auto& t = transport::BackendOptionsOf<transport::UcxOptions>(config.transport);
   if (t.enable_rma) {
     KVD_LOG(WARNING) << "transport.enable_rma is on: every UCX peer can read and write any "
                         "memory of kvd (UCX emulates RMA without checking keys), and kvd never "
@@ -131,8 +131,8 @@ Status Server::Impl::StartTransport() {
   local_address_ = *address;
   const auto& caps = transport_->capabilities();
   // Sent in every HelloReply (Text): made valid UTF-8 whatever the transport reports.
-  transport_description_ = proto::ValidUtf8(
-      caps.backend + (caps.transports.empty() ? "" : ":" + caps.transports));
+  transport_description_ =
+      proto::ValidUtf8(caps.backend + (caps.transports.empty() ? "" : ":" + caps.transports));
 
   return Status::Ok();
 }
@@ -242,8 +242,10 @@ Status Server::Impl::CreateTierManager() {
   manager_ = std::move(*manager);
   manager_->SetEventListener(&events_);
   progress_ = std::make_unique<ProgressLoop>(transport_.get());
+  const int nccl_device =
+      transport::BackendOptionsOf<transport::NcclOptions>(config_.transport).nccl_device;
   nccl_ = std::make_unique<NcclLink>(
-      config_.transport, config_.gpu_tier ? config_.gpu_device : config_.transport.nccl_device,
+      config_.transport, config_.gpu_tier ? config_.gpu_device : nccl_device,
       std::move(deps_.nccl_transport), std::move(deps_.nccl_device_memory));
   return Status::Ok();
 }
@@ -355,14 +357,14 @@ Status Server::Impl::Start() {
   expiry_timer_.emplace(io_);
   asio::co_spawn(io_, ExpiryLoop(), asio::detached);
   if (config_.kv_events) {
-    KVD_ASSIGN_OR_RETURN(kv_events_, KvEventsPublisher::Start(
-                                         *config_.kv_events, &events_, [m = manager_.get()] {
-                                           return m->ListCopies(storage::ChunkFilter::All());
-                                         }));
+    KVD_ASSIGN_OR_RETURN(
+        kv_events_, KvEventsPublisher::Start(*config_.kv_events, &events_, [m = manager_.get()] {
+          return m->ListCopies(storage::ChunkFilter::All());
+        }));
   }
   if (config_.cluster) {
-    KVD_ASSIGN_OR_RETURN(membership_, StartClusterMembership(config_, tcp_address_, local_address_,
-                                                             manager_.get()));
+    KVD_ASSIGN_OR_RETURN(
+        membership_, StartClusterMembership(config_, tcp_address_, local_address_, manager_.get()));
     peer_fetcher_ = std::make_unique<PeerFetcher>(config_, membership_.get(), manager_.get());
   }
   if (deps_.handle_signals) {

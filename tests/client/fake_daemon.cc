@@ -1,5 +1,6 @@
 #include "fake_daemon.h"
 
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -8,8 +9,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-
-#include <gtest/gtest.h>
 
 #include "kvd/client/client.h"
 #include "kvd/proto/convert.h"
@@ -86,7 +85,7 @@ FakeDaemon::FakeDaemon(std::string domain, FakeDaemonBehavior behavior)
   path_ = dir_ + "/kvd.sock";
   transport::TransportOptions o;
   o.backend = "loopback";
-  o.loopback_domain = domain_;
+  transport::MutableBackendOptions<transport::LoopbackOptions>(&o).loopback_domain = domain_;
   transport_ = std::move(transport::CreateTransport(o)).value();
   listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un sun{};
@@ -360,7 +359,8 @@ ClientOptions TinyClientOptions(const FakeDaemon& daemon, const std::string& dom
   o.chunk_tokens = 32;
   o.block_tokens = 16;
   o.transport.backend = "loopback";
-  o.transport.loopback_domain = domain;
+  transport::MutableBackendOptions<transport::LoopbackOptions>(&o.transport).loopback_domain =
+      domain;
   o.request_timeout_ms = 2000;
   o.transfer_timeout_ms = 20000;
   return o;

@@ -15,6 +15,7 @@
 #include "kvd/client/client.h"
 #include "kvd/common/hash.h"
 #include "kvd/common/status.h"
+#include "kvd/transport/loopback_options.h"
 #include "kvd/transport/transport.h"
 
 namespace kvd::client::testing {

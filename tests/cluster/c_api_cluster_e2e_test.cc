@@ -24,8 +24,9 @@ kvd_config CConfig(const client::ClientOptions& o) {
   c.model = o.model.c_str();
   c.hash_seed = o.hash_seed.c_str();
   c.chunk_tokens = o.chunk_tokens;
-  c.ucx_tls = o.transport.ucx_tls.c_str();
-  c.net_devices = o.transport.net_devices.c_str();
+  const auto& ucx = transport::BackendOptionsOf<transport::UcxOptions>(o.transport);
+  c.ucx_tls = ucx.ucx_tls.c_str();
+  c.net_devices = ucx.net_devices.c_str();
   c.connect_timeout_ms = c.request_timeout_ms = c.transfer_timeout_ms = 5000;
   const ModelLayout& l = o.layout;
   c.layout.num_layers = l.num_layers;

@@ -151,7 +151,8 @@ class ClusterNetnsE2eTest : public ::testing::Test {
   // Client options for `kvd` from this namespace: UCX over the bridge.
   client::ClientOptions Engine(const KvdProcess& kvd, const std::string& id) const {
     client::ClientOptions o = kvd.EngineOptions(id);
-    o.transport.net_devices = lab_->bridge();
+    transport::MutableBackendOptions<transport::UcxOptions>(&o.transport).net_devices =
+        lab_->bridge();
     return o;
   }
 

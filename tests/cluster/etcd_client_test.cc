@@ -49,6 +49,36 @@ TEST_F(EtcdClientTest, PutAndRangeByPrefixWithBinaryBytes) {
   EXPECT_EQ(etcd.RangePrefix("").status().code(), StatusCode::kInvalidArgument);
 }
 
+// The time of etcd's last answer: a reply or a watch message moves it on, a failed call does not.
+TEST_F(EtcdClientTest, LastResponseIsTheTimeOfEtcdsLastAnswer) {
+  EtcdClient etcd = Client();
+  EXPECT_FALSE(etcd.last_response().has_value());
+  const auto before_put = std::chrono::steady_clock::now();
+  ASSERT_TRUE(etcd.Put("/last/a", "1").ok());
+  const auto put = etcd.last_response();
+  ASSERT_TRUE(put.has_value());
+  EXPECT_GE(*put, before_put);
+  EXPECT_LE(*put, std::chrono::steady_clock::now());
+  auto watch = etcd.WatchPrefix("/last/", 0);
+  ASSERT_TRUE(watch.ok()) << watch.status();
+  const auto created = etcd.last_response();  // the watch's "created" message
+  ASSERT_TRUE(created.has_value());
+  EXPECT_GT(*created, *put);
+  // An event on the watch, put by another client, is an answer to this one.
+  std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_TRUE(Client().Put("/last/b", "2").ok());
+  ASSERT_TRUE((*watch)->Next(milliseconds(2000)).ok());
+  const auto event = etcd.last_response();
+  ASSERT_TRUE(event.has_value());
+  EXPECT_GT(*event, *created);
+  // Copies share it; an error is no answer.
+  EXPECT_EQ(EtcdClient(etcd).last_response(), event);
+  watch->reset();
+  etcd_->Kill();
+  EXPECT_FALSE(etcd.Put("/last/c", "3").ok());
+  EXPECT_EQ(etcd.last_response(), event);
+}
+
 // etcdctl's form of an endpoint, with the scheme, works as well as host:port.
 TEST_F(EtcdClientTest, AnEndpointWithTheHttpSchemeWorks) {
   EtcdClient etcd({.endpoints = {"http://" + etcd_->endpoint()},

@@ -264,7 +264,7 @@ std::vector<std::vector<uint8_t>> PutPlaced(const client::ClientOptions& base,
   client::ClientOptions o = client::PlacedOptions(base, target);
   o.client_id = "prefill-to-" + target.node;
   o.inline_put_bytes = 0;
-  o.transport.cma_threshold_bytes = 0;
+  transport::MutableBackendOptions<transport::UcxOptions>(&o.transport).cma_threshold_bytes = 0;
   auto to = ConnectOrFail(o);
   if (to == nullptr) return {};
   EXPECT_EQ(to->session().transport.find("ucx"), 0u) << to->session().transport;

@@ -27,10 +27,12 @@ void ExpectSameConfig(const DaemonConfig& a, const DaemonConfig& b) {
   EXPECT_EQ(a.listen.tcp, b.listen.tcp);
   EXPECT_EQ(a.listen.unix_path, b.listen.unix_path);
   EXPECT_EQ(a.transport.backend, b.transport.backend);
-  EXPECT_EQ(a.transport.ucx_tls, b.transport.ucx_tls);
-  EXPECT_EQ(a.transport.net_devices, b.transport.net_devices);
-  EXPECT_EQ(a.transport.keepalive_interval_ms, b.transport.keepalive_interval_ms);
-  EXPECT_EQ(a.transport.enable_rma, b.transport.enable_rma);
+  const auto& ua = transport::BackendOptionsOf<transport::UcxOptions>(a.transport);
+  const auto& ub = transport::BackendOptionsOf<transport::UcxOptions>(b.transport);
+  EXPECT_EQ(ua.ucx_tls, ub.ucx_tls);
+  EXPECT_EQ(ua.net_devices, ub.net_devices);
+  EXPECT_EQ(ua.keepalive_interval_ms, ub.keepalive_interval_ms);
+  EXPECT_EQ(ua.enable_rma, ub.enable_rma);
   EXPECT_EQ(a.transport.close_timeout_ms, b.transport.close_timeout_ms);
   EXPECT_EQ(a.chunk_tokens, b.chunk_tokens);
   EXPECT_EQ(a.hash_seed, b.hash_seed);
@@ -112,8 +114,9 @@ TEST(ConfigTest, AbsentKeysKeepDefaults) {
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ(empty->chunk_tokens, 256);
   // No one-sided RMA unless asked for: with it, any UCX peer can read and write kvd's memory.
-  EXPECT_FALSE(empty->transport.enable_rma);
-  EXPECT_FALSE(DaemonConfig{}.transport.enable_rma);
+  EXPECT_FALSE(transport::BackendOptionsOf<transport::UcxOptions>(empty->transport).enable_rma);
+  EXPECT_FALSE(
+      transport::BackendOptionsOf<transport::UcxOptions>(DaemonConfig{}.transport).enable_rma);
 }
 
 TEST(ConfigTest, OverridesBind) {
@@ -135,7 +138,7 @@ models:
   EXPECT_EQ(c->listen.tcp, "0.0.0.0:9000");
   EXPECT_EQ(c->listen.unix_path, "");
   EXPECT_EQ(c->transport.backend, "loopback");
-  EXPECT_TRUE(c->transport.enable_rma);
+  EXPECT_TRUE(transport::BackendOptionsOf<transport::UcxOptions>(c->transport).enable_rma);
   EXPECT_EQ(c->chunk_tokens, 64);
   EXPECT_EQ(c->hash_seed, "s3cret");
   EXPECT_EQ(c->host_tier.capacity_bytes, 512ull << 20);
@@ -443,7 +446,6 @@ TEST(ConfigPolicyTest, ParsesStagesAndParameters) {
   auto off = ParseConfigYaml(PolicyYaml("off")).value();
   EXPECT_FALSE(off.models[0].compression.has_value());
 }
-
 
 TEST(ConfigPolicyTest, ParsesTheQuantizeStageAndItsKeys) {
   auto alone = ParseConfigYaml(PolicyYaml("{stages: [quantize]}"));

@@ -202,7 +202,9 @@ std::atomic<int> g_domain_counter{0};
 DaemonTest::DaemonTest() {
   std::string tag = std::to_string(::getpid()) + "-" + std::to_string(g_domain_counter++);
   config_.transport.backend = "loopback";
-  config_.transport.loopback_domain = "daemon-test-" + tag;
+  loopback_domain_ = "daemon-test-" + tag;
+  transport::MutableBackendOptions<transport::LoopbackOptions>(&config_.transport).loopback_domain =
+      loopback_domain_;
   config_.transport.close_timeout_ms = 500;
   config_.listen.tcp = "127.0.0.1:0";
   unix_path_ = ::testing::TempDir() + "kvd-test-" + tag + ".sock";

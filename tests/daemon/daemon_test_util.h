@@ -24,6 +24,7 @@
 #include "kvd/daemon/server.h"
 #include "kvd/proto/frame.h"
 #include "kvd/proto/kvd.capnp.h"
+#include "kvd/transport/loopback_options.h"
 #include "kvd/transport/transport.h"
 
 namespace kvd::daemon::testing {
@@ -115,6 +116,7 @@ class DaemonTest : public ::testing::Test {
   std::string UnixAddress() const { return "unix:" + server_->unix_path(); }
 
   DaemonConfig config_;
+  std::string loopback_domain_;  // the loopback domain of config_.transport, this test's own
   ServerDeps deps_;
   ManualClock clock_{1'000'000'000};
   std::unique_ptr<Server> server_;

@@ -71,7 +71,8 @@ class NcclClientTest : public DaemonTest {
   NcclClientTest() {
     transport::TransportOptions o;
     o.backend = "loopback";
-    o.loopback_domain = config_.transport.loopback_domain;
+    transport::MutableBackendOptions<transport::LoopbackOptions>(&o).loopback_domain =
+        loopback_domain_;
     deps_.nccl_transport = transport::CreateTransport(o).value();
     auto memory = std::make_unique<storage::testing::FakeDeviceMemory>(64u << 20);
     memory_ = memory.get();
@@ -84,7 +85,8 @@ class NcclClientTest : public DaemonTest {
     o.model = "stories260k";
     o.layout = Layout();
     o.transport.backend = "loopback";
-    o.transport.loopback_domain = config_.transport.loopback_domain;
+    transport::MutableBackendOptions<transport::LoopbackOptions>(&o.transport).loopback_domain =
+        loopback_domain_;
     o.request_timeout_ms = 3000;
     o.transfer_timeout_ms = 3000;
     o.nccl = true;

@@ -95,10 +95,10 @@ TEST_F(NcclLinkRefusalTest, WithoutNcclOrADeviceTheLinkIsRefusedWithTheReasonAnd
 class NcclLinkTest : public DaemonTest {
  protected:
   NcclLinkTest() {
-    link_domain_ = config_.transport.loopback_domain + "-nccl";
+    link_domain_ = loopback_domain_ + "-nccl";
     transport::TransportOptions o;
     o.backend = "loopback";
-    o.loopback_domain = link_domain_;
+    transport::MutableBackendOptions<transport::LoopbackOptions>(&o).loopback_domain = link_domain_;
     deps_.nccl_transport = transport::CreateTransport(o).value();
     auto memory = std::make_unique<storage::testing::FakeDeviceMemory>(64u << 20);
     memory_ = memory.get();
@@ -119,7 +119,7 @@ class NcclLinkTest : public DaemonTest {
     if (le.engine == nullptr) return le;
     transport::TransportOptions o;
     o.backend = "loopback";
-    o.loopback_domain = link_domain_;
+    transport::MutableBackendOptions<transport::LoopbackOptions>(&o).loopback_domain = link_domain_;
     le.link = transport::CreateTransport(o).value();
     capnp::MallocMessageBuilder mb;
     BuildNcclConnect(mb, le.link->LocalAddress().value());

@@ -480,7 +480,8 @@ TEST_F(PutGetTest, LeasesEndWithTheNextRequestThatCarriesThem) {
 TEST_F(PutGetTest, InjectedPostFailureIsReportedAndNothingLeaks) {
   transport::TransportOptions opts;
   opts.backend = "loopback";
-  opts.loopback_domain = config_.transport.loopback_domain;
+  transport::MutableBackendOptions<transport::LoopbackOptions>(&opts).loopback_domain =
+      loopback_domain_;
   transport::FaultPlan plan;
   plan.fail_post_number = 1;  // the daemon's first Post: the receive of the first Reserve
   auto inner = transport::CreateTransport(opts);
@@ -567,7 +568,7 @@ class UcxPutGetTest : public PutGetTest, public ::testing::WithParamInterface<co
 
 TEST_P(UcxPutGetTest, RoundTripAndDisconnect) {
   config_.transport = DaemonConfig::DefaultTransportOptions();
-  config_.transport.ucx_tls = GetParam();
+  transport::MutableBackendOptions<transport::UcxOptions>(&config_.transport).ucx_tls = GetParam();
   config_.transport.close_timeout_ms = 500;
   ASSERT_NO_FATAL_FAILURE(StartDaemon());
   auto e = ConnectEngine();

@@ -171,8 +171,9 @@ TEST_F(BadInputE2eTest, WrongPutByteCountAndChecksumMismatch) {
 // A raw engine session (its own UCX worker for the address) to send what the library never does.
 TEST_F(BadInputE2eTest, CommitOfAnUnknownReservationIsNotFound) {
   transport::TransportOptions to;
-  to.ucx_tls = "tcp";
-  to.net_devices = "lo";
+  auto& ucx = transport::MutableBackendOptions<transport::UcxOptions>(&to);
+  ucx.ucx_tls = "tcp";
+  ucx.net_devices = "lo";
   auto t = transport::CreateTransport(to);
   ASSERT_TRUE(t.ok()) << t.status();
   auto addr = (*t)->LocalAddress();

@@ -57,7 +57,7 @@ class DataPathContractTest : public ::testing::TestWithParam<DataPath> {
     switch (GetParam()) {
       case DataPath::kUcxTcp:
         o = kvd_->EngineOptions(id);
-        o.transport.ucx_tls = "tcp";
+        transport::MutableBackendOptions<transport::UcxOptions>(&o.transport).ucx_tls = "tcp";
         break;
       case DataPath::kUcxCma:
         o = kvd_->UnixEngineOptions(id);
@@ -75,7 +75,7 @@ class DataPathContractTest : public ::testing::TestWithParam<DataPath> {
   std::unique_ptr<ChildProcess> SpawnDriver(const std::string& mode, const std::string& ready) {
     const client::ClientOptions o = Options("driver");
     auto child = ChildProcess::Spawn(
-        {KVD_E2E_DRIVER, mode, o.address, o.transport.ucx_tls, o.shared_memory ? "shm" : "noshm"});
+        {KVD_E2E_DRIVER, mode, o.address, UcxTls(o), o.shared_memory ? "shm" : "noshm"});
     EXPECT_TRUE(child.ok()) << child.status();
     if (!child.ok()) return nullptr;
     auto line = (*child)->ReadLine(10s);

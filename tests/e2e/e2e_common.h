@@ -1,14 +1,13 @@
 // Shared helpers of the e2e test files.
 #pragma once
 
+#include <capnp/message.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <capnp/message.h>
 
 #include <cerrno>
 #include <csignal>
@@ -155,9 +154,15 @@ inline kvd_config CConfig(const client::ClientOptions& o) {
   c.chunk_tokens = o.chunk_tokens;
   c.block_tokens = o.block_tokens;
   c.hash_seed = o.hash_seed.c_str();
-  c.ucx_tls = o.transport.ucx_tls.empty() ? nullptr : o.transport.ucx_tls.c_str();
-  c.net_devices = o.transport.net_devices.empty() ? nullptr : o.transport.net_devices.c_str();
+  const auto& ucx = transport::BackendOptionsOf<transport::UcxOptions>(o.transport);
+  c.ucx_tls = ucx.ucx_tls.empty() ? nullptr : ucx.ucx_tls.c_str();
+  c.net_devices = ucx.net_devices.empty() ? nullptr : ucx.net_devices.c_str();
   return c;
+}
+
+// The UCX transports of `o` (UcxOptions::ucx_tls), as the e2e driver takes them.
+inline const std::string& UcxTls(const client::ClientOptions& o) {
+  return transport::BackendOptionsOf<transport::UcxOptions>(o.transport).ucx_tls;
 }
 
 // Puts one full random chunk under `hash` and returns its bytes.

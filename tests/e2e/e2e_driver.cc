@@ -48,8 +48,9 @@ kvd::client::ClientOptions DriverOptions(const char* addr, const char* tls, bool
   o.client_id = id_prefix + std::to_string(::getpid());
   o.model = "stories260k";
   o.layout = kvd::e2e::Stories260kLayout();
-  o.transport.ucx_tls = tls;
-  o.transport.net_devices = "lo";
+  auto& ucx = kvd::transport::MutableBackendOptions<kvd::transport::UcxOptions>(&o.transport);
+  ucx.ucx_tls = tls;
+  ucx.net_devices = "lo";
   o.shared_memory = shm;
   return o;
 }

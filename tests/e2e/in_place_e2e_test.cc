@@ -328,8 +328,7 @@ TEST_F(InPlaceE2eTest, AnUncommittedSlotLeavesNoChunk) {
 
 TEST_F(InPlaceE2eTest, AClientKilledBetweenReserveAndCommitLeavesNoChunk) {
   const client::ClientOptions o = kvd_->UnixEngineOptions("driver");
-  auto child =
-      ChildProcess::Spawn({KVD_E2E_DRIVER, "hold-in-place", o.address, o.transport.ucx_tls, "shm"});
+  auto child = ChildProcess::Spawn({KVD_E2E_DRIVER, "hold-in-place", o.address, UcxTls(o), "shm"});
   ASSERT_TRUE(child.ok()) << child.status();
   auto line = (*child)->ReadLine(10s);
   ASSERT_TRUE(line.ok()) << line.status() << "\n" << kvd_->Log();

@@ -269,8 +269,9 @@ client::ClientOptions KvdProcess::EngineOptions(const std::string& client_id) co
   o.layout = Stories260kLayout();
   o.hash_seed = config_.hash_seed;
   o.chunk_tokens = config_.chunk_tokens;
-  o.transport.ucx_tls = config_.ucx_tls;
-  o.transport.net_devices = "lo";
+  auto& ucx = transport::MutableBackendOptions<transport::UcxOptions>(&o.transport);
+  ucx.ucx_tls = config_.ucx_tls;
+  ucx.net_devices = "lo";
   o.connect_timeout_ms = 5000;
   o.request_timeout_ms = 5000;
   o.transfer_timeout_ms = 5000;

@@ -111,7 +111,7 @@ TEST_F(ReserveAheadE2eTest, MixedSizesAreByteExactAndAPutIntoTheHeldSlotIsOneExc
 TEST_F(ReserveAheadE2eTest, AKilledWriterLeavesNoChunkAndItsHeldSlotIsReclaimed) {
   ASSERT_NO_FATAL_FAILURE(Start());
   const client::ClientOptions o = kvd_->UnixEngineOptions("driver");
-  auto child = ChildProcess::Spawn({KVD_E2E_DRIVER, "put-ahead", o.address, o.transport.ucx_tls});
+  auto child = ChildProcess::Spawn({KVD_E2E_DRIVER, "put-ahead", o.address, UcxTls(o)});
   ASSERT_TRUE(child.ok()) << child.status();
   auto line = (*child)->ReadLine(10s);
   ASSERT_TRUE(line.ok()) << line.status() << "\n" << kvd_->Log();

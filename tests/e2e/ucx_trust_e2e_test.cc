@@ -86,10 +86,11 @@ class UcxTrustE2eTest : public ::testing::TestWithParam<bool> {
   // then a UCX transport with RMA connected to kvd, and a region forged over the victim's chunk.
   void ConnectAttacker() {
     transport::TransportOptions to;
-    to.ucx_tls = "tcp";
-    to.net_devices = "lo";
-    to.cma_threshold_bytes = 0;
-    to.enable_rma = true;
+    auto& ucx = transport::MutableBackendOptions<transport::UcxOptions>(&to);
+    ucx.ucx_tls = "tcp";
+    ucx.net_devices = "lo";
+    ucx.cma_threshold_bytes = 0;
+    ucx.enable_rma = true;
     auto t = transport::CreateTransport(to);
     ASSERT_TRUE(t.ok()) << t.status();
     attacker_ = std::move(t).value();

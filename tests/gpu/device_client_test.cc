@@ -270,7 +270,7 @@ TEST(DeviceClientNcclTest, PutFromAndGetIntoCudaMemoryOverNcclAreByteExact) {
     ASSERT_NE(kvd, nullptr);
     client::ClientOptions o = kvd->EngineOptions("nccl");
     o.nccl = true;
-    o.transport.nccl_device = 1;
+    transport::MutableBackendOptions<transport::NcclOptions>(&o.transport).nccl_device = 1;
     auto c = ConnectOrFail(o);
     ASSERT_NE(c, nullptr);
     ASSERT_TRUE(c->session().nccl);
@@ -300,8 +300,9 @@ TEST(DeviceClientNcclTest, OnOneGpuTheLinkFailsInBoundedTimeAndKvdServesOn) {
   ASSERT_NE(kvd, nullptr);
   client::ClientOptions o = kvd->EngineOptions("nccl-one-gpu");
   o.nccl = true;
-  o.transport.nccl_device = 0;
-  o.transport.nccl_init_timeout_ms = 5000;
+  auto& nccl = transport::MutableBackendOptions<transport::NcclOptions>(&o.transport);
+  nccl.nccl_device = 0;
+  nccl.nccl_init_timeout_ms = 5000;
   o.transfer_timeout_ms = 10000;
   auto c = client::Client::Connect(o);
   if (c.ok()) {

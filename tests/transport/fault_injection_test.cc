@@ -18,7 +18,7 @@ class FaultInjectionTest : public ::testing::Test {
   void SetUp() override {
     TransportOptions o;
     o.backend = "loopback";
-    o.loopback_domain =
+    MutableBackendOptions<LoopbackOptions>(&o).loopback_domain =
         std::string("fault-") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     auto a = CreateTransport(o);
     auto b = CreateTransport(o);

@@ -74,10 +74,10 @@ TEST(NcclOptionsTest, NcclFieldsAreValidated) {
   TransportOptions o;
   o.backend = "nccl";
   EXPECT_TRUE(o.Validate().ok());
-  o.nccl_device = -1;
+  MutableBackendOptions<NcclOptions>(&o).nccl_device = -1;
   EXPECT_THAT(o.Validate().message(), HasSubstr("nccl_device is negative"));
-  o.nccl_device = 0;
-  o.nccl_init_timeout_ms = 0;
+  MutableBackendOptions<NcclOptions>(&o).nccl_device = 0;
+  MutableBackendOptions<NcclOptions>(&o).nccl_init_timeout_ms = 0;
   EXPECT_THAT(o.Validate().message(), HasSubstr("nccl_init_timeout_ms must be > 0"));
 }
 
@@ -102,8 +102,9 @@ TEST(NcclCudaTest, DeviceToDeviceSendRecvThroughTheBootstrap) {
   cudaGetDeviceCount(&count);
   TransportOptions oa, ob;
   oa.backend = ob.backend = "nccl";
-  ob.nccl_device = count > 1 ? 1 : 0;
-  oa.nccl_init_timeout_ms = ob.nccl_init_timeout_ms = 20000;
+  MutableBackendOptions<NcclOptions>(&ob).nccl_device = count > 1 ? 1 : 0;
+  MutableBackendOptions<NcclOptions>(&oa).nccl_init_timeout_ms = 20000;
+  MutableBackendOptions<NcclOptions>(&ob).nccl_init_timeout_ms = 20000;
   auto a = CreateTransport(oa);
   auto b = CreateTransport(ob);
   ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " / " << b.status();
@@ -130,7 +131,7 @@ TEST(NcclCudaTest, DeviceToDeviceSendRecvThroughTheBootstrap) {
     ++tag;
     std::vector<uint8_t> host(n), back(n);
     testing::FillPattern(tag, host.data(), n);
-    cudaSetDevice(oa.nccl_device);
+    cudaSetDevice(BackendOptionsOf<NcclOptions>(oa).nccl_device);
     if (n > 0) {
       ASSERT_EQ(cudaMemcpy(src->data, host.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
     }
@@ -162,7 +163,7 @@ TEST(NcclCudaTest, DeviceToDeviceSendRecvThroughTheBootstrap) {
     }
     ASSERT_EQ(rs.state, TransferState::kDone) << rs.status;
     EXPECT_EQ(rs.bytes, n);
-    cudaSetDevice(ob.nccl_device);
+    cudaSetDevice(BackendOptionsOf<NcclOptions>(ob).nccl_device);
     if (n > 0) {
       ASSERT_EQ(cudaMemcpy(back.data(), dst->data, n, cudaMemcpyDeviceToHost), cudaSuccess);
     }

@@ -13,7 +13,7 @@
 #include <string>
 #include <utility>
 
-#include "kvd/transport/options.h"
+#include "kvd/transport/loopback_options.h"
 #include "kvd/transport/registry.h"
 
 namespace kvd::transport::testing {
@@ -41,8 +41,8 @@ class RelayTransport : public Transport {
     RelayOptions relay = BackendOptionsOf<RelayOptions>(options);
     TransportOptions inner = options;
     inner.backend = "loopback";
-    inner.backend_options = nullptr;
-    inner.loopback_domain = "relay:" + relay.channel + ":" + options.loopback_domain;
+    LoopbackOptions& loopback = MutableBackendOptions<LoopbackOptions>(&inner);
+    loopback.loopback_domain = "relay:" + relay.channel + ":" + loopback.loopback_domain;
     KVD_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, CreateTransport(inner));
     return std::unique_ptr<Transport>(new RelayTransport(std::move(t), std::move(relay)));
   }

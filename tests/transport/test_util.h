@@ -10,6 +10,7 @@
 
 #include "kvd/transport/options.h"
 #include "kvd/transport/registry.h"
+#include "kvd/transport/ucx_options.h"
 #include "relay_backend.h"
 
 namespace kvd::transport::testing {
@@ -50,19 +51,21 @@ inline TransportOptions OptionsFor(const std::string& config) {
     }
   } else if (config == "loopback") {
     o.backend = "loopback";
-  } else if (config == "ucx-tcp") {  // everything through UCX over tcp
-    o.ucx_tls = "tcp";
-    o.net_devices = "lo";
-    o.cma_threshold_bytes = 0;
-  } else if (config == "ucx-sm") {  // the daemon's same-host setting: sm,tcp + the cma bulk path
-    o.ucx_tls = "sm,tcp";
-    o.net_devices = "lo";
-  } else if (config == "ucx-shm-trusted") {  // UCX's own posix/sysv/cma, no peer-failure detection
-    o.ucx_tls = "sm,self";
-    o.peer_failure_detection = false;
-    o.cma_threshold_bytes = 0;
   }
-  o.keepalive_interval_ms = 200;
+  UcxOptions& ucx = MutableBackendOptions<UcxOptions>(&o);
+  if (config == "ucx-tcp") {  // everything through UCX over tcp
+    ucx.ucx_tls = "tcp";
+    ucx.net_devices = "lo";
+    ucx.cma_threshold_bytes = 0;
+  } else if (config == "ucx-sm") {  // the daemon's same-host setting: sm,tcp + the cma bulk path
+    ucx.ucx_tls = "sm,tcp";
+    ucx.net_devices = "lo";
+  } else if (config == "ucx-shm-trusted") {  // UCX's own posix/sysv/cma, no peer-failure detection
+    ucx.ucx_tls = "sm,self";
+    ucx.peer_failure_detection = false;
+    ucx.cma_threshold_bytes = 0;
+  }
+  ucx.keepalive_interval_ms = 200;
   return o;
 }
 

@@ -13,8 +13,11 @@
 #include <vector>
 
 #include "kvd/common/hash.h"
+#include "kvd/transport/loopback_options.h"
+#include "kvd/transport/nccl_options.h"
 #include "kvd/transport/registry.h"
 #include "kvd/transport/transport.h"
+#include "kvd/transport/ucx_options.h"
 #include "test_util.h"
 
 namespace kvd::transport {
@@ -34,8 +37,10 @@ class TransportContractTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     TransportOptions o = testing::OptionsFor(GetParam());
-    o.loopback_domain = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    o.enable_rma = true;  // the whole contract, RMA included (off by default: see options.h)
+    MutableBackendOptions<LoopbackOptions>(&o).loopback_domain =
+        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    // The whole contract, RMA included (off by default: see ucx_options.h).
+    MutableBackendOptions<UcxOptions>(&o).enable_rma = true;
     auto a = CreateTransport(o);
     ASSERT_TRUE(a.ok()) << a.status();
     auto b = CreateTransport(o);
@@ -634,9 +639,9 @@ TEST(TransportRegistryTest, BindingErrorsNameTheKey) {
                                     {"close_timeout_ms", "10"}},
                                    &o)
                   .ok());
-  EXPECT_EQ(o.ucx_tls, "tcp");
-  EXPECT_EQ(o.nccl_device, 3);
-  EXPECT_EQ(o.loopback_domain, "default");
+  EXPECT_EQ(BackendOptionsOf<UcxOptions>(o).ucx_tls, "tcp");
+  EXPECT_EQ(BackendOptionsOf<NcclOptions>(o).nccl_device, 3);
+  EXPECT_EQ(BackendOptionsOf<LoopbackOptions>(o).loopback_domain, "default");
   EXPECT_EQ(o.close_timeout_ms, 10);
 }
 
@@ -655,10 +660,11 @@ TEST(TransportRegistryTest, CreateValidatesTheBackendsOwnOptions) {
   EXPECT_EQ(RegisterTransportBackend(keyless).code(), StatusCode::kInvalidArgument);
 }
 
-// RMA is off unless asked for (options.h: with it on, any peer can read and write this process's
-// memory): the UCX backend then refuses every one-sided call with UNIMPLEMENTED naming the option.
+// RMA is off unless asked for (ucx_options.h: with it on, any peer can read and write this
+// process's memory): the UCX backend then refuses every one-sided call with UNIMPLEMENTED naming
+// the option.
 TEST(UcxTransportTest, RmaIsOffByDefaultAndRefusedClearly) {
-  ASSERT_FALSE(TransportOptions{}.enable_rma);
+  ASSERT_FALSE(UcxOptions{}.enable_rma);
   TransportOptions o = testing::OptionsFor("ucx-tcp");
   auto a = CreateTransport(o);
   ASSERT_TRUE(a.ok()) << a.status();
@@ -686,11 +692,11 @@ TEST(UcxTransportTest, RmaIsOffByDefaultAndRefusedClearly) {
 
 TEST(TransportOptionsTest, ValidateNamesTheField) {
   TransportOptions o;
-  o.ucx_tls = "tcp;rm -rf";
+  MutableBackendOptions<UcxOptions>(&o).ucx_tls = "tcp;rm -rf";
   EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(o.Validate().message().find("ucx_tls"), std::string::npos);
   o = {};
-  o.keepalive_interval_ms = -1;
+  MutableBackendOptions<UcxOptions>(&o).keepalive_interval_ms = -1;
   EXPECT_NE(o.Validate().message().find("keepalive_interval_ms"), std::string::npos);
   o = {};
   o.backend = "";
@@ -699,7 +705,7 @@ TEST(TransportOptionsTest, ValidateNamesTheField) {
 
 TEST(UcxTransportTest, UnknownTransportNameIsExplained) {
   TransportOptions o;
-  o.ucx_tls = "nosuchtransport";
+  MutableBackendOptions<UcxOptions>(&o).ucx_tls = "nosuchtransport";
   auto t = CreateTransport(o);
   if (t.ok()) {
     // UCX 1.13 may accept unknown names and find no transport only when connecting.

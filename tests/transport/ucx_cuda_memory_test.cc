@@ -34,8 +34,9 @@ using ::testing::HasSubstr;
 // at its default, so host sends of >= 64 KiB take the descriptor path.
 TransportOptions CudaOptions() {
   TransportOptions o = testing::OptionsFor("ucx-sm");
-  o.ucx_tls = "";       // UCX's choice: every transport it has (cuda_copy, cuda_ipc where built)
-  o.enable_rma = true;  // RmaReadsAndWritesADeviceRegion (off by default: see options.h)
+  UcxOptions& ucx = MutableBackendOptions<UcxOptions>(&o);
+  ucx.ucx_tls = "";       // UCX's choice: every transport it has (cuda_copy, cuda_ipc where built)
+  ucx.enable_rma = true;  // RmaReadsAndWritesADeviceRegion (off by default: see ucx_options.h)
   return o;
 }
 

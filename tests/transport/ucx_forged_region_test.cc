@@ -91,9 +91,10 @@ class UcxForgedRegionTest : public ::testing::TestWithParam<ForgedParam> {
  protected:
   void SetUp() override {
     TransportOptions target = testing::OptionsFor(std::get<0>(GetParam()));
-    if (std::get<1>(GetParam()) == "rma-on") target.enable_rma = true;
+    if (std::get<1>(GetParam()) == "rma-on")
+      MutableBackendOptions<UcxOptions>(&target).enable_rma = true;
     TransportOptions attacker = testing::OptionsFor(std::get<0>(GetParam()));
-    attacker.enable_rma = true;
+    MutableBackendOptions<UcxOptions>(&attacker).enable_rma = true;
     auto t = CreateTransport(target);
     ASSERT_TRUE(t.ok()) << t.status();
     auto a = CreateTransport(attacker);

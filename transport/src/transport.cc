@@ -32,12 +32,20 @@ Status TransportOptions::Validate() const {
     return Status::InvalidArgument("TransportOptions.close_timeout_ms is negative: " +
                                    std::to_string(close_timeout_ms));
   }
-  KVD_RETURN_IF_ERROR(UcxOptions::Validate());
-  KVD_RETURN_IF_ERROR(LoopbackOptions::Validate());
-  KVD_RETURN_IF_ERROR(NcclOptions::Validate());
-  if (backend_options != nullptr) KVD_RETURN_IF_ERROR(backend_options->Validate());
+  for (const auto& o : backend_options) KVD_RETURN_IF_ERROR(o->Validate());
   return Status::Ok();
 }
+
+namespace options_internal {
+
+int SlotOf(const TransportOptions& options, const std::type_info& type) {
+  for (size_t i = 0; i < options.backend_options.size(); ++i) {
+    if (typeid(*options.backend_options[i]) == type) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+}  // namespace options_internal
 
 // ---- optional operations: absent means UNIMPLEMENTED ----
 

@@ -219,11 +219,13 @@ PyClient ConnectClient(const std::string& address, const std::string& model,
   o.hash_seed = hash_seed;
   o.chunk_tokens = chunk_tokens;
   o.block_tokens = block_tokens;
-  o.transport.ucx_tls = ucx_tls;
-  o.transport.net_devices = net_devices;
+  auto& ucx = kvd::transport::MutableBackendOptions<kvd::transport::UcxOptions>(&o.transport);
+  ucx.ucx_tls = ucx_tls;
+  ucx.net_devices = net_devices;
   o.max_in_flight = max_in_flight;
   o.nccl = nccl;  // CUDA tensors move GPU to GPU over kvd's NCCL link
-  o.transport.nccl_device = nccl_device;
+  kvd::transport::MutableBackendOptions<kvd::transport::NcclOptions>(&o.transport).nccl_device =
+      nccl_device;
   if (inline_put_bytes < 0) {
     Raise(Status::InvalidArgument("inline_put_bytes must be >= 0 (0 = off), got " +
                                   std::to_string(inline_put_bytes)));

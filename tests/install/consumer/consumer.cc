@@ -21,8 +21,9 @@ int main(int argc, char** argv) {
   o.layout.dtype = kvd::DType::kFloat32;
   o.layout.rope.theta = 10000;
   o.layout.rope.pairing = kvd::RopePairing::kInterleaved;
-  o.transport.ucx_tls = "sm,tcp";
-  o.transport.net_devices = "lo";
+  auto& ucx = kvd::transport::MutableBackendOptions<kvd::transport::UcxOptions>(&o.transport);
+  ucx.ucx_tls = "sm,tcp";
+  ucx.net_devices = "lo";
   auto client = kvd::client::Client::Connect(o);
   if (!client.ok()) {
     std::fprintf(stderr, "connect: %s\n", client.status().ToString().c_str());

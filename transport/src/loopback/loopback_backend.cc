@@ -19,7 +19,7 @@ TransportBackend Backend() {
   b.create = &LoopbackTransport::Create;
   b.keys = {
       {"loopback_domain", [](const std::string&, const std::string& text, TransportOptions* o) {
-         o->loopback_domain = text;
+         MutableBackendOptions<LoopbackOptions>(o).loopback_domain = text;
          return Status::Ok();
        }}};
   return b;

@@ -63,7 +63,8 @@ std::string Unknown(std::string_view what, uint64_t id) {
 }  // namespace
 
 StatusOr<std::unique_ptr<Transport>> LoopbackTransport::Create(const TransportOptions& options) {
-  std::shared_ptr<Domain> domain = GetDomain(options.loopback_domain);
+  std::shared_ptr<Domain> domain =
+      GetDomain(BackendOptionsOf<LoopbackOptions>(options).loopback_domain);
   std::lock_guard<std::mutex> lock(domain->mu);
   uint64_t endpoint = domain->next_endpoint++;
   std::unique_ptr<LoopbackTransport> t(new LoopbackTransport(domain, endpoint));
@@ -77,7 +78,8 @@ StatusOr<std::unique_ptr<Transport>> LoopbackTransport::CreateNone(
   // socket or file is opened.
   static std::atomic<uint64_t> instances{0};
   TransportOptions own = options;
-  own.loopback_domain = "backend none #" + std::to_string(instances.fetch_add(1));
+  MutableBackendOptions<LoopbackOptions>(&own).loopback_domain =
+      "backend none #" + std::to_string(instances.fetch_add(1));
   KVD_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, Create(own));
   auto* loopback = static_cast<LoopbackTransport*>(t.get());
   loopback->caps_.backend = "none";

@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kvd/transport/loopback_options.h"
 #include "kvd/transport/transport.h"
 
 namespace kvd::transport::loopback {

@@ -27,11 +27,13 @@ TransportBackend Backend() {
   b.keys = {
       {"nccl_device",
        [](S path, S text, TransportOptions* o) {
-         return ParseIntText(path, text, 0, 1023, &o->nccl_device);
+         return ParseIntText(path, text, 0, 1023,
+                             &MutableBackendOptions<NcclOptions>(o).nccl_device);
        }},
       {"nccl_init_timeout_ms",
        [](S path, S text, TransportOptions* o) {
-         return ParseIntText(path, text, 1, 3600000, &o->nccl_init_timeout_ms);
+         return ParseIntText(path, text, 1, 3600000,
+                             &MutableBackendOptions<NcclOptions>(o).nccl_init_timeout_ms);
        }},
   };
   return b;

@@ -32,7 +32,8 @@ std::string NcclUnavailableReason(int) {
   return "built without NCCL (needs CUDA and libnccl next to it, e.g. /usr/local/cuda)";
 }
 StatusOr<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options) {
-  return Status::Unavailable(NcclUnavailableReason(options.nccl_device));
+  return Status::Unavailable(
+      NcclUnavailableReason(BackendOptionsOf<NcclOptions>(options).nccl_device));
 }
 
 #else
@@ -65,7 +66,7 @@ uint64_t BootHostId() {
 
 class NcclTransport final : public Transport {
  public:
-  explicit NcclTransport(const TransportOptions& o) : options_(o) {}
+  explicit NcclTransport(const NcclOptions& o) : options_(o) {}
   ~NcclTransport() override {
     std::lock_guard<std::mutex> lock(mu_);
     Cudart().SetDevice(options_.nccl_device);
@@ -506,11 +507,12 @@ class NcclTransport final : public Transport {
       p.h_headers[0] = t.tag;
       p.h_headers[1] = t.length;
       Cudart().MemcpyAsync(p.d_headers, p.h_headers, kHeaderBytes, cudaMemcpyHostToDevice,
-                      p.send_stream);
-      ncclResult_t r = Nccl().Send(p.d_headers, kHeaderBytes, ncclUint8, p.other_rank(), p.send_comm(),
-                                p.send_stream);
+                           p.send_stream);
+      ncclResult_t r = Nccl().Send(p.d_headers, kHeaderBytes, ncclUint8, p.other_rank(),
+                                   p.send_comm(), p.send_stream);
       if (r == ncclSuccess && t.length > 0) {
-        r = Nccl().Send(t.buffer, t.length, ncclUint8, p.other_rank(), p.send_comm(), p.send_stream);
+        r = Nccl().Send(t.buffer, t.length, ncclUint8, p.other_rank(), p.send_comm(),
+                        p.send_stream);
       }
       if (r != ncclSuccess && r != ncclInProgress) {
         Complete(id, NcclErr(r, "ncclSend"), 0);
@@ -525,13 +527,13 @@ class NcclTransport final : public Transport {
     switch (p.stage) {
       case RecvStage::kIdle: {
         ncclResult_t r = Nccl().Recv(recv_header, kHeaderBytes, ncclUint8, p.other_rank(),
-                                  p.recv_comm(), p.recv_stream);
+                                     p.recv_comm(), p.recv_stream);
         if (r != ncclSuccess && r != ncclInProgress) {
           FailPeerLocked(peer_id, NcclErr(r, "ncclRecv of a header"));
           return events + 1;
         }
         Cudart().MemcpyAsync(p.h_headers + 2, recv_header, kHeaderBytes, cudaMemcpyDeviceToHost,
-                        p.recv_stream);
+                             p.recv_stream);
         Cudart().EventRecord(p.recv_event, p.recv_stream);
         p.stage = RecvStage::kHeader;
         break;
@@ -589,7 +591,7 @@ class NcclTransport final : public Transport {
     return events;
   }
 
-  const TransportOptions options_;
+  const NcclOptions options_;
   Capabilities caps_;
   uint64_t uuid_ = 0;
   std::string address_;
@@ -628,10 +630,11 @@ std::string NcclUnavailableReason(int device) {
 }
 
 StatusOr<std::unique_ptr<Transport>> CreateNcclTransport(const TransportOptions& options) {
-  if (std::string why = NcclUnavailableReason(options.nccl_device); !why.empty()) {
+  const NcclOptions& nccl = BackendOptionsOf<NcclOptions>(options);
+  if (std::string why = NcclUnavailableReason(nccl.nccl_device); !why.empty()) {
     return Status::Unavailable("nccl backend: " + why);
   }
-  auto t = std::make_unique<NcclTransport>(options);
+  auto t = std::make_unique<NcclTransport>(nccl);
   KVD_RETURN_IF_ERROR(t->Init());
   return std::unique_ptr<Transport>(std::move(t));
 }

@@ -20,6 +20,7 @@
 
 #include <memory>
 
+#include "kvd/transport/nccl_options.h"
 #include "kvd/transport/transport.h"
 
 namespace kvd::transport::nccl {

@@ -15,6 +15,8 @@ bool ValidUcxList(const std::string& s) {
   });
 }
 
+UcxOptions& Ucx(TransportOptions* o) { return MutableBackendOptions<UcxOptions>(o); }
+
 }  // namespace
 
 Status UcxOptions::Validate() const {
@@ -45,24 +47,25 @@ TransportBackend Backend() {
   b.name = "ucx";
   b.create = &UcxTransport::Create;
   b.keys = {
-      {"ucx_tls", [](S, S text, TransportOptions* o) { return (o->ucx_tls = text, Status::Ok()); }},
+      {"ucx_tls",
+       [](S, S text, TransportOptions* o) { return (Ucx(o).ucx_tls = text, Status::Ok()); }},
       {"net_devices",
-       [](S, S text, TransportOptions* o) { return (o->net_devices = text, Status::Ok()); }},
+       [](S, S text, TransportOptions* o) { return (Ucx(o).net_devices = text, Status::Ok()); }},
       {"keepalive_interval_ms",
        [](S path, S text, TransportOptions* o) {
-         return ParseIntText(path, text, 0, 3600000, &o->keepalive_interval_ms);
+         return ParseIntText(path, text, 0, 3600000, &Ucx(o).keepalive_interval_ms);
        }},
       {"enable_rma",
        [](S path, S text, TransportOptions* o) {
-         return ParseBoolText(path, text, &o->enable_rma);
+         return ParseBoolText(path, text, &Ucx(o).enable_rma);
        }},
       {"cma_threshold_bytes",
        [](S path, S text, TransportOptions* o) {
-         return ParseIntText(path, text, 0, int64_t{1} << 40, &o->cma_threshold_bytes);
+         return ParseIntText(path, text, 0, int64_t{1} << 40, &Ucx(o).cma_threshold_bytes);
        }},
       {"enable_wakeup",
        [](S path, S text, TransportOptions* o) {
-         return ParseBoolText(path, text, &o->enable_wakeup);
+         return ParseBoolText(path, text, &Ucx(o).enable_wakeup);
        }},
   };
   return b;

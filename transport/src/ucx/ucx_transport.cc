@@ -37,34 +37,28 @@ StatusOr<std::unique_ptr<Transport>> UcxTransport::Create(const TransportOptions
   return std::unique_ptr<Transport>(std::move(t));
 }
 
-UcxTransport::UcxTransport(const TransportOptions& options) : options_(options) {
-  env_.tls = options.ucx_tls;
-  env_.net_devices = options.net_devices;
+UcxTransport::UcxTransport(const TransportOptions& options)
+    : close_timeout_ms_(options.close_timeout_ms), options_(BackendOptionsOf<UcxOptions>(options)) {
+  env_.tls = options_.ucx_tls;
+  env_.net_devices = options_.net_devices;
 }
 
 Status UcxTransport::Init() {
+  KVD_RETURN_IF_ERROR(CreateContext());
+  KVD_RETURN_IF_ERROR(CreateWorker());
+  if (options_.enable_wakeup) KVD_RETURN_IF_ERROR(SetUpWakeup());
+  FillCapabilities();
+  return Status::Ok();
+}
+
+Status UcxTransport::CreateContext() {
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return Err(s, "ucp_config_read");
-  auto modify = [&](const char* name, const std::string& value) -> Status {
-    if (value.empty()) return Status::Ok();
-    ucs_status_t ms = ucp_config_modify(config, name, value.c_str());
-    if (ms != UCS_OK) {
-      return Status::InvalidArgument("UCX refused UCX_" + std::string(name) + "=" + value + ": " +
-                                     ucs_status_string(ms));
-    }
-    return Status::Ok();
-  };
-  Status st = modify("TLS", options_.ucx_tls);
-  if (st.ok()) st = modify("NET_DEVICES", options_.net_devices);
-  if (st.ok() && options_.keepalive_interval_ms > 0) {
-    st = modify("KEEPALIVE_INTERVAL", std::to_string(options_.keepalive_interval_ms) + "ms");
-  }
-  if (!st.ok()) {
+  if (Status st = ApplyOptions(config); !st.ok()) {
     ucp_config_release(config);
     return st;
   }
-
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE |
                       UCP_PARAM_FIELD_REQUEST_INIT | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
@@ -77,11 +71,33 @@ Status UcxTransport::Init() {
   s = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   if (s != UCS_OK) return Err(s, "ucp_init");
+  return Status::Ok();
+}
 
+Status UcxTransport::ApplyOptions(ucp_config_t* config) const {
+  auto modify = [&](const char* name, const std::string& value) -> Status {
+    if (value.empty()) return Status::Ok();
+    ucs_status_t ms = ucp_config_modify(config, name, value.c_str());
+    if (ms != UCS_OK) {
+      return Status::InvalidArgument("UCX refused UCX_" + std::string(name) + "=" + value + ": " +
+                                     ucs_status_string(ms));
+    }
+    return Status::Ok();
+  };
+  KVD_RETURN_IF_ERROR(modify("TLS", options_.ucx_tls));
+  KVD_RETURN_IF_ERROR(modify("NET_DEVICES", options_.net_devices));
+  if (options_.keepalive_interval_ms > 0) {
+    KVD_RETURN_IF_ERROR(
+        modify("KEEPALIVE_INTERVAL", std::to_string(options_.keepalive_interval_ms) + "ms"));
+  }
+  return Status::Ok();
+}
+
+Status UcxTransport::CreateWorker() {
   ucp_worker_params_t wparams{};
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // we serialize on mu_
-  s = ucp_worker_create(context_, &wparams, &worker_);
+  ucs_status_t s = ucp_worker_create(context_, &wparams, &worker_);
   if (s != UCS_OK) return Err(s, "ucp_worker_create");
 
   ucp_address_t* addr = nullptr;
@@ -99,28 +115,31 @@ Status UcxTransport::Init() {
   address_.append(AddressHeader());
   address_.append(reinterpret_cast<const char*>(addr), addr_len);
   ucp_worker_release_address(worker_, addr);
+  return Status::Ok();
+}
 
-  if (options_.enable_wakeup) {
-    int fd = -1;
-    s = ucp_worker_get_efd(worker_, &fd);
-    if (s == UCS_OK) {
-      event_fd_ = fd;
-      wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-      epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      if (wake_fd_ < 0 || epoll_fd_ < 0 ||
-          epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event_fd_, &ev) != 0 ||
-          epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) {
-        return Status::Internal(std::string("cannot set up the wake-up epoll set: ") +
-                                std::strerror(errno));
-      }
-    } else {
-      KVD_LOG(WARNING) << "UCX worker has no event fd; WaitForEvents will poll"
-                       << Kv("ucx_status", ucs_status_string(s));
-    }
+Status UcxTransport::SetUpWakeup() {
+  int fd = -1;
+  ucs_status_t s = ucp_worker_get_efd(worker_, &fd);
+  if (s != UCS_OK) {
+    KVD_LOG(WARNING) << "UCX worker has no event fd; WaitForEvents will poll"
+                     << Kv("ucx_status", ucs_status_string(s));
+    return Status::Ok();
   }
+  event_fd_ = fd;
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  if (wake_fd_ < 0 || epoll_fd_ < 0 || epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event_fd_, &ev) != 0 ||
+      epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) {
+    return Status::Internal(std::string("cannot set up the wake-up epoll set: ") +
+                            std::strerror(errno));
+  }
+  return Status::Ok();
+}
 
+void UcxTransport::FillCapabilities() {
   ucp_context_attr_t attr{};
   attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
   caps_.backend = "ucx";
@@ -135,7 +154,6 @@ Status UcxTransport::Init() {
   caps_.max_message_bytes = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   caps_.transports = options_.ucx_tls.empty() ? "ucx default" : options_.ucx_tls;
   caps_.library = std::string("UCX ") + ucp_get_version_string();
-  return Status::Ok();
 }
 
 UcxTransport::~UcxTransport() {
@@ -152,7 +170,7 @@ UcxTransport::~UcxTransport() {
       if (p.proof) p.proof[0] = p.proof[1] = 0;
       if (p.ep != nullptr) CloseEndpointLocked(p.ep, /*force=*/true, lock).IgnoreError();
     }
-    auto deadline = steady_clock::now() + milliseconds(options_.close_timeout_ms);
+    auto deadline = steady_clock::now() + milliseconds(close_timeout_ms_);
     auto pending = [&] {
       closing_.erase(std::remove_if(closing_.begin(), closing_.end(),
                                     [](void* r) {
@@ -172,7 +190,7 @@ UcxTransport::~UcxTransport() {
     while (pending() && steady_clock::now() < deadline) ucp_worker_progress(worker_);
     if (pending()) {
       KVD_LOG(WARNING) << "UCX transport closed with requests still in flight"
-                       << Kv("close_timeout_ms", options_.close_timeout_ms);
+                       << Kv("close_timeout_ms", close_timeout_ms_);
     }
     for (auto& [id, r] : regions_) ucp_mem_unmap(context_, r.memh);
     regions_.clear();
@@ -276,7 +294,7 @@ Status UcxTransport::Disconnect(PeerHandle peer) {
   peers_.erase(it);
   ++peer_totals_.disconnects;
   Status st = CloseEndpointLocked(ep, /*force=*/true, lock);
-  auto deadline = steady_clock::now() + milliseconds(options_.close_timeout_ms);
+  auto deadline = steady_clock::now() + milliseconds(close_timeout_ms_);
   while (!closing_.empty() && steady_clock::now() < deadline) {
     ucp_worker_progress(worker_);
     closing_.erase(std::remove_if(closing_.begin(), closing_.end(),

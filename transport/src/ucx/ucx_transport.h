@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kvd/transport/transport.h"
+#include "kvd/transport/ucx_options.h"
 #include "ucx/ucx_status.h"
 
 namespace kvd::transport::ucx {
@@ -124,7 +125,15 @@ class UcxTransport final : public Transport {
   };
 
   explicit UcxTransport(const TransportOptions& options);
+  // Init's steps, in order: the UCP context (UCX's configuration with this transport's options
+  // applied), the worker and this transport's address, the wake-up epoll set (enable_wakeup),
+  // the capabilities.
   Status Init();
+  Status CreateContext();
+  Status ApplyOptions(ucp_config_t* config) const;
+  Status CreateWorker();
+  Status SetUpWakeup();
+  void FillCapabilities();
   // Checks a descriptor's proof (its pid holds nonce_ at its proof address). Not cached: a
   // 16-byte read per descriptor, so a recycled pid cannot inherit a verdict.
   Status VerifyCmaSenderLocked(const CmaDescriptor& d);
@@ -173,7 +182,8 @@ class UcxTransport final : public Transport {
                            void* user_data);
   static void ErrorHandler(void* arg, ucp_ep_h ep, ucs_status_t status);
 
-  const TransportOptions options_;
+  const int64_t close_timeout_ms_;  // TransportOptions::close_timeout_ms
+  const UcxOptions options_;
   UcxEnvironment env_;
   Capabilities caps_;
   ucp_context_h context_ = nullptr;

@@ -8,7 +8,9 @@
 
 #include "kvd/common/layout.h"
 #include "kvd/common/status.h"
+#include "kvd/transport/nccl_options.h"
 #include "kvd/transport/options.h"
+#include "kvd/transport/ucx_options.h"
 
 namespace kvd::client {
 
@@ -49,7 +51,9 @@ struct ClientOptions {
   // policy's compact chunks otherwise (SessionInfo says which). Nonzero = this exact codec id
   // (the handshake is refused when the model's policy is another one, or there is none).
   uint32_t codec_id = 0;
-  // The bulk transport (engine role). Default: UCX with UCX's own transport choice.
+  // The bulk transport (engine role). Default: UCX with UCX's own transport choice. Its UCX and
+  // NCCL knobs are UcxOptions / NcclOptions, e.g.
+  // `transport::MutableBackendOptions<transport::UcxOptions>(&o.transport).ucx_tls = "tcp"`.
   transport::TransportOptions transport;
   // Timeouts, milliseconds (> 0): connecting and the handshake (default 5000), one control
   // request (default 10000), one bulk transfer (default 30000).
@@ -87,15 +91,16 @@ struct ClientOptions {
   // with PROT_WRITE fails with EACCES). Lookups, gets, leases and events work as usual.
   bool read_only = false;
   // Device puts and gets over NCCL, GPU to GPU (engine role). Default false. When true, Connect
-  // creates an NCCL transport on CUDA device transport.nccl_device (its join bounded by
-  // transport.nccl_init_timeout_ms) and joins kvd's NCCL link (NcclConnect, docs/wire-format.md);
-  // Connect fails with UNAVAILABLE and the reason when this process or kvd cannot run NCCL (built
-  // without NCCL, no CUDA device). NCCL refuses two ranks on one GPU ("Duplicate GPU"): kvd's
-  // link device (its transport.nccl_device or tiers.gpu.device) must differ from this client's.
-  // Then a put whose `data` is CUDA device memory with no separate `window_queries`, and a get
-  // into a CUDA device buffer, move their bytes from / to that buffer over NCCL; every other
-  // put and get keeps its path (shared memory or the transport). The commit and get checksums
-  // are still xxh3 over host bytes: one device-to-host copy of each chunk into pinned staging.
+  // creates an NCCL transport on CUDA device NcclOptions::nccl_device (its join bounded by
+  // NcclOptions::nccl_init_timeout_ms) and joins kvd's NCCL link (NcclConnect,
+  // docs/wire-format.md); Connect fails with UNAVAILABLE and the reason when this process or kvd
+  // cannot run NCCL (built without NCCL, no CUDA device). NCCL refuses two ranks on one GPU
+  // ("Duplicate GPU"): kvd's link device (its transport.nccl_device or tiers.gpu.device) must
+  // differ from this client's. Then a put whose `data` is CUDA device memory with no separate
+  // `window_queries`, and a get into a CUDA device buffer, move their bytes from / to that buffer
+  // over NCCL; every other put and get keeps its path (shared memory or the transport). The commit
+  // and get checksums are still xxh3 over host bytes: one device-to-host copy of each chunk into
+  // pinned staging.
   bool nccl = false;
   // One-exchange puts for small chunks: a put of at most this many bytes (raw chunk + window
   // queries) travels inside one control frame (InlinePut), and kvd reserves, copies, verifies

@@ -17,12 +17,15 @@
 // message. No call blocks longer than connect_timeout per endpoint plus request_timeout.
 //
 // Thread safety: EtcdClient is thread-safe (each call uses its own connection; nothing is shared
-// but the immutable options). A WatchStream is used by one thread at a time (Interrupt aside).
+// but the immutable options and the atomic time of the last response). A WatchStream is used by
+// one thread at a time (Interrupt aside).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,6 +91,9 @@ class EtcdClient {
  public:
   explicit EtcdClient(EtcdClientOptions options);
   const EtcdClientOptions& options() const { return options_; }
+  // When etcd last answered a call of this client, or sent a message on a watch it opened,
+  // without an error; nullopt before the first such answer. Copies of the client share it.
+  std::optional<std::chrono::steady_clock::time_point> last_response() const;
 
   // A lease of `ttl_s` seconds (etcd may grant more; the granted TTL is returned in LeaseInfo).
   StatusOr<LeaseInfo> LeaseGrant(int64_t ttl_s);
@@ -112,6 +118,8 @@ class EtcdClient {
 
  private:
   EtcdClientOptions options_;
+  // last_response() as steady_clock ticks (INT64_MIN: none yet), shared with the watches.
+  std::shared_ptr<std::atomic<int64_t>> last_response_;
 };
 
 // The key just past every key starting with `prefix` (etcd's range_end for a prefix).

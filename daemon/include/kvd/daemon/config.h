@@ -23,7 +23,9 @@
 #include "kvd/daemon/kv_events.h"
 #include "kvd/storage/gpu_tier.h"
 #include "kvd/storage/options.h"
+#include "kvd/transport/nccl_options.h"
 #include "kvd/transport/options.h"
+#include "kvd/transport/ucx_options.h"
 
 namespace kvd::daemon {
 
@@ -250,7 +252,7 @@ struct DaemonConfig {
   ListenOptions listen;
   // The /metrics endpoint (metrics.listen). Default off.
   MetricsOptions metrics;
-  // The bulk transport. Defaults here (differing from TransportOptions' own): backend "ucx",
+  // The bulk transport. Defaults here (differing from UcxOptions' own): backend "ucx",
   // ucx_tls "sm,tcp" (shared memory carries the bytes on one machine; tcp otherwise),
   // net_devices "lo" (the default config is localhost-only). enable_rma stays false (kvd serves
   // no one-sided access; on, any UCX peer could read and write the daemon's memory). UCX

@@ -1,32 +1,36 @@
 // Options of a Transport. Fixed at creation (none can change at runtime).
 //
-// Each backend owns its options: the built-in ones are UcxOptions, LoopbackOptions and
-// NcclOptions (ucx_options.h, ...), which TransportOptions carries as bases (so
-// `options.ucx_tls` reads as before); any other backend keeps its own struct, derived from
-// BackendOptions, in `backend_options` (MutableBackendOptions / BackendOptionsOf below). The
-// topology file's `transport:` keys reach them through each backend's registration
+// TransportOptions holds what every backend reads (backend, close_timeout_ms) and, per backend,
+// that backend's own options struct, derived from BackendOptions: the built-in ones are
+// UcxOptions, LoopbackOptions and NcclOptions (ucx_options.h, ...), a backend registered outside
+// transport/ brings its own. Set and read them by type:
+//
+//   MutableBackendOptions<UcxOptions>(&options).ucx_tls = "tcp";
+//   int device = BackendOptionsOf<NcclOptions>(options).nccl_device;
+//
+// The topology file's `transport:` keys reach them through each backend's registration
 // (registry.h, BindTransportOptions).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <vector>
 
 #include "kvd/common/status.h"
-#include "kvd/transport/loopback_options.h"
-#include "kvd/transport/nccl_options.h"
-#include "kvd/transport/ucx_options.h"
 
 namespace kvd::transport {
 
-// Options of a backend registered outside transport/ (see registry.h). Copyable values.
+// One backend's options. Copyable values; a default-constructed one must be valid.
 struct BackendOptions {
   virtual ~BackendOptions() = default;
   // INVALID_ARGUMENT naming the field if a value is out of range.
   virtual Status Validate() const = 0;
 };
 
-struct TransportOptions : UcxOptions, LoopbackOptions, NcclOptions {
+struct TransportOptions {
   // Registry name of the backend: "ucx" (default) or "loopback" (in-process, for tests); others
   // registered with RegisterTransportBackend.
   std::string backend = "ucx";
@@ -37,32 +41,46 @@ struct TransportOptions : UcxOptions, LoopbackOptions, NcclOptions {
   // memory UCX may still touch). Default 2000 ms.
   int64_t close_timeout_ms = 2000;
 
-  // The options of a backend registered outside transport/ (null: none set, its defaults).
-  // Shared between copies of TransportOptions; MutableBackendOptions copies before writing.
-  std::shared_ptr<const BackendOptions> backend_options;
+  // Each backend's options, at most one per type, in the order first set; a type absent here
+  // reads as its defaults. Use MutableBackendOptions / BackendOptionsOf rather than this list.
+  // Copies of TransportOptions share the structs; MutableBackendOptions copies a shared one
+  // before writing.
+  std::vector<std::shared_ptr<const BackendOptions>> backend_options;
 
-  // INVALID_ARGUMENT naming the field if a value is out of range (backend empty, a negative
-  // close_timeout_ms, then UcxOptions, LoopbackOptions, NcclOptions and backend_options'
-  // Validate in that order).
+  // INVALID_ARGUMENT naming the field if a value is out of range: backend empty, a negative
+  // close_timeout_ms, then each of backend_options' Validate in order.
   Status Validate() const;
 };
 
-// The backend options of type T in `options`, for writing: a fresh copy of the present ones if
-// they are a T, else a default T (replacing any other type's).
+namespace options_internal {
+// The index in options.backend_options of the options of exactly `type`, or -1.
+int SlotOf(const TransportOptions& options, const std::type_info& type);
+}  // namespace options_internal
+
+// The options of type T in `options`, for writing: T's defaults if none are set yet. Write
+// through the reference before copying or assigning `options`.
 template <typename T>
 T& MutableBackendOptions(TransportOptions* options) {
-  const auto* present = dynamic_cast<const T*>(options->backend_options.get());
-  auto fresh = present != nullptr ? std::make_shared<T>(*present) : std::make_shared<T>();
-  T& ref = *fresh;
-  options->backend_options = std::move(fresh);
-  return ref;
+  static_assert(std::is_base_of_v<BackendOptions, T>, "T must derive BackendOptions");
+  auto& slots = options->backend_options;
+  int i = options_internal::SlotOf(*options, typeid(T));
+  if (i < 0) {
+    i = static_cast<int>(slots.size());
+    slots.push_back(std::make_shared<T>());
+  } else if (slots[i].use_count() > 1) {  // shared with a copy of `options`: write a copy
+    slots[i] = std::make_shared<T>(static_cast<const T&>(*slots[i]));
+  }
+  return const_cast<T&>(static_cast<const T&>(*slots[i]));  // made non-const by make_shared
 }
 
-// The backend options of type T in `options`: the set ones, or T's defaults if none of type T.
+// The options of type T in `options`: the set ones, or T's defaults if none are set. The
+// reference is valid while `options` lives and is not written.
 template <typename T>
-T BackendOptionsOf(const TransportOptions& options) {
-  const auto* present = dynamic_cast<const T*>(options.backend_options.get());
-  return present != nullptr ? *present : T{};
+const T& BackendOptionsOf(const TransportOptions& options) {
+  static_assert(std::is_base_of_v<BackendOptions, T>, "T must derive BackendOptions");
+  static const T defaults;
+  const int i = options_internal::SlotOf(options, typeid(T));
+  return i >= 0 ? static_cast<const T&>(*options.backend_options[i]) : defaults;
 }
 
 }  // namespace kvd::transport

@@ -50,7 +50,8 @@ using TransportSection = std::vector<std::pair<std::string, std::optional<std::s
 
 // Binds `section` onto `options`: "backend" first (it picks the keys), then "close_timeout_ms"
 // (every backend), then each other key through the backend that binds it: the chosen backend's
-// keys and the built-in backends' keys (their options are always part of TransportOptions).
+// keys and the built-in backends' keys (bound whichever backend is chosen: a ucx client also
+// sets its nccl_device).
 // INVALID_ARGUMENT "transport.<key>: unknown key (known here: ...)" for any other key, or the
 // binder's error naming the key.
 Status BindTransportOptions(const TransportSection& section, TransportOptions* options);

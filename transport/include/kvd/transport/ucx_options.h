@@ -1,15 +1,16 @@
 // Options of the ucx backend (src/ucx/), bound from the topology's `transport:` keys ucx_tls,
-// net_devices, keepalive_interval_ms, enable_rma, enable_wakeup (src/ucx/ucx_backend.cc).
+// net_devices, keepalive_interval_ms, enable_rma, cma_threshold_bytes, enable_wakeup
+// (src/ucx/ucx_backend.cc). Set with `MutableBackendOptions<UcxOptions>(&options).ucx_tls = ..`.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "kvd/common/status.h"
+#include "kvd/transport/options.h"
 
 namespace kvd::transport {
 
-struct UcxOptions {
+struct UcxOptions : BackendOptions {
   // UCX transports, as UCX_TLS: e.g. "tcp", "sm", "posix,sysv,cma,self", "sm,tcp". Empty (the
   // default) leaves UCX's own choice (its environment, else all transports). When set it
   // overrides the environment (applied with ucp_config_modify).
@@ -57,7 +58,7 @@ struct UcxOptions {
 
   // INVALID_ARGUMENT naming the field: a character outside [A-Za-z0-9_,:.^-] in ucx_tls or
   // net_devices, a negative keepalive_interval_ms or cma_threshold_bytes.
-  Status Validate() const;
+  Status Validate() const override;
 };
 
 }  // namespace kvd::transport
