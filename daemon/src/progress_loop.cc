@@ -76,70 +76,64 @@ size_t ProgressLoop::watch_count() const {
   return watch_count_;
 }
 
-void ProgressLoop::Loop() {
-  std::deque<std::function<void()>> tasks;
-  std::vector<std::pair<WatchCallback, TransferStatus>> completed;
-  bool stopping = false;
-  while (true) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      tasks.swap(tasks_);
-      for (auto& w : new_watches_) watches_.push_back(std::move(w));
-      new_watches_.clear();
-      stopping = stop_requested_;
-    }
-    bool busy = !tasks.empty();
-    for (auto& task : tasks) task();
-    tasks.clear();
-    if (stopping) break;
+bool ProgressLoop::TakeWork(std::deque<std::function<void()>>* tasks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tasks->swap(tasks_);
+  for (auto& w : new_watches_) watches_.push_back(std::move(w));
+  new_watches_.clear();
+  return stop_requested_;
+}
 
-    int events = transport_->Progress();
-    if (!watches_.empty()) {
-      auto now = std::chrono::steady_clock::now();
-      size_t kept = 0;
-      for (size_t i = 0; i < watches_.size(); ++i) {
-        TransferStatus st = transport_->Check(watches_[i].transfer);
-        if (st.state == TransferState::kInProgress && now < watches_[i].deadline) {
-          if (kept != i) watches_[kept] = std::move(watches_[i]);
-          ++kept;
-          continue;
-        }
-        if (st.state == TransferState::kInProgress) {
-          st.status = Status::DeadlineExceeded("transfer did not finish in time");
-        }
-        completed.emplace_back(std::move(watches_[i].done), std::move(st));
-      }
-      watches_.resize(kept);
+void ProgressLoop::CollectFinishedWatches(Completed* completed) {
+  if (watches_.empty()) return;
+  auto now = std::chrono::steady_clock::now();
+  size_t kept = 0;
+  for (size_t i = 0; i < watches_.size(); ++i) {
+    TransferStatus st = transport_->Check(watches_[i].transfer);
+    if (st.state == TransferState::kInProgress && now < watches_[i].deadline) {
+      if (kept != i) watches_[kept] = std::move(watches_[i]);
+      ++kept;
+      continue;
     }
-    if (!completed.empty()) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        watch_count_ -= completed.size();
-      }
-      for (auto& [done, st] : completed) done(st);
-      completed.clear();
-      busy = true;
+    if (st.state == TransferState::kInProgress) {
+      st.status = Status::DeadlineExceeded("transfer did not finish in time");
     }
-    if (events > 0 || busy) continue;
-    // Nothing progressed: sleep in the kernel until the transport has events (UCX: its worker's
-    // event fd), another thread hands us work (Submit/Watch wake the transport), or the next
-    // watch deadline. While transfers are expected the sleep is capped at kBusySlice, for
-    // backends whose lanes have no event fd (UCX shared memory with peer_failure_detection off);
-    // with nothing in flight it is capped at kIdleSlice, so an idle daemon wakes once a second.
-    auto now = std::chrono::steady_clock::now();
-    auto slice = (!watches_.empty() || expected_.load(std::memory_order_relaxed) > 0) ? kBusySlice
-                                                                                      : kIdleSlice;
-    for (const auto& w : watches_) {
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(w.deadline - now);
-      slice = std::max(std::chrono::milliseconds(0), std::min(slice, left));
-    }
-    Status s = transport_->WaitForEvents(slice);
-    if (!s.ok()) {
-      KVD_LOG(WARNING) << "transport WaitForEvents failed" << Kv("status", s);
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    completed->emplace_back(std::move(watches_[i].done), std::move(st));
   }
-  // Shutdown: every remaining watch completes; transfers still in flight say so.
+  watches_.resize(kept);
+}
+
+void ProgressLoop::RunCompleted(Completed* completed) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    watch_count_ -= completed->size();
+  }
+  for (auto& [done, st] : *completed) done(st);
+  completed->clear();
+}
+
+// Nothing progressed: sleep in the kernel until the transport has events (UCX: its worker's
+// event fd), another thread hands us work (Submit/Watch wake the transport), or the next watch
+// deadline. While transfers are expected the sleep is capped at kBusySlice, for backends whose
+// lanes have no event fd (UCX shared memory with peer_failure_detection off); with nothing in
+// flight it is capped at kIdleSlice, so an idle daemon wakes once a second.
+void ProgressLoop::SleepUntilWork() {
+  auto now = std::chrono::steady_clock::now();
+  auto slice = (!watches_.empty() || expected_.load(std::memory_order_relaxed) > 0) ? kBusySlice
+                                                                                    : kIdleSlice;
+  for (const auto& w : watches_) {
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(w.deadline - now);
+    slice = std::max(std::chrono::milliseconds(0), std::min(slice, left));
+  }
+  Status s = transport_->WaitForEvents(slice);
+  if (!s.ok()) {
+    KVD_LOG(WARNING) << "transport WaitForEvents failed" << Kv("status", s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Shutdown: every remaining watch completes; transfers still in flight say so.
+void ProgressLoop::CompleteWatchesAtShutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& w : new_watches_) watches_.push_back(std::move(w));
@@ -153,6 +147,27 @@ void ProgressLoop::Loop() {
     w.done(st);
   }
   watches_.clear();
+}
+
+void ProgressLoop::Loop() {
+  std::deque<std::function<void()>> tasks;
+  Completed completed;
+  while (true) {
+    const bool stopping = TakeWork(&tasks);
+    bool busy = !tasks.empty();
+    for (auto& task : tasks) task();
+    tasks.clear();
+    if (stopping) break;
+    const int events = transport_->Progress();
+    CollectFinishedWatches(&completed);
+    if (!completed.empty()) {
+      RunCompleted(&completed);
+      busy = true;
+    }
+    if (events > 0 || busy) continue;
+    SleepUntilWork();
+  }
+  CompleteWatchesAtShutdown();
 }
 
 }  // namespace kvd::daemon

@@ -22,6 +22,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kvd/transport/transport.h"
@@ -74,7 +75,17 @@ class ProgressLoop {
     SteadyTime deadline;
     WatchCallback done;
   };
+  using Completed = std::vector<std::pair<WatchCallback, transport::TransferStatus>>;
   void Loop();
+  // The progress thread's steps: takes the queued tasks and new watches (true when stopping);
+  // moves finished or expired watches to `completed`; runs their callbacks; sleeps until the
+  // transport has events, work arrives or the next watch deadline; completes every watch left at
+  // shutdown.
+  bool TakeWork(std::deque<std::function<void()>>* tasks);
+  void CollectFinishedWatches(Completed* completed);
+  void RunCompleted(Completed* completed);
+  void SleepUntilWork();
+  void CompleteWatchesAtShutdown();
 
   transport::Transport* transport_;
   mutable std::mutex mu_;

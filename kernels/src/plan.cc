@@ -86,76 +86,108 @@ StatusOr<std::vector<int64_t>> ExactPyramidBudgets(int64_t n, int layers, int64_
 
 }  // namespace internal
 
-Status CompressionPlanOptions::Validate() const {
-  if (FindStage(score) == nullptr || (merge != MergeStage::kNone && FindStage(merge) == nullptr) ||
-      (route != RouteStage::kNone && FindStage(route) == nullptr)) {
+namespace {
+
+// CompressionPlanOptions::Validate's checks, in its order: the stages, p_c, quantization and the
+// budget's window and sinks; the scorers' knobs; the merge knobs (hybrid, head budget, guard,
+// gate); adaptive routing.
+Status ValidateStagesAndBudget(const CompressionPlanOptions& o) {
+  if (FindStage(o.score) == nullptr ||
+      (o.merge != MergeStage::kNone && FindStage(o.merge) == nullptr) ||
+      (o.route != RouteStage::kNone && FindStage(o.route) == nullptr)) {
     return Status::InvalidArgument("plan: unknown stage");
   }
-  if (!(p_c >= 0.0 && p_c < 1.0)) {
-    return Status::OutOfRange("plan: p_c must be in [0, 1), got " + std::to_string(p_c));
+  if (!(o.p_c >= 0.0 && o.p_c < 1.0)) {
+    return Status::OutOfRange("plan: p_c must be in [0, 1), got " + std::to_string(o.p_c));
   }
-  if (quant.quantized()) KVD_RETURN_IF_ERROR(ValidateQuantize(quant).WithContext("plan"));
-  if (!quant.quantized() && !(quant == QuantDescription{})) {
+  if (o.quant.quantized()) KVD_RETURN_IF_ERROR(ValidateQuantize(o.quant).WithContext("plan"));
+  if (!o.quant.quantized() && !(o.quant == QuantDescription{})) {
     return Status::InvalidArgument("plan: quant groups or recent window without a format");
   }
-  if (window < 1) return Status::InvalidArgument("plan: window must be >= 1");
-  if (sinks < 0) return Status::InvalidArgument("plan: sinks must be >= 0");
-  if (pooling_kernel < 1 || pooling_kernel % 2 == 0) {
+  if (o.window < 1) return Status::InvalidArgument("plan: window must be >= 1");
+  if (o.sinks < 0) return Status::InvalidArgument("plan: sinks must be >= 0");
+  return Status::Ok();
+}
+
+Status ValidateScoreKnobs(const CompressionPlanOptions& o) {
+  if (o.pooling_kernel < 1 || o.pooling_kernel % 2 == 0) {
     return Status::InvalidArgument("plan: pooling_kernel must be odd and >= 1");
   }
-  if (keydiff_block < 0) return Status::InvalidArgument("plan: keydiff_block must be >= 0");
-  if (!(pyramid_beta >= 1.0)) return Status::InvalidArgument("plan: pyramid_beta must be >= 1");
-  if (!(route_eps >= 0.0 && route_eps < 1.0)) {
+  if (o.keydiff_block < 0) return Status::InvalidArgument("plan: keydiff_block must be >= 0");
+  if (!(o.pyramid_beta >= 1.0)) return Status::InvalidArgument("plan: pyramid_beta must be >= 1");
+  if (!(o.route_eps >= 0.0 && o.route_eps < 1.0)) {
     return Status::InvalidArgument("plan: route_eps must be in [0, 1)");
   }
-  if (hybrid_max_group < 1) {
+  return Status::Ok();
+}
+
+Status ValidateHybridAndBudget(const CompressionPlanOptions& o) {
+  if (o.hybrid_max_group < 1) {
     return Status::InvalidArgument("plan: hybrid_max_group must be >= 1, got " +
-                                   std::to_string(hybrid_max_group));
+                                   std::to_string(o.hybrid_max_group));
   }
-  if (!(hybrid_min_cos >= -1.0 && hybrid_min_cos <= 1.0)) {
+  if (!(o.hybrid_min_cos >= -1.0 && o.hybrid_min_cos <= 1.0)) {
     return Status::InvalidArgument("plan: hybrid_min_cos must be in [-1, 1]");
   }
-  if (hybrid_error_aware && (score == ScoreStage::kNone || merge != MergeStage::kKvSlimmer)) {
+  if (o.hybrid_error_aware && (o.score == ScoreStage::kNone || o.merge != MergeStage::kKvSlimmer)) {
     return Status::InvalidArgument(
         "plan: hybrid_error_aware needs the hybrid (a score stage and merge kKvSlimmer)");
   }
-  if (static_cast<uint8_t>(head_budget) > static_cast<uint8_t>(HeadBudget::kAdaptive)) {
+  if (static_cast<uint8_t>(o.head_budget) > static_cast<uint8_t>(HeadBudget::kAdaptive)) {
     return Status::InvalidArgument("plan: unknown head_budget");
   }
-  if (!(adaptive_floor >= 0.0 && adaptive_floor <= 1.0)) {
+  if (!(o.adaptive_floor >= 0.0 && o.adaptive_floor <= 1.0)) {
     return Status::InvalidArgument("plan: adaptive_floor must be in [0, 1]");
   }
-  if (static_cast<uint8_t>(merge_guard) > static_cast<uint8_t>(MergeGuard::kMean)) {
+  return Status::Ok();
+}
+
+Status ValidateMergeGuardAndGate(const CompressionPlanOptions& o) {
+  if (static_cast<uint8_t>(o.merge_guard) > static_cast<uint8_t>(MergeGuard::kMean)) {
     return Status::InvalidArgument("plan: unknown merge_guard");
   }
-  if (!(merge_guard_alpha_margin >= 0.0 && merge_guard_alpha_margin <= 0.5)) {
+  if (!(o.merge_guard_alpha_margin >= 0.0 && o.merge_guard_alpha_margin <= 0.5)) {
     return Status::InvalidArgument("plan: merge_guard_alpha_margin must be in [0, 0.5], got " +
-                                   std::to_string(merge_guard_alpha_margin));
+                                   std::to_string(o.merge_guard_alpha_margin));
   }
-  if (merge_gate && merge != MergeStage::kKvSlimmer) {
+  if (o.merge_gate && o.merge != MergeStage::kKvSlimmer) {
     return Status::InvalidArgument("plan: merge_gate needs a merge stage (merge kKvSlimmer)");
   }
-  if (!(merge_gate_min_cos >= -1.0 && merge_gate_min_cos <= 1.0)) {
+  if (!(o.merge_gate_min_cos >= -1.0 && o.merge_gate_min_cos <= 1.0)) {
     return Status::InvalidArgument("plan: merge_gate_min_cos must be in [-1, 1], got " +
-                                   std::to_string(merge_gate_min_cos));
+                                   std::to_string(o.merge_gate_min_cos));
   }
-  if (!(merge_gate_layer_min >= -1.0 && merge_gate_layer_min <= 1.0)) {
+  if (!(o.merge_gate_layer_min >= -1.0 && o.merge_gate_layer_min <= 1.0)) {
     return Status::InvalidArgument("plan: merge_gate_layer_min must be in [-1, 1], got " +
-                                   std::to_string(merge_gate_layer_min));
+                                   std::to_string(o.merge_gate_layer_min));
   }
-  if (route_adaptive) {
-    if (route != RouteStage::kVector) {
-      return Status::InvalidArgument("plan: route_adaptive needs route kVector");
-    }
-    if (!(std::isfinite(route_max_error) && route_max_error >= 0.0)) {
-      return Status::InvalidArgument("plan: route_max_error must be finite and >= 0, got " +
-                                     std::to_string(route_max_error));
-    }
-    if (!(std::isfinite(route_min_r2) && route_min_r2 <= 1.0)) {
-      return Status::InvalidArgument("plan: route_min_r2 must be finite and <= 1, got " +
-                                     std::to_string(route_min_r2));
-    }
+  return Status::Ok();
+}
+
+Status ValidateRouteAdaptive(const CompressionPlanOptions& o) {
+  if (!o.route_adaptive) return Status::Ok();
+  if (o.route != RouteStage::kVector) {
+    return Status::InvalidArgument("plan: route_adaptive needs route kVector");
   }
+  if (!(std::isfinite(o.route_max_error) && o.route_max_error >= 0.0)) {
+    return Status::InvalidArgument("plan: route_max_error must be finite and >= 0, got " +
+                                   std::to_string(o.route_max_error));
+  }
+  if (!(std::isfinite(o.route_min_r2) && o.route_min_r2 <= 1.0)) {
+    return Status::InvalidArgument("plan: route_min_r2 must be finite and <= 1, got " +
+                                   std::to_string(o.route_min_r2));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CompressionPlanOptions::Validate() const {
+  KVD_RETURN_IF_ERROR(ValidateStagesAndBudget(*this));
+  KVD_RETURN_IF_ERROR(ValidateScoreKnobs(*this));
+  KVD_RETURN_IF_ERROR(ValidateHybridAndBudget(*this));
+  KVD_RETURN_IF_ERROR(ValidateMergeGuardAndGate(*this));
+  KVD_RETURN_IF_ERROR(ValidateRouteAdaptive(*this));
   if (const StageRegistration* s = FindStage(score); s->validate != nullptr) {
     KVD_RETURN_IF_ERROR(s->validate(*this));
   }
