@@ -194,6 +194,42 @@ Status FuseKeyDiffRanks(std::span<const float> expected, std::span<const float> 
   return Status::Ok();
 }
 
+Status ProtectKeyDiffOutliers(std::span<const float> keydiff, double z, int64_t cap, int64_t begin,
+                              int64_t end, std::span<float> fused) {
+  const int64_t n = static_cast<int64_t>(keydiff.size());
+  if (fused.size() != keydiff.size()) {
+    return Status::InvalidArgument("protect keydiff outliers: score spans of different sizes");
+  }
+  if (!(0 <= begin && begin <= end && end <= n)) {
+    return Status::InvalidArgument("protect keydiff outliers: range [" + std::to_string(begin) +
+                                   ", " + std::to_string(end) + ") outside " + std::to_string(n) +
+                                   " tokens");
+  }
+  if (!(z >= 0.0 && std::isfinite(z)) || cap < 0) {
+    return Status::InvalidArgument("protect keydiff outliers: need finite z >= 0 and cap >= 0");
+  }
+  for (int64_t i = begin; i < end; ++i) {
+    if (std::isnan(keydiff[i])) return Status::InvalidArgument("protect keydiff outliers: NaN");
+  }
+  if (cap == 0 || begin == end) return Status::Ok();
+  double sum = 0.0, sum_sq = 0.0;
+  for (int64_t i = begin; i < end; ++i) sum += keydiff[i];
+  const double mean = sum / static_cast<double>(end - begin);
+  for (int64_t i = begin; i < end; ++i) sum_sq += (keydiff[i] - mean) * (keydiff[i] - mean);
+  const double threshold = mean + z * std::sqrt(sum_sq / static_cast<double>(end - begin));
+  std::vector<int64_t> out;
+  for (int64_t i = begin; i < end; ++i) {
+    if (keydiff[i] > threshold) out.push_back(i);
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [&](int64_t a, int64_t b) { return keydiff[a] > keydiff[b]; });
+  if (static_cast<int64_t>(out.size()) > cap) out.resize(static_cast<size_t>(cap));
+  for (size_t r = 0; r < out.size(); ++r) {
+    fused[out[r]] = static_cast<float>(1 + cap - static_cast<int64_t>(r));
+  }
+  return Status::Ok();
+}
+
 namespace {
 
 // The averaged rotation of one pair of frequency f over p = p0 .. p0 + F - 1:

@@ -37,6 +37,16 @@ Status KeyDiffHeadScores(const ScoreHeadInput& in, std::span<float> scores) {
   return KeyDiffScores(in.keys, scores, {.num_threads = 1});
 }
 
+constexpr char kOutlierZ[] = "ea_keydiff_outlier_z";
+constexpr char kOutlierShare[] = "ea_keydiff_outlier_share";
+
+// The evictable tokens [begin, end) the chunk's budget keeps: m = round((1 - p_c) n) less the
+// forced sinks and window (plan.cc LayerPairs).
+int64_t FreeBudget(const CompressionPlanOptions& o, int64_t n, int64_t begin, int64_t end) {
+  const int64_t m = std::llround((1.0 - o.p_c) * static_cast<double>(n));
+  return std::max<int64_t>(0, m - begin - (n - end));
+}
+
 Status ExpectedAttentionHeadScores(const ScoreHeadInput& in, std::span<float> scores) {
   if (in.expected == nullptr) {
     return Status::Internal("plan: expected_attention scores without expected queries");
@@ -45,20 +55,26 @@ Status ExpectedAttentionHeadScores(const ScoreHeadInput& in, std::span<float> sc
   KVD_RETURN_IF_ERROR(ExpectedAttentionScores(*in.expected, in.keys,
                                               ea.value_norm ? in.values : ConstMatrixView{}, scores,
                                               {.num_threads = 1}));
-  if (ea.keydiff_share <= 0.0 && ea.recent_share <= 0.0) return Status::Ok();
-  // Part of the evictable tokens by KeyDiff's rank and by recency (expected_attention.h
-  // FuseKeyDiffRanks).
+  const double z = StageKeyValue(*in.options, kOutlierZ);
+  if (ea.keydiff_share <= 0.0 && ea.recent_share <= 0.0 && z <= 0.0) return Status::Ok();
+  // Part of the evictable tokens by KeyDiff's rank and by recency, KeyDiff's outliers first
+  // (expected_attention.h FuseKeyDiffRanks, ProtectKeyDiffOutliers).
   const int64_t n = in.keys.rows;
   const std::vector<float> expected_scores(scores.begin(), scores.end());
   std::vector<float> keydiff;
-  if (ea.keydiff_share > 0.0) {
+  if (ea.keydiff_share > 0.0 || z > 0.0) {
     keydiff.resize(static_cast<size_t>(n));
     KVD_RETURN_IF_ERROR(KeyDiffScores(in.keys, keydiff, {.num_threads = 1}));
   }
   const int64_t begin = std::min(in.options->sinks, n);
   const int64_t end = std::max(begin, n - in.window);
-  return FuseKeyDiffRanks(expected_scores, ea.keydiff_share > 0.0 ? keydiff : expected_scores,
-                          ea.keydiff_share, ea.recent_share, begin, end, scores);
+  KVD_RETURN_IF_ERROR(FuseKeyDiffRanks(expected_scores,
+                                       ea.keydiff_share > 0.0 ? keydiff : expected_scores,
+                                       ea.keydiff_share, ea.recent_share, begin, end, scores));
+  if (z <= 0.0) return Status::Ok();
+  const int64_t cap = std::llround(StageKeyValue(*in.options, kOutlierShare) *
+                                   static_cast<double>(FreeBudget(*in.options, n, begin, end)));
+  return ProtectKeyDiffOutliers(keydiff, z, cap, begin, end, scores);
 }
 
 Status ValidateExpectedAttention(const CompressionPlanOptions& o) {
@@ -100,7 +116,11 @@ std::vector<StageRegistration> BuiltinStages() {
        .code = 4,
        .needs_query_stats = true,
        .score = ExpectedAttentionHeadScores,
-       .validate = ValidateExpectedAttention},
+       .validate = ValidateExpectedAttention,
+       // KeyDiff's outliers first (ProtectKeyDiffOutliers): z (0 = off) and the share of the
+       // evictable tokens the budget keeps that they may take.
+       .policy_keys = {{.name = kOutlierZ, .min = 0.0, .max = 100.0, .default_value = 0.0},
+                       {.name = kOutlierShare, .min = 0.0, .max = 1.0, .default_value = 1.0}}},
       // The device plan runs KVSlimmer only as the hybrid's merge (plan_device.h).
       {.name = "kvslimmer",
        .kind = StageKind::kMerge,

@@ -253,5 +253,27 @@ TEST(StageRegistryPolicyTest, ValidateNamesTheKindOfAnUnregisteredMethod) {
   EXPECT_THAT(s.message(), HasSubstr("\"kvslimmer\" is not a route method (vector"));
 }
 
+// The expected_attention stage's own keys (KeyDiff's outliers first): bound with the stage, part
+// of the codec id when set and absent from it when not, refused without the stage.
+TEST(StageRegistryPolicyTest, TheOutlierKeysBelongToExpectedAttention) {
+  auto config = Parse(
+      "{stages: [expected_attention, quantize], ea_keydiff_share: 0.5, ea_keydiff_outlier_z: 2, "
+      "ea_keydiff_outlier_share: 0.75, device: cpu}");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const CompressionPolicy& p = *config->models[0].compression;
+  EXPECT_EQ(p.stage_keys, (std::map<std::string, double, std::less<>>{
+                              {"ea_keydiff_outlier_share", 0.75}, {"ea_keydiff_outlier_z", 2}}));
+  EXPECT_THAT(p.CanonicalForm(), HasSubstr(" ea_keydiff_outlier_z=2"));
+  auto unset =
+      Parse("{stages: [expected_attention, quantize], ea_keydiff_share: 0.5, device: cpu}");
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_EQ(unset->models[0].compression->CanonicalForm().find("outlier"), std::string::npos);
+  EXPECT_NE(p.CodecId(0), unset->models[0].compression->CodecId(0));
+  auto stray = Parse("{stages: [keydiff], ea_keydiff_outlier_z: 2}");
+  EXPECT_THAT(stray.status().message(), HasSubstr("ea_keydiff_outlier_z: set, but stages has no"));
+  EXPECT_FALSE(Parse("{stages: [expected_attention], ea_keydiff_outlier_z: -1}").ok());
+  EXPECT_FALSE(Parse("{stages: [expected_attention], ea_keydiff_outlier_share: 1.5}").ok());
+}
+
 }  // namespace
 }  // namespace kvd::daemon

@@ -409,6 +409,49 @@ TEST(ExpectedAttentionFuseTest, FuseKeyDiffRanksMatchesTheRankFormula) {
   EXPECT_THAT(bad.Validate().message(), HasSubstr("keydiff_share"));
 }
 
+// ProtectKeyDiffOutliers against a float64 reference: the threshold mean + z std over [begin,
+// end) in double, the outliers above it, the `cap` highest first (ties to the lower index).
+TEST(ExpectedAttentionFuseTest, ProtectKeyDiffOutliersMatchesTheFloat64Reference) {
+  const int64_t n = 60, begin = 4, end = 50;
+  Matrix kd = testing::RandomMatrix(n, 1, 31, 1.0f, 0.0f);
+  kd.values[20] = 9.0f;  // planted outliers, one tie
+  kd.values[33] = 7.0f;
+  kd.values[40] = 7.0f;
+  kd.values[2] = 50.0f;  // a sink: outside the range, never protected
+  for (double z : {1.0, 2.0, 3.0}) {
+    for (int64_t cap : {0, 1, 2, 5, 100}) {
+      std::vector<float> fused(n);
+      for (int64_t i = 0; i < n; ++i) fused[i] = i >= begin && i < end ? -static_cast<float>(i) : 0;
+      const std::vector<float> before = fused;
+      ASSERT_TRUE(ProtectKeyDiffOutliers(kd.values, z, cap, begin, end, fused).ok());
+      double mean = 0, var = 0;
+      for (int64_t i = begin; i < end; ++i) mean += kd.values[i];
+      mean /= end - begin;
+      for (int64_t i = begin; i < end; ++i) var += (kd.values[i] - mean) * (kd.values[i] - mean);
+      const double threshold = mean + z * std::sqrt(var / (end - begin));
+      int64_t outliers = 0;
+      for (int64_t i = begin; i < end; ++i) outliers += kd.values[i] > threshold ? 1 : 0;
+      ASSERT_GE(outliers, z <= 2.0 ? 3 : 1) << z;
+      for (int64_t i = 0; i < n; ++i) {
+        const bool outlier = i >= begin && i < end && kd.values[i] > threshold;
+        const int64_t r = outlier ? NaiveRank(kd.values, begin, end, i) : 0;
+        const float want = outlier && r < cap ? static_cast<float>(1 + cap - r) : before[i];
+        EXPECT_EQ(fused[i], want) << z << " " << cap << " " << i;
+      }
+    }
+  }
+  std::vector<float> fused(n);
+  EXPECT_EQ(ProtectKeyDiffOutliers(kd.values, -1.0, 2, begin, end, fused).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ProtectKeyDiffOutliers(kd.values, 2.0, -1, begin, end, fused).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ProtectKeyDiffOutliers(kd.values, 2.0, 2, 5, 61, fused).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ProtectKeyDiffOutliers(kd.values, 2.0, 2, begin, end, std::span<float>(fused).first(59))
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
 // With a recency share r the top B are the union of the best by expected attention, the best by
 // KeyDiff and the most recent: r_r(i) = end - 1 - i, checked against the float64 formula and, for
 // every budget B, against that union built by brute force.
@@ -521,6 +564,39 @@ TEST_F(ExpectedAttentionPlanTest, KeyDiffShareKeepsBothOrdersTurnAbout) {
     }
   }
   EXPECT_GT(differs_from_expected, 0);  // the share changes what is kept
+}
+
+// The policy keys ea_keydiff_outlier_z / _share through the plan: the kept tokens are the top of
+// expected attention with KeyDiff's outliers first, up to the share of the 20 evictable tokens
+// the budget keeps (24 - 4 sinks, no window).
+TEST_F(ExpectedAttentionPlanTest, OutlierKeysPutKeyDiffOutliersFirst) {
+  const int64_t kept = 24, sinks = 4;
+  o.stage_keys = {{"ea_keydiff_outlier_z", 1.5}, {"ea_keydiff_outlier_share", 0.25}};
+  auto chunk = Compress(o, layout, in);
+  ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+  EXPECT_EQ(chunk->codec.score, ScoreStage::kExpectedAttention);
+  int differs_from_expected = 0;
+  for (int l = 0; l < 2; ++l) {
+    std::vector<Matrix> keys, vals;
+    ASSERT_NO_FATAL_FAILURE(LayerHeads(l, &keys, &vals));
+    for (int h = 0; h < 2; ++h) {
+      std::vector<float> ea, kd(n), fused(n);
+      ASSERT_NO_FATAL_FAILURE(Scores(l, h, keys[h], vals[h], &ea));
+      ASSERT_TRUE(KeyDiffScores(keys[h].View(), kd).ok());
+      ASSERT_TRUE(FuseKeyDiffRanks(ea, ea, 0.0, 0.0, sinks, n, fused).ok());
+      ASSERT_TRUE(ProtectKeyDiffOutliers(kd, 1.5, 5, sinks, n, fused).ok());
+      auto want = SelectTopK(fused, kept, {.sinks = sinks});
+      auto ea_only = SelectTopK(ea, kept, {.sinks = sinks});
+      ASSERT_TRUE(want.ok() && ea_only.ok());
+      std::vector<int64_t> want_pos;
+      for (int32_t i : *want) want_pos.push_back(pos[i]);
+      EXPECT_EQ(chunk->Head(l, h).positions, want_pos) << l << " " << h;
+      differs_from_expected += *want != *ea_only ? 1 : 0;
+    }
+  }
+  EXPECT_GT(differs_from_expected, 0);  // the outliers change what is kept
+  o.stage_keys = {{"ea_keydiff_outlier_z", -1.0}};
+  EXPECT_EQ(Compress(o, layout, in).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -60,6 +60,10 @@ struct MethodSpec {
   double ea_recent_share = 0.0;  // the share kept by recency (ExpectedAttentionOptions)
   // The KeyDiff share grows with the ratio: s = p_c (1 - ea_recent_share), ea_keydiff_share unused.
   bool ea_keydiff_by_ratio = false;
+  // KeyDiff's outliers first (ProtectKeyDiffOutliers): the policy keys ea_keydiff_outlier_z
+  // (0: off) and ea_keydiff_outlier_share (the share of the free budget they may take).
+  double ea_outlier_z = 0.0;
+  double ea_outlier_share = 1.0;
 };
 
 constexpr kernels::QuantFormat kI4 = kernels::QuantFormat::kInt4;
@@ -193,6 +197,25 @@ constexpr MethodSpec kSpecs[] = {
      .score = ScoreStage::kExpectedAttention,
      .ea_keydiff_share = 0.33,
      .ea_recent_share = 0.33},
+    // KeyDiff's outliers (scores above mean + z std of the evictable range) first, up to a
+    // share of the free budget, then the fused rank.
+    {.name = "ea_keydiff50_out2",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_keydiff_share = 0.5,
+     .ea_outlier_z = 2.0},
+    {.name = "ea_keydiff50_out15",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_keydiff_share = 0.5,
+     .ea_outlier_z = 1.5},
+    {.name = "ea_keydiff50_out3",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_keydiff_share = 0.5,
+     .ea_outlier_z = 3.0},
+    {.name = "ea_keydiff50_out2_half",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_keydiff_share = 0.5,
+     .ea_outlier_z = 2.0,
+     .ea_outlier_share = 0.5},
     {.name = "ea_keydiff_pc", .score = ScoreStage::kExpectedAttention, .ea_keydiff_by_ratio = true},
     {.name = "ea_keydiff_pc_recent20",
      .score = ScoreStage::kExpectedAttention,
@@ -455,7 +478,8 @@ class KernelMethod : public CompressionMethod {
     o.expected_attention.recent_share = spec_.ea_recent_share;
     // Expected-attention terms: the method's unless KVD_EA_FUTURE (future positions),
     // KVD_EA_VALUE_NORM / KVD_EA_COVARIANCE (0 = off), KVD_EA_KEYDIFF_SHARE,
-    // KVD_EA_RECENT_SHARE override them (comparison runs).
+    // KVD_EA_RECENT_SHARE, KVD_EA_OUTLIER_Z / KVD_EA_OUTLIER_SHARE override them (comparison
+    // runs).
     if (const char* f = std::getenv("KVD_EA_FUTURE"); f != nullptr && *f != '\0') {
       o.expected_attention.future_positions = std::strtoll(f, nullptr, 10);
     }
@@ -470,6 +494,17 @@ class KernelMethod : public CompressionMethod {
     }
     if (const char* r = std::getenv("KVD_EA_RECENT_SHARE"); r != nullptr && *r != '\0') {
       o.expected_attention.recent_share = std::strtod(r, nullptr);
+    }
+    double outlier_z = spec_.ea_outlier_z, outlier_share = spec_.ea_outlier_share;
+    if (const char* z = std::getenv("KVD_EA_OUTLIER_Z"); z != nullptr && *z != '\0') {
+      outlier_z = std::strtod(z, nullptr);
+    }
+    if (const char* c = std::getenv("KVD_EA_OUTLIER_SHARE"); c != nullptr && *c != '\0') {
+      outlier_share = std::strtod(c, nullptr);
+    }
+    if (o.score == ScoreStage::kExpectedAttention && outlier_z > 0.0) {
+      o.stage_keys["ea_keydiff_outlier_z"] = outlier_z;
+      o.stage_keys["ea_keydiff_outlier_share"] = outlier_share;
     }
     kernels::CompressionStats stats;
     std::vector<uint8_t> stored_raw;  // spec_.stored_bf16: the raw chunk in bfloat16

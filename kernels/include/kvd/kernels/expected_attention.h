@@ -141,4 +141,15 @@ Status FuseKeyDiffRanks(std::span<const float> expected, std::span<const float> 
                         double keydiff_share, double recent_share, int64_t begin, int64_t end,
                         std::span<float> fused);
 
+// Puts KeyDiff's outliers first: among the tokens [begin, end), those whose KeyDiff score is
+// above mean + z * std of the range's scores (float64, population std) are the outliers; the
+// `cap` highest of them (ties to the lower index) get fused[i] = 1 + cap - r, r their rank among
+// them (0 = highest), above every other token's fused score (<= 0 as FuseKeyDiffRanks writes
+// them); the rest of fused is unchanged. A distinctive key (a passkey) stands far out of its
+// chunk's key distribution, and a small budget keeps it only when it goes first. cap 0 or an
+// empty range: no change. INVALID_ARGUMENT for spans of different sizes, 0 <= begin <= end <= N
+// violated, z negative or not finite, cap negative or a NaN score.
+Status ProtectKeyDiffOutliers(std::span<const float> keydiff, double z, int64_t cap, int64_t begin,
+                              int64_t end, std::span<float> fused);
+
 }  // namespace kvd::kernels
