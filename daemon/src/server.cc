@@ -280,68 +280,76 @@ ChunkCodec* Server::Impl::codec(const std::string& model) const {
   return it == codecs_.end() ? nullptr : it->second.get();
 }
 
-Status Server::Impl::Start() {
+Status Server::Impl::ListenTcp() {
   boost::system::error_code ec;
-  if (!config_.listen.tcp.empty()) {
-    KVD_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(config_.listen.tcp));
-    asio::ip::tcp::resolver resolver(io_);
-    auto results = resolver.resolve(hp.host, std::to_string(hp.port), ec);
-    if (ec || results.empty()) {
-      return Status::InvalidArgument("listen.tcp: cannot resolve \"" + hp.host +
-                                     "\": " + ec.message());
-    }
-    asio::ip::tcp::endpoint endpoint = results.begin()->endpoint();
-    if (!endpoint.address().is_loopback() && !auth_.enabled) {
-      if (!config_.auth.allow_unauthenticated) {
-        return Status::PermissionDenied(
-            "listen.tcp " + config_.listen.tcp +
-            " reaches beyond loopback and auth.tokens_file is not set: anyone who reaches the "
-            "port could read, overwrite and evict every namespace. Set auth.tokens_file, or "
-            "auth.allow_unauthenticated: true to accept that");
-      }
-      KVD_LOG(WARNING) << "listening beyond loopback WITHOUT authentication "
-                          "(auth.allow_unauthenticated): any peer may use every namespace"
-                       << Kv("listen", config_.listen.tcp);
-    }
-    tcp_acceptor_.emplace(io_);
-    tcp_acceptor_->open(endpoint.protocol(), ec);
-    if (!ec) tcp_acceptor_->set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) tcp_acceptor_->bind(endpoint, ec);
-    if (!ec) tcp_acceptor_->listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      return Status::Unavailable("cannot listen on tcp " + config_.listen.tcp + ": " +
-                                 ec.message());
-    }
-    auto bound = tcp_acceptor_->local_endpoint();
-    std::string host = bound.address().to_string();
-    if (bound.address().is_v6()) host = "[" + host + "]";
-    tcp_address_ = host + ":" + std::to_string(bound.port());
+  if (config_.listen.tcp.empty()) return Status::Ok();
+  KVD_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(config_.listen.tcp));
+  asio::ip::tcp::resolver resolver(io_);
+  auto results = resolver.resolve(hp.host, std::to_string(hp.port), ec);
+  if (ec || results.empty()) {
+    return Status::InvalidArgument("listen.tcp: cannot resolve \"" + hp.host +
+                                   "\": " + ec.message());
   }
-  if (!config_.listen.unix_path.empty()) {
-    std::string path = config_.listen.ResolvedUnixPath();
-    struct stat st {};
-    if (::lstat(path.c_str(), &st) == 0) {
-      if (!S_ISSOCK(st.st_mode)) {
-        return Status::AlreadyExists("listen.unix: \"" + path + "\" exists and is not a socket");
-      }
-      asio::local::stream_protocol::socket probe(io_);
-      probe.connect(asio::local::stream_protocol::endpoint(path), ec);
-      if (!ec) {
-        return Status::AlreadyExists("listen.unix: another process (a running kvd?) listens on \"" +
-                                     path + "\"");
-      }
-      ::unlink(path.c_str());  // stale socket file of a dead daemon
+  asio::ip::tcp::endpoint endpoint = results.begin()->endpoint();
+  if (!endpoint.address().is_loopback() && !auth_.enabled) {
+    if (!config_.auth.allow_unauthenticated) {
+      return Status::PermissionDenied(
+          "listen.tcp " + config_.listen.tcp +
+          " reaches beyond loopback and auth.tokens_file is not set: anyone who reaches the "
+          "port could read, overwrite and evict every namespace. Set auth.tokens_file, or "
+          "auth.allow_unauthenticated: true to accept that");
     }
-    unix_acceptor_.emplace(io_);
-    asio::local::stream_protocol::endpoint endpoint(path);
-    unix_acceptor_->open(endpoint.protocol(), ec);
-    if (!ec) unix_acceptor_->bind(endpoint, ec);
-    if (!ec) unix_acceptor_->listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      return Status::Unavailable("cannot listen on unix socket \"" + path + "\": " + ec.message());
-    }
-    unix_path_ = path;
+    KVD_LOG(WARNING) << "listening beyond loopback WITHOUT authentication "
+                        "(auth.allow_unauthenticated): any peer may use every namespace"
+                     << Kv("listen", config_.listen.tcp);
   }
+  tcp_acceptor_.emplace(io_);
+  tcp_acceptor_->open(endpoint.protocol(), ec);
+  if (!ec) tcp_acceptor_->set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) tcp_acceptor_->bind(endpoint, ec);
+  if (!ec) tcp_acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Status::Unavailable("cannot listen on tcp " + config_.listen.tcp + ": " + ec.message());
+  }
+  auto bound = tcp_acceptor_->local_endpoint();
+  std::string host = bound.address().to_string();
+  if (bound.address().is_v6()) host = "[" + host + "]";
+  tcp_address_ = host + ":" + std::to_string(bound.port());
+  return Status::Ok();
+}
+
+Status Server::Impl::ListenUnix() {
+  boost::system::error_code ec;
+  if (config_.listen.unix_path.empty()) return Status::Ok();
+  std::string path = config_.listen.ResolvedUnixPath();
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return Status::AlreadyExists("listen.unix: \"" + path + "\" exists and is not a socket");
+    }
+    asio::local::stream_protocol::socket probe(io_);
+    probe.connect(asio::local::stream_protocol::endpoint(path), ec);
+    if (!ec) {
+      return Status::AlreadyExists("listen.unix: another process (a running kvd?) listens on \"" +
+                                   path + "\"");
+    }
+    ::unlink(path.c_str());  // stale socket file of a dead daemon
+  }
+  unix_acceptor_.emplace(io_);
+  asio::local::stream_protocol::endpoint endpoint(path);
+  unix_acceptor_->open(endpoint.protocol(), ec);
+  if (!ec) unix_acceptor_->bind(endpoint, ec);
+  if (!ec) unix_acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Status::Unavailable("cannot listen on unix socket \"" + path + "\": " + ec.message());
+  }
+  unix_path_ = path;
+  return Status::Ok();
+}
+
+Status Server::Impl::Start() {
+  KVD_RETURN_IF_ERROR(ListenTcp());
+  KVD_RETURN_IF_ERROR(ListenUnix());
   if (!config_.metrics.listen.empty()) {
     auto endpoint = MetricsEndpoint::Start(
         io_, config_.metrics.listen, [this] { return metrics_.RenderPrometheus(Snapshot()); });

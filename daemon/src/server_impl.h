@@ -18,20 +18,20 @@
 #include "asio_util.h"
 #include "auth.h"
 #include "event_hub.h"
+#include "kv_events_publisher.h"
 #include "kvd/cluster/membership.h"
 #include "kvd/daemon/chunk_codec.h"
 #include "kvd/daemon/server.h"
 #include "kvd/storage/disk_tier.h"
 #include "kvd/storage/tier_manager.h"
-#include "kv_events_publisher.h"
 #include "metrics.h"
 #include "metrics_http.h"
 #include "nccl_link.h"
 #include "peer_fetch.h"
 #include "progress_loop.h"
 #include "put_ledger.h"
-#include "session_services.h"
 #include "read_buffer.h"
+#include "session_services.h"
 #include "shm_arena.h"
 
 namespace kvd::daemon {
@@ -82,11 +82,11 @@ class Server::Impl : public ReservationBook, public PutServices {
   Status Init();   // auth, transport, tiers, codecs (its steps below, in order)
   Status Start();  // listeners, progress thread
   // Init's steps.
-  Status LoadAuth();            // auth.tokens_file
-  Status StartTransport();      // the bulk transport and its address
-  Status CreateHostTier();      // the host arena (shared memory or registered) and the HostTier
-  Status CreateTierManager();   // the disk and GPU tiers, the manager over all, the NCCL link
-  Status CreateCodecs();        // a ChunkCodec per model with a compression policy
+  Status LoadAuth();           // auth.tokens_file
+  Status StartTransport();     // the bulk transport and its address
+  Status CreateHostTier();     // the host arena (shared memory or registered) and the HostTier
+  Status CreateTierManager();  // the disk and GPU tiers, the manager over all, the NCCL link
+  Status CreateCodecs();       // a ChunkCodec per model with a compression policy
   void Run();
   void Shutdown();  // thread-safe
 
@@ -160,11 +160,15 @@ class Server::Impl : public ReservationBook, public PutServices {
   asio::awaitable<void> ExpiryLoop();
   // Snapshot's counters of the tiers (host, disk, gpu figures; zero for a tier the node lacks),
   // the arena and the tier manager's placement and integrity counts.
-  std::vector<std::pair<std::string, uint64_t>> TierCounterList(const storage::TierStats& host,
-                                                                const storage::TierStats& disk,
-                                                                const storage::TierStats& gpu) const;
+  std::vector<std::pair<std::string, uint64_t>> TierCounterList(
+      const storage::TierStats& host, const storage::TierStats& disk,
+      const storage::TierStats& gpu) const;
   void BeginShutdown();
   void StartPrefault();
+  // Start's steps: bind and listen on listen.tcp (refusing a non-loopback address without
+  // authentication unless allowed) and on listen.unix (replacing a stale socket file).
+  Status ListenTcp();
+  Status ListenUnix();
   void StopPrefault();
 
   DaemonConfig config_;
