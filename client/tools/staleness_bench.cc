@@ -70,11 +70,17 @@ StatusOr<Seen> PollUntil(Client& reader, std::span<const Hash128> chain,
 
 Hash128 RandomHash(std::mt19937_64& rng) { return Hash128{rng(), rng()}; }
 
+// How long one kind of change (a put committed, a chunk evicted) took to show, one entry per
+// sample: at the reader's cluster lookups and at the events subscriber.
+struct ChangeFigures {
+  std::vector<double> to_lookup, to_event;
+  int64_t max_lookups = 0;
+};
+
 // The figures of a run, one entry per sample.
 struct Tally {
-  std::vector<double> commit_to_visible, evict_to_invisible, commit_to_event, evict_to_event,
-      put_us, evict_us;
-  int64_t max_lookups_visible = 0, max_lookups_invisible = 0;
+  ChangeFigures commit, evict;
+  std::vector<double> put_us, evict_us;
 };
 
 class StalenessRun {
@@ -92,6 +98,10 @@ class StalenessRun {
   // kvd sends that peer its next request, so a pinned chunk gets a cluster lookup of a chain
   // nobody holds (which carries the release) and another try.
   Status Evict(const Hash128& hash);
+  // Times how long the change to `hash` made at `t0` takes to show: cluster lookups until `done`
+  // holds, then (with a subscriber) its BlockStored (`stored`) or BlockRemoved event.
+  Status TimeChange(const Hash128& hash, Clock::time_point t0, bool stored,
+                    const std::function<bool(const LookupResult&)>& done, ChangeFigures* f);
 
   const StalenessOptions& o_;
   std::mt19937_64 rng_;
@@ -156,35 +166,34 @@ Status StalenessRun::Evict(const Hash128& hash) {
   return Status(StatusCode::kDeadlineExceeded, "chunk stayed pinned");
 }
 
+Status StalenessRun::TimeChange(const Hash128& hash, Clock::time_point t0, bool stored,
+                                const std::function<bool(const LookupResult&)>& done,
+                                ChangeFigures* f) {
+  const Clock::time_point deadline = t0 + std::chrono::milliseconds(o_.wait_ms);
+  KVD_ASSIGN_OR_RETURN(Seen seen, PollUntil(*reader_, std::span(&hash, 1), done, deadline));
+  f->to_lookup.push_back(Us(seen.at - t0));
+  f->max_lookups = std::max(f->max_lookups, seen.lookups);
+  if (!events_) return Status::Ok();
+  auto at = events_->WaitFor(hash.lo, stored, deadline);
+  if (!at) {
+    return Status(StatusCode::kDeadlineExceeded,
+                  stored ? "BlockStored never arrived" : "BlockRemoved never arrived");
+  }
+  f->to_event.push_back(Us(*at - t0));
+  return Status::Ok();
+}
+
 Status StalenessRun::Sample() {
   const Hash128 hash = RandomHash(rng_);
-  const std::span<const Hash128> chain(&hash, 1);
-  const auto wait = std::chrono::milliseconds(o_.wait_ms);
   const auto t_put = Clock::now();
   KVD_RETURN_IF_ERROR(writer_->Put(hash, o_.tokens, bytes_.data(), bytes_.size()).status());
   const auto t_commit = Clock::now();
   t_.put_us.push_back(Us(t_commit - t_put));
   auto held = [&](const LookupResult& r) { return HeldBy(r, o_.holder).value_or(0) >= 1; };
-  KVD_ASSIGN_OR_RETURN(Seen visible, PollUntil(*reader_, chain, held, t_commit + wait));
-  t_.commit_to_visible.push_back(Us(visible.at - t_commit));
-  t_.max_lookups_visible = std::max(t_.max_lookups_visible, visible.lookups);
-  if (events_) {
-    auto at = events_->WaitFor(hash.lo, true, t_commit + wait);
-    if (!at) return Status(StatusCode::kDeadlineExceeded, "BlockStored never arrived");
-    t_.commit_to_event.push_back(Us(*at - t_commit));
-  }
+  KVD_RETURN_IF_ERROR(TimeChange(hash, t_commit, true, held, &t_.commit));
   KVD_RETURN_IF_ERROR(Evict(hash));
-  const auto t_evict = Clock::now();
   auto gone = [&](const LookupResult& r) { return HeldBy(r, o_.holder) == 0u; };
-  KVD_ASSIGN_OR_RETURN(Seen invisible, PollUntil(*reader_, chain, gone, t_evict + wait));
-  t_.evict_to_invisible.push_back(Us(invisible.at - t_evict));
-  t_.max_lookups_invisible = std::max(t_.max_lookups_invisible, invisible.lookups);
-  if (events_) {
-    auto at = events_->WaitFor(hash.lo, false, t_evict + wait);
-    if (!at) return Status(StatusCode::kDeadlineExceeded, "BlockRemoved never arrived");
-    t_.evict_to_event.push_back(Us(*at - t_evict));
-  }
-  return Status::Ok();
+  return TimeChange(hash, Clock::now(), false, gone, &t_.evict);
 }
 
 nlohmann::json StalenessRun::Report() const {
@@ -195,13 +204,13 @@ nlohmann::json StalenessRun::Report() const {
                       {"chunk_bytes", bytes_.size()},
                       {"put", Summary(t_.put_us)},
                       {"evict", Summary(t_.evict_us)},
-                      {"commit_to_visible", Summary(t_.commit_to_visible)},
-                      {"evict_to_invisible", Summary(t_.evict_to_invisible)},
-                      {"max_lookups_to_visible", t_.max_lookups_visible},
-                      {"max_lookups_to_invisible", t_.max_lookups_invisible}};
+                      {"commit_to_visible", Summary(t_.commit.to_lookup)},
+                      {"evict_to_invisible", Summary(t_.evict.to_lookup)},
+                      {"max_lookups_to_visible", t_.commit.max_lookups},
+                      {"max_lookups_to_invisible", t_.evict.max_lookups}};
   if (events_) {
-    j["commit_to_event"] = Summary(t_.commit_to_event);
-    j["evict_to_event"] = Summary(t_.evict_to_event);
+    j["commit_to_event"] = Summary(t_.commit.to_event);
+    j["evict_to_event"] = Summary(t_.evict.to_event);
     j["undecodable_batches"] = events_->undecodable();
   }
   return j;

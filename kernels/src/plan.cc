@@ -418,7 +418,7 @@ StatusOr<std::vector<int64_t>> AdaptiveLayerHeadPairs(const PlanRun& run, int la
     const Clock::time_point score_start = Clock::now();
     head_status[h] = internal::HeadScores(
         run.options, keys[h].View(), values[h].View(), run.Queries(layer, h), run.window, run.group,
-        expected.empty() ? nullptr : &expected[static_cast<size_t>(h)], &scores[h]);
+        layer_pairs, expected.empty() ? nullptr : &expected[static_cast<size_t>(h)], &scores[h]);
     score_ns[h] += NanosSince(score_start);
   });
   for (int h = 0; h < H; ++h) {

@@ -138,7 +138,7 @@ Status HeadPipeline::EnsureScores() {
   if (have_scores_) return Status::Ok();
   StageScope scope(&clock_, &times_.score_ns);
   KVD_RETURN_IF_ERROR(HeadScores(opt_, in_.keys, in_.values, in_.queries, in_.window,
-                                 in_.group_size, in_.expected, &scores_));
+                                 in_.group_size, in_.kept_pairs, in_.expected, &scores_));
   have_scores_ = true;
   return Status::Ok();
 }
@@ -332,7 +332,7 @@ Status HeadPipeline::Run(CompactHead* out, CompressionStats* stats) {
 
 Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,
                   ConstMatrixView values, ConstMatrixView queries, int64_t window, int group_size,
-                  const ExpectedQueries* expected, std::vector<float>* scores) {
+                  int64_t kept, const ExpectedQueries* expected, std::vector<float>* scores) {
   scores->assign(static_cast<size_t>(keys.rows), 0.0f);
   const StageRegistration* stage = FindStage(options.score);
   if (stage == nullptr) return Status::InvalidArgument("plan: unknown stage");
@@ -342,6 +342,7 @@ Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,
                           .queries = queries,
                           .window = window,
                           .group_size = group_size,
+                          .kept = kept,
                           .expected = stage->needs_query_stats ? expected : nullptr};
   return stage->score(in, *scores);
 }

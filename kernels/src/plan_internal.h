@@ -36,7 +36,7 @@ StatusOr<double> LayerCentredAdjacentCosine(const RopeTable& rope, std::span<con
 // Single-threaded. `expected` is passed to needs_query_stats stages only (non-null there).
 Status HeadScores(const CompressionPlanOptions& options, ConstMatrixView keys,
                   ConstMatrixView values, ConstMatrixView queries, int64_t window, int group_size,
-                  const ExpectedQueries* expected, std::vector<float>* scores);
+                  int64_t kept, const ExpectedQueries* expected, std::vector<float>* scores);
 
 // PyramidKV layer budgets of a chunk of n tokens adjusted so that they sum to exactly layers * m,
 // each within [forced, n] (plan.h). OUT_OF_RANGE when that is impossible.

@@ -40,13 +40,6 @@ Status KeyDiffHeadScores(const ScoreHeadInput& in, std::span<float> scores) {
 constexpr char kOutlierZ[] = "ea_keydiff_outlier_z";
 constexpr char kOutlierShare[] = "ea_keydiff_outlier_share";
 
-// The evictable tokens [begin, end) the chunk's budget keeps: m = round((1 - p_c) n) less the
-// forced sinks and window (plan.cc LayerPairs).
-int64_t FreeBudget(const CompressionPlanOptions& o, int64_t n, int64_t begin, int64_t end) {
-  const int64_t m = std::llround((1.0 - o.p_c) * static_cast<double>(n));
-  return std::max<int64_t>(0, m - begin - (n - end));
-}
-
 Status ExpectedAttentionHeadScores(const ScoreHeadInput& in, std::span<float> scores) {
   if (in.expected == nullptr) {
     return Status::Internal("plan: expected_attention scores without expected queries");
@@ -72,8 +65,10 @@ Status ExpectedAttentionHeadScores(const ScoreHeadInput& in, std::span<float> sc
                                        ea.keydiff_share > 0.0 ? keydiff : expected_scores,
                                        ea.keydiff_share, ea.recent_share, begin, end, scores));
   if (z <= 0.0) return Status::Ok();
-  const int64_t cap = std::llround(StageKeyValue(*in.options, kOutlierShare) *
-                                   static_cast<double>(FreeBudget(*in.options, n, begin, end)));
+  // The evictable tokens the head's budget keeps: its kept tokens less the sinks and window.
+  const int64_t free = std::max<int64_t>(0, in.kept - begin - (n - end));
+  const int64_t cap =
+      std::llround(StageKeyValue(*in.options, kOutlierShare) * static_cast<double>(free));
   return ProtectKeyDiffOutliers(keydiff, z, cap, begin, end, scores);
 }
 

@@ -64,6 +64,9 @@ struct ScoreHeadInput {
   ConstMatrixView queries;  // [W*G, d] post-RoPE window queries, or rows == 0 (none)
   int64_t window = 0;       // effective window (0 without queries)
   int group_size = 1;       // query heads per KV head
+  // Tokens the head's budget keeps, sinks and window included (the layer's budget when head-wise
+  // budgets are shared out after scoring).
+  int64_t kept = 0;
   // needs_query_stats stages: this head's expected queries (non-null there), else null.
   const ExpectedQueries* expected = nullptr;
 };
