@@ -151,6 +151,9 @@ StatusOr<std::unique_ptr<DevicePlan::State>> CreateDevicePlanState(
     const VectorWeights* weights, const DevicePlanOptions& device) {
   KVD_CUDA_FORWARD(CreateDevicePlanState, options, layout, rope, weights, device);
 }
+StatusOr<bool> HasDeviceSteps(StageKind kind, uint8_t code) {
+  KVD_CUDA_FORWARD(HasDeviceSteps, kind, code);
+}
 StatusOr<void*> AllocatePinned(size_t bytes) { KVD_CUDA_FORWARD(AllocatePinned, bytes); }
 void FreePinned(void* p) {
   if (p == nullptr) return;

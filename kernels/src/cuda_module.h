@@ -37,7 +37,7 @@ Status CopyToHostSync(void* host, const void* device, size_t bytes, void* stream
 
 // Raised with every change of CudaKernelsApi: the module and its loader are built together, a
 // module of another build is refused.
-inline constexpr int kCudaKernelsApiVersion = 3;
+inline constexpr int kCudaKernelsApiVersion = 4;
 
 struct CudaKernelsApi {
   int version = kCudaKernelsApiVersion;
@@ -54,6 +54,7 @@ struct CudaKernelsApi {
   decltype(&cuda::VectorResiduals) VectorResiduals = nullptr;
   decltype(&cuda::RebuildValues) RebuildValues = nullptr;
   decltype(&cuda::CreateDevicePlanState) CreateDevicePlanState = nullptr;
+  decltype(&cuda::HasDeviceSteps) HasDeviceSteps = nullptr;
   decltype(&cuda::AllocatePinned) AllocatePinned = nullptr;
   decltype(&cuda::FreePinned) FreePinned = nullptr;
   decltype(&cuda::UploadImage) UploadImage = nullptr;

@@ -402,31 +402,42 @@ StatusOr<std::vector<ExpectedQueries>> LayerExpectedQueries(const PlanRun& run, 
   return expected;
 }
 
-// HeadBudget::kAdaptive: the layer's `layer_pairs` shared among its heads by their scores; the
+// One layer's heads as the plan hands them to the per-head pipeline.
+struct LayerHeads {
+  std::vector<Matrix> keys, values;       // [H] of [N, d]
+  std::vector<ExpectedQueries> expected;  // [H], or empty without query statistics
+  std::vector<int64_t> pairs;             // [H] the pairs each head keeps
+  // HeadBudget::kAdaptive: [H] the scores that shared out the layer's budget, which the heads'
+  // pools are selected with (each head is scored once); else empty (the pipeline scores).
+  std::vector<std::vector<float>> scores;
+  bool merge_open = true;  // the merge gate's verdict on the layer (plan.h merge_gate)
+};
+
+// HeadBudget::kAdaptive: scores every head of `heads` (kept = the layer's budget) into
+// heads->scores and shares `layer_pairs` among them by those scores into heads->pairs; the
 // scoring time goes to score_ns.
-StatusOr<std::vector<int64_t>> AdaptiveLayerHeadPairs(const PlanRun& run, int layer,
-                                                      const std::vector<Matrix>& keys,
-                                                      const std::vector<Matrix>& values,
-                                                      const std::vector<ExpectedQueries>& expected,
-                                                      int64_t layer_pairs,
-                                                      CompressionStats* total) {
+Status AdaptiveLayerHeadPairs(const PlanRun& run, int layer, int64_t layer_pairs, LayerHeads* heads,
+                              CompressionStats* total) {
   const int H = run.kv_heads();
-  std::vector<std::vector<float>> scores(static_cast<size_t>(H));
+  std::vector<std::vector<float>>& scores = heads->scores;
+  scores.assign(static_cast<size_t>(H), {});
   std::vector<Status> head_status(static_cast<size_t>(H));
   std::vector<int64_t> score_ns(static_cast<size_t>(H), 0);
   ParallelFor(H, run.exec.num_threads, [&](int64_t h) {
     const Clock::time_point score_start = Clock::now();
     head_status[h] = internal::HeadScores(
-        run.options, keys[h].View(), values[h].View(), run.Queries(layer, h), run.window, run.group,
-        layer_pairs, expected.empty() ? nullptr : &expected[static_cast<size_t>(h)], &scores[h]);
+        run.options, heads->keys[h].View(), heads->values[h].View(), run.Queries(layer, h),
+        run.window, run.group, layer_pairs,
+        heads->expected.empty() ? nullptr : &heads->expected[static_cast<size_t>(h)], &scores[h]);
     score_ns[h] += NanosSince(score_start);
   });
   for (int h = 0; h < H; ++h) {
     KVD_RETURN_IF_ERROR(head_status[h].WithContext("plan: scores of " + HeadName(layer, h)));
   }
   for (int64_t ns : score_ns) total->stage.score_ns += ns;
-  return AdaptiveHeadBudgets(scores, layer_pairs, run.options.sinks, run.window,
-                             run.options.adaptive_floor);
+  KVD_ASSIGN_OR_RETURN(heads->pairs, AdaptiveHeadBudgets(scores, layer_pairs, run.options.sinks,
+                                                         run.window, run.options.adaptive_floor));
+  return Status::Ok();
 }
 
 // Whether the merge gate lets the layer merge (always without the gate); a closed layer is
@@ -441,28 +452,26 @@ StatusOr<bool> MergeLayerOpen(const PlanRun& run, const std::vector<Matrix>& key
   return open;
 }
 
-// Compresses one layer's heads in parallel into `chunk`, each keeping its `head_pairs`.
-Status CompressLayerHeads(const PlanRun& run, int layer, const std::vector<Matrix>& keys,
-                          const std::vector<Matrix>& values,
-                          const std::vector<ExpectedQueries>& expected,
-                          const std::vector<int64_t>& head_pairs, bool merge_layer_open,
+// Compresses one layer's heads in parallel into `chunk`, each keeping its pairs.
+Status CompressLayerHeads(const PlanRun& run, int layer, const LayerHeads& heads,
                           CompactChunk* chunk, CompressionStats* total) {
   const int H = run.kv_heads();
   std::vector<CompressionStats> head_stats(static_cast<size_t>(H));
   std::vector<Status> head_status(static_cast<size_t>(H));
   ParallelFor(H, run.exec.num_threads, [&](int64_t h) {
     internal::HeadInput hi;
-    hi.merge_layer_open = merge_layer_open;
-    hi.expected = expected.empty() ? nullptr : &expected[static_cast<size_t>(h)];
-    hi.options = &run.options;
-    hi.rope = &run.rope;
-    hi.keys = keys[h].View();
-    hi.values = values[h].View();
-    hi.positions = run.input.positions;
-    if (!run.input.window_queries.empty()) hi.queries = run.Queries(layer, h);
-    hi.group_size = run.group;
-    hi.window = run.window;
-    hi.kept_pairs = head_pairs[h];
+    hi.head.options = &run.options;
+    hi.head.rope = &run.rope;
+    hi.head.keys = heads.keys[h].View();
+    hi.head.values = heads.values[h].View();
+    hi.head.positions = run.input.positions;
+    hi.head.queries = run.Queries(layer, h);
+    hi.head.window = run.window;
+    hi.head.group_size = run.group;
+    hi.head.layer_open = heads.merge_open;
+    hi.expected = heads.expected.empty() ? nullptr : &heads.expected[static_cast<size_t>(h)];
+    hi.scores = heads.scores.empty() ? nullptr : &heads.scores[static_cast<size_t>(h)];
+    hi.kept_pairs = heads.pairs[h];
     hi.fit = run.weights != nullptr ? &run.weights->Head(layer, static_cast<int>(h)) : nullptr;
     hi.dtype = run.layout.dtype;
     head_stats[h] = CompressionStats{};
@@ -479,18 +488,15 @@ Status CompressLayerHeads(const PlanRun& run, int layer, const std::vector<Matri
 // One layer of the plan: convert, budget the heads, gate the merges, compress each head.
 Status CompressLayer(const PlanRun& run, int layer, int64_t layer_pairs, CompactChunk* chunk,
                      CompressionStats* total) {
-  std::vector<Matrix> keys, values;
-  KVD_RETURN_IF_ERROR(GatherLayer(run, layer, &keys, &values, total));
-  std::vector<int64_t> head_pairs(static_cast<size_t>(run.kv_heads()), layer_pairs);
-  KVD_ASSIGN_OR_RETURN(const std::vector<ExpectedQueries> expected,
-                       LayerExpectedQueries(run, layer));
+  LayerHeads heads;
+  KVD_RETURN_IF_ERROR(GatherLayer(run, layer, &heads.keys, &heads.values, total));
+  heads.pairs.assign(static_cast<size_t>(run.kv_heads()), layer_pairs);
+  KVD_ASSIGN_OR_RETURN(heads.expected, LayerExpectedQueries(run, layer));
   if (run.options.head_budget == HeadBudget::kAdaptive) {
-    KVD_ASSIGN_OR_RETURN(
-        head_pairs, AdaptiveLayerHeadPairs(run, layer, keys, values, expected, layer_pairs, total));
+    KVD_RETURN_IF_ERROR(AdaptiveLayerHeadPairs(run, layer, layer_pairs, &heads, total));
   }
-  KVD_ASSIGN_OR_RETURN(const bool merge_layer_open, MergeLayerOpen(run, keys, total));
-  return CompressLayerHeads(run, layer, keys, values, expected, head_pairs, merge_layer_open, chunk,
-                            total);
+  KVD_ASSIGN_OR_RETURN(heads.merge_open, MergeLayerOpen(run, heads.keys, total));
+  return CompressLayerHeads(run, layer, heads, chunk, total);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kvd/kernels/plan_device.h"
+#include "kvd/kernels/stages.h"
 
 namespace kvd::kernels {
 
@@ -52,6 +53,11 @@ namespace cuda {
 StatusOr<std::unique_ptr<DevicePlan::State>> CreateDevicePlanState(
     const CompressionPlanOptions& options, const ModelLayout& layout, const RopeTable& rope,
     const VectorWeights* weights, const DevicePlanOptions& device);
+// Whether the device plan has a step for the stage registered as (kind, code): its row of the
+// module's stage table (cuda/plan_device.cu kDeviceStages). The host's CheckDevicePlanSupported
+// reads the registration's `device` instead, so that it answers without loading the module;
+// kernels_test checks the two agree for every registered stage. Errors: the module's loading.
+StatusOr<bool> HasDeviceSteps(StageKind kind, uint8_t code);
 }  // namespace cuda
 #endif
 

@@ -60,7 +60,7 @@ class StageScope {
 class HeadPipeline final : public HeadCache {
  public:
   explicit HeadPipeline(const HeadInput& in)
-      : in_(in), opt_(*in.options), n_(in.keys.rows), d_(in.keys.cols) {}
+      : in_(in), opt_(*in.head.options), n_(in.head.keys.rows), d_(in.head.keys.cols) {}
 
   Status Run(CompactHead* out, CompressionStats* stats);
 
@@ -69,7 +69,7 @@ class HeadPipeline final : public HeadCache {
   StatusOr<std::span<const float>> Center() override;
 
  private:
-  bool IsForced(int64_t i) const { return i < opt_.sinks || i >= n_ - in_.window; }
+  bool IsForced(int64_t i) const { return i < opt_.sinks || i >= n_ - in_.head.window; }
   Status EnsureKeysPre();
   Status EnsureScores();
   Status EnsureMass();
@@ -90,9 +90,10 @@ class HeadPipeline final : public HeadCache {
   const CompressionPlanOptions& opt_;
   const int64_t n_;
   const int64_t d_;
-  Matrix kpre_;                // [N, d] de-rotated keys (lazy)
-  std::vector<float> scores_;  // [N] (lazy)
-  std::vector<float> mass_;    // [N] attention mass (lazy; empty without queries)
+  Matrix kpre_;                    // [N, d] de-rotated keys (lazy)
+  std::vector<float> own_scores_;  // [N] when the pipeline scores the head
+  std::span<const float> scores_;  // [N] (lazy): in_.scores or own_scores_
+  std::vector<float> mass_;        // [N] attention mass (lazy; empty without queries)
   bool have_kpre_ = false, have_scores_ = false, have_mass_ = false;
   std::unique_ptr<MergeState> merge_state_;  // the merge stage's, across route budget retries
   CompressionStageTimes times_;
@@ -128,17 +129,23 @@ Status HeadPipeline::EnsureKeysPre() {
   if (have_kpre_) return Status::Ok();
   StageScope scope(&clock_, &times_.derotate_ns);
   kpre_ = Matrix(n_, d_);
-  KVD_RETURN_IF_ERROR(ApplyRope(*in_.rope, RopeDirection::kDerotate, in_.positions, in_.keys,
-                                kpre_.View(), {.num_threads = 1}));
+  KVD_RETURN_IF_ERROR(ApplyRope(*in_.head.rope, RopeDirection::kDerotate, in_.head.positions,
+                                in_.head.keys, kpre_.View(), {.num_threads = 1}));
   have_kpre_ = true;
   return Status::Ok();
 }
 
 Status HeadPipeline::EnsureScores() {
   if (have_scores_) return Status::Ok();
-  StageScope scope(&clock_, &times_.score_ns);
-  KVD_RETURN_IF_ERROR(HeadScores(opt_, in_.keys, in_.values, in_.queries, in_.window,
-                                 in_.group_size, in_.kept_pairs, in_.expected, &scores_));
+  if (in_.scores != nullptr) {  // the plan scored the head already (HeadInput::scores)
+    scores_ = *in_.scores;
+  } else {
+    StageScope scope(&clock_, &times_.score_ns);
+    KVD_RETURN_IF_ERROR(HeadScores(opt_, in_.head.keys, in_.head.values, in_.head.queries,
+                                   in_.head.window, in_.head.group_size, in_.kept_pairs,
+                                   in_.expected, &own_scores_));
+    scores_ = own_scores_;
+  }
   have_scores_ = true;
   return Status::Ok();
 }
@@ -146,19 +153,22 @@ Status HeadPipeline::EnsureScores() {
 Status HeadPipeline::EnsureMass() {
   if (have_mass_) return Status::Ok();
   have_mass_ = true;
-  if (in_.queries.rows == 0) return Status::Ok();
+  if (in_.head.queries.rows == 0) return Status::Ok();
   mass_.assign(static_cast<size_t>(n_), 0.0f);
-  ObservationHead head{.queries = in_.queries, .keys = in_.keys};
-  ObservationOptions oo{.mask = MaskKind::kCausalWindow, .group_size = in_.group_size};
+  ObservationHead head;
+  head.queries = in_.head.queries;
+  head.keys = in_.head.keys;
+  ObservationOptions oo{.mask = MaskKind::kCausalWindow, .group_size = in_.head.group_size};
   return ComputeAttentionMass(head, oo, mass_, {.num_threads = 1});
 }
 
 StatusOr<std::vector<int32_t>> HeadPipeline::SelectPool(int64_t pool) {
   StageScope scope(&clock_, &times_.select_ns);
-  SelectionOptions sel{.sinks = opt_.sinks, .window = in_.window};
+  SelectionOptions sel{.sinks = opt_.sinks, .window = in_.head.window};
   if (opt_.score == ScoreStage::kKeyDiff && opt_.keydiff_block > 0) {
-    return KeyDiffBlockwiseSelect(
-        in_.keys, pool, {.block_size = opt_.keydiff_block, .selection = sel}, {.num_threads = 1});
+    return KeyDiffBlockwiseSelect(in_.head.keys, pool,
+                                  {.block_size = opt_.keydiff_block, .selection = sel},
+                                  {.num_threads = 1});
   }
   KVD_RETURN_IF_ERROR(EnsureScores());
   return SelectTopK(scores_, pool, sel);
@@ -169,10 +179,10 @@ Status HeadPipeline::BuildEviction(const std::vector<int32_t>& pool, HeadSlots* 
   t->Resize(static_cast<int64_t>(pool.size()), d_);
   for (size_t j = 0; j < pool.size(); ++j) {
     const int64_t i = pool[j];
-    CopyRow(in_.keys.Row(i), t->keys_post.Row(j), d_);
-    CopyRow(in_.values.Row(i), t->value_sums.Row(j), d_);
+    CopyRow(in_.head.keys.Row(i), t->keys_post.Row(j), d_);
+    CopyRow(in_.head.values.Row(i), t->value_sums.Row(j), d_);
     if (have_kpre_) CopyRow(kpre_.Row(i), t->keys_pre.Row(j), d_);
-    t->positions[j] = in_.positions[i];
+    t->positions[j] = in_.head.positions[i];
     t->forced[j] = IsForced(i);
     t->token[j] = i;
   }
@@ -187,27 +197,20 @@ Status HeadPipeline::BuildSlots(const StageRegistration* merge, int64_t pool, He
   }
   if (merge == nullptr) return BuildEviction(sel, t);
   StageScope scope(&clock_, &times_.merge_ns);
-  const MergeHeadInput in{.options = &opt_,
-                          .rope = in_.rope,
-                          .keys = in_.keys,
-                          .values = in_.values,
-                          .positions = in_.positions,
-                          .queries = in_.queries,
-                          .window = in_.window,
-                          .group_size = in_.group_size,
-                          .layer_open = in_.merge_layer_open,
-                          .slots = pool,
-                          .pool = sel,
-                          .selected = selected,
-                          .cache = this,
-                          .state = &merge_state_};
+  MergeHeadInput in = in_.head;
+  in.slots = pool;
+  in.pool = sel;
+  in.selected = selected;
+  in.cache = this;
+  in.state = &merge_state_;
   return merge->merge(in, t);
 }
 
 Status HeadPipeline::RouteErrors(const StageRegistration& route, const HeadSlots& t,
                                  std::vector<float>* err) {
   StageScope scope(&clock_, &times_.route_ns);
-  const RouteHeadInput in{.options = &opt_, .values = in_.values, .fit = in_.fit, .cache = this};
+  const RouteHeadInput in{
+      .options = &opt_, .values = in_.head.values, .fit = in_.fit, .cache = this};
   return route.route(in, t, err);
 }
 
@@ -279,11 +282,11 @@ void HeadPipeline::AddStats(const HeadSlots& t, const CompactHead& out, int64_t 
 }
 
 Status HeadPipeline::Run(CompactHead* out, CompressionStats* stats) {
-  const int64_t forced = std::min(n_, opt_.sinks) + in_.window;
-  if (n_ < opt_.sinks + in_.window) {
+  const int64_t forced = std::min(n_, opt_.sinks) + in_.head.window;
+  if (n_ < opt_.sinks + in_.head.window) {
     return Status::InvalidArgument("N=" + std::to_string(n_) + " is smaller than sinks (" +
                                    std::to_string(opt_.sinks) + ") + window (" +
-                                   std::to_string(in_.window) + ")");
+                                   std::to_string(in_.head.window) + ")");
   }
   const StageRegistration* merge = FindStage(opt_.merge);  // null: eviction
   const StageRegistration* route = FindStage(opt_.route);  // null: no routing

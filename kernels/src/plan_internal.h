@@ -11,20 +11,19 @@
 
 namespace kvd::kernels::internal {
 
+// One (layer, KV head) of the plan. `head` is the head as its merge stage sees it (stages.h):
+// the plan fills the options, RoPE table, tensors, window and layer gate; the pipeline adds the
+// fields of each merge call (slots, pool, selected, cache, state). The score and route stages'
+// inputs are built from it.
 struct HeadInput {
-  const CompressionPlanOptions* options = nullptr;
-  const RopeTable* rope = nullptr;
-  ConstMatrixView keys;                // [N, d] post-RoPE
-  ConstMatrixView values;              // [N, d]
-  std::span<const int64_t> positions;  // [N]
-  ConstMatrixView queries;             // [W*G, d] post-RoPE, or rows == 0
-  int group_size = 1;
-  int64_t window = 0;                  // effective window (0 without queries)
+  MergeHeadInput head;
   int64_t kept_pairs = 0;              // M of this head
   const VectorHeadFit* fit = nullptr;  // the head's VECTOR weights (a needs_calibration route)
   DType dtype = DType::kBFloat16;
-  bool merge_layer_open = true;               // merge_gate: the layer gate (plan.h)
   const ExpectedQueries* expected = nullptr;  // score kExpectedAttention: this head's queries
+  // The head's scores [N] when the plan already has them (HeadBudget::kAdaptive scores every
+  // head to share out the layer's budget), else null: the pipeline scores the head.
+  const std::vector<float>* scores = nullptr;
 };
 
 // merge_gate's layer statistic: the mean over heads of MeanCentredAdjacentCosine of the

@@ -29,6 +29,7 @@ CudaKernelsApi MakeApi() {
   api.VectorResiduals = &VectorResiduals;
   api.RebuildValues = &RebuildValues;
   api.CreateDevicePlanState = &CreateDevicePlanState;
+  api.HasDeviceSteps = &HasDeviceSteps;
   api.AllocatePinned = &AllocatePinned;
   api.FreePinned = &FreePinned;
   api.UploadImage = &UploadImage;

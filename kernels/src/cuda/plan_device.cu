@@ -7,6 +7,11 @@
 // largest layer's slot count Smax; per-layer counts come from a small table uploaded with the
 // positions (`meta`: S, 2a, packed slot offset and packed value offset of every layer). The only
 // synchronisation is after the compact arrays are copied to the host.
+//
+// The score, merge and route stages run through kDeviceStages (below the plan): one row per
+// stage the device plan implements, keyed by its registration's (kind, code) (stages.h), naming
+// its device step. The module cannot read the host's registry; the host asks this table through
+// the module (HasDeviceSteps) and kernels_test checks it against the registrations' `device`.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -17,6 +22,7 @@
 #include "cuda/cuda_common.cuh"
 #include "cuda/elements.cuh"
 #include "cuda/launch.cuh"
+#include "kvd/kernels/stages.h"
 #include "plan_device_internal.h"
 
 namespace kvd::kernels::cuda {
@@ -239,6 +245,51 @@ enum Mark {
   kMarks
 };
 
+// The sizes of one Run and which of its stages run.
+struct RunShape {
+  int L = 0;
+  int64_t H = 0, d = 0, n = 0, w = 0;
+  int64_t R = 0;      // (layer, KV head) rows
+  int64_t qrows = 0;  // window query rows per KV head
+  int64_t sinks = 0;
+  int group = 1;
+  size_t e = 0;  // model dtype bytes
+  // The per-layer table (file comment) and the packed output sizes.
+  std::vector<int64_t> meta;
+  int64_t smax = 1, slot_count = 0, value_count = 0;
+  size_t rnd = 0, rsd = 0;  // [R, n, d] and [R, smax, d] elements
+  bool have_queries = false;
+  bool routing = false;
+  bool keydiff = false, blockwise = false;
+  int64_t cap = 0;       // block-wise KeyDiff: candidates per row
+  bool merging = false;  // a merge stage (the hybrid, plan.h)
+};
+
+class CudaPlanState;
+
+// A stage's on-disk code (ScoreStage, MergeStage, RouteStage).
+template <typename Stage>
+constexpr uint8_t Code(Stage stage) {
+  return static_cast<uint8_t>(stage);
+}
+
+// One stage's device step (kDeviceStages): enqueued on the plan's stream over all R rows. A score
+// step writes scores_ [R, n]; a merge step fills the slots (sk_, sv_, spos_, card_) from the
+// selected pool (slot_token_); a route step prices dropping each slot's value into residuals_
+// [R, smax] from the de-rotated slot keys (kpre_).
+using DeviceStepFn = Status (CudaPlanState::*)(const RunShape&);
+
+struct DeviceStage {
+  StageKind kind;
+  uint8_t code;  // the registration's on-disk code
+  DeviceStepFn step;
+  // Score steps: the step leaves the window attention mass in mass_ (a merge step reuses it).
+  bool leaves_mass = false;
+};
+
+// The row of (kind, code), or null.
+const DeviceStage* FindDeviceStage(StageKind kind, uint8_t code);
+
 class CudaPlanState final : public DevicePlan::State {
  public:
   CudaPlanState(const CompressionPlanOptions& options, const ModelLayout& layout,
@@ -254,6 +305,7 @@ class CudaPlanState final : public DevicePlan::State {
   }
 
   Status Init(const RopeTable& rope, const VectorWeights* weights) {
+    KVD_RETURN_IF_ERROR(ResolveStages());
     KVD_RETURN_IF_ERROR(SetDevice());
     if (device_.cuda_stream == nullptr && device_.own_stream) {
       KVD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking),
@@ -297,9 +349,7 @@ class CudaPlanState final : public DevicePlan::State {
 
   // One chunk, in the CPU plan's stage order (plan_head.cc): convert, score, select, merge,
   // route, encode; then the one synchronisation and the error word. Each step is enqueued on the
-  // stream. The score, merge and route steps implement the stages registered with `device`
-  // support (stages.h): the host's CheckDevicePlanSupported reads the registry and refuses the
-  // others before a plan is built (this module has no registry of its own).
+  // stream; the score, merge and route stages' own steps are their rows of kDeviceStages.
   Status Run(const DeviceChunkInput& input, const DevicePlanJob& job,
              DevicePlanOutput* out) override {
     KVD_RETURN_IF_ERROR(SetDevice());
@@ -309,11 +359,11 @@ class CudaPlanState final : public DevicePlan::State {
     KVD_RETURN_IF_ERROR(Record(kStart));
     KVD_RETURN_IF_ERROR(ConvertStep(input, s));
     KVD_RETURN_IF_ERROR(QueriesStep(input, s));
-    KVD_RETURN_IF_ERROR(ScoreStep(s));
+    KVD_RETURN_IF_ERROR((this->*score_->step)(s));
     KVD_RETURN_IF_ERROR(Record(kScored));
     KVD_RETURN_IF_ERROR(SelectStep(s));
     KVD_RETURN_IF_ERROR(Record(kSelected));
-    if (s.merging) KVD_RETURN_IF_ERROR(MergeStep(s));
+    if (s.merging) KVD_RETURN_IF_ERROR((this->*merge_->step)(s));
     KVD_RETURN_IF_ERROR(Record(kMerged));
     KVD_RETURN_IF_ERROR(RouteStep(s));
     KVD_RETURN_IF_ERROR(EncodeStep(s));
@@ -345,27 +395,73 @@ class CudaPlanState final : public DevicePlan::State {
     return host;
   }
 
- private:
-  // The sizes of one Run and which of its stages run.
-  struct RunShape {
-    int L = 0;
-    int64_t H = 0, d = 0, n = 0, w = 0;
-    int64_t R = 0;      // (layer, KV head) rows
-    int64_t qrows = 0;  // window query rows per KV head
-    int64_t sinks = 0;
-    int group = 1;
-    size_t e = 0;  // model dtype bytes
-    // The per-layer table (file comment) and the packed output sizes.
-    std::vector<int64_t> meta;
-    int64_t smax = 1, slot_count = 0, value_count = 0;
-    size_t rnd = 0, rsd = 0;  // [R, n, d] and [R, smax, d] elements
-    bool have_queries = false;
-    bool routing = false;
-    bool keydiff = false, blockwise = false;
-    int64_t cap = 0;       // block-wise KeyDiff: candidates per row
-    bool merging = false;  // the hybrid (plan.h)
-  };
+  // The stages' device steps (their rows of kDeviceStages).
 
+  // The score steps (kDeviceStages): scores [R, n] (block-wise KeyDiff: 0; its walk selects in
+  // step 3). Recency: later tokens first.
+  Status RecencyScoreStep(const RunShape& s) {
+    RecencyKernel<<<Blocks(s.R * s.n, kThreads), kThreads, 0, stream_>>>(scores_.get(), s.R, s.n);
+    return Check("RecencyKernel");
+  }
+
+  // SnapKV and PyramidKV (they differ in their layer budgets, fixed on the host): pooled window
+  // attention mass; the mass stays in mass_.
+  Status SnapKvScoreStep(const RunShape& s) {
+    KVD_RETURN_IF_ERROR(AttentionMass(s));
+    SnapScoreKernel<<<Blocks(s.R * s.n, kThreads), kThreads, 0, stream_>>>(
+        mass_.get(), scores_.get(), s.R, s.n, s.w, s.qrows, options_.pooling_kernel,
+        static_cast<int>(options_.pooling));
+    return Check("SnapScoreKernel");
+  }
+
+  // KeyDiff on the post-RoPE keys of all N tokens, as HeadScores passes them (keydiff.h). A
+  // zero-norm key is reported after the chunk (err word kErrZeroNorm: min row * n + token):
+  // one-shot scores every key; block-wise only the candidates it scores (its own report).
+  Status KeyDiffScoreStep(const RunShape& s) {
+    const int64_t R = s.R, n = s.n;
+    const int di = static_cast<int>(s.d);
+    KVD_RETURN_IF_ERROR(LaunchKeyDiffNorms(kf_.get(), inv_norm_.get(),
+                                           err_.get() + (s.blockwise ? kErrUnused : kErrZeroNorm),
+                                           R * n, di, stream_));
+    if (s.blockwise) {  // the walk selects (step 3)
+      KVD_CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(scores_.get(), 0, static_cast<size_t>(R * n) * sizeof(float), stream_),
+          "plan_device: clear scores");
+      return Status::Ok();
+    }
+    KVD_RETURN_IF_ERROR(
+        LaunchKeyDiffAnchor(kf_.get(), inv_norm_.get(), anchor_.get(), n, di, stream_, R));
+    KVD_RETURN_IF_ERROR(LaunchKeyDiffUnitAnchor(anchor_.get(), unit_anchor_.get(), anchor_ok_.get(),
+                                                n, di, stream_, R));
+    return LaunchKeyDiffScores(kf_.get(), inv_norm_.get(), unit_anchor_.get(), anchor_ok_.get(),
+                               scores_.get(), n, di, stream_, R);
+  }
+
+  // 3b. the merge step of kvslimmer (kDeviceStages), the hybrid: every token outside the pool
+  // joins its nearest absorber (or is evicted); merged slots get their mean pre-RoPE key rotated
+  // to their position, their value sum and cardinality. Weights: the window attention mass (the
+  // score step's, else computed here), or uniform without queries or with merge_guard kMean, as
+  // MergeGroup.
+  Status HybridMergeStep(const RunShape& s) {
+    if (s.have_queries && !score_->leaves_mass) KVD_RETURN_IF_ERROR(AttentionMass(s));
+    KVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kpre_all_.get(), kf_.get(), s.rnd * sizeof(float),
+                                             cudaMemcpyDeviceToDevice, stream_),
+                             "plan_device: copy keys");
+    KVD_RETURN_IF_ERROR(LaunchRope(kpre_all_.get(), pos_.get(), 0, inv_freq_.get(), s.n, s.R, s.d,
+                                   half_, interleaved_, RopeDirection::kDerotate, stream_));
+    KVD_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(merged_key_pre_.get(), 0, s.rsd * sizeof(float), stream_),
+        "plan_device: clear merged keys");
+    return LaunchHybridMerge(HybridArgs(s), stream_);
+  }
+
+  // The route step of vector (kDeviceStages): VECTOR's residuals |v - W kpre (+ b)|.
+  Status VectorRouteStep(const RunShape& s) {
+    return LaunchVectorResiduals(kpre_.get(), wt_.get(), sv_.get(), s.smax, static_cast<int>(s.d),
+                                 residuals_.get(), stream_, s.R, bias_.get());
+  }
+
+ private:
   RunShape Shape(const DeviceChunkInput& input, const DevicePlanJob& job) const {
     const DevicePlanBudget& b = *job.budget;
     RunShape s;
@@ -398,7 +494,7 @@ class CudaPlanState final : public DevicePlan::State {
     s.blockwise = s.keydiff && options_.keydiff_block > 0;
     // Block-wise KeyDiff: candidates = kept (<= S_l) + one block, and never more than N.
     s.cap = s.blockwise ? std::min(s.n, s.smax + options_.keydiff_block) : 0;
-    s.merging = options_.merge == MergeStage::kKvSlimmer;
+    s.merging = merge_ != nullptr;
     return s;
   }
 
@@ -520,52 +616,6 @@ class CudaPlanState final : public DevicePlan::State {
                                stream_);
   }
 
-  // Scores [R, n] of the plan's score stage (block-wise KeyDiff: 0; its walk selects in step 3).
-  Status ScoreStep(const RunShape& s) {
-    const int64_t R = s.R, n = s.n;
-    switch (options_.score) {
-      case ScoreStage::kNone:
-        RecencyKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(scores_.get(), R, n);
-        return Check("RecencyKernel");
-      case ScoreStage::kSnapKv:
-      case ScoreStage::kPyramidKv:
-        KVD_RETURN_IF_ERROR(AttentionMass(s));
-        SnapScoreKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(
-            mass_.get(), scores_.get(), R, n, s.w, s.qrows, options_.pooling_kernel,
-            static_cast<int>(options_.pooling));
-        return Check("SnapScoreKernel");
-      case ScoreStage::kKeyDiff:
-        return KeyDiffScoreStep(s);
-      case ScoreStage::kExpectedAttention:  // refused by CheckDevicePlanSupported
-        return Status::Unimplemented("plan_device: score expected_attention");
-    }
-    return Status::Unimplemented("plan_device: score code " +  // likewise
-                                 std::to_string(static_cast<int>(options_.score)));
-  }
-
-  // KeyDiff on the post-RoPE keys of all N tokens, as HeadScores passes them (keydiff.h). A
-  // zero-norm key is reported after the chunk (err word kErrZeroNorm: min row * n + token):
-  // one-shot scores every key; block-wise only the candidates it scores (its own report).
-  Status KeyDiffScoreStep(const RunShape& s) {
-    const int64_t R = s.R, n = s.n;
-    const int di = static_cast<int>(s.d);
-    KVD_RETURN_IF_ERROR(LaunchKeyDiffNorms(kf_.get(), inv_norm_.get(),
-                                           err_.get() + (s.blockwise ? kErrUnused : kErrZeroNorm),
-                                           R * n, di, stream_));
-    if (s.blockwise) {  // the walk selects (step 3)
-      KVD_CUDA_RETURN_IF_ERROR(
-          cudaMemsetAsync(scores_.get(), 0, static_cast<size_t>(R * n) * sizeof(float), stream_),
-          "plan_device: clear scores");
-      return Status::Ok();
-    }
-    KVD_RETURN_IF_ERROR(
-        LaunchKeyDiffAnchor(kf_.get(), inv_norm_.get(), anchor_.get(), n, di, stream_, R));
-    KVD_RETURN_IF_ERROR(LaunchKeyDiffUnitAnchor(anchor_.get(), unit_anchor_.get(), anchor_ok_.get(),
-                                                n, di, stream_, R));
-    return LaunchKeyDiffScores(kf_.get(), inv_norm_.get(), unit_anchor_.get(), anchor_ok_.get(),
-                               scores_.get(), n, di, stream_, R);
-  }
-
   // 3. selection, compaction (slot j of row r = token slot_token[r, j], ascending), gather.
   Status SelectStep(const RunShape& s) {
     const int64_t R = s.R, H = s.H, n = s.n, smax = s.smax;
@@ -592,25 +642,6 @@ class CudaPlanState final : public DevicePlan::State {
         kf_.get(), vf_.get(), pos_.get(), slot_token_.get(), sk_.get(), sv_.get(), spos_.get(), R,
         H, n, smax, di, m);
     return Check("GatherSlotsKernel");
-  }
-
-  // 3b. the hybrid merge: every token outside the pool joins its nearest absorber (or is
-  // evicted); merged slots get their mean pre-RoPE key rotated to their position, their value
-  // sum and cardinality. Weights: the window attention mass (computed here for KeyDiff), or
-  // uniform without queries or with merge_guard kMean, as MergeGroup.
-  Status MergeStep(const RunShape& s) {
-    if (s.have_queries && options_.score == ScoreStage::kKeyDiff) {
-      KVD_RETURN_IF_ERROR(AttentionMass(s));
-    }
-    KVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kpre_all_.get(), kf_.get(), s.rnd * sizeof(float),
-                                             cudaMemcpyDeviceToDevice, stream_),
-                             "plan_device: copy keys");
-    KVD_RETURN_IF_ERROR(LaunchRope(kpre_all_.get(), pos_.get(), 0, inv_freq_.get(), s.n, s.R, s.d,
-                                   half_, interleaved_, RopeDirection::kDerotate, stream_));
-    KVD_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(merged_key_pre_.get(), 0, s.rsd * sizeof(float), stream_),
-        "plan_device: clear merged keys");
-    return LaunchHybridMerge(HybridArgs(s), stream_);
   }
 
   HybridMergeArgs HybridArgs(const RunShape& s) {
@@ -646,10 +677,12 @@ class CudaPlanState final : public DevicePlan::State {
     return a;
   }
 
-  // 4. VECTOR routing over the eligible slots [sinks, S_l - w) of every row (none routed when
-  // the plan does not route: the flags are cleared).
+  // 4. routing over the eligible slots [sinks, S_l - w) of every row: the slot keys de-rotated,
+  // the route stage's step prices each slot, the cheapest 2a_l drop their value (none routed
+  // when the plan does not route: the flags are cleared).
   Status RouteStep(const RunShape& s) {
     if (s.routing) {
+      if (route_ == nullptr) return Status::Internal("plan_device: rebuild slots without a route");
       KVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kpre_.get(), sk_.get(), s.rsd * sizeof(float),
                                                cudaMemcpyDeviceToDevice, stream_),
                                "plan_device: copy slot keys");
@@ -657,11 +690,7 @@ class CudaPlanState final : public DevicePlan::State {
                                      s.d, half_, interleaved_, RopeDirection::kDerotate, stream_));
     }
     KVD_RETURN_IF_ERROR(Record(kDerotated));
-    if (s.routing) {
-      KVD_RETURN_IF_ERROR(LaunchVectorResiduals(kpre_.get(), wt_.get(), sv_.get(), s.smax,
-                                                static_cast<int>(s.d), residuals_.get(), stream_,
-                                                s.R, bias_.get()));
-    }
+    if (s.routing) KVD_RETURN_IF_ERROR((this->*route_->step)(s));
     RouteSelectKernel<<<Blocks(s.R * s.smax, kThreads), kThreads, 0, stream_>>>(
         s.routing ? residuals_.get() : nullptr, flags_.get(), s.R, s.H, s.smax, s.sinks, s.w,
         MetaOf(s));
@@ -757,6 +786,26 @@ class CudaPlanState final : public DevicePlan::State {
     return Status::Ok();
   }
 
+  // The plan's stages' rows of kDeviceStages (merge and route: null without one). UNIMPLEMENTED
+  // for a stage without device steps (the host refuses those first: CheckDevicePlanSupported).
+  Status ResolveStages() {
+    const auto find = [](const char* what, StageKind kind, uint8_t code,
+                         const DeviceStage** out) -> Status {
+      *out = FindDeviceStage(kind, code);
+      if (*out != nullptr) return Status::Ok();
+      return Status::Unimplemented(std::string("plan_device: the CUDA module has no step for ") +
+                                   what + " code " + std::to_string(code));
+    };
+    KVD_RETURN_IF_ERROR(find("score", StageKind::kScore, Code(options_.score), &score_));
+    if (options_.merge != MergeStage::kNone) {
+      KVD_RETURN_IF_ERROR(find("merge", StageKind::kMerge, Code(options_.merge), &merge_));
+    }
+    if (options_.route != RouteStage::kNone) {
+      KVD_RETURN_IF_ERROR(find("route", StageKind::kRoute, Code(options_.route), &route_));
+    }
+    return Status::Ok();
+  }
+
   Status SetDevice() const {
     if (device_.device >= 0) {
       KVD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_.device), "plan_device: cudaSetDevice");
@@ -767,6 +816,9 @@ class CudaPlanState final : public DevicePlan::State {
   const CompressionPlanOptions options_;
   const ModelLayout layout_;
   const DevicePlanOptions device_;
+  const DeviceStage* score_ = nullptr;  // the plan's stages' rows (ResolveStages)
+  const DeviceStage* merge_ = nullptr;
+  const DeviceStage* route_ = nullptr;
   cudaStream_t stream_;
   cudaStream_t own_stream_ = nullptr;  // DevicePlanOptions::own_stream
   int half_ = 0;
@@ -795,7 +847,29 @@ class CudaPlanState final : public DevicePlan::State {
   std::vector<cudaEvent_t> events_;                    // [kMarks] when timing
 };
 
+// The stages the device plan runs: one row each, keyed by its registration (stages.cc
+// BuiltinStages, registered there with `.device = true`).
+constexpr DeviceStage kDeviceStages[] = {
+    {StageKind::kScore, Code(ScoreStage::kNone), &CudaPlanState::RecencyScoreStep},
+    {StageKind::kScore, Code(ScoreStage::kSnapKv), &CudaPlanState::SnapKvScoreStep, true},
+    {StageKind::kScore, Code(ScoreStage::kKeyDiff), &CudaPlanState::KeyDiffScoreStep},
+    {StageKind::kScore, Code(ScoreStage::kPyramidKv), &CudaPlanState::SnapKvScoreStep, true},
+    {StageKind::kMerge, Code(MergeStage::kKvSlimmer), &CudaPlanState::HybridMergeStep},
+    {StageKind::kRoute, Code(RouteStage::kVector), &CudaPlanState::VectorRouteStep},
+};
+
+const DeviceStage* FindDeviceStage(StageKind kind, uint8_t code) {
+  for (const DeviceStage& d : kDeviceStages) {
+    if (d.kind == kind && d.code == code) return &d;
+  }
+  return nullptr;
+}
+
 }  // namespace
+
+StatusOr<bool> HasDeviceSteps(StageKind kind, uint8_t code) {
+  return FindDeviceStage(kind, code) != nullptr;
+}
 
 StatusOr<std::unique_ptr<DevicePlan::State>> CreateDevicePlanState(
     const CompressionPlanOptions& options, const ModelLayout& layout, const RopeTable& rope,

@@ -82,7 +82,8 @@
 // lower index, then lower head, so identical heads split evenly). Scores compare across heads
 // because SnapKV/PyramidKV scores are pooled attention probabilities and KeyDiff scores negative
 // cosines. Per-layer total exact (sum_h M_h == H * M); the compact chunk already stores a slot
-// count per head. See AdaptiveHeadBudgets.
+// count per head. See AdaptiveHeadBudgets. Each head is scored once (its score stage sees the
+// layer's M as ScoreHeadInput::kept); its pool is selected with the scores that shared out M.
 //
 // Window and sinks: the first `sinks` tokens and, when window queries are given, the last
 // `window` tokens (the tokens whose queries they are) are never evicted, merged or routed.

@@ -33,6 +33,11 @@
 // (plan_head.cc) runs it through the registry. tests/kernels/pair_mean_stage.h (merge) and
 // tests/kernels/mean_value_stage.h (route) are examples.
 //
+// The device plan: a stage it runs has `.device = true` here and its device step (a CUDA method
+// of the plan's state) in one row of the CUDA module's stage table, kDeviceStages in
+// kernels/src/cuda/plan_device.cu, keyed by the same (kind, code). The module is loaded apart
+// and cannot read this registry; kernels_test checks the table and the `device` flags agree.
+//
 // Thread safety: Register and the lookups may be called from any thread; a registration is never
 // removed, so the pointers the lookups return stay valid for the life of the process.
 #pragma once
@@ -195,7 +200,8 @@ struct StageRegistration {
   // window queries of every put: engines must send them. Until the statistics hold
   // expected_attention_min_queries queries the plan scores with one-shot KeyDiff.
   bool needs_query_stats = false;
-  // The device plan (plan_device.h) runs it; else CheckDevicePlanSupported is UNIMPLEMENTED.
+  // The device plan (plan_device.h) runs it (its row of kDeviceStages: file comment); else
+  // CheckDevicePlanSupported is UNIMPLEMENTED.
   bool device = false;
   // Score stages: the head scorer (required). Others: null.
   ScoreFn score = nullptr;
