@@ -308,6 +308,16 @@ std::vector<double> MeanValueCosts(const ToyChunk& toy, int h, const std::vector
   return cost;
 }
 
+// The toy chunk's plan with mean_value: keydiff keeps half the half-pairs, two sinks.
+CompressionPlanOptions MeanValuePlan() {
+  CompressionPlanOptions o;
+  o.score = ScoreStage::kKeyDiff;
+  o.p_c = 0.5;
+  o.sinks = 2;
+  o.route = testing::kMeanValue;
+  return o;
+}
+
 // mean_value (mean_value_stage.h) drops the values nearest the head's mean value: checked slot by
 // slot against a float64 reference (the slots that drop their value are the non-sink slots of
 // lowest cost, every other slot stores its token's value, the budget is exact), through the
@@ -315,11 +325,7 @@ std::vector<double> MeanValueCosts(const ToyChunk& toy, int h, const std::vector
 TEST(StageRegistryTest, AToyRouteStageRunsThroughTheCpuPlanWithOneRegistration) {
   ASSERT_TRUE(testing::RegisterMeanValueStage().ok()) << testing::RegisterMeanValueStage();
   const ToyChunk toy;
-  CompressionPlanOptions o;
-  o.score = ScoreStage::kKeyDiff;
-  o.p_c = 0.5;
-  o.sinks = 2;
-  o.route = testing::kMeanValue;
+  const CompressionPlanOptions o = MeanValuePlan();
   CompressionStats stats;
   auto chunk = Compress(o, toy.layout, toy.Input(), &stats);
   ASSERT_TRUE(chunk.ok()) << chunk.status();
@@ -380,12 +386,7 @@ TEST(StageRegistryTest, AToyRouteStageRunsThroughTheCpuPlanWithOneRegistration) 
 TEST(StageRegistryTest, AToyRouteStagesChunksAreServedThroughItsRebuild) {
   ASSERT_TRUE(testing::RegisterMeanValueStage().ok()) << testing::RegisterMeanValueStage();
   const ToyChunk toy;
-  CompressionPlanOptions o;
-  o.score = ScoreStage::kKeyDiff;
-  o.p_c = 0.5;
-  o.sinks = 2;
-  o.route = testing::kMeanValue;
-  auto chunk = Compress(o, toy.layout, toy.Input());
+  auto chunk = Compress(MeanValuePlan(), toy.layout, toy.Input());
   ASSERT_TRUE(chunk.ok()) << chunk.status();
   constexpr int64_t d = ToyChunk::kDim, heads = ToyChunk::kHeads;
   int64_t t = 0;
