@@ -57,11 +57,10 @@ Status RebuildFlagged(const CompactChunk& chunk, const CompactHead& src, int lay
   const int64_t rebuild = src.slots() - src.value_slots();
   if (rebuild == 0) return Status::Ok();
   const StageRegistration* stage = FindStage(chunk.codec.route);
-  if (stage == nullptr) {
-    return Status::Unimplemented(HeadName(layer, head) + " has " + std::to_string(rebuild) +
-                                 " rebuild slots of route code " +
-                                 std::to_string(static_cast<int>(chunk.codec.route)) +
-                                 ", which is not registered");
+  if (stage == nullptr) {  // chunk.Validate() refused it (INVALID_ARGUMENT naming the code)
+    return Status::Internal("serving: route code " +
+                            std::to_string(static_cast<int>(chunk.codec.route)) +
+                            " is not registered");
   }
   KVD_RETURN_IF_ERROR(CheckRebuild(chunk, *stage, layer, head, rebuild, rope, weights, exec));
   const RebuildHeadInput in{.layer = layer,
