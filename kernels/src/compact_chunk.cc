@@ -265,10 +265,14 @@ std::string HeadName(int64_t idx, int heads) {
 }
 
 Status ValidateCodec(const CodecDescription& c) {
+  if (c.route != RouteStage::kNone && FindStage(c.route) == nullptr) {
+    return Status::InvalidArgument("codec: unknown stage code: route " +
+                                   std::to_string(static_cast<int>(c.route)) +
+                                   " is not registered (no stage rebuilds its values)");
+  }
   if (FindStage(c.score) == nullptr ||
       (c.merge != MergeStage::kNone && FindStage(c.merge) == nullptr) ||
       static_cast<uint8_t>(c.merge_norm) > static_cast<uint8_t>(MergeNorm::kL1Code) ||
-      (c.route != RouteStage::kNone && FindStage(c.route) == nullptr) ||
       static_cast<uint8_t>(c.position) > static_cast<uint8_t>(RepresentativePosition::kWeighted)) {
     return Status::InvalidArgument("codec: unknown stage code");
   }

@@ -47,6 +47,8 @@ StatusOr<std::vector<int64_t>> ExactPyramidBudgets(int64_t n, int layers, int64_
 // (route_vector.cc: VECTOR residuals, or route_adaptive's relative ones).
 Status KvSlimmerMergeHead(const MergeHeadInput& in, HeadSlots* out);
 Status VectorRouteErrors(const RouteHeadInput& in, const HeadSlots& slots, std::vector<float>* err);
+// VECTOR's RebuildFn: W RoPE^-1(k_j, pos_j) for the dropped slots (route_vector.cc).
+Status VectorRebuild(const RebuildHeadInput& in, MatrixView values);
 
 // Compresses one head into *out; adds its counters to *stats. Single-threaded.
 Status CompressHead(const HeadInput& in, CompactHead* out, CompressionStats* stats);

@@ -1,11 +1,13 @@
-// The vector route stage's step (stages.h RouteFn): per slot, the VECTOR residual
-// |v - W kpre - b|^2, or with route_adaptive the attention-weighted relative residual e_j (plan.h).
+// The vector route stage's steps: at compression (stages.h RouteFn) per slot the VECTOR residual
+// |v - W kpre - b|^2, or with route_adaptive the attention-weighted relative residual e_j
+// (plan.h); at serving (RebuildFn) the dropped values rebuilt as W RoPE^-1(k_j, pos_j).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "kvd/kernels/rope.h"
 #include "kvd/kernels/stages.h"
 #include "kvd/kernels/vector.h"
 #include "plan_internal.h"
@@ -73,6 +75,33 @@ Status VectorRouteErrors(const RouteHeadInput& in, const HeadSlots& t, std::vect
     return Status::Ok();
   }
   return AdaptiveErrors(in, t, eligible, res, err);
+}
+
+// Serving (serving.cc) checked the weights' version and shape and the table's head_dim.
+Status VectorRebuild(const RebuildHeadInput& in, MatrixView values) {
+  const int64_t d = in.keys.cols;
+  int64_t rebuild = 0;
+  for (uint8_t f : in.flags) rebuild += (f & kSlotRebuildValue) ? 1 : 0;
+  Matrix k(rebuild, d);
+  std::vector<int64_t> pos(static_cast<size_t>(rebuild));
+  std::vector<int64_t> slot(static_cast<size_t>(rebuild));
+  int64_t r = 0;
+  for (int64_t j = 0; j < in.keys.rows; ++j) {
+    if (!(in.flags[j] & kSlotRebuildValue)) continue;
+    std::memcpy(k.Row(r), in.keys.Row(j), d * sizeof(float));
+    pos[r] = in.positions[j];
+    slot[r] = j;
+    ++r;
+  }
+  KVD_RETURN_IF_ERROR(
+      ApplyRope(*in.rope, RopeDirection::kDerotate, pos, k.View(), k.View(), in.exec));
+  Matrix v(rebuild, d);
+  KVD_RETURN_IF_ERROR(
+      RebuildValues(k.View(), in.weights->Head(in.layer, in.head), v.View(), in.exec));
+  for (int64_t i = 0; i < rebuild; ++i) {
+    std::memcpy(values.Row(slot[i]), v.Row(i), d * sizeof(float));
+  }
+  return Status::Ok();
 }
 
 }  // namespace kvd::kernels::internal

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kvd/kernels/quantize.h"
+#include "kvd/kernels/stages.h"
 #include "serving_backend.h"
 #include "vector_backend.h"
 
@@ -16,47 +17,62 @@ std::string HeadName(int layer, int head) {
   return "layer " + std::to_string(layer) + " head " + std::to_string(head);
 }
 
-// Rebuilds the values of the flagged slots of `out` in place: W RoPE^-1(k_j, pos_j).
+// What serving checks before a route stage rebuilds `rebuild` values of a head: the device
+// backend only for a stage with a device rebuild; for a stage that needs a calibration, RoPE and
+// weights of the chunk's version that cover the head; a RoPE table, when given, of the chunk's d.
+Status CheckRebuild(const CompactChunk& chunk, const StageRegistration& stage, int layer, int head,
+                    int64_t rebuild, const RopeTable* rope, const VectorWeights* weights,
+                    const ExecOptions& exec) {
+  if (exec.backend == Backend::kCuda && !stage.device_rebuild) {
+    return Status::Unimplemented(HeadName(layer, head) + ": route stage " + stage.name +
+                                 " has no device rebuild: serve its chunks with the CPU backend");
+  }
+  if (stage.needs_calibration) {
+    if (rope == nullptr || weights == nullptr) {
+      return Status::FailedPrecondition(HeadName(layer, head) + " has " + std::to_string(rebuild) +
+                                        " rebuild slots: serving needs VECTOR weights and RoPE");
+    }
+    if (weights->version != chunk.codec.calibration_version) {
+      return Status::FailedPrecondition("calibration version mismatch: chunk needs " +
+                                        std::to_string(chunk.codec.calibration_version) +
+                                        ", weights are " + std::to_string(weights->version));
+    }
+    if (weights->num_layers <= layer || weights->num_kv_heads <= head ||
+        weights->head_dim != chunk.head_dim) {
+      return Status::FailedPrecondition("VECTOR weights shape does not cover " +
+                                        HeadName(layer, head));
+    }
+  }
+  if (rope != nullptr && rope->head_dim() != chunk.head_dim) {
+    return Status::InvalidArgument("rope table head_dim differs from the chunk's");
+  }
+  return Status::Ok();
+}
+
+// Rebuilds the values of the flagged slots of `out` in place with the chunk's route stage
+// (stages.h RebuildFn).
 Status RebuildFlagged(const CompactChunk& chunk, const CompactHead& src, int layer, int head,
                       const RopeTable* rope, const VectorWeights* weights, const ExecOptions& exec,
                       ServingHead* out) {
-  const int64_t d = chunk.head_dim;
   const int64_t rebuild = src.slots() - src.value_slots();
   if (rebuild == 0) return Status::Ok();
-  if (rope == nullptr || weights == nullptr) {
-    return Status::FailedPrecondition(HeadName(layer, head) + " has " + std::to_string(rebuild) +
-                                      " rebuild slots: serving needs VECTOR weights and RoPE");
+  const StageRegistration* stage = FindStage(chunk.codec.route);
+  if (stage == nullptr) {  // chunk.Validate() refused it (INVALID_ARGUMENT naming the code)
+    return Status::Internal("serving: route code " +
+                            std::to_string(static_cast<int>(chunk.codec.route)) +
+                            " is not registered");
   }
-  if (weights->version != chunk.codec.calibration_version) {
-    return Status::FailedPrecondition("calibration version mismatch: chunk needs " +
-                                      std::to_string(chunk.codec.calibration_version) +
-                                      ", weights are " + std::to_string(weights->version));
-  }
-  if (weights->num_layers <= layer || weights->num_kv_heads <= head || weights->head_dim != d) {
-    return Status::FailedPrecondition("VECTOR weights shape does not cover " +
-                                      HeadName(layer, head));
-  }
-  if (rope->head_dim() != d) {
-    return Status::InvalidArgument("rope table head_dim differs from the chunk's");
-  }
-  Matrix k(rebuild, d);
-  std::vector<int64_t> pos(static_cast<size_t>(rebuild));
-  std::vector<int64_t> slot(static_cast<size_t>(rebuild));
-  int64_t r = 0;
-  for (int64_t j = 0; j < src.slots(); ++j) {
-    if (!(src.flags[j] & kSlotRebuildValue)) continue;
-    std::memcpy(k.Row(r), out->keys.Row(j), d * sizeof(float));
-    pos[r] = src.positions[j];
-    slot[r] = j;
-    ++r;
-  }
-  KVD_RETURN_IF_ERROR(ApplyRope(*rope, RopeDirection::kDerotate, pos, k.View(), k.View(), exec));
-  Matrix v(rebuild, d);
-  KVD_RETURN_IF_ERROR(RebuildValues(k.View(), weights->Head(layer, head), v.View(), exec));
-  for (int64_t i = 0; i < rebuild; ++i) {
-    std::memcpy(out->values.Row(slot[i]), v.Row(i), d * sizeof(float));
-  }
-  return Status::Ok();
+  KVD_RETURN_IF_ERROR(CheckRebuild(chunk, *stage, layer, head, rebuild, rope, weights, exec));
+  const RebuildHeadInput in{.layer = layer,
+                            .head = head,
+                            .keys = out->keys.View(),
+                            .cardinality = src.cardinality,
+                            .positions = src.positions,
+                            .flags = src.flags,
+                            .rope = rope,
+                            .weights = stage->needs_calibration ? weights : nullptr,
+                            .exec = exec};
+  return stage->rebuild(in, out->values.View());
 }
 
 Status CheckServingHead(const ServingHead& h) {
@@ -96,8 +112,7 @@ static StatusOr<ServingHead> BuildValidatedServingHead(const CompactChunk& chunk
   Matrix stored(src.value_slots(), d);
   if (quant.quantized()) {
     KVD_RETURN_IF_ERROR(DequantizeRows(src.keys, chunk.dtype, quant, true, out.keys.View(), exec));
-    KVD_RETURN_IF_ERROR(
-        DequantizeRows(src.values, chunk.dtype, quant, false, stored.View(), exec));
+    KVD_RETURN_IF_ERROR(DequantizeRows(src.values, chunk.dtype, quant, false, stored.View(), exec));
   } else {
     ConvertToFloat(chunk.dtype, src.keys.data(), out.keys.values.data(),
                    static_cast<size_t>(s * d));

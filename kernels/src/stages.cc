@@ -129,7 +129,9 @@ std::vector<StageRegistration> BuiltinStages() {
        .code = 1,
        .needs_calibration = true,
        .device = true,
-       .route = internal::VectorRouteErrors},
+       .route = internal::VectorRouteErrors,
+       .rebuild = internal::VectorRebuild,
+       .device_rebuild = true},
       {.name = "quantize",
        .kind = StageKind::kQuantize,
        .code = 0,
@@ -185,6 +187,15 @@ Status CheckStageFunctions(const StageRegistration& r) {
   if ((!merge && r.merge != nullptr) || (!route && r.route != nullptr)) {
     return Status::InvalidArgument("stages: " + r.name + " is a " + kind +
                                    " stage but has a merge or route function");
+  }
+  if (route && r.rebuild == nullptr) {
+    return Status::InvalidArgument(
+        "stages: route stage " + r.name +
+        " has no rebuild function (serving rebuilds its dropped values)");
+  }
+  if (!route && (r.rebuild != nullptr || r.device_rebuild)) {
+    return Status::InvalidArgument("stages: " + r.name + " is a " + kind +
+                                   " stage but has a rebuild function or device_rebuild");
   }
   return Status::Ok();
 }

@@ -9,43 +9,19 @@
 #include <string>
 #include <vector>
 
+#include "e2e_common.h"
 #include "kvd/client/kvd_client.h"
 #include "peer_cluster.h"
 
 namespace kvd::e2e {
 namespace {
 
-// The C config of `o` (a KvdProcess's EngineOptions); strings point into `o`.
-kvd_config CConfig(const client::ClientOptions& o) {
-  kvd_config c;
-  kvd_config_init(&c);
-  c.address = o.address.c_str();
-  c.client_id = o.client_id.c_str();
-  c.model = o.model.c_str();
-  c.hash_seed = o.hash_seed.c_str();
-  c.chunk_tokens = o.chunk_tokens;
-  const auto& ucx = transport::BackendOptionsOf<transport::UcxOptions>(o.transport);
-  c.ucx_tls = ucx.ucx_tls.c_str();
-  c.net_devices = ucx.net_devices.c_str();
-  c.connect_timeout_ms = c.request_timeout_ms = c.transfer_timeout_ms = 5000;
-  const ModelLayout& l = o.layout;
-  c.layout.num_layers = l.num_layers;
-  c.layout.num_kv_heads = l.num_kv_heads;
-  c.layout.num_q_heads = l.num_q_heads;
-  c.layout.head_dim = l.head_dim;
-  c.layout.dtype = static_cast<int32_t>(l.dtype);
-  c.layout.rope_theta = l.rope.theta;
-  c.layout.rope_rotary_dim = l.rope.rotary_dim;
-  c.layout.rope_pairing = static_cast<int32_t>(l.rope.pairing);
-  c.layout.rope_scaling = static_cast<int32_t>(l.rope.scaling);
-  return c;
-}
-
 class CApiClusterE2eTest : public PeerClusterTest {};
 
 TEST_F(CApiClusterE2eTest, PutThroughThePlacementToBThenAClusterLookupFromAFetchesIt) {
   const client::ClientOptions on_a = kvds_[0]->EngineOptions("c-prefill-a");
-  kvd_config config = CConfig(on_a);
+  kvd_config config = CConfig(on_a);  // e2e_common.h
+  config.connect_timeout_ms = config.request_timeout_ms = config.transfer_timeout_ms = 5000;
   kvd_client* a = nullptr;
   ASSERT_EQ(kvd_client_connect(&config, &a), KVD_OK) << kvd_last_error();
   const size_t chunk_bytes = on_a.layout.ChunkBytes(on_a.chunk_tokens);

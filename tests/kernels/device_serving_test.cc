@@ -11,7 +11,9 @@
 #include <cstring>
 #include <random>
 
+#include "device_serving_internal.h"
 #include "kvd/kernels/serving.h"
+#include "mean_value_stage.h"
 #include "reference.h"
 #include "serving_cases.h"
 
@@ -38,6 +40,38 @@ TEST(DeviceServing, ReportsWhyItCannotRun) {
   EXPECT_EQ(dev.status().code(), StatusCode::kUnimplemented);
   EXPECT_THAT(dev.status().message(), HasSubstr("no CUDA kernels"));
 #endif
+}
+
+// The host image that Upload copies to the device (device_serving_internal.h), for a chunk of a
+// route stage without a device rebuild (mean_value_stage.h): its rebuilt rows are the CPU
+// rebuild's (BuildServingHead), without RoPE or weights, so DeviceCompactChunk serves the stage.
+TEST(DeviceServing, TheImageCarriesTheHostRebuildOfARouteStage) {
+  ASSERT_TRUE(testing::RegisterMeanValueStage().ok());
+  ServingCase f = MakeCase(DType::kFloat32, 1, 2, 8, 12, true, 3);
+  f.chunk.codec.route = testing::kMeanValue;
+  f.chunk.codec.calibration_version = 0;
+  std::vector<uint8_t> image;
+  auto heads = PackDeviceImage(f.chunk, nullptr, nullptr, [&](size_t n) {
+    image.resize(n);
+    return image.data();
+  });
+  ASSERT_TRUE(heads.ok()) << heads.status();
+  int64_t rebuilt = 0;
+  for (int h = 0; h < 2; ++h) {
+    auto served = BuildServingHead(f.chunk, 0, h, nullptr, nullptr);
+    ASSERT_TRUE(served.ok()) << served.status();
+    const CompactHead& src = f.chunk.Head(0, h);
+    const auto* rows = reinterpret_cast<const float*>(image.data() + (*heads)[h].rebuilt);
+    int64_t r = 0;
+    for (int64_t j = 0; j < src.slots(); ++j) {
+      if (!(src.flags[j] & kSlotRebuildValue)) continue;
+      EXPECT_EQ(std::memcmp(rows + r * 8, served->values.Row(j), 8 * sizeof(float)), 0)
+          << "head " << h << " slot " << j;
+      ++r;
+    }
+    rebuilt += r;
+  }
+  EXPECT_GT(rebuilt, 0);
 }
 
 #if KVD_HAVE_CUDA

@@ -2,13 +2,15 @@
 // stage". The cost of dropping a slot's value is its squared distance (float64) from the mean
 // value of the head's N tokens: the plan drops the values that lie nearest that mean. Only a
 // single-token slot that is not a sink or window slot may drop its value (+Inf elsewhere). It
-// needs no calibration, window queries or statistics. A new route stage is its kernel and this
-// one registration; the CPU plan runs it through the registry. Serving rebuilds dropped values
-// from VECTOR weights only (kernels/src/serving.cc), so this stage's chunks are compressed and
-// encoded, not served.
+// needs no calibration, window queries or statistics. At serving, a dropped value is rebuilt as
+// the mean value of the head's tokens whose values the chunk kept: the cardinality-weighted mean
+// (float64) of the kept slots' mean values. A new route stage is its kernel pair and this one
+// registration; the CPU plan and serving (BuildServingHead, ExpandDenseChunk, the client's
+// CompactChunkReader) run it through the registry.
 #pragma once
 
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kvd/kernels/stages.h"
@@ -40,13 +42,37 @@ inline Status MeanValueRoute(const RouteHeadInput& in, const HeadSlots& slots,
   return Status::Ok();
 }
 
+// The rebuild: every dropped value of the head becomes sum_j l_j mean_j / sum_j l_j over the slots
+// j that kept theirs (float64, rounded to float32 once). FAILED_PRECONDITION when the head kept
+// no value.
+inline Status MeanValueRebuild(const RebuildHeadInput& in, MatrixView values) {
+  const int64_t s = values.rows, d = values.cols;
+  std::vector<double> sum(static_cast<size_t>(d), 0.0);
+  double tokens = 0.0;
+  for (int64_t j = 0; j < s; ++j) {
+    if (in.flags[j] & kSlotRebuildValue) continue;
+    for (int64_t c = 0; c < d; ++c) sum[c] += double(values.Row(j)[c]) * in.cardinality[j];
+    tokens += in.cardinality[j];
+  }
+  if (tokens == 0.0) {
+    return Status::FailedPrecondition("mean_value: layer " + std::to_string(in.layer) + " head " +
+                                      std::to_string(in.head) + " kept no value to rebuild from");
+  }
+  for (int64_t j = 0; j < s; ++j) {
+    if (!(in.flags[j] & kSlotRebuildValue)) continue;
+    for (int64_t c = 0; c < d; ++c) values.Row(j)[c] = static_cast<float>(sum[c] / tokens);
+  }
+  return Status::Ok();
+}
+
 // The registration (once per process; later calls return the first call's status).
 inline Status RegisterMeanValueStage() {
   static const Status registered = StageRegistry::Global().Register({
       .name = "mean_value",
       .kind = StageKind::kRoute,
       .code = kMeanValueCode,
-      .route = MeanValueRoute,  // no calibration, queries or statistics; CPU plan only
+      .route = MeanValueRoute,      // no calibration, queries or statistics; CPU plan only
+      .rebuild = MeanValueRebuild,  // no device rebuild: DeviceCompactChunk rebuilds on the host
   });
   return registered;
 }

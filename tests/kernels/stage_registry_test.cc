@@ -13,6 +13,7 @@
 
 #include "key_norm_stage.h"
 #include "kvd/kernels/plan_device.h"
+#include "kvd/kernels/serving.h"
 #include "kvd/kernels/stages.h"
 #include "mean_value_stage.h"
 #include "pair_mean_stage.h"
@@ -58,6 +59,8 @@ TEST(StageRegistryTest, BuiltinStagesKeepTheirOnDiskCodesAndCapabilities) {
   EXPECT_NE(r.Find("pyramidkv")->layer_budgets, nullptr);
   EXPECT_EQ(r.Find("snapkv")->layer_budgets, nullptr);
   EXPECT_TRUE(r.Find("vector")->needs_calibration);
+  EXPECT_NE(r.Find("vector")->rebuild, nullptr);
+  EXPECT_TRUE(r.Find("vector")->device_rebuild);
   EXPECT_TRUE(r.Find("kvslimmer")->keeps_positions);
   EXPECT_FALSE(r.Find("snapkv")->keeps_positions);
   EXPECT_EQ(r.Find("quantize")->kind, StageKind::kQuantize);
@@ -305,6 +308,16 @@ std::vector<double> MeanValueCosts(const ToyChunk& toy, int h, const std::vector
   return cost;
 }
 
+// The toy chunk's plan with mean_value: keydiff keeps half the half-pairs, two sinks.
+CompressionPlanOptions MeanValuePlan() {
+  CompressionPlanOptions o;
+  o.score = ScoreStage::kKeyDiff;
+  o.p_c = 0.5;
+  o.sinks = 2;
+  o.route = testing::kMeanValue;
+  return o;
+}
+
 // mean_value (mean_value_stage.h) drops the values nearest the head's mean value: checked slot by
 // slot against a float64 reference (the slots that drop their value are the non-sink slots of
 // lowest cost, every other slot stores its token's value, the budget is exact), through the
@@ -312,11 +325,7 @@ std::vector<double> MeanValueCosts(const ToyChunk& toy, int h, const std::vector
 TEST(StageRegistryTest, AToyRouteStageRunsThroughTheCpuPlanWithOneRegistration) {
   ASSERT_TRUE(testing::RegisterMeanValueStage().ok()) << testing::RegisterMeanValueStage();
   const ToyChunk toy;
-  CompressionPlanOptions o;
-  o.score = ScoreStage::kKeyDiff;
-  o.p_c = 0.5;
-  o.sinks = 2;
-  o.route = testing::kMeanValue;
+  const CompressionPlanOptions o = MeanValuePlan();
   CompressionStats stats;
   auto chunk = Compress(o, toy.layout, toy.Input(), &stats);
   ASSERT_TRUE(chunk.ok()) << chunk.status();
@@ -369,6 +378,73 @@ TEST(StageRegistryTest, AToyRouteStageRunsThroughTheCpuPlanWithOneRegistration) 
   EXPECT_THAT(device.message(), HasSubstr("route mean_value"));
 }
 
+// mean_value's chunks are served through its rebuild (mean_value_stage.h MeanValueRebuild),
+// without RoPE or weights: through BuildServingHead every slot that kept its value serves its
+// token's value as stored and every dropped value is the float64 mean of the values of the
+// head's kept tokens (each kept slot holds one token); ExpandDenseChunk writes the same keys and
+// values in the engine's layout. The CUDA backend is refused: the stage has no device rebuild.
+TEST(StageRegistryTest, AToyRouteStagesChunksAreServedThroughItsRebuild) {
+  ASSERT_TRUE(testing::RegisterMeanValueStage().ok()) << testing::RegisterMeanValueStage();
+  const ToyChunk toy;
+  auto chunk = Compress(MeanValuePlan(), toy.layout, toy.Input());
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  constexpr int64_t d = ToyChunk::kDim, heads = ToyChunk::kHeads;
+  int64_t t = 0;
+  auto dense = ExpandDenseChunk(*chunk, nullptr, nullptr, &t);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  ASSERT_EQ(t, chunk->heads[0].slots());                                // every slot one token
+  const auto* dense_k = reinterpret_cast<const float*>(dense->data());  // K[T, H, d], V[T, H, d]
+  const float* dense_v = dense_k + t * heads * d;
+  int64_t rebuilt = 0;
+  for (int h = 0; h < heads; ++h) {
+    auto served = BuildServingHead(*chunk, 0, h, nullptr, nullptr);
+    ASSERT_TRUE(served.ok()) << served.status();
+    const CompactHead& head = chunk->heads[h];
+    std::vector<double> mean(d, 0.0);
+    for (int64_t j = 0; j < head.slots(); ++j) {
+      if (head.flags[j] & kSlotRebuildValue) continue;
+      for (int64_t c = 0; c < d; ++c) {
+        mean[c] += toy.values[h].Row(head.positions[j] - 1000)[c] / double(head.value_slots());
+      }
+    }
+    for (int64_t j = 0; j < head.slots(); ++j) {
+      const bool dropped = head.flags[j] & kSlotRebuildValue;
+      rebuilt += dropped ? 1 : 0;
+      for (int64_t c = 0; c < d; ++c) {
+        const float got = served->values.Row(j)[c];
+        if (dropped) {
+          EXPECT_FLOAT_EQ(got, static_cast<float>(mean[c])) << "head " << h << " slot " << j;
+        } else {
+          EXPECT_EQ(got, toy.values[h].Row(head.positions[j] - 1000)[c]) << "slot " << j;
+        }
+        EXPECT_EQ(dense_v[(j * heads + h) * d + c], got) << "head " << h << " slot " << j;
+        EXPECT_EQ(dense_k[(j * heads + h) * d + c], served->keys.Row(j)[c]);
+      }
+    }
+  }
+  EXPECT_GT(rebuilt, 0);
+  auto device = BuildServingHead(*chunk, 0, 0, nullptr, nullptr, {.backend = Backend::kCuda});
+  EXPECT_EQ(device.status().code(), StatusCode::kUnimplemented) << device.status();
+  EXPECT_THAT(device.status().message(), HasSubstr("route stage mean_value has no device rebuild"));
+}
+
+// A chunk whose route code no stage of this process registers cannot be served: the error names
+// the code, in the compact and the dense form.
+TEST(StageRegistryTest, AnUnregisteredRouteCodeIsRefusedWhenServed) {
+  ASSERT_TRUE(testing::RegisterMeanValueStage().ok()) << testing::RegisterMeanValueStage();
+  const ToyChunk toy;
+  auto chunk = Compress(MeanValuePlan(), toy.layout, toy.Input());
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  chunk->codec.route = static_cast<RouteStage>(201);
+  auto served = BuildServingHead(*chunk, 0, 0, nullptr, nullptr);
+  EXPECT_EQ(served.status().code(), StatusCode::kInvalidArgument) << served.status();
+  EXPECT_THAT(served.status().message(), HasSubstr("route 201 is not registered"));
+  int64_t t = 0;
+  auto dense = ExpandDenseChunk(*chunk, nullptr, nullptr, &t);
+  EXPECT_EQ(dense.status().code(), StatusCode::kInvalidArgument) << dense.status();
+  EXPECT_THAT(dense.status().message(), HasSubstr("route 201 is not registered"));
+}
+
 TEST(StageRegistryTest, RegisterRefusesAMergeOrRouteStageWithoutItsFunction) {
   StageRegistry& r = StageRegistry::Global();
   Status no_merge = r.Register({.name = "other", .kind = StageKind::kMerge, .code = 9});
@@ -379,6 +455,16 @@ TEST(StageRegistryTest, RegisterRefusesAMergeOrRouteStageWithoutItsFunction) {
   Status merge_on_route = r.Register(
       {.name = "other", .kind = StageKind::kRoute, .code = 9, .merge = testing::PairMeanMerge});
   EXPECT_EQ(merge_on_route.code(), StatusCode::kInvalidArgument) << merge_on_route;
+  Status no_rebuild = r.Register(
+      {.name = "other", .kind = StageKind::kRoute, .code = 9, .route = testing::MeanValueRoute});
+  EXPECT_EQ(no_rebuild.code(), StatusCode::kInvalidArgument) << no_rebuild;
+  EXPECT_THAT(no_rebuild.message(), HasSubstr("route stage other has no rebuild function"));
+  Status rebuild_on_merge = r.Register({.name = "other",
+                                        .kind = StageKind::kMerge,
+                                        .code = 9,
+                                        .merge = testing::PairMeanMerge,
+                                        .rebuild = testing::MeanValueRebuild});
+  EXPECT_EQ(rebuild_on_merge.code(), StatusCode::kInvalidArgument) << rebuild_on_merge;
   EXPECT_EQ(r.Find("other"), nullptr);
 }
 

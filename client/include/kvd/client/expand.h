@@ -3,9 +3,10 @@
 // that uses the compression kernels.
 //
 // Two serving forms, both giving the same attention output (docs/algorithms.md 1):
-//   (a) compact: per (layer, KV head) S slots with post-RoPE keys, MEAN values (VECTOR-routed
-//       values rebuilt as W RoPE^-1(k, pos)), an additive bias ln(l_j) per slot and its
-//       representative position. For engines whose attention takes a bias.
+//   (a) compact: per (layer, KV head) S slots with post-RoPE keys, MEAN values (routed values
+//       rebuilt by the chunk's route stage: VECTOR's as W RoPE^-1(k, pos)), an additive bias
+//       ln(l_j) per slot and its representative position. For engines whose attention takes a
+//       bias.
 //   (b) dense: slot j repeated l_j times with its mean value, in the raw layer layout
 //       K[T, H, d] / V[T, H, d] of the model dtype, for unmodified engines. T = sum of l_j, the
 //       same for every head except under per-head eviction (then only the compact form serves;

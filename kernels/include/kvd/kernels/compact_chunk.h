@@ -70,7 +70,7 @@ struct QuantDescription {
 };
 
 // Slot flag bits.
-inline constexpr uint8_t kSlotRebuildValue = 0x01;  // value not stored: rebuild with VECTOR's W
+inline constexpr uint8_t kSlotRebuildValue = 0x01;  // value not stored: the route stage rebuilds
 inline constexpr uint8_t kSlotKnownFlags = kSlotRebuildValue;
 
 // How a chunk was compressed (enough for a reader to serve it and for metrics to name it).

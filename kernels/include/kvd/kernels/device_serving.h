@@ -9,15 +9,16 @@
 // A quantized chunk (quantize.h) is first dequantized on the host and rounded to its dtype
 // (DequantizeChunk); its compact form here is then that of DequantizeChunk(chunk), which differs
 // from BuildServingHead's float32 dequantization by that rounding (at most 2^-9 relative for
-// bfloat16). Upload packs the chunk's keys and stored values (as stored, in the chunk dtype) with small
-// per-slot tables into one pinned host buffer and copies it to the device once. The kernels then
-// do what the CPU serving does: dtype -> float32 conversion (compact form), slot j repeated l_j
-// times with a float32 round trip to the dtype (dense form). The output equals the CPU's bit for
-// bit for finite values: the conversions (src/cuda/elements.cuh) round to nearest even as
+// bfloat16). Upload packs the chunk's keys and stored values (as stored, in the chunk dtype) with
+// small per-slot tables into one pinned host buffer and copies it to the device once. The kernels
+// then do what the CPU serving does: dtype -> float32 conversion (compact form), slot j repeated
+// l_j times with a float32 round trip to the dtype (dense form). The output equals the CPU's bit
+// for bit for finite values: the conversions (src/cuda/elements.cuh) round to nearest even as
 // common/dtype.h does (a NaN stored value may come out as another NaN bit pattern), and the two
-// values computed with floating-point arithmetic, ln l_j and the VECTOR-rebuilt values of
-// routed slots (W RoPE^-1(k_j, pos_j)), are computed on the host by the CPU code and uploaded
-// with the chunk (routed slots only; a chunk without routing uploads none).
+// values computed with floating-point arithmetic, ln l_j and the rebuilt values of routed slots
+// (the chunk's route stage's RebuildFn, stages.h; VECTOR's W RoPE^-1(k_j, pos_j)), are computed on
+// the host by the CPU code and uploaded with the chunk (routed slots only; a chunk without routing
+// uploads none), so any registered route stage serves here, with or without a device rebuild.
 //
 // Streams are cudaStream_t passed as void* (nullptr = the legacy default stream). Upload waits
 // for its copy, so the image can be used from any stream afterwards; the layer calls only queue
@@ -39,7 +40,8 @@ class DeviceCompactChunk {
  public:
   // Errors: UNIMPLEMENTED "this build has no CUDA kernels"; UNAVAILABLE "no CUDA device";
   // INVALID_ARGUMENT of chunk.Validate() or non-finite keys (as BuildServingHead);
-  // FAILED_PRECONDITION of BuildServingHead when routed slots lack rope/weights;
+  // FAILED_PRECONDITION of BuildServingHead when routed slots lack rope/weights (the errors of
+  // the route stage's rebuild);
   // RESOURCE_EXHAUSTED when device or pinned memory runs out.
   static StatusOr<std::unique_ptr<DeviceCompactChunk>> Upload(const CompactChunk& chunk,
                                                               const RopeTable* rope,

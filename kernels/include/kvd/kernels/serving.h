@@ -3,7 +3,8 @@
 // repeated l_j times with its mean value) for engines that cannot take one. Both give the same
 // attention output:
 //   softmax_j(s_j + ln l_j) . mean_j  ==  sum_j l_j exp(s_j) mean_j / sum_j l_j exp(s_j).
-// Values of "rebuild me" slots (VECTOR) are rebuilt as W RoPE^-1(k_j, pos_j).
+// The values of "rebuild me" slots are rebuilt by the chunk's route stage (stages.h RebuildFn,
+// looked up by the route code the chunk records): VECTOR's as W RoPE^-1(k_j, pos_j).
 #pragma once
 
 #include <cstdint>
@@ -26,12 +27,16 @@ struct ServingHead {
   std::vector<int64_t> positions;    // [S] representative positions
 };
 
-// Builds the compact form of (layer, head) of `chunk`. `rope` and `weights` are needed only when
-// the head has rebuild slots (they may be null otherwise).
-// Errors: INVALID_ARGUMENT for a bad index or an invalid chunk; FAILED_PRECONDITION "needs VECTOR
-// weights" when rebuild slots exist and rope/weights are missing, "calibration version mismatch"
-// when weights->version != chunk.codec.calibration_version, "shape" when weights do not cover
-// the head; the errors of ApplyRope and RebuildValues.
+// Builds the compact form of (layer, head) of `chunk`. `rope` and `weights` are read only when
+// the head has rebuild slots (they may be null otherwise): `weights` only for a route stage that
+// needs a calibration (VECTOR; both are required then), `rope` by a stage that de-rotates keys.
+// Errors: INVALID_ARGUMENT for a bad index or an invalid chunk (an unregistered route code among
+// them), or a rope table of another head_dim; UNIMPLEMENTED when exec.backend is kCuda and the
+// route stage has no device rebuild (StageRegistration::device_rebuild); for a stage that needs a
+// calibration, FAILED_PRECONDITION "needs VECTOR weights" when rope/weights are missing,
+// "calibration version mismatch" when weights->version != chunk.codec.calibration_version,
+// "shape" when weights do not cover the head; the errors of the stage's rebuild (VECTOR's: those
+// of ApplyRope and RebuildValues).
 StatusOr<ServingHead> BuildServingHead(const CompactChunk& chunk, int layer, int head,
                                        const RopeTable* rope, const VectorWeights* weights,
                                        const ExecOptions& exec = {});

@@ -29,9 +29,11 @@
 // CompressionPlanOptions::stage_keys, where the stage reads it with StageKeyValue.
 //
 // Adding a merge or route stage: its kernel and one Register call with a MergeFn (it writes the
-// head's slots, HeadSlots) or a RouteFn (the cost of dropping each slot's value); the CPU plan
-// (plan_head.cc) runs it through the registry. tests/kernels/pair_mean_stage.h (merge) and
-// tests/kernels/mean_value_stage.h (route) are examples.
+// head's slots, HeadSlots) or a RouteFn (the cost of dropping each slot's value) and a RebuildFn
+// (the dropped values rebuilt from what the chunk holds, at serving); the CPU plan (plan_head.cc)
+// runs it and serving (serving.h, device_serving.h) rebuilds through the registry.
+// tests/kernels/pair_mean_stage.h (merge) and tests/kernels/mean_value_stage.h (route) are
+// examples.
 //
 // The device plan: a stage it runs has `.device = true` here and its device step (a CUDA method
 // of the plan's state) in one row of the CUDA module's stage table, kDeviceStages in
@@ -171,6 +173,28 @@ struct RouteHeadInput {
 using RouteFn = Status (*)(const RouteHeadInput& in, const HeadSlots& slots,
                            std::vector<float>* err);
 
+// What a route stage's rebuild sees of one head of a compact chunk when it is served
+// (serving.h): the head's S slots as the chunk holds them.
+struct RebuildHeadInput {
+  int layer = 0;
+  int head = 0;
+  ConstMatrixView keys;                  // [S, d] post-RoPE keys (float32)
+  std::span<const int32_t> cardinality;  // [S] tokens per slot, >= 1
+  std::span<const int64_t> positions;    // [S] representative positions
+  std::span<const uint8_t> flags;        // [S] kSlotRebuildValue: the slot's value was dropped
+  // De-rotates keys into pre-RoPE keys (ApplyRope kDerotate at `positions`); null when the caller
+  // gave none (a stage that needs it refuses, FAILED_PRECONDITION). Its head_dim is d.
+  const RopeTable* rope = nullptr;
+  // needs_calibration stages: the calibration the chunk records (version and shape checked by the
+  // caller); null for the others.
+  const VectorWeights* weights = nullptr;
+  ExecOptions exec;  // kCuda only for a stage registered with device_rebuild
+};
+// Fills the rows of `values` [S, d] of the slots flagged kSlotRebuildValue. On entry the other
+// rows hold the slots' stored mean values (float32) and the flagged rows zeros; it leaves the
+// other rows as they are. Single-threaded unless `in.exec` says otherwise.
+using RebuildFn = Status (*)(const RebuildHeadInput& in, MatrixView values);
+
 // The value type of a stage's policy key. Values travel as double (kInt: an integer, kBool: 0 or
 // 1).
 enum class PolicyKeyType : uint8_t { kInt = 0, kDouble = 1, kBool = 2 };
@@ -213,6 +237,13 @@ struct StageRegistration {
   MergeFn merge = nullptr;
   // Route stages: the step that prices dropping each slot's value (required). Others: null.
   RouteFn route = nullptr;
+  // Route stages: the serving step that rebuilds the dropped values of one head (required).
+  // Others: null.
+  RebuildFn rebuild = nullptr;
+  // Route stages: `rebuild` runs with ExecOptions::backend kCuda (VECTOR's: RoPE^-1 and W on the
+  // device); serving a chunk of a stage without it on kCuda is UNIMPLEMENTED.
+  // DeviceCompactChunk (device_serving.h) rebuilds on the host for every route stage.
+  bool device_rebuild = false;
   // The policy keys it reads (file comment; empty = none).
   std::vector<StagePolicyKey> policy_keys;
 };
@@ -224,8 +255,9 @@ class StageRegistry {
 
   // ALREADY_EXISTS when the name, (kind, code) or a policy key's name is taken; INVALID_ARGUMENT
   // for an empty name, a score / merge / route stage without its `score` / `merge` / `route`
-  // function, such a function (or `layer_budgets`, `validate`) on another kind, or a policy key
-  // without a name or whose default fails CheckStagePolicyKey.
+  // function (a route stage also without `rebuild`), such a function (or `layer_budgets`,
+  // `validate`, `rebuild`, `device_rebuild`) on another kind, or a policy key without a name or
+  // whose default fails CheckStagePolicyKey.
   Status Register(StageRegistration registration);
 
   // Null when not registered.
