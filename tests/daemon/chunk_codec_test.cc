@@ -119,15 +119,15 @@ TEST(ChunkCodecTest, TheQuantizeStageOfThePolicyIsInTheStoredChunk) {
   auto ac = kernels::DecodeCompactChunk(a->bytes);
   ASSERT_TRUE(pc.ok() && qc.ok() && ac.ok()) << qc.status() << ac.status();
   EXPECT_FALSE(pc->codec.quant.quantized());
-  EXPECT_EQ(qc->codec.quant, (kernels::QuantDescription{.format = kernels::QuantFormat::kInt4,
-                                                        .key_group = 8,
-                                                        .value_group = 8,
-                                                        .recent = 4}));
+  EXPECT_EQ(
+      qc->codec.quant,
+      (kernels::QuantDescription{
+          .format = kernels::QuantFormat::kInt4, .key_group = 8, .value_group = 8, .recent = 4}));
   EXPECT_EQ(ac->codec.quant.format, kernels::QuantFormat::kInt8);
   EXPECT_EQ(ac->codec.quant.key_group, 64u);
   for (size_t i = 0; i < pc->heads.size(); ++i) {
     EXPECT_EQ(qc->heads[i].positions, pc->heads[i].positions);  // KeyDiff's slots
-    EXPECT_EQ(ac->heads[i].slots(), kTokens);                    // alone: every token
+    EXPECT_EQ(ac->heads[i].slots(), kTokens);                   // alone: every token
   }
   EXPECT_EQ(qc->codec.score, kernels::ScoreStage::kKeyDiff);
   EXPECT_EQ(ac->codec.score, kernels::ScoreStage::kNone);
@@ -159,6 +159,25 @@ TEST(ChunkCodecTest, TheRotationAndValueFormatOfThePolicyAreInTheStoredChunk) {
                                        .value_group = 8,
                                        .rotation = kernels::QuantRotation::kHadamard,
                                        .value_format = kernels::QuantFormat::kInt2}));
+  EXPECT_TRUE(kernels::DequantizeChunk(*c).ok());
+}
+
+// The symmetric formats by their names in the kernels' table (int4s keys, int2s values).
+TEST(ChunkCodecTest, SymmetricFormatsOfThePolicyAreInTheStoredChunk) {
+  auto config = ParseConfigYaml(
+      "models: [{name: m, layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 8, dtype: "
+      "float32}, compression: {stages: [quantize], quant_format: int4s, quant_group: 8, "
+      "quant_rotate: hadamard, quant_value_format: int2s, window: 4, sinks: 2, device: cpu}}]");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const ModelConfig& m = config->models[0];
+  auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  auto e = (*codec)->Encode(PutBytes(**codec, m, 5), kTokens, 0, kWindow);
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto c = kernels::DecodeCompactChunk(e->bytes);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->codec.quant.format, kernels::QuantFormat::kInt4Sym);
+  EXPECT_EQ(c->codec.quant.value_format, kernels::QuantFormat::kInt2Sym);
   EXPECT_TRUE(kernels::DequantizeChunk(*c).ok());
 }
 
