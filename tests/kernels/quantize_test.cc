@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvd/kernels/plan.h"
@@ -154,24 +155,40 @@ int RefQmax(QuantFormat f) {
   }
 }
 
+// Every shape of kShapes, keys and values, every input of Inputs(seed): x, its round trip through
+// format f (groups of the shape's size), its groups and a name for messages.
+template <typename Check>
+void ForEachRoundTrip(QuantFormat f, uint64_t seed, Check check) {
+  for (const Shape& s : kShapes) {
+    for (const bool keys : {true, false}) {
+      const QuantDescription q{.format = f,
+                               .key_group = static_cast<uint32_t>(s.group),
+                               .value_group = static_cast<uint32_t>(s.group)};
+      int case_index = 0;
+      for (const Matrix& x : Inputs(s.rows, s.d, seed + s.rows)) {
+        const std::string where = std::string(QuantFormatName(f)) + (keys ? " keys" : " values") +
+                                  " rows " + std::to_string(s.rows) + " d " + std::to_string(s.d) +
+                                  " group " + std::to_string(s.group) + " input " +
+                                  std::to_string(case_index++);
+        auto y = RoundTrip(x, q, keys);
+        ASSERT_TRUE(y.ok()) << where << ": " << y.status();
+        check(x, *y, Groups(s.rows, s.d, s.group, keys), where);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+using GroupList = std::vector<std::vector<std::pair<int64_t, int64_t>>>;
+
 TEST(QuantizeTest, IntFormatsMatchTheFloat64ReferenceWithinHalfAScale) {
   for (const QuantFormat f :
        {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kInt3, QuantFormat::kInt2}) {
     const int qmax = RefQmax(f);
-    for (const Shape& s : kShapes) {
-      for (const bool keys : {true, false}) {
-        const QuantDescription q{.format = f,
-                                 .key_group = static_cast<uint32_t>(s.group),
-                                 .value_group = static_cast<uint32_t>(s.group)};
-        int case_index = 0;
-        for (const Matrix& x : Inputs(s.rows, s.d, 17 + s.rows)) {
-          const std::string where = std::string(QuantFormatName(f)) + (keys ? " keys" : " values") +
-                                    " rows " + std::to_string(s.rows) + " d " +
-                                    std::to_string(s.d) + " group " + std::to_string(s.group) +
-                                    " input " + std::to_string(case_index++);
-          auto y = RoundTrip(x, q, keys);
-          ASSERT_TRUE(y.ok()) << where << ": " << y.status();
-          for (const auto& group : Groups(s.rows, s.d, s.group, keys)) {
+    ForEachRoundTrip(
+        f, 17,
+        [&](const Matrix& x, const Matrix& y, const GroupList& groups, const std::string& where) {
+          for (const auto& group : groups) {
             std::vector<double> xs;
             for (auto [r, c] : group) xs.push_back(x.Row(r)[c]);
             const RefGroup g = RefIntGroup(xs, qmax);
@@ -182,20 +199,20 @@ TEST(QuantizeTest, IntFormatsMatchTheFloat64ReferenceWithinHalfAScale) {
                 std::ldexp(1.0, -24);
             ASSERT_LE(g.scale, bound_scale) << where;
             for (auto [r, c] : group) {
-              const double xv = x.Row(r)[c], yv = y->Row(r)[c];
+              const double xv = x.Row(r)[c], yv = y.Row(r)[c];
               const double t = g.scale > 0 ? (xv - g.min) / g.scale : 0.0;
               const double qr = std::clamp(std::nearbyint(t), 0.0, static_cast<double>(qmax));
               const double ref = g.min + qr * g.scale;
               const double fp = std::ldexp(1.0, -23) * (std::fabs(ref) + std::fabs(g.min));
               const bool tie = std::fabs(t - std::floor(t) - 0.5) < 1e-5;
-              if (!tie) ASSERT_LE(std::fabs(yv - ref), fp) << where << " at " << r << "," << c;
+              if (!tie) {
+                ASSERT_LE(std::fabs(yv - ref), fp) << where << " at " << r << "," << c;
+              }
               ASSERT_LE(std::fabs(yv - xv), g.scale / 2 * (1 + 1e-5) + fp)
                   << where << " at " << r << "," << c;
             }
           }
-        }
-      }
-    }
+        });
   }
 }
 
@@ -217,6 +234,23 @@ struct RefSym {
     for (double x : xs) e += (x - Level(x, s)) * (x - Level(x, s));
     return e;
   }
+  // The least-error candidate scale of the group, its error and the next least error of another
+  // scale.
+  void Best(const std::vector<double>& xs, double* scale, double* best, double* runner_up) const {
+    double absmax = 0;
+    for (double x : xs) absmax = std::max(absmax, std::fabs(x));
+    *runner_up = INFINITY;
+    for (int k = 0; k < 12; ++k) {
+      const double sk = HalfUp(absmax * (20 - k) / 20.0 / (half - 0.5));
+      const double e = Sse(xs, sk);
+      if (k == 0 || e < *best) {
+        if (k > 0 && sk != *scale) *runner_up = std::min(*runner_up, *best);
+        *best = e, *scale = sk;
+      } else if (sk != *scale) {
+        *runner_up = std::min(*runner_up, e);
+      }
+    }
+  }
 };
 
 int SymHalf(QuantFormat f) {
@@ -227,59 +261,33 @@ TEST(QuantizeTest, SymmetricFormatsMatchTheFloat64ReferenceWithinHalfAScale) {
   for (const QuantFormat f :
        {QuantFormat::kInt4Sym, QuantFormat::kInt3Sym, QuantFormat::kInt2Sym}) {
     const RefSym ref{SymHalf(f)};
-    for (const Shape& s : kShapes) {
-      for (const bool keys : {true, false}) {
-        const QuantDescription q{.format = f,
-                                 .key_group = static_cast<uint32_t>(s.group),
-                                 .value_group = static_cast<uint32_t>(s.group)};
-        int case_index = 0;
-        for (const Matrix& x : Inputs(s.rows, s.d, 23 + s.rows)) {
-          const std::string where = std::string(QuantFormatName(f)) + (keys ? " keys" : " values") +
-                                    " rows " + std::to_string(s.rows) + " group " +
-                                    std::to_string(s.group) + " input " +
-                                    std::to_string(case_index++);
-          auto y = RoundTrip(x, q, keys);
-          ASSERT_TRUE(y.ok()) << where << ": " << y.status();
-          for (const auto& group : Groups(s.rows, s.d, s.group, keys)) {
+    ForEachRoundTrip(
+        f, 23,
+        [&](const Matrix& x, const Matrix& y, const GroupList& groups, const std::string& where) {
+          for (const auto& group : groups) {
             std::vector<double> xs, ys;
-            double absmax = 0;
-            for (auto [r, c] : group) {
-              xs.push_back(x.Row(r)[c]);
-              ys.push_back(y->Row(r)[c]);
-              absmax = std::max(absmax, std::fabs(xs.back()));
-            }
-            double best_s = 0, best = 0, runner_up = INFINITY;
-            for (int k = 0; k < 12; ++k) {
-              const double sk = HalfUp(absmax * (20 - k) / 20.0 / (ref.half - 0.5));
-              const double e = ref.Sse(xs, sk);
-              if (k == 0 || e < best) {
-                if (k > 0 && sk != best_s) runner_up = std::min(runner_up, best);
-                best = e, best_s = sk;
-              } else if (sk != best_s) {
-                runner_up = std::min(runner_up, e);
-              }
-            }
+            for (auto [r, c] : group) xs.push_back(x.Row(r)[c]), ys.push_back(y.Row(r)[c]);
+            double s = 0, best = 0, runner_up = 0;
+            ref.Best(xs, &s, &best, &runner_up);
             double got = 0;
             for (size_t i = 0; i < xs.size(); ++i) got += (ys[i] - xs[i]) * (ys[i] - xs[i]);
             ASSERT_LE(got, best * (1 + 1e-4) + 1e-12) << where;
             if (runner_up - best <= 1e-4 * best) continue;  // either scale is a valid choice
             for (size_t i = 0; i < xs.size(); ++i) {
-              const double t = best_s > 0 ? xs[i] / best_s : 0.0;
+              const double t = s > 0 ? xs[i] / s : 0.0;
               const bool tie = std::fabs(t - std::nearbyint(t)) < 1e-5;
-              const double fp = std::ldexp(1.0, -22) * (std::fabs(xs[i]) + best_s);
+              const double fp = std::ldexp(1.0, -22) * (std::fabs(xs[i]) + s);
               if (!tie) {
-                ASSERT_LE(std::fabs(ys[i] - ref.Level(xs[i], best_s)), fp) << where;
+                ASSERT_LE(std::fabs(ys[i] - ref.Level(xs[i], s)), fp) << where;
               }
-              if (std::fabs(xs[i]) <= ref.half * best_s) {
-                ASSERT_LE(std::fabs(ys[i] - xs[i]), best_s / 2 * (1 + 1e-5) + fp) << where;
+              if (std::fabs(xs[i]) <= ref.half * s) {
+                ASSERT_LE(std::fabs(ys[i] - xs[i]), s / 2 * (1 + 1e-5) + fp) << where;
               } else {
-                ASSERT_EQ(ys[i], std::copysign((ref.half - 0.5) * best_s, xs[i])) << where;
+                ASSERT_EQ(ys[i], std::copysign((ref.half - 0.5) * s, xs[i])) << where;
               }
             }
           }
-        }
-      }
-    }
+        });
   }
 }
 
