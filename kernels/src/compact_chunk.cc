@@ -30,9 +30,8 @@ using internal::ValidateCodec;
 namespace {
 
 constexpr uint16_t kVersion = 2;  // unquantized chunks: byte for byte what v2 writers wrote
-constexpr uint16_t kQuantizedVersion = 3;  // chunks with a quantize stage version 3 can record
-constexpr uint16_t kQuantizedV4Version =
-    4;  // the rest: rotation, int3 / int2, symmetric, value format
+constexpr uint16_t kQuantizedVersion = 3;    // chunks with a quantize stage version 3 can record
+constexpr uint16_t kQuantizedV4Version = 4;  // the rest (rotation, int3 / int2, int*s, ...)
 constexpr size_t kHeaderBytes = 80;
 constexpr size_t kQuantizedHeaderBytes = 96;
 constexpr size_t kDataAlign = 64;

@@ -145,9 +145,9 @@ size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDe
 
 // Bytes of format version 2 (docs/chunk-format.md), version 3 when the chunk is quantized
 // (version 2 plus the quantize stage's fields; its heads' rows are QuantizedRowsBytes), or version
-// 4 when the quantize stage uses what version 3 cannot record (a rotation, int3 / int2, values in
-// another format than keys; version 3 plus those fields in its reserved bytes): an
-// 80-byte header (96 in versions 3 and 4), the bit-packed slot
+// 4 when the quantize stage uses what version 3 cannot record (a rotation, int3 / int2, the
+// symmetric formats, values in another format than keys; version 3 plus those fields in its
+// reserved bytes): an 80-byte header (96 in versions 3 and 4), the bit-packed slot
 // metadata of every head (slot counts, cardinalities, positions relative to the chunk's first
 // token, rebuild flags), the keys and values of every head back to back from a 64-byte aligned
 // offset, an xxh3-64 trailer. Metadata takes a few bits per slot, so the size is the keys and
