@@ -6,6 +6,7 @@
 #include <initializer_list>
 
 #include "kvd/common/hash.h"
+#include "kvd/kernels/compact_chunk.h"
 #include "stage_policy.h"
 
 namespace kvd::daemon {
@@ -53,12 +54,14 @@ Status CheckScore(const CompressionPolicy& p, const std::string& key) {
 
 // The quantize stage's knobs, and none of them set without that stage.
 Status CheckQuantization(const CompressionPolicy& p, const std::string& key) {
-  if (!OneOf(p.quant_format, {"none", "int8", "int4", "int3", "int2", "fp8_e4m3"})) {
-    return Bad(key + ".quant_format", p.quant_format, "is not int8, int4, int3, int2 or fp8_e4m3");
+  if (!kernels::QuantFormatFromName(p.quant_format)) {
+    return Bad(key + ".quant_format", p.quant_format, "is not " + kernels::QuantFormatNameList());
   }
-  if (!OneOf(p.quant_value_format, {"same", "int8", "int4", "int3", "int2", "fp8_e4m3"})) {
+  if (p.quant_value_format != "same" &&
+      kernels::QuantFormatFromName(p.quant_value_format).value_or(kernels::QuantFormat::kNone) ==
+          kernels::QuantFormat::kNone) {
     return Bad(key + ".quant_value_format", p.quant_value_format,
-               "is not same, int8, int4, int3, int2 or fp8_e4m3");
+               "is not same, " + kernels::QuantFormatNameList());
   }
   if (!OneOf(p.quant_rotate, {"none", "hadamard"})) {
     return Bad(key + ".quant_rotate", p.quant_rotate, "is not none or hadamard");

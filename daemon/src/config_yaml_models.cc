@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "config_yaml_reader.h"
+#include "kvd/kernels/compact_chunk.h"
 #include "kvd/kernels/stages.h"
 #include "stage_policy.h"
 
@@ -79,8 +80,8 @@ Status BindQuantizeKeys(const YAML::Node& node, const std::string& path, Compres
   KVD_RETURN_IF_ERROR(GetString(node, path, "quant_format", &p->quant_format));
   if (p->quant_format == "none") {
     return Bad(Join(path, "quant_format"), p->quant_format,
-               "is not int8, int4, int3, int2 or fp8_e4m3 (drop the quantize stage to store full "
-               "precision)");
+               "is not " + kernels::QuantFormatNameList() +
+                   " (drop the quantize stage to store full precision)");
   }
   KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_group", &p->quant_group, 1, 65536));
   KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_key_group", &p->quant_key_group, 1, 65536));

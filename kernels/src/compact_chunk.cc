@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "bit_io.h"
 #include "byte_io.h"
@@ -26,9 +29,9 @@ using internal::ValidateCodec;
 
 namespace {
 
-constexpr uint16_t kVersion = 2;           // unquantized chunks: byte for byte what v2 writers wrote
-constexpr uint16_t kQuantizedVersion = 3;  // chunks with a quantize stage version 3 can record
-constexpr uint16_t kQuantizedV4Version = 4;  // the rest: rotation, int3 / int2, value format
+constexpr uint16_t kVersion = 2;  // unquantized chunks: byte for byte what v2 writers wrote
+constexpr uint16_t kQuantizedVersion = 3;    // chunks with a quantize stage version 3 can record
+constexpr uint16_t kQuantizedV4Version = 4;  // the rest (rotation, int3 / int2, int*s, ...)
 constexpr size_t kHeaderBytes = 80;
 constexpr size_t kQuantizedHeaderBytes = 96;
 constexpr size_t kDataAlign = 64;
@@ -280,8 +283,8 @@ Status ValidateCodec(const CodecDescription& c) {
     return Status::InvalidArgument("codec: p_c " + std::to_string(c.p_c) + " not in [0, 1)");
   }
   const QuantDescription& q = c.quant;
-  if (static_cast<uint8_t>(q.format) > static_cast<uint8_t>(QuantFormat::kInt2) ||
-      static_cast<uint8_t>(q.value_format) > static_cast<uint8_t>(QuantFormat::kInt2)) {
+  if (static_cast<uint8_t>(q.format) > static_cast<uint8_t>(QuantFormat::kInt2Sym) ||
+      static_cast<uint8_t>(q.value_format) > static_cast<uint8_t>(QuantFormat::kInt2Sym)) {
     return Status::InvalidArgument("codec: unknown quant format");
   }
   if (static_cast<uint8_t>(q.rotation) > static_cast<uint8_t>(QuantRotation::kHadamard)) {
@@ -382,10 +385,9 @@ Status CompactChunk::Validate() const {
     const size_t key_bytes =
         QuantizedRowsBytes(static_cast<int64_t>(s), head_dim, dtype, codec.quant, true);
     if (h.keys.size() != key_bytes) {
-      return Status::InvalidArgument("compact chunk: " + name + ": keys hold " +
-                                     std::to_string(h.keys.size()) + " bytes, expected " +
-                                     std::to_string(key_bytes) + " for " + std::to_string(s) +
-                                     " slots");
+      return Status::InvalidArgument(
+          "compact chunk: " + name + ": keys hold " + std::to_string(h.keys.size()) +
+          " bytes, expected " + std::to_string(key_bytes) + " for " + std::to_string(s) + " slots");
     }
     if (h.values.size() !=
         QuantizedRowsBytes(h.value_slots(), head_dim, dtype, codec.quant, false)) {
@@ -532,22 +534,39 @@ std::string_view MergeStageName(MergeStage s) {
   const StageRegistration* stage = FindStage(s);
   return stage == nullptr ? "unknown" : std::string_view(stage->name);
 }
+namespace {
+// Every format and its name, in the order messages list them.
+constexpr std::pair<QuantFormat, std::string_view> kQuantFormatNames[] = {
+    {QuantFormat::kNone, "none"},        {QuantFormat::kInt8, "int8"},
+    {QuantFormat::kInt4, "int4"},        {QuantFormat::kInt3, "int3"},
+    {QuantFormat::kInt2, "int2"},        {QuantFormat::kInt4Sym, "int4s"},
+    {QuantFormat::kInt3Sym, "int3s"},    {QuantFormat::kInt2Sym, "int2s"},
+    {QuantFormat::kFp8E4M3, "fp8_e4m3"},
+};
+}  // namespace
+
 std::string_view QuantFormatName(QuantFormat f) {
-  switch (f) {
-    case QuantFormat::kNone:
-      return "none";
-    case QuantFormat::kInt8:
-      return "int8";
-    case QuantFormat::kInt4:
-      return "int4";
-    case QuantFormat::kFp8E4M3:
-      return "fp8_e4m3";
-    case QuantFormat::kInt3:
-      return "int3";
-    case QuantFormat::kInt2:
-      return "int2";
+  for (const auto& [format, name] : kQuantFormatNames) {
+    if (format == f) return name;
   }
   return "unknown";
+}
+std::optional<QuantFormat> QuantFormatFromName(std::string_view name) {
+  for (const auto& [format, n] : kQuantFormatNames) {
+    if (n == name) return format;
+  }
+  return std::nullopt;
+}
+std::string QuantFormatNameList() {
+  std::string out;
+  const size_t n = std::size(kQuantFormatNames);
+  for (size_t i = 1; i < n; ++i) {
+    out += std::string(i == 1       ? ""
+                       : i + 1 == n ? " or "
+                                    : ", ") +
+           std::string(kQuantFormatNames[i].second);
+  }
+  return out;
 }
 std::string_view QuantRotationName(QuantRotation r) {
   switch (r) {

@@ -19,11 +19,12 @@
 
 namespace kvd::kernels::quant {
 
-// Bytes of one group's parameters: int formats a float16 minimum then a float16 scale; fp8 a
-// float16 scale.
-inline constexpr int kIntParamBytes = 4;
-inline constexpr int kFp8ParamBytes = 2;
+// How a format codes its elements: asymmetric integers (per group a float16 minimum then a
+// float16 scale), symmetric integers or fp8 e4m3 (per group a float16 scale).
+enum class Coding : int { kAsymmetric = 0, kSymmetric = 1, kFp8 = 2 };
 inline constexpr float kFp8Max = 448.0f;  // largest finite e4m3 value
+// Symmetric scales tried per group: the one covering the group's largest |x| and 11 narrower.
+inline constexpr int kSymCandidates = 12;
 
 KVD_QHD float HalfBitsToFloat(uint16_t h) {
 #ifdef __CUDA_ARCH__
@@ -65,11 +66,30 @@ KVD_QHD uint16_t HalfRoundDown(float f) {
 
 KVD_QHD bool HalfFinite(uint16_t h) { return (h & 0x7c00u) != 0x7c00u; }
 
+// a * b rounded once (never fused into an fma by the device compiler).
+KVD_QHD float MulRn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+// A float16 parameter stored little-endian.
+KVD_QHD uint16_t LoadHalf(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (static_cast<unsigned>(p[1]) << 8));
+}
+KVD_QHD void StoreHalf(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v & 0xffu);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+
 // Integer formats (b bits, qmax = 2^b - 1), asymmetric per group: min = the largest float16 <=
 // the group's minimum, scale = the smallest float16 >= (max - min) / qmax, so min + qmax * scale
 // covers the group and round to nearest errs by at most scale / 2. Returns false when either does
 // not fit a finite float16.
-KVD_QHD bool IntGroupParams(float lo, float hi, int qmax, uint16_t* min_bits, uint16_t* scale_bits) {
+KVD_QHD bool IntGroupParams(float lo, float hi, int qmax, uint16_t* min_bits,
+                            uint16_t* scale_bits) {
   const uint16_t mn = HalfRoundDown(lo);
   if (!HalfFinite(mn)) return false;
   const double step = (static_cast<double>(hi) - HalfBitsToFloat(mn)) / qmax;
@@ -110,12 +130,12 @@ KVD_QHD uint8_t FloatToE4M3(float x) {
   const float a = fabsf(x);
   if (!(a < kFp8Max)) return sign | 0x7eu;
   int e2 = 0;
-  frexpf(a, &e2);         // a = m 2^e2, m in [0.5, 1)
-  int e = e2 - 1;         // a in [2^e, 2^(e+1))
+  frexpf(a, &e2);                   // a = m 2^e2, m in [0.5, 1)
+  int e = e2 - 1;                   // a in [2^e, 2^(e+1))
   if (a == 0.0f || e < -6) e = -6;  // subnormal binade: spacing 2^-9
   const float spacing = ldexpf(1.0f, e - 3);
   float q = rintf(a / spacing);  // exact division by a power of two
-  if (q >= 16.0f) {               // rounded up into the next binade
+  if (q >= 16.0f) {              // rounded up into the next binade
     q = 8.0f;
     ++e;
   }
@@ -131,11 +151,143 @@ KVD_QHD float E4M3ToFloat(uint8_t b) {
   return (b & 0x80u) ? -mag : mag;
 }
 
-KVD_QHD uint8_t Fp8Code(float x, float scale) {
-  return scale > 0.0f ? FloatToE4M3(x / scale) : 0;
-}
+KVD_QHD uint8_t Fp8Code(float x, float scale) { return scale > 0.0f ? FloatToE4M3(x / scale) : 0; }
 
 KVD_QHD float Fp8Value(uint8_t code, float scale) { return E4M3ToFloat(code) * scale; }
+
+// The groups of a block of `rows` rows of d elements: keys per channel over `group` rows, group
+// g = (row group, channel); values per row over `group` channels, g = (row, channel group).
+struct GroupRange {
+  int64_t r0, r1, c0, c1;  // rows [r0, r1) x channels [c0, c1)
+};
+KVD_QHD GroupRange RangeOf(bool keys, int64_t rows, int64_t d, int64_t group, int64_t g) {
+  if (keys) {
+    const int64_t r0 = (g / d) * group;
+    return {r0, r0 + group < rows ? r0 + group : rows, g % d, g % d + 1};
+  }
+  const int64_t col_groups = (d + group - 1) / group, c0 = (g % col_groups) * group;
+  return {g / col_groups, g / col_groups + 1, c0, c0 + group < d ? c0 + group : d};
+}
+KVD_QHD int64_t GroupIndex(bool keys, int64_t d, int64_t group, int64_t r, int64_t c) {
+  return keys ? (r / group) * d + c : r * ((d + group - 1) / group) + c / group;
+}
+
+// Symmetric integer formats (b bits, half = 2^(b-1)): code q in [0, 2^b - 1] stands for
+// (q - half + 1/2) * scale, the levels +-scale/2 ... +-(half - 1/2) scale (no zero level; rotated
+// rows are near zero-mean, so no minimum is stored). Round to nearest: q = floor(x / scale) +
+// half, clipped to the codes: |x - x'| <= scale / 2 for |x| <= half * scale; beyond, the
+// outermost level.
+KVD_QHD uint8_t SymCode(float x, float scale, int half) {
+  if (!(scale > 0.0f)) return static_cast<uint8_t>(half);
+  const float q = floorf(x / scale) + static_cast<float>(half);
+  const float top = static_cast<float>(2 * half - 1);
+  return static_cast<uint8_t>(q < 0.0f ? 0.0f : (q > top ? top : q));
+}
+
+KVD_QHD float SymValue(uint8_t code, float scale, int half) {
+  return MulRn(static_cast<float>(code) - (static_cast<float>(half) - 0.5f), scale);
+}
+
+// Candidate k of a group whose largest |x| is absmax: the smallest float16 >= absmax (20 - k) /
+// 20 / (half - 1/2) (k = 0: the outermost level covers the group). false when it is not finite.
+KVD_QHD bool SymCandidate(float absmax, int k, int half, uint16_t* scale_bits) {
+  const double step = static_cast<double>(absmax) * (20 - k) / 20.0 / (half - 0.5);
+  float s = static_cast<float>(step);
+  if (static_cast<double>(s) < step) s = nextafterf(s, INFINITY);
+  const uint16_t sc = HalfRoundUp(s);
+  if (!HalfFinite(sc)) return false;
+  *scale_bits = sc;
+  return true;
+}
+
+// The scale of a symmetric group (elements x[r * d + c], r in [r0, r1), c in [c0, c1)): among
+// the kSymCandidates candidates, the one whose codes' squared error over the group (float32,
+// fmaf in row-major order) is least, the first on ties. false when candidate 0 does not fit.
+KVD_QHD bool SymGroupScale(const float* x, int64_t d, int64_t r0, int64_t r1, int64_t c0,
+                           int64_t c1, float absmax, int half, uint16_t* scale_bits) {
+  uint16_t best_bits = 0;
+  if (!SymCandidate(absmax, 0, half, &best_bits)) return false;
+  float best = INFINITY;
+  uint16_t prev = 0xffffu;
+  for (int k = 0; k < kSymCandidates; ++k) {
+    uint16_t sc = 0;
+    SymCandidate(absmax, k, half, &sc);  // no larger than candidate 0: finite
+    if (sc == prev) continue;
+    prev = sc;
+    const float scale = HalfBitsToFloat(sc);
+    float err = 0.0f;
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const float v = x[r * d + c];
+        const float e = v - SymValue(SymCode(v, scale, half), scale, half);
+        err = fmaf(e, e, err);
+      }
+    }
+    if (err < best) best = err, best_bits = sc;
+  }
+  *scale_bits = best_bits;
+  return true;
+}
+
+// The parameters of a group (elements as SymGroupScale's) stored at `param`: asymmetric the
+// float16 minimum and scale, symmetric the least-error scale, fp8 the scale covering absmax.
+// false when a parameter does not fit float16.
+KVD_QHD bool FitGroup(Coding coding, int bits, const float* x, int64_t d, int64_t r0, int64_t r1,
+                      int64_t c0, int64_t c1, uint8_t* param) {
+  float lo = x[r0 * d + c0], hi = lo, absmax = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const float v = x[r * d + c];
+      lo = v < lo ? v : lo;
+      hi = v > hi ? v : hi;
+      absmax = fabsf(v) > absmax ? fabsf(v) : absmax;
+    }
+  }
+  uint16_t mn = 0, sc = 0;
+  bool ok;
+  if (coding == Coding::kFp8) {
+    ok = Fp8GroupScale(absmax, &sc);
+  } else if (coding == Coding::kSymmetric) {
+    ok = SymGroupScale(x, d, r0, r1, c0, c1, absmax, 1 << (bits - 1), &sc);
+  } else {
+    ok = IntGroupParams(lo, hi, (1 << bits) - 1, &mn, &sc);
+  }
+  if (!ok) return false;
+  if (coding == Coding::kAsymmetric) StoreHalf(param, mn);
+  StoreHalf(param + (coding == Coding::kAsymmetric ? 2 : 0), sc);
+  return true;
+}
+
+// A group's parameters as FitGroup stored them (min 0 where none is stored).
+struct GroupParams {
+  float min = 0.0f, scale = 0.0f;
+};
+KVD_QHD GroupParams LoadParams(Coding coding, const uint8_t* param) {
+  if (coding != Coding::kAsymmetric) return {0.0f, HalfBitsToFloat(LoadHalf(param))};
+  return {HalfBitsToFloat(LoadHalf(param)), HalfBitsToFloat(LoadHalf(param + 2))};
+}
+
+// One element's code and its dequantized value.
+KVD_QHD uint8_t ElementCode(Coding coding, int bits, float x, GroupParams g) {
+  switch (coding) {
+    case Coding::kFp8:
+      return Fp8Code(x, g.scale);
+    case Coding::kSymmetric:
+      return SymCode(x, g.scale, 1 << (bits - 1));
+    default:
+      return IntCode(x, g.min, g.scale, (1 << bits) - 1);
+  }
+}
+KVD_QHD float ElementValue(Coding coding, int bits, uint8_t code, GroupParams g) {
+  switch (coding) {
+    case Coding::kFp8:
+      return Fp8Value(code, g.scale);
+    case Coding::kSymmetric:
+      return SymValue(code, g.scale, 1 << (bits - 1));
+    default:
+      return IntValue(code, g.min, g.scale);
+  }
+}
 
 // Codes of `bits` (8, 4, 3 or 2) packed into a row as a little-endian bit stream: element i takes
 // bits [i * bits, (i + 1) * bits) counted from bit 0 of byte 0 (4 bits: element 2k in the low

@@ -14,7 +14,8 @@ namespace kvd::kernels {
 // The quantized rows of one matrix: `rows` rows of `d` floats, keys per channel over `group`
 // rows, values per row over `group` channels, after the rotation (if any) of every row. Layout
 // of the bytes: codes [rows, CodeRow()] (fewer than 8 bits: a bit stream, quant::GetCode), then
-// Groups() parameter records of ParamBytes() (int: float16 min, float16 scale; fp8: float16 scale),
+// Groups() parameter records of ParamBytes() (asymmetric int: float16 min, float16 scale;
+// symmetric int and fp8: float16 scale),
 // keys in (row group, channel) order, values in (row, channel group) order.
 struct QuantBlock {
   QuantFormat format = QuantFormat::kInt8;
@@ -25,23 +26,31 @@ struct QuantBlock {
   QuantRotation rotation = QuantRotation::kNone;
 
   bool fp8() const { return format == QuantFormat::kFp8E4M3; }
+  bool symmetric() const {
+    return format == QuantFormat::kInt4Sym || format == QuantFormat::kInt3Sym ||
+           format == QuantFormat::kInt2Sym;
+  }
+  // quant::Coding's value: 0 asymmetric, 1 symmetric, 2 fp8.
+  int coding() const { return fp8() ? 2 : symmetric() ? 1 : 0; }
   bool rotated() const { return rotation != QuantRotation::kNone; }
   int bits() const {
     switch (format) {
       case QuantFormat::kInt4:
+      case QuantFormat::kInt4Sym:
         return 4;
       case QuantFormat::kInt3:
+      case QuantFormat::kInt3Sym:
         return 3;
       case QuantFormat::kInt2:
+      case QuantFormat::kInt2Sym:
         return 2;
       default:
         return 8;
     }
   }
-  int qmax() const { return (1 << bits()) - 1; }
   size_t CodeRow() const { return (static_cast<size_t>(d) * bits() + 7) / 8; }
   size_t CodeBytes() const { return static_cast<size_t>(rows) * CodeRow(); }
-  int ParamBytes() const { return fp8() ? 2 : 4; }
+  int ParamBytes() const { return fp8() || symmetric() ? 2 : 4; }
   int64_t RowGroups() const { return (rows + group - 1) / group; }  // keys
   int64_t ColGroups() const { return (d + group - 1) / group; }     // values
   int64_t Groups() const { return keys ? RowGroups() * d : rows * ColGroups(); }

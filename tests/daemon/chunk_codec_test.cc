@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvd/daemon/config.h"
@@ -119,15 +120,15 @@ TEST(ChunkCodecTest, TheQuantizeStageOfThePolicyIsInTheStoredChunk) {
   auto ac = kernels::DecodeCompactChunk(a->bytes);
   ASSERT_TRUE(pc.ok() && qc.ok() && ac.ok()) << qc.status() << ac.status();
   EXPECT_FALSE(pc->codec.quant.quantized());
-  EXPECT_EQ(qc->codec.quant, (kernels::QuantDescription{.format = kernels::QuantFormat::kInt4,
-                                                        .key_group = 8,
-                                                        .value_group = 8,
-                                                        .recent = 4}));
+  EXPECT_EQ(
+      qc->codec.quant,
+      (kernels::QuantDescription{
+          .format = kernels::QuantFormat::kInt4, .key_group = 8, .value_group = 8, .recent = 4}));
   EXPECT_EQ(ac->codec.quant.format, kernels::QuantFormat::kInt8);
   EXPECT_EQ(ac->codec.quant.key_group, 64u);
   for (size_t i = 0; i < pc->heads.size(); ++i) {
     EXPECT_EQ(qc->heads[i].positions, pc->heads[i].positions);  // KeyDiff's slots
-    EXPECT_EQ(ac->heads[i].slots(), kTokens);                    // alone: every token
+    EXPECT_EQ(ac->heads[i].slots(), kTokens);                   // alone: every token
   }
   EXPECT_EQ(qc->codec.score, kernels::ScoreStage::kKeyDiff);
   EXPECT_EQ(ac->codec.score, kernels::ScoreStage::kNone);
@@ -135,31 +136,43 @@ TEST(ChunkCodecTest, TheQuantizeStageOfThePolicyIsInTheStoredChunk) {
 }
 
 // The rotation, a value format and a key group of their own reach the stored chunk (version 4),
-// and the chunk decodes and dequantizes.
+// and the chunk decodes and dequantizes; so do the symmetric formats, named as the kernels' table
+// names them.
 TEST(ChunkCodecTest, TheRotationAndValueFormatOfThePolicyAreInTheStoredChunk) {
-  auto config = ParseConfigYaml(
-      "models: [{name: m, layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 8, dtype: "
-      "float32}, compression: {stages: [quantize], quant_format: int3, quant_group: 8, "
-      "quant_key_group: 5, quant_rotate: hadamard, quant_value_format: int2, window: 4, sinks: 2, "
-      "device: cpu}}]");
-  ASSERT_TRUE(config.ok()) << config.status();
-  const ModelConfig& m = config->models[0];
-  auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
-  ASSERT_TRUE(codec.ok()) << codec.status();
-  auto e = (*codec)->Encode(PutBytes(**codec, m, 5), kTokens, 0, kWindow);
-  ASSERT_TRUE(e.ok()) << e.status();
-  uint16_t version;
-  std::memcpy(&version, e->bytes.data() + 4, 2);
-  EXPECT_EQ(version, 4);
-  auto c = kernels::DecodeCompactChunk(e->bytes);
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->codec.quant,
-            (kernels::QuantDescription{.format = kernels::QuantFormat::kInt3,
-                                       .key_group = 5,
-                                       .value_group = 8,
-                                       .rotation = kernels::QuantRotation::kHadamard,
-                                       .value_format = kernels::QuantFormat::kInt2}));
-  EXPECT_TRUE(kernels::DequantizeChunk(*c).ok());
+  namespace kk = kernels;
+  const std::pair<const char*, kk::QuantDescription> cases[] = {
+      {"quant_format: int3, quant_key_group: 5, quant_value_format: int2",
+       {.format = kk::QuantFormat::kInt3,
+        .key_group = 5,
+        .value_group = 8,
+        .rotation = kk::QuantRotation::kHadamard,
+        .value_format = kk::QuantFormat::kInt2}},
+      {"quant_format: int4s, quant_value_format: int2s",
+       {.format = kk::QuantFormat::kInt4Sym,
+        .key_group = 8,
+        .value_group = 8,
+        .rotation = kk::QuantRotation::kHadamard,
+        .value_format = kk::QuantFormat::kInt2Sym}},
+  };
+  for (const auto& [policy, quant] : cases) {
+    auto config = ParseConfigYaml(
+        "models: [{name: m, layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 8, dtype: "
+        "float32}, compression: {stages: [quantize], quant_group: 8, quant_rotate: hadamard, " +
+        std::string(policy) + ", window: 4, sinks: 2, device: cpu}}]");
+    ASSERT_TRUE(config.ok()) << config.status();
+    const ModelConfig& m = config->models[0];
+    auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
+    ASSERT_TRUE(codec.ok()) << codec.status();
+    auto e = (*codec)->Encode(PutBytes(**codec, m, 5), kTokens, 0, kWindow);
+    ASSERT_TRUE(e.ok()) << e.status();
+    uint16_t version;
+    std::memcpy(&version, e->bytes.data() + 4, 2);
+    EXPECT_EQ(version, 4) << policy;
+    auto c = kernels::DecodeCompactChunk(e->bytes);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->codec.quant, quant) << policy;
+    EXPECT_TRUE(kernels::DequantizeChunk(*c).ok()) << policy;
+  }
 }
 
 // CompressionPolicy::KeepsPositions (HelloReply.keepsPositions: what vLLM's connector serves)

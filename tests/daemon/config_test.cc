@@ -780,7 +780,8 @@ TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
       {"{stages: [expected_attention, keydiff]}", {"stages[1]", "keydiff", "second score method"}},
       // the quantize stage
       {"{stages: [quantize], quant_format: int5}",
-       {"models[0].compression.quant_format", "\"int5\"", "int8, int4, int3, int2 or fp8_e4m3"}},
+       {"models[0].compression.quant_format", "\"int5\"",
+        "int8, int4, int3, int2, int4s, int3s, int2s or fp8_e4m3"}},
       {"{stages: [quantize], quant_rotate: walsh}",
        {"models[0].compression.quant_rotate", "\"walsh\"", "none or hadamard"}},
       {"{stages: [quantize], quant_value_format: int1}",

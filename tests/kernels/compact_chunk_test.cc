@@ -575,7 +575,17 @@ TEST(CompactChunkV4, RotatedAndNarrowChunksRoundTripAsVersion4) {
         QuantDescription{.format = QuantFormat::kInt8,
         .key_group = 4,
         .value_group = 8,
-        .value_format = QuantFormat::kInt4}}) {
+        .value_format = QuantFormat::kInt4},
+        QuantDescription{.format = QuantFormat::kInt4Sym, .key_group = 4, .value_group = 8},
+        QuantDescription{.format = QuantFormat::kInt4,
+        .key_group = 4,
+        .value_group = 8,
+        .rotation = QuantRotation::kHadamard,
+        .value_format = QuantFormat::kInt2Sym},
+        QuantDescription{.format = QuantFormat::kInt3Sym,
+        .key_group = 4,
+        .value_group = 8,
+        .value_format = QuantFormat::kInt2Sym}}) {
     const CompactChunk one = QuantizedChunk(64, q);
     ExpectRoundTrip(one);
     const std::vector<uint8_t> b = *EncodeCompactChunk(one);
@@ -590,6 +600,17 @@ TEST(CompactChunkV4, RotatedAndNarrowChunksRoundTripAsVersion4) {
   CompactChunk same = c;
   same.codec.quant.value_format = QuantFormat::kInt3;
   EXPECT_THAT(same.Validate().message(), HasSubstr("value format equal to the key format"));
+}
+
+// The one table of format names: every format by its name, nothing else.
+TEST(CompactChunkV4, QuantFormatNamesComeFromOneTable) {
+  for (uint8_t code = 0; code <= static_cast<uint8_t>(QuantFormat::kInt2Sym); ++code) {
+    const auto f = static_cast<QuantFormat>(code);
+    EXPECT_EQ(QuantFormatFromName(QuantFormatName(f)), f) << int{code};
+  }
+  EXPECT_EQ(QuantFormatName(QuantFormat::kInt2Sym), "int2s");
+  EXPECT_EQ(QuantFormatFromName("int5"), std::nullopt);
+  EXPECT_EQ(QuantFormatNameList(), "int8, int4, int3, int2, int4s, int3s, int2s or fp8_e4m3");
 }
 
 TEST(CompactChunkV4, DamageIsAnError) {

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvd/kernels/plan.h"
@@ -85,14 +86,16 @@ std::vector<std::vector<std::pair<int64_t, int64_t>>> Groups(int64_t rows, int64
     for (int64_t r0 = 0; r0 < rows; r0 += group) {
       for (int64_t c = 0; c < d; ++c) {
         out.emplace_back();
-        for (int64_t r = r0; r < std::min<int64_t>(rows, r0 + group); ++r) out.back().push_back({r, c});
+        for (int64_t r = r0; r < std::min<int64_t>(rows, r0 + group); ++r)
+          out.back().push_back({r, c});
       }
     }
   } else {
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c0 = 0; c0 < d; c0 += group) {
         out.emplace_back();
-        for (int64_t c = c0; c < std::min<int64_t>(d, c0 + group); ++c) out.back().push_back({r, c});
+        for (int64_t c = c0; c < std::min<int64_t>(d, c0 + group); ++c)
+          out.back().push_back({r, c});
       }
     }
   }
@@ -119,8 +122,8 @@ struct Shape {
   int d;
   int group;
 };
-const Shape kShapes[] = {{1, 64, 64}, {5, 64, 64},   {100, 64, 64}, {256, 64, 64},
-                         {100, 64, 7}, {33, 7, 4},   {64, 64, 1},   {40, 64, 256}};
+const Shape kShapes[] = {{1, 64, 64},  {5, 64, 64}, {100, 64, 64}, {256, 64, 64},
+                         {100, 64, 7}, {33, 7, 4},  {64, 64, 1},   {40, 64, 256}};
 
 // The inputs: correlated keys with per-channel offsets, plain normal values, an offset far from
 // zero (the float16 minimum's rounding matters there), and a group with constant elements.
@@ -152,48 +155,160 @@ int RefQmax(QuantFormat f) {
   }
 }
 
+// Every shape of kShapes, keys and values, every input of Inputs(seed): x, its round trip through
+// format f (groups of the shape's size), its groups and a name for messages.
+template <typename Check>
+void ForEachRoundTrip(QuantFormat f, uint64_t seed, Check check) {
+  for (const Shape& s : kShapes) {
+    for (const bool keys : {true, false}) {
+      const QuantDescription q{.format = f,
+                               .key_group = static_cast<uint32_t>(s.group),
+                               .value_group = static_cast<uint32_t>(s.group)};
+      int case_index = 0;
+      for (const Matrix& x : Inputs(s.rows, s.d, seed + s.rows)) {
+        const std::string where = std::string(QuantFormatName(f)) + (keys ? " keys" : " values") +
+                                  " rows " + std::to_string(s.rows) + " d " + std::to_string(s.d) +
+                                  " group " + std::to_string(s.group) + " input " +
+                                  std::to_string(case_index++);
+        auto y = RoundTrip(x, q, keys);
+        ASSERT_TRUE(y.ok()) << where << ": " << y.status();
+        check(x, *y, Groups(s.rows, s.d, s.group, keys), where);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+using GroupList = std::vector<std::vector<std::pair<int64_t, int64_t>>>;
+
 TEST(QuantizeTest, IntFormatsMatchTheFloat64ReferenceWithinHalfAScale) {
   for (const QuantFormat f :
        {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kInt3, QuantFormat::kInt2}) {
     const int qmax = RefQmax(f);
-    for (const Shape& s : kShapes) {
-      for (const bool keys : {true, false}) {
-        const QuantDescription q{.format = f,
-                                 .key_group = static_cast<uint32_t>(s.group),
-                                 .value_group = static_cast<uint32_t>(s.group)};
-        int case_index = 0;
-        for (const Matrix& x : Inputs(s.rows, s.d, 17 + s.rows)) {
-          const std::string where = std::string(QuantFormatName(f)) + (keys ? " keys" : " values") +
-                                    " rows " + std::to_string(s.rows) + " d " +
-                                    std::to_string(s.d) + " group " + std::to_string(s.group) +
-                                    " input " + std::to_string(case_index++);
-          auto y = RoundTrip(x, q, keys);
-          ASSERT_TRUE(y.ok()) << where << ": " << y.status();
-          for (const auto& group : Groups(s.rows, s.d, s.group, keys)) {
+    ForEachRoundTrip(
+        f, 17,
+        [&](const Matrix& x, const Matrix& y, const GroupList& groups, const std::string& where) {
+          for (const auto& group : groups) {
             std::vector<double> xs;
             for (auto [r, c] : group) xs.push_back(x.Row(r)[c]);
             const RefGroup g = RefIntGroup(xs, qmax);
             double lo = xs[0], hi = xs[0];
             for (double v : xs) lo = std::min(lo, v), hi = std::max(hi, v);
-            const double bound_scale = ((hi - lo) + HalfUlp(lo)) / qmax * (1 + std::ldexp(1.0, -10)) +
-                                       std::ldexp(1.0, -24);
+            const double bound_scale =
+                ((hi - lo) + HalfUlp(lo)) / qmax * (1 + std::ldexp(1.0, -10)) +
+                std::ldexp(1.0, -24);
             ASSERT_LE(g.scale, bound_scale) << where;
             for (auto [r, c] : group) {
-              const double xv = x.Row(r)[c], yv = y->Row(r)[c];
+              const double xv = x.Row(r)[c], yv = y.Row(r)[c];
               const double t = g.scale > 0 ? (xv - g.min) / g.scale : 0.0;
               const double qr = std::clamp(std::nearbyint(t), 0.0, static_cast<double>(qmax));
               const double ref = g.min + qr * g.scale;
               const double fp = std::ldexp(1.0, -23) * (std::fabs(ref) + std::fabs(g.min));
               const bool tie = std::fabs(t - std::floor(t) - 0.5) < 1e-5;
-              if (!tie) ASSERT_LE(std::fabs(yv - ref), fp) << where << " at " << r << "," << c;
+              if (!tie) {
+                ASSERT_LE(std::fabs(yv - ref), fp) << where << " at " << r << "," << c;
+              }
               ASSERT_LE(std::fabs(yv - xv), g.scale / 2 * (1 + 1e-5) + fp)
                   << where << " at " << r << "," << c;
             }
           }
-        }
+        });
+  }
+}
+
+// Symmetric integer formats (b bits, half = 2^(b-1)): levels (q + 1/2) s for q in [-half,
+// half - 1], s the float16 scale among the candidates HalfUp(absmax (20 - k) / 20 / (half - 1/2)),
+// k = 0..11, whose float64 squared error over the group is least (the first on ties; where two
+// candidates are within 1e-4 of each other float32 may pick either, and only the error is
+// compared). Each element is the reference's level (ties at a level boundary aside); inside the
+// range (|x| <= half s) it errs by at most s / 2, beyond it takes the outermost level.
+struct RefSym {
+  int half = 0;
+  double Level(double x, double s) const {
+    if (!(s > 0)) return 0.0;
+    const double q = std::clamp(std::floor(x / s), static_cast<double>(-half), half - 1.0);
+    return (q + 0.5) * s;
+  }
+  double Sse(const std::vector<double>& xs, double s) const {
+    double e = 0;
+    for (double x : xs) e += (x - Level(x, s)) * (x - Level(x, s));
+    return e;
+  }
+  // The least-error candidate scale of the group, its error and the next least error of another
+  // scale.
+  void Best(const std::vector<double>& xs, double* scale, double* best, double* runner_up) const {
+    double absmax = 0;
+    for (double x : xs) absmax = std::max(absmax, std::fabs(x));
+    *runner_up = INFINITY;
+    for (int k = 0; k < 12; ++k) {
+      const double sk = HalfUp(absmax * (20 - k) / 20.0 / (half - 0.5));
+      const double e = Sse(xs, sk);
+      if (k == 0 || e < *best) {
+        if (k > 0 && sk != *scale) *runner_up = std::min(*runner_up, *best);
+        *best = e, *scale = sk;
+      } else if (sk != *scale) {
+        *runner_up = std::min(*runner_up, e);
       }
     }
   }
+};
+
+int SymHalf(QuantFormat f) {
+  return f == QuantFormat::kInt4Sym ? 8 : f == QuantFormat::kInt3Sym ? 4 : 2;
+}
+
+TEST(QuantizeTest, SymmetricFormatsMatchTheFloat64ReferenceWithinHalfAScale) {
+  for (const QuantFormat f :
+       {QuantFormat::kInt4Sym, QuantFormat::kInt3Sym, QuantFormat::kInt2Sym}) {
+    const RefSym ref{SymHalf(f)};
+    ForEachRoundTrip(
+        f, 23,
+        [&](const Matrix& x, const Matrix& y, const GroupList& groups, const std::string& where) {
+          for (const auto& group : groups) {
+            std::vector<double> xs, ys;
+            for (auto [r, c] : group) xs.push_back(x.Row(r)[c]), ys.push_back(y.Row(r)[c]);
+            double s = 0, best = 0, runner_up = 0;
+            ref.Best(xs, &s, &best, &runner_up);
+            double got = 0;
+            for (size_t i = 0; i < xs.size(); ++i) got += (ys[i] - xs[i]) * (ys[i] - xs[i]);
+            ASSERT_LE(got, best * (1 + 1e-4) + 1e-12) << where;
+            if (runner_up - best <= 1e-4 * best) continue;  // either scale is a valid choice
+            for (size_t i = 0; i < xs.size(); ++i) {
+              const double t = s > 0 ? xs[i] / s : 0.0;
+              const bool tie = std::fabs(t - std::nearbyint(t)) < 1e-5;
+              const double fp = std::ldexp(1.0, -22) * (std::fabs(xs[i]) + s);
+              if (!tie) {
+                ASSERT_LE(std::fabs(ys[i] - ref.Level(xs[i], s)), fp) << where;
+              }
+              if (std::fabs(xs[i]) <= ref.half * s) {
+                ASSERT_LE(std::fabs(ys[i] - xs[i]), s / 2 * (1 + 1e-5) + fp) << where;
+              } else {
+                ASSERT_EQ(ys[i], std::copysign((ref.half - 0.5) * s, xs[i])) << where;
+              }
+            }
+          }
+        });
+  }
+}
+
+// The point of the symmetric formats: rotated rows are near zero-mean, so one scale (2 bytes)
+// serves where the asymmetric formats store a minimum too (4 bytes), and the least-squares scale
+// clips the tails: on normal rows int2s errs less than int2 in fewer bytes.
+TEST(QuantizeTest, SymmetricTwoBitsErrLessThanAsymmetricOnRotatedRows) {
+  const Matrix x = Bf16(RandomMatrix(256, 64, 41));
+  double err[2] = {0, 0};
+  int i = 0;
+  for (const QuantFormat f : {QuantFormat::kInt2, QuantFormat::kInt2Sym}) {
+    const QuantDescription q{
+        .format = f, .key_group = 256, .value_group = 64, .rotation = QuantRotation::kHadamard};
+    auto y = RoundTrip(x, q, false);
+    ASSERT_TRUE(y.ok()) << y.status();
+    for (size_t e = 0; e < x.values.size(); ++e) {
+      err[i] += (y->values[e] - x.values[e]) * (y->values[e] - x.values[e]);
+    }
+    ++i;
+  }
+  EXPECT_LT(err[1], err[0] * 0.9);
 }
 
 // fp8 e4m3: each element equals the float64 reference's e4m3(x / scale) * scale (ties aside), and
@@ -218,9 +333,9 @@ TEST(QuantizeTest, Fp8MatchesTheFloat64ReferenceWithinItsRelativeError) {
             const double ref = scale > 0 ? RefE4M3(xv / scale, &tie) * scale : 0.0;
             const double fp = std::ldexp(1.0, -22) * std::fabs(xv);
             if (!tie) ASSERT_LE(std::fabs(yv - ref), fp) << r << "," << c;
-            ASSERT_LE(std::fabs(yv - xv),
-                      std::max(std::ldexp(1.0, -4) * std::fabs(xv), std::ldexp(1.0, -10) * scale) +
-                          fp)
+            ASSERT_LE(
+                std::fabs(yv - xv),
+                std::max(std::ldexp(1.0, -4) * std::fabs(xv), std::ldexp(1.0, -10) * scale) + fp)
                 << "rows " << s.rows << " group " << s.group << " at " << r << "," << c;
           }
         }
@@ -382,7 +497,8 @@ TEST(QuantizeTest, RowsBytesFollowTheFormat) {
   // A partial last key group has its own scales; recent rows are bfloat16.
   QuantDescription r = i4;
   r.recent = 32;
-  EXPECT_EQ(QuantizedRowsBytes(100, 64, DType::kBFloat16, r, true), 68u * 32 + 2 * 64 * 4 + 32 * 128);
+  EXPECT_EQ(QuantizedRowsBytes(100, 64, DType::kBFloat16, r, true),
+            68u * 32 + 2 * 64 * 4 + 32 * 128);
   EXPECT_EQ(QuantizedRowsBytes(10, 64, DType::kBFloat16, r, false), 10u * 128);
   EXPECT_EQ(QuantizedRowsBytes(0, 64, DType::kBFloat16, r, false), 0u);
   // Odd d in 4 bits: rows end in a spare nibble.
@@ -394,6 +510,21 @@ TEST(QuantizeTest, RowsBytesFollowTheFormat) {
   EXPECT_EQ(QuantizedRowsBytes(256, 64, DType::kBFloat16, i2, false), 256u * 16 + 256 * 4);
   EXPECT_EQ(QuantizedRowsBytes(3, 7, DType::kFloat32, i3, false), 3u * 3 + 3 * 4);
   EXPECT_EQ(QuantizedRowsBytes(3, 7, DType::kFloat32, i2, false), 3u * 2 + 3 * 4);
+  // Symmetric: one float16 scale a group.
+  const QuantDescription s4{.format = QuantFormat::kInt4Sym, .key_group = 256, .value_group = 64};
+  const QuantDescription s2{.format = QuantFormat::kInt2Sym, .key_group = 256, .value_group = 64};
+  const QuantDescription s3{.format = QuantFormat::kInt3Sym, .key_group = 64, .value_group = 64};
+  EXPECT_EQ(QuantizedRowsBytes(256, 64, DType::kBFloat16, s4, true), 256u * 32 + 64 * 2);
+  EXPECT_EQ(QuantizedRowsBytes(256, 64, DType::kBFloat16, s2, false), 256u * 16 + 256 * 2);
+  EXPECT_EQ(QuantizedRowsBytes(3, 7, DType::kFloat32, s3, false), 3u * 3 + 3 * 2);
+  // int4 keys over 256 slots, int2s values over 64 channels: 51 bytes a slot of 256 raw.
+  const QuantDescription front{.format = QuantFormat::kInt4,
+                               .key_group = 256,
+                               .value_group = 64,
+                               .value_format = QuantFormat::kInt2Sym};
+  EXPECT_EQ(QuantizedRowsBytes(256, 64, DType::kBFloat16, front, true) +
+                QuantizedRowsBytes(256, 64, DType::kBFloat16, front, false),
+            256u * 51);
 }
 
 TEST(QuantizeTest, RefusesWhatItCannotQuantize) {
@@ -419,9 +550,9 @@ TEST(QuantizeTest, RefusesWhatItCannotQuantize) {
   EXPECT_EQ(QuantizeRows(big.View(), DType::kFloat32, f8, true, out).code(),
             StatusCode::kInvalidArgument);
 
-  EXPECT_THAT(ValidateQuantize({.format = QuantFormat::kInt8, .key_group = 0, .value_group = 4})
-                  .message(),
-              HasSubstr("key_group 0"));
+  EXPECT_THAT(
+      ValidateQuantize({.format = QuantFormat::kInt8, .key_group = 0, .value_group = 4}).message(),
+      HasSubstr("key_group 0"));
   EXPECT_EQ(ValidateQuantize({}).code(), StatusCode::kInvalidArgument);
   CompressionPlanOptions o;
   o.quant = {.format = QuantFormat::kInt4, .key_group = 64, .value_group = 70000};
@@ -545,13 +676,58 @@ TEST(QuantizeTest, ComposesWithTheScoreStageAndServes) {
   EXPECT_EQ(QuantizeChunk(*q, quant.quant).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Rotated int4 keys and int2s values after keydiff: written as version 4 and read back equal;
+// serving (compact and dense) dequantizes to what DequantizeChunk gives.
+TEST(QuantizeTest, SymmetricValuesRoundTripTheChunkAndServe) {
+  const PlanInput in;
+  CompressionPlanOptions o;
+  o.score = ScoreStage::kKeyDiff;
+  o.p_c = 0.5;
+  o.quant = {.format = QuantFormat::kInt4,
+             .key_group = 256,
+             .value_group = 64,
+             .recent = 4,
+             .rotation = QuantRotation::kHadamard,
+             .value_format = QuantFormat::kInt2Sym};
+  auto q = Compress(o, in.layout, in.Input());
+  ASSERT_TRUE(q.ok()) << q.status();
+  auto bytes = EncodeCompactChunk(*q);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  uint16_t version;
+  std::memcpy(&version, bytes->data() + 4, 2);
+  EXPECT_EQ(version, 4);
+  auto back = DecodeCompactChunk(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *q);
+  auto dequantized = DequantizeChunk(*back);
+  ASSERT_TRUE(dequantized.ok()) << dequantized.status();
+  int64_t tokens = 0, tokens_d = 0;
+  auto dense = ExpandDenseChunk(*back, nullptr, nullptr, &tokens);
+  auto dense_d = ExpandDenseChunk(*dequantized, nullptr, nullptr, &tokens_d);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  ASSERT_TRUE(dense_d.ok()) << dense_d.status();
+  EXPECT_EQ(tokens, tokens_d);
+  EXPECT_EQ(*dense, *dense_d);
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) {
+      auto sq = BuildServingHead(*back, l, h, nullptr, nullptr);
+      auto sd = BuildServingHead(*dequantized, l, h, nullptr, nullptr);
+      ASSERT_TRUE(sq.ok() && sd.ok()) << sq.status();
+      for (size_t i = 0; i < sq->values.values.size(); ++i) {
+        ASSERT_EQ(sd->values.values[i], BFloat16ToFloat(FloatToBFloat16(sq->values.values[i])));
+      }
+    }
+  }
+}
+
 // ---- the CUDA twin ----
 
 TEST(QuantizeCuda, MatchesTheCpuKernelBitForBit) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   const ExecOptions cuda{.backend = Backend::kCuda};
-  for (const QuantFormat f : {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kFp8E4M3,
-                              QuantFormat::kInt3, QuantFormat::kInt2}) {
+  for (const QuantFormat f :
+       {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kFp8E4M3, QuantFormat::kInt3,
+        QuantFormat::kInt2, QuantFormat::kInt4Sym, QuantFormat::kInt3Sym, QuantFormat::kInt2Sym}) {
     for (const Shape& s : kShapes) {
       for (const bool keys : {true, false}) {
         for (const QuantRotation rot : {QuantRotation::kNone, QuantRotation::kHadamard}) {
@@ -592,7 +768,8 @@ TEST(QuantizeCuda, WithoutADeviceTheCudaBackendIsRefused) {
   const QuantDescription i8{.format = QuantFormat::kInt8, .key_group = 4, .value_group = 4};
   Matrix x(4, 8);
   std::vector<uint8_t> out(QuantizedRowsBytes(4, 8, DType::kFloat32, i8, true));
-  const Status s = QuantizeRows(x.View(), DType::kFloat32, i8, true, out, {.backend = Backend::kCuda});
+  const Status s =
+      QuantizeRows(x.View(), DType::kFloat32, i8, true, out, {.backend = Backend::kCuda});
   EXPECT_TRUE(s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kUnimplemented) << s;
 }
 

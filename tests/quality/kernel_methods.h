@@ -60,6 +60,8 @@
 //   int3k_int2v_rot_kg32, int3k_int2v_kg32,  keys per channel over 32 / 256 / 37 / 43 slots
 //   int4k_int2v_kg256, int3k_int2v_rot_kg37,  instead of 64
 //   int3k_int2v_rot_kg43, int4k_int2v_rot_kg256
+//   int4k_int2sv_rot_kg256,                  as int4k_int2v_rot_kg256 with symmetric 2-bit
+//   int4sk_int2sv_rot_kg256                  values (int2s), and symmetric 4-bit keys (int4s)
 //   int4_rot_tokenkeys, int3_rot_tokenkeys   an experiment: rotated keys grouped per slot over
 //                                            64 channels (as values), quantized in memory (the
 //                                            format stores keys per channel); stored fraction

@@ -11,11 +11,7 @@ namespace {
 
 // A validated quant_format / quant_value_format name (not "none" / "same").
 kk::QuantFormat QuantFormatOf(const std::string& name) {
-  if (name == "int4") return kk::QuantFormat::kInt4;
-  if (name == "int3") return kk::QuantFormat::kInt3;
-  if (name == "int2") return kk::QuantFormat::kInt2;
-  if (name == "fp8_e4m3") return kk::QuantFormat::kFp8E4M3;
-  return kk::QuantFormat::kInt8;
+  return kk::QuantFormatFromName(name).value_or(kk::QuantFormat::kInt8);
 }
 
 }  // namespace

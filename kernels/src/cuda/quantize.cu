@@ -12,45 +12,31 @@ namespace {
 
 constexpr int kThreads = 128;
 
-__device__ __forceinline__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
 struct BlockShape {
-  int format, keys, d, group, bits, qmax, param_bytes, rotated;
-  int64_t rows, code_row, code_bytes, row_groups, col_groups, groups;
+  int keys, d, group, bits, param_bytes, rotated;
+  quant::Coding coding;
+  int64_t rows, code_row, code_bytes, groups;
 };
 
 BlockShape Shape(const QuantBlock& b) {
-  return {static_cast<int>(b.format),
-          b.keys ? 1 : 0,
+  return {b.keys ? 1 : 0,
           b.d,
           b.group,
           b.bits(),
-          b.qmax(),
           b.ParamBytes(),
           b.rotated() ? 1 : 0,
+          static_cast<quant::Coding>(b.coding()),
           b.rows,
           static_cast<int64_t>(b.CodeRow()),
           static_cast<int64_t>(b.CodeBytes()),
-          b.RowGroups(),
-          b.ColGroups(),
           b.Groups()};
 }
 
-__device__ void PutParam(uint8_t* p, uint16_t v) {
-  p[0] = static_cast<uint8_t>(v & 0xffu);
-  p[1] = static_cast<uint8_t>(v >> 8);
-}
-__device__ uint16_t GetParam(const uint8_t* p) {
-  return static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8));
-}
-
-__device__ bool Fp8(const BlockShape& s) {
-  return s.format == static_cast<int>(QuantFormat::kFp8E4M3);
-}
-
-// Group g of the block: keys (row group, channel), values (row, channel group).
-__device__ int64_t GroupOf(const BlockShape& s, int64_t r, int64_t c) {
-  return s.keys ? (r / s.group) * s.d + c : r * s.col_groups + c / s.group;
+// The parameters of the group holding element (r, c).
+__device__ quant::GroupParams ParamsAt(const BlockShape& s, const uint8_t* block, int64_t r,
+                                       int64_t c) {
+  const int64_t g = quant::GroupIndex(s.keys, s.d, s.group, r, c);
+  return quant::LoadParams(s.coding, block + s.code_bytes + g * s.param_bytes);
 }
 
 // One thread per row: x <- R x (or R^-1 x), quant_math.h's rotation.
@@ -60,39 +46,16 @@ __global__ void RotateKernel(BlockShape s, float* __restrict__ x, bool inverse) 
   quant::HadamardRotate(x + r * s.d, s.d, inverse);
 }
 
-// One thread per group: its parameters (the min and max reduction in the CPU kernel's order).
+// One thread per group: its parameters (quant::FitGroup, as the CPU kernel).
 __global__ void ParamsKernel(BlockShape s, const float* __restrict__ x, uint8_t* __restrict__ out,
                              unsigned long long* bad) {
   const int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (g >= s.groups) return;
-  int64_t r0, r1, c0, c1;
-  if (s.keys) {
-    r0 = (g / s.d) * s.group, r1 = Min64(s.rows, r0 + s.group), c0 = g % s.d, c1 = c0 + 1;
-  } else {
-    r0 = g / s.col_groups, r1 = r0 + 1, c0 = (g % s.col_groups) * s.group;
-    c1 = Min64(s.d, c0 + s.group);
+  const quant::GroupRange gr = quant::RangeOf(s.keys, s.rows, s.d, s.group, g);
+  if (!quant::FitGroup(s.coding, s.bits, x, s.d, gr.r0, gr.r1, gr.c0, gr.c1,
+                       out + s.code_bytes + g * s.param_bytes)) {
+    atomicMin(bad, static_cast<unsigned long long>(g));
   }
-  float lo = x[r0 * s.d + c0], hi = lo, absmax = 0.0f;
-  for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const float v = x[r * s.d + c];
-      lo = fminf(lo, v);
-      hi = fmaxf(hi, v);
-      absmax = fmaxf(absmax, fabsf(v));
-    }
-  }
-  uint8_t* param = out + s.code_bytes + g * s.param_bytes;
-  bool ok;
-  if (Fp8(s)) {
-    uint16_t sc;
-    ok = quant::Fp8GroupScale(absmax, &sc);
-    if (ok) PutParam(param, sc);
-  } else {
-    uint16_t mn, sc;
-    ok = quant::IntGroupParams(lo, hi, s.qmax, &mn, &sc);
-    if (ok) PutParam(param, mn), PutParam(param + 2, sc);
-  }
-  if (!ok) atomicMin(bad, static_cast<unsigned long long>(g));
 }
 
 // One thread per row: its codes, packed (a row's bytes are whole within a thread, whatever the
@@ -103,11 +66,8 @@ __global__ void PackKernel(BlockShape s, const float* __restrict__ x, uint8_t* _
   uint8_t* row = out + r * s.code_row;
   for (int64_t i = 0; i < s.code_row; ++i) row[i] = 0;
   for (int64_t c = 0; c < s.d; ++c) {
-    const uint8_t* p = out + s.code_bytes + GroupOf(s, r, c) * s.param_bytes;
-    const float v = x[r * s.d + c];
-    const uint8_t code = Fp8(s) ? quant::Fp8Code(v, quant::HalfBitsToFloat(GetParam(p)))
-                                : quant::IntCode(v, quant::HalfBitsToFloat(GetParam(p)),
-                                                 quant::HalfBitsToFloat(GetParam(p + 2)), s.qmax);
+    const uint8_t code =
+        quant::ElementCode(s.coding, s.bits, x[r * s.d + c], ParamsAt(s, out, r, c));
     quant::OrCode(row, c, s.bits, code);
   }
 }
@@ -118,11 +78,8 @@ __global__ void DequantizeKernel(BlockShape s, const uint8_t* __restrict__ in,
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (idx >= s.rows * s.d) return;
   const int64_t r = idx / s.d, c = idx % s.d;
-  const uint8_t* p = in + s.code_bytes + GroupOf(s, r, c) * s.param_bytes;
   const uint8_t code = quant::GetCode(in + r * s.code_row, c, s.bits);
-  out[idx] = Fp8(s) ? quant::Fp8Value(code, quant::HalfBitsToFloat(GetParam(p)))
-                    : quant::IntValue(code, quant::HalfBitsToFloat(GetParam(p)),
-                                      quant::HalfBitsToFloat(GetParam(p + 2)));
+  out[idx] = quant::ElementValue(s.coding, s.bits, code, ParamsAt(s, in, r, c));
 }
 
 }  // namespace
@@ -169,8 +126,8 @@ Status DequantizeBlock(const QuantBlock& block, const uint8_t* in, float* out, v
   KVD_RETURN_IF_ERROR(din.Allocate(block.Bytes()));
   KVD_RETURN_IF_ERROR(din.Upload(in, block.Bytes(), stream));
   KVD_RETURN_IF_ERROR(dout.Allocate(n));
-  DequantizeKernel<<<Blocks(static_cast<int64_t>(n), kThreads), kThreads, 0, stream>>>(
-      s, din.get(), dout.get());
+  DequantizeKernel<<<Blocks(static_cast<int64_t>(n), kThreads), kThreads, 0, stream>>>(s, din.get(),
+                                                                                       dout.get());
   if (block.rotated()) {
     RotateKernel<<<Blocks(s.rows, kThreads), kThreads, 0, stream>>>(s, dout.get(), true);
   }

@@ -51,9 +51,10 @@ struct CompressionPolicy {
   std::string merge = "none";    // none | kvslimmer
   std::string route = "none";    // none | vector
   // The quantize stage (kernels/quantize.h): "none" (the stage is not listed) or the element
-  // format, "int8" (the default when `quantize` is listed), "int4", "int3", "int2" or
-  // "fp8_e4m3". Keys are quantized per channel over `quant_group` slots, values per slot over
-  // `quant_group` channels (default 64, in [1, 65536]); the last `quant_recent` slots of every
+  // format, "int8" (the default when `quantize` is listed), "int4", "int3", "int2", the
+  // symmetric "int4s", "int3s", "int2s" or "fp8_e4m3" (kernels::QuantFormatFromName's names).
+  // Keys are quantized per channel over `quant_group` slots, values per slot over `quant_group`
+  // channels (default 64, in [1, 65536]); the last `quant_recent` slots of every
   // head stay unquantized (default 0, in [0, 2^30]). `quant_rotate`: "none" (default) or
   // "hadamard" (a fixed randomized Hadamard rotation of every row before quantization; needs a
   // power-of-two head_dim). `quant_value_format`: "same" (default: values in quant_format) or

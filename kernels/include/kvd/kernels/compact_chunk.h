@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -45,6 +46,10 @@ enum class QuantFormat : uint8_t {
   kFp8E4M3 = 3,
   kInt3 = 4,  // 3-bit codes, bit-packed
   kInt2 = 5,  // 2-bit codes, four per byte
+  // Symmetric integer formats: one float16 scale per group, no minimum (quantize.h).
+  kInt4Sym = 6,
+  kInt3Sym = 7,
+  kInt2Sym = 8,
 };
 // An orthogonal transform applied to every key row and value row before quantization and
 // inverted after dequantization (quantize.h): it spreads a channel's outliers over all channels.
@@ -56,9 +61,9 @@ enum class QuantRotation : uint8_t { kNone = 0, kHadamard = 1 };
 // `recent` rows in the chunk dtype).
 struct QuantDescription {
   QuantFormat format = QuantFormat::kNone;  // the keys' format (and the values' by default)
-  uint32_t key_group = 0;    // keys: tokens (slots) per group of one channel, >= 1
-  uint32_t value_group = 0;  // values: channels per group of one token, >= 1
-  uint32_t recent = 0;       // the last `recent` key rows and value rows stay in the chunk dtype
+  uint32_t key_group = 0;                   // keys: tokens (slots) per group of one channel, >= 1
+  uint32_t value_group = 0;                 // values: channels per group of one token, >= 1
+  uint32_t recent = 0;  // the last `recent` key rows and value rows stay in the chunk dtype
   QuantRotation rotation = QuantRotation::kNone;  // applied to the quantized rows only
   QuantFormat value_format = QuantFormat::kNone;  // kNone: values in `format` too
   bool quantized() const { return format != QuantFormat::kNone; }
@@ -140,9 +145,9 @@ size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDe
 
 // Bytes of format version 2 (docs/chunk-format.md), version 3 when the chunk is quantized
 // (version 2 plus the quantize stage's fields; its heads' rows are QuantizedRowsBytes), or version
-// 4 when the quantize stage uses what version 3 cannot record (a rotation, int3 / int2, values in
-// another format than keys; version 3 plus those fields in its reserved bytes): an
-// 80-byte header (96 in versions 3 and 4), the bit-packed slot
+// 4 when the quantize stage uses what version 3 cannot record (a rotation, int3 / int2, the
+// symmetric formats, values in another format than keys; version 3 plus those fields in its
+// reserved bytes): an 80-byte header (96 in versions 3 and 4), the bit-packed slot
 // metadata of every head (slot counts, cardinalities, positions relative to the chunk's first
 // token, rebuild flags), the keys and values of every head back to back from a 64-byte aligned
 // offset, an xxh3-64 trailer. Metadata takes a few bits per slot, so the size is the keys and
@@ -167,8 +172,13 @@ StatusOr<CompactChunk> DecodeCompactChunk(std::span<const uint8_t> bytes);
 std::string_view ScoreStageName(ScoreStage s);
 std::string_view MergeStageName(MergeStage s);
 std::string_view RouteStageName(RouteStage s);
-// "none", "int8", "int4", "fp8_e4m3", "int3", "int2"; "none", "hadamard".
+// "none", "int8", "int4", "fp8_e4m3", "int3", "int2", "int4s", "int3s", "int2s"; "none",
+// "hadamard". The one table of format names: policies name formats by it.
 std::string_view QuantFormatName(QuantFormat f);
 std::string_view QuantRotationName(QuantRotation r);
+// The format QuantFormatName calls `name` ("none" included); nullopt for any other name.
+std::optional<QuantFormat> QuantFormatFromName(std::string_view name);
+// The names of the formats other than none, for messages: "int8, int4, ..., int2s or fp8_e4m3".
+std::string QuantFormatNameList();
 
 }  // namespace kvd::kernels

@@ -3,9 +3,14 @@
 // `key_group` consecutive slots (a key channel's outliers stay in their channel), values per
 // slot over groups of `value_group` consecutive channels. Formats:
 //   int8, int4, int3, int2  asymmetric: per group a float16 minimum (the largest float16 <= the
-//   group's
-//               minimum) and a float16 scale (the smallest float16 >= (max - min) / (2^b - 1));
-//               x' = min + q * scale, q = round((x - min) / scale): |x - x'| <= scale / 2.
+//               group's minimum) and a float16 scale (the smallest float16 >= (max - min) /
+//               (2^b - 1)); x' = min + q * scale, q = round((x - min) / scale): |x - x'| <=
+//               scale / 2.
+//   int4s, int3s, int2s  symmetric: per group a float16 scale only, levels (q - h + 1/2) * scale
+//               (h = 2^(b-1), q in [0, 2h)); the scale is the candidate with the least squared
+//               error over the group among the smallest float16 >= absmax (20 - k) / 20 /
+//               (h - 1/2), k = 0..11: |x - x'| <= scale / 2 for |x| <= h * scale, beyond that
+//               (the clipped tails) x' is the outermost level.
 //   fp8_e4m3    symmetric: per group a float16 scale (the smallest float16 >= absmax / 448), the
 //               element x / scale rounded to nearest even e4m3: |x - x'| <= 2^-4 |x| for
 //               |x| >= 2^-6 scale, <= 2^-10 scale below (the e4m3 subnormals).
