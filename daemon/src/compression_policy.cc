@@ -6,7 +6,6 @@
 #include <initializer_list>
 
 #include "kvd/common/hash.h"
-#include "kvd/kernels/compact_chunk.h"
 #include "stage_policy.h"
 
 namespace kvd::daemon {
@@ -35,57 +34,6 @@ Status CheckMethod(const std::string& key, kernels::StageKind kind, const std::s
   return Bad(key + ".stages", method,
              "is not a " + std::string(kernels::StageKindName(kind)) + " method (" +
                  PolicyMethodList(kind) + ")");
-}
-
-// The score stage and expected_attention's knobs.
-Status CheckScore(const CompressionPolicy& p, const std::string& key) {
-  KVD_RETURN_IF_ERROR(CheckMethod(key, kernels::StageKind::kScore, p.score));
-  if (p.ea_future_positions < 1) {
-    return Bad(key + ".ea_future_positions", std::to_string(p.ea_future_positions), "must be >= 1");
-  }
-  if (p.ea_min_queries < 1) {
-    return Bad(key + ".ea_min_queries", std::to_string(p.ea_min_queries), "must be >= 1");
-  }
-  if (!(p.ea_keydiff_share >= 0.0 && p.ea_keydiff_share < 1.0)) {
-    return Bad(key + ".ea_keydiff_share", Num(p.ea_keydiff_share), "must be in [0, 1)");
-  }
-  return Status::Ok();
-}
-
-// The quantize stage's knobs, and none of them set without that stage.
-Status CheckQuantization(const CompressionPolicy& p, const std::string& key) {
-  if (!kernels::QuantFormatFromName(p.quant_format)) {
-    return Bad(key + ".quant_format", p.quant_format, "is not " + kernels::QuantFormatNameList());
-  }
-  if (p.quant_value_format != "same" &&
-      kernels::QuantFormatFromName(p.quant_value_format).value_or(kernels::QuantFormat::kNone) ==
-          kernels::QuantFormat::kNone) {
-    return Bad(key + ".quant_value_format", p.quant_value_format,
-               "is not same, " + kernels::QuantFormatNameList());
-  }
-  if (!OneOf(p.quant_rotate, {"none", "hadamard"})) {
-    return Bad(key + ".quant_rotate", p.quant_rotate, "is not none or hadamard");
-  }
-  if (!p.Quantizes() && (p.quant_rotate != "none" || p.quant_value_format != "same")) {
-    return Bad(key + (p.quant_rotate != "none" ? ".quant_rotate" : ".quant_value_format"),
-               p.quant_rotate != "none" ? p.quant_rotate : p.quant_value_format,
-               "is set, but the policy has no quantize stage");
-  }
-  if (p.quant_group < 1 || p.quant_group > 65536) {
-    return Bad(key + ".quant_group", std::to_string(p.quant_group), "is outside [1, 65536]");
-  }
-  if (p.quant_key_group < 0 || p.quant_key_group > 65536) {
-    return Bad(key + ".quant_key_group", std::to_string(p.quant_key_group),
-               "is outside [1, 65536] (0: quant_group)");
-  }
-  if (!p.Quantizes() && p.quant_key_group != 0) {
-    return Bad(key + ".quant_key_group", std::to_string(p.quant_key_group),
-               "is set, but the policy has no quantize stage");
-  }
-  if (p.quant_recent < 0 || p.quant_recent > (1 << 30)) {
-    return Bad(key + ".quant_recent", std::to_string(p.quant_recent), "is outside [0, 2^30]");
-  }
-  return Status::Ok();
 }
 
 // At least one stage, and a route stage only after a score or merge stage.
@@ -201,15 +149,15 @@ std::string CompressionPolicy::StagesName() const {
   add(score);
   add(merge);
   add(route);
-  add(quant_format);
+  add(QuantizeName(*this));
   return out.empty() ? "recency" : out;
 }
 
 Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) const {
-  KVD_RETURN_IF_ERROR(CheckScore(*this, key));
+  KVD_RETURN_IF_ERROR(CheckMethod(key, kernels::StageKind::kScore, score));
   KVD_RETURN_IF_ERROR(CheckMethod(key, kernels::StageKind::kMerge, merge));
   KVD_RETURN_IF_ERROR(CheckMethod(key, kernels::StageKind::kRoute, route));
-  KVD_RETURN_IF_ERROR(CheckQuantization(*this, key));
+  KVD_RETURN_IF_ERROR(CheckMethod(key, kernels::StageKind::kQuantize, quantize));
   KVD_RETURN_IF_ERROR(CheckStageChain(*this, key));
   KVD_RETURN_IF_ERROR(CheckSelection(*this, key));
   KVD_RETURN_IF_ERROR(CheckMergeAndRoute(*this, key));
@@ -227,28 +175,7 @@ std::string CompressionPolicy::CanonicalForm() const {
          " max_group=" + std::to_string(max_group) + " min_cos=" + Num(min_cos) +
          " route_eps=" + Num(route_eps) + " r2_threshold=" + Num(r2_threshold) +
          " calibration_tokens=" + std::to_string(calibration_tokens) +
-         (score == "expected_attention"
-              ? " ea=" + std::to_string(ea_future_positions) + "/" + std::to_string(ea_min_queries)
-              : std::string()) +
-         // The expected-attention variants only when set, so that earlier codec ids stay.
-         (score == "expected_attention" && !ea_covariance ? std::string(" ea_covariance=0")
-                                                          : std::string()) +
-         (score == "expected_attention" && ea_keydiff_share != 0.0
-              ? " ea_keydiff_share=" + Num(ea_keydiff_share)
-              : std::string()) +
-         // Only when on, so that the codec ids of policies without it stay what they were.
-         (Quantizes() ? " quant=" + quant_format + "/" + std::to_string(quant_group) + "/" +
-                            std::to_string(quant_recent)
-                      : std::string()) +
-         // Likewise the rotation and a value format of their own.
-         (quant_rotate != "none" ? " quant_rotate=" + quant_rotate : std::string()) +
-         (quant_key_group != 0 && quant_key_group != quant_group
-              ? " quant_key_group=" + std::to_string(quant_key_group)
-              : std::string()) +
-         (quant_value_format != "same" && quant_value_format != quant_format
-              ? " quant_values=" + quant_value_format
-              : std::string()) +
-         // Registered stages' keys, only those set (empty for the others).
+         // The listed stages' keys: each stage's own form, then those set (stage_policy.h).
          StageKeysCanonicalForm(*this);
 }
 

@@ -15,6 +15,7 @@
 
 #include "kvd/common/utf8.h"
 #include "listen_address.h"
+#include "stage_policy.h"
 
 namespace kvd::daemon {
 
@@ -179,7 +180,8 @@ Status ValidateModel(const DaemonConfig& c, size_t i, std::set<std::string>* nam
   if (m.compression) {
     KVD_RETURN_IF_ERROR(m.compression->Validate(key + ".compression", c.chunk_tokens));
     const int d = m.layout.head_dim;
-    if (m.compression->quant_rotate == "hadamard" && (d & (d - 1)) != 0) {
+    if (m.compression->Quantizes() && PolicyKeyText(*m.compression, "quant_rotate") == "hadamard" &&
+        (d & (d - 1)) != 0) {
       return Status::InvalidArgument(key +
                                      ".compression.quant_rotate: \"hadamard\" needs a "
                                      "power-of-two head_dim; " +

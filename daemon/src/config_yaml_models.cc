@@ -1,12 +1,13 @@
 // `models:` of the topology YAML: each model's layout (RoPE included) and compression policy
 // (`compression:`: the stages list and the keys the listed stages read).
+#include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "config_yaml_reader.h"
-#include "kvd/kernels/compact_chunk.h"
 #include "kvd/kernels/stages.h"
 #include "stage_policy.h"
 
@@ -73,56 +74,6 @@ Status BindLayout(const YAML::Node& node, const std::string& path, ModelLayout* 
   return Status::Ok();
 }
 
-// The quantize stage's keys (`quantize` listed).
-Status BindQuantizeKeys(const YAML::Node& node, const std::string& path, CompressionPolicy* p) {
-  // `[quantize]` alone keeps every token unless p_c says otherwise (recency then evicts).
-  if (p->score == "none" && p->merge == "none" && p->route == "none") p->p_c = 0.0;
-  KVD_RETURN_IF_ERROR(GetString(node, path, "quant_format", &p->quant_format));
-  if (p->quant_format == "none") {
-    return Bad(Join(path, "quant_format"), p->quant_format,
-               "is not " + kernels::QuantFormatNameList() +
-                   " (drop the quantize stage to store full precision)");
-  }
-  KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_group", &p->quant_group, 1, 65536));
-  KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_key_group", &p->quant_key_group, 1, 65536));
-  KVD_RETURN_IF_ERROR(GetInt(node, path, "quant_recent", &p->quant_recent, 0, 1 << 30));
-  KVD_RETURN_IF_ERROR(GetString(node, path, "quant_rotate", &p->quant_rotate));
-  return GetString(node, path, "quant_value_format", &p->quant_value_format);
-}
-
-// The expected_attention stage's keys (`expected_attention` listed).
-Status BindExpectedAttentionKeys(const YAML::Node& node, const std::string& path,
-                                 CompressionPolicy* p) {
-  KVD_RETURN_IF_ERROR(
-      GetInt(node, path, "ea_future_positions", &p->ea_future_positions, 1, int64_t{1} << 30));
-  KVD_RETURN_IF_ERROR(
-      GetInt(node, path, "ea_min_queries", &p->ea_min_queries, 1, int64_t{1} << 40));
-  KVD_RETURN_IF_ERROR(GetBool(node, path, "ea_covariance", &p->ea_covariance));
-  return GetDouble(node, path, "ea_keydiff_share", &p->ea_keydiff_share);
-}
-
-// The built-in keys that only one stage reads and that CompressionPolicy holds in fields of its
-// own: bound when the stage is listed, refused otherwise. A stage registered with policy keys
-// (kernels/stages.h StagePolicyKey) needs no row: BindRegisteredStageKeys binds those.
-struct StageKeys {
-  const char* stage;  // the registered stage (kernels/stages.h)
-  std::vector<const char*> keys;
-  Status (*bind)(const YAML::Node& node, const std::string& path, CompressionPolicy* p);
-};
-
-const std::vector<StageKeys>& StageKeyTable() {
-  static const std::vector<StageKeys> table = {
-      {"quantize",
-       {"quant_format", "quant_group", "quant_key_group", "quant_recent", "quant_rotate",
-        "quant_value_format"},
-       BindQuantizeKeys},
-      {"expected_attention",
-       {"ea_future_positions", "ea_min_queries", "ea_covariance", "ea_keydiff_share"},
-       BindExpectedAttentionKeys},
-  };
-  return table;
-}
-
 bool Listed(const CompressionPolicy& p, const kernels::StageRegistration* stage) {
   for (const kernels::StageRegistration* s : ListedStages(p)) {
     if (s == stage) return true;
@@ -130,16 +81,42 @@ bool Listed(const CompressionPolicy& p, const kernels::StageRegistration* stage)
   return false;
 }
 
-// One registered stage key's value (its declaration's type), checked against the declaration.
+// An integer key's range end as an int64 (an infinite end: the int64 limit).
+int64_t IntBound(double end) {
+  constexpr double kLimit = 9.0e18;
+  return static_cast<int64_t>(std::clamp(end, -kLimit, kLimit));
+}
+
+// One registered stage key's value, read as its declaration's type (a choice by name, an integer
+// within its range) and checked against the declaration.
 Status BindRegisteredStageKey(const YAML::Node& node, const std::string& path,
                               const kernels::StagePolicyKey& key, CompressionPolicy* p) {
   double value = 0.0;
-  if (key.type == kernels::PolicyKeyType::kBool) {
-    bool b = false;
-    KVD_RETURN_IF_ERROR(GetBool(node, path, key.name.c_str(), &b));
-    value = b ? 1.0 : 0.0;
-  } else {
-    KVD_RETURN_IF_ERROR(GetDouble(node, path, key.name.c_str(), &value));
+  std::string text;
+  switch (key.type) {
+    case kernels::PolicyKeyType::kBool: {
+      bool b = false;
+      KVD_RETURN_IF_ERROR(GetBool(node, path, key.name.c_str(), &b));
+      value = b ? 1.0 : 0.0;
+      break;
+    }
+    case kernels::PolicyKeyType::kChoice: {
+      KVD_RETURN_IF_ERROR(GetString(node, path, key.name.c_str(), &text));
+      auto index = kernels::StageKeyChoice(key, text);
+      if (!index.ok()) return Status::InvalidArgument(path + "." + index.status().message());
+      value = *index;
+      break;
+    }
+    case kernels::PolicyKeyType::kInt: {
+      int64_t v = 0;
+      KVD_RETURN_IF_ERROR(
+          GetInt(node, path, key.name.c_str(), &v, IntBound(key.min), IntBound(key.max)));
+      value = static_cast<double>(v);
+      break;
+    }
+    case kernels::PolicyKeyType::kDouble:
+      KVD_RETURN_IF_ERROR(GetDouble(node, path, key.name.c_str(), &value));
+      break;
   }
   Status s = kernels::CheckStagePolicyKey(key, value);
   if (!s.ok()) return Status::InvalidArgument(path + "." + s.message());
@@ -149,8 +126,7 @@ Status BindRegisteredStageKey(const YAML::Node& node, const std::string& path,
 
 // The keys registered stages declare: bound into p->stage_keys when their stage is listed,
 // refused otherwise.
-Status BindRegisteredStageKeys(const YAML::Node& node, const std::string& path,
-                               CompressionPolicy* p) {
+Status BindStageKeys(const YAML::Node& node, const std::string& path, CompressionPolicy* p) {
   const kernels::StageRegistry& registry = kernels::StageRegistry::Global();
   for (const std::string& name : registry.PolicyKeyNames()) {
     if (!node[name].IsDefined()) continue;
@@ -160,20 +136,6 @@ Status BindRegisteredStageKeys(const YAML::Node& node, const std::string& path,
     KVD_RETURN_IF_ERROR(BindRegisteredStageKey(node, path, *key, p));
   }
   return Status::Ok();
-}
-
-Status BindStageKeys(const YAML::Node& node, const std::string& path, CompressionPolicy* p) {
-  for (const StageKeys& sk : StageKeyTable()) {
-    const kernels::StageRegistration* stage = kernels::StageRegistry::Global().Find(sk.stage);
-    if (Listed(*p, stage)) {
-      KVD_RETURN_IF_ERROR(sk.bind(node, path, p));
-      continue;
-    }
-    for (const char* k : sk.keys) {
-      if (node[k].IsDefined()) return StrayStageKey(path, k, *stage);
-    }
-  }
-  return BindRegisteredStageKeys(node, path, p);
 }
 
 // The `stages` list into p's score, merge, route and quantize (order and method names are
@@ -199,8 +161,7 @@ Status BindStages(const YAML::Node& node, const std::string& path, CompressionPo
     if (method == "hybrid") {
       parts = {{kk::StageKind::kScore, "snapkv"}, {kk::StageKind::kMerge, "kvslimmer"}};
     } else if (s != nullptr && PolicyStage(s->kind, method) != nullptr) {
-      // The quantize stage's value is its format: quant_format (BindQuantizeKeys).
-      parts = {{s->kind, s->kind == kk::StageKind::kQuantize ? "int8" : method}};
+      parts = {{s->kind, method}};
     } else {
       return Bad(key, method,
                  "is not a method (score: " + PolicyMethodList(kk::StageKind::kScore) +
@@ -225,9 +186,11 @@ Status BindStages(const YAML::Node& node, const std::string& path, CompressionPo
       (kind == kk::StageKind::kScore   ? p->score
        : kind == kk::StageKind::kMerge ? p->merge
        : kind == kk::StageKind::kRoute ? p->route
-                                       : p->quant_format) = name;
+                                       : p->quantize) = name;
     }
   }
+  // `[quantize]` alone keeps every token unless p_c says otherwise (recency then evicts).
+  if (p->score == "none" && p->merge == "none" && p->route == "none") p->p_c = 0.0;
   return Status::Ok();
 }
 
@@ -249,8 +212,6 @@ Status BindCompression(const YAML::Node& node, const std::string& path,
       "pooling_kernel", "keydiff_block", "pyramid_beta", "merge_norm",   "position",
       "max_group",      "min_cos",       "route_eps",    "r2_threshold", "calibration_tokens",
       "worker_threads", "queue_depth",   "device"};
-  for (const StageKeys& sk : StageKeyTable())
-    allowed.insert(allowed.end(), sk.keys.begin(), sk.keys.end());
   const std::vector<std::string> registered = kernels::StageRegistry::Global().PolicyKeyNames();
   for (const std::string& k : registered) allowed.push_back(k.c_str());
   KVD_RETURN_IF_ERROR(CheckMap(node, path, allowed));

@@ -2,7 +2,6 @@
 #include "stage_policy.h"
 
 #include <algorithm>
-#include <cstdio>
 
 namespace kvd::daemon {
 
@@ -28,7 +27,7 @@ std::vector<const kk::StageRegistration*> ListedStages(const CompressionPolicy& 
   for (const kk::StageRegistration* s :
        {PolicyStage(kk::StageKind::kScore, p.score), PolicyStage(kk::StageKind::kMerge, p.merge),
         PolicyStage(kk::StageKind::kRoute, p.route),
-        p.Quantizes() ? kk::StageRegistry::Global().Find("quantize") : nullptr}) {
+        PolicyStage(kk::StageKind::kQuantize, p.quantize)}) {
     if (s != nullptr) out.push_back(s);
   }
   return out;
@@ -62,6 +61,9 @@ void SetPlanStages(const CompressionPolicy& p, kk::CompressionPlanOptions* o) {
   o->merge = merge != nullptr ? static_cast<kk::MergeStage>(merge->code) : kk::MergeStage::kNone;
   o->route = route != nullptr ? static_cast<kk::RouteStage>(route->code) : kk::RouteStage::kNone;
   o->stage_keys = p.stage_keys;
+  for (const kk::StageRegistration* s : ListedStages(p)) {
+    if (s->apply_keys != nullptr) s->apply_keys(p.stage_keys, o);
+  }
 }
 
 std::string StageExample(const kk::StageRegistration& s) {
@@ -95,17 +97,46 @@ Status CheckStageKeys(const CompressionPolicy& p, const std::string& path) {
     Status s = kk::CheckStagePolicyKey(*key, value);
     if (!s.ok()) return Status::InvalidArgument(path + "." + std::string(s.message()));
   }
+  // Checks across keys (e.g. ea_keydiff_share + ea_recent_share < 1): the stage's own check of
+  // the options its keys fill.
+  for (const kk::StageRegistration* s : listed) {
+    if (s->apply_keys == nullptr || s->validate == nullptr) continue;
+    kk::CompressionPlanOptions o;
+    s->apply_keys(p.stage_keys, &o);
+    KVD_RETURN_IF_ERROR(s->validate(o).WithContext(path + " (" + s->name + " keys)"));
+  }
   return Status::Ok();
 }
 
 std::string StageKeysCanonicalForm(const CompressionPolicy& p) {
   std::string out;
+  for (const kk::StageRegistration* s : ListedStages(p)) {
+    if (s->canonical_form != nullptr) out += s->canonical_form(p.stage_keys);
+  }
   for (const auto& [name, value] : p.stage_keys) {
-    char text[32];
-    std::snprintf(text, sizeof(text), "%.17g", value);
-    out += " " + name + "=" + text;
+    const kk::StagePolicyKey* key = nullptr;
+    if (kk::StageRegistry::Global().FindPolicyKey(name, &key) == nullptr) {
+      out += " " + name + "=" + kk::StageKeyText({.name = name}, value);
+    } else if (!key->in_stage_canonical_form) {
+      out += " " + name + "=" + kk::StageKeyText(*key, value);
+    }
   }
   return out;
+}
+
+std::string PolicyKeyText(const CompressionPolicy& p, std::string_view key) {
+  const kk::StagePolicyKey* k = nullptr;
+  if (kk::StageRegistry::Global().FindPolicyKey(key, &k) == nullptr) return "";
+  return kk::StageKeyText(*k, kk::StageKeyValue(p.stage_keys, key));
+}
+
+std::string QuantizeName(const CompressionPolicy& p) {
+  const kk::StageRegistration* s = PolicyStage(kk::StageKind::kQuantize, p.quantize);
+  if (s == nullptr) return "none";
+  const kk::StagePolicyKey* format = nullptr;
+  return kk::StageRegistry::Global().FindPolicyKey("quant_format", &format) == s
+             ? kk::StageKeyText(*format, kk::StageKeyValue(p.stage_keys, format->name))
+             : s->name;
 }
 
 }  // namespace kvd::daemon

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvd/daemon/compression_policy.h"
@@ -27,8 +28,8 @@ std::vector<const kernels::StageRegistration*> ListedStages(const CompressionPol
 bool NeedsCalibration(const CompressionPolicy& p);
 bool NeedsQueryStats(const CompressionPolicy& p);
 
-// The plan's stage codes for the policy's score, merge and route (none: kNone), and the policy's
-// stage keys.
+// The plan's stage codes for the policy's score, merge and route (none: kNone), the policy's
+// stage keys, and the typed options the listed stages fill from them (apply_keys).
 void SetPlanStages(const CompressionPolicy& p, kernels::CompressionPlanOptions* o);
 
 // A `stages` list that has `s`, for error messages: "[keydiff, quantize]" for a quantize stage,
@@ -40,12 +41,21 @@ std::string StageExample(const kernels::StageRegistration& s);
 Status StrayStageKey(const std::string& path, const std::string& key,
                      const kernels::StageRegistration& owner);
 
-// p.stage_keys: each a key of a listed stage, with a value that fits its declaration
-// (INVALID_ARGUMENT naming `<path>.<key>`).
+// p.stage_keys: each a key of a listed stage, with a value that fits its declaration, and the
+// options a listed stage fills from its keys pass its check (INVALID_ARGUMENT naming
+// `<path>.<key>`).
 Status CheckStageKeys(const CompressionPolicy& p, const std::string& path);
 
-// The stage keys' part of the canonical form: " <key>=<value>" per key set, in key order ("" when
-// none is set, so that the codec ids of policies without them stay).
+// The stage keys' part of the canonical form: each listed stage's canonical_form, then
+// " <key>=<value>" per other key set, in key order ("" when none, so that the codec ids of
+// policies without them stay).
 std::string StageKeysCanonicalForm(const CompressionPolicy& p);
+
+// The text of the policy key `key` in p (set or default; a choice's name): "" when no registered
+// stage declares it.
+std::string PolicyKeyText(const CompressionPolicy& p, std::string_view key);
+
+// The quantize stage as StagesName writes it: "none" without it, else its quant_format ("int8").
+std::string QuantizeName(const CompressionPolicy& p);
 
 }  // namespace kvd::daemon

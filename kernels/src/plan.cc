@@ -29,15 +29,18 @@ std::string HeadName(int layer, int head) {
   return "layer " + std::to_string(layer) + " head " + std::to_string(head);
 }
 
-// stage_keys: each a key of the plan's score, merge or route stage, with a value that fits it.
+// stage_keys: each a key of the plan's score, merge or route stage or, with quant on, of a
+// quantize stage, with a value that fits it.
 Status ValidateStageKeys(const CompressionPlanOptions& o) {
   for (const auto& [name, value] : o.stage_keys) {
     const StagePolicyKey* key = nullptr;
     const StageRegistration* owner = StageRegistry::Global().FindPolicyKey(name, &key);
     if (owner == nullptr || (owner != FindStage(o.score) && owner != FindStage(o.merge) &&
-                             owner != FindStage(o.route))) {
+                             owner != FindStage(o.route) &&
+                             !(owner->kind == StageKind::kQuantize && o.quant.quantized()))) {
       return Status::InvalidArgument("plan: stage key " + name +
-                                     " is not a key of the plan's score, merge or route stage");
+                                     " is not a key of the plan's score, merge, route or "
+                                     "quantize stage");
     }
     KVD_RETURN_IF_ERROR(CheckStagePolicyKey(*key, value).WithContext("plan"));
   }

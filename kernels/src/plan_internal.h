@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kvd/kernels/plan.h"
@@ -52,5 +53,17 @@ Status VectorRebuild(const RebuildHeadInput& in, MatrixView values);
 
 // Compresses one head into *out; adds its counters to *stats. Single-threaded.
 Status CompressHead(const HeadInput& in, CompactHead* out, CompressionStats* stats);
+
+// The built-in stages' policy keys (stage_keys.cc): the quantize stage's quant_* keys and the
+// expected_attention stage's ea_* keys, how they fill the plan's typed options and their part of
+// the canonical form.
+inline constexpr char kEaOutlierZ[] = "ea_keydiff_outlier_z";
+inline constexpr char kEaOutlierShare[] = "ea_keydiff_outlier_share";
+std::vector<StagePolicyKey> QuantizeKeys();
+void ApplyQuantizeKeys(const StageKeyValues& keys, CompressionPlanOptions* o);
+std::string QuantizeCanonicalForm(const StageKeyValues& keys);
+std::vector<StagePolicyKey> ExpectedAttentionKeys();
+void ApplyExpectedAttentionKeys(const StageKeyValues& keys, CompressionPlanOptions* o);
+std::string ExpectedAttentionCanonicalForm(const StageKeyValues& keys);
 
 }  // namespace kvd::kernels::internal

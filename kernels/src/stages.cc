@@ -37,9 +37,6 @@ Status KeyDiffHeadScores(const ScoreHeadInput& in, std::span<float> scores) {
   return KeyDiffScores(in.keys, scores, {.num_threads = 1});
 }
 
-constexpr char kOutlierZ[] = "ea_keydiff_outlier_z";
-constexpr char kOutlierShare[] = "ea_keydiff_outlier_share";
-
 Status ExpectedAttentionHeadScores(const ScoreHeadInput& in, std::span<float> scores) {
   if (in.expected == nullptr) {
     return Status::Internal("plan: expected_attention scores without expected queries");
@@ -48,7 +45,7 @@ Status ExpectedAttentionHeadScores(const ScoreHeadInput& in, std::span<float> sc
   KVD_RETURN_IF_ERROR(ExpectedAttentionScores(*in.expected, in.keys,
                                               ea.value_norm ? in.values : ConstMatrixView{}, scores,
                                               {.num_threads = 1}));
-  const double z = StageKeyValue(*in.options, kOutlierZ);
+  const double z = StageKeyValue(*in.options, internal::kEaOutlierZ);
   if (ea.keydiff_share <= 0.0 && ea.recent_share <= 0.0 && z <= 0.0) return Status::Ok();
   // Part of the evictable tokens by KeyDiff's rank and by recency, KeyDiff's outliers first
   // (expected_attention.h FuseKeyDiffRanks, ProtectKeyDiffOutliers).
@@ -67,8 +64,8 @@ Status ExpectedAttentionHeadScores(const ScoreHeadInput& in, std::span<float> sc
   if (z <= 0.0) return Status::Ok();
   // The evictable tokens the head's budget keeps: its kept tokens less the sinks and window.
   const int64_t free = std::max<int64_t>(0, in.kept - begin - (n - end));
-  const int64_t cap =
-      std::llround(StageKeyValue(*in.options, kOutlierShare) * static_cast<double>(free));
+  const int64_t cap = std::llround(StageKeyValue(*in.options, internal::kEaOutlierShare) *
+                                   static_cast<double>(free));
   return ProtectKeyDiffOutliers(keydiff, z, cap, begin, end, scores);
 }
 
@@ -112,10 +109,9 @@ std::vector<StageRegistration> BuiltinStages() {
        .needs_query_stats = true,
        .score = ExpectedAttentionHeadScores,
        .validate = ValidateExpectedAttention,
-       // KeyDiff's outliers first (ProtectKeyDiffOutliers): z (0 = off) and the share of the
-       // evictable tokens the budget keeps that they may take.
-       .policy_keys = {{.name = kOutlierZ, .min = 0.0, .max = 100.0, .default_value = 0.0},
-                       {.name = kOutlierShare, .min = 0.0, .max = 1.0, .default_value = 1.0}}},
+       .policy_keys = internal::ExpectedAttentionKeys(),
+       .apply_keys = internal::ApplyExpectedAttentionKeys,
+       .canonical_form = internal::ExpectedAttentionCanonicalForm},
       // The device plan runs KVSlimmer only as the hybrid's merge (plan_device.h).
       {.name = "kvslimmer",
        .kind = StageKind::kMerge,
@@ -136,7 +132,10 @@ std::vector<StageRegistration> BuiltinStages() {
        .kind = StageKind::kQuantize,
        .code = 0,
        .keeps_positions = true,
-       .device = true},
+       .device = true,
+       .policy_keys = internal::QuantizeKeys(),
+       .apply_keys = internal::ApplyQuantizeKeys,
+       .canonical_form = internal::QuantizeCanonicalForm},
   };
 }
 
@@ -200,19 +199,37 @@ Status CheckStageFunctions(const StageRegistration& r) {
   return Status::Ok();
 }
 
-Status StageRegistry::Register(StageRegistration r) {
-  if (r.name.empty()) return Status::InvalidArgument("stages: a stage needs a name");
-  KVD_RETURN_IF_ERROR(CheckStageFunctions(r));
+// Each key named once, with a default that fits it (or a default_key of the stage and type) and
+// a kChoice key's choices.
+Status CheckPolicyKeys(const StageRegistration& r) {
   for (size_t i = 0; i < r.policy_keys.size(); ++i) {
     const StagePolicyKey& k = r.policy_keys[i];
     if (k.name.empty()) return Status::InvalidArgument("stages: " + r.name + " has a nameless key");
+    if (k.type == PolicyKeyType::kChoice && k.choices.empty()) {
+      return Status::InvalidArgument("stages: choice key " + k.name + " has no choices");
+    }
     KVD_RETURN_IF_ERROR(CheckStagePolicyKey(k, k.default_value).WithContext("stages: default"));
+    const auto followed =
+        std::find_if(r.policy_keys.begin(), r.policy_keys.end(),
+                     [&](const StagePolicyKey& o) { return o.name == k.default_key; });
+    if (!k.default_key.empty() && (followed == r.policy_keys.end() || followed->type != k.type ||
+                                   !followed->default_key.empty())) {
+      return Status::InvalidArgument("stages: " + k.name + "'s default_key " + k.default_key +
+                                     " is not a key of " + r.name + " of its type");
+    }
     for (size_t j = 0; j < i; ++j) {
       if (r.policy_keys[j].name == k.name) {
         return Status::AlreadyExists("stages: " + r.name + " declares key " + k.name + " twice");
       }
     }
   }
+  return Status::Ok();
+}
+
+Status StageRegistry::Register(StageRegistration r) {
+  if (r.name.empty()) return Status::InvalidArgument("stages: a stage needs a name");
+  KVD_RETURN_IF_ERROR(CheckStageFunctions(r));
+  KVD_RETURN_IF_ERROR(CheckPolicyKeys(r));
   std::unique_lock lock(impl_->mu);
   for (const StageRegistration& s : impl_->stages) {
     if (s.name == r.name) return Status::AlreadyExists("stages: " + r.name + " is registered");
@@ -277,37 +294,6 @@ std::vector<std::string> StageRegistry::PolicyKeyNames() const {
     for (const StagePolicyKey& k : s.policy_keys) out.push_back(k.name);
   }
   return out;
-}
-
-Status CheckStagePolicyKey(const StagePolicyKey& key, double value) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.17g", value);
-  const std::string head = key.name + ": " + text;
-  if (!std::isfinite(value)) return Status::InvalidArgument(head + " is not a finite number");
-  switch (key.type) {
-    case PolicyKeyType::kBool:
-      if (value != 0.0 && value != 1.0) {
-        return Status::InvalidArgument(head + " is not a boolean (0 or 1)");
-      }
-      return Status::Ok();
-    case PolicyKeyType::kInt:
-      if (value != std::trunc(value)) return Status::InvalidArgument(head + " is not an integer");
-      break;
-    case PolicyKeyType::kDouble:
-      break;
-  }
-  if (!(value >= key.min && value <= key.max)) {
-    char range[80];
-    std::snprintf(range, sizeof(range), "[%.17g, %.17g]", key.min, key.max);
-    return Status::InvalidArgument(head + " is outside " + range);
-  }
-  return Status::Ok();
-}
-
-double StageKeyValue(const CompressionPlanOptions& options, std::string_view key) {
-  if (auto it = options.stage_keys.find(key); it != options.stage_keys.end()) return it->second;
-  const StagePolicyKey* k = nullptr;
-  return StageRegistry::Global().FindPolicyKey(key, &k) != nullptr ? k->default_value : 0.0;
 }
 
 const StageRegistration* FindStage(ScoreStage s) {

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "kvd/daemon/chunk_codec.h"
+#include "kvd/kernels/stages.h"
 
 namespace kvd::daemon {
 namespace {
@@ -18,6 +19,22 @@ std::string ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// The policy key `key` of p as the canonical form writes it (a choice's name), set or default.
+std::string KeyText(const CompressionPolicy& p, const std::string& key) {
+  const kernels::StagePolicyKey* k = nullptr;
+  if (kernels::StageRegistry::Global().FindPolicyKey(key, &k) == nullptr) return "unregistered";
+  return kernels::StageKeyText(*k, kernels::StageKeyValue(p.stage_keys, key));
+}
+
+// Sets the policy key `key` of *p to `text` (a choice's name, else a number).
+void SetKey(CompressionPolicy* p, const std::string& key, const std::string& text) {
+  const kernels::StagePolicyKey* k = nullptr;
+  ASSERT_NE(kernels::StageRegistry::Global().FindPolicyKey(key, &k), nullptr) << key;
+  p->stage_keys[key] = k->type == kernels::PolicyKeyType::kChoice
+                           ? kernels::StageKeyChoice(*k, text).value()
+                           : std::stod(text);
 }
 
 // Every field that the YAML binds, compared one by one (the option structs of other modules
@@ -80,8 +97,8 @@ TEST(ConfigTest, EmbeddedDefaultRegistersTheThreeModels) {
   // quantization; its query statistics grow from the window queries.
   ASSERT_TRUE(smol->compression.has_value());
   EXPECT_EQ(smol->compression->StagesName(), "expected_attention+int8");
-  EXPECT_EQ(smol->compression->ea_keydiff_share, 0.5);
-  EXPECT_TRUE(smol->compression->ea_covariance);
+  EXPECT_EQ(KeyText(*smol->compression, "ea_keydiff_share"), "0.5");
+  EXPECT_EQ(KeyText(*smol->compression, "ea_covariance"), "1");
   EXPECT_EQ(smol->compression->p_c, 0.5);
   EXPECT_EQ(smol->compression->window, 32);
   EXPECT_EQ(smol->compression->sinks, 4);
@@ -451,9 +468,9 @@ TEST(ConfigPolicyTest, ParsesTheQuantizeStageAndItsKeys) {
   auto alone = ParseConfigYaml(PolicyYaml("{stages: [quantize]}"));
   ASSERT_TRUE(alone.ok()) << alone.status();
   const CompressionPolicy& a = *alone->models[0].compression;
-  EXPECT_EQ(a.quant_format, "int8");
-  EXPECT_EQ(a.quant_group, 64);
-  EXPECT_EQ(a.quant_recent, 0);
+  EXPECT_EQ(KeyText(a, "quant_format"), "int8");
+  EXPECT_EQ(KeyText(a, "quant_group"), "64");
+  EXPECT_EQ(KeyText(a, "quant_recent"), "0");
   EXPECT_EQ(a.p_c, 0.0);  // alone it keeps every token
   EXPECT_EQ(a.score, "none");
   EXPECT_EQ(a.StagesName(), "int8");
@@ -464,33 +481,33 @@ TEST(ConfigPolicyTest, ParsesTheQuantizeStageAndItsKeys) {
   ASSERT_TRUE(composed.ok()) << composed.status();
   const CompressionPolicy& c = *composed->models[0].compression;
   EXPECT_EQ(c.score, "keydiff");
-  EXPECT_EQ(c.quant_format, "int4");
-  EXPECT_EQ(c.quant_group, 32);
-  EXPECT_EQ(c.quant_recent, 16);
+  EXPECT_EQ(KeyText(c, "quant_format"), "int4");
+  EXPECT_EQ(KeyText(c, "quant_group"), "32");
+  EXPECT_EQ(KeyText(c, "quant_recent"), "16");
   EXPECT_EQ(c.p_c, 0.5);  // a score stage keeps the default ratio
   EXPECT_EQ(c.StagesName(), "keydiff+int4");
 
   auto fp8 = ParseConfigYaml(PolicyYaml("{stages: [quantize], quant_format: fp8_e4m3, p_c: 0.25}"));
   ASSERT_TRUE(fp8.ok()) << fp8.status();
-  EXPECT_EQ(fp8->models[0].compression->quant_format, "fp8_e4m3");
+  EXPECT_EQ(KeyText(*fp8->models[0].compression, "quant_format"), "fp8_e4m3");
   EXPECT_EQ(fp8->models[0].compression->p_c, 0.25);  // recency then evicts a quarter
 
   // Each quantize parameter changes the codec id; a policy without the stage keeps its id.
   CompressionPolicy plain;
   CompressionPolicy q = plain;
-  q.quant_format = "int8";
+  q.quantize = "quantize";
   CompressionPolicy q4 = q;
-  q4.quant_format = "int4";
+  SetKey(&q4, "quant_format", "int4");
   CompressionPolicy qg = q;
-  qg.quant_group = 32;
+  SetKey(&qg, "quant_group", "32");
   CompressionPolicy qr = q;
-  qr.quant_recent = 8;
+  SetKey(&qr, "quant_recent", "8");
   CompressionPolicy qrot = q;
-  qrot.quant_rotate = "hadamard";
+  SetKey(&qrot, "quant_rotate", "hadamard");
   CompressionPolicy qv = q;
-  qv.quant_value_format = "int2";
+  SetKey(&qv, "quant_value_format", "int2");
   CompressionPolicy qk = q;
-  qk.quant_key_group = 37;
+  SetKey(&qk, "quant_key_group", "37");
   EXPECT_EQ(plain.CanonicalForm().find("quant"), std::string::npos);
   for (const CompressionPolicy* other : {&q4, &qg, &qr, &qrot, &qv, &qk}) {
     EXPECT_NE(q.CodecId(0), other->CodecId(0));
@@ -501,17 +518,18 @@ TEST(ConfigPolicyTest, ParsesTheQuantizeStageAndItsKeys) {
   EXPECT_EQ(q.CanonicalForm().find("quant_rotate"), std::string::npos);
   EXPECT_EQ(q.CanonicalForm().find("quant_values"), std::string::npos);
   CompressionPolicy qsame = q;
-  qsame.quant_value_format = "int8";
-  qsame.quant_key_group = qsame.quant_group;
+  SetKey(&qsame, "quant_value_format", "int8");
+  SetKey(&qsame, "quant_key_group", "64");
+  SetKey(&qsame, "quant_format", "int8");
   EXPECT_EQ(q.CodecId(0), qsame.CodecId(0));
 
   auto rot =
       ParseConfigYaml(PolicyYaml("{stages: [quantize], quant_format: int3, quant_rotate: hadamard, "
                                  "quant_value_format: int2}"));
   ASSERT_TRUE(rot.ok()) << rot.status();
-  EXPECT_EQ(rot->models[0].compression->quant_rotate, "hadamard");
-  EXPECT_EQ(rot->models[0].compression->quant_value_format, "int2");
-  EXPECT_EQ(rot->models[0].compression->quant_format, "int3");
+  EXPECT_EQ(KeyText(*rot->models[0].compression, "quant_rotate"), "hadamard");
+  EXPECT_EQ(KeyText(*rot->models[0].compression, "quant_value_format"), "int2");
+  EXPECT_EQ(KeyText(*rot->models[0].compression, "quant_format"), "int3");
   // The rotation needs a power-of-two head_dim.
   auto odd = ParseConfigYaml(
       "models: [{name: m, layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 12}, "
@@ -556,37 +574,35 @@ TEST(ConfigPolicyTest, ParsesTheExpectedAttentionStageAndItsKeys) {
   ASSERT_TRUE(c.ok()) << c.status();
   const CompressionPolicy& p = *c->models[0].compression;
   EXPECT_EQ(p.score, "expected_attention");
-  EXPECT_EQ(p.ea_future_positions, 128);
-  EXPECT_EQ(p.ea_min_queries, 64);
+  EXPECT_EQ(KeyText(p, "ea_future_positions"), "128");
+  EXPECT_EQ(KeyText(p, "ea_min_queries"), "64");
   EXPECT_TRUE(p.NeedsQueries()) << "its statistics are built from the window queries";
   EXPECT_EQ(p.StagesName(), "expected_attention");
   const CompressionPolicy defaults = Policy("{stages: [expected_attention]}");
-  EXPECT_EQ(defaults.ea_future_positions, 512);
-  EXPECT_EQ(defaults.ea_min_queries, 256);
+  EXPECT_EQ(KeyText(defaults, "ea_future_positions"), "512");
+  EXPECT_EQ(KeyText(defaults, "ea_min_queries"), "256");
   // Both keys change the stored bytes, so the codec id; a policy without the stage keeps its id.
   EXPECT_NE(p.CodecId(0), defaults.CodecId(0));
   CompressionPolicy other = defaults;
-  other.ea_min_queries = 257;
+  SetKey(&other, "ea_min_queries", "257");
   EXPECT_NE(other.CodecId(0), defaults.CodecId(0));
   const CompressionPolicy keydiff = Policy("{stages: [keydiff]}");
-  CompressionPolicy keydiff_ea = keydiff;
-  keydiff_ea.ea_min_queries = 7;
-  EXPECT_EQ(keydiff.CodecId(0), keydiff_ea.CodecId(0));
+  EXPECT_EQ(keydiff.CanonicalForm().find("ea="), std::string::npos);
 }
 
 TEST(ConfigPolicyTest, ParsesTheExpectedAttentionCovarianceAndKeyDiffShare) {
   const CompressionPolicy defaults = Policy("{stages: [expected_attention]}");
-  EXPECT_TRUE(defaults.ea_covariance);
-  EXPECT_EQ(defaults.ea_keydiff_share, 0.0);
+  EXPECT_EQ(KeyText(defaults, "ea_covariance"), "1");
+  EXPECT_EQ(KeyText(defaults, "ea_keydiff_share"), "0");
   const CompressionPolicy p =
       Policy("{stages: [expected_attention], ea_covariance: false, ea_keydiff_share: 0.5}");
-  EXPECT_FALSE(p.ea_covariance);
-  EXPECT_EQ(p.ea_keydiff_share, 0.5);
+  EXPECT_EQ(KeyText(p, "ea_covariance"), "0");
+  EXPECT_EQ(KeyText(p, "ea_keydiff_share"), "0.5");
   // Each changes what is kept, so the codec id; the defaults keep the id they had.
   CompressionPolicy cov = defaults;
-  cov.ea_covariance = false;
+  SetKey(&cov, "ea_covariance", "0");
   CompressionPolicy share = defaults;
-  share.ea_keydiff_share = 0.25;
+  SetKey(&share, "ea_keydiff_share", "0.25");
   EXPECT_NE(cov.CodecId(0), defaults.CodecId(0));
   EXPECT_NE(share.CodecId(0), defaults.CodecId(0));
   EXPECT_NE(share.CodecId(0), cov.CodecId(0));
@@ -777,15 +793,21 @@ TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
        {"models[0].compression.ea_keydiff_share", "[0, 1)"}},
       {"{stages: [expected_attention], ea_covariance: maybe}",
        {"models[0].compression.ea_covariance", "maybe"}},
+      {"{stages: [expected_attention], ea_recent_share: 1}",
+       {"models[0].compression.ea_recent_share", "[0, 1)"}},
+      {"{stages: [expected_attention], ea_keydiff_share: 0.5, ea_recent_share: 0.5}",
+       {"models[0].compression", "keydiff_share + recent_share < 1"}},
+      {"{stages: [keydiff], ea_recent_share: 0.2}",
+       {"models[0].compression.ea_recent_share", "no expected_attention stage"}},
       {"{stages: [expected_attention, keydiff]}", {"stages[1]", "keydiff", "second score method"}},
       // the quantize stage
       {"{stages: [quantize], quant_format: int5}",
-       {"models[0].compression.quant_format", "\"int5\"",
-        "int8, int4, int3, int2, int4s, int3s, int2s or fp8_e4m3"}},
+       {"models[0].compression.quant_format",
+        "\"int5\" is not one of int8, int4, fp8_e4m3, int3, int2, int4s, int3s, int2s"}},
       {"{stages: [quantize], quant_rotate: walsh}",
-       {"models[0].compression.quant_rotate", "\"walsh\"", "none or hadamard"}},
+       {"models[0].compression.quant_rotate", "\"walsh\" is not one of none, hadamard"}},
       {"{stages: [quantize], quant_value_format: int1}",
-       {"models[0].compression.quant_value_format", "\"int1\"", "same, int8, int4, int3"}},
+       {"models[0].compression.quant_value_format", "\"int1\" is not one of same, int8, int4"}},
       {"{stages: [keydiff], quant_rotate: hadamard}",
        {"models[0].compression.quant_rotate", "no quantize stage"}},
       {"{stages: [quantize], quant_key_group: 0}",

@@ -21,6 +21,7 @@
 #include "kvd/daemon/chunk_codec.h"
 #include "kvd/daemon/config.h"
 #include "kvd/kernels/compact_chunk.h"
+#include "stage_policy.h"
 
 namespace kvd::daemon {
 namespace {
@@ -261,8 +262,10 @@ TEST(StageRegistryPolicyTest, TheOutlierKeysBelongToExpectedAttention) {
       "ea_keydiff_outlier_share: 0.75, device: cpu}");
   ASSERT_TRUE(config.ok()) << config.status();
   const CompressionPolicy& p = *config->models[0].compression;
-  EXPECT_EQ(p.stage_keys, (std::map<std::string, double, std::less<>>{
-                              {"ea_keydiff_outlier_share", 0.75}, {"ea_keydiff_outlier_z", 2}}));
+  EXPECT_EQ(p.stage_keys,
+            (std::map<std::string, double, std::less<>>{{"ea_keydiff_outlier_share", 0.75},
+                                                        {"ea_keydiff_outlier_z", 2},
+                                                        {"ea_keydiff_share", 0.5}}));
   EXPECT_THAT(p.CanonicalForm(), HasSubstr(" ea_keydiff_outlier_z=2"));
   auto unset =
       Parse("{stages: [expected_attention, quantize], ea_keydiff_share: 0.5, device: cpu}");
@@ -273,6 +276,71 @@ TEST(StageRegistryPolicyTest, TheOutlierKeysBelongToExpectedAttention) {
   EXPECT_THAT(stray.status().message(), HasSubstr("ea_keydiff_outlier_z: set, but stages has no"));
   EXPECT_FALSE(Parse("{stages: [expected_attention], ea_keydiff_outlier_z: -1}").ok());
   EXPECT_FALSE(Parse("{stages: [expected_attention], ea_keydiff_outlier_share: 1.5}").ok());
+}
+
+// The built-in stages' keys are registry keys declared on their stage's registration: the
+// parser binds them into stage_keys (a choice as the index of its name) and the plan options are
+// filled from them in one place (SetPlanStages, through the stage's apply_keys).
+TEST(StageRegistryPolicyTest, TheQuantizeAndExpectedAttentionKeysAreRegistryKeys) {
+  const kernels::StageRegistry& registry = kernels::StageRegistry::Global();
+  for (const char* key : {"quant_format", "quant_group", "quant_key_group", "quant_recent",
+                          "quant_rotate", "quant_value_format"}) {
+    const kernels::StageRegistration* owner = registry.FindPolicyKey(key);
+    ASSERT_NE(owner, nullptr) << key;
+    EXPECT_EQ(owner->name, "quantize") << key;
+  }
+  for (const char* key : {"ea_future_positions", "ea_min_queries", "ea_covariance",
+                          "ea_keydiff_share", "ea_recent_share"}) {
+    const kernels::StageRegistration* owner = registry.FindPolicyKey(key);
+    ASSERT_NE(owner, nullptr) << key;
+    EXPECT_EQ(owner->name, "expected_attention") << key;
+  }
+  auto config = Parse(
+      "{stages: [expected_attention, quantize], ea_min_queries: 32, ea_covariance: false, "
+      "quant_format: int4, quant_rotate: hadamard, quant_value_format: int2, quant_group: 16}");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const CompressionPolicy& p = *config->models[0].compression;
+  EXPECT_EQ(p.quantize, "quantize");
+  EXPECT_EQ(p.StagesName(), "expected_attention+int4");
+  EXPECT_EQ(p.stage_keys.size(), 6u);
+  kernels::CompressionPlanOptions o;
+  SetPlanStages(p, &o);
+  EXPECT_EQ(o.quant, (kernels::QuantDescription{.format = kernels::QuantFormat::kInt4,
+                                                .key_group = 16,
+                                                .value_group = 16,
+                                                .rotation = kernels::QuantRotation::kHadamard,
+                                                .value_format = kernels::QuantFormat::kInt2}));
+  EXPECT_EQ(o.expected_attention_min_queries, 32);
+  EXPECT_FALSE(o.expected_attention.use_covariance);
+  EXPECT_EQ(o.expected_attention.future_positions, 512);
+  EXPECT_TRUE(o.Validate().ok()) << o.Validate();
+}
+
+// The expected_attention stage's recency share (ExpectedAttentionOptions::recent_share) is a
+// policy key: bound, checked with ea_keydiff_share, handed to the plan, and part of the codec id
+// only when set (so the codec ids of policies without it stay).
+TEST(StageRegistryPolicyTest, TheExpectedAttentionRecencyShareIsAPolicyKey) {
+  auto config =
+      Parse("{stages: [expected_attention], ea_keydiff_share: 0.4, ea_recent_share: 0.2}");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const CompressionPolicy& p = *config->models[0].compression;
+  EXPECT_THAT(p.CanonicalForm(), HasSubstr(" ea=512/256 ea_keydiff_share=0.40000000000000002 "
+                                           "ea_recent_share=0.20000000000000001"));
+  kernels::CompressionPlanOptions o;
+  SetPlanStages(p, &o);
+  EXPECT_EQ(o.expected_attention.recent_share, 0.2);
+  EXPECT_EQ(o.expected_attention.keydiff_share, 0.4);
+  auto unset = Parse("{stages: [expected_attention], ea_keydiff_share: 0.4}");
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  const CompressionPolicy& u = *unset->models[0].compression;
+  EXPECT_EQ(u.CanonicalForm().find("ea_recent_share"), std::string::npos);
+  EXPECT_NE(p.CodecId(0), u.CodecId(0));
+  kernels::CompressionPlanOptions uo;
+  SetPlanStages(u, &uo);
+  EXPECT_EQ(uo.expected_attention.recent_share, 0.0);
+  auto over = Parse("{stages: [expected_attention], ea_keydiff_share: 0.6, ea_recent_share: 0.4}");
+  ASSERT_FALSE(over.ok());
+  EXPECT_THAT(over.status().message(), HasSubstr("keydiff_share + recent_share < 1"));
 }
 
 }  // namespace

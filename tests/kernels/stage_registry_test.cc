@@ -231,6 +231,61 @@ TEST(StageRegistryTest, RegisterRefusesATakenPolicyKeyAndADefaultOutsideItsRange
   EXPECT_EQ(r.Find("other"), nullptr);
 }
 
+// A choice key: its value is the index of a name, the error for another name lists the names,
+// its text is the name; a key may take another key's value as its default (default_key).
+TEST(StageRegistryTest, AChoiceKeyTravelsAsAnIndexAndReadsAsItsName) {
+  const StagePolicyKey rotate = {.name = "toy_rotate",
+                                 .type = PolicyKeyType::kChoice,
+                                 .default_value = 0,
+                                 .choices = {"none", "hadamard"}};
+  EXPECT_EQ(StageKeyChoice(rotate, "hadamard").value(), 1.0);
+  StatusOr<double> walsh = StageKeyChoice(rotate, "walsh");
+  EXPECT_EQ(walsh.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(walsh.status().message(), "toy_rotate: \"walsh\" is not one of none, hadamard");
+  EXPECT_EQ(StageKeyText(rotate, 1), "hadamard");
+  EXPECT_TRUE(CheckStagePolicyKey(rotate, 1).ok());
+  EXPECT_THAT(CheckStagePolicyKey(rotate, 2).message(), HasSubstr("is not a choice index"));
+  EXPECT_THAT(CheckStagePolicyKey(rotate, 0.5).message(), HasSubstr("is not a choice index"));
+  const StagePolicyKey share = {.name = "toy_share", .min = 0, .max = 1, .max_open = true};
+  EXPECT_TRUE(CheckStagePolicyKey(share, 0.5).ok());
+  EXPECT_EQ(CheckStagePolicyKey(share, 1).message(), "toy_share: 1 is outside [0, 1)");
+
+  // The quantize stage's quant_format lists the kernels' format names (compact_chunk.h).
+  const StagePolicyKey* format = nullptr;
+  ASSERT_NE(StageRegistry::Global().FindPolicyKey("quant_format", &format), nullptr);
+  EXPECT_EQ(StageKeyText(*format, format->default_value), "int8");
+  for (QuantFormat f : {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kFp8E4M3,
+                        QuantFormat::kInt3, QuantFormat::kInt2}) {
+    EXPECT_TRUE(StageKeyChoice(*format, QuantFormatName(f)).ok()) << QuantFormatName(f);
+  }
+  EXPECT_FALSE(StageKeyChoice(*format, "none").ok());
+  // quant_key_group follows quant_group unless set.
+  EXPECT_EQ(StageKeyValue(StageKeyValues{}, "quant_key_group"), 64.0);
+  EXPECT_EQ(StageKeyValue(StageKeyValues{{"quant_group", 32}}, "quant_key_group"), 32.0);
+  EXPECT_EQ(
+      StageKeyValue(StageKeyValues{{"quant_group", 32}, {"quant_key_group", 5}}, "quant_key_group"),
+      5.0);
+}
+
+TEST(StageRegistryTest, RegisterRefusesAChoiceKeyWithoutChoicesAndAStrayDefaultKey) {
+  StageRegistry& r = StageRegistry::Global();
+  Status empty = r.Register({.name = "toy_choice",
+                             .kind = StageKind::kScore,
+                             .code = 251,
+                             .score = testing::KeyNormScores,
+                             .policy_keys = {{.name = "toy_c", .type = PolicyKeyType::kChoice}}});
+  EXPECT_EQ(empty.code(), StatusCode::kInvalidArgument) << empty;
+  EXPECT_THAT(empty.message(), HasSubstr("has no choices"));
+  Status stray = r.Register({.name = "toy_choice",
+                             .kind = StageKind::kScore,
+                             .code = 251,
+                             .score = testing::KeyNormScores,
+                             .policy_keys = {{.name = "toy_g", .default_key = "quant_group"}}});
+  EXPECT_EQ(stray.code(), StatusCode::kInvalidArgument) << stray;
+  EXPECT_THAT(stray.message(), HasSubstr("default_key quant_group"));
+  EXPECT_EQ(r.Find("toy_choice"), nullptr);
+}
+
 // pair_mean (pair_mean_stage.h) merges each kept token with its evicted right neighbour; checked
 // slot by slot against the eviction plan's pool and a float64 mean, through the chunk format,
 // and refused by the device plan (CPU only).

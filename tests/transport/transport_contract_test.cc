@@ -703,6 +703,22 @@ TEST(TransportOptionsTest, ValidateNamesTheField) {
   EXPECT_EQ(CreateTransport(o).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Options a backend declares without member initializers read as zeros when none are set
+// (BackendOptionsOf's defaults are value-initialized, as MutableBackendOptions' are).
+struct BareOptions : BackendOptions {
+  int count;
+  double share;
+  Status Validate() const override { return Status::Ok(); }
+};
+
+TEST(TransportOptionsTest, UnsetOptionsWithoutInitializersReadAsZero) {
+  const TransportOptions o;
+  EXPECT_EQ(BackendOptionsOf<BareOptions>(o).count, 0);
+  EXPECT_EQ(BackendOptionsOf<BareOptions>(o).share, 0.0);
+  TransportOptions set;
+  EXPECT_EQ(MutableBackendOptions<BareOptions>(&set).count, 0);
+}
+
 TEST(UcxTransportTest, UnknownTransportNameIsExplained) {
   TransportOptions o;
   MutableBackendOptions<UcxOptions>(&o).ucx_tls = "nosuchtransport";

@@ -275,7 +275,7 @@ IngestStats ChunkCodec::Stats() const {
                         impl_->stage_chunks[i].load(std::memory_order_relaxed)});
   }
   if (NeedsQueryStats(impl_->policy)) {
-    s.ea_min_queries = static_cast<uint64_t>(impl_->policy.ea_min_queries);
+    s.ea_min_queries = static_cast<uint64_t>(impl_->plan.expected_attention_min_queries);
     std::lock_guard lock(impl_->query_mu);
     if (impl_->query_snapshot) {
       s.ea_queries = static_cast<uint64_t>(impl_->query_snapshot->MinCount());

@@ -27,7 +27,7 @@ Status ChunkCodec::Impl::StartQueryStatistics() {
         query_saved = queries.MinCount();
         KVD_LOG(INFO) << "expected-attention query statistics reloaded" << Kv("model", model.name)
                       << Kv("record", store->Where(query_record)) << Kv("queries", query_saved)
-                      << Kv("needed", policy.ea_min_queries);
+                      << Kv("needed", plan.expected_attention_min_queries);
       } else {
         bad = saved.status();
       }
@@ -59,17 +59,18 @@ std::shared_ptr<const kk::QueryStatistics> ChunkCodec::Impl::AddQueries(
       return query_snapshot;
     }
   }
-  const bool became_ready = query_snapshot->MinCount() < policy.ea_min_queries &&
-                            next.MinCount() >= policy.ea_min_queries;
+  const bool became_ready = query_snapshot->MinCount() < plan.expected_attention_min_queries &&
+                            next.MinCount() >= plan.expected_attention_min_queries;
   query_snapshot = std::make_shared<const kk::QueryStatistics>(std::move(next));
   const kk::QueryStatistics& queries = *query_snapshot;
   if (became_ready) {
     KVD_LOG(INFO) << "expected-attention query statistics ready: chunks are scored with them"
                   << Kv("model", model.name) << Kv("queries", queries.MinCount());
   }
-  const int64_t step = std::max<int64_t>(1, policy.ea_min_queries / 8);
+  const int64_t step = std::max<int64_t>(1, plan.expected_attention_min_queries / 8);
   const int64_t count = queries.MinCount();
-  if (store != nullptr && (count < policy.ea_min_queries || count - query_saved >= step)) {
+  if (store != nullptr &&
+      (count < plan.expected_attention_min_queries || count - query_saved >= step)) {
     if (Status p = store->Save(query_record, SerializeQueryStatistics(queries)); p.ok()) {
       query_saved = count;
     } else {

@@ -16,9 +16,8 @@
 //   route:    vector                          (needs a score or merge stage before it: routing
 //                                              picks among the slots an earlier stage kept)
 //   quantize: quantize                        (keys and values in fewer bits: quant_format,
-//                                              quant_group, quant_key_group, quant_recent,
-//                                              quant_rotate, quant_value_format; `[quantize]` alone
-//                                              keeps every token: its p_c defaults to 0)
+//                                              quant_group, ...; `[quantize]` alone keeps every
+//                                              token: its p_c defaults to 0)
 // A registered stage may own policy keys of its own (kernels/stages.h StagePolicyKey); they are
 // accepted only when the stage is listed and land in `stage_keys`.
 // Refused (INVALID_ARGUMENT naming the key and value, kvd exits 2): an unknown method, two
@@ -50,22 +49,9 @@ struct CompressionPolicy {
   std::string score = "snapkv";  // none or a registered score stage (snapkv, keydiff, ...)
   std::string merge = "none";    // none | kvslimmer
   std::string route = "none";    // none | vector
-  // The quantize stage (kernels/quantize.h): "none" (the stage is not listed) or the element
-  // format, "int8" (the default when `quantize` is listed), "int4", "int3", "int2", the
-  // symmetric "int4s", "int3s", "int2s" or "fp8_e4m3" (kernels::QuantFormatFromName's names).
-  // Keys are quantized per channel over `quant_group` slots, values per slot over `quant_group`
-  // channels (default 64, in [1, 65536]); the last `quant_recent` slots of every
-  // head stay unquantized (default 0, in [0, 2^30]). `quant_rotate`: "none" (default) or
-  // "hadamard" (a fixed randomized Hadamard rotation of every row before quantization; needs a
-  // power-of-two head_dim). `quant_value_format`: "same" (default: values in quant_format) or
-  // a format of its own for the values. `quant_key_group`: slots per key group when it differs
-  // from quant_group (0, the default: quant_group; else in [1, 65536]).
-  std::string quant_format = "none";
-  int quant_group = 64;
-  int quant_key_group = 0;
-  int quant_recent = 0;
-  std::string quant_rotate = "none";
-  std::string quant_value_format = "same";
+  // none | quantize: the quantize stage (kernels/quantize.h), whose keys (quant_format, ...) are
+  // its registered policy keys in `stage_keys`.
+  std::string quantize = "none";
   // Fraction of the chunk's K/V half-pairs removed, in [0, 1). Default 0.5.
   double p_c = 0.5;
   // Window queries per chunk: the last `window` tokens of the chunk, whose post-RoPE queries the
@@ -78,18 +64,6 @@ struct CompressionPolicy {
   int pooling_kernel = 5;
   // KeyDiff block size; 0 (default) = one-shot.
   int keydiff_block = 0;
-  // expected_attention (kernels/expected_attention.h): the future positions the query rotation
-  // is averaged over (>= 1, default 512), and the window queries per layer the model's query
-  // statistics must hold before they score (>= 1, default 256); until then chunks are scored
-  // with one-shot KeyDiff (and say so in their score stage). The statistics are accumulated
-  // from the window queries of every put of the model and saved like VECTOR's calibration.
-  int64_t ea_future_positions = 512;
-  int64_t ea_min_queries = 256;
-  // expected_attention: the query covariance term (default true; false scores by the mean query
-  // alone), and the share of the evictable tokens kept by KeyDiff's rank instead (in [0, 1),
-  // default 0: expected attention alone; kernels' FuseKeyDiffRanks).
-  bool ea_covariance = true;
-  double ea_keydiff_share = 0.0;
   // PyramidKV beta, >= 1. Default 20.
   double pyramid_beta = 20.0;
   // KVSlimmer weight variant: "l2" (default) or "l1code".
@@ -119,15 +93,18 @@ struct CompressionPolicy {
   // compression (the CUDA plan's float32 scores may order two near-equal tokens differently).
   std::string device = "auto";
   // Values of the policy keys that registered stages declare (kernels/stages.h StagePolicyKey),
-  // by key name: only the keys the YAML sets (the others have the stage's default). Each belongs
-  // to a listed stage and fits its declaration (Validate). Part of the canonical form when set,
-  // and handed to the plan as CompressionPlanOptions::stage_keys.
+  // by key name: only the keys the YAML sets (the others have the stage's default), a choice key
+  // as the index of its name; the built-in ones are the quantize stage's quant_* keys and
+  // expected_attention's ea_* keys (docs/configuration.md lists them). Each belongs to a listed
+  // stage and fits its declaration (Validate).
+  // Part of the canonical form, and handed to the plan as CompressionPlanOptions::stage_keys
+  // (a stage with typed plan options fills them from the keys, StageRegistration::apply_keys).
   std::map<std::string, double, std::less<>> stage_keys;
 
   // INVALID_ARGUMENT naming `key` + ".<field>" and the value (see the file comment).
   Status Validate(const std::string& key, int chunk_tokens) const;
   // True when the quantize stage is on.
-  bool Quantizes() const { return quant_format != "none"; }
+  bool Quantizes() const { return quantize != "none"; }
   // True when a listed stage needs the window queries (snapkv, pyramidkv, kvslimmer) or
   // statistics built from them (expected_attention): the registry's capabilities.
   bool NeedsQueries() const;

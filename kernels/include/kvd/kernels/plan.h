@@ -184,9 +184,11 @@ struct CompressionPlanOptions {
   // beyond head_dim is one group per slot), recent >= 0 rows. Recorded in CodecDescription.
   QuantDescription quant;
   // Policy keys of registered stages (stages.h StagePolicyKey) set for this plan, by key name;
-  // a key not here has its default. Each must be a key of the plan's score, merge or route stage
-  // and fit it (INVALID_ARGUMENT naming it). Not recorded in CodecDescription (the daemon's codec
-  // id records them).
+  // a key not here has its default. Each must be a key of the plan's score, merge or route stage,
+  // or of the quantize stage when quant is on, and fit it (INVALID_ARGUMENT naming it). The stages
+  // whose options are typed fields (quant, expected_attention) read those, which the daemon fills
+  // from these keys (StageRegistration::apply_keys). Not recorded in CodecDescription (the
+  // daemon's codec id records them).
   std::map<std::string, double, std::less<>> stage_keys;
 
   // INVALID_ARGUMENT (OUT_OF_RANGE for p_c) naming the field.

@@ -23,10 +23,13 @@
 // static_cast<ScoreStage>(200) in the plan (docs/extending.md).
 //
 // Policy keys: a registration may declare the keys of kvd's compression policy it reads
-// (StagePolicyKey: name, type, range, default). The daemon's policy parser accepts such a key only
-// in a policy that lists the stage, checks its value here (CheckStagePolicyKey), records it in
-// the policy's canonical form (so in the codec id) and hands it to the plan in
-// CompressionPlanOptions::stage_keys, where the stage reads it with StageKeyValue.
+// (StagePolicyKey: name, type int / double / bool / choice, range, default). The daemon's policy
+// parser accepts such a key only in a policy that lists the stage, checks its value here
+// (CheckStagePolicyKey), records it in the policy's canonical form (so in the codec id) when set
+// and hands it to the plan in CompressionPlanOptions::stage_keys, where the stage reads it with
+// StageKeyValue. A stage whose plan options are typed fields fills them from its keys
+// (apply_keys); the built-in quantize (quant_*) and expected_attention (ea_*) stages do, and write
+// their keys into the canonical form as they did before the registry held them (canonical_form).
 //
 // Adding a merge or route stage: its kernel and one Register call with a MergeFn (it writes the
 // head's slots, HeadSlots) or a RouteFn (the cost of dropping each slot's value) and a RebuildFn
@@ -45,7 +48,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -196,18 +201,39 @@ struct RebuildHeadInput {
 using RebuildFn = Status (*)(const RebuildHeadInput& in, MatrixView values);
 
 // The value type of a stage's policy key. Values travel as double (kInt: an integer, kBool: 0 or
-// 1).
-enum class PolicyKeyType : uint8_t { kInt = 0, kDouble = 1, kBool = 2 };
+// 1, kChoice: the index of the name in StagePolicyKey::choices; the YAML and the canonical form
+// use the name).
+enum class PolicyKeyType : uint8_t { kInt = 0, kDouble = 1, kBool = 2, kChoice = 3 };
+
+// The policy keys a policy sets, by name (CompressionPlanOptions::stage_keys).
+using StageKeyValues = std::map<std::string, double, std::less<>>;
 
 // One key of kvd's compression policy (`models[i].compression.<name>`) that a stage owns.
 struct StagePolicyKey {
   std::string name;  // unique over the keys of all stages, e.g. "key_norm_smallest"
   PolicyKeyType type = PolicyKeyType::kDouble;
-  // kInt, kDouble: the accepted range, both ends included.
+  // kInt, kDouble: the accepted range, both ends included (max excluded with max_open).
   double min = -std::numeric_limits<double>::infinity();
   double max = std::numeric_limits<double>::infinity();
+  bool max_open = false;
   double default_value = 0.0;  // the value when the policy does not set it (within the range)
+  // kChoice: the names a policy may write, e.g. {"none", "hadamard"} (default_value: an index).
+  std::vector<std::string> choices;
+  // Appended to the error for a name that is not a choice, e.g. "(drop the quantize stage ...)".
+  std::string choice_hint;
+  // Non-empty: unset, the key takes that key's value (a key of the same stage and type; e.g.
+  // quant_key_group follows quant_group) instead of default_value.
+  std::string default_key;
+  // Written into the canonical form by the stage's canonical_form, not as " <name>=<value>".
+  bool in_stage_canonical_form = false;
 };
+
+// Stages whose plan options are typed fields (QuantDescription, ExpectedAttentionOptions): fills
+// them from the policy's keys (StageKeyValue: the set value or the default).
+using ApplyKeysFn = void (*)(const StageKeyValues& keys, CompressionPlanOptions* options);
+// The stage's part of the policy's canonical form (so of its codec id) for its keys declared
+// in_stage_canonical_form: the form their chunks were stored under before the registry held them.
+using CanonicalFormFn = std::string (*)(const StageKeyValues& keys);
 
 struct StageRegistration {
   std::string name;  // policy name, unique over all kinds ("snapkv")
@@ -246,6 +272,10 @@ struct StageRegistration {
   bool device_rebuild = false;
   // The policy keys it reads (file comment; empty = none).
   std::vector<StagePolicyKey> policy_keys;
+  // Fills the plan's typed options from its keys (null = the stage reads StageKeyValue).
+  ApplyKeysFn apply_keys = nullptr;
+  // Its part of the canonical form (null = none: every set key as " <name>=<value>").
+  CanonicalFormFn canonical_form = nullptr;
 };
 
 class StageRegistry {
@@ -284,10 +314,17 @@ const StageRegistration* FindStage(MergeStage s);
 const StageRegistration* FindStage(RouteStage s);
 
 // INVALID_ARGUMENT "<key>: <value> is not an integer / a boolean (0 or 1) / a finite number /
-// outside [min, max]" when `value` does not fit the key.
+// a choice index / outside [min, max]" when `value` does not fit the key.
 Status CheckStagePolicyKey(const StagePolicyKey& key, double value);
-// The value of the policy key `key` in the plan: options.stage_keys' entry, else the key's default;
-// 0 when no registered stage declares it.
+// A kChoice key's value for the name `text`: INVALID_ARGUMENT
+// `<key>: "<text>" is not one of <choices>` (and the key's choice_hint) when it is none of them.
+StatusOr<double> StageKeyChoice(const StagePolicyKey& key, std::string_view text);
+// The value as the canonical form and the YAML write it: a choice's name, else "%.17g".
+std::string StageKeyText(const StagePolicyKey& key, double value);
+// The value of the policy key `key` in `keys`: its entry, else its default (default_key's value
+// where it follows one); 0 when no registered stage declares it.
+double StageKeyValue(const StageKeyValues& keys, std::string_view key);
+// StageKeyValue(options.stage_keys, key).
 double StageKeyValue(const CompressionPlanOptions& options, std::string_view key);
 
 }  // namespace kvd::kernels

@@ -78,7 +78,7 @@ T& MutableBackendOptions(TransportOptions* options) {
 template <typename T>
 const T& BackendOptionsOf(const TransportOptions& options) {
   static_assert(std::is_base_of_v<BackendOptions, T>, "T must derive BackendOptions");
-  static const T defaults;
+  static const T defaults{};  // value-initialized: a member without an initializer reads 0
   const int i = options_internal::SlotOf(options, typeid(T));
   return i >= 0 ? static_cast<const T&>(*options.backend_options[i]) : defaults;
 }
