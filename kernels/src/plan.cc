@@ -524,6 +524,9 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
       CompressionPlanOptions fallback = options;  // plan.h: one-shot KeyDiff until then
       fallback.score = ScoreStage::kKeyDiff;
       fallback.keydiff_block = 0;
+      std::erase_if(fallback.stage_keys, [score](const auto& key) {  // the replaced stage's keys
+        return StageRegistry::Global().FindPolicyKey(key.first) == score;
+      });
       return Compress(fallback, layout, input, stats, exec);
     }
   }
