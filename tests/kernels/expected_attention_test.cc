@@ -352,6 +352,12 @@ TEST_F(ExpectedAttentionPlanTest, ScoreStageFourKeepsTheBestExpectedTokens) {
                           CompressionInput{.raw = raw, .positions = pos});
   ASSERT_TRUE(keydiff.ok());
   EXPECT_EQ(fallback->heads, keydiff->heads);
+  // The stage's policy keys (which KeyDiff does not read) do not stop the fallback.
+  CompressionPlanOptions with_keys = o;
+  with_keys.stage_keys = {{"ea_keydiff_outlier_z", 2}, {"ea_min_queries", 33}};
+  auto keyed = Compress(with_keys, layout, in);
+  ASSERT_TRUE(keyed.ok()) << keyed.status();
+  EXPECT_EQ(keyed->heads, keydiff->heads);
   in.query_stats = nullptr;
   auto none = Compress(o, layout, in);
   ASSERT_TRUE(none.ok());
