@@ -568,6 +568,15 @@ std::string QuantFormatNameList() {
   }
   return out;
 }
+std::vector<QuantFormat> QuantFormats() {
+  std::vector<QuantFormat> out;
+  for (size_t i = 1; i < std::size(kQuantFormatNames); ++i)
+    out.push_back(kQuantFormatNames[i].first);
+  return out;
+}
+std::vector<QuantRotation> QuantRotations() {
+  return {QuantRotation::kNone, QuantRotation::kHadamard};
+}
 std::string_view QuantRotationName(QuantRotation r) {
   switch (r) {
     case QuantRotation::kNone:

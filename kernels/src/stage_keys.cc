@@ -20,27 +20,22 @@ std::string Num(double v) {
 
 std::string Int(double v) { return std::to_string(static_cast<int64_t>(v)); }
 
-// The names a QuantFormat / QuantRotation code has (compact_chunk.h), in code order from `first`.
+// The names of `codes` (compact_chunk.h QuantFormats, QuantRotations), in their order: a kChoice
+// key's value indexes both.
 template <typename Enum>
-std::vector<std::string> NamesOf(std::string_view (*name)(Enum), int first) {
+std::vector<std::string> NamesOf(const std::vector<Enum>& codes, std::string_view (*name)(Enum)) {
   std::vector<std::string> out;
-  for (int code = first; code < 256; ++code) {
-    const std::string_view n = name(static_cast<Enum>(code));
-    if (n != "unknown") out.emplace_back(n);
-  }
+  for (Enum code : codes) out.emplace_back(name(code));
   return out;
-}
-
-template <typename Enum>
-Enum CodeNamed(std::string_view (*name)(Enum), std::string_view wanted) {
-  for (int code = 0; code < 256; ++code) {
-    if (name(static_cast<Enum>(code)) == wanted) return static_cast<Enum>(code);
-  }
-  return static_cast<Enum>(0);
 }
 
 double IndexOf(const std::vector<std::string>& choices, std::string_view name) {
   return static_cast<double>(std::find(choices.begin(), choices.end(), name) - choices.begin());
+}
+
+// The index of a kChoice key's value in `keys` (set or default) into its choices.
+size_t ChoiceIndex(const StageKeyValues& keys, std::string_view name) {
+  return static_cast<size_t>(StageKeyValue(keys, name));
 }
 
 // The name of a kChoice key's value in `keys` (set or default).
@@ -126,10 +121,10 @@ double StageKeyValue(const CompressionPlanOptions& options, std::string_view key
 namespace internal {
 
 std::vector<StagePolicyKey> QuantizeKeys() {
-  const std::vector<std::string> formats = NamesOf(&QuantFormatName, 1);
+  const std::vector<std::string> formats = NamesOf(QuantFormats(), &QuantFormatName);
   std::vector<std::string> value_formats = {kSameFormat};
   value_formats.insert(value_formats.end(), formats.begin(), formats.end());
-  const std::vector<std::string> rotations = NamesOf(&QuantRotationName, 0);
+  const std::vector<std::string> rotations = NamesOf(QuantRotations(), &QuantRotationName);
   const StagePolicyKey group = {.name = kQuantGroup,
                                 .type = PolicyKeyType::kInt,
                                 .min = 1,
@@ -166,15 +161,16 @@ std::vector<StagePolicyKey> QuantizeKeys() {
 }
 
 void ApplyQuantizeKeys(const StageKeyValues& keys, CompressionPlanOptions* o) {
-  const QuantFormat format = CodeNamed(&QuantFormatName, ChoiceText(keys, kQuantFormat));
-  const std::string values = ChoiceText(keys, kQuantValueFormat);
-  const QuantFormat value_format =
-      values == kSameFormat ? format : CodeNamed(&QuantFormatName, values);
+  // quant_value_format's choices are "same", then quant_format's.
+  const std::vector<QuantFormat> formats = QuantFormats();
+  const QuantFormat format = formats[ChoiceIndex(keys, kQuantFormat)];
+  const size_t values = ChoiceIndex(keys, kQuantValueFormat);
+  const QuantFormat value_format = values == 0 ? format : formats[values - 1];
   o->quant = {.format = format,
               .key_group = static_cast<uint32_t>(StageKeyValue(keys, kQuantKeyGroup)),
               .value_group = static_cast<uint32_t>(StageKeyValue(keys, kQuantGroup)),
               .recent = static_cast<uint32_t>(StageKeyValue(keys, kQuantRecent)),
-              .rotation = CodeNamed(&QuantRotationName, ChoiceText(keys, kQuantRotate)),
+              .rotation = QuantRotations()[ChoiceIndex(keys, kQuantRotate)],
               .value_format = value_format == format ? QuantFormat::kNone : value_format};
 }
 

@@ -175,6 +175,39 @@ TEST(ChunkCodecTest, TheRotationAndValueFormatOfThePolicyAreInTheStoredChunk) {
   }
 }
 
+// Every format the kernels name is a choice of quant_format and quant_value_format, and each
+// reaches the stored chunk as itself.
+TEST(ChunkCodecTest, EveryNamedFormatOfThePolicyIsTheStoredChunksFormat) {
+  namespace kk = kernels;
+  for (kk::QuantFormat f : kk::QuantFormats()) {
+    const std::string name(kk::QuantFormatName(f));
+    const kk::QuantFormat other =
+        f == kk::QuantFormat::kInt8 ? kk::QuantFormat::kInt4 : kk::QuantFormat::kInt8;
+    const std::pair<std::string, std::pair<kk::QuantFormat, kk::QuantFormat>> cases[] = {
+        {"quant_format: " + name, {f, kk::QuantFormat::kNone}},
+        {"quant_format: " + std::string(kk::QuantFormatName(other)) +
+             ", quant_value_format: " + name,
+         {other, f}},
+    };
+    for (const auto& [policy, formats] : cases) {
+      auto config = ParseConfigYaml(
+          "models: [{name: m, layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 8, dtype: "
+          "float32}, compression: {stages: [quantize], quant_group: 8, " +
+          policy + ", window: 4, sinks: 2, device: cpu}}]");
+      ASSERT_TRUE(config.ok()) << policy << ": " << config.status();
+      const ModelConfig& m = config->models[0];
+      auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
+      ASSERT_TRUE(codec.ok()) << codec.status();
+      auto e = (*codec)->Encode(PutBytes(**codec, m, 5), kTokens, 0, kWindow);
+      ASSERT_TRUE(e.ok()) << policy << ": " << e.status();
+      auto c = kernels::DecodeCompactChunk(e->bytes);
+      ASSERT_TRUE(c.ok()) << c.status();
+      EXPECT_EQ(c->codec.quant.format, formats.first) << policy;
+      EXPECT_EQ(c->codec.quant.value_format, formats.second) << policy;
+    }
+  }
+}
+
 // CompressionPolicy::KeepsPositions (HelloReply.keepsPositions: what vLLM's connector serves)
 // says what the stored chunks are: with it every head's slots expand to the chunk's tokens,
 // without it some tokens are gone. Real encodes of each kind of policy.

@@ -803,7 +803,7 @@ TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
       // the quantize stage
       {"{stages: [quantize], quant_format: int5}",
        {"models[0].compression.quant_format",
-        "\"int5\" is not one of int8, int4, fp8_e4m3, int3, int2, int4s, int3s, int2s"}},
+        "\"int5\" is not one of int8, int4, int3, int2, int4s, int3s, int2s, fp8_e4m3"}},
       {"{stages: [quantize], quant_rotate: walsh}",
        {"models[0].compression.quant_rotate", "\"walsh\" is not one of none, hadamard"}},
       {"{stages: [quantize], quant_value_format: int1}",

@@ -611,6 +611,12 @@ TEST(CompactChunkV4, QuantFormatNamesComeFromOneTable) {
   EXPECT_EQ(QuantFormatName(QuantFormat::kInt2Sym), "int2s");
   EXPECT_EQ(QuantFormatFromName("int5"), std::nullopt);
   EXPECT_EQ(QuantFormatNameList(), "int8, int4, int3, int2, int4s, int3s, int2s or fp8_e4m3");
+  std::string listed;
+  for (QuantFormat f : QuantFormats())
+    listed += std::string(listed.empty() ? "" : " ") += QuantFormatName(f);
+  EXPECT_EQ(listed, "int8 int4 int3 int2 int4s int3s int2s fp8_e4m3");
+  ASSERT_EQ(QuantRotations().size(), 2u);
+  EXPECT_EQ(QuantRotationName(QuantRotations()[1]), "hadamard");
 }
 
 TEST(CompactChunkV4, DamageIsAnError) {

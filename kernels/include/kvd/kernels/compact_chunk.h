@@ -180,5 +180,9 @@ std::string_view QuantRotationName(QuantRotation r);
 std::optional<QuantFormat> QuantFormatFromName(std::string_view name);
 // The names of the formats other than none, for messages: "int8, int4, ..., int2s or fp8_e4m3".
 std::string QuantFormatNameList();
+// The formats other than none and every rotation, in the order of the names above (policies list
+// their choices in this order).
+std::vector<QuantFormat> QuantFormats();
+std::vector<QuantRotation> QuantRotations();
 
 }  // namespace kvd::kernels
