@@ -17,6 +17,7 @@
 #   KVD_FRONTS_SIZE          "SEGMENTS PREFIX CONTINUATION WINDOW" (default: "8 1024 128 32")
 #   KVD_FRONTS_METHODS       kvd-quality --methods (default below; name@p_c:p_c per method)
 #   KVD_FRONTS_PASSKEY       "CONTEXT TRIALS MULTIKEY" (default: "1024 4 8"; CONTEXT 0 = none)
+#   KVD_FRONTS_PASSKEY_METHODS  rows asked the passkey prompts besides the fronts' (default below)
 #   KVD_FRONTS_PRESSES       presses (default: snapkv,streaming_llm,expected_attention,tova)
 #   KVD_FRONTS_PRESS_RATIOS  press p_c list (default: 0.9, i.e. 0.10 of the bytes)
 #   KVD_FRONTS_PRESS_SEGMENTS  segments for the presses (default: 4; paired on these)
@@ -40,15 +41,21 @@ read -r pk_ctx pk_trials mk_trials <<< "${KVD_FRONTS_PASSKEY:-1024 4 8}"
 # Dense candidates at p_c 0 (every token, stored in fewer bits); compact ones: eviction alone,
 # and eviction then quantization at the p_c that land near 0.14, 0.10 and 0.05 of the bytes (int4
 # stores 0.28 of every token's bytes, int8 0.53). Below int4 on the dense front: the rotated
-# forms (3-bit keys over 37 slots, 4-bit keys over the whole 256-slot chunk, and 4-bit keys per
-# slot, each with 2-bit values). Expected attention (statistics of the calibration prefixes'
-# window queries) alone, with int8, and fused half and half with KeyDiff (ea_keydiff50, the
-# embedded default with int8), beside the eviction rows.
-methods=${KVD_FRONTS_METHODS:-full,bf16@0,int8@0,fp8@0,int4@0,int4k_int2v_rot@0,\
-int4k_int2v_rot_kg256@0,int3k_int2v_rot_kg37@0,sink_recent@0.5:0.75:0.9,snapkv@0.5:0.75:0.91,\
-keydiff@0.5:0.75:0.91,expected_attention@0.5:0.75:0.9,ea_keydiff50@0.5:0.75:0.9,\
-snapkv+int4@0.5:0.66:0.83,keydiff+int4@0.5:0.65:0.83,snapkv+int8@0.82,keydiff+int8@0.5:0.82,\
-expected_attention+int8@0.5:0.82,ea_keydiff50+int8@0.5:0.73:0.82}
+# forms (3-bit keys over 37 slots, 4-bit keys over the whole 256-slot chunk, each with 2-bit
+# values, symmetric ones for int2s), and int8 / int4 with one key group a chunk. Expected attention
+# (statistics of the calibration prefixes' window queries) alone, with int8, and fused half and
+# half with KeyDiff with its outliers first (ea_keydiff50_out2; with int8, the embedded default),
+# beside the eviction rows.
+methods=${KVD_FRONTS_METHODS:-full,bf16@0,int8@0,int8_kg256@0,fp8@0,int4@0,int4_kg256@0,\
+int4_rot_kg256@0,int4k_int2v_rot_kg256@0,int4k_int2sv_rot_kg256@0,int3k_int2v_rot_kg37@0,\
+sink_recent@0.5:0.75:0.9,snapkv@0.5:0.75:0.91,keydiff@0.5:0.75:0.91,\
+expected_attention@0.5:0.75:0.9,ea_keydiff50_out2@0.5:0.75:0.9,snapkv+int4@0.5:0.66:0.83,\
+keydiff+int4@0.5:0.65:0.83,snapkv+int8@0.82,keydiff+int8@0.5:0.82,expected_attention+int8@0.5:0.82,\
+ea_keydiff50_out2+int8@0.5:0.73:0.82}
+# The passkey prompts are asked of these rows too, on a front or not: the full cache and the
+# densest rows under 0.53, 0.28 and 0.20 of the bytes.
+passkey_methods=${KVD_FRONTS_PASSKEY_METHODS:-full,int8_kg256,int4_kg256,int4_rot_kg256,\
+int4k_int2sv_rot_kg256}
 presses=${KVD_FRONTS_PRESSES:-snapkv,streaming_llm,expected_attention,tova}
 press_ratios=${KVD_FRONTS_PRESS_RATIOS:-0.9}
 press_segs=${KVD_FRONTS_PRESS_SEGMENTS:-4}
@@ -61,7 +68,7 @@ start=$(date +%s)
   --chunk-window 16 --modes chunk-wise,one-shot --calib-segments 4 --methods "$methods" \
   --paired-against sink_recent,keydiff \
   --passkey "$pk_ctx" --passkey-trials "$pk_trials" --multikey-trials "$mk_trials" \
-  --passkey-methods full --passkey-fronts --jobs 2 --threads 1 > "$out/kvd.log" 2>&1 \
+  --passkey-methods "$passkey_methods" --passkey-fronts --jobs 2 --threads 1 > "$out/kvd.log" 2>&1 \
   || { tail -20 "$out/kvd.log" >&2; exit 1; }
 log "kvd-quality: $(( $(date +%s) - start )) s wall, $(awk '{print $1 + $2}' "$out/kvd.cpu") s CPU"
 

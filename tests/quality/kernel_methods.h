@@ -28,6 +28,8 @@
 //                                            over 64 slots, values per slot over 64 channels;
 //                                            KVD_QUANT_GROUP overrides 64); recency at p_c, so
 //                                            every token at p_c 0 (`--ratios 0`)
+//   int8_kg256, int4_kg256, int4_rot_kg256   keys per channel over the whole 256-slot chunk
+//                                            (int4_rot_kg256 rotated)
 //   int8_recent32, int4_recent32, fp8_recent32   the same with the last 32 slots of every head
 //                                            (of every chunk, chunk-wise) unquantized
 //   keydiff+int8, keydiff+int4               KeyDiff eviction at p_c, then the quantize stage
@@ -50,6 +52,8 @@
 //   ea_keydiff40_recent20,                   expected attention / KeyDiff / recency shares
 //   ea_keydiff33_recent33                    0.4 / 0.4 / 0.2 and 0.34 / 0.33 / 0.33 (recent_share:
 //                                            the most recent evictable tokens, as sink_recent)
+//   ea_keydiff50_out2+int8                   the embedded default: ea_keydiff50 with KeyDiff's
+//                                            outliers (z 2) first, then int8
 //   ea_keydiff_pc, ea_keydiff_pc_recent20    KeyDiff share p_c (0.5 / 0.75 / 0.9), and 0.8 p_c
 //                                            with recency 0.2
 //   int4_rot, int3_rot, int2_rot             the quantize stage with the Hadamard rotation
