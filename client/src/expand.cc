@@ -13,6 +13,7 @@
 #include "kvd/kernels/device_serving.h"
 #include "kvd/kernels/rope.h"
 #include "kvd/kernels/serving.h"
+#include "kvd/kernels/stages.h"
 #include "kvd/kernels/vector.h"
 
 namespace kvd::client {
@@ -103,7 +104,9 @@ StatusOr<std::unique_ptr<CompactChunkReader>> CompactChunkReader::Open(
 }
 
 uint64_t CompactChunkReader::required_weights_version() const {
-  return impl_->has_rebuild ? impl_->chunk.codec.calibration_version : 0;
+  const kk::StageRegistration* route = kk::FindStage(impl_->chunk.codec.route);
+  const bool calibrated = route != nullptr && route->needs_calibration;
+  return impl_->has_rebuild && calibrated ? impl_->chunk.codec.calibration_version : 0;
 }
 
 Status CompactChunkReader::SetWeights(std::span<const uint8_t> serialized) {
@@ -319,8 +322,9 @@ StatusOr<GetResult> GetDense(Client& client, uint64_t lease_id, uint32_t chunk_i
                        client.Get(lease_id, chunk_index, stored.data(), stored.size()));
   int64_t tokens = got.tokens;
   if (got.form == ChunkForm::kCompact) {
-    KVD_ASSIGN_OR_RETURN(auto reader, CompactChunkReader::Open(
-                                          std::span<const uint8_t>(stored.data(), got.bytes), layout));
+    KVD_ASSIGN_OR_RETURN(
+        auto reader,
+        CompactChunkReader::Open(std::span<const uint8_t>(stored.data(), got.bytes), layout));
     if (uint64_t v = reader->required_weights_version(); v != 0) {
       KVD_ASSIGN_OR_RETURN(auto w, client.GetVectorWeights(v));
       KVD_RETURN_IF_ERROR(reader->SetWeights(*w));

@@ -21,7 +21,9 @@ inline constexpr uint32_t kMaxQuantRecent = 1u << 30;  // recent rows
 // "layer L head H" of head index `idx` (layer-major) in a chunk with `heads` KV heads.
 std::string HeadName(int64_t idx, int heads);
 
-// INVALID_ARGUMENT "codec: ..." on an unknown stage code or a p_c outside [0, 1).
+// UNIMPLEMENTED "codec: unknown stage code: <kind> N is not registered" for a score, merge or
+// route code no stage of this process registers; INVALID_ARGUMENT "codec: ..." on another unknown
+// code or a p_c outside [0, 1).
 Status ValidateCodec(const CodecDescription& codec);
 
 // The header fields every version shares, as stored (stages in the order score, merge,
@@ -34,7 +36,8 @@ struct ChunkHeaderFields {
 
 // Checks the fields (dtype known, shape within the format's limits, stage codes, p_c already in
 // `c->codec.p_c`) and sets the shape, dtype and stages of `c`. DATA_LOSS "corrupt compact
-// chunk: ..." naming the field.
+// chunk: ..." naming the field; UNIMPLEMENTED (ValidateCodec's) for a stage code no stage of this
+// process registers.
 Status SetChunkHeader(const ChunkHeaderFields& fields, CompactChunk* c);
 
 // The checks every version makes first, in this order: the header's total size equals

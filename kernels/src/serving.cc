@@ -57,7 +57,7 @@ Status RebuildFlagged(const CompactChunk& chunk, const CompactHead& src, int lay
   const int64_t rebuild = src.slots() - src.value_slots();
   if (rebuild == 0) return Status::Ok();
   const StageRegistration* stage = FindStage(chunk.codec.route);
-  if (stage == nullptr) {  // chunk.Validate() refused it (INVALID_ARGUMENT naming the code)
+  if (stage == nullptr) {  // chunk.Validate() refused it (UNIMPLEMENTED naming the code)
     return Status::Internal("serving: route code " +
                             std::to_string(static_cast<int>(chunk.codec.route)) +
                             " is not registered");

@@ -136,5 +136,37 @@ TEST_F(StageServingTest, AToyRouteStagesChunksAreServedCompactAndDense) {
   ASSERT_TRUE((*c)->ReleaseLease(hit->lease_id).ok());
 }
 
+// The weights version a reader asks for is the calibration of a route stage that needs one: a
+// chunk of mean_value (registered without needs_calibration) asks for none whatever version it
+// records; the same chunk routed by vector asks for its version.
+TEST_F(StageServingTest, OnlyARouteStageThatNeedsACalibrationAsksForWeights) {
+  ASSERT_TRUE(kernels::testing::RegisterMeanValueStage().ok());
+  AddModel("{stages: [keydiff, mean_value], p_c: 0.5, device: cpu}");
+  const ModelLayout layout = Layout("toy");
+  for (const kernels::RouteStage route :
+       {kernels::testing::kMeanValue, kernels::RouteStage::kVector}) {
+    kernels::CodecDescription codec;
+    codec.score = kernels::ScoreStage::kKeyDiff;
+    codec.route = route;
+    codec.p_c = 0.5;
+    codec.calibration_version = 9;
+    kernels::CompactChunk chunk = kernels::CompactChunk::ForLayout(layout, 4, codec);
+    for (kernels::CompactHead& h : chunk.heads) {
+      h.flags = {0, kernels::kSlotRebuildValue, 0, 0};
+      h.cardinality = {1, 1, 1, 1};
+      h.positions = {0, 1, 2, 3};
+      h.keys.assign(4 * layout.head_dim * sizeof(float), 0);
+      h.values.assign(3 * layout.head_dim * sizeof(float), 0);
+    }
+    auto bytes = kernels::EncodeCompactChunk(chunk);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    auto reader = client::CompactChunkReader::Open(*bytes, layout);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    EXPECT_EQ((*reader)->required_weights_version(),
+              route == kernels::RouteStage::kVector ? 9u : 0u)
+        << kernels::RouteStageName(route);
+  }
+}
+
 }  // namespace
 }  // namespace kvd::daemon::testing

@@ -11,6 +11,8 @@
 #include <limits>
 #include <random>
 #include <span>
+#include <string>
+#include <utility>
 
 #include "compact_chunk_golden.h"
 #include "kvd/common/hash.h"
@@ -334,6 +336,28 @@ TEST(CompactChunk, DecodeRejectsDamage) {
   bad[good.size() / 2] ^= 1;
   EXPECT_EQ(DecodeCompactChunk(bad).status().code(), StatusCode::kDataLoss);
   EXPECT_THAT(DecodeCompactChunk(bad).status().message(), HasSubstr("checksum mismatch"));
+}
+
+// A well-formed chunk (its checksum valid) whose score, merge or route code no stage of this
+// process registers is not corrupt: UNIMPLEMENTED naming the code, never DATA_LOSS (which readers
+// may take as "drop the chunk"). A merge norm or position code outside its enum still is.
+TEST(CompactChunk, AStageCodeThisProcessDoesNotRegisterIsUnimplementedNotCorrupt) {
+  const std::vector<uint8_t> good = *EncodeCompactChunk(RandomChunk(1, 2, 8, DType::kFloat16, 3));
+  const std::vector<uint8_t> body(good.begin(), good.end() - 8);
+  // The header's stage codes: score (21), merge (22), merge norm (23), route (24), position (25).
+  for (const auto& [offset, what] :
+       {std::pair<size_t, const char*>{21, "score 201"}, {22, "merge 201"}, {24, "route 201"}}) {
+    auto bad = body;
+    bad[offset] = 201;
+    auto r = DecodeCompactChunk(Restamp(bad));
+    EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented) << offset << " " << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr(std::string(what) + " is not registered"));
+  }
+  for (const size_t offset : {23, 25}) {
+    auto bad = body;
+    bad[offset] = 201;
+    EXPECT_EQ(DecodeCompactChunk(Restamp(bad)).status().code(), StatusCode::kDataLoss) << offset;
+  }
 }
 
 // Random truncations and bit flips: every outcome is the error the checks promise, never a crash.

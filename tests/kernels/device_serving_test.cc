@@ -11,7 +11,7 @@
 #include <cstring>
 #include <random>
 
-#include "device_serving_internal.h"
+#include "kernels_testing.h"
 #include "kvd/kernels/serving.h"
 #include "mean_value_stage.h"
 #include "reference.h"

@@ -7,10 +7,10 @@
 
 #include <string>
 
+#include "kernels_testing.h"
 #include "key_norm_stage.h"
 #include "kvd/kernels/plan_device.h"
 #include "kvd/kernels/stages.h"
-#include "plan_device_internal.h"
 
 namespace kvd::kernels {
 namespace {

@@ -483,8 +483,8 @@ TEST(StageRegistryTest, AToyRouteStagesChunksAreServedThroughItsRebuild) {
   EXPECT_THAT(device.status().message(), HasSubstr("route stage mean_value has no device rebuild"));
 }
 
-// A chunk whose route code no stage of this process registers cannot be served: the error names
-// the code, in the compact and the dense form.
+// A chunk whose route code no stage of this process registers cannot be served: UNIMPLEMENTED
+// naming the code (the chunk is well-formed), in the compact and the dense form.
 TEST(StageRegistryTest, AnUnregisteredRouteCodeIsRefusedWhenServed) {
   ASSERT_TRUE(testing::RegisterMeanValueStage().ok()) << testing::RegisterMeanValueStage();
   const ToyChunk toy;
@@ -492,11 +492,11 @@ TEST(StageRegistryTest, AnUnregisteredRouteCodeIsRefusedWhenServed) {
   ASSERT_TRUE(chunk.ok()) << chunk.status();
   chunk->codec.route = static_cast<RouteStage>(201);
   auto served = BuildServingHead(*chunk, 0, 0, nullptr, nullptr);
-  EXPECT_EQ(served.status().code(), StatusCode::kInvalidArgument) << served.status();
+  EXPECT_EQ(served.status().code(), StatusCode::kUnimplemented) << served.status();
   EXPECT_THAT(served.status().message(), HasSubstr("route 201 is not registered"));
   int64_t t = 0;
   auto dense = ExpandDenseChunk(*chunk, nullptr, nullptr, &t);
-  EXPECT_EQ(dense.status().code(), StatusCode::kInvalidArgument) << dense.status();
+  EXPECT_EQ(dense.status().code(), StatusCode::kUnimplemented) << dense.status();
   EXPECT_THAT(dense.status().message(), HasSubstr("route 201 is not registered"));
 }
 

@@ -10,8 +10,12 @@
 //
 // The score, merge and route stages run through kDeviceStages (below the plan): one row per
 // stage the device plan implements, keyed by its registration's (kind, code) (stages.h), naming
-// its device step. The module cannot read the host's registry; the host asks this table through
-// the module (HasDeviceSteps) and kernels_test checks it against the registrations' `device`.
+// its device step and its optional hooks into the generic steps: `shape` (its part of the run's
+// sizes), `reserve` (its own buffers and limits), `select` (a score stage that selects itself in
+// place of the top-k selection) and `report` (its error word after the chunk). Everything a stage
+// needs beyond the generic pipeline is in its row and the methods it names. The module cannot
+// read the host's registry; the host asks this table through the module (HasDeviceSteps) and
+// kernels_test checks it against the registrations' `device`.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -31,10 +35,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBadKeysValues = 1;  // error bits set on the device
 constexpr int kBadQueries = 2;
-// The error words: [0] the bits above, [1] the first layer with a non-finite element, [2] KeyDiff's
-// first zero-norm key (row * n + token), [3] a sink for a report that is not wanted.
+// The error words: [0] the bits above, [1] the first layer with a non-finite element, [2] the
+// score stage's own report (its row's report hook reads it), [3] a sink for a report that is not
+// wanted.
 constexpr int kErrWords = 4;
-constexpr int kErrZeroNorm = 2;
+constexpr int kErrStage = 2;
 constexpr int kErrUnused = 3;
 
 // err[0] |= bit and err[1] = min(err[1], the layer) for any non-finite element of x[0, count);
@@ -260,9 +265,10 @@ struct RunShape {
   size_t rnd = 0, rsd = 0;  // [R, n, d] and [R, smax, d] elements
   bool have_queries = false;
   bool routing = false;
-  bool keydiff = false, blockwise = false;
-  int64_t cap = 0;       // block-wise KeyDiff: candidates per row
   bool merging = false;  // a merge stage (the hybrid, plan.h)
+  // The score stage's part, set by its row's shape hook (unset without one):
+  bool score_selects = false;  // its select hook replaces the top-k selection (step 3)
+  int64_t cap = 0;             // a stage that selects itself: candidates per row
 };
 
 class CudaPlanState;
@@ -278,6 +284,11 @@ constexpr uint8_t Code(Stage stage) {
 // selected pool (slot_token_); a route step prices dropping each slot's value into residuals_
 // [R, smax] from the de-rotated slot keys (kpre_).
 using DeviceStepFn = Status (CudaPlanState::*)(const RunShape&);
+// A row's shape hook: fills the stage's part of the run's sizes (after the generic ones).
+using DeviceShapeFn = void (CudaPlanState::*)(RunShape*) const;
+// A row's report hook: the stage's error (err: the error words, kErrStage its own) after the
+// chunk, checked after the generic ones.
+using DeviceReportFn = Status (CudaPlanState::*)(const int* err, const RunShape&) const;
 
 struct DeviceStage {
   StageKind kind;
@@ -285,6 +296,11 @@ struct DeviceStage {
   DeviceStepFn step;
   // Score steps: the step leaves the window attention mass in mass_ (a merge step reuses it).
   bool leaves_mass = false;
+  // Optional hooks (null: none).
+  DeviceShapeFn shape = nullptr;
+  DeviceStepFn reserve = nullptr;  // its buffers and limits, after the generic buffers
+  DeviceStepFn select = nullptr;   // score rows: run in place of SelectKernel when score_selects
+  DeviceReportFn report = nullptr;
 };
 
 // The row of (kind, code), or null.
@@ -397,8 +413,8 @@ class CudaPlanState final : public DevicePlan::State {
 
   // The stages' device steps (their rows of kDeviceStages).
 
-  // The score steps (kDeviceStages): scores [R, n] (block-wise KeyDiff: 0; its walk selects in
-  // step 3). Recency: later tokens first.
+  // The score steps (kDeviceStages): scores [R, n] (a stage that selects itself may leave them
+  // 0: its select hook runs in step 3). Recency: later tokens first.
   Status RecencyScoreStep(const RunShape& s) {
     RecencyKernel<<<Blocks(s.R * s.n, kThreads), kThreads, 0, stream_>>>(scores_.get(), s.R, s.n);
     return Check("RecencyKernel");
@@ -414,16 +430,42 @@ class CudaPlanState final : public DevicePlan::State {
     return Check("SnapScoreKernel");
   }
 
+  // KeyDiff's row: one-shot (scores, then the top-k selection) or block-wise (keydiff_block > 0:
+  // its walk selects, the select hook). Shape: block-wise candidates = kept (<= S_l) + one block,
+  // and never more than N.
+  void KeyDiffShape(RunShape* s) const {
+    s->score_selects = options_.keydiff_block > 0;
+    s->cap = s->score_selects ? std::min(s->n, s->smax + options_.keydiff_block) : 0;
+  }
+
+  // KeyDiff's buffers; it reports a zero-norm key as an int row * n + token.
+  Status KeyDiffReserve(const RunShape& s) {
+    const int64_t R = s.R, n = s.n, d = s.d;
+    if (R * n > INT_MAX) {
+      return Status::InvalidArgument("plan_device: layers x kv_heads x N = " +
+                                     std::to_string(R * n) + " is above the kernels' int range");
+    }
+    KVD_RETURN_IF_ERROR(Ensure(&inv_norm_, static_cast<size_t>(R * n)));
+    KVD_RETURN_IF_ERROR(Ensure(&anchor_, static_cast<size_t>(R * d)));
+    KVD_RETURN_IF_ERROR(Ensure(&unit_anchor_, static_cast<size_t>(R * d)));
+    KVD_RETURN_IF_ERROR(Ensure(&anchor_ok_, static_cast<size_t>(R)));
+    if (s.score_selects) {
+      KVD_RETURN_IF_ERROR(Ensure(&cand_, static_cast<size_t>(R * s.cap)));
+      KVD_RETURN_IF_ERROR(Ensure(&cand_scores_, static_cast<size_t>(R * s.cap)));
+    }
+    return Status::Ok();
+  }
+
   // KeyDiff on the post-RoPE keys of all N tokens, as HeadScores passes them (keydiff.h). A
-  // zero-norm key is reported after the chunk (err word kErrZeroNorm: min row * n + token):
+  // zero-norm key is reported after the chunk (err word kErrStage: min row * n + token):
   // one-shot scores every key; block-wise only the candidates it scores (its own report).
   Status KeyDiffScoreStep(const RunShape& s) {
     const int64_t R = s.R, n = s.n;
     const int di = static_cast<int>(s.d);
     KVD_RETURN_IF_ERROR(LaunchKeyDiffNorms(kf_.get(), inv_norm_.get(),
-                                           err_.get() + (s.blockwise ? kErrUnused : kErrZeroNorm),
+                                           err_.get() + (s.score_selects ? kErrUnused : kErrStage),
                                            R * n, di, stream_));
-    if (s.blockwise) {  // the walk selects (step 3)
+    if (s.score_selects) {  // the walk selects (step 3)
       KVD_CUDA_RETURN_IF_ERROR(
           cudaMemsetAsync(scores_.get(), 0, static_cast<size_t>(R * n) * sizeof(float), stream_),
           "plan_device: clear scores");
@@ -435,6 +477,26 @@ class CudaPlanState final : public DevicePlan::State {
                                                 n, di, stream_, R));
     return LaunchKeyDiffScores(kf_.get(), inv_norm_.get(), unit_anchor_.get(), anchor_ok_.get(),
                                scores_.get(), n, di, stream_, R);
+  }
+
+  // Block-wise KeyDiff's selection (step 3): meta's first L entries are S_l, every head of layer l
+  // keeps S_l tokens.
+  Status KeyDiffSelectStep(const RunShape& s) {
+    return LaunchKeyDiffBlockwiseSelect(kf_.get(), inv_norm_.get(), meta_.get(), s.H, s.R, s.n,
+                                        static_cast<int>(s.d), s.sinks, s.w, options_.keydiff_block,
+                                        cand_.get(), cand_scores_.get(), s.cap, keep_.get(),
+                                        err_.get() + kErrStage, stream_);
+  }
+
+  // KeyDiff's zero-norm key (keydiff.h), as the CPU plan reports it.
+  Status KeyDiffReport(const int* err, const RunShape& s) const {
+    if (err[kErrStage] == INT_MAX) return Status::Ok();
+    const int64_t row = err[kErrStage] / s.n, token = err[kErrStage] % s.n;
+    return Status(StatusCode::kInvalidArgument,
+                  "plan: layer " + std::to_string(row / s.H) + " head " +
+                      std::to_string(row % s.H) + ": keydiff: zero-norm key at token " +
+                      std::to_string(token) + " (a key with no direction cannot be scored)",
+                  Reason::kZeroNormKey);
   }
 
   // 3b. the merge step of kvslimmer (kDeviceStages), the hybrid: every token outside the pool
@@ -453,6 +515,19 @@ class CudaPlanState final : public DevicePlan::State {
         cudaMemsetAsync(merged_key_pre_.get(), 0, s.rsd * sizeof(float), stream_),
         "plan_device: clear merged keys");
     return LaunchHybridMerge(HybridArgs(s), stream_);
+  }
+
+  // kvslimmer's reserve hook: the hybrid merge's buffers (HybridMergeArgs).
+  Status HybridMergeReserve(const RunShape& s) {
+    const size_t rs = static_cast<size_t>(s.R * s.smax);
+    KVD_RETURN_IF_ERROR(Ensure(&kpre_all_, s.rnd));
+    KVD_RETURN_IF_ERROR(Ensure(&owner_, static_cast<size_t>(s.R * s.n)));
+    KVD_RETURN_IF_ERROR(Ensure(&member_, static_cast<size_t>(s.R * s.n)));
+    KVD_RETURN_IF_ERROR(Ensure(&range_, 2 * rs));
+    KVD_RETURN_IF_ERROR(Ensure(&total_mass_, rs));
+    KVD_RETURN_IF_ERROR(Ensure(&merged_key_pre_, s.rsd));
+    KVD_RETURN_IF_ERROR(Ensure(&card_, rs));
+    return Ensure(&out_card_, static_cast<size_t>(s.slot_count));
   }
 
   // The route step of vector (kDeviceStages): VECTOR's residuals |v - W kpre (+ b)|.
@@ -490,11 +565,10 @@ class CudaPlanState final : public DevicePlan::State {
     s.rnd = static_cast<size_t>(s.R * s.n * s.d);
     s.rsd = static_cast<size_t>(s.R * s.smax * s.d);
     s.have_queries = input.window_queries != nullptr && s.qrows > 0;
-    s.keydiff = options_.score == ScoreStage::kKeyDiff;
-    s.blockwise = s.keydiff && options_.keydiff_block > 0;
-    // Block-wise KeyDiff: candidates = kept (<= S_l) + one block, and never more than N.
-    s.cap = s.blockwise ? std::min(s.n, s.smax + options_.keydiff_block) : 0;
     s.merging = merge_ != nullptr;
+    for (const DeviceStage* row : rows_) {
+      if (row->shape != nullptr) (this->*row->shape)(&s);
+    }
     return s;
   }
 
@@ -517,21 +591,8 @@ class CudaPlanState final : public DevicePlan::State {
       KVD_RETURN_IF_ERROR(Ensure(&kpre_, s.rsd));
       KVD_RETURN_IF_ERROR(Ensure(&residuals_, static_cast<size_t>(R * smax)));
     }
-    if (s.keydiff) {
-      KVD_RETURN_IF_ERROR(Ensure(&inv_norm_, static_cast<size_t>(R * n)));
-      KVD_RETURN_IF_ERROR(Ensure(&anchor_, static_cast<size_t>(R * d)));
-      KVD_RETURN_IF_ERROR(Ensure(&unit_anchor_, static_cast<size_t>(R * d)));
-      KVD_RETURN_IF_ERROR(Ensure(&anchor_ok_, static_cast<size_t>(R)));
-    }
-    if (s.blockwise) {
-      KVD_RETURN_IF_ERROR(Ensure(&cand_, static_cast<size_t>(R * s.cap)));
-      KVD_RETURN_IF_ERROR(Ensure(&cand_scores_, static_cast<size_t>(R * s.cap)));
-    }
-    if (s.merging) KVD_RETURN_IF_ERROR(ReserveMerge(s));
-    if (s.keydiff &&
-        R * n > INT_MAX) {  // KeyDiff reports a zero-norm key as an int row * n + token
-      return Status::InvalidArgument("plan_device: layers x kv_heads x N = " +
-                                     std::to_string(R * n) + " is above the kernels' int range");
+    for (const DeviceStage* row : rows_) {
+      if (row->reserve != nullptr) KVD_RETURN_IF_ERROR((this->*row->reserve)(s));
     }
     KVD_RETURN_IF_ERROR(Ensure(&pos_, static_cast<size_t>(n)));
     KVD_RETURN_IF_ERROR(Ensure(&meta_, s.meta.size()));
@@ -542,19 +603,6 @@ class CudaPlanState final : public DevicePlan::State {
     KVD_RETURN_IF_ERROR(Ensure(&out_flags_, static_cast<size_t>(s.slot_count)));
     if (device_.time_stages) KVD_RETURN_IF_ERROR(EnsureEvents(kMarks));
     return Status::Ok();
-  }
-
-  // The hybrid merge's buffers (HybridMergeArgs).
-  Status ReserveMerge(const RunShape& s) {
-    const size_t rs = static_cast<size_t>(s.R * s.smax);
-    KVD_RETURN_IF_ERROR(Ensure(&kpre_all_, s.rnd));
-    KVD_RETURN_IF_ERROR(Ensure(&owner_, static_cast<size_t>(s.R * s.n)));
-    KVD_RETURN_IF_ERROR(Ensure(&member_, static_cast<size_t>(s.R * s.n)));
-    KVD_RETURN_IF_ERROR(Ensure(&range_, 2 * rs));
-    KVD_RETURN_IF_ERROR(Ensure(&total_mass_, rs));
-    KVD_RETURN_IF_ERROR(Ensure(&merged_key_pre_, s.rsd));
-    KVD_RETURN_IF_ERROR(Ensure(&card_, rs));
-    return Ensure(&out_card_, static_cast<size_t>(s.slot_count));
   }
 
   // Inputs of the chunk (small): positions, the per-layer table, the error word.
@@ -616,17 +664,14 @@ class CudaPlanState final : public DevicePlan::State {
                                stream_);
   }
 
-  // 3. selection, compaction (slot j of row r = token slot_token[r, j], ascending), gather.
+  // 3. selection (the top-k of the scores, or the score stage's select hook), compaction (slot j
+  // of row r = token slot_token[r, j], ascending), gather.
   Status SelectStep(const RunShape& s) {
     const int64_t R = s.R, H = s.H, n = s.n, smax = s.smax;
     const int di = static_cast<int>(s.d);
     const Meta m = MetaOf(s);
-    if (s.blockwise) {
-      // meta's first L entries are S_l: every head of layer l keeps S_l tokens.
-      KVD_RETURN_IF_ERROR(LaunchKeyDiffBlockwiseSelect(
-          kf_.get(), inv_norm_.get(), meta_.get(), H, R, n, di, s.sinks, s.w,
-          options_.keydiff_block, cand_.get(), cand_scores_.get(), s.cap, keep_.get(),
-          err_.get() + kErrZeroNorm, stream_));
+    if (s.score_selects) {  // its shape hook set it: the row has a select hook
+      KVD_RETURN_IF_ERROR((this->*score_->select)(s));
     } else {
       SelectKernel<<<Blocks(R * n, kThreads), kThreads, 0, stream_>>>(scores_.get(), keep_.get(), R,
                                                                       H, n, s.sinks, s.w, m);
@@ -737,8 +782,9 @@ class CudaPlanState final : public DevicePlan::State {
     return ErrorWord(err, s);
   }
 
-  // The error word the kernels wrote, as the CPU plan reports the same faults.
-  static Status ErrorWord(const int* err, const RunShape& s) {
+  // The error word the kernels wrote, as the CPU plan reports the same faults; then the stages'
+  // report hooks.
+  Status ErrorWord(const int* err, const RunShape& s) const {
     if (err[0] & kBadKeysValues) {
       return Status::InvalidArgument("plan: non-finite keys/values (NaN or Inf) in layer " +
                                      std::to_string(err[1]));
@@ -747,13 +793,8 @@ class CudaPlanState final : public DevicePlan::State {
       return Status::InvalidArgument("plan: non-finite window queries (NaN or Inf) in layer " +
                                      std::to_string(err[1]));
     }
-    if (err[kErrZeroNorm] != INT_MAX) {  // KeyDiff (keydiff.h): the CPU plan's error
-      const int64_t row = err[kErrZeroNorm] / s.n, token = err[kErrZeroNorm] % s.n;
-      return Status(StatusCode::kInvalidArgument,
-                    "plan: layer " + std::to_string(row / s.H) + " head " +
-                        std::to_string(row % s.H) + ": keydiff: zero-norm key at token " +
-                        std::to_string(token) + " (a key with no direction cannot be scored)",
-                    Reason::kZeroNormKey);
+    for (const DeviceStage* row : rows_) {
+      if (row->report != nullptr) KVD_RETURN_IF_ERROR((this->*row->report)(err, s));
     }
     return Status::Ok();
   }
@@ -786,8 +827,9 @@ class CudaPlanState final : public DevicePlan::State {
     return Status::Ok();
   }
 
-  // The plan's stages' rows of kDeviceStages (merge and route: null without one). UNIMPLEMENTED
-  // for a stage without device steps (the host refuses those first: CheckDevicePlanSupported).
+  // The plan's stages' rows of kDeviceStages (merge and route: null without one) and rows_.
+  // UNIMPLEMENTED for a stage without device steps (the host refuses those first:
+  // CheckDevicePlanSupported).
   Status ResolveStages() {
     const auto find = [](const char* what, StageKind kind, uint8_t code,
                          const DeviceStage** out) -> Status {
@@ -802,6 +844,9 @@ class CudaPlanState final : public DevicePlan::State {
     }
     if (options_.route != RouteStage::kNone) {
       KVD_RETURN_IF_ERROR(find("route", StageKind::kRoute, Code(options_.route), &route_));
+    }
+    for (const DeviceStage* row : {score_, merge_, route_}) {
+      if (row != nullptr) rows_.push_back(row);
     }
     return Status::Ok();
   }
@@ -819,6 +864,7 @@ class CudaPlanState final : public DevicePlan::State {
   const DeviceStage* score_ = nullptr;  // the plan's stages' rows (ResolveStages)
   const DeviceStage* merge_ = nullptr;
   const DeviceStage* route_ = nullptr;
+  std::vector<const DeviceStage*> rows_;  // the non-null ones: score, merge, route (their hooks)
   cudaStream_t stream_;
   cudaStream_t own_stream_ = nullptr;  // DevicePlanOptions::own_stream
   int half_ = 0;
@@ -828,10 +874,11 @@ class CudaPlanState final : public DevicePlan::State {
   DeviceBuffer<float> wt_;    // [L*H, d, d] W^T per head
   DeviceBuffer<float> bias_;  // [L*H, d] VECTOR intercepts; unallocated (null) when all linear
   DeviceBuffer<float> kf_, vf_, qf_, mass_, scores_, sk_, sv_, kpre_, residuals_;
-  DeviceBuffer<float> inv_norm_, unit_anchor_, cand_scores_;  // KeyDiff [R, n], [R, d], [R, cap]
-  DeviceBuffer<double> anchor_;                               // KeyDiff [R, d]
-  DeviceBuffer<uint8_t> anchor_ok_;                           // KeyDiff [R]
-  DeviceBuffer<int32_t> cand_;                                // block-wise KeyDiff [R, cap]
+  // KeyDiff's (KeyDiffReserve): [R, n], [R, d], [R, cap]; [R, d]; [R]; block-wise [R, cap].
+  DeviceBuffer<float> inv_norm_, unit_anchor_, cand_scores_;
+  DeviceBuffer<double> anchor_;
+  DeviceBuffer<uint8_t> anchor_ok_;
+  DeviceBuffer<int32_t> cand_;
   // The hybrid merge (HybridMergeArgs): [R, n, d], [R, n] x2, [R, smax, 2], [R, smax],
   // [R, smax, d], [R, smax], [slot_count].
   DeviceBuffer<float> kpre_all_;
@@ -850,12 +897,31 @@ class CudaPlanState final : public DevicePlan::State {
 // The stages the device plan runs: one row each, keyed by its registration (stages.cc
 // BuiltinStages, registered there with `.device = true`).
 constexpr DeviceStage kDeviceStages[] = {
-    {StageKind::kScore, Code(ScoreStage::kNone), &CudaPlanState::RecencyScoreStep},
-    {StageKind::kScore, Code(ScoreStage::kSnapKv), &CudaPlanState::SnapKvScoreStep, true},
-    {StageKind::kScore, Code(ScoreStage::kKeyDiff), &CudaPlanState::KeyDiffScoreStep},
-    {StageKind::kScore, Code(ScoreStage::kPyramidKv), &CudaPlanState::SnapKvScoreStep, true},
-    {StageKind::kMerge, Code(MergeStage::kKvSlimmer), &CudaPlanState::HybridMergeStep},
-    {StageKind::kRoute, Code(RouteStage::kVector), &CudaPlanState::VectorRouteStep},
+    {.kind = StageKind::kScore,
+     .code = Code(ScoreStage::kNone),
+     .step = &CudaPlanState::RecencyScoreStep},
+    {.kind = StageKind::kScore,
+     .code = Code(ScoreStage::kSnapKv),
+     .step = &CudaPlanState::SnapKvScoreStep,
+     .leaves_mass = true},
+    {.kind = StageKind::kScore,
+     .code = Code(ScoreStage::kKeyDiff),
+     .step = &CudaPlanState::KeyDiffScoreStep,
+     .shape = &CudaPlanState::KeyDiffShape,
+     .reserve = &CudaPlanState::KeyDiffReserve,
+     .select = &CudaPlanState::KeyDiffSelectStep,
+     .report = &CudaPlanState::KeyDiffReport},
+    {.kind = StageKind::kScore,
+     .code = Code(ScoreStage::kPyramidKv),
+     .step = &CudaPlanState::SnapKvScoreStep,
+     .leaves_mass = true},
+    {.kind = StageKind::kMerge,
+     .code = Code(MergeStage::kKvSlimmer),
+     .step = &CudaPlanState::HybridMergeStep,
+     .reserve = &CudaPlanState::HybridMergeReserve},
+    {.kind = StageKind::kRoute,
+     .code = Code(RouteStage::kVector),
+     .step = &CudaPlanState::VectorRouteStep},
 };
 
 const DeviceStage* FindDeviceStage(StageKind kind, uint8_t code) {

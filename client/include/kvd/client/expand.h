@@ -64,13 +64,15 @@ struct CompactHeadOut {
 class CompactChunkReader {
  public:
   // Decodes and validates `bytes`. Errors: the compact-chunk decoder's (DATA_LOSS "truncated",
-  // "checksum mismatch", ...; INVALID_ARGUMENT "bad magic"), FAILED_PRECONDITION when the chunk
-  // was made for another layout (layout digest, shape or dtype differs).
+  // "checksum mismatch", ...; INVALID_ARGUMENT "bad magic"; UNIMPLEMENTED for a stage this
+  // process does not register), FAILED_PRECONDITION when the chunk was made for another layout
+  // (layout digest, shape or dtype differs).
   static StatusOr<std::unique_ptr<CompactChunkReader>> Open(std::span<const uint8_t> bytes,
                                                             const ModelLayout& layout);
   ~CompactChunkReader();
 
-  // The VECTOR weights version needed to rebuild routed values (0 = none: no slot is routed).
+  // The VECTOR weights version needed to rebuild routed values (0 = none: no slot is routed, or
+  // the chunk's route stage is registered without needs_calibration).
   uint64_t required_weights_version() const;
   // `serialized` = VectorWeights::Serialize() bytes (Client::GetVectorWeights). DATA_LOSS /
   // INVALID_ARGUMENT for corrupt bytes, FAILED_PRECONDITION for another version or shape.

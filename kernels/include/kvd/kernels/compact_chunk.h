@@ -129,7 +129,9 @@ struct CompactChunk {
   CompactHead& Head(int layer, int head) { return heads[layer * num_kv_heads + head]; }
 
   // Checks every invariant above (sizes vs S, V and d, cardinalities, positions, known flags,
-  // codec ranges). INVALID_ARGUMENT naming the first broken one.
+  // codec ranges). INVALID_ARGUMENT naming the first broken one; UNIMPLEMENTED "codec: unknown
+  // stage code: <kind> N is not registered" for a score, merge or route code no stage of this
+  // process registers.
   Status Validate() const;
   // Sum over heads of keys + stored values, each half a pair.
   int64_t HalfPairs() const;
@@ -152,7 +154,7 @@ size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDe
 // token, rebuild flags), the keys and values of every head back to back from a 64-byte aligned
 // offset, an xxh3-64 trailer. Metadata takes a few bits per slot, so the size is the keys and
 // values plus well under 1% (at 256 tokens per chunk, head_dim 64, bf16). Deterministic: equal
-// chunks give equal bytes. INVALID_ARGUMENT when Validate() fails.
+// chunks give equal bytes. Validate()'s error when it fails.
 StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk);
 
 // Decodes and fully validates format versions 4, 3 and 2, and version 1 (written by earlier
@@ -161,6 +163,8 @@ StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk);
 //   INVALID_ARGUMENT "bad magic" / "unsupported compact chunk version N";
 //   DATA_LOSS "size mismatch" when the header's total size differs from the bytes given;
 //   DATA_LOSS "checksum mismatch";
+//   UNIMPLEMENTED "compact chunk: codec: unknown stage code: ..." for a score, merge or route
+//   code no stage of this process registers (well-formed bytes: not corrupt);
 //   DATA_LOSS "corrupt compact chunk: ..." naming the inconsistent field, and the head for slot
 //   metadata (only reachable with a valid checksum, i.e. bytes written by a buggy or hostile
 //   encoder): metadata that ends early or late, counts that the data section cannot hold, values
