@@ -30,6 +30,9 @@
 //                                            every token at p_c 0 (`--ratios 0`)
 //   int8_kg256, int4_kg256, int4_rot_kg256   keys per channel over the whole 256-slot chunk
 //                                            (int4_rot_kg256 rotated)
+//   int4_kg96, int4_kg128                    int4 keys per channel over 96 / 128 slots
+//   int4k_int4sv, int4k_int4sv_rot           int4 keys, symmetric int4 values (int4s), the
+//                                            second rotated
 //   int8_recent32, int4_recent32, fp8_recent32   the same with the last 32 slots of every head
 //                                            (of every chunk, chunk-wise) unquantized
 //   keydiff+int8, keydiff+int4               KeyDiff eviction at p_c, then the quantize stage
