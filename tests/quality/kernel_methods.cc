@@ -220,6 +220,12 @@ constexpr MethodSpec kSpecs[] = {
      .ea_keydiff_share = 0.5,
      .ea_outlier_z = 2.0,
      .ea_outlier_share = 0.5},
+    // Without the covariance, with KeyDiff's outliers first.
+    {.name = "ea_nocov_keydiff50_out2",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_covariance = false,
+     .ea_keydiff_share = 0.5,
+     .ea_outlier_z = 2.0},
     {.name = "ea_keydiff_pc", .score = ScoreStage::kExpectedAttention, .ea_keydiff_by_ratio = true},
     {.name = "ea_keydiff_pc_recent20",
      .score = ScoreStage::kExpectedAttention,
