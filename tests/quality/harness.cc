@@ -257,7 +257,8 @@ void AppendCompact(const llama::CompactKvCache& part, llama::CompactKvCache* who
 // Whether greedy decoding after the question reproduces the key: the question and the key's
 // tokens are teacher-forced in ONE call and the argmax before each key token must be that token
 // (exactly what greedy generation of the key would produce, at 1 call instead of 1 per token).
-StatusOr<bool> AnswerPasskey(LlamaSession& s, const PasskeyPrompt& p) {
+// Returns the index of the first answer token it gets wrong, -1 when it gets all right.
+StatusOr<int> FirstWrongAnswerToken(LlamaSession& s, const PasskeyPrompt& p) {
   std::vector<int32_t> feed = p.question;
   feed.insert(feed.end(), p.answer.begin(), p.answer.end() - 1);
   KVD_ASSIGN_OR_RETURN(std::vector<float> logits, s.Forward(feed, {.all_logits = true}));
@@ -265,9 +266,46 @@ StatusOr<bool> AnswerPasskey(LlamaSession& s, const PasskeyPrompt& p) {
   for (size_t i = 0; i < p.answer.size(); ++i) {
     const size_t row = p.question.size() - 1 + i;
     std::span<const float> r(logits.data() + row * V, V);
-    if (llama::Argmax(r) != p.answer[i]) return false;
+    if (llama::Argmax(r) != p.answer[i]) return static_cast<int>(i);
   }
-  return true;
+  return -1;
+}
+
+StatusOr<bool> AnswerPasskey(LlamaSession& s, const PasskeyPrompt& p) {
+  KVD_ASSIGN_OR_RETURN(const int wrong, FirstWrongAnswerToken(s, p));
+  return wrong < 0;
+}
+
+// The context positions of the first occurrence of the key's answer tokens (empty: not found).
+std::vector<int> AnswerPositions(const PasskeyPrompt& p) {
+  const auto it = std::search(p.context.begin(), p.context.end(), p.answer.begin(), p.answer.end());
+  std::vector<int> at;
+  if (it == p.context.end()) return at;
+  for (size_t i = 0; i < p.answer.size(); ++i) {
+    at.push_back(static_cast<int>(it - p.context.begin() + static_cast<ptrdiff_t>(i)));
+  }
+  return at;
+}
+
+// HarnessOptions::passkey_log: one line for prompt `pi`.
+// row_ok[k]: -1 not asked, 0 wrong, 1 right; row_wrong[k]: the first wrong answer token.
+void LogPasskeyPrompt(size_t pi, const PasskeyPrompt& p, const HarnessOptions& o,
+                      const HarnessReport& rep, const std::vector<int8_t>& row_ok,
+                      const std::vector<int8_t>& row_wrong) {
+  std::string line = "[passkey] prompt " + std::to_string(pi) + " key " + p.key + " depth " +
+                     (p.depth_index >= 0 ? std::to_string(o.passkey_depths[p.depth_index])
+                                         : std::string("multi")) +
+                     " positions";
+  for (int a : AnswerPositions(p)) line += " " + std::to_string(a);
+  for (size_t k = 0; k < row_ok.size(); ++k) {
+    if (row_ok[k] < 0) continue;
+    char cell[160];
+    std::snprintf(cell, sizeof(cell), " | %s %s %.2f %s", rep.rows[k].method.c_str(),
+                  rep.rows[k].mode.c_str(), rep.rows[k].p_c, row_ok[k] == 1 ? "right" : "WRONG");
+    line += cell;
+    if (row_ok[k] == 0) line += " at answer token " + std::to_string(row_wrong[k]);
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 void Progress(const HarnessOptions& o, Clock::time_point t0, const std::string& msg) {
@@ -757,7 +795,8 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
   }
   struct PromptOutcome {
     bool engine_ok = false;
-    std::vector<int8_t> row_ok;  // [keys]: -1 not asked, 0 wrong, 1 right
+    std::vector<int8_t> row_ok;     // [keys]: -1 not asked, 0 wrong, 1 right
+    std::vector<int8_t> row_wrong;  // [keys]: the first wrong answer token, -1 none
   };
   std::vector<PromptOutcome> answers(prompts.size());
   int prompts_done = 0;
@@ -776,6 +815,7 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     const PasskeyPrompt& p = prompts[pi];
     PromptOutcome& out = answers[pi];
     out.row_ok.assign(keys.size(), -1);
+    out.row_wrong.assign(keys.size(), -1);
     std::vector<ChunkQueries> chunk_queries;
     KVD_ASSIGN_OR_RETURN(PrefixCapture prefix,
                          CaptureChunked(s, model, p.context, o, chunked_prompts, &chunk_queries));
@@ -787,10 +827,12 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
       auto cache = CompressInMode(m, prefix, chunk_queries, o, row.mode, row.p_c);
       if (!cache.ok()) return cache.status().WithContext(m.name() + " (passkey)");
       KVD_RETURN_IF_ERROR(other.LoadCompact(cache->cache));
-      KVD_ASSIGN_OR_RETURN(bool ok, AnswerPasskey(other, p));
-      out.row_ok[k] = ok ? 1 : 0;
+      KVD_ASSIGN_OR_RETURN(const int wrong, FirstWrongAnswerToken(other, p));
+      out.row_ok[k] = wrong < 0 ? 1 : 0;
+      out.row_wrong[k] = static_cast<int8_t>(wrong);
     }
     std::lock_guard<std::mutex> lock(progress_mu);
+    if (o.passkey_log) LogPasskeyPrompt(pi, p, o, rep, out.row_ok, out.row_wrong);
     ++prompts_done;
     if (prompts_done == static_cast<int>(prompts.size()) || prompts_done % 10 == 0) {
       Progress(o, t0,

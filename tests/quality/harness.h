@@ -65,6 +65,9 @@ struct HarnessOptions {
   // chunk (the serving path); needs passkey_filler_tokens a multiple of chunk_tokens. Default
   // false.
   bool passkey_chunk_wise = false;
+  // One line per passkey prompt on stderr: its key, depth, the context positions of the key's
+  // tokens and every asked row's answer (right, or wrong at which answer token). Default false.
+  bool passkey_log = false;
   int bootstrap_samples = 2000;  // bootstrap resamples of the segments for the 95% intervals
   // Methods every other method is compared with, paired on the same segments, in results.md
   // (report.h PairedToMarkdown); default none. Each must be in `methods`.

@@ -1,6 +1,7 @@
 #include "kernel_methods.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +10,7 @@
 
 #include "kvd/kernels/compact_chunk.h"
 #include "kvd/kernels/expected_attention.h"
+#include "kvd/kernels/keydiff.h"
 #include "kvd/kernels/quantize.h"
 #include "kvd/kernels/rope.h"
 #include "kvd/kernels/serving.h"
@@ -298,6 +300,12 @@ constexpr MethodSpec kSpecs[] = {
      .ea_keydiff_share = 0.5,
      .ea_outlier_z = 2.0,
      .ea_outlier_share = 0.5},
+    // Without the covariance, with KeyDiff's outliers first.
+    {.name = "ea_nocov_keydiff50_out2",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_covariance = false,
+     .ea_keydiff_share = 0.5,
+     .ea_outlier_z = 2.0},
     {.name = "ea_keydiff_pc", .score = ScoreStage::kExpectedAttention, .ea_keydiff_by_ratio = true},
     {.name = "ea_keydiff_pc_recent20",
      .score = ScoreStage::kExpectedAttention,
@@ -704,6 +712,9 @@ class KernelMethod : public CompressionMethod {
       }
     }
     if (std::getenv("KVD_QUALITY_STATS") != nullptr) PrintStats(p_c, chunk, stats);
+    if (const char* t = std::getenv("KVD_QUALITY_TRACE_POS"); t != nullptr && *t != '\0') {
+      KVD_RETURN_IF_ERROR(TraceHeads(t, cfg, raw, pos, o, p_c, chunk));
+    }
     // Stored fraction in half-pairs: keys + stored values over 2 N per (layer, head).
     out.stored_fraction =
         static_cast<double>(chunk.HalfPairs()) / (2.0 * static_cast<double>(N) * L * H);
@@ -756,6 +767,86 @@ class KernelMethod : public CompressionMethod {
     KVD_RETURN_IF_ERROR(kernels::CalibrateFromChunk(layout, raw, pos, &*online_));
     KVD_ASSIGN_OR_RETURN(weights_, online_->Solve(SolveOptions()));
     return Status::Ok();
+  }
+
+  // KVD_QUALITY_TRACE_POS (comma-separated positions): for a chunk holding any of them, one line
+  // per (layer, KV head) on stderr (TraceHead). The raw chunk is float32 (RawChunk).
+  Status TraceHeads(const char* list, const llama::LlamaConfig& cfg,
+                    const std::vector<uint8_t>& raw, const std::vector<int64_t>& pos,
+                    const CompressionPlanOptions& o, double p_c,
+                    const kernels::CompactChunk& chunk) const {
+    std::vector<int64_t> traced;  // indices into pos
+    for (const char* c = list; *c != '\0';) {
+      char* end = nullptr;
+      const long long v = std::strtoll(c, &end, 10);
+      if (end == c) break;
+      const auto it = std::find(pos.begin(), pos.end(), v);
+      if (it != pos.end()) traced.push_back(it - pos.begin());
+      c = *end == ',' ? end + 1 : end;
+    }
+    if (traced.empty()) return Status::Ok();
+    const int H = cfg.num_kv_heads, d = cfg.head_dim;
+    const int64_t N = static_cast<int64_t>(pos.size()), row = static_cast<int64_t>(H) * d;
+    const float* f = reinterpret_cast<const float*>(raw.data());
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      const float* k = f + static_cast<size_t>(l) * 2 * N * row;
+      for (int h = 0; h < H; ++h) {
+        const kernels::ConstMatrixView keys{k + h * d, N, d, row};
+        const kernels::ConstMatrixView values{k + N * row + h * d, N, d, row};
+        KVD_ASSIGN_OR_RETURN(const std::string line,
+                             TraceHead(cfg, l, h, keys, values, pos, o, traced, chunk));
+        std::fprintf(stderr, "[trace] %s p_c %.2f L%d H%d%s\n", spec_.name, p_c, l, h,
+                     line.c_str());
+      }
+    }
+    return Status::Ok();
+  }
+
+  // One head of TraceHeads: its slots and free slots (less the sinks and window), then for each
+  // traced token whether it was kept ("K" / "-"), its rank among the evictable tokens by KeyDiff
+  // (rk) and by expected attention (re, "-" without query statistics; ties to the lower index)
+  // and its KeyDiff score's z over the evictable tokens (mean, population std).
+  StatusOr<std::string> TraceHead(const llama::LlamaConfig& cfg, int l, int h,
+                                  kernels::ConstMatrixView keys, kernels::ConstMatrixView values,
+                                  const std::vector<int64_t>& pos, const CompressionPlanOptions& o,
+                                  const std::vector<int64_t>& traced,
+                                  const kernels::CompactChunk& chunk) const {
+    const int64_t N = keys.rows;
+    const int64_t begin = std::min<int64_t>(o.sinks, N), end = std::max(begin, N - o.window);
+    std::vector<float> kd(N), ea(N);
+    KVD_RETURN_IF_ERROR(kernels::KeyDiffScores(keys, kd));
+    if (query_stats_.has_value()) {
+      KVD_ASSIGN_OR_RETURN(
+          const kernels::ExpectedQueries q,
+          kernels::ExpectedQueriesFor(*query_stats_, l, h, cfg.num_q_heads / cfg.num_kv_heads,
+                                      pos.back(), o.expected_attention));
+      KVD_RETURN_IF_ERROR(kernels::ExpectedAttentionScores(
+          q, keys, o.expected_attention.value_norm ? values : kernels::ConstMatrixView{}, ea));
+    }
+    double sum = 0, sq = 0;
+    for (int64_t j = begin; j < end; ++j) sum += kd[j];
+    const double mean = sum / static_cast<double>(std::max<int64_t>(1, end - begin));
+    for (int64_t j = begin; j < end; ++j) sq += (kd[j] - mean) * (kd[j] - mean);
+    const double sd = std::sqrt(sq / static_cast<double>(std::max<int64_t>(1, end - begin)));
+    const kernels::CompactHead& head = chunk.Head(l, h);
+    std::string line = " slots " + std::to_string(head.slots()) + " free " +
+                       std::to_string(head.slots() - begin - (N - end));
+    for (int64_t i : traced) {
+      int64_t rk = 0, re = 0;
+      for (int64_t j = begin; j < end; ++j) {
+        rk += kd[j] > kd[i] || (kd[j] == kd[i] && j < i);
+        re += ea[j] > ea[i] || (ea[j] == ea[i] && j < i);
+      }
+      const bool kept =
+          std::find(head.positions.begin(), head.positions.end(), pos[i]) != head.positions.end();
+      char cell[128];
+      std::snprintf(cell, sizeof(cell), " | %lld %s rk %lld re %s z %.2f",
+                    static_cast<long long>(pos[i]), kept ? "K" : "-", static_cast<long long>(rk),
+                    query_stats_.has_value() ? std::to_string(re).c_str() : "-",
+                    sd > 0 ? (kd[i] - mean) / sd : 0.0);
+      line += cell;
+    }
+    return line;
   }
 
   // One diagnostic line on stderr (KVD_QUALITY_STATS set): what the plan did to the prefix.

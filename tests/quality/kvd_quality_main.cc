@@ -107,6 +107,13 @@ int main(int argc, char** argv) {
   app.add_flag("--passkey-chunk-wise", o.passkey_chunk_wise,
                "also ask the passkey prompts of the passkey methods' chunk-wise rows, chunk by "
                "chunk (the serving path)");
+  app.add_option("--passkey-depths", o.passkey_depths,
+                 "depths of the single-key passkey, each in [0, 1] (keys are drawn in this order)")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_flag("--passkey-log", o.passkey_log,
+               "one line per passkey prompt on stderr: key, depth, its token positions and every "
+               "asked row's answer");
   app.add_option("--plot-from", plot_from, "re-draw the plots of this results.csv into --out");
   bool list_methods = false;
   app.add_flag("--list-methods", list_methods, "print the registered methods and exit");
