@@ -184,6 +184,13 @@ Status ResponseStatus(proto::DecodedMessage& m) {
   return proto::FromProto(r.getError());
 }
 
+transport::TransportOptions LoopbackTransport(const std::string& domain) {
+  transport::TransportOptions o;
+  o.backend = "loopback";
+  transport::MutableBackendOptions<transport::LoopbackOptions>(&o).loopback_domain = domain;
+  return o;
+}
+
 Status ReplyStatus(const std::unique_ptr<proto::DecodedMessage>& reply) {
   return reply == nullptr ? Status::Unavailable("no reply") : ResponseStatus(*reply);
 }

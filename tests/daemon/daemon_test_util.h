@@ -85,6 +85,10 @@ Status ResponseStatus(proto::DecodedMessage& m);
 // The same for a reply that may not have come (nullptr: UNAVAILABLE "no reply").
 Status ReplyStatus(const std::unique_ptr<proto::DecodedMessage>& reply);
 
+// Transport options of the in-process loopback backend in `domain` (a test's daemon, its engines
+// and their NCCL links each meet in one domain).
+transport::TransportOptions LoopbackTransport(const std::string& domain);
+
 class DaemonTest : public ::testing::Test {
  protected:
   // Tests may edit config_ before calling StartDaemon().

@@ -21,6 +21,7 @@
 #include "kvd/client/client.h"
 #include "kvd/client/device.h"
 #include "kvd/storage/device_memory.h"
+#include "loopback_client.h"
 #include "test_hooks.h"
 
 namespace kvd::daemon::testing {
@@ -69,26 +70,15 @@ class FakeCudaOps final : public client::DeviceMemoryOps {
 class NcclClientTest : public DaemonTest {
  protected:
   NcclClientTest() {
-    transport::TransportOptions o;
-    o.backend = "loopback";
-    transport::MutableBackendOptions<transport::LoopbackOptions>(&o).loopback_domain =
-        loopback_domain_;
-    deps_.nccl_transport = transport::CreateTransport(o).value();
+    deps_.nccl_transport = transport::CreateTransport(LoopbackTransport(loopback_domain_)).value();
     auto memory = std::make_unique<storage::testing::FakeDeviceMemory>(64u << 20);
     memory_ = memory.get();
     deps_.nccl_device_memory = std::move(memory);
   }
 
   client::ClientOptions Options() const {
-    client::ClientOptions o;
-    o.address = TcpAddress();
-    o.model = "stories260k";
-    o.layout = Layout();
-    o.transport.backend = "loopback";
-    transport::MutableBackendOptions<transport::LoopbackOptions>(&o.transport).loopback_domain =
-        loopback_domain_;
-    o.request_timeout_ms = 3000;
-    o.transfer_timeout_ms = 3000;
+    client::ClientOptions o =
+        LoopbackClientOptions(TcpAddress(), loopback_domain_, "stories260k", Layout());
     o.nccl = true;
     return o;
   }

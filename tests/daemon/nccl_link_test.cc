@@ -96,10 +96,7 @@ class NcclLinkTest : public DaemonTest {
  protected:
   NcclLinkTest() {
     link_domain_ = loopback_domain_ + "-nccl";
-    transport::TransportOptions o;
-    o.backend = "loopback";
-    transport::MutableBackendOptions<transport::LoopbackOptions>(&o).loopback_domain = link_domain_;
-    deps_.nccl_transport = transport::CreateTransport(o).value();
+    deps_.nccl_transport = transport::CreateTransport(LoopbackTransport(link_domain_)).value();
     auto memory = std::make_unique<storage::testing::FakeDeviceMemory>(64u << 20);
     memory_ = memory.get();
     deps_.nccl_device_memory = std::move(memory);
@@ -117,10 +114,7 @@ class NcclLinkTest : public DaemonTest {
     le.engine = ConnectEngine();
     EXPECT_NE(le.engine, nullptr);
     if (le.engine == nullptr) return le;
-    transport::TransportOptions o;
-    o.backend = "loopback";
-    transport::MutableBackendOptions<transport::LoopbackOptions>(&o).loopback_domain = link_domain_;
-    le.link = transport::CreateTransport(o).value();
+    le.link = transport::CreateTransport(LoopbackTransport(link_domain_)).value();
     capnp::MallocMessageBuilder mb;
     BuildNcclConnect(mb, le.link->LocalAddress().value());
     auto reply = le.engine->conn->Call(mb);

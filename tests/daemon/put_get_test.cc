@@ -478,10 +478,7 @@ TEST_F(PutGetTest, LeasesEndWithTheNextRequestThatCarriesThem) {
 }
 
 TEST_F(PutGetTest, InjectedPostFailureIsReportedAndNothingLeaks) {
-  transport::TransportOptions opts;
-  opts.backend = "loopback";
-  transport::MutableBackendOptions<transport::LoopbackOptions>(&opts).loopback_domain =
-      loopback_domain_;
+  const transport::TransportOptions opts = LoopbackTransport(loopback_domain_);
   transport::FaultPlan plan;
   plan.fail_post_number = 1;  // the daemon's first Post: the receive of the first Reserve
   auto inner = transport::CreateTransport(opts);

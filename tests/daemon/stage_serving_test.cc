@@ -15,6 +15,7 @@
 #include "kvd/client/expand.h"
 #include "kvd/daemon/config.h"
 #include "kvd/kernels/compact_chunk.h"
+#include "loopback_client.h"
 
 namespace kvd::daemon::testing {
 namespace {
@@ -34,16 +35,9 @@ class StageServingTest : public DaemonTest {
     config_.chunk_tokens = kTokens;
   }
   client::ClientOptions Options() const {
-    client::ClientOptions o;
-    o.address = TcpAddress();
-    o.model = "toy";
-    o.layout = Layout("toy");
+    client::ClientOptions o =
+        LoopbackClientOptions(TcpAddress(), loopback_domain_, "toy", Layout("toy"));
     o.chunk_tokens = kTokens;
-    o.transport.backend = "loopback";
-    transport::MutableBackendOptions<transport::LoopbackOptions>(&o.transport).loopback_domain =
-        loopback_domain_;
-    o.request_timeout_ms = 3000;
-    o.transfer_timeout_ms = 3000;
     return o;
   }
 };
