@@ -122,6 +122,17 @@ Status CheckKeptTokens(const CompressionPolicy& p, const std::string& key, int c
   return Status::Ok();
 }
 
+// quant_sinks: only tokens every plan keeps as they are (its sinks) can stay unquantized.
+Status CheckQuantSinks(const CompressionPolicy& p, const std::string& key) {
+  if (!p.Quantizes()) return Status::Ok();
+  const double quant_sinks = kernels::StageKeyValue(p.stage_keys, "quant_sinks");
+  if (quant_sinks <= static_cast<double>(p.sinks)) return Status::Ok();
+  return Bad(key + ".quant_sinks", Num(quant_sinks),
+             "exceeds sinks (" + std::to_string(p.sinks) +
+                 "): only the tokens every plan keeps can stay unquantized; lower quant_sinks "
+                 "or raise sinks");
+}
+
 }  // namespace
 
 bool CompressionPolicy::NeedsQueries() const {
@@ -163,6 +174,7 @@ Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) con
   KVD_RETURN_IF_ERROR(CheckMergeAndRoute(*this, key));
   KVD_RETURN_IF_ERROR(CheckExecution(*this, key));
   KVD_RETURN_IF_ERROR(CheckStageKeys(*this, key));
+  KVD_RETURN_IF_ERROR(CheckQuantSinks(*this, key));
   return CheckKeptTokens(*this, key, chunk_tokens);
 }
 

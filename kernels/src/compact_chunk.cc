@@ -1,6 +1,7 @@
-// Compact chunk validation and the v2 / v3 / v4 byte format (docs/chunk-format.md is the spec;
-// keep both in step; v3 is v2 with the quantize stage's fields in a 96-byte header, v4 is v3 with
-// the rotation and the value format in its reserved bytes). Version 1 chunks are read by
+// Compact chunk validation and the v2 to v5 byte format (docs/chunk-format.md is the spec; keep
+// both in step; v3 is v2 with the quantize stage's fields in a 96-byte header, v4 is v3 with the
+// rotation and the value format in its reserved bytes, v5 is v4 with the sink rows' count in a
+// 104-byte header). Version 1 chunks are read by
 // compact_chunk_v1.cc; the slot metadata of v2 is coded by slot_metadata.cc.
 #include "kvd/kernels/compact_chunk.h"
 
@@ -32,8 +33,10 @@ namespace {
 constexpr uint16_t kVersion = 2;  // unquantized chunks: byte for byte what v2 writers wrote
 constexpr uint16_t kQuantizedVersion = 3;    // chunks with a quantize stage version 3 can record
 constexpr uint16_t kQuantizedV4Version = 4;  // the rest (rotation, int3 / int2, int*s, ...)
+constexpr uint16_t kSinksVersion = 5;        // version 4 with sink rows kept unquantized
 constexpr size_t kHeaderBytes = 80;
 constexpr size_t kQuantizedHeaderBytes = 96;
+constexpr size_t kSinksHeaderBytes = 104;
 constexpr size_t kDataAlign = 64;
 constexpr size_t kTrailerBytes = internal::kCompactChunkTrailerBytes;
 
@@ -47,7 +50,15 @@ bool NeedsV4(const QuantDescription& q) {
 }
 
 uint16_t VersionOf(const QuantDescription& q) {
-  return !q.quantized() ? kVersion : NeedsV4(q) ? kQuantizedV4Version : kQuantizedVersion;
+  if (!q.quantized()) return kVersion;
+  if (q.sinks > 0) return kSinksVersion;
+  return NeedsV4(q) ? kQuantizedV4Version : kQuantizedVersion;
+}
+
+size_t HeaderBytesOf(uint16_t version) {
+  return version == kVersion        ? kHeaderBytes
+         : version == kSinksVersion ? kSinksHeaderBytes
+                                    : kQuantizedHeaderBytes;
 }
 
 size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -88,7 +99,8 @@ struct V2Header {
   uint32_t meta_bytes = 0;
   internal::ChunkHeaderFields fields;
   int64_t position_base = 0;
-  uint32_t quant_fields[4] = {};  // key_group, value_group, recent, v3 reserved / v4 value format
+  // key_group, value_group, recent, v3 reserved / v4 value format; v5: sinks, reserved
+  uint32_t quant_fields[6] = {};
 };
 
 // Reads the header of `bytes` into `h` and `c` (p_c, calibration version, original tokens,
@@ -96,7 +108,7 @@ struct V2Header {
 Status ReadV2Header(std::span<const uint8_t> bytes, uint16_t version, V2Header* h,
                     CompactChunk* c) {
   const bool quantized = version != kVersion;
-  h->size = quantized ? kQuantizedHeaderBytes : kHeaderBytes;
+  h->size = HeaderBytesOf(version);
   if (bytes.size() < h->size + kTrailerBytes) {
     return Status::DataLoss("compact chunk truncated: " + std::to_string(bytes.size()) +
                             " bytes, a version " + std::to_string(version) +
@@ -115,7 +127,7 @@ Status ReadV2Header(std::span<const uint8_t> bytes, uint16_t version, V2Header* 
   r.Get(&c->codec.p_c), r.Get(&c->codec.calibration_version), r.Get(&c->original_tokens);
   r.Get(&c->layout_digest), r.Get(&h->position_base), r.Get(&total);
   if (quantized) {
-    for (uint32_t& q : h->quant_fields) r.Get(&q);
+    for (size_t i = 0; i < (version == kSinksVersion ? 6u : 4u); ++i) r.Get(&h->quant_fields[i]);
   }
   KVD_RETURN_IF_ERROR(internal::CheckSizeAndChecksum(bytes, total));
   // From here the bytes are what an encoder wrote; inconsistencies mean a broken encoder.
@@ -123,7 +135,7 @@ Status ReadV2Header(std::span<const uint8_t> bytes, uint16_t version, V2Header* 
   return Status::Ok();
 }
 
-// Sets c->codec.quant from a version 3 or 4 header; checks that a version 2 header leaves the
+// Sets c->codec.quant from a version 3, 4 or 5 header; checks that a version 2 header leaves the
 // quantize stage's bytes zero.
 Status DecodeQuantFields(const V2Header& h, uint16_t version, CompactChunk* c) {
   if (version == kVersion) {
@@ -134,8 +146,9 @@ Status DecodeQuantFields(const V2Header& h, uint16_t version, CompactChunk* c) {
   // Offset 26: the quant format (1 byte), then the rotation (v4; reserved in v3).
   const uint8_t format = static_cast<uint8_t>(h.reserved16 & 0xff);
   const uint8_t rotation = static_cast<uint8_t>(h.reserved16 >> 8);
+  const bool v5 = version == kSinksVersion;
   const bool v4 = version == kQuantizedV4Version;
-  if (!v4 && (rotation != 0 || h.quant_fields[3] != 0)) {
+  if ((!v4 && !v5 && (rotation != 0 || h.quant_fields[3] != 0)) || h.quant_fields[5] != 0) {
     return Status::DataLoss("corrupt compact chunk: reserved bytes not zero");
   }
   if (format == 0) {
@@ -147,12 +160,17 @@ Status DecodeQuantFields(const V2Header& h, uint16_t version, CompactChunk* c) {
                     .key_group = h.quant_fields[0],
                     .value_group = h.quant_fields[1],
                     .recent = h.quant_fields[2],
+                    .sinks = h.quant_fields[4],
                     .rotation = static_cast<QuantRotation>(rotation),
                     .value_format = static_cast<QuantFormat>(h.quant_fields[3])};
   if (Status s = ValidateCodec(c->codec); !s.ok()) {
     return Status::DataLoss("corrupt compact chunk: " + s.message());
   }
-  if (NeedsV4(c->codec.quant) != v4) {
+  if (v5 != (c->codec.quant.sinks > 0)) {
+    return Status::DataLoss("corrupt compact chunk: version " + std::to_string(version) +
+                            (v5 ? " without" : " with") + " sink rows");
+  }
+  if (!v5 && NeedsV4(c->codec.quant) != v4) {
     return Status::DataLoss("corrupt compact chunk: version " + std::to_string(version) +
                             " for a quantize stage that version " + (v4 ? "3" : "4") + " records");
   }
@@ -243,7 +261,7 @@ void CopyHeadRows(const uint8_t* data, CompactChunk* c) {
   }
 }
 
-// Versions 2, 3 and 4 (`version`, already checked to be one of them).
+// Versions 2 to 5 (`version`, already checked to be one of them).
 StatusOr<CompactChunk> DecodeV2(std::span<const uint8_t> bytes, uint16_t version) {
   V2Header h;
   CompactChunk c;
@@ -308,17 +326,19 @@ Status ValidateCodec(const CodecDescription& c) {
         "codec: quant value format equal to the key format (leave it none)");
   }
   if (!q.quantized()) {
-    if (q.key_group != 0 || q.value_group != 0 || q.recent != 0 ||
+    if (q.key_group != 0 || q.value_group != 0 || q.recent != 0 || q.sinks != 0 ||
         q.rotation != QuantRotation::kNone || q.value_format != QuantFormat::kNone) {
       return Status::InvalidArgument(
-          "codec: quant groups, recent window, rotation or value format without a format");
+          "codec: quant groups, recent window, sinks, rotation or value format without a format");
     }
   } else if (q.key_group < 1 || q.key_group > kMaxQuantGroup || q.value_group < 1 ||
-             q.value_group > kMaxQuantGroup || q.recent > kMaxQuantRecent) {
+             q.value_group > kMaxQuantGroup || q.recent > kMaxQuantRecent ||
+             q.sinks > kMaxQuantRecent) {
     return Status::InvalidArgument("codec: quant key_group " + std::to_string(q.key_group) +
                                    ", value_group " + std::to_string(q.value_group) +
                                    " (each in [1, " + std::to_string(kMaxQuantGroup) +
-                                   "]) or recent " + std::to_string(q.recent) + " out of range");
+                                   "]), recent " + std::to_string(q.recent) + " or sinks " +
+                                   std::to_string(q.sinks) + " out of range");
   }
   return Status::Ok();
 }
@@ -472,7 +492,8 @@ StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk) {
   size_t data_bytes = 0;
   for (const CompactHead& h : chunk.heads) data_bytes += h.keys.size() + h.values.size();
   const QuantDescription& quant = chunk.codec.quant;
-  const size_t header_size = quant.quantized() ? kQuantizedHeaderBytes : kHeaderBytes;
+  const uint16_t version = VersionOf(quant);
+  const size_t header_size = HeaderBytesOf(version);
   const size_t data_start = AlignUp(header_size + meta.size(), kDataAlign);
   const uint64_t total = data_start + data_bytes + kTrailerBytes;
 
@@ -480,7 +501,7 @@ StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk) {
   out.reserve(total);
   internal::ByteWriter w(&out);
   w.PutBytes(internal::kCompactChunkMagic, 4);
-  w.Put(VersionOf(quant));
+  w.Put(version);
   w.Put(static_cast<uint16_t>(header_size));
   w.Put(static_cast<uint32_t>(chunk.num_layers));
   w.Put(static_cast<uint32_t>(chunk.num_kv_heads));
@@ -505,6 +526,10 @@ StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk) {
     w.Put(quant.value_group);
     w.Put(quant.recent);
     w.Put(static_cast<uint32_t>(quant.value_format));  // 0 in version 3
+  }
+  if (version == kSinksVersion) {
+    w.Put(quant.sinks);
+    w.Put(uint32_t{0});  // reserved
   }
   w.PutBytes(meta.data(), meta.size());
   w.Align(kDataAlign);
@@ -532,9 +557,9 @@ StatusOr<CompactChunk> DecodeCompactChunk(std::span<const uint8_t> bytes) {
   uint16_t version;
   std::memcpy(&version, bytes.data() + 4, 2);
   if (version == 1) return internal::DecodeCompactChunkV1(bytes);
-  if (version != kVersion && version != kQuantizedVersion && version != kQuantizedV4Version) {
+  if (version < kVersion || version > kSinksVersion) {
     return Status::InvalidArgument("unsupported compact chunk version " + std::to_string(version) +
-                                   " (this build reads 1, 2, 3 and 4)");
+                                   " (this build reads 1 to 5)");
   }
   return DecodeV2(bytes, version);
 }
@@ -608,15 +633,14 @@ size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDe
   const size_t row = d * DTypeSize(dtype);
   if (rows <= 0) return 0;
   if (!quant.quantized()) return static_cast<size_t>(rows) * row;
-  const size_t n = static_cast<size_t>(rows);
-  const size_t rq = n > quant.recent ? n - quant.recent : 0;  // quantized rows
+  const internal::QuantRowSplit split = internal::SplitQuantRows(quant, rows);
   const QuantBlock b{
       .format = quant.FormatOf(keys),
       .keys = keys,
-      .rows = static_cast<int64_t>(rq),
+      .rows = split.quantized,
       .d = head_dim,
       .group = static_cast<int>(std::max<uint32_t>(keys ? quant.key_group : quant.value_group, 1))};
-  return b.Bytes() + (n - rq) * row;
+  return b.Bytes() + static_cast<size_t>(split.leading + split.trailing) * row;
 }
 
 std::string_view RouteStageName(RouteStage s) {

@@ -87,6 +87,17 @@ StatusOr<std::vector<int64_t>> ExactPyramidBudgets(int64_t n, int layers, int64_
   return b;
 }
 
+QuantDescription ChunkQuant(const QuantDescription& q, std::span<const int64_t> positions) {
+  QuantDescription out = q;
+  uint32_t rows = 0;
+  while (rows < q.sinks && rows < positions.size() &&
+         positions[rows] < static_cast<int64_t>(q.sinks)) {
+    ++rows;
+  }
+  out.sinks = rows;
+  return out;
+}
+
 }  // namespace internal
 
 namespace {
@@ -109,6 +120,11 @@ Status ValidateStagesAndBudget(const CompressionPlanOptions& o) {
   }
   if (o.window < 1) return Status::InvalidArgument("plan: window must be >= 1");
   if (o.sinks < 0) return Status::InvalidArgument("plan: sinks must be >= 0");
+  if (o.quant.sinks > o.sinks) {
+    return Status::InvalidArgument("plan: quant sinks " + std::to_string(o.quant.sinks) +
+                                   " exceed the plan's sinks " + std::to_string(o.sinks) +
+                                   " (only tokens the plan always keeps stay unquantized)");
+  }
   return Status::Ok();
 }
 
@@ -502,13 +518,31 @@ Status CompressLayer(const PlanRun& run, int layer, int64_t layer_pairs, Compact
   return CompressLayerHeads(run, layer, heads, chunk, total);
 }
 
+// `o` with every policy key of its score, merge and route stages that it leaves unset set to its
+// default (StageKeyValue), so that the stages read their keys per head as map hits, without a
+// registry lookup.
+CompressionPlanOptions WithStageKeyDefaults(const CompressionPlanOptions& o) {
+  CompressionPlanOptions out = o;
+  for (const StageRegistration* stage :
+       {FindStage(o.score), FindStage(o.merge), FindStage(o.route)}) {
+    if (stage == nullptr) continue;
+    for (const StagePolicyKey& key : stage->policy_keys) {
+      if (!out.stage_keys.contains(key.name)) {
+        out.stage_keys[key.name] = StageKeyValue(o.stage_keys, key.name);
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
-StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const ModelLayout& layout,
+StatusOr<CompactChunk> Compress(const CompressionPlanOptions& given, const ModelLayout& layout,
                                 const CompressionInput& input, CompressionStats* stats,
                                 const ExecOptions& exec) {
   const Clock::time_point start = Clock::now();
-  KVD_RETURN_IF_ERROR(options.Validate());
+  KVD_RETURN_IF_ERROR(given.Validate());
+  const CompressionPlanOptions options = WithStageKeyDefaults(given);
   KVD_RETURN_IF_ERROR(layout.Validate());
   KVD_RETURN_IF_ERROR(CheckHeadDim(layout.head_dim).WithContext("plan"));
   KVD_RETURN_IF_ERROR(CheckChunk(layout, input));
@@ -558,7 +592,9 @@ StatusOr<CompactChunk> Compress(const CompressionPlanOptions& options, const Mod
   }
   if (options.quant.quantized()) {
     const Clock::time_point quant_start = Clock::now();
-    KVD_ASSIGN_OR_RETURN(chunk, QuantizeChunk(chunk, options.quant, run.convert_exec));
+    KVD_ASSIGN_OR_RETURN(chunk,
+                         QuantizeChunk(chunk, internal::ChunkQuant(options.quant, input.positions),
+                                       run.convert_exec));
     total.stage.encode_ns += NanosSince(quant_start);
   }
   total.total_ns = NanosSince(start);

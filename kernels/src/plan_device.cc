@@ -263,7 +263,8 @@ StatusOr<CompactChunk> DevicePlan::Compress(const DeviceChunkInput& input,
     // The chunk is in host memory by now: the quantize stage runs there (the CPU kernel; its
     // CUDA twin gives the same bytes).
     const auto quant_start = std::chrono::steady_clock::now();
-    KVD_ASSIGN_OR_RETURN(chunk, QuantizeChunk(chunk, options_.quant));
+    KVD_ASSIGN_OR_RETURN(
+        chunk, QuantizeChunk(chunk, internal::ChunkQuant(options_.quant, input.positions)));
     total.stage.encode_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                  std::chrono::steady_clock::now() - quant_start)
                                  .count();

@@ -1,5 +1,5 @@
-// The quantize stage: validation, the recent rows, per-head and per-chunk driving, dispatch
-// between src/cpu/quantize.cc and src/cuda/quantize.cu (quantize.h).
+// The quantize stage: validation, the sink and recent rows, per-head and per-chunk driving,
+// dispatch between src/cpu/quantize.cc and src/cuda/quantize.cu (quantize.h).
 #include "kvd/kernels/quantize.h"
 
 #include <string>
@@ -13,10 +13,10 @@ namespace kvd::kernels {
 namespace {
 
 QuantBlock Block(const QuantDescription& q, bool keys, int64_t rows, int d) {
-  const int64_t rq = rows > static_cast<int64_t>(q.recent) ? rows - q.recent : 0;
+  const internal::QuantRowSplit split = internal::SplitQuantRows(q, rows);
   return {.format = q.FormatOf(keys),
           .keys = keys,
-          .rows = rq,
+          .rows = split.quantized,
           .d = d,
           .group = static_cast<int>(keys ? q.key_group : q.value_group),
           .rotation = q.rotation};
@@ -31,11 +31,11 @@ Status CheckRotation(const QuantDescription& q, int d, const char* what) {
   return Status::Ok();
 }
 
-// A dense copy of the view's first `rows` rows.
-std::vector<float> Dense(ConstMatrixView m, int64_t rows) {
+// A dense copy of the view's `rows` rows from row `first` on.
+std::vector<float> Dense(ConstMatrixView m, int64_t first, int64_t rows) {
   std::vector<float> out(static_cast<size_t>(rows * m.cols));
   for (int64_t r = 0; r < rows; ++r) {
-    std::copy(m.Row(r), m.Row(r) + m.cols, out.begin() + r * m.cols);
+    std::copy(m.Row(first + r), m.Row(first + r) + m.cols, out.begin() + r * m.cols);
   }
   return out;
 }
@@ -54,34 +54,39 @@ Status QuantizeRows(ConstMatrixView rows, DType dtype, const QuantDescription& q
   KVD_RETURN_IF_ERROR(ValidateQuantize(q));
   const int d = static_cast<int>(rows.cols);
   if (out.size() != QuantizedRowsBytes(rows.rows, d, dtype, q, keys)) {
-    return Status::InvalidArgument("QuantizeRows: output holds " + std::to_string(out.size()) +
-                                   " bytes, expected " +
-                                   std::to_string(QuantizedRowsBytes(rows.rows, d, dtype, q, keys)));
+    return Status::InvalidArgument(
+        "QuantizeRows: output holds " + std::to_string(out.size()) + " bytes, expected " +
+        std::to_string(QuantizedRowsBytes(rows.rows, d, dtype, q, keys)));
   }
   KVD_RETURN_IF_ERROR(CheckRotation(q, d, "QuantizeRows"));
   KVD_RETURN_IF_ERROR(CheckFinite(rows, "QuantizeRows input"));
   const QuantBlock b = Block(q, keys, rows.rows, d);
-  const std::vector<float> x = Dense(rows, b.rows);
+  const int64_t lead = internal::SplitQuantRows(q, rows.rows).leading;
+  const std::vector<float> x = Dense(rows, lead, b.rows);
+  const size_t row_bytes = static_cast<size_t>(d) * DTypeSize(dtype);
+  uint8_t* codes = out.data() + lead * row_bytes;
   int64_t bad = -1;
   if (exec.backend == Backend::kCuda) {
 #if KVD_HAVE_CUDA
     KVD_RETURN_IF_ERROR(CudaBackendReady("QuantizeRows"));
-    KVD_RETURN_IF_ERROR(cuda::QuantizeBlock(b, x.data(), out.data(), &bad, exec.cuda_stream));
+    KVD_RETURN_IF_ERROR(cuda::QuantizeBlock(b, x.data(), codes, &bad, exec.cuda_stream));
 #else
     return CudaBackendReady("QuantizeRows");
 #endif
   } else if (b.rows > 0) {
-    bad = cpu::QuantizeBlock(b, x.data(), out.data());
+    bad = cpu::QuantizeBlock(b, x.data(), codes);
   }
   if (bad >= 0) {
     return Status::OutOfRange("quantize: group " + std::to_string(bad) + " of the " +
-                              (keys ? "keys" : "values") + " has a minimum or scale beyond "
+                              (keys ? "keys" : "values") +
+                              " has a minimum or scale beyond "
                               "float16 (values too large to quantize)");
   }
-  const size_t row_bytes = static_cast<size_t>(d) * DTypeSize(dtype);
-  uint8_t* full = out.data() + b.Bytes();
-  for (int64_t r = b.rows; r < rows.rows; ++r) {
-    ConvertFromFloat(dtype, rows.Row(r), full + (r - b.rows) * row_bytes, d);
+  for (int64_t r = 0; r < lead; ++r)
+    ConvertFromFloat(dtype, rows.Row(r), out.data() + r * row_bytes, d);
+  uint8_t* full = codes + b.Bytes();
+  for (int64_t r = lead + b.rows; r < rows.rows; ++r) {
+    ConvertFromFloat(dtype, rows.Row(r), full + (r - lead - b.rows) * row_bytes, d);
   }
   return Status::Ok();
 }
@@ -97,24 +102,28 @@ Status DequantizeRows(std::span<const uint8_t> in, DType dtype, const QuantDescr
   }
   KVD_RETURN_IF_ERROR(CheckRotation(q, d, "DequantizeRows"));
   const QuantBlock b = Block(q, keys, out.rows, d);
+  const int64_t lead = internal::SplitQuantRows(q, out.rows).leading;
+  const size_t row_bytes = static_cast<size_t>(d) * DTypeSize(dtype);
+  const uint8_t* codes = in.data() + lead * row_bytes;
   std::vector<float> x(static_cast<size_t>(b.rows) * d);
   if (exec.backend == Backend::kCuda) {
 #if KVD_HAVE_CUDA
     KVD_RETURN_IF_ERROR(CudaBackendReady("DequantizeRows"));
-    KVD_RETURN_IF_ERROR(cuda::DequantizeBlock(b, in.data(), x.data(), exec.cuda_stream));
+    KVD_RETURN_IF_ERROR(cuda::DequantizeBlock(b, codes, x.data(), exec.cuda_stream));
 #else
     return CudaBackendReady("DequantizeRows");
 #endif
   } else if (b.rows > 0) {
-    cpu::DequantizeBlock(b, in.data(), x.data());
+    cpu::DequantizeBlock(b, codes, x.data());
   }
+  for (int64_t r = 0; r < lead; ++r)
+    ConvertToFloat(dtype, in.data() + r * row_bytes, out.Row(r), d);
   for (int64_t r = 0; r < b.rows; ++r) {
-    std::copy(x.begin() + r * d, x.begin() + (r + 1) * d, out.Row(r));
+    std::copy(x.begin() + r * d, x.begin() + (r + 1) * d, out.Row(lead + r));
   }
-  const size_t row_bytes = static_cast<size_t>(d) * DTypeSize(dtype);
-  const uint8_t* full = in.data() + b.Bytes();
-  for (int64_t r = b.rows; r < out.rows; ++r) {
-    ConvertToFloat(dtype, full + (r - b.rows) * row_bytes, out.Row(r), d);
+  const uint8_t* full = codes + b.Bytes();
+  for (int64_t r = lead + b.rows; r < out.rows; ++r) {
+    ConvertToFloat(dtype, full + (r - lead - b.rows) * row_bytes, out.Row(r), d);
   }
   return Status::Ok();
 }
@@ -139,9 +148,9 @@ StatusOr<CompactChunk> QuantizeChunk(const CompactChunk& chunk, const QuantDescr
       ConvertToFloat(chunk.dtype, from.data(), m.values.data(), static_cast<size_t>(rows) * d);
       std::vector<uint8_t>& to = keys ? dst.keys : dst.values;
       to.assign(QuantizedRowsBytes(rows, d, chunk.dtype, q, keys), 0);
-      KVD_RETURN_IF_ERROR(QuantizeRows(m.View(), chunk.dtype, q, keys, to, exec)
-                              .WithContext(internal::HeadName(static_cast<int64_t>(i),
-                                                              chunk.num_kv_heads)));
+      KVD_RETURN_IF_ERROR(
+          QuantizeRows(m.View(), chunk.dtype, q, keys, to, exec)
+              .WithContext(internal::HeadName(static_cast<int64_t>(i), chunk.num_kv_heads)));
     }
   }
   return out;

@@ -49,6 +49,7 @@ constexpr char kQuantFormat[] = "quant_format";
 constexpr char kQuantGroup[] = "quant_group";
 constexpr char kQuantKeyGroup[] = "quant_key_group";
 constexpr char kQuantRecent[] = "quant_recent";
+constexpr char kQuantSinks[] = "quant_sinks";
 constexpr char kQuantRotate[] = "quant_rotate";
 constexpr char kQuantValueFormat[] = "quant_value_format";
 constexpr char kSameFormat[] = "same";
@@ -148,6 +149,12 @@ std::vector<StagePolicyKey> QuantizeKeys() {
            .max = 1 << 30,
            .default_value = 0,
            .in_stage_canonical_form = true},
+          {.name = kQuantSinks,
+           .type = PolicyKeyType::kInt,
+           .min = 0,
+           .max = 1 << 30,
+           .default_value = 0,
+           .in_stage_canonical_form = true},
           {.name = kQuantRotate,
            .type = PolicyKeyType::kChoice,
            .default_value = IndexOf(rotations, "none"),
@@ -170,22 +177,25 @@ void ApplyQuantizeKeys(const StageKeyValues& keys, CompressionPlanOptions* o) {
               .key_group = static_cast<uint32_t>(StageKeyValue(keys, kQuantKeyGroup)),
               .value_group = static_cast<uint32_t>(StageKeyValue(keys, kQuantGroup)),
               .recent = static_cast<uint32_t>(StageKeyValue(keys, kQuantRecent)),
+              .sinks = static_cast<uint32_t>(StageKeyValue(keys, kQuantSinks)),
               .rotation = QuantRotations()[ChoiceIndex(keys, kQuantRotate)],
               .value_format = value_format == format ? QuantFormat::kNone : value_format};
 }
 
-// " quant=<format>/<group>/<recent>", then the rotation, a key group and a value format of their
-// own only when they differ from the default.
+// " quant=<format>/<group>/<recent>", then the rotation, a key group, a value format of their
+// own and the sinks only when they differ from the default.
 std::string QuantizeCanonicalForm(const StageKeyValues& keys) {
   const std::string format = ChoiceText(keys, kQuantFormat);
   const std::string rotate = ChoiceText(keys, kQuantRotate);
   const std::string values = ChoiceText(keys, kQuantValueFormat);
   const double group = StageKeyValue(keys, kQuantGroup);
   const double key_group = StageKeyValue(keys, kQuantKeyGroup);
+  const double sinks = StageKeyValue(keys, kQuantSinks);
   return " quant=" + format + "/" + Int(group) + "/" + Int(StageKeyValue(keys, kQuantRecent)) +
          (rotate != "none" ? " quant_rotate=" + rotate : std::string()) +
          (key_group != group ? " quant_key_group=" + Int(key_group) : std::string()) +
-         (values != kSameFormat && values != format ? " quant_values=" + values : std::string());
+         (values != kSameFormat && values != format ? " quant_values=" + values : std::string()) +
+         (sinks != 0.0 ? " quant_sinks=" + Int(sinks) : std::string());
 }
 
 std::vector<StagePolicyKey> ExpectedAttentionKeys() {

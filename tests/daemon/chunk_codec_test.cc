@@ -135,6 +135,38 @@ TEST(ChunkCodecTest, TheQuantizeStageOfThePolicyIsInTheStoredChunk) {
   EXPECT_LT(q->bytes.size(), p->bytes.size());
 }
 
+// quant_sinks: the chunk at the sequence's start keeps its first tokens' keys and values exact
+// (version 5, their count recorded); a later chunk of the same sequence records none.
+TEST(ChunkCodecTest, TheSequencesSinkTokensStayExactInItsFirstChunk) {
+  auto config = ParseConfigYaml(
+      "models: [{name: m, layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 8, dtype: "
+      "float32}, compression: {stages: [quantize], quant_format: int4, quant_group: 8, "
+      "quant_sinks: 2, window: 4, sinks: 2, device: cpu}}]");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const ModelConfig& m = config->models[0];
+  auto codec = ChunkCodec::Create(m, kTokens, nullptr, "k", std::nullopt);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  const std::vector<uint8_t> put = PutBytes(**codec, m, 9);
+  for (const uint64_t first : {uint64_t{0}, uint64_t{kTokens}}) {
+    auto e = (*codec)->Encode(put, kTokens, first, kWindow);
+    ASSERT_TRUE(e.ok()) << e.status();
+    uint16_t version;
+    std::memcpy(&version, e->bytes.data() + 4, 2);
+    EXPECT_EQ(version, first == 0 ? 5 : 3);
+    auto c = kernels::DecodeCompactChunk(e->bytes);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->codec.quant.sinks, first == 0 ? 2u : 0u);
+    auto plain = kernels::DequantizeChunk(*c);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    for (int layer = 0; layer < 2; ++layer) {
+      // Layer `layer`'s K rows in the put, float32, one KV head of 8.
+      const uint8_t* k = put.data() + m.layout.LayerOffset(layer, kTokens);
+      const kernels::CompactHead& h = plain->Head(layer, 0);
+      EXPECT_EQ(std::memcmp(h.keys.data(), k, 2 * 8 * sizeof(float)) == 0, first == 0) << layer;
+    }
+  }
+}
+
 // The rotation, a value format and a key group of their own reach the stored chunk (version 4),
 // and the chunk decodes and dequantizes; so do the symmetric formats, named as the kernels' table
 // names them.

@@ -508,8 +508,10 @@ TEST(ConfigPolicyTest, ParsesTheQuantizeStageAndItsKeys) {
   SetKey(&qv, "quant_value_format", "int2");
   CompressionPolicy qk = q;
   SetKey(&qk, "quant_key_group", "37");
+  CompressionPolicy qs = q;
+  SetKey(&qs, "quant_sinks", "4");
   EXPECT_EQ(plain.CanonicalForm().find("quant"), std::string::npos);
-  for (const CompressionPolicy* other : {&q4, &qg, &qr, &qrot, &qv, &qk}) {
+  for (const CompressionPolicy* other : {&q4, &qg, &qr, &qrot, &qv, &qk, &qs}) {
     EXPECT_NE(q.CodecId(0), other->CodecId(0));
   }
   EXPECT_NE(plain.CodecId(0), q.CodecId(0));
@@ -517,6 +519,8 @@ TEST(ConfigPolicyTest, ParsesTheQuantizeStageAndItsKeys) {
   // format equal to the key format is the same policy.
   EXPECT_EQ(q.CanonicalForm().find("quant_rotate"), std::string::npos);
   EXPECT_EQ(q.CanonicalForm().find("quant_values"), std::string::npos);
+  EXPECT_EQ(q.CanonicalForm().find("quant_sinks"), std::string::npos);
+  EXPECT_NE(qs.CanonicalForm().find(" quant_sinks=4"), std::string::npos) << qs.CanonicalForm();
   CompressionPolicy qsame = q;
   SetKey(&qsame, "quant_value_format", "int8");
   SetKey(&qsame, "quant_key_group", "64");
@@ -822,6 +826,12 @@ TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
        {"models[0].compression.quant_group", "\"0\"", "[1, 65536]"}},
       {"{stages: [quantize], quant_group: 70000}", {"models[0].compression.quant_group"}},
       {"{stages: [quantize], quant_recent: -1}", {"models[0].compression.quant_recent", "\"-1\""}},
+      {"{stages: [quantize], quant_sinks: 8}",
+       {"models[0].compression.quant_sinks", "\"8\"", "exceeds sinks (4)"}},
+      {"{stages: [quantize], sinks: 2, quant_sinks: 4}",
+       {"models[0].compression.quant_sinks", "\"4\"", "exceeds sinks (2)"}},
+      {"{stages: [keydiff], quant_sinks: 4}",
+       {"models[0].compression.quant_sinks", "no quantize stage"}},
       {"{stages: [keydiff], quant_format: int4}",
        {"models[0].compression.quant_format", "no quantize stage"}},
       {"{stages: [keydiff], quant_group: 32}",

@@ -284,7 +284,7 @@ TEST(StageRegistryPolicyTest, TheOutlierKeysBelongToExpectedAttention) {
 TEST(StageRegistryPolicyTest, TheQuantizeAndExpectedAttentionKeysAreRegistryKeys) {
   const kernels::StageRegistry& registry = kernels::StageRegistry::Global();
   for (const char* key : {"quant_format", "quant_group", "quant_key_group", "quant_recent",
-                          "quant_rotate", "quant_value_format"}) {
+                          "quant_sinks", "quant_rotate", "quant_value_format"}) {
     const kernels::StageRegistration* owner = registry.FindPolicyKey(key);
     ASSERT_NE(owner, nullptr) << key;
     EXPECT_EQ(owner->name, "quantize") << key;

@@ -320,10 +320,10 @@ TEST(CompactChunk, DecodeRejectsDamage) {
   EXPECT_THAT(DecodeCompactChunk(bad).status().message(), HasSubstr("bad magic"));
 
   bad = good;
-  bad[4] = 5;
+  bad[4] = 6;
   EXPECT_EQ(DecodeCompactChunk(bad).status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(DecodeCompactChunk(bad).status().message(),
-              HasSubstr("unsupported compact chunk version 5 (this build reads 1, 2, 3 and 4)"));
+              HasSubstr("unsupported compact chunk version 6 (this build reads 1 to 5)"));
 
   auto cut = std::span(good).first(good.size() - 1);
   EXPECT_EQ(DecodeCompactChunk(cut).status().code(), StatusCode::kDataLoss);
@@ -662,6 +662,51 @@ TEST(CompactChunkV4, DamageIsAnError) {
   auto r = DecodeCompactChunk(Restamp(bad));
   ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
   EXPECT_THAT(r.status().message(), HasSubstr("version 4 for a quantize stage that version 3"));
+}
+
+// Version 5: version 4 with the count of sink rows (stored unquantized, first) at offset 96 and a
+// reserved word at 100; written only when a chunk holds sink rows.
+const QuantDescription kV5Quant{.format = QuantFormat::kInt4,
+                                .key_group = 4,
+                                .value_group = 8,
+                                .recent = 1,
+                                .sinks = 2,
+                                .value_format = QuantFormat::kInt2Sym};
+
+TEST(CompactChunkV5, ChunksWithSinkRowsRoundTripAsVersion5) {
+  const CompactChunk c = QuantizedChunk(71, kV5Quant);
+  ExpectRoundTrip(c);
+  const std::vector<uint8_t> bytes = *EncodeCompactChunk(c);
+  uint16_t version, header;
+  uint32_t sinks;
+  std::memcpy(&version, bytes.data() + 4, 2);
+  std::memcpy(&header, bytes.data() + 6, 2);
+  std::memcpy(&sinks, bytes.data() + 96, 4);
+  EXPECT_EQ(version, 5);
+  EXPECT_EQ(header, 104);
+  EXPECT_EQ(sinks, 2u);
+  // The same rows without sink rows: version 4 (the value format), 8 header bytes fewer.
+  QuantDescription v4 = kV5Quant;
+  v4.sinks = 0;
+  const std::vector<uint8_t> b4 = *EncodeCompactChunk(QuantizedChunk(71, v4));
+  std::memcpy(&version, b4.data() + 4, 2);
+  EXPECT_EQ(version, 4);
+  // Sinks without a format are refused like the other quant fields.
+  CompactChunk none = QuantizedChunk(72);
+  none.codec.quant = {.sinks = 1};
+  EXPECT_THAT(none.Validate().message(), HasSubstr("sinks"));
+}
+
+TEST(CompactChunkV5, DamageIsAnError) {
+  const std::vector<uint8_t> good = *EncodeCompactChunk(QuantizedChunk(73, kV5Quant));
+  ExpectEveryPrefixRefused(good, 104);
+  const Damage cases[] = {
+      {96, 0, "version 5 without sink rows"},
+      {96, 3, "corrupt compact chunk"},  // sinks 2 -> 3: the rows no longer add up
+      {100, 1, "reserved bytes not zero"},
+      {6, 96, "header size"},
+  };
+  ExpectDamageRefused(good, cases);
 }
 
 }  // namespace

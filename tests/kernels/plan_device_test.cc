@@ -596,6 +596,42 @@ TEST(DevicePlanCuda, MatchesTheCpuPlan) {
   }
 }
 
+// The quantize stage with the sequence's sink rows exact: the device plan records the CPU plan's
+// quantize stage (4 sink rows for a chunk at position 0, none after) and its sink rows are the
+// CPU plan's, byte for byte (always kept, never quantized).
+TEST(DevicePlanCuda, QuantSinksAreTheCpuPlans) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device: DevicePlan needs one";
+  DeviceFixture f = MakeFixture(301, 64, 4, 32, 23);
+  const DeviceBytes raw(f.raw);
+  CompressionPlanOptions o = Options(kDeviceCompositions[4], RouteStage::kNone, 0.5, f.window);
+  o.quant = {.format = QuantFormat::kInt4,
+             .key_group = 256,
+             .value_group = 64,
+             .sinks = 4,
+             .rotation = QuantRotation::kHadamard,
+             .value_format = QuantFormat::kInt2Sym};
+  for (const int64_t offset : {int64_t{0}, int64_t{301}}) {
+    for (int64_t& p : f.positions) p += offset;
+    auto cpu = Compress(o, f.layout, f.CpuInput(false));
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    auto plan = DevicePlan::Create(o, f.layout, nullptr);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto dev =
+        (*plan)->Compress({.raw = raw.ptr, .raw_bytes = f.raw.size(), .positions = f.positions});
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    EXPECT_EQ(dev->codec, cpu->codec);
+    EXPECT_EQ(dev->codec.quant.sinks, offset == 0 ? 4u : 0u);
+    const size_t sink_bytes = 4 * 64 * DTypeSize(f.layout.dtype);
+    for (size_t i = 0; offset == 0 && i < cpu->heads.size(); ++i) {
+      EXPECT_TRUE(std::equal(cpu->heads[i].keys.begin(), cpu->heads[i].keys.begin() + sink_bytes,
+                             dev->heads[i].keys.begin()));
+      EXPECT_TRUE(std::equal(cpu->heads[i].values.begin(),
+                             cpu->heads[i].values.begin() + sink_bytes,
+                             dev->heads[i].values.begin()));
+    }
+  }
+}
+
 // Largest L2 norm of a key of the head (RoPE keeps it).
 double MaxKeyNorm(const Matrix& keys) {
   double best = 0.0;

@@ -484,6 +484,50 @@ TEST(QuantizeTest, RecentRowsAreStoredExactlyAndTheRestQuantized) {
   }
 }
 
+// The sink rows are stored exactly, first, and left out of every group: the bytes after them are
+// those of the other rows quantized alone (then the recent rows).
+TEST(QuantizeTest, SinkRowsAreStoredExactlyFirstAndOutOfTheGroups) {
+  Matrix x = Bf16(RandomCorrelatedKeys(100, 64, 6));
+  for (int c = 0; c < 64; ++c) x.Row(0)[c] *= 32.0f;  // a sink whose range no group should take
+  for (const bool keys : {true, false}) {
+    for (const uint32_t recent : {0u, 8u}) {
+      const QuantDescription plain{.format = QuantFormat::kInt4,
+                                   .key_group = 64,
+                                   .value_group = 64,
+                                   .recent = recent,
+                                   .rotation = QuantRotation::kHadamard,
+                                   .value_format = QuantFormat::kInt2Sym};
+      QuantDescription sinks = plain;
+      sinks.sinks = 4;
+      std::vector<uint8_t> with(QuantizedRowsBytes(100, 64, DType::kBFloat16, sinks, keys));
+      ASSERT_TRUE(QuantizeRows(x.View(), DType::kBFloat16, sinks, keys, with).ok());
+      Matrix rest(96, 64);
+      for (int64_t r = 0; r < 96; ++r) std::copy(x.Row(r + 4), x.Row(r + 4) + 64, rest.Row(r));
+      std::vector<uint8_t> alone(QuantizedRowsBytes(96, 64, DType::kBFloat16, plain, keys));
+      ASSERT_TRUE(QuantizeRows(rest.View(), DType::kBFloat16, plain, keys, alone).ok());
+      ASSERT_EQ(with.size(), alone.size() + 4 * 128);
+      std::vector<uint8_t> head(4 * 128);
+      ConvertFromFloat(DType::kBFloat16, x.values.data(), head.data(), 4 * 64);
+      EXPECT_TRUE(std::equal(head.begin(), head.end(), with.begin()));
+      EXPECT_TRUE(std::equal(alone.begin(), alone.end(), with.begin() + 4 * 128));
+      Matrix y(100, 64);
+      ASSERT_TRUE(DequantizeRows(with, DType::kBFloat16, sinks, keys, y.View()).ok());
+      for (int64_t r = 0; r < 100; ++r) {
+        const bool exact = std::equal(x.Row(r), x.Row(r) + 64, y.Row(r));
+        EXPECT_EQ(exact, r < 4 || r >= 100 - recent) << "row " << r << " recent " << recent;
+      }
+    }
+  }
+  // Fewer rows than sinks and recent: the sink rows first, then what is left is recent.
+  const QuantDescription both{
+      .format = QuantFormat::kInt8, .key_group = 64, .value_group = 64, .recent = 3, .sinks = 4};
+  EXPECT_EQ(QuantizedRowsBytes(5, 64, DType::kBFloat16, both, true), 5u * 128);
+  EXPECT_EQ(QuantizedRowsBytes(2, 64, DType::kBFloat16, both, false), 2u * 128);
+  EXPECT_EQ(QuantizedRowsBytes(10, 64, DType::kBFloat16, both, false), 7u * 128 + 3 * 68);
+  auto y = RoundTrip(Matrix(x), both, true);
+  ASSERT_TRUE(y.ok()) << y.status();
+}
+
 TEST(QuantizeTest, RowsBytesFollowTheFormat) {
   const QuantDescription i4{.format = QuantFormat::kInt4, .key_group = 64, .value_group = 64};
   const QuantDescription i8{.format = QuantFormat::kInt8, .key_group = 64, .value_group = 64};
@@ -676,6 +720,63 @@ TEST(QuantizeTest, ComposesWithTheScoreStageAndServes) {
   EXPECT_EQ(QuantizeChunk(*q, quant.quant).status().code(), StatusCode::kInvalidArgument);
 }
 
+// quant.sinks: the chunk holding the sequence's first tokens keeps their rows (its first rows,
+// keys and values) exact, records how many, and is written as version 5 and read back equal; a
+// chunk after them records 0 and is the plain quantized chunk, version 4; more quant sinks than
+// the plan keeps are refused.
+TEST(QuantizeTest, TheSequencesSinkRowsStayExactInTheChunkHoldingThem) {
+  PlanInput in;
+  CompressionPlanOptions o;
+  o.score = ScoreStage::kKeyDiff;
+  o.p_c = 0.5;
+  o.quant = {.format = QuantFormat::kInt4,
+             .key_group = 256,
+             .value_group = 64,
+             .sinks = 4,
+             .rotation = QuantRotation::kHadamard,
+             .value_format = QuantFormat::kInt2Sym};
+  CompressionPlanOptions plain = o;
+  plain.quant = {};
+  auto exact = Compress(plain, in.layout, in.Input());
+  auto first = Compress(o, in.layout, in.Input());
+  ASSERT_TRUE(exact.ok() && first.ok()) << first.status();
+  EXPECT_EQ(first->codec.quant.sinks, 4u);
+  const size_t row = static_cast<size_t>(in.layout.head_dim) * DTypeSize(in.layout.dtype);
+  for (size_t i = 0; i < first->heads.size(); ++i) {
+    const CompactHead& q = first->heads[i];
+    const CompactHead& e = exact->heads[i];
+    ASSERT_EQ(q.positions, e.positions);
+    EXPECT_TRUE(std::equal(e.keys.begin(), e.keys.begin() + 4 * row, q.keys.begin()));
+    EXPECT_TRUE(std::equal(e.values.begin(), e.values.begin() + 4 * row, q.values.begin()));
+  }
+  auto bytes = EncodeCompactChunk(*first);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  uint16_t version;
+  std::memcpy(&version, bytes->data() + 4, 2);
+  EXPECT_EQ(version, 5);
+  auto back = DecodeCompactChunk(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *first);
+  auto served = DequantizeChunk(*back);
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_TRUE(std::equal(exact->heads[0].keys.begin(), exact->heads[0].keys.begin() + 4 * row,
+                         served->heads[0].keys.begin()));
+
+  for (int64_t& p : in.positions) p += 256;  // the sequence's second chunk
+  auto later = Compress(o, in.layout, in.Input());
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(later->codec.quant.sinks, 0u);
+  auto later_bytes = EncodeCompactChunk(*later);
+  ASSERT_TRUE(later_bytes.ok());
+  std::memcpy(&version, later_bytes->data() + 4, 2);
+  EXPECT_EQ(version, 4);
+
+  o.sinks = 2;
+  const Status refused = Compress(o, in.layout, in.Input()).status();
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("quant sinks 4 exceed the plan's sinks 2"));
+}
+
 // Rotated int4 keys and int2s values after keydiff: written as version 4 and read back equal;
 // serving (compact and dense) dequantizes to what DequantizeChunk gives.
 TEST(QuantizeTest, SymmetricValuesRoundTripTheChunkAndServe) {
@@ -736,6 +837,7 @@ TEST(QuantizeCuda, MatchesTheCpuKernelBitForBit) {
                                    .key_group = static_cast<uint32_t>(s.group),
                                    .value_group = static_cast<uint32_t>(s.group),
                                    .recent = s.rows > 10 ? 3u : 0u,
+                                   .sinks = s.rows > 4 ? 2u : 0u,
                                    .rotation = rot};
           for (const Matrix& x : Inputs(s.rows, s.d, 7 + s.rows)) {
             const size_t n = QuantizedRowsBytes(x.rows, s.d, DType::kBFloat16, q, keys);

@@ -54,10 +54,8 @@ struct MethodSpec {
   // stored fraction is that of the chunk with per-channel keys (the same bytes when the slot
   // count is a multiple of the group).
   bool keys_per_token = false;
-  // An experiment the chunk format cannot store: the sequence's sink tokens (its first kSinks)
-  // kept in bfloat16 and left out of the quantization groups (their rows replaced by the first
-  // other token's before quantizing, then put back exact). Stored fraction: the chunk's plus the
-  // sinks' rows in bfloat16 (sinks / N of the raw bytes), an upper bound.
+  // The quantize stage's quant_sinks: the sequence's first tokens (the plan's sinks) stored in
+  // bfloat16 and left out of the quantization groups (QuantDescription::sinks).
   bool exact_sinks = false;
   uint32_t key_group = 0;  // slots per key group; 0: as values (64 or KVD_QUANT_GROUP)
   // Expected-attention terms (ExpectedAttentionOptions): covariance, value norm, KeyDiff share.
@@ -157,7 +155,7 @@ constexpr MethodSpec kSpecs[] = {
      .key_group = 256},
     // int4 in fewer bytes than per 64 slots: keys per channel over 96 / 128 slots (0.276 / 0.273
     // of the bytes), or symmetric values (int4s: one float16 scale a group, 0.273), rotated or not.
-    // The same with the sequence's sinks exact and out of the groups (MethodSpec::exact_sinks).
+    // The same with the sequence's sinks exact and out of the groups (quant_sinks: 4).
     {.name = "int4_exactsinks",
      .stored_bf16 = true,
      .quant = kernels::QuantFormat::kInt4,
@@ -191,6 +189,37 @@ constexpr MethodSpec kSpecs[] = {
      .quant_values = kernels::QuantFormat::kInt2Sym,
      .exact_sinks = true,
      .key_group = 256},
+    {.name = "int4_kg96_exactsinks",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .exact_sinks = true,
+     .key_group = 96},
+    {.name = "int4k_int4sv_kg96_exactsinks",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .quant_values = kI4s,
+     .exact_sinks = true,
+     .key_group = 96},
+    {.name = "int3k_int2sv_rot_exactsinks",
+     .stored_bf16 = true,
+     .quant = kI3,
+     .quant_rotate = true,
+     .quant_values = kI2s,
+     .exact_sinks = true},
+    {.name = "int3k_int2sv_rot_kg37_exactsinks",
+     .stored_bf16 = true,
+     .quant = kI3,
+     .quant_rotate = true,
+     .quant_values = kI2s,
+     .exact_sinks = true,
+     .key_group = 37},
+    {.name = "int3k_int2sv_rot_kg128_exactsinks",
+     .stored_bf16 = true,
+     .quant = kI3,
+     .quant_rotate = true,
+     .quant_values = kI2s,
+     .exact_sinks = true,
+     .key_group = 128},
     {.name = "int4_kg96",
      .stored_bf16 = true,
      .quant = kernels::QuantFormat::kInt4,
@@ -436,38 +465,6 @@ Status QuantizeKeysPerToken(const kernels::QuantDescription& q, kernels::Compact
   return Status::Ok();
 }
 
-// `raw` (bfloat16, per layer K[N, H, d] then V[N, H, d]) with the rows of tokens 0 .. sinks - 1
-// replaced by token `sinks`'s (MethodSpec::exact_sinks).
-std::vector<uint8_t> WithoutSinkRows(std::vector<uint8_t> raw, int L, int H, int d, int N,
-                                     int sinks) {
-  const size_t row = static_cast<size_t>(H) * d * 2;  // one token's heads, bfloat16
-  for (int l = 0; l < L; ++l) {
-    for (int kv = 0; kv < 2; ++kv) {
-      uint8_t* base = raw.data() + (static_cast<size_t>(l) * 2 + kv) * N * row;
-      for (int t = 0; t < sinks; ++t) std::memcpy(base + t * row, base + sinks * row, row);
-    }
-  }
-  return raw;
-}
-
-// `quantized` dequantized, with the rows of every slot at a position below `sinks` taken from
-// `exact` (the same plan without quantization, so the same slots).
-StatusOr<kernels::CompactChunk> WithExactSinks(const kernels::CompactChunk& quantized,
-                                               const kernels::CompactChunk& exact, int sinks) {
-  KVD_ASSIGN_OR_RETURN(kernels::CompactChunk out, kernels::DequantizeChunk(quantized));
-  const size_t row = static_cast<size_t>(out.head_dim) * DTypeSize(out.dtype);
-  for (size_t i = 0; i < out.heads.size(); ++i) {
-    kernels::CompactHead& h = out.heads[i];
-    const kernels::CompactHead& e = exact.heads[i];
-    for (size_t slot = 0; slot < h.positions.size(); ++slot) {
-      if (h.positions[slot] >= sinks || e.positions[slot] != h.positions[slot]) continue;
-      std::memcpy(h.keys.data() + slot * row, e.keys.data() + slot * row, row);
-      std::memcpy(h.values.data() + slot * row, e.values.data() + slot * row, row);
-    }
-  }
-  return out;
-}
-
 // The prefix cache as one raw float32 chunk: per layer K[N, H, d] then V[N, H, d].
 std::vector<uint8_t> RawChunk(const llama::DenseKvCache& cache) {
   std::vector<uint8_t> raw;
@@ -661,6 +658,7 @@ class KernelMethod : public CompressionMethod {
                  .key_group = spec_.key_group > 0 ? spec_.key_group : group,
                  .value_group = group,
                  .recent = spec_.quant_recent,
+                 .sinks = spec_.exact_sinks ? static_cast<uint32_t>(o.sinks) : 0u,
                  .rotation = spec_.quant_rotate ? kernels::QuantRotation::kHadamard
                                                 : kernels::QuantRotation::kNone,
                  .value_format = spec_.quant_values};
@@ -673,21 +671,6 @@ class KernelMethod : public CompressionMethod {
       KVD_ASSIGN_OR_RETURN(chunk, kernels::DecodeCompactChunk(bytes));
     }
     KVD_ASSIGN_OR_RETURN(const double stored_bytes_fraction, StoredBytesFraction(chunk));
-    if (spec_.exact_sinks && o.sinks > 0) {
-      const std::vector<uint8_t> without = WithoutSinkRows(stored_raw, L, H, d, N, o.sinks);
-      kernels::CompressionInput in_without = in;
-      in_without.raw = without;
-      KVD_ASSIGN_OR_RETURN(kernels::CompactChunk q,
-                           kernels::Compress(o, stored_layout, in_without, &stats));
-      KVD_ASSIGN_OR_RETURN(const std::vector<uint8_t> bytes, kernels::EncodeCompactChunk(q));
-      KVD_ASSIGN_OR_RETURN(q, kernels::DecodeCompactChunk(bytes));
-      CompressionPlanOptions plain = o;
-      plain.quant = {};
-      KVD_ASSIGN_OR_RETURN(const kernels::CompactChunk exact,
-                           kernels::Compress(plain, stored_layout, in, &stats));
-      KVD_ASSIGN_OR_RETURN(chunk, WithExactSinks(q, exact, o.sinks));
-    }
-    const double sink_bytes = spec_.exact_sinks ? static_cast<double>(o.sinks) / N : 0.0;
     if (spec_.keys_per_token) {
       const kernels::QuantDescription q = o.quant;
       o.quant = {};
@@ -718,7 +701,7 @@ class KernelMethod : public CompressionMethod {
     // Stored fraction in half-pairs: keys + stored values over 2 N per (layer, head).
     out.stored_fraction =
         static_cast<double>(chunk.HalfPairs()) / (2.0 * static_cast<double>(N) * L * H);
-    out.stored_bytes_fraction = stored_bytes_fraction + sink_bytes;
+    out.stored_bytes_fraction = stored_bytes_fraction;
     return out;
   }
 

@@ -69,11 +69,15 @@
 //   int3k_int2v_rot_kg43, int4k_int2v_rot_kg256
 //   int4k_int2sv_rot_kg256,                  as int4k_int2v_rot_kg256 with symmetric 2-bit
 //   int4sk_int2sv_rot_kg256                  values (int2s), and symmetric 4-bit keys (int4s)
-//   int4_exactsinks, int4k_int4sv_exactsinks,  an experiment: the sequence's 4 sink tokens kept
-//   int4_kg128_exactsinks,                   in bfloat16 and out of the quantization groups
-//   int4_kg256_exactsinks,                   (MethodSpec::exact_sinks; the format cannot store
-//   int4k_int2sv_rot_kg256_exactsinks,       it); stored fraction that of the chunk plus the
-//   int4sk_int2sv_rot_kg256_exactsinks       sinks' raw rows
+//   int4_exactsinks, int4k_int4sv_exactsinks,  the same with the sequence's 4 sink tokens kept
+//   int4_kg96_exactsinks, int4_kg128_...,    in bfloat16 and out of the quantization groups
+//   int4_kg256_exactsinks,                   (quant_sinks: 4, QuantDescription::sinks)
+//   int4k_int4sv_kg96_exactsinks,
+//   int4k_int2sv_rot_kg256_exactsinks,
+//   int4sk_int2sv_rot_kg256_exactsinks,
+//   int3k_int2sv_rot_exactsinks,
+//   int3k_int2sv_rot_kg37_exactsinks,
+//   int3k_int2sv_rot_kg128_exactsinks
 //   int4_rot_tokenkeys, int3_rot_tokenkeys   an experiment: rotated keys grouped per slot over
 //                                            64 channels (as values), quantized in memory (the
 //                                            format stores keys per channel); stored fraction

@@ -57,13 +57,18 @@ enum class QuantRotation : uint8_t { kNone = 0, kHadamard = 1 };
 
 // The quantize stage as a chunk records it. With format kNone the other fields are 0 and the
 // heads hold keys and values in the chunk dtype; otherwise each head's `keys` and `values` hold
-// the quantized rows of quantize.h (QuantizedRowsBytes: codes, float16 scales, then the last
-// `recent` rows in the chunk dtype).
+// the quantized rows of quantize.h (QuantizedRowsBytes: the first `sinks` rows in the chunk
+// dtype, codes, float16 scales, then the last `recent` rows in the chunk dtype).
 struct QuantDescription {
   QuantFormat format = QuantFormat::kNone;  // the keys' format (and the values' by default)
   uint32_t key_group = 0;                   // keys: tokens (slots) per group of one channel, >= 1
   uint32_t value_group = 0;                 // values: channels per group of one token, >= 1
   uint32_t recent = 0;  // the last `recent` key rows and value rows stay in the chunk dtype
+  // The rows of the sequence's first `sinks` tokens (its attention sinks) stay in the chunk dtype,
+  // out of every group. In a plan (plan.h) at most the plan's sinks; a chunk records how many of
+  // its first key rows and value rows that is: min(sinks - p0, rows) for a chunk whose first
+  // token p0 is below `sinks`, 0 for the chunks after (the plan sets it).
+  uint32_t sinks = 0;
   QuantRotation rotation = QuantRotation::kNone;  // applied to the quantized rows only
   QuantFormat value_format = QuantFormat::kNone;  // kNone: values in `format` too
   bool quantized() const { return format != QuantFormat::kNone; }
@@ -140,8 +145,8 @@ struct CompactChunk {
 
 // Bytes of the quantized rows of one head (docs/chunk-format.md): `rows` rows of `head_dim`
 // elements quantized per `quant` (`keys`: per channel over key_group rows; else per row over
-// value_group channels), the last `recent` rows in `dtype`. rows * head_dim * DTypeSize(dtype)
-// when quant is kNone.
+// value_group channels), the first `sinks` and the last `recent` rows in `dtype`.
+// rows * head_dim * DTypeSize(dtype) when quant is kNone.
 size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDescription& quant,
                           bool keys);
 
@@ -149,7 +154,8 @@ size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDe
 // (version 2 plus the quantize stage's fields; its heads' rows are QuantizedRowsBytes), or version
 // 4 when the quantize stage uses what version 3 cannot record (a rotation, int3 / int2, the
 // symmetric formats, values in another format than keys; version 3 plus those fields in its
-// reserved bytes): an 80-byte header (96 in versions 3 and 4), the bit-packed slot
+// reserved bytes), or version 5 when rows of sink tokens stay unquantized (version 4 plus their
+// count): an 80-byte header (96 in versions 3 and 4, 104 in version 5), the bit-packed slot
 // metadata of every head (slot counts, cardinalities, positions relative to the chunk's first
 // token, rebuild flags), the keys and values of every head back to back from a 64-byte aligned
 // offset, an xxh3-64 trailer. Metadata takes a few bits per slot, so the size is the keys and
@@ -157,7 +163,7 @@ size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDe
 // chunks give equal bytes. Validate()'s error when it fails.
 StatusOr<std::vector<uint8_t>> EncodeCompactChunk(const CompactChunk& chunk);
 
-// Decodes and fully validates format versions 4, 3 and 2, and version 1 (written by earlier
+// Decodes and fully validates format versions 5, 4, 3 and 2, and version 1 (written by earlier
 // builds). Errors, in the order checked:
 //   DATA_LOSS "truncated" when shorter than the fixed header + trailer;
 //   INVALID_ARGUMENT "bad magic" / "unsupported compact chunk version N";

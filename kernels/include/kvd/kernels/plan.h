@@ -62,8 +62,10 @@
 //   - quantize:           after the other stages, every head's keys and values are quantized
 //                         (quantize.h; `quant`, format kNone = off): keys per channel over
 //                         quant.key_group slots, values per slot over quant.value_group
-//                         channels, the last quant.recent rows of each kept as they are. It
-//                         changes the bytes of a slot, not which slots are kept: the half-pair
+//                         channels, the last quant.recent rows of each and the rows of the
+//                         sequence's first quant.sinks tokens (at most `sinks`: tokens the plan
+//                         always keeps, its first rows in a chunk holding them) kept as they are.
+//                         It changes the bytes of a slot, not which slots are kept: the half-pair
 //                         budget below is that of the other stages.
 //
 // Budget, in half-pairs, exact for every head: M = llround((1 - p_c) N) (PyramidKV: the layer
@@ -181,7 +183,8 @@ struct CompressionPlanOptions {
   double route_min_r2 = 0.3;
   // The quantize stage (file comment; quantize.h). Default format kNone = off. When on:
   // key_group, value_group in [1, 65536] (KIVI and the quality runs use 64 and 64; a value group
-  // beyond head_dim is one group per slot), recent >= 0 rows. Recorded in CodecDescription.
+  // beyond head_dim is one group per slot), recent >= 0 rows, sinks in [0, sinks] tokens (the
+  // chunk records its own rows of them: compact_chunk.h). Recorded in CodecDescription.
   QuantDescription quant;
   // Policy keys of registered stages (stages.h StagePolicyKey) set for this plan, by key name;
   // a key not here has its default. Each must be a key of the plan's score, merge or route stage,

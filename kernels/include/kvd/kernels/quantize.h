@@ -18,9 +18,10 @@
 // every quantized row x (head_dim a power of two, else INVALID_ARGUMENT) is replaced by
 // H D x / sqrt(d) (D fixed random signs, docs/algorithms.md 6) before its groups are formed, and
 // rotated back after dequantization: the row's L2 error is that of its rotated codes.
-// The last `recent` key rows and value rows of every head stay in the chunk dtype. Byte layout:
-// docs/chunk-format.md (versions 3 and 4). Dequantization happens where chunks are served
-// (BuildServingHead, ExpandDenseChunk, DeviceCompactChunk::Upload).
+// The first `sinks` and the last `recent` key rows and value rows of every head stay in the
+// chunk dtype, out of every group. Byte layout: docs/chunk-format.md (versions 3 to 5).
+// Dequantization happens where chunks are served (BuildServingHead, ExpandDenseChunk,
+// DeviceCompactChunk::Upload).
 #pragma once
 
 #include <cstdint>
@@ -33,10 +34,10 @@
 namespace kvd::kernels {
 
 // INVALID_ARGUMENT naming the field when `q` is not a usable quantize stage: a known format other
-// than kNone, key_group and value_group in [1, 65536], recent <= 2^30.
+// than kNone, key_group and value_group in [1, 65536], recent and sinks <= 2^30.
 Status ValidateQuantize(const QuantDescription& q);
 
-// Quantizes `rows` ([R, d] float32, finite, each value representable in `dtype` when recent > 0)
+// Quantizes `rows` ([R, d] float32, finite, each value of the rows kept in `dtype` representable)
 // into out (QuantizedRowsBytes(R, d, dtype, q, keys) bytes). OUT_OF_RANGE naming the group when
 // a group's minimum or scale does not fit float16 (|values| beyond about 65504, or 2.9e7 for
 // fp8); INVALID_ARGUMENT for sizes or non-finite input. exec.backend kCuda runs the CUDA twin.
