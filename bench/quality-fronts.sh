@@ -24,7 +24,7 @@
 #   KVD_FRONTS_PRESS_RATIOS  press p_c list (default: 0.9, i.e. 0.10 of the bytes)
 #   KVD_FRONTS_PRESS_SEGMENTS  segments for the presses (default: 8; paired on these)
 #   KVD_FRONTS_KVPRESS=0     skip step 2
-# Cost (2 cores, --jobs 2 --threads 1): about 950 s of CPU for step 1 and about 700 s for step 2
+# Cost (2 cores, --jobs 2 --threads 1): about 950 s of CPU for step 1 and 550-600 s for step 2
 # (docs/quality.md gives the measured figures). CPU-heavy: on a shared machine run it under the
 # build lock (flock /tmp/kvd-build.lock ...).
 set -euo pipefail
