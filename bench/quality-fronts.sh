@@ -11,18 +11,20 @@
 #    kvpress's presses on the first KVD_FRONTS_PRESS_SEGMENTS of the same segments at
 #    KVD_FRONTS_PRESS_RATIOS -> $out/kvpress (transformers on the CPU is the slow part), and
 #    bench/kvpress/table.py --equal-bytes -> $out/peers.md: each press against kvd's best
-#    one-shot row storing at most the press's bytes, paired on the same segments.
+#    one-shot row storing at most the press's bytes, paired on the same segments, then the same
+#    against kvd's best chunk-wise row (--kvd-mode chunk-wise).
 #
 #   KVD_FRONTS_OUT           results folder (default: quality-fronts)
 #   KVD_FRONTS_SIZE          "SEGMENTS PREFIX CONTINUATION WINDOW" (default: "8 1024 128 32")
 #   KVD_FRONTS_METHODS       kvd-quality --methods (default below; name@p_c:p_c per method)
 #   KVD_FRONTS_PASSKEY       "CONTEXT TRIALS MULTIKEY" (default: "1024 4 8"; CONTEXT 0 = none)
 #   KVD_FRONTS_PASSKEY_METHODS  rows asked the passkey prompts besides the fronts' (default below)
-#   KVD_FRONTS_PRESSES       presses (default: snapkv,streaming_llm,expected_attention,tova)
+#   KVD_FRONTS_PRESSES       presses (default: snapkv,streaming_llm,expected_attention,tova,
+#                            keydiff,knorm,kvzip)
 #   KVD_FRONTS_PRESS_RATIOS  press p_c list (default: 0.9, i.e. 0.10 of the bytes)
-#   KVD_FRONTS_PRESS_SEGMENTS  segments for the presses (default: 4; paired on these)
+#   KVD_FRONTS_PRESS_SEGMENTS  segments for the presses (default: 8; paired on these)
 #   KVD_FRONTS_KVPRESS=0     skip step 2
-# Cost (2 cores, --jobs 2 --threads 1): about 660 s of CPU for step 1 and 120-350 s for step 2
+# Cost (2 cores, --jobs 2 --threads 1): about 950 s of CPU for step 1 and 550-600 s for step 2
 # (docs/quality.md gives the measured figures). CPU-heavy: on a shared machine run it under the
 # build lock (flock /tmp/kvd-build.lock ...).
 set -euo pipefail
@@ -45,20 +47,23 @@ read -r pk_ctx pk_trials mk_trials <<< "${KVD_FRONTS_PASSKEY:-1024 4 8}"
 # values, symmetric ones for int2s), and int8 / int4 with one key group a chunk. Expected attention
 # (statistics of the calibration prefixes' window queries) alone, with int8, and fused half and
 # half with KeyDiff with its outliers first (ea_keydiff50_out2; with int8, the embedded default),
-# beside the eviction rows.
+# beside the eviction rows. At 0.10 of the bytes: eviction at p_c 0.51, then rotated 4-bit keys
+# with symmetric 2-bit values (0.199 of a kept token's bytes), after SnapKV, expected attention
+# and the default's scorer.
 methods=${KVD_FRONTS_METHODS:-full,bf16@0,int8@0,int8_kg256@0,fp8@0,int4@0,int4_kg256@0,\
 int4_rot_kg256@0,int4k_int2v_rot_kg256@0,int4k_int2sv_rot_kg256@0,int3k_int2v_rot_kg37@0,\
 sink_recent@0.5:0.75:0.9,snapkv@0.5:0.75:0.91,keydiff@0.5:0.75:0.91,\
 expected_attention@0.5:0.75:0.9,ea_keydiff50_out2@0.5:0.75:0.9,snapkv+int4@0.5:0.66:0.83,\
 keydiff+int4@0.5:0.65:0.83,snapkv+int8@0.82,keydiff+int8@0.5:0.82,expected_attention+int8@0.5:0.82,\
-ea_keydiff50_out2+int8@0.5:0.73:0.82}
+ea_keydiff50_out2+int8@0.5:0.73:0.82,snapkv+int4k_int2sv_rot_kg256@0.51,\
+expected_attention+int4k_int2sv_rot_kg256@0.51,ea_keydiff50_out2+int4k_int2sv_rot_kg256@0.51}
 # The passkey prompts are asked of these rows too, on a front or not: the full cache and the
 # densest rows under 0.53, 0.28 and 0.20 of the bytes.
 passkey_methods=${KVD_FRONTS_PASSKEY_METHODS:-full,int8_kg256,int4_kg256,int4_rot_kg256,\
 int4k_int2sv_rot_kg256}
-presses=${KVD_FRONTS_PRESSES:-snapkv,streaming_llm,expected_attention,tova}
+presses=${KVD_FRONTS_PRESSES:-snapkv,streaming_llm,expected_attention,tova,keydiff,knorm,kvzip}
 press_ratios=${KVD_FRONTS_PRESS_RATIOS:-0.9}
-press_segs=${KVD_FRONTS_PRESS_SEGMENTS:-4}
+press_segs=${KVD_FRONTS_PRESS_SEGMENTS:-8}
 mkdir -p "$out"
 
 log "kvd-quality: $segs segments of $prefix + $cont, window $window, passkey $pk_ctx tokens"
@@ -83,4 +88,8 @@ HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 /usr/bin/time -f "%U %S" -o "$out/kvpres
   --presses "$presses" --threads 2 > "$out/kvpress.log" 2>&1 \
   || { tail -20 "$out/kvpress.log" >&2; exit 1; }
 log "kvpress: $(( $(date +%s) - start )) s wall, $(awk '{print $1 + $2}' "$out/kvpress.cpu") s CPU"
-"$py" bench/kvpress/table.py "$out/kvd" "$out/kvpress" --equal-bytes | tee "$out/peers.md"
+{
+  "$py" bench/kvpress/table.py "$out/kvd" "$out/kvpress" --equal-bytes
+  echo
+  "$py" bench/kvpress/table.py "$out/kvd" "$out/kvpress" --equal-bytes --kvd-mode chunk-wise
+} | tee "$out/peers.md"

@@ -12,7 +12,9 @@ on stdout. kvd's stored fraction is its stored_raw column (encoded chunk bytes o
 bytes) where kvd-quality wrote one, else 1 - achieved_p_c; a press's is its kept fraction of
 tokens. --equal-bytes prints instead, for each press at each p_c, kvd's best one-shot row
 measured in bytes (lowest perplexity over kvd's segments) storing at most the press's bytes,
-its perplexity on the press's segments, paired against the press.
+its perplexity on the press's segments, paired against the press. --kvd-mode chunk-wise takes
+kvd's rows from its chunk-wise mode instead (its serving path; the presses stay one-shot, the only
+path kvpress has).
 """
 import argparse
 import csv
@@ -22,12 +24,12 @@ import random
 from collections import defaultdict
 
 
-def load_segments(path, has_engine):
-    """(method, p_c) -> {segment: (nll, n, full_nll)}; one-shot rows only."""
+def load_segments(path, has_engine, mode="one-shot"):
+    """(method, p_c) -> {segment: (nll, n, full_nll)}; rows of `mode` only."""
     out = defaultdict(dict)
     with open(path) as f:
         for r in csv.DictReader(f):
-            if r["mode"] != "one-shot":
+            if r["mode"] != mode:
                 continue
             key = (r["method"], float(r["p_c"]))
             full = float(r["engine_nll_sum"]) if has_engine else None
@@ -52,9 +54,11 @@ def main():
                          "e.g. int4@0.75,kvpress:snapkv@0.9; repeatable")
     ap.add_argument("--equal-bytes", action="store_true",
                     help="each press against kvd's best row at no more stored bytes")
+    ap.add_argument("--kvd-mode", default="one-shot", choices=["one-shot", "chunk-wise"],
+                    help="kvd's rows from this mode (the presses are one-shot)")
     a = ap.parse_args()
 
-    kvd = load_segments(os.path.join(a.kvd_out, "segments.csv"), True)
+    kvd = load_segments(os.path.join(a.kvd_out, "segments.csv"), True, a.kvd_mode)
     stored = {}
     in_bytes = set()  # kvd rows whose stored fraction is measured in bytes
     kvd_full = None
@@ -62,7 +66,7 @@ def main():
         for r in csv.DictReader(f):
             if r["method"] == "engine":
                 kvd_full = float(r["perplexity"])
-            if r["mode"] == "one-shot":
+            if r["mode"] == a.kvd_mode:
                 measured = float(r.get("stored_raw") or -1)
                 if measured >= 0:
                     in_bytes.add((r["method"], float(r["p_c"])))
@@ -98,7 +102,8 @@ def main():
         rng = random.Random(1)
         print(f"full cache perplexity: kvd reference engine {kvd_full:.6f}, "
               f"transformers (kvpress venv) {hf_full:.6f}\n")
-        print("| press at p_c | stored/raw, ppl/full | kvd's best at no more bytes (one-shot) "
+        print("| press at p_c | stored/raw, ppl/full | kvd's best at no more bytes "
+              f"({a.kvd_mode}) "
               "| stored/raw, ppl/full | kvd / press, paired [95% CI] |\n|---|---|---|---|---|")
         for (m, r), seg in sorted(kvp.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
             # kvd's best row is chosen on all its segments (its front), and shown on the press's

@@ -37,6 +37,10 @@
 //                                            (of every chunk, chunk-wise) unquantized
 //   keydiff+int8, keydiff+int4               KeyDiff eviction at p_c, then the quantize stage
 //   snapkv+int8, snapkv+int4                 SnapKV eviction at p_c, then the quantize stage
+//   snapkv+int4_kg256,                       SnapKV / expected attention / the default's
+//   snapkv+int4k_int2sv_rot_kg256,           scorer (ea_keydiff50_out2) eviction at p_c, then
+//   expected_attention+int4k_int2sv_rot_kg256,  int4_kg256 / int4k_int2sv_rot_kg256 (below)
+//   ea_keydiff50_out2+int4k_int2sv_rot_kg256
 //   expected_attention                       expected attention (expected_attention.h) under the
 //                                            query statistics of the calibration prefixes' window
 //                                            queries (the last W of each, de-rotated at their
