@@ -616,6 +616,19 @@ ModelLayout SmallLayout() {
           .rope = {.theta = 10000.0}};
 }
 
+// The bytes of `c` (EncodeCompactChunk) and their format version; they decode back to `c`.
+std::pair<std::vector<uint8_t>, uint16_t> Encoded(const CompactChunk& c) {
+  auto bytes = EncodeCompactChunk(c);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  if (!bytes.ok()) return {};
+  uint16_t version;
+  std::memcpy(&version, bytes->data() + 4, 2);
+  auto back = DecodeCompactChunk(*bytes);
+  EXPECT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back.ok() && *back == c) << "version " << version;
+  return {*std::move(bytes), version};
+}
+
 struct PlanInput {
   ModelLayout layout = SmallLayout();
   static constexpr int kTokens = 256;
@@ -657,18 +670,10 @@ TEST(QuantizeTest, ComposesWithTheScoreStageAndServes) {
   EXPECT_EQ(q->codec.quant, quant.quant);
   EXPECT_EQ(q->HalfPairs(), plain->HalfPairs());
 
-  auto bytes = EncodeCompactChunk(*q);
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
-  uint16_t version;
-  std::memcpy(&version, bytes->data() + 4, 2);
+  const auto [bytes, version] = Encoded(*q);
   EXPECT_EQ(version, 3);
-  auto back = DecodeCompactChunk(*bytes);
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(*back, *q);
-  auto plain_bytes = EncodeCompactChunk(*plain);
-  ASSERT_TRUE(plain_bytes.ok());
-  std::memcpy(&version, plain_bytes->data() + 4, 2);
-  EXPECT_EQ(version, 2);  // unquantized chunks keep the version 2 bytes
+  const auto [plain_bytes, plain_version] = Encoded(*plain);
+  EXPECT_EQ(plain_version, 2);  // unquantized chunks keep the version 2 bytes
   size_t data = 0;
   for (const CompactHead& h : q->heads) {
     EXPECT_EQ(h.positions, plain->heads[&h - q->heads.data()].positions);
@@ -678,7 +683,7 @@ TEST(QuantizeTest, ComposesWithTheScoreStageAndServes) {
   // 128 slots of which 16 recent: (112 * 64 + 2 * 64 * 4 + 16 * 128) bytes of keys and the same
   // for values (112 * (64 + 4) + 16 * 128), against 2 * 128 * 128 unquantized.
   EXPECT_EQ(data, 4u * ((112 * 64 + 2 * 64 * 4 + 16 * 128) + (112 * 68 + 16 * 128)));
-  EXPECT_LT(bytes->size(), plain_bytes->size() * 0.6);
+  EXPECT_LT(bytes.size(), plain_bytes.size() * 0.6);
 
   int64_t tokens_q = 0, tokens_plain = 0;
   auto dense_q = ExpandDenseChunk(*q, nullptr, nullptr, &tokens_q);
@@ -749,15 +754,8 @@ TEST(QuantizeTest, TheSequencesSinkRowsStayExactInTheChunkHoldingThem) {
     EXPECT_TRUE(std::equal(e.keys.begin(), e.keys.begin() + 4 * row, q.keys.begin()));
     EXPECT_TRUE(std::equal(e.values.begin(), e.values.begin() + 4 * row, q.values.begin()));
   }
-  auto bytes = EncodeCompactChunk(*first);
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
-  uint16_t version;
-  std::memcpy(&version, bytes->data() + 4, 2);
-  EXPECT_EQ(version, 5);
-  auto back = DecodeCompactChunk(*bytes);
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(*back, *first);
-  auto served = DequantizeChunk(*back);
+  EXPECT_EQ(Encoded(*first).second, 5);
+  auto served = DequantizeChunk(*first);
   ASSERT_TRUE(served.ok()) << served.status();
   EXPECT_TRUE(std::equal(exact->heads[0].keys.begin(), exact->heads[0].keys.begin() + 4 * row,
                          served->heads[0].keys.begin()));
@@ -766,10 +764,7 @@ TEST(QuantizeTest, TheSequencesSinkRowsStayExactInTheChunkHoldingThem) {
   auto later = Compress(o, in.layout, in.Input());
   ASSERT_TRUE(later.ok()) << later.status();
   EXPECT_EQ(later->codec.quant.sinks, 0u);
-  auto later_bytes = EncodeCompactChunk(*later);
-  ASSERT_TRUE(later_bytes.ok());
-  std::memcpy(&version, later_bytes->data() + 4, 2);
-  EXPECT_EQ(version, 4);
+  EXPECT_EQ(Encoded(*later).second, 4);
 
   o.sinks = 2;
   const Status refused = Compress(o, in.layout, in.Input()).status();
@@ -792,18 +787,11 @@ TEST(QuantizeTest, SymmetricValuesRoundTripTheChunkAndServe) {
              .value_format = QuantFormat::kInt2Sym};
   auto q = Compress(o, in.layout, in.Input());
   ASSERT_TRUE(q.ok()) << q.status();
-  auto bytes = EncodeCompactChunk(*q);
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
-  uint16_t version;
-  std::memcpy(&version, bytes->data() + 4, 2);
-  EXPECT_EQ(version, 4);
-  auto back = DecodeCompactChunk(*bytes);
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(*back, *q);
-  auto dequantized = DequantizeChunk(*back);
+  EXPECT_EQ(Encoded(*q).second, 4);
+  auto dequantized = DequantizeChunk(*q);
   ASSERT_TRUE(dequantized.ok()) << dequantized.status();
   int64_t tokens = 0, tokens_d = 0;
-  auto dense = ExpandDenseChunk(*back, nullptr, nullptr, &tokens);
+  auto dense = ExpandDenseChunk(*q, nullptr, nullptr, &tokens);
   auto dense_d = ExpandDenseChunk(*dequantized, nullptr, nullptr, &tokens_d);
   ASSERT_TRUE(dense.ok()) << dense.status();
   ASSERT_TRUE(dense_d.ok()) << dense_d.status();
@@ -811,7 +799,7 @@ TEST(QuantizeTest, SymmetricValuesRoundTripTheChunkAndServe) {
   EXPECT_EQ(*dense, *dense_d);
   for (int l = 0; l < 2; ++l) {
     for (int h = 0; h < 2; ++h) {
-      auto sq = BuildServingHead(*back, l, h, nullptr, nullptr);
+      auto sq = BuildServingHead(*q, l, h, nullptr, nullptr);
       auto sd = BuildServingHead(*dequantized, l, h, nullptr, nullptr);
       ASSERT_TRUE(sq.ok() && sd.ok()) << sq.status();
       for (size_t i = 0; i < sq->values.values.size(); ++i) {
