@@ -24,7 +24,7 @@
 #   KVD_FRONTS_PRESS_RATIOS  press p_c list (default: 0.9, i.e. 0.10 of the bytes)
 #   KVD_FRONTS_PRESS_SEGMENTS  segments for the presses (default: 8; paired on these)
 #   KVD_FRONTS_KVPRESS=0     skip step 2
-# Cost (2 cores, --jobs 2 --threads 1): about 950 s of CPU for step 1 and 550-600 s for step 2
+# Cost (2 cores, --jobs 2 --threads 1): about 1000 s of CPU for step 1 and 480-600 s for step 2
 # (docs/quality.md gives the measured figures). CPU-heavy: on a shared machine run it under the
 # build lock (flock /tmp/kvd-build.lock ...).
 set -euo pipefail
@@ -49,18 +49,20 @@ read -r pk_ctx pk_trials mk_trials <<< "${KVD_FRONTS_PASSKEY:-1024 4 8}"
 # half with KeyDiff with its outliers first (ea_keydiff50_out2; with int8, the embedded default),
 # beside the eviction rows. At 0.10 of the bytes: eviction at p_c 0.51, then rotated 4-bit keys
 # with symmetric 2-bit values (0.199 of a kept token's bytes), after SnapKV, expected attention
-# and the default's scorer.
+# and the default's scorer. With the sequence's 4 sink tokens unquantized (quant_sinks: 4): int4,
+# 3-bit keys over 37 slots with symmetric 2-bit values (rotated), and the default's scorer with int4.
 methods=${KVD_FRONTS_METHODS:-full,bf16@0,int8@0,int8_kg256@0,fp8@0,int4@0,int4_kg256@0,\
 int4_rot_kg256@0,int4k_int2v_rot_kg256@0,int4k_int2sv_rot_kg256@0,int3k_int2v_rot_kg37@0,\
 sink_recent@0.5:0.75:0.9,snapkv@0.5:0.75:0.91,keydiff@0.5:0.75:0.91,\
 expected_attention@0.5:0.75:0.9,ea_keydiff50_out2@0.5:0.75:0.9,snapkv+int4@0.5:0.66:0.83,\
 keydiff+int4@0.5:0.65:0.83,snapkv+int8@0.82,keydiff+int8@0.5:0.82,expected_attention+int8@0.5:0.82,\
 ea_keydiff50_out2+int8@0.5:0.73:0.82,snapkv+int4k_int2sv_rot_kg256@0.51,\
-expected_attention+int4k_int2sv_rot_kg256@0.51,ea_keydiff50_out2+int4k_int2sv_rot_kg256@0.51}
+expected_attention+int4k_int2sv_rot_kg256@0.51,ea_keydiff50_out2+int4k_int2sv_rot_kg256@0.51,\
+int4_exactsinks@0,int3k_int2sv_rot_kg37_exactsinks@0,ea_keydiff50_out2+int4_exactsinks@0.5}
 # The passkey prompts are asked of these rows too, on a front or not: the full cache and the
 # densest rows under 0.53, 0.28 and 0.20 of the bytes.
 passkey_methods=${KVD_FRONTS_PASSKEY_METHODS:-full,int8_kg256,int4_kg256,int4_rot_kg256,\
-int4k_int2sv_rot_kg256}
+int4k_int2sv_rot_kg256,int4_exactsinks,int3k_int2sv_rot_kg37_exactsinks}
 presses=${KVD_FRONTS_PRESSES:-snapkv,streaming_llm,expected_attention,tova,keydiff,knorm,kvzip}
 press_ratios=${KVD_FRONTS_PRESS_RATIOS:-0.9}
 press_segs=${KVD_FRONTS_PRESS_SEGMENTS:-8}

@@ -59,8 +59,8 @@
 //   ea_keydiff40_recent20,                   expected attention / KeyDiff / recency shares
 //   ea_keydiff33_recent33                    0.4 / 0.4 / 0.2 and 0.34 / 0.33 / 0.33 (recent_share:
 //                                            the most recent evictable tokens, as sink_recent)
-//   ea_keydiff50_out2+int8                   the embedded default: ea_keydiff50 with KeyDiff's
-//                                            outliers (z 2) first, then int8
+//   ea_keydiff50_out2+int8                   ea_keydiff50 with KeyDiff's outliers (z 2) first,
+//   ea_keydiff50_out2+int4_exactsinks        then int8, or int4 with the sequence's sinks exact
 //   ea_keydiff_pc, ea_keydiff_pc_recent20    KeyDiff share p_c (0.5 / 0.75 / 0.9), and 0.8 p_c
 //                                            with recency 0.2
 //   int4_rot, int3_rot, int2_rot             the quantize stage with the Hadamard rotation
