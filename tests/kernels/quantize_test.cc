@@ -653,6 +653,19 @@ struct PlanInput {
   CompressionInput Input() const { return {.raw = raw, .positions = positions}; }
 };
 
+// KeyDiff at p_c 0.5, then rotated int4 keys over the whole chunk and int2s values.
+CompressionPlanOptions KeyDiffThenRotatedInt4Int2s() {
+  CompressionPlanOptions o;
+  o.score = ScoreStage::kKeyDiff;
+  o.p_c = 0.5;
+  o.quant = {.format = QuantFormat::kInt4,
+             .key_group = 256,
+             .value_group = 64,
+             .rotation = QuantRotation::kHadamard,
+             .value_format = QuantFormat::kInt2Sym};
+  return o;
+}
+
 // [keydiff, quantize]: the same slots as keydiff alone, keys and values within the format's
 // error of keydiff's, the chunk written as version 3 and read back equal, stored bytes as
 // QuantizedRowsBytes says; serving (compact and dense) dequantizes.
@@ -731,15 +744,8 @@ TEST(QuantizeTest, ComposesWithTheScoreStageAndServes) {
 // the plan keeps are refused.
 TEST(QuantizeTest, TheSequencesSinkRowsStayExactInTheChunkHoldingThem) {
   PlanInput in;
-  CompressionPlanOptions o;
-  o.score = ScoreStage::kKeyDiff;
-  o.p_c = 0.5;
-  o.quant = {.format = QuantFormat::kInt4,
-             .key_group = 256,
-             .value_group = 64,
-             .sinks = 4,
-             .rotation = QuantRotation::kHadamard,
-             .value_format = QuantFormat::kInt2Sym};
+  CompressionPlanOptions o = KeyDiffThenRotatedInt4Int2s();
+  o.quant.sinks = 4;
   CompressionPlanOptions plain = o;
   plain.quant = {};
   auto exact = Compress(plain, in.layout, in.Input());
@@ -776,15 +782,8 @@ TEST(QuantizeTest, TheSequencesSinkRowsStayExactInTheChunkHoldingThem) {
 // serving (compact and dense) dequantizes to what DequantizeChunk gives.
 TEST(QuantizeTest, SymmetricValuesRoundTripTheChunkAndServe) {
   const PlanInput in;
-  CompressionPlanOptions o;
-  o.score = ScoreStage::kKeyDiff;
-  o.p_c = 0.5;
-  o.quant = {.format = QuantFormat::kInt4,
-             .key_group = 256,
-             .value_group = 64,
-             .recent = 4,
-             .rotation = QuantRotation::kHadamard,
-             .value_format = QuantFormat::kInt2Sym};
+  CompressionPlanOptions o = KeyDiffThenRotatedInt4Int2s();
+  o.quant.recent = 4;
   auto q = Compress(o, in.layout, in.Input());
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ(Encoded(*q).second, 4);
