@@ -82,6 +82,7 @@
 //   int3k_int2sv_rot_exactsinks,
 //   int3k_int2sv_rot_kg37_exactsinks,
 //   int3k_int2sv_rot_kg128_exactsinks
+//   int4_kg96_sinks1, int4_kg96_sinks2       keys over 96 slots, 1 or 2 sinks exact
 //   int4_rot_tokenkeys, int3_rot_tokenkeys   an experiment: rotated keys grouped per slot over
 //                                            64 channels (as values), quantized in memory (the
 //                                            format stores keys per channel); stored fraction
