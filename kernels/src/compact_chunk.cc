@@ -633,14 +633,8 @@ size_t QuantizedRowsBytes(int64_t rows, int head_dim, DType dtype, const QuantDe
   const size_t row = d * DTypeSize(dtype);
   if (rows <= 0) return 0;
   if (!quant.quantized()) return static_cast<size_t>(rows) * row;
-  const internal::QuantRowSplit split = internal::SplitQuantRows(quant, rows);
-  const QuantBlock b{
-      .format = quant.FormatOf(keys),
-      .keys = keys,
-      .rows = split.quantized,
-      .d = head_dim,
-      .group = static_cast<int>(std::max<uint32_t>(keys ? quant.key_group : quant.value_group, 1))};
-  return b.Bytes() + static_cast<size_t>(split.leading + split.trailing) * row;
+  const QuantBlock b = BlockOf(quant, keys, rows, head_dim);
+  return b.Bytes() + static_cast<size_t>(rows - b.rows) * row;
 }
 
 std::string_view RouteStageName(RouteStage s) {

@@ -2,7 +2,6 @@
 // compact_chunk_v1.cc reads v1). Internal to kvd_kernels; docs/chunk-format.md is the spec.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -18,23 +17,6 @@ inline constexpr int kMaxHeadDimInFormat = 1024;
 inline constexpr uint32_t kMaxHeadsInFormat = 1u << 20;
 inline constexpr uint32_t kMaxQuantGroup = 1u << 16;   // key_group and value_group
 inline constexpr uint32_t kMaxQuantRecent = 1u << 30;  // recent rows, and sink rows
-
-// How a head's `rows` key or value rows split under a quantize stage (quantize.h): the first
-// `leading` (the sink rows) and the last `trailing` (the recent rows) in the chunk dtype, the
-// `quantized` rows between them. Sink rows come first when a head has fewer rows than both.
-struct QuantRowSplit {
-  int64_t leading = 0;
-  int64_t quantized = 0;
-  int64_t trailing = 0;
-};
-inline QuantRowSplit SplitQuantRows(const QuantDescription& q, int64_t rows) {
-  QuantRowSplit s;
-  if (rows <= 0) return s;
-  s.leading = std::min<int64_t>(q.sinks, rows);
-  s.trailing = std::min<int64_t>(q.recent, rows - s.leading);
-  s.quantized = rows - s.leading - s.trailing;
-  return s;
-}
 
 // "layer L head H" of head index `idx` (layer-major) in a chunk with `heads` KV heads.
 std::string HeadName(int64_t idx, int heads);

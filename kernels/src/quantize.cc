@@ -12,16 +12,6 @@
 namespace kvd::kernels {
 namespace {
 
-QuantBlock Block(const QuantDescription& q, bool keys, int64_t rows, int d) {
-  const internal::QuantRowSplit split = internal::SplitQuantRows(q, rows);
-  return {.format = q.FormatOf(keys),
-          .keys = keys,
-          .rows = split.quantized,
-          .d = d,
-          .group = static_cast<int>(keys ? q.key_group : q.value_group),
-          .rotation = q.rotation};
-}
-
 // INVALID_ARGUMENT when the rotation cannot apply to rows of d elements.
 Status CheckRotation(const QuantDescription& q, int d, const char* what) {
   if (q.rotation == QuantRotation::kHadamard && (d < 1 || (d & (d - 1)) != 0)) {
@@ -60,7 +50,7 @@ Status QuantizeRows(ConstMatrixView rows, DType dtype, const QuantDescription& q
   }
   KVD_RETURN_IF_ERROR(CheckRotation(q, d, "QuantizeRows"));
   KVD_RETURN_IF_ERROR(CheckFinite(rows, "QuantizeRows input"));
-  const QuantBlock b = Block(q, keys, rows.rows, d);
+  const QuantBlock b = BlockOf(q, keys, rows.rows, d);
   const int64_t lead = internal::SplitQuantRows(q, rows.rows).leading;
   const std::vector<float> x = Dense(rows, lead, b.rows);
   const size_t row_bytes = static_cast<size_t>(d) * DTypeSize(dtype);
@@ -101,7 +91,7 @@ Status DequantizeRows(std::span<const uint8_t> in, DType dtype, const QuantDescr
                                    std::to_string(QuantizedRowsBytes(out.rows, d, dtype, q, keys)));
   }
   KVD_RETURN_IF_ERROR(CheckRotation(q, d, "DequantizeRows"));
-  const QuantBlock b = Block(q, keys, out.rows, d);
+  const QuantBlock b = BlockOf(q, keys, out.rows, d);
   const int64_t lead = internal::SplitQuantRows(q, out.rows).leading;
   const size_t row_bytes = static_cast<size_t>(d) * DTypeSize(dtype);
   const uint8_t* codes = in.data() + lead * row_bytes;

@@ -3,6 +3,7 @@
 // Private to kernels/src.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -56,6 +57,38 @@ struct QuantBlock {
   int64_t Groups() const { return keys ? RowGroups() * d : rows * ColGroups(); }
   size_t Bytes() const { return CodeBytes() + static_cast<size_t>(Groups()) * ParamBytes(); }
 };
+
+namespace internal {
+
+// How a head's `rows` key or value rows split under a quantize stage (quantize.h): the first
+// `leading` (the sink rows) and the last `trailing` (the recent rows) in the chunk dtype, the
+// `quantized` rows between them. Sink rows come first when a head has fewer rows than both.
+struct QuantRowSplit {
+  int64_t leading = 0;
+  int64_t quantized = 0;
+  int64_t trailing = 0;
+};
+inline QuantRowSplit SplitQuantRows(const QuantDescription& q, int64_t rows) {
+  QuantRowSplit s;
+  if (rows <= 0) return s;
+  s.leading = std::min<int64_t>(q.sinks, rows);
+  s.trailing = std::min<int64_t>(q.recent, rows - s.leading);
+  s.quantized = rows - s.leading - s.trailing;
+  return s;
+}
+
+}  // namespace internal
+
+// The quantized block of a head's `rows` key rows (`keys`) or value rows of `d` elements under
+// `q`: the rows between its sink rows and its recent rows (internal::SplitQuantRows).
+inline QuantBlock BlockOf(const QuantDescription& q, bool keys, int64_t rows, int d) {
+  return {.format = q.FormatOf(keys),
+          .keys = keys,
+          .rows = internal::SplitQuantRows(q, rows).quantized,
+          .d = d,
+          .group = static_cast<int>(std::max<uint32_t>(keys ? q.key_group : q.value_group, 1)),
+          .rotation = q.rotation};
+}
 
 namespace cpu {
 // x: [rows, d] dense float32, finite. Writes block.Bytes() bytes to out. Returns -1, or the index
