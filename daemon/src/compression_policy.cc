@@ -122,15 +122,12 @@ Status CheckKeptTokens(const CompressionPolicy& p, const std::string& key, int c
   return Status::Ok();
 }
 
-// quant_sinks: only tokens every plan keeps as they are (its sinks) can stay unquantized.
-Status CheckQuantSinks(const CompressionPolicy& p, const std::string& key) {
-  if (!p.Quantizes()) return Status::Ok();
-  const double quant_sinks = kernels::StageKeyValue(p.stage_keys, "quant_sinks");
-  if (quant_sinks <= static_cast<double>(p.sinks)) return Status::Ok();
-  return Bad(key + ".quant_sinks", Num(quant_sinks),
-             "exceeds sinks (" + std::to_string(p.sinks) +
-                 "): only the tokens every plan keeps can stay unquantized; lower quant_sinks "
-                 "or raise sinks");
+// The rules across the plan's fields (quant_sinks <= sinks, a score stage's own check of its keys
+// and the fields it reads): the kernels' plan checks the policy's whole plan options, once.
+Status CheckPlan(const CompressionPolicy& p, const std::string& key) {
+  const Status s = PlanOptions(p).Validate();
+  if (s.ok()) return s;
+  return Status::InvalidArgument(key + ": " + std::string(s.message()));
 }
 
 }  // namespace
@@ -174,7 +171,7 @@ Status CompressionPolicy::Validate(const std::string& key, int chunk_tokens) con
   KVD_RETURN_IF_ERROR(CheckMergeAndRoute(*this, key));
   KVD_RETURN_IF_ERROR(CheckExecution(*this, key));
   KVD_RETURN_IF_ERROR(CheckStageKeys(*this, key));
-  KVD_RETURN_IF_ERROR(CheckQuantSinks(*this, key));
+  KVD_RETURN_IF_ERROR(CheckPlan(*this, key));
   return CheckKeptTokens(*this, key, chunk_tokens);
 }
 

@@ -66,6 +66,25 @@ void SetPlanStages(const CompressionPolicy& p, kk::CompressionPlanOptions* o) {
   }
 }
 
+kk::CompressionPlanOptions PlanOptions(const CompressionPolicy& p) {
+  kk::CompressionPlanOptions o;
+  SetPlanStages(p, &o);  // the stages, their keys and the typed options they fill
+  o.p_c = p.p_c;
+  o.window = p.window;
+  o.sinks = p.sinks;
+  o.pooling_kernel = p.pooling_kernel;
+  o.pooling = p.pooling == "max" ? kk::PoolingKind::kMax : kk::PoolingKind::kAvg;
+  o.keydiff_block = p.keydiff_block;
+  o.pyramid_beta = p.pyramid_beta;
+  o.merge_norm = p.merge_norm == "l1code" ? kk::MergeNorm::kL1Code : kk::MergeNorm::kL2;
+  o.position = p.position == "weighted" ? kk::RepresentativePosition::kWeighted
+                                        : kk::RepresentativePosition::kLast;
+  o.route_eps = p.route_eps;
+  o.hybrid_max_group = p.max_group;
+  o.hybrid_min_cos = p.min_cos;
+  return o;
+}
+
 std::string StageExample(const kk::StageRegistration& s) {
   switch (s.kind) {
     case kk::StageKind::kQuantize:
@@ -96,14 +115,6 @@ Status CheckStageKeys(const CompressionPolicy& p, const std::string& path) {
     }
     Status s = kk::CheckStagePolicyKey(*key, value);
     if (!s.ok()) return Status::InvalidArgument(path + "." + std::string(s.message()));
-  }
-  // Checks across keys (e.g. ea_keydiff_share + ea_recent_share < 1): the stage's own check of
-  // the options its keys fill.
-  for (const kk::StageRegistration* s : listed) {
-    if (s->apply_keys == nullptr || s->validate == nullptr) continue;
-    kk::CompressionPlanOptions o;
-    s->apply_keys(p.stage_keys, &o);
-    KVD_RETURN_IF_ERROR(s->validate(o).WithContext(path + " (" + s->name + " keys)"));
   }
   return Status::Ok();
 }

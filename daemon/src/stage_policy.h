@@ -32,6 +32,11 @@ bool NeedsQueryStats(const CompressionPolicy& p);
 // stage keys, and the typed options the listed stages fill from them (apply_keys).
 void SetPlanStages(const CompressionPolicy& p, kernels::CompressionPlanOptions* o);
 
+// The kernels' plan options of a policy whose methods and stage keys are valid: its stages and
+// their keys (SetPlanStages), then its fields. Config load checks them (CompressionPlanOptions::
+// Validate, in CompressionPolicy::Validate); the chunk codec compresses with them.
+kernels::CompressionPlanOptions PlanOptions(const CompressionPolicy& p);
+
 // A `stages` list that has `s`, for error messages: "[keydiff, quantize]" for a quantize stage,
 // "[snapkv, <name>]" for a route stage, else "[<name>]".
 std::string StageExample(const kernels::StageRegistration& s);
@@ -41,9 +46,10 @@ std::string StageExample(const kernels::StageRegistration& s);
 Status StrayStageKey(const std::string& path, const std::string& key,
                      const kernels::StageRegistration& owner);
 
-// p.stage_keys: each a key of a listed stage, with a value that fits its declaration, and the
-// options a listed stage fills from its keys pass its check (INVALID_ARGUMENT naming
-// `<path>.<key>`).
+// p.stage_keys: each a key of a listed stage, with a value that fits its declaration
+// (INVALID_ARGUMENT naming `<path>.<key>`). Checks across keys and fields (a stage's own check,
+// e.g. ea_keydiff_share + ea_recent_share < 1) are the plan's: CompressionPolicy::Validate runs
+// CompressionPlanOptions::Validate on PlanOptions(p).
 Status CheckStageKeys(const CompressionPolicy& p, const std::string& path);
 
 // The stage keys' part of the canonical form: each listed stage's canonical_form, then

@@ -121,9 +121,11 @@ Status ValidateStagesAndBudget(const CompressionPlanOptions& o) {
   if (o.window < 1) return Status::InvalidArgument("plan: window must be >= 1");
   if (o.sinks < 0) return Status::InvalidArgument("plan: sinks must be >= 0");
   if (o.quant.sinks > o.sinks) {
-    return Status::InvalidArgument("plan: quant sinks " + std::to_string(o.quant.sinks) +
-                                   " exceed the plan's sinks " + std::to_string(o.sinks) +
-                                   " (only tokens the plan always keeps stay unquantized)");
+    return Status::InvalidArgument(
+        "plan: " + std::string(internal::kQuantSinks) + " (quant.sinks) " +
+        std::to_string(o.quant.sinks) + " exceeds sinks " + std::to_string(o.sinks) +
+        ": only the tokens the plan always keeps can stay unquantized; lower " +
+        internal::kQuantSinks + " or raise sinks");
   }
   return Status::Ok();
 }

@@ -49,7 +49,6 @@ constexpr char kQuantFormat[] = "quant_format";
 constexpr char kQuantGroup[] = "quant_group";
 constexpr char kQuantKeyGroup[] = "quant_key_group";
 constexpr char kQuantRecent[] = "quant_recent";
-constexpr char kQuantSinks[] = "quant_sinks";
 constexpr char kQuantRotate[] = "quant_rotate";
 constexpr char kQuantValueFormat[] = "quant_value_format";
 constexpr char kSameFormat[] = "same";

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,36 @@ StatusOr<Encoded> EncodeRandomPut(const ModelConfig& m) {
   KVD_ASSIGN_OR_RETURN(auto encoded, codec->Encode(out.put, kTokens, 0, kWindow));
   KVD_ASSIGN_OR_RETURN(out.chunk, kernels::DecodeCompactChunk(encoded.bytes));
   return out;
+}
+
+// A toy score stage whose own check (StageRegistration::validate) reads a plan field besides its
+// policy key: `lookback`, the tokens before the window it would read, must fit in the window.
+constexpr uint8_t kLookbackCode = 201;  // a score code no other stage of this binary uses
+constexpr char kLookback[] = "lookback";
+
+Status RecencyScores(const kernels::ScoreHeadInput&, std::span<float> scores) {
+  for (size_t i = 0; i < scores.size(); ++i) scores[i] = static_cast<float>(i);
+  return Status::Ok();
+}
+
+Status ValidateLookback(const kernels::CompressionPlanOptions& o) {
+  const auto lookback = static_cast<int64_t>(kernels::StageKeyValue(o, kLookback));
+  if (lookback <= o.window) return Status::Ok();
+  return Status::InvalidArgument("plan: lookback " + std::to_string(lookback) + " exceeds window " +
+                                 std::to_string(o.window));
+}
+
+Status RegisterLookbackStage() {
+  static const Status registered = kernels::StageRegistry::Global().Register({
+      .name = "lookback",
+      .kind = kernels::StageKind::kScore,
+      .code = kLookbackCode,
+      .score = RecencyScores,
+      .validate = ValidateLookback,
+      .policy_keys =
+          {{.name = kLookback, .type = kernels::PolicyKeyType::kInt, .min = 0, .max = 1 << 20}},
+  });
+  return registered;
 }
 
 TEST(StageRegistryPolicyTest, AToyScoreStageIsAPolicyMethodWithOneRegistration) {
@@ -146,6 +177,21 @@ TEST(StageRegistryPolicyTest, AStagePolicyKeyIsRefusedWithoutItsStageOrWithABadV
   p.stage_keys["key_norm_smallest"] = 1;
   s = p.Validate("models[0].compression", 64);
   EXPECT_THAT(s.message(), HasSubstr("key_norm_smallest: set, but stages has no key_norm stage"));
+}
+
+// The policy's whole plan options are checked when the config loads (CompressionPlanOptions::
+// Validate, which runs the score stage's own check): `lookback` is checked against the policy's
+// window (8), not the plan's default (32), so the config is refused before kvd starts, not when
+// the model's chunk codec is built.
+TEST(StageRegistryPolicyTest, AStagesCheckSeesThePolicysWholePlanWhenTheConfigLoads) {
+  ASSERT_TRUE(RegisterLookbackStage().ok());
+  auto fits = Parse("{stages: [lookback], lookback: 8, window: 8, sinks: 2, device: cpu}");
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  auto refused = Parse("{stages: [lookback], lookback: 16, window: 8, sinks: 2, device: cpu}");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("models[0].compression: plan: lookback 16 exceeds window 8"));
 }
 
 // A toy merge stage registered once (tests/kernels/pair_mean_stage.h) is a `stages:` method

@@ -775,7 +775,7 @@ TEST(QuantizeTest, TheSequencesSinkRowsStayExactInTheChunkHoldingThem) {
   o.sinks = 2;
   const Status refused = Compress(o, in.layout, in.Input()).status();
   EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused;
-  EXPECT_THAT(refused.message(), HasSubstr("quant sinks 4 exceed the plan's sinks 2"));
+  EXPECT_THAT(refused.message(), HasSubstr("quant_sinks (quant.sinks) 4 exceeds sinks 2"));
 }
 
 // Rotated int4 keys and int2s values after keydiff: written as version 4 and read back equal;

@@ -2,7 +2,6 @@
 // (ChunkCodec::Impl) and what one put is made of. Each concept's methods live in a file of their
 // own:
 //   chunk_codec.cc         Create, the ingest pool, Encode (lossless or compressed), stage times
-//   plan_options.cc        the compression policy -> the kernels' plan options
 //   ingest_device.cc       which device a model's ingest compresses on (ChooseIngestDevice)
 //   plan_runs.cc           one chunk's plan runs: the CUDA workers, the CPU fallback, weak heads
 //   vector_calibration.cc  VECTOR calibration: feeding, solving, saving and reloading the weights
@@ -35,9 +34,6 @@
 namespace kvd::daemon {
 
 namespace kk = kvd::kernels;
-
-// The plan options of a validated policy: its stages (SetPlanStages) and their keys.
-kk::CompressionPlanOptions PlanOptions(const CompressionPolicy& p);
 
 // Index of each stage in IngestStageNames().
 enum IngestStage : size_t {

@@ -24,7 +24,8 @@
 // methods of one stage, a method listed after a later stage (e.g. [vector, snapkv]), an empty
 // list, a lone `vector`, quant_* keys without the quantize stage, p_c outside [0, 1), a budget that
 // cannot hold the sinks and window of a full chunk (llround((1 - p_c) * chunk_tokens) < sinks +
-// window).
+// window), plan options the kernels' plan refuses (kernels/plan.h CompressionPlanOptions::Validate,
+// e.g. quant_sinks over sinks: `key` and the plan's message).
 //
 // Codec id: the 32-bit digest of CanonicalForm() and the calibration version (0 before VECTOR
 // calibration completes, or when the policy does not route). It is part of every chunk key, so a
