@@ -113,10 +113,10 @@ def main():
               f"transformers (kvpress venv) {hf_full:.6f}\n")
         peers = {k: v for k, v in kvp.items()
                  if a.form is None or (k[1] == 0) == (a.form == "dense")}
-        print(f"| {'quantized cache' if a.form == 'dense' else 'press'} at p_c "
-              "| stored/raw, ppl/full | kvd's best at no more bytes "
+        peer = "quantized cache" if a.form == "dense" else "press"
+        print(f"| {peer} at p_c | stored/raw, ppl/full | kvd's best at no more bytes "
               f"({a.kvd_mode}) "
-              "| stored/raw, ppl/full | kvd / press, paired [95% CI] |\n|---|---|---|---|---|")
+              f"| stored/raw, ppl/full | kvd / {peer}, paired [95% CI] |\n|---|---|---|---|---|")
         for (m, r), seg in sorted(peers.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
             # kvd's best row is chosen on all its segments (its front), and shown on the press's
             # segments only, so both columns cover the same text.
