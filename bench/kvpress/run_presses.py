@@ -8,7 +8,12 @@ prefilled (compressed by the press, kvpress's compression_ratio = kvd's p_c = fr
 removed), then the continuation is teacher-forced at positions prefix..prefix+C-2 and tokens
 cont[1..C-1] are scored; perplexity = exp(sum of NLL / scored tokens) pooled over segments.
 
-Writes <out>/results.csv (method,p_c,scored_tokens,perplexity,seconds) and
+--quant adds transformers' QuantizedCache (optimum-quanto or HQQ backend) as rows that keep every
+token: the prefix is prefilled into the quantized cache (the first update quantizes all of it;
+checked before the continuation is scored), then the continuation is scored as for the presses.
+Their stored fraction is measured from the cache's tensors (quantized_cache_bytes).
+
+Writes <out>/results.csv (method,p_c,scored_tokens,perplexity,seconds,stored_raw) and
 <out>/segments.csv (method,mode,p_c,segment,nll_sum,scored_tokens), the layout of kvd-quality's
 segments.csv, so bench/kvpress/table.py can pair them with kvd's methods.
 """
@@ -82,10 +87,73 @@ def make_press(name, ratio, window):
     return getattr(kvpress, cls)(compression_ratio=ratio, **kw)
 
 
-def score_segment(model, torch, prefix, cont, press):
+# --quant's backends: (axis_key, axis_value) closest to kvd's layout, keys per channel over a group
+# of tokens and values per token. quanto groups axis -1 as group_size consecutive rows of the
+# (batch*heads*tokens, head_dim) view (one channel over group_size consecutive tokens of one head)
+# and axis 0 as consecutive elements (one token's head vector). HQQ groups axis 1 as consecutive
+# elements (one token's head vector) and axis 0 as a column of the (group_size, -1) view: one
+# channel over group_size tokens spaced heads*tokens/head_dim apart (across heads), the only
+# per-channel grouping it has.
+QUANT_AXES = {"quanto": (-1, 0), "hqq": (0, 1)}
+BF16_BYTES = 2
+
+
+def parse_quant(spec, group, residual):
+    """'quanto:int4' -> (row name, QuantizedCache keyword arguments)."""
+    backend, _, bits = spec.partition(":")
+    if backend not in QUANT_AXES or not bits.startswith("int") or not bits[3:].isdigit():
+        raise ValueError(f"bad --quant entry {spec!r} (want BACKEND:intN, BACKEND one of "
+                         f"{', '.join(QUANT_AXES)})")
+    ak, av = QUANT_AXES[backend]
+    kw = dict(backend=backend, nbits=int(bits[3:]), axis_key=ak, axis_value=av,
+              q_group_size=group, residual_length=residual)
+    return f"tf-{backend}:{bits}-g{group}-r{residual}", kw
+
+
+def _quantized_parts(q):
+    """(packed codes, [scale, zero-point], logical shape) of one quanto or HQQ quantized tensor."""
+    if isinstance(q, tuple):  # HQQ: (packed codes, meta)
+        codes, meta = q
+        return codes, [meta["scale"], meta["zero"]], tuple(meta["shape"])
+    data = q._data  # quanto WeightQBitsTensor: PackedTensor of uint8, scale, shift
+    return getattr(data, "_data", data), [q._scale, q._shift], tuple(q.shape)
+
+
+def quantized_cache_bytes(cache, prefix_tokens):
+    """(stored bytes, raw bytes, residual tokens) of a transformers QuantizedCache holding a prefix.
+
+    Counts what the backend keeps: the packed codes as stored (their dtype's bytes), each group's
+    scale and zero-point at 2 bytes (the backends store them in the cache's dtype, checked here;
+    counted as bfloat16 as the raw K+V is), and the residual window (tokens not yet quantized) in
+    bfloat16. Raw: keys and values of every layer in bfloat16. Asserts that every layer's
+    quantized tensors and residual window together hold exactly prefix_tokens positions.
+    """
+    stored = raw = 0
+    residual = None
+    for i, layer in enumerate(cache.layers):
+        kept = layer.keys.shape[-2] if layer.keys.dim() == 4 else 0
+        assert residual in (None, kept), f"layer {i}: {kept} residual tokens, others {residual}"
+        residual = kept
+        for name, window in (("_quantized_keys", layer.keys), ("_quantized_values", layer.values)):
+            q = getattr(layer, name, None)
+            assert q is not None, f"layer {i}: no {name}; the prefix is not quantized"
+            codes, meta, shape = _quantized_parts(q)
+            assert not codes.is_floating_point(), f"layer {i} {name}: codes are {codes.dtype}"
+            assert shape[-2] + kept == prefix_tokens, \
+                f"layer {i} {name}: {shape[-2]} quantized + {kept} residual != {prefix_tokens}"
+            for t in meta:
+                assert t.dtype == layer.keys.dtype, f"layer {i} {name}: meta {t.dtype}"
+            stored += codes.numel() * codes.element_size()
+            stored += sum(t.numel() for t in meta) * BF16_BYTES
+            stored += window.numel() * BF16_BYTES
+            raw += (math.prod(shape) + window.numel()) * BF16_BYTES
+    return stored, raw, residual
+
+
+def score_segment(model, torch, prefix, cont, press, cache=None, after_prefill=None):
     from transformers import DynamicCache
     P, C = len(prefix), len(cont)
-    cache = DynamicCache()
+    cache = DynamicCache() if cache is None else cache
     with torch.no_grad():
         ids = torch.tensor([prefix])
         if press is None:
@@ -93,6 +161,8 @@ def score_segment(model, torch, prefix, cont, press):
         else:
             with press(model):
                 model(input_ids=ids, past_key_values=cache, use_cache=True)
+        if after_prefill is not None:
+            after_prefill(cache)
         feed = torch.tensor([cont[:-1]])
         pos = torch.arange(P, P + C - 1).unsqueeze(0)
         out = model(input_ids=feed, past_key_values=cache, position_ids=pos, use_cache=True)
@@ -118,6 +188,13 @@ def main():
     ap.add_argument("--window", type=int, default=32, help="SnapKV observation window")
     ap.add_argument("--ratios", default="0.5,0.75,0.9")
     ap.add_argument("--presses", default="streaming_llm,snapkv,keydiff,tova,expected_attention,kvzip,qfilter")
+    ap.add_argument("--quant", default="",
+                    help="transformers QuantizedCache rows, BACKEND:intN comma separated "
+                         "(quanto: int4, int2; hqq: int8, int4, int3, int2, int1)")
+    ap.add_argument("--quant-group", type=int, default=64, help="QuantizedCache q_group_size")
+    ap.add_argument("--quant-residual", type=int, default=0,
+                    help="QuantizedCache residual_length (the prefill is quantized whole at any "
+                         "value; it bounds the full-precision window of tokens appended later)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
@@ -154,38 +231,64 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     rows, seg_rows = [], []
 
-    def run(method, ratio, press):
+    def run(method, ratio, press, make_cache=None):
         t0 = time.time()
         nll_t, n_t, per = 0.0, 0, []
+        measured = []  # (stored, raw, residual tokens) of each segment's quantized prefix
+
+        def measure(cache):
+            measured.append(quantized_cache_bytes(cache, args.prefix))
+
         for i, (p, c) in enumerate(segs):
-            nll, n = score_segment(model, torch, p, c, press)
+            cache = make_cache() if make_cache else None
+            hook = measure if make_cache else None
+            nll, n = score_segment(model, torch, p, c, press, cache, hook)
             nll_t += nll
             n_t += n
             per.append((i, nll, n))
         ppl = math.exp(nll_t / n_t)
         dt = time.time() - t0
-        rows.append((method, ratio, n_t, ppl, dt))
+        stored = 1 - ratio  # a press keeps 1 - p_c of the tokens in bfloat16
+        note = ""
+        if measured:
+            assert len(set(measured)) == 1, f"{method}: segments store different bytes {measured}"
+            stored_b, raw_b, residual = measured[0]
+            stored = stored_b / raw_b
+            note = f"  stored/raw {stored:.4f}, {residual} residual tokens"
+        rows.append((method, ratio, n_t, ppl, dt, stored))
         for i, nll, n in per:
             seg_rows.append((method, "one-shot", ratio, i, nll, n))
-        print(f"{method:22s} p_c {ratio:.2f}  ppl {ppl:.6f}  ({dt:.1f} s)", flush=True)
+        print(f"{method:22s} p_c {ratio:.2f}  ppl {ppl:.6f}  ({dt:.1f} s){note}", flush=True)
         return ppl
+
+    def not_run(method, ratio, e):  # a row that cannot run here is reported, not fatal
+        msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        print(f"{method} p_c {ratio:.2f}: not run: {type(e).__name__}: {msg}", flush=True)
+        rows.append((method, ratio, 0, float("nan"), 0.0, 1 - ratio))
 
     run("full", 0.0, None)
     for name in [s for s in args.presses.split(",") if s]:
         for r in [float(x) for x in args.ratios.split(",") if x]:
             try:
                 run("kvpress:" + name, r, make_press(name, r, args.window))
-            except Exception as e:  # a press that cannot run here is reported, not fatal
-                msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-                print(f"kvpress:{name} p_c {r:.2f}: not run: {type(e).__name__}: {msg}", flush=True)
-                rows.append(("kvpress:" + name, r, 0, float("nan"), 0.0))
+            except Exception as e:
+                not_run("kvpress:" + name, r, e)
                 break
+    for spec in [s for s in args.quant.split(",") if s]:
+        method, kw = parse_quant(spec, args.quant_group, args.quant_residual)
+        try:
+            from transformers import QuantizedCache
+            run(method, 0.0, None, lambda: QuantizedCache(config=model.config, **kw))
+        except AssertionError:
+            raise  # the prefix was not held quantized: the row would be wrong, not missing
+        except Exception as e:
+            not_run(method, 0.0, e)
 
     with open(os.path.join(args.out, "results.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["method", "p_c", "scored_tokens", "perplexity", "seconds"])
-        for m, r, n, ppl, dt in rows:
-            w.writerow([m, f"{r:.4f}", n, f"{ppl:.6f}", f"{dt:.2f}"])
+        w.writerow(["method", "p_c", "scored_tokens", "perplexity", "seconds", "stored_raw"])
+        for m, r, n, ppl, dt, stored in rows:
+            w.writerow([m, f"{r:.4f}", n, f"{ppl:.6f}", f"{dt:.2f}", f"{stored:.6f}"])
     with open(os.path.join(args.out, "segments.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["method", "mode", "p_c", "segment", "nll_sum", "scored_tokens"])

@@ -56,33 +56,42 @@ def main():
                     help="each press against kvd's best row at no more stored bytes")
     ap.add_argument("--kvd-mode", default="one-shot", choices=["one-shot", "chunk-wise"],
                     help="kvd's rows from this mode (the presses are one-shot)")
+    ap.add_argument("--form", choices=["dense", "compact"], default=None,
+                    help="--equal-bytes: only rows of this form on both sides (dense: every "
+                         "position kept, quantized; compact: tokens evicted)")
     a = ap.parse_args()
 
     kvd = load_segments(os.path.join(a.kvd_out, "segments.csv"), True, a.kvd_mode)
     stored = {}
     in_bytes = set()  # kvd rows whose stored fraction is measured in bytes
+    of_form = set()  # kvd rows of --form (all without it)
     kvd_full = None
     with open(os.path.join(a.kvd_out, "results.csv")) as f:
         for r in csv.DictReader(f):
             if r["method"] == "engine":
                 kvd_full = float(r["perplexity"])
             if r["mode"] == a.kvd_mode:
+                if a.form is None or r.get("form") == a.form:
+                    of_form.add((r["method"], float(r["p_c"])))
                 measured = float(r.get("stored_raw") or -1)
                 if measured >= 0:
                     in_bytes.add((r["method"], float(r["p_c"])))
                 stored[(r["method"], float(r["p_c"]))] = (
                     measured if measured >= 0 else 1 - float(r["achieved_p_c"]))
     not_run = []
+    peer_stored = {}  # run_presses.py's measured stored_raw (older runs wrote none)
     with open(os.path.join(a.kvpress_out, "results.csv")) as f:
         for r in csv.DictReader(f):
             if int(r["scored_tokens"]) == 0 and r["method"] not in not_run:
                 not_run.append(r["method"])
+            if r.get("stored_raw"):
+                peer_stored[(r["method"], float(r["p_c"]))] = float(r["stored_raw"])
     kvp = load_segments(os.path.join(a.kvpress_out, "segments.csv"), False)
     full = kvp.pop(("full", 0.0))
     for key, seg in kvp.items():
         for i in seg:
             seg[i] = (seg[i][0], seg[i][1], full[i][0])
-        stored[key] = 1 - key[1]
+        stored[key] = peer_stored.get(key, 1 - key[1])
     hf_full = math.exp(sum(v[0] for v in full.values()) / sum(v[1] for v in full.values()))
 
     rows = {**{k: v for k, v in kvd.items() if k[0] != "full"}, **kvp}
@@ -102,14 +111,18 @@ def main():
         rng = random.Random(1)
         print(f"full cache perplexity: kvd reference engine {kvd_full:.6f}, "
               f"transformers (kvpress venv) {hf_full:.6f}\n")
-        print("| press at p_c | stored/raw, ppl/full | kvd's best at no more bytes "
+        peers = {k: v for k, v in kvp.items()
+                 if a.form is None or (k[1] == 0) == (a.form == "dense")}
+        peer = "quantized cache" if a.form == "dense" else "press"
+        print(f"| {peer} at p_c | stored/raw, ppl/full | kvd's best at no more bytes "
               f"({a.kvd_mode}) "
-              "| stored/raw, ppl/full | kvd / press, paired [95% CI] |\n|---|---|---|---|---|")
-        for (m, r), seg in sorted(kvp.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
+              f"| stored/raw, ppl/full | kvd / {peer}, paired [95% CI] |\n|---|---|---|---|---|")
+        for (m, r), seg in sorted(peers.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
             # kvd's best row is chosen on all its segments (its front), and shown on the press's
             # segments only, so both columns cover the same text.
             within = [(ratio(s2, s2.keys()), k) for k, s2 in kvd.items()
-                      if k in in_bytes and k[0] != "full" and stored[k] <= stored[(m, r)] + 1e-12]
+                      if k in in_bytes and k in of_form and k[0] != "full"
+                      and stored[k] <= stored[(m, r)] + 1e-12]
             if not within:
                 print(f"| {m} at {r:g} | {stored[(m, r)]:.3f}, {ratio(seg, seg.keys()):.4f} "
                       "| none | - | - |")
