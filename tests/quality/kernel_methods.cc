@@ -235,9 +235,6 @@ constexpr MethodSpec kSpecs[] = {
      .quant_values = kI2s,
      .quant_sinks = 4,
      .key_group = 128},
-    // Keys quantized pre-RoPE (MethodSpec::prerope), as KVQuant: RoPE turns each key channel's
-    // stable offset into a position-dependent rotation of its pair, which per-channel groups
-    // then have to span.
     // Their post-RoPE twins with one exact sink (int4_kg96_sinks1 above).
     {.name = "int4_sinks1", .stored_bf16 = true, .quant = kI4, .quant_sinks = 1},
     {.name = "int4_kg128_sinks1",
@@ -250,6 +247,9 @@ constexpr MethodSpec kSpecs[] = {
      .quant = kI4,
      .quant_sinks = 1,
      .key_group = 256},
+    // Keys quantized pre-RoPE (MethodSpec::prerope), as KVQuant: RoPE turns each key channel's
+    // stable offset into a position-dependent rotation of its pair, which per-channel groups
+    // then have to span.
     {.name = "int4_prerope", .stored_bf16 = true, .quant = kI4, .prerope = true},
     {.name = "int4_prerope_kg96",
      .stored_bf16 = true,
