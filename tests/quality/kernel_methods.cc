@@ -235,7 +235,8 @@ constexpr MethodSpec kSpecs[] = {
      .quant_values = kI2s,
      .quant_sinks = 4,
      .key_group = 128},
-    // Their post-RoPE twins with one exact sink (int4_kg96_sinks1 above).
+    // int4 with one exact sink over 64, 128, 256 slots (96: above): the post-RoPE twins of the
+    // pre-RoPE rows below.
     {.name = "int4_sinks1", .stored_bf16 = true, .quant = kI4, .quant_sinks = 1},
     {.name = "int4_kg128_sinks1",
      .stored_bf16 = true,
