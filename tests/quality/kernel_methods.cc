@@ -7,6 +7,7 @@
 #include <cstring>
 #include <numeric>
 #include <optional>
+#include <span>
 
 #include "kvd/kernels/compact_chunk.h"
 #include "kvd/kernels/expected_attention.h"
@@ -58,6 +59,10 @@ struct MethodSpec {
   // bfloat16 and left out of the quantization groups (QuantDescription::sinks).
   uint32_t quant_sinks = 0;
   uint32_t key_group = 0;  // slots per key group; 0: as values (64 or KVD_QUANT_GROUP)
+  // Keys quantized pre-RoPE: de-rotated with the model's RoPE at their positions before the plan,
+  // rotated back at their positions once served (no bytes: the positions are the chunk's). Only
+  // for plans without score, merge and route stages (they read post-RoPE keys).
+  bool prerope = false;
   // Expected-attention terms (ExpectedAttentionOptions): covariance, value norm, KeyDiff share.
   bool ea_covariance = true;
   bool ea_value_norm = true;
@@ -230,6 +235,78 @@ constexpr MethodSpec kSpecs[] = {
      .quant_values = kI2s,
      .quant_sinks = 4,
      .key_group = 128},
+    // int4 with one exact sink over 64, 128, 256 slots (96: above): the post-RoPE twins of the
+    // pre-RoPE rows below.
+    {.name = "int4_sinks1", .stored_bf16 = true, .quant = kI4, .quant_sinks = 1},
+    {.name = "int4_kg128_sinks1",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .quant_sinks = 1,
+     .key_group = 128},
+    {.name = "int4_kg256_sinks1",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .quant_sinks = 1,
+     .key_group = 256},
+    // Keys quantized pre-RoPE (MethodSpec::prerope), as KVQuant: RoPE turns each key channel's
+    // stable offset into a position-dependent rotation of its pair, which per-channel groups
+    // then have to span.
+    {.name = "int4_prerope", .stored_bf16 = true, .quant = kI4, .prerope = true},
+    {.name = "int4_prerope_kg96",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .key_group = 96,
+     .prerope = true},
+    {.name = "int4_prerope_kg128",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .key_group = 128,
+     .prerope = true},
+    {.name = "int4_prerope_kg256",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .key_group = 256,
+     .prerope = true},
+    {.name = "int4_prerope_sinks1",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .quant_sinks = 1,
+     .prerope = true},
+    {.name = "int4_prerope_kg96_sinks1",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .quant_sinks = 1,
+     .key_group = 96,
+     .prerope = true},
+    {.name = "int4_prerope_kg128_sinks1",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .quant_sinks = 1,
+     .key_group = 128,
+     .prerope = true},
+    {.name = "int4_prerope_kg256_sinks1",
+     .stored_bf16 = true,
+     .quant = kI4,
+     .quant_sinks = 1,
+     .key_group = 256,
+     .prerope = true},
+    // The Hadamard rotation then applies to the pre-RoPE keys too (the quantize stage rotates
+    // keys and values alike); without it, unrotated symmetric 2-bit values.
+    {.name = "int3k_int2sv_rot_prerope_kg37_exactsinks",
+     .stored_bf16 = true,
+     .quant = kI3,
+     .quant_rotate = true,
+     .quant_values = kI2s,
+     .quant_sinks = 4,
+     .key_group = 37,
+     .prerope = true},
+    {.name = "int3k_int2sv_prerope_kg37_exactsinks",
+     .stored_bf16 = true,
+     .quant = kI3,
+     .quant_values = kI2s,
+     .quant_sinks = 4,
+     .key_group = 37,
+     .prerope = true},
     {.name = "int4_kg96",
      .stored_bf16 = true,
      .quant = kernels::QuantFormat::kInt4,
@@ -535,6 +612,30 @@ std::vector<int64_t> Positions(const llama::DenseKvCache& cache) {
   return std::vector<int64_t>(cache.positions.begin(), cache.positions.end());
 }
 
+// MethodSpec::prerope rows run no stage that reads keys as post-RoPE keys.
+static_assert(std::ranges::all_of(kSpecs, [](const MethodSpec& s) {
+  return !s.prerope || (s.score == ScoreStage::kNone && s.merge == MergeStage::kNone &&
+                        s.route == RouteStage::kNone);
+}));
+
+// Rotates (kRotate) or de-rotates (kDerotate) every key row of a float32 raw chunk (RawChunk's
+// layout) in place, row i at pos[i], with the model's RoPE.
+Status RopeRawKeys(const kernels::RopeTable& rope, kernels::RopeDirection direction,
+                   const ModelLayout& layout, std::span<const int64_t> pos,
+                   std::vector<uint8_t>* raw) {
+  const int64_t N = static_cast<int64_t>(pos.size());
+  const int64_t row = static_cast<int64_t>(layout.num_kv_heads) * layout.head_dim;
+  float* f = reinterpret_cast<float*>(raw->data());
+  std::vector<kernels::MatrixView> heads;
+  for (int l = 0; l < layout.num_layers; ++l) {
+    float* k = f + static_cast<size_t>(l) * 2 * N * row;
+    for (int h = 0; h < layout.num_kv_heads; ++h) {
+      heads.push_back({k + static_cast<int64_t>(h) * layout.head_dim, N, layout.head_dim, row});
+    }
+  }
+  return kernels::ApplyRope(rope, direction, pos, heads);
+}
+
 class KernelMethod : public CompressionMethod {
  public:
   explicit KernelMethod(const MethodSpec& spec) : spec_(spec) {}
@@ -594,6 +695,14 @@ class KernelMethod : public CompressionMethod {
     const std::vector<uint8_t> raw = RawChunk(p.cache);
     const std::vector<int64_t> pos = Positions(p.cache);
     if (spec_.online) KVD_RETURN_IF_ERROR(CalibrateOnline(cfg, layout, raw, pos));
+    KVD_ASSIGN_OR_RETURN(kernels::RopeTable rope, kernels::RopeTable::Create(cfg.rope, d));
+    std::vector<uint8_t> prerope_raw;  // spec_.prerope: raw with its keys de-rotated
+    if (spec_.prerope) {
+      prerope_raw = raw;
+      KVD_RETURN_IF_ERROR(
+          RopeRawKeys(rope, kernels::RopeDirection::kDerotate, layout, pos, &prerope_raw));
+    }
+    const std::vector<uint8_t>& plan_raw = spec_.prerope ? prerope_raw : raw;
 
     CompressionPlanOptions o;
     o.score = spec_.score;
@@ -647,7 +756,7 @@ class KernelMethod : public CompressionMethod {
     for (const auto& m : q_store) q_views.push_back(m.View());
 
     kernels::CompressionInput in;
-    in.raw = raw;
+    in.raw = plan_raw;
     in.positions = pos;
     in.window_queries = q_views;
     in.weights = weights_.has_value() ? &*weights_ : nullptr;
@@ -695,8 +804,8 @@ class KernelMethod : public CompressionMethod {
     if (spec_.stored_bf16) {
       stored_layout.dtype = DType::kBFloat16;
       stored_raw.resize(raw.size() / 2);
-      ConvertFromFloat(DType::kBFloat16, reinterpret_cast<const float*>(raw.data()),
-                       stored_raw.data(), raw.size() / sizeof(float));
+      ConvertFromFloat(DType::kBFloat16, reinterpret_cast<const float*>(plan_raw.data()),
+                       stored_raw.data(), plan_raw.size() / sizeof(float));
       in.raw = stored_raw;
     }
     if (spec_.quant != kernels::QuantFormat::kNone) {
@@ -728,7 +837,6 @@ class KernelMethod : public CompressionMethod {
       KVD_RETURN_IF_ERROR(QuantizeKeysPerToken(q, &chunk));
     }
 
-    KVD_ASSIGN_OR_RETURN(kernels::RopeTable rope, kernels::RopeTable::Create(cfg.rope, d));
     CompressedPrefix out;
     out.cache.next_position = p.cache.next_position;
     out.cache.layers.resize(L);
@@ -737,6 +845,11 @@ class KernelMethod : public CompressionMethod {
       for (int h = 0; h < H; ++h) {
         KVD_ASSIGN_OR_RETURN(kernels::ServingHead sh,
                              kernels::BuildServingHead(chunk, l, h, &rope, in.weights));
+        if (spec_.prerope) {  // served post-RoPE, at the slots' positions
+          const kernels::MatrixView keys = sh.keys.View();
+          KVD_RETURN_IF_ERROR(kernels::ApplyRope(rope, kernels::RopeDirection::kRotate,
+                                                 sh.positions, std::span(&keys, 1)));
+        }
         llama::CompactHeadKv& hk = out.cache.layers[l][h];
         hk.num_slots = static_cast<int>(sh.keys.rows);
         hk.k = std::move(sh.keys.values);

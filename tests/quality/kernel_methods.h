@@ -83,6 +83,14 @@
 //   int3k_int2sv_rot_kg37_exactsinks,
 //   int3k_int2sv_rot_kg128_exactsinks
 //   int4_kg96_sinks1, int4_kg96_sinks2       keys over 96 slots, 1 or 2 sinks exact
+//   int4_sinks1, int4_kg128_sinks1,          keys over 64 / 128 / 256 slots, 1 sink exact
+//   int4_kg256_sinks1
+//   int4_prerope, int4_prerope_kg96,         an experiment (KVQuant): keys de-rotated with the
+//   int4_prerope_kg128, int4_prerope_kg256,  model's RoPE at their positions before the quantize
+//   and each with _sinks1 (quant_sinks 1),   stage (pre-RoPE keys per channel), rotated back at
+//   int3k_int2sv_rot_prerope_kg37_exactsinks, the slots' positions when served; no bytes added
+//   int3k_int2sv_prerope_kg37_exactsinks     (the _rot_ row: Hadamard after it, on keys and
+//                                            values; the other without any rotation)
 //   int4_rot_tokenkeys, int3_rot_tokenkeys   an experiment: rotated keys grouped per slot over
 //                                            64 channels (as values), quantized in memory (the
 //                                            format stores keys per channel); stored fraction

@@ -258,6 +258,78 @@ TEST(KernelMethodsTest, OnlineCalibrationFitsTheServedDocument) {
   EXPECT_GT(WorstValueMismatch(served, *cf), 0.1);
 }
 
+// Pre-RoPE keys: `offset` (per layer, head and channel, drawn from `seed`) plus `noise`, rotated
+// at their positions with the engine's interleaved RoPE; values random.
+PrefixCapture MakeOffsetKeysPrefix(const llama::LlamaConfig* cfg, uint32_t seed, float offset,
+                                   float noise) {
+  PrefixCapture p = MakePrefix(cfg, seed, 0.0);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (int l = 0; l < kLayers; ++l) {
+    for (int h = 0; h < kKvHeads; ++h) {
+      float base[kDim];
+      for (float& x : base) x = offset * g(rng);
+      for (int t = 0; t < kTokens; ++t) {
+        float* k = &p.cache.layers[l].k[(static_cast<size_t>(t) * kKvHeads + h) * kDim];
+        for (int i = 0; i < kDim / 2; ++i) {
+          const double ang = t * std::pow(10000.0, -2.0 * i / kDim);
+          const double a = base[2 * i] + noise * g(rng), b = base[2 * i + 1] + noise * g(rng);
+          k[2 * i] = static_cast<float>(a * std::cos(ang) - b * std::sin(ang));
+          k[2 * i + 1] = static_cast<float>(a * std::sin(ang) + b * std::cos(ang));
+        }
+      }
+    }
+  }
+  return p;
+}
+
+// Largest absolute difference between a dense method's served keys and the prefix's keys
+// (slot j is token j at p_c 0).
+double WorstKeyError(const PrefixCapture& p, const CompressedPrefix& c) {
+  double worst = 0.0;
+  for (int l = 0; l < kLayers; ++l) {
+    for (int h = 0; h < kKvHeads; ++h) {
+      const llama::CompactHeadKv& hk = c.cache.layers[l][h];
+      EXPECT_EQ(hk.num_slots, kTokens);
+      for (int t = 0; t < std::min(hk.num_slots, kTokens); ++t) {
+        for (int r = 0; r < kDim; ++r) {
+          const float want =
+              p.cache.layers[l].k[(static_cast<size_t>(t) * kKvHeads + h) * kDim + r];
+          worst = std::max(worst, std::abs(double(hk.k[t * kDim + r]) - want));
+        }
+      }
+    }
+  }
+  return worst;
+}
+
+// Keys whose pre-RoPE channels hold a stable offset: quantized post-RoPE, each channel's group
+// spans the rotation of its pair (about 2 |offset|); de-rotated first (the prerope rows), only the
+// noise; and the served keys are post-RoPE again.
+TEST(KernelMethodsTest, PreRopeKeysQuantizeTheStableOffsetAway) {
+  const llama::LlamaConfig cfg = Config();
+  const PrefixCapture p = MakeOffsetKeysPrefix(&cfg, 11, 4.0f, 0.1f);
+  for (const auto& [post, pre] : {std::pair{"int4", "int4_prerope"},
+                                  std::pair{"int4_kg96_sinks1", "int4_prerope_kg96_sinks1"},
+                                  std::pair{"int3k_int2sv_rot_kg37_exactsinks",
+                                            "int3k_int2sv_rot_prerope_kg37_exactsinks"}}) {
+    auto mpost = CreateKernelMethod(post);
+    auto mpre = CreateKernelMethod(pre);
+    ASSERT_TRUE(mpost.ok()) << mpost.status();
+    ASSERT_TRUE(mpre.ok()) << mpre.status();
+    auto cpost = (*mpost)->Compress(p, 0.0);
+    auto cpre = (*mpre)->Compress(p, 0.0);
+    ASSERT_TRUE(cpost.ok()) << post << ": " << cpost.status();
+    ASSERT_TRUE(cpre.ok()) << pre << ": " << cpre.status();
+    // The rotation adds no bytes.
+    EXPECT_EQ(cpre->stored_bytes_fraction, cpost->stored_bytes_fraction) << pre;
+    const double e_post = WorstKeyError(p, *cpost), e_pre = WorstKeyError(p, *cpre);
+    // Post-RoPE groups span ~8 (4-bit step ~0.5); pre-RoPE ones ~0.6 (the noise's +-3 sigma),
+    // plus the bfloat16 rounding of keys ~4 (2^-8 relative): a quarter is a wide margin.
+    EXPECT_LT(e_pre, 0.25 * e_post) << pre << " " << e_pre << " vs " << post << " " << e_post;
+  }
+}
+
 TEST(KernelMethodsTest, BadRatioIsOutOfRange) {
   const llama::LlamaConfig cfg = Config();
   auto m = CreateKernelMethod("snapkv");
