@@ -2,11 +2,11 @@
 # kvd in one command: the disaggregated demo. Installs and builds (./deploy/setup.sh), fetches
 # the demo model (./deploy/fetch-models.sh: SmolLM2-135M-Instruct), starts build/bin/kvd on its
 # embedded default topology, whose smollm2-135m entry has a compression policy (expected
-# attention with half the evicted choice by KeyDiff, p_c 0.5, window 32, sinks 4, then int8
-# quantization; KeyDiff alone until kvd has seen 8 puts' window queries), then runs the
+# attention with half the evicted choice by KeyDiff, p_c 0.5, window 16, sinks 4, then int8
+# quantization; KeyDiff alone until kvd has seen 16 puts' window queries), then runs the
 # reference engine as two separate processes:
 #   kvd-demo prefill  runs a real prompt (deploy/demo/text.txt) one chunk per forward pass and
-#                     puts each full chunk's raw K/V plus its last 32 post-RoPE queries to kvd,
+#                     puts each full chunk's raw K/V plus its last 16 post-RoPE queries to kvd,
 #                     which compresses the chunk before acknowledging it;
 #   kvd-demo decode   looks the prompt up, gets the compact chunks, expands them (bias form),
 #                     continues generating and scores a held-out continuation, against a local

@@ -93,14 +93,14 @@ TEST(ConfigTest, EmbeddedDefaultRegistersTheThreeModels) {
   EXPECT_EQ(smol->layout.dtype, DType::kBFloat16);
   EXPECT_EQ(smol->layout.rope.theta, 100000);
   // The serving default (docs/quality.md, "Choosing a policy"): expected attention with half the
-  // evictable tokens by KeyDiff's rank, p_c 0.5, 32-token window, 4 sinks, then int8
+  // evictable tokens by KeyDiff's rank, p_c 0.5, 16-token window, 4 sinks, then int8
   // quantization; its query statistics grow from the window queries.
   ASSERT_TRUE(smol->compression.has_value());
   EXPECT_EQ(smol->compression->StagesName(), "expected_attention+int8");
   EXPECT_EQ(KeyText(*smol->compression, "ea_keydiff_share"), "0.5");
   EXPECT_EQ(KeyText(*smol->compression, "ea_covariance"), "1");
   EXPECT_EQ(smol->compression->p_c, 0.5);
-  EXPECT_EQ(smol->compression->window, 32);
+  EXPECT_EQ(smol->compression->window, 16);
   EXPECT_EQ(smol->compression->sinks, 4);
   EXPECT_TRUE(smol->compression->NeedsQueries());
   const ModelConfig* stories = c.FindModel("stories260k");

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The disaggregated demo through a real kvd process, on a short prompt (ctest label `serving`).
 # kvd runs the embedded default with its expected-attention (KeyDiff share 0.5) p_c 0.5 + int8
-# policy for smollm2-135m (as the quickstart). The test puts 2 chunks of 32 window queries, fewer
+# policy for smollm2-135m (as the quickstart). The test puts 2 chunks of 16 window queries, fewer
 # than the 256 per layer expected attention waits for, so kvd scores them by KeyDiff, as the
 # policy says; `kvd-demo local --score keydiff` is that plan:
 #   1. kvd-demo prefill (one process) puts the prompt's full chunks with their window queries;
@@ -35,14 +35,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The embedded default (smollm2-135m: expected attention + KeyDiff, p_c 0.5, window 32, sinks 4,
+# The embedded default (smollm2-135m: expected attention + KeyDiff, p_c 0.5, window 16, sinks 4,
 # int8) with a small arena
 # (the test holds two compact chunks).
 "$bin/kvd" --print-default-config |
   sed -e 's/^\(    capacity:\) 1GiB.*/\1 64MiB/' -e 's/^\(    prefault:\) true.*/\1 false/' \
     >"$work/kvd.yaml"
 grep -q "capacity: 64MiB" "$work/kvd.yaml" || { echo "FAIL: could not shrink the arena"; exit 1; }
-grep -qF "compression: {stages: [expected_attention, quantize], p_c: 0.5, window: 32, sinks: 4, ea_keydiff_share: 0.5, ea_keydiff_outlier_z: 2}" "$work/kvd.yaml" ||
+grep -qF "compression: {stages: [expected_attention, quantize], p_c: 0.5, window: 16, sinks: 4, ea_keydiff_share: 0.5, ea_keydiff_outlier_z: 2}" "$work/kvd.yaml" ||
   { echo "FAIL: the embedded default lost the demo policy"; exit 1; }
 "$bin/kvd" --config "$work/kvd.yaml" --listen 127.0.0.1:0 --unix "$work/kvd.sock" \
   --ready-file "$work/ready.json" >"$work/kvd.log" 2>&1 &
@@ -60,7 +60,7 @@ conn=(--addr "$addr" --ucx-tls sm,tcp --net-devices lo)
 "$bin/kvd-demo" prefill "${common[@]}" "${conn[@]}" | tee "$work/prefill.txt"
 "$bin/kvd-demo" decode "${common[@]}" "${conn[@]}" --baseline --logits-out "$work/served.f32" |
   tee "$work/decode.txt"
-"$bin/kvd-demo" local "${common[@]}" --p-c 0.5 --score keydiff --quant int8 \
+"$bin/kvd-demo" local "${common[@]}" --p-c 0.5 --window 16 --score keydiff --quant int8 \
   --logits-out "$work/local_compressed.f32" --full-logits-out "$work/local_full.f32" |
   tee "$work/local.txt"
 
