@@ -172,7 +172,8 @@ def score_segment(model, torch, prefix, cont, press, cache=None, after_prefill=N
     return nll, C - 1
 
 
-def main():
+def parse_args(argv=None):
+    """The command line (argv, default sys.argv[1:]); paths default to the repository's."""
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -197,8 +198,11 @@ def main():
                          "value; it bounds the full-precision window of tokens appended later)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    return ap.parse_args(argv)
 
+
+def load_model(args):
+    """(torch, tokenizer, model in eval mode) for --model / --gguf at --dtype on --threads."""
     os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars in the logs
     import torch
     import transformers
@@ -217,7 +221,11 @@ def main():
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype,
                                                      attn_implementation="sdpa")
     model.eval()
+    return torch, tok, model
 
+
+def load_segments(args, tok):
+    """[(prefix ids, continuation ids)] of the manifest's eval texts; exits when there are none."""
     texts = read_manifest(args.manifest)
     ids = [tok(t, add_special_tokens=False).input_ids for t in texts]
     seg_len = args.prefix + args.continuation
@@ -227,22 +235,30 @@ def main():
     segs = [(c[:args.prefix], c[args.prefix:]) for c in cuts]
     print(f"{len(segs)} segments of {args.prefix} + {args.continuation} tokens from {len(ids)} texts",
           flush=True)
+    return segs
 
-    os.makedirs(args.out, exist_ok=True)
-    rows, seg_rows = [], []
 
-    def run(method, ratio, press, make_cache=None):
+class RowRunner:
+    """Scores rows over the segments; collects results.csv's rows and segments.csv's seg_rows."""
+
+    def __init__(self, model, torch, segs, prefix):
+        self.model, self.torch, self.segs, self.prefix = model, torch, segs, prefix
+        self.rows, self.seg_rows = [], []
+
+    def run(self, method, ratio, press, make_cache=None):
+        """One row: every segment under press (or a fresh make_cache() cache, measured after the
+        prefill); returns its perplexity."""
         t0 = time.time()
         nll_t, n_t, per = 0.0, 0, []
         measured = []  # (stored, raw, residual tokens) of each segment's quantized prefix
 
         def measure(cache):
-            measured.append(quantized_cache_bytes(cache, args.prefix))
+            measured.append(quantized_cache_bytes(cache, self.prefix))
 
-        for i, (p, c) in enumerate(segs):
+        for i, (p, c) in enumerate(self.segs):
             cache = make_cache() if make_cache else None
             hook = measure if make_cache else None
-            nll, n = score_segment(model, torch, p, c, press, cache, hook)
+            nll, n = score_segment(self.model, self.torch, p, c, press, cache, hook)
             nll_t += nll
             n_t += n
             per.append((i, nll, n))
@@ -255,45 +271,62 @@ def main():
             stored_b, raw_b, residual = measured[0]
             stored = stored_b / raw_b
             note = f"  stored/raw {stored:.4f}, {residual} residual tokens"
-        rows.append((method, ratio, n_t, ppl, dt, stored))
+        self.rows.append((method, ratio, n_t, ppl, dt, stored))
         for i, nll, n in per:
-            seg_rows.append((method, "one-shot", ratio, i, nll, n))
+            self.seg_rows.append((method, "one-shot", ratio, i, nll, n))
         print(f"{method:22s} p_c {ratio:.2f}  ppl {ppl:.6f}  ({dt:.1f} s){note}", flush=True)
         return ppl
 
-    def not_run(method, ratio, e):  # a row that cannot run here is reported, not fatal
+    def not_run(self, method, ratio, e):
+        """A row that cannot run here: reported (NaN perplexity), not fatal."""
         msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         print(f"{method} p_c {ratio:.2f}: not run: {type(e).__name__}: {msg}", flush=True)
-        rows.append((method, ratio, 0, float("nan"), 0.0, 1 - ratio))
+        self.rows.append((method, ratio, 0, float("nan"), 0.0, 1 - ratio))
 
-    run("full", 0.0, None)
+
+def run_rows(args, model, runner):
+    """The full-cache row, then each press at each ratio, then each --quant row."""
+    runner.run("full", 0.0, None)
     for name in [s for s in args.presses.split(",") if s]:
         for r in [float(x) for x in args.ratios.split(",") if x]:
             try:
-                run("kvpress:" + name, r, make_press(name, r, args.window))
+                runner.run("kvpress:" + name, r, make_press(name, r, args.window))
             except Exception as e:
-                not_run("kvpress:" + name, r, e)
+                runner.not_run("kvpress:" + name, r, e)
                 break
     for spec in [s for s in args.quant.split(",") if s]:
         method, kw = parse_quant(spec, args.quant_group, args.quant_residual)
         try:
             from transformers import QuantizedCache
-            run(method, 0.0, None, lambda: QuantizedCache(config=model.config, **kw))
+            runner.run(method, 0.0, None, lambda: QuantizedCache(config=model.config, **kw))
         except AssertionError:
             raise  # the prefix was not held quantized: the row would be wrong, not missing
         except Exception as e:
-            not_run(method, 0.0, e)
+            runner.not_run(method, 0.0, e)
 
-    with open(os.path.join(args.out, "results.csv"), "w", newline="") as f:
+
+def write_results(out, rows, seg_rows):
+    """<out>/results.csv and <out>/segments.csv (the module docstring's columns)."""
+    with open(os.path.join(out, "results.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["method", "p_c", "scored_tokens", "perplexity", "seconds", "stored_raw"])
         for m, r, n, ppl, dt, stored in rows:
             w.writerow([m, f"{r:.4f}", n, f"{ppl:.6f}", f"{dt:.2f}", f"{stored:.6f}"])
-    with open(os.path.join(args.out, "segments.csv"), "w", newline="") as f:
+    with open(os.path.join(out, "segments.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["method", "mode", "p_c", "segment", "nll_sum", "scored_tokens"])
         for m, mode, r, i, nll, n in seg_rows:
             w.writerow([m, mode, f"{r:.4f}", i, f"{nll:.6f}", n])
+
+
+def main():
+    args = parse_args()
+    torch, tok, model = load_model(args)
+    segs = load_segments(args, tok)
+    os.makedirs(args.out, exist_ok=True)
+    runner = RowRunner(model, torch, segs, args.prefix)
+    run_rows(args, model, runner)
+    write_results(args.out, runner.rows, runner.seg_rows)
 
 
 if __name__ == "__main__":

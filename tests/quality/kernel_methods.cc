@@ -612,6 +612,41 @@ std::vector<int64_t> Positions(const llama::DenseKvCache& cache) {
   return std::vector<int64_t>(cache.positions.begin(), cache.positions.end());
 }
 
+// The float32 raw chunk `raw` (RawChunk's layout) in bfloat16.
+std::vector<uint8_t> Bf16Raw(const std::vector<uint8_t>& raw) {
+  std::vector<uint8_t> out(raw.size() / 2);
+  ConvertFromFloat(DType::kBFloat16, reinterpret_cast<const float*>(raw.data()), out.data(),
+                   raw.size() / sizeof(float));
+  return out;
+}
+
+// The prefix's window queries per (layer, KV head), layer-major, [W*G, d] each (each layer's
+// [W, n_q, d] through GatherWindowQueries); INVALID_ARGUMENT unless there is one per layer.
+StatusOr<std::vector<kernels::Matrix>> WindowQueries(const ModelLayout& layout,
+                                                     const PrefixCapture& p) {
+  const int L = layout.num_layers;
+  std::vector<kernels::Matrix> q_store;
+  q_store.reserve(static_cast<size_t>(L) * layout.num_kv_heads);
+  if (static_cast<int>(p.window_queries.size()) != L) {
+    return Status::InvalidArgument("window queries for " + std::to_string(p.window_queries.size()) +
+                                   " layers, model has " + std::to_string(L));
+  }
+  for (int l = 0; l < L; ++l) {
+    KVD_ASSIGN_OR_RETURN(
+        std::vector<kernels::Matrix> per_head,
+        kernels::GatherWindowQueries(layout, p.window_queries[l].data(), p.window));
+    for (auto& m : per_head) q_store.push_back(std::move(m));
+  }
+  return q_store;
+}
+
+// The environment variable `name`, or nullptr when it is unset or empty (comparison-run
+// overrides).
+const char* NonEmptyEnv(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
 // MethodSpec::prerope rows run no stage that reads keys as post-RoPE keys.
 static_assert(std::ranges::all_of(kSpecs, [](const MethodSpec& s) {
   return !s.prerope || (s.score == ScoreStage::kNone && s.merge == MergeStage::kNone &&
@@ -681,21 +716,14 @@ class KernelMethod : public CompressionMethod {
   std::vector<double> CalibrationR2() const override { return r2_; }
 
   StatusOr<CompressedPrefix> Compress(const PrefixCapture& p, double p_c) override {
-    if (p.config == nullptr) return Status::InvalidArgument("prefix without a model config");
+    KVD_RETURN_IF_ERROR(CheckReady(p));
     const llama::LlamaConfig& cfg = *p.config;
-    if (spec_.route == RouteStage::kVector && !spec_.online && !weights_.has_value()) {
-      return Status::FailedPrecondition(name() + ": Compress before Calibrate (VECTOR weights)");
-    }
-    if (spec_.score == ScoreStage::kExpectedAttention && !query_stats_.has_value()) {
-      return Status::FailedPrecondition(name() + ": Compress before Calibrate (query statistics)");
-    }
     const ModelLayout layout = cfg.ToModelLayout();
-    const int L = cfg.num_layers, H = cfg.num_kv_heads, d = cfg.head_dim;
-    const int N = p.cache.num_tokens;
     const std::vector<uint8_t> raw = RawChunk(p.cache);
     const std::vector<int64_t> pos = Positions(p.cache);
     if (spec_.online) KVD_RETURN_IF_ERROR(CalibrateOnline(cfg, layout, raw, pos));
-    KVD_ASSIGN_OR_RETURN(kernels::RopeTable rope, kernels::RopeTable::Create(cfg.rope, d));
+    KVD_ASSIGN_OR_RETURN(kernels::RopeTable rope,
+                         kernels::RopeTable::Create(cfg.rope, cfg.head_dim));
     std::vector<uint8_t> prerope_raw;  // spec_.prerope: raw with its keys de-rotated
     if (spec_.prerope) {
       prerope_raw = raw;
@@ -703,7 +731,68 @@ class KernelMethod : public CompressionMethod {
           RopeRawKeys(rope, kernels::RopeDirection::kDerotate, layout, pos, &prerope_raw));
     }
     const std::vector<uint8_t>& plan_raw = spec_.prerope ? prerope_raw : raw;
+    KVD_ASSIGN_OR_RETURN(CompressionPlanOptions o, PlanOptions(p, p_c));
+    KVD_ASSIGN_OR_RETURN(const std::vector<kernels::Matrix> q_store, WindowQueries(layout, p));
+    std::vector<kernels::ConstMatrixView> q_views;
+    q_views.reserve(q_store.size());
+    for (const auto& m : q_store) q_views.push_back(m.View());
+    SetExpectedAttention(p_c, &o);
+    SetQuant(&o);
 
+    // spec_.stored_bf16: the plan runs on the raw chunk in bfloat16.
+    const std::vector<uint8_t> stored_raw =
+        spec_.stored_bf16 ? Bf16Raw(plan_raw) : std::vector<uint8_t>{};
+    ModelLayout stored_layout = layout;
+    if (spec_.stored_bf16) stored_layout.dtype = DType::kBFloat16;
+    kernels::CompressionInput in;
+    in.raw = spec_.stored_bf16 ? stored_raw : plan_raw;
+    in.positions = pos;
+    in.window_queries = q_views;
+    in.weights = weights_.has_value() ? &*weights_ : nullptr;
+    in.query_stats = query_stats_.has_value() ? &*query_stats_ : nullptr;
+    kernels::CompressionStats stats;
+    KVD_ASSIGN_OR_RETURN(PlannedChunk planned, RunPlan(stored_layout, in, &o, &stats));
+    const kernels::CompactChunk& chunk = planned.chunk;
+
+    KVD_ASSIGN_OR_RETURN(CompressedPrefix out, ServeHeads(cfg, chunk, rope, in.weights));
+    out.cache.next_position = p.cache.next_position;
+    if (std::getenv("KVD_QUALITY_STATS") != nullptr) PrintStats(p_c, chunk, stats);
+    if (const char* t = NonEmptyEnv("KVD_QUALITY_TRACE_POS"); t != nullptr) {
+      KVD_RETURN_IF_ERROR(TraceHeads(t, cfg, raw, pos, o, p_c, chunk));
+    }
+    // Stored fraction in half-pairs: keys + stored values over 2 N per (layer, head).
+    out.stored_fraction =
+        static_cast<double>(chunk.HalfPairs()) /
+        (2.0 * static_cast<double>(p.cache.num_tokens) * cfg.num_layers * cfg.num_kv_heads);
+    out.stored_bytes_fraction = planned.stored_bytes_fraction;
+    return out;
+  }
+
+ private:
+  static constexpr int kSinks = 4;
+
+  // What RunPlan made: the chunk to serve and the stored-bytes fraction of the chunk the plan
+  // stored (before MethodSpec::keys_per_token's re-plan).
+  struct PlannedChunk {
+    kernels::CompactChunk chunk;
+    double stored_bytes_fraction = 0;
+  };
+
+  // Ok when `p` has a config and the calibration this method needs has run.
+  Status CheckReady(const PrefixCapture& p) const {
+    if (p.config == nullptr) return Status::InvalidArgument("prefix without a model config");
+    if (spec_.route == RouteStage::kVector && !spec_.online && !weights_.has_value()) {
+      return Status::FailedPrecondition(name() + ": Compress before Calibrate (VECTOR weights)");
+    }
+    if (spec_.score == ScoreStage::kExpectedAttention && !query_stats_.has_value()) {
+      return Status::FailedPrecondition(name() + ": Compress before Calibrate (query statistics)");
+    }
+    return Status::Ok();
+  }
+
+  // The plan's stages, routing, hybrid and sink options for `p` at p_c, validated (before the
+  // expected-attention and quantization options, SetExpectedAttention / SetQuant).
+  StatusOr<CompressionPlanOptions> PlanOptions(const PrefixCapture& p, double p_c) const {
     CompressionPlanOptions o;
     o.score = spec_.score;
     o.merge = spec_.merge;
@@ -716,12 +805,9 @@ class KernelMethod : public CompressionMethod {
     o.route_adaptive = spec_.route_adaptive;
     // Adaptive routing thresholds: the plan defaults unless KVD_ROUTE_MAX_ERROR /
     // KVD_ROUTE_MIN_R2 override them (comparison runs).
-    if (const char* e = std::getenv("KVD_ROUTE_MAX_ERROR"); e != nullptr && *e != '\0') {
+    if (const char* e = NonEmptyEnv("KVD_ROUTE_MAX_ERROR"))
       o.route_max_error = std::strtod(e, nullptr);
-    }
-    if (const char* r = std::getenv("KVD_ROUTE_MIN_R2"); r != nullptr && *r != '\0') {
-      o.route_min_r2 = std::strtod(r, nullptr);
-    }
+    if (const char* r = NonEmptyEnv("KVD_ROUTE_MIN_R2")) o.route_min_r2 = std::strtod(r, nullptr);
     o.p_c = p_c;
     o.window = p.window;
     // Sinks are the first tokens of the sequence: a chunk that does not start at position 0
@@ -729,122 +815,104 @@ class KernelMethod : public CompressionMethod {
     o.sinks = !p.cache.positions.empty() && p.cache.positions.front() == 0 ? kSinks : 0;
     // Hybrid group cap and cosine gate: the plan defaults (4, off) unless KVD_HYBRID_MAX_GROUP /
     // KVD_HYBRID_MIN_COS override them (comparison runs; a huge cap = the uncapped hybrid).
-    if (const char* g = std::getenv("KVD_HYBRID_MAX_GROUP"); g != nullptr && *g != '\0') {
+    if (const char* g = NonEmptyEnv("KVD_HYBRID_MAX_GROUP")) {
       o.hybrid_max_group = std::strtoll(g, nullptr, 10);
     }
-    if (const char* c = std::getenv("KVD_HYBRID_MIN_COS"); c != nullptr && *c != '\0') {
+    if (const char* c = NonEmptyEnv("KVD_HYBRID_MIN_COS"))
       o.hybrid_min_cos = std::strtod(c, nullptr);
-    }
     KVD_RETURN_IF_ERROR(o.Validate());
+    return o;
+  }
 
-    // Window queries: per layer [W, n_q, d] -> per (layer, KV head) [W*G, d].
-    std::vector<kernels::Matrix> q_store;
-    q_store.reserve(static_cast<size_t>(L) * H);
-    if (static_cast<int>(p.window_queries.size()) != L) {
-      return Status::InvalidArgument("window queries for " +
-                                     std::to_string(p.window_queries.size()) +
-                                     " layers, model has " + std::to_string(L));
-    }
-    for (int l = 0; l < L; ++l) {
-      KVD_ASSIGN_OR_RETURN(
-          std::vector<kernels::Matrix> per_head,
-          kernels::GatherWindowQueries(layout, p.window_queries[l].data(), p.window));
-      for (auto& m : per_head) q_store.push_back(std::move(m));
-    }
-    std::vector<kernels::ConstMatrixView> q_views;
-    q_views.reserve(q_store.size());
-    for (const auto& m : q_store) q_views.push_back(m.View());
-
-    kernels::CompressionInput in;
-    in.raw = plan_raw;
-    in.positions = pos;
-    in.window_queries = q_views;
-    in.weights = weights_.has_value() ? &*weights_ : nullptr;
-    in.query_stats = query_stats_.has_value() ? &*query_stats_ : nullptr;
+  // Sets o->expected_attention (and the KeyDiff outlier stage keys) from the spec at p_c.
+  void SetExpectedAttention(double p_c, CompressionPlanOptions* o) const {
     // Every calibration query is in before the first chunk: the statistics score from the start.
-    o.expected_attention_min_queries = 1;
-    o.expected_attention.use_covariance = spec_.ea_covariance;
-    o.expected_attention.value_norm = spec_.ea_value_norm;
-    o.expected_attention.keydiff_share =
+    o->expected_attention_min_queries = 1;
+    kernels::ExpectedAttentionOptions& ea = o->expected_attention;
+    ea.use_covariance = spec_.ea_covariance;
+    ea.value_norm = spec_.ea_value_norm;
+    ea.keydiff_share =
         spec_.ea_keydiff_by_ratio ? p_c * (1.0 - spec_.ea_recent_share) : spec_.ea_keydiff_share;
-    o.expected_attention.recent_share = spec_.ea_recent_share;
+    ea.recent_share = spec_.ea_recent_share;
     // Expected-attention terms: the method's unless KVD_EA_FUTURE (future positions),
     // KVD_EA_VALUE_NORM / KVD_EA_COVARIANCE (0 = off), KVD_EA_KEYDIFF_SHARE,
     // KVD_EA_RECENT_SHARE, KVD_EA_OUTLIER_Z / KVD_EA_OUTLIER_SHARE override them (comparison
     // runs).
-    if (const char* f = std::getenv("KVD_EA_FUTURE"); f != nullptr && *f != '\0') {
-      o.expected_attention.future_positions = std::strtoll(f, nullptr, 10);
-    }
-    if (const char* v = std::getenv("KVD_EA_VALUE_NORM"); v != nullptr && *v != '\0') {
-      o.expected_attention.value_norm = std::strtol(v, nullptr, 10) != 0;
-    }
-    if (const char* c = std::getenv("KVD_EA_COVARIANCE"); c != nullptr && *c != '\0') {
-      o.expected_attention.use_covariance = std::strtol(c, nullptr, 10) != 0;
-    }
-    if (const char* k = std::getenv("KVD_EA_KEYDIFF_SHARE"); k != nullptr && *k != '\0') {
-      o.expected_attention.keydiff_share = std::strtod(k, nullptr);
-    }
-    if (const char* r = std::getenv("KVD_EA_RECENT_SHARE"); r != nullptr && *r != '\0') {
-      o.expected_attention.recent_share = std::strtod(r, nullptr);
-    }
+    if (const char* f = NonEmptyEnv("KVD_EA_FUTURE"))
+      ea.future_positions = std::strtoll(f, nullptr, 10);
+    if (const char* v = NonEmptyEnv("KVD_EA_VALUE_NORM"))
+      ea.value_norm = std::strtol(v, nullptr, 10) != 0;
+    if (const char* c = NonEmptyEnv("KVD_EA_COVARIANCE"))
+      ea.use_covariance = std::strtol(c, nullptr, 10) != 0;
+    if (const char* k = NonEmptyEnv("KVD_EA_KEYDIFF_SHARE"))
+      ea.keydiff_share = std::strtod(k, nullptr);
+    if (const char* r = NonEmptyEnv("KVD_EA_RECENT_SHARE"))
+      ea.recent_share = std::strtod(r, nullptr);
     double outlier_z = spec_.ea_outlier_z, outlier_share = spec_.ea_outlier_share;
-    if (const char* z = std::getenv("KVD_EA_OUTLIER_Z"); z != nullptr && *z != '\0') {
-      outlier_z = std::strtod(z, nullptr);
-    }
-    if (const char* c = std::getenv("KVD_EA_OUTLIER_SHARE"); c != nullptr && *c != '\0') {
+    if (const char* z = NonEmptyEnv("KVD_EA_OUTLIER_Z")) outlier_z = std::strtod(z, nullptr);
+    if (const char* c = NonEmptyEnv("KVD_EA_OUTLIER_SHARE"))
       outlier_share = std::strtod(c, nullptr);
+    if (o->score == ScoreStage::kExpectedAttention && outlier_z > 0.0) {
+      o->stage_keys["ea_keydiff_outlier_z"] = outlier_z;
+      o->stage_keys["ea_keydiff_outlier_share"] = outlier_share;
     }
-    if (o.score == ScoreStage::kExpectedAttention && outlier_z > 0.0) {
-      o.stage_keys["ea_keydiff_outlier_z"] = outlier_z;
-      o.stage_keys["ea_keydiff_outlier_share"] = outlier_share;
+  }
+
+  // Sets o->quant from the spec (groups of 64 unless KVD_QUANT_GROUP; sinks at most o->sinks);
+  // leaves it unset for an unquantized spec.
+  void SetQuant(CompressionPlanOptions* o) const {
+    if (spec_.quant == kernels::QuantFormat::kNone) return;
+    uint32_t group = 64;
+    if (const char* g = NonEmptyEnv("KVD_QUANT_GROUP")) {
+      group = static_cast<uint32_t>(std::strtoul(g, nullptr, 10));
     }
-    kernels::CompressionStats stats;
-    std::vector<uint8_t> stored_raw;  // spec_.stored_bf16: the raw chunk in bfloat16
-    ModelLayout stored_layout = layout;
-    if (spec_.stored_bf16) {
-      stored_layout.dtype = DType::kBFloat16;
-      stored_raw.resize(raw.size() / 2);
-      ConvertFromFloat(DType::kBFloat16, reinterpret_cast<const float*>(plan_raw.data()),
-                       stored_raw.data(), plan_raw.size() / sizeof(float));
-      in.raw = stored_raw;
-    }
-    if (spec_.quant != kernels::QuantFormat::kNone) {
-      uint32_t group = 64;
-      if (const char* g = std::getenv("KVD_QUANT_GROUP"); g != nullptr && *g != '\0') {
-        group = static_cast<uint32_t>(std::strtoul(g, nullptr, 10));
-      }
-      o.quant = {.format = spec_.quant,
-                 .key_group = spec_.key_group > 0 ? spec_.key_group : group,
-                 .value_group = group,
-                 .recent = spec_.quant_recent,
-                 .sinks = std::min(spec_.quant_sinks, static_cast<uint32_t>(o.sinks)),
-                 .rotation = spec_.quant_rotate ? kernels::QuantRotation::kHadamard
-                                                : kernels::QuantRotation::kNone,
-                 .value_format = spec_.quant_values};
-    }
-    KVD_ASSIGN_OR_RETURN(kernels::CompactChunk chunk,
-                         kernels::Compress(o, stored_layout, in, &stats));
+    o->quant = {.format = spec_.quant,
+                .key_group = spec_.key_group > 0 ? spec_.key_group : group,
+                .value_group = group,
+                .recent = spec_.quant_recent,
+                .sinks = std::min(spec_.quant_sinks, static_cast<uint32_t>(o->sinks)),
+                .rotation = spec_.quant_rotate ? kernels::QuantRotation::kHadamard
+                                               : kernels::QuantRotation::kNone,
+                .value_format = spec_.quant_values};
+  }
+
+  // Runs the plan on `in`: the chunk (served from its encoded bytes for stored_bf16) and its
+  // stored-bytes fraction; for keys_per_token the chunk is re-planned unquantized (o->quant
+  // cleared) and quantized per slot (QuantizeKeysPerToken).
+  StatusOr<PlannedChunk> RunPlan(const ModelLayout& layout, const kernels::CompressionInput& in,
+                                 CompressionPlanOptions* o,
+                                 kernels::CompressionStats* stats) const {
+    PlannedChunk out;
+    KVD_ASSIGN_OR_RETURN(out.chunk, kernels::Compress(*o, layout, in, stats));
     if (spec_.stored_bf16) {
       // Served from the real bytes: encoded, then decoded.
-      KVD_ASSIGN_OR_RETURN(const std::vector<uint8_t> bytes, kernels::EncodeCompactChunk(chunk));
-      KVD_ASSIGN_OR_RETURN(chunk, kernels::DecodeCompactChunk(bytes));
+      KVD_ASSIGN_OR_RETURN(const std::vector<uint8_t> bytes,
+                           kernels::EncodeCompactChunk(out.chunk));
+      KVD_ASSIGN_OR_RETURN(out.chunk, kernels::DecodeCompactChunk(bytes));
     }
-    KVD_ASSIGN_OR_RETURN(const double stored_bytes_fraction, StoredBytesFraction(chunk));
+    KVD_ASSIGN_OR_RETURN(out.stored_bytes_fraction, StoredBytesFraction(out.chunk));
     if (spec_.keys_per_token) {
-      const kernels::QuantDescription q = o.quant;
-      o.quant = {};
-      KVD_ASSIGN_OR_RETURN(chunk, kernels::Compress(o, stored_layout, in, &stats));
-      KVD_RETURN_IF_ERROR(QuantizeKeysPerToken(q, &chunk));
+      const kernels::QuantDescription q = o->quant;
+      o->quant = {};
+      KVD_ASSIGN_OR_RETURN(out.chunk, kernels::Compress(*o, layout, in, stats));
+      KVD_RETURN_IF_ERROR(QuantizeKeysPerToken(q, &out.chunk));
     }
+    return out;
+  }
 
+  // Every (layer, KV head) of `chunk` as served (BuildServingHead; keys rotated back to post-RoPE
+  // for prerope specs); next_position and the fractions are left to the caller.
+  StatusOr<CompressedPrefix> ServeHeads(const llama::LlamaConfig& cfg,
+                                        const kernels::CompactChunk& chunk,
+                                        const kernels::RopeTable& rope,
+                                        const kernels::VectorWeights* weights) const {
     CompressedPrefix out;
-    out.cache.next_position = p.cache.next_position;
-    out.cache.layers.resize(L);
-    for (int l = 0; l < L; ++l) {
-      out.cache.layers[l].resize(H);
-      for (int h = 0; h < H; ++h) {
+    out.cache.layers.resize(cfg.num_layers);
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      out.cache.layers[l].resize(cfg.num_kv_heads);
+      for (int h = 0; h < cfg.num_kv_heads; ++h) {
         KVD_ASSIGN_OR_RETURN(kernels::ServingHead sh,
-                             kernels::BuildServingHead(chunk, l, h, &rope, in.weights));
+                             kernels::BuildServingHead(chunk, l, h, &rope, weights));
         if (spec_.prerope) {  // served post-RoPE, at the slots' positions
           const kernels::MatrixView keys = sh.keys.View();
           KVD_RETURN_IF_ERROR(kernels::ApplyRope(rope, kernels::RopeDirection::kRotate,
@@ -857,19 +925,8 @@ class KernelMethod : public CompressionMethod {
         hk.bias = std::move(sh.bias);
       }
     }
-    if (std::getenv("KVD_QUALITY_STATS") != nullptr) PrintStats(p_c, chunk, stats);
-    if (const char* t = std::getenv("KVD_QUALITY_TRACE_POS"); t != nullptr && *t != '\0') {
-      KVD_RETURN_IF_ERROR(TraceHeads(t, cfg, raw, pos, o, p_c, chunk));
-    }
-    // Stored fraction in half-pairs: keys + stored values over 2 N per (layer, head).
-    out.stored_fraction =
-        static_cast<double>(chunk.HalfPairs()) / (2.0 * static_cast<double>(N) * L * H);
-    out.stored_bytes_fraction = stored_bytes_fraction;
     return out;
   }
-
- private:
-  static constexpr int kSinks = 4;
 
   kernels::VectorSolveOptions SolveOptions() const {
     kernels::VectorSolveOptions so;
