@@ -12,7 +12,9 @@
 #    KVD_FRONTS_PRESS_RATIOS -> $out/kvpress (transformers on the CPU is the slow part), and
 #    bench/kvpress/table.py --equal-bytes -> $out/peers.md: each press against kvd's best
 #    one-shot row storing at most the press's bytes, paired on the same segments, then the same
-#    against kvd's best chunk-wise row (--kvd-mode chunk-wise).
+#    against kvd's best chunk-wise row (--kvd-mode chunk-wise). In the same call transformers'
+#    quantized KV cache (optimum-quanto, HQQ; KVD_FRONTS_QUANT) on the same segments, and
+#    table.py --equal-bytes --form dense -> $out/peers.md: each against kvd's best dense row.
 #
 #   KVD_FRONTS_OUT           results folder (default: quality-fronts)
 #   KVD_FRONTS_SIZE          "SEGMENTS PREFIX CONTINUATION WINDOW" (default: "8 1024 128 32")
@@ -23,6 +25,8 @@
 #                            keydiff,knorm,kvzip)
 #   KVD_FRONTS_PRESS_RATIOS  press p_c list (default: 0.9, i.e. 0.10 of the bytes)
 #   KVD_FRONTS_PRESS_SEGMENTS  segments for the presses (default: 8; paired on these)
+#   KVD_FRONTS_QUANT         run_presses.py --quant rows, group 64, no residual window (default:
+#                            quanto:int4,quanto:int2,hqq:int8,hqq:int4,hqq:int2; "" = none)
 #   KVD_FRONTS_KVPRESS=0     skip step 2
 # Cost (2 cores, --jobs 2 --threads 1): about 1000 s of CPU for step 1 and 480-600 s for step 2
 # (docs/quality.md gives the measured figures). CPU-heavy: on a shared machine run it under the
@@ -66,6 +70,7 @@ int4k_int2sv_rot_kg256,int4_exactsinks,int3k_int2sv_rot_kg37_exactsinks}
 presses=${KVD_FRONTS_PRESSES:-snapkv,streaming_llm,expected_attention,tova,keydiff,knorm,kvzip}
 press_ratios=${KVD_FRONTS_PRESS_RATIOS:-0.9}
 press_segs=${KVD_FRONTS_PRESS_SEGMENTS:-8}
+quant=${KVD_FRONTS_QUANT-quanto:int4,quanto:int2,hqq:int8,hqq:int4,hqq:int2}
 mkdir -p "$out"
 
 log "kvd-quality: $segs segments of $prefix + $cont, window $window, passkey $pk_ctx tokens"
@@ -87,11 +92,16 @@ start=$(date +%s)
 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 /usr/bin/time -f "%U %S" -o "$out/kvpress.cpu" \
   "$py" bench/kvpress/run_presses.py --gguf "$gguf" --out "$out/kvpress" --segments "$press_segs" \
   --prefix "$prefix" --continuation "$cont" --window "$window" --ratios "$press_ratios" \
-  --presses "$presses" --threads 2 > "$out/kvpress.log" 2>&1 \
+  --presses "$presses" ${quant:+--quant "$quant" --quant-group 64 --quant-residual 0} \
+  --threads 2 > "$out/kvpress.log" 2>&1 \
   || { tail -20 "$out/kvpress.log" >&2; exit 1; }
 log "kvpress: $(( $(date +%s) - start )) s wall, $(awk '{print $1 + $2}' "$out/kvpress.cpu") s CPU"
 {
   "$py" bench/kvpress/table.py "$out/kvd" "$out/kvpress" --equal-bytes
   echo
   "$py" bench/kvpress/table.py "$out/kvd" "$out/kvpress" --equal-bytes --kvd-mode chunk-wise
+  if [[ -n $quant ]]; then
+    echo
+    "$py" bench/kvpress/table.py "$out/kvd" "$out/kvpress" --equal-bytes --form dense
+  fi
 } | tee "$out/peers.md"
