@@ -262,26 +262,50 @@ double RelativeError(std::span<const double> a, std::span<const double> b) {
   return den > 0 ? std::sqrt(num / den) : 0.0;
 }
 
-StatusOr<DiagnoseReport> RunDiagnosis(const llama::LlamaModel& model, const DiagnoseOptions& o) {
-  KVD_RETURN_IF_ERROR(o.Validate());
-  const auto t0 = std::chrono::steady_clock::now();
-  auto log = [&](const std::string& m) {
-    std::fprintf(stderr, "[diag %6.1fs] %s\n",
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                 m.c_str());
-  };
-  const llama::Tokenizer* tok = model.tokenizer();
-  if (tok == nullptr) return Status::FailedPrecondition("the diagnosis needs a tokenizer");
-  const llama::LlamaConfig& cfg = model.config();
-  const int L = cfg.num_layers, H = cfg.num_kv_heads, d = cfg.head_dim;
-  const int G = cfg.num_q_heads / cfg.num_kv_heads;
-  const ModelLayout layout = cfg.ToModelLayout();
-  KVD_ASSIGN_OR_RETURN(kernels::RopeTable rope, kernels::RopeTable::Create(cfg.rope, d));
-  KVD_ASSIGN_OR_RETURN(auto manifest, LoadManifest(o.manifest_path));
+namespace {
+
+using DiagClock = std::chrono::steady_clock;
+
+// State passed between the steps of RunDiagnosis.
+struct Diagnosis {
+  Diagnosis(const llama::LlamaModel& m, const DiagnoseOptions& opts, DiagClock::time_point start)
+      : model(m),
+        o(opts),
+        cfg(m.config()),
+        L(cfg.num_layers),
+        H(cfg.num_kv_heads),
+        d(cfg.head_dim),
+        G(cfg.num_q_heads / cfg.num_kv_heads),
+        layout(cfg.ToModelLayout()),
+        t0(start) {}
+  const llama::LlamaModel& model;
+  const DiagnoseOptions& o;
+  const llama::LlamaConfig& cfg;
+  const int L, H, d, G;
+  const ModelLayout layout;
+  const DiagClock::time_point t0;
   DiagnoseReport rep;
-  rep.options = o;
-  rep.layers = L;
-  rep.kv_heads = H;
+  std::vector<std::vector<int32_t>> segs, calib_prefixes;
+  std::vector<int> sizes;                     // calibration sizes fitted (the last: all)
+  std::vector<kernels::VectorWeights> fits;   // [sizes], ridge 1e-4
+  kernels::VectorWeights fit_ridge;           // all prefixes, ridge 1e-2
+  std::vector<std::vector<double>> affine_w;  // [L * H][(d+1) * d]
+};
+
+// Prints one progress line on stderr, stamped with the seconds since the start.
+void Log(const Diagnosis& r, const std::string& m) {
+  std::fprintf(stderr, "[diag %6.1fs] %s\n",
+               std::chrono::duration<double>(DiagClock::now() - r.t0).count(), m.c_str());
+}
+
+// Reads the eval and calib texts and cuts them into r.segs and r.calib_prefixes.
+Status LoadTexts(Diagnosis& r) {
+  const DiagnoseOptions& o = r.o;
+  const llama::Tokenizer* tok = r.model.tokenizer();
+  KVD_ASSIGN_OR_RETURN(auto manifest, LoadManifest(o.manifest_path));
+  r.rep.options = o;
+  r.rep.layers = r.L;
+  r.rep.kv_heads = r.H;
   std::vector<std::string> warnings;
   std::vector<ManifestText> eval;
   if (o.text_files.empty()) {
@@ -293,262 +317,377 @@ StatusOr<DiagnoseReport> RunDiagnosis(const llama::LlamaModel& model, const Diag
   std::vector<std::vector<int32_t>> eval_ids, calib_ids;
   for (const auto& t : eval) {
     eval_ids.push_back(tok->Encode(t.text));
-    rep.texts.push_back(t.entry.path + " " + t.entry.sha256);
+    r.rep.texts.push_back(t.entry.path + " " + t.entry.sha256);
   }
   for (const auto& t : calib) calib_ids.push_back(tok->Encode(t.text));
-  const auto segs = Cuts(eval_ids, o.prefix_tokens + o.continuation_tokens, o.segments);
-  const auto calib_prefixes = Cuts(calib_ids, o.prefix_tokens, o.max_calib_prefixes);
-  if (segs.empty() || calib_prefixes.empty()) {
+  r.segs = Cuts(eval_ids, o.prefix_tokens + o.continuation_tokens, o.segments);
+  r.calib_prefixes = Cuts(calib_ids, o.prefix_tokens, o.max_calib_prefixes);
+  if (r.segs.empty() || r.calib_prefixes.empty()) {
     return Status::FailedPrecondition("not enough eval or calibration text for " +
                                       std::to_string(o.prefix_tokens) + "-token prefixes");
   }
-  rep.segments = static_cast<int>(segs.size());
-  rep.calib_prefixes = static_cast<int>(calib_prefixes.size());
-  llama::LlamaSession session(model, {.threads = o.threads});
+  r.rep.segments = static_cast<int>(r.segs.size());
+  r.rep.calib_prefixes = static_cast<int>(r.calib_prefixes.size());
+  return Status::Ok();
+}
 
-  // VECTOR calibrations: snapshots after 1, 4, 16, ... prefixes and after all; affine stats on all.
-  std::vector<int> sizes;
-  for (int c : o.calib_sizes) {
-    if (c < rep.calib_prefixes) sizes.push_back(c);
+// Adds the rows of one head (pre-RoPE keys x, values y) to its affine fit's sums.
+void AddAffineRows(const kernels::SlotSet& sl, const Matrix& v, int d, AffineStats& a) {
+  for (int64_t i = 0; i < sl.size(); ++i) {
+    const float* x = sl.keys_pre.Row(i);
+    const float* y = v.Row(i);
+    for (int r = 0; r <= d; ++r) {
+      const double xr = r < d ? x[r] : 1.0;
+      for (int c = 0; c <= d; ++c) a.gram[r * (d + 1) + c] += xr * (c < d ? x[c] : 1.0);
+      for (int c = 0; c < d; ++c) a.cross[r * d + c] += xr * y[c];
+    }
   }
-  sizes.push_back(rep.calib_prefixes);
-  rep.calib_sizes_used = sizes;
+}
+
+// Adds every head of one calibration capture to the VECTOR calibrator and the affine sums.
+Status AddCalibCapture(const Diagnosis& r, const kernels::RopeTable& rope, const Capture& cap,
+                       kernels::VectorCalibrator& cal, std::vector<AffineStats>& affine) {
+  const int H = r.H, d = r.d;
+  std::vector<int64_t> pos(cap.cache.positions.begin(), cap.cache.positions.end());
+  for (int l = 0; l < r.L; ++l) {
+    for (int h = 0; h < H; ++h) {
+      Matrix k = HeadRows(cap.cache.layers[l].k, cap.cache.num_tokens, H, h, d);
+      Matrix v = HeadRows(cap.cache.layers[l].v, cap.cache.num_tokens, H, h, d);
+      KVD_ASSIGN_OR_RETURN(kernels::SlotSet sl,
+                           kernels::SlotsFromTokens(rope, k.View(), v.View(), pos));
+      KVD_RETURN_IF_ERROR(cal.Add(l, h, sl.keys_pre.View(), v.View()));
+      AddAffineRows(sl, v, d, affine[l * H + h]);
+    }
+  }
+  return Status::Ok();
+}
+
+// Solves each head's affine fit from its sums into r.affine_w.
+Status SolveAffine(Diagnosis& r, const std::vector<AffineStats>& affine) {
+  r.affine_w.assign(affine.size(), {});
+  for (size_t i = 0; i < affine.size(); ++i) {
+    r.affine_w[i] = affine[i].cross;
+    if (!SolveSpd(affine[i].gram, r.d + 1, 1e-4, &r.affine_w[i], r.d)) {
+      return Status::Internal("affine VECTOR fit is singular for head " + std::to_string(i));
+    }
+  }
+  return Status::Ok();
+}
+
+// VECTOR calibrations: snapshots after 1, 4, 16, ... prefixes and after all (r.fits, r.fit_ridge);
+// affine fits on all (r.affine_w).
+Status Calibrate(Diagnosis& r, const kernels::RopeTable& rope, llama::LlamaSession& session) {
+  const int L = r.L, H = r.H, d = r.d;
+  for (int c : r.o.calib_sizes) {
+    if (c < r.rep.calib_prefixes) r.sizes.push_back(c);
+  }
+  r.sizes.push_back(r.rep.calib_prefixes);
+  r.rep.calib_sizes_used = r.sizes;
   KVD_ASSIGN_OR_RETURN(kernels::VectorCalibrator cal, kernels::VectorCalibrator::Create(L, H, d));
-  std::vector<kernels::VectorWeights> fits;
-  kernels::VectorWeights fit_ridge;
   std::vector<AffineStats> affine(static_cast<size_t>(L) * H);
   for (auto& a : affine) {
     a.gram.assign(static_cast<size_t>(d + 1) * (d + 1), 0.0);
     a.cross.assign(static_cast<size_t>(d + 1) * d, 0.0);
   }
-  for (size_t p = 0; p < calib_prefixes.size(); ++p) {
-    KVD_ASSIGN_OR_RETURN(Capture cap, Prefill(session, calib_prefixes[p], {}, o.window));
-    std::vector<int64_t> pos(cap.cache.positions.begin(), cap.cache.positions.end());
-    for (int l = 0; l < L; ++l) {
-      for (int h = 0; h < H; ++h) {
-        Matrix k = HeadRows(cap.cache.layers[l].k, cap.cache.num_tokens, H, h, d);
-        Matrix v = HeadRows(cap.cache.layers[l].v, cap.cache.num_tokens, H, h, d);
-        KVD_ASSIGN_OR_RETURN(kernels::SlotSet sl,
-                             kernels::SlotsFromTokens(rope, k.View(), v.View(), pos));
-        KVD_RETURN_IF_ERROR(cal.Add(l, h, sl.keys_pre.View(), v.View()));
-        AffineStats& a = affine[l * H + h];
-        for (int64_t i = 0; i < sl.size(); ++i) {
-          const float* x = sl.keys_pre.Row(i);
-          const float* y = v.Row(i);
-          for (int r = 0; r <= d; ++r) {
-            const double xr = r < d ? x[r] : 1.0;
-            for (int c = 0; c <= d; ++c) a.gram[r * (d + 1) + c] += xr * (c < d ? x[c] : 1.0);
-            for (int c = 0; c < d; ++c) a.cross[r * d + c] += xr * y[c];
-          }
-        }
-      }
-    }
+  for (size_t p = 0; p < r.calib_prefixes.size(); ++p) {
+    KVD_ASSIGN_OR_RETURN(Capture cap, Prefill(session, r.calib_prefixes[p], {}, r.o.window));
+    KVD_RETURN_IF_ERROR(AddCalibCapture(r, rope, cap, cal, affine));
     const int done = static_cast<int>(p + 1);
-    if (std::find(sizes.begin(), sizes.end(), done) != sizes.end()) {
+    if (std::find(r.sizes.begin(), r.sizes.end(), done) != r.sizes.end()) {
       KVD_ASSIGN_OR_RETURN(kernels::VectorWeights w, cal.Solve({.ridge = 1e-4}));
-      fits.push_back(std::move(w));
-      if (done == rep.calib_prefixes) {
-        KVD_ASSIGN_OR_RETURN(fit_ridge, cal.Solve({.ridge = 1e-2}));
+      r.fits.push_back(std::move(w));
+      if (done == r.rep.calib_prefixes) {
+        KVD_ASSIGN_OR_RETURN(r.fit_ridge, cal.Solve({.ridge = 1e-2}));
       }
     }
   }
-  std::vector<std::vector<double>> affine_w(affine.size());  // [(d+1) * d]
-  for (size_t i = 0; i < affine.size(); ++i) {
-    affine_w[i] = affine[i].cross;
-    if (!SolveSpd(affine[i].gram, d + 1, 1e-4, &affine_w[i], d)) {
-      return Status::Internal("affine VECTOR fit is singular for head " + std::to_string(i));
-    }
-  }
-  log("calibrated on " + std::to_string(rep.calib_prefixes) + " prefixes");
+  KVD_RETURN_IF_ERROR(SolveAffine(r, affine));
+  Log(r, "calibrated on " + std::to_string(r.rep.calib_prefixes) + " prefixes");
+  return Status::Ok();
+}
 
-  rep.heads.resize(static_cast<size_t>(L) * H);
-  for (int l = 0; l < L; ++l)
-    for (int h = 0; h < H; ++h) {
-      rep.heads[l * H + h].layer = l;
-      rep.heads[l * H + h].head = h;
-      rep.heads[l * H + h].r2_calib.assign(sizes.size(), 0.0);
-    }
-  const double inv_segs = 1.0 / static_cast<double>(segs.size());
-  for (size_t si = 0; si < segs.size(); ++si) {
-    const std::vector<int32_t> prefix(segs[si].begin(), segs[si].begin() + o.prefix_tokens);
-    const std::vector<int32_t> cont(segs[si].begin() + o.prefix_tokens, segs[si].end());
-    KVD_ASSIGN_OR_RETURN(Capture cap, Prefill(session, prefix, cont, o.window));
-    const int N = cap.cache.num_tokens;
-    std::vector<int64_t> pos(cap.cache.positions.begin(), cap.cache.positions.end());
-    const int64_t begin = o.sinks, end = N - cap.w;  // mergeable / scored range
-    for (int l = 0; l < L; ++l) {
-      KVD_ASSIGN_OR_RETURN(std::vector<Matrix> wq,
-                           kernels::GatherWindowQueries(layout, cap.window_q[l].data(), cap.w));
-      KVD_ASSIGN_OR_RETURN(std::vector<Matrix> cq,
-                           kernels::GatherWindowQueries(layout, cap.cont_q[l].data(), cap.c));
-      for (int h = 0; h < H; ++h) {
-        HeadDiagnosis& hd = rep.heads[l * H + h];
-        Matrix kpost = HeadRows(cap.cache.layers[l].k, N, H, h, d);
-        Matrix v = HeadRows(cap.cache.layers[l].v, N, H, h, d);
-        KVD_ASSIGN_OR_RETURN(kernels::SlotSet slots,
-                             kernels::SlotsFromTokens(rope, kpost.View(), v.View(), pos));
-        const ConstMatrixView kpre = slots.keys_pre.View();
-        // Similarity.
-        const std::vector<double> mu_k = RowMean(kpre), mu_v = RowMean(v.View());
-        double ar = 0, ac = 0, vc = 0, fr = 0;
-        for (int t = 0; t + 1 < N; ++t) {
-          ar += Cosine(kpre.Row(t), kpre.Row(t + 1), d);
-          ac += Cosine(kpre.Row(t), kpre.Row(t + 1), d, mu_k.data());
-          vc += Cosine(v.Row(t), v.Row(t + 1), d, mu_v.data());
-        }
-        for (int t = 0; t + o.far_gap < N; ++t)
-          fr += Cosine(kpre.Row(t), kpre.Row(t + o.far_gap), d);
-        hd.cos_adj_raw += ar / (N - 1) * inv_segs;
-        hd.cos_adj_centred += ac / (N - 1) * inv_segs;
-        hd.value_cos_adj_centred += vc / (N - 1) * inv_segs;
-        hd.cos_far_raw += fr / (N - o.far_gap) * inv_segs;
-        // Window vs continuation mass.
-        std::vector<float> mw(N), mc(N);
-        kernels::ObservationHead ow;
-        ow.queries = wq[h].View();
-        ow.keys = kpost.View();
-        KVD_RETURN_IF_ERROR(kernels::ComputeAttentionMass(
-            ow, {.mask = kernels::MaskKind::kCausalWindow, .group_size = G}, mw));
-        kernels::ObservationHead oc;
-        oc.queries = cq[h].View();
-        oc.keys = kpost.View();
-        KVD_RETURN_IF_ERROR(kernels::ComputeAttentionMass(
-            oc, {.mask = kernels::MaskKind::kNone, .group_size = G}, mc));
-        std::span<const float> sw(mw.data() + begin, end - begin),
-            sc(mc.data() + begin, end - begin);
-        hd.spearman += Spearman(sw, sc) * inv_segs;
-        hd.top25_overlap += TopOverlap(sw, sc, 0.25) * inv_segs;
-        // One KVSlimmer round: every disjoint pair of the mergeable range.
-        kernels::PairStatistics ps;
-        KVD_RETURN_IF_ERROR(
-            kernels::ComputePairStatistics(mw, begin, end, kernels::MergeNorm::kL2, &slots, &ps));
-        const std::vector<double> rank = kernels::RankPairs(
-            mw, slots, begin, end, kernels::PairLambda::kAsymKv, kernels::kKvSlimmerDefaultGamma);
-        const std::vector<int64_t> chosen = kernels::SelectDisjointPairs(rank, (end - begin) / 2);
-        std::vector<kernels::MergePair> hess, mean, alpha, keep;
-        std::vector<bool> drop_same(N, false), drop_low(N, false);
-        int64_t flaw = 0, favours_less = 0, compared = 0;
-        double pr = 0, pc = 0;
-        for (int64_t m : chosen) {
-          const kernels::MergeWeightResult w =
-              kernels::ComputeMergeWeights(kernels::MergeNorm::kL2, slots, ps, m);
-          hess.push_back(w.pair);
-          const double a1 = ps.alpha[m], a2 = ps.alpha[m + 1];
-          mean.push_back({m, 0.5f, 0.5f, 0.0f});
-          const float wa = a1 + a2 > 0 ? static_cast<float>(a1 / (a1 + a2)) : 0.5f;
-          alpha.push_back({m, wa, 1.0f - wa, 0.0f});
-          keep.push_back({m, a1 >= a2 ? 1.0f : 0.0f, a1 >= a2 ? 0.0f : 1.0f, 0.0f});
-          drop_same[a1 >= a2 ? m + 1 : m] = true;
-          if (a1 != a2) {
-            ++compared;
-            const bool first_more = a1 > a2;
-            if (w.pair.w_first != w.pair.w_second &&
-                (w.pair.w_first > w.pair.w_second) != first_more) {
-              ++favours_less;
-              if (w.guard_clamped && std::max(w.pair.w_first, w.pair.w_second) == 1.0f) ++flaw;
-            }
-          }
-          pr += Cosine(kpre.Row(m), kpre.Row(m + 1), d);
-          pc += Cosine(kpre.Row(m), kpre.Row(m + 1), d, mu_k.data());
-        }
-        const int64_t R = static_cast<int64_t>(chosen.size());
-        hd.pairs += R;
-        if (R > 0) {
-          hd.cos_pair_raw += pr / R * inv_segs;
-          hd.cos_pair_centred += pc / R * inv_segs;
-        }
-        if (compared > 0) {
-          hd.clamp_flaw_fraction += static_cast<double>(flaw) / compared * inv_segs;
-          hd.hessian_favours_less += static_cast<double>(favours_less) / compared * inv_segs;
-        }
-        {  // the R lowest window-mass tokens of the range
-          std::vector<int64_t> idx(end - begin);
-          std::iota(idx.begin(), idx.end(), begin);
-          std::stable_sort(idx.begin(), idx.end(),
-                           [&](int64_t a, int64_t b) { return mw[a] < mw[b]; });
-          for (int64_t i = 0; i < R; ++i) drop_low[idx[i]] = true;
-        }
-        const std::vector<double> ref =
-            AttentionOutput(cq[h].values, cq[h].rows, kpost.values, v.values, {}, d);
-        auto err_of = [&](const Served& s) {
-          return RelativeError(AttentionOutput(cq[h].values, cq[h].rows, s.k, s.v, s.bias, d), ref);
-        };
-        auto merged = [&](const std::vector<kernels::MergePair>& pairs) -> StatusOr<double> {
-          kernels::SlotSet copy = slots;
-          KVD_RETURN_IF_ERROR(
-              kernels::ApplyMerges(pairs, kernels::RepresentativePosition::kLast, &copy));
-          KVD_ASSIGN_OR_RETURN(Served s, ServeSlots(rope, copy));
-          return err_of(s);
-        };
-        KVD_ASSIGN_OR_RETURN(double eh, merged(hess));
-        KVD_ASSIGN_OR_RETURN(double em, merged(mean));
-        KVD_ASSIGN_OR_RETURN(double ea, merged(alpha));
-        KVD_ASSIGN_OR_RETURN(double ek, merged(keep));
-        hd.err_merge_hessian += eh * inv_segs;
-        hd.err_merge_mean += em * inv_segs;
-        hd.err_merge_alpha += ea * inv_segs;
-        hd.err_merge_keep_one += ek * inv_segs;
-        hd.err_evict_same += err_of(Without(kpost, v, drop_same)) * inv_segs;
-        hd.err_evict_lowest += err_of(Without(kpost, v, drop_low)) * inv_segs;
-        // VECTOR on this prefix.
-        double sst = 0, wsst = 0;
-        for (int t = 0; t < N; ++t)
-          for (int c = 0; c < d; ++c) {
-            const double dv = v.Row(t)[c] - mu_v[c];
-            sst += dv * dv;
-            wsst += mc[t] * dv * dv;
-          }
-        auto sse_of = [&](auto predict, double* weighted) {
-          double sse = 0, wsse = 0;
-          std::vector<double> pred(d);
-          for (int t = 0; t < N; ++t) {
-            predict(kpre.Row(t), pred.data());
-            double e = 0;
-            for (int c = 0; c < d; ++c) e += (v.Row(t)[c] - pred[c]) * (v.Row(t)[c] - pred[c]);
-            sse += e;
-            wsse += mc[t] * e;
-          }
-          if (weighted) *weighted = wsst > 0 ? wsse / wsst : 0.0;
-          return sst > 0 ? 1.0 - sse / sst : 0.0;
-        };
-        auto linear = [&](const kernels::VectorWeights& w) {
-          const Matrix& W = w.Head(l, h).w;
-          return [&W, d](const float* k, double* out) {
-            for (int r = 0; r < d; ++r) {
-              double s = 0;
-              for (int c = 0; c < d; ++c) s += static_cast<double>(W.values[r * d + c]) * k[c];
-              out[r] = s;
-            }
-          };
-        };
-        for (size_t f = 0; f < fits.size(); ++f) {
-          double wt = 0;
-          hd.r2_calib[f] += sse_of(linear(fits[f]), &wt) * inv_segs;
-          if (f + 1 == fits.size()) hd.vector_weighted_error += wt * inv_segs;
-        }
-        hd.r2_ridge_1e2 += sse_of(linear(fit_ridge), nullptr) * inv_segs;
-        const std::vector<double>& aw = affine_w[l * H + h];
-        hd.r2_affine += sse_of(
-                            [&aw, d](const float* k, double* out) {
-                              for (int c = 0; c < d; ++c) {
-                                double s = aw[d * d + c];  // intercept row
-                                for (int r = 0; r < d; ++r) s += aw[r * d + c] * k[r];
-                                out[c] = s;
-                              }
-                            },
-                            nullptr) *
-                        inv_segs;
-        KVD_ASSIGN_OR_RETURN(kernels::VectorCalibrator own,
-                             kernels::VectorCalibrator::Create(1, 1, d));
-        KVD_RETURN_IF_ERROR(own.Add(0, 0, kpre, v.View()));
-        KVD_ASSIGN_OR_RETURN(kernels::VectorWeights ow2, own.Solve({.ridge = 1e-4}));
-        hd.r2_in_sample += ow2.Head(0, 0).r2 * inv_segs;
+// One KV head of one layer on one segment: what the per-head steps read.
+struct HeadInput {
+  int l = 0, h = 0, N = 0;
+  int64_t begin = 0, end = 0;  // mergeable / scored range
+  double inv_segs = 0;
+  Matrix kpost, v;
+  kernels::SlotSet slots;
+  std::vector<double> mu_k, mu_v;
+  std::vector<float> mw, mc;  // window and continuation attention mass per token
+};
+
+// Adjacent, far and value cosine similarities of the head's keys.
+void AddSimilarity(const Diagnosis& r, const HeadInput& x, HeadDiagnosis& hd) {
+  const int N = x.N, d = r.d;
+  const ConstMatrixView kpre = x.slots.keys_pre.View();
+  double ar = 0, ac = 0, vc = 0, fr = 0;
+  for (int t = 0; t + 1 < N; ++t) {
+    ar += Cosine(kpre.Row(t), kpre.Row(t + 1), d);
+    ac += Cosine(kpre.Row(t), kpre.Row(t + 1), d, x.mu_k.data());
+    vc += Cosine(x.v.Row(t), x.v.Row(t + 1), d, x.mu_v.data());
+  }
+  for (int t = 0; t + r.o.far_gap < N; ++t) fr += Cosine(kpre.Row(t), kpre.Row(t + r.o.far_gap), d);
+  hd.cos_adj_raw += ar / (N - 1) * x.inv_segs;
+  hd.cos_adj_centred += ac / (N - 1) * x.inv_segs;
+  hd.value_cos_adj_centred += vc / (N - 1) * x.inv_segs;
+  hd.cos_far_raw += fr / (N - r.o.far_gap) * x.inv_segs;
+}
+
+// Window vs continuation attention mass (x.mw, x.mc) and how well the first ranks the second.
+Status AddMassAgreement(const Diagnosis& r, const Matrix& wq, const Matrix& cq, HeadInput& x,
+                        HeadDiagnosis& hd) {
+  x.mw.assign(x.N, 0.0f);
+  x.mc.assign(x.N, 0.0f);
+  kernels::ObservationHead ow;
+  ow.queries = wq.View();
+  ow.keys = x.kpost.View();
+  KVD_RETURN_IF_ERROR(kernels::ComputeAttentionMass(
+      ow, {.mask = kernels::MaskKind::kCausalWindow, .group_size = r.G}, x.mw));
+  kernels::ObservationHead oc;
+  oc.queries = cq.View();
+  oc.keys = x.kpost.View();
+  KVD_RETURN_IF_ERROR(kernels::ComputeAttentionMass(
+      oc, {.mask = kernels::MaskKind::kNone, .group_size = r.G}, x.mc));
+  std::span<const float> sw(x.mw.data() + x.begin, x.end - x.begin),
+      sc(x.mc.data() + x.begin, x.end - x.begin);
+  hd.spearman += Spearman(sw, sc) * x.inv_segs;
+  hd.top25_overlap += TopOverlap(sw, sc, 0.25) * x.inv_segs;
+  return Status::Ok();
+}
+
+// One KVSlimmer round's pairs merged four ways, and the tokens two evictions of as many drop.
+struct MergeRound {
+  std::vector<kernels::MergePair> hess, mean, alpha, keep;
+  std::vector<bool> drop_same, drop_low;
+};
+
+// Plans one KVSlimmer round (every disjoint pair of the mergeable range) and adds its pair
+// statistics to hd.
+StatusOr<MergeRound> PlanMergeRound(const Diagnosis& r, HeadInput& x, HeadDiagnosis& hd) {
+  const int d = r.d;
+  const int64_t begin = x.begin, end = x.end;
+  const ConstMatrixView kpre = x.slots.keys_pre.View();
+  kernels::PairStatistics ps;
+  KVD_RETURN_IF_ERROR(
+      kernels::ComputePairStatistics(x.mw, begin, end, kernels::MergeNorm::kL2, &x.slots, &ps));
+  const std::vector<double> rank = kernels::RankPairs(
+      x.mw, x.slots, begin, end, kernels::PairLambda::kAsymKv, kernels::kKvSlimmerDefaultGamma);
+  const std::vector<int64_t> chosen = kernels::SelectDisjointPairs(rank, (end - begin) / 2);
+  MergeRound mr;
+  mr.drop_same.assign(x.N, false);
+  mr.drop_low.assign(x.N, false);
+  int64_t flaw = 0, favours_less = 0, compared = 0;
+  double pr = 0, pc = 0;
+  for (int64_t m : chosen) {
+    const kernels::MergeWeightResult w =
+        kernels::ComputeMergeWeights(kernels::MergeNorm::kL2, x.slots, ps, m);
+    mr.hess.push_back(w.pair);
+    const double a1 = ps.alpha[m], a2 = ps.alpha[m + 1];
+    mr.mean.push_back({m, 0.5f, 0.5f, 0.0f});
+    const float wa = a1 + a2 > 0 ? static_cast<float>(a1 / (a1 + a2)) : 0.5f;
+    mr.alpha.push_back({m, wa, 1.0f - wa, 0.0f});
+    mr.keep.push_back({m, a1 >= a2 ? 1.0f : 0.0f, a1 >= a2 ? 0.0f : 1.0f, 0.0f});
+    mr.drop_same[a1 >= a2 ? m + 1 : m] = true;
+    if (a1 != a2) {
+      ++compared;
+      const bool first_more = a1 > a2;
+      if (w.pair.w_first != w.pair.w_second && (w.pair.w_first > w.pair.w_second) != first_more) {
+        ++favours_less;
+        if (w.guard_clamped && std::max(w.pair.w_first, w.pair.w_second) == 1.0f) ++flaw;
       }
     }
-    log("segment " + std::to_string(si + 1) + "/" + std::to_string(segs.size()));
+    pr += Cosine(kpre.Row(m), kpre.Row(m + 1), d);
+    pc += Cosine(kpre.Row(m), kpre.Row(m + 1), d, x.mu_k.data());
   }
-  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return rep;
+  const int64_t R = static_cast<int64_t>(chosen.size());
+  hd.pairs += R;
+  if (R > 0) {
+    hd.cos_pair_raw += pr / R * x.inv_segs;
+    hd.cos_pair_centred += pc / R * x.inv_segs;
+  }
+  if (compared > 0) {
+    hd.clamp_flaw_fraction += static_cast<double>(flaw) / compared * x.inv_segs;
+    hd.hessian_favours_less += static_cast<double>(favours_less) / compared * x.inv_segs;
+  }
+  {  // the R lowest window-mass tokens of the range
+    std::vector<int64_t> idx(end - begin);
+    std::iota(idx.begin(), idx.end(), begin);
+    std::stable_sort(idx.begin(), idx.end(),
+                     [&](int64_t a, int64_t b) { return x.mw[a] < x.mw[b]; });
+    for (int64_t i = 0; i < R; ++i) mr.drop_low[idx[i]] = true;
+  }
+  return mr;
+}
+
+// The continuation's attention-output error of each merge variant and eviction of the round.
+Status AddMergeErrors(const Diagnosis& r, const kernels::RopeTable& rope, const Matrix& cq,
+                      const HeadInput& x, const MergeRound& mr, HeadDiagnosis& hd) {
+  const int d = r.d;
+  const std::vector<double> ref =
+      AttentionOutput(cq.values, cq.rows, x.kpost.values, x.v.values, {}, d);
+  auto err_of = [&](const Served& s) {
+    return RelativeError(AttentionOutput(cq.values, cq.rows, s.k, s.v, s.bias, d), ref);
+  };
+  auto merged = [&](const std::vector<kernels::MergePair>& pairs) -> StatusOr<double> {
+    kernels::SlotSet copy = x.slots;
+    KVD_RETURN_IF_ERROR(kernels::ApplyMerges(pairs, kernels::RepresentativePosition::kLast, &copy));
+    KVD_ASSIGN_OR_RETURN(Served s, ServeSlots(rope, copy));
+    return err_of(s);
+  };
+  KVD_ASSIGN_OR_RETURN(double eh, merged(mr.hess));
+  KVD_ASSIGN_OR_RETURN(double em, merged(mr.mean));
+  KVD_ASSIGN_OR_RETURN(double ea, merged(mr.alpha));
+  KVD_ASSIGN_OR_RETURN(double ek, merged(mr.keep));
+  hd.err_merge_hessian += eh * x.inv_segs;
+  hd.err_merge_mean += em * x.inv_segs;
+  hd.err_merge_alpha += ea * x.inv_segs;
+  hd.err_merge_keep_one += ek * x.inv_segs;
+  hd.err_evict_same += err_of(Without(x.kpost, x.v, mr.drop_same)) * x.inv_segs;
+  hd.err_evict_lowest += err_of(Without(x.kpost, x.v, mr.drop_low)) * x.inv_segs;
+  return Status::Ok();
+}
+
+// R^2 of predicting the head's values from its pre-RoPE keys (VECTOR), on this prefix.
+class ValueFit {
+ public:
+  ValueFit(const HeadInput& x, int d) : x_(x), d_(d) {
+    for (int t = 0; t < x.N; ++t)
+      for (int c = 0; c < d; ++c) {
+        const double dv = x.v.Row(t)[c] - x.mu_v[c];
+        sst_ += dv * dv;
+        wsst_ += x.mc[t] * dv * dv;
+      }
+  }
+  // R^2 of predict(key, out); *weighted (if set): the continuation-mass-weighted error.
+  template <typename Predict>
+  double R2(Predict predict, double* weighted) const {
+    const int d = d_;
+    const ConstMatrixView kpre = x_.slots.keys_pre.View();
+    double sse = 0, wsse = 0;
+    std::vector<double> pred(d);
+    for (int t = 0; t < x_.N; ++t) {
+      predict(kpre.Row(t), pred.data());
+      double e = 0;
+      for (int c = 0; c < d; ++c) e += (x_.v.Row(t)[c] - pred[c]) * (x_.v.Row(t)[c] - pred[c]);
+      sse += e;
+      wsse += x_.mc[t] * e;
+    }
+    if (weighted) *weighted = wsst_ > 0 ? wsse / wsst_ : 0.0;
+    return sst_ > 0 ? 1.0 - sse / sst_ : 0.0;
+  }
+
+ private:
+  const HeadInput& x_;
+  const int d_;
+  double sst_ = 0, wsst_ = 0;
+};
+
+// The calibrated linear fits', the ridge fit's, the affine fit's and the in-sample fit's R^2.
+Status AddVectorFits(const Diagnosis& r, const HeadInput& x, HeadDiagnosis& hd) {
+  const int d = r.d, l = x.l, h = x.h;
+  const ValueFit fit(x, d);
+  auto linear = [&](const kernels::VectorWeights& w) {
+    const Matrix& W = w.Head(l, h).w;
+    return [&W, d](const float* k, double* out) {
+      for (int row = 0; row < d; ++row) {
+        double s = 0;
+        for (int c = 0; c < d; ++c) s += static_cast<double>(W.values[row * d + c]) * k[c];
+        out[row] = s;
+      }
+    };
+  };
+  for (size_t f = 0; f < r.fits.size(); ++f) {
+    double wt = 0;
+    hd.r2_calib[f] += fit.R2(linear(r.fits[f]), &wt) * x.inv_segs;
+    if (f + 1 == r.fits.size()) hd.vector_weighted_error += wt * x.inv_segs;
+  }
+  hd.r2_ridge_1e2 += fit.R2(linear(r.fit_ridge), nullptr) * x.inv_segs;
+  const std::vector<double>& aw = r.affine_w[l * r.H + h];
+  auto affine = [&aw, d](const float* k, double* out) {
+    for (int c = 0; c < d; ++c) {
+      double s = aw[d * d + c];  // intercept row
+      for (int row = 0; row < d; ++row) s += aw[row * d + c] * k[row];
+      out[c] = s;
+    }
+  };
+  hd.r2_affine += fit.R2(affine, nullptr) * x.inv_segs;
+  KVD_ASSIGN_OR_RETURN(kernels::VectorCalibrator own, kernels::VectorCalibrator::Create(1, 1, d));
+  KVD_RETURN_IF_ERROR(own.Add(0, 0, x.slots.keys_pre.View(), x.v.View()));
+  KVD_ASSIGN_OR_RETURN(kernels::VectorWeights ow2, own.Solve({.ridge = 1e-4}));
+  hd.r2_in_sample += ow2.Head(0, 0).r2 * x.inv_segs;
+  return Status::Ok();
+}
+
+// Diagnoses head h of layer l on one segment's capture (wq, cq: its window and continuation
+// queries) and adds the results to hd.
+Status DiagnoseHead(const Diagnosis& r, const kernels::RopeTable& rope, const Capture& cap,
+                    const std::vector<int64_t>& pos, int l, int h, const Matrix& wq,
+                    const Matrix& cq, HeadDiagnosis& hd) {
+  HeadInput x;
+  x.l = l;
+  x.h = h;
+  x.N = cap.cache.num_tokens;
+  x.begin = r.o.sinks;
+  x.end = x.N - cap.w;
+  x.inv_segs = 1.0 / static_cast<double>(r.segs.size());
+  x.kpost = HeadRows(cap.cache.layers[l].k, x.N, r.H, h, r.d);
+  x.v = HeadRows(cap.cache.layers[l].v, x.N, r.H, h, r.d);
+  KVD_ASSIGN_OR_RETURN(x.slots, kernels::SlotsFromTokens(rope, x.kpost.View(), x.v.View(), pos));
+  x.mu_k = RowMean(x.slots.keys_pre.View());
+  x.mu_v = RowMean(x.v.View());
+  AddSimilarity(r, x, hd);
+  KVD_RETURN_IF_ERROR(AddMassAgreement(r, wq, cq, x, hd));
+  KVD_ASSIGN_OR_RETURN(const MergeRound mr, PlanMergeRound(r, x, hd));
+  KVD_RETURN_IF_ERROR(AddMergeErrors(r, rope, cq, x, mr, hd));
+  return AddVectorFits(r, x, hd);
+}
+
+// Diagnoses every head on segment si and adds the results to r.rep.heads.
+Status DiagnoseSegment(Diagnosis& r, const kernels::RopeTable& rope, llama::LlamaSession& session,
+                       size_t si) {
+  const DiagnoseOptions& o = r.o;
+  const std::vector<int32_t> prefix(r.segs[si].begin(), r.segs[si].begin() + o.prefix_tokens);
+  const std::vector<int32_t> cont(r.segs[si].begin() + o.prefix_tokens, r.segs[si].end());
+  KVD_ASSIGN_OR_RETURN(Capture cap, Prefill(session, prefix, cont, o.window));
+  std::vector<int64_t> pos(cap.cache.positions.begin(), cap.cache.positions.end());
+  for (int l = 0; l < r.L; ++l) {
+    KVD_ASSIGN_OR_RETURN(std::vector<Matrix> wq,
+                         kernels::GatherWindowQueries(r.layout, cap.window_q[l].data(), cap.w));
+    KVD_ASSIGN_OR_RETURN(std::vector<Matrix> cq,
+                         kernels::GatherWindowQueries(r.layout, cap.cont_q[l].data(), cap.c));
+    for (int h = 0; h < r.H; ++h) {
+      KVD_RETURN_IF_ERROR(
+          DiagnoseHead(r, rope, cap, pos, l, h, wq[h], cq[h], r.rep.heads[l * r.H + h]));
+    }
+  }
+  Log(r, "segment " + std::to_string(si + 1) + "/" + std::to_string(r.segs.size()));
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<DiagnoseReport> RunDiagnosis(const llama::LlamaModel& model, const DiagnoseOptions& o) {
+  KVD_RETURN_IF_ERROR(o.Validate());
+  Diagnosis r(model, o, DiagClock::now());
+  if (model.tokenizer() == nullptr)
+    return Status::FailedPrecondition("the diagnosis needs a tokenizer");
+  KVD_ASSIGN_OR_RETURN(kernels::RopeTable rope, kernels::RopeTable::Create(r.cfg.rope, r.d));
+  KVD_RETURN_IF_ERROR(LoadTexts(r));
+  llama::LlamaSession session(model, {.threads = o.threads});
+  KVD_RETURN_IF_ERROR(Calibrate(r, rope, session));
+  r.rep.heads.resize(static_cast<size_t>(r.L) * r.H);
+  for (int l = 0; l < r.L; ++l)
+    for (int h = 0; h < r.H; ++h) {
+      r.rep.heads[l * r.H + h].layer = l;
+      r.rep.heads[l * r.H + h].head = h;
+      r.rep.heads[l * r.H + h].r2_calib.assign(r.sizes.size(), 0.0);
+    }
+  for (size_t si = 0; si < r.segs.size(); ++si) {
+    KVD_RETURN_IF_ERROR(DiagnoseSegment(r, rope, session, si));
+  }
+  r.rep.seconds = std::chrono::duration<double>(DiagClock::now() - r.t0).count();
+  return std::move(r.rep);
 }
 
 namespace {

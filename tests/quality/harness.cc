@@ -544,14 +544,59 @@ StatusOr<CompressedPrefix> CompressInMode(CompressionMethod& m, const PrefixCapt
   return whole;
 }
 
-}  // namespace
+// The rows: which method, at which compression ratio, in which mode.
+struct RowKey {
+  size_t method;
+  double p_c;
+  std::string mode;
+};
 
-StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const HarnessOptions& o,
-                                   const MethodRegistry& registry) {
-  KVD_RETURN_IF_ERROR(o.Validate());
-  const auto t0 = Clock::now();
-  const llama::Tokenizer* tok = model.tokenizer();
-  if (tok == nullptr)
+// One row's result on one segment.
+struct RowOutcome {
+  Scores scores;
+  double stored = 0, stored_bytes = -1, seconds = 0, cpu_seconds = 0;
+  bool keeps_positions = false;
+};
+
+// Every row's result on one segment, with the uncompressed engine's.
+struct SegmentOutcome {
+  Scores engine;
+  std::vector<RowOutcome> rows;
+};
+
+// Every row's answer to one passkey prompt.
+struct PromptOutcome {
+  bool engine_ok = false;
+  std::vector<int8_t> row_ok;     // [keys]: -1 not asked, 0 wrong, 1 right
+  std::vector<int8_t> row_wrong;  // [keys]: the first wrong answer token, -1 none
+};
+
+// State passed between the steps of RunHarness.
+struct HarnessRun {
+  HarnessRun(const llama::LlamaModel& m, const HarnessOptions& opts, Clock::time_point start)
+      : model(m), o(opts), tok(m.tokenizer()), cfg(m.config()), t0(start) {}
+  const llama::LlamaModel& model;
+  const HarnessOptions& o;
+  const llama::Tokenizer* tok;
+  const llama::LlamaConfig& cfg;
+  const Clock::time_point t0;
+  HarnessReport rep;
+  std::vector<ManifestEntry> manifest;
+  std::vector<Segment> segments;
+  std::vector<std::unique_ptr<CompressionMethod>> methods;
+  std::vector<std::vector<double>> method_ratios;
+  std::vector<RowKey> keys;
+  // A method carrying state between Compress calls (online calibration) runs one segment at a
+  // time, in segment order.
+  bool parallel_safe = true;
+  // Worker w uses sessions[w] for the uncompressed prefix and others[w] for a method's cache.
+  std::vector<std::unique_ptr<LlamaSession>> sessions, others;
+  std::mutex progress_mu;
+};
+
+// Fails when the model has no tokenizer or the prompts exceed its context.
+Status CheckModel(const llama::LlamaModel& model, const HarnessOptions& o) {
+  if (model.tokenizer() == nullptr)
     return Status::FailedPrecondition("the harness needs a model with a tokenizer");
   const llama::LlamaConfig& cfg = model.config();
   if (o.prefix_tokens + o.continuation_tokens > cfg.context_length ||
@@ -559,194 +604,214 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
     return Status::InvalidArgument("segments or passkey prompts exceed the model's context " +
                                    std::to_string(cfg.context_length));
   }
-  const bool chunked = std::find(o.modes.begin(), o.modes.end(), kModeChunkWise) != o.modes.end();
-  HarnessReport rep;
-  rep.options = o;
-  KVD_ASSIGN_OR_RETURN(auto manifest, LoadManifest(o.manifest_path));
+  return Status::Ok();
+}
+
+// Loads the manifest and cuts the eval texts into r.segments (rep.texts, rep.segments).
+Status LoadSegments(HarnessRun& r) {
+  const HarnessOptions& o = r.o;
+  KVD_ASSIGN_OR_RETURN(r.manifest, LoadManifest(o.manifest_path));
   std::vector<ManifestText> eval_texts;
   if (o.text_files.empty()) {
-    KVD_ASSIGN_OR_RETURN(eval_texts, ReadVerified(manifest, "eval", &rep.warnings));
+    KVD_ASSIGN_OR_RETURN(eval_texts, ReadVerified(r.manifest, "eval", &r.rep.warnings));
   } else {
     KVD_ASSIGN_OR_RETURN(eval_texts, ReadTextFiles(o.text_files));
   }
-
   // Segments: consecutive non-overlapping (prefix, continuation) cuts, round-robin over texts.
   const int seg_len = o.prefix_tokens + o.continuation_tokens;
   std::vector<std::vector<int32_t>> eval_ids;
   for (const ManifestText& t : eval_texts) {
-    eval_ids.push_back(tok->Encode(t.text));
+    eval_ids.push_back(r.tok->Encode(t.text));
     if (eval_ids.back().size() >= static_cast<size_t>(seg_len)) {
-      rep.texts.push_back(t.entry.path + " " + t.entry.sha256);
+      r.rep.texts.push_back(t.entry.path + " " + t.entry.sha256);
     }
   }
-  std::vector<Segment> segments;
   for (auto& cut : RoundRobinCuts(eval_ids, seg_len, o.max_segments)) {
-    segments.push_back({std::vector<int32_t>(cut.begin(), cut.begin() + o.prefix_tokens),
-                        std::vector<int32_t>(cut.begin() + o.prefix_tokens, cut.end())});
+    r.segments.push_back({std::vector<int32_t>(cut.begin(), cut.begin() + o.prefix_tokens),
+                          std::vector<int32_t>(cut.begin() + o.prefix_tokens, cut.end())});
   }
-  if (segments.empty()) {
+  if (r.segments.empty()) {
     return Status::FailedPrecondition("no eval text is long enough for a segment of " +
                                       std::to_string(seg_len) + " tokens");
   }
-  rep.segments = static_cast<int>(segments.size());
-  Progress(o, t0,
-           std::to_string(segments.size()) + " segments of " + std::to_string(o.prefix_tokens) +
+  r.rep.segments = static_cast<int>(r.segments.size());
+  Progress(o, r.t0,
+           std::to_string(r.segments.size()) + " segments of " + std::to_string(o.prefix_tokens) +
                " + " + std::to_string(o.continuation_tokens) + " tokens from " +
-               std::to_string(rep.texts.size()) + " texts");
+               std::to_string(r.rep.texts.size()) + " texts");
+  return Status::Ok();
+}
 
-  // Methods (+ calibration on disjoint texts).
-  std::vector<std::unique_ptr<CompressionMethod>> methods;
-  std::vector<std::vector<double>> method_ratios;
-  for (const std::string& entry : o.methods) {
-    KVD_ASSIGN_OR_RETURN(MethodRatios spec, ParseMethodSpec(entry, o.ratios));
+// Creates the listed methods (r.methods, r.method_ratios) and the first worker's session.
+Status CreateMethods(HarnessRun& r, const MethodRegistry& registry) {
+  for (const std::string& entry : r.o.methods) {
+    KVD_ASSIGN_OR_RETURN(MethodRatios spec, ParseMethodSpec(entry, r.o.ratios));
     KVD_ASSIGN_OR_RETURN(auto m, registry.Create(spec.name));
-    methods.push_back(std::move(m));
-    method_ratios.push_back(std::move(spec.ratios));
+    r.methods.push_back(std::move(m));
+    r.method_ratios.push_back(std::move(spec.ratios));
   }
-  auto first_session =
-      std::make_unique<LlamaSession>(model, llama::SessionOptions{.threads = o.threads});
-  LlamaSession& session = *first_session;
-  const bool need_calibration = std::any_of(methods.begin(), methods.end(),
+  r.sessions.push_back(
+      std::make_unique<LlamaSession>(r.model, llama::SessionOptions{.threads = r.o.threads}));
+  return Status::Ok();
+}
+
+// Calibrates the methods that need it on prefixes of the calib texts (disjoint from eval).
+Status CalibrateMethods(HarnessRun& r) {
+  const HarnessOptions& o = r.o;
+  const bool need_calibration = std::any_of(r.methods.begin(), r.methods.end(),
                                             [](const auto& m) { return m->NeedsCalibration(); });
-  if (o.calibration_segments > 0 && need_calibration) {
-    std::vector<std::string> calib_warnings;
-    auto calib = ReadVerified(manifest, "calib", &calib_warnings);
-    rep.warnings.insert(rep.warnings.end(), calib_warnings.begin(), calib_warnings.end());
-    std::vector<PrefixCapture> captures;
-    if (calib.ok()) {
-      // One prefix per calib text in turn (round-robin), so that every domain is represented.
-      std::vector<std::vector<int32_t>> ids;
-      for (const ManifestText& t : *calib) {
-        ids.push_back(tok->Encode(t.text));
-        rep.calib_texts.push_back(t.entry.path + " " + t.entry.sha256);
-      }
-      for (auto& prefix : RoundRobinCuts(ids, o.prefix_tokens, o.calibration_segments)) {
-        KVD_ASSIGN_OR_RETURN(PrefixCapture p, Capture(session, model, prefix, o.window));
-        captures.push_back(std::move(p));
-      }
+  if (o.calibration_segments <= 0 || !need_calibration) return Status::Ok();
+  std::vector<std::string> calib_warnings;
+  auto calib = ReadVerified(r.manifest, "calib", &calib_warnings);
+  r.rep.warnings.insert(r.rep.warnings.end(), calib_warnings.begin(), calib_warnings.end());
+  std::vector<PrefixCapture> captures;
+  if (calib.ok()) {
+    // One prefix per calib text in turn (round-robin), so that every domain is represented.
+    std::vector<std::vector<int32_t>> ids;
+    for (const ManifestText& t : *calib) {
+      ids.push_back(r.tok->Encode(t.text));
+      r.rep.calib_texts.push_back(t.entry.path + " " + t.entry.sha256);
     }
-    Progress(o, t0, "calibration prefixes: " + std::to_string(captures.size()));
-    for (auto& m : methods) {
-      if (!m->NeedsCalibration()) continue;
-      Status s = m->Calibrate(captures);
-      if (!s.ok()) return s.WithContext("calibrating " + m->name());
-      if (auto r2 = m->CalibrationR2(); !r2.empty()) rep.calibration_r2[m->name()] = r2;
+    for (auto& prefix : RoundRobinCuts(ids, o.prefix_tokens, o.calibration_segments)) {
+      KVD_ASSIGN_OR_RETURN(PrefixCapture p, Capture(*r.sessions[0], r.model, prefix, o.window));
+      captures.push_back(std::move(p));
     }
   }
+  Progress(o, r.t0, "calibration prefixes: " + std::to_string(captures.size()));
+  for (auto& m : r.methods) {
+    if (!m->NeedsCalibration()) continue;
+    Status s = m->Calibrate(captures);
+    if (!s.ok()) return s.WithContext("calibrating " + m->name());
+    if (auto r2 = m->CalibrationR2(); !r2.empty()) r.rep.calibration_r2[m->name()] = r2;
+  }
+  return Status::Ok();
+}
 
-  // Rows: "full" once at p_c 0 (one-shot), every other method at every ratio in every mode.
-  struct RowKey {
-    size_t method;
-    double p_c;
-    std::string mode;
-  };
-  std::vector<RowKey> keys;
+// Lays out r.keys and r.rep.rows: "full" once at p_c 0 (one-shot), every other method at every
+// ratio in every mode.
+void PlanRows(HarnessRun& r) {
+  const HarnessOptions& o = r.o;
   for (const std::string& mode : o.modes) {
-    for (size_t m = 0; m < methods.size(); ++m) {
-      if (methods[m]->name() == "full") {
-        if (mode == o.modes.front()) keys.push_back({m, 0.0, kModeOneShot});
+    for (size_t m = 0; m < r.methods.size(); ++m) {
+      if (r.methods[m]->name() == "full") {
+        if (mode == o.modes.front()) r.keys.push_back({m, 0.0, kModeOneShot});
       } else {
-        for (double r : method_ratios[m]) keys.push_back({m, r, mode});
+        for (double p_c : r.method_ratios[m]) r.keys.push_back({m, p_c, mode});
       }
     }
   }
-  rep.rows.resize(keys.size());
-  for (size_t k = 0; k < keys.size(); ++k) {
-    rep.rows[k].method = methods[keys[k].method]->name();
-    rep.rows[k].p_c = keys[k].p_c;
-    rep.rows[k].mode = keys[k].mode;
-    rep.rows[k].layer_rel_error.assign(cfg.num_layers, 0.0);
-    rep.rows[k].passkey_depth_correct.assign(o.passkey_depths.size(), 0);
-    rep.rows[k].passkey_depth_total.assign(o.passkey_depths.size(), 0);
+  r.rep.rows.resize(r.keys.size());
+  for (size_t k = 0; k < r.keys.size(); ++k) {
+    MethodResult& row = r.rep.rows[k];
+    row.method = r.methods[r.keys[k].method]->name();
+    row.p_c = r.keys[k].p_c;
+    row.mode = r.keys[k].mode;
+    row.layer_rel_error.assign(r.cfg.num_layers, 0.0);
+    row.passkey_depth_correct.assign(o.passkey_depths.size(), 0);
+    row.passkey_depth_total.assign(o.passkey_depths.size(), 0);
   }
+}
 
-  // Segments in parallel (jobs workers, each with its own two engine sessions); every result is
-  // kept per segment and summed in segment order below, so the report does not depend on jobs.
-  struct RowOutcome {
-    Scores scores;
-    double stored = 0, stored_bytes = -1, seconds = 0, cpu_seconds = 0;
-    bool keeps_positions = false;
-  };
-  struct SegmentOutcome {
-    Scores engine;
-    std::vector<RowOutcome> rows;
-  };
-  std::vector<SegmentOutcome> outcomes(segments.size());
-  // A method carrying state between Compress calls (online calibration) runs one segment at a
-  // time, in segment order.
-  const bool parallel_safe =
-      std::all_of(methods.begin(), methods.end(), [](const auto& m) { return m->ParallelSafe(); });
-  const int jobs = parallel_safe ? o.EffectiveJobs(std::max(segments.size(), size_t{1})) : 1;
-  std::vector<std::unique_ptr<LlamaSession>> sessions, others;
-  sessions.push_back(std::move(first_session));
-  for (int w = 0; w < jobs; ++w) {
-    if (w > 0)
-      sessions.push_back(
-          std::make_unique<LlamaSession>(model, llama::SessionOptions{.threads = o.threads}));
-    others.push_back(
-        std::make_unique<LlamaSession>(model, llama::SessionOptions{.threads = o.threads}));
+// Gives workers [0, jobs) their pair of sessions, creating the missing ones in worker order.
+void AddWorkers(HarnessRun& r, int jobs) {
+  const llama::SessionOptions so{.threads = r.o.threads};
+  for (size_t w = 0; w < static_cast<size_t>(jobs); ++w) {
+    if (w >= r.sessions.size()) r.sessions.push_back(std::make_unique<LlamaSession>(r.model, so));
+    if (w >= r.others.size()) r.others.push_back(std::make_unique<LlamaSession>(r.model, so));
   }
-  std::mutex progress_mu;
+}
+
+// Compresses `prefix` with row k's method, loads it into `other` and scores the continuation.
+StatusOr<RowOutcome> ScoreRow(HarnessRun& r, size_t k, const PrefixCapture& prefix,
+                              const std::vector<ChunkQueries>& chunk_queries, LlamaSession& other,
+                              const Segment& seg, const Reference& ref) {
+  const HarnessOptions& o = r.o;
+  RowOutcome out;
+  const auto tr = Clock::now();
+  const double cpu0 = ThreadCpuSeconds();
+  const MethodResult& row = r.rep.rows[k];
+  CompressionMethod& m = *r.methods[r.keys[k].method];
+  auto cache = CompressInMode(m, prefix, chunk_queries, o, row.mode, row.p_c);
+  if (!cache.ok()) {
+    return cache.status().WithContext(m.name() + " p_c=" + std::to_string(row.p_c) + " " +
+                                      row.mode);
+  }
+  if (cache->cache.next_position != o.prefix_tokens) {
+    return Status::Internal(m.name() + " returned next_position " +
+                            std::to_string(cache->cache.next_position) + ", expected " +
+                            std::to_string(o.prefix_tokens));
+  }
+  Status ls = other.LoadCompact(cache->cache);
+  if (!ls.ok()) return ls.WithContext(m.name() + " returned an unusable cache");
+  KVD_ASSIGN_OR_RETURN(out.scores,
+                       ScoreContinuation(other, r.cfg, seg.continuation, &ref, nullptr));
+  out.stored = cache->stored_fraction;
+  out.stored_bytes = cache->stored_bytes_fraction;
+  out.keeps_positions = KeepsPositions(cache->cache, o.prefix_tokens);
+  out.seconds = Since(tr);
+  out.cpu_seconds = ThreadCpuSeconds() - cpu0;
+  return out;
+}
+
+// Scores every row on segment si with worker w's sessions.
+Status ScoreSegment(HarnessRun& r, int w, size_t si, bool chunked, SegmentOutcome& out,
+                    int& segments_done) {
+  LlamaSession& s = *r.sessions[w];
+  const Segment& seg = r.segments[si];
+  std::vector<ChunkQueries> chunk_queries;
+  KVD_ASSIGN_OR_RETURN(PrefixCapture prefix,
+                       CaptureChunked(s, r.model, seg.prefix, r.o, chunked, &chunk_queries));
+  Reference ref;
+  KVD_ASSIGN_OR_RETURN(out.engine, ScoreContinuation(s, r.cfg, seg.continuation, nullptr, &ref));
+  out.rows.resize(r.keys.size());
+  for (size_t k = 0; k < r.keys.size(); ++k) {
+    KVD_ASSIGN_OR_RETURN(out.rows[k],
+                         ScoreRow(r, k, prefix, chunk_queries, *r.others[w], seg, ref));
+  }
+  std::lock_guard<std::mutex> lock(r.progress_mu);
+  ++segments_done;
+  Progress(r.o, r.t0,
+           "segment " + std::to_string(segments_done) + "/" + std::to_string(r.segments.size()) +
+               " (#" + std::to_string(si + 1) + "): engine ppl " +
+               std::to_string(std::exp(out.engine.nll / out.engine.n)));
+  return Status::Ok();
+}
+
+// Scores the segments in parallel (jobs workers, each with its own two engine sessions); every
+// result is kept per segment, so the sums below do not depend on jobs.
+StatusOr<std::vector<SegmentOutcome>> ScoreSegments(HarnessRun& r) {
+  const HarnessOptions& o = r.o;
+  const bool chunked = std::find(o.modes.begin(), o.modes.end(), kModeChunkWise) != o.modes.end();
+  std::vector<SegmentOutcome> outcomes(r.segments.size());
+  r.parallel_safe = std::all_of(r.methods.begin(), r.methods.end(),
+                                [](const auto& m) { return m->ParallelSafe(); });
+  const int jobs = r.parallel_safe ? o.EffectiveJobs(std::max(r.segments.size(), size_t{1})) : 1;
+  AddWorkers(r, jobs);
   int segments_done = 0;
-  KVD_RETURN_IF_ERROR(ParallelItems(jobs, segments.size(), [&](int w, size_t si) -> Status {
-    LlamaSession& s = *sessions[w];
-    LlamaSession& other = *others[w];
-    const Segment& seg = segments[si];
-    SegmentOutcome& out = outcomes[si];
-    std::vector<ChunkQueries> chunk_queries;
-    KVD_ASSIGN_OR_RETURN(PrefixCapture prefix,
-                         CaptureChunked(s, model, seg.prefix, o, chunked, &chunk_queries));
-    Reference ref;
-    KVD_ASSIGN_OR_RETURN(out.engine, ScoreContinuation(s, cfg, seg.continuation, nullptr, &ref));
-    out.rows.resize(keys.size());
-    for (size_t k = 0; k < keys.size(); ++k) {
-      const auto tr = Clock::now();
-      const double cpu0 = ThreadCpuSeconds();
-      const MethodResult& row = rep.rows[k];
-      CompressionMethod& m = *methods[keys[k].method];
-      auto cache = CompressInMode(m, prefix, chunk_queries, o, row.mode, row.p_c);
-      if (!cache.ok()) {
-        return cache.status().WithContext(m.name() + " p_c=" + std::to_string(row.p_c) + " " +
-                                          row.mode);
-      }
-      if (cache->cache.next_position != o.prefix_tokens) {
-        return Status::Internal(m.name() + " returned next_position " +
-                                std::to_string(cache->cache.next_position) + ", expected " +
-                                std::to_string(o.prefix_tokens));
-      }
-      Status ls = other.LoadCompact(cache->cache);
-      if (!ls.ok()) return ls.WithContext(m.name() + " returned an unusable cache");
-      KVD_ASSIGN_OR_RETURN(out.rows[k].scores,
-                           ScoreContinuation(other, cfg, seg.continuation, &ref, nullptr));
-      out.rows[k].stored = cache->stored_fraction;
-      out.rows[k].stored_bytes = cache->stored_bytes_fraction;
-      out.rows[k].keeps_positions = KeepsPositions(cache->cache, o.prefix_tokens);
-      out.rows[k].seconds = Since(tr);
-      out.rows[k].cpu_seconds = ThreadCpuSeconds() - cpu0;
-    }
-    std::lock_guard<std::mutex> lock(progress_mu);
-    ++segments_done;
-    Progress(o, t0,
-             "segment " + std::to_string(segments_done) + "/" + std::to_string(segments.size()) +
-                 " (#" + std::to_string(si + 1) + "): engine ppl " +
-                 std::to_string(std::exp(out.engine.nll / out.engine.n)));
-    return Status::Ok();
+  KVD_RETURN_IF_ERROR(ParallelItems(jobs, r.segments.size(), [&](int w, size_t si) -> Status {
+    return ScoreSegment(r, w, si, chunked, outcomes[si], segments_done);
   }));
-  for (size_t k = 0; k < keys.size(); ++k) {
-    rep.rows[k].stored_raw = 0;
-    rep.rows[k].keeps_positions = true;
+  return outcomes;
+}
+
+// Sums the segment outcomes into the rows and the engine's totals, in segment order.
+void SumSegments(HarnessRun& r, const std::vector<SegmentOutcome>& outcomes) {
+  HarnessReport& rep = r.rep;
+  const double n_seg = static_cast<double>(r.segments.size());
+  for (MethodResult& row : rep.rows) {
+    row.stored_raw = 0;
+    row.keeps_positions = true;
   }
   for (const SegmentOutcome& out : outcomes) {
     rep.engine_nll_sum += out.engine.nll;
     rep.engine_scored_tokens += out.engine.n;
     rep.engine_seg_nll.push_back(out.engine.nll);
-    for (size_t k = 0; k < keys.size(); ++k) {
+    for (size_t k = 0; k < r.keys.size(); ++k) {
       MethodResult& row = rep.rows[k];
       const RowOutcome& ro = out.rows[k];
-      row.achieved_p_c += (1.0 - ro.stored) / segments.size();
-      row.stored_raw = ro.stored_bytes < 0 || row.stored_raw < 0
-                           ? -1
-                           : row.stored_raw + ro.stored_bytes / segments.size();
+      row.achieved_p_c += (1.0 - ro.stored) / n_seg;
+      row.stored_raw =
+          ro.stored_bytes < 0 || row.stored_raw < 0 ? -1 : row.stored_raw + ro.stored_bytes / n_seg;
       row.keeps_positions = row.keeps_positions && ro.keeps_positions;
       row.nll_sum += ro.scores.nll;
       row.scored_tokens += ro.scores.n;
@@ -754,21 +819,25 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
       row.seg_nll.push_back(ro.scores.nll);
       row.seg_n.push_back(ro.scores.n);
       row.seg_agree.push_back(ro.scores.agree);
-      for (int l = 0; l < cfg.num_layers; ++l)
-        row.layer_rel_error[l] += ro.scores.rel_err[l] / segments.size();
+      for (int l = 0; l < r.cfg.num_layers; ++l)
+        row.layer_rel_error[l] += ro.scores.rel_err[l] / n_seg;
       row.seconds += ro.seconds;
       row.cpu_seconds += ro.cpu_seconds;
     }
   }
+}
 
+// Derives each row's perplexity, agreement, mean error and bootstrap intervals from its sums.
+void FinishRows(HarnessRun& r) {
+  HarnessReport& rep = r.rep;
   for (MethodResult& row : rep.rows) {
     row.perplexity = std::exp(row.nll_sum / static_cast<double>(row.scored_tokens));
     row.top1_agreement /= static_cast<double>(row.scored_tokens);
     double s = 0;
     for (double e : row.layer_rel_error) s += e;
-    row.mean_rel_error = s / cfg.num_layers;
+    row.mean_rel_error = s / r.cfg.num_layers;
     const BootstrapResult b = BootstrapSegments(
-        {row.seg_nll, rep.engine_seg_nll, row.seg_n, row.seg_agree}, o.bootstrap_samples);
+        {row.seg_nll, rep.engine_seg_nll, row.seg_n, row.seg_agree}, r.o.bootstrap_samples);
     row.ppl_ratio_lo = b.ppl_ratio.lo;
     row.ppl_ratio_hi = b.ppl_ratio.hi;
     row.top1_lo = b.top1.lo;
@@ -776,99 +845,138 @@ StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const Harness
   }
   rep.engine_perplexity =
       std::exp(rep.engine_nll_sum / static_cast<double>(rep.engine_scored_tokens));
+}
 
-  // Passkey retrieval (the question comes after the compressed context): the listed methods'
-  // one-shot rows, and with passkey_fronts every row on a front in its own mode. Prompts in
-  // parallel like the segments; results summed in prompt order.
-  const std::vector<PasskeyPrompt> prompts = BuildPasskeyPrompts(*tok, o);
-  std::vector<bool> passkey_row(keys.size());
-  const std::vector<bool> on_front = OnAnyFront(rep);
-  bool chunked_prompts = false;
-  for (size_t k = 0; k < keys.size(); ++k) {
-    const bool listed =
-        o.passkey_methods.empty() || std::find(o.passkey_methods.begin(), o.passkey_methods.end(),
-                                               rep.rows[k].method) != o.passkey_methods.end();
-    const bool listed_mode = rep.rows[k].mode == kModeOneShot ||
-                             (o.passkey_chunk_wise && rep.rows[k].mode == kModeChunkWise);
+// Which rows answer the passkey prompts: the listed methods' one-shot (and with
+// passkey_chunk_wise chunk-wise) rows, and with passkey_fronts every row on a front.
+std::vector<bool> PasskeyRows(const HarnessRun& r) {
+  const HarnessOptions& o = r.o;
+  std::vector<bool> passkey_row(r.keys.size());
+  const std::vector<bool> on_front = OnAnyFront(r.rep);
+  for (size_t k = 0; k < r.keys.size(); ++k) {
+    const MethodResult& row = r.rep.rows[k];
+    const bool listed = o.passkey_methods.empty() ||
+                        std::find(o.passkey_methods.begin(), o.passkey_methods.end(), row.method) !=
+                            o.passkey_methods.end();
+    const bool listed_mode =
+        row.mode == kModeOneShot || (o.passkey_chunk_wise && row.mode == kModeChunkWise);
     passkey_row[k] = (listed && listed_mode) || (o.passkey_fronts && on_front[k]);
-    chunked_prompts = chunked_prompts || (passkey_row[k] && rep.rows[k].mode == kModeChunkWise);
   }
-  struct PromptOutcome {
-    bool engine_ok = false;
-    std::vector<int8_t> row_ok;     // [keys]: -1 not asked, 0 wrong, 1 right
-    std::vector<int8_t> row_wrong;  // [keys]: the first wrong answer token, -1 none
-  };
-  std::vector<PromptOutcome> answers(prompts.size());
+  return passkey_row;
+}
+
+// Passkey work shared by the prompt workers.
+struct PasskeyPlan {
+  std::vector<PasskeyPrompt> prompts;
+  std::vector<bool> passkey_row;  // [keys]
+  bool chunked_prompts = false;   // some asked row is chunk-wise
   int prompts_done = 0;
+};
+
+// Answers prompt pi with the engine and with every asked row, using worker w's sessions.
+Status AnswerPrompt(HarnessRun& r, PasskeyPlan& plan, int w, size_t pi, PromptOutcome& out) {
+  const HarnessOptions& o = r.o;
+  LlamaSession& s = *r.sessions[w];
+  LlamaSession& other = *r.others[w];
+  const PasskeyPrompt& p = plan.prompts[pi];
+  out.row_ok.assign(r.keys.size(), -1);
+  out.row_wrong.assign(r.keys.size(), -1);
+  std::vector<ChunkQueries> chunk_queries;
+  KVD_ASSIGN_OR_RETURN(PrefixCapture prefix, CaptureChunked(s, r.model, p.context, o,
+                                                            plan.chunked_prompts, &chunk_queries));
+  KVD_ASSIGN_OR_RETURN(out.engine_ok, AnswerPasskey(s, p));
+  for (size_t k = 0; k < r.keys.size(); ++k) {
+    const MethodResult& row = r.rep.rows[k];
+    if (!plan.passkey_row[k]) continue;
+    CompressionMethod& m = *r.methods[r.keys[k].method];
+    auto cache = CompressInMode(m, prefix, chunk_queries, o, row.mode, row.p_c);
+    if (!cache.ok()) return cache.status().WithContext(m.name() + " (passkey)");
+    KVD_RETURN_IF_ERROR(other.LoadCompact(cache->cache));
+    KVD_ASSIGN_OR_RETURN(const int wrong, FirstWrongAnswerToken(other, p));
+    out.row_ok[k] = wrong < 0 ? 1 : 0;
+    out.row_wrong[k] = static_cast<int8_t>(wrong);
+  }
+  std::lock_guard<std::mutex> lock(r.progress_mu);
+  if (o.passkey_log) LogPasskeyPrompt(pi, p, o, r.rep, out.row_ok, out.row_wrong);
+  ++plan.prompts_done;
+  const size_t n = plan.prompts.size();
+  if (plan.prompts_done == static_cast<int>(n) || plan.prompts_done % 10 == 0) {
+    Progress(o, r.t0,
+             "passkey " + std::to_string(plan.prompts_done) + "/" + std::to_string(n) + " (" +
+                 std::to_string(p.context.size()) + " tokens)");
+  }
+  return Status::Ok();
+}
+
+// Adds prompt p's answers to the engine's and the rows' passkey (or multikey) counts.
+void CountAnswers(HarnessRun& r, const PasskeyPrompt& p, const PromptOutcome& out) {
+  HarnessReport& rep = r.rep;
+  if (p.depth_index >= 0) {
+    rep.engine_passkey_correct += out.engine_ok;
+    ++rep.engine_passkey_total;
+  } else {
+    rep.engine_multikey_correct += out.engine_ok;
+    ++rep.engine_multikey_total;
+  }
+  for (size_t k = 0; k < r.keys.size(); ++k) {
+    if (out.row_ok[k] < 0) continue;
+    MethodResult& row = rep.rows[k];
+    const bool ok = out.row_ok[k] == 1;
+    if (p.depth_index >= 0) {
+      row.passkey_correct += ok;
+      ++row.passkey_total;
+      row.passkey_depth_correct[p.depth_index] += ok;
+      ++row.passkey_depth_total[p.depth_index];
+    } else {
+      row.multikey_correct += ok;
+      ++row.multikey_total;
+    }
+  }
+}
+
+// Passkey retrieval (the question comes after the compressed context): prompts in parallel like
+// the segments, results counted in prompt order.
+Status RunPasskeys(HarnessRun& r) {
+  const HarnessOptions& o = r.o;
+  PasskeyPlan plan;
+  plan.prompts = BuildPasskeyPrompts(*r.tok, o);
+  plan.passkey_row = PasskeyRows(r);
+  for (size_t k = 0; k < r.keys.size(); ++k) {
+    plan.chunked_prompts =
+        plan.chunked_prompts || (plan.passkey_row[k] && r.rep.rows[k].mode == kModeChunkWise);
+  }
+  std::vector<PromptOutcome> answers(plan.prompts.size());
   // More prompts than segments can take more workers than the segments had: each gets its own
   // pair of sessions.
-  const int prompt_jobs = parallel_safe ? o.EffectiveJobs(std::max(prompts.size(), size_t{1})) : 1;
-  while (static_cast<int>(sessions.size()) < prompt_jobs) {
-    sessions.push_back(
-        std::make_unique<LlamaSession>(model, llama::SessionOptions{.threads = o.threads}));
-    others.push_back(
-        std::make_unique<LlamaSession>(model, llama::SessionOptions{.threads = o.threads}));
-  }
-  KVD_RETURN_IF_ERROR(ParallelItems(prompt_jobs, prompts.size(), [&](int w, size_t pi) -> Status {
-    LlamaSession& s = *sessions[w];
-    LlamaSession& other = *others[w];
-    const PasskeyPrompt& p = prompts[pi];
-    PromptOutcome& out = answers[pi];
-    out.row_ok.assign(keys.size(), -1);
-    out.row_wrong.assign(keys.size(), -1);
-    std::vector<ChunkQueries> chunk_queries;
-    KVD_ASSIGN_OR_RETURN(PrefixCapture prefix,
-                         CaptureChunked(s, model, p.context, o, chunked_prompts, &chunk_queries));
-    KVD_ASSIGN_OR_RETURN(out.engine_ok, AnswerPasskey(s, p));
-    for (size_t k = 0; k < keys.size(); ++k) {
-      const MethodResult& row = rep.rows[k];
-      if (!passkey_row[k]) continue;
-      CompressionMethod& m = *methods[keys[k].method];
-      auto cache = CompressInMode(m, prefix, chunk_queries, o, row.mode, row.p_c);
-      if (!cache.ok()) return cache.status().WithContext(m.name() + " (passkey)");
-      KVD_RETURN_IF_ERROR(other.LoadCompact(cache->cache));
-      KVD_ASSIGN_OR_RETURN(const int wrong, FirstWrongAnswerToken(other, p));
-      out.row_ok[k] = wrong < 0 ? 1 : 0;
-      out.row_wrong[k] = static_cast<int8_t>(wrong);
-    }
-    std::lock_guard<std::mutex> lock(progress_mu);
-    if (o.passkey_log) LogPasskeyPrompt(pi, p, o, rep, out.row_ok, out.row_wrong);
-    ++prompts_done;
-    if (prompts_done == static_cast<int>(prompts.size()) || prompts_done % 10 == 0) {
-      Progress(o, t0,
-               "passkey " + std::to_string(prompts_done) + "/" + std::to_string(prompts.size()) +
-                   " (" + std::to_string(p.context.size()) + " tokens)");
-    }
-    return Status::Ok();
-  }));
-  for (size_t pi = 0; pi < prompts.size(); ++pi) {
-    const PasskeyPrompt& p = prompts[pi];
-    const PromptOutcome& out = answers[pi];
-    if (p.depth_index >= 0) {
-      rep.engine_passkey_correct += out.engine_ok;
-      ++rep.engine_passkey_total;
-    } else {
-      rep.engine_multikey_correct += out.engine_ok;
-      ++rep.engine_multikey_total;
-    }
-    for (size_t k = 0; k < keys.size(); ++k) {
-      if (out.row_ok[k] < 0) continue;
-      MethodResult& row = rep.rows[k];
-      const bool ok = out.row_ok[k] == 1;
-      if (p.depth_index >= 0) {
-        row.passkey_correct += ok;
-        ++row.passkey_total;
-        row.passkey_depth_correct[p.depth_index] += ok;
-        ++row.passkey_depth_total[p.depth_index];
-      } else {
-        row.multikey_correct += ok;
-        ++row.multikey_total;
-      }
-    }
-  }
+  const int prompt_jobs =
+      r.parallel_safe ? o.EffectiveJobs(std::max(plan.prompts.size(), size_t{1})) : 1;
+  AddWorkers(r, prompt_jobs);
+  KVD_RETURN_IF_ERROR(ParallelItems(
+      prompt_jobs, plan.prompts.size(),
+      [&](int w, size_t pi) -> Status { return AnswerPrompt(r, plan, w, pi, answers[pi]); }));
+  for (size_t pi = 0; pi < plan.prompts.size(); ++pi)
+    CountAnswers(r, plan.prompts[pi], answers[pi]);
+  return Status::Ok();
+}
 
-  rep.seconds = Since(t0);
-  return rep;
+}  // namespace
+
+StatusOr<HarnessReport> RunHarness(const llama::LlamaModel& model, const HarnessOptions& o,
+                                   const MethodRegistry& registry) {
+  KVD_RETURN_IF_ERROR(o.Validate());
+  HarnessRun r(model, o, Clock::now());
+  KVD_RETURN_IF_ERROR(CheckModel(model, o));
+  r.rep.options = o;
+  KVD_RETURN_IF_ERROR(LoadSegments(r));
+  KVD_RETURN_IF_ERROR(CreateMethods(r, registry));
+  KVD_RETURN_IF_ERROR(CalibrateMethods(r));
+  PlanRows(r);
+  KVD_ASSIGN_OR_RETURN(const std::vector<SegmentOutcome> outcomes, ScoreSegments(r));
+  SumSegments(r, outcomes);
+  FinishRows(r);
+  KVD_RETURN_IF_ERROR(RunPasskeys(r));
+  r.rep.seconds = Since(r.t0);
+  return std::move(r.rep);
 }
 
 }  // namespace kvd::quality

@@ -23,20 +23,21 @@
 #include "plot.h"
 #include "report.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+// What the command line sets, and the options main needs to ask whether they were given.
+struct Cli {
   std::string model_path, out_dir = "quality-out", plot_from;
   kvd::quality::HarnessOptions o;
-  o.manifest_path = KVD_QUALITY_DEFAULT_MANIFEST;
-  const std::string command = kvd::quality::CommandLine("kvd-quality", argc, argv);
-  CLI::App app{
-      "kvd-quality: the compression quality harness (perplexity, top-1 agreement, "
-      "attention error and passkey retrieval of each method against the full cache)",
-      "kvd-quality"};
-  app.footer(
-      "kvd-quality --plot-from results.csv --out DIR re-draws DIR/perplexity-<mode>.png and "
-      "fronts-<mode>.png\n"
-      "a --methods entry may carry its own p_c list: keydiff+int4@0.5:0.65\n"
-      "exit codes: 0 ok, 1 failure, 2 usage");
+  bool list_methods = false;
+  CLI::Option* model_opt = nullptr;
+  CLI::Option* methods_opt = nullptr;
+  CLI::Option* passkey_methods_opt = nullptr;
+};
+
+// Adds --quick, the evaluation options shared with kvd-quality-diag, and the method options.
+void AddMethodOptions(CLI::App& app, Cli& c) {
+  kvd::quality::HarnessOptions& o = c.o;
   // --quick first: its preset is applied before the options given with it (CLI11 stores the
   // options in the order they are declared), so explicit options override the preset.
   app.add_flag_callback(
@@ -47,21 +48,20 @@ int main(int argc, char** argv) {
         o.manifest_path = manifest;
       },
       "the quick preset (fewer methods, segments and trials; the options given override it)");
-  CLI::Option* model_opt =
-      kvd::quality::AddEvalOptions(app, {.model_path = &model_path,
-                                         .manifest_path = &o.manifest_path,
-                                         .out_dir = &out_dir,
-                                         .text_files = &o.text_files,
-                                         .segments = &o.max_segments,
-                                         .prefix_tokens = &o.prefix_tokens,
-                                         .continuation_tokens = &o.continuation_tokens,
-                                         .window = &o.window,
-                                         .threads = &o.threads});
-  CLI::Option* methods_opt =
+  c.model_opt = kvd::quality::AddEvalOptions(app, {.model_path = &c.model_path,
+                                                   .manifest_path = &o.manifest_path,
+                                                   .out_dir = &c.out_dir,
+                                                   .text_files = &o.text_files,
+                                                   .segments = &o.max_segments,
+                                                   .prefix_tokens = &o.prefix_tokens,
+                                                   .continuation_tokens = &o.continuation_tokens,
+                                                   .window = &o.window,
+                                                   .threads = &o.threads});
+  c.methods_opt =
       app.add_option("--methods", o.methods, "methods, comma separated (--list-methods)")
           ->delimiter(',')
           ->capture_default_str();
-  CLI::Option* passkey_methods_opt =
+  c.passkey_methods_opt =
       app.add_option("--passkey-methods", o.passkey_methods,
                      "methods answering the passkey (default full,snapkv,keydiff; with --methods "
                      "alone: every listed method)")
@@ -76,6 +76,10 @@ int main(int argc, char** argv) {
   app.add_option("--modes", o.modes, "one-shot, chunk-wise (comma separated)")
       ->delimiter(',')
       ->capture_default_str();
+}
+
+// Adds the passkey, chunk, calibration, bootstrap and jobs options.
+void AddRunOptions(CLI::App& app, kvd::quality::HarnessOptions& o) {
   app.add_option("--passkey", o.passkey_filler_tokens, "passkey context in tokens (0: no passkey)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
@@ -101,6 +105,11 @@ int main(int argc, char** argv) {
                  "sessions of --threads threads (0 = cores / threads; 1 with --threads 0)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 10));
+}
+
+// Adds the passkey flags and depths, --plot-from and --list-methods.
+void AddPasskeyAndToolOptions(CLI::App& app, Cli& c) {
+  kvd::quality::HarnessOptions& o = c.o;
   app.add_flag("--passkey-fronts", o.passkey_fronts,
                "also ask the passkey prompts of every row on a dense or compact front, in its "
                "mode (one engine call per prompt and front row)");
@@ -114,54 +123,82 @@ int main(int argc, char** argv) {
   app.add_flag("--passkey-log", o.passkey_log,
                "one line per passkey prompt on stderr: key, depth, its token positions and every "
                "asked row's answer");
-  app.add_option("--plot-from", plot_from, "re-draw the plots of this results.csv into --out");
-  bool list_methods = false;
-  app.add_flag("--list-methods", list_methods, "print the registered methods and exit");
-  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
-  // Explicit methods without --passkey-methods: every listed method answers the passkey.
-  if (methods_opt->count() > 0 && passkey_methods_opt->count() == 0) o.passkey_methods.clear();
-  if (list_methods) {
-    for (const auto& n : kvd::quality::MethodRegistry::Global().Names()) std::cout << n << "\n";
-    return 0;
+  app.add_option("--plot-from", c.plot_from, "re-draw the plots of this results.csv into --out");
+  app.add_flag("--list-methods", c.list_methods, "print the registered methods and exit");
+}
+
+// Re-draws the plots of the results.csv at plot_from into out_dir; the exit code.
+int RePlot(const std::string& plot_from, const std::string& out_dir) {
+  std::ifstream in(plot_from, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto rep = kvd::quality::FromCsv(ss.str());
+  if (!in || !rep.ok()) {
+    std::cerr << "kvd-quality: cannot re-plot " << plot_from << ": "
+              << (rep.ok() ? std::string("unreadable") : rep.status().ToString()) << "\n";
+    return 1;
   }
-  if (!plot_from.empty()) {
-    std::ifstream in(plot_from, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    auto rep = kvd::quality::FromCsv(ss.str());
-    if (!in || !rep.ok()) {
-      std::cerr << "kvd-quality: cannot re-plot " << plot_from << ": "
-                << (rep.ok() ? std::string("unreadable") : rep.status().ToString()) << "\n";
-      return 1;
-    }
-    std::filesystem::create_directories(out_dir);
-    kvd::Status s = kvd::quality::WritePlots(*rep, out_dir);
-    if (!s.ok()) {
-      std::cerr << "kvd-quality: " << s << "\n";
-      return 1;
-    }
-    for (const auto& l : kvd::quality::PlotLegend(*rep)) std::cout << l << "\n";
-    return 0;
+  std::filesystem::create_directories(out_dir);
+  kvd::Status s = kvd::quality::WritePlots(*rep, out_dir);
+  if (!s.ok()) {
+    std::cerr << "kvd-quality: " << s << "\n";
+    return 1;
   }
-  if (model_opt->count() == 0) return kvd::cli::UsageError(app, "--model is required");
-  if (kvd::Status v = o.Validate(); !v.ok()) return kvd::cli::UsageError(app, v.message());
-  auto model = kvd::llama::LlamaModel::Load(model_path);
+  for (const auto& l : kvd::quality::PlotLegend(*rep)) std::cout << l << "\n";
+  return 0;
+}
+
+// Loads the model, runs the harness and writes the report into c.out_dir; the exit code.
+int RunAndReport(const Cli& c, const std::string& command) {
+  auto model = kvd::llama::LlamaModel::Load(c.model_path);
   if (!model.ok()) {
     std::cerr << "kvd-quality: " << model.status() << "\n";
     return 1;
   }
-  auto rep = kvd::quality::RunHarness(**model, o);
+  auto rep = kvd::quality::RunHarness(**model, c.o);
   if (!rep.ok()) {
     std::cerr << "kvd-quality: " << rep.status() << "\n";
     return 1;
   }
-  kvd::Status w = kvd::quality::WriteReport(*rep, out_dir, command);
+  kvd::Status w = kvd::quality::WriteReport(*rep, c.out_dir, command);
   if (!w.ok()) {
     std::cerr << "kvd-quality: " << w << "\n";
     return 1;
   }
   std::cout << kvd::quality::ToMarkdown(*rep, command);
-  std::cerr << "kvd-quality: wrote " << out_dir
+  std::cerr << "kvd-quality: wrote " << c.out_dir
             << "/results.csv, segments.csv, layers.csv, results.md, perplexity-<mode>.png\n";
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Cli c;
+  c.o.manifest_path = KVD_QUALITY_DEFAULT_MANIFEST;
+  const std::string command = kvd::quality::CommandLine("kvd-quality", argc, argv);
+  CLI::App app{
+      "kvd-quality: the compression quality harness (perplexity, top-1 agreement, "
+      "attention error and passkey retrieval of each method against the full cache)",
+      "kvd-quality"};
+  app.footer(
+      "kvd-quality --plot-from results.csv --out DIR re-draws DIR/perplexity-<mode>.png and "
+      "fronts-<mode>.png\n"
+      "a --methods entry may carry its own p_c list: keydiff+int4@0.5:0.65\n"
+      "exit codes: 0 ok, 1 failure, 2 usage");
+  AddMethodOptions(app, c);
+  AddRunOptions(app, c.o);
+  AddPasskeyAndToolOptions(app, c);
+  if (int rc = kvd::cli::Parse(app, argc, argv); rc >= 0) return rc;
+  // Explicit methods without --passkey-methods: every listed method answers the passkey.
+  if (c.methods_opt->count() > 0 && c.passkey_methods_opt->count() == 0)
+    c.o.passkey_methods.clear();
+  if (c.list_methods) {
+    for (const auto& n : kvd::quality::MethodRegistry::Global().Names()) std::cout << n << "\n";
+    return 0;
+  }
+  if (!c.plot_from.empty()) return RePlot(c.plot_from, c.out_dir);
+  if (c.model_opt->count() == 0) return kvd::cli::UsageError(app, "--model is required");
+  if (kvd::Status v = c.o.Validate(); !v.ok()) return kvd::cli::UsageError(app, v.message());
+  return RunAndReport(c, command);
 }
