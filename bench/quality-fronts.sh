@@ -10,11 +10,11 @@
 # 2. With the kvpress venv of bench/quality-peers.sh (installed by it; skipped when it cannot be),
 #    kvpress's presses on the first KVD_FRONTS_PRESS_SEGMENTS of the same segments at
 #    KVD_FRONTS_PRESS_RATIOS -> $out/kvpress (transformers on the CPU is the slow part), and
-#    bench/kvpress/table.py --equal-bytes -> $out/peers.md: each press against kvd's best
-#    one-shot row storing at most the press's bytes, paired on the same segments, then the same
-#    against kvd's best chunk-wise row (--kvd-mode chunk-wise). In the same call transformers'
-#    quantized KV cache (optimum-quanto, HQQ; KVD_FRONTS_QUANT) on the same segments, and
-#    table.py --equal-bytes --form dense -> $out/peers.md: each against kvd's best dense row.
+#    transformers' quantized KV cache (optimum-quanto, HQQ; KVD_FRONTS_QUANT) in the same call;
+#    then bench/kvpress/table.py --equal-bytes -> $out/peers.md: each of these peer rows against
+#    kvd's best one-shot row storing at most its bytes, paired on the same segments, then the
+#    same against kvd's best chunk-wise row (--kvd-mode chunk-wise), then each quantized-cache
+#    row against kvd's best dense row (--form dense).
 #
 #   KVD_FRONTS_OUT           results folder (default: quality-fronts)
 #   KVD_FRONTS_SIZE          "SEGMENTS PREFIX CONTINUATION WINDOW" (default: "8 1024 128 32")

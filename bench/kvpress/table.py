@@ -113,7 +113,9 @@ def main():
               f"transformers (kvpress venv) {hf_full:.6f}\n")
         peers = {k: v for k, v in kvp.items()
                  if a.form is None or (k[1] == 0) == (a.form == "dense")}
-        peer = "quantized cache" if a.form == "dense" else "press"
+        # A peer row at p_c 0 keeps every token (a quantized cache); one above evicts (a press).
+        kinds = {k[1] == 0 for k in peers}
+        peer = "peer" if len(kinds) > 1 else "quantized cache" if True in kinds else "press"
         print(f"| {peer} at p_c | stored/raw, ppl/full | kvd's best at no more bytes "
               f"({a.kvd_mode}) "
               f"| stored/raw, ppl/full | kvd / {peer}, paired [95% CI] |\n|---|---|---|---|---|")
