@@ -314,8 +314,8 @@ Status ValidateCodec(const CodecDescription& c) {
     return Status::InvalidArgument("codec: p_c " + std::to_string(c.p_c) + " not in [0, 1)");
   }
   const QuantDescription& q = c.quant;
-  if (static_cast<uint8_t>(q.format) > static_cast<uint8_t>(QuantFormat::kInt2Sym) ||
-      static_cast<uint8_t>(q.value_format) > static_cast<uint8_t>(QuantFormat::kInt2Sym)) {
+  if (static_cast<uint8_t>(q.format) > static_cast<uint8_t>(QuantFormat::kInt2Zero) ||
+      static_cast<uint8_t>(q.value_format) > static_cast<uint8_t>(QuantFormat::kInt2Zero)) {
     return Status::InvalidArgument("codec: unknown quant format");
   }
   if (static_cast<uint8_t>(q.rotation) > static_cast<uint8_t>(QuantRotation::kHadamard)) {
@@ -579,7 +579,9 @@ namespace {
 constexpr std::pair<QuantFormat, std::string_view> kQuantFormatNames[] = {
     {QuantFormat::kNone, "none"},        {QuantFormat::kInt8, "int8"},
     {QuantFormat::kInt4, "int4"},        {QuantFormat::kInt3, "int3"},
-    {QuantFormat::kInt2, "int2"},        {QuantFormat::kInt4Sym, "int4s"},
+    {QuantFormat::kInt2, "int2"},        {QuantFormat::kInt8Zero, "int8z"},
+    {QuantFormat::kInt4Zero, "int4z"},   {QuantFormat::kInt3Zero, "int3z"},
+    {QuantFormat::kInt2Zero, "int2z"},   {QuantFormat::kInt4Sym, "int4s"},
     {QuantFormat::kInt3Sym, "int3s"},    {QuantFormat::kInt2Sym, "int2s"},
     {QuantFormat::kFp8E4M3, "fp8_e4m3"},
 };

@@ -16,7 +16,7 @@ namespace kvd::kernels {
 // rows, values per row over `group` channels, after the rotation (if any) of every row. Layout
 // of the bytes: codes [rows, CodeRow()] (fewer than 8 bits: a bit stream, quant::GetCode), then
 // Groups() parameter records of ParamBytes() (asymmetric int: float16 min, float16 scale;
-// symmetric int and fp8: float16 scale),
+// symmetric int and fp8: float16 scale; zero-anchored int: float16 scale, uint8 zero code),
 // keys in (row group, channel) order, values in (row, channel group) order.
 struct QuantBlock {
   QuantFormat format = QuantFormat::kInt8;
@@ -31,19 +31,26 @@ struct QuantBlock {
     return format == QuantFormat::kInt4Sym || format == QuantFormat::kInt3Sym ||
            format == QuantFormat::kInt2Sym;
   }
-  // quant::Coding's value: 0 asymmetric, 1 symmetric, 2 fp8.
-  int coding() const { return fp8() ? 2 : symmetric() ? 1 : 0; }
+  bool zero_anchored() const {
+    return format == QuantFormat::kInt8Zero || format == QuantFormat::kInt4Zero ||
+           format == QuantFormat::kInt3Zero || format == QuantFormat::kInt2Zero;
+  }
+  // quant::Coding's value: 0 asymmetric, 1 symmetric, 2 fp8, 3 zero-anchored.
+  int coding() const { return fp8() ? 2 : symmetric() ? 1 : zero_anchored() ? 3 : 0; }
   bool rotated() const { return rotation != QuantRotation::kNone; }
   int bits() const {
     switch (format) {
       case QuantFormat::kInt4:
       case QuantFormat::kInt4Sym:
+      case QuantFormat::kInt4Zero:
         return 4;
       case QuantFormat::kInt3:
       case QuantFormat::kInt3Sym:
+      case QuantFormat::kInt3Zero:
         return 3;
       case QuantFormat::kInt2:
       case QuantFormat::kInt2Sym:
+      case QuantFormat::kInt2Zero:
         return 2;
       default:
         return 8;
@@ -51,7 +58,7 @@ struct QuantBlock {
   }
   size_t CodeRow() const { return (static_cast<size_t>(d) * bits() + 7) / 8; }
   size_t CodeBytes() const { return static_cast<size_t>(rows) * CodeRow(); }
-  int ParamBytes() const { return fp8() || symmetric() ? 2 : 4; }
+  int ParamBytes() const { return fp8() || symmetric() ? 2 : zero_anchored() ? 3 : 4; }
   int64_t RowGroups() const { return (rows + group - 1) / group; }  // keys
   int64_t ColGroups() const { return (d + group - 1) / group; }     // values
   int64_t Groups() const { return keys ? RowGroups() * d : rows * ColGroups(); }

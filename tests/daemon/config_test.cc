@@ -510,8 +510,10 @@ TEST(ConfigPolicyTest, ParsesTheQuantizeStageAndItsKeys) {
   SetKey(&qk, "quant_key_group", "37");
   CompressionPolicy qs = q;
   SetKey(&qs, "quant_sinks", "4");
+  CompressionPolicy qz = q;
+  SetKey(&qz, "quant_value_format", "int4z");
   EXPECT_EQ(plain.CanonicalForm().find("quant"), std::string::npos);
-  for (const CompressionPolicy* other : {&q4, &qg, &qr, &qrot, &qv, &qk, &qs}) {
+  for (const CompressionPolicy* other : {&q4, &qg, &qr, &qrot, &qv, &qk, &qs, &qz}) {
     EXPECT_NE(q.CodecId(0), other->CodecId(0));
   }
   EXPECT_NE(plain.CodecId(0), q.CodecId(0));
@@ -534,6 +536,10 @@ TEST(ConfigPolicyTest, ParsesTheQuantizeStageAndItsKeys) {
   EXPECT_EQ(KeyText(*rot->models[0].compression, "quant_rotate"), "hadamard");
   EXPECT_EQ(KeyText(*rot->models[0].compression, "quant_value_format"), "int2");
   EXPECT_EQ(KeyText(*rot->models[0].compression, "quant_format"), "int3");
+  auto zero = ParseConfigYaml(PolicyYaml(
+      "{stages: [quantize], quant_format: int4, quant_value_format: int4z, quant_sinks: 1}"));
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(KeyText(*zero->models[0].compression, "quant_value_format"), "int4z");
   // The rotation needs a power-of-two head_dim.
   auto odd = ParseConfigYaml(
       "models: [{name: m, layout: {layers: 2, kv_heads: 1, q_heads: 2, head_dim: 12}, "
@@ -807,7 +813,8 @@ TEST(ConfigPolicyTest, RefusesBadPoliciesNamingKeyAndValue) {
       // the quantize stage
       {"{stages: [quantize], quant_format: int5}",
        {"models[0].compression.quant_format",
-        "\"int5\" is not one of int8, int4, int3, int2, int4s, int3s, int2s, fp8_e4m3"}},
+        "\"int5\" is not one of int8, int4, int3, int2, int8z, int4z, int3z, int2z, int4s, int3s, "
+        "int2s, fp8_e4m3"}},
       {"{stages: [quantize], quant_rotate: walsh}",
        {"models[0].compression.quant_rotate", "\"walsh\" is not one of none, hadamard"}},
       {"{stages: [quantize], quant_value_format: int1}",

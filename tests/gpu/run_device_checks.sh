@@ -13,8 +13,8 @@
 #   kernels        every CPU-vs-CUDA kernel test (*Cuda*, including the device xxh3 checksum
 #                  against Checksum64 and QuantizeCuda: the quantize stage's codes, scales and
 #                  dequantized values against the CPU kernel bit for bit, every format (int8,
-#                  int4, int3, int2, fp8) with and without the Hadamard rotation), then the whole kernel
-#                  suite
+#                  int4, int3, int2, their zero-anchored and symmetric forms, fp8) with and without
+#                  the Hadamard rotation), then the whole kernel suite
 #   plan           the device-resident plan against the CPU plan on the same chunks (DevicePlan*)
 #   gpu-tier       GpuTier over CUDA device memory (storage_gpu_tier_test GpuTierCuda*), and a
 #                  kvd process with tiers.gpu: compressed puts land there, stats, gets

@@ -559,7 +559,7 @@ TEST(CompactChunkV3, TruncationAndDamageAreErrors) {
   ExpectEveryPrefixRefused(good, 96);
   const Damage cases[] = {
       {26, 0, "version 3 without a quant format"},
-      {26, 9, "unknown quant format"},
+      {26, 13, "unknown quant format"},  // 13: the first code of no format
       {27, 1, "reserved bytes not zero"},
       {93, 1, "reserved bytes not zero"},
       {80, 0, "quant key_group 0"},  // key_group 4 -> 0 (its low byte)
@@ -609,7 +609,12 @@ TEST(CompactChunkV4, RotatedAndNarrowChunksRoundTripAsVersion4) {
         QuantDescription{.format = QuantFormat::kInt3Sym,
         .key_group = 4,
         .value_group = 8,
-        .value_format = QuantFormat::kInt2Sym}}) {
+        .value_format = QuantFormat::kInt2Sym},
+        QuantDescription{.format = QuantFormat::kInt4,
+        .key_group = 4,
+        .value_group = 8,
+        .value_format = QuantFormat::kInt4Zero},
+        QuantDescription{.format = QuantFormat::kInt2Zero, .key_group = 4, .value_group = 8}}) {
     const CompactChunk one = QuantizedChunk(64, q);
     ExpectRoundTrip(one);
     const std::vector<uint8_t> b = *EncodeCompactChunk(one);
@@ -628,17 +633,19 @@ TEST(CompactChunkV4, RotatedAndNarrowChunksRoundTripAsVersion4) {
 
 // The one table of format names: every format by its name, nothing else.
 TEST(CompactChunkV4, QuantFormatNamesComeFromOneTable) {
-  for (uint8_t code = 0; code <= static_cast<uint8_t>(QuantFormat::kInt2Sym); ++code) {
+  for (uint8_t code = 0; code <= static_cast<uint8_t>(QuantFormat::kInt2Zero); ++code) {
     const auto f = static_cast<QuantFormat>(code);
     EXPECT_EQ(QuantFormatFromName(QuantFormatName(f)), f) << int{code};
   }
   EXPECT_EQ(QuantFormatName(QuantFormat::kInt2Sym), "int2s");
   EXPECT_EQ(QuantFormatFromName("int5"), std::nullopt);
-  EXPECT_EQ(QuantFormatNameList(), "int8, int4, int3, int2, int4s, int3s, int2s or fp8_e4m3");
+  EXPECT_EQ(QuantFormatName(QuantFormat::kInt4Zero), "int4z");
+  EXPECT_EQ(QuantFormatNameList(),
+            "int8, int4, int3, int2, int8z, int4z, int3z, int2z, int4s, int3s, int2s or fp8_e4m3");
   std::string listed;
   for (QuantFormat f : QuantFormats())
     listed += std::string(listed.empty() ? "" : " ") += QuantFormatName(f);
-  EXPECT_EQ(listed, "int8 int4 int3 int2 int4s int3s int2s fp8_e4m3");
+  EXPECT_EQ(listed, "int8 int4 int3 int2 int8z int4z int3z int2z int4s int3s int2s fp8_e4m3");
   ASSERT_EQ(QuantRotations().size(), 2u);
   EXPECT_EQ(QuantRotationName(QuantRotations()[1]), "hadamard");
 }
@@ -648,7 +655,7 @@ TEST(CompactChunkV4, DamageIsAnError) {
   ExpectEveryPrefixRefused(good, 96);
   const Damage cases[] = {
       {27, 7, "unknown quant rotation"},
-      {92, 9, "unknown quant format"},
+      {92, 13, "unknown quant format"},  // 13: the first code of no format
       {92, 4, "value format equal to the key format"},
       {93, 1, "value format"},
       {26, 0, "version 4 without a quant format"},

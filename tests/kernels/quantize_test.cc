@@ -216,6 +216,100 @@ TEST(QuantizeTest, IntFormatsMatchTheFloat64ReferenceWithinHalfAScale) {
   }
 }
 
+// Zero-anchored integer formats: the asymmetric grid with min = -z Q s / 255, z in [0, 255], for
+// the group widened to hold 0 (a' = min(a, 0), b' = max(b, 0)): s = HalfUp((b' - a') / Q * 255 /
+// 254), z the smallest code with min <= a'. Each dequantized element is min + q s of that grid (z
+// may be one more or less where float32 and float64 disagree on min <= a', within 2^-20 of a'),
+// and within s / 2 of the input.
+struct RefZero {
+  int qmax = 0;
+  double Min(int z, double s) const { return -static_cast<double>(z) * qmax * s / 255.0; }
+  double Scale(double a, double b) const {
+    return HalfUp((std::max(b, 0.0) - std::min(a, 0.0)) / qmax * 255.0 / 254.0);
+  }
+  int Zero(double a, double s) const {
+    int z = 0;
+    while (z < 255 && Min(z, s) > std::min(a, 0.0)) ++z;
+    return z;
+  }
+  double Value(double x, double mn, double s) const {
+    if (!(s > 0)) return mn;
+    return mn + std::clamp(std::nearbyint((x - mn) / s), 0.0, static_cast<double>(qmax)) * s;
+  }
+};
+
+TEST(QuantizeTest, ZeroAnchoredFormatsMatchTheFloat64ReferenceWithinHalfAScale) {
+  for (const QuantFormat f : {QuantFormat::kInt8Zero, QuantFormat::kInt4Zero,
+                              QuantFormat::kInt3Zero, QuantFormat::kInt2Zero}) {
+    const RefZero ref{f == QuantFormat::kInt4Zero   ? 15
+                      : f == QuantFormat::kInt3Zero ? 7
+                      : f == QuantFormat::kInt2Zero ? 3
+                                                    : 255};
+    ForEachRoundTrip(
+        f, 29,
+        [&](const Matrix& x, const Matrix& y, const GroupList& groups, const std::string& where) {
+          for (const auto& group : groups) {
+            double lo = x.Row(group[0].first)[group[0].second], hi = lo;
+            for (auto [r, c] : group)
+              lo = std::min<double>(lo, x.Row(r)[c]), hi = std::max<double>(hi, x.Row(r)[c]);
+            const double s = ref.Scale(lo, hi);
+            ASSERT_LE(s, (std::max(hi, 0.0) - std::min(lo, 0.0)) / ref.qmax * 255 / 254 *
+                                 (1 + std::ldexp(1.0, -10)) +
+                             std::ldexp(1.0, -24))
+                << where;
+            const int z = ref.Zero(lo, s);
+            const double a = std::min(lo, 0.0), slack = std::ldexp(1.0, -20) * (std::fabs(a) + s);
+            const bool z_tie = std::fabs(ref.Min(z, s) - a) <= slack ||
+                               (z > 0 && std::fabs(ref.Min(z - 1, s) - a) <= slack);
+            for (auto [r, c] : group) {
+              const double xv = x.Row(r)[c], yv = y.Row(r)[c];
+              const double fp = std::ldexp(1.0, -22) * (std::fabs(xv) + ref.qmax * s);
+              bool on_grid = false;
+              for (int dz = z_tie ? -1 : 0; dz <= (z_tie ? 1 : 0) && !on_grid; ++dz) {
+                if (z + dz < 0 || z + dz > 255) continue;
+                const double mn = ref.Min(z + dz, s);
+                const double t = s > 0 ? (xv - mn) / s : 0.0;
+                const bool tie = std::fabs(t - std::floor(t) - 0.5) < 1e-5;
+                on_grid = std::fabs(yv - ref.Value(xv, mn, s)) <= fp ||
+                          (tie && std::fabs(std::fabs(yv - ref.Value(xv, mn, s)) - s) <= fp);
+              }
+              ASSERT_TRUE(on_grid) << where << " at " << r << "," << c << ": " << xv << " -> " << yv
+                                   << ", scale " << s << ", zero code " << z;
+              ASSERT_LE(std::fabs(yv - xv), s / 2 * (1 + 1e-5) + fp)
+                  << where << " at " << r << "," << c;
+            }
+          }
+        });
+  }
+}
+
+// What the zero code buys and what it costs: a group of 64 value channels stores 3 bytes of
+// parameters instead of 4 (int4: 35 bytes a slot instead of 36) and, since a value row holds 0,
+// errs about as int4 does (its scale is wider by 255 / 254, about 1% more squared error); a key
+// channel with an offset far from 0 pays the offset in its scale.
+TEST(QuantizeTest, ZeroAnchoredValuesSaveAByteAGroupAtAboutInt4sError) {
+  const QuantDescription i4{.format = QuantFormat::kInt4, .key_group = 64, .value_group = 64};
+  QuantDescription z4 = i4;
+  z4.format = QuantFormat::kInt4Zero;
+  EXPECT_EQ(QuantizedRowsBytes(256, 64, DType::kBFloat16, i4, false), 256u * (32 + 4));
+  EXPECT_EQ(QuantizedRowsBytes(256, 64, DType::kBFloat16, z4, false), 256u * (32 + 3));
+  EXPECT_EQ(QuantizedRowsBytes(256, 64, DType::kBFloat16, z4, true), 256u * 32 + 4 * 64 * 3);
+  const auto sse = [](const Matrix& x, const QuantDescription& q, bool keys) {
+    auto y = RoundTrip(x, q, keys);
+    EXPECT_TRUE(y.ok()) << y.status();
+    double e = 0;
+    for (size_t i = 0; i < x.values.size(); ++i)
+      e += (y->values[i] - x.values[i]) * (y->values[i] - x.values[i]);
+    return e;
+  };
+  const Matrix values = Bf16(RandomMatrix(256, 64, 43));
+  const double ratio = sse(values, z4, false) / sse(values, i4, false);
+  EXPECT_GT(ratio, 0.98);
+  EXPECT_LT(ratio, 1.03);
+  const Matrix offset = Bf16(RandomMatrix(256, 64, 47, 1.0f, 20.0f));
+  EXPECT_GT(sse(offset, z4, true), 10 * sse(offset, i4, true));
+}
+
 // Symmetric integer formats (b bits, half = 2^(b-1)): levels (q + 1/2) s for q in [-half,
 // half - 1], s the float16 scale among the candidates HalfUp(absmax (20 - k) / 20 / (half - 1/2)),
 // k = 0..11, whose float64 squared error over the group is least (the first on ties; where two
@@ -813,9 +907,7 @@ TEST(QuantizeTest, SymmetricValuesRoundTripTheChunkAndServe) {
 TEST(QuantizeCuda, MatchesTheCpuKernelBitForBit) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   const ExecOptions cuda{.backend = Backend::kCuda};
-  for (const QuantFormat f :
-       {QuantFormat::kInt8, QuantFormat::kInt4, QuantFormat::kFp8E4M3, QuantFormat::kInt3,
-        QuantFormat::kInt2, QuantFormat::kInt4Sym, QuantFormat::kInt3Sym, QuantFormat::kInt2Sym}) {
+  for (const QuantFormat f : QuantFormats()) {
     for (const Shape& s : kShapes) {
       for (const bool keys : {true, false}) {
         for (const QuantRotation rot : {QuantRotation::kNone, QuantRotation::kHadamard}) {

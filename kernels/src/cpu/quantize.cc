@@ -30,7 +30,8 @@ int64_t QuantizeBlock(const QuantBlock& b, const float* in, uint8_t* out) {
   for (int64_t r = 0; r < b.rows; ++r) {
     for (int64_t c = 0; c < b.d; ++c) {
       const quant::GroupParams p = quant::LoadParams(
-          coding, params + quant::GroupIndex(b.keys, b.d, b.group, r, c) * b.ParamBytes());
+          coding, b.bits(),
+          params + quant::GroupIndex(b.keys, b.d, b.group, r, c) * b.ParamBytes());
       quant::OrCode(out + r * b.CodeRow(), c, b.bits(),
                     quant::ElementCode(coding, b.bits(), x[r * b.d + c], p));
     }
@@ -45,7 +46,8 @@ void DequantizeBlock(const QuantBlock& b, const uint8_t* in, float* out) {
     const uint8_t* row = in + r * b.CodeRow();
     for (int64_t c = 0; c < b.d; ++c) {
       const quant::GroupParams p = quant::LoadParams(
-          coding, params + quant::GroupIndex(b.keys, b.d, b.group, r, c) * b.ParamBytes());
+          coding, b.bits(),
+          params + quant::GroupIndex(b.keys, b.d, b.group, r, c) * b.ParamBytes());
       out[r * b.d + c] = quant::ElementValue(coding, b.bits(), quant::GetCode(row, c, b.bits()), p);
     }
     if (b.rotated()) quant::HadamardRotate(out + r * b.d, b.d, true);

@@ -36,7 +36,7 @@ BlockShape Shape(const QuantBlock& b) {
 __device__ quant::GroupParams ParamsAt(const BlockShape& s, const uint8_t* block, int64_t r,
                                        int64_t c) {
   const int64_t g = quant::GroupIndex(s.keys, s.d, s.group, r, c);
-  return quant::LoadParams(s.coding, block + s.code_bytes + g * s.param_bytes);
+  return quant::LoadParams(s.coding, s.bits, block + s.code_bytes + g * s.param_bytes);
 }
 
 // One thread per row: x <- R x (or R^-1 x), quant_math.h's rotation.

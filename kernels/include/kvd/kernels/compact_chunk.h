@@ -50,6 +50,11 @@ enum class QuantFormat : uint8_t {
   kInt4Sym = 6,
   kInt3Sym = 7,
   kInt2Sym = 8,
+  // Zero-anchored integer formats: per group a float16 scale and a one-byte zero code (quantize.h).
+  kInt8Zero = 9,
+  kInt4Zero = 10,
+  kInt3Zero = 11,
+  kInt2Zero = 12,
 };
 // An orthogonal transform applied to every key row and value row before quantization and
 // inverted after dequantization (quantize.h): it spreads a channel's outliers over all channels.
