@@ -13,9 +13,9 @@ connector sees none): `[quantize]`. kvd stores the quantized chunk; the connecto
   `[ figures ]` lines.
 - A policy that evicts tokens: the engine does not start, and the error names the policy.
 
-KVD_VLLM_QUALITY_SEGMENTS (default 4) and KVD_VLLM_QUALITY_FORMATS (default "int8,int4_sinks4":
-int8, and int4 with the sequence's 4 sink tokens unquantized, chunk format version 5) widen it
-(docs/vllm.md has a run of more)."""
+KVD_VLLM_QUALITY_SEGMENTS (default 4) and KVD_VLLM_QUALITY_FORMATS (default
+"int8,int4_int4zv_sinks1": int8, and int4 keys with zero-anchored int4 values and the sequence's
+first token unquantized, chunk format version 5) widen it (docs/vllm.md has a run of more)."""
 
 import json
 import math
@@ -35,10 +35,12 @@ CONTEXT = 3 * CHUNK  # tokens of each segment vLLM loads from kvd
 CONTINUATION = 64    # tokens vLLM computes after them, with their log-probs
 TEXTS = ["/usr/share/common-licenses/GPL-3", "/usr/lib/python3.11/argparse.py"]
 SEGMENTS = int(os.environ.get("KVD_VLLM_QUALITY_SEGMENTS", "4"))
-FORMATS = os.environ.get("KVD_VLLM_QUALITY_FORMATS", "int8,int4_sinks4").split(",")
+FORMATS = os.environ.get("KVD_VLLM_QUALITY_FORMATS", "int8,int4_int4zv_sinks1").split(",")
 # The quantize keys of each name of KVD_VLLM_QUALITY_FORMATS.
 QUANTIZE_KEYS = {"int8": "quant_format: int8", "fp8_e4m3": "quant_format: fp8_e4m3",
-                 "int4": "quant_format: int4", "int4_sinks4": "quant_format: int4, quant_sinks: 4"}
+                 "int4": "quant_format: int4", "int4_sinks4": "quant_format: int4, quant_sinks: 4",
+                 "int4_int4zv_sinks1":
+                     "quant_format: int4, quant_value_format: int4z, quant_sinks: 1"}
 
 
 def text_segments():
@@ -124,7 +126,7 @@ def test_quantized_chunks_through_vllm_cost_little_perplexity(tmp_path, referenc
     # Bounds from docs/quality.md's measurements of the same quantizers on the reference engine
     # (int8 and fp8 within 0.5% of perplexity, int4 about 1%): several times those, so that a
     # misplaced or mis-scaled token (perplexity x2 and more) fails, rounding does not.
-    base = fmt.split("_sinks")[0]
+    base = "int4" if fmt.startswith("int4") else fmt
     bound = {"int8": 1.03, "fp8_e4m3": 1.05, "int4": 1.10}[base]
     assert ppl / ppl_ref < bound
     assert agree / total > {"int8": 0.95, "fp8_e4m3": 0.9, "int4": 0.85}[base]
