@@ -252,6 +252,11 @@ constexpr MethodSpec kSpecs[] = {
     // int4 keys with zero-anchored int4 values (int4z: a float16 scale and a one-byte zero code a
     // group, 3 bytes where int4 stores 4): 0.0039 of the bytes less than the int4 rows above.
     {.name = "int4k_int4zv", .stored_bf16 = true, .quant = kI4, .quant_values = kI4z},
+    {.name = "int8k_int8zv_kg256",
+     .stored_bf16 = true,
+     .quant = kernels::QuantFormat::kInt8,
+     .quant_values = kernels::QuantFormat::kInt8Zero,
+     .key_group = 256},
     {.name = "int4k_int4zv_sinks1",
      .stored_bf16 = true,
      .quant = kI4,
