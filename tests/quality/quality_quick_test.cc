@@ -203,5 +203,45 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
   EXPECT_EQ(one_segment->engine_multikey_correct, rep->engine_multikey_correct);
 }
 
+// Zero-anchored values on the model's own values (docs/algorithms.md 6): a value row's group of
+// 64 channels holds 0, so int4z's grid is int4's with a scale at most 255/254 (1 + 2^-10) wider,
+// for one byte of parameters a group less: 1 of the 256 raw bytes of every quantized slot of a
+// head. Bounds: the bytes fall by 1/256 of the quantized slots' share (the first token, exact,
+// is under 1 in 1024); the attention-output error, which the value codes enter linearly, may
+// grow by the scale's 0.5% plus the change of grid under each element (measured +0.2% on 24
+// segments: docs/quality.md), 2% allowed; perplexity within 0.5% of int4's (24 segments: equal
+// to the fourth digit). A group that did not hold 0 would pay its offset, many times more.
+TEST(QualityQuickTest, ZeroAnchoredValuesErrAsInt4DoesOnTheModelsValues) {
+  if (!std::filesystem::exists(ModelPath())) {
+    GTEST_SKIP() << "SmolLM2 GGUF not found at " << ModelPath() << ": run deploy/fetch-models.sh";
+  }
+  auto model = llama::LlamaModel::Load(ModelPath());
+  ASSERT_TRUE(model.ok()) << model.status();
+  HarnessOptions o = HarnessOptions::Quick();
+  o.manifest_path = KVD_QUALITY_DEFAULT_MANIFEST;
+  o.threads = 1;
+  o.jobs = 2;
+  o.methods = {"full", "int4_sinks1", "int4k_int4zv_sinks1"};
+  o.ratios = {0.0};
+  o.modes = {kModeChunkWise};
+  o.passkey_filler_tokens = 0;
+  o.multikey_trials = 0;
+  o.progress = false;
+  auto rep = RunHarness(**model, o);
+  ASSERT_TRUE(rep.ok()) << rep.status();
+  const MethodResult* i4 = Row(*rep, "int4_sinks1", 0.0, kModeChunkWise);
+  const MethodResult* z4 = Row(*rep, "int4k_int4zv_sinks1", 0.0, kModeChunkWise);
+  ASSERT_NE(i4, nullptr);
+  ASSERT_NE(z4, nullptr);
+  std::cout << "int4_sinks1: stored/raw " << i4->stored_raw << ", attention error "
+            << i4->mean_rel_error << ", perplexity " << i4->perplexity
+            << "\nint4k_int4zv_sinks1: stored/raw " << z4->stored_raw << ", attention error "
+            << z4->mean_rel_error << ", perplexity " << z4->perplexity << "\n";
+  EXPECT_NEAR(i4->stored_raw - z4->stored_raw, 1.0 / 256, 1.0 / 256 * 0.01);
+  EXPECT_GT(z4->mean_rel_error, 0.0);
+  EXPECT_LT(z4->mean_rel_error, i4->mean_rel_error * 1.02);
+  EXPECT_NEAR(z4->perplexity / i4->perplexity, 1.0, 0.005);
+}
+
 }  // namespace
 }  // namespace kvd::quality
