@@ -32,6 +32,7 @@
 #include "kvd/kernels/kvslimmer.h"
 #include "kvd/kernels/plan.h"
 #include "kvd/kernels/plan_device.h"
+#include "kvd/kernels/quantize.h"
 #include "kvd/kernels/rope.h"
 #include "kvd/kernels/serving.h"
 #include "kvd/kernels/snapkv.h"
@@ -411,6 +412,58 @@ void BM_DecodeCompactChunk(benchmark::State& state) {
   Report(state, static_cast<double>(bytes.size()), 0);
 }
 BENCHMARK(BM_DecodeCompactChunk);
+
+// ---- the quantize stage (one layer: 8 heads, keys and values) ----
+
+// Policies of docs/quality.md's choices: int8, int4, int4 keys with int4z values, and the 0.20 row
+// (3-bit keys over 37 slots, symmetric 2-bit values, both rotated). Keys per channel over the
+// group's slots, values per slot over 64 channels.
+const QuantDescription kQuantInt8{.format = QuantFormat::kInt8, .key_group = 64, .value_group = 64};
+const QuantDescription kQuantInt4{.format = QuantFormat::kInt4, .key_group = 64, .value_group = 64};
+const QuantDescription kQuantInt4z{.format = QuantFormat::kInt4,
+                                   .key_group = 64,
+                                   .value_group = 64,
+                                   .value_format = QuantFormat::kInt4Zero};
+const QuantDescription kQuant3k2sv{.format = QuantFormat::kInt3,
+                                   .key_group = 37,
+                                   .value_group = 64,
+                                   .rotation = QuantRotation::kHadamard,
+                                   .value_format = QuantFormat::kInt2Sym};
+
+// Every head's keys and values of the layer through QuantizeRows (`quantize`) or, from their
+// quantized bytes, DequantizeRows; the bytes counted are the float32 rows read or written.
+void BM_QuantizeLayer(benchmark::State& state, const QuantDescription& q, bool quantize) {
+  const LayerData& d = LayerData::Get();
+  std::vector<std::vector<uint8_t>> bytes;
+  for (int h = 0; h < 2 * kHeads; ++h) {
+    const bool keys = h < kHeads;
+    const Matrix& x = keys ? d.keys[h] : d.values[h - kHeads];
+    bytes.emplace_back(QuantizedRowsBytes(d.n, kDim, DType::kBFloat16, q, keys));
+    if (!QuantizeRows(x.View(), DType::kBFloat16, q, keys, bytes.back(), kOneCore).ok()) {
+      state.SkipWithError("QuantizeRows failed");
+      return;
+    }
+  }
+  Matrix out(d.n, kDim);
+  for (auto _ : state) {
+    for (int h = 0; h < 2 * kHeads; ++h) {
+      const bool keys = h < kHeads;
+      const Matrix& x = keys ? d.keys[h] : d.values[h - kHeads];
+      benchmark::DoNotOptimize(
+          quantize ? QuantizeRows(x.View(), DType::kBFloat16, q, keys, bytes[h], kOneCore)
+                   : DequantizeRows(bytes[h], DType::kBFloat16, q, keys, out.View(), kOneCore));
+    }
+  }
+  Report(state, 2.0 * kHeads * static_cast<double>(d.n) * kDim * sizeof(float), 0);
+}
+BENCHMARK_CAPTURE(BM_QuantizeLayer, quantize_int8, kQuantInt8, true);
+BENCHMARK_CAPTURE(BM_QuantizeLayer, quantize_int4, kQuantInt4, true);
+BENCHMARK_CAPTURE(BM_QuantizeLayer, quantize_int4k_int4zv, kQuantInt4z, true);
+BENCHMARK_CAPTURE(BM_QuantizeLayer, quantize_int3k_int2sv_rot_kg37, kQuant3k2sv, true);
+BENCHMARK_CAPTURE(BM_QuantizeLayer, dequantize_int8, kQuantInt8, false);
+BENCHMARK_CAPTURE(BM_QuantizeLayer, dequantize_int4, kQuantInt4, false);
+BENCHMARK_CAPTURE(BM_QuantizeLayer, dequantize_int4k_int4zv, kQuantInt4z, false);
+BENCHMARK_CAPTURE(BM_QuantizeLayer, dequantize_int3k_int2sv_rot_kg37, kQuant3k2sv, false);
 
 // ---- whole plans, one layer (for context; no goal) ----
 

@@ -1,4 +1,7 @@
-// CPU kernel of the quantize stage (quantize_backend.h; math in quant_math.h).
+// CPU kernel of the quantize stage (quantize_backend.h; math in quant_math.h). Each group's
+// parameters are decoded once per block (quant::LoadParams) and each element coded or decoded
+// with them (quant::ElementCode / ElementValue): the same operations as the CUDA twin, which
+// decodes them per element, so both give the same bytes and floats.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -7,6 +10,64 @@
 #include "quantize_backend.h"
 
 namespace kvd::kernels::cpu {
+namespace {
+
+// Every group's parameters, in the block's group order.
+std::vector<quant::GroupParams> LoadAllParams(const QuantBlock& b, const uint8_t* params) {
+  const auto coding = static_cast<quant::Coding>(b.coding());
+  std::vector<quant::GroupParams> out(static_cast<size_t>(b.Groups()));
+  for (int64_t g = 0; g < b.Groups(); ++g) {
+    out[g] = quant::LoadParams(coding, b.bits(), params + g * b.ParamBytes());
+  }
+  return out;
+}
+
+// Calls fn(c, params) for each element c of row r with its group's parameters.
+template <typename Fn>
+void ForEachElement(const QuantBlock& b, const std::vector<quant::GroupParams>& p, int64_t r,
+                    Fn&& fn) {
+  if (b.keys) {
+    const quant::GroupParams* row = p.data() + (r / b.group) * b.d;
+    for (int64_t c = 0; c < b.d; ++c) fn(c, row[c]);
+    return;
+  }
+  const quant::GroupParams* row = p.data() + r * b.ColGroups();
+  for (int64_t g = 0; g < b.ColGroups(); ++g) {
+    const int64_t c1 = std::min<int64_t>(b.d, (g + 1) * b.group);
+    for (int64_t c = g * b.group; c < c1; ++c) fn(c, row[g]);
+  }
+}
+
+// Calls fn.template operator()<coding, bits>() with the block's coding and code width as
+// compile-time constants, so the per-element code of the loops it runs has no branch on them.
+template <typename Fn>
+void ForCodingAndBits(const QuantBlock& b, Fn&& fn) {
+  using C = quant::Coding;
+  const auto by_bits = [&]<C kCoding>() {
+    switch (b.bits()) {
+      case 2:
+        return fn.template operator()<kCoding, 2>();
+      case 3:
+        return fn.template operator()<kCoding, 3>();
+      case 4:
+        return fn.template operator()<kCoding, 4>();
+      default:
+        return fn.template operator()<kCoding, 8>();
+    }
+  };
+  switch (static_cast<C>(b.coding())) {
+    case C::kSymmetric:
+      return by_bits.template operator()<C::kSymmetric>();
+    case C::kFp8:
+      return fn.template operator()<C::kFp8, 8>();
+    case C::kZeroAnchored:
+      return by_bits.template operator()<C::kZeroAnchored>();
+    default:
+      return by_bits.template operator()<C::kAsymmetric>();
+  }
+}
+
+}  // namespace
 
 int64_t QuantizeBlock(const QuantBlock& b, const float* in, uint8_t* out) {
   std::vector<float> rotated;
@@ -18,40 +79,41 @@ int64_t QuantizeBlock(const QuantBlock& b, const float* in, uint8_t* out) {
     x = rotated.data();
   }
   const auto coding = static_cast<quant::Coding>(b.coding());
+  const int bits = b.bits();
   uint8_t* params = out + b.CodeBytes();
   for (int64_t g = 0; g < b.Groups(); ++g) {
     const quant::GroupRange gr = quant::RangeOf(b.keys, b.rows, b.d, b.group, g);
-    if (!quant::FitGroup(coding, b.bits(), x, b.d, gr.r0, gr.r1, gr.c0, gr.c1,
+    if (!quant::FitGroup(coding, bits, x, b.d, gr.r0, gr.r1, gr.c0, gr.c1,
                          params + g * b.ParamBytes())) {
       return g;
     }
   }
   std::memset(out, 0, b.CodeBytes());  // codes are or-ed in; rows may end in unused bits
-  for (int64_t r = 0; r < b.rows; ++r) {
-    for (int64_t c = 0; c < b.d; ++c) {
-      const quant::GroupParams p = quant::LoadParams(
-          coding, b.bits(),
-          params + quant::GroupIndex(b.keys, b.d, b.group, r, c) * b.ParamBytes());
-      quant::OrCode(out + r * b.CodeRow(), c, b.bits(),
-                    quant::ElementCode(coding, b.bits(), x[r * b.d + c], p));
+  ForCodingAndBits(b, [&]<quant::Coding kCoding, int kBits>() {
+    const std::vector<quant::GroupParams> p = LoadAllParams(b, params);
+    for (int64_t r = 0; r < b.rows; ++r) {
+      uint8_t* row = out + r * b.CodeRow();
+      const float* xr = x + r * b.d;
+      ForEachElement(b, p, r, [&](int64_t c, const quant::GroupParams& gp) {
+        quant::OrCode(row, c, kBits, quant::ElementCode(kCoding, kBits, xr[c], gp));
+      });
     }
-  }
+  });
   return -1;
 }
 
 void DequantizeBlock(const QuantBlock& b, const uint8_t* in, float* out) {
-  const auto coding = static_cast<quant::Coding>(b.coding());
-  const uint8_t* params = in + b.CodeBytes();
-  for (int64_t r = 0; r < b.rows; ++r) {
-    const uint8_t* row = in + r * b.CodeRow();
-    for (int64_t c = 0; c < b.d; ++c) {
-      const quant::GroupParams p = quant::LoadParams(
-          coding, b.bits(),
-          params + quant::GroupIndex(b.keys, b.d, b.group, r, c) * b.ParamBytes());
-      out[r * b.d + c] = quant::ElementValue(coding, b.bits(), quant::GetCode(row, c, b.bits()), p);
+  ForCodingAndBits(b, [&]<quant::Coding kCoding, int kBits>() {
+    const std::vector<quant::GroupParams> p = LoadAllParams(b, in + b.CodeBytes());
+    for (int64_t r = 0; r < b.rows; ++r) {
+      const uint8_t* row = in + r * b.CodeRow();
+      float* yr = out + r * b.d;
+      ForEachElement(b, p, r, [&](int64_t c, const quant::GroupParams& gp) {
+        yr[c] = quant::ElementValue(kCoding, kBits, quant::GetCode(row, c, kBits), gp);
+      });
+      if (b.rotated()) quant::HadamardRotate(yr, b.d, true);
     }
-    if (b.rotated()) quant::HadamardRotate(out + r * b.d, b.d, true);
-  }
+  });
 }
 
 }  // namespace kvd::kernels::cpu
