@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 
 #include "harness.h"
 #include "kernel_methods.h"
@@ -40,23 +41,38 @@ struct Claim {
   bool asserted;
 };
 
-TEST(QualityQuickTest, SanityOfTheQuickRun) {
-  if (!std::filesystem::exists(ModelPath())) {
-    GTEST_SKIP() << "SmolLM2 GGUF not found at " << ModelPath() << ": run deploy/fetch-models.sh";
+// Each test: the model (skipped without it) and the quick preset as the tests run it.
+class QualityQuickTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(ModelPath())) {
+      GTEST_SKIP() << "SmolLM2 GGUF not found at " << ModelPath() << ": run deploy/fetch-models.sh";
+    }
+    auto model = llama::LlamaModel::Load(ModelPath());
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
   }
-  auto model = llama::LlamaModel::Load(ModelPath());
-  ASSERT_TRUE(model.ok()) << model.status();
-  HarnessOptions o = HarnessOptions::Quick();
-  o.manifest_path = KVD_QUALITY_DEFAULT_MANIFEST;
-  // One engine thread: ctest runs two tests at a time, and OpenBLAS's second thread spin-waits
-  // (sched_yield) on a busy machine; measured in docs/quality.md ("Running it").
-  o.threads = 1;
-  // Two workers over the segments and prompts (the default on 2 cores); the end of the test
-  // checks that one worker gives the same numbers.
-  o.jobs = 2;
+
+  static HarnessOptions QuickOptions() {
+    HarnessOptions o = HarnessOptions::Quick();
+    o.manifest_path = KVD_QUALITY_DEFAULT_MANIFEST;
+    // One engine thread: ctest runs two tests at a time, and OpenBLAS's second thread spin-waits
+    // (sched_yield) on a busy machine; measured in docs/quality.md ("Running it").
+    o.threads = 1;
+    // Two workers over the segments and prompts (the default on 2 cores); the sanity test
+    // checks that one worker gives the same numbers.
+    o.jobs = 2;
+    return o;
+  }
+
+  std::unique_ptr<llama::LlamaModel> model_;
+};
+
+TEST_F(QualityQuickTest, SanityOfTheQuickRun) {
+  HarnessOptions o = QuickOptions();
   // Quick() runs one method per stage kind (two scorers, VECTOR routing, KVSlimmer merging, the
   // hybrid); quality_kernel_methods_test covers every registered method without a model.
-  auto rep = RunHarness(**model, o);
+  auto rep = RunHarness(*model_, o);
   ASSERT_TRUE(rep.ok()) << rep.status();
   std::cout << ToMarkdown(*rep, "quality_quick_test");
   ASSERT_EQ(rep->segments, o.max_segments);
@@ -100,7 +116,7 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
   for (const char* name : {"snapkv+vector", "hybrid"}) {
     auto it = rep->calibration_r2.find(name);
     ASSERT_NE(it, rep->calibration_r2.end()) << name << " reported no R^2";
-    ASSERT_EQ(it->second.size(), static_cast<size_t>((*model)->config().num_layers));
+    ASSERT_EQ(it->second.size(), static_cast<size_t>(model_->config().num_layers));
     for (double r : it->second) {
       EXPECT_GE(r, 0.0) << name;
       EXPECT_LE(r, 1.0) << name;
@@ -173,7 +189,7 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
   one.methods = {"full", "snapkv"};
   one.passkey_methods.clear();
   one.progress = false;
-  auto serial = RunHarness(**model, one);
+  auto serial = RunHarness(*model_, one);
   ASSERT_TRUE(serial.ok()) << serial.status();
   EXPECT_EQ(serial->engine_seg_nll, rep->engine_seg_nll);
   EXPECT_EQ(serial->engine_passkey_correct, rep->engine_passkey_correct);
@@ -197,7 +213,7 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
   few.progress = false;
   ASSERT_EQ(few.EffectiveJobs(1), 1);
   ASSERT_EQ(few.EffectiveJobs(2), 2);
-  auto one_segment = RunHarness(**model, few);
+  auto one_segment = RunHarness(*model_, few);
   ASSERT_TRUE(one_segment.ok()) << one_segment.status();
   EXPECT_EQ(one_segment->engine_passkey_correct, rep->engine_passkey_correct);
   EXPECT_EQ(one_segment->engine_multikey_correct, rep->engine_multikey_correct);
@@ -211,23 +227,15 @@ TEST(QualityQuickTest, SanityOfTheQuickRun) {
 // grow by the scale's 0.5% plus the change of grid under each element (measured +0.2% on 24
 // segments: docs/quality.md), 2% allowed; perplexity within 0.5% of int4's (24 segments: equal
 // to the fourth digit). A group that did not hold 0 would pay its offset, many times more.
-TEST(QualityQuickTest, ZeroAnchoredValuesErrAsInt4DoesOnTheModelsValues) {
-  if (!std::filesystem::exists(ModelPath())) {
-    GTEST_SKIP() << "SmolLM2 GGUF not found at " << ModelPath() << ": run deploy/fetch-models.sh";
-  }
-  auto model = llama::LlamaModel::Load(ModelPath());
-  ASSERT_TRUE(model.ok()) << model.status();
-  HarnessOptions o = HarnessOptions::Quick();
-  o.manifest_path = KVD_QUALITY_DEFAULT_MANIFEST;
-  o.threads = 1;
-  o.jobs = 2;
+TEST_F(QualityQuickTest, ZeroAnchoredValuesErrAsInt4DoesOnTheModelsValues) {
+  HarnessOptions o = QuickOptions();
   o.methods = {"full", "int4_sinks1", "int4k_int4zv_sinks1"};
   o.ratios = {0.0};
   o.modes = {kModeChunkWise};
   o.passkey_filler_tokens = 0;
   o.multikey_trials = 0;
   o.progress = false;
-  auto rep = RunHarness(**model, o);
+  auto rep = RunHarness(*model_, o);
   ASSERT_TRUE(rep.ok()) << rep.status();
   const MethodResult* i4 = Row(*rep, "int4_sinks1", 0.0, kModeChunkWise);
   const MethodResult* z4 = Row(*rep, "int4k_int4zv_sinks1", 0.0, kModeChunkWise);
