@@ -267,39 +267,54 @@ KVD_QHD bool SymGroupScale(const float* x, int64_t d, int64_t r0, int64_t r1, in
   return true;
 }
 
-// The parameters of a group (elements as SymGroupScale's) stored at `param`: asymmetric the
-// float16 minimum and scale, symmetric the least-error scale, fp8 the scale covering absmax,
-// zero-anchored the float16 scale and the zero code. false when a parameter does not fit float16.
-KVD_QHD bool FitGroup(Coding coding, int bits, const float* x, int64_t d, int64_t r0, int64_t r1,
-                      int64_t c0, int64_t c1, uint8_t* param) {
-  float lo = x[r0 * d + c0], hi = lo, absmax = 0.0f;
-  for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const float v = x[r * d + c];
-      lo = v < lo ? v : lo;
-      hi = v > hi ? v : hi;
-      absmax = fabsf(v) > absmax ? fabsf(v) : absmax;
-    }
-  }
+// The minimum, maximum and largest magnitude of a group's elements: started at its first
+// element (absmax at 0), then every element added in the group's order (keys down the rows of
+// their channel, values along their row), the first included.
+struct GroupStats {
+  float lo, hi, absmax;
+};
+KVD_QHD GroupStats StartStats(float first) { return {first, first, 0.0f}; }
+KVD_QHD void AddToStats(GroupStats* s, float v) {
+  s->lo = v < s->lo ? v : s->lo;
+  s->hi = v > s->hi ? v : s->hi;
+  s->absmax = fabsf(v) > s->absmax ? fabsf(v) : s->absmax;
+}
+
+// The parameters of a group of the codings that need only its statistics (asymmetric: the
+// float16 minimum and scale; zero-anchored: the float16 scale and the zero code; fp8: the scale
+// covering absmax), stored at `param`. false when a parameter does not fit float16.
+KVD_QHD bool FitStats(Coding coding, int bits, GroupStats st, uint8_t* param) {
   uint16_t mn = 0, sc = 0;
-  bool ok;
   if (coding == Coding::kZeroAnchored) {
     uint8_t z = 0;
-    if (!ZeroAnchoredParams(lo, hi, (1 << bits) - 1, &sc, &z)) return false;
+    if (!ZeroAnchoredParams(st.lo, st.hi, (1 << bits) - 1, &sc, &z)) return false;
     StoreHalf(param, sc);
     param[2] = z;
     return true;
   }
   if (coding == Coding::kFp8) {
-    ok = Fp8GroupScale(absmax, &sc);
-  } else if (coding == Coding::kSymmetric) {
-    ok = SymGroupScale(x, d, r0, r1, c0, c1, absmax, 1 << (bits - 1), &sc);
-  } else {
-    ok = IntGroupParams(lo, hi, (1 << bits) - 1, &mn, &sc);
+    if (!Fp8GroupScale(st.absmax, &sc)) return false;
+    StoreHalf(param, sc);
+    return true;
   }
-  if (!ok) return false;
-  if (coding == Coding::kAsymmetric) StoreHalf(param, mn);
-  StoreHalf(param + (coding == Coding::kAsymmetric ? 2 : 0), sc);
+  if (!IntGroupParams(st.lo, st.hi, (1 << bits) - 1, &mn, &sc)) return false;
+  StoreHalf(param, mn);
+  StoreHalf(param + 2, sc);
+  return true;
+}
+
+// The parameters of a group (elements as SymGroupScale's) stored at `param`: symmetric the
+// least-error scale, the other codings FitStats's. false when a parameter does not fit float16.
+KVD_QHD bool FitGroup(Coding coding, int bits, const float* x, int64_t d, int64_t r0, int64_t r1,
+                      int64_t c0, int64_t c1, uint8_t* param) {
+  GroupStats st = StartStats(x[r0 * d + c0]);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t c = c0; c < c1; ++c) AddToStats(&st, x[r * d + c]);
+  }
+  if (coding != Coding::kSymmetric) return FitStats(coding, bits, st, param);
+  uint16_t sc = 0;
+  if (!SymGroupScale(x, d, r0, r1, c0, c1, st.absmax, 1 << (bits - 1), &sc)) return false;
+  StoreHalf(param, sc);
   return true;
 }
 

@@ -67,6 +67,55 @@ void ForCodingAndBits(const QuantBlock& b, Fn&& fn) {
   }
 }
 
+// Every group's parameters into `params`: the symmetric formats by quant::FitGroup (their scale
+// search reads the group's elements), the others from statistics gathered in one pass over the
+// rows in memory order, each group's elements added in FitGroup's order (so the same statistics
+// and parameters). Returns -1, or the first group whose parameters do not fit.
+int64_t FitParams(const QuantBlock& b, const float* x, uint8_t* params) {
+  const auto coding = static_cast<quant::Coding>(b.coding());
+  if (coding == quant::Coding::kSymmetric) {
+    for (int64_t g = 0; g < b.Groups(); ++g) {
+      const quant::GroupRange gr = quant::RangeOf(b.keys, b.rows, b.d, b.group, g);
+      if (!quant::FitGroup(coding, b.bits(), x, b.d, gr.r0, gr.r1, gr.c0, gr.c1,
+                           params + g * b.ParamBytes())) {
+        return g;
+      }
+    }
+    return -1;
+  }
+  std::vector<quant::GroupStats> stats;
+  const auto fit = [&](int64_t first_group) {
+    for (size_t i = 0; i < stats.size(); ++i) {
+      const int64_t g = first_group + static_cast<int64_t>(i);
+      if (!quant::FitStats(coding, b.bits(), stats[i], params + g * b.ParamBytes())) return g;
+    }
+    return int64_t{-1};
+  };
+  if (b.keys) {  // per channel over each row group: the group's rows, d groups at a time
+    for (int64_t r0 = 0; r0 < b.rows; r0 += b.group) {
+      const int64_t r1 = std::min<int64_t>(b.rows, r0 + b.group);
+      stats.resize(static_cast<size_t>(b.d));
+      for (int64_t c = 0; c < b.d; ++c) stats[c] = quant::StartStats(x[r0 * b.d + c]);
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = 0; c < b.d; ++c) quant::AddToStats(&stats[c], x[r * b.d + c]);
+      }
+      if (const int64_t bad = fit((r0 / b.group) * b.d); bad >= 0) return bad;
+    }
+    return -1;
+  }
+  for (int64_t r = 0; r < b.rows; ++r) {  // per row over each group of channels
+    stats.clear();
+    for (int64_t c0 = 0; c0 < b.d; c0 += b.group) {
+      const int64_t c1 = std::min<int64_t>(b.d, c0 + b.group);
+      quant::GroupStats st = quant::StartStats(x[r * b.d + c0]);
+      for (int64_t c = c0; c < c1; ++c) quant::AddToStats(&st, x[r * b.d + c]);
+      stats.push_back(st);
+    }
+    if (const int64_t bad = fit(r * b.ColGroups()); bad >= 0) return bad;
+  }
+  return -1;
+}
+
 }  // namespace
 
 int64_t QuantizeBlock(const QuantBlock& b, const float* in, uint8_t* out) {
@@ -78,16 +127,9 @@ int64_t QuantizeBlock(const QuantBlock& b, const float* in, uint8_t* out) {
       quant::HadamardRotate(rotated.data() + r * b.d, b.d, false);
     x = rotated.data();
   }
-  const auto coding = static_cast<quant::Coding>(b.coding());
-  const int bits = b.bits();
   uint8_t* params = out + b.CodeBytes();
-  for (int64_t g = 0; g < b.Groups(); ++g) {
-    const quant::GroupRange gr = quant::RangeOf(b.keys, b.rows, b.d, b.group, g);
-    if (!quant::FitGroup(coding, bits, x, b.d, gr.r0, gr.r1, gr.c0, gr.c1,
-                         params + g * b.ParamBytes())) {
-      return g;
-    }
-  }
+  const int64_t bad = FitParams(b, x, params);
+  if (bad >= 0) return bad;
   std::memset(out, 0, b.CodeBytes());  // codes are or-ed in; rows may end in unused bits
   ForCodingAndBits(b, [&]<quant::Coding kCoding, int kBits>() {
     const std::vector<quant::GroupParams> p = LoadAllParams(b, params);
