@@ -11,12 +11,13 @@
 //               error over the group among the smallest float16 >= absmax (20 - k) / 20 /
 //               (h - 1/2), k = 0..11: |x - x'| <= scale / 2 for |x| <= h * scale, beyond that
 //               (the clipped tails) x' is the outermost level.
-//   int8z, int4z, int3z, int2z  zero-anchored: the asymmetric grid with the minimum stored as a
-//               one-byte zero code z (min = -z (2^b - 1) scale / 255) after a float16 scale:
-//               3 bytes per group instead of 4. The grid spans the group and 0: scale = the
-//               smallest float16 >= (max(max, 0) - min(min, 0)) / (2^b - 1) * 255 / 254, z the
-//               smallest code with min <= min(min, 0): |x - x'| <= scale / 2. For groups that
-//               hold 0 (value rows); a key channel far from 0 pays its offset in scale.
+//   int8z, int4z, int3z, int2z  zero-anchored: the asymmetric grid with its minimum stored as
+//               a one-byte zero code z (min = -z (2^b - 1) scale / 255) after a float16 scale:
+//               3 bytes per group instead of 4. For a group of smallest element lo and largest
+//               hi the grid spans [min(lo, 0), max(hi, 0)]: scale = the smallest float16 >=
+//               (max(hi, 0) - min(lo, 0)) / (2^b - 1) * 255 / 254, z the smallest code with
+//               min <= min(lo, 0): |x - x'| <= scale / 2. For groups that hold 0 (value
+//               rows); a key channel far from 0 pays its offset in scale.
 //   fp8_e4m3    symmetric: per group a float16 scale (the smallest float16 >= absmax / 448), the
 //               element x / scale rounded to nearest even e4m3: |x - x'| <= 2^-4 |x| for
 //               |x| >= 2^-6 scale, <= 2^-10 scale below (the e4m3 subnormals).
