@@ -31,6 +31,7 @@ the FlashInfer cases skip and say so.
 """
 
 import importlib
+import logging
 import time
 import zlib
 
@@ -41,6 +42,7 @@ torch = pytest.importorskip("torch")
 vllm = pytest.importorskip("vllm")
 
 import kvd  # noqa: E402
+import kvd.vllm as kvd_vllm  # noqa: E402
 from kvd.vllm import KvdConnector, KvdConnectorMetadata, RequestPlan  # noqa: E402
 from kvd_daemon import KvdDaemon  # noqa: E402
 from vllm import _custom_ops  # noqa: E402
@@ -141,6 +143,7 @@ class Engine:
                  kvd_model=KVD_MODEL, cache_dtype="auto"):
         _ensure_op()
         backend = _backend(backend_name)
+        self.daemon = daemon
         self.block_size = block_size
         self.num_blocks = PROMPT // block_size + 3  # more than the request's: some stay unused
         self.cfg = VllmConfig(
@@ -202,24 +205,47 @@ class Engine:
             cache.zero_()
 
     def run(self, plan):
-        """One worker step of the connector for one request's plan (vLLM's call order)."""
+        """One worker step of the connector for one request's plan (vLLM's call order). A step
+        whose save or load failed fails with what the connector logged and kvd's log."""
         c = self.connector
-        c.bind_connector_metadata(KvdConnectorMetadata(requests=[plan]))
-        c.start_load_kv(None)
-        for name in self.names:
-            c.wait_for_layer_load(name)
-            c.save_kv_layer(name, self.caches[name], None)
-        c.wait_for_save()
-        c.clear_connector_metadata()
-        deadline = time.monotonic() + 60
-        while plan.load_async and plan.req_id in c._async_loads:
-            assert time.monotonic() < deadline, "async load did not finish"
-            c.get_finished(set())
-            time.sleep(0.005)
-        assert c.get_block_ids_with_load_errors() == set()
+        with _Warnings(kvd_vllm._log) as warned:
+            c.bind_connector_metadata(KvdConnectorMetadata(requests=[plan]))
+            c.start_load_kv(None)
+            for name in self.names:
+                c.wait_for_layer_load(name)
+                c.save_kv_layer(name, self.caches[name], None)
+            c.wait_for_save()
+            c.clear_connector_metadata()
+            deadline = time.monotonic() + 60
+            while plan.load_async and plan.req_id in c._async_loads:
+                assert time.monotonic() < deadline, "async load did not finish"
+                c.get_finished(set())
+                time.sleep(0.005)
+        failed = sorted(c.get_block_ids_with_load_errors())
+        assert not failed and not warned, (
+            f"request {plan.req_id}: {len(failed)} blocks failed to load; the connector logged "
+            f"{warned}; kvd's log ends:\n{self.daemon.log()[-4000:]}")
 
     def close(self):
         self.connector.shutdown()
+
+
+class _Warnings(logging.Handler):
+    """The warnings `logger` emits inside the `with` block, as strings."""
+
+    def __init__(self, logger):
+        super().__init__(logging.WARNING)
+        self.logger, self.messages = logger, []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+    def __enter__(self):
+        self.logger.addHandler(self)
+        return self.messages
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self)
 
 
 def vllm_views(engine, name):
