@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "kvd/common/hash.h"
@@ -777,5 +778,90 @@ TEST(UcxCmaPathTest, SenderWithoutTheNonceIsRefused) {
   EXPECT_TRUE((*a)->Release(*send).ok());
 }
 
+
+// A cma receive acks its sender, and the sender answers its own caller only on that ack (kvd's
+// get: the daemon replies once the client has taken the chunk). A receiver may stop driving its
+// transport as soon as its receive completes (kvd's client then sleeps on the control socket), so
+// the receive must not complete while its ack is still queued inside UCX, which queues it when
+// the receiver's path back to the sender is backed up. Here b backs its path to a up with small
+// sends a is not reading; a's cma send's ack then queues behind them.
+TEST(UcxCmaPathTest, AReceiveCompletesOnlyOnceItsAckHasLeft) {
+  TransportOptions o = testing::OptionsFor("ucx-sm");
+  auto a = CreateTransport(o);
+  auto b = CreateTransport(o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto a_to_b = (*a)->Connect(*(*b)->LocalAddress());
+  auto b_to_a = (*b)->Connect(*(*a)->LocalAddress());
+  ASSERT_TRUE(a_to_b.ok() && b_to_a.ok());
+  // Both directions wired up (UCX connects an endpoint on its first send, driven by the sender's
+  // progress): a's descriptor below then reaches b without a progressing.
+  for (auto [from, to, peer] : {std::tuple{a->get(), b->get(), *a_to_b},
+                                std::tuple{b->get(), a->get(), *b_to_a}}) {
+    std::vector<uint8_t> out(1 << 20, 0x22), in(1 << 20);
+    auto r = to->PostRecv(to == b->get() ? *b_to_a : *a_to_b, 5, in.data(), in.size());
+    auto s = from->PostSend(peer, 5, out.data(), out.size());
+    ASSERT_TRUE(r.ok() && s.ok());
+    std::thread sender([&] { (void)from->Wait(*s, milliseconds(5000)); });
+    ASSERT_TRUE(to->Wait(*r, milliseconds(5000)).ok());
+    sender.join();
+    ASSERT_EQ(from->Check(*s).state, TransferState::kDone);
+    EXPECT_TRUE(to->Release(*r).ok() && from->Release(*s).ok());
+  }
+
+  // b -> a backed up: 4 KiB sends (under the cma threshold, through UCX) until one stays queued.
+  std::vector<uint8_t> small(4096, 0x11);
+  std::vector<TransferHandle> flood;
+  bool backed_up = false;
+  for (int i = 0; i < 16384 && !backed_up; ++i) {
+    auto s = (*b)->PostSend(*b_to_a, 1000 + i, small.data(), small.size());
+    ASSERT_TRUE(s.ok()) << s.status();
+    flood.push_back(*s);
+    if (i % 256 == 255) {
+      for (int k = 0; k < 16; ++k) (*b)->Progress();
+      backed_up = (*b)->Check(flood.back()).state == TransferState::kInProgress;
+    }
+  }
+  ASSERT_TRUE(backed_up) << "b's path to a did not back up after " << flood.size() << " sends";
+
+  std::vector<uint8_t> src(1 << 20), dst(1 << 20, 0);
+  FillPattern(7, src.data(), src.size());
+  auto send = (*a)->PostSend(*a_to_b, 7, src.data(), src.size());
+  auto recv = (*b)->PostRecv(*b_to_a, 7, dst.data(), dst.size());
+  ASSERT_TRUE(send.ok() && recv.ok());
+  // a is not progressing: b has copied the bytes, but its ack cannot leave yet.
+  Status early = (*b)->Wait(*recv, milliseconds(500));
+  EXPECT_EQ(early.code(), StatusCode::kDeadlineExceeded)
+      << "the receive completed while its ack was still queued: " << early;
+
+  // a reads again. b drives its transport only until its receive completes, as kvd's client
+  // does; the ack must have left by then, so a's send completes on a's progress alone.
+  std::atomic<bool> received{false};
+  std::thread client([&] {
+    if ((*b)->Check(*recv).state == TransferState::kInProgress) {
+      (void)(*b)->Wait(*recv, milliseconds(10000));
+    }
+    received = true;
+  });
+  Status sent = (*a)->Wait(*send, milliseconds(5000));
+  client.join();
+  EXPECT_TRUE(sent.ok()) << "a never got b's ack: " << sent;
+  ASSERT_EQ((*b)->Check(*recv).state, TransferState::kDone) << (*b)->Check(*recv).status;
+  EXPECT_EQ(FirstMismatch(7, dst.data(), dst.size()), dst.size());
+
+  // Drain the flood (a matches each send), then release everything.
+  std::vector<uint8_t> sink(4096);
+  for (size_t i = 0; i < flood.size(); ++i) {
+    auto r = (*a)->PostRecv(*a_to_b, 1000 + i, sink.data(), sink.size());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE((*a)->Wait(*r, milliseconds(5000)).ok());
+    EXPECT_TRUE((*a)->Release(*r).ok());
+  }
+  for (TransferHandle h : flood) {
+    ASSERT_TRUE((*b)->Wait(h, milliseconds(5000)).ok());
+    EXPECT_TRUE((*b)->Release(h).ok());
+  }
+  EXPECT_TRUE((*a)->Release(*send).ok());
+  EXPECT_TRUE((*b)->Release(*recv).ok());
+}
 }  // namespace
 }  // namespace kvd::transport

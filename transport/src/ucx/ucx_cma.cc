@@ -161,7 +161,7 @@ Status UcxTransport::PostCmaSendLocked(uint64_t id, Transfer& t, const TransferR
 }
 
 void UcxTransport::FreeOnSendDone(void* request, ucs_status_t, void* user_data) {
-  // user_data is a CmaDescriptor or an ack payload (uint64_t[2]); both trivially destructible.
+  // user_data is a CmaDescriptor (trivially destructible).
   ::operator delete(user_data);
   ucp_request_free(request);
 }
@@ -190,28 +190,78 @@ void UcxTransport::AckCallback(void* request, ucs_status_t status, const ucp_tag
   }
 }
 
-void UcxTransport::SendAckLocked(uint64_t sender_uuid, uint64_t seq, const Status& result,
-                                 size_t bytes) {
+namespace {
+
+// An ack on its way back to a cma sender: its payload {status code, bytes} and the receive that
+// completes once it has left (AckSent).
+struct AckSend {
+  uint64_t payload[2];
+  UcxTransport* transport;
+  uint64_t recv_id;
+};
+
+}  // namespace
+
+void UcxTransport::AckThenCompleteLocked(CopyJob job) {
+  const uint64_t sender = job.descriptor.sender_uuid;
   Peer* back = nullptr;
   for (auto& [pid, p] : peers_) {
-    if (p.uuid == sender_uuid && p.failure.ok()) back = &p;
+    if (p.uuid == sender && p.failure.ok()) back = &p;
   }
   if (back == nullptr) {
     KVD_LOG(WARNING) << "cma receive from a peer this transport is not connected to: the sender "
                         "will time out (Connect to the sender's address)"
-                     << Kv("seq", seq);
+                     << Kv("seq", job.descriptor.seq);
+    CompleteCopyLocked(job);
     return;
   }
-  auto* payload = static_cast<uint64_t*>(::operator new(2 * sizeof(uint64_t)));
-  payload[0] = static_cast<uint64_t>(result.code());
-  payload[1] = bytes;
+  auto* ack = new AckSend{{static_cast<uint64_t>(job.result.code()), job.result.ok() ? job.moved : 0},
+                          this,
+                          job.id};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.user_data = payload;
-  param.cb.send = &UcxTransport::FreeOnSendDone;
-  ucs_status_ptr_t req = ucp_tag_send_nbx(back->ep, payload, 2 * sizeof(uint64_t),
-                                          kInternalTagBit | kAckTagBit | seq, &param);
-  if (req == nullptr || UCS_PTR_IS_ERR(req)) ::operator delete(payload);
+  param.user_data = ack;
+  param.cb.send = &UcxTransport::AckSent;
+  ucs_status_ptr_t req = ucp_tag_send_nbx(back->ep, ack->payload, sizeof(ack->payload),
+                                          kInternalTagBit | kAckTagBit | job.descriptor.seq,
+                                          &param);
+  if (req == nullptr || UCS_PTR_IS_ERR(req)) {  // sent inline, or failed (the sender times out)
+    delete ack;
+    CompleteCopyLocked(job);
+    return;
+  }
+  // Queued: the receive stays in progress (and out of Disconnect's reach, as a running copy is)
+  // so that whoever waits for it keeps progressing the worker until the ack has left.
+  auto t = transfers_.find(job.id);
+  if (t != transfers_.end()) t->second.copying = true;
+  acking_.insert_or_assign(job.id, std::move(job));
+}
+
+void UcxTransport::AckSent(void* request, ucs_status_t, void* user_data) {
+  // Runs inside ucp_worker_progress (or another UCX call), i.e. with mu_ held. Whether the ack
+  // went out or its endpoint closed, the receive's own outcome is its copy's.
+  auto* ack = static_cast<AckSend*>(user_data);
+  UcxTransport* self = ack->transport;
+  auto it = self->acking_.find(ack->recv_id);
+  if (it != self->acking_.end()) {
+    CopyJob job = std::move(it->second);
+    self->acking_.erase(it);
+    self->CompleteCopyLocked(job);
+  }
+  delete ack;
+  ucp_request_free(request);
+}
+
+void UcxTransport::CompleteCopyLocked(CopyJob& job) {
+  const size_t bytes = job.result.ok() ? job.moved : 0;
+  auto it = transfers_.find(job.id);
+  if (it != transfers_.end()) it->second.copying = false;
+  const bool hashed = job.want_checksum && job.result.ok();
+  CompleteLocked(job.id, std::move(job.result), bytes);
+  if (hashed && it != transfers_.end() && it->second.status.state == TransferState::kDone) {
+    it->second.status.checksum_valid = true;
+    it->second.status.checksum = job.checksum;
+  }
 }
 
 Status UcxTransport::VerifyCmaSenderLocked(const CmaDescriptor& d) {
@@ -272,8 +322,7 @@ void UcxTransport::OnRecvDoneLocked(uint64_t id, ucs_status_t status,
         " bytes is longer than the receive buffer of " + std::to_string(t.capacity));
   }
   if (!result.ok()) {
-    SendAckLocked(d.sender_uuid, d.seq, result, 0);
-    CompleteLocked(id, std::move(result), 0);
+    AckThenCompleteLocked(CopyJob{id, d, t.buffer, false, std::move(result), 0, 0});
     return;
   }
   // The copy runs in RunCopies, outside mu_, so posting threads are not held up by it.
@@ -311,16 +360,7 @@ int UcxTransport::RunCopies(std::unique_lock<std::mutex>& lock) {
     }
     lock.lock();
     for (CopyJob& job : jobs) {
-      const size_t bytes = job.result.ok() ? job.moved : 0;
-      SendAckLocked(job.descriptor.sender_uuid, job.descriptor.seq, job.result, bytes);
-      auto it = transfers_.find(job.id);
-      if (it != transfers_.end()) it->second.copying = false;
-      const bool hashed = job.want_checksum && job.result.ok();
-      CompleteLocked(job.id, std::move(job.result), bytes);
-      if (hashed && it != transfers_.end() && it->second.status.state == TransferState::kDone) {
-        it->second.status.checksum_valid = true;
-        it->second.status.checksum = job.checksum;
-      }
+      AckThenCompleteLocked(std::move(job));
       ++done;
     }
   }

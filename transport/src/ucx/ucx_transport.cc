@@ -181,7 +181,7 @@ UcxTransport::~UcxTransport() {
                                       return true;
                                     }),
                      closing_.end());
-      if (!closing_.empty()) return true;
+      if (!closing_.empty() || !acking_.empty()) return true;
       for (auto& [id, t] : transfers_) {
         if (t.request != nullptr) return true;
       }

@@ -161,11 +161,18 @@ class UcxTransport final : public Transport {
   // Runs the queued copies with mu_ released, then acks and completes them. Returns how many.
   // REQUIRES: lock holds mu_ (held again on return).
   int RunCopies(std::unique_lock<std::mutex>& lock);
+  // Acks a cma receive (job.result, the bytes moved) to its sender, and completes the receive
+  // once the ack has left this process: at once where UCX sends it inline, else in AckSent. The
+  // sender answers its own caller only on the ack, so a receiver that stops progressing when its
+  // receive completes must not leave the ack queued (UCX queues it while the path back to the
+  // sender is backed up or still wiring up). REQUIRES mu_ held.
+  void AckThenCompleteLocked(CopyJob job);
+  // Completes a cma receive with its copy's outcome (and checksum). REQUIRES mu_ held.
+  void CompleteCopyLocked(CopyJob& job);
 
   // Same-host cma path (ucx_cma.cc). REQUIRE mu_ held.
   Status PostCmaSendLocked(uint64_t id, Transfer& t, const TransferRequest& r);
   void OnRecvDoneLocked(uint64_t id, ucs_status_t status, const ucp_tag_recv_info_t& info);
-  void SendAckLocked(uint64_t sender_uuid, uint64_t seq, const Status& result, size_t bytes);
   void ProbeCmaLocked(Peer& peer, std::string_view header);
   std::string AddressHeader() const;
 
@@ -178,6 +185,7 @@ class UcxTransport final : public Transport {
   static void AckCallback(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
                           void* user_data);
   static void FreeOnSendDone(void* request, ucs_status_t status, void* user_data);
+  static void AckSent(void* request, ucs_status_t status, void* user_data);
   static void RecvCallback(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info,
                            void* user_data);
   static void ErrorHandler(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -208,6 +216,9 @@ class UcxTransport final : public Transport {
   std::atomic<int> sleepers_{0};    // threads blocked on event_fd_
   uint64_t posting_id_ = 0;         // the transfer being posted; GUARDED_BY(mu_)
   std::vector<CopyJob> copy_jobs_;  // verified cma receives to copy; GUARDED_BY(mu_)
+  // Copied (or refused) cma receives whose ack is still queued in UCX, by transfer id: each
+  // completes in AckSent. GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, CopyJob> acking_;
   bool work_posted_ = false;        // a Post since the last WaitForEvents; GUARDED_BY(mu_)
   PeerCounts peer_totals_;          // connects, disconnects, vanished; GUARDED_BY(mu_)
 };

@@ -11,7 +11,9 @@
 // Bulk bytes travel only through a Transport; control messages carry addresses, tags and region
 // export bytes. Both directions work over one pair of Connects: each side Connects to the other's
 // LocalAddress (a daemon serving N clients holds N peers). Connect both ways: the UCX backend's
-// same-host bulk path (TransportOptions::cma_threshold_bytes) acks on the receiver's endpoint.
+// same-host bulk path (TransportOptions::cma_threshold_bytes) acks on the receiver's endpoint,
+// and its receive completes only once that ack has left, so a receiver may stop progressing as
+// soon as its receive is done.
 //
 // BACKENDS: "ucx" (src/ucx/): tag messages over UCX; on one host, sends of >= 64 KiB to a peer
 // move by one process_vm_readv in the receiver (UCX 1.13 with peer error handling otherwise
