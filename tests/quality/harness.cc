@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -254,26 +255,34 @@ void AppendCompact(const llama::CompactKvCache& part, llama::CompactKvCache* who
   whole->next_position = part.next_position;
 }
 
-// Whether greedy decoding after the question reproduces the key: the question and the key's
-// tokens are teacher-forced in ONE call and the argmax before each key token must be that token
-// (exactly what greedy generation of the key would produce, at 1 call instead of 1 per token).
-// Returns the index of the first answer token it gets wrong, -1 when it gets all right.
-StatusOr<int> FirstWrongAnswerToken(LlamaSession& s, const PasskeyPrompt& p) {
+// Greedy decoding's answer to a passkey prompt: the question and the key's tokens are
+// teacher-forced in ONE call and the argmax before each key token must be that token (exactly
+// what greedy generation of the key would produce, at 1 call instead of 1 per token).
+struct Answer {
+  int first_wrong = -1;  // the first answer token it gets wrong; -1: all right
+  // The smallest, over the key's tokens, of the key token's logit minus the best other logit:
+  // how near the answer is to flipping (negative at a wrong token).
+  float margin = 0;
+};
+
+StatusOr<Answer> AnswerKey(LlamaSession& s, const PasskeyPrompt& p) {
   std::vector<int32_t> feed = p.question;
   feed.insert(feed.end(), p.answer.begin(), p.answer.end() - 1);
   KVD_ASSIGN_OR_RETURN(std::vector<float> logits, s.Forward(feed, {.all_logits = true}));
   const size_t V = logits.size() / feed.size();
+  Answer a;
+  a.margin = std::numeric_limits<float>::infinity();
   for (size_t i = 0; i < p.answer.size(); ++i) {
     const size_t row = p.question.size() - 1 + i;
     std::span<const float> r(logits.data() + row * V, V);
-    if (llama::Argmax(r) != p.answer[i]) return static_cast<int>(i);
+    if (a.first_wrong < 0 && llama::Argmax(r) != p.answer[i]) a.first_wrong = static_cast<int>(i);
+    float other = -std::numeric_limits<float>::infinity();
+    for (size_t v = 0; v < V; ++v) {
+      if (static_cast<int32_t>(v) != p.answer[i]) other = std::max(other, r[v]);
+    }
+    a.margin = std::min(a.margin, r[p.answer[i]] - other);
   }
-  return -1;
-}
-
-StatusOr<bool> AnswerPasskey(LlamaSession& s, const PasskeyPrompt& p) {
-  KVD_ASSIGN_OR_RETURN(const int wrong, FirstWrongAnswerToken(s, p));
-  return wrong < 0;
+  return a;
 }
 
 // The context positions of the first occurrence of the key's answer tokens (empty: not found).
@@ -287,23 +296,33 @@ std::vector<int> AnswerPositions(const PasskeyPrompt& p) {
   return at;
 }
 
-// HarnessOptions::passkey_log: one line for prompt `pi`.
-// row_ok[k]: -1 not asked, 0 wrong, 1 right; row_wrong[k]: the first wrong answer token.
+// HarnessOptions::passkey_log: one line for prompt `pi`, with the uncompressed engine's answer.
+// row_ok[k]: -1 not asked, 0 wrong, 1 right; row_answer[k]: that row's answer.
 void LogPasskeyPrompt(size_t pi, const PasskeyPrompt& p, const HarnessOptions& o,
-                      const HarnessReport& rep, const std::vector<int8_t>& row_ok,
-                      const std::vector<int8_t>& row_wrong) {
+                      const HarnessReport& rep, const Answer& engine,
+                      const std::vector<int8_t>& row_ok, const std::vector<Answer>& row_answer) {
   std::string line = "[passkey] prompt " + std::to_string(pi) + " key " + p.key + " depth " +
                      (p.depth_index >= 0 ? std::to_string(o.passkey_depths[p.depth_index])
                                          : std::string("multi")) +
                      " positions";
   for (int a : AnswerPositions(p)) line += " " + std::to_string(a);
+  auto answer = [](const Answer& a) {
+    char cell[96];
+    if (a.first_wrong < 0) {
+      std::snprintf(cell, sizeof(cell), "right (margin %.2f)", a.margin);
+    } else {
+      std::snprintf(cell, sizeof(cell), "WRONG at answer token %d (margin %.2f)", a.first_wrong,
+                    a.margin);
+    }
+    return std::string(cell);
+  };
+  line += " | engine " + answer(engine);
   for (size_t k = 0; k < row_ok.size(); ++k) {
     if (row_ok[k] < 0) continue;
     char cell[160];
-    std::snprintf(cell, sizeof(cell), " | %s %s %.2f %s", rep.rows[k].method.c_str(),
-                  rep.rows[k].mode.c_str(), rep.rows[k].p_c, row_ok[k] == 1 ? "right" : "WRONG");
-    line += cell;
-    if (row_ok[k] == 0) line += " at answer token " + std::to_string(row_wrong[k]);
+    std::snprintf(cell, sizeof(cell), " | %s %s %.2f ", rep.rows[k].method.c_str(),
+                  rep.rows[k].mode.c_str(), rep.rows[k].p_c);
+    line += cell + answer(row_answer[k]);
   }
   std::fprintf(stderr, "%s\n", line.c_str());
 }
@@ -567,8 +586,9 @@ struct SegmentOutcome {
 // Every row's answer to one passkey prompt.
 struct PromptOutcome {
   bool engine_ok = false;
-  std::vector<int8_t> row_ok;     // [keys]: -1 not asked, 0 wrong, 1 right
-  std::vector<int8_t> row_wrong;  // [keys]: the first wrong answer token, -1 none
+  Answer engine;
+  std::vector<int8_t> row_ok;      // [keys]: -1 not asked, 0 wrong, 1 right
+  std::vector<Answer> row_answer;  // [keys]: each asked row's answer
 };
 
 // State passed between the steps of RunHarness.
@@ -880,11 +900,12 @@ Status AnswerPrompt(HarnessRun& r, PasskeyPlan& plan, int w, size_t pi, PromptOu
   LlamaSession& other = *r.others[w];
   const PasskeyPrompt& p = plan.prompts[pi];
   out.row_ok.assign(r.keys.size(), -1);
-  out.row_wrong.assign(r.keys.size(), -1);
+  out.row_answer.assign(r.keys.size(), Answer{});
   std::vector<ChunkQueries> chunk_queries;
   KVD_ASSIGN_OR_RETURN(PrefixCapture prefix, CaptureChunked(s, r.model, p.context, o,
                                                             plan.chunked_prompts, &chunk_queries));
-  KVD_ASSIGN_OR_RETURN(out.engine_ok, AnswerPasskey(s, p));
+  KVD_ASSIGN_OR_RETURN(out.engine, AnswerKey(s, p));
+  out.engine_ok = out.engine.first_wrong < 0;
   for (size_t k = 0; k < r.keys.size(); ++k) {
     const MethodResult& row = r.rep.rows[k];
     if (!plan.passkey_row[k]) continue;
@@ -892,12 +913,11 @@ Status AnswerPrompt(HarnessRun& r, PasskeyPlan& plan, int w, size_t pi, PromptOu
     auto cache = CompressInMode(m, prefix, chunk_queries, o, row.mode, row.p_c);
     if (!cache.ok()) return cache.status().WithContext(m.name() + " (passkey)");
     KVD_RETURN_IF_ERROR(other.LoadCompact(cache->cache));
-    KVD_ASSIGN_OR_RETURN(const int wrong, FirstWrongAnswerToken(other, p));
-    out.row_ok[k] = wrong < 0 ? 1 : 0;
-    out.row_wrong[k] = static_cast<int8_t>(wrong);
+    KVD_ASSIGN_OR_RETURN(out.row_answer[k], AnswerKey(other, p));
+    out.row_ok[k] = out.row_answer[k].first_wrong < 0 ? 1 : 0;
   }
   std::lock_guard<std::mutex> lock(r.progress_mu);
-  if (o.passkey_log) LogPasskeyPrompt(pi, p, o, r.rep, out.row_ok, out.row_wrong);
+  if (o.passkey_log) LogPasskeyPrompt(pi, p, o, r.rep, out.engine, out.row_ok, out.row_answer);
   ++plan.prompts_done;
   const size_t n = plan.prompts.size();
   if (plan.prompts_done == static_cast<int>(n) || plan.prompts_done % 10 == 0) {

@@ -66,7 +66,9 @@ struct HarnessOptions {
   // false.
   bool passkey_chunk_wise = false;
   // One line per passkey prompt on stderr: its key, depth, the context positions of the key's
-  // tokens and every asked row's answer (right, or wrong at which answer token). Default false.
+  // tokens, and the uncompressed engine's and every asked row's answer (right, or wrong at which
+  // answer token) with its margin (over the key's tokens, the least of the key token's logit
+  // minus the best other). Default false.
   bool passkey_log = false;
   int bootstrap_samples = 2000;  // bootstrap resamples of the segments for the 95% intervals
   // Methods every other method is compared with, paired on the same segments, in results.md

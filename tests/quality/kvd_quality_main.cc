@@ -121,8 +121,8 @@ void AddPasskeyAndToolOptions(CLI::App& app, Cli& c) {
       ->delimiter(',')
       ->capture_default_str();
   app.add_flag("--passkey-log", o.passkey_log,
-               "one line per passkey prompt on stderr: key, depth, its token positions and every "
-               "asked row's answer");
+               "one line per passkey prompt on stderr: key, depth, its token positions, and the "
+               "engine's and every asked row's answer with its logit margin");
   app.add_option("--plot-from", c.plot_from, "re-draw the plots of this results.csv into --out");
   app.add_flag("--list-methods", c.list_methods, "print the registered methods and exit");
 }
