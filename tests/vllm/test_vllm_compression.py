@@ -14,8 +14,9 @@ connector sees none): `[quantize]`. kvd stores the quantized chunk; the connecto
 - A policy that evicts tokens: the engine does not start, and the error names the policy.
 
 KVD_VLLM_QUALITY_SEGMENTS (default 4) and KVD_VLLM_QUALITY_FORMATS (default
-"int8,int4_int4zv_sinks1": int8, and int4 keys with zero-anchored int4 values and the sequence's
-first token unquantized, chunk format version 5) widen it (docs/vllm.md has a run of more)."""
+"int8,int4_int4zv_rot_sinks1": int8, and int4 keys with zero-anchored int4 values, both after a
+Hadamard rotation, and the sequence's first token unquantized, chunk format version 5) widen it
+(docs/vllm.md has a run of more)."""
 
 import json
 import math
@@ -35,12 +36,14 @@ CONTEXT = 3 * CHUNK  # tokens of each segment vLLM loads from kvd
 CONTINUATION = 64    # tokens vLLM computes after them, with their log-probs
 TEXTS = ["/usr/share/common-licenses/GPL-3", "/usr/lib/python3.11/argparse.py"]
 SEGMENTS = int(os.environ.get("KVD_VLLM_QUALITY_SEGMENTS", "4"))
-FORMATS = os.environ.get("KVD_VLLM_QUALITY_FORMATS", "int8,int4_int4zv_sinks1").split(",")
+FORMATS = os.environ.get("KVD_VLLM_QUALITY_FORMATS", "int8,int4_int4zv_rot_sinks1").split(",")
 # The quantize keys of each name of KVD_VLLM_QUALITY_FORMATS.
 QUANTIZE_KEYS = {"int8": "quant_format: int8", "fp8_e4m3": "quant_format: fp8_e4m3",
                  "int4": "quant_format: int4", "int4_sinks4": "quant_format: int4, quant_sinks: 4",
                  "int4_int4zv_sinks1":
-                     "quant_format: int4, quant_value_format: int4z, quant_sinks: 1"}
+                     "quant_format: int4, quant_value_format: int4z, quant_sinks: 1",
+                 "int4_int4zv_rot_sinks1": "quant_format: int4, quant_value_format: int4z, "
+                                           "quant_rotate: hadamard, quant_sinks: 1"}
 
 
 def text_segments():
