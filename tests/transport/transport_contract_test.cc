@@ -778,7 +778,6 @@ TEST(UcxCmaPathTest, SenderWithoutTheNonceIsRefused) {
   EXPECT_TRUE((*a)->Release(*send).ok());
 }
 
-
 // A cma receive acks its sender, and the sender answers its own caller only on that ack (kvd's
 // get: the daemon replies once the client has taken the chunk). A receiver may stop driving its
 // transport as soon as its receive completes (kvd's client then sleeps on the control socket), so
@@ -795,8 +794,8 @@ TEST(UcxCmaPathTest, AReceiveCompletesOnlyOnceItsAckHasLeft) {
   ASSERT_TRUE(a_to_b.ok() && b_to_a.ok());
   // Both directions wired up (UCX connects an endpoint on its first send, driven by the sender's
   // progress): a's descriptor below then reaches b without a progressing.
-  for (auto [from, to, peer] : {std::tuple{a->get(), b->get(), *a_to_b},
-                                std::tuple{b->get(), a->get(), *b_to_a}}) {
+  for (auto [from, to, peer] :
+       {std::tuple{a->get(), b->get(), *a_to_b}, std::tuple{b->get(), a->get(), *b_to_a}}) {
     std::vector<uint8_t> out(1 << 20, 0x22), in(1 << 20);
     auto r = to->PostRecv(to == b->get() ? *b_to_a : *a_to_b, 5, in.data(), in.size());
     auto s = from->PostSend(peer, 5, out.data(), out.size());

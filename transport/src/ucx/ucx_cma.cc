@@ -215,16 +215,15 @@ void UcxTransport::AckThenCompleteLocked(CopyJob job) {
     CompleteCopyLocked(job);
     return;
   }
-  auto* ack = new AckSend{{static_cast<uint64_t>(job.result.code()), job.result.ok() ? job.moved : 0},
-                          this,
-                          job.id};
+  auto* ack = new AckSend{
+      {static_cast<uint64_t>(job.result.code()), job.result.ok() ? job.moved : 0}, this, job.id};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.user_data = ack;
   param.cb.send = &UcxTransport::AckSent;
-  ucs_status_ptr_t req = ucp_tag_send_nbx(back->ep, ack->payload, sizeof(ack->payload),
-                                          kInternalTagBit | kAckTagBit | job.descriptor.seq,
-                                          &param);
+  ucs_status_ptr_t req =
+      ucp_tag_send_nbx(back->ep, ack->payload, sizeof(ack->payload),
+                       kInternalTagBit | kAckTagBit | job.descriptor.seq, &param);
   if (req == nullptr || UCS_PTR_IS_ERR(req)) {  // sent inline, or failed (the sender times out)
     delete ack;
     CompleteCopyLocked(job);

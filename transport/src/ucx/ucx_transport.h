@@ -216,11 +216,11 @@ class UcxTransport final : public Transport {
   std::atomic<int> sleepers_{0};    // threads blocked on event_fd_
   uint64_t posting_id_ = 0;         // the transfer being posted; GUARDED_BY(mu_)
   std::vector<CopyJob> copy_jobs_;  // verified cma receives to copy; GUARDED_BY(mu_)
+  bool work_posted_ = false;        // a Post since the last WaitForEvents; GUARDED_BY(mu_)
+  PeerCounts peer_totals_;          // connects, disconnects, vanished; GUARDED_BY(mu_)
   // Copied (or refused) cma receives whose ack is still queued in UCX, by transfer id: each
   // completes in AckSent. GUARDED_BY(mu_)
   std::unordered_map<uint64_t, CopyJob> acking_;
-  bool work_posted_ = false;        // a Post since the last WaitForEvents; GUARDED_BY(mu_)
-  PeerCounts peer_totals_;          // connects, disconnects, vanished; GUARDED_BY(mu_)
 };
 
 }  // namespace kvd::transport::ucx
