@@ -415,15 +415,20 @@ BENCHMARK(BM_DecodeCompactChunk);
 
 // ---- the quantize stage (one layer: 8 heads, keys and values) ----
 
-// Policies of docs/quality.md's choices: int8, int4, int4 keys with int4z values, and the 0.20 row
-// (3-bit keys over 37 slots, symmetric 2-bit values, both rotated). Keys per channel over the
-// group's slots, values per slot over 64 channels.
+// Quantized forms of docs/quality.md: int8, int4, int4 keys with int4z values, the same rotated
+// (the 0.28 row), and the 0.20 row (3-bit keys over 37 slots, symmetric 2-bit values, both
+// rotated). Keys per channel over the group's slots, values per slot over 64 channels.
 const QuantDescription kQuantInt8{.format = QuantFormat::kInt8, .key_group = 64, .value_group = 64};
 const QuantDescription kQuantInt4{.format = QuantFormat::kInt4, .key_group = 64, .value_group = 64};
 const QuantDescription kQuantInt4z{.format = QuantFormat::kInt4,
                                    .key_group = 64,
                                    .value_group = 64,
                                    .value_format = QuantFormat::kInt4Zero};
+const QuantDescription kQuantInt4zRot{.format = QuantFormat::kInt4,
+                                      .key_group = 64,
+                                      .value_group = 64,
+                                      .rotation = QuantRotation::kHadamard,
+                                      .value_format = QuantFormat::kInt4Zero};
 const QuantDescription kQuant3k2sv{.format = QuantFormat::kInt3,
                                    .key_group = 37,
                                    .value_group = 64,
@@ -459,10 +464,12 @@ void BM_QuantizeLayer(benchmark::State& state, const QuantDescription& q, bool q
 BENCHMARK_CAPTURE(BM_QuantizeLayer, quantize_int8, kQuantInt8, true);
 BENCHMARK_CAPTURE(BM_QuantizeLayer, quantize_int4, kQuantInt4, true);
 BENCHMARK_CAPTURE(BM_QuantizeLayer, quantize_int4k_int4zv, kQuantInt4z, true);
+BENCHMARK_CAPTURE(BM_QuantizeLayer, quantize_int4k_int4zv_rot, kQuantInt4zRot, true);
 BENCHMARK_CAPTURE(BM_QuantizeLayer, quantize_int3k_int2sv_rot_kg37, kQuant3k2sv, true);
 BENCHMARK_CAPTURE(BM_QuantizeLayer, dequantize_int8, kQuantInt8, false);
 BENCHMARK_CAPTURE(BM_QuantizeLayer, dequantize_int4, kQuantInt4, false);
 BENCHMARK_CAPTURE(BM_QuantizeLayer, dequantize_int4k_int4zv, kQuantInt4z, false);
+BENCHMARK_CAPTURE(BM_QuantizeLayer, dequantize_int4k_int4zv_rot, kQuantInt4zRot, false);
 BENCHMARK_CAPTURE(BM_QuantizeLayer, dequantize_int3k_int2sv_rot_kg37, kQuant3k2sv, false);
 
 // ---- whole plans, one layer (for context; no goal) ----

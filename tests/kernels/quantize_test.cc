@@ -145,10 +145,13 @@ std::vector<Matrix> Inputs(int64_t rows, int d, uint64_t seed) {
 int RefQmax(QuantFormat f) {
   switch (f) {
     case QuantFormat::kInt4:
+    case QuantFormat::kInt4Zero:
       return 15;
     case QuantFormat::kInt3:
+    case QuantFormat::kInt3Zero:
       return 7;
     case QuantFormat::kInt2:
+    case QuantFormat::kInt2Zero:
       return 3;
     default:
       return 255;
@@ -241,10 +244,7 @@ struct RefZero {
 TEST(QuantizeTest, ZeroAnchoredFormatsMatchTheFloat64ReferenceWithinHalfAScale) {
   for (const QuantFormat f : {QuantFormat::kInt8Zero, QuantFormat::kInt4Zero,
                               QuantFormat::kInt3Zero, QuantFormat::kInt2Zero}) {
-    const RefZero ref{f == QuantFormat::kInt4Zero   ? 15
-                      : f == QuantFormat::kInt3Zero ? 7
-                      : f == QuantFormat::kInt2Zero ? 3
-                                                    : 255};
+    const RefZero ref{RefQmax(f)};
     ForEachRoundTrip(
         f, 29,
         [&](const Matrix& x, const Matrix& y, const GroupList& groups, const std::string& where) {
