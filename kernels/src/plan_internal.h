@@ -59,6 +59,7 @@ Status CompressHead(const HeadInput& in, CompactHead* out, CompressionStats* sta
 // the canonical form.
 inline constexpr char kEaOutlierZ[] = "ea_keydiff_outlier_z";
 inline constexpr char kEaOutlierShare[] = "ea_keydiff_outlier_share";
+inline constexpr char kEaKeyDiffPool[] = "ea_keydiff_pool";
 inline constexpr char kQuantSinks[] = "quant_sinks";  // quant.sinks
 // The quantize stage a chunk of tokens at `positions` records (compact_chunk.h
 // QuantDescription::sinks): `q` with `sinks` the number of its first tokens that are among the

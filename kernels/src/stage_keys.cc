@@ -228,7 +228,13 @@ std::vector<StagePolicyKey> ExpectedAttentionKeys() {
           // KeyDiff's outliers first (ProtectKeyDiffOutliers): z (0 = off) and the share of the
           // evictable tokens the budget keeps that they may take.
           {.name = kEaOutlierZ, .min = 0.0, .max = 100.0, .default_value = 0.0},
-          {.name = kEaOutlierShare, .min = 0.0, .max = 1.0, .default_value = 1.0}};
+          {.name = kEaOutlierShare, .min = 0.0, .max = 1.0, .default_value = 1.0},
+          // KeyDiff's scores max-pooled over this many tokens (odd) before the fused rank.
+          {.name = kEaKeyDiffPool,
+           .type = PolicyKeyType::kInt,
+           .min = 1,
+           .max = 31,
+           .default_value = 1}};
 }
 
 void ApplyExpectedAttentionKeys(const StageKeyValues& keys, CompressionPlanOptions* o) {

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvd/kernels/expected_attention.h"
@@ -58,9 +59,18 @@ Status ExpectedAttentionHeadScores(const ScoreHeadInput& in, std::span<float> sc
   }
   const int64_t begin = std::min(in.options->sinks, n);
   const int64_t end = std::max(begin, n - in.window);
-  KVD_RETURN_IF_ERROR(FuseKeyDiffRanks(expected_scores,
-                                       ea.keydiff_share > 0.0 ? keydiff : expected_scores,
-                                       ea.keydiff_share, ea.recent_share, begin, end, scores));
+  // KeyDiff's rank of a token is its best neighbour's within ea_keydiff_pool tokens (max-pooled
+  // over the evictable range), so the tokens beside a distinctive one go with it.
+  std::vector<float> keydiff_rank_scores = keydiff;
+  const int pool = static_cast<int>(StageKeyValue(*in.options, internal::kEaKeyDiffPool));
+  if (pool > 1 && ea.keydiff_share > 0.0) {
+    const auto range = [&](auto& v) { return std::span(v).subspan(begin, end - begin); };
+    KVD_RETURN_IF_ERROR(
+        Pool1d(range(std::as_const(keydiff)), pool, PoolingKind::kMax, range(keydiff_rank_scores)));
+  }
+  KVD_RETURN_IF_ERROR(FuseKeyDiffRanks(
+      expected_scores, ea.keydiff_share > 0.0 ? keydiff_rank_scores : expected_scores,
+      ea.keydiff_share, ea.recent_share, begin, end, scores));
   if (z <= 0.0) return Status::Ok();
   // The evictable tokens the head's budget keeps: its kept tokens less the sinks and window.
   const int64_t free = std::max<int64_t>(0, in.kept - begin - (n - end));
@@ -74,6 +84,17 @@ Status ValidateExpectedAttention(const CompressionPlanOptions& o) {
   if (o.expected_attention_min_queries < 1) {
     return Status::InvalidArgument("plan: expected_attention_min_queries must be >= 1, got " +
                                    std::to_string(o.expected_attention_min_queries));
+  }
+  const double pool = StageKeyValue(o, internal::kEaKeyDiffPool);
+  if (pool != 1.0 && std::fmod(pool, 2.0) != 1.0) {
+    return Status::InvalidArgument(
+        "plan: ea_keydiff_pool must be odd (a token and as many "
+        "neighbours on each side), got " +
+        std::to_string(static_cast<int64_t>(pool)));
+  }
+  if (pool > 1.0 && o.expected_attention.keydiff_share <= 0.0) {
+    return Status::InvalidArgument(
+        "plan: ea_keydiff_pool pools KeyDiff's rank, which needs ea_keydiff_share > 0");
   }
   return Status::Ok();
 }

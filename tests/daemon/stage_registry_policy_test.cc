@@ -324,6 +324,22 @@ TEST(StageRegistryPolicyTest, TheOutlierKeysBelongToExpectedAttention) {
   EXPECT_FALSE(Parse("{stages: [expected_attention], ea_keydiff_outlier_share: 1.5}").ok());
 }
 
+// ea_keydiff_pool (KeyDiff's rank pooled over neighbours): part of the codec id when set; an even
+// pool, or one without a KeyDiff share to pool, is refused with the reason.
+TEST(StageRegistryPolicyTest, ThePoolKeyBelongsToExpectedAttentionsKeyDiffShare) {
+  auto config = Parse(
+      "{stages: [expected_attention, quantize], ea_keydiff_share: 0.5, ea_keydiff_pool: 3, "
+      "device: cpu}");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_THAT(config->models[0].compression->CanonicalForm(), HasSubstr(" ea_keydiff_pool=3"));
+  auto even = Parse("{stages: [expected_attention], ea_keydiff_share: 0.5, ea_keydiff_pool: 4}");
+  EXPECT_THAT(even.status().message(), HasSubstr("ea_keydiff_pool must be odd"));
+  auto alone = Parse("{stages: [expected_attention], ea_keydiff_pool: 3}");
+  EXPECT_THAT(alone.status().message(), HasSubstr("needs ea_keydiff_share > 0"));
+  auto stray = Parse("{stages: [keydiff], ea_keydiff_pool: 3}");
+  EXPECT_THAT(stray.status().message(), HasSubstr("ea_keydiff_pool: set, but stages has no"));
+}
+
 // The built-in stages' keys are registry keys declared on their stage's registration: the
 // parser binds them into stage_keys (a choice as the index of its name) and the plan options are
 // filled from them in one place (SetPlanStages, through the stage's apply_keys).

@@ -42,7 +42,7 @@ trap cleanup EXIT
   sed -e 's/^\(    capacity:\) 1GiB.*/\1 64MiB/' -e 's/^\(    prefault:\) true.*/\1 false/' \
     >"$work/kvd.yaml"
 grep -q "capacity: 64MiB" "$work/kvd.yaml" || { echo "FAIL: could not shrink the arena"; exit 1; }
-grep -qF "compression: {stages: [expected_attention, quantize], p_c: 0.5, window: 16, sinks: 4, ea_keydiff_share: 0.5, ea_keydiff_outlier_z: 2}" "$work/kvd.yaml" ||
+grep -qF "compression: {stages: [expected_attention, quantize], p_c: 0.5, window: 16, sinks: 4, ea_keydiff_share: 0.5, ea_keydiff_outlier_z: 2, ea_keydiff_pool: 3}" "$work/kvd.yaml" ||
   { echo "FAIL: the embedded default lost the demo policy"; exit 1; }
 "$bin/kvd" --config "$work/kvd.yaml" --listen 127.0.0.1:0 --unix "$work/kvd.sock" \
   --ready-file "$work/ready.json" >"$work/kvd.log" 2>&1 &

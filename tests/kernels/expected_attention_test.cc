@@ -13,12 +13,15 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "kvd/kernels/convert.h"
 #include "kvd/kernels/keydiff.h"
 #include "kvd/kernels/plan.h"
 #include "kvd/kernels/scorers.h"
+#include "kvd/kernels/snapkv.h"
 #include "reference.h"
 
 namespace kvd::kernels {
@@ -603,6 +606,53 @@ TEST_F(ExpectedAttentionPlanTest, OutlierKeysPutKeyDiffOutliersFirst) {
   EXPECT_GT(differs_from_expected, 0);  // the outliers change what is kept
   o.stage_keys = {{"ea_keydiff_outlier_z", -1.0}};
   EXPECT_EQ(Compress(o, layout, in).status().code(), StatusCode::kInvalidArgument);
+}
+
+// The policy key ea_keydiff_pool through the plan: KeyDiff's scores are max-pooled over 3
+// tokens of the evictable range before the fused rank, so KeyDiff's best token goes with both
+// neighbours; an even pool, or a pool without a KeyDiff share, is refused.
+TEST_F(ExpectedAttentionPlanTest, PoolKeyKeepsKeyDiffsBestTokensWithTheirNeighbours) {
+  const int64_t kept = 24, sinks = 4;
+  o.expected_attention.keydiff_share = 0.5;
+  auto plain = Compress(o, layout, in);
+  o.stage_keys = {{"ea_keydiff_pool", 3}};
+  auto chunk = Compress(o, layout, in);
+  ASSERT_TRUE(chunk.ok() && plain.ok()) << chunk.status().ToString();
+  int neighbours_dropped_unpooled = 0;
+  for (int l = 0; l < 2; ++l) {
+    std::vector<Matrix> keys, vals;
+    ASSERT_NO_FATAL_FAILURE(LayerHeads(l, &keys, &vals));
+    for (int h = 0; h < 2; ++h) {
+      std::vector<float> ea, kd(n), pooled(n), fused(n);
+      ASSERT_NO_FATAL_FAILURE(Scores(l, h, keys[h], vals[h], &ea));
+      ASSERT_TRUE(KeyDiffScores(keys[h].View(), kd).ok());
+      pooled = kd;
+      const auto evictable = [&](auto& v) { return std::span(v).subspan(sinks, n - sinks); };
+      ASSERT_TRUE(
+          Pool1d(evictable(std::as_const(kd)), 3, PoolingKind::kMax, evictable(pooled)).ok());
+      ASSERT_TRUE(FuseKeyDiffRanks(ea, pooled, 0.5, 0.0, sinks, n, fused).ok());
+      auto want = SelectTopK(fused, kept, {.sinks = sinks});
+      ASSERT_TRUE(want.ok());
+      std::vector<int64_t> want_pos;
+      for (int32_t i : *want) want_pos.push_back(pos[i]);
+      EXPECT_EQ(chunk->Head(l, h).positions, want_pos) << l << " " << h;
+      // KeyDiff's best evictable token not at the range's edge, and its neighbours.
+      const int64_t best = std::max_element(kd.begin() + sinks + 1, kd.end() - 1) - kd.begin();
+      const auto kept_in = [&](const CompactChunk& c, int64_t i) {
+        const std::vector<int64_t>& p = c.Head(l, h).positions;
+        return std::find(p.begin(), p.end(), pos[i]) != p.end();
+      };
+      for (int64_t i : {best - 1, best, best + 1}) EXPECT_TRUE(kept_in(*chunk, i)) << i;
+      neighbours_dropped_unpooled +=
+          !kept_in(*plain, best - 1) || !kept_in(*plain, best + 1) ? 1 : 0;
+    }
+  }
+  EXPECT_GT(neighbours_dropped_unpooled, 0);  // without the pool a neighbour goes
+  o.stage_keys = {{"ea_keydiff_pool", 4}};
+  EXPECT_THAT(Compress(o, layout, in).status().message(), HasSubstr("must be odd"));
+  o.stage_keys = {{"ea_keydiff_pool", 3}};
+  o.expected_attention.keydiff_share = 0.0;
+  EXPECT_THAT(Compress(o, layout, in).status().message(), HasSubstr("ea_keydiff_share > 0"));
 }
 
 }  // namespace

@@ -74,6 +74,9 @@ struct MethodSpec {
   // (0: off) and ea_keydiff_outlier_share (the share of the free budget they may take).
   double ea_outlier_z = 0.0;
   double ea_outlier_share = 1.0;
+  // KeyDiff's scores max-pooled over this many neighbours before the fused rank (policy key
+  // ea_keydiff_pool; 1: none).
+  int ea_keydiff_pool = 1;
 };
 
 constexpr kernels::QuantFormat kI4 = kernels::QuantFormat::kInt4;
@@ -471,6 +474,23 @@ constexpr MethodSpec kSpecs[] = {
      .score = ScoreStage::kExpectedAttention,
      .ea_keydiff_share = 0.5,
      .ea_outlier_z = 2.0},
+    // The same with KeyDiff's scores max-pooled over 3, 5 or 7 neighbours before the fused rank:
+    // a token next to one KeyDiff ranks high ranks as high (spans of digits, names).
+    {.name = "ea_keydiff50_out2_pool3",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_keydiff_share = 0.5,
+     .ea_outlier_z = 2.0,
+     .ea_keydiff_pool = 3},
+    {.name = "ea_keydiff50_out2_pool5",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_keydiff_share = 0.5,
+     .ea_outlier_z = 2.0,
+     .ea_keydiff_pool = 5},
+    {.name = "ea_keydiff50_out2_pool7",
+     .score = ScoreStage::kExpectedAttention,
+     .ea_keydiff_share = 0.5,
+     .ea_outlier_z = 2.0,
+     .ea_keydiff_pool = 7},
     {.name = "ea_keydiff50_out15",
      .score = ScoreStage::kExpectedAttention,
      .ea_keydiff_share = 0.5,
@@ -486,6 +506,14 @@ constexpr MethodSpec kSpecs[] = {
      .quant = kernels::QuantFormat::kInt8,
      .ea_keydiff_share = 0.5,
      .ea_outlier_z = 2.0},
+    // The same scorer with KeyDiff's scores max-pooled over 3 neighbours, then int8.
+    {.name = "ea_keydiff50_out2_pool3+int8",
+     .score = ScoreStage::kExpectedAttention,
+     .stored_bf16 = true,
+     .quant = kernels::QuantFormat::kInt8,
+     .ea_keydiff_share = 0.5,
+     .ea_outlier_z = 2.0,
+     .ea_keydiff_pool = 3},
     // The same with int4 and the sequence's sinks exact (quant_sinks: 4) after it.
     {.name = "ea_keydiff50_out2+int4_exactsinks",
      .score = ScoreStage::kExpectedAttention,
@@ -879,8 +907,8 @@ class KernelMethod : public CompressionMethod {
     ea.recent_share = spec_.ea_recent_share;
     // Expected-attention terms: the method's unless KVD_EA_FUTURE (future positions),
     // KVD_EA_VALUE_NORM / KVD_EA_COVARIANCE (0 = off), KVD_EA_KEYDIFF_SHARE,
-    // KVD_EA_RECENT_SHARE, KVD_EA_OUTLIER_Z / KVD_EA_OUTLIER_SHARE override them (comparison
-    // runs).
+    // KVD_EA_RECENT_SHARE, KVD_EA_OUTLIER_Z / KVD_EA_OUTLIER_SHARE and KVD_EA_KEYDIFF_POOL
+    // override them (comparison runs).
     if (const char* f = NonEmptyEnv("KVD_EA_FUTURE"))
       ea.future_positions = std::strtoll(f, nullptr, 10);
     if (const char* v = NonEmptyEnv("KVD_EA_VALUE_NORM"))
@@ -898,6 +926,11 @@ class KernelMethod : public CompressionMethod {
     if (o->score == ScoreStage::kExpectedAttention && outlier_z > 0.0) {
       o->stage_keys["ea_keydiff_outlier_z"] = outlier_z;
       o->stage_keys["ea_keydiff_outlier_share"] = outlier_share;
+    }
+    int pool = spec_.ea_keydiff_pool;
+    if (const char* p = NonEmptyEnv("KVD_EA_KEYDIFF_POOL")) pool = std::atoi(p);
+    if (o->score == ScoreStage::kExpectedAttention && pool > 1) {
+      o->stage_keys["ea_keydiff_pool"] = pool;
     }
   }
 
