@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/hadamard_rows.h"
 #include "quant_math.h"
 #include "quantize_backend.h"
 
@@ -123,8 +124,8 @@ int64_t QuantizeBlock(const QuantBlock& b, const float* in, uint8_t* out) {
   const float* x = in;
   if (b.rotated()) {
     rotated.assign(in, in + b.rows * b.d);
-    for (int64_t r = 0; r < b.rows; ++r)
-      quant::HadamardRotate(rotated.data() + r * b.d, b.d, false);
+    const std::vector<uint8_t> negative = HadamardSignTable(static_cast<int>(b.d));
+    HadamardRotateRows(rotated.data(), b.rows, static_cast<int>(b.d), false, negative.data());
     x = rotated.data();
   }
   uint8_t* params = out + b.CodeBytes();
@@ -153,9 +154,12 @@ void DequantizeBlock(const QuantBlock& b, const uint8_t* in, float* out) {
       ForEachElement(b, p, r, [&](int64_t c, const quant::GroupParams& gp) {
         yr[c] = quant::ElementValue(kCoding, kBits, quant::GetCode(row, c, kBits), gp);
       });
-      if (b.rotated()) quant::HadamardRotate(yr, b.d, true);
     }
   });
+  if (b.rotated()) {
+    const std::vector<uint8_t> negative = HadamardSignTable(static_cast<int>(b.d));
+    HadamardRotateRows(out, b.rows, static_cast<int>(b.d), true, negative.data());
+  }
 }
 
 }  // namespace kvd::kernels::cpu
