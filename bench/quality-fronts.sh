@@ -58,7 +58,8 @@ read -r pk_ctx pk_trials mk_trials <<< "${KVD_FRONTS_PASSKEY:-1024 4 8}"
 # With zero-anchored values (int8z / int4z: a one-byte minimum per group): int8 keys over the chunk,
 # and int4 keys over 64 and 96 slots with the sequence's first token unquantized (quant_sinks: 1),
 # over 64 also after the Hadamard rotation. The default's scorer with KeyDiff's rank max-pooled
-# over 3 tokens (ea_keydiff_pool: 3; with int8, the embedded default) beside the one without.
+# over 3 tokens (ea_keydiff_pool: 3; with int8, the embedded default; with int4 and exact sinks)
+# beside the one without.
 methods=${KVD_FRONTS_METHODS:-full,bf16@0,int8@0,int8_kg256@0,int8k_int8zv_kg256@0,fp8@0,int4@0,int4_kg256@0,\
 int4_rot_kg256@0,int4k_int2v_rot_kg256@0,int4k_int2sv_rot_kg256@0,int3k_int2v_rot_kg37@0,\
 sink_recent@0.5:0.75:0.9,snapkv@0.5:0.75:0.91,keydiff@0.5:0.75:0.91,\
@@ -68,6 +69,7 @@ ea_keydiff50_out2+int8@0.5:0.73:0.82,ea_keydiff50_out2_pool3@0.5:0.75:0.9,\
 ea_keydiff50_out2_pool3+int8@0.5:0.73:0.82,snapkv+int4k_int2sv_rot_kg256@0.51,\
 expected_attention+int4k_int2sv_rot_kg256@0.51,ea_keydiff50_out2+int4k_int2sv_rot_kg256@0.51,\
 int4_exactsinks@0,int3k_int2sv_rot_kg37_exactsinks@0,ea_keydiff50_out2+int4_exactsinks@0.5,\
+ea_keydiff50_out2_pool3+int4_exactsinks@0.5,\
 int4k_int4zv_sinks1@0,int4k_int4zv_kg96_sinks1@0,int4k_int4zv_rot_sinks1@0}
 # The passkey prompts are asked of these rows too, on a front or not: the full cache and the
 # densest rows under 0.53, 0.28 and 0.20 of the bytes.
