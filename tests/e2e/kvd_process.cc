@@ -50,6 +50,32 @@ bool WaitFor(pid_t pid, std::chrono::milliseconds timeout, int* status) {
   }
 }
 
+// What a kvd that outlived SIGTERM was doing, for the failure message: per thread its name,
+// state, kernel wait channel and signal masks (pending, blocked, ignored, caught), from /proc.
+std::string StuckProcessReport(pid_t pid) {
+  std::ostringstream out;
+  out << "[kvd_process] pid " << pid << " still running 10 s after SIGTERM\n";
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator(proc + "/task", ec)) {
+    const std::string dir = task.path().string();
+    std::ifstream status(dir + "/status");
+    std::ifstream wchan(dir + "/wchan");
+    std::string line, fields, channel;
+    while (std::getline(status, line)) {
+      for (const char* key :
+           {"Name:", "State:", "SigPnd:", "ShdPnd:", "SigBlk:", "SigIgn:", "SigCgt:"}) {
+        if (line.rfind(key, 0) != 0) continue;
+        const size_t value = line.find_first_not_of(" \t", std::strlen(key));
+        fields += std::string(" ") + key + (value == std::string::npos ? "" : line.substr(value));
+      }
+    }
+    std::getline(wchan, channel);
+    out << "  tid " << task.path().filename().string() << fields << " wchan:" << channel << "\n";
+  }
+  return out.str();
+}
+
 int ExitCode(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return -WTERMSIG(status);
@@ -242,6 +268,7 @@ int KvdProcess::Stop() {
   ::kill(pid_, SIGTERM);
   int status = 0;
   if (!WaitFor(pid_, std::chrono::seconds(10), &status)) {
+    std::ofstream(log_path_, std::ios::app) << StuckProcessReport(pid_);  // read with Log()
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, &status, 0);
     pid_ = -1;
