@@ -411,32 +411,17 @@ KVD_QHD float HadamardScale(int d) {
   return static_cast<float>(1.0 / sqrt(static_cast<double>(d)));
 }
 
-// D's signs as HadamardRotateWith reads them: computed from the seed (either backend) or read from
-// a table of HadamardSignNegative(i), i < d (the CPU's, filled once per block).
-struct HashedHadamardSigns {
-  KVD_QHD bool operator()(int i) const { return HadamardSignNegative(i); }
-};
-struct TabledHadamardSigns {
-  const uint8_t* negative;
-  KVD_QHD bool operator()(int i) const { return negative[i] != 0; }
-};
-
 // x <- R x (forward) or R^-1 x. The inverse folds D into the scale: x (-s) is -(x s) exactly.
-template <class Signs>
-KVD_QHD void HadamardRotateWith(float* x, int d, bool inverse, const Signs& negative) {
+KVD_QHD void HadamardRotate(float* x, int d, bool inverse) {
   const float scale = HadamardScale(d);
   if (!inverse) {
-    for (int i = 0; i < d; ++i) x[i] = negative(i) ? -x[i] : x[i];
+    for (int i = 0; i < d; ++i) x[i] = HadamardSignNegative(i) ? -x[i] : x[i];
     WalshHadamard(x, d);
     for (int i = 0; i < d; ++i) x[i] = x[i] * scale;
     return;
   }
   WalshHadamard(x, d);
-  for (int i = 0; i < d; ++i) x[i] = x[i] * (negative(i) ? -scale : scale);
-}
-
-KVD_QHD void HadamardRotate(float* x, int d, bool inverse) {
-  HadamardRotateWith(x, d, inverse, HashedHadamardSigns{});
+  for (int i = 0; i < d; ++i) x[i] = x[i] * (HadamardSignNegative(i) ? -scale : scale);
 }
 
 }  // namespace kvd::kernels::quant

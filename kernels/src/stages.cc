@@ -61,16 +61,19 @@ Status ExpectedAttentionHeadScores(const ScoreHeadInput& in, std::span<float> sc
   const int64_t end = std::max(begin, n - in.window);
   // KeyDiff's rank of a token is its best neighbour's within ea_keydiff_pool tokens (max-pooled
   // over the evictable range), so the tokens beside a distinctive one go with it.
-  std::vector<float> keydiff_rank_scores = keydiff;
   const int pool = static_cast<int>(StageKeyValue(*in.options, internal::kEaKeyDiffPool));
+  std::vector<float> pooled;
   if (pool > 1 && ea.keydiff_share > 0.0) {
+    pooled = keydiff;
     const auto range = [&](auto& v) { return std::span(v).subspan(begin, end - begin); };
     KVD_RETURN_IF_ERROR(
-        Pool1d(range(std::as_const(keydiff)), pool, PoolingKind::kMax, range(keydiff_rank_scores)));
+        Pool1d(range(std::as_const(keydiff)), pool, PoolingKind::kMax, range(pooled)));
   }
-  KVD_RETURN_IF_ERROR(FuseKeyDiffRanks(
-      expected_scores, ea.keydiff_share > 0.0 ? keydiff_rank_scores : expected_scores,
-      ea.keydiff_share, ea.recent_share, begin, end, scores));
+  const std::vector<float>& keydiff_rank = ea.keydiff_share <= 0.0 ? expected_scores
+                                           : pooled.empty()        ? keydiff
+                                                                   : pooled;
+  KVD_RETURN_IF_ERROR(FuseKeyDiffRanks(expected_scores, keydiff_rank, ea.keydiff_share,
+                                       ea.recent_share, begin, end, scores));
   if (z <= 0.0) return Status::Ok();
   // The evictable tokens the head's budget keeps: its kept tokens less the sinks and window.
   const int64_t free = std::max<int64_t>(0, in.kept - begin - (n - end));

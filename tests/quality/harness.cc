@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -263,6 +264,7 @@ struct Answer {
   // The smallest, over the key's tokens, of the key token's logit minus the best other logit:
   // how near the answer is to flipping (negative at a wrong token).
   float margin = 0;
+  bool right() const { return first_wrong < 0; }
 };
 
 StatusOr<Answer> AnswerKey(LlamaSession& s, const PasskeyPrompt& p) {
@@ -297,10 +299,10 @@ std::vector<int> AnswerPositions(const PasskeyPrompt& p) {
 }
 
 // HarnessOptions::passkey_log: one line for prompt `pi`, with the uncompressed engine's answer.
-// row_ok[k]: -1 not asked, 0 wrong, 1 right; row_answer[k]: that row's answer.
+// row_answer[k]: row k's answer, none where the row was not asked.
 void LogPasskeyPrompt(size_t pi, const PasskeyPrompt& p, const HarnessOptions& o,
                       const HarnessReport& rep, const Answer& engine,
-                      const std::vector<int8_t>& row_ok, const std::vector<Answer>& row_answer) {
+                      const std::vector<std::optional<Answer>>& row_answer) {
   std::string line = "[passkey] prompt " + std::to_string(pi) + " key " + p.key + " depth " +
                      (p.depth_index >= 0 ? std::to_string(o.passkey_depths[p.depth_index])
                                          : std::string("multi")) +
@@ -308,7 +310,7 @@ void LogPasskeyPrompt(size_t pi, const PasskeyPrompt& p, const HarnessOptions& o
   for (int a : AnswerPositions(p)) line += " " + std::to_string(a);
   auto answer = [](const Answer& a) {
     char cell[96];
-    if (a.first_wrong < 0) {
+    if (a.right()) {
       std::snprintf(cell, sizeof(cell), "right (margin %.2f)", a.margin);
     } else {
       std::snprintf(cell, sizeof(cell), "WRONG at answer token %d (margin %.2f)", a.first_wrong,
@@ -317,12 +319,12 @@ void LogPasskeyPrompt(size_t pi, const PasskeyPrompt& p, const HarnessOptions& o
     return std::string(cell);
   };
   line += " | engine " + answer(engine);
-  for (size_t k = 0; k < row_ok.size(); ++k) {
-    if (row_ok[k] < 0) continue;
+  for (size_t k = 0; k < row_answer.size(); ++k) {
+    if (!row_answer[k]) continue;
     char cell[160];
     std::snprintf(cell, sizeof(cell), " | %s %s %.2f ", rep.rows[k].method.c_str(),
                   rep.rows[k].mode.c_str(), rep.rows[k].p_c);
-    line += cell + answer(row_answer[k]);
+    line += cell + answer(*row_answer[k]);
   }
   std::fprintf(stderr, "%s\n", line.c_str());
 }
@@ -585,10 +587,8 @@ struct SegmentOutcome {
 
 // Every row's answer to one passkey prompt.
 struct PromptOutcome {
-  bool engine_ok = false;
   Answer engine;
-  std::vector<int8_t> row_ok;      // [keys]: -1 not asked, 0 wrong, 1 right
-  std::vector<Answer> row_answer;  // [keys]: each asked row's answer
+  std::vector<std::optional<Answer>> row_answer;  // [keys]: each asked row's answer
 };
 
 // State passed between the steps of RunHarness.
@@ -899,13 +899,11 @@ Status AnswerPrompt(HarnessRun& r, PasskeyPlan& plan, int w, size_t pi, PromptOu
   LlamaSession& s = *r.sessions[w];
   LlamaSession& other = *r.others[w];
   const PasskeyPrompt& p = plan.prompts[pi];
-  out.row_ok.assign(r.keys.size(), -1);
-  out.row_answer.assign(r.keys.size(), Answer{});
+  out.row_answer.assign(r.keys.size(), std::nullopt);
   std::vector<ChunkQueries> chunk_queries;
   KVD_ASSIGN_OR_RETURN(PrefixCapture prefix, CaptureChunked(s, r.model, p.context, o,
                                                             plan.chunked_prompts, &chunk_queries));
   KVD_ASSIGN_OR_RETURN(out.engine, AnswerKey(s, p));
-  out.engine_ok = out.engine.first_wrong < 0;
   for (size_t k = 0; k < r.keys.size(); ++k) {
     const MethodResult& row = r.rep.rows[k];
     if (!plan.passkey_row[k]) continue;
@@ -914,10 +912,9 @@ Status AnswerPrompt(HarnessRun& r, PasskeyPlan& plan, int w, size_t pi, PromptOu
     if (!cache.ok()) return cache.status().WithContext(m.name() + " (passkey)");
     KVD_RETURN_IF_ERROR(other.LoadCompact(cache->cache));
     KVD_ASSIGN_OR_RETURN(out.row_answer[k], AnswerKey(other, p));
-    out.row_ok[k] = out.row_answer[k].first_wrong < 0 ? 1 : 0;
   }
   std::lock_guard<std::mutex> lock(r.progress_mu);
-  if (o.passkey_log) LogPasskeyPrompt(pi, p, o, r.rep, out.engine, out.row_ok, out.row_answer);
+  if (o.passkey_log) LogPasskeyPrompt(pi, p, o, r.rep, out.engine, out.row_answer);
   ++plan.prompts_done;
   const size_t n = plan.prompts.size();
   if (plan.prompts_done == static_cast<int>(n) || plan.prompts_done % 10 == 0) {
@@ -932,16 +929,16 @@ Status AnswerPrompt(HarnessRun& r, PasskeyPlan& plan, int w, size_t pi, PromptOu
 void CountAnswers(HarnessRun& r, const PasskeyPrompt& p, const PromptOutcome& out) {
   HarnessReport& rep = r.rep;
   if (p.depth_index >= 0) {
-    rep.engine_passkey_correct += out.engine_ok;
+    rep.engine_passkey_correct += out.engine.right();
     ++rep.engine_passkey_total;
   } else {
-    rep.engine_multikey_correct += out.engine_ok;
+    rep.engine_multikey_correct += out.engine.right();
     ++rep.engine_multikey_total;
   }
   for (size_t k = 0; k < r.keys.size(); ++k) {
-    if (out.row_ok[k] < 0) continue;
+    if (!out.row_answer[k]) continue;
     MethodResult& row = rep.rows[k];
-    const bool ok = out.row_ok[k] == 1;
+    const bool ok = out.row_answer[k]->right();
     if (p.depth_index >= 0) {
       row.passkey_correct += ok;
       ++row.passkey_total;

@@ -53,9 +53,7 @@ void HadamardRotateRows(float* x, int64_t rows, int d, bool inverse, const uint8
       }
     }
   }
-  for (; r0 < rows; ++r0) {
-    quant::HadamardRotateWith(x + r0 * d, d, inverse, quant::TabledHadamardSigns{negative});
-  }
+  for (; r0 < rows; ++r0) quant::HadamardRotate(x + r0 * d, d, inverse);  // under kLanes left
 }
 
 }  // namespace kvd::kernels::cpu

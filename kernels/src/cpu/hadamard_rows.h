@@ -1,5 +1,5 @@
-// The CPU's randomized Hadamard rotation of many rows at once (quant_math.h's HadamardRotateWith,
-// row by row, is the definition): eight rows are transposed into lanes so that each butterfly of
+// The CPU's randomized Hadamard rotation of many rows at once (quant_math.h's HadamardRotate, row
+// by row, is the definition): eight rows are transposed into lanes so that each butterfly of
 // the Walsh-Hadamard transform runs on eight rows in one vector operation. Every row goes through
 // the same additions, sign flips and multiplications in the same order as the one-row form, so
 // the floats are the same bit for bit (and so the same as the CUDA twin's).
